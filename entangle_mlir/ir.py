@@ -1,0 +1,88 @@
+"""Loading MLIR with every dialect jax emits, through the bindings shipped inside jaxlib.
+
+Importing this module does not import jax.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+
+from jaxlib.mlir import ir
+from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+from jaxlib.mlir.dialects import chlo, mhlo, sdy, stablehlo
+
+from .diagnostics import InputError, SourceLoc, parse_location
+
+MAX_INPUT_BYTES = 512 * 1024 * 1024
+
+
+@functools.cache
+def context() -> ir.Context:
+    """One shared context with func, stablehlo, sdy, chlo and mhlo registered."""
+    ctx = ir.Context()
+    registry = ir.DialectRegistry()
+    _jax_mlir_ext.register_dialects(registry)
+    ctx.append_dialect_registry(registry)
+    ctx.load_all_available_dialects()
+    stablehlo.register_dialect(ctx)
+    sdy.register_dialect(ctx)
+    chlo.register_dialect(ctx)
+    mhlo.register_mhlo_dialect(ctx)
+    ctx.allow_unregistered_dialects = False
+    return ctx
+
+
+_ERROR_POS = re.compile(r'error: "([^"]*)":(\d+):(\d+): (.*)')
+
+
+def parse_module(source: str | bytes, filename: str = "-") -> ir.Module:
+    """Parse MLIR text or bytecode; a parse failure becomes one `InputError` at its position."""
+    if isinstance(source, str) and not source.strip():
+        raise InputError("empty input: no MLIR module", file=filename)
+    try:
+        with context():
+            return ir.Module.parse(source)
+    except ir.MLIRError as err:
+        raise _parse_error(str(err), filename) from None
+    except (ValueError, RuntimeError) as err:
+        raise InputError(f"cannot parse MLIR: {err}", file=filename) from None
+
+
+def _parse_error(text: str, filename: str) -> InputError:
+    for line in text.splitlines():
+        match = _ERROR_POS.search(line)
+        if match:
+            file = filename if match.group(1) in ("-", "") else match.group(1)
+            loc = SourceLoc(file, int(match.group(2)), int(match.group(3)))
+            return InputError(f"cannot parse MLIR: {match.group(4)}", loc)
+    detail = " ".join(line.strip() for line in text.splitlines()[1:] if line.strip())
+    return InputError(f"cannot parse MLIR: {detail or text}", file=filename)
+
+
+def load_file(path: str) -> ir.Module:
+    """Read and parse a file, reporting unreadable, binary-garbage or oversized input cleanly."""
+    if os.path.isdir(path):
+        raise InputError("is a directory, not an MLIR file", file=path)
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_INPUT_BYTES:
+            raise InputError(f"file is too large ({size} bytes)", file=path)
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as err:
+        raise InputError(f"cannot read file: {err.strerror}", file=path) from None
+    if data.startswith(b"ML\xefR"):
+        return parse_module(data, path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"not UTF-8 text (byte {err.start}) and not MLIR bytecode",
+                         file=path) from None
+    return parse_module(text, path)
+
+
+def op_location(op: ir.Operation, default_file: str = "-") -> SourceLoc | None:
+    """The user's source position of an op, if its location records one."""
+    return parse_location(str(op.location), default_file)

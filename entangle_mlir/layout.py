@@ -1,0 +1,107 @@
+"""Relations between sharded values and reference terms.
+
+A sharded SSA value gets one of:
+
+* `Rel(term, tiling, partial, kind, poly)`: on device c, reducing the value with `kind` over the
+  devices that differ from c only on the `partial` axes gives block(term, c), where dim i of the
+  global `term` is split by the mesh axes `tiling[i]` (major first) and every other axis
+  replicates it. `poly` dims were created or widened by a broadcast at the local shape: they take
+  the global size and tiling of the value they are combined with.
+* `DeviceScalar(values)`: a device-dependent integer scalar, tabulated over all devices.
+* `Opaque(reason, origin)`: no relation fits; `origin` is the op where the relation was lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from .mesh import Mesh, axes_str
+from .terms import Term, pretty
+
+GLOBAL = "global"
+
+
+@dataclass(frozen=True)
+class Rel:
+    term: Term
+    tiling: tuple[tuple[str, ...], ...]
+    partial: tuple[str, ...] = ()
+    kind: str = ""
+    poly: frozenset[int] = field(default=frozenset())
+    scope: str = ""
+
+    @property
+    def is_global(self) -> bool:
+        """A value outside any manual computation: a whole global tensor, no devices."""
+        return self.scope == GLOBAL
+
+    @property
+    def tiled_axes(self) -> tuple[str, ...]:
+        return tuple(a for axes in self.tiling for a in axes)
+
+    @property
+    def is_replicated(self) -> bool:
+        return not self.tiled_axes and not self.partial
+
+    def used_axes(self) -> set[str]:
+        return set(self.tiled_axes) | set(self.partial)
+
+    def local_shape(self, mesh: Mesh) -> tuple[int, ...]:
+        return tuple(size // mesh.group_size(axes) for size, axes in zip(self.term.shape,
+                                                                          self.tiling))
+
+    def with_term(self, term: Term) -> Rel:
+        return replace(self, term=term)
+
+    def layout_str(self) -> str:
+        if self.is_global:
+            return "global"
+        parts = []
+        if self.tiled_axes:
+            dims = ", ".join("{" + ", ".join(axes) + "}" for axes in self.tiling)
+            parts.append(f"tile [{dims}]")
+        if self.partial:
+            parts.append(f"partial {self.kind} {{{', '.join(self.partial)}}}")
+        return " ".join(parts) or "replicated"
+
+    def describe(self) -> str:
+        return f"{self.layout_str()} : {pretty(self.term)}"
+
+
+@dataclass(frozen=True)
+class DeviceScalar:
+    """An integer scalar whose value depends on the device: `values[d]` on device d."""
+
+    values: tuple[int, ...]
+    shape: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        shown = list(self.values[:16])
+        more = ", ..." if len(self.values) > 16 else ""
+        return f"device scalar [{', '.join(map(str, shown))}{more}]"
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """The relation to the reference is lost: `reason` in a training engineer's words."""
+
+    reason: str
+    origin: object = None
+    category: str = "unrelated"
+
+    def describe(self) -> str:
+        return f"opaque: {self.reason}"
+
+
+Value = Rel | DeviceScalar | Opaque
+
+
+def layout_words(rel: Rel) -> str:
+    """The layout in words: 'split along dim 1 over 'tp'', 'a partial sum over 'tp''."""
+    parts = []
+    for dim, axes in enumerate(rel.tiling):
+        if axes:
+            parts.append(f"split along dim {dim} over {axes_str(axes)}")
+    if rel.partial:
+        parts.append(f"a partial {rel.kind} over {axes_str(rel.partial)}")
+    return " and ".join(parts) or "replicated"

@@ -1,0 +1,91 @@
+"""Device meshes: named axes, row-major device order, and replica groups as sets of axes."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """Named axes with sizes; device ids are row-major over the axes (jax's default order)."""
+
+    axes: tuple[tuple[str, int], ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.axes)
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(size for _, size in self.axes)
+
+    def size(self, axis: str) -> int:
+        return dict(self.axes)[axis]
+
+    def group_size(self, axes) -> int:
+        return math.prod(self.size(a) for a in axes)
+
+    def coords(self, device: int) -> dict[str, int]:
+        """Coordinates of a device id along each axis."""
+        out = {}
+        for name, size in reversed(self.axes):
+            out[name] = device % size
+            device //= size
+        return out
+
+    def device(self, coords: dict[str, int]) -> int:
+        device = 0
+        for name, size in self.axes:
+            device = device * size + coords[name]
+        return device
+
+    def block_index(self, axes: tuple[str, ...], device: int) -> int:
+        """The block index of a device along `axes`, major first (as a dim tiled by `axes`)."""
+        coords = self.coords(device)
+        index = 0
+        for axis in axes:
+            index = index * self.size(axis) + coords[axis]
+        return index
+
+    def groups_for(self, axes: tuple[str, ...]) -> list[list[int]]:
+        """The replica groups a collective over `axes` uses, each group ordered by block index."""
+        others = [a for a in self.names if a not in axes]
+        groups = []
+        for fixed in itertools.product(*(range(self.size(a)) for a in others)):
+            base = dict(zip(others, fixed))
+            group = []
+            for idx in itertools.product(*(range(self.size(a)) for a in axes)):
+                group.append(self.device({**base, **dict(zip(axes, idx))}))
+            groups.append(group)
+        return groups
+
+    def axes_of_groups(self, groups: list[list[int]]) -> tuple[str, ...] | None:
+        """The ordered mesh axes whose collective uses exactly these groups, or None.
+
+        Group order matters for gathers and scatters, so the axes order must reproduce the order
+        of devices inside each group; the order of the groups themselves does not matter.
+        """
+        if not groups or not groups[0]:
+            return None
+        wanted = sorted(tuple(g) for g in groups)
+        size = len(groups[0])
+        for count in range(0, len(self.names) + 1):
+            for axes in itertools.permutations(self.names, count):
+                if self.group_size(axes) != size:
+                    continue
+                if sorted(tuple(g) for g in self.groups_for(axes)) == wanted:
+                    return axes
+        return None
+
+    def describe(self) -> str:
+        return " x ".join(f"{name}={size}" for name, size in self.axes)
+
+
+def axes_str(axes) -> str:
+    """`'tp'` or `('dp', 'tp')` as a distributed-training engineer writes them."""
+    axes = tuple(axes)
+    if len(axes) == 1:
+        return f"'{axes[0]}'"
+    return "(" + ", ".join(f"'{a}'" for a in axes) + ")"

@@ -1,0 +1,183 @@
+"""A neutral description of one op: name, plain-Python attributes, types and location.
+
+Rules, the Z3 instance checks and the lemma tests all consume `OpInfo`, so a rule can be
+exercised without MLIR objects. Attribute names follow the StableHLO spec with these
+normalisations:
+
+* `dot_general`: `lhs_batch`, `rhs_batch`, `lhs_contract`, `rhs_contract` (tuples of ints);
+  the deprecated `stablehlo.dot` is described as a dot_general.
+* `reduce`, `all_reduce`, `reduce_scatter`: `reducer` is `"add"`, `"max"`, `"min"`, `"mul"`,
+  `"and"`, `"or"` or `"other"`, read off the single op of the region.
+* `compare`: `comparison_direction` is `"EQ"`, `"NE"`, `"LT"`, ...
+* `constant`: `value` is a numpy array, `splat` is True for a splat constant.
+* collectives: `replica_groups` / `source_target_pairs` are lists of lists of ints.
+* dense i64 arrays become tuples, integer attributes ints.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .diagnostics import SourceLoc
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype.startswith(("f", "bf"))
+
+    @property
+    def is_int(self) -> bool:
+        return self.dtype.startswith(("i", "ui", "si")) and self.dtype != "i1"
+
+
+@dataclass
+class OpInfo:
+    name: str
+    attrs: dict = field(default_factory=dict)
+    operand_types: list[TensorType] = field(default_factory=list)
+    result_types: list[TensorType] = field(default_factory=list)
+    loc: SourceLoc | None = None
+    op: object = None
+
+    def signature(self) -> tuple:
+        """Hashable key of the attributes (for caching rule-instance checks)."""
+        items = []
+        for key in sorted(self.attrs):
+            value = self.attrs[key]
+            if isinstance(value, np.ndarray):
+                value = (value.shape, value.tobytes())
+            elif isinstance(value, list):
+                value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+            items.append((key, value))
+        return (self.name, tuple(items))
+
+
+_REDUCERS = {"stablehlo.add": "add", "stablehlo.maximum": "max", "stablehlo.minimum": "min",
+             "stablehlo.multiply": "mul", "stablehlo.and": "and", "stablehlo.or": "or"}
+
+
+def tensor_type(t) -> TensorType:
+    from jaxlib.mlir import ir
+
+    if isinstance(t, ir.RankedTensorType):
+        if not t.has_static_shape:
+            raise ValueError(f"dynamic shape {t}")
+        return TensorType(tuple(t.shape), str(t.element_type))
+    return TensorType((), str(t))
+
+
+def reducer_kind(op) -> str:
+    """The reduction a single-op region computes (`add`, `max`, ...), else `other`."""
+    region = op.regions[0]
+    body = [o for o in region.blocks[0].operations]
+    if len(body) != 2 or body[1].name not in ("stablehlo.return", "func.return"):
+        return "other"
+    args = list(region.blocks[0].arguments)
+    inner = body[0]
+    if {id(v) for v in inner.operands} != {id(a) for a in args} and len(args) == 2:
+        operands = list(inner.operands)
+        if not (operands[0] == args[0] and operands[1] == args[1]
+                or operands[0] == args[1] and operands[1] == args[0]):
+            return "other"
+    return _REDUCERS.get(inner.name, "other")
+
+
+def _convert_attr(attr):
+    from jaxlib.mlir import ir
+
+    if isinstance(attr, (ir.DenseI64ArrayAttr, ir.DenseI32ArrayAttr, ir.DenseBoolArrayAttr)):
+        return tuple(attr)
+    if isinstance(attr, ir.BoolAttr):
+        return attr.value
+    if isinstance(attr, ir.IntegerAttr):
+        return attr.value
+    if isinstance(attr, ir.DenseIntElementsAttr):
+        return np.array(attr).tolist()
+    if isinstance(attr, ir.UnitAttr):
+        return True
+    if isinstance(attr, ir.StringAttr):
+        return attr.value
+    return str(attr)
+
+
+_DIRECTION = re.compile(r"comparison_direction\s+(\w+)")
+_CMP_TYPE = re.compile(r"comparison_type\s+(\w+)")
+
+
+def constant_value(attr):
+    """(numpy array, is_splat) of a constant's `value` attribute."""
+    from jaxlib.mlir import ir
+
+    dense = attr
+    shape = tuple(dense.type.shape)
+    if dense.is_splat:
+        splat = dense.get_splat_value()
+        return np.full(shape, _scalar_attr(splat)), True
+    try:
+        return np.array(dense), False
+    except Exception:  # noqa: BLE001 - exotic element types (bf16, complex) compare by text
+        return np.array([str(attr)]), False
+
+
+def _scalar_attr(attr):
+    from jaxlib.mlir import ir
+
+    if isinstance(attr, ir.FloatAttr):
+        return attr.value
+    if isinstance(attr, ir.BoolAttr):
+        return int(attr.value)
+    if isinstance(attr, ir.IntegerAttr):
+        return attr.value
+    text = str(attr).split(":")[0].strip()
+    return {"true": 1, "false": 0}.get(text, float(text) if text else 0)
+
+
+def describe(op, default_file: str = "-") -> OpInfo:
+    """The `OpInfo` of an `ir.Operation`."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    from .ir import op_location
+
+    name = op.name
+    attrs: dict = {}
+    for named in op.attributes:
+        key = named.name if hasattr(named, "name") else named
+        if key in ("value", "dot_dimension_numbers", "comparison_direction", "compare_type"):
+            continue
+        attrs[key] = _convert_attr(op.attributes[key])
+    if name == "stablehlo.constant":
+        attrs["value"], attrs["splat"] = constant_value(op.attributes["value"])
+    if name == "stablehlo.dot_general":
+        dims = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+        attrs.update(lhs_batch=tuple(dims.lhs_batching_dimensions),
+                     rhs_batch=tuple(dims.rhs_batching_dimensions),
+                     lhs_contract=tuple(dims.lhs_contracting_dimensions),
+                     rhs_contract=tuple(dims.rhs_contracting_dimensions))
+    if name == "stablehlo.dot":
+        lhs_rank = len(tensor_type(op.operands[0].type).shape)
+        name = "stablehlo.dot_general"
+        attrs.update(lhs_batch=(), rhs_batch=(), lhs_contract=(lhs_rank - 1,), rhs_contract=(0,))
+    if name == "stablehlo.compare":
+        text = str(op.attributes["comparison_direction"])
+        attrs["comparison_direction"] = _DIRECTION.search(text).group(1)
+        if "compare_type" in op.attributes:
+            match = _CMP_TYPE.search(str(op.attributes["compare_type"]))
+            attrs["compare_type"] = match.group(1) if match else ""
+    if name in ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter"):
+        attrs["reducer"] = reducer_kind(op)
+    return OpInfo(
+        name=name,
+        attrs=attrs,
+        operand_types=[tensor_type(v.type) for v in op.operands],
+        result_types=[tensor_type(r.type) for r in op.results],
+        loc=op_location(op, default_file),
+        op=op,
+    )

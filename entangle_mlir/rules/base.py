@@ -1,0 +1,41 @@
+"""What every rule receives and returns.
+
+A rule is `rule(info, operands, ctx) -> list[Value]`: from the op's neutral description and its
+operands' relations (see `layout.py`), the relations of its results. Rules never raise on
+unexpected input: they return `Opaque(reason)` so the answer is "not proven", never a crash and
+never a false "verified".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..layout import Value
+from ..mesh import Mesh
+from ..opinfo import OpInfo
+
+
+@dataclass
+class RuleContext:
+    """Where the op runs: the mesh and manual axes (none in global scope), plus what the rule
+    wants to tell the user if this op turns out to be where things go wrong."""
+
+    mesh: Mesh | None = None
+    manual_axes: tuple[str, ...] = ()
+    hints: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def is_global(self) -> bool:
+        return not self.manual_axes
+
+    def hint(self, message: str) -> None:
+        self.hints.append(message)
+
+    def note(self, message: str) -> None:
+        if message not in self.notes:
+            self.notes.append(message)
+
+
+Rule = Callable[[OpInfo, list[Value], RuleContext], list[Value]]

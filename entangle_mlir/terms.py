@@ -1,0 +1,340 @@
+"""Hash-consed reference terms over global tensors, kept in a canonical form.
+
+A term names a global value of the reference computation: an argument, a constant, or an op
+applied to terms. Construction goes through the `make_*` functions, which canonicalize so that
+equal spellings intern to the same object and matching a sharded value to a reference value is
+an identity test:
+
+* linear combinations `lin` with `Fraction` coefficients and a splat constant addend (add,
+  subtract, negate, scaling by constants, pmean's 1/n);
+* scalars pulled through dot_general / reduce-sum / broadcast / reshape / transpose / slice;
+* n-ary sorted multiply, sorted max/min/and/or; `x * x` for `chlo.square`;
+* composed broadcast / reshape / transpose chains; unit-dim-only broadcasts become reshapes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from fractions import Fraction
+from typing import Union
+
+Scalar = Union[Fraction, float]
+
+_counter = itertools.count()
+_TABLE: dict[tuple, Term] = {}
+
+
+class Term:
+    """An interned term. Compare with `is`; `serial` orders operands of commutative ops."""
+
+    __slots__ = ("op", "args", "attrs", "shape", "dtype", "serial", "__weakref__")
+
+    op: str
+    args: tuple[Term, ...]
+    attrs: tuple
+    shape: tuple[int, ...]
+    dtype: str
+    serial: int
+
+    def __repr__(self) -> str:
+        return pretty(self)
+
+
+def intern(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...],
+           dtype: str) -> Term:
+    """The unique term with these fields (no canonicalization: use the `make_*` functions)."""
+    key = (op, tuple(a.serial for a in args), attrs, shape, dtype)
+    term = _TABLE.get(key)
+    if term is None:
+        term = Term()
+        term.op, term.args, term.attrs, term.shape, term.dtype = op, args, attrs, shape, dtype
+        term.serial = next(_counter)
+        _TABLE[key] = term
+    return term
+
+
+def scalar(value) -> Scalar:
+    """A canonical scalar: an exact Fraction when finite, else a float (inf, nan)."""
+    if isinstance(value, Fraction):
+        return value
+    if isinstance(value, bool):
+        return Fraction(int(value))
+    if isinstance(value, int):
+        return Fraction(value)
+    value = float(value)
+    if math.isfinite(value):
+        return Fraction(value)
+    return value
+
+
+# ----- leaves -------------------------------------------------------------------------------
+
+def make_arg(index: int, shape: tuple[int, ...], dtype: str) -> Term:
+    return intern("arg", (), (index,), tuple(shape), dtype)
+
+
+def make_splat(value, shape: tuple[int, ...], dtype: str) -> Term:
+    """A tensor whose elements all equal `value`."""
+    return intern("splat", (), (scalar(value),), tuple(shape), dtype)
+
+
+def make_dense(data_key: bytes, shape: tuple[int, ...], dtype: str) -> Term:
+    """A non-splat constant, identified by its raw bytes."""
+    return intern("dense", (), (data_key,), tuple(shape), dtype)
+
+
+def make_iota(shape: tuple[int, ...], dim: int, dtype: str) -> Term:
+    return intern("iota", (), (dim,), tuple(shape), dtype)
+
+
+def splat_value(term: Term) -> Scalar | None:
+    return term.attrs[0] if term.op == "splat" else None
+
+
+# ----- linear combinations ------------------------------------------------------------------
+
+def linear_parts(term: Term) -> tuple[list[tuple[Fraction, Term]], Scalar]:
+    """`term` as (coefficient, term) pairs plus a constant addend."""
+    if term.op == "lin":
+        constant, coefs = term.attrs
+        return list(zip(coefs, term.args)), constant
+    if term.op == "splat":
+        return [], term.attrs[0]
+    return [(Fraction(1), term)], Fraction(0)
+
+
+def make_lin(pairs, constant, shape: tuple[int, ...], dtype: str) -> Term:
+    """The canonical form of `sum(k * t for k, t in pairs) + constant`."""
+    merged: dict[int, list] = {}
+    total = scalar(constant)
+    for coef, term in pairs:
+        inner, inner_const = linear_parts(term)
+        total = total + coef * inner_const if inner_const != 0 else total
+        for k, t in inner:
+            slot = merged.setdefault(t.serial, [Fraction(0), t])
+            slot[0] += coef * k
+    items = sorted((t.serial, k, t) for k, t in merged.values() if k != 0)
+    if not items:
+        return make_splat(total, shape, dtype)
+    if len(items) == 1 and items[0][1] == 1 and total == 0:
+        return items[0][2]
+    coefs = tuple(k for _, k, _ in items)
+    args = tuple(t for _, _, t in items)
+    return intern("lin", args, (total, coefs), tuple(shape), dtype)
+
+
+def scale(term: Term, factor) -> Term:
+    return make_lin([(scalar(factor), term)], Fraction(0), term.shape, term.dtype)
+
+
+def single_scaled(term: Term) -> tuple[Scalar, Term]:
+    """(k, t) with term == k * t when term is a scaled single term, else (1, term)."""
+    if term.op == "lin" and len(term.args) == 1 and term.attrs[0] == 0:
+        return term.attrs[1][0], term.args[0]
+    return Fraction(1), term
+
+
+def map_linear(term: Term, build) -> Term:
+    """Push a linear map `build(t) -> Term` through a linear combination (constants included)."""
+    pairs, constant = linear_parts(term)
+    mapped = [(k, build(t)) for k, t in pairs]
+    if constant != 0 or not pairs:
+        const_term = build(make_splat(constant, term.shape, term.dtype))
+        mapped.append((Fraction(1), const_term))
+    if not mapped:
+        raise AssertionError("empty linear combination")
+    shape, dtype = mapped[0][1].shape, mapped[0][1].dtype
+    return make_lin(mapped, Fraction(0), shape, dtype)
+
+
+# ----- elementwise ---------------------------------------------------------------------------
+
+COMMUTATIVE = {"stablehlo.maximum", "stablehlo.minimum", "stablehlo.and", "stablehlo.or",
+               "stablehlo.xor"}
+
+
+def make_add(a: Term, b: Term) -> Term:
+    return make_lin([(Fraction(1), a), (Fraction(1), b)], Fraction(0), a.shape, a.dtype)
+
+
+def make_sub(a: Term, b: Term) -> Term:
+    return make_lin([(Fraction(1), a), (Fraction(-1), b)], Fraction(0), a.shape, a.dtype)
+
+
+def make_mul(a: Term, b: Term) -> Term:
+    for x, y in ((a, b), (b, a)):
+        value = splat_value(x)
+        if isinstance(value, Fraction):
+            return scale(y, value)
+    ka, ta = single_scaled(a)
+    kb, tb = single_scaled(b)
+    factors = []
+    for t in (ta, tb):
+        factors.extend(t.args if t.op == "mul" else (t,))
+    factors.sort(key=lambda t: t.serial)
+    product = intern("mul", tuple(factors), (), a.shape, a.dtype)
+    return scale(product, ka * kb) if ka * kb != 1 else product
+
+
+def make_div(a: Term, b: Term) -> Term:
+    value = splat_value(b)
+    if isinstance(value, Fraction) and value != 0:
+        return scale(a, 1 / value)
+    ka, ta = single_scaled(a)
+    kb, tb = single_scaled(b)
+    quotient = intern("div", (ta, tb), (), a.shape, a.dtype)
+    return scale(quotient, ka / kb) if ka / kb != 1 else quotient
+
+
+def make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple = (),
+                     dtype: str | None = None) -> Term:
+    """Generic elementwise op; arithmetic ops route to their canonical builders."""
+    if op == "stablehlo.add":
+        return make_add(*args)
+    if op == "stablehlo.subtract":
+        return make_sub(*args)
+    if op == "stablehlo.negate":
+        return scale(args[0], -1)
+    if op == "stablehlo.multiply":
+        return make_mul(*args)
+    if op == "stablehlo.divide":
+        return make_div(*args)
+    if op == "chlo.square":
+        return make_mul(args[0], args[0])
+    if op in COMMUTATIVE:
+        flat = []
+        for arg in args:
+            flat.extend(arg.args if arg.op == op else (arg,))
+        unique = {t.serial: t for t in flat}
+        if op in ("stablehlo.maximum", "stablehlo.minimum"):
+            neutral = float("-inf") if op == "stablehlo.maximum" else float("inf")
+            unique = {s: t for s, t in unique.items() if splat_value(t) != neutral} or unique
+        ordered = tuple(unique[s] for s in sorted(unique))
+        if len(ordered) == 1:
+            return ordered[0]
+        args = ordered
+    shape = args[0].shape
+    return intern(op, tuple(args), attrs, shape, dtype or args[0].dtype)
+
+
+# ----- data movement ------------------------------------------------------------------------
+
+def make_reshape(term: Term, shape: tuple[int, ...]) -> Term:
+    shape = tuple(shape)
+    if term.shape == shape:
+        return term
+    if term.op == "splat":
+        return make_splat(term.attrs[0], shape, term.dtype)
+    if term.op == "lin":
+        return map_linear(term, lambda t: make_reshape(t, shape))
+    if term.op == "reshape":
+        return make_reshape(term.args[0], shape)
+    return intern("reshape", (term,), (), shape, term.dtype)
+
+
+def make_transpose(term: Term, perm: tuple[int, ...]) -> Term:
+    perm = tuple(perm)
+    shape = tuple(term.shape[p] for p in perm)
+    if perm == tuple(range(len(perm))):
+        return term
+    if term.op == "splat":
+        return make_splat(term.attrs[0], shape, term.dtype)
+    if term.op == "lin":
+        return map_linear(term, lambda t: make_transpose(t, perm))
+    if term.op == "transpose":
+        inner = term.attrs[0]
+        return make_transpose(term.args[0], tuple(inner[p] for p in perm))
+    return intern("transpose", (term,), (perm,), shape, term.dtype)
+
+
+def make_broadcast(term: Term, dims: tuple[int, ...], shape: tuple[int, ...]) -> Term:
+    """broadcast_in_dim: operand dim i becomes result dim dims[i] (size equal or from 1)."""
+    dims, shape = tuple(dims), tuple(shape)
+    if term.op == "splat":
+        return make_splat(term.attrs[0], shape, term.dtype)
+    if term.op == "lin":
+        return map_linear(term, lambda t: make_broadcast(t, dims, shape))
+    if dims == tuple(range(len(shape))) and term.shape == shape:
+        return term
+    expanding = any(term.shape[i] != shape[d] for i, d in enumerate(dims))
+    if not expanding and list(dims) == sorted(dims):
+        return make_reshape(term, shape)
+    if term.op == "broadcast":
+        inner_dims = term.attrs[0]
+        return make_broadcast(term.args[0], tuple(dims[d] for d in inner_dims), shape)
+    return intern("broadcast", (term,), (dims,), shape, term.dtype)
+
+
+def make_op(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...],
+            dtype: str, linear_in: int | None = None) -> Term:
+    """A generic op; when `linear_in` is given, the op is linear in that operand and scalars
+    and sums are pulled out of it (slice, pad with zero, reduce-sum)."""
+    if linear_in is not None:
+        arg = args[linear_in]
+        if arg.op == "lin" or arg.op == "splat" and splat_value(arg) != 0:
+            pairs, constant = linear_parts(arg)
+            if constant == 0:
+                mapped = [(k, make_op(op, args[:linear_in] + (t,) + args[linear_in + 1:],
+                                      attrs, shape, dtype, linear_in)) for k, t in pairs]
+                return make_lin(mapped, Fraction(0), shape, dtype)
+    return intern(op, tuple(args), attrs, tuple(shape), dtype)
+
+
+def make_dot(lhs: Term, rhs: Term, attrs: tuple, shape: tuple[int, ...], dtype: str) -> Term:
+    """dot_general, bilinear: scalar factors of either side are pulled out."""
+    kl, tl = single_scaled(lhs)
+    kr, tr = single_scaled(rhs)
+    dot = intern("stablehlo.dot_general", (tl, tr), attrs, tuple(shape), dtype)
+    return scale(dot, kl * kr) if kl * kr != 1 else dot
+
+
+# ----- printing -----------------------------------------------------------------------------
+
+def _fmt_scalar(value: Scalar) -> str:
+    if isinstance(value, Fraction):
+        return str(value) if value.denominator < 10**6 else f"{float(value):.6g}"
+    return str(value)
+
+
+def pretty(term: Term, depth: int = 6, names: dict[int, str] | None = None) -> str:
+    """A readable, depth-limited rendering (`...` past `depth`)."""
+    if names and term.serial in names:
+        return names[term.serial]
+    if term.op == "arg":
+        return f"%arg{term.attrs[0]}"
+    if term.op == "splat":
+        return _fmt_scalar(term.attrs[0])
+    if term.op == "iota":
+        return f"iota(dim {term.attrs[0]})"
+    if term.op == "dense":
+        return f"dense<{term.dtype}>"
+    if depth <= 0:
+        return "..."
+    sub = [pretty(a, depth - 1, names) for a in term.args]
+    if term.op == "lin":
+        constant, coefs = term.attrs
+        parts = [(s if k == 1 else f"{_fmt_scalar(k)}*{s}") for k, s in zip(coefs, sub)]
+        if constant != 0:
+            parts.append(_fmt_scalar(constant))
+        return "(" + " + ".join(parts) + ")"
+    if term.op == "mul":
+        return "(" + " * ".join(sub) + ")"
+    if term.op == "div":
+        return f"({sub[0]} / {sub[1]})"
+    name = term.op.split(".")[-1]
+    return f"{name}({', '.join(sub)})"
+
+
+def structural_diff(a: Term, b: Term, path: str = "") -> str | None:
+    """The first position where two terms differ, as a short description (None if equal)."""
+    if a is b:
+        return None
+    if a.op != b.op or len(a.args) != len(b.args) or a.attrs != b.attrs or a.shape != b.shape:
+        where = path or "top level"
+        return f"at {where}: {pretty(a, 2)} vs {pretty(b, 2)}"
+    for i, (x, y) in enumerate(zip(a.args, b.args)):
+        found = structural_diff(x, y, f"{path}/{a.op.split('.')[-1]}#{i}")
+        if found:
+            return found
+    return None
