@@ -207,9 +207,7 @@ def seqpar_mlp_body(x: Array, w1: Array, b1: Array, w2: Array, b2: Array) -> Arr
     return lax.psum_scatter(y, TP, scatter_dimension=1, tiled=True) + b2
 
 
-def seqpar_mlp_gather_hidden_body(
-    x: Array, w1: Array, b1: Array, w2: Array, b2: Array
-) -> Array:
+def seqpar_mlp_gather_hidden_body(x: Array, w1: Array, b1: Array, w2: Array, b2: Array) -> Array:
     """Sequence-parallel MLP gathering along hidden; the token flatten hides the shape error."""
     bsz, _, d = x.shape
     xg = lax.all_gather(x, TP, axis=2, tiled=True)  # BUG

@@ -61,8 +61,7 @@ def test_catalogue_shape() -> None:
     }  # fmt: skip
     for ex in BUGGY:
         assert ex.mesh_axes in ((("tp", 4),), (("dp", 2), ("tp", 4))) or any(
-            o.bug == ex.bug and o.mesh_axes in ((("tp", 4),), (("dp", 2), ("tp", 4)))
-            for o in BUGGY
+            o.bug == ex.bug and o.mesh_axes in ((("tp", 4),), (("dp", 2), ("tp", 4))) for o in BUGGY
         )
     assert by_name("megatron_mlp_tp4").bug is None
     with pytest.raises(ValueError):
