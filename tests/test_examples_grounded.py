@@ -59,10 +59,8 @@ def test_catalogue_shape() -> None:
         "missing_psum", "pmean", "bias_before_psum", "gelu_before_psum",
         "all_gather_wrong_dim", "local_stats", "psum_wrong_axis",
     }  # fmt: skip
-    for ex in BUGGY:
-        assert ex.mesh_axes in ((("tp", 4),), (("dp", 2), ("tp", 4))) or any(
-            o.bug == ex.bug and o.mesh_axes in ((("tp", 4),), (("dp", 2), ("tp", 4))) for o in BUGGY
-        )
+    at_tp4 = {e.bug for e in BUGGY if dict(e.mesh_axes).get("tp") == 4}
+    assert at_tp4 == bugs, "every bug needs a tp=4 variant"
     assert by_name("megatron_mlp_tp4").bug is None
     with pytest.raises(ValueError):
         bug_line(by_name("megatron_mlp_tp4"))
@@ -74,3 +72,9 @@ def test_committed_mlir_present(name: str) -> None:
         text = (MLIR_DIR / f"{name}.{suffix}.mlir").read_text()
         assert "func.func public @main" in text and "loc(" in text
     assert "sdy.manual_computation" in (MLIR_DIR / f"{name}.sharded.mlir").read_text()
+
+
+def test_committed_mlir_names_bug_line() -> None:
+    _, line = bug_line(by_name("megatron_mlp_missing_psum_tp4"))
+    text = (MLIR_DIR / "megatron_mlp_missing_psum_tp4.sharded.mlir").read_text()
+    assert f'models.py":{line}:' in text, "committed MLIR is stale: run python -m examples.generate"
