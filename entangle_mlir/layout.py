@@ -29,6 +29,7 @@ class Rel:
     kind: str = ""
     poly: frozenset[int] = field(default=frozenset())
     scope: str = ""
+    partial_origin: object = field(default=None, compare=False)
 
     @property
     def is_global(self) -> bool:

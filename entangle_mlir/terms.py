@@ -257,7 +257,7 @@ def make_broadcast(term: Term, dims: tuple[int, ...], shape: tuple[int, ...]) ->
         return map_linear(term, lambda t: make_broadcast(t, dims, shape))
     if dims == tuple(range(len(shape))) and term.shape == shape:
         return term
-    expanding = any(term.shape[i] != shape[d] for i, d in enumerate(dims))
+    expanding = math.prod(term.shape) != math.prod(shape)
     if not expanding and list(dims) == sorted(dims):
         return make_reshape(term, shape)
     if term.op == "broadcast":

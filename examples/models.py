@@ -134,7 +134,7 @@ def attention_body(x: Array, wq: Array, wk: Array, wv: Array, wo: Array, bo: Arr
     v = (x @ wv).reshape(b, s, -1, HEAD_DIM)
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(HEAD_DIM))
     mask = jnp.tril(jnp.ones((s, s), dtype=bool))
-    scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
+    scores = jnp.where(mask, scores, -jnp.inf)
     probs = jax.nn.softmax(scores, axis=-1)
     ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, -1)
     return lax.psum(ctx @ wo, TP) + bo

@@ -1,0 +1,281 @@
+"""The forward walk: every op's relation from its operands' relations, by its rule.
+
+One walk over the reference (global values, every argument a leaf term) and one over the sharded
+function (global outside `sdy.manual_computation`, per-device layouts inside it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import sdy
+
+from .diagnostics import InputError, SourceLoc
+from .ir import op_location
+from .layout import GLOBAL, DeviceScalar, Opaque, Rel, Value
+from .mesh import Mesh, axes_str
+from .opinfo import OpInfo, describe
+from .program import read_meshes, mesh_from_attr
+from .rules import RULES, RuleContext
+from .rules.common import check_local_shapes, resize
+from .terms import Term, make_arg
+
+_TERMINATORS = ("func.return", "stablehlo.return", "sdy.return")
+_TRANSPARENT = ("mhlo.copy", "stablehlo.optimization_barrier")
+
+
+@dataclass
+class OpRecord:
+    """One op of a walk: what went in, what came out, and what its rule had to say."""
+
+    index: int
+    info: OpInfo
+    inputs: list[Value]
+    outputs: list[Value]
+    hints: list[str] = field(default_factory=list)
+    manual_axes: tuple[str, ...] = ()
+
+    @property
+    def loc(self) -> SourceLoc | None:
+        return self.info.loc
+
+
+@dataclass
+class Boundary:
+    """How a manual computation's result maps to per-device values (ρ for that result)."""
+
+    rho: str
+    record: OpRecord | None
+
+
+@dataclass
+class Walk:
+    """The result of walking one function."""
+
+    records: list[OpRecord] = field(default_factory=list)
+    values: dict = field(default_factory=dict)
+    outputs: list[Value] = field(default_factory=list)
+    output_rho: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    mesh: Mesh | None = None
+    return_record: OpRecord | None = None
+
+
+class Walker:
+    """Walks a function body; `file` names the source for locations without one."""
+
+    def __init__(self, func: ir.Operation, module: ir.Module, file: str):
+        self.func = func
+        self.file = file
+        self.meshes = read_meshes(module)
+        self.walk = Walk()
+        self.boundary: dict = {}
+
+    def run(self) -> Walk:
+        block = self.func.regions[0].blocks[0]
+        for i, arg in enumerate(block.arguments):
+            t = describe_type(arg.type)
+            self.walk.values[arg] = Rel(make_arg(i, t.shape, t.dtype), ((),) * len(t.shape),
+                                        scope=GLOBAL)
+        self._block(block, RuleContext())
+        return self.walk
+
+    def _block(self, block, ctx: RuleContext) -> None:
+        for op in block.operations:
+            op = op.operation
+            if op.name in _TERMINATORS:
+                if op.name == "func.return" and self.walk.return_record is None:
+                    self.walk.outputs = [self.walk.values[v] for v in op.operands]
+                    self.walk.output_rho = [self.boundary.get(v, "computed globally "
+                                                              "(outside shard_map)")
+                                            for v in op.operands]
+                    self.walk.return_record = self._record(describe(op, self.file), [], [], ctx)
+                continue
+            if op.name == "sdy.manual_computation":
+                self._manual(op, ctx)
+                continue
+            self._op(op, ctx)
+
+    def _record(self, info: OpInfo, inputs, outputs, ctx: RuleContext) -> OpRecord:
+        record = OpRecord(len(self.walk.records), info, inputs, outputs, list(ctx.hints),
+                          ctx.manual_axes)
+        self.walk.records.append(record)
+        return record
+
+    def _op(self, op: ir.Operation, ctx: RuleContext) -> None:
+        info = describe(op, self.file)
+        inputs = [self.walk.values[v] for v in op.operands]
+        local = RuleContext(ctx.mesh, ctx.manual_axes)
+        opaque = next((v for v in inputs if isinstance(v, Opaque)), None)
+        if opaque is not None:
+            outputs: list[Value] = [opaque] * len(op.results)
+        elif info.name in _TRANSPARENT:
+            outputs = list(inputs)
+        elif info.name not in RULES:
+            outputs = [Opaque(f"unsupported op {info.name}", category="unsupported")
+                       ] * len(op.results)
+        elif op.regions and info.name not in REGION_RULE_OPS:
+            outputs = [Opaque(f"unsupported op {info.name} (with regions)",
+                              category="unsupported")] * len(op.results)
+        else:
+            try:
+                outputs = RULES[info.name](info, inputs, local)
+            except (KeyError, IndexError, ValueError, TypeError, ZeroDivisionError) as err:
+                outputs = [Opaque(f"internal error in the rule for {info.name}: {err!r}",
+                                  category="internal")] * len(op.results)
+            outputs = check_local_shapes(info, outputs, local)
+        record = self._record(info, inputs, [], local)
+        for note in local.notes:
+            if note not in self.walk.notes:
+                self.walk.notes.append(note)
+        outputs = [self._stamp(v, record, inputs) for v in outputs]
+        record.outputs = outputs
+        for result, value in zip(op.results, outputs):
+            self.walk.values[result] = value
+
+    def _stamp(self, value: Value, record: OpRecord, inputs: list[Value]) -> Value:
+        """Give a fresh Opaque its origin; point partial-sum origins at records."""
+        if isinstance(value, Opaque) and value.origin is None:
+            blame = None
+            if value.category in ("partial_mixed", "nonlinear_partial"):
+                blame = next((v.partial_origin for v in inputs
+                              if isinstance(v, Rel) and v.partial), None)
+            return replace(value, origin=(record, blame))
+        if isinstance(value, Rel) and value.partial and isinstance(value.partial_origin, OpInfo):
+            return replace(value, partial_origin=record)
+        return value
+
+    def _manual(self, op: ir.Operation, ctx: RuleContext) -> None:
+        info = describe(op, self.file)
+        mesh, in_tilings, out_tilings, manual = self._manual_shardings(op, info)
+        self.walk.mesh = mesh
+        inner = RuleContext(mesh, manual)
+        block = op.regions[0].blocks[0]
+        record = self._record(info, [self.walk.values[v] for v in op.operands], [], inner)
+        for value, arg, tiling in zip(op.operands, block.arguments, in_tilings):
+            self.walk.values[arg] = self._enter(self.walk.values[value], tiling, mesh, record)
+        self._block(block, inner)
+        terminator = block.operations[len(block.operations) - 1].operation
+        results = []
+        for i, (value, tiling) in enumerate(zip(terminator.operands, out_tilings)):
+            inner_value = self.walk.values[value]
+            results.append(self._leave(inner_value, tiling, mesh, record, i))
+        record.outputs = results
+        for result, value, tiling in zip(op.results, results, out_tilings):
+            self.walk.values[result] = value
+            self.boundary[result] = rho_text(tiling)
+
+    def _manual_shardings(self, op: ir.Operation, info: OpInfo):
+        manual = tuple(str(a).strip('"') for a in sdy.ManualAxesAttr(op.attributes["manual_axes"]))
+        ins = sdy.TensorShardingPerValueAttr(op.attributes["in_shardings"]).shardings
+        outs = sdy.TensorShardingPerValueAttr(op.attributes["out_shardings"]).shardings
+        meshes = {self._mesh_of(s, info) for s in list(ins) + list(outs)}
+        if not meshes:
+            if not self.meshes:
+                raise InputError("manual computation without a mesh", info.loc, self.file)
+            meshes = {next(iter(self.meshes.values()))}
+        if len(meshes) != 1:
+            raise InputError("manual computation uses several meshes", info.loc, self.file)
+        mesh = meshes.pop()
+        for axis in manual:
+            if axis not in mesh.names:
+                raise InputError(f"manual axis '{axis}' is not an axis of the mesh "
+                                 f"{mesh.describe()}", info.loc, self.file)
+        return (mesh, [self._tiling(s, mesh, info) for s in ins],
+                [self._tiling(s, mesh, info) for s in outs], manual)
+
+    def _mesh_of(self, sharding, info: OpInfo) -> Mesh:
+        attr = sdy.TensorShardingAttr(sharding).mesh_or_ref
+        text = str(attr)
+        if text.startswith("@"):
+            name = text[1:].strip('"')
+            if name not in self.meshes:
+                raise InputError(f"sharding refers to mesh @{name}, which is not defined",
+                                 info.loc, self.file)
+            return self.meshes[name]
+        return mesh_from_attr(attr)
+
+    def _tiling(self, sharding, mesh: Mesh, info: OpInfo) -> tuple[tuple[str, ...], ...]:
+        tensor = sdy.TensorShardingAttr(sharding)
+        tiling = []
+        for dim in tensor.dimension_shardings:
+            axes = []
+            for ref in sdy.DimensionShardingAttr(dim).axes:
+                axis = sdy.AxisRefAttr(ref)
+                if axis.sub_axis_info is not None:
+                    raise InputError("sub-axis shardings are not supported", info.loc, self.file)
+                if axis.name not in mesh.names:
+                    raise InputError(f"sharding uses axis '{axis.name}', which is not in the "
+                                     f"mesh {mesh.describe()}", info.loc, self.file)
+                axes.append(axis.name)
+            tiling.append(tuple(axes))
+        return tuple(tiling)
+
+    def _enter(self, value: Value, tiling, mesh: Mesh, record: OpRecord) -> Value:
+        if not isinstance(value, Rel):
+            return value
+        for size, axes in zip(value.term.shape, tiling):
+            if size % mesh.group_size(axes):
+                return Opaque(f"dim of size {size} does not divide over {axes_str(axes)}",
+                              origin=(record, None), category="unsupported")
+        return Rel(value.term, tuple(tiling), scope="")
+
+    def _leave(self, value: Value, tiling, mesh: Mesh, record: OpRecord, index: int) -> Value:
+        if isinstance(value, Opaque):
+            return value
+        if isinstance(value, DeviceScalar):
+            return Opaque("shard_map returns a device-dependent value", origin=(record, None),
+                          category="unrelated")
+        if value.partial:
+            origin = value.partial_origin if isinstance(value.partial_origin, OpRecord) else None
+            verb = "sum" if value.kind == "sum" else value.kind
+            return Opaque(f"value is still a partial {verb} over {axes_str(value.partial)} when "
+                          f"it leaves shard_map (result #{index}): missing all_reduce/"
+                          f"{'psum' if verb == 'sum' else 'p' + verb}",
+                          origin=(record, origin), category="missing_reduction")
+        term = value.term
+        for dim in sorted(value.poly):
+            global_size = term.shape[dim] * mesh.group_size(tiling[dim])
+            resized = resize(term, dim, global_size)
+            if resized is None:
+                return Opaque("cannot widen a broadcast output", origin=(record, None),
+                              category="internal")
+            term = resized
+        if tuple(value.tiling) != tuple(tiling) and not all(
+                d in value.poly for d, axes in enumerate(tiling) if axes != value.tiling[d]):
+            return Opaque(f"result #{index} is {_layout_words(value.tiling)} but out_specs "
+                          f"declares it {_layout_words(tiling)}", origin=(record, None),
+                          category="wrong_layout")
+        return Rel(term, ((),) * len(term.shape), scope=GLOBAL)
+
+
+REGION_RULE_OPS = ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter")
+
+
+def describe_type(t):
+    from .opinfo import tensor_type
+
+    return tensor_type(t)
+
+
+def _layout_words(tiling) -> str:
+    parts = [f"split along dim {d} over {axes_str(axes)}" for d, axes in enumerate(tiling)
+             if axes]
+    return " and ".join(parts) or "replicated"
+
+
+def rho_text(tiling) -> str:
+    """ρ for one result, e.g. `concat over 'tp' along dim 1`."""
+    parts = [f"concat over {axes_str(axes)} along dim {d}" for d, axes in enumerate(tiling)
+             if axes]
+    return ", then ".join(parts) if parts else "replicated on every device"
+
+
+def reference_terms(walk: Walk) -> dict[int, Term]:
+    """Every term the reference computes, by serial (for locating a divergence)."""
+    found = {}
+    for value in walk.values.values():
+        if isinstance(value, Rel):
+            found[value.term.serial] = value.term
+    return found

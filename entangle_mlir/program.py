@@ -1,0 +1,165 @@
+"""The pair of functions to compare, found in one module or linked from two, plus the mesh.
+
+A combined module holds both functions; the sharded one carries `entangle.refines = @ref`.
+`entangle check REF SHARDED` uses the public `main` of each file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jaxlib.mlir import ir
+from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+from jaxlib.mlir.dialects import sdy
+
+from .diagnostics import InputError
+from .ir import context, op_location
+from .mesh import Mesh
+from .opinfo import tensor_type
+
+
+@dataclass
+class Program:
+    """Reference and sharded functions (possibly in different modules) and their files."""
+
+    ref_module: ir.Module
+    sharded_module: ir.Module
+    ref_func: ir.Operation
+    sharded_func: ir.Operation
+    ref_file: str
+    sharded_file: str
+
+
+def functions(module: ir.Module) -> list[ir.Operation]:
+    return [op.operation for op in module.body.operations if op.operation.name == "func.func"]
+
+
+def func_name(func: ir.Operation) -> str:
+    return ir.StringAttr(func.attributes["sym_name"]).value
+
+
+def find_function(module: ir.Module, name: str) -> ir.Operation | None:
+    return next((f for f in functions(module) if func_name(f) == name), None)
+
+
+def _public_main(module: ir.Module, file: str) -> ir.Operation:
+    funcs = functions(module)
+    if not funcs:
+        raise InputError("no func.func in the module", file=file)
+    main = find_function(module, "main")
+    if main is not None:
+        return main
+    public = [f for f in funcs if "sym_visibility" not in f.attributes]
+    if len(public) == 1:
+        return public[0]
+    raise InputError("cannot tell which function is the entry point (no @main)", file=file)
+
+
+def from_two_modules(ref: ir.Module, sharded: ir.Module, ref_file: str,
+                     sharded_file: str) -> Program:
+    return Program(ref, sharded, _public_main(ref, ref_file), _public_main(sharded, sharded_file),
+                   ref_file, sharded_file)
+
+
+def from_combined(module: ir.Module, file: str) -> Program:
+    """The function carrying `entangle.refines = @ref` and the function it names."""
+    for func in functions(module):
+        if "entangle.refines" in func.attributes:
+            target = str(func.attributes["entangle.refines"]).lstrip("@").strip('"')
+            ref = find_function(module, target)
+            if ref is None:
+                raise InputError(f"entangle.refines names @{target}, which does not exist",
+                                 op_location(func, file))
+            return Program(module, module, ref, func, file, file)
+    raise InputError("no function carries `entangle.refines = @reference`", file=file)
+
+
+def has_refines(module: ir.Module) -> bool:
+    return any("entangle.refines" in f.attributes for f in functions(module))
+
+
+def check_signatures(program: Program) -> None:
+    """Same argument count, shapes and dtypes, same result count: else the input is unusable."""
+    ref_args = list(program.ref_func.regions[0].blocks[0].arguments)
+    sh_args = list(program.sharded_func.regions[0].blocks[0].arguments)
+    where = op_location(program.sharded_func, program.sharded_file)
+    if len(ref_args) != len(sh_args):
+        raise InputError(f"the reference takes {len(ref_args)} arguments but the sharded "
+                         f"function takes {len(sh_args)}", where, program.sharded_file)
+    for i, (a, b) in enumerate(zip(ref_args, sh_args)):
+        ta, tb = _arg_type(a, program, i), _arg_type(b, program, i)
+        if ta != tb:
+            raise InputError(f"argument #{i} is {_fmt(ta)} in the reference but {_fmt(tb)} in "
+                             "the sharded function", where, program.sharded_file)
+    ref_results = ir.FunctionType(ir.TypeAttr(program.ref_func.attributes["function_type"]).value
+                                  ).results
+    sh_results = ir.FunctionType(
+        ir.TypeAttr(program.sharded_func.attributes["function_type"]).value).results
+    if len(ref_results) != len(sh_results):
+        raise InputError(f"the reference returns {len(ref_results)} results but the sharded "
+                         f"function returns {len(sh_results)}", where, program.sharded_file)
+    for i, (a, b) in enumerate(zip(ref_results, sh_results)):
+        ta, tb = _type(a, program, f"result #{i}"), _type(b, program, f"result #{i}")
+        if ta != tb:
+            raise InputError(f"result #{i} is {_fmt(ta)} in the reference but {_fmt(tb)} in "
+                             "the sharded function", where, program.sharded_file)
+
+
+def _arg_type(arg, program: Program, index: int):
+    return _type(arg.type, program, f"argument #{index}")
+
+
+def _type(t, program: Program, what: str):
+    try:
+        return tensor_type(t)
+    except ValueError as err:
+        raise InputError(f"{what}: {err} (only static shapes are supported)",
+                         file=program.sharded_file) from None
+
+
+def _fmt(t) -> str:
+    return f"tensor<{'x'.join(map(str, t.shape))}{'x' if t.shape else ''}{t.dtype}>"
+
+
+def read_meshes(module: ir.Module) -> dict[str, Mesh]:
+    meshes = {}
+    for op in module.body.operations:
+        if op.operation.name == "sdy.mesh":
+            name = ir.StringAttr(op.attributes["sym_name"]).value
+            meshes[name] = mesh_from_attr(op.attributes["mesh"])
+    return meshes
+
+
+def mesh_from_attr(attr) -> Mesh:
+    mesh = sdy.MeshAttr(attr)
+    return Mesh(tuple((sdy.MeshAxisAttr(a).name, sdy.MeshAxisAttr(a).size) for a in mesh.axes))
+
+
+def inline_calls(module: ir.Module, file: str) -> int:
+    """Inline every func.call (jax helpers such as `_where`, `tril`), innermost last."""
+    count = 0
+    with context():
+        for _ in range(64):
+            calls: list[ir.Operation] = []
+
+            def collect(op):
+                if op.name == "func.call":
+                    calls.append(op)
+                return ir.WalkResult.ADVANCE
+
+            module.operation.walk(collect)
+            if not calls:
+                return count
+            for call in calls:
+                callee_name = str(call.attributes["callee"]).lstrip("@").strip('"')
+                callee = find_function(module, callee_name)
+                if callee is None:
+                    raise InputError(f"call to unknown function @{callee_name}",
+                                     op_location(call, file))
+                with ir.InsertionPoint(call), call.location:
+                    new = _jax_mlir_ext.inlined_func_call(callee, list(call.operands))
+                for old, value in zip(call.results, new):
+                    old.replace_all_uses_with(value)
+                call.erase()
+                count += 1
+    raise InputError("recursive function calls cannot be inlined", file=file)

@@ -1,0 +1,71 @@
+"""The verdict of a check: ρ per output, diagnostics, notes; as text or JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from .diagnostics import Diagnostic
+
+PROVEN = "proven"
+NOT_PROVEN = "not proven"
+
+
+@dataclass
+class OutputResult:
+    index: int
+    proven: bool
+    rho: str
+    term: str = ""
+
+
+@dataclass
+class Report:
+    verdict: str
+    outputs: list[OutputResult] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    mode: str = ""
+    mesh: str = ""
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def proven(self) -> bool:
+        return self.verdict == PROVEN
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.proven else 1
+
+    def render_text(self) -> str:
+        lines = [d.render() for d in self.diagnostics]
+        if self.proven:
+            lines.append(f"verified: the sharded program refines the reference"
+                         f"{' on mesh ' + self.mesh if self.mesh else ''}")
+        else:
+            reason = self.diagnostics[0].message if self.diagnostics else "unknown reason"
+            lines.append(f"not proven: {reason}")
+        for out in self.outputs:
+            mark = "" if out.proven else "  (not proven)"
+            lines.append(f"  result#{out.index} = {out.rho}{mark}")
+        for note in self.notes:
+            lines.append(f"note: {note}")
+        if self.mode:
+            lines.append(f"rule checks: {self.mode}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "mesh": self.mesh,
+            "outputs": [{"index": o.index, "proven": o.proven, "rho": o.rho, "term": o.term}
+                        for o in self.outputs],
+            "diagnostics": [d.to_json() for d in self.diagnostics],
+            "notes": list(self.notes),
+            "rule_check_mode": self.mode,
+            "stats": self.stats,
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2)

@@ -1,0 +1,29 @@
+"""The rule table: op name -> rule, merged from one explicit table per op family.
+
+Adding an op: an entry in its family's table, a lit test `lit_tests/rules/<op>.mlir`, and a
+lemma case in `tests/test_lemmas.py` (pytest checks both exist for every key).
+"""
+
+from __future__ import annotations
+
+from .base import Rule, RuleContext
+from .collectives import COLLECTIVE_RULES
+from .contraction import CONTRACTION_RULES
+from .elementwise import ELEMENTWISE_RULES
+from .index import INDEX_RULES
+from .movement import MOVEMENT_RULES
+from .reduction import REDUCTION_RULES
+
+FAMILIES: dict[str, dict[str, Rule]] = {
+    "elementwise": ELEMENTWISE_RULES,
+    "movement": MOVEMENT_RULES,
+    "contraction": CONTRACTION_RULES,
+    "reduction": REDUCTION_RULES,
+    "collectives": COLLECTIVE_RULES,
+    "index": INDEX_RULES,
+}
+
+RULES: dict[str, Rule] = {name: rule for table in FAMILIES.values()
+                          for name, rule in table.items()}
+
+__all__ = ["FAMILIES", "RULES", "Rule", "RuleContext"]

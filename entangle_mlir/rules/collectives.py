@@ -1,0 +1,220 @@
+"""Collectives: how all_reduce, all_gather, reduce_scatter, all_to_all and collective_permute
+change a layout. Replica groups are read as mesh axes; groups that match no axes are opaque."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..layout import Opaque, Rel, Value
+from ..mesh import axes_str
+from ..opinfo import OpInfo
+from ..terms import scale
+from .base import RuleContext
+from .common import freeze
+
+_KIND = {"add": "sum", "max": "max", "min": "min"}
+
+
+def group_axes(info: OpInfo, ctx: RuleContext) -> tuple[str, ...] | Opaque:
+    """The mesh axes a collective's replica groups run over (ordered as in the groups)."""
+    if ctx.is_global or ctx.mesh is None:
+        return Opaque(f"{info.name} outside a manual computation", category="unsupported")
+    groups = info.attrs.get("replica_groups")
+    if not isinstance(groups, list) or not groups:
+        return Opaque(f"{info.name}: replica groups in an unsupported format",
+                      category="unsupported")
+    if not info.attrs.get("use_global_device_ids") and "channel_handle" not in info.attrs:
+        return Opaque(f"{info.name}: replica ids (not global device ids) are not supported",
+                      category="unsupported")
+    axes = ctx.mesh.axes_of_groups(groups)
+    if axes is None:
+        return Opaque(f"{info.name}: replica groups {groups} do not correspond to any mesh axes "
+                      f"of {ctx.mesh.describe()}", category="wrong_groups")
+    if not axes:
+        return ()
+    return axes
+
+
+def _needs_rel(info: OpInfo, x: Value) -> Rel | Opaque:
+    if not isinstance(x, Rel):
+        return Opaque(f"{info.name} of a device-dependent scalar", category="unsupported")
+    return freeze(x)
+
+
+def _order(axes, ctx: RuleContext) -> tuple[str, ...]:
+    return tuple(sorted(axes, key=ctx.mesh.names.index))
+
+
+def all_reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    axes = group_axes(info, ctx)
+    if isinstance(axes, Opaque):
+        return [axes] * len(operands)
+    reducer = info.attrs.get("reducer", "other")
+    if reducer not in _KIND:
+        return [Opaque(f"all_reduce with a '{reducer}' reducer is not supported",
+                       category="unsupported")] * len(operands)
+    return [_all_reduce_one(info, x, axes, _KIND[reducer], ctx) for x in operands]
+
+
+def _all_reduce_one(info: OpInfo, x: Value, axes: tuple[str, ...], kind: str,
+                    ctx: RuleContext) -> Value:
+    x = _needs_rel(info, x)
+    if isinstance(x, Opaque):
+        return x
+    verb = {"sum": "sums", "max": "takes the max", "min": "takes the min"}[kind]
+    split = set(axes) & set(x.tiled_axes)
+    if split:
+        return Opaque(f"all_reduce {verb} over {axes_str(axes)} of a value split over "
+                      f"{axes_str(sorted(split))}: it combines different blocks",
+                      category="wrong_axis")
+    reduced = set(axes) & set(x.partial)
+    if reduced and x.kind != kind:
+        return Opaque(f"all_reduce {verb} over {axes_str(axes)} but the value is a partial "
+                      f"{x.kind}: the reduction kind is wrong", category="wrong_reducer")
+    replicated_axes = [a for a in axes if a not in reduced]
+    term = x.term
+    if replicated_axes and kind == "sum":
+        factor = ctx.mesh.group_size(replicated_axes)
+        term = scale(term, factor)
+        pending = (f"; the value is still a partial sum over {axes_str(x.partial)}"
+                   if x.partial else "")
+        ctx.hint(f"all_reduce sums over {axes_str(replicated_axes)}, but the value is already "
+                 f"replicated over {axes_str(replicated_axes)}: the result is {factor} x the "
+                 f"value{pending}")
+    remaining = tuple(a for a in x.partial if a not in reduced)
+    return replace(x, term=term, partial=remaining, kind=x.kind if remaining else "",
+                   partial_origin=x.partial_origin if remaining else None)
+
+
+def all_gather(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    axes = group_axes(info, ctx)
+    if isinstance(axes, Opaque):
+        return [axes] * len(operands)
+    dim = info.attrs["all_gather_dim"]
+    results = []
+    for x in operands:
+        x = _needs_rel(info, x)
+        if isinstance(x, Opaque):
+            results.append(x)
+            continue
+        results.append(_all_gather_one(x, dim, axes, ctx))
+    return results
+
+
+def _all_gather_one(x: Rel, dim: int, axes: tuple[str, ...], ctx: RuleContext) -> Value:
+    tiling = x.tiling[dim]
+    if tiling[len(tiling) - len(axes):] == axes and len(tiling) >= len(axes):
+        new = list(x.tiling)
+        new[dim] = tiling[:len(tiling) - len(axes)]
+        return replace(x, tiling=tuple(new))
+    if set(axes) & set(x.partial):
+        return Opaque(f"all_gather over {axes_str(axes)} of a partial sum over "
+                      f"{axes_str(x.partial)}: missing all_reduce/psum (or use reduce_scatter)",
+                      category="partial_mixed")
+    for other, other_axes in enumerate(x.tiling):
+        if set(axes) & set(other_axes):
+            return Opaque(f"all_gather concatenates along dim {dim} but the value is split "
+                          f"along dim {other} over {axes_str(other_axes)}", category="wrong_dim")
+    if set(axes) & set(tiling):
+        return Opaque(f"all_gather over {axes_str(axes)} along dim {dim}, split over "
+                      f"{axes_str(tiling)}: gathers blocks in the wrong order",
+                      category="wrong_order")
+    return Opaque(f"all_gather over {axes_str(axes)} of a value replicated over "
+                  f"{axes_str(axes)}: it concatenates {ctx.mesh.group_size(axes)} identical "
+                  "copies", category="duplicate")
+
+
+def reduce_scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    axes = group_axes(info, ctx)
+    if isinstance(axes, Opaque):
+        return [axes]
+    (x,) = operands
+    x = _needs_rel(info, x)
+    if isinstance(x, Opaque):
+        return [x]
+    reducer = info.attrs.get("reducer", "other")
+    if reducer != "add":
+        return [Opaque(f"reduce_scatter with a '{reducer}' reducer is not supported",
+                       category="unsupported")]
+    dim = info.attrs["scatter_dimension"]
+    split = set(axes) & set(x.tiled_axes)
+    if split:
+        return [Opaque(f"reduce_scatter sums over {axes_str(axes)} a value split over "
+                       f"{axes_str(sorted(split))}: it combines different blocks",
+                       category="wrong_axis")]
+    if x.partial and x.kind != "sum":
+        return [Opaque(f"reduce_scatter sums a partial {x.kind}", category="wrong_reducer")]
+    reduced = [a for a in axes if a in x.partial]
+    replicated_axes = [a for a in axes if a not in x.partial]
+    term = x.term
+    if replicated_axes:
+        factor = ctx.mesh.group_size(replicated_axes)
+        term = scale(term, factor)
+        ctx.hint(f"reduce_scatter sums over {axes_str(replicated_axes)}, but the value is "
+                 f"already replicated over {axes_str(replicated_axes)}: the result is "
+                 f"{factor} x the value")
+    tiling = list(x.tiling)
+    tiling[dim] = tiling[dim] + axes
+    remaining = tuple(a for a in x.partial if a not in reduced)
+    return [replace(x, term=term, tiling=tuple(tiling), partial=remaining,
+                    kind=x.kind if remaining else "",
+                    partial_origin=x.partial_origin if remaining else None)]
+
+
+def all_to_all(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    axes = group_axes(info, ctx)
+    if isinstance(axes, Opaque):
+        return [axes] * len(operands)
+    split, concat = info.attrs["split_dimension"], info.attrs["concat_dimension"]
+    results = []
+    for x in operands:
+        x = _needs_rel(info, x)
+        if isinstance(x, Opaque):
+            results.append(x)
+            continue
+        tiling = x.tiling[concat]
+        if set(axes) & set(x.partial):
+            results.append(Opaque(f"all_to_all over {axes_str(axes)} of a partial sum",
+                                  category="partial_mixed"))
+        elif split != concat and tiling[len(tiling) - len(axes):] == axes and not (
+                set(axes) & set(x.tiling[split])):
+            new = list(x.tiling)
+            new[concat] = tiling[:len(tiling) - len(axes)]
+            new[split] = x.tiling[split] + axes
+            results.append(replace(x, tiling=tuple(new)))
+        else:
+            results.append(Opaque(
+                f"all_to_all concatenates along dim {concat} but the value is not split along "
+                f"dim {concat} over {axes_str(axes)}", category="wrong_dim"))
+    return results
+
+
+def collective_permute(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    (x,) = operands
+    x = _needs_rel(info, x)
+    if isinstance(x, Opaque):
+        return [x]
+    if ctx.is_global or ctx.mesh is None:
+        return [Opaque("collective_permute outside a manual computation",
+                       category="unsupported")]
+    pairs = info.attrs.get("source_target_pairs") or []
+    targets = {t for _, t in pairs}
+    if len(targets) != ctx.mesh.num_devices:
+        missing = sorted(set(range(ctx.mesh.num_devices)) - targets)
+        return [Opaque(f"collective_permute leaves devices {missing[:8]} without data "
+                       "(they receive zeros)", category="wrong_order")]
+    used = tuple(a for a in ctx.mesh.names if a in x.used_axes())
+    for source, target in pairs:
+        if any(ctx.mesh.coords(source)[a] != ctx.mesh.coords(target)[a] for a in used):
+            return [Opaque(f"collective_permute moves blocks along {axes_str(used)}: device "
+                           f"{target} receives device {source}'s block", category="wrong_order")]
+    return [x]
+
+
+COLLECTIVE_RULES = {
+    "stablehlo.all_reduce": all_reduce,
+    "stablehlo.all_gather": all_gather,
+    "stablehlo.reduce_scatter": reduce_scatter,
+    "stablehlo.all_to_all": all_to_all,
+    "stablehlo.collective_permute": collective_permute,
+}

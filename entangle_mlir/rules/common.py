@@ -1,0 +1,157 @@
+"""Helpers shared by the rule families: poly dims, splats, layout agreement."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..layout import GLOBAL, DeviceScalar, Opaque, Rel, Value
+from ..mesh import axes_str
+from ..opinfo import OpInfo
+from ..terms import (Term, intern, make_broadcast, make_lin, make_splat, linear_parts,
+                     splat_value)
+from .base import RuleContext
+
+ELEMENTWISE_TERM_OPS = ("lin", "mul", "div")
+
+
+def first_opaque(values: list[Value]) -> Opaque | None:
+    for value in values:
+        if isinstance(value, Opaque):
+            return value
+    return None
+
+
+def replicated(term: Term, ctx: RuleContext, poly: frozenset[int] = frozenset()) -> Rel:
+    """A value identical on every device (or a global value outside manual computations)."""
+    return Rel(term, ((),) * len(term.shape), poly=poly,
+               scope=GLOBAL if ctx.is_global else "")
+
+
+def splat_rel(value, shape: tuple[int, ...], dtype: str, ctx: RuleContext) -> Rel:
+    """A splat constant: every dim is poly, so it adapts to whatever it is combined with."""
+    rel = replicated(make_splat(value, shape, dtype), ctx)
+    return replace(rel, poly=frozenset(range(len(shape))) if not ctx.is_global else frozenset())
+
+
+def freeze(rel: Rel) -> Rel:
+    """Forget poly dims: the local size is taken as the global one (always sound)."""
+    return replace(rel, poly=frozenset()) if rel.poly else rel
+
+
+def resize(term: Term, dim: int, size: int) -> Term | None:
+    """The same constant-along-`dim` value with `dim` of global size `size`, if derivable."""
+    if term.shape[dim] == size:
+        return term
+    shape = term.shape[:dim] + (size,) + term.shape[dim + 1:]
+    if term.op == "splat":
+        return make_splat(term.attrs[0], shape, term.dtype)
+    if term.op == "broadcast":
+        (dims,) = term.attrs
+        operand = term.args[0]
+        if dim in dims and operand.shape[dims.index(dim)] != 1:
+            return None
+        return make_broadcast(operand, dims, shape)
+    if term.op == "lin":
+        pairs, constant = linear_parts(term)
+        resized = [(k, resize(t, dim, size)) for k, t in pairs]
+        if any(t is None for _, t in resized):
+            return None
+        return make_lin(resized, constant, shape, term.dtype)
+    if term.op in ("mul", "div") or term.op.startswith("stablehlo.") and is_elementwise_term(term):
+        args = [resize(a, dim, size) for a in term.args]
+        if any(a is None for a in args):
+            return None
+        return intern(term.op, tuple(args), term.attrs, shape, term.dtype)
+    return None
+
+
+def is_elementwise_term(term: Term) -> bool:
+    from .elementwise import ELEMENTWISE_RULES
+
+    return term.op in ELEMENTWISE_RULES and all(a.shape == term.shape for a in term.args)
+
+
+def check_local_shapes(info: OpInfo, results: list[Value], ctx: RuleContext) -> list[Value]:
+    """Guard every rule: a relation whose local shape disagrees with the op's type is dropped."""
+    if ctx.mesh is None and not ctx.is_global:
+        return results
+    checked = []
+    for value, rtype in zip(results, info.result_types):
+        if isinstance(value, Rel):
+            local = rtype.shape
+            expected = tuple(
+                size if dim in value.poly or ctx.is_global
+                else size // ctx.mesh.group_size(axes) if ctx.mesh else size
+                for dim, (size, axes) in enumerate(zip(value.term.shape, value.tiling)))
+            if expected != local or len(value.tiling) != len(local):
+                value = Opaque(f"internal: inferred local shape {expected} does not match the "
+                               f"op's type {local}", category="internal")
+        elif isinstance(value, DeviceScalar) and value.shape != rtype.shape:
+            value = Opaque("internal: device scalar shape mismatch", category="internal")
+        checked.append(value)
+    return checked
+
+
+def unify_dims(rels: list[Rel], dims_of: list[list[int]], ctx: RuleContext,
+               what: str) -> tuple[list[Rel], list[tuple[int, tuple[str, ...]]], set[int]] | Opaque:
+    """Make operands agree dim by dim: `dims_of[k][i]` is operand k's dim for joint dim i.
+
+    Returns the operands with poly dims resized, the joint (global size, tiling) per dim and the
+    joint dims that stay poly (every operand poly there).
+    """
+    joint: list[tuple[int, tuple[str, ...]]] = []
+    still_poly: set[int] = set()
+    mesh = ctx.mesh
+    count = len(dims_of[0])
+    for i in range(count):
+        fixed = [(rel.term.shape[d[i]], rel.tiling[d[i]]) for rel, d in zip(rels, dims_of)
+                 if d[i] not in rel.poly]
+        if not fixed:
+            sizes = {rel.term.shape[d[i]] for rel, d in zip(rels, dims_of)}
+            if len(sizes) != 1:
+                # Several poly operands of different local sizes (only 1 vs n can occur).
+                sizes.discard(1)
+            joint.append((max(sizes), ()))
+            still_poly.add(i)
+            continue
+        size, axes = fixed[0]
+        for other_size, other_axes in fixed[1:]:
+            if (other_size, other_axes) != (size, axes):
+                return Opaque(_disagree(what, i, axes, other_axes, size, other_size),
+                              category="layout_mismatch")
+        joint.append((size, axes))
+    resized = []
+    for rel, dims in zip(rels, dims_of):
+        term, tiling = rel.term, list(rel.tiling)
+        for i, d in enumerate(dims):
+            if d not in rel.poly or i in still_poly:
+                continue
+            size, axes = joint[i]
+            blocks = mesh.group_size(axes) if mesh and axes else 1
+            local = term.shape[d]
+            if local != 1 and local * blocks != size:
+                return Opaque(f"{what}: dim {i} has local size {local} but its partner is "
+                              f"{size} split {blocks} ways", category="layout_mismatch")
+            new_term = resize(term, d, size)
+            if new_term is None:
+                return Opaque(f"{what}: cannot widen dim {d} of a broadcast value",
+                              category="internal")
+            term = new_term
+            tiling[d] = axes
+        poly = frozenset(d for i, d in enumerate(dims) if d in rel.poly and i in still_poly)
+        resized.append(replace(rel, term=term, tiling=tuple(tiling), poly=poly))
+    return resized, joint, still_poly
+
+
+def _disagree(what: str, dim: int, axes_a, axes_b, size_a, size_b) -> str:
+    def words(axes):
+        return f"split over {axes_str(axes)}" if axes else "not split"
+
+    if axes_a != axes_b:
+        return (f"{what}: operands are laid out differently along dim {dim} "
+                f"({words(axes_a)} vs {words(axes_b)})")
+    return f"{what}: operands have different global sizes along dim {dim} ({size_a} vs {size_b})"
+
+
+def is_zero(rel: Rel) -> bool:
+    return splat_value(rel.term) == 0

@@ -1,0 +1,219 @@
+"""Elementwise ops: operands share one layout; linear ops may keep a partial sum.
+
+Every op here also evaluates device-dependent integer scalars (jax's `axis_index` arithmetic)
+exactly, as a table over all devices.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import replace
+from fractions import Fraction
+
+from ..layout import DeviceScalar, Opaque, Rel, Value
+from ..mesh import axes_str
+from ..opinfo import OpInfo
+from ..terms import Term, make_elementwise, scale, splat_value
+from .base import RuleContext
+from .common import is_zero, unify_dims
+
+NONLINEAR_HINT = "missing all_reduce/psum before it"
+
+
+def _c_div(a: int, b: int) -> int:
+    quotient = abs(a) // abs(b)
+    return quotient if (a >= 0) == (b >= 0) else -quotient
+
+
+def _c_rem(a: int, b: int) -> int:
+    return a - b * _c_div(a, b)
+
+
+_COMPARE = {"EQ": operator.eq, "NE": operator.ne, "LT": operator.lt, "LE": operator.le,
+            "GT": operator.gt, "GE": operator.ge}
+
+_SCALAR_OPS = {
+    "stablehlo.add": lambda a, b: a + b,
+    "stablehlo.subtract": lambda a, b: a - b,
+    "stablehlo.multiply": lambda a, b: a * b,
+    "stablehlo.divide": _c_div,
+    "stablehlo.remainder": _c_rem,
+    "stablehlo.maximum": max,
+    "stablehlo.minimum": min,
+    "stablehlo.negate": lambda a: -a,
+    "stablehlo.abs": abs,
+    "stablehlo.and": lambda a, b: a & b,
+    "stablehlo.or": lambda a, b: a | b,
+    "stablehlo.not": lambda a: int(not a),
+    "stablehlo.select": lambda p, a, b: a if p else b,
+    "stablehlo.clamp": lambda lo, x, hi: min(max(x, lo), hi),
+    "stablehlo.convert": lambda a: a,
+}
+
+
+def _device_scalar(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    """Evaluate an integer scalar op over the per-device tables."""
+    rtype = info.result_types[0]
+    if any(size != 1 for size in rtype.shape) or rtype.is_float:
+        return [Opaque(f"device-dependent value used as tensor data in {info.name} "
+                       "(not supported yet)", category="unsupported")]
+    count = ctx.mesh.num_devices
+    columns = []
+    for value in operands:
+        if isinstance(value, DeviceScalar):
+            columns.append(value.values)
+            continue
+        constant = splat_value(value.term) if isinstance(value, Rel) else None
+        if not isinstance(constant, Fraction) or constant.denominator != 1:
+            return [Opaque(f"{info.name} mixes a device-dependent integer with a non-constant "
+                           "value", category="unsupported")]
+        columns.append((int(constant),) * count)
+    if info.name == "stablehlo.compare":
+        compare = _COMPARE[info.attrs["comparison_direction"]]
+        values = tuple(int(compare(a, b)) for a, b in zip(*columns))
+    else:
+        fn = _SCALAR_OPS.get(info.name)
+        if fn is None:
+            return [Opaque(f"{info.name} on a device-dependent integer is not supported",
+                           category="unsupported")]
+        try:
+            values = tuple(fn(*row) for row in zip(*columns))
+        except ZeroDivisionError:
+            return [Opaque(f"{info.name} divides by zero on some device", category="unrelated")]
+    return [DeviceScalar(values, rtype.shape)]
+
+
+def _partial_operands(rels: list[Rel]) -> list[int]:
+    return [i for i, rel in enumerate(rels) if rel.partial]
+
+
+def _mixed_partial(info: OpInfo, rels: list[Rel]) -> Opaque | None:
+    """A partial sum combined with a value split over the same axes has no clean meaning."""
+    for rel in rels:
+        if not rel.partial:
+            continue
+        for other in rels:
+            clash = set(other.tiled_axes) & set(rel.partial)
+            if clash:
+                return Opaque(
+                    f"{info.name.split('.')[-1]} combines a partial {rel.kind} over "
+                    f"{axes_str(sorted(clash))} (missing all_reduce/psum) with a value split "
+                    f"over {axes_str(sorted(clash))}", category="partial_mixed")
+    return None
+
+
+def _partial_result(info: OpInfo, rels: list[Rel], ctx: RuleContext
+                    ) -> tuple[list[Rel], tuple[str, ...], str] | Opaque:
+    """Decide whether the op keeps a partial reduction, and rescale operands if it must."""
+    partial_idx = _partial_operands(rels)
+    if not partial_idx:
+        return rels, (), ""
+    name = info.name
+    short = name.split(".")[-1]
+    first = rels[partial_idx[0]]
+    axes, kind = first.partial, first.kind
+    if any(rels[i].partial != axes or rels[i].kind != kind for i in partial_idx):
+        return Opaque(f"{short} combines partial reductions over different axes or of different "
+                      "kinds", category="partial_mixed")
+    nonlinear = Opaque(f"nonlinear op {short} applied to a partial {kind} over "
+                       f"{axes_str(axes)}: {NONLINEAR_HINT}", category="nonlinear_partial")
+    group = ctx.mesh.group_size(axes)
+    others = [i for i in range(len(rels)) if i not in partial_idx]
+    if name in ("stablehlo.convert",):
+        return rels, axes, kind
+    if name == "stablehlo.negate":
+        flipped = {"sum": "sum", "max": "min", "min": "max"}[kind]
+        return rels, axes, flipped
+    if name in ("stablehlo.add", "stablehlo.subtract"):
+        if kind != "sum":
+            ok = name == "stablehlo.add" and len(partial_idx) == 1 or (
+                name == "stablehlo.subtract" and partial_idx == [0])
+            return (rels, axes, kind) if ok else nonlinear
+        scaled = list(rels)
+        for i in others:
+            if not is_zero(rels[i]):
+                scaled[i] = replace(rels[i], term=scale(rels[i].term, group))
+                ctx.hint(f"adds a value replicated over {axes_str(axes)} to a partial sum over "
+                         f"{axes_str(axes)}: after the all_reduce/psum it is counted {group} "
+                         "times (add it after the reduction)")
+        return scaled, axes, kind
+    if name == "stablehlo.multiply" and len(partial_idx) == 1:
+        if kind == "sum":
+            return rels, axes, kind
+        factor = splat_value(rels[others[0]].term)
+        if isinstance(factor, Fraction) and factor > 0:
+            return rels, axes, kind
+        return nonlinear
+    if name == "stablehlo.divide" and partial_idx == [0] and kind == "sum":
+        return rels, axes, kind
+    if name == "stablehlo.select" and 0 not in partial_idx and kind == "sum":
+        if len(partial_idx) == 2 or any(is_zero(rels[i]) for i in (1, 2) if i in others):
+            return rels, axes, kind
+    return nonlinear
+
+
+def _term_attrs(info: OpInfo) -> tuple:
+    if info.name == "stablehlo.compare":
+        return (info.attrs["comparison_direction"],)
+    return ()
+
+
+def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    """Shared layout in, shared layout out; see `_partial_result` for partial sums."""
+    if any(isinstance(v, DeviceScalar) for v in operands):
+        return _device_scalar(info, operands, ctx)
+    rels: list[Rel] = list(operands)  # type: ignore[arg-type]
+    if not ctx.is_global:
+        mixed = _mixed_partial(info, rels)
+        if mixed:
+            return [mixed]
+    rank = len(info.result_types[0].shape)
+    if any(len(rel.term.shape) != rank for rel in rels):
+        return [Opaque(f"{info.name}: operand ranks differ", category="internal")]
+    unified = unify_dims(rels, [list(range(rank))] * len(rels), ctx, info.name.split(".")[-1])
+    if isinstance(unified, Opaque):
+        return [unified]
+    rels, joint, still_poly = unified
+    decided = _partial_result(info, rels, ctx)
+    if isinstance(decided, Opaque):
+        return [decided]
+    rels, partial, kind = decided
+    term = _build_term(info, [rel.term for rel in rels], ctx)
+    origin = next((rel.partial_origin for rel in rels if rel.partial), None)
+    return [Rel(term, tuple(axes for _, axes in joint), partial, kind, frozenset(still_poly),
+                rels[0].scope, partial_origin=origin)]
+
+
+def _build_term(info: OpInfo, terms: list[Term], ctx: RuleContext) -> Term:
+    rtype = info.result_types[0]
+    if info.name == "stablehlo.convert":
+        source = info.operand_types[0]
+        if rtype.is_float or rtype.dtype == source.dtype or source.dtype == "i1" or (
+                source.is_int and rtype.is_int):
+            if rtype.dtype != source.dtype:
+                ctx.note(f"convert {source.dtype} -> {rtype.dtype} is treated as exact "
+                         "(real-number semantics)")
+            return terms[0]
+    return make_elementwise(info.name, tuple(terms), _term_attrs(info), dtype=rtype.dtype)
+
+
+_ELEMENTWISE_OPS = (
+    # binary arithmetic
+    "stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
+    "stablehlo.maximum", "stablehlo.minimum", "stablehlo.power", "stablehlo.remainder",
+    "stablehlo.atan2",
+    # unary
+    "stablehlo.negate", "stablehlo.abs", "stablehlo.exponential", "stablehlo.exponential_minus_one",
+    "stablehlo.log", "stablehlo.log_plus_one", "stablehlo.tanh", "stablehlo.logistic",
+    "stablehlo.rsqrt", "stablehlo.sqrt", "stablehlo.cbrt", "stablehlo.sine", "stablehlo.cosine",
+    "stablehlo.tan", "stablehlo.sign", "stablehlo.floor", "stablehlo.ceil",
+    "stablehlo.round_nearest_even", "stablehlo.round_nearest_afz", "stablehlo.is_finite",
+    "chlo.square", "chlo.erf",
+    # logic and selection
+    "stablehlo.compare", "stablehlo.select", "stablehlo.clamp", "stablehlo.and", "stablehlo.or",
+    "stablehlo.xor", "stablehlo.not",
+    # conversion
+    "stablehlo.convert",
+)
+
+ELEMENTWISE_RULES = {name: elementwise for name in _ELEMENTWISE_OPS}

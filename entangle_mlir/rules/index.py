@@ -1,0 +1,122 @@
+"""Device identity and device-dependent indexing: partition_id, dynamic_slice.
+
+`partition_id` starts a per-device integer table; jax's `axis_index` arithmetic is evaluated
+exactly on it (see elementwise.py). A `dynamic_slice` whose offsets are such tables is a tiling
+when offset(d) == block_index(axes, d) * size for some mesh axes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from fractions import Fraction
+
+from ..layout import DeviceScalar, Opaque, Rel, Value
+from ..mesh import Mesh, axes_str
+from ..opinfo import OpInfo
+from ..terms import make_op, splat_value
+from .base import RuleContext
+from .common import freeze
+
+
+def partition_id(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    if ctx.is_global or ctx.mesh is None:
+        return [Opaque("partition_id outside a manual computation", category="unsupported")]
+    if set(ctx.manual_axes) != set(ctx.mesh.names):
+        return [Opaque("partition_id in a partially manual computation is not supported",
+                       category="unsupported")]
+    return [DeviceScalar(tuple(range(ctx.mesh.num_devices)), info.result_types[0].shape)]
+
+
+def _offsets(value: Value, count: int) -> tuple[int, ...] | None:
+    if isinstance(value, DeviceScalar):
+        return value.values
+    constant = splat_value(value.term) if isinstance(value, Rel) else None
+    if isinstance(constant, Fraction) and constant.denominator == 1:
+        return (int(constant),) * count
+    return None
+
+
+def _candidate_axes(mesh: Mesh, free: list[str]):
+    for count in range(1, len(free) + 1):
+        yield from itertools.permutations(free, count)
+
+
+def _match_axes(mesh: Mesh, offsets: tuple[int, ...], size: int, free: list[str],
+                global_size: int) -> tuple[tuple[str, ...] | None, tuple]:
+    """Axes A with offsets[d] == block_index(A, d) * size, else the closest candidate."""
+    best, best_bad = None, None
+    for axes in _candidate_axes(mesh, free):
+        if size * mesh.group_size(axes) > global_size:
+            continue
+        expected = [mesh.block_index(axes, d) * size for d in range(mesh.num_devices)]
+        bad = [d for d in range(mesh.num_devices) if offsets[d] != expected[d]]
+        if not bad:
+            return axes, ()
+        if best_bad is None or len(bad) < len(best_bad[0]):
+            best, best_bad = axes, (bad, expected)
+    return None, (best, best_bad)
+
+
+def dynamic_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    x, *starts = operands
+    if not isinstance(x, Rel):
+        return [Opaque("dynamic_slice of a device-dependent scalar", category="unsupported")]
+    x = freeze(x)
+    sizes = tuple(info.attrs["slice_sizes"])
+    local = info.operand_types[0].shape
+    count = ctx.mesh.num_devices if ctx.mesh and not ctx.is_global else 1
+    tiling = list(x.tiling)
+    lo, hi = [0] * len(sizes), list(x.term.shape)
+    shape = list(x.term.shape)
+    free = [a for a in (ctx.mesh.names if ctx.mesh else ()) if a not in x.used_axes()]
+    for d, (start, size) in enumerate(zip(starts, sizes)):
+        raw = _offsets(start, count)
+        if raw is None:
+            return [Opaque("dynamic_slice with a data-dependent offset is not supported",
+                           category="unsupported")]
+        offsets = tuple(min(max(o, 0), local[d] - size) for o in raw)
+        if len(set(offsets)) == 1:
+            if x.tiling[d] and (offsets[0], size) != (0, local[d]):
+                return [Opaque(f"dynamic_slice of dim {d}, which is split over "
+                               f"{axes_str(x.tiling[d])}: each device slices its own block",
+                               category="layout_mismatch")]
+            if not x.tiling[d]:
+                lo[d], hi[d] = offsets[0], offsets[0] + size
+                shape[d] = size
+            continue
+        if x.tiling[d]:
+            return [Opaque(f"dynamic_slice with a device-dependent offset in dim {d}, which is "
+                           f"already split over {axes_str(x.tiling[d])}", category="wrong_offset")]
+        axes, closest = _match_axes(ctx.mesh, offsets, size, free, x.term.shape[d])
+        if axes is None:
+            return [_wrong_offset(d, offsets, size, closest, ctx)]
+        free = [a for a in free if a not in axes]
+        tiling[d] = axes
+        lo[d], hi[d] = 0, size * ctx.mesh.group_size(axes)
+        shape[d] = hi[d]
+    term = x.term
+    if tuple(shape) != x.term.shape:
+        term = make_op("slice", (x.term,), (tuple(lo), tuple(hi), (1,) * len(lo)), tuple(shape),
+                       x.term.dtype, linear_in=0)
+    return [replace(x, term=term, tiling=tuple(tiling))]
+
+
+def _wrong_offset(dim: int, offsets, size: int, closest, ctx: RuleContext) -> Opaque:
+    axes, found = closest
+    if axes is None:
+        return Opaque(f"dynamic_slice offsets {list(offsets)[:16]} along dim {dim} are no block "
+                      "offsets of any mesh axes", category="wrong_offset")
+    bad, expected = found
+    device = bad[0]
+    got, want = offsets[device], expected[device]
+    return Opaque(f"device-dependent offset is wrong along dim {dim}: device {device} reads "
+                  f"[{got}, {got + size}) instead of its own block [{want}, {want + size}) "
+                  f"over {axes_str(axes)} (offsets found {list(offsets)[:16]}, expected "
+                  f"{list(expected)[:16]})", category="wrong_offset")
+
+
+INDEX_RULES = {
+    "stablehlo.partition_id": partition_id,
+    "stablehlo.dynamic_slice": dynamic_slice,
+}

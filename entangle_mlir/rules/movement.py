@@ -1,0 +1,218 @@
+"""Constants, iota and data movement: broadcast_in_dim, reshape, transpose, slice, concatenate,
+pad. Data movement keeps partial sums (it is linear) and moves tilings with the dims."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import replace
+
+from ..layout import DeviceScalar, Opaque, Rel, Value
+from ..mesh import axes_str
+from ..opinfo import OpInfo
+from ..terms import (intern, make_broadcast, make_dense, make_iota, make_op, make_reshape,
+                     make_transpose)
+from .base import RuleContext
+from .common import freeze, replicated, splat_rel, unify_dims
+
+
+def constant(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    rtype = info.result_types[0]
+    value = info.attrs["value"]
+    if info.attrs.get("splat"):
+        return [splat_rel(value.flat[0] if value.size else 0, rtype.shape, rtype.dtype, ctx)]
+    key = hashlib.sha1(repr((value.dtype.str, value.shape)).encode() + value.tobytes()).digest()
+    return [replicated(make_dense(key, rtype.shape, rtype.dtype), ctx)]
+
+
+def iota(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    rtype = info.result_types[0]
+    return [replicated(make_iota(rtype.shape, info.attrs["iota_dimension"], rtype.dtype), ctx)]
+
+
+def _scalar_passthrough(info: OpInfo, value: DeviceScalar) -> list[Value]:
+    if math.prod(info.result_types[0].shape) != 1:
+        return [Opaque(f"device-dependent scalar broadcast into a tensor by {info.name} "
+                       "(not supported yet)", category="unsupported")]
+    return [DeviceScalar(value.values, info.result_types[0].shape)]
+
+
+def broadcast_in_dim(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    (x,) = operands
+    if isinstance(x, DeviceScalar):
+        return _scalar_passthrough(info, x)
+    dims = tuple(info.attrs["broadcast_dimensions"])
+    local_out = info.result_types[0].shape
+    local_in = info.operand_types[0].shape
+    shape, tiling, poly = list(local_out), [()] * len(local_out), set(range(len(local_out)))
+    for i, d in enumerate(dims):
+        if local_in[i] == local_out[d]:
+            shape[d], tiling[d] = x.term.shape[i], x.tiling[i]
+            if i not in x.poly:
+                poly.discard(d)
+        elif x.tiling[i]:
+            return [Opaque(f"broadcast widens dim {i}, which is split over "
+                           f"{axes_str(x.tiling[i])}", category="layout_mismatch")]
+    if ctx.is_global:
+        poly = set()
+    term = make_broadcast(x.term, dims, tuple(shape))
+    return [replace(x, term=term, tiling=tuple(tiling), poly=frozenset(poly))]
+
+
+def _reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]
+                    ) -> list[tuple[list[int], list[int]]] | None:
+    """Pair up runs of dims with equal products; unit dims join the following group."""
+    groups, i, j = [], 0, 0
+    while i < len(src) or j < len(dst):
+        src_dims, dst_dims = [], []
+        while i < len(src) and src[i] == 1:
+            src_dims.append(i)
+            i += 1
+        while j < len(dst) and dst[j] == 1:
+            dst_dims.append(j)
+            j += 1
+        src_product = dst_product = 1
+        if i < len(src):
+            src_dims.append(i)
+            src_product = src[i]
+            i += 1
+        if j < len(dst):
+            dst_dims.append(j)
+            dst_product = dst[j]
+            j += 1
+        while src_product != dst_product:
+            if src_product < dst_product and i < len(src):
+                src_product *= src[i]
+                src_dims.append(i)
+                i += 1
+            elif dst_product < src_product and j < len(dst):
+                dst_product *= dst[j]
+                dst_dims.append(j)
+                j += 1
+            else:
+                return None
+        groups.append((src_dims, dst_dims))
+    return groups
+
+
+def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    (x,) = operands
+    if isinstance(x, DeviceScalar):
+        return _scalar_passthrough(info, x)
+    local_in = info.operand_types[0].shape
+    local_out = info.result_types[0].shape
+    if ctx.is_global or not x.tiled_axes:
+        x = freeze(x)
+        if x.tiled_axes:
+            return [Opaque("internal: tiled global value", category="internal")]
+        term = make_reshape(x.term, local_out)
+        return [replace(x, term=term, tiling=((),) * len(local_out), poly=frozenset())]
+    groups = _reshape_groups(local_in, local_out)
+    if groups is None:
+        return [Opaque("reshape: cannot match dims", category="internal")]
+    shape, tiling = list(local_out), [()] * len(local_out)
+    for src_dims, dst_dims in groups:
+        split = [d for d in src_dims if x.tiling[d]]
+        if not split:
+            continue
+        major = [d for d in src_dims if local_in[d] != 1 or x.tiling[d]]
+        if len(split) > 1 or not major or split[0] != major[0] or not dst_dims:
+            return [Opaque(f"reshape regroups dim {split[0]}, which is split over "
+                           f"{axes_str(x.tiling[split[0]])}, in a way that mixes blocks",
+                           category="layout_mismatch")]
+        target = dst_dims[0]
+        tiling[target] = x.tiling[split[0]]
+        shape[target] = local_out[target] * ctx.mesh.group_size(x.tiling[split[0]])
+    term = make_reshape(x.term, tuple(shape))
+    return [replace(x, term=term, tiling=tuple(tiling), poly=frozenset())]
+
+
+def transpose(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    (x,) = operands
+    perm = tuple(info.attrs["permutation"])
+    poly = frozenset(i for i, p in enumerate(perm) if p in x.poly)
+    return [replace(x, term=make_transpose(x.term, perm),
+                    tiling=tuple(x.tiling[p] for p in perm), poly=poly)]
+
+
+def slice_(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    (x,) = operands
+    if isinstance(x, DeviceScalar):
+        return _scalar_passthrough(info, x)
+    x = freeze(x)
+    a = info.attrs
+    starts, limits = tuple(a["start_indices"]), tuple(a["limit_indices"])
+    strides = tuple(a.get("strides") or (1,) * len(starts))
+    local = info.operand_types[0].shape
+    for d, axes in enumerate(x.tiling):
+        if axes and (starts[d], limits[d], strides[d]) != (0, local[d], 1):
+            return [Opaque(f"slice of dim {d}, which is split over {axes_str(axes)}: each "
+                           "device slices its own block, not the global tensor",
+                           category="layout_mismatch")]
+    shape = tuple(x.term.shape[d] if axes else info.result_types[0].shape[d]
+                  for d, axes in enumerate(x.tiling))
+    if shape == x.term.shape:
+        return [x]
+    term = make_op("slice", (x.term,), (starts, tuple(
+        limits[d] if not axes else x.term.shape[d] for d, axes in enumerate(x.tiling)), strides),
+        shape, x.term.dtype, linear_in=0)
+    return [replace(x, term=term)]
+
+
+def concatenate(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    dim = info.attrs["dimension"]
+    rels = [freeze(x) if isinstance(x, Rel) else x for x in operands]
+    if not all(isinstance(x, Rel) for x in rels):
+        return [Opaque("concatenate of device-dependent scalars", category="unsupported")]
+    rank = len(info.result_types[0].shape)
+    others = [d for d in range(rank) if d != dim]
+    unified = unify_dims(rels, [others] * len(rels), ctx, "concatenate")
+    if isinstance(unified, Opaque):
+        return [unified]
+    rels = unified[0]
+    for x in rels:
+        if x.tiling[dim]:
+            return [Opaque(f"concatenate along dim {dim}, which is split over "
+                           f"{axes_str(x.tiling[dim])}: blocks interleave",
+                           category="layout_mismatch")]
+    partials = {(x.partial, x.kind) for x in rels}
+    if len(partials) != 1:
+        return [Opaque("concatenate of values with different partial reductions",
+                       category="partial_mixed")]
+    shape = list(rels[0].term.shape)
+    shape[dim] = sum(x.term.shape[dim] for x in rels)
+    term = intern("concatenate", tuple(x.term for x in rels), (dim,), tuple(shape),
+                  rels[0].term.dtype)
+    return [replace(rels[0], term=term)]
+
+
+def pad(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    x, value = operands
+    if not isinstance(x, Rel) or not isinstance(value, Rel) or value.tiled_axes:
+        return [Opaque("pad with a device-dependent value", category="unsupported")]
+    x = freeze(x)
+    a = info.attrs
+    low, high, interior = (tuple(a["edge_padding_low"]), tuple(a["edge_padding_high"]),
+                           tuple(a["interior_padding"]))
+    for d, axes in enumerate(x.tiling):
+        if axes and (low[d], high[d], interior[d]) != (0, 0, 0):
+            return [Opaque(f"pad of dim {d}, which is split over {axes_str(axes)}: every "
+                           "device pads its own block", category="layout_mismatch")]
+    if x.partial and value.term.op != "splat" or x.partial and value.term.attrs[0] != 0:
+        return [Opaque("pad of a partial sum with a nonzero value", category="nonlinear_partial")]
+    shape = tuple(s + low[d] + high[d] + max(s - 1, 0) * interior[d]
+                  for d, s in enumerate(x.term.shape))
+    term = intern("pad", (x.term, value.term), (low, high, interior), shape, x.term.dtype)
+    return [replace(x, term=term)]
+
+
+MOVEMENT_RULES = {
+    "stablehlo.constant": constant,
+    "stablehlo.iota": iota,
+    "stablehlo.broadcast_in_dim": broadcast_in_dim,
+    "stablehlo.reshape": reshape,
+    "stablehlo.transpose": transpose,
+    "stablehlo.slice": slice_,
+    "stablehlo.concatenate": concatenate,
+    "stablehlo.pad": pad,
+}

@@ -1,0 +1,63 @@
+"""reduce: reducing a split dim leaves a partial reduction of the same kind over its axes."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from ..layout import Opaque, Rel, Value
+from ..opinfo import OpInfo
+from ..terms import intern, make_elementwise, make_lin, make_op, make_splat, splat_value
+from .base import RuleContext
+from .common import freeze
+
+_IDENTITY = {"add": Fraction(0), "max": float("-inf"), "min": float("inf")}
+_KIND = {"add": "sum", "max": "max", "min": "min"}
+_COMBINE = {"max": "stablehlo.maximum", "min": "stablehlo.minimum"}
+
+
+def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    half = len(operands) // 2
+    if half != 1:
+        return [Opaque("variadic reduce (argmax/argmin) is not supported yet",
+                       category="unsupported")] * len(info.result_types)
+    x, init = operands
+    reducer = info.attrs.get("reducer", "other")
+    if reducer not in _KIND:
+        return [Opaque(f"reduce with a '{reducer}' reducer is not supported",
+                       category="unsupported")]
+    if not isinstance(x, Rel) or not isinstance(init, Rel):
+        return [Opaque("reduce of a device-dependent scalar", category="unsupported")]
+    x = freeze(x)
+    init_value = splat_value(init.term)
+    if init_value is None:
+        return [Opaque("reduce with a non-constant init value", category="unsupported")]
+    dims = tuple(info.attrs["dimensions"])
+    kind = _KIND[reducer]
+    new_axes = tuple(ax for d in dims for ax in x.tiling[d])
+    if x.partial and x.kind != kind:
+        return [Opaque(f"reduce ({reducer}) of a partial {x.kind}: missing all_reduce before it",
+                       category="nonlinear_partial")]
+    if (new_axes or x.partial) and init_value != _IDENTITY[reducer]:
+        return [Opaque(f"reduce over a split dim with init value {init_value} (not the identity "
+                       f"of {reducer}): every device adds it once", category="unrelated")]
+    shape = tuple(s for d, s in enumerate(x.term.shape) if d not in dims)
+    tiling = tuple(t for d, t in enumerate(x.tiling) if d not in dims)
+    dtype = info.result_types[0].dtype
+    if reducer == "add":
+        term = make_op("reduce_sum", (x.term,), (dims,), shape, dtype, linear_in=0)
+        if init_value != 0:
+            term = make_lin([(Fraction(1), term)], init_value, shape, dtype)
+    else:
+        term = intern(f"reduce_{reducer}", (x.term,), (dims,), shape, dtype)
+        if init_value != _IDENTITY[reducer]:
+            term = make_elementwise(_COMBINE[reducer], (term, make_splat(init_value, shape, dtype)))
+    mesh_order = ctx.mesh.names if ctx.mesh else ()
+    partial = tuple(sorted(set(x.partial) | set(new_axes), key=mesh_order.index))
+    origin = x.partial_origin if x.partial else (info if new_axes else None)
+    return [Rel(term, tiling, partial, kind if partial else "", frozenset(), x.scope,
+                partial_origin=origin)]
+
+
+REDUCTION_RULES = {
+    "stablehlo.reduce": reduce,
+}
