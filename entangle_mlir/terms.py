@@ -220,7 +220,46 @@ def make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple = (),
 
 # ----- data movement ------------------------------------------------------------------------
 
+def reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]
+                    ) -> list[tuple[list[int], list[int]]] | None:
+    """Pair up runs of dims with equal products; unit dims join the following group."""
+    groups, i, j = [], 0, 0
+    while i < len(src) or j < len(dst):
+        src_dims, dst_dims = [], []
+        while i < len(src) and src[i] == 1:
+            src_dims.append(i)
+            i += 1
+        while j < len(dst) and dst[j] == 1:
+            dst_dims.append(j)
+            j += 1
+        src_product = dst_product = 1
+        if i < len(src):
+            src_dims.append(i)
+            src_product = src[i]
+            i += 1
+        if j < len(dst):
+            dst_dims.append(j)
+            dst_product = dst[j]
+            j += 1
+        while src_product != dst_product:
+            if src_product < dst_product and i < len(src):
+                src_product *= src[i]
+                src_dims.append(i)
+                i += 1
+            elif dst_product < src_product and j < len(dst):
+                dst_product *= dst[j]
+                dst_dims.append(j)
+                j += 1
+            else:
+                return None
+        groups.append((src_dims, dst_dims))
+    return groups
+
+
 def make_reshape(term: Term, shape: tuple[int, ...]) -> Term:
+    """Reshapes are pushed inward (through elementwise ops, broadcasts of created dims and the
+    free dims of a dot_general) so that flattening tokens before a matmul and reshaping after
+    it meet the unflattened computation in one normal form."""
     shape = tuple(shape)
     if term.shape == shape:
         return term
@@ -230,7 +269,109 @@ def make_reshape(term: Term, shape: tuple[int, ...]) -> Term:
         return map_linear(term, lambda t: make_reshape(t, shape))
     if term.op == "reshape":
         return make_reshape(term.args[0], shape)
+    if _is_elementwise(term):
+        return intern(term.op, tuple(make_reshape(a, shape) for a in term.args), term.attrs,
+                      shape, term.dtype)
+    pushed = None
+    if term.op == "broadcast":
+        pushed = _reshape_broadcast(term, shape)
+    elif term.op == "stablehlo.dot_general":
+        pushed = _reshape_dot(term, shape)
+    if pushed is not None:
+        return pushed
     return intern("reshape", (term,), (), shape, term.dtype)
+
+
+ELEMENTWISE_TERM_OPS = {"mul", "div"}
+
+
+def _is_elementwise(term: Term) -> bool:
+    """Terms whose every argument has the term's shape and which act elementwise."""
+    if term.op in ELEMENTWISE_TERM_OPS:
+        return True
+    return term.op in ELEMENTWISE_STABLEHLO and all(a.shape == term.shape for a in term.args)
+
+
+ELEMENTWISE_STABLEHLO = {
+    "stablehlo.maximum", "stablehlo.minimum", "stablehlo.power", "stablehlo.remainder",
+    "stablehlo.atan2", "stablehlo.abs", "stablehlo.exponential", "stablehlo.exponential_minus_one",
+    "stablehlo.log", "stablehlo.log_plus_one", "stablehlo.tanh", "stablehlo.logistic",
+    "stablehlo.rsqrt", "stablehlo.sqrt", "stablehlo.cbrt", "stablehlo.sine", "stablehlo.cosine",
+    "stablehlo.tan", "stablehlo.sign", "stablehlo.floor", "stablehlo.ceil",
+    "stablehlo.round_nearest_even", "stablehlo.round_nearest_afz", "stablehlo.is_finite",
+    "chlo.erf", "stablehlo.compare", "stablehlo.select", "stablehlo.clamp", "stablehlo.and",
+    "stablehlo.or", "stablehlo.xor", "stablehlo.not", "stablehlo.convert",
+}
+
+
+def _reshape_broadcast(term: Term, shape: tuple[int, ...]) -> Term | None:
+    """reshape(broadcast(y)) as one broadcast when the reshape only regroups created dims."""
+    (dims,) = term.attrs
+    operand = term.args[0]
+    groups = reshape_groups(term.shape, shape)
+    if groups is None:
+        return None
+    new_dims = [0] * len(dims)
+    for src, dst in groups:
+        kept = [d for d in src if d in dims]
+        if not kept:
+            continue
+        real_src = [d for d in src if term.shape[d] != 1]
+        real_dst = [d for d in dst if shape[d] != 1]
+        if (len(kept) != 1 or len(real_src) > 1 or len(real_dst) != 1
+                or operand.shape[dims.index(kept[0])] != term.shape[kept[0]]):
+            return None
+        new_dims[dims.index(kept[0])] = real_dst[0]
+    if any(operand.shape[i] != 1 and new_dims[i] == 0 and dims[i] != 0 for i in range(len(dims))):
+        return None
+    if sorted(new_dims) != new_dims or len(set(new_dims)) != len(new_dims):
+        return None
+    return make_broadcast(operand, tuple(new_dims), shape)
+
+
+def _reshape_dot(term: Term, shape: tuple[int, ...]) -> Term | None:
+    """reshape(dot_general(a, b)) as dot_general(reshape(a), b) when only a's free dims regroup
+    (and likewise for b's)."""
+    lhs, rhs = term.args
+    lb, rb, lc, rc = term.attrs
+    lhs_free = [d for d in range(len(lhs.shape)) if d not in lb and d not in lc]
+    rhs_free = [d for d in range(len(rhs.shape)) if d not in rb and d not in rc]
+    n_batch, n_lf = len(lb), len(lhs_free)
+    groups = reshape_groups(term.shape, shape)
+    if groups is None:
+        return None
+    sections = {"batch": range(0, n_batch), "lhs": range(n_batch, n_batch + n_lf),
+                "rhs": range(n_batch + n_lf, len(term.shape))}
+    changed = None
+    for src, dst in groups:
+        if [term.shape[d] for d in src] == [shape[d] for d in dst] and len(src) == len(dst):
+            continue
+        owner = {name for name, rng in sections.items() for d in src if d in rng}
+        if len(owner) != 1 or "batch" in owner or (changed and changed != owner):
+            return None
+        changed = owner
+    if changed is None:
+        return None
+    side = changed.pop()
+    operand, free = (lhs, lhs_free) if side == "lhs" else (rhs, rhs_free)
+    if free != list(range(free[0], free[0] + len(free))) if free else True:
+        return None
+    rng = sections[side]
+    new_out_dims = [d for src, dst in groups for d in dst if any(s in rng for s in src)]
+    new_free_sizes = [shape[d] for d in new_out_dims]
+    start = free[0]
+    new_shape = operand.shape[:start] + tuple(new_free_sizes) + operand.shape[start + len(free):]
+    delta = len(new_free_sizes) - len(free)
+
+    def shift(ds):
+        return tuple(d + delta if d > start else d for d in ds)
+
+    new_operand = make_reshape(operand, new_shape)
+    if side == "lhs":
+        attrs = (shift(lb), rb, shift(lc), rc)
+        return make_dot(new_operand, rhs, attrs, shape, term.dtype)
+    attrs = (lb, shift(rb), lc, shift(rc))
+    return make_dot(lhs, new_operand, attrs, shape, term.dtype)
 
 
 def make_transpose(term: Term, perm: tuple[int, ...]) -> Term:
@@ -257,6 +398,11 @@ def make_broadcast(term: Term, dims: tuple[int, ...], shape: tuple[int, ...]) ->
         return map_linear(term, lambda t: make_broadcast(t, dims, shape))
     if dims == tuple(range(len(shape))) and term.shape == shape:
         return term
+    widened = [i for i, d in enumerate(dims) if term.shape[i] == 1 and shape[d] != 1]
+    if widened:
+        keep = [i for i in range(len(dims)) if i not in widened]
+        operand = make_reshape(term, tuple(term.shape[i] for i in keep))
+        return make_broadcast(operand, tuple(dims[i] for i in keep), shape)
     expanding = math.prod(term.shape) != math.prod(shape)
     if not expanding and list(dims) == sorted(dims):
         return make_reshape(term, shape)

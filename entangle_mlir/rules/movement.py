@@ -11,7 +11,7 @@ from ..layout import DeviceScalar, Opaque, Rel, Value
 from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import (intern, make_broadcast, make_dense, make_iota, make_op, make_reshape,
-                     make_transpose)
+                     make_transpose, reshape_groups)
 from .base import RuleContext
 from .common import freeze, replicated, splat_rel, unify_dims
 
@@ -59,42 +59,6 @@ def broadcast_in_dim(info: OpInfo, operands: list[Value], ctx: RuleContext) -> l
     return [replace(x, term=term, tiling=tuple(tiling), poly=frozenset(poly))]
 
 
-def _reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]
-                    ) -> list[tuple[list[int], list[int]]] | None:
-    """Pair up runs of dims with equal products; unit dims join the following group."""
-    groups, i, j = [], 0, 0
-    while i < len(src) or j < len(dst):
-        src_dims, dst_dims = [], []
-        while i < len(src) and src[i] == 1:
-            src_dims.append(i)
-            i += 1
-        while j < len(dst) and dst[j] == 1:
-            dst_dims.append(j)
-            j += 1
-        src_product = dst_product = 1
-        if i < len(src):
-            src_dims.append(i)
-            src_product = src[i]
-            i += 1
-        if j < len(dst):
-            dst_dims.append(j)
-            dst_product = dst[j]
-            j += 1
-        while src_product != dst_product:
-            if src_product < dst_product and i < len(src):
-                src_product *= src[i]
-                src_dims.append(i)
-                i += 1
-            elif dst_product < src_product and j < len(dst):
-                dst_product *= dst[j]
-                dst_dims.append(j)
-                j += 1
-            else:
-                return None
-        groups.append((src_dims, dst_dims))
-    return groups
-
-
 def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     (x,) = operands
     if isinstance(x, DeviceScalar):
@@ -107,7 +71,7 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
             return [Opaque("internal: tiled global value", category="internal")]
         term = make_reshape(x.term, local_out)
         return [replace(x, term=term, tiling=((),) * len(local_out), poly=frozenset())]
-    groups = _reshape_groups(local_in, local_out)
+    groups = reshape_groups(local_in, local_out)
     if groups is None:
         return [Opaque("reshape: cannot match dims", category="internal")]
     shape, tiling = list(local_out), [()] * len(local_out)
