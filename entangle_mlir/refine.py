@@ -55,13 +55,12 @@ def _opaque_diagnostic(value: Opaque, prefix: str = "") -> Diagnostic:
     message = prefix + value.reason
     if isinstance(blame, OpRecord) and blame is not record:
         primary = blame
-        if record is not None:
-            notes.append(Diagnostic("note", f"the partial value is used here by "
+        if record is not None and value.category == "missing_reduction":
+            notes.append(Diagnostic("note", "the partial sum leaves shard_map here",
+                                    record.loc))
+        elif record is not None:
+            notes.append(Diagnostic("note", f"the partial sum is used here by "
                                             f"{record.info.name}", record.loc))
-        if value.category == "partial_mixed" or value.category == "missing_reduction":
-            message = prefix + value.reason
-    if value.category == "unsupported" and value.reason.startswith("unsupported op"):
-        message = prefix + value.reason
     loc = primary.loc if primary else None
     return Diagnostic("error", message, loc, tuple(notes))
 

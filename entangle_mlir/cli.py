@@ -1,0 +1,100 @@
+"""`entangle`: check a reference/sharded pair, or run the bundled demo.
+
+Exit codes: 0 refinement proven, 1 not proven, 2 input that cannot be used at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .diagnostics import InputError
+
+DEMO_DIR = Path(__file__).resolve().parent.parent / "examples" / "mlir"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="entangle",
+        description="Prove that a sharded StableHLO program refines its unsharded reference.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="check SHARDED against REF")
+    check.add_argument("ref", help="reference program (.mlir text or bytecode)")
+    check.add_argument("sharded", help="sharded program (shard_map lowering)")
+    _common_options(check)
+    demo = sub.add_parser("demo", help="check the bundled examples (and one caught bug)")
+    _common_options(demo)
+    args = parser.parse_args(argv)
+    if args.dump_smt:
+        from .z3check import set_dump_dir
+
+        set_dump_dir(args.dump_smt)
+    try:
+        if args.command == "demo":
+            return run_demo(args)
+        from .check import check_files
+
+        report = check_files(args.ref, args.sharded, verify_rules=not args.no_verify_rules)
+    except InputError as err:
+        if getattr(args, "json", False):
+            print(json.dumps({"verdict": "bad input", "exit_code": 2,
+                              "error": err.render()}, indent=2))
+        else:
+            print(err.render(), file=sys.stderr)
+        return 2
+    except RecursionError:
+        print("entangle: error: input nests too deeply to analyse", file=sys.stderr)
+        return 2
+    if args.json:
+        print(report.dumps())
+    else:
+        print(report.render_text())
+    return report.exit_code
+
+
+def _common_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--no-verify-rules", action="store_true",
+                        help="skip the Z3 rule-instance checks (faster; the report says so)")
+    parser.add_argument("--dump-smt", metavar="DIR", help="write every Z3 query as SMT-LIB")
+
+
+def run_demo(args) -> int:
+    """Prove every bundled correct pair, flag every bundled buggy one."""
+    from .check import check_files
+
+    pairs = sorted(DEMO_DIR.glob("*.ref.mlir"))
+    if not pairs:
+        raise InputError(f"no bundled examples found in {DEMO_DIR}")
+    failures = 0
+    results = []
+    for ref in pairs:
+        name = ref.name[: -len(".ref.mlir")]
+        sharded = ref.with_name(f"{name}.sharded.mlir")
+        report = check_files(str(ref), str(sharded), verify_rules=not args.no_verify_rules)
+        buggy = any(tag in name for tag in _BUG_TAGS)
+        expected = not buggy
+        failures += report.proven != expected
+        results.append((name, report))
+        if args.json:
+            continue
+        print(f"== {name}: {'verified' if report.proven else 'NOT PROVEN'}"
+              f"{'' if report.proven == expected else '   <-- UNEXPECTED'}")
+        print("   " + report.render_text().replace("\n", "\n   "))
+    if args.json:
+        print(json.dumps({name: r.to_json() for name, r in results}, indent=2))
+    else:
+        proven = sum(r.proven for _, r in results)
+        print(f"\n{proven} of {len(results)} bundled programs proven, "
+              f"{len(results) - proven} flagged; {'all as expected' if not failures else str(failures) + ' unexpected'}")
+    return 0 if not failures else 1
+
+
+_BUG_TAGS = ("missing_psum", "pmean", "bias_before_psum", "gelu_before_psum", "wrong_dim",
+             "local_stats", "wrong_axis")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1210 @@
+"""Exact semantics of StableHLO ops and reference terms on numpy object arrays.
+
+Everything the Z3 checks (`instance.py`, the lemma tests) know about what an op computes is in
+this module, in three explicit tables:
+
+* `OP_SEMANTICS[name](info, operands) -> results`: the LOCAL (per-device) semantics of an op,
+  driven by its `OpInfo` (attributes and result types);
+* `COLLECTIVE_SEMANTICS[name](info, mesh, per_device_operands) -> per_device_results`: ops whose
+  result on one device depends on other devices (collectives, `partition_id`);
+* `evaluate_term(term, env)`: the value of a `terms.Term` (a GLOBAL reference value).
+
+Arrays are numpy arrays of dtype `object`. An element is one of
+
+* a Python `int` / `bool` / `Fraction` / `float` (exact rationals; floats only for infinities or
+  when the caller feeds floats, as the grounding tests against XLA do);
+* a z3 expression (`ArithRef` of sort Real or Int, `BoolRef` for `i1`).
+
+The semantics is exact real arithmetic, as in the design: rounding, dtype widths and NaN are out
+of scope. Transcendental functions (exp, log, tanh, ...) are z3 *uninterpreted functions*
+Real -> Real on symbolic elements, so a proof never depends on a property of tanh that a rule
+did not state; on floats they are the `math` functions, and inside `random_functions()` they
+are deterministic pseudo-random rational functions (an interpretation of the uninterpreted
+function, used to look for concrete counterexamples with exact arithmetic). Infinities in
+symbolic context become two named real constants (`+oo`, `-oo`); `max(-oo, x)` and friends
+simplify away syntactically, anything else about them is not provable (never wrongly proved).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import Callable, Iterator, Sequence
+from fractions import Fraction
+from functools import reduce as _fold
+
+import numpy as np
+import z3
+
+from .mesh import Mesh
+from .opinfo import OpInfo
+from .terms import Term
+
+Element = object
+Array = np.ndarray
+LocalFn = Callable[[OpInfo, list[Array]], list[Array]]
+CollectiveFn = Callable[[OpInfo, Mesh, list[list[Array]]], list[list[Array]]]
+
+
+class SemanticsError(ValueError):
+    """An op or term this module has no (exact) semantics for, or malformed input."""
+
+
+# ----- dtypes -------------------------------------------------------------------------------
+
+def is_bool_dtype(dtype: str) -> bool:
+    return dtype == "i1"
+
+
+def is_int_dtype(dtype: str) -> bool:
+    return dtype.startswith(("i", "ui", "si")) and dtype != "i1"
+
+
+def is_float_dtype(dtype: str) -> bool:
+    return not is_bool_dtype(dtype) and not is_int_dtype(dtype)
+
+
+# ----- element helpers ----------------------------------------------------------------------
+
+_POS_INF = z3.Real("+oo")
+_NEG_INF = z3.Real("-oo")
+
+_RANDOM_FUNCTIONS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "entangle_random_functions", default=None)
+
+
+@contextlib.contextmanager
+def random_functions(seed: int = 0) -> Iterator[None]:
+    """Interpret transcendental functions on rationals as fixed pseudo-random rational functions.
+
+    Uninterpreted functions in the Z3 encoding may be any function; this picks one (the same
+    input always gives the same output within a seed), so a concrete evaluation with exact
+    rationals is a genuine model of the symbolic claim.
+    """
+    token = _RANDOM_FUNCTIONS.set(seed)
+    try:
+        yield
+    finally:
+        _RANDOM_FUNCTIONS.reset(token)
+
+
+def is_z3(x: Element) -> bool:
+    return isinstance(x, z3.ExprRef)
+
+
+def is_bool(x: Element) -> bool:
+    return isinstance(x, (bool, np.bool_)) or isinstance(x, z3.BoolRef)
+
+
+def _exact(x: Element) -> Element:
+    """numpy scalars to Python numbers; finite floats stay floats (caller's choice)."""
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return float(x)
+    return x
+
+
+def to_z3(x: Element) -> z3.ExprRef:
+    """A z3 term for an element (rationals exactly, infinities as the named constants)."""
+    x = _exact(x)
+    if isinstance(x, z3.ExprRef):
+        return x
+    if isinstance(x, bool):
+        return z3.BoolVal(x)
+    if isinstance(x, int):
+        return z3.IntVal(x)
+    if isinstance(x, float):
+        if math.isinf(x):
+            return _POS_INF if x > 0 else _NEG_INF
+        if math.isnan(x):
+            raise SemanticsError("NaN has no exact real semantics")
+        x = Fraction(x)
+    if isinstance(x, Fraction):
+        return z3.Q(x.numerator, x.denominator)
+    raise SemanticsError(f"cannot encode {x!r} for z3")
+
+
+def _num(x: Element) -> z3.ExprRef:
+    """A numeric z3 term (booleans as 0/1)."""
+    x = to_z3(x)
+    if isinstance(x, z3.BoolRef):
+        return z3.If(x, z3.IntVal(1), z3.IntVal(0))
+    return x
+
+
+def _pynum(x: Element) -> Element:
+    x = _exact(x)
+    return int(x) if isinstance(x, bool) else x
+
+
+def _is_zero(x: Element) -> bool:
+    return not is_z3(x) and not isinstance(x, bool) and x == 0
+
+
+def _is_one(x: Element) -> bool:
+    return not is_z3(x) and not isinstance(x, bool) and x == 1
+
+
+def _is_inf(x: Element, sign: int) -> bool:
+    if is_z3(x):
+        return z3.eq(x, _POS_INF if sign > 0 else _NEG_INF)
+    return isinstance(x, float) and math.isinf(x) and (x > 0) == (sign > 0)
+
+
+def add(a: Element, b: Element) -> Element:
+    if _is_zero(a):
+        return _pynum(b) if not is_z3(b) else _num(b)
+    if _is_zero(b):
+        return _pynum(a) if not is_z3(a) else _num(a)
+    if is_z3(a) or is_z3(b):
+        return _num(a) + _num(b)
+    return _pynum(a) + _pynum(b)
+
+
+def sub(a: Element, b: Element) -> Element:
+    if _is_zero(b):
+        return _pynum(a) if not is_z3(a) else _num(a)
+    if is_z3(a) or is_z3(b):
+        return _num(a) - _num(b)
+    return _pynum(a) - _pynum(b)
+
+
+def mul(a: Element, b: Element) -> Element:
+    if _is_one(a):
+        return _pynum(b) if not is_z3(b) else _num(b)
+    if _is_one(b):
+        return _pynum(a) if not is_z3(a) else _num(a)
+    if is_z3(a) or is_z3(b):
+        if _is_zero(a) or _is_zero(b):
+            return 0
+        return _num(a) * _num(b)
+    return _pynum(a) * _pynum(b)
+
+
+def neg(a: Element) -> Element:
+    return -_num(a) if is_z3(a) else -_pynum(a)
+
+
+def sum_list(items: Sequence[Element]) -> Element:
+    """Exact sum, flat (`z3.Sum`) when symbolic."""
+    concrete = [_pynum(x) for x in items if not is_z3(x)]
+    symbolic = [_num(x) for x in items if is_z3(x)]
+    total = sum(concrete, 0)
+    if not symbolic:
+        return total
+    if total != 0:
+        symbolic.append(to_z3(total))
+    return symbolic[0] if len(symbolic) == 1 else z3.Sum(symbolic)
+
+
+def _c_div(a: int, b: int) -> int:
+    quotient = abs(a) // abs(b)
+    return quotient if (a >= 0) == (b >= 0) else -quotient
+
+
+def _z3_floor(x: z3.ArithRef) -> z3.ArithRef:
+    return z3.ToInt(x) if x.is_real() else x
+
+
+def _z3_trunc(x: z3.ArithRef) -> z3.ArithRef:
+    if x.is_int():
+        return x
+    return z3.If(x >= 0, z3.ToInt(x), -z3.ToInt(-x))
+
+
+def _z3_int_div(a: z3.ArithRef, b: z3.ArithRef) -> z3.ArithRef:
+    """Integer division truncating toward zero (StableHLO), from z3's Euclidean `div`."""
+    abs_a, abs_b = z3.If(a >= 0, a, -a), z3.If(b >= 0, b, -b)
+    quotient = abs_a / abs_b
+    return z3.If((a >= 0) == (b >= 0), quotient, -quotient)
+
+
+def div(a: Element, b: Element, integer: bool = False) -> Element:
+    """a / b; integer division truncates toward zero (StableHLO), real division is exact."""
+    if _is_one(b):
+        return _pynum(a) if not is_z3(a) else _num(a)
+    if is_z3(a) or is_z3(b):
+        za, zb = _num(a), _num(b)
+        if integer and za.is_int() and zb.is_int():
+            return _z3_int_div(za, zb)
+        if za.is_int() and zb.is_int():
+            za = z3.ToReal(za)
+        return za / zb
+    a, b = _pynum(a), _pynum(b)
+    if integer and isinstance(a, int) and isinstance(b, int):
+        if b == 0:
+            return -1  # XLA's convention for integer division by zero
+        return _c_div(a, b)
+    if isinstance(a, float) or isinstance(b, float):
+        if b == 0:
+            return math.copysign(math.inf, a) if a != 0 else math.nan
+        return a / b
+    if b == 0:
+        return math.copysign(math.inf, a) if a != 0 else math.nan
+    return Fraction(a) / b
+
+
+def remainder(a: Element, b: Element, integer: bool = False) -> Element:
+    """a - b * trunc(a / b) (sign of the dividend, like C's fmod)."""
+    if is_z3(a) or is_z3(b):
+        za, zb = _num(a), _num(b)
+        if za.is_int() and zb.is_int():
+            return za - zb * _z3_int_div(za, zb)
+        return za - zb * z3.ToReal(_z3_trunc(za / zb))
+    a, b = _pynum(a), _pynum(b)
+    if isinstance(a, int) and isinstance(b, int):
+        return a if b == 0 else a - b * _c_div(a, b)
+    if isinstance(a, float) or isinstance(b, float):
+        return math.fmod(a, b) if b != 0 else math.nan
+    if b == 0:
+        return math.nan
+    quotient = Fraction(a) / b
+    return a - b * int(quotient)
+
+
+def maximum(a: Element, b: Element) -> Element:
+    if _is_inf(a, -1) or _is_inf(b, 1):
+        return b
+    if _is_inf(b, -1) or _is_inf(a, 1):
+        return a
+    if is_z3(a) or is_z3(b):
+        if isinstance(to_z3(a), z3.BoolRef):
+            return z3.Or(to_z3(a), to_z3(b))
+        za, zb = _num(a), _num(b)
+        return z3.If(za >= zb, za, zb)
+    return a if a >= b else b
+
+
+def minimum(a: Element, b: Element) -> Element:
+    if _is_inf(a, 1) or _is_inf(b, -1):
+        return b
+    if _is_inf(b, 1) or _is_inf(a, -1):
+        return a
+    if is_z3(a) or is_z3(b):
+        if isinstance(to_z3(a), z3.BoolRef):
+            return z3.And(to_z3(a), to_z3(b))
+        za, zb = _num(a), _num(b)
+        return z3.If(za <= zb, za, zb)
+    return a if a <= b else b
+
+
+def select(pred: Element, a: Element, b: Element) -> Element:
+    pred = _exact(pred)
+    if not is_z3(pred):
+        return a if pred else b
+    pred = to_z3(pred)
+    if not isinstance(pred, z3.BoolRef):
+        pred = pred != 0
+    za, zb = to_z3(a), to_z3(b)
+    if isinstance(za, z3.BoolRef) != isinstance(zb, z3.BoolRef):
+        za, zb = _num(za), _num(zb)
+    return z3.If(pred, za, zb)
+
+
+_COMPARE: dict[str, Callable[[Element, Element], Element]] = {
+    "EQ": lambda a, b: a == b, "NE": lambda a, b: a != b, "LT": lambda a, b: a < b,
+    "LE": lambda a, b: a <= b, "GT": lambda a, b: a > b, "GE": lambda a, b: a >= b,
+}
+
+
+def compare(a: Element, b: Element, direction: str) -> Element:
+    op = _COMPARE.get(direction)
+    if op is None:
+        raise SemanticsError(f"unknown comparison direction {direction!r}")
+    if is_z3(a) or is_z3(b):
+        za, zb = to_z3(a), to_z3(b)
+        if isinstance(za, z3.BoolRef) and isinstance(zb, z3.BoolRef):
+            if direction in ("EQ", "NE"):
+                return op(za, zb)
+        za, zb = _num(za), _num(zb)
+        return op(za, zb)
+    return bool(op(_pynum(a), _pynum(b)))
+
+
+def equal(a: Element, b: Element) -> Element:
+    """Equality used by claims: booleans compare as 0/1 against numbers."""
+    a, b = _exact(a), _exact(b)
+    if not is_z3(a) and not is_z3(b):
+        return _pynum(a) == _pynum(b)
+    za, zb = to_z3(a), to_z3(b)
+    if isinstance(za, z3.BoolRef) != isinstance(zb, z3.BoolRef):
+        za, zb = _num(za), _num(zb)
+    return za == zb
+
+
+def _logic(name: str) -> Callable[[Element, Element], Element]:
+    z3_fn = {"and": z3.And, "or": z3.Or, "xor": z3.Xor}[name]
+    py_fn = {"and": lambda a, b: a & b, "or": lambda a, b: a | b,
+             "xor": lambda a, b: a ^ b}[name]
+
+    def fn(a: Element, b: Element) -> Element:
+        a, b = _exact(a), _exact(b)
+        if is_z3(a) or is_z3(b):
+            za, zb = to_z3(a), to_z3(b)
+            if not (isinstance(za, z3.BoolRef) and isinstance(zb, z3.BoolRef)):
+                raise SemanticsError(f"bitwise {name} of symbolic integers is not supported")
+            return z3_fn(za, zb)
+        return py_fn(a, b)
+
+    return fn
+
+
+def logical_not(a: Element, dtype: str) -> Element:
+    a = _exact(a)
+    if is_z3(a):
+        za = to_z3(a)
+        if not isinstance(za, z3.BoolRef):
+            raise SemanticsError("bitwise not of a symbolic integer is not supported")
+        return z3.Not(za)
+    if isinstance(a, bool) or is_bool_dtype(dtype):
+        return not a
+    return ~a
+
+
+def absolute(a: Element) -> Element:
+    if is_z3(a):
+        za = _num(a)
+        return z3.If(za >= 0, za, -za)
+    return abs(_pynum(a))
+
+
+def sign(a: Element) -> Element:
+    if is_z3(a):
+        za = _num(a)
+        one = z3.IntVal(1) if za.is_int() else z3.RealVal(1)
+        zero = z3.IntVal(0) if za.is_int() else z3.RealVal(0)
+        return z3.If(za > 0, one, z3.If(za < 0, -one, zero))
+    a = _pynum(a)
+    return (a > 0) - (a < 0)
+
+
+def floor(a: Element) -> Element:
+    if is_z3(a):
+        za = _num(a)
+        return z3.ToReal(z3.ToInt(za)) if za.is_real() else za
+    a = _pynum(a)
+    return a if isinstance(a, float) and not math.isfinite(a) else math.floor(a)
+
+
+def ceil(a: Element) -> Element:
+    return neg(floor(neg(a)))
+
+
+def round_afz(a: Element) -> Element:
+    """Round half away from zero."""
+    return mul(sign(a), floor(add(absolute(a), Fraction(1, 2))))
+
+
+def round_even(a: Element) -> Element:
+    """Round half to even."""
+    if is_z3(a):
+        za = _num(a)
+        if za.is_int():
+            return za
+        shifted = za + z3.RealVal(1) / 2
+        low = z3.ToInt(shifted)
+        tie = z3.ToReal(low) == shifted
+        return z3.ToReal(z3.If(z3.And(tie, low % 2 == 1), low - 1, low))
+    a = _pynum(a)
+    if isinstance(a, float) and not math.isfinite(a):
+        return a
+    return round(Fraction(a)) if not isinstance(a, float) else float(round(a))
+
+
+# ----- transcendental functions ---------------------------------------------------------------
+
+def _rsqrt(x: float) -> float:
+    return 1.0 / math.sqrt(x)
+
+
+def _logistic(x: float) -> float:
+    if x < -700:
+        return 0.0
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def _cbrt(x: float) -> float:
+    return math.copysign(abs(x) ** (1.0 / 3.0), x)
+
+
+_UNARY_MATH: dict[str, Callable[[float], float]] = {
+    "exponential": math.exp, "exponential_minus_one": math.expm1, "log": math.log,
+    "log_plus_one": math.log1p, "tanh": math.tanh, "logistic": _logistic, "rsqrt": _rsqrt,
+    "sqrt": math.sqrt, "cbrt": _cbrt, "sine": math.sin, "cosine": math.cos, "tan": math.tan,
+    "erf": math.erf,
+}
+
+_BINARY_MATH: dict[str, Callable[[float, float], float]] = {
+    "atan2": math.atan2, "power": math.pow,
+}
+
+
+def uninterpreted(name: str, arity: int = 1) -> z3.FuncDeclRef:
+    """The z3 function standing for a transcendental op (same name -> same function)."""
+    return z3.Function(name, *([z3.RealSort()] * (arity + 1)))
+
+
+def _random_value(name: str, args: tuple[Element, ...], seed: int) -> Fraction:
+    key = hash((seed, name) + tuple(Fraction(a) if not isinstance(a, float) else a
+                                    for a in args))
+    return Fraction(key % 2001 - 1000, 97)
+
+
+def transcendental(name: str, *args: Element) -> Element:
+    """`name` applied to elements: UF on z3, `math` on floats, random rational if asked."""
+    args = tuple(_pynum(a) if not is_z3(a) else a for a in args)
+    if any(is_z3(a) for a in args):
+        real = []
+        for a in args:
+            z = _num(a)
+            real.append(z3.ToReal(z) if z.is_int() else z)
+        return uninterpreted(name, len(args))(*real)
+    seed = _RANDOM_FUNCTIONS.get()
+    if seed is not None and not any(isinstance(a, float) for a in args):
+        return _random_value(name, args, seed)
+    fn = _UNARY_MATH.get(name) if len(args) == 1 else _BINARY_MATH.get(name)
+    if fn is None:
+        raise SemanticsError(f"no numeric semantics for {name}")
+    try:
+        return fn(*(float(a) for a in args))
+    except (ValueError, ZeroDivisionError):
+        return math.nan
+    except OverflowError:
+        return math.inf
+
+
+def power(a: Element, b: Element) -> Element:
+    """a ** b: repeated multiplication for a concrete integer exponent, else uninterpreted."""
+    b = _pynum(b) if not is_z3(b) else b
+    if not is_z3(b) and not isinstance(b, float) and Fraction(b).denominator == 1:
+        n = int(b)
+        if not is_z3(a) and not isinstance(_pynum(a), float):
+            base = Fraction(_pynum(a))
+            if base == 0 and n < 0:
+                return math.inf
+            result = base ** n
+            return int(result) if isinstance(_pynum(a), int) and n >= 0 else result
+        if n == 0:
+            return 1
+        result = _fold(mul, [a] * abs(n))
+        return result if n > 0 else div(1, result)
+    return transcendental("power", a, b)
+
+
+# ----- convert --------------------------------------------------------------------------------
+
+def convert(a: Element, src: str, dst: str) -> Element:
+    """Exact conversion: bool <-> 0/1, float -> int truncates, everything else is identity."""
+    a = _exact(a)
+    if is_bool_dtype(dst):
+        if is_bool(a):
+            return a
+        return (_num(a) != 0) if is_z3(a) else bool(a != 0)
+    if is_bool(a):
+        if is_z3(a):
+            one = z3.IntVal(1) if is_int_dtype(dst) else z3.RealVal(1)
+            zero = z3.IntVal(0) if is_int_dtype(dst) else z3.RealVal(0)
+            return z3.If(a, one, zero)
+        return int(a)
+    if is_int_dtype(dst):
+        if is_z3(a):
+            return _z3_trunc(a)
+        if isinstance(a, float) and not math.isfinite(a):
+            return a
+        return int(a)
+    if is_z3(a) and a.is_int():
+        return z3.ToReal(a)
+    return a
+
+
+# ----- array helpers --------------------------------------------------------------------------
+
+def obj_array(values, shape: tuple[int, ...] | None = None) -> Array:
+    """An object array from a numpy array, nested lists or a scalar (elements kept as is)."""
+    if isinstance(values, np.ndarray) and values.dtype == object:
+        return values if shape is None else values.reshape(shape)
+    if isinstance(values, np.ndarray):
+        out = np.empty(values.shape, dtype=object)
+        for idx in np.ndindex(values.shape):
+            out[idx] = _exact(values[idx].item() if hasattr(values[idx], "item")
+                              else values[idx])
+        return out if shape is None else out.reshape(shape)
+    if isinstance(values, (list, tuple)):
+        return obj_array(np.array(values, dtype=object), shape)
+    out = np.empty((), dtype=object)
+    out[()] = _exact(values)
+    return out if shape is None else np.broadcast_to(out, shape).copy()
+
+
+def full(shape: tuple[int, ...], value: Element) -> Array:
+    out = np.empty(tuple(shape), dtype=object)
+    for idx in np.ndindex(out.shape):
+        out[idx] = value
+    return out
+
+
+def apply(fn: Callable[..., Element], *arrays: Array) -> Array:
+    """`fn` element by element over arrays broadcast together (numpy rules)."""
+    arrays = tuple(obj_array(a) for a in arrays)
+    shape = np.broadcast_shapes(*(a.shape for a in arrays))
+    spread = [np.broadcast_to(a, shape) for a in arrays]
+    out = np.empty(shape, dtype=object)
+    for idx in np.ndindex(shape):
+        out[idx] = fn(*(a[idx] for a in spread))
+    return out
+
+
+def reduce_dims(x: Array, dims: Sequence[int], kind: str, init: Element | None = None) -> Array:
+    """Reduce `x` over `dims` with `kind` ("sum", "max", "min", "mul", "and", "or")."""
+    dims = tuple(sorted(set(int(d) for d in dims)))
+    keep = [d for d in range(x.ndim) if d not in dims]
+    moved = np.transpose(x, keep + list(dims))
+    out_shape = tuple(x.shape[d] for d in keep)
+    count = math.prod(x.shape[d] for d in dims)
+    flat = moved.reshape(out_shape + (count,))
+    out = np.empty(out_shape, dtype=object)
+    for idx in np.ndindex(out_shape):
+        items = list(flat[idx])
+        if init is not None:
+            items = [init] + items
+        out[idx] = combine(kind, items)
+    return out
+
+
+_KIND_ALIASES = {"add": "sum", "maximum": "max", "minimum": "min", "multiply": "mul"}
+
+
+def combine(kind: str, items: Sequence[Element]) -> Element:
+    """Fold items with a reduction kind (the identity element when empty)."""
+    kind = _KIND_ALIASES.get(kind, kind)
+    if kind == "sum":
+        return sum_list(items)
+    if not items:
+        identity = {"max": -math.inf, "min": math.inf, "mul": 1, "and": True, "or": False}
+        if kind not in identity:
+            raise SemanticsError(f"unknown reduction kind {kind!r}")
+        return identity[kind]
+    fns = {"max": maximum, "min": minimum, "mul": mul, "and": _logic("and"),
+           "or": _logic("or")}
+    if kind not in fns:
+        raise SemanticsError(f"unsupported reducer {kind!r}")
+    return _fold(fns[kind], items)
+
+
+# ----- data movement and contraction (shared by ops and terms) --------------------------------
+
+def broadcast_in_dim(x: Array, dims: Sequence[int], shape: Sequence[int]) -> Array:
+    """Operand dim i becomes result dim dims[i] (equal size or size 1)."""
+    dims, shape = tuple(dims), tuple(shape)
+    if len(dims) != x.ndim:
+        raise SemanticsError(f"broadcast_in_dim: {len(dims)} dims for a rank-{x.ndim} operand")
+    order = sorted(range(len(dims)), key=lambda i: dims[i])
+    moved = np.transpose(x, order)
+    expanded = [1] * len(shape)
+    for i in order:
+        expanded[dims[i]] = x.shape[i]
+    for i, d in enumerate(dims):
+        if x.shape[i] not in (1, shape[d]):
+            raise SemanticsError(f"broadcast_in_dim: operand dim {i} of size {x.shape[i]} "
+                                 f"into result dim {d} of size {shape[d]}")
+    return np.broadcast_to(moved.reshape(expanded), shape).copy()
+
+
+def reshape(x: Array, shape: Sequence[int]) -> Array:
+    shape = tuple(shape)
+    if math.prod(shape) != x.size:
+        raise SemanticsError(f"reshape of {x.shape} into {shape}")
+    return x.reshape(shape)
+
+
+def transpose(x: Array, perm: Sequence[int]) -> Array:
+    return np.transpose(x, tuple(perm))
+
+
+def slice_(x: Array, starts: Sequence[int], limits: Sequence[int],
+           strides: Sequence[int] | None = None) -> Array:
+    strides = tuple(strides) if strides else (1,) * x.ndim
+    return x[tuple(slice(s, e, st) for s, e, st in zip(starts, limits, strides))].copy()
+
+
+def concatenate(arrays: Sequence[Array], dim: int) -> Array:
+    return np.concatenate([obj_array(a) for a in arrays], axis=dim)
+
+
+def pad(x: Array, value: Element, low: Sequence[int], high: Sequence[int],
+        interior: Sequence[int]) -> Array:
+    """StableHLO pad: interior padding, then edge padding (negative edges crop)."""
+    out = x
+    for d in range(x.ndim):
+        n = out.shape[d]
+        step = interior[d] + 1
+        size = n + max(n - 1, 0) * interior[d]
+        shape = list(out.shape)
+        shape[d] = size
+        spread = full(tuple(shape), value)
+        index = [slice(None)] * out.ndim
+        index[d] = slice(0, size, step)
+        spread[tuple(index)] = out
+        lo, hi = low[d], high[d]
+        shape_lo, shape_hi = list(spread.shape), list(spread.shape)
+        shape_lo[d], shape_hi[d] = max(lo, 0), max(hi, 0)
+        spread = np.concatenate([full(tuple(shape_lo), value), spread,
+                                 full(tuple(shape_hi), value)], axis=d)
+        start = max(-lo, 0)
+        stop = spread.shape[d] - max(-hi, 0)
+        index = [slice(None)] * out.ndim
+        index[d] = slice(start, stop)
+        out = spread[tuple(index)]
+    return out.copy()
+
+
+def iota(shape: Sequence[int], dim: int) -> Array:
+    out = np.empty(tuple(shape), dtype=object)
+    for idx in np.ndindex(out.shape):
+        out[idx] = idx[dim]
+    return out
+
+
+def dot_general(lhs: Array, rhs: Array, lhs_batch: Sequence[int], rhs_batch: Sequence[int],
+                lhs_contract: Sequence[int], rhs_contract: Sequence[int]) -> Array:
+    """Result dims: batch dims, then lhs free dims, then rhs free dims (StableHLO order)."""
+    lb, rb, lc, rc = map(tuple, (lhs_batch, rhs_batch, lhs_contract, rhs_contract))
+    lf = [d for d in range(lhs.ndim) if d not in lb and d not in lc]
+    rf = [d for d in range(rhs.ndim) if d not in rb and d not in rc]
+    for a, b in zip(lb + lc, rb + rc):
+        if lhs.shape[a] != rhs.shape[b]:
+            raise SemanticsError(f"dot_general: lhs dim {a} ({lhs.shape[a]}) vs rhs dim {b} "
+                                 f"({rhs.shape[b]})")
+    batch = math.prod(lhs.shape[d] for d in lb)
+    k = math.prod(lhs.shape[d] for d in lc)
+    m = math.prod(lhs.shape[d] for d in lf)
+    n = math.prod(rhs.shape[d] for d in rf)
+    left = np.transpose(lhs, lb + tuple(lf) + lc).reshape(batch, m, k)
+    right = np.transpose(rhs, rb + rc + tuple(rf)).reshape(batch, k, n)
+    out = np.empty((batch, m, n), dtype=object)
+    for b in range(batch):
+        for i in range(m):
+            for j in range(n):
+                out[b, i, j] = sum_list([mul(left[b, i, t], right[b, t, j]) for t in range(k)])
+    shape = (tuple(lhs.shape[d] for d in lb) + tuple(lhs.shape[d] for d in lf)
+             + tuple(rhs.shape[d] for d in rf))
+    return out.reshape(shape)
+
+
+def dynamic_slice(x: Array, starts: Sequence[Element], sizes: Sequence[int]) -> Array:
+    """Offsets are clamped into [0, dim - size] (StableHLO)."""
+    index = []
+    for d, (start, size) in enumerate(zip(starts, sizes)):
+        start = _exact(start)
+        if is_z3(start):
+            raise SemanticsError("dynamic_slice with a symbolic offset")
+        start = min(max(int(start), 0), x.shape[d] - size)
+        index.append(slice(start, start + size))
+    return x[tuple(index)].copy()
+
+
+def dynamic_update_slice(x: Array, update: Array, starts: Sequence[Element]) -> Array:
+    out = x.copy()
+    index = []
+    for d, start in enumerate(starts):
+        start = _exact(start)
+        if is_z3(start):
+            raise SemanticsError("dynamic_update_slice with a symbolic offset")
+        start = min(max(int(start), 0), x.shape[d] - update.shape[d])
+        index.append(slice(start, start + update.shape[d]))
+    out[tuple(index)] = update
+    return out
+
+
+# ----- elementwise table ----------------------------------------------------------------------
+
+ElementwiseFn = Callable[[list[Array], dict, str, list[str]], Array]
+
+
+def _unary(fn: Callable[[Element], Element]) -> ElementwiseFn:
+    return lambda args, attrs, dtype, src: apply(fn, args[0])
+
+
+def _binary(fn: Callable[[Element, Element], Element]) -> ElementwiseFn:
+    return lambda args, attrs, dtype, src: apply(fn, args[0], args[1])
+
+
+def _transcendental(name: str) -> ElementwiseFn:
+    return lambda args, attrs, dtype, src: apply(lambda *xs: transcendental(name, *xs), *args)
+
+
+def _divide(args, attrs, dtype, src) -> Array:
+    integer = is_int_dtype(dtype)
+    return apply(lambda a, b: div(a, b, integer), args[0], args[1])
+
+
+def _remainder(args, attrs, dtype, src) -> Array:
+    integer = is_int_dtype(dtype)
+    return apply(lambda a, b: remainder(a, b, integer), args[0], args[1])
+
+
+def _compare(args, attrs, dtype, src) -> Array:
+    direction = attrs.get("comparison_direction")
+    return apply(lambda a, b: compare(a, b, direction), args[0], args[1])
+
+
+def _clamp(args, attrs, dtype, src) -> Array:
+    lo, x, hi = args
+    return apply(lambda lo_, x_, hi_: minimum(maximum(x_, lo_), hi_), lo, x, hi)
+
+
+def _convert(args, attrs, dtype, src) -> Array:
+    source = src[0] if src else dtype
+    return apply(lambda a: convert(a, source, dtype), args[0])
+
+
+def _not(args, attrs, dtype, src) -> Array:
+    return apply(lambda a: logical_not(a, dtype), args[0])
+
+
+def _is_finite(a: Element) -> Element:
+    if is_z3(a):
+        return z3.BoolVal(True)  # exact reals are finite (see the module docstring)
+    a = _pynum(a)
+    return not isinstance(a, float) or math.isfinite(a)
+
+
+ELEMENTWISE: dict[str, ElementwiseFn] = {
+    "stablehlo.add": _binary(add),
+    "stablehlo.subtract": _binary(sub),
+    "stablehlo.multiply": _binary(mul),
+    "stablehlo.divide": _divide,
+    "stablehlo.remainder": _remainder,
+    "stablehlo.maximum": _binary(maximum),
+    "stablehlo.minimum": _binary(minimum),
+    "stablehlo.power": _binary(power),
+    "stablehlo.atan2": _transcendental("atan2"),
+    "stablehlo.negate": _unary(neg),
+    "stablehlo.abs": _unary(absolute),
+    "stablehlo.sign": _unary(sign),
+    "stablehlo.floor": _unary(floor),
+    "stablehlo.ceil": _unary(ceil),
+    "stablehlo.round_nearest_afz": _unary(round_afz),
+    "stablehlo.round_nearest_even": _unary(round_even),
+    "stablehlo.is_finite": _unary(_is_finite),
+    "stablehlo.exponential": _transcendental("exponential"),
+    "stablehlo.exponential_minus_one": _transcendental("exponential_minus_one"),
+    "stablehlo.log": _transcendental("log"),
+    "stablehlo.log_plus_one": _transcendental("log_plus_one"),
+    "stablehlo.tanh": _transcendental("tanh"),
+    "stablehlo.logistic": _transcendental("logistic"),
+    "stablehlo.rsqrt": _transcendental("rsqrt"),
+    "stablehlo.sqrt": _transcendental("sqrt"),
+    "stablehlo.cbrt": _transcendental("cbrt"),
+    "stablehlo.sine": _transcendental("sine"),
+    "stablehlo.cosine": _transcendental("cosine"),
+    "stablehlo.tan": _transcendental("tan"),
+    "chlo.erf": _transcendental("erf"),
+    "chlo.square": lambda args, attrs, dtype, src: apply(lambda a: mul(a, a), args[0]),
+    "stablehlo.compare": _compare,
+    "stablehlo.select": lambda args, attrs, dtype, src: apply(select, *args),
+    "stablehlo.clamp": _clamp,
+    "stablehlo.and": _binary(_logic("and")),
+    "stablehlo.or": _binary(_logic("or")),
+    "stablehlo.xor": _binary(_logic("xor")),
+    "stablehlo.not": _not,
+    "stablehlo.convert": _convert,
+}
+"""Elementwise ops: `fn(operands, attrs, result dtype, operand dtypes) -> result`."""
+
+
+def _elementwise_op(name: str) -> LocalFn:
+    fn = ELEMENTWISE[name]
+
+    def local(info: OpInfo, operands: list[Array]) -> list[Array]:
+        dtype = info.result_types[0].dtype if info.result_types else "f32"
+        src = [t.dtype for t in info.operand_types]
+        return [fn([obj_array(x) for x in operands], info.attrs, dtype, src)]
+
+    local.__doc__ = f"Local semantics of {name} (elementwise)."
+    return local
+
+
+# ----- other local ops ------------------------------------------------------------------------
+
+def _result_shape(info: OpInfo, index: int = 0) -> tuple[int, ...]:
+    if len(info.result_types) <= index:
+        raise SemanticsError(f"{info.name}: result type {index} is missing")
+    return tuple(info.result_types[index].shape)
+
+
+def _constant_value(value, dtype: str) -> Array:
+    raw = np.asarray(value)
+    out = np.empty(raw.shape, dtype=object)
+    for idx in np.ndindex(raw.shape):
+        item = raw[idx].item() if hasattr(raw[idx], "item") else raw[idx]
+        if is_bool_dtype(dtype):
+            out[idx] = bool(item)
+        elif is_int_dtype(dtype):
+            out[idx] = int(item)
+        else:
+            item = float(item)
+            out[idx] = Fraction(item) if math.isfinite(item) else item
+    return out
+
+
+def _op_constant(info: OpInfo, operands: list[Array]) -> list[Array]:
+    shape = _result_shape(info)
+    value = _constant_value(info.attrs["value"], info.result_types[0].dtype)
+    if value.shape != shape:
+        value = np.broadcast_to(value.reshape(-1)[:1].reshape(()) if info.attrs.get("splat")
+                                else value, shape).copy()
+    return [value]
+
+
+def _op_iota(info: OpInfo, operands: list[Array]) -> list[Array]:
+    return [iota(_result_shape(info), info.attrs["iota_dimension"])]
+
+
+def _op_broadcast(info: OpInfo, operands: list[Array]) -> list[Array]:
+    return [broadcast_in_dim(obj_array(operands[0]), info.attrs["broadcast_dimensions"],
+                             _result_shape(info))]
+
+
+def _op_reshape(info: OpInfo, operands: list[Array]) -> list[Array]:
+    return [reshape(obj_array(operands[0]), _result_shape(info))]
+
+
+def _op_transpose(info: OpInfo, operands: list[Array]) -> list[Array]:
+    return [transpose(obj_array(operands[0]), info.attrs["permutation"])]
+
+
+def _op_slice(info: OpInfo, operands: list[Array]) -> list[Array]:
+    a = info.attrs
+    return [slice_(obj_array(operands[0]), a["start_indices"], a["limit_indices"],
+                   a.get("strides"))]
+
+
+def _op_concatenate(info: OpInfo, operands: list[Array]) -> list[Array]:
+    return [concatenate(operands, info.attrs["dimension"])]
+
+
+def _op_pad(info: OpInfo, operands: list[Array]) -> list[Array]:
+    a = info.attrs
+    value = obj_array(operands[1]).reshape(-1)[0]
+    return [pad(obj_array(operands[0]), value, a["edge_padding_low"], a["edge_padding_high"],
+                a["interior_padding"])]
+
+
+def _op_dot_general(info: OpInfo, operands: list[Array]) -> list[Array]:
+    a = info.attrs
+    return [dot_general(obj_array(operands[0]), obj_array(operands[1]), a.get("lhs_batch", ()),
+                        a.get("rhs_batch", ()), a["lhs_contract"], a["rhs_contract"])]
+
+
+def _op_reduce(info: OpInfo, operands: list[Array]) -> list[Array]:
+    half = len(operands) // 2
+    if half != 1:
+        raise SemanticsError("variadic reduce has no semantics here (single operand only)")
+    x, init = obj_array(operands[0]), obj_array(operands[1]).reshape(-1)[0]
+    reducer = info.attrs.get("reducer", "other")
+    if reducer not in ("add", "max", "min", "mul", "and", "or"):
+        raise SemanticsError(f"reduce with a '{reducer}' reducer")
+    return [reduce_dims(x, info.attrs["dimensions"], reducer, init)]
+
+
+def _scalar_of(x: Array) -> Element:
+    arr = obj_array(x)
+    if arr.size != 1:
+        raise SemanticsError("expected a scalar index operand")
+    return arr.reshape(-1)[0]
+
+
+def _op_dynamic_slice(info: OpInfo, operands: list[Array]) -> list[Array]:
+    x, *starts = operands
+    return [dynamic_slice(obj_array(x), [_scalar_of(s) for s in starts],
+                          info.attrs["slice_sizes"])]
+
+
+def _op_dynamic_update_slice(info: OpInfo, operands: list[Array]) -> list[Array]:
+    x, update, *starts = operands
+    return [dynamic_update_slice(obj_array(x), obj_array(update),
+                                 [_scalar_of(s) for s in starts])]
+
+
+def _op_identity(info: OpInfo, operands: list[Array]) -> list[Array]:
+    return [obj_array(x) for x in operands]
+
+
+OP_SEMANTICS: dict[str, LocalFn] = {
+    **{name: _elementwise_op(name) for name in ELEMENTWISE},
+    "stablehlo.constant": _op_constant,
+    "stablehlo.iota": _op_iota,
+    "stablehlo.broadcast_in_dim": _op_broadcast,
+    "stablehlo.reshape": _op_reshape,
+    "stablehlo.transpose": _op_transpose,
+    "stablehlo.slice": _op_slice,
+    "stablehlo.concatenate": _op_concatenate,
+    "stablehlo.pad": _op_pad,
+    "stablehlo.dot_general": _op_dot_general,
+    "stablehlo.reduce": _op_reduce,
+    "stablehlo.dynamic_slice": _op_dynamic_slice,
+    "stablehlo.dynamic_update_slice": _op_dynamic_update_slice,
+    "mhlo.copy": _op_identity,
+    "stablehlo.optimization_barrier": _op_identity,
+}
+"""Local (per-device) semantics: `fn(info, operands) -> results`, keyed by op name."""
+
+
+# ----- collectives ----------------------------------------------------------------------------
+
+def replica_groups(info: OpInfo, num_devices: int) -> list[list[int]]:
+    """Groups of flattened device ids (use_global_device_ids); none given means one group."""
+    groups = info.attrs.get("replica_groups")
+    if groups is None or isinstance(groups, str):
+        if isinstance(groups, str):
+            raise SemanticsError(f"{info.name}: replica groups {groups!r} are not a dense list")
+        return [list(range(num_devices))]
+    groups = [[int(d) for d in group if int(d) >= 0] for group in np.asarray(groups).tolist()]
+    groups = [g for g in groups if g]
+    if not groups:
+        return [list(range(num_devices))]
+    seen = [d for g in groups for d in g]
+    if len(seen) != len(set(seen)) or any(not 0 <= d < num_devices for d in seen):
+        raise SemanticsError(f"{info.name}: malformed replica groups {groups}")
+    if len(seen) != num_devices:
+        raise SemanticsError(f"{info.name}: replica groups {groups} leave devices out")
+    return groups
+
+
+def _group_of(groups: list[list[int]]) -> dict[int, list[int]]:
+    return {d: g for g in groups for d in g}
+
+
+def _all_reduce(info: OpInfo, mesh: Mesh, operands: list[list[Array]]) -> list[list[Array]]:
+    n = mesh.num_devices
+    groups = _group_of(replica_groups(info, n))
+    kind = info.attrs.get("reducer", "add")
+    results: list[list[Array]] = []
+    for d in range(n):
+        members = groups[d]
+        per_operand = []
+        for k in range(len(operands[d])):
+            arrays = [obj_array(operands[m][k]) for m in members]
+            out = np.empty(arrays[0].shape, dtype=object)
+            for idx in np.ndindex(out.shape):
+                out[idx] = combine(kind, [a[idx] for a in arrays])
+            per_operand.append(out)
+        results.append(per_operand)
+    return results
+
+
+def _all_gather(info: OpInfo, mesh: Mesh, operands: list[list[Array]]) -> list[list[Array]]:
+    n = mesh.num_devices
+    groups = _group_of(replica_groups(info, n))
+    dim = info.attrs["all_gather_dim"]
+    return [[concatenate([operands[m][k] for m in groups[d]], dim)
+             for k in range(len(operands[d]))] for d in range(n)]
+
+
+def _reduce_scatter(info: OpInfo, mesh: Mesh, operands: list[list[Array]]
+                    ) -> list[list[Array]]:
+    n = mesh.num_devices
+    groups = _group_of(replica_groups(info, n))
+    summed = _all_reduce(info, mesh, operands)
+    dim = info.attrs["scatter_dimension"]
+    results = []
+    for d in range(n):
+        members = groups[d]
+        position = members.index(d)
+        per_operand = []
+        for array in summed[d]:
+            if array.shape[dim] % len(members):
+                raise SemanticsError("reduce_scatter: dim not divisible by the group size")
+            part = array.shape[dim] // len(members)
+            index = [slice(None)] * array.ndim
+            index[dim] = slice(position * part, (position + 1) * part)
+            per_operand.append(array[tuple(index)].copy())
+        results.append(per_operand)
+    return results
+
+
+def _all_to_all(info: OpInfo, mesh: Mesh, operands: list[list[Array]]) -> list[list[Array]]:
+    """Device j of a group sends the i-th split block to device i, which concatenates the
+    blocks it receives in group order."""
+    n = mesh.num_devices
+    groups = _group_of(replica_groups(info, n))
+    split, concat = info.attrs["split_dimension"], info.attrs["concat_dimension"]
+    count = info.attrs.get("split_count")
+    results = []
+    for d in range(n):
+        members = groups[d]
+        if count is not None and count != len(members):
+            raise SemanticsError("all_to_all: split_count differs from the group size")
+        position = members.index(d)
+        per_operand = []
+        for k in range(len(operands[d])):
+            blocks = []
+            for m in members:
+                array = obj_array(operands[m][k])
+                part = array.shape[split] // len(members)
+                index = [slice(None)] * array.ndim
+                index[split] = slice(position * part, (position + 1) * part)
+                blocks.append(array[tuple(index)])
+            per_operand.append(concatenate(blocks, concat))
+        results.append(per_operand)
+    return results
+
+
+def _collective_permute(info: OpInfo, mesh: Mesh, operands: list[list[Array]]
+                        ) -> list[list[Array]]:
+    """result[target] = operand[source]; devices nobody sends to get zeros."""
+    n = mesh.num_devices
+    pairs = [(int(s), int(t)) for s, t in info.attrs.get("source_target_pairs") or []]
+    source_of = {}
+    for s, t in pairs:
+        if t in source_of or not (0 <= s < n and 0 <= t < n):
+            raise SemanticsError(f"collective_permute: malformed pairs {pairs}")
+        source_of[t] = s
+    results = []
+    for d in range(n):
+        if d in source_of:
+            results.append([obj_array(x).copy() for x in operands[source_of[d]]])
+        else:
+            results.append([full(obj_array(x).shape, 0) for x in operands[d]])
+    return results
+
+
+def _partition_id(info: OpInfo, mesh: Mesh, operands: list[list[Array]]) -> list[list[Array]]:
+    shape = _result_shape(info) if info.result_types else ()
+    return [[full(shape, d)] for d in range(mesh.num_devices)]
+
+
+COLLECTIVE_SEMANTICS: dict[str, CollectiveFn] = {
+    "stablehlo.all_reduce": _all_reduce,
+    "stablehlo.all_gather": _all_gather,
+    "stablehlo.reduce_scatter": _reduce_scatter,
+    "stablehlo.all_to_all": _all_to_all,
+    "stablehlo.collective_permute": _collective_permute,
+    "stablehlo.partition_id": _partition_id,
+    "stablehlo.replica_id": _partition_id,
+}
+"""Cross-device semantics: `fn(info, mesh, operands per device) -> results per device`."""
+
+
+def run_op(info: OpInfo, operands: list[list[Array]], mesh: Mesh | None) -> list[list[Array]]:
+    """Results per device (one "device" when `mesh` is None) of any op in either table."""
+    if info.name in COLLECTIVE_SEMANTICS:
+        if mesh is None:
+            raise SemanticsError(f"{info.name} needs a mesh")
+        return COLLECTIVE_SEMANTICS[info.name](info, mesh, operands)
+    fn = OP_SEMANTICS.get(info.name)
+    if fn is None:
+        raise SemanticsError(f"no semantics for op {info.name}")
+    return [fn(info, ops) for ops in operands]
+
+
+# ----- terms ----------------------------------------------------------------------------------
+
+TermEnv = dict
+"""`{arg index: array}`; optional `("dense", key): array` entries give dense constants, and the
+key `"dense"` may map to a callable `(term) -> array` used for dense constants not listed."""
+
+_LINEAR_OPS = ("lin", "mul", "div")
+
+
+def evaluate_term(term: Term, env: TermEnv, memo: dict[int, Array] | None = None) -> Array:
+    """The value of a reference term (global shape), given arrays for its `arg` leaves.
+
+    Every op string a term can carry is handled explicitly; an unknown one raises
+    `SemanticsError` naming it.
+    """
+    memo = {} if memo is None else memo
+    stack = [term]
+    # Iterative post-order walk: reference terms can be deep (whole transformer stacks).
+    while stack:
+        top = stack[-1]
+        if top.serial in memo:
+            stack.pop()
+            continue
+        pending = [a for a in top.args if a.serial not in memo]
+        if pending:
+            stack.extend(pending)
+            continue
+        stack.pop()
+        value = _evaluate_node(top, [memo[a.serial] for a in top.args], env)
+        if value.shape != tuple(top.shape):
+            raise SemanticsError(f"term {top.op} evaluated to shape {value.shape}, "
+                                 f"expected {top.shape}")
+        memo[top.serial] = value
+    return memo[term.serial]
+
+
+def _evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
+    op, attrs, shape = term.op, term.attrs, tuple(term.shape)
+    if op == "arg":
+        index = attrs[0]
+        if index not in env:
+            raise SemanticsError(f"no value for %arg{index}")
+        value = obj_array(env[index])
+        if value.shape != shape:
+            raise SemanticsError(f"%arg{index} has shape {value.shape}, expected {shape}")
+        return value
+    if op == "splat":
+        return full(shape, attrs[0])
+    if op == "dense":
+        key = ("dense", attrs[0])
+        if key in env:
+            return obj_array(env[key]).reshape(shape)
+        resolver = env.get("dense")
+        if resolver is None:
+            raise SemanticsError("dense constant without a value (pass ('dense', key) in env)")
+        return obj_array(resolver(term))
+    if op == "iota":
+        return iota(shape, attrs[0])
+    if op == "lin":
+        constant, coefs = attrs
+        out = full(shape, constant) if constant != 0 else None
+        for k, value in zip(coefs, args):
+            scaled = value if k == 1 else apply(lambda x, k=k: mul(k, x), value)
+            out = scaled if out is None else apply(add, out, scaled)
+        return out if out is not None else full(shape, 0)
+    if op == "mul":
+        return _fold(lambda a, b: apply(mul, a, b), args)
+    if op == "div":
+        integer = is_int_dtype(term.dtype)
+        return apply(lambda a, b: div(a, b, integer), args[0], args[1])
+    if op == "broadcast":
+        return broadcast_in_dim(args[0], attrs[0], shape)
+    if op == "reshape":
+        return reshape(args[0], shape)
+    if op == "transpose":
+        return transpose(args[0], attrs[0])
+    if op in ("reduce_sum", "reduce_max", "reduce_min"):
+        return reduce_dims(args[0], attrs[0], op.split("_")[1])
+    if op == "slice":
+        starts, limits, strides = attrs
+        return slice_(args[0], starts, limits, strides)
+    if op == "concatenate":
+        return concatenate(args, attrs[0])
+    if op == "pad":
+        low, high, interior = attrs
+        value = obj_array(args[1]).reshape(-1)[0]
+        return pad(args[0], value, low, high, interior)
+    if op == "stablehlo.dot_general":
+        lb, rb, lc, rc = attrs
+        return dot_general(args[0], args[1], lb, rb, lc, rc)
+    if op in ELEMENTWISE:
+        named = {"comparison_direction": attrs[0]} if op == "stablehlo.compare" and attrs else {}
+        src = [a.dtype for a in term.args]
+        if op in ("stablehlo.maximum", "stablehlo.minimum", "stablehlo.and", "stablehlo.or",
+                  "stablehlo.xor") and len(args) > 2:
+            fn = ELEMENTWISE[op]
+            return _fold(lambda a, b: fn([a, b], named, term.dtype, src), args)
+        return ELEMENTWISE[op](args, named, term.dtype, src)
+    raise SemanticsError(f"evaluate_term: unknown term op {op!r}")
+
+
+TERM_OPS = ("arg", "splat", "dense", "iota", "lin", "mul", "div", "broadcast", "reshape",
+            "transpose", "reduce_sum", "reduce_max", "reduce_min", "slice", "concatenate", "pad",
+            "stablehlo.dot_general", *ELEMENTWISE)
+"""Every term op `evaluate_term` knows (for the coverage test against the rules)."""

@@ -1,0 +1,24 @@
+"""entangle-import-shardings: find the reference/sharded pair and check their signatures.
+
+Meshes and manual-computation shardings are read where the walk enters them (infer.py); this
+pass makes sure the pair exists and that arguments and results agree in count, shape and dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from entangle_mlir.pipeline import ModulePass, PassState
+from entangle_mlir.program import check_signatures, from_combined, has_refines
+
+
+@dataclass
+class ImportShardingsPass(ModulePass):
+    name = "entangle-import-shardings"
+    summary = "find the function with entangle.refines and its reference; check signatures"
+
+    def apply(self, state: PassState) -> None:
+        if state.program is None and has_refines(state.module):
+            state.program = from_combined(state.module, state.file)
+        if state.program is not None:
+            check_signatures(state.program)

@@ -1,0 +1,49 @@
+"""entangle-infer-relations: one forward walk per function; attaches `entangle.relation`.
+
+With a reference/sharded pair both are walked; without one (a module of sharded functions
+only), every function is walked so each op's relation can still be printed and CHECKed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jaxlib.mlir import ir
+
+from entangle_mlir.infer import Walker
+from entangle_mlir.ir import context
+from entangle_mlir.pipeline import ModulePass, PassState
+from entangle_mlir.program import func_name, functions
+
+
+@dataclass
+class InferRelationsPass(ModulePass):
+    name = "entangle-infer-relations"
+    summary = "infer each op's relation to the reference; attach entangle.relation"
+    annotate: bool = True
+
+    def apply(self, state: PassState) -> None:
+        program = state.program
+        if program is not None:
+            targets = [("reference", program.ref_func, program.ref_module, program.ref_file),
+                       ("sharded", program.sharded_func, program.sharded_module,
+                        program.sharded_file)]
+        else:
+            targets = [(func_name(f), f, state.module, state.file)
+                       for f in functions(state.module)
+                       if "sym_visibility" not in f.attributes]
+        for key, func, module, file in targets:
+            walk = Walker(func, module, file).run()
+            state.walks[key] = walk
+            if self.annotate and module is state.module:
+                _annotate(walk)
+
+
+def _annotate(walk) -> None:
+    with context():
+        for record in walk.records:
+            op = record.info.op
+            if op is None or not record.outputs:
+                continue
+            text = "; ".join(v.describe() for v in record.outputs)
+            op.attributes["entangle.relation"] = ir.StringAttr.get(text)
