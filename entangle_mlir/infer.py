@@ -104,7 +104,12 @@ class Walker:
         return record
 
     def _op(self, op: ir.Operation, ctx: RuleContext) -> None:
-        info = describe(op, self.file)
+        try:
+            info = describe(op, self.file)
+        except Exception as err:  # noqa: BLE001 - an unreadable op is "not proven", not a crash
+            info = OpInfo(op.name, loc=op_location(op, self.file), op=op)
+            self._give_up(op, info, f"cannot read the attributes of {op.name}: {err}", ctx)
+            return
         inputs = [self.walk.values[v] for v in op.operands]
         local = RuleContext(ctx.mesh, ctx.manual_axes)
         opaque = next((v for v in inputs if isinstance(v, Opaque)), None)
@@ -121,7 +126,7 @@ class Walker:
         else:
             try:
                 outputs = RULES[info.name](info, inputs, local)
-            except (KeyError, IndexError, ValueError, TypeError, ZeroDivisionError) as err:
+            except Exception as err:  # noqa: BLE001 - a rule failure is "not proven"
                 outputs = [Opaque(f"internal error in the rule for {info.name}: {err!r}",
                                   category="internal")] * len(op.results)
             outputs = check_local_shapes(info, outputs, local)
@@ -132,6 +137,13 @@ class Walker:
         outputs = [self._stamp(v, record, inputs) for v in outputs]
         record.outputs = outputs
         for result, value in zip(op.results, outputs):
+            self.walk.values[result] = value
+
+    def _give_up(self, op: ir.Operation, info: OpInfo, reason: str, ctx: RuleContext) -> None:
+        record = self._record(info, [self.walk.values.get(v) for v in op.operands], [], ctx)
+        value = Opaque(reason, origin=(record, None), category="internal")
+        record.outputs = [value] * len(op.results)
+        for result in op.results:
             self.walk.values[result] = value
 
     def _stamp(self, value: Value, record: OpRecord, inputs: list[Value]) -> Value:
@@ -154,7 +166,8 @@ class Walker:
         block = op.regions[0].blocks[0]
         record = self._record(info, [self.walk.values[v] for v in op.operands], [], inner)
         for value, arg, tiling in zip(op.operands, block.arguments, in_tilings):
-            self.walk.values[arg] = self._enter(self.walk.values[value], tiling, mesh, record)
+            self.walk.values[arg] = self._enter(self.walk.values[value], tiling, mesh, record,
+                                                 manual)
         self._block(block, inner)
         terminator = block.operations[len(block.operations) - 1].operation
         results = []
@@ -212,9 +225,15 @@ class Walker:
             tiling.append(tuple(axes))
         return tuple(tiling)
 
-    def _enter(self, value: Value, tiling, mesh: Mesh, record: OpRecord) -> Value:
+    def _enter(self, value: Value, tiling, mesh: Mesh, record: OpRecord,
+               manual: tuple[str, ...]) -> Value:
         if not isinstance(value, Rel):
             return value
+        free = [a for axes in tiling for a in axes if a not in manual]
+        if free:
+            return Opaque(f"input split over non-manual axes {axes_str(free)} (partially manual "
+                          "computations are not supported yet)", origin=(record, None),
+                          category="unsupported")
         for size, axes in zip(value.term.shape, tiling):
             if size % mesh.group_size(axes):
                 return Opaque(f"dim of size {size} does not divide over {axes_str(axes)}",

@@ -129,7 +129,7 @@ def unify_dims(rels: list[Rel], dims_of: list[list[int]], ctx: RuleContext,
             size, axes = joint[i]
             blocks = mesh.group_size(axes) if mesh and axes else 1
             local = term.shape[d]
-            if local != 1 and local * blocks != size:
+            if local * blocks != size:
                 return Opaque(f"{what}: dim {i} has local size {local} but its partner is "
                               f"{size} split {blocks} ways", category="layout_mismatch")
             new_term = resize(term, d, size)

@@ -1,0 +1,147 @@
+"""The one entry point for every Z3 query: `prove(claim, hypotheses, name, timeout_ms)`.
+
+A claim is *proved* only when `hypotheses AND NOT claim` is unsatisfiable. A satisfiable query is
+*refuted* (with the model as counterexample); a timeout or an incomplete theory answer is
+*unknown* and is never reported as proved.
+
+Every query can be written as an SMT-LIB file named after the query, for replay with `z3` or
+another solver: call `set_dump_dir(path)`, or set the environment variable `ENTANGLE_DUMP_SMT`
+(read at each query unless `set_dump_dir` was called).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import z3
+
+DEFAULT_TIMEOUT_MS = 10_000
+MAX_COUNTEREXAMPLE_ENTRIES = 32
+
+_UNSET = object()
+_dump_dir: object = _UNSET
+_dump_lock = threading.Lock()
+_dump_names: dict[str, int] = {}
+
+
+@dataclass
+class ProofResult:
+    """The outcome of one query (or of an instance check built on queries).
+
+    status: "proved", "refuted", "unknown" (timeout, incomplete theory, error) or "skipped"
+    (instance checks only: nothing was asked, e.g. too large or out of time budget).
+    counterexample: variable name -> value (as text) when refuted.
+    """
+
+    status: str
+    counterexample: dict[str, str] | None = None
+    seconds: float = 0.0
+    name: str = ""
+    reason: str = ""
+    cached: bool = False
+    details: dict = field(default_factory=dict)
+
+    @property
+    def proved(self) -> bool:
+        return self.status == "proved"
+
+    @property
+    def refuted(self) -> bool:
+        return self.status == "refuted"
+
+    def describe(self) -> str:
+        text = f"{self.name or 'query'}: {self.status} ({self.seconds * 1000:.1f} ms)"
+        if self.reason:
+            text += f" - {self.reason}"
+        if self.counterexample:
+            shown = ", ".join(f"{k}={v}" for k, v in list(self.counterexample.items())[:8])
+            text += f" [counterexample: {shown}]"
+        return text
+
+
+def set_dump_dir(path: str | os.PathLike | None) -> None:
+    """Write every later query to `path/<name>.smt2` (None: stop dumping, ignore the env var)."""
+    global _dump_dir
+    _dump_dir = None if path is None else Path(path)
+
+
+def dump_dir() -> Path | None:
+    """Where queries are dumped, if anywhere (`set_dump_dir` wins over ENTANGLE_DUMP_SMT)."""
+    if _dump_dir is not _UNSET:
+        return _dump_dir  # type: ignore[return-value]
+    env = os.environ.get("ENTANGLE_DUMP_SMT")
+    return Path(env) if env else None
+
+
+def _file_name(name: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("._") or "query"
+    safe = safe[:120]
+    with _dump_lock:
+        count = _dump_names.get(safe, 0)
+        _dump_names[safe] = count + 1
+    return f"{safe}.smt2" if count == 0 else f"{safe}.{count}.smt2"
+
+
+def _dump(solver: z3.Solver, name: str) -> None:
+    directory = dump_dir()
+    if directory is None:
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    text = f"; entangle query: {name}\n; proved iff unsat\n" + solver.to_smt2()
+    (directory / _file_name(name)).write_text(text)
+
+
+def _as_bool(value) -> z3.BoolRef:
+    if isinstance(value, z3.BoolRef):
+        return value
+    if isinstance(value, bool):
+        return z3.BoolVal(value)
+    raise TypeError(f"a claim or hypothesis must be a z3 BoolRef or a bool, not {value!r}")
+
+
+def _counterexample(model: z3.ModelRef) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for decl in sorted(model.decls(), key=lambda d: d.name()):
+        if len(out) >= MAX_COUNTEREXAMPLE_ENTRIES:
+            break
+        try:
+            value = model[decl]
+            out[decl.name()] = str(value)
+        except z3.Z3Exception:  # pragma: no cover - exotic declarations
+            continue
+    return out
+
+
+def prove(claim, hypotheses: Iterable = (), name: str = "query",
+          timeout_ms: int | None = None) -> ProofResult:
+    """Prove `claim` valid under `hypotheses` (checks `hypotheses AND NOT claim` is unsat).
+
+    `claim` and each hypothesis are z3 BoolRefs (Python bools are accepted). Never raises on a
+    solver failure: that is `unknown` with the reason.
+    """
+    start = time.perf_counter()
+    timeout = DEFAULT_TIMEOUT_MS if timeout_ms is None else max(1, int(timeout_ms))
+    try:
+        goal = _as_bool(claim)
+        hyps = [_as_bool(h) for h in hypotheses]
+        solver = z3.Solver()
+        solver.set("timeout", timeout)
+        solver.add(*hyps)
+        solver.add(z3.Not(goal))
+        _dump(solver, name)
+        answer = solver.check()
+    except (z3.Z3Exception, TypeError, OSError) as err:
+        return ProofResult("unknown", None, time.perf_counter() - start, name,
+                           f"solver error: {err}")
+    seconds = time.perf_counter() - start
+    if answer == z3.unsat:
+        return ProofResult("proved", None, seconds, name)
+    if answer == z3.sat:
+        return ProofResult("refuted", _counterexample(solver.model()), seconds, name)
+    return ProofResult("unknown", None, seconds, name, solver.reason_unknown())
