@@ -1,0 +1,140 @@
+"""Programs beyond the catalogue: ops outside shard_map, several mesh axes on one dim, 2-D
+meshes. Each is grounded by running both programs on simulated CPU devices."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from jax import lax  # noqa: E402
+from jax.sharding import AxisType, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from entangle_mlir.jax import check  # noqa: E402
+
+MESH = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(AxisType.Auto,) * 2)
+
+
+def _avals(shapes_specs):
+    return [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(MESH, spec))
+            for s, spec in shapes_specs]
+
+
+def _run(fn, avals, seed=0):
+    rng = np.random.default_rng(seed)
+    args = [jax.device_put(rng.standard_normal(a.shape).astype(np.float32), a.sharding)
+            for a in avals]
+    return np.asarray(jax.jit(fn)(*args))
+
+
+def _grounded(ref, sharded, avals) -> float:
+    return float(np.max(np.abs(_run(ref, avals) - _run(sharded, avals))))
+
+
+def _mlp_ref(x, w1, w2):
+    return jnp.tanh(jax.nn.relu(2.0 * x @ w1) @ w2) + 1.0
+
+
+def _mlp_body(x, w1, w2):
+    return lax.psum(jax.nn.relu(x @ w1) @ w2, "tp")
+
+
+MLP_AVALS = [((8, 16), P()), ((16, 32), P(None, "tp")), ((32, 16), P("tp", None))]
+
+
+def test_ops_outside_shard_map_are_global() -> None:
+    inner = jax.shard_map(_mlp_body, mesh=MESH, in_specs=(P(), P(None, "tp"), P("tp", None)),
+                          out_specs=P())
+
+    def sharded(x, w1, w2):
+        return jnp.tanh(inner(2.0 * x, w1, w2)) + 1.0
+
+    avals = _avals(MLP_AVALS)
+    assert _grounded(_mlp_ref, sharded, avals) < 1e-4
+    report = check(_mlp_ref, jax.jit(sharded), *avals, verify_rules=False)
+    assert report.proven, report.render_text()
+    assert report.outputs[0].rho == "computed globally (outside shard_map)"
+
+
+def test_global_op_bug_outside_shard_map_is_flagged() -> None:
+    inner = jax.shard_map(_mlp_body, mesh=MESH, in_specs=(P(), P(None, "tp"), P("tp", None)),
+                          out_specs=P())
+
+    def sharded(x, w1, w2):
+        return jnp.tanh(inner(x, w1, w2)) + 1.0   # forgot the 2.0 * x before the layer
+
+    avals = _avals(MLP_AVALS)
+    assert _grounded(_mlp_ref, sharded, avals) > 1e-3
+    report = check(_mlp_ref, jax.jit(sharded), *avals, verify_rules=False)
+    assert not report.proven
+
+
+def _rows_ref(x):
+    return jnp.sum(x * x, axis=0, keepdims=True) + x[:3]
+
+
+def _gather_body(axes):
+    def body(x):
+        full = lax.all_gather(x, axes, axis=0, tiled=True)
+        return jnp.sum(full * full, axis=0, keepdims=True) + full[:3]
+    return body
+
+
+@pytest.mark.parametrize("axes, correct", [(("dp", "tp"), True), (("tp", "dp"), False)])
+def test_two_axes_on_one_dim(axes, correct) -> None:
+    """x rows split over ('dp', 'tp'); gathering in the other axis order scrambles the rows."""
+    sharded = jax.jit(jax.shard_map(_gather_body(axes), mesh=MESH, in_specs=(P(("dp", "tp")),),
+                                    out_specs=P(), check_vma=False))
+    avals = _avals([((16, 4), P(("dp", "tp")))])
+    diff = _grounded(_rows_ref, sharded, avals)
+    assert (diff < 1e-4) == correct
+    report = check(_rows_ref, sharded, *avals, verify_rules=False)
+    assert report.proven == correct, report.render_text()
+    if not correct:
+        assert "all_gather" in report.diagnostics[0].message
+
+
+def _norm_ref(x, g):
+    return x * lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * g
+
+
+def test_2d_mesh_batch_and_hidden_split() -> None:
+    """RMSNorm with batch over 'dp' and hidden over 'tp' (psum of the sum of squares)."""
+    def body(x, g):
+        ss = lax.psum(jnp.sum(x * x, axis=-1, keepdims=True), "tp")
+        return x * lax.rsqrt(ss / 64 + 1e-6) * g
+
+    sharded = jax.jit(jax.shard_map(body, mesh=MESH, in_specs=(P("dp", "tp"), P("tp")),
+                                    out_specs=P("dp", "tp")))
+    avals = _avals([((4, 64), P("dp", "tp")), ((64,), P("tp"))])
+    assert _grounded(_norm_ref, sharded, avals) < 1e-4
+    report = check(_norm_ref, sharded, *avals, verify_rules=False)
+    assert report.proven, report.render_text()
+    assert report.outputs[0].rho == "concat over 'dp' along dim 0, then concat over 'tp' along dim 1"
+
+
+def test_axis_index_offsets_select_own_block() -> None:
+    """x replicated; each device slices its own rows with axis_index (a dynamic_slice)."""
+    def body(x):
+        i = lax.axis_index("tp")
+        return lax.dynamic_slice_in_dim(x, i * 2, 2, axis=0) * 3.0
+
+    def body_bug(x):
+        i = lax.axis_index("tp")
+        return lax.dynamic_slice_in_dim(x, i, 2, axis=0) * 3.0   # offset i, not i * 2
+
+    ref = lambda x: x * 3.0  # noqa: E731
+    avals = _avals([((8, 4), P())])
+    for fn, correct in ((body, True), (body_bug, False)):
+        sharded = jax.jit(jax.shard_map(fn, mesh=MESH, in_specs=(P(),), out_specs=P("tp"),
+                                        check_vma=False))
+        assert (_grounded(ref, sharded, avals) < 1e-4) == correct
+        report = check(ref, sharded, *avals, verify_rules=False)
+        assert report.proven == correct, report.render_text()
+        if not correct:
+            assert "device 1 reads" in report.diagnostics[0].message
