@@ -22,7 +22,8 @@ from .rules.common import check_local_shapes, resize
 from .terms import Term, make_arg
 
 _TERMINATORS = ("func.return", "stablehlo.return", "sdy.return")
-_TRANSPARENT = ("mhlo.copy", "stablehlo.optimization_barrier")
+_TRANSPARENT = ("mhlo.copy", "stablehlo.optimization_barrier", "sdy.sharding_constraint",
+                "sdy.reshard")
 
 
 @dataclass
@@ -117,6 +118,7 @@ class Walker:
             outputs: list[Value] = [opaque] * len(op.results)
         elif info.name in _TRANSPARENT:
             outputs = list(inputs)
+            local.note(f"{info.name} is treated as the identity")
         elif info.name not in RULES:
             outputs = [Opaque(f"unsupported op {info.name}", category="unsupported")
                        ] * len(op.results)
