@@ -94,7 +94,7 @@ def is_z3(x: Element) -> bool:
 
 
 def is_bool(x: Element) -> bool:
-    return isinstance(x, (bool, np.bool_)) or isinstance(x, z3.BoolRef)
+    return isinstance(x, (bool, np.bool_, z3.BoolRef))
 
 
 def _exact(x: Element) -> Element:
@@ -276,7 +276,7 @@ def maximum(a: Element, b: Element) -> Element:
             return z3.Or(to_z3(a), to_z3(b))
         za, zb = _num(a), _num(b)
         return z3.If(za >= zb, za, zb)
-    return a if a >= b else b
+    return max(a, b)
 
 
 def minimum(a: Element, b: Element) -> Element:
@@ -289,7 +289,7 @@ def minimum(a: Element, b: Element) -> Element:
             return z3.And(to_z3(a), to_z3(b))
         za, zb = _num(a), _num(b)
         return z3.If(za <= zb, za, zb)
-    return a if a <= b else b
+    return min(a, b)
 
 
 def select(pred: Element, a: Element, b: Element) -> Element:
@@ -317,9 +317,9 @@ def compare(a: Element, b: Element, direction: str) -> Element:
         raise SemanticsError(f"unknown comparison direction {direction!r}")
     if is_z3(a) or is_z3(b):
         za, zb = to_z3(a), to_z3(b)
-        if isinstance(za, z3.BoolRef) and isinstance(zb, z3.BoolRef):
-            if direction in ("EQ", "NE"):
-                return op(za, zb)
+        both_bool = isinstance(za, z3.BoolRef) and isinstance(zb, z3.BoolRef)
+        if both_bool and direction in ("EQ", "NE"):
+            return op(za, zb)
         za, zb = _num(za), _num(zb)
         return op(za, zb)
     return bool(op(_pynum(a), _pynum(b)))
@@ -560,7 +560,7 @@ def apply(fn: Callable[..., Element], *arrays: Array) -> Array:
 
 def reduce_dims(x: Array, dims: Sequence[int], kind: str, init: Element | None = None) -> Array:
     """Reduce `x` over `dims` with `kind` ("sum", "max", "min", "mul", "and", "or")."""
-    dims = tuple(sorted(set(int(d) for d in dims)))
+    dims = tuple(sorted({int(d) for d in dims}))
     keep = [d for d in range(x.ndim) if d not in dims]
     moved = np.transpose(x, keep + list(dims))
     out_shape = tuple(x.shape[d] for d in keep)

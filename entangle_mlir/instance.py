@@ -1,0 +1,859 @@
+"""Z3 checks of rule instances: does an op's inferred output relation really hold?
+
+`check_instance(info, in_values, out_values, mesh)` proves that, for EVERY global tensor
+satisfying the input relations, running the op on each device (`semantics.py`) produces values
+satisfying the output relations. The query is built on small symbolic tensors:
+
+1. every input relation's term becomes a global tensor of z3 variables (see "abstraction");
+2. each device's LOCAL operand is derived from the relation's exact meaning (`layout.py`):
+   the block of the global tensor for tiled dims (mesh axes major first; poly dims whole);
+   for a partial SUM over axes P, fresh local variables on all but the last device of each
+   P-group and the last one = block minus the others (so every split of the block is covered);
+   for a partial MAX/MIN, fresh locals constrained (hypotheses) to have the block as max/min;
+   a `DeviceScalar` is its concrete per-device integer; an `Opaque` operand is unconstrained;
+3. the op runs per device (collectives across devices);
+4. the claim: on every device, the result reduced over the output's partial axes equals the
+   block of the output term (a `DeviceScalar` output equals its table entry).
+
+**Abstraction and reduced shapes.** Input terms can be whole-network DAGs, and tensors can be
+large. So each input term is replaced by a fresh leaf (splat and iota constants are kept, a
+poly broadcast keeps its broadcast), the rule is re-run on the abstract inputs, and the real
+output terms must be exactly the abstract outputs with the leaves substituted back (otherwise
+the real terms are used, when small). A large instance of a shape-uniform op (elementwise,
+dot_general, reduce, transpose, broadcast_in_dim, collectives) is then checked at a reduced
+shape: every local dim becomes min(size, 2) (1 stays 1; each global dim stays a multiple of
+its number of blocks), the rule is run again there, and its outputs must have the same layouts
+and the same term skeleton as at the real shape. Results are cached by (op signature, layouts,
+abstract terms, shape class), so the 2nd..Nth identical layer costs a dictionary lookup.
+
+`unknown` is never reported as proved; when Z3 answers unknown, a few concrete evaluations
+with exact rationals (and pseudo-random interpretations of the uninterpreted functions) look
+for a genuine counterexample before giving up.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from functools import reduce as _fold
+
+import numpy as np
+import z3
+
+from . import semantics as S
+from .layout import GLOBAL, DeviceScalar, Opaque, Rel, Value
+from .mesh import Mesh
+from .opinfo import OpInfo, TensorType
+from .rules.base import RuleContext
+from .terms import (
+    Term,
+    intern,
+    make_arg,
+    make_broadcast,
+    make_div,
+    make_dot,
+    make_elementwise,
+    make_iota,
+    make_lin,
+    make_mul,
+    make_op,
+    make_reshape,
+    make_splat,
+    make_transpose,
+)
+from .z3check import ProofResult, prove
+
+ABSTRACT_BASE = 1_000_000_000
+"""Argument indices of abstract leaves (never used by real programs)."""
+
+REDUCE_ABOVE = 256
+"""Instances whose largest tensor has more elements are checked at a reduced shape if possible."""
+
+MAX_ELEMENTS = 4096
+"""The largest tensor checked at its real shape."""
+
+MAX_TERM_NODES = 400
+"""Real (non-abstracted) input terms larger than this are not evaluated."""
+
+REDUCED_LOCAL = 2
+"""The local size every dim > 1 gets at a reduced shape."""
+
+DEFAULT_TIMEOUT_MS = 5_000
+CONCRETE_TRIALS = 4
+
+
+# ----- public API -----------------------------------------------------------------------------
+
+def check_instance(info: OpInfo, in_values: Sequence[Value], out_values: Sequence[Value],
+                   mesh: Mesh | None, ctx: RuleContext | None = None,
+                   checker: InstanceChecker | None = None) -> ProofResult:
+    """Prove that `out_values` hold after `info` given `in_values` (see the module docstring).
+
+    `ctx` gives the manual axes (default: every mesh axis, or none when the values are global);
+    `checker` holds the cache, time budget and statistics (default: a module-wide one).
+    """
+    return (checker or DEFAULT_CHECKER).check(info, in_values, out_values, mesh, ctx)
+
+
+@dataclass
+class OpStats:
+    checks: int = 0
+    cache_hits: int = 0
+    seconds: float = 0.0
+    statuses: dict[str, int] = field(default_factory=dict)
+
+
+class InstanceChecker:
+    """Cache, per-run time budget and per-op statistics for instance checks.
+
+    `budget_s`: total seconds this checker may spend (None: unlimited); once spent, checks
+    return "skipped". `timeout_ms`: per Z3 query (capped by what is left of the budget).
+    """
+
+    def __init__(self, budget_s: float | None = None, timeout_ms: int = DEFAULT_TIMEOUT_MS,
+                 reduce_above: int = REDUCE_ABOVE, max_elements: int = MAX_ELEMENTS) -> None:
+        self.budget_s = budget_s
+        self.timeout_ms = timeout_ms
+        self.reduce_above = reduce_above
+        self.max_elements = max_elements
+        self.spent = 0.0
+        self.cache: dict[tuple, ProofResult] = {}
+        self.stats: dict[str, OpStats] = {}
+
+    def remaining(self) -> float | None:
+        return None if self.budget_s is None else self.budget_s - self.spent
+
+    def clear(self) -> None:
+        self.cache.clear()
+        self.stats.clear()
+        self.spent = 0.0
+
+    def check(self, info: OpInfo, in_values: Sequence[Value], out_values: Sequence[Value],
+              mesh: Mesh | None, ctx: RuleContext | None = None) -> ProofResult:
+        start = time.perf_counter()
+        stats = self.stats.setdefault(info.name, OpStats())
+        stats.checks += 1
+        result = self._check(info, list(in_values), list(out_values), mesh, ctx, stats)
+        elapsed = time.perf_counter() - start
+        if not result.cached:
+            self.spent += elapsed
+        stats.seconds += elapsed
+        stats.statuses[result.status] = stats.statuses.get(result.status, 0) + 1
+        if not result.cached:
+            result.seconds = elapsed
+        return result
+
+    def _check(self, info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
+               ctx: RuleContext | None, stats: OpStats) -> ProofResult:
+        name = _query_name(info)
+        remaining = self.remaining()
+        if remaining is not None and remaining <= 0:
+            return ProofResult("skipped", name=name, reason="instance-check time budget spent")
+        if all(isinstance(v, Opaque) for v in outs):
+            return ProofResult("skipped", name=name, reason="no relation claimed")
+        if info.name not in S.OP_SEMANTICS and info.name not in S.COLLECTIVE_SEMANTICS:
+            return ProofResult("skipped", name=name, reason=f"no semantics for {info.name}")
+        ctx = ctx or default_context(ins, outs, mesh)
+        plan = self._plan(info, ins, outs, mesh, ctx)
+        if isinstance(plan, ProofResult):
+            plan.name = plan.name or name
+            return plan
+        p_info, p_ins, p_outs, mode = plan
+        key = _cache_key(p_info, p_ins, p_outs, mesh, ctx)
+        if key is not None and key in self.cache:
+            stats.cache_hits += 1
+            hit = replace(self.cache[key], cached=True)
+            hit.details = {**hit.details, "mode": mode}
+            return hit
+        timeout = self.timeout_ms
+        if remaining is not None:
+            timeout = max(1, min(timeout, int(remaining * 1000)))
+        result = run_check(p_info, p_ins, p_outs, mesh, ctx, name=f"{name}.{mode}",
+                           timeout_ms=timeout)
+        result.details = {**result.details, "mode": mode}
+        if key is not None and result.status in ("proved", "refuted"):
+            self.cache[key] = result
+        return result
+
+    def _plan(self, info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
+              ctx: RuleContext):
+        """(info, ins, outs, mode) to check, or a ProofResult when nothing can be checked."""
+        size = _instance_size(info, ins, outs)
+        abstract = abstract_instance(info, ins, outs, mesh, ctx)
+        if abstract is not None and size > self.reduce_above:
+            reduced = _reduced_instance(info, abstract[0], abstract[1], mesh, ctx)
+            if reduced is not None:
+                r_info, r_ins, r_outs = reduced
+                if _instance_size(r_info, r_ins, r_outs) <= self.max_elements:
+                    return r_info, r_ins, r_outs, "reduced"
+        if size > self.max_elements:
+            return ProofResult("skipped", reason=f"too large to check at its real shape "
+                               f"({size} elements) and not reducible")
+        if abstract is not None:
+            return info, abstract[0], abstract[1], "abstract"
+        nodes = _count_nodes([v.term for v in ins + outs if isinstance(v, Rel)])
+        if nodes > MAX_TERM_NODES:
+            return ProofResult("skipped", reason=f"reference terms too large ({nodes} nodes) "
+                               "and the rule's output is not generic in them")
+        return info, ins, outs, "real"
+
+
+DEFAULT_CHECKER = InstanceChecker()
+
+
+def set_budget(seconds: float | None) -> None:
+    """Give the default checker a fresh time budget (None: unlimited)."""
+    DEFAULT_CHECKER.budget_s = seconds
+    DEFAULT_CHECKER.spent = 0.0
+
+
+def default_context(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh | None
+                    ) -> RuleContext:
+    """Global scope when there is no mesh or the values are global, else fully manual."""
+    rels = [v for v in list(ins) + list(outs) if isinstance(v, Rel)]
+    if mesh is None or any(r.scope == GLOBAL for r in rels):
+        return RuleContext(mesh=mesh, manual_axes=())
+    return RuleContext(mesh=mesh, manual_axes=mesh.names)
+
+
+# ----- helpers: names, sizes, cache keys ------------------------------------------------------
+
+def _query_name(info: OpInfo) -> str:
+    base = info.name.split(".")[-1]
+    if info.loc is not None:
+        loc = getattr(info.loc, "line", None)
+        if loc:
+            base += f"@{loc}"
+    return f"instance.{base}"
+
+
+def _instance_size(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value]) -> int:
+    sizes = [math.prod(t.shape) for t in info.operand_types + info.result_types]
+    sizes += [math.prod(v.term.shape) for v in list(ins) + list(outs) if isinstance(v, Rel)]
+    return max(sizes, default=1)
+
+
+def _count_nodes(terms: Sequence[Term]) -> int:
+    seen: set[int] = set()
+    stack = list(terms)
+    while stack:
+        term = stack.pop()
+        if term.serial in seen:
+            continue
+        seen.add(term.serial)
+        stack.extend(term.args)
+    return len(seen)
+
+
+def _value_key(value: Value) -> tuple:
+    if isinstance(value, Rel):
+        return ("rel", value.term, value.tiling, value.partial, value.kind, value.poly,
+                value.scope)
+    if isinstance(value, DeviceScalar):
+        return ("scalar", value.values, value.shape)
+    return ("opaque",)
+
+
+def _cache_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh | None,
+               ctx: RuleContext) -> tuple | None:
+    try:
+        key = (info.signature(), tuple(info.operand_types), tuple(info.result_types),
+               tuple(_value_key(v) for v in ins), tuple(_value_key(v) for v in outs), mesh,
+               tuple(ctx.manual_axes))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+# ----- abstraction ----------------------------------------------------------------------------
+
+def _rule_for(name: str):
+    from .rules import RULES
+
+    return RULES.get(name)
+
+
+def _run_rule(info: OpInfo, ins: list[Value], mesh: Mesh | None, ctx: RuleContext
+              ) -> list[Value] | None:
+    rule = _rule_for(info.name)
+    if rule is None:
+        return None
+    try:
+        return list(rule(info, ins, RuleContext(mesh=mesh, manual_axes=ctx.manual_axes)))
+    except Exception:  # noqa: BLE001 - a crashing rule just disables the abstraction
+        return None
+
+
+def _same_layout(a: Value, b: Value) -> bool:
+    if isinstance(a, Rel) and isinstance(b, Rel):
+        return (a.tiling, a.partial, a.kind, a.poly, a.scope, a.term.shape, a.term.dtype) == (
+            b.tiling, b.partial, b.kind, b.poly, b.scope, b.term.shape, b.term.dtype)
+    if isinstance(a, DeviceScalar) and isinstance(b, DeviceScalar):
+        return a == b
+    return isinstance(a, Opaque) and isinstance(b, Opaque)
+
+
+class _Abstractor:
+    """Replaces input terms by fresh leaves, numbered in order of first appearance."""
+
+    def __init__(self) -> None:
+        self.leaf_of: dict[int, Term] = {}
+        self.original: dict[int, Term] = {}
+
+    def leaf(self, term: Term) -> Term:
+        found = self.leaf_of.get(term.serial)
+        if found is None:
+            found = make_arg(ABSTRACT_BASE + len(self.leaf_of), term.shape, term.dtype)
+            self.leaf_of[term.serial] = found
+            self.original[found.serial] = term
+        return found
+
+    def abstract(self, rel: Rel) -> Rel:
+        term = rel.term
+        if term.op in ("splat", "iota"):
+            return rel
+        if rel.poly:
+            if term.op == "broadcast":
+                (dims,) = term.attrs
+                return replace(rel, term=make_broadcast(self.leaf(term.args[0]), dims,
+                                                        term.shape))
+            return rel
+        return replace(rel, term=self.leaf(term))
+
+
+def abstract_instance(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
+                      mesh: Mesh | None, ctx: RuleContext
+                      ) -> tuple[list[Value], list[Value]] | None:
+    """(abstract inputs, abstract outputs) when the rule's output is generic in its inputs.
+
+    The rule is re-run on fresh leaves; the abstraction is valid when substituting the real
+    input terms back into the abstract outputs gives exactly the real outputs. Proving the
+    abstract instance then proves the real one (it holds for all values of the leaves).
+    """
+    abstractor = _Abstractor()
+    abstract_ins = [abstractor.abstract(v) if isinstance(v, Rel) else v for v in ins]
+    abstract_outs = _run_rule(info, abstract_ins, mesh, ctx)
+    if abstract_outs is None or len(abstract_outs) != len(outs):
+        return None
+    mapping = dict(abstractor.original)
+    memo: dict[int, Term] = {}
+    for a, o in zip(abstract_outs, outs):
+        if not _same_layout(a, o):
+            return None
+        if isinstance(a, Rel):
+            try:
+                rebuilt = substitute(a.term, mapping, memo)
+            except Exception:  # noqa: BLE001 - an unexpected term shape disables the abstraction
+                return None
+            if rebuilt is not o.term:
+                return None
+    return abstract_ins, abstract_outs
+
+
+def substitute(term: Term, mapping: dict[int, Term], memo: dict[int, Term] | None = None
+               ) -> Term:
+    """Rebuild `term` with the canonicalizing constructors, leaves replaced per `mapping`
+    (term serial -> term)."""
+    memo = {} if memo is None else memo
+    if term.serial in mapping:
+        return mapping[term.serial]
+    if term.serial in memo:
+        return memo[term.serial]
+    if not term.args:
+        return term
+    args = tuple(substitute(a, mapping, memo) for a in term.args)
+    op, attrs, shape, dtype = term.op, term.attrs, term.shape, term.dtype
+    if op == "lin":
+        constant, coefs = attrs
+        out = make_lin(list(zip(coefs, args)), constant, shape, dtype)
+    elif op == "mul":
+        out = _fold(make_mul, args)
+    elif op == "div":
+        out = make_div(*args)
+    elif op == "broadcast":
+        out = make_broadcast(args[0], attrs[0], shape)
+    elif op == "reshape":
+        out = make_reshape(args[0], shape)
+    elif op == "transpose":
+        out = make_transpose(args[0], attrs[0])
+    elif op == "stablehlo.dot_general":
+        out = make_dot(args[0], args[1], attrs, shape, dtype)
+    elif op in ("reduce_sum", "slice"):
+        out = make_op(op, args, attrs, shape, dtype, linear_in=0)
+    elif op in S.ELEMENTWISE:
+        out = make_elementwise(op, args, attrs, dtype)
+    else:
+        out = intern(op, args, attrs, shape, dtype)
+    memo[term.serial] = out
+    return out
+
+
+# ----- reduced shapes -------------------------------------------------------------------------
+
+def _cap(size: int, cap: int = REDUCED_LOCAL) -> int:
+    return size if size <= 1 else min(size, cap)
+
+
+_SAME_SHAPE_COLLECTIVES = ("stablehlo.all_reduce", "stablehlo.collective_permute")
+
+
+def _reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
+                                                     list[tuple[int, ...]]] | None:
+    """New local operand and result shapes for a shape-uniform op, else None."""
+    ops = [tuple(t.shape) for t in info.operand_types]
+    res = [tuple(t.shape) for t in info.result_types]
+    name, a = info.name, info.attrs
+    c = lambda s: _cap(s, cap)
+    if name in S.ELEMENTWISE or name in _SAME_SHAPE_COLLECTIVES:
+        if name in S.ELEMENTWISE:
+            new_res = [tuple(c(s) for s in res[0])]
+            rank = len(res[0])
+            new_ops = [new_res[0] if len(o) == rank else o for o in ops]
+            if any(len(o) == rank and o != res[0] for o in ops):
+                return None
+            return new_ops, new_res
+        new_ops = [tuple(c(s) for s in o) for o in ops]
+        return new_ops, list(new_ops)
+    if name == "stablehlo.transpose":
+        perm = a["permutation"]
+        new_op = tuple(c(s) for s in ops[0])
+        return [new_op], [tuple(new_op[p] for p in perm)]
+    if name == "stablehlo.broadcast_in_dim":
+        dims = a["broadcast_dimensions"]
+        new_res = tuple(c(s) for s in res[0])
+        new_op = tuple(new_res[d] if ops[0][i] == res[0][d] else ops[0][i]
+                       for i, d in enumerate(dims))
+        if any(ops[0][i] not in (1, res[0][d]) for i, d in enumerate(dims)):
+            return None
+        return [new_op], [new_res]
+    if name == "stablehlo.dot_general":
+        lb, rb, lc, rc = a.get("lhs_batch", ()), a.get("rhs_batch", ()), a["lhs_contract"], \
+            a["rhs_contract"]
+        lhs = tuple(c(s) for s in ops[0])
+        rhs = [c(s) for s in ops[1]]
+        for x, y in zip(tuple(lb) + tuple(lc), tuple(rb) + tuple(rc)):
+            rhs[y] = lhs[x]
+        lf = [d for d in range(len(lhs)) if d not in lb and d not in lc]
+        rf = [d for d in range(len(rhs)) if d not in rb and d not in rc]
+        out = tuple(lhs[d] for d in lb) + tuple(lhs[d] for d in lf) + tuple(rhs[d] for d in rf)
+        return [lhs, tuple(rhs)], [out]
+    if name == "stablehlo.reduce":
+        if len(ops) != 2:
+            return None
+        dims = a["dimensions"]
+        x = tuple(c(s) for s in ops[0])
+        return [x, ops[1]], [tuple(s for d, s in enumerate(x) if d not in dims)]
+    if name == "stablehlo.all_gather":
+        dim = a["all_gather_dim"]
+        new_ops, new_res = [], []
+        for o, r in zip(ops, res):
+            x = tuple(c(s) for s in o)
+            factor = r[dim] // o[dim] if o[dim] else 0
+            new_ops.append(x)
+            new_res.append(x[:dim] + (x[dim] * factor,) + x[dim + 1:])
+        return new_ops, new_res
+    if name == "stablehlo.reduce_scatter":
+        dim = a["scatter_dimension"]
+        r = tuple(c(s) for s in res[0])
+        factor = ops[0][dim] // res[0][dim] if res[0][dim] else 0
+        return [r[:dim] + (r[dim] * factor,) + r[dim + 1:]], [r]
+    if name == "stablehlo.all_to_all":
+        split, concat = a["split_dimension"], a["concat_dimension"]
+        count = a.get("split_count")
+        new_ops, new_res = [], []
+        for o in ops:
+            if not count or o[split] % count:
+                return None
+            x = [c(s) for s in o]
+            x[split] = c(o[split] // count) * count
+            y = list(x)
+            y[split] //= count
+            y[concat] *= count
+            new_ops.append(tuple(x))
+            new_res.append(tuple(y))
+        return new_ops, new_res
+    return None
+
+
+def _resize_term(term: Term, shape: tuple[int, ...], leaves: dict[int, Term]) -> Term | None:
+    """An abstract input term at a new global shape (leaves resized consistently)."""
+    if term.op == "splat":
+        return make_splat(term.attrs[0], shape, term.dtype)
+    if term.op == "iota":
+        return make_iota(shape, term.attrs[0], term.dtype)
+    if term.op == "arg" and term.attrs[0] >= ABSTRACT_BASE:
+        leaf = make_arg(term.attrs[0], shape, term.dtype)
+        previous = leaves.setdefault(term.attrs[0], leaf)
+        return leaf if previous is leaf else None
+    if term.op == "broadcast" and term.args[0].op == "arg":
+        (dims,) = term.attrs
+        operand = term.args[0]
+        op_shape = tuple(shape[d] if operand.shape[i] == term.shape[d] else operand.shape[i]
+                         for i, d in enumerate(dims))
+        inner = _resize_term(operand, op_shape, leaves)
+        return None if inner is None else make_broadcast(inner, dims, shape)
+    return None
+
+
+def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
+                 cap: int = REDUCED_LOCAL) -> tuple[OpInfo, list[Value]] | None:
+    """The op and its (abstract) input relations at a reduced shape, or None.
+
+    Every local dim of size > 1 becomes min(size, cap) (dims tied by the op's attributes stay
+    tied; gathers/scatters keep their factor), and each relation's global dim is the new local
+    size times its number of blocks. Only shape-uniform ops are reduced, and only abstract
+    inputs (fresh leaves, splats, iotas, broadcasts of leaves) can be resized.
+    """
+    types = _reduced_types(info, cap)
+    if types is None:
+        return None
+    new_ops, new_res = types
+    leaves: dict[int, Term] = {}
+    new_ins: list[Value] = []
+    for value, old, new in zip(in_values, info.operand_types, new_ops):
+        if isinstance(value, Rel):
+            if len(value.tiling) != len(new):
+                return None
+            shape = []
+            for d, (local, axes) in enumerate(zip(new, value.tiling)):
+                blocks = 1 if d in value.poly or value.scope == GLOBAL or not axes else (
+                    mesh.group_size(axes) if mesh else 1)
+                shape.append(local * blocks)
+            term = _resize_term(value.term, tuple(shape), leaves)
+            if term is None:
+                return None
+            new_ins.append(replace(value, term=term))
+        elif isinstance(value, DeviceScalar):
+            if tuple(old.shape) != tuple(new):
+                return None
+            new_ins.append(value)
+        else:
+            new_ins.append(value)
+    new_info = replace(info,
+                       operand_types=[TensorType(tuple(s), t.dtype)
+                                      for s, t in zip(new_ops, info.operand_types)],
+                       result_types=[TensorType(tuple(s), t.dtype)
+                                     for s, t in zip(new_res, info.result_types)],
+                       op=None)
+    return new_info, new_ins
+
+
+def _skeleton(term: Term, memo: dict[int, tuple]) -> tuple:
+    """The term without its shapes (ranks kept): equal skeletons = same computation."""
+    found = memo.get(term.serial)
+    if found is None:
+        if term.op == "arg":
+            found = ("arg", term.attrs[0], len(term.shape))
+        else:
+            found = (term.op, term.attrs, len(term.shape), term.dtype,
+                     tuple(_skeleton(a, memo) for a in term.args))
+        memo[term.serial] = found
+    return found
+
+
+def _reduced_instance(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
+                      ctx: RuleContext) -> tuple[OpInfo, list[Value], list[Value]] | None:
+    reduced = reduced_info(info, ins, mesh)
+    if reduced is None:
+        return None
+    r_info, r_ins = reduced
+    r_outs = _run_rule(r_info, r_ins, mesh, ctx)
+    if r_outs is None or len(r_outs) != len(outs):
+        return None
+    memo_a: dict[int, tuple] = {}
+    memo_r: dict[int, tuple] = {}
+    for a, r in zip(outs, r_outs):
+        if isinstance(a, Rel) and isinstance(r, Rel):
+            if (a.tiling, a.partial, a.kind, a.poly, a.scope) != (
+                    r.tiling, r.partial, r.kind, r.poly, r.scope):
+                return None
+            if _skeleton(a.term, memo_a) != _skeleton(r.term, memo_r):
+                return None
+        elif not _same_layout(a, r):
+            return None
+    return r_info, r_ins, r_outs
+
+
+# ----- building and running the query ---------------------------------------------------------
+
+class _Symbolic:
+    """Fresh z3 variables; partial max/min constraints as hypotheses."""
+
+    concrete = False
+
+    def __init__(self) -> None:
+        self.hypotheses: list[z3.BoolRef] = []
+
+    def scalar(self, name: str, dtype: str):
+        if S.is_bool_dtype(dtype):
+            return z3.Bool(name)
+        if S.is_int_dtype(dtype):
+            return z3.Int(name)
+        return z3.Real(name)
+
+    def tensor(self, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        out = np.empty(shape, dtype=object)
+        for idx in np.ndindex(shape):
+            out[idx] = self.scalar(f"{name}[{','.join(map(str, idx))}]", dtype)
+        return out
+
+    def split(self, kind: str, block: np.ndarray, count: int, name: str, dtype: str
+              ) -> list[np.ndarray]:
+        """`count` local values whose `kind`-reduction is `block` (every such split)."""
+        if kind == "sum":
+            locals_ = [self.tensor(f"{name}.{j}", block.shape, dtype) for j in range(count - 1)]
+            rest = S.apply(lambda b, *xs: S.sub(b, S.sum_list(list(xs))), block, *locals_)
+            return locals_ + [rest]
+        if kind in ("max", "min"):
+            locals_ = [self.tensor(f"{name}.{j}", block.shape, dtype) for j in range(count)]
+            for idx in np.ndindex(block.shape):
+                b = S.to_z3(block[idx])
+                xs = [S.to_z3(x[idx]) for x in locals_]
+                bound = [(x <= b) if kind == "max" else (x >= b) for x in xs]
+                self.hypotheses.extend(bound)
+                self.hypotheses.append(z3.Or([x == b for x in xs]))
+            return locals_
+        raise S.SemanticsError(f"unknown partial kind {kind!r}")
+
+
+class _Concrete:
+    """Random exact rationals; partial splits built to satisfy their constraints."""
+
+    concrete = True
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.hypotheses: list = []
+
+    def scalar(self, name: str, dtype: str):
+        if S.is_bool_dtype(dtype):
+            return self.rng.random() < 0.5
+        if S.is_int_dtype(dtype):
+            return self.rng.randint(-5, 5)
+        return Fraction(self.rng.randint(-40, 40), self.rng.choice((1, 2, 3, 7)))
+
+    def tensor(self, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+        out = np.empty(shape, dtype=object)
+        for idx in np.ndindex(shape):
+            out[idx] = self.scalar(name, dtype)
+        return out
+
+    def split(self, kind: str, block: np.ndarray, count: int, name: str, dtype: str
+              ) -> list[np.ndarray]:
+        if kind == "sum":
+            locals_ = [self.tensor(name, block.shape, dtype) for _ in range(count - 1)]
+            rest = S.apply(lambda b, *xs: S.sub(b, S.sum_list(list(xs))), block, *locals_)
+            return locals_ + [rest]
+        locals_ = [np.empty(block.shape, dtype=object) for _ in range(count)]
+        for idx in np.ndindex(block.shape):
+            owner = self.rng.randrange(count)
+            for j in range(count):
+                gap = 0 if j == owner else self.rng.randint(0, 5)
+                b = block[idx]
+                locals_[j][idx] = b - gap if kind == "max" else b + gap
+        return locals_
+
+
+@dataclass
+class _Failure(Exception):
+    status: str
+    reason: str
+
+
+def _leaf_args(terms: Sequence[Term]) -> dict[int, Term]:
+    found: dict[int, Term] = {}
+    seen: set[int] = set()
+    stack = list(terms)
+    while stack:
+        term = stack.pop()
+        if term.serial in seen:
+            continue
+        seen.add(term.serial)
+        if term.op == "arg":
+            found.setdefault(term.attrs[0], term)
+        stack.extend(term.args)
+    return found
+
+
+def _leaf_name(index: int) -> str:
+    return f"A{index - ABSTRACT_BASE}" if index >= ABSTRACT_BASE else f"arg{index}"
+
+
+def _block(value: np.ndarray, rel: Rel, mesh: Mesh | None, device: int, single: bool
+           ) -> np.ndarray:
+    """Device `device`'s block of a global value under `rel`'s tiling (poly dims whole)."""
+    if single:
+        return value
+    index = []
+    for dim, axes in enumerate(rel.tiling):
+        if not axes or dim in rel.poly:
+            index.append(slice(None))
+            continue
+        count = mesh.group_size(axes)
+        if value.shape[dim] % count:
+            raise _Failure("unknown", f"dim {dim} of size {value.shape[dim]} is not split "
+                           f"evenly into {count} blocks")
+        size = value.shape[dim] // count
+        b = mesh.block_index(axes, device)
+        index.append(slice(b * size, (b + 1) * size))
+    return value[tuple(index)]
+
+
+def _partial_groups(rel: Rel, mesh: Mesh | None, single: bool) -> list[list[int]]:
+    if single:
+        return [[0]]
+    if not rel.partial:
+        return [[d] for d in range(mesh.num_devices)]
+    if set(rel.partial) & set(rel.tiled_axes):
+        raise _Failure("unknown", "a relation is both split and partial over the same axis")
+    return mesh.groups_for(tuple(rel.partial))
+
+
+def _build(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
+           ctx: RuleContext, source) -> list:
+    """The claim's conjuncts (z3 BoolRefs or Python bools), hypotheses go to `source`."""
+    single = ctx.is_global or mesh is None
+    devices = 1 if single else mesh.num_devices
+    terms = [v.term for v in ins + outs if isinstance(v, Rel)]
+    env: dict = {}
+    for index, leaf in _leaf_args(terms).items():
+        env[index] = source.tensor(_leaf_name(index), leaf.shape, leaf.dtype)
+    dense: dict[bytes, np.ndarray] = {}
+    if info.name == "stablehlo.constant":
+        for v in outs:
+            if isinstance(v, Rel) and v.term.op == "dense":
+                dense[v.term.attrs[0]] = S.OP_SEMANTICS["stablehlo.constant"](info, [])[0]
+
+    def resolve(term: Term) -> np.ndarray:
+        key = term.attrs[0]
+        if key not in dense:
+            dense[key] = source.tensor(f"dense{key.hex()[:8]}", term.shape, term.dtype)
+        return dense[key].reshape(term.shape)
+
+    env["dense"] = resolve
+    memo: dict[int, np.ndarray] = {}
+
+    local: list[list[np.ndarray]] = [[None] * len(ins) for _ in range(devices)]
+    for i, value in enumerate(ins):
+        want = tuple(info.operand_types[i].shape) if i < len(info.operand_types) else None
+        dtype = info.operand_types[i].dtype if i < len(info.operand_types) else "f32"
+        if isinstance(value, Rel):
+            full = S.evaluate_term(value.term, env, memo)
+            for g, group in enumerate(_partial_groups(value, mesh, single)):
+                block = _block(full, value, mesh, group[0], single)
+                if value.partial:
+                    parts = source.split(value.kind, block, len(group), f"p{i}.g{g}", dtype)
+                    for device, part in zip(group, parts):
+                        local[device][i] = part
+                else:
+                    local[group[0]][i] = block
+        elif isinstance(value, DeviceScalar):
+            for d in range(devices):
+                local[d][i] = S.full(tuple(value.shape), value.values[d] if not single
+                                     else value.values[0])
+        else:
+            for d in range(devices):
+                local[d][i] = source.tensor(f"o{i}.d{d}", want or (), dtype)
+        for d in range(devices):
+            if want is not None and tuple(local[d][i].shape) != want:
+                raise _Failure("unknown", f"operand {i}'s relation gives local shape "
+                               f"{local[d][i].shape}, the op's type is {want}")
+
+    results = S.run_op(info, local, None if single else mesh)
+
+    claims: list = []
+    for j, value in enumerate(outs):
+        if isinstance(value, Opaque):
+            continue
+        if isinstance(value, DeviceScalar):
+            for d in range(devices):
+                got = results[d][j]
+                if tuple(got.shape) != tuple(value.shape):
+                    raise _Failure("refuted", f"result {j} has shape {got.shape}, the device "
+                                   f"scalar {value.shape}")
+                expect = value.values[d] if not single else value.values[0]
+                claims.extend(S.equal(x, expect) for x in got.reshape(-1))
+            continue
+        full = S.evaluate_term(value.term, env, memo)
+        for group in _partial_groups(value, mesh, single):
+            block = _block(full, value, mesh, group[0], single)
+            for device in group:
+                if not single and _block_index(value, mesh, device) != _block_index(
+                        value, mesh, group[0]):
+                    raise _Failure("unknown", "devices of one partial group hold different "
+                                   "blocks")
+                if tuple(results[device][j].shape) != tuple(block.shape):
+                    raise _Failure("refuted", f"result {j} has local shape "
+                                   f"{results[device][j].shape} on device {device}, the "
+                                   f"relation says {block.shape}")
+            if value.partial:
+                kind = value.kind
+                reduced = S.apply(lambda *xs, kind=kind: S.combine(kind, list(xs)),
+                                  *(results[m][j] for m in group))
+            else:
+                reduced = results[group[0]][j]
+            claims.extend(S.equal(x, y) for x, y in zip(reduced.reshape(-1),
+                                                        block.reshape(-1)))
+    return claims
+
+
+def _block_index(rel: Rel, mesh: Mesh, device: int) -> tuple[int, ...]:
+    return tuple(mesh.block_index(axes, device) if axes else 0 for axes in rel.tiling)
+
+
+def run_check(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
+              ctx: RuleContext, name: str = "instance",
+              timeout_ms: int = DEFAULT_TIMEOUT_MS) -> ProofResult:
+    """Build the symbolic instance and prove it (no cache, no abstraction, no reduction)."""
+    start = time.perf_counter()
+    source = _Symbolic()
+    try:
+        claims = _build(info, ins, outs, mesh, ctx, source)
+    except _Failure as failure:
+        return ProofResult(failure.status, None, time.perf_counter() - start, name,
+                           failure.reason)
+    except (S.SemanticsError, z3.Z3Exception, IndexError, KeyError, TypeError,
+            ValueError) as err:
+        return ProofResult("unknown", None, time.perf_counter() - start, name,
+                           f"cannot build the query: {type(err).__name__}: {err}")
+    symbolic = []
+    for k, claim in enumerate(claims):
+        if isinstance(claim, (bool, np.bool_)):
+            if not claim:
+                return ProofResult("refuted", {"element": str(k)},
+                                   time.perf_counter() - start, name,
+                                   "a result element differs for every input")
+            continue
+        symbolic.append(claim)
+    if not symbolic:
+        return ProofResult("proved", None, time.perf_counter() - start, name)
+    result = prove(z3.And(symbolic), source.hypotheses, name=name, timeout_ms=timeout_ms)
+    if result.status == "unknown":
+        witness = find_counterexample(info, ins, outs, mesh, ctx)
+        if witness is not None:
+            result = ProofResult("refuted", witness, 0.0, name,
+                                 "concrete counterexample (Z3 said unknown: "
+                                 f"{result.reason})")
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def find_counterexample(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
+                        ctx: RuleContext, trials: int = CONCRETE_TRIALS) -> dict | None:
+    """Look for a concrete violation with exact rationals (None if none found)."""
+    for seed in range(trials):
+        source = _Concrete(seed)
+        try:
+            with S.random_functions(seed):
+                claims = _build(info, ins, outs, mesh, ctx, source)
+        except (_Failure, S.SemanticsError, ArithmeticError, TypeError, ValueError):
+            continue
+        for k, claim in enumerate(claims):
+            if isinstance(claim, (bool, np.bool_)) and not claim:
+                return {"seed": str(seed), "element": str(k)}
+    return None
