@@ -76,8 +76,9 @@ REDUCE_ABOVE = 256
 MAX_ELEMENTS = 4096
 """The largest tensor checked at its real shape."""
 
-MAX_TERM_NODES = 400
-"""Real (non-abstracted) input terms larger than this are not evaluated."""
+MAX_TERM_COST = 20_000
+"""Real (non-abstracted) terms are evaluated only when all their subterms together have at most
+this many elements."""
 
 REDUCED_LOCAL = 2
 """The local size every dim > 1 gets at a reduced shape."""
@@ -137,7 +138,12 @@ class InstanceChecker:
         start = time.perf_counter()
         stats = self.stats.setdefault(info.name, OpStats())
         stats.checks += 1
-        result = self._check(info, list(in_values), list(out_values), mesh, ctx, stats)
+        try:
+            result = self._check(info, list(in_values), list(out_values), mesh, ctx, stats)
+        except Exception as err:  # noqa: BLE001 - a checker bug must not crash the run
+            result = ProofResult("unknown", name=_query_name(info),
+                                 reason=f"internal error in the instance check: "
+                                        f"{type(err).__name__}: {err}")
         elapsed = time.perf_counter() - start
         if not result.cached:
             self.spent += elapsed
@@ -184,21 +190,25 @@ class InstanceChecker:
         """(info, ins, outs, mode) to check, or a ProofResult when nothing can be checked."""
         size = _instance_size(info, ins, outs)
         abstract = abstract_instance(info, ins, outs, mesh, ctx)
+        why_not = "the rule's output is not generic in its input terms"
         if abstract is not None and size > self.reduce_above:
             reduced = _reduced_instance(info, abstract[0], abstract[1], mesh, ctx)
-            if reduced is not None:
+            if isinstance(reduced, str):
+                why_not = reduced
+            else:
                 r_info, r_ins, r_outs = reduced
                 if _instance_size(r_info, r_ins, r_outs) <= self.max_elements:
                     return r_info, r_ins, r_outs, "reduced"
+                why_not = "still too large at the reduced shape"
         if size > self.max_elements:
             return ProofResult("skipped", reason=f"too large to check at its real shape "
-                               f"({size} elements) and not reducible")
+                               f"({size} elements) and not reducible: {why_not}")
         if abstract is not None:
             return info, abstract[0], abstract[1], "abstract"
-        nodes = _count_nodes([v.term for v in ins + outs if isinstance(v, Rel)])
-        if nodes > MAX_TERM_NODES:
-            return ProofResult("skipped", reason=f"reference terms too large ({nodes} nodes) "
-                               "and the rule's output is not generic in them")
+        cost = _term_cost([v.term for v in ins + outs if isinstance(v, Rel)])
+        if cost > MAX_TERM_COST:
+            return ProofResult("skipped", reason=f"{why_not}, and its reference terms are too "
+                               f"large to evaluate ({cost} elements over all subterms)")
         return info, ins, outs, "real"
 
 
@@ -237,16 +247,19 @@ def _instance_size(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value]) ->
     return max(sizes, default=1)
 
 
-def _count_nodes(terms: Sequence[Term]) -> int:
+def _term_cost(terms: Sequence[Term]) -> int:
+    """Elements over all distinct subterms (the work of evaluating them symbolically)."""
     seen: set[int] = set()
     stack = list(terms)
+    cost = 0
     while stack:
         term = stack.pop()
         if term.serial in seen:
             continue
         seen.add(term.serial)
+        cost += math.prod(term.shape)
         stack.extend(term.args)
-    return len(seen)
+    return cost
 
 
 def _value_key(value: Value) -> tuple:
@@ -298,10 +311,22 @@ def _same_layout(a: Value, b: Value) -> bool:
     return isinstance(a, Opaque) and isinstance(b, Opaque)
 
 
-class _Abstractor:
-    """Replaces input terms by fresh leaves, numbered in order of first appearance."""
+_STRUCTURAL = ("lin", "mul", "div")
+SKELETON_LIMIT = 64
+"""The most structural nodes kept above the leaves by the "skeleton" abstraction."""
 
-    def __init__(self) -> None:
+
+class _Abstractor:
+    """Replaces input terms by fresh leaves, numbered in order of first appearance.
+
+    Strategy "leaf": each input term (except splat/iota constants) becomes one leaf, a poly
+    broadcast keeps its broadcast over a leaf. Strategy "skeleton": poly inputs keep the
+    elementwise/linear structure above their broadcasts (what widening a poly dim needs),
+    cut into leaves below it.
+    """
+
+    def __init__(self, strategy: str) -> None:
+        self.strategy = strategy
         self.leaf_of: dict[int, Term] = {}
         self.original: dict[int, Term] = {}
 
@@ -313,17 +338,41 @@ class _Abstractor:
             self.original[found.serial] = term
         return found
 
-    def abstract(self, rel: Rel) -> Rel:
+    def abstract(self, rel: Rel) -> Rel | None:
         term = rel.term
         if term.op in ("splat", "iota"):
             return rel
-        if rel.poly:
-            if term.op == "broadcast":
-                (dims,) = term.attrs
-                return replace(rel, term=make_broadcast(self.leaf(term.args[0]), dims,
-                                                        term.shape))
-            return rel
+        if term.op == "broadcast" and rel.poly:
+            (dims,) = term.attrs
+            return replace(rel, term=make_broadcast(self.leaf(term.args[0]), dims, term.shape))
+        if self.strategy == "skeleton" and rel.poly:
+            cuts: dict[int, Term] = {}
+            if not self._cut(term, cuts, [0]):
+                return None
+            return replace(rel, term=substitute(term, cuts))
         return replace(rel, term=self.leaf(term))
+
+    def _cut(self, term: Term, cuts: dict[int, Term], count: list[int]) -> bool:
+        """Choose the leaves under the structural top of a poly term (False: too big)."""
+        if term.serial in cuts or term.op in ("splat", "iota"):
+            return True
+        count[0] += 1
+        if count[0] > SKELETON_LIMIT:
+            return False
+        if term.op == "broadcast":
+            operand = term.args[0]
+            if operand.op not in ("splat", "iota"):
+                cuts[operand.serial] = self.leaf(operand)
+            return True
+        structural = term.op in _STRUCTURAL or (
+            term.op in S.ELEMENTWISE and all(a.shape == term.shape for a in term.args))
+        if not structural:
+            cuts[term.serial] = self.leaf(term)
+            return True
+        return all(self._cut(a, cuts, count) for a in term.args)
+
+
+ABSTRACTION_STRATEGIES = ("leaf", "skeleton")
 
 
 def abstract_instance(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
@@ -334,9 +383,29 @@ def abstract_instance(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
     The rule is re-run on fresh leaves; the abstraction is valid when substituting the real
     input terms back into the abstract outputs gives exactly the real outputs. Proving the
     abstract instance then proves the real one (it holds for all values of the leaves).
+    Strategies are tried in order (see `_Abstractor`).
     """
-    abstractor = _Abstractor()
-    abstract_ins = [abstractor.abstract(v) if isinstance(v, Rel) else v for v in ins]
+    for strategy in ABSTRACTION_STRATEGIES:
+        if strategy == "skeleton" and not any(isinstance(v, Rel) and v.poly for v in ins):
+            break
+        found = _try_abstraction(info, ins, outs, mesh, ctx, _Abstractor(strategy))
+        if found is not None:
+            return found
+    return None
+
+
+def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
+                     mesh: Mesh | None, ctx: RuleContext, abstractor: _Abstractor
+                     ) -> tuple[list[Value], list[Value]] | None:
+    abstract_ins: list[Value] = []
+    for v in ins:
+        if isinstance(v, Rel):
+            a = abstractor.abstract(v)
+            if a is None:
+                return None
+            abstract_ins.append(a)
+        else:
+            abstract_ins.append(v)
     abstract_outs = _run_rule(info, abstract_ins, mesh, ctx)
     if abstract_outs is None or len(abstract_outs) != len(outs):
         return None
@@ -557,25 +626,26 @@ def _skeleton(term: Term, memo: dict[int, tuple]) -> tuple:
 
 
 def _reduced_instance(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
-                      ctx: RuleContext) -> tuple[OpInfo, list[Value], list[Value]] | None:
+                      ctx: RuleContext) -> tuple[OpInfo, list[Value], list[Value]] | str:
+    """The instance at a reduced shape, or why it cannot be reduced."""
     reduced = reduced_info(info, ins, mesh)
     if reduced is None:
-        return None
+        return f"{info.name} or its input terms cannot be shape-reduced"
     r_info, r_ins = reduced
     r_outs = _run_rule(r_info, r_ins, mesh, ctx)
     if r_outs is None or len(r_outs) != len(outs):
-        return None
+        return "the rule fails at the reduced shape"
     memo_a: dict[int, tuple] = {}
     memo_r: dict[int, tuple] = {}
     for a, r in zip(outs, r_outs):
         if isinstance(a, Rel) and isinstance(r, Rel):
             if (a.tiling, a.partial, a.kind, a.poly, a.scope) != (
                     r.tiling, r.partial, r.kind, r.poly, r.scope):
-                return None
+                return "the rule gives another layout at the reduced shape"
             if _skeleton(a.term, memo_a) != _skeleton(r.term, memo_r):
-                return None
+                return "the rule builds another term at the reduced shape"
         elif not _same_layout(a, r):
-            return None
+            return "the rule gives another layout at the reduced shape"
     return r_info, r_ins, r_outs
 
 
@@ -701,7 +771,7 @@ def _block(value: np.ndarray, rel: Rel, mesh: Mesh | None, device: int, single: 
         size = value.shape[dim] // count
         b = mesh.block_index(axes, device)
         index.append(slice(b * size, (b + 1) * size))
-    return value[tuple(index)]
+    return S.take(value, tuple(index))
 
 
 def _partial_groups(rel: Rel, mesh: Mesh | None, single: bool) -> list[list[int]]:

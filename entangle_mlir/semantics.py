@@ -625,10 +625,17 @@ def transpose(x: Array, perm: Sequence[int]) -> Array:
     return np.transpose(x, tuple(perm))
 
 
+def take(x: Array, index: tuple) -> Array:
+    """`x[index]` as an array (a 0-d array indexed by `()` stays an array)."""
+    if x.ndim == 0:
+        return x.copy()
+    return x[index].copy()
+
+
 def slice_(x: Array, starts: Sequence[int], limits: Sequence[int],
            strides: Sequence[int] | None = None) -> Array:
     strides = tuple(strides) if strides else (1,) * x.ndim
-    return x[tuple(slice(s, e, st) for s, e, st in zip(starts, limits, strides))].copy()
+    return take(x, tuple(slice(s, e, st) for s, e, st in zip(starts, limits, strides)))
 
 
 def concatenate(arrays: Sequence[Array], dim: int) -> Array:
@@ -704,7 +711,7 @@ def dynamic_slice(x: Array, starts: Sequence[Element], sizes: Sequence[int]) -> 
             raise SemanticsError("dynamic_slice with a symbolic offset")
         start = min(max(int(start), 0), x.shape[d] - size)
         index.append(slice(start, start + size))
-    return x[tuple(index)].copy()
+    return take(x, tuple(index))
 
 
 def dynamic_update_slice(x: Array, update: Array, starts: Sequence[Element]) -> Array:
