@@ -5,7 +5,6 @@ Nothing here imports jax: the CLI tests must stay fast and prove the checker wor
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,14 +12,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES_MLIR = REPO / "examples" / "mlir"
-
-# The Z3 rule-instance checks (`entangle check` without --no-verify-rules) need this module.
-HAS_RULE_INSTANCES = importlib.util.find_spec("entangle_mlir.instance") is not None
-needs_rule_instances = pytest.mark.xfail(
-    not HAS_RULE_INSTANCES, strict=True,
-    reason="entangle_mlir.instance (Z3 rule-instance checks) is not written yet: the default "
-           "mode of `entangle check`/`entangle demo` dies with ModuleNotFoundError")
-
 
 @dataclass
 class Run:

@@ -17,12 +17,10 @@ import pytest
 from conftest import (
     COMBINED_ADD,
     COMBINED_MISSING_PSUM,
-    HAS_RULE_INSTANCES,
     REF_ADD,
     REPO,
     bundled_pairs,
     is_buggy,
-    needs_rule_instances,
     sharded,
 )
 
@@ -86,7 +84,6 @@ def test_missing_psum_says_what_is_missing(entangle) -> None:
     assert "partial sum over 'tp'" in run.out and "all_reduce/psum" in run.out
 
 
-@needs_rule_instances
 @pytest.mark.parametrize("name,code", [("megatron_mlp_tp4", 0),
                                        ("megatron_mlp_missing_psum_tp4", 1)])
 def test_default_mode_runs_z3_rule_checks(entangle, name, code) -> None:
@@ -213,13 +210,6 @@ def test_demo_json(entangle) -> None:
         assert report["verdict"] == ("not proven" if is_buggy(name) else "proven"), name
 
 
-@needs_rule_instances
-def test_demo_default_mode(entangle) -> None:
-    run = entangle("demo")
-    assert run.code == 0, run.text
-    assert "all as expected" in run.out and "Z3 checked" in run.out
-
-
 # ---------------------------------------------------------------------------------------------
 # Subprocesses: the console script, no jax import, --dump-smt (process-wide Z3 caches).
 # ---------------------------------------------------------------------------------------------
@@ -237,10 +227,10 @@ def test_console_script_and_no_jax_import(trivial_pair) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "result#0 = concat over 'tp' along dim 0" in done.stdout
 
-    mode = [] if HAS_RULE_INSTANCES else ["--no-verify-rules"]
+    # Default mode: the Z3 rule-instance checks run too, and must not pull jax in either.
     code = ("import sys\n"
             "from entangle_mlir.cli import main\n"
-            f"rc = main(['check', {ref!r}, {shd!r}, *{mode!r}])\n"
+            f"rc = main(['check', {ref!r}, {shd!r}])\n"
             "assert rc == 0, rc\n"
             "leaked = sorted(m for m in sys.modules if m == 'jax' or m.startswith('jax.'))\n"
             "assert not leaked, leaked\n")
@@ -249,7 +239,6 @@ def test_console_script_and_no_jax_import(trivial_pair) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@needs_rule_instances
 def test_dump_smt_writes_smt2_files(trivial_pair, tmp_path) -> None:
     ref, shd = trivial_pair
     out = tmp_path / "smt"
