@@ -136,7 +136,8 @@ def test_split_input_file_parse_error_in_one_chunk(entangle_opt, write) -> None:
     run = entangle_opt(path, "--split-input-file", f"--pass-pipeline={CHECK}")
     assert run.code == 2
     line = text.splitlines().index("  func.func @broken( }") + 1
-    assert re.search(rf"^{re.escape(path)}:{line}:\d+: error: cannot parse MLIR", run.err, re.M)
+    pattern = rf"^{re.escape(path)}:{line}:\d+: error: cannot parse MLIR"
+    assert re.search(pattern, run.err, re.MULTILINE)
     assert run.out.count('entangle.verdict = "proven"') == 2
     assert "Traceback" not in run.text
 
