@@ -807,6 +807,16 @@ def _build(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
 
     env["dense"] = resolve
     memo: dict[int, np.ndarray] = {}
+    with S.collect_divisors() as divisors:
+        claims = _build_claims(info, ins, outs, mesh, single, devices, env, memo, source)
+    if any(not S.is_z3(d) for d in divisors):
+        raise _Failure("skip-trial", "a division by zero")
+    source.hypotheses.extend(S.to_z3(d) != 0 for d in divisors if S.is_z3(d))
+    return claims
+
+
+def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
+                  single: bool, devices: int, env: dict, memo: dict, source) -> list:
 
     local: list[list[np.ndarray]] = [[None] * len(ins) for _ in range(devices)]
     for i, value in enumerate(ins):
@@ -885,8 +895,8 @@ def run_check(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | No
     try:
         claims = _build(info, ins, outs, mesh, ctx, source)
     except _Failure as failure:
-        return ProofResult(failure.status, None, time.perf_counter() - start, name,
-                           failure.reason)
+        status = failure.status if failure.status in ("refuted", "unknown") else "unknown"
+        return ProofResult(status, None, time.perf_counter() - start, name, failure.reason)
     except (S.SemanticsError, z3.Z3Exception, IndexError, KeyError, TypeError,
             ValueError) as err:
         return ProofResult("unknown", None, time.perf_counter() - start, name,
@@ -903,6 +913,13 @@ def run_check(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | No
     if not symbolic:
         return ProofResult("proved", None, time.perf_counter() - start, name)
     result = prove(z3.And(symbolic), source.hypotheses, name=name, timeout_ms=timeout_ms)
+    if result.status == "proved" and source.hypotheses:
+        vacuous = prove(z3.BoolVal(False), source.hypotheses, name=f"{name}.vacuity",
+                        timeout_ms=timeout_ms)
+        if vacuous.status != "refuted":
+            result = ProofResult("unknown", None, 0.0, name,
+                                 "the assumptions (nonzero divisors, partial max/min splits) "
+                                 f"may be contradictory: {vacuous.status}")
     if result.status == "unknown":
         witness = find_counterexample(info, ins, outs, mesh, ctx)
         if witness is not None:

@@ -89,6 +89,36 @@ def random_functions(seed: int = 0) -> Iterator[None]:
         _RANDOM_FUNCTIONS.reset(token)
 
 
+_DIVISORS: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "entangle_divisors", default=None)
+
+
+@contextlib.contextmanager
+def collect_divisors() -> Iterator[list]:
+    """Collect the divisors of every division evaluated inside (symbolic ones as z3 terms,
+    concrete zeros as the Python value 0).
+
+    Exact real semantics leaves `x / 0` undefined (XLA gives inf or NaN): the instance checks
+    assume every divisor they met is nonzero, and check that assumption is satisfiable.
+    """
+    found: list = []
+    token = _DIVISORS.set(found)
+    try:
+        yield found
+    finally:
+        _DIVISORS.reset(token)
+
+
+def _note_divisor(b: Element) -> None:
+    found = _DIVISORS.get()
+    if found is None:
+        return
+    if is_z3(b):
+        found.append(b)
+    elif not isinstance(b, float) and b == 0:
+        found.append(0)
+
+
 def is_z3(x: Element) -> bool:
     return isinstance(x, z3.ExprRef)
 
@@ -201,6 +231,13 @@ def sum_list(items: Sequence[Element]) -> Element:
     return symbolic[0] if len(symbolic) == 1 else z3.Sum(symbolic)
 
 
+def _as_int(x: Element) -> Element:
+    """An integral Fraction as an int (integer-typed values may come from exact scalars)."""
+    if isinstance(x, Fraction) and x.denominator == 1:
+        return int(x)
+    return x
+
+
 def _c_div(a: int, b: int) -> int:
     quotient = abs(a) // abs(b)
     return quotient if (a >= 0) == (b >= 0) else -quotient
@@ -227,6 +264,7 @@ def div(a: Element, b: Element, integer: bool = False) -> Element:
     """a / b; integer division truncates toward zero (StableHLO), real division is exact."""
     if _is_one(b):
         return _pynum(a) if not is_z3(a) else _num(a)
+    _note_divisor(b)
     if is_z3(a) or is_z3(b):
         za, zb = _num(a), _num(b)
         if integer and za.is_int() and zb.is_int():
@@ -235,6 +273,8 @@ def div(a: Element, b: Element, integer: bool = False) -> Element:
             za = z3.ToReal(za)
         return za / zb
     a, b = _pynum(a), _pynum(b)
+    if integer:
+        a, b = _as_int(a), _as_int(b)
     if integer and isinstance(a, int) and isinstance(b, int):
         if b == 0:
             return -1  # XLA's convention for integer division by zero
@@ -250,12 +290,15 @@ def div(a: Element, b: Element, integer: bool = False) -> Element:
 
 def remainder(a: Element, b: Element, integer: bool = False) -> Element:
     """a - b * trunc(a / b) (sign of the dividend, like C's fmod)."""
+    _note_divisor(b)
     if is_z3(a) or is_z3(b):
         za, zb = _num(a), _num(b)
         if za.is_int() and zb.is_int():
             return za - zb * _z3_int_div(za, zb)
         return za - zb * z3.ToReal(_z3_trunc(za / zb))
     a, b = _pynum(a), _pynum(b)
+    if integer:
+        a, b = _as_int(a), _as_int(b)
     if isinstance(a, int) and isinstance(b, int):
         return a if b == 0 else a - b * _c_div(a, b)
     if isinstance(a, float) or isinstance(b, float):
@@ -1157,7 +1200,12 @@ def _evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
             raise SemanticsError(f"%arg{index} has shape {value.shape}, expected {shape}")
         return value
     if op == "splat":
-        return full(shape, attrs[0])
+        value = attrs[0]
+        if is_int_dtype(term.dtype):
+            value = _as_int(value)
+        elif is_bool_dtype(term.dtype) and not isinstance(value, float):
+            value = bool(value)
+        return full(shape, value)
     if op == "dense":
         key = ("dense", attrs[0])
         if key in env:

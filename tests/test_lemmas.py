@@ -1,0 +1,603 @@
+"""Every rule is a lemma proved by Z3 on small symbolic tensors (TASO-style).
+
+For each key of `RULES`, hand-built OpInfos and input relations at 2-3 small shapes on 1-D and
+2-D meshes: the rule's output relation must be proved by `check_instance` at the real (small)
+shape. Must-fail lemmas build WRONG output relations by hand (not via rules) and Z3 must refute
+them: "unknown" is a failure, as is a proved wrong relation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from entangle_mlir import terms as T
+from entangle_mlir.instance import InstanceChecker
+from entangle_mlir.layout import GLOBAL, DeviceScalar, Opaque, Rel, Value
+from entangle_mlir.mesh import Mesh
+from entangle_mlir.opinfo import OpInfo, TensorType
+from entangle_mlir.rules import RULES
+from entangle_mlir.rules.base import RuleContext
+
+M1 = Mesh((("tp", 2),))
+M2 = Mesh((("dp", 2), ("tp", 2)))
+M3 = Mesh((("tp", 3),))
+
+# ----- building blocks ------------------------------------------------------------------------
+
+_next_arg = iter(range(10_000, 1_000_000))
+
+
+def arg(shape: tuple[int, ...], dtype: str = "f32") -> T.Term:
+    """A fresh reference argument."""
+    return T.make_arg(next(_next_arg), tuple(shape), dtype)
+
+
+def rel(term: T.Term, *tiling, partial: tuple[str, ...] = (), kind: str = "",
+        poly: frozenset[int] = frozenset()) -> Rel:
+    """A relation; `tiling` per dim as a tuple of axes or a single axis name (default none)."""
+    tiles = [(t,) if isinstance(t, str) else tuple(t) for t in tiling]
+    tiles += [()] * (len(term.shape) - len(tiles))
+    if partial and not kind:
+        kind = "sum"
+    return Rel(term, tuple(tiles), tuple(partial), kind, poly)
+
+
+def splat(value, shape: tuple[int, ...], dtype: str = "f32") -> Rel:
+    """A splat constant at a local shape (every dim poly), as the constant rule builds it."""
+    return Rel(T.make_splat(value, shape, dtype), ((),) * len(shape),
+               poly=frozenset(range(len(shape))))
+
+
+def local_type(value: Value, mesh: Mesh | None) -> TensorType:
+    if isinstance(value, DeviceScalar):
+        return TensorType(tuple(value.shape), "i32")
+    assert isinstance(value, Rel)
+    if mesh is None or value.scope == GLOBAL:
+        return TensorType(value.term.shape, value.term.dtype)
+    shape = tuple(size if d in value.poly else size // mesh.group_size(axes)
+                  for d, (size, axes) in enumerate(zip(value.term.shape, value.tiling)))
+    return TensorType(shape, value.term.dtype)
+
+
+def groups(mesh: Mesh, *axes: str) -> dict:
+    return {"replica_groups": mesh.groups_for(tuple(axes)), "use_global_device_ids": True,
+            "channel_handle": 1}
+
+
+@dataclass
+class Lemma:
+    """One rule instance: op, attributes, input relations, local result types."""
+
+    name: str
+    op: str
+    ins: list[Value]
+    results: list[tuple[tuple[int, ...], str]] | None = None
+    attrs: dict = field(default_factory=dict)
+    mesh: Mesh | None = M1
+
+    def info(self) -> OpInfo:
+        operand_types = [local_type(v, self.mesh) for v in self.ins]
+        results = self.results
+        if results is None:
+            results = [(operand_types[0].shape, operand_types[0].dtype)]
+        return OpInfo(self.op, dict(self.attrs), operand_types,
+                      [TensorType(tuple(s), d) for s, d in results])
+
+    def context(self) -> RuleContext:
+        rels = [v for v in self.ins if isinstance(v, Rel)]
+        if self.mesh is None or any(r.scope == GLOBAL for r in rels):
+            return RuleContext(mesh=self.mesh, manual_axes=())
+        return RuleContext(mesh=self.mesh, manual_axes=self.mesh.names)
+
+
+def _checker() -> InstanceChecker:
+    # Real (small) shapes only: the lemma is about these shapes, not a reduced one.
+    return InstanceChecker(timeout_ms=20_000, reduce_above=10**9, max_elements=10**6)
+
+
+def prove_lemma(lemma: Lemma) -> None:
+    info = lemma.info()
+    ctx = lemma.context()
+    outs = RULES[lemma.op](info, list(lemma.ins), ctx)
+    assert outs and not any(isinstance(v, Opaque) for v in outs), (
+        f"{lemma.name}: the rule claims nothing: {outs}")
+    result = _checker().check(info, lemma.ins, outs, lemma.mesh, ctx)
+    assert result.status == "proved", f"{lemma.name}: {result.describe()}"
+
+
+# ----- elementwise ----------------------------------------------------------------------------
+
+UNARY_FLOAT = ["stablehlo.negate", "stablehlo.abs", "stablehlo.exponential",
+               "stablehlo.exponential_minus_one", "stablehlo.log", "stablehlo.log_plus_one",
+               "stablehlo.tanh", "stablehlo.logistic", "stablehlo.rsqrt", "stablehlo.sqrt",
+               "stablehlo.cbrt", "stablehlo.sine", "stablehlo.cosine", "stablehlo.tan",
+               "stablehlo.sign", "stablehlo.floor", "stablehlo.ceil",
+               "stablehlo.round_nearest_even", "stablehlo.round_nearest_afz", "chlo.square",
+               "chlo.erf", "stablehlo.convert"]
+BINARY_FLOAT = ["stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
+                "stablehlo.maximum", "stablehlo.minimum", "stablehlo.power",
+                "stablehlo.remainder", "stablehlo.atan2"]
+LOGIC = ["stablehlo.and", "stablehlo.or", "stablehlo.xor"]
+
+
+def _layouts(shape: tuple[int, ...]) -> list[tuple[Mesh | None, Callable[[T.Term], Rel]]]:
+    """Several layouts for an operand of `shape` (global)."""
+    out: list = []
+    if len(shape) == 1:
+        out.append((M1, lambda t: rel(t, "tp")))
+        out.append((M2, lambda t: rel(t, ("dp", "tp"))))
+    else:
+        out.append((M1, lambda t: rel(t, (), "tp")))
+        out.append((M2, lambda t: rel(t, "dp", "tp")))
+        out.append((M3, lambda t: rel(t, "tp")))
+    out.append((None, lambda t: Rel(t, ((),) * len(t.shape), scope=GLOBAL)))
+    return out
+
+
+def elementwise_lemmas() -> list[Lemma]:
+    lemmas = []
+    for shape in ((4,), (6, 4)):
+        for k, (mesh, lay) in enumerate(_layouts(shape)):
+            if mesh is M3 and shape[0] % 3:
+                continue
+            if mesh is M3 and shape == (6, 4):
+                shape3 = (6, 2)
+            else:
+                shape3 = shape
+            tag = f"{shape3}-{k}"
+            for op in UNARY_FLOAT:
+                lemmas.append(Lemma(f"{op}-{tag}", op, [lay(arg(shape3))], mesh=mesh))
+            for op in BINARY_FLOAT:
+                lemmas.append(Lemma(f"{op}-{tag}", op, [lay(arg(shape3)), lay(arg(shape3))],
+                                    mesh=mesh))
+            for op in LOGIC:
+                lemmas.append(Lemma(f"{op}-{tag}", op, [lay(arg(shape3, "i1")),
+                                                        lay(arg(shape3, "i1"))], mesh=mesh))
+            lemmas.append(Lemma(f"not-{tag}", "stablehlo.not", [lay(arg(shape3, "i1"))],
+                                mesh=mesh))
+            for direction in ("LT", "EQ", "GE"):
+                lemmas.append(Lemma(f"compare-{direction}-{tag}", "stablehlo.compare",
+                                    [lay(arg(shape3)), lay(arg(shape3))],
+                                    results=None, attrs={"comparison_direction": direction},
+                                    mesh=mesh))
+            lemmas.append(Lemma(f"select-{tag}", "stablehlo.select",
+                                [lay(arg(shape3, "i1")), lay(arg(shape3)), lay(arg(shape3))],
+                                mesh=mesh))
+            lemmas.append(Lemma(f"clamp-{tag}", "stablehlo.clamp",
+                                [lay(arg(shape3)), lay(arg(shape3)), lay(arg(shape3))],
+                                mesh=mesh))
+            lemmas.append(Lemma(f"is_finite-{tag}", "stablehlo.is_finite", [lay(arg(shape3))],
+                                mesh=mesh))
+    for lemma in lemmas:
+        if lemma.op in ("stablehlo.compare", "stablehlo.is_finite"):
+            lemma.results = [(lemma.info().operand_types[0].shape, "i1")]
+        if lemma.op == "stablehlo.select":
+            lemma.results = [(lemma.info().operand_types[1].shape, "f32")]
+    return lemmas
+
+
+def partial_lemmas() -> list[Lemma]:
+    """Linear ops keep partial sums; max/min partials where order-preserving."""
+    out = []
+    for shape in ((4,), (2, 4)):
+        x, y, b = arg(shape), arg(shape), arg(shape)
+        px = rel(x, partial=("tp",))
+        py = rel(y, partial=("tp",))
+        rb = rel(b)
+        out += [
+            Lemma(f"add-partials-{shape}", "stablehlo.add", [px, py]),
+            Lemma(f"sub-partials-{shape}", "stablehlo.subtract", [px, py]),
+            Lemma(f"add-partial-replicated-{shape}", "stablehlo.add", [px, rb]),
+            Lemma(f"sub-replicated-partial-{shape}", "stablehlo.subtract", [rb, px]),
+            Lemma(f"mul-partial-replicated-{shape}", "stablehlo.multiply", [rb, px]),
+            Lemma(f"div-partial-replicated-{shape}", "stablehlo.divide", [px, rb]),
+            Lemma(f"negate-partial-{shape}", "stablehlo.negate", [px]),
+            Lemma(f"convert-partial-{shape}", "stablehlo.convert", [px]),
+            Lemma(f"select-partials-{shape}", "stablehlo.select",
+                  [rel(arg(shape, "i1")), px, py]),
+            Lemma(f"select-partial-zero-{shape}", "stablehlo.select",
+                  [rel(arg(shape, "i1")), px, splat(0, shape)]),
+            Lemma(f"add-partial-splat-{shape}", "stablehlo.add", [px, splat(1.5, shape)]),
+            Lemma(f"mul-partial-splat-{shape}", "stablehlo.multiply", [px, splat(-3, shape)]),
+            Lemma(f"add-partialmax-replicated-{shape}", "stablehlo.add",
+                  [rel(x, partial=("tp",), kind="max"), rb]),
+            Lemma(f"sub-partialmin-replicated-{shape}", "stablehlo.subtract",
+                  [rel(x, partial=("tp",), kind="min"), rb]),
+            Lemma(f"negate-partialmax-{shape}", "stablehlo.negate",
+                  [rel(x, partial=("tp",), kind="max")]),
+            Lemma(f"mul-partialmax-positive-{shape}", "stablehlo.multiply",
+                  [rel(x, partial=("tp",), kind="max"), splat(Fraction(1, 2), shape)]),
+            Lemma(f"add-partial-2d-{shape}", "stablehlo.add",
+                  [rel(x, partial=("dp", "tp")), rel(b)], mesh=M2),
+        ]
+    # A partial sum over 'dp' combined with a value split over 'tp' (2-D mesh).
+    x, b = arg((2, 4)), arg((2, 4))
+    out.append(Lemma("add-partial-dp-tiled-tp", "stablehlo.add",
+                     [rel(x, (), "tp", partial=("dp",)), rel(b, (), "tp")], mesh=M2))
+    # Poly operands: a broadcast built at the local shape widened to the partner's global size.
+    v = arg((2,))
+    local_bcast = Rel(T.make_broadcast(v, (0,), (2, 2)), ((), ()), poly=frozenset({1}))
+    out.append(Lemma("add-tiled-poly-broadcast", "stablehlo.add",
+                     [rel(arg((2, 4)), (), "tp"), local_bcast]))
+    out.append(Lemma("mul-tiled-splat", "stablehlo.multiply",
+                     [rel(arg((4, 6)), "tp", ()), splat(2.5, (2, 6))]))
+    # Device-dependent integer scalars (axis_index arithmetic), tabulated over devices.
+    ids = DeviceScalar(tuple(range(4)), ())
+    out.append(Lemma("scalar-remainder", "stablehlo.remainder", [ids, splat(2, (), "i32")],
+                     results=[((), "i32")], mesh=M2))
+    out.append(Lemma("scalar-divide", "stablehlo.divide", [ids, splat(2, (), "i32")],
+                     results=[((), "i32")], mesh=M2))
+    out.append(Lemma("scalar-multiply", "stablehlo.multiply", [ids, splat(3, (), "i32")],
+                     results=[((), "i32")], mesh=M2))
+    out.append(Lemma("scalar-compare", "stablehlo.compare", [ids, splat(1, (), "i32")],
+                     results=[((), "i1")], attrs={"comparison_direction": "GT"}, mesh=M2))
+    return out
+
+
+# ----- contraction and reduction --------------------------------------------------------------
+
+def _dot_attrs(lb=(), rb=(), lc=(1,), rc=(0,)) -> dict:
+    return {"lhs_batch": tuple(lb), "rhs_batch": tuple(rb), "lhs_contract": tuple(lc),
+            "rhs_contract": tuple(rc)}
+
+
+def dot_lemmas() -> list[Lemma]:
+    out = []
+    for m, k, n in ((2, 4, 2), (4, 2, 4), (2, 6, 3)):
+        x, w = arg((m, k)), arg((k, n))
+        # Megatron column-parallel: non-contracting split carries over.
+        if n % 2 == 0:
+            out.append(Lemma(f"dot-column-{m}x{k}x{n}", "stablehlo.dot_general",
+                             [rel(x), rel(w, (), "tp")], results=[((m, n // 2), "f32")],
+                             attrs=_dot_attrs()))
+        # Row-parallel: both contracting dims split -> partial sum.
+        out.append(Lemma(f"dot-row-{m}x{k}x{n}", "stablehlo.dot_general",
+                         [rel(x, (), "tp"), rel(w, "tp")], results=[((m, n), "f32")],
+                         attrs=_dot_attrs()))
+        # A partial sum times a replicated matrix stays partial.
+        out.append(Lemma(f"dot-partial-{m}x{k}x{n}", "stablehlo.dot_general",
+                         [rel(x, partial=("tp",)), rel(w)], results=[((m, n), "f32")],
+                         attrs=_dot_attrs()))
+    # 2-D mesh: rows over dp, contraction over tp.
+    x, w = arg((4, 4)), arg((4, 2))
+    out.append(Lemma("dot-2d-dp-rows-tp-contract", "stablehlo.dot_general",
+                     [rel(x, "dp", "tp"), rel(w, "tp")], results=[((2, 2), "f32")],
+                     attrs=_dot_attrs(), mesh=M2))
+    # Batch dims split over dp, contraction split over tp; rhs contracting dim first.
+    a, b = arg((2, 3, 4)), arg((2, 4, 2))
+    out.append(Lemma("dot-batched", "stablehlo.dot_general",
+                     [rel(a, "dp", (), "tp"), rel(b, "dp", "tp")], results=[((1, 3, 2), "f32")],
+                     attrs=_dot_attrs((0,), (0,), (2,), (1,)), mesh=M2))
+    out.append(Lemma("dot-transposed-rhs", "stablehlo.dot_general",
+                     [rel(arg((2, 4)), (), "tp"), rel(arg((3, 4)), (), "tp")],
+                     results=[((2, 3), "f32")], attrs=_dot_attrs((), (), (1,), (1,))))
+    return out
+
+
+def reduce_lemmas() -> list[Lemma]:
+    out = []
+    for shape in ((4, 2), (2, 6)):
+        x = arg(shape)
+        d0, d1 = shape
+        for reducer, init in (("add", 0), ("max", -math.inf), ("min", math.inf)):
+            out.append(Lemma(f"reduce-{reducer}-split-{shape}", "stablehlo.reduce",
+                             [rel(x, (), "tp"), splat(init, ())], results=[((d0,), "f32")],
+                             attrs={"dimensions": (1,), "reducer": reducer}))
+            out.append(Lemma(f"reduce-{reducer}-keep-split-{shape}", "stablehlo.reduce",
+                             [rel(x, (), "tp"), splat(init, ())],
+                             results=[((d1 // 2,), "f32")],
+                             attrs={"dimensions": (0,), "reducer": reducer}))
+        out.append(Lemma(f"reduce-add-init-{shape}", "stablehlo.reduce",
+                         [rel(x, "tp"), splat(1.5, ())], results=[((d0 // 2,), "f32")],
+                         attrs={"dimensions": (1,), "reducer": "add"}))
+        out.append(Lemma(f"reduce-add-partial-{shape}", "stablehlo.reduce",
+                         [rel(x, partial=("tp",)), splat(0, ())], results=[((), "f32")],
+                         attrs={"dimensions": (0, 1), "reducer": "add"}))
+        out.append(Lemma(f"reduce-max-partialmax-{shape}", "stablehlo.reduce",
+                         [rel(x, partial=("tp",), kind="max"), splat(-math.inf, ())],
+                         results=[((d0,), "f32")], attrs={"dimensions": (1,), "reducer": "max"}))
+    x = arg((4, 4))
+    out.append(Lemma("reduce-add-2d", "stablehlo.reduce", [rel(x, "dp", "tp"), splat(0, ())],
+                     results=[((2,), "f32")], attrs={"dimensions": (1,), "reducer": "add"},
+                     mesh=M2))
+    return out
+
+
+# ----- data movement --------------------------------------------------------------------------
+
+def movement_lemmas() -> list[Lemma]:
+    out = []
+    for shape in ((2, 3), (4,)):
+        out.append(Lemma(f"constant-splat-{shape}", "stablehlo.constant", [],
+                         results=[(shape, "f32")],
+                         attrs={"value": np.full(shape, 0.25, np.float32), "splat": True}))
+        value = np.arange(math.prod(shape), dtype=np.float32).reshape(shape) - 1.5
+        out.append(Lemma(f"constant-dense-{shape}", "stablehlo.constant", [],
+                         results=[(shape, "f32")], attrs={"value": value, "splat": False}))
+        out.append(Lemma(f"iota-{shape}", "stablehlo.iota", [], results=[(shape, "i32")],
+                         attrs={"iota_dimension": len(shape) - 1}))
+    # broadcast_in_dim: split dims carry over, new dims are poly.
+    for shape in ((4,), (4, 2)):
+        x = arg(shape)
+        rank = len(shape)
+        out.append(Lemma(f"broadcast-new-dims-{shape}", "stablehlo.broadcast_in_dim",
+                         [rel(x, "tp")], results=[((3, 2) + shape[1:], "f32")],
+                         attrs={"broadcast_dimensions": tuple(range(1, rank + 1))}))
+        out.append(Lemma(f"broadcast-partial-{shape}", "stablehlo.broadcast_in_dim",
+                         [rel(x, partial=("tp",))], results=[(shape + (3,), "f32")],
+                         attrs={"broadcast_dimensions": tuple(range(rank))}))
+    out.append(Lemma("broadcast-widen-unit", "stablehlo.broadcast_in_dim",
+                     [rel(arg((4, 1)), "tp")], results=[((2, 3), "f32")],
+                     attrs={"broadcast_dimensions": (0, 1)}))
+    out.append(Lemma("broadcast-transposing", "stablehlo.broadcast_in_dim",
+                     [rel(arg((4, 2)), "tp")], results=[((2, 3, 2), "f32")],
+                     attrs={"broadcast_dimensions": (2, 0)}))
+    # reshape: the split dim is the major dim of its group.
+    out.append(Lemma("reshape-split-major", "stablehlo.reshape", [rel(arg((4, 6)), "tp")],
+                     results=[((2, 2, 3), "f32")]))
+    out.append(Lemma("reshape-merge", "stablehlo.reshape", [rel(arg((4, 2, 3)), "tp")],
+                     results=[((12,), "f32")]))
+    out.append(Lemma("reshape-replicated", "stablehlo.reshape", [rel(arg((2, 6)))],
+                     results=[((3, 4), "f32")]))
+    out.append(Lemma("reshape-partial", "stablehlo.reshape",
+                     [rel(arg((2, 4)), partial=("tp",))], results=[((8,), "f32")]))
+    out.append(Lemma("reshape-2d", "stablehlo.reshape", [rel(arg((4, 4, 2)), "dp", "tp")],
+                     results=[((2, 4), "f32")], mesh=M2))
+    # transpose
+    out.append(Lemma("transpose-2d", "stablehlo.transpose", [rel(arg((4, 6)), "tp")],
+                     results=[((6, 2), "f32")], attrs={"permutation": (1, 0)}))
+    out.append(Lemma("transpose-3d", "stablehlo.transpose",
+                     [rel(arg((2, 4, 2)), "dp", "tp")], results=[((2, 1, 2), "f32")],
+                     attrs={"permutation": (2, 0, 1)}, mesh=M2))
+    out.append(Lemma("transpose-partial", "stablehlo.transpose",
+                     [rel(arg((2, 3)), partial=("tp",))], results=[((3, 2), "f32")],
+                     attrs={"permutation": (1, 0)}))
+    # slice: unsplit dims only
+    out.append(Lemma("slice-unsplit", "stablehlo.slice", [rel(arg((4, 5)), "tp")],
+                     results=[((2, 2), "f32")],
+                     attrs={"start_indices": (0, 1), "limit_indices": (2, 5),
+                            "strides": (1, 2)}))
+    out.append(Lemma("slice-partial", "stablehlo.slice", [rel(arg((4, 3)), partial=("tp",))],
+                     results=[((2, 3), "f32")],
+                     attrs={"start_indices": (1, 0), "limit_indices": (3, 3),
+                            "strides": (1, 1)}))
+    # concatenate along an unsplit dim
+    out.append(Lemma("concat-unsplit", "stablehlo.concatenate",
+                     [rel(arg((4, 2)), "tp"), rel(arg((4, 1)), "tp")],
+                     results=[((2, 3), "f32")], attrs={"dimension": 1}))
+    out.append(Lemma("concat-partials", "stablehlo.concatenate",
+                     [rel(arg((2,)), partial=("tp",)), rel(arg((3,)), partial=("tp",))],
+                     results=[((5,), "f32")], attrs={"dimension": 0}))
+    # pad unsplit dims
+    out.append(Lemma("pad-unsplit", "stablehlo.pad",
+                     [rel(arg((4, 3)), "tp"), splat(0.5, ())], results=[((2, 7), "f32")],
+                     attrs={"edge_padding_low": (0, 1), "edge_padding_high": (0, 1),
+                            "interior_padding": (0, 1)}))
+    out.append(Lemma("pad-partial-zero", "stablehlo.pad",
+                     [rel(arg((2, 2)), partial=("tp",)), splat(0, ())],
+                     results=[((3, 2), "f32")],
+                     attrs={"edge_padding_low": (1, 0), "edge_padding_high": (0, 0),
+                            "interior_padding": (0, 0)}))
+    return out
+
+
+# ----- collectives and indexing ---------------------------------------------------------------
+
+def collective_lemmas() -> list[Lemma]:
+    out = []
+    for shape in ((2,), (2, 3)):
+        x = arg(shape)
+        out.append(Lemma(f"all_reduce-partial-{shape}", "stablehlo.all_reduce",
+                         [rel(x, partial=("tp",))], attrs={**groups(M1, "tp"), "reducer": "add"}))
+        out.append(Lemma(f"all_reduce-replicated-{shape}", "stablehlo.all_reduce", [rel(x)],
+                         attrs={**groups(M1, "tp"), "reducer": "add"}))
+        out.append(Lemma(f"all_reduce-max-{shape}", "stablehlo.all_reduce",
+                         [rel(x, partial=("tp",), kind="max")],
+                         attrs={**groups(M1, "tp"), "reducer": "max"}))
+        out.append(Lemma(f"all_reduce-min-{shape}", "stablehlo.all_reduce",
+                         [rel(x, partial=("tp",), kind="min")],
+                         attrs={**groups(M1, "tp"), "reducer": "min"}))
+    x = arg((4, 2))
+    out += [
+        Lemma("all_reduce-2d-tp", "stablehlo.all_reduce", [rel(x, "dp", partial=("tp",))],
+              attrs={**groups(M2, "tp"), "reducer": "add"}, mesh=M2),
+        Lemma("all_reduce-2d-both", "stablehlo.all_reduce",
+              [rel(arg((2, 2)), partial=("dp", "tp"))],
+              attrs={**groups(M2, "dp", "tp"), "reducer": "add"}, mesh=M2),
+        Lemma("all_reduce-2d-one-of-two", "stablehlo.all_reduce",
+              [rel(arg((2, 2)), partial=("dp", "tp"))],
+              attrs={**groups(M2, "dp"), "reducer": "add"}, mesh=M2),
+        Lemma("all_reduce-2d-partial-and-replicated", "stablehlo.all_reduce",
+              [rel(arg((2,)), partial=("tp",))],
+              attrs={**groups(M2, "dp", "tp"), "reducer": "add"}, mesh=M2),
+    ]
+    for shape, dim in (((4, 2), 0), ((2, 6), 1)):
+        tiling = ["tp" if d == dim else () for d in range(2)]
+        local = tuple(s // 2 if d == dim else s for d, s in enumerate(shape))
+        out.append(Lemma(f"all_gather-{shape}-{dim}", "stablehlo.all_gather",
+                         [rel(arg(shape), *tiling)], results=[(shape, "f32")],
+                         attrs={**groups(M1, "tp"), "all_gather_dim": dim}))
+        out.append(Lemma(f"reduce_scatter-{shape}-{dim}", "stablehlo.reduce_scatter",
+                         [rel(arg(shape), partial=("tp",))], results=[(local, "f32")],
+                         attrs={**groups(M1, "tp"), "scatter_dimension": dim,
+                                "reducer": "add"}))
+    out += [
+        Lemma("all_gather-minor-of-two", "stablehlo.all_gather",
+              [rel(arg((8, 2)), ("dp", "tp"))], results=[((4, 2), "f32")],
+              attrs={**groups(M2, "tp"), "all_gather_dim": 0}, mesh=M2),
+        Lemma("all_gather-two-axes", "stablehlo.all_gather",
+              [rel(arg((8, 2)), ("dp", "tp"))], results=[((8, 2), "f32")],
+              attrs={**groups(M2, "dp", "tp"), "all_gather_dim": 0}, mesh=M2),
+        Lemma("reduce_scatter-2d", "stablehlo.reduce_scatter",
+              [rel(arg((4, 2)), "dp", partial=("tp",))], results=[((1, 2), "f32")],
+              attrs={**groups(M2, "tp"), "scatter_dimension": 0, "reducer": "add"}, mesh=M2),
+        Lemma("reduce_scatter-replicated", "stablehlo.reduce_scatter",
+              [rel(arg((4,)))], results=[((2,), "f32")],
+              attrs={**groups(M1, "tp"), "scatter_dimension": 0, "reducer": "add"}),
+    ]
+    for shape in ((4, 2), (4, 6)):
+        s0, s1 = shape
+        out.append(Lemma(f"all_to_all-{shape}", "stablehlo.all_to_all",
+                         [rel(arg(shape), "tp")], results=[((s0, s1 // 2), "f32")],
+                         attrs={**groups(M1, "tp"), "split_dimension": 1,
+                                "concat_dimension": 0, "split_count": 2}))
+    out.append(Lemma("all_to_all-2d", "stablehlo.all_to_all",
+                     [rel(arg((2, 4, 4)), "dp", (), "tp")], results=[((1, 2, 4), "f32")],
+                     attrs={**groups(M2, "tp"), "split_dimension": 1, "concat_dimension": 2,
+                            "split_count": 2}, mesh=M2))
+    # collective_permute along an axis the value does not use.
+    out.append(Lemma("collective_permute-replicated", "stablehlo.collective_permute",
+                     [rel(arg((2, 3)))],
+                     attrs={"source_target_pairs": [[0, 1], [1, 0]], "channel_handle": 1}))
+    out.append(Lemma("collective_permute-2d", "stablehlo.collective_permute",
+                     [rel(arg((4, 3)), "dp")],
+                     attrs={"source_target_pairs": [[0, 1], [1, 0], [2, 3], [3, 2]],
+                            "channel_handle": 1}, mesh=M2))
+    return out
+
+
+def index_lemmas() -> list[Lemma]:
+    out = [
+        Lemma("partition_id-1d", "stablehlo.partition_id", [], results=[((), "ui32")]),
+        Lemma("partition_id-2d", "stablehlo.partition_id", [], results=[((), "ui32")],
+              mesh=M2),
+    ]
+    for mesh, axes in ((M1, ("tp",)), (M2, ("dp",)), (M2, ("tp",)), (M2, ("dp", "tp"))):
+        count = mesh.group_size(axes)
+        size = 2
+        offsets = tuple(mesh.block_index(axes, d) * size for d in range(mesh.num_devices))
+        x = arg((size * count, 3))
+        out.append(Lemma(f"dynamic_slice-{mesh.describe()}-{'_'.join(axes)}",
+                         "stablehlo.dynamic_slice",
+                         [rel(x), DeviceScalar(offsets, ()), splat(0, (), "i32")],
+                         results=[((size, 3), "f32")], attrs={"slice_sizes": (size, 3)},
+                         mesh=mesh))
+    out.append(Lemma("dynamic_slice-constant-offset", "stablehlo.dynamic_slice",
+                     [rel(arg((4, 6)), "tp"), splat(0, (), "i32"), splat(7, (), "i32")],
+                     results=[((2, 2), "f32")], attrs={"slice_sizes": (2, 2)}))
+    return out
+
+
+ALL_LEMMAS = (elementwise_lemmas() + partial_lemmas() + dot_lemmas() + reduce_lemmas()
+              + movement_lemmas() + collective_lemmas() + index_lemmas())
+
+
+@pytest.mark.parametrize("lemma", ALL_LEMMAS, ids=[lemma.name for lemma in ALL_LEMMAS])
+def test_rule_lemma(lemma: Lemma) -> None:
+    prove_lemma(lemma)
+
+
+def _mutable(lemma: Lemma) -> bool:
+    return lemma.mesh is not None and lemma.op != "stablehlo.partition_id"
+
+
+MUTATED = [lemma for lemma in ALL_LEMMAS if _mutable(lemma)][::3]
+
+
+@pytest.mark.parametrize("lemma", MUTATED, ids=[lemma.name for lemma in MUTATED])
+def test_mutated_lemma_is_refuted(lemma: Lemma) -> None:
+    """The check is not vacuous: doubling a proved output's term must be refuted."""
+    info = lemma.info()
+    ctx = lemma.context()
+    outs = RULES[lemma.op](info, list(lemma.ins), ctx)
+    rels = [v for v in outs if isinstance(v, Rel) and v.term.dtype != "i1"]
+    if not rels:
+        pytest.skip("no numeric output relation")
+    wrong = [v.with_term(T.scale(v.term, 2)) if v is rels[0] else v for v in outs]
+    result = _checker().check(info, lemma.ins, wrong, lemma.mesh, ctx)
+    assert result.status == "refuted", f"{lemma.name}: {result.describe()}"
+
+
+def test_every_rule_has_a_lemma() -> None:
+    covered = {lemma.op for lemma in ALL_LEMMAS}
+    missing = sorted(set(RULES) - covered)
+    assert not missing, f"rules without a lemma case: {missing}"
+
+
+# ----- must-fail lemmas: wrong relations built by hand -----------------------------------------
+
+def refute(op: str, ins: list[Value], outs: list[Value], results, attrs=None,
+           mesh: Mesh = M1) -> None:
+    lemma = Lemma("must-fail", op, ins, results=results, attrs=attrs or {}, mesh=mesh)
+    info = lemma.info()
+    result = _checker().check(info, ins, outs, mesh, lemma.context())
+    assert result.status == "refuted", result.describe()
+
+
+def test_refutes_tanh_of_partial_sum() -> None:
+    x = arg((2, 2))
+    wrong = rel(T.make_elementwise("stablehlo.tanh", (x,)), partial=("tp",))
+    refute("stablehlo.tanh", [rel(x, partial=("tp",))], [wrong], [((2, 2), "f32")])
+
+
+def test_refutes_psum_of_replicated_as_identity() -> None:
+    x = arg((2, 3))
+    refute("stablehlo.all_reduce", [rel(x)], [rel(x)], [((2, 3), "f32")],
+           {**groups(M1, "tp"), "reducer": "add"})
+
+
+def test_refutes_bias_before_psum() -> None:
+    x, b = arg((2, 2)), arg((2, 2))
+    wrong = rel(T.make_add(x, b), partial=("tp",))
+    refute("stablehlo.add", [rel(x, partial=("tp",)), rel(b)], [wrong], [((2, 2), "f32")])
+
+
+def test_refutes_all_gather_of_the_wrong_dim() -> None:
+    x = arg((4, 2))
+    refute("stablehlo.all_gather", [rel(x, "tp")], [rel(x)], [((2, 4), "f32")],
+           {**groups(M1, "tp"), "all_gather_dim": 1})
+
+
+def test_refutes_partial_max_summed() -> None:
+    x = arg((2, 2))
+    refute("stablehlo.all_reduce", [rel(x, partial=("tp",), kind="max")], [rel(x)],
+           [((2, 2), "f32")], {**groups(M1, "tp"), "reducer": "add"})
+
+
+def test_refutes_dot_with_misaligned_contracting_splits() -> None:
+    x, w = arg((2, 4)), arg((4, 2))
+    wrong = rel(T.make_dot(x, w, ((), (), (1,), (0,)), (2, 2), "f32"), partial=("tp",))
+    refute("stablehlo.dot_general", [rel(x, (), "tp"), rel(w, "dp")], [wrong],
+           [((2, 2), "f32")], _dot_attrs(), mesh=M2)
+
+
+def test_refutes_dot_with_one_contracting_side_split() -> None:
+    # lhs is split on its contracting dim, but every device holds the SAME rows W[0:2] of the
+    # rhs (replicated) instead of its own block: the partial-sum claim is wrong.
+    x, w = arg((2, 4)), arg((4, 3))
+    top = T.make_op("slice", (w,), ((0, 0), (2, 3), (1, 1)), (2, 3), "f32", linear_in=0)
+    wrong = rel(T.make_dot(x, w, ((), (), (1,), (0,)), (2, 3), "f32"), partial=("tp",))
+    refute("stablehlo.dot_general", [rel(x, (), "tp"), rel(top)], [wrong], [((2, 3), "f32")],
+           _dot_attrs())
+
+
+def test_refutes_reduce_scatter_claimed_on_the_wrong_dim() -> None:
+    x = arg((2, 4))
+    refute("stablehlo.reduce_scatter", [rel(x, partial=("tp",))], [rel(x, "tp")],
+           [((2, 2), "f32")], {**groups(M1, "tp"), "scatter_dimension": 1, "reducer": "add"})
+
+
+def test_refutes_wrong_dynamic_slice_offsets() -> None:
+    x = arg((8, 2))
+    offsets = DeviceScalar((0, 2, 2, 6), ())
+    refute("stablehlo.dynamic_slice", [rel(x), offsets, splat(0, (), "i32")],
+           [rel(x, ("dp", "tp"))], [((2, 2), "f32")], {"slice_sizes": (2, 2)}, mesh=M2)
+
+
+def test_refutes_collective_permute_of_split_blocks() -> None:
+    x = arg((4, 2))
+    refute("stablehlo.collective_permute", [rel(x, "tp")], [rel(x, "tp")], [((2, 2), "f32")],
+           {"source_target_pairs": [[0, 1], [1, 0]], "channel_handle": 1})
+
+
+def test_refutes_max_of_split_dim_claimed_partial_sum() -> None:
+    x = arg((2, 4))
+    wrong = rel(T.intern("reduce_max", (x,), ((1,),), (2,), "f32"), partial=("tp",))
+    refute("stablehlo.reduce", [rel(x, (), "tp"), splat(-math.inf, ())], [wrong],
+           [((2,), "f32")], {"dimensions": (1,), "reducer": "max"})
