@@ -1,0 +1,170 @@
+// RUN: entangle-opt %s --split-input-file --entangle-normalize --entangle-import-shardings --entangle-infer-relations | filecheck %s
+// RUN: entangle-opt %s --split-input-file --entangle-normalize --entangle-import-shardings --entangle-infer-relations --entangle-check-refinement --verify-diagnostics | filecheck %s --check-prefix=FULL
+
+// stablehlo.reduce (reduction rule): reducing a split dim leaves a partial reduction of the same
+// kind (add -> sum, maximum -> max) over its axes; other dims keep their tiling. The init value
+// must be the reducer's identity when a split dim is reduced (every device would add it once).
+
+sdy.mesh @mesh = <["dp"=2, "tp"=4]>
+
+func.func @ref(%x: tensor<8x16xf32>) -> tensor<8xf32> {
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %0 = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<8x16xf32>, tensor<f32>) -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+
+// LayerNorm statistics with the hidden dim split: local sums, then psum over tp.
+// CHECK-LABEL: func.func @sum_split_dim
+// FULL: func.func @sum_split_dim{{.*}}entangle.rho = ["result#0 = concat over 'dp' along dim 0"], entangle.verdict = "proven"
+func.func @sum_split_dim(%x: tensor<8x16xf32>) -> tensor<8xf32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{"dp"}, {"tp"}]>] out_shardings=[<@mesh, [{"dp"}]>] manual_axes={"dp", "tp"} (%a: tensor<4x4xf32>) {
+    %zero = stablehlo.constant dense<0.0> : tensor<f32>
+    // CHECK: stablehlo.reduce(%{{.*}}entangle.relation = "tile [{dp}] partial sum {tp} : reduce_sum(%arg0)"
+    %1 = stablehlo.reduce(%a init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<4x4xf32>, tensor<f32>) -> tensor<4xf32>
+    %2 = "stablehlo.all_reduce"(%1) ({
+      ^bb0(%u: tensor<f32>, %v: tensor<f32>):
+        %s = stablehlo.add %u, %v : tensor<f32>
+        stablehlo.return %s : tensor<f32>
+    }) {replica_groups = dense<[[0, 1, 2, 3], [4, 5, 6, 7]]> : tensor<2x4xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, use_global_device_ids} : (tensor<4xf32>) -> tensor<4xf32>
+    sdy.return %2 : tensor<4xf32>
+  } : (tensor<8x16xf32>) -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["tp"=4]>
+
+func.func @ref(%x: tensor<16x8xf32>) -> tensor<16xf32> {
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %0 = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<16x8xf32>, tensor<f32>) -> tensor<16xf32>
+  return %0 : tensor<16xf32>
+}
+
+// Sequence split: reducing the replicated hidden dim is purely local.
+// CHECK-LABEL: func.func @sum_replicated_dim
+// FULL: func.func @sum_replicated_dim{{.*}}entangle.rho = ["result#0 = concat over 'tp' along dim 0"], entangle.verdict = "proven"
+func.func @sum_replicated_dim(%x: tensor<16x8xf32>) -> tensor<16xf32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{"tp"}, {}]>] out_shardings=[<@mesh, [{"tp"}]>] manual_axes={"tp"} (%a: tensor<4x8xf32>) {
+    %zero = stablehlo.constant dense<0.0> : tensor<f32>
+    // CHECK: stablehlo.reduce(%{{.*}}entangle.relation = "tile [{tp}] : reduce_sum(%arg0)"
+    %1 = stablehlo.reduce(%a init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<4x8xf32>, tensor<f32>) -> tensor<4xf32>
+    sdy.return %1 : tensor<4xf32>
+  } : (tensor<16x8xf32>) -> tensor<16xf32>
+  return %0 : tensor<16xf32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["tp"=4]>
+
+func.func @ref(%x: tensor<8x16xf32>) -> tensor<8xf32> {
+  %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+  %0 = stablehlo.reduce(%x init: %ninf) applies stablehlo.maximum across dimensions = [1] : (tensor<8x16xf32>, tensor<f32>) -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+
+// Vocab-parallel softmax max: local max, then pmax.
+// CHECK-LABEL: func.func @max_split_dim
+// FULL: func.func @max_split_dim{{.*}}entangle.verdict = "proven"
+func.func @max_split_dim(%x: tensor<8x16xf32>) -> tensor<8xf32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{}, {"tp"}]>] out_shardings=[<@mesh, [{}]>] manual_axes={"tp"} (%a: tensor<8x4xf32>) {
+    %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    // CHECK: stablehlo.reduce(%{{.*}}entangle.relation = "partial max {tp} : reduce_max(%arg0)"
+    %1 = stablehlo.reduce(%a init: %ninf) applies stablehlo.maximum across dimensions = [1] : (tensor<8x4xf32>, tensor<f32>) -> tensor<8xf32>
+    %2 = "stablehlo.all_reduce"(%1) ({
+      ^bb0(%u: tensor<f32>, %v: tensor<f32>):
+        %s = stablehlo.maximum %u, %v : tensor<f32>
+        stablehlo.return %s : tensor<f32>
+    }) {replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, use_global_device_ids} : (tensor<8xf32>) -> tensor<8xf32>
+    sdy.return %2 : tensor<8xf32>
+  } : (tensor<8x16xf32>) -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["dp"=2, "tp"=4]>
+
+func.func @ref(%x: tensor<8x16xf32>) -> tensor<f32> {
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %0 = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [0, 1] : (tensor<8x16xf32>, tensor<f32>) -> tensor<f32>
+  return %0 : tensor<f32>
+}
+
+// A loss: both dims split, reduced at once -> partial over both axes; one psum over both.
+// CHECK-LABEL: func.func @sum_all_dims_2d
+// FULL: func.func @sum_all_dims_2d{{.*}}entangle.verdict = "proven"
+func.func @sum_all_dims_2d(%x: tensor<8x16xf32>) -> tensor<f32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{"dp"}, {"tp"}]>] out_shardings=[<@mesh, []>] manual_axes={"dp", "tp"} (%a: tensor<4x4xf32>) {
+    %zero = stablehlo.constant dense<0.0> : tensor<f32>
+    // CHECK: stablehlo.reduce(%{{.*}}entangle.relation = "partial sum {dp, tp} : reduce_sum(%arg0)"
+    %1 = stablehlo.reduce(%a init: %zero) applies stablehlo.add across dimensions = [0, 1] : (tensor<4x4xf32>, tensor<f32>) -> tensor<f32>
+    %2 = "stablehlo.all_reduce"(%1) ({
+      ^bb0(%u: tensor<f32>, %v: tensor<f32>):
+        %s = stablehlo.add %u, %v : tensor<f32>
+        stablehlo.return %s : tensor<f32>
+    }) {replica_groups = dense<[[0, 1, 2, 3, 4, 5, 6, 7]]> : tensor<1x8xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, use_global_device_ids} : (tensor<f32>) -> tensor<f32>
+    sdy.return %2 : tensor<f32>
+  } : (tensor<8x16xf32>) -> tensor<f32>
+  return %0 : tensor<f32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["tp"=4]>
+
+func.func @ref(%x: tensor<8x16xf32>) -> tensor<8xf32> {
+  %one = stablehlo.constant dense<1.0> : tensor<f32>
+  %0 = stablehlo.reduce(%x init: %one) applies stablehlo.add across dimensions = [1] : (tensor<8x16xf32>, tensor<f32>) -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+
+// Refused: init 1 over a split dim would be added once per device (4 in total).
+// CHECK-LABEL: func.func @non_identity_init
+// FULL: func.func @non_identity_init{{.*}}entangle.verdict = "not proven"
+func.func @non_identity_init(%x: tensor<8x16xf32>) -> tensor<8xf32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{}, {"tp"}]>] out_shardings=[<@mesh, [{}]>] manual_axes={"tp"} (%a: tensor<8x4xf32>) {
+    %one = stablehlo.constant dense<1.0> : tensor<f32>
+    // expected-error @+2 {{reduce over a split dim with init value 1 (not the identity of add): every device adds it once}}
+    // CHECK: stablehlo.reduce(%{{.*}}entangle.relation = "opaque: reduce over a split dim with init value 1 (not the identity of add): every device adds it once"
+    %1 = stablehlo.reduce(%a init: %one) applies stablehlo.add across dimensions = [1] : (tensor<8x4xf32>, tensor<f32>) -> tensor<8xf32>
+    %2 = "stablehlo.all_reduce"(%1) ({
+      ^bb0(%u: tensor<f32>, %v: tensor<f32>):
+        %s = stablehlo.add %u, %v : tensor<f32>
+        stablehlo.return %s : tensor<f32>
+    }) {replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, use_global_device_ids} : (tensor<8xf32>) -> tensor<8xf32>
+    sdy.return %2 : tensor<8xf32>
+  } : (tensor<8x16xf32>) -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["tp"=4]>
+
+func.func @ref(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> tensor<8xf32> {
+  %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<8x8xf32>
+  %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+  %1 = stablehlo.reduce(%0 init: %ninf) applies stablehlo.maximum across dimensions = [1] : (tensor<8x8xf32>, tensor<f32>) -> tensor<8xf32>
+  return %1 : tensor<8xf32>
+}
+
+// Refused: the max of a partial sum (psum missing before it). Summing a partial sum is fine.
+// CHECK-LABEL: func.func @max_of_partial_sum
+// FULL: func.func @max_of_partial_sum{{.*}}entangle.verdict = "not proven"
+func.func @max_of_partial_sum(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> tensor<8xf32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x, %w) in_shardings=[<@mesh, [{}, {"tp"}]>, <@mesh, [{"tp"}, {}]>] out_shardings=[<@mesh, [{}]>] manual_axes={"tp"} (%a: tensor<8x4xf32>, %b: tensor<4x8xf32>) {
+    // expected-error @+1 {{reduce (max) of a partial sum: missing all_reduce before it}}
+    %p = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
+    %zero = stablehlo.constant dense<0.0> : tensor<f32>
+    // CHECK: stablehlo.reduce(%{{.*}}entangle.relation = "partial sum {tp} : reduce_sum(dot_general(%arg0, %arg1))"
+    %s = stablehlo.reduce(%p init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<8x8xf32>, tensor<f32>) -> tensor<8xf32>
+    %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    // expected-note @+2 {{the partial sum is used here by stablehlo.reduce}}
+    // CHECK: stablehlo.reduce(%{{.*}}entangle.relation = "opaque: reduce (max) of a partial sum: missing all_reduce before it"
+    %1 = stablehlo.reduce(%p init: %ninf) applies stablehlo.maximum across dimensions = [1] : (tensor<8x8xf32>, tensor<f32>) -> tensor<8xf32>
+    sdy.return %1 : tensor<8xf32>
+  } : (tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<8xf32>
+  return %0 : tensor<8xf32>
+}
