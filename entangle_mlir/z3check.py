@@ -71,6 +71,12 @@ def set_dump_dir(path: str | os.PathLike | None) -> None:
     _dump_dir = None if path is None else Path(path)
 
 
+def follow_env_dump_dir() -> None:
+    """Forget any `set_dump_dir` call: dump where ENTANGLE_DUMP_SMT says (if set)."""
+    global _dump_dir
+    _dump_dir = _UNSET
+
+
 def dump_dir() -> Path | None:
     """Where queries are dumped, if anywhere (`set_dump_dir` wins over ENTANGLE_DUMP_SMT)."""
     if _dump_dir is not _UNSET:
