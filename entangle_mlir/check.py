@@ -40,12 +40,21 @@ def check_texts(ref_text: str, sharded_text: str, *, ref_file: str = "reference.
 
 def check_files(ref_path: str, sharded_path: str, *, verify_rules: bool = True) -> Report:
     """`entangle check REF SHARDED`; a single combined file may be given as both."""
-    if ref_path == sharded_path:
+    if _same_file(ref_path, sharded_path):
         return check_combined_file(ref_path, verify_rules=verify_rules)
     ref = load_file(ref_path)
     sharded = load_file(sharded_path)
     return check_program(from_two_modules(ref, sharded, ref_path, sharded_path),
                          verify_rules=verify_rules)
+
+
+def _same_file(a: str, b: str) -> bool:
+    import os
+
+    try:
+        return a == b or os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def check_combined_file(path: str, *, verify_rules: bool = True) -> Report:

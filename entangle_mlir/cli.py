@@ -22,7 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="check SHARDED against REF")
     check.add_argument("ref", help="reference program (.mlir text or bytecode)")
-    check.add_argument("sharded", help="sharded program (shard_map lowering)")
+    check.add_argument("sharded", nargs="?", default=None,
+                       help="sharded program (shard_map lowering); omit it for one file holding "
+                            "both functions, the sharded one marked `entangle.refines = @ref`")
     _common_options(check)
     demo = sub.add_parser("demo", help="check the bundled examples (and one caught bug)")
     _common_options(demo)
@@ -33,10 +35,15 @@ def main(argv: list[str] | None = None) -> int:
         set_dump_dir(args.dump_smt)
     try:
         if args.command == "demo":
-            return run_demo(args)
+            try:
+                return run_demo(args)
+            except BrokenPipeError:
+                _quiet_broken_pipe()
+                return 0
         from .check import check_files
 
-        report = check_files(args.ref, args.sharded, verify_rules=not args.no_verify_rules)
+        report = check_files(args.ref, args.sharded or args.ref,
+                             verify_rules=not args.no_verify_rules)
     except InputError as err:
         if getattr(args, "json", False):
             print(json.dumps({"verdict": "bad input", "exit_code": 2,
@@ -47,11 +54,20 @@ def main(argv: list[str] | None = None) -> int:
     except RecursionError:
         print("entangle: error: input nests too deeply to analyse", file=sys.stderr)
         return 2
-    if args.json:
-        print(report.dumps())
-    else:
-        print(report.render_text())
+    try:
+        print(report.dumps() if args.json else report.render_text())
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_broken_pipe()
     return report.exit_code
+
+
+def _quiet_broken_pipe() -> None:
+    """`entangle ... | head` closed our stdout: stop printing without a traceback."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _common_options(parser: argparse.ArgumentParser) -> None:

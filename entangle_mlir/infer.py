@@ -16,7 +16,9 @@ from .ir import op_location
 from .layout import GLOBAL, DeviceScalar, Opaque, Rel, Value
 from .mesh import Mesh, axes_str
 from .opinfo import OpInfo, describe
-from .program import read_meshes, mesh_from_attr
+from .per_device import (device_count, is_per_device, layout_of, parameter_shardings,
+                         result_shardings, synthesize_mesh)
+from .program import mesh_from_attr, read_meshes
 from .rules import RULES, RuleContext
 from .rules.common import check_local_shapes, resize
 from .terms import Term, make_arg
@@ -68,6 +70,7 @@ class Walker:
 
     def __init__(self, func: ir.Operation, module: ir.Module, file: str):
         self.func = func
+        self.module = module
         self.file = file
         self.meshes = read_meshes(module)
         self.walk = Walk()
@@ -79,8 +82,54 @@ class Walker:
             t = describe_type(arg.type)
             self.walk.values[arg] = Rel(make_arg(i, t.shape, t.dtype), ((),) * len(t.shape),
                                         scope=GLOBAL)
-        self._block(block, RuleContext())
+        if is_per_device(self.module, self.func) and not self._has_manual(block):
+            self._per_device(block)
+        else:
+            self._block(block, RuleContext())
         return self.walk
+
+    @staticmethod
+    def _has_manual(block) -> bool:
+        return any(op.operation.name == "sdy.manual_computation" for op in block.operations)
+
+    def _per_device(self, block) -> None:
+        """A partitioned program: parameters are local shards, results are local shards."""
+        shardings = parameter_shardings(self.module, self.func)
+        mesh = synthesize_mesh(device_count(self.module, shardings))
+        self.walk.mesh = mesh
+        ctx = RuleContext(mesh, mesh.names)
+        info = OpInfo("func.func", loc=op_location(self.func, self.file), op=None)
+        entry = self._record(info, [], [], ctx)
+        for arg, text in zip(block.arguments, shardings):
+            value = self.walk.values[arg]
+            layout = layout_of(text, len(value.term.shape), mesh)
+            if layout.tiling is None:
+                self.walk.values[arg] = Opaque(f"parameter layout unusable: {layout.reason}",
+                                               origin=(entry, None), category="unsupported")
+            else:
+                local = value.term
+                shape = tuple(size * mesh.group_size(axes)
+                              for size, axes in zip(local.shape, layout.tiling))
+                index = local.attrs[0]
+                self.walk.values[arg] = Rel(make_arg(index, shape, local.dtype), layout.tiling)
+        self.per_device_mode = True
+        self._block(block, ctx)
+        outputs = self.walk.outputs
+        texts = result_shardings(self.module, self.func, len(outputs))
+        results, rhos = [], []
+        for i, (value, text) in enumerate(zip(outputs, texts)):
+            rank = len(value.term.shape) if isinstance(value, Rel) else 0
+            layout = layout_of(text, rank, mesh)
+            if layout.tiling is None:
+                results.append(Opaque(f"result #{i} layout unusable: {layout.reason}",
+                                      origin=(self.walk.return_record, None),
+                                      category="unsupported"))
+                rhos.append("")
+                continue
+            results.append(self._leave(value, layout.tiling, mesh, self.walk.return_record, i))
+            rhos.append(rho_text(layout.tiling))
+        self.walk.outputs = results
+        self.walk.output_rho = rhos
 
     def _block(self, block, ctx: RuleContext) -> None:
         for op in block.operations:
@@ -242,6 +291,10 @@ class Walker:
                               origin=(record, None), category="unsupported")
         return Rel(value.term, tuple(tiling), scope="")
 
+    @property
+    def _scope_name(self) -> str:
+        return "the program" if getattr(self, "per_device_mode", False) else "shard_map"
+
     def _leave(self, value: Value, tiling, mesh: Mesh, record: OpRecord, index: int) -> Value:
         if isinstance(value, Opaque):
             return value
@@ -252,7 +305,7 @@ class Walker:
             origin = value.partial_origin if isinstance(value.partial_origin, OpRecord) else None
             verb = "sum" if value.kind == "sum" else value.kind
             return Opaque(f"value is still a partial {verb} over {axes_str(value.partial)} when "
-                          f"it leaves shard_map (result #{index}): missing all_reduce/"
+                          f"it leaves {self._scope_name} (result #{index}): missing all_reduce/"
                           f"{'psum' if verb == 'sum' else 'p' + verb}",
                           origin=(record, origin), category="missing_reduction")
         term = value.term

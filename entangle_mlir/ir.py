@@ -45,20 +45,40 @@ def parse_module(source: str | bytes, filename: str = "-") -> ir.Module:
         with context():
             return ir.Module.parse(source)
     except ir.MLIRError as err:
-        raise _parse_error(str(err), filename) from None
+        raise _parse_error(str(err), filename, source) from None
     except (ValueError, RuntimeError) as err:
         raise InputError(f"cannot parse MLIR: {err}", file=filename) from None
 
 
-def _parse_error(text: str, filename: str) -> InputError:
+def _parse_error(text: str, filename: str, source: str | bytes = "") -> InputError:
     for line in text.splitlines():
         match = _ERROR_POS.search(line)
         if match:
             file = filename if match.group(1) in ("-", "") else match.group(1)
-            loc = SourceLoc(file, int(match.group(2)), int(match.group(3)))
-            return InputError(f"cannot parse MLIR: {match.group(4)}", loc)
+            row, col = int(match.group(2)), int(match.group(3))
+            message = match.group(4)
+            if "unregistered dialect" in message:
+                name = _op_name_at(source, row, col)
+                message = (f"unknown op {name}: its dialect is not one entangle reads "
+                           "(func, stablehlo, chlo, mhlo, sdy, arith, ...)" if name else
+                           "an op of an unknown dialect")
+            loc = SourceLoc(file, row, col) if row > 0 else None
+            return InputError(f"cannot parse MLIR: {message}", loc, file=filename)
     detail = " ".join(line.strip() for line in text.splitlines()[1:] if line.strip())
     return InputError(f"cannot parse MLIR: {detail or text}", file=filename)
+
+
+def _op_name_at(source: str | bytes, row: int, col: int) -> str:
+    """The op name written at a position of the source text (for parse errors)."""
+    if not isinstance(source, str) or row < 1:
+        return ""
+    lines = source.splitlines()
+    if row > len(lines):
+        return ""
+    line = lines[row - 1]
+    match = (re.search(r'"([A-Za-z_][\w$]*\.[\w.$]+)"', line)
+             or re.search(r'(?:=|^)\s*([A-Za-z_][\w$]*\.[\w.$]+)', line))
+    return match.group(1) if match else ""
 
 
 def load_file(path: str) -> ir.Module:

@@ -67,8 +67,6 @@ def test_truncated_bytecode(entangle, write) -> None:
     _one_error(_check(entangle, ref, write("s.mlir", SHARDED_ADD)), ref, "cannot parse MLIR")
 
 
-@pytest.mark.xfail(strict=True, reason="bytecode errors are reported at a fake position "
-                   "`file:0:0:` (ir._parse_error keeps MLIR's 0:0 for bytecode)")
 def test_truncated_bytecode_has_no_fake_position(entangle, write) -> None:
     data = _bytecode()
     ref = write("ref.mlirbc", data[: len(data) // 2])
@@ -117,9 +115,6 @@ def test_unknown_dialect_op(entangle, write) -> None:
     _one_error(_check(entangle, write("r.mlir", REF_ADD), shd), f"{shd}:5:")
 
 
-@pytest.mark.xfail(strict=True, reason="the message does not name the op `foo.bar` and tells "
-                   "the user to pass `-allow-unregistered-dialect`, an mlir-opt flag entangle "
-                   "does not have")
 def test_unknown_dialect_op_is_named(entangle, write) -> None:
     shd = write("s.mlir", sharded(FOO_BODY))
     line = _one_error(_check(entangle, write("r.mlir", REF_ADD), shd), f"{shd}:5:", "foo.bar")
@@ -142,8 +137,6 @@ def test_dynamic_shape_in_sharded(entangle, write) -> None:
     _one_error(_check(entangle, ref, shd), "tensor<?x4xf32>", "static")
 
 
-@pytest.mark.xfail(strict=True, reason="a dynamic shape in the REFERENCE is reported against "
-                   "the sharded file (program._type always uses program.sharded_file)")
 def test_dynamic_shape_in_reference_names_the_reference(entangle, write) -> None:
     ref = write("ref_dyn.mlir", _dynamic(REF_ADD))
     shd = write("sharded.mlir", SHARDED_ADD)

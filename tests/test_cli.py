@@ -145,8 +145,6 @@ def test_combined_file_buggy(entangle, write) -> None:
     assert "not proven" in run.out and "missing all_reduce/psum" in run.out
 
 
-@pytest.mark.xfail(strict=True, reason="`entangle check FILE` (one combined file) is an "
-                   "argparse usage error; it should check the function with entangle.refines")
 def test_combined_file_single_argument(entangle, write) -> None:
     path = write("combined.mlir", COMBINED_ADD)
     run = entangle("check", path, "--no-verify-rules")
@@ -154,9 +152,6 @@ def test_combined_file_single_argument(entangle, write) -> None:
     assert "result#0 = concat over 'tp' along dim 0" in run.out
 
 
-@pytest.mark.xfail(strict=True, reason="the same combined file spelled two ways (./f and f) is "
-                   "linked as two modules: misleading 'cannot tell which function is the entry "
-                   "point (no @main)' (check.py compares path strings, not os.path.samefile)")
 def test_combined_file_same_file_two_spellings(entangle, write, monkeypatch) -> None:
     path = Path(write("combined.mlir", COMBINED_ADD))
     monkeypatch.chdir(path.parent)

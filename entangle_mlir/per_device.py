@@ -1,0 +1,191 @@
+"""Per-device SPMD programs (XLA's partitioner output): layouts from `mhlo.sharding` strings.
+
+Such a program has no named mesh, so one is synthesized: the device count factored into prime
+axes `d0, d1, ...` (row-major over device ids). Each tiled dim of a sharding is matched to the
+ordered axes whose block index reproduces the tile index of every device; replica groups and
+partition_id offset tables are read against the same axes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jaxlib.mlir import ir
+
+from .diagnostics import InputError
+from .mesh import Mesh
+
+_SHARDING = "mhlo.sharding"
+
+
+@dataclass(frozen=True)
+class DeviceLayout:
+    """A parameter's or result's layout: tiling per dim (over the synthesized mesh)."""
+
+    tiling: tuple[tuple[str, ...], ...] | None
+    reason: str = ""
+
+
+def is_per_device(module: ir.Module, func: ir.Operation) -> bool:
+    """True for partitioned programs: shardings on parameters and no manual computation."""
+    if "mhlo.spmd_parameters_shardings" in module.operation.attributes:
+        return True
+    return any(_SHARDING in _arg_attrs(func, i) for i in range(_num_args(func)))
+
+
+def _num_args(func: ir.Operation) -> int:
+    return len(func.regions[0].blocks[0].arguments)
+
+
+def _arg_attrs(func: ir.Operation, index: int) -> dict:
+    if "arg_attrs" not in func.attributes:
+        return {}
+    attrs = ir.ArrayAttr(func.attributes["arg_attrs"])
+    return _dict(attrs[index]) if index < len(attrs) else {}
+
+
+def _res_attrs(func: ir.Operation, index: int) -> dict:
+    if "res_attrs" not in func.attributes:
+        return {}
+    attrs = ir.ArrayAttr(func.attributes["res_attrs"])
+    return _dict(attrs[index]) if index < len(attrs) else {}
+
+
+def _dict(attr) -> dict:
+    d = ir.DictAttr(attr)
+    return {d[i].name: d[i].attr for i in range(len(d))}
+
+
+def _string(attr) -> str:
+    return ir.StringAttr(attr).value
+
+
+def parameter_shardings(module: ir.Module, func: ir.Operation) -> list[str | None]:
+    count = _num_args(func)
+    found = [None] * count
+    for i in range(count):
+        attrs = _arg_attrs(func, i)
+        if _SHARDING in attrs:
+            found[i] = _string(attrs[_SHARDING])
+    module_attrs = module.operation.attributes
+    if "mhlo.spmd_parameters_shardings" in module_attrs:
+        listed = ir.ArrayAttr(module_attrs["mhlo.spmd_parameters_shardings"])
+        for i in range(min(count, len(listed))):
+            if found[i] is None:
+                found[i] = _string(listed[i])
+    return found
+
+
+def result_shardings(module: ir.Module, func: ir.Operation, count: int) -> list[str | None]:
+    found: list[str | None] = [None] * count
+    for i in range(count):
+        attrs = _res_attrs(func, i)
+        if _SHARDING in attrs:
+            found[i] = _string(attrs[_SHARDING])
+    module_attrs = module.operation.attributes
+    if any(f is None for f in found) and "mhlo.spmd_output_sharding" in module_attrs:
+        text = _string(module_attrs["mhlo.spmd_output_sharding"])
+        parts = _tuple_elements(text) if count > 1 or text.startswith("{{") else [text]
+        for i in range(min(count, len(parts))):
+            if found[i] is None:
+                found[i] = parts[i]
+    return found
+
+
+def _tuple_elements(text: str) -> list[str]:
+    from jaxlib import _hlo
+
+    sharding = _hlo.HloSharding.from_string(text)
+    elements = sharding.tuple_elements()
+    return [str(e) for e in elements] if elements else [text]
+
+
+def _factor(n: int) -> list[int]:
+    factors, p = [], 2
+    while n > 1:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    return factors
+
+
+def synthesize_mesh(num_devices: int) -> Mesh:
+    return Mesh(tuple((f"d{i}", size) for i, size in enumerate(_factor(num_devices))))
+
+
+def device_count(module: ir.Module, shardings: list[str | None]) -> int:
+    attrs = module.operation.attributes
+    if "mhlo.num_partitions" in attrs:
+        return ir.IntegerAttr(attrs["mhlo.num_partitions"]).value
+    from jaxlib import _hlo
+
+    counts = [len(_hlo.HloSharding.from_string(s).tile_assignment_devices())
+              for s in shardings if s]
+    counts = [c for c in counts if c > 1]
+    if not counts:
+        raise InputError("per-device program: cannot tell the number of devices "
+                         "(no mhlo.num_partitions and no tiled sharding)")
+    return max(counts)
+
+
+def layout_of(text: str | None, rank: int, mesh: Mesh) -> DeviceLayout:
+    """The tiling a sharding string describes, or a reason it cannot be used."""
+    if text is None:
+        return DeviceLayout(None, "no mhlo.sharding")
+    from jaxlib import _hlo
+
+    try:
+        sharding = _hlo.HloSharding.from_string(text)
+    except Exception as err:  # noqa: BLE001 - reported as bad input by the caller
+        return DeviceLayout(None, f"cannot parse sharding {text!r}: {err}")
+    if sharding.is_replicated():
+        return DeviceLayout(((),) * rank)
+    if sharding.is_maximal():
+        return DeviceLayout(None, f"maximal sharding {text} (one device holds the value)")
+    if sharding.is_manual():
+        return DeviceLayout(None, f"manual sharding {text}")
+    dims = list(sharding.tile_assignment_dimensions())
+    devices = list(sharding.tile_assignment_devices())
+    if len(devices) != mesh.num_devices:
+        return DeviceLayout(None, f"sharding {text} uses {len(devices)} devices, the program "
+                                  f"{mesh.num_devices}")
+    tiled_dims = rank
+    if len(dims) < rank:
+        return DeviceLayout(None, f"sharding {text} has fewer tile dims than the rank {rank}")
+    index_of = {}
+    strides = [1] * len(dims)
+    for k in range(len(dims) - 2, -1, -1):
+        strides[k] = strides[k + 1] * dims[k + 1]
+    for position, device in enumerate(devices):
+        index_of[device] = [(position // strides[k]) % dims[k] for k in range(len(dims))]
+    tiling: list[tuple[str, ...]] = []
+    used: list[str] = []
+    for k in range(tiled_dims):
+        if dims[k] == 1:
+            tiling.append(())
+            continue
+        axes = _match(mesh, [index_of[d][k] for d in range(mesh.num_devices)], dims[k], used)
+        if axes is None:
+            return DeviceLayout(None, f"sharding {text}: the tiles of dim {k} follow no "
+                                      "ordering of mesh axes")
+        used.extend(axes)
+        tiling.append(axes)
+    return DeviceLayout(tuple(tiling))
+
+
+def _match(mesh: Mesh, index: list[int], blocks: int, used: list[str]
+           ) -> tuple[str, ...] | None:
+    """Ordered axes A, major first, with block_index(A, d) == index[d] for every device."""
+    if blocks == 1:
+        return () if all(i == 0 for i in index) else None
+    for axis in mesh.names:
+        size = mesh.size(axis)
+        if axis in used or blocks % size:
+            continue
+        rest = blocks // size
+        if all(index[d] // rest == mesh.coords(d)[axis] for d in range(mesh.num_devices)):
+            tail = _match(mesh, [i % rest for i in index], rest, used + [axis])
+            if tail is not None:
+                return (axis,) + tail
+    return None
