@@ -204,7 +204,8 @@ class InstanceChecker:
             return ProofResult("skipped", reason=f"too large to check at its real shape "
                                f"({size} elements) and not reducible: {why_not}")
         if abstract is not None:
-            return info, abstract[0], abstract[1], "abstract"
+            mode = "abstract" if size <= self.reduce_above else f"abstract ({why_not})"
+            return info, abstract[0], abstract[1], mode
         cost = _term_cost([v.term for v in ins + outs if isinstance(v, Rel)])
         if cost > MAX_TERM_COST:
             return ProofResult("skipped", reason=f"{why_not}, and its reference terms are too "

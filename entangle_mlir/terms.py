@@ -206,6 +206,9 @@ def make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple = (),
         flat = []
         for arg in args:
             flat.extend(arg.args if arg.op == op else (arg,))
+        if op == "stablehlo.xor":
+            ordered = tuple(sorted(flat, key=lambda t: t.serial))
+            return intern(op, ordered, attrs, ordered[0].shape, dtype or ordered[0].dtype)
         unique = {t.serial: t for t in flat}
         if op in ("stablehlo.maximum", "stablehlo.minimum"):
             neutral = float("-inf") if op == "stablehlo.maximum" else float("inf")
@@ -344,10 +347,12 @@ def _reshape_dot(term: Term, shape: tuple[int, ...]) -> Term | None:
                 "rhs": range(n_batch + n_lf, len(term.shape))}
     changed = None
     for src, dst in groups:
-        if [term.shape[d] for d in src] == [shape[d] for d in dst] and len(src) == len(dst):
-            continue
         owner = {name for name, rng in sections.items() for d in src if d in rng}
-        if len(owner) != 1 or "batch" in owner or (changed and changed != owner):
+        if len(owner) != 1:
+            return None
+        if [term.shape[d] for d in src] == [shape[d] for d in dst]:
+            continue
+        if "batch" in owner or (changed and changed != owner):
             return None
         changed = owner
     if changed is None:

@@ -72,6 +72,9 @@ def _all_reduce_one(info: OpInfo, x: Value, axes: tuple[str, ...], kind: str,
         return Opaque(f"all_reduce {verb} over {axes_str(axes)} but the value is a partial "
                       f"{x.kind}: the reduction kind is wrong", category="wrong_reducer")
     replicated_axes = [a for a in axes if a not in reduced]
+    if x.partial and replicated_axes and (kind != "sum" or x.kind != "sum"):
+        return Opaque(f"all_reduce {verb} over {axes_str(replicated_axes)} mixes the pieces of "
+                      f"a partial {x.kind} over {axes_str(x.partial)}", category="wrong_reducer")
     term = x.term
     if replicated_axes and kind == "sum":
         factor = ctx.mesh.group_size(replicated_axes)
@@ -203,7 +206,10 @@ def collective_permute(info: OpInfo, operands: list[Value], ctx: RuleContext) ->
         missing = sorted(set(range(ctx.mesh.num_devices)) - targets)
         return [Opaque(f"collective_permute leaves devices {missing[:8]} without data "
                        "(they receive zeros)", category="wrong_order")]
-    used = tuple(a for a in ctx.mesh.names if a in x.used_axes())
+    if x.partial:
+        used = tuple(a for a in ctx.mesh.names if a not in x.partial)
+    else:
+        used = tuple(a for a in ctx.mesh.names if a in x.tiled_axes)
     for source, target in pairs:
         if any(ctx.mesh.coords(source)[a] != ctx.mesh.coords(target)[a] for a in used):
             return [Opaque(f"collective_permute moves blocks along {axes_str(used)}: device "
