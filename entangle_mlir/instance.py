@@ -50,6 +50,7 @@ from .mesh import Mesh
 from .opinfo import OpInfo, TensorType
 from .rules.base import RuleContext
 from .terms import (
+    COMMUTATIVE,
     Term,
     intern,
     make_arg,
@@ -64,6 +65,7 @@ from .terms import (
     make_reshape,
     make_splat,
     make_transpose,
+    reshape_groups,
 )
 from .z3check import ProofResult, prove
 
@@ -489,6 +491,19 @@ def _reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
             return new_ops, new_res
         new_ops = [tuple(c(s) for s in o) for o in ops]
         return new_ops, list(new_ops)
+    if name == "stablehlo.iota" or name == "stablehlo.constant" and a.get("splat"):
+        return [], [tuple(c(size) for size in res[0])]
+    if name == "stablehlo.reshape":
+        pairs = _reduced_reshape(ops[0], res[0], c)
+        return None if pairs is None else ([pairs[0]], [pairs[1]])
+    if name == "stablehlo.concatenate":
+        dim = a["dimension"]
+        new_ops = [tuple(c(size) for size in o) for o in ops]
+        if any(len(o) != len(res[0]) for o in ops):
+            return None
+        out = list(new_ops[0])
+        out[dim] = sum(o[dim] for o in new_ops)
+        return new_ops, [tuple(out)]
     if name == "stablehlo.transpose":
         perm = a["permutation"]
         new_op = tuple(c(s) for s in ops[0])
@@ -550,6 +565,35 @@ def _reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
     return None
 
 
+def _reduced_reshape(src: tuple[int, ...], dst: tuple[int, ...], c
+                     ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """A reshape at a reduced shape when every dim group is a pure merge or a pure split
+    (row-major structure kept: merged dims shrink, the merged dim is their product)."""
+    groups = reshape_groups(src, dst)
+    if groups is None:
+        return None
+    new_src, new_dst = list(src), list(dst)
+    for src_dims, dst_dims in groups:
+        big_src = [d for d in src_dims if src[d] != 1]
+        big_dst = [d for d in dst_dims if dst[d] != 1]
+        if len(big_src) > 1 and len(big_dst) > 1:
+            return None
+        if len(big_src) <= 1 and len(big_dst) <= 1:
+            for d in big_src:
+                new_src[d] = c(src[d])
+            for d in big_dst:
+                new_dst[d] = c(dst[d])
+        elif len(big_src) > 1:
+            for d in big_src:
+                new_src[d] = c(src[d])
+            new_dst[big_dst[0]] = math.prod(new_src[d] for d in big_src)
+        else:
+            for d in big_dst:
+                new_dst[d] = c(dst[d])
+            new_src[big_src[0]] = math.prod(new_dst[d] for d in big_dst)
+    return tuple(new_src), tuple(new_dst)
+
+
 def _resize_term(term: Term, shape: tuple[int, ...], leaves: dict[int, Term]) -> Term | None:
     """An abstract input term at a new global shape (leaves resized consistently)."""
     if term.op == "splat":
@@ -567,6 +611,19 @@ def _resize_term(term: Term, shape: tuple[int, ...], leaves: dict[int, Term]) ->
                          for i, d in enumerate(dims))
         inner = _resize_term(operand, op_shape, leaves)
         return None if inner is None else make_broadcast(inner, dims, shape)
+    same_shape = all(a.shape == term.shape for a in term.args)
+    if term.args and same_shape and (term.op in _STRUCTURAL or term.op in S.ELEMENTWISE):
+        args = [_resize_term(a, shape, leaves) for a in term.args]
+        if any(a is None for a in args):
+            return None
+        if term.op == "lin":
+            constant, coefs = term.attrs
+            return make_lin(list(zip(coefs, args)), constant, shape, term.dtype)
+        if term.op == "mul":
+            return _fold(make_mul, args)
+        if term.op == "div":
+            return make_div(*args)
+        return make_elementwise(term.op, tuple(args), term.attrs, term.dtype)
     return None
 
 
@@ -604,7 +661,12 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
             new_ins.append(value)
         else:
             new_ins.append(value)
-    new_info = replace(info,
+    attrs = dict(info.attrs)
+    if info.name == "stablehlo.constant":
+        value = np.asarray(attrs["value"])
+        attrs["value"] = np.full(new_res[0], value.reshape(-1)[0] if value.size else 0,
+                                 dtype=value.dtype)
+    new_info = replace(info, attrs=attrs,
                        operand_types=[TensorType(tuple(s), t.dtype)
                                       for s, t in zip(new_ops, info.operand_types)],
                        result_types=[TensorType(tuple(s), t.dtype)
@@ -614,14 +676,25 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
 
 
 def _skeleton(term: Term, memo: dict[int, tuple]) -> tuple:
-    """The term without its shapes (ranks kept): equal skeletons = same computation."""
+    """The term without its shapes (ranks kept): equal skeletons = same computation.
+
+    Operands of commutative terms are ordered by serial number, which depends on creation
+    order; the skeleton sorts them instead (with their coefficients for `lin`).
+    """
     found = memo.get(term.serial)
     if found is None:
+        children = [_skeleton(a, memo) for a in term.args]
         if term.op == "arg":
             found = ("arg", term.attrs[0], len(term.shape))
-        else:
+        elif term.op == "lin":
+            constant, coefs = term.attrs
+            pairs = tuple(sorted(zip(coefs, children), key=repr))
+            found = ("lin", constant, len(term.shape), term.dtype, pairs)
+        elif term.op == "mul" or term.op in COMMUTATIVE:
             found = (term.op, term.attrs, len(term.shape), term.dtype,
-                     tuple(_skeleton(a, memo) for a in term.args))
+                     tuple(sorted(children, key=repr)))
+        else:
+            found = (term.op, term.attrs, len(term.shape), term.dtype, tuple(children))
         memo[term.serial] = found
     return found
 
