@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         print(report.dumps() if args.json else report.render_text())
+        if args.explain and not args.json:
+            print(report.render_explanation())
         sys.stdout.flush()
     except BrokenPipeError:
         _quiet_broken_pipe()
@@ -75,6 +77,8 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-verify-rules", action="store_true",
                         help="skip the Z3 rule-instance checks (faster; the report says so)")
     parser.add_argument("--dump-smt", metavar="DIR", help="write every Z3 query as SMT-LIB")
+    parser.add_argument("--explain", action="store_true",
+                        help="print, for each output, the chain of relations that builds it")
 
 
 def run_demo(args) -> int:

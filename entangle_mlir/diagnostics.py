@@ -50,6 +50,7 @@ class Diagnostic:
     message: str
     loc: SourceLoc | None = None
     notes: tuple[Diagnostic, ...] = field(default=())
+    category: str = ""
 
     def render(self) -> str:
         where = f"{self.loc}: " if self.loc else ""
@@ -62,8 +63,11 @@ class Diagnostic:
         if self.loc:
             loc = {"file": self.loc.file, "line": self.loc.line, "col": self.loc.col,
                    "op_name": self.loc.op_name}
-        return {"severity": self.severity, "message": self.message, "location": loc,
-                "notes": [n.to_json() for n in self.notes]}
+        out = {"severity": self.severity, "message": self.message, "location": loc,
+               "notes": [n.to_json() for n in self.notes]}
+        if self.category:
+            out["reason"] = self.category
+        return out
 
 
 class InputError(Exception):

@@ -38,10 +38,14 @@ class OpRecord:
     outputs: list[Value]
     hints: list[str] = field(default_factory=list)
     manual_axes: tuple[str, ...] = ()
+    sources: list[OpRecord | None] = field(default_factory=list)
 
     @property
     def loc(self) -> SourceLoc | None:
         return self.info.loc
+
+    def relation_text(self) -> str:
+        return "; ".join(v.describe() for v in self.outputs if v is not None)
 
 
 @dataclass
@@ -75,6 +79,7 @@ class Walker:
         self.meshes = read_meshes(module)
         self.walk = Walk()
         self.boundary: dict = {}
+        self.producer: dict = {}
 
     def run(self) -> Walk:
         block = self.func.regions[0].blocks[0]
@@ -141,11 +146,15 @@ class Walker:
                                                               "(outside shard_map)")
                                             for v in op.operands]
                     self.walk.return_record = self._record(describe(op, self.file), [], [], ctx)
+                    self.walk.return_record.sources = self._sources(op.operands)
                 continue
             if op.name == "sdy.manual_computation":
                 self._manual(op, ctx)
                 continue
             self._op(op, ctx)
+
+    def _sources(self, values) -> list[OpRecord | None]:
+        return [self.producer.get(v) for v in values]
 
     def _record(self, info: OpInfo, inputs, outputs, ctx: RuleContext) -> OpRecord:
         record = OpRecord(len(self.walk.records), info, inputs, outputs, list(ctx.hints),
@@ -182,6 +191,9 @@ class Walker:
                                   category="internal")] * len(op.results)
             outputs = check_local_shapes(info, outputs, local)
         record = self._record(info, inputs, [], local)
+        record.sources = self._sources(op.operands)
+        for result in op.results:
+            self.producer[result] = record
         for note in local.notes:
             if note not in self.walk.notes:
                 self.walk.notes.append(note)
@@ -192,6 +204,9 @@ class Walker:
 
     def _give_up(self, op: ir.Operation, info: OpInfo, reason: str, ctx: RuleContext) -> None:
         record = self._record(info, [self.walk.values.get(v) for v in op.operands], [], ctx)
+        record.sources = self._sources(op.operands)
+        for result in op.results:
+            self.producer[result] = record
         value = Opaque(reason, origin=(record, None), category="internal")
         record.outputs = [value] * len(op.results)
         for result in op.results:
@@ -217,6 +232,8 @@ class Walker:
         block = op.regions[0].blocks[0]
         record = self._record(info, [self.walk.values[v] for v in op.operands], [], inner)
         for value, arg, tiling in zip(op.operands, block.arguments, in_tilings):
+            if value in self.producer:
+                self.producer[arg] = self.producer[value]
             self.walk.values[arg] = self._enter(self.walk.values[value], tiling, mesh, record,
                                                  manual)
         self._block(block, inner)
@@ -226,6 +243,9 @@ class Walker:
             inner_value = self.walk.values[value]
             results.append(self._leave(inner_value, tiling, mesh, record, i))
         record.outputs = results
+        record.sources = self._sources(terminator.operands)
+        for result in op.results:
+            self.producer[result] = record
         for result, value, tiling in zip(op.results, results, out_tilings):
             self.walk.values[result] = value
             self.boundary[result] = rho_text(tiling)

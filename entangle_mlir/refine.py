@@ -1,58 +1,146 @@
-"""Outputs against the reference: ρ when they match, the first diverging op when not."""
+"""Outputs against the reference: ρ when they match, the first diverging op when not.
+
+A failing output is traced to one sharded op (the first opaque op, or the first op on the
+output's slice whose term the reference never computes) and, where one exists, the reference
+op it should correspond to; both are reported with their source locations.
+"""
 
 from __future__ import annotations
 
 from .diagnostics import Diagnostic
-from .infer import OpRecord, Walk, reference_terms
-from .layout import DeviceScalar, Opaque, Rel
+from .infer import OpRecord, Walk
+from .layout import GLOBAL, DeviceScalar, Opaque, Rel
 from .report import NOT_PROVEN, PROVEN, OutputResult, Report
 from .terms import Term, pretty, single_scaled, structural_diff
 
 _LEAF_OPS = ("splat", "dense", "iota", "arg")
+_BOUNDARY_OPS = ("sdy.manual_computation", "func.func", "func.return")
+
+
+class _Reference:
+    """Every term the reference computes, and the first op computing it."""
+
+    def __init__(self, walk: Walk):
+        self.walk = walk
+        self.by_term: dict[int, OpRecord] = {}
+        self.terms: dict[int, Term] = {}
+        for value in walk.values.values():
+            if isinstance(value, Rel):
+                self.terms[value.term.serial] = value.term
+        for record in walk.records:
+            for value in record.outputs:
+                if isinstance(value, Rel):
+                    self.by_term.setdefault(value.term.serial, record)
+
+    def has(self, term: Term) -> bool:
+        return term.serial in self.terms
+
+    def counterpart(self, record: OpRecord) -> OpRecord | None:
+        """The reference op a sharded op should correspond to, if one can be found."""
+        for value in record.outputs:
+            if isinstance(value, Rel):
+                found = self._lookup(value.term)
+                if found:
+                    return found
+        hypothetical = _global_result(record)
+        if hypothetical is not None:
+            found = self._lookup(hypothetical)
+            if found:
+                return found
+        for value in record.inputs:
+            if isinstance(value, Rel) and value.term.op not in _LEAF_OPS:
+                found = self._lookup(value.term)
+                if found:
+                    return found
+        return None
+
+    def _lookup(self, term: Term) -> OpRecord | None:
+        found = self.by_term.get(term.serial)
+        if found is None:
+            _, base = single_scaled(term)
+            found = self.by_term.get(base.serial)
+        return found
+
+
+def _global_result(record: OpRecord) -> Term | None:
+    """The term the op would compute on whole (unsharded) operands."""
+    from .rules import RULES, RuleContext
+
+    rule = RULES.get(record.info.name)
+    if rule is None or not all(isinstance(v, Rel) for v in record.inputs):
+        return None
+    inputs = [Rel(v.term, ((),) * len(v.term.shape), scope=GLOBAL) for v in record.inputs]
+    try:
+        results = rule(record.info, inputs, RuleContext())
+    except Exception:  # noqa: BLE001 - only a hint for the diagnostic
+        return None
+    first = results[0] if results else None
+    return first.term if isinstance(first, Rel) else None
 
 
 def compare(ref: Walk, sharded: Walk) -> Report:
     """The verdict for every output; diagnostics point at the first op that went wrong."""
     outputs, diagnostics = [], []
-    ref_terms = reference_terms(ref)
+    reference = _Reference(ref)
     for i, (want, got) in enumerate(zip(ref.outputs, sharded.outputs)):
         rho = sharded.output_rho[i] if i < len(sharded.output_rho) else ""
         if isinstance(want, Opaque):
             outputs.append(OutputResult(i, False, rho))
-            diagnostics.append(_opaque_diagnostic(want, prefix="in the reference: "))
+            diagnostics.append(_opaque_diagnostic(want, None, prefix="in the reference: "))
             continue
         if isinstance(got, Opaque):
             outputs.append(OutputResult(i, False, rho))
-            diagnostics.append(_opaque_diagnostic(got))
+            diagnostics.append(_opaque_diagnostic(got, reference))
             continue
         if not isinstance(got, Rel) or not isinstance(want, Rel):
             outputs.append(OutputResult(i, False, rho))
-            diagnostics.append(Diagnostic("error", f"result #{i} is not a tensor value"))
+            diagnostics.append(Diagnostic("error", f"result #{i} is not a tensor value",
+                                          category="unrelated"))
             continue
         if got.term is want.term:
             outputs.append(OutputResult(i, True, rho, pretty(want.term, 3)))
             continue
         outputs.append(OutputResult(i, False, rho))
-        diagnostics.append(_mismatch_diagnostic(i, want.term, got.term, sharded, ref_terms))
+        diagnostics.append(_mismatch_diagnostic(i, want.term, got.term, sharded, reference))
     seen, unique = set(), []
     for diag in diagnostics:
         key = (diag.message, str(diag.loc))
         if key not in seen:
             seen.add(key)
             unique.append(diag)
-    verdict = PROVEN if all(o.proven for o in outputs) and outputs is not None else NOT_PROVEN
+    verdict = PROVEN if all(o.proven for o in outputs) else NOT_PROVEN
     if len(ref.outputs) != len(sharded.outputs):
         verdict = NOT_PROVEN
     mesh = sharded.mesh.describe() if sharded.mesh else ""
-    return Report(verdict, outputs, unique, list(dict.fromkeys(ref.notes + sharded.notes)),
-                  mesh=mesh)
+    report = Report(verdict, outputs, unique, list(dict.fromkeys(ref.notes + sharded.notes)),
+                    mesh=mesh)
+    report.explanations = [explain(sharded, i) for i in range(len(sharded.outputs))]
+    return report
 
 
-def _opaque_diagnostic(value: Opaque, prefix: str = "") -> Diagnostic:
+def _counterpart_note(record: OpRecord | None, reference: _Reference | None) -> list[Diagnostic]:
+    if record is None or reference is None:
+        return []
+    twin = reference.counterpart(record)
+    if twin is None:
+        return []
+    name = twin.info.loc.op_name if twin.info.loc and twin.info.loc.op_name else twin.info.name
+    return [Diagnostic("note", f"corresponds to the reference op {twin.info.name} ({name}), "
+                               f"which computes {pretty(_first_term(twin), 3)}", twin.loc)]
+
+
+def _first_term(record: OpRecord) -> Term | str:
+    for value in record.outputs:
+        if isinstance(value, Rel):
+            return value.term
+    return "?"
+
+
+def _opaque_diagnostic(value: Opaque, reference: _Reference | None,
+                       prefix: str = "") -> Diagnostic:
     record, blame = value.origin if isinstance(value.origin, tuple) else (None, None)
-    notes = []
+    notes: list[Diagnostic] = []
     primary = record
-    message = prefix + value.reason
     if isinstance(blame, OpRecord) and blame is not record:
         primary = blame
         if record is not None and value.category == "missing_reduction":
@@ -61,50 +149,54 @@ def _opaque_diagnostic(value: Opaque, prefix: str = "") -> Diagnostic:
         elif record is not None:
             notes.append(Diagnostic("note", f"the partial sum is used here by "
                                             f"{record.info.name}", record.loc))
+    notes.extend(_counterpart_note(primary, reference))
     loc = primary.loc if primary else None
-    return Diagnostic("error", message, loc, tuple(notes))
+    return Diagnostic("error", prefix + value.reason, loc, tuple(notes),
+                      category=value.category)
 
 
 def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
-                         ref_terms: dict[int, Term]) -> Diagnostic:
+                         reference: _Reference) -> Diagnostic:
     k, base = single_scaled(got)
     if base is want:
         message = f"result #{index} is {k} x the reference"
     else:
         message = f"result #{index} differs from the reference: " + (
             structural_diff(want, got) or "different terms")
-    culprit = _first_divergence(got, sharded, ref_terms)
+    where = sharded.return_record.loc if sharded.return_record else None
+    culprit = _first_divergence(got, sharded, reference)
     if culprit is None:
-        return Diagnostic("error", message, sharded.return_record.loc
-                          if sharded.return_record else None)
+        return Diagnostic("error", message, where, category="different_function")
     record, term = culprit
+    k2, base2 = single_scaled(term)
+    category = "different_function"
     if record.hints:
         reason = record.hints[0]
+        category = "duplicate_reduction" if "already replicated" in reason else "scale"
+    elif reference.has(base2) and k2 != 1:
+        reason = f"value is {k2} x what the reference computes here ({pretty(base2, 3)})"
+        category = "scale"
     else:
-        k2, base2 = single_scaled(term)
-        if base2.serial in ref_terms and k2 != 1:
-            reason = f"value is {k2} x what the reference computes here ({pretty(base2, 3)})"
-        else:
-            reason = (f"{record.info.name.split('.')[-1]} computes {pretty(term, 3)}, which the "
-                      "reference never computes")
-    note = Diagnostic("note", message, sharded.return_record.loc if sharded.return_record
-                      else None)
-    return Diagnostic("error", reason, record.loc, (note,))
+        reason = (f"{record.info.name.split('.')[-1]} computes {pretty(term, 3)}, which the "
+                  "reference never computes")
+    notes = [Diagnostic("note", message, where), *_counterpart_note(record, reference)]
+    return Diagnostic("error", reason, record.loc, tuple(notes), category=category)
 
 
-def _first_divergence(out: Term, sharded: Walk, ref_terms: dict[int, Term]):
+def _first_divergence(out: Term, sharded: Walk, reference: _Reference):
     """The first op, in program order, on the output's slice whose term the reference lacks."""
     needed = _subterms(out)
     for record in sharded.records:
-        if record.info.name == "sdy.manual_computation":
+        if record.info.name in _BOUNDARY_OPS:
             continue
         for value in record.outputs:
             if not isinstance(value, Rel) or isinstance(value, DeviceScalar):
                 continue
             term = value.term
-            if term.op in _LEAF_OPS or term.serial in ref_terms:
+            if term.op in _LEAF_OPS or reference.has(term):
                 continue
-            if term.serial in needed or _feeds(term, needed):
+            _, base = single_scaled(term)
+            if term.serial in needed or base.serial in needed:
                 return record, term
     return None
 
@@ -121,6 +213,21 @@ def _subterms(term: Term) -> set[int]:
     return found
 
 
-def _feeds(term: Term, needed: set[int]) -> bool:
-    k, base = single_scaled(term)
-    return base.serial in needed
+def explain(walk: Walk, index: int) -> list[str]:
+    """The chain of relations from the inputs to output `index`, in program order."""
+    ret = walk.return_record
+    if ret is None or index >= len(ret.sources):
+        return []
+    seen: dict[int, OpRecord] = {}
+    stack = [ret.sources[index]]
+    while stack:
+        record = stack.pop()
+        if record is None or record.index in seen:
+            continue
+        seen[record.index] = record
+        stack.extend(record.sources)
+    lines = []
+    for record in sorted(seen.values(), key=lambda r: r.index):
+        where = f"{record.loc}: " if record.loc else ""
+        lines.append(f"{where}{record.info.name}: {record.relation_text()}")
+    return lines

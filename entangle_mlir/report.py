@@ -28,6 +28,8 @@ class Report:
     mode: str = ""
     mesh: str = ""
     stats: dict = field(default_factory=dict)
+    explanations: list[list[str]] = field(default_factory=list)
+    evidence: dict = field(default_factory=dict)
 
     @property
     def proven(self) -> bool:
@@ -36,6 +38,13 @@ class Report:
     @property
     def exit_code(self) -> int:
         return 0 if self.proven else 1
+
+    def render_explanation(self) -> str:
+        lines = []
+        for index, chain in enumerate(self.explanations):
+            lines.append(f"result#{index} is built by:")
+            lines.extend(f"  {step}" for step in chain)
+        return "\n".join(lines)
 
     def render_text(self) -> str:
         lines = [d.render() for d in self.diagnostics]
@@ -50,6 +59,8 @@ class Report:
             lines.append(f"  result#{out.index} = {out.rho}{mark}")
         for note in self.notes:
             lines.append(f"note: {note}")
+        if self.evidence:
+            lines.append(f"evidence: {self.evidence.get('summary', '')}")
         if self.mode:
             lines.append(f"rule checks: {self.mode}")
         return "\n".join(lines)
@@ -65,6 +76,8 @@ class Report:
             "notes": list(self.notes),
             "rule_check_mode": self.mode,
             "stats": self.stats,
+            "explanations": self.explanations,
+            "evidence": self.evidence,
         }
 
     def dumps(self) -> str:
