@@ -325,9 +325,9 @@ def _random_composition(seed: int) -> None:
             den = T.make_lin([(Fraction(1), T.make_mul(o, o))], 1, shape, "f32")
             nt, nv = T.make_div(t, den), S.apply(lambda a, b: a / (b * b + 1), v, ov)
         elif op == "dot":
-            if not shape or 1 in shape[:-1]:
-                continue  # see test_known_terms_bug_reshape_of_dot_with_unit_dims
-            free = tuple(rng.choice([2, 3]) for _ in range(rng.randint(0, 2)))
+            if not shape:
+                continue
+            free = tuple(rng.choice([1, 2, 3]) for _ in range(rng.randint(0, 2)))
             o, ov = _fresh((shape[-1],) + free, env, rng)
             attrs = ((), (), (len(shape) - 1,), (0,))
             nt = T.make_dot(t, o, attrs, shape[:-1] + free, "f32")
@@ -360,10 +360,9 @@ def test_term_constructors_preserve_meaning(block: int) -> None:
         _random_composition(seed)
 
 
-# ----- known bugs elsewhere, pinned by failing examples (see the report) -----------------------
+# ----- regressions: bugs these checks found in terms.py and the rules (fixed in fb29686) ---------
 
-@pytest.mark.xfail(reason="terms.make_elementwise deduplicates xor operands: xor(a, a) -> a")
-def test_known_terms_bug_xor_is_not_idempotent() -> None:
+def test_regression_xor_is_not_idempotent() -> None:
     a = arg((2,), "i1")
     ins = [tiled(a), tiled(a)]
     info = info_for("stablehlo.xor", ins, [((2,), "i1")], M1)
@@ -371,8 +370,7 @@ def test_known_terms_bug_xor_is_not_idempotent() -> None:
     assert I.check_instance(info, ins, outs, M1, checker=I.InstanceChecker()).proved
 
 
-@pytest.mark.xfail(reason="terms._reshape_dot mis-assigns unit dims: ill-shaped dot term")
-def test_known_terms_bug_reshape_of_dot_with_unit_dims() -> None:
+def test_regression_reshape_of_dot_with_unit_dims() -> None:
     a, b = arg((2, 1, 3)), arg((3, 2, 1))
     dot = T.make_dot(a, b, ((), (), (2,), (0,)), (2, 1, 2, 1), "f32")
     env = {a.attrs[0]: S.full((2, 1, 3), 1), b.attrs[0]: S.full((3, 2, 1), 1)}
@@ -394,12 +392,11 @@ COLLECTIVE_BUGS = [
 
 @pytest.mark.parametrize("name,op,value,attrs", COLLECTIVE_BUGS,
                          ids=[c[0] for c in COLLECTIVE_BUGS])
-@pytest.mark.xfail(reason="rules/collectives.py treats a partial value's local pieces as "
-                          "replicated over the non-partial axes")
-def test_known_rule_bugs_collectives(name, op, value, attrs) -> None:
+def test_regression_partial_pieces_differ_across_replicas(name, op, value, attrs) -> None:
+    """A partial value's local pieces are NOT replicated over the non-partial axes."""
     info = info_for(op, [value], [((2,), "f32")], M2, attrs)
     outs = run_rule(info, [value], M2)
     if all(isinstance(v, Opaque) for v in outs):
-        return  # the rule now refuses the instance: fixed
+        return  # the rule refuses the instance
     result = I.check_instance(info, [value], outs, M2, checker=I.InstanceChecker())
     assert result.proved, result.describe()

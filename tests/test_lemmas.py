@@ -8,7 +8,9 @@ them: "unknown" is a failure, as is a proved wrong relation.
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -601,3 +603,171 @@ def test_refutes_max_of_split_dim_claimed_partial_sum() -> None:
     wrong = rel(T.intern("reduce_max", (x,), ((1,),), (2,), "f32"), partial=("tp",))
     refute("stablehlo.reduce", [rel(x, (), "tp"), splat(-math.inf, ())], [wrong],
            [((2,), "f32")], {"dimensions": (1,), "reducer": "max"})
+
+
+# ----- random rule instances (seeded): whatever a rule claims must be proved ---------------------
+
+_RANDOM_ELEMENTWISE = {"stablehlo.add": 2, "stablehlo.subtract": 2, "stablehlo.multiply": 2,
+                       "stablehlo.divide": 2, "stablehlo.maximum": 2, "stablehlo.minimum": 2,
+                       "stablehlo.negate": 1, "stablehlo.tanh": 1, "stablehlo.convert": 1,
+                       "stablehlo.abs": 1, "stablehlo.select": 3, "stablehlo.clamp": 3,
+                       "stablehlo.compare": 2}
+
+
+def _random_rel(rng: random.Random, shape: tuple[int, ...], mesh: Mesh) -> Rel:
+    """A random layout: each mesh axis splits a dim, is a partial axis, or replicates."""
+    tiling: list[tuple[str, ...]] = [()] * len(shape)
+    partial: list[str] = []
+    for axis in rng.sample(mesh.names, len(mesh.names)):
+        roll = rng.random()
+        if roll < 0.4 and shape:
+            d = rng.randrange(len(shape))
+            if (shape[d] // mesh.group_size(tiling[d])) % mesh.size(axis) == 0:
+                tiling[d] += (axis,)
+        elif roll < 0.6:
+            partial.append(axis)
+    partial_axes = tuple(a for a in mesh.names if a in partial)
+    kind = rng.choice(["sum", "sum", "max"]) if partial_axes else ""
+    return Rel(arg(shape), tuple(tiling), partial_axes, kind)
+
+
+def _like(rel_: Rel, dtype: str = "f32") -> Rel:
+    return Rel(arg(rel_.term.shape, dtype), rel_.tiling, rel_.partial, rel_.kind)
+
+
+def _random_lemma(rng: random.Random) -> Lemma | None:
+    mesh = rng.choice([M1, M2])
+    shape = tuple(rng.choice([2, 4]) for _ in range(rng.randint(1, 3)))
+    x = _random_rel(rng, shape, mesh)
+    local = local_type(x, mesh).shape
+    family = rng.choice(["elementwise", "elementwise", "dot", "reduce", "broadcast", "reshape",
+                         "transpose", "slice", "concatenate", "pad", "collective",
+                         "collective"])
+    if family == "elementwise":
+        op = rng.choice(sorted(_RANDOM_ELEMENTWISE))
+        ins: list[Value] = []
+        for i in range(_RANDOM_ELEMENTWISE[op]):
+            roll = rng.random()
+            if op == "stablehlo.select" and i == 0:
+                ins.append(Rel(arg(shape, "i1"), x.tiling))
+            elif roll < 0.5:
+                ins.append(_like(x))
+            elif roll < 0.7:
+                ins.append(Rel(arg(shape), x.tiling))
+            elif roll < 0.85:
+                ins.append(splat(rng.choice([0, 1, -2, 0.5]), local))
+            else:
+                ins.append(_random_rel(rng, shape, mesh))
+        attrs = {"comparison_direction": rng.choice(["LT", "EQ"])} if op.endswith(
+            "compare") else {}
+        dtype = "i1" if op.endswith("compare") else "f32"
+        return Lemma("random", op, ins, [(local_type(ins[-1], mesh).shape, dtype)], attrs,
+                     mesh)
+    if family == "dot":
+        m, k, n = (rng.choice([2, 4]) for _ in range(3))
+        lhs, rhs = _random_rel(rng, (m, k), mesh), _random_rel(rng, (k, n), mesh)
+        lt, rt = local_type(lhs, mesh).shape, local_type(rhs, mesh).shape
+        if lt[1] != rt[0]:
+            return None
+        return Lemma("random", "stablehlo.dot_general", [lhs, rhs], [((lt[0], rt[1]), "f32")],
+                     _dot_attrs(), mesh)
+    if family == "reduce":
+        dims = tuple(sorted(rng.sample(range(len(shape)), rng.randint(1, len(shape)))))
+        reducer = rng.choice(["add", "max", "min"])
+        init = rng.choice([{"add": 0, "max": -math.inf, "min": math.inf}[reducer], 1])
+        out = tuple(s for d, s in enumerate(local) if d not in dims)
+        return Lemma("random", "stablehlo.reduce", [x, splat(init, ())], [(out, "f32")],
+                     {"dimensions": dims, "reducer": reducer}, mesh)
+    if family == "broadcast":
+        rank = len(shape) + rng.randint(0, 2)
+        dims = tuple(sorted(rng.sample(range(rank), len(shape))))
+        out = [rng.choice([1, 2, 3]) for _ in range(rank)]
+        for i, d in enumerate(dims):
+            out[d] = local[i]
+        return Lemma("random", "stablehlo.broadcast_in_dim", [x], [(tuple(out), "f32")],
+                     {"broadcast_dimensions": dims}, mesh)
+    if family == "reshape":
+        size = math.prod(local)
+        shapes = sorted(t for r in range(1, 4) for t in itertools.product([1, 2, 4, 8], repeat=r)
+                        if math.prod(t) == size)
+        return Lemma("random", "stablehlo.reshape", [x], [(rng.choice(shapes), "f32")], {}, mesh)
+    if family == "transpose":
+        perm = tuple(rng.sample(range(len(shape)), len(shape)))
+        return Lemma("random", "stablehlo.transpose", [x], [(tuple(local[p] for p in perm),
+                                                              "f32")],
+                     {"permutation": perm}, mesh)
+    if family == "slice":
+        starts = tuple(rng.randrange(s) for s in local)
+        limits = tuple(rng.randint(a + 1, s) for a, s in zip(starts, local))
+        out = tuple(b - a for a, b in zip(starts, limits))
+        return Lemma("random", "stablehlo.slice", [x], [(out, "f32")],
+                     {"start_indices": starts, "limit_indices": limits,
+                      "strides": (1,) * len(local)}, mesh)
+    if family == "concatenate":
+        dim = rng.randrange(len(shape))
+        out = list(local)
+        out[dim] *= 2
+        return Lemma("random", "stablehlo.concatenate", [x, _like(x)], [(tuple(out), "f32")],
+                     {"dimension": dim}, mesh)
+    if family == "pad":
+        low, high, inner = ([rng.randint(0, 1) for _ in local] for _ in range(3))
+        out = tuple(s + a + b + max(s - 1, 0) * c for s, a, b, c in zip(local, low, high, inner))
+        return Lemma("random", "stablehlo.pad", [x, splat(rng.choice([0, 1]), ())],
+                     [(out, "f32")], {"edge_padding_low": tuple(low),
+                                      "edge_padding_high": tuple(high),
+                                      "interior_padding": tuple(inner)}, mesh)
+    axes = tuple(a for a in mesh.names if rng.random() < 0.6) or (mesh.names[0],)
+    if rng.random() < 0.3:
+        axes = axes[::-1]
+    count = mesh.group_size(axes)
+    op = rng.choice(["all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                     "collective_permute"])
+    dim, other = rng.randrange(len(shape)), rng.randrange(len(shape))
+    out = list(local)
+    if op == "all_reduce":
+        attrs = {**groups(mesh, *axes), "reducer": rng.choice(["add", "max"])}
+    elif op == "all_gather":
+        out[dim] *= count
+        attrs = {**groups(mesh, *axes), "all_gather_dim": dim}
+    elif op == "reduce_scatter":
+        if local[dim] % count:
+            return None
+        out[dim] //= count
+        attrs = {**groups(mesh, *axes), "scatter_dimension": dim, "reducer": "add"}
+    elif op == "all_to_all":
+        if local[dim] % count:
+            return None
+        out[dim] //= count
+        out[other] *= count
+        attrs = {**groups(mesh, *axes), "split_dimension": dim, "concat_dimension": other,
+                 "split_count": count}
+    else:
+        targets = rng.sample(range(mesh.num_devices), mesh.num_devices)
+        attrs = {"source_target_pairs": [[i, t] for i, t in enumerate(targets)],
+                 "channel_handle": 1}
+    return Lemma("random", f"stablehlo.{op}", [x], [(tuple(out), "f32")], attrs, mesh)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_rule_instances(seed: int) -> None:
+    """Seeded random layouts and attributes: every relation a rule claims is proved (an opaque
+    answer is allowed; a division by the constant zero is out of scope)."""
+    rng = random.Random(seed)
+    claimed = 0
+    for _ in range(100):
+        lemma = _random_lemma(rng)
+        if lemma is None:
+            continue
+        info, ctx = lemma.info(), lemma.context()
+        outs = RULES[lemma.op](info, list(lemma.ins), ctx)
+        if all(isinstance(v, Opaque) for v in outs):
+            continue
+        claimed += 1
+        result = _checker().check(info, lemma.ins, outs, lemma.mesh, ctx)
+        if result.status == "unknown" and "division by zero" in result.reason:
+            continue
+        assert result.status == "proved", (
+            f"{result.describe()}\n  {info.name} {info.attrs} on {lemma.mesh.describe()}\n"
+            + "\n".join(f"  in  {v.describe()}" for v in lemma.ins)
+            + "\n" + "\n".join(f"  out {v.describe()}" for v in outs))
+    assert claimed > 40
