@@ -154,8 +154,13 @@ def test_without_split_the_separator_is_a_comment(entangle_opt, write) -> None:
 def _annotated(error_text: str = "value is still a partial sum over 'tp'",
                note: bool = True) -> str:
     lines = COMBINED_MISSING_PSUM.splitlines()
-    # Line 8 holds the manual_computation (where the note points), line 9 the dot_general.
-    out = lines[:7]
+    # Line 4 holds the reference dot_general (the counterpart note points there), line 8 the
+    # manual_computation (where the leaving note points), line 9 the sharded dot_general.
+    out = lines[:3]
+    if note:
+        out.append("    // expected-note @+1 {{corresponds to the reference op "
+                   "stablehlo.dot_general}}")
+    out += lines[3:7]
     if note:
         out.append("    // expected-note @+1 {{the partial sum leaves shard_map here}}")
     out.append(lines[7])
@@ -195,7 +200,7 @@ def test_verify_diagnostics_unexpected_error(entangle_opt, write) -> None:
         "      // expected-error @+1 {{value is still a partial sum over 'tp'}}\n", ""))
     run = entangle_opt(path, "--verify-diagnostics", f"--pass-pipeline={CHECK}")
     assert run.code == 1
-    assert f"{path}:10:12: error: unexpected error: value is still a partial sum" in run.err
+    assert f"{path}:11:12: error: unexpected error: value is still a partial sum" in run.err
 
 
 def test_verify_diagnostics_unexpected_note(entangle_opt, write) -> None:
