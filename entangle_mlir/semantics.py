@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import re
 from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
 from functools import reduce as _fold
@@ -747,14 +748,14 @@ def dot_general(lhs: Array, rhs: Array, lhs_batch: Sequence[int], rhs_batch: Seq
 
 def dynamic_slice(x: Array, starts: Sequence[Element], sizes: Sequence[int]) -> Array:
     """Offsets are clamped into [0, dim - size] (StableHLO)."""
-    index = []
-    for d, (start, size) in enumerate(zip(starts, sizes)):
-        start = _exact(start)
-        if is_z3(start):
-            raise SemanticsError("dynamic_slice with a symbolic offset")
-        start = min(max(int(start), 0), x.shape[d] - size)
-        index.append(slice(start, start + size))
-    return take(x, tuple(index))
+    clamped = [_clamped(start, x.shape[d] - size)
+               for d, (start, size) in enumerate(zip(starts, sizes))]
+    if not any(is_z3(c) for c in clamped):
+        return take(x, tuple(slice(c, c + size) for c, size in zip(clamped, sizes)))
+    out = np.empty(tuple(sizes), dtype=object)
+    for index in np.ndindex(out.shape):
+        out[index] = _pick(x, [add(c, i) if i else c for c, i in zip(clamped, index)])
+    return out
 
 
 def dynamic_update_slice(x: Array, update: Array, starts: Sequence[Element]) -> Array:
@@ -767,6 +768,131 @@ def dynamic_update_slice(x: Array, update: Array, starts: Sequence[Element]) -> 
         start = min(max(int(start), 0), x.shape[d] - update.shape[d])
         index.append(slice(start, start + update.shape[d]))
     out[tuple(index)] = update
+    return out
+
+
+# ----- gather / scatter (indices may be symbolic) -------------------------------------------------
+
+_DIM_LIST = re.compile(r"(\w+)\s*=\s*\[([\d,\s]*)\]")
+_DIM_INT = re.compile(r"index_vector_dim\s*=\s*(\d+)")
+
+
+def dimension_numbers(attrs: dict, key: str) -> dict:
+    """Gather/scatter dimension numbers as a dict of tuples: taken from normalized attributes
+    when present, else parsed from the attribute's text (`#stablehlo.gather<...>`)."""
+    names = ("offset_dims", "collapsed_slice_dims", "operand_batching_dims",
+             "start_indices_batching_dims", "start_index_map", "update_window_dims",
+             "inserted_window_dims", "input_batching_dims", "scatter_indices_batching_dims",
+             "scatter_dims_to_operand_dims")
+    out: dict = {name: tuple(attrs[name]) for name in names if name in attrs}
+    if "index_vector_dim" in attrs:
+        out["index_vector_dim"] = int(attrs["index_vector_dim"])
+    text = attrs.get(key)
+    if isinstance(text, str):
+        for name, values in _DIM_LIST.findall(text):
+            out.setdefault(name, tuple(int(v) for v in values.replace(" ", "").split(",") if v))
+        match = _DIM_INT.search(text)
+        if match:
+            out.setdefault("index_vector_dim", int(match.group(1)))
+    return out
+
+
+def _index_vector(indices: Array, batch_index: tuple[int, ...], index_vector_dim: int
+                  ) -> list[Element]:
+    if index_vector_dim >= indices.ndim:
+        return [indices[batch_index]]
+    return [indices[batch_index[:index_vector_dim] + (k,) + batch_index[index_vector_dim:]]
+            for k in range(indices.shape[index_vector_dim])]
+
+
+def _clamped(start: Element, high: int) -> Element:
+    """min(max(start, 0), high) for a concrete or symbolic integer."""
+    start = _exact(start)
+    if not is_z3(start):
+        return min(max(int(start), 0), high)
+    z = _num(start)
+    z = z if z.is_int() else z3.ToInt(z)
+    return z3.If(z < 0, 0, z3.If(z > high, high, z))
+
+
+def _pick(array: Array, position: list[Element]) -> Element:
+    """array[position] where some coordinates may be symbolic (an If-chain over the range)."""
+    for d, p in enumerate(position):
+        if is_z3(p):
+            options = []
+            for candidate in range(array.shape[d]):
+                fixed = position[:d] + [candidate] + position[d + 1:]
+                options.append((candidate, _pick(array, fixed)))
+            value = options[-1][1]
+            for candidate, option in reversed(options[:-1]):
+                value = select(p == candidate, option, value)
+            return value
+    return array[tuple(int(p) for p in position)]
+
+
+def gather(operand: Array, indices: Array, dims: dict, slice_sizes: Sequence[int],
+           result_shape: Sequence[int]) -> Array:
+    """StableHLO gather: start indices are clamped so the slice stays inside the operand."""
+    offset_dims = dims.get("offset_dims", ())
+    collapsed = dims.get("collapsed_slice_dims", ())
+    operand_batching = dims.get("operand_batching_dims", ())
+    indices_batching = dims.get("start_indices_batching_dims", ())
+    start_index_map = dims.get("start_index_map", ())
+    index_vector_dim = dims.get("index_vector_dim", indices.ndim)
+    batch_dims = [d for d in range(len(result_shape)) if d not in offset_dims]
+    window_dims = [d for d in range(operand.ndim) if d not in collapsed
+                   and d not in operand_batching]
+    out = np.empty(tuple(result_shape), dtype=object)
+    for result_index in np.ndindex(out.shape):
+        batch_index = tuple(result_index[d] for d in batch_dims)
+        start = _index_vector(indices, batch_index, index_vector_dim)
+        position: list[Element] = [0] * operand.ndim
+        for k, d in enumerate(start_index_map):
+            position[d] = _clamped(start[k], operand.shape[d] - slice_sizes[d])
+        for d_operand, d_start in zip(operand_batching, indices_batching):
+            position[d_operand] = batch_index[d_start - (0 if d_start < index_vector_dim else 1)]
+        for k, d in enumerate(window_dims):
+            offset = result_index[offset_dims[k]]
+            position[d] = add(position[d], offset) if offset else position[d]
+        out[result_index] = _pick(operand, position)
+    return out
+
+
+def scatter(operand: Array, indices: Array, updates: Array, dims: dict, kind: str) -> Array:
+    """StableHLO scatter with `kind` "replace" or a reduction ("add", "max", ...); updates
+    whose window falls outside the operand are skipped. Duplicate targets of "replace" are
+    applied in update order (the spec leaves that order unspecified)."""
+    window_dims = dims.get("update_window_dims", ())
+    inserted = dims.get("inserted_window_dims", ())
+    input_batching = dims.get("input_batching_dims", ())
+    indices_batching = dims.get("scatter_indices_batching_dims", ())
+    to_operand = dims.get("scatter_dims_to_operand_dims", ())
+    index_vector_dim = dims.get("index_vector_dim", indices.ndim)
+    scatter_dims = [d for d in range(updates.ndim) if d not in window_dims]
+    operand_window = [d for d in range(operand.ndim) if d not in inserted
+                      and d not in input_batching]
+    out = operand.copy()
+    for update_index in np.ndindex(updates.shape):
+        scatter_index = tuple(update_index[d] for d in scatter_dims)
+        start = _index_vector(indices, scatter_index, index_vector_dim)
+        target: list[Element] = [0] * operand.ndim
+        for k, d in enumerate(to_operand):
+            target[d] = _exact(start[k])
+        for d_operand, d_start in zip(input_batching, indices_batching):
+            target[d_operand] = scatter_index[d_start - (0 if d_start < index_vector_dim else 1)]
+        for k, d in enumerate(operand_window):
+            target[d] = add(target[d], update_index[window_dims[k]])
+        value = updates[update_index]
+        if not any(is_z3(t) for t in target):
+            if all(0 <= int(t) < n for t, n in zip(target, operand.shape)):
+                index = tuple(int(t) for t in target)
+                out[index] = value if kind == "replace" else combine(kind, [out[index], value])
+            continue
+        for index in np.ndindex(out.shape):
+            hit = z3.And([_num(t) == i if is_z3(t) else z3.BoolVal(int(t) == i)
+                          for t, i in zip(target, index)])
+            new = value if kind == "replace" else combine(kind, [out[index], value])
+            out[index] = select(hit, new, out[index])
     return out
 
 
@@ -981,6 +1107,40 @@ def _op_dynamic_update_slice(info: OpInfo, operands: list[Array]) -> list[Array]
                                  [_scalar_of(s) for s in starts])]
 
 
+def _op_gather(info: OpInfo, operands: list[Array]) -> list[Array]:
+    dims = dimension_numbers(info.attrs, "dimension_numbers")
+    return [gather(obj_array(operands[0]), obj_array(operands[1]), dims,
+                   info.attrs["slice_sizes"], _result_shape(info))]
+
+
+def scatter_kind(info: OpInfo) -> str:
+    """"replace" when the update region returns the update, else its reducer."""
+    kind = info.attrs.get("reducer") or info.attrs.get("update")
+    if kind:
+        return kind
+    op = info.op
+    if op is not None:
+        block = op.regions[0].blocks[0]
+        body = list(block.operations)
+        if len(body) == 1 and list(body[0].operands) == [block.arguments[1]]:
+            return "replace"
+        from .opinfo import reducer_kind
+
+        return reducer_kind(op)
+    raise SemanticsError("scatter without a known update computation")
+
+
+def _op_scatter(info: OpInfo, operands: list[Array]) -> list[Array]:
+    if len(operands) != 3:
+        raise SemanticsError("variadic scatter has no semantics here (single input only)")
+    dims = dimension_numbers(info.attrs, "scatter_dimension_numbers")
+    kind = scatter_kind(info)
+    if kind not in ("replace", "add", "max", "min", "mul"):
+        raise SemanticsError(f"scatter with a '{kind}' update computation")
+    return [scatter(obj_array(operands[0]), obj_array(operands[1]), obj_array(operands[2]),
+                    dims, kind)]
+
+
 def _op_identity(info: OpInfo, operands: list[Array]) -> list[Array]:
     return [obj_array(x) for x in operands]
 
@@ -999,6 +1159,8 @@ OP_SEMANTICS: dict[str, LocalFn] = {
     "stablehlo.reduce": _op_reduce,
     "stablehlo.dynamic_slice": _op_dynamic_slice,
     "stablehlo.dynamic_update_slice": _op_dynamic_update_slice,
+    "stablehlo.gather": _op_gather,
+    "stablehlo.scatter": _op_scatter,
     "mhlo.copy": _op_identity,
     "stablehlo.optimization_barrier": _op_identity,
 }

@@ -266,6 +266,69 @@ def test_dynamic_update_slice() -> None:
           np.int32(4), expect="stablehlo.dynamic_update_slice")
 
 
+# ----- gather / scatter -------------------------------------------------------------------------
+
+GATHER_MODE = lax.GatherScatterMode.PROMISE_IN_BOUNDS
+
+
+def test_gather_embedding_lookup_clamps() -> None:
+    ids = np.array([[0, 4], [9, -2], [2, 2]], np.int32)  # out of range ids are clamped
+    dnums = lax.GatherDimensionNumbers(offset_dims=(2,), collapsed_slice_dims=(0,),
+                                       start_index_map=(0,))
+    check(lambda t, i: lax.gather(t, i[..., None], dnums, (1, 3), mode=GATHER_MODE),
+          rand(5, 3), ids, expect="stablehlo.gather")
+
+
+def test_gather_windows_and_index_vector() -> None:
+    dnums = lax.GatherDimensionNumbers(offset_dims=(1, 2), collapsed_slice_dims=(),
+                                       start_index_map=(1, 0))
+    starts = np.array([[0, 0], [2, 1], [1, 3]], np.int32)
+    check(lambda t, i: lax.gather(t, i, dnums, (2, 2), mode=GATHER_MODE), rand(4, 5), starts,
+          expect="stablehlo.gather")
+
+
+def test_gather_batching_dims() -> None:
+    dnums = lax.GatherDimensionNumbers(offset_dims=(2,), collapsed_slice_dims=(1,),
+                                       start_index_map=(1,), operand_batching_dims=(0,),
+                                       start_indices_batching_dims=(0,))
+    ids = np.array([[[1], [0]], [[2], [2]]], np.int32)
+    check(lambda t, i: lax.gather(t, i, dnums, (1, 1, 4), mode=GATHER_MODE), rand(2, 3, 4), ids,
+          expect="stablehlo.gather")
+
+
+@pytest.mark.parametrize("update", ["add", "set", "max"])
+def test_scatter(update: str) -> None:
+    ids = np.array([0, 3, 0, 7], np.int32)  # a duplicate (add/max) and an out-of-range id
+    if update == "set":
+        ids = np.array([0, 3, 1, 7], np.int32)
+    fn = {"add": lambda t, i, u: t.at[i].add(u, mode="drop"),
+          "set": lambda t, i, u: t.at[i].set(u, mode="drop"),
+          "max": lambda t, i, u: t.at[i].max(u, mode="drop")}[update]
+    check(fn, rand(5, 3), ids, rand(4, 3), expect="stablehlo.scatter")
+
+
+def test_symbolic_indices_agree_with_concrete() -> None:
+    table = S.obj_array(np.arange(15).reshape(5, 3) * 2 - 7)
+    dims = {"offset_dims": (1,), "collapsed_slice_dims": (0,), "start_index_map": (0,),
+            "index_vector_dim": 1}
+    i, j = z3.Int("i"), z3.Int("j")
+    symbolic = S.gather(table, S.obj_array(np.array([[i], [j]], object)), dims, (1, 3), (2, 3))
+    window = S.dynamic_slice(table, [i, 1], (2, 2))
+    updates = S.obj_array(np.array([[1, 2, 3], [4, 5, 6]]))
+    scattered = S.scatter(table, S.obj_array(np.array([[i], [j]], object)), updates,
+                          {"update_window_dims": (1,), "inserted_window_dims": (0,),
+                           "scatter_dims_to_operand_dims": (0,), "index_vector_dim": 1}, "add")
+    for vi, vj in ((0, 4), (-3, 2), (9, 1), (2, 2)):
+        subst = [(i, z3.IntVal(vi)), (j, z3.IntVal(vj))]
+        concrete = S.gather(table, S.obj_array(np.array([[vi], [vj]])), dims, (1, 3), (2, 3))
+        assert (_concretize(symbolic, subst) == concrete).all()
+        assert (_concretize(window, subst) == S.dynamic_slice(table, [vi, 1], (2, 2))).all()
+        expect = S.scatter(table, S.obj_array(np.array([[vi], [vj]])), updates,
+                           {"update_window_dims": (1,), "inserted_window_dims": (0,),
+                            "scatter_dims_to_operand_dims": (0,), "index_vector_dim": 1}, "add")
+        assert (_concretize(scattered, subst) == expect).all()
+
+
 # ----- collectives on 4 simulated devices -----------------------------------------------------
 
 MESH = Mesh((("x", 2), ("y", 2)))
@@ -508,4 +571,24 @@ def test_every_rule_op_has_semantics() -> None:
 
     missing = [name for name in RULES
                if name not in S.OP_SEMANTICS and name not in S.COLLECTIVE_SEMANTICS]
+    assert not missing, missing
+
+
+def test_every_term_op_the_rules_build_can_be_evaluated() -> None:
+    """Term op strings interned by terms.py or the rules (read off their source) and every
+    elementwise rule's op are known to `evaluate_term`."""
+    import re
+    from pathlib import Path
+
+    from entangle_mlir.rules.elementwise import ELEMENTWISE_RULES
+
+    root = Path(S.__file__).parent
+    found: set[str] = set()
+    for path in [root / "terms.py", *sorted((root / "rules").glob("*.py"))]:
+        text = path.read_text()
+        found |= set(re.findall(r'(?:intern|make_op)\(\s*"([^"]+)"', text))
+        for prefix in re.findall(r'(?:intern|make_op)\(\s*f"([a-z_.]+)\{', text):
+            found |= {op for op in S.TERM_OPS if op.startswith(prefix)} or {prefix + "?"}
+    assert found, "no term constructors found"
+    missing = sorted(found - set(S.TERM_OPS)) + sorted(set(ELEMENTWISE_RULES) - set(S.ELEMENTWISE))
     assert not missing, missing

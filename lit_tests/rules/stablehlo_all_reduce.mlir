@@ -36,6 +36,7 @@ func.func @psum_tp(%x: tensor<8x16xf32>, %w: tensor<16x32xf32>) -> tensor<8x32xf
 sdy.mesh @mesh = <["dp"=2, "tp"=4]>
 
 func.func @ref(%x: tensor<8x16xf32>, %w: tensor<16x32xf32>) -> tensor<8x32xf32> {
+  // expected-note @+1 {{corresponds to the reference op stablehlo.dot_general}}
   %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<8x16xf32>, tensor<16x32xf32>) -> tensor<8x32xf32>
   return %0 : tensor<8x32xf32>
 }
@@ -92,6 +93,7 @@ sdy.mesh @mesh = <["tp"=4]>
 
 func.func @ref(%x: tensor<8x16xf32>) -> tensor<8xf32> {
   %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  // expected-note @+1 {{corresponds to the reference op stablehlo.reduce}}
   %0 = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<8x16xf32>, tensor<f32>) -> tensor<8xf32>
   return %0 : tensor<8xf32>
 }

@@ -71,6 +71,7 @@ func.func @wrong_dim(%x: tensor<16x8xf32>) -> tensor<16x8xf32> attributes {entan
 sdy.mesh @mesh = <["tp"=4]>
 
 func.func @ref(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> tensor<8x8xf32> {
+  // expected-note @+1 {{corresponds to the reference op stablehlo.dot_general}}
   %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<8x8xf32>
   return %0 : tensor<8x8xf32>
 }

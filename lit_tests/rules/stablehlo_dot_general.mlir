@@ -55,6 +55,7 @@ func.func @row_parallel(%x: tensor<8x16xf32>, %w: tensor<16x32xf32>) -> tensor<8
 sdy.mesh @mesh = <["tp"=4]>
 
 func.func @ref(%x: tensor<8x16xf32>, %w: tensor<16x32xf32>) -> tensor<8x32xf32> {
+  // expected-note @+1 {{corresponds to the reference op stablehlo.dot_general}}
   %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<8x16xf32>, tensor<16x32xf32>) -> tensor<8x32xf32>
   return %0 : tensor<8x32xf32>
 }
@@ -124,6 +125,7 @@ func.func @rows_and_partial(%x: tensor<8x16xf32>, %w: tensor<16x32xf32>) -> tens
 sdy.mesh @mesh = <["dp"=4, "tp"=4]>
 
 func.func @ref(%x: tensor<8x16xf32>, %y: tensor<16x8xf32>) -> tensor<8x8xf32> {
+  // expected-note @+1 {{corresponds to the reference op stablehlo.dot_general}}
   %0 = stablehlo.dot_general %x, %y, contracting_dims = [1] x [0] : (tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<8x8xf32>
   return %0 : tensor<8x8xf32>
 }
@@ -168,6 +170,7 @@ func.func @diagonal_blocks(%x: tensor<8x16xf32>, %w: tensor<16x32xf32>) -> tenso
 sdy.mesh @mesh = <["tp"=4]>
 
 func.func @ref(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>, %v: tensor<8x8xf32>) -> tensor<8x8xf32> {
+  // expected-note @+1 {{corresponds to the reference op stablehlo.dot_general}}
   %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<8x8xf32>
   %1 = stablehlo.dot_general %0, %0, contracting_dims = [1] x [0] : (tensor<8x8xf32>, tensor<8x8xf32>) -> tensor<8x8xf32>
   return %1 : tensor<8x8xf32>

@@ -116,6 +116,7 @@ sdy.mesh @mesh = <["tp"=4]>
 
 func.func @ref(%x: tensor<8x16xf32>) -> tensor<8xf32> {
   %one = stablehlo.constant dense<1.0> : tensor<f32>
+  // expected-note @+1 {{corresponds to the reference op stablehlo.reduce}}
   %0 = stablehlo.reduce(%x init: %one) applies stablehlo.add across dimensions = [1] : (tensor<8x16xf32>, tensor<f32>) -> tensor<8xf32>
   return %0 : tensor<8xf32>
 }
@@ -144,6 +145,7 @@ func.func @non_identity_init(%x: tensor<8x16xf32>) -> tensor<8xf32> attributes {
 sdy.mesh @mesh = <["tp"=4]>
 
 func.func @ref(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> tensor<8xf32> {
+  // expected-note @+1 {{corresponds to the reference op stablehlo.dot_general}}
   %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<8x8xf32>
   %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
   %1 = stablehlo.reduce(%0 init: %ninf) applies stablehlo.maximum across dimensions = [1] : (tensor<8x8xf32>, tensor<f32>) -> tensor<8xf32>
