@@ -72,5 +72,8 @@ def test_jax_front_end_check_and_assert_refines() -> None:
              for s, spec in zip(good.arg_shapes, good.in_specs)]
     report = check(reference_fn(good), sharded_fn(good), *avals, verify_rules=False)
     assert report.proven and report.outputs[0].rho == "replicated on every device"
+    flagged = check(reference_fn(bad), sharded_fn(bad), *avals, verify_rules=False)
+    assert not flagged.proven and flagged.evidence["max_abs_diff"][0] > 1e-3
+    assert "differ by up to" in flagged.render_text()
     with pytest.raises(AssertionError, match="missing all_reduce/psum"):
         assert_refines(reference_fn(bad), sharded_fn(bad), *avals, verify_rules=False)
