@@ -18,9 +18,13 @@ def verify_walk(walk: Walk, report: Report, budget_seconds: float = 60.0) -> Non
     the verdict. The report's `mode` says what ran."""
     from .instance import check_instance
 
+    from .progress import Progress
+
     start = time.perf_counter()
     counts = {"proved": 0, "refuted": 0, "unknown": 0, "skipped": 0}
-    for record in walk.records:
+    progress = Progress("checking rule instances with Z3", len(walk.records))
+    for position, record in enumerate(walk.records):
+        progress.update(position)
         if record.info.name in _SKIP or not record.outputs:
             continue
         if any(isinstance(v, Opaque) for v in record.inputs + record.outputs):
@@ -41,6 +45,7 @@ def verify_walk(walk: Walk, report: Report, budget_seconds: float = 60.0) -> Non
                 "error", f"proof of the rule instance for {record.info.name} {what}",
                 record.loc))
             report.verdict = NOT_PROVEN
+    progress.close()
     report.stats["rule_instances"] = dict(counts)
     report.stats["rule_check_seconds"] = round(time.perf_counter() - start, 4)
     skipped = f", {counts['skipped']} skipped (too large or over budget)" if counts[

@@ -1,0 +1,34 @@
+"""A progress line on stderr for long runs: only on a terminal, only after a second, so CI
+logs and pipes stay quiet."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+class Progress:
+    def __init__(self, label: str, total: int, delay: float = 1.0):
+        self.label = label
+        self.total = total
+        self.start = time.perf_counter()
+        self.delay = delay
+        self.enabled = sys.stderr.isatty()
+        self.shown = False
+        self.last = 0.0
+
+    def update(self, done: int) -> None:
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if now - self.start < self.delay or now - self.last < 0.1:
+            return
+        self.last = now
+        self.shown = True
+        sys.stderr.write(f"\r{self.label}: {done}/{self.total} ({now - self.start:.1f} s)")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r" + " " * 60 + "\r")
+            sys.stderr.flush()
