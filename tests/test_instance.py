@@ -400,3 +400,17 @@ def test_regression_partial_pieces_differ_across_replicas(name, op, value, attrs
         return  # the rule refuses the instance
     result = I.check_instance(info, [value], outs, M2, checker=I.InstanceChecker())
     assert result.proved, result.describe()
+
+
+def test_term_equality_fallback() -> None:
+    x, y = arg((2, 3)), arg((2, 3))
+    left = T.make_mul(T.make_add(x, y), T.make_add(x, y))          # (x + y)^2
+    right = T.make_lin([(Fraction(1), T.make_mul(x, x)), (Fraction(2), T.make_mul(x, y)),
+                        (Fraction(1), T.make_mul(y, y))], 0, (2, 3), "f32")
+    assert left is not right
+    assert I.check_term_equality(left, right).status == "proved"
+    assert I.check_term_equality(left, T.make_mul(x, x)).status == "refuted"
+    big = arg((512, 512))
+    assert I.check_term_equality(big, T.scale(big, 2)).status == "skipped"
+    q = T.make_div(T.make_mul(x, y), y)
+    assert I.check_term_equality(q, x).status == "proved"  # for nonzero y
