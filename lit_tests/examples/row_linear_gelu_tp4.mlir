@@ -1,0 +1,10 @@
+// RUN: entangle check %S/Inputs/row_linear_gelu_tp4.ref.mlir %S/Inputs/row_linear_gelu_tp4.sharded.mlir | filecheck %s
+
+// Correct example row_linear_gelu_tp4: Row-parallel linear on a hidden-split input, psum, then GELU.
+// Inputs written by `python -m examples.generate_lit`. Proven with the Z3 rule-instance checks on.
+
+// CHECK-NOT: error:
+// CHECK: verified: the sharded program refines the reference on mesh tp=4
+// CHECK-NEXT: result#0 = replicated on every device
+// CHECK-NOT: error:
+// CHECK: rule checks: Z3 checked {{[0-9]+}} rule instances: {{[0-9]+}} proved, 0 refuted, 0 inconclusive
