@@ -1,5 +1,5 @@
 // RUN: entangle-opt %s --split-input-file --entangle-infer-relations | filecheck %s
-// RUN: entangle-opt %s --entangle-infer-relations | filecheck %s --check-prefix=WHOLE
+// RUN: entangle-opt %s --entangle-infer-relations | FileCheck %s --check-prefix=WHOLE
 
 // --split-input-file: every `// -----` chunk is parsed and run on its own, and the printed
 // modules are joined by `// -----` lines, in input order. Without the flag the markers are
