@@ -21,7 +21,8 @@ from .per_device import (device_count, is_per_device, layout_of, parameter_shard
 from .program import mesh_from_attr, read_meshes
 from .rules import RULES, RuleContext
 from .rules.common import check_local_shapes, resize
-from .terms import Term, make_arg
+from .rules.common import freeze
+from .terms import Term, intern, make_arg, make_loopvar, make_splat, splat_value
 
 _TERMINATORS = ("func.return", "stablehlo.return", "sdy.return")
 _TRANSPARENT = ("mhlo.copy", "stablehlo.optimization_barrier", "sdy.sharding_constraint",
@@ -151,6 +152,9 @@ class Walker:
             if op.name == "sdy.manual_computation":
                 self._manual(op, ctx)
                 continue
+            if op.name == "stablehlo.while":
+                self._while(op, ctx)
+                continue
             self._op(op, ctx)
 
     def _sources(self, values) -> list[OpRecord | None]:
@@ -201,6 +205,107 @@ class Walker:
         record.outputs = outputs
         for result, value in zip(op.results, outputs):
             self.walk.values[result] = value
+
+    def _while(self, op: ir.Operation, ctx: RuleContext) -> None:
+        """A loop as a fixpoint over layouts: walk the body once with symbolic loop variables
+        (one per carried value) laid out like the inits; if the body yields the same layouts,
+        every iteration keeps them, and each result is `while_result(inits, cond, body)`,
+        identified by the body's terms. Cost does not depend on the trip count."""
+        info = describe(op, self.file)
+        inits = [self.walk.values[v] for v in op.operands]
+        record = self._record(info, inits, [], ctx)
+        record.sources = self._sources(op.operands)
+        for result in op.results:
+            self.producer[result] = record
+        outputs = self._while_outputs(op, info, inits, record, ctx)
+        record.outputs = outputs
+        for result, value in zip(op.results, outputs):
+            self.walk.values[result] = value
+
+    def _while_outputs(self, op, info: OpInfo, inits, record: OpRecord, ctx: RuleContext):
+        count = len(op.results)
+        opaque = next((v for v in inits if isinstance(v, Opaque)), None)
+        if opaque is not None:
+            return [opaque] * count
+        if any(isinstance(v, DeviceScalar) for v in inits):
+            return [Opaque("a device-dependent integer carried through a loop is not "
+                           "supported yet", origin=(record, None), category="unsupported")] * count
+        depth = self.loop_depth = getattr(self, "loop_depth", 0) + 1
+        try:
+            layouts = [freeze(v) for v in inits]
+            for _attempt in range(3):
+                mark = len(self.walk.records)
+                loopvars = [replace(rel, term=make_loopvar(depth, k, rel.term.shape,
+                                                           rel.term.dtype), partial_origin=None)
+                            for k, rel in enumerate(layouts)]
+                cond = self._region(op.regions[0].blocks[0], loopvars, ctx)
+                yields = self._region(op.regions[1].blocks[0], loopvars, ctx)
+                inner = next((v for v in list(cond) + list(yields)
+                              if isinstance(v, Opaque)), None)
+                if inner is not None:
+                    return [inner] * count
+                problem = self._loop_problem(cond, yields, ctx)
+                if problem:
+                    return [Opaque(problem, origin=(record, None), category="unsupported")
+                            ] * count
+                changed = False
+                for k, (layout, out) in enumerate(zip(layouts, yields)):
+                    if _same_layout(layout, out):
+                        continue
+                    if out.partial and not layout.partial and splat_value(inits[k].term) != 0:
+                        origin = out.partial_origin if isinstance(out.partial_origin,
+                                                                  OpRecord) else None
+                        return [Opaque(f"the loop body yields a partial {out.kind} over "
+                                       f"{axes_str(out.partial)} for carried value #{k}: "
+                                       "missing all_reduce/psum inside the loop",
+                                       origin=(record, origin), category="missing_reduction")
+                                ] * count
+                    if splat_value(inits[k].term) != 0:
+                        return [Opaque(f"loop-carried value #{k} enters as "
+                                       f"{layout.layout_str()} but the body yields "
+                                       f"{out.layout_str()}", origin=(record, None),
+                                       category="layout_mismatch")] * count
+                    layouts[k] = replace(layout, term=out.term, tiling=out.tiling,
+                                         partial=out.partial, kind=out.kind)
+                    changed = True
+                if not changed:
+                    break
+                del self.walk.records[mark:]
+            else:
+                return [Opaque("loop-carried layouts do not reach a fixpoint",
+                               origin=(record, None), category="unsupported")] * count
+        finally:
+            self.loop_depth = depth - 1
+        summary = (cond[0].term.serial, tuple(y.term.serial for y in yields))
+        init_terms = tuple(
+            make_splat(splat_value(v.term), layout.term.shape, v.term.dtype)
+            if v.term.op == "splat" else v.term for v, layout in zip(inits, layouts))
+        results = []
+        for k, (layout, out) in enumerate(zip(layouts, yields)):
+            if out.term is loopvars[k].term:
+                results.append(replace(layout, term=init_terms[k]))
+                continue
+            term = intern("while_result", init_terms, (k, depth, summary), layout.term.shape,
+                          layout.term.dtype)
+            results.append(replace(layout, term=term, partial_origin=record
+                                   if layout.partial else None))
+        return results
+
+    def _region(self, block, loopvars, ctx: RuleContext) -> list:
+        for arg, value in zip(block.arguments, loopvars):
+            self.walk.values[arg] = value
+        self._block(block, ctx)
+        terminator = block.operations[len(block.operations) - 1].operation
+        return [self.walk.values.get(v) for v in terminator.operands]
+
+    @staticmethod
+    def _loop_problem(cond, yields, ctx: RuleContext) -> str:
+        for value in list(cond) + list(yields):
+            if not isinstance(value, Rel):
+                return "a loop body yields a device-dependent integer (not supported yet)"
+        if len(cond) != 1 or cond[0].partial or cond[0].tiled_axes:
+            return "the loop condition differs between devices"
+        return ""
 
     def _give_up(self, op: ir.Operation, info: OpInfo, reason: str, ctx: RuleContext) -> None:
         record = self._record(info, [self.walk.values.get(v) for v in op.operands], [], ctx)
@@ -345,6 +450,11 @@ class Walker:
 
 
 REGION_RULE_OPS = ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter")
+
+
+def _same_layout(a: Rel, b: Value) -> bool:
+    return (isinstance(b, Rel) and a.tiling == b.tiling and a.partial == b.partial
+            and a.kind == b.kind and a.term.shape == b.term.shape)
 
 
 def describe_type(t):

@@ -13,7 +13,7 @@ from .layout import GLOBAL, DeviceScalar, Opaque, Rel
 from .report import NOT_PROVEN, PROVEN, OutputResult, Report
 from .terms import Term, pretty, single_scaled, structural_diff
 
-_LEAF_OPS = ("splat", "dense", "iota", "arg")
+_LEAF_OPS = ("splat", "dense", "iota", "arg", "loopvar")
 _BOUNDARY_OPS = ("sdy.manual_computation", "func.func", "func.return")
 
 
@@ -143,7 +143,10 @@ def _opaque_diagnostic(value: Opaque, reference: _Reference | None,
     primary = record
     if isinstance(blame, OpRecord) and blame is not record:
         primary = blame
-        if record is not None and value.category == "missing_reduction":
+        if record is not None and record.info.name == "stablehlo.while":
+            notes.append(Diagnostic("note", "the partial sum is carried around this loop",
+                                    record.loc))
+        elif record is not None and value.category == "missing_reduction":
             notes.append(Diagnostic("note", "the partial sum leaves shard_map here",
                                     record.loc))
         elif record is not None:

@@ -84,6 +84,11 @@ def make_dense(data_key: bytes, shape: tuple[int, ...], dtype: str) -> Term:
     return intern("dense", (), (data_key,), tuple(shape), dtype)
 
 
+def make_loopvar(depth: int, index: int, shape: tuple[int, ...], dtype: str) -> Term:
+    """The value carried in position `index` of the loop at nesting `depth`, any iteration."""
+    return intern("loopvar", (), (depth, index), tuple(shape), dtype)
+
+
 def make_iota(shape: tuple[int, ...], dim: int, dtype: str) -> Term:
     return intern("iota", (), (dim,), tuple(shape), dtype)
 
@@ -458,6 +463,10 @@ def pretty(term: Term, depth: int = 6, names: dict[int, str] | None = None) -> s
         return _fmt_scalar(term.attrs[0])
     if term.op == "iota":
         return f"iota(dim {term.attrs[0]})"
+    if term.op == "loopvar":
+        return f"%loop{term.attrs[0]}.{term.attrs[1]}"
+    if term.op == "while_result":
+        return f"while_result#{term.attrs[0]}(...)"
     if term.op == "dense":
         return f"dense<{term.dtype}>"
     if depth <= 0:

@@ -138,3 +138,47 @@ def test_axis_index_offsets_select_own_block() -> None:
         assert report.proven == correct, report.render_text()
         if not correct:
             assert "device 1 reads" in report.diagnostics[0].message
+
+
+def _scan_ref(x, w1, w2):
+    def layer(h, ws):
+        a, b = ws
+        return h + jnp.tanh(h @ a) @ b, None
+    return lax.scan(layer, x, (w1, w2))[0]
+
+
+def _scan_body(x, w1, w2):
+    def layer(h, ws):
+        a, b = ws
+        return h + lax.psum(jnp.tanh(h @ a) @ b, "tp"), None
+    return lax.scan(layer, x, (w1, w2))[0]
+
+
+def _scan_body_missing_psum(x, w1, w2):
+    def layer(h, ws):
+        a, b = ws
+        return h + jnp.tanh(h @ a) @ b, None   # the psum is missing inside the loop
+    return lax.scan(layer, x, (w1, w2))[0]
+
+
+SCAN_AVALS = [((8, 16), P()), ((3, 16, 32), P(None, None, "tp")), ((3, 32, 16), P(None, "tp", None))]
+
+
+@pytest.mark.parametrize("body, correct", [(_scan_body, True), (_scan_body_missing_psum, False)])
+def test_scan_over_layers_is_a_loop_fixpoint(body, correct) -> None:
+    sharded = jax.jit(jax.shard_map(body, mesh=MESH, in_specs=(P(), P(None, None, "tp"),
+                                                                P(None, "tp", None)),
+                                    out_specs=P(), check_vma=False))
+    avals = _avals(SCAN_AVALS)
+    scale = [1.0, 0.25, 0.25]
+    rng = np.random.default_rng(0)
+    args = [jax.device_put((rng.standard_normal(a.shape) * s).astype(np.float32), a.sharding)
+            for a, s in zip(avals, scale)]
+    diff = float(np.max(np.abs(np.asarray(jax.jit(_scan_ref)(*args))
+                               - np.asarray(sharded(*args)))))
+    assert (diff < 1e-4) == correct
+    report = check(_scan_ref, sharded, *avals, verify_rules=False)
+    assert report.proven == correct, report.render_text()
+    if not correct:
+        assert "missing all_reduce/psum inside the loop" in report.diagnostics[0].message
+        assert report.diagnostics[0].loc.line == _scan_body_missing_psum.__code__.co_firstlineno + 3

@@ -14,7 +14,7 @@ from fractions import Fraction
 from ..layout import DeviceScalar, Opaque, Rel, Value
 from ..mesh import Mesh, axes_str
 from ..opinfo import OpInfo
-from ..terms import make_op, splat_value
+from ..terms import intern, make_op, make_splat, splat_value
 from .base import RuleContext
 from .common import freeze
 
@@ -70,11 +70,10 @@ def dynamic_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list
     lo, hi = [0] * len(sizes), list(x.term.shape)
     shape = list(x.term.shape)
     free = [a for a in (ctx.mesh.names if ctx.mesh else ()) if a not in x.used_axes()]
+    if any(_offsets(start, count) is None for start in starts):
+        return [_symbolic_dynamic_slice(info, x, starts, sizes)]
     for d, (start, size) in enumerate(zip(starts, sizes)):
         raw = _offsets(start, count)
-        if raw is None:
-            return [Opaque("dynamic_slice with a data-dependent offset is not supported",
-                           category="unsupported")]
         offsets = tuple(min(max(o, 0), local[d] - size) for o in raw)
         if len(set(offsets)) == 1:
             if x.tiling[d] and (offsets[0], size) != (0, local[d]):
@@ -100,6 +99,28 @@ def dynamic_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list
         term = make_op("slice", (x.term,), (tuple(lo), tuple(hi), (1,) * len(lo)), tuple(shape),
                        x.term.dtype, linear_in=0)
     return [replace(x, term=term, tiling=tuple(tiling))]
+
+
+def _symbolic_dynamic_slice(info: OpInfo, x: Rel, starts: list[Value],
+                            sizes: tuple[int, ...]) -> Value:
+    """Offsets that are values of the computation (a loop counter, a computed index): the same
+    on every device, so the slice is the reference's slice of untiled dims."""
+    offsets = []
+    for d, (start, size) in enumerate(zip(starts, sizes)):
+        if not isinstance(start, Rel) or start.partial or start.tiled_axes:
+            return Opaque("dynamic_slice offset differs between devices in a way that is not a "
+                          "device table", category="unsupported")
+        if x.tiling[d] and size != info.operand_types[0].shape[d]:
+            return Opaque(f"dynamic_slice with a computed offset in dim {d}, which is split "
+                          f"over {axes_str(x.tiling[d])}", category="layout_mismatch")
+        if x.tiling[d]:
+            offsets.append(make_splat(0, (), start.term.dtype))
+        else:
+            offsets.append(start.term)
+    shape = tuple(x.term.shape[d] if axes else size
+                  for d, (axes, size) in enumerate(zip(x.tiling, sizes)))
+    term = intern("dynamic_slice", (x.term, *offsets), (shape,), shape, x.term.dtype)
+    return replace(x, term=term)
 
 
 def _wrong_offset(dim: int, offsets, size: int, closest, ctx: RuleContext) -> Opaque:
