@@ -16,9 +16,10 @@ config.excludes = ["Inputs", "Output", "lit.cfg.py"]
 
 # Tools come from the Python environment that runs lit (the venv with entangle installed).
 bin_dir = os.path.dirname(sys.executable)
-config.environment["PATH"] = os.pathsep.join([bin_dir, config.environment.get("PATH", os.environ.get("PATH", ""))])
-# jax must never be needed by the tools; keep runs quiet and deterministic anyway.
-for name in ("HOME", "TMPDIR", "XLA_FLAGS"):
+config.environment["PATH"] = os.pathsep.join(
+    [bin_dir, config.environment.get("PATH", os.environ.get("PATH", ""))])
+# lit starts tests with a clean environment; pass through what the tools may read.
+for name in ("HOME", "TMPDIR"):
     if name in os.environ:
         config.environment[name] = os.environ[name]
 
@@ -28,9 +29,13 @@ def tool(name):
     return path if os.path.exists(path) else name
 
 
-config.substitutions.append(("entangle-opt", tool("entangle-opt")))
-config.substitutions.append(("FileCheck", tool("filecheck")))
-config.substitutions.append(("filecheck", tool("filecheck")))
-# `entangle` last: it is a prefix of `entangle-opt`, so it must not be substituted first
-# (lit applies substitutions in order; the word-boundary pattern keeps `entangle-opt` intact).
-config.substitutions.append((r"\bentangle\b(?!-)", tool("entangle")))
+# Substitute whole command words only (not inside paths or flags such as --entangle-normalize):
+# a tool name preceded by start/space/pipe and followed by a space or the end.
+def word(name):
+    return r"(?<![\w/.-])" + name + r"(?![\w.-])"
+
+
+config.substitutions.append((word("entangle-opt"), tool("entangle-opt")))
+config.substitutions.append((word("entangle"), tool("entangle")))
+config.substitutions.append((word("filecheck"), tool("filecheck")))
+config.substitutions.append((word("FileCheck"), tool("filecheck")))
