@@ -427,6 +427,10 @@ def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
     return abstract_ins, abstract_outs
 
 
+_LINEAR_IN = {"reduce_sum": 0, "slice": 0, "stablehlo.gather": 0}
+"""Term ops built by `make_op(..., linear_in=k)`: rebuilt the same way."""
+
+
 def substitute(term: Term, mapping: dict[int, Term], memo: dict[int, Term] | None = None
                ) -> Term:
     """Rebuild `term` with the canonicalizing constructors, leaves replaced per `mapping`
@@ -455,8 +459,10 @@ def substitute(term: Term, mapping: dict[int, Term], memo: dict[int, Term] | Non
         out = make_transpose(args[0], attrs[0])
     elif op == "stablehlo.dot_general":
         out = make_dot(args[0], args[1], attrs, shape, dtype)
-    elif op in ("reduce_sum", "slice"):
-        out = make_op(op, args, attrs, shape, dtype, linear_in=0)
+    elif op in _LINEAR_IN:
+        out = make_op(op, args, attrs, shape, dtype, linear_in=_LINEAR_IN[op])
+    elif op == "stablehlo.scatter" and ("reducer", "add") in attrs:
+        out = make_op(op, args, attrs, shape, dtype, linear_in=2)
     elif op in S.ELEMENTWISE:
         out = make_elementwise(op, args, attrs, dtype)
     else:
@@ -824,6 +830,21 @@ def _leaf_args(terms: Sequence[Term]) -> dict[int, Term]:
     return found
 
 
+def _opaque_resolver(source):
+    """Loop variables and loop results as unconstrained tensors (one per term): a proof then
+    holds for every value they may take."""
+    values: dict[int, np.ndarray] = {}
+
+    def resolve(term: Term) -> np.ndarray:
+        if term.serial not in values:
+            label = "_".join(str(a) for a in term.attrs[:2])
+            values[term.serial] = source.tensor(f"{term.op}{label}.{term.serial}", term.shape,
+                                                term.dtype)
+        return values[term.serial]
+
+    return resolve
+
+
 def _leaf_name(index: int) -> str:
     return f"A{index - ABSTRACT_BASE}" if index >= ABSTRACT_BASE else f"arg{index}"
 
@@ -880,6 +901,7 @@ def _build(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
         return dense[key].reshape(term.shape)
 
     env["dense"] = resolve
+    env["opaque"] = _opaque_resolver(source)
     memo: dict[int, np.ndarray] = {}
     with S.collect_divisors() as divisors:
         claims = _build_claims(info, ins, outs, mesh, single, devices, env, memo, source)
@@ -1053,6 +1075,7 @@ def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
         return dense[key]
 
     env["dense"] = resolve
+    env["opaque"] = _opaque_resolver(source)
     memo: dict[int, np.ndarray] = {}
     try:
         with S.collect_divisors() as divisors:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -39,7 +40,7 @@ import numpy as np
 import z3
 
 from .mesh import Mesh
-from .opinfo import OpInfo
+from .opinfo import OpInfo, TensorType
 from .terms import Term
 
 Element = object
@@ -759,16 +760,20 @@ def dynamic_slice(x: Array, starts: Sequence[Element], sizes: Sequence[int]) -> 
 
 
 def dynamic_update_slice(x: Array, update: Array, starts: Sequence[Element]) -> Array:
-    out = x.copy()
-    index = []
-    for d, start in enumerate(starts):
-        start = _exact(start)
-        if is_z3(start):
-            raise SemanticsError("dynamic_update_slice with a symbolic offset")
-        start = min(max(int(start), 0), x.shape[d] - update.shape[d])
-        index.append(slice(start, start + update.shape[d]))
-    out[tuple(index)] = update
-    return out
+    """Offsets are clamped so the update fits; symbolic offsets select among every placement."""
+    clamped = [_clamped(start, x.shape[d] - update.shape[d]) for d, start in enumerate(starts)]
+    choices = [range(x.shape[d] - update.shape[d] + 1) if is_z3(c) else (c,)
+               for d, c in enumerate(clamped)]
+    result = None
+    for placement in reversed(list(itertools.product(*choices))):
+        out = x.copy()
+        out[tuple(slice(p, p + n) for p, n in zip(placement, update.shape))] = update
+        if result is None:
+            result = out
+            continue
+        chosen = z3.And([c == p for c, p in zip(clamped, placement) if is_z3(c)])
+        result = apply(lambda a, b, chosen=chosen: select(chosen, a, b), out, result)
+    return result
 
 
 # ----- gather / scatter (indices may be symbolic) -------------------------------------------------
@@ -1319,7 +1324,16 @@ def run_op(info: OpInfo, operands: list[list[Array]], mesh: Mesh | None) -> list
 
 TermEnv = dict
 """`{arg index: array}`; optional `("dense", key): array` entries give dense constants, and the
-key `"dense"` may map to a callable `(term) -> array` used for dense constants not listed."""
+key `"dense"` may map to a callable `(term) -> array` used for dense constants not listed.
+Loop terms are values the semantics does not compute: `("loopvar", depth, index): array` for a
+loop variable, `("term", serial): array` for a `while_result`, else the callable under
+`"opaque"`."""
+
+_INDEXED_TERM_OPS = ("stablehlo.gather", "stablehlo.scatter", "stablehlo.dynamic_update_slice")
+"""Terms evaluated by their op's own semantics, attributes given as (name, value) pairs."""
+
+_OPAQUE_LEAVES = ("loopvar", "while_result")
+"""Terms evaluated as given values (a loop's carried value / result), not computed."""
 
 _LINEAR_OPS = ("lin", "mul", "div")
 
@@ -1378,6 +1392,18 @@ def _evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
         return obj_array(resolver(term))
     if op == "iota":
         return iota(shape, attrs[0])
+    if op in _OPAQUE_LEAVES:
+        key = (op, *attrs[:2]) if op == "loopvar" else ("term", term.serial)
+        if key in env:
+            return obj_array(env[key]).reshape(shape)
+        resolver = env.get("opaque")
+        if resolver is None:
+            raise SemanticsError(f"{op} term without a value (pass {key!r} or an 'opaque' "
+                                 "resolver in env)")
+        return obj_array(resolver(term))
+    if op == "dynamic_slice":
+        (sizes,) = attrs
+        return dynamic_slice(args[0], [obj_array(a).reshape(-1)[0] for a in args[1:]], sizes)
     if op == "lin":
         constant, coefs = attrs
         out = full(shape, constant) if constant != 0 else None
@@ -1410,6 +1436,11 @@ def _evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
     if op == "stablehlo.dot_general":
         lb, rb, lc, rc = attrs
         return dot_general(args[0], args[1], lb, rb, lc, rc)
+    if op in _INDEXED_TERM_OPS:
+        # attrs: the op's normalized attributes as sorted (name, value) pairs.
+        info = OpInfo(op, dict(attrs), [TensorType(a.shape, a.dtype) for a in term.args],
+                      [TensorType(shape, term.dtype)])
+        return OP_SEMANTICS[op](info, args)[0]
     if op in ELEMENTWISE:
         named = {"comparison_direction": attrs[0]} if op == "stablehlo.compare" and attrs else {}
         src = [a.dtype for a in term.args]
@@ -1423,5 +1454,6 @@ def _evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
 
 TERM_OPS = ("arg", "splat", "dense", "iota", "lin", "mul", "div", "broadcast", "reshape",
             "transpose", "reduce_sum", "reduce_max", "reduce_min", "slice", "concatenate", "pad",
-            "stablehlo.dot_general", *ELEMENTWISE)
+            "dynamic_slice", "stablehlo.dot_general", *_INDEXED_TERM_OPS, *_OPAQUE_LEAVES,
+            *ELEMENTWISE)
 """Every term op `evaluate_term` knows (for the coverage test against the rules)."""

@@ -261,6 +261,16 @@ def test_dynamic_slice_clamps(offset: int) -> None:
           expect="stablehlo.dynamic_slice")
 
 
+def test_identity_ops() -> None:
+    check("""
+func.func public @main(%arg0: tensor<2x3xf32>) -> tensor<2x3xf32> {
+  %0 = mhlo.copy %arg0 : tensor<2x3xf32>
+  return %0 : tensor<2x3xf32>
+}""", rand(2, 3), expect="mhlo.copy")
+    check(lambda a, b: lax.optimization_barrier((a, b)), rand(2, 3), rand(3),
+          expect="stablehlo.optimization_barrier")
+
+
 def test_dynamic_update_slice() -> None:
     check(lambda a, u, i: lax.dynamic_update_slice(a, u, (i, np.int32(0))), rand(5, 3), rand(2, 3),
           np.int32(4), expect="stablehlo.dynamic_update_slice")
@@ -327,6 +337,9 @@ def test_symbolic_indices_agree_with_concrete() -> None:
                            {"update_window_dims": (1,), "inserted_window_dims": (0,),
                             "scatter_dims_to_operand_dims": (0,), "index_vector_dim": 1}, "add")
         assert (_concretize(scattered, subst) == expect).all()
+        placed = S.dynamic_update_slice(table, updates, [i, j])
+        assert (_concretize(placed, subst) ==
+                S.dynamic_update_slice(table, updates, [vi, vj])).all()
 
 
 # ----- collectives on 4 simulated devices -----------------------------------------------------
@@ -553,6 +566,25 @@ def test_evaluate_term_covers_canonical_forms() -> None:
         np.testing.assert_allclose(_to_float(got), expect, rtol=1e-6, err_msg=repr(term))
 
 
+def test_evaluate_term_loops_and_computed_slices() -> None:
+    x = T.make_arg(0, (4, 2), "f32")
+    i = T.make_arg(1, (), "i32")
+    window = T.intern("dynamic_slice", (x, i, T.make_splat(0, (), "i32")), ((2, 2),), (2, 2),
+                      "f32")
+    values = S.obj_array(np.arange(8).reshape(4, 2))
+    for offset, rows in ((1, [1, 2]), (3, [2, 3]), (-1, [0, 1])):
+        got = S.evaluate_term(window, {0: values, 1: S.obj_array(offset)})
+        assert (got == values[rows]).all()
+    loop = T.make_loopvar(1, 0, (2,), "f32")
+    result = T.intern("while_result", (x,), (0, 1, ()), (2,), "f32")
+    env = {("loopvar", 1, 0): S.obj_array(np.array([1, 2]))}
+    assert list(S.evaluate_term(T.make_add(loop, loop), env)) == [2, 4]
+    with pytest.raises(S.SemanticsError, match="while_result"):
+        S.evaluate_term(result, {0: values})
+    opaque = {"opaque": lambda term: S.full(term.shape, 7), 0: values}
+    assert list(S.evaluate_term(result, opaque)) == [7, 7]
+
+
 def test_evaluate_term_dense_and_errors() -> None:
     d = T.make_dense(b"k", (2,), "f32")
     assert list(S.evaluate_term(d, {("dense", b"k"): np.array([1.0, 2.0])})) == [1.0, 2.0]
@@ -584,11 +616,25 @@ def test_every_term_op_the_rules_build_can_be_evaluated() -> None:
 
     root = Path(S.__file__).parent
     found: set[str] = set()
-    for path in [root / "terms.py", *sorted((root / "rules").glob("*.py"))]:
+    for path in [*sorted(root.glob("*.py")), *sorted((root / "rules").glob("*.py"))]:
         text = path.read_text()
         found |= set(re.findall(r'(?:intern|make_op)\(\s*"([^"]+)"', text))
         for prefix in re.findall(r'(?:intern|make_op)\(\s*f"([a-z_.]+)\{', text):
             found |= {op for op in S.TERM_OPS if op.startswith(prefix)} or {prefix + "?"}
     assert found, "no term constructors found"
     missing = sorted(found - set(S.TERM_OPS)) + sorted(set(ELEMENTWISE_RULES) - set(S.ELEMENTWISE))
+    assert not missing, missing
+
+
+GROUNDED_ELSEWHERE = {"stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice",
+                      "stablehlo.gather", "stablehlo.scatter", "mhlo.copy",
+                      "stablehlo.optimization_barrier"}
+
+
+def test_every_op_in_the_tables_is_grounded() -> None:
+    """Each key of OP_SEMANTICS / COLLECTIVE_SEMANTICS has an XLA-grounded test case here."""
+    covered = ({c[0] for c in ELEMENTWISE_CASES} | {c[0] for c in MOVEMENT_CASES}
+               | {c[1] for c in COLLECTIVE_CASES} | GROUNDED_ELSEWHERE
+               | {"stablehlo.partition_id", "stablehlo.replica_id"})
+    missing = sorted((set(S.OP_SEMANTICS) | set(S.COLLECTIVE_SEMANTICS)) - covered)
     assert not missing, missing
