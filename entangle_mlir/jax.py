@@ -51,3 +51,248 @@ def assert_refines(reference_fn: Callable, sharded_fn: Callable, *avals,
         raise AssertionError("sharded program does not provably refine the reference:\n"
                              + report.render_text())
     return report
+
+
+# ----- XLA's SPMD partitioner (jit with shardings) ----------------------------------------------
+
+_PARTITIONER_DUMP_OPTIONS = {
+    "xla_dump_hlo_pass_re": "spmd-partitioning",
+    "xla_dump_hlo_as_proto": True,
+    # Plain dense replica groups (with rgv3 on, XLA may print them as mesh axes).
+    "xla_enable_rgv3_materialization": False,
+}
+
+
+def _unwrap(f: Callable) -> Callable:
+    """The Python function under a `jax.jit` wrapper (the reference must carry no shardings)."""
+    return getattr(f, "__wrapped__", f) if hasattr(f, "lower") else f
+
+
+def partitioned_hlo(f: Callable, *avals, out_shardings=None, in_shardings=None) -> bytes:
+    """XLA's per-device program for `f` after SPMD partitioning and before fusion, as a
+    serialized HloModuleProto.
+
+    `f` is jitted with `in_shardings` / `out_shardings` when given (else the shardings of the
+    avals and XLA's choice for the outputs); an already jitted `f` is compiled as it is.
+    """
+    import glob
+    import os
+    import tempfile
+
+    from .xla import module_proto
+
+    if hasattr(f, "lower") and in_shardings is None and out_shardings is None:
+        jitted = f
+    else:
+        kwargs = {}
+        if in_shardings is not None:
+            kwargs["in_shardings"] = in_shardings
+        if out_shardings is not None:
+            kwargs["out_shardings"] = out_shardings
+        jitted = jax.jit(_unwrap(f), **kwargs)
+    with tempfile.TemporaryDirectory(prefix="entangle-xla-") as directory:
+        # A fresh dump directory is part of the compile options, so jax's compilation cache
+        # never hides the dump of a function compiled before.
+        options = {"xla_dump_to": directory, **_PARTITIONER_DUMP_OPTIONS}
+        jitted.lower(*avals).compile(compiler_options=options)
+        found = sorted(glob.glob(os.path.join(directory, "*after_spmd-partitioning*.hlo.pb")))
+        if not found:
+            raise RuntimeError("XLA wrote no after-spmd-partitioning dump (is the program "
+                               "partitioned? meshes need axis_types=(AxisType.Auto, ...))")
+        with open(found[-1], "rb") as handle:
+            return module_proto(handle.read())
+
+
+def reference_text(f: Callable, *avals) -> str:
+    """The unsharded reference: `f` lowered at the avals' global shapes without shardings."""
+    return jax.jit(_unwrap(f)).lower(*[_plain(a) for a in avals]).as_text(debug_info=True)
+
+
+def lower_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None
+                      ) -> tuple[str, bytes]:
+    """(reference StableHLO text, XLA's partitioned per-device program as StableHLO bytecode)."""
+    from .xla import module_proto_to_stablehlo
+
+    proto = partitioned_hlo(f, *avals, out_shardings=out_shardings, in_shardings=in_shardings)
+    return reference_text(f, *avals), module_proto_to_stablehlo(proto)
+
+
+def check_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None,
+                      verify_rules: bool = True) -> Report:
+    """Prove that XLA's SPMD partitioning of `f` refines `f` itself.
+
+    `avals` are `jax.ShapeDtypeStruct`s, with a `NamedSharding` on a mesh of `AxisType.Auto`
+    axes where an argument is sharded; `out_shardings` is passed to `jax.jit`. The reference is
+    `f` lowered without shardings (sharding constraints inside `f` are identities there); the
+    sharded program is XLA's after-spmd-partitioning module, before fusion.
+    """
+    ref_text, sharded = lower_partitioned(f, *avals, out_shardings=out_shardings,
+                                          in_shardings=in_shardings)
+    name = getattr(_unwrap(f), "__name__", "f")
+    return check_texts(ref_text, sharded, ref_file=f"<{name}: reference>",
+                       sharded_file=f"<{name}: partitioned by XLA>", verify_rules=verify_rules)
+
+
+def assert_partitioned_refines(f: Callable, *avals, out_shardings=None, in_shardings=None,
+                               verify_rules: bool = True) -> Report:
+    """`check_partitioned` for users' test suites: AssertionError with the diagnostic."""
+    report = check_partitioned(f, *avals, out_shardings=out_shardings,
+                               in_shardings=in_shardings, verify_rules=verify_rules)
+    if not report.proven:
+        raise AssertionError("XLA's partitioned program does not provably refine the reference:"
+                             "\n" + report.render_text())
+    return report
+
+
+# ----- executing a per-device program (differential tests of partitioned programs) ---------------
+
+def _device_blocks(sharding: str | None, global_shape, local_shape, num_devices: int):
+    """Per device, the index (tuple of slices) of its block of a global array, for an
+    `mhlo.sharding` string (uneven shards are padded at the end, as XLA does)."""
+    from jaxlib import _hlo
+
+    if sharding is None:
+        return [tuple(slice(0, n) for n in global_shape)] * num_devices
+    parsed = _hlo.HloSharding.from_string(sharding)
+    if parsed.is_replicated() or parsed.is_maximal():
+        return [tuple(slice(0, n) for n in global_shape)] * num_devices
+    dims = list(parsed.tile_assignment_dimensions())
+    devices = list(parsed.tile_assignment_devices())
+    strides = [1] * len(dims)
+    for k in range(len(dims) - 2, -1, -1):
+        strides[k] = strides[k + 1] * dims[k + 1]
+    blocks = [None] * num_devices
+    for position, device in enumerate(devices):
+        index = []
+        for k in range(len(global_shape)):
+            tile = (position // strides[k]) % dims[k]
+            start = tile * local_shape[k]
+            index.append(slice(start, start + local_shape[k]))
+        blocks[device] = tuple(index)
+    return blocks
+
+
+def _local_block(array, index, local_shape):
+    """array[index], zero-padded to the local shape (the padding of uneven shards)."""
+    import numpy as np
+
+    block = np.asarray(array)[index]
+    if block.shape == tuple(local_shape):
+        return block
+    out = np.zeros(local_shape, dtype=block.dtype)
+    out[tuple(slice(0, n) for n in block.shape)] = block
+    return out
+
+
+_COLLECTIVES = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter",
+                "stablehlo.all_to_all", "stablehlo.collective_permute",
+                "stablehlo.collective_broadcast")
+
+
+def run_per_device(module, *global_args):
+    """Run a per-device SPMD program (XLA partitioner output, as StableHLO text, bytecode or an
+    `ir.Module`) on simulated devices and return each device's results.
+
+    The program runs as N *replicas* (`partition_id` becomes `replica_id`, the module is compiled
+    with `num_replicas=N`, no SPMD partitioning), each fed its block of the global arguments as
+    the parameters' `mhlo.sharding` says. Needs N jax devices (on CPU:
+    `XLA_FLAGS=--xla_force_host_platform_device_count=N` before jax is imported).
+    Returns `outputs[device][result]` as numpy arrays.
+    """
+    import re
+
+    import numpy as np
+    from jax._src import xla_bridge
+    from jax._src.lib import xla_client
+    from jaxlib.mlir import ir
+
+    from .ir import context, parse_module
+    from .per_device import device_count, parameter_shardings
+    from .program import _public_main
+
+    if isinstance(module, (str, bytes)):
+        module = parse_module(module)
+    with context():
+        module = parse_module(str(module))   # a copy: the caller's module stays as it is
+
+        def cross_replica(op):
+            # As replicas, every collective is cross-replica: with one partition, replica ids
+            # are the global device ids, so dropping the channel handle (and the
+            # use_global_device_ids flag) keeps the groups' meaning.
+            if op.name in _COLLECTIVES:
+                for name in ("channel_handle", "use_global_device_ids"):
+                    if name in op.attributes:
+                        del op.attributes[name]
+            return ir.WalkResult.ADVANCE
+
+        module.operation.walk(cross_replica)
+        text = str(module)
+        main = _public_main(module, "-")
+        shardings = parameter_shardings(module, main)
+        n = device_count(module, shardings)
+        arg_types = [a.type for a in main.regions[0].blocks[0].arguments]
+    text = text.replace("stablehlo.partition_id", "stablehlo.replica_id")
+    text = re.sub(r"mhlo\.num_partitions = \d+ : i32", "mhlo.num_partitions = 1 : i32", text)
+    text = re.sub(r"mhlo\.num_replicas = \d+ : i32", f"mhlo.num_replicas = {n} : i32", text)
+    backend = xla_bridge.get_backend("cpu")
+    devices = backend.devices()[:n]
+    if len(devices) < n:
+        raise RuntimeError(f"the program needs {n} devices, jax has {len(devices)}")
+    options = xla_client.CompileOptions()
+    options.num_replicas = n
+    options.num_partitions = 1
+    options.executable_build_options.use_spmd_partitioning = False
+    options.executable_build_options.num_replicas = n
+    options.executable_build_options.num_partitions = 1
+    assignment = xla_client.DeviceAssignment.create(np.arange(n).reshape(n, 1))
+    options.device_assignment = assignment
+    executable = backend.compile_and_load(text, xla_client.DeviceList(tuple(devices)), options)
+    replicated = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices), ("replicas",)),
+                                            jax.sharding.PartitionSpec())
+    per_arg = []
+    for arg, sharding, arg_type in zip(global_args, shardings, arg_types):
+        arg = np.asarray(arg)
+        local = tuple(arg_type.shape)
+        blocks = _device_blocks(sharding, arg.shape, local, n)
+        shards = [jax.device_put(_local_block(arg, blocks[d], local), devices[d])
+                  for d in range(n)]
+        # One array whose buffer on device d is device d's parameter: declared replicated
+        # (the shapes agree), the contents differ per device as the per-device program wants.
+        per_arg.append(jax.make_array_from_single_device_arrays(local, replicated, shards))
+    results = executable.execute_sharded(per_arg)
+    outs = results.disassemble_into_single_device_arrays()
+    return [[np.asarray(outs[r][d]) for r in range(len(outs))] for d in range(n)]
+
+
+def expected_per_device(module, reference_outputs):
+    """Each device's block of the reference outputs, as the program's result shardings say
+    (the value every device should return; padding of uneven shards is left out)."""
+    import numpy as np
+
+    from .ir import context, parse_module
+    from .per_device import device_count, parameter_shardings, result_shardings
+    from .program import _public_main
+
+    if isinstance(module, (str, bytes)):
+        module = parse_module(module)
+    with context():
+        main = _public_main(module, "-")
+        n = device_count(module, parameter_shardings(module, main))
+        types = ir_result_types(main)
+        texts = result_shardings(module, main, len(types))
+    out = []
+    for d in range(n):
+        row = []
+        for value, text, local in zip(reference_outputs, texts, types):
+            value = np.asarray(value)
+            blocks = _device_blocks(text, value.shape, local, n)
+            row.append(value[blocks[d]])
+        out.append(row)
+    return out
+
+
+def ir_result_types(func) -> list[tuple[int, ...]]:
+    from jaxlib.mlir import ir
+
+    ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+    return [tuple(ir.RankedTensorType(t).shape) for t in ftype.results]

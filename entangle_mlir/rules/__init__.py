@@ -10,6 +10,7 @@ from .base import Rule, RuleContext
 from .collectives import COLLECTIVE_RULES
 from .contraction import CONTRACTION_RULES
 from .elementwise import ELEMENTWISE_RULES
+from .gather_scatter import GATHER_SCATTER_RULES
 from .index import INDEX_RULES
 from .movement import MOVEMENT_RULES
 from .reduction import REDUCTION_RULES
@@ -21,6 +22,7 @@ FAMILIES: dict[str, dict[str, Rule]] = {
     "reduction": REDUCTION_RULES,
     "collectives": COLLECTIVE_RULES,
     "index": INDEX_RULES,
+    "gather_scatter": GATHER_SCATTER_RULES,
 }
 
 RULES: dict[str, Rule] = {name: rule for table in FAMILIES.values()
