@@ -835,15 +835,61 @@ def _random_lemma(rng: random.Random) -> Lemma | None:
     return Lemma("random", f"stablehlo.{op}", [x], [(tuple(out), "f32")], attrs, mesh)
 
 
+def _random_indexed_lemma(rng: random.Random) -> Lemma | None:
+    """Random layouts for gather / scatter / dynamic_update_slice."""
+    mesh = rng.choice([M1, M2])
+    family = rng.choice(["gather", "scatter", "dus"])
+    rows, width, count = rng.choice([3, 4]), rng.choice([2, 4]), rng.choice([2, 4])
+
+    def ids() -> Rel:
+        layout = _random_rel(rng, (count, 1), mesh)
+        return Rel(arg((count, 1), "i32"), layout.tiling, layout.partial, layout.kind)
+
+    if family == "gather":
+        table, index = _random_rel(rng, (rows, width), mesh), ids()
+        local = local_type(table, mesh).shape
+        window = rng.choice([local[1], 1])
+        return Lemma("random", "stablehlo.gather", [table, index],
+                     [((local_type(index, mesh).shape[0], window), "f32")],
+                     {**_EMBED, "slice_sizes": (1, window)}, mesh)
+    if family == "scatter":
+        operand = (_random_rel(rng, (rows, width), mesh) if rng.random() < 0.8
+                   else splat(0, (rows, width)))
+        index, updates = ids(), _random_rel(rng, (count, width), mesh)
+        if rng.random() < 0.5:
+            updates = Rel(updates.term, (index.tiling[0], updates.tiling[1]), updates.partial,
+                          updates.kind)
+        return Lemma("random", "stablehlo.scatter", [operand, index, updates],
+                     [(local_type(operand, mesh).shape, "f32")],
+                     {**_SCATTER_ROWS, "reducer": rng.choice(["add", "add", "replace"])}, mesh)
+    rows = rng.choice([4, 8])
+    operand = (_random_rel(rng, (rows, width), mesh) if rng.random() < 0.7
+               else splat(0, (rows, width)))
+    update = _random_rel(rng, (rng.choice([1, 2, 4, rows]), width), mesh)
+    lo, lu = local_type(operand, mesh).shape, local_type(update, mesh).shape
+    if lu[0] > lo[0] or lu[1] > lo[1]:
+        return None
+    roll = rng.random()
+    if roll < 0.4:
+        start: Value = splat(rng.randint(-1, 5), (), "i32")
+    elif roll < 0.7:
+        start = rel(arg((), "i32"))
+    else:
+        start = DeviceScalar(tuple(rng.choice([0, lu[0], 2 * lu[0]])
+                                   for _ in range(mesh.num_devices)), ())
+    return Lemma("random", "stablehlo.dynamic_update_slice",
+                 [operand, update, start, splat(0, (), "i32")], [(lo, "f32")], {}, mesh)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_random_rule_instances(seed: int) -> None:
     """Seeded random layouts and attributes: every relation a rule claims is proved (an opaque
     answer is allowed; a division by the constant zero is out of scope)."""
     rng = random.Random(seed)
     claimed = 0
-    for _ in range(100):
-        lemma = _random_lemma(rng)
-        if lemma is None:
+    for k in range(100):
+        lemma = _random_lemma(rng) if k % 4 else _random_indexed_lemma(rng)
+        if lemma is None or lemma.op not in RULES:
             continue
         info, ctx = lemma.info(), lemma.context()
         outs = RULES[lemma.op](info, list(lemma.ins), ctx)
