@@ -1,0 +1,188 @@
+"""Differential fuzzing of entangle: random shard_map programs, executed and checked.
+
+    python benchmarks/fuzz.py --n 2000 --seed 0 [--mutants 1] [--jobs 2] [--json out.json]
+
+For each of N seeds: one correct-by-construction program (entangle_mlir.fuzz.gen) and `--mutants`
+mutants of it, each lowered (reference + shard_map), executed on 8 simulated CPU devices and
+checked with `check_texts(..., verify_rules=False)`; every `--verify-rules-every`-th seed is
+also checked with the Z3 rule-instance checks on. Prints the summary table, then every false
+proof, crash, timeout and input error in full (with the program), then what keeps
+correct-by-construction programs from being proven, grouped by diagnostic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import multiprocessing as mp
+import os
+import re
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+BAD = ("false_proof", "crash", "timeout", "input_error", "gen_error")
+
+
+def _work(task):
+    seeds, mutants, verify_every, max_layers = task
+    from entangle_mlir.fuzz.gen import GenOptions
+    from entangle_mlir.fuzz.run import run_seed
+
+    opts = GenOptions(max_layers=max_layers)
+    out = []
+    for seed in seeds:
+        out += [o.to_json() for o in run_seed(seed, mutants, opts, verify_every)]
+    return out
+
+
+def run(n: int, seed: int, mutants: int, jobs: int, verify_every: int, max_layers: int,
+        chunk: int = 10, progress: bool = True) -> list[dict]:
+    seeds = list(range(seed, seed + n))
+    tasks = [(seeds[i:i + chunk], mutants, verify_every, max_layers)
+             for i in range(0, len(seeds), chunk)]
+    results: list[dict] = []
+    if jobs <= 1:
+        for t in tasks:
+            results += _work(t)
+            if progress:
+                print(f"  {len(results)} programs", file=sys.stderr, flush=True)
+        return results
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(jobs) as pool:
+        for part in pool.imap_unordered(_work, tasks):
+            results += part
+            if progress:
+                print(f"  {len(results)} programs", file=sys.stderr, flush=True)
+    return results
+
+
+def _norm(msg: str) -> str:
+    msg = re.sub(r"^\[numbers differ[^\]]*\] ", "", msg)
+    msg = re.sub(r"'[^']*'", "'A'", msg)
+    msg = re.sub(r"\d+", "N", msg)
+    return msg[:140]
+
+
+def summarize(results: list[dict], seconds: float) -> dict:
+    correct = [r for r in results if r["correct"]]
+    muts = [r for r in results if not r["correct"]]
+    count = collections.Counter(r["status"] for r in results)
+    differing = [r for r in muts if r["status"] in ("caught", "rejected", "false_proof")]
+    caught = [r for r in differing if r["status"] in ("caught", "rejected")]
+    proven_correct = [r for r in correct if r["status"] in ("proven", "flaky")]
+    judged = [r for r in correct if r["status"] not in ("nonfinite",)]
+    return {
+        "programs": len(results),
+        "correct_by_construction": len(correct),
+        "mutants": len(muts),
+        "proven": sum(1 for r in results if r["status"] in ("proven", "flaky", "false_proof")),
+        "flagged": sum(1 for r in results if r["status"] in ("caught", "incomplete",
+                                                             "rejected")),
+        "false_proofs": count["false_proof"],
+        "crashes": count["crash"] + count["timeout"],
+        "input_errors": count["input_error"],
+        "generator_errors": count["gen_error"],
+        "flaky": count["flaky"],
+        "nonfinite": count["nonfinite"],
+        "completeness_pct": 100.0 * len(proven_correct) / max(1, len(judged)),
+        "mutants_differing": len(differing),
+        "mutants_equivalent": sum(1 for r in muts if r["status"] in ("incomplete", "proven")),
+        "mutants_caught_pct": 100.0 * len(caught) / max(1, len(differing)),
+        "verify_rules_sampled": sum(1 for r in results if r["verify_rules"]),
+        "verify_rules_disagree": sum(
+            1 for r in results if r["verify_rules"] and r["verify_rules"] in ("proven",
+                                                                              "not proven")
+            and (r["verify_rules"] == "proven") != (r["status"] in ("proven", "flaky",
+                                                                    "false_proof"))),
+        "seconds": round(seconds, 1),
+    }
+
+
+def print_table(s: dict) -> None:
+    rows = [
+        ("programs", s["programs"]),
+        ("correct-by-construction", s["correct_by_construction"]),
+        ("mutants", s["mutants"]),
+        ("proven", s["proven"]),
+        ("flagged (not proven)", s["flagged"]),
+        ("FALSE PROOFS", s["false_proofs"]),
+        ("crashes (+ timeouts)", s["crashes"]),
+        ("input errors on valid programs", s["input_errors"]),
+        ("generator errors", s["generator_errors"]),
+        ("flaky float ties (listed below)", s["flaky"]),
+        ("non-finite (not compared)", s["nonfinite"]),
+        ("completeness %", f"{s['completeness_pct']:.1f}"),
+        ("mutants differing / equivalent", f"{s['mutants_differing']} / "
+                                           f"{s['mutants_equivalent']}"),
+        ("mutants caught %", f"{s['mutants_caught_pct']:.1f}"),
+        ("verify_rules sample / disagreements", f"{s['verify_rules_sampled']} / "
+                                                f"{s['verify_rules_disagree']}"),
+        ("time (s)", s["seconds"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print("-" * (width + 14))
+    for k, v in rows:
+        print(f"{k:<{width}}  {v:>10}")
+    print("-" * (width + 14))
+
+
+def print_details(results: list[dict], max_incomplete_examples: int = 1) -> None:
+    for r in results:
+        if r["status"] in BAD or r["status"] == "flaky":
+            print(f"\n=== {r['status'].upper()} seed={r['seed']} mutation={r['mutation']} "
+                  f"mesh={r['mesh']} error={r['error']:.3g}")
+            print(r["message"])
+            print(r["source"])
+    incomplete = [r for r in results if r["correct"] and r["status"] == "incomplete"]
+    if incomplete:
+        groups = collections.defaultdict(list)
+        for r in incomplete:
+            groups[_norm(r["message"])].append(r)
+        total = sum(1 for r in results if r["correct"])
+        print(f"\nCorrect-by-construction programs not proven: {len(incomplete)} "
+              f"({100.0 * len(incomplete) / max(1, total):.1f}%), by diagnostic:")
+        for msg, rs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+            seeds = ", ".join(str(r["seed"]) for r in rs[:8])
+            print(f"  {len(rs):5d}  {msg}    (seeds {seeds}{', ...' if len(rs) > 8 else ''})")
+        cons = collections.Counter()
+        allc = collections.Counter()
+        for r in results:
+            if r["correct"]:
+                allc.update(set(r["constructs"]))
+        for r in incomplete:
+            cons.update(set(r["constructs"]))
+        print("\nConstructs of the unproven correct programs (unproven / all programs using it):")
+        for c, k in cons.most_common():
+            print(f"  {c:<14} {k:5d} / {allc[c]:5d}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=200, help="correct-by-construction programs")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mutants", type=int, default=1, help="mutants per program")
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--verify-rules-every", type=int, default=10)
+    ap.add_argument("--max-layers", type=int, default=5)
+    ap.add_argument("--json", help="write every outcome to this JSON file")
+    ap.add_argument("--quiet", action="store_true", help="no progress, no per-program details")
+    args = ap.parse_args(argv)
+    start = time.perf_counter()
+    results = run(args.n, args.seed, args.mutants, args.jobs, args.verify_rules_every,
+                  args.max_layers, progress=not args.quiet)
+    results.sort(key=lambda r: (r["seed"], not r["correct"]))
+    s = summarize(results, time.perf_counter() - start)
+    print_table(s)
+    if not args.quiet:
+        print_details(results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"summary": s, "results": results}, f, indent=1)
+    return 0 if s["false_proofs"] == 0 and s["crashes"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
