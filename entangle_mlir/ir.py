@@ -95,11 +95,19 @@ def load_file(path: str) -> ir.Module:
         raise InputError(f"cannot read file: {err.strerror}", file=path) from None
     if data.startswith(b"ML\xefR"):
         return parse_module(data, path)
+    from . import xla
+
+    # XLA HLO dumps: a serialized HloProto / HloModuleProto (`.hlo.pb`, `.pb`) or HLO text
+    # (`HloModule ...`), converted to StableHLO by jaxlib.
+    if xla.is_hlo_proto_path(path) or xla.is_hlo_text(data):
+        return xla.load_hlo(data, path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise InputError(f"not UTF-8 text (byte {err.start}) and not MLIR bytecode",
-                         file=path) from None
+        if xla.looks_like_hlo_proto(data):
+            return xla.load_hlo(data, path)
+        raise InputError(f"not UTF-8 text (byte {err.start}), not MLIR bytecode and not an "
+                         "XLA HLO proto", file=path) from None
     return parse_module(text, path)
 
 

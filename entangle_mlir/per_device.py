@@ -132,27 +132,44 @@ def device_count(module: ir.Module, shardings: list[str | None]) -> int:
 def layout_of(text: str | None, rank: int, mesh: Mesh) -> DeviceLayout:
     """The tiling a sharding string describes, or a reason it cannot be used."""
     if text is None:
-        return DeviceLayout(None, "no mhlo.sharding")
+        return DeviceLayout(None, "no mhlo.sharding (an HLO text dump records the output "
+                                  "sharding only with xla_keep_shardings_after_spmd; the "
+                                  ".hlo.pb dump always does)")
     from jaxlib import _hlo
 
     try:
         sharding = _hlo.HloSharding.from_string(text)
     except Exception as err:  # noqa: BLE001 - reported as bad input by the caller
         return DeviceLayout(None, f"cannot parse sharding {text!r}: {err}")
+    if sharding.is_unknown():
+        return DeviceLayout(None, f"unknown sharding {text}")
     if sharding.is_replicated():
         return DeviceLayout(((),) * rank)
+    if sharding.is_manual():
+        return DeviceLayout(None, f"manual sharding {text} (a shard_map body left in the "
+                                  "partitioned program)")
     if sharding.is_maximal():
         return DeviceLayout(None, f"maximal sharding {text} (one device holds the value)")
-    if sharding.is_manual():
-        return DeviceLayout(None, f"manual sharding {text}")
+    if sharding.is_unreduced():
+        return DeviceLayout(None, f"unreduced sharding {text} (a pending partial sum across "
+                                  "devices)")
+    if sharding.tuple_elements():
+        return DeviceLayout(None, f"tuple sharding {text} for a single value")
+    subgroups = [str(t).rsplit(".", 1)[-1] for t in sharding.subgroup_types()]
+    if "MANUAL" in subgroups:
+        return DeviceLayout(None, f"partially manual sharding {text}")
     dims = list(sharding.tile_assignment_dimensions())
     devices = list(sharding.tile_assignment_devices())
     if len(devices) != mesh.num_devices:
         return DeviceLayout(None, f"sharding {text} uses {len(devices)} devices, the program "
                                   f"{mesh.num_devices}")
-    tiled_dims = rank
-    if len(dims) < rank:
-        return DeviceLayout(None, f"sharding {text} has fewer tile dims than the rank {rank}")
+    if sorted(devices) != list(range(mesh.num_devices)):
+        return DeviceLayout(None, f"sharding {text} does not use every device exactly once")
+    extra = len(subgroups) + (1 if sharding.replicate_on_last_tile_dim() else 0)
+    tiled_dims = len(dims) - extra
+    if tiled_dims != rank:
+        return DeviceLayout(None, f"sharding {text} tiles {tiled_dims} dims but the value has "
+                                  f"rank {rank}")
     index_of = {}
     strides = [1] * len(dims)
     for k in range(len(dims) - 2, -1, -1):

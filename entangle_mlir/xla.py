@@ -108,6 +108,15 @@ def _is_wrapper(buf: bytes) -> bool:
     return first is not None and _looks_like_module(first)
 
 
+def looks_like_hlo_proto(data: bytes) -> bool:
+    """True when `data` parses as an HloModuleProto or a wrapper of one."""
+    try:
+        module_proto(data)
+    except InputError:
+        return False
+    return True
+
+
 def text_to_module_proto(text: str) -> bytes:
     from jaxlib import _hlo
 
