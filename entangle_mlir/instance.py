@@ -497,6 +497,10 @@ def _reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
             return new_ops, new_res
         new_ops = [tuple(c(s) for s in o) for o in ops]
         return new_ops, list(new_ops)
+    if name == "stablehlo.gather" and len(ops) == 2:
+        return _reduced_gather(info, ops, res, c)
+    if name == "stablehlo.scatter" and len(ops) == 3:
+        return _reduced_scatter(info, ops, c)
     if name == "stablehlo.iota" or name == "stablehlo.constant" and a.get("splat"):
         return [], [tuple(c(size) for size in res[0])]
     if name == "stablehlo.reshape":
@@ -569,6 +573,59 @@ def _reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
             new_res.append(tuple(y))
         return new_ops, new_res
     return None
+
+
+def _reduced_gather(info: OpInfo, ops, res, c):
+    """Indexed operand dims and full windows shrink; partial windows keep their size."""
+    dims = S.dimension_numbers(info.attrs, "dimension_numbers")
+    sizes = tuple(info.attrs["slice_sizes"])
+    operand, indices = ops
+    ivd = dims.get("index_vector_dim", len(indices))
+    if dims.get("operand_batching_dims") or len(res[0]) != len(dims.get("offset_dims", ())) + (
+            len(indices) - (1 if ivd < len(indices) else 0)):
+        return None
+    new_operand, new_sizes = list(operand), list(sizes)
+    for d, (size, window) in enumerate(zip(operand, sizes)):
+        if window == size:
+            new_operand[d] = new_sizes[d] = c(size)
+        elif d in dims.get("start_index_map", ()) and window <= c(size):
+            new_operand[d] = c(size)
+    new_indices = tuple(size if d == ivd else c(size) for d, size in enumerate(indices))
+    batch = [size for d, size in enumerate(new_indices) if d != ivd]
+    windows = [new_sizes[d] for d in range(len(operand))
+               if d not in dims.get("collapsed_slice_dims", ())]
+    out, batch_iter, window_iter = [], iter(batch), iter(windows)
+    for d in range(len(res[0])):
+        out.append(next(window_iter) if d in dims["offset_dims"] else next(batch_iter))
+    return [tuple(new_operand), new_indices], [tuple(out)], {"slice_sizes": tuple(new_sizes)}
+
+
+def _reduced_scatter(info: OpInfo, ops, c):
+    """Scattered operand dims, the updates' scatter dims and full windows shrink."""
+    dims = S.dimension_numbers(info.attrs, "scatter_dimension_numbers")
+    operand, indices, updates = ops
+    ivd = dims.get("index_vector_dim", len(indices))
+    window_dims = dims.get("update_window_dims", ())
+    if dims.get("input_batching_dims"):
+        return None
+    operand_window = [d for d in range(len(operand))
+                      if d not in dims.get("inserted_window_dims", ())]
+    new_operand, new_updates = list(operand), list(updates)
+    for k, d in enumerate(operand_window):
+        u = window_dims[k]
+        if updates[u] == operand[d]:
+            new_operand[d] = new_updates[u] = c(operand[d])
+    for d in dims.get("inserted_window_dims", ()):
+        new_operand[d] = c(operand[d])
+    scatter_dims = [d for d in range(len(updates)) if d not in window_dims]
+    batch = [d for d in range(len(indices)) if d != ivd]
+    if len(scatter_dims) != len(batch):
+        return None
+    new_indices = list(indices)
+    for u, i in zip(scatter_dims, batch):
+        new_updates[u] = new_indices[i] = c(updates[u])
+    return ([tuple(new_operand), tuple(new_indices), tuple(new_updates)],
+            [tuple(new_operand)])
 
 
 def _reduced_reshape(src: tuple[int, ...], dst: tuple[int, ...], c
@@ -645,7 +702,8 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
     types = _reduced_types(info, cap)
     if types is None:
         return None
-    new_ops, new_res = types
+    new_ops, new_res = types[0], types[1]
+    overrides = types[2] if len(types) > 2 else {}
     leaves: dict[int, Term] = {}
     new_ins: list[Value] = []
     for value, old, new in zip(in_values, info.operand_types, new_ops):
@@ -667,7 +725,7 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
             new_ins.append(value)
         else:
             new_ins.append(value)
-    attrs = dict(info.attrs)
+    attrs = {**info.attrs, **overrides}
     if info.name == "stablehlo.constant":
         value = np.asarray(attrs["value"])
         attrs["value"] = np.full(new_res[0], value.reshape(-1)[0] if value.size else 0,
@@ -696,6 +754,11 @@ def _skeleton(term: Term, memo: dict[int, tuple]) -> tuple:
             constant, coefs = term.attrs
             pairs = tuple(sorted(zip(coefs, children), key=repr))
             found = ("lin", constant, len(term.shape), term.dtype, pairs)
+        elif term.op == "stablehlo.gather":
+            operand = term.args[0].shape
+            attrs = tuple((k, tuple("full" if w == n else w for w, n in zip(v, operand)))
+                          if k == "slice_sizes" else (k, v) for k, v in term.attrs)
+            found = (term.op, attrs, len(term.shape), term.dtype, tuple(children))
         elif term.op == "mul" or term.op in COMMUTATIVE:
             found = (term.op, term.attrs, len(term.shape), term.dtype,
                      tuple(sorted(children, key=repr)))

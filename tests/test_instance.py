@@ -414,3 +414,26 @@ def test_term_equality_fallback() -> None:
     assert I.check_term_equality(big, T.scale(big, 2)).status == "skipped"
     q = T.make_div(T.make_mul(x, y), y)
     assert I.check_term_equality(q, x).status == "proved"  # for nonzero y
+
+
+def test_large_gather_and_scatter_are_reduced() -> None:
+    if "stablehlo.gather" not in RULES:
+        pytest.skip("no gather rule")
+    checker = I.InstanceChecker()
+    embed = {"offset_dims": (2,), "collapsed_slice_dims": (0,), "start_index_map": (0,),
+             "index_vector_dim": 2}
+    table, ids = tiled(arg((1000, 64)), (), "tp"), tiled(arg((8, 16, 1), "i32"), "dp")
+    info = info_for("stablehlo.gather", [table, ids], [((4, 16, 32), "f32")], M2,
+                    {**embed, "slice_sizes": (1, 32)})
+    outs = run_rule(info, [table, ids], M2)
+    assert isinstance(outs[0], Rel), outs
+    result = checker.check(info, [table, ids], outs, M2)
+    assert result.status == "proved" and result.details["mode"] == "reduced", result.describe()
+    rows = {"update_window_dims": (1,), "inserted_window_dims": (0,),
+            "scatter_dims_to_operand_dims": (0,), "index_vector_dim": 1, "reducer": "add"}
+    ins = [tiled(arg((1000, 64))), tiled(arg((64, 1), "i32"), "tp"), tiled(arg((64, 64)), "tp")]
+    info = info_for("stablehlo.scatter", ins, [((1000, 64), "f32")], M4, rows)
+    outs = run_rule(info, ins, M4)
+    assert isinstance(outs[0], Rel), outs
+    result = checker.check(info, ins, outs, M4)
+    assert result.status == "proved" and result.details["mode"] == "reduced", result.describe()
