@@ -20,11 +20,20 @@ large. So each input term is replaced by a fresh leaf (splat and iota constants 
 poly broadcast keeps its broadcast), the rule is re-run on the abstract inputs, and the real
 output terms must be exactly the abstract outputs with the leaves substituted back (otherwise
 the real terms are used, when small). A large instance of a shape-uniform op (elementwise,
-dot_general, reduce, transpose, broadcast_in_dim, collectives) is then checked at a reduced
+dot_general, reduce, transpose, broadcast_in_dim, reshapes that only merge or split dims,
+concatenate, iota, splat constants, gather/scatter, collectives) is then checked at a reduced
 shape: every local dim becomes min(size, 2) (1 stays 1; each global dim stays a multiple of
-its number of blocks), the rule is run again there, and its outputs must have the same layouts
-and the same term skeleton as at the real shape. Results are cached by (op signature, layouts,
-abstract terms, shape class), so the 2nd..Nth identical layer costs a dictionary lookup.
+its number of blocks; dims tied by the attributes stay tied), the rule is run again there, and
+its outputs must have the same layouts and the same term skeleton as at the real shape. Other
+ops are checked at their real shape when small, else "skipped" with the reason. Results are
+cached by (op signature, layouts, abstract terms, shape class), so the 2nd..Nth identical layer
+costs a dictionary lookup.
+
+Assumptions, all in the direction of "not proved" rather than "wrongly proved": every divisor
+met is nonzero (exact real semantics leaves x / 0 undefined; a contradictory assumption set is
+reported as unknown), loop variables and loop results are arbitrary values, transcendental
+functions are uninterpreted. The abstraction's substitution step trusts the term constructors
+of `terms.py` to preserve meaning (property-tested in tests/test_instance.py).
 
 `unknown` is never reported as proved; when Z3 answers unknown, a few concrete evaluations
 with exact rationals (and pseudo-random interpretations of the uninterpreted functions) look

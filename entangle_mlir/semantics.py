@@ -9,6 +9,10 @@ this module, in three explicit tables:
   result on one device depends on other devices (collectives, `partition_id`);
 * `evaluate_term(term, env)`: the value of a `terms.Term` (a GLOBAL reference value).
 
+Index operands (gather/scatter indices, dynamic_slice/dynamic_update_slice offsets) may be
+symbolic integers: the result is then an If-chain over every position the clamped index can
+take, so sharded index arithmetic is checked exactly on small shapes.
+
 Arrays are numpy arrays of dtype `object`. An element is one of
 
 * a Python `int` / `bool` / `Fraction` / `float` (exact rationals; floats only for infinities or
