@@ -1,0 +1,34 @@
+// RUN: entangle-opt %s --entangle-normalize --entangle-import-shardings --entangle-infer-relations | filecheck %s
+// XFAIL: *
+
+// Known issue: scatter does not adapt a poly operand (a zeros table built at the local shape).
+// `jnp.zeros((32, 4)).at[ids].add(g)` inside shard_map builds the zeros as a splat at the LOCAL
+// shape. rules/gather_scatter.scatter calls `freeze()` on its operands, so the splat's dim 1
+// counts as "not split" and the scatter is refused with
+//   opaque: scatter: window dim 1 of the operand is not split but the updates' dim 1 is split over 'tp'
+// (once the walker runs the scatter rule at all; today it says "unsupported op
+// stablehlo.scatter (with regions)", see rules/stablehlo_scatter.mlir). The same splat added to
+// the updates would adapt (rules/stablehlo_add.mlir, @poly).
+
+sdy.mesh @mesh = <["dp"=2, "tp"=4]>
+
+// CHECK-LABEL: func.func @embedding_grad
+func.func @embedding_grad(%ids: tensor<8x1xi32>, %g: tensor<8x16xf32>) -> tensor<32x16xf32> {
+  %0 = sdy.manual_computation(%ids, %g) in_shardings=[<@mesh, [{"dp"}, {}]>, <@mesh, [{"dp"}, {"tp"}]>] out_shardings=[<@mesh, [{}, {"tp"}]>] manual_axes={"dp", "tp"} (%i: tensor<4x1xi32>, %u: tensor<4x4xf32>) {
+    %z = stablehlo.constant dense<0.0> : tensor<32x4xf32>
+    // CHECK: "stablehlo.scatter"
+    // CHECK: entangle.relation = "tile [{}, {tp}] partial sum {dp} : scatter(0, %arg0, %arg1)"
+    %1 = "stablehlo.scatter"(%z, %i, %u) ({
+      ^bb0(%p: tensor<f32>, %q: tensor<f32>):
+        %s = stablehlo.add %p, %q : tensor<f32>
+        stablehlo.return %s : tensor<f32>
+    }) {scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>} : (tensor<32x4xf32>, tensor<4x1xi32>, tensor<4x4xf32>) -> tensor<32x4xf32>
+    %2 = "stablehlo.all_reduce"(%1) ({
+      ^bb0(%p: tensor<f32>, %q: tensor<f32>):
+        %s = stablehlo.add %p, %q : tensor<f32>
+        stablehlo.return %s : tensor<f32>
+    }) {replica_groups = dense<[[0, 4], [1, 5], [2, 6], [3, 7]]> : tensor<4x2xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, use_global_device_ids} : (tensor<32x4xf32>) -> tensor<32x4xf32>
+    sdy.return %2 : tensor<32x4xf32>
+  } : (tensor<8x1xi32>, tensor<8x16xf32>) -> tensor<32x16xf32>
+  return %0 : tensor<32x16xf32>
+}
