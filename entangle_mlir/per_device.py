@@ -167,9 +167,11 @@ def layout_of(text: str | None, rank: int, mesh: Mesh) -> DeviceLayout:
         return DeviceLayout(None, f"sharding {text} does not use every device exactly once")
     extra = len(subgroups) + (1 if sharding.replicate_on_last_tile_dim() else 0)
     tiled_dims = len(dims) - extra
-    if tiled_dims != rank:
+    if tiled_dims != rank and rank != 0:
         return DeviceLayout(None, f"sharding {text} tiles {tiled_dims} dims but the value has "
                                   f"rank {rank}")
+    # rank 0 with tiled dims: the caller may not know the rank (an opaque result). The full
+    # tiling is returned; a real scalar then fails the layout comparison, never proves.
     index_of = {}
     strides = [1] * len(dims)
     for k in range(len(dims) - 2, -1, -1):

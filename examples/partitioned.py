@@ -177,22 +177,34 @@ def uneven_sum(x):
     return rows.sum(axis=0)
 
 
-def _block(x, wqkv, wo, w1, w2):
+def _attention_block(x, wq, wk, wv, wo, heads=4):
     b, s, d = x.shape
-    h = layernorm(x, 1.0, 0.0)
-    qkv = h @ wqkv
-    q, k, v = jnp.split(qkv, 3, axis=-1)
+    q, k, v = ((x @ w).reshape(b, s, heads, d // heads) for w in (wq, wk, wv))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (d / heads) ** -0.5
+    att = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v).reshape(b, s, d)
+    return att @ wo
+
+
+def _block(x, wq, wk, wv, wo, w1, w2):
+    x = x + _attention_block(layernorm(x, 1.0, 0.0), wq, wk, wv, wo)
+    return x + jax.nn.gelu(layernorm(x, 1.0, 0.0) @ w1) @ w2
+
+
+def transformer2(x, *weights):
+    """Two pre-LN transformer layers (attention with 4 heads + GELU MLP)."""
+    x = _block(x, *weights[:6])
+    return _block(x, *weights[6:])
+
+
+def fused_qkv_block(x, wqkv, wo):
+    """Attention with one fused qkv matmul split in three: with qkv's 96 columns split over 4
+    devices the thirds straddle device blocks (the partitioner exchanges halos)."""
+    b, s, d = x.shape
+    q, k, v = jnp.split(x @ wqkv, 3, axis=-1)
     q, k, v = (t.reshape(b, s, 4, d // 4) for t in (q, k, v))
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (d / 4) ** -0.5
     att = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v).reshape(b, s, d)
-    x = x + att @ wo
-    h = layernorm(x, 1.0, 0.0)
-    return x + jax.nn.gelu(h @ w1) @ w2
-
-
-def transformer2(x, wqkv1, wo1, w11, w21, wqkv2, wo2, w12, w22):
-    x = _block(x, wqkv1, wo1, w11, w21)
-    return _block(x, wqkv2, wo2, w12, w22)
+    return att @ wo
 
 
 def mlp_loss(x, w1, w2):
@@ -201,6 +213,35 @@ def mlp_loss(x, w1, w2):
 
 def mlp_grad(x, w1, w2):
     return jax.grad(mlp_loss, argnums=(1, 2))(x, w1, w2)
+
+
+def embedding(table, ids):
+    return table[ids] * 2.0
+
+
+def scatter_add_cols(x, idx, upd):
+    return x.at[idx].add(upd)
+
+
+def update_slice(x, y):
+    return x.at[:, 2:4].set(y)
+
+
+def softmax(x):
+    return jax.nn.softmax(x, axis=-1)
+
+
+def rmsnorm(x, g):
+    return x * jax.lax.rsqrt((x * x).mean(axis=-1, keepdims=True) + 1e-6) * g
+
+
+def batched_matmul(a, b):
+    return jnp.einsum("bij,bjk->bik", a, b)
+
+
+def layernorm_grad(x, g, b):
+    return jax.grad(lambda x, g, b: jnp.sum(jnp.tanh(layernorm(x, g, b))), argnums=(0, 1))(
+        x, g, b)
 
 
 def constrained_mlp(x, w1, w2):
@@ -270,14 +311,33 @@ CASES: list[Case] = [
     Case("uneven_sum", uneven_sum, "x4", [((12, 8), P("x", None))], R),
     # a 2-layer transformer on dp x tp, a backward pass, sharding constraints
     Case("transformer2_dp_tp", transformer2, "dp2_tp4",
-         [((4, 8, 32), P("dp")),
-          ((32, 96), P(None, "tp")), ((32, 32), P("tp", None)), ((32, 64), P(None, "tp")),
-          ((64, 32), P("tp", None)),
-          ((32, 96), P(None, "tp")), ((32, 32), P("tp", None)), ((32, 64), P(None, "tp")),
-          ((64, 32), P("tp", None))], P("dp")),
+         [((4, 8, 32), P("dp"))] + [((32, 32), P(None, "tp"))] * 3 + [((32, 32), P("tp", None)),
+                                    ((32, 64), P(None, "tp")), ((64, 32), P("tp", None))]
+         + [((32, 32), P(None, "tp"))] * 3 + [((32, 32), P("tp", None)),
+                                              ((32, 64), P(None, "tp")), ((64, 32), P("tp", None))],
+         P("dp")),
+    Case("fused_qkv_split", fused_qkv_block, "x4",
+         [((2, 8, 32), R), ((32, 96), P(None, "x")), ((32, 32), P("x", None))], R),
     Case("mlp_backward", mlp_grad, "dp2_tp4",
          [((8, 16), P("dp", None)), ((16, 32), P(None, "tp")), ((32, 16), P("tp", None))],
          (P(None, "tp"), P("tp", None))),
+    Case("embedding_hidden_split", embedding, "x4",
+         [((16, 8), P(None, "x")), ((6,), R, jnp.int32)], P(None, "x")),
+    Case("scatter_add_cols", scatter_add_cols, "x4",
+         [((16, 8), P(None, "x")), ((6,), R, jnp.int32), ((6, 8), P(None, "x"))], P(None, "x")),
+    Case("update_slice_rows", update_slice, "x4", [((16, 8), P("x", None)), ((16, 2), P("x", None))],
+         P("x", None)),
+    Case("softmax_sharded_dim", softmax, "dp2_tp4", [((8, 16), P("dp", "tp"))], P("dp", "tp")),
+    Case("rmsnorm_hidden", rmsnorm, "x8", [((4, 32), P(None, "x")), ((32,), P("x"))],
+         P(None, "x")),
+    Case("batched_matmul_dp_tp", batched_matmul, "dp4_tp2",
+         [((4, 8, 16), P("dp", None, "tp")), ((4, 16, 8), P("dp", "tp", None))], P("dp")),
+    Case("mlp_x8", mlp, "x8",
+         [((4, 8, 16), R), ((16, 32), P(None, "x")), ((32,), P("x")), ((32, 16), P("x", None)),
+          ((16,), R)], R),
+    Case("layernorm_backward", layernorm_grad, "x4",
+         [((4, 32), P(None, "x")), ((32,), P("x")), ((32,), P("x"))],
+         (P(None, "x"), P("x"))),
     Case("constrained_mlp", constrained_mlp, "x4", [((8, 16), P("x", None)), ((16, 32), R),
                                                     ((32, 8), R)], None),
 ]
@@ -320,3 +380,206 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(main(sys.argv[1:]))
+
+
+# ----- mutations: real partitioner bugs, planted in XLA's output -------------------------------
+
+MUTATION_FILE = "mutation"
+"""Mutated ops get the location `"mutation":<line>:1`, so a test can tell where a diagnostic
+points (`report.diagnostics[0].loc.file == MUTATION_FILE`)."""
+
+
+def _ops(module, name: str) -> list:
+    """Ops called `name` in the public main, in program order (regions not entered)."""
+    from entangle_mlir.program import _public_main
+
+    main = _public_main(module, "-")
+    return [op.operation for op in main.regions[0].blocks[0].operations
+            if op.operation.name == name]
+
+
+def _mark(op, line: int) -> None:
+    from jaxlib.mlir import ir
+
+    op.location = ir.Location.file(MUTATION_FILE, line, 1)
+
+
+def drop_all_reduce(module, index: int = 0) -> str:
+    """The partial sums are never reduced: the all_reduce's users read its operand."""
+    op = _ops(module, "stablehlo.all_reduce")[index]
+    source = op.operands[0].owner
+    _mark(source, 1)
+    op.results[0].replace_all_uses_with(op.operands[0])
+    op.erase()
+    return f"dropped the all_reduce; its input comes from {source.name}"
+
+
+def all_gather_wrong_dim(module, index: int = 0) -> str:
+    """all_gather concatenates along another dim; a reshape restores the expected type."""
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import stablehlo
+
+    op = _ops(module, "stablehlo.all_gather")[index]
+    old_type = ir.RankedTensorType(op.results[0].type)
+    in_type = ir.RankedTensorType(op.operands[0].type)
+    dim = ir.IntegerAttr(op.attributes["all_gather_dim"]).value
+    wrong = next(d for d in range(in_type.rank) if d != dim)
+    factor = old_type.shape[dim] // in_type.shape[dim]
+    shape = list(in_type.shape)
+    shape[wrong] *= factor
+    op.attributes["all_gather_dim"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), wrong)
+    op.results[0].set_type(ir.RankedTensorType.get(shape, in_type.element_type))
+    _mark(op, 2)
+    reshape = stablehlo.ReshapeOp(old_type, op.results[0], loc=op.location,
+                                  ip=ir.InsertionPoint(_next(op)))
+    op.results[0].replace_all_uses_except(reshape.result, reshape.operation)
+    return f"all_gather along dim {wrong} instead of {dim} (then reshaped)"
+
+
+def _next(op):
+    """The op after `op` in its block."""
+    op = op.operation
+    found = False
+    for other in op.block.operations:
+        if found:
+            return other.operation
+        if other.operation == op:
+            found = True
+    raise ValueError("no op after it")
+
+
+def wrong_replica_groups(module, groups, index: int = 0) -> str:
+    """The all_reduce reduces over other device groups."""
+    import numpy as np
+    from jaxlib.mlir import ir
+
+    op = _ops(module, "stablehlo.all_reduce")[index]
+    array = np.array(groups, dtype=np.int64)
+    op.attributes["replica_groups"] = ir.DenseIntElementsAttr.get(array)
+    _mark(op, 3)
+    return f"replica groups {groups}"
+
+
+def wrong_offset_entry(module, position: int, value: int) -> str:
+    """One entry of the offset table indexed by the device id is wrong."""
+    import numpy as np
+    from jaxlib.mlir import ir
+
+    for op in _ops(module, "stablehlo.dynamic_slice"):
+        table = op.operands[0].owner
+        if getattr(table, "name", "") != "stablehlo.constant":
+            continue
+        values = np.array(ir.DenseIntElementsAttr(table.attributes["value"]))
+        if values.ndim != 1 or values.size < 2:
+            continue
+        values = values.copy()
+        old = int(values[position])
+        values[position] = value
+        table.attributes["value"] = ir.DenseIntElementsAttr.get(values.astype(np.int32))
+        for user in _users(op):
+            for data_slice in _users(user):
+                if data_slice.name == "stablehlo.dynamic_slice":
+                    _mark(data_slice, 4)
+        _mark(table, 4)
+        return f"offset table entry {position}: {old} -> {value}"
+    raise ValueError("no offset table")
+
+
+def _users(op) -> list:
+    return [use.owner.operation for result in op.results for use in result.uses]
+
+
+def swap_permute_pairs(module, index: int = 0) -> str:
+    """collective_permute sends every block the other way round."""
+    import numpy as np
+    from jaxlib.mlir import ir
+
+    op = _ops(module, "stablehlo.collective_permute")[index]
+    pairs = np.array(ir.DenseIntElementsAttr(op.attributes["source_target_pairs"]))
+    op.attributes["source_target_pairs"] = ir.DenseIntElementsAttr.get(
+        pairs[:, ::-1].copy().astype(np.int64))
+    _mark(op, 5)
+    return f"source_target_pairs {pairs.tolist()} reversed"
+
+
+def max_reducer(module, index: int = 0) -> str:
+    """The all_reduce takes the max where it should sum."""
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import stablehlo
+
+    op = _ops(module, "stablehlo.all_reduce")[index]
+    block = op.regions[0].blocks[0]
+    add = next(o.operation for o in block.operations if o.operation.name == "stablehlo.add")
+    new = stablehlo.MaxOp(add.operands[0], add.operands[1], loc=add.location,
+                          ip=ir.InsertionPoint(add))
+    add.results[0].replace_all_uses_with(new.result)
+    add.erase()
+    _mark(op, 6)
+    return "all_reduce with a max reducer"
+
+
+def slice_before_all_reduce(module, index: int = 0) -> str:
+    """Each device slices its own block of the partial sums, then the slices are summed
+    (the shape of XLA issue 42481): the all_reduce adds different blocks together."""
+    from jaxlib.mlir import ir
+
+    reduce = _ops(module, "stablehlo.all_reduce")[index]
+    data_slice = next(u for u in _users(reduce) if u.name == "stablehlo.dynamic_slice")
+    moved = reduce.clone(ip=ir.InsertionPoint(_next(data_slice))).operation
+    data_slice.operands[0] = reduce.operands[0]
+    moved.operands[0] = data_slice.results[0]
+    moved.results[0].set_type(data_slice.results[0].type)
+    data_slice.results[0].replace_all_uses_except(moved.results[0], moved)
+    if not list(reduce.results[0].uses):
+        reduce.erase()
+    _mark(data_slice, 7)
+    _mark(moved, 7)
+    return "dynamic_slice moved before the all_reduce"
+
+
+@dataclass
+class Mutation:
+    name: str
+    case: str
+    mutate: Callable
+    what: str = ""
+
+
+MUTATIONS: list[Mutation] = [
+    Mutation("dropped_all_reduce", "matmul_contracting", drop_all_reduce,
+             "the row-parallel matmul's partial sums are returned unreduced"),
+    Mutation("dropped_all_reduce_mlp", "mlp_dp_tp", drop_all_reduce,
+             "Megatron MLP on dp x tp without its all_reduce"),
+    Mutation("all_gather_wrong_dim", "matmul_lhs_cols_only", all_gather_wrong_dim,
+             "the column blocks are gathered along the rows"),
+    Mutation("wrong_replica_groups", "mlp_dp_tp",
+             lambda m: wrong_replica_groups(m, [[0, 4], [1, 5], [2, 6], [3, 7]]),
+             "the tp partial sums are reduced over dp"),
+    Mutation("wrong_replica_groups_mixed", "matmul_2d_rows_contract",
+             lambda m: wrong_replica_groups(m, [[0, 1, 2, 4], [3, 5, 6, 7]]),
+             "groups that match no mesh axes"),
+    Mutation("wrong_offset_entry", "matmul_contracting_scatter",
+             lambda m: wrong_offset_entry(m, 2, 4),
+             "device 2 takes rows 4..7 of the reduced product instead of 8..11"),
+    Mutation("swapped_permute_pairs", "roll_sharded", swap_permute_pairs,
+             "the halo row goes to the previous device instead of the next"),
+    Mutation("max_reducer", "matmul_contracting", max_reducer,
+             "the partial products are combined with max"),
+    Mutation("max_reducer_layernorm", "layernorm_hidden", max_reducer,
+             "the mean's partial sums are combined with max"),
+    Mutation("slice_before_all_reduce", "matmul_contracting_scatter", slice_before_all_reduce,
+             "each device slices before the all_reduce (XLA issue 42481)"),
+]
+
+
+def mutated(mutation: Mutation, sharded: bytes | str) -> tuple[str, str]:
+    """(mutated program as text, description) for a partitioned program."""
+    from entangle_mlir.ir import context, parse_module
+
+    from jaxlib.mlir import ir
+
+    module = parse_module(sharded)
+    with context(), ir.Location.unknown():
+        what = mutation.mutate(module)
+        module.operation.verify()
+        return module.operation.get_asm(enable_debug_info=True), what

@@ -1,69 +1,110 @@
 // RUN: entangle-opt %s --split-input-file --entangle-normalize --entangle-import-shardings --entangle-infer-relations | filecheck %s
+// RUN: entangle-opt %s --split-input-file --entangle-normalize --entangle-import-shardings --entangle-infer-relations --entangle-check-refinement --verify-diagnostics | filecheck %s --check-prefix=FULL
 // XFAIL: *
-// The walker does not run the scatter rule yet: rules/gather_scatter.py marks `scatter` with
-// `reads_regions`, but infer.py only lets REGION_RULE_OPS (reduce, all_reduce, reduce_scatter)
-// through, so every scatter is "opaque: unsupported op stablehlo.scatter (with regions)".
-// With scatter added to REGION_RULE_OPS every CHECK below passes: remove this XFAIL then.
 
-// stablehlo.scatter (gather_scatter rule): the embedding gradient. Scattered operand dims must
-// not be split; window dims split alike in operand and updates keep their split. Updates split
-// along their scatter dims (indices split alike) land on every device's copy: scatter-add makes
-// a partial sum over those axes (a replicated operand is then counted once per device); a
-// replacing scatter of split updates is refused.
+// Known issue (walker, infer.py): ops with regions are refused before their rule runs unless
+// listed in infer.REGION_RULE_OPS, and stablehlo.scatter (whose update region says add or
+// replace) is not listed yet, so every scatter below is "unsupported op stablehlo.scatter (with
+// regions)". The rule (rules/gather_scatter.py, marked `scatter.reads_regions = True`) gives:
+//
+// stablehlo.scatter (gather_scatter rule): the scattered (indexed) operand dims must not be
+// split; a window dim the updates cover whole keeps its split when the updates are split the
+// same way; updates (and indices) split along their scatter dims each land on every device's
+// copy, so a scatter-add of them is a partial sum over those axes (of scatter_add(|A| * X, I, U):
+// a nonzero operand is counted once per device). Scatter-add is X + scatter_add(0, I, U).
 
-sdy.mesh @mesh = <["dp"=2, "tp"=4]>
+sdy.mesh @mesh = <["tp"=4]>
 
-// Gradient rows for tokens split over dp, hidden split over tp, added into an accumulator
-// (replicated over dp, so it is counted once per dp device after the psum). (A zeros table built
-// at the local shape is not adapted yet: see lit_tests/known_issues/scatter_poly_zeros.mlir.)
-// CHECK-LABEL: func.func @scatter_add
-func.func @scatter_add(%ids: tensor<8x1xi32>, %g: tensor<8x16xf32>, %acc: tensor<32x16xf32>) -> tensor<32x16xf32> {
-  %0 = sdy.manual_computation(%ids, %g, %acc) in_shardings=[<@mesh, [{"dp"}, {}]>, <@mesh, [{"dp"}, {"tp"}]>, <@mesh, [{}, {"tp"}]>] out_shardings=[<@mesh, [{}, {"tp"}]>] manual_axes={"dp", "tp"} (%i: tensor<4x1xi32>, %u: tensor<4x4xf32>, %a: tensor<32x4xf32>) {
+func.func @ref(%x: tensor<16x8xf32>, %i: tensor<6x1xi32>, %u: tensor<6x8xf32>) -> tensor<16x8xf32> {
+  %0 = "stablehlo.scatter"(%x, %i, %u) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+    %s = stablehlo.add %a, %b : tensor<f32>
+    stablehlo.return %s : tensor<f32>
+  }) : (tensor<16x8xf32>, tensor<6x1xi32>, tensor<6x8xf32>) -> tensor<16x8xf32>
+  return %0 : tensor<16x8xf32>
+}
+
+// Columns split over tp for the operand and the updates: each device adds its columns.
+// CHECK-LABEL: func.func @columns
+// FULL: func.func @columns{{.*}}entangle.rho = ["result#0 = concat over 'tp' along dim 1"], entangle.verdict = "proven"
+func.func @columns(%x: tensor<16x8xf32>, %i: tensor<6x1xi32>, %u: tensor<6x8xf32>) -> tensor<16x8xf32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x, %i, %u) in_shardings=[<@mesh, [{}, {"tp"}]>, <@mesh, [{}, {}]>, <@mesh, [{}, {"tp"}]>] out_shardings=[<@mesh, [{}, {"tp"}]>] manual_axes={"tp"} (%a: tensor<16x2xf32>, %b: tensor<6x1xi32>, %c: tensor<6x2xf32>) {
     // CHECK: "stablehlo.scatter"
-    // CHECK: entangle.relation = "tile [{}, {tp}] partial sum {dp} : (2*%arg2 + scatter(0, %arg0, %arg1))"
-    %1 = "stablehlo.scatter"(%a, %i, %u) ({
+    // CHECK: entangle.relation = "tile [{}, {tp}] : (%arg0 + scatter(0, %arg1, %arg2))"
+    %1 = "stablehlo.scatter"(%a, %b, %c) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false}> ({
+    ^bb0(%p: tensor<f32>, %q: tensor<f32>):
+      %s = stablehlo.add %p, %q : tensor<f32>
+      stablehlo.return %s : tensor<f32>
+    }) : (tensor<16x2xf32>, tensor<6x1xi32>, tensor<6x2xf32>) -> tensor<16x2xf32>
+    sdy.return %1 : tensor<16x2xf32>
+  } : (tensor<16x8xf32>, tensor<6x1xi32>, tensor<6x8xf32>) -> tensor<16x8xf32>
+  return %0 : tensor<16x8xf32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["tp"=2]>
+
+func.func @ref(%i: tensor<6x1xi32>, %u: tensor<6x8xf32>) -> tensor<16x8xf32> {
+  %z = stablehlo.constant dense<0.0> : tensor<16x8xf32>
+  %0 = "stablehlo.scatter"(%z, %i, %u) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+    %s = stablehlo.add %a, %b : tensor<f32>
+    stablehlo.return %s : tensor<f32>
+  }) : (tensor<16x8xf32>, tensor<6x1xi32>, tensor<6x8xf32>) -> tensor<16x8xf32>
+  return %0 : tensor<16x8xf32>
+}
+
+// Token updates split over tp (an embedding gradient): each device scatters its tokens into a
+// zero table; the all_reduce adds the tables up.
+// CHECK-LABEL: func.func @tokens
+// FULL: func.func @tokens{{.*}}entangle.verdict = "proven"
+func.func @tokens(%i: tensor<6x1xi32>, %u: tensor<6x8xf32>) -> tensor<16x8xf32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%i, %u) in_shardings=[<@mesh, [{"tp"}, {}]>, <@mesh, [{"tp"}, {}]>] out_shardings=[<@mesh, [{}, {}]>] manual_axes={"tp"} (%b: tensor<3x1xi32>, %c: tensor<3x8xf32>) {
+    %z = stablehlo.constant dense<0.0> : tensor<16x8xf32>
+    // CHECK: "stablehlo.scatter"
+    // CHECK: entangle.relation = "partial sum {tp} : scatter(0, %arg0, %arg1)"
+    %1 = "stablehlo.scatter"(%z, %b, %c) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false}> ({
+    ^bb0(%p: tensor<f32>, %q: tensor<f32>):
+      %s = stablehlo.add %p, %q : tensor<f32>
+      stablehlo.return %s : tensor<f32>
+    }) : (tensor<16x8xf32>, tensor<3x1xi32>, tensor<3x8xf32>) -> tensor<16x8xf32>
+    %2 = "stablehlo.all_reduce"(%1) ({
       ^bb0(%p: tensor<f32>, %q: tensor<f32>):
         %s = stablehlo.add %p, %q : tensor<f32>
         stablehlo.return %s : tensor<f32>
-    }) {scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>} : (tensor<32x4xf32>, tensor<4x1xi32>, tensor<4x4xf32>) -> tensor<32x4xf32>
-    // CHECK: "stablehlo.all_reduce"
-    // CHECK: entangle.relation = "tile [{}, {tp}] : (2*%arg2 + scatter(0, %arg0, %arg1))"
-    %3 = "stablehlo.all_reduce"(%1) ({
-      ^bb0(%p: tensor<f32>, %q: tensor<f32>):
-        %s = stablehlo.add %p, %q : tensor<f32>
-        stablehlo.return %s : tensor<f32>
-    }) {replica_groups = dense<[[0, 4], [1, 5], [2, 6], [3, 7]]> : tensor<4x2xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, use_global_device_ids} : (tensor<32x4xf32>) -> tensor<32x4xf32>
-    sdy.return %3 : tensor<32x4xf32>
-  } : (tensor<8x1xi32>, tensor<8x16xf32>, tensor<32x16xf32>) -> tensor<32x16xf32>
-  return %0 : tensor<32x16xf32>
+    }) {replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, use_global_device_ids} : (tensor<16x8xf32>) -> tensor<16x8xf32>
+    sdy.return %2 : tensor<16x8xf32>
+  } : (tensor<6x1xi32>, tensor<6x8xf32>) -> tensor<16x8xf32>
+  return %0 : tensor<16x8xf32>
 }
 
 // -----
 
 sdy.mesh @mesh = <["tp"=4]>
 
-// Refused: replacing with updates split over tp (each device overwrites its own copy), and
-// scattering into a split dim at computed indices.
-// CHECK-LABEL: func.func @refused
-func.func @refused(%ids: tensor<8x1xi32>, %g: tensor<8x16xf32>, %t: tensor<32x16xf32>) -> tensor<32x16xf32> {
-  %0 = sdy.manual_computation(%ids, %g, %t) in_shardings=[<@mesh, [{"tp"}, {}]>, <@mesh, [{"tp"}, {}]>, <@mesh, [{"tp"}, {}]>] out_shardings=[<@mesh, [{}, {}]>] manual_axes={"tp"} (%i: tensor<2x1xi32>, %u: tensor<2x16xf32>, %tl: tensor<8x16xf32>) {
-    %z = stablehlo.constant dense<0.0> : tensor<32x16xf32>
-    // CHECK: "stablehlo.scatter"
-    // CHECK: entangle.relation = "opaque: scatter (replace) of partial or split updates: replacing is not linear, every device overwrites its own copy"
-    %1 = "stablehlo.scatter"(%z, %i, %u) ({
-      ^bb0(%p: tensor<f32>, %q: tensor<f32>):
-        stablehlo.return %q : tensor<f32>
-    }) {scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>} : (tensor<32x16xf32>, tensor<2x1xi32>, tensor<2x16xf32>) -> tensor<32x16xf32>
-    %ii = "stablehlo.all_gather"(%i) {all_gather_dim = 0 : i64, replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, use_global_device_ids} : (tensor<2x1xi32>) -> tensor<8x1xi32>
-    %uu = "stablehlo.all_gather"(%u) {all_gather_dim = 0 : i64, replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, use_global_device_ids} : (tensor<2x16xf32>) -> tensor<8x16xf32>
+func.func @ref(%x: tensor<16x8xf32>, %i: tensor<6x1xi32>, %u: tensor<6x8xf32>) -> tensor<16x8xf32> {
+  // expected-note @+1 {{corresponds to the reference op stablehlo.scatter (stablehlo.scatter), which computes scatter(%arg0, %arg1, %arg2)}}
+  %0 = "stablehlo.scatter"(%x, %i, %u) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+    stablehlo.return %b : tensor<f32>
+  }) : (tensor<16x8xf32>, tensor<6x1xi32>, tensor<6x8xf32>) -> tensor<16x8xf32>
+  return %0 : tensor<16x8xf32>
+}
+
+// Scattering rows into an operand whose rows are split: each device would index its own block.
+// CHECK-LABEL: func.func @split_rows
+// FULL: func.func @split_rows{{.*}}entangle.verdict = "not proven"
+func.func @split_rows(%x: tensor<16x8xf32>, %i: tensor<6x1xi32>, %u: tensor<6x8xf32>) -> tensor<16x8xf32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x, %i, %u) in_shardings=[<@mesh, [{"tp"}, {}]>, <@mesh, [{}, {}]>, <@mesh, [{}, {}]>] out_shardings=[<@mesh, [{"tp"}, {}]>] manual_axes={"tp"} (%a: tensor<4x8xf32>, %b: tensor<6x1xi32>, %c: tensor<6x8xf32>) {
     // CHECK: "stablehlo.scatter"
     // CHECK: entangle.relation = "opaque: scatter into dim 0, which is split over 'tp': each device would index its own block
-    %2 = "stablehlo.scatter"(%tl, %ii, %uu) ({
-      ^bb0(%p: tensor<f32>, %q: tensor<f32>):
-        %s = stablehlo.add %p, %q : tensor<f32>
-        stablehlo.return %s : tensor<f32>
-    }) {scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>} : (tensor<8x16xf32>, tensor<8x1xi32>, tensor<8x16xf32>) -> tensor<8x16xf32>
-    sdy.return %1 : tensor<32x16xf32>
-  } : (tensor<8x1xi32>, tensor<8x16xf32>, tensor<32x16xf32>) -> tensor<32x16xf32>
-  return %0 : tensor<32x16xf32>
+    // expected-error @+1 {{scatter into dim 0, which is split over 'tp': each device would index its own block}}
+    %1 = "stablehlo.scatter"(%a, %b, %c) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false}> ({
+    ^bb0(%p: tensor<f32>, %q: tensor<f32>):
+      stablehlo.return %q : tensor<f32>
+    }) : (tensor<4x8xf32>, tensor<6x1xi32>, tensor<6x8xf32>) -> tensor<4x8xf32>
+    sdy.return %1 : tensor<4x8xf32>
+  } : (tensor<16x8xf32>, tensor<6x1xi32>, tensor<6x8xf32>) -> tensor<16x8xf32>
+  return %0 : tensor<16x8xf32>
 }
