@@ -278,8 +278,7 @@ def make_reshape(term: Term, shape: tuple[int, ...]) -> Term:
     if term.op == "reshape":
         return make_reshape(term.args[0], shape)
     if _is_elementwise(term):
-        return intern(term.op, tuple(make_reshape(a, shape) for a in term.args), term.attrs,
-                      shape, term.dtype)
+        return rebuild_elementwise(term, tuple(make_reshape(a, shape) for a in term.args))
     pushed = None
     if term.op == "broadcast":
         pushed = _reshape_broadcast(term, shape)
@@ -291,6 +290,19 @@ def make_reshape(term: Term, shape: tuple[int, ...]) -> Term:
 
 
 ELEMENTWISE_TERM_OPS = {"mul", "div"}
+
+
+def rebuild_elementwise(term: Term, args: tuple[Term, ...]) -> Term:
+    """The same elementwise op on new operands, through the canonical builders (so sorted
+    operands stay sorted and scalars are pulled out again)."""
+    if term.op == "mul":
+        product = args[0]
+        for factor in args[1:]:
+            product = make_mul(product, factor)
+        return product
+    if term.op == "div":
+        return make_div(*args)
+    return make_elementwise(term.op, args, term.attrs, dtype=term.dtype)
 
 
 def _is_elementwise(term: Term) -> bool:

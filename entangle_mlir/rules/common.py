@@ -7,8 +7,8 @@ from dataclasses import replace
 from ..layout import GLOBAL, DeviceScalar, Opaque, Rel, Value
 from ..mesh import axes_str
 from ..opinfo import OpInfo
-from ..terms import (Term, intern, make_broadcast, make_lin, make_splat, linear_parts,
-                     splat_value)
+from ..terms import (Term, linear_parts, make_broadcast, make_lin, make_splat,
+                     rebuild_elementwise, splat_value)
 from .base import RuleContext
 
 ELEMENTWISE_TERM_OPS = ("lin", "mul", "div")
@@ -61,7 +61,7 @@ def resize(term: Term, dim: int, size: int) -> Term | None:
         args = [resize(a, dim, size) for a in term.args]
         if any(a is None for a in args):
             return None
-        return intern(term.op, tuple(args), term.attrs, shape, term.dtype)
+        return rebuild_elementwise(term, tuple(args))
     return None
 
 
