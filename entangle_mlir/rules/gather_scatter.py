@@ -40,7 +40,7 @@ from ..mesh import axes_str
 from ..opinfo import OpInfo, TensorType
 from ..terms import Term, intern, make_add, make_op, make_splat, scale, splat_value
 from .base import RuleContext
-from .common import freeze, is_zero
+from .common import freeze, is_zero, resize
 
 GATHER = "stablehlo.gather"
 SCATTER = "stablehlo.scatter"
@@ -243,12 +243,23 @@ def scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
     if dims["input_batching_dims"] or dims["scatter_indices_batching_dims"]:
         return [Opaque("scatter with batching dims is not supported yet",
                        category="unsupported")]
-    operand, indices, updates = freeze(operand), freeze(indices), freeze(updates)
     local_operand = info.operand_types[0].shape
     local_updates = info.operand_types[2].shape
     window_dims = dims["update_window_dims"]
     operand_window = [d for d in range(len(local_operand))
                       if d not in dims["inserted_window_dims"]]
+    # A buffer built at the local shape (a splat, poly dims) takes the split of the updates'
+    # window dims that cover it whole.
+    for k, d in enumerate(operand_window):
+        if k < len(window_dims) and d in operand.poly and updates.tiling[window_dims[k]] \
+                and local_updates[window_dims[k]] == local_operand[d]:
+            adapted = _widen(operand, d, updates.term.shape[window_dims[k]],
+                             updates.tiling[window_dims[k]])
+            if adapted is None:
+                return [Opaque("scatter: cannot widen the operand built at the local shape",
+                               category="internal")]
+            operand = adapted
+    operand, indices, updates = freeze(operand), freeze(indices), freeze(updates)
     update_scatter = [d for d in range(len(local_updates)) if d not in window_dims]
     ivd = dims["index_vector_dim"]
     indices_batch = [d for d in range(len(indices.term.shape)) if d != ivd]
@@ -303,6 +314,16 @@ def scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
                  "(the order is implementation-defined in StableHLO)")
         return [replace(operand, term=term)]
     return [_scatter_add(operand, indices, updates, dims, tuple(spread), ctx)]
+
+
+def _widen(rel: Rel, dim: int, size: int, axes: tuple[str, ...]) -> Rel | None:
+    """A poly dim of `rel` given the global size and split of the value it is combined with."""
+    term = resize(rel.term, dim, size)
+    if term is None:
+        return None
+    tiling = list(rel.tiling)
+    tiling[dim] = axes
+    return replace(rel, term=term, tiling=tuple(tiling), poly=rel.poly - {dim})
 
 
 def _split_words(axes) -> str:
@@ -361,6 +382,20 @@ def dynamic_update_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) 
     if not isinstance(operand, Rel) or not isinstance(update, Rel):
         return [Opaque("dynamic_update_slice of a device-dependent scalar",
                        category="unsupported")]
+    local_operand = info.operand_types[0].shape
+    local_update = info.operand_types[1].shape
+    # A buffer built at the local shape (a splat, poly dims) that the update covers whole at a
+    # constant offset 0 takes the update's split.
+    if not ctx.is_global and ctx.mesh is not None:
+        for d, axes in enumerate(update.tiling):
+            if axes and d in operand.poly and local_update[d] == local_operand[d] \
+                    and d < len(starts) and _offsets(starts[d], ctx.mesh.num_devices) == \
+                    (0,) * ctx.mesh.num_devices:
+                adapted = _widen(operand, d, update.term.shape[d], axes)
+                if adapted is None:
+                    return [Opaque("dynamic_update_slice: cannot widen the operand built at "
+                                   "the local shape", category="internal")]
+                operand = adapted
     operand, update = freeze(operand), freeze(update)
     if ctx.is_global or ctx.mesh is None:
         if not all(isinstance(s, Rel) for s in starts):
@@ -370,8 +405,6 @@ def dynamic_update_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) 
         return [replace(operand, term=term)]
     mesh = ctx.mesh
     count = mesh.num_devices
-    local_operand = info.operand_types[0].shape
-    local_update = info.operand_types[1].shape
     start_terms: list[Term] = []
     placed: list[str] = []
     for d, start in enumerate(starts):
