@@ -1,14 +1,13 @@
 // RUN: entangle-opt %s --entangle-normalize --entangle-import-shardings --entangle-infer-relations | filecheck %s
 // XFAIL: *
 
-// Known issue: scatter does not adapt a poly operand (a zeros table built at the local shape).
+// Known issue: the walker never runs the scatter rule (infer.REGION_RULE_OPS does not list
+// stablehlo.scatter), so this embedding gradient is "opaque: unsupported op stablehlo.scatter
+// (with regions)"; see also rules/stablehlo_scatter.mlir.
 // `jnp.zeros((32, 4)).at[ids].add(g)` inside shard_map builds the zeros as a splat at the LOCAL
-// shape. rules/gather_scatter.scatter calls `freeze()` on its operands, so the splat's dim 1
-// counts as "not split" and the scatter is refused with
-//   opaque: scatter: window dim 1 of the operand is not split but the updates' dim 1 is split over 'tp'
-// (once the walker runs the scatter rule at all; today it says "unsupported op
-// stablehlo.scatter (with regions)", see rules/stablehlo_scatter.mlir). The same splat added to
-// the updates would adapt (rules/stablehlo_add.mlir, @poly).
+// shape; the scatter rule itself now adapts that poly buffer to the updates' split (it used to
+// freeze it and refuse "window dim 1 of the operand is not split but the updates' dim 1 is split
+// over 'tp'"). With scatter in REGION_RULE_OPS this file passes: then drop the XFAIL.
 
 sdy.mesh @mesh = <["dp"=2, "tp"=4]>
 
