@@ -45,16 +45,18 @@ def _candidate_axes(mesh: Mesh, free: list[str]):
 def _match_axes(mesh: Mesh, offsets: tuple[int, ...], size: int, free: list[str],
                 global_size: int) -> tuple[tuple[str, ...] | None, tuple]:
     """Axes A with offsets[d] == block_index(A, d) * size, else the closest candidate."""
-    best, best_bad = None, None
+    best, best_bad, best_score = None, None, None
     for axes in _candidate_axes(mesh, free):
         if size * mesh.group_size(axes) > global_size:
             continue
-        expected = [mesh.block_index(axes, d) * size for d in range(mesh.num_devices)]
+        index = [mesh.block_index(axes, d) for d in range(mesh.num_devices)]
+        expected = [i * size for i in index]
         bad = [d for d in range(mesh.num_devices) if offsets[d] != expected[d]]
         if not bad:
             return axes, ()
-        if best_bad is None or len(bad) < len(best_bad[0]):
-            best, best_bad = axes, (bad, expected)
+        score = (not _affine(offsets, index, "i"), len(bad))
+        if best_score is None or score < best_score:
+            best, best_bad, best_score = axes, (bad, expected), score
     return None, (best, best_bad)
 
 
@@ -131,10 +133,33 @@ def _wrong_offset(dim: int, offsets, size: int, closest, ctx: RuleContext) -> Op
     bad, expected = found
     device = bad[0]
     got, want = offsets[device], expected[device]
+    index = [ctx.mesh.block_index(axes, d) for d in range(ctx.mesh.num_devices)]
+    name = f"axis_index({axes_str(axes)})"
+    formula = _affine(offsets, index, name)
+    found_text = f"offset = {formula}" if formula else f"offsets {list(offsets)[:16]}"
     return Opaque(f"device-dependent offset is wrong along dim {dim}: device {device} reads "
-                  f"[{got}, {got + size}) instead of its own block [{want}, {want + size}) "
-                  f"over {axes_str(axes)} (offsets found {list(offsets)[:16]}, expected "
-                  f"{list(expected)[:16]})", category="wrong_offset")
+                  f"[{got}, {got + size}) instead of its own block [{want}, {want + size}); "
+                  f"found {found_text}, expected offset = {size} * {name}",
+                  category="wrong_offset")
+
+
+def _affine(values, index, name: str) -> str:
+    """`a * name + b` when values[d] == a * index[d] + b for every device, else ''."""
+    points = {}
+    for v, i in zip(values, index):
+        if points.setdefault(i, v) != v:
+            return ""
+    if len(points) < 2:
+        return ""
+    (i0, v0), (i1, v1) = sorted(points.items())[:2]
+    if (v1 - v0) % (i1 - i0):
+        return ""
+    a = (v1 - v0) // (i1 - i0)
+    b = v0 - a * i0
+    if any(v != a * i + b for i, v in points.items()):
+        return ""
+    text = name if a == 1 else f"{a} * {name}"
+    return text + (f" + {b}" if b > 0 else f" - {-b}" if b < 0 else "")
 
 
 INDEX_RULES = {
