@@ -116,8 +116,15 @@ def synthesize_mesh(num_devices: int) -> Mesh:
 
 def device_count(module: ir.Module, shardings: list[str | None]) -> int:
     attrs = module.operation.attributes
-    if "mhlo.num_partitions" in attrs:
-        return ir.IntegerAttr(attrs["mhlo.num_partitions"]).value
+    counts = {name: ir.IntegerAttr(attrs[name]).value
+              for name in ("mhlo.num_partitions", "mhlo.num_replicas") if name in attrs}
+    if counts.get("mhlo.num_partitions", 1) > 1:
+        return counts["mhlo.num_partitions"]
+    if counts.get("mhlo.num_replicas", 1) > 1:
+        # A per-device program run as replicas (one partition): replica ids are device ids.
+        return counts["mhlo.num_replicas"]
+    if "mhlo.num_partitions" in counts:
+        return counts["mhlo.num_partitions"]
     from jaxlib import _hlo
 
     counts = [len(_hlo.HloSharding.from_string(s).tile_assignment_devices())

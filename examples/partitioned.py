@@ -95,6 +95,16 @@ def attention(x, wq, wk, wv, wo):
     return out @ wo
 
 
+def attention_div(x, wq, wk, wv, wo):
+    """`attention` with the usual `/ jnp.sqrt(d)`: XLA rewrites the division by a constant into a
+    multiplication by its float32 reciprocal, which is not exactly the same real number."""
+    b, s, d = x.shape
+    q, k, v = ((x @ w).reshape(b, s, 4, 8) for w in (wq, wk, wv))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(8.0)
+    out = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v).reshape(b, s, d)
+    return out @ wo
+
+
 def layernorm(x, g, b):
     mean = x.mean(axis=-1, keepdims=True)
     var = ((x - mean) ** 2).mean(axis=-1, keepdims=True)
@@ -274,6 +284,9 @@ CASES: list[Case] = [
          [((4, 8, 16), P("dp")), ((16, 32), P(None, "tp")), ((32,), P("tp")),
           ((32, 16), P("tp", None)), ((16,), R)], P("dp")),
     Case("attention_heads", attention, "x4",
+         [((2, 8, 32), R), ((32, 32), P(None, "x")), ((32, 32), P(None, "x")),
+          ((32, 32), P(None, "x")), ((32, 32), P("x", None))], R),
+    Case("attention_div_sqrt", attention_div, "x4",
          [((2, 8, 32), R), ((32, 32), P(None, "x")), ((32, 32), P(None, "x")),
           ((32, 32), P(None, "x")), ((32, 32), P("x", None))], R),
     Case("layernorm_hidden", layernorm, "x4",

@@ -80,6 +80,8 @@ def dims_of(info: OpInfo, key: str, names: tuple[str, ...]) -> dict:
         out["index_vector_dim"] = int(attrs["index_vector_dim"])
     for name in names:
         out.setdefault(name, ())
+    # StableHLO prints attributes at their default value not at all: no index_vector_dim is 0.
+    out.setdefault("index_vector_dim", 0)
     return out
 
 
@@ -170,8 +172,6 @@ def gather(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     if not isinstance(operand, Rel) or not isinstance(indices, Rel):
         return [Opaque("gather of a device-dependent scalar", category="unsupported")]
     dims = dims_of(info, "dimension_numbers", _GATHER_KEYS)
-    if "index_vector_dim" not in dims:
-        return [Opaque("gather without index_vector_dim", category="unsupported")]
     if dims["operand_batching_dims"] or dims["start_indices_batching_dims"]:
         return [Opaque("gather with batching dims is not supported yet", category="unsupported")]
     operand, indices = freeze(operand), freeze(indices)
@@ -238,8 +238,6 @@ def scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
         return [Opaque(f"scatter with a '{kind}' update computation is not supported",
                        category="unsupported")]
     dims = dims_of(info, "scatter_dimension_numbers", _SCATTER_KEYS)
-    if "index_vector_dim" not in dims:
-        return [Opaque("scatter without index_vector_dim", category="unsupported")]
     if dims["input_batching_dims"] or dims["scatter_indices_batching_dims"]:
         return [Opaque("scatter with batching dims is not supported yet",
                        category="unsupported")]

@@ -1,12 +1,6 @@
 // RUN: entangle-opt %s --split-input-file --entangle-normalize --entangle-import-shardings --entangle-infer-relations | filecheck %s
 // RUN: entangle-opt %s --split-input-file --entangle-normalize --entangle-import-shardings --entangle-infer-relations --entangle-check-refinement --verify-diagnostics | filecheck %s --check-prefix=FULL
-// XFAIL: *
 
-// Known issue (walker, infer.py): ops with regions are refused before their rule runs unless
-// listed in infer.REGION_RULE_OPS, and stablehlo.scatter (whose update region says add or
-// replace) is not listed yet, so every scatter below is "unsupported op stablehlo.scatter (with
-// regions)". The rule (rules/gather_scatter.py, marked `scatter.reads_regions = True`) gives:
-//
 // stablehlo.scatter (gather_scatter rule): the scattered (indexed) operand dims must not be
 // split; a window dim the updates cover whole keeps its split when the updates are split the
 // same way; updates (and indices) split along their scatter dims each land on every device's
