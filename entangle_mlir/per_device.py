@@ -27,10 +27,27 @@ class DeviceLayout:
 
 
 def is_per_device(module: ir.Module, func: ir.Operation) -> bool:
-    """True for partitioned programs: shardings on parameters and no manual computation."""
-    if "mhlo.spmd_parameters_shardings" in module.operation.attributes:
+    """True for partitioned programs: shardings on parameters and no manual computation.
+
+    Module-level `mhlo.spmd_parameters_shardings` describe the module's entry function, never
+    a reference that another function names with `entangle.refines` (a combined module)."""
+    if any(_SHARDING in _arg_attrs(func, i) for i in range(_num_args(func))):
         return True
-    return any(_SHARDING in _arg_attrs(func, i) for i in range(_num_args(func)))
+    if "mhlo.spmd_parameters_shardings" not in module.operation.attributes:
+        return False
+    return not _is_reference(module, func)
+
+
+def _is_reference(module: ir.Module, func: ir.Operation) -> bool:
+    if "sym_name" not in func.attributes:
+        return False
+    name = ir.StringAttr(func.attributes["sym_name"]).value
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "func.func" and "entangle.refines" in op.attributes:
+            if str(op.attributes["entangle.refines"]).lstrip("@").strip('"') == name:
+                return True
+    return False
 
 
 def _num_args(func: ir.Operation) -> int:
