@@ -449,7 +449,9 @@ class Walker:
         return Rel(term, ((),) * len(term.shape), scope=GLOBAL)
 
 
-REGION_RULE_OPS = ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter")
+REGION_RULE_OPS = ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
+                   "stablehlo.scatter", "stablehlo.sort", "stablehlo.reduce_window",
+                   "stablehlo.select_and_scatter")
 
 
 def _same_layout(a: Rel, b: Value) -> bool:

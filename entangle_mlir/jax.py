@@ -34,13 +34,18 @@ def lower_pair(reference_fn: Callable, sharded_fn: Callable, *avals) -> tuple[st
 
 
 def check(reference_fn: Callable, sharded_fn: Callable, *avals,
-          verify_rules: bool = True) -> Report:
+          verify_rules: bool = True, evidence: bool = True) -> Report:
     """Prove that `sharded_fn` refines `reference_fn` on arguments shaped like `avals`."""
     ref_text, sharded_text = lower_pair(reference_fn, sharded_fn, *avals)
     name = getattr(reference_fn, "__name__", "reference")
-    return check_texts(ref_text, sharded_text, ref_file=f"<{name}: reference>",
-                       sharded_file=f"<{getattr(sharded_fn, '__name__', 'sharded')}>",
-                       verify_rules=verify_rules)
+    report = check_texts(ref_text, sharded_text, ref_file=f"<{name}: reference>",
+                         sharded_file=f"<{getattr(sharded_fn, '__name__', 'sharded')}>",
+                         verify_rules=verify_rules)
+    if not report.proven and evidence:
+        from .evidence import output_evidence
+
+        report.evidence = output_evidence(reference_fn, sharded_fn, avals)
+    return report
 
 
 def assert_refines(reference_fn: Callable, sharded_fn: Callable, *avals,

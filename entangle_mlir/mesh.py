@@ -61,7 +61,8 @@ class Mesh:
             groups.append(group)
         return groups
 
-    def axes_of_groups(self, groups: list[list[int]]) -> tuple[str, ...] | None:
+    def axes_of_groups(self, groups: list[list[int]], ordered: bool = True
+                       ) -> tuple[str, ...] | None:
         """The ordered mesh axes whose collective uses exactly these groups, or None.
 
         Group order matters for gathers and scatters, so the axes order must reproduce the order
@@ -69,13 +70,16 @@ class Mesh:
         """
         if not groups or not groups[0]:
             return None
-        wanted = sorted(tuple(g) for g in groups)
+        def key(group):
+            return tuple(group) if ordered else tuple(sorted(group))
+
+        wanted = sorted(key(g) for g in groups)
         size = len(groups[0])
         for count in range(0, len(self.names) + 1):
             for axes in itertools.permutations(self.names, count):
                 if self.group_size(axes) != size:
                     continue
-                if sorted(tuple(g) for g in self.groups_for(axes)) == wanted:
+                if sorted(key(g) for g in self.groups_for(axes)) == wanted:
                     return axes
         return None
 

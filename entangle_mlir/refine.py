@@ -179,11 +179,32 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
     elif reference.has(base2) and k2 != 1:
         reason = f"value is {k2} x what the reference computes here ({pretty(base2, 3)})"
         category = "scale"
+        mean = _pmean_axes(record, k2, sharded)
+        if mean:
+            reason = (f"pmean over {mean}: the all_reduce sum is divided by {k2.denominator}, "
+                      f"so the value is {k2} x what the reference computes here (psum was "
+                      "needed)")
     else:
         reason = (f"{record.info.name.split('.')[-1]} computes {pretty(term, 3)}, which the "
                   "reference never computes")
     notes = [Diagnostic("note", message, where), *_counterpart_note(record, reference)]
     return Diagnostic("error", reason, record.loc, tuple(notes), category=category)
+
+
+def _pmean_axes(record: OpRecord, factor, walk: Walk) -> str:
+    """The axes of an all_reduce feeding this op whose group size is 1/factor (a pmean)."""
+    from .mesh import axes_str
+
+    if walk.mesh is None or getattr(factor, "numerator", 0) != 1:
+        return ""
+    for source in record.sources:
+        if source is None or source.info.name != "stablehlo.all_reduce":
+            continue
+        groups = source.info.attrs.get("replica_groups")
+        axes = walk.mesh.axes_of_groups(groups, ordered=False) if groups else None
+        if axes and walk.mesh.group_size(axes) == factor.denominator:
+            return axes_str(axes)
+    return ""
 
 
 def _first_divergence(out: Term, sharded: Walk, reference: _Reference):

@@ -79,8 +79,14 @@ def make_splat(value, shape: tuple[int, ...], dtype: str) -> Term:
     return intern("splat", (), (scalar(value),), tuple(shape), dtype)
 
 
-def make_dense(data_key: bytes, shape: tuple[int, ...], dtype: str) -> Term:
-    """A non-splat constant, identified by its raw bytes."""
+DENSE_VALUES: dict[bytes, object] = {}
+
+
+def make_dense(data_key: bytes, shape: tuple[int, ...], dtype: str, values=None) -> Term:
+    """A non-splat constant, identified by its raw bytes; small integer tables keep their
+    values (`DENSE_VALUES`) so device-indexed offset tables can be evaluated."""
+    if values is not None:
+        DENSE_VALUES[data_key] = values
     return intern("dense", (), (data_key,), tuple(shape), dtype)
 
 

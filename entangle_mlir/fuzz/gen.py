@@ -308,7 +308,8 @@ def _emit_unary(layer, p, side, v, depth):
     expr = {
         "tanh": f"jnp.tanh({v})", "exp": f"jnp.exp({v})", "relu": f"jnp.maximum({v}, 0.0)",
         "neg": f"-{v}", "abs": f"jnp.abs({v})", "sigmoid": f"jax.nn.sigmoid({v})",
-        "square": f"{v} * {v}", "sin": f"jnp.sin({v})",
+        "square": f"{v} * {v}", "sin": f"jnp.sin({v})", "floor": f"jnp.floor({v})",
+        "trunc": f"{v}.astype(jnp.int32).astype(jnp.float32)",
     }[fn]
     return [f"{v} = {expr}"]
 
@@ -465,6 +466,14 @@ def _emit_combine(layer, p, side, v, depth):
     return lines
 
 
+def _emit_swap(layer, p, side, v, depth):
+    """Two layers; the sharded side runs them in the opposite order (a mutation)."""
+    first, second = layer.sub
+    if side == "ref":
+        return first.emit(side, v, depth) + second.emit(side, v, depth)
+    return second.emit(side, v, depth) + first.emit(side, v, depth)
+
+
 def _emit_nop(layer, p, side, v, depth):
     return []
 
@@ -478,6 +487,7 @@ EMIT: dict[str, Callable] = {
     "all_to_all": _emit_all_to_all, "ppermute": _emit_ppermute,
     "ppermute_pair": _emit_ppermute, "roll": _emit_roll, "dynslice": _emit_dynslice,
     "shard_scale": _emit_shard_scale, "combine": _emit_combine, "nop": _emit_nop,
+    "swap": _emit_swap,
 }
 
 
@@ -493,7 +503,7 @@ WEIGHTS: dict[str, float] = {
     "reshape": 2, "transpose": 1.5, "slice": 1, "concat": 1, "pad": 1,
     "einsum": 3, "gram": 1, "reduce": 3, "combine": 1.5,
     "resolve": 2, "all_gather": 1.5, "psum_scatter": 1, "all_to_all": 1.5, "dynslice": 1.5,
-    "ppermute": 0.5, "ppermute_pair": 0.5, "roll": 0.5, "relayout": 1,
+    "ppermute": 0.5, "ppermute_pair": 0.5, "roll": 0.5, "relayout": 1, "redundant": 0.7,
 }
 
 # Constructs left out of the default generator, with the reason. (Empty: nothing is excluded;
@@ -562,7 +572,7 @@ def f_unary(g: Gen, s: State):
             s.kind])
     if s.coef != 1:
         return [Layer("unary", {"fn": "neg"})], s
-    fns = ["tanh", "relu", "neg", "abs", "sigmoid", "sin"]
+    fns = ["tanh", "relu", "neg", "abs", "sigmoid", "sin", "floor", "trunc"]
     if s.mag <= 2:
         fns += ["exp", "square"]
     fn = g.ch.choice(fns)
@@ -933,6 +943,22 @@ def f_resolve(g: Gen, s: State):
     return resolve(g, s)
 
 
+def f_redundant(g: Gen, s: State):
+    """A collective over axes the value is replicated on: psum multiplies by the group size
+    (a pending scale of 1/n), pmean/pmax/pmin change nothing."""
+    free = s.free(g.mesh)
+    if not free:
+        return None
+    axes = g.mesh.order(g.ch.subset(free))
+    if s.kind in (None, "sum"):
+        fn = g.ch.choice(["psum", "psum", "pmean"] + ([] if s.partial else ["pmax", "pmin"]))
+    else:
+        return None
+    coef = s.coef / g.n(axes) if fn == "psum" else s.coef
+    return ([Layer("psum" if fn in ("psum", "pmean") else fn, {"fn": fn, "axes": axes})],
+            replace(s, coef=coef))
+
+
 def f_psum_scatter(g: Gen, s: State):
     if s.kind != "sum":
         return None
@@ -1140,7 +1166,7 @@ FACTORIES: dict[str, Callable] = {
     "reduce": f_reduce, "combine": f_combine, "resolve": f_resolve,
     "all_gather": f_all_gather, "psum_scatter": f_psum_scatter, "all_to_all": f_all_to_all,
     "dynslice": f_dynslice, "ppermute": f_ppermute, "ppermute_pair": f_ppermute_pair,
-    "roll": f_roll, "relayout": f_relayout,
+    "roll": f_roll, "relayout": f_relayout, "redundant": f_redundant,
 }
 
 
@@ -1312,6 +1338,8 @@ def layer_mutations(prog: Program, path, layer: Layer) -> list[Mutation]:
                                                                       swapped[0][1])
             out.append(_override(path, layer, f"ppermute pairs swapped {where}",
                                  perms=[swapped] + list(perms[1:])))
+        out.append(_override(path, layer, f"ppermute pair {first[-1]} dropped {where}",
+                             perms=[first[:-1]] + list(perms[1:])))
         out.append(_override(path, layer, f"ppermute reversed {where}",
                              perms=[[(b, a) for a, b in first]] + list(perms[1:])))
         for other in mesh.names:
@@ -1329,7 +1357,7 @@ def layer_mutations(prog: Program, path, layer: Layer) -> list[Mutation]:
         if p.get("k", 1) != 1:
             out.append(_override(path, layer, f"constant not divided {where}", k=1))
     elif op == "unary":
-        for fn in ("tanh", "relu", "neg", "abs", "sigmoid", "sin"):
+        for fn in ("tanh", "relu", "neg", "abs", "sigmoid", "sin", "trunc"):
             if fn != p["fn"]:
                 out.append(_override(path, layer, f"{fn} instead of {p['fn']} {where}", fn=fn))
     elif op == "clip":
@@ -1387,8 +1415,52 @@ def layer_mutations(prog: Program, path, layer: Layer) -> list[Mutation]:
     return out
 
 
-def program_mutations(prog: Program) -> list[Mutation]:
+def _silent(layer: Layer) -> bool:
+    """A layer with no reference spelling (a collective, a dynamic slice, a pending scale)."""
+    return not layer.emit("ref", "x")
+
+
+def swap_mutations(prog: Program) -> list[Mutation]:
+    """Run a collective one layer earlier or later on the sharded side (e.g. a nonlinear op
+    moved before the psum that should precede it)."""
     out: list[Mutation] = []
+
+    def walk(layers, prefix):
+        for i in range(len(layers) - 1):
+            a, b = layers[i], layers[i + 1]
+            if _silent(a) != _silent(b) and a.op != "combine" and b.op != "combine":
+                moved = b if _silent(a) else a
+                coll = a if _silent(a) else b
+                desc = (f"{moved.op} {moved.p.get('fn', moved.p.get('kind', ''))} moved "
+                        f"{'before' if _silent(a) else 'after'} {coll.op} "
+                        f"{coll.p.get('fn', '')} at layer {'.'.join(map(str, prefix + (i,)))}")
+
+                def apply(prog, prefix=prefix, i=i):
+                    return _swap_at(prog, prefix, i)
+                out.append((desc, apply))
+        for i, layer in enumerate(layers):
+            if layer.sub and layer.op == "combine":
+                walk(layer.sub, prefix + (i,))
+
+    walk(prog.layers, ())
+    return out
+
+
+def _swap_at(prog: Program, prefix: tuple[int, ...], i: int) -> Program:
+    def rebuild(layers, prefix):
+        layers = list(layers)
+        if not prefix:
+            layers[i:i + 2] = [Layer("swap", {}, sub=[layers[i], layers[i + 1]])]
+            return layers
+        j = prefix[0]
+        layers[j] = replace(layers[j], sub=rebuild(layers[j].sub, prefix[1:]))
+        return layers
+
+    return replace(prog, layers=rebuild(prog.layers, prefix))
+
+
+def program_mutations(prog: Program) -> list[Mutation]:
+    out: list[Mutation] = swap_mutations(prog)
     for path, layer in prog.all_layers():
         out += layer_mutations(prog, path, layer)
     mesh = prog.mesh
@@ -1449,7 +1521,7 @@ def mutate(prog: Program, ch: Chooser, prefer_collectives: float = 0.6) -> Progr
         return None
     coll = [m for m in muts if any(w in m[0] for w in (
         "psum", "pmean", "pmax", "pmin", "all_gather", "all_to_all", "dynamic_slice",
-        "ppermute", "scale"))]
+        "ppermute", "scale", "moved"))]
     pool = coll if coll and ch.chance(prefer_collectives) else muts
     desc, apply = ch.choice(pool)
     new = apply(prog)

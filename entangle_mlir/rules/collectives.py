@@ -15,7 +15,8 @@ from .common import freeze
 _KIND = {"add": "sum", "max": "max", "min": "min"}
 
 
-def group_axes(info: OpInfo, ctx: RuleContext) -> tuple[str, ...] | Opaque:
+def group_axes(info: OpInfo, ctx: RuleContext, ordered: bool = True
+               ) -> tuple[str, ...] | Opaque:
     """The mesh axes a collective's replica groups run over (ordered as in the groups)."""
     if ctx.is_global or ctx.mesh is None:
         return Opaque(f"{info.name} outside a manual computation", category="unsupported")
@@ -26,7 +27,7 @@ def group_axes(info: OpInfo, ctx: RuleContext) -> tuple[str, ...] | Opaque:
     if not info.attrs.get("use_global_device_ids") and "channel_handle" not in info.attrs:
         return Opaque(f"{info.name}: replica ids (not global device ids) are not supported",
                       category="unsupported")
-    axes = ctx.mesh.axes_of_groups(groups)
+    axes = ctx.mesh.axes_of_groups(groups, ordered)
     if axes is None:
         return Opaque(f"{info.name}: replica groups {groups} do not correspond to any mesh axes "
                       f"of {ctx.mesh.describe()}", category="wrong_groups")
@@ -46,7 +47,7 @@ def _order(axes, ctx: RuleContext) -> tuple[str, ...]:
 
 
 def all_reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
-    axes = group_axes(info, ctx)
+    axes = group_axes(info, ctx, ordered=False)
     if isinstance(axes, Opaque):
         return [axes] * len(operands)
     reducer = info.attrs.get("reducer", "other")
@@ -115,13 +116,14 @@ def _all_gather_one(x: Rel, dim: int, axes: tuple[str, ...], ctx: RuleContext) -
                       f"{axes_str(x.partial)}: missing all_reduce/psum (or use reduce_scatter)",
                       category="partial_mixed")
     for other, other_axes in enumerate(x.tiling):
-        if set(axes) & set(other_axes):
+        if other != dim and set(axes) & set(other_axes):
             return Opaque(f"all_gather concatenates along dim {dim} but the value is split "
                           f"along dim {other} over {axes_str(other_axes)}", category="wrong_dim")
     if set(axes) & set(tiling):
-        return Opaque(f"all_gather over {axes_str(axes)} along dim {dim}, split over "
-                      f"{axes_str(tiling)}: gathers blocks in the wrong order",
-                      category="wrong_order")
+        return Opaque(f"all_gather over {axes_str(axes)} along dim {dim}, which is split over "
+                      f"{axes_str(tiling)} (major first): it concatenates the blocks in the "
+                      f"wrong order (only the minor-most axes {axes_str(tiling[-len(axes):])} "
+                      "can be gathered)", category="wrong_order")
     return Opaque(f"all_gather over {axes_str(axes)} of a value replicated over "
                   f"{axes_str(axes)}: it concatenates {ctx.mesh.group_size(axes)} identical "
                   "copies", category="duplicate")
@@ -211,8 +213,10 @@ def collective_permute(info: OpInfo, operands: list[Value], ctx: RuleContext) ->
     else:
         used = tuple(a for a in ctx.mesh.names if a in x.tiled_axes)
     for source, target in pairs:
-        if any(ctx.mesh.coords(source)[a] != ctx.mesh.coords(target)[a] for a in used):
-            return [Opaque(f"collective_permute moves blocks along {axes_str(used)}: device "
+        moved = [a for a in used if ctx.mesh.coords(source)[a] != ctx.mesh.coords(target)[a]]
+        if moved:
+            what = "pieces of a partial sum" if x.partial else "blocks"
+            return [Opaque(f"collective_permute moves {what} along {axes_str(moved)}: device "
                            f"{target} receives device {source}'s block", category="wrong_order")]
     return [x]
 

@@ -8,7 +8,7 @@ from ..layout import GLOBAL, DeviceScalar, Opaque, Rel, Value
 from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import (Term, linear_parts, make_broadcast, make_lin, make_splat,
-                     rebuild_elementwise, splat_value)
+                     make_transpose, rebuild_elementwise, splat_value)
 from .base import RuleContext
 
 ELEMENTWISE_TERM_OPS = ("lin", "mul", "div")
@@ -51,6 +51,14 @@ def resize(term: Term, dim: int, size: int) -> Term | None:
         if dim in dims and operand.shape[dims.index(dim)] != 1:
             return None
         return make_broadcast(operand, dims, shape)
+    if term.op == "transpose":
+        (perm,) = term.attrs
+        inner = resize(term.args[0], perm[dim], size)
+        return None if inner is None else make_transpose(inner, perm)
+    if term.op == "reshape" and term.args[0].shape == tuple(
+            s for d, s in enumerate(term.shape) if d != dim) and term.shape[dim] == 1:
+        return make_broadcast(term.args[0], tuple(d for d in range(len(shape)) if d != dim),
+                              shape)
     if term.op == "lin":
         pairs, constant = linear_parts(term)
         resized = [(k, resize(t, dim, size)) for k, t in pairs]

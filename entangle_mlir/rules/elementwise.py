@@ -44,6 +44,7 @@ _SCALAR_OPS = {
     "stablehlo.abs": abs,
     "stablehlo.and": lambda a, b: a & b,
     "stablehlo.or": lambda a, b: a | b,
+    "stablehlo.xor": lambda a, b: a ^ b,
     "stablehlo.not": lambda a: int(not a),
     "stablehlo.select": lambda p, a, b: a if p else b,
     "stablehlo.clamp": lambda lo, x, hi: min(max(x, lo), hi),
@@ -71,6 +72,8 @@ def _device_scalar(info: OpInfo, operands: list[Value], ctx: RuleContext) -> lis
     if info.name == "stablehlo.compare":
         compare = _COMPARE[info.attrs["comparison_direction"]]
         values = tuple(int(compare(a, b)) for a, b in zip(*columns))
+    elif info.name == "stablehlo.not" and info.operand_types[0].dtype != "i1":
+        values = tuple(~a for a in columns[0])
     else:
         fn = _SCALAR_OPS.get(info.name)
         if fn is None:

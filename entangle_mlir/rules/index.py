@@ -14,7 +14,7 @@ from fractions import Fraction
 from ..layout import DeviceScalar, Opaque, Rel, Value
 from ..mesh import Mesh, axes_str
 from ..opinfo import OpInfo
-from ..terms import intern, make_op, make_splat, splat_value
+from ..terms import DENSE_VALUES, intern, make_op, make_splat, splat_value
 from .base import RuleContext
 from .common import freeze
 
@@ -66,6 +66,9 @@ def dynamic_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list
         return [Opaque("dynamic_slice of a device-dependent scalar", category="unsupported")]
     x = freeze(x)
     sizes = tuple(info.attrs["slice_sizes"])
+    if any(isinstance(s, DeviceScalar) for s in starts) and x.term.op == "dense" and all(
+            size == 1 for size in sizes) and x.term.attrs[0] in DENSE_VALUES:
+        return [_table_lookup(info, x, starts, ctx)]
     local = info.operand_types[0].shape
     count = ctx.mesh.num_devices if ctx.mesh and not ctx.is_global else 1
     tiling = list(x.tiling)
@@ -101,6 +104,20 @@ def dynamic_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list
         term = make_op("slice", (x.term,), (tuple(lo), tuple(hi), (1,) * len(lo)), tuple(shape),
                        x.term.dtype, linear_in=0)
     return [replace(x, term=term, tiling=tuple(tiling))]
+
+
+def _table_lookup(info: OpInfo, x: Rel, starts: list[Value], ctx: RuleContext) -> Value:
+    """An integer constant table indexed by device-dependent offsets: a device scalar."""
+    table = DENSE_VALUES[x.term.attrs[0]]
+    count = ctx.mesh.num_devices
+    columns = [_offsets(s, count) for s in starts]
+    if any(c is None for c in columns):
+        return Opaque("table lookup with a data-dependent offset", category="unsupported")
+    values = []
+    for device in range(count):
+        index = tuple(min(max(c[device], 0), table.shape[d] - 1) for d, c in enumerate(columns))
+        values.append(int(table[index]))
+    return DeviceScalar(tuple(values), info.result_types[0].shape)
 
 
 def _symbolic_dynamic_slice(info: OpInfo, x: Rel, starts: list[Value],

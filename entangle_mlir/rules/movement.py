@@ -22,7 +22,8 @@ def constant(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Valu
     if info.attrs.get("splat"):
         return [splat_rel(value.flat[0] if value.size else 0, rtype.shape, rtype.dtype, ctx)]
     key = hashlib.sha1(repr((value.dtype.str, value.shape)).encode() + value.tobytes()).digest()
-    return [replicated(make_dense(key, rtype.shape, rtype.dtype), ctx)]
+    table = value if value.dtype.kind in "iub" and value.size <= 65536 else None
+    return [replicated(make_dense(key, rtype.shape, rtype.dtype, table), ctx)]
 
 
 def iota(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
@@ -125,7 +126,7 @@ def slice_(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
 
 def concatenate(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     dim = info.attrs["dimension"]
-    rels = [freeze(x) if isinstance(x, Rel) else x for x in operands]
+    rels = list(operands)
     if not all(isinstance(x, Rel) for x in rels):
         return [Opaque("concatenate of device-dependent scalars", category="unsupported")]
     rank = len(info.result_types[0].shape)
@@ -133,7 +134,7 @@ def concatenate(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
     unified = unify_dims(rels, [others] * len(rels), ctx, "concatenate")
     if isinstance(unified, Opaque):
         return [unified]
-    rels = unified[0]
+    rels = [freeze(x) for x in unified[0]]
     for x in rels:
         if x.tiling[dim]:
             return [Opaque(f"concatenate along dim {dim}, which is split over "

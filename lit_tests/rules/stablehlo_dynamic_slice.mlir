@@ -108,8 +108,8 @@ func.func @wrong_offset(%x: tensor<8x16xf32>) -> tensor<8x16xf32> attributes {en
     // CHECK: stablehlo.select %{{.*}}entangle.relation = "device scalar [0, 4, 4, 12]"
     %bad = stablehlo.select %is2, %c4, %off : tensor<i1>, tensor<i32>
     %c0 = stablehlo.constant dense<0> : tensor<i32>
-    // CHECK: stablehlo.dynamic_slice %{{.*}}entangle.relation = "opaque: device-dependent offset is wrong along dim 1: device 2 reads [4, 8) instead of its own block [8, 12) over 'tp' (offsets found [0, 4, 4, 12], expected [0, 4, 8, 12])"
-    // expected-error @+1 {{device-dependent offset is wrong along dim 1: device 2 reads [4, 8) instead of its own block [8, 12) over 'tp'}}
+    // CHECK: stablehlo.dynamic_slice %{{.*}}entangle.relation = "opaque: device-dependent offset is wrong along dim 1: device 2 reads [4, 8) instead of its own block [8, 12); found offsets [0, 4, 4, 12], expected offset = 4 * axis_index('tp')"
+    // expected-error @+1 {{device-dependent offset is wrong along dim 1: device 2 reads [4, 8) instead of its own block [8, 12); found offsets [0, 4, 4, 12], expected offset = 4 * axis_index('tp')}}
     %1 = stablehlo.dynamic_slice %a, %c0, %bad, sizes = [8, 4] : (tensor<8x16xf32>, tensor<i32>, tensor<i32>) -> tensor<8x4xf32>
     sdy.return %1 : tensor<8x4xf32>
   } : (tensor<8x16xf32>) -> tensor<8x16xf32>
@@ -135,8 +135,8 @@ func.func @wrong_offset_2d(%x: tensor<8x16xf32>) -> tensor<8x16xf32> attributes 
     %c4 = stablehlo.constant dense<4> : tensor<i32>
     %off = stablehlo.multiply %i, %c4 : tensor<i32>
     %c0 = stablehlo.constant dense<0> : tensor<i32>
-    // CHECK: stablehlo.dynamic_slice %{{.*}}entangle.relation = "opaque: device-dependent offset is wrong along dim 1: device 4 reads [12, 16) instead of its own block [0, 4) over 'tp' (offsets found [0, 4, 8, 12, 12, 12, 12, 12], expected [0, 4, 8, 12, 0, 4, 8, 12])"
-    // expected-error @+1 {{device 4 reads [12, 16) instead of its own block [0, 4) over 'tp'}}
+    // CHECK: stablehlo.dynamic_slice %{{.*}}entangle.relation = "opaque: device-dependent offset is wrong along dim 1: device 4 reads [12, 16) instead of its own block [0, 4); found offsets [0, 4, 8, 12, 12, 12, 12, 12], expected offset = 4 * axis_index('tp')"
+    // expected-error @+1 {{device 4 reads [12, 16) instead of its own block [0, 4); found offsets [0, 4, 8, 12, 12, 12, 12, 12], expected offset = 4 * axis_index('tp')}}
     %1 = stablehlo.dynamic_slice %a, %c0, %off, sizes = [8, 4] : (tensor<8x16xf32>, tensor<i32>, tensor<i32>) -> tensor<8x4xf32>
     sdy.return %1 : tensor<8x4xf32>
   } : (tensor<8x16xf32>) -> tensor<8x16xf32>

@@ -1,7 +1,6 @@
 // RUN: entangle-opt %s --entangle-normalize --entangle-import-shardings --entangle-infer-relations | filecheck %s
-// XFAIL: *
 
-// Known issue: an offset table indexed by partition_id is not evaluated as a device scalar.
+// Regression (fixed): an offset table indexed by partition_id is not evaluated as a device scalar.
 // XLA's partitioner (and DESIGN.md's second worked example) computes offsets as
 //   %o = dynamic_slice %table, %partition_id, sizes = [1] -> reshape -> scalar
 // The dynamic_slice rule treats the constant table like any other tensor and returns

@@ -1,7 +1,6 @@
 // RUN: not entangle check %S/../bugs/Inputs/megatron_mlp_pmean_tp4.ref.mlir %S/../bugs/Inputs/megatron_mlp_pmean_tp4.sharded.mlir | filecheck %s
-// XFAIL: *
 
-// Known issue: the pmean diagnostic names neither the collective nor the mesh axis.
+// Regression (fixed): the pmean diagnostic names neither the collective nor the mesh axis.
 // `lax.pmean(h @ w2, 'tp')` lowers to all_reduce(sum over tp) then divide by 4. The tool points
 // at the right line but only says
 //   examples/models.py:86:8: error: value is 1/4 x what the reference computes here (...)

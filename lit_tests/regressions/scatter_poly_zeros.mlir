@@ -1,7 +1,6 @@
 // RUN: entangle-opt %s --entangle-normalize --entangle-import-shardings --entangle-infer-relations | filecheck %s
-// XFAIL: *
 
-// Known issue: the walker never runs the scatter rule (infer.REGION_RULE_OPS does not list
+// Regression (fixed): the walker never runs the scatter rule (infer.REGION_RULE_OPS does not list
 // stablehlo.scatter), so this embedding gradient is "opaque: unsupported op stablehlo.scatter
 // (with regions)"; see also rules/stablehlo_scatter.mlir.
 // `jnp.zeros((32, 4)).at[ids].add(g)` inside shard_map builds the zeros as a splat at the LOCAL

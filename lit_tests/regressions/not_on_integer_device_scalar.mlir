@@ -1,7 +1,6 @@
 // RUN: entangle-opt %s --entangle-normalize --entangle-import-shardings --entangle-infer-relations | filecheck %s
-// XFAIL: *
 
-// Known issue: stablehlo.not on an integer device scalar is evaluated as a LOGICAL not.
+// Regression (fixed): stablehlo.not on an integer device scalar is evaluated as a LOGICAL not.
 // On integers stablehlo.not is bitwise (~x = -x - 1); only on i1 is it the logical not.
 // rules/elementwise._SCALAR_OPS maps "stablehlo.not" to `int(not a)` for every dtype, so
 // not([0, 1, 2, 3] : i32) is tabulated as [1, 0, 0, 0] instead of [-1, -2, -3, -4]. An offset

@@ -1,7 +1,6 @@
 // RUN: entangle-opt %s --entangle-normalize --entangle-import-shardings --entangle-infer-relations | filecheck %s
-// XFAIL: *
 
-// Known issue: concatenate does not adapt poly operands.
+// Regression (fixed): concatenate does not adapt poly operands.
 // `jnp.concatenate([x, jnp.zeros((b, 4))], axis=1)` on a batch shard builds the zeros at the
 // LOCAL shape (a splat, poly in every dim). rules/movement.concatenate calls `freeze()` on its
 // operands before `unify_dims`, so the splat's dim 0 is taken as a replicated global 4 and the

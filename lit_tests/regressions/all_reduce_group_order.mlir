@@ -1,7 +1,6 @@
 // RUN: entangle-opt %s --entangle-normalize --entangle-import-shardings --entangle-infer-relations | filecheck %s
-// XFAIL: *
 
-// Known issue: all_reduce depends on the order of devices inside a replica group.
+// Regression (fixed): all_reduce depends on the order of devices inside a replica group.
 // A sum over a group does not depend on the order the group lists its devices in (DESIGN.md:
 // "group order matters for all_gather/reduce_scatter, not for all_reduce"), but
 // rules/collectives.group_axes uses Mesh.axes_of_groups, which requires the in-group order of

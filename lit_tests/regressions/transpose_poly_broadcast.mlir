@@ -1,7 +1,6 @@
 // RUN: entangle-opt %s --entangle-normalize --entangle-import-shardings --entangle-infer-relations | filecheck %s
-// XFAIL: *
 
-// Known issue: a poly dim that went through a transpose cannot be widened.
+// Regression (fixed): a poly dim that went through a transpose cannot be widened.
 // `broadcast_in_dim %v dims=[1] -> 4x8` has a poly dim 0 (jax builds it at the local shape);
 // the transpose rule moves the poly flag to dim 1, but when the multiply unifies dim 1 with its
 // partner (split over dp, global 8), `rules/common.resize` only knows splat/broadcast/lin/

@@ -1,7 +1,6 @@
 // RUN: entangle-opt %s --entangle-normalize --entangle-import-shardings --entangle-infer-relations | filecheck %s
-// XFAIL: *
 
-// Known issue: a misleading message for a collective_permute that moves blocks.
+// Regression (fixed): a misleading message for a collective_permute that moves blocks.
 // The value is split over dp (rows) and tp (cols); the permutation is a ring shift along tp
 // only (every pair keeps its dp coordinate). Refusing is right, but
 // rules/collectives.collective_permute names every axis the value uses, not the axes the
