@@ -43,7 +43,7 @@ def verify_walk(walk: Walk, report: Report, budget_seconds: float = 60.0) -> Non
                     if status == "refuted" else "is inconclusive (Z3 unknown or timeout)")
             report.diagnostics.append(Diagnostic(
                 "error", f"proof of the rule instance for {record.info.name} {what}",
-                record.loc))
+                record.loc, category="inconclusive" if status == "unknown" else "refuted"))
             report.verdict = NOT_PROVEN
     progress.close()
     report.stats["rule_instances"] = dict(counts)
