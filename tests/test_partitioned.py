@@ -439,11 +439,17 @@ def test_bad_hlo_inputs_are_exit_2(tmp_path, entangle) -> None:
         assert "Traceback" not in run.text
 
 
-def test_hlo_loading_does_not_import_jax() -> None:
+def test_hlo_loading_does_not_import_jax(tmp_path) -> None:
+    """`entangle check` on an HLO dump converts it with jaxlib alone."""
     import subprocess
     import sys
 
-    code = ("import sys; from entangle_mlir import xla, ir; "
+    hlo = tmp_path / "m.hlo.txt"
+    hlo.write_text("HloModule m, num_partitions=2\n\nENTRY main {\n"
+                   "  x = f32[2] parameter(0), sharding={devices=[2]<=[2]}\n"
+                   "  ROOT t = f32[2] tanh(x), sharding={devices=[2]<=[2]}\n}\n")
+    code = ("import sys; from entangle_mlir.ir import load_file; "
+            f"m = load_file({str(hlo)!r}); assert 'stablehlo.tanh' in str(m); "
             "assert 'jax' not in sys.modules, 'jax imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
