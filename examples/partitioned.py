@@ -6,8 +6,10 @@ constraints inside the function. `check_partitioned` lowers the function unshard
 reference, takes XLA's after-spmd-partitioning program and proves it refines the reference.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m examples.partitioned [NAME...]
+    python -m examples.partitioned --mutations
 
-prints the verdict and time of every case (or of those whose name contains one of NAME).
+prints the verdict and time of every case (or of those whose name contains one of NAME), or
+runs every mutation (planted partitioner bug) on simulated devices and checks it.
 """
 
 from __future__ import annotations
@@ -254,6 +256,17 @@ def layernorm_grad(x, g, b):
         x, g, b)
 
 
+def _row_parallel(x, w):
+    return jax.lax.psum(x @ w, "x")
+
+
+def shard_map_in_jit(x, w):
+    """A shard_map (row-parallel matmul with its psum) inside an automatically partitioned jit;
+    the reference is the same function lowered without argument shardings."""
+    y = jax.shard_map(_row_parallel, in_specs=(P(None, "x"), P("x", None)), out_specs=P())(x, w)
+    return jnp.tanh(y) * 2.0
+
+
 def constrained_mlp(x, w1, w2):
     h = constrain(jnp.tanh(x @ w1), None, "x")
     return constrain(h @ w2, None, None)
@@ -351,6 +364,8 @@ CASES: list[Case] = [
     Case("layernorm_backward", layernorm_grad, "x4",
          [((4, 32), P(None, "x")), ((32,), P("x")), ((32,), P("x"))],
          (P(None, "x"), P("x"))),
+    Case("shard_map_in_jit", shard_map_in_jit, "x4",
+         [((16, 8), P(None, "x")), ((8, 12), P("x", None))], R),
     Case("constrained_mlp", constrained_mlp, "x4", [((8, 16), P("x", None)), ((16, 32), R),
                                                     ((32, 8), R)], None),
 ]
@@ -371,9 +386,64 @@ def lower(case: Case) -> tuple[str, bytes]:
         return lower_partitioned(case.fn, *case.avals(), out_shardings=case.out_shardings())
 
 
+def random_args(case: Case, seed: int = 0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for aval in case.avals():
+        if np.issubdtype(aval.dtype, np.integer):
+            out.append(rng.integers(-3, 16, aval.shape).astype(aval.dtype))
+        else:
+            out.append(rng.standard_normal(aval.shape).astype(aval.dtype))
+    return out
+
+
+def max_error(program, case: Case, args) -> float:
+    """The largest difference between the per-device results of `program` (run on simulated
+    devices) and each device's block of the reference results."""
+    import numpy as np
+
+    from entangle_mlir.jax import expected_per_device, run_per_device
+
+    with jax.set_mesh(mesh(case.mesh)):
+        want = jax.jit(case.fn)(*args)
+    want = [np.asarray(w) for w in (want if isinstance(want, (tuple, list)) else [want])]
+    worst = 0.0
+    for got, expected in zip(run_per_device(program, *args), expected_per_device(program, want)):
+        for g, e in zip(got, expected):
+            if g.shape != e.shape:
+                return float("inf")
+            worst = max(worst, float(np.max(np.abs(g - e), initial=0.0)))
+    return worst
+
+
+def mutation_table() -> int:
+    """Every mutation: does it change the numbers (executed), and where is it flagged."""
+    from entangle_mlir.check import check_texts
+
+    cases = {c.name: c for c in CASES}
+    for mutation in MUTATIONS:
+        case = cases[mutation.case]
+        ref, sharded = lower(case)
+        text, what = mutated(mutation, sharded)
+        args = random_args(case, seed=1)
+        before, after = max_error(sharded, case, args), max_error(text, case, args)
+        report = check_texts(ref, text, verify_rules=False)
+        first = report.diagnostics[0] if report.diagnostics else None
+        where = ("at the mutated op" if first and first.loc and first.loc.file == MUTATION_FILE
+                 else f"elsewhere ({first.loc if first else 'no diagnostic'})")
+        print(f"{mutation.name:28s} {case.name:28s} max |diff| {before:.1e} -> {after:.3g}  "
+              f"{report.verdict:10s} {where}")
+        print(f"    {what}\n    {first.message if first else ''}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     import time
 
+    if argv[:1] == ["--mutations"]:
+        return mutation_table()
     failed = 0
     for case in CASES:
         if argv and not any(a in case.name for a in argv):
@@ -388,11 +458,6 @@ def main(argv: list[str]) -> int:
             print("    " + report.render_text().replace("\n", "\n    "))
     return 1 if failed else 0
 
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main(sys.argv[1:]))
 
 
 # ----- mutations: real partitioner bugs, planted in XLA's output -------------------------------
@@ -596,3 +661,9 @@ def mutated(mutation: Mutation, sharded: bytes | str) -> tuple[str, str]:
         what = mutation.mutate(module)
         module.operation.verify()
         return module.operation.get_asm(enable_debug_info=True), what
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
