@@ -134,8 +134,43 @@ def check_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None
     ref_text, sharded = lower_partitioned(f, *avals, out_shardings=out_shardings,
                                           in_shardings=in_shardings)
     name = getattr(_unwrap(f), "__name__", "f")
-    return check_texts(ref_text, sharded, ref_file=f"<{name}: reference>",
-                       sharded_file=f"<{name}: partitioned by XLA>", verify_rules=verify_rules)
+    report = check_texts(ref_text, sharded, ref_file=f"<{name}: reference>",
+                         sharded_file=f"<{name}: partitioned by XLA>", verify_rules=verify_rules)
+    note = _mesh_note(report.mesh, avals)
+    if note:
+        report.notes.append(note)
+    return report
+
+
+def _mesh_note(described: str, avals) -> str:
+    """'the program's devices as the jax mesh: 'd0' = 'dp', ('d1', 'd2') = 'tp'' when the
+    synthesized axes line up with the avals' mesh (devices in id order)."""
+    import numpy as np
+
+    from .mesh import Mesh
+    from .per_device import axis_names
+
+    meshes = {getattr(getattr(a, "sharding", None), "mesh", None) for a in avals} - {None}
+    if len(meshes) != 1 or not described:
+        return ""
+    mesh = meshes.pop()
+    ids = np.asarray(getattr(mesh, "device_ids", []))
+    if ids.size == 0 or not np.array_equal(ids.reshape(-1), np.arange(ids.size)):
+        return ""
+    try:
+        synthesized = Mesh(tuple((name, int(size)) for name, size in
+                                 (part.split("=") for part in described.split(" x "))))
+    except ValueError:
+        return ""
+    names = axis_names(synthesized, tuple(mesh.shape.values()), tuple(mesh.axis_names))
+    if not names:
+        return ""
+
+    def axes(run):
+        return f"'{run[0]}'" if len(run) == 1 else "(" + ", ".join(f"'{a}'" for a in run) + ")"
+
+    return ("the program's mesh axes as jax's: "
+            + ", ".join(f"{axes(run)} = '{name}'" for name, run in names.items()))
 
 
 def assert_partitioned_refines(f: Callable, *avals, out_shardings=None, in_shardings=None,

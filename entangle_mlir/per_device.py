@@ -8,6 +8,7 @@ partition_id offset tables are read against the same axes.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from jaxlib.mlir import ir
@@ -127,8 +128,46 @@ def _factor(n: int) -> list[int]:
     return factors
 
 
-def synthesize_mesh(num_devices: int) -> Mesh:
-    return Mesh(tuple((f"d{i}", size) for i, size in enumerate(_factor(num_devices))))
+def synthesize_mesh(num_devices: int, shardings=()) -> Mesh:
+    """Prime axes d0, d1, ... over row-major device ids. Their order matters when the device
+    count has different prime factors (a 3 x 2 mesh is d0=3 x d1=2, a 2 x 3 one d0=2 x d1=3):
+    given the program's sharding strings, the first order (ascending first) under which every
+    tiled one is expressible is taken."""
+    factors = _factor(num_devices)
+    texts = [t for t in shardings if t]
+    orders = sorted(set(itertools.permutations(factors)), key=lambda o: (o != tuple(factors), o))
+    for order in orders:
+        mesh = Mesh(tuple((f"d{i}", size) for i, size in enumerate(order)))
+        if all(layout_of(t, 0, mesh).tiling is not None or not _tiled(t) for t in texts):
+            return mesh
+    return Mesh(tuple((f"d{i}", size) for i, size in enumerate(factors)))
+
+
+def _tiled(text: str) -> bool:
+    from jaxlib import _hlo
+
+    try:
+        return _hlo.HloSharding.from_string(text).is_tiled()
+    except Exception:  # noqa: BLE001 - unparsable shardings are reported elsewhere
+        return False
+
+
+def axis_names(mesh: Mesh, shape: tuple[int, ...], names: tuple[str, ...]) -> dict | None:
+    """How the axes of a jax mesh (devices in row-major id order) map onto the synthesized
+    axes: each jax axis is a run of consecutive synthesized axes, e.g. dp=2 x tp=4 over
+    d0 x d1 x d2 gives {'dp': ('d0',), 'tp': ('d1', 'd2')}; None if they do not line up."""
+    out, position = {}, 0
+    axes = list(mesh.axes)
+    for name, size in zip(names, shape):
+        run, product = [], 1
+        while product < size and position < len(axes):
+            run.append(axes[position][0])
+            product *= axes[position][1]
+            position += 1
+        if product != size:
+            return None
+        out[name] = tuple(run)
+    return out if position == len(axes) else None
 
 
 def device_count(module: ir.Module, shardings: list[str | None]) -> int:

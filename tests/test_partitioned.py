@@ -734,3 +734,54 @@ module attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 4 : i32} {
 }"""
     report = _check(ref, sharded)
     assert report.proven, report.render_text()
+
+
+# ----- meshes whose sizes are not in ascending prime order -------------------------------------
+
+def test_synthesized_mesh_follows_the_shardings() -> None:
+    from entangle_mlir.per_device import layout_of, synthesize_mesh
+
+    params = ["{devices=[3,2]<=[6]}", "{devices=[2,1,3]<=[3,2]T(1,0) last_tile_dim_replicate}"]
+    mesh = synthesize_mesh(6, params)
+    assert mesh.describe() == "d0=3 x d1=2"
+    assert layout_of(params[0], 2, mesh).tiling == (("d0",), ("d1",))
+    assert layout_of(params[1], 2, mesh).tiling == (("d1",), ())
+    assert synthesize_mesh(6).describe() == "d0=2 x d1=3"       # no hint: ascending
+    assert synthesize_mesh(8, params[:0]).describe() == "d0=2 x d1=2 x d2=2"
+
+
+def test_mesh_note_names_jax_axes() -> None:
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from entangle_mlir.jax import check_partitioned
+
+    m = mesh("dp4_tp2")
+    x = jax.ShapeDtypeStruct((8, 4), np.float32, sharding=NamedSharding(m, P("dp", "tp")))
+    report = check_partitioned(lambda x: x * 2.0, x, out_shardings=NamedSharding(m, P("dp", "tp")),
+                               verify_rules=False)
+    assert report.proven
+    assert "the program's mesh axes as jax's: ('d0', 'd1') = 'dp', 'd2' = 'tp'" in report.notes
+
+
+MESH_ORDER = ("a 3 x 2 mesh: XLA's device ids are row-major over (dp=3, tp=2), but the walker "
+              "synthesizes d0=2 x d1=3 (ascending primes), under which tp's tiles follow no "
+              "axes; infer.Walker._per_device should pass the parameter and result shardings to "
+              "per_device.synthesize_mesh(n, shardings), which then picks d0=3 x d1=2")
+
+
+@pytest.mark.xfail(strict=True, reason=MESH_ORDER)
+def test_repro_mesh_3x2() -> None:
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from entangle_mlir.jax import check_partitioned
+
+    m = jax.make_mesh((3, 2), ("dp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+    def arg(shape, *spec):
+        return jax.ShapeDtypeStruct(shape, np.float32, sharding=NamedSharding(m, P(*spec)))
+
+    report = check_partitioned(lambda x, w: jax.numpy.tanh(x @ w), arg((6, 12), "dp", "tp"),
+                               arg((12, 6), "tp", None), out_shardings=NamedSharding(m, P("dp")))
+    assert report.proven, report.render_text()
