@@ -235,6 +235,11 @@ def scatter_add_cols(x, idx, upd):
     return x.at[idx].add(upd)
 
 
+def embedding_grad(ids, g):
+    """The embedding table's gradient: token gradients added into a zero table."""
+    return jnp.zeros((8, g.shape[1]), g.dtype).at[ids].add(g)
+
+
 def update_slice(x, y):
     return x.at[:, 2:4].set(y)
 
@@ -351,6 +356,10 @@ CASES: list[Case] = [
          [((16, 8), P(None, "x")), ((6,), R, jnp.int32)], P(None, "x")),
     Case("scatter_add_cols", scatter_add_cols, "x4",
          [((16, 8), P(None, "x")), ((6,), R, jnp.int32), ((6, 8), P(None, "x"))], P(None, "x")),
+    Case("scatter_add_cols_small", scatter_add_cols, "x2",
+         [((8, 4), P(None, "x")), ((3,), R, jnp.int32), ((3, 4), P(None, "x"))], P(None, "x")),
+    Case("embedding_grad_tokens", embedding_grad, "x2",
+         [((4,), P("x"), jnp.int32), ((4, 2), P("x", None))], R),
     Case("update_slice_rows", update_slice, "x4", [((16, 8), P("x", None)), ((16, 2), P("x", None))],
          P("x", None)),
     Case("softmax_sharded_dim", softmax, "dp2_tp4", [((8, 16), P("dp", "tp"))], P("dp", "tp")),

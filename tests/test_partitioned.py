@@ -67,6 +67,11 @@ DEFAULT_IVD = ("semantics.dimension_numbers defaults a missing index_vector_dim 
                "`#stablehlo.scatter<update_window_dims = [0, 1], scatter_dims_to_operand_dims = "
                "[1]>`), so the instance check fails to build ('only 0-dimensional arrays can be "
                "converted') and says inconclusive (tests/test_gather_scatter_lemmas grounds it)")
+DEVICE_SELECT = ("`select(broadcast(partition_id != 0), zeros, operand)`: XLA keeps a scatter-add's "
+                 "operand on one device so that the all_reduce counts it once; broadcasting the "
+                 "device predicate into a tensor is refused. A select whose predicate is a "
+                 "device table picking one device per group gives a partial sum of the operand "
+                 "over that group (test_repro_device_select)")
 REDUCE_WINDOW = ("no rule for stablehlo.reduce_window (jnp.cumsum lowers to it); needs a "
                  "reduction-family rule: a window over an unsplit dim keeps the layout "
                  "(test_repro_reduce_window)")
@@ -99,6 +104,7 @@ XFAIL_CASES = {
     "scatter_add_cols": SCATTER_INSTANCE,
     "update_slice_rows": DEFAULT_IVD,
     "layernorm_backward": UNIT_RESHAPE,
+    "embedding_grad_tokens": DEVICE_SELECT,
 }
 
 
@@ -548,6 +554,45 @@ def test_scatter_walk_proves_xla_programs(name: str) -> None:
 @pytest.mark.xfail(strict=True, reason=SCATTER_INSTANCE)
 def test_repro_scatter_instance_at_real_shape() -> None:
     report = _check(*scatter_columns(16, 8, 6, 4))
+    assert report.proven, report.render_text()
+
+
+@pytest.mark.xfail(strict=True, reason=DEVICE_SELECT)
+def test_repro_device_select() -> None:
+    ref = """
+func.func @main(%x: tensor<8x2xf32>, %u: tensor<8x2xf32>) -> tensor<8x2xf32> {
+  %0 = stablehlo.add %x, %u : tensor<8x2xf32>
+  return %0 : tensor<8x2xf32>
+}"""
+    # x is replicated, u a partial sum over both devices (as from a local scatter of tokens):
+    # x is kept on device 0 only, so the all_reduce adds it once.
+    sharded = """
+module attributes {mhlo.num_partitions = 2 : i32} {
+  func.func @main(%x: tensor<8x2xf32> {mhlo.sharding = "{replicated}"}, %u: tensor<4x2xf32> {mhlo.sharding = "{devices=[2,1]<=[2]}"}) -> (tensor<8x2xf32> {mhlo.sharding = "{replicated}"}) {
+    %pid = stablehlo.partition_id : tensor<ui32>
+    %c0 = stablehlo.constant dense<0> : tensor<ui32>
+    %p = stablehlo.compare NE, %pid, %c0 : (tensor<ui32>, tensor<ui32>) -> tensor<i1>
+    %pb = stablehlo.broadcast_in_dim %p, dims = [] : (tensor<i1>) -> tensor<8x2xi1>
+    %zero = stablehlo.constant dense<0.0> : tensor<8x2xf32>
+    %mine = stablehlo.select %pb, %zero, %x : tensor<8x2xi1>, tensor<8x2xf32>
+    %i = stablehlo.convert %pid : (tensor<ui32>) -> tensor<i32>
+    %c4 = stablehlo.constant dense<4> : tensor<i32>
+    %off = stablehlo.multiply %i, %c4 : tensor<i32>
+    %z = stablehlo.constant dense<0> : tensor<i32>
+    %placed = stablehlo.dynamic_update_slice %zero, %u, %off, %z : (tensor<8x2xf32>, tensor<4x2xf32>, tensor<i32>, tensor<i32>) -> tensor<8x2xf32>
+    %sum = stablehlo.add %mine, %placed : tensor<8x2xf32>
+    %r = "stablehlo.all_reduce"(%sum) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>, replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>, use_global_device_ids}> ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      %t = stablehlo.add %a, %b : tensor<f32>
+      stablehlo.return %t : tensor<f32>
+    }) : (tensor<8x2xf32>) -> tensor<8x2xf32>
+    return %r : tensor<8x2xf32>
+  }
+}"""
+    x = np.arange(16, dtype=np.float32).reshape(8, 2)
+    u = np.ones((8, 2), np.float32)
+    assert all(np.array_equal(out[0], x + u) for out in run_per_device(sharded, x, u))
+    report = _check(ref, sharded)
     assert report.proven, report.render_text()
 
 
