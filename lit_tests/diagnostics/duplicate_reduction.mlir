@@ -1,0 +1,46 @@
+// RUN: entangle-opt %s --split-input-file --pass-pipeline='builtin.module(entangle-normalize,entangle-import-shardings,entangle-infer-relations,entangle-check-refinement)' --verify-diagnostics
+// RUN: not entangle check %s --json | filecheck %s
+
+// The Megatron row-parallel matmul reduced twice: the psum is written once in the layer and
+// once more by the caller, so the second one sums 4 identical copies.
+//
+//   def body(x_l, w_l):
+//       y = jax.lax.psum(x_l @ w_l, 'tp')
+//       return jax.lax.psum(y, 'tp')              # BUG: y is already replicated over 'tp'
+//   shard_map(body, mesh, in_specs=(P(None, 'tp'), P('tp', None)), out_specs=P())
+//
+// The error is at the second all_reduce; the first note says what that does to the result.
+
+// CHECK: "verdict": "not proven"
+// CHECK: "diagnostics": [
+// CHECK: "message": "all_reduce sums over 'tp', but the value is already replicated over 'tp': the result is 4 x the value"
+// CHECK: "message": "result #0 is 4 x the reference"
+// CHECK: "reason": "duplicate_reduction"
+
+sdy.mesh @mesh = <["tp"=4]>
+
+func.func @ref(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> tensor<8x8xf32> {
+  // expected-note @+1 {{corresponds to the reference op stablehlo.dot_general}}
+  %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<8x8xf32>
+  return %0 : tensor<8x8xf32>
+}
+
+func.func @sharded(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> tensor<8x8xf32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x, %w) in_shardings=[<@mesh, [{}, {"tp"}]>, <@mesh, [{"tp"}, {}]>] out_shardings=[<@mesh, [{}, {}]>] manual_axes={"tp"} (%a: tensor<8x4xf32>, %b: tensor<4x8xf32>) {
+    %1 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
+    %2 = "stablehlo.all_reduce"(%1) ({
+      ^bb0(%u: tensor<f32>, %v: tensor<f32>):
+        %s = stablehlo.add %u, %v : tensor<f32>
+        stablehlo.return %s : tensor<f32>
+    }) {replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, use_global_device_ids} : (tensor<8x8xf32>) -> tensor<8x8xf32>
+    // expected-error @+1 {{all_reduce sums over 'tp', but the value is already replicated over 'tp': the result is 4 x the value}}
+    %3 = "stablehlo.all_reduce"(%2) ({
+      ^bb0(%u: tensor<f32>, %v: tensor<f32>):
+        %s = stablehlo.add %u, %v : tensor<f32>
+        stablehlo.return %s : tensor<f32>
+    }) {replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>, channel_handle = #stablehlo.channel_handle<handle = 2, type = 1>, use_global_device_ids} : (tensor<8x8xf32>) -> tensor<8x8xf32>
+    sdy.return %3 : tensor<8x8xf32>
+  } : (tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<8x8xf32>
+  // expected-note @+1 {{result #0 is 4 x the reference}}
+  return %0 : tensor<8x8xf32>
+}
