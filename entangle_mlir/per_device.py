@@ -45,9 +45,9 @@ def _is_reference(module: ir.Module, func: ir.Operation) -> bool:
     name = ir.StringAttr(func.attributes["sym_name"]).value
     for op in module.body.operations:
         op = op.operation
-        if op.name == "func.func" and "entangle.refines" in op.attributes:
-            if str(op.attributes["entangle.refines"]).lstrip("@").strip('"') == name:
-                return True
+        if (op.name == "func.func" and "entangle.refines" in op.attributes
+                and str(op.attributes["entangle.refines"]).lstrip("@").strip('"') == name):
+            return True
     return False
 
 

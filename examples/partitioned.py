@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from jax.sharding import AxisType, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 MESHES = {
     "x4": ((4,), ("x",)),
@@ -661,9 +661,9 @@ MUTATIONS: list[Mutation] = [
 
 def mutated(mutation: Mutation, sharded: bytes | str) -> tuple[str, str]:
     """(mutated program as text, description) for a partitioned program."""
-    from entangle_mlir.ir import context, parse_module
-
     from jaxlib.mlir import ir
+
+    from entangle_mlir.ir import context, parse_module
 
     module = parse_module(sharded)
     with context(), ir.Location.unknown():

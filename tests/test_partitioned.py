@@ -19,15 +19,14 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + " --xla_force_host_platform_device_count=8")
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
 jax = pytest.importorskip("jax")
 
-from entangle_mlir.check import check_texts  # noqa: E402
-from entangle_mlir.jax import expected_per_device, run_per_device  # noqa: E402
-from examples.partitioned import (CASES, MUTATION_FILE, MUTATIONS, lower, mesh,  # noqa: E402
-                                  mutated)
+from entangle_mlir.check import check_texts
+from entangle_mlir.jax import expected_per_device, run_per_device
+from examples.partitioned import CASES, MUTATION_FILE, MUTATIONS, lower, mesh, mutated
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (simulated) devices")
 

@@ -421,13 +421,12 @@ def dynamic_update_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) 
         o_axes, u_axes = operand.tiling[d], update.tiling[d]
         dtype = info.operand_types[2 + d].dtype if len(info.operand_types) > 2 + d else "i32"
         if len(set(offsets)) == 1:
-            if o_axes or u_axes:
-                if o_axes != u_axes or offsets[0] != 0 or local_update[d] != local_operand[d]:
-                    return [Opaque(f"dynamic_update_slice into dim {d}: the operand is "
-                                   f"{_split_words(o_axes)}, the update "
-                                   f"{_split_words(u_axes)}, at offset {offsets[0]} (each "
-                                   "device writes into its own block)",
-                                   category="layout_mismatch")]
+            if (o_axes or u_axes) and (o_axes != u_axes or offsets[0] != 0
+                                       or local_update[d] != local_operand[d]):
+                return [Opaque(f"dynamic_update_slice into dim {d}: the operand is "
+                               f"{_split_words(o_axes)}, the update {_split_words(u_axes)}, at "
+                               f"offset {offsets[0]} (each device writes into its own block)",
+                               category="layout_mismatch")]
             start_terms.append(make_splat(offsets[0], (), dtype))
             continue
         # A device-dependent offset: each device's block of the update lands at its own place.
@@ -505,11 +504,9 @@ def _placed_blocks(operand: Rel, update: Rel, starts: list[Term], axes: tuple[st
     global_update = update.term
     tiling = list(operand.tiling)
     for d, u_axes in enumerate(update.tiling):
-        if u_axes and not set(u_axes) <= set(axes):
-            if operand.tiling[d] != u_axes:
-                return Opaque(f"dynamic_update_slice: update dim {d} split over "
-                              f"{axes_str(u_axes)} but the buffer is not",
-                              category="layout_mismatch")
+        if u_axes and not set(u_axes) <= set(axes) and operand.tiling[d] != u_axes:
+            return Opaque(f"dynamic_update_slice: update dim {d} split over {axes_str(u_axes)} "
+                          "but the buffer is not", category="layout_mismatch")
     zeros = make_splat(0, operand.term.shape, operand.term.dtype)
     term = make_dynamic_update_slice(zeros, global_update, starts)
     order = ctx.mesh.names
