@@ -66,22 +66,34 @@ class Mesh:
         """The ordered mesh axes whose collective uses exactly these groups, or None.
 
         Group order matters for gathers and scatters, so the axes order must reproduce the order
-        of devices inside each group; the order of the groups themselves does not matter.
+        of devices inside each group; the order of the groups themselves does not matter. Cost
+        is linear in the device count (times the orderings of the axes one group spans).
         """
         if not groups or not groups[0]:
             return None
-        def key(group):
-            return tuple(group) if ordered else tuple(sorted(group))
-
-        wanted = sorted(key(g) for g in groups)
-        size = len(groups[0])
-        for count in range(0, len(self.names) + 1):
-            for axes in itertools.permutations(self.names, count):
-                if self.group_size(axes) != size:
-                    continue
-                if sorted(key(g) for g in self.groups_for(axes)) == wanted:
-                    return axes
+        n = self.num_devices
+        flat = [d for g in groups for d in g]
+        if sorted(flat) != list(range(n)) or len({len(g) for g in groups}) != 1:
+            return None
+        coords = [self.coords(d) for d in range(n)]
+        first = groups[0]
+        varying = [a for a in self.names if len({coords[d][a] for d in first}) > 1]
+        if self.group_size(varying) != len(first):
+            return None
+        fixed = [a for a in self.names if a not in varying]
+        candidates = itertools.permutations(varying) if ordered else [tuple(varying)]
+        for axes in candidates:
+            if all(self._is_group(g, axes, fixed, coords, ordered) for g in groups):
+                return axes
         return None
+
+    def _is_group(self, group, axes, fixed, coords, ordered: bool) -> bool:
+        base = coords[group[0]]
+        if any(coords[d][a] != base[a] for d in group for a in fixed):
+            return False
+        if ordered:
+            return all(self.block_index(axes, d) == i for i, d in enumerate(group))
+        return len({self.block_index(axes, d) for d in group}) == len(group)
 
     def describe(self) -> str:
         return " x ".join(f"{name}={size}" for name, size in self.axes)

@@ -37,8 +37,23 @@ def _offsets(value: Value, count: int) -> tuple[int, ...] | None:
     return None
 
 
-def _candidate_axes(mesh: Mesh, free: list[str]):
-    for count in range(1, len(free) + 1):
+def _candidate_axes(mesh: Mesh, free: list[str], offsets=None):
+    """Orderings of the axes along which the offsets vary (all free axes if unknown)."""
+    if offsets is not None:
+        varying = []
+        for axis in free:
+            for d in range(mesh.num_devices):
+                coords = mesh.coords(d)
+                if coords[axis] and offsets[d] != offsets[mesh.device({**coords, axis: 0})]:
+                    varying.append(axis)
+                    break
+        if varying:
+            yield from itertools.permutations(varying)
+            lengths = range(1, len(varying)) if len(varying) <= 4 else (1,)
+            for count in lengths:
+                yield from itertools.permutations(varying, count)
+            return
+    for count in range(1, min(len(free), 3) + 1):
         yield from itertools.permutations(free, count)
 
 
@@ -46,7 +61,7 @@ def _match_axes(mesh: Mesh, offsets: tuple[int, ...], size: int, free: list[str]
                 global_size: int) -> tuple[tuple[str, ...] | None, tuple]:
     """Axes A with offsets[d] == block_index(A, d) * size, else the closest candidate."""
     best, best_bad, best_score = None, None, None
-    for axes in _candidate_axes(mesh, free):
+    for axes in _candidate_axes(mesh, free, offsets):
         if size * mesh.group_size(axes) > global_size:
             continue
         index = [mesh.block_index(axes, d) for d in range(mesh.num_devices)]
