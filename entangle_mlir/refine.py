@@ -114,7 +114,7 @@ def compare(ref: Walk, sharded: Walk) -> Report:
     mesh = sharded.mesh.describe() if sharded.mesh else ""
     report = Report(verdict, outputs, unique, list(dict.fromkeys(ref.notes + sharded.notes)),
                     mesh=mesh)
-    report.explanations = [explain(sharded, i) for i in range(len(sharded.outputs))]
+    report.explainer = lambda: [explain(sharded, i) for i in range(len(sharded.outputs))]
     return report
 
 

@@ -28,8 +28,15 @@ class Report:
     mode: str = ""
     mesh: str = ""
     stats: dict = field(default_factory=dict)
-    explanations: list[list[str]] = field(default_factory=list)
+    explainer: object = field(default=None, repr=False)
     evidence: dict = field(default_factory=dict)
+
+    @property
+    def explanations(self) -> list[list[str]]:
+        """For each output, the chain of relations that builds it (computed on demand)."""
+        if callable(self.explainer):
+            self.explainer = self.explainer()
+        return self.explainer or []
 
     @property
     def proven(self) -> bool:
