@@ -1,0 +1,36 @@
+// RUN: entangle-opt %s --split-input-file --pass-pipeline='builtin.module(entangle-normalize,entangle-import-shardings,entangle-infer-relations,entangle-check-refinement,entangle-verify-rules{rlimit=1})' --verify-diagnostics
+// XFAIL: *
+
+// KNOWN ISSUE (needs a library hook): Z3 answering "unknown" on a genuine query cannot be
+// triggered today. The per-query timeout (5 s, instance.DEFAULT_TIMEOUT_MS) is not an option of
+// entangle-verify-rules, and even a 1 ms timeout proves these small instances, so a timeout is
+// not a deterministic trigger either. A resource limit is: with Z3's `rlimit` set to 1 (tried
+// by patching z3.Solver), both instances below come back unknown and the report says
+// "2 inconclusive". Wanted: an `rlimit` (and `timeout_ms`) option on entangle-verify-rules,
+// passed to z3check.prove. Today the pipeline is refused: "pass 'entangle-verify-rules' has no
+// option 'rlimit'" (exit 2).
+//
+// The program is the correct Megatron row-parallel matmul: inconclusive must withdraw the
+// verdict even when the walk proves the program.
+
+sdy.mesh @mesh = <["tp"=4]>
+
+func.func @ref(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> tensor<8x8xf32> {
+  %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<8x8xf32>
+  return %0 : tensor<8x8xf32>
+}
+
+func.func @sharded(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> tensor<8x8xf32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x, %w) in_shardings=[<@mesh, [{}, {"tp"}]>, <@mesh, [{"tp"}, {}]>] out_shardings=[<@mesh, [{}, {}]>] manual_axes={"tp"} (%a: tensor<8x4xf32>, %b: tensor<4x8xf32>) {
+    // expected-error @+1 {{proof of the rule instance for stablehlo.dot_general is inconclusive}}
+    %1 = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
+    // expected-error @+1 {{proof of the rule instance for stablehlo.all_reduce is inconclusive}}
+    %2 = "stablehlo.all_reduce"(%1) ({
+      ^bb0(%u: tensor<f32>, %v: tensor<f32>):
+        %s = stablehlo.add %u, %v : tensor<f32>
+        stablehlo.return %s : tensor<f32>
+    }) {replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, use_global_device_ids} : (tensor<8x8xf32>) -> tensor<8x8xf32>
+    sdy.return %2 : tensor<8x8xf32>
+  } : (tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<8x8xf32>
+  return %0 : tensor<8x8xf32>
+}
