@@ -130,9 +130,10 @@ def _tensor(dims: list[int], dtype: str) -> str:
 
 def _retype_result(line: str, fn) -> str | None:
     """Rewrite `(operand types) -> result type` of a collective with fn(operand dims)."""
-    m = re.search(r": \((tensor<[^>]*>)\) -> (tensor<[^>]*>)", line)
-    if not m:
+    found = list(re.finditer(r": \((tensor<[^>]*>)\) -> (tensor<[^>]*>)", line))
+    if not found:
         return None
+    m = found[-1]
     parsed = _shape(m.group(1))
     if not parsed:
         return None
@@ -213,27 +214,32 @@ def mutants(text: str) -> Iterator[tuple[str, str]]:
         cm = re.search(r'"stablehlo\.(all_reduce|all_gather|reduce_scatter|all_to_all|'
                        r'collective_permute|collective_broadcast)"', line)
         if cm:
+            end = _op_span(lines, i)
+            op = "\n".join(lines[i:end + 1])
+
+            def put(text, i=i, end=end):
+                return lines[:i] + text.split("\n") + lines[end + 1:]
+
             kind = cm.group(1)
             out.append(emit(f"drop {kind}", i, _drop(lines, i)))
             if kind == "all_reduce":
                 out.append(emit(f"duplicate {kind}", i, _duplicate(lines, i)))
-            gm = _GROUPS.search(line)
+            gm = _GROUPS.search(op)
             if gm:
                 groups = _parse_list(gm.group(1))
                 for what, g in _group_variants(mesh, groups):
-                    new = list(lines)
-                    new[i] = line[:gm.start()] + "replica_groups = " + _groups_text(g) + \
-                        line[gm.end():]
+                    new_op = op[:gm.start()] + "replica_groups = " + _groups_text(g) + \
+                        op[gm.end():]
                     if kind in ("all_gather", "reduce_scatter", "all_to_all") and \
                             len(g[0]) != len(groups[0]):
                         n_old, n_new = len(groups[0]), len(g[0])
                         dim = {"all_gather": "all_gather_dim",
                                "reduce_scatter": "scatter_dimension"}.get(kind)
                         if kind == "all_to_all":
-                            new[i] = re.sub(r"split_count = \d+", f"split_count = {n_new}",
-                                            new[i])
-                            sd = _int_attr(line, "split_dimension")
-                            cd = _int_attr(line, "concat_dimension")
+                            new_op = re.sub(r"split_count = \d+", f"split_count = {n_new}",
+                                            new_op)
+                            sd = _int_attr(op, "split_dimension")
+                            cd = _int_attr(op, "concat_dimension")
 
                             def fix(d, sd=sd, cd=cd, n_old=n_old, n_new=n_new):
                                 d = list(d)
@@ -243,7 +249,7 @@ def mutants(text: str) -> Iterator[tuple[str, str]]:
                                 d[cd] *= n_new
                                 return d
                         else:
-                            k = _int_attr(line, dim)
+                            k = _int_attr(op, dim)
 
                             def fix(d, k=k, kind=kind, n_new=n_new):
                                 d = list(d)
@@ -254,16 +260,16 @@ def mutants(text: str) -> Iterator[tuple[str, str]]:
                                 else:
                                     d[k] //= n_new
                                 return d
-                        retyped = _retype_result(new[i], fix)
+                        retyped = _retype_result(new_op, fix)
                         if retyped is None:
                             continue
-                        new[i] = retyped
-                    out.append(emit(f"{kind} {what}", i, new))
+                        new_op = retyped
+                    out.append(emit(f"{kind} {what}", i, put(new_op)))
             if kind in ("all_gather", "reduce_scatter"):
                 name = "all_gather_dim" if kind == "all_gather" else "scatter_dimension"
-                k = _int_attr(line, name)
+                k = _int_attr(op, name)
                 n = len(_parse_list(gm.group(1))[0]) if gm else 1
-                m = re.search(r": \((tensor<[^>]*>)\)", line)
+                m = re.search(r": \((tensor<[^>]*>)\)", op)
                 rank = len(_shape(m.group(1))[0]) if m and _shape(m.group(1)) else 0
                 for d in range(rank):
                     if d == k:
@@ -278,15 +284,14 @@ def mutants(text: str) -> Iterator[tuple[str, str]]:
                         else:
                             dims[d] //= n
                         return dims
-                    new = list(lines)
-                    retyped = _retype_result(_set_attr(line, name, d), fix)
+                    retyped = _retype_result(_set_attr(op, name, d), fix)
                     if retyped is not None:
-                        new[i] = retyped
-                        out.append(emit(f"{kind} dim {d} instead of {k}", i, new))
+                        new_op = retyped
+                        out.append(emit(f"{kind} dim {d} instead of {k}", i, put(new_op)))
             if kind == "all_to_all":
-                sd, cd = _int_attr(line, "split_dimension"), _int_attr(line, "concat_dimension")
-                n = _int_attr(line, "split_count") or 1
-                m = re.search(r": \((tensor<[^>]*>)\)", line)
+                sd, cd = _int_attr(op, "split_dimension"), _int_attr(op, "concat_dimension")
+                n = _int_attr(op, "split_count") or 1
+                m = re.search(r": \((tensor<[^>]*>)\)", op)
                 rank = len(_shape(m.group(1))[0]) if m and _shape(m.group(1)) else 0
                 for nsd, ncd, what in ([(cd, sd, "split/concat swapped")]
                                        + [(d, cd, f"split dim {d}") for d in range(rank)
@@ -300,14 +305,13 @@ def mutants(text: str) -> Iterator[tuple[str, str]]:
                         dims[nsd] //= n
                         dims[ncd] *= n
                         return dims
-                    changed = _set_attr(_set_attr(line, "split_dimension", nsd),
+                    changed = _set_attr(_set_attr(op, "split_dimension", nsd),
                                         "concat_dimension", ncd)
                     retyped = _retype_result(changed, fix)
                     if retyped is not None:
-                        new = list(lines)
-                        new[i] = retyped
-                        out.append(emit(f"all_to_all {what}", i, new))
-            pm = _PAIRS.search(line)
+                        new_op = retyped
+                        out.append(emit(f"all_to_all {what}", i, put(new_op)))
+            pm = _PAIRS.search(op)
             if pm:
                 pairs = _parse_list(pm.group(1))
                 variants = []
@@ -321,10 +325,9 @@ def mutants(text: str) -> Iterator[tuple[str, str]]:
                     if sorted(map(tuple, v)) == sorted(map(tuple, pairs)):
                         continue
                     body = ", ".join(f"[{a}, {b}]" for a, b in v)
-                    new = list(lines)
-                    new[i] = line[:pm.start()] + f"source_target_pairs = dense<[{body}]> : " \
-                        f"tensor<{len(v)}x2xi64>" + line[pm.end():]
-                    out.append(emit(f"collective_permute {what}", i, new))
+                    new_op = op[:pm.start()] + f"source_target_pairs = dense<[{body}]> : " \
+                        f"tensor<{len(v)}x2xi64>" + op[pm.end():]
+                    out.append(emit(f"collective_permute {what}", i, put(new_op)))
         # elementwise binary ops (also the reducer inside an all_reduce / reduce_scatter)
         bm = _BIN.search(line)
         if bm:
