@@ -7,9 +7,12 @@ reference, takes XLA's after-spmd-partitioning program and proves it refines the
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m examples.partitioned [NAME...]
     python -m examples.partitioned --mutations
+    python -m examples.partitioned --sweep [NAME...]
 
 prints the verdict and time of every case (or of those whose name contains one of NAME), or
-runs every mutation (planted partitioner bug) on simulated devices and checks it.
+runs every mutation (planted partitioner bug) on simulated devices and checks it, or sweeps
+generic mutations (drop / retarget collectives, scale constants, swap operands, ...) and fails if
+one that changes the numbers is proven.
 """
 
 from __future__ import annotations
@@ -453,6 +456,8 @@ def main(argv: list[str]) -> int:
 
     if argv[:1] == ["--mutations"]:
         return mutation_table()
+    if argv[:1] == ["--sweep"]:
+        return mutation_sweep(argv[1:])
     failed = 0
     for case in CASES:
         if argv and not any(a in case.name for a in argv):
@@ -670,6 +675,136 @@ def mutated(mutation: Mutation, sharded: bytes | str) -> tuple[str, str]:
         what = mutation.mutate(module)
         module.operation.verify()
         return module.operation.get_asm(enable_debug_info=True), what
+
+
+# ----- generic mutation sweep -------------------------------------------------------------------
+
+SWEEP_KINDS = {
+    "stablehlo.all_reduce": ("drop", "toggle_reducer", "singleton_groups"),
+    "stablehlo.constant": ("scale",),
+    "stablehlo.subtract": ("swap",),
+    "stablehlo.divide": ("swap",),
+    "stablehlo.collective_permute": ("reverse",),
+    "stablehlo.partition_id": ("zero",),
+    "stablehlo.transpose": ("identity",),
+}
+"""Generic mutations per op: every one that changes the numbers must be refused."""
+
+
+def _all_ops(module) -> list:
+    from jaxlib.mlir import ir
+
+    from entangle_mlir.program import _public_main
+
+    found = []
+
+    def visit(op):
+        if op.name != "func.func":
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    _public_main(module, "-").walk(visit)
+    return found
+
+
+def sweep_mutants(sharded) -> list[tuple[str, int, str]]:
+    """(description, op index, kind) of every generic mutation of a program."""
+    from entangle_mlir.ir import context, parse_module
+
+    module = parse_module(sharded)
+    with context():
+        return [(f"{kind} {op.name}#{k}", k, kind) for k, op in enumerate(_all_ops(module))
+                for kind in SWEEP_KINDS.get(op.name, ())]
+
+
+def apply_sweep_mutant(sharded, index: int, kind: str) -> str | None:
+    """The mutated program's text, or None when the mutation does not apply or type-check."""
+    import numpy as np
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import stablehlo
+
+    from entangle_mlir.ir import context, parse_module
+
+    module = parse_module(sharded)
+    with context(), ir.Location.unknown():
+        op = _all_ops(module)[index]
+        if kind == "drop":
+            op.results[0].replace_all_uses_with(op.operands[0])
+            op.erase()
+        elif kind == "toggle_reducer":
+            block = op.regions[0].blocks[0]
+            inner = next(o.operation for o in block.operations
+                         if o.operation.name in ("stablehlo.add", "stablehlo.maximum"))
+            build = stablehlo.MaxOp if inner.name == "stablehlo.add" else stablehlo.AddOp
+            new = build(inner.operands[0], inner.operands[1], ip=ir.InsertionPoint(inner))
+            inner.results[0].replace_all_uses_with(new.result)
+            inner.erase()
+        elif kind == "singleton_groups":
+            count = np.array(ir.DenseIntElementsAttr(op.attributes["replica_groups"])).size
+            op.attributes["replica_groups"] = ir.DenseIntElementsAttr.get(
+                np.arange(count, dtype=np.int64).reshape(count, 1))
+        elif kind == "scale":
+            attr = ir.DenseElementsAttr(op.attributes["value"])
+            rtype = ir.RankedTensorType(attr.type)
+            if str(rtype.element_type) != "f32":
+                return None
+            if attr.is_splat:
+                value = ir.FloatAttr(attr.get_splat_value()).value
+                if not np.isfinite(value):
+                    return None
+                op.attributes["value"] = ir.DenseElementsAttr.get_splat(
+                    rtype, ir.FloatAttr.get(rtype.element_type, value * 2 + 1))
+            else:
+                values = np.array(attr)
+                op.attributes["value"] = ir.DenseElementsAttr.get(
+                    (values * 2 + 1).astype(np.float32), type=rtype)
+        elif kind == "swap":
+            lhs, rhs = op.operands[0], op.operands[1]
+            op.operands[0], op.operands[1] = rhs, lhs
+        elif kind == "reverse":
+            pairs = np.array(ir.DenseIntElementsAttr(op.attributes["source_target_pairs"]))
+            op.attributes["source_target_pairs"] = ir.DenseIntElementsAttr.get(
+                pairs[:, ::-1].copy().astype(np.int64))
+        elif kind == "zero":
+            rtype = ir.RankedTensorType(op.results[0].type)
+            zero = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(
+                rtype, ir.IntegerAttr.get(rtype.element_type, 0)), ip=ir.InsertionPoint(op))
+            op.results[0].replace_all_uses_with(zero.result)
+            op.erase()
+        elif kind == "identity":
+            perm = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
+            if perm == sorted(perm) or (ir.RankedTensorType(op.operands[0].type).shape
+                                        != ir.RankedTensorType(op.results[0].type).shape):
+                return None
+            op.attributes["permutation"] = ir.DenseI64ArrayAttr.get(sorted(perm))
+        try:
+            module.operation.verify()
+        except Exception:  # noqa: BLE001 - a mutant that does not type-check is skipped
+            return None
+        return str(module)
+
+
+def mutation_sweep(names: list[str]) -> int:
+    """Every generic mutant of the named cases: numbers changed (executed) => not proven."""
+    from entangle_mlir.check import check_texts
+
+    unsound = 0
+    for case in CASES:
+        if names and case.name not in names:
+            continue
+        ref, sharded = lower(case)
+        args = random_args(case, seed=3)
+        for what, index, kind in sweep_mutants(sharded):
+            text = apply_sweep_mutant(sharded, index, kind)
+            if text is None:
+                continue
+            error = max_error(text, case, args)
+            report = check_texts(ref, text)
+            changed = not error <= 1e-3
+            unsound += changed and report.proven
+            flag = "UNSOUND" if changed and report.proven else ""
+            print(f"{case.name:28s} {what:40s} max |diff| {error:8.3g} {report.verdict} {flag}")
+    return 1 if unsound else 0
 
 
 if __name__ == "__main__":

@@ -235,6 +235,29 @@ def test_mutation_is_flagged_at_the_mutated_op(name: str) -> None:
         f"{what}: {report.render_text()}")
 
 
+SWEPT = ("matmul_contracting_scatter", "layernorm_hidden", "max_sharded_dim", "mlp_dp_tp")
+
+
+@pytest.mark.parametrize("name", SWEPT)
+def test_generic_mutants_that_change_the_numbers_are_never_proven(name: str) -> None:
+    """Soundness sweep (the whole proven corpus: `python -m examples.partitioned --sweep`)."""
+    from examples.partitioned import apply_sweep_mutant, sweep_mutants
+
+    case = BY_NAME[name]
+    ref, sharded = lowered(name)
+    args = _random_args(case, seed=3)
+    tried = 0
+    for what, index, kind in sweep_mutants(sharded):
+        text = apply_sweep_mutant(sharded, index, kind)
+        if text is None:
+            continue
+        tried += 1
+        if not _max_error(text, case, args) <= 1e-3:
+            report = check_texts(ref, text)
+            assert not report.proven, f"{what} changes the numbers but is proven"
+    assert tried
+
+
 # ----- per-device layouts from mhlo.sharding (hand-written programs, no XLA) -------------------
 
 REF_ROWS = """
