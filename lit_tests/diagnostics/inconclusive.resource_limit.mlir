@@ -1,8 +1,10 @@
 // RUN: entangle-opt %s --split-input-file --pass-pipeline='builtin.module(entangle-normalize,entangle-import-shardings,entangle-infer-relations,entangle-check-refinement,entangle-verify-rules{rlimit=1})' --verify-diagnostics
 // XFAIL: *
 
-// KNOWN ISSUE (needs a library hook): Z3 answering "unknown" on a genuine query cannot be
-// triggered today. The per-query timeout (5 s, instance.DEFAULT_TIMEOUT_MS) is not an option of
+// Known issue: Z3 answering "unknown" on a genuine query cannot be triggered without a resource
+// limit option on entangle-verify-rules.
+//
+// Z3 answering "unknown" on a genuine query cannot be triggered today. The per-query timeout (5 s, instance.DEFAULT_TIMEOUT_MS) is not an option of
 // entangle-verify-rules, and even a 1 ms timeout proves these small instances, so a timeout is
 // not a deterministic trigger either. A resource limit is: with Z3's `rlimit` set to 1 (tried
 // by patching z3.Solver), both instances below come back unknown and the report says

@@ -1,16 +1,18 @@
 // RUN: entangle-opt %s --split-input-file --pass-pipeline='builtin.module(entangle-normalize,entangle-import-shardings,entangle-infer-relations,entangle-check-refinement)' --verify-diagnostics
 // XFAIL: *
 
-// KNOWN ISSUE (blame location): a dynamic shape inside the body (here from a
-// dynamic_broadcast_in_dim, as shape-polymorphic exports emit) is "a shape the analysis cannot
-// reason about": every op touching the dynamic value fails in opinfo.describe and
-// Walker._give_up makes it opaque with reason `internal`. But _give_up does not keep an
-// operand's existing Opaque, so each later op replaces it with its own, and the error lands on
-// the LAST op with a dynamic type (the reshape, line 28) instead of the first one (the
-// dynamic_broadcast_in_dim, line 26):
-//   today: internal.dynamic_shape.mlir:28:10: error: cannot read the attributes of
-//          stablehlo.reshape: dynamic shape tensor<?x16xf32>
-// Wanted: the first op, as below (give_up should propagate an Opaque operand like _op does).
+// Known issue: with a dynamic shape in the body, the error lands on the last op of a dynamic type
+// instead of the first.
+//
+// A dynamic shape inside the body (here from a dynamic_broadcast_in_dim, as shape-polymorphic
+// exports emit) is "a shape the analysis cannot reason about": every op touching the dynamic
+// value fails in opinfo.describe, and Walker._give_up makes it opaque with reason `internal`.
+// But _give_up does not keep an operand's existing Opaque, so each later op replaces it with
+// its own, and the error lands on the LAST op with a dynamic type (the reshape, line 30)
+// instead of the first one (the dynamic_broadcast_in_dim, line 28). Today:
+//   internal.dynamic_shape.mlir:30:10: error: cannot read the attributes of
+//   stablehlo.reshape: dynamic shape tensor<?x16xf32>
+// Wanted: the first op, as below (_give_up should propagate an Opaque operand, as _op does).
 
 sdy.mesh @mesh = <["tp"=4]>
 
