@@ -1,0 +1,278 @@
+"""`docs/report.schema.json` describes what `entangle check --json` really prints.
+
+Real reports (proven, not proven for every reason, bad input, the demo, a JAX report with
+evidence) are validated against the schema with a small validator for the draft 2020-12
+keywords the schema uses (jsonschema is not a dependency). The validator refuses keywords it
+does not implement, so the schema cannot silently outgrow it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from entangle_mlir import cli
+from entangle_mlir.reasons import REASONS
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA_PATH = REPO / "docs" / "report.schema.json"
+DOC_PATH = REPO / "docs" / "json-schema.md"
+EXAMPLES = REPO / "examples" / "mlir"
+DIAGNOSTICS = REPO / "lit_tests" / "diagnostics"
+
+
+# ----- a small JSON Schema (draft 2020-12) validator ------------------------------------------
+
+ANNOTATIONS = {"$schema", "$id", "$defs", "$comment", "title", "description", "default",
+               "examples"}
+TYPES = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+}
+
+
+class Validator:
+    """Errors of an instance against a schema: `validate(instance) -> list[str]`."""
+
+    KEYWORDS = {"$ref", "type", "enum", "const", "properties", "required",
+                "additionalProperties", "items", "minimum", "oneOf", "anyOf", "allOf"}
+
+    def __init__(self, root: dict):
+        self.root = root
+
+    def resolve(self, ref: str) -> dict:
+        assert ref.startswith("#/"), f"only local references are supported: {ref}"
+        node = self.root
+        for part in ref[2:].split("/"):
+            node = node[part.replace("~1", "/").replace("~0", "~")]
+        return node
+
+    def validate(self, instance, schema: dict | bool | None = None, path: str = "$") -> list[str]:
+        schema = self.root if schema is None else schema
+        if schema is True:
+            return []
+        if schema is False:
+            return [f"{path}: not allowed"]
+        unknown = set(schema) - self.KEYWORDS - ANNOTATIONS
+        if unknown:
+            raise AssertionError(f"schema keywords the validator does not implement: {unknown}")
+        errors: list[str] = []
+        if "$ref" in schema:
+            errors += self.validate(instance, self.resolve(schema["$ref"]), path)
+        if "type" in schema:
+            names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+            if not any(TYPES[name](instance) for name in names):
+                return errors + [f"{path}: {instance!r:.60} is not of type {names}"]
+        if "enum" in schema and not any(_same(instance, v) for v in schema["enum"]):
+            errors.append(f"{path}: {instance!r:.60} is not one of {schema['enum']}")
+        if "const" in schema and not _same(instance, schema["const"]):
+            errors.append(f"{path}: {instance!r:.60} is not {schema['const']!r}")
+        if "minimum" in schema and TYPES["number"](instance) and instance < schema["minimum"]:
+            errors.append(f"{path}: {instance} < {schema['minimum']}")
+        if isinstance(instance, dict):
+            errors += self._object(instance, schema, path)
+        if isinstance(instance, list) and "items" in schema:
+            for i, item in enumerate(instance):
+                errors += self.validate(item, schema["items"], f"{path}[{i}]")
+        for sub in schema.get("allOf", []):
+            errors += self.validate(instance, sub, path)
+        if "anyOf" in schema and all(self.validate(instance, s, path) for s in schema["anyOf"]):
+            errors.append(f"{path}: matches none of anyOf")
+        if "oneOf" in schema:
+            matched = sum(not self.validate(instance, s, path) for s in schema["oneOf"])
+            if matched != 1:
+                errors.append(f"{path}: matches {matched} of oneOf, not exactly one")
+        return errors
+
+    def _object(self, instance: dict, schema: dict, path: str) -> list[str]:
+        errors = [f"{path}: missing {key!r}" for key in schema.get("required", [])
+                  if key not in instance]
+        properties = schema.get("properties", {})
+        for key, value in instance.items():
+            if key in properties:
+                errors += self.validate(value, properties[key], f"{path}.{key}")
+            elif "additionalProperties" in schema:
+                errors += self.validate(value, schema["additionalProperties"], f"{path}.{key}")
+        return errors
+
+
+def _same(a, b) -> bool:
+    return type(a) is type(b) and a == b or (
+        TYPES["number"](a) and TYPES["number"](b) and a == b)
+
+
+SCHEMA = json.loads(SCHEMA_PATH.read_text())
+VALIDATOR = Validator(SCHEMA)
+
+
+def assert_valid(document, ref: str | None = None) -> None:
+    schema = VALIDATOR.resolve(ref) if ref else None
+    errors = VALIDATOR.validate(document, schema)
+    assert not errors, "\n".join(errors[:20])
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, dict]:
+    capsys.readouterr()
+    code = cli.main(argv)
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+# ----- the schema itself ----------------------------------------------------------------------
+
+def test_schema_is_draft_2020_12() -> None:
+    assert SCHEMA["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    VALIDATOR.validate({}, None)          # every keyword it uses is implemented
+
+
+def test_reason_enum_is_the_catalogue() -> None:
+    assert SCHEMA["$defs"]["reason"]["enum"] == list(REASONS)
+
+
+def test_validator_is_not_vacuous(capsys) -> None:
+    path = str(DIAGNOSTICS / "missing_reduction.mlir")
+    _, good = run_cli(["check", path, "--json", "--no-verify-rules"], capsys)
+    assert_valid(good)
+    broken = [
+        {k: v for k, v in good.items() if k != "verdict"},                  # missing key
+        {**good, "extra": 1},                                               # unknown key
+        {**good, "exit_code": 0},                                           # verdict mismatch
+        {**good, "outputs": [{**good["outputs"][0], "index": -1}]},         # minimum
+        {**good, "diagnostics": [{**good["diagnostics"][0], "reason": "typo"}]},
+        {**good, "diagnostics": [{**good["diagnostics"][0], "location": {"file": "x"}}]},
+        {**good, "stats": {**good["stats"], "ops": "3"}},
+        {**good, "explanations": ["not a list of strings"]},
+        {"verdict": "bad input", "exit_code": 1, "error": "x"},
+    ]
+    for document in broken:
+        assert VALIDATOR.validate(document), f"accepted: {json.dumps(document)[:200]}"
+
+
+# ----- real reports ---------------------------------------------------------------------------
+
+def test_proven_report(capsys) -> None:
+    ref = EXAMPLES / "megatron_mlp_tp4.ref.mlir"
+    sharded = EXAMPLES / "megatron_mlp_tp4.sharded.mlir"
+    code, document = run_cli(["check", str(ref), str(sharded), "--json"], capsys)
+    assert code == 0 == document["exit_code"]
+    assert_valid(document)
+    assert document["verdict"] == "proven" and not document["diagnostics"]
+    assert document["stats"]["rule_instances"]["proved"] > 0
+    assert document["evidence"] == {}
+
+
+@pytest.mark.parametrize("reason", list(REASONS))
+def test_not_proven_report(reason: str, capsys) -> None:
+    path = str(DIAGNOSTICS / f"{reason}.mlir")
+    code, document = run_cli(["check", path, "--json"], capsys)
+    assert code == 1 == document["exit_code"]
+    assert_valid(document)
+    first = document["diagnostics"][0]
+    assert first["reason"] == reason and first["severity"] == "error"
+    assert first["location"]["file"] == path and first["location"]["line"] > 0
+
+
+def test_report_without_rule_checks(capsys) -> None:
+    path = str(DIAGNOSTICS / "scale.mlir")
+    code, document = run_cli(["check", path, "--json", "--no-verify-rules"], capsys)
+    assert code == 1
+    assert_valid(document)
+    assert "rule_instances" not in document["stats"]
+    assert document["rule_check_mode"].startswith("skipped (--no-verify-rules)")
+
+
+@pytest.mark.parametrize("make_input", ["missing file", "unparsable", "no refines"])
+def test_bad_input(make_input: str, tmp_path: Path, capsys) -> None:
+    path = tmp_path / "input.mlir"
+    if make_input == "unparsable":
+        path.write_text("this is not MLIR\n")
+    elif make_input == "no refines":
+        path.write_text("func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {\n"
+                        "  return %x : tensor<4xf32>\n}\n")
+    code, document = run_cli(["check", str(path), "--json"], capsys)
+    assert code == 2 == document["exit_code"]
+    assert_valid(document)
+    assert_valid(document, "#/$defs/badInput")
+    assert document["verdict"] == "bad input" and "error:" in document["error"]
+
+
+def test_demo(capsys) -> None:
+    code, document = run_cli(["demo", "--json", "--no-verify-rules"], capsys)
+    assert code == 0
+    assert_valid(document, "#/$defs/demo")
+    assert len(document) >= 9
+    verdicts = {report["verdict"] for report in document.values()}
+    assert verdicts == {"proven", "not proven"}
+
+
+JAX_REPORT = """
+import json, os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+from entangle_mlir.jax import check
+
+def ref(x, w):
+    return x @ w
+
+def body(x, w):
+    return jax.lax.pmean(x @ w, "tp")
+
+mesh = jax.make_mesh((4,), ("tp",))
+specs = (P(None, "tp"), P("tp", None))
+sharded = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P()))
+avals = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, p))
+         for s, p in zip(((8, 16), (16, 8)), specs)]
+print(json.dumps(check(ref, sharded, *avals).to_json()))
+"""
+
+
+def test_jax_report_with_evidence(tmp_path: Path) -> None:
+    script = tmp_path / "jax_report.py"
+    script.write_text(JAX_REPORT)
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    document = json.loads(done.stdout.strip().splitlines()[-1])
+    assert_valid(document)
+    first = document["diagnostics"][0]
+    assert first["reason"] == "scale"
+    assert first["location"]["file"].endswith("jax_report.py")
+    assert first["location"]["op_name"]
+    evidence = document["evidence"]
+    assert evidence["seed"] == 0 and evidence["summary"]
+    assert all(math.isfinite(d) and d > 0 for d in evidence["max_abs_diff"])
+
+
+# ----- the documentation ----------------------------------------------------------------------
+
+def _property_names(node, found: set[str]) -> set[str]:
+    if isinstance(node, dict):
+        found.update(node.get("properties", {}))
+        for value in node.values():
+            _property_names(value, found)
+    elif isinstance(node, list):
+        for value in node:
+            _property_names(value, found)
+    return found
+
+
+def test_every_field_is_documented() -> None:
+    text = DOC_PATH.read_text()
+    documented = set(re.findall(r"`([a-z_]+)`", text))
+    missing = sorted(_property_names(SCHEMA, set()) - documented)
+    assert not missing, f"fields of report.schema.json not described in json-schema.md: {missing}"
+    assert "report.schema.json" in text
