@@ -146,6 +146,13 @@ def single_scaled(term: Term) -> tuple[Scalar, Term]:
     return Fraction(1), term
 
 
+def _single_term(term: Term) -> bool:
+    """A scaled single term `k * t`: linear ops pull k out. Sums are not distributed over
+    broadcasts, reductions and slices (that would grow a residual stream's terms with depth);
+    reshapes and transposes, which only relabel elements, do distribute."""
+    return len(term.args) == 1 and term.attrs[0] == 0
+
+
 def map_linear(term: Term, build) -> Term:
     """Push a linear map `build(t) -> Term` through a linear combination (constants included)."""
     pairs, constant = linear_parts(term)
@@ -422,7 +429,7 @@ def make_broadcast(term: Term, dims: tuple[int, ...], shape: tuple[int, ...]) ->
     dims, shape = tuple(dims), tuple(shape)
     if term.op == "splat":
         return make_splat(term.attrs[0], shape, term.dtype)
-    if term.op == "lin":
+    if term.op == "lin" and _single_term(term):
         return map_linear(term, lambda t: make_broadcast(t, dims, shape))
     if dims == tuple(range(len(shape))) and term.shape == shape:
         return term
@@ -446,7 +453,7 @@ def make_op(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...
     and sums are pulled out of it (slice, pad with zero, reduce-sum)."""
     if linear_in is not None:
         arg = args[linear_in]
-        if arg.op == "lin" or arg.op == "splat" and splat_value(arg) != 0:
+        if arg.op == "lin" and _single_term(arg) or arg.op == "splat" and splat_value(arg) != 0:
             pairs, constant = linear_parts(arg)
             if constant == 0:
                 mapped = [(k, make_op(op, args[:linear_in] + (t,) + args[linear_in + 1:],
