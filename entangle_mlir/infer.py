@@ -101,7 +101,11 @@ class Walker:
     def _per_device(self, block) -> None:
         """A partitioned program: parameters are local shards, results are local shards."""
         shardings = parameter_shardings(self.module, self.func)
-        mesh = synthesize_mesh(device_count(self.module, shardings))
+        result_count = len(ir.FunctionType(
+            ir.TypeAttr(self.func.attributes["function_type"]).value).results)
+        results = result_shardings(self.module, self.func, result_count)
+        everything = [s for s in shardings + results if s]
+        mesh = synthesize_mesh(device_count(self.module, shardings), everything)
         self.walk.mesh = mesh
         ctx = RuleContext(mesh, mesh.names)
         info = OpInfo("func.func", loc=op_location(self.func, self.file), op=None)

@@ -65,7 +65,12 @@ def scalar(value) -> Scalar:
     value = float(value)
     if math.isfinite(value):
         return Fraction(value)
+    if math.isnan(value):
+        return NAN
     return value
+
+
+NAN = float("nan")  # one object, so NaN constants intern to one term
 
 
 # ----- leaves -------------------------------------------------------------------------------

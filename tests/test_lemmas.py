@@ -471,6 +471,7 @@ def index_lemmas() -> list[Lemma]:
         Lemma("partition_id-1d", "stablehlo.partition_id", [], results=[((), "ui32")]),
         Lemma("partition_id-2d", "stablehlo.partition_id", [], results=[((), "ui32")],
               mesh=M2),
+        Lemma("replica_id-2d", "stablehlo.replica_id", [], results=[((), "ui32")], mesh=M2),
     ]
     for mesh, axes in ((M1, ("tp",)), (M2, ("dp",)), (M2, ("tp",)), (M2, ("dp", "tp"))):
         count = mesh.group_size(axes)
@@ -583,7 +584,8 @@ def test_rule_lemma(lemma: Lemma) -> None:
 
 
 def _mutable(lemma: Lemma) -> bool:
-    return lemma.mesh is not None and lemma.op != "stablehlo.partition_id"
+    return lemma.mesh is not None and lemma.op not in ("stablehlo.partition_id",
+                                                        "stablehlo.replica_id")
 
 
 MUTATED = [lemma for lemma in ALL_LEMMAS if _mutable(lemma)][::3]

@@ -781,7 +781,6 @@ REPLICA_ID = ("stablehlo.replica_id has no rule: in a program compiled with num_
               "partition_id in an SPMD program (in num_partitions=N programs it is always 0)")
 
 
-@pytest.mark.xfail(strict=True, reason=REPLICA_ID)
 def test_repro_replica_id() -> None:
     ref = """
 func.func @main(%x: tensor<16x12xf32>) -> tensor<16x12xf32> {
@@ -837,7 +836,6 @@ MESH_ORDER = ("a 3 x 2 mesh: XLA's device ids are row-major over (dp=3, tp=2), b
               "per_device.synthesize_mesh(n, shardings), which then picks d0=3 x d1=2")
 
 
-@pytest.mark.xfail(strict=True, reason=MESH_ORDER)
 def test_repro_mesh_3x2() -> None:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P

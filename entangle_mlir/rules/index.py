@@ -20,6 +20,8 @@ from .common import freeze
 
 
 def partition_id(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    """The device's id (partition_id; replica_id in programs run as replicas): a device
+    scalar tabulated over every device."""
     if ctx.is_global or ctx.mesh is None:
         return [Opaque("partition_id outside a manual computation", category="unsupported")]
     if set(ctx.manual_axes) != set(ctx.mesh.names):
@@ -196,5 +198,6 @@ def _affine(values, index, name: str) -> str:
 
 INDEX_RULES = {
     "stablehlo.partition_id": partition_id,
+    "stablehlo.replica_id": partition_id,
     "stablehlo.dynamic_slice": dynamic_slice,
 }
