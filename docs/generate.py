@@ -40,8 +40,7 @@ def parse_lit_test(path: Path) -> dict:
               if not re.match(r"// (RUN|CHECK[-A-Z]*|XFAIL|REQUIRES):", line)]
     blocks: list[tuple[str, list[str]]] = []   # ("prose" | "code", lines)
     for line in header:
-        text = line[2:]
-        text = text[1:] if text.startswith(" ") else text
+        text = line[2:].removeprefix(" ")
         kind = "code" if text.startswith("  ") else "prose"
         if not line.startswith("//") or not text.strip():
             blocks.append(("break", []))
@@ -81,20 +80,20 @@ def diagnostics_md() -> str:
 
     out = [HEADER.format(sources="entangle_mlir/reasons.py and lit_tests/diagnostics/"),
            "# Diagnostics reference\n",
-           "When `entangle check` cannot prove a sharded program, it prints an MLIR-style "
-           "diagnostic at the first operation that went wrong, at the line of your Python source "
-           "that jax recorded for it (`file:line:col: error: ...`), followed by notes (where the "
-           "value leaves `shard_map`, which reference op it should correspond to, how the result "
-           "differs), the verdict, ρ for every result and what the Z3 rule checks did. With "
-           "`--json` the same diagnostic carries a `reason`: one of the keys below (see "
-           "[json-schema.md](json-schema.md)).\n",
-           "Every section shows a small program where the reason is the truth. Each one is a "
-           "lit test in [`lit_tests/diagnostics/`](../lit_tests/diagnostics/), run with "
-           "`entangle-opt --verify-diagnostics` and `entangle check --json`; the output shown "
-           "is what `entangle check lit_tests/diagnostics/<reason>.mlir` prints (line numbers "
-           "are those of the lit file, which also holds the `// expected-error` annotations "
-           "left out here). A function carrying `entangle.refines = @ref` is the sharded "
-           "program, `@ref` its reference; the Python sketch says what jax code lowers to it.\n",
+           ("When `entangle check` cannot prove a sharded program, it prints an MLIR-style "
+            "diagnostic at the first operation that went wrong, at the line of your Python source "
+            "that jax recorded for it (`file:line:col: error: ...`), followed by notes (where the "
+            "value leaves `shard_map`, which reference op it should correspond to, how the result "
+            "differs), the verdict, ρ for every result and what the Z3 rule checks did. With "
+            "`--json` the same diagnostic carries a `reason`: one of the keys below (see "
+            "[json-schema.md](json-schema.md)).\n"),
+           ("Every section shows a small program where the reason is the truth. Each one is a "
+            "lit test in [`lit_tests/diagnostics/`](../lit_tests/diagnostics/), run with "
+            "`entangle-opt --verify-diagnostics` and `entangle check --json`; the output shown "
+            "is what `entangle check lit_tests/diagnostics/<reason>.mlir` prints (line numbers "
+            "are those of the lit file, which also holds the `// expected-error` annotations "
+            "left out here). A function carrying `entangle.refines = @ref` is the sharded "
+            "program, `@ref` its reference; the Python sketch says what jax code lowers to it.\n"),
            "| reason | title | example |", "| --- | --- | --- |"]
     for key, (title, _) in REASONS.items():
         out.append(f"| [`{key}`](#{key}) | {title} | "
@@ -255,17 +254,17 @@ def op_coverage_md() -> str:
     out = [HEADER.format(sources="entangle_mlir/rules/, lit_tests/rules/ and "
                                  "tests/test_lemmas.py"),
            "# Op coverage\n",
-           f"entangle has a rule for {len(RULES)} ops in {len(FAMILIES)} families. A rule "
-           "relates an op's result to the reference from its operands' relations: *split* "
-           "(tiled) dims, *partial sums* (or max/min) still pending a reduction, replication. "
-           "Any other op, or a form a rule refuses, makes the value opaque: the check says "
-           "`unsupported op ...` or gives the reason, never \"verified\" (see "
-           "[diagnostics.md](diagnostics.md)).\n",
-           "Every rule has a lit test `lit_tests/rules/<op>.mlir` (the relation of each layout "
-           "case, including refusals) and lemma cases in `tests/test_lemmas.py`, proved by Z3 "
-           "on small symbolic tensors; the table names the first one (run it with "
-           "`pytest 'tests/test_lemmas.py::<lemma>'`). At run time each rule instance a check "
-           "uses is proved again with the op's real attributes.\n",
+           (f"entangle has a rule for {len(RULES)} ops in {len(FAMILIES)} families. A rule "
+            "relates an op's result to the reference from its operands' relations: *split* "
+            "(tiled) dims, *partial sums* (or max/min) still pending a reduction, replication. "
+            "Any other op, or a form a rule refuses, makes the value opaque: the check says "
+            "`unsupported op ...` or gives the reason, never \"verified\" (see "
+            "[diagnostics.md](diagnostics.md)).\n"),
+           ("Every rule has a lit test `lit_tests/rules/<op>.mlir` (the relation of each layout "
+            "case, including refusals) and lemma cases in `tests/test_lemmas.py`, proved by Z3 "
+            "on small symbolic tensors; the table names the first one (run it with "
+            "`pytest 'tests/test_lemmas.py::<lemma>'`). At run time each rule instance a check "
+            "uses is proved again with the op's real attributes.\n"),
            "| family | ops |", "| --- | --- |"]
     for family, table in FAMILIES.items():
         out.append(f"| [{family}](#{family}) | {len(table)} |")

@@ -27,7 +27,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 TUTORIALS = ("tutorial-shard-map.md", "tutorial-xla.md")
-FENCE = re.compile(r"^```([\w-]*)([^\n]*)\n(.*?)^```\s*$", re.M | re.S)
+FENCE = re.compile(r"^```([\w-]*)([^\n]*)\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 SH_PRELUDE = '''
 import subprocess as _subprocess
 
@@ -71,7 +71,7 @@ def run_tutorial(path: Path, directory: Path, timeout: float = 900) -> subproces
            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
     env.pop("ENTANGLE_DUMP_SMT", None)
     return subprocess.run([sys.executable, name], cwd=directory, env=env, text=True,
-                          capture_output=True, timeout=timeout)
+                          capture_output=True, timeout=timeout, check=False)
 
 
 @pytest.mark.parametrize("name", TUTORIALS)
@@ -95,7 +95,7 @@ def test_tutorials_cover_the_issue() -> None:
 
 def test_generated_docs_are_fresh() -> None:
     done = subprocess.run([sys.executable, str(DOCS / "generate.py"), "--check"], text=True,
-                          capture_output=True, timeout=600)
+                          capture_output=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
 
 
