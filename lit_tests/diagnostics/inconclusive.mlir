@@ -3,9 +3,10 @@
 
 // A normalisation by a constant that folded to zero (say, dividing by the number of padding
 // tokens in a configuration without padding). Reference and sharded program agree term for
-// term, but exact real-number semantics leave x / 0 undefined, so the rule instance of the
-// divide can be neither proved nor refuted: the check is inconclusive and the verdict is
-// "not proven".
+// term, but exact real-number semantics leave x / 0 undefined: the instance check assumes every
+// divisor is nonzero, cannot pose the query for this one, and answers "unknown" (Z3 is never
+// asked, though the message says "Z3 unknown or timeout"). The divide can be neither proved
+// nor refuted: the check is inconclusive and the verdict is "not proven".
 //
 //   def ref(x):  return x / 0.0
 //   def body(x_l):  return x_l / 0.0
