@@ -73,8 +73,10 @@ class Walk:
 class Walker:
     """Walks a function body; `file` names the source for locations without one."""
 
-    def __init__(self, func: ir.Operation, module: ir.Module, file: str):
+    def __init__(self, func: ir.Operation, module: ir.Module, file: str,
+                 reference: set[int] | None = None):
         self.func = func
+        self.reference = reference
         self.module = module
         self.file = file
         self.meshes = read_meshes(module)
@@ -91,7 +93,7 @@ class Walker:
         if is_per_device(self.module, self.func) and not self._has_manual(block):
             self._per_device(block)
         else:
-            self._block(block, RuleContext())
+            self._block(block, RuleContext(reference=self.reference))
         return self.walk
 
     @staticmethod
@@ -107,7 +109,7 @@ class Walker:
         everything = [s for s in shardings + results if s]
         mesh = synthesize_mesh(device_count(self.module, shardings), everything)
         self.walk.mesh = mesh
-        ctx = RuleContext(mesh, mesh.names)
+        ctx = RuleContext(mesh, mesh.names, reference=self.reference)
         info = OpInfo("func.func", loc=op_location(self.func, self.file), op=None)
         entry = self._record(info, [], [], ctx)
         for arg, text in zip(block.arguments, shardings):
@@ -178,7 +180,7 @@ class Walker:
             self._give_up(op, info, f"cannot read the attributes of {op.name}: {err}", ctx)
             return
         inputs = [self.walk.values[v] for v in op.operands]
-        local = RuleContext(ctx.mesh, ctx.manual_axes)
+        local = RuleContext(ctx.mesh, ctx.manual_axes, reference=ctx.reference)
         opaque = next((v for v in inputs if isinstance(v, Opaque)), None)
         if opaque is not None:
             outputs: list[Value] = [opaque] * len(op.results)
@@ -337,7 +339,7 @@ class Walker:
         info = describe(op, self.file)
         mesh, in_tilings, out_tilings, manual = self._manual_shardings(op, info)
         self.walk.mesh = mesh
-        inner = RuleContext(mesh, manual)
+        inner = RuleContext(mesh, manual, reference=self.reference)
         block = op.regions[0].blocks[0]
         record = self._record(info, [self.walk.values[v] for v in op.operands], [], inner)
         for value, arg, tiling in zip(op.operands, block.arguments, in_tilings):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from jaxlib.mlir import ir
 
 from entangle_mlir.infer import Walker
+from entangle_mlir.layout import Rel
 from entangle_mlir.ir import context
 from entangle_mlir.pipeline import ModulePass, PassState
 from entangle_mlir.program import func_name, functions
@@ -32,8 +33,12 @@ class InferRelationsPass(ModulePass):
             targets = [(func_name(f), f, state.module, state.file)
                        for f in functions(state.module)
                        if "sym_visibility" not in f.attributes]
+        reference = None
         for key, func, module, file in targets:
-            walk = Walker(func, module, file).run()
+            walk = Walker(func, module, file, reference).run()
+            if key == "reference":
+                reference = {v.term.serial for v in walk.values.values()
+                             if isinstance(v, Rel)}
             state.walks[key] = walk
             if self.annotate and module is state.module:
                 _annotate(walk)

@@ -102,7 +102,6 @@ XFAIL_CASES = {
     "fused_qkv_split": f"{IOTA_MASK}; {HALO}",
     "scatter_add_cols": SCATTER_INSTANCE,
     "update_slice_rows": DEFAULT_IVD,
-    "layernorm_backward": UNIT_RESHAPE,
     "embedding_grad_tokens": DEVICE_SELECT,
 }
 
@@ -510,7 +509,6 @@ module attributes {mhlo.num_partitions = 4 : i32} {
     assert report.proven, report.render_text()
 
 
-@pytest.mark.xfail(strict=True, reason=UNIT_RESHAPE)
 def test_repro_unit_dim_reshape() -> None:
     ref = """
 func.func @main(%x: tensor<32xf32>) -> tensor<32xf32> {

@@ -25,6 +25,7 @@ class RuleContext:
     manual_axes: tuple[str, ...] = ()
     hints: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    reference: set[int] | frozenset[int] | None = None
 
     @property
     def is_global(self) -> bool:

@@ -75,7 +75,7 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
     groups = reshape_groups(local_in, local_out)
     if groups is None:
         return [Opaque("reshape: cannot match dims", category="internal")]
-    shape, tiling = list(local_out), [()] * len(local_out)
+    choices = []
     for src_dims, dst_dims in groups:
         split = [d for d in src_dims if x.tiling[d]]
         if not split:
@@ -85,11 +85,35 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
             return [Opaque(f"reshape regroups dim {split[0]}, which is split over "
                            f"{axes_str(x.tiling[split[0]])}, in a way that mixes blocks",
                            category="layout_mismatch")]
-        target = dst_dims[0]
-        tiling[target] = x.tiling[split[0]]
-        shape[target] = local_out[target] * ctx.mesh.group_size(x.tiling[split[0]])
+        non_unit = [d for d in dst_dims if local_out[d] != 1]
+        alternative = non_unit[0] if non_unit else dst_dims[0]
+        choices.append((x.tiling[split[0]], dst_dims[0], alternative))
+    candidates = [_reshape_result(x, local_out, [(axes, target) for axes, target, _ in choices],
+                                  ctx)]
+    if any(major != alt for _, major, alt in choices):
+        candidates.append(_reshape_result(x, local_out, [(axes, alt) for axes, _, alt in choices],
+                                          ctx))
+    if ctx.reference is not None:
+        for candidate in candidates:
+            if candidate.term.serial in ctx.reference:
+                return [candidate]
+    return [candidates[0]]
+
+
+def _reshape_result(x: Rel, local_out: tuple[int, ...], targets, ctx: RuleContext) -> Rel:
+    """The reshaped relation with each split group's tiling on its chosen result dim.
+
+    Where a split dim regroups with unit dims (local 8 -> 1x8) the global view is ambiguous
+    (4x8 or 1x32 for 4 blocks); both are valid descriptions of the same local data. The major
+    dim is the default (heads split over tp); the reference's own term decides when it names
+    one of them.
+    """
+    shape, tiling = list(local_out), [()] * len(local_out)
+    for axes, target in targets:
+        tiling[target] = axes
+        shape[target] = local_out[target] * ctx.mesh.group_size(axes)
     term = make_reshape(x.term, tuple(shape))
-    return [replace(x, term=term, tiling=tuple(tiling), poly=frozenset())]
+    return replace(x, term=term, tiling=tuple(tiling), poly=frozenset())
 
 
 def transpose(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
