@@ -8,6 +8,7 @@ import linecache
 import numpy as np
 import pytest
 
+from examples.real.bugs import OMISSIONS
 from examples.real.catalog import Example, bug_line, examples, lower_pair, run_pair
 
 EXAMPLES = examples()
@@ -44,7 +45,15 @@ def test_buggy_differs_from_reference(ex: Example) -> None:
     assert _max_abs_diff(ex) > 1e-3
 
 
-@pytest.mark.parametrize("ex", BUGGY, ids=[e.name for e in BUGGY])
+def _omission_marks(ex: Example):
+    if ex.bug in OMISSIONS:
+        return (pytest.mark.xfail(strict=True, reason="omission: the # BUG line skips a "
+                                  "gradient in a synchronisation and emits no op of its own"),)
+    return ()
+
+
+@pytest.mark.parametrize("ex", [pytest.param(e, id=e.name, marks=_omission_marks(e))
+                                for e in BUGGY])
 def test_bug_line_in_sharded_locations(ex: Example) -> None:
     path, line = bug_line(ex)
     assert linecache.getline(path, line).rstrip().endswith("# BUG")

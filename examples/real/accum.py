@@ -18,12 +18,11 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from .catalog import Example, custom
-from .models import llama
+from .models import llama, train
 from .models.config import LLAMA3
 from .models.par import Par
 from .models.params import ParamDef, spec, unflatten
 from .programs import ArgDef, param_args
-from .models import train
 
 CFG = LLAMA3
 DEFS: list[ParamDef] = [pd for pd in llama.param_defs(CFG) if pd.stacked]
@@ -135,7 +134,7 @@ def accum_programs() -> tuple[list[Example], list[Example]]:
     args = _args(par)
     out = (P(), *[spec(pd, par) for pd in DEFS])
     mesh = ((DP, 2),)
-    common = dict(model="llama3", style="dp (masked)", task="stack_sgd")
+    common = {"model": "llama3", "style": "dp (masked)", "task": "stack_sgd"}
     correct = [
         custom("llama3_masked_sgd", mesh, masked_ref, dp_per_token, args, out,
                "Masked loss under DP: per-token normalisation by the global valid count",

@@ -223,5 +223,15 @@ def build(model: str, task: str, par: Par, *, scan: bool = False, clip: bool = F
                  program_fn(mod, cfg, task, par, scan, clip), tuple(args), out, par.check_vma)
 
 
-__all__ = ["ArgDef", "Built", "MODELS", "batch_spec", "build", "hidden_spec", "jax",
-           "logits_spec", "param_args", "token_spec"]
+__all__ = [
+    "MODELS",
+    "ArgDef",
+    "Built",
+    "batch_spec",
+    "build",
+    "hidden_spec",
+    "jax",
+    "logits_spec",
+    "param_args",
+    "token_spec",
+]

@@ -47,6 +47,55 @@ def analyse(ref_text: str, sharded_text: str):
     return state.report, causes
 
 
+# Why a program is not proven (or a bug is not flagged at its line): (key, construct, pattern on
+# the first diagnostic). The first match wins; the keys name the reproducers in `repro.py`.
+CAUSES: list[tuple[str, str, str]] = [
+    ("take_and_reducer", ("jnp.take / take_along_axis bounds check (reduce with an `and` "
+     "reducer)"), r"reduce with a 'and' reducer"),
+    ("device_offset_tensor", ("axis_index offsets broadcast into tensors (vocab-parallel mask, "
+     "sequence positions)"), (r"device-dependent scalar broadcast|remainder mixes a "
+     r"device-dependent")),
+    ("gather_batching_dims", "take_along_axis (gather with batching dims)",
+     r"gather with batching dims"),
+    ("scatter_batching_dims", "take_along_axis gradient (scatter with batching dims)",
+     r"scatter with batching dims"),
+    ("top_k", "chlo.top_k (MoE router)", r"chlo\.top_k"),
+    ("scan_backward", ("lax.scan backward (stacked gradients by dynamic_update_slice in "
+     "stablehlo.while)"), (r"dynamic_update_slice into dim|select: operands are laid out "
+     r"differently along dim 1 \(not split vs split over 'tp'\)")),
+    ("bias_grad_unit_dims", ("gradient of a tp-split bias (reshape (n,) -> (1, 1, n) puts the "
+     "split on a unit dim, then a reduce makes it a partial sum)"),
+     r"(subtract combines|square applied to) a partial sum over 'tp'"),
+    ("dp_mean_coefficients", ("local mean under data parallelism (1/N_local cotangent; the "
+     "pmean's 1/n is not factored through the gradient's products)"),
+     r"multiply computes \(1/\d+\*"),
+    ("unit_batch_transpose", ("one sequence per device (broadcast_in_dim's transpose reduces "
+     "the local unit batch dim)"), r"combines a partial sum over 'dp'"),
+    ("gqa_one_kv_head", "one kv head per device (gradient of jnp.repeat over a unit head dim)",
+     r"dot_general: operands are laid out differently along dim 0"),
+    ("slice_of_split_dim", "micro-batching the local batch (static slice of a dp-split dim)",
+     r"slice of dim 0, which is split over 'dp'"),
+    ("ring_permute", "ring attention (collective_permute of K/V blocks, online softmax)",
+     r"collective_permute moves blocks"),
+    ("allgather_partial", "psum written as all_gather on a new axis + sum",
+     r"all_gather over 'tp' of a partial sum"),
+    ("local_max", "per-shard max without pmax (exp(m_local) rescaling)", r"partial max"),
+    ("exp_algebra", "log-sum-exp without max subtraction (exp(x - m) * exp(m) = exp(x))",
+     r"exponential computes exponential"),
+    ("missing_grad_reduction_located_at_backward_op", ("a missing gradient all-reduce is "
+     "reported at the backward op that made the partial sum, not at the synchronisation"),
+     r"still a partial sum over .* when it leaves shard_map"),
+]
+
+
+def classify(message: str) -> tuple[str, str]:
+    """(cause key, construct) of a first diagnostic; ("other", message) if none matches."""
+    for key, construct, pattern in CAUSES:
+        if re.search(pattern, message):
+            return key, construct
+    return "other", "not classified"
+
+
 def cause_key(reason: str) -> str:
     """A reason with shapes and numbers blurred, to group equal causes."""
     reason = re.sub(r"tensor<[^>]*>", "tensor<..>", reason)
@@ -54,41 +103,108 @@ def cause_key(reason: str) -> str:
     return reason
 
 
+def verdicts(names=None) -> list[dict]:
+    """Check every example (no Z3 rule checks): one record per program."""
+    from .catalog import bug_line, examples, lower_pair
+
+    out = []
+    for ex in examples():
+        if names is not None and ex.name not in names:
+            continue
+        report, causes = analyse(*lower_pair(ex))
+        first = report.diagnostics[0] if report.diagnostics else None
+        loc = (str(first.loc).replace(_ROOT + "/", "") if first and first.loc else "")
+        message = first.message if first else ""
+        rec = {"example": ex, "proven": report.proven, "message": message, "loc": loc,
+               "causes": causes, "at_bug_line": None}
+        rec["cause"], rec["construct"] = classify(message) if not report.proven else ("", "")
+        if ex.bug:
+            path, line = bug_line(ex)
+            rec["bug_loc"] = f"{path.replace(_ROOT + '/', '')}:{line}"
+            rec["at_bug_line"] = bool(first and first.loc and first.loc.file == path
+                                      and first.loc.line == line)
+        out.append(rec)
+    return out
+
+
+def _short(text: str, n: int = 170) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
+def write_expected(records: list[dict], path: str) -> None:
+    not_proven, mislocated, unsound = {}, {}, []
+    for r in records:
+        ex = r["example"]
+        if ex.bug is None and not r["proven"]:
+            not_proven[ex.name] = f"{r['construct']}: {_short(r['message'])}"
+        elif ex.bug is not None and r["proven"]:
+            unsound.append(ex.name)
+        elif ex.bug is not None and not r["at_bug_line"]:
+            mislocated[ex.name] = (f"{r['construct']}: flagged at {r['loc']}, not at the BUG "
+                                   f"line {r['bug_loc']}: {_short(r['message'], 120)}")
+    lines = ['"""Expected verdicts of the verifier on the real-model corpus (strict xfails).',
+             "",
+             "Generated by `python -m examples.real.survey --write-expected`; each reason is",
+             "`<construct>: <what the verifier says>`; the constructs have reproducers in",
+             '`repro.py` and are ranked in FAILURES.md."""', "",
+             "# Correct programs the verifier does not prove yet.",
+             "NOT_PROVEN: dict[str, str] = {"]
+    lines += [f"    {k!r}:\n        {v!r}," for k, v in not_proven.items()]
+    lines += ["}", "", "# Buggy programs flagged (never proven), but not at their `# BUG` line.",
+              "MISLOCATED: dict[str, str] = {"]
+    lines += [f"    {k!r}:\n        {v!r}," for k, v in mislocated.items()]
+    lines += ["}", "", "# Buggy programs the verifier PROVES (soundness bugs; must stay empty).",
+              f"UNSOUND: list[str] = {unsound!r}", ""]
+    with open(path, "w") as handle:
+        handle.write("\n".join(lines))
+
+
 def main(argv=None) -> int:
-    from .catalog import bug_line, examples, lower_pair, run_pair
+    from .catalog import examples, run_pair
 
     parser = argparse.ArgumentParser()
     parser.add_argument("-k", default="")
     parser.add_argument("--run", action="store_true", help="also run both programs")
+    parser.add_argument("--write-expected", action="store_true",
+                        help="rewrite examples/real/expected.py from the current verdicts")
     ns = parser.parse_args(argv)
+    names = {e.name for e in examples() if ns.k in e.name}
+    records = verdicts(names)
     blocked: dict[str, set[str]] = collections.defaultdict(set)
     where: dict[str, str] = {}
-    for ex in examples():
-        if ns.k not in ex.name:
-            continue
-        report, causes = analyse(*lower_pair(ex))
-        line = f"{ex.name}: {report.verdict}"
+    for r in records:
+        ex = r["example"]
+        line = f"{ex.name}: {'proven' if r['proven'] else 'not proven'}"
         if ns.run:
             import numpy as np
 
             ref, shd = run_pair(ex)
             diff = max(float(np.max(np.abs(a - b))) for a, b in zip(ref, shd))
             line += f" (max diff {diff:.1e})"
-        if report.diagnostics:
-            d = report.diagnostics[0]
-            loc = str(d.loc).replace(_ROOT + "/", "") if d.loc else "?"
-            line += f"  [{loc}] {d.message[:160]}"
+        if r["message"]:
+            line += f"  [{r['loc']}] {r['message'][:160]}"
         if ex.bug:
-            _, bl = bug_line(ex)
-            line += f"  (BUG line {bl})"
+            line += f"  (BUG {r['bug_loc']}{', HERE' if r['at_bug_line'] else ''})"
+            if r["proven"]:
+                line += "  *** SOUNDNESS: buggy program proven ***"
         print(line, flush=True)
-        for side, reason, loc, op in causes:
+        for side, reason, loc, op in r["causes"]:
+            if op in ("sdy.manual_computation", "func.return"):
+                continue
             key = f"{side}: {op}: {reason[:140]}"
             blocked[key].add(ex.name)
             where.setdefault(key, loc)
-    print("\nroot causes (programs blocked):")
-    for key, names in sorted(blocked.items(), key=lambda kv: -len(kv[1])):
-        print(f"{len(names):4d}  {key}  @ {where[key]}")
+    print("\nfirst blockers (programs):")
+    first = collections.Counter(r["cause"] for r in records if not r["proven"]
+                                and not (r["example"].bug and r["at_bug_line"]))
+    for key, count in first.most_common():
+        print(f"{count:4d}  {key}")
+    print("\nroot causes anywhere in the walks (programs):")
+    for key, found in sorted(blocked.items(), key=lambda kv: -len(kv[1])):
+        print(f"{len(found):4d}  {key}  @ {where[key]}")
+    if ns.write_expected:
+        write_expected(records, os.path.join(os.path.dirname(__file__), "expected.py"))
     return 0
 
 

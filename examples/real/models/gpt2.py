@@ -32,7 +32,7 @@ def param_defs(cfg: Config) -> list[ParamDef]:
 
 def block(p: dict, x: Array, cfg: Config, par: Par) -> Array:
     """One pre-LN block on (batch, local seq, d_model)."""
-    b, s, _ = x.shape
+    b, _s, _ = x.shape
     h = enter_tp(layer_norm(x, p["ln1_g"], p["ln1_b"]), par)
     s_full = h.shape[1]
     q = (h @ p["wq"] + p["bq"]).reshape(b, s_full, -1, cfg.head_dim)

@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .par import (Par, allreduce_tp, axis_index, axis_size, exit_tp, gather_cp, pmax,
-                  reduce_from_tp)
+from .par import Par, allreduce_tp, axis_index, axis_size, exit_tp, gather_cp, pmax, reduce_from_tp
 
 Array = jax.Array
 EPS = 1e-5

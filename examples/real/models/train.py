@@ -26,9 +26,9 @@ from .params import ParamDef, is_expert, spec
 
 Array = jax.Array
 
-LR = 0.1
-ADAM = dict(lr=1e-2, b1=0.9, b2=0.999, eps=1e-8, wd=0.01)
-CLIP = 1e-3  # small, so that clipping is active on the test inputs
+LR = 1.0
+ADAM = {"lr": 1e-2, "b1": 0.9, "b2": 0.999, "eps": 1e-8, "wd": 0.01}
+CLIP = 0.5  # below the gradient norm of the test inputs, so that clipping is active
 
 
 def split_axes(pd: ParamDef, par: Par) -> tuple[str, ...]:
@@ -104,11 +104,11 @@ def adamw(params: dict, grads: dict, m: dict, v: dict, step: int = 1, lr: float 
           wd: float = ADAM["wd"]) -> tuple[dict, dict, dict]:
     """AdamW (decoupled weight decay) at step `step` with bias correction."""
     new_p, new_m, new_v = {}, {}, {}
-    for k in params:
+    for k, p in params.items():
         g = grads[k]
         new_m[k] = b1 * m[k] + (1 - b1) * g
         new_v[k] = b2 * v[k] + (1 - b2) * g * g
         m_hat = new_m[k] / (1 - b1**step)
         v_hat = new_v[k] / (1 - b2**step)
-        new_p[k] = params[k] - lr * (m_hat / (jnp.sqrt(v_hat) + eps) + wd * params[k])
+        new_p[k] = p - lr * (m_hat / (jnp.sqrt(v_hat) + eps) + wd * p)
     return new_p, new_m, new_v

@@ -1,0 +1,88 @@
+"""The verifier on the real-model corpus: correct programs are proven, buggy twins are flagged at
+the line marked `# BUG`.
+
+Where the verifier cannot do that yet, the test is a strict xfail whose reason names the construct
+and what the verifier says (the table `examples/real/expected.py`, with one reproducer per cause
+in `examples/real/FAILURES.md`). A buggy program must never be proven: that test has no xfail.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from entangle_mlir.check import check_texts
+from examples.real.catalog import Example, bug_line, examples, lower_pair
+from examples.real.expected import MISLOCATED, NOT_PROVEN, UNSOUND
+from examples.real.repro import FIXED, Repro, reproducers
+
+EXAMPLES = examples()
+CORRECT = [e for e in EXAMPLES if e.bug is None]
+BUGGY = [e for e in EXAMPLES if e.bug is not None]
+
+
+@functools.cache
+def _report(ex: Example):
+    ref, sharded = lower_pair(ex)
+    return check_texts(ref, sharded, verify_rules=False)
+
+
+def _params(items: list[Example], xfails: dict[str, str]) -> list:
+    out = []
+    for ex in items:
+        marks = ()
+        if ex.name in xfails:
+            marks = (pytest.mark.xfail(strict=True, reason=xfails[ex.name]),)
+        out.append(pytest.param(ex, id=ex.name, marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("ex", _params(CORRECT, NOT_PROVEN))
+def test_correct_is_proven(ex: Example) -> None:
+    report = _report(ex)
+    assert report.proven, report.render_text()
+    assert all(o.rho for o in report.outputs)
+
+
+@pytest.mark.parametrize("ex", BUGGY, ids=[e.name for e in BUGGY])
+def test_buggy_is_never_proven(ex: Example) -> None:
+    """Soundness: no xfail here, ever."""
+    report = _report(ex)
+    assert not report.proven, f"SOUNDNESS: buggy program proven:\n{report.render_text()}"
+    assert report.exit_code == 1 and report.diagnostics
+
+
+@pytest.mark.parametrize("ex", _params(BUGGY, MISLOCATED))
+def test_buggy_flagged_at_bug_line(ex: Example) -> None:
+    report = _report(ex)
+    path, line = bug_line(ex)
+    first = report.diagnostics[0]
+    assert first.loc is not None, report.render_text()
+    assert (first.loc.file, first.loc.line) == (path, line), report.render_text()
+
+
+def _repro_params() -> list:
+    out = []
+    for r in reproducers():
+        marks = () if r.cause in FIXED else (
+            pytest.mark.xfail(strict=True, reason=f"{r.cause}: {r.title}"),)
+        out.append(pytest.param(r, id=f"{r.cause}-{r.example.name}", marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("repro", _repro_params())
+def test_reproducer_is_proven(repro: Repro) -> None:
+    """One small correct program per failure cause (FAILURES.md): proven once it is fixed."""
+    report = _report(repro.example)
+    assert report.proven, report.render_text()
+
+
+def test_no_buggy_program_is_proven_by_expectation() -> None:
+    assert UNSOUND == []
+
+
+def test_expectations_name_real_programs() -> None:
+    names = {e.name for e in EXAMPLES}
+    assert set(NOT_PROVEN) <= {e.name for e in CORRECT}, set(NOT_PROVEN) - names
+    assert set(MISLOCATED) <= {e.name for e in BUGGY}, set(MISLOCATED) - names
