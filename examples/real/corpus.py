@@ -34,11 +34,16 @@ MODELS = DENSE + ("moe",)
 def _core(model: str) -> list[Example]:
     """What every model must show: forward and a training step at tp 2/4/8 and dp x tp, the
     layers alone, and the lax.scan variants."""
-    ex = [
-        program(model, "stack", TP, TP_MESH[4], "tp", f"{model} layers, Megatron TP"),
-        program(model, "stack_sgd", TP, TP_MESH[4], "tp",
-                f"{model} layers: value_and_grad + SGD, Megatron TP"),
-    ]
+    ex = []
+    # The layers alone (hidden states in and out, no embedding): tp 2/4/8 and dp x tp.
+    for mesh, par, style in ((TP_MESH[2], TP, "tp"), (TP_MESH[4], TP, "tp"),
+                             (TP_MESH[8], TP, "tp"), (DP_TP_MESH, DP_TP, "dp x tp")):
+        if model == "llama3" and mesh == TP_MESH[8]:
+            continue  # in _styles (one kv head per device)
+        ex.append(program(model, "stack", par, mesh, style, f"{model} layers, Megatron TP"))
+        if not (model == "llama3" and mesh == DP_TP_MESH):
+            ex.append(program(model, "stack_sgd", par, mesh, style,
+                              f"{model} layers: value_and_grad + SGD, Megatron TP"))
     for n in (2, 4, 8):
         ex.append(program(model, "fwd", TP_VOCAB, TP_MESH[n], "tp + vocab",
                           f"{model} forward, TP with vocab-parallel embedding and head"))
@@ -124,6 +129,7 @@ def _styles() -> list[Example]:
         # Twins of the buggy programs.
         program("llama3", "stack_sgd", DP_TP, DP_TP_MESH, "dp x tp",
                 "Llama-3 layers, dp x tp, gradients averaged over dp"),
+        program("llama3", "stack", TP, TP_MESH[8], "tp", "Llama-3 layers at tp=8"),
         program("llama3", "stack_sgd", Par(dp="dp", megatron=False), (("dp", 4),),
                 "dp (jax-native)", "Llama-3 layers, DP, loss pmean'd inside value_and_grad"),
         program("gpt2", "stack", SP, four, "sp", "GPT-2 layers under SP, MLP on flat tokens",

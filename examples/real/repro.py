@@ -212,12 +212,12 @@ def reproducers() -> list[Repro]:
               custom("repro_dp_mean_grad", dp4, dp_mean_grad_ref, dp_mean_grad,
                      (_f("w", (8, 4), kind="weight"), _f("x", (8, 8), P(DP, None))), P(),
                      "pmean(grad(mean))")),
-        Repro("unit_batch_transpose", "one sequence per device: the transpose of "
+        Repro("unit_dim_transpose", "one sequence per device: the transpose of "
               "broadcast_in_dim reduces the local unit batch dim",
               custom("repro_unit_batch_grad", dp4, unit_batch_grad_ref, unit_batch_grad,
                      (_f("w", (8, 8), kind="weight"), _f("x", (4, 3, 8), P(DP, None, None))),
                      P(), "psum(grad) with batch 1 per device")),
-        Repro("gqa_one_kv_head", "grouped-query attention with one kv head per device: "
+        Repro("unit_dim_transpose", "grouped-query attention with one kv head per device: "
               "gradient of jnp.repeat",
               custom("repro_gqa_repeat_grad", two, gqa_repeat_grad_ref, gqa_repeat_grad,
                      (_f("wk", (8, 4), P(None, TP), "weight"), _f("x", (4, 8))), P(None, TP),
