@@ -62,6 +62,20 @@ def test_buggy_flagged_at_bug_line(ex: Example) -> None:
     assert (first.loc.file, first.loc.line) == (path, line), report.render_text()
 
 
+# One proven program per family: every rule instance the walk used must be proved by Z3 (the
+# default mode of `entangle check`); a refuted instance would be a soundness problem of a rule.
+Z3_CHECKED = ["gpt2_stack_sgd_tp4", "llama3_stack_sgd_sp_tp4", "qwen3_stack_sgd_tp4",
+              "llama3_stack_scan_tp4", "ce_vocab_parallel_tp4", "gpt2_stack_gatherslice_sp_tp4"]
+
+
+@pytest.mark.parametrize("name", Z3_CHECKED)
+def test_rule_instances_of_proven_programs_are_proved_by_z3(name: str) -> None:
+    ex = next(e for e in EXAMPLES if e.name == name)
+    report = check_texts(*lower_pair(ex), verify_rules=True)
+    assert report.proven, report.render_text()
+    assert " 0 refuted, 0 inconclusive" in report.mode, report.mode
+
+
 def _repro_params() -> list:
     out = []
     for r in reproducers():
