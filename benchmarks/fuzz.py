@@ -27,21 +27,28 @@ BAD = ("false_proof", "crash", "timeout", "input_error", "gen_error")
 
 
 def _work(task):
-    seeds, mutants, verify_every, max_layers = task
+    seeds, mutants, verify_every, max_layers, partitioned = task
     from entangle_mlir.fuzz.gen import GenOptions
-    from entangle_mlir.fuzz.run import run_seed
 
     opts = GenOptions(max_layers=max_layers)
     out = []
     for seed in seeds:
-        out += [o.to_json() for o in run_seed(seed, mutants, opts, verify_every)]
+        if partitioned:
+            from entangle_mlir.fuzz.partitioned import run_partitioned_seed
+
+            outcomes = run_partitioned_seed(seed, mutants, opts)
+        else:
+            from entangle_mlir.fuzz.run import run_seed
+
+            outcomes = run_seed(seed, mutants, opts, verify_every)
+        out += [o.to_json() for o in outcomes]
     return out
 
 
 def run(n: int, seed: int, mutants: int, jobs: int, verify_every: int, max_layers: int,
-        chunk: int = 10, progress: bool = True) -> list[dict]:
+        chunk: int = 10, progress: bool = True, partitioned: bool = False) -> list[dict]:
     seeds = list(range(seed, seed + n))
-    tasks = [(seeds[i:i + chunk], mutants, verify_every, max_layers)
+    tasks = [(seeds[i:i + chunk], mutants, verify_every, max_layers, partitioned)
              for i in range(0, len(seeds), chunk)]
     results: list[dict] = []
     if jobs <= 1:
@@ -167,6 +174,9 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--verify-rules-every", type=int, default=10)
     ap.add_argument("--max-layers", type=int, default=5)
+    ap.add_argument("--partitioned", type=int, default=0, metavar="N",
+                    help="also fuzz the per-device path: N programs jitted with their "
+                         "shardings and partitioned by XLA, each with --mutants text mutants")
     ap.add_argument("--json", help="write every outcome to this JSON file")
     ap.add_argument("--quiet", action="store_true", help="no progress, no per-program details")
     args = ap.parse_args(argv)
@@ -178,10 +188,25 @@ def main(argv=None) -> int:
     print_table(s)
     if not args.quiet:
         print_details(results)
+    doc = {"summary": s, "results": results}
+    bad = s["false_proofs"] + s["crashes"]
+    if args.partitioned:
+        start = time.perf_counter()
+        part = run(args.partitioned, args.seed, args.mutants, args.jobs, 0, args.max_layers,
+                   progress=not args.quiet, partitioned=True)
+        part.sort(key=lambda r: (r["seed"], not r["correct"]))
+        ps = summarize(part, time.perf_counter() - start)
+        print("\nPer-device path (jit with shardings, partitioned by XLA; mutants mutate the "
+              "per-device StableHLO):")
+        print_table(ps)
+        if not args.quiet:
+            print_details(part)
+        doc.update(partitioned_summary=ps, partitioned_results=part)
+        bad += ps["false_proofs"] + ps["crashes"]
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"summary": s, "results": results}, f, indent=1)
-    return 0 if s["false_proofs"] == 0 and s["crashes"] == 0 else 1
+            json.dump(doc, f, indent=1)
+    return 0 if bad == 0 else 1
 
 
 if __name__ == "__main__":

@@ -155,8 +155,6 @@ def test_convert_to_int_before_psum_numbers_differ() -> None:
     assert diff >= 1.0
 
 
-@pytest.mark.xfail(strict=True, reason="FALSE PROOF: stablehlo.convert f32->i32 keeps a partial "
-                   "sum (rules/elementwise.py _partial_result treats every convert as linear)")
 def test_convert_to_int_before_psum_is_not_proven() -> None:
     report, _ = _convert_case()
     assert not report.proven, report.render_text()
@@ -189,3 +187,46 @@ def test_int32_wrapping_offset_numbers_differ() -> None:
 def test_int32_wrapping_offset_is_not_proven() -> None:
     report, _ = _wrap_case()
     assert not report.proven, report.render_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# The per-device path: the generator's reference jitted with the program's shardings,
+# partitioned by XLA, executed per device, mutated as text, executed and checked again.
+# ---------------------------------------------------------------------------------------------
+
+def test_partitioned_sample_has_no_false_proofs_or_crashes() -> None:
+    from entangle_mlir.fuzz.partitioned import run_partitioned_seed
+
+    outcomes = []
+    for seed in range(8):
+        outcomes += run_partitioned_seed(seed, mutants=2)
+    bad = [o for o in outcomes if o.status in ("false_proof", "crash", "timeout", "gen_error")]
+    assert not bad, _show(bad)
+    assert sum(not o.correct for o in outcomes) >= 10
+    assert sum(o.correct and o.status == "proven" for o in outcomes) >= 3
+
+
+# 3. check_partitioned on a valid program whose inputs are all replicated: the per-device
+#    program has no mhlo.num_partitions and no tiled parameter sharding (the tiled result
+#    sharding is only in mhlo.spmd_output_sharding), and entangle gives up with an InputError.
+
+def _replicated_inputs_case(out_spec):
+    from entangle_mlir.jax import check_partitioned
+
+    mesh = _mesh((4,), ("i",))
+    aval = jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=NamedSharding(mesh, P()))
+    with jax.set_mesh(mesh):
+        return check_partitioned(lambda x: x * 2.0, aval,
+                                 out_shardings=NamedSharding(mesh, out_spec), verify_rules=False)
+
+
+@pytest.mark.xfail(strict=True, reason="InputError on a valid program: per_device.device_count "
+                   "ignores mhlo.spmd_output_sharding (replicated inputs, output split over 'i')")
+def test_partitioned_replicated_inputs_split_output() -> None:
+    assert _replicated_inputs_case(P("i")).proven
+
+
+@pytest.mark.xfail(strict=True, reason="InputError on a valid program: a partitioned program "
+                   "whose every sharding is replicated has no device count")
+def test_partitioned_everything_replicated() -> None:
+    assert _replicated_inputs_case(P()).proven

@@ -284,3 +284,38 @@ def run_seed(seed: int, mutants: int = 1, opts: GenOptions | None = None,
         results.append(o)
         made += 1
     return results
+
+
+def explain_seed(seed: int, mutant: int | None = None, opts: GenOptions | None = None,
+                 verify_rules: bool = False) -> str:
+    """The program of `seed` (or its `mutant`-th mutant, as `run_seed` draws them), its report
+    and whether the numbers match: for reproducing a fuzz finding."""
+    prog = generate(RandomChooser(seed), opts, seed=seed)
+    if mutant is not None:
+        ch = RandomChooser(seed * 7919 + 17)
+        for _ in range(mutant + 1):
+            mut = mutate(prog, ch)
+        prog = mut
+    ref_fn, sharded = build(prog)
+    ref_text = lower_reference(ref_fn, prog)
+    shd_text = sharded.lower(*sharded_avals(prog)).as_text(debug_info=True)
+    report = check_texts(ref_text, shd_text, ref_file="reference.mlir",
+                         sharded_file="fuzz_program.py", verify_rules=verify_rules)
+    args = inputs(prog, 0)
+    ref = np.asarray(jax.jit(ref_fn)(*args))
+    shd = run_sharded(sharded, prog, args)
+    match, err = compare(ref, shd)
+    return (f"{prog.source()}\n--- numbers {'match' if match else 'DIFFER'} (error {err:.3g})\n"
+            f"--- entangle:\n{report.render_text()}")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="reproduce one fuzz program")
+    ap.add_argument("seed", type=int)
+    ap.add_argument("--mutant", type=int, default=None,
+                    help="the k-th mutant drawn for this seed (0 = the first)")
+    ap.add_argument("--verify-rules", action="store_true")
+    a = ap.parse_args()
+    print(explain_seed(a.seed, a.mutant, verify_rules=a.verify_rules))
