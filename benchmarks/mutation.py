@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def _work(task):
     name, limit = task
-    from examples.catalog import by_name
     from entangle_mlir.fuzz.mutation import run_example
+    from examples.catalog import by_name
 
     start = time.perf_counter()
     res = run_example(by_name(name), limit=limit)

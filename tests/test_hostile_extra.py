@@ -23,8 +23,14 @@ import sys
 import time
 
 import pytest
-from conftest import (COMBINED_ADD, COMBINED_MISSING_PSUM, EXAMPLES_MLIR, REF_ADD, REPO,
-                      SHARDED_ADD)
+from conftest import (
+    COMBINED_ADD,
+    COMBINED_MISSING_PSUM,
+    EXAMPLES_MLIR,
+    REF_ADD,
+    REPO,
+    SHARDED_ADD,
+)
 
 MEMORY_LIMIT = 3 << 30     # bytes of address space for one CLI run
 TIMEOUT = 60               # seconds for one CLI run

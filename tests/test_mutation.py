@@ -17,8 +17,8 @@ from entangle_mlir.fuzz.mlir_mutate import mutants, parse_mesh  # noqa: E402
 if len(jax.devices()) < 8:
     pytest.skip("needs 8 (simulated) devices", allow_module_level=True)
 
-from examples.catalog import by_name  # noqa: E402
 from entangle_mlir.fuzz.mutation import run_example, score  # noqa: E402
+from examples.catalog import by_name  # noqa: E402
 
 COLLECTIVE_WORDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                     "collective_permute", "partition_id", "dynamic_slice")

@@ -2,8 +2,15 @@
 mutated), executed on simulated devices and checked. `gen` builds programs without jax; `run`
 lowers, executes and classifies them; `strategies` wraps the generator for hypothesis."""
 
-from .gen import (GenOptions, Program, RandomChooser, generate, generate_seed, mutate,
-                  program_mutations)
+from .gen import (
+    GenOptions,
+    Program,
+    RandomChooser,
+    generate,
+    generate_seed,
+    mutate,
+    program_mutations,
+)
 
 __all__ = ["GenOptions", "Program", "RandomChooser", "generate", "generate_seed", "mutate",
            "program_mutations"]

@@ -791,7 +791,8 @@ def f_einsum(g: Gen, s: State):
     shape = tuple(size for _, size, _ in out_items)
     if math.prod(shape) > MAX_SIZE:
         return None
-    subs = f"{letters},{''.join(le for le, _, _ in w_items)}->{''.join(le for le, _, _ in out_items)}"
+    w_letters = "".join(le for le, _, _ in w_items)
+    subs = f"{letters},{w_letters}->{''.join(le for le, _, _ in out_items)}"
     new_partial = {a for i in contract for a in s.spec[i]}
     partial = g.mesh.order(set(s.partial) | new_partial)
     kind = "sum" if partial else None

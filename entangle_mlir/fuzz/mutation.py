@@ -51,8 +51,9 @@ class _Executor:
         self.ref_outs = {}
 
     def _args(self, seed: int):
-        from examples import catalog
         from jax.sharding import NamedSharding
+
+        from examples import catalog
 
         if seed not in self.inputs:
             args = catalog.random_inputs(self.ex, seed)

@@ -21,8 +21,17 @@ from jax.sharding import NamedSharding
 
 from .gen import GenOptions, RandomChooser, generate
 from .mlir_mutate import mutants as text_mutants
-from .run import (CHECK_TIMEOUT, Outcome, build, compare, inputs, jax_mesh, pspec,
-                  sharded_avals, timed_check)
+from .run import (
+    CHECK_TIMEOUT,
+    Outcome,
+    build,
+    compare,
+    inputs,
+    jax_mesh,
+    pspec,
+    sharded_avals,
+    timed_check,
+)
 
 
 def _per_device_match(module_text: str, args, ref_out) -> tuple[bool | None, float]:
