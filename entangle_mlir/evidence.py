@@ -3,6 +3,8 @@ the numbers differ (JAX front-end only; needs as many devices as the mesh)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -23,9 +25,16 @@ def output_evidence(reference_fn, sharded_fn, avals, seed: int = 0) -> dict:
         return {"summary": f"not available ({type(err).__name__}: {err})"}
     diffs = [float(np.max(np.abs(np.asarray(w, np.float64) - np.asarray(g, np.float64))))
              if np.shape(w) == np.shape(g) else float("inf") for w, g in zip(want, got)]
-    worst = max(diffs) if diffs else 0.0
-    summary = (f"on a random input (seed {seed}) the outputs differ by up to {worst:.3g}"
-               if worst > 1e-5 else
-               f"on a random input (seed {seed}) the outputs agree to {worst:.1g}: the "
-               "difference needs other inputs, or it is beyond what was proven")
-    return {"seed": seed, "max_abs_diff": diffs, "summary": summary}
+    finite = [d for d in diffs if math.isfinite(d)]
+    if len(finite) != len(diffs):
+        summary = (f"on a random input (seed {seed}) some outputs are not finite (inf or NaN), "
+                   "so they cannot be compared numerically")
+    elif max(finite, default=0.0) > 1e-5:
+        summary = (f"on a random input (seed {seed}) the outputs differ by up to "
+                   f"{max(finite):.3g}")
+    else:
+        summary = (f"on a random input (seed {seed}) the outputs agree to "
+                   f"{max(finite, default=0.0):.1g}: the difference needs other inputs, or it "
+                   "is beyond what was proven")
+    return {"seed": seed, "max_abs_diff": [d if math.isfinite(d) else None for d in diffs],
+            "summary": summary}

@@ -314,11 +314,13 @@ class Walker:
         return ""
 
     def _give_up(self, op: ir.Operation, info: OpInfo, reason: str, ctx: RuleContext) -> None:
-        record = self._record(info, [self.walk.values.get(v) for v in op.operands], [], ctx)
+        inputs = [self.walk.values.get(v) for v in op.operands]
+        record = self._record(info, inputs, [], ctx)
         record.sources = self._sources(op.operands)
         for result in op.results:
             self.producer[result] = record
-        value = Opaque(reason, origin=(record, None), category="internal")
+        earlier = next((v for v in inputs if isinstance(v, Opaque)), None)
+        value = earlier or Opaque(reason, origin=(record, None), category="internal")
         record.outputs = [value] * len(op.results)
         for result in op.results:
             self.walk.values[result] = value

@@ -20,6 +20,21 @@ from .check import check_texts
 from .report import Report
 
 
+def _exclude_own_frames() -> None:
+    """Source locations name the user's frames, not entangle's (the lowering happens here)."""
+    from pathlib import Path
+
+    try:
+        from jax._src import source_info_util
+
+        source_info_util.register_exclusion(str(Path(__file__).resolve().parent))
+    except (ImportError, AttributeError):
+        pass
+
+
+_exclude_own_frames()
+
+
 def _plain(aval):
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype)
 

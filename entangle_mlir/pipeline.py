@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -29,6 +30,7 @@ class PassState:
     report: Report | None = None
     diagnostics: list[Diagnostic] = field(default_factory=list)
     rule_checks: str = ""
+    started: float = field(default_factory=time.perf_counter)
 
 
 @dataclass

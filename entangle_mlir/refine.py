@@ -47,11 +47,26 @@ class _Reference:
             found = self._lookup(hypothetical)
             if found:
                 return found
+        same_inputs = self._by_inputs(record)
+        if same_inputs is not None:
+            return same_inputs
         for value in record.inputs:
             if isinstance(value, Rel) and value.term.op not in _LEAF_OPS:
                 found = self._lookup(value.term)
                 if found:
                     return found
+        return None
+
+    def _by_inputs(self, record: OpRecord) -> OpRecord | None:
+        """A reference op applied to exactly the same operand terms (a different function of
+        the same values: max where min was meant, ...)."""
+        wanted = tuple(v.term.serial if isinstance(v, Rel) else None for v in record.inputs)
+        if not wanted or None in wanted:
+            return None
+        for candidate in self.walk.records:
+            got = tuple(v.term.serial if isinstance(v, Rel) else None for v in candidate.inputs)
+            if got == wanted:
+                return candidate
         return None
 
     def _lookup(self, term: Term) -> OpRecord | None:
@@ -124,8 +139,9 @@ def _counterpart_note(record: OpRecord | None, reference: _Reference | None) -> 
     twin = reference.counterpart(record)
     if twin is None:
         return []
-    name = twin.info.loc.op_name if twin.info.loc and twin.info.loc.op_name else twin.info.name
-    return [Diagnostic("note", f"corresponds to the reference op {twin.info.name} ({name}), "
+    jax_name = twin.info.loc.op_name if twin.info.loc else ""
+    named = f" ({jax_name})" if jax_name and jax_name != twin.info.name else ""
+    return [Diagnostic("note", f"corresponds to the reference op {twin.info.name}{named}, "
                                f"which computes {pretty(_first_term(twin), 3)}", twin.loc)]
 
 

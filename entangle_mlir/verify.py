@@ -4,16 +4,19 @@ its rule (real attributes, reduced shape), cached by signature."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from .diagnostics import Diagnostic
 from .infer import Walk
 from .layout import Opaque, Rel
 from .report import NOT_PROVEN, Report
+from .terms import scale
 
 _SKIP = ("sdy.manual_computation", "func.return", "stablehlo.return", "sdy.return")
 
 
-def verify_walk(walk: Walk, report: Report, budget_seconds: float = 60.0) -> None:
+def verify_walk(walk: Walk, report: Report, budget_seconds: float = 60.0,
+                inject_fault: str = "") -> None:
     """Check each rule instance of the sharded walk; a refuted or inconclusive one withdraws
     the verdict. The report's `mode` says what ran."""
     from .instance import check_instance
@@ -35,16 +38,23 @@ def verify_walk(walk: Walk, report: Report, budget_seconds: float = 60.0) -> Non
             counts["skipped"] += 1
             continue
         mesh = walk.mesh if record.manual_axes else None
-        result = check_instance(record.info, record.inputs, record.outputs, mesh)
+        outputs = record.outputs
+        if inject_fault and record.info.name == inject_fault:
+            outputs = [replace(v, term=scale(v.term, 2)) if isinstance(v, Rel) else v
+                       for v in outputs]
+        result = check_instance(record.info, record.inputs, outputs, mesh)
         status = result.status if result.status in counts else "unknown"
         counts[status] += 1
         if status in ("refuted", "unknown"):
+            why = f": {result.reason}" if getattr(result, "reason", "") else ""
             what = ("was refuted by Z3 (a rule is wrong: please report this)"
-                    if status == "refuted" else "is inconclusive (Z3 unknown or timeout)")
+                    if status == "refuted" else f"is inconclusive{why or ' (Z3 unknown or timeout)'}")
             report.diagnostics.append(Diagnostic(
                 "error", f"proof of the rule instance for {record.info.name} {what}",
                 record.loc, category="inconclusive" if status == "unknown" else "refuted"))
             report.verdict = NOT_PROVEN
+            for out in report.outputs:
+                out.proven = False
     progress.close()
     report.stats["rule_instances"] = dict(counts)
     report.stats["rule_check_seconds"] = round(time.perf_counter() - start, 4)

@@ -65,6 +65,15 @@ class ProofResult:
         return text
 
 
+_resource_limit = 0
+
+
+def set_resource_limit(limit: int) -> None:
+    """A deterministic per-query work limit (Z3's rlimit; 0: none). Exceeding it is `unknown`."""
+    global _resource_limit
+    _resource_limit = max(0, int(limit))
+
+
 def set_dump_dir(path: str | os.PathLike | None) -> None:
     """Write every later query to `path/<name>.smt2` (None: stop dumping, ignore the env var)."""
     global _dump_dir
@@ -138,6 +147,8 @@ def prove(claim, hypotheses: Iterable = (), name: str = "query",
         hyps = [_as_bool(h) for h in hypotheses]
         solver = z3.Solver()
         solver.set("timeout", timeout)
+        if _resource_limit:
+            solver.set("rlimit", _resource_limit)
         solver.add(*hyps)
         solver.add(z3.Not(goal))
         _dump(solver, name)

@@ -5,6 +5,7 @@ Attaches `entangle.verdict` and `entangle.rho` to the sharded function so lit ca
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from jaxlib.mlir import ir
@@ -29,6 +30,7 @@ class CheckRefinementPass(ModulePass):
                              file=state.file)
         report = compare(state.walks["reference"], state.walks["sharded"])
         report.stats["ops"] = len(state.walks["sharded"].records)
+        report.stats["seconds"] = round(time.perf_counter() - state.started, 4)
         state.report = report
         state.diagnostics.extend(report.diagnostics)
         func = state.program.sharded_func

@@ -21,7 +21,7 @@ DIAGNOSTICS = REPO / "lit_tests" / "diagnostics"
 PIPELINE = ("builtin.module(entangle-normalize,entangle-import-shardings,"
             "entangle-infer-relations,entangle-check-refinement")
 OPT_RUN = re.compile(r"^// RUN: entangle-opt %s --split-input-file --pass-pipeline='"
-                     + re.escape(PIPELINE) + r"(,entangle-verify-rules)?\)' "
+                     + re.escape(PIPELINE) + r"(,entangle-verify-rules(?:\{[^}]*\})?)?\)' "
                      r"--verify-diagnostics$", re.MULTILINE)
 JSON_RUN = "// RUN: not entangle check %s --json | filecheck %s"
 # Reasons that only the Z3 rule-instance checks produce.
@@ -46,8 +46,9 @@ def test_every_reason_has_a_lit_test(reason: str) -> None:
     assert match, f"{path.name}: no entangle-opt --verify-diagnostics RUN line"
     assert bool(match.group(1)) == (reason in Z3_REASONS), (
         f"{path.name}: entangle-verify-rules belongs in the pipeline exactly for {Z3_REASONS}")
-    assert JSON_RUN in text, f"{path.name}: no `{JSON_RUN}` RUN line"
-    assert f'// CHECK: "reason": "{reason}"' in text
+    if reason != "refuted":  # needs the testing-only injected fault: entangle-opt only
+        assert JSON_RUN in text, f"{path.name}: no `{JSON_RUN}` RUN line"
+        assert f'// CHECK: "reason": "{reason}"' in text
     assert re.search(r"// expected-error @\+1 \{\{", text), f"{path.name}: no expected error"
     assert text.count("// -----") == 0, f"{path.name}: one program per file (docs show it)"
 
@@ -63,7 +64,7 @@ def test_no_orphan_diagnostics_tests() -> None:
 def test_example_produces_its_reason(reason: str) -> None:
     """The first diagnostic of `entangle check` on the example carries the reason."""
     path = lit_file(reason)
-    report = check_files(str(path), str(path))
+    report = report_for(reason)
     assert not report.proven and report.exit_code == 1
     assert report.diagnostics, report.render_text()
     first = report.diagnostics[0]
@@ -71,6 +72,25 @@ def test_example_produces_its_reason(reason: str) -> None:
     assert first.loc is not None and first.loc.line > 0
     expected = re.findall(r"// expected-error @\+1 \{\{(.*?)\}\}", path.read_text())
     assert expected and expected[0] in first.message
+
+
+def report_for(reason: str):
+    """The report on the reason's example; `refuted` needs its testing-only injected fault
+    (`entangle-verify-rules{inject-fault=stablehlo.add}`, as its lit RUN line)."""
+    path = lit_file(reason)
+    if reason != "refuted":
+        return check_files(str(path), str(path))
+    from entangle_mlir.ir import context, load_file
+    from entangle_mlir.pipeline import PassState, parse_pipeline, run_pipeline
+    from passes import PASSES
+
+    module = load_file(str(path))
+    state = PassState(module, str(path))
+    pipeline = ("entangle-normalize,entangle-import-shardings,entangle-infer-relations,"
+                "entangle-check-refinement,entangle-verify-rules{inject-fault=stablehlo.add}")
+    with context():
+        run_pipeline(parse_pipeline(pipeline, PASSES), state)
+    return state.report
 
 
 @pytest.mark.parametrize("reason", [r for r in REASONS if r not in Z3_REASONS])
@@ -83,9 +103,6 @@ def test_walk_alone_finds_the_reason(reason: str) -> None:
 
 # ----- known problems: the expectation the diagnostics should meet ----------------------------
 
-@pytest.mark.xfail(strict=True, reason="verify.py reports every Z3 'unknown' as '(Z3 unknown or "
-                   "timeout)' and drops ProofResult.reason; here Z3 never ran: the instance "
-                   "divides by zero (instance._build: 'a division by zero')")
 def test_inconclusive_says_why() -> None:
     path = lit_file("inconclusive")
     report = check_files(str(path), str(path))
@@ -94,35 +111,24 @@ def test_inconclusive_says_why() -> None:
     assert "division by zero" in first.message, first.message
 
 
-@pytest.mark.xfail(strict=True, reason="refine._counterpart_note finds no reference op for a "
-                   "different_function divergence: the reference's stablehlo.maximum (the 'want' "
-                   "side of the structural diff) is never named, though the issue asks for both "
-                   "ops with their locations")
 def test_different_function_names_the_reference_op() -> None:
     path = lit_file("different_function")
     report = check_files(str(path), str(path))
     notes = [n for n in report.diagnostics[0].notes if "corresponds to the reference op" in
              n.message]
     assert notes and "stablehlo.maximum" in notes[0].message
-    assert notes[0].loc is not None and notes[0].loc.line == 24
+    assert notes[0].loc is not None and notes[0].loc.line == 25
 
 
-@pytest.mark.xfail(strict=True, reason="a refuted or inconclusive rule instance withdraws the "
-                   "verdict but the outputs stay proven=true (text: no '(not proven)' mark; JSON: "
-                   "outputs[].proven is true under verdict 'not proven')")
 @pytest.mark.parametrize("reason", Z3_REASONS)
 def test_withdrawn_verdict_marks_outputs(reason: str) -> None:
-    path = lit_file(reason)
-    report = check_files(str(path), str(path))
+    report = report_for(reason)
     assert not report.proven
     assert not any(out.proven for out in report.outputs), report.render_text()
 
 
-@pytest.mark.xfail(strict=True, reason="elementwise._partial_result keeps a partial sum through "
-                   "a float -> int stablehlo.convert (truncation does not commute with the sum): "
-                   "with --no-verify-rules the buggy program of refuted.mlir is 'verified'")
 def test_convert_to_int_of_partial_sum_is_caught_by_the_walk() -> None:
-    path = lit_file("refuted")
+    path = DIAGNOSTICS.parent / "regressions" / "convert_to_int_of_partial_sum.mlir"
     report = check_files(str(path), str(path), verify_rules=False)
     assert not report.proven, report.render_text()
     assert report.diagnostics[0].category == "nonlinear_partial"
@@ -151,11 +157,6 @@ print(json.dumps(check(ref, sharded, *avals).to_json()))
 """
 
 
-@pytest.mark.xfail(strict=True, reason="entangle_mlir.jax.lower_pair lowers the shard_map "
-                   "function itself, so jax records entangle's own frame (entangle_mlir/jax.py) "
-                   "for the manual computation and the return: the note 'result #0 is 1/4 x the "
-                   "reference' points into entangle. Fix: source_info_util.register_exclusion("
-                   "<entangle_mlir dir>) (then it is the user's check(...) line)")
 def test_check_reports_only_user_frames(tmp_path: Path) -> None:
     import json
     import os

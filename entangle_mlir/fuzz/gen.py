@@ -174,7 +174,7 @@ def num(c) -> str:
 # ----------------------------------------------------------------------------------------------
 
 COLLECTIVES = ("psum", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute",
-               "ppermute_pair", "roll", "dynslice", "shard_scale")
+               "ppermute_pair", "roll", "dynslice", "shard_scale", "dus_gather")
 
 
 @dataclass
@@ -450,6 +450,34 @@ def _emit_dynslice(layer, p, side, v, depth):
             f"axis={d})"]
 
 
+def _idx(p) -> str:
+    return "jnp.array(" + repr(list(p["idx"])) + ")"
+
+
+def _emit_take(layer, p, side, v, depth):
+    return [f"{v} = jnp.take({v}, {_idx(p)}, axis={p['dim']}, mode='clip')"]
+
+
+def _emit_scatter(layer, p, side, v, depth):
+    where = ":, " * p["dim"] + _idx(p)
+    upd = _arg_expr(p, side)
+    return [f"{v} = {v}.at[{where}].{p['how']}({upd}, mode='promise_in_bounds')"]
+
+
+def _emit_dus_gather(layer, p, side, v, depth):
+    if side == "ref":
+        return []
+    d, n = p["dim"], p["n"]
+    i = f"lax.axis_index({ax(p['axes'])})"
+    offset = {"block": f"{i} * {v}.shape[{d}]", "plus1": f"{i} * {v}.shape[{d}] + 1",
+              "noscale": i, "shift": f"(({i} + 1) % {n}) * {v}.shape[{d}]"}
+    fill = "zeros" if p.get("fill", 0.0) == 0.0 else "ones"
+    return [f"buf = jnp.{fill}({v}.shape[:{d}] + ({v}.shape[{d}] * {n},) + {v}.shape[{d + 1}:], "
+            f"{v}.dtype)",
+            f"{v} = lax.dynamic_update_slice_in_dim(buf, {v}, {offset[p.get('offset', 'block')]}, "
+            f"axis={d})"]
+
+
 def _emit_shard_scale(layer, p, side, v, depth):
     if side == "ref":
         return []
@@ -487,7 +515,8 @@ EMIT: dict[str, Callable] = {
     "all_to_all": _emit_all_to_all, "ppermute": _emit_ppermute,
     "ppermute_pair": _emit_ppermute, "roll": _emit_roll, "dynslice": _emit_dynslice,
     "shard_scale": _emit_shard_scale, "combine": _emit_combine, "nop": _emit_nop,
-    "swap": _emit_swap,
+    "swap": _emit_swap, "take": _emit_take, "scatter": _emit_scatter,
+    "dus_gather": _emit_dus_gather,
 }
 
 
@@ -504,6 +533,7 @@ WEIGHTS: dict[str, float] = {
     "einsum": 3, "gram": 1, "reduce": 3, "combine": 1.5,
     "resolve": 2, "all_gather": 1.5, "psum_scatter": 1, "all_to_all": 1.5, "dynslice": 1.5,
     "ppermute": 0.5, "ppermute_pair": 0.5, "roll": 0.5, "relayout": 1, "redundant": 0.7,
+    "take": 1, "scatter": 1, "dus_gather": 1,
 }
 
 # Constructs left out of the default generator, with the reason. (Empty: nothing is excluded;
@@ -1053,6 +1083,60 @@ def f_roll(g: Gen, s: State):
                             "n": n})], s)
 
 
+def f_take(g: Gen, s: State):
+    """Gather along an unsplit dim with constant indices (repeats allowed)."""
+    dims = _untiled_dims(s, 2)
+    if not dims:
+        return None
+    d = g.ch.choice(dims)
+    n = g.ch.randint(1, min(s.shape[d] + 2, 12))
+    idx = [g.ch.randint(0, s.shape[d] - 1) for _ in range(n)]
+    shape = list(s.shape)
+    shape[d] = n
+    return [Layer("take", {"dim": d, "idx": idx})], replace(s, shape=tuple(shape))
+
+
+def f_scatter(g: Gen, s: State):
+    """x.at[..., idx].add/set(u) along an unsplit dim (u laid out like x there)."""
+    if s.partial and s.kind != "sum":
+        return None
+    dims = _untiled_dims(s, 2)
+    if not dims:
+        return None
+    d = g.ch.choice(dims)
+    how = g.ch.choice(["add", "add", "set"])
+    n = g.ch.randint(1, min(s.shape[d], 6))
+    if how == "set":   # distinct indices: a repeated index makes the winner unspecified
+        idx = g.ch.permutation(range(s.shape[d]))[:n]
+    else:
+        idx = [g.ch.randint(0, s.shape[d] - 1) for _ in range(n)]
+    ushape = list(s.shape)
+    ushape[d] = n
+    arg = g.new_arg(tuple(ushape), s.spec)
+    p = {"dim": d, "idx": idx, "how": how, "arg": arg}
+    k = _k_for_add(g, s)
+    if k != 1:
+        p["k"] = k
+    return [Layer("scatter", p)], replace(s, mag=s.mag + 1)
+
+
+def f_dus_gather(g: Gen, s: State):
+    """An all_gather spelled as dynamic_update_slice into zeros: a partial sum over the axes."""
+    if s.kind not in (None, "sum"):
+        return None
+    dims = [d for d in range(s.rank) if s.spec[d]]
+    if not dims:
+        return None
+    d = g.ch.choice(dims)
+    k = g.ch.randint(1, len(s.spec[d]))
+    axes = s.spec[d][-k:]
+    spec = list(s.spec)
+    spec[d] = s.spec[d][:-k]
+    partial = g.mesh.order(set(s.partial) | set(axes))
+    return ([Layer("dus_gather", {"axes": axes, "dim": d, "n": g.n(axes)})],
+            replace(s, spec=tuple(spec), partial=partial, kind="sum"))
+
+
 def random_target(g: Gen, s: State) -> Spec:
     return g.random_spec(s.shape, g.mesh.names)
 
@@ -1168,6 +1252,7 @@ FACTORIES: dict[str, Callable] = {
     "all_gather": f_all_gather, "psum_scatter": f_psum_scatter, "all_to_all": f_all_to_all,
     "dynslice": f_dynslice, "ppermute": f_ppermute, "ppermute_pair": f_ppermute_pair,
     "roll": f_roll, "relayout": f_relayout, "redundant": f_redundant,
+    "take": f_take, "scatter": f_scatter, "dus_gather": f_dus_gather,
 }
 
 
@@ -1347,6 +1432,26 @@ def layer_mutations(prog: Program, path, layer: Layer) -> list[Mutation]:
             if other != p["axis"] and mesh.size([other]) == n:
                 out.append(_override(path, layer, f"ppermute over {other!r} {where}",
                                      axis=other))
+    elif op == "dus_gather":
+        out.append(_drop(path, layer, f"drop dynamic_update_slice gather {where}"))
+        out.append(_override(path, layer, f"dynamic_update_slice into ones {where}", fill=1.0))
+        for off in ("plus1", "noscale", "shift"):
+            out.append(_override(path, layer, f"dynamic_update_slice offset {off} {where}",
+                                 offset=off))
+        for axes in _other_axes(mesh, p["axes"]):
+            if mesh.size(axes) == p["n"]:
+                out.append(_override(path, layer, f"dynamic_update_slice index over {axes} "
+                                                  f"{where}", axes=axes))
+    elif op in ("take", "scatter"):
+        idx = list(p["idx"])
+        idx[0] = idx[0] + 1 if idx[0] == 0 else idx[0] - 1
+        out.append(_override(path, layer, f"{op} index changed {where}", idx=idx))
+        if op == "scatter":
+            if p.get("k", 1) != 1:
+                out.append(_override(path, layer, f"scattered value not divided {where}", k=1))
+            out.append(_override(path, layer, f"scatter {'set' if p['how'] == 'add' else 'add'} "
+                                              f"instead of {p['how']} {where}",
+                                 how="set" if p["how"] == "add" else "add"))
     elif op == "shard_scale":
         out.append(_drop(path, layer, f"drop the scale {p['c']} {where}"))
         out.append(_override(path, layer, f"scale {p['c']} x 2 {where}", c=p["c"] * 2))

@@ -122,8 +122,10 @@ def _partial_result(info: OpInfo, rels: list[Rel], ctx: RuleContext
                        f"{axes_str(axes)}: {NONLINEAR_HINT}", category="nonlinear_partial")
     group = ctx.mesh.group_size(axes)
     others = [i for i in range(len(rels)) if i not in partial_idx]
-    if name in ("stablehlo.convert",):
-        return rels, axes, kind
+    if name == "stablehlo.convert":
+        if _exact_convert(info):
+            return rels, axes, kind
+        return nonlinear
     if name == "stablehlo.negate":
         flipped = {"sum": "sum", "max": "min", "min": "max"}[kind]
         return rels, axes, flipped
@@ -187,12 +189,19 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
                 rels[0].scope, partial_origin=origin)]
 
 
+def _exact_convert(info: OpInfo) -> bool:
+    """Converts that are the identity on the exact real value: to a float type, between integer
+    types, or from booleans. Float -> int truncates: a nonlinear op."""
+    source, target = info.operand_types[0], info.result_types[0]
+    return (target.is_float or target.dtype == source.dtype or source.dtype == "i1"
+            or (source.is_int and target.is_int))
+
+
 def _build_term(info: OpInfo, terms: list[Term], ctx: RuleContext) -> Term:
     rtype = info.result_types[0]
     if info.name == "stablehlo.convert":
         source = info.operand_types[0]
-        if rtype.is_float or rtype.dtype == source.dtype or source.dtype == "i1" or (
-                source.is_int and rtype.is_int):
+        if _exact_convert(info):
             if rtype.dtype != source.dtype:
                 ctx.note(f"convert {source.dtype} -> {rtype.dtype} is treated as exact "
                          "(real-number semantics)")

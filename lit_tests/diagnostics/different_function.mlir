@@ -21,6 +21,7 @@
 sdy.mesh @mesh = <["tp"=4]>
 
 func.func @ref(%x: tensor<8x16xf32>, %y: tensor<8x16xf32>) -> tensor<8x16xf32> {
+  // expected-note @+1 {{corresponds to the reference op stablehlo.maximum}}
   %0 = stablehlo.maximum %x, %y : tensor<8x16xf32>
   return %0 : tensor<8x16xf32>
 }

@@ -5,7 +5,7 @@
 // tokens in a configuration without padding). Reference and sharded program agree term for
 // term, but exact real-number semantics leave x / 0 undefined: the instance check assumes every
 // divisor is nonzero, cannot pose the query for this one, and answers "unknown" (Z3 is never
-// asked, though the message says "Z3 unknown or timeout"). The divide can be neither proved
+// asked, and the message says why). The divide can be neither proved
 // nor refuted: the check is inconclusive and the verdict is "not proven".
 //
 //   def ref(x):  return x / 0.0
@@ -14,7 +14,7 @@
 
 // CHECK: "verdict": "not proven"
 // CHECK: "diagnostics": [
-// CHECK: "message": "proof of the rule instance for stablehlo.divide is inconclusive (Z3 unknown or timeout)"
+// CHECK: "message": "proof of the rule instance for stablehlo.divide is inconclusive: a division by zero"
 // CHECK: "reason": "inconclusive"
 // CHECK: "rule_check_mode": "Z3 checked 2 rule instances: 1 proved, 0 refuted, 1 inconclusive"
 
@@ -29,7 +29,7 @@ func.func @ref(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
 func.func @sharded(%x: tensor<8x16xf32>) -> tensor<8x16xf32> attributes {entangle.refines = @ref} {
   %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{"tp"}, {}]>] out_shardings=[<@mesh, [{"tp"}, {}]>] manual_axes={"tp"} (%a: tensor<2x16xf32>) {
     %c0 = stablehlo.constant dense<0.0> : tensor<2x16xf32>
-    // expected-error @+1 {{proof of the rule instance for stablehlo.divide is inconclusive (Z3 unknown or timeout)}}
+    // expected-error @+1 {{proof of the rule instance for stablehlo.divide is inconclusive: a division by zero}}
     %d = stablehlo.divide %a, %c0 : tensor<2x16xf32>
     sdy.return %d : tensor<2x16xf32>
   } : (tensor<8x16xf32>) -> tensor<8x16xf32>

@@ -1,19 +1,7 @@
 // RUN: entangle-opt %s --split-input-file --pass-pipeline='builtin.module(entangle-normalize,entangle-import-shardings,entangle-infer-relations,entangle-check-refinement,entangle-verify-rules{rlimit=1})' --verify-diagnostics
-// XFAIL: *
-
-// Known issue: Z3 answering "unknown" on a genuine query cannot be triggered without a resource
-// limit option on entangle-verify-rules.
-//
-// Z3 answering "unknown" on a genuine query cannot be triggered today. The per-query timeout (5 s, instance.DEFAULT_TIMEOUT_MS) is not an option of
-// entangle-verify-rules, and even a 1 ms timeout proves these small instances, so a timeout is
-// not a deterministic trigger either. A resource limit is: with Z3's `rlimit` set to 1 (tried
-// by patching z3.Solver), both instances below come back unknown and the report says
-// "2 inconclusive". Wanted: an `rlimit` (and `timeout_ms`) option on entangle-verify-rules,
-// passed to z3check.prove. Today the pipeline is refused: "pass 'entangle-verify-rules' has no
-// option 'rlimit'" (exit 2).
-//
-// The program is the correct Megatron row-parallel matmul: inconclusive must withdraw the
-// verdict even when the walk proves the program.
+// Z3 answering "unknown" on a genuine query: `rlimit=1` caps Z3's work per query
+// deterministically, so both rule instances below come back unknown and the verdict is
+// withdrawn ("not proven", reason inconclusive).
 
 sdy.mesh @mesh = <["tp"=4]>
 

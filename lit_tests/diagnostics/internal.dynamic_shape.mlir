@@ -1,7 +1,6 @@
 // RUN: entangle-opt %s --split-input-file --pass-pipeline='builtin.module(entangle-normalize,entangle-import-shardings,entangle-infer-relations,entangle-check-refinement)' --verify-diagnostics
-// XFAIL: *
 
-// Known issue: with a dynamic shape in the body, the error lands on the last op of a dynamic type
+// Regression (fixed): with a dynamic shape in the body, the error lands on the last op of a dynamic type
 // instead of the first.
 //
 // A dynamic shape inside the body (here from a dynamic_broadcast_in_dim, as shape-polymorphic

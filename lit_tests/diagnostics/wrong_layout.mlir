@@ -18,6 +18,7 @@
 sdy.mesh @mesh = <["dp"=2, "tp"=2]>
 
 func.func @ref(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
+  // expected-note @+1 {{corresponds to the reference op stablehlo.tanh}}
   %0 = stablehlo.tanh %x : tensor<8x16xf32>
   return %0 : tensor<8x16xf32>
 }

@@ -61,7 +61,7 @@ func.func @partial_table(%t: tensor<16x8xf32>, %u: tensor<8x8xf32>, %i: tensor<8
 sdy.mesh @mesh = <["tp"=4]>
 
 func.func @ref(%t: tensor<16x8xf32>, %i: tensor<8x1xi32>) -> tensor<8x8xf32> {
-  // expected-note @+1 {{corresponds to the reference op stablehlo.gather (stablehlo.gather), which computes gather(%arg0, %arg1)}}
+  // expected-note @+1 {{corresponds to the reference op stablehlo.gather, which computes gather(%arg0, %arg1)}}
   %0 = "stablehlo.gather"(%t, %i) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = array<i64: 1, 8>}> : (tensor<16x8xf32>, tensor<8x1xi32>) -> tensor<8x8xf32>
   return %0 : tensor<8x8xf32>
 }
@@ -84,6 +84,7 @@ func.func @refused(%t: tensor<16x8xf32>, %i: tensor<8x1xi32>) -> tensor<8x8xf32>
 sdy.mesh @mesh = <["tp"=4]>
 
 func.func @ref(%t: tensor<16x8xf32>, %i: tensor<8x1xi32>) -> tensor<8x8xf32> {
+  // expected-note @+1 {{corresponds to the reference op stablehlo.gather}}
   %0 = "stablehlo.gather"(%t, %i) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = array<i64: 1, 8>}> : (tensor<16x8xf32>, tensor<8x1xi32>) -> tensor<8x8xf32>
   return %0 : tensor<8x8xf32>
 }

@@ -78,7 +78,7 @@ func.func @tokens(%i: tensor<6x1xi32>, %u: tensor<6x8xf32>) -> tensor<16x8xf32> 
 sdy.mesh @mesh = <["tp"=4]>
 
 func.func @ref(%x: tensor<16x8xf32>, %i: tensor<6x1xi32>, %u: tensor<6x8xf32>) -> tensor<16x8xf32> {
-  // expected-note @+1 {{corresponds to the reference op stablehlo.scatter (stablehlo.scatter), which computes scatter(%arg0, %arg1, %arg2)}}
+  // expected-note @+1 {{corresponds to the reference op stablehlo.scatter, which computes scatter(%arg0, %arg1, %arg2)}}
   %0 = "stablehlo.scatter"(%x, %i, %u) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false}> ({
   ^bb0(%a: tensor<f32>, %b: tensor<f32>):
     stablehlo.return %b : tensor<f32>
