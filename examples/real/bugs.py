@@ -97,6 +97,14 @@ def norm_counts_replicated(grads: dict, defs: list[ParamDef], par: Par) -> Array
     return jnp.sqrt(lax.psum(sum(jnp.sum(jnp.square(g)) for g in grads.values()), par.tp))  # BUG
 
 
+def norm_local_shards_only(grads: dict, defs: list[ParamDef], par: Par) -> Array:
+    """Global grad norm from each rank's own shards: the split parameters' squares never psum'd."""
+    total = jnp.float32(0.0)
+    for g in grads.values():
+        total = total + jnp.sum(jnp.square(g))  # BUG
+    return jnp.sqrt(total)
+
+
 def _with_sync(sync):
     return functools.partial(train.loss_and_grads, sync=sync)
 
@@ -156,6 +164,40 @@ def attention_rope_restarts(p: dict, x: Array, cfg: Config, par: Par) -> Array:
     rope_pos = jnp.arange(s)  # BUG
     q, k = rope(q, rope_pos, cfg.rope_theta), rope(k, rope_pos, cfg.rope_theta)
     a = context_attention(q, k, v, positions(par, s), par).reshape(b, s, -1)
+    return exit_tp(a @ p["wo"], par)
+
+
+def attention_missing_copy_to_tp(p: dict, x: Array, cfg: Config, par: Par) -> Array:
+    """Megatron TP without `f` before the column-parallel q/k/v: the gradient of the block's
+    input is each rank's partial sum over its own heads, never all-reduced."""
+    b = x.shape[0]
+    h = rms_norm(x, p["attn_norm"])
+    s = h.shape[1]
+    q, k, v = h @ p["wq"], h @ p["wk"], h @ p["wv"]  # BUG
+    q = q.reshape(b, s, -1, cfg.head_dim)
+    k = k.reshape(b, s, -1, cfg.head_dim)
+    v = v.reshape(b, s, -1, cfg.head_dim)
+    pos = positions(par, s)
+    q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
+    a = context_attention(q, k, v, pos, par).reshape(b, s, -1)
+    return exit_tp(a @ p["wo"], par)
+
+
+def attention_gqa_tile(p: dict, x: Array, cfg: Config, par: Par) -> Array:
+    """Grouped-query attention sharing kv heads by `tile` (q head i -> kv head i % kv) where
+    the checkpoint groups them by `repeat` (i -> i // group); invisible without TP only when
+    there is one kv head."""
+    b = x.shape[0]
+    h = enter_tp(rms_norm(x, p["attn_norm"]), par)
+    s = h.shape[1]
+    q = (h @ p["wq"]).reshape(b, s, -1, cfg.head_dim)
+    k = (h @ p["wk"]).reshape(b, s, -1, cfg.head_dim)
+    v = (h @ p["wv"]).reshape(b, s, -1, cfg.head_dim)
+    pos = positions(par, s)
+    q, k = rope(q, pos, cfg.rope_theta), rope(k, pos, cfg.rope_theta)
+    group = q.shape[2] // k.shape[2]
+    k, v = jnp.tile(k, (1, 1, group, 1)), jnp.tile(v, (1, 1, group, 1))  # BUG
+    a = context_attention(q, k, v, pos, par).reshape(b, s, -1)
     return exit_tp(a @ p["wo"], par)
 
 
@@ -301,6 +343,18 @@ def buggy_programs() -> list[Example]:
              _stack_with(llama, _llama_block(attention_rope_restarts)),
              "Context parallel: RoPE positions restart at 0 on every sequence shard",
              attention_rope_restarts),
+        twin(by_name("llama3_stack_sgd_tp4"), "missing_copy_to_tp",
+             _stack_with(llama, _llama_block(attention_missing_copy_to_tp)),
+             "Megatron TP: no all-reduce of the gradient of the column-parallel input (f)",
+             attention_missing_copy_to_tp),
+        twin(by_name("llama3_stack_tp4"), "gqa_heads_tiled",
+             _stack_with(llama, _llama_block(attention_gqa_tile)),
+             "GQA under TP: kv heads shared by tile instead of repeat (wrong head grouping)",
+             attention_gqa_tile),
+        twin(by_name("llama3_stack_sgd_clip_tp4"), "grad_norm_local_shards",
+             Variant(llama, clip=functools.partial(train.clip, norm=norm_local_shards_only)),
+             "Gradient clipping by the norm of each rank's own shards (no psum over tp)",
+             norm_local_shards_only),
         twin(by_name("llama3qkn_stack_tp4"), "qk_norm_local_heads",
              _stack_with(llama, _llama_block(attention_qk_norm_local)),
              "QK-norm over the local heads only", attention_qk_norm_local),

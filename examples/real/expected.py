@@ -197,11 +197,11 @@ MISLOCATED: dict[str, str] = {
     'llama3_stack_sgd_native_grads_reduced_twice_dp4':
         "local mean under data parallelism (1/N_local cotangent; the pmean's 1/n is not factored through the gradient's products): flagged at examples/real/programs.py:139:38, not at the BUG line examples/real/bugs.py:91: multiply computes (1/1024*%arg9 + 1/1024*dot_general(reshape(...), reshape(...)) + 1/1024*dot_general((... * ... * .....",
     'llama3_stack_rope_positions_restart_cp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): flagged at examples/real/models/par.py:234:11, not at the BUG line examples/real/bugs.py:156: device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): flagged at examples/real/models/par.py:234:11, not at the BUG line examples/real/bugs.py:164: device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'llama3_stack_ring_ring_wrong_direction_cp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): flagged at examples/real/models/par.py:234:11, not at the BUG line examples/real/bugs.py:206: device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): flagged at examples/real/models/par.py:234:11, not at the BUG line examples/real/bugs.py:248: device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'gpt2_fwd_sp_embedding_reduce_scatter_then_all_reduce_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): flagged at examples/real/models/layers.py:136:15, not at the BUG line examples/real/bugs.py:237: in the reference: reduce with a 'and' reducer is not supported",
+        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): flagged at examples/real/models/layers.py:136:15, not at the BUG line examples/real/bugs.py:279: in the reference: reduce with a 'and' reducer is not supported",
     'llama3_masked_accum_sgd_per_microbatch_dp2':
         "micro-batching the local batch (static slice of a dp-split dim): flagged at examples/real/accum.py:110:21, not at the BUG line examples/real/accum.py:113: slice of dim 0, which is split over 'dp': each device slices its own block, not the global tensor",
 }
