@@ -11,75 +11,75 @@ NOT_PROVEN: dict[str, str] = {
     'gpt2_stack_sgd_dp2_tp4':
         "local mean under data parallelism (1/N_local cotangent; the pmean's 1/n is not factored through the gradient's products): multiply computes (1/2048*%arg16 + 1/2048*dot_general(reshape(...), reshape(...)) + 1/2048*broadcast(reshape(...)) + 1/2048*dot_general((... * ...), reshape(...)) + 1/...",
     'gpt2_fwd_tp2':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'gpt2_adamw_tp2':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'gpt2_fwd_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'gpt2_adamw_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'gpt2_fwd_tp8':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'gpt2_adamw_tp8':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'gpt2_fwd_dp2_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'gpt2_adamw_dp2_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'gpt2_stack_sgd_scan_tp4':
         "lax.scan backward (stacked gradients by dynamic_update_slice in stablehlo.while): select: operands are laid out differently along dim 1 (not split vs split over 'tp')",
     'gpt2_fwd_scan_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'gpt2_sgd_scan_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'llama3_fwd_tp2':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'llama3_adamw_tp2':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'llama3_fwd_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'llama3_adamw_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'llama3_fwd_tp8':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'llama3_adamw_tp8':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'llama3_fwd_dp2_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'llama3_adamw_dp2_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'llama3_stack_sgd_scan_tp4':
         "lax.scan backward (stacked gradients by dynamic_update_slice in stablehlo.while): select: operands are laid out differently along dim 1 (not split vs split over 'tp')",
     'llama3_fwd_scan_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'llama3_sgd_scan_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'qwen2_stack_sgd_tp8':
         "a split dim of local size 1 (one sequence, head or kv head per device): jax's transpose of broadcast_in_dim / repeat reduces it as a unit dim: dot_general: operands are laid out differently along dim 0 (not split vs split over 'tp')",
     'qwen2_stack_sgd_dp2_tp4':
         "local mean under data parallelism (1/N_local cotangent; the pmean's 1/n is not factored through the gradient's products): multiply computes (1/2048*%arg12 + 1/2048*dot_general(reshape(...), reshape(...)) + 1/2048*dot_general((... * ... * ...), reshape(...)) + 1/2048*dot_general(reshape(.....",
     'qwen2_fwd_tp2':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'qwen2_adamw_tp2':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'qwen2_fwd_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'qwen2_adamw_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'qwen2_fwd_tp8':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'qwen2_adamw_tp8':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'qwen2_fwd_dp2_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'qwen2_adamw_dp2_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'qwen2_stack_sgd_scan_tp4':
         "lax.scan backward (stacked gradients by dynamic_update_slice in stablehlo.while): select: operands are laid out differently along dim 1 (not split vs split over 'tp')",
     'qwen2_fwd_scan_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'qwen2_sgd_scan_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'moe_stack_tp2':
         'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_stack_sgd_tp2':
@@ -97,45 +97,43 @@ NOT_PROVEN: dict[str, str] = {
     'moe_stack_sgd_dp2_tp4':
         'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_fwd_tp2':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_adamw_tp2':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_fwd_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_adamw_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_fwd_tp8':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_adamw_tp8':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_fwd_dp2_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_adamw_dp2_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_stack_scan_tp4':
         'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_stack_sgd_scan_tp4':
         'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_fwd_scan_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_sgd_scan_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
-    'gpt2_fwd_replhead_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'gpt2_loss_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'gpt2_fwd_sp_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'gpt2_adamw_sp_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'gpt2_stack_sgd_dp4':
         "local mean under data parallelism (1/N_local cotangent; the pmean's 1/n is not factored through the gradient's products): multiply computes (1/1024*%arg16 + 1/1024*dot_general(reshape(...), reshape(...)) + 1/1024*broadcast(reshape(...)) + 1/1024*dot_general((... * ...), reshape(...)) + 1/...",
     'gpt2_sgd_dp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'llama3_stack_sgd_fsdp4':
         "local mean under data parallelism (1/N_local cotangent; the pmean's 1/n is not factored through the gradient's products): multiply computes (1/1024*%arg9 + 1/1024*dot_general(reshape(...), reshape(...)) + 1/1024*dot_general((... * ... * ...), reshape(...)) + 1/1024*dot_general(reshape(......",
     'llama3_adamw_fsdp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'llama3_stack_cp4':
         'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'llama3_stack_sgd_cp4':
@@ -151,19 +149,19 @@ NOT_PROVEN: dict[str, str] = {
     'llama3_stack_sgd_dp2_tp2_sp2':
         'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'llama3_fwd_replhead_dp2_tp2_sp2':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'moe_stack_ep4':
         'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_stack_sgd_ep4':
         'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_adamw_ep4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_stack_sgd_ep2_tp2':
         'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_stack_sgd_sp_tp4':
         'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'llama3_sgd_native_dp2_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): in the reference: reduce with a 'and' reducer is not supported",
+        'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'llama3_stack_sgd_dp2_tp4':
         "local mean under data parallelism (1/N_local cotangent; the pmean's 1/n is not factored through the gradient's products): multiply computes (1/2048*%arg9 + 1/2048*dot_general(reshape(...), reshape(...)) + 1/2048*dot_general((... * ... * ...), reshape(...)) + 1/2048*dot_general(reshape(......",
     'gpt2_stack_sgd_b1_dp4':
@@ -201,7 +199,7 @@ MISLOCATED: dict[str, str] = {
     'llama3_stack_ring_ring_wrong_direction_cp4':
         'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): flagged at examples/real/models/par.py:234:11, not at the BUG line examples/real/bugs.py:248: device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'gpt2_fwd_sp_embedding_reduce_scatter_then_all_reduce_tp4':
-        "jnp.take / take_along_axis bounds check (reduce with an `and` reducer): flagged at examples/real/models/layers.py:136:15, not at the BUG line examples/real/bugs.py:279: in the reference: reduce with a 'and' reducer is not supported",
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): flagged at examples/real/bugs.py:276:15, not at the BUG line examples/real/bugs.py:279: device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'llama3_masked_accum_sgd_per_microbatch_dp2':
         "micro-batching the local batch (static slice of a dp-split dim): flagged at examples/real/accum.py:110:21, not at the BUG line examples/real/accum.py:113: slice of dim 0, which is split over 'dp': each device slices its own block, not the global tensor",
 }

@@ -112,10 +112,10 @@ def tricky_programs() -> list[Example]:
         custom("linear_w_transposed_row_split", four, row_split_transposed_ref,
                row_split_transposed, args_lin, P(None, None, TP),
                "x @ W.T with W (out, in) split on dim 0 (PyTorch layout, column-parallel)",
-               style="tp", task="fwd"),
+               model="linear", style="tp", task="fwd"),
         custom("psum_as_all_gather_sum", four, psum_by_gather_ref, psum_by_gather, args_row, P(),
-               "Row-parallel matmul reduced by all_gather on a new axis + sum", style="tp",
-               task="fwd"),
+               "Row-parallel matmul reduced by all_gather on a new axis + sum", model="linear",
+               style="tp", task="fwd"),
     ]
     out = [_mark_tricky(e) for e in out]
     from .ce import ce_programs
