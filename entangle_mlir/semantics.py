@@ -73,6 +73,7 @@ def is_float_dtype(dtype: str) -> bool:
 
 # ----- element helpers ----------------------------------------------------------------------
 
+_NAN = z3.Real("NaN")  # an unknown but fixed value: NaN fill constants are data, not math
 _POS_INF = z3.Real("+oo")
 _NEG_INF = z3.Real("-oo")
 
@@ -157,7 +158,7 @@ def to_z3(x: Element) -> z3.ExprRef:
         if math.isinf(x):
             return _POS_INF if x > 0 else _NEG_INF
         if math.isnan(x):
-            raise SemanticsError("NaN has no exact real semantics")
+            return _NAN
         x = Fraction(x)
     if isinstance(x, Fraction):
         return z3.Q(x.numerator, x.denominator)
@@ -378,6 +379,8 @@ def equal(a: Element, b: Element) -> Element:
     """Equality used by claims: booleans compare as 0/1 against numbers."""
     a, b = _exact(a), _exact(b)
     if not is_z3(a) and not is_z3(b):
+        if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+            return True  # the same fill value on both sides (NaN is data here, not math)
         return _pynum(a) == _pynum(b)
     za, zb = to_z3(a), to_z3(b)
     if isinstance(za, z3.BoolRef) != isinstance(zb, z3.BoolRef):
@@ -1427,7 +1430,7 @@ def _evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
         return reshape(args[0], shape)
     if op == "transpose":
         return transpose(args[0], attrs[0])
-    if op in ("reduce_sum", "reduce_max", "reduce_min"):
+    if op in ("reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or"):
         return reduce_dims(args[0], attrs[0], op.split("_")[1])
     if op == "slice":
         starts, limits, strides = attrs
@@ -1458,7 +1461,7 @@ def _evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
 
 
 TERM_OPS = ("arg", "splat", "dense", "iota", "lin", "mul", "div", "broadcast", "reshape",
-            "transpose", "reduce_sum", "reduce_max", "reduce_min", "slice", "concatenate", "pad",
+            "transpose", "reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or", "slice", "concatenate", "pad",
             "dynamic_slice", "stablehlo.dot_general", *_INDEXED_TERM_OPS, *_OPAQUE_LEAVES,
             *ELEMENTWISE)
 """Every term op `evaluate_term` knows (for the coverage test against the rules)."""

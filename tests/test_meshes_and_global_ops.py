@@ -182,3 +182,23 @@ def test_scan_over_layers_is_a_loop_fixpoint(body, correct) -> None:
     if not correct:
         assert "missing all_reduce/psum inside the loop" in report.diagnostics[0].message
         assert report.diagnostics[0].loc.line == _scan_body_missing_psum.__code__.co_firstlineno + 3
+
+
+def _take_ref(w, t):
+    return jnp.take(w, t, axis=0) * 2.0
+
+
+def test_take_with_bounds_check_and_nan_fill_is_proven() -> None:
+    """jnp.take's default mode checks bounds with a reduce over `and` and fills with NaN."""
+    sharded = jax.jit(jax.shard_map(_take_ref, mesh=MESH, in_specs=(P(None, "tp"), P()),
+                                    out_specs=P(None, "tp")))
+    avals = [jax.ShapeDtypeStruct((16, 8), jnp.float32,
+                                  sharding=NamedSharding(MESH, P(None, "tp"))),
+             jax.ShapeDtypeStruct((8,), jnp.int32, sharding=NamedSharding(MESH, P()))]
+    rng = np.random.default_rng(0)
+    w = jax.device_put(rng.standard_normal((16, 8)).astype(np.float32), avals[0].sharding)
+    t = jax.device_put(rng.integers(0, 16, 8).astype(np.int32), avals[1].sharding)
+    assert np.allclose(np.asarray(jax.jit(_take_ref)(w, t)), np.asarray(sharded(w, t)))
+    report = check(_take_ref, sharded, *avals)
+    assert report.proven, report.render_text()
+    assert "0 refuted, 0 inconclusive" in report.mode

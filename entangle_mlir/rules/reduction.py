@@ -22,6 +22,8 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
                        category="unsupported")] * len(info.result_types)
     x, init = operands
     reducer = info.attrs.get("reducer", "other")
+    if reducer in _LOGICAL:
+        return [_logical_reduce(info, x, init, reducer)]
     if reducer not in _KIND:
         return [Opaque(f"reduce with a '{reducer}' reducer is not supported",
                        category="unsupported")]
@@ -56,6 +58,33 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     origin = x.partial_origin if x.partial else (info if new_axes else None)
     return [Rel(term, tiling, partial, kind if partial else "", frozenset(), x.scope,
                 partial_origin=origin)]
+
+
+_LOGICAL = {"and": (1, "stablehlo.and"), "or": (0, "stablehlo.or")}
+
+
+def _logical_reduce(info: OpInfo, x: Value, init: Value, reducer: str) -> Value:
+    """all/any over dims that are not split (jax's index bounds checks before a gather):
+    every device reduces whole dims, so the layout of the other dims carries over."""
+    if not isinstance(x, Rel) or not isinstance(init, Rel):
+        return Opaque("reduce of a device-dependent scalar", category="unsupported")
+    x = freeze(x)
+    dims = tuple(info.attrs["dimensions"])
+    split = [d for d in dims if x.tiling[d]]
+    if split or x.partial:
+        return Opaque(f"reduce ({reducer}) over a split dim or of a partial value is not "
+                      "supported yet", category="unsupported")
+    init_value = splat_value(init.term)
+    if init_value is None:
+        return Opaque("reduce with a non-constant init value", category="unsupported")
+    identity, combine = _LOGICAL[reducer]
+    shape = tuple(s for d, s in enumerate(x.term.shape) if d not in dims)
+    tiling = tuple(t for d, t in enumerate(x.tiling) if d not in dims)
+    dtype = info.result_types[0].dtype
+    term = intern(f"reduce_{reducer}", (x.term,), (dims,), shape, dtype)
+    if init_value != identity:
+        term = make_elementwise(combine, (term, make_splat(init_value, shape, dtype)))
+    return Rel(term, tiling, (), "", frozenset(), x.scope)
 
 
 REDUCTION_RULES = {

@@ -170,3 +170,4 @@ func.func @max_of_partial_sum(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> ten
   } : (tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<8xf32>
   return %0 : tensor<8xf32>
 }
+
