@@ -11,47 +11,47 @@ NOT_PROVEN: dict[str, str] = {
     'gpt2_stack_sgd_dp2_tp4':
         "local mean under data parallelism (1/N_local cotangent; the pmean's 1/n is not factored through the gradient's products): multiply computes (1/2048*%arg16 + 1/2048*dot_general(reshape(...), reshape(...)) + 1/2048*broadcast(reshape(...)) + 1/2048*dot_general((... * ...), reshape(...)) + 1/...",
     'gpt2_fwd_tp2':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'gpt2_adamw_tp2':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'gpt2_fwd_tp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'gpt2_adamw_tp4':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'gpt2_fwd_tp8':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'gpt2_adamw_tp8':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'gpt2_fwd_dp2_tp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'gpt2_adamw_dp2_tp4':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'gpt2_stack_sgd_scan_tp4':
         "lax.scan backward (stacked gradients by dynamic_update_slice in stablehlo.while): select: operands are laid out differently along dim 1 (not split vs split over 'tp')",
     'gpt2_fwd_scan_tp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'gpt2_sgd_scan_tp4':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'llama3_fwd_tp2':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'llama3_adamw_tp2':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'llama3_fwd_tp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'llama3_adamw_tp4':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'llama3_fwd_tp8':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'llama3_adamw_tp8':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'llama3_fwd_dp2_tp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'llama3_adamw_dp2_tp4':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'llama3_stack_sgd_scan_tp4':
         "lax.scan backward (stacked gradients by dynamic_update_slice in stablehlo.while): select: operands are laid out differently along dim 1 (not split vs split over 'tp')",
     'llama3_fwd_scan_tp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'llama3_sgd_scan_tp4':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'qwen2_stack_sgd_tp8':
@@ -59,25 +59,25 @@ NOT_PROVEN: dict[str, str] = {
     'qwen2_stack_sgd_dp2_tp4':
         "local mean under data parallelism (1/N_local cotangent; the pmean's 1/n is not factored through the gradient's products): multiply computes (1/2048*%arg12 + 1/2048*dot_general(reshape(...), reshape(...)) + 1/2048*dot_general((... * ... * ...), reshape(...)) + 1/2048*dot_general(reshape(.....",
     'qwen2_fwd_tp2':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'qwen2_adamw_tp2':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'qwen2_fwd_tp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'qwen2_adamw_tp4':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'qwen2_fwd_tp8':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'qwen2_adamw_tp8':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'qwen2_fwd_dp2_tp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'qwen2_adamw_dp2_tp4':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'qwen2_stack_sgd_scan_tp4':
         "lax.scan backward (stacked gradients by dynamic_update_slice in stablehlo.while): select: operands are laid out differently along dim 1 (not split vs split over 'tp')",
     'qwen2_fwd_scan_tp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'qwen2_sgd_scan_tp4':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'moe_stack_tp2':
@@ -123,7 +123,7 @@ NOT_PROVEN: dict[str, str] = {
     'gpt2_loss_tp4':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'gpt2_fwd_sp_tp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'gpt2_adamw_sp_tp4':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
     'gpt2_stack_sgd_dp4':
@@ -134,22 +134,16 @@ NOT_PROVEN: dict[str, str] = {
         "local mean under data parallelism (1/N_local cotangent; the pmean's 1/n is not factored through the gradient's products): multiply computes (1/1024*%arg9 + 1/1024*dot_general(reshape(...), reshape(...)) + 1/1024*dot_general((... * ... * ...), reshape(...)) + 1/1024*dot_general(reshape(......",
     'llama3_adamw_fsdp4':
         'take_along_axis (gather with batching dims): in the reference: gather with batching dims is not supported yet',
-    'llama3_stack_cp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
     'llama3_stack_sgd_cp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        "local mean under data parallelism (1/N_local cotangent; the pmean's 1/n is not factored through the gradient's products): multiply computes (1/1024*%arg9 + 1/1024*dot_general(reshape(...), reshape(...)) + 1/1024*dot_general((... * ... * ...), reshape(...)) + 1/1024*dot_general(reshape(......",
     'llama3_stack_ring_cp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): stablehlo.remainder mixes a device-dependent integer with a non-constant value',
     'llama3_stack_ringloop_cp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): a device-dependent integer carried through a loop is not supported yet',
     'gpt2_stack_sgd_ring_cp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
-    'gpt2_stack_dp2_tp2_sp2':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): stablehlo.remainder mixes a device-dependent integer with a non-constant value',
     'llama3_stack_sgd_dp2_tp2_sp2':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
-    'llama3_fwd_replhead_dp2_tp2_sp2':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        "local mean under data parallelism (1/N_local cotangent; the pmean's 1/n is not factored through the gradient's products): multiply computes (1/1024*%arg9 + 1/1024*dot_general(reshape(...), reshape(...)) + 1/1024*dot_general((... * ... * ...), reshape(...)) + 1/1024*dot_general(reshape(......",
     'moe_stack_ep4':
         'chlo.top_k (MoE router): in the reference: unsupported op chlo.top_k',
     'moe_stack_sgd_ep4':
@@ -189,17 +183,17 @@ MISLOCATED: dict[str, str] = {
     'llama3_stack_sgd_grads_scaled_by_world_size_dp2_tp4':
         "local mean under data parallelism (1/N_local cotangent; the pmean's 1/n is not factored through the gradient's products): flagged at examples/real/programs.py:139:38, not at the BUG line examples/real/bugs.py:67: multiply computes (1/2048*%arg9 + 1/2048*dot_general(reshape(...), reshape(...)) + 1/2048*dot_general((... * ... * .....",
     'llama3_stack_sgd_grads_summed_over_sp_dp2_tp2_sp2':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): flagged at examples/real/models/par.py:234:11, not at the BUG line examples/real/bugs.py:73: device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        "local mean under data parallelism (1/N_local cotangent; the pmean's 1/n is not factored through the gradient's products): flagged at examples/real/programs.py:139:38, not at the BUG line examples/real/bugs.py:73: multiply computes (1/1024*%arg9 + 1/1024*dot_general(reshape(...), reshape(...)) + 1/1024*dot_general((... * ... * .....",
     'moe_stack_sgd_expert_grads_averaged_over_ep_ep4':
         'chlo.top_k (MoE router): flagged at examples/real/models/moe.py:48:24, not at the BUG line examples/real/bugs.py:78: in the reference: unsupported op chlo.top_k',
     'llama3_stack_sgd_native_grads_reduced_twice_dp4':
         "local mean under data parallelism (1/N_local cotangent; the pmean's 1/n is not factored through the gradient's products): flagged at examples/real/programs.py:139:38, not at the BUG line examples/real/bugs.py:91: multiply computes (1/1024*%arg9 + 1/1024*dot_general(reshape(...), reshape(...)) + 1/1024*dot_general((... * ... * .....",
     'llama3_stack_rope_positions_restart_cp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): flagged at examples/real/models/par.py:234:11, not at the BUG line examples/real/bugs.py:164: device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        "axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): flagged at examples/real/models/layers.py:54:28, not at the BUG line examples/real/bugs.py:164: multiply: operands are laid out differently along dim 1 (split over 'cp' vs not split)",
     'llama3_stack_ring_ring_wrong_direction_cp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): flagged at examples/real/models/par.py:234:11, not at the BUG line examples/real/bugs.py:248: device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): flagged at examples/real/bugs.py:236:14, not at the BUG line examples/real/bugs.py:248: stablehlo.remainder mixes a device-dependent integer with a non-constant value',
     'gpt2_fwd_sp_embedding_reduce_scatter_then_all_reduce_tp4':
-        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): flagged at examples/real/bugs.py:276:15, not at the BUG line examples/real/bugs.py:279: device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)',
+        'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): flagged at examples/real/bugs.py:276:15, not at the BUG line examples/real/bugs.py:279: device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'llama3_masked_accum_sgd_per_microbatch_dp2':
         "micro-batching the local batch (static slice of a dp-split dim): flagged at examples/real/accum.py:110:21, not at the BUG line examples/real/accum.py:113: slice of dim 0, which is split over 'dp': each device slices its own block, not the global tensor",
 }

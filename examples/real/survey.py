@@ -54,7 +54,9 @@ CAUSES: list[tuple[str, str, str]] = [
      "reducer)"), r"reduce with a 'and' reducer"),
     ("device_offset_tensor", ("axis_index offsets broadcast into tensors (vocab-parallel mask, "
      "sequence positions)"), (r"device-dependent scalar broadcast|remainder mixes a "
-     r"device-dependent")),
+     r"device-dependent|device-dependent offset tensor used by|device-dependent integer "
+     r"carried through a loop|broadcast_in_dim computes broadcast\(iota|split over 'cp' vs not "
+     r"split")),
     ("gather_batching_dims", "take_along_axis (gather with batching dims)",
      r"gather with batching dims"),
     ("scatter_batching_dims", "take_along_axis gradient (scatter with batching dims)",
