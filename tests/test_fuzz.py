@@ -101,7 +101,7 @@ def test_every_program_has_mutations() -> None:
         assert program_mutations(generate_seed(seed)), seed
 
 
-@settings(max_examples=12, deadline=None, derandomize=True,
+@settings(max_examples=12, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(mutants())
 def test_hypothesis_proven_implies_equal(prog) -> None:
