@@ -13,13 +13,14 @@ from jaxlib.mlir.dialects import sdy
 
 from .diagnostics import InputError, SourceLoc
 from .ir import op_location
-from .layout import GLOBAL, DeviceScalar, Opaque, Rel, Value
+from .layout import GLOBAL, DeviceScalar, Opaque, Rel, Shifted, Value
 from .mesh import Mesh, axes_str
 from .opinfo import OpInfo, describe
 from .per_device import (device_count, is_per_device, layout_of, parameter_shardings,
                          result_shardings, synthesize_mesh)
 from .program import mesh_from_attr, read_meshes
 from .rules import RULES, RuleContext
+from .rules.elementwise import ELEMENTWISE_RULES
 from .rules.common import check_local_shapes, resize
 from .rules.common import freeze
 from .terms import Term, intern, make_arg, make_loopvar, make_splat, splat_value
@@ -190,6 +191,9 @@ class Walker:
         elif info.name not in RULES:
             outputs = [Opaque(f"unsupported op {info.name}", category="unsupported")
                        ] * len(op.results)
+        elif any(isinstance(v, Shifted) for v in inputs) and info.name not in SHIFT_AWARE:
+            outputs = [Opaque(f"device-dependent offset tensor used by {info.name} (not "
+                              "supported yet)", category="unsupported")] * len(op.results)
         elif op.regions and info.name not in REGION_RULE_OPS:
             outputs = [Opaque(f"unsupported op {info.name} (with regions)",
                               category="unsupported")] * len(op.results)
@@ -233,7 +237,7 @@ class Walker:
         opaque = next((v for v in inits if isinstance(v, Opaque)), None)
         if opaque is not None:
             return [opaque] * count
-        if any(isinstance(v, DeviceScalar) for v in inits):
+        if any(isinstance(v, (DeviceScalar, Shifted)) for v in inits):
             return [Opaque("a device-dependent integer carried through a loop is not "
                            "supported yet", origin=(record, None), category="unsupported")] * count
         depth = self.loop_depth = getattr(self, "loop_depth", 0) + 1
@@ -431,6 +435,9 @@ class Walker:
     def _leave(self, value: Value, tiling, mesh: Mesh, record: OpRecord, index: int) -> Value:
         if isinstance(value, Opaque):
             return value
+        if isinstance(value, Shifted):
+            return Opaque("shard_map returns a tensor offset by a device-dependent constant "
+                          "(not supported yet)", origin=(record, None), category="unsupported")
         if isinstance(value, DeviceScalar):
             return Opaque("shard_map returns a device-dependent value", origin=(record, None),
                           category="unrelated")
@@ -457,6 +464,8 @@ class Walker:
         return Rel(term, ((),) * len(term.shape), scope=GLOBAL)
 
 
+SHIFT_AWARE = frozenset(ELEMENTWISE_RULES) | {"stablehlo.broadcast_in_dim", "stablehlo.reshape",
+                                              "stablehlo.transpose"}
 REGION_RULE_OPS = ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
                    "stablehlo.scatter", "stablehlo.sort", "stablehlo.reduce_window",
                    "stablehlo.select_and_scatter")

@@ -54,7 +54,7 @@ import numpy as np
 import z3
 
 from . import semantics as S
-from .layout import GLOBAL, DeviceScalar, Opaque, Rel, Value
+from .layout import GLOBAL, DeviceScalar, Opaque, Rel, Shifted, Value
 from .mesh import Mesh
 from .opinfo import OpInfo, TensorType
 from .rules.base import RuleContext
@@ -200,6 +200,11 @@ class InstanceChecker:
               ctx: RuleContext):
         """(info, ins, outs, mode) to check, or a ProofResult when nothing can be checked."""
         size = _instance_size(info, ins, outs)
+        if any(isinstance(v, Shifted) for v in list(ins) + list(outs)):
+            if size > self.max_elements:
+                return ProofResult("skipped", reason="device-offset tensor too large to check "
+                                   f"at its real shape ({size} elements)")
+            return info, ins, outs, "real"
         abstract = abstract_instance(info, ins, outs, mesh, ctx)
         why_not = "the rule's output is not generic in its input terms"
         if abstract is not None and size > self.reduce_above:
@@ -280,6 +285,8 @@ def _value_key(value: Value) -> tuple:
                 value.scope)
     if isinstance(value, DeviceScalar):
         return ("scalar", value.values, value.shape)
+    if isinstance(value, Shifted):
+        return ("shifted", _value_key(value.rel), value.offsets)
     return ("opaque",)
 
 
@@ -1004,6 +1011,11 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
             for d in range(devices):
                 local[d][i] = S.full(tuple(value.shape), value.values[d] if not single
                                      else value.values[0])
+        elif isinstance(value, Shifted) and not value.rel.partial and not single:
+            full = S.evaluate_term(value.rel.term, env, memo)
+            for d in range(devices):
+                block = _block(full, value.rel, mesh, d, single)
+                local[d][i] = S.apply(lambda x, o=value.offsets[d]: S.add(x, o), block)
         else:
             for d in range(devices):
                 local[d][i] = source.tensor(f"o{i}.d{d}", want or (), dtype)
@@ -1026,6 +1038,19 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                                    f"scalar {value.shape}")
                 expect = value.values[d] if not single else value.values[0]
                 claims.extend(S.equal(x, expect) for x in got.reshape(-1))
+            continue
+        if isinstance(value, Shifted):
+            if value.rel.partial or single:
+                raise _Failure("unknown", "a shifted partial value cannot be checked")
+            full = S.evaluate_term(value.rel.term, env, memo)
+            for d in range(devices):
+                block = _block(full, value.rel, mesh, d, single)
+                expect = S.apply(lambda x, o=value.offsets[d]: S.add(x, o), block)
+                if tuple(results[d][j].shape) != tuple(expect.shape):
+                    raise _Failure("refuted", f"result {j} has local shape "
+                                   f"{results[d][j].shape} on device {d}")
+                claims.extend(S.equal(x, y) for x, y in zip(results[d][j].reshape(-1),
+                                                            expect.reshape(-1)))
             continue
         full = S.evaluate_term(value.term, env, memo)
         for group in _partial_groups(value, mesh, single):

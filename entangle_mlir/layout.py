@@ -83,6 +83,22 @@ class DeviceScalar:
 
 
 @dataclass(frozen=True)
+class Shifted:
+    """A tensor that is `rel` plus a device-dependent constant: on device d the local value is
+    local(rel) + offsets[d] (jax's `axis_index(...) * n` broadcast into a tensor). Added to an
+    iota whose blocks it offsets, it becomes a split global iota (positions of a sequence shard,
+    vocab ranges)."""
+
+    rel: Rel
+    offsets: tuple
+
+    def describe(self) -> str:
+        shown = ", ".join(str(o) for o in self.offsets[:16])
+        more = ", ..." if len(self.offsets) > 16 else ""
+        return f"{self.rel.describe()} + device offsets [{shown}{more}]"
+
+
+@dataclass(frozen=True)
 class Opaque:
     """The relation to the reference is lost: `reason` in a training engineer's words."""
 
@@ -94,7 +110,7 @@ class Opaque:
         return f"opaque: {self.reason}"
 
 
-Value = Rel | DeviceScalar | Opaque
+Value = Rel | DeviceScalar | Shifted | Opaque
 
 
 def layout_words(rel: Rel) -> str:

@@ -101,7 +101,12 @@ def make_loopvar(depth: int, index: int, shape: tuple[int, ...], dtype: str) -> 
 
 
 def make_iota(shape: tuple[int, ...], dim: int, dtype: str) -> Term:
-    return intern("iota", (), (dim,), tuple(shape), dtype)
+    """An iota; a multi-dim one is the broadcast of the 1-D iota (one normal form for
+    `broadcasted_iota` and `arange(...)[None, :]`)."""
+    shape = tuple(shape)
+    if len(shape) == 1:
+        return intern("iota", (), (0,), shape, dtype)
+    return make_broadcast(make_iota((shape[dim],), 0, dtype), (dim,), shape)
 
 
 def splat_value(term: Term) -> Scalar | None:
@@ -493,6 +498,8 @@ def pretty(term: Term, depth: int = 6, names: dict[int, str] | None = None) -> s
         return _fmt_scalar(term.attrs[0])
     if term.op == "iota":
         return f"iota(dim {term.attrs[0]})"
+    if term.op == "broadcast" and term.args[0].op == "iota" and len(term.args[0].shape) == 1:
+        return f"iota(dim {term.attrs[0][0]})"
     if term.op == "loopvar":
         return f"%loop{term.attrs[0]}.{term.attrs[1]}"
     if term.op == "while_result":

@@ -202,3 +202,63 @@ def test_take_with_bounds_check_and_nan_fill_is_proven() -> None:
     report = check(_take_ref, sharded, *avals)
     assert report.proven, report.render_text()
     assert "0 refuted, 0 inconclusive" in report.mode
+
+
+TP4 = jax.make_mesh((4,), ("tp",), axis_types=(AxisType.Auto,))
+
+
+def _positions_ref(x):
+    return x * jnp.arange(16)[:, None].astype(x.dtype)
+
+
+def _positions_body(x):
+    s = x.shape[0]
+    pos = lax.axis_index("tp") * s + jnp.arange(s)   # global positions of this sequence shard
+    return x * pos.astype(x.dtype)[:, None]
+
+
+def _positions_restart(x):
+    s = x.shape[0]
+    pos = jnp.arange(s)   # restarts at 0 on every shard
+    return x * pos.astype(x.dtype)[:, None]
+
+
+def _onehot_ref(w, t):
+    return jax.nn.one_hot(t, 16, dtype=w.dtype) @ w
+
+
+def _onehot_body(w, t):
+    vl = w.shape[0]
+    start = lax.axis_index("tp") * vl
+    hit = (t[:, None] - start) == jnp.arange(vl)[None, :]
+    return lax.psum(hit.astype(w.dtype) @ w, "tp")
+
+
+def _onehot_no_offset(w, t):
+    vl = w.shape[0]
+    hit = t[:, None] == jnp.arange(vl)[None, :]   # forgot the shard's vocab offset
+    return lax.psum(hit.astype(w.dtype) @ w, "tp")
+
+
+@pytest.mark.parametrize("ref, body, correct, specs, out, shapes", [
+    (_positions_ref, _positions_body, True, (P("tp"),), P("tp"), ((16, 4),)),
+    (_positions_ref, _positions_restart, False, (P("tp"),), P("tp"), ((16, 4),)),
+    (_onehot_ref, _onehot_body, True, (P("tp"), P()), P(), ((16, 4), (8,))),
+    (_onehot_ref, _onehot_no_offset, False, (P("tp"), P()), P(), ((16, 4), (8,))),
+], ids=["positions", "positions-restart", "vocab-onehot", "vocab-onehot-no-offset"])
+def test_device_offset_tensors(ref, body, correct, specs, out, shapes) -> None:
+    """axis_index * n broadcast into a tensor: shard positions and vocab ranges."""
+    sharded = jax.jit(jax.shard_map(body, mesh=TP4, in_specs=specs, out_specs=out,
+                                    check_vma=False))
+    dtypes = [jnp.float32, jnp.int32]
+    avals = [jax.ShapeDtypeStruct(s, dtypes[i], sharding=NamedSharding(TP4, p))
+             for i, (s, p) in enumerate(zip(shapes, specs))]
+    rng = np.random.default_rng(0)
+    args = [jax.device_put(rng.standard_normal(avals[0].shape).astype(np.float32),
+                           avals[0].sharding)]
+    if len(avals) > 1:
+        args.append(jax.device_put(rng.integers(0, 16, 8).astype(np.int32), avals[1].sharding))
+    diff = float(np.max(np.abs(np.asarray(jax.jit(ref)(*args)) - np.asarray(sharded(*args)))))
+    assert (diff < 1e-4) == correct
+    report = check(ref, sharded, *avals, verify_rules=False)
+    assert report.proven == correct, report.render_text()

@@ -6,16 +6,18 @@ exactly, as a table over all devices.
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import replace
 from fractions import Fraction
 
-from ..layout import DeviceScalar, Opaque, Rel, Value
+from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value
 from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import Term, make_elementwise, scale, splat_value
 from .base import RuleContext
-from .common import is_zero, unify_dims
+from .common import is_zero, splat_rel, unify_dims
+from .shifted import elementwise_shifted
 
 NONLINEAR_HINT = "missing all_reduce/psum before it"
 
@@ -84,6 +86,18 @@ def _device_scalar(info: OpInfo, operands: list[Value], ctx: RuleContext) -> lis
         except ZeroDivisionError:
             return [Opaque(f"{info.name} divides by zero on some device", category="unrelated")]
     return [DeviceScalar(values, rtype.shape)]
+
+
+def _shift_scalar(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    """A device scalar combined with a tensor: the scalar becomes a shifted zero tensor."""
+    rtype = info.result_types[0]
+    converted = [Shifted(splat_rel(0, rtype.shape, v_dtype(v, rtype), ctx), v.values)
+                 if isinstance(v, DeviceScalar) else v for v in operands]
+    return elementwise_shifted(info, converted, ctx, elementwise)
+
+
+def v_dtype(value: DeviceScalar, rtype) -> str:
+    return rtype.dtype
 
 
 def _partial_operands(rels: list[Rel]) -> list[int]:
@@ -165,7 +179,12 @@ def _term_attrs(info: OpInfo) -> tuple:
 
 def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     """Shared layout in, shared layout out; see `_partial_result` for partial sums."""
+    if any(isinstance(v, Shifted) for v in operands):
+        return elementwise_shifted(info, operands, ctx, elementwise)
     if any(isinstance(v, DeviceScalar) for v in operands):
+        if math.prod(info.result_types[0].shape) != 1 and any(
+                isinstance(v, Rel) and splat_value(v.term) is None for v in operands):
+            return _shift_scalar(info, operands, ctx)
         return _device_scalar(info, operands, ctx)
     rels: list[Rel] = list(operands)  # type: ignore[arg-type]
     if not ctx.is_global:

@@ -7,11 +7,12 @@ import hashlib
 import math
 from dataclasses import replace
 
-from ..layout import DeviceScalar, Opaque, Rel, Value
+from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value
 from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import (intern, make_broadcast, make_dense, make_iota, make_op, make_reshape,
                      make_transpose, reshape_groups)
+from . import shifted
 from .base import RuleContext
 from .common import freeze, replicated, splat_rel, unify_dims
 
@@ -41,7 +42,11 @@ def _scalar_passthrough(info: OpInfo, value: DeviceScalar) -> list[Value]:
 def broadcast_in_dim(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     (x,) = operands
     if isinstance(x, DeviceScalar):
+        if math.prod(info.result_types[0].shape) != 1 and not ctx.is_global:
+            return [shifted.from_scalar(info, x, ctx)]
         return _scalar_passthrough(info, x)
+    if isinstance(x, Shifted):
+        return shifted.moved(info, x, broadcast_in_dim, ctx)
     dims = tuple(info.attrs["broadcast_dimensions"])
     local_out = info.result_types[0].shape
     local_in = info.operand_types[0].shape
@@ -64,6 +69,8 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
     (x,) = operands
     if isinstance(x, DeviceScalar):
         return _scalar_passthrough(info, x)
+    if isinstance(x, Shifted):
+        return shifted.moved(info, x, reshape, ctx)
     local_in = info.operand_types[0].shape
     local_out = info.result_types[0].shape
     if ctx.is_global or not x.tiled_axes:
@@ -118,6 +125,8 @@ def _reshape_result(x: Rel, local_out: tuple[int, ...], targets, ctx: RuleContex
 
 def transpose(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     (x,) = operands
+    if isinstance(x, Shifted):
+        return shifted.moved(info, x, transpose, ctx)
     perm = tuple(info.attrs["permutation"])
     poly = frozenset(i for i, p in enumerate(perm) if p in x.poly)
     return [replace(x, term=make_transpose(x.term, perm),

@@ -58,14 +58,15 @@ func.func @widen_split_dim(%x: tensor<4x8xf32>) -> tensor<16x8xf32> {
 
 sdy.mesh @mesh = <["dp"=2, "tp"=4]>
 
-// A device scalar may be reshaped into a 1-element tensor but not broadcast into data.
+// A device scalar may be reshaped into a 1-element tensor; broadcast into data it becomes a
+// zero tensor shifted per device (see lit_tests/regressions/device_offset_tensor.mlir).
 // CHECK-LABEL: func.func @device_scalar
 func.func @device_scalar(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
   %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{}, {}]>] out_shardings=[<@mesh, [{}, {}]>] manual_axes={"dp", "tp"} (%a: tensor<8x16xf32>) {
     %pid = stablehlo.partition_id : tensor<ui32>
     // CHECK: stablehlo.broadcast_in_dim %{{.*}}entangle.relation = "device scalar [0, 1, 2, 3, 4, 5, 6, 7]"
     %1 = stablehlo.broadcast_in_dim %pid, dims = [] : (tensor<ui32>) -> tensor<1xui32>
-    // CHECK: stablehlo.broadcast_in_dim %{{.*}}entangle.relation = "opaque: device-dependent scalar broadcast into a tensor by stablehlo.broadcast_in_dim (not supported yet)"
+    // CHECK: stablehlo.broadcast_in_dim %{{.*}}entangle.relation = "replicated : 0 + device offsets [0, 1, 2, 3, 4, 5, 6, 7]"
     %2 = stablehlo.broadcast_in_dim %pid, dims = [] : (tensor<ui32>) -> tensor<8xui32>
     sdy.return %a : tensor<8x16xf32>
   } : (tensor<8x16xf32>) -> tensor<8x16xf32>

@@ -1,0 +1,156 @@
+"""Tensors offset by a device-dependent constant (`Shifted`): jax's `axis_index(...) * n`
+broadcast into a tensor, as in sequence-shard positions (`axis_index * S + arange(S)`) and
+vocab ranges (`tokens - axis_index * V == arange(V)`).
+
+Only exact rewrites are used: the offset travels with add/subtract/scaling/converts and data
+movement, a compare moves it to the other side, and `iota(L) + block_index(A) * L` *is* the
+block of the global iota split over A. Anything else is "not supported" (opaque).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from fractions import Fraction
+
+from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value
+from ..opinfo import OpInfo
+from ..terms import (Term, make_broadcast, make_iota, make_lin, make_reshape, make_splat,
+                     scale, single_scaled, splat_value)
+from .base import RuleContext
+from .common import splat_rel
+
+_LINEAR = ("stablehlo.add", "stablehlo.subtract")
+
+
+def from_scalar(info: OpInfo, value: DeviceScalar, ctx: RuleContext) -> Value:
+    """broadcast_in_dim of a device scalar: zeros of the result shape, shifted per device."""
+    rtype = info.result_types[0]
+    return Shifted(splat_rel(0, rtype.shape, rtype.dtype, ctx), tuple(value.values))
+
+
+def normalize(value: Shifted, ctx: RuleContext) -> Value:
+    """A plain relation where the offsets allow it (all equal, or the blocks of an iota)."""
+    offsets = value.offsets
+    rel = value.rel
+    if len(set(offsets)) == 1:
+        return replace(rel, term=make_lin([(Fraction(1), rel.term)], Fraction(offsets[0]),
+                                          rel.term.shape, rel.term.dtype))
+    found = _iota_dim(rel.term)
+    if found is None or rel.partial or ctx.mesh is None:
+        return value
+    dim, factor = found
+    if rel.tiling[dim] or dim in rel.poly:
+        return value
+    local = rel.term.shape[dim]
+    free = [a for a in ctx.mesh.names if a not in rel.tiled_axes]
+    for count in range(1, len(free) + 1):
+        for axes in itertools.permutations(free, count):
+            step = factor * local
+            if all(offsets[d] == ctx.mesh.block_index(axes, d) * step
+                   for d in range(ctx.mesh.num_devices)):
+                size = local * ctx.mesh.group_size(axes)
+                term = _widen_iota(rel.term, dim, size)
+                if term is None:
+                    return value
+                tiling = list(rel.tiling)
+                tiling[dim] = axes
+                return replace(rel, term=term, tiling=tuple(tiling))
+    return value
+
+
+def _iota_dim(term: Term) -> tuple[int, Fraction] | None:
+    """(dim, factor) when term == factor * iota along dim (possibly broadcast)."""
+    factor, base = single_scaled(term)
+    if base.op == "iota":
+        return base.attrs[0], factor
+    if base.op == "broadcast" and base.args[0].op == "iota":
+        (dims,) = base.attrs
+        inner = base.args[0]
+        return dims[inner.attrs[0]], factor
+    if base.op == "reshape" and base.args[0].op == "iota" and len(base.args[0].shape) == 1:
+        big = [d for d, size in enumerate(base.shape) if size != 1]
+        if len(big) == 1 and base.shape[big[0]] == base.args[0].shape[0]:
+            return big[0], factor
+    return None
+
+
+def _widen_iota(term: Term, dim: int, size: int) -> Term | None:
+    factor, base = single_scaled(term)
+    shape = base.shape[:dim] + (size,) + base.shape[dim + 1:]
+    if base.op == "iota":
+        widened = make_iota(shape, base.attrs[0], base.dtype)
+    elif base.op == "reshape":
+        widened = make_reshape(make_iota((size,), 0, base.dtype), shape)
+    else:
+        (dims,) = base.attrs
+        inner = base.args[0]
+        inner_shape = list(inner.shape)
+        inner_shape[inner.attrs[0]] = size
+        widened = make_broadcast(make_iota(tuple(inner_shape), inner.attrs[0], inner.dtype),
+                                 dims, shape)
+    return scale(widened, factor) if factor != 1 else widened
+
+
+def elementwise_shifted(info: OpInfo, operands: list[Value], ctx: RuleContext,
+                        plain) -> list[Value]:
+    """An elementwise op with a Shifted operand; `plain` is the ordinary elementwise rule."""
+    name = info.name
+    unsupported = [Opaque(f"device-dependent offset tensor used by {name} (not supported "
+                          "yet)", category="unsupported")]
+    if any(isinstance(v, (DeviceScalar, Opaque)) for v in operands):
+        return unsupported
+    if name == "stablehlo.convert" and info.result_types[0].is_float or (
+            name == "stablehlo.convert" and info.result_types[0].is_int):
+        (x,) = operands
+        inner = plain(info, [x.rel], ctx)
+        return _wrap(inner, x.offsets, ctx)
+    if name in _LINEAR and len(operands) == 2:
+        a, b = operands
+        sign = -1 if name == "stablehlo.subtract" else 1
+        rels = [v.rel if isinstance(v, Shifted) else v for v in (a, b)]
+        offsets = [v.offsets if isinstance(v, Shifted) else None for v in (a, b)]
+        inner = plain(info, rels, ctx)
+        total = tuple(
+            (offsets[0][d] if offsets[0] else 0) + sign * (offsets[1][d] if offsets[1] else 0)
+            for d in range(len(next(o for o in offsets if o))))
+        return _wrap(inner, total, ctx)
+    if name == "stablehlo.multiply" and len(operands) == 2:
+        a, b = operands
+        shifted, other = (a, b) if isinstance(a, Shifted) else (b, a)
+        factor = splat_value(other.term) if isinstance(other, Rel) else None
+        if isinstance(other, Shifted) or not isinstance(factor, Fraction):
+            return unsupported
+        inner = plain(info, [shifted.rel, other] if shifted is a else [other, shifted.rel], ctx)
+        return _wrap(inner, tuple(o * factor for o in shifted.offsets), ctx)
+    if name == "stablehlo.compare" and len(operands) == 2:
+        a, b = operands
+        if isinstance(a, Shifted) and isinstance(b, Shifted):
+            return unsupported
+        if isinstance(a, Shifted):
+            moved = normalize(Shifted(b, tuple(-o for o in a.offsets)), ctx)
+            pair = [a.rel, moved]
+        else:
+            moved = normalize(Shifted(a, tuple(-o for o in b.offsets)), ctx)
+            pair = [moved, b.rel]
+        if any(isinstance(v, Shifted) for v in pair):
+            return unsupported
+        return plain(info, pair, ctx)
+    return unsupported
+
+
+def _wrap(inner: list[Value], offsets: tuple, ctx: RuleContext) -> list[Value]:
+    (value,) = inner
+    if not isinstance(value, Rel):
+        return inner
+    return [normalize(Shifted(value, tuple(offsets)), ctx)]
+
+
+def moved(info: OpInfo, value: Shifted, rule, ctx: RuleContext) -> list[Value]:
+    """Data movement (broadcast, reshape, transpose) carries the per-device offset along."""
+    inner = rule(info, [value.rel], ctx)
+    return _wrap(inner, value.offsets, ctx)
+
+
+def zero_splat(shape, dtype) -> Term:
+    return make_splat(0, shape, dtype)
