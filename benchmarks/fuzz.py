@@ -73,6 +73,23 @@ def _norm(msg: str) -> str:
     return msg[:140]
 
 
+def _vr_verdict(r: dict) -> str:
+    return r["verify_rules"].split(" (")[0]
+
+
+def _vr_disagrees(r: dict) -> bool:
+    """Proven without the Z3 rule checks but not with them (or the other way round)."""
+    v = _vr_verdict(r)
+    return v in ("proven", "not proven") and (v == "proven") != (
+        r["status"] in ("proven", "flaky", "false_proof"))
+
+
+def _vr_refuted(r: dict) -> bool:
+    """Z3 refuted a rule instance the walk used (a wrong rule or a wrong semantics)."""
+    m = re.search(r"(\d+) refuted", r["verify_rules"])
+    return bool(m and int(m.group(1)) > 0)
+
+
 def summarize(results: list[dict], seconds: float) -> dict:
     correct = [r for r in results if r["correct"]]
     muts = [r for r in results if not r["correct"]]
@@ -99,11 +116,8 @@ def summarize(results: list[dict], seconds: float) -> dict:
         "mutants_equivalent": sum(1 for r in muts if r["status"] in ("incomplete", "proven")),
         "mutants_caught_pct": 100.0 * len(caught) / max(1, len(differing)),
         "verify_rules_sampled": sum(1 for r in results if r["verify_rules"]),
-        "verify_rules_disagree": sum(
-            1 for r in results if r["verify_rules"] and r["verify_rules"] in ("proven",
-                                                                              "not proven")
-            and (r["verify_rules"] == "proven") != (r["status"] in ("proven", "flaky",
-                                                                    "false_proof"))),
+        "verify_rules_disagree": sum(1 for r in results if _vr_disagrees(r)),
+        "verify_rules_refuted": sum(1 for r in results if _vr_refuted(r)),
         "seconds": round(seconds, 1),
     }
 
@@ -125,8 +139,9 @@ def print_table(s: dict) -> None:
         ("mutants differing / equivalent", f"{s['mutants_differing']} / "
                                            f"{s['mutants_equivalent']}"),
         ("mutants caught %", f"{s['mutants_caught_pct']:.1f}"),
-        ("verify_rules sample / disagreements", f"{s['verify_rules_sampled']} / "
-                                                f"{s['verify_rules_disagree']}"),
+        ("Z3 rule checks: sampled / verdict differs / refuted",
+         f"{s['verify_rules_sampled']} / {s['verify_rules_disagree']} / "
+         f"{s['verify_rules_refuted']}"),
         ("time (s)", s["seconds"]),
     ]
     width = max(len(k) for k, _ in rows)
@@ -137,6 +152,11 @@ def print_table(s: dict) -> None:
 
 
 def print_details(results: list[dict], max_incomplete_examples: int = 1) -> None:
+    for r in results:
+        if _vr_disagrees(r) or _vr_refuted(r):
+            print(f"\n--- Z3 rule checks change the verdict: seed={r['seed']} "
+                  f"mutation={r['mutation']}: without them {r['status']}, with them "
+                  f"{r['verify_rules']}")
     for r in results:
         if r["status"] in BAD or r["status"] == "flaky":
             print(f"\n=== {r['status'].upper()} seed={r['seed']} mutation={r['mutation']} "

@@ -227,6 +227,8 @@ def run_program(prog: Program, base: _Base | None = None, verify_rules_sample: b
         vr, vkind, vmsg = timed_check(base.ref_text, shd_text, verify_rules=True,
                                       timeout=timeout)
         out.verify_rules = (vr.verdict if vr is not None else vkind) or ""
+        if vr is not None and vr.mode:
+            out.verify_rules += f" ({vr.mode})"
         if vr is not None and vr.proven and match is False:
             proven = True   # a false proof with the Z3 rule checks on is still a false proof
         if vkind in ("crash", "timeout") and not kind:
