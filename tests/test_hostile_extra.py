@@ -17,7 +17,6 @@ import contextlib
 import io
 import os
 import random
-import resource
 import subprocess
 import sys
 import time
@@ -35,7 +34,11 @@ from conftest import (
 MEMORY_LIMIT = 3 << 30     # bytes of address space for one CLI run
 TIMEOUT = 60               # seconds for one CLI run
 
-_CLI = "import sys; from entangle_mlir.cli import main; sys.exit(main(sys.argv[1:]))"
+# The memory limit is set inside the child (no preexec_fn: forking a process that runs jax's
+# threads can deadlock; without preexec_fn Python spawns the child without forking).
+_LIMIT = ("import resource, sys; "
+          f"resource.setrlimit(resource.RLIMIT_AS, ({MEMORY_LIMIT}, {MEMORY_LIMIT})); ")
+_CLI = _LIMIT + "from entangle_mlir.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 class Run:
@@ -51,17 +54,12 @@ class Run:
         return self.code is not None
 
 
-def _limit() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-
-
 def cli(*args: str, timeout: float = TIMEOUT) -> Run:
     """`entangle *args` in a subprocess, bounded in time and memory (code None: killed)."""
     start = time.perf_counter()
     try:
         p = subprocess.run([sys.executable, "-c", _CLI, *map(str, args)], capture_output=True,
-                           text=True, timeout=timeout, preexec_fn=_limit, cwd=REPO,
-                           stdin=subprocess.DEVNULL)
+                           text=True, timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         return Run(None, out, "", time.perf_counter() - start)
@@ -405,13 +403,11 @@ def test_combined_without_refines_json(write) -> None:
 
 def test_combined_without_refines_in_entangle_opt(write) -> None:
     path = write("c.mlir", COMBINED_ADD.replace(" attributes {entangle.refines = @ref}", ""))
-    code = ("import sys; from tools.entangle_opt import main; "
-            "sys.exit(main(sys.argv[1:]))")
+    code = _LIMIT + "from tools.entangle_opt import main; sys.exit(main(sys.argv[1:]))"
     pipeline = ("--pass-pipeline=builtin.module(entangle-normalize,entangle-import-shardings,"
                 "entangle-infer-relations,entangle-check-refinement)")
     p = subprocess.run([sys.executable, "-c", code, path, pipeline],
-                       capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO,
-                       preexec_fn=_limit)
+                       capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO)
     assert "Traceback" not in p.stdout + p.stderr
     assert p.returncode == 2, p.stdout + p.stderr
     assert "entangle.refines" in p.stdout + p.stderr
