@@ -134,9 +134,9 @@ def _pair(ref, body, mesh, shapes, in_specs, out_specs, seed=0):
     return report, float(np.max(np.abs(want - got)))
 
 
-# 1. A float -> int convert applied to a partial sum (before the psum) is treated as linear:
-#    sum_i trunc(a_i) is proven equal to trunc(sum_i a_i). Found by the generator's
-#    "trunc" construct with the "moved before psum" mutation.
+# 1. A float -> int convert applied to a partial sum (before the psum) was treated as linear:
+#    sum_i trunc(a_i) was proven equal to trunc(sum_i a_i). Found by fuzzing (the "trunc"
+#    construct moved before a psum); fixed in f2b1fd0, kept as a regression test.
 
 def _convert_ref(x):
     return jnp.sum(x, axis=0).astype(jnp.int32).astype(jnp.float32)
