@@ -8,6 +8,9 @@ checked with `check_texts(..., verify_rules=False)`; every `--verify-rules-every
 also checked with the Z3 rule-instance checks on. Prints the summary table, then every false
 proof, crash, timeout and input error in full (with the program), then what keeps
 correct-by-construction programs from being proven, grouped by diagnostic.
+
+Reproduce one program: `python -m entangle_mlir.fuzz.run SEED [--mutation "DESCRIPTION"]`
+prints its source (reference and shard_map body), whether the numbers match, and the report.
 """
 
 from __future__ import annotations

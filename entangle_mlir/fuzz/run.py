@@ -288,16 +288,22 @@ def run_seed(seed: int, mutants: int = 1, opts: GenOptions | None = None,
     return results
 
 
-def explain_seed(seed: int, mutant: int | None = None, opts: GenOptions | None = None,
+def explain_seed(seed: int, mutation: str | None = None, opts: GenOptions | None = None,
                  verify_rules: bool = False) -> str:
-    """The program of `seed` (or its `mutant`-th mutant, as `run_seed` draws them), its report
-    and whether the numbers match: for reproducing a fuzz finding."""
+    """The program of `seed` (or its mutant whose description is `mutation`, as the benchmark
+    prints it), entangle's report and whether the numbers match: reproduces a fuzz finding."""
+    from dataclasses import replace as _replace
+
+    from .gen import program_mutations
+
     prog = generate(RandomChooser(seed), opts, seed=seed)
-    if mutant is not None:
-        ch = RandomChooser(seed * 7919 + 17)
-        for _ in range(mutant + 1):
-            mut = mutate(prog, ch)
-        prog = mut
+    if mutation is not None:
+        found = [(d, f) for d, f in program_mutations(prog) if d == mutation] or \
+                [(d, f) for d, f in program_mutations(prog) if mutation in d]
+        if not found:
+            raise SystemExit(f"seed {seed} has no mutation like {mutation!r}")
+        desc, apply = found[0]
+        prog = _replace(apply(prog), mutation=desc)
     ref_fn, sharded = build(prog)
     ref_text = lower_reference(ref_fn, prog)
     shd_text = sharded.lower(*sharded_avals(prog)).as_text(debug_info=True)
@@ -314,10 +320,11 @@ def explain_seed(seed: int, mutant: int | None = None, opts: GenOptions | None =
 if __name__ == "__main__":
     import argparse
 
-    ap = argparse.ArgumentParser(description="reproduce one fuzz program")
+    ap = argparse.ArgumentParser(description="reproduce one fuzz program: "
+                                 "python -m entangle_mlir.fuzz.run SEED [--mutation DESC]")
     ap.add_argument("seed", type=int)
-    ap.add_argument("--mutant", type=int, default=None,
-                    help="the k-th mutant drawn for this seed (0 = the first)")
+    ap.add_argument("--mutation", default=None,
+                    help="the mutant's description as the benchmark prints it (or a substring)")
     ap.add_argument("--verify-rules", action="store_true")
     a = ap.parse_args()
-    print(explain_seed(a.seed, a.mutant, verify_rules=a.verify_rules))
+    print(explain_seed(a.seed, a.mutation, verify_rules=a.verify_rules))
