@@ -108,7 +108,7 @@ class Walker:
             ir.TypeAttr(self.func.attributes["function_type"]).value).results)
         results = result_shardings(self.module, self.func, result_count)
         everything = [s for s in shardings + results if s]
-        mesh = synthesize_mesh(device_count(self.module, shardings), everything)
+        mesh = synthesize_mesh(device_count(self.module, everything), everything)
         self.walk.mesh = mesh
         ctx = RuleContext(mesh, mesh.names, reference=self.reference)
         info = OpInfo("func.func", loc=op_location(self.func, self.file), op=None)

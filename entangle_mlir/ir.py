@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import stat
 
 from jaxlib.mlir import ir
 from jaxlib.mlir._mlir_libs import _jax_mlir_ext
@@ -16,6 +17,7 @@ from jaxlib.mlir.dialects import chlo, mhlo, sdy, stablehlo
 from .diagnostics import InputError, SourceLoc, parse_location
 
 MAX_INPUT_BYTES = 512 * 1024 * 1024
+MAX_SPECIAL_BYTES = 64 * 1024 * 1024
 
 
 @functools.cache
@@ -86,11 +88,17 @@ def load_file(path: str) -> ir.Module:
     if os.path.isdir(path):
         raise InputError("is a directory, not an MLIR file", file=path)
     try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            raise InputError("is a pipe or socket, not an MLIR file", file=path)
         size = os.path.getsize(path)
         if size > MAX_INPUT_BYTES:
             raise InputError(f"file is too large ({size} bytes)", file=path)
         with open(path, "rb") as handle:
-            data = handle.read()
+            data = handle.read(MAX_SPECIAL_BYTES + 1 if not stat.S_ISREG(mode) else -1)
+        if not stat.S_ISREG(mode) and len(data) > MAX_SPECIAL_BYTES:
+            raise InputError("not a regular file, and it does not end within "
+                             f"{MAX_SPECIAL_BYTES} bytes", file=path)
     except OSError as err:
         raise InputError(f"cannot read file: {err.strerror}", file=path) from None
     if data.startswith(b"ML\xefR"):

@@ -63,14 +63,21 @@ def from_two_modules(ref: ir.Module, sharded: ir.Module, ref_file: str,
 
 def from_combined(module: ir.Module, file: str) -> Program:
     """The function carrying `entangle.refines = @ref` and the function it names."""
-    for func in functions(module):
-        if "entangle.refines" in func.attributes:
-            target = str(func.attributes["entangle.refines"]).lstrip("@").strip('"')
-            ref = find_function(module, target)
-            if ref is None:
-                raise InputError(f"entangle.refines names @{target}, which does not exist",
-                                 op_location(func, file))
-            return Program(module, module, ref, func, file, file)
+    marked = [f for f in functions(module) if "entangle.refines" in f.attributes]
+    if len(marked) > 1:
+        names = ", ".join(f"@{func_name(f)}" for f in marked)
+        raise InputError(f"several functions carry entangle.refines ({names}): put one "
+                         "reference/sharded pair per file", op_location(marked[1], file))
+    for func in marked:
+        target = str(func.attributes["entangle.refines"]).lstrip("@").strip('"')
+        ref = find_function(module, target)
+        if ref is None:
+            raise InputError(f"entangle.refines names @{target}, which does not exist",
+                             op_location(func, file))
+        if target == func_name(func):
+            raise InputError(f"@{target} carries entangle.refines = @{target}: a function "
+                             "cannot be checked against itself", op_location(func, file))
+        return Program(module, module, ref, func, file, file)
     raise InputError("no function carries `entangle.refines = @reference`", file=file)
 
 

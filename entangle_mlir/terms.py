@@ -523,15 +523,17 @@ def pretty(term: Term, depth: int = 6, names: dict[int, str] | None = None) -> s
     return f"{name}({', '.join(sub)})"
 
 
-def structural_diff(a: Term, b: Term, path: str = "") -> str | None:
+def structural_diff(a: Term, b: Term, path: str = "", depth: int = 0) -> str | None:
     """The first position where two terms differ, as a short description (None if equal)."""
     if a is b:
         return None
+    if depth > 100:
+        return f"below {path[-120:]}: the terms differ deeper than 100 levels"
     if a.op != b.op or len(a.args) != len(b.args) or a.attrs != b.attrs or a.shape != b.shape:
         where = path or "top level"
         return f"at {where}: {pretty(a, 2)} vs {pretty(b, 2)}"
     for i, (x, y) in enumerate(zip(a.args, b.args)):
-        found = structural_diff(x, y, f"{path}/{a.op.split('.')[-1]}#{i}")
+        found = structural_diff(x, y, f"{path}/{a.op.split('.')[-1]}#{i}", depth + 1)
         if found:
             return found
     return None

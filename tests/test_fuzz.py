@@ -183,8 +183,6 @@ def test_int32_wrapping_offset_numbers_differ() -> None:
     assert diff > 0.1
 
 
-@pytest.mark.xfail(strict=True, reason="FALSE PROOF: device-dependent integer tables ignore i32 "
-                   "overflow (rules/elementwise.py _device_scalar computes with Python ints)")
 def test_int32_wrapping_offset_is_not_proven() -> None:
     report, _ = _wrap_case()
     assert not report.proven, report.render_text()
@@ -221,8 +219,6 @@ def _replicated_inputs_case(out_spec):
                                  out_shardings=NamedSharding(mesh, out_spec), verify_rules=False)
 
 
-@pytest.mark.xfail(strict=True, reason="InputError on a valid program: per_device.device_count "
-                   "ignores mhlo.spmd_output_sharding (replicated inputs, output split over 'i')")
 def test_partitioned_replicated_inputs_split_output() -> None:
     assert _replicated_inputs_case(P("i")).proven
 

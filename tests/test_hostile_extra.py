@@ -221,9 +221,6 @@ def test_partition_id_on_a_big_mesh(write) -> None:
     _sane(check(path, timeout=30), 0)
 
 
-@pytest.mark.xfail(strict=True, reason="a partition_id on a 10^9-device mesh builds a per-device "
-                   "table of 10^9 entries: unbounded memory and time (no size limit / symbolic "
-                   "fallback for device tables)")
 def test_partition_id_on_a_huge_mesh_is_bounded(write) -> None:
     path = write("pid.mlir", _PID_MESH.replace("SIZE", "1000000000"))
     run = check(path, timeout=30)
@@ -274,10 +271,6 @@ def test_nested_terms_with_a_bug(write) -> None:
     _not_proven(check(path), f"{path}:")
 
 
-@pytest.mark.xfail(strict=True, reason="a 2000-deep chain with a bug in the middle: the "
-                   "mismatch diagnostic (terms.structural_diff) recurses too deeply, so a usable "
-                   "program gets exit 2 'input nests too deeply' (and check_texts raises "
-                   "RecursionError) instead of 'not proven' at the op")
 def test_deeply_nested_terms_with_a_bug(write) -> None:
     path = write("deep_bug.mlir", _chain_with_bug(2000))
     run = check(path)
@@ -427,16 +420,11 @@ def test_two_sharded_functions_bug_first(write) -> None:
     _sane(check(path, path), 1, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="two functions carry `entangle.refines = @ref`; only the "
-                   "first is checked, the second (buggy) one is silently ignored and the file is "
-                   "reported verified")
 def test_two_sharded_functions_bug_second(write) -> None:
     path = write("two.mlir", _two_sharded(bug_first=False))
     _sane(check(path, path), 1, 2)
 
 
-@pytest.mark.xfail(strict=True, reason="`entangle.refines = @sharded` on @sharded itself is "
-                   "accepted and trivially verified; it should be bad input (exit 2)")
 def test_function_refining_itself(write) -> None:
     path = write("self.mlir", COMBINED_ADD.replace("entangle.refines = @ref",
                                                    "entangle.refines = @sharded"))
@@ -453,14 +441,10 @@ def test_proc_file(write) -> None:
     _bad_input(check("/proc/self/status", write("s.mlir", SHARDED_ADD)), "/proc/self/status")
 
 
-@pytest.mark.xfail(strict=True, reason="/dev/zero is read without bound (MemoryError traceback "
-                   "under a memory limit; without one it eats the machine's memory): special "
-                   "files / a size limit are not checked")
 def test_dev_zero_is_bounded(write) -> None:
     _bad_input(check("/dev/zero", write("s.mlir", SHARDED_ADD), timeout=30), "/dev/zero")
 
 
-@pytest.mark.xfail(strict=True, reason="a FIFO without a writer blocks the open() forever")
 def test_fifo_does_not_hang(tmp_path, write) -> None:
     fifo = tmp_path / "pipe.mlir"
     os.mkfifo(fifo)

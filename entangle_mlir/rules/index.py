@@ -19,6 +19,9 @@ from .base import RuleContext
 from .common import freeze
 
 
+MAX_TABLE_DEVICES = 1 << 22
+
+
 def partition_id(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     """The device's id (partition_id; replica_id in programs run as replicas): a device
     scalar tabulated over every device."""
@@ -27,6 +30,9 @@ def partition_id(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[
     if set(ctx.manual_axes) != set(ctx.mesh.names):
         return [Opaque("partition_id in a partially manual computation is not supported",
                        category="unsupported")]
+    if ctx.mesh.num_devices > MAX_TABLE_DEVICES:
+        return [Opaque(f"partition_id on {ctx.mesh.num_devices} devices: device tables are "
+                       f"limited to {MAX_TABLE_DEVICES} devices", category="unsupported")]
     return [DeviceScalar(tuple(range(ctx.mesh.num_devices)), info.result_types[0].shape)]
 
 
