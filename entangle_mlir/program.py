@@ -153,30 +153,67 @@ def mesh_from_attr(attr) -> Mesh:
 
 
 def inline_calls(module: ir.Module, file: str) -> int:
-    """Inline every func.call (jax helpers such as `_where`, `tril`), innermost last."""
-    count = 0
-    with context():
-        for _ in range(64):
-            calls: list[ir.Operation] = []
+    """Inline every func.call (jax helpers such as `_where`, `tril`).
 
-            def collect(op):
+    Functions are flattened callees first (post-order over the call graph), so each body is
+    inlined once and the cost is linear in the program, however deep the calls nest.
+    """
+    table = {func_name(f): f for f in functions(module)}
+    calls_in: dict[str, list[ir.Operation]] = {}
+    with context():
+        for name, func in table.items():
+            found: list[ir.Operation] = []
+
+            def collect(op, found=found):
                 if op.name == "func.call":
-                    calls.append(op)
+                    found.append(op)
                 return ir.WalkResult.ADVANCE
 
-            module.operation.walk(collect)
-            if not calls:
-                return count
-            for call in calls:
-                callee_name = str(call.attributes["callee"]).lstrip("@").strip('"')
-                callee = find_function(module, callee_name)
-                if callee is None:
-                    raise InputError(f"call to unknown function @{callee_name}",
-                                     op_location(call, file))
+            func.walk(collect)
+            calls_in[name] = found
+        order = _callees_first(table, calls_in, file)
+        count = 0
+        for name in order:
+            for call in calls_in[name]:
+                callee = table[_callee(call)]
                 with ir.InsertionPoint(call), call.location:
                     new = _jax_mlir_ext.inlined_func_call(callee, list(call.operands))
                 for old, value in zip(call.results, new):
                     old.replace_all_uses_with(value)
                 call.erase()
                 count += 1
-    raise InputError("recursive function calls cannot be inlined", file=file)
+    return count
+
+
+def _callee(call: ir.Operation) -> str:
+    return str(call.attributes["callee"]).lstrip("@").strip('"')
+
+
+def _callees_first(table: dict, calls_in: dict, file: str) -> list[str]:
+    """Function names, every callee before its callers; unknown callees and recursion are
+    bad input."""
+    order: list[str] = []
+    state: dict[str, int] = {}
+    for root in table:
+        stack = [(root, iter(calls_in[root]))]
+        if state.get(root):
+            continue
+        state[root] = 1
+        while stack:
+            name, pending = stack[-1]
+            call = next(pending, None)
+            if call is None:
+                state[name] = 2
+                order.append(name)
+                stack.pop()
+                continue
+            target = _callee(call)
+            if target not in table:
+                raise InputError(f"call to unknown function @{target}", op_location(call, file))
+            if state.get(target) == 1:
+                raise InputError(f"recursive call to @{target} cannot be inlined",
+                                 op_location(call, file))
+            if not state.get(target):
+                state[target] = 1
+                stack.append((target, iter(calls_in[target])))
+    return order

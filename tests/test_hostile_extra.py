@@ -306,9 +306,6 @@ def test_recursive_calls(write) -> None:
     _bad_input(check(path), path, "recursive")
 
 
-@pytest.mark.xfail(strict=True, reason="3000 nested func.calls take > 100 s: the inliner looks "
-                   "every callee up with a linear scan (program.find_function), quadratic in "
-                   "the number of functions")
 def test_many_nested_calls_finish_quickly(write) -> None:
     path = write("calls.mlir", _calls(3000))
     run = check(path, timeout=20)
