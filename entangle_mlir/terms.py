@@ -443,8 +443,8 @@ def make_broadcast(term: Term, dims: tuple[int, ...], shape: tuple[int, ...]) ->
         return map_linear(term, lambda t: make_broadcast(t, dims, shape))
     if dims == tuple(range(len(shape))) and term.shape == shape:
         return term
-    widened = [i for i, d in enumerate(dims) if term.shape[i] == 1 and shape[d] != 1]
-    if widened:
+    widened = [i for i, d in enumerate(dims) if term.shape[i] == 1]
+    if widened and math.prod(term.shape) != math.prod(shape):
         keep = [i for i in range(len(dims)) if i not in widened]
         operand = make_reshape(term, tuple(term.shape[i] for i in keep))
         return make_broadcast(operand, tuple(dims[i] for i in keep), shape)

@@ -262,3 +262,19 @@ def test_device_offset_tensors(ref, body, correct, specs, out, shapes) -> None:
     assert (diff < 1e-4) == correct
     report = check(ref, sharded, *avals, verify_rules=False)
     assert report.proven == correct, report.render_text()
+
+
+def _unit_ref(x, b):
+    return x - b.reshape(1, -1)
+
+
+def test_split_dim_of_local_size_one_meets_a_unit_dim() -> None:
+    """4 rows over tp=4: each device holds one row; `b.reshape(1, -1)` needs no broadcast op,
+    its unit dim broadcasts against the split dim."""
+    sharded = jax.jit(jax.shard_map(_unit_ref, mesh=TP4, in_specs=(P("tp"), P()),
+                                    out_specs=P("tp")))
+    avals = [jax.ShapeDtypeStruct((4, 16), jnp.float32, sharding=NamedSharding(TP4, P("tp"))),
+             jax.ShapeDtypeStruct((16,), jnp.float32, sharding=NamedSharding(TP4, P()))]
+    assert _grounded(_unit_ref, sharded, avals) < 1e-5
+    report = check(_unit_ref, sharded, *avals)
+    assert report.proven, report.render_text()

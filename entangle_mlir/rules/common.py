@@ -43,6 +43,8 @@ def resize(term: Term, dim: int, size: int) -> Term | None:
     if term.shape[dim] == size:
         return term
     shape = term.shape[:dim] + (size,) + term.shape[dim + 1:]
+    if term.shape[dim] == 1:
+        return make_broadcast(term, tuple(range(len(shape))), shape)
     if term.op == "splat":
         return make_splat(term.attrs[0], shape, term.dtype)
     if term.op == "broadcast":
@@ -113,7 +115,10 @@ def unify_dims(rels: list[Rel], dims_of: list[list[int]], ctx: RuleContext,
     count = len(dims_of[0])
     for i in range(count):
         fixed = [(rel.term.shape[d[i]], rel.tiling[d[i]]) for rel, d in zip(rels, dims_of)
-                 if d[i] not in rel.poly]
+                 if d[i] not in rel.poly and not _unit(rel, d[i])]
+        if not fixed:
+            fixed = [(rel.term.shape[d[i]], rel.tiling[d[i]]) for rel, d in zip(rels, dims_of)
+                     if d[i] not in rel.poly]
         if not fixed:
             sizes = {rel.term.shape[d[i]] for rel, d in zip(rels, dims_of)}
             if len(sizes) != 1:
@@ -132,7 +137,9 @@ def unify_dims(rels: list[Rel], dims_of: list[list[int]], ctx: RuleContext,
     for rel, dims in zip(rels, dims_of):
         term, tiling = rel.term, list(rel.tiling)
         for i, d in enumerate(dims):
-            if d not in rel.poly or i in still_poly:
+            if (d not in rel.poly and not _unit(rel, d)) or i in still_poly:
+                continue
+            if _unit(rel, d) and (term.shape[d], tiling[d]) == joint[i]:
                 continue
             size, axes = joint[i]
             blocks = mesh.group_size(axes) if mesh and axes else 1
@@ -149,6 +156,15 @@ def unify_dims(rels: list[Rel], dims_of: list[list[int]], ctx: RuleContext,
         poly = frozenset(d for i, d in enumerate(dims) if d in rel.poly and i in still_poly)
         resized.append(replace(rel, term=term, tiling=tuple(tiling), poly=poly))
     return resized, joint, still_poly
+
+
+def _unit(rel: Rel, dim: int) -> bool:
+    """A whole (untiled) dim of size 1 broadcasts like a poly dim: it is constant along itself."""
+    return rel.term.shape[dim] == 1 and not rel.tiling[dim] and not ctx_global(rel)
+
+
+def ctx_global(rel: Rel) -> bool:
+    return rel.scope == GLOBAL
 
 
 def _disagree(what: str, dim: int, axes_a, axes_b, size_a, size_b) -> str:
