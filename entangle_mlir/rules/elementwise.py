@@ -171,14 +171,23 @@ def _partial_result(info: OpInfo, rels: list[Rel], ctx: RuleContext
                          f"{axes_str(axes)}: after the all_reduce/psum it is counted {group} "
                          "times (add it after the reduction)")
         return scaled, axes, kind
+    flipped = {"max": "min", "min": "max"}
     if name == "stablehlo.multiply" and len(partial_idx) == 1:
         if kind == "sum":
             return rels, axes, kind
         factor = splat_value(rels[others[0]].term)
-        if isinstance(factor, Fraction) and factor > 0:
-            return rels, axes, kind
+        if isinstance(factor, Fraction) and factor != 0:
+            return rels, axes, kind if factor > 0 else flipped[kind]
         return nonlinear
-    if name == "stablehlo.divide" and partial_idx == [0] and kind == "sum":
+    if name == "stablehlo.divide" and partial_idx == [0]:
+        if kind == "sum":
+            return rels, axes, kind
+        factor = splat_value(rels[1].term)
+        if isinstance(factor, Fraction) and factor != 0:
+            return rels, axes, kind if factor > 0 else flipped[kind]
+        return nonlinear
+    if (name, kind) in (("stablehlo.maximum", "max"), ("stablehlo.minimum", "min")) and len(
+            partial_idx) == 1:
         return rels, axes, kind
     if name == "stablehlo.select" and 0 not in partial_idx and kind == "sum":
         if len(partial_idx) == 2 or any(is_zero(rels[i]) for i in (1, 2) if i in others):

@@ -113,8 +113,14 @@ def dynamic_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list
                 shape[d] = size
             continue
         if x.tiling[d]:
-            return [Opaque(f"dynamic_slice with a device-dependent offset in dim {d}, which is "
-                           f"already split over {axes_str(x.tiling[d])}", category="wrong_offset")]
+            axes, _ = _match_axes(ctx.mesh, offsets, size, free, local[d])
+            if axes is None or size * ctx.mesh.group_size(axes) != local[d]:
+                return [Opaque(f"dynamic_slice with a device-dependent offset in dim {d}, "
+                               f"which is already split over {axes_str(x.tiling[d])}, that "
+                               "selects no sub-block of it", category="wrong_offset")]
+            free = [a for a in free if a not in axes]
+            tiling[d] = x.tiling[d] + axes
+            continue
         axes, closest = _match_axes(ctx.mesh, offsets, size, free, x.term.shape[d])
         if axes is None:
             return [_wrong_offset(d, offsets, size, closest, ctx)]

@@ -11,7 +11,7 @@ from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value
 from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import (intern, make_broadcast, make_dense, make_iota, make_op, make_reshape,
-                     make_transpose, reshape_groups)
+                     make_transpose, reshape_groups, scale, splat_value)
 from . import shifted
 from .base import RuleContext
 from .common import freeze, replicated, splat_rel, unify_dims
@@ -196,11 +196,18 @@ def pad(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
         if axes and (low[d], high[d], interior[d]) != (0, 0, 0):
             return [Opaque(f"pad of dim {d}, which is split over {axes_str(axes)}: every "
                            "device pads its own block", category="layout_mismatch")]
-    if x.partial and value.term.op != "splat" or x.partial and value.term.attrs[0] != 0:
-        return [Opaque("pad of a partial sum with a nonzero value", category="nonlinear_partial")]
+    pad_term = value.term
+    if x.partial:
+        constant = splat_value(value.term)
+        if constant is None or value.partial:
+            return [Opaque("pad of a partial value with a computed pad value",
+                           category="nonlinear_partial")]
+        if x.kind == "sum" and constant != 0:
+            # every device pads with the value, so the reduced padding is |group| x it
+            pad_term = scale(value.term, ctx.mesh.group_size(x.partial))
     shape = tuple(s + low[d] + high[d] + max(s - 1, 0) * interior[d]
                   for d, s in enumerate(x.term.shape))
-    term = intern("pad", (x.term, value.term), (low, high, interior), shape, x.term.dtype)
+    term = intern("pad", (x.term, pad_term), (low, high, interior), shape, x.term.dtype)
     return [replace(x, term=term)]
 
 

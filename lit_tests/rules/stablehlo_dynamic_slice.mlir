@@ -161,7 +161,7 @@ func.func @split_dim(%x: tensor<8x16xf32>) -> tensor<8x16xf32> attributes {entan
     %i = stablehlo.convert %pid : (tensor<ui32>) -> tensor<i32>
     %c0 = stablehlo.constant dense<0> : tensor<i32>
     %c1 = stablehlo.constant dense<1> : tensor<i32>
-    // CHECK: stablehlo.dynamic_slice %{{.*}}entangle.relation = "opaque: dynamic_slice with a device-dependent offset in dim 1, which is already split over 'tp'"
+    // CHECK: stablehlo.dynamic_slice %{{.*}}entangle.relation = "opaque: dynamic_slice with a device-dependent offset in dim 1, which is already split over 'tp', that selects no sub-block of it"
     %1 = stablehlo.dynamic_slice %a, %c0, %i, sizes = [8, 1] : (tensor<8x4xf32>, tensor<i32>, tensor<i32>) -> tensor<8x1xf32>
     // CHECK: stablehlo.dynamic_slice %{{.*}}entangle.relation = "opaque: dynamic_slice of dim 1, which is split over 'tp': each device slices its own block"
     // expected-error @+1 {{dynamic_slice of dim 1, which is split over 'tp': each device slices its own block}}

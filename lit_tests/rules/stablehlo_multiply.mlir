@@ -49,7 +49,8 @@ func.func @partial_max(%x: tensor<8x16xf32>) -> tensor<8xf32> {
     %neg = stablehlo.constant dense<-2.0> : tensor<8xf32>
     // CHECK: stablehlo.multiply %{{.*}}entangle.relation = "partial max {tp} : (2*reduce_max(%arg0))"
     %1 = stablehlo.multiply %m, %two : tensor<8xf32>
-    // CHECK: stablehlo.multiply %{{.*}}entangle.relation = "opaque: nonlinear op multiply applied to a partial max over 'tp'
+    // A negative factor turns a partial max into a partial min.
+    // CHECK: stablehlo.multiply %{{.*}}entangle.relation = "partial min {tp} : (-2*reduce_max(%arg0))"
     %2 = stablehlo.multiply %m, %neg : tensor<8xf32>
     sdy.return %1 : tensor<8xf32>
   } : (tensor<8x16xf32>) -> tensor<8xf32>
