@@ -16,13 +16,18 @@ from .ir import op_location
 from .layout import GLOBAL, DeviceScalar, Opaque, Rel, Shifted, Value
 from .mesh import Mesh, axes_str
 from .opinfo import OpInfo, describe
-from .per_device import (device_count, is_per_device, layout_of, parameter_shardings,
-                         result_shardings, synthesize_mesh)
+from .per_device import (
+    device_count,
+    is_per_device,
+    layout_of,
+    parameter_shardings,
+    result_shardings,
+    synthesize_mesh,
+)
 from .program import mesh_from_attr, read_meshes
 from .rules import RULES, RuleContext
+from .rules.common import check_local_shapes, freeze, resize
 from .rules.elementwise import ELEMENTWISE_RULES
-from .rules.common import check_local_shapes, resize
-from .rules.common import freeze
 from .terms import Term, intern, make_arg, make_loopvar, make_splat, splat_value
 
 _TERMINATORS = ("func.return", "stablehlo.return", "sdy.return")

@@ -114,7 +114,6 @@ _CMP_TYPE = re.compile(r"comparison_type\s+(\w+)")
 
 def constant_value(attr):
     """(numpy array, is_splat) of a constant's `value` attribute."""
-    from jaxlib.mlir import ir
 
     dense = attr
     shape = tuple(dense.type.shape)

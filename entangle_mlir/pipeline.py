@@ -50,7 +50,7 @@ _PASS_SPEC = re.compile(r"\s*([\w.-]+)\s*(?:\{([^}]*)\})?\s*")
 def parse_pipeline(text: str, registry: dict[str, type[ModulePass]]) -> list[ModulePass]:
     """`builtin.module(a, b{opt=value})` or a bare comma-separated list of pass names."""
     text = text.strip()
-    match = re.fullmatch(r"builtin\.module\((.*)\)", text, re.S)
+    match = re.fullmatch(r"builtin\.module\((.*)\)", text, re.DOTALL)
     if match:
         text = match.group(1)
     passes: list[ModulePass] = []

@@ -1311,7 +1311,6 @@ COLLECTIVE_SEMANTICS: dict[str, CollectiveFn] = {
     "stablehlo.collective_permute": _collective_permute,
     "stablehlo.partition_id": _partition_id,
     "stablehlo.replica_id": _partition_id,
-    "stablehlo.replica_id": _partition_id,
 }
 """Cross-device semantics: `fn(info, mesh, operands per device) -> results per device`."""
 

@@ -28,7 +28,7 @@ _TABLE: dict[tuple, Term] = {}
 class Term:
     """An interned term. Compare with `is`; `serial` orders operands of commutative ops."""
 
-    __slots__ = ("op", "args", "attrs", "shape", "dtype", "serial", "__weakref__")
+    __slots__ = ("__weakref__", "args", "attrs", "dtype", "op", "serial", "shape")
 
     op: str
     args: tuple[Term, ...]
@@ -383,7 +383,7 @@ def _reshape_dot(term: Term, shape: tuple[int, ...]) -> Term | None:
     groups = reshape_groups(term.shape, shape)
     if groups is None:
         return None
-    sections = {"batch": range(0, n_batch), "lhs": range(n_batch, n_batch + n_lf),
+    sections = {"batch": range(n_batch), "lhs": range(n_batch, n_batch + n_lf),
                 "rhs": range(n_batch + n_lf, len(term.shape))}
     changed = None
     for src, dst in groups:

@@ -20,7 +20,6 @@ def verify_walk(walk: Walk, report: Report, budget_seconds: float = 60.0,
     """Check each rule instance of the sharded walk; a refuted or inconclusive one withdraws
     the verdict. The report's `mode` says what ran."""
     from .instance import check_instance
-
     from .progress import Progress
 
     start = time.perf_counter()

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from jaxlib.mlir import ir
 
 from entangle_mlir.infer import Walker
-from entangle_mlir.layout import Rel
 from entangle_mlir.ir import context
+from entangle_mlir.layout import Rel
 from entangle_mlir.pipeline import ModulePass, PassState
 from entangle_mlir.program import func_name, functions
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from entangle_mlir.diagnostics import Diagnostic, InputError
 
-SPLIT_MARKER = re.compile(r"^// -----\s*$", re.M)
+SPLIT_MARKER = re.compile(r"^// -----\s*$", re.MULTILINE)
 EXPECTED = re.compile(
     r"//\s*expected-(error|warning|note|remark)\s*(?:@([+-]\d+|above|below))?\s*\{\{(.*?)\}\}")
 

@@ -7,8 +7,16 @@ from dataclasses import replace
 from ..layout import GLOBAL, DeviceScalar, Opaque, Rel, Value
 from ..mesh import axes_str
 from ..opinfo import OpInfo
-from ..terms import (Term, linear_parts, make_broadcast, make_lin, make_splat,
-                     make_transpose, rebuild_elementwise, splat_value)
+from ..terms import (
+    Term,
+    linear_parts,
+    make_broadcast,
+    make_lin,
+    make_splat,
+    make_transpose,
+    rebuild_elementwise,
+    splat_value,
+)
 from .base import RuleContext
 
 ELEMENTWISE_TERM_OPS = ("lin", "mul", "div")
@@ -160,11 +168,7 @@ def unify_dims(rels: list[Rel], dims_of: list[list[int]], ctx: RuleContext,
 
 def _unit(rel: Rel, dim: int) -> bool:
     """A whole (untiled) dim of size 1 broadcasts like a poly dim: it is constant along itself."""
-    return rel.term.shape[dim] == 1 and not rel.tiling[dim] and not ctx_global(rel)
-
-
-def ctx_global(rel: Rel) -> bool:
-    return rel.scope == GLOBAL
+    return rel.term.shape[dim] == 1 and not rel.tiling[dim] and rel.scope != GLOBAL
 
 
 def _disagree(what: str, dim: int, axes_a, axes_b, size_a, size_b) -> str:

@@ -106,13 +106,9 @@ def wrap_integer(value: int, dtype: str) -> int:
 def _shift_scalar(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     """A device scalar combined with a tensor: the scalar becomes a shifted zero tensor."""
     rtype = info.result_types[0]
-    converted = [Shifted(splat_rel(0, rtype.shape, v_dtype(v, rtype), ctx), v.values)
+    converted = [Shifted(splat_rel(0, rtype.shape, rtype.dtype, ctx), v.values)
                  if isinstance(v, DeviceScalar) else v for v in operands]
     return elementwise_shifted(info, converted, ctx, elementwise)
-
-
-def v_dtype(value: DeviceScalar, rtype) -> str:
-    return rtype.dtype
 
 
 def _partial_operands(rels: list[Rel]) -> list[int]:

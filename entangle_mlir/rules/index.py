@@ -18,7 +18,6 @@ from ..terms import DENSE_VALUES, intern, make_op, make_splat, splat_value
 from .base import RuleContext
 from .common import freeze
 
-
 MAX_TABLE_DEVICES = 1 << 22
 
 

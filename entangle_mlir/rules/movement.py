@@ -10,8 +10,18 @@ from dataclasses import replace
 from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value
 from ..mesh import axes_str
 from ..opinfo import OpInfo
-from ..terms import (intern, make_broadcast, make_dense, make_iota, make_op, make_reshape,
-                     make_transpose, reshape_groups, scale, splat_value)
+from ..terms import (
+    intern,
+    make_broadcast,
+    make_dense,
+    make_iota,
+    make_op,
+    make_reshape,
+    make_transpose,
+    reshape_groups,
+    scale,
+    splat_value,
+)
 from . import shifted
 from .base import RuleContext
 from .common import freeze, replicated, splat_rel, unify_dims

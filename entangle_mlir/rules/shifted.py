@@ -15,8 +15,16 @@ from fractions import Fraction
 
 from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value
 from ..opinfo import OpInfo
-from ..terms import (Term, make_broadcast, make_iota, make_lin, make_reshape, make_splat,
-                     scale, single_scaled, splat_value)
+from ..terms import (
+    Term,
+    make_broadcast,
+    make_iota,
+    make_lin,
+    make_reshape,
+    scale,
+    single_scaled,
+    splat_value,
+)
 from .base import RuleContext
 from .common import splat_rel
 
@@ -151,6 +159,3 @@ def moved(info: OpInfo, value: Shifted, rule, ctx: RuleContext) -> list[Value]:
     inner = rule(info, [value.rel], ctx)
     return _wrap(inner, value.offsets, ctx)
 
-
-def zero_splat(shape, dtype) -> Term:
-    return make_splat(0, shape, dtype)
