@@ -63,31 +63,19 @@ def parse_lit_test(path: Path) -> dict:
 
 def check_output(path: Path) -> tuple[str, str | None]:
     """What `entangle check FILE` prints (run from the repository root), and the reason."""
-    from entangle_mlir.check import check_files
+    from entangle_mlir.check import check_files, check_with_pipeline
     from entangle_mlir.diagnostics import InputError
 
     relative = str(path.relative_to(REPO))
     pipeline = re.search(r"--pass-pipeline='builtin\.module\((.*inject-fault.*)\)'",
                          path.read_text())
     try:
-        report = (_run_pipeline(relative, pipeline.group(1)) if pipeline
+        report = (check_with_pipeline(relative, pipeline.group(1)) if pipeline
                   else check_files(relative, relative))
     except InputError as err:
         return err.render(), None
     first = report.diagnostics[0].category if report.diagnostics else None
     return report.render_text(), first
-
-
-def _run_pipeline(path: str, pipeline: str):
-    """The report of the file's own entangle-opt pipeline (for the testing-only fault)."""
-    from entangle_mlir.ir import context, load_file
-    from entangle_mlir.pipeline import PassState, parse_pipeline, run_pipeline
-    from passes import PASSES
-
-    state = PassState(load_file(path), path)
-    with context():
-        run_pipeline(parse_pipeline(pipeline, PASSES), state)
-    return state.report
 
 
 def diagnostics_md() -> str:

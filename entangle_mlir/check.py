@@ -64,3 +64,14 @@ def check_combined_file(path: str, *, verify_rules: bool = True) -> Report:
     if not has_refines(module):
         raise InputError("no function carries `entangle.refines = @reference`", file=path)
     return check_program(from_combined(module, path), verify_rules=verify_rules)
+
+
+def check_with_pipeline(path: str, pipeline: str) -> Report:
+    """The report of an explicit entangle-opt pipeline on a combined file (for pass options
+    `entangle check` does not expose, such as entangle-verify-rules{inject-fault=...})."""
+    from passes import PASSES
+
+    state = PassState(load_file(path), path)
+    with context():
+        run_pipeline(parse_pipeline(pipeline, PASSES), state)
+    return state.report

@@ -80,17 +80,11 @@ def report_for(reason: str):
     path = lit_file(reason)
     if reason != "refuted":
         return check_files(str(path), str(path))
-    from entangle_mlir.ir import context, load_file
-    from entangle_mlir.pipeline import PassState, parse_pipeline, run_pipeline
-    from passes import PASSES
+    from entangle_mlir.check import check_with_pipeline
 
-    module = load_file(str(path))
-    state = PassState(module, str(path))
-    pipeline = ("entangle-normalize,entangle-import-shardings,entangle-infer-relations,"
-                "entangle-check-refinement,entangle-verify-rules{inject-fault=stablehlo.add}")
-    with context():
-        run_pipeline(parse_pipeline(pipeline, PASSES), state)
-    return state.report
+    return check_with_pipeline(str(path), "entangle-normalize,entangle-import-shardings,"
+                               "entangle-infer-relations,entangle-check-refinement,"
+                               "entangle-verify-rules{inject-fault=stablehlo.add}")
 
 
 @pytest.mark.parametrize("reason", [r for r in REASONS if r not in Z3_REASONS])
