@@ -13,7 +13,7 @@ from jaxlib.mlir.dialects import sdy
 
 from .diagnostics import InputError, SourceLoc
 from .ir import op_location
-from .layout import GLOBAL, DeviceScalar, Opaque, Rel, Shifted, Value
+from .layout import GLOBAL, DeviceScalar, Opaque, Permuted, Rel, Shifted, Value
 from .mesh import Mesh, axes_str
 from .opinfo import OpInfo, describe
 from .per_device import (
@@ -26,6 +26,7 @@ from .per_device import (
 )
 from .program import mesh_from_attr, read_meshes
 from .rules import RULES, RuleContext
+from .rules.collectives import settle
 from .rules.common import check_local_shapes, freeze, resize
 from .rules.elementwise import ELEMENTWISE_RULES
 from .terms import Term, intern, make_arg, make_loopvar, make_splat, splat_value
@@ -186,6 +187,8 @@ class Walker:
             self._give_up(op, info, f"cannot read the attributes of {op.name}: {err}", ctx)
             return
         inputs = [self.walk.values[v] for v in op.operands]
+        if info.name != "stablehlo.collective_permute":
+            inputs = [settle(v) for v in inputs]
         local = RuleContext(ctx.mesh, ctx.manual_axes, reference=ctx.reference)
         opaque = next((v for v in inputs if isinstance(v, Opaque)), None)
         if opaque is not None:
@@ -227,7 +230,7 @@ class Walker:
         every iteration keeps them, and each result is `while_result(inits, cond, body)`,
         identified by the body's terms. Cost does not depend on the trip count."""
         info = describe(op, self.file)
-        inits = [self.walk.values[v] for v in op.operands]
+        inits = [settle(self.walk.values[v]) for v in op.operands]
         record = self._record(info, inits, [], ctx)
         record.sources = self._sources(op.operands)
         for result in op.results:
@@ -311,7 +314,7 @@ class Walker:
             self.walk.values[arg] = value
         self._block(block, ctx)
         terminator = block.operations[len(block.operations) - 1].operation
-        return [self.walk.values.get(v) for v in terminator.operands]
+        return [settle(self.walk.values.get(v)) for v in terminator.operands]
 
     @staticmethod
     def _loop_problem(cond, yields, ctx: RuleContext) -> str:
@@ -342,6 +345,8 @@ class Walker:
                 blame = next((v.partial_origin for v in inputs
                               if isinstance(v, Rel) and v.partial), None)
             return replace(value, origin=(record, blame))
+        if isinstance(value, Permuted) and value.origin is None:
+            return replace(value, origin=(record, None))
         if isinstance(value, Rel) and value.partial and isinstance(value.partial_origin, OpInfo):
             return replace(value, partial_origin=record)
         return value
@@ -438,6 +443,7 @@ class Walker:
         return "the program" if getattr(self, "per_device_mode", False) else "shard_map"
 
     def _leave(self, value: Value, tiling, mesh: Mesh, record: OpRecord, index: int) -> Value:
+        value = settle(value)
         if isinstance(value, Opaque):
             return value
         if isinstance(value, Shifted):

@@ -54,7 +54,7 @@ import numpy as np
 import z3
 
 from . import semantics as S
-from .layout import GLOBAL, DeviceScalar, Opaque, Rel, Shifted, Value
+from .layout import GLOBAL, DeviceScalar, Opaque, Permuted, Rel, Shifted, Value
 from .mesh import Mesh
 from .opinfo import OpInfo, TensorType
 from .rules.base import RuleContext
@@ -287,6 +287,8 @@ def _value_key(value: Value) -> tuple:
         return ("scalar", value.values, value.shape)
     if isinstance(value, Shifted):
         return ("shifted", _value_key(value.rel), value.offsets)
+    if isinstance(value, Permuted):
+        return ("permuted", _value_key(value.rel), value.sources)
     return ("opaque",)
 
 
@@ -327,6 +329,8 @@ def _same_layout(a: Value, b: Value) -> bool:
             b.tiling, b.partial, b.kind, b.poly, b.scope, b.term.shape, b.term.dtype)
     if isinstance(a, DeviceScalar) and isinstance(b, DeviceScalar):
         return a == b
+    if isinstance(a, Permuted) and isinstance(b, Permuted):
+        return a.sources == b.sources and _same_layout(a.rel, b.rel)
     return isinstance(a, Opaque) and isinstance(b, Opaque)
 
 
@@ -418,11 +422,11 @@ def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
                      ) -> tuple[list[Value], list[Value]] | None:
     abstract_ins: list[Value] = []
     for v in ins:
-        if isinstance(v, Rel):
-            a = abstractor.abstract(v)
+        if isinstance(v, Rel | Permuted):
+            a = abstractor.abstract(v if isinstance(v, Rel) else v.rel)
             if a is None:
                 return None
-            abstract_ins.append(a)
+            abstract_ins.append(a if isinstance(v, Rel) else replace(v, rel=a))
         else:
             abstract_ins.append(v)
     abstract_outs = _run_rule(info, abstract_ins, mesh, ctx)
@@ -433,6 +437,8 @@ def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
     for a, o in zip(abstract_outs, outs):
         if not _same_layout(a, o):
             return None
+        if isinstance(a, Permuted):
+            a, o = a.rel, o.rel
         if isinstance(a, Rel):
             try:
                 rebuilt = substitute(a.term, mapping, memo)
@@ -1011,6 +1017,10 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
             for d in range(devices):
                 local[d][i] = S.full(tuple(value.shape), value.values[d] if not single
                                      else value.values[0])
+        elif isinstance(value, Permuted) and not value.rel.partial and not single:
+            full = S.evaluate_term(value.rel.term, env, memo)
+            for d in range(devices):
+                local[d][i] = _block(full, value.rel, mesh, value.sources[d], single)
         elif isinstance(value, Shifted) and not value.rel.partial and not single:
             full = S.evaluate_term(value.rel.term, env, memo)
             for d in range(devices):
@@ -1038,6 +1048,18 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                                    f"scalar {value.shape}")
                 expect = value.values[d] if not single else value.values[0]
                 claims.extend(S.equal(x, expect) for x in got.reshape(-1))
+            continue
+        if isinstance(value, Permuted):
+            if value.rel.partial or single:
+                raise _Failure("unknown", "a permuted partial value cannot be checked")
+            full = S.evaluate_term(value.rel.term, env, memo)
+            for d in range(devices):
+                expect = _block(full, value.rel, mesh, value.sources[d], single)
+                if tuple(results[d][j].shape) != tuple(expect.shape):
+                    raise _Failure("refuted", f"result {j} has local shape "
+                                   f"{results[d][j].shape} on device {d}")
+                claims.extend(S.equal(x, y) for x, y in zip(results[d][j].reshape(-1),
+                                                            expect.reshape(-1)))
             continue
         if isinstance(value, Shifted):
             if value.rel.partial or single:

@@ -8,6 +8,8 @@ A sharded SSA value gets one of:
   replicates it. `poly` dims were created or widened by a broadcast at the local shape: they take
   the global size and tiling of the value they are combined with.
 * `DeviceScalar(values)`: a device-dependent integer scalar, tabulated over all devices.
+* `Shifted(rel, offsets)`, `Permuted(rel, sources)`: a Rel plus per-device constants, a Rel
+  with its blocks on other devices.
 * `Opaque(reason, origin)`: no relation fits; `origin` is the op where the relation was lost.
 """
 
@@ -99,6 +101,24 @@ class Shifted:
 
 
 @dataclass(frozen=True)
+class Permuted:
+    """Blocks of a split value moved between devices by collective_permute in an order that is
+    not a roll: device d holds the block `rel` places on device `sources[d]`. A further permute
+    composes with it (a permute and its inverse give `rel` back); any other use is an error,
+    `reason`, at the permute that made it (`origin`)."""
+
+    rel: Rel
+    sources: tuple[int, ...]
+    reason: str = ""
+    origin: object = field(default=None, compare=False)
+
+    def describe(self) -> str:
+        shown = ", ".join(str(s) for s in self.sources[:16])
+        more = ", ..." if len(self.sources) > 16 else ""
+        return f"{self.rel.describe()} with blocks from devices [{shown}{more}]"
+
+
+@dataclass(frozen=True)
 class Opaque:
     """The relation to the reference is lost: `reason` in a training engineer's words."""
 
@@ -110,7 +130,7 @@ class Opaque:
         return f"opaque: {self.reason}"
 
 
-Value = Rel | DeviceScalar | Shifted | Opaque
+Value = Rel | DeviceScalar | Shifted | Permuted | Opaque
 
 
 def layout_words(rel: Rel) -> str:

@@ -192,6 +192,8 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
     if record.hints:
         reason = record.hints[0]
         category = "duplicate_reduction" if "already replicated" in reason else "scale"
+        if record.info.name == "stablehlo.collective_permute":
+            category = "wrong_order"
     elif reference.has(base2) and k2 != 1:
         reason = f"value is {k2} x what the reference computes here ({pretty(base2, 3)})"
         category = "scale"

@@ -17,9 +17,8 @@ from __future__ import annotations
 import itertools
 import math
 from fractions import Fraction
-from typing import Union
 
-Scalar = Union[Fraction, float]
+Scalar = Fraction | float
 
 _counter = itertools.count()
 _TABLE: dict[tuple, Term] = {}
@@ -470,6 +469,48 @@ def make_op(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...
                                       attrs, shape, dtype, linear_in)) for k, t in pairs]
                 return make_lin(mapped, Fraction(0), shape, dtype)
     return intern(op, tuple(args), attrs, tuple(shape), dtype)
+
+
+def make_roll(term: Term, dim: int, shift: int) -> Term:
+    """`jnp.roll(term, shift, dim)` as jax lowers it: the last `shift` rows then the rest,
+    `concatenate(slice(term, N-shift:N), slice(term, 0:N-shift))`; rolls of rolls add up."""
+    size = term.shape[dim]
+    shift %= size
+    if shift == 0 or term.op == "splat":
+        return term
+    rolled = roll_parts(term, dim)
+    if rolled is not None:
+        return make_roll(rolled[0], dim, rolled[1] + shift)
+    rank = len(term.shape)
+
+    def rows(start: int, stop: int) -> Term:
+        starts = tuple(start if d == dim else 0 for d in range(rank))
+        limits = tuple(stop if d == dim else term.shape[d] for d in range(rank))
+        shape = tuple(stop - start if d == dim else term.shape[d] for d in range(rank))
+        return make_op("slice", (term,), (starts, limits, (1,) * rank), shape, term.dtype,
+                       linear_in=0)
+
+    return intern("concatenate", (rows(size - shift, size), rows(0, size - shift)), (dim,),
+                  term.shape, term.dtype)
+
+
+def roll_parts(term: Term, dim: int) -> tuple[Term, int] | None:
+    """(base, shift) when `term` is `make_roll(base, dim, shift)` written out, else None."""
+    if term.op != "concatenate" or term.attrs != (dim,) or len(term.args) != 2:
+        return None
+    first, second = term.args
+    if first.op != "slice" or second.op != "slice" or first.args != second.args:
+        return None
+    base = first.args[0]
+    size, rank = base.shape[dim], len(base.shape)
+    shift = first.shape[dim]
+    for part, start in ((first, size - shift), (second, 0)):
+        starts, limits, strides = part.attrs
+        for d in range(rank):
+            want = (start, start + part.shape[d]) if d == dim else (0, base.shape[d])
+            if (starts[d], limits[d]) != want or strides[d] != 1:
+                return None
+    return base, shift
 
 
 def make_dot(lhs: Term, rhs: Term, attrs: tuple, shape: tuple[int, ...], dtype: str) -> Term:

@@ -20,7 +20,7 @@ import pytest
 
 from entangle_mlir import terms as T
 from entangle_mlir.instance import InstanceChecker
-from entangle_mlir.layout import GLOBAL, DeviceScalar, Opaque, Rel, Value
+from entangle_mlir.layout import GLOBAL, DeviceScalar, Opaque, Permuted, Rel, Value
 from entangle_mlir.mesh import Mesh
 from entangle_mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
@@ -59,6 +59,8 @@ def splat(value, shape: tuple[int, ...], dtype: str = "f32") -> Rel:
 def local_type(value: Value, mesh: Mesh | None) -> TensorType:
     if isinstance(value, DeviceScalar):
         return TensorType(tuple(value.shape), "i32")
+    if isinstance(value, Permuted):
+        value = value.rel
     assert isinstance(value, Rel)
     if mesh is None or value.scope == GLOBAL:
         return TensorType(value.term.shape, value.term.dtype)
@@ -463,6 +465,22 @@ def collective_lemmas() -> list[Lemma]:
                      [rel(arg((4, 3)), "dp")],
                      attrs={"source_target_pairs": [[0, 1], [1, 0], [2, 3], [3, 2]],
                             "channel_handle": 1}, mesh=M2))
+    # A cyclic shift of the blocks is a roll of the global tensor (also of a partial sum whose
+    # groups move as a whole); any other order is a permuted value; a permute undoes one.
+    ring3 = {"source_target_pairs": [[0, 1], [1, 2], [2, 0]], "channel_handle": 1}
+    along_tp = {"source_target_pairs": [[0, 1], [1, 0], [2, 3], [3, 2]], "channel_handle": 1}
+    swap = {"source_target_pairs": [[0, 2], [2, 0], [1, 1], [3, 3]], "channel_handle": 1}
+    out.append(Lemma("collective_permute-roll", "stablehlo.collective_permute",
+                     [rel(arg((6, 2)), "tp")], attrs=ring3, mesh=M3))
+    out.append(Lemma("collective_permute-roll-2d", "stablehlo.collective_permute",
+                     [rel(arg((4, 4)), "dp", "tp")], attrs=along_tp, mesh=M2))
+    out.append(Lemma("collective_permute-roll-partial", "stablehlo.collective_permute",
+                     [rel(arg((4, 2)), "tp", partial=("dp",))], attrs=along_tp, mesh=M2))
+    out.append(Lemma("collective_permute-permuted", "stablehlo.collective_permute",
+                     [rel(arg((8, 2)), ("dp", "tp"))], attrs=swap, mesh=M2))
+    x = rel(arg((8, 2)), ("dp", "tp"))
+    out.append(Lemma("collective_permute-undo", "stablehlo.collective_permute",
+                     [Permuted(x, (2, 1, 0, 3))], attrs=swap, mesh=M2))
     return out
 
 
@@ -685,6 +703,20 @@ def test_refutes_collective_permute_of_split_blocks() -> None:
     x = arg((4, 2))
     refute("stablehlo.collective_permute", [rel(x, "tp")], [rel(x, "tp")], [((2, 2), "f32")],
            {"source_target_pairs": [[0, 1], [1, 0]], "channel_handle": 1})
+
+
+def test_refutes_roll_by_the_wrong_amount() -> None:
+    x = arg((6, 2))
+    refute("stablehlo.collective_permute", [rel(x, "tp")], [rel(T.make_roll(x, 0, 4), "tp")],
+           [((2, 2), "f32")], {"source_target_pairs": [[0, 1], [1, 2], [2, 0]],
+                               "channel_handle": 1}, mesh=M3)
+
+
+def test_refutes_permuted_blocks_from_the_wrong_devices() -> None:
+    x = rel(arg((8, 2)), ("dp", "tp"))
+    refute("stablehlo.collective_permute", [x], [Permuted(x, (1, 0, 2, 3))], [((2, 2), "f32")],
+           {"source_target_pairs": [[0, 2], [2, 0], [1, 1], [3, 3]], "channel_handle": 1},
+           mesh=M2)
 
 
 def test_refutes_max_of_split_dim_claimed_partial_sum() -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..layout import Opaque, Rel, Value
+from ..layout import Opaque, Permuted, Rel, Value
 from ..mesh import axes_str
 from ..opinfo import OpInfo
-from ..terms import scale
+from ..terms import make_roll, scale
 from .base import RuleContext
 from .common import freeze
 
@@ -195,30 +195,103 @@ def all_to_all(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Va
 
 
 def collective_permute(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    """Moving blocks between devices. A move along axes the value does not depend on is the
+    identity; a cyclic shift of the blocks of split dims is a roll of the global tensor; any
+    other order is kept as `Permuted` so a later permute can undo it (ppermute and its inverse,
+    ring steps that come full circle)."""
     (x,) = operands
-    x = _needs_rel(info, x)
-    if isinstance(x, Opaque):
-        return [x]
+    if isinstance(x, Permuted):
+        base, sources = x.rel, x.sources
+    else:
+        base = _needs_rel(info, x)
+        if isinstance(base, Opaque):
+            return [base]
+        sources = None
     if ctx.is_global or ctx.mesh is None:
         return [Opaque("collective_permute outside a manual computation",
                        category="unsupported")]
+    mesh = ctx.mesh
     pairs = info.attrs.get("source_target_pairs") or []
-    targets = {t for _, t in pairs}
-    if len(targets) != ctx.mesh.num_devices:
-        missing = sorted(set(range(ctx.mesh.num_devices)) - targets)
+    moved_from: dict[int, int] = {}
+    for source, target in pairs:
+        if target in moved_from or not 0 <= source < mesh.num_devices:
+            return [Opaque(f"collective_permute: malformed source/target pairs {pairs[:8]}",
+                           category="unsupported")]
+        moved_from[target] = source
+    if len(moved_from) != mesh.num_devices:
+        missing = sorted(set(range(mesh.num_devices)) - set(moved_from))
         return [Opaque(f"collective_permute leaves devices {missing[:8]} without data "
                        "(they receive zeros)", category="wrong_order")]
+    composed = tuple(moved_from[t] if sources is None else sources[moved_from[t]]
+                     for t in range(mesh.num_devices))
+    order = [t for _, t in pairs]
+    placed = place_blocks(base, composed, mesh, order)
+    if isinstance(placed, Rel) and placed.term is not base.term:
+        shifts = block_shifts(base, composed, mesh) or []
+        rolled = ", ".join(f"{rows} along dim {dim}" for dim, rows in enumerate(shifts) if rows)
+        ctx.hint(f"{_moved_blocks(base, composed, mesh, order)}: the global tensor is rolled "
+                 f"by {rolled}")
+    return [placed]
+
+
+def block_shifts(x: Rel, sources: tuple[int, ...], mesh) -> list[int] | None:
+    """Per dim, how far the blocks moved (in rows of the global tensor) when device d holds the
+    block of device `sources[d]` and that is a cyclic shift of every split dim; else None."""
+    shifts = []
+    for dim, axes in enumerate(x.tiling):
+        if not axes:
+            shifts.append(0)
+            continue
+        count = mesh.group_size(axes)
+        moved = {(mesh.block_index(axes, t) - mesh.block_index(axes, s)) % count
+                 for t, s in enumerate(sources)}
+        if len(moved) != 1:
+            return None
+        shifts.append(moved.pop() * (x.term.shape[dim] // count))
+    return shifts
+
+
+def place_blocks(x: Rel, sources: tuple[int, ...], mesh, order=()) -> Value:
+    """`x` with device d holding what `x` places on device `sources[d]`: `x` itself when every
+    device gets its own block, a roll of the split dims when the blocks shift cyclically,
+    else `Permuted` (an error for a partial value, whose pieces must stay in their group)."""
     if x.partial:
-        used = tuple(a for a in ctx.mesh.names if a not in x.partial)
-    else:
-        used = tuple(a for a in ctx.mesh.names if a in x.tiled_axes)
-    for source, target in pairs:
-        moved = [a for a in used if ctx.mesh.coords(source)[a] != ctx.mesh.coords(target)[a]]
-        if moved:
-            what = "pieces of a partial sum" if x.partial else "blocks"
-            return [Opaque(f"collective_permute moves {what} along {axes_str(moved)}: device "
-                           f"{target} receives device {source}'s block", category="wrong_order")]
-    return [x]
+        free = [a for a in mesh.names if a not in x.partial]
+        groups: dict[tuple, tuple] = {}
+        for target, source in enumerate(sources):
+            key = tuple(mesh.coords(target)[a] for a in free)
+            origin = tuple(mesh.coords(source)[a] for a in free)
+            if groups.setdefault(key, origin) != origin:
+                return Opaque(f"collective_permute mixes the pieces of a partial {x.kind} over "
+                              f"{axes_str(x.partial)} between groups: device {target} "
+                              f"receives device {source}'s piece", category="wrong_order")
+    shifts = block_shifts(x, sources, mesh)
+    if shifts is None:
+        reason = _moved_blocks(x, sources, mesh, order)
+        if x.partial:
+            return Opaque(reason, category="wrong_order")
+        return Permuted(x, sources, reason)
+    term = x.term
+    for dim, shift in enumerate(shifts):
+        term = make_roll(term, dim, shift)
+    return replace(x, term=term) if term is not x.term else x
+
+
+def _moved_blocks(x: Rel, sources: tuple[int, ...], mesh, order=()) -> str:
+    """The first device (in `order`, then by id) that receives another block, in words."""
+    target = next(t for t in [*order, *range(len(sources))]
+                  if any(mesh.block_index(axes, t) != mesh.block_index(axes, sources[t])
+                         for axes in x.tiling if axes))
+    moved = [a for a in x.tiled_axes if mesh.coords(sources[target])[a] != mesh.coords(target)[a]]
+    return (f"collective_permute moves blocks along {axes_str(moved)}: device {target} "
+            f"receives device {sources[target]}'s block")
+
+
+def settle(value: Value) -> Value:
+    """What a non-permute op sees: a `Permuted` value is blocks in the wrong place."""
+    if isinstance(value, Permuted):
+        return Opaque(value.reason, origin=value.origin, category="wrong_order")
+    return value
 
 
 COLLECTIVE_RULES = {
