@@ -85,13 +85,6 @@ def _completeness(sample) -> tuple[float, collections.Counter]:
     return 100.0 * len(proven) / len(correct), why
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "completeness is ~89% (not >= 95%; 88.6% over 2000 programs): missing rules/canonical "
-    "forms, see benchmarks/fuzz.py's report: collective_permute composed with its inverse or "
-    "as a roll; dynamic_slice / dynamic_update_slice over a minor axis of an already split dim; "
-    "split dims whose local size is 1 (broadcast keeps 1, reshape groups); max/min with a "
-    "constant, a positive factor, a divisor or a pad value on a partial max/min; scalars and "
-    "sums not pulled through concatenate / pad / dot_general"))
 def test_sample_completeness(sample) -> None:
     pct, why = _completeness(sample)
     assert pct >= 95.0, f"completeness {pct:.1f}% < 95%; not proven because: {why.most_common()}"

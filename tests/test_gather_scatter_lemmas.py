@@ -95,6 +95,20 @@ def scatter_lemmas() -> list[Lemma]:
         Lemma("gs-scatter-add-partial-updates", SCATTER,
               [rel(arg((3, 2))), rel(arg((2, 1), "i32")), rel(arg((2, 2)), partial=("tp",))],
               results=[((3, 2), "f32")], attrs={**SCATTER_ROWS, "reducer": "add"}),
+        # Replace is jointly linear in (operand, updates) at fixed indices: partial operand
+        # and partial updates alike, or a partial operand with replicated updates (counted
+        # |tp| times by the sum, once by a max).
+        Lemma("gs-scatter-replace-partial", SCATTER,
+              [rel(arg((3, 2)), partial=("tp",)), rel(arg((2, 1), "i32")),
+               rel(arg((2, 2)), partial=("tp",))],
+              results=[((3, 2), "f32")], attrs={**SCATTER_ROWS, "reducer": "replace"}),
+        Lemma("gs-scatter-replace-partial-operand", SCATTER,
+              [rel(arg((3, 2)), partial=("tp",)), rel(arg((2, 1), "i32")), rel(arg((2, 2)))],
+              results=[((3, 2), "f32")], attrs={**SCATTER_ROWS, "reducer": "replace"}),
+        Lemma("gs-scatter-replace-partial-max", SCATTER,
+              [rel(arg((3, 2)), partial=("tp",), kind="max"), rel(arg((2, 1), "i32")),
+               rel(arg((2, 2)))],
+              results=[((3, 2), "f32")], attrs={**SCATTER_ROWS, "reducer": "replace"}),
         # 2-D mesh: tokens over dp, columns over tp.
         Lemma("gs-scatter-add-2d", SCATTER,
               [splat(0, (3, 2)), rel(arg((4, 1), "i32"), "dp"), rel(arg((4, 4)), "dp", "tp")],
@@ -120,6 +134,11 @@ def dus_lemmas() -> list[Lemma]:
         Lemma("gs-dus-partial-max", DUS,
               [rel(arg((4, 3)), partial=("tp",), kind="max"), rel(arg((2, 3))),
                splat(1, (), "i32"), splat(0, (), "i32")], results=[((4, 3), "f32")]),
+        # Pieces of a partial sum over dp placed by their tp block: a partial sum over both.
+        Lemma("gs-dus-placed-partial", DUS,
+              [splat(0, (4, 2)), rel(arg((4, 2)), "tp", partial=("dp",)),
+               DeviceScalar((0, 2, 0, 2), ()), splat(0, (), "i32")],
+              results=[((4, 2), "f32")], mesh=M2),
         Lemma("gs-dus-2d-rows-dp", DUS,
               [rel(arg((4, 4)), "dp"), rel(arg((4, 2)), "dp"), splat(0, (), "i32"),
                splat(1, (), "i32")], results=[((2, 4), "f32")], mesh=M2),
@@ -194,6 +213,13 @@ def test_refutes_scatter_add_partial_updates_with_operand_counted_once() -> None
            {**SCATTER_ROWS, "reducer": "add"})
 
 
+def test_refutes_scatter_replace_of_partial_with_updates_counted_once() -> None:
+    x, ids, upd = arg((3, 2)), arg((2, 1), "i32"), arg((2, 2))
+    claim = rel(_scatter_term(x, ids, upd, "replace"), partial=("tp",))
+    refute(SCATTER, [rel(x, partial=("tp",)), rel(ids), rel(upd)], [claim], [((3, 2), "f32")],
+           {**SCATTER_ROWS, "reducer": "replace"})
+
+
 def test_refutes_scatter_replace_into_row_split_operand() -> None:
     x, ids, upd = arg((4, 2)), arg((2, 1), "i32"), arg((2, 2))
     claim = rel(_scatter_term(x, ids, upd, "replace"), "tp")
@@ -234,7 +260,7 @@ def _run(op: str, ins, results, attrs, mesh=M1):
      {**POINTS, "slice_sizes": (1, 1)}, "index vector dim 1 is split"),
     ("scatter replace of split updates", SCATTER,
      lambda: [rel(arg((3, 2))), rel(arg((4, 1), "i32"), "tp"), rel(arg((4, 2)), "tp")],
-     [((3, 2), "f32")], {**SCATTER_ROWS, "reducer": "replace"}, "replacing is not linear"),
+     [((3, 2), "f32")], {**SCATTER_ROWS, "reducer": "replace"}, "overwrites its own copy"),
     ("scatter updates split, indices not", SCATTER,
      lambda: [rel(arg((3, 2))), rel(arg((4, 1), "i32")), rel(arg((4, 2)), "tp")],
      [((3, 2), "f32")], {**SCATTER_ROWS, "reducer": "add"}, "matching indices dim 0"),

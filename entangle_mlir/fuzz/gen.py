@@ -644,12 +644,14 @@ def f_where(g: Gen, s: State):
 
 
 def _binarg(g: Gen, s: State, bdim: int | None):
+    """x op arg. A partial max/min is never multiplied by an argument: max(a) * w equals
+    max(a * w) only for w >= 0, a fact about the inputs the programs must not rely on."""
     if s.kind == "sum" or (not s.partial and s.coef != 1):
         kinds = ["add", "sub", "mul"]
     elif s.kind == "max":
-        kinds = ["add", "sub", "maximum", "mul+"]
+        kinds = ["add", "sub", "maximum"]
     elif s.kind == "min":
-        kinds = ["add", "sub", "minimum", "mul+"]
+        kinds = ["add", "sub", "minimum"]
     else:
         kinds = ["add", "sub", "mul", "maximum", "minimum", "where", "div+"]
     kind = g.ch.choice(kinds)

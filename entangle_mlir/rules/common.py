@@ -51,8 +51,6 @@ def resize(term: Term, dim: int, size: int) -> Term | None:
     if term.shape[dim] == size:
         return term
     shape = term.shape[:dim] + (size,) + term.shape[dim + 1:]
-    if term.shape[dim] == 1:
-        return make_broadcast(term, tuple(range(len(shape))), shape)
     if term.op == "splat":
         return make_splat(term.attrs[0], shape, term.dtype)
     if term.op == "broadcast":
@@ -61,6 +59,8 @@ def resize(term: Term, dim: int, size: int) -> Term | None:
         if dim in dims and operand.shape[dims.index(dim)] != 1:
             return None
         return make_broadcast(operand, dims, shape)
+    if term.shape[dim] == 1:
+        return make_broadcast(term, tuple(range(len(shape))), shape)
     if term.op == "transpose":
         (perm,) = term.attrs
         inner = resize(term.args[0], perm[dim], size)

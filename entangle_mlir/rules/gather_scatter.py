@@ -303,14 +303,19 @@ def scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
         return [Opaque("scatter: the same mesh axis splits the operand and the updates' "
                        "scatter dims", category="layout_mismatch")]
     if kind == "replace":
-        if operand.partial or updates.partial or spread:
-            return [Opaque("scatter (replace) of partial or split updates: replacing is not "
-                           "linear, every device overwrites its own copy",
+        if spread:
+            return [Opaque("scatter (replace) of updates split along their scatter dims: every "
+                           "device overwrites its own copy with its own rows",
                            category="nonlinear_partial")]
-        term = make_scatter(operand.term, indices.term, updates.term, dims, kind)
+        joint = _dus_partial(operand, updates, ctx, "scatter (replace)")
+        if isinstance(joint, Opaque):
+            return [joint]
+        o_term, u_term, axes, partial_kind = joint
+        term = make_scatter(o_term, indices.term, u_term, dims, kind)
         ctx.note("scatter (replace) with repeated indices is modelled as 'last update wins' "
                  "(the order is implementation-defined in StableHLO)")
-        return [replace(operand, term=term)]
+        return [Rel(term, operand.tiling, axes, partial_kind, frozenset(), operand.scope,
+                    partial_origin=operand.partial_origin or updates.partial_origin)]
     return [_scatter_add(operand, indices, updates, dims, tuple(spread), ctx)]
 
 
@@ -463,18 +468,21 @@ def dynamic_update_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) 
                 partial_origin=origin)]
 
 
-def _dus_partial(operand: Rel, update: Rel, ctx: RuleContext):
-    """Joint linearity: both partial alike, or one partial and the other counted per device."""
+def _dus_partial(operand: Rel, update: Rel, ctx: RuleContext,
+                 what: str = "dynamic_update_slice"):
+    """Joint linearity of writing `update` over part of `operand` (dynamic_update_slice,
+    scatter replace at fixed indices): both partial alike, or one partial and the other
+    counted per device (a sum counts it |axes| times; a max or min once)."""
     if not operand.partial and not update.partial:
         return operand.term, update.term, (), ""
     if operand.partial and update.partial:
         if (operand.partial, operand.kind) != (update.partial, update.kind):
-            return Opaque("dynamic_update_slice of partial values over different axes",
+            return Opaque(f"{what} of partial values over different axes",
                           category="partial_mixed")
         return operand.term, update.term, operand.partial, operand.kind
     carried, other = (operand, update) if operand.partial else (update, operand)
     if set(other.tiled_axes) & set(carried.partial):
-        return Opaque(f"dynamic_update_slice combines a partial {carried.kind} over "
+        return Opaque(f"{what} combines a partial {carried.kind} over "
                       f"{axes_str(carried.partial)} with a value split over those axes",
                       category="partial_mixed")
     o_term, u_term = operand.term, update.term
@@ -484,7 +492,7 @@ def _dus_partial(operand: Rel, update: Rel, ctx: RuleContext):
             o_term = scale(o_term, factor)
         else:
             u_term = scale(u_term, factor)
-        ctx.hint(f"dynamic_update_slice mixes a partial sum over {axes_str(carried.partial)} "
+        ctx.hint(f"{what} mixes a partial sum over {axes_str(carried.partial)} "
                  f"with a value replicated over {axes_str(carried.partial)}: after the "
                  f"all_reduce the replicated part is counted {factor} times")
     return o_term, u_term, carried.partial, carried.kind
@@ -494,7 +502,11 @@ def _placed_blocks(operand: Rel, update: Rel, starts: list[Term], axes: tuple[st
                    ctx: RuleContext) -> Value:
     """Every device writes its own block of the update into a zero buffer: the sum over the
     placing axes is the whole update at the base offset."""
-    if not is_zero(operand) or operand.partial or update.partial:
+    if update.partial and (update.kind != "sum" or set(update.partial) & set(axes)):
+        return Opaque(f"dynamic_update_slice places each device's piece of a partial "
+                      f"{update.kind} over {axes_str(update.partial)} by its block over "
+                      f"{axes_str(axes)}: the pieces do not add up", category="partial_mixed")
+    if not is_zero(operand) or operand.partial:
         return Opaque(f"dynamic_update_slice places each device's block (over "
                       f"{axes_str(axes)}) into a buffer that is not zero: the devices hold "
                       "different mixtures of the buffer and the update", category="unrelated")
@@ -510,8 +522,9 @@ def _placed_blocks(operand: Rel, update: Rel, starts: list[Term], axes: tuple[st
     zeros = make_splat(0, operand.term.shape, operand.term.dtype)
     term = make_dynamic_update_slice(zeros, global_update, starts)
     order = ctx.mesh.names
-    return Rel(term, tuple(tiling), tuple(sorted(axes, key=order.index)), "sum", frozenset(),
-               operand.scope)
+    summed = set(axes) | set(update.partial)
+    return Rel(term, tuple(tiling), tuple(sorted(summed, key=order.index)), "sum", frozenset(),
+               operand.scope, partial_origin=update.partial_origin)
 
 
 # Ops whose rule reads the update region (the walker must let scatter's region through).

@@ -4,6 +4,7 @@ pad. Data movement keeps partial sums (it is linear) and moves tilings with the 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from dataclasses import replace
 
@@ -92,6 +93,7 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
     groups = reshape_groups(local_in, local_out)
     if groups is None:
         return [Opaque("reshape: cannot match dims", category="internal")]
+    groups = _peel_unit_dims(groups, local_in, local_out)
     choices = []
     for src_dims, dst_dims in groups:
         split = [d for d in src_dims if x.tiling[d]]
@@ -103,18 +105,35 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
                            f"{axes_str(x.tiling[split[0]])}, in a way that mixes blocks",
                            category="layout_mismatch")]
         non_unit = [d for d in dst_dims if local_out[d] != 1]
-        alternative = non_unit[0] if non_unit else dst_dims[0]
-        choices.append((x.tiling[split[0]], dst_dims[0], alternative))
-    candidates = [_reshape_result(x, local_out, [(axes, target) for axes, target, _ in choices],
-                                  ctx)]
-    if any(major != alt for _, major, alt in choices):
-        candidates.append(_reshape_result(x, local_out, [(axes, alt) for axes, _, alt in choices],
-                                          ctx))
+        targets = [dst_dims[0], *(non_unit[:1] if non_unit else dst_dims[1:])]
+        choices.append((x.tiling[split[0]], list(dict.fromkeys(targets))))
+    placements = itertools.islice(itertools.product(*(targets for _, targets in choices)),
+                                  _RESHAPE_CANDIDATES)
+    candidates = [_reshape_result(x, local_out, list(zip((axes for axes, _ in choices), placed)),
+                                  ctx) for placed in placements]
     if ctx.reference is not None:
         for candidate in candidates:
             if candidate.term.serial in ctx.reference:
                 return [candidate]
     return [candidates[0]]
+
+
+def _peel_unit_dims(groups, local_in, local_out):
+    """Unit dims leading a group on both sides pair up one to one, in their own groups (a split
+    dim of local size 1 keeps its own global dim: (1, 8) -> (1, 4, 2) with dim 0 split)."""
+    out = []
+    for src_dims, dst_dims in groups:
+        while (len(src_dims) > 1 and len(dst_dims) > 1 and local_in[src_dims[0]] == 1
+               and local_out[dst_dims[0]] == 1):
+            out.append(([src_dims[0]], [dst_dims[0]]))
+            src_dims, dst_dims = src_dims[1:], dst_dims[1:]
+        out.append((src_dims, dst_dims))
+    return out
+
+
+_RESHAPE_CANDIDATES = 16
+"""The most global views of an ambiguous reshape (split dims among unit dims) compared with
+the reference's terms."""
 
 
 def _reshape_result(x: Rel, local_out: tuple[int, ...], targets, ctx: RuleContext) -> Rel:
