@@ -13,7 +13,7 @@ from jaxlib.mlir.dialects import sdy
 
 from .diagnostics import InputError, SourceLoc
 from .ir import op_location
-from .layout import GLOBAL, DeviceScalar, Opaque, Permuted, Rel, Shifted, Value
+from .layout import GLOBAL, DeviceScalar, Opaque, Permuted, Rel, Shifted, Value, Windowed
 from .mesh import Mesh, axes_str
 from .opinfo import OpInfo, describe
 from .per_device import (
@@ -26,9 +26,9 @@ from .per_device import (
 )
 from .program import mesh_from_attr, read_meshes
 from .rules import RULES, RuleContext
-from .rules.collectives import settle
 from .rules.common import check_local_shapes, freeze, resize
 from .rules.elementwise import ELEMENTWISE_RULES
+from .rules.window import settle
 from .terms import Term, intern, make_arg, make_loopvar, make_splat, splat_value
 
 _TERMINATORS = ("func.return", "stablehlo.return", "sdy.return")
@@ -187,8 +187,7 @@ class Walker:
             self._give_up(op, info, f"cannot read the attributes of {op.name}: {err}", ctx)
             return
         inputs = [self.walk.values[v] for v in op.operands]
-        if info.name != "stablehlo.collective_permute":
-            inputs = [settle(v) for v in inputs]
+        inputs = [settle(v, info.name) for v in inputs]
         local = RuleContext(ctx.mesh, ctx.manual_axes, reference=ctx.reference)
         opaque = next((v for v in inputs if isinstance(v, Opaque)), None)
         if opaque is not None:
@@ -345,7 +344,7 @@ class Walker:
                 blame = next((v.partial_origin for v in inputs
                               if isinstance(v, Rel) and v.partial), None)
             return replace(value, origin=(record, blame))
-        if isinstance(value, Permuted) and value.origin is None:
+        if isinstance(value, Permuted | Windowed) and value.origin is None:
             return replace(value, origin=(record, None))
         if isinstance(value, Rel) and value.partial and isinstance(value.partial_origin, OpInfo):
             return replace(value, partial_origin=record)

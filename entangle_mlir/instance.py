@@ -54,7 +54,7 @@ import numpy as np
 import z3
 
 from . import semantics as S
-from .layout import GLOBAL, DeviceScalar, Opaque, Permuted, Rel, Shifted, Value
+from .layout import GLOBAL, DeviceScalar, Opaque, Permuted, Rel, Shifted, Value, Windowed
 from .mesh import Mesh
 from .opinfo import OpInfo, TensorType
 from .rules.base import RuleContext
@@ -222,7 +222,8 @@ class InstanceChecker:
         if abstract is not None:
             mode = "abstract" if size <= self.reduce_above else f"abstract ({why_not})"
             return info, abstract[0], abstract[1], mode
-        cost = _term_cost([v.term for v in ins + outs if isinstance(v, Rel)])
+        cost = _term_cost([r.term for r in map(_rel_of, list(ins) + list(outs))
+                           if r is not None])
         if cost > MAX_TERM_COST:
             return ProofResult("skipped", reason=f"{why_not}, and its reference terms are too "
                                f"large to evaluate ({cost} elements over all subterms)")
@@ -260,8 +261,18 @@ def _query_name(info: OpInfo) -> str:
 
 def _instance_size(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value]) -> int:
     sizes = [math.prod(t.shape) for t in info.operand_types + info.result_types]
-    sizes += [math.prod(v.term.shape) for v in list(ins) + list(outs) if isinstance(v, Rel)]
+    sizes += [math.prod(r.term.shape) for r in map(_rel_of, list(ins) + list(outs))
+              if r is not None]
     return max(sizes, default=1)
+
+
+def _rel_of(value: Value) -> Rel | None:
+    """The relation a value is built on (a moved or shifted value's underlying Rel)."""
+    if isinstance(value, Rel):
+        return value
+    if isinstance(value, Permuted | Windowed | Shifted):
+        return value.rel
+    return None
 
 
 def _term_cost(terms: Sequence[Term]) -> int:
@@ -289,6 +300,8 @@ def _value_key(value: Value) -> tuple:
         return ("shifted", _value_key(value.rel), value.offsets)
     if isinstance(value, Permuted):
         return ("permuted", _value_key(value.rel), value.sources)
+    if isinstance(value, Windowed):
+        return ("windowed", _value_key(value.rel), value.dim, value.offset, value.length)
     return ("opaque",)
 
 
@@ -331,6 +344,9 @@ def _same_layout(a: Value, b: Value) -> bool:
         return a == b
     if isinstance(a, Permuted) and isinstance(b, Permuted):
         return a.sources == b.sources and _same_layout(a.rel, b.rel)
+    if isinstance(a, Windowed) and isinstance(b, Windowed):
+        return (a.dim, a.offset, a.length) == (b.dim, b.offset, b.length) and _same_layout(
+            a.rel, b.rel)
     return isinstance(a, Opaque) and isinstance(b, Opaque)
 
 
@@ -422,7 +438,7 @@ def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
                      ) -> tuple[list[Value], list[Value]] | None:
     abstract_ins: list[Value] = []
     for v in ins:
-        if isinstance(v, Rel | Permuted):
+        if isinstance(v, Rel | Permuted | Windowed):
             a = abstractor.abstract(v if isinstance(v, Rel) else v.rel)
             if a is None:
                 return None
@@ -437,7 +453,7 @@ def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
     for a, o in zip(abstract_outs, outs):
         if not _same_layout(a, o):
             return None
-        if isinstance(a, Permuted):
+        if isinstance(a, Permuted | Windowed):
             a, o = a.rel, o.rel
         if isinstance(a, Rel):
             try:
@@ -934,6 +950,18 @@ def _leaf_name(index: int) -> str:
     return f"A{index - ABSTRACT_BASE}" if index >= ABSTRACT_BASE else f"arg{index}"
 
 
+def _window_rows(value: np.ndarray, window: Windowed, mesh: Mesh, device: int) -> np.ndarray:
+    """Device `device`'s rows of a halo window (the other dims blocked as in its relation)."""
+    dim, axes = window.dim, window.rel.tiling[window.dim]
+    others = list(window.rel.tiling)
+    others[dim] = ()
+    block = _block(value, replace(window.rel, tiling=tuple(others)), mesh, device, False)
+    size = value.shape[dim]
+    start = mesh.block_index(axes, device) * (size // mesh.group_size(axes)) + window.offset
+    rows = [(start + i) % size for i in range(window.length)]
+    return np.take(block, rows, axis=dim)
+
+
 def _block(value: np.ndarray, rel: Rel, mesh: Mesh | None, device: int, single: bool
            ) -> np.ndarray:
     """Device `device`'s block of a global value under `rel`'s tiling (poly dims whole)."""
@@ -969,7 +997,7 @@ def _build(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
     """The claim's conjuncts (z3 BoolRefs or Python bools), hypotheses go to `source`."""
     single = ctx.is_global or mesh is None
     devices = 1 if single else mesh.num_devices
-    terms = [v.term for v in ins + outs if isinstance(v, Rel)]
+    terms = [r.term for r in map(_rel_of, list(ins) + list(outs)) if r is not None]
     env: dict = {}
     for index, leaf in _leaf_args(terms).items():
         env[index] = source.tensor(_leaf_name(index), leaf.shape, leaf.dtype)
@@ -1021,6 +1049,10 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
             full = S.evaluate_term(value.rel.term, env, memo)
             for d in range(devices):
                 local[d][i] = _block(full, value.rel, mesh, value.sources[d], single)
+        elif isinstance(value, Windowed) and not value.rel.partial and not single:
+            full = S.evaluate_term(value.rel.term, env, memo)
+            for d in range(devices):
+                local[d][i] = _window_rows(full, value, mesh, d)
         elif isinstance(value, Shifted) and not value.rel.partial and not single:
             full = S.evaluate_term(value.rel.term, env, memo)
             for d in range(devices):
@@ -1049,12 +1081,13 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                 expect = value.values[d] if not single else value.values[0]
                 claims.extend(S.equal(x, expect) for x in got.reshape(-1))
             continue
-        if isinstance(value, Permuted):
+        if isinstance(value, Permuted | Windowed):
             if value.rel.partial or single:
-                raise _Failure("unknown", "a permuted partial value cannot be checked")
+                raise _Failure("unknown", "a moved partial value cannot be checked")
             full = S.evaluate_term(value.rel.term, env, memo)
             for d in range(devices):
-                expect = _block(full, value.rel, mesh, value.sources[d], single)
+                expect = (_block(full, value.rel, mesh, value.sources[d], single)
+                          if isinstance(value, Permuted) else _window_rows(full, value, mesh, d))
                 if tuple(results[d][j].shape) != tuple(expect.shape):
                     raise _Failure("refuted", f"result {j} has local shape "
                                    f"{results[d][j].shape} on device {d}")

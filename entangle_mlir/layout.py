@@ -8,8 +8,9 @@ A sharded SSA value gets one of:
   replicates it. `poly` dims were created or widened by a broadcast at the local shape: they take
   the global size and tiling of the value they are combined with.
 * `DeviceScalar(values)`: a device-dependent integer scalar, tabulated over all devices.
-* `Shifted(rel, offsets)`, `Permuted(rel, sources)`: a Rel plus per-device constants, a Rel
-  with its blocks on other devices.
+* `Shifted(rel, offsets)`, `Permuted(rel, sources)`, `Windowed(rel, dim, offset, length)`: a
+  Rel plus per-device constants, a Rel with its blocks on other devices, rows of a split dim
+  off each device's own block.
 * `Opaque(reason, origin)`: no relation fits; `origin` is the op where the relation was lost.
 """
 
@@ -119,6 +120,27 @@ class Permuted:
 
 
 @dataclass(frozen=True)
+class Windowed:
+    """Rows of a split dim at an offset from each device's own block (XLA's halo exchanges):
+    along `dim`, device d holds rows `b*B + offset + [0, length)` (modulo the global size) of
+    `rel`'s term, b being its block index over `rel.tiling[dim]` and B the block size; the other
+    dims are as in `rel`. Slices of the local block make them, collective_permutes move them,
+    concatenation joins neighbouring ones; a window of B rows is a roll of the global tensor.
+    Any other use is an error, `reason`, at the op that made it (`origin`)."""
+
+    rel: Rel
+    dim: int
+    offset: int
+    length: int
+    reason: str = ""
+    origin: object = field(default=None, compare=False)
+
+    def describe(self) -> str:
+        return (f"{self.rel.describe()} rows [b*B + {self.offset}, b*B + "
+                f"{self.offset + self.length}) of dim {self.dim}")
+
+
+@dataclass(frozen=True)
 class Opaque:
     """The relation to the reference is lost: `reason` in a training engineer's words."""
 
@@ -130,7 +152,7 @@ class Opaque:
         return f"opaque: {self.reason}"
 
 
-Value = Rel | DeviceScalar | Shifted | Permuted | Opaque
+Value = Rel | DeviceScalar | Shifted | Permuted | Windowed | Opaque
 
 
 def layout_words(rel: Rel) -> str:

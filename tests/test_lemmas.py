@@ -20,7 +20,7 @@ import pytest
 
 from entangle_mlir import terms as T
 from entangle_mlir.instance import InstanceChecker
-from entangle_mlir.layout import GLOBAL, DeviceScalar, Opaque, Permuted, Rel, Value
+from entangle_mlir.layout import GLOBAL, DeviceScalar, Opaque, Permuted, Rel, Value, Windowed
 from entangle_mlir.mesh import Mesh
 from entangle_mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
@@ -59,6 +59,10 @@ def splat(value, shape: tuple[int, ...], dtype: str = "f32") -> Rel:
 def local_type(value: Value, mesh: Mesh | None) -> TensorType:
     if isinstance(value, DeviceScalar):
         return TensorType(tuple(value.shape), "i32")
+    if isinstance(value, Windowed):
+        shape = list(local_type(value.rel, mesh).shape)
+        shape[value.dim] = value.length
+        return TensorType(tuple(shape), value.rel.term.dtype)
     if isinstance(value, Permuted):
         value = value.rel
     assert isinstance(value, Rel)
@@ -373,6 +377,21 @@ def movement_lemmas() -> list[Lemma]:
                      results=[((2, 3), "f32")],
                      attrs={"start_indices": (1, 0), "limit_indices": (3, 3),
                             "strides": (1, 1)}))
+    # Halo windows (rows of a split dim off each device's block): a slice makes one, a
+    # permute moves it by a block, consecutive windows join (a whole block: a roll).
+    x = rel(arg((8, 2)), "tp")
+    out.append(Lemma("slice-window", "stablehlo.slice", [x], results=[((2, 2), "f32")],
+                     attrs={"start_indices": (1, 0), "limit_indices": (3, 2),
+                            "strides": (1, 1)}))
+    out.append(Lemma("permute-window", "stablehlo.collective_permute",
+                     [Windowed(x, 0, 3, 1)],
+                     attrs={"source_target_pairs": [[0, 1], [1, 0]], "channel_handle": 1}))
+    out.append(Lemma("concat-windows-roll", "stablehlo.concatenate",
+                     [Windowed(x, 0, 7, 1), Windowed(x, 0, 0, 3)], results=[((4, 2), "f32")],
+                     attrs={"dimension": 0}))
+    out.append(Lemma("concat-window-and-block", "stablehlo.concatenate",
+                     [Windowed(x, 0, 7, 1), x], results=[((5, 2), "f32")],
+                     attrs={"dimension": 0}))
     # concatenate along an unsplit dim
     out.append(Lemma("concat-unsplit", "stablehlo.concatenate",
                      [rel(arg((4, 2)), "tp"), rel(arg((4, 1)), "tp")],
@@ -709,6 +728,19 @@ def test_refutes_roll_by_the_wrong_amount() -> None:
     x = arg((6, 2))
     refute("stablehlo.collective_permute", [rel(x, "tp")], [rel(T.make_roll(x, 0, 4), "tp")],
            [((2, 2), "f32")], {"source_target_pairs": [[0, 1], [1, 2], [2, 0]],
+                               "channel_handle": 1}, mesh=M3)
+
+
+def test_refutes_halo_windows_joined_as_the_own_block() -> None:
+    x = rel(arg((8, 2)), "tp")
+    refute("stablehlo.concatenate", [Windowed(x, 0, 7, 1), Windowed(x, 0, 0, 3)], [x],
+           [((4, 2), "f32")], {"dimension": 0})
+
+
+def test_refutes_halo_window_moved_the_wrong_way() -> None:
+    x = rel(arg((12, 2)), "tp")
+    refute("stablehlo.collective_permute", [Windowed(x, 0, 3, 1)], [Windowed(x, 0, -1, 1)],
+           [((1, 2), "f32")], {"source_target_pairs": [[1, 0], [2, 1], [0, 2]],
                                "channel_handle": 1}, mesh=M3)
 
 

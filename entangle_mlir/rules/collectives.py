@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..layout import Opaque, Permuted, Rel, Value
+from ..layout import Opaque, Permuted, Rel, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import make_roll, scale
 from .base import RuleContext
 from .common import freeze
+from .window import permute_window
 
 _KIND = {"add": "sum", "max": "max", "min": "min"}
 
@@ -202,6 +203,8 @@ def collective_permute(info: OpInfo, operands: list[Value], ctx: RuleContext) ->
     (x,) = operands
     if isinstance(x, Permuted):
         base, sources = x.rel, x.sources
+    elif isinstance(x, Windowed):
+        base, sources = x.rel, None
     else:
         base = _needs_rel(info, x)
         if isinstance(base, Opaque):
@@ -225,6 +228,10 @@ def collective_permute(info: OpInfo, operands: list[Value], ctx: RuleContext) ->
     composed = tuple(moved_from[t] if sources is None else sources[moved_from[t]]
                      for t in range(mesh.num_devices))
     order = [t for _, t in pairs]
+    if isinstance(x, Windowed):
+        shifts = block_shifts(base, composed, mesh)
+        moved = _moved_blocks(base, composed, mesh, order) if shifts is None else ""
+        return [permute_window(x, shifts, mesh, moved)]
     placed = place_blocks(base, composed, mesh, order)
     if isinstance(placed, Rel) and placed.term is not base.term:
         shifts = block_shifts(base, composed, mesh) or []
@@ -285,13 +292,6 @@ def _moved_blocks(x: Rel, sources: tuple[int, ...], mesh, order=()) -> str:
     moved = [a for a in x.tiled_axes if mesh.coords(sources[target])[a] != mesh.coords(target)[a]]
     return (f"collective_permute moves blocks along {axes_str(moved)}: device {target} "
             f"receives device {sources[target]}'s block")
-
-
-def settle(value: Value) -> Value:
-    """What a non-permute op sees: a `Permuted` value is blocks in the wrong place."""
-    if isinstance(value, Permuted):
-        return Opaque(value.reason, origin=value.origin, category="wrong_order")
-    return value
 
 
 COLLECTIVE_RULES = {

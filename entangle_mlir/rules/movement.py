@@ -8,7 +8,7 @@ import itertools
 import math
 from dataclasses import replace
 
-from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value
+from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import (
@@ -26,6 +26,7 @@ from ..terms import (
 from . import shifted
 from .base import RuleContext
 from .common import freeze, replicated, splat_rel, unify_dims
+from .window import concat_windows, slice_window
 
 
 def constant(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
@@ -166,11 +167,19 @@ def slice_(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     (x,) = operands
     if isinstance(x, DeviceScalar):
         return _scalar_passthrough(info, x)
-    x = freeze(x)
     a = info.attrs
     starts, limits = tuple(a["start_indices"]), tuple(a["limit_indices"])
     strides = tuple(a.get("strides") or (1,) * len(starts))
     local = info.operand_types[0].shape
+    if isinstance(x, Windowed) or ctx.mesh is not None and not ctx.is_global and any(
+            axes and (starts[d], limits[d]) != (0, local[d]) for d, axes in enumerate(x.tiling)):
+        window = slice_window(x if isinstance(x, Windowed) else freeze(x), starts, limits,
+                              strides, local, ctx.mesh)
+        if window is not None:
+            return [window]
+        if isinstance(x, Windowed):
+            return [Opaque(x.reason, category="layout_mismatch")]
+    x = freeze(x)
     for d, axes in enumerate(x.tiling):
         if axes and (starts[d], limits[d], strides[d]) != (0, local[d], 1):
             return [Opaque(f"slice of dim {d}, which is split over {axes_str(axes)}: each "
@@ -188,6 +197,13 @@ def slice_(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
 
 def concatenate(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     dim = info.attrs["dimension"]
+    if ctx.mesh is not None and not ctx.is_global:
+        joined = concat_windows(list(operands), dim, ctx.mesh)
+        if joined is not None:
+            return [joined]
+    windowed = next((x for x in operands if isinstance(x, Windowed)), None)
+    if windowed is not None:
+        return [Opaque(windowed.reason, category="layout_mismatch")]
     rels = list(operands)
     if not all(isinstance(x, Rel) for x in rels):
         return [Opaque("concatenate of device-dependent scalars", category="unsupported")]

@@ -27,7 +27,9 @@ sdy.mesh @mesh = <["tp"=4]>
 // CHECK-LABEL: func.func @split_dim
 func.func @split_dim(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> tensor<8x8xf32> {
   %0 = sdy.manual_computation(%x, %w) in_shardings=[<@mesh, [{}, {"tp"}]>, <@mesh, [{"tp"}, {}]>] out_shardings=[<@mesh, [{}, {}]>] manual_axes={"tp"} (%a: tensor<8x4xf32>, %b: tensor<4x8xf32>) {
-    // CHECK: stablehlo.slice %{{.*}}entangle.relation = "opaque: slice of dim 1, which is split over 'tp': each device slices its own block, not the global tensor"
+    // Slicing a split dim takes rows of each device's own block: a halo window (an error unless
+    // a collective_permute / concatenate completes it, see per_device/halo_exchange.mlir).
+    // CHECK: stablehlo.slice %{{.*}}entangle.relation = "tile [{}, {tp}] : %arg0 rows [b*B + 0, b*B + 2) of dim 1"
     %1 = stablehlo.slice %a [0:8, 0:2] : (tensor<8x4xf32>) -> tensor<8x2xf32>
     %p = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
     // CHECK: stablehlo.slice %{{.*}}entangle.relation = "partial sum {tp} : slice(dot_general(%arg0, %arg1))"

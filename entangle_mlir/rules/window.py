@@ -1,0 +1,139 @@
+"""Halo windows: the rows of a split dim that XLA's roll, shift and convolution partitioning
+move between neighbours (`Windowed`). A slice of the local block along a split dim is a window
+at an offset from the device's own block; a collective_permute that shifts blocks cyclically
+moves the window's offset; concatenating consecutive windows joins them; a window as long as
+a block is the global tensor rolled (`jnp.roll` lowers to slices and a concatenate, so the
+reference computes the same term).
+
+Only these three ops accept a window (and collective_permute a `Permuted` value); `settle`
+turns either into the error it stands for when anything else uses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..layout import Opaque, Permuted, Rel, Value, Windowed
+from ..mesh import Mesh, axes_str
+from ..terms import make_roll
+
+WINDOW_OPS = frozenset({"stablehlo.slice", "stablehlo.concatenate",
+                        "stablehlo.collective_permute"})
+PERMUTED_OPS = frozenset({"stablehlo.collective_permute"})
+
+
+def settle(value: Value, op_name: str = "") -> Value:
+    """What an op sees: a `Permuted` or `Windowed` value is kept only for the ops that can
+    complete it; for any other it is the error it stands for, at the op that made it."""
+    if isinstance(value, Permuted) and op_name not in PERMUTED_OPS:
+        return Opaque(value.reason, origin=value.origin, category="wrong_order")
+    if isinstance(value, Windowed) and op_name not in WINDOW_OPS:
+        return Opaque(value.reason, origin=value.origin, category="layout_mismatch")
+    return value
+
+
+def block_rows(rel: Rel, dim: int, mesh: Mesh) -> int:
+    return rel.term.shape[dim] // mesh.group_size(rel.tiling[dim])
+
+
+def make_window(rel: Rel, dim: int, offset: int, length: int, mesh: Mesh,
+                reason: str) -> Value:
+    """The window, or a Rel when it is a whole block: `rel` itself at offset 0, else `rel`
+    rolled so that each device's block starts `offset` rows later."""
+    offset %= rel.term.shape[dim]
+    if length == block_rows(rel, dim, mesh):
+        return replace(rel, term=make_roll(rel.term, dim, -offset)) if offset else rel
+    return Windowed(rel, dim, offset, length, reason)
+
+
+def as_window(x: Value, dim: int, mesh: Mesh) -> Windowed | None:
+    """`x` as a window along `dim`: a window itself, or a Rel split (not partial) along `dim`
+    seen as the window of its own block."""
+    if isinstance(x, Windowed):
+        return x if x.dim == dim else None
+    if isinstance(x, Rel) and x.tiling[dim] and not x.partial and not x.poly:
+        return Windowed(x, dim, 0, block_rows(x, dim, mesh))
+    return None
+
+
+def slice_window(x: Value, starts, limits, strides, local_shape, mesh: Mesh) -> Value | None:
+    """A unit-stride slice along one split dim (every other dim whole): a window; None when the
+    slice is not of that form (the slice rule decides)."""
+    cut = [d for d in range(len(starts)) if (starts[d], limits[d]) != (0, local_shape[d])]
+    if len(cut) != 1 or any(s != 1 for s in strides):
+        return None
+    (dim,) = cut
+    window = as_window(x, dim, mesh)
+    if window is None or window.rel.partial:
+        return None
+    axes = window.rel.tiling[dim]
+    reason = (f"slice of dim {dim}, which is split over {axes_str(axes)}: each device slices "
+              "its own block, not the global tensor")
+    return make_window(window.rel, dim, window.offset + starts[dim], limits[dim] - starts[dim],
+                       mesh, reason)
+
+
+def concat_windows(operands: list[Value], dim: int, mesh: Mesh) -> Value | None:
+    """Consecutive windows of the same value joined along their dim; None when the operands
+    are not all windows (or blocks) of one value."""
+    windows = [as_window(x, dim, mesh) for x in operands]
+    if any(w is None for w in windows) or not any(isinstance(x, Windowed) for x in operands):
+        return None
+    first = windows[0]
+    size = first.rel.term.shape[dim]
+    length = 0
+    for w in windows:
+        if w.rel != first.rel or w.offset % size != (first.offset + length) % size:
+            return _misplaced(windows, dim, size, block_rows(first.rel, dim, mesh))
+        length += w.length
+    reason = (f"concatenate along dim {dim} builds rows "
+              f"{_rows(first.offset, length, size, block_rows(first.rel, dim, mesh))} around "
+              "each device's block b: not a block of any global tensor")
+    return make_window(first.rel, dim, first.offset, length, mesh, reason)
+
+
+def _misplaced(windows: list[Windowed], dim: int, size: int, block: int) -> Opaque:
+    """Windows that do not line up: blamed on the one a collective_permute delivered (the halo
+    came from the wrong neighbour), else on the concatenate."""
+    for j, w in enumerate(windows):
+        record = w.origin[0] if isinstance(w.origin, tuple) else None
+        if getattr(getattr(record, "info", None), "name", "") != "stablehlo.collective_permute":
+            continue
+        if j + 1 < len(windows):
+            want = windows[j + 1].offset - w.length
+        elif j > 0:
+            want = windows[j - 1].offset + windows[j - 1].length
+        else:
+            continue
+        if w.rel == windows[0].rel and (want - w.offset) % size:
+            return Opaque(f"collective_permute delivers rows {_rows(w.offset, w.length, size, block)}"
+                          f" of dim {dim} to the device with block b, but the concatenate needs "
+                          f"rows {_rows(want, w.length, size, block)}: the halo comes from the "
+                          "wrong neighbour", origin=w.origin, category="wrong_order")
+    return Opaque(f"concatenate along dim {dim} of rows that are not consecutive in the global "
+                  "tensor (halo windows out of order or of different values)",
+                  category="wrong_order")
+
+
+def _rows(offset: int, length: int, size: int, block: int) -> str:
+    """'[4b-1, 4b)': rows of a window relative to the device's block index b."""
+    offset %= size
+    if offset > size // 2:
+        offset -= size
+    return f"[{block}b{offset:+d}, {block}b{offset + length:+d})".replace("+0)", ")").replace(
+        "+0,", ",")
+
+
+def permute_window(window: Windowed, shifts: list[int] | None, mesh: Mesh,
+                   moved: str) -> Value:
+    """A window moved by a cyclic block shift (`shifts` in rows per dim, from the rule)."""
+    if shifts is None:
+        return Opaque(f"{moved}: the halo rows reach devices in no cyclic order",
+                      category="wrong_order")
+    term = window.rel.term
+    for dim, shift in enumerate(shifts):
+        if dim != window.dim:
+            term = make_roll(term, dim, shift)
+    rel = replace(window.rel, term=term) if term is not window.rel.term else window.rel
+    return make_window(rel, window.dim, window.offset - shifts[window.dim], window.length, mesh,
+                       window.reason)
