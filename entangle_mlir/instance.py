@@ -959,7 +959,13 @@ def _window_rows(value: np.ndarray, window: Windowed, mesh: Mesh, device: int) -
     size = value.shape[dim]
     start = mesh.block_index(axes, device) * (size // mesh.group_size(axes)) + window.offset
     rows = [(start + i) % size for i in range(window.length)]
-    return np.take(block, rows, axis=dim)
+    out = np.take(block, rows, axis=dim)
+    for hole_device, a, b in window.holes:
+        if hole_device == device:
+            index = [slice(None)] * out.ndim
+            index[dim] = slice(a, b)
+            out[tuple(index)] = S.full(out[tuple(index)].shape, 0)
+    return out
 
 
 def _block(value: np.ndarray, rel: Rel, mesh: Mesh | None, device: int, single: bool

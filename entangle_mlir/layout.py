@@ -134,10 +134,14 @@ class Windowed:
     length: int
     reason: str = ""
     origin: object = field(default=None, compare=False)
+    holes: tuple[tuple[int, int, int], ...] = ()
+    """(device, start, stop): local rows that hold zeros instead (a collective_permute gave
+    that device nothing, as at the ends of a non-cyclic halo exchange)."""
 
     def describe(self) -> str:
+        zeros = f", zeros on devices {sorted({d for d, _, _ in self.holes})}" if self.holes else ""
         return (f"{self.rel.describe()} rows [b*B + {self.offset}, b*B + "
-                f"{self.offset + self.length}) of dim {self.dim}")
+                f"{self.offset + self.length}) of dim {self.dim}{zeros}")
 
 
 @dataclass(frozen=True)

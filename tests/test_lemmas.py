@@ -392,6 +392,18 @@ def movement_lemmas() -> list[Lemma]:
     out.append(Lemma("concat-window-and-block", "stablehlo.concatenate",
                      [Windowed(x, 0, 7, 1), x], results=[((5, 2), "f32")],
                      attrs={"dimension": 0}))
+    # XLA's x[4:12] of 16 rows on 4 devices: halos from both neighbours (none at the ends, where
+    # the devices hold zeros), then each device reads its rows at a device-dependent offset.
+    y = rel(arg((16, 2)), "tp")
+    M4 = Mesh((("tp", 4),))
+    out.append(Lemma("permute-window-open-ends", "stablehlo.collective_permute",
+                     [Windowed(y, 0, 2, 2)],
+                     attrs={"source_target_pairs": [[0, 1], [1, 2], [2, 3]],
+                            "channel_handle": 1}, mesh=M4))
+    out.append(Lemma("dynamic-slice-window", "stablehlo.dynamic_slice",
+                     [Windowed(y, 0, 14, 8, holes=((0, 0, 2), (3, 6, 8))),
+                      DeviceScalar((6, 4, 2, 0), ()), splat(0, (), "i32")],
+                     results=[((2, 2), "f32")], attrs={"slice_sizes": (2, 2)}, mesh=M4))
     # concatenate along an unsplit dim
     out.append(Lemma("concat-unsplit", "stablehlo.concatenate",
                      [rel(arg((4, 2)), "tp"), rel(arg((4, 1)), "tp")],
@@ -742,6 +754,16 @@ def test_refutes_halo_window_moved_the_wrong_way() -> None:
     refute("stablehlo.collective_permute", [Windowed(x, 0, 3, 1)], [Windowed(x, 0, -1, 1)],
            [((1, 2), "f32")], {"source_target_pairs": [[1, 0], [2, 1], [0, 2]],
                                "channel_handle": 1}, mesh=M3)
+
+
+def test_refutes_reading_rows_a_device_never_received() -> None:
+    y = rel(arg((16, 2)), "tp")
+    window = Windowed(y, 0, 14, 8, holes=((0, 0, 2), (3, 6, 8)))
+    claim = Rel(T.make_op("slice", (y.term,), ((2, 0), (10, 2), (1, 1)), (8, 2), "f32",
+                          linear_in=0), (("tp",), ()))
+    refute("stablehlo.dynamic_slice", [window, DeviceScalar((0, 4, 2, 0), ()),
+                                       splat(0, (), "i32")],
+           [claim], [((2, 2), "f32")], {"slice_sizes": (2, 2)}, mesh=Mesh((("tp", 4),)))
 
 
 def test_refutes_permuted_blocks_from_the_wrong_devices() -> None:

@@ -90,7 +90,6 @@ XFAIL_CASES = {
     "attention_div_sqrt": RECIPROCAL,
     "shift_sharded": ALL_TO_ALL_SAME_DIM,
     "concat_sharded_dim": ALL_TO_ALL_SAME_DIM,
-    "slice_sharded": HALO,
     "pad_sharded_dim": f"{HALO}; {IOTA_MASK}",
     "cumsum_unsharded_dim": REDUCE_WINDOW,
     "cumsum_sharded_dim": REDUCE_WINDOW,

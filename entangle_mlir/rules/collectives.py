@@ -11,7 +11,7 @@ from ..opinfo import OpInfo
 from ..terms import make_roll, scale
 from .base import RuleContext
 from .common import freeze
-from .window import permute_window
+from .window import as_window, cyclic_shifts, permute_window
 
 _KIND = {"add": "sum", "max": "max", "min": "min"}
 
@@ -221,17 +221,23 @@ def collective_permute(info: OpInfo, operands: list[Value], ctx: RuleContext) ->
             return [Opaque(f"collective_permute: malformed source/target pairs {pairs[:8]}",
                            category="unsupported")]
         moved_from[target] = source
+    order = [t for _, t in pairs]
+    window = x if isinstance(x, Windowed) else None
+    if window is None and len(moved_from) != mesh.num_devices and not base.partial:
+        split = [d for d, axes in enumerate(base.tiling) if axes]
+        window = as_window(base, split[0], mesh) if len(split) == 1 else None
+    if window is not None:
+        shifts = cyclic_shifts(window.rel, moved_from, mesh)
+        moved = ("" if shifts is not None else
+                 _moved_blocks(window.rel, tuple(moved_from.get(t, t)
+                                                 for t in range(mesh.num_devices)), mesh, order))
+        return [permute_window(window, moved_from, mesh, moved)]
     if len(moved_from) != mesh.num_devices:
         missing = sorted(set(range(mesh.num_devices)) - set(moved_from))
         return [Opaque(f"collective_permute leaves devices {missing[:8]} without data "
                        "(they receive zeros)", category="wrong_order")]
     composed = tuple(moved_from[t] if sources is None else sources[moved_from[t]]
                      for t in range(mesh.num_devices))
-    order = [t for _, t in pairs]
-    if isinstance(x, Windowed):
-        shifts = block_shifts(base, composed, mesh)
-        moved = _moved_blocks(base, composed, mesh, order) if shifts is None else ""
-        return [permute_window(x, shifts, mesh, moved)]
     placed = place_blocks(base, composed, mesh, order)
     if isinstance(placed, Rel) and placed.term is not base.term:
         shifts = block_shifts(base, composed, mesh) or []

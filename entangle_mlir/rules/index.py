@@ -11,12 +11,13 @@ import itertools
 from dataclasses import replace
 from fractions import Fraction
 
-from ..layout import DeviceScalar, Opaque, Rel, Value
+from ..layout import DeviceScalar, Opaque, Rel, Value, Windowed
 from ..mesh import Mesh, axes_str
 from ..opinfo import OpInfo
 from ..terms import DENSE_VALUES, intern, make_op, make_splat, splat_value
 from .base import RuleContext
 from .common import freeze
+from .window import window_dynamic_slice
 
 MAX_TABLE_DEVICES = 1 << 22
 
@@ -84,6 +85,8 @@ def _match_axes(mesh: Mesh, offsets: tuple[int, ...], size: int, free: list[str]
 
 def dynamic_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     x, *starts = operands
+    if isinstance(x, Windowed) and ctx.mesh is not None:
+        return [window_dynamic_slice(info, x, starts, ctx.mesh)]
     if not isinstance(x, Rel):
         return [Opaque("dynamic_slice of a device-dependent scalar", category="unsupported")]
     x = freeze(x)

@@ -12,13 +12,14 @@ turns either into the error it stands for when anything else uses it.
 from __future__ import annotations
 
 from dataclasses import replace
+from fractions import Fraction
 
-from ..layout import Opaque, Permuted, Rel, Value, Windowed
+from ..layout import DeviceScalar, Opaque, Permuted, Rel, Value, Windowed
 from ..mesh import Mesh, axes_str
-from ..terms import make_roll
+from ..terms import make_op, make_roll, splat_value
 
 WINDOW_OPS = frozenset({"stablehlo.slice", "stablehlo.concatenate",
-                        "stablehlo.collective_permute"})
+                        "stablehlo.collective_permute", "stablehlo.dynamic_slice"})
 PERMUTED_OPS = frozenset({"stablehlo.collective_permute"})
 
 
@@ -36,14 +37,14 @@ def block_rows(rel: Rel, dim: int, mesh: Mesh) -> int:
     return rel.term.shape[dim] // mesh.group_size(rel.tiling[dim])
 
 
-def make_window(rel: Rel, dim: int, offset: int, length: int, mesh: Mesh,
-                reason: str) -> Value:
-    """The window, or a Rel when it is a whole block: `rel` itself at offset 0, else `rel`
-    rolled so that each device's block starts `offset` rows later."""
+def make_window(rel: Rel, dim: int, offset: int, length: int, mesh: Mesh, reason: str,
+                holes: tuple = ()) -> Value:
+    """The window, or a Rel when it is a whole block without zeros: `rel` itself at offset 0,
+    else `rel` rolled so that each device's block starts `offset` rows later."""
     offset %= rel.term.shape[dim]
-    if length == block_rows(rel, dim, mesh):
+    if length == block_rows(rel, dim, mesh) and not holes:
         return replace(rel, term=make_roll(rel.term, dim, -offset)) if offset else rel
-    return Windowed(rel, dim, offset, length, reason)
+    return Windowed(rel, dim, offset, length, reason, holes=tuple(sorted(set(holes))))
 
 
 def as_window(x: Value, dim: int, mesh: Mesh) -> Windowed | None:
@@ -67,10 +68,14 @@ def slice_window(x: Value, starts, limits, strides, local_shape, mesh: Mesh) -> 
     if window is None or window.rel.partial:
         return None
     axes = window.rel.tiling[dim]
-    reason = (f"slice of dim {dim}, which is split over {axes_str(axes)}: each device slices "
-              "its own block, not the global tensor")
-    return make_window(window.rel, dim, window.offset + starts[dim], limits[dim] - starts[dim],
-                       mesh, reason)
+    start, stop = starts[dim], limits[dim]
+    holes = tuple((d, max(a, start) - start, min(b, stop) - start) for d, a, b in window.holes
+                  if a < stop and start < b)
+    reason = window.reason if holes else (
+        f"slice of dim {dim}, which is split over {axes_str(axes)}: each device slices its own "
+        "block, not the global tensor")
+    return make_window(window.rel, dim, window.offset + start, stop - start, mesh, reason,
+                       holes)
 
 
 def concat_windows(operands: list[Value], dim: int, mesh: Mesh) -> Value | None:
@@ -82,14 +87,17 @@ def concat_windows(operands: list[Value], dim: int, mesh: Mesh) -> Value | None:
     first = windows[0]
     size = first.rel.term.shape[dim]
     length = 0
+    holes: list[tuple[int, int, int]] = []
     for w in windows:
         if w.rel != first.rel or w.offset % size != (first.offset + length) % size:
             return _misplaced(windows, dim, size, block_rows(first.rel, dim, mesh))
+        holes.extend((d, a + length, b + length) for d, a, b in w.holes)
         length += w.length
-    reason = (f"concatenate along dim {dim} builds rows "
-              f"{_rows(first.offset, length, size, block_rows(first.rel, dim, mesh))} around "
-              "each device's block b: not a block of any global tensor")
-    return make_window(first.rel, dim, first.offset, length, mesh, reason)
+    reason = next((w.reason for w in windows if w.holes), None) or (
+        f"concatenate along dim {dim} builds rows "
+        f"{_rows(first.offset, length, size, block_rows(first.rel, dim, mesh))} around each "
+        "device's block b: not a block of any global tensor")
+    return make_window(first.rel, dim, first.offset, length, mesh, reason, tuple(holes))
 
 
 def _misplaced(windows: list[Windowed], dim: int, size: int, block: int) -> Opaque:
@@ -124,9 +132,27 @@ def _rows(offset: int, length: int, size: int, block: int) -> str:
         "+0,", ",")
 
 
-def permute_window(window: Windowed, shifts: list[int] | None, mesh: Mesh,
+def cyclic_shifts(rel: Rel, moved_from: dict[int, int], mesh: Mesh) -> list[int] | None:
+    """Per dim, how far (in rows) the blocks of the devices that receive data moved, when that
+    is one cyclic shift of every split dim; else None."""
+    shifts = []
+    for dim, axes in enumerate(rel.tiling):
+        if not axes:
+            shifts.append(0)
+            continue
+        count = mesh.group_size(axes)
+        moved = {(mesh.block_index(axes, t) - mesh.block_index(axes, s)) % count
+                 for t, s in moved_from.items()}
+        if len(moved) > 1:
+            return None
+        shifts.append(moved.pop() * (rel.term.shape[dim] // count) if moved else 0)
+    return shifts
+
+
+def permute_window(window: Windowed, moved_from: dict[int, int], mesh: Mesh,
                    moved: str) -> Value:
-    """A window moved by a cyclic block shift (`shifts` in rows per dim, from the rule)."""
+    """A window moved by a cyclic block shift; devices that receive nothing hold zeros."""
+    shifts = cyclic_shifts(window.rel, moved_from, mesh)
     if shifts is None:
         return Opaque(f"{moved}: the halo rows reach devices in no cyclic order",
                       category="wrong_order")
@@ -135,5 +161,67 @@ def permute_window(window: Windowed, shifts: list[int] | None, mesh: Mesh,
         if dim != window.dim:
             term = make_roll(term, dim, shift)
     rel = replace(window.rel, term=term) if term is not window.rel.term else window.rel
+    missing = sorted(set(range(mesh.num_devices)) - set(moved_from))
+    holes = [(t, a, b) for t, s in moved_from.items() for d, a, b in window.holes if d == s]
+    holes += [(t, 0, window.length) for t in missing]
+    reason = window.reason
+    if missing:
+        reason = (f"collective_permute leaves devices {missing[:8]} without data (they receive "
+                  "zeros)")
     return make_window(rel, window.dim, window.offset - shifts[window.dim], window.length, mesh,
-                       window.reason)
+                       reason, tuple(holes))
+
+
+def window_dynamic_slice(info, window: Windowed, starts: list[Value], mesh: Mesh) -> Value:
+    """Each device reads rows of its window at its own offset (XLA's slicing of a split dim):
+    a block layout again when device b's rows start at c + size * b, none of them zeros."""
+    dim, sizes = window.dim, tuple(info.attrs["slice_sizes"])
+    local = info.operand_types[0].shape
+    count = mesh.num_devices
+    table = [_device_offsets(start, count) for start in starts]
+    for d, (offsets, size) in enumerate(zip(table, sizes)):
+        if d != dim and (offsets is None or size != local[d]):
+            return Opaque(window.reason, category="layout_mismatch")
+    if table[dim] is None:
+        return Opaque("dynamic_slice of a halo window at a data-dependent offset",
+                      category="unsupported")
+    size = sizes[dim]
+    reads = [min(max(o, 0), local[dim] - size) for o in table[dim]]
+    for device, a, b in window.holes:
+        if a < reads[device] + size and reads[device] < b:
+            return Opaque(f"{window.reason}, and device {device} reads those rows "
+                          f"[{reads[device]}, {reads[device] + size}) of its window",
+                          origin=window.origin, category="wrong_offset")
+    axes = window.rel.tiling[dim]
+    total = window.rel.term.shape[dim]
+    block = total // mesh.group_size(axes)
+    first = [(mesh.block_index(axes, d) * block + window.offset + reads[d]) % total
+             for d in range(count)]
+    base = min(first)
+    expected = [base + size * mesh.block_index(axes, d) for d in range(count)]
+    blocks = size * mesh.group_size(axes)
+    if first != expected or base + blocks > total:
+        bad = next((d for d in range(count) if first[d] != expected[d]), 0)
+        return Opaque(f"device-dependent offset is wrong along dim {dim}: device {bad} reads "
+                      f"global rows [{first[bad]}, {first[bad] + size}) instead of "
+                      f"[{expected[bad]}, {expected[bad] + size}) (offsets into its window "
+                      f"{reads[:16]})", category="wrong_offset")
+    rel = window.rel
+    if (base, blocks) == (0, total):
+        return rel
+    rank = len(rel.term.shape)
+    shape = tuple(blocks if d == dim else rel.term.shape[d] for d in range(rank))
+    term = make_op("slice", (rel.term,), (
+        tuple(base if d == dim else 0 for d in range(rank)),
+        tuple(base + blocks if d == dim else rel.term.shape[d] for d in range(rank)),
+        (1,) * rank), shape, rel.term.dtype, linear_in=0)
+    return replace(rel, term=term)
+
+
+def _device_offsets(value: Value, count: int) -> list[int] | None:
+    if isinstance(value, DeviceScalar):
+        return list(value.values)
+    constant = splat_value(value.term) if isinstance(value, Rel) else None
+    if isinstance(constant, Fraction) and constant.denominator == 1:
+        return [int(constant)] * count
+    return None
