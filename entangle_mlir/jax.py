@@ -57,9 +57,10 @@ def check(reference_fn: Callable, sharded_fn: Callable, *avals,
                          sharded_file=f"<{getattr(sharded_fn, '__name__', 'sharded')}>",
                          verify_rules=verify_rules)
     if not report.proven and evidence:
-        from .evidence import output_evidence
+        from .evidence import op_evidence, output_evidence
 
         report.evidence = output_evidence(reference_fn, sharded_fn, avals)
+        report.evidence["at_op"] = op_evidence(report.focus)
     return report
 
 

@@ -7,9 +7,12 @@ op it should correspond to; both are reported with their source locations.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
+
 from .diagnostics import Diagnostic
 from .infer import OpRecord, Walk
-from .layout import GLOBAL, DeviceScalar, Opaque, Rel
+from .layout import GLOBAL, DeviceScalar, Opaque, Rel, layout_words
+from .mesh import Mesh, axes_str
 from .report import NOT_PROVEN, PROVEN, OutputResult, Report
 from .terms import Term, pretty, single_scaled, structural_diff
 
@@ -93,36 +96,129 @@ def _global_result(record: OpRecord) -> Term | None:
     return first.term if isinstance(first, Rel) else None
 
 
+@dataclass
+class EvidenceFocus:
+    """Where op-level evidence is taken for a diagnostic: the diverging sharded op's result,
+    the reference op it should correspond to, and the relation the per-device values are
+    reassembled with (the one the check expected there). `unavailable` says why no op-level
+    run is possible (the evidence then falls back to the outputs)."""
+
+    sharded: OpRecord | None = field(default=None, repr=False)
+    result: int = 0
+    reference: OpRecord | None = field(default=None, repr=False)
+    ref_result: int = 0
+    relation: Rel | None = field(default=None, repr=False)
+    how: str = ""
+    mesh: Mesh | None = None
+    unavailable: str = ""
+    modules: tuple = field(default=(), repr=False)
+
+
+_DROP_PARTIAL = ("missing_reduction", "nonlinear_partial", "partial_mixed", "wrong_axis")
+
+
+def _focus(record: OpRecord | None, reference: _Reference | None, mesh: Mesh | None,
+           category: str) -> EvidenceFocus:
+    """The op-level evidence target of a diagnostic at `record`.
+
+    The sharded value is reassembled with the relation the check inferred for it; where the
+    mistake is a reduction that never happens (or happens over the wrong axes) the partial
+    value is taken as each device holds it, which is what the program goes on to use. An op
+    whose result has no relation gets the one its rule gives on operands without their
+    partial sums (a nonlinear op on a partial sum: the layout it would have on full values).
+    """
+    focus = EvidenceFocus(sharded=record, mesh=mesh)
+    if record is None or record.info.op is None:
+        focus.unavailable = "the diagnostic names no sharded op"
+        return focus
+    twin = reference.counterpart(record) if reference is not None else None
+    if twin is None or twin.info.op is None:
+        focus.unavailable = "no reference op corresponds to the diverging op"
+        return focus
+    focus.reference = twin
+    focus.ref_result = next((i for i, v in enumerate(twin.outputs) if isinstance(v, Rel)), 0)
+    if mesh is None:
+        focus.unavailable = "the sharded op is outside any shard_map body"
+        return focus
+    index, rel = next(((i, v) for i, v in enumerate(record.outputs) if isinstance(v, Rel)),
+                      (0, None))
+    if rel is None:
+        rel = _expected_relation(record)
+    if rel is None or rel.is_global:
+        focus.unavailable = ("the check found no relation the sharded value should have there, "
+                             "so its per-device values cannot be reassembled")
+        return focus
+    focus.result = index
+    if rel.partial and category in _DROP_PARTIAL:
+        missing = f"no {rel.kind} over {axes_str(rel.partial)} happens"
+        rel = replace(rel, partial=(), kind="")
+        focus.how = (f"each device's own value ({missing})" if rel.is_replicated else
+                     f"{layout_words(rel)}, each device's block as it is ({missing})")
+    else:
+        focus.how = layout_words(rel)
+    focus.relation = rel
+    return focus
+
+
+def _expected_relation(record: OpRecord) -> Rel | None:
+    """The relation the op's rule gives when its operands are complete (partial sums taken as
+    full values): the layout the sharded result would have if the reduction had happened."""
+    from .rules import RULES, RuleContext
+
+    rule = RULES.get(record.info.name)
+    if rule is None or not record.inputs or not all(isinstance(v, Rel) for v in record.inputs):
+        return None
+    inputs = [replace(v, partial=(), kind="") for v in record.inputs]
+    if record.info.name == "stablehlo.all_reduce" and len(inputs) == 1:
+        # A reduction over the wrong axes: the value it should have produced is its operand
+        # reduced over the axes it was partial over.
+        return inputs[0]
+    try:
+        results = rule(record.info, inputs, RuleContext())
+    except Exception:  # noqa: BLE001 - only a hint for the evidence
+        return None
+    first = results[0] if results else None
+    return first if isinstance(first, Rel) else None
+
+
 def compare(ref: Walk, sharded: Walk) -> Report:
     """The verdict for every output; diagnostics point at the first op that went wrong."""
-    outputs, diagnostics = [], []
+    outputs, diagnostics, foci = [], [], []
     reference = _Reference(ref)
     for i, (want, got) in enumerate(zip(ref.outputs, sharded.outputs)):
         rho = sharded.output_rho[i] if i < len(sharded.output_rho) else ""
         if isinstance(want, Opaque):
             outputs.append(OutputResult(i, False, rho))
             diagnostics.append(_opaque_diagnostic(want, None, prefix="in the reference: "))
+            foci.append(EvidenceFocus(unavailable="the reference itself is not analysed there"))
             continue
         if isinstance(got, Opaque):
             outputs.append(OutputResult(i, False, rho))
             diagnostics.append(_opaque_diagnostic(got, reference))
+            foci.append(_focus(_primary(got), reference, sharded.mesh,
+                               diagnostics[-1].category))
             continue
         if not isinstance(got, Rel) or not isinstance(want, Rel):
             outputs.append(OutputResult(i, False, rho))
             diagnostics.append(Diagnostic("error", f"result #{i} is not a tensor value",
                                           category="unrelated"))
+            foci.append(EvidenceFocus(unavailable="the result is not a tensor value"))
             continue
         if got.term is want.term:
             outputs.append(OutputResult(i, True, rho, pretty(want.term, 3)))
             continue
         outputs.append(OutputResult(i, False, rho))
         diagnostics.append(_mismatch_diagnostic(i, want.term, got.term, sharded, reference))
-    seen, unique = set(), []
-    for diag in diagnostics:
+        culprit = _first_divergence(got.term, sharded, reference)
+        foci.append(_focus(culprit[0] if culprit else None, reference, sharded.mesh,
+                           diagnostics[-1].category))
+    seen, unique, unique_foci = set(), [], []
+    for diag, focus in zip(diagnostics, foci):
         key = (diag.message, str(diag.loc))
         if key not in seen:
             seen.add(key)
             unique.append(diag)
+            unique_foci.append(focus)
     verdict = PROVEN if all(o.proven for o in outputs) else NOT_PROVEN
     if len(ref.outputs) != len(sharded.outputs):
         verdict = NOT_PROVEN
@@ -130,7 +226,14 @@ def compare(ref: Walk, sharded: Walk) -> Report:
     report = Report(verdict, outputs, unique, list(dict.fromkeys(ref.notes + sharded.notes)),
                     mesh=mesh)
     report.explainer = lambda: [explain(sharded, i) for i in range(len(sharded.outputs))]
+    report.focus = unique_foci[0] if unique_foci else None
     return report
+
+
+def _primary(value: Opaque) -> OpRecord | None:
+    """The op an Opaque value's diagnostic points at (the blamed op, else where it arose)."""
+    record, blame = value.origin if isinstance(value.origin, tuple) else (None, None)
+    return blame if isinstance(blame, OpRecord) else record
 
 
 def _counterpart_note(record: OpRecord | None, reference: _Reference | None) -> list[Diagnostic]:
