@@ -17,6 +17,10 @@ from .report import NOT_PROVEN, PROVEN, OutputResult, Report
 from .terms import Term, pretty, single_scaled, structural_diff
 
 _LEAF_OPS = ("splat", "dense", "iota", "arg", "loopvar")
+# Collectives move or combine blocks of one global value: their result stands for their
+# operand's term.
+_TERM_PRESERVING = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter",
+                    "stablehlo.all_to_all", "stablehlo.collective_permute")
 _BOUNDARY_OPS = ("sdy.manual_computation", "func.func", "func.return")
 
 
@@ -39,26 +43,38 @@ class _Reference:
         return term.serial in self.terms
 
     def counterpart(self, record: OpRecord) -> OpRecord | None:
-        """The reference op a sharded op should correspond to, if one can be found."""
-        for value in record.outputs:
-            if isinstance(value, Rel):
-                found = self._lookup(value.term)
-                if found:
-                    return found
-        hypothetical = _global_result(record)
-        if hypothetical is not None:
-            found = self._lookup(hypothetical)
-            if found:
-                return found
-        same_inputs = self._by_inputs(record)
-        if same_inputs is not None:
-            return same_inputs
+        """The reference op a sharded op should correspond to, if one can be found (at worst
+        the op computing one of its operands)."""
+        found = self.value_counterpart(record)
+        if found is not None:
+            return found
         for value in record.inputs:
             if isinstance(value, Rel) and value.term.op not in _LEAF_OPS:
                 found = self._lookup(value.term)
                 if found:
                     return found
         return None
+
+    def value_counterpart(self, record: OpRecord) -> OpRecord | None:
+        """The reference op computing what the sharded op's result stands for: the same term
+        (up to a constant factor), the op's result on whole operands, or another function of
+        the same operands. None when only an operand has a counterpart."""
+        for value in record.outputs:
+            if isinstance(value, Rel):
+                found = self._lookup(value.term)
+                if found:
+                    return found
+        if record.info.name in _TERM_PRESERVING and record.inputs and isinstance(
+                record.inputs[0], Rel):
+            found = self._lookup(record.inputs[0].term)
+            if found:
+                return found
+        hypothetical = _global_result(record)
+        if hypothetical is not None:
+            found = self._lookup(hypothetical)
+            if found:
+                return found
+        return self._by_inputs(record)
 
     def _by_inputs(self, record: OpRecord) -> OpRecord | None:
         """A reference op applied to exactly the same operand terms (a different function of
@@ -131,9 +147,9 @@ def _focus(record: OpRecord | None, reference: _Reference | None, mesh: Mesh | N
     if record is None or record.info.op is None:
         focus.unavailable = "the diagnostic names no sharded op"
         return focus
-    twin = reference.counterpart(record) if reference is not None else None
+    twin = reference.value_counterpart(record) if reference is not None else None
     if twin is None or twin.info.op is None:
-        focus.unavailable = "no reference op corresponds to the diverging op"
+        focus.unavailable = "the reference computes no value the diverging op's result stands for"
         return focus
     focus.reference = twin
     focus.ref_result = next((i for i, v in enumerate(twin.outputs) if isinstance(v, Rel)), 0)
