@@ -282,6 +282,10 @@ def _opaque_diagnostic(value: Opaque, reference: _Reference | None,
             notes.append(Diagnostic("note", "the partial sum is carried around this loop",
                                     record.loc))
         elif record is not None and value.category == "missing_reduction":
+            carrier = _carrier(record, blame)
+            if carrier is not None:
+                notes.append(Diagnostic("note", f"the partial sum reaches the output through "
+                                                f"{carrier.info.name} here", carrier.loc))
             notes.append(Diagnostic("note", "the partial sum leaves shard_map here",
                                     record.loc))
         elif record is not None:
@@ -289,8 +293,31 @@ def _opaque_diagnostic(value: Opaque, reference: _Reference | None,
                                             f"{record.info.name}", record.loc))
     notes.extend(_counterpart_note(primary, reference))
     loc = primary.loc if primary else None
-    return Diagnostic("error", prefix + value.reason, loc, tuple(notes),
-                      category=value.category)
+    message = prefix + value.reason
+    if value.category == "missing_reduction" and _is_backward(primary):
+        message += (f" (a gradient: jax's {primary.info.loc.op_name} of this line; the "
+                    "gradient synchronisation of this parameter is missing)")
+    return Diagnostic("error", message, loc, tuple(notes), category=value.category)
+
+
+def _is_backward(record: OpRecord | None) -> bool:
+    """An op jax's autodiff made: its name is `transpose(jvp(...))/...` and its location the
+    forward line it differentiates."""
+    op_name = record.info.loc.op_name if record is not None and record.info.loc else ""
+    return "transpose(" in op_name
+
+
+def _carrier(exit_record: OpRecord, origin: OpRecord | None) -> OpRecord | None:
+    """The last op before a shard_map exit that carries the partial sum `origin` made, when it
+    is another op (a gradient is made in the backward pass and leaves through the optimizer's
+    update, say)."""
+    for source in exit_record.sources:
+        if source is None or source is origin:
+            continue
+        for value in source.outputs:
+            if isinstance(value, Rel) and value.partial and value.partial_origin is origin:
+                return source
+    return None
 
 
 def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
