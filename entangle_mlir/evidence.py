@@ -118,12 +118,7 @@ def _op_evidence(focus, seed: int) -> dict:
     args = [random_input(shape, dtype, rng) for shape, dtype in ref_main_types]
     reference_program = _expose_reference(ref_text, focus.ref_result)
     want = execute_replicas(reference_program, [args])[0][0]
-    per_device_program, operand_args, tilings, mesh = _expose_sharded(sharded_text,
-                                                                      focus.result)
-    if len(operand_args) and max(operand_args) >= len(args):
-        raise Unavailable("the sharded program takes other arguments than the reference")
-    per_device_args = [[_block(args[j], tiling, mesh, d) for j, tiling in
-                        zip(operand_args, tilings)] for d in range(mesh.num_devices)]
+    per_device_program, per_device_args, mesh = _sharded_program(sharded_text, focus, args)
     got_local = [outs[0] for outs in execute_replicas(per_device_program, per_device_args)]
     got = reassemble(got_local, focus.relation, mesh)
     if got.shape != want.shape:
@@ -244,6 +239,79 @@ def _expose_reference(text: str, result: int) -> str:
         if "res_attrs" in main.attributes:
             del main.attributes["res_attrs"]
         return _as_replicas(module, 1)
+
+
+def _sharded_program(text: str, focus, args: list[np.ndarray]):
+    """(per-device program returning the marked op's result, each device's arguments, mesh)
+    for a shard_map program or a per-device (partitioned) one."""
+    from .ir import context, parse_module
+    from .per_device import is_per_device
+    from .program import _public_main
+
+    with context():
+        module = parse_module(text)
+        per_device = is_per_device(module, _public_main(module, "-"))
+    if per_device:
+        program, shardings, local_shapes = _expose_per_device(text, focus.result)
+        return program, _per_device_args(args, shardings, local_shapes, focus.mesh), focus.mesh
+    program, operand_args, tilings, mesh = _expose_sharded(text, focus.result)
+    if len(operand_args) and max(operand_args) >= len(args):
+        raise Unavailable("the sharded program takes other arguments than the reference")
+    per_device_args = [[_block(args[j], tiling, mesh, d) for j, tiling in
+                        zip(operand_args, tilings)] for d in range(mesh.num_devices)]
+    return program, per_device_args, mesh
+
+
+def _per_device_args(args, shardings, local_shapes, mesh) -> list[list[np.ndarray]]:
+    """Each device's parameters of a partitioned program: its block of every global argument
+    as the parameter's `mhlo.sharding` says (uneven shards zero-padded, as XLA does)."""
+    from .jax import _device_blocks, _local_block
+
+    if len(args) != len(shardings):
+        raise Unavailable("the sharded program takes other arguments than the reference")
+    n = mesh.num_devices
+    per_arg = []
+    for arg, sharding, local in zip(args, shardings, local_shapes):
+        blocks = _device_blocks(sharding, arg.shape, local, n)
+        per_arg.append([_local_block(arg, blocks[d], local) for d in range(n)])
+    return [[column[d] for column in per_arg] for d in range(n)]
+
+
+def _expose_per_device(text: str, result: int):
+    """A partitioned program returning the marked op's `result` instead of its results, with
+    its parameters' shardings and local shapes."""
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import func
+
+    from .ir import context
+    from .per_device import device_count, parameter_shardings
+    from .program import _public_main
+
+    with context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        target = _find(module, _EVIDENCE_MARK)
+        main = _public_main(module, "-")
+        if target.parent != main:
+            raise Unavailable(f"the op is inside a {target.parent.name} region (a loop body "
+                              "or a branch cannot be run on its own)")
+        shardings = parameter_shardings(module, main)
+        n = device_count(module, shardings)
+        block = main.regions[0].blocks[0]
+        local_shapes = [tuple(a.type.shape) for a in block.arguments]
+        value = target.results[result]
+        terminator = list(block.operations)[-1]
+        with ir.InsertionPoint(terminator):
+            func.ReturnOp([value])
+        terminator.erase()
+        main.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
+            [a.type for a in block.arguments], [value.type]))
+        for name in ("res_attrs",):
+            if name in main.attributes:
+                del main.attributes[name]
+        attrs = module.operation.attributes
+        if "mhlo.spmd_output_sharding" in attrs:
+            del attrs["mhlo.spmd_output_sharding"]
+        return _as_replicas(module, n), shardings, local_shapes
 
 
 def _expose_sharded(text: str, result: int):

@@ -139,7 +139,7 @@ def lower_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None
 
 
 def check_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None,
-                      verify_rules: bool = True) -> Report:
+                      verify_rules: bool = True, evidence: bool = True) -> Report:
     """Prove that XLA's SPMD partitioning of `f` refines `f` itself.
 
     `avals` are `jax.ShapeDtypeStruct`s, with a `NamedSharding` on a mesh of `AxisType.Auto`
@@ -155,6 +155,10 @@ def check_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None
     note = _mesh_note(report.mesh, avals)
     if note:
         report.notes.append(note)
+    if not report.proven and evidence:
+        from .evidence import op_evidence
+
+        report.evidence = {"at_op": op_evidence(report.focus)}
     return report
 
 

@@ -105,14 +105,12 @@ def test_op_inside_a_loop_body_falls_back_to_the_outputs() -> None:
 
 # ----- the machinery itself, on correct programs -----------------------------------------------
 
-def _walks(ex):
+def _walks(ref_text: str, sharded_text):
     from entangle_mlir.ir import context, parse_module
     from entangle_mlir.pipeline import PassState, parse_pipeline, run_pipeline
     from entangle_mlir.program import from_two_modules
-    from examples.catalog import lower_pair
     from passes import PASSES
 
-    ref_text, sharded_text = lower_pair(ex)
     program = from_two_modules(parse_module(ref_text), parse_module(sharded_text), "ref", "shd")
     state = PassState(program.sharded_module, "shd", program=program)
     names = "entangle-normalize,entangle-import-shardings,entangle-infer-relations{annotate=false}"
@@ -121,14 +119,26 @@ def _walks(ex):
     return program, state.walks["reference"], state.walks["sharded"]
 
 
+def _lowered(name: str):
+    """(reference, sharded) of a catalogue example (shard_map) or, prefixed `xla:`, of a case of
+    examples/partitioned.py (XLA's per-device program)."""
+    if name.startswith("xla:"):
+        from test_partitioned import lowered
+
+        return lowered(name[4:])
+    from examples.catalog import lower_pair
+
+    return lower_pair(by_name(name))
+
+
 @pytest.mark.parametrize("name", ["megatron_mlp_tp4", "seqpar_mlp_tp2", "layernorm_hidden_tp4",
-                                  "gpt2_block_dp2_tp2"])
+                                  "gpt2_block_dp2_tp2", "xla:mlp_dp_tp", "xla:layernorm_hidden"])
 def test_correct_program_agrees_at_every_op(name: str) -> None:
     """Every op of a correct program whose term the reference computes, reassembled with its
     relation, equals the reference op computing that term."""
     from entangle_mlir.refine import _focus, _Reference
 
-    program, ref, sharded = _walks(by_name(name))
+    program, ref, sharded = _walks(*_lowered(name))
     reference = _Reference(ref)
     foci = []
     for record in sharded.records:
@@ -161,3 +171,22 @@ def test_reassemble_concat_and_partial_sum() -> None:
     partial = [block / 2 for block in split]
     rel = Rel(term, (("dp",), ()), partial=("tp",), kind="sum")
     assert np.array_equal(reassemble(partial, rel, mesh), whole)
+
+
+# Mutations of XLA's partitioned programs (tests/test_partitioned.py) with an op-level run.
+XLA_AT_OP = ["dropped_all_reduce", "dropped_all_reduce_mlp", "max_reducer",
+             "max_reducer_layernorm", "wrong_replica_groups"]
+
+
+@pytest.mark.parametrize("name", XLA_AT_OP)
+def test_values_differ_at_the_mutated_op_of_a_partitioned_program(name: str) -> None:
+    from test_partitioned import BY_MUTATION, lowered, mutated_program
+
+    from entangle_mlir.check import check_texts
+
+    text, what = mutated_program(name)
+    report = check_texts(lowered(BY_MUTATION[name].case)[0], text, verify_rules=False)
+    at_op = op_evidence(report.focus)
+    assert at_op["available"], at_op["summary"]
+    assert at_op["sharded_location"] == str(report.diagnostics[0].loc)
+    assert at_op["max_abs_diff"] > 1e-3 * max(1.0, at_op["max_abs_reference"]), (what, at_op)
