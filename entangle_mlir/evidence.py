@@ -219,6 +219,7 @@ def _expose_reference(text: str, result: int) -> str:
     from jaxlib.mlir.dialects import func
 
     from .ir import context
+    from .program import _public_main
 
     with context(), ir.Location.unknown():
         module = ir.Module.parse(text)
@@ -227,6 +228,8 @@ def _expose_reference(text: str, result: int) -> str:
         if main.name != "func.func":
             raise Unavailable(f"the reference op is inside a {main.name} region (a loop body "
                               "or a branch cannot be run on its own)")
+        if main != _public_main(module, "-"):
+            raise Unavailable("the reference op is not in the entry function")
         value = target.results[result]
         block = main.regions[0].blocks[0]
         terminator = list(block.operations)[-1]

@@ -160,7 +160,10 @@ def _focus(record: OpRecord | None, reference: _Reference | None, mesh: Mesh | N
                       (0, None))
     if rel is None:
         rel = _expected_relation(record)
-    if rel is None or rel.is_global:
+    if rel is not None and rel.is_global:
+        focus.unavailable = "the op is outside the shard_map body"
+        return focus
+    if rel is None:
         focus.unavailable = ("the check found no relation the sharded value should have there, "
                              "so its per-device values cannot be reassembled")
         return focus
