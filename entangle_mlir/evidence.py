@@ -23,6 +23,10 @@ _NUMPY_DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "
                  "i1": "bool"}
 
 
+# Relative difference below which the values agree (float32 rounding of reordered sums).
+_AGREE = 1e-4
+
+
 class Unavailable(Exception):
     """Op-level evidence cannot be taken; the message says why (shown to the user)."""
 
@@ -134,7 +138,7 @@ def _op_evidence(focus, seed: int) -> dict:
     if not math.isfinite(diff):
         verdict = (f"and {reference} are not finite (inf or NaN), so they cannot be compared "
                    "numerically")
-    elif diff > 1e-5 * max(1.0, scale):
+    elif diff > _AGREE * max(1.0, scale):
         verdict = (f"differs from {reference} by up to {diff:.3g} (whose values reach "
                    f"{scale:.3g})")
     else:

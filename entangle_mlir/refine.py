@@ -148,6 +148,8 @@ def _focus(record: OpRecord | None, reference: _Reference | None, mesh: Mesh | N
         focus.unavailable = "the diagnostic names no sharded op"
         return focus
     twin = reference.value_counterpart(record) if reference is not None else None
+    if twin is not None and not _computes_exactly(record, twin):
+        twin = _same_source(record, reference) or twin
     if twin is None or twin.info.op is None:
         focus.unavailable = "the reference computes no value the diverging op's result stands for"
         return focus
@@ -177,6 +179,25 @@ def _focus(record: OpRecord | None, reference: _Reference | None, mesh: Mesh | N
         focus.how = layout_words(rel)
     focus.relation = rel
     return focus
+
+
+def _computes_exactly(record: OpRecord, twin: OpRecord) -> bool:
+    """Whether the reference op computes exactly the sharded op's term (not a multiple)."""
+    ours = {v.term.serial for v in record.outputs if isinstance(v, Rel)}
+    return any(isinstance(v, Rel) and v.term.serial in ours for v in twin.outputs)
+
+
+def _same_source(record: OpRecord, reference: _Reference) -> OpRecord | None:
+    """The reference op of the same kind at the same source position (an XLA-partitioned
+    program shares the user's code with its reference): the op the sharded one really is, when
+    the terms only match up to a factor (a rounded constant, say). Only when it is unique."""
+    if record.loc is None:
+        return None
+    found = [candidate for candidate in reference.walk.records
+             if candidate.info.name == record.info.name and candidate.loc == record.loc
+             and candidate.info.op is not None]
+    # A line run several times (a layer's helper) is ambiguous: no answer then.
+    return found[0] if len(found) == 1 else None
 
 
 def _expected_relation(record: OpRecord) -> Rel | None:

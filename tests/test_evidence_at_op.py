@@ -190,3 +190,20 @@ def test_values_differ_at_the_mutated_op_of_a_partitioned_program(name: str) -> 
     assert at_op["available"], at_op["summary"]
     assert at_op["sharded_location"] == str(report.diagnostics[0].loc)
     assert at_op["max_abs_diff"] > 1e-3 * max(1.0, at_op["max_abs_reference"]), (what, at_op)
+
+
+def test_unproven_correct_program_shows_agreement_at_the_op() -> None:
+    """attention_div_sqrt is correct but not proven (XLA's rounded reciprocal of sqrt(d)): the
+    evidence compares the op with the reference op on the same line and finds them equal, so
+    it claims no difference."""
+    from test_partitioned import lowered
+
+    from entangle_mlir.check import check_texts
+
+    report = check_texts(*lowered("attention_div_sqrt"), verify_rules=False)
+    assert not report.proven
+    at_op = op_evidence(report.focus)
+    assert at_op["available"], at_op["summary"]
+    assert at_op["reference_location"] == at_op["sharded_location"]
+    assert at_op["max_abs_diff"] <= 1e-4 * max(1.0, at_op["max_abs_reference"]), at_op
+    assert "agrees with the reference's stablehlo.divide" in at_op["summary"]
