@@ -108,6 +108,21 @@ def op_evidence(focus, seed: int = 0) -> dict:
                             f"{str(err).splitlines()[0] if str(err) else ''})")
 
 
+def check_evidence(report) -> dict:
+    """`entangle check --evidence`: op-level evidence for a report of MLIR files, on enough
+    simulated CPU devices (jax is imported here, only when asked for)."""
+    import os
+    import sys
+
+    focus = report.focus
+    needed = focus.mesh.num_devices if focus is not None and focus.mesh is not None else 1
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "jax" not in sys.modules and "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = (
+            f"{flags} --xla_force_host_platform_device_count={max(needed, 8)}").strip()
+    return {"at_op": op_evidence(focus)}
+
+
 def _unavailable(reason: str) -> dict:
     return {"available": False, "reason": reason,
             "summary": f"no evidence at the diverging op: {reason}; the outputs are compared "
@@ -175,13 +190,38 @@ def _module_text(module) -> str:
 
 
 def _main_arg_types(text: str) -> list[tuple[tuple[int, ...], str]]:
+    """Shapes and numpy dtypes of the arguments of the reference function (the one holding the
+    marked reference op)."""
     from .ir import context, parse_module
-    from .program import _public_main
 
     with context():
         module = parse_module(text)
-        main = _public_main(module, "-")
-        return [_numpy_type(a.type) for a in main.regions[0].blocks[0].arguments]
+        func_op = _enclosing_func(_find(module, _REFERENCE_MARK, keep=True))
+        return [_numpy_type(a.type) for a in func_op.regions[0].blocks[0].arguments]
+
+
+def _enclosing_func(op):
+    while op is not None and op.name != "func.func":
+        op = op.parent
+    if op is None:
+        raise Unavailable("the op is in no function")
+    return op
+
+
+def _as_entry(module, func_op) -> None:
+    """Make `func_op` the module's public `main` (a combined file holds the reference and the
+    sharded function side by side; calls are inlined by then): every other function goes."""
+    from jaxlib.mlir import ir
+
+    if func_op.attributes["sym_name"] == ir.StringAttr.get("main") and (
+            "sym_visibility" not in func_op.attributes):
+        return
+    for op in list(module.body.operations):
+        if op.name == "func.func" and op != func_op:
+            op.erase()
+    func_op.attributes["sym_name"] = ir.StringAttr.get("main")
+    if "sym_visibility" in func_op.attributes:
+        del func_op.attributes["sym_visibility"]
 
 
 def _numpy_type(t) -> tuple[tuple[int, ...], str]:
@@ -200,7 +240,7 @@ def _numpy_type(t) -> tuple[tuple[int, ...], str]:
     return tuple(ranked.shape), name
 
 
-def _find(module, mark: str):
+def _find(module, mark: str, keep: bool = False):
     from jaxlib.mlir import ir
 
     found = []
@@ -213,7 +253,8 @@ def _find(module, mark: str):
     module.operation.walk(visit)
     if len(found) != 1:
         raise Unavailable("the op could not be found again in a copy of the program")
-    del found[0].attributes[mark]
+    if not keep:
+        del found[0].attributes[mark]
     return found[0]
 
 
@@ -223,7 +264,6 @@ def _expose_reference(text: str, result: int) -> str:
     from jaxlib.mlir.dialects import func
 
     from .ir import context
-    from .program import _public_main
 
     with context(), ir.Location.unknown():
         module = ir.Module.parse(text)
@@ -232,8 +272,7 @@ def _expose_reference(text: str, result: int) -> str:
         if main.name != "func.func":
             raise Unavailable(f"the reference op is inside a {main.name} region (a loop body "
                               "or a branch cannot be run on its own)")
-        if main != _public_main(module, "-"):
-            raise Unavailable("the reference op is not in the entry function")
+        _as_entry(module, main)
         value = target.results[result]
         block = main.regions[0].blocks[0]
         terminator = list(block.operations)[-1]
@@ -252,13 +291,14 @@ def _sharded_program(text: str, focus, args: list[np.ndarray]):
     """(per-device program returning the marked op's result, each device's arguments, mesh)
     for a shard_map program or a per-device (partitioned) one."""
     from .ir import context, parse_module
-    from .per_device import is_per_device
-    from .program import _public_main
 
     with context():
         module = parse_module(text)
-        per_device = is_per_device(module, _public_main(module, "-"))
-    if per_device:
+        target = _find(module, _EVIDENCE_MARK, keep=True)
+        in_shard_map = target.parent.name == "sdy.manual_computation" or any(
+            op.name == "sdy.manual_computation"
+            for op in _enclosing_func(target).regions[0].blocks[0].operations)
+    if not in_shard_map:
         program, shardings, local_shapes = _expose_per_device(text, focus.result)
         return program, _per_device_args(args, shardings, local_shapes, focus.mesh), focus.mesh
     program, operand_args, tilings, mesh = _expose_sharded(text, focus.result)
@@ -292,15 +332,15 @@ def _expose_per_device(text: str, result: int):
 
     from .ir import context
     from .per_device import device_count, parameter_shardings
-    from .program import _public_main
 
     with context(), ir.Location.unknown():
         module = ir.Module.parse(text)
         target = _find(module, _EVIDENCE_MARK)
-        main = _public_main(module, "-")
-        if target.parent != main:
-            raise Unavailable(f"the op is inside a {target.parent.name} region (a loop body "
+        main = target.parent
+        if main.name != "func.func":
+            raise Unavailable(f"the op is inside a {main.name} region (a loop body "
                               "or a branch cannot be run on its own)")
+        _as_entry(module, main)
         shardings = parameter_shardings(module, main)
         n = device_count(module, shardings)
         block = main.regions[0].blocks[0]
@@ -331,7 +371,6 @@ def _expose_sharded(text: str, result: int):
     from .infer import Walker
     from .ir import context
     from .opinfo import describe
-    from .program import _public_main
 
     with context(), ir.Location.unknown():
         module = ir.Module.parse(text)
@@ -340,9 +379,9 @@ def _expose_sharded(text: str, result: int):
         if manual.name != "sdy.manual_computation":
             raise Unavailable(f"the op is inside a {manual.name} region (a loop body or a "
                               "branch cannot be run on its own)")
-        main = _public_main(module, "-")
-        if manual.parent != main:
-            raise Unavailable("the shard_map is not in the entry function")
+        main = manual.parent
+        if main.name != "func.func":
+            raise Unavailable(f"the shard_map is inside a {main.name} region")
         if "device_ids" in str(module.operation.attributes):
             raise Unavailable("the mesh lists its devices in a custom order")
         walker = Walker(main, module, "-")

@@ -9,6 +9,9 @@ computes, finds them equal (so a nonzero difference is the bug, not the reassemb
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -207,3 +210,39 @@ def test_unproven_correct_program_shows_agreement_at_the_op() -> None:
     assert at_op["reference_location"] == at_op["sharded_location"]
     assert at_op["max_abs_diff"] <= 1e-4 * max(1.0, at_op["max_abs_reference"]), at_op
     assert "agrees with the reference's stablehlo.divide" in at_op["summary"]
+
+
+# ----- `entangle check --evidence` on MLIR files ------------------------------------------------
+
+DIAGNOSTICS = Path(__file__).resolve().parents[1] / "lit_tests" / "diagnostics"
+
+
+@pytest.mark.parametrize("reason", ["missing_reduction", "scale", "wrong_axis",
+                                    "duplicate_reduction", "partial_mixed"])
+def test_cli_evidence_on_mlir_files(reason: str, capsys) -> None:
+    from test_json_schema import assert_valid
+
+    from entangle_mlir import cli
+
+    path = str(DIAGNOSTICS / f"{reason}.mlir")
+    capsys.readouterr()
+    code = cli.main(["check", path, "--json", "--no-verify-rules", "--evidence"])
+    document = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert_valid(document)
+    at_op = document["evidence"]["at_op"]
+    assert at_op["available"], at_op["summary"]
+    assert at_op["sharded_location"].startswith(path)
+    assert at_op["max_abs_diff"] > 1e-3 * max(1.0, at_op["max_abs_reference"]), at_op
+
+
+def test_cli_evidence_is_not_claimed_for_a_proven_pair(capsys) -> None:
+    from entangle_mlir import cli
+
+    mlir = Path(__file__).resolve().parents[1] / "examples" / "mlir"
+    capsys.readouterr()
+    code = cli.main(["check", str(mlir / "megatron_mlp_tp4.ref.mlir"),
+                     str(mlir / "megatron_mlp_tp4.sharded.mlir"), "--no-verify-rules",
+                     "--evidence"])
+    out = capsys.readouterr().out
+    assert code == 0 and "evidence" not in out
