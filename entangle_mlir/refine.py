@@ -248,10 +248,9 @@ def compare(ref: Walk, sharded: Walk) -> Report:
             outputs.append(OutputResult(i, True, rho, pretty(want.term, 3)))
             continue
         outputs.append(OutputResult(i, False, rho))
-        diagnostics.append(_mismatch_diagnostic(i, want.term, got.term, sharded, reference))
-        culprit = _first_divergence(got.term, sharded, reference)
-        foci.append(_focus(culprit[0] if culprit else None, reference, sharded.mesh,
-                           diagnostics[-1].category))
+        diagnostic, culprit = _mismatch_diagnostic(i, want.term, got.term, sharded, reference)
+        diagnostics.append(diagnostic)
+        foci.append(_focus(culprit, reference, sharded.mesh, diagnostic.category))
     seen, unique, unique_foci = set(), [], []
     for diag, focus in zip(diagnostics, foci):
         key = (diag.message, str(diag.loc))
@@ -306,7 +305,7 @@ def _opaque_diagnostic(value: Opaque, reference: _Reference | None,
             notes.append(Diagnostic("note", "the partial sum is carried around this loop",
                                     record.loc))
         elif record is not None and value.category == "missing_reduction":
-            carrier = _carrier(record, blame)
+            carrier = _carrier(record, blame) if _is_backward(blame) else None
             if carrier is not None:
                 notes.append(Diagnostic("note", f"the partial sum reaches the output through "
                                                 f"{carrier.info.name} here", carrier.loc))
@@ -333,8 +332,8 @@ def _is_backward(record: OpRecord | None) -> bool:
 
 def _carrier(exit_record: OpRecord, origin: OpRecord | None) -> OpRecord | None:
     """The last op before a shard_map exit that carries the partial sum `origin` made, when it
-    is another op (a gradient is made in the backward pass and leaves through the optimizer's
-    update, say)."""
+    is another op: a gradient is made in the backward pass and leaves through the optimizer's
+    update, the line that reads the (unsynchronised) gradients."""
     for source in exit_record.sources:
         if source is None or source is origin:
             continue
@@ -345,7 +344,8 @@ def _carrier(exit_record: OpRecord, origin: OpRecord | None) -> OpRecord | None:
 
 
 def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
-                         reference: _Reference) -> Diagnostic:
+                         reference: _Reference) -> tuple[Diagnostic, OpRecord | None]:
+    """The diagnostic of an output whose term differs, and the op it names (if any)."""
     k, base = single_scaled(got)
     if base is want:
         message = f"result #{index} is {k} x the reference"
@@ -355,7 +355,7 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
     where = sharded.return_record.loc if sharded.return_record else None
     culprit = _first_divergence(got, sharded, reference)
     if culprit is None:
-        return Diagnostic("error", message, where, category="different_function")
+        return Diagnostic("error", message, where, category="different_function"), None
     record, term = culprit
     k2, base2 = single_scaled(term)
     category = "different_function"
@@ -374,7 +374,7 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
         reason = (f"{record.info.name.split('.')[-1]} computes {pretty(term, 3)}, which the "
                   "reference never computes")
     notes = [Diagnostic("note", message, where), *_counterpart_note(record, reference)]
-    return Diagnostic("error", reason, record.loc, tuple(notes), category=category)
+    return Diagnostic("error", reason, record.loc, tuple(notes), category=category), record
 
 
 def _pmean_axes(record: OpRecord, factor, walk: Walk) -> str:
