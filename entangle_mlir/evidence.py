@@ -49,13 +49,12 @@ def output_evidence(reference_fn, sharded_fn, avals, seed: int = 0) -> dict:
 
     rng = np.random.default_rng(seed)
     try:
-        args = []
-        for aval in avals:
-            value = random_input(aval.shape, aval.dtype, rng)
-            sharding = getattr(aval, "sharding", None)
-            args.append(jax.device_put(value, sharding) if sharding is not None else value)
-        want = jax.tree.leaves(jax.jit(reference_fn)(*[np.asarray(a) for a in args]))
-        got = jax.tree.leaves(sharded_fn(*args))
+        leaves, tree = jax.tree.flatten(list(avals))   # avals may be pytrees (params dicts)
+        values = [random_input(aval.shape, aval.dtype, rng) for aval in leaves]
+        placed = [jax.device_put(value, aval.sharding) if getattr(aval, "sharding", None)
+                  is not None else value for value, aval in zip(values, leaves)]
+        want = jax.tree.leaves(jax.jit(reference_fn)(*jax.tree.unflatten(tree, values)))
+        got = jax.tree.leaves(sharded_fn(*jax.tree.unflatten(tree, placed)))
     except Exception as err:  # noqa: BLE001 - evidence is best effort, never a failure
         return {"summary": f"not available ({type(err).__name__}: {err})"}
     diffs = [_max_diff(w, g) for w, g in zip(want, got)]

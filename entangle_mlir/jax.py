@@ -43,7 +43,8 @@ def lower_pair(reference_fn: Callable, sharded_fn: Callable, *avals) -> tuple[st
     """The reference and sharded programs as StableHLO text, with source locations."""
     reference = reference_fn if hasattr(reference_fn, "lower") else jax.jit(reference_fn)
     sharded = sharded_fn if hasattr(sharded_fn, "lower") else jax.jit(sharded_fn)
-    ref_text = reference.lower(*[_plain(a) for a in avals]).as_text(debug_info=True)
+    plain = [jax.tree.map(_plain, a) for a in avals]   # avals may be pytrees (params dicts)
+    ref_text = reference.lower(*plain).as_text(debug_info=True)
     sharded_text = sharded.lower(*avals).as_text(debug_info=True)
     return ref_text, sharded_text
 

@@ -7,6 +7,7 @@ op it should correspond to; both are reported with their source locations.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 from .diagnostics import Diagnostic
@@ -251,6 +252,7 @@ def compare(ref: Walk, sharded: Walk) -> Report:
         diagnostic, culprit = _mismatch_diagnostic(i, want.term, got.term, sharded, reference)
         diagnostics.append(diagnostic)
         foci.append(_focus(culprit, reference, sharded.mesh, diagnostic.category))
+    diagnostics = _name_results(diagnostics, sharded)
     seen, unique, unique_foci = set(), [], []
     for diag, focus in zip(diagnostics, foci):
         key = (diag.message, str(diag.loc))
@@ -267,6 +269,44 @@ def compare(ref: Walk, sharded: Walk) -> Report:
     report.explainer = lambda: [explain(sharded, i) for i in range(len(sharded.outputs))]
     report.focus = unique_foci[0] if unique_foci else None
     return report
+
+
+_PLAIN_RESULT = re.compile(r"result(\[\d+\])?$")
+
+
+def _name_results(diagnostics: list[Diagnostic], sharded: Walk) -> list[Diagnostic]:
+    """A note naming the output a diagnostic is about by its pytree path, as jax records it
+    (`jax.result_info = "result['grads']['attn_norm']"`), where the program returns a pytree:
+    `result #1` alone does not tell a training engineer which gradient is unsynchronised."""
+    names = _result_names(sharded)
+    out = []
+    for diag in diagnostics:
+        index = _RESULT_INDEX.search(diag.message + " ".join(n.message for n in diag.notes))
+        name = names[int(index.group(1))] if index and int(index.group(1)) < len(names) else ""
+        if name and not _PLAIN_RESULT.match(name):
+            note = Diagnostic("note", f"result #{index.group(1)} is {name}")
+            diag = replace(diag, notes=(*diag.notes, note))
+        out.append(diag)
+    return out
+
+
+_RESULT_INDEX = re.compile(r"result #(\d+)")
+
+
+def _result_names(walk: Walk) -> list[str]:
+    """The `jax.result_info` of each result of the walked function ('' where absent)."""
+    from jaxlib.mlir import ir
+
+    record = walk.return_record
+    func = getattr(record.info.op, "parent", None) if record is not None else None
+    if func is None or func.name != "func.func" or "res_attrs" not in func.attributes:
+        return []
+    names = []
+    for attrs in ir.ArrayAttr(func.attributes["res_attrs"]):
+        info = ir.DictAttr(attrs)
+        names.append(ir.StringAttr(info["jax.result_info"]).value
+                     if "jax.result_info" in info else "")
+    return names
 
 
 def _primary(value: Opaque) -> OpRecord | None:

@@ -182,19 +182,19 @@ from entangle_mlir.jax import check
 def loss(w, x):
     return jnp.sum(jnp.tanh(x @ w))
 
-def ref(w, x):
-    return w - 0.1 * jax.grad(loss)(w, x)
+def ref(params, x):
+    return {"w": params["w"] - 0.1 * jax.grad(loss)(params["w"], x)}
 
-def body(w, x):
-    g = jax.grad(loss)(w, x)
-    return w - 0.1 * g
+def body(params, x):
+    g = jax.grad(loss)(params["w"], x)
+    return {"w": params["w"] - 0.1 * g}
 
 mesh = jax.make_mesh((4,), ("tp",))
-specs = (P(), P("tp", None))
-sharded = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(),
+specs = ({"w": P()}, P("tp", None))
+sharded = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs={"w": P()},
                                 check_vma=False))
-avals = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, p))
-         for s, p in zip(((8, 4), (16, 8)), specs)]
+avals = [{"w": jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=NamedSharding(mesh, P()))},
+         jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=NamedSharding(mesh, specs[1]))]
 print(json.dumps(check(ref, sharded, *avals, verify_rules=False).to_json()))
 """
 
@@ -202,7 +202,8 @@ print(json.dumps(check(ref, sharded, *avals, verify_rules=False).to_json()))
 def test_missing_gradient_sync_is_named_a_gradient(tmp_path: Path) -> None:
     """A gradient left partial (each device differentiated its own tokens, no psum): the error
     says it is a gradient whose synchronisation is missing, at the line it differentiates, with
-    a note at the update that carries it out; the numbers at that op really differ."""
+    a note at the update that carries it out and one naming the output by its pytree path; the
+    numbers at that op really differ."""
     import json
     import os
     import subprocess
@@ -222,5 +223,6 @@ def test_missing_gradient_sync_is_named_a_gradient(tmp_path: Path) -> None:
     assert first["location"]["line"] == 9           # `x @ w` in loss, differentiated
     carrier = [n for n in first["notes"] if "reaches the output through" in n["message"]]
     assert carrier and carrier[0]["location"]["line"] == 16, first["notes"]   # w - 0.1 * g
+    assert any(n["message"] == "result #0 is result['w']" for n in first["notes"])
     at_op = document["evidence"]["at_op"]
     assert at_op["available"] and at_op["max_abs_diff"] > 1e-3, at_op
