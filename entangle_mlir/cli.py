@@ -26,9 +26,18 @@ def main(argv: list[str] | None = None) -> int:
                        help="sharded program (shard_map lowering); omit it for one file holding "
                             "both functions, the sharded one marked `entangle.refines = @ref`")
     _common_options(check)
+    check.add_argument("--evidence", action="store_true",
+                       help="when not proven, run the diverging op and its reference "
+                            "counterpart on a random input (imports jax; simulated CPU "
+                            "devices) and show how far apart they are")
     demo = sub.add_parser("demo", help="check the bundled examples (and one caught bug)")
     _common_options(demo)
     args = parser.parse_args(argv)
+    if getattr(args, "evidence", False):
+        import os
+
+        # jax's CPU client lists its devices on stderr unless told before jaxlib loads.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.dump_smt:
         from .z3check import set_dump_dir
 
@@ -44,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
 
         report = check_files(args.ref, args.sharded or args.ref,
                              verify_rules=not args.no_verify_rules)
+        if args.evidence and not report.proven:
+            from .evidence import check_evidence
+
+            report.evidence = check_evidence(report)
     except InputError as err:
         if getattr(args, "json", False):
             print(json.dumps({"verdict": "bad input", "exit_code": 2,

@@ -43,7 +43,8 @@ def lower_pair(reference_fn: Callable, sharded_fn: Callable, *avals) -> tuple[st
     """The reference and sharded programs as StableHLO text, with source locations."""
     reference = reference_fn if hasattr(reference_fn, "lower") else jax.jit(reference_fn)
     sharded = sharded_fn if hasattr(sharded_fn, "lower") else jax.jit(sharded_fn)
-    ref_text = reference.lower(*[_plain(a) for a in avals]).as_text(debug_info=True)
+    plain = [jax.tree.map(_plain, a) for a in avals]   # avals may be pytrees (params dicts)
+    ref_text = reference.lower(*plain).as_text(debug_info=True)
     sharded_text = sharded.lower(*avals).as_text(debug_info=True)
     return ref_text, sharded_text
 
@@ -57,9 +58,10 @@ def check(reference_fn: Callable, sharded_fn: Callable, *avals,
                          sharded_file=f"<{getattr(sharded_fn, '__name__', 'sharded')}>",
                          verify_rules=verify_rules)
     if not report.proven and evidence:
-        from .evidence import output_evidence
+        from .evidence import op_evidence, output_evidence
 
         report.evidence = output_evidence(reference_fn, sharded_fn, avals)
+        report.evidence["at_op"] = op_evidence(report.focus)
     return report
 
 
@@ -138,7 +140,7 @@ def lower_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None
 
 
 def check_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None,
-                      verify_rules: bool = True) -> Report:
+                      verify_rules: bool = True, evidence: bool = True) -> Report:
     """Prove that XLA's SPMD partitioning of `f` refines `f` itself.
 
     `avals` are `jax.ShapeDtypeStruct`s, with a `NamedSharding` on a mesh of `AxisType.Auto`
@@ -154,6 +156,10 @@ def check_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None
     note = _mesh_note(report.mesh, avals)
     if note:
         report.notes.append(note)
+    if not report.proven and evidence:
+        from .evidence import op_evidence
+
+        report.evidence = {"at_op": op_evidence(report.focus)}
     return report
 
 

@@ -7,13 +7,21 @@ op it should correspond to; both are reported with their source locations.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass, field, replace
+
 from .diagnostics import Diagnostic
 from .infer import OpRecord, Walk
-from .layout import GLOBAL, DeviceScalar, Opaque, Rel
+from .layout import GLOBAL, DeviceScalar, Opaque, Rel, layout_words
+from .mesh import Mesh, axes_str
 from .report import NOT_PROVEN, PROVEN, OutputResult, Report
 from .terms import Term, pretty, single_scaled, structural_diff
 
 _LEAF_OPS = ("splat", "dense", "iota", "arg", "loopvar")
+# Collectives move or combine blocks of one global value: their result stands for their
+# operand's term.
+_TERM_PRESERVING = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter",
+                    "stablehlo.all_to_all", "stablehlo.collective_permute")
 _BOUNDARY_OPS = ("sdy.manual_computation", "func.func", "func.return")
 
 
@@ -36,26 +44,38 @@ class _Reference:
         return term.serial in self.terms
 
     def counterpart(self, record: OpRecord) -> OpRecord | None:
-        """The reference op a sharded op should correspond to, if one can be found."""
-        for value in record.outputs:
-            if isinstance(value, Rel):
-                found = self._lookup(value.term)
-                if found:
-                    return found
-        hypothetical = _global_result(record)
-        if hypothetical is not None:
-            found = self._lookup(hypothetical)
-            if found:
-                return found
-        same_inputs = self._by_inputs(record)
-        if same_inputs is not None:
-            return same_inputs
+        """The reference op a sharded op should correspond to, if one can be found (at worst
+        the op computing one of its operands)."""
+        found = self.value_counterpart(record)
+        if found is not None:
+            return found
         for value in record.inputs:
             if isinstance(value, Rel) and value.term.op not in _LEAF_OPS:
                 found = self._lookup(value.term)
                 if found:
                     return found
         return None
+
+    def value_counterpart(self, record: OpRecord) -> OpRecord | None:
+        """The reference op computing what the sharded op's result stands for: the same term
+        (up to a constant factor), the op's result on whole operands, or another function of
+        the same operands. None when only an operand has a counterpart."""
+        for value in record.outputs:
+            if isinstance(value, Rel):
+                found = self._lookup(value.term)
+                if found:
+                    return found
+        if record.info.name in _TERM_PRESERVING and record.inputs and isinstance(
+                record.inputs[0], Rel):
+            found = self._lookup(record.inputs[0].term)
+            if found:
+                return found
+        hypothetical = _global_result(record)
+        if hypothetical is not None:
+            found = self._lookup(hypothetical)
+            if found:
+                return found
+        return self._by_inputs(record)
 
     def _by_inputs(self, record: OpRecord) -> OpRecord | None:
         """A reference op applied to exactly the same operand terms (a different function of
@@ -93,36 +113,153 @@ def _global_result(record: OpRecord) -> Term | None:
     return first.term if isinstance(first, Rel) else None
 
 
+@dataclass
+class EvidenceFocus:
+    """Where op-level evidence is taken for a diagnostic: the diverging sharded op's result,
+    the reference op it should correspond to, and the relation the per-device values are
+    reassembled with (the one the check expected there). `unavailable` says why no op-level
+    run is possible (the evidence then falls back to the outputs)."""
+
+    sharded: OpRecord | None = field(default=None, repr=False)
+    result: int = 0
+    reference: OpRecord | None = field(default=None, repr=False)
+    ref_result: int = 0
+    relation: Rel | None = field(default=None, repr=False)
+    how: str = ""
+    mesh: Mesh | None = None
+    unavailable: str = ""
+    modules: tuple = field(default=(), repr=False)
+
+
+_DROP_PARTIAL = ("missing_reduction", "nonlinear_partial", "partial_mixed", "wrong_axis")
+
+
+def _focus(record: OpRecord | None, reference: _Reference | None, mesh: Mesh | None,
+           category: str) -> EvidenceFocus:
+    """The op-level evidence target of a diagnostic at `record`.
+
+    The sharded value is reassembled with the relation the check inferred for it; where the
+    mistake is a reduction that never happens (or happens over the wrong axes) the partial
+    value is taken as each device holds it, which is what the program goes on to use. An op
+    whose result has no relation gets the one its rule gives on operands without their
+    partial sums (a nonlinear op on a partial sum: the layout it would have on full values).
+    """
+    focus = EvidenceFocus(sharded=record, mesh=mesh)
+    if record is None or record.info.op is None:
+        focus.unavailable = "the diagnostic names no sharded op"
+        return focus
+    twin = reference.value_counterpart(record) if reference is not None else None
+    if twin is not None and not _computes_exactly(record, twin):
+        twin = _same_source(record, reference) or twin
+    if twin is None or twin.info.op is None:
+        focus.unavailable = "the reference computes no value the diverging op's result stands for"
+        return focus
+    focus.reference = twin
+    focus.ref_result = next((i for i, v in enumerate(twin.outputs) if isinstance(v, Rel)), 0)
+    if mesh is None:
+        focus.unavailable = "the sharded op is outside any shard_map body"
+        return focus
+    index, rel = next(((i, v) for i, v in enumerate(record.outputs) if isinstance(v, Rel)),
+                      (0, None))
+    if rel is None:
+        rel = _expected_relation(record)
+    if rel is not None and rel.is_global:
+        focus.unavailable = "the op is outside the shard_map body"
+        return focus
+    if rel is None:
+        focus.unavailable = ("the check found no relation the sharded value should have there, "
+                             "so its per-device values cannot be reassembled")
+        return focus
+    focus.result = index
+    if rel.partial and category in _DROP_PARTIAL:
+        missing = f"no {rel.kind} over {axes_str(rel.partial)} happens"
+        rel = replace(rel, partial=(), kind="")
+        focus.how = (f"each device's own value ({missing})" if rel.is_replicated else
+                     f"{layout_words(rel)}, each device's block as it is ({missing})")
+    else:
+        focus.how = layout_words(rel)
+    focus.relation = rel
+    return focus
+
+
+def _computes_exactly(record: OpRecord, twin: OpRecord) -> bool:
+    """Whether the reference op computes exactly the sharded op's term (not a multiple)."""
+    ours = {v.term.serial for v in record.outputs if isinstance(v, Rel)}
+    return any(isinstance(v, Rel) and v.term.serial in ours for v in twin.outputs)
+
+
+def _same_source(record: OpRecord, reference: _Reference) -> OpRecord | None:
+    """The reference op of the same kind at the same source position (an XLA-partitioned
+    program shares the user's code with its reference): the op the sharded one really is, when
+    the terms only match up to a factor (a rounded constant, say). Only when it is unique."""
+    if record.loc is None:
+        return None
+    found = [candidate for candidate in reference.walk.records
+             if candidate.info.name == record.info.name and candidate.loc == record.loc
+             and candidate.info.op is not None]
+    # A line run several times (a layer's helper) is ambiguous: no answer then.
+    return found[0] if len(found) == 1 else None
+
+
+def _expected_relation(record: OpRecord) -> Rel | None:
+    """The relation the op's rule gives when its operands are complete (partial sums taken as
+    full values): the layout the sharded result would have if the reduction had happened."""
+    from .rules import RULES, RuleContext
+
+    rule = RULES.get(record.info.name)
+    if rule is None or not record.inputs or not all(isinstance(v, Rel) for v in record.inputs):
+        return None
+    inputs = [replace(v, partial=(), kind="") for v in record.inputs]
+    if record.info.name == "stablehlo.all_reduce" and len(inputs) == 1:
+        # A reduction over the wrong axes: the value it should have produced is its operand
+        # reduced over the axes it was partial over.
+        return inputs[0]
+    try:
+        results = rule(record.info, inputs, RuleContext())
+    except Exception:  # noqa: BLE001 - only a hint for the evidence
+        return None
+    first = results[0] if results else None
+    return first if isinstance(first, Rel) else None
+
+
 def compare(ref: Walk, sharded: Walk) -> Report:
     """The verdict for every output; diagnostics point at the first op that went wrong."""
-    outputs, diagnostics = [], []
+    outputs, diagnostics, foci = [], [], []
     reference = _Reference(ref)
     for i, (want, got) in enumerate(zip(ref.outputs, sharded.outputs)):
         rho = sharded.output_rho[i] if i < len(sharded.output_rho) else ""
         if isinstance(want, Opaque):
             outputs.append(OutputResult(i, False, rho))
             diagnostics.append(_opaque_diagnostic(want, None, prefix="in the reference: "))
+            foci.append(EvidenceFocus(unavailable="the reference itself is not analysed there"))
             continue
         if isinstance(got, Opaque):
             outputs.append(OutputResult(i, False, rho))
             diagnostics.append(_opaque_diagnostic(got, reference))
+            foci.append(_focus(_primary(got), reference, sharded.mesh,
+                               diagnostics[-1].category))
             continue
         if not isinstance(got, Rel) or not isinstance(want, Rel):
             outputs.append(OutputResult(i, False, rho))
             diagnostics.append(Diagnostic("error", f"result #{i} is not a tensor value",
                                           category="unrelated"))
+            foci.append(EvidenceFocus(unavailable="the result is not a tensor value"))
             continue
         if got.term is want.term:
             outputs.append(OutputResult(i, True, rho, pretty(want.term, 3)))
             continue
         outputs.append(OutputResult(i, False, rho))
-        diagnostics.append(_mismatch_diagnostic(i, want.term, got.term, sharded, reference))
-    seen, unique = set(), []
-    for diag in diagnostics:
+        diagnostic, culprit = _mismatch_diagnostic(i, want.term, got.term, sharded, reference)
+        diagnostics.append(diagnostic)
+        foci.append(_focus(culprit, reference, sharded.mesh, diagnostic.category))
+    diagnostics = _name_results(diagnostics, sharded)
+    seen, unique, unique_foci = set(), [], []
+    for diag, focus in zip(diagnostics, foci):
         key = (diag.message, str(diag.loc))
         if key not in seen:
             seen.add(key)
             unique.append(diag)
+            unique_foci.append(focus)
     verdict = PROVEN if all(o.proven for o in outputs) else NOT_PROVEN
     if len(ref.outputs) != len(sharded.outputs):
         verdict = NOT_PROVEN
@@ -130,7 +267,52 @@ def compare(ref: Walk, sharded: Walk) -> Report:
     report = Report(verdict, outputs, unique, list(dict.fromkeys(ref.notes + sharded.notes)),
                     mesh=mesh)
     report.explainer = lambda: [explain(sharded, i) for i in range(len(sharded.outputs))]
+    report.focus = unique_foci[0] if unique_foci else None
     return report
+
+
+_PLAIN_RESULT = re.compile(r"result(\[\d+\])?$")
+
+
+def _name_results(diagnostics: list[Diagnostic], sharded: Walk) -> list[Diagnostic]:
+    """A note naming the output a diagnostic is about by its pytree path, as jax records it
+    (`jax.result_info = "result['grads']['attn_norm']"`), where the program returns a pytree:
+    `result #1` alone does not tell a training engineer which gradient is unsynchronised."""
+    names = _result_names(sharded)
+    out = []
+    for diag in diagnostics:
+        index = _RESULT_INDEX.search(diag.message + " ".join(n.message for n in diag.notes))
+        name = names[int(index.group(1))] if index and int(index.group(1)) < len(names) else ""
+        if name and not _PLAIN_RESULT.match(name):
+            note = Diagnostic("note", f"result #{index.group(1)} is {name}")
+            diag = replace(diag, notes=(*diag.notes, note))
+        out.append(diag)
+    return out
+
+
+_RESULT_INDEX = re.compile(r"result #(\d+)")
+
+
+def _result_names(walk: Walk) -> list[str]:
+    """The `jax.result_info` of each result of the walked function ('' where absent)."""
+    from jaxlib.mlir import ir
+
+    record = walk.return_record
+    func = getattr(record.info.op, "parent", None) if record is not None else None
+    if func is None or func.name != "func.func" or "res_attrs" not in func.attributes:
+        return []
+    names = []
+    for attrs in ir.ArrayAttr(func.attributes["res_attrs"]):
+        info = ir.DictAttr(attrs)
+        names.append(ir.StringAttr(info["jax.result_info"]).value
+                     if "jax.result_info" in info else "")
+    return names
+
+
+def _primary(value: Opaque) -> OpRecord | None:
+    """The op an Opaque value's diagnostic points at (the blamed op, else where it arose)."""
+    record, blame = value.origin if isinstance(value.origin, tuple) else (None, None)
+    return blame if isinstance(blame, OpRecord) else record
 
 
 def _counterpart_note(record: OpRecord | None, reference: _Reference | None) -> list[Diagnostic]:
@@ -163,6 +345,10 @@ def _opaque_diagnostic(value: Opaque, reference: _Reference | None,
             notes.append(Diagnostic("note", "the partial sum is carried around this loop",
                                     record.loc))
         elif record is not None and value.category == "missing_reduction":
+            carrier = _carrier(record, blame) if _is_backward(blame) else None
+            if carrier is not None:
+                notes.append(Diagnostic("note", f"the partial sum reaches the output through "
+                                                f"{carrier.info.name} here", carrier.loc))
             notes.append(Diagnostic("note", "the partial sum leaves shard_map here",
                                     record.loc))
         elif record is not None:
@@ -170,12 +356,36 @@ def _opaque_diagnostic(value: Opaque, reference: _Reference | None,
                                             f"{record.info.name}", record.loc))
     notes.extend(_counterpart_note(primary, reference))
     loc = primary.loc if primary else None
-    return Diagnostic("error", prefix + value.reason, loc, tuple(notes),
-                      category=value.category)
+    message = prefix + value.reason
+    if value.category == "missing_reduction" and _is_backward(primary):
+        message += (f" (a gradient: jax's {primary.info.loc.op_name} of this line; the "
+                    "gradient synchronisation of this parameter is missing)")
+    return Diagnostic("error", message, loc, tuple(notes), category=value.category)
+
+
+def _is_backward(record: OpRecord | None) -> bool:
+    """An op jax's autodiff made: its name is `transpose(jvp(...))/...` and its location the
+    forward line it differentiates."""
+    op_name = record.info.loc.op_name if record is not None and record.info.loc else ""
+    return "transpose(" in op_name
+
+
+def _carrier(exit_record: OpRecord, origin: OpRecord | None) -> OpRecord | None:
+    """The last op before a shard_map exit that carries the partial sum `origin` made, when it
+    is another op: a gradient is made in the backward pass and leaves through the optimizer's
+    update, the line that reads the (unsynchronised) gradients."""
+    for source in exit_record.sources:
+        if source is None or source is origin:
+            continue
+        for value in source.outputs:
+            if isinstance(value, Rel) and value.partial and value.partial_origin is origin:
+                return source
+    return None
 
 
 def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
-                         reference: _Reference) -> Diagnostic:
+                         reference: _Reference) -> tuple[Diagnostic, OpRecord | None]:
+    """The diagnostic of an output whose term differs, and the op it names (if any)."""
     k, base = single_scaled(got)
     if base is want:
         message = f"result #{index} is {k} x the reference"
@@ -185,7 +395,7 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
     where = sharded.return_record.loc if sharded.return_record else None
     culprit = _first_divergence(got, sharded, reference)
     if culprit is None:
-        return Diagnostic("error", message, where, category="different_function")
+        return Diagnostic("error", message, where, category="different_function"), None
     record, term = culprit
     k2, base2 = single_scaled(term)
     category = "different_function"
@@ -206,7 +416,7 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
         reason = (f"{record.info.name.split('.')[-1]} computes {pretty(term, 3)}, which the "
                   "reference never computes")
     notes = [Diagnostic("note", message, where), *_counterpart_note(record, reference)]
-    return Diagnostic("error", reason, record.loc, tuple(notes), category=category)
+    return Diagnostic("error", reason, record.loc, tuple(notes), category=category), record
 
 
 def _pmean_axes(record: OpRecord, factor, walk: Walk) -> str:

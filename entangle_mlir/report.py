@@ -30,6 +30,7 @@ class Report:
     stats: dict = field(default_factory=dict)
     explainer: object = field(default=None, repr=False)
     evidence: dict = field(default_factory=dict)
+    focus: object = field(default=None, repr=False)
 
     @property
     def explanations(self) -> list[list[str]]:
@@ -66,8 +67,11 @@ class Report:
             lines.append(f"  result#{out.index} = {out.rho}{mark}")
         for note in self.notes:
             lines.append(f"note: {note}")
-        if self.evidence:
-            lines.append(f"evidence: {self.evidence.get('summary', '')}")
+        at_op = self.evidence.get("at_op") or {}
+        if at_op.get("summary"):
+            lines.append(f"evidence: {at_op['summary']}")
+        if self.evidence.get("summary"):
+            lines.append(f"evidence: {self.evidence['summary']}")
         if self.mode:
             lines.append(f"rule checks: {self.mode}")
         return "\n".join(lines)

@@ -31,6 +31,9 @@ class CheckRefinementPass(ModulePass):
         report = compare(state.walks["reference"], state.walks["sharded"])
         report.stats["ops"] = len(state.walks["sharded"].records)
         report.stats["seconds"] = round(time.perf_counter() - state.started, 4)
+        if report.focus is not None:
+            # The walked (normalized) modules: op-level evidence runs copies of them.
+            report.focus.modules = (state.program.ref_module, state.program.sharded_module)
         state.report = report
         state.diagnostics.extend(report.diagnostics)
         func = state.program.sharded_func

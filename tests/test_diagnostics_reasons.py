@@ -170,3 +170,59 @@ def test_check_reports_only_user_frames(tmp_path: Path) -> None:
             if one["location"]:
                 files.add(one["location"]["file"])
     assert files == {str(script)}, files
+
+
+MISSING_GRAD_SYNC = """
+import json, os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+from entangle_mlir.jax import check
+
+def loss(w, x):
+    return jnp.sum(jnp.tanh(x @ w))
+
+def ref(params, x):
+    return {"w": params["w"] - 0.1 * jax.grad(loss)(params["w"], x)}
+
+def body(params, x):
+    g = jax.grad(loss)(params["w"], x)
+    return {"w": params["w"] - 0.1 * g}
+
+mesh = jax.make_mesh((4,), ("tp",))
+specs = ({"w": P()}, P("tp", None))
+sharded = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs={"w": P()},
+                                check_vma=False))
+avals = [{"w": jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=NamedSharding(mesh, P()))},
+         jax.ShapeDtypeStruct((16, 8), jnp.float32, sharding=NamedSharding(mesh, specs[1]))]
+print(json.dumps(check(ref, sharded, *avals, verify_rules=False).to_json()))
+"""
+
+
+def test_missing_gradient_sync_is_named_a_gradient(tmp_path: Path) -> None:
+    """A gradient left partial (each device differentiated its own tokens, no psum): the error
+    says it is a gradient whose synchronisation is missing, at the line it differentiates, with
+    a note at the update that carries it out and one naming the output by its pytree path; the
+    numbers at that op really differ."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "grad_sync.py"
+    script.write_text(MISSING_GRAD_SYNC)
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    document = json.loads(done.stdout.strip().splitlines()[-1])
+    first = document["diagnostics"][0]
+    assert first["reason"] == "missing_reduction"
+    assert "a gradient: jax's transpose(jvp(" in first["message"]
+    assert "gradient synchronisation of this parameter is missing" in first["message"]
+    assert first["location"]["line"] == 9           # `x @ w` in loss, differentiated
+    carrier = [n for n in first["notes"] if "reaches the output through" in n["message"]]
+    assert carrier and carrier[0]["location"]["line"] == 16, first["notes"]   # w - 0.1 * g
+    assert any(n["message"] == "result #0 is result['w']" for n in first["notes"])
+    at_op = document["evidence"]["at_op"]
+    assert at_op["available"] and at_op["max_abs_diff"] > 1e-3, at_op

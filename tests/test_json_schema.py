@@ -258,6 +258,18 @@ def test_jax_report_with_evidence(tmp_path: Path) -> None:
     assert first["reason"] == "scale"
     assert first["location"]["file"].endswith("jax_report.py")
     assert first["location"]["op_name"]
+    at_op = document["evidence"]["at_op"]
+    assert at_op["available"] and at_op["max_abs_diff"] > 1e-3
+    assert at_op["sharded_location"].startswith(first["location"]["file"])
+    broken = [{**at_op, "available": False},                 # no reason
+              {k: v for k, v in at_op.items() if k != "relation"},
+              {**at_op, "max_abs_diff": "1"},
+              {"available": False, "summary": "x", "reason": "y", "extra": 1}]
+    for evidence in broken:
+        assert VALIDATOR.validate({**document, "evidence": {**document["evidence"],
+                                                            "at_op": evidence}}), evidence
+    fallback = {"available": False, "summary": "x", "reason": "inside a loop body"}
+    assert_valid({**document, "evidence": {**document["evidence"], "at_op": fallback}})
     evidence = document["evidence"]
     assert evidence["seed"] == 0 and evidence["summary"]
     assert all(math.isfinite(d) and d > 0 for d in evidence["max_abs_diff"])
