@@ -134,6 +134,7 @@ class InstanceChecker:
         self.max_elements = max_elements
         self.spent = 0.0
         self.cache: dict[tuple, ProofResult] = {}
+        self.plans: dict[tuple, _Plan] = {}
         self.stats: dict[str, OpStats] = {}
 
     def remaining(self) -> float | None:
@@ -141,6 +142,7 @@ class InstanceChecker:
 
     def clear(self) -> None:
         self.cache.clear()
+        self.plans.clear()
         self.stats.clear()
         self.spent = 0.0
 
@@ -175,12 +177,21 @@ class InstanceChecker:
         if info.name not in S.OP_SEMANTICS and info.name not in S.COLLECTIVE_SEMANTICS:
             return ProofResult("skipped", name=name, reason=f"no semantics for {info.name}")
         ctx = ctx or default_context(ins, outs, mesh)
-        plan = self._plan(info, ins, outs, mesh, ctx)
-        if isinstance(plan, ProofResult):
-            plan.name = plan.name or name
-            return plan
-        p_info, p_ins, p_outs, mode = plan
-        key = _cache_key(p_info, p_ins, p_outs, mesh, ctx)
+        shape_key = _shape_key(info, ins, outs, mesh, ctx)
+        known = self.plans.get(shape_key) if shape_key is not None else None
+        if known is not None and known.instance_of(ins, outs):
+            p_info, p_ins, p_outs, mode = known.plan
+            key = known.key
+        else:
+            plan = self._plan(info, ins, outs, mesh, ctx)
+            if isinstance(plan, ProofResult):
+                plan.name = plan.name or name
+                return plan
+            p_info, p_ins, p_outs, mode = plan[:4]
+            key = _cache_key(p_info, p_ins, p_outs, mesh, ctx)
+            abstract = plan[4]
+            if shape_key is not None and abstract is not None:
+                self.plans[shape_key] = _Plan(abstract[0], abstract[1], plan[:4], key)
         if key is not None and key in self.cache:
             stats.cache_hits += 1
             hit = replace(self.cache[key], cached=True)
@@ -198,14 +209,17 @@ class InstanceChecker:
 
     def _plan(self, info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
               ctx: RuleContext):
-        """(info, ins, outs, mode) to check, or a ProofResult when nothing can be checked."""
+        """(info, ins, outs, mode, abstraction) to check, or a ProofResult when nothing can
+        be checked. `abstraction` is the (inputs, outputs) of the "leaf" abstraction when that
+        is what the plan was derived from (the plan is then reusable, see `_Plan`), else None."""
         size = _instance_size(info, ins, outs)
         if any(isinstance(v, Shifted) for v in list(ins) + list(outs)):
             if size > self.max_elements:
                 return ProofResult("skipped", reason="device-offset tensor too large to check "
                                    f"at its real shape ({size} elements)")
-            return info, ins, outs, "real"
-        abstract = abstract_instance(info, ins, outs, mesh, ctx)
+            return info, ins, outs, "real", None
+        abstract, strategy = _abstract_instance(info, ins, outs, mesh, ctx)
+        reusable = abstract if strategy == "leaf" else None
         why_not = "the rule's output is not generic in its input terms"
         if abstract is not None and size > self.reduce_above:
             reduced = _reduced_instance(info, abstract[0], abstract[1], mesh, ctx)
@@ -214,19 +228,19 @@ class InstanceChecker:
             else:
                 r_info, r_ins, r_outs = reduced
                 if _instance_size(r_info, r_ins, r_outs) <= self.max_elements:
-                    return r_info, r_ins, r_outs, "reduced"
+                    return r_info, r_ins, r_outs, "reduced", reusable
                 why_not = "still too large at the reduced shape"
         if size > self.max_elements:
             return ProofResult("skipped", reason=f"too large to check at its real shape "
                                f"({size} elements) and not reducible: {why_not}")
         if abstract is not None:
             mode = "abstract" if size <= self.reduce_above else f"abstract ({why_not})"
-            return info, abstract[0], abstract[1], mode
+            return info, abstract[0], abstract[1], mode, reusable
         cost = _term_cost([v.term for v in ins + outs if isinstance(v, Rel)])
         if cost > MAX_TERM_COST:
             return ProofResult("skipped", reason=f"{why_not}, and its reference terms are too "
                                f"large to evaluate ({cost} elements over all subterms)")
-        return info, ins, outs, "real"
+        return info, ins, outs, "real", None
 
 
 DEFAULT_CHECKER = InstanceChecker()
@@ -300,6 +314,88 @@ def _cache_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: 
     except TypeError:
         return None
     return key
+
+
+def _layout_key(value: Value) -> tuple:
+    """Everything of a value but its term's identity (the term's op only for constants)."""
+    if isinstance(value, Rel):
+        return ("rel", value.tiling, value.partial, value.kind, value.poly, value.scope,
+                value.term.shape, value.term.dtype)
+    return _value_key(value)
+
+
+def _shape_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh | None,
+               ctx: RuleContext) -> tuple | None:
+    """What determines an instance's "leaf" abstraction and everything planned from it: the
+    op's attributes and types, the layouts, which inputs share a term, and the constants the
+    abstraction keeps (see `_Abstractor.abstract`). Cheap: no rule runs, no term is built.
+    None when the instance is not eligible (device-offset values are checked as they are)."""
+    numbering: dict[int, int] = {}
+
+    def leaf(term: Term) -> int:
+        return numbering.setdefault(term.serial, len(numbering))
+
+    parts = []
+    for value in ins:
+        if isinstance(value, Shifted):
+            return None
+        if not isinstance(value, Rel):
+            parts.append(_value_key(value))
+            continue
+        term = value.term
+        if term.op in ("splat", "iota"):
+            parts.append((_layout_key(value), term))
+        elif term.op == "broadcast" and value.poly:
+            operand = term.args[0]
+            parts.append((_layout_key(value), term.attrs, operand.shape, operand.dtype,
+                          leaf(operand)))
+        else:
+            parts.append((_layout_key(value), leaf(term)))
+    if any(isinstance(v, Shifted) for v in outs):
+        return None
+    try:
+        key = (info.signature(), tuple(info.operand_types), tuple(info.result_types),
+               tuple(parts), tuple(_layout_key(v) for v in outs), mesh, tuple(ctx.manual_axes))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+@dataclass
+class _Plan:
+    """A planned check reusable by every instance with the same `_shape_key`: the abstract
+    instance (the rule's output on fresh leaves), what is checked, and its cache key.
+
+    Reuse re-validates the abstraction for the new instance: its outputs must be the abstract
+    outputs with its own input terms substituted (so a changed layer is checked afresh)."""
+
+    abstract_ins: list[Value]
+    abstract_outs: list[Value]
+    plan: tuple
+    key: tuple | None
+
+    def instance_of(self, ins: Sequence[Value], outs: Sequence[Value]) -> bool:
+        mapping: dict[int, Term] = {}
+        for abstract, real in zip(self.abstract_ins, ins):
+            if not isinstance(abstract, Rel):
+                continue
+            a, r = abstract.term, real.term
+            if a.op in ("splat", "iota"):
+                if a is not r:
+                    return False
+                continue
+            if a.op == "broadcast" and r.op == "broadcast":
+                if (a.attrs, a.shape, a.dtype) != (r.attrs, r.shape, r.dtype):
+                    return False
+                a, r = a.args[0], r.args[0]
+            if not _is_leaf(a) or mapping.setdefault(a.serial, r) is not r:
+                return False
+        return _outputs_are_instances(self.abstract_outs, outs, mapping)
+
+
+def _is_leaf(term: Term) -> bool:
+    return term.op == "arg" and term.attrs[0] >= ABSTRACT_BASE
 
 
 # ----- abstraction ----------------------------------------------------------------------------
@@ -404,13 +500,20 @@ def abstract_instance(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
     abstract instance then proves the real one (it holds for all values of the leaves).
     Strategies are tried in order (see `_Abstractor`).
     """
+    return _abstract_instance(info, ins, outs, mesh, ctx)[0]
+
+
+def _abstract_instance(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
+                       mesh: Mesh | None, ctx: RuleContext
+                       ) -> tuple[tuple[list[Value], list[Value]] | None, str]:
+    """`abstract_instance` and the name of the strategy that found it ("" if none did)."""
     for strategy in ABSTRACTION_STRATEGIES:
         if strategy == "skeleton" and not any(isinstance(v, Rel) and v.poly for v in ins):
             break
         found = _try_abstraction(info, ins, outs, mesh, ctx, _Abstractor(strategy))
         if found is not None:
-            return found
-    return None
+            return found, strategy
+    return None, ""
 
 
 def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
@@ -428,19 +531,47 @@ def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
     abstract_outs = _run_rule(info, abstract_ins, mesh, ctx)
     if abstract_outs is None or len(abstract_outs) != len(outs):
         return None
-    mapping = dict(abstractor.original)
+    if not _outputs_are_instances(abstract_outs, outs, dict(abstractor.original)):
+        return None
+    return abstract_ins, abstract_outs
+
+
+def _outputs_are_instances(abstract_outs: Sequence[Value], outs: Sequence[Value],
+                           mapping: dict[int, Term]) -> bool:
+    """Each real output has the abstract output's layout and its term is the abstract term
+    with the leaves replaced per `mapping` (leaf serial -> real input term): literally
+    (`_literal_instance`) or after rebuilding with the canonicalizing constructors."""
     memo: dict[int, Term] = {}
     for a, o in zip(abstract_outs, outs):
         if not _same_layout(a, o):
-            return None
+            return False
         if isinstance(a, Rel):
+            if _literal_instance(a.term, o.term, mapping):
+                continue
             try:
                 rebuilt = substitute(a.term, mapping, memo)
             except Exception:  # noqa: BLE001 - an unexpected term shape disables the abstraction
-                return None
+                return False
             if rebuilt is not o.term:
-                return None
-    return abstract_ins, abstract_outs
+                return False
+    return True
+
+
+def _literal_instance(abstract: Term, real: Term, mapping: dict[int, Term]) -> bool:
+    """`real` is `abstract` with each leaf replaced by its `mapping` term, node for node.
+
+    Sound without trusting any constructor: a term's value is a function of its node and its
+    arguments' values, so the abstract instance's proof (for all leaf values) covers it."""
+    leaf = mapping.get(abstract.serial)
+    if leaf is not None:
+        return leaf is real
+    if abstract is real:
+        return True
+    if (abstract.op != real.op or abstract.attrs != real.attrs or abstract.shape != real.shape
+            or abstract.dtype != real.dtype or len(abstract.args) != len(real.args)
+            or not abstract.args):
+        return False
+    return all(_literal_instance(a, r, mapping) for a, r in zip(abstract.args, real.args))
 
 
 _LINEAR_IN = {"reduce_sum": 0, "slice": 0, "stablehlo.gather": 0}
