@@ -203,3 +203,49 @@ def test_instance_with_a_changed_term_is_not_a_cache_hit() -> None:
     ins, outs = instance(20, wrong=True)
     third = check_instance(info, ins, outs, None, checker=checker)
     assert third.status == "refuted" and not third.cached
+
+
+def _tiled_add(mesh, in_tiling, out_tiling, shape=(4, 4)):
+    """An add of two arguments laid out `in_tiling`, claimed to give `out_tiling`."""
+    x, y = make_arg(900_001, shape, "f32"), make_arg(900_002, shape, "f32")
+    local = tuple(s // mesh.group_size(a) for s, a in zip(shape, in_tiling))
+    out_local = tuple(s // mesh.group_size(a) for s, a in zip(shape, out_tiling))
+    info = OpInfo("stablehlo.add", {}, [TensorType(local, "f32")] * 2,
+                  [TensorType(out_local, "f32")])
+    return info, [Rel(x, in_tiling), Rel(y, in_tiling)], [Rel(make_add(x, y), out_tiling)]
+
+
+def test_devices_with_the_same_claim_are_checked_once(monkeypatch) -> None:
+    """Replicated values: 8 devices, one claim. Split values: one claim per block."""
+    from entangle_mlir import instance as I
+    from entangle_mlir import semantics as S
+    from entangle_mlir.mesh import Mesh
+
+    mesh = Mesh((("dp", 2), ("tp", 4)))
+    seen: list[int] = []
+    real_run_op = S.run_op
+
+    def counting(info, operands, mesh):
+        seen.append(len(operands))
+        return real_run_op(info, operands, mesh)
+
+    monkeypatch.setattr(S, "run_op", counting)
+    for in_tiling, devices in ((((), ()), 1), ((("tp",), ()), 4), ((("dp",), ("tp",)), 8)):
+        seen.clear()
+        info, ins, outs = _tiled_add(mesh, in_tiling, in_tiling)
+        result = I.run_check(info, ins, outs, mesh, I.default_context(ins, outs, mesh))
+        assert result.status == "proved"
+        assert seen == [devices]
+
+
+def test_a_claim_wrong_on_some_devices_only_is_refuted() -> None:
+    """Inputs split over 'tp', the sum claimed split over 'dp' along the same dim: devices
+    (dp i, tp j) with i == j hold the claimed block, the others do not. Deduplication keeps
+    every distinct combination of blocks, so the wrong devices are checked and it is refuted."""
+    from entangle_mlir import instance as I
+    from entangle_mlir.mesh import Mesh
+
+    mesh = Mesh((("dp", 2), ("tp", 2)))
+    info, ins, outs = _tiled_add(mesh, (("tp",), ()), (("dp",), ()), shape=(4, 2))
+    result = I.run_check(info, ins, outs, mesh, I.default_context(ins, outs, mesh))
+    assert result.status == "refuted"
