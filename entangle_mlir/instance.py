@@ -192,11 +192,12 @@ class InstanceChecker:
             abstract = plan[4]
             if shape_key is not None and abstract is not None:
                 self.plans[shape_key] = _Plan(abstract[0], abstract[1], plan[:4], key)
-        if key is not None and key in self.cache:
+        known_result = self.cache.get(key) if key is not None else None
+        if known_result is not None:
             stats.cache_hits += 1
-            hit = replace(self.cache[key], cached=True)
-            hit.details = {**hit.details, "mode": mode}
-            return hit
+            r = known_result
+            return ProofResult(r.status, r.counterexample, r.seconds, r.name, r.reason, True,
+                               {**r.details, "mode": mode})
         timeout = self.timeout_ms
         if remaining is not None:
             timeout = max(1, min(timeout, int(remaining * 1000)))
