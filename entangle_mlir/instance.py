@@ -318,7 +318,7 @@ def _cache_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: 
 
 
 def _layout_key(value: Value) -> tuple:
-    """Everything of a value but its term's identity (the term's op only for constants)."""
+    """A value without its term: layout, shape and dtype (`_value_key` for the others)."""
     if isinstance(value, Rel):
         return ("rel", value.tiling, value.partial, value.kind, value.poly, value.scope,
                 value.term.shape, value.term.dtype)
