@@ -139,12 +139,12 @@ def print_table(s: dict) -> None:
         ("flaky float ties (listed below)", s["flaky"]),
         ("non-finite (not compared)", s["nonfinite"]),
         ("completeness %", f"{s['completeness_pct']:.1f}"),
-        ("mutants differing / equivalent", f"{s['mutants_differing']} / "
-                                           f"{s['mutants_equivalent']}"),
+        ("mutants differing / equivalent", (f"{s['mutants_differing']} / "
+                                           f"{s['mutants_equivalent']}")),
         ("mutants caught %", f"{s['mutants_caught_pct']:.1f}"),
         ("Z3 rule checks: sampled / verdict differs / refuted",
-         f"{s['verify_rules_sampled']} / {s['verify_rules_disagree']} / "
-         f"{s['verify_rules_refuted']}"),
+         (f"{s['verify_rules_sampled']} / {s['verify_rules_disagree']} / "
+         f"{s['verify_rules_refuted']}")),
         ("time (s)", s["seconds"]),
     ]
     width = max(len(k) for k, _ in rows)

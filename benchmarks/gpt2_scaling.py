@@ -3,6 +3,10 @@ wall time of `entangle check` (Z3 rule-instance checks included) against layers 
 the time XLA needs to compile the same sharded program. Prints ratios measured in this run.
 
     python benchmarks/gpt2_scaling.py [--layers 1 2 4 8 32] [--tp 2 4 8]
+
+Times `check_texts` in this process (no start-up, warm imports); `benchmarks/scaling.py` is the
+full table (a fresh `entangle check` process per row, meshes, Llama-3-8B) and imports the GPT-2
+programs from here.
 """
 
 from __future__ import annotations
@@ -15,11 +19,11 @@ import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from jax import lax  # noqa: E402
-from jax.sharding import AxisType, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 # GPT-2 small has 12 heads, which tp 8 cannot split evenly (Megatron requires it): 16 heads of
 # width 48 keep hidden 768 and divide every tp measured here.

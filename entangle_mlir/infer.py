@@ -6,6 +6,7 @@ function (global outside `sdy.manual_computation`, per-device layouts inside it)
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 
 from jaxlib.mlir import ir
@@ -92,6 +93,15 @@ class Walker:
         self.producer: dict = {}
 
     def run(self) -> Walk:
+        from .progress import Progress
+
+        self.progress = Progress(f"walking {os.path.basename(self.file)}, ops")
+        try:
+            return self._run()
+        finally:
+            self.progress.close()
+
+    def _run(self) -> Walk:
         block = self.func.regions[0].blocks[0]
         for i, arg in enumerate(block.arguments):
             t = describe_type(arg.type)
@@ -177,6 +187,7 @@ class Walker:
         record = OpRecord(len(self.walk.records), info, inputs, outputs, list(ctx.hints),
                           ctx.manual_axes)
         self.walk.records.append(record)
+        self.progress.update(record.index)
         return record
 
     def _op(self, op: ir.Operation, ctx: RuleContext) -> None:

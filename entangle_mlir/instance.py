@@ -134,6 +134,7 @@ class InstanceChecker:
         self.max_elements = max_elements
         self.spent = 0.0
         self.cache: dict[tuple, ProofResult] = {}
+        self.plans: dict[tuple, _Plan] = {}
         self.stats: dict[str, OpStats] = {}
 
     def remaining(self) -> float | None:
@@ -141,6 +142,7 @@ class InstanceChecker:
 
     def clear(self) -> None:
         self.cache.clear()
+        self.plans.clear()
         self.stats.clear()
         self.spent = 0.0
 
@@ -175,17 +177,27 @@ class InstanceChecker:
         if info.name not in S.OP_SEMANTICS and info.name not in S.COLLECTIVE_SEMANTICS:
             return ProofResult("skipped", name=name, reason=f"no semantics for {info.name}")
         ctx = ctx or default_context(ins, outs, mesh)
-        plan = self._plan(info, ins, outs, mesh, ctx)
-        if isinstance(plan, ProofResult):
-            plan.name = plan.name or name
-            return plan
-        p_info, p_ins, p_outs, mode = plan
-        key = _cache_key(p_info, p_ins, p_outs, mesh, ctx)
-        if key is not None and key in self.cache:
+        shape_key = _shape_key(info, ins, outs, mesh, ctx)
+        known = self.plans.get(shape_key) if shape_key is not None else None
+        if known is not None and known.instance_of(ins, outs):
+            p_info, p_ins, p_outs, mode = known.plan
+            key = known.key
+        else:
+            plan = self._plan(info, ins, outs, mesh, ctx)
+            if isinstance(plan, ProofResult):
+                plan.name = plan.name or name
+                return plan
+            p_info, p_ins, p_outs, mode = plan[:4]
+            key = _cache_key(p_info, p_ins, p_outs, mesh, ctx)
+            abstract = plan[4]
+            if shape_key is not None and abstract is not None:
+                self.plans[shape_key] = _Plan(abstract[0], abstract[1], plan[:4], key)
+        known_result = self.cache.get(key) if key is not None else None
+        if known_result is not None:
             stats.cache_hits += 1
-            hit = replace(self.cache[key], cached=True)
-            hit.details = {**hit.details, "mode": mode}
-            return hit
+            r = known_result
+            return ProofResult(r.status, r.counterexample, r.seconds, r.name, r.reason, True,
+                               {**r.details, "mode": mode})
         timeout = self.timeout_ms
         if remaining is not None:
             timeout = max(1, min(timeout, int(remaining * 1000)))
@@ -198,14 +210,17 @@ class InstanceChecker:
 
     def _plan(self, info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
               ctx: RuleContext):
-        """(info, ins, outs, mode) to check, or a ProofResult when nothing can be checked."""
+        """(info, ins, outs, mode, abstraction) to check, or a ProofResult when nothing can
+        be checked. `abstraction` is the (inputs, outputs) of the "leaf" abstraction when that
+        is what the plan was derived from (the plan is then reusable, see `_Plan`), else None."""
         size = _instance_size(info, ins, outs)
         if any(isinstance(v, Shifted) for v in list(ins) + list(outs)):
             if size > self.max_elements:
                 return ProofResult("skipped", reason="device-offset tensor too large to check "
                                    f"at its real shape ({size} elements)")
-            return info, ins, outs, "real"
-        abstract = abstract_instance(info, ins, outs, mesh, ctx)
+            return info, ins, outs, "real", None
+        abstract, strategy = _abstract_instance(info, ins, outs, mesh, ctx)
+        reusable = abstract if strategy == "leaf" else None
         why_not = "the rule's output is not generic in its input terms"
         if abstract is not None and size > self.reduce_above:
             reduced = _reduced_instance(info, abstract[0], abstract[1], mesh, ctx)
@@ -214,20 +229,20 @@ class InstanceChecker:
             else:
                 r_info, r_ins, r_outs = reduced
                 if _instance_size(r_info, r_ins, r_outs) <= self.max_elements:
-                    return r_info, r_ins, r_outs, "reduced"
+                    return r_info, r_ins, r_outs, "reduced", reusable
                 why_not = "still too large at the reduced shape"
         if size > self.max_elements:
             return ProofResult("skipped", reason=f"too large to check at its real shape "
                                f"({size} elements) and not reducible: {why_not}")
         if abstract is not None:
             mode = "abstract" if size <= self.reduce_above else f"abstract ({why_not})"
-            return info, abstract[0], abstract[1], mode
+            return info, abstract[0], abstract[1], mode, reusable
         cost = _term_cost([r.term for r in map(_rel_of, list(ins) + list(outs))
                            if r is not None])
         if cost > MAX_TERM_COST:
             return ProofResult("skipped", reason=f"{why_not}, and its reference terms are too "
                                f"large to evaluate ({cost} elements over all subterms)")
-        return info, ins, outs, "real"
+        return info, ins, outs, "real", None
 
 
 DEFAULT_CHECKER = InstanceChecker()
@@ -301,7 +316,8 @@ def _value_key(value: Value) -> tuple:
     if isinstance(value, Permuted):
         return ("permuted", _value_key(value.rel), value.sources)
     if isinstance(value, Windowed):
-        return ("windowed", _value_key(value.rel), value.dim, value.offset, value.length)
+        return ("windowed", _value_key(value.rel), value.dim, value.offset, value.length,
+                value.holes)
     return ("opaque",)
 
 
@@ -315,6 +331,88 @@ def _cache_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: 
     except TypeError:
         return None
     return key
+
+
+def _layout_key(value: Value) -> tuple:
+    """A value without its term: layout, shape and dtype (`_value_key` for the others)."""
+    if isinstance(value, Rel):
+        return ("rel", value.tiling, value.partial, value.kind, value.poly, value.scope,
+                value.term.shape, value.term.dtype)
+    return _value_key(value)
+
+
+def _shape_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh | None,
+               ctx: RuleContext) -> tuple | None:
+    """What determines an instance's "leaf" abstraction and everything planned from it: the
+    op's attributes and types, the layouts, which inputs share a term, and the constants the
+    abstraction keeps (see `_Abstractor.abstract`). Cheap: no rule runs, no term is built.
+    None when the instance is not eligible (device-offset values are checked as they are)."""
+    numbering: dict[int, int] = {}
+
+    def leaf(term: Term) -> int:
+        return numbering.setdefault(term.serial, len(numbering))
+
+    parts = []
+    for value in ins:
+        if isinstance(value, Shifted):
+            return None
+        if not isinstance(value, Rel):
+            parts.append(_value_key(value))
+            continue
+        term = value.term
+        if term.op in ("splat", "iota"):
+            parts.append((_layout_key(value), term))
+        elif term.op == "broadcast" and value.poly:
+            operand = term.args[0]
+            parts.append((_layout_key(value), term.attrs, operand.shape, operand.dtype,
+                          leaf(operand)))
+        else:
+            parts.append((_layout_key(value), leaf(term)))
+    if any(isinstance(v, Shifted) for v in outs):
+        return None
+    try:
+        key = (info.signature(), tuple(info.operand_types), tuple(info.result_types),
+               tuple(parts), tuple(_layout_key(v) for v in outs), mesh, tuple(ctx.manual_axes))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+@dataclass
+class _Plan:
+    """A planned check reusable by every instance with the same `_shape_key`: the abstract
+    instance (the rule's output on fresh leaves), what is checked, and its cache key.
+
+    Reuse re-validates the abstraction for the new instance: its outputs must be the abstract
+    outputs with its own input terms substituted (so a changed layer is checked afresh)."""
+
+    abstract_ins: list[Value]
+    abstract_outs: list[Value]
+    plan: tuple
+    key: tuple | None
+
+    def instance_of(self, ins: Sequence[Value], outs: Sequence[Value]) -> bool:
+        mapping: dict[int, Term] = {}
+        for abstract, real in zip(self.abstract_ins, ins):
+            if not isinstance(abstract, Rel):
+                continue
+            a, r = abstract.term, real.term
+            if a.op in ("splat", "iota"):
+                if a is not r:
+                    return False
+                continue
+            if a.op == "broadcast" and r.op == "broadcast":
+                if (a.attrs, a.shape, a.dtype) != (r.attrs, r.shape, r.dtype):
+                    return False
+                a, r = a.args[0], r.args[0]
+            if not _is_leaf(a) or mapping.setdefault(a.serial, r) is not r:
+                return False
+        return _outputs_are_instances(self.abstract_outs, outs, mapping)
+
+
+def _is_leaf(term: Term) -> bool:
+    return term.op == "arg" and term.attrs[0] >= ABSTRACT_BASE
 
 
 # ----- abstraction ----------------------------------------------------------------------------
@@ -424,13 +522,20 @@ def abstract_instance(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
     abstract instance then proves the real one (it holds for all values of the leaves).
     Strategies are tried in order (see `_Abstractor`).
     """
+    return _abstract_instance(info, ins, outs, mesh, ctx)[0]
+
+
+def _abstract_instance(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
+                       mesh: Mesh | None, ctx: RuleContext
+                       ) -> tuple[tuple[list[Value], list[Value]] | None, str]:
+    """`abstract_instance` and the name of the strategy that found it ("" if none did)."""
     for strategy in ABSTRACTION_STRATEGIES:
         if strategy == "skeleton" and not any(isinstance(v, Rel) and v.poly for v in ins):
             break
         found = _try_abstraction(info, ins, outs, mesh, ctx, _Abstractor(strategy))
         if found is not None:
-            return found
-    return None
+            return found, strategy
+    return None, ""
 
 
 def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
@@ -448,21 +553,49 @@ def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
     abstract_outs = _run_rule(info, abstract_ins, mesh, ctx)
     if abstract_outs is None or len(abstract_outs) != len(outs):
         return None
-    mapping = dict(abstractor.original)
+    if not _outputs_are_instances(abstract_outs, outs, dict(abstractor.original)):
+        return None
+    return abstract_ins, abstract_outs
+
+
+def _outputs_are_instances(abstract_outs: Sequence[Value], outs: Sequence[Value],
+                           mapping: dict[int, Term]) -> bool:
+    """Each real output has the abstract output's layout and its term is the abstract term
+    with the leaves replaced per `mapping` (leaf serial -> real input term): literally
+    (`_literal_instance`) or after rebuilding with the canonicalizing constructors."""
     memo: dict[int, Term] = {}
     for a, o in zip(abstract_outs, outs):
         if not _same_layout(a, o):
-            return None
+            return False
         if isinstance(a, Permuted | Windowed):
             a, o = a.rel, o.rel
         if isinstance(a, Rel):
+            if _literal_instance(a.term, o.term, mapping):
+                continue
             try:
                 rebuilt = substitute(a.term, mapping, memo)
             except Exception:  # noqa: BLE001 - an unexpected term shape disables the abstraction
-                return None
+                return False
             if rebuilt is not o.term:
-                return None
-    return abstract_ins, abstract_outs
+                return False
+    return True
+
+
+def _literal_instance(abstract: Term, real: Term, mapping: dict[int, Term]) -> bool:
+    """`real` is `abstract` with each leaf replaced by its `mapping` term, node for node.
+
+    Sound without trusting any constructor: a term's value is a function of its node and its
+    arguments' values, so the abstract instance's proof (for all leaf values) covers it."""
+    leaf = mapping.get(abstract.serial)
+    if leaf is not None:
+        return leaf is real
+    if abstract is real:
+        return True
+    if (abstract.op != real.op or abstract.attrs != real.attrs or abstract.shape != real.shape
+            or abstract.dtype != real.dtype or len(abstract.args) != len(real.args)
+            or not abstract.args):
+        return False
+    return all(_literal_instance(a, r, mapping) for a, r in zip(abstract.args, real.args))
 
 
 _LINEAR_IN = {"reduce_sum": 0, "slice": 0, "stablehlo.gather": 0}
@@ -1072,14 +1205,16 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                 raise _Failure("unknown", f"operand {i}'s relation gives local shape "
                                f"{local[d][i].shape}, the op's type is {want}")
 
-    results = S.run_op(info, local, None if single else mesh)
+    checked = _distinct_devices(info, ins, outs, mesh, single, devices)
+    results = dict(zip(checked, S.run_op(info, [local[d] for d in checked],
+                                         None if single else mesh)))
 
     claims: list = []
     for j, value in enumerate(outs):
         if isinstance(value, Opaque):
             continue
         if isinstance(value, DeviceScalar):
-            for d in range(devices):
+            for d in checked:
                 got = results[d][j]
                 if tuple(got.shape) != tuple(value.shape):
                     raise _Failure("refuted", f"result {j} has shape {got.shape}, the device "
@@ -1104,7 +1239,7 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
             if value.rel.partial or single:
                 raise _Failure("unknown", "a shifted partial value cannot be checked")
             full = S.evaluate_term(value.rel.term, env, memo)
-            for d in range(devices):
+            for d in checked:
                 block = _block(full, value.rel, mesh, d, single)
                 expect = S.apply(lambda x, o=value.offsets[d]: S.add(x, o), block)
                 if tuple(results[d][j].shape) != tuple(expect.shape):
@@ -1115,6 +1250,8 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
             continue
         full = S.evaluate_term(value.term, env, memo)
         for group in _partial_groups(value, mesh, single):
+            if group[0] not in results:
+                continue  # a device with the same claim as one checked
             block = _block(full, value, mesh, group[0], single)
             for device in group:
                 if not single and _block_index(value, mesh, device) != _block_index(
@@ -1134,6 +1271,31 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
             claims.extend(S.equal(x, y) for x, y in zip(reduced.reshape(-1),
                                                         block.reshape(-1)))
     return claims
+
+
+def _distinct_devices(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
+                      single: bool, devices: int) -> list[int]:
+    """One device per distinct claim. An op outside the collectives computes each device's
+    result from that device's operands alone, so two devices holding the same block of every
+    (non-partial) operand and result, and the same device-table entries, make the same claim:
+    checking one checks both. Replicated values on 8 devices are one claim, not 8."""
+    everyone = list(range(devices))
+    if single or info.name in S.COLLECTIVE_SEMANTICS:
+        return everyone
+    first: dict[tuple, int] = {}
+    for d in everyone:
+        key = []
+        for value in list(ins) + list(outs):
+            if isinstance(value, Rel) and not value.partial:
+                key.append(_block_index(value, mesh, d))
+            elif isinstance(value, DeviceScalar):
+                key.append(value.values[d])
+            elif isinstance(value, Shifted) and not value.rel.partial:
+                key.append((_block_index(value.rel, mesh, d), value.offsets[d]))
+            else:  # partial values and unconstrained operands differ per device
+                return everyone
+        first.setdefault(tuple(key), d)
+    return sorted(first.values())
 
 
 def _block_index(rel: Rel, mesh: Mesh, device: int) -> tuple[int, ...]:

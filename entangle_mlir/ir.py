@@ -120,5 +120,14 @@ def load_file(path: str) -> ir.Module:
 
 
 def op_location(op: ir.Operation, default_file: str = "-") -> SourceLoc | None:
-    """The user's source position of an op, if its location records one."""
-    return parse_location(str(op.location), default_file)
+    """The user's source position of an op, if its location records one (memoized: printing
+    a location is most of the cost of describing an op, and layers repeat locations)."""
+    key = (op.location.attr, default_file)
+    found = _LOCATIONS.get(key, _MISSING)
+    if found is _MISSING:
+        found = _LOCATIONS[key] = parse_location(str(op.location), default_file)
+    return found
+
+
+_LOCATIONS: dict[tuple, SourceLoc | None] = {}
+_MISSING = object()

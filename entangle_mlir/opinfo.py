@@ -65,6 +65,17 @@ _REDUCERS = {"stablehlo.add": "add", "stablehlo.maximum": "max", "stablehlo.mini
 
 
 def tensor_type(t) -> TensorType:
+    """The `TensorType` of an MLIR type (memoized by the uniqued type)."""
+    found = _TENSOR_TYPES.get(t)
+    if found is None:
+        found = _TENSOR_TYPES[t] = _tensor_type(t)
+    return found
+
+
+_TENSOR_TYPES: dict = {}
+
+
+def _tensor_type(t) -> TensorType:
     from jaxlib.mlir import ir
 
     if isinstance(t, ir.RankedTensorType):

@@ -8,7 +8,9 @@ import time
 
 
 class Progress:
-    def __init__(self, label: str, total: int, delay: float = 1.0):
+    """`update(done)` redraws `label: done/total (elapsed)`; `total` 0 shows `done` alone."""
+
+    def __init__(self, label: str, total: int = 0, delay: float = 1.0):
         self.label = label
         self.total = total
         self.start = time.perf_counter()
@@ -25,10 +27,11 @@ class Progress:
             return
         self.last = now
         self.shown = True
-        sys.stderr.write(f"\r{self.label}: {done}/{self.total} ({now - self.start:.1f} s)")
+        count = f"{done}/{self.total}" if self.total else str(done)
+        sys.stderr.write(f"\r{self.label}: {count} ({now - self.start:.1f} s)")
         sys.stderr.flush()
 
     def close(self) -> None:
         if self.shown:
-            sys.stderr.write("\r" + " " * 60 + "\r")
+            sys.stderr.write("\r" + " " * 79 + "\r")
             sys.stderr.flush()

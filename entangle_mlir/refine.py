@@ -266,7 +266,7 @@ def compare(ref: Walk, sharded: Walk) -> Report:
     mesh = sharded.mesh.describe() if sharded.mesh else ""
     report = Report(verdict, outputs, unique, list(dict.fromkeys(ref.notes + sharded.notes)),
                     mesh=mesh)
-    report.explainer = lambda: [explain(sharded, i) for i in range(len(sharded.outputs))]
+    report.explainer = lambda: _explain_all(sharded)
     report.focus = unique_foci[0] if unique_foci else None
     return report
 
@@ -465,8 +465,15 @@ def _subterms(term: Term) -> set[int]:
     return found
 
 
-def explain(walk: Walk, index: int) -> list[str]:
-    """The chain of relations from the inputs to output `index`, in program order."""
+def _explain_all(walk: Walk) -> list[list[str]]:
+    """`explain` for every output, each record's line rendered once (outputs share cones)."""
+    lines: dict[int, str] = {}
+    return [explain(walk, i, lines) for i in range(len(walk.outputs))]
+
+
+def explain(walk: Walk, index: int, rendered: dict[int, str] | None = None) -> list[str]:
+    """The chain of relations from the inputs to output `index`, in program order
+    (`rendered` memoizes each record's line by record index)."""
     ret = walk.return_record
     if ret is None or index >= len(ret.sources):
         return []
@@ -478,8 +485,13 @@ def explain(walk: Walk, index: int) -> list[str]:
             continue
         seen[record.index] = record
         stack.extend(record.sources)
+    rendered = {} if rendered is None else rendered
     lines = []
     for record in sorted(seen.values(), key=lambda r: r.index):
-        where = f"{record.loc}: " if record.loc else ""
-        lines.append(f"{where}{record.info.name}: {record.relation_text()}")
+        line = rendered.get(record.index)
+        if line is None:
+            where = f"{record.loc}: " if record.loc else ""
+            line = rendered[record.index] = (f"{where}{record.info.name}: "
+                                             f"{record.relation_text()}")
+        lines.append(line)
     return lines

@@ -125,23 +125,45 @@ def linear_parts(term: Term) -> tuple[list[tuple[Fraction, Term]], Scalar]:
 
 
 def make_lin(pairs, constant, shape: tuple[int, ...], dtype: str) -> Term:
-    """The canonical form of `sum(k * t for k, t in pairs) + constant`."""
-    merged: dict[int, list] = {}
+    """The canonical form of `sum(k * t for k, t in pairs) + constant`.
+
+    Hot on deep models (a residual stream is one growing `lin`), so unit coefficients skip
+    the Fraction multiplication; the result is the same as multiplying."""
+    coef_of: dict[int, Scalar] = {}
+    term_of: dict[int, Term] = {}
     total = scalar(constant)
     for coef, term in pairs:
-        inner, inner_const = linear_parts(term)
-        total = total + coef * inner_const if inner_const != 0 else total
+        unit = type(coef) is Fraction and coef == 1
+        if term.op == "lin":
+            inner_const, coefs = term.attrs
+            inner = zip(coefs, term.args)
+        elif term.op == "splat":
+            inner_const, inner = term.attrs[0], ()
+        else:
+            inner_const, inner = _ZERO, ((_ONE, term),)
+        if inner_const != 0:
+            total = total + (inner_const if unit else coef * inner_const)
         for k, t in inner:
-            slot = merged.setdefault(t.serial, [Fraction(0), t])
-            slot[0] += coef * k
-    items = sorted((t.serial, k, t) for k, t in merged.values() if k != 0)
-    if not items:
+            serial = t.serial
+            add = k if unit else coef * k
+            old = coef_of.get(serial)
+            if old is None:
+                coef_of[serial] = add
+                term_of[serial] = t
+            else:
+                coef_of[serial] = old + add
+    serials = sorted(s for s, k in coef_of.items() if k != 0)
+    if not serials:
         return make_splat(total, shape, dtype)
-    if len(items) == 1 and items[0][1] == 1 and total == 0:
-        return items[0][2]
-    coefs = tuple(k for _, k, _ in items)
-    args = tuple(t for _, _, t in items)
+    if len(serials) == 1 and coef_of[serials[0]] == 1 and total == 0:
+        return term_of[serials[0]]
+    coefs = tuple(coef_of[s] for s in serials)
+    args = tuple(term_of[s] for s in serials)
     return intern("lin", args, (total, coefs), tuple(shape), dtype)
+
+
+_ZERO = Fraction(0)
+_ONE = Fraction(1)
 
 
 def scale(term: Term, factor) -> Term:

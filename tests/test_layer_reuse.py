@@ -1,0 +1,251 @@
+"""Reusing a repeated layer's work never hides a changed layer.
+
+The instance checker reuses a planned check for every instance with the same structure (see
+`_Plan` in instance.py) and the walk of a 32-layer model is mostly cache hits. These tests show
+what the cache must not cost: a bug in layer 17 of 32 is still found and named (grounded by
+executing both programs on simulated CPU devices), a rule instance changed in layer 17 alone
+is re-checked and refuted, and an instance changed in one term is never a cache hit.
+"""
+
+from __future__ import annotations
+
+import os
+
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+
+from dataclasses import replace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from entangle_mlir.check import check_texts
+from entangle_mlir.instance import DEFAULT_CHECKER, InstanceChecker, check_instance
+from entangle_mlir.jax import lower_pair
+from entangle_mlir.layout import Rel
+from entangle_mlir.opinfo import OpInfo, TensorType
+from entangle_mlir.terms import make_add, make_arg, scale
+from examples import models as m
+
+LAYERS, BUG_LAYER, TP = 32, 17, 2
+B, S, D, F = 1, 4, 16, 32
+SHAPES = [(D,), (D,), (D, D), (D, D), (D, D), (D, D), (D,), (D,), (D,), (D, F), (F,), (F, D),
+          (D,)]
+SPECS = [P(), P(), P(None, "tp"), P(None, "tp"), P(None, "tp"), P("tp", None), P(), P(), P(),
+         P(None, "tp"), P("tp"), P("tp", None), P()]
+
+
+def _block(x, p, reduce, bias_before_psum: bool = False):
+    ln1_g, ln1_b, wq, wk, wv, wo, bo, ln2_g, ln2_b, w1, b1, w2, b2 = p
+    x = x + reduce(m.causal_attention(m.layer_norm(x, ln1_g, ln1_b), wq, wk, wv) @ wo) + bo
+    h = jax.nn.gelu(m.layer_norm(x, ln2_g, ln2_b) @ w1 + b1)
+    if bias_before_psum:
+        return x + reduce(h @ w2 + b2)  # the bug: b2 is added once per device
+    return x + reduce(h @ w2) + b2
+
+
+def _programs(bug_layer: int | None):
+    mesh = jax.make_mesh((TP,), ("tp",), axis_types=(AxisType.Auto,))
+    count = len(SHAPES)
+
+    def ref(x, *params):
+        for i in range(LAYERS):
+            with jax.named_scope(f"layer{i}"):
+                x = _block(x, params[i * count:(i + 1) * count], lambda v: v)
+        return x
+
+    def body(x, *params):
+        for i in range(LAYERS):
+            with jax.named_scope(f"layer{i}"):
+                x = _block(x, params[i * count:(i + 1) * count],
+                           lambda v: lax.psum(v, "tp"), bias_before_psum=i == bug_layer)
+        return x
+
+    specs = (P(),) + tuple(SPECS) * LAYERS
+    sharded = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P()))
+    shapes = [(B, S, D)] + SHAPES * LAYERS
+    avals = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, spec))
+             for s, spec in zip(shapes, specs)]
+    return ref, sharded, avals, _execute(mesh, bug_layer)
+
+
+def _execute(mesh, bug_layer: int | None) -> float:
+    """Max |reference - sharded| on random inputs, both run on simulated CPU devices. Each
+    layer is run as its own jitted program (the unrolled 32-layer programs compute the same
+    thing but take XLA about a minute to compile here)."""
+    ref_block = jax.jit(lambda x, *p: _block(x, p, lambda v: v))
+
+    def sharded_block(bug: bool):
+        body = lambda x, *p: _block(x, p, lambda v: lax.psum(v, "tp"), bias_before_psum=bug)
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(),) + tuple(SPECS),
+                                     out_specs=P()))
+
+    blocks = {False: sharded_block(False), True: sharded_block(True)}
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((B, S, D), dtype=np.float32)
+    ref_x, sharded_x = x, x
+    for i in range(LAYERS):
+        params = [rng.standard_normal(s, dtype=np.float32) / (np.sqrt(s[0]) if len(s) == 2
+                                                               else 1) for s in SHAPES]
+        placed = [jax.device_put(a, NamedSharding(mesh, spec)) for a, spec in zip(params, SPECS)]
+        ref_x = ref_block(ref_x, *params)
+        sharded_x = blocks[i == bug_layer](sharded_x, *placed)
+    return float(np.max(np.abs(np.asarray(ref_x) - np.asarray(sharded_x))))
+
+
+@pytest.fixture(scope="module")
+def correct():
+    ref, sharded, avals, diff = _programs(None)
+    return lower_pair(ref, sharded, *avals), diff
+
+
+@pytest.fixture(scope="module")
+def buggy():
+    ref, sharded, avals, diff = _programs(BUG_LAYER)
+    return lower_pair(ref, sharded, *avals), diff
+
+
+def _layer_of(op_name: str) -> str:
+    parts = [p for p in op_name.split("/") if p.startswith("layer")]
+    return parts[0] if parts else ""
+
+
+def test_correct_32_layers_proven_with_reuse(correct) -> None:
+    (ref_text, sharded_text), diff = correct
+    assert diff < 1e-3  # grounded: the sharded program computes the reference
+    DEFAULT_CHECKER.clear()
+    report = check_texts(ref_text, sharded_text)
+    assert report.proven, report.render_text()
+    hits = sum(s.cache_hits for s in DEFAULT_CHECKER.stats.values())
+    checks = sum(s.checks for s in DEFAULT_CHECKER.stats.values())
+    assert hits > checks * 0.9  # the 2nd..32nd layer reuse the first layer's checks
+
+
+def test_bug_in_layer_17_of_32_found_and_named(buggy) -> None:
+    (ref_text, sharded_text), diff = buggy
+    assert diff > 1e-2  # grounded: the bug changes the numbers
+    DEFAULT_CHECKER.clear()
+    report = check_texts(ref_text, sharded_text)
+    assert not report.proven
+    errors = [d for d in report.diagnostics if d.severity == "error"]
+    assert errors, report.render_text()
+    layers = {_layer_of(d.loc.op_name) for d in errors if d.loc}
+    assert layers == {f"layer{BUG_LAYER}"}, report.render_text()
+
+
+def test_rule_instance_changed_in_layer_17_is_rechecked(correct) -> None:
+    """A wrong relation on one op of layer 17 (as a rule bug there would give) is refuted and
+    located, though layers 0..16 made the same op's check a cache hit."""
+    from entangle_mlir.verify import verify_walk
+
+    (ref_text, sharded_text), _ = correct
+    DEFAULT_CHECKER.clear()
+    walk, report = _walk_and_report(ref_text, sharded_text)
+    assert report.proven
+    targets = [r for r in walk.records if r.info.name == "stablehlo.broadcast_in_dim"
+               and r.loc is not None and _layer_of(r.loc.op_name) == f"layer{BUG_LAYER}"
+               and isinstance(r.outputs[0], Rel) and r.outputs[0].term.args
+               and r.outputs[0].term.args[0].op == "arg"]
+    assert targets
+    victim = targets[0]
+    victim.outputs = [replace(victim.outputs[0], term=scale(victim.outputs[0].term, 2))]
+    verify_walk(walk, report)
+    refuted = [d for d in report.diagnostics if d.category == "refuted"]
+    assert [_layer_of(d.loc.op_name) for d in refuted] == [f"layer{BUG_LAYER}"]
+    assert report.stats["rule_instances"]["refuted"] == 1
+    assert not report.proven
+    hits = DEFAULT_CHECKER.stats["stablehlo.broadcast_in_dim"].cache_hits
+    assert hits > BUG_LAYER  # earlier layers' instances of the same op were reused
+
+
+def _walk_and_report(ref_text: str, sharded_text: str):
+    """The sharded walk and the report of `entangle check` without its rule-instance checks."""
+    from entangle_mlir.ir import context, parse_module
+    from entangle_mlir.pipeline import PassState, parse_pipeline, run_pipeline
+    from entangle_mlir.program import from_two_modules
+    from passes import PASSES
+
+    program = from_two_modules(parse_module(ref_text), parse_module(sharded_text),
+                               "reference.mlir", "sharded.mlir")
+    state = PassState(program.sharded_module, program.sharded_file, program=program)
+    pipeline = ("entangle-normalize,entangle-import-shardings,"
+                "entangle-infer-relations{annotate=false},entangle-check-refinement")
+    with context():
+        run_pipeline(parse_pipeline(pipeline, PASSES), state)
+    return state.walks["sharded"], state.report
+
+
+def test_instance_with_a_changed_term_is_not_a_cache_hit() -> None:
+    """Same op, attributes, layouts and sharing pattern: the plan is reused only after the
+    new instance's output is shown to be the abstract output of its own inputs."""
+    info = OpInfo("stablehlo.add", {}, [TensorType((2, 2), "f32")] * 2,
+                  [TensorType((2, 2), "f32")])
+    checker = InstanceChecker()
+    tiling = ((), ())
+
+    def instance(first: int, wrong: bool):
+        x, y = make_arg(first, (2, 2), "f32"), make_arg(first + 1, (2, 2), "f32")
+        out = make_add(x, x) if wrong else make_add(x, y)
+        return [Rel(x, tiling), Rel(y, tiling)], [Rel(out, tiling)]
+
+    ins, outs = instance(0, wrong=False)
+    assert check_instance(info, ins, outs, None, checker=checker).status == "proved"
+    ins, outs = instance(10, wrong=False)
+    second = check_instance(info, ins, outs, None, checker=checker)
+    assert second.status == "proved" and second.cached
+    ins, outs = instance(20, wrong=True)
+    third = check_instance(info, ins, outs, None, checker=checker)
+    assert third.status == "refuted" and not third.cached
+
+
+def _tiled_add(mesh, in_tiling, out_tiling, shape=(4, 4)):
+    """An add of two arguments laid out `in_tiling`, claimed to give `out_tiling`."""
+    x, y = make_arg(900_001, shape, "f32"), make_arg(900_002, shape, "f32")
+    local = tuple(s // mesh.group_size(a) for s, a in zip(shape, in_tiling))
+    out_local = tuple(s // mesh.group_size(a) for s, a in zip(shape, out_tiling))
+    info = OpInfo("stablehlo.add", {}, [TensorType(local, "f32")] * 2,
+                  [TensorType(out_local, "f32")])
+    return info, [Rel(x, in_tiling), Rel(y, in_tiling)], [Rel(make_add(x, y), out_tiling)]
+
+
+def test_devices_with_the_same_claim_are_checked_once(monkeypatch) -> None:
+    """Replicated values: 8 devices, one claim. Split values: one claim per block."""
+    from entangle_mlir import instance as I
+    from entangle_mlir import semantics as S
+    from entangle_mlir.mesh import Mesh
+
+    mesh = Mesh((("dp", 2), ("tp", 4)))
+    seen: list[int] = []
+    real_run_op = S.run_op
+
+    def counting(info, operands, mesh):
+        seen.append(len(operands))
+        return real_run_op(info, operands, mesh)
+
+    monkeypatch.setattr(S, "run_op", counting)
+    for in_tiling, devices in ((((), ()), 1), ((("tp",), ()), 4), ((("dp",), ("tp",)), 8)):
+        seen.clear()
+        info, ins, outs = _tiled_add(mesh, in_tiling, in_tiling)
+        result = I.run_check(info, ins, outs, mesh, I.default_context(ins, outs, mesh))
+        assert result.status == "proved"
+        assert seen == [devices]
+
+
+def test_a_claim_wrong_on_some_devices_only_is_refuted() -> None:
+    """Inputs split over 'tp', the sum claimed split over 'dp' along the same dim: devices
+    (dp i, tp j) with i == j hold the claimed block, the others do not. Deduplication keeps
+    every distinct combination of blocks, so the wrong devices are checked and it is refuted."""
+    from entangle_mlir import instance as I
+    from entangle_mlir.mesh import Mesh
+
+    mesh = Mesh((("dp", 2), ("tp", 2)))
+    info, ins, outs = _tiled_add(mesh, (("tp",), ()), (("dp",), ()), shape=(4, 2))
+    result = I.run_check(info, ins, outs, mesh, I.default_context(ins, outs, mesh))
+    assert result.status == "refuted"
