@@ -186,10 +186,30 @@ def device_count(module: ir.Module, shardings: list[str | None]) -> int:
     counts = [len(_hlo.HloSharding.from_string(s).tile_assignment_devices())
               for s in shardings if s]
     counts = [c for c in counts if c > 1]
-    if not counts:
-        raise InputError("per-device program: cannot tell the number of devices "
-                         "(no mhlo.num_partitions and no tiled sharding)")
-    return max(counts)
+    if counts:
+        return max(counts)
+    if not _uses_devices(module.operation):
+        return 1
+    raise InputError("per-device program: cannot tell the number of devices "
+                     "(no mhlo.num_partitions and no tiled sharding)")
+
+
+_DEVICE_OPS = ("stablehlo.partition_id", "stablehlo.replica_id", "stablehlo.all_reduce",
+               "stablehlo.all_gather", "stablehlo.reduce_scatter", "stablehlo.all_to_all",
+               "stablehlo.collective_permute", "stablehlo.collective_broadcast")
+
+
+def _uses_devices(op) -> bool:
+    """Whether a program reads its device id or talks to other devices: without either (every
+    value replicated, as XLA leaves a function with replicated shardings and no
+    mhlo.num_partitions) every device runs the same computation, and one device is exact."""
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                inner = inner.operation
+                if inner.name in _DEVICE_OPS or _uses_devices(inner):
+                    return True
+    return False
 
 
 def layout_of(text: str | None, rank: int, mesh: Mesh) -> DeviceLayout:

@@ -121,6 +121,38 @@ def _psum(groups: str, shape: str, attrs: str | None = None, mesh: str | None = 
     return text
 
 
+_REPLICATED_PER_DEVICE = """
+module {
+  func.func @ref(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+    return %x : tensor<2x4xf32>
+  }
+  func.func @sharded(%x: tensor<2x4xf32> {mhlo.sharding = "{replicated}"}) -> (tensor<2x4xf32> {mhlo.sharding = "{replicated}"}) attributes {entangle.refines = @ref} {
+%BODY%
+  }
+}
+"""
+_ALL_REDUCE_PER_DEVICE = """    %0 = "stablehlo.all_reduce"(%x) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>, replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>, use_global_device_ids}> ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      %s = stablehlo.add %a, %b : tensor<f32>
+      stablehlo.return %s : tensor<f32>
+    }) : (tensor<2x4xf32>) -> tensor<2x4xf32>
+    return %0 : tensor<2x4xf32>"""
+
+
+def test_per_device_program_without_a_device_count(write) -> None:
+    """All replicated, no mhlo.num_partitions: exact on one device unless an op talks to other
+    devices, which then cannot be interpreted (bad input, naming what is missing)."""
+    plain = write("plain.mlir", _REPLICATED_PER_DEVICE.replace("%BODY%",
+                                                               "    return %x : tensor<2x4xf32>"))
+    run = check(plain)
+    _sane(run, 0)
+    talking = write("talking.mlir", _REPLICATED_PER_DEVICE.replace("%BODY%",
+                                                                   _ALL_REDUCE_PER_DEVICE))
+    run = check(talking)
+    _sane(run, 2)
+    assert "cannot tell the number of devices" in run.text, run.text
+
+
 def test_psum_with_matching_groups_is_proven(write) -> None:
     path = write("ok.mlir", _psum("[[0, 1, 2, 3]]", "1x4"))
     run = check(path, verify=True)

@@ -115,3 +115,21 @@ module attributes {mhlo.num_partitions = 4 : i32} {
     return %0 : tensor<4x4xf32>
   }
 }
+
+// -----
+
+// Every value replicated and no mhlo.num_partitions (what XLA leaves for a function whose
+// shardings are all replicated): no op reads the device id or talks to another device, so every
+// device runs the same computation and one device is exact.
+module {
+  func.func @ref(%x: tensor<2x4xf32>) -> tensor<2x4xf32> {
+    %0 = stablehlo.exponential %x : tensor<2x4xf32>
+    return %0 : tensor<2x4xf32>
+  }
+  // FULL: func.func @all_replicated{{.*}}entangle.verdict = "proven"
+  func.func @all_replicated(%x: tensor<2x4xf32> {mhlo.sharding = "{replicated}"}) -> (tensor<2x4xf32> {mhlo.sharding = "{replicated}"}) attributes {entangle.refines = @ref} {
+    // CHECK: stablehlo.exponential{{.*}}entangle.relation = "replicated : exponential(%arg0)"
+    %0 = stablehlo.exponential %x : tensor<2x4xf32>
+    return %0 : tensor<2x4xf32>
+  }
+}
