@@ -7,61 +7,61 @@ from __future__ import annotations
 REASONS: dict[str, tuple[str, str]] = {
     "missing_reduction": (
         "missing reduction",
-        "a partial sum (or max) over mesh axes reaches a point that needs the full value: an "
-        "all_reduce/psum over those axes is missing"),
+        ("a partial sum (or max) over mesh axes reaches a point that needs the full value: an "
+        "all_reduce/psum over those axes is missing")),
     "partial_mixed": (
         "partial sum combined with a split value",
-        "a partial sum over an axis is combined with a value split over the same axis; usually "
-        "a statistic that still needs its psum"),
+        ("a partial sum over an axis is combined with a value split over the same axis; usually "
+        "a statistic that still needs its psum")),
     "nonlinear_partial": (
         "nonlinear op applied to a partial sum",
-        "a nonlinear op (gelu, exp, a product of two partial sums, ...) is applied before the "
-        "reduction; nonlinear ops do not commute with the sum"),
+        ("a nonlinear op (gelu, exp, a product of two partial sums, ...) is applied before the "
+        "reduction; nonlinear ops do not commute with the sum")),
     "wrong_axis": (
         "reduction over the wrong axis",
-        "a collective reduces over an axis along which the value is split, combining different "
-        "blocks"),
+        ("a collective reduces over an axis along which the value is split, combining different "
+        "blocks")),
     "duplicate_reduction": (
         "duplicate reduction",
-        "a collective sums over an axis where the value is already replicated: it is counted "
-        "|axis| times"),
+        ("a collective sums over an axis where the value is already replicated: it is counted "
+        "|axis| times")),
     "duplicate": (
         "duplicate gather",
         "a gather over an axis where the value is replicated concatenates identical copies"),
     "scale": (
         "wrong scale factor",
-        "the value is k x what the reference computes (k printed as a fraction): pmean for "
-        "psum, a bias added before the reduction, a mean over the wrong count"),
+        ("the value is k x what the reference computes (k printed as a fraction): pmean for "
+        "psum, a bias added before the reduction, a mean over the wrong count")),
     "wrong_dim": (
         "wrong dim",
-        "a gather, concat or scatter runs along a different dim than the one the value is "
-        "split along"),
+        ("a gather, concat or scatter runs along a different dim than the one the value is "
+        "split along")),
     "wrong_layout": (
         "wrong output layout",
         "the value leaving shard_map is laid out differently from its declared out_specs"),
     "wrong_order": (
         "blocks in the wrong order or from the wrong devices",
-        "a gather concatenates blocks in the wrong axis order, or a permute moves blocks to "
-        "devices that do not own them"),
+        ("a gather concatenates blocks in the wrong axis order, or a permute moves blocks to "
+        "devices that do not own them")),
     "wrong_groups": (
         "replica groups match no mesh axes",
         "a collective's replica groups are not the device groups of any set of mesh axes"),
     "wrong_reducer": (
         "wrong reduction kind",
-        "a max where a sum was needed (or the reverse), or a reduction that mixes the pieces of "
-        "a partial value"),
+        ("a max where a sum was needed (or the reverse), or a reduction that mixes the pieces of "
+        "a partial value")),
     "wrong_offset": (
         "device-dependent offset wrong",
-        "a device reads a block other than its own: the offset formula found vs the one "
-        "expected"),
+        ("a device reads a block other than its own: the offset formula found vs the one "
+        "expected")),
     "layout_mismatch": (
         "operands laid out differently",
-        "the operands of one op are split differently, so each device combines unrelated "
-        "blocks"),
+        ("the operands of one op are split differently, so each device combines unrelated "
+        "blocks")),
     "different_function": (
         "different function",
-        "the sharded program computes a different function from the reference; both terms are "
-        "shown"),
+        ("the sharded program computes a different function from the reference; both terms are "
+        "shown")),
     "unrelated": (
         "no relation to the reference",
         "the value has no clean relation to any reference value"),

@@ -16,23 +16,23 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-import collections  # noqa: E402
+import collections
 
-import pytest  # noqa: E402
+import pytest
 
 jax = pytest.importorskip("jax")
 
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from jax import lax  # noqa: E402
-from jax.sharding import AxisType, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from jax import lax
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from entangle_mlir.check import check_texts  # noqa: E402
-from entangle_mlir.fuzz.gen import generate_seed, program_mutations  # noqa: E402
-from entangle_mlir.fuzz.run import run_program, run_seed  # noqa: E402
-from entangle_mlir.fuzz.strategies import mutants  # noqa: E402
+from entangle_mlir.check import check_texts
+from entangle_mlir.fuzz.gen import generate_seed, program_mutations
+from entangle_mlir.fuzz.run import run_program, run_seed
+from entangle_mlir.fuzz.strategies import mutants
 
 if len(jax.devices()) < 8:
     pytest.skip("needs 8 (simulated) devices: XLA_FLAGS was set before jax was imported",

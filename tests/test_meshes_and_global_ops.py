@@ -7,15 +7,15 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-from jax import lax  # noqa: E402
-from jax.sharding import AxisType, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from entangle_mlir.jax import check  # noqa: E402
+from entangle_mlir.jax import check
 
 MESH = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(AxisType.Auto,) * 2)
 
@@ -128,7 +128,7 @@ def test_axis_index_offsets_select_own_block() -> None:
         i = lax.axis_index("tp")
         return lax.dynamic_slice_in_dim(x, i, 2, axis=0) * 3.0   # offset i, not i * 2
 
-    ref = lambda x: x * 3.0  # noqa: E731
+    ref = lambda x: x * 3.0
     avals = _avals([((8, 4), P())])
     for fn, correct in ((body, True), (body_bug, False)):
         sharded = jax.jit(jax.shard_map(fn, mesh=MESH, in_specs=(P(),), out_specs=P("tp"),

@@ -8,17 +8,17 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-import pytest  # noqa: E402
+import pytest
 
 jax = pytest.importorskip("jax")
 
-from entangle_mlir.fuzz.mlir_mutate import mutants, parse_mesh  # noqa: E402
+from entangle_mlir.fuzz.mlir_mutate import mutants, parse_mesh
 
 if len(jax.devices()) < 8:
     pytest.skip("needs 8 (simulated) devices", allow_module_level=True)
 
-from entangle_mlir.fuzz.mutation import run_example, score  # noqa: E402
-from examples.catalog import by_name  # noqa: E402
+from entangle_mlir.fuzz.mutation import run_example, score
+from examples.catalog import by_name
 
 COLLECTIVE_WORDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                     "collective_permute", "partition_id", "dynamic_slice")

@@ -413,15 +413,15 @@ def _emit_psum_scatter(layer, p, side, v, depth):
         return []
     if p.get("as_psum"):
         return [f"{v} = lax.psum({v}, {ax(p['axes'])})"]
-    return [f"{v} = lax.psum_scatter({v}, {ax(p['axes'])}, scatter_dimension={p['dim']}, "
-            f"tiled=True)"]
+    return [(f"{v} = lax.psum_scatter({v}, {ax(p['axes'])}, scatter_dimension={p['dim']}, "
+            f"tiled=True)")]
 
 
 def _emit_all_to_all(layer, p, side, v, depth):
     if side == "ref":
         return []
-    return [f"{v} = lax.all_to_all({v}, {ax(p['axes'])}, {p['split']}, {p['concat']}, "
-            f"tiled=True)"]
+    return [(f"{v} = lax.all_to_all({v}, {ax(p['axes'])}, {p['split']}, {p['concat']}, "
+            f"tiled=True)")]
 
 
 def _emit_ppermute(layer, p, side, v, depth):
@@ -446,8 +446,8 @@ def _emit_dynslice(layer, p, side, v, depth):
     bs = f"({v}.shape[{d}] // {n})"
     offset = {"block": f"{i} * {bs}", "plus1": f"{i} * {bs} + 1", "noscale": i,
               "shift": f"(({i} + 1) % {n}) * {bs}", "reverse": f"({n - 1} - {i}) * {bs}"}
-    return [f"{v} = lax.dynamic_slice_in_dim({v}, {offset[p.get('offset', 'block')]}, {bs}, "
-            f"axis={d})"]
+    return [(f"{v} = lax.dynamic_slice_in_dim({v}, {offset[p.get('offset', 'block')]}, {bs}, "
+            f"axis={d})")]
 
 
 def _idx(p) -> str:
@@ -472,10 +472,10 @@ def _emit_dus_gather(layer, p, side, v, depth):
     offset = {"block": f"{i} * {v}.shape[{d}]", "plus1": f"{i} * {v}.shape[{d}] + 1",
               "noscale": i, "shift": f"(({i} + 1) % {n}) * {v}.shape[{d}]"}
     fill = "zeros" if p.get("fill", 0.0) == 0.0 else "ones"
-    return [f"buf = jnp.{fill}({v}.shape[:{d}] + ({v}.shape[{d}] * {n},) + {v}.shape[{d + 1}:], "
-            f"{v}.dtype)",
-            f"{v} = lax.dynamic_update_slice_in_dim(buf, {v}, {offset[p.get('offset', 'block')]}, "
-            f"axis={d})"]
+    return [(f"buf = jnp.{fill}({v}.shape[:{d}] + ({v}.shape[{d}] * {n},) + {v}.shape[{d + 1}:], "
+            f"{v}.dtype)"),
+            (f"{v} = lax.dynamic_update_slice_in_dim(buf, {v}, {offset[p.get('offset', 'block')]}, "
+            f"axis={d})")]
 
 
 def _emit_shard_scale(layer, p, side, v, depth):

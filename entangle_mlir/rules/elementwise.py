@@ -185,9 +185,9 @@ def _partial_result(info: OpInfo, rels: list[Rel], ctx: RuleContext
     if (name, kind) in (("stablehlo.maximum", "max"), ("stablehlo.minimum", "min")) and len(
             partial_idx) == 1:
         return rels, axes, kind
-    if name == "stablehlo.select" and 0 not in partial_idx and kind == "sum":
-        if len(partial_idx) == 2 or any(is_zero(rels[i]) for i in (1, 2) if i in others):
-            return rels, axes, kind
+    if name == "stablehlo.select" and 0 not in partial_idx and kind == "sum" and (
+            len(partial_idx) == 2 or any(is_zero(rels[i]) for i in (1, 2) if i in others)):
+        return rels, axes, kind
     return nonlinear
 
 
