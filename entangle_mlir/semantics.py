@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import itertools
 import math
 import re
@@ -161,8 +162,14 @@ def to_z3(x: Element) -> z3.ExprRef:
             return _NAN
         x = Fraction(x)
     if isinstance(x, Fraction):
-        return z3.Q(x.numerator, x.denominator)
+        return _rational(x.numerator, x.denominator)
     raise SemanticsError(f"cannot encode {x!r} for z3")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _rational(numerator: int, denominator: int) -> z3.ExprRef:
+    """z3 rationals are built once per value (instance checks repeat the same constants)."""
+    return z3.Q(numerator, denominator)
 
 
 def _num(x: Element) -> z3.ExprRef:
