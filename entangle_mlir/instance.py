@@ -443,7 +443,7 @@ def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
     return abstract_ins, abstract_outs
 
 
-_LINEAR_IN = {"reduce_sum": 0, "slice": 0, "stablehlo.gather": 0}
+_LINEAR_IN = {"reduce_sum": 0, "slice": 0, "stablehlo.gather": 0, "reduce_window_sum": 0}
 """Term ops built by `make_op(..., linear_in=k)`: rebuilt the same way."""
 
 

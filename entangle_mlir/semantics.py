@@ -721,6 +721,25 @@ def pad(x: Array, value: Element, low: Sequence[int], high: Sequence[int],
     return out.copy()
 
 
+def reduce_window(x: Array, kind: str, init: Element, window: Sequence[int],
+                  strides: Sequence[int], base_dilations: Sequence[int],
+                  window_dilations: Sequence[int], low: Sequence[int],
+                  high: Sequence[int]) -> Array:
+    """StableHLO reduce_window (one operand): pad with `init` (base dilation as interior
+    padding), then fold every window, starting from `init`."""
+    rank = x.ndim
+    padded = pad(obj_array(x), init, low, high, [b - 1 for b in base_dilations])
+    spans = [(w - 1) * wd + 1 for w, wd in zip(window, window_dilations)]
+    out_shape = tuple(max((padded.shape[d] - spans[d]) // strides[d] + 1, 0)
+                      for d in range(rank))
+    out = np.empty(out_shape, dtype=object)
+    for idx in np.ndindex(out_shape):
+        index = tuple(slice(i * st, i * st + span, wd)
+                      for i, st, span, wd in zip(idx, strides, spans, window_dilations))
+        out[idx] = combine(kind, [init, *padded[index].reshape(-1)])
+    return out
+
+
 def iota(shape: Sequence[int], dim: int) -> Array:
     out = np.empty(tuple(shape), dtype=object)
     for idx in np.ndindex(out.shape):
@@ -1100,6 +1119,23 @@ def _op_reduce(info: OpInfo, operands: list[Array]) -> list[Array]:
     return [reduce_dims(x, info.attrs["dimensions"], reducer, init)]
 
 
+def _op_reduce_window(info: OpInfo, operands: list[Array]) -> list[Array]:
+    if len(operands) != 2:
+        raise SemanticsError("variadic reduce_window has no semantics here")
+    reducer = info.attrs.get("reducer", "other")
+    if reducer not in ("add", "max", "min", "mul", "and", "or"):
+        raise SemanticsError(f"reduce_window with a '{reducer}' reducer")
+    a = info.attrs
+    window = tuple(a["window_dimensions"])
+    ones = (1,) * len(window)
+    padding = a.get("padding") or [[0, 0]] * len(window)
+    init = obj_array(operands[1]).reshape(-1)[0]
+    return [reduce_window(obj_array(operands[0]), reducer, init, window,
+                          a.get("window_strides") or ones, a.get("base_dilations") or ones,
+                          a.get("window_dilations") or ones, [p[0] for p in padding],
+                          [p[1] for p in padding])]
+
+
 def _scalar_of(x: Array) -> Element:
     arr = obj_array(x)
     if arr.size != 1:
@@ -1169,6 +1205,7 @@ OP_SEMANTICS: dict[str, LocalFn] = {
     "stablehlo.pad": _op_pad,
     "stablehlo.dot_general": _op_dot_general,
     "stablehlo.reduce": _op_reduce,
+    "stablehlo.reduce_window": _op_reduce_window,
     "stablehlo.dynamic_slice": _op_dynamic_slice,
     "stablehlo.dynamic_update_slice": _op_dynamic_update_slice,
     "stablehlo.gather": _op_gather,
@@ -1339,6 +1376,11 @@ loop variable, `("term", serial): array` for a `while_result`, else the callable
 _INDEXED_TERM_OPS = ("stablehlo.gather", "stablehlo.scatter", "stablehlo.dynamic_update_slice")
 """Terms evaluated by their op's own semantics, attributes given as (name, value) pairs."""
 
+_WINDOW_TERM_OPS = {"reduce_window_sum": "sum", "reduce_window_max": "max",
+                    "reduce_window_min": "min"}
+"""reduce_window terms (init value: the reducer's identity); attrs as `rules/reduction`
+builds them: (window, strides, base dilations, window dilations, padding low, high)."""
+
 _OPAQUE_LEAVES = ("loopvar", "while_result")
 """Terms evaluated as given values (a loop's carried value / result), not computed."""
 
@@ -1431,6 +1473,12 @@ def _evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
         return transpose(args[0], attrs[0])
     if op in ("reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or"):
         return reduce_dims(args[0], attrs[0], op.split("_")[1])
+    if op in _WINDOW_TERM_OPS:
+        window, strides, base, dilation, low, high = attrs
+        kind = _WINDOW_TERM_OPS[op]
+        identity = {"sum": 0, "max": -math.inf, "min": math.inf}[kind]
+        return reduce_window(args[0], kind, identity, window, strides, base, dilation, low,
+                             high)
     if op == "slice":
         starts, limits, strides = attrs
         return slice_(args[0], starts, limits, strides)
@@ -1462,5 +1510,6 @@ def _evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
 TERM_OPS = ("arg", "splat", "dense", "iota", "lin", "mul", "div", "broadcast", "reshape",
             "transpose", "reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or", "slice", "concatenate", "pad",
             "dynamic_slice", "stablehlo.dot_general", *_INDEXED_TERM_OPS, *_OPAQUE_LEAVES,
+            *_WINDOW_TERM_OPS,
             *ELEMENTWISE)
 """Every term op `evaluate_term` knows (for the coverage test against the rules)."""

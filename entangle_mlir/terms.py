@@ -230,6 +230,10 @@ def make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple = (),
         return make_div(*args)
     if op == "chlo.square":
         return make_mul(args[0], args[0])
+    if op == "stablehlo.select" and len(args) == 3:
+        masked = _select_on_iota_mask(*args)
+        if masked is not None:
+            return masked
     if op in COMMUTATIVE:
         flat = []
         for arg in args:
@@ -247,6 +251,73 @@ def make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple = (),
         args = ordered
     shape = args[0].shape
     return intern(op, tuple(args), attrs, shape, dtype or args[0].dtype)
+
+
+_FLIPPED = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE", "EQ": "EQ", "NE": "NE"}
+
+
+def iota_interval(pred: Term) -> tuple[int, int, int] | None:
+    """(dim, lo, hi) when `pred` is true exactly at positions lo <= i < hi along dim: a compare
+    of an iota (plus an integer constant) with an integer constant, as XLA masks the padding
+    of uneven shards and jax masks a prefix."""
+    if pred.op != "stablehlo.compare" or len(pred.args) != 2 or not pred.attrs:
+        return None
+    a, b = pred.args
+    direction = pred.attrs[0]
+    if splat_value(a) is not None:
+        a, b, direction = b, a, _FLIPPED.get(direction)
+    bound = splat_value(b)
+    if not isinstance(bound, Fraction) or direction not in ("LT", "LE", "GT", "GE", "EQ"):
+        return None
+    pairs, constant = linear_parts(a)
+    if len(pairs) != 1 or pairs[0][0] != 1 or not isinstance(constant, Fraction):
+        return None
+    base = pairs[0][1]
+    if base.op == "iota":
+        dim = 0
+    elif base.op == "broadcast" and base.args[0].op == "iota" and len(base.args[0].shape) == 1:
+        dim = base.attrs[0][0]
+    else:
+        return None
+    c = bound - constant
+    if c.denominator != 1 and not base.dtype.startswith(("f", "bf")):
+        return None
+    if direction == "EQ" and c.denominator != 1:
+        return dim, 0, 0
+    size = base.shape[dim]
+    lo, hi = {"LT": (0, math.ceil(c)), "LE": (0, math.floor(c) + 1),
+              "GT": (math.floor(c) + 1, size), "GE": (math.ceil(c), size),
+              "EQ": (int(c), int(c) + 1)}[direction]
+    return dim, max(0, min(lo, size)), max(0, min(hi, size))
+
+
+def _select_on_iota_mask(pred: Term, on_true: Term, on_false: Term) -> Term | None:
+    """select on an iota interval mask with a constant on the other side: the kept interval
+    of the other operand, padded with the constant (XLA's padding masks, jnp.pad of a split
+    dim); an empty or full interval picks one operand."""
+    found = iota_interval(pred)
+    if found is None or on_true.shape != pred.shape or on_false.shape != pred.shape:
+        return None
+    dim, lo, hi = found
+    size = pred.shape[dim]
+    if lo >= hi:
+        return on_false
+    if lo == 0 and hi == size:
+        return on_true
+    if on_false.op == "splat":
+        keep, value, (k_lo, k_hi) = on_true, on_false, (lo, hi)
+    elif on_true.op == "splat" and (lo == 0 or hi == size):
+        keep, value = on_false, on_true
+        k_lo, k_hi = (hi, size) if lo == 0 else (0, lo)
+    else:
+        return None
+    rank = len(pred.shape)
+    starts = tuple(k_lo if d == dim else 0 for d in range(rank))
+    limits = tuple(k_hi if d == dim else n for d, n in enumerate(pred.shape))
+    kept = _sliced(keep, starts, limits, (1,) * rank)
+    low = tuple(k_lo if d == dim else 0 for d in range(rank))
+    high = tuple(size - k_hi if d == dim else 0 for d in range(rank))
+    return make_pad(kept, make_splat(value.attrs[0], (), value.dtype), low, high, (0,) * rank)
 
 
 # ----- data movement ------------------------------------------------------------------------
@@ -309,7 +380,42 @@ def make_reshape(term: Term, shape: tuple[int, ...]) -> Term:
         pushed = _reshape_dot(term, shape)
     if pushed is not None:
         return pushed
+    collapsed = _collapse_movement(term, None, shape)
+    if collapsed is not None:
+        return collapsed
     return intern("reshape", (term,), (), shape, term.dtype)
+
+
+MOVEMENT_CHECK_ELEMENTS = 1 << 20
+"""Reshape/transpose chains over at most this many elements are checked for collapsing."""
+
+
+def _collapse_movement(term: Term, perm: tuple[int, ...] | None,
+                       shape: tuple[int, ...]) -> Term | None:
+    """A chain of reshapes and transposes (ending in `transpose(term, perm)` or
+    `reshape(term, shape)`) that moves no element: a plain reshape of the chain's base. The
+    chain is evaluated exactly on element positions (`np.arange`), so any spelling of a
+    reshard through all_to_all + transpose + reshape meets its source again."""
+    if term.op not in ("reshape", "transpose"):
+        return None
+    steps = [("transpose", perm) if perm is not None else ("reshape", shape)]
+    base = term
+    while base.op in ("reshape", "transpose") and len(steps) < 16:
+        steps.append(("transpose", base.attrs[0]) if base.op == "transpose"
+                     else ("reshape", base.shape))
+        base = base.args[0]
+    if not any(kind == "transpose" for kind, _ in steps) or math.prod(
+            base.shape) > MOVEMENT_CHECK_ELEMENTS:
+        return None
+    import numpy as np
+
+    positions = np.arange(math.prod(base.shape)).reshape(base.shape)
+    for kind, attr in reversed(steps):
+        positions = (np.transpose(positions, attr) if kind == "transpose"
+                     else positions.reshape(attr))
+    if not np.array_equal(positions.reshape(-1), np.arange(positions.size)):
+        return None
+    return make_reshape(base, positions.shape)
 
 
 ELEMENTWISE_TERM_OPS = {"mul", "div"}
@@ -431,6 +537,9 @@ def make_transpose(term: Term, perm: tuple[int, ...]) -> Term:
     if term.op == "transpose":
         inner = term.attrs[0]
         return make_transpose(term.args[0], tuple(inner[p] for p in perm))
+    collapsed = _collapse_movement(term, perm, shape)
+    if collapsed is not None:
+        return collapsed
     return intern("transpose", (term,), (perm,), shape, term.dtype)
 
 
@@ -460,7 +569,16 @@ def make_broadcast(term: Term, dims: tuple[int, ...], shape: tuple[int, ...]) ->
 def make_op(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...],
             dtype: str, linear_in: int | None = None) -> Term:
     """A generic op; when `linear_in` is given, the op is linear in that operand and scalars
-    and sums are pulled out of it (slice, pad with zero, reduce-sum)."""
+    and sums are pulled out of it (slice, pad with zero, reduce-sum). Slices are pushed toward
+    the leaves (`push_slice`) and a reduce-sum drops zero padding of the dims it reduces."""
+    if op == "slice" and linear_in == 0:
+        pushed = push_slice(args[0], *attrs)
+        if pushed is not None:
+            return pushed
+    if op == "reduce_sum" and linear_in == 0 and args[0].op == "pad":
+        dropped = _reduce_sum_of_pad(args[0], attrs[0], shape, dtype)
+        if dropped is not None:
+            return dropped
     if linear_in is not None:
         arg = args[linear_in]
         if arg.op == "lin" and _single_term(arg) or arg.op == "splat" and splat_value(arg) != 0:
@@ -470,6 +588,164 @@ def make_op(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...
                                       attrs, shape, dtype, linear_in)) for k, t in pairs]
                 return make_lin(mapped, Fraction(0), shape, dtype)
     return intern(op, tuple(args), attrs, tuple(shape), dtype)
+
+
+def make_pad(term: Term, value: Term, low: tuple[int, ...], high: tuple[int, ...],
+             interior: tuple[int, ...]) -> Term:
+    """stablehlo.pad of `term` with the scalar term `value` (no padding: the term itself)."""
+    low, high, interior = tuple(low), tuple(high), tuple(interior)
+    if not any(low) and not any(high) and not any(interior):
+        return term
+    shape = tuple(lo + n + max(n - 1, 0) * k + hi
+                  for lo, n, hi, k in zip(low, term.shape, high, interior))
+    return intern("pad", (term, value), (low, high, interior), shape, term.dtype)
+
+
+def _reduce_sum_of_pad(pad: Term, dims: tuple[int, ...], shape: tuple[int, ...],
+                       dtype: str) -> Term | None:
+    """reduce_sum over `dims` of a zero-padded term: the padding of reduced dims adds zeros,
+    so it is dropped; the padding of kept dims pads the (smaller) sum."""
+    inner, value = pad.args
+    low, high, interior = pad.attrs
+    if splat_value(value) != 0 or any(interior):
+        return None
+    summed = make_op("reduce_sum", (inner,), (tuple(dims),), tuple(
+        s for d, s in enumerate(inner.shape) if d not in dims), dtype, linear_in=0)
+    kept = [d for d in range(len(pad.shape)) if d not in dims]
+    return make_pad(summed, value, tuple(low[d] for d in kept), tuple(high[d] for d in kept),
+                    (0,) * len(kept))
+
+
+_SLICE_MEMO: dict[tuple, Term] = {}
+
+
+def _sliced(term: Term, starts, limits, strides) -> Term:
+    shape = tuple(len(range(s, lim, st)) for s, lim, st in zip(starts, limits, strides))
+    return make_op("slice", (term,), (tuple(starts), tuple(limits), tuple(strides)), shape,
+                   term.dtype, linear_in=0)
+
+
+def push_slice(term: Term, starts, limits, strides) -> Term | None:
+    """slice(term) pushed toward the leaves, so that slicing before or after a computation
+    meets in one normal form (XLA computes uneven shapes padded and slices at the end):
+    through elementwise ops and sums, broadcasts, transposes, the free and batch dims of a
+    dot_general, into one piece of a concatenate or the unpadded part of a pad; slices of
+    slices compose and a slice of a constant is a constant. None: nothing to push (the
+    caller interns the slice)."""
+    starts, limits, strides = tuple(starts), tuple(limits), tuple(strides)
+    if starts == (0,) * len(starts) and limits == term.shape and all(s == 1 for s in strides):
+        return term
+    key = (term.serial, starts, limits, strides)
+    found = _SLICE_MEMO.get(key)
+    if found is None:
+        found = _push_slice(term, starts, limits, strides)
+        if found is not None:
+            _SLICE_MEMO[key] = found
+    return found
+
+
+def _push_slice(term: Term, starts, limits, strides) -> Term | None:
+    shape = tuple(len(range(s, lim, st)) for s, lim, st in zip(starts, limits, strides))
+    op = term.op
+    if op == "splat":
+        return make_splat(term.attrs[0], shape, term.dtype)
+    if op == "lin":
+        return map_linear(term, lambda t: _sliced(t, starts, limits, strides))
+    if _is_elementwise(term):
+        return rebuild_elementwise(term, tuple(_sliced(a, starts, limits, strides)
+                                               for a in term.args))
+    if op == "slice":
+        s0, _, st0 = term.attrs
+        new_starts = tuple(a + b * c for a, b, c in zip(s0, starts, st0))
+        new_strides = tuple(a * b for a, b in zip(st0, strides))
+        new_limits = tuple(s + (n - 1) * st + 1 if n else s
+                           for s, n, st in zip(new_starts, shape, new_strides))
+        return _sliced(term.args[0], new_starts, new_limits, new_strides)
+    if op == "broadcast":
+        (dims,) = term.attrs
+        operand = term.args[0]
+        o_starts, o_limits, o_strides = [], [], []
+        for i, d in enumerate(dims):
+            if operand.shape[i] == term.shape[d]:
+                o_starts.append(starts[d])
+                o_limits.append(limits[d])
+                o_strides.append(strides[d])
+            else:
+                o_starts.append(0)
+                o_limits.append(1)
+                o_strides.append(1)
+        return make_broadcast(_sliced(operand, o_starts, o_limits, o_strides), dims, shape)
+    if op == "transpose":
+        (perm,) = term.attrs
+        inverse = [0] * len(perm)
+        for i, p in enumerate(perm):
+            inverse[p] = i
+        return make_transpose(_sliced(term.args[0], [starts[inverse[j]] for j in range(len(perm))],
+                                      [limits[inverse[j]] for j in range(len(perm))],
+                                      [strides[inverse[j]] for j in range(len(perm))]), perm)
+    if op == "stablehlo.dot_general":
+        return _slice_dot(term, starts, limits, strides, shape)
+    if op == "pad":
+        return _slice_pad(term, starts, limits, strides, shape)
+    if op == "concatenate":
+        (dim,) = term.attrs
+        if strides[dim] != 1:
+            return None
+        offset = 0
+        for piece in term.args:
+            size = piece.shape[dim]
+            if offset <= starts[dim] and limits[dim] <= offset + size:
+                p_starts = list(starts)
+                p_limits = list(limits)
+                p_starts[dim] -= offset
+                p_limits[dim] -= offset
+                return _sliced(piece, p_starts, p_limits, strides)
+            offset += size
+    return None
+
+
+def _slice_dot(term: Term, starts, limits, strides, shape) -> Term:
+    lhs, rhs = term.args
+    lb, rb, lc, rc = term.attrs
+    lhs_free = [d for d in range(len(lhs.shape)) if d not in lb and d not in lc]
+    rhs_free = [d for d in range(len(rhs.shape)) if d not in rb and d not in rc]
+    out_of = ([("l", d) for d in lb], [("l", d) for d in lhs_free], [("r", d) for d in rhs_free])
+    sides = {"l": [[0, n, 1] for n in lhs.shape], "r": [[0, n, 1] for n in rhs.shape]}
+    position = 0
+    for k, d in enumerate(lb):
+        window = [starts[position], limits[position], strides[position]]
+        sides["l"][d] = window
+        sides["r"][rb[k]] = list(window)
+        position += 1
+    for side, d in out_of[1] + out_of[2]:
+        sides[side][d] = [starts[position], limits[position], strides[position]]
+        position += 1
+
+    def cut(operand: Term, windows) -> Term:
+        return _sliced(operand, [w[0] for w in windows], [w[1] for w in windows],
+                       [w[2] for w in windows])
+
+    return make_dot(cut(lhs, sides["l"]), cut(rhs, sides["r"]), term.attrs, shape, term.dtype)
+
+
+def _slice_pad(term: Term, starts, limits, strides, shape) -> Term | None:
+    """A window inside the unpadded part, or entirely inside the padding of some dim."""
+    inner, value = term.args
+    low, _, interior = term.attrs
+    if any(interior):
+        return None
+    inside = True
+    for d, n in enumerate(inner.shape):
+        lo = low[d]
+        last = starts[d] + (shape[d] - 1) * strides[d] if shape[d] else starts[d]
+        if shape[d] and (last < lo or starts[d] >= lo + n) and value.op == "splat":
+            return make_splat(value.attrs[0], shape, term.dtype)
+        if starts[d] < lo or last >= lo + n:
+            inside = False
+    if not inside:
+        return None
+    return _sliced(inner, [s - lo for s, lo in zip(starts, low)],
+                   [lim - lo for lim, lo in zip(limits, low)], strides)
 
 
 def make_dot(lhs: Term, rhs: Term, attrs: tuple, shape: tuple[int, ...], dtype: str) -> Term:

@@ -44,14 +44,6 @@ def lowered(name: str) -> tuple[str, bytes]:
 HALO = ("halo exchanges: slices of a split dim + collective_permute + concatenate (XLA's "
         "roll / shift / unaligned slices); needs a windowed layout (block at a device-dependent "
         "offset) and a collective_permute rule that moves blocks (test_repro_halo_roll)")
-ALL_TO_ALL_SAME_DIM = ("all_to_all with split_dimension == concat_dimension (XLA's reshard from "
-                       "one dim to another, followed by transpose + reshape); "
-                       "rules/collectives.all_to_all only moves a split between two different "
-                       "dims (test_repro_all_to_all_reshard)")
-IOTA_MASK = ("masks from `iota + broadcast(device offset)` (padding of uneven shards, pads of a "
-             "split dim): broadcast_in_dim of a DeviceScalar into a tensor is refused; "
-             "iota + block_index * size over axes A is the global iota split over A "
-             "(test_repro_iota_mask)")
 MASKED_GATHER = ("gather/scatter on a table split along the indexed dim: XLA subtracts the "
                  "device's row offset from the ids, masks the out-of-block rows with select "
                  "and all_reduces; needs device-dependent index tensors (ids - offset(d)) and "
@@ -71,17 +63,16 @@ DEVICE_SELECT = ("`select(broadcast(partition_id != 0), zeros, operand)`: XLA ke
                  "device predicate into a tensor is refused. A select whose predicate is a "
                  "device table picking one device per group gives a partial sum of the operand "
                  "over that group (test_repro_device_select)")
-REDUCE_WINDOW = ("no rule for stablehlo.reduce_window (jnp.cumsum lowers to it); needs a "
-                 "reduction-family rule: a window over an unsplit dim keeps the layout "
-                 "(test_repro_reduce_window)")
+WINDOWED = ("cumsum along a split dim: XLA all_gathers, pads by 15 and each device takes a "
+            "19-column window at offset 4 * d (dynamic_slice windows overlap, no tiling), then a "
+            "16-wide reduce_window leaves exactly its block. Needs the windowed layout of the "
+            "halo work (a block at a device-dependent offset, wider than the block); then "
+            "reduce_window(window(t, off = s * i, size s + W - 1), W) is the block i of "
+            "reduce_window(t, W) (test_repro_cumsum_sharded_dim)")
 UNIT_RESHAPE = ("rules/movement.reshape puts the split of a dim on a unit dim of its reshape "
                 "group (8 -> 1x8 gives tile [{x}, {}] with a global 4x8 term), so the reduce "
                 "over the unit dim becomes a partial sum (sound but unprovable); the split "
                 "belongs on the group's non-unit dim (test_repro_unit_dim_reshape)")
-SLICE_CANON = ("canonical forms: XLA folds `x[:10]` into the padded 12-row computation and "
-               "slices at the end: slice(tanh(dot(2*x, w))) vs tanh(dot(slice(2*x), w)); "
-               "terms.py would have to push slices through elementwise ops and dot free dims "
-               "(test_repro_slice_pushdown)")
 RECIPROCAL = ("XLA rewrites `x / c` into `x * float32(1/c)`, which is not exactly the same real "
               "number (the result is reported as 4194304/11863283 x the reference); terms.py "
               "could accept a rounded reciprocal with a rounding note (test_repro_reciprocal)")
@@ -89,17 +80,12 @@ RECIPROCAL = ("XLA rewrites `x / c` into `x * float32(1/c)`, which is not exactl
 XFAIL_CASES = {
     "attention_div_sqrt": RECIPROCAL,
     "roll_sharded": HALO,
-    "shift_sharded": ALL_TO_ALL_SAME_DIM,
-    "concat_sharded_dim": ALL_TO_ALL_SAME_DIM,
     "slice_sharded": HALO,
-    "pad_sharded_dim": f"{HALO}; {IOTA_MASK}",
-    "cumsum_unsharded_dim": REDUCE_WINDOW,
-    "cumsum_sharded_dim": REDUCE_WINDOW,
+    "pad_sharded_dim": HALO,
+    "cumsum_sharded_dim": WINDOWED,
     "take_sharded_table": MASKED_GATHER,
     "scatter_add": MASKED_GATHER,
-    "uneven_rows": SLICE_CANON,
-    "uneven_sum": IOTA_MASK,
-    "fused_qkv_split": f"{IOTA_MASK}; {HALO}",
+    "fused_qkv_split": HALO,
     "scatter_add_cols": SCATTER_INSTANCE,
     "update_slice_rows": DEFAULT_IVD,
     "embedding_grad_tokens": DEVICE_SELECT,
@@ -616,9 +602,17 @@ module attributes {mhlo.num_partitions = 2 : i32} {
     assert report.proven, report.render_text()
 
 
-@pytest.mark.xfail(strict=True, reason=REDUCE_WINDOW)
-def test_repro_reduce_window() -> None:
+def test_reduce_window_along_an_unsplit_dim() -> None:
+    """jnp.cumsum along the columns with the rows split: the window keeps the layout."""
     ref, sharded = lowered("cumsum_unsharded_dim")
+    report = _check(ref, sharded)
+    assert report.proven, report.render_text()
+    assert report.outputs[0].rho == "concat over ('d0', 'd1') along dim 0"
+
+
+@pytest.mark.xfail(strict=True, reason=WINDOWED)
+def test_repro_cumsum_sharded_dim() -> None:
+    ref, sharded = lowered("cumsum_sharded_dim")
     report = _check(ref, sharded)
     assert report.proven, report.render_text()
 
@@ -630,8 +624,9 @@ def test_repro_halo_roll() -> None:
     assert report.proven, report.render_text()
 
 
-@pytest.mark.xfail(strict=True, reason=ALL_TO_ALL_SAME_DIM)
-def test_repro_all_to_all_reshard() -> None:
+def test_all_to_all_reshard() -> None:
+    """all_to_all with split_dimension == concat_dimension (XLA's reshard from rows to
+    columns), executed and proven; without its transpose it is neither."""
     ref = """
 func.func @main(%x: tensor<8x4xf32>) -> tensor<8x4xf32> {
   return %x : tensor<8x4xf32>
@@ -652,12 +647,20 @@ module attributes {mhlo.num_partitions = 4 : i32} {
     assert all(np.array_equal(got[d][0], x[:, d:d + 1]) for d in range(4))
     report = _check(ref, sharded)
     assert report.proven, report.render_text()
+    wrong = sharded.replace("%2 = stablehlo.transpose %1, dims = [1, 0, 2] : (tensor<2x4x1xf32>) "
+                            "-> tensor<4x2x1xf32>\n", "").replace(
+        "%3 = stablehlo.reshape %2 : (tensor<4x2x1xf32>)", "%3 = stablehlo.reshape %1 : "
+        "(tensor<2x4x1xf32>)")
+    assert wrong != sharded
+    got = run_per_device(wrong, x)
+    assert not all(np.array_equal(got[d][0], x[:, d:d + 1]) for d in range(4))
+    assert not _check(ref, wrong).proven
 
 
-@pytest.mark.xfail(strict=True, reason=IOTA_MASK)
-def test_repro_iota_mask() -> None:
-    # Sum of the first 10 of 16 values split over 4 devices: each device masks the rows of its
-    # block that are >= 10 (XLA's padding mask for a 10-row value).
+@pytest.mark.parametrize("bound", [10, 11])
+def test_iota_mask(bound: int) -> None:
+    """Sum of the first 10 of 16 values split over 4 devices: each device masks the rows of its
+    block that are >= 10 (XLA's padding mask for a 10-row value); masking at 11 is wrong."""
     ref = """
 func.func @main(%x: tensor<16xf32>) -> tensor<f32> {
   %0 = stablehlo.slice %x [0:10] : (tensor<16xf32>) -> tensor<10xf32>
@@ -689,10 +692,12 @@ module attributes {mhlo.num_partitions = 4 : i32} {
     return %r : tensor<f32>
   }
 }"""
+    sharded = sharded.replace("dense<10> : tensor<4xi32>", f"dense<{bound}> : tensor<4xi32>")
     x = np.arange(16, dtype=np.float32)
-    assert all(float(out[0]) == float(x[:10].sum()) for out in run_per_device(sharded, x))
+    correct = all(float(out[0]) == float(x[:10].sum()) for out in run_per_device(sharded, x))
+    assert correct is (bound == 10)
     report = _check(ref, sharded)
-    assert report.proven, report.render_text()
+    assert report.proven is correct, report.render_text()
 
 
 @pytest.mark.xfail(strict=True, reason=MASKED_GATHER)
@@ -702,8 +707,10 @@ def test_repro_masked_gather() -> None:
     assert report.proven, report.render_text()
 
 
-@pytest.mark.xfail(strict=True, reason=SLICE_CANON)
-def test_repro_slice_pushdown() -> None:
+@pytest.mark.parametrize("start", [0, 1])
+def test_slice_pushdown(start: int) -> None:
+    """XLA computes `tanh(x[:10])` on the padded 12 rows and slices at the end: slices are
+    pushed toward the leaves, so both orders meet (slicing rows 1..10 does not)."""
     ref = """
 func.func @main(%x: tensor<12x4xf32>) -> tensor<10x4xf32> {
   %0 = stablehlo.slice %x [0:10, 0:4] : (tensor<12x4xf32>) -> tensor<10x4xf32>
@@ -715,12 +722,16 @@ module attributes {mhlo.num_partitions = 4 : i32} {
   func.func @main(%x: tensor<3x4xf32> {mhlo.sharding = "{devices=[4,1]<=[4]}"}) -> (tensor<10x4xf32> {mhlo.sharding = "{replicated}"}) {
     %0 = stablehlo.tanh %x : tensor<3x4xf32>
     %1 = "stablehlo.all_gather"(%0) <{all_gather_dim = 0 : i64, channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>, replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>, use_global_device_ids}> : (tensor<3x4xf32>) -> tensor<12x4xf32>
-    %2 = stablehlo.slice %1 [0:10, 0:4] : (tensor<12x4xf32>) -> tensor<10x4xf32>
+    %2 = stablehlo.slice %1 [START:LIMIT, 0:4] : (tensor<12x4xf32>) -> tensor<10x4xf32>
     return %2 : tensor<10x4xf32>
   }
 }"""
+    sharded = sharded.replace("START", str(start)).replace("LIMIT", str(start + 10))
+    x = np.random.default_rng(0).standard_normal((12, 4)).astype(np.float32)
+    got = run_per_device(sharded, x)
+    assert all(np.allclose(out[0], np.tanh(x[start:start + 10])) for out in got)
     report = _check(ref, sharded)
-    assert report.proven, report.render_text()
+    assert report.proven is (start == 0), report.render_text()
 
 
 @pytest.mark.xfail(strict=True, reason=RECIPROCAL)
