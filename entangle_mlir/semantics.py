@@ -825,6 +825,9 @@ def dimension_numbers(attrs: dict, key: str) -> dict:
         match = _DIM_INT.search(text)
         if match:
             out.setdefault("index_vector_dim", int(match.group(1)))
+        # StableHLO prints attributes at their default value not at all: a dimension-numbers
+        # attribute without index_vector_dim has it at 0 (as rules/gather_scatter.dims_of reads).
+        out.setdefault("index_vector_dim", 0)
     return out
 
 
