@@ -48,21 +48,12 @@ MASKED_GATHER = ("gather/scatter on a table split along the indexed dim: XLA sub
                  "device's row offset from the ids, masks the out-of-block rows with select "
                  "and all_reduces; needs device-dependent index tensors (ids - offset(d)) and "
                  "a mask relation (test_repro_masked_gather)")
-DEVICE_SELECT = ("`select(broadcast(partition_id != 0), zeros, operand)`: XLA keeps a scatter-add's "
-                 "operand on one device so that the all_reduce counts it once; broadcasting the "
-                 "device predicate into a tensor is refused. A select whose predicate is a "
-                 "device table picking one device per group gives a partial sum of the operand "
-                 "over that group (test_repro_device_select)")
 WINDOWED = ("cumsum along a split dim: XLA all_gathers, pads by 15 and each device takes a "
             "19-column window at offset 4 * d (dynamic_slice windows overlap, no tiling), then a "
             "16-wide reduce_window leaves exactly its block. Needs the windowed layout of the "
             "halo work (a block at a device-dependent offset, wider than the block); then "
             "reduce_window(window(t, off = s * i, size s + W - 1), W) is the block i of "
             "reduce_window(t, W) (test_repro_cumsum_sharded_dim)")
-UNIT_RESHAPE = ("rules/movement.reshape puts the split of a dim on a unit dim of its reshape "
-                "group (8 -> 1x8 gives tile [{x}, {}] with a global 4x8 term), so the reduce "
-                "over the unit dim becomes a partial sum (sound but unprovable); the split "
-                "belongs on the group's non-unit dim (test_repro_unit_dim_reshape)")
 XFAIL_CASES = {
     "roll_sharded": HALO,
     "slice_sharded": HALO,
@@ -71,7 +62,6 @@ XFAIL_CASES = {
     "take_sharded_table": MASKED_GATHER,
     "scatter_add": MASKED_GATHER,
     "fused_qkv_split": HALO,
-    "embedding_grad_tokens": DEVICE_SELECT,
 }
 
 
@@ -558,8 +548,11 @@ def test_scatter_without_index_vector_dim() -> None:
     assert report.stats["rule_instances"].get("unknown", 0) == 0
 
 
-@pytest.mark.xfail(strict=True, reason=DEVICE_SELECT)
-def test_repro_device_select() -> None:
+@pytest.mark.parametrize("keeper, proven", [("0", True), ("5", False)])
+def test_device_select(keeper: str, proven: bool) -> None:
+    """`select(broadcast(partition_id != k), zeros, x)`: XLA keeps a scatter-add's operand on
+    device k only, so that the all_reduce counts it once (a partial sum of x). With k = 5 no
+    device keeps it and x is lost."""
     ref = """
 func.func @main(%x: tensor<8x2xf32>, %u: tensor<8x2xf32>) -> tensor<8x2xf32> {
   %0 = stablehlo.add %x, %u : tensor<8x2xf32>
@@ -590,11 +583,14 @@ module attributes {mhlo.num_partitions = 2 : i32} {
     return %r : tensor<8x2xf32>
   }
 }"""
+    sharded = sharded.replace("%c0 = stablehlo.constant dense<0> : tensor<ui32>",
+                              f"%c0 = stablehlo.constant dense<{keeper}> : tensor<ui32>")
     x = np.arange(16, dtype=np.float32).reshape(8, 2)
     u = np.ones((8, 2), np.float32)
-    assert all(np.array_equal(out[0], x + u) for out in run_per_device(sharded, x, u))
+    outs = run_per_device(sharded, x, u)
+    assert all(np.array_equal(out[0], x + u) for out in outs) is proven
     report = _check(ref, sharded)
-    assert report.proven, report.render_text()
+    assert report.proven is proven, report.render_text()
 
 
 def test_reduce_window_along_an_unsplit_dim() -> None:
