@@ -144,7 +144,8 @@ def elementwise_shifted(info: OpInfo, operands: list[Value], ctx: RuleContext,
             moved = normalize(Shifted(a, tuple(-o for o in b.offsets)), ctx)
             pair = [moved, b.rel]
         if any(isinstance(v, Shifted) for v in pair):
-            return unsupported
+            shifted = a if isinstance(a, Shifted) else b
+            return [_wrong_iota_offsets(shifted, ctx) or unsupported[0]]
         return plain(info, pair, ctx)
     return unsupported
 
@@ -192,6 +193,34 @@ def device_select(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) 
     value = freeze(value)
     axes = tuple(a for a in mesh.names if a in varying)
     return replace(value, partial=axes, kind="sum", partial_origin=info)
+
+
+def _wrong_iota_offsets(value: Shifted, ctx: RuleContext) -> Opaque | None:
+    """An iota plus per-device offsets that are almost, but not, the block offsets of some mesh
+    axes (a wrong entry in the offset table a padding mask is built from): which device
+    numbers its block from where, and where it should."""
+    found = _iota_dim(value.rel.term)
+    if found is None or ctx.mesh is None or value.rel.partial:
+        return None
+    dim, factor = found
+    step = factor * value.rel.term.shape[dim]
+    mesh = ctx.mesh
+    free = [a for a in mesh.names if a not in value.rel.tiled_axes]
+    best = None
+    for count in range(1, len(free) + 1):
+        for axes in itertools.permutations(free, count):
+            expected = [mesh.block_index(axes, d) * step for d in range(mesh.num_devices)]
+            bad = [d for d in range(mesh.num_devices) if value.offsets[d] != expected[d]]
+            if best is None or len(bad) < len(best[1]):
+                best = (axes, bad, expected)
+    if best is None or not best[1] or len(best[1]) * 2 > mesh.num_devices:
+        return None
+    axes, bad, expected = best
+    device = bad[0]
+    return Opaque(f"device-dependent offset is wrong along dim {dim}: device {device} numbers "
+                  f"its block from {value.offsets[device]} instead of {expected[device]} "
+                  f"(expected offset = {step} * axis_index({', '.join(axes)}))",
+                  category="wrong_offset")
 
 
 def _wrap(inner: list[Value], offsets: tuple, ctx: RuleContext) -> list[Value]:
