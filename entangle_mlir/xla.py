@@ -205,9 +205,12 @@ def shardy_partition(global_text: str, pipeline: str = SHARDY_PIPELINE,
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-c", _RUN_PIPELINE, pipeline], input=global_text,
-                         check=False,
-                         capture_output=True, text=True, timeout=timeout_s)
+    try:
+        run = subprocess.run([sys.executable, "-c", _RUN_PIPELINE, pipeline],
+                             input=global_text, check=False, capture_output=True, text=True,
+                             timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise InputError(f"Shardy's pipeline did not finish in {timeout_s:g} s") from None
     if run.returncode != 0:
         lines = [line for line in run.stderr.splitlines() if line.strip()]
         raise InputError(f"Shardy's pipeline failed: {lines[-1] if lines else run.returncode}")
