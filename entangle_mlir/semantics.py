@@ -896,9 +896,10 @@ def gather(operand: Array, indices: Array, dims: dict, slice_sizes: Sequence[int
 
 
 def scatter(operand: Array, indices: Array, updates: Array, dims: dict, kind: str) -> Array:
-    """StableHLO scatter with `kind` "replace" or a reduction ("add", "max", ...); updates
-    whose window falls outside the operand are skipped. Duplicate targets of "replace" are
-    applied in update order (the spec leaves that order unspecified)."""
+    """StableHLO scatter with `kind` "replace" or a reduction ("add", "max", ...). An update
+    window that does not fit inside the operand is skipped as a whole (what XLA does; the spec
+    leaves it implementation-defined). Duplicate targets of "replace" are applied in update
+    order (the spec leaves that order unspecified)."""
     window_dims = dims.get("update_window_dims", ())
     inserted = dims.get("inserted_window_dims", ())
     input_batching = dims.get("input_batching_dims", ())
@@ -908,6 +909,9 @@ def scatter(operand: Array, indices: Array, updates: Array, dims: dict, kind: st
     scatter_dims = [d for d in range(updates.ndim) if d not in window_dims]
     operand_window = [d for d in range(operand.ndim) if d not in inserted
                       and d not in input_batching]
+    sizes = [1] * operand.ndim
+    for k, d in enumerate(operand_window):
+        sizes[d] = updates.shape[window_dims[k]]
     out = operand.copy()
     for update_index in np.ndindex(updates.shape):
         scatter_index = tuple(update_index[d] for d in scatter_dims)
@@ -917,17 +921,24 @@ def scatter(operand: Array, indices: Array, updates: Array, dims: dict, kind: st
             target[d] = _exact(start[k])
         for d_operand, d_start in zip(input_batching, indices_batching):
             target[d_operand] = scatter_index[d_start - (0 if d_start < index_vector_dim else 1)]
+        fits: list = []
+        for d, (t, n) in enumerate(zip(target, operand.shape)):
+            if is_z3(t):
+                fits.append(z3.And(_num(t) >= 0, _num(t) + sizes[d] <= n))
+            elif not 0 <= int(t) <= n - sizes[d]:
+                fits.append(z3.BoolVal(False))
         for k, d in enumerate(operand_window):
             target[d] = add(target[d], update_index[window_dims[k]])
         value = updates[update_index]
-        if not any(is_z3(t) for t in target):
-            if all(0 <= int(t) < n for t, n in zip(target, operand.shape)):
-                index = tuple(int(t) for t in target)
-                out[index] = value if kind == "replace" else combine(kind, [out[index], value])
+        if not any(is_z3(t) for t in target) and not fits:
+            index = tuple(int(t) for t in target)
+            out[index] = value if kind == "replace" else combine(kind, [out[index], value])
+            continue
+        if any(z3.is_false(f) for f in fits):
             continue
         for index in np.ndindex(out.shape):
             hit = z3.And([_num(t) == i if is_z3(t) else z3.BoolVal(int(t) == i)
-                          for t, i in zip(target, index)])
+                          for t, i in zip(target, index)] + fits)
             new = value if kind == "replace" else combine(kind, [out[index], value])
             out[index] = select(hit, new, out[index])
     return out

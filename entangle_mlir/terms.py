@@ -819,26 +819,30 @@ _CONSTANT_FNS = {
 }
 
 
-def constant_value(term: Term) -> float | None:
+def constant_value(term: Term, depth: int = 32) -> float | None:
     """The value of a term built from constants only (`jnp.sqrt(8.0)` in `x / jnp.sqrt(d)`),
-    as a float; None when it depends on data or cannot be evaluated."""
+    as a float; None when it depends on data, cannot be evaluated or nests deeper than
+    `depth`."""
+    if depth <= 0:
+        return None
+    depth -= 1
     try:
         if term.op == "splat":
             return float(term.attrs[0])
         if term.op in ("broadcast", "reshape", "transpose") or (
                 term.op == "stablehlo.convert" and len(term.args) == 1):
-            return constant_value(term.args[0])
+            return constant_value(term.args[0], depth)
         if term.op in _CONSTANT_FNS and len(term.args) == 1:
-            inner = constant_value(term.args[0])
+            inner = constant_value(term.args[0], depth)
             return None if inner is None else _CONSTANT_FNS[term.op](inner)
         if term.op == "lin":
             constant, coefs = term.attrs
-            values = [constant_value(a) for a in term.args]
+            values = [constant_value(a, depth) for a in term.args]
             if any(v is None for v in values):
                 return None
             return float(constant) + sum(float(k) * v for k, v in zip(coefs, values))
         if term.op == "mul":
-            values = [constant_value(a) for a in term.args]
+            values = [constant_value(a, depth) for a in term.args]
             return None if any(v is None for v in values) else math.prod(values)
     except (ValueError, OverflowError, ZeroDivisionError):
         return None
@@ -883,7 +887,7 @@ class _Rounding:
         key = (x.serial, y.serial)
         if key in self.memo:
             return self.memo[key]
-        if depth > 400 or len(self.memo) > self.limit:
+        if depth > 120 or len(self.memo) > self.limit:
             return False
         self.memo[key] = False
         result = self._equal(x, y, depth)
