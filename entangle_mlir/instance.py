@@ -207,6 +207,10 @@ class InstanceChecker:
         """(info, ins, outs, mode) to check, or a ProofResult when nothing can be checked."""
         size = _instance_size(info, ins, outs)
         if any(isinstance(v, Shifted) for v in list(ins) + list(outs)):
+            if info.name == "stablehlo.scatter" and size > self.reduce_above // INDEXED_REDUCTION:
+                reduced = _reduced_shifted_scatter(info, ins, outs, mesh, ctx)
+                if reduced is not None:
+                    return (*reduced, "reduced (device-shifted indices)")
             if size > self.max_elements:
                 return ProofResult("skipped", reason="device-offset tensor too large to check "
                                    f"at its real shape ({size} elements)")
@@ -819,6 +823,65 @@ def _reduced_instance(info: OpInfo, ins: list[Value], outs: list[Value], mesh: M
                 return "the rule builds another term at the reduced shape"
         elif not _same_layout(a, r):
             return "the rule gives another layout at the reduced shape"
+    return r_info, r_ins, r_outs
+
+
+def _reduced_shifted_scatter(info: OpInfo, ins: list[Value], outs: list[Value],
+                             mesh: Mesh | None, ctx: RuleContext):
+    """A scatter whose indices are shifted per device (rules/gather_scatter
+    ._scatter_into_blocks) at a smaller shape: the scattered operand dim keeps its size (the
+    device offsets are multiples of its block), every other dim and the number of updates
+    shrink to REDUCED_LOCAL, and operand, ids and updates become fresh leaves. Only when the
+    claimed output is exactly the rule's output on the real inputs (so proving the rule,
+    which is generic in those terms, at the smaller shape proves the claim), and the rule
+    gives the same layout there."""
+    operand, indices, updates = ins
+    if not (isinstance(operand, Rel) and isinstance(indices, Shifted)
+            and isinstance(updates, Rel)) or len(outs) != 1 or not isinstance(outs[0], Rel):
+        return None
+    claimed = _run_rule(info, list(ins), mesh, ctx)
+    if (not claimed or len(claimed) != 1 or not isinstance(claimed[0], Rel)
+            or claimed[0].term is not outs[0].term or not _same_layout(claimed[0], outs[0])):
+        return None   # the claim is not the rule's output: check it as it is
+    dims = S.dimension_numbers(info.attrs, "scatter_dimension_numbers")
+    to_operand = tuple(dims.get("scatter_dims_to_operand_dims", ()))
+    window_dims = dims.get("update_window_dims", ())
+    ivd = dims.get("index_vector_dim", len(info.operand_types[1].shape))
+    o_shape, i_shape, u_shape = (tuple(t.shape) for t in info.operand_types)
+    operand_window = [d for d in range(len(o_shape)) if d not in dims.get(
+        "inserted_window_dims", ())]
+    new_o = [n if d in to_operand else _cap(n) for d, n in enumerate(o_shape)]
+    new_u = list(u_shape)
+    for k, d in enumerate(operand_window):
+        if k >= len(window_dims) or u_shape[window_dims[k]] != o_shape[d]:
+            return None
+        new_u[window_dims[k]] = new_o[d]
+    scatter_dims = [d for d in range(len(u_shape)) if d not in window_dims]
+    batch = [d for d in range(len(i_shape)) if d != ivd]
+    if len(scatter_dims) != len(batch):
+        return None
+    new_i = list(i_shape)
+    for u, i in zip(scatter_dims, batch):
+        new_u[u] = new_i[i] = _cap(u_shape[u])
+
+    def leaf(rel: Rel, local: list[int], k: int) -> Rel:
+        shape = tuple(n * (mesh.group_size(axes) if mesh and axes else 1)
+                      for n, axes in zip(local, rel.tiling))
+        return replace(rel, term=make_arg(ABSTRACT_BASE + k, shape, rel.term.dtype),
+                       poly=frozenset())
+
+    r_ins = [leaf(operand, new_o, 0), Shifted(leaf(indices.rel, new_i, 1), indices.offsets),
+             leaf(updates, new_u, 2)]
+    r_info = replace(info, operand_types=[TensorType(tuple(s), t.dtype) for s, t in zip(
+        (new_o, new_i, new_u), info.operand_types)], result_types=[
+        TensorType(tuple(new_o), info.result_types[0].dtype)], op=None,
+        attrs={**info.attrs, "reducer": S.scatter_kind(info)})
+    r_outs = _run_rule(r_info, r_ins, mesh, ctx)
+    if not r_outs or len(r_outs) != 1 or not isinstance(r_outs[0], Rel):
+        return None
+    a, r = outs[0], r_outs[0]
+    if (a.tiling, a.partial, a.kind, a.scope) != (r.tiling, r.partial, r.kind, r.scope):
+        return None
     return r_info, r_ins, r_outs
 
 

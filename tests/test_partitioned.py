@@ -52,10 +52,14 @@ def lowered(name: str) -> tuple[str, bytes]:
 HALO = ("halo exchanges: slices of a split dim + collective_permute + concatenate (XLA's "
         "roll / shift / unaligned slices); needs a windowed layout (block at a device-dependent "
         "offset) and a collective_permute rule that moves blocks (test_repro_halo_roll)")
-MASKED_GATHER = ("gather/scatter on a table split along the indexed dim: XLA subtracts the "
-                 "device's row offset from the ids, masks the out-of-block rows with select "
-                 "and all_reduces; needs device-dependent index tensors (ids - offset(d)) and "
-                 "a mask relation (test_repro_masked_gather)")
+MASKED_GATHER = ("gather on a table split along the indexed dim: XLA subtracts the device's "
+                 "row offset from the ids (a Shifted index tensor, as for the scatter, which "
+                 "is proven), gathers (clamped), masks the rows outside the block with "
+                 "`select(or(ids < off, ids > off + s - 1), 0, .)` and all_reduces; needs a "
+                 "per-device interval mask value (compare of ids with a Shifted bound, or of "
+                 "two, reduce-or over unit dims, broadcast) and a select rule: a gather guarded "
+                 "by the complement of its own block is a partial sum over A when the ids are "
+                 "clamped into the table (test_repro_masked_gather)")
 WINDOWED = ("cumsum along a split dim: XLA all_gathers, pads by 15 and each device takes a "
             "19-column window at offset 4 * d (dynamic_slice windows overlap, no tiling), then a "
             "16-wide reduce_window leaves exactly its block. Needs the windowed layout of the "
@@ -68,7 +72,6 @@ XFAIL_CASES = {
     "pad_sharded_dim": HALO,
     "cumsum_sharded_dim": WINDOWED,
     "take_sharded_table": MASKED_GATHER,
-    "scatter_add": MASKED_GATHER,
     "fused_qkv_split": HALO,
 }
 
@@ -1046,4 +1049,41 @@ def test_device_select_instances(keep: tuple[int, ...], axes) -> None:
     assert isinstance(outs[0], Rel) and outs[0].partial == axes, outs
     assert checker.check(info, ins, outs, mesh, ctx).status == "proved"
     wrong = [dc_replace(outs[0], partial=(), kind="")]
+    assert checker.check(info, ins, wrong, mesh, ctx).status == "refuted"
+
+
+@pytest.mark.parametrize("offsets, proven", [((0, -4, -8, -12), True), ((0, -4, -8, -8), False)])
+def test_scatter_into_blocks_instances(offsets: tuple[int, ...], proven: bool) -> None:
+    """scatter(table block, ids - offset(device), updates) on 4 devices (XLA's scatter into a
+    row-split table): with offset = 4 * block index, Z3 proves it is the block of the global
+    scatter (out-of-block rows are skipped as whole windows, as XLA does) and refutes a wrong
+    claim; a wrong offset is reported, not proven."""
+    from dataclasses import replace as dc_replace
+
+    from entangle_mlir import terms as T
+    from entangle_mlir.instance import InstanceChecker
+    from entangle_mlir.layout import Opaque, Rel, Shifted
+    from entangle_mlir.mesh import Mesh
+    from entangle_mlir.opinfo import OpInfo, TensorType
+    from entangle_mlir.rules import RULES, RuleContext
+
+    mesh = Mesh((("d0", 2), ("d1", 2)))
+    ctx = RuleContext(mesh, mesh.names)
+    table = Rel(T.make_arg(7_100_001, (16, 2), "f32"), (("d0", "d1"), ()))
+    ids = Shifted(Rel(T.make_arg(7_100_002, (3, 1), "i32"), ((), ())), offsets)
+    updates = Rel(T.make_arg(7_100_003, (3, 2), "f32"), ((), ()))
+    attrs = {"update_window_dims": (1,), "inserted_window_dims": (0,),
+             "scatter_dims_to_operand_dims": (0,), "index_vector_dim": 1, "reducer": "add"}
+    info = OpInfo("stablehlo.scatter", attrs, [TensorType((4, 2), "f32"),
+                                               TensorType((3, 1), "i32"),
+                                               TensorType((3, 2), "f32")],
+                  [TensorType((4, 2), "f32")])
+    ins = [table, ids, updates]
+    outs = RULES["stablehlo.scatter"](info, ins, ctx)
+    if not proven:
+        assert isinstance(outs[0], Opaque) and outs[0].category == "wrong_offset", outs
+        return
+    checker = InstanceChecker(timeout_ms=60_000)
+    assert checker.check(info, ins, outs, mesh, ctx).status == "proved"
+    wrong = [dc_replace(outs[0], term=T.make_add(outs[0].term, table.term))]
     assert checker.check(info, ins, wrong, mesh, ctx).status == "refuted"
