@@ -649,6 +649,10 @@ def _push_slice(term: Term, starts, limits, strides) -> Term | None:
     op = term.op
     if op == "splat":
         return make_splat(term.attrs[0], shape, term.dtype)
+    if op == "iota":
+        # a window of the 1-D iota is stride * iota + start
+        fresh = make_iota(shape, 0, term.dtype)
+        return make_lin([(Fraction(strides[0]), fresh)], Fraction(starts[0]), shape, term.dtype)
     if op == "lin":
         return map_linear(term, lambda t: _sliced(t, starts, limits, strides))
     if _is_elementwise(term):

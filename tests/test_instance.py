@@ -290,6 +290,8 @@ def _random_composition(seed: int) -> None:
     env: dict = {}
     pool = [_fresh(tuple(rng.choice([1, 2, 3]) for _ in range(rng.randint(1, 3))), env, rng)
             for _ in range(2)]
+    size = rng.choice([2, 3, 5])
+    pool.append((T.make_iota((size,), 0, "f32"), S.iota((size,), 0)))
     for _ in range(10):
         t, v = rng.choice(pool)
         shape = t.shape
