@@ -486,7 +486,7 @@ class Walker:
 
 
 SHIFT_AWARE = frozenset(ELEMENTWISE_RULES) | {"stablehlo.broadcast_in_dim", "stablehlo.reshape",
-                                              "stablehlo.transpose"}
+                                              "stablehlo.transpose", "stablehlo.scatter"}
 REGION_RULE_OPS = ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
                    "stablehlo.scatter", "stablehlo.sort", "stablehlo.reduce_window",
                    "stablehlo.select_and_scatter")

@@ -84,6 +84,12 @@ ABSTRACT_BASE = 1_000_000_000
 REDUCE_ABOVE = 256
 """Instances whose largest tensor has more elements are checked at a reduced shape if possible."""
 
+INDEXED_OPS = ("stablehlo.gather", "stablehlo.scatter")
+INDEXED_REDUCTION = 16
+"""gather/scatter instances are reduced above REDUCE_ABOVE / 16 elements: their symbolic
+indices make an If-chain over every position of every index (a 16x8 scatter-add with 6
+indices at its real shape times out after 5 s; reduced, it proves in well under a second)."""
+
 MAX_ELEMENTS = 4096
 """The largest tensor checked at its real shape."""
 
@@ -215,6 +221,10 @@ class InstanceChecker:
         is what the plan was derived from (the plan is then reusable, see `_Plan`), else None."""
         size = _instance_size(info, ins, outs)
         if any(isinstance(v, Shifted) for v in list(ins) + list(outs)):
+            if info.name == "stablehlo.scatter" and size > self.reduce_above // INDEXED_REDUCTION:
+                reduced = _reduced_shifted_scatter(info, ins, outs, mesh, ctx)
+                if reduced is not None:
+                    return (*reduced, "reduced (device-shifted indices)", None)
             if size > self.max_elements:
                 return ProofResult("skipped", reason="device-offset tensor too large to check "
                                    f"at its real shape ({size} elements)")
@@ -222,7 +232,10 @@ class InstanceChecker:
         abstract, strategy = _abstract_instance(info, ins, outs, mesh, ctx)
         reusable = abstract if strategy == "leaf" else None
         why_not = "the rule's output is not generic in its input terms"
-        if abstract is not None and size > self.reduce_above:
+        reduce_above = self.reduce_above
+        if info.name in INDEXED_OPS:
+            reduce_above //= INDEXED_REDUCTION
+        if abstract is not None and size > reduce_above:
             reduced = _reduced_instance(info, abstract[0], abstract[1], mesh, ctx)
             if isinstance(reduced, str):
                 why_not = reduced
@@ -235,7 +248,7 @@ class InstanceChecker:
             return ProofResult("skipped", reason=f"too large to check at its real shape "
                                f"({size} elements) and not reducible: {why_not}")
         if abstract is not None:
-            mode = "abstract" if size <= self.reduce_above else f"abstract ({why_not})"
+            mode = "abstract" if size <= reduce_above else f"abstract ({why_not})"
             return info, abstract[0], abstract[1], mode, reusable
         cost = _term_cost([r.term for r in map(_rel_of, list(ins) + list(outs))
                            if r is not None])
@@ -598,7 +611,7 @@ def _literal_instance(abstract: Term, real: Term, mapping: dict[int, Term]) -> b
     return all(_literal_instance(a, r, mapping) for a, r in zip(abstract.args, real.args))
 
 
-_LINEAR_IN = {"reduce_sum": 0, "slice": 0, "stablehlo.gather": 0}
+_LINEAR_IN = {"reduce_sum": 0, "slice": 0, "stablehlo.gather": 0, "reduce_window_sum": 0}
 """Term ops built by `make_op(..., linear_in=k)`: rebuilt the same way."""
 
 
@@ -897,6 +910,11 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
         else:
             new_ins.append(value)
     attrs = {**info.attrs, **overrides}
+    if info.name == "stablehlo.scatter" and not (attrs.get("reducer") or attrs.get("update")):
+        # the reduced OpInfo has no MLIR op to read the update region from
+        from .rules.gather_scatter import scatter_kind
+
+        attrs["reducer"] = scatter_kind(info)
     if info.name == "stablehlo.constant":
         value = np.asarray(attrs["value"])
         attrs["value"] = np.full(new_res[0], value.reshape(-1)[0] if value.size else 0,
@@ -960,6 +978,65 @@ def _reduced_instance(info: OpInfo, ins: list[Value], outs: list[Value], mesh: M
                 return "the rule builds another term at the reduced shape"
         elif not _same_layout(a, r):
             return "the rule gives another layout at the reduced shape"
+    return r_info, r_ins, r_outs
+
+
+def _reduced_shifted_scatter(info: OpInfo, ins: list[Value], outs: list[Value],
+                             mesh: Mesh | None, ctx: RuleContext):
+    """A scatter whose indices are shifted per device (rules/gather_scatter
+    ._scatter_into_blocks) at a smaller shape: the scattered operand dim keeps its size (the
+    device offsets are multiples of its block), every other dim and the number of updates
+    shrink to REDUCED_LOCAL, and operand, ids and updates become fresh leaves. Only when the
+    claimed output is exactly the rule's output on the real inputs (so proving the rule,
+    which is generic in those terms, at the smaller shape proves the claim), and the rule
+    gives the same layout there."""
+    operand, indices, updates = ins
+    if not (isinstance(operand, Rel) and isinstance(indices, Shifted)
+            and isinstance(updates, Rel)) or len(outs) != 1 or not isinstance(outs[0], Rel):
+        return None
+    claimed = _run_rule(info, list(ins), mesh, ctx)
+    if (not claimed or len(claimed) != 1 or not isinstance(claimed[0], Rel)
+            or claimed[0].term is not outs[0].term or not _same_layout(claimed[0], outs[0])):
+        return None   # the claim is not the rule's output: check it as it is
+    dims = S.dimension_numbers(info.attrs, "scatter_dimension_numbers")
+    to_operand = tuple(dims.get("scatter_dims_to_operand_dims", ()))
+    window_dims = dims.get("update_window_dims", ())
+    ivd = dims.get("index_vector_dim", len(info.operand_types[1].shape))
+    o_shape, i_shape, u_shape = (tuple(t.shape) for t in info.operand_types)
+    operand_window = [d for d in range(len(o_shape)) if d not in dims.get(
+        "inserted_window_dims", ())]
+    new_o = [n if d in to_operand else _cap(n) for d, n in enumerate(o_shape)]
+    new_u = list(u_shape)
+    for k, d in enumerate(operand_window):
+        if k >= len(window_dims) or u_shape[window_dims[k]] != o_shape[d]:
+            return None
+        new_u[window_dims[k]] = new_o[d]
+    scatter_dims = [d for d in range(len(u_shape)) if d not in window_dims]
+    batch = [d for d in range(len(i_shape)) if d != ivd]
+    if len(scatter_dims) != len(batch):
+        return None
+    new_i = list(i_shape)
+    for u, i in zip(scatter_dims, batch):
+        new_u[u] = new_i[i] = _cap(u_shape[u])
+
+    def leaf(rel: Rel, local: list[int], k: int) -> Rel:
+        shape = tuple(n * (mesh.group_size(axes) if mesh and axes else 1)
+                      for n, axes in zip(local, rel.tiling))
+        return replace(rel, term=make_arg(ABSTRACT_BASE + k, shape, rel.term.dtype),
+                       poly=frozenset())
+
+    r_ins = [leaf(operand, new_o, 0), Shifted(leaf(indices.rel, new_i, 1), indices.offsets),
+             leaf(updates, new_u, 2)]
+    r_info = replace(info, operand_types=[TensorType(tuple(s), t.dtype) for s, t in zip(
+        (new_o, new_i, new_u), info.operand_types)], result_types=[
+        TensorType(tuple(new_o), info.result_types[0].dtype)], op=None,
+        attrs={**info.attrs, "reducer": S.scatter_kind(info)})
+    r_outs = _run_rule(r_info, r_ins, mesh, ctx)
+    if not r_outs or len(r_outs) != 1 or not isinstance(r_outs[0], Rel):
+        return None
+    a, r = outs[0], r_outs[0]
+    if (a.tiling, a.partial, a.kind, a.scope) != (r.tiling, r.partial, r.kind, r.scope):
+        return None
     return r_info, r_ins, r_outs
 
 

@@ -181,7 +181,8 @@ def describe(op, default_file: str = "-") -> OpInfo:
         if "compare_type" in op.attributes:
             match = _CMP_TYPE.search(str(op.attributes["compare_type"]))
             attrs["compare_type"] = match.group(1) if match else ""
-    if name in ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter"):
+    if name in ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
+                "stablehlo.reduce_window"):
         attrs["reducer"] = reducer_kind(op)
     return OpInfo(
         name=name,

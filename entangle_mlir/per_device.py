@@ -9,6 +9,7 @@ partition_id offset tables are read against the same axes.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 from jaxlib.mlir import ir
@@ -291,3 +292,112 @@ def _match(mesh: Mesh, index: list[int], blocks: int, used: list[str]
             if tail is not None:
                 return (axis,) + tail
     return None
+
+
+# ----- Shardy's per-device form (sdy-convert-global-to-local) -------------------------------------
+
+_SDY_SHARDING = "sdy.sharding"
+
+
+def adopt_shardy_local(module: ir.Module, func: ir.Operation, reference: ir.Operation) -> bool:
+    """Shardy's own pipeline (`sdy-propagation-pipeline`, `sdy-insert-explicit-reshards`,
+    `sdy-reshard-to-collectives`, `sdy-convert-global-to-local`) leaves a per-device program
+    that keeps `sdy.sharding` on its parameters and results and the `sdy.mesh`, with local
+    shapes and stablehlo collectives but no manual computation. Recognised against the
+    reference (every parameter is the reference's shape divided by its tiling, and some are
+    smaller), its shardings are rewritten in place as `mhlo.sharding` strings over the mesh's
+    devices, so that it is checked like XLA's partitioner output. False: not that form."""
+    from jaxlib.mlir.dialects import sdy
+
+    if is_per_device(module, func):
+        return False
+    block = func.regions[0].blocks[0]
+    if any(op.operation.name == "sdy.manual_computation" for op in block.operations):
+        return False
+    meshes = {}
+    for op in module.body.operations:
+        op = op.operation
+        if op.name == "sdy.mesh":
+            meshes[_string(op.attributes["sym_name"])] = sdy.MeshAttr(op.attributes["mesh"])
+    if not meshes:
+        return False
+    arg_shardings = [_arg_attrs(func, i).get(_SDY_SHARDING) for i in range(_num_args(func))]
+    results = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).results
+    res_shardings = [_res_attrs(func, i).get(_SDY_SHARDING) for i in range(len(results))]
+    if not any(a is not None for a in arg_shardings + res_shardings):
+        return False
+    ref_args = [a.type for a in reference.regions[0].blocks[0].arguments]
+    if len(ref_args) != len(arg_shardings):
+        return False
+    strings, smaller = [], False
+    for arg, attr, ref_type in zip(block.arguments, arg_shardings, ref_args):
+        converted = _sdy_to_mhlo(attr, meshes) if attr is not None else ("{replicated}", None)
+        text, tiles = converted
+        local, full = list(ir.RankedTensorType(arg.type).shape), list(
+            ir.RankedTensorType(ref_type).shape)
+        tiles = tiles or [1] * len(local)
+        if text is None or len(local) != len(full) or [n * t for n, t in zip(local, tiles)
+                                                       ] != full:
+            return False
+        smaller |= local != full
+        strings.append(text)
+    if not smaller:
+        return False
+    out_strings = [(_sdy_to_mhlo(attr, meshes)[0] if attr is not None else "{replicated}")
+                   for attr in res_shardings]
+    if any(text is None for text in out_strings):
+        return False
+    _set_shardings(func, "arg_attrs", strings)
+    _set_shardings(func, "res_attrs", out_strings)
+    if "mhlo.num_partitions" not in module.operation.attributes:
+        count = math.prod(sdy.MeshAxisAttr(a).size for a in next(iter(meshes.values())).axes)
+        module.operation.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(
+            ir.IntegerType.get_signless(32), count)
+    return True
+
+
+def _sdy_to_mhlo(attr, meshes: dict) -> tuple[str | None, list[int] | None]:
+    """(`mhlo.sharding` text, tiles per dim) of an `sdy.sharding`; (None, None) for forms
+    with no mhlo equivalent here (sub-axes, unreduced axes, unknown or inline meshes)."""
+    import numpy as np
+    from jaxlib.mlir.dialects import sdy
+
+    sharding = sdy.TensorShardingAttr(attr)
+    name = str(sharding.mesh_or_ref).lstrip("@").strip('"')
+    mesh = meshes.get(name)
+    if mesh is None or list(sharding.unreduced_axes):
+        return None, None
+    axes = [(sdy.MeshAxisAttr(a).name, sdy.MeshAxisAttr(a).size) for a in mesh.axes]
+    index = {n: i for i, (n, _) in enumerate(axes)}
+    order, tiles = [], []
+    for dim in sharding.dimension_shardings:
+        count = 1
+        for ref in sdy.DimensionShardingAttr(dim).axes:
+            ref = sdy.AxisRefAttr(ref)
+            if ref.sub_axis_info is not None or ref.name not in index:
+                return None, None
+            order.append(index[ref.name])
+            count *= axes[index[ref.name]][1]
+        tiles.append(count)
+    rest = [i for i in range(len(axes)) if i not in order]
+    replicated = math.prod(axes[i][1] for i in rest)
+    if not order:
+        return "{replicated}", tiles
+    ids = list(mesh.device_ids) or list(range(math.prod(size for _, size in axes)))
+    devices = np.array(ids).reshape([size for _, size in axes]).transpose(order + rest)
+    dims = tiles + ([replicated] if replicated > 1 else [])
+    listed = ",".join(str(int(d)) for d in devices.reshape(-1))
+    suffix = " last_tile_dim_replicate" if replicated > 1 else ""
+    return f"{{devices=[{','.join(map(str, dims))}]{listed}{suffix}}}", tiles
+
+
+def _set_shardings(func: ir.Operation, key: str, texts: list[str]) -> None:
+    """Replace `sdy.sharding` by `mhlo.sharding` in the arg/res attribute dictionaries."""
+    old = ir.ArrayAttr(func.attributes[key]) if key in func.attributes else None
+    dicts = []
+    for i, text in enumerate(texts):
+        entries = _dict(old[i]) if old is not None and i < len(old) else {}
+        entries.pop(_SDY_SHARDING, None)
+        entries[_SHARDING] = ir.StringAttr.get(text)
+        dicts.append(ir.DictAttr.get(entries))
+    func.attributes[key] = ir.ArrayAttr.get(dicts)

@@ -93,8 +93,9 @@ def check_signatures(program: Program) -> None:
     if len(ref_args) != len(sh_args):
         raise InputError(f"the reference takes {len(ref_args)} arguments but the sharded "
                          f"function takes {len(sh_args)}", where, program.sharded_file)
-    from .per_device import is_per_device
+    from .per_device import adopt_shardy_local, is_per_device
 
+    adopt_shardy_local(program.sharded_module, program.sharded_func, program.ref_func)
     local_shapes = is_per_device(program.sharded_module, program.sharded_func)
     for i, (a, b) in enumerate(zip(ref_args, sh_args)):
         ta = _arg_type(a, program, i, program.ref_file)

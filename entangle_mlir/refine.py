@@ -15,7 +15,13 @@ from .infer import OpRecord, Walk
 from .layout import GLOBAL, DeviceScalar, Opaque, Rel, layout_words
 from .mesh import Mesh, axes_str
 from .report import NOT_PROVEN, PROVEN, OutputResult, Report
-from .terms import Term, pretty, single_scaled, structural_diff
+from .terms import (
+    Term,
+    equal_up_to_rounding,
+    pretty,
+    single_scaled,
+    structural_diff,
+)
 
 _LEAF_OPS = ("splat", "dense", "iota", "arg", "loopvar")
 # Collectives move or combine blocks of one global value: their result stands for their
@@ -225,6 +231,7 @@ def _expected_relation(record: OpRecord) -> Rel | None:
 def compare(ref: Walk, sharded: Walk) -> Report:
     """The verdict for every output; diagnostics point at the first op that went wrong."""
     outputs, diagnostics, foci = [], [], []
+    rounding_notes: list[str] = []
     reference = _Reference(ref)
     for i, (want, got) in enumerate(zip(ref.outputs, sharded.outputs)):
         rho = sharded.output_rho[i] if i < len(sharded.output_rho) else ""
@@ -248,6 +255,16 @@ def compare(ref: Walk, sharded: Walk) -> Report:
         if got.term is want.term:
             outputs.append(OutputResult(i, True, rho, pretty(want.term, 3)))
             continue
+        rounded = equal_up_to_rounding(want.term, got.term)
+        if rounded is not None:
+            outputs.append(OutputResult(i, True, rho, pretty(want.term, 3)))
+            shown = ", ".join(f"{float(p):.9g} vs {float(q):.9g}" for p, q in rounded[:3])
+            rounding_notes.append(
+                f"result #{i} equals the reference up to float32 rounding of constants "
+                f"(reference vs sharded: {shown or 'constant expressions evaluated'}); XLA "
+                "replaces a division by a constant with a multiplication by its float32 "
+                "reciprocal")
+            continue
         outputs.append(OutputResult(i, False, rho))
         diagnostic, culprit = _mismatch_diagnostic(i, want.term, got.term, sharded, reference)
         diagnostics.append(diagnostic)
@@ -264,8 +281,8 @@ def compare(ref: Walk, sharded: Walk) -> Report:
     if len(ref.outputs) != len(sharded.outputs):
         verdict = NOT_PROVEN
     mesh = sharded.mesh.describe() if sharded.mesh else ""
-    report = Report(verdict, outputs, unique, list(dict.fromkeys(ref.notes + sharded.notes)),
-                    mesh=mesh)
+    report = Report(verdict, outputs, unique,
+                    list(dict.fromkeys(ref.notes + sharded.notes + rounding_notes)), mesh=mesh)
     report.explainer = lambda: _explain_all(sharded)
     report.focus = unique_foci[0] if unique_foci else None
     return report

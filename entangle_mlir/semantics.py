@@ -728,6 +728,28 @@ def pad(x: Array, value: Element, low: Sequence[int], high: Sequence[int],
     return out.copy()
 
 
+def reduce_window(x: Array, kind: str, init: Element, window: Sequence[int],
+                  strides: Sequence[int], base_dilations: Sequence[int],
+                  window_dilations: Sequence[int], low: Sequence[int],
+                  high: Sequence[int]) -> Array:
+    """reduce_window (one operand) as XLA runs it: padding and base-dilation holes contribute
+    nothing, every window is folded starting from `init` once (the StableHLO spec fills them
+    with `init`; the two agree when `init` is the reducer's identity, the only case the rule
+    relates, and XLA's behaviour is what tests/test_semantics grounds)."""
+    rank = x.ndim
+    padded = pad(obj_array(x), None, low, high, [b - 1 for b in base_dilations])
+    spans = [(w - 1) * wd + 1 for w, wd in zip(window, window_dilations)]
+    out_shape = tuple(max((padded.shape[d] - spans[d]) // strides[d] + 1, 0)
+                      for d in range(rank))
+    out = np.empty(out_shape, dtype=object)
+    for idx in np.ndindex(out_shape):
+        index = tuple(slice(i * st, i * st + span, wd)
+                      for i, st, span, wd in zip(idx, strides, spans, window_dilations))
+        out[idx] = combine(kind, [init, *(v for v in padded[index].reshape(-1)
+                                          if v is not None)])
+    return out
+
+
 def iota(shape: Sequence[int], dim: int) -> Array:
     out = np.empty(tuple(shape), dtype=object)
     for idx in np.ndindex(out.shape):
@@ -813,6 +835,9 @@ def dimension_numbers(attrs: dict, key: str) -> dict:
         match = _DIM_INT.search(text)
         if match:
             out.setdefault("index_vector_dim", int(match.group(1)))
+        # StableHLO prints attributes at their default value not at all: a dimension-numbers
+        # attribute without index_vector_dim has it at 0 (as rules/gather_scatter.dims_of reads).
+        out.setdefault("index_vector_dim", 0)
     return out
 
 
@@ -878,9 +903,10 @@ def gather(operand: Array, indices: Array, dims: dict, slice_sizes: Sequence[int
 
 
 def scatter(operand: Array, indices: Array, updates: Array, dims: dict, kind: str) -> Array:
-    """StableHLO scatter with `kind` "replace" or a reduction ("add", "max", ...); updates
-    whose window falls outside the operand are skipped. Duplicate targets of "replace" are
-    applied in update order (the spec leaves that order unspecified)."""
+    """StableHLO scatter with `kind` "replace" or a reduction ("add", "max", ...). An update
+    window that does not fit inside the operand is skipped as a whole (what XLA does; the spec
+    leaves it implementation-defined). Duplicate targets of "replace" are applied in update
+    order (the spec leaves that order unspecified)."""
     window_dims = dims.get("update_window_dims", ())
     inserted = dims.get("inserted_window_dims", ())
     input_batching = dims.get("input_batching_dims", ())
@@ -890,6 +916,9 @@ def scatter(operand: Array, indices: Array, updates: Array, dims: dict, kind: st
     scatter_dims = [d for d in range(updates.ndim) if d not in window_dims]
     operand_window = [d for d in range(operand.ndim) if d not in inserted
                       and d not in input_batching]
+    sizes = [1] * operand.ndim
+    for k, d in enumerate(operand_window):
+        sizes[d] = updates.shape[window_dims[k]]
     out = operand.copy()
     for update_index in np.ndindex(updates.shape):
         scatter_index = tuple(update_index[d] for d in scatter_dims)
@@ -899,17 +928,24 @@ def scatter(operand: Array, indices: Array, updates: Array, dims: dict, kind: st
             target[d] = _exact(start[k])
         for d_operand, d_start in zip(input_batching, indices_batching):
             target[d_operand] = scatter_index[d_start - (0 if d_start < index_vector_dim else 1)]
+        fits: list = []
+        for d, (t, n) in enumerate(zip(target, operand.shape)):
+            if is_z3(t):
+                fits.append(z3.And(_num(t) >= 0, _num(t) + sizes[d] <= n))
+            elif not 0 <= int(t) <= n - sizes[d]:
+                fits.append(z3.BoolVal(False))
         for k, d in enumerate(operand_window):
             target[d] = add(target[d], update_index[window_dims[k]])
         value = updates[update_index]
-        if not any(is_z3(t) for t in target):
-            if all(0 <= int(t) < n for t, n in zip(target, operand.shape)):
-                index = tuple(int(t) for t in target)
-                out[index] = value if kind == "replace" else combine(kind, [out[index], value])
+        if not any(is_z3(t) for t in target) and not fits:
+            index = tuple(int(t) for t in target)
+            out[index] = value if kind == "replace" else combine(kind, [out[index], value])
+            continue
+        if any(z3.is_false(f) for f in fits):
             continue
         for index in np.ndindex(out.shape):
             hit = z3.And([_num(t) == i if is_z3(t) else z3.BoolVal(int(t) == i)
-                          for t, i in zip(target, index)])
+                          for t, i in zip(target, index)] + fits)
             new = value if kind == "replace" else combine(kind, [out[index], value])
             out[index] = select(hit, new, out[index])
     return out
@@ -1107,6 +1143,23 @@ def _op_reduce(info: OpInfo, operands: list[Array]) -> list[Array]:
     return [reduce_dims(x, info.attrs["dimensions"], reducer, init)]
 
 
+def _op_reduce_window(info: OpInfo, operands: list[Array]) -> list[Array]:
+    if len(operands) != 2:
+        raise SemanticsError("variadic reduce_window has no semantics here")
+    reducer = info.attrs.get("reducer", "other")
+    if reducer not in ("add", "max", "min", "mul", "and", "or"):
+        raise SemanticsError(f"reduce_window with a '{reducer}' reducer")
+    a = info.attrs
+    window = tuple(a["window_dimensions"])
+    ones = (1,) * len(window)
+    padding = a.get("padding") or [[0, 0]] * len(window)
+    init = obj_array(operands[1]).reshape(-1)[0]
+    return [reduce_window(obj_array(operands[0]), reducer, init, window,
+                          a.get("window_strides") or ones, a.get("base_dilations") or ones,
+                          a.get("window_dilations") or ones, [p[0] for p in padding],
+                          [p[1] for p in padding])]
+
+
 def _scalar_of(x: Array) -> Element:
     arr = obj_array(x)
     if arr.size != 1:
@@ -1176,6 +1229,7 @@ OP_SEMANTICS: dict[str, LocalFn] = {
     "stablehlo.pad": _op_pad,
     "stablehlo.dot_general": _op_dot_general,
     "stablehlo.reduce": _op_reduce,
+    "stablehlo.reduce_window": _op_reduce_window,
     "stablehlo.dynamic_slice": _op_dynamic_slice,
     "stablehlo.dynamic_update_slice": _op_dynamic_update_slice,
     "stablehlo.gather": _op_gather,
@@ -1346,6 +1400,11 @@ loop variable, `("term", serial): array` for a `while_result`, else the callable
 _INDEXED_TERM_OPS = ("stablehlo.gather", "stablehlo.scatter", "stablehlo.dynamic_update_slice")
 """Terms evaluated by their op's own semantics, attributes given as (name, value) pairs."""
 
+_WINDOW_TERM_OPS = {"reduce_window_sum": "sum", "reduce_window_max": "max",
+                    "reduce_window_min": "min"}
+"""reduce_window terms (init value: the reducer's identity); attrs as `rules/reduction`
+builds them: (window, strides, base dilations, window dilations, padding low, high)."""
+
 _OPAQUE_LEAVES = ("loopvar", "while_result")
 """Terms evaluated as given values (a loop's carried value / result), not computed."""
 
@@ -1438,6 +1497,12 @@ def _evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
         return transpose(args[0], attrs[0])
     if op in ("reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or"):
         return reduce_dims(args[0], attrs[0], op.split("_")[1])
+    if op in _WINDOW_TERM_OPS:
+        window, strides, base, dilation, low, high = attrs
+        kind = _WINDOW_TERM_OPS[op]
+        identity = {"sum": 0, "max": -math.inf, "min": math.inf}[kind]
+        return reduce_window(args[0], kind, identity, window, strides, base, dilation, low,
+                             high)
     if op == "slice":
         starts, limits, strides = attrs
         return slice_(args[0], starts, limits, strides)
@@ -1469,5 +1534,6 @@ def _evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
 TERM_OPS = ("arg", "splat", "dense", "iota", "lin", "mul", "div", "broadcast", "reshape",
             "transpose", "reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or", "slice", "concatenate", "pad",
             "dynamic_slice", "stablehlo.dot_general", *_INDEXED_TERM_OPS, *_OPAQUE_LEAVES,
+            *_WINDOW_TERM_OPS,
             *ELEMENTWISE)
 """Every term op `evaluate_term` knows (for the coverage test against the rules)."""

@@ -251,6 +251,10 @@ def make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple = (),
         return make_div(*args)
     if op == "chlo.square":
         return make_mul(args[0], args[0])
+    if op == "stablehlo.select" and len(args) == 3:
+        masked = _select_on_iota_mask(*args)
+        if masked is not None:
+            return masked
     if op in COMMUTATIVE:
         flat = []
         for arg in args:
@@ -268,6 +272,73 @@ def make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple = (),
         args = ordered
     shape = args[0].shape
     return intern(op, tuple(args), attrs, shape, dtype or args[0].dtype)
+
+
+_FLIPPED = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE", "EQ": "EQ", "NE": "NE"}
+
+
+def iota_interval(pred: Term) -> tuple[int, int, int] | None:
+    """(dim, lo, hi) when `pred` is true exactly at positions lo <= i < hi along dim: a compare
+    of an iota (plus an integer constant) with an integer constant, as XLA masks the padding
+    of uneven shards and jax masks a prefix."""
+    if pred.op != "stablehlo.compare" or len(pred.args) != 2 or not pred.attrs:
+        return None
+    a, b = pred.args
+    direction = pred.attrs[0]
+    if splat_value(a) is not None:
+        a, b, direction = b, a, _FLIPPED.get(direction)
+    bound = splat_value(b)
+    if not isinstance(bound, Fraction) or direction not in ("LT", "LE", "GT", "GE", "EQ"):
+        return None
+    pairs, constant = linear_parts(a)
+    if len(pairs) != 1 or pairs[0][0] != 1 or not isinstance(constant, Fraction):
+        return None
+    base = pairs[0][1]
+    if base.op == "iota":
+        dim = 0
+    elif base.op == "broadcast" and base.args[0].op == "iota" and len(base.args[0].shape) == 1:
+        dim = base.attrs[0][0]
+    else:
+        return None
+    c = bound - constant
+    if c.denominator != 1 and not base.dtype.startswith(("f", "bf")):
+        return None
+    if direction == "EQ" and c.denominator != 1:
+        return dim, 0, 0
+    size = base.shape[dim]
+    lo, hi = {"LT": (0, math.ceil(c)), "LE": (0, math.floor(c) + 1),
+              "GT": (math.floor(c) + 1, size), "GE": (math.ceil(c), size),
+              "EQ": (int(c), int(c) + 1)}[direction]
+    return dim, max(0, min(lo, size)), max(0, min(hi, size))
+
+
+def _select_on_iota_mask(pred: Term, on_true: Term, on_false: Term) -> Term | None:
+    """select on an iota interval mask with a constant on the other side: the kept interval
+    of the other operand, padded with the constant (XLA's padding masks, jnp.pad of a split
+    dim); an empty or full interval picks one operand."""
+    found = iota_interval(pred)
+    if found is None or on_true.shape != pred.shape or on_false.shape != pred.shape:
+        return None
+    dim, lo, hi = found
+    size = pred.shape[dim]
+    if lo >= hi:
+        return on_false
+    if lo == 0 and hi == size:
+        return on_true
+    if on_false.op == "splat":
+        keep, value, (k_lo, k_hi) = on_true, on_false, (lo, hi)
+    elif on_true.op == "splat" and (lo == 0 or hi == size):
+        keep, value = on_false, on_true
+        k_lo, k_hi = (hi, size) if lo == 0 else (0, lo)
+    else:
+        return None
+    rank = len(pred.shape)
+    starts = tuple(k_lo if d == dim else 0 for d in range(rank))
+    limits = tuple(k_hi if d == dim else n for d, n in enumerate(pred.shape))
+    kept = _sliced(keep, starts, limits, (1,) * rank)
+    low = tuple(k_lo if d == dim else 0 for d in range(rank))
+    high = tuple(size - k_hi if d == dim else 0 for d in range(rank))
+    return make_pad(kept, make_splat(value.attrs[0], (), value.dtype), low, high, (0,) * rank)
 
 
 # ----- data movement ------------------------------------------------------------------------
@@ -330,7 +401,42 @@ def make_reshape(term: Term, shape: tuple[int, ...]) -> Term:
         pushed = _reshape_dot(term, shape)
     if pushed is not None:
         return pushed
+    collapsed = _collapse_movement(term, None, shape)
+    if collapsed is not None:
+        return collapsed
     return intern("reshape", (term,), (), shape, term.dtype)
+
+
+MOVEMENT_CHECK_ELEMENTS = 1 << 20
+"""Reshape/transpose chains over at most this many elements are checked for collapsing."""
+
+
+def _collapse_movement(term: Term, perm: tuple[int, ...] | None,
+                       shape: tuple[int, ...]) -> Term | None:
+    """A chain of reshapes and transposes (ending in `transpose(term, perm)` or
+    `reshape(term, shape)`) that moves no element: a plain reshape of the chain's base. The
+    chain is evaluated exactly on element positions (`np.arange`), so any spelling of a
+    reshard through all_to_all + transpose + reshape meets its source again."""
+    if term.op not in ("reshape", "transpose"):
+        return None
+    steps = [("transpose", perm) if perm is not None else ("reshape", shape)]
+    base = term
+    while base.op in ("reshape", "transpose") and len(steps) < 16:
+        steps.append(("transpose", base.attrs[0]) if base.op == "transpose"
+                     else ("reshape", base.shape))
+        base = base.args[0]
+    if not any(kind == "transpose" for kind, _ in steps) or math.prod(
+            base.shape) > MOVEMENT_CHECK_ELEMENTS:
+        return None
+    import numpy as np
+
+    positions = np.arange(math.prod(base.shape)).reshape(base.shape)
+    for kind, attr in reversed(steps):
+        positions = (np.transpose(positions, attr) if kind == "transpose"
+                     else positions.reshape(attr))
+    if not np.array_equal(positions.reshape(-1), np.arange(positions.size)):
+        return None
+    return make_reshape(base, positions.shape)
 
 
 ELEMENTWISE_TERM_OPS = {"mul", "div"}
@@ -452,6 +558,9 @@ def make_transpose(term: Term, perm: tuple[int, ...]) -> Term:
     if term.op == "transpose":
         inner = term.attrs[0]
         return make_transpose(term.args[0], tuple(inner[p] for p in perm))
+    collapsed = _collapse_movement(term, perm, shape)
+    if collapsed is not None:
+        return collapsed
     return intern("transpose", (term,), (perm,), shape, term.dtype)
 
 
@@ -481,7 +590,16 @@ def make_broadcast(term: Term, dims: tuple[int, ...], shape: tuple[int, ...]) ->
 def make_op(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...],
             dtype: str, linear_in: int | None = None) -> Term:
     """A generic op; when `linear_in` is given, the op is linear in that operand and scalars
-    and sums are pulled out of it (slice, pad with zero, reduce-sum)."""
+    and sums are pulled out of it (slice, pad with zero, reduce-sum). Slices are pushed toward
+    the leaves (`push_slice`) and a reduce-sum drops zero padding of the dims it reduces."""
+    if op == "slice" and linear_in == 0:
+        pushed = push_slice(args[0], *attrs)
+        if pushed is not None:
+            return pushed
+    if op == "reduce_sum" and linear_in == 0 and args[0].op == "pad":
+        dropped = _reduce_sum_of_pad(args[0], attrs[0], shape, dtype)
+        if dropped is not None:
+            return dropped
     if linear_in is not None:
         arg = args[linear_in]
         if arg.op == "lin" and _single_term(arg) or arg.op == "splat" and splat_value(arg) != 0:
@@ -535,6 +653,168 @@ def roll_parts(term: Term, dim: int) -> tuple[Term, int] | None:
     return base, shift
 
 
+def make_pad(term: Term, value: Term, low: tuple[int, ...], high: tuple[int, ...],
+             interior: tuple[int, ...]) -> Term:
+    """stablehlo.pad of `term` with the scalar term `value` (no padding: the term itself)."""
+    low, high, interior = tuple(low), tuple(high), tuple(interior)
+    if not any(low) and not any(high) and not any(interior):
+        return term
+    shape = tuple(lo + n + max(n - 1, 0) * k + hi
+                  for lo, n, hi, k in zip(low, term.shape, high, interior))
+    return intern("pad", (term, value), (low, high, interior), shape, term.dtype)
+
+
+def _reduce_sum_of_pad(pad: Term, dims: tuple[int, ...], shape: tuple[int, ...],
+                       dtype: str) -> Term | None:
+    """reduce_sum over `dims` of a zero-padded term: the padding of reduced dims adds zeros,
+    so it is dropped; the padding of kept dims pads the (smaller) sum."""
+    inner, value = pad.args
+    low, high, interior = pad.attrs
+    if splat_value(value) != 0 or any(interior):
+        return None
+    summed = make_op("reduce_sum", (inner,), (tuple(dims),), tuple(
+        s for d, s in enumerate(inner.shape) if d not in dims), dtype, linear_in=0)
+    kept = [d for d in range(len(pad.shape)) if d not in dims]
+    return make_pad(summed, value, tuple(low[d] for d in kept), tuple(high[d] for d in kept),
+                    (0,) * len(kept))
+
+
+_SLICE_MEMO: dict[tuple, Term] = {}
+
+
+def _sliced(term: Term, starts, limits, strides) -> Term:
+    shape = tuple(len(range(s, lim, st)) for s, lim, st in zip(starts, limits, strides))
+    return make_op("slice", (term,), (tuple(starts), tuple(limits), tuple(strides)), shape,
+                   term.dtype, linear_in=0)
+
+
+def push_slice(term: Term, starts, limits, strides) -> Term | None:
+    """slice(term) pushed toward the leaves, so that slicing before or after a computation
+    meets in one normal form (XLA computes uneven shapes padded and slices at the end):
+    through elementwise ops and sums, broadcasts, transposes, the free and batch dims of a
+    dot_general, into one piece of a concatenate or the unpadded part of a pad; slices of
+    slices compose and a slice of a constant is a constant. None: nothing to push (the
+    caller interns the slice)."""
+    starts, limits, strides = tuple(starts), tuple(limits), tuple(strides)
+    if starts == (0,) * len(starts) and limits == term.shape and all(s == 1 for s in strides):
+        return term
+    key = (term.serial, starts, limits, strides)
+    found = _SLICE_MEMO.get(key)
+    if found is None:
+        found = _push_slice(term, starts, limits, strides)
+        if found is not None:
+            _SLICE_MEMO[key] = found
+    return found
+
+
+def _push_slice(term: Term, starts, limits, strides) -> Term | None:
+    shape = tuple(len(range(s, lim, st)) for s, lim, st in zip(starts, limits, strides))
+    op = term.op
+    if op == "splat":
+        return make_splat(term.attrs[0], shape, term.dtype)
+    if op == "iota":
+        # a window of the 1-D iota is stride * iota + start
+        fresh = make_iota(shape, 0, term.dtype)
+        return make_lin([(Fraction(strides[0]), fresh)], Fraction(starts[0]), shape, term.dtype)
+    if op == "lin":
+        return map_linear(term, lambda t: _sliced(t, starts, limits, strides))
+    if _is_elementwise(term):
+        return rebuild_elementwise(term, tuple(_sliced(a, starts, limits, strides)
+                                               for a in term.args))
+    if op == "slice":
+        s0, _, st0 = term.attrs
+        new_starts = tuple(a + b * c for a, b, c in zip(s0, starts, st0))
+        new_strides = tuple(a * b for a, b in zip(st0, strides))
+        new_limits = tuple(s + (n - 1) * st + 1 if n else s
+                           for s, n, st in zip(new_starts, shape, new_strides))
+        return _sliced(term.args[0], new_starts, new_limits, new_strides)
+    if op == "broadcast":
+        (dims,) = term.attrs
+        operand = term.args[0]
+        o_starts, o_limits, o_strides = [], [], []
+        for i, d in enumerate(dims):
+            if operand.shape[i] == term.shape[d]:
+                o_starts.append(starts[d])
+                o_limits.append(limits[d])
+                o_strides.append(strides[d])
+            else:
+                o_starts.append(0)
+                o_limits.append(1)
+                o_strides.append(1)
+        return make_broadcast(_sliced(operand, o_starts, o_limits, o_strides), dims, shape)
+    if op == "transpose":
+        (perm,) = term.attrs
+        inverse = [0] * len(perm)
+        for i, p in enumerate(perm):
+            inverse[p] = i
+        return make_transpose(_sliced(term.args[0], [starts[inverse[j]] for j in range(len(perm))],
+                                      [limits[inverse[j]] for j in range(len(perm))],
+                                      [strides[inverse[j]] for j in range(len(perm))]), perm)
+    if op == "stablehlo.dot_general":
+        return _slice_dot(term, starts, limits, strides, shape)
+    if op == "pad":
+        return _slice_pad(term, starts, limits, strides, shape)
+    if op == "concatenate":
+        (dim,) = term.attrs
+        if strides[dim] != 1:
+            return None
+        offset = 0
+        for piece in term.args:
+            size = piece.shape[dim]
+            if offset <= starts[dim] and limits[dim] <= offset + size:
+                p_starts = list(starts)
+                p_limits = list(limits)
+                p_starts[dim] -= offset
+                p_limits[dim] -= offset
+                return _sliced(piece, p_starts, p_limits, strides)
+            offset += size
+    return None
+
+
+def _slice_dot(term: Term, starts, limits, strides, shape) -> Term:
+    lhs, rhs = term.args
+    lb, rb, lc, rc = term.attrs
+    lhs_free = [d for d in range(len(lhs.shape)) if d not in lb and d not in lc]
+    rhs_free = [d for d in range(len(rhs.shape)) if d not in rb and d not in rc]
+    out_of = ([("l", d) for d in lb], [("l", d) for d in lhs_free], [("r", d) for d in rhs_free])
+    sides = {"l": [[0, n, 1] for n in lhs.shape], "r": [[0, n, 1] for n in rhs.shape]}
+    position = 0
+    for k, d in enumerate(lb):
+        window = [starts[position], limits[position], strides[position]]
+        sides["l"][d] = window
+        sides["r"][rb[k]] = list(window)
+        position += 1
+    for side, d in out_of[1] + out_of[2]:
+        sides[side][d] = [starts[position], limits[position], strides[position]]
+        position += 1
+
+    def cut(operand: Term, windows) -> Term:
+        return _sliced(operand, [w[0] for w in windows], [w[1] for w in windows],
+                       [w[2] for w in windows])
+
+    return make_dot(cut(lhs, sides["l"]), cut(rhs, sides["r"]), term.attrs, shape, term.dtype)
+
+
+def _slice_pad(term: Term, starts, limits, strides, shape) -> Term | None:
+    """A window inside the unpadded part, or entirely inside the padding of some dim."""
+    inner, value = term.args
+    low, _, interior = term.attrs
+    if any(interior):
+        return None
+    inside = True
+    for d, n in enumerate(inner.shape):
+        lo = low[d]
+        last = starts[d] + (shape[d] - 1) * strides[d] if shape[d] else starts[d]
+        if shape[d] and (last < lo or starts[d] >= lo + n) and value.op == "splat":
+            return make_splat(value.attrs[0], shape, term.dtype)
+        if starts[d] < lo or last >= lo + n:
+            inside = False
+    if not inside:
+        return None
+    return _sliced(inner, [s - lo for s, lo in zip(starts, low)],
+                   [lim - lo for lim, lo in zip(limits, low)], strides)
+
+
 def make_dot(lhs: Term, rhs: Term, attrs: tuple, shape: tuple[int, ...], dtype: str) -> Term:
     """dot_general, bilinear: scalar factors of either side are pulled out."""
     kl, tl = single_scaled(lhs)
@@ -584,6 +864,160 @@ def pretty(term: Term, depth: int = 6, names: dict[int, str] | None = None) -> s
         return f"({sub[0]} / {sub[1]})"
     name = term.op.split(".")[-1]
     return f"{name}({', '.join(sub)})"
+
+
+FLOAT32_ROUNDING = Fraction(1, 1 << 21)
+"""Relative difference of two constants accepted by `equal_up_to_rounding` (a few float32
+ulps): XLA replaces `x / c` by `x * float32(1 / c)`, which is not the same real number."""
+
+
+def _close(a, b, tolerance: Fraction) -> bool:
+    if a == b:
+        return True
+    if not isinstance(a, Fraction) or not isinstance(b, Fraction) or a == 0 or b == 0:
+        return False
+    return abs(a - b) <= tolerance * max(abs(a), abs(b))
+
+
+_CONSTANT_FNS = {
+    "stablehlo.sqrt": math.sqrt, "stablehlo.rsqrt": lambda v: 1 / math.sqrt(v),
+    "stablehlo.exponential": math.exp, "stablehlo.log": math.log, "stablehlo.tanh": math.tanh,
+    "stablehlo.cbrt": lambda v: math.copysign(abs(v) ** (1 / 3), v),
+}
+
+
+def constant_value(term: Term, depth: int = 32) -> float | None:
+    """The value of a term built from constants only (`jnp.sqrt(8.0)` in `x / jnp.sqrt(d)`),
+    as a float; None when it depends on data, cannot be evaluated or nests deeper than
+    `depth`."""
+    if depth <= 0:
+        return None
+    depth -= 1
+    try:
+        if term.op == "splat":
+            return float(term.attrs[0])
+        if term.op in ("broadcast", "reshape", "transpose") or (
+                term.op == "stablehlo.convert" and len(term.args) == 1):
+            return constant_value(term.args[0], depth)
+        if term.op in _CONSTANT_FNS and len(term.args) == 1:
+            inner = constant_value(term.args[0], depth)
+            return None if inner is None else _CONSTANT_FNS[term.op](inner)
+        if term.op == "lin":
+            constant, coefs = term.attrs
+            values = [constant_value(a, depth) for a in term.args]
+            if any(v is None for v in values):
+                return None
+            return float(constant) + sum(float(k) * v for k, v in zip(coefs, values))
+        if term.op == "mul":
+            values = [constant_value(a, depth) for a in term.args]
+            return None if any(v is None for v in values) else math.prod(values)
+    except (ValueError, OverflowError, ZeroDivisionError):
+        return None
+    return None
+
+
+def _scaled_view(term: Term) -> tuple[Fraction, Term] | None:
+    """(k, t) with term == k * t for a scaled single term or a division by a constant."""
+    if term.op == "lin" and len(term.args) == 1 and term.attrs[0] == 0:
+        k, inner = term.attrs[1][0], term.args[0]
+        deeper = _scaled_view(inner)
+        return (k * deeper[0], deeper[1]) if deeper else (k, inner)
+    if term.op == "div":
+        value = constant_value(term.args[1])
+        if value is not None and value != 0 and math.isfinite(value):
+            return Fraction(1) / Fraction(value), term.args[0]
+    return None
+
+
+_UNORDERED = {"lin", "mul", *COMMUTATIVE}
+
+
+class _Rounding:
+    """`equal_up_to_rounding`'s search: memoized, depth- and size-bounded."""
+
+    def __init__(self, tolerance: Fraction, limit: int) -> None:
+        self.tolerance = tolerance
+        self.limit = limit
+        self.memo: dict[tuple[int, int], bool] = {}
+        self.found: list[tuple[Scalar, Scalar]] = []
+
+    def close(self, a, b) -> bool:
+        if not _close(a, b, self.tolerance):
+            return False
+        if a != b:
+            self.found.append((a, b))
+        return True
+
+    def equal(self, x: Term, y: Term, depth: int = 0) -> bool:
+        if x is y:
+            return True
+        key = (x.serial, y.serial)
+        if key in self.memo:
+            return self.memo[key]
+        if depth > 120 or len(self.memo) > self.limit:
+            return False
+        self.memo[key] = False
+        result = self._equal(x, y, depth)
+        self.memo[key] = result
+        return result
+
+    def _equal(self, x: Term, y: Term, depth: int) -> bool:
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return False
+        if x.op != y.op or (x.op == "lin" and len(x.args) == 1 == len(y.args)):
+            vx, vy = _scaled_view(x), _scaled_view(y)
+            if vx or vy:
+                kx, bx = vx or (Fraction(1), x)
+                ky, by = vy or (Fraction(1), y)
+                if (bx is x and by is y) or not self.close(kx, ky):
+                    return False
+                return self.equal(bx, by, depth + 1)
+            return False
+        if len(x.args) != len(y.args):
+            return False
+        if x.op == "lin":
+            (cx, kx), (cy, ky) = x.attrs, y.attrs
+            if not self.close(cx, cy):
+                return False
+            left = [(k * (v[0] if v else 1), v[1] if v else a)
+                    for k, a in zip(kx, x.args) for v in (_scaled_view(a),)]
+            right = [(k * (v[0] if v else 1), v[1] if v else a)
+                     for k, a in zip(ky, y.args) for v in (_scaled_view(a),)]
+            return self._match(left, right, depth)
+        if x.op == "splat":
+            return self.close(x.attrs[0], y.attrs[0])
+        if x.attrs != y.attrs:
+            return False
+        if x.op in _UNORDERED:
+            return self._match([(1, a) for a in x.args], [(1, a) for a in y.args], depth)
+        return all(self.equal(a, b, depth + 1) for a, b in zip(x.args, y.args))
+
+    def _match(self, left, right, depth: int) -> bool:
+        """Every (coefficient, term) on the left pairs with one on the right."""
+        unused = list(right)
+        for k, a in left:
+            for n, (m, b) in enumerate(unused):
+                if a.op == b.op and a.shape == b.shape and _close(k, m, self.tolerance) and (
+                        self.equal(a, b, depth + 1)):
+                    self.close(k, m)
+                    del unused[n]
+                    break
+            else:
+                return False
+        return not unused
+
+
+def equal_up_to_rounding(a: Term, b: Term, tolerance: Fraction = FLOAT32_ROUNDING,
+                         limit: int = 200_000) -> list[tuple[Scalar, Scalar]] | None:
+    """The pairs of constants in which two terms differ when they are the same computation up
+    to constants that agree within `tolerance` (relative): coefficients, addends, splats, and
+    a division by a constant expression against a multiplication by its reciprocal. None when
+    they differ otherwise. Float rounding of constants is outside the exact-real semantics:
+    callers report the pairs as a note, never silently."""
+    search = _Rounding(tolerance, limit)
+    if not search.equal(a, b):
+        return None
+    return search.found
 
 
 def structural_diff(a: Term, b: Term, path: str = "", depth: int = 0) -> str | None:

@@ -170,3 +170,62 @@ def load_hlo(data: bytes | str, filename: str = "-"):
             err.file = filename
         raise
     return parse_module(bytecode, filename)
+
+
+# ----- Shardy's own partitioning pipeline ---------------------------------------------------------
+
+SHARDY_PIPELINE = ("builtin.module(sdy-propagation-pipeline,"
+                   "func.func(sdy-insert-explicit-reshards{enable-full-version=true}),"
+                   "func.func(sdy-reshard-to-collectives),sdy-convert-global-to-local)")
+"""Shardy's MLIR partitioning as jaxlib 0.10 registers it: propagate shardings, insert explicit
+reshards (`enable-full-version` also makes reductions over split dims explicit: without it the
+reduction's all_reduce is missing, see tests/test_partitioned.py), lower them to stablehlo
+collectives, convert to local shapes. The result keeps `sdy.sharding` on parameters and results;
+`entangle check` reads it like XLA's partitioner output (per_device.adopt_shardy_local)."""
+
+_RUN_PIPELINE = """
+import sys
+from jaxlib.mlir import ir, passmanager
+from jaxlib.mlir.dialects import mhlo, stablehlo
+from entangle_mlir.ir import context
+stablehlo.register_stablehlo_passes()
+mhlo.register_mhlo_passes()
+with context():
+    module = ir.Module.parse(sys.stdin.read())
+    passmanager.PassManager.parse(sys.argv[1]).run(module.operation)
+    sys.stdout.write(module.operation.get_asm(enable_debug_info=True))
+"""
+
+
+def shardy_partition(global_text: str, pipeline: str = SHARDY_PIPELINE,
+                     timeout_s: float = 300) -> str:
+    """Shardy's per-device program for a global-view module with `sdy.sharding`s (what
+    `jax.jit(f, ...).lower(...).as_text()` gives on a mesh of Auto axes). The passes run in a
+    subprocess: some abort the whole process on input they do not expect (InputError then)."""
+    import subprocess
+    import sys
+
+    try:
+        run = subprocess.run([sys.executable, "-c", _RUN_PIPELINE, pipeline],
+                             input=global_text, check=False, capture_output=True, text=True,
+                             timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise InputError(f"Shardy's pipeline did not finish in {timeout_s:g} s") from None
+    if run.returncode != 0:
+        lines = [line for line in run.stderr.splitlines() if line.strip()]
+        raise InputError(f"Shardy's pipeline failed: {lines[-1] if lines else run.returncode}")
+    return run.stdout
+
+
+def adopted_shardy_text(local_text: str, ref_text: str) -> str:
+    """Shardy's per-device program with its shardings as `mhlo.sharding` strings (what
+    `entangle check` does on the way in), e.g. to execute it with `run_per_device`."""
+    from .ir import context, parse_module
+    from .per_device import adopt_shardy_local
+    from .program import _public_main
+
+    module, ref = parse_module(local_text), parse_module(ref_text)
+    with context():
+        if not adopt_shardy_local(module, _public_main(module, "-"), _public_main(ref, "-")):
+            raise InputError("not Shardy's per-device form of the reference")
+        return module.operation.get_asm(enable_debug_info=True)

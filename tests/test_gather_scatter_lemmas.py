@@ -422,22 +422,9 @@ def _inputs(specs, rng) -> list[np.ndarray]:
     return out
 
 
-WINDOW_SKIP = pytest.mark.xfail(strict=True, reason=(
-    "semantics.scatter skips out-of-bounds updates element by element; XLA skips the whole "
-    "update window when it does not fit (index -1 with a 2-row window: XLA leaves row 0 alone, "
-    "the semantics adds the window's second row to it). Needs semantics.scatter to test "
-    "0 <= start[d] and start[d] + window_size[d] <= operand_dim[d] per window (and the same in "
-    "the symbolic path)."))
-
-
-DEFAULT_IVD = pytest.mark.xfail(strict=True, reason=(
-    "semantics.dimension_numbers: StableHLO omits index_vector_dim when it is 0 (x.at[:, 2:4]"
-    ".set(y) prints `#stablehlo.scatter<update_window_dims = [0, 1], "
-    "scatter_dims_to_operand_dims = [1]>`), and gather/scatter default it to the indices' rank "
-    "instead of 0"))
-GROUNDING_XFAIL = {"scatter_add_windows": WINDOW_SKIP,
-                   "scatter_default_index_vector_dim": DEFAULT_IVD,
-                   "gather_default_index_vector_dim": DEFAULT_IVD}
+GROUNDING_XFAIL: dict = {}
+"""Cases whose semantics disagree with XLA (none: out-of-bounds update windows are skipped
+whole, and a dimension-numbers attribute without index_vector_dim has it at 0)."""
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=GROUNDING_XFAIL[n])

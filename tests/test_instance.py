@@ -290,12 +290,14 @@ def _random_composition(seed: int) -> None:
     env: dict = {}
     pool = [_fresh(tuple(rng.choice([1, 2, 3]) for _ in range(rng.randint(1, 3))), env, rng)
             for _ in range(2)]
+    size = rng.choice([2, 3, 5])
+    pool.append((T.make_iota((size,), 0, "f32"), S.iota((size,), 0)))
     for _ in range(10):
         t, v = rng.choice(pool)
         shape = t.shape
         op = rng.choice(["reshape", "transpose", "broadcast", "lin", "mul", "div", "dot",
-                         "reduce", "slice", "max"])
-        if not shape and op in ("dot", "reduce", "slice"):
+                         "reduce", "slice", "max", "mask", "pad"])
+        if not shape and op in ("dot", "reduce", "slice", "mask", "pad"):
             continue
         if op == "reshape":
             new = _factorization(math.prod(shape), rng)
@@ -340,10 +342,36 @@ def _random_composition(seed: int) -> None:
         elif op == "slice":
             starts = tuple(rng.randrange(s) for s in shape)
             limits = tuple(rng.randint(a + 1, s) for a, s in zip(starts, shape))
-            out = tuple(b - a for a, b in zip(starts, limits))
-            nt = T.make_op("slice", (t,), (starts, limits, (1,) * len(shape)), out, "f32",
-                           linear_in=0)
-            nv = S.slice_(v, starts, limits)
+            strides = tuple(rng.choice([1, 1, 2]) for _ in shape)
+            out = tuple(len(range(a, b, st)) for a, b, st in zip(starts, limits, strides))
+            nt = T.make_op("slice", (t,), (starts, limits, strides), out, "f32", linear_in=0)
+            nv = S.slice_(v, starts, limits, strides)
+        elif op == "mask":
+            # select on `iota + k <direction> c` (XLA's padding masks), constant elsewhere
+            dim = rng.randrange(len(shape))
+            k, c = rng.randint(-2, 2), rng.randint(-1, 2 * shape[dim])
+            direction = rng.choice(["LT", "LE", "GT", "GE", "EQ"])
+            position = T.make_lin([(Fraction(1), T.make_iota(shape, dim, "i32"))], k, shape,
+                                  "i32")
+            bound = T.make_splat(c, shape, "i32")
+            pair = (position, bound) if rng.random() < 0.5 else (bound, position)
+            flipped = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE", "EQ": "EQ"}
+            pred = T.make_elementwise("stablehlo.compare", pair, (direction,), dtype="i1")
+            fill = T.make_splat(rng.randint(-1, 1), shape, "f32")
+            true_first = rng.random() < 0.5
+            nt = T.make_elementwise("stablehlo.select",
+                                    (pred, t, fill) if true_first else (pred, fill, t))
+            real = direction if pair[0] is position else flipped[direction]
+            want = S.apply(lambda i, k=k, c=c, d=real: S.compare(i + k, c, d),
+                           S.iota(shape, dim))
+            fill_v = S.full(shape, fill.attrs[0])
+            nv = S.apply(S.select, want, v, fill_v) if true_first else S.apply(
+                S.select, want, fill_v, v)
+        elif op == "pad":
+            low = tuple(rng.randint(0, 2) for _ in shape)
+            high = tuple(rng.randint(0, 2) for _ in shape)
+            nt = T.make_pad(t, T.make_splat(0, (), "f32"), low, high, (0,) * len(shape))
+            nv = S.pad(v, Fraction(0), low, high, (0,) * len(shape))
         else:
             o, ov = _fresh(shape, env, rng)
             nt, nv = T.make_elementwise("stablehlo.maximum", (t, o)), S.apply(S.maximum, v, ov)

@@ -316,6 +316,20 @@ def reduce_lemmas() -> list[Lemma]:
     out.append(Lemma("reduce-add-2d", "stablehlo.reduce", [rel(x, "dp", "tp"), splat(0, ())],
                      results=[((2,), "f32")], attrs={"dimensions": (1,), "reducer": "add"},
                      mesh=M2))
+    # reduce_window (jnp.cumsum / cummax): windows along unsplit dims, split dims untouched.
+    cumsum = {"window_dimensions": (1, 3), "padding": [[0, 0], [2, 0]]}
+    for reducer, init in (("add", 0), ("max", -math.inf), ("min", math.inf)):
+        out.append(Lemma(f"reduce_window-{reducer}-cum", "stablehlo.reduce_window",
+                         [rel(arg((4, 3)), "tp"), splat(init, ())], results=[((2, 3), "f32")],
+                         attrs={**cumsum, "reducer": reducer}))
+    out.append(Lemma("reduce_window-add-partial", "stablehlo.reduce_window",
+                     [rel(arg((2, 3)), partial=("tp",)), splat(0, ())],
+                     results=[((2, 3), "f32")], attrs={**cumsum, "reducer": "add"}))
+    out.append(Lemma("reduce_window-max-strided", "stablehlo.reduce_window",
+                     [rel(arg((2, 6)), (), "tp"), splat(-math.inf, ())],
+                     results=[((2, 2), "f32")],
+                     attrs={"window_dimensions": (2, 1), "window_strides": (1, 1),
+                            "padding": [[0, 1], [0, 0]], "reducer": "max"}, mesh=M3))
     return out
 
 
@@ -484,6 +498,19 @@ def collective_lemmas() -> list[Lemma]:
                          [rel(arg(shape), "tp")], results=[((s0, s1 // 2), "f32")],
                          attrs={**groups(M1, "tp"), "split_dimension": 1,
                                 "concat_dimension": 0, "split_count": 2}))
+    # split_dimension == concat_dimension (XLA's reshard from one dim to another).
+    out.append(Lemma("all_to_all-same-dim-unit", "stablehlo.all_to_all",
+                     [rel(arg((4, 2, 1)), "tp")], results=[((2, 2, 1), "f32")],
+                     attrs={**groups(M1, "tp"), "split_dimension": 1,
+                            "concat_dimension": 1, "split_count": 2}))
+    out.append(Lemma("all_to_all-same-dim-chunks", "stablehlo.all_to_all",
+                     [rel(arg((4, 4)), "tp")], results=[((2, 4), "f32")],
+                     attrs={**groups(M1, "tp"), "split_dimension": 1,
+                            "concat_dimension": 1, "split_count": 2}))
+    out.append(Lemma("all_to_all-same-dim-2d", "stablehlo.all_to_all",
+                     [rel(arg((4, 2, 2)), ("dp", "tp"))], results=[((1, 2, 2), "f32")],
+                     attrs={**groups(M2, "tp"), "split_dimension": 1,
+                            "concat_dimension": 1, "split_count": 2}, mesh=M2))
     out.append(Lemma("all_to_all-2d", "stablehlo.all_to_all",
                      [rel(arg((2, 4, 4)), "dp", (), "tp")], results=[((1, 2, 4), "f32")],
                      attrs={**groups(M2, "tp"), "split_dimension": 1, "concat_dimension": 2,

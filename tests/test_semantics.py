@@ -245,6 +245,11 @@ MOVEMENT_CASES: list[tuple[str, Callable, tuple]] = [
     ("stablehlo.reduce", lambda a: jnp.max(a, axis=(0, 2)), (rand(2, 3, 4),)),
     ("stablehlo.reduce", lambda a: jnp.min(a, axis=0), (rand(2, 3, 4),)),
     ("stablehlo.reduce", lambda a: lax.reduce(a, np.float32(1.5), lax.add, (1,)), (rand(2, 3),)),
+    ("stablehlo.reduce_window", lambda a: jnp.cumsum(a, axis=1), (rand(2, 5),)),
+    ("stablehlo.reduce_window", lambda a: lax.cummax(a, axis=0), (rand(4, 3),)),
+    ("stablehlo.reduce_window",
+     lambda a: lax.reduce_window(a, np.float32(0.5), lax.add, (2, 2), (2, 1), ((1, 0), (0, 1)),
+                                 (1, 2), (2, 1)), (rand(4, 3),)),
 ]
 
 

@@ -3,12 +3,13 @@ change a layout. Replica groups are read as mesh axes; groups that match no axes
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ..layout import Opaque, Permuted, Rel, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
-from ..terms import make_roll, scale
+from ..terms import make_reshape, make_roll, make_transpose, scale
 from .base import RuleContext
 from .common import freeze
 from .window import as_window, cyclic_shifts, permute_window
@@ -182,6 +183,8 @@ def all_to_all(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Va
         if set(axes) & set(x.partial):
             results.append(Opaque(f"all_to_all over {axes_str(axes)} of a partial sum",
                                   category="partial_mixed"))
+        elif split == concat:
+            results.append(_all_to_all_same_dim(info, x, axes, split, ctx))
         elif split != concat and tiling[len(tiling) - len(axes):] == axes and not (
                 set(axes) & set(x.tiling[split])):
             new = list(x.tiling)
@@ -193,6 +196,62 @@ def all_to_all(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Va
                 f"all_to_all concatenates along dim {concat} but the value is not split along "
                 f"dim {concat} over {axes_str(axes)}", category="wrong_dim"))
     return results
+
+
+def _all_to_all_same_dim(info: OpInfo, x: Rel, axes: tuple[str, ...], k: int,
+                         ctx: RuleContext) -> Value:
+    """all_to_all with split_dimension == concat_dimension == k over axes A (XLA's reshard
+    from a dim j split over A to dim k): device b's chunk i along k (of n = |A| chunks) is
+    chunk b of the device with block index i along A. So A leaves dim j, whose block index i
+    becomes a sub-block of dim k: with dim j = (B, i, r) and dim k = (C, b, q) in the global
+    term E (B, C the other axes of j and k), the result is E regrouped as j = (B, r) and
+    k = (C, b, i, q), split over B and C + A. Needs A to be the minor-most axes of exactly one
+    other dim."""
+    n = ctx.mesh.group_size(axes)
+    local_k = info.operand_types[0].shape[k]
+    holders = [d for d, t in enumerate(x.tiling) if set(t) & set(axes)]
+    if (len(holders) != 1 or holders[0] == k or local_k % n
+            or x.tiling[holders[0]][len(x.tiling[holders[0]]) - len(axes):] != axes):
+        return Opaque(f"all_to_all splits and concatenates dim {k} over {axes_str(axes)}, but "
+                      f"the value is not split over {axes_str(axes)} along exactly one other "
+                      "dim (as the minor-most axes)", category="wrong_dim")
+    j = holders[0]
+    outer = x.tiling[j][:len(x.tiling[j]) - len(axes)]
+    b_size = ctx.mesh.group_size(outer)
+    c_size = ctx.mesh.group_size(x.tiling[k])
+    term = x.term
+    rows = term.shape[j] // (b_size * n)
+    chunk = local_k // n
+    nxt = k + 1
+    tiling = list(x.tiling)
+    tiling[j] = outer
+    if chunk == 1 and not x.tiling[k] and nxt < len(term.shape) and nxt != j and not x.tiling[
+            nxt]:
+        # One element per chunk: XLA split the target dim into (n, rest) at dims k, k + 1
+        # (or reshaped a unit dim in after k), so the block index b goes back to the major
+        # part of dim k + 1, split over A, and dim k keeps the source block index i.
+        layout = {j: (((j, "B"), b_size), ((j, "i"), n), ((j, "r"), rows)),
+                  k: (((k, "b"), n),)}
+        target = {j: ((j, "B"), (j, "r")), k: ((j, "i"),), nxt: ((k, "b"), (nxt, ""))}
+        tiling[nxt] = axes
+    else:
+        layout = {j: (((j, "B"), b_size), ((j, "i"), n), ((j, "r"), rows)),
+                  k: (((k, "C"), c_size), ((k, "b"), n), ((k, "q"), chunk))}
+        target = {j: ((j, "B"), (j, "r")), k: ((k, "C"), (k, "b"), (j, "i"), (k, "q"))}
+        tiling[k] = x.tiling[k] + axes
+    expanded, ids = [], {}
+    for d, size in enumerate(term.shape):
+        for key, part in layout.get(d, (((d, ""), size),)):
+            ids[key] = len(expanded)
+            expanded.append(part)
+    order, merged = [], []
+    for d in range(len(term.shape)):
+        keys = target.get(d, ((d, ""),))
+        order.extend(ids[key] for key in keys)
+        merged.append(math.prod(expanded[ids[key]] for key in keys))
+    regrouped = make_reshape(make_transpose(make_reshape(term, tuple(expanded)), tuple(order)),
+                             tuple(merged))
+    return replace(x, term=regrouped, tiling=tuple(tiling))
 
 
 def collective_permute(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:

@@ -35,7 +35,7 @@ import re
 from dataclasses import replace
 from fractions import Fraction
 
-from ..layout import DeviceScalar, Opaque, Rel, Value
+from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value
 from ..mesh import axes_str
 from ..opinfo import OpInfo, TensorType
 from ..terms import Term, intern, make_add, make_op, make_splat, scale, splat_value
@@ -231,6 +231,8 @@ def scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
         return [Opaque("variadic scatter is not supported", category="unsupported")
                 ] * len(info.result_types)
     operand, indices, updates = operands
+    if isinstance(indices, Shifted) and isinstance(operand, Rel) and isinstance(updates, Rel):
+        return [_scatter_into_blocks(info, operand, indices, updates, ctx)]
     if not all(isinstance(v, Rel) for v in operands):
         return [Opaque("scatter of a device-dependent scalar", category="unsupported")]
     kind = scatter_kind(info)
@@ -317,6 +319,43 @@ def scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
         return [Rel(term, operand.tiling, axes, partial_kind, frozenset(), operand.scope,
                     partial_origin=operand.partial_origin or updates.partial_origin)]
     return [_scatter_add(operand, indices, updates, dims, tuple(spread), ctx)]
+
+
+def _scatter_into_blocks(info: OpInfo, operand: Rel, indices: Shifted, updates: Rel,
+                         ctx: RuleContext) -> Value:
+    """XLA's scatter into a table split along the scattered dim d over axes A: every device
+    scatters all the (replicated) updates at `ids - offset(device)` into its block of s rows.
+    An update window that does not fit is skipped (XLA), so each device applies exactly the
+    updates whose row falls in its block, in the same order: when offset(device) is
+    block_index(A, device) * s, the result is that block of the global scatter, split over A
+    like the operand."""
+    unsupported = Opaque("scatter with device-dependent indices that are not the ids shifted "
+                         "by the device's block offset along the split scattered dim",
+                         category="unsupported")
+    kind = scatter_kind(info)
+    if kind not in ("add", "replace") or ctx.mesh is None:
+        return unsupported
+    dims = dims_of(info, "scatter_dimension_numbers", _SCATTER_KEYS)
+    to_operand = dims["scatter_dims_to_operand_dims"]
+    if (dims["input_batching_dims"] or len(to_operand) != 1
+            or to_operand[0] not in dims["inserted_window_dims"]):
+        return unsupported
+    d = to_operand[0]
+    ids = indices.rel
+    operand, updates, ids = freeze(operand), freeze(updates), freeze(ids)
+    axes = operand.tiling[d]
+    if (not axes or ids.tiled_axes or ids.partial or updates.tiled_axes or updates.partial
+            or operand.partial or any(t for k, t in enumerate(operand.tiling) if k != d)):
+        return unsupported
+    block = info.operand_types[0].shape[d]
+    mesh = ctx.mesh
+    if any(indices.offsets[device] != -mesh.block_index(axes, device) * block
+           for device in range(mesh.num_devices)):
+        return Opaque(f"scatter indices are shifted by {list(indices.offsets)[:16]}, not by "
+                      f"minus each device's block offset along dim {d} ({block} * "
+                      f"axis_index({axes_str(axes)}))", category="wrong_offset")
+    term = make_scatter(operand.term, ids.term, updates.term, dims, kind)
+    return replace(operand, term=term)
 
 
 def _widen(rel: Rel, dim: int, size: int, axes: tuple[str, ...]) -> Rel | None:

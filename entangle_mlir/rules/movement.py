@@ -94,7 +94,7 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
     groups = reshape_groups(local_in, local_out)
     if groups is None:
         return [Opaque("reshape: cannot match dims", category="internal")]
-    groups = _peel_unit_dims(groups, local_in, local_out)
+    groups = _peel_unit_dims(groups, local_in, local_out, x.tiling)
     choices = []
     for src_dims, dst_dims in groups:
         split = [d for d in src_dims if x.tiling[d]]
@@ -119,13 +119,14 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
     return [candidates[0]]
 
 
-def _peel_unit_dims(groups, local_in, local_out):
-    """Unit dims leading a group on both sides pair up one to one, in their own groups (a split
-    dim of local size 1 keeps its own global dim: (1, 8) -> (1, 4, 2) with dim 0 split)."""
+def _peel_unit_dims(groups, local_in, local_out, tiling):
+    """A split dim of local size 1 leading a group pairs with a leading unit dim of the result,
+    in a group of its own (it keeps its global dim: (1, 8) -> (1, 4, 2) with dim 0 split), so
+    that another split dim of the group can regroup on its own."""
     out = []
     for src_dims, dst_dims in groups:
         while (len(src_dims) > 1 and len(dst_dims) > 1 and local_in[src_dims[0]] == 1
-               and local_out[dst_dims[0]] == 1):
+               and tiling[src_dims[0]] and local_out[dst_dims[0]] == 1):
             out.append(([src_dims[0]], [dst_dims[0]]))
             src_dims, dst_dims = src_dims[1:], dst_dims[1:]
         out.append((src_dims, dst_dims))

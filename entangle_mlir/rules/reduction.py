@@ -5,6 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from ..layout import Opaque, Rel, Value
+from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import intern, make_elementwise, make_lin, make_op, make_splat, splat_value
 from .base import RuleContext
@@ -87,6 +88,63 @@ def _logical_reduce(info: OpInfo, x: Value, init: Value, reducer: str) -> Value:
     return Rel(term, tiling, (), "", frozenset(), x.scope)
 
 
+def window_attrs(info: OpInfo) -> tuple[tuple[int, ...], ...]:
+    """(window, strides, base_dilations, window_dilations, padding low, padding high) of a
+    reduce_window, defaults filled in (StableHLO's defaults: 1s and no padding)."""
+    a = info.attrs
+    window = tuple(a["window_dimensions"])
+    ones = (1,) * len(window)
+    padding = a.get("padding") or [[0, 0]] * len(window)
+    return (window, tuple(a.get("window_strides") or ones), tuple(a.get("base_dilations") or ones),
+            tuple(a.get("window_dilations") or ones), tuple(int(p[0]) for p in padding),
+            tuple(int(p[1]) for p in padding))
+
+
+def reduce_window(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    """A window over dims that are not split keeps the layout (jnp.cumsum along an unsplit
+    dim): every device reduces whole windows of its block. A split dim must have the trivial
+    window (size 1, stride 1, no padding or dilation). A partial sum (max) stays partial
+    through a sum (max) window: windowing is linear (monotone) when the init value is the
+    reducer's identity, which it must be (padding is filled with it)."""
+    if len(operands) != 2:
+        return [Opaque("variadic reduce_window is not supported", category="unsupported")
+                ] * len(info.result_types)
+    x, init = operands
+    reducer = info.attrs.get("reducer", "other")
+    if reducer not in _KIND:
+        return [Opaque(f"reduce_window with a '{reducer}' reducer is not supported",
+                       category="unsupported")]
+    if not isinstance(x, Rel) or not isinstance(init, Rel):
+        return [Opaque("reduce_window of a device-dependent value", category="unsupported")]
+    x = freeze(x)
+    init_value = splat_value(init.term)
+    if init_value != _IDENTITY[reducer]:
+        return [Opaque(f"reduce_window with init value {init_value} (not the identity of "
+                       f"{reducer}) is not supported", category="unsupported")]
+    kind = _KIND[reducer]
+    if x.partial and x.kind != kind:
+        return [Opaque(f"reduce_window ({reducer}) of a partial {x.kind}: missing all_reduce "
+                       "before it", category="nonlinear_partial")]
+    window, strides, base, dilation, low, high = window_attrs(info)
+    for d, axes in enumerate(x.tiling):
+        if axes and (window[d], strides[d], base[d], dilation[d], low[d], high[d]) != (
+                1, 1, 1, 1, 0, 0):
+            return [Opaque(f"reduce_window with a window along dim {d}, which is split over "
+                           f"{axes_str(axes)}: each device's windows stop at its block edge",
+                           category="layout_mismatch")]
+    local = info.result_types[0].shape
+    shape = tuple(x.term.shape[d] if axes else local[d] for d, axes in enumerate(x.tiling))
+    attrs = (window, strides, base, dilation, low, high)
+    dtype = info.result_types[0].dtype
+    if reducer == "add":
+        term = make_op("reduce_window_sum", (x.term,), attrs, shape, dtype, linear_in=0)
+    else:
+        term = intern(f"reduce_window_{reducer}", (x.term,), attrs, shape, dtype)
+    return [Rel(term, x.tiling, x.partial, x.kind, frozenset(), x.scope,
+                partial_origin=x.partial_origin)]
+
+
 REDUCTION_RULES = {
     "stablehlo.reduce": reduce,
+    "stablehlo.reduce_window": reduce_window,
 }

@@ -26,7 +26,7 @@ from ..terms import (
     splat_value,
 )
 from .base import RuleContext
-from .common import splat_rel
+from .common import freeze, splat_rel
 
 _LINEAR = ("stablehlo.add", "stablehlo.subtract")
 
@@ -108,6 +108,8 @@ def elementwise_shifted(info: OpInfo, operands: list[Value], ctx: RuleContext,
                           "yet)", category="unsupported")]
     if any(isinstance(v, (DeviceScalar, Opaque)) for v in operands):
         return unsupported
+    if name == "stablehlo.select" and len(operands) == 3 and isinstance(operands[0], Shifted):
+        return [device_select(info, operands, ctx, plain)]
     if name == "stablehlo.convert" and info.result_types[0].is_float or (
             name == "stablehlo.convert" and info.result_types[0].is_int):
         (x,) = operands
@@ -142,9 +144,83 @@ def elementwise_shifted(info: OpInfo, operands: list[Value], ctx: RuleContext,
             moved = normalize(Shifted(a, tuple(-o for o in b.offsets)), ctx)
             pair = [moved, b.rel]
         if any(isinstance(v, Shifted) for v in pair):
-            return unsupported
+            shifted = a if isinstance(a, Shifted) else b
+            return [_wrong_iota_offsets(shifted, ctx) or unsupported[0]]
         return plain(info, pair, ctx)
     return unsupported
+
+
+def device_select(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> Value:
+    """select on a per-device predicate (`broadcast(partition_id != 0)`):
+
+    * both branches the same value: that value;
+    * the predicate the same on every device: the branch it picks;
+    * one branch zero, the other a value R that does not use axes A, where every group of
+      devices differing only on A keeps R on exactly one device (XLA keeps a scatter-add's
+      operand on one device so that the all_reduce counts it once): a partial sum of R over A.
+    """
+    pred, on_true, on_false = operands
+    unsupported = Opaque("select on a device-dependent predicate that keeps a value on no "
+                         "single device of any group of mesh axes (not supported)",
+                         category="unsupported")
+    if pred.rel.term.op != "splat" or splat_value(pred.rel.term) != 0 or not all(
+            isinstance(v, Rel) for v in (on_true, on_false)) or ctx.mesh is None:
+        return unsupported
+    if on_true.term is on_false.term and (on_true.tiling, on_true.partial) == (
+            on_false.tiling, on_false.partial):
+        return freeze(on_true) if on_true.poly != on_false.poly else on_true
+    keep = [bool(v) for v in pred.offsets]
+    if all(keep) or not any(keep):
+        return on_true if all(keep) else on_false
+    zero_true = splat_value(on_true.term) == 0
+    zero_false = splat_value(on_false.term) == 0
+    if zero_true == zero_false:
+        return unsupported
+    value = on_false if zero_true else on_true
+    kept = [not k for k in keep] if zero_true else keep
+    mesh = ctx.mesh
+    varying = [a for a in mesh.names if any(
+        kept[d] != kept[mesh.device({**mesh.coords(d), a: 0})] for d in range(mesh.num_devices))]
+    if value.partial or set(varying) & set(value.tiled_axes) or not varying:
+        return unsupported
+    groups: dict[tuple, int] = {}
+    for d in range(mesh.num_devices):
+        coords = mesh.coords(d)
+        key = tuple(coords[a] for a in mesh.names if a not in varying)
+        groups[key] = groups.get(key, 0) + kept[d]
+    if any(count != 1 for count in groups.values()):
+        return unsupported
+    value = freeze(value)
+    axes = tuple(a for a in mesh.names if a in varying)
+    return replace(value, partial=axes, kind="sum", partial_origin=info)
+
+
+def _wrong_iota_offsets(value: Shifted, ctx: RuleContext) -> Opaque | None:
+    """An iota plus per-device offsets that are almost, but not, the block offsets of some mesh
+    axes (a wrong entry in the offset table a padding mask is built from): which device
+    numbers its block from where, and where it should."""
+    found = _iota_dim(value.rel.term)
+    if found is None or ctx.mesh is None or value.rel.partial:
+        return None
+    dim, factor = found
+    step = factor * value.rel.term.shape[dim]
+    mesh = ctx.mesh
+    free = [a for a in mesh.names if a not in value.rel.tiled_axes]
+    best = None
+    for count in range(1, len(free) + 1):
+        for axes in itertools.permutations(free, count):
+            expected = [mesh.block_index(axes, d) * step for d in range(mesh.num_devices)]
+            bad = [d for d in range(mesh.num_devices) if value.offsets[d] != expected[d]]
+            if best is None or len(bad) < len(best[1]):
+                best = (axes, bad, expected)
+    if best is None or not best[1] or len(best[1]) * 2 > mesh.num_devices:
+        return None
+    axes, bad, expected = best
+    device = bad[0]
+    return Opaque(f"device-dependent offset is wrong along dim {dim}: device {device} numbers "
+                  f"its block from {value.offsets[device]} instead of {expected[device]} "
+                  f"(expected offset = {step} * axis_index({', '.join(axes)}))",
+                  category="wrong_offset")
 
 
 def _wrap(inner: list[Value], offsets: tuple, ctx: RuleContext) -> list[Value]:

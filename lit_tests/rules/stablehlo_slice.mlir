@@ -32,7 +32,9 @@ func.func @split_dim(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> tensor<8x8xf
     // CHECK: stablehlo.slice %{{.*}}entangle.relation = "tile [{}, {tp}] : %arg0 rows [b*B + 0, b*B + 2) of dim 1"
     %1 = stablehlo.slice %a [0:8, 0:2] : (tensor<8x4xf32>) -> tensor<8x2xf32>
     %p = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
-    // CHECK: stablehlo.slice %{{.*}}entangle.relation = "partial sum {tp} : slice(dot_general(%arg0, %arg1))"
+    // Slices are pushed toward the leaves (terms.push_slice): a slice of a dot's free dim
+    // slices its operand.
+    // CHECK: stablehlo.slice %{{.*}}entangle.relation = "partial sum {tp} : dot_general(%arg0, slice(%arg1))"
     %2 = stablehlo.slice %p [0:8, 0:8:2] : (tensor<8x8xf32>) -> tensor<8x4xf32>
     sdy.return %p : tensor<8x8xf32>
   } : (tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<8x8xf32>
