@@ -15,6 +15,7 @@ from entangle_mlir.ir import context
 from entangle_mlir.layout import Rel
 from entangle_mlir.pipeline import ModulePass, PassState
 from entangle_mlir.program import func_name, functions
+from entangle_mlir.rules.base import ReferenceTerms
 
 
 @dataclass
@@ -37,8 +38,8 @@ class InferRelationsPass(ModulePass):
         for key, func, module, file in targets:
             walk = Walker(func, module, file, reference).run()
             if key == "reference":
-                reference = {v.term.serial for v in walk.values.values()
-                             if isinstance(v, Rel)}
+                reference = ReferenceTerms.of(v.term for v in walk.values.values()
+                                              if isinstance(v, Rel))
             state.walks[key] = walk
             if self.annotate and module is state.module:
                 _annotate(walk)

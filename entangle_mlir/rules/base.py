@@ -16,6 +16,20 @@ from ..mesh import Mesh
 from ..opinfo import OpInfo
 
 
+class ReferenceTerms(frozenset):
+    """The serials of every term the reference computes, and the shapes of those terms: what
+    the sharded walk consults to choose between equally valid global views of a value."""
+
+    shapes: frozenset = frozenset()
+
+    @classmethod
+    def of(cls, terms) -> ReferenceTerms:
+        terms = list(terms)
+        found = cls(t.serial for t in terms)
+        found.shapes = frozenset(t.shape for t in terms)
+        return found
+
+
 @dataclass
 class RuleContext:
     """Where the op runs: the mesh and manual axes (none in global scope), plus what the rule

@@ -116,6 +116,14 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
         for candidate in candidates:
             if candidate.term.serial in ctx.reference:
                 return [candidate]
+        shapes = getattr(ctx.reference, "shapes", ())
+        for candidate in candidates:
+            if candidate.term.shape in shapes:
+                return [candidate]
+        squeezed = [d for d in x.term.shape if d != 1]
+        for candidate in candidates:
+            if [d for d in candidate.term.shape if d != 1] == squeezed:
+                return [candidate]
     return [candidates[0]]
 
 
@@ -142,9 +150,10 @@ def _reshape_result(x: Rel, local_out: tuple[int, ...], targets, ctx: RuleContex
     """The reshaped relation with each split group's tiling on its chosen result dim.
 
     Where a split dim regroups with unit dims (local 8 -> 1x8) the global view is ambiguous
-    (4x8 or 1x32 for 4 blocks); both are valid descriptions of the same local data. The major
-    dim is the default (heads split over tp); the reference's own term decides when it names
-    one of them.
+    (4x8 or 1x32 for 4 blocks); both are valid descriptions of the same local data. Chosen in
+    order: the one whose term the reference computes (heads split over tp), one with the shape
+    of a reference term, one that only adds or drops unit dims of the global value (XLA's
+    reshapes around a bias); else (and without a reference) the major dim.
     """
     shape, tiling = list(local_out), [()] * len(local_out)
     for axes, target in targets:
