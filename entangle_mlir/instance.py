@@ -517,6 +517,9 @@ def _reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
         return _reduced_gather(info, ops, res, c)
     if name == "stablehlo.scatter" and len(ops) == 3:
         return _reduced_scatter(info, ops, c)
+    if name == "chlo.top_k" and len(ops) == 1 and ops[0]:
+        lead = tuple(c(s) for s in ops[0][:-1])
+        return [lead + ops[0][-1:]], [lead + r[-1:] for r in res]
     if name == "stablehlo.iota" or name == "stablehlo.constant" and a.get("splat"):
         return [], [tuple(c(size) for size in res[0])]
     if name == "stablehlo.reshape":

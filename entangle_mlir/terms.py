@@ -519,6 +519,9 @@ def pretty(term: Term, depth: int = 6, names: dict[int, str] | None = None) -> s
         return "(" + " * ".join(sub) + ")"
     if term.op == "div":
         return f"({sub[0]} / {sub[1]})"
+    if term.op == "chlo.top_k":
+        k, result = term.attrs
+        return f"top_k({sub[0]}, k={k}).{'indices' if result else 'values'}"
     name = term.op.split(".")[-1]
     return f"{name}({', '.join(sub)})"
 

@@ -574,8 +574,25 @@ def indexed_lemmas() -> list[Lemma]:
     return out
 
 
+def sorting_lemmas() -> list[Lemma]:
+    """chlo.top_k: rows split over any axes select within their own rows (values and i32
+    indices, ties to the lower index, on symbolic elements)."""
+    out = []
+    for mesh, shape, tiling, k in ((M1, (4, 5), ("tp",), 2), (M3, (3, 4), ("tp",), 1),
+                                   (M2, (2, 2, 4), ("dp", "tp"), 3), (M1, (2, 3), (), 3)):
+        x = arg(shape)
+        local = tuple(s // mesh.group_size((a,)) if isinstance(a, str) else s
+                      for s, a in zip(shape, tiling + ((),) * (len(shape) - len(tiling))))
+        out_shape = local[:-1] + (k,)
+        out.append(Lemma(f"top_k-{'x'.join(map(str, shape))}-k{k}", "chlo.top_k",
+                         [rel(x, *tiling)], results=[(out_shape, "f32"), (out_shape, "i32")],
+                         attrs={"k": k}, mesh=mesh))
+    return out
+
+
 ALL_LEMMAS = (elementwise_lemmas() + partial_lemmas() + dot_lemmas() + reduce_lemmas()
-              + movement_lemmas() + collective_lemmas() + index_lemmas() + indexed_lemmas())
+              + movement_lemmas() + collective_lemmas() + index_lemmas() + indexed_lemmas()
+              + sorting_lemmas())
 
 
 @pytest.mark.parametrize("lemma", ALL_LEMMAS, ids=[lemma.name for lemma in ALL_LEMMAS])
@@ -685,6 +702,16 @@ def test_refutes_collective_permute_of_split_blocks() -> None:
     x = arg((4, 2))
     refute("stablehlo.collective_permute", [rel(x, "tp")], [rel(x, "tp")], [((2, 2), "f32")],
            {"source_target_pairs": [[0, 1], [1, 0]], "channel_handle": 1})
+
+
+def test_refutes_top_k_of_split_candidates() -> None:
+    """Each device's top 2 of its own half of the row is not the row's top 2."""
+    from entangle_mlir.rules.sorting import make_top_k
+
+    x = arg((2, 4))
+    outs = [rel(make_top_k(x, 2, 0, "f32")), rel(make_top_k(x, 2, 1, "i32"))]
+    refute("chlo.top_k", [rel(x, (), "tp")], outs, [((2, 2), "f32"), ((2, 2), "i32")],
+           attrs={"k": 2})
 
 
 def test_refutes_max_of_split_dim_claimed_partial_sum() -> None:
