@@ -587,6 +587,45 @@ def sorting_lemmas() -> list[Lemma]:
         out.append(Lemma(f"top_k-{'x'.join(map(str, shape))}-k{k}", "chlo.top_k",
                          [rel(x, *tiling)], results=[(out_shape, "f32"), (out_shape, "i32")],
                          attrs={"k": k}, mesh=mesh))
+    out += batching_lemmas()
+    return out
+
+
+_TAKE_ALONG = {"offset_dims": (), "collapsed_slice_dims": (1,), "operand_batching_dims": (0,),
+               "start_indices_batching_dims": (0,), "start_index_map": (1,),
+               "index_vector_dim": 2, "slice_sizes": (1, 1)}
+"""`jnp.take_along_axis(logits, t[:, None, None], -1)`: one index per row of the operand."""
+_TAKE_ALONG_GRAD = {"update_window_dims": (), "inserted_window_dims": (1,),
+                    "input_batching_dims": (0,), "scatter_indices_batching_dims": (0,),
+                    "scatter_dims_to_operand_dims": (1,), "index_vector_dim": 2}
+"""Its gradient: scatter-add of the cotangent into each row at its index."""
+
+
+def batching_lemmas() -> list[Lemma]:
+    """gather / scatter with batching dims (take_along_axis, the target logit of a
+    cross-entropy, and its gradient): the batching dim split alike in operand and indices."""
+    out = []
+    for mesh, axes, rows, width in ((M1, "tp", 4, 3), (M3, "tp", 3, 2), (M2, ("dp", "tp"), 4, 2)):
+        n = mesh.group_size(axes if isinstance(axes, tuple) else (axes,))
+        tag = f"{'-'.join(mesh.names)}-{rows}x{width}"
+        logits, ids = arg((rows, width)), arg((rows, 1, 1), "i32")
+        out += [
+            Lemma(f"gather-batching-{tag}", "stablehlo.gather",
+                  [rel(logits, axes), rel(ids, axes)], results=[((rows // n, 1), "f32")],
+                  attrs=dict(_TAKE_ALONG), mesh=mesh),
+            Lemma(f"scatter-batching-{tag}", "stablehlo.scatter",
+                  [rel(arg((rows, width)), axes), rel(ids, axes), rel(arg((rows, 1)), axes)],
+                  results=[((rows // n, width), "f32")],
+                  attrs={**_TAKE_ALONG_GRAD, "reducer": "add"}, mesh=mesh),
+            Lemma(f"scatter-batching-local-zeros-{tag}",
+                  "stablehlo.scatter",
+                  [splat(0, (rows // n, width)), rel(ids, axes), splat(1, (rows // n, 1))],
+                  results=[((rows // n, width), "f32")],
+                  attrs={**_TAKE_ALONG_GRAD, "reducer": "add"}, mesh=mesh),
+        ]
+    out.append(Lemma("gather-batching-partial", "stablehlo.gather",
+                     [rel(arg((4, 3)), (), partial=("tp",)), rel(arg((4, 1, 1), "i32"))],
+                     results=[((4, 1), "f32")], attrs=dict(_TAKE_ALONG)))
     return out
 
 
@@ -712,6 +751,24 @@ def test_refutes_top_k_of_split_candidates() -> None:
     outs = [rel(make_top_k(x, 2, 0, "f32")), rel(make_top_k(x, 2, 1, "i32"))]
     refute("chlo.top_k", [rel(x, (), "tp")], outs, [((2, 2), "f32"), ((2, 2), "i32")],
            attrs={"k": 2})
+
+
+def test_refutes_take_along_axis_with_only_the_indices_split() -> None:
+    """Rows of the indices split over tp but a replicated operand: each device would pair its
+    local index rows with the operand's first rows; claiming the split gather is refuted."""
+    logits, ids = arg((4, 3)), arg((4, 1, 1), "i32")
+    dims = {k: v for k, v in _TAKE_ALONG.items() if k != "slice_sizes"}
+    out = rel(T.intern("stablehlo.gather", (logits, ids), tuple(sorted(
+        {**dims, "slice_sizes": (1, 1)}.items())), (4, 1), "f32"), "tp")
+    refute("stablehlo.gather", [rel(logits), rel(ids, "tp")], [out], [((2, 1), "f32")],
+           attrs=dict(_TAKE_ALONG))
+
+
+def test_refuses_take_along_axis_with_only_the_indices_split() -> None:
+    lemma = Lemma("x", "stablehlo.gather", [rel(arg((4, 3))), rel(arg((4, 1, 1), "i32"), "tp")],
+                  results=[((2, 1), "f32")], attrs=dict(_TAKE_ALONG))
+    (value,) = RULES[lemma.op](lemma.info(), list(lemma.ins), lemma.context())
+    assert isinstance(value, Opaque) and "pair rows of different tokens" in value.reason
 
 
 def test_refutes_max_of_split_dim_claimed_partial_sum() -> None:
