@@ -24,9 +24,11 @@ class _Reference:
         self.walk = walk
         self.by_term: dict[int, OpRecord] = {}
         self.terms: dict[int, Term] = {}
+        self.scaled: dict[int, Term] = {}
         for value in walk.values.values():
             if isinstance(value, Rel):
                 self.terms[value.term.serial] = value.term
+                self.scaled.setdefault(single_scaled(value.term)[1].serial, value.term)
         for record in walk.records:
             for value in record.outputs:
                 if isinstance(value, Rel):
@@ -34,6 +36,16 @@ class _Reference:
 
     def has(self, term: Term) -> bool:
         return term.serial in self.terms
+
+    def ratio(self, term: Term) -> tuple[object, Term] | None:
+        """(r, t) when the reference computes t and term == r * t (scalars are pulled out of
+        products, so a mis-scaled value differs from the reference's by its coefficient)."""
+        k, base = single_scaled(term)
+        known = self.scaled.get(base.serial)
+        if known is None:
+            return None
+        kr, _ = single_scaled(known)
+        return k / kr, known
 
     def counterpart(self, record: OpRecord) -> OpRecord | None:
         """The reference op a sharded op should correspond to, if one can be found."""
@@ -187,12 +199,13 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
     if culprit is None:
         return Diagnostic("error", message, where, category="different_function")
     record, term = culprit
-    k2, base2 = single_scaled(term)
+    found = reference.ratio(term)
+    k2, base2 = found if found is not None else (1, term)
     category = "different_function"
     if record.hints:
         reason = record.hints[0]
         category = "duplicate_reduction" if "already replicated" in reason else "scale"
-    elif reference.has(base2) and k2 != 1:
+    elif found is not None and k2 != 1:
         reason = f"value is {k2} x what the reference computes here ({pretty(base2, 3)})"
         category = "scale"
         mean = _pmean_axes(record, k2, sharded)

@@ -990,3 +990,57 @@ def test_random_rule_instances(seed: int) -> None:
             + "\n".join(f"  in  {v.describe()}" for v in lemma.ins)
             + "\n" + "\n".join(f"  out {v.describe()}" for v in outs))
     assert claimed > 40
+
+
+# ----- canonical forms: common scalar factors ---------------------------------------------------
+
+def _values(*terms: T.Term) -> dict:
+    rng = np.random.default_rng(7)
+    env = {}
+    for t in terms:
+        for leaf in (t, *t.args):
+            if leaf.op == "arg":
+                env[leaf.attrs[0]] = np.array(
+                    [Fraction(int(v), 7) for v in rng.integers(-20, 20, leaf.shape).ravel()],
+                    dtype=object).reshape(leaf.shape)
+    return env
+
+
+def test_proportional_sums_meet_under_products_and_linear_ops() -> None:
+    """A local mean's 1/N_local times a pmean's 1/n equals the reference's 1/N whichever side
+    of a product, pad, broadcast or mask the scalar was applied on (dp_mean_coefficients)."""
+    from entangle_mlir import semantics as S
+
+    a, b, x = arg((2, 3)), arg((2, 3)), arg((2, 3))
+    local = T.make_lin([(Fraction(1, 8), a), (Fraction(-1, 8), b)], Fraction(1, 8), (2, 3), "f32")
+    ref = T.make_lin([(Fraction(1, 32), a), (Fraction(-1, 32), b)], Fraction(1, 32), (2, 3),
+                     "f32")
+    assert T.scale(T.make_mul(local, x), Fraction(1, 4)) is T.make_mul(ref, x)
+    assert T.scale(T.make_div(x, local), 4) is T.make_div(x, ref)
+    pad = lambda t: T.make_op("pad", (t, T.make_splat(0, (), "f32")), ((1, 0), (0, 0), (0, 0)),
+                              (3, 3), "f32", linear_in=0)
+    assert T.scale(pad(local), Fraction(1, 4)) is pad(ref)
+    bcast = lambda t: T.make_broadcast(t, (1, 2), (4, 2, 3))
+    assert T.scale(bcast(local), Fraction(1, 4)) is bcast(ref)
+    mask = T.make_elementwise("stablehlo.compare", (a, b), ("LT",), dtype="i1")
+    select = lambda t: T.make_elementwise(
+        "stablehlo.select", (mask, t, T.make_splat(0, (2, 3), "f32")))
+    assert T.scale(select(local), Fraction(1, 4)) is select(ref)
+    quotient = T.make_div(T.make_splat(Fraction(1, 32), (2, 3), "f32"), x)
+    assert quotient is T.scale(T.make_div(T.make_splat(1, (2, 3), "f32"), x), Fraction(1, 32))
+    # ... and the factored forms still compute the same numbers.
+    env = _values(a, b, x)
+    want = (env[a.attrs[0]] - env[b.attrs[0]] + 1) * Fraction(1, 32)
+    got = S.evaluate_term(select(ref), env)
+    expected = np.where(env[a.attrs[0]] < env[b.attrs[0]], want, 0)
+    assert (got == expected).all()
+    got = S.evaluate_term(T.make_mul(ref, x), env)
+    assert (got == want * env[x.attrs[0]]).all()
+
+
+def test_integer_division_keeps_its_numerator() -> None:
+    """Integer division truncates: no scalar is pulled out of its numerator."""
+    i = arg((3,), "i32")
+    doubled = T.make_lin([(Fraction(2), i)], Fraction(2), (3,), "i32")
+    quotient = T.make_div(doubled, arg((3,), "i32"))
+    assert quotient.op == "div" and quotient.args[0] is doubled
