@@ -20,6 +20,7 @@ from ..terms import (
     make_transpose,
     reshape_groups,
     scale,
+    single_scaled,
     splat_value,
 )
 from . import shifted
@@ -112,7 +113,7 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
                                           ctx))
     if ctx.reference is not None:
         for candidate in candidates:
-            if candidate.term.serial in ctx.reference:
+            if single_scaled(candidate.term)[1].serial in ctx.reference:
                 return [candidate]
     return [candidates[0]]
 
