@@ -7,8 +7,9 @@ split dim (a partial sum), which the gradient never meant. Two exact local rewri
 programs in the form the reference has (`fold_unit_dims`, run by entangle-normalize on both
 programs):
 
-* `reduce(x, D)` with identity init and some dims U of D of size 1 is
-  `reshape(reduce(x, D \\ U))` (or `reshape(x)` when D == U);
+* `reduce(x, D)` with identity init, some dims U of D of size 1 and only broadcast_in_dim
+  users (the transpose pattern) is `reshape(reduce(x, D \\ U))` (or `reshape(x)` when
+  D == U); a reduction that is not broadcast back stays a reduction (a partial sum);
 * `broadcast_in_dim(reshape(y))`, where the reshape only drops unit dims of `y`, is
   `broadcast_in_dim(y')` with the dropped dims put back on result dims of size 1 at the same
   place (in order between their neighbours), so a split unit dim keeps its identity.
@@ -73,9 +74,13 @@ def _fold_reduce(op: ir.Operation) -> int:
     shape = _shape(x)
     dims = list(ir.DenseI64ArrayAttr(op.attributes["dimensions"]))
     unit = [d for d in dims if shape[d] == 1]
-    if not unit:
-        return 0
     result = op.results[0]
+    users = [use.owner for use in result.uses]
+    # Only the transpose pattern (the reduced dims are broadcast back): a reduction of a split
+    # unit dim that is not re-expanded is a genuine partial sum (a per-device loss term).
+    if not unit or not users or any(
+            getattr(u, "name", "") != "stablehlo.broadcast_in_dim" for u in users):
+        return 0
     with ir.InsertionPoint(op), op.location:
         if len(unit) == len(dims):
             new = stablehlo.ReshapeOp(result.type, x).result
