@@ -11,7 +11,7 @@ from .diagnostics import Diagnostic
 from .infer import OpRecord, Walk
 from .layout import GLOBAL, DeviceScalar, Opaque, Rel
 from .report import NOT_PROVEN, PROVEN, OutputResult, Report
-from .terms import Term, pretty, single_scaled, structural_diff
+from .terms import Term, linear_parts, pretty, scale, single_scaled, structural_diff
 
 _LEAF_OPS = ("splat", "dense", "iota", "arg", "loopvar")
 _BOUNDARY_OPS = ("sdy.manual_computation", "func.func", "func.return")
@@ -237,8 +237,14 @@ def _pmean_axes(record: OpRecord, factor, walk: Walk) -> str:
 
 
 def _first_divergence(out: Term, sharded: Walk, reference: _Reference):
-    """The first op, in program order, on the output's slice whose term the reference lacks."""
+    """The first op, in program order, on the output's slice whose term the reference lacks.
+
+    Values that are a scaled reference value (a local mean's 1/N_local waiting for its pmean)
+    are not divergences by themselves: when every divergent value is such a scaled one, the
+    culprit is where the scale last changes to the output's wrong one (the reduction that
+    divides by the wrong count)."""
     needed = _subterms(out)
+    scaled: list[tuple[OpRecord, Term, object]] = []
     for record in sharded.records:
         if record.info.name in _BOUNDARY_OPS:
             continue
@@ -250,8 +256,41 @@ def _first_divergence(out: Term, sharded: Walk, reference: _Reference):
                 continue
             _, base = single_scaled(term)
             if term.serial in needed or base.serial in needed:
-                return record, term
-    return None
+                found = reference.ratio(term)
+                if found is None:
+                    if scaled and _has_misscaled_part(term, reference):
+                        return _scale_change(scaled)
+                    return record, term
+                scaled.append((record, term, found[0]))
+    return _scale_change(scaled) if scaled else None
+
+
+def _has_misscaled_part(term: Term, reference: _Reference) -> bool:
+    """A sum with a part the reference computes at another scale (a mis-scaled gradient
+    entering an update, a pmean'd value getting its bias)."""
+    pairs, _ = linear_parts(term)
+    for k, part in pairs:
+        found = reference.ratio(scale(part, k))
+        if found is not None and found[0] != 1:
+            return True
+    return False
+
+
+def _scale_change(scaled: list) -> tuple[OpRecord, Term]:
+    """Where the scale went wrong: the last reduction over devices among the scaled values (or
+    the division right after it, a pmean), where gradient synchronisation divides by a count;
+    without one, the first value at the final scale after the last one at another scale."""
+    reductions = [i for i, (record, _, _) in enumerate(scaled)
+                  if record.info.name == "stablehlo.all_reduce"]
+    if reductions:
+        last = reductions[-1]
+        if last + 1 < len(scaled) and scaled[last][0] in scaled[last + 1][0].sources:
+            last += 1
+        return scaled[last][0], scaled[last][1]
+    final = scaled[-1][2]
+    start = max((i + 1 for i, (_, _, r) in enumerate(scaled) if r != final), default=0)
+    record, term, _ = scaled[start]
+    return record, term
 
 
 def _subterms(term: Term) -> set[int]:
