@@ -78,8 +78,7 @@ def _fold_reduce(op: ir.Operation) -> int:
     users = [use.owner for use in result.uses]
     # Only the transpose pattern (the reduced dims are broadcast back): a reduction of a split
     # unit dim that is not re-expanded is a genuine partial sum (a per-device loss term).
-    if not unit or not users or any(
-            getattr(u, "name", "") != "stablehlo.broadcast_in_dim" for u in users):
+    if not unit or not users or not all(_puts_back(u, shape, dims, unit) for u in users):
         return 0
     with ir.InsertionPoint(op), op.location:
         if len(unit) == len(dims):
@@ -94,6 +93,20 @@ def _fold_reduce(op: ir.Operation) -> int:
     result.replace_all_uses_with(new)
     op.erase()
     return 1
+
+
+def _puts_back(user, shape: tuple[int, ...], dims: list[int], unit: list[int]) -> bool:
+    """`user` is a broadcast_in_dim that puts the reduced unit dims back where they were: with
+    the genuinely reduced (non-unit) dims taken out of `shape`, every kept dim lands on its own
+    index (jax's transpose of a broadcast re-expands exactly the dims it summed)."""
+    if getattr(user, "name", "") != "stablehlo.broadcast_in_dim":
+        return False
+    squeezed = [d for d in range(len(shape)) if d not in dims or d in unit]
+    position = {d: i for i, d in enumerate(squeezed)}
+    kept = [d for d in range(len(shape)) if d not in dims]
+    targets = list(ir.DenseI64ArrayAttr(user.attributes["broadcast_dimensions"]))
+    result = _shape(user.results[0])
+    return targets == [position[d] for d in kept] and len(result) >= len(kept)
 
 
 def _fold_broadcast(op: ir.Operation) -> int:
