@@ -266,9 +266,12 @@ def _first_divergence(out: Term, sharded: Walk, reference: _Reference):
 
 
 def _has_misscaled_part(term: Term, reference: _Reference) -> bool:
-    """A sum with a part the reference computes at another scale (a mis-scaled gradient
-    entering an update, a pmean'd value getting its bias)."""
+    """A sum with a part, or an op with an operand, the reference computes at another scale
+    (a mis-scaled gradient entering an update, a pmean'd value getting its bias, the log of a
+    sum counted once per device)."""
     pairs, _ = linear_parts(term)
+    if term.op != "lin":
+        pairs = pairs + [pair for arg in term.args for pair in linear_parts(arg)[0]]
     for k, part in pairs:
         found = reference.ratio(scale(part, k))
         if found is not None and found[0] != 1:
