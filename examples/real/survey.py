@@ -79,8 +79,8 @@ CAUSES: list[tuple[str, str, str]] = [
     ("slice_of_split_dim", "micro-batching the local batch (static slice of a dp-split dim)",
      r"slice of dim 0, which is split over 'dp'"),
     ("unit_batch_view", ("one sequence per device under dp: the loss's gradient mixes the "
-     "batch dim's global views"), r"pad of dim 0, which is split over 'dp'|reduce computes "
-     r"\(\S+\*reduce_sum"),
+     "batch dim's global views"), (r"pad of dim 0, which is split over 'dp'|reduce computes "
+     r"\(\S+\*reduce_sum")),
     ("moe_flatten_split_seq", "MoE under sequence parallelism (flattening a seq-split batch)",
      r"reshape regroups dim 1, which is split over 'tp'"),
     ("scale_located_at_backward_op", ("a wrongly scaled gradient reduction is reported at the "
