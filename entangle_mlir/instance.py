@@ -75,6 +75,7 @@ from .terms import (
     make_splat,
     make_transpose,
     reshape_groups,
+    splat_value,
 )
 from .z3check import ProofResult, prove
 
@@ -477,6 +478,8 @@ def substitute(term: Term, mapping: dict[int, Term], memo: dict[int, Term] | Non
         out = make_dot(args[0], args[1], attrs, shape, dtype)
     elif op in _LINEAR_IN:
         out = make_op(op, args, attrs, shape, dtype, linear_in=_LINEAR_IN[op])
+    elif op == "pad" and splat_value(args[1]) == 0:
+        out = make_op(op, args, attrs, shape, dtype, linear_in=0)
     elif op == "stablehlo.scatter" and ("reducer", "add") in attrs:
         out = make_op(op, args, attrs, shape, dtype, linear_in=2)
     elif op in S.ELEMENTWISE:
