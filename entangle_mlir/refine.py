@@ -11,7 +11,15 @@ from .diagnostics import Diagnostic
 from .infer import OpRecord, Walk
 from .layout import GLOBAL, DeviceScalar, Opaque, Rel
 from .report import NOT_PROVEN, PROVEN, OutputResult, Report
-from .terms import Term, linear_parts, pretty, scale, single_scaled, structural_diff
+from .terms import (
+    Term,
+    factor_content,
+    linear_parts,
+    pretty,
+    scale,
+    single_scaled,
+    structural_diff,
+)
 
 _LEAF_OPS = ("splat", "dense", "iota", "arg", "loopvar")
 _BOUNDARY_OPS = ("sdy.manual_computation", "func.func", "func.return")
@@ -28,7 +36,7 @@ class _Reference:
         for value in walk.values.values():
             if isinstance(value, Rel):
                 self.terms[value.term.serial] = value.term
-                self.scaled.setdefault(single_scaled(value.term)[1].serial, value.term)
+                self.scaled.setdefault(factor_content(value.term)[1].serial, value.term)
         for record in walk.records:
             for value in record.outputs:
                 if isinstance(value, Rel):
@@ -40,11 +48,11 @@ class _Reference:
     def ratio(self, term: Term) -> tuple[object, Term] | None:
         """(r, t) when the reference computes t and term == r * t (scalars are pulled out of
         products, so a mis-scaled value differs from the reference's by its coefficient)."""
-        k, base = single_scaled(term)
+        k, base = factor_content(term)
         known = self.scaled.get(base.serial)
         if known is None:
             return None
-        kr, _ = single_scaled(known)
+        kr, _ = factor_content(known)
         return k / kr, known
 
     def counterpart(self, record: OpRecord) -> OpRecord | None:
@@ -254,8 +262,10 @@ def _first_divergence(out: Term, sharded: Walk, reference: _Reference):
             term = value.term
             if term.op in _LEAF_OPS or reference.has(term):
                 continue
-            _, base = single_scaled(term)
-            if term.serial in needed or base.serial in needed:
+            _, base = factor_content(term)
+            parts = base.args if base.op == "lin" else ()
+            if term.serial in needed or base.serial in needed or any(
+                    part.serial in needed for part in parts):
                 found = reference.ratio(term)
                 if found is None:
                     if scaled and _has_misscaled_part(term, reference):
