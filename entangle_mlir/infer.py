@@ -261,11 +261,26 @@ class Walker:
         depth = self.loop_depth = getattr(self, "loop_depth", 0) + 1
         try:
             layouts = [freeze(v) for v in inits]
-            for _attempt in range(3):
+            # A zero buffer built at the local shape (scan's stacked gradients) first enters
+            # with its poly dims, so the body's writes can tell its split; that probing walk is
+            # never the final one (a carried value is not constant along any dim).
+            probing = any(v.poly and splat_value(v.term) == 0 for v in inits)
+            # Values the body passes through unchanged are the init on every iteration: they
+            # enter as themselves, so a constant jax carries (a cotangent seed) meets the
+            # reference's inline constant, and they do not take part in the loop's identity.
+            body = op.regions[1].blocks[0]
+            body_yields = list(body.operations[len(body.operations) - 1].operation.operands)
+            invariant = {k for k, (arg, out) in enumerate(zip(body.arguments, body_yields))
+                         if arg == out}
+            for _attempt in range(5):
                 mark = len(self.walk.records)
-                loopvars = [replace(rel, term=make_loopvar(depth, k, rel.term.shape,
-                                                           rel.term.dtype), partial_origin=None)
-                            for k, rel in enumerate(layouts)]
+                position = {k: i for i, k in enumerate(k for k in range(count)
+                                                       if k not in invariant)}
+                loopvars = [v if k in invariant or probing and v.poly and splat_value(v.term) == 0
+                            else replace(rel, term=make_loopvar(depth, position[k],
+                                                                rel.term.shape, rel.term.dtype),
+                                         partial_origin=None)
+                            for k, (v, rel) in enumerate(zip(inits, layouts))]
                 cond = self._region(op.regions[0].blocks[0], loopvars, ctx)
                 yields = self._region(op.regions[1].blocks[0], loopvars, ctx)
                 inner = next((v for v in list(cond) + list(yields)
@@ -276,7 +291,7 @@ class Walker:
                 if problem:
                     return [Opaque(problem, origin=(record, None), category="unsupported")
                             ] * count
-                changed = False
+                changed, probing = probing, False
                 for k, (layout, out) in enumerate(zip(layouts, yields)):
                     if _same_layout(layout, out):
                         continue
@@ -294,8 +309,13 @@ class Walker:
                                        f"{out.layout_str()}", origin=(record, None),
                                        category="layout_mismatch")] * count
                     layouts[k] = replace(layout, term=out.term, tiling=out.tiling,
-                                         partial=out.partial, kind=out.kind)
+                                         partial=out.partial, kind=out.kind, poly=frozenset())
                     changed = True
+                if not changed:
+                    passed = {k for k in range(count) if k not in invariant
+                              and yields[k].term is loopvars[k].term}
+                    invariant |= passed
+                    changed = bool(passed)
                 if not changed:
                     break
                 del self.walk.records[mark:]
@@ -304,17 +324,19 @@ class Walker:
                                origin=(record, None), category="unsupported")] * count
         finally:
             self.loop_depth = depth - 1
-        summary = (cond[0].term.serial, tuple(y.term.serial for y in yields))
+        live = [k for k in range(count) if k not in invariant]
+        summary = (cond[0].term.serial, tuple(yields[k].term.serial for k in live))
         init_terms = tuple(
             make_splat(splat_value(v.term), layout.term.shape, v.term.dtype)
             if v.term.op == "splat" else v.term for v, layout in zip(inits, layouts))
+        live_inits = tuple(init_terms[k] for k in live)
         results = []
         for k, (layout, out) in enumerate(zip(layouts, yields)):
-            if out.term is loopvars[k].term:
-                results.append(replace(layout, term=init_terms[k]))
+            if k in invariant:
+                results.append(inits[k])
                 continue
-            term = intern("while_result", init_terms, (k, depth, summary), layout.term.shape,
-                          layout.term.dtype)
+            term = intern("while_result", live_inits, (live.index(k), depth, summary),
+                          layout.term.shape, layout.term.dtype)
             results.append(replace(layout, term=term, partial_origin=record
                                    if layout.partial else None))
         return results

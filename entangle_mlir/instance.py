@@ -75,6 +75,7 @@ from .terms import (
     make_splat,
     make_transpose,
     reshape_groups,
+    splat_value,
 )
 from .z3check import ProofResult, prove
 
@@ -645,6 +646,8 @@ def substitute(term: Term, mapping: dict[int, Term], memo: dict[int, Term] | Non
         out = make_dot(args[0], args[1], attrs, shape, dtype)
     elif op in _LINEAR_IN:
         out = make_op(op, args, attrs, shape, dtype, linear_in=_LINEAR_IN[op])
+    elif op == "pad" and splat_value(args[1]) == 0:
+        out = make_op(op, args, attrs, shape, dtype, linear_in=0)
     elif op == "stablehlo.scatter" and ("reducer", "add") in attrs:
         out = make_op(op, args, attrs, shape, dtype, linear_in=2)
     elif op in S.ELEMENTWISE:
@@ -685,6 +688,9 @@ def _reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
         return _reduced_gather(info, ops, res, c)
     if name == "stablehlo.scatter" and len(ops) == 3:
         return _reduced_scatter(info, ops, c)
+    if name == "chlo.top_k" and len(ops) == 1 and ops[0]:
+        lead = tuple(c(s) for s in ops[0][:-1])
+        return [lead + ops[0][-1:]], [lead + r[-1:] for r in res]
     if name == "stablehlo.iota" or name == "stablehlo.constant" and a.get("splat"):
         return [], [tuple(c(size) for size in res[0])]
     if name == "stablehlo.reshape":

@@ -18,7 +18,10 @@ from .report import NOT_PROVEN, PROVEN, OutputResult, Report
 from .terms import (
     Term,
     equal_up_to_rounding,
+    factor_content,
+    linear_parts,
     pretty,
+    scale,
     single_scaled,
     structural_diff,
 )
@@ -38,9 +41,11 @@ class _Reference:
         self.walk = walk
         self.by_term: dict[int, OpRecord] = {}
         self.terms: dict[int, Term] = {}
+        self.scaled: dict[int, Term] = {}
         for value in walk.values.values():
             if isinstance(value, Rel):
                 self.terms[value.term.serial] = value.term
+                self.scaled.setdefault(factor_content(value.term)[1].serial, value.term)
         for record in walk.records:
             for value in record.outputs:
                 if isinstance(value, Rel):
@@ -48,6 +53,16 @@ class _Reference:
 
     def has(self, term: Term) -> bool:
         return term.serial in self.terms
+
+    def ratio(self, term: Term) -> tuple[object, Term] | None:
+        """(r, t) when the reference computes t and term == r * t (scalars are pulled out of
+        products, so a mis-scaled value differs from the reference's by its coefficient)."""
+        k, base = factor_content(term)
+        known = self.scaled.get(base.serial)
+        if known is None:
+            return None
+        kr, _ = factor_content(known)
+        return k / kr, known
 
     def counterpart(self, record: OpRecord) -> OpRecord | None:
         """The reference op a sharded op should correspond to, if one can be found (at worst
@@ -414,14 +429,15 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
     if culprit is None:
         return Diagnostic("error", message, where, category="different_function"), None
     record, term = culprit
-    k2, base2 = single_scaled(term)
+    found = reference.ratio(term)
+    k2, base2 = found if found is not None else (1, term)
     category = "different_function"
     if record.hints:
         reason = record.hints[0]
         category = "duplicate_reduction" if "already replicated" in reason else "scale"
         if record.info.name == "stablehlo.collective_permute":
             category = "wrong_order"
-    elif reference.has(base2) and k2 != 1:
+    elif found is not None and k2 != 1:
         reason = f"value is {k2} x what the reference computes here ({pretty(base2, 3)})"
         category = "scale"
         mean = _pmean_axes(record, k2, sharded)
@@ -453,8 +469,14 @@ def _pmean_axes(record: OpRecord, factor, walk: Walk) -> str:
 
 
 def _first_divergence(out: Term, sharded: Walk, reference: _Reference):
-    """The first op, in program order, on the output's slice whose term the reference lacks."""
+    """The first op, in program order, on the output's slice whose term the reference lacks.
+
+    Values that are a scaled reference value (a local mean's 1/N_local waiting for its pmean)
+    are not divergences by themselves: when every divergent value is such a scaled one, the
+    culprit is where the scale last changes to the output's wrong one (the reduction that
+    divides by the wrong count)."""
     needed = _subterms(out)
+    scaled: list[tuple[OpRecord, Term, object]] = []
     for record in sharded.records:
         if record.info.name in _BOUNDARY_OPS:
             continue
@@ -464,10 +486,48 @@ def _first_divergence(out: Term, sharded: Walk, reference: _Reference):
             term = value.term
             if term.op in _LEAF_OPS or reference.has(term):
                 continue
-            _, base = single_scaled(term)
-            if term.serial in needed or base.serial in needed:
-                return record, term
-    return None
+            _, base = factor_content(term)
+            parts = base.args if base.op == "lin" else ()
+            if term.serial in needed or base.serial in needed or any(
+                    part.serial in needed for part in parts):
+                found = reference.ratio(term)
+                if found is None:
+                    if scaled and _has_misscaled_part(term, reference):
+                        return _scale_change(scaled)
+                    return record, term
+                scaled.append((record, term, found[0]))
+    return _scale_change(scaled) if scaled else None
+
+
+def _has_misscaled_part(term: Term, reference: _Reference) -> bool:
+    """A sum with a part, or an op with an operand, the reference computes at another scale
+    (a mis-scaled gradient entering an update, a pmean'd value getting its bias, the log of a
+    sum counted once per device)."""
+    pairs, _ = linear_parts(term)
+    if term.op != "lin":
+        pairs = pairs + [pair for arg in term.args for pair in linear_parts(arg)[0]]
+    for k, part in pairs:
+        found = reference.ratio(scale(part, k))
+        if found is not None and found[0] != 1:
+            return True
+    return False
+
+
+def _scale_change(scaled: list) -> tuple[OpRecord, Term]:
+    """Where the scale went wrong: the last reduction over devices among the scaled values (or
+    the division right after it, a pmean), where gradient synchronisation divides by a count;
+    without one, the first value at the final scale after the last one at another scale."""
+    reductions = [i for i, (record, _, _) in enumerate(scaled)
+                  if record.info.name == "stablehlo.all_reduce"]
+    if reductions:
+        last = reductions[-1]
+        if last + 1 < len(scaled) and scaled[last][0] in scaled[last + 1][0].sources:
+            last += 1
+        return scaled[last][0], scaled[last][1]
+    final = scaled[-1][2]
+    start = max((i + 1 for i, (_, _, r) in enumerate(scaled) if r != final), default=0)
+    record, term, _ = scaled[start]
+    return record, term
 
 
 def _subterms(term: Term) -> set[int]:

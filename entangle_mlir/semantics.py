@@ -951,6 +951,40 @@ def scatter(operand: Array, indices: Array, updates: Array, dims: dict, kind: st
     return out
 
 
+
+def top_k(x: Array, k: int) -> tuple[Array, Array]:
+    """The k largest elements along the last dim, largest first, and their indices; equal
+    values keep their order (the lower index first, as `lax.top_k` documents).
+
+    Concrete rows are sorted directly; rows with symbolic elements go through k passes of a
+    stable bubble network (compare-exchange of adjacent (value, index) pairs, swapping only when
+    the later value is strictly larger), so the result is an If-term per element.
+    """
+    x = obj_array(x)
+    if not x.ndim or k > x.shape[-1] or k < 0:
+        raise SemanticsError(f"top_k: k={k} does not fit a dim of size "
+                             f"{x.shape[-1] if x.ndim else 0}")
+    lead = x.shape[:-1]
+    values, indices = np.empty(lead + (k,), dtype=object), np.empty(lead + (k,), dtype=object)
+    for idx in np.ndindex(lead):
+        row = list(x[idx])
+        if not any(is_z3(v) for v in row):
+            order = sorted(range(len(row)), key=lambda j: (-row[j], j))[:k]
+            picked = [(row[j], j) for j in order]
+        else:
+            pairs: list[tuple[Element, Element]] = [(v, j) for j, v in enumerate(row)]
+            for p in range(k):
+                for j in range(len(pairs) - 1, p, -1):
+                    (a, ia), (b, ib) = pairs[j - 1], pairs[j]
+                    swap = compare(b, a, "GT")
+                    pairs[j - 1] = (select(swap, b, a), select(swap, ib, ia))
+                    pairs[j] = (select(swap, a, b), select(swap, ia, ib))
+            picked = pairs[:k]
+        for j, (v, i) in enumerate(picked):
+            values[idx + (j,)], indices[idx + (j,)] = v, i
+    return values, indices
+
+
 # ----- elementwise table ----------------------------------------------------------------------
 
 ElementwiseFn = Callable[[list[Array], dict, str, list[str]], Array]
@@ -1213,6 +1247,10 @@ def _op_scatter(info: OpInfo, operands: list[Array]) -> list[Array]:
                     dims, kind)]
 
 
+def _op_top_k(info: OpInfo, operands: list[Array]) -> list[Array]:
+    return list(top_k(obj_array(operands[0]), int(info.attrs["k"])))
+
+
 def _op_identity(info: OpInfo, operands: list[Array]) -> list[Array]:
     return [obj_array(x) for x in operands]
 
@@ -1234,6 +1272,7 @@ OP_SEMANTICS: dict[str, LocalFn] = {
     "stablehlo.dynamic_update_slice": _op_dynamic_update_slice,
     "stablehlo.gather": _op_gather,
     "stablehlo.scatter": _op_scatter,
+    "chlo.top_k": _op_top_k,
     "mhlo.copy": _op_identity,
     "stablehlo.optimization_barrier": _op_identity,
 }
@@ -1515,6 +1554,9 @@ def _evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
     if op == "stablehlo.dot_general":
         lb, rb, lc, rc = attrs
         return dot_general(args[0], args[1], lb, rb, lc, rc)
+    if op == "chlo.top_k":
+        k, result = attrs
+        return top_k(args[0], k)[result]
     if op in _INDEXED_TERM_OPS:
         # attrs: the op's normalized attributes as sorted (name, value) pairs.
         info = OpInfo(op, dict(attrs), [TensorType(a.shape, a.dtype) for a in term.args],
@@ -1533,7 +1575,7 @@ def _evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
 
 TERM_OPS = ("arg", "splat", "dense", "iota", "lin", "mul", "div", "broadcast", "reshape",
             "transpose", "reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or", "slice", "concatenate", "pad",
-            "dynamic_slice", "stablehlo.dot_general", *_INDEXED_TERM_OPS, *_OPAQUE_LEAVES,
-            *_WINDOW_TERM_OPS,
+            "dynamic_slice", "stablehlo.dot_general", "chlo.top_k", *_INDEXED_TERM_OPS,
+            *_OPAQUE_LEAVES, *_WINDOW_TERM_OPS,
             *ELEMENTWISE)
 """Every term op `evaluate_term` knows (for the coverage test against the rules)."""

@@ -177,6 +177,29 @@ def single_scaled(term: Term) -> tuple[Scalar, Term]:
     return Fraction(1), term
 
 
+def factor_content(term: Term) -> tuple[Scalar, Term]:
+    """(k, t) with term == k * t where, for a sum, k is the content of its coefficients (the
+    positive rational generating them, gcd of numerators over lcm of denominators, signed like
+    the first coefficient): proportional sums get the same `t`. Products and linear ops are
+    homogeneous, so `(c*a + c*b) * x` and `c * ((a + b) * x)` must meet: a local mean's
+    `1/N_local` and a pmean's `1/n` then multiply out to the reference's `1/N` whichever side
+    of the product (or of a pad, broadcast, reduction) they were applied on."""
+    if term.op != "lin":
+        return Fraction(1), term
+    constant, coefs = term.attrs
+    if not isinstance(constant, Fraction):
+        return Fraction(1), term
+    values = [c for c in (*coefs, constant) if c != 0]
+    k = Fraction(math.gcd(*(v.numerator for v in values)),
+                 math.lcm(*(v.denominator for v in values)))
+    k = -k if coefs[0] < 0 else k
+    if k == 1:
+        return Fraction(1), term
+    inner = make_lin([(c / k, t) for c, t in zip(coefs, term.args)], constant / k, term.shape,
+                     term.dtype)
+    return k, inner
+
+
 def _single_term(term: Term) -> bool:
     """A scaled single term `k * t`: linear ops pull k out. Sums are not distributed over
     broadcasts, reductions and slices (that would grow a residual stream's terms with depth);
@@ -216,8 +239,8 @@ def make_mul(a: Term, b: Term) -> Term:
         value = splat_value(x)
         if isinstance(value, Fraction):
             return scale(y, value)
-    ka, ta = single_scaled(a)
-    kb, tb = single_scaled(b)
+    ka, ta = factor_content(a)
+    kb, tb = factor_content(b)
     factors = []
     for t in (ta, tb):
         factors.extend(t.args if t.op == "mul" else (t,))
@@ -230,8 +253,15 @@ def make_div(a: Term, b: Term) -> Term:
     value = splat_value(b)
     if isinstance(value, Fraction) and value != 0:
         return scale(a, 1 / value)
-    ka, ta = single_scaled(a)
-    kb, tb = single_scaled(b)
+    if not _is_float(a.dtype):
+        ka, ta = single_scaled(a)
+        kb, tb = single_scaled(b)
+    else:
+        numerator = splat_value(a)
+        if isinstance(numerator, Fraction) and numerator not in (0, 1):
+            return scale(make_div(make_splat(1, a.shape, a.dtype), b), numerator)
+        ka, ta = factor_content(a)
+        kb, tb = factor_content(b)
     quotient = intern("div", (ta, tb), (), a.shape, a.dtype)
     return scale(quotient, ka / kb) if ka / kb != 1 else quotient
 
@@ -255,6 +285,10 @@ def make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple = (),
         masked = _select_on_iota_mask(*args)
         if masked is not None:
             return masked
+    if op == "stablehlo.select":
+        pulled = _select_content(*args, dtype or args[1].dtype)
+        if pulled is not None:
+            return pulled
     if op in COMMUTATIVE:
         flat = []
         for arg in args:
@@ -339,6 +373,32 @@ def _select_on_iota_mask(pred: Term, on_true: Term, on_false: Term) -> Term | No
     low = tuple(k_lo if d == dim else 0 for d in range(rank))
     high = tuple(size - k_hi if d == dim else 0 for d in range(rank))
     return make_pad(kept, make_splat(value.attrs[0], (), value.dtype), low, high, (0,) * rank)
+
+
+def _select_content(pred: Term, a: Term, b: Term, dtype: str) -> Term | None:
+    """`select(p, k*A, k*B)` (or a constant branch c, taken as k*(c/k)) as `k * select(p, A,
+    B)`: a scale applied before a mask (the causal mask's gradient) meets one applied after."""
+    if not _is_float(dtype):
+        return None
+    va, vb = splat_value(a), splat_value(b)
+    if va is not None and vb is not None:
+        return None
+    ka, ta = factor_content(a) if va is None else (None, a)
+    kb, tb = factor_content(b) if vb is None else (None, b)
+    k = ka if ka is not None else kb
+    if k == 1 or k == 0 or (ka is not None and kb is not None and ka != kb):
+        return None
+    for value in (va, vb):
+        if value is not None and not isinstance(value, Fraction):
+            return None
+    ta = make_splat(va / k, a.shape, a.dtype) if va is not None else ta
+    tb = make_splat(vb / k, b.shape, b.dtype) if vb is not None else tb
+    inner = intern("stablehlo.select", (pred, ta, tb), (), a.shape, dtype)
+    return scale(inner, k)
+
+
+def _is_float(dtype: str) -> bool:
+    return dtype.startswith(("f", "bf"))
 
 
 # ----- data movement ------------------------------------------------------------------------
@@ -571,6 +631,10 @@ def make_broadcast(term: Term, dims: tuple[int, ...], shape: tuple[int, ...]) ->
         return make_splat(term.attrs[0], shape, term.dtype)
     if term.op == "lin" and _single_term(term):
         return map_linear(term, lambda t: make_broadcast(t, dims, shape))
+    if term.op == "lin":
+        k, inner = factor_content(term)
+        if k != 1:
+            return scale(make_broadcast(inner, dims, shape), k)
     if dims == tuple(range(len(shape))) and term.shape == shape:
         return term
     widened = [i for i, d in enumerate(dims) if term.shape[i] == 1]
@@ -608,6 +672,18 @@ def make_op(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...
                 mapped = [(k, make_op(op, args[:linear_in] + (t,) + args[linear_in + 1:],
                                       attrs, shape, dtype, linear_in)) for k, t in pairs]
                 return make_lin(mapped, Fraction(0), shape, dtype)
+        value = splat_value(arg)
+        if isinstance(value, Fraction) and value not in (0, 1):
+            one = make_splat(1, arg.shape, arg.dtype)
+            inner_op = make_op(op, args[:linear_in] + (one,) + args[linear_in + 1:], attrs,
+                               shape, dtype, linear_in)
+            return scale(inner_op, value)
+        if arg.op == "lin":
+            k, inner = factor_content(arg)
+            if k != 1:
+                inner_op = make_op(op, args[:linear_in] + (inner,) + args[linear_in + 1:], attrs,
+                                   shape, dtype, linear_in)
+                return scale(inner_op, k)
     return intern(op, tuple(args), attrs, tuple(shape), dtype)
 
 
@@ -817,8 +893,8 @@ def _slice_pad(term: Term, starts, limits, strides, shape) -> Term | None:
 
 def make_dot(lhs: Term, rhs: Term, attrs: tuple, shape: tuple[int, ...], dtype: str) -> Term:
     """dot_general, bilinear: scalar factors of either side are pulled out."""
-    kl, tl = single_scaled(lhs)
-    kr, tr = single_scaled(rhs)
+    kl, tl = factor_content(lhs)
+    kr, tr = factor_content(rhs)
     dot = intern("stablehlo.dot_general", (tl, tr), attrs, tuple(shape), dtype)
     return scale(dot, kl * kr) if kl * kr != 1 else dot
 
@@ -862,6 +938,9 @@ def pretty(term: Term, depth: int = 6, names: dict[int, str] | None = None) -> s
         return "(" + " * ".join(sub) + ")"
     if term.op == "div":
         return f"({sub[0]} / {sub[1]})"
+    if term.op == "chlo.top_k":
+        k, result = term.attrs
+        return f"top_k({sub[0]}, k={k}).{'indices' if result else 'values'}"
     name = term.op.split(".")[-1]
     return f"{name}({', '.join(sub)})"
 

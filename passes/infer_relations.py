@@ -16,6 +16,7 @@ from entangle_mlir.layout import Rel
 from entangle_mlir.pipeline import ModulePass, PassState
 from entangle_mlir.program import func_name, functions
 from entangle_mlir.rules.base import ReferenceTerms
+from entangle_mlir.terms import single_scaled
 
 
 @dataclass
@@ -38,8 +39,11 @@ class InferRelationsPass(ModulePass):
         for key, func, module, file in targets:
             walk = Walker(func, module, file, reference).run()
             if key == "reference":
-                reference = ReferenceTerms.of(v.term for v in walk.values.values()
-                                              if isinstance(v, Rel))
+                # Terms and their unscaled bases: a sharded value may differ from the
+                # reference's by a scale still pending (a pmean's 1/n) yet name the same view.
+                reference = ReferenceTerms.of(t for v in walk.values.values()
+                                              if isinstance(v, Rel)
+                                              for t in (v.term, single_scaled(v.term)[1]))
             state.walks[key] = walk
             if self.annotate and module is state.module:
                 _annotate(walk)

@@ -1,4 +1,5 @@
-"""entangle-normalize: inline func.calls so every rule sees plain ops.
+"""entangle-normalize: inline func.calls so every rule sees plain ops; reductions over unit
+dims (jax's transposes with one sequence / head per device) become reshapes (`unit_dims.py`).
 
 The deprecated `stablehlo.dot` is read as a dot_general by `opinfo.describe`, and copies are
 transparent to the walk, so neither needs rewriting here.
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 
 from entangle_mlir.pipeline import ModulePass, PassState
 from entangle_mlir.program import inline_calls
+from entangle_mlir.unit_dims import fold_unit_dims
 
 
 @dataclass
@@ -25,3 +27,5 @@ class NormalizePass(ModulePass):
                 modules[id(module)] = (module, file)
         for module, file in modules.values():
             inline_calls(module, file)
+            with module.context:
+                fold_unit_dims(module)

@@ -650,8 +650,64 @@ def indexed_lemmas() -> list[Lemma]:
     return out
 
 
+def sorting_lemmas() -> list[Lemma]:
+    """chlo.top_k: rows split over any axes select within their own rows (values and i32
+    indices, ties to the lower index, on symbolic elements)."""
+    out = []
+    for mesh, shape, tiling, k in ((M1, (4, 5), ("tp",), 2), (M3, (3, 4), ("tp",), 1),
+                                   (M2, (2, 2, 4), ("dp", "tp"), 3), (M1, (2, 3), (), 3)):
+        x = arg(shape)
+        local = tuple(s // mesh.group_size((a,)) if isinstance(a, str) else s
+                      for s, a in zip(shape, tiling + ((),) * (len(shape) - len(tiling))))
+        out_shape = local[:-1] + (k,)
+        out.append(Lemma(f"top_k-{'x'.join(map(str, shape))}-k{k}", "chlo.top_k",
+                         [rel(x, *tiling)], results=[(out_shape, "f32"), (out_shape, "i32")],
+                         attrs={"k": k}, mesh=mesh))
+    out += batching_lemmas()
+    return out
+
+
+_TAKE_ALONG = {"offset_dims": (), "collapsed_slice_dims": (1,), "operand_batching_dims": (0,),
+               "start_indices_batching_dims": (0,), "start_index_map": (1,),
+               "index_vector_dim": 2, "slice_sizes": (1, 1)}
+"""`jnp.take_along_axis(logits, t[:, None, None], -1)`: one index per row of the operand."""
+_TAKE_ALONG_GRAD = {"update_window_dims": (), "inserted_window_dims": (1,),
+                    "input_batching_dims": (0,), "scatter_indices_batching_dims": (0,),
+                    "scatter_dims_to_operand_dims": (1,), "index_vector_dim": 2}
+"""Its gradient: scatter-add of the cotangent into each row at its index."""
+
+
+def batching_lemmas() -> list[Lemma]:
+    """gather / scatter with batching dims (take_along_axis, the target logit of a
+    cross-entropy, and its gradient): the batching dim split alike in operand and indices."""
+    out = []
+    for mesh, axes, rows, width in ((M1, "tp", 4, 3), (M3, "tp", 3, 2), (M2, ("dp", "tp"), 4, 2)):
+        n = mesh.group_size(axes if isinstance(axes, tuple) else (axes,))
+        tag = f"{'-'.join(mesh.names)}-{rows}x{width}"
+        logits, ids = arg((rows, width)), arg((rows, 1, 1), "i32")
+        out += [
+            Lemma(f"gather-batching-{tag}", "stablehlo.gather",
+                  [rel(logits, axes), rel(ids, axes)], results=[((rows // n, 1), "f32")],
+                  attrs=dict(_TAKE_ALONG), mesh=mesh),
+            Lemma(f"scatter-batching-{tag}", "stablehlo.scatter",
+                  [rel(arg((rows, width)), axes), rel(ids, axes), rel(arg((rows, 1)), axes)],
+                  results=[((rows // n, width), "f32")],
+                  attrs={**_TAKE_ALONG_GRAD, "reducer": "add"}, mesh=mesh),
+            Lemma(f"scatter-batching-local-zeros-{tag}",
+                  "stablehlo.scatter",
+                  [splat(0, (rows // n, width)), rel(ids, axes), splat(1, (rows // n, 1))],
+                  results=[((rows // n, width), "f32")],
+                  attrs={**_TAKE_ALONG_GRAD, "reducer": "add"}, mesh=mesh),
+        ]
+    out.append(Lemma("gather-batching-partial", "stablehlo.gather",
+                     [rel(arg((4, 3)), (), partial=("tp",)), rel(arg((4, 1, 1), "i32"))],
+                     results=[((4, 1), "f32")], attrs=dict(_TAKE_ALONG)))
+    return out
+
+
 ALL_LEMMAS = (elementwise_lemmas() + partial_lemmas() + dot_lemmas() + reduce_lemmas()
-              + movement_lemmas() + collective_lemmas() + index_lemmas() + indexed_lemmas())
+              + movement_lemmas() + collective_lemmas() + index_lemmas() + indexed_lemmas()
+              + sorting_lemmas())
 
 
 @pytest.mark.parametrize("lemma", ALL_LEMMAS, ids=[lemma.name for lemma in ALL_LEMMAS])
@@ -798,6 +854,34 @@ def test_refutes_permuted_blocks_from_the_wrong_devices() -> None:
     refute("stablehlo.collective_permute", [x], [Permuted(x, (1, 0, 2, 3))], [((2, 2), "f32")],
            {"source_target_pairs": [[0, 2], [2, 0], [1, 1], [3, 3]], "channel_handle": 1},
            mesh=M2)
+
+
+def test_refutes_top_k_of_split_candidates() -> None:
+    """Each device's top 2 of its own half of the row is not the row's top 2."""
+    from entangle_mlir.rules.sorting import make_top_k
+
+    x = arg((2, 4))
+    outs = [rel(make_top_k(x, 2, 0, "f32")), rel(make_top_k(x, 2, 1, "i32"))]
+    refute("chlo.top_k", [rel(x, (), "tp")], outs, [((2, 2), "f32"), ((2, 2), "i32")],
+           attrs={"k": 2})
+
+
+def test_refutes_take_along_axis_with_only_the_indices_split() -> None:
+    """Rows of the indices split over tp but a replicated operand: each device would pair its
+    local index rows with the operand's first rows; claiming the split gather is refuted."""
+    logits, ids = arg((4, 3)), arg((4, 1, 1), "i32")
+    dims = {k: v for k, v in _TAKE_ALONG.items() if k != "slice_sizes"}
+    out = rel(T.intern("stablehlo.gather", (logits, ids), tuple(sorted(
+        {**dims, "slice_sizes": (1, 1)}.items())), (4, 1), "f32"), "tp")
+    refute("stablehlo.gather", [rel(logits), rel(ids, "tp")], [out], [((2, 1), "f32")],
+           attrs=dict(_TAKE_ALONG))
+
+
+def test_refuses_take_along_axis_with_only_the_indices_split() -> None:
+    lemma = Lemma("x", "stablehlo.gather", [rel(arg((4, 3))), rel(arg((4, 1, 1), "i32"), "tp")],
+                  results=[((2, 1), "f32")], attrs=dict(_TAKE_ALONG))
+    (value,) = RULES[lemma.op](lemma.info(), list(lemma.ins), lemma.context())
+    assert isinstance(value, Opaque) and "pair rows of different tokens" in value.reason
 
 
 def test_refutes_max_of_split_dim_claimed_partial_sum() -> None:
@@ -1019,3 +1103,57 @@ def test_random_rule_instances(seed: int) -> None:
             + "\n".join(f"  in  {v.describe()}" for v in lemma.ins)
             + "\n" + "\n".join(f"  out {v.describe()}" for v in outs))
     assert claimed > 40
+
+
+# ----- canonical forms: common scalar factors ---------------------------------------------------
+
+def _values(*terms: T.Term) -> dict:
+    rng = np.random.default_rng(7)
+    env = {}
+    for t in terms:
+        for leaf in (t, *t.args):
+            if leaf.op == "arg":
+                env[leaf.attrs[0]] = np.array(
+                    [Fraction(int(v), 7) for v in rng.integers(-20, 20, leaf.shape).ravel()],
+                    dtype=object).reshape(leaf.shape)
+    return env
+
+
+def test_proportional_sums_meet_under_products_and_linear_ops() -> None:
+    """A local mean's 1/N_local times a pmean's 1/n equals the reference's 1/N whichever side
+    of a product, pad, broadcast or mask the scalar was applied on (dp_mean_coefficients)."""
+    from entangle_mlir import semantics as S
+
+    a, b, x = arg((2, 3)), arg((2, 3)), arg((2, 3))
+    local = T.make_lin([(Fraction(1, 8), a), (Fraction(-1, 8), b)], Fraction(1, 8), (2, 3), "f32")
+    ref = T.make_lin([(Fraction(1, 32), a), (Fraction(-1, 32), b)], Fraction(1, 32), (2, 3),
+                     "f32")
+    assert T.scale(T.make_mul(local, x), Fraction(1, 4)) is T.make_mul(ref, x)
+    assert T.scale(T.make_div(x, local), 4) is T.make_div(x, ref)
+    pad = lambda t: T.make_op("pad", (t, T.make_splat(0, (), "f32")), ((1, 0), (0, 0), (0, 0)),
+                              (3, 3), "f32", linear_in=0)
+    assert T.scale(pad(local), Fraction(1, 4)) is pad(ref)
+    bcast = lambda t: T.make_broadcast(t, (1, 2), (4, 2, 3))
+    assert T.scale(bcast(local), Fraction(1, 4)) is bcast(ref)
+    mask = T.make_elementwise("stablehlo.compare", (a, b), ("LT",), dtype="i1")
+    select = lambda t: T.make_elementwise(
+        "stablehlo.select", (mask, t, T.make_splat(0, (2, 3), "f32")))
+    assert T.scale(select(local), Fraction(1, 4)) is select(ref)
+    quotient = T.make_div(T.make_splat(Fraction(1, 32), (2, 3), "f32"), x)
+    assert quotient is T.scale(T.make_div(T.make_splat(1, (2, 3), "f32"), x), Fraction(1, 32))
+    # ... and the factored forms still compute the same numbers.
+    env = _values(a, b, x)
+    want = (env[a.attrs[0]] - env[b.attrs[0]] + 1) * Fraction(1, 32)
+    got = S.evaluate_term(select(ref), env)
+    expected = np.where(env[a.attrs[0]] < env[b.attrs[0]], want, 0)
+    assert (got == expected).all()
+    got = S.evaluate_term(T.make_mul(ref, x), env)
+    assert (got == want * env[x.attrs[0]]).all()
+
+
+def test_integer_division_keeps_its_numerator() -> None:
+    """Integer division truncates: no scalar is pulled out of its numerator."""
+    i = arg((3,), "i32")
+    doubled = T.make_lin([(Fraction(2), i)], Fraction(2), (3,), "i32")
+    quotient = T.make_div(doubled, arg((3,), "i32"))
+    assert quotient.op == "div" and quotient.args[0] is doubled

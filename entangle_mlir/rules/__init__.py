@@ -14,6 +14,7 @@ from .gather_scatter import GATHER_SCATTER_RULES
 from .index import INDEX_RULES
 from .movement import MOVEMENT_RULES
 from .reduction import REDUCTION_RULES
+from .sorting import SORTING_RULES
 
 FAMILIES: dict[str, dict[str, Rule]] = {
     "elementwise": ELEMENTWISE_RULES,
@@ -23,6 +24,7 @@ FAMILIES: dict[str, dict[str, Rule]] = {
     "collectives": COLLECTIVE_RULES,
     "index": INDEX_RULES,
     "gather_scatter": GATHER_SCATTER_RULES,
+    "sorting": SORTING_RULES,
 }
 
 RULES: dict[str, Rule] = {name: rule for table in FAMILIES.values()

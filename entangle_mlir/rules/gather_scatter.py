@@ -19,6 +19,10 @@ Per-device layouts:
   indices split alike) each land on every device's copy: for `add` the result is a partial sum
   over those axes, of `scatter_add(|A| * X, I, U)` (the operand is counted once per device, said
   in a hint unless it is zero). Partial sums pass through `add` when operand and updates agree.
+* batching dims (`take_along_axis` and its gradient): an operand batching dim and the indices
+  dim it pairs with must be split alike; each device then pairs its own rows of both, the
+  result keeps the split and a scatter writes into the device's own rows (no partial sum). A
+  buffer or cotangent built at the local shape takes the split of the indices.
 * dynamic_update_slice: a split dim must be covered fully by an update split the same way at
   offset 0; an unsplit dim takes a device-independent offset; a device-dependent offset that
   places each device's block of the update at `c + block_index * size` into a zero operand
@@ -172,9 +176,13 @@ def gather(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     if not isinstance(operand, Rel) or not isinstance(indices, Rel):
         return [Opaque("gather of a device-dependent scalar", category="unsupported")]
     dims = dims_of(info, "dimension_numbers", _GATHER_KEYS)
-    if dims["operand_batching_dims"] or dims["start_indices_batching_dims"]:
-        return [Opaque("gather with batching dims is not supported yet", category="unsupported")]
+    batching = list(zip(dims["operand_batching_dims"], dims["start_indices_batching_dims"]))
+    operand = _widen_batching(operand, indices, batching, info.operand_types[0].shape,
+                              info.operand_types[1].shape)
     operand, indices = freeze(operand), freeze(indices)
+    mismatch = _batching_mismatch("gather", operand, indices, batching)
+    if mismatch is not None:
+        return [mismatch]
     local_sizes = tuple(info.attrs["slice_sizes"])
     local_operand = info.operand_types[0].shape
     result_rank = len(info.result_types[0].shape)
@@ -196,7 +204,7 @@ def gather(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
                        category="partial_mixed")]
     global_sizes = list(local_sizes)
     for d, axes in enumerate(operand.tiling):
-        if not axes:
+        if not axes or d in dims["operand_batching_dims"]:
             continue
         full = local_sizes[d] == local_operand[d]
         if d in dims["start_index_map"] or d not in window or not full:
@@ -240,14 +248,15 @@ def scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
         return [Opaque(f"scatter with a '{kind}' update computation is not supported",
                        category="unsupported")]
     dims = dims_of(info, "scatter_dimension_numbers", _SCATTER_KEYS)
-    if dims["input_batching_dims"] or dims["scatter_indices_batching_dims"]:
-        return [Opaque("scatter with batching dims is not supported yet",
-                       category="unsupported")]
+    batching = list(zip(dims["input_batching_dims"], dims["scatter_indices_batching_dims"]))
+    operand = _widen_batching(operand, indices, batching, info.operand_types[0].shape,
+                              info.operand_types[1].shape)
     local_operand = info.operand_types[0].shape
     local_updates = info.operand_types[2].shape
     window_dims = dims["update_window_dims"]
     operand_window = [d for d in range(len(local_operand))
-                      if d not in dims["inserted_window_dims"]]
+                      if d not in dims["inserted_window_dims"]
+                      and d not in dims["input_batching_dims"]]
     # A buffer built at the local shape (a splat, poly dims) takes the split of the updates'
     # window dims that cover it whole.
     for k, d in enumerate(operand_window):
@@ -259,7 +268,19 @@ def scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
                 return [Opaque("scatter: cannot widen the operand built at the local shape",
                                category="internal")]
             operand = adapted
+    # Updates built at the local shape (a splat cotangent) take the split of the indices along
+    # the scatter dims.
+    local_indices = info.operand_types[1].shape
+    for u, i in zip([d for d in range(len(local_updates)) if d not in window_dims],
+                    [d for d in range(len(local_indices)) if d != dims["index_vector_dim"]]):
+        if u in updates.poly and indices.tiling[i] and local_updates[u] == local_indices[i]:
+            adapted = _widen(updates, u, indices.term.shape[i], indices.tiling[i])
+            if adapted is not None:
+                updates = adapted
     operand, indices, updates = freeze(operand), freeze(indices), freeze(updates)
+    mismatch = _batching_mismatch("scatter", operand, indices, batching)
+    if mismatch is not None:
+        return [mismatch]
     update_scatter = [d for d in range(len(local_updates)) if d not in window_dims]
     ivd = dims["index_vector_dim"]
     indices_batch = [d for d in range(len(indices.term.shape)) if d != ivd]
@@ -293,6 +314,9 @@ def scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
                            "block (needs device-dependent index tensors, not supported yet)",
                            category="unsupported")]
     # Scatter dims: updates dim update_scatter[k] <-> indices dim indices_batch[k].
+    # A batching dim split alike in the operand and the indices writes into the device's own
+    # block of the operand: its axes do not spread updates over devices.
+    own_block = {i for _, i in batching}
     spread: list[str] = []
     for u, i in zip(update_scatter, indices_batch):
         u_axes, i_axes = updates.tiling[u], indices.tiling[i]
@@ -300,7 +324,8 @@ def scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
             return [Opaque(f"scatter: updates dim {u} is {_split_words(u_axes)} but the "
                            f"matching indices dim {i} is {_split_words(i_axes)}",
                            category="layout_mismatch")]
-        spread.extend(u_axes)
+        if i not in own_block:
+            spread.extend(u_axes)
     if any(a in operand.tiled_axes for a in spread):
         return [Opaque("scatter: the same mesh axis splits the operand and the updates' "
                        "scatter dims", category="layout_mismatch")]
@@ -406,6 +431,39 @@ def _scatter_add(operand: Rel, indices: Rel, updates: Rel, dims: dict,
     origin = operand.partial_origin or updates.partial_origin
     return Rel(term, operand.tiling, axes, "sum" if axes else "", frozenset(), operand.scope,
                partial_origin=origin)
+
+
+# ----- batching dims (take_along_axis and its gradient) ----------------------------------------
+
+def _widen_batching(operand: Value, indices: Value, batching: list[tuple[int, int]],
+                    local_operand: tuple[int, ...], local_indices: tuple[int, ...]) -> Value:
+    """An operand batching dim built at the local shape (a zero buffer for the gradient of
+    take_along_axis) takes the size and split of the indices' batching dim it pairs with."""
+    if not isinstance(operand, Rel) or not isinstance(indices, Rel):
+        return operand
+    for d, i in batching:
+        if d in operand.poly and indices.tiling[i] and local_operand[d] == local_indices[i]:
+            widened = _widen(operand, d, indices.term.shape[i], indices.tiling[i])
+            if widened is not None:
+                operand = widened
+    return operand
+
+
+def _batching_mismatch(what: str, operand: Rel, indices: Rel,
+                       batching: list[tuple[int, int]]) -> Opaque | None:
+    """Operand batching dim d is indexed by the position along indices dim i: both must be split
+    alike (then each device pairs its own rows of both), else the rows do not line up."""
+    for d, i in batching:
+        if operand.term.shape[d] != indices.term.shape[i]:
+            return Opaque(f"{what}: batching dim {d} of the operand has {operand.term.shape[d]} "
+                          f"rows but the indices' dim {i} has {indices.term.shape[i]}",
+                          category="layout_mismatch")
+        if operand.tiling[d] != indices.tiling[i]:
+            return Opaque(f"{what}: batching dim {d} of the operand is "
+                          f"{_split_words(operand.tiling[d])} but the matching indices dim "
+                          f"{i} is {_split_words(indices.tiling[i])}: each device would pair "
+                          "rows of different tokens", category="layout_mismatch")
+    return None
 
 
 # ----- dynamic_update_slice -------------------------------------------------------------------

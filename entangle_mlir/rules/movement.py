@@ -21,6 +21,7 @@ from ..terms import (
     make_transpose,
     reshape_groups,
     scale,
+    single_scaled,
     splat_value,
 )
 from . import shifted
@@ -114,7 +115,7 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
                                   ctx) for placed in placements]
     if ctx.reference is not None:
         for candidate in candidates:
-            if candidate.term.serial in ctx.reference:
+            if single_scaled(candidate.term)[1].serial in ctx.reference:
                 return [candidate]
         shapes = getattr(ctx.reference, "shapes", ())
         for candidate in candidates:
@@ -262,7 +263,11 @@ def pad(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
             pad_term = scale(value.term, ctx.mesh.group_size(x.partial))
     shape = tuple(s + low[d] + high[d] + max(s - 1, 0) * interior[d]
                   for d, s in enumerate(x.term.shape))
-    term = intern("pad", (x.term, pad_term), (low, high, interior), shape, x.term.dtype)
+    # Padding with zero is linear (the transpose of a slice in a gradient): scalars are pulled
+    # out, as for slice, so a pmean's 1/n meets the reference's coefficient.
+    linear = 0 if splat_value(pad_term) == 0 else None
+    term = make_op("pad", (x.term, pad_term), (low, high, interior), shape, x.term.dtype,
+                   linear_in=linear)
     return [replace(x, term=term)]
 
 

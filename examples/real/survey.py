@@ -78,6 +78,16 @@ CAUSES: list[tuple[str, str, str]] = [
      r"split over 'tp'")),
     ("slice_of_split_dim", "micro-batching the local batch (static slice of a dp-split dim)",
      r"slice of dim 0, which is split over 'dp'"),
+    ("unit_batch_view", ("one sequence per device under dp: the loss's gradient mixes the "
+     "batch dim's global views"), (r"pad of dim 0, which is split over 'dp'|reduce computes "
+     r"\(\S+\*reduce_sum")),
+    ("moe_flatten_split_seq", "MoE under sequence parallelism (flattening a seq-split batch)",
+     r"reshape regroups dim 1, which is split over 'tp'"),
+    ("scale_located_at_backward_op", ("a wrongly scaled gradient reduction is reported at the "
+     "first gradient value at the wrong scale, not at the synchronisation"),
+     r"value is \d+ x what the reference computes here"),
+    ("grad_norm_located_at_sum", "grad-norm sum counting replicated parameters",
+     r"add computes \(\S+\*reduce_sum"),
     ("ring_permute", "ring attention (collective_permute of K/V blocks, online softmax)",
      r"collective_permute moves blocks"),
     ("allgather_partial", "psum written as all_gather on a new axis + sum",

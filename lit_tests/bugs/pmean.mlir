@@ -7,7 +7,7 @@
 
 // One error, at the bug line, then the verdict (Z3 rule-instance checks on: the default).
 // CHECK: examples/models.py:86:8: error: pmean over 'tp': the all_reduce sum is divided by 4, so the value is 1/4 x what the reference computes here (psum was needed)
-// CHECK-NEXT: examples/catalog.py:213:10: note: result #0 differs from the reference: at top level: {{.*}} vs (1/4*dot_general({{.*}}
+// CHECK-NEXT: examples/catalog.py:213:10: note: result #0 differs from the reference: at top level: (1/2*dot_general({{.*}}) vs (1/8*dot_general({{.*}}
 // CHECK-NEXT: examples/models.py:66:11: note: corresponds to the reference op stablehlo.dot_general (jit(mlp_ref)/dot_general)
 // CHECK-NOT: error:
 // CHECK: not proven: pmean over 'tp': the all_reduce sum is divided by 4

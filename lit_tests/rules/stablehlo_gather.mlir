@@ -103,3 +103,49 @@ func.func @diagonal(%t: tensor<16x8xf32>, %i: tensor<8x1xi32>) -> tensor<8x8xf32
   } : (tensor<16x8xf32>, tensor<8x1xi32>) -> tensor<8x8xf32>
   return %0 : tensor<8x8xf32>
 }
+
+// -----
+
+sdy.mesh @mesh = <["dp"=2, "tp"=2]>
+
+func.func @ref(%x: tensor<8x16xf32>, %i: tensor<8x1x1xi32>) -> tensor<8x1xf32> {
+  %0 = "stablehlo.gather"(%x, %i) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [1], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<8x16xf32>, tensor<8x1x1xi32>) -> tensor<8x1xf32>
+  return %0 : tensor<8x1xf32>
+}
+
+// Batching dims (`take_along_axis`: the target logit of a cross-entropy): logits and targets
+// split alike along the batching dim; each device picks within its own rows.
+// CHECK-LABEL: func.func @batching_rows_split
+// FULL: func.func @batching_rows_split{{.*}}entangle.rho = ["result#0 = concat over ('dp', 'tp') along dim 0"], entangle.verdict = "proven"
+func.func @batching_rows_split(%x: tensor<8x16xf32>, %i: tensor<8x1x1xi32>) -> tensor<8x1xf32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x, %i) in_shardings=[<@mesh, [{"dp", "tp"}, {}]>, <@mesh, [{"dp", "tp"}, {}, {}]>] out_shardings=[<@mesh, [{"dp", "tp"}, {}]>] manual_axes={"dp", "tp"} (%a: tensor<2x16xf32>, %b: tensor<2x1x1xi32>) {
+    // CHECK: "stablehlo.gather"{{.*}}entangle.relation = "tile [{dp, tp}, {}] : gather(%arg0, %arg1)"
+    %1 = "stablehlo.gather"(%a, %b) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [1], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<2x16xf32>, tensor<2x1x1xi32>) -> tensor<2x1xf32>
+    sdy.return %1 : tensor<2x1xf32>
+  } : (tensor<8x16xf32>, tensor<8x1x1xi32>) -> tensor<8x1xf32>
+  return %0 : tensor<8x1xf32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["dp"=2, "tp"=2]>
+
+func.func @ref(%x: tensor<8x16xf32>, %i: tensor<8x1x1xi32>) -> tensor<8x1xf32> {
+  // expected-note @+1 {{corresponds to the reference op stablehlo.gather}}
+  %0 = "stablehlo.gather"(%x, %i) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [1], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<8x16xf32>, tensor<8x1x1xi32>) -> tensor<8x1xf32>
+  return %0 : tensor<8x1xf32>
+}
+
+// Refused: logits rows split over dp, targets over tp: device (0, 1) would pick row r's logit
+// with the target of row 4 + r.
+// CHECK-LABEL: func.func @batching_split_differently
+// FULL: func.func @batching_split_differently{{.*}}entangle.verdict = "not proven"
+func.func @batching_split_differently(%x: tensor<8x16xf32>, %i: tensor<8x1x1xi32>) -> tensor<8x1xf32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x, %i) in_shardings=[<@mesh, [{"dp"}, {}]>, <@mesh, [{"tp"}, {}, {}]>] out_shardings=[<@mesh, [{"dp"}, {}]>] manual_axes={"dp", "tp"} (%a: tensor<4x16xf32>, %b: tensor<4x1x1xi32>) {
+    // expected-error @+2 {{gather: batching dim 0 of the operand is split over 'dp' but the matching indices dim 0 is split over 'tp': each device would pair rows of different tokens}}
+    // CHECK: "stablehlo.gather"{{.*}}entangle.relation = "opaque: gather: batching dim 0
+    %1 = "stablehlo.gather"(%a, %b) <{dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [1], operand_batching_dims = [0], start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1>}> : (tensor<4x16xf32>, tensor<4x1x1xi32>) -> tensor<4x1xf32>
+    sdy.return %1 : tensor<4x1xf32>
+  } : (tensor<8x16xf32>, tensor<8x1x1xi32>) -> tensor<8x1xf32>
+  return %0 : tensor<8x1xf32>
+}

@@ -102,3 +102,72 @@ func.func @split_rows(%x: tensor<16x8xf32>, %i: tensor<6x1xi32>, %u: tensor<6x8x
   } : (tensor<16x8xf32>, tensor<6x1xi32>, tensor<6x8xf32>) -> tensor<16x8xf32>
   return %0 : tensor<16x8xf32>
 }
+
+// -----
+
+sdy.mesh @mesh = <["dp"=4]>
+
+func.func @ref(%i: tensor<8x1x1xi32>) -> tensor<8x16xf32> {
+  %zero = stablehlo.constant dense<0.0> : tensor<8x16xf32>
+  %one = stablehlo.constant dense<1.0> : tensor<8x1xf32>
+  %0 = "stablehlo.scatter"(%zero, %i, %one) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [1], input_batching_dims = [0], scatter_indices_batching_dims = [0], scatter_dims_to_operand_dims = [1], index_vector_dim = 2>, unique_indices = false}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+    %s = stablehlo.add %a, %b : tensor<f32>
+    stablehlo.return %s : tensor<f32>
+  }) : (tensor<8x16xf32>, tensor<8x1x1xi32>, tensor<8x1xf32>) -> tensor<8x16xf32>
+  return %0 : tensor<8x16xf32>
+}
+
+// Batching dims (the gradient of take_along_axis: the target logit of a cross-entropy): the
+// rows of the indices split over dp, the zero buffer and the cotangent built at the local
+// shape; each device writes into its own rows, so the result keeps the split (no partial sum).
+// CHECK-LABEL: func.func @batching_rows_split
+// FULL: func.func @batching_rows_split{{.*}}entangle.rho = ["result#0 = concat over 'dp' along dim 0"], entangle.verdict = "proven"
+func.func @batching_rows_split(%i: tensor<8x1x1xi32>) -> tensor<8x16xf32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%i) in_shardings=[<@mesh, [{"dp"}, {}, {}]>] out_shardings=[<@mesh, [{"dp"}, {}]>] manual_axes={"dp"} (%b: tensor<2x1x1xi32>) {
+    %zero = stablehlo.constant dense<0.0> : tensor<2x16xf32>
+    %one = stablehlo.constant dense<1.0> : tensor<2x1xf32>
+    // CHECK: "stablehlo.scatter"
+    // CHECK: entangle.relation = "tile [{dp}, {}] : scatter(0, %arg0, 1)"
+    %1 = "stablehlo.scatter"(%zero, %b, %one) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [1], input_batching_dims = [0], scatter_indices_batching_dims = [0], scatter_dims_to_operand_dims = [1], index_vector_dim = 2>, unique_indices = false}> ({
+    ^bb0(%p: tensor<f32>, %q: tensor<f32>):
+      %s = stablehlo.add %p, %q : tensor<f32>
+      stablehlo.return %s : tensor<f32>
+    }) : (tensor<2x16xf32>, tensor<2x1x1xi32>, tensor<2x1xf32>) -> tensor<2x16xf32>
+    sdy.return %1 : tensor<2x16xf32>
+  } : (tensor<8x1x1xi32>) -> tensor<8x16xf32>
+  return %0 : tensor<8x16xf32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["dp"=2, "tp"=2]>
+
+func.func @ref(%x: tensor<8x16xf32>, %i: tensor<8x1x1xi32>, %u: tensor<8x1xf32>) -> tensor<8x16xf32> {
+  // expected-note @+1 {{corresponds to the reference op stablehlo.scatter}}
+  %0 = "stablehlo.scatter"(%x, %i, %u) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [1], input_batching_dims = [0], scatter_indices_batching_dims = [0], scatter_dims_to_operand_dims = [1], index_vector_dim = 2>, unique_indices = false}> ({
+  ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+    %s = stablehlo.add %a, %b : tensor<f32>
+    stablehlo.return %s : tensor<f32>
+  }) : (tensor<8x16xf32>, tensor<8x1x1xi32>, tensor<8x1xf32>) -> tensor<8x16xf32>
+  return %0 : tensor<8x16xf32>
+}
+
+// Refused: the operand's rows split over dp but the indices' rows over tp: device (0, 1) would
+// add the updates of rows 4-7 into rows 0-3.
+// CHECK-LABEL: func.func @batching_operand_not_split
+// FULL: func.func @batching_operand_not_split{{.*}}entangle.verdict = "not proven"
+func.func @batching_operand_not_split(%x: tensor<8x16xf32>, %i: tensor<8x1x1xi32>, %u: tensor<8x1xf32>) -> tensor<8x16xf32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x, %i, %u) in_shardings=[<@mesh, [{"dp"}, {}]>, <@mesh, [{"tp"}, {}, {}]>, <@mesh, [{"tp"}, {}]>] out_shardings=[<@mesh, [{"dp"}, {}]>] manual_axes={"dp", "tp"} (%a: tensor<4x16xf32>, %b: tensor<4x1x1xi32>, %c: tensor<4x1xf32>) {
+    // CHECK: "stablehlo.scatter"
+    // CHECK: entangle.relation = "opaque: scatter: batching dim 0 of the operand is split over 'dp' but the matching indices dim 0 is split over 'tp'
+    // expected-error @+1 {{scatter: batching dim 0 of the operand is split over 'dp' but the matching indices dim 0 is split over 'tp': each device would pair rows of different tokens}}
+    %1 = "stablehlo.scatter"(%a, %b, %c) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [1], input_batching_dims = [0], scatter_indices_batching_dims = [0], scatter_dims_to_operand_dims = [1], index_vector_dim = 2>, unique_indices = false}> ({
+    ^bb0(%p: tensor<f32>, %q: tensor<f32>):
+      %s = stablehlo.add %p, %q : tensor<f32>
+      stablehlo.return %s : tensor<f32>
+    }) : (tensor<4x16xf32>, tensor<4x1x1xi32>, tensor<4x1xf32>) -> tensor<4x16xf32>
+    sdy.return %1 : tensor<4x16xf32>
+  } : (tensor<8x16xf32>, tensor<8x1x1xi32>, tensor<8x1xf32>) -> tensor<8x16xf32>
+  return %0 : tensor<8x16xf32>
+}

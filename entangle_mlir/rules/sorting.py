@@ -1,0 +1,65 @@
+"""Selection along a dim: `chlo.top_k` (values and indices of the k largest along the last dim).
+
+Terms: `chlo.top_k` with attrs `(k, result)`, result 0 for the values and 1 for the i32
+indices, over the GLOBAL operand; `semantics.top_k` evaluates both (ties: the lower index
+first, as `lax.top_k` documents).
+
+Per-device layout: top-k works row by row along the last dim, so every other dim keeps its
+split (each device selects within its own rows, which are rows of the global tensor). Refused:
+
+* the last dim split: each device would pick the top k of its own block of candidates (and
+  number them from 0), not of the whole row;
+* a partial operand: the top k of a partial sum is not the partial of anything.
+"""
+
+from __future__ import annotations
+
+from ..layout import Opaque, Rel, Value
+from ..mesh import axes_str
+from ..opinfo import OpInfo
+from ..terms import Term, intern
+from .base import RuleContext
+from .common import freeze
+
+TOP_K = "chlo.top_k"
+
+
+def make_top_k(operand: Term, k: int, result: int, dtype: str) -> Term:
+    """Result `result` (0 values, 1 indices) of the top k along the last dim of `operand`."""
+    shape = operand.shape[:-1] + (k,)
+    return intern(TOP_K, (operand,), (k, result), shape, dtype)
+
+
+def top_k(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    """Top-k along the last dim keeps the split of every other dim; refused when the last dim
+    is split or the operand is a partial value."""
+    (x,) = operands
+    count = len(info.result_types)
+    if not isinstance(x, Rel):
+        return [Opaque("top_k of a device-dependent value", category="unsupported")] * count
+    k = int(info.attrs.get("k", 0))
+    if count != 2 or not info.operand_types or not info.operand_types[0].shape:
+        return [Opaque("top_k: expected a ranked operand and two results",
+                       category="internal")] * max(count, 1)
+    x = freeze(x)
+    last = len(x.tiling) - 1
+    if x.tiling[last]:
+        return [Opaque(f"top_k along dim {last}, which is split over "
+                       f"{axes_str(x.tiling[last])}: each device picks the top {k} of its own "
+                       "block of candidates, not of the whole row (all_gather the dim first)",
+                       category="layout_mismatch")] * count
+    if x.partial:
+        return [Opaque(f"top_k of a partial {x.kind} over {axes_str(x.partial)}: missing "
+                       "all_reduce/psum before it", category="nonlinear_partial")] * count
+    if k > x.term.shape[last]:
+        return [Opaque("top_k: k is larger than the dim", category="internal")] * count
+    values = make_top_k(x.term, k, 0, info.result_types[0].dtype)
+    indices = make_top_k(x.term, k, 1, info.result_types[1].dtype)
+    tiling = x.tiling[:last] + ((),)
+    return [Rel(values, tiling, (), "", frozenset(), x.scope),
+            Rel(indices, tiling, (), "", frozenset(), x.scope)]
+
+
+SORTING_RULES = {
+    TOP_K: top_k,
+}

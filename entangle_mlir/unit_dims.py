@@ -1,0 +1,163 @@
+"""Unit dims in jax's transposes: reductions over dims of size 1 are reshapes.
+
+jax transposes `broadcast_in_dim` by summing over every operand dim of size 1 and expanding
+again; inside shard_map a split dim of local size 1 (one sequence, head or kv head per device)
+is such a dim. Locally that sum is a no-op, but read as a reduction it is a reduction over a
+split dim (a partial sum), which the gradient never meant. Two exact local rewrites put these
+programs in the form the reference has (`fold_unit_dims`, run by entangle-normalize on both
+programs):
+
+* `reduce(x, D)` with identity init, some dims U of D of size 1 and only broadcast_in_dim
+  users (the transpose pattern) is `reshape(reduce(x, D \\ U))` (or `reshape(x)` when
+  D == U); a reduction that is not broadcast back stays a reduction (a partial sum);
+* `broadcast_in_dim(reshape(y))`, where the reshape only drops unit dims of `y`, is
+  `broadcast_in_dim(y')` with the dropped dims put back on result dims of size 1 at the same
+  place (in order between their neighbours), so a split unit dim keeps its identity.
+"""
+
+from __future__ import annotations
+
+import math
+
+from jaxlib.mlir import ir
+
+from .opinfo import constant_value, reducer_kind
+
+_IDENTITY = {"add": 0.0, "max": -math.inf, "min": math.inf}
+
+
+def fold_unit_dims(module: ir.Module) -> int:
+    """Rewrite unit-dim reductions and re-broadcasts in place; the number of ops rewritten."""
+    reduces: list[ir.Operation] = []
+    broadcasts: list[ir.Operation] = []
+
+    def collect(op):
+        if op.name == "stablehlo.reduce":
+            reduces.append(op)
+        elif op.name == "stablehlo.broadcast_in_dim":
+            broadcasts.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(collect)
+    count = sum(_fold_reduce(op) for op in reduces)
+    count += sum(_fold_broadcast(op) for op in broadcasts)
+    return count
+
+
+def _shape(value) -> tuple[int, ...]:
+    return tuple(ir.RankedTensorType(value.type).shape)
+
+
+def _tensor(shape, like) -> ir.RankedTensorType:
+    return ir.RankedTensorType.get(list(shape), ir.RankedTensorType(like.type).element_type)
+
+
+def _identity_init(op: ir.Operation, kind: str) -> bool:
+    owner = op.operands[1].owner
+    if not isinstance(owner, ir.Operation) and hasattr(owner, "operation"):
+        owner = owner.operation
+    if getattr(owner, "name", "") != "stablehlo.constant":
+        return False
+    value, _ = constant_value(owner.attributes["value"])
+    return value.size == 1 and float(value.reshape(-1)[0]) == _IDENTITY[kind]
+
+
+def _fold_reduce(op: ir.Operation) -> int:
+    from jaxlib.mlir.dialects import stablehlo
+
+    if len(op.operands) != 2 or len(op.results) != 1:
+        return 0
+    kind = reducer_kind(op)
+    if kind not in _IDENTITY or not _identity_init(op, kind):
+        return 0
+    x = op.operands[0]
+    shape = _shape(x)
+    dims = list(ir.DenseI64ArrayAttr(op.attributes["dimensions"]))
+    unit = [d for d in dims if shape[d] == 1]
+    result = op.results[0]
+    users = [use.owner for use in result.uses]
+    # Only the transpose pattern (the reduced dims are broadcast back): a reduction of a split
+    # unit dim that is not re-expanded is a genuine partial sum (a per-device loss term).
+    if not unit or not users or not all(_puts_back(u, shape, dims, unit) for u in users):
+        return 0
+    with ir.InsertionPoint(op), op.location:
+        if len(unit) == len(dims):
+            new = stablehlo.ReshapeOp(result.type, x).result
+        else:
+            kept = [d for d in dims if d not in unit]
+            clone = op.clone(ir.InsertionPoint(op))
+            clone.attributes["dimensions"] = ir.DenseI64ArrayAttr.get(kept)
+            partial = [s for d, s in enumerate(shape) if d not in kept]
+            clone.results[0].set_type(_tensor(partial, result))
+            new = stablehlo.ReshapeOp(result.type, clone.results[0]).result
+    result.replace_all_uses_with(new)
+    op.erase()
+    return 1
+
+
+def _puts_back(user, shape: tuple[int, ...], dims: list[int], unit: list[int]) -> bool:
+    """`user` is a broadcast_in_dim that puts the reduced unit dims back where they were: with
+    the genuinely reduced (non-unit) dims taken out of `shape`, every kept dim lands on its own
+    index (jax's transpose of a broadcast re-expands exactly the dims it summed)."""
+    if getattr(user, "name", "") != "stablehlo.broadcast_in_dim":
+        return False
+    squeezed = [d for d in range(len(shape)) if d not in dims or d in unit]
+    position = {d: i for i, d in enumerate(squeezed)}
+    kept = [d for d in range(len(shape)) if d not in dims]
+    targets = list(ir.DenseI64ArrayAttr(user.attributes["broadcast_dimensions"]))
+    result = _shape(user.results[0])
+    return targets == [position[d] for d in kept] and len(result) >= len(kept)
+
+
+def _fold_broadcast(op: ir.Operation) -> int:
+    from jaxlib.mlir.dialects import stablehlo
+
+    source = op.operands[0].owner
+    if not isinstance(source, ir.Operation) and hasattr(source, "operation"):
+        source = source.operation
+    if getattr(source, "name", "") != "stablehlo.reshape":
+        return 0
+    y = source.operands[0]
+    y_shape, r_shape, z_shape = _shape(y), _shape(source.results[0]), _shape(op.results[0])
+    kept = _dropped_unit_dims(y_shape, r_shape)
+    if kept is None or len(kept) == len(y_shape):
+        return 0
+    dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+    target: dict[int, int] = {i: dims[j] for j, i in enumerate(kept)}
+    if sorted(target.values()) != [target[i] for i in sorted(target)]:
+        return 0
+    used = set(target.values())
+    for i in range(len(y_shape)):
+        if i in target:
+            continue
+        low = max([target[k] for k in target if k < i], default=-1)
+        high = min([target[k] for k in target if k > i], default=len(z_shape))
+        free = [t for t in range(low + 1, high) if z_shape[t] == 1 and t not in used]
+        if free:
+            target[i] = free[0]
+            used.add(free[0])
+    if len(target) == len(kept):
+        return 0
+    order = sorted(target)
+    with ir.InsertionPoint(op), op.location:
+        operand = y
+        if len(order) != len(y_shape):
+            operand = stablehlo.ReshapeOp(_tensor([y_shape[i] for i in order], y), y).result
+        new = stablehlo.BroadcastInDimOp(op.results[0].type, operand,
+                                         [target[i] for i in order]).result
+    op.results[0].replace_all_uses_with(new)
+    op.erase()
+    return 1
+
+
+def _dropped_unit_dims(src: tuple[int, ...], dst: tuple[int, ...]) -> list[int] | None:
+    """The dims of `src` that `dst` keeps, when `dst` is `src` without some unit dims."""
+    kept, j = [], 0
+    for i, size in enumerate(src):
+        if j < len(dst) and dst[j] == size:
+            kept.append(i)
+            j += 1
+        elif size != 1:
+            return None
+    return kept if j == len(dst) else None
+

@@ -1,0 +1,78 @@
+"""The unit-dim fold of entangle-normalize (`entangle_mlir/unit_dims.py`): jax's transpose of a
+broadcast (a reduce over size-1 dims, then a broadcast_in_dim putting them back) becomes
+reshapes, exactly; any other reduction over a size-1 dim is left alone (it may be a genuine
+partial sum over a split dim of local size 1)."""
+
+from __future__ import annotations
+
+import numpy as np
+from jaxlib.mlir import ir
+
+from entangle_mlir import semantics as S
+from entangle_mlir.ir import context, parse_module
+from entangle_mlir.opinfo import describe
+from entangle_mlir.unit_dims import fold_unit_dims
+
+TRANSPOSE = """
+func.func @main(%x: tensor<1x3x1xf32>) -> tensor<1x3x8xf32> {
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %0 = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [0, 2] : (tensor<1x3x1xf32>, tensor<f32>) -> tensor<3xf32>
+  %1 = stablehlo.broadcast_in_dim %0, dims = [1] : (tensor<3xf32>) -> tensor<1x3xf32>
+  %2 = stablehlo.broadcast_in_dim %1, dims = [0, 1] : (tensor<1x3xf32>) -> tensor<1x3x8xf32>
+  return %2 : tensor<1x3x8xf32>
+}
+"""
+
+LOSS = """
+func.func @main(%x: tensor<1x4xf32>) -> tensor<f32> {
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %0 = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [0, 1] : (tensor<1x4xf32>, tensor<f32>) -> tensor<f32>
+  return %0 : tensor<f32>
+}
+"""
+
+
+def _ops(module) -> list[str]:
+    names: list[str] = []
+
+    def collect(op):
+        names.append(op.name)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(collect)
+    return names
+
+
+def _run(module, x: np.ndarray) -> np.ndarray:
+    """The function's result on `x`, op by op with the exact semantics."""
+    values = {}
+    func = next(iter(module.body.operations))
+    block = func.regions[0].blocks[0]
+    values[block.arguments[0]] = S.obj_array(x)
+    for op in block.operations:
+        if op.name == "func.return":
+            return values[op.operands[0]]
+        info = describe(op)
+        (results,) = S.run_op(info, [[values[v] for v in op.operands]], None)
+        for result, value in zip(op.results, results):
+            values[result] = value
+    raise AssertionError("no return")
+
+
+def test_transpose_of_broadcast_becomes_reshapes_and_computes_the_same() -> None:
+    x = np.arange(3, dtype=np.float64).reshape(1, 3, 1) + 1
+    before = parse_module(TRANSPOSE)
+    want = _run(before, x)
+    module = parse_module(TRANSPOSE)
+    with context():
+        assert fold_unit_dims(module) == 2
+    names = _ops(module)
+    assert "stablehlo.reduce" not in names
+    assert (_run(module, x) == want).all()
+
+
+def test_a_reduction_that_is_not_broadcast_back_stays() -> None:
+    module = parse_module(LOSS)
+    with context():
+        assert fold_unit_dims(module) == 0
+    assert "stablehlo.reduce" in _ops(module)
