@@ -115,6 +115,9 @@ class _Reference:
         if found is None:
             _, base = single_scaled(term)
             found = self.by_term.get(base.serial)
+        if found is None:
+            scaled = self.ratio(term)
+            found = self.by_term.get(scaled[1].serial) if scaled is not None else None
         return found
 
 

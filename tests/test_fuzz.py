@@ -216,7 +216,5 @@ def test_partitioned_replicated_inputs_split_output() -> None:
     assert _replicated_inputs_case(P("i")).proven
 
 
-@pytest.mark.xfail(strict=True, reason="InputError on a valid program: a partitioned program "
-                   "whose every sharding is replicated has no device count")
 def test_partitioned_everything_replicated() -> None:
     assert _replicated_inputs_case(P()).proven
