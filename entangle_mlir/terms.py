@@ -706,12 +706,21 @@ def make_roll(term: Term, dim: int, shift: int) -> Term:
         return make_op("slice", (term,), (starts, limits, (1,) * rank), shape, term.dtype,
                        linear_in=0)
 
-    return intern("concatenate", (rows(size - shift, size), rows(0, size - shift)), (dim,),
-                  term.shape, term.dtype)
+    rolled = intern("concatenate", (rows(size - shift, size), rows(0, size - shift)), (dim,),
+                    term.shape, term.dtype)
+    _ROLLS[(rolled.serial, dim)] = (term, shift)
+    return rolled
+
+
+_ROLLS: dict[tuple[int, int], tuple[Term, int]] = {}
+"""(roll serial, dim) -> (base, shift) for every roll `make_roll` built: slices are pushed
+into the rolled term's operands, so its written-out form is not always recognisable."""
 
 
 def roll_parts(term: Term, dim: int) -> tuple[Term, int] | None:
     """(base, shift) when `term` is `make_roll(base, dim, shift)` written out, else None."""
+    if (term.serial, dim) in _ROLLS:
+        return _ROLLS[(term.serial, dim)]
     if term.op != "concatenate" or term.attrs != (dim,) or len(term.args) != 2:
         return None
     first, second = term.args

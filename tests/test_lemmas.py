@@ -515,6 +515,14 @@ def collective_lemmas() -> list[Lemma]:
                      [rel(arg((2, 4, 4)), "dp", (), "tp")], results=[((1, 2, 4), "f32")],
                      attrs={**groups(M2, "tp"), "split_dimension": 1, "concat_dimension": 2,
                             "split_count": 2}, mesh=M2))
+    # all_reduce over the axes that split a dim into one-row blocks: a keepdims reduction.
+    for reducer in ("add", "max"):
+        out.append(Lemma(f"all_reduce-unit-blocks-{reducer}", "stablehlo.all_reduce",
+                         [rel(arg((2, 3)), "tp")], results=[((1, 3), "f32")],
+                         attrs={**groups(M1, "tp"), "reducer": reducer}))
+    out.append(Lemma("all_reduce-unit-blocks-2d", "stablehlo.all_reduce",
+                     [rel(arg((2, 4)), "dp")], results=[((1, 4), "f32")],
+                     attrs={**groups(M2, "dp", "tp"), "reducer": "add"}, mesh=M2))
     # collective_permute along an axis the value does not use.
     out.append(Lemma("collective_permute-replicated", "stablehlo.collective_permute",
                      [rel(arg((2, 3)))],

@@ -9,7 +9,7 @@ from dataclasses import replace
 from ..layout import Opaque, Permuted, Rel, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
-from ..terms import make_reshape, make_roll, make_transpose, scale
+from ..terms import intern, make_op, make_reshape, make_roll, make_transpose, scale
 from .base import RuleContext
 from .common import freeze
 from .window import as_window, cyclic_shifts, permute_window
@@ -65,6 +65,8 @@ def _all_reduce_one(info: OpInfo, x: Value, axes: tuple[str, ...], kind: str,
     if isinstance(x, Opaque):
         return x
     verb = {"sum": "sums", "max": "takes the max", "min": "takes the min"}[kind]
+    x, consumed = _reduce_unit_blocks(x, axes, kind, ctx)
+    axes = tuple(a for a in axes if a not in consumed)
     split = set(axes) & set(x.tiled_axes)
     if split:
         return Opaque(f"all_reduce {verb} over {axes_str(axes)} of a value split over "
@@ -90,6 +92,27 @@ def _all_reduce_one(info: OpInfo, x: Value, axes: tuple[str, ...], kind: str,
     remaining = tuple(a for a in x.partial if a not in reduced)
     return replace(x, term=term, partial=remaining, kind=x.kind if remaining else "",
                    partial_origin=x.partial_origin if remaining else None)
+
+
+def _reduce_unit_blocks(x: Rel, axes: tuple[str, ...], kind: str, ctx: RuleContext
+                        ) -> tuple[Rel, set[str]]:
+    """Dims split over (some of) the reduced axes into blocks of one row: the all_reduce
+    combines the rows, a keepdims reduction of the global dim (jax's sum over a size-1 local
+    dim is a reshape after entangle-normalize), and the axes that did it. Else `x`, none."""
+    dims = [d for d, t in enumerate(x.tiling) if t and set(t) <= set(axes)
+            and x.term.shape[d] == ctx.mesh.group_size(t) and d not in x.poly]
+    if not dims or x.partial:
+        return x, set()
+    shape = tuple(n for d, n in enumerate(x.term.shape) if d not in dims)
+    if kind == "sum":
+        term = make_op("reduce_sum", (x.term,), (tuple(dims),), shape, x.term.dtype,
+                       linear_in=0)
+    else:
+        term = intern(f"reduce_{kind}", (x.term,), (tuple(dims),), shape, x.term.dtype)
+    kept = tuple(1 if d in dims else n for d, n in enumerate(x.term.shape))
+    tiling = tuple(() if d in dims else t for d, t in enumerate(x.tiling))
+    consumed = {a for d in dims for a in x.tiling[d]}
+    return replace(x, term=make_reshape(term, kept), tiling=tiling), consumed
 
 
 def all_gather(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
