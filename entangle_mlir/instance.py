@@ -1166,6 +1166,18 @@ def _leaf_name(index: int) -> str:
     return f"A{index - ABSTRACT_BASE}" if index >= ABSTRACT_BASE else f"arg{index}"
 
 
+def _derived_local(full: np.ndarray, value: Permuted | Windowed | Shifted, mesh: Mesh,
+                   device: int) -> np.ndarray:
+    """Device `device`'s local value of a value derived from a Rel whose global value is
+    `full`: another device's block, a halo window, or the block plus a device constant."""
+    if isinstance(value, Permuted):
+        return _block(full, value.rel, mesh, value.sources[device], False)
+    if isinstance(value, Windowed):
+        return _window_rows(full, value, mesh, device)
+    block = _block(full, value.rel, mesh, device, False)
+    return S.apply(lambda x, o=value.offsets[device]: S.add(x, o), block)
+
+
 def _window_rows(value: np.ndarray, window: Windowed, mesh: Mesh, device: int) -> np.ndarray:
     """Device `device`'s rows of a halo window (the other dims blocked as in its relation)."""
     dim, axes = window.dim, window.rel.tiling[window.dim]
@@ -1267,19 +1279,11 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
             for d in range(devices):
                 local[d][i] = S.full(tuple(value.shape), value.values[d] if not single
                                      else value.values[0])
-        elif isinstance(value, Permuted) and not value.rel.partial and not single:
+        elif isinstance(value, Permuted | Windowed | Shifted) and not value.rel.partial \
+                and not single:
             full = S.evaluate_term(value.rel.term, env, memo)
             for d in range(devices):
-                local[d][i] = _block(full, value.rel, mesh, value.sources[d], single)
-        elif isinstance(value, Windowed) and not value.rel.partial and not single:
-            full = S.evaluate_term(value.rel.term, env, memo)
-            for d in range(devices):
-                local[d][i] = _window_rows(full, value, mesh, d)
-        elif isinstance(value, Shifted) and not value.rel.partial and not single:
-            full = S.evaluate_term(value.rel.term, env, memo)
-            for d in range(devices):
-                block = _block(full, value.rel, mesh, d, single)
-                local[d][i] = S.apply(lambda x, o=value.offsets[d]: S.add(x, o), block)
+                local[d][i] = _derived_local(full, value, mesh, d)
         else:
             for d in range(devices):
                 local[d][i] = source.tensor(f"o{i}.d{d}", want or (), dtype)
@@ -1305,26 +1309,13 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                 expect = value.values[d] if not single else value.values[0]
                 claims.extend(S.equal(x, expect) for x in got.reshape(-1))
             continue
-        if isinstance(value, Permuted | Windowed):
+        if isinstance(value, Permuted | Windowed | Shifted):
             if value.rel.partial or single:
-                raise _Failure("unknown", "a moved partial value cannot be checked")
-            full = S.evaluate_term(value.rel.term, env, memo)
-            for d in range(devices):
-                expect = (_block(full, value.rel, mesh, value.sources[d], single)
-                          if isinstance(value, Permuted) else _window_rows(full, value, mesh, d))
-                if tuple(results[d][j].shape) != tuple(expect.shape):
-                    raise _Failure("refuted", f"result {j} has local shape "
-                                   f"{results[d][j].shape} on device {d}")
-                claims.extend(S.equal(x, y) for x, y in zip(results[d][j].reshape(-1),
-                                                            expect.reshape(-1)))
-            continue
-        if isinstance(value, Shifted):
-            if value.rel.partial or single:
-                raise _Failure("unknown", "a shifted partial value cannot be checked")
+                raise _Failure("unknown", f"a {type(value).__name__.lower()} partial value "
+                               "cannot be checked")
             full = S.evaluate_term(value.rel.term, env, memo)
             for d in checked:
-                block = _block(full, value.rel, mesh, d, single)
-                expect = S.apply(lambda x, o=value.offsets[d]: S.add(x, o), block)
+                expect = _derived_local(full, value, mesh, d)
                 if tuple(results[d][j].shape) != tuple(expect.shape):
                     raise _Failure("refuted", f"result {j} has local shape "
                                    f"{results[d][j].shape} on device {d}")

@@ -322,28 +322,11 @@ def collective_permute(info: OpInfo, operands: list[Value], ctx: RuleContext) ->
                      for t in range(mesh.num_devices))
     placed = place_blocks(base, composed, mesh, order)
     if isinstance(placed, Rel) and placed.term is not base.term:
-        shifts = block_shifts(base, composed, mesh) or []
+        shifts = cyclic_shifts(base, dict(enumerate(composed)), mesh) or []
         rolled = ", ".join(f"{rows} along dim {dim}" for dim, rows in enumerate(shifts) if rows)
         ctx.hint(f"{_moved_blocks(base, composed, mesh, order)}: the global tensor is rolled "
                  f"by {rolled}")
     return [placed]
-
-
-def block_shifts(x: Rel, sources: tuple[int, ...], mesh) -> list[int] | None:
-    """Per dim, how far the blocks moved (in rows of the global tensor) when device d holds the
-    block of device `sources[d]` and that is a cyclic shift of every split dim; else None."""
-    shifts = []
-    for dim, axes in enumerate(x.tiling):
-        if not axes:
-            shifts.append(0)
-            continue
-        count = mesh.group_size(axes)
-        moved = {(mesh.block_index(axes, t) - mesh.block_index(axes, s)) % count
-                 for t, s in enumerate(sources)}
-        if len(moved) != 1:
-            return None
-        shifts.append(moved.pop() * (x.term.shape[dim] // count))
-    return shifts
 
 
 def place_blocks(x: Rel, sources: tuple[int, ...], mesh, order=()) -> Value:
@@ -360,7 +343,7 @@ def place_blocks(x: Rel, sources: tuple[int, ...], mesh, order=()) -> Value:
                 return Opaque(f"collective_permute mixes the pieces of a partial {x.kind} over "
                               f"{axes_str(x.partial)} between groups: device {target} "
                               f"receives device {source}'s piece", category="wrong_order")
-    shifts = block_shifts(x, sources, mesh)
+    shifts = cyclic_shifts(x, dict(enumerate(sources)), mesh)
     if shifts is None:
         reason = _moved_blocks(x, sources, mesh, order)
         if x.partial:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from fractions import Fraction
 
 from ..layout import GLOBAL, DeviceScalar, Opaque, Rel, Value
 from ..mesh import axes_str
@@ -183,3 +184,14 @@ def _disagree(what: str, dim: int, axes_a, axes_b, size_a, size_b) -> str:
 
 def is_zero(rel: Rel) -> bool:
     return splat_value(rel.term) == 0
+
+
+def device_offsets(value: Value, count: int) -> tuple[int, ...] | None:
+    """An integer start index per device: a device table, or a constant (the same on all
+    `count` devices); None when it is neither (data-dependent)."""
+    if isinstance(value, DeviceScalar):
+        return value.values
+    constant = splat_value(value.term) if isinstance(value, Rel) else None
+    if isinstance(constant, Fraction) and constant.denominator == 1:
+        return (int(constant),) * count
+    return None

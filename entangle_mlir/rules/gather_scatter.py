@@ -39,12 +39,12 @@ import re
 from dataclasses import replace
 from fractions import Fraction
 
-from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value
+from ..layout import Opaque, Rel, Shifted, Value
 from ..mesh import axes_str
 from ..opinfo import OpInfo, TensorType
 from ..terms import Term, intern, make_add, make_op, make_splat, scale, splat_value
 from .base import RuleContext
-from .common import freeze, is_zero, resize
+from .common import device_offsets, freeze, is_zero, resize
 
 GATHER = "stablehlo.gather"
 SCATTER = "stablehlo.scatter"
@@ -468,13 +468,6 @@ def _batching_mismatch(what: str, operand: Rel, indices: Rel,
 
 # ----- dynamic_update_slice -------------------------------------------------------------------
 
-def _offsets(value: Value, count: int) -> tuple[int, ...] | None:
-    if isinstance(value, DeviceScalar):
-        return value.values
-    constant = splat_value(value.term) if isinstance(value, Rel) else None
-    if isinstance(constant, Fraction) and constant.denominator == 1:
-        return (int(constant),) * count
-    return None
 
 
 def dynamic_update_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
@@ -489,7 +482,7 @@ def dynamic_update_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) 
     if not ctx.is_global and ctx.mesh is not None:
         for d, axes in enumerate(update.tiling):
             if axes and d in operand.poly and local_update[d] == local_operand[d] \
-                    and d < len(starts) and _offsets(starts[d], ctx.mesh.num_devices) == \
+                    and d < len(starts) and device_offsets(starts[d], ctx.mesh.num_devices) == \
                     (0,) * ctx.mesh.num_devices:
                 adapted = _widen(operand, d, update.term.shape[d], axes)
                 if adapted is None:
@@ -508,7 +501,7 @@ def dynamic_update_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) 
     start_terms: list[Term] = []
     placed: list[str] = []
     for d, start in enumerate(starts):
-        raw = _offsets(start, count)
+        raw = device_offsets(start, count)
         if raw is None:
             if isinstance(start, Rel) and not start.tiled_axes and not start.partial:
                 if operand.tiling[d] or update.tiling[d]:

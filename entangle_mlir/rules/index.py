@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
-from fractions import Fraction
 
 from ..layout import DeviceScalar, Opaque, Rel, Value, Windowed
 from ..mesh import Mesh, axes_str
 from ..opinfo import OpInfo
-from ..terms import DENSE_VALUES, intern, make_op, make_splat, splat_value
+from ..terms import DENSE_VALUES, intern, make_op, make_splat
 from .base import RuleContext
-from .common import freeze
+from .common import device_offsets, freeze
 from .window import window_dynamic_slice
 
 MAX_TABLE_DEVICES = 1 << 22
@@ -36,13 +35,6 @@ def partition_id(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[
     return [DeviceScalar(tuple(range(ctx.mesh.num_devices)), info.result_types[0].shape)]
 
 
-def _offsets(value: Value, count: int) -> tuple[int, ...] | None:
-    if isinstance(value, DeviceScalar):
-        return value.values
-    constant = splat_value(value.term) if isinstance(value, Rel) else None
-    if isinstance(constant, Fraction) and constant.denominator == 1:
-        return (int(constant),) * count
-    return None
 
 
 def _candidate_axes(mesh: Mesh, free: list[str], offsets=None):
@@ -100,10 +92,10 @@ def dynamic_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list
     lo, hi = [0] * len(sizes), list(x.term.shape)
     shape = list(x.term.shape)
     free = [a for a in (ctx.mesh.names if ctx.mesh else ()) if a not in x.used_axes()]
-    if any(_offsets(start, count) is None for start in starts):
+    if any(device_offsets(start, count) is None for start in starts):
         return [_symbolic_dynamic_slice(info, x, starts, sizes)]
     for d, (start, size) in enumerate(zip(starts, sizes)):
-        raw = _offsets(start, count)
+        raw = device_offsets(start, count)
         offsets = tuple(min(max(o, 0), local[d] - size) for o in raw)
         if len(set(offsets)) == 1:
             if x.tiling[d] and (offsets[0], size) != (0, local[d]):
@@ -141,7 +133,7 @@ def _table_lookup(info: OpInfo, x: Rel, starts: list[Value], ctx: RuleContext) -
     """An integer constant table indexed by device-dependent offsets: a device scalar."""
     table = DENSE_VALUES[x.term.attrs[0]]
     count = ctx.mesh.num_devices
-    columns = [_offsets(s, count) for s in starts]
+    columns = [device_offsets(s, count) for s in starts]
     if any(c is None for c in columns):
         return Opaque("table lookup with a data-dependent offset", category="unsupported")
     values = []

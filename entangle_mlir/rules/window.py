@@ -12,11 +12,11 @@ turns either into the error it stands for when anything else uses it.
 from __future__ import annotations
 
 from dataclasses import replace
-from fractions import Fraction
 
-from ..layout import DeviceScalar, Opaque, Permuted, Rel, Value, Windowed
+from ..layout import Opaque, Permuted, Rel, Value, Windowed
 from ..mesh import Mesh, axes_str
-from ..terms import make_op, make_roll, splat_value
+from ..terms import make_op, make_roll
+from .common import device_offsets
 
 WINDOW_OPS = frozenset({"stablehlo.slice", "stablehlo.concatenate",
                         "stablehlo.collective_permute", "stablehlo.dynamic_slice"})
@@ -178,7 +178,7 @@ def window_dynamic_slice(info, window: Windowed, starts: list[Value], mesh: Mesh
     dim, sizes = window.dim, tuple(info.attrs["slice_sizes"])
     local = info.operand_types[0].shape
     count = mesh.num_devices
-    table = [_device_offsets(start, count) for start in starts]
+    table = [device_offsets(start, count) for start in starts]
     for d, (offsets, size) in enumerate(zip(table, sizes)):
         if d != dim and (offsets is None or size != local[d]):
             return Opaque(window.reason, category="layout_mismatch")
@@ -218,10 +218,3 @@ def window_dynamic_slice(info, window: Windowed, starts: list[Value], mesh: Mesh
     return replace(rel, term=term)
 
 
-def _device_offsets(value: Value, count: int) -> list[int] | None:
-    if isinstance(value, DeviceScalar):
-        return list(value.values)
-    constant = splat_value(value.term) if isinstance(value, Rel) else None
-    if isinstance(constant, Fraction) and constant.denominator == 1:
-        return [int(constant)] * count
-    return None
