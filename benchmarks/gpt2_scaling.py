@@ -12,6 +12,7 @@ programs from here.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import resource
 import sys
@@ -62,8 +63,13 @@ SPECS = [P(), P(), P(None, "tp"), P(None, "tp"), P(None, "tp"), P("tp", None), P
          P(None, "tp"), P("tp"), P("tp", None), P()]
 
 
-def programs(layers: int, tp: int):
-    mesh = jax.make_mesh((tp,), ("tp",), axis_types=(AxisType.Auto,))
+def programs(layers: int, tp: int, dp: int = 0):
+    """(reference, jitted shard_map program, avals): GPT-2 under Megatron tp, and dp over the
+    batch when dp > 0."""
+    axes = (("dp", dp), ("tp", tp)) if dp else (("tp", tp),)
+    shape = tuple(n for _, n in axes)
+    mesh = jax.make_mesh(shape, tuple(a for a, _ in axes), axis_types=(AxisType.Auto,) * len(axes),
+                         devices=jax.devices()[:math.prod(shape)])
     count = len(SHAPES)
 
     def ref(x, *params):
@@ -76,9 +82,10 @@ def programs(layers: int, tp: int):
             x = block(x, params[i * count:(i + 1) * count], lambda v: lax.psum(v, "tp"))
         return x
 
-    specs = (P(),) + tuple(SPECS) * layers
-    sharded = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P()))
-    shapes = [(BATCH, SEQ, HIDDEN)] + SHAPES * layers
+    x_spec = P("dp") if dp else P()
+    specs = (x_spec,) + tuple(SPECS) * layers
+    sharded = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=x_spec))
+    shapes = [(max(dp, 1) * BATCH, SEQ, HIDDEN)] + SHAPES * layers
     avals = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, spec))
              for s, spec in zip(shapes, specs)]
     return ref, sharded, avals

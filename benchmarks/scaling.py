@@ -46,11 +46,10 @@ sys.path.insert(0, str(REPO))
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from benchmarks.gpt2_scaling import BATCH, HIDDEN, SEQ, SHAPES, SPECS, block
+from benchmarks.gpt2_scaling import BATCH, HIDDEN, SEQ, SHAPES, SPECS, block, programs
 
 
 @dataclass
@@ -79,30 +78,10 @@ def _prod(shape) -> int:
 
 
 def gpt2_shard_map(layers: int, tp: int, dp: int = 0):
-    """GPT-2 forward under Megatron tp (and dp over the batch when dp > 0)."""
+    """GPT-2 forward under Megatron tp (and dp over the batch when dp > 0), lowered."""
     from entangle_mlir.jax import lower_pair
 
-    axes = (("dp", dp), ("tp", tp)) if dp else (("tp", tp),)
-    mesh = _mesh(tuple(n for _, n in axes), tuple(a for a, _ in axes))
-    count = len(SHAPES)
-    batch = max(dp, 1) * BATCH
-
-    def ref(x, *params):
-        for i in range(layers):
-            x = block(x, params[i * count:(i + 1) * count], lambda v: v)
-        return x
-
-    def body(x, *params):
-        for i in range(layers):
-            x = block(x, params[i * count:(i + 1) * count], lambda v: lax.psum(v, "tp"))
-        return x
-
-    x_spec = P("dp") if dp else P()
-    specs = (x_spec,) + tuple(SPECS) * layers
-    sharded = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=x_spec))
-    shapes = [(batch, SEQ, HIDDEN)] + SHAPES * layers
-    avals = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, spec))
-             for s, spec in zip(shapes, specs)]
+    ref, sharded, avals = programs(layers, tp, dp)
     ref_text, sharded_text = lower_pair(ref, sharded, *avals)
     return ref_text, sharded_text, sharded, avals
 
