@@ -245,11 +245,6 @@ def _local_block(array, index, local_shape):
     return out
 
 
-_COLLECTIVES = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter",
-                "stablehlo.all_to_all", "stablehlo.collective_permute",
-                "stablehlo.collective_broadcast")
-
-
 def run_per_device(module, *global_args):
     """Run a per-device SPMD program (XLA partitioner output, as StableHLO text, bytecode or an
     `ir.Module`) on simulated devices and return each device's results.
@@ -260,13 +255,9 @@ def run_per_device(module, *global_args):
     `XLA_FLAGS=--xla_force_host_platform_device_count=N` before jax is imported).
     Returns `outputs[device][result]` as numpy arrays.
     """
-    import re
-
     import numpy as np
-    from jax._src import xla_bridge
-    from jax._src.lib import xla_client
-    from jaxlib.mlir import ir
 
+    from .evidence import Unavailable, _as_replicas, execute_replicas
     from .ir import context, parse_module
     from .per_device import device_count, parameter_shardings
     from .program import _public_main
@@ -275,54 +266,22 @@ def run_per_device(module, *global_args):
         module = parse_module(module)
     with context():
         module = parse_module(str(module))   # a copy: the caller's module stays as it is
-
-        def cross_replica(op):
-            # As replicas, every collective is cross-replica: with one partition, replica ids
-            # are the global device ids, so dropping the channel handle (and the
-            # use_global_device_ids flag) keeps the groups' meaning.
-            if op.name in _COLLECTIVES:
-                for name in ("channel_handle", "use_global_device_ids"):
-                    if name in op.attributes:
-                        del op.attributes[name]
-            return ir.WalkResult.ADVANCE
-
-        module.operation.walk(cross_replica)
-        text = str(module)
         main = _public_main(module, "-")
         shardings = parameter_shardings(module, main)
         n = device_count(module, shardings)
         arg_types = [a.type for a in main.regions[0].blocks[0].arguments]
-    text = text.replace("stablehlo.partition_id", "stablehlo.replica_id")
-    text = re.sub(r"mhlo\.num_partitions = \d+ : i32", "mhlo.num_partitions = 1 : i32", text)
-    text = re.sub(r"mhlo\.num_replicas = \d+ : i32", f"mhlo.num_replicas = {n} : i32", text)
-    backend = xla_bridge.get_backend("cpu")
-    devices = backend.devices()[:n]
-    if len(devices) < n:
-        raise RuntimeError(f"the program needs {n} devices, jax has {len(devices)}")
-    options = xla_client.CompileOptions()
-    options.num_replicas = n
-    options.num_partitions = 1
-    options.executable_build_options.use_spmd_partitioning = False
-    options.executable_build_options.num_replicas = n
-    options.executable_build_options.num_partitions = 1
-    assignment = xla_client.DeviceAssignment.create(np.arange(n).reshape(n, 1))
-    options.device_assignment = assignment
-    executable = backend.compile_and_load(text, xla_client.DeviceList(tuple(devices)), options)
-    replicated = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices), ("replicas",)),
-                                            jax.sharding.PartitionSpec())
-    per_arg = []
+        text = _as_replicas(module, n)
+    per_device_args: list[list] = [[] for _ in range(n)]
     for arg, sharding, arg_type in zip(global_args, shardings, arg_types):
         arg = np.asarray(arg)
         local = tuple(arg_type.shape)
         blocks = _device_blocks(sharding, arg.shape, local, n)
-        shards = [jax.device_put(_local_block(arg, blocks[d], local), devices[d])
-                  for d in range(n)]
-        # One array whose buffer on device d is device d's parameter: declared replicated
-        # (the shapes agree), the contents differ per device as the per-device program wants.
-        per_arg.append(jax.make_array_from_single_device_arrays(local, replicated, shards))
-    results = executable.execute_sharded(per_arg)
-    outs = results.disassemble_into_single_device_arrays()
-    return [[np.asarray(outs[r][d]) for r in range(len(outs))] for d in range(n)]
+        for d in range(n):
+            per_device_args[d].append(_local_block(arg, blocks[d], local))
+    try:
+        return execute_replicas(text, per_device_args)
+    except Unavailable as err:
+        raise RuntimeError(str(err)) from None
 
 
 def expected_per_device(module, reference_outputs):
