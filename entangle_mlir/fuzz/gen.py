@@ -998,16 +998,24 @@ def f_psum_scatter(g: Gen, s: State):
     return _scatter(g, s, None)
 
 
-def f_all_gather(g: Gen, s: State):
+def _gathered(g: Gen, s: State):
+    """(dim, axes, spec after): a split dim and the minor-most axes of it to gather, or None."""
     dims = [d for d in range(s.rank) if s.spec[d]]
     if not dims:
         return None
     d = g.ch.choice(dims)
     k = g.ch.randint(1, len(s.spec[d]))
-    axes = s.spec[d][-k:]
     spec = list(s.spec)
     spec[d] = s.spec[d][:-k]
-    return [Layer("all_gather", {"axes": axes, "dim": d})], replace(s, spec=tuple(spec))
+    return d, s.spec[d][-k:], tuple(spec)
+
+
+def f_all_gather(g: Gen, s: State):
+    found = _gathered(g, s)
+    if found is None:
+        return None
+    d, axes, spec = found
+    return [Layer("all_gather", {"axes": axes, "dim": d})], replace(s, spec=spec)
 
 
 def f_all_to_all(g: Gen, s: State):
@@ -1126,17 +1134,13 @@ def f_dus_gather(g: Gen, s: State):
     """An all_gather spelled as dynamic_update_slice into zeros: a partial sum over the axes."""
     if s.kind not in (None, "sum"):
         return None
-    dims = [d for d in range(s.rank) if s.spec[d]]
-    if not dims:
+    found = _gathered(g, s)
+    if found is None:
         return None
-    d = g.ch.choice(dims)
-    k = g.ch.randint(1, len(s.spec[d]))
-    axes = s.spec[d][-k:]
-    spec = list(s.spec)
-    spec[d] = s.spec[d][:-k]
+    d, axes, spec = found
     partial = g.mesh.order(set(s.partial) | set(axes))
     return ([Layer("dus_gather", {"axes": axes, "dim": d, "n": g.n(axes)})],
-            replace(s, spec=tuple(spec), partial=partial, kind="sum"))
+            replace(s, spec=spec, partial=partial, kind="sum"))
 
 
 def random_target(g: Gen, s: State) -> Spec:
