@@ -257,6 +257,18 @@ def _find(module, mark: str, keep: bool = False):
     return found[0]
 
 
+def _marked_entry(module, mark: str, what: str):
+    """(the marked op, its function made the module's entry); Unavailable when the op sits in
+    a nested region, which cannot run on its own."""
+    target = _find(module, mark)
+    main = target.parent
+    if main.name != "func.func":
+        raise Unavailable(f"{what} is inside a {main.name} region (a loop body or a branch "
+                          "cannot be run on its own)")
+    _as_entry(module, main)
+    return target, main
+
+
 def _expose_reference(text: str, result: int) -> str:
     """The reference with the marked op's `result` as its only result."""
     from jaxlib.mlir import ir
@@ -266,12 +278,7 @@ def _expose_reference(text: str, result: int) -> str:
 
     with context(), ir.Location.unknown():
         module = ir.Module.parse(text)
-        target = _find(module, _REFERENCE_MARK)
-        main = target.parent
-        if main.name != "func.func":
-            raise Unavailable(f"the reference op is inside a {main.name} region (a loop body "
-                              "or a branch cannot be run on its own)")
-        _as_entry(module, main)
+        target, main = _marked_entry(module, _REFERENCE_MARK, "the reference op")
         value = target.results[result]
         block = main.regions[0].blocks[0]
         terminator = list(block.operations)[-1]
@@ -334,12 +341,7 @@ def _expose_per_device(text: str, result: int):
 
     with context(), ir.Location.unknown():
         module = ir.Module.parse(text)
-        target = _find(module, _EVIDENCE_MARK)
-        main = target.parent
-        if main.name != "func.func":
-            raise Unavailable(f"the op is inside a {main.name} region (a loop body "
-                              "or a branch cannot be run on its own)")
-        _as_entry(module, main)
+        target, main = _marked_entry(module, _EVIDENCE_MARK, "the op")
         shardings = parameter_shardings(module, main)
         n = device_count(module, shardings)
         block = main.regions[0].blocks[0]
