@@ -45,7 +45,7 @@ class OpRecord:
     info: OpInfo
     inputs: list[Value]
     outputs: list[Value]
-    hints: list[str] = field(default_factory=list)
+    hints: list[tuple[str, str]] = field(default_factory=list)
     manual_axes: tuple[str, ...] = ()
     sources: list[OpRecord | None] = field(default_factory=list)
 

@@ -436,10 +436,7 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
     k2, base2 = found if found is not None else (1, term)
     category = "different_function"
     if record.hints:
-        reason = record.hints[0]
-        category = "duplicate_reduction" if "already replicated" in reason else "scale"
-        if record.info.name == "stablehlo.collective_permute":
-            category = "wrong_order"
+        reason, category = record.hints[0]
     elif found is not None and k2 != 1:
         reason = f"value is {k2} x what the reference computes here ({pretty(base2, 3)})"
         category = "scale"

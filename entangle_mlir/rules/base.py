@@ -37,7 +37,7 @@ class RuleContext:
 
     mesh: Mesh | None = None
     manual_axes: tuple[str, ...] = ()
-    hints: list[str] = field(default_factory=list)
+    hints: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     reference: set[int] | frozenset[int] | None = None
 
@@ -45,8 +45,10 @@ class RuleContext:
     def is_global(self) -> bool:
         return not self.manual_axes
 
-    def hint(self, message: str) -> None:
-        self.hints.append(message)
+    def hint(self, message: str, category: str = "scale") -> None:
+        """What went wrong if this op turns out to be the first divergence, and the reason
+        category it belongs to (reasons.py)."""
+        self.hints.append((message, category))
 
     def note(self, message: str) -> None:
         if message not in self.notes:

@@ -88,7 +88,7 @@ def _all_reduce_one(info: OpInfo, x: Value, axes: tuple[str, ...], kind: str,
                    if x.partial else "")
         ctx.hint(f"all_reduce sums over {axes_str(replicated_axes)}, but the value is already "
                  f"replicated over {axes_str(replicated_axes)}: the result is {factor} x the "
-                 f"value{pending}")
+                 f"value{pending}", "duplicate_reduction")
     remaining = tuple(a for a in x.partial if a not in reduced)
     return replace(x, term=term, partial=remaining, kind=x.kind if remaining else "",
                    partial_origin=x.partial_origin if remaining else None)
@@ -182,7 +182,7 @@ def reduce_scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> lis
         term = scale(term, factor)
         ctx.hint(f"reduce_scatter sums over {axes_str(replicated_axes)}, but the value is "
                  f"already replicated over {axes_str(replicated_axes)}: the result is "
-                 f"{factor} x the value")
+                 f"{factor} x the value", "duplicate_reduction")
     tiling = list(x.tiling)
     tiling[dim] = tiling[dim] + axes
     remaining = tuple(a for a in x.partial if a not in reduced)
@@ -325,7 +325,7 @@ def collective_permute(info: OpInfo, operands: list[Value], ctx: RuleContext) ->
         shifts = cyclic_shifts(base, dict(enumerate(composed)), mesh) or []
         rolled = ", ".join(f"{rows} along dim {dim}" for dim, rows in enumerate(shifts) if rows)
         ctx.hint(f"{_moved_blocks(base, composed, mesh, order)}: the global tensor is rolled "
-                 f"by {rolled}")
+                 f"by {rolled}", "wrong_order")
     return [placed]
 
 
