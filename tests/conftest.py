@@ -160,3 +160,27 @@ module {
 def trivial_pair(write):
     """(ref path, sharded path) of a correct x + y pair."""
     return write("ref.mlir", REF_ADD), write("sharded.mlir", SHARDED_ADD)
+
+
+def run_jax_script(tmp_path: Path, name: str, source: str) -> tuple[str, Path]:
+    """Write `source` as `tmp_path/name`, run it in a fresh interpreter on 4 simulated devices
+    (it must succeed): (its stdout, the script's path)."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / name
+    script.write_text(source)
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout, script
+
+
+def last_json(stdout: str) -> dict:
+    """The JSON document a script printed on its last line."""
+    import json
+
+    return json.loads(stdout.strip().splitlines()[-1])
+

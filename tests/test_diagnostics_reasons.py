@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import last_json, run_jax_script
 
 from entangle_mlir.check import check_files
 from entangle_mlir.reasons import REASONS
@@ -152,18 +153,8 @@ print(json.dumps(check(ref, sharded, *avals).to_json()))
 
 
 def test_check_reports_only_user_frames(tmp_path: Path) -> None:
-    import json
-    import os
-    import subprocess
-    import sys
-
-    script = tmp_path / "user_frames.py"
-    script.write_text(USER_FRAMES)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    document = json.loads(done.stdout.strip().splitlines()[-1])
+    out, script = run_jax_script(tmp_path, "user_frames.py", USER_FRAMES)
+    document = last_json(out)
     files = set()
     for diagnostic in document["diagnostics"]:
         for one in (diagnostic, *diagnostic["notes"]):
@@ -204,18 +195,7 @@ def test_missing_gradient_sync_is_named_a_gradient(tmp_path: Path) -> None:
     says it is a gradient whose synchronisation is missing, at the line it differentiates, with
     a note at the update that carries it out and one naming the output by its pytree path; the
     numbers at that op really differ."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    script = tmp_path / "grad_sync.py"
-    script.write_text(MISSING_GRAD_SYNC)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    document = json.loads(done.stdout.strip().splitlines()[-1])
+    document = last_json(run_jax_script(tmp_path, "grad_sync.py", MISSING_GRAD_SYNC)[0])
     first = document["diagnostics"][0]
     assert first["reason"] == "missing_reduction"
     assert "a gradient: jax's transpose(jvp(" in first["message"]

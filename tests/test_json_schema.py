@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
+from conftest import last_json, run_jax_script
 
 from entangle_mlir import cli
 from entangle_mlir.reasons import REASONS
@@ -246,13 +244,7 @@ print(json.dumps(check(ref, sharded, *avals).to_json()))
 
 
 def test_jax_report_with_evidence(tmp_path: Path) -> None:
-    script = tmp_path / "jax_report.py"
-    script.write_text(JAX_REPORT)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    document = json.loads(done.stdout.strip().splitlines()[-1])
+    document = last_json(run_jax_script(tmp_path, "jax_report.py", JAX_REPORT)[0])
     assert_valid(document)
     first = document["diagnostics"][0]
     assert first["reason"] == "scale"
@@ -317,15 +309,9 @@ print(check(ref, sharded, aval).dumps())
 
 
 def test_evidence_is_strict_json(tmp_path: Path) -> None:
-    script = tmp_path / "nan_report.py"
-    script.write_text(NAN_REPORT)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-
     def refuse(token):
         raise ValueError(f"not JSON: {token}")
 
-    document = json.loads(done.stdout, parse_constant=refuse)
+    out, _ = run_jax_script(tmp_path, "nan_report.py", NAN_REPORT)
+    document = json.loads(out, parse_constant=refuse)
     assert_valid(document)
