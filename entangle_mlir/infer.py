@@ -14,7 +14,20 @@ from jaxlib.mlir.dialects import sdy
 
 from .diagnostics import InputError, SourceLoc
 from .ir import op_location
-from .layout import GLOBAL, DeviceScalar, Opaque, Permuted, Rel, Shifted, Value, Windowed
+from .layout import (
+    DEVICE_BLOCK_VALUES,
+    GLOBAL,
+    BlockIndex,
+    DeviceScalar,
+    InBlock,
+    Masked,
+    Opaque,
+    Permuted,
+    Rel,
+    Shifted,
+    Value,
+    Windowed,
+)
 from .mesh import Mesh, axes_str
 from .opinfo import OpInfo, describe
 from .per_device import (
@@ -209,6 +222,10 @@ class Walker:
         elif info.name not in RULES:
             outputs = [Opaque(f"unsupported op {info.name}", category="unsupported")
                        ] * len(op.results)
+        elif any(isinstance(v, DEVICE_BLOCK_VALUES) for v in inputs) and \
+                info.name not in BLOCK_AWARE:
+            outputs = [Opaque(f"device-dependent mask or index used by {info.name} (not "
+                              "supported yet)", category="unsupported")] * len(op.results)
         elif any(isinstance(v, Shifted) for v in inputs) and info.name not in SHIFT_AWARE:
             outputs = [Opaque(f"device-dependent offset tensor used by {info.name} (not "
                               "supported yet)", category="unsupported")] * len(op.results)
@@ -255,7 +272,7 @@ class Walker:
         opaque = next((v for v in inits if isinstance(v, Opaque)), None)
         if opaque is not None:
             return [opaque] * count
-        if any(isinstance(v, (DeviceScalar, Shifted)) for v in inits):
+        if any(isinstance(v, (DeviceScalar, Shifted, *DEVICE_BLOCK_VALUES)) for v in inits):
             return [Opaque("a device-dependent integer carried through a loop is not "
                            "supported yet", origin=(record, None), category="unsupported")] * count
         depth = self.loop_depth = getattr(self, "loop_depth", 0) + 1
@@ -481,7 +498,7 @@ class Walker:
         if isinstance(value, Shifted):
             return Opaque("shard_map returns a tensor offset by a device-dependent constant "
                           "(not supported yet)", origin=(record, None), category="unsupported")
-        if isinstance(value, DeviceScalar):
+        if isinstance(value, DeviceScalar | InBlock | BlockIndex | Masked):
             return Opaque("shard_map returns a device-dependent value", origin=(record, None),
                           category="unrelated")
         if value.partial:
@@ -509,6 +526,9 @@ class Walker:
 
 SHIFT_AWARE = frozenset(ELEMENTWISE_RULES) | {"stablehlo.broadcast_in_dim", "stablehlo.reshape",
                                               "stablehlo.transpose", "stablehlo.scatter"}
+BLOCK_AWARE = frozenset(ELEMENTWISE_RULES) | {"stablehlo.broadcast_in_dim", "stablehlo.reshape",
+                                              "stablehlo.transpose", "stablehlo.gather",
+                                              "stablehlo.scatter"}
 REGION_RULE_OPS = ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
                    "stablehlo.scatter", "stablehlo.sort", "stablehlo.reduce_window",
                    "stablehlo.select_and_scatter")

@@ -54,7 +54,20 @@ import numpy as np
 import z3
 
 from . import semantics as S
-from .layout import GLOBAL, DeviceScalar, Opaque, Permuted, Rel, Shifted, Value, Windowed
+from .layout import (
+    DEVICE_BLOCK_VALUES,
+    GLOBAL,
+    BlockIndex,
+    DeviceScalar,
+    InBlock,
+    Masked,
+    Opaque,
+    Permuted,
+    Rel,
+    Shifted,
+    Value,
+    Windowed,
+)
 from .mesh import Mesh
 from .opinfo import OpInfo, TensorType
 from .rules.base import RuleContext
@@ -82,7 +95,7 @@ from .z3check import ProofResult, prove
 ABSTRACT_BASE = 1_000_000_000
 """Argument indices of abstract leaves (never used by real programs)."""
 
-REDUCE_ABOVE = 256
+REDUCE_ABOVE = 64
 """Instances whose largest tensor has more elements are checked at a reduced shape if possible."""
 
 INDEXED_OPS = ("stablehlo.gather", "stablehlo.scatter")
@@ -221,6 +234,8 @@ class InstanceChecker:
         be checked. `abstraction` is the (inputs, outputs) of the "leaf" abstraction when that
         is what the plan was derived from (the plan is then reusable, see `_Plan`), else None."""
         size = _instance_size(info, ins, outs)
+        if any(isinstance(v, DEVICE_BLOCK_VALUES) for v in list(ins) + list(outs)):
+            return self._plan_block_values(info, ins, outs, mesh, ctx, size)
         if any(isinstance(v, Shifted) for v in list(ins) + list(outs)):
             if info.name == "stablehlo.scatter" and size > self.reduce_above // INDEXED_REDUCTION:
                 reduced = _reduced_shifted_scatter(info, ins, outs, mesh, ctx)
@@ -256,6 +271,29 @@ class InstanceChecker:
         if cost > MAX_TERM_COST:
             return ProofResult("skipped", reason=f"{why_not}, and its reference terms are too "
                                f"large to evaluate ({cost} elements over all subterms)")
+        return info, ins, outs, "real", None
+
+    def _plan_block_values(self, info: OpInfo, ins: list[Value], outs: list[Value],
+                           mesh: Mesh | None, ctx: RuleContext, size: int):
+        """Device masks and local indices: the index terms stay concrete (the rule matches
+        them by identity), the data they mask or index becomes leaves."""
+        abstract, _ = _abstract_instance(info, ins, outs, mesh, ctx)
+        reduce_above = self.reduce_above // (INDEXED_REDUCTION if info.name in INDEXED_OPS
+                                             else 1)
+        if abstract is not None and size > reduce_above:
+            reduced = _reduced_instance(info, abstract[0], abstract[1], mesh, ctx)
+            if not isinstance(reduced, str):
+                return (*reduced, "reduced (device mask)", None)
+        if size > self.max_elements:
+            return ProofResult("skipped", reason="device-masked value too large to check at "
+                               f"its real shape ({size} elements)")
+        if abstract is not None:
+            return info, abstract[0], abstract[1], "abstract (device mask)", None
+        cost = _term_cost([r.term for v in list(ins) + list(outs) for r in _rels_of(v)])
+        if cost > MAX_TERM_COST:
+            return ProofResult("skipped", reason="the rule's output is not generic in its "
+                               f"input terms, and they are too large to evaluate ({cost} "
+                               "elements over all subterms)")
         return info, ins, outs, "real", None
 
 
@@ -299,9 +337,17 @@ def _rel_of(value: Value) -> Rel | None:
     """The relation a value is built on (a moved or shifted value's underlying Rel)."""
     if isinstance(value, Rel):
         return value
-    if isinstance(value, Permuted | Windowed | Shifted):
+    if isinstance(value, Permuted | Windowed | Shifted | InBlock | BlockIndex | Masked):
         return value.rel
     return None
+
+
+def _rels_of(value: Value) -> list[Rel]:
+    """Every relation a value is built on (a masked value's predicate too)."""
+    rel = _rel_of(value)
+    if rel is None:
+        return []
+    return [rel, value.pred.rel] if isinstance(value, Masked) else [rel]
 
 
 def _term_cost(terms: Sequence[Term]) -> int:
@@ -332,6 +378,14 @@ def _value_key(value: Value) -> tuple:
     if isinstance(value, Windowed):
         return ("windowed", _value_key(value.rel), value.dim, value.offset, value.length,
                 value.holes)
+    if isinstance(value, InBlock):
+        return ("inblock", _value_key(value.rel), value.axes, value.length, value.lo, value.hi,
+                value.negated)
+    if isinstance(value, BlockIndex):
+        return ("blockindex", _value_key(value.rel), value.axes, value.length, value.fill,
+                value.add)
+    if isinstance(value, Masked):
+        return ("masked", _value_key(value.rel), _value_key(value.pred), value.zero)
     return ("opaque",)
 
 
@@ -368,7 +422,7 @@ def _shape_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: 
 
     parts = []
     for value in ins:
-        if isinstance(value, Shifted):
+        if isinstance(value, (Shifted, *DEVICE_BLOCK_VALUES)):
             return None
         if not isinstance(value, Rel):
             parts.append(_value_key(value))
@@ -382,7 +436,7 @@ def _shape_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: 
                           leaf(operand)))
         else:
             parts.append((_layout_key(value), leaf(term)))
-    if any(isinstance(v, Shifted) for v in outs):
+    if any(isinstance(v, (Shifted, *DEVICE_BLOCK_VALUES)) for v in outs):
         return None
     try:
         key = (info.signature(), tuple(info.operand_types), tuple(info.result_types),
@@ -459,6 +513,12 @@ def _same_layout(a: Value, b: Value) -> bool:
     if isinstance(a, Windowed) and isinstance(b, Windowed):
         return (a.dim, a.offset, a.length) == (b.dim, b.offset, b.length) and _same_layout(
             a.rel, b.rel)
+    if isinstance(a, InBlock) and isinstance(b, InBlock):
+        return replace(a, rel=None) == replace(b, rel=None) and _same_layout(a.rel, b.rel)
+    if isinstance(a, BlockIndex) and isinstance(b, BlockIndex):
+        return replace(a, rel=None) == replace(b, rel=None) and _same_layout(a.rel, b.rel)
+    if isinstance(a, Masked) and isinstance(b, Masked):
+        return a.zero == b.zero and _same_layout(a.pred, b.pred) and _same_layout(a.rel, b.rel)
     return isinstance(a, Opaque) and isinstance(b, Opaque)
 
 
@@ -502,6 +562,16 @@ class _Abstractor:
                 return None
             return replace(rel, term=substitute(term, cuts))
         return replace(rel, term=self.leaf(term))
+
+    def abstract_index(self, rel: Rel) -> Rel:
+        """An index or mask operand: its data movement kept over a leaf, so that the rule
+        still recognises the same index in differently moved operands."""
+        base = rel.term
+        while base.op in ("broadcast", "reshape", "transpose"):
+            base = base.args[0]
+        if base.op in ("splat", "iota"):
+            return rel
+        return replace(rel, term=substitute(rel.term, {base.serial: self.leaf(base)}))
 
     def _cut(self, term: Term, cuts: dict[int, Term], count: list[int]) -> bool:
         """Choose the leaves under the structural top of a poly term (False: too big)."""
@@ -557,7 +627,15 @@ def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
                      ) -> tuple[list[Value], list[Value]] | None:
     abstract_ins: list[Value] = []
     for v in ins:
-        if isinstance(v, Rel | Permuted | Windowed):
+        if isinstance(v, Masked):
+            a = abstractor.abstract(v.rel)
+            if a is None:
+                return None
+            abstract_ins.append(replace(v, rel=a, pred=replace(
+                v.pred, rel=abstractor.abstract_index(v.pred.rel))))
+        elif isinstance(v, InBlock | BlockIndex):
+            abstract_ins.append(replace(v, rel=abstractor.abstract_index(v.rel)))
+        elif isinstance(v, Rel | Permuted | Windowed):
             a = abstractor.abstract(v if isinstance(v, Rel) else v.rel)
             if a is None:
                 return None
@@ -581,16 +659,14 @@ def _outputs_are_instances(abstract_outs: Sequence[Value], outs: Sequence[Value]
     for a, o in zip(abstract_outs, outs):
         if not _same_layout(a, o):
             return False
-        if isinstance(a, Permuted | Windowed):
-            a, o = a.rel, o.rel
-        if isinstance(a, Rel):
-            if _literal_instance(a.term, o.term, mapping):
+        for a_rel, o_rel in zip(_rels_of(a), _rels_of(o)):
+            if _literal_instance(a_rel.term, o_rel.term, mapping):
                 continue
             try:
-                rebuilt = substitute(a.term, mapping, memo)
+                rebuilt = substitute(a_rel.term, mapping, memo)
             except Exception:  # noqa: BLE001 - an unexpected term shape disables the abstraction
                 return False
-            if rebuilt is not o.term:
+            if rebuilt is not o_rel.term:
                 return False
     return True
 
@@ -628,6 +704,13 @@ def substitute(term: Term, mapping: dict[int, Term], memo: dict[int, Term] | Non
     if not term.args:
         return term
     args = tuple(substitute(a, mapping, memo) for a in term.args)
+    out = rebuild(term, args)
+    memo[term.serial] = out
+    return out
+
+
+def rebuild(term: Term, args: tuple[Term, ...]) -> Term:
+    """`term`'s node over new arguments, through the canonicalizing constructors."""
     op, attrs, shape, dtype = term.op, term.attrs, term.shape, term.dtype
     if op == "lin":
         constant, coefs = attrs
@@ -654,7 +737,6 @@ def substitute(term: Term, mapping: dict[int, Term], memo: dict[int, Term] | Non
         out = make_elementwise(op, args, attrs, dtype)
     else:
         out = intern(op, args, attrs, shape, dtype)
-    memo[term.serial] = out
     return out
 
 
@@ -771,12 +853,15 @@ def _reduced_gather(info: OpInfo, ops, res, c):
     sizes = tuple(info.attrs["slice_sizes"])
     operand, indices = ops
     ivd = dims.get("index_vector_dim", len(indices))
-    if dims.get("operand_batching_dims") or len(res[0]) != len(dims.get("offset_dims", ())) + (
+    if len(res[0]) != len(dims.get("offset_dims", ())) + (
             len(indices) - (1 if ivd < len(indices) else 0)):
         return None
     new_operand, new_sizes = list(operand), list(sizes)
+    batching = dims.get("operand_batching_dims", ())
     for d, (size, window) in enumerate(zip(operand, sizes)):
-        if window == size:
+        if d in batching:
+            new_operand[d] = c(size)
+        elif window == size:
             new_operand[d] = new_sizes[d] = c(size)
         elif d in dims.get("start_index_map", ()) and window <= c(size):
             new_operand[d] = c(size)
@@ -786,7 +871,7 @@ def _reduced_gather(info: OpInfo, ops, res, c):
                if d not in dims.get("collapsed_slice_dims", ())]
     out, batch_iter, window_iter = [], iter(batch), iter(windows)
     for d in range(len(res[0])):
-        out.append(next(window_iter) if d in dims["offset_dims"] else next(batch_iter))
+        out.append(next(window_iter) if d in dims.get("offset_dims", ()) else next(batch_iter))
     return [tuple(new_operand), new_indices], [tuple(out)], {"slice_sizes": tuple(new_sizes)}
 
 
@@ -796,16 +881,15 @@ def _reduced_scatter(info: OpInfo, ops, c):
     operand, indices, updates = ops
     ivd = dims.get("index_vector_dim", len(indices))
     window_dims = dims.get("update_window_dims", ())
-    if dims.get("input_batching_dims"):
-        return None
+    batching = dims.get("input_batching_dims", ())
     operand_window = [d for d in range(len(operand))
-                      if d not in dims.get("inserted_window_dims", ())]
+                      if d not in dims.get("inserted_window_dims", ()) and d not in batching]
     new_operand, new_updates = list(operand), list(updates)
     for k, d in enumerate(operand_window):
         u = window_dims[k]
         if updates[u] == operand[d]:
             new_operand[d] = new_updates[u] = c(operand[d])
-    for d in dims.get("inserted_window_dims", ()):
+    for d in tuple(dims.get("inserted_window_dims", ())) + tuple(batching):
         new_operand[d] = c(operand[d])
     scatter_dims = [d for d in range(len(updates)) if d not in window_dims]
     batch = [d for d in range(len(indices)) if d != ivd]
@@ -857,7 +941,15 @@ def _resize_term(term: Term, shape: tuple[int, ...], leaves: dict[int, Term]) ->
         leaf = make_arg(term.attrs[0], shape, term.dtype)
         previous = leaves.setdefault(term.attrs[0], leaf)
         return leaf if previous is leaf else None
-    if term.op == "broadcast" and term.args[0].op == "arg":
+    if term.op == "reshape" and _unit_reshape(term.args[0].shape, term.shape):
+        kept = iter(s for s in shape if s != 1) if shape else iter(())
+        big = [s for s in term.shape if s != 1]
+        if len(big) != len([s for s in shape if s != 1]):
+            return None
+        inner_shape = tuple(next(kept) if s != 1 else 1 for s in term.args[0].shape)
+        inner = _resize_term(term.args[0], inner_shape, leaves)
+        return None if inner is None else make_reshape(inner, shape)
+    if term.op == "broadcast" and term.args[0].op in ("arg", "reshape"):
         (dims,) = term.attrs
         operand = term.args[0]
         op_shape = tuple(shape[d] if operand.shape[i] == term.shape[d] else operand.shape[i]
@@ -878,6 +970,49 @@ def _resize_term(term: Term, shape: tuple[int, ...], leaves: dict[int, Term]) ->
             return make_div(*args)
         return make_elementwise(term.op, tuple(args), term.attrs, term.dtype)
     return None
+
+
+def _resized_rel(rel: Rel, local_shape, mesh: Mesh | None, leaves: dict[int, Term]
+                 ) -> Rel | None:
+    if len(rel.tiling) != len(local_shape):
+        return None
+    shape = tuple(local * (1 if d in rel.poly or rel.scope == GLOBAL or not axes else
+                           mesh.group_size(axes) if mesh else 1)
+                  for d, (local, axes) in enumerate(zip(local_shape, rel.tiling)))
+    term = _resize_term(rel.term, shape, leaves)
+    return None if term is None else replace(rel, term=term)
+
+
+def _with_length(value: Value, length: int) -> Value | None:
+    """A device mask over blocks of `length` rows instead (a gather's or scatter's indexed
+    dim at a reduced shape); None when it does not fit."""
+    if isinstance(value, BlockIndex):
+        return replace(value, length=length) if value.fill < length and not value.add else None
+    if isinstance(value, InBlock):
+        if (value.lo, value.hi) != (0, value.length):
+            return None
+        return replace(value, length=length, hi=length)
+    if isinstance(value, Masked):
+        pred = _with_length(value.pred, length)
+        return None if pred is None else replace(value, pred=pred)
+    return value
+
+
+def _indexed_dim(info: OpInfo) -> int | None:
+    """The operand dim a single-component gather or scatter index addresses."""
+    key = "dimension_numbers" if info.name == "stablehlo.gather" else \
+        "scatter_dimension_numbers"
+    try:
+        dims = S.dimension_numbers(info.attrs, key)
+    except Exception:  # noqa: BLE001 - unreadable attributes: no reduction
+        return None
+    index_map = dims.get("start_index_map", dims.get("scatter_dims_to_operand_dims"))
+    return index_map[0] if index_map and len(index_map) == 1 else None
+
+
+def _unit_reshape(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
+    """A reshape that only adds or drops dims of size 1."""
+    return [s for s in src if s != 1] == [s for s in dst if s != 1]
 
 
 def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
@@ -913,6 +1048,27 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
             if tuple(old.shape) != tuple(new):
                 return None
             new_ins.append(value)
+        elif isinstance(value, Shifted):
+            rel = _resized_rel(value.rel, new, mesh, leaves)
+            if rel is None:
+                return None
+            new_ins.append(replace(value, rel=rel))
+        elif isinstance(value, DEVICE_BLOCK_VALUES):
+            resized = [_resized_rel(rel, new, mesh, leaves) for rel in _rels_of(value)]
+            if any(r is None for r in resized):
+                return None
+            if info.name in ("stablehlo.gather", "stablehlo.scatter"):
+                indexed = _indexed_dim(info)
+                if indexed is None:
+                    return None
+                value = _with_length(value, new_ops[0][indexed])
+                if value is None:
+                    return None
+            if isinstance(value, Masked):
+                new_ins.append(replace(value, rel=resized[0],
+                                       pred=replace(value.pred, rel=resized[1])))
+            else:
+                new_ins.append(replace(value, rel=resized[0]))
         else:
             new_ins.append(value)
     attrs = {**info.attrs, **overrides}
@@ -982,9 +1138,31 @@ def _reduced_instance(info: OpInfo, ins: list[Value], outs: list[Value], mesh: M
                 return "the rule gives another layout at the reduced shape"
             if _skeleton(a.term, memo_a) != _skeleton(r.term, memo_r):
                 return "the rule builds another term at the reduced shape"
+        elif isinstance(a, DEVICE_BLOCK_VALUES) and type(a) is type(r):
+            if _blank(a) != _blank(r):
+                return "the rule gives another device mask at the reduced shape"
+            for x, y in zip(_rels_of(a), _rels_of(r)):
+                if (x.tiling, x.partial, x.kind, x.poly, x.scope) != (
+                        y.tiling, y.partial, y.kind, y.poly, y.scope):
+                    return "the rule gives another layout at the reduced shape"
+                if _skeleton(x.term, memo_a) != _skeleton(y.term, memo_r):
+                    return "the rule builds another term at the reduced shape"
         elif not _same_layout(a, r):
             return "the rule gives another layout at the reduced shape"
     return r_info, r_ins, r_outs
+
+
+def _blank(value: Value) -> Value:
+    """A device mask without its relations, and its block length blanked (reducing a
+    gather's indexed dim shortens the blocks)."""
+    if isinstance(value, BlockIndex):
+        return replace(value, rel=None, length=0)
+    if isinstance(value, InBlock):
+        ends = ["L" if end == value.length else end for end in (value.lo, value.hi)]
+        return replace(value, rel=None, length=0, lo=ends[0], hi=ends[1])
+    if isinstance(value, Masked):
+        return replace(value, rel=None, pred=_blank(value.pred))
+    return value
 
 
 def _reduced_shifted_scatter(info: OpInfo, ins: list[Value], outs: list[Value],
@@ -1178,6 +1356,47 @@ def _derived_local(full: np.ndarray, value: Permuted | Windowed | Shifted, mesh:
     return S.apply(lambda x, o=value.offsets[device]: S.add(x, o), block)
 
 
+def _block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
+                 junk: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(local value, where it is defined) on `device` of an `InBlock`, `BlockIndex` or
+    `Masked` value (layout.py gives their exact meaning). A masked value that is unspecified
+    outside its predicate takes `junk` there (an input), or is left open (a result: only the
+    defined positions are claimed)."""
+    def test(pred: InBlock) -> np.ndarray:
+        x = _block(S.evaluate_term(pred.rel.term, env, memo), pred.rel, mesh, device, False)
+        start = mesh.block_index(pred.axes, device) * pred.length
+
+        def holds(v):
+            y = S.sub(v, start)
+            conds = ([S.compare(y, pred.lo, "GE")] if pred.lo is not None else []) + (
+                [S.compare(y, pred.hi, "LT")] if pred.hi is not None else [])
+            if any(S.is_z3(c) for c in conds):
+                both = z3.And(*[S.to_z3(c) for c in conds])
+                return z3.Not(both) if pred.negated else both
+            return all(conds) != pred.negated
+        return S.apply(holds, x)
+
+    if isinstance(value, InBlock):
+        out = test(value)
+        return out, S.full(out.shape, True)
+    if isinstance(value, BlockIndex):
+        x = _block(S.evaluate_term(value.rel.term, env, memo), value.rel, mesh, device, False)
+        start = mesh.block_index(value.axes, device) * value.length
+        inside = test(InBlock(value.rel, value.axes, value.length, 0, value.length))
+        out = S.apply(lambda v, p: S.add(S.select(p, S.sub(v, start), value.fill), value.add),
+                      x, inside)
+        return out, S.full(out.shape, True)
+    assert isinstance(value, Masked)
+    block = _block(S.evaluate_term(value.rel.term, env, memo), value.rel, mesh, device, False)
+    pred = test(value.pred)
+    if value.zero:
+        out = S.apply(lambda p, v: S.select(p, v, 0), pred, block)
+        return out, S.full(out.shape, True)
+    if junk is not None:
+        return S.apply(S.select, pred, block, junk), S.full(block.shape, True)
+    return block, pred
+
+
 def _window_rows(value: np.ndarray, window: Windowed, mesh: Mesh, device: int) -> np.ndarray:
     """Device `device`'s rows of a halo window (the other dims blocked as in its relation)."""
     dim, axes = window.dim, window.rel.tiling[window.dim]
@@ -1231,7 +1450,7 @@ def _build(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
     """The claim's conjuncts (z3 BoolRefs or Python bools), hypotheses go to `source`."""
     single = ctx.is_global or mesh is None
     devices = 1 if single else mesh.num_devices
-    terms = [r.term for r in map(_rel_of, list(ins) + list(outs)) if r is not None]
+    terms = [r.term for v in list(ins) + list(outs) for r in _rels_of(v)]
     env: dict = {}
     for index, leaf in _leaf_args(terms).items():
         env[index] = source.tensor(_leaf_name(index), leaf.shape, leaf.dtype)
@@ -1284,6 +1503,10 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
             full = S.evaluate_term(value.rel.term, env, memo)
             for d in range(devices):
                 local[d][i] = _derived_local(full, value, mesh, d)
+        elif isinstance(value, DEVICE_BLOCK_VALUES) and not value.rel.partial and not single:
+            for d in range(devices):
+                junk = source.tensor(f"o{i}.d{d}", want or (), dtype)
+                local[d][i], _ = _block_local(value, env, memo, mesh, d, junk)
         else:
             for d in range(devices):
                 local[d][i] = source.tensor(f"o{i}.d{d}", want or (), dtype)
@@ -1308,6 +1531,19 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                                    f"scalar {value.shape}")
                 expect = value.values[d] if not single else value.values[0]
                 claims.extend(S.equal(x, expect) for x in got.reshape(-1))
+            continue
+        if isinstance(value, DEVICE_BLOCK_VALUES):
+            if value.rel.partial or single:
+                raise _Failure("unknown", "a partial device mask cannot be checked")
+            for d in checked:
+                expect, defined = _block_local(value, env, memo, mesh, d, None)
+                got = results[d][j]
+                if tuple(got.shape) != tuple(expect.shape):
+                    raise _Failure("refuted", f"result {j} has local shape {got.shape} on "
+                                   f"device {d}")
+                for x, y, ok in zip(got.reshape(-1), expect.reshape(-1), defined.reshape(-1)):
+                    claims.append(S.equal(x, y) if ok is True else
+                                  z3.Or(z3.Not(S.to_z3(ok)), S.to_z3(S.equal(x, y))))
             continue
         if isinstance(value, Permuted | Windowed | Shifted):
             if value.rel.partial or single:

@@ -11,6 +11,9 @@ A sharded SSA value gets one of:
 * `Shifted(rel, offsets)`, `Permuted(rel, sources)`, `Windowed(rel, dim, offset, length)`: a
   Rel plus per-device constants, a Rel with its blocks on other devices, rows of a split dim
   off each device's own block.
+* `InBlock`, `BlockIndex`, `Masked`: a per-device range test of an integer tensor, the index
+  inside the device's block, a value defined only where such a test holds (vocab-parallel
+  masks, `rules/blocks.py`).
 * `Opaque(reason, origin)`: no relation fits; `origin` is the op where the relation was lost.
 """
 
@@ -145,6 +148,71 @@ class Windowed:
 
 
 @dataclass(frozen=True)
+class InBlock:
+    """An integer tensor `rel` (x, the same on every device of `axes`) tested against the
+    device's block of a range cut into blocks of `length` along `axes` (a vocab-parallel shard's
+    token range): on device d with block index b, the boolean `lo <= x - b*length < hi`
+    (None: unbounded), negated when `negated`. `(x < start) | (x >= start + V_local)` is the
+    negated block [0, length)."""
+
+    rel: Rel
+    axes: tuple[str, ...]
+    length: int
+    lo: int | None
+    hi: int | None
+    negated: bool = False
+
+    @property
+    def is_block(self) -> bool:
+        """Exactly 'x is in the device's own block' (or, negated, outside it)."""
+        return (self.lo, self.hi) == (0, self.length)
+
+    def describe(self) -> str:
+        lo = "" if self.lo is None else f"{self.lo} <= "
+        hi = "" if self.hi is None else f" < {self.hi}"
+        test = f"{lo}x - {self.length}*axis_index({', '.join(self.axes)}){hi}"
+        return f"{'not ' if self.negated else ''}({test}) for x = {self.rel.describe()}"
+
+
+@dataclass(frozen=True)
+class BlockIndex:
+    """The index of x (`rel`) inside the device's block of a range cut into blocks of `length`
+    along `axes`, or `fill` where x is outside the block, plus `add`: on device d with block
+    index b, `(x - b*length if 0 <= x - b*length < length else fill) + add` (Megatron's
+    `where(outside, 0, tokens - start)`)."""
+
+    rel: Rel
+    axes: tuple[str, ...]
+    length: int
+    fill: int = 0
+    add: int = 0
+
+    def bounds(self) -> tuple[int, int]:
+        """The smallest and largest value on any device."""
+        return min(0, self.fill) + self.add, max(self.length - 1, self.fill) + self.add
+
+    def describe(self) -> str:
+        plus = f" + {self.add}" if self.add else ""
+        return (f"(x - {self.length}*axis_index({', '.join(self.axes)}) inside the block, "
+                f"else {self.fill}){plus} for x = {self.rel.describe()}")
+
+
+@dataclass(frozen=True)
+class Masked:
+    """`rel`'s local value where the device predicate `pred` holds; elsewhere zeros (`zero`)
+    or values nothing may depend on (a gather at the clamped local index of a token outside
+    the device's vocab block). `pred.rel` has the value's shape."""
+
+    rel: Rel
+    pred: InBlock
+    zero: bool = False
+
+    def describe(self) -> str:
+        other = "zeros" if self.zero else "unspecified values"
+        return f"{self.rel.describe()} where {self.pred.describe()}, else {other}"
+
+
+@dataclass(frozen=True)
 class Opaque:
     """The relation to the reference is lost: `reason` in a training engineer's words."""
 
@@ -156,7 +224,10 @@ class Opaque:
         return f"opaque: {self.reason}"
 
 
-Value = Rel | DeviceScalar | Shifted | Permuted | Windowed | Opaque
+Value = Rel | DeviceScalar | Shifted | Permuted | Windowed | InBlock | BlockIndex | Masked | Opaque
+
+DEVICE_BLOCK_VALUES = (InBlock, BlockIndex, Masked)
+"""Values whose local content depends on the device's block index beyond a tiling."""
 
 
 def layout_words(rel: Rel) -> str:

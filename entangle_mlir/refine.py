@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from .assume import ValidIndices
 from .diagnostics import Diagnostic
 from .infer import OpRecord, Walk
 from .layout import GLOBAL, DeviceScalar, Opaque, Rel, layout_words
@@ -250,6 +251,8 @@ def compare(ref: Walk, sharded: Walk) -> Report:
     """The verdict for every output; diagnostics point at the first op that went wrong."""
     outputs, diagnostics, foci = [], [], []
     rounding_notes: list[str] = []
+    assumed_for: dict[str, list[int]] = {}
+    valid_indices: ValidIndices | None = None
     reference = _Reference(ref)
     for i, (want, got) in enumerate(zip(ref.outputs, sharded.outputs)):
         rho = sharded.output_rho[i] if i < len(sharded.output_rho) else ""
@@ -283,11 +286,21 @@ def compare(ref: Walk, sharded: Walk) -> Report:
                 "replaces a division by a constant with a multiplication by its float32 "
                 "reciprocal")
             continue
+        if valid_indices is None:
+            valid_indices = ValidIndices([w.term for w in ref.outputs if isinstance(w, Rel)])
+        assumed = valid_indices.equal(want.term, got.term)
+        if assumed is not None:
+            outputs.append(OutputResult(i, True, rho, pretty(want.term, 3)))
+            for assumption in assumed:
+                assumed_for.setdefault(assumption, []).append(i)
+            continue
         outputs.append(OutputResult(i, False, rho))
         diagnostic, culprit = _mismatch_diagnostic(i, want.term, got.term, sharded, reference)
         diagnostics.append(diagnostic)
         foci.append(_focus(culprit, reference, sharded.mesh, diagnostic.category))
     diagnostics = _name_results(diagnostics, sharded)
+    assumption_notes = [f"proven assuming {assumption} ({_results_words(indices)})"
+                        for assumption, indices in assumed_for.items()]
     seen, unique, unique_foci = set(), [], []
     for diag, focus in zip(diagnostics, foci):
         key = (diag.message, str(diag.loc))
@@ -300,10 +313,19 @@ def compare(ref: Walk, sharded: Walk) -> Report:
         verdict = NOT_PROVEN
     mesh = sharded.mesh.describe() if sharded.mesh else ""
     report = Report(verdict, outputs, unique,
-                    list(dict.fromkeys(ref.notes + sharded.notes + rounding_notes)), mesh=mesh)
+                    list(dict.fromkeys(ref.notes + sharded.notes + rounding_notes
+                                      + assumption_notes)), mesh=mesh)
     report.explainer = lambda: _explain_all(sharded)
     report.focus = unique_foci[0] if unique_foci else None
     return report
+
+
+def _results_words(indices: list[int]) -> str:
+    if len(indices) == 1:
+        return f"result #{indices[0]}"
+    if len(indices) <= 4:
+        return "results " + ", ".join(f"#{i}" for i in indices)
+    return f"{len(indices)} results, #{indices[0]} to #{indices[-1]}"
 
 
 _PLAIN_RESULT = re.compile(r"result(\[\d+\])?$")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from fractions import Fraction
 
-from ..layout import GLOBAL, DeviceScalar, Opaque, Rel, Value
+from ..layout import DEVICE_BLOCK_VALUES, GLOBAL, DeviceScalar, Masked, Opaque, Rel, Value
 from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import (
@@ -90,6 +90,14 @@ def is_elementwise_term(term: Term) -> bool:
     return term.op in ELEMENTWISE_RULES and all(a.shape == term.shape for a in term.args)
 
 
+def _local_shape_ok(rel: Rel, local: tuple[int, ...], ctx: RuleContext) -> bool:
+    expected = tuple(
+        size if dim in rel.poly or ctx.is_global
+        else size // ctx.mesh.group_size(axes) if ctx.mesh else size
+        for dim, (size, axes) in enumerate(zip(rel.term.shape, rel.tiling)))
+    return expected == tuple(local)
+
+
 def check_local_shapes(info: OpInfo, results: list[Value], ctx: RuleContext) -> list[Value]:
     """Guard every rule: a relation whose local shape disagrees with the op's type is dropped."""
     if ctx.mesh is None and not ctx.is_global:
@@ -105,6 +113,11 @@ def check_local_shapes(info: OpInfo, results: list[Value], ctx: RuleContext) -> 
             if expected != local or len(value.tiling) != len(local):
                 value = Opaque(f"internal: inferred local shape {expected} does not match the "
                                f"op's type {local}", category="internal")
+        elif isinstance(value, DEVICE_BLOCK_VALUES):
+            rels = [value.rel] + ([value.pred.rel] if isinstance(value, Masked) else [])
+            if any(not _local_shape_ok(rel, rtype.shape, ctx) for rel in rels):
+                value = Opaque("internal: a device mask's local shape does not match the "
+                               "op's type", category="internal")
         elif isinstance(value, DeviceScalar) and value.shape != rtype.shape:
             value = Opaque("internal: device scalar shape mismatch", category="internal")
         checked.append(value)

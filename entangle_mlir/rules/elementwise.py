@@ -11,10 +11,11 @@ import operator
 from dataclasses import replace
 from fractions import Fraction
 
-from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value
+from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Value
 from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import Term, make_elementwise, scale, splat_value
+from . import blocks
 from .base import RuleContext
 from .common import is_zero, splat_rel, unify_dims
 from .shifted import elementwise_shifted
@@ -199,6 +200,10 @@ def _term_attrs(info: OpInfo) -> tuple:
 
 def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     """Shared layout in, shared layout out; see `_partial_result` for partial sums."""
+    if info.name == "stablehlo.select" and blocks.truth(operands[0]) is not None:
+        return [operands[1] if blocks.truth(operands[0]) else operands[2]]
+    if any(isinstance(v, DEVICE_BLOCK_VALUES) for v in operands):
+        return blocks.elementwise(info, operands, ctx, elementwise)
     if any(isinstance(v, Shifted) for v in operands):
         return elementwise_shifted(info, operands, ctx, elementwise)
     if any(isinstance(v, DeviceScalar) for v in operands):

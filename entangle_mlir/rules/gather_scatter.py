@@ -39,10 +39,11 @@ import re
 from dataclasses import replace
 from fractions import Fraction
 
-from ..layout import Opaque, Rel, Shifted, Value
+from ..layout import BlockIndex, Opaque, Rel, Shifted, Value
 from ..mesh import axes_str
 from ..opinfo import OpInfo, TensorType
 from ..terms import Term, intern, make_add, make_op, make_splat, scale, splat_value
+from . import blocks
 from .base import RuleContext
 from .common import device_offsets, freeze, is_zero, resize
 
@@ -173,6 +174,9 @@ def _gather_maps(dims: dict, operand_rank: int, indices_rank: int, result_rank: 
 
 def gather(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     operand, indices = operands
+    if isinstance(indices, BlockIndex):
+        dims = dims_of(info, "dimension_numbers", _GATHER_KEYS)
+        return [blocks.gather(info, operand, indices, dims, gather, ctx)]
     if not isinstance(operand, Rel) or not isinstance(indices, Rel):
         return [Opaque("gather of a device-dependent scalar", category="unsupported")]
     dims = dims_of(info, "dimension_numbers", _GATHER_KEYS)
@@ -239,6 +243,10 @@ def scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
         return [Opaque("variadic scatter is not supported", category="unsupported")
                 ] * len(info.result_types)
     operand, indices, updates = operands
+    if isinstance(indices, BlockIndex):
+        dims = dims_of(info, "scatter_dimension_numbers", _SCATTER_KEYS)
+        return [blocks.scatter(info, operand, indices, updates, dims, scatter_kind(info),
+                              make_scatter, ctx)]
     if isinstance(indices, Shifted) and isinstance(operand, Rel) and isinstance(updates, Rel):
         return [_scatter_into_blocks(info, operand, indices, updates, ctx)]
     if not all(isinstance(v, Rel) for v in operands):

@@ -8,7 +8,7 @@ import itertools
 import math
 from dataclasses import replace
 
-from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
+from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import (
@@ -24,7 +24,7 @@ from ..terms import (
     single_scaled,
     splat_value,
 )
-from . import shifted
+from . import blocks, shifted
 from .base import RuleContext
 from .common import freeze, replicated, splat_rel, unify_dims
 from .window import concat_windows, slice_window
@@ -60,6 +60,8 @@ def broadcast_in_dim(info: OpInfo, operands: list[Value], ctx: RuleContext) -> l
         return _scalar_passthrough(info, x)
     if isinstance(x, Shifted):
         return shifted.moved(info, x, broadcast_in_dim, ctx)
+    if isinstance(x, DEVICE_BLOCK_VALUES):
+        return blocks.moved(info, x, broadcast_in_dim, ctx)
     dims = tuple(info.attrs["broadcast_dimensions"])
     local_out = info.result_types[0].shape
     local_in = info.operand_types[0].shape
@@ -84,6 +86,8 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
         return _scalar_passthrough(info, x)
     if isinstance(x, Shifted):
         return shifted.moved(info, x, reshape, ctx)
+    if isinstance(x, DEVICE_BLOCK_VALUES):
+        return blocks.moved(info, x, reshape, ctx)
     local_in = info.operand_types[0].shape
     local_out = info.result_types[0].shape
     if ctx.is_global or not x.tiled_axes:
@@ -168,6 +172,8 @@ def transpose(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Val
     (x,) = operands
     if isinstance(x, Shifted):
         return shifted.moved(info, x, transpose, ctx)
+    if isinstance(x, DEVICE_BLOCK_VALUES):
+        return blocks.moved(info, x, transpose, ctx)
     perm = tuple(info.attrs["permutation"])
     poly = frozenset(i for i, p in enumerate(perm) if p in x.poly)
     return [replace(x, term=make_transpose(x.term, perm),

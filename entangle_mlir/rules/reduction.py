@@ -82,7 +82,10 @@ def _logical_reduce(info: OpInfo, x: Value, init: Value, reducer: str) -> Value:
     shape = tuple(s for d, s in enumerate(x.term.shape) if d not in dims)
     tiling = tuple(t for d, t in enumerate(x.tiling) if d not in dims)
     dtype = info.result_types[0].dtype
-    term = intern(f"reduce_{reducer}", (x.term,), (dims,), shape, dtype)
+    if splat_value(x.term) is not None and all(x.term.shape[d] for d in dims):
+        term = make_splat(splat_value(x.term), shape, dtype)
+    else:
+        term = intern(f"reduce_{reducer}", (x.term,), (dims,), shape, dtype)
     if init_value != identity:
         term = make_elementwise(combine, (term, make_splat(init_value, shape, dtype)))
     return Rel(term, tiling, (), "", frozenset(), x.scope)

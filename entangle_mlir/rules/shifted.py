@@ -25,6 +25,7 @@ from ..terms import (
     single_scaled,
     splat_value,
 )
+from . import blocks
 from .base import RuleContext
 from .common import freeze, splat_rel
 
@@ -145,7 +146,14 @@ def elementwise_shifted(info: OpInfo, operands: list[Value], ctx: RuleContext,
             pair = [moved, b.rel]
         if any(isinstance(v, Shifted) for v in pair):
             shifted = a if isinstance(a, Shifted) else b
-            return [_wrong_iota_offsets(shifted, ctx) or unsupported[0]]
+            wrong = _wrong_iota_offsets(shifted, ctx)
+            if wrong is not None:
+                return [wrong]
+            first = isinstance(pair[0], Shifted)
+            moved_x, other = (pair[0], pair[1]) if first else (pair[1], pair[0])
+            test = blocks.compare_shifted(info, moved_x, other, first, ctx) if isinstance(
+                other, Rel) else None
+            return [test or unsupported[0]]
         return plain(info, pair, ctx)
     return unsupported
 

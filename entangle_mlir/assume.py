@@ -1,0 +1,235 @@
+"""Valid indices: the one assumption a proof may rest on, always stated in the report.
+
+`jnp.take(w, tokens)` returns NaN for a token outside [0, V) (and wraps negative ones); the
+vocab-parallel embedding returns zeros there. The two programs agree on every *valid* token,
+which is what every user means. So when the output terms differ, the comparison tries again
+with each integer input that indexes a table taken to be a valid index of it: an input read as
+gather indices (through reshapes, broadcasts, converts and jax's wrap-around of negative
+indices) into a dim of size V is assumed to lie in [0, V). Under that assumption comparisons
+it decides become constants, and selects on constants their branch. If the terms then agree,
+the result is proven *under the assumption*, and the report says which input and which range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from .terms import Term, make_splat, splat_value
+
+GATHER = "stablehlo.gather"
+SCATTER = "stablehlo.scatter"
+_PEEL = ("reshape", "broadcast", "transpose", "stablehlo.convert")
+
+
+@dataclass(frozen=True)
+class IndexRange:
+    """Input `arg` (a term) assumed in [0, size): it indexes a dim of that size."""
+
+    arg: Term
+    size: int
+
+    def describe(self) -> str:
+        return (f"input #{self.arg.attrs[0]} holds valid indices, 0 <= value < {self.size} "
+                f"(it indexes a dim of size {self.size})")
+
+
+def index_ranges(terms: list[Term]) -> dict[int, IndexRange]:
+    """Integer inputs used as gather/scatter indices in `terms`, with the size they index
+    (the smallest when several)."""
+    found: dict[int, IndexRange] = {}
+    seen: set[int] = set()
+    stack = list(terms)
+    while stack:
+        term = stack.pop()
+        if term.serial in seen:
+            continue
+        seen.add(term.serial)
+        stack.extend(term.args)
+        if term.op not in (GATHER, SCATTER):
+            continue
+        attrs = dict(term.attrs)
+        index_map = attrs.get("start_index_map", attrs.get("scatter_dims_to_operand_dims"))
+        if not index_map or len(index_map) != 1:
+            continue
+        size = term.args[0].shape[index_map[0]]
+        arg = _index_source(term.args[1], size)
+        if arg is not None and (arg.serial not in found or found[arg.serial].size > size):
+            found[arg.serial] = IndexRange(arg, size)
+    return found
+
+
+def _index_source(term: Term, size: int) -> Term | None:
+    """The integer input an index term reads, through data movement and jax's wrap-around
+    `select(x < 0, x + size, x)`."""
+    while True:
+        if term.op in _PEEL and len(term.args) == 1:
+            term = term.args[0]
+        elif term.op == "stablehlo.select" and _is_wrap(term, size):
+            term = term.args[2]
+        else:
+            break
+    if term.op == "arg" and term.dtype.startswith(("i", "si", "ui")):
+        return term
+    return None
+
+
+def _is_wrap(term: Term, size: int) -> bool:
+    pred, wrapped, plain = term.args
+    return (pred.op == "stablehlo.compare" and pred.attrs == ("LT",)
+            and pred.args[0] is plain and splat_value(pred.args[1]) == 0
+            and wrapped.op == "lin" and wrapped.attrs[0] == size
+            and list(wrapped.args) == [plain] and list(wrapped.attrs[1]) == [1])
+
+
+class Simplifier:
+    """Rewrites terms under integer input ranges (memoized over the DAG)."""
+
+    def __init__(self, ranges: dict[int, IndexRange]):
+        self.ranges = ranges
+        self.memo: dict[int, Term] = {}
+        self.bounds: dict[int, tuple[Fraction, Fraction] | None] = {}
+        self.used: set[int] = set()
+
+    def simplify(self, term: Term) -> Term:
+        from .instance import rebuild
+
+        stack = [term]
+        while stack:
+            top = stack[-1]
+            if top.serial in self.memo:
+                stack.pop()
+                continue
+            pending = [a for a in top.args if a.serial not in self.memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            args = tuple(self.memo[a.serial] for a in top.args)
+            out = self._fold(top, args)
+            if out is None:
+                out = rebuild(top, args) if args != top.args else top
+            self.memo[top.serial] = out
+        return self.memo[term.serial]
+
+    def _fold(self, term: Term, args: tuple[Term, ...]) -> Term | None:
+        op = term.op
+        if op == "stablehlo.compare" and len(args) == 2:
+            decided = self._decide(args[0], args[1], term.attrs[0])
+            if decided is not None:
+                return make_splat(int(decided), term.shape, term.dtype)
+        if op == "stablehlo.select":
+            truth = _truth(args[0])
+            if truth is not None:
+                return args[1] if truth else args[2]
+        if op in ("stablehlo.and", "stablehlo.or"):
+            neutral = op == "stablehlo.and"
+            kept = [a for a in args if _truth(a) is not neutral]
+            if any(_truth(a) is (not neutral) for a in args):
+                return make_splat(int(not neutral), term.shape, term.dtype)
+            if len(kept) == 1 and kept[0].shape == term.shape:
+                return kept[0]
+            if not kept:
+                return make_splat(int(neutral), term.shape, term.dtype)
+        if op in ("reduce_and", "reduce_or") and splat_value(args[0]) is not None:
+            return make_splat(splat_value(args[0]), term.shape, term.dtype)
+        return None
+
+    def _decide(self, a: Term, b: Term, direction: str) -> bool | None:
+        ra, rb = self.bound(a), self.bound(b)
+        if ra is None or rb is None:
+            return None
+        (alo, ahi), (blo, bhi) = ra, rb
+        table = {
+            "LT": (ahi < blo, alo >= bhi), "LE": (ahi <= blo, alo > bhi),
+            "GT": (alo > bhi, ahi <= blo), "GE": (alo >= bhi, ahi < blo),
+            "EQ": (alo == ahi == blo == bhi, ahi < blo or alo > bhi),
+            "NE": (ahi < blo or alo > bhi, alo == ahi == blo == bhi),
+        }
+        always, never = table.get(direction, (False, False))
+        if always or never:
+            self.used.update(self._sources(a) | self._sources(b))
+            return bool(always)
+        return None
+
+    def _sources(self, term: Term) -> set[int]:
+        found, stack, seen = set(), [term], set()
+        while stack:
+            t = stack.pop()
+            if t.serial in seen:
+                continue
+            seen.add(t.serial)
+            if t.serial in self.ranges:
+                found.add(t.serial)
+            stack.extend(t.args)
+        return found
+
+    def bound(self, term: Term) -> tuple[Fraction, Fraction] | None:
+        """[lo, hi] of every element of an integer term, or None."""
+        if term.serial in self.bounds:
+            return self.bounds[term.serial]
+        self.bounds[term.serial] = None
+        result = self._bound(term)
+        self.bounds[term.serial] = result
+        return result
+
+    def _bound(self, term: Term) -> tuple[Fraction, Fraction] | None:
+        if term.serial in self.ranges:
+            return Fraction(0), Fraction(self.ranges[term.serial].size - 1)
+        value = splat_value(term)
+        if isinstance(value, Fraction):
+            return value, value
+        if term.op == "iota":
+            return Fraction(0), Fraction(max(term.shape[term.attrs[0]] - 1, 0))
+        if term.op in _PEEL and len(term.args) == 1:
+            return self.bound(term.args[0])
+        if term.op == "lin":
+            constant, coefs = term.attrs
+            lo = hi = Fraction(constant)
+            for k, arg in zip(coefs, term.args):
+                inner = self.bound(arg)
+                if inner is None:
+                    return None
+                ends = (k * inner[0], k * inner[1])
+                lo, hi = lo + min(ends), hi + max(ends)
+            return lo, hi
+        if term.op == "stablehlo.select":
+            a, b = self.bound(term.args[1]), self.bound(term.args[2])
+            if a is None or b is None:
+                return None
+            return min(a[0], b[0]), max(a[1], b[1])
+        return None
+
+
+def _truth(term: Term) -> bool | None:
+    value = splat_value(term)
+    if isinstance(value, Fraction):
+        return value != 0
+    return None
+
+
+class ValidIndices:
+    """The comparison of a program's outputs under the valid-index assumption: the ranges come
+    from every reference output, and one memo serves every output."""
+
+    def __init__(self, reference_terms: list[Term]):
+        self.ranges = index_ranges(reference_terms)
+        self.simplifier = Simplifier(self.ranges)
+
+    def equal(self, want: Term, got: Term) -> list[str] | None:
+        """The assumptions (in words, possibly none) under which the two terms are equal,
+        when the index-range rewrites make them identical; None otherwise."""
+        if not self.ranges:
+            return None
+        simplifier = self.simplifier
+        before = set(simplifier.used)
+        if simplifier.simplify(want) is not simplifier.simplify(got):
+            return None
+        used = set(simplifier.used) - before or self._used_by(want, got)
+        return [self.ranges[s].describe() for s in sorted(used)]
+
+    def _used_by(self, want: Term, got: Term) -> set[int]:
+        """Ranges whose inputs these terms read, when an earlier output already used them
+        (the memo does not record which output a decision belongs to)."""
+        reads = self.simplifier._sources(want) | self.simplifier._sources(got)
+        return reads & set(self.simplifier.used)
