@@ -169,7 +169,8 @@ OP_NOTES = {
                        "whole. Partial sums pass through.",
     "stablehlo.concatenate": "The concatenated dim must not be split; the operands agree on the "
                              "other dims and on their partial reduction.",
-    "stablehlo.pad": "Pads unsplit dims only; a partial sum only with zero padding.",
+    "stablehlo.pad": ("Pads unsplit dims only; a partial sum only with zero padding. A halo "
+                      "window is zero-padded along its own dim (its new rows are zeros)."),
     "stablehlo.dot_general": "Batch and free dims keep their split; contracting dims split "
                              "alike on both sides give a partial sum over those axes. A partial "
                              "sum times an unsplit operand stays partial; two partial operands "

@@ -104,6 +104,19 @@ class Lemma:
         return RuleContext(mesh=self.mesh, manual_axes=self.mesh.names)
 
 
+def _two_sided_mask_lemma() -> Lemma:
+    """select on `2 <= i and i < 6` of an 8-row iota (XLA masks both ends of a padded split
+    dim): the kept rows zero-padded (the and of two iota masks is their intersection)."""
+    iota = T.make_iota((8, 2), 0, "i32")
+    lo = T.make_elementwise("stablehlo.compare", (iota, T.make_splat(2, (8, 2), "i32")),
+                            ("GE",), dtype="i1")
+    hi = T.make_elementwise("stablehlo.compare", (iota, T.make_splat(6, (8, 2), "i32")),
+                            ("LT",), dtype="i1")
+    mask = T.make_elementwise("stablehlo.and", (lo, hi), dtype="i1")
+    return Lemma("select-two-sided-iota-mask", "stablehlo.select",
+                 [rel(mask, "tp"), rel(arg((8, 2)), "tp"), splat(0, (4, 2))])
+
+
 def _checker() -> InstanceChecker:
     # Real (small) shapes only: the lemma is about these shapes, not a reduced one.
     return InstanceChecker(timeout_ms=20_000, reduce_above=10**9, max_elements=10**6)
@@ -418,7 +431,23 @@ def movement_lemmas() -> list[Lemma]:
                      [Windowed(y, 0, 14, 8, holes=((0, 0, 2), (3, 6, 8))),
                       DeviceScalar((6, 4, 2, 0), ()), splat(0, (), "i32")],
                      results=[((2, 2), "f32")], attrs={"slice_sizes": (2, 2)}, mesh=M4))
+    # XLA's jnp.pad(x, 2) of 16 split rows on 4 devices (result 20 rows, 5 per device): a
+    # halo row from each neighbour (zeros at the ends), a zero pad row on both sides, then
+    # device b reads its 5 rows at offset b; the zeros it reads are exactly the rows outside x.
+    out.append(Lemma("pad-window", "stablehlo.pad",
+                     [Windowed(y, 0, 15, 6, holes=((0, 0, 1), (3, 5, 6))),
+                      splat(0, (), "f32")],
+                     results=[((8, 2), "f32")],
+                     attrs={"edge_padding_low": (1, 0), "edge_padding_high": (1, 0),
+                            "interior_padding": (0, 0)}, mesh=M4))
+    padded_holes = ((0, 0, 2), (1, 0, 1), (2, 0, 1), (3, 0, 1), (0, 7, 8), (1, 7, 8),
+                    (2, 7, 8), (3, 6, 8))
+    out.append(Lemma("dynamic-slice-window-zero-extended", "stablehlo.dynamic_slice",
+                     [Windowed(y, 0, 14, 8, holes=padded_holes),
+                      DeviceScalar((0, 1, 2, 3), ()), splat(0, (), "i32")],
+                     results=[((5, 2), "f32")], attrs={"slice_sizes": (5, 2)}, mesh=M4))
     # concatenate along an unsplit dim
+    out.append(_two_sided_mask_lemma())
     out.append(Lemma("concat-unsplit", "stablehlo.concatenate",
                      [rel(arg((4, 2)), "tp"), rel(arg((4, 1)), "tp")],
                      results=[((2, 3), "f32")], attrs={"dimension": 1}))
@@ -855,6 +884,40 @@ def test_refutes_reading_rows_a_device_never_received() -> None:
     refute("stablehlo.dynamic_slice", [window, DeviceScalar((0, 4, 2, 0), ()),
                                        splat(0, (), "i32")],
            [claim], [((2, 2), "f32")], {"slice_sizes": (2, 2)}, mesh=Mesh((("tp", 4),)))
+
+
+def test_two_sided_mask_is_a_pad_of_the_kept_rows() -> None:
+    lemma = _two_sided_mask_lemma()
+    (out,) = RULES[lemma.op](lemma.info(), list(lemma.ins), lemma.context())
+    assert out.term.op == "pad" and out.term.attrs[:2] == ((2, 0), (2, 0)), T.pretty(out.term)
+
+
+def test_refutes_reading_wrapped_rows_as_the_zeros_of_a_pad() -> None:
+    """A cyclic halo (no zeros at the ends) read as if it were zero-padded: device 0's first
+    rows are x's last rows, not the zeros of pad(x)."""
+    y = rel(arg((16, 2)), "tp")
+    every = tuple((d, 0, 1) for d in range(4)) + tuple((d, 7, 8) for d in range(4))
+    window = Windowed(y, 0, 14, 8, holes=every)
+    padded = T.make_op("pad", (y.term, T.make_splat(0, (), "f32")), ((2, 0), (2, 0), (0, 0)),
+                       (20, 2), "f32", linear_in=0)
+    refute("stablehlo.dynamic_slice", [window, DeviceScalar((0, 1, 2, 3), ()),
+                                       splat(0, (), "i32")],
+           [Rel(padded, (("tp",), ()))], [((5, 2), "f32")], {"slice_sizes": (5, 2)},
+           mesh=Mesh((("tp", 4),)))
+
+
+def test_zero_extended_read_needs_the_zeros() -> None:
+    """The rule itself refuses that cyclic window: rows outside x must be zero rows."""
+    from entangle_mlir.rules.window import zero_extended_read
+
+    y = rel(arg((16, 2)), "tp")
+    every = tuple((d, 0, 1) for d in range(4)) + tuple((d, 7, 8) for d in range(4))
+    mesh = Mesh((("tp", 4),))
+    wrapped = zero_extended_read(Windowed(y, 0, 14, 8, holes=every), [0, 1, 2, 3], 5, mesh)
+    assert isinstance(wrapped, str) and "device 0 reads row 15" in wrapped, wrapped
+    ends = every + ((0, 1, 2), (3, 6, 7))
+    assert isinstance(zero_extended_read(Windowed(y, 0, 14, 8, holes=ends), [0, 1, 2, 3], 5,
+                                         mesh), Rel)
 
 
 def test_refutes_permuted_blocks_from_the_wrong_devices() -> None:

@@ -67,7 +67,6 @@ WINDOWED = ("cumsum along a split dim: XLA all_gathers, pads by 15 and each devi
             "reduce_window(window(t, off = s * i, size s + W - 1), W) is the block i of "
             "reduce_window(t, W) (test_repro_cumsum_sharded_dim)")
 XFAIL_CASES = {
-    "pad_sharded_dim": HALO,
     "cumsum_sharded_dim": WINDOWED,
     "take_sharded_table": MASKED_GATHER,
     "fused_qkv_split": HALO,
@@ -223,7 +222,17 @@ def _all_to_all_group_order(module) -> str:
     return "all_to_all replica groups [[0, 2, 1, 3]]"
 
 
+def _pad_halo_wrong_way(module) -> str:
+    """`jnp.pad` of the split rows: the halo row each device should get from its left
+    neighbour comes from its right one (the first collective_permute's pairs reversed)."""
+    from examples.partitioned import swap_permute_pairs
+
+    return swap_permute_pairs(module, 0)
+
+
 MUTATIONS_HERE = [
+    Mutation("pad_halo_wrong_way", "pad_sharded_dim", _pad_halo_wrong_way,
+             "the padded split dim's left halo comes from the right neighbour"),
     Mutation("wrong_mask_offset", "uneven_sum", _wrong_mask_offset,
              "the uneven shard's padding mask is built from a wrong row offset"),
     Mutation("all_to_all_group_order", "concat_sharded_dim", _all_to_all_group_order,
@@ -265,7 +274,8 @@ def test_mutation_is_flagged_at_the_mutated_op(name: str) -> None:
         f"{what}: {report.render_text()}")
 
 
-SWEPT = ("matmul_contracting_scatter", "layernorm_hidden", "max_sharded_dim", "mlp_dp_tp")
+SWEPT = ("matmul_contracting_scatter", "layernorm_hidden", "max_sharded_dim", "mlp_dp_tp",
+         "pad_sharded_dim")
 
 
 @pytest.mark.parametrize("name", SWEPT)

@@ -27,7 +27,7 @@ from ..terms import (
 from . import shifted
 from .base import RuleContext
 from .common import freeze, replicated, splat_rel, unify_dims
-from .window import concat_windows, slice_window
+from .window import concat_windows, pad_window, slice_window
 
 
 def constant(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
@@ -242,6 +242,8 @@ def concatenate(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
 
 def pad(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     x, value = operands
+    if isinstance(x, Windowed):
+        return [_pad_window(info, x, value, ctx)]
     if not isinstance(x, Rel) or not isinstance(value, Rel) or value.tiled_axes:
         return [Opaque("pad with a device-dependent value", category="unsupported")]
     x = freeze(x)
@@ -269,6 +271,20 @@ def pad(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     term = make_op("pad", (x.term, pad_term), (low, high, interior), shape, x.term.dtype,
                    linear_in=linear)
     return [replace(x, term=term)]
+
+
+def _pad_window(info: OpInfo, x: Windowed, value: Value, ctx: RuleContext) -> Value:
+    """Zero padding of a halo window along its dim only (XLA's `jnp.pad` of a split dim):
+    a longer window whose new rows are zeros (window.pad_window)."""
+    a = info.attrs
+    low, high, interior = (tuple(a["edge_padding_low"]), tuple(a["edge_padding_high"]),
+                           tuple(a["interior_padding"]))
+    others = [d for d in range(len(low)) if d != x.dim]
+    if (ctx.mesh is None or not isinstance(value, Rel) or splat_value(value.term) != 0
+            or any(interior) or low[x.dim] < 0 or high[x.dim] < 0
+            or any(low[d] or high[d] for d in others)):
+        return Opaque(x.reason, origin=x.origin, category="layout_mismatch")
+    return pad_window(x, low[x.dim], high[x.dim], ctx.mesh)
 
 
 MOVEMENT_RULES = {

@@ -15,11 +15,12 @@ from dataclasses import replace
 
 from ..layout import Opaque, Permuted, Rel, Value, Windowed
 from ..mesh import Mesh, axes_str
-from ..terms import make_op, make_roll
+from ..terms import Term, make_op, make_roll, make_splat
 from .common import device_offsets
 
 WINDOW_OPS = frozenset({"stablehlo.slice", "stablehlo.concatenate",
-                        "stablehlo.collective_permute", "stablehlo.dynamic_slice"})
+                        "stablehlo.collective_permute", "stablehlo.dynamic_slice",
+                        "stablehlo.pad"})
 PERMUTED_OPS = frozenset({"stablehlo.collective_permute"})
 
 
@@ -174,7 +175,10 @@ def permute_window(window: Windowed, moved_from: dict[int, int], mesh: Mesh,
 
 def window_dynamic_slice(info, window: Windowed, starts: list[Value], mesh: Mesh) -> Value:
     """Each device reads rows of its window at its own offset (XLA's slicing of a split dim):
-    a block layout again when device b's rows start at c + size * b, none of them zeros."""
+    a block layout again when device b's rows start at c + size * b, none of them zeros; or,
+    when the rows it reads are zeros exactly where they fall outside the global tensor (the
+    zeros of a pad and of a halo nobody sent), a block of the global tensor zero-padded
+    (`jnp.pad` of a split dim: `zero_extended_read`)."""
     dim, sizes = window.dim, tuple(info.attrs["slice_sizes"])
     local = info.operand_types[0].shape
     count = mesh.num_devices
@@ -189,6 +193,12 @@ def window_dynamic_slice(info, window: Windowed, starts: list[Value], mesh: Mesh
     reads = [min(max(o, 0), local[dim] - size) for o in table[dim]]
     for device, a, b in window.holes:
         if a < reads[device] + size and reads[device] < b:
+            padded = zero_extended_read(window, reads, size, mesh)
+            if isinstance(padded, Rel):
+                return padded
+            if padded is not None:
+                return Opaque(f"dynamic_slice along dim {dim}: {padded}",
+                              category="wrong_offset")
             return Opaque(f"{window.reason}, and device {device} reads those rows "
                           f"[{reads[device]}, {reads[device] + size}) of its window",
                           origin=window.origin, category="wrong_offset")
@@ -206,15 +216,93 @@ def window_dynamic_slice(info, window: Windowed, starts: list[Value], mesh: Mesh
                       f"global rows [{first[bad]}, {first[bad] + size}) instead of "
                       f"[{expected[bad]}, {expected[bad] + size}) (offsets into its window "
                       f"{reads[:16]})", category="wrong_offset")
-    rel = window.rel
-    if (base, blocks) == (0, total):
-        return rel
-    rank = len(rel.term.shape)
-    shape = tuple(blocks if d == dim else rel.term.shape[d] for d in range(rank))
-    term = make_op("slice", (rel.term,), (
+    return _rows_block(window.rel, dim, window.rel.term, base, size, axes, mesh)
+
+
+def _rows_block(rel: Rel, dim: int, term: Term, base: int, size: int, axes: tuple[str, ...],
+                mesh: Mesh) -> Rel:
+    """`rel` with `term`'s rows [base, base + size * |axes|) along `dim`, split over `axes`."""
+    blocks = size * mesh.group_size(axes)
+    tiling = tuple(axes if d == dim else t for d, t in enumerate(rel.tiling))
+    if (base, blocks) == (0, term.shape[dim]):
+        return replace(rel, term=term, tiling=tiling)
+    rank = len(term.shape)
+    shape = tuple(blocks if d == dim else term.shape[d] for d in range(rank))
+    sliced = make_op("slice", (term,), (
         tuple(base if d == dim else 0 for d in range(rank)),
-        tuple(base + blocks if d == dim else rel.term.shape[d] for d in range(rank)),
-        (1,) * rank), shape, rel.term.dtype, linear_in=0)
-    return replace(rel, term=term)
+        tuple(base + blocks if d == dim else term.shape[d] for d in range(rank)),
+        (1,) * rank), shape, term.dtype, linear_in=0)
+    return replace(rel, term=sliced, tiling=tiling)
 
 
+def zero_extended_read(window: Windowed, reads: list[int], size: int, mesh: Mesh
+                       ) -> Rel | str | None:
+    """Device d reads local rows [reads[d], reads[d] + size) of `window`: a block of the
+    global tensor zero-padded along the window's dim, when on every device those rows are
+    the consecutive rows [p_d, p_d + size) of the tensor extended by zeros on both ends (each
+    row outside [0, N) one of the window's zero rows, each row inside not) and p_d + lo =
+    base + size * b for the window's split axes (lo: the zeros before row 0). XLA's `jnp.pad`
+    of a split dim reads, at its ends, the zeros a non-cyclic halo exchange and a pad left.
+
+    Sound by construction: local row j of device d holds row (b*B + offset + j) mod N of the
+    tensor unless it is a zero row; p_d is one of the unwrapped positions of that row
+    (offset + k*N), kept only if every read row agrees with it. Else what the closest such
+    reading gets wrong (a device reading rows that wrapped around where the padded tensor has
+    zeros, or zeros where it has rows), or None when no read touches a zero row at all."""
+    dim, rel = window.dim, window.rel
+    axes = rel.tiling[dim]
+    total = rel.term.shape[dim]
+    block = total // mesh.group_size(axes)
+    zeros: dict[int, set[int]] = {}
+    for device, a, b in window.holes:
+        zeros.setdefault(device, set()).update(range(a, b))
+    starts = []
+    for d in range(mesh.num_devices):
+        wrapped = (mesh.block_index(axes, d) * block + window.offset + reads[d]) % total
+        best: tuple[int, int, int] | None = None
+        for k in range(-(size // total) - 1, 2):
+            p = wrapped + k * total
+            wrong = [i for i in range(size)
+                     if (0 <= p + i < total) == (reads[d] + i in zeros.get(d, ()))]
+            if best is None or len(wrong) < best[0]:
+                best = (len(wrong), p, wrong[0] if wrong else -1)
+        assert best is not None
+        count, p, i = best
+        if count:
+            row = p + i
+            if 0 <= row < total:
+                return (f"device {d} reads zeros at row {row} of the global tensor (local row "
+                        f"{reads[d] + i} of its window): a halo row nobody sent")
+            return (f"device {d} reads row {row % total} of the global tensor at row {row}, "
+                    f"outside it, where zero padding belongs (local row {reads[d] + i} of its "
+                    "window: a halo that wrapped around the ends)")
+        starts.append(p)
+    low = max(0, -min(starts))
+    high = max(0, max(starts) + size - total)
+    base = min(starts) + low
+    if any(starts[d] + low != base + size * mesh.block_index(axes, d)
+           for d in range(mesh.num_devices)):
+        return None
+    if base + size * mesh.group_size(axes) > total + low + high:
+        return None
+    rank = len(rel.term.shape)
+    shape = tuple(total + low + high if d == dim else n for d, n in enumerate(rel.term.shape))
+    padded = make_op("pad", (rel.term, make_splat(0, (), rel.term.dtype)), (
+        tuple(low if d == dim else 0 for d in range(rank)),
+        tuple(high if d == dim else 0 for d in range(rank)), (0,) * rank), shape,
+        rel.term.dtype, linear_in=0)
+    return _rows_block(rel, dim, padded, base, size, axes, mesh)
+
+
+def pad_window(window: Windowed, low: int, high: int, mesh: Mesh) -> Value:
+    """Zero padding of a window along its dim: the window extended by `low` rows before and
+    `high` after, zeros on every device (the rows themselves stay the global tensor's: a pad
+    adds zero rows, which only a read of exactly the rows outside the tensor may use)."""
+    every = range(mesh.num_devices)
+    holes = [(d, a + low, b + low) for d, a, b in window.holes]
+    holes += [(d, 0, low) for d in every if low]
+    holes += [(d, low + window.length, low + window.length + high) for d in every if high]
+    reason = (f"pad of dim {window.dim} adds zeros around the halo window of each device's "
+              "block: not a block of any global tensor")
+    return make_window(window.rel, window.dim, window.offset - low,
+                       window.length + low + high, mesh, reason, tuple(holes))
