@@ -199,7 +199,10 @@ OP_NOTES = {
     "stablehlo.dynamic_slice": "Offsets that are per-device tables equal to block_index(axes) * "
                                "size split an unsplit dim over those axes; other tables are "
                                "refused with the formula found vs expected. Constant offsets "
-                               "slice unsplit dims.",
+                               "slice unsplit dims. Reads of a halo window at c + size * b "
+                               "are a block (of the zero-padded tensor when exactly the rows "
+                               "outside it are zeros); reads of a zero-padded value longer "
+                               "than their stride are overlapping windows (cumsum).",
     "stablehlo.gather": "Indexed, collapsed or partially sliced operand dims must be unsplit; a "
                         "fully sliced dim keeps its split in the result, the indices' batch "
                         "dims keep theirs. A partial operand stays partial.",

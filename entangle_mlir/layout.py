@@ -126,7 +126,13 @@ class Windowed:
     `rel`'s term, b being its block index over `rel.tiling[dim]` and B the block size; the other
     dims are as in `rel`. Slices of the local block make them, collective_permutes move them,
     concatenation joins neighbouring ones; a window of B rows is a roll of the global tensor.
-    Any other use is an error, `reason`, at the op that made it (`origin`)."""
+    Any other use is an error, `reason`, at the op that made it (`origin`).
+
+    Zero-extended: rows that are `holes` hold zeros. When exactly the rows outside [0, N) of
+    the unwrapped positions are zeros, the window is rows of the tensor zero-padded (a pad
+    adds such rows; reading them is a block of the padded tensor). A window along a dim `rel`
+    does not split (B = N) is the zero-padded tensor itself on every device (a pad of a
+    replicated dim: see rules/window.py `padded_window`)."""
 
     rel: Rel
     dim: int
@@ -139,6 +145,10 @@ class Windowed:
     that device nothing, as at the ends of a non-cyclic halo exchange)."""
 
     def describe(self) -> str:
+        if not self.rel.tiling[self.dim]:
+            from .rules.window import padded_rel
+
+            return padded_rel(self).describe()
         zeros = f", zeros on devices {sorted({d for d, _, _ in self.holes})}" if self.holes else ""
         return (f"{self.rel.describe()} rows [b*B + {self.offset}, b*B + "
                 f"{self.offset + self.length}) of dim {self.dim}{zeros}")

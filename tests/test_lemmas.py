@@ -446,6 +446,26 @@ def movement_lemmas() -> list[Lemma]:
                      [Windowed(y, 0, 14, 8, holes=padded_holes),
                       DeviceScalar((0, 1, 2, 3), ()), splat(0, (), "i32")],
                      results=[((5, 2), "f32")], attrs={"slice_sizes": (5, 2)}, mesh=M4))
+    # XLA's cumsum of 16 split columns on 4 devices: all_gather, zero pad by 15 (a window of
+    # the replicated tensor), each device reads 19 columns at 4b (overlapping windows of x
+    # split over tp, zeros before column 0), a 16-wide sum window leaves its 4 columns.
+    z = rel(arg((2, 16)))
+    out.append(Lemma("pad-replicated-window", "stablehlo.pad", [z, splat(0, (), "f32")],
+                     results=[((2, 31), "f32")],
+                     attrs={"edge_padding_low": (0, 15), "edge_padding_high": (0, 0),
+                            "interior_padding": (0, 0)}, mesh=M4))
+    padded = Windowed(z, 1, -15, 31, holes=tuple((d, 0, 15) for d in range(4)))
+    out.append(Lemma("dynamic-slice-overlapping-windows", "stablehlo.dynamic_slice",
+                     [padded, splat(0, (), "i32"), DeviceScalar((0, 4, 8, 12), ())],
+                     results=[((2, 19), "f32")], attrs={"slice_sizes": (2, 19)}, mesh=M4))
+    cum = rel(arg((2, 16)), (), "tp")
+    overlapping = Windowed(cum, 1, -15, 19,
+                           holes=((0, 0, 15), (1, 0, 11), (2, 0, 7), (3, 0, 3)))
+    for reducer, init in (("add", 0), ("max", float("-inf"))):
+        out.append(Lemma(f"reduce_window-{reducer}-overlapping-windows",
+                         "stablehlo.reduce_window", [overlapping, splat(init, (), "f32")],
+                         results=[((2, 4), "f32")],
+                         attrs={"window_dimensions": (1, 16), "reducer": reducer}, mesh=M4))
     # concatenate along an unsplit dim
     out.append(_two_sided_mask_lemma())
     out.append(Lemma("concat-unsplit", "stablehlo.concatenate",
@@ -918,6 +938,23 @@ def test_zero_extended_read_needs_the_zeros() -> None:
     ends = every + ((0, 1, 2), (3, 6, 7))
     assert isinstance(zero_extended_read(Windowed(y, 0, 14, 8, holes=ends), [0, 1, 2, 3], 5,
                                          mesh), Rel)
+
+
+def test_overlapping_windows_need_zeros_before_the_tensor() -> None:
+    """A cumsum window whose leading rows wrap around (no zeros) is refused by the rule, and
+    the block it would claim is refuted."""
+    cum = rel(arg((2, 16)), (), "tp")
+    mesh = Mesh((("tp", 4),))
+    wrapped = Windowed(cum, 1, -15, 19, holes=((0, 0, 15), (1, 0, 11), (2, 0, 7)))
+    lemma = Lemma("wrapped", "stablehlo.reduce_window", [wrapped, splat(0, (), "f32")],
+                  results=[((2, 4), "f32")],
+                  attrs={"window_dimensions": (1, 16), "reducer": "add"}, mesh=mesh)
+    (out,) = RULES[lemma.op](lemma.info(), list(lemma.ins), lemma.context())
+    assert isinstance(out, Opaque) and "device 3 reads row 13" in out.reason, out
+    good = Windowed(cum, 1, -15, 19, holes=((0, 0, 15), (1, 0, 11), (2, 0, 7), (3, 0, 3)))
+    (claim,) = RULES[lemma.op](lemma.info(), [good, splat(0, (), "f32")], lemma.context())
+    refute(lemma.op, [wrapped, splat(0, (), "f32")], [claim], [((2, 4), "f32")],
+           lemma.attrs, mesh=mesh)
 
 
 def test_refutes_permuted_blocks_from_the_wrong_devices() -> None:

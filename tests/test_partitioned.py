@@ -60,14 +60,7 @@ MASKED_GATHER = ("gather on a table split along the indexed dim: XLA subtracts t
                  "two, reduce-or over unit dims, broadcast) and a select rule: a gather guarded "
                  "by the complement of its own block is a partial sum over A when the ids are "
                  "clamped into the table (test_repro_masked_gather)")
-WINDOWED = ("cumsum along a split dim: XLA all_gathers, pads by 15 and each device takes a "
-            "19-column window at offset 4 * d (dynamic_slice windows overlap, no tiling), then a "
-            "16-wide reduce_window leaves exactly its block. Needs the windowed layout of the "
-            "halo work (a block at a device-dependent offset, wider than the block); then "
-            "reduce_window(window(t, off = s * i, size s + W - 1), W) is the block i of "
-            "reduce_window(t, W) (test_repro_cumsum_sharded_dim)")
 XFAIL_CASES = {
-    "cumsum_sharded_dim": WINDOWED,
     "take_sharded_table": MASKED_GATHER,
     "fused_qkv_split": HALO,
 }
@@ -230,7 +223,32 @@ def _pad_halo_wrong_way(module) -> str:
     return swap_permute_pairs(module, 0)
 
 
+def _cumsum_window_stride(module) -> str:
+    """The cumsum of the split columns: each device reads its 19-column window at 3 * b
+    instead of 4 * b (the offset's stride constant is wrong). The constant, the offset it
+    scales and the dynamic_slice reading at it are marked."""
+    import numpy as np
+    from jaxlib.mlir import ir
+
+    from examples.partitioned import _mark, _ops, _users
+
+    for const in _ops(module, "stablehlo.constant"):
+        value = np.array(ir.DenseElementsAttr(const.attributes["value"]))
+        if value.shape != () or int(value) != 4:
+            continue
+        const.attributes["value"] = ir.DenseElementsAttr.get(np.array(3, dtype=np.int32))
+        _mark(const, 10)
+        for user in _users(const):
+            _mark(user, 10)
+            for read in _users(user):
+                _mark(read, 10)
+        return "window offset stride 4 -> 3"
+    raise ValueError("no stride constant")
+
+
 MUTATIONS_HERE = [
+    Mutation("cumsum_window_stride", "cumsum_sharded_dim", _cumsum_window_stride,
+             "the cumsum's device windows start 3 columns apart instead of 4"),
     Mutation("pad_halo_wrong_way", "pad_sharded_dim", _pad_halo_wrong_way,
              "the padded split dim's left halo comes from the right neighbour"),
     Mutation("wrong_mask_offset", "uneven_sum", _wrong_mask_offset,
@@ -275,7 +293,7 @@ def test_mutation_is_flagged_at_the_mutated_op(name: str) -> None:
 
 
 SWEPT = ("matmul_contracting_scatter", "layernorm_hidden", "max_sharded_dim", "mlp_dp_tp",
-         "pad_sharded_dim")
+         "pad_sharded_dim", "cumsum_sharded_dim")
 
 
 @pytest.mark.parametrize("name", SWEPT)
@@ -767,8 +785,10 @@ def test_reduce_window_along_an_unsplit_dim() -> None:
     assert report.outputs[0].rho == "concat over ('d0', 'd1') along dim 0"
 
 
-@pytest.mark.xfail(strict=True, reason=WINDOWED)
 def test_repro_cumsum_sharded_dim() -> None:
+    """cumsum along a split dim: XLA all_gathers, pads by 15 and each device takes a 19-column
+    window at offset 4 * d (overlapping windows of the split columns, zeros before column 0),
+    then a 16-wide reduce_window leaves exactly its block (rules/window.py)."""
     ref, sharded = lowered("cumsum_sharded_dim")
     report = _check(ref, sharded)
     assert report.proven, report.render_text()

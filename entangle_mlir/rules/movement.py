@@ -18,6 +18,7 @@ from ..terms import (
     make_iota,
     make_op,
     make_reshape,
+    make_splat,
     make_transpose,
     reshape_groups,
     scale,
@@ -27,7 +28,7 @@ from ..terms import (
 from . import shifted
 from .base import RuleContext
 from .common import freeze, replicated, splat_rel, unify_dims
-from .window import concat_windows, pad_window, slice_window
+from .window import concat_windows, pad_window, padded_window, slice_window
 
 
 def constant(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
@@ -254,6 +255,11 @@ def pad(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
         if axes and (low[d], high[d], interior[d]) != (0, 0, 0):
             return [Opaque(f"pad of dim {d}, which is split over {axes_str(axes)}: every "
                            "device pads its own block", category="layout_mismatch")]
+    padded = [d for d in range(len(low)) if (low[d], high[d], interior[d]) != (0, 0, 0)]
+    if (len(padded) == 1 and ctx.mesh is not None and not ctx.is_global and not x.partial
+            and not interior[padded[0]] and low[padded[0]] >= 0 and high[padded[0]] >= 0
+            and value.term is make_splat(0, (), x.term.dtype)):
+        return [padded_window(x, padded[0], low[padded[0]], high[padded[0]], ctx.mesh)]
     pad_term = value.term
     if x.partial:
         constant = splat_value(value.term)

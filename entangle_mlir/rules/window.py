@@ -11,27 +11,62 @@ turns either into the error it stands for when anything else uses it.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 from ..layout import Opaque, Permuted, Rel, Value, Windowed
 from ..mesh import Mesh, axes_str
-from ..terms import Term, make_op, make_roll, make_splat
+from ..terms import Term, intern, make_op, make_roll, make_splat
+from .base import RuleContext
 from .common import device_offsets
 
 WINDOW_OPS = frozenset({"stablehlo.slice", "stablehlo.concatenate",
                         "stablehlo.collective_permute", "stablehlo.dynamic_slice",
-                        "stablehlo.pad"})
+                        "stablehlo.pad", "stablehlo.reduce_window"})
 PERMUTED_OPS = frozenset({"stablehlo.collective_permute"})
 
 
 def settle(value: Value, op_name: str = "") -> Value:
     """What an op sees: a `Permuted` or `Windowed` value is kept only for the ops that can
-    complete it; for any other it is the error it stands for, at the op that made it."""
+    complete it; for any other it is the error it stands for, at the op that made it. A
+    zero-padded value (`padded_window`) is a window for dynamic_slice only, and its padded
+    relation for every other op."""
     if isinstance(value, Permuted) and op_name not in PERMUTED_OPS:
         return Opaque(value.reason, origin=value.origin, category="wrong_order")
+    if isinstance(value, Windowed) and is_padded(value) and op_name != "stablehlo.dynamic_slice":
+        return padded_rel(value)
     if isinstance(value, Windowed) and op_name not in WINDOW_OPS:
         return Opaque(value.reason, origin=value.origin, category="layout_mismatch")
     return value
+
+
+def is_padded(window: Windowed) -> bool:
+    """A window along a dim its relation does not split: the zero-padded tensor on every
+    device (`padded_window`)."""
+    return not window.rel.tiling[window.dim]
+
+
+def padded_window(x: Rel, dim: int, low: int, high: int, mesh: Mesh) -> Windowed:
+    """`x` (not split along `dim`) zero-padded by `low` and `high` rows along `dim`, as a window
+    of x's rows [-low, N + high) with the rows outside x zeros on every device. Padding is
+    where XLA starts a cumsum of a split dim (all_gather, pad, then each device reads an
+    overlapping window at its own offset: `window_dynamic_slice`); every other op sees the
+    padded relation (`settle`)."""
+    total = x.term.shape[dim]
+    every = range(mesh.num_devices)
+    holes = [(d, 0, low) for d in every if low]
+    holes += [(d, low + total, low + total + high) for d in every if high]
+    return Windowed(x, dim, -low, total + low + high, f"zero padding of dim {dim}",
+                    holes=tuple(holes))
+
+
+def padded_rel(window: Windowed) -> Rel:
+    """The relation a zero-padded window stands for: the padded tensor (as the pad rule
+    builds it)."""
+    total = window.rel.term.shape[window.dim]
+    low = -window.offset
+    high = window.length - total - low
+    return replace(window.rel, term=_zero_pad(window.rel.term, window.dim, low, high))
 
 
 def block_rows(rel: Rel, dim: int, mesh: Mesh) -> int:
@@ -179,6 +214,8 @@ def window_dynamic_slice(info, window: Windowed, starts: list[Value], mesh: Mesh
     when the rows it reads are zeros exactly where they fall outside the global tensor (the
     zeros of a pad and of a halo nobody sent), a block of the global tensor zero-padded
     (`jnp.pad` of a split dim: `zero_extended_read`)."""
+    if is_padded(window):
+        return _padded_dynamic_slice(info, window, starts, mesh)
     dim, sizes = window.dim, tuple(info.attrs["slice_sizes"])
     local = info.operand_types[0].shape
     count = mesh.num_devices
@@ -219,6 +256,52 @@ def window_dynamic_slice(info, window: Windowed, starts: list[Value], mesh: Mesh
     return _rows_block(window.rel, dim, window.rel.term, base, size, axes, mesh)
 
 
+def _padded_dynamic_slice(info, window: Windowed, starts: list[Value], mesh: Mesh) -> Value:
+    """A dynamic_slice of a zero-padded value: what the dynamic_slice rule makes of the padded
+    relation; when that is no layout, a window per device, longer than the stride of its
+    device-dependent offsets (XLA's cumsum of a split dim: device b reads rows
+    [c + s*b, c + s*b + L) with s*|A| = N, A the mesh axes its offsets step over). That window
+    is rows c - low + s*b + [0, L) of x split over A (block s), zeros where they fall outside
+    x: exactly the padded tensor's rows, so every later use is checked as a window."""
+    from .index import dynamic_slice
+
+    plain = dynamic_slice(info, [padded_rel(window), *starts],
+                          RuleContext(mesh, tuple(mesh.names)))[0]
+    dim, rel = window.dim, window.rel
+    sizes = tuple(info.attrs["slice_sizes"])
+    local = info.operand_types[0].shape
+    count = mesh.num_devices
+    table = [device_offsets(start, count) for start in starts]
+    if not isinstance(plain, Opaque) or any(t is None for t in table) or any(
+            d != dim and (set(t) != {0} or sizes[d] != local[d]) for d, t in enumerate(table)):
+        return plain
+    size = sizes[dim]
+    reads = [min(max(o, 0), local[dim] - size) for o in table[dim]]
+    total = rel.term.shape[dim]
+    free = [a for a in mesh.names if a not in rel.used_axes()]
+    for axes in _axis_orders(free):
+        if total % mesh.group_size(axes):
+            continue
+        stride = total // mesh.group_size(axes)
+        base = _blocked(reads, 0, stride, axes, mesh)
+        if base is None:
+            continue
+        holes = tuple((d, max(a - reads[d], 0), min(b - reads[d], size))
+                      for d, a, b in window.holes if a < reads[d] + size and reads[d] < b)
+        tiled = replace(rel, tiling=tuple(axes if d == dim else t
+                                          for d, t in enumerate(rel.tiling)))
+        reason = (f"dynamic_slice of dim {dim} reads {size} rows every {stride} rows: "
+                  "overlapping windows, not a block of any global tensor")
+        return make_window(tiled, dim, window.offset + base, size, mesh, reason, holes)
+    return plain
+
+
+def _axis_orders(free: list[str]):
+    """Every ordering of every non-empty subset of `free` mesh axes, fewest first."""
+    for count in range(1, len(free) + 1):
+        yield from itertools.permutations(free, count)
+
+
 def _rows_block(rel: Rel, dim: int, term: Term, base: int, size: int, axes: tuple[str, ...],
                 mesh: Mesh) -> Rel:
     """`rel` with `term`'s rows [base, base + size * |axes|) along `dim`, split over `axes`."""
@@ -235,20 +318,17 @@ def _rows_block(rel: Rel, dim: int, term: Term, base: int, size: int, axes: tupl
     return replace(rel, term=sliced, tiling=tiling)
 
 
-def zero_extended_read(window: Windowed, reads: list[int], size: int, mesh: Mesh
-                       ) -> Rel | str | None:
-    """Device d reads local rows [reads[d], reads[d] + size) of `window`: a block of the
-    global tensor zero-padded along the window's dim, when on every device those rows are
-    the consecutive rows [p_d, p_d + size) of the tensor extended by zeros on both ends (each
-    row outside [0, N) one of the window's zero rows, each row inside not) and p_d + lo =
-    base + size * b for the window's split axes (lo: the zeros before row 0). XLA's `jnp.pad`
-    of a split dim reads, at its ends, the zeros a non-cyclic halo exchange and a pad left.
+def extended_starts(window: Windowed, reads: list[int], size: int, mesh: Mesh
+                    ) -> list[int] | str:
+    """Per device d, the position p_d in the window's tensor extended by zeros on both ends of
+    its dim such that local rows [reads[d], reads[d] + size) of the window are the extended
+    tensor's rows [p_d, p_d + size): each row outside [0, N) one of the window's zero rows,
+    each row inside not. Else what the closest such reading gets wrong (a device reading rows
+    that wrapped around where the padded tensor has zeros, or zeros where it has rows).
 
     Sound by construction: local row j of device d holds row (b*B + offset + j) mod N of the
     tensor unless it is a zero row; p_d is one of the unwrapped positions of that row
-    (offset + k*N), kept only if every read row agrees with it. Else what the closest such
-    reading gets wrong (a device reading rows that wrapped around where the padded tensor has
-    zeros, or zeros where it has rows), or None when no read touches a zero row at all."""
+    (offset + k*N), kept only if every read row agrees with it."""
     dim, rel = window.dim, window.rel
     axes = rel.tiling[dim]
     total = rel.term.shape[dim]
@@ -277,21 +357,55 @@ def zero_extended_read(window: Windowed, reads: list[int], size: int, mesh: Mesh
                     f"outside it, where zero padding belongs (local row {reads[d] + i} of its "
                     "window: a halo that wrapped around the ends)")
         starts.append(p)
-    low = max(0, -min(starts))
-    high = max(0, max(starts) + size - total)
+    return starts
+
+
+def _extension(starts: list[int], size: int, total: int) -> tuple[int, int]:
+    """(low, high): the zero rows before row 0 and after row N that reads of `size` rows at
+    `starts` (positions in the tensor extended by zeros) cover."""
+    return max(0, -min(starts)), max(0, max(starts) + size - total)
+
+
+def _blocked(starts: list[int], low: int, stride: int, axes: tuple[str, ...], mesh: Mesh
+             ) -> int | None:
+    """base when starts[d] + low == base + stride * b for the block index b over `axes`."""
     base = min(starts) + low
-    if any(starts[d] + low != base + size * mesh.block_index(axes, d)
+    if any(starts[d] + low != base + stride * mesh.block_index(axes, d)
            for d in range(mesh.num_devices)):
         return None
-    if base + size * mesh.group_size(axes) > total + low + high:
+    return base
+
+
+def zero_extended_read(window: Windowed, reads: list[int], size: int, mesh: Mesh
+                       ) -> Rel | str | None:
+    """Device d reads local rows [reads[d], reads[d] + size) of `window`: a block of the
+    global tensor zero-padded along the window's dim, when those rows are the consecutive rows
+    [p_d, p_d + size) of the tensor extended by zeros (`extended_starts`) and p_d + lo =
+    base + size * b for the window's split axes (lo: the zeros before row 0). XLA's `jnp.pad`
+    of a split dim reads, at its ends, the zeros a non-cyclic halo exchange and a pad left.
+    What a device reads wrong (a message), or None when the rows are right but form no block
+    of the padded tensor."""
+    dim, rel = window.dim, window.rel
+    axes = rel.tiling[dim]
+    total = rel.term.shape[dim]
+    starts = extended_starts(window, reads, size, mesh)
+    if isinstance(starts, str):
+        return starts
+    low, high = _extension(starts, size, total)
+    base = _blocked(starts, low, size, axes, mesh)
+    if base is None or base + size * mesh.group_size(axes) > total + low + high:
         return None
-    rank = len(rel.term.shape)
-    shape = tuple(total + low + high if d == dim else n for d, n in enumerate(rel.term.shape))
-    padded = make_op("pad", (rel.term, make_splat(0, (), rel.term.dtype)), (
+    return _rows_block(rel, dim, _zero_pad(rel.term, dim, low, high), base, size, axes, mesh)
+
+
+def _zero_pad(term: Term, dim: int, low: int, high: int) -> Term:
+    """`term` padded with zeros along `dim` (as the pad rule builds it)."""
+    rank = len(term.shape)
+    shape = tuple(n + low + high if d == dim else n for d, n in enumerate(term.shape))
+    return make_op("pad", (term, make_splat(0, (), term.dtype)), (
         tuple(low if d == dim else 0 for d in range(rank)),
-        tuple(high if d == dim else 0 for d in range(rank)), (0,) * rank), shape,
-        rel.term.dtype, linear_in=0)
-    return _rows_block(rel, dim, padded, base, size, axes, mesh)
+        tuple(high if d == dim else 0 for d in range(rank)), (0,) * rank), shape, term.dtype,
+        linear_in=0)
 
 
 def pad_window(window: Windowed, low: int, high: int, mesh: Mesh) -> Value:
@@ -306,3 +420,52 @@ def pad_window(window: Windowed, low: int, high: int, mesh: Mesh) -> Value:
               "block: not a block of any global tensor")
     return make_window(window.rel, window.dim, window.offset - low,
                        window.length + low + high, mesh, reason, tuple(holes))
+
+
+def reduce_window_of_window(info, window: Windowed, init: Rel, reducer: str,
+                            attrs: tuple[tuple[int, ...], ...], mesh: Mesh) -> Value:
+    """A reduce_window whose window runs along the dim of a zero-extended window (XLA's cumsum
+    of a split dim: each device reduces L = s + W - 1 rows, the W - 1 before its block
+    included): when device b's rows are the tensor's rows [p_b, p_b + L) extended by zeros
+    (`extended_starts`), its results are rows [p_b + lo, p_b + lo + L - W + 1) of the same
+    reduce_window of the tensor zero-padded by (lo, hi); a block of it when those start at
+    base + (L - W + 1) * b. A sum folds the zeros into the window padding (its identity);
+    other reducers keep the explicit zero pad. The window along `dim` must have stride and
+    dilations 1 and no padding of its own; other dims follow the plain rule (a split dim
+    must have the trivial window)."""
+    window_dims, strides, base_dil, dilation, low, high = attrs
+    dim, rel = window.dim, window.rel
+    if (strides[dim], base_dil[dim], dilation[dim], low[dim], high[dim]) != (1, 1, 1, 0, 0):
+        return Opaque(window.reason, origin=window.origin, category="layout_mismatch")
+    for d, axes in enumerate(rel.tiling):
+        if d != dim and axes and (window_dims[d], strides[d], base_dil[d], dilation[d], low[d],
+                                  high[d]) != (1, 1, 1, 1, 0, 0):
+            return Opaque(f"reduce_window with a window along dim {d}, which is split over "
+                          f"{axes_str(axes)}", category="layout_mismatch")
+    length = window.length
+    out = length - window_dims[dim] + 1
+    starts = extended_starts(window, [0] * mesh.num_devices, length, mesh)
+    if isinstance(starts, str):
+        return Opaque(f"reduce_window along dim {dim}: {starts}", category="wrong_offset")
+    total = rel.term.shape[dim]
+    pad_low, pad_high = _extension(starts, length, total)
+    axes = rel.tiling[dim]
+    base = _blocked(starts, pad_low, out, axes, mesh)
+    reduced = total + pad_low + pad_high - window_dims[dim] + 1
+    if base is None or out < 1 or base + out * mesh.group_size(axes) > reduced:
+        return Opaque(f"reduce_window along dim {dim} of windows whose results are no block "
+                      "of any global tensor", category="layout_mismatch")
+    local = info.result_types[0].shape
+    shape = tuple(reduced if d == dim else rel.term.shape[d] if rel.tiling[d] else local[d]
+                  for d in range(len(local)))
+    dtype = info.result_types[0].dtype
+    if reducer == "add":
+        lows = tuple(pad_low if d == dim else n for d, n in enumerate(low))
+        highs = tuple(pad_high if d == dim else n for d, n in enumerate(high))
+        term = make_op("reduce_window_sum", (rel.term,),
+                       (window_dims, strides, base_dil, dilation, lows, highs), shape, dtype,
+                       linear_in=0)
+    else:
+        term = intern(f"reduce_window_{reducer}", (_zero_pad(rel.term, dim, pad_low, pad_high),),
+                      attrs, shape, dtype)
+    return _rows_block(rel, dim, term, base, out, axes, mesh)
