@@ -177,7 +177,10 @@ OP_NOTES = {
                              "are refused.",
     "stablehlo.reduce": "Reducing a split dim gives a partial reduction (sum, max or min) over "
                         "its axes; a partial of another kind, or a non-identity init value over "
-                        "split dims, is refused.",
+                        "split dims, is refused. Of a micro-batch window (rows of a split dim): "
+                        "over other dims the same window of the reduced tensor; a sum over the "
+                        "window's dim is a summed window, and the sums of complementary windows "
+                        "add up to a partial sum.",
     "stablehlo.all_reduce": "Removes the reduced axes from a partial of the same kind; over axes "
                             "where the value is replicated it multiplies the value by the group "
                             "size (a hint); over a split axis, with the wrong kind, or with "

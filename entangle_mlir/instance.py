@@ -331,7 +331,7 @@ def _value_key(value: Value) -> tuple:
         return ("permuted", _value_key(value.rel), value.sources)
     if isinstance(value, Windowed):
         return ("windowed", _value_key(value.rel), value.dim, value.offset, value.length,
-                value.holes)
+                value.holes, value.summed)
     return ("opaque",)
 
 
@@ -457,7 +457,8 @@ def _same_layout(a: Value, b: Value) -> bool:
     if isinstance(a, Permuted) and isinstance(b, Permuted):
         return a.sources == b.sources and _same_layout(a.rel, b.rel)
     if isinstance(a, Windowed) and isinstance(b, Windowed):
-        return (a.dim, a.offset, a.length) == (b.dim, b.offset, b.length) and _same_layout(
+        return (a.dim, a.offset, a.length, a.summed) == (
+            b.dim, b.offset, b.length, b.summed) and _same_layout(
             a.rel, b.rel)
     return isinstance(a, Opaque) and isinstance(b, Opaque)
 
@@ -1193,6 +1194,8 @@ def _window_rows(value: np.ndarray, window: Windowed, mesh: Mesh, device: int) -
             index = [slice(None)] * out.ndim
             index[dim] = slice(a, b)
             out[tuple(index)] = S.full(out[tuple(index)].shape, 0)
+    if window.summed:
+        return S.reduce_dims(out, window.summed, "sum")
     return out
 
 

@@ -143,6 +143,10 @@ class Windowed:
     holes: tuple[tuple[int, int, int], ...] = ()
     """(device, start, stop): local rows that hold zeros instead (a collective_permute gave
     that device nothing, as at the ends of a non-cyclic halo exchange)."""
+    summed: tuple[int, ...] = ()
+    """Dims of `rel`'s term (`dim` among them) summed out: each device holds the sum of its
+    window's rows over these dims (a micro-batch's loss; sums of complementary windows add up
+    to the sum of the block, a partial sum)."""
 
     def describe(self) -> str:
         if not self.rel.tiling[self.dim]:
@@ -150,8 +154,12 @@ class Windowed:
 
             return padded_rel(self).describe()
         zeros = f", zeros on devices {sorted({d for d, _, _ in self.holes})}" if self.holes else ""
-        return (f"{self.rel.describe()} rows [b*B + {self.offset}, b*B + "
-                f"{self.offset + self.length}) of dim {self.dim}{zeros}")
+        rows = (f"rows [b*B + {self.offset}, b*B + {self.offset + self.length}) of dim "
+                f"{self.dim}{zeros}")
+        if self.summed:
+            return (f"{self.rel.layout_str()} : sum over dims {list(self.summed)} of "
+                    f"{pretty(self.rel.term)} {rows}")
+        return f"{self.rel.describe()} {rows}"
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ def local_type(value: Value, mesh: Mesh | None) -> TensorType:
     if isinstance(value, Windowed):
         shape = list(local_type(value.rel, mesh).shape)
         shape[value.dim] = value.length
+        shape = [n for d, n in enumerate(shape) if d not in value.summed]
         return TensorType(tuple(shape), value.rel.term.dtype)
     if isinstance(value, Permuted):
         value = value.rel
@@ -466,6 +467,33 @@ def movement_lemmas() -> list[Lemma]:
                          "stablehlo.reduce_window", [overlapping, splat(init, (), "f32")],
                          results=[((2, 4), "f32")],
                          attrs={"window_dimensions": (1, 16), "reducer": reducer}, mesh=M4))
+    # Micro-batches of the local batch (x[:2], x[2:] of 4 rows per device): elementwise ops
+    # on a window, a sum over the window's rows, and the sums of complementary windows: the
+    # block's sum, a partial sum over the axis splitting the rows.
+    mb = rel(arg((16, 2)), "tp")
+    first, second = Windowed(mb, 0, 0, 2), Windowed(mb, 0, 2, 2)
+    out.append(Lemma("tanh-window", "stablehlo.tanh", [first], mesh=M4))
+    out.append(Lemma("multiply-window-constant", "stablehlo.multiply",
+                     [second, splat(3, (2, 2), "f32")], mesh=M4))
+    out.append(Lemma("reduce-window-sum", "stablehlo.reduce", [first, splat(0, (), "f32")],
+                     results=[((), "f32")],
+                     attrs={"dimensions": (0, 1), "reducer": "add"}, mesh=M4))
+    out.append(Lemma("add-window-sums", "stablehlo.add",
+                     [Windowed(mb, 0, 2, 2, summed=(0, 1)), Windowed(mb, 0, 0, 2, summed=(0, 1))],
+                     results=[((), "f32")], mesh=M4))
+    out.append(Lemma("add-window-sums-partly", "stablehlo.add",
+                     [Windowed(mb, 0, 0, 1, summed=(0,)), Windowed(mb, 0, 1, 2, summed=(0,))],
+                     results=[((2,), "f32")], mesh=M4))
+    out.append(Lemma("reduce-window-other-dims", "stablehlo.reduce",
+                     [Windowed(rel(arg((16, 2, 3)), "tp"), 0, 2, 2), splat(0, (), "f32")],
+                     results=[((2, 2), "f32")],
+                     attrs={"dimensions": (2,), "reducer": "add"}, mesh=M4))
+    row_scale = rel(T.make_broadcast(arg((2,)), (1,), (2, 2)))
+    out.append(Lemma("multiply-window-row-statistic", "stablehlo.multiply",
+                     [row_scale, first], mesh=M4))
+    out.append(Lemma("divide-window-sum", "stablehlo.divide",
+                     [Windowed(mb, 0, 1, 2, summed=(0, 1)), splat(4, (), "f32")],
+                     results=[((), "f32")], mesh=M4))
     # concatenate along an unsplit dim
     out.append(_two_sided_mask_lemma())
     out.append(Lemma("concat-unsplit", "stablehlo.concatenate",
@@ -955,6 +983,35 @@ def test_overlapping_windows_need_zeros_before_the_tensor() -> None:
     (claim,) = RULES[lemma.op](lemma.info(), [good, splat(0, (), "f32")], lemma.context())
     refute(lemma.op, [wrapped, splat(0, (), "f32")], [claim], [((2, 4), "f32")],
            lemma.attrs, mesh=mesh)
+
+
+def test_refutes_a_window_sum_as_the_block_sum() -> None:
+    """One micro-batch's sum is not the partial sum of the whole block."""
+    mb = rel(arg((16, 2)), "tp")
+    block_sum = Rel(T.make_op("reduce_sum", (mb.term,), ((0, 1),), (), "f32", linear_in=0),
+                    (), ("tp",), "sum")
+    refute("stablehlo.multiply", [Windowed(mb, 0, 0, 2, summed=(0, 1)), splat(1, (), "f32")],
+           [block_sum], [((), "f32")], mesh=Mesh((("tp", 4),)))
+
+
+def test_window_times_a_value_that_varies_along_its_rows_is_refused() -> None:
+    """A replicated (2, 2) value is the same on every device, not the window's rows of
+    anything: multiplying a window by it is not a window of a product."""
+    mb = rel(arg((16, 2)), "tp")
+    lemma = Lemma("varies", "stablehlo.multiply", [Windowed(mb, 0, 0, 2), rel(arg((2, 2)))],
+                  mesh=Mesh((("tp", 4),)))
+    (out,) = RULES[lemma.op](lemma.info(), list(lemma.ins), lemma.context())
+    assert isinstance(out, Opaque), out
+
+
+def test_window_sums_that_do_not_join_are_refused() -> None:
+    """x[:1] and x[2:] of 4 local rows: a row is missing, the sums do not add up."""
+    mb = rel(arg((16, 2)), "tp")
+    lemma = Lemma("gap", "stablehlo.add", [Windowed(mb, 0, 0, 1, summed=(0, 1)),
+                                           Windowed(mb, 0, 2, 2, summed=(0, 1))],
+                  results=[((), "f32")], mesh=Mesh((("tp", 4),)))
+    (out,) = RULES[lemma.op](lemma.info(), list(lemma.ins), lemma.context())
+    assert isinstance(out, Opaque), out
 
 
 def test_refutes_permuted_blocks_from_the_wrong_devices() -> None:

@@ -11,13 +11,14 @@ import operator
 from dataclasses import replace
 from fractions import Fraction
 
-from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value
+from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import Term, make_elementwise, scale, splat_value
 from .base import RuleContext
 from .common import is_zero, splat_rel, unify_dims
 from .shifted import elementwise_shifted
+from .window import window_elementwise
 
 NONLINEAR_HINT = "missing all_reduce/psum before it"
 
@@ -199,6 +200,8 @@ def _term_attrs(info: OpInfo) -> tuple:
 
 def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     """Shared layout in, shared layout out; see `_partial_result` for partial sums."""
+    if any(isinstance(v, Windowed) for v in operands):
+        return [window_elementwise(info, operands, ctx, elementwise)]
     if any(isinstance(v, Shifted) for v in operands):
         return elementwise_shifted(info, operands, ctx, elementwise)
     if any(isinstance(v, DeviceScalar) for v in operands):

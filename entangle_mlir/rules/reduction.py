@@ -10,7 +10,7 @@ from ..opinfo import OpInfo
 from ..terms import intern, make_elementwise, make_lin, make_op, make_splat, splat_value
 from .base import RuleContext
 from .common import freeze
-from .window import reduce_window_of_window
+from .window import reduce_window_of_window, window_reduce
 
 _IDENTITY = {"add": Fraction(0), "max": float("-inf"), "min": float("inf")}
 _KIND = {"add": "sum", "max": "max", "min": "min"}
@@ -29,6 +29,8 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     if reducer not in _KIND:
         return [Opaque(f"reduce with a '{reducer}' reducer is not supported",
                        category="unsupported")]
+    if isinstance(x, Windowed) and isinstance(init, Rel) and ctx.mesh is not None:
+        return [window_reduce(info, x, init, reducer, ctx, reduce)]
     if not isinstance(x, Rel) or not isinstance(init, Rel):
         return [Opaque("reduce of a device-dependent scalar", category="unsupported")]
     x = freeze(x)

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
+from fractions import Fraction
 
 from ..layout import Opaque, Permuted, Rel, Value, Windowed
 from ..mesh import Mesh, axes_str
-from ..terms import Term, intern, make_op, make_roll, make_splat
+from ..terms import Term, intern, make_op, make_roll, make_splat, scale, splat_value
 from .base import RuleContext
-from .common import device_offsets
+from .common import device_offsets, resize
 
 WINDOW_OPS = frozenset({"stablehlo.slice", "stablehlo.concatenate",
                         "stablehlo.collective_permute", "stablehlo.dynamic_slice",
@@ -35,9 +36,16 @@ def settle(value: Value, op_name: str = "") -> Value:
         return Opaque(value.reason, origin=value.origin, category="wrong_order")
     if isinstance(value, Windowed) and is_padded(value) and op_name != "stablehlo.dynamic_slice":
         return padded_rel(value)
-    if isinstance(value, Windowed) and op_name not in WINDOW_OPS:
+    if isinstance(value, Windowed) and op_name not in WINDOW_OPS and not (
+            op_name == "stablehlo.reduce" or _is_elementwise(op_name)):
         return Opaque(value.reason, origin=value.origin, category="layout_mismatch")
     return value
+
+
+def _is_elementwise(op_name: str) -> bool:
+    from .elementwise import ELEMENTWISE_RULES
+
+    return op_name in ELEMENTWISE_RULES
 
 
 def is_padded(window: Windowed) -> bool:
@@ -469,3 +477,141 @@ def reduce_window_of_window(info, window: Windowed, init: Rel, reducer: str,
         term = intern(f"reduce_window_{reducer}", (_zero_pad(rel.term, dim, pad_low, pad_high),),
                       attrs, shape, dtype)
     return _rows_block(rel, dim, term, base, out, axes, mesh)
+
+
+def window_elementwise(info, operands: list[Value], ctx: RuleContext, plain) -> Value:
+    """An elementwise op on windows (micro-batches: `tanh(x[:half])` of a split x). Taking rows
+    commutes with elementwise ops, so windows of one geometry (same rows on every device, no
+    zero rows, nothing summed) combined with splat constants are the same window of the op
+    applied to the windows' tensors (`plain`: the ordinary rule on their relations). Sums of
+    windows (`window_reduce`) add up when their rows are consecutive, and a sum over a whole
+    block is a partial sum (`add_window_sums`); they scale by constants. Anything else is the
+    error the first window stands for."""
+    windows = [v for v in operands if isinstance(v, Windowed)]
+    first = windows[0]
+    refused = Opaque(first.reason, origin=first.origin, category="layout_mismatch")
+    others = [v for v in operands if not isinstance(v, Windowed)]
+    if ctx.mesh is None or any(not isinstance(v, Rel) or v.partial for v in others):
+        return refused
+    if any(w.summed for w in windows):
+        return _scaled_sum(info, operands, ctx) or refused
+    size = first.rel.term.shape[first.dim]
+    geometry = {(w.dim, w.offset % size, w.length, w.rel.tiling, w.rel.partial, w.rel.scope)
+                for w in windows}
+    if len(geometry) != 1 or any(w.holes for w in windows) or first.rel.partial:
+        return refused
+    inner = [v.rel if isinstance(v, Windowed) else _along_window(v, first) for v in operands]
+    if any(v is None for v in inner):
+        return refused
+    (out,) = plain(info, inner, ctx)
+    if not isinstance(out, Rel) or out.partial or out.poly or out.tiling != first.rel.tiling:
+        return refused
+    return replace(first, rel=out)
+
+
+def _along_window(value: Rel, window: Windowed) -> Rel | None:
+    """A value combined with a window, as a relation on the window's tensor: a splat takes its
+    shape and layout; a value the same along the window's dim and not split there (a
+    broadcast per-row statistic) takes the tensor's size along it (every row of it is the
+    value's row, so the window's rows of it are the value); else None."""
+    shape, tiling, dim = window.rel.term.shape, window.rel.tiling, window.dim
+    if value.term.op == "splat":
+        return replace(value, term=make_splat(splat_value(value.term), shape, value.term.dtype),
+                       tiling=tiling, poly=frozenset())
+    if value.tiling[dim] or len(value.term.shape) != len(shape):
+        return None
+    resized = resize(value.term, dim, shape[dim])
+    if resized is None:
+        return None
+    return replace(value, term=resized, poly=value.poly - {dim},
+                   tiling=tuple(tiling[d] if d == dim else t for d, t in enumerate(value.tiling)))
+
+
+def window_reduce(info, window: Windowed, init: Rel, reducer: str, ctx: RuleContext,
+                  plain) -> Value:
+    """A reduce of a window. Over other dims only: the same rows of the reduced tensor
+    (`plain`: the ordinary rule on the window's relation; an RMSNorm's statistic of a
+    micro-batch). Over dims that include the window's dim: each device sums its window's rows
+    (a summed window, `Windowed.summed`); only sums with init 0, over dims that are not split
+    apart from the window's. Windows with zero rows are refused."""
+    refused = Opaque(window.reason, origin=window.origin, category="layout_mismatch")
+    dims = tuple(sorted(info.attrs["dimensions"]))
+    rel = window.rel
+    if window.summed or window.holes or rel.partial or ctx.mesh is None:
+        return refused
+    if window.dim not in dims:
+        (out,) = plain(info, [rel, init], ctx)
+        dim = window.dim - sum(1 for d in dims if d < window.dim)
+        if not isinstance(out, Rel) or out.partial or out.tiling[dim] != rel.tiling[window.dim]:
+            return refused
+        return replace(window, rel=out, dim=dim)
+    mesh = ctx.mesh
+    if (reducer != "add" or splat_value(init.term) != 0
+            or any(rel.tiling[d] for d in dims if d != window.dim)):
+        return refused
+    return replace(window, summed=dims, reason=_sum_reason(window, mesh), origin=None)
+
+
+def _sum_reason(window: Windowed, mesh: Mesh) -> str:
+    rel, dim = window.rel, window.dim
+    rows = _rows(window.offset, window.length, rel.term.shape[dim], block_rows(rel, dim, mesh))
+    return (f"sum over rows {rows} of dim {dim}, which is split over "
+            f"{axes_str(rel.tiling[dim])}, only: part of each device's block (the sum of the "
+            "other rows is never added)")
+
+
+def add_window_sums(a: Windowed, b: Windowed, info, mesh: Mesh) -> Value | None:
+    """Sums of two windows of one tensor over the same dims whose rows are consecutive: the sum
+    over the joined rows; over a whole block, the block's sum: a partial sum over the axes
+    splitting the window's dim (as a reduce over that dim makes). None when they do not join."""
+    if (a.rel != b.rel or a.dim != b.dim or a.summed != b.summed or a.holes or b.holes):
+        return None
+    size = a.rel.term.shape[a.dim]
+    if (a.offset + a.length - b.offset) % size == 0:
+        offset = a.offset
+    elif (b.offset + b.length - a.offset) % size == 0:
+        offset = b.offset
+    else:
+        return None
+    length = a.length + b.length
+    block = block_rows(a.rel, a.dim, mesh)
+    if length != block:
+        joined = replace(a, offset=offset, length=length, origin=None)
+        return replace(joined, reason=_sum_reason(joined, mesh))
+    whole = make_window(a.rel, a.dim, offset, length, mesh, a.reason)
+    if not isinstance(whole, Rel):
+        return None
+    dims = a.summed
+    term = whole.term
+    shape = tuple(n for d, n in enumerate(term.shape) if d not in dims)
+    summed = make_op("reduce_sum", (term,), (dims,), shape, info.result_types[0].dtype,
+                     linear_in=0)
+    order = mesh.names
+    partial = tuple(sorted(set(whole.tiling[a.dim]), key=order.index))
+    return Rel(summed, tuple(t for d, t in enumerate(whole.tiling) if d not in dims), partial,
+               "sum", frozenset(), whole.scope, partial_origin=info)
+
+
+def _scaled_sum(info, operands: list[Value], ctx: RuleContext) -> Value | None:
+    """Linear ops on summed windows: the sum of two (`add_window_sums`), one times or divided
+    by a constant, negated (the sum of the scaled rows)."""
+    name = info.name
+    if name == "stablehlo.add" and len(operands) == 2 and all(
+            isinstance(v, Windowed) for v in operands):
+        return add_window_sums(operands[0], operands[1], info, ctx.mesh)
+    if name == "stablehlo.negate":
+        factor = Fraction(-1)
+        (window,) = operands
+    elif name in ("stablehlo.multiply", "stablehlo.divide") and len(operands) == 2:
+        window, other = operands if isinstance(operands[0], Windowed) else operands[::-1]
+        if name == "stablehlo.divide" and window is not operands[0]:
+            return None
+        value = splat_value(other.term) if isinstance(other, Rel) else None
+        if not isinstance(value, Fraction) or value == 0:
+            return None
+        factor = value if name == "stablehlo.multiply" else 1 / value
+    else:
+        return None
+    if not isinstance(window, Windowed):
+        return None
+    return replace(window, rel=replace(window.rel, term=scale(window.rel.term, factor)))
