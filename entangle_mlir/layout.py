@@ -143,6 +143,10 @@ class Windowed:
     holes: tuple[tuple[int, int, int], ...] = ()
     """(device, start, stop): local rows that hold zeros instead (a collective_permute gave
     that device nothing, as at the ends of a non-cyclic halo exchange)."""
+    starts: tuple[int, ...] = ()
+    """Per device, the window's first row, when the windows are not one offset from every
+    device's block (XLA routes each device's rows from whichever device holds them, point to
+    point, and picks them with selects on the device id); `offset` is then unused."""
     summed: tuple[int, ...] = ()
     """Dims of `rel`'s term (`dim` among them) summed out: each device holds the sum of its
     window's rows over these dims (a micro-batch's loss; sums of complementary windows add up
@@ -156,6 +160,10 @@ class Windowed:
         zeros = f", zeros on devices {sorted({d for d, _, _ in self.holes})}" if self.holes else ""
         rows = (f"rows [b*B + {self.offset}, b*B + {self.offset + self.length}) of dim "
                 f"{self.dim}{zeros}")
+        if self.starts:
+            shown = ", ".join(str(s) for s in self.starts[:16])
+            rows = (f"rows [s, s + {self.length}) of dim {self.dim} from s = [{shown}] per "
+                    f"device{zeros}")
         if self.summed:
             return (f"{self.rel.layout_str()} : sum over dims {list(self.summed)} of "
                     f"{pretty(self.rel.term)} {rows}")

@@ -20,7 +20,16 @@ import pytest
 
 from entangle_mlir import terms as T
 from entangle_mlir.instance import InstanceChecker
-from entangle_mlir.layout import GLOBAL, DeviceScalar, Opaque, Permuted, Rel, Value, Windowed
+from entangle_mlir.layout import (
+    GLOBAL,
+    DeviceScalar,
+    Opaque,
+    Permuted,
+    Rel,
+    Shifted,
+    Value,
+    Windowed,
+)
 from entangle_mlir.mesh import Mesh
 from entangle_mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
@@ -64,7 +73,7 @@ def local_type(value: Value, mesh: Mesh | None) -> TensorType:
         shape[value.dim] = value.length
         shape = [n for d, n in enumerate(shape) if d not in value.summed]
         return TensorType(tuple(shape), value.rel.term.dtype)
-    if isinstance(value, Permuted):
+    if isinstance(value, Permuted | Shifted):
         value = value.rel
     assert isinstance(value, Rel)
     if mesh is None or value.scope == GLOBAL:
@@ -494,6 +503,24 @@ def movement_lemmas() -> list[Lemma]:
     out.append(Lemma("divide-window-sum", "stablehlo.divide",
                      [Windowed(mb, 0, 1, 2, summed=(0, 1)), splat(4, (), "f32")],
                      results=[((), "f32")], mesh=M4))
+    # Rows routed point to point (XLA's split of a fused qkv output): permutes that move
+    # blocks by different amounts give a window with a start per device; a select on the
+    # device id picks each device's rows; a dynamic_slice of such a window reads its block.
+    out.append(Lemma("permute-window-routed", "stablehlo.collective_permute",
+                     [Windowed(y, 0, 0, 2)],
+                     attrs={"source_target_pairs": [[0, 1], [1, 3]], "channel_handle": 1},
+                     mesh=M4))
+    device_is_1 = Shifted(Rel(T.make_splat(0, (2, 2), "i1"), ((), ()), poly=frozenset({0, 1})),
+                          (0, 1, 0, 0))
+    out.append(Lemma("select-windows-per-device", "stablehlo.select",
+                     [device_is_1, Windowed(y, 0, 10, 2, holes=((0, 0, 2), (2, 0, 2),
+                                                                 (3, 0, 2))),
+                      Windowed(y, 0, 8, 2, holes=((1, 0, 2), (2, 0, 2), (3, 0, 2)))],
+                     mesh=M4))
+    out.append(Lemma("dynamic-slice-routed-window", "stablehlo.dynamic_slice",
+                     [Windowed(y, 0, 0, 4, starts=(0, 0, 2, 6)),
+                      DeviceScalar((0, 2, 2, 0), ()), splat(0, (), "i32")],
+                     results=[((2, 2), "f32")], attrs={"slice_sizes": (2, 2)}, mesh=M4))
     # concatenate along an unsplit dim
     out.append(_two_sided_mask_lemma())
     out.append(Lemma("concat-unsplit", "stablehlo.concatenate",
@@ -983,6 +1010,16 @@ def test_overlapping_windows_need_zeros_before_the_tensor() -> None:
     (claim,) = RULES[lemma.op](lemma.info(), [good, splat(0, (), "f32")], lemma.context())
     refute(lemma.op, [wrapped, splat(0, (), "f32")], [claim], [((2, 4), "f32")],
            lemma.attrs, mesh=mesh)
+
+
+def test_refutes_rows_routed_from_another_device() -> None:
+    """A point-to-point permute (0 -> 1, 1 -> 3): device 3 holds device 1's rows, not device
+    0's."""
+    y = rel(arg((16, 2)), "tp")
+    wrong = Windowed(y, 0, 0, 2, holes=((0, 0, 2), (2, 0, 2)), starts=(0, 0, 8, 0))
+    refute("stablehlo.collective_permute", [Windowed(y, 0, 0, 2)], [wrong], [((2, 2), "f32")],
+           {"source_target_pairs": [[0, 1], [1, 3]], "channel_handle": 1},
+           mesh=Mesh((("tp", 4),)))
 
 
 def test_refutes_a_window_sum_as_the_block_sum() -> None:

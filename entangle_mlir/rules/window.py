@@ -1,12 +1,23 @@
-"""Halo windows: the rows of a split dim that XLA's roll, shift and convolution partitioning
-move between neighbours (`Windowed`). A slice of the local block along a split dim is a window
-at an offset from the device's own block; a collective_permute that shifts blocks cyclically
-moves the window's offset; concatenating consecutive windows joins them; a window as long as
-a block is the global tensor rolled (`jnp.roll` lowers to slices and a concatenate, so the
-reference computes the same term).
+"""Halo windows: the rows of a split dim that XLA's roll, shift, pad, slicing and cumsum
+partitioning move between devices, and the micro-batches of a local batch (`Windowed`).
 
-Only these three ops accept a window (and collective_permute a `Permuted` value); `settle`
-turns either into the error it stands for when anything else uses it.
+* A slice of the local block along a split dim is a window at an offset from the device's own
+  block; a collective_permute moves it (a cyclic shift moves the offset; any other routing
+  gives each device the start of the device it receives from); devices that receive nothing
+  hold zeros (`holes`); concatenating consecutive windows joins them; a select on the device
+  id picks each device's window; a window as long as a block is the global tensor rolled
+  (`jnp.roll` lowers to slices and a concatenate, so the reference computes the same term).
+* Zero-extended windows: a zero pad adds zero rows; reads whose zeros are exactly the rows
+  outside the tensor are a block of the zero-padded tensor (`zero_extended_read`); a pad of a
+  dim that is not split is the padded tensor as a window, which a dynamic_slice may read in
+  overlapping windows (cumsum) that a reduce_window then reduces to a block.
+* Elementwise ops and reduces over other dims keep a window; a sum over the window's dim is a
+  summed window, and sums of complementary windows add up to the block's partial sum.
+
+Every construct is a claim about each device's local value that the Z3 instance layer checks
+(instance._window_rows). Only the ops above accept a window (and collective_permute a
+`Permuted` value); `settle` turns either into the error it stands for when anything else uses
+it.
 """
 
 from __future__ import annotations
@@ -15,7 +26,7 @@ import itertools
 from dataclasses import replace
 from fractions import Fraction
 
-from ..layout import Opaque, Permuted, Rel, Value, Windowed
+from ..layout import Opaque, Permuted, Rel, Shifted, Value, Windowed
 from ..mesh import Mesh, axes_str
 from ..terms import Term, intern, make_op, make_roll, make_splat, scale, splat_value
 from .base import RuleContext
@@ -82,13 +93,50 @@ def block_rows(rel: Rel, dim: int, mesh: Mesh) -> int:
 
 
 def make_window(rel: Rel, dim: int, offset: int, length: int, mesh: Mesh, reason: str,
-                holes: tuple = ()) -> Value:
+                holes: tuple = (), starts: tuple = ()) -> Value:
     """The window, or a Rel when it is a whole block without zeros: `rel` itself at offset 0,
-    else `rel` rolled so that each device's block starts `offset` rows later."""
-    offset %= rel.term.shape[dim]
+    else `rel` rolled so that each device's block starts `offset` rows later. Per-device
+    `starts` one offset from every device's block (devices holding only zeros aside) are that
+    offset; without zeros, starts c + length * b (b the block index over `rel`'s axes of the
+    dim) are a block of the rows [c, c + length * |axes|)."""
+    size = rel.term.shape[dim]
+    if starts:
+        block = block_rows(rel, dim, mesh)
+        axes = rel.tiling[dim]
+        zero = _all_zero_devices(holes, length)
+        offsets = {(s - mesh.block_index(axes, d) * block) % size
+                   for d, s in enumerate(starts) if d not in zero}
+        if len(offsets) <= 1:
+            offset, starts = (offsets.pop() if offsets else 0), ()
+        elif not holes:
+            wrapped = [s % size for s in starts]
+            base = _blocked(wrapped, 0, length, axes, mesh)
+            if base is not None and base + length * mesh.group_size(axes) <= size:
+                return _rows_block(rel, dim, rel.term, base, length, axes, mesh)
+        if starts:
+            return Windowed(rel, dim, 0, length, reason, holes=tuple(sorted(set(holes))),
+                            starts=tuple(starts))
+    offset %= size
     if length == block_rows(rel, dim, mesh) and not holes:
         return replace(rel, term=make_roll(rel.term, dim, -offset)) if offset else rel
     return Windowed(rel, dim, offset, length, reason, holes=tuple(sorted(set(holes))))
+
+
+def _all_zero_devices(holes, length: int) -> set[int]:
+    """Devices whose window rows are all zeros."""
+    rows: dict[int, set[int]] = {}
+    for d, a, b in holes:
+        rows.setdefault(d, set()).update(range(a, b))
+    return {d for d, r in rows.items() if len(r) >= length}
+
+
+def first_rows(window: Windowed, mesh: Mesh) -> list[int]:
+    """Per device, the (unwrapped) row of the window's tensor its window starts at."""
+    if window.starts:
+        return list(window.starts)
+    axes = window.rel.tiling[window.dim]
+    block = block_rows(window.rel, window.dim, mesh)
+    return [mesh.block_index(axes, d) * block + window.offset for d in range(mesh.num_devices)]
 
 
 def as_window(x: Value, dim: int, mesh: Mesh) -> Windowed | None:
@@ -119,7 +167,7 @@ def slice_window(x: Value, starts, limits, strides, local_shape, mesh: Mesh) -> 
         f"slice of dim {dim}, which is split over {axes_str(axes)}: each device slices its own "
         "block, not the global tensor")
     return make_window(window.rel, dim, window.offset + start, stop - start, mesh, reason,
-                       holes)
+                       holes, tuple(s + start for s in window.starts))
 
 
 def concat_windows(operands: list[Value], dim: int, mesh: Mesh) -> Value | None:
@@ -128,6 +176,9 @@ def concat_windows(operands: list[Value], dim: int, mesh: Mesh) -> Value | None:
     windows = [as_window(x, dim, mesh) for x in operands]
     if any(w is None for w in windows) or not any(isinstance(x, Windowed) for x in operands):
         return None
+    if any(w.starts for w in windows):
+        return Opaque(f"concatenate along dim {dim} of halo windows routed per device (not "
+                      "supported)", category="unsupported")
     first = windows[0]
     size = first.rel.term.shape[dim]
     length = 0
@@ -195,11 +246,12 @@ def cyclic_shifts(rel: Rel, moved_from: dict[int, int], mesh: Mesh) -> list[int]
 
 def permute_window(window: Windowed, moved_from: dict[int, int], mesh: Mesh,
                    moved: str) -> Value:
-    """A window moved by a cyclic block shift; devices that receive nothing hold zeros."""
+    """A window moved by a cyclic block shift; devices that receive nothing hold zeros. Moves
+    by different amounts (point-to-point routing) give each device the rows of the device it
+    receives from (per-device starts), when no other split dim moves."""
     shifts = cyclic_shifts(window.rel, moved_from, mesh)
-    if shifts is None:
-        return Opaque(f"{moved}: the halo rows reach devices in no cyclic order",
-                      category="wrong_order")
+    if shifts is None or window.starts:
+        return _route_window(window, moved_from, mesh, moved)
     term = window.rel.term
     for dim, shift in enumerate(shifts):
         if dim != window.dim:
@@ -214,6 +266,71 @@ def permute_window(window: Windowed, moved_from: dict[int, int], mesh: Mesh,
                   "zeros)")
     return make_window(rel, window.dim, window.offset - shifts[window.dim], window.length, mesh,
                        reason, tuple(holes))
+
+
+def _route_window(window: Windowed, moved_from: dict[int, int], mesh: Mesh,
+                  moved: str) -> Value:
+    """A window moved between devices in any order along its dim's axes: device t holds the
+    rows device `moved_from[t]` held (zeros where it held zeros, and on devices that receive
+    nothing). Refused when the blocks of another split dim move."""
+    for dim, axes in enumerate(window.rel.tiling):
+        if dim != window.dim and axes and any(
+                mesh.block_index(axes, t) != mesh.block_index(axes, s)
+                for t, s in moved_from.items()):
+            return Opaque(f"{moved}: the halo rows reach devices in no cyclic order",
+                          category="wrong_order")
+    source = first_rows(window, mesh)
+    starts = [source[moved_from.get(t, t)] for t in range(mesh.num_devices)]
+    missing = sorted(set(range(mesh.num_devices)) - set(moved_from))
+    holes = [(t, a, b) for t, s in moved_from.items() for d, a, b in window.holes if d == s]
+    holes += [(t, 0, window.length) for t in missing]
+    reason = window.reason
+    if missing:
+        reason = (f"collective_permute leaves devices {missing[:8]} without data (they receive "
+                  "zeros)")
+    return make_window(window.rel, window.dim, 0, window.length, mesh, reason, tuple(holes),
+                       tuple(starts))
+
+
+def window_select(pred: Shifted, on_true: Value, on_false: Value, mesh: Mesh) -> Value | None:
+    """select on a device predicate (`broadcast(partition_id == k)`) between two windows of one
+    tensor along one dim (or a window and a block): each device holds the rows of the branch
+    it takes (XLA picks, per device, the rows a point-to-point permute delivered). None when
+    the operands are not of that form."""
+    if pred.rel.term.op != "splat" or splat_value(pred.rel.term) != 0:
+        return None
+    dim = next((v.dim for v in (on_true, on_false) if isinstance(v, Windowed)), None)
+    a, b = (as_window(v, dim, mesh) for v in (on_true, on_false))
+    if a is None or b is None or a.rel != b.rel or a.length != b.length or a.summed or b.summed:
+        return None
+    keep = [bool(o) for o in pred.offsets]
+    rows = (first_rows(a, mesh), first_rows(b, mesh))
+    starts = tuple(rows[0][d] if keep[d] else rows[1][d] for d in range(mesh.num_devices))
+    holes = tuple((d, lo, hi) for d, lo, hi in a.holes if keep[d]) + tuple(
+        (d, lo, hi) for d, lo, hi in b.holes if not keep[d])
+    return make_window(a.rel, dim, 0, a.length, mesh, _routed_reason(a, starts, holes, mesh),
+                       holes, starts)
+
+
+def _routed_reason(window: Windowed, starts: tuple[int, ...], holes: tuple, mesh: Mesh) -> str:
+    """Why rows picked per device are no block: the device whose rows are off the block
+    layout most devices follow (rows routed from the wrong device), or zeros some device
+    holds."""
+    dim, length, rel = window.dim, window.length, window.rel
+    size = rel.term.shape[dim]
+    axes = rel.tiling[dim]
+    if holes:
+        devices = sorted({d for d, _, _ in holes})
+        return (f"select leaves devices {devices[:8]} with zero rows of dim {dim} (a "
+                "collective_permute sent them nothing)")
+    bases = [(s - length * mesh.block_index(axes, d)) % size for d, s in enumerate(starts)]
+    base = max(set(bases), key=bases.count)
+    bad = next((d for d in range(len(starts)) if bases[d] != base), 0)
+    want = base + length * mesh.block_index(axes, bad)
+    got = starts[bad] % size
+    return (f"select gives device {bad} rows [{got}, {got + length}) of dim {dim} where the "
+            f"other devices' rows put [{want}, {want + length}): rows routed from the wrong "
+            "device")
 
 
 def window_dynamic_slice(info, window: Windowed, starts: list[Value], mesh: Mesh) -> Value:
@@ -244,14 +361,13 @@ def window_dynamic_slice(info, window: Windowed, starts: list[Value], mesh: Mesh
             if padded is not None:
                 return Opaque(f"dynamic_slice along dim {dim}: {padded}",
                               category="wrong_offset")
-            return Opaque(f"{window.reason}, and device {device} reads those rows "
-                          f"[{reads[device]}, {reads[device] + size}) of its window",
-                          origin=window.origin, category="wrong_offset")
+            return Opaque(f"dynamic_slice along dim {dim}: device {device} reads rows "
+                          f"[{reads[device]}, {reads[device] + size}) of its window, which "
+                          f"hold zeros ({window.reason})", category="wrong_offset")
     axes = window.rel.tiling[dim]
     total = window.rel.term.shape[dim]
-    block = total // mesh.group_size(axes)
-    first = [(mesh.block_index(axes, d) * block + window.offset + reads[d]) % total
-             for d in range(count)]
+    rows = first_rows(window, mesh)
+    first = [(rows[d] + reads[d]) % total for d in range(count)]
     base = min(first)
     expected = [base + size * mesh.block_index(axes, d) for d in range(count)]
     blocks = size * mesh.group_size(axes)
@@ -338,15 +454,14 @@ def extended_starts(window: Windowed, reads: list[int], size: int, mesh: Mesh
     tensor unless it is a zero row; p_d is one of the unwrapped positions of that row
     (offset + k*N), kept only if every read row agrees with it."""
     dim, rel = window.dim, window.rel
-    axes = rel.tiling[dim]
     total = rel.term.shape[dim]
-    block = total // mesh.group_size(axes)
+    rows = first_rows(window, mesh)
     zeros: dict[int, set[int]] = {}
     for device, a, b in window.holes:
         zeros.setdefault(device, set()).update(range(a, b))
     starts = []
     for d in range(mesh.num_devices):
-        wrapped = (mesh.block_index(axes, d) * block + window.offset + reads[d]) % total
+        wrapped = (rows[d] + reads[d]) % total
         best: tuple[int, int, int] | None = None
         for k in range(-(size // total) - 1, 2):
             p = wrapped + k * total
@@ -427,7 +542,8 @@ def pad_window(window: Windowed, low: int, high: int, mesh: Mesh) -> Value:
     reason = (f"pad of dim {window.dim} adds zeros around the halo window of each device's "
               "block: not a block of any global tensor")
     return make_window(window.rel, window.dim, window.offset - low,
-                       window.length + low + high, mesh, reason, tuple(holes))
+                       window.length + low + high, mesh, reason, tuple(holes),
+                       tuple(s - low for s in window.starts))
 
 
 def reduce_window_of_window(info, window: Windowed, init: Rel, reducer: str,
@@ -490,14 +606,17 @@ def window_elementwise(info, operands: list[Value], ctx: RuleContext, plain) -> 
     windows = [v for v in operands if isinstance(v, Windowed)]
     first = windows[0]
     refused = Opaque(first.reason, origin=first.origin, category="layout_mismatch")
+    if (info.name == "stablehlo.select" and isinstance(operands[0], Shifted)
+            and ctx.mesh is not None):
+        return window_select(operands[0], operands[1], operands[2], ctx.mesh) or refused
     others = [v for v in operands if not isinstance(v, Windowed)]
     if ctx.mesh is None or any(not isinstance(v, Rel) or v.partial for v in others):
         return refused
     if any(w.summed for w in windows):
         return _scaled_sum(info, operands, ctx) or refused
     size = first.rel.term.shape[first.dim]
-    geometry = {(w.dim, w.offset % size, w.length, w.rel.tiling, w.rel.partial, w.rel.scope)
-                for w in windows}
+    geometry = {(w.dim, tuple(s % size for s in first_rows(w, ctx.mesh)), w.length,
+                 w.rel.tiling, w.rel.partial, w.rel.scope) for w in windows}
     if len(geometry) != 1 or any(w.holes for w in windows) or first.rel.partial:
         return refused
     inner = [v.rel if isinstance(v, Windowed) else _along_window(v, first) for v in operands]
@@ -546,7 +665,7 @@ def window_reduce(info, window: Windowed, init: Rel, reducer: str, ctx: RuleCont
             return refused
         return replace(window, rel=out, dim=dim)
     mesh = ctx.mesh
-    if (reducer != "add" or splat_value(init.term) != 0
+    if (reducer != "add" or splat_value(init.term) != 0 or window.starts
             or any(rel.tiling[d] for d in dims if d != window.dim)):
         return refused
     return replace(window, summed=dims, reason=_sum_reason(window, mesh), origin=None)
