@@ -86,7 +86,8 @@ def test_the_corpus_covers_the_issue() -> None:
     meshes = {c.mesh for c in proven}
     assert {"x4", "x8", "dp2_tp4", "dp4_tp2"} <= meshes
     for needed in ("transformer2_dp_tp", "mlp_backward", "attention_heads", "layernorm_hidden",
-                   "take_sharded_indices", "embedding_hidden_split"):
+                   "take_sharded_indices", "embedding_hidden_split", "pad_sharded_dim",
+                   "cumsum_sharded_dim", "fused_qkv_split", "roll_sharded"):
         assert needed in {c.name for c in proven}
 
 
