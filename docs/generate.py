@@ -169,14 +169,18 @@ OP_NOTES = {
                        "whole. Partial sums pass through.",
     "stablehlo.concatenate": "The concatenated dim must not be split; the operands agree on the "
                              "other dims and on their partial reduction.",
-    "stablehlo.pad": "Pads unsplit dims only; a partial sum only with zero padding.",
+    "stablehlo.pad": ("Pads unsplit dims only; a partial sum only with zero padding. A halo "
+                      "window is zero-padded along its own dim (its new rows are zeros)."),
     "stablehlo.dot_general": "Batch and free dims keep their split; contracting dims split "
                              "alike on both sides give a partial sum over those axes. A partial "
                              "sum times an unsplit operand stays partial; two partial operands "
                              "are refused.",
     "stablehlo.reduce": "Reducing a split dim gives a partial reduction (sum, max or min) over "
                         "its axes; a partial of another kind, or a non-identity init value over "
-                        "split dims, is refused.",
+                        "split dims, is refused. Of a micro-batch window (rows of a split dim): "
+                        "over other dims the same window of the reduced tensor; a sum over the "
+                        "window's dim is a summed window, and the sums of complementary windows "
+                        "add up to a partial sum.",
     "stablehlo.all_reduce": "Removes the reduced axes from a partial of the same kind; over axes "
                             "where the value is replicated it multiplies the value by the group "
                             "size (a hint); over a split axis, with the wrong kind, or with "
@@ -198,7 +202,10 @@ OP_NOTES = {
     "stablehlo.dynamic_slice": "Offsets that are per-device tables equal to block_index(axes) * "
                                "size split an unsplit dim over those axes; other tables are "
                                "refused with the formula found vs expected. Constant offsets "
-                               "slice unsplit dims.",
+                               "slice unsplit dims. Reads of a halo window at c + size * b "
+                               "are a block (of the zero-padded tensor when exactly the rows "
+                               "outside it are zeros); reads of a zero-padded value longer "
+                               "than their stride are overlapping windows (cumsum).",
     "stablehlo.gather": "Indexed, collapsed or partially sliced operand dims must be unsplit; a "
                         "fully sliced dim keeps its split in the result, the indices' batch "
                         "dims keep theirs. A partial operand stays partial.",

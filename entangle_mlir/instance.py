@@ -377,7 +377,7 @@ def _value_key(value: Value) -> tuple:
         return ("permuted", _value_key(value.rel), value.sources)
     if isinstance(value, Windowed):
         return ("windowed", _value_key(value.rel), value.dim, value.offset, value.length,
-                value.holes)
+                value.holes, value.summed, value.starts)
     if isinstance(value, InBlock):
         return ("inblock", _value_key(value.rel), value.axes, value.length, value.lo, value.hi,
                 value.negated)
@@ -511,7 +511,8 @@ def _same_layout(a: Value, b: Value) -> bool:
     if isinstance(a, Permuted) and isinstance(b, Permuted):
         return a.sources == b.sources and _same_layout(a.rel, b.rel)
     if isinstance(a, Windowed) and isinstance(b, Windowed):
-        return (a.dim, a.offset, a.length) == (b.dim, b.offset, b.length) and _same_layout(
+        return (a.dim, a.offset, a.length, a.summed, a.starts) == (
+            b.dim, b.offset, b.length, b.summed, b.starts) and _same_layout(
             a.rel, b.rel)
     if isinstance(a, InBlock) and isinstance(b, InBlock):
         return replace(a, rel=None) == replace(b, rel=None) and _same_layout(a.rel, b.rel)
@@ -1398,13 +1399,16 @@ def _block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
 
 
 def _window_rows(value: np.ndarray, window: Windowed, mesh: Mesh, device: int) -> np.ndarray:
-    """Device `device`'s rows of a halo window (the other dims blocked as in its relation)."""
+    """Device `device`'s rows of a halo window (the other dims blocked as in its relation),
+    starting at its own start when the window has one per device, zeros in its holes, summed
+    over the window's `summed` dims."""
     dim, axes = window.dim, window.rel.tiling[window.dim]
     others = list(window.rel.tiling)
     others[dim] = ()
     block = _block(value, replace(window.rel, tiling=tuple(others)), mesh, device, False)
     size = value.shape[dim]
-    start = mesh.block_index(axes, device) * (size // mesh.group_size(axes)) + window.offset
+    start = (window.starts[device] if window.starts else
+             mesh.block_index(axes, device) * (size // mesh.group_size(axes)) + window.offset)
     rows = [(start + i) % size for i in range(window.length)]
     out = np.take(block, rows, axis=dim)
     for hole_device, a, b in window.holes:
@@ -1412,6 +1416,8 @@ def _window_rows(value: np.ndarray, window: Windowed, mesh: Mesh, device: int) -
             index = [slice(None)] * out.ndim
             index[dim] = slice(a, b)
             out[tuple(index)] = S.full(out[tuple(index)].shape, 0)
+    if window.summed:
+        return S.reduce_dims(out, window.summed, "sum")
     return out
 
 

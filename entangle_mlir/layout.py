@@ -129,7 +129,13 @@ class Windowed:
     `rel`'s term, b being its block index over `rel.tiling[dim]` and B the block size; the other
     dims are as in `rel`. Slices of the local block make them, collective_permutes move them,
     concatenation joins neighbouring ones; a window of B rows is a roll of the global tensor.
-    Any other use is an error, `reason`, at the op that made it (`origin`)."""
+    Any other use is an error, `reason`, at the op that made it (`origin`).
+
+    Zero-extended: rows that are `holes` hold zeros. When exactly the rows outside [0, N) of
+    the unwrapped positions are zeros, the window is rows of the tensor zero-padded (a pad
+    adds such rows; reading them is a block of the padded tensor). A window along a dim `rel`
+    does not split (B = N) is the zero-padded tensor itself on every device (a pad of a
+    replicated dim: see rules/window.py `padded_window`)."""
 
     rel: Rel
     dim: int
@@ -140,11 +146,31 @@ class Windowed:
     holes: tuple[tuple[int, int, int], ...] = ()
     """(device, start, stop): local rows that hold zeros instead (a collective_permute gave
     that device nothing, as at the ends of a non-cyclic halo exchange)."""
+    starts: tuple[int, ...] = ()
+    """Per device, the window's first row, when the windows are not one offset from every
+    device's block (XLA routes each device's rows from whichever device holds them, point to
+    point, and picks them with selects on the device id); `offset` is then unused."""
+    summed: tuple[int, ...] = ()
+    """Dims of `rel`'s term (`dim` among them) summed out: each device holds the sum of its
+    window's rows over these dims (a micro-batch's loss; sums of complementary windows add up
+    to the sum of the block, a partial sum)."""
 
     def describe(self) -> str:
+        if not self.rel.tiling[self.dim]:
+            from .rules.window import padded_rel
+
+            return padded_rel(self).describe()
         zeros = f", zeros on devices {sorted({d for d, _, _ in self.holes})}" if self.holes else ""
-        return (f"{self.rel.describe()} rows [b*B + {self.offset}, b*B + "
-                f"{self.offset + self.length}) of dim {self.dim}{zeros}")
+        rows = (f"rows [b*B + {self.offset}, b*B + {self.offset + self.length}) of dim "
+                f"{self.dim}{zeros}")
+        if self.starts:
+            shown = ", ".join(str(s) for s in self.starts[:16])
+            rows = (f"rows [s, s + {self.length}) of dim {self.dim} from s = [{shown}] per "
+                    f"device{zeros}")
+        if self.summed:
+            return (f"{self.rel.layout_str()} : sum over dims {list(self.summed)} of "
+                    f"{pretty(self.rel.term)} {rows}")
+        return f"{self.rel.describe()} {rows}"
 
 
 @dataclass(frozen=True)

@@ -314,7 +314,13 @@ _FLIPPED = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE", "EQ": "EQ", "NE": "N
 def iota_interval(pred: Term) -> tuple[int, int, int] | None:
     """(dim, lo, hi) when `pred` is true exactly at positions lo <= i < hi along dim: a compare
     of an iota (plus an integer constant) with an integer constant, as XLA masks the padding
-    of uneven shards and jax masks a prefix."""
+    of uneven shards and jax masks a prefix; the `and` of such masks along one dim is their
+    intersection (XLA masks both ends of a padded split dim)."""
+    if pred.op == "stablehlo.and" and pred.args:
+        parts = [iota_interval(arg) for arg in pred.args]
+        if any(p is None for p in parts) or len({p[0] for p in parts}) != 1:
+            return None
+        return parts[0][0], max(p[1] for p in parts), min(p[2] for p in parts)
     if pred.op != "stablehlo.compare" or len(pred.args) != 2 or not pred.attrs:
         return None
     a, b = pred.args

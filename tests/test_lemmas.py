@@ -20,7 +20,16 @@ import pytest
 
 from entangle_mlir import terms as T
 from entangle_mlir.instance import InstanceChecker
-from entangle_mlir.layout import GLOBAL, DeviceScalar, Opaque, Permuted, Rel, Value, Windowed
+from entangle_mlir.layout import (
+    GLOBAL,
+    DeviceScalar,
+    Opaque,
+    Permuted,
+    Rel,
+    Shifted,
+    Value,
+    Windowed,
+)
 from entangle_mlir.mesh import Mesh
 from entangle_mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
@@ -62,8 +71,9 @@ def local_type(value: Value, mesh: Mesh | None) -> TensorType:
     if isinstance(value, Windowed):
         shape = list(local_type(value.rel, mesh).shape)
         shape[value.dim] = value.length
+        shape = [n for d, n in enumerate(shape) if d not in value.summed]
         return TensorType(tuple(shape), value.rel.term.dtype)
-    if isinstance(value, Permuted):
+    if isinstance(value, Permuted | Shifted):
         value = value.rel
     assert isinstance(value, Rel)
     if mesh is None or value.scope == GLOBAL:
@@ -102,6 +112,19 @@ class Lemma:
         if self.mesh is None or any(r.scope == GLOBAL for r in rels):
             return RuleContext(mesh=self.mesh, manual_axes=())
         return RuleContext(mesh=self.mesh, manual_axes=self.mesh.names)
+
+
+def _two_sided_mask_lemma() -> Lemma:
+    """select on `2 <= i and i < 6` of an 8-row iota (XLA masks both ends of a padded split
+    dim): the kept rows zero-padded (the and of two iota masks is their intersection)."""
+    iota = T.make_iota((8, 2), 0, "i32")
+    lo = T.make_elementwise("stablehlo.compare", (iota, T.make_splat(2, (8, 2), "i32")),
+                            ("GE",), dtype="i1")
+    hi = T.make_elementwise("stablehlo.compare", (iota, T.make_splat(6, (8, 2), "i32")),
+                            ("LT",), dtype="i1")
+    mask = T.make_elementwise("stablehlo.and", (lo, hi), dtype="i1")
+    return Lemma("select-two-sided-iota-mask", "stablehlo.select",
+                 [rel(mask, "tp"), rel(arg((8, 2)), "tp"), splat(0, (4, 2))])
 
 
 def _checker() -> InstanceChecker:
@@ -418,7 +441,88 @@ def movement_lemmas() -> list[Lemma]:
                      [Windowed(y, 0, 14, 8, holes=((0, 0, 2), (3, 6, 8))),
                       DeviceScalar((6, 4, 2, 0), ()), splat(0, (), "i32")],
                      results=[((2, 2), "f32")], attrs={"slice_sizes": (2, 2)}, mesh=M4))
+    # XLA's jnp.pad(x, 2) of 16 split rows on 4 devices (result 20 rows, 5 per device): a
+    # halo row from each neighbour (zeros at the ends), a zero pad row on both sides, then
+    # device b reads its 5 rows at offset b; the zeros it reads are exactly the rows outside x.
+    out.append(Lemma("pad-window", "stablehlo.pad",
+                     [Windowed(y, 0, 15, 6, holes=((0, 0, 1), (3, 5, 6))),
+                      splat(0, (), "f32")],
+                     results=[((8, 2), "f32")],
+                     attrs={"edge_padding_low": (1, 0), "edge_padding_high": (1, 0),
+                            "interior_padding": (0, 0)}, mesh=M4))
+    padded_holes = ((0, 0, 2), (1, 0, 1), (2, 0, 1), (3, 0, 1), (0, 7, 8), (1, 7, 8),
+                    (2, 7, 8), (3, 6, 8))
+    out.append(Lemma("dynamic-slice-window-zero-extended", "stablehlo.dynamic_slice",
+                     [Windowed(y, 0, 14, 8, holes=padded_holes),
+                      DeviceScalar((0, 1, 2, 3), ()), splat(0, (), "i32")],
+                     results=[((5, 2), "f32")], attrs={"slice_sizes": (5, 2)}, mesh=M4))
+    # XLA's cumsum of 16 split columns on 4 devices: all_gather, zero pad by 15 (a window of
+    # the replicated tensor), each device reads 19 columns at 4b (overlapping windows of x
+    # split over tp, zeros before column 0), a 16-wide sum window leaves its 4 columns.
+    z = rel(arg((2, 16)))
+    out.append(Lemma("pad-replicated-window", "stablehlo.pad", [z, splat(0, (), "f32")],
+                     results=[((2, 31), "f32")],
+                     attrs={"edge_padding_low": (0, 15), "edge_padding_high": (0, 0),
+                            "interior_padding": (0, 0)}, mesh=M4))
+    padded = Windowed(z, 1, -15, 31, holes=tuple((d, 0, 15) for d in range(4)))
+    out.append(Lemma("dynamic-slice-overlapping-windows", "stablehlo.dynamic_slice",
+                     [padded, splat(0, (), "i32"), DeviceScalar((0, 4, 8, 12), ())],
+                     results=[((2, 19), "f32")], attrs={"slice_sizes": (2, 19)}, mesh=M4))
+    cum = rel(arg((2, 16)), (), "tp")
+    overlapping = Windowed(cum, 1, -15, 19,
+                           holes=((0, 0, 15), (1, 0, 11), (2, 0, 7), (3, 0, 3)))
+    for reducer, init in (("add", 0), ("max", float("-inf"))):
+        out.append(Lemma(f"reduce_window-{reducer}-overlapping-windows",
+                         "stablehlo.reduce_window", [overlapping, splat(init, (), "f32")],
+                         results=[((2, 4), "f32")],
+                         attrs={"window_dimensions": (1, 16), "reducer": reducer}, mesh=M4))
+    # Micro-batches of the local batch (x[:2], x[2:] of 4 rows per device): elementwise ops
+    # on a window, a sum over the window's rows, and the sums of complementary windows: the
+    # block's sum, a partial sum over the axis splitting the rows.
+    mb = rel(arg((16, 2)), "tp")
+    first, second = Windowed(mb, 0, 0, 2), Windowed(mb, 0, 2, 2)
+    out.append(Lemma("tanh-window", "stablehlo.tanh", [first], mesh=M4))
+    out.append(Lemma("multiply-window-constant", "stablehlo.multiply",
+                     [second, splat(3, (2, 2), "f32")], mesh=M4))
+    out.append(Lemma("reduce-window-sum", "stablehlo.reduce", [first, splat(0, (), "f32")],
+                     results=[((), "f32")],
+                     attrs={"dimensions": (0, 1), "reducer": "add"}, mesh=M4))
+    out.append(Lemma("add-window-sums", "stablehlo.add",
+                     [Windowed(mb, 0, 2, 2, summed=(0, 1)), Windowed(mb, 0, 0, 2, summed=(0, 1))],
+                     results=[((), "f32")], mesh=M4))
+    out.append(Lemma("add-window-sums-partly", "stablehlo.add",
+                     [Windowed(mb, 0, 0, 1, summed=(0,)), Windowed(mb, 0, 1, 2, summed=(0,))],
+                     results=[((2,), "f32")], mesh=M4))
+    out.append(Lemma("reduce-window-other-dims", "stablehlo.reduce",
+                     [Windowed(rel(arg((16, 2, 3)), "tp"), 0, 2, 2), splat(0, (), "f32")],
+                     results=[((2, 2), "f32")],
+                     attrs={"dimensions": (2,), "reducer": "add"}, mesh=M4))
+    row_scale = rel(T.make_broadcast(arg((2,)), (1,), (2, 2)))
+    out.append(Lemma("multiply-window-row-statistic", "stablehlo.multiply",
+                     [row_scale, first], mesh=M4))
+    out.append(Lemma("divide-window-sum", "stablehlo.divide",
+                     [Windowed(mb, 0, 1, 2, summed=(0, 1)), splat(4, (), "f32")],
+                     results=[((), "f32")], mesh=M4))
+    # Rows routed point to point (XLA's split of a fused qkv output): permutes that move
+    # blocks by different amounts give a window with a start per device; a select on the
+    # device id picks each device's rows; a dynamic_slice of such a window reads its block.
+    out.append(Lemma("permute-window-routed", "stablehlo.collective_permute",
+                     [Windowed(y, 0, 0, 2)],
+                     attrs={"source_target_pairs": [[0, 1], [1, 3]], "channel_handle": 1},
+                     mesh=M4))
+    device_is_1 = Shifted(Rel(T.make_splat(0, (2, 2), "i1"), ((), ()), poly=frozenset({0, 1})),
+                          (0, 1, 0, 0))
+    out.append(Lemma("select-windows-per-device", "stablehlo.select",
+                     [device_is_1, Windowed(y, 0, 10, 2, holes=((0, 0, 2), (2, 0, 2),
+                                                                 (3, 0, 2))),
+                      Windowed(y, 0, 8, 2, holes=((1, 0, 2), (2, 0, 2), (3, 0, 2)))],
+                     mesh=M4))
+    out.append(Lemma("dynamic-slice-routed-window", "stablehlo.dynamic_slice",
+                     [Windowed(y, 0, 0, 4, starts=(0, 0, 2, 6)),
+                      DeviceScalar((0, 2, 2, 0), ()), splat(0, (), "i32")],
+                     results=[((2, 2), "f32")], attrs={"slice_sizes": (2, 2)}, mesh=M4))
     # concatenate along an unsplit dim
+    out.append(_two_sided_mask_lemma())
     out.append(Lemma("concat-unsplit", "stablehlo.concatenate",
                      [rel(arg((4, 2)), "tp"), rel(arg((4, 1)), "tp")],
                      results=[((2, 3), "f32")], attrs={"dimension": 1}))
@@ -855,6 +959,96 @@ def test_refutes_reading_rows_a_device_never_received() -> None:
     refute("stablehlo.dynamic_slice", [window, DeviceScalar((0, 4, 2, 0), ()),
                                        splat(0, (), "i32")],
            [claim], [((2, 2), "f32")], {"slice_sizes": (2, 2)}, mesh=Mesh((("tp", 4),)))
+
+
+def test_two_sided_mask_is_a_pad_of_the_kept_rows() -> None:
+    lemma = _two_sided_mask_lemma()
+    (out,) = RULES[lemma.op](lemma.info(), list(lemma.ins), lemma.context())
+    assert out.term.op == "pad" and out.term.attrs[:2] == ((2, 0), (2, 0)), T.pretty(out.term)
+
+
+def test_refutes_reading_wrapped_rows_as_the_zeros_of_a_pad() -> None:
+    """A cyclic halo (no zeros at the ends) read as if it were zero-padded: device 0's first
+    rows are x's last rows, not the zeros of pad(x)."""
+    y = rel(arg((16, 2)), "tp")
+    every = tuple((d, 0, 1) for d in range(4)) + tuple((d, 7, 8) for d in range(4))
+    window = Windowed(y, 0, 14, 8, holes=every)
+    padded = T.make_op("pad", (y.term, T.make_splat(0, (), "f32")), ((2, 0), (2, 0), (0, 0)),
+                       (20, 2), "f32", linear_in=0)
+    refute("stablehlo.dynamic_slice", [window, DeviceScalar((0, 1, 2, 3), ()),
+                                       splat(0, (), "i32")],
+           [Rel(padded, (("tp",), ()))], [((5, 2), "f32")], {"slice_sizes": (5, 2)},
+           mesh=Mesh((("tp", 4),)))
+
+
+def test_zero_extended_read_needs_the_zeros() -> None:
+    """The rule itself refuses that cyclic window: rows outside x must be zero rows."""
+    from entangle_mlir.rules.window import zero_extended_read
+
+    y = rel(arg((16, 2)), "tp")
+    every = tuple((d, 0, 1) for d in range(4)) + tuple((d, 7, 8) for d in range(4))
+    mesh = Mesh((("tp", 4),))
+    wrapped = zero_extended_read(Windowed(y, 0, 14, 8, holes=every), [0, 1, 2, 3], 5, mesh)
+    assert isinstance(wrapped, str) and "device 0 reads row 15" in wrapped, wrapped
+    ends = every + ((0, 1, 2), (3, 6, 7))
+    assert isinstance(zero_extended_read(Windowed(y, 0, 14, 8, holes=ends), [0, 1, 2, 3], 5,
+                                         mesh), Rel)
+
+
+def test_overlapping_windows_need_zeros_before_the_tensor() -> None:
+    """A cumsum window whose leading rows wrap around (no zeros) is refused by the rule, and
+    the block it would claim is refuted."""
+    cum = rel(arg((2, 16)), (), "tp")
+    mesh = Mesh((("tp", 4),))
+    wrapped = Windowed(cum, 1, -15, 19, holes=((0, 0, 15), (1, 0, 11), (2, 0, 7)))
+    lemma = Lemma("wrapped", "stablehlo.reduce_window", [wrapped, splat(0, (), "f32")],
+                  results=[((2, 4), "f32")],
+                  attrs={"window_dimensions": (1, 16), "reducer": "add"}, mesh=mesh)
+    (out,) = RULES[lemma.op](lemma.info(), list(lemma.ins), lemma.context())
+    assert isinstance(out, Opaque) and "device 3 reads row 13" in out.reason, out
+    good = Windowed(cum, 1, -15, 19, holes=((0, 0, 15), (1, 0, 11), (2, 0, 7), (3, 0, 3)))
+    (claim,) = RULES[lemma.op](lemma.info(), [good, splat(0, (), "f32")], lemma.context())
+    refute(lemma.op, [wrapped, splat(0, (), "f32")], [claim], [((2, 4), "f32")],
+           lemma.attrs, mesh=mesh)
+
+
+def test_refutes_rows_routed_from_another_device() -> None:
+    """A point-to-point permute (0 -> 1, 1 -> 3): device 3 holds device 1's rows, not device
+    0's."""
+    y = rel(arg((16, 2)), "tp")
+    wrong = Windowed(y, 0, 0, 2, holes=((0, 0, 2), (2, 0, 2)), starts=(0, 0, 8, 0))
+    refute("stablehlo.collective_permute", [Windowed(y, 0, 0, 2)], [wrong], [((2, 2), "f32")],
+           {"source_target_pairs": [[0, 1], [1, 3]], "channel_handle": 1},
+           mesh=Mesh((("tp", 4),)))
+
+
+def test_refutes_a_window_sum_as_the_block_sum() -> None:
+    """One micro-batch's sum is not the partial sum of the whole block."""
+    mb = rel(arg((16, 2)), "tp")
+    block_sum = Rel(T.make_op("reduce_sum", (mb.term,), ((0, 1),), (), "f32", linear_in=0),
+                    (), ("tp",), "sum")
+    refute("stablehlo.multiply", [Windowed(mb, 0, 0, 2, summed=(0, 1)), splat(1, (), "f32")],
+           [block_sum], [((), "f32")], mesh=Mesh((("tp", 4),)))
+
+
+def test_window_times_a_value_that_varies_along_its_rows_is_refused() -> None:
+    """A replicated (2, 2) value is the same on every device, not the window's rows of
+    anything: multiplying a window by it is not a window of a product."""
+    mb = rel(arg((16, 2)), "tp")
+    lemma = Lemma("varies", "stablehlo.multiply", [Windowed(mb, 0, 0, 2), rel(arg((2, 2)))],
+                  mesh=Mesh((("tp", 4),)))
+    (out,) = RULES[lemma.op](lemma.info(), list(lemma.ins), lemma.context())
+    assert isinstance(out, Opaque), out
+
+
+def test_window_sums_that_do_not_join_are_refused() -> None:
+    """x[:1] and x[2:] of 4 local rows: a row is missing, the sums do not add up."""
+    mb = rel(arg((16, 2)), "tp")
+    lemma = Lemma("gap", "stablehlo.add", [Windowed(mb, 0, 0, 1, summed=(0, 1)),
+                                           Windowed(mb, 0, 2, 2, summed=(0, 1))],
+                  results=[((), "f32")], mesh=Mesh((("tp", 4),)))
+    (out,) = RULES[lemma.op](lemma.info(), list(lemma.ins), lemma.context())
+    assert isinstance(out, Opaque), out
 
 
 def test_refutes_permuted_blocks_from_the_wrong_devices() -> None:

@@ -49,9 +49,6 @@ def lowered(name: str) -> tuple[str, bytes]:
 
 # ----- what each failing case waits for (library changes, not in the files this suite owns) ----
 
-HALO = ("halo exchanges: slices of a split dim + collective_permute + concatenate (XLA's "
-        "roll / shift / unaligned slices); needs a windowed layout (block at a device-dependent "
-        "offset) and a collective_permute rule that moves blocks (test_repro_halo_roll)")
 MASKED_GATHER = ("gather on a table split along the indexed dim: XLA subtracts the device's "
                  "row offset from the ids (a Shifted index tensor, as for the scatter, which "
                  "is proven), gathers (clamped), masks the rows outside the block with "
@@ -60,17 +57,8 @@ MASKED_GATHER = ("gather on a table split along the indexed dim: XLA subtracts t
                  "two, reduce-or over unit dims, broadcast) and a select rule: a gather guarded "
                  "by the complement of its own block is a partial sum over A when the ids are "
                  "clamped into the table (test_repro_masked_gather)")
-WINDOWED = ("cumsum along a split dim: XLA all_gathers, pads by 15 and each device takes a "
-            "19-column window at offset 4 * d (dynamic_slice windows overlap, no tiling), then a "
-            "16-wide reduce_window leaves exactly its block. Needs the windowed layout of the "
-            "halo work (a block at a device-dependent offset, wider than the block); then "
-            "reduce_window(window(t, off = s * i, size s + W - 1), W) is the block i of "
-            "reduce_window(t, W) (test_repro_cumsum_sharded_dim)")
 XFAIL_CASES = {
-    "pad_sharded_dim": HALO,
-    "cumsum_sharded_dim": WINDOWED,
     "take_sharded_table": MASKED_GATHER,
-    "fused_qkv_split": HALO,
 }
 
 
@@ -98,7 +86,8 @@ def test_the_corpus_covers_the_issue() -> None:
     meshes = {c.mesh for c in proven}
     assert {"x4", "x8", "dp2_tp4", "dp4_tp2"} <= meshes
     for needed in ("transformer2_dp_tp", "mlp_backward", "attention_heads", "layernorm_hidden",
-                   "take_sharded_indices", "embedding_hidden_split"):
+                   "take_sharded_indices", "embedding_hidden_split", "pad_sharded_dim",
+                   "cumsum_sharded_dim", "fused_qkv_split", "roll_sharded"):
         assert needed in {c.name for c in proven}
 
 
@@ -223,7 +212,69 @@ def _all_to_all_group_order(module) -> str:
     return "all_to_all replica groups [[0, 2, 1, 3]]"
 
 
+def _pad_halo_wrong_way(module) -> str:
+    """`jnp.pad` of the split rows: the halo row each device should get from its left
+    neighbour comes from its right one (the first collective_permute's pairs reversed)."""
+    from examples.partitioned import swap_permute_pairs
+
+    return swap_permute_pairs(module, 0)
+
+
+def _cumsum_window_stride(module) -> str:
+    """The cumsum of the split columns: each device reads its 19-column window at 3 * b
+    instead of 4 * b (the offset's stride constant is wrong). The constant, the offset it
+    scales and the dynamic_slice reading at it are marked."""
+    import numpy as np
+    from jaxlib.mlir import ir
+
+    from examples.partitioned import _mark, _ops, _users
+
+    for const in _ops(module, "stablehlo.constant"):
+        value = np.array(ir.DenseElementsAttr(const.attributes["value"]))
+        if value.shape != () or int(value) != 4:
+            continue
+        const.attributes["value"] = ir.DenseElementsAttr.get(np.array(3, dtype=np.int32))
+        _mark(const, 10)
+        for user in _users(const):
+            _mark(user, 10)
+            for read in _users(user):
+                _mark(read, 10)
+        return "window offset stride 4 -> 3"
+    raise ValueError("no stride constant")
+
+
+def _qkv_wrong_read_offset(module) -> str:
+    """The fused qkv split: the table of each device's read offset into its q rows has a wrong
+    entry (device 2 reads at 0 instead of 8: the zeros of a halo nobody sent it). The table
+    and the ops that carry its entry into the read are marked."""
+    import numpy as np
+    from jaxlib.mlir import ir
+
+    from examples.partitioned import _mark, _ops, _users
+
+    for table in _ops(module, "stablehlo.constant"):
+        values = np.array(ir.DenseElementsAttr(table.attributes["value"]))
+        if values.tolist() != [0, 8, 8, 0]:
+            continue
+        table.attributes["value"] = ir.DenseElementsAttr.get(
+            np.array([0, 8, 0, 0], dtype=np.int32))
+        marked = [table]
+        for _ in range(3):
+            marked = [user for op in marked for user in _users(op)]
+            for op in marked:
+                _mark(op, 11)
+        _mark(table, 11)
+        return "q read offsets [0, 8, 8, 0] -> [0, 8, 0, 0]"
+    raise ValueError("no read offset table")
+
+
 MUTATIONS_HERE = [
+    Mutation("qkv_wrong_read_offset", "fused_qkv_split", _qkv_wrong_read_offset,
+             "a device reads its q head at a wrong offset into the rows routed to it"),
+    Mutation("cumsum_window_stride", "cumsum_sharded_dim", _cumsum_window_stride,
+             "the cumsum's device windows start 3 columns apart instead of 4"),
+    Mutation("pad_halo_wrong_way", "pad_sharded_dim", _pad_halo_wrong_way,
+             "the padded split dim's left halo comes from the right neighbour"),
     Mutation("wrong_mask_offset", "uneven_sum", _wrong_mask_offset,
              "the uneven shard's padding mask is built from a wrong row offset"),
     Mutation("all_to_all_group_order", "concat_sharded_dim", _all_to_all_group_order,
@@ -265,7 +316,8 @@ def test_mutation_is_flagged_at_the_mutated_op(name: str) -> None:
         f"{what}: {report.render_text()}")
 
 
-SWEPT = ("matmul_contracting_scatter", "layernorm_hidden", "max_sharded_dim", "mlp_dp_tp")
+SWEPT = ("matmul_contracting_scatter", "layernorm_hidden", "max_sharded_dim", "mlp_dp_tp",
+         "pad_sharded_dim", "cumsum_sharded_dim", "fused_qkv_split")
 
 
 @pytest.mark.parametrize("name", SWEPT)
@@ -757,8 +809,10 @@ def test_reduce_window_along_an_unsplit_dim() -> None:
     assert report.outputs[0].rho == "concat over ('d0', 'd1') along dim 0"
 
 
-@pytest.mark.xfail(strict=True, reason=WINDOWED)
 def test_repro_cumsum_sharded_dim() -> None:
+    """cumsum along a split dim: XLA all_gathers, pads by 15 and each device takes a 19-column
+    window at offset 4 * d (overlapping windows of the split columns, zeros before column 0),
+    then a 16-wide reduce_window leaves exactly its block (rules/window.py)."""
     ref, sharded = lowered("cumsum_sharded_dim")
     report = _check(ref, sharded)
     assert report.proven, report.render_text()

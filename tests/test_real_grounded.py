@@ -79,3 +79,18 @@ def test_corpus_shape() -> None:
     assert {"tp", "sp", "dp", "fsdp", "ep", "cp", "cp ring", "dp x tp", "dp x tp x sp",
             "tp + vocab"} <= styles
     assert sum(e.tricky for e in EXAMPLES) >= 4
+
+
+def _fixed_reproducers() -> list:
+    from examples.real.repro import FIXED, reproducers
+
+    return [pytest.param(r.example, id=r.cause) for r in reproducers() if r.cause in FIXED]
+
+
+@pytest.mark.parametrize("ex", _fixed_reproducers())
+def test_proven_reproducer_matches_reference(ex: Example) -> None:
+    """The reproducers of fixed causes are proven (test_real_check): they compute what their
+    references compute."""
+    ref, shd = run_pair(ex)
+    for r, s in zip(ref, shd, strict=True):
+        np.testing.assert_allclose(s, r, rtol=1e-4, atol=1e-4)

@@ -11,7 +11,7 @@ import operator
 from dataclasses import replace
 from fractions import Fraction
 
-from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Value
+from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import Term, make_elementwise, scale, splat_value
@@ -19,6 +19,7 @@ from . import blocks
 from .base import RuleContext
 from .common import is_zero, splat_rel, unify_dims
 from .shifted import elementwise_shifted
+from .window import window_elementwise
 
 NONLINEAR_HINT = "missing all_reduce/psum before it"
 
@@ -204,6 +205,8 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
         return [operands[1] if blocks.truth(operands[0]) else operands[2]]
     if any(isinstance(v, DEVICE_BLOCK_VALUES) for v in operands):
         return blocks.elementwise(info, operands, ctx, elementwise)
+    if any(isinstance(v, Windowed) for v in operands):
+        return [window_elementwise(info, operands, ctx, elementwise)]
     if any(isinstance(v, Shifted) for v in operands):
         return elementwise_shifted(info, operands, ctx, elementwise)
     if any(isinstance(v, DeviceScalar) for v in operands):

@@ -18,6 +18,7 @@ from ..terms import (
     make_iota,
     make_op,
     make_reshape,
+    make_splat,
     make_transpose,
     reshape_groups,
     scale,
@@ -27,7 +28,7 @@ from ..terms import (
 from . import blocks, shifted
 from .base import RuleContext
 from .common import freeze, replicated, splat_rel, unify_dims
-from .window import concat_windows, slice_window
+from .window import concat_windows, pad_window, padded_window, slice_window
 
 
 def constant(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
@@ -248,6 +249,8 @@ def concatenate(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
 
 def pad(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     x, value = operands
+    if isinstance(x, Windowed):
+        return [_pad_window(info, x, value, ctx)]
     if not isinstance(x, Rel) or not isinstance(value, Rel) or value.tiled_axes:
         return [Opaque("pad with a device-dependent value", category="unsupported")]
     x = freeze(x)
@@ -258,6 +261,11 @@ def pad(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
         if axes and (low[d], high[d], interior[d]) != (0, 0, 0):
             return [Opaque(f"pad of dim {d}, which is split over {axes_str(axes)}: every "
                            "device pads its own block", category="layout_mismatch")]
+    padded = [d for d in range(len(low)) if (low[d], high[d], interior[d]) != (0, 0, 0)]
+    if (len(padded) == 1 and ctx.mesh is not None and not ctx.is_global and not x.partial
+            and not interior[padded[0]] and low[padded[0]] >= 0 and high[padded[0]] >= 0
+            and value.term is make_splat(0, (), x.term.dtype)):
+        return [padded_window(x, padded[0], low[padded[0]], high[padded[0]], ctx.mesh)]
     pad_term = value.term
     if x.partial:
         constant = splat_value(value.term)
@@ -275,6 +283,20 @@ def pad(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     term = make_op("pad", (x.term, pad_term), (low, high, interior), shape, x.term.dtype,
                    linear_in=linear)
     return [replace(x, term=term)]
+
+
+def _pad_window(info: OpInfo, x: Windowed, value: Value, ctx: RuleContext) -> Value:
+    """Zero padding of a halo window along its dim only (XLA's `jnp.pad` of a split dim):
+    a longer window whose new rows are zeros (window.pad_window)."""
+    a = info.attrs
+    low, high, interior = (tuple(a["edge_padding_low"]), tuple(a["edge_padding_high"]),
+                           tuple(a["interior_padding"]))
+    others = [d for d in range(len(low)) if d != x.dim]
+    if (ctx.mesh is None or not isinstance(value, Rel) or splat_value(value.term) != 0
+            or any(interior) or low[x.dim] < 0 or high[x.dim] < 0
+            or any(low[d] or high[d] for d in others)):
+        return Opaque(x.reason, origin=x.origin, category="layout_mismatch")
+    return pad_window(x, low[x.dim], high[x.dim], ctx.mesh)
 
 
 MOVEMENT_RULES = {

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..layout import Opaque, Rel, Value
+from ..layout import Opaque, Rel, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import intern, make_elementwise, make_lin, make_op, make_splat, splat_value
 from .base import RuleContext
 from .common import freeze
+from .window import reduce_window_of_window, window_reduce
 
 _IDENTITY = {"add": Fraction(0), "max": float("-inf"), "min": float("inf")}
 _KIND = {"add": "sum", "max": "max", "min": "min"}
@@ -28,6 +29,8 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     if reducer not in _KIND:
         return [Opaque(f"reduce with a '{reducer}' reducer is not supported",
                        category="unsupported")]
+    if isinstance(x, Windowed) and isinstance(init, Rel) and ctx.mesh is not None:
+        return [window_reduce(info, x, init, reducer, ctx, reduce)]
     if not isinstance(x, Rel) or not isinstance(init, Rel):
         return [Opaque("reduce of a device-dependent scalar", category="unsupported")]
     x = freeze(x)
@@ -108,7 +111,9 @@ def reduce_window(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list
     dim): every device reduces whole windows of its block. A split dim must have the trivial
     window (size 1, stride 1, no padding or dilation). A partial sum (max) stays partial
     through a sum (max) window: windowing is linear (monotone) when the init value is the
-    reducer's identity, which it must be (padding is filled with it)."""
+    reducer's identity, which it must be (padding is filled with it). A window along the dim
+    of a zero-extended halo window (XLA's cumsum of a split dim) is a block of the reference's
+    windows when its rows are the right ones (window.reduce_window_of_window)."""
     if len(operands) != 2:
         return [Opaque("variadic reduce_window is not supported", category="unsupported")
                 ] * len(info.result_types)
@@ -117,13 +122,17 @@ def reduce_window(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list
     if reducer not in _KIND:
         return [Opaque(f"reduce_window with a '{reducer}' reducer is not supported",
                        category="unsupported")]
-    if not isinstance(x, Rel) or not isinstance(init, Rel):
+    if not isinstance(x, Rel | Windowed) or not isinstance(init, Rel):
         return [Opaque("reduce_window of a device-dependent value", category="unsupported")]
-    x = freeze(x)
     init_value = splat_value(init.term)
     if init_value != _IDENTITY[reducer]:
         return [Opaque(f"reduce_window with init value {init_value} (not the identity of "
                        f"{reducer}) is not supported", category="unsupported")]
+    if isinstance(x, Windowed):
+        if ctx.mesh is None:
+            return [Opaque(x.reason, category="layout_mismatch")]
+        return [reduce_window_of_window(info, x, init, reducer, window_attrs(info), ctx.mesh)]
+    x = freeze(x)
     kind = _KIND[reducer]
     if x.partial and x.kind != kind:
         return [Opaque(f"reduce_window ({reducer}) of a partial {x.kind}: missing all_reduce "
