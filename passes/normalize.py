@@ -1,5 +1,6 @@
 """entangle-normalize: inline func.calls so every rule sees plain ops; reductions over unit
-dims (jax's transposes with one sequence / head per device) become reshapes (`unit_dims.py`).
+dims (jax's transposes with one sequence / head per device) become reshapes (`unit_dims.py`);
+per-token computations on flattened `(batch, seq)` keep both dims (`token_dims.py`).
 
 The deprecated `stablehlo.dot` is read as a dot_general by `opinfo.describe`, and copies are
 transparent to the walk, so neither needs rewriting here.
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 from entangle_mlir.pipeline import ModulePass, PassState
 from entangle_mlir.program import inline_calls
+from entangle_mlir.token_dims import split_token_dims
 from entangle_mlir.unit_dims import fold_unit_dims
 
 
@@ -29,3 +31,6 @@ class NormalizePass(ModulePass):
             inline_calls(module, file)
             with module.context:
                 fold_unit_dims(module)
+        module = next(iter(modules.values()))[0]
+        with module.context:
+            split_token_dims([m for m, _ in modules.values()])

@@ -98,8 +98,6 @@ NOT_PROVEN: dict[str, str] = {
         'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): a device-dependent integer carried through a loop is not supported yet',
     'gpt2_stack_sgd_ring_cp4':
         'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): stablehlo.remainder mixes a device-dependent integer with a non-constant value',
-    'moe_stack_sgd_sp_tp4':
-        "MoE under sequence parallelism (flattening a seq-split batch): reshape regroups dim 1, which is split over 'tp', in a way that mixes blocks",
     'llama3_sgd_native_dp2_tp4':
         'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'gpt2_stack_sgd_b1_dp4':
@@ -117,7 +115,7 @@ NOT_PROVEN: dict[str, str] = {
 # Buggy programs flagged (never proven), but not at their `# BUG` line.
 MISLOCATED: dict[str, str] = {
     'moe_stack_sgd_sp_router_grad_not_allreduced_tp4':
-        "MoE under sequence parallelism (flattening a seq-split batch): flagged at examples/real/models/moe.py:86:8, not at the BUG line examples/real/bugs.py:47: reshape regroups dim 1, which is split over 'tp', in a way that mixes blocks",
+        "a missing gradient all-reduce is reported at the backward op that made the partial sum, not at the synchronisation: flagged at examples/real/models/moe.py:47:13, not at the BUG line examples/real/bugs.py:47: value is still a partial sum over 'tp' when it leaves shard_map (result #7): missing all_reduce/psum",
     'llama3_stack_sgd_sp_norm_grads_not_allreduced_tp4':
         "a missing gradient all-reduce is reported at the backward op that made the partial sum, not at the synchronisation: flagged at examples/real/models/layers.py:28:11, not at the BUG line examples/real/bugs.py:55: value is still a partial sum over 'tp' when it leaves shard_map (result #1): missing all_reduce/psum",
     'qwen3_stack_sgd_shared_head_weight_grad_not_psummed_tp4':

@@ -168,10 +168,24 @@ def ring_gather(x):
     return ordered.reshape(-1, x.shape[1])
 
 
+# L. Tokens flattened from (batch, seq) with the sequence split (MoE under sequence parallelism):
+# each device's tokens are `batch` strided runs of the global token dim.
+def flat_tokens_grad_ref(w, x):
+    def loss(w):
+        b, s, d = x.shape
+        h = jnp.tanh(x.reshape(-1, d) @ w)
+        return jnp.sum(jnp.square(h.reshape(b, s, -1)))
+    return jax.grad(loss)(w)
+
+
+def flat_tokens_grad_sp(w, x):
+    return lax.psum(flat_tokens_grad_ref(w, x), TP)
+
+
 # Causes the verifier has since learned to handle: their reproducers must stay proven.
 FIXED = {"bias_grad_unit_dims", "take_and_reducer", "top_k", "gather_batching_dims",
          "scatter_batching_dims", "dp_mean_coefficients", "scan_backward",
-         "unit_dim_transpose"}
+         "unit_dim_transpose", "moe_flatten_split_seq"}
 
 
 def reproducers() -> list[Repro]:
@@ -231,6 +245,11 @@ def reproducers() -> list[Repro]:
         Repro("slice_of_split_dim", "micro-batching: a static slice of a dp-split dim",
               custom("repro_microbatch", dp4, microbatch_ref, microbatch_dp,
                      (_f("x", (16, 4), P(DP, None)),), P(), "sum over two micro-batches")),
+        Repro("moe_flatten_split_seq", "per-token weights on (batch, seq) flattened to tokens "
+              "with the sequence split (MoE router under sequence parallelism)",
+              custom("repro_flat_tokens_sp", four, flat_tokens_grad_ref, flat_tokens_grad_sp,
+                     (_f("w", (8, 4), kind="weight"), _f("x", (2, 8, 8), P(None, TP, None))),
+                     P(), "psum(grad) through a token flatten")),
         Repro("ring_permute", "a ring all-gather by collective_permute (ring attention's data "
               "movement)",
               custom("repro_ring_gather", cp4, ring_gather_ref, ring_gather,
