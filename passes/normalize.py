@@ -1,6 +1,7 @@
 """entangle-normalize: inline func.calls so every rule sees plain ops; reductions over unit
 dims (jax's transposes with one sequence / head per device) become reshapes (`unit_dims.py`);
-per-token computations on flattened `(batch, seq)` keep both dims (`token_dims.py`).
+per-token computations on flattened `(batch, seq)` keep both dims (`token_dims.py`); numerical
+idioms (psum as all_gather + sum, log-sum-exp shifts) take one form (`idioms.py`).
 
 The deprecated `stablehlo.dot` is read as a dot_general by `opinfo.describe`, and copies are
 transparent to the walk, so neither needs rewriting here.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from entangle_mlir.idioms import rewrite_idioms
 from entangle_mlir.pipeline import ModulePass, PassState
 from entangle_mlir.program import inline_calls
 from entangle_mlir.token_dims import split_token_dims
@@ -31,6 +33,7 @@ class NormalizePass(ModulePass):
             inline_calls(module, file)
             with module.context:
                 fold_unit_dims(module)
+                rewrite_idioms(module)
         module = next(iter(modules.values()))[0]
         with module.context:
             split_token_dims([m for m, _ in modules.values()])

@@ -104,12 +104,6 @@ NOT_PROVEN: dict[str, str] = {
         "one sequence per device under dp: the loss's gradient mixes the batch dim's global views: reduce computes (1.2446e-60*reduce_sum((... * ... * ...))), which the reference never computes",
     'llama3_masked_accum_sgd_dp2':
         "micro-batching the local batch (static slice of a dp-split dim): slice of dim 0, which is split over 'dp': each device slices its own block, not the global tensor",
-    'psum_as_all_gather_sum_tp4':
-        "psum written as all_gather on a new axis + sum: all_gather over 'tp' of a partial sum over 'tp': missing all_reduce/psum (or use reduce_scatter)",
-    'ce_local_max_tp4':
-        "per-shard max without pmax (exp(m_local) rescaling): subtract combines a partial max over 'tp' (missing all_reduce/psum) with a value split over 'tp'",
-    'ce_no_max_tp4':
-        'log-sum-exp without max subtraction (exp(x - m) * exp(m) = exp(x)): exponential computes exponential(%arg0), which the reference never computes',
 }
 
 # Buggy programs flagged (never proven), but not at their `# BUG` line.

@@ -185,7 +185,8 @@ def flat_tokens_grad_sp(w, x):
 # Causes the verifier has since learned to handle: their reproducers must stay proven.
 FIXED = {"bias_grad_unit_dims", "take_and_reducer", "top_k", "gather_batching_dims",
          "scatter_batching_dims", "dp_mean_coefficients", "scan_backward",
-         "unit_dim_transpose", "moe_flatten_split_seq"}
+         "unit_dim_transpose", "moe_flatten_split_seq", "allgather_partial", "local_max",
+         "exp_algebra"}
 
 
 def reproducers() -> list[Repro]:
