@@ -100,8 +100,6 @@ NOT_PROVEN: dict[str, str] = {
         'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): stablehlo.remainder mixes a device-dependent integer with a non-constant value',
     'llama3_sgd_native_dp2_tp4':
         'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
-    'gpt2_stack_sgd_b1_dp4':
-        "one sequence per device under dp: the loss's gradient mixes the batch dim's global views: reduce computes (1.2446e-60*reduce_sum((... * ... * ...))), which the reference never computes",
     'llama3_masked_accum_sgd_dp2':
         "micro-batching the local batch (static slice of a dp-split dim): slice of dim 0, which is split over 'dp': each device slices its own block, not the global tensor",
 }
