@@ -494,7 +494,11 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
         reason = f"value is {k2} x what the reference computes here ({pretty(base2, 3)})"
         category = "scale"
         mean = _pmean_axes(record, k2, sharded)
-        if mean:
+        summed = _psum_axes(record, k2, sharded)
+        if summed:
+            reason = (f"all_reduce sums over {summed}, so the value is {k2} x what the reference "
+                      "computes here (the reference averages: pmean was needed)")
+        elif mean:
             reason = (f"pmean over {mean}: the all_reduce sum is divided by {k2.denominator}, "
                       f"so the value is {k2} x what the reference computes here (psum was "
                       "needed)")
@@ -518,6 +522,21 @@ def _pmean_axes(record: OpRecord, factor, walk: Walk) -> str:
         axes = walk.mesh.axes_of_groups(groups, ordered=False) if groups else None
         if axes and walk.mesh.group_size(axes) == factor.denominator:
             return axes_str(axes)
+    return ""
+
+
+def _psum_axes(record: OpRecord, factor, walk: Walk) -> str:
+    """The axes of this all_reduce when their group size is `factor` (a psum where the
+    reference's value is the mean over those devices)."""
+    from .mesh import axes_str
+
+    if (walk.mesh is None or record.info.name != "stablehlo.all_reduce"
+            or getattr(factor, "denominator", 0) != 1):
+        return ""
+    groups = record.info.attrs.get("replica_groups")
+    axes = walk.mesh.axes_of_groups(groups, ordered=False) if groups else None
+    if axes and walk.mesh.group_size(axes) == factor.numerator:
+        return axes_str(axes)
     return ""
 
 
@@ -568,13 +587,16 @@ def _has_misscaled_part(term: Term, reference: _Reference) -> bool:
 
 def _scale_change(scaled: list) -> tuple[OpRecord, Term]:
     """Where the scale went wrong: the last reduction over devices among the scaled values (or
-    the division right after it, a pmean), where gradient synchronisation divides by a count;
+    the division right after it, a pmean), where gradient synchronisation divides by a count
+    (or forgets to: a psum where the reference averages);
     without one, the first value at the final scale after the last one at another scale."""
     reductions = [i for i, (record, _, _) in enumerate(scaled)
                   if record.info.name == "stablehlo.all_reduce"]
     if reductions:
         last = reductions[-1]
-        if last + 1 < len(scaled) and scaled[last][0] in scaled[last + 1][0].sources:
+        after = scaled[last + 1][0] if last + 1 < len(scaled) else None
+        if (after is not None and after.info.name == "stablehlo.divide"
+                and scaled[last][0] in after.sources):
             last += 1
         return scaled[last][0], scaled[last][1]
     final = scaled[-1][2]

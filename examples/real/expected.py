@@ -112,8 +112,6 @@ MISLOCATED: dict[str, str] = {
         "a missing gradient all-reduce is reported at the backward op that made the partial sum, not at the synchronisation: flagged at examples/real/models/layers.py:28:11, not at the BUG line examples/real/bugs.py:55: value is still a partial sum over 'tp' when it leaves shard_map (result #1): missing all_reduce/psum",
     'qwen3_stack_sgd_shared_head_weight_grad_not_psummed_tp4':
         "a missing gradient all-reduce is reported at the backward op that made the partial sum, not at the synchronisation: flagged at examples/real/models/layers.py:28:11, not at the BUG line examples/real/bugs.py:61: value is still a partial sum over 'tp' when it leaves shard_map (result #5): missing all_reduce/psum",
-    'llama3_stack_sgd_grads_summed_over_sp_dp2_tp2_sp2':
-        'a wrongly scaled gradient reduction is reported at the first gradient value at the wrong scale, not at the synchronisation: flagged at examples/real/models/train.py:80:27, not at the BUG line examples/real/bugs.py:73: value is 2 x what the reference computes here ((1/4096*pad(reshape(...), 0) + 1/4096*pad(reshape(...), 0)))',
     'llama3_stack_rope_positions_restart_cp4':
         "axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): flagged at examples/real/models/layers.py:54:28, not at the BUG line examples/real/bugs.py:164: multiply: operands are laid out differently along dim 1 (split over 'cp' vs not split)",
     'llama3_stack_ring_ring_wrong_direction_cp4':
