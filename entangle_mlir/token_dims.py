@@ -342,7 +342,8 @@ def split_token_dims(modules: list[ir.Module]) -> int:
     with merging reshapes). A region is rewritten only if its counterpart (the same merging
     source lines, as many times) is rewritable in the other program too: rewriting one side
     alone would be exact but would leave the two programs further apart (a sharded region that
-    crosses an all_to_all, say, while the reference's does not).
+    crosses an all_to_all, say, while the reference's does not). Programs whose merging reshapes
+    share no source line (hand-written MLIR) pair their regions in program order.
     """
     if len(modules) == 2:
         programs = [_merges(m.operation) for m in modules]
@@ -361,6 +362,11 @@ def split_token_dims(modules: list[ir.Module]) -> int:
     keys = {key for key, n in counts[0].items()
             if counts[1].get(key) == n and not set(key) & blocked}
     chosen = [r for regions in found for r, key in regions if key in keys]
+    if not set(counts[0]) & set(counts[1]) and len(found[0]) == len(found[1]):
+        # Locations that are not shared source lines (two hand-written functions of one MLIR
+        # file): the regions correspond in program order.
+        chosen = [r for pair in zip(*found) if all(r is not None for r, _ in pair)
+                  for r, _ in pair]
     with ir.Location.unknown():
         for region in chosen:
             _rewrite(region)
