@@ -21,7 +21,8 @@ from entangle_mlir.unit_dims import fold_unit_dims
 @dataclass
 class NormalizePass(ModulePass):
     name = "entangle-normalize"
-    summary = "inline func.call ops (jax helpers such as _where, tril)"
+    summary = ("inline func.call ops (jax helpers such as _where, tril); exact rewrites to one "
+               "form (unit dims, flattened tokens, numerical idioms)")
 
     def apply(self, state: PassState) -> None:
         modules = {id(state.module): (state.module, state.file)}
