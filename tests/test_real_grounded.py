@@ -79,3 +79,17 @@ def test_corpus_shape() -> None:
     assert {"tp", "sp", "dp", "fsdp", "ep", "cp", "cp ring", "dp x tp", "dp x tp x sp",
             "tp + vocab"} <= styles
     assert sum(e.tricky for e in EXAMPLES) >= 4
+
+
+def _reproducer_params() -> list:
+    from examples.real.repro import reproducers
+
+    return [pytest.param(r.example, id=f"{r.cause}-{r.example.name}") for r in reproducers()]
+
+
+@pytest.mark.parametrize("ex", _reproducer_params())
+def test_reproducer_matches_reference(ex: Example) -> None:
+    """Each reproducer of FAILURES.md is a correct program: it computes its reference."""
+    ref, shd = run_pair(ex)
+    for r, s in zip(ref, shd, strict=True):
+        np.testing.assert_allclose(s, r, rtol=1e-4, atol=1e-4)
