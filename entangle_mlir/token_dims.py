@@ -108,9 +108,6 @@ class _Region:
         elif known != dim:
             raise _Refuse("a value with two token dims")
 
-    def dim(self, value) -> int | None:
-        return self.dims.get(value)
-
 
 def _complete(op, region: _Region, final: bool) -> tuple[list, list]:
     """The token dim of each operand and result of `op` (None: not known yet), from the ones
@@ -295,8 +292,7 @@ def _complete_dot(op, ins, outs, final):
 def _scatter_numbers(op):
     from jaxlib.mlir.dialects import stablehlo
 
-    n = stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
-    return n
+    return stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
 
 
 def _complete_scatter(op, ins, outs):
