@@ -408,6 +408,7 @@ def _opaque_diagnostic(value: Opaque, reference: _Reference | None,
                                                 f"{carrier.info.name} here", carrier.loc))
             notes.append(Diagnostic("note", "the partial sum leaves shard_map here",
                                     record.loc))
+            notes.extend(_sibling_sync_note(record, value))
         elif record is not None:
             notes.append(Diagnostic("note", f"the partial sum is used here by "
                                             f"{record.info.name}", record.loc))
@@ -418,6 +419,58 @@ def _opaque_diagnostic(value: Opaque, reference: _Reference | None,
         message += (f" (a gradient: jax's {primary.info.loc.op_name} of this line; the "
                     "gradient synchronisation of this parameter is missing)")
     return Diagnostic("error", message, loc, tuple(notes), category=value.category)
+
+
+_SYNC_OPS = ("stablehlo.all_reduce", "stablehlo.reduce_scatter")
+_SYNC_DEPTH = 4
+
+
+def _sibling_sync_note(exit_record: OpRecord, value: Opaque) -> list[Diagnostic]:
+    """Where the program synchronises the results like this one: for each other result split
+    over the same axes as this one (none: a replicated parameter, say), the all_reduce / reduce_scatter that made it
+    whole, a few ops back (through the optimizer's update), when they all are on one source
+    line. An omitted synchronisation emits no op, so no location is the omission's; this points
+    at the synchronisation the result bypassed (the `psum` of the gradient-sync loop), named as
+    such."""
+    index = _RESULT_INDEX.search(value.reason)
+    if index is None or int(index.group(1)) >= len(exit_record.inputs):
+        return []
+    index = int(index.group(1))
+    values = [_result_value(source) for source in exit_record.sources]
+    mine = values[index] if index < len(values) else None
+    if mine is None or not mine.partial:
+        return []
+    syncs: dict[tuple[str, int], OpRecord] = {}
+    for j, (other, source) in enumerate(zip(values, exit_record.sources)):
+        if (j == index or other is None or other.partial
+                or set(other.tiled_axes) != set(mine.tiled_axes) or not other.term.shape):
+            continue
+        frontier = [source]
+        for _ in range(_SYNC_DEPTH):
+            nxt = []
+            for rec in frontier:
+                if rec is None:
+                    continue
+                if rec.info.name in _SYNC_OPS and rec.loc is not None and any(
+                        isinstance(v, Rel) and set(mine.partial) <= set(v.partial)
+                        for v in rec.inputs):
+                    syncs[(rec.loc.file, rec.loc.line)] = rec
+                    continue
+                nxt.extend(rec.sources)
+            frontier = nxt
+    if len(syncs) != 1:
+        return []
+    (found,) = syncs.values()
+    return [Diagnostic("note", f"results laid out like this one are synchronised by this "
+                               f"{found.info.name}; this result does not go through it",
+                       found.loc)]
+
+
+def _result_value(source: OpRecord | None) -> Rel | None:
+    """The relation of a single-result op's value (None for other ops)."""
+    if source is None or len(source.outputs) != 1 or not isinstance(source.outputs[0], Rel):
+        return None
+    return source.outputs[0]
 
 
 def _is_backward(record: OpRecord | None) -> bool:
@@ -463,7 +516,11 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
         reason = f"value is {k2} x what the reference computes here ({pretty(base2, 3)})"
         category = "scale"
         mean = _pmean_axes(record, k2, sharded)
-        if mean:
+        summed = _psum_axes(record, k2, sharded)
+        if summed:
+            reason = (f"all_reduce sums over {summed}, so the value is {k2} x what the reference "
+                      "computes here (the reference averages: pmean was needed)")
+        elif mean:
             reason = (f"pmean over {mean}: the all_reduce sum is divided by {k2.denominator}, "
                       f"so the value is {k2} x what the reference computes here (psum was "
                       "needed)")
@@ -487,6 +544,21 @@ def _pmean_axes(record: OpRecord, factor, walk: Walk) -> str:
         axes = walk.mesh.axes_of_groups(groups, ordered=False) if groups else None
         if axes and walk.mesh.group_size(axes) == factor.denominator:
             return axes_str(axes)
+    return ""
+
+
+def _psum_axes(record: OpRecord, factor, walk: Walk) -> str:
+    """The axes of this all_reduce when their group size is `factor` (a psum where the
+    reference's value is the mean over those devices)."""
+    from .mesh import axes_str
+
+    if (walk.mesh is None or record.info.name != "stablehlo.all_reduce"
+            or getattr(factor, "denominator", 0) != 1):
+        return ""
+    groups = record.info.attrs.get("replica_groups")
+    axes = walk.mesh.axes_of_groups(groups, ordered=False) if groups else None
+    if axes and walk.mesh.group_size(axes) == factor.numerator:
+        return axes_str(axes)
     return ""
 
 
@@ -537,13 +609,16 @@ def _has_misscaled_part(term: Term, reference: _Reference) -> bool:
 
 def _scale_change(scaled: list) -> tuple[OpRecord, Term]:
     """Where the scale went wrong: the last reduction over devices among the scaled values (or
-    the division right after it, a pmean), where gradient synchronisation divides by a count;
+    the division right after it, a pmean), where gradient synchronisation divides by a count
+    (or forgets to: a psum where the reference averages);
     without one, the first value at the final scale after the last one at another scale."""
     reductions = [i for i, (record, _, _) in enumerate(scaled)
                   if record.info.name == "stablehlo.all_reduce"]
     if reductions:
         last = reductions[-1]
-        if last + 1 < len(scaled) and scaled[last][0] in scaled[last + 1][0].sources:
+        after = scaled[last + 1][0] if last + 1 < len(scaled) else None
+        if (after is not None and after.info.name == "stablehlo.divide"
+                and scaled[last][0] in after.sources):
             last += 1
         return scaled[last][0], scaled[last][1]
     final = scaled[-1][2]

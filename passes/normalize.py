@@ -1,5 +1,7 @@
 """entangle-normalize: inline func.calls so every rule sees plain ops; reductions over unit
-dims (jax's transposes with one sequence / head per device) become reshapes (`unit_dims.py`).
+dims (jax's transposes with one sequence / head per device) become reshapes (`unit_dims.py`);
+per-token computations on flattened `(batch, seq)` keep both dims (`token_dims.py`); numerical
+idioms (psum as all_gather + sum, log-sum-exp shifts) take one form (`idioms.py`).
 
 The deprecated `stablehlo.dot` is read as a dot_general by `opinfo.describe`, and copies are
 transparent to the walk, so neither needs rewriting here.
@@ -9,15 +11,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from entangle_mlir.idioms import rewrite_idioms
 from entangle_mlir.pipeline import ModulePass, PassState
 from entangle_mlir.program import inline_calls
+from entangle_mlir.token_dims import split_token_dims
 from entangle_mlir.unit_dims import fold_unit_dims
 
 
 @dataclass
 class NormalizePass(ModulePass):
     name = "entangle-normalize"
-    summary = "inline func.call ops (jax helpers such as _where, tril)"
+    summary = ("inline func.call ops (jax helpers such as _where, tril); exact rewrites to one "
+               "form (unit dims, flattened tokens, numerical idioms)")
 
     def apply(self, state: PassState) -> None:
         modules = {id(state.module): (state.module, state.file)}
@@ -29,3 +34,7 @@ class NormalizePass(ModulePass):
             inline_calls(module, file)
             with module.context:
                 fold_unit_dims(module)
+                rewrite_idioms(module)
+        module = next(iter(modules.values()))[0]
+        with module.context:
+            split_token_dims([m for m, _ in modules.values()])

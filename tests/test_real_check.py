@@ -65,7 +65,8 @@ def test_buggy_flagged_at_bug_line(ex: Example) -> None:
 # One proven program per family: every rule instance the walk used must be proved by Z3 (the
 # default mode of `entangle check`); a refuted instance would be a soundness problem of a rule.
 Z3_CHECKED = ["gpt2_stack_sgd_tp4", "llama3_stack_sgd_sp_tp4", "qwen3_stack_sgd_tp4",
-              "llama3_stack_scan_tp4", "ce_vocab_parallel_tp4", "gpt2_stack_gatherslice_sp_tp4"]
+              "llama3_stack_scan_tp4", "ce_vocab_parallel_tp4", "gpt2_stack_gatherslice_sp_tp4",
+              "moe_stack_sgd_sp_tp4", "gpt2_stack_sgd_b1_dp4"]
 
 
 @pytest.mark.parametrize("name", Z3_CHECKED)
@@ -100,3 +101,15 @@ def test_expectations_name_real_programs() -> None:
     names = {e.name for e in EXAMPLES}
     assert set(NOT_PROVEN) <= {e.name for e in CORRECT}, set(NOT_PROVEN) - names
     assert set(MISLOCATED) <= {e.name for e in BUGGY}, set(MISLOCATED) - names
+
+
+def test_missing_gradient_sync_names_the_parameter_and_the_sync_it_bypassed() -> None:
+    """An omitted psum emits no op: the diagnostic names the parameter (its pytree path, as jax
+    records it) and the psum that synchronises the parameters laid out like it."""
+    ex = next(e for e in BUGGY if e.name == "moe_stack_sgd_sp_router_grad_not_allreduced_tp4")
+    first = _report(ex).diagnostics[0]
+    notes = {n.message: n.loc for n in first.notes}
+    assert any(m.endswith("is result[1].router") for m in notes), first.render()
+    path, line = bug_line(ex)
+    sync = [loc for m, loc in notes.items() if "synchronised by this stablehlo.all_reduce" in m]
+    assert sync and (sync[0].file, sync[0].line) == (path, line + 1), first.render()

@@ -9,9 +9,10 @@ from dataclasses import replace
 from ..layout import Opaque, Permuted, Rel, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
-from ..terms import intern, make_op, make_reshape, make_roll, make_transpose, scale
+from ..terms import intern, make_reshape, make_roll, make_transpose, scale
 from .base import RuleContext
 from .common import freeze
+from .reduction import sum_term
 from .window import as_window, cyclic_shifts, permute_window
 
 _KIND = {"add": "sum", "max": "max", "min": "min"}
@@ -105,8 +106,7 @@ def _reduce_unit_blocks(x: Rel, axes: tuple[str, ...], kind: str, ctx: RuleConte
         return x, set()
     shape = tuple(n for d, n in enumerate(x.term.shape) if d not in dims)
     if kind == "sum":
-        term = make_op("reduce_sum", (x.term,), (tuple(dims),), shape, x.term.dtype,
-                       linear_in=0)
+        term = sum_term(x.term, tuple(dims), shape, x.term.dtype)
     else:
         term = intern(f"reduce_{kind}", (x.term,), (tuple(dims),), shape, x.term.dtype)
     kept = tuple(1 if d in dims else n for d, n in enumerate(x.term.shape))

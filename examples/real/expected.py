@@ -98,32 +98,20 @@ NOT_PROVEN: dict[str, str] = {
         'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): a device-dependent integer carried through a loop is not supported yet',
     'gpt2_stack_sgd_ring_cp4':
         'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): stablehlo.remainder mixes a device-dependent integer with a non-constant value',
-    'moe_stack_sgd_sp_tp4':
-        "MoE under sequence parallelism (flattening a seq-split batch): reshape regroups dim 1, which is split over 'tp', in a way that mixes blocks",
     'llama3_sgd_native_dp2_tp4':
         'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
-    'gpt2_stack_sgd_b1_dp4':
-        "one sequence per device under dp: the loss's gradient mixes the batch dim's global views: reduce computes (1.2446e-60*reduce_sum((... * ... * ...))), which the reference never computes",
     'llama3_masked_accum_sgd_dp2':
         "micro-batching the local batch (static slice of a dp-split dim): slice of dim 0, which is split over 'dp': each device slices its own block, not the global tensor",
-    'psum_as_all_gather_sum_tp4':
-        "psum written as all_gather on a new axis + sum: all_gather over 'tp' of a partial sum over 'tp': missing all_reduce/psum (or use reduce_scatter)",
-    'ce_local_max_tp4':
-        "per-shard max without pmax (exp(m_local) rescaling): subtract combines a partial max over 'tp' (missing all_reduce/psum) with a value split over 'tp'",
-    'ce_no_max_tp4':
-        'log-sum-exp without max subtraction (exp(x - m) * exp(m) = exp(x)): exponential computes exponential(%arg0), which the reference never computes',
 }
 
 # Buggy programs flagged (never proven), but not at their `# BUG` line.
 MISLOCATED: dict[str, str] = {
     'moe_stack_sgd_sp_router_grad_not_allreduced_tp4':
-        "MoE under sequence parallelism (flattening a seq-split batch): flagged at examples/real/models/moe.py:86:8, not at the BUG line examples/real/bugs.py:47: reshape regroups dim 1, which is split over 'tp', in a way that mixes blocks",
+        "a missing gradient all-reduce is reported at the backward op that made the partial sum, not at the synchronisation: flagged at examples/real/models/moe.py:47:13, not at the BUG line examples/real/bugs.py:47: value is still a partial sum over 'tp' when it leaves shard_map (result #7): missing all_reduce/psum",
     'llama3_stack_sgd_sp_norm_grads_not_allreduced_tp4':
         "a missing gradient all-reduce is reported at the backward op that made the partial sum, not at the synchronisation: flagged at examples/real/models/layers.py:28:11, not at the BUG line examples/real/bugs.py:55: value is still a partial sum over 'tp' when it leaves shard_map (result #1): missing all_reduce/psum",
     'qwen3_stack_sgd_shared_head_weight_grad_not_psummed_tp4':
         "a missing gradient all-reduce is reported at the backward op that made the partial sum, not at the synchronisation: flagged at examples/real/models/layers.py:28:11, not at the BUG line examples/real/bugs.py:61: value is still a partial sum over 'tp' when it leaves shard_map (result #5): missing all_reduce/psum",
-    'llama3_stack_sgd_grads_summed_over_sp_dp2_tp2_sp2':
-        'a wrongly scaled gradient reduction is reported at the first gradient value at the wrong scale, not at the synchronisation: flagged at examples/real/models/train.py:80:27, not at the BUG line examples/real/bugs.py:73: value is 2 x what the reference computes here ((1/4096*pad(reshape(...), 0) + 1/4096*pad(reshape(...), 0)))',
     'llama3_stack_rope_positions_restart_cp4':
         "axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): flagged at examples/real/models/layers.py:54:28, not at the BUG line examples/real/bugs.py:164: multiply: operands are laid out differently along dim 1 (split over 'cp' vs not split)",
     'llama3_stack_ring_ring_wrong_direction_cp4':

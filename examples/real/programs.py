@@ -14,6 +14,7 @@ so the two differ exactly by the collectives and the local shapes. Tasks:
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -144,7 +145,7 @@ def program_fn(mod, cfg: Config, task: str, par: Par, scan: bool, clip: bool) ->
             if par.sp:
                 loss = lax.psum(loss, par.tp)
             new = train.sgd(raw, grads)
-            return (loss, *[new[pd.name] for pd in defs])
+            return loss, named(new, defs)
         tok, tgt = rest[0], rest[1]
 
         def lm_loss(p):
@@ -156,16 +157,28 @@ def program_fn(mod, cfg: Config, task: str, par: Par, scan: bool, clip: bool) ->
         loss, grads = train_step(lm_loss, raw)
         if task == "sgd":
             new = train.sgd(raw, grads)
-            return (loss, *[new[pd.name] for pd in defs])
+            return loss, named(new, defs)
         m = unflatten(defs, rest[2:2 + n])
         v = unflatten(defs, rest[2 + n:2 + 2 * n])
         new, new_m, new_v = train.adamw(raw, grads, m, v)
-        return (loss, *[new[pd.name] for pd in defs], *[new_m[pd.name] for pd in defs],
-                *[new_v[pd.name] for pd in defs])
+        return loss, named(new, defs), named(new_m, defs), named(new_v, defs)
 
     program.__name__ = f"{mod.__name__.split('.')[-1]}_{task}"
     program.par, program.cfg = par, cfg
     return program
+
+
+def named(values: dict, defs: list[ParamDef]) -> tuple:
+    """The updated parameters as a named tuple: jax records each result's pytree path
+    (`jax.result_info = "result[1].attn_norm"`), so a diagnostic about a result names the
+    parameter instead of a position. (A named tuple, not a dict: out_specs must be hashable.)"""
+    return params_tuple(tuple(pd.name for pd in defs))(*[values[pd.name] for pd in defs])
+
+
+@functools.cache
+def params_tuple(names: tuple[str, ...]) -> type:
+    """One named-tuple class per parameter list (cached: jax compares pytree node types)."""
+    return collections.namedtuple("Params", names)
 
 
 @dataclass(frozen=True)
@@ -204,7 +217,7 @@ def build(model: str, task: str, par: Par, *, scan: bool = False, clip: bool = F
     elif task == "stack_sgd":
         args += [ArgDef("x", (B, S, D), "float32", "data", hidden_spec(par)),
                  ArgDef("y", (B, S, D), "float32", "data", hidden_spec(par))]
-        out = (P(), *pspecs)
+        out = (P(), _by_name(defs, pspecs))
     elif task == "fwd":
         args += tokens
         out = logits_spec(par)
@@ -213,14 +226,19 @@ def build(model: str, task: str, par: Par, *, scan: bool = False, clip: bool = F
         out = P()
     elif task == "sgd":
         args += tokens + targets
-        out = (P(), *pspecs)
+        out = (P(), _by_name(defs, pspecs))
     elif task == "adamw":
         args += tokens + targets + param_args(defs, par, "m_") + param_args(defs, par, "v_")
-        out = (P(), *pspecs, *pspecs, *pspecs)
+        specs = _by_name(defs, pspecs)
+        out = (P(), specs, specs, specs)
     else:
         raise ValueError(task)
     return Built(program_fn(mod, cfg, task, Par(), scan, clip),
                  program_fn(mod, cfg, task, par, scan, clip), tuple(args), out, par.check_vma)
+
+
+def _by_name(defs: list[ParamDef], specs: tuple) -> tuple:
+    return params_tuple(tuple(pd.name for pd in defs))(*specs)
 
 
 __all__ = [

@@ -168,10 +168,36 @@ def ring_gather(x):
     return ordered.reshape(-1, x.shape[1])
 
 
+# H'. One sequence per device: a broadcast bias's gradient is summed in two steps (batch, seq)
+# with a keepdims reshape between; locally the batch dim is summed in the second step.
+def unit_batch_bias_grad_ref(b, x):
+    return jax.grad(lambda b: jnp.sum(jnp.tanh(x + b)))(b)
+
+
+def unit_batch_bias_grad(b, x):
+    return lax.psum(unit_batch_bias_grad_ref(b, x), DP)
+
+
+# L. Tokens flattened from (batch, seq) with the sequence split (MoE under sequence parallelism):
+# each device's tokens are `batch` strided runs of the global token dim.
+def flat_tokens_grad_ref(w, x):
+    def loss(w):
+        b, s, d = x.shape
+        h = jnp.tanh(x.reshape(-1, d) @ w)
+        return jnp.sum(jnp.square(h.reshape(b, s, -1)))
+    return jax.grad(loss)(w)
+
+
+def flat_tokens_grad_sp(w, x):
+    return lax.psum(flat_tokens_grad_ref(w, x), TP)
+
+
 # Causes the verifier has since learned to handle: their reproducers must stay proven.
 FIXED = {"bias_grad_unit_dims", "take_and_reducer", "top_k", "gather_batching_dims",
          "scatter_batching_dims", "dp_mean_coefficients", "scan_backward",
-         "unit_dim_transpose", "slice_of_split_dim"}
+         "unit_dim_transpose", "moe_flatten_split_seq", "allgather_partial", "local_max",
+         "exp_algebra", "unit_batch_view",
+         "slice_of_split_dim"}
 
 
 def reproducers() -> list[Repro]:
@@ -228,9 +254,20 @@ def reproducers() -> list[Repro]:
               custom("repro_gqa_repeat_grad", two, gqa_repeat_grad_ref, gqa_repeat_grad,
                      (_f("wk", (8, 4), P(None, TP), "weight"), _f("x", (4, 8))), P(None, TP),
                      "grad of repeat(k)")),
+        Repro("unit_batch_view", "one sequence per device: a bias gradient summed over "
+              "(batch, seq) in two steps, the batch dim in the other step",
+              custom("repro_unit_batch_bias_grad", dp4, unit_batch_bias_grad_ref,
+                     unit_batch_bias_grad,
+                     (_f("b", (8,), kind="bias"), _f("x", (4, 3, 8), P(DP, None, None))), P(),
+                     "psum(grad of x + b) with batch 1 per device")),
         Repro("slice_of_split_dim", "micro-batching: a static slice of a dp-split dim",
               custom("repro_microbatch", dp4, microbatch_ref, microbatch_dp,
                      (_f("x", (16, 4), P(DP, None)),), P(), "sum over two micro-batches")),
+        Repro("moe_flatten_split_seq", "per-token weights on (batch, seq) flattened to tokens "
+              "with the sequence split (MoE router under sequence parallelism)",
+              custom("repro_flat_tokens_sp", four, flat_tokens_grad_ref, flat_tokens_grad_sp,
+                     (_f("w", (8, 4), kind="weight"), _f("x", (2, 8, 8), P(None, TP, None))),
+                     P(), "psum(grad) through a token flatten")),
         Repro("ring_permute", "a ring all-gather by collective_permute (ring attention's data "
               "movement)",
               custom("repro_ring_gather", cp4, ring_gather_ref, ring_gather,
