@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .terms import Term, make_splat, splat_value
+from .terms import LOOP_BODY_TERMS, Term, intern, make_splat, splat_value
 
 GATHER = "stablehlo.gather"
 SCATTER = "stablehlo.scatter"
@@ -131,6 +131,15 @@ class Simplifier:
                 return kept[0]
             if not kept:
                 return make_splat(int(neutral), term.shape, term.dtype)
+        if op == "while_result":
+            index, depth, (cond, yields) = term.attrs
+            if cond not in LOOP_BODY_TERMS or any(y not in LOOP_BODY_TERMS for y in yields):
+                return None
+            body = [self.simplify(LOOP_BODY_TERMS[s]) for s in (cond, *yields)]
+            for t in body:
+                LOOP_BODY_TERMS[t.serial] = t
+            summary = (body[0].serial, tuple(t.serial for t in body[1:]))
+            return intern(op, args, (index, depth, summary), term.shape, term.dtype)
         if op in ("reduce_and", "reduce_or") and splat_value(args[0]) is not None:
             return make_splat(splat_value(args[0]), term.shape, term.dtype)
         return None

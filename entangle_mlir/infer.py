@@ -43,7 +43,7 @@ from .rules import RULES, RuleContext
 from .rules.common import check_local_shapes, freeze, resize
 from .rules.elementwise import ELEMENTWISE_RULES
 from .rules.window import settle
-from .terms import Term, intern, make_arg, make_loopvar, make_splat, splat_value
+from .terms import LOOP_BODY_TERMS, Term, intern, make_arg, make_loopvar, make_splat, splat_value
 
 _TERMINATORS = ("func.return", "stablehlo.return", "sdy.return")
 _TRANSPARENT = ("mhlo.copy", "stablehlo.optimization_barrier", "sdy.sharding_constraint",
@@ -343,6 +343,8 @@ class Walker:
             self.loop_depth = depth - 1
         live = [k for k in range(count) if k not in invariant]
         summary = (cond[0].term.serial, tuple(yields[k].term.serial for k in live))
+        for body_term in [cond[0].term] + [yields[k].term for k in live]:
+            LOOP_BODY_TERMS[body_term.serial] = body_term
         init_terms = tuple(
             make_splat(splat_value(v.term), layout.term.shape, v.term.dtype)
             if v.term.op == "splat" else v.term for v, layout in zip(inits, layouts))

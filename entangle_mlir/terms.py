@@ -53,6 +53,11 @@ def intern(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...]
     return term
 
 
+LOOP_BODY_TERMS: dict[int, Term] = {}
+"""serial -> term for the condition and yields a `while_result` names by serial in its attrs
+(they are not its arguments: the loop variables in them are bound by the loop)."""
+
+
 def scalar(value) -> Scalar:
     """A canonical scalar: an exact Fraction when finite, else a float (inf, nan)."""
     if isinstance(value, Fraction):

@@ -225,7 +225,7 @@ def select(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> Valu
     """
     pred, on_true, on_false = operands
     if not pred.is_block:
-        return unsupported(info.name)
+        return _not_the_block(pred)
     inside = replace(pred, negated=False)
     kept, dropped = (on_false, on_true) if pred.negated else (on_true, on_false)
     if isinstance(kept, Shifted) and isinstance(dropped, Rel):
@@ -246,6 +246,17 @@ def select(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> Valu
         masked = _mask(kept, inside, ctx)
         return masked if masked is not None else unsupported(info.name)
     return unsupported(info.name)
+
+
+def _not_the_block(pred: InBlock) -> Opaque:
+    """A mask that is almost a device's block: the bounds it tests, and the block's."""
+    lo = "-inf" if pred.lo is None else pred.lo
+    hi = "inf" if pred.hi is None else pred.hi
+    kept = "outside" if pred.negated else "inside"
+    return Opaque(f"the mask is not the device's block: it tests ids x with {lo} <= x - "
+                  f"{pred.length}*axis_index({', '.join(pred.axes)}) < {hi} ({kept} kept as "
+                  f"the block), but each device's block holds [0, {pred.length}) (an "
+                  "off-by-one bound?)", category="wrong_offset")
 
 
 def _same_pred(p: InBlock, q: InBlock) -> bool:
