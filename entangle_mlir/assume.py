@@ -131,6 +131,12 @@ class Simplifier:
                 return kept[0]
             if not kept:
                 return make_splat(int(neutral), term.shape, term.dtype)
+        if op == "stablehlo.clamp":
+            lo, x, hi = (self.bound(a) for a in args)
+            if lo is not None and x is not None and hi is not None and lo[1] <= x[0] \
+                    and x[1] <= hi[0]:
+                self.used.update(self._sources(args[1]))
+                return args[1]
         if op == "while_result":
             index, depth, (cond, yields) = term.attrs
             if cond not in LOOP_BODY_TERMS or any(y not in LOOP_BODY_TERMS for y in yields):
@@ -202,6 +208,13 @@ class Simplifier:
                 ends = (k * inner[0], k * inner[1])
                 lo, hi = lo + min(ends), hi + max(ends)
             return lo, hi
+        if term.op == "stablehlo.clamp":
+            lo, x, hi = (self.bound(a) for a in term.args)
+            if lo is None or hi is None:
+                return None
+            if x is None:
+                return min(lo[0], hi[0]), hi[1]
+            return min(max(x[0], lo[0]), hi[0]), min(max(x[1], lo[1]), hi[1])
         if term.op == "stablehlo.select":
             a, b = self.bound(term.args[1]), self.bound(term.args[2])
             if a is None or b is None:

@@ -527,10 +527,11 @@ class Walker:
 
 
 SHIFT_AWARE = frozenset(ELEMENTWISE_RULES) | {"stablehlo.broadcast_in_dim", "stablehlo.reshape",
-                                              "stablehlo.transpose", "stablehlo.scatter"}
+                                              "stablehlo.transpose", "stablehlo.scatter",
+                                              "stablehlo.gather"}
 BLOCK_AWARE = frozenset(ELEMENTWISE_RULES) | {"stablehlo.broadcast_in_dim", "stablehlo.reshape",
                                               "stablehlo.transpose", "stablehlo.gather",
-                                              "stablehlo.scatter"}
+                                              "stablehlo.scatter", "stablehlo.reduce"}
 REGION_RULE_OPS = ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
                    "stablehlo.scatter", "stablehlo.sort", "stablehlo.reduce_window",
                    "stablehlo.select_and_scatter")

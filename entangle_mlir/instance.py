@@ -73,6 +73,7 @@ from .opinfo import OpInfo, TensorType
 from .rules.base import RuleContext
 from .terms import (
     COMMUTATIVE,
+    DENSE_VALUES,
     Term,
     intern,
     make_arg,
@@ -1049,6 +1050,8 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
             if tuple(old.shape) != tuple(new):
                 return None
             new_ins.append(value)
+        elif isinstance(value, Windowed | Permuted):
+            return None
         elif isinstance(value, Shifted):
             rel = _resized_rel(value.rel, new, mesh, leaves)
             if rel is None:
@@ -1469,7 +1472,10 @@ def _build(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
     def resolve(term: Term) -> np.ndarray:
         key = term.attrs[0]
         if key not in dense:
-            dense[key] = source.tensor(f"dense{key.hex()[:8]}", term.shape, term.dtype)
+            known = DENSE_VALUES.get(key)
+            dense[key] = (S.obj_array([int(v) for v in np.asarray(known).reshape(-1)],
+                                      term.shape) if known is not None else
+                          source.tensor(f"dense{key.hex()[:8]}", term.shape, term.dtype))
         return dense[key].reshape(term.shape)
 
     env["dense"] = resolve

@@ -332,12 +332,40 @@ def moved(info: OpInfo, value: Value, rule, ctx: RuleContext) -> list[Value]:
     return [unsupported(info.name)]
 
 
+def reduce_unit_dims(info: OpInfo, value: Value, ctx: RuleContext) -> Value:
+    """all/any over dims of size 1 (XLA's index bounds check) of a mask or index: a reshape."""
+    dims = tuple(info.attrs["dimensions"])
+    if not isinstance(value, InBlock | BlockIndex) or any(
+            value.rel.term.shape[d] != 1 for d in dims):
+        return unsupported(info.name)
+    rel = freeze(value.rel)
+    shape = tuple(s for d, s in enumerate(rel.term.shape) if d not in dims)
+    tiling = tuple(t for d, t in enumerate(rel.tiling) if d not in dims)
+    return replace(value, rel=replace(rel, term=make_reshape(rel.term, shape), tiling=tiling))
+
+
 # ----- gather and scatter at the local index ---------------------------------------------------
 
+def gather_shifted(info: OpInfo, operand: Value, indices: Shifted, dims: dict, plain,
+                   ctx: RuleContext) -> Value:
+    """XLA's lookup into a table split along the indexed dim: ids minus the device's block
+    start, clamped by the gather itself. Inside the block the row is the id's own; outside it
+    is a clamped row nothing may use (`Masked`, to be zeroed by the mask XLA builds)."""
+    x = freeze(indices.rel)
+    found = block_offsets(indices.offsets, ctx.mesh, x) if ctx.mesh else None
+    if found is None or found[2] != 0 or x.partial:
+        return Opaque("gather at ids shifted by a device-dependent offset that is not the "
+                      "device's block start", category="wrong_offset")
+    axes, length, _ = found
+    return gather(info, operand, BlockIndex(x, axes, length), dims, plain, ctx, bounded=False)
+
+
 def gather(info: OpInfo, operand: Value, indices: BlockIndex, dims: dict, plain,
-           ctx: RuleContext) -> Value:
+           ctx: RuleContext, bounded: bool = True) -> Value:
     """A lookup into the device's block of a table split over the index's block axes, at the
-    local index: inside the block it is the global lookup at x (`Masked`)."""
+    local index: inside the block it is the global lookup at x (`Masked`). `bounded`: the
+    index never leaves the block (else the gather's clamping makes the outside unspecified,
+    which `Masked` allows)."""
     if not isinstance(operand, Rel) or operand.partial:
         return unsupported(info.name)
     index_map = list(dims["start_index_map"])
@@ -345,7 +373,7 @@ def gather(info: OpInfo, operand: Value, indices: BlockIndex, dims: dict, plain,
     if len(index_map) != 1:
         return unsupported(info.name)
     g = index_map[0]
-    low, high = indices.bounds()
+    low, high = indices.bounds() if bounded else (0, 0)
     if (g not in dims["collapsed_slice_dims"] or operand.tiling[g] != indices.axes
             or local_operand[g] != indices.length or low < 0 or high >= indices.length):
         return Opaque(f"gather at a local index of blocks of {indices.length} over "

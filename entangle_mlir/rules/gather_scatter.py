@@ -177,6 +177,9 @@ def gather(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     if isinstance(indices, BlockIndex):
         dims = dims_of(info, "dimension_numbers", _GATHER_KEYS)
         return [blocks.gather(info, operand, indices, dims, gather, ctx)]
+    if isinstance(indices, Shifted) and isinstance(operand, Rel):
+        dims = dims_of(info, "dimension_numbers", _GATHER_KEYS)
+        return [blocks.gather_shifted(info, operand, indices, dims, gather, ctx)]
     if not isinstance(operand, Rel) or not isinstance(indices, Rel):
         return [Opaque("gather of a device-dependent scalar", category="unsupported")]
     dims = dims_of(info, "dimension_numbers", _GATHER_KEYS)

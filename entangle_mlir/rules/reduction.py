@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..layout import Opaque, Rel, Value, Windowed
+from ..layout import DEVICE_BLOCK_VALUES, Opaque, Rel, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import (
@@ -19,6 +19,7 @@ from ..terms import (
     single_scaled,
     splat_value,
 )
+from . import blocks
 from .base import RuleContext
 from .common import freeze
 from .window import reduce_window_of_window, window_reduce
@@ -35,6 +36,11 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
                        category="unsupported")] * len(info.result_types)
     x, init = operands
     reducer = info.attrs.get("reducer", "other")
+    if reducer in _LOGICAL and isinstance(x, DEVICE_BLOCK_VALUES):
+        neutral = _LOGICAL[reducer][0]
+        if not isinstance(init, Rel) or splat_value(init.term) != neutral:
+            return [blocks.unsupported(info.name)]
+        return [blocks.reduce_unit_dims(info, x, ctx)]
     if reducer in _LOGICAL:
         return [_logical_reduce(info, x, init, reducer)]
     if reducer not in _KIND:

@@ -1,15 +1,12 @@
 // RUN: entangle-opt %s --entangle-normalize --entangle-import-shardings --entangle-infer-relations --entangle-check-refinement | filecheck %s
-// XFAIL: *
 
-// Known issue (library: device-dependent index tensors): XLA's gather from a table whose rows
-// (the gathered dim) are split over 4 devices, for `table[idx]` with replicated ids. Each device
-// clamps the ids, subtracts its own row offset (the offset table [0, 4, 8, 12] indexed by
-// partition_id, broadcast into the ids' shape), gathers from its 4 rows, replaces the rows of
-// ids outside its block by 0 (compare/or/reduce-or -> select) and the all_reduce adds the
-// devices' results: exactly one device contributes each id's row. Relating it needs index
-// tensors of the form "ids - offset(d)" and a mask "ids in my block", after which the gather is
-// a partial sum over the table's axes of gather(table, ids); today the broadcast of the device
-// offset into a tensor is refused.
+// XLA's gather from a table whose rows (the gathered dim) are split over 4 devices, for
+// `table[idx]` with replicated ids. Each device clamps the ids, subtracts its own row offset
+// (the offset table [0, 4, 8, 12] indexed by partition_id), gathers from its 4 rows (the gather
+// clamps the ids of other blocks), replaces the rows of ids outside its block by 0
+// (compare/or/reduce-or -> select) and the all_reduce adds the devices' results: exactly one
+// device contributes each id's row (rules/blocks.py). Proven for valid ids (0 <= id < 16),
+// an assumption the report states.
 
 module attributes {mhlo.num_partitions = 4 : i32} {
   func.func @ref(%arg0: tensor<16x8xf32>, %arg1: tensor<6xi32>) -> tensor<6x8xf32> {
