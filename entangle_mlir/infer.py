@@ -222,6 +222,12 @@ class Walker:
         elif info.name not in RULES:
             outputs = [Opaque(f"unsupported op {info.name}", category="unsupported")
                        ] * len(op.results)
+        elif any(isinstance(v, Masked) and not v.zero for v in inputs) and \
+                info.name not in MASK_CARRIERS:
+            outputs = [Opaque(f"{info.name} uses rows looked up for ids outside this device's "
+                              "block (the gather clamped them to another row): they are never "
+                              "zeroed (missing `where(outside, 0, ...)` after the lookup)",
+                              category="layout_mismatch")] * len(op.results)
         elif any(isinstance(v, DEVICE_BLOCK_VALUES) for v in inputs) and \
                 info.name not in BLOCK_AWARE:
             outputs = [Opaque(f"device-dependent mask or index used by {info.name} (not "
@@ -532,6 +538,8 @@ SHIFT_AWARE = frozenset(ELEMENTWISE_RULES) | {"stablehlo.broadcast_in_dim", "sta
 BLOCK_AWARE = frozenset(ELEMENTWISE_RULES) | {"stablehlo.broadcast_in_dim", "stablehlo.reshape",
                                               "stablehlo.transpose", "stablehlo.gather",
                                               "stablehlo.scatter", "stablehlo.reduce"}
+MASK_CARRIERS = frozenset({"stablehlo.select", "stablehlo.broadcast_in_dim", "stablehlo.reshape",
+                           "stablehlo.transpose"})
 REGION_RULE_OPS = ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
                    "stablehlo.scatter", "stablehlo.sort", "stablehlo.reduce_window",
                    "stablehlo.select_and_scatter")

@@ -16,6 +16,7 @@ from .infer import OpRecord, Walk
 from .layout import GLOBAL, DeviceScalar, Opaque, Rel, layout_words
 from .mesh import Mesh, axes_str
 from .report import NOT_PROVEN, PROVEN, OutputResult, Report
+from .rules.elementwise import ELEMENTWISE_RULES
 from .terms import (
     Term,
     equal_up_to_rounding,
@@ -412,6 +413,13 @@ def _opaque_diagnostic(value: Opaque, reference: _Reference | None,
         elif record is not None:
             notes.append(Diagnostic("note", f"the partial sum is used here by "
                                             f"{record.info.name}", record.loc))
+    restart = _restarted_positions(record, value) if primary is record else None
+    if restart is not None:
+        iota, message_text = restart
+        notes.insert(0, Diagnostic("note", f"where it meets the split values: {value.reason}",
+                                   record.loc))
+        return Diagnostic("error", prefix + message_text, iota.loc, tuple(notes),
+                          category="wrong_offset")
     notes.extend(_counterpart_note(primary, reference))
     loc = primary.loc if primary else None
     message = prefix + value.reason
@@ -419,6 +427,54 @@ def _opaque_diagnostic(value: Opaque, reference: _Reference | None,
         message += (f" (a gradient: jax's {primary.info.loc.op_name} of this line; the "
                     "gradient synchronisation of this parameter is missing)")
     return Diagnostic("error", message, loc, tuple(notes), category=value.category)
+
+
+_POSITION_DEPTH = 12
+
+
+def _restarted_positions(record: OpRecord | None, value: Opaque
+                         ) -> tuple[OpRecord, str] | None:
+    """Positions that restart at 0 on every shard (RoPE under context parallelism): an
+    elementwise op meets values split along a dim with a value that is not, and that value is
+    built from an iota as long as the local dim. The iota is where the mistake is: global
+    positions of a shard are `axis_index * n + iota(n)`."""
+    if record is None or value.category != "layout_mismatch" or record.info.name not in (
+            ELEMENTWISE_RULES) or record.manual_axes == ():
+        return None
+    rels = [(v, src) for v, src in zip(record.inputs, record.sources) if isinstance(v, Rel)]
+    for split, _ in rels:
+        for dim, axes in enumerate(split.tiling):
+            if not axes:
+                continue
+            local = record.info.operand_types[0].shape[dim] if record.info.operand_types else 0
+            for other, source in rels:
+                if other is split or dim >= len(other.tiling) or other.tiling[dim] or \
+                        dim in other.poly:
+                    continue
+                iota = _iota_source(source, local)
+                if iota is not None:
+                    return iota, (
+                        f"positions restart at 0 on every device: this iota numbers the "
+                        f"{local} local rows 0..{local - 1} on each device, but they meet "
+                        f"values split over {axes_str(axes)} along dim {dim} (global positions "
+                        f"of a shard are axis_index({', '.join(axes)}) * {local} + iota)")
+    return None
+
+
+def _iota_source(record: OpRecord | None, length: int) -> OpRecord | None:
+    frontier, seen = [record], set()
+    for _ in range(_POSITION_DEPTH):
+        nxt = []
+        for rec in frontier:
+            if rec is None or id(rec) in seen:
+                continue
+            seen.add(id(rec))
+            if rec.info.name == "stablehlo.iota" and rec.info.result_types and \
+                    length in rec.info.result_types[0].shape:
+                return rec
+            nxt.extend(rec.sources)
+        frontier = nxt
+    return None
 
 
 _SYNC_OPS = ("stablehlo.all_reduce", "stablehlo.reduce_scatter")
