@@ -14,7 +14,7 @@ from fractions import Fraction
 from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
-from ..terms import Term, make_elementwise, scale, splat_value
+from ..terms import Term, make_elementwise, make_splat, scale, splat_value
 from . import blocks
 from .base import RuleContext
 from .common import is_zero, splat_rel, unify_dims
@@ -230,10 +230,35 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
     if isinstance(decided, Opaque):
         return [decided]
     rels, partial, kind = decided
-    term = _build_term(info, [rel.term for rel in rels], ctx)
+    term = _folded(info, rels) or _build_term(info, [rel.term for rel in rels], ctx)
     origin = next((rel.partial_origin for rel in rels if rel.partial), None)
     return [Rel(term, tuple(axes for _, axes in joint), partial, kind, frozenset(still_poly),
                 rels[0].scope, partial_origin=origin)]
+
+
+def _folded(info: OpInfo, rels: list[Rel]) -> Term | None:
+    """An integer or boolean op on integer constants is a constant (jax's `%` on a device
+    index guards its divisor with `where(n == 0, 1, n)`)."""
+    rtype = info.result_types[0]
+    if rtype.is_float or any(r.partial for r in rels):
+        return None
+    values = [splat_value(r.term) for r in rels]
+    if not all(isinstance(v, Fraction) and v.denominator == 1 for v in values):
+        return None
+    row = [int(v) for v in values]
+    try:
+        if info.name == "stablehlo.compare":
+            out = int(_COMPARE[info.attrs["comparison_direction"]](*row))
+        elif info.name == "stablehlo.not" and info.operand_types[0].dtype != "i1":
+            out = ~row[0]
+        elif info.name in _SCALAR_OPS:
+            out = _SCALAR_OPS[info.name](*row)
+        else:
+            return None
+    except (ZeroDivisionError, KeyError, TypeError):
+        return None
+    shape = rels[0].term.shape
+    return make_splat(wrap_integer(int(out), rtype.dtype), shape, rtype.dtype)
 
 
 def _exact_convert(info: OpInfo) -> bool:
