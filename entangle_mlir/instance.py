@@ -57,7 +57,7 @@ from . import semantics as S
 from .layout import GLOBAL, DeviceScalar, Opaque, Permuted, Rel, Shifted, Value, Windowed
 from .mesh import Mesh
 from .opinfo import OpInfo, TensorType
-from .rules.base import RuleContext
+from .rules.base import ReferenceTerms, RuleContext
 from .terms import (
     COMMUTATIVE,
     Term,
@@ -437,15 +437,48 @@ def _rule_for(name: str):
     return RULES.get(name)
 
 
-def _run_rule(info: OpInfo, ins: list[Value], mesh: Mesh | None, ctx: RuleContext
-              ) -> list[Value] | None:
+def _run_rule(info: OpInfo, ins: list[Value], mesh: Mesh | None, ctx: RuleContext,
+              claimed: Sequence[Value] = ()) -> list[Value] | None:
+    """The rule's outputs on `ins`; `claimed` (the outputs the walk claims, possibly at
+    another shape) steer a rule that chooses between equally valid global views of a value
+    (`_layout_hint`)."""
     rule = _rule_for(info.name)
     if rule is None:
         return None
+    reference = _layout_hint(info, claimed, mesh, ctx) if claimed else None
     try:
-        return list(rule(info, ins, RuleContext(mesh=mesh, manual_axes=ctx.manual_axes)))
+        return list(rule(info, ins, RuleContext(mesh=mesh, manual_axes=ctx.manual_axes,
+                                                reference=reference)))
     except Exception:  # noqa: BLE001 - a crashing rule just disables the abstraction
         return None
+
+
+def _layout_hint(info: OpInfo, claimed: Sequence[Value], mesh: Mesh | None,
+                 ctx: RuleContext) -> ReferenceTerms | None:
+    """The global shapes the claimed outputs' layouts give `info`'s local results, as the
+    shapes of a (term-less) reference.
+
+    A reshape of a split dim among unit dims has several valid global views (local 1x384 on
+    8 devices: 8x384 or 1x3072); the walk picks one by consulting the reference's terms,
+    which an instance check on fresh leaves does not have, so without a hint the rule picks
+    another view and the instance cannot be abstracted or reduced. The hint only steers which
+    claim the rule makes: the claim is still proved by Z3 for all leaf values, and the real
+    output must still be an instance of it with the same layout, so a wrong hint can only
+    make the check fail, never prove a false claim."""
+    shapes = set()
+    for value, result in zip(claimed, info.result_types):
+        if not isinstance(value, Rel) or len(value.tiling) != len(result.shape):
+            continue
+        if ctx.is_global or mesh is None:
+            shapes.add(tuple(result.shape))
+            continue
+        shapes.add(tuple(n * mesh.group_size(axes) if axes else n
+                         for n, axes in zip(result.shape, value.tiling)))
+    if not shapes:
+        return None
+    hint = ReferenceTerms()
+    hint.shapes = frozenset(shapes)
+    return hint
 
 
 def _same_layout(a: Value, b: Value) -> bool:
@@ -564,7 +597,7 @@ def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
             abstract_ins.append(a if isinstance(v, Rel) else replace(v, rel=a))
         else:
             abstract_ins.append(v)
-    abstract_outs = _run_rule(info, abstract_ins, mesh, ctx)
+    abstract_outs = _run_rule(info, abstract_ins, mesh, ctx, outs)
     if abstract_outs is None or len(abstract_outs) != len(outs):
         return None
     if not _outputs_are_instances(abstract_outs, outs, dict(abstractor.original)):
@@ -970,7 +1003,7 @@ def _reduced_instance(info: OpInfo, ins: list[Value], outs: list[Value], mesh: M
     if reduced is None:
         return f"{info.name} or its input terms cannot be shape-reduced"
     r_info, r_ins = reduced
-    r_outs = _run_rule(r_info, r_ins, mesh, ctx)
+    r_outs = _run_rule(r_info, r_ins, mesh, ctx, outs)
     if r_outs is None or len(r_outs) != len(outs):
         return "the rule fails at the reduced shape"
     memo_a: dict[int, tuple] = {}

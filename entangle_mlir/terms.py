@@ -1060,7 +1060,8 @@ class _Rounding:
                 if (bx is x and by is y) or not self.close(kx, ky):
                     return False
                 return self.equal(bx, by, depth + 1)
-            return False
+            if x.op != y.op:
+                return False
         if len(x.args) != len(y.args):
             return False
         if x.op == "lin":
