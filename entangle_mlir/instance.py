@@ -21,9 +21,10 @@ poly broadcast keeps its broadcast), the rule is re-run on the abstract inputs, 
 output terms must be exactly the abstract outputs with the leaves substituted back (otherwise
 the real terms are used, when small). A large instance of a shape-uniform op (elementwise,
 dot_general, reduce, transpose, broadcast_in_dim, reshapes that only merge or split dims,
-concatenate, iota, splat constants, gather/scatter, collectives) is then checked at a reduced
-shape: every local dim becomes min(size, 2) (1 stays 1; each global dim stays a multiple of
-its number of blocks; dims tied by the attributes stay tied), the rule is run again there, and
+concatenate, iota, splat constants, gather/scatter, collectives, slice and pad along the dims
+they take whole) is then checked at a reduced shape: every local dim becomes min(size, 2) (1
+stays 1; each global dim stays a multiple of its number of blocks; dims tied by the attributes
+stay tied; a dim a slice cuts or a pad pads keeps its size), the rule is run again there, and
 its outputs must have the same layouts and the same term skeleton as at the real shape. Other
 ops are checked at their real shape when small, else "skipped" with the reason. Results are
 cached by (op signature, layouts, abstract terms, shape class), so the 2nd..Nth identical layer
@@ -729,6 +730,10 @@ def _reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
     if name == "stablehlo.reshape":
         pairs = _reduced_reshape(ops[0], res[0], c)
         return None if pairs is None else ([pairs[0]], [pairs[1]])
+    if name == "stablehlo.slice":
+        return _reduced_slice(a, ops[0], res[0], c)
+    if name == "stablehlo.pad" and len(ops) == 2:
+        return _reduced_pad(a, ops, res, c)
     if name == "stablehlo.concatenate":
         dim = a["dimension"]
         new_ops = [tuple(c(size) for size in o) for o in ops]
@@ -796,6 +801,59 @@ def _reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
             new_res.append(tuple(y))
         return new_ops, new_res
     return None
+
+
+def _segments(start: int, stop: int, size: int, c) -> tuple[int, int, int]:
+    """A cut [start, stop) of a dim of `size` as (before, inside, after), each capped: the
+    reduced dim keeps which of the three parts exist and shrinks each to at most `cap`."""
+    return c(start), c(stop - start), c(size - stop)
+
+
+def _reduced_slice(attrs: dict, operand: tuple[int, ...], result: tuple[int, ...], c):
+    """Dims the slice takes whole shrink (their limit with them); a dim it cuts with stride 1
+    keeps its three parts (before, inside, after the window), each shrunk, so the reduced
+    slice still drops rows on the same sides (a layer of a stacked weight, RoPE's halves).
+    Other dims keep their size and window."""
+    starts, limits = tuple(attrs["start_indices"]), tuple(attrs["limit_indices"])
+    strides = tuple(attrs.get("strides") or (1,) * len(starts))
+    new_op, new_res, new_starts, new_limits = [], [], [], []
+    for d, size in enumerate(operand):
+        if (starts[d], limits[d], strides[d]) == (0, size, 1):
+            new_op.append(c(size))
+            new_res.append(c(size))
+            new_starts.append(0)
+            new_limits.append(c(size))
+        elif strides[d] == 1 and 0 <= starts[d] <= limits[d] <= size:
+            before, inside, after = _segments(starts[d], limits[d], size, c)
+            new_op.append(before + inside + after)
+            new_res.append(inside)
+            new_starts.append(before)
+            new_limits.append(before + inside)
+        else:
+            new_op.append(size)
+            new_res.append(result[d])
+            new_starts.append(starts[d])
+            new_limits.append(limits[d])
+    return [tuple(new_op)], [tuple(new_res)], {"start_indices": tuple(new_starts),
+                                               "limit_indices": tuple(new_limits)}
+
+
+def _reduced_pad(attrs: dict, ops, res, c):
+    """Dims padded without interior padding keep their three parts (low padding, data, high
+    padding), each shrunk; other dims keep their size and padding."""
+    low, high = list(attrs["edge_padding_low"]), list(attrs["edge_padding_high"])
+    interior = tuple(attrs["interior_padding"])
+    new_op, new_res = [], []
+    for d, size in enumerate(ops[0]):
+        if interior[d] == 0 and low[d] >= 0 and high[d] >= 0:
+            low[d], high[d] = c(low[d]), c(high[d])
+            new_op.append(c(size))
+            new_res.append(low[d] + c(size) + high[d])
+        else:
+            new_op.append(size)
+            new_res.append(res[0][d])
+    return ([tuple(new_op), ops[1]], [tuple(new_res)],
+            {"edge_padding_low": tuple(low), "edge_padding_high": tuple(high)})
 
 
 def _reduced_gather(info: OpInfo, ops, res, c):
@@ -987,6 +1045,9 @@ def _skeleton(term: Term, memo: dict[int, tuple]) -> tuple:
             attrs = tuple((k, tuple("full" if w == n else w for w, n in zip(v, operand)))
                           if k == "slice_sizes" else (k, v) for k, v in term.attrs)
             found = (term.op, attrs, len(term.shape), term.dtype, tuple(children))
+        elif term.op in ("slice", "pad"):
+            found = (term.op, _window_skeleton(term), len(term.shape), term.dtype,
+                     tuple(children))
         elif term.op == "mul" or term.op in COMMUTATIVE:
             found = (term.op, term.attrs, len(term.shape), term.dtype,
                      tuple(sorted(children, key=repr)))
@@ -994,6 +1055,25 @@ def _skeleton(term: Term, memo: dict[int, tuple]) -> tuple:
             found = (term.op, term.attrs, len(term.shape), term.dtype, tuple(children))
         memo[term.serial] = found
     return found
+
+
+def _window_skeleton(term: Term) -> tuple:
+    """A slice's or pad's attributes as the reduced shapes keep them (`_reduced_slice`,
+    `_reduced_pad`): per dim, which parts exist, capped, where the reduction shrinks it."""
+    c = _cap
+    size = term.args[0].shape
+    if term.op == "slice":
+        out = []
+        for start, stop, stride, n in zip(*term.attrs, size):
+            if (start, stop, stride) == (0, n, 1):
+                out.append("whole")
+            elif stride == 1 and 0 <= start <= stop <= n:
+                out.append(("cut", *_segments(start, stop, n, c)))
+            else:
+                out.append((start, stop, stride))
+        return tuple(out)
+    return tuple(("pad", c(lo), c(hi)) if inner == 0 and lo >= 0 and hi >= 0 else (lo, hi, inner)
+                 for lo, hi, inner in zip(*term.attrs))
 
 
 def _reduced_instance(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
