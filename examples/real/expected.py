@@ -102,8 +102,6 @@ NOT_PROVEN: dict[str, str] = {
         "MoE under sequence parallelism (flattening a seq-split batch): reshape regroups dim 1, which is split over 'tp', in a way that mixes blocks",
     'llama3_sgd_native_dp2_tp4':
         'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): device-dependent offset tensor used by stablehlo.compare (not supported yet)',
-    'gpt2_stack_sgd_b1_dp4':
-        "one sequence per device under dp: the loss's gradient mixes the batch dim's global views: reduce computes (1.2446e-60*reduce_sum((... * ... * ...))), which the reference never computes",
     'llama3_masked_accum_sgd_dp2':
         "micro-batching the local batch (static slice of a dp-split dim): slice of dim 0, which is split over 'dp': each device slices its own block, not the global tensor",
     'psum_as_all_gather_sum_tp4':
