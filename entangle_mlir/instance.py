@@ -61,6 +61,7 @@ from .opinfo import OpInfo, TensorType
 from .rules.base import ReferenceTerms, RuleContext
 from .terms import (
     COMMUTATIVE,
+    ELEMENTWISE_STABLEHLO,
     Term,
     intern,
     make_arg,
@@ -1465,12 +1466,18 @@ def _distinct_devices(info: OpInfo, ins: list[Value], outs: list[Value], mesh: M
     """One device per distinct claim. An op outside the collectives computes each device's
     result from that device's operands alone, so two devices holding the same block of every
     (non-partial) operand and result, and the same device-table entries, make the same claim:
-    checking one checks both. Replicated values on 8 devices are one claim, not 8."""
+    checking one checks both. Replicated values on 8 devices are one claim, not 8. Along a
+    mesh axis the instance is symmetric in (`_symmetric_axes`), only the devices at
+    coordinate 0 are checked: every other device's claim is one of theirs with the variables
+    renamed."""
     everyone = list(range(devices))
     if single or info.name in S.COLLECTIVE_SEMANTICS:
         return everyone
+    symmetric = _symmetric_axes(ins, outs, mesh)
+    candidates = [d for d in everyone
+                  if not any(mesh.coords(d)[a] for a in symmetric)] if symmetric else everyone
     first: dict[tuple, int] = {}
-    for d in everyone:
+    for d in candidates:
         key = []
         for value in list(ins) + list(outs):
             if isinstance(value, Rel) and not value.partial:
@@ -1480,9 +1487,171 @@ def _distinct_devices(info: OpInfo, ins: list[Value], outs: list[Value], mesh: M
             elif isinstance(value, Shifted) and not value.rel.partial:
                 key.append((_block_index(value.rel, mesh, d), value.offsets[d]))
             else:  # partial values and unconstrained operands differ per device
-                return everyone
+                return candidates
         first.setdefault(tuple(key), d)
     return sorted(first.values())
+
+
+_ANY = "any"
+"""Tag of a dim a term is constant along: any permutation of it leaves the value unchanged."""
+_ID = "id"
+"""Tag of a dim only the identity is known to act on."""
+_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or")
+
+
+def _symmetric_axes(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh) -> tuple[str, ...]:
+    """The mesh axes the instance's claim is symmetric in: for such an axis `a`, the claim
+    of a device at coordinate i along `a` is the claim of the device at coordinate 0 (same
+    other coordinates) with the global variables renamed, so proving the latter proves it.
+
+    The argument. Let sigma permute the coordinates of `a` (the transposition (0 i)). It
+    acts on a global tensor dim tiled over axes T containing `a` (and not poly) by moving
+    block b to the block whose `a` coordinate is permuted (a fixed permutation of the dim's
+    positions, determined by its size and T); on other dims it acts as the identity. Choose
+    the renaming pi of the leaf variables as that action on each leaf that is itself an input
+    term (with that input's tiling), the identity on other leaves. If every input and output
+    term t commutes with it, t(pi L) = sigma_T t(L) for its own tiling T, then the block device
+    d_0 (coordinate 0) holds of t(pi L) is the block d_i holds of t(L). The op runs the same
+    local program on every device (no collectives, no device-dependent values), so device
+    d_i's claim `op(blocks of inputs at d_i) == block of output at d_i` over L is exactly
+    d_0's claim over pi L; the claim is proved for all values of the variables (and the
+    hypotheses it assumes at pi L are those of d_i at L: divisors of d_i's computation and
+    the global terms', permuted). Partial values over other axes group devices that differ
+    only in those axes, so sigma maps a group to a group and its fresh split variables to
+    theirs; a value partial over `a` makes `a` not symmetric.
+
+    Commuting is established per term node by tags (`_dim_tags`): a dim is ANY (the term is
+    constant along it), ID (only the identity is known to commute) or (size, T) (sigma_T
+    commutes). Leaves take their input's tags; elementwise ops need equal tags (ANY matches
+    anything); broadcast, transpose and reshapes that keep a tagged dim whole carry them; a
+    dot_general or reduction over permuted dims is invariant (a sum, max or product over
+    all positions does not depend on their order); iota is ID along its dim (it is the
+    position). Any other node commutes only when its operands are unchanged (every tag ID or
+    ANY); otherwise the axis is not symmetric and every device is checked."""
+    values = list(ins) + list(outs)
+    if any(not isinstance(v, Rel) for v in ins) or any(
+            not isinstance(v, Rel | Opaque) for v in outs):
+        return ()
+    rels = [v for v in values if isinstance(v, Rel)]
+    symmetric = []
+    for axis, size in mesh.axes:
+        if size == 1 or any(axis in r.partial for r in rels):
+            continue
+        leaves: dict[int, tuple] = {}
+        consistent = True
+        for rel in ins:
+            if rel.term.op == "arg":
+                tags = _expected_tags(rel, axis)
+                if leaves.setdefault(rel.term.serial, tags) != tags:
+                    consistent = False
+        if not consistent:
+            continue
+        memo: dict[int, tuple | None] = {}
+        try:
+            ok = all(_compatible(_dim_tags(r.term, leaves, memo), _expected_tags(r, axis))
+                     for r in rels)
+        except RecursionError:
+            ok = False
+        if ok:
+            symmetric.append(axis)
+    return tuple(symmetric)
+
+
+def _expected_tags(rel: Rel, axis: str) -> tuple:
+    """The action sigma has on `rel`'s global tensor, per dim (see `_symmetric_axes`)."""
+    return tuple((n, axes) if axis in axes and d not in rel.poly else _ID
+                 for d, (n, axes) in enumerate(zip(rel.term.shape, rel.tiling)))
+
+
+def _compatible(found: tuple | None, expected: tuple) -> bool:
+    return found is not None and len(found) == len(expected) and all(
+        f == _ANY or f == e for f, e in zip(found, expected))
+
+
+def _unify(tags: Sequence) -> object | None:
+    """One tag for positions that must move together (None: they do not)."""
+    known = {t for t in tags if t != _ANY}
+    if not known:
+        return _ANY
+    return known.pop() if len(known) == 1 else None
+
+
+def _dim_tags(term: Term, leaves: dict[int, tuple], memo: dict) -> tuple | None:
+    """Per dim, how the renaming acts on `term`'s value (see `_symmetric_axes`); None when
+    the term is not known to commute with it."""
+    if term.serial in memo:
+        return memo[term.serial]
+    memo[term.serial] = None
+    rank = len(term.shape)
+    op = term.op
+    found: tuple | None
+    if op == "arg":
+        found = leaves.get(term.serial, (_ID,) * rank)
+    elif op == "splat":
+        found = (_ANY,) * rank
+    elif not term.args:
+        found = (_ID,) * rank
+    else:
+        args = [_dim_tags(a, leaves, memo) for a in term.args]
+        found = None if any(a is None for a in args) else _node_tags(term, args)
+    memo[term.serial] = found
+    return found
+
+
+def _node_tags(term: Term, args: list[tuple]) -> tuple | None:
+    op, rank = term.op, len(term.shape)
+    if op in ("lin", "mul", "div") or (op in ELEMENTWISE_STABLEHLO and all(
+            a.shape == term.shape for a in term.args)):
+        out = tuple(_unify([a[d] for a in args]) for d in range(rank))
+        return None if None in out else out
+    if op == "broadcast":
+        (dims,) = term.attrs
+        operand = term.args[0]
+        out = [_ANY] * rank
+        for i, d in enumerate(dims):
+            if operand.shape[i] == term.shape[d]:
+                out[d] = args[0][i]
+        return tuple(out)
+    if op == "transpose":
+        return tuple(args[0][p] for p in term.attrs[0])
+    if op == "reshape":
+        return _reshape_tags(term.args[0].shape, term.shape, args[0])
+    if op == "stablehlo.dot_general" and len(args) == 2:
+        lb, rb, lc, rc = term.attrs
+        lhs, rhs = args
+        batch = [_unify([lhs[x], rhs[y]]) for x, y in zip(lb, rb)]
+        if None in batch or any(_unify([lhs[x], rhs[y]]) is None for x, y in zip(lc, rc)):
+            return None
+        lhs_free = [lhs[d] for d in range(len(lhs)) if d not in lb and d not in lc]
+        rhs_free = [rhs[d] for d in range(len(rhs)) if d not in rb and d not in rc]
+        return tuple(batch + lhs_free + rhs_free)
+    if op in _REDUCTIONS and len(args) == 1:
+        dims = term.attrs[0]
+        return tuple(t for d, t in enumerate(args[0]) if d not in dims)
+    if all(t in (_ID, _ANY) for a in args for t in a):
+        return (_ID,) * rank
+    return None
+
+
+def _reshape_tags(src: tuple[int, ...], dst: tuple[int, ...], tags: tuple) -> tuple | None:
+    """A reshape carries the tag of a dim it keeps whole; dims it merges or splits must be
+    unchanged (ID or ANY)."""
+    groups = reshape_groups(src, dst)
+    if groups is None:
+        return None
+    out = [_ANY] * len(dst)
+    for src_dims, dst_dims in groups:
+        real_src = [d for d in src_dims if src[d] != 1]
+        real_dst = [d for d in dst_dims if dst[d] != 1]
+        if len(real_src) == 1 and len(real_dst) == 1:
+            out[real_dst[0]] = tags[real_src[0]]
+            continue
+        group = [tags[d] for d in real_src]
+        if any(t not in (_ID, _ANY) for t in group):
+            return None
+        for d in real_dst:
+            out[d] = _ANY if all(t == _ANY for t in group) else _ID
+    return tuple(out)
 
 
 def _block_index(rel: Rel, mesh: Mesh, device: int) -> tuple[int, ...]:

@@ -1,0 +1,111 @@
+"""Instance checks on big meshes check one device per symmetric axis
+(`instance._symmetric_axes`): a device's claim at coordinate i along an axis the instance is
+symmetric in is the claim at coordinate 0 with the variables renamed. These tests pin that
+the analysis finds the symmetry of a Megatron matmul, and that claims which hold at
+coordinate 0 but not elsewhere (block-permuting or position-dependent terms) are not
+symmetric, so every device is checked and the wrong claim is refuted."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from entangle_mlir import instance as I
+from entangle_mlir import terms as T
+from entangle_mlir.layout import Rel
+from entangle_mlir.mesh import Mesh
+from entangle_mlir.opinfo import OpInfo, TensorType
+from entangle_mlir.rules import RULES
+from entangle_mlir.rules.base import RuleContext
+
+MESH = Mesh((("dp", 4), ("tp", 2)))
+_ids = iter(range(970_000, 10**6))
+
+
+def _arg(shape) -> T.Term:
+    return T.make_arg(next(_ids), tuple(shape), "f32")
+
+
+def _ctx() -> RuleContext:
+    return RuleContext(mesh=MESH, manual_axes=MESH.names)
+
+
+def _matmul():
+    x = Rel(_arg((8, 6)), (("dp",), ()), (), "")
+    w = Rel(_arg((6, 4)), ((), ("tp",)), (), "")
+    info = OpInfo("stablehlo.dot_general", {"lhs_batch": (), "rhs_batch": (),
+                                            "lhs_contract": (1,), "rhs_contract": (0,)},
+                  [TensorType((2, 6), "f32"), TensorType((6, 2), "f32")],
+                  [TensorType((2, 2), "f32")])
+    (out,) = RULES[info.name](info, [x, w], _ctx())
+    return info, [x, w], out
+
+
+def test_megatron_matmul_is_symmetric_in_both_axes() -> None:
+    info, ins, out = _matmul()
+    assert I._symmetric_axes(ins, [out], MESH) == ("dp", "tp")
+    assert I._distinct_devices(info, ins, [out], MESH, False, MESH.num_devices) == [0]
+    result = I.check_instance(info, ins, [out], MESH, checker=I.InstanceChecker())
+    assert result.status == "proved", result.describe()
+
+
+def test_a_wrong_claim_is_refuted_with_the_symmetry() -> None:
+    """A claim wrong on every device (twice the product) is refuted at device 0 alone."""
+    info, ins, out = _matmul()
+    wrong = Rel(T.scale(out.term, 2), out.tiling, (), "")
+    assert I._symmetric_axes(ins, [wrong], MESH) == ("dp", "tp")
+    result = I.check_instance(info, ins, [wrong], MESH, checker=I.InstanceChecker())
+    assert result.status == "refuted"
+
+
+def _copy(x: Rel):
+    """`x * 1` on each device: its local result is its block of x."""
+    one = Rel(T.make_splat(1, x.term.shape, "f32"), x.tiling, (), "")
+    local = (x.term.shape[0] // 4, x.term.shape[1])
+    info = OpInfo("stablehlo.multiply", {}, [TensorType(local, "f32")] * 2,
+                  [TensorType(local, "f32")])
+    return info, [x, one]
+
+
+def test_swapped_blocks_are_not_symmetric_and_are_refuted() -> None:
+    """The claim `blocks 1 and 2 of x swapped` holds at dp coordinate 0 only."""
+    x = Rel(_arg((8, 3)), (("dp",), ()), (), "")
+    info, ins = _copy(x)
+    rows = [T.make_op("slice", (x.term,), ((2 * b, 0), (2 * b + 2, 3), (1, 1)), (2, 3), "f32",
+                      linear_in=0) for b in (0, 2, 1, 3)]
+    swapped = T.intern("concatenate", tuple(rows), (0,), (8, 3), "f32")
+    claim = Rel(swapped, x.tiling, (), "")
+    assert "dp" not in I._symmetric_axes(ins, [claim], MESH)
+    result = I.check_instance(info, ins, [claim], MESH, checker=I.InstanceChecker())
+    assert result.status == "refuted"
+
+
+def test_position_dependent_claims_are_not_symmetric_and_are_refuted() -> None:
+    """`x` on the first block's rows and `2 x` elsewhere (a mask on the row position)."""
+    x = Rel(_arg((8, 3)), (("dp",), ()), (), "")
+    info, ins = _copy(x)
+    rows = T.make_iota((8, 3), 0, "i32")
+    first = T.make_elementwise("stablehlo.compare", (rows, T.make_splat(2, (8, 3), "i32")),
+                               ("LT",), dtype="i1")
+    twice = T.make_lin([(Fraction(2), x.term)], 0, (8, 3), "f32")
+    claim = Rel(T.make_elementwise("stablehlo.select", (first, x.term, twice)), x.tiling, (), "")
+    assert "dp" not in I._symmetric_axes(ins, [claim], MESH)
+    result = I.check_instance(info, ins, [claim], MESH, checker=I.InstanceChecker())
+    assert result.status == "refuted"
+
+
+def test_partial_over_an_axis_breaks_its_symmetry_only() -> None:
+    """A row-parallel matmul's partial sum over tp: tp is not symmetric, dp still is."""
+    x = Rel(_arg((8, 4)), (("dp",), ("tp",)), (), "")
+    w = Rel(_arg((4, 6)), (("tp",), ()), (), "")
+    info = OpInfo("stablehlo.dot_general", {"lhs_batch": (), "rhs_batch": (),
+                                            "lhs_contract": (1,), "rhs_contract": (0,)},
+                  [TensorType((2, 2), "f32"), TensorType((2, 6), "f32")],
+                  [TensorType((2, 6), "f32")])
+    (out,) = RULES[info.name](info, [x, w], _ctx())
+    assert out.partial == ("tp",)
+    assert I._symmetric_axes([x, w], [out], MESH) == ("dp",)
+    assert I._distinct_devices(info, [x, w], [out], MESH, False, 8) == [0, 1]
+    assert I.check_instance(info, [x, w], [out], MESH, checker=I.InstanceChecker()).proved
+    wrong = Rel(T.scale(out.term, 2), out.tiling, out.partial, out.kind)
+    assert I.check_instance(info, [x, w], [wrong], MESH,
+                            checker=I.InstanceChecker()).status == "refuted"
