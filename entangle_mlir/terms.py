@@ -187,6 +187,18 @@ def factor_content(term: Term) -> tuple[Scalar, Term]:
     of the product (or of a pad, broadcast, reduction) they were applied on."""
     if term.op != "lin":
         return Fraction(1), term
+    found = _CONTENT.get(term.serial)
+    if found is None:
+        found = _CONTENT[term.serial] = _factor_content(term)
+    return found
+
+
+_CONTENT: dict[int, tuple[Scalar, Term]] = {}
+"""factor_content by term serial: a deep model's residual stream is one `lin` with a term per
+layer, and every layer's norm and matmul asks for its content again."""
+
+
+def _factor_content(term: Term) -> tuple[Scalar, Term]:
     constant, coefs = term.attrs
     if not isinstance(constant, Fraction):
         return Fraction(1), term
