@@ -1549,8 +1549,7 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                 raise _Failure("unknown", f"operand {i}'s relation gives local shape "
                                f"{local[d][i].shape}, the op's type is {want}")
 
-    results = dict(zip(checked, S.run_op(info, [local[d] for d in checked],
-                                         None if single else mesh)))
+    results = _run_devices(info, local, checked, mesh, single)
 
     claims: list = []
     for j, value in enumerate(outs):
@@ -1614,8 +1613,14 @@ def _distinct_devices(info: OpInfo, ins: list[Value], outs: list[Value], mesh: M
     coordinate 0 are checked: every other device's claim is one of theirs with the variables
     renamed."""
     everyone = list(range(devices))
-    if single or info.name in S.COLLECTIVE_SEMANTICS:
+    if single:
         return everyone
+    if info.name in S.COLLECTIVE_SEMANTICS:
+        grouped = _collective_axes(info, mesh)
+        if grouped is None:
+            return everyone
+        symmetric = [a for a in _symmetric_axes(ins, outs, mesh) if a not in grouped]
+        return [d for d in everyone if not any(mesh.coords(d)[a] for a in symmetric)]
     symmetric = _symmetric_axes(ins, outs, mesh)
     candidates = [d for d in everyone
                   if not any(mesh.coords(d)[a] for a in symmetric)] if symmetric else everyone
@@ -1633,6 +1638,49 @@ def _distinct_devices(info: OpInfo, ins: list[Value], outs: list[Value], mesh: M
                 return candidates
         first.setdefault(tuple(key), d)
     return sorted(first.values())
+
+
+_GROUP_COLLECTIVES = ("stablehlo.all_reduce", "stablehlo.all_gather",
+                      "stablehlo.reduce_scatter", "stablehlo.all_to_all")
+"""Collectives whose result on a device depends only on its replica group's operands and its
+position in the group."""
+
+
+def _collective_axes(info: OpInfo, mesh: Mesh) -> tuple[str, ...] | None:
+    """The mesh axes whose groups (ordered by block index) are exactly the collective's
+    replica groups, else None. A symmetric axis outside them maps every group to a group,
+    member k to member k, so the renaming argument of `_symmetric_axes` holds for the
+    collective too."""
+    if info.name not in _GROUP_COLLECTIVES:
+        return None
+    try:
+        groups = S.replica_groups(info, mesh.num_devices)
+    except S.SemanticsError:
+        return None
+    axes = mesh.axes_of_groups(groups)
+    if axes is None or sorted(map(tuple, groups)) != sorted(
+            map(tuple, mesh.groups_for(axes))):
+        return None
+    return axes
+
+
+def _run_devices(info: OpInfo, local: list[list[np.ndarray]], checked: list[int],
+                 mesh: Mesh | None, single: bool) -> dict[int, list[np.ndarray]]:
+    """The results of the checked devices. A collective checked on whole replica groups only
+    (`_distinct_devices`) runs on those groups, renumbered, as a mesh of their own."""
+    if single or info.name not in S.COLLECTIVE_SEMANTICS or len(checked) == mesh.num_devices:
+        return dict(zip(checked, S.run_op(info, [local[d] for d in checked],
+                                          None if single else mesh)))
+    index = {d: k for k, d in enumerate(checked)}
+    groups = [g for g in S.replica_groups(info, mesh.num_devices) if g[0] in index]
+    if sum(len(g) for g in groups) != len(checked) or any(m not in index for g in groups
+                                                           for m in g):
+        raise _Failure("unknown", "the checked devices are not whole replica groups")
+    renumbered = replace(info, attrs={**info.attrs,
+                                      "replica_groups": [[index[m] for m in g] for g in groups]})
+    results = S.run_op(renumbered, [local[d] for d in checked],
+                       Mesh((("checked", len(checked)),)))
+    return dict(zip(checked, results))
 
 
 _ANY = "any"
@@ -1656,7 +1704,10 @@ def _symmetric_axes(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh) -> 
     other leaves (any choice is sound: what follows checks it). If every input and output
     term t commutes with it, t(pi L) = sigma_T t(L) for its own tiling T, then the block device
     d_0 (coordinate 0) holds of t(pi L) is the block d_i holds of t(L). The op runs the same
-    local program on every device (no collectives, no device-dependent values), so device
+    local program on every device (no device-dependent values; a collective only when its
+    replica groups are those of mesh axes not containing `a`, `_collective_axes`: sigma then
+    maps d_i's group to d_0's, member k to member k, and the collective computes each device's
+    result from its group's operands and its position in the group), so device
     d_i's claim `op(blocks of inputs at d_i) == block of output at d_i` over L is exactly
     d_0's claim over pi L; the claim is proved for all values of the variables (and the
     hypotheses it assumes at pi L are those of d_i at L: divisors of d_i's computation and

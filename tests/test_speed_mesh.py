@@ -153,3 +153,41 @@ def test_block_values_are_the_blocks_of_the_full_values() -> None:
             assert all(S.equal(a, b) for a, b in zip(np.reshape(got, -1),
                                                      np.reshape(want, -1))), (
                 T.pretty(term), region)
+
+
+# ----- collectives: symmetric in the axes their replica groups do not span ---------------------
+
+def _collective(name: str, x: Rel, axes: tuple[str, ...], local_in, local_out, **attrs):
+    info = OpInfo(name, {"replica_groups": MESH.groups_for(axes), "use_global_device_ids": True,
+                         **attrs},
+                  [TensorType(local_in, "f32")], [TensorType(local_out, "f32")])
+    (out,) = RULES[name](info, [x], _ctx())
+    return info, out
+
+
+def test_all_reduce_over_tp_is_checked_on_one_tp_group() -> None:
+    x = Rel(_arg((8, 4)), (("dp",), ()), ("tp",), "sum")
+    info, out = _collective("stablehlo.all_reduce", x, ("tp",), (2, 4), (2, 4), reducer="add")
+    assert not out.partial
+    assert I._collective_axes(info, MESH) == ("tp",)
+    assert I._distinct_devices(info, [x], [out], MESH, False, 8) == [0, 1]
+    assert I.check_instance(info, [x], [out], MESH, checker=I.InstanceChecker()).proved
+    wrong = Rel(T.scale(out.term, 2), out.tiling, (), "")
+    assert I.check_instance(info, [x], [wrong], MESH,
+                            checker=I.InstanceChecker()).status == "refuted"
+
+
+def test_all_gather_over_dp_keeps_every_dp_coordinate() -> None:
+    """The gather's groups span dp: dp is not reduced (tp is), and a wrong claim is refuted."""
+    x = Rel(_arg((8, 4)), (("dp",), ()), (), "")
+    info, out = _collective("stablehlo.all_gather", x, ("dp",), (2, 4), (8, 4),
+                            all_gather_dim=0)
+    checked = I._distinct_devices(info, [x], [out], MESH, False, 8)
+    assert {MESH.coords(d)["dp"] for d in checked} == {0, 1, 2, 3}
+    assert {MESH.coords(d)["tp"] for d in checked} == {0}
+    assert I.check_instance(info, [x], [out], MESH, checker=I.InstanceChecker()).proved
+    rows = [T.make_op("slice", (x.term,), ((2 * b, 0), (2 * b + 2, 4), (1, 1)), (2, 4), "f32",
+                      linear_in=0) for b in (0, 2, 1, 3)]
+    swapped = Rel(T.intern("concatenate", tuple(rows), (0,), (8, 4), "f32"), out.tiling, (), "")
+    assert I.check_instance(info, [x], [swapped], MESH,
+                            checker=I.InstanceChecker()).status == "refuted"
