@@ -15,15 +15,20 @@ satisfying the output relations. The query is built on small symbolic tensors:
 4. the claim: on every device, the result reduced over the output's partial axes equals the
    block of the output term (a `DeviceScalar` output equals its table entry).
 
+On big meshes only one device per symmetric mesh axis is simulated (`_symmetric_axes`: the
+other devices' claims are the same up to a renaming of the variables), and terms are evaluated
+on those devices' blocks only (`_region_value`), so the cost stays nearly flat in mesh size.
+
 **Abstraction and reduced shapes.** Input terms can be whole-network DAGs, and tensors can be
 large. So each input term is replaced by a fresh leaf (splat and iota constants are kept, a
 poly broadcast keeps its broadcast), the rule is re-run on the abstract inputs, and the real
 output terms must be exactly the abstract outputs with the leaves substituted back (otherwise
 the real terms are used, when small). A large instance of a shape-uniform op (elementwise,
 dot_general, reduce, transpose, broadcast_in_dim, reshapes that only merge or split dims,
-concatenate, iota, splat constants, gather/scatter, collectives) is then checked at a reduced
-shape: every local dim becomes min(size, 2) (1 stays 1; each global dim stays a multiple of
-its number of blocks; dims tied by the attributes stay tied), the rule is run again there, and
+concatenate, iota, splat constants, gather/scatter, collectives, slice and pad along the dims
+they take whole) is then checked at a reduced shape: every local dim becomes min(size, 2) (1
+stays 1; each global dim stays a multiple of its number of blocks; dims tied by the attributes
+stay tied; a dim a slice cuts or a pad pads keeps its size), the rule is run again there, and
 its outputs must have the same layouts and the same term skeleton as at the real shape. Other
 ops are checked at their real shape when small, else "skipped" with the reason. Results are
 cached by (op signature, layouts, abstract terms, shape class), so the 2nd..Nth identical layer
@@ -70,10 +75,11 @@ from .layout import (
 )
 from .mesh import Mesh
 from .opinfo import OpInfo, TensorType
-from .rules.base import RuleContext
+from .rules.base import ReferenceTerms, RuleContext
 from .terms import (
     COMMUTATIVE,
     DENSE_VALUES,
+    ELEMENTWISE_STABLEHLO,
     Term,
     intern,
     make_arg,
@@ -492,15 +498,48 @@ def _rule_for(name: str):
     return RULES.get(name)
 
 
-def _run_rule(info: OpInfo, ins: list[Value], mesh: Mesh | None, ctx: RuleContext
-              ) -> list[Value] | None:
+def _run_rule(info: OpInfo, ins: list[Value], mesh: Mesh | None, ctx: RuleContext,
+              claimed: Sequence[Value] = ()) -> list[Value] | None:
+    """The rule's outputs on `ins`; `claimed` (the outputs the walk claims, possibly at
+    another shape) steer a rule that chooses between equally valid global views of a value
+    (`_layout_hint`)."""
     rule = _rule_for(info.name)
     if rule is None:
         return None
+    reference = _layout_hint(info, claimed, mesh, ctx) if claimed else None
     try:
-        return list(rule(info, ins, RuleContext(mesh=mesh, manual_axes=ctx.manual_axes)))
+        return list(rule(info, ins, RuleContext(mesh=mesh, manual_axes=ctx.manual_axes,
+                                                reference=reference)))
     except Exception:  # noqa: BLE001 - a crashing rule just disables the abstraction
         return None
+
+
+def _layout_hint(info: OpInfo, claimed: Sequence[Value], mesh: Mesh | None,
+                 ctx: RuleContext) -> ReferenceTerms | None:
+    """The global shapes the claimed outputs' layouts give `info`'s local results, as the
+    shapes of a (term-less) reference.
+
+    A reshape of a split dim among unit dims has several valid global views (local 1x384 on
+    8 devices: 8x384 or 1x3072); the walk picks one by consulting the reference's terms,
+    which an instance check on fresh leaves does not have, so without a hint the rule picks
+    another view and the instance cannot be abstracted or reduced. The hint only steers which
+    claim the rule makes: the claim is still proved by Z3 for all leaf values, and the real
+    output must still be an instance of it with the same layout, so a wrong hint can only
+    make the check fail, never prove a false claim."""
+    shapes = set()
+    for value, result in zip(claimed, info.result_types):
+        if not isinstance(value, Rel) or len(value.tiling) != len(result.shape):
+            continue
+        if ctx.is_global or mesh is None:
+            shapes.add(tuple(result.shape))
+            continue
+        shapes.add(tuple(n * mesh.group_size(axes) if axes else n
+                         for n, axes in zip(result.shape, value.tiling)))
+    if not shapes:
+        return None
+    hint = ReferenceTerms()
+    hint.shapes = frozenset(shapes)
+    return hint
 
 
 def _same_layout(a: Value, b: Value) -> bool:
@@ -644,7 +683,7 @@ def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
             abstract_ins.append(a if isinstance(v, Rel) else replace(v, rel=a))
         else:
             abstract_ins.append(v)
-    abstract_outs = _run_rule(info, abstract_ins, mesh, ctx)
+    abstract_outs = _run_rule(info, abstract_ins, mesh, ctx, outs)
     if abstract_outs is None or len(abstract_outs) != len(outs):
         return None
     if not _outputs_are_instances(abstract_outs, outs, dict(abstractor.original)):
@@ -780,6 +819,10 @@ def _reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
     if name == "stablehlo.reshape":
         pairs = _reduced_reshape(ops[0], res[0], c)
         return None if pairs is None else ([pairs[0]], [pairs[1]])
+    if name == "stablehlo.slice":
+        return _reduced_slice(a, ops[0], res[0], c)
+    if name == "stablehlo.pad" and len(ops) == 2:
+        return _reduced_pad(a, ops, res, c)
     if name == "stablehlo.concatenate":
         dim = a["dimension"]
         new_ops = [tuple(c(size) for size in o) for o in ops]
@@ -847,6 +890,59 @@ def _reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
             new_res.append(tuple(y))
         return new_ops, new_res
     return None
+
+
+def _segments(start: int, stop: int, size: int, c) -> tuple[int, int, int]:
+    """A cut [start, stop) of a dim of `size` as (before, inside, after), each capped: the
+    reduced dim keeps which of the three parts exist and shrinks each to at most `cap`."""
+    return c(start), c(stop - start), c(size - stop)
+
+
+def _reduced_slice(attrs: dict, operand: tuple[int, ...], result: tuple[int, ...], c):
+    """Dims the slice takes whole shrink (their limit with them); a dim it cuts with stride 1
+    keeps its three parts (before, inside, after the window), each shrunk, so the reduced
+    slice still drops rows on the same sides (a layer of a stacked weight, RoPE's halves).
+    Other dims keep their size and window."""
+    starts, limits = tuple(attrs["start_indices"]), tuple(attrs["limit_indices"])
+    strides = tuple(attrs.get("strides") or (1,) * len(starts))
+    new_op, new_res, new_starts, new_limits = [], [], [], []
+    for d, size in enumerate(operand):
+        if (starts[d], limits[d], strides[d]) == (0, size, 1):
+            new_op.append(c(size))
+            new_res.append(c(size))
+            new_starts.append(0)
+            new_limits.append(c(size))
+        elif strides[d] == 1 and 0 <= starts[d] <= limits[d] <= size:
+            before, inside, after = _segments(starts[d], limits[d], size, c)
+            new_op.append(before + inside + after)
+            new_res.append(inside)
+            new_starts.append(before)
+            new_limits.append(before + inside)
+        else:
+            new_op.append(size)
+            new_res.append(result[d])
+            new_starts.append(starts[d])
+            new_limits.append(limits[d])
+    return [tuple(new_op)], [tuple(new_res)], {"start_indices": tuple(new_starts),
+                                               "limit_indices": tuple(new_limits)}
+
+
+def _reduced_pad(attrs: dict, ops, res, c):
+    """Dims padded without interior padding keep their three parts (low padding, data, high
+    padding), each shrunk; other dims keep their size and padding."""
+    low, high = list(attrs["edge_padding_low"]), list(attrs["edge_padding_high"])
+    interior = tuple(attrs["interior_padding"])
+    new_op, new_res = [], []
+    for d, size in enumerate(ops[0]):
+        if interior[d] == 0 and low[d] >= 0 and high[d] >= 0:
+            low[d], high[d] = c(low[d]), c(high[d])
+            new_op.append(c(size))
+            new_res.append(low[d] + c(size) + high[d])
+        else:
+            new_op.append(size)
+            new_res.append(res[0][d])
+    return ([tuple(new_op), ops[1]], [tuple(new_res)],
+            {"edge_padding_low": tuple(low), "edge_padding_high": tuple(high)})
 
 
 def _reduced_gather(info: OpInfo, ops, res, c):
@@ -1114,6 +1210,9 @@ def _skeleton(term: Term, memo: dict[int, tuple]) -> tuple:
             attrs = tuple((k, tuple("full" if w == n else w for w, n in zip(v, operand)))
                           if k == "slice_sizes" else (k, v) for k, v in term.attrs)
             found = (term.op, attrs, len(term.shape), term.dtype, tuple(children))
+        elif term.op in ("slice", "pad"):
+            found = (term.op, _window_skeleton(term), len(term.shape), term.dtype,
+                     tuple(children))
         elif term.op == "mul" or term.op in COMMUTATIVE:
             found = (term.op, term.attrs, len(term.shape), term.dtype,
                      tuple(sorted(children, key=repr)))
@@ -1123,6 +1222,25 @@ def _skeleton(term: Term, memo: dict[int, tuple]) -> tuple:
     return found
 
 
+def _window_skeleton(term: Term) -> tuple:
+    """A slice's or pad's attributes as the reduced shapes keep them (`_reduced_slice`,
+    `_reduced_pad`): per dim, which parts exist, capped, where the reduction shrinks it."""
+    c = _cap
+    size = term.args[0].shape
+    if term.op == "slice":
+        out = []
+        for start, stop, stride, n in zip(*term.attrs, size):
+            if (start, stop, stride) == (0, n, 1):
+                out.append("whole")
+            elif stride == 1 and 0 <= start <= stop <= n:
+                out.append(("cut", *_segments(start, stop, n, c)))
+            else:
+                out.append((start, stop, stride))
+        return tuple(out)
+    return tuple(("pad", c(lo), c(hi)) if inner == 0 and lo >= 0 and hi >= 0 else (lo, hi, inner)
+                 for lo, hi, inner in zip(*term.attrs))
+
+
 def _reduced_instance(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
                       ctx: RuleContext) -> tuple[OpInfo, list[Value], list[Value]] | str:
     """The instance at a reduced shape, or why it cannot be reduced."""
@@ -1130,7 +1248,7 @@ def _reduced_instance(info: OpInfo, ins: list[Value], outs: list[Value], mesh: M
     if reduced is None:
         return f"{info.name} or its input terms cannot be shape-reduced"
     r_info, r_ins = reduced
-    r_outs = _run_rule(r_info, r_ins, mesh, ctx)
+    r_outs = _run_rule(r_info, r_ins, mesh, ctx, outs)
     if r_outs is None or len(r_outs) != len(outs):
         return "the rule fails at the reduced shape"
     memo_a: dict[int, tuple] = {}
@@ -1444,6 +1562,136 @@ def _block(value: np.ndarray, rel: Rel, mesh: Mesh | None, device: int, single: 
     return S.take(value, tuple(index))
 
 
+class _LazyLeaves(dict):
+    """The leaves' global tensors for `S.evaluate_term`, their variables created element by
+    element on demand (named by global position, as `source.tensor` names them): a claim about
+    a few devices' blocks of a value on 512 devices needs only those blocks' variables."""
+
+    def __init__(self, source, leaves: dict[int, Term]) -> None:
+        super().__init__()
+        self.source = source
+        self.leaves = leaves
+        self.values: dict[int, np.ndarray] = {}
+
+    def __contains__(self, key) -> bool:
+        return key in self.leaves or super().__contains__(key)
+
+    def __getitem__(self, key):
+        if key in self.leaves:
+            leaf = self.leaves[key]
+            return self.region(key, tuple((0, n) for n in leaf.shape))
+        return super().__getitem__(key)
+
+    def region(self, index: int, region: tuple[tuple[int, int], ...]) -> np.ndarray:
+        leaf = self.leaves[index]
+        values = self.values.get(index)
+        if values is None:
+            values = self.values[index] = np.empty(leaf.shape, dtype=object)
+        window = tuple(slice(lo, hi) for lo, hi in region)
+        part = values[window] if values.ndim else values
+        name = _leaf_name(index)
+        for idx in np.ndindex(part.shape):
+            if part[idx] is None:
+                position = ",".join(str(lo + i) for (lo, _), i in zip(region, idx))
+                part[idx] = self.source.scalar(f"{name}[{position}]", leaf.dtype)
+        return part.copy()
+
+
+def _block_region(rel: Rel, mesh: Mesh, device: int) -> tuple[tuple[int, int], ...]:
+    """The [start, stop) ranges of `device`'s block of `rel`'s global value (`_block`)."""
+    region = []
+    for dim, (n, axes) in enumerate(zip(rel.term.shape, rel.tiling)):
+        if not axes or dim in rel.poly:
+            region.append((0, n))
+            continue
+        count = mesh.group_size(axes)
+        if n % count:
+            raise _Failure("unknown", f"dim {dim} of size {n} is not split evenly into "
+                           f"{count} blocks")
+        size = n // count
+        b = mesh.block_index(axes, device)
+        region.append((b * size, (b + 1) * size))
+    return tuple(region)
+
+
+_REGION_REDUCTIONS = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min",
+                      "reduce_and": "and", "reduce_or": "or"}
+
+
+def _region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, memo: dict,
+                  regions: dict) -> np.ndarray:
+    """`S.evaluate_term(term)[region]`, computed from the regions of the operands it reads:
+    a leaf's variables in the region; an elementwise op on its operands' same region; a
+    broadcast, transpose, dot_general or reduction on the operand positions those output
+    positions read (whole contracted and reduced dims). Anything else, and a whole region, is
+    evaluated in full and sliced. Each rule restates the op's definition on a window."""
+    shape = term.shape
+    if all(r == (0, n) for r, n in zip(region, shape)):
+        return S.evaluate_term(term, env, memo)
+    key = (term.serial, region)
+    found = regions.get(key)
+    if found is not None:
+        return found
+    op, args = term.op, term.args
+    sub = [hi - lo for lo, hi in region]
+    if op == "arg" and isinstance(env, _LazyLeaves) and term.attrs[0] in env.leaves:
+        value = env.region(term.attrs[0], region)
+    elif op in ("lin", "mul", "div") or (op in ELEMENTWISE_STABLEHLO and all(
+            a.shape == shape for a in args)):
+        values = [_region_value(a, region, env, memo, regions) for a in args]
+        window = Term()
+        window.op, window.args, window.attrs = op, args, term.attrs
+        window.shape, window.dtype, window.serial = tuple(sub), term.dtype, -1
+        value = S._evaluate_node(window, values, env)
+    elif op == "broadcast":
+        (dims,) = term.attrs
+        operand = args[0]
+        inner = tuple(region[d] if operand.shape[i] == shape[d] else (0, operand.shape[i])
+                      for i, d in enumerate(dims))
+        value = S.broadcast_in_dim(_region_value(operand, inner, env, memo, regions), dims,
+                                   tuple(sub))
+    elif op == "transpose":
+        (perm,) = term.attrs
+        inner = [None] * len(perm)
+        for k, p in enumerate(perm):
+            inner[p] = region[k]
+        value = S.transpose(_region_value(args[0], tuple(inner), env, memo, regions), perm)
+    elif op == "stablehlo.dot_general" and len(args) == 2:
+        lb, rb, lc, rc = term.attrs
+        lhs, rhs = args
+        lhs_free = [d for d in range(len(lhs.shape)) if d not in lb and d not in lc]
+        rhs_free = [d for d in range(len(rhs.shape)) if d not in rb and d not in rc]
+        left = [(0, n) for n in lhs.shape]
+        right = [(0, n) for n in rhs.shape]
+        position = 0
+        for x, y in zip(lb, rb):
+            left[x] = right[y] = region[position]
+            position += 1
+        for d in lhs_free:
+            left[d] = region[position]
+            position += 1
+        for d in rhs_free:
+            right[d] = region[position]
+            position += 1
+        value = S.dot_general(_region_value(lhs, tuple(left), env, memo, regions),
+                              _region_value(rhs, tuple(right), env, memo, regions),
+                              lb, rb, lc, rc)
+    elif op in _REGION_REDUCTIONS and len(args) == 1:
+        dims = term.attrs[0]
+        kept = iter(region)
+        inner = tuple((0, n) if d in dims else next(kept) for d, n in enumerate(args[0].shape))
+        value = S.reduce_dims(_region_value(args[0], inner, env, memo, regions), dims,
+                              _REGION_REDUCTIONS[op])
+    else:
+        full = S.evaluate_term(term, env, memo)
+        value = S.take(full, tuple(slice(lo, hi) for lo, hi in region))
+    if tuple(value.shape) != tuple(sub):
+        raise _Failure("unknown", f"internal: {op} evaluated on a window gave shape "
+                       f"{value.shape}, not {tuple(sub)}")
+    regions[key] = value
+    return value
+
+
 def _partial_groups(rel: Rel, mesh: Mesh | None, single: bool) -> list[list[int]]:
     if single:
         return [[0]]
@@ -1460,9 +1708,7 @@ def _build(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
     single = ctx.is_global or mesh is None
     devices = 1 if single else mesh.num_devices
     terms = [r.term for v in list(ins) + list(outs) for r in _rels_of(v)]
-    env: dict = {}
-    for index, leaf in _leaf_args(terms).items():
-        env[index] = source.tensor(_leaf_name(index), leaf.shape, leaf.dtype)
+    env: dict = _LazyLeaves(source, _leaf_args(terms))
     dense: dict[bytes, np.ndarray] = {}
     if info.name == "stablehlo.constant":
         for v in outs:
@@ -1492,14 +1738,25 @@ def _build(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
 def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
                   single: bool, devices: int, env: dict, memo: dict, source) -> list:
 
+    checked = _distinct_devices(info, ins, outs, mesh, single, devices)
+    needed = set(checked)
+    regions: dict[tuple, np.ndarray] = {}
+
+    def block_of(rel: Rel, device: int) -> np.ndarray:
+        """Device `device`'s block of `rel`'s global value, computed on that block only."""
+        if single:
+            return S.evaluate_term(rel.term, env, memo)
+        return _region_value(rel.term, _block_region(rel, mesh, device), env, memo, regions)
+
     local: list[list[np.ndarray]] = [[None] * len(ins) for _ in range(devices)]
     for i, value in enumerate(ins):
         want = tuple(info.operand_types[i].shape) if i < len(info.operand_types) else None
         dtype = info.operand_types[i].dtype if i < len(info.operand_types) else "f32"
         if isinstance(value, Rel):
-            full = S.evaluate_term(value.term, env, memo)
             for g, group in enumerate(_partial_groups(value, mesh, single)):
-                block = _block(full, value, mesh, group[0], single)
+                if needed.isdisjoint(group):
+                    continue  # no device of this group is checked
+                block = block_of(value, group[0])
                 if value.partial:
                     parts = source.split(value.kind, block, len(group), f"p{i}.g{g}", dtype)
                     for device, part in zip(group, parts):
@@ -1522,14 +1779,12 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
         else:
             for d in range(devices):
                 local[d][i] = source.tensor(f"o{i}.d{d}", want or (), dtype)
-        for d in range(devices):
+        for d in checked:
             if want is not None and tuple(local[d][i].shape) != want:
                 raise _Failure("unknown", f"operand {i}'s relation gives local shape "
                                f"{local[d][i].shape}, the op's type is {want}")
 
-    checked = _distinct_devices(info, ins, outs, mesh, single, devices)
-    results = dict(zip(checked, S.run_op(info, [local[d] for d in checked],
-                                         None if single else mesh)))
+    results = _run_devices(info, local, checked, mesh, single)
 
     claims: list = []
     for j, value in enumerate(outs):
@@ -1570,11 +1825,12 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                 claims.extend(S.equal(x, y) for x, y in zip(results[d][j].reshape(-1),
                                                             expect.reshape(-1)))
             continue
-        full = S.evaluate_term(value.term, env, memo)
         for group in _partial_groups(value, mesh, single):
             if group[0] not in results:
+                if any(m in results for m in group):
+                    raise _Failure("unknown", "a partial group is checked in part")
                 continue  # a device with the same claim as one checked
-            block = _block(full, value, mesh, group[0], single)
+            block = block_of(value, group[0])
             for device in group:
                 if not single and _block_index(value, mesh, device) != _block_index(
                         value, mesh, group[0]):
@@ -1600,12 +1856,24 @@ def _distinct_devices(info: OpInfo, ins: list[Value], outs: list[Value], mesh: M
     """One device per distinct claim. An op outside the collectives computes each device's
     result from that device's operands alone, so two devices holding the same block of every
     (non-partial) operand and result, and the same device-table entries, make the same claim:
-    checking one checks both. Replicated values on 8 devices are one claim, not 8."""
+    checking one checks both. Replicated values on 8 devices are one claim, not 8. Along a
+    mesh axis the instance is symmetric in (`_symmetric_axes`), only the devices at
+    coordinate 0 are checked: every other device's claim is one of theirs with the variables
+    renamed."""
     everyone = list(range(devices))
-    if single or info.name in S.COLLECTIVE_SEMANTICS:
+    if single:
         return everyone
+    if info.name in S.COLLECTIVE_SEMANTICS:
+        grouped = _collective_axes(info, mesh)
+        if grouped is None:
+            return everyone
+        symmetric = [a for a in _symmetric_axes(ins, outs, mesh) if a not in grouped]
+        return [d for d in everyone if not any(mesh.coords(d)[a] for a in symmetric)]
+    symmetric = _symmetric_axes(ins, outs, mesh)
+    candidates = [d for d in everyone
+                  if not any(mesh.coords(d)[a] for a in symmetric)] if symmetric else everyone
     first: dict[tuple, int] = {}
-    for d in everyone:
+    for d in candidates:
         key = []
         for value in list(ins) + list(outs):
             if isinstance(value, Rel) and not value.partial:
@@ -1615,9 +1883,233 @@ def _distinct_devices(info: OpInfo, ins: list[Value], outs: list[Value], mesh: M
             elif isinstance(value, Shifted) and not value.rel.partial:
                 key.append((_block_index(value.rel, mesh, d), value.offsets[d]))
             else:  # partial values and unconstrained operands differ per device
-                return everyone
+                return candidates
         first.setdefault(tuple(key), d)
     return sorted(first.values())
+
+
+_GROUP_COLLECTIVES = ("stablehlo.all_reduce", "stablehlo.all_gather",
+                      "stablehlo.reduce_scatter", "stablehlo.all_to_all")
+"""Collectives whose result on a device depends only on its replica group's operands and its
+position in the group."""
+
+
+def _collective_axes(info: OpInfo, mesh: Mesh) -> tuple[str, ...] | None:
+    """The mesh axes whose groups (ordered by block index) are exactly the collective's
+    replica groups, else None. A symmetric axis outside them maps every group to a group,
+    member k to member k, so the renaming argument of `_symmetric_axes` holds for the
+    collective too."""
+    if info.name not in _GROUP_COLLECTIVES:
+        return None
+    try:
+        groups = S.replica_groups(info, mesh.num_devices)
+    except S.SemanticsError:
+        return None
+    axes = mesh.axes_of_groups(groups)
+    if axes is None or sorted(map(tuple, groups)) != sorted(
+            map(tuple, mesh.groups_for(axes))):
+        return None
+    return axes
+
+
+def _run_devices(info: OpInfo, local: list[list[np.ndarray]], checked: list[int],
+                 mesh: Mesh | None, single: bool) -> dict[int, list[np.ndarray]]:
+    """The results of the checked devices. A collective checked on whole replica groups only
+    (`_distinct_devices`) runs on those groups, renumbered, as a mesh of their own."""
+    if single or info.name not in S.COLLECTIVE_SEMANTICS or len(checked) == mesh.num_devices:
+        return dict(zip(checked, S.run_op(info, [local[d] for d in checked],
+                                          None if single else mesh)))
+    index = {d: k for k, d in enumerate(checked)}
+    groups = [g for g in S.replica_groups(info, mesh.num_devices) if g[0] in index]
+    if sum(len(g) for g in groups) != len(checked) or any(m not in index for g in groups
+                                                           for m in g):
+        raise _Failure("unknown", "the checked devices are not whole replica groups")
+    renumbered = replace(info, attrs={**info.attrs,
+                                      "replica_groups": [[index[m] for m in g] for g in groups]})
+    results = S.run_op(renumbered, [local[d] for d in checked],
+                       Mesh((("checked", len(checked)),)))
+    return dict(zip(checked, results))
+
+
+_ANY = "any"
+"""Tag of a dim a term is constant along: any permutation of it leaves the value unchanged."""
+_ID = "id"
+"""Tag of a dim only the identity is known to act on."""
+_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or")
+
+
+def _symmetric_axes(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh) -> tuple[str, ...]:
+    """The mesh axes the instance's claim is symmetric in: for such an axis `a`, the claim
+    of a device at coordinate i along `a` is the claim of the device at coordinate 0 (same
+    other coordinates) with the global variables renamed, so proving the latter proves it.
+
+    The argument. Let sigma permute the coordinates of `a` (the transposition (0 i)). It
+    acts on a global tensor dim tiled over axes T containing `a` (and not poly) by moving
+    block b to the block whose `a` coordinate is permuted (a fixed permutation of the dim's
+    positions, determined by its size and T); on other dims it acts as the identity. Choose
+    the renaming pi of the leaf variables as that action on each leaf that is itself an input
+    term or that an input broadcasts (with that input's tiling, `_leaf_tags`), the identity on
+    other leaves (any choice is sound: what follows checks it). If every input and output
+    term t commutes with it, t(pi L) = sigma_T t(L) for its own tiling T, then the block device
+    d_0 (coordinate 0) holds of t(pi L) is the block d_i holds of t(L). The op runs the same
+    local program on every device (no device-dependent values; a collective only when its
+    replica groups are those of mesh axes not containing `a`, `_collective_axes`: sigma then
+    maps d_i's group to d_0's, member k to member k, and the collective computes each device's
+    result from its group's operands and its position in the group), so device
+    d_i's claim `op(blocks of inputs at d_i) == block of output at d_i` over L is exactly
+    d_0's claim over pi L; the claim is proved for all values of the variables (and the
+    hypotheses it assumes at pi L are those of d_i at L: divisors of d_i's computation and
+    the global terms', permuted). Partial values over other axes group devices that differ
+    only in those axes, so sigma maps a group to a group and its fresh split variables to
+    theirs; a value partial over `a` makes `a` not symmetric.
+
+    Commuting is established per term node by tags (`_dim_tags`): a dim is ANY (the term is
+    constant along it), ID (only the identity is known to commute) or (size, T) (sigma_T
+    commutes). Leaves take their input's tags; elementwise ops need equal tags (ANY matches
+    anything); broadcast, transpose and reshapes that keep a tagged dim whole carry them; a
+    dot_general or reduction over permuted dims is invariant (a sum, max or product over
+    all positions does not depend on their order); iota is ID along its dim (it is the
+    position). Any other node commutes only when its operands are unchanged (every tag ID or
+    ANY); otherwise the axis is not symmetric and every device is checked."""
+    values = list(ins) + list(outs)
+    if any(not isinstance(v, Rel) for v in ins) or any(
+            not isinstance(v, Rel | Opaque) for v in outs):
+        return ()
+    rels = [v for v in values if isinstance(v, Rel)]
+    symmetric = []
+    for axis, size in mesh.axes:
+        if size == 1 or any(axis in r.partial for r in rels):
+            continue
+        leaves: dict[int, tuple] = {}
+        consistent = True
+        for rel in ins:
+            found = _leaf_tags(rel, axis)
+            if found is not None and leaves.setdefault(*found) != found[1]:
+                consistent = False
+        if not consistent:
+            continue
+        memo: dict[int, tuple | None] = {}
+        try:
+            ok = all(_compatible(_dim_tags(r.term, leaves, memo), _expected_tags(r, axis))
+                     for r in rels)
+        except RecursionError:
+            ok = False
+        if ok:
+            symmetric.append(axis)
+    return tuple(symmetric)
+
+
+def _leaf_tags(rel: Rel, axis: str) -> tuple[int, tuple] | None:
+    """(leaf serial, tags) choosing the renaming on a leaf an input is, or broadcasts (a poly
+    broadcast keeps its operand): the input's own action on the dims the leaf fills. Only a
+    choice: every term is then checked against its own tiling."""
+    expected = _expected_tags(rel, axis)
+    term = rel.term
+    if term.op == "arg":
+        return term.serial, expected
+    if term.op == "broadcast" and term.args[0].op == "arg":
+        (dims,) = term.attrs
+        operand = term.args[0]
+        return operand.serial, tuple(expected[d] if operand.shape[i] == term.shape[d] else _ID
+                                     for i, d in enumerate(dims))
+    return None
+
+
+def _expected_tags(rel: Rel, axis: str) -> tuple:
+    """The action sigma has on `rel`'s global tensor, per dim (see `_symmetric_axes`)."""
+    return tuple((n, axes) if axis in axes and d not in rel.poly else _ID
+                 for d, (n, axes) in enumerate(zip(rel.term.shape, rel.tiling)))
+
+
+def _compatible(found: tuple | None, expected: tuple) -> bool:
+    return found is not None and len(found) == len(expected) and all(
+        f == _ANY or f == e for f, e in zip(found, expected))
+
+
+def _unify(tags: Sequence) -> object | None:
+    """One tag for positions that must move together (None: they do not)."""
+    known = {t for t in tags if t != _ANY}
+    if not known:
+        return _ANY
+    return known.pop() if len(known) == 1 else None
+
+
+def _dim_tags(term: Term, leaves: dict[int, tuple], memo: dict) -> tuple | None:
+    """Per dim, how the renaming acts on `term`'s value (see `_symmetric_axes`); None when
+    the term is not known to commute with it."""
+    if term.serial in memo:
+        return memo[term.serial]
+    memo[term.serial] = None
+    rank = len(term.shape)
+    op = term.op
+    found: tuple | None
+    if op == "arg":
+        found = leaves.get(term.serial, (_ID,) * rank)
+    elif op == "splat":
+        found = (_ANY,) * rank
+    elif not term.args:
+        found = (_ID,) * rank
+    else:
+        args = [_dim_tags(a, leaves, memo) for a in term.args]
+        found = None if any(a is None for a in args) else _node_tags(term, args)
+    memo[term.serial] = found
+    return found
+
+
+def _node_tags(term: Term, args: list[tuple]) -> tuple | None:
+    op, rank = term.op, len(term.shape)
+    if op in ("lin", "mul", "div") or (op in ELEMENTWISE_STABLEHLO and all(
+            a.shape == term.shape for a in term.args)):
+        out = tuple(_unify([a[d] for a in args]) for d in range(rank))
+        return None if None in out else out
+    if op == "broadcast":
+        (dims,) = term.attrs
+        operand = term.args[0]
+        out = [_ANY] * rank
+        for i, d in enumerate(dims):
+            if operand.shape[i] == term.shape[d]:
+                out[d] = args[0][i]
+        return tuple(out)
+    if op == "transpose":
+        return tuple(args[0][p] for p in term.attrs[0])
+    if op == "reshape":
+        return _reshape_tags(term.args[0].shape, term.shape, args[0])
+    if op == "stablehlo.dot_general" and len(args) == 2:
+        lb, rb, lc, rc = term.attrs
+        lhs, rhs = args
+        batch = [_unify([lhs[x], rhs[y]]) for x, y in zip(lb, rb)]
+        if None in batch or any(_unify([lhs[x], rhs[y]]) is None for x, y in zip(lc, rc)):
+            return None
+        lhs_free = [lhs[d] for d in range(len(lhs)) if d not in lb and d not in lc]
+        rhs_free = [rhs[d] for d in range(len(rhs)) if d not in rb and d not in rc]
+        return tuple(batch + lhs_free + rhs_free)
+    if op in _REDUCTIONS and len(args) == 1:
+        dims = term.attrs[0]
+        return tuple(t for d, t in enumerate(args[0]) if d not in dims)
+    if all(t in (_ID, _ANY) for a in args for t in a):
+        return (_ID,) * rank
+    return None
+
+
+def _reshape_tags(src: tuple[int, ...], dst: tuple[int, ...], tags: tuple) -> tuple | None:
+    """A reshape carries the tag of a dim it keeps whole; dims it merges or splits must be
+    unchanged (ID or ANY)."""
+    groups = reshape_groups(src, dst)
+    if groups is None:
+        return None
+    out = [_ANY] * len(dst)
+    for src_dims, dst_dims in groups:
+        real_src = [d for d in src_dims if src[d] != 1]
+        real_dst = [d for d in dst_dims if dst[d] != 1]
+        if len(real_src) == 1 and len(real_dst) == 1:
+            out[real_dst[0]] = tags[real_src[0]]
+            continue
+        group = [tags[d] for d in real_src]
+        if any(t not in (_ID, _ANY) for t in group):
+            return None
+        for d in real_dst:
+            out[d] = _ANY if all(t == _ANY for t in group) else _ID
+    return tuple(out)
 
 
 def _block_index(rel: Rel, mesh: Mesh, device: int) -> tuple[int, ...]:

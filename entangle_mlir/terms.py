@@ -14,6 +14,7 @@ an identity test:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from fractions import Fraction
@@ -191,6 +192,18 @@ def factor_content(term: Term) -> tuple[Scalar, Term]:
     of the product (or of a pad, broadcast, reduction) they were applied on."""
     if term.op != "lin":
         return Fraction(1), term
+    found = _CONTENT.get(term.serial)
+    if found is None:
+        found = _CONTENT[term.serial] = _factor_content(term)
+    return found
+
+
+_CONTENT: dict[int, tuple[Scalar, Term]] = {}
+"""factor_content by term serial: a deep model's residual stream is one `lin` with a term per
+layer, and every layer's norm and matmul asks for its content again."""
+
+
+def _factor_content(term: Term) -> tuple[Scalar, Term]:
     constant, coefs = term.attrs
     if not isinstance(constant, Fraction):
         return Fraction(1), term
@@ -499,15 +512,25 @@ def _collapse_movement(term: Term, perm: tuple[int, ...] | None,
     if not any(kind == "transpose" for kind, _ in steps) or math.prod(
             base.shape) > MOVEMENT_CHECK_ELEMENTS:
         return None
+    if not _moves_no_element(base.shape, tuple(reversed(steps))):
+        return None
+    final = steps[0][1] if steps[0][0] == "reshape" else tuple(
+        term.shape[p] for p in steps[0][1])
+    return make_reshape(base, tuple(final))
+
+
+@functools.lru_cache(maxsize=4096)
+def _moves_no_element(shape: tuple[int, ...], steps: tuple[tuple[str, tuple], ...]) -> bool:
+    """Whether applying `steps` (("transpose", perm) or ("reshape", shape), first to last) to a
+    tensor of `shape` leaves every element at its row-major position. Memoized: a deep model
+    repeats the same chains in every layer, and each evaluation walks every element."""
     import numpy as np
 
-    positions = np.arange(math.prod(base.shape)).reshape(base.shape)
-    for kind, attr in reversed(steps):
+    positions = np.arange(math.prod(shape)).reshape(shape)
+    for kind, attr in steps:
         positions = (np.transpose(positions, attr) if kind == "transpose"
                      else positions.reshape(attr))
-    if not np.array_equal(positions.reshape(-1), np.arange(positions.size)):
-        return None
-    return make_reshape(base, positions.shape)
+    return bool(np.array_equal(positions.reshape(-1), np.arange(positions.size)))
 
 
 ELEMENTWISE_TERM_OPS = {"mul", "div"}
@@ -671,6 +694,10 @@ def make_op(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...
         pushed = push_slice(args[0], *attrs)
         if pushed is not None:
             return pushed
+    if op == "reduce_sum" and linear_in == 0:
+        merged = _merge_sums(args[0], attrs[0], shape, dtype)
+        if merged is not None:
+            return merged
     if op == "reduce_sum" and linear_in == 0 and args[0].op == "pad":
         dropped = _reduce_sum_of_pad(args[0], attrs[0], shape, dtype)
         if dropped is not None:
@@ -758,6 +785,51 @@ def make_pad(term: Term, value: Term, low: tuple[int, ...], high: tuple[int, ...
     shape = tuple(lo + n + max(n - 1, 0) * k + hi
                   for lo, n, hi, k in zip(low, term.shape, high, interior))
     return intern("pad", (term, value), (low, high, interior), shape, term.dtype)
+
+
+def _squeezed(shape: tuple[int, ...]) -> list[int]:
+    """The positions of the non-unit dims of `shape`."""
+    return [d for d, n in enumerate(shape) if n != 1]
+
+
+def _merge_sums(arg: Term, dims: tuple[int, ...], shape: tuple[int, ...],
+                dtype: str) -> Term | None:
+    """One normal form for sums of sums (exact: finite sums commute and associate):
+
+    * a sum over unit dims only is a reshape (it drops them);
+    * a sum of a reshape that only adds or drops unit dims sums its operand over the
+      corresponding dims, then reshapes;
+    * a sum of a sum is one sum over both sets of dims.
+
+    jax's transpose of a broadcast sums a gradient in pieces (over batch and sequence, then
+    over the unit dims a keepdims broadcast added), and where the batch is split over dp with
+    one row per device the pieces are cut differently (seq locally, batch by the all_reduce):
+    both meet as one sum over batch and sequence. None: not such a sum."""
+    dims = tuple(sorted(set(dims)))
+    real = [d for d in dims if arg.shape[d] != 1]
+    base, base_dims = arg, real
+    if arg.op == "reshape" and _squeezed(arg.shape) and len(_squeezed(arg.shape)) == len(
+            _squeezed(arg.args[0].shape)) and all(
+            arg.shape[a] == arg.args[0].shape[b]
+            for a, b in zip(_squeezed(arg.shape), _squeezed(arg.args[0].shape))):
+        position = dict(zip(_squeezed(arg.shape), _squeezed(arg.args[0].shape)))
+        base, base_dims = arg.args[0], [position[d] for d in real]
+    if base.op == "reduce_sum" and base_dims:
+        inner = base.args[0]
+        kept = [d for d in range(len(inner.shape)) if d not in base.attrs[0]]
+        base_dims = sorted(set(base.attrs[0]) | {kept[d] for d in base_dims})
+        base = inner
+    if base is arg and tuple(base_dims) == dims:
+        return None
+    if not base_dims:
+        return make_reshape(base, shape)
+    summed_shape = tuple(n for d, n in enumerate(base.shape) if d not in base_dims)
+    if [summed_shape[d] for d in _squeezed(summed_shape)] != [shape[d] for d in _squeezed(
+            shape)]:
+        return None
+    summed = make_op("reduce_sum", (base,), (tuple(base_dims),), summed_shape, dtype,
+                     linear_in=0)
+    return make_reshape(summed, shape)
 
 
 def _reduce_sum_of_pad(pad: Term, dims: tuple[int, ...], shape: tuple[int, ...],
@@ -1071,7 +1143,8 @@ class _Rounding:
                 if (bx is x and by is y) or not self.close(kx, ky):
                     return False
                 return self.equal(bx, by, depth + 1)
-            return False
+            if x.op != y.op:
+                return False
         if len(x.args) != len(y.args):
             return False
         if x.op == "lin":

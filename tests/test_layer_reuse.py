@@ -230,12 +230,21 @@ def test_devices_with_the_same_claim_are_checked_once(monkeypatch) -> None:
         return real_run_op(info, operands, mesh)
 
     monkeypatch.setattr(S, "run_op", counting)
+    symmetric = I._symmetric_axes
     for in_tiling, devices in ((((), ()), 1), ((("tp",), ()), 4), ((("dp",), ("tp",)), 8)):
+        # deduplication by blocks alone (the symmetry of the axes switched off) ...
+        monkeypatch.setattr(I, "_symmetric_axes", lambda *args: ())
         seen.clear()
         info, ins, outs = _tiled_add(mesh, in_tiling, in_tiling)
         result = I.run_check(info, ins, outs, mesh, I.default_context(ins, outs, mesh))
         assert result.status == "proved"
         assert seen == [devices]
+        # ... and with it: an add is symmetric in both axes, one device is checked
+        monkeypatch.setattr(I, "_symmetric_axes", symmetric)
+        seen.clear()
+        result = I.run_check(info, ins, outs, mesh, I.default_context(ins, outs, mesh))
+        assert result.status == "proved"
+        assert seen == [1]
 
 
 def test_a_claim_wrong_on_some_devices_only_is_refuted() -> None:
