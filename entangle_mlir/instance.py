@@ -508,10 +508,15 @@ def _run_rule(info: OpInfo, ins: list[Value], mesh: Mesh | None, ctx: RuleContex
         return None
     reference = _layout_hint(info, claimed, mesh, ctx) if claimed else None
     try:
-        return list(rule(info, ins, RuleContext(mesh=mesh, manual_axes=ctx.manual_axes,
+        outs = list(rule(info, ins, RuleContext(mesh=mesh, manual_axes=ctx.manual_axes,
                                                 reference=reference)))
     except Exception:  # noqa: BLE001 - a crashing rule just disables the abstraction
         return None
+    from .rules.window import is_padded, padded_rel
+
+    claims = list(claimed) + [None] * (len(outs) - len(claimed))
+    return [padded_rel(v) if isinstance(c, Rel) and isinstance(v, Windowed) and is_padded(v)
+            else v for v, c in zip(outs, claims)]
 
 
 def _layout_hint(info: OpInfo, claimed: Sequence[Value], mesh: Mesh | None,
