@@ -14,7 +14,16 @@ from fractions import Fraction
 from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
-from ..terms import Term, make_elementwise, make_splat, scale, splat_value
+from ..terms import (
+    Term,
+    make_broadcast,
+    make_elementwise,
+    make_iota,
+    make_reshape,
+    make_splat,
+    scale,
+    splat_value,
+)
 from . import blocks
 from .base import RuleContext
 from .common import is_zero, splat_rel, unify_dims
@@ -277,8 +286,27 @@ def _build_term(info: OpInfo, terms: list[Term], ctx: RuleContext) -> Term:
             if rtype.dtype != source.dtype:
                 ctx.note(f"convert {source.dtype} -> {rtype.dtype} is treated as exact "
                          "(real-number semantics)")
-            return terms[0]
+            return _retyped(terms[0], rtype.dtype) or terms[0]
     return make_elementwise(info.name, tuple(terms), _term_attrs(info), dtype=rtype.dtype)
+
+
+def _retyped(term: Term, dtype: str) -> Term | None:
+    """An exactly converted constant position (iota, splat, and their broadcasts and
+    reshapes) in the new dtype: `arange(n).astype(f32)` is jax's float iota."""
+    if term.dtype == dtype or dtype == "i1" or term.dtype == "i1":
+        return None
+    if term.op == "iota":
+        return make_iota(term.shape, term.attrs[0], dtype)
+    if term.op == "splat":
+        return make_splat(splat_value(term), term.shape, dtype)
+    if term.op in ("broadcast", "reshape") and len(term.args) == 1:
+        inner = _retyped(term.args[0], dtype)
+        if inner is None:
+            return None
+        if term.op == "broadcast":
+            return make_broadcast(inner, term.attrs[0], term.shape)
+        return make_reshape(inner, term.shape)
+    return None
 
 
 _ELEMENTWISE_OPS = (
