@@ -538,8 +538,8 @@ SHIFT_AWARE = frozenset(ELEMENTWISE_RULES) | {"stablehlo.broadcast_in_dim", "sta
 BLOCK_AWARE = frozenset(ELEMENTWISE_RULES) | {"stablehlo.broadcast_in_dim", "stablehlo.reshape",
                                               "stablehlo.transpose", "stablehlo.gather",
                                               "stablehlo.scatter", "stablehlo.reduce"}
-MASK_CARRIERS = frozenset({"stablehlo.select", "stablehlo.broadcast_in_dim", "stablehlo.reshape",
-                           "stablehlo.transpose"})
+MASK_CARRIERS = frozenset({"stablehlo.select", "stablehlo.and", "stablehlo.broadcast_in_dim",
+                           "stablehlo.reshape", "stablehlo.transpose"})
 REGION_RULE_OPS = ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
                    "stablehlo.scatter", "stablehlo.sort", "stablehlo.reduce_window",
                    "stablehlo.select_and_scatter")

@@ -332,3 +332,25 @@ def test_vocab_parallel_embedding_verdict_matches_execution(kind: str) -> None:
                 "no_final_mask": "never zeroed"}.get(kind)
     if expected:
         assert expected in report.diagnostics[0].message, report.render_text()
+
+
+@pytest.mark.parametrize("mesh", [TP2, TP3], ids=["tp2", "tp3"])
+def test_one_hot_of_the_local_index(mesh: Mesh) -> None:
+    """`(local[:, None] == arange(L)) & inside[:, None]` is the block of one_hot(ids, V)."""
+    length = 2
+    _, outside, index, local = chain(mesh, length)
+    rows = prove("stablehlo.broadcast_in_dim", [index], mesh, local + (length,),
+                 {"broadcast_dimensions": (0,)}, "i32")
+    positions = Rel(T.make_iota((local[0], length), 1, "i32"), ((), ()))
+    hits = prove("stablehlo.compare", [rows, positions], mesh, local + (length,),
+                 {"comparison_direction": "EQ"}, "i1")
+    assert isinstance(hits, Masked) and not hits.zero
+    inside = prove("stablehlo.not", [outside], mesh, local, dtype="i1")
+    wide = prove("stablehlo.broadcast_in_dim", [inside], mesh, local + (length,),
+                 {"broadcast_dimensions": (0,)}, "i1")
+    one_hot = prove("stablehlo.and", [hits, wide], mesh, local + (length,), dtype="i1")
+    assert isinstance(one_hot, Rel) and one_hot.tiling[1] == ("tp",)
+    wrong = prove("stablehlo.broadcast_in_dim", [outside], mesh, local + (length,),
+                  {"broadcast_dimensions": (0,)}, "i1")
+    outs, _, _ = run("stablehlo.and", [hits, wrong], mesh, local + (length,), dtype="i1")
+    assert isinstance(outs[0], Opaque)

@@ -26,9 +26,16 @@ from fractions import Fraction
 from ..layout import BlockIndex, InBlock, Masked, Opaque, Rel, Shifted, Value
 from ..mesh import Mesh, axes_str
 from ..opinfo import OpInfo
-from ..terms import make_broadcast, make_elementwise, make_reshape, make_splat, splat_value
+from ..terms import (
+    make_broadcast,
+    make_elementwise,
+    make_iota,
+    make_reshape,
+    make_splat,
+    splat_value,
+)
 from .base import RuleContext
-from .common import freeze, unify_dims
+from .common import freeze, resize, unify_dims
 
 _INTERVAL = {"LT": lambda m: (None, m), "LE": lambda m: (None, m + 1),
              "GT": lambda m: (m + 1, None), "GE": lambda m: (m, None),
@@ -174,6 +181,12 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) ->
             joined = _logic(name, a, b)
             if joined is not None:
                 return [joined]
+        if name == "stablehlo.and":
+            for x, y in ((a, b), (b, a)):
+                if isinstance(x, Masked) and not x.zero and isinstance(y, InBlock):
+                    kept = _one_hot_in_block(x, y, ctx)
+                    if kept is not None:
+                        return [kept]
         return [unsupported(name)]
     if name == "stablehlo.convert" and info.result_types[0].is_int and \
             info.operand_types[0].is_int and isinstance(operands[0], BlockIndex):
@@ -191,11 +204,16 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) ->
 
 
 def _compare_index(info: OpInfo, operands: list[Value], ctx: RuleContext) -> Value:
-    """A local index against a constant: decided by the index's bounds on every device."""
+    """A local index against a constant: decided by the index's bounds on every device.
+    Against the positions of the device's block (`local == arange(V_local)`): the one-hot
+    rows of the global index, valid inside the block (`one_hot_rows`)."""
     a, b = operands
     direction = info.attrs["comparison_direction"]
     if isinstance(b, BlockIndex):
         a, b, direction = b, a, _FLIP[direction]
+    if direction == "EQ" and isinstance(a, BlockIndex) and isinstance(b, Rel) and \
+            splat_value(b.term) is None:
+        return _one_hot_rows(info, a, b, ctx)
     bound = _integral(splat_value(b.term)) if isinstance(b, Rel) else None
     if not isinstance(a, BlockIndex) or bound is None:
         return unsupported(info.name)
@@ -207,6 +225,46 @@ def _compare_index(info: OpInfo, operands: list[Value], ctx: RuleContext) -> Val
     (outcome,) = outcomes
     rel = a.rel
     return replace(rel, term=make_splat(int(outcome), rel.term.shape, "i1"))
+
+
+def _one_hot_rows(info: OpInfo, index: BlockIndex, positions: Rel, ctx: RuleContext) -> Value:
+    """`local == iota(L)` along a dim k the index is broadcast along: on device b, inside the
+    block, `x == b*L + j` for j < L, the block over the index's axes of `x == iota(V)`; outside
+    it the fill's row, which `and` with the block test removes."""
+    from .shifted import _iota_dim
+
+    found = _iota_dim(positions.term)
+    x = index.rel
+    if found is None or found[1] != 1 or index.add or positions.partial or ctx.mesh is None:
+        return unsupported(info.name)
+    k = found[0]
+    if (positions.tiling[k] or positions.term.shape[k] != index.length
+            or k not in x.poly or x.term.shape[k] != index.length):
+        return unsupported(info.name)
+    total = index.length * ctx.mesh.group_size(index.axes)
+    widened = resize(x.term, k, total)
+    if widened is None:
+        return unsupported(info.name)
+    tiling = list(x.tiling)
+    tiling[k] = index.axes
+    shape = widened.shape
+    iota = make_iota(shape, k, positions.term.dtype)
+    term = make_elementwise("stablehlo.compare", (widened, iota), ("EQ",), "i1")
+    rel = Rel(term, tuple(tiling), (), "", frozenset(x.poly - {k}), x.scope)
+    pred = InBlock(Rel(widened, tuple(tiling), (), "", frozenset(x.poly - {k}), x.scope),
+                   index.axes, index.length, 0, index.length)
+    return Masked(rel, pred)
+
+
+def _one_hot_in_block(mask: Masked, pred: InBlock, ctx: RuleContext) -> Value | None:
+    """`one_hot_rows & inside`: the one-hot rows are false outside the block anyway."""
+    term = mask.rel.term
+    if term.op != "stablehlo.compare" or term.attrs != ("EQ",) or pred.negated:
+        return None
+    aligned = _aligned(pred, mask.pred.rel, ctx)
+    if aligned is None or not _same_pred(aligned, mask.pred):
+        return None
+    return mask.rel
 
 
 _COMPARE = {"LT": lambda a, b: a < b, "LE": lambda a, b: a <= b, "GT": lambda a, b: a > b,

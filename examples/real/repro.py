@@ -197,7 +197,7 @@ FIXED = {"bias_grad_unit_dims", "take_and_reducer", "top_k", "gather_batching_di
          "scatter_batching_dims", "dp_mean_coefficients", "scan_backward",
          "unit_dim_transpose", "moe_flatten_split_seq", "allgather_partial", "local_max",
          "exp_algebra", "unit_batch_view",
-         "slice_of_split_dim"}
+         "slice_of_split_dim", "device_offset_tensor"}
 
 
 def reproducers() -> list[Repro]:
