@@ -196,6 +196,8 @@ class Simplifier:
             return value, value
         if term.op == "iota":
             return Fraction(0), Fraction(max(term.shape[term.attrs[0]] - 1, 0))
+        if term.op == "stablehlo.convert" and not _widening(term.args[0].dtype, term.dtype):
+            return None
         if term.op in _PEEL and len(term.args) == 1:
             return self.bound(term.args[0])
         if term.op == "lin":
@@ -221,6 +223,20 @@ class Simplifier:
                 return None
             return min(a[0], b[0]), max(a[1], b[1])
         return None
+
+
+_INT_BITS = {"i8": 8, "i16": 16, "i32": 32, "i64": 64, "si8": 8, "si16": 16, "si32": 32,
+             "si64": 64, "ui8": 8, "ui16": 16, "ui32": 32, "ui64": 64}
+
+
+def _widening(source: str, target: str) -> bool:
+    """A convert that keeps every integer value (to a float, or to an integer type at least as
+    wide and of the same signedness): a narrowing one wraps around."""
+    if target.startswith(("f", "bf")):
+        return True
+    a, b = _INT_BITS.get(source), _INT_BITS.get(target)
+    return (a is not None and b is not None and b >= a
+            and source.startswith("ui") == target.startswith("ui"))
 
 
 def _truth(term: Term) -> bool | None:

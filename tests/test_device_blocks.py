@@ -354,3 +354,18 @@ def test_one_hot_of_the_local_index(mesh: Mesh) -> None:
                   {"broadcast_dimensions": (0,)}, "i1")
     outs, _, _ = run("stablehlo.and", [hits, wrong], mesh, local + (length,), dtype="i1")
     assert isinstance(outs[0], Opaque)
+
+
+def test_narrowing_convert_keeps_its_compares() -> None:
+    """ids < 300 converted to i8 wrap around: the assumption does not decide compares there."""
+    table, t = arg((300, 2)), arg((3,), "i32")
+    _, lookup = _take_reference(table, t)
+    narrow = T.make_elementwise("stablehlo.convert", (t,), (), "i8")
+    test = T.make_elementwise("stablehlo.compare", (narrow, T.make_splat(0, t.shape, "i8")),
+                              ("GE",), "i1")
+    simplifier = Simplifier(index_ranges([lookup]))
+    assert simplifier.simplify(test) is test
+    wide = T.make_elementwise("stablehlo.convert", (t,), (), "i64")
+    decided = T.make_elementwise("stablehlo.compare", (wide, T.make_splat(0, t.shape, "i64")),
+                                 ("GE",), "i1")
+    assert T.splat_value(simplifier.simplify(decided)) == 1
