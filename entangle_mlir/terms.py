@@ -326,7 +326,8 @@ def make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple = (),
     return intern(op, tuple(args), attrs, shape, dtype or args[0].dtype)
 
 
-_FLIPPED = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE", "EQ": "EQ", "NE": "NE"}
+FLIPPED = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE", "EQ": "EQ", "NE": "NE"}
+"""A comparison direction with its operands swapped."""
 
 
 def iota_interval(pred: Term) -> tuple[int, int, int] | None:
@@ -344,7 +345,7 @@ def iota_interval(pred: Term) -> tuple[int, int, int] | None:
     a, b = pred.args
     direction = pred.attrs[0]
     if splat_value(a) is not None:
-        a, b, direction = b, a, _FLIPPED.get(direction)
+        a, b, direction = b, a, FLIPPED.get(direction)
     bound = splat_value(b)
     if not isinstance(bound, Fraction) or direction not in ("LT", "LE", "GT", "GE", "EQ"):
         return None

@@ -27,6 +27,7 @@ from ..layout import BlockIndex, InBlock, Masked, Opaque, Rel, Shifted, Value
 from ..mesh import Mesh, axes_str
 from ..opinfo import OpInfo
 from ..terms import (
+    FLIPPED,
     make_broadcast,
     make_elementwise,
     make_iota,
@@ -35,12 +36,11 @@ from ..terms import (
     splat_value,
 )
 from .base import RuleContext
-from .common import freeze, resize, unify_dims
+from .common import COMPARISONS, freeze, resize, unify_dims
 
 _INTERVAL = {"LT": lambda m: (None, m), "LE": lambda m: (None, m + 1),
              "GT": lambda m: (m + 1, None), "GE": lambda m: (m, None),
              "EQ": lambda m: (m, m + 1), "NE": lambda m: (m, m + 1)}
-_FLIP = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE", "EQ": "EQ", "NE": "NE"}
 
 
 def unsupported(name: str) -> Opaque:
@@ -86,7 +86,7 @@ def compare_shifted(info: OpInfo, shifted: Shifted, other: Rel, shifted_first: b
         return None
     axes, length, k = found
     if not shifted_first:
-        direction = _FLIP[direction]
+        direction = FLIPPED[direction]
     lo, hi = _INTERVAL[direction](bound + k)
     return canonical(InBlock(freeze(x), axes, length, lo, hi, direction == "NE"))
 
@@ -210,7 +210,7 @@ def _compare_index(info: OpInfo, operands: list[Value], ctx: RuleContext) -> Val
     a, b = operands
     direction = info.attrs["comparison_direction"]
     if isinstance(b, BlockIndex):
-        a, b, direction = b, a, _FLIP[direction]
+        a, b, direction = b, a, FLIPPED[direction]
     if direction == "EQ" and isinstance(a, BlockIndex) and isinstance(b, Rel) and \
             splat_value(b.term) is None:
         return _one_hot_rows(info, a, b, ctx)
@@ -218,7 +218,7 @@ def _compare_index(info: OpInfo, operands: list[Value], ctx: RuleContext) -> Val
     if not isinstance(a, BlockIndex) or bound is None:
         return unsupported(info.name)
     low, high = a.bounds()
-    outcomes = {_COMPARE[direction](v, bound) for v in (low, high)}
+    outcomes = {COMPARISONS[direction](v, bound) for v in (low, high)}
     monotone = direction in ("LT", "LE", "GT", "GE") or bound < low or bound > high
     if len(outcomes) != 1 or not monotone:
         return unsupported(info.name)
@@ -265,10 +265,6 @@ def _one_hot_in_block(mask: Masked, pred: InBlock, ctx: RuleContext) -> Value | 
     if aligned is None or not _same_pred(aligned, mask.pred):
         return None
     return mask.rel
-
-
-_COMPARE = {"LT": lambda a, b: a < b, "LE": lambda a, b: a <= b, "GT": lambda a, b: a > b,
-            "GE": lambda a, b: a >= b, "EQ": lambda a, b: a == b, "NE": lambda a, b: a != b}
 
 
 def select(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> Value:
@@ -444,15 +440,16 @@ def gather(info: OpInfo, operand: Value, indices: BlockIndex, dims: dict, plain,
     (found,) = plain(info, [replace(freeze(operand), tiling=tuple(tiling)), indices.rel], ctx)
     if not isinstance(found, Rel):
         return found
-    pred = _pred_at_result(info, indices, found, dims)
+    pred = _block_test_on(indices, found, dims["offset_dims"], dims)
     if pred is None:
         return unsupported(info.name)
     return Masked(found, pred)
 
 
-def _pred_at_result(info: OpInfo, indices: BlockIndex, found: Rel, dims: dict
-                    ) -> InBlock | None:
-    """The index's block test laid out on the gather's result (constant along offset dims)."""
+def _block_test_on(indices: BlockIndex, like: Rel, window_dims, dims: dict) -> InBlock | None:
+    """The index's block test laid out on a gather's result or a scatter's updates (`like`):
+    the indices' batch dims are `like`'s dims outside `window_dims`, and the test is constant
+    along the window dims."""
     x = indices.rel
     ivd = dims["index_vector_dim"]
     rank = len(x.term.shape)
@@ -460,12 +457,11 @@ def _pred_at_result(info: OpInfo, indices: BlockIndex, found: Rel, dims: dict
     if ivd < rank and x.term.shape[ivd] != 1:
         return None
     term = make_reshape(x.term, tuple(x.term.shape[d] for d in batch))
-    result_rank = len(found.term.shape)
-    result_batch = [d for d in range(result_rank) if d not in dims["offset_dims"]]
-    if len(result_batch) != len(batch):
+    positions = [d for d in range(len(like.term.shape)) if d not in window_dims]
+    if len(positions) != len(batch):
         return None
-    term = make_broadcast(term, tuple(result_batch), found.term.shape)
-    return InBlock(Rel(term, found.tiling, scope=found.scope), indices.axes, indices.length,
+    term = make_broadcast(term, tuple(positions), like.term.shape)
+    return InBlock(Rel(term, like.tiling, scope=like.scope), indices.axes, indices.length,
                    0, indices.length)
 
 
@@ -485,7 +481,7 @@ def scatter(info: OpInfo, operand: Value, indices: BlockIndex, updates: Value, d
     if g not in dims["inserted_window_dims"] or info.operand_types[0].shape[g] != \
             indices.length or low < 0 or high >= indices.length:
         return unsupported(info.name)
-    pred = _pred_at_updates(info, indices, updates.rel, dims)
+    pred = _block_test_on(indices, updates.rel, dims["update_window_dims"], dims)
     pred = _aligned(pred, updates.pred.rel, ctx) if pred is not None else None
     if pred is None or not _same_pred(pred, updates.pred):
         return Opaque("scatter of updates masked by another test than the block of its "
@@ -523,21 +519,3 @@ def scatter(info: OpInfo, operand: Value, indices: BlockIndex, updates: Value, d
         ordered = tuple(a for a in ctx.mesh.names if a in spread)
         return replace(operand, term=term, partial=ordered, kind="sum")
     return replace(operand, term=term)
-
-
-def _pred_at_updates(info: OpInfo, indices: BlockIndex, updates: Rel, dims: dict
-                     ) -> InBlock | None:
-    x = indices.rel
-    ivd = dims["index_vector_dim"]
-    rank = len(x.term.shape)
-    batch = [d for d in range(rank) if d != ivd]
-    if ivd < rank and x.term.shape[ivd] != 1:
-        return None
-    term = make_reshape(x.term, tuple(x.term.shape[d] for d in batch))
-    u_rank = len(updates.term.shape)
-    scatter_dims = [d for d in range(u_rank) if d not in dims["update_window_dims"]]
-    if len(scatter_dims) != len(batch):
-        return None
-    term = make_broadcast(term, tuple(scatter_dims), updates.term.shape)
-    return InBlock(Rel(term, updates.tiling, scope=updates.scope), indices.axes,
-                   indices.length, 0, indices.length)

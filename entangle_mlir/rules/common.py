@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import replace
 from fractions import Fraction
 
@@ -21,6 +22,11 @@ from ..terms import (
 from .base import RuleContext
 
 ELEMENTWISE_TERM_OPS = ("lin", "mul", "div")
+
+
+COMPARISONS = {"EQ": operator.eq, "NE": operator.ne, "LT": operator.lt, "LE": operator.le,
+               "GT": operator.gt, "GE": operator.ge}
+"""stablehlo.compare's directions on exact numbers."""
 
 
 def first_opaque(values: list[Value]) -> Opaque | None:

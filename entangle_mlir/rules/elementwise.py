@@ -7,7 +7,6 @@ exactly, as a table over all devices.
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import replace
 from fractions import Fraction
 
@@ -26,7 +25,7 @@ from ..terms import (
 )
 from . import blocks
 from .base import RuleContext
-from .common import is_zero, splat_rel, unify_dims
+from .common import COMPARISONS, is_zero, splat_rel, unify_dims
 from .shifted import elementwise_shifted
 from .window import window_elementwise
 
@@ -42,8 +41,6 @@ def _c_rem(a: int, b: int) -> int:
     return a - b * _c_div(a, b)
 
 
-_COMPARE = {"EQ": operator.eq, "NE": operator.ne, "LT": operator.lt, "LE": operator.le,
-            "GT": operator.gt, "GE": operator.ge}
 
 _SCALAR_OPS = {
     "stablehlo.add": lambda a, b: a + b,
@@ -65,6 +62,16 @@ _SCALAR_OPS = {
 }
 
 
+def _integer_fn(info: OpInfo):
+    """The op on Python integers (device tables, integer constants), or None."""
+    if info.name == "stablehlo.compare":
+        compare = COMPARISONS.get(info.attrs.get("comparison_direction"))
+        return None if compare is None else lambda a, b: int(compare(a, b))
+    if info.name == "stablehlo.not" and info.operand_types[0].dtype != "i1":
+        return lambda a: ~a
+    return _SCALAR_OPS.get(info.name)
+
+
 def _device_scalar(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     """Evaluate an integer scalar op over the per-device tables."""
     rtype = info.result_types[0]
@@ -82,20 +89,14 @@ def _device_scalar(info: OpInfo, operands: list[Value], ctx: RuleContext) -> lis
             return [Opaque(f"{info.name} mixes a device-dependent integer with a non-constant "
                            "value", category="unsupported")]
         columns.append((int(constant),) * count)
-    if info.name == "stablehlo.compare":
-        compare = _COMPARE[info.attrs["comparison_direction"]]
-        values = tuple(int(compare(a, b)) for a, b in zip(*columns))
-    elif info.name == "stablehlo.not" and info.operand_types[0].dtype != "i1":
-        values = tuple(~a for a in columns[0])
-    else:
-        fn = _SCALAR_OPS.get(info.name)
-        if fn is None:
-            return [Opaque(f"{info.name} on a device-dependent integer is not supported",
-                           category="unsupported")]
-        try:
-            values = tuple(fn(*row) for row in zip(*columns))
-        except ZeroDivisionError:
-            return [Opaque(f"{info.name} divides by zero on some device", category="unrelated")]
+    fn = _integer_fn(info)
+    if fn is None:
+        return [Opaque(f"{info.name} on a device-dependent integer is not supported",
+                       category="unsupported")]
+    try:
+        values = tuple(fn(*row) for row in zip(*columns))
+    except ZeroDivisionError:
+        return [Opaque(f"{info.name} divides by zero on some device", category="unrelated")]
     return [DeviceScalar(tuple(wrap_integer(v, rtype.dtype) for v in values), rtype.shape)]
 
 
@@ -254,17 +255,12 @@ def _folded(info: OpInfo, rels: list[Rel]) -> Term | None:
     values = [splat_value(r.term) for r in rels]
     if not all(isinstance(v, Fraction) and v.denominator == 1 for v in values):
         return None
-    row = [int(v) for v in values]
+    fn = _integer_fn(info)
+    if fn is None:
+        return None
     try:
-        if info.name == "stablehlo.compare":
-            out = int(_COMPARE[info.attrs["comparison_direction"]](*row))
-        elif info.name == "stablehlo.not" and info.operand_types[0].dtype != "i1":
-            out = ~row[0]
-        elif info.name in _SCALAR_OPS:
-            out = _SCALAR_OPS[info.name](*row)
-        else:
-            return None
-    except (ZeroDivisionError, KeyError, TypeError):
+        out = fn(*(int(v) for v in values))
+    except (ZeroDivisionError, TypeError):
         return None
     shape = rels[0].term.shape
     return make_splat(wrap_integer(int(out), rtype.dtype), shape, rtype.dtype)
