@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .terms import LOOP_BODY_TERMS, Term, intern, make_splat, splat_value
+from .terms import LOOP_BODY_TERMS, Term, intern, make_splat, splat_value, subterms
 
 GATHER = "stablehlo.gather"
 SCATTER = "stablehlo.scatter"
@@ -38,14 +38,7 @@ def index_ranges(terms: list[Term]) -> dict[int, IndexRange]:
     """Integer inputs used as gather/scatter indices in `terms`, with the size they index
     (the smallest when several)."""
     found: dict[int, IndexRange] = {}
-    seen: set[int] = set()
-    stack = list(terms)
-    while stack:
-        term = stack.pop()
-        if term.serial in seen:
-            continue
-        seen.add(term.serial)
-        stack.extend(term.args)
+    for term in subterms(terms):
         if term.op not in (GATHER, SCATTER):
             continue
         attrs = dict(term.attrs)
@@ -168,16 +161,7 @@ class Simplifier:
         return None
 
     def _sources(self, term: Term) -> set[int]:
-        found, stack, seen = set(), [term], set()
-        while stack:
-            t = stack.pop()
-            if t.serial in seen:
-                continue
-            seen.add(t.serial)
-            if t.serial in self.ranges:
-                found.add(t.serial)
-            stack.extend(t.args)
-        return found
+        return {t.serial for t in subterms([term]) if t.serial in self.ranges}
 
     def bound(self, term: Term) -> tuple[Fraction, Fraction] | None:
         """[lo, hi] of every element of an integer term, or None."""

@@ -96,6 +96,7 @@ from .terms import (
     make_transpose,
     reshape_groups,
     splat_value,
+    subterms,
 )
 from .z3check import ProofResult, prove
 
@@ -359,17 +360,7 @@ def _rels_of(value: Value) -> list[Rel]:
 
 def _term_cost(terms: Sequence[Term]) -> int:
     """Elements over all distinct subterms (the work of evaluating them symbolically)."""
-    seen: set[int] = set()
-    stack = list(terms)
-    cost = 0
-    while stack:
-        term = stack.pop()
-        if term.serial in seen:
-            continue
-        seen.add(term.serial)
-        cost += math.prod(term.shape)
-        stack.extend(term.args)
-    return cost
+    return sum(math.prod(term.shape) for term in subterms(terms))
 
 
 def _value_key(value: Value) -> tuple:
@@ -1439,16 +1430,9 @@ class _Failure(Exception):
 
 def _leaf_args(terms: Sequence[Term]) -> dict[int, Term]:
     found: dict[int, Term] = {}
-    seen: set[int] = set()
-    stack = list(terms)
-    while stack:
-        term = stack.pop()
-        if term.serial in seen:
-            continue
-        seen.add(term.serial)
+    for term in subterms(terms):
         if term.op == "arg":
             found.setdefault(term.attrs[0], term)
-        stack.extend(term.args)
     return found
 
 

@@ -26,6 +26,7 @@ from .terms import (
     scale,
     single_scaled,
     structural_diff,
+    subterms,
 )
 
 _LEAF_OPS = ("splat", "dense", "iota", "arg", "loopvar")
@@ -684,15 +685,7 @@ def _scale_change(scaled: list) -> tuple[OpRecord, Term]:
 
 
 def _subterms(term: Term) -> set[int]:
-    found: set[int] = set()
-    stack = [term]
-    while stack:
-        t = stack.pop()
-        if t.serial in found:
-            continue
-        found.add(t.serial)
-        stack.extend(t.args)
-    return found
+    return {t.serial for t in subterms([term])}
 
 
 def _explain_all(walk: Walk) -> list[list[str]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Iterator
 from fractions import Fraction
 
 Scalar = Fraction | float
@@ -57,6 +58,19 @@ def intern(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...]
 LOOP_BODY_TERMS: dict[int, Term] = {}
 """serial -> term for the condition and yields a `while_result` names by serial in its attrs
 (they are not its arguments: the loop variables in them are bound by the loop)."""
+
+
+def subterms(roots) -> Iterator[Term]:
+    """Every distinct term under `roots` (themselves included), each once."""
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        term = stack.pop()
+        if term.serial in seen:
+            continue
+        seen.add(term.serial)
+        yield term
+        stack.extend(term.args)
 
 
 def scalar(value) -> Scalar:
