@@ -176,6 +176,9 @@ class InstanceChecker:
 
     def check(self, info: OpInfo, in_values: Sequence[Value], out_values: Sequence[Value],
               mesh: Mesh | None, ctx: RuleContext | None = None) -> ProofResult:
+        """A zero-padded window (`rules/window.py`) is claimed as the padded relation it
+        stands for: the same local values on every device."""
+        out_values = [_as_padded_rel(v) for v in out_values]
         start = time.perf_counter()
         stats = self.stats.setdefault(info.name, OpStats())
         stats.checks += 1
@@ -503,11 +506,15 @@ def _run_rule(info: OpInfo, ins: list[Value], mesh: Mesh | None, ctx: RuleContex
                                                 reference=reference)))
     except Exception:  # noqa: BLE001 - a crashing rule just disables the abstraction
         return None
+    claims = list(claimed) + [None] * (len(outs) - len(claimed))
+    return [_as_padded_rel(v) if isinstance(c, Rel) else v for v, c in zip(outs, claims)]
+
+
+def _as_padded_rel(value: Value) -> Value:
+    """A zero-padded window as the padded relation it stands for; any other value as is."""
     from .rules.window import is_padded, padded_rel
 
-    claims = list(claimed) + [None] * (len(outs) - len(claimed))
-    return [padded_rel(v) if isinstance(c, Rel) and isinstance(v, Windowed) and is_padded(v)
-            else v for v, c in zip(outs, claims)]
+    return padded_rel(value) if isinstance(value, Windowed) and is_padded(value) else value
 
 
 def _layout_hint(info: OpInfo, claimed: Sequence[Value], mesh: Mesh | None,

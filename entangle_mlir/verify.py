@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from .diagnostics import Diagnostic
 from .infer import Walk
-from .layout import Opaque, Rel, Windowed
+from .layout import Opaque, Rel
 from .report import NOT_PROVEN, Report
 from .terms import scale
 
@@ -18,11 +18,9 @@ _SKIP = ("sdy.manual_computation", "func.return", "stablehlo.return", "sdy.retur
 def verify_walk(walk: Walk, report: Report, budget_seconds: float = 60.0,
                 inject_fault: str = "") -> None:
     """Check each rule instance of the sharded walk; a refuted or inconclusive one withdraws
-    the verdict. The report's `mode` says what ran. A zero-padded window (`rules/window.py`)
-    is checked as the padded relation it stands for: the same local values on every device."""
+    the verdict. The report's `mode` says what ran."""
     from .instance import check_instance
     from .progress import Progress
-    from .rules.window import is_padded, padded_rel
 
     start = time.perf_counter()
     counts = {"proved": 0, "refuted": 0, "unknown": 0, "skipped": 0}
@@ -41,9 +39,7 @@ def verify_walk(walk: Walk, report: Report, budget_seconds: float = 60.0,
         if inject_fault and record.info.name == inject_fault:
             outputs = [replace(v, term=scale(v.term, 2)) if isinstance(v, Rel) else v
                        for v in outputs]
-        result = check_instance(record.info, record.inputs,
-                                [padded_rel(v) if isinstance(v, Windowed) and is_padded(v)
-                                 else v for v in outputs], mesh)
+        result = check_instance(record.info, record.inputs, outputs, mesh)
         status = result.status if result.status in counts else "unknown"
         counts[status] += 1
         if status in ("refuted", "unknown"):

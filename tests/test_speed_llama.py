@@ -135,7 +135,7 @@ def test_cut_pad_is_checked_at_a_reduced_shape(low: int, high: int) -> None:
                   [TensorType((1, 4, 2, 8 + low + high), "f32")])
     (out,) = RULES[info.name](info, [x, zero], RuleContext(mesh=M2, manual_axes=("dp", "tp")))
     if isinstance(out, Windowed) and is_padded(out):
-        out = padded_rel(out)  # what verify_walk checks for a zero-padded window
+        out = padded_rel(out)  # the relation it stands for (what the checker claims)
     result = I.check_instance(info, [x, zero], [out], M2, checker=I.InstanceChecker())
     assert result.status == "proved", result.describe()
     assert result.details["mode"] == "reduced"
