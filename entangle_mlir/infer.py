@@ -39,7 +39,7 @@ from .per_device import (
     synthesize_mesh,
 )
 from .program import mesh_from_attr, read_meshes
-from .rules import RULES, RuleContext
+from .rules import RULES, RuleContext, blocks
 from .rules.common import check_local_shapes, freeze, resize
 from .rules.elementwise import ELEMENTWISE_RULES
 from .rules.window import settle
@@ -230,8 +230,7 @@ class Walker:
                               category="layout_mismatch")] * len(op.results)
         elif any(isinstance(v, DEVICE_BLOCK_VALUES) for v in inputs) and \
                 info.name not in BLOCK_AWARE:
-            outputs = [Opaque(f"device-dependent mask or index used by {info.name} (not "
-                              "supported yet)", category="unsupported")] * len(op.results)
+            outputs = [blocks.unsupported(info.name)] * len(op.results)
         elif any(isinstance(v, Shifted) for v in inputs) and info.name not in SHIFT_AWARE:
             outputs = [Opaque(f"device-dependent offset tensor used by {info.name} (not "
                               "supported yet)", category="unsupported")] * len(op.results)

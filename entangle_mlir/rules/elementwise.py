@@ -211,8 +211,9 @@ def _term_attrs(info: OpInfo) -> tuple:
 
 def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     """Shared layout in, shared layout out; see `_partial_result` for partial sums."""
-    if info.name == "stablehlo.select" and blocks.truth(operands[0]) is not None:
-        return [operands[1] if blocks.truth(operands[0]) else operands[2]]
+    constant_pred = blocks.truth(operands[0]) if info.name == "stablehlo.select" else None
+    if constant_pred is not None:
+        return [operands[1] if constant_pred else operands[2]]
     if any(isinstance(v, DEVICE_BLOCK_VALUES) for v in operands):
         return blocks.elementwise(info, operands, ctx, elementwise)
     if any(isinstance(v, Windowed) for v in operands):
