@@ -13,6 +13,7 @@ import functools
 import pytest
 
 from entangle_mlir.check import check_texts
+from examples.real.bugs import OMISSIONS
 from examples.real.catalog import Example, bug_line, examples, lower_pair
 from examples.real.expected import MISLOCATED, NOT_PROVEN, UNSOUND
 from examples.real.repro import FIXED, Repro, reproducers
@@ -113,3 +114,26 @@ def test_missing_gradient_sync_names_the_parameter_and_the_sync_it_bypassed() ->
     path, line = bug_line(ex)
     sync = [loc for m, loc in notes.items() if "synchronised by this stablehlo.all_reduce" in m]
     assert sync and (sync[0].file, sync[0].line) == (path, line + 1), first.render()
+
+
+# An omission (a synchronisation that skips some gradients) emits no op, so no diagnostic can
+# sit on its `# BUG` line. What it must say instead: the skipped parameter by name, the axis, and
+# that its gradient synchronisation is missing.
+OMITTED_SYNCS = {
+    "router_grad_not_allreduced": ("tp", {"router"}),
+    "norm_grads_not_allreduced": ("tp", {"attn_norm", "mlp_norm"}),
+    "shared_head_weight_grad_not_psummed": ("tp", {"q_head_norm", "k_head_norm"}),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(OMITTED_SYNCS))
+def test_omission_names_the_parameter_and_the_missing_sync(bug: str) -> None:
+    assert set(OMITTED_SYNCS) == OMISSIONS
+    ex = next(e for e in BUGGY if e.bug == bug)
+    axis, params = OMITTED_SYNCS[bug]
+    first = _report(ex).diagnostics[0]
+    assert f"still a partial sum over '{axis}'" in first.message, first.render()
+    assert "gradient synchronisation of this parameter is missing" in first.message
+    named = [n.message.rsplit(".", 1)[-1] for n in first.notes
+             if n.message.startswith("result #") and " is result[" in n.message]
+    assert named and named[0] in params, first.render()
