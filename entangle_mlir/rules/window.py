@@ -736,7 +736,10 @@ def add_window_sums(a: Windowed, b: Windowed, info, mesh: Mesh) -> Value | None:
     if not isinstance(whole, Rel):
         return None
     dims = a.summed
-    summed = sum_out(whole.term, dims, info.result_types[0].dtype)
+    term = whole.term
+    shape = tuple(n for d, n in enumerate(term.shape) if d not in dims)
+    summed = canonical_sums(make_op("reduce_sum", (term,), (dims,), shape,
+                                    info.result_types[0].dtype, linear_in=0))
     order = mesh.names
     partial = tuple(sorted(set(whole.tiling[a.dim]), key=order.index))
     return Rel(summed, tuple(t for d, t in enumerate(whole.tiling) if d not in dims), partial,
@@ -1011,6 +1014,19 @@ def _scaled_by_value(info, window: Windowed, other: Rel) -> Value | None:
     product = make_mul(term, factor) if info.name == "stablehlo.multiply" else make_div(
         term, factor)
     return replace(window, rel=replace(window.rel, term=product))
+
+
+def canonical_sums(term: Term) -> Term:
+    """The sums at the top of `term` (under linear combinations and reshapes) in the form
+    `sum_out` gives them: a completed micro-batch sum as the unsharded program computes it.
+    The instance layer applies it to the rule's generic output (instance._completed_sum)."""
+    if term.op == "reduce_sum" and len(term.args) == 1:
+        return sum_out(term.args[0], tuple(term.attrs[0]), term.dtype)
+    if term.op == "lin":
+        return map_linear(term, canonical_sums)
+    if term.op == "reshape":
+        return make_reshape(canonical_sums(term.args[0]), term.shape)
+    return term
 
 
 def sum_out(term: Term, dims: tuple[int, ...], dtype: str) -> Term:
