@@ -736,10 +736,7 @@ def add_window_sums(a: Windowed, b: Windowed, info, mesh: Mesh) -> Value | None:
     if not isinstance(whole, Rel):
         return None
     dims = a.summed
-    term = whole.term
-    shape = tuple(n for d, n in enumerate(term.shape) if d not in dims)
-    summed = canonical_sums(make_op("reduce_sum", (term,), (dims,), shape,
-                                    info.result_types[0].dtype, linear_in=0))
+    summed = sum_out(whole.term, dims, info.result_types[0].dtype)
     order = mesh.names
     partial = tuple(sorted(set(whole.tiling[a.dim]), key=order.index))
     return Rel(summed, tuple(t for d, t in enumerate(whole.tiling) if d not in dims), partial,
@@ -1016,17 +1013,27 @@ def _scaled_by_value(info, window: Windowed, other: Rel) -> Value | None:
     return replace(window, rel=replace(window.rel, term=product))
 
 
-def canonical_sums(term: Term) -> Term:
-    """The sums at the top of `term` (under linear combinations and reshapes) in the form
-    `sum_out` gives them: a completed micro-batch sum as the unsharded program computes it.
-    The instance layer applies it to the rule's generic output (instance._completed_sum)."""
-    if term.op == "reduce_sum" and len(term.args) == 1:
-        return sum_out(term.args[0], tuple(term.attrs[0]), term.dtype)
-    if term.op == "lin":
-        return map_linear(term, canonical_sums)
-    if term.op == "reshape":
-        return make_reshape(canonical_sums(term.args[0]), term.shape)
-    return term
+def completed_sums(plain: Term) -> list[Term]:
+    """The forms `sum_out` may give the sum `plain` (a reduce_sum, possibly scaled, or
+    reshaped where the canonical reduce dropped summed unit dims: each way of choosing those
+    dims gives the same value). The instance layer accepts a completed micro-batch sum when
+    the rule's generic output, rebuilt over the real terms, is `plain` and the real output is
+    one of these (instance._completed_sum)."""
+    k, base = single_scaled(plain)
+    found = []
+    if base.op == "reduce_sum" and len(base.args) == 1:
+        found.append(sum_out(base.args[0], tuple(base.attrs[0]), base.dtype))
+    elif base.op == "reshape" and base.args[0].op == "reduce_sum" and len(
+            base.args[0].args) == 1:
+        inner = base.args[0]
+        source, done = inner.args[0], set(inner.attrs[0])
+        units = [d for d, n in enumerate(source.shape) if n == 1 and d not in done]
+        extra = len(source.shape) - len(done) - len(base.shape)
+        for chosen in itertools.combinations(units, max(extra, 0)):
+            dims = tuple(sorted(done | set(chosen)))
+            if tuple(n for d, n in enumerate(source.shape) if d not in dims) == base.shape:
+                found.append(sum_out(source, dims, base.dtype))
+    return [t if k == 1 else scale(t, k) for t in found]
 
 
 def sum_out(term: Term, dims: tuple[int, ...], dtype: str) -> Term:
