@@ -43,6 +43,7 @@ from ..terms import (
     make_splat,
     make_transpose,
     map_linear,
+    pretty,
     scale,
     single_scaled,
     splat_value,
@@ -758,6 +759,8 @@ def _scaled_sum(info, operands: list[Value], ctx: RuleContext) -> Value | None:
         (window,) = operands
     elif name in ("stablehlo.multiply", "stablehlo.divide") and len(operands) == 2:
         window, other = operands if isinstance(operands[0], Windowed) else operands[::-1]
+        if name == "stablehlo.divide" and isinstance(operands[1], Windowed):
+            return _per_window_mean(operands[1], ctx.mesh)
         if name == "stablehlo.divide" and window is not operands[0]:
             return None
         value = splat_value(other.term) if isinstance(other, Rel) else None
@@ -771,6 +774,28 @@ def _scaled_sum(info, operands: list[Value], ctx: RuleContext) -> Value | None:
     if not isinstance(window, Windowed):
         return None
     return replace(window, rel=replace(window.rel, term=scale(window.rel.term, factor)))
+
+
+def _per_window_mean(totals: Windowed, mesh: Mesh) -> Value | None:
+    """A division by a sum over a micro-batch's rows (`sum(loss * mask) / sum(mask)` per
+    micro-batch, and its gradient): a mean per micro-batch. Averaging those weights
+    micro-batch i by N / (m * N_i) (N the total over the whole batch, N_i the micro-batch's,
+    m the number of micro-batches over all devices) where the reference's mean over the whole
+    batch weights every row by 1 / N: the two agree only when every micro-batch has the same
+    total (the same number of valid tokens). None for a divisor that is no such sum."""
+    if not totals.summed or totals.starts or totals.holes:
+        return None
+    dim, length, rel = totals.dim, totals.length, totals.rel
+    rows = _rows(totals.offset, length, rel.term.shape[dim], block_rows(rel, dim, mesh))
+    count = rel.term.shape[dim] // length
+    return Opaque(f"divide by the sum of {pretty(rel.term, 2)} over one micro-batch (rows "
+                  f"{rows} of dim {dim}, split over {axes_str(rel.tiling[dim])}): a mean per "
+                  f"micro-batch. Averaging the {count} micro-batch means scales micro-batch i "
+                  f"by k = N/({count}*N_i) (N: the total over the whole batch, N_i: the "
+                  "micro-batch's), so k = 1 only when every micro-batch has the same total "
+                  "(the same number of valid tokens); the reference divides by N. Divide by "
+                  "the total over the whole batch (summed over the micro-batches and "
+                  "all-reduced)", category="scale")
 
 
 ROWWISE_OPS = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.reshape",
