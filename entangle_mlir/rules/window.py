@@ -831,8 +831,8 @@ def window_rowwise(info, operands: list[Value], ctx: RuleContext, plain) -> list
     in_dims, out_dim, contracted = rows
     size = first.rel.term.shape[first.dim]
 
-    def geometry(w: Windowed, dim: int) -> tuple:
-        return (w.dim == dim, w.length, w.rel.term.shape[w.dim], w.rel.tiling[w.dim],
+    def geometry(w: Windowed) -> tuple:
+        return (w.length, w.rel.term.shape[w.dim], w.rel.tiling[w.dim],
                 tuple(r % size for r in first_rows(w, mesh)))
 
     if any(w.summed or w.holes or w.starts or w.rel.partial or w.rel.poly or is_padded(w)
@@ -840,9 +840,8 @@ def window_rowwise(info, operands: list[Value], ctx: RuleContext, plain) -> list
         return refused
     if any((d is None) != (not isinstance(v, Windowed)) for v, d in zip(operands, in_dims)):
         return refused
-    if len({geometry(v, d) for v, d in zip(operands, in_dims) if d is not None}) != 1:
-        return refused
-    if not geometry(first, first.dim)[0]:
+    if any(v.dim != d for v, d in zip(operands, in_dims) if d is not None) or len(
+            {geometry(v) for v in windows}) != 1:
         return refused
     widened = _widened(info, in_dims, out_dim, contracted, first.length,
                        block_rows(first.rel, first.dim, mesh))
