@@ -13,6 +13,11 @@ partitioning move between devices, and the micro-batches of a local batch (`Wind
   overlapping windows (cumsum) that a reduce_window then reduces to a block.
 * Elementwise ops and reduces over other dims keep a window; a sum over the window's dim is a
   summed window, and sums of complementary windows add up to the block's partial sum.
+* Micro-batches (gradient accumulation): every op that computes each row of the window's dim
+  from the same rows keeps the window (`window_rowwise`); a matmul contracting it sums its
+  rows; summed windows go through moves, zero pads and replicated scalings (`summed_move`),
+  and complementary ones complete in the reference's form (`sum_out`). A division by a
+  micro-batch's own total is the per-micro-batch mean (`_per_window_mean`).
 
 Every construct is a claim about each device's local value that the Z3 instance layer checks
 (instance._window_rows). Only the ops above accept a window (and collective_permute a
