@@ -721,7 +721,9 @@ def _completed_sum(rebuilt: Term, real: Term) -> bool:
     factors and batch dims of the tensor summed: canonical forms, tests/test_lemmas.py)."""
     from .rules.window import completed_sums
 
-    return any(form is real for form in completed_sums(rebuilt))
+    forms = completed_sums(rebuilt) + completed_sums(rebuilt, frozenset(
+        t.serial for t in subterms([real])))
+    return any(form is real for form in forms)
 
 
 def _literal_instance(abstract: Term, real: Term, mapping: dict[int, Term]) -> bool:

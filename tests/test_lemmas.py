@@ -1546,3 +1546,15 @@ def test_refutes_pulling_a_factor_that_varies_along_the_sum() -> None:
     assert sum_out(varies, (0,), "f32") is _sum(varies, (0,))
     pulled = T.make_mul(_sum(x, (0,)), T.make_broadcast(_sum(v, (0,)), (), (3,)))
     assert check_term_equality(_sum(varies, (0,)), pulled).status == "refuted"
+
+
+def test_sum_out_keeps_a_sum_the_reference_computes() -> None:
+    """A completed micro-batch sum the reference computes as it stands (a bias gradient over
+    the whole batch's tokens) is kept, not pushed into the terms it sums."""
+    from entangle_mlir.rules.window import sum_out
+
+    x, y = arg((4, 3)), arg((4, 2))
+    dot = T.make_dot(x, y, ((0,), (0,), (), ()), (4, 3, 2), "f32")
+    plain = _sum(dot, (0,))
+    assert sum_out(dot, (0,), "f32") is not plain
+    assert sum_out(dot, (0,), "f32", frozenset({plain.serial})) is plain

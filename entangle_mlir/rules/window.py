@@ -713,7 +713,8 @@ def _sum_reason(window: Windowed, mesh: Mesh) -> str:
             "other rows is never added)")
 
 
-def add_window_sums(a: Windowed, b: Windowed, info, mesh: Mesh) -> Value | None:
+def add_window_sums(a: Windowed, b: Windowed, info, mesh: Mesh,
+                    reference: frozenset[int] | set[int] | None = None) -> Value | None:
     """Sums of two windows of one tensor over the same dims whose rows are consecutive: the sum
     over the joined rows; over a whole block, the block's sum: a partial sum over the axes
     splitting the window's dim (as a reduce over that dim makes). None when they do not join."""
@@ -742,7 +743,7 @@ def add_window_sums(a: Windowed, b: Windowed, info, mesh: Mesh) -> Value | None:
     if not isinstance(whole, Rel):
         return None
     dims = a.summed
-    summed = sum_out(whole.term, dims, info.result_types[0].dtype)
+    summed = sum_out(whole.term, dims, info.result_types[0].dtype, reference)
     order = mesh.names
     partial = tuple(sorted(set(whole.tiling[a.dim]), key=order.index))
     return Rel(summed, tuple(t for d, t in enumerate(whole.tiling) if d not in dims), partial,
@@ -755,7 +756,7 @@ def _scaled_sum(info, operands: list[Value], ctx: RuleContext) -> Value | None:
     name = info.name
     if name == "stablehlo.add" and len(operands) == 2 and all(
             isinstance(v, Windowed) for v in operands):
-        return add_window_sums(operands[0], operands[1], info, ctx.mesh)
+        return add_window_sums(operands[0], operands[1], info, ctx.mesh, ctx.reference)
     if name == "stablehlo.add" and len(operands) == 2:
         window, other = operands if isinstance(operands[0], Windowed) else operands[::-1]
         return window if isinstance(other, Rel) and splat_value(other.term) == 0 else None
@@ -1042,7 +1043,8 @@ def _scaled_by_value(info, window: Windowed, other: Rel) -> Value | None:
     return replace(window, rel=replace(window.rel, term=product))
 
 
-def completed_sums(plain: Term) -> list[Term]:
+def completed_sums(plain: Term, reference: frozenset[int] | set[int] | None = None
+                   ) -> list[Term]:
     """The forms `sum_out` may give the sum `plain` (a reduce_sum, possibly scaled, or
     reshaped where the canonical reduce dropped summed unit dims: each way of choosing those
     dims gives the same value). The instance layer accepts a completed micro-batch sum when
@@ -1051,7 +1053,7 @@ def completed_sums(plain: Term) -> list[Term]:
     k, base = single_scaled(plain)
     found = []
     if base.op == "reduce_sum" and len(base.args) == 1:
-        found.append(sum_out(base.args[0], tuple(base.attrs[0]), base.dtype))
+        found.append(sum_out(base.args[0], tuple(base.attrs[0]), base.dtype, reference))
     elif base.op == "reshape" and base.args[0].op == "reduce_sum" and len(
             base.args[0].args) == 1:
         inner = base.args[0]
@@ -1061,19 +1063,30 @@ def completed_sums(plain: Term) -> list[Term]:
         for chosen in itertools.combinations(units, max(extra, 0)):
             dims = tuple(sorted(done | set(chosen)))
             if tuple(n for d, n in enumerate(source.shape) if d not in dims) == base.shape:
-                found.append(sum_out(source, dims, base.dtype))
+                found.append(sum_out(source, dims, base.dtype, reference))
     return [t if k == 1 else scale(t, k) for t in found]
 
 
-def sum_out(term: Term, dims: tuple[int, ...], dtype: str) -> Term:
+def sum_out(term: Term, dims: tuple[int, ...], dtype: str,
+            reference: frozenset[int] | set[int] | None = None) -> Term:
     """`reduce_sum(term, dims)` in the form the unsharded program computes it: the sum pushed
     through transposes, factors constant along `dims` (broadcasts of other dims) pulled out,
     and a dot_general whose batch dims are summed contracts them instead (a weight gradient
-    summed over micro-batches is the gradient over the whole batch)."""
+    summed over micro-batches is the gradient over the whole batch). With `reference` (serials
+    of the terms the reference computes), a sum the reference computes as it stands is kept
+    so: the reference sums the same tensor there (a bias gradient over a whole batch's
+    tokens), and pushing the sum further in would miss it."""
     dims = tuple(sorted(dims))
     shape = tuple(n for d, n in enumerate(term.shape) if d not in dims)
+    if reference is not None:
+        k, base = single_scaled(term)
+        from .reduction import sum_term
+
+        plain = sum_term(base, dims, shape, dtype)
+        if single_scaled(plain)[1].serial in reference:
+            return plain if k == 1 else scale(plain, k)
     if term.op == "lin" and len(term.args) > 1 and term.attrs[0] == 0:
-        return map_linear(term, lambda t: sum_out(t, dims, dtype))
+        return map_linear(term, lambda t: sum_out(t, dims, dtype, reference))
     k, base = single_scaled(term)
     out = None
     prefix = dims == tuple(range(len(dims)))
@@ -1081,38 +1094,38 @@ def sum_out(term: Term, dims: tuple[int, ...], dtype: str) -> Term:
     head = math.prod(base.shape[:len(dims)])
     inner = next((j for j in range(len(source) + 1) if math.prod(source[:j]) == head), None)
     if base.op == "reshape" and prefix and inner is not None:
-        out = make_reshape(sum_out(base.args[0], tuple(range(inner)), dtype), shape)
+        out = make_reshape(sum_out(base.args[0], tuple(range(inner)), dtype, reference), shape)
     elif base.op == "broadcast" and set(dims) <= set(base.attrs[0]) and all(
             source[i] == base.shape[d] for i, d in enumerate(base.attrs[0]) if d in dims):
         bdims = base.attrs[0]
         inner_dims = tuple(i for i, d in enumerate(bdims) if d in dims)
         kept = [d for d in range(len(base.shape)) if d not in dims]
-        out = make_broadcast(sum_out(base.args[0], inner_dims, dtype),
+        out = make_broadcast(sum_out(base.args[0], inner_dims, dtype, reference),
                              tuple(kept.index(d) for d in bdims if d not in dims), shape)
     elif base.op == "pad" and splat_value(base.args[1]) == 0 and not any(
             base.attrs[j][d] for j in range(3) for d in dims):
-        inner = sum_out(base.args[0], dims, dtype)
+        inner = sum_out(base.args[0], dims, dtype, reference)
         attrs = tuple(tuple(n for d, n in enumerate(a) if d not in dims) for a in base.attrs)
         out = make_op("pad", (inner, base.args[1]), attrs, shape, dtype, linear_in=0)
     elif base.op == "div" and base.args[1].op == "broadcast" and not set(
             base.args[1].attrs[0]) & set(dims):
         kept = [d for d in range(len(term.shape)) if d not in dims]
         divisor = base.args[1]
-        out = make_div(sum_out(base.args[0], dims, dtype), make_broadcast(
+        out = make_div(sum_out(base.args[0], dims, dtype, reference), make_broadcast(
             divisor.args[0], tuple(kept.index(d) for d in divisor.attrs[0]), shape))
     elif base.op == "transpose":
         (perm,) = base.attrs
         inner = tuple(sorted(perm[d] for d in dims))
         rest = [perm[d] for d in range(len(perm)) if d not in dims]
         remaining = [d for d in range(len(perm)) if d not in inner]
-        out = make_transpose(sum_out(base.args[0], inner, dtype),
+        out = make_transpose(sum_out(base.args[0], inner, dtype, reference),
                              tuple(remaining.index(p) for p in rest))
     elif base.op == "mul":
         constant = [f for f in base.args if f.op == "broadcast"
                     and not set(f.attrs[0]) & set(dims)]
         if constant and len(constant) < len(base.args):
             rest = [f for f in base.args if f not in constant]
-            out = sum_out(_product(rest), dims, dtype)
+            out = sum_out(_product(rest), dims, dtype, reference)
             kept = [d for d in range(len(term.shape)) if d not in dims]
             for f in constant:
                 out = make_mul(out, make_broadcast(f.args[0], tuple(kept.index(d)
