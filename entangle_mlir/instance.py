@@ -710,9 +710,20 @@ def _outputs_are_instances(abstract_outs: Sequence[Value], outs: Sequence[Value]
                 rebuilt = substitute(a_rel.term, mapping, memo)
             except Exception:  # noqa: BLE001 - an unexpected term shape disables the abstraction
                 return False
-            if rebuilt is not o_rel.term:
+            if rebuilt is not o_rel.term and not _completed_sum(rebuilt, o_rel.term):
                 return False
     return True
+
+
+def _completed_sum(rebuilt: Term, real: Term) -> bool:
+    """`real` is the sums in `rebuilt` in the form `rules.window.sum_out` gives them (the sum of a
+    micro-batch's rows completed over the block, pushed through the movement, constant
+    factors and batch dims of the tensor summed: canonical forms, tests/test_lemmas.py)."""
+    from .rules.window import completed_sums
+
+    forms = completed_sums(rebuilt) + completed_sums(rebuilt, frozenset(
+        t.serial for t in subterms([real])))
+    return any(form is real for form in forms)
 
 
 def _literal_instance(abstract: Term, real: Term, mapping: dict[int, Term]) -> bool:
@@ -1149,7 +1160,12 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
             if tuple(old.shape) != tuple(new):
                 return None
             new_ins.append(value)
-        elif isinstance(value, Windowed | Permuted):
+        elif isinstance(value, Windowed):
+            window = _reduced_window(value, tuple(new), mesh, leaves, cap)
+            if window is None:
+                return None
+            new_ins.append(window)
+        elif isinstance(value, Permuted):
             return None
         elif isinstance(value, Shifted):
             rel = _resized_rel(value.rel, new, mesh, leaves)
@@ -1191,6 +1207,38 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
                                      for s, t in zip(new_res, info.result_types)],
                        op=None)
     return new_info, new_ins
+
+
+def _reduced_window(window: Windowed, local: tuple[int, ...], mesh: Mesh | None,
+                    leaves: dict[int, Term], cap: int) -> Windowed | None:
+    """A micro-batch window at a reduced shape: rows [j*L, (j+1)*L) of blocks of m*L rows
+    become rows [j*L', (j+1)*L') of blocks of m*L' rows (L' = L capped), every other dim as for
+    a relation (summed dims other than the window's capped). Only windows aligned that way,
+    without zero rows or per-device starts; None otherwise."""
+    rel, dim, length = window.rel, window.dim, window.length
+    if mesh is None or window.holes or window.starts or not rel.tiling[dim]:
+        return None
+    count = mesh.group_size(rel.tiling[dim])
+    block = rel.term.shape[dim] // count
+    if block % length or window.offset % length or window.offset + length > block:
+        return None
+    new_length = _cap(length, cap)
+    kept = [d for d in range(len(rel.term.shape)) if d not in window.summed]
+    if len(kept) != len(local) or (not window.summed and local[dim] != new_length):
+        return None
+    local_of = dict(zip(kept, local))
+    shape = []
+    for d, axes in enumerate(rel.tiling):
+        if d == dim:
+            shape.append(block // length * new_length * count)
+            continue
+        blocks = 1 if d in rel.poly or rel.scope == GLOBAL or not axes else mesh.group_size(axes)
+        shape.append(local_of.get(d, _cap(rel.term.shape[d] // blocks, cap)) * blocks)
+    term = _resize_term(rel.term, tuple(shape), leaves)
+    if term is None:
+        return None
+    return replace(window, rel=replace(rel, term=term), length=new_length,
+                   offset=window.offset // length * new_length)
 
 
 def _skeleton(term: Term, memo: dict[int, tuple]) -> tuple:
@@ -1272,6 +1320,15 @@ def _reduced_instance(info: OpInfo, ins: list[Value], outs: list[Value], mesh: M
                     return "the rule gives another layout at the reduced shape"
                 if _skeleton(x.term, memo_a) != _skeleton(y.term, memo_r):
                     return "the rule builds another term at the reduced shape"
+        elif isinstance(a, Windowed) and isinstance(r, Windowed):
+            x, y = a.rel, r.rel
+            if (a.dim, a.summed, a.holes, a.starts) != (r.dim, r.summed, r.holes, r.starts) or \
+                    a.offset * r.length != r.offset * a.length or (
+                    x.tiling, x.partial, x.kind, x.poly, x.scope) != (
+                    y.tiling, y.partial, y.kind, y.poly, y.scope):
+                return "the rule gives another layout at the reduced shape"
+            if _skeleton(x.term, memo_a) != _skeleton(y.term, memo_r):
+                return "the rule builds another term at the reduced shape"
         elif not _same_layout(a, r):
             return "the rule gives another layout at the reduced shape"
     return r_info, r_ins, r_outs

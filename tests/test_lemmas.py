@@ -12,7 +12,7 @@ import itertools
 import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 import numpy as np
@@ -358,6 +358,80 @@ def reduce_lemmas() -> list[Lemma]:
 
 # ----- data movement --------------------------------------------------------------------------
 
+def _microbatch_lemmas(mesh: Mesh) -> list[Lemma]:
+    """A micro-batch's forward and backward (rules/window.py `window_rowwise`, `summed_move`):
+    ops that treat the window's dim row by row keep the window; a matmul contracting it sums
+    the window's rows; the moves, zero pads and replicated scalings of such a sum; sums over
+    the same rows of different tensors add; complementary sums of a matmul meet the matmul
+    over the whole batch."""
+    x3 = rel(arg((16, 2, 3)), "tp")
+    w3 = Windowed(x3, 0, 2, 2)
+    x2, y2 = rel(arg((16, 3)), "tp"), rel(arg((16, 4)), "tp")
+    summed = Windowed(rel(arg((16, 3, 4)), "tp"), 0, 2, 2, summed=(0,))
+    dot = {"lhs_batch": (), "rhs_batch": (), "lhs_contract": (0,), "rhs_contract": (0,)}
+    whole = T.make_dot(x2.term, y2.term, ((0,), (0,), (), ()), (16, 3, 4), "f32")
+    batched = rel(whole, "tp")
+    out = [
+        Lemma("broadcast-window", "stablehlo.broadcast_in_dim", [w3],
+              results=[((2, 2, 3, 5), "f32")], attrs={"broadcast_dimensions": (0, 1, 2)},
+              mesh=mesh),
+        Lemma("reshape-window", "stablehlo.reshape", [w3], results=[((2, 6), "f32")],
+              mesh=mesh),
+        Lemma("transpose-window", "stablehlo.transpose", [w3], results=[((3, 2, 2), "f32")],
+              attrs={"permutation": (2, 0, 1)}, mesh=mesh),
+        Lemma("slice-window-other-dim", "stablehlo.slice", [w3], results=[((2, 2, 2), "f32")],
+              attrs={"start_indices": (0, 0, 1), "limit_indices": (2, 2, 3),
+                     "strides": (1, 1, 1)}, mesh=mesh),
+        Lemma("pad-window-other-dim", "stablehlo.pad", [w3, splat(0, (), "f32")],
+              results=[((2, 2, 5), "f32")],
+              attrs={"edge_padding_low": (0, 0, 2), "edge_padding_high": (0, 0, 0),
+                     "interior_padding": (0, 0, 0)}, mesh=mesh),
+        Lemma("concat-windows-other-dim", "stablehlo.concatenate",
+              [w3, Windowed(rel(arg((16, 2, 1)), "tp"), 0, 2, 2)],
+              results=[((2, 2, 4), "f32")], attrs={"dimension": 2}, mesh=mesh),
+        Lemma("dot-window-free", "stablehlo.dot_general",
+              [Windowed(x2, 0, 0, 2), rel(arg((3, 5)))], results=[((2, 5), "f32")],
+              attrs={"lhs_batch": (), "rhs_batch": (), "lhs_contract": (1,),
+                     "rhs_contract": (0,)}, mesh=mesh),
+        Lemma("dot-windows-batch", "stablehlo.dot_general",
+              [w3, Windowed(rel(arg((16, 3, 4)), "tp"), 0, 2, 2)],
+              results=[((2, 2, 4), "f32")],
+              attrs={"lhs_batch": (0,), "rhs_batch": (0,), "lhs_contract": (2,),
+                     "rhs_contract": (1,)}, mesh=mesh),
+        Lemma("dot-windows-contracted", "stablehlo.dot_general",
+              [Windowed(x2, 0, 2, 2), Windowed(y2, 0, 2, 2)], results=[((3, 4), "f32")],
+              attrs=dot, mesh=mesh),
+        Lemma("transpose-window-sum", "stablehlo.transpose", [summed],
+              results=[((4, 3), "f32")], attrs={"permutation": (1, 0)}, mesh=mesh),
+        Lemma("reshape-window-sum", "stablehlo.reshape", [summed], results=[((1, 12), "f32")],
+              mesh=mesh),
+        Lemma("broadcast-window-sum", "stablehlo.broadcast_in_dim", [summed],
+              results=[((3, 2, 4), "f32")], attrs={"broadcast_dimensions": (0, 2)},
+              mesh=mesh),
+        Lemma("pad-window-sum", "stablehlo.pad", [summed, splat(0, (), "f32")],
+              results=[((5, 4), "f32")],
+              attrs={"edge_padding_low": (1, 0), "edge_padding_high": (1, 0),
+                     "interior_padding": (0, 0)}, mesh=mesh),
+        Lemma("reduce-window-sum-further", "stablehlo.reduce", [summed, splat(0, (), "f32")],
+              results=[((4,), "f32")], attrs={"dimensions": (0,), "reducer": "add"},
+              mesh=mesh),
+        Lemma("multiply-window-sum-by-value", "stablehlo.multiply",
+              [summed, rel(arg((3, 4)))], mesh=mesh),
+        Lemma("divide-window-sum-by-value", "stablehlo.divide",
+              [Windowed(x2, 0, 0, 2, summed=(0, 1)), rel(arg(()))], results=[((), "f32")],
+              mesh=mesh),
+        Lemma("add-window-sums-same-rows", "stablehlo.add",
+              [summed, Windowed(rel(arg((16, 3, 4)), "tp"), 0, 2, 2, summed=(0,))],
+              mesh=mesh),
+        Lemma("add-window-sum-zero", "stablehlo.add", [summed, splat(0, (3, 4), "f32")],
+              mesh=mesh),
+        Lemma("add-window-sums-of-a-matmul", "stablehlo.add",
+              [Windowed(batched, 0, 0, 2, summed=(0,)), Windowed(batched, 0, 2, 2, summed=(0,))],
+              results=[((3, 4), "f32")], mesh=mesh),
+    ]
+    return out
+
+
 def movement_lemmas() -> list[Lemma]:
     out = []
     for shape in ((2, 3), (4,)):
@@ -503,6 +577,7 @@ def movement_lemmas() -> list[Lemma]:
     out.append(Lemma("divide-window-sum", "stablehlo.divide",
                      [Windowed(mb, 0, 1, 2, summed=(0, 1)), splat(4, (), "f32")],
                      results=[((), "f32")], mesh=M4))
+    out.extend(_microbatch_lemmas(M4))
     # Rows routed point to point (XLA's split of a fused qkv output): permutes that move
     # blocks by different amounts give a window with a start per device; a select on the
     # device id picks each device's rows; a dynamic_slice of such a window reads its block.
@@ -1359,3 +1434,127 @@ def test_integer_division_keeps_its_numerator() -> None:
     doubled = T.make_lin([(Fraction(2), i)], Fraction(2), (3,), "i32")
     quotient = T.make_div(doubled, arg((3,), "i32"))
     assert quotient.op == "div" and quotient.args[0] is doubled
+
+
+# ----- micro-batches: must-fail and refusals -------------------------------------------------
+
+def test_refutes_a_matmul_sum_over_the_other_micro_batch() -> None:
+    """x[2:4]^T y[2:4] of every block is not the sum over rows [0, 2)."""
+    tp4 = Mesh((("tp", 4),))
+    x2, y2 = rel(arg((16, 3)), "tp"), rel(arg((16, 4)), "tp")
+    attrs = {"lhs_batch": (), "rhs_batch": (), "lhs_contract": (0,), "rhs_contract": (0,)}
+    ins = [Windowed(x2, 0, 2, 2), Windowed(y2, 0, 2, 2)]
+    lemma = Lemma("rows", "stablehlo.dot_general", ins, results=[((3, 4), "f32")], attrs=attrs,
+                  mesh=tp4)
+    (out,) = RULES[lemma.op](lemma.info(), ins, lemma.context())
+    assert isinstance(out, Windowed) and out.summed == (0,), out
+    refute("stablehlo.dot_general", ins, [replace(out, offset=0)], [((3, 4), "f32")], attrs,
+           mesh=tp4)
+
+
+def test_refutes_a_moved_window_sum_claimed_unmoved() -> None:
+    """A transposed micro-batch sum is the sum of the transposed tensor, not of the tensor."""
+    tp4 = Mesh((("tp", 4),))
+    summed = Windowed(rel(arg((16, 3, 3)), "tp"), 0, 2, 2, summed=(0,))
+    refute("stablehlo.transpose", [summed], [summed], [((3, 3), "f32")],
+           {"permutation": (1, 0)}, mesh=tp4)
+
+
+def test_refutes_reduced_window_claims() -> None:
+    """The shape-reduced instance check of a micro-batch window (instance._reduced_window)
+    still refutes a wrong claim: tanh of rows [4b, 4b+4) of blocks of 8 is not rows
+    [4b+4, 4b+8)."""
+    tp4 = Mesh((("tp", 4),))
+    x = rel(arg((32, 6)), "tp")
+    window = Windowed(x, 0, 4, 4)
+    lemma = Lemma("reduced", "stablehlo.tanh", [window], mesh=tp4)
+    (out,) = RULES[lemma.op](lemma.info(), [window], lemma.context())
+    checker = InstanceChecker(timeout_ms=20_000)
+    proved = checker.check(lemma.info(), [window], [out], tp4, lemma.context())
+    assert proved.status == "proved" and "reduced" in proved.details.get("mode", ""), proved
+    wrong = checker.check(lemma.info(), [window], [replace(out, offset=0)], tp4,
+                          lemma.context())
+    assert wrong.status == "refuted", wrong.describe()
+
+
+def test_window_rows_against_a_replicated_batch_are_refused() -> None:
+    """A batched matmul of a micro-batch with a replicated tensor of the same batch size pairs
+    the window's rows with other rows: no window."""
+    tp4 = Mesh((("tp", 4),))
+    ins = [Windowed(rel(arg((16, 2, 3)), "tp"), 0, 0, 2), rel(arg((2, 3, 4)))]
+    lemma = Lemma("batch", "stablehlo.dot_general", ins, results=[((2, 2, 4), "f32")],
+                  attrs={"lhs_batch": (0,), "rhs_batch": (0,), "lhs_contract": (2,),
+                         "rhs_contract": (1,)}, mesh=tp4)
+    (out,) = RULES[lemma.op](lemma.info(), ins, lemma.context())
+    assert isinstance(out, Opaque), out
+
+
+def test_per_micro_batch_mean_is_a_scale_error() -> None:
+    """sum(loss * mask) / sum(mask) per micro-batch: reported as a wrong scale (k = N/(m N_i));
+    the relation it would need (the micro-batch sum over the whole batch's total) is refuted."""
+    tp4 = Mesh((("tp", 4),))
+    loss, mask = rel(arg((16, 3)), "tp"), rel(arg((16, 3)), "tp")
+    sums, totals = (Windowed(v, 0, 0, 2, summed=(0, 1)) for v in (loss, mask))
+    lemma = Lemma("mean", "stablehlo.divide", [sums, totals], results=[((), "f32")], mesh=tp4)
+    (out,) = RULES[lemma.op](lemma.info(), [sums, totals], lemma.context())
+    assert isinstance(out, Opaque) and out.category == "scale", out
+    assert "k = N/(8*N_i)" in out.reason and "same number of valid tokens" in out.reason
+    total = T.make_op("reduce_sum", (mask.term,), ((0, 1),), (), "f32", linear_in=0)
+    whole_mean = T.make_div(loss.term, T.make_broadcast(total, (), (16, 3)))
+    refute("stablehlo.divide", [sums, totals],
+           [replace(sums, rel=replace(loss, term=whole_mean))], [((), "f32")], mesh=tp4)
+
+
+def _sum(term: T.Term, dims: tuple[int, ...]) -> T.Term:
+    shape = tuple(n for d, n in enumerate(term.shape) if d not in dims)
+    return T.make_op("reduce_sum", (term,), (dims,), shape, term.dtype, linear_in=0)
+
+
+def test_sum_out_forms_are_the_sums() -> None:
+    """Every form `sum_out` gives a completed micro-batch sum is the sum (Z3, all values)."""
+    from entangle_mlir.instance import check_term_equality
+    from entangle_mlir.rules.window import sum_out
+
+    x, y = arg((4, 3)), arg((4, 2))
+    c = arg((3,))
+    cases = {
+        "matmul-batch-to-contract": (T.make_dot(x, y, ((0,), (0,), (), ()), (4, 3, 2), "f32"),
+                                     (0,)),
+        "transpose": (T.intern("transpose", (x,), ((1, 0),), (3, 4), "f32"), (1,)),
+        "constant-factor": (T.make_mul(x, T.make_broadcast(c, (1,), (4, 3))), (0,)),
+        "constant-divisor": (T.make_div(x, T.make_broadcast(c, (1,), (4, 3))), (0,)),
+        "zero-pad": (T.make_op("pad", (x, T.make_splat(0, (), "f32")),
+                               ((0, 1), (0, 2), (0, 0)), (4, 6), "f32", linear_in=0), (0,)),
+        "reshape": (T.intern("reshape", (x,), (), (2, 2, 3), "f32"), (0, 1)),
+        "broadcast": (T.intern("broadcast", (x,), ((0, 2),), (4, 5, 3), "f32"), (0,)),
+        "linear": (T.make_add(x, T.make_mul(x, x)), (0,)),
+    }
+    for name, (term, dims) in cases.items():
+        canonical = sum_out(term, dims, "f32")
+        result = check_term_equality(_sum(term, dims), canonical, name=name)
+        assert result.status == "proved", f"{name}: {result.describe()}"
+
+
+def test_refutes_pulling_a_factor_that_varies_along_the_sum() -> None:
+    """A factor that varies along the summed dim does not come out of the sum (sum_out only
+    pulls broadcasts of the other dims)."""
+    from entangle_mlir.instance import check_term_equality
+    from entangle_mlir.rules.window import sum_out
+
+    x, v = arg((4, 3)), arg((4,))
+    varies = T.make_mul(x, T.make_broadcast(v, (0,), (4, 3)))
+    assert sum_out(varies, (0,), "f32") is _sum(varies, (0,))
+    pulled = T.make_mul(_sum(x, (0,)), T.make_broadcast(_sum(v, (0,)), (), (3,)))
+    assert check_term_equality(_sum(varies, (0,)), pulled).status == "refuted"
+
+
+def test_sum_out_keeps_a_sum_the_reference_computes() -> None:
+    """A completed micro-batch sum the reference computes as it stands (a bias gradient over
+    the whole batch's tokens) is kept, not pushed into the terms it sums."""
+    from entangle_mlir.rules.window import sum_out
+
+    x, y = arg((4, 3)), arg((4, 2))
+    dot = T.make_dot(x, y, ((0,), (0,), (), ()), (4, 3, 2), "f32")
+    plain = _sum(dot, (0,))
+    assert sum_out(dot, (0,), "f32") is not plain
+    assert sum_out(dot, (0,), "f32", frozenset({plain.serial})) is plain

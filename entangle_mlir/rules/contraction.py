@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from ..layout import Opaque, Rel, Value
+from ..layout import Opaque, Rel, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import make_dot
 from .base import RuleContext
 from .common import freeze, unify_dims
+from .window import window_rowwise
 
 
 def dot_general(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     lhs, rhs = operands
+    if isinstance(lhs, Windowed) or isinstance(rhs, Windowed):
+        return window_rowwise(info, operands, ctx, dot_general)
     if not isinstance(lhs, Rel) or not isinstance(rhs, Rel):
         return [Opaque("dot_general of a device-dependent scalar", category="unsupported")]
     a = info.attrs

@@ -28,7 +28,7 @@ from ..terms import (
 from . import blocks, shifted
 from .base import RuleContext
 from .common import freeze, replicated, splat_rel, unify_dims
-from .window import concat_windows, pad_window, padded_window, slice_window
+from .window import concat_windows, pad_window, padded_window, slice_window, window_rowwise
 
 
 def constant(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
@@ -63,6 +63,8 @@ def broadcast_in_dim(info: OpInfo, operands: list[Value], ctx: RuleContext) -> l
         return shifted.moved(info, x, broadcast_in_dim, ctx)
     if isinstance(x, DEVICE_BLOCK_VALUES):
         return blocks.moved(info, x, broadcast_in_dim, ctx)
+    if isinstance(x, Windowed):
+        return window_rowwise(info, operands, ctx, broadcast_in_dim)
     dims = tuple(info.attrs["broadcast_dimensions"])
     local_out = info.result_types[0].shape
     local_in = info.operand_types[0].shape
@@ -89,6 +91,8 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
         return shifted.moved(info, x, reshape, ctx)
     if isinstance(x, DEVICE_BLOCK_VALUES):
         return blocks.moved(info, x, reshape, ctx)
+    if isinstance(x, Windowed):
+        return window_rowwise(info, operands, ctx, reshape)
     local_in = info.operand_types[0].shape
     local_out = info.result_types[0].shape
     if ctx.is_global or not x.tiled_axes:
@@ -175,6 +179,8 @@ def transpose(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Val
         return shifted.moved(info, x, transpose, ctx)
     if isinstance(x, DEVICE_BLOCK_VALUES):
         return blocks.moved(info, x, transpose, ctx)
+    if isinstance(x, Windowed):
+        return window_rowwise(info, operands, ctx, transpose)
     perm = tuple(info.attrs["permutation"])
     poly = frozenset(i for i, p in enumerate(perm) if p in x.poly)
     return [replace(x, term=make_transpose(x.term, perm),
@@ -189,6 +195,9 @@ def slice_(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     starts, limits = tuple(a["start_indices"]), tuple(a["limit_indices"])
     strides = tuple(a.get("strides") or (1,) * len(starts))
     local = info.operand_types[0].shape
+    lifted = window_rowwise(info, operands, ctx, slice_) if isinstance(x, Windowed) else None
+    if lifted is not None:
+        return lifted
     if isinstance(x, Windowed) or ctx.mesh is not None and not ctx.is_global and any(
             axes and (starts[d], limits[d]) != (0, local[d]) for d, axes in enumerate(x.tiling)):
         window = slice_window(x if isinstance(x, Windowed) else freeze(x), starts, limits,
@@ -215,6 +224,9 @@ def slice_(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
 
 def concatenate(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     dim = info.attrs["dimension"]
+    lifted = window_rowwise(info, operands, ctx, concatenate)
+    if lifted is not None:
+        return lifted
     if ctx.mesh is not None and not ctx.is_global:
         joined = concat_windows(list(operands), dim, ctx.mesh)
         if joined is not None:
@@ -249,6 +261,9 @@ def concatenate(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
 
 def pad(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     x, value = operands
+    lifted = window_rowwise(info, operands, ctx, pad) if isinstance(x, Windowed) else None
+    if lifted is not None:
+        return lifted
     if isinstance(x, Windowed):
         return [_pad_window(info, x, value, ctx)]
     if not isinstance(x, Rel) or not isinstance(value, Rel) or value.tiled_axes:

@@ -13,6 +13,11 @@ partitioning move between devices, and the micro-batches of a local batch (`Wind
   overlapping windows (cumsum) that a reduce_window then reduces to a block.
 * Elementwise ops and reduces over other dims keep a window; a sum over the window's dim is a
   summed window, and sums of complementary windows add up to the block's partial sum.
+* Micro-batches (gradient accumulation): every op that computes each row of the window's dim
+  from the same rows keeps the window (`window_rowwise`); a matmul contracting it sums its
+  rows; summed windows go through moves, zero pads and replicated scalings (`summed_move`),
+  and complementary ones complete in the reference's form (`sum_out`). A division by a
+  micro-batch's own total is the per-micro-batch mean (`_per_window_mean`).
 
 Every construct is a claim about each device's local value that the Z3 instance layer checks
 (instance._window_rows). Only the ops above accept a window (and collective_permute a
@@ -23,14 +28,33 @@ it.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import replace
 from fractions import Fraction
 
 from ..layout import Opaque, Permuted, Rel, Shifted, Value, Windowed
 from ..mesh import Mesh, axes_str
-from ..terms import Term, intern, make_op, make_roll, make_splat, scale, splat_value
+from ..terms import (
+    Term,
+    intern,
+    make_add,
+    make_broadcast,
+    make_div,
+    make_dot,
+    make_mul,
+    make_op,
+    make_reshape,
+    make_roll,
+    make_splat,
+    make_transpose,
+    map_linear,
+    pretty,
+    scale,
+    single_scaled,
+    splat_value,
+)
 from .base import RuleContext
-from .common import device_offsets, resize
+from .common import device_offsets, freeze, resize
 
 WINDOW_OPS = frozenset({"stablehlo.slice", "stablehlo.concatenate",
                         "stablehlo.collective_permute", "stablehlo.dynamic_slice",
@@ -47,7 +71,10 @@ def settle(value: Value, op_name: str = "") -> Value:
         return Opaque(value.reason, origin=value.origin, category="wrong_order")
     if isinstance(value, Windowed) and is_padded(value) and op_name != "stablehlo.dynamic_slice":
         return padded_rel(value)
-    if isinstance(value, Windowed) and op_name not in WINDOW_OPS and not (
+    if isinstance(value, Windowed) and value.summed and op_name not in SUMMED_OPS and not (
+            _is_elementwise(op_name)):
+        return Opaque(value.reason, origin=value.origin, category="layout_mismatch")
+    if isinstance(value, Windowed) and op_name not in WINDOW_OPS | ROWWISE_OPS and not (
             op_name == "stablehlo.reduce" or _is_elementwise(op_name)):
         return Opaque(value.reason, origin=value.origin, category="layout_mismatch")
     return value
@@ -656,6 +683,13 @@ def window_reduce(info, window: Windowed, init: Rel, reducer: str, ctx: RuleCont
     refused = Opaque(window.reason, origin=window.origin, category="layout_mismatch")
     dims = tuple(sorted(info.attrs["dimensions"]))
     rel = window.rel
+    if window.summed and not (window.holes or window.starts or rel.partial):
+        kept = [d for d in range(len(rel.term.shape)) if d not in window.summed]
+        more = [kept[d] for d in dims]
+        if reducer == "add" and splat_value(init.term) == 0 and not any(
+                rel.tiling[d] for d in more):
+            return replace(window, summed=tuple(sorted((*window.summed, *more))))
+        return refused
     if window.summed or window.holes or rel.partial or ctx.mesh is None:
         return refused
     if window.dim not in dims:
@@ -679,12 +713,20 @@ def _sum_reason(window: Windowed, mesh: Mesh) -> str:
             "other rows is never added)")
 
 
-def add_window_sums(a: Windowed, b: Windowed, info, mesh: Mesh) -> Value | None:
+def add_window_sums(a: Windowed, b: Windowed, info, mesh: Mesh,
+                    reference: frozenset[int] | set[int] | None = None) -> Value | None:
     """Sums of two windows of one tensor over the same dims whose rows are consecutive: the sum
     over the joined rows; over a whole block, the block's sum: a partial sum over the axes
     splitting the window's dim (as a reduce over that dim makes). None when they do not join."""
-    if (a.rel != b.rel or a.dim != b.dim or a.summed != b.summed or a.holes or b.holes):
+    if a.dim != b.dim or a.summed != b.summed or a.holes or b.holes or a.starts or b.starts:
         return None
+    if a.rel != b.rel:
+        same_rows = (a.offset, a.length) == (b.offset, b.length) and replace(
+            a.rel, term=b.rel.term) == b.rel and a.rel.term.shape == b.rel.term.shape
+        if not same_rows or a.rel.partial:
+            return None
+        return replace(a, rel=replace(a.rel, term=make_add(a.rel.term, b.rel.term)),
+                       origin=None)
     size = a.rel.term.shape[a.dim]
     if (a.offset + a.length - b.offset) % size == 0:
         offset = a.offset
@@ -701,10 +743,7 @@ def add_window_sums(a: Windowed, b: Windowed, info, mesh: Mesh) -> Value | None:
     if not isinstance(whole, Rel):
         return None
     dims = a.summed
-    term = whole.term
-    shape = tuple(n for d, n in enumerate(term.shape) if d not in dims)
-    summed = make_op("reduce_sum", (term,), (dims,), shape, info.result_types[0].dtype,
-                     linear_in=0)
+    summed = sum_out(whole.term, dims, info.result_types[0].dtype, reference)
     order = mesh.names
     partial = tuple(sorted(set(whole.tiling[a.dim]), key=order.index))
     return Rel(summed, tuple(t for d, t in enumerate(whole.tiling) if d not in dims), partial,
@@ -717,15 +756,22 @@ def _scaled_sum(info, operands: list[Value], ctx: RuleContext) -> Value | None:
     name = info.name
     if name == "stablehlo.add" and len(operands) == 2 and all(
             isinstance(v, Windowed) for v in operands):
-        return add_window_sums(operands[0], operands[1], info, ctx.mesh)
+        return add_window_sums(operands[0], operands[1], info, ctx.mesh, ctx.reference)
+    if name == "stablehlo.add" and len(operands) == 2:
+        window, other = operands if isinstance(operands[0], Windowed) else operands[::-1]
+        return window if isinstance(other, Rel) and splat_value(other.term) == 0 else None
     if name == "stablehlo.negate":
         factor = Fraction(-1)
         (window,) = operands
     elif name in ("stablehlo.multiply", "stablehlo.divide") and len(operands) == 2:
         window, other = operands if isinstance(operands[0], Windowed) else operands[::-1]
+        if name == "stablehlo.divide" and isinstance(operands[1], Windowed):
+            return _per_window_mean(operands[1], ctx.mesh)
         if name == "stablehlo.divide" and window is not operands[0]:
             return None
         value = splat_value(other.term) if isinstance(other, Rel) else None
+        if isinstance(other, Rel) and value is None and isinstance(window, Windowed):
+            return _scaled_by_value(info, window, other)
         if not isinstance(value, Fraction) or value == 0:
             return None
         factor = value if name == "stablehlo.multiply" else 1 / value
@@ -734,3 +780,381 @@ def _scaled_sum(info, operands: list[Value], ctx: RuleContext) -> Value | None:
     if not isinstance(window, Windowed):
         return None
     return replace(window, rel=replace(window.rel, term=scale(window.rel.term, factor)))
+
+
+def _per_window_mean(totals: Windowed, mesh: Mesh) -> Value | None:
+    """A division by a sum over a micro-batch's rows (`sum(loss * mask) / sum(mask)` per
+    micro-batch, and its gradient): a mean per micro-batch. Averaging those weights
+    micro-batch i by N / (m * N_i) (N the total over the whole batch, N_i the micro-batch's,
+    m the number of micro-batches over all devices) where the reference's mean over the whole
+    batch weights every row by 1 / N: the two agree only when every micro-batch has the same
+    total (the same number of valid tokens). None for a divisor that is no such sum."""
+    if not totals.summed or totals.starts or totals.holes:
+        return None
+    dim, length, rel = totals.dim, totals.length, totals.rel
+    rows = _rows(totals.offset, length, rel.term.shape[dim], block_rows(rel, dim, mesh))
+    count = rel.term.shape[dim] // length
+    return Opaque(f"divide by the sum of {pretty(rel.term, 2)} over one micro-batch (rows "
+                  f"{rows} of dim {dim}, split over {axes_str(rel.tiling[dim])}): a mean per "
+                  f"micro-batch. Averaging the {count} micro-batch means scales micro-batch i "
+                  f"by k = N/({count}*N_i) (N: the total over the whole batch, N_i: the "
+                  "micro-batch's), so k = 1 only when every micro-batch has the same total "
+                  "(the same number of valid tokens); the reference divides by N. Divide by "
+                  "the total over the whole batch (summed over the micro-batches and "
+                  "all-reduced)", category="scale")
+
+
+ROWWISE_OPS = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.reshape",
+                         "stablehlo.transpose", "stablehlo.dot_general"})
+"""Ops that keep a micro-batch window when they treat its dim row by row
+(`window_rowwise`); slice, pad and concatenate do too when they leave the window's dim alone."""
+
+
+def window_rowwise(info, operands: list[Value], ctx: RuleContext, plain) -> list[Value] | None:
+    """An op that computes each row of the window's dim from the same row of its operands (a
+    micro-batch's broadcasts, reshapes, transposes, matmuls; slices, pads and concatenates
+    along other dims): taking rows commutes with it, so windows of one geometry (the same rows
+    of a dim of the same size, split alike, no zero rows, nothing summed) are the same window
+    of the op applied to the windows' tensors. `plain` (the op's ordinary rule) runs on their
+    relations as if each device held its whole block (`_widened`). A dot_general contracting
+    the window's dim (a weight gradient summed over a micro-batch's tokens) sums the window's
+    rows: a summed window of the dot_general that keeps that dim as a batch dim. None when the
+    op does not treat the window's dim row by row (slices, pads and concatenates of it: the
+    halo rules decide); the refusal when the operands do not fit."""
+    windows = [v for v in operands if isinstance(v, Windowed)]
+    if not windows:
+        return None
+    first = windows[0]
+    refused = [Opaque(first.reason, origin=first.origin, category="layout_mismatch")]
+    mesh = ctx.mesh
+    if mesh is None or ctx.is_global:
+        return refused
+    if any(w.summed for w in windows):
+        return [summed_move(info, operands)]
+    rows = _row_map(info, operands)
+    if rows is None:
+        return None if info.name not in ROWWISE_OPS else refused
+    in_dims, out_dim, contracted = rows
+    size = first.rel.term.shape[first.dim]
+
+    def geometry(w: Windowed) -> tuple:
+        return (w.length, w.rel.term.shape[w.dim], w.rel.tiling[w.dim],
+                tuple(r % size for r in first_rows(w, mesh)))
+
+    if any(w.summed or w.holes or w.starts or w.rel.partial or w.rel.poly or is_padded(w)
+           for w in windows):
+        return refused
+    if any((d is None) != (not isinstance(v, Windowed)) for v, d in zip(operands, in_dims)):
+        return refused
+    if any(v.dim != d for v, d in zip(operands, in_dims) if d is not None) or len(
+            {geometry(v) for v in windows}) != 1:
+        return refused
+    widened = _widened(info, in_dims, out_dim, contracted, first.length,
+                       block_rows(first.rel, first.dim, mesh))
+    if widened is None:
+        return refused
+    inner = [v.rel if isinstance(v, Windowed) else v for v in operands]
+    try:
+        (out,) = plain(widened, inner, ctx)
+    except (ValueError, TypeError):
+        return refused
+    if isinstance(out, Windowed) and is_padded(out):
+        out = padded_rel(out)
+    if not isinstance(out, Rel) or out_dim in out.poly:
+        return refused
+    out = freeze(out)
+    if (out.partial or out.tiling[out_dim] != first.rel.tiling[first.dim]
+            or out.term.shape[out_dim] != size):
+        return refused
+    window = replace(first, rel=out, dim=out_dim)
+    if contracted:
+        window = replace(window, summed=(out_dim,), origin=None)
+        window = replace(window, reason=_sum_reason(window, mesh))
+    return [window]
+
+
+def _row_map(info, operands: list[Value]) -> tuple[list[int | None], int, bool] | None:
+    """(per operand, the dim holding the window's rows (None: no such dim); the result's dim
+    holding them; whether the op sums over them) when the op computes each row of the
+    result from the same rows of its operands; else None."""
+    windows = [v.dim if isinstance(v, Windowed) else None for v in operands]
+    name, attrs = info.name, info.attrs
+    local_in = [t.shape for t in info.operand_types]
+    local_out = info.result_types[0].shape
+    w = next(d for d in windows if d is not None)
+    if name == "stablehlo.broadcast_in_dim":
+        out = tuple(attrs["broadcast_dimensions"])[w]
+        return (windows, out, False) if local_in[0][w] == local_out[out] else None
+    if name == "stablehlo.transpose":
+        return windows, tuple(attrs["permutation"]).index(w), False
+    if name == "stablehlo.reshape":
+        before = math.prod(local_in[0][:w])
+        for j, n in enumerate(local_out):
+            if n == local_in[0][w] and math.prod(local_out[:j]) == before:
+                return windows, j, False
+        return None
+    if name == "stablehlo.slice":
+        starts, limits = attrs["start_indices"], attrs["limit_indices"]
+        strides = attrs.get("strides") or (1,) * len(starts)
+        whole = (starts[w], limits[w], strides[w]) == (0, local_in[0][w], 1)
+        return (windows, w, False) if whole else None
+    if name == "stablehlo.pad":
+        edges = (attrs["edge_padding_low"][w], attrs["edge_padding_high"][w],
+                 attrs["interior_padding"][w])
+        return ([w, None], w, False) if edges == (0, 0, 0) else None
+    if name == "stablehlo.concatenate":
+        return (windows, w, False) if attrs["dimension"] != w else None
+    if name == "stablehlo.dot_general":
+        lb, rb = tuple(attrs["lhs_batch"]), tuple(attrs["rhs_batch"])
+        lc, rc = tuple(attrs["lhs_contract"]), tuple(attrs["rhs_contract"])
+        left, right = windows
+        lhs_free = [d for d in range(len(local_in[0])) if d not in lb + lc]
+        rhs_free = [d for d in range(len(local_in[1])) if d not in rb + rc]
+        if left is not None and left in lb:
+            k = lb.index(left)
+            return ([left, rb[k]], k, False) if right == rb[k] else None
+        if left is not None and left in lc:
+            k = lc.index(left)
+            return ([left, rc[k]], 0, True) if right == rc[k] else None
+        if left is not None:
+            return (windows, len(lb) + lhs_free.index(left), False) if right is None else None
+        if right in rb or right in rc:
+            return None
+        return windows, len(lb) + len(lhs_free) + rhs_free.index(right), False
+    return None
+
+
+def _widened(info, in_dims: list[int | None], out_dim: int, contracted: bool, length: int,
+             block: int):
+    """`info` as if every device held its whole block of `block` rows where it holds its
+    window of `length` rows; a dot_general contracting the window's dims keeps them as the
+    first batch dim instead. None when a local shape does not hold the window's rows."""
+    operand_types = list(info.operand_types)
+    for i, d in enumerate(in_dims):
+        if d is None:
+            continue
+        shape = operand_types[i].shape
+        if shape[d] != length:
+            return None
+        operand_types[i] = replace(operand_types[i],
+                                   shape=tuple(block if k == d else n for k, n in enumerate(shape)))
+    result = info.result_types[0]
+    attrs = dict(info.attrs)
+    if contracted:
+        left, right = in_dims
+        lc, rc = list(attrs["lhs_contract"]), list(attrs["rhs_contract"])
+        k = lc.index(left)
+        del lc[k], rc[rc.index(right)]
+        attrs.update(lhs_batch=(left, *attrs["lhs_batch"]), rhs_batch=(right, *attrs["rhs_batch"]),
+                     lhs_contract=tuple(lc), rhs_contract=tuple(rc))
+        shape = (block, *result.shape)
+    else:
+        if result.shape[out_dim] != length:
+            return None
+        shape = tuple(block if k == out_dim else n for k, n in enumerate(result.shape))
+        if info.name == "stablehlo.slice":
+            attrs["limit_indices"] = tuple(block if k == out_dim else n
+                                           for k, n in enumerate(attrs["limit_indices"]))
+    return replace(info, attrs=attrs, operand_types=operand_types,
+                   result_types=[replace(result, shape=shape), *info.result_types[1:]])
+
+
+SUMMED_MOVES = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.reshape",
+                          "stablehlo.transpose", "stablehlo.pad"})
+"""Linear movement ops a summed window goes through (`summed_move`)."""
+
+SUMMED_OPS = SUMMED_MOVES | {"stablehlo.reduce"}
+"""Every op besides elementwise ones that accepts a summed window (`settle`)."""
+
+
+def summed_move(info, operands: list[Value]) -> Value:
+    """A transpose, reshape, broadcast or zero pad of a summed window's local value (a
+    micro-batch's weight gradient laid out for the optimizer, a layer's gradient padded into
+    the stacked parameters' gradient): these move elements (or add zeros), which commutes
+    with summing rows, so the result is the sum over the same rows of the moved tensor: its
+    summed dims first, the op applied to the rest. Only when the rest is not split (local
+    shapes are the global ones)."""
+    window = operands[0]
+    if not isinstance(window, Windowed):
+        return Opaque(f"a summed micro-batch window used by {info.name}",
+                      category="layout_mismatch")
+    refused = Opaque(window.reason, origin=window.origin, category="layout_mismatch")
+    term, summed = window.rel.term, window.summed
+    kept = [d for d in range(len(term.shape)) if d not in summed]
+    if info.name not in SUMMED_MOVES or window.holes or window.starts or window.rel.partial \
+            or any(window.rel.tiling[d] for d in kept):
+        return refused
+    if info.name == "stablehlo.pad":
+        value = operands[1]
+        if not isinstance(value, Rel) or splat_value(value.term) != 0 or any(
+                info.attrs["interior_padding"]):
+            return refused
+    local_in, local_out = info.operand_types[0].shape, info.result_types[0].shape
+    head = tuple(term.shape[d] for d in summed)
+    k = len(summed)
+    if info.name == "stablehlo.transpose":
+        perm = tuple(info.attrs["permutation"])
+        moved = _plain_transpose(term, (*summed, *(kept[p] for p in perm)))
+    else:
+        front = _plain_transpose(term, (*summed, *kept))
+        if tuple(front.shape[k:]) != tuple(local_in):
+            return refused
+        if info.name == "stablehlo.reshape":
+            moved = front if front.shape == head + tuple(local_out) else intern(
+                "reshape", (front,), (), head + tuple(local_out), term.dtype)
+        elif info.name == "stablehlo.pad":
+            low = (0,) * k + tuple(info.attrs["edge_padding_low"])
+            high = (0,) * k + tuple(info.attrs["edge_padding_high"])
+            if min(low + high) < 0:
+                return refused
+            moved = make_op("pad", (front, make_splat(0, (), term.dtype)),
+                            (low, high, (0,) * len(low)), head + tuple(local_out), term.dtype,
+                            linear_in=0)
+        else:
+            dims = tuple(info.attrs["broadcast_dimensions"])
+            moved = intern("broadcast", (front,), ((*range(k), *(k + d for d in dims)),),
+                           head + tuple(local_out), term.dtype)
+    tiling = tuple(window.rel.tiling[d] for d in summed) + ((),) * len(local_out)
+    rel = replace(window.rel, term=moved, tiling=tiling, poly=frozenset())
+    return replace(window, rel=rel, dim=summed.index(window.dim), summed=tuple(range(k)))
+
+
+def _plain_transpose(term: Term, perm: tuple[int, ...]) -> Term:
+    """A transpose kept as written (not pushed into `term`), so that `sum_out` finds the
+    summed dims where the summed window put them."""
+    if perm == tuple(range(len(perm))):
+        return term
+    return intern("transpose", (term,), (perm,), tuple(term.shape[p] for p in perm),
+                  term.dtype)
+
+
+def _scaled_by_value(info, window: Windowed, other: Rel) -> Value | None:
+    """A summed window times (or divided by) a replicated value: the sum of the scaled rows
+    (`loss_i / count`, the global valid-token count dividing a micro-batch's summed loss)."""
+    if other.partial or other.tiled_axes or other.poly and other.term.op != "splat":
+        return None
+    term, summed = window.rel.term, window.summed
+    kept = [d for d in range(len(term.shape)) if d not in summed]
+    if tuple(other.term.shape) != tuple(term.shape[d] for d in kept):
+        return None
+    factor = make_broadcast(other.term, tuple(kept), term.shape)
+    product = make_mul(term, factor) if info.name == "stablehlo.multiply" else make_div(
+        term, factor)
+    return replace(window, rel=replace(window.rel, term=product))
+
+
+def completed_sums(plain: Term, reference: frozenset[int] | set[int] | None = None
+                   ) -> list[Term]:
+    """The forms `sum_out` may give the sum `plain` (a reduce_sum, possibly scaled, or
+    reshaped where the canonical reduce dropped summed unit dims: each way of choosing those
+    dims gives the same value). The instance layer accepts a completed micro-batch sum when
+    the rule's generic output, rebuilt over the real terms, is `plain` and the real output is
+    one of these (instance._completed_sum)."""
+    k, base = single_scaled(plain)
+    found = []
+    if base.op == "reduce_sum" and len(base.args) == 1:
+        found.append(sum_out(base.args[0], tuple(base.attrs[0]), base.dtype, reference))
+    elif base.op == "reshape" and base.args[0].op == "reduce_sum" and len(
+            base.args[0].args) == 1:
+        inner = base.args[0]
+        source, done = inner.args[0], set(inner.attrs[0])
+        units = [d for d, n in enumerate(source.shape) if n == 1 and d not in done]
+        extra = len(source.shape) - len(done) - len(base.shape)
+        for chosen in itertools.combinations(units, max(extra, 0)):
+            dims = tuple(sorted(done | set(chosen)))
+            if tuple(n for d, n in enumerate(source.shape) if d not in dims) == base.shape:
+                found.append(sum_out(source, dims, base.dtype, reference))
+    return [t if k == 1 else scale(t, k) for t in found]
+
+
+def sum_out(term: Term, dims: tuple[int, ...], dtype: str,
+            reference: frozenset[int] | set[int] | None = None) -> Term:
+    """`reduce_sum(term, dims)` in the form the unsharded program computes it: the sum pushed
+    through transposes, factors constant along `dims` (broadcasts of other dims) pulled out,
+    and a dot_general whose batch dims are summed contracts them instead (a weight gradient
+    summed over micro-batches is the gradient over the whole batch). With `reference` (serials
+    of the terms the reference computes), a sum the reference computes as it stands is kept
+    so: the reference sums the same tensor there (a bias gradient over a whole batch's
+    tokens), and pushing the sum further in would miss it."""
+    dims = tuple(sorted(dims))
+    shape = tuple(n for d, n in enumerate(term.shape) if d not in dims)
+    if reference is not None:
+        k, base = single_scaled(term)
+        from .reduction import sum_term
+
+        plain = sum_term(base, dims, shape, dtype)
+        if single_scaled(plain)[1].serial in reference:
+            return plain if k == 1 else scale(plain, k)
+    if term.op == "lin" and len(term.args) > 1 and term.attrs[0] == 0:
+        return map_linear(term, lambda t: sum_out(t, dims, dtype, reference))
+    k, base = single_scaled(term)
+    out = None
+    prefix = dims == tuple(range(len(dims)))
+    source = base.args[0].shape if base.args else ()
+    head = math.prod(base.shape[:len(dims)])
+    inner = next((j for j in range(len(source) + 1) if math.prod(source[:j]) == head), None)
+    if base.op == "reshape" and prefix and inner is not None:
+        out = make_reshape(sum_out(base.args[0], tuple(range(inner)), dtype, reference), shape)
+    elif base.op == "broadcast" and set(dims) <= set(base.attrs[0]) and all(
+            source[i] == base.shape[d] for i, d in enumerate(base.attrs[0]) if d in dims):
+        bdims = base.attrs[0]
+        inner_dims = tuple(i for i, d in enumerate(bdims) if d in dims)
+        kept = [d for d in range(len(base.shape)) if d not in dims]
+        out = make_broadcast(sum_out(base.args[0], inner_dims, dtype, reference),
+                             tuple(kept.index(d) for d in bdims if d not in dims), shape)
+    elif base.op == "pad" and splat_value(base.args[1]) == 0 and not any(
+            base.attrs[j][d] for j in range(3) for d in dims):
+        inner = sum_out(base.args[0], dims, dtype, reference)
+        attrs = tuple(tuple(n for d, n in enumerate(a) if d not in dims) for a in base.attrs)
+        out = make_op("pad", (inner, base.args[1]), attrs, shape, dtype, linear_in=0)
+    elif base.op == "div" and base.args[1].op == "broadcast" and not set(
+            base.args[1].attrs[0]) & set(dims):
+        kept = [d for d in range(len(term.shape)) if d not in dims]
+        divisor = base.args[1]
+        out = make_div(sum_out(base.args[0], dims, dtype, reference), make_broadcast(
+            divisor.args[0], tuple(kept.index(d) for d in divisor.attrs[0]), shape))
+    elif base.op == "transpose":
+        (perm,) = base.attrs
+        inner = tuple(sorted(perm[d] for d in dims))
+        rest = [perm[d] for d in range(len(perm)) if d not in dims]
+        remaining = [d for d in range(len(perm)) if d not in inner]
+        out = make_transpose(sum_out(base.args[0], inner, dtype, reference),
+                             tuple(remaining.index(p) for p in rest))
+    elif base.op == "mul":
+        constant = [f for f in base.args if f.op == "broadcast"
+                    and not set(f.attrs[0]) & set(dims)]
+        if constant and len(constant) < len(base.args):
+            rest = [f for f in base.args if f not in constant]
+            out = sum_out(_product(rest), dims, dtype, reference)
+            kept = [d for d in range(len(term.shape)) if d not in dims]
+            for f in constant:
+                out = make_mul(out, make_broadcast(f.args[0], tuple(kept.index(d)
+                                                                    for d in f.attrs[0]), shape))
+    elif base.op == "stablehlo.dot_general":
+        out = _contract_batch(base, dims, shape, dtype)
+    if out is None:
+        from .reduction import sum_term
+
+        out = sum_term(base, dims, shape, dtype)
+    return out if k == 1 else scale(out, k)
+
+
+def _product(factors: list[Term]) -> Term:
+    out = factors[0]
+    for f in factors[1:]:
+        out = make_mul(out, f)
+    return out
+
+
+def _contract_batch(dot: Term, dims: tuple[int, ...], shape: tuple[int, ...], dtype: str
+                    ) -> Term | None:
+    """A dot_general summed over some of its batch dims (result dims < number of batch dims):
+    the dot_general contracting them, contraction pairs in lhs order."""
+    lb, rb, lc, rc = dot.attrs
+    if not dims or max(dims) >= len(lb):
+        return None
+    pairs = sorted([*zip(lc, rc), *((lb[d], rb[d]) for d in dims)])
+    keep = [d for d in range(len(lb)) if d not in dims]
+    attrs = (tuple(lb[d] for d in keep), tuple(rb[d] for d in keep),
+             tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
+    return make_dot(dot.args[0], dot.args[1], attrs, shape, dtype)

@@ -12,8 +12,6 @@ NOT_PROVEN: dict[str, str] = {
         'axis_index offsets broadcast into tensors (vocab-parallel mask, sequence positions): a device-dependent integer carried through a loop is not supported yet',
     'gpt2_stack_sgd_ring_cp4':
         "not classified: dot_general: mesh axis 'cp' splits more than one dim of the result (each device only computes diagonal blocks)",
-    'llama3_masked_accum_sgd_dp2':
-        "micro-batching the local batch (static slice of a dp-split dim): slice of dim 0, which is split over 'dp': each device slices its own block, not the global tensor",
 }
 
 # Buggy programs flagged (never proven), but not at their `# BUG` line.
@@ -26,8 +24,6 @@ MISLOCATED: dict[str, str] = {
         "a missing gradient all-reduce is reported at the backward op that made the partial sum, not at the synchronisation: flagged at examples/real/models/layers.py:28:11, not at the BUG line examples/real/bugs.py:61: value is still a partial sum over 'tp' when it leaves shard_map (result #5): missing all_reduce/psum (a gradient: jax...",
     'llama3_stack_ring_ring_wrong_direction_cp4':
         "not classified: flagged at examples/real/bugs.py:240:17, not at the BUG line examples/real/bugs.py:248: dot_general: mesh axis 'cp' splits more than one dim of the result (each device only computes diagonal blocks)",
-    'llama3_masked_accum_sgd_per_microbatch_dp2':
-        "micro-batching the local batch (static slice of a dp-split dim): flagged at examples/real/accum.py:110:21, not at the BUG line examples/real/accum.py:113: slice of dim 0, which is split over 'dp': each device slices its own block, not the global tensor",
 }
 
 # Buggy programs the verifier PROVES (soundness bugs; must stay empty).

@@ -150,6 +150,24 @@ def microbatch_dp(x):
     return lax.psum(jnp.sum(jnp.tanh(x[:half])) + jnp.sum(jnp.tanh(x[half:])), DP)
 
 
+# J'. Gradient accumulation: each micro-batch's gradient of the masked loss over the global
+# valid count, summed over the micro-batches and psum'd (the weight gradient contracts the
+# micro-batch's rows).
+def accum_grad_ref(w, x, m):
+    return jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) * m[:, None]) / jnp.sum(m))(w)
+
+
+def accum_grad_dp(w, x, m):
+    count = lax.psum(jnp.sum(m), DP)
+    half = x.shape[0] // 2
+    grads = jnp.zeros_like(w)
+    for rows in (slice(0, half), slice(half, None)):
+        xs, ms = x[rows], m[rows]
+        grads = grads + jax.grad(
+            lambda w, xs=xs, ms=ms: jnp.sum(jnp.tanh(xs @ w) * ms[:, None]) / count)(w)
+    return lax.psum(grads, DP)
+
+
 # K. A ring all-gather by collective_permute (the data movement of ring attention).
 def ring_gather_ref(x):
     return jnp.tile(x, (1, 1))
@@ -263,6 +281,11 @@ def reproducers() -> list[Repro]:
         Repro("slice_of_split_dim", "micro-batching: a static slice of a dp-split dim",
               custom("repro_microbatch", dp4, microbatch_ref, microbatch_dp,
                      (_f("x", (16, 4), P(DP, None)),), P(), "sum over two micro-batches")),
+        Repro("slice_of_split_dim", "gradient accumulation over two micro-batches of the "
+              "local batch, masked loss over the global valid count",
+              custom("repro_accum_grad", dp4, accum_grad_ref, accum_grad_dp,
+                     (_f("w", (8, 4), kind="weight"), _f("x", (16, 8), P(DP, None)),
+                      _f("m", (16,), P(DP), "mask")), P(), "psum(accumulated grad)")),
         Repro("moe_flatten_split_seq", "per-token weights on (batch, seq) flattened to tokens "
               "with the sequence split (MoE router under sequence parallelism)",
               custom("repro_flat_tokens_sp", four, flat_tokens_grad_ref, flat_tokens_grad_sp,

@@ -63,3 +63,35 @@ module attributes {mhlo.num_partitions = 4 : i32} {
     return %7 : tensor<f32>
   }
 }
+
+// -----
+
+// Gradient accumulation of a weight gradient: x^T g over each micro-batch's rows (a matmul
+// contracting the window's dim sums its rows), accumulated from zeros and all_reduced: the
+// matmul over the whole batch.
+module attributes {mhlo.num_partitions = 4 : i32} {
+  func.func @ref(%x: tensor<16x3xf32>, %g: tensor<16x5xf32>) -> tensor<3x5xf32> {
+    %0 = stablehlo.dot_general %x, %g, contracting_dims = [0] x [0] : (tensor<16x3xf32>, tensor<16x5xf32>) -> tensor<3x5xf32>
+    return %0 : tensor<3x5xf32>
+  }
+  // FULL: func.func @accumulated{{.*}}entangle.verdict = "proven"
+  func.func @accumulated(%x: tensor<4x3xf32> {mhlo.sharding = "{devices=[4,1]<=[4]}"}, %g: tensor<4x5xf32> {mhlo.sharding = "{devices=[4,1]<=[4]}"}) -> (tensor<3x5xf32> {mhlo.sharding = "{replicated}"}) attributes {entangle.refines = @ref} {
+    %zeros = stablehlo.constant dense<0.000000e+00> : tensor<3x5xf32>
+    %x0 = stablehlo.slice %x [0:2, 0:3] : (tensor<4x3xf32>) -> tensor<2x3xf32>
+    %g0 = stablehlo.slice %g [0:2, 0:5] : (tensor<4x5xf32>) -> tensor<2x5xf32>
+    // CHECK: stablehlo.dot_general{{.*}}entangle.relation = "tile [{d0, d1}, {}, {}] : sum over dims [0] of dot_general(%arg0, %arg1) rows [b*B + 0, b*B + 2) of dim 0"
+    %w0 = stablehlo.dot_general %x0, %g0, contracting_dims = [0] x [0] : (tensor<2x3xf32>, tensor<2x5xf32>) -> tensor<3x5xf32>
+    %a0 = stablehlo.add %zeros, %w0 : tensor<3x5xf32>
+    %x1 = stablehlo.slice %x [2:4, 0:3] : (tensor<4x3xf32>) -> tensor<2x3xf32>
+    %g1 = stablehlo.slice %g [2:4, 0:5] : (tensor<4x5xf32>) -> tensor<2x5xf32>
+    %w1 = stablehlo.dot_general %x1, %g1, contracting_dims = [0] x [0] : (tensor<2x3xf32>, tensor<2x5xf32>) -> tensor<3x5xf32>
+    // CHECK: stablehlo.add{{.*}}entangle.relation = "partial sum {d0, d1} : dot_general(%arg0, %arg1)"
+    %a1 = stablehlo.add %a0, %w1 : tensor<3x5xf32>
+    %out = "stablehlo.all_reduce"(%a1) <{channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>, use_global_device_ids}> ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      %s = stablehlo.add %a, %b : tensor<f32>
+      stablehlo.return %s : tensor<f32>
+    }) : (tensor<3x5xf32>) -> tensor<3x5xf32>
+    return %out : tensor<3x5xf32>
+  }
+}
