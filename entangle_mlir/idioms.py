@@ -48,6 +48,7 @@ _REWRITES = {
     "stablehlo.multiply": lambda op: _rescaled_exp_sum(op),
     "stablehlo.add": lambda op: _shifted_lse(op) or _online_sum(op),
     "stablehlo.maximum": lambda op: _online_max(op),
+    "stablehlo.concatenate": lambda op: _sink_concat(op),
 }
 
 
@@ -338,7 +339,9 @@ def _concat(values: list, dim: int, at: ir.Operation):
         else:
             flat.append(value)
     with ir.InsertionPoint(at), at.location:
-        return stablehlo.ConcatenateOp(flat, dim).result
+        joined = stablehlo.ConcatenateOp(flat, dim)
+    joined.operation.attributes[BLOCKS_ATTR] = ir.UnitAttr.get()
+    return joined.result
 
 
 def _online_max(maximum: ir.Operation) -> int:
@@ -615,3 +618,154 @@ def _index_map_step(index: np.ndarray, op: ir.Operation) -> np.ndarray | None:
         expanded[d] = index.shape[i]
     order = sorted(range(len(dims)), key=lambda i: dims[i])
     return np.broadcast_to(index.transpose(order).reshape(expanded), out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The blocks an online softmax concatenates are computed block by block by the same ops: the
+# concatenation moves down through them, to the blocks of keys, values and positions.
+# ---------------------------------------------------------------------------------------------
+
+BLOCKS_ATTR = "entangle.blocks"
+"""Marks the concatenations the online-softmax rewrite builds (only they are moved down)."""
+
+_SINK_ELEMENTWISE = frozenset({
+    "stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
+    "stablehlo.maximum", "stablehlo.minimum", "stablehlo.negate", "stablehlo.exponential",
+    "stablehlo.select", "stablehlo.compare", "stablehlo.convert", "stablehlo.sqrt",
+    "stablehlo.rsqrt", "stablehlo.tanh", "stablehlo.logistic"})
+"""Ops computing each element from the same element of their operands."""
+
+
+def _integer(value) -> bool:
+    return isinstance(ir.RankedTensorType(value.type).element_type, ir.IntegerType) and (
+        ir.IntegerType(ir.RankedTensorType(value.type).element_type).width > 1)
+
+
+def _sink_concat(concat: ir.Operation) -> int:
+    """`concatenate(f(x_1, ...), ..., f(x_n, ...), c)` for one op f (same attributes) is
+    `f(concatenate(x_1, ..., x_n, c'), ...)` where c' is the operand dim f maps to c; an
+    operand that is the same value in every block and a broadcast along c is broadcast to the
+    larger shape instead. Exact: f computes each block's rows from the same operands' rows.
+    Only through elementwise ops (not integer arithmetic, which stays per block for the device
+    tables), broadcast_in_dim, reshape and transpose that keep c, and dot_general along a free
+    or batch dim."""
+    if BLOCKS_ATTR not in _attr_names(concat):
+        return 0
+    dim = ir.IntegerAttr(concat.attributes["dimension"]).value
+    producers = [_def(v) for v in concat.operands]
+    first = producers[0]
+    if first is None or any(p is None or p.name != first.name for p in producers):
+        return 0
+    names = _attr_names(first)
+    if any(_attr_names(p) != names or any(str(p.attributes[n]) != str(first.attributes[n])
+                                          for n in names) for p in producers):
+        return 0
+    operand_dims = _operand_dims(first, dim)
+    if any(_operand_dims(p, dim) != operand_dims for p in producers[1:]):
+        return 0
+    if operand_dims is None or (first.name in _SINK_ELEMENTWISE and _integer(first.results[0])):
+        return 0
+    result_type = concat.results[0].type
+    new_operands = []
+    for j, d in enumerate(operand_dims):
+        values = [p.operands[j] for p in producers]
+        joined = _join(values, d, concat)
+        if joined is None:
+            return 0
+        new_operands.append(joined)
+    with ir.InsertionPoint(concat), concat.location:
+        new = ir.Operation.create(first.name, results=[result_type], operands=new_operands,
+                                  attributes={n: first.attributes[n] for n in names},
+                                  loc=first.location)
+    concat.results[0].replace_all_uses_with(new.results[0])
+    _erase_dead(concat)
+    return 1
+
+
+def _operand_dims(op: ir.Operation, dim: int) -> list[int | None] | None:
+    """For each operand of `op`, the dim that becomes result dim `dim` (None: the operand has
+    no such dim, it must be the same in every block); None if `op` mixes rows along `dim`."""
+    out = _shape(op.results[0])
+    if op.name in _SINK_ELEMENTWISE:
+        return [dim if _shape(v) == out else None for v in op.operands]
+    if op.name == "stablehlo.transpose":
+        return [_i64s(op, "permutation")[dim]]
+    if op.name == "stablehlo.broadcast_in_dim":
+        dims = _i64s(op, "broadcast_dimensions")
+        if dim in dims and _shape(op.operands[0])[dims.index(dim)] == out[dim]:
+            return [dims.index(dim)]
+        return [None]
+    if op.name == "stablehlo.reshape":
+        source = _shape(op.operands[0])
+        before = math.prod(out[:dim])
+        for d in range(len(source)):
+            if math.prod(source[:d]) == before and source[d] == out[dim]:
+                return [d]
+        return None
+    if op.name == "stablehlo.dot_general":
+        from jaxlib.mlir.dialects import stablehlo
+
+        numbers = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+        batch = [list(numbers.lhs_batching_dimensions), list(numbers.rhs_batching_dimensions)]
+        contract = [list(numbers.lhs_contracting_dimensions),
+                    list(numbers.rhs_contracting_dimensions)]
+        free = [[d for d in range(len(_shape(v))) if d not in batch[s] + contract[s]]
+                for s, v in enumerate(op.operands)]
+        if dim < len(batch[0]):
+            return [batch[0][dim], batch[1][dim]]
+        k = dim - len(batch[0])
+        if k < len(free[0]):
+            return [free[0][k], None]
+        return [None, free[1][k - len(free[0])]]
+    return None
+
+
+def _join(values: list, dim: int | None, concat: ir.Operation):
+    """The blocks' operands joined along `dim`: one value every block shares when `dim` is
+    None (the op does not map it to the concatenated dim); else the value re-broadcast to the
+    larger shape when every block shares one broadcast along `dim`, or their concatenation."""
+    shared = all(_same_value(v, values[0]) for v in values)
+    if dim is None:
+        return values[0] if shared else None
+    if shared:
+        broadcast = _broadcast_along(values[0], dim, concat)
+        if broadcast is not None:
+            return broadcast
+    return _concat(values, dim, concat)
+
+
+def _same_value(a, b, depth: int = 6) -> bool:
+    """`a` and `b` are the same value, or the same op (attributes and types) applied to the
+    same values (each ring step recomputes its constants and broadcasts)."""
+    if a == b:
+        return True
+    first, second = _def(a), _def(b)
+    if depth == 0 or first is None or second is None or first.name != second.name or (
+            a.type != b.type or len(first.operands) != len(second.operands)
+            or len(first.regions) or len(second.regions)):
+        return False
+    names = _attr_names(first)
+    if names != _attr_names(second) or any(str(first.attributes[n]) != str(second.attributes[n])
+                                          for n in names):
+        return False
+    return all(_same_value(x, y, depth - 1) for x, y in zip(first.operands, second.operands))
+
+
+def _broadcast_along(value, dim: int, concat: ir.Operation):
+    """`value` (a broadcast that is constant along `dim`) re-broadcast to the size the
+    concatenation gives `dim`; None for anything else."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    op = _def(value)
+    total = _shape(concat.results[0])[ir.IntegerAttr(concat.attributes["dimension"]).value]
+    if op is None or op.name != "stablehlo.broadcast_in_dim":
+        return None
+    dims = _i64s(op, "broadcast_dimensions")
+    if dim in dims and _shape(op.operands[0])[dims.index(dim)] != 1:
+        return None
+    shape = list(_shape(value))
+    shape[dim] = total
+    element = ir.RankedTensorType(value.type).element_type
+    with ir.InsertionPoint(concat), concat.location:
+        return stablehlo.BroadcastInDimOp(ir.RankedTensorType.get(shape, element),
+                                          op.operands[0], dims).result

@@ -45,10 +45,12 @@ def _reference(q, k, v):
 
 
 CASES = {
-    "online": (lambda q, k, v: _online(q, k, v), True, 3 * BLOCKS - 1),
-    "inverted_rescale": (lambda q, k, v: _online(q, k, v, "inverted"), False, BLOCKS - 1),
-    "stale_accumulator": (lambda q, k, v: _online(q, k, v, "stale"), False, 2 * BLOCKS - 1),
+    "online": (lambda q, k, v: _online(q, k, v), True),
+    "inverted_rescale": (lambda q, k, v: _online(q, k, v, "inverted"), False),
+    "stale_accumulator": (lambda q, k, v: _online(q, k, v, "stale"), False),
 }
+WHOLE = "(tensor<6x16xf32>, tensor<16x3xf32>) -> tensor<6x3xf32>"
+"""The probabilities over all 16 keys against all 16 values: one softmax's weighted sum."""
 
 
 def _args() -> list[np.ndarray]:
@@ -58,12 +60,12 @@ def _args() -> list[np.ndarray]:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_online_softmax_rewrite_is_exact(name: str) -> None:
-    fn, correct, rewrites = CASES[name]
+    fn, correct = CASES[name]
     args = _args()
     text = jax.jit(fn).lower(*args).as_text()
     with context():
         module = parse_module(text)
-        assert rewrite_idioms(module) == rewrites
+        assert rewrite_idioms(module) > 0
         assert module.operation.verify()
         rewritten = str(module)
     before = execute_replicas(text, [args])[0][0]
@@ -71,14 +73,13 @@ def test_online_softmax_rewrite_is_exact(name: str) -> None:
     np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-6)
     softmax = np.asarray(_reference(*args))
     assert np.allclose(before, softmax, atol=1e-4) == correct
-    if correct:
-        assert rewritten.count("stablehlo.concatenate") == 4
-        assert "tensor<6x16xf32>" in rewritten
+    assert (WHOLE in rewritten) == correct
 
 
 def test_ring_attention_rewrite_is_exact_on_the_real_program() -> None:
-    """llama3_stack_ring_cp4's sharded program (2 layers, 4 ring steps): the 3 accumulations
-    of every step are folded, and the partitioned program computes the same numbers after it."""
+    """llama3_stack_ring_cp4's sharded program (2 layers, 4 ring steps): every layer's
+    accumulations fold into one softmax over the 4 K blocks concatenated in arrival order, and
+    the partitioned program computes the same numbers after the rewrite."""
     from jax._src import xla_bridge
     from jax._src.lib import xla_client
 
@@ -88,9 +89,12 @@ def test_ring_attention_rewrite_is_exact_on_the_real_program() -> None:
         module = parse_module(text)
         inline_calls(module, "ring.mlir")
         with module.context:
-            assert rewrite_idioms(module) == 2 * (3 * 4 - 1)
+            assert rewrite_idioms(module) > 0
         assert module.operation.verify()
         rewritten = str(module)
+    blocks = "(tensor<8x4x8x4xf32>, tensor<8x4x8x4xf32>, tensor<8x4x8x4xf32>, tensor<8x4x8x4xf32>)"
+    assert all(blocks in line for line in rewritten.splitlines()
+               if "entangle.blocks" in line and "xf32>" in line)
     backend = xla_bridge.get_backend("cpu")
     devices = backend.devices()[:4]
     mesh = jax.sharding.Mesh(np.array(devices), ("cp",))
