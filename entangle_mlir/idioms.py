@@ -49,6 +49,7 @@ _REWRITES = {
     "stablehlo.add": lambda op: _shifted_lse(op) or _online_sum(op),
     "stablehlo.maximum": lambda op: _online_max(op),
     "stablehlo.concatenate": lambda op: _sink_concat(op),
+    "stablehlo.divide": lambda op: _normalized_after(op),
 }
 
 
@@ -769,3 +770,48 @@ def _broadcast_along(value, dim: int, concat: ir.Operation):
     with ir.InsertionPoint(concat), concat.location:
         return stablehlo.BroadcastInDimOp(ir.RankedTensorType.get(shape, element),
                                           op.operands[0], dims).result
+
+
+def _normalized_after(divide: ir.Operation) -> int:
+    """`views(F(exp(y - m))) / den` with `den = reduce_add(exp(y - m), d)` (F contracting d
+    with values v, the accumulated online softmax divided by its accumulated denominator at
+    the end) is `views(F(exp(y - m) / den))`, the softmax's probabilities against v, as a
+    plain attention computes it. Exact: den is constant along d, the contracted dim."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    acc = _Accumulated(divide.operands[0])
+    if not acc.ok or acc.v is None:
+        return 0
+    root, chain = _root_views(divide.operands[1])
+    den = _Accumulated(root)
+    if not den.ok or den.v is not None or den.m != acc.m or den.d != acc.d:
+        return 0
+    if not _same_value(den.y, acc.y, 12) or _shape(root) != _shape(acc.m):
+        return 0
+    identity = np.arange(math.prod(_shape(root))).reshape(_shape(root))
+    if not (den.index == identity).all():
+        return 0
+    index = _view_index_map(root, chain)
+    if index is None or index.shape != acc.index.shape or not (index == acc.index).all():
+        return 0
+    kept = [k for k in range(len(_shape(acc.y))) if k != acc.d]
+    plain = np.broadcast_to(identity.reshape(
+        [n if k != acc.d else 1 for k, n in enumerate(_shape(acc.y))]), _shape(acc.y))
+    if len(_shape(root)) != len(kept) or not (plain == acc.sub_index).all():
+        return 0
+    exp_value = acc.exp.results[0]
+    element = ir.RankedTensorType(exp_value.type).element_type
+    with ir.InsertionPoint(divide), divide.location:
+        spread = stablehlo.BroadcastInDimOp(
+            ir.RankedTensorType.get(_shape(exp_value), element), root, kept).result
+        probs = stablehlo.DivOp(exp_value, spread).result
+    core = acc.core.clone(ir.InsertionPoint(divide))
+    core.operands[acc.side] = probs
+    value = core.results[0]
+    for view in reversed(acc.views):
+        clone = view.clone(ir.InsertionPoint(divide))
+        clone.operands[0] = value
+        value = clone.results[0]
+    divide.results[0].replace_all_uses_with(value)
+    _erase_dead(divide)
+    return 1
