@@ -169,14 +169,19 @@ def mismatch(op_name: str, a: Reordered, b: Reordered) -> Opaque:
     """Two values whose blocks are in different orders meet: the first device where they
     differ and both orders, blamed on whichever was brought by a collective_permute."""
     device = next((d for d, (x, y) in enumerate(zip(a.orders, b.orders)) if x != y), 0)
-    if (a.dim, a.orders) == (b.dim, b.orders) or device >= len(a.orders):
-        device = 0
-    reason = (f"{op_name} combines blocks assembled in different orders (blocks assembled in "
-              f"the wrong order or from the wrong devices): device {device} holds blocks "
-              f"{list(a.orders[device])} of one operand and {list(b.orders[device])} of the "
-              "other, position by position (permutation shown is block index per position)")
-    origin = next((v.origin for v in (b, a) if _is_permute(v.origin)), None)
-    return Opaque(reason, origin=origin, category="wrong_order")
+    moved, other = (b, a) if _is_permute(b.origin) or not _is_permute(a.origin) else (a, b)
+    if _is_permute(moved.origin):
+        which = (f"the blocks that came through the collective_permute here are "
+                 f"{list(moved.orders[device])}, the other operand's "
+                 f"{list(other.orders[device])}")
+    else:
+        which = (f"one operand's blocks are {list(a.orders[device])}, the other's "
+                 f"{list(b.orders[device])}")
+    reason = (f"{op_name} combines blocks assembled in different orders (blocks assembled "
+              f"in the wrong order or from the wrong devices): on device {device}, position "
+              f"by position, {which}")
+    return Opaque(reason, origin=moved.origin if _is_permute(moved.origin) else None,
+                  category="wrong_order")
 
 
 def _is_permute(origin) -> bool:
