@@ -17,6 +17,7 @@ from entangle_mlir.evidence import execute_replicas
 from entangle_mlir.idioms import rewrite_idioms
 from entangle_mlir.ir import context, parse_module
 from entangle_mlir.program import inline_calls
+from entangle_mlir.unroll import unroll_ring_loops
 from examples.real.catalog import by_name, lower_pair, random_inputs
 
 BLOCKS = 4
@@ -80,8 +81,6 @@ def test_ring_attention_rewrite_is_exact_on_the_real_program() -> None:
     """llama3_stack_ring_cp4's sharded program (2 layers, 4 ring steps): every layer's
     accumulations fold into one softmax over the 4 K blocks concatenated in arrival order, and
     the partitioned program computes the same numbers after the rewrite."""
-    from jax._src import xla_bridge
-    from jax._src.lib import xla_client
 
     ex = by_name("llama3_stack_ring_cp4")
     _, text = lower_pair(ex)
@@ -95,24 +94,44 @@ def test_ring_attention_rewrite_is_exact_on_the_real_program() -> None:
     blocks = "(tensor<8x4x8x4xf32>, tensor<8x4x8x4xf32>, tensor<8x4x8x4xf32>, tensor<8x4x8x4xf32>)"
     assert all(blocks in line for line in rewritten.splitlines()
                if "entangle.blocks" in line and "xf32>" in line)
+    for b, a in zip(_run_partitioned(ex, text), _run_partitioned(ex, rewritten), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_ring_loop_is_unrolled_exactly() -> None:
+    """llama3_stack_ringloop_cp4 (`lax.fori_loop` over the 4 ring steps, one loop per layer):
+    both loops are unrolled, and the partitioned program computes the same numbers."""
+    ex = by_name("llama3_stack_ringloop_cp4")
+    _, text = lower_pair(ex)
+    with context():
+        module = parse_module(text)
+        inline_calls(module, "ringloop.mlir")
+        with module.context:
+            assert unroll_ring_loops(module) == 2
+        assert module.operation.verify()
+        rewritten = str(module)
+    assert "stablehlo.while" in text and "stablehlo.while" not in rewritten
+    for b, a in zip(_run_partitioned(ex, text), _run_partitioned(ex, rewritten), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def _run_partitioned(ex, program: str) -> list[np.ndarray]:
+    """Every device's outputs of a shard_map program over cp=4, compiled by XLA (Shardy)."""
+    from jax._src import xla_bridge
+    from jax._src.lib import xla_client
+
     backend = xla_bridge.get_backend("cpu")
     devices = backend.devices()[:4]
     mesh = jax.sharding.Mesh(np.array(devices), ("cp",))
-    args = random_inputs(ex, 0)
-
-    def run(program: str) -> list[np.ndarray]:
-        options = xla_client.CompileOptions()
-        build = options.executable_build_options
-        options.num_replicas, options.num_partitions = 1, 4
-        build.num_replicas, build.num_partitions = 1, 4
-        build.use_spmd_partitioning = build.use_shardy_partitioner = True
-        options.device_assignment = xla_client.DeviceAssignment.create(np.arange(4).reshape(1, 4))
-        executable = backend.compile_and_load(program, xla_client.DeviceList(tuple(devices)),
-                                              options)
-        arrays = [jax.device_put(np.asarray(a), jax.sharding.NamedSharding(mesh, d.spec))
-                  for a, d in zip(args, ex.args, strict=True)]
-        outs = executable.execute_sharded(arrays).disassemble_into_single_device_arrays()
-        return [np.asarray(x) for out in outs for x in out]
-
-    for b, a in zip(run(text), run(rewritten), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    options = xla_client.CompileOptions()
+    build = options.executable_build_options
+    options.num_replicas, options.num_partitions = 1, 4
+    build.num_replicas, build.num_partitions = 1, 4
+    build.use_spmd_partitioning = build.use_shardy_partitioner = True
+    options.device_assignment = xla_client.DeviceAssignment.create(np.arange(4).reshape(1, 4))
+    executable = backend.compile_and_load(program, xla_client.DeviceList(tuple(devices)),
+                                          options)
+    arrays = [jax.device_put(np.asarray(a), jax.sharding.NamedSharding(mesh, d.spec))
+              for a, d in zip(random_inputs(ex, 0), ex.args, strict=True)]
+    outs = executable.execute_sharded(arrays).disassemble_into_single_device_arrays()
+    return [np.asarray(x) for out in outs for x in out]
