@@ -139,34 +139,10 @@ def _run_partitioned(ex, program: str) -> list[np.ndarray]:
     return [np.asarray(x) for out in outs for x in out]
 
 
-def _ring_attention_backwards(q, k, v):
-    """The reproducer's ring attention passing K/V to the previous device while the key
-    positions assume the next (examples/real/bugs.py's ring_wrong_direction, small)."""
-    from jax import lax
-
-    from examples.real.repro import CP
-
-    n, me, rows = lax.axis_size(CP), lax.axis_index(CP), q.shape[0]
-    q_pos = me * rows + jnp.arange(rows)
-    m, denom = jnp.full((rows,), -jnp.inf), jnp.zeros((rows,))
-    o = jnp.zeros(q.shape[:1] + v.shape[1:])
-    for i in range(n):
-        k_pos = ((me - i) % n) * rows + jnp.arange(rows)
-        s = jnp.where(q_pos[:, None] >= k_pos[None, :], q @ k.T, -jnp.inf)
-        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-        p = jnp.exp(s - m_new[:, None])
-        corr = jnp.exp(m - m_new)
-        denom = denom * corr + jnp.sum(p, axis=-1)
-        o = o * corr[:, None] + p @ v
-        m = m_new
-        k, v = (lax.ppermute(x, CP, [(j, (j - 1) % n) for j in range(n)]) for x in (k, v))
-    return o / denom[:, None]
-
-
 def test_ring_attention_is_proven_and_its_wrong_direction_flagged_at_the_permute() -> None:
     from entangle_mlir.check import check_texts
     from examples.real.catalog import custom, run_pair
-    from examples.real.repro import reproducers
+    from examples.real.repro import reproducers, ring_attention_backwards
 
     (repro,) = [r.example for r in reproducers() if r.cause == "ring_attention"]
     ref, shd = run_pair(repro)
@@ -174,7 +150,7 @@ def test_ring_attention_is_proven_and_its_wrong_direction_flagged_at_the_permute
     report = check_texts(*lower_pair(repro), verify_rules=True)
     assert report.proven, report.render_text()
     assert " 0 refuted, 0 inconclusive" in report.mode, report.mode
-    bug = custom("ring_backwards", repro.mesh_axes, repro.reference, _ring_attention_backwards,
+    bug = custom("ring_backwards", repro.mesh_axes, repro.reference, ring_attention_backwards,
                  repro.args, repro.out_specs, "ring turning the wrong way")
     ref, shd = run_pair(bug)
     assert not all(np.allclose(a, b, atol=1e-3) for a, b in zip(ref, shd, strict=True))
@@ -183,6 +159,6 @@ def test_ring_attention_is_proven_and_its_wrong_direction_flagged_at_the_permute
     first = report.diagnostics[0]
     assert "blocks assembled in different orders" in first.message, first.message
     assert "collective_permute" in first.message
-    source = Path(__file__).read_text().splitlines()
-    line = next(n for n, text in enumerate(source, 1) if "(j - 1) % n" in text)
-    assert f"test_online_softmax.py:{line}:" in str(first.loc), first.loc
+    source = (Path(__file__).parents[1] / "examples/real/repro.py").read_text().splitlines()
+    line = next(n for n, text in enumerate(source, 1) if "(j + hop) % n" in text)
+    assert f"repro.py:{line}:" in str(first.loc), first.loc

@@ -176,7 +176,9 @@ def ring_attention_ref(q, k, v):
     return jax.nn.softmax(s, axis=-1) @ v
 
 
-def ring_attention(q, k, v):
+def ring_attention(q, k, v, hop: int = 1):
+    """`hop` = -1 is the bug of passing K/V to the previous device while the key positions
+    assume the next one (`ring_attention_backwards`, tests/test_online_softmax.py)."""
     n, me, rows = lax.axis_size(CP), lax.axis_index(CP), q.shape[0]
     q_pos = me * rows + jnp.arange(rows)
     m = jnp.full((rows,), -jnp.inf)
@@ -191,8 +193,12 @@ def ring_attention(q, k, v):
         denom = denom * corr + jnp.sum(p, axis=-1)
         o = o * corr[:, None] + p @ v
         m = m_new
-        k, v = (lax.ppermute(x, CP, [(j, (j + 1) % n) for j in range(n)]) for x in (k, v))
+        k, v = (lax.ppermute(x, CP, [(j, (j + hop) % n) for j in range(n)]) for x in (k, v))
     return o / denom[:, None]
+
+
+def ring_attention_backwards(q, k, v):
+    return ring_attention(q, k, v, hop=-1)
 
 
 # H'. One sequence per device: a broadcast bias's gradient is summed in two steps (batch, seq)
