@@ -14,6 +14,13 @@ same form:
   is itself the result of an all_reduce over the same devices (the same on all of them: the
   pmax of vocab-parallel cross-entropy).
 
+* online softmax (flash and ring attention): a running max `max(m, reduce_max(s_i))` and
+  accumulators rescaled by `exp(m_old - m_new)` as blocks of scores s_i arrive are the max,
+  the exp-sum and the weighted sum over the blocks' concatenation (`concatenate(s_0, ...)`,
+  values likewise), and the final division by the accumulated denominator is the softmax's
+  (moved into the probabilities); the concatenations then move down through the ops that
+  computed each block alike, to the blocks of keys, values and positions themselves.
+
 "`broadcast(m)`" and "`m`" are recognised by the element each reads off a common root value
 (through broadcast_in_dim and reshape): every element of the subtracted tensor must read the
 same element of the root as the element it is reduced into.
