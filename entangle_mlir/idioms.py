@@ -528,8 +528,10 @@ def _online_sum(add: ir.Operation) -> int:
     difference of the very shifts its terms carry: the index maps must say so."""
     for a, c in ((0, 1), (1, 0)):
         mul = _def(add.operands[a])
+        if mul is None or mul.name != "stablehlo.multiply":
+            continue
         cur = _Accumulated(add.operands[c])
-        if mul is None or mul.name != "stablehlo.multiply" or not cur.ok:
+        if not cur.ok:
             continue
         for x, r in ((0, 1), (1, 0)):
             if _accumulate(add, mul.operands[x], mul.operands[r], add.operands[c], cur):
