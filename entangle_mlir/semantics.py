@@ -656,11 +656,16 @@ def combine(kind: str, items: Sequence[Element]) -> Element:
     return _fold(fns[kind], items)
 
 
-def _order_key(item: Element) -> tuple[int, int]:
+def _order_key(item: Element) -> tuple[int, str, int]:
     """A canonical order for the operands of a max or min (commutative and associative, so
     the order is immaterial): the same elements in any order give the same formula, and Z3
-    need not case-split to see that a max over blocks in a permuted order is the max."""
-    return (1, item.get_id()) if is_z3(item) else (0, 0)
+    need not case-split to see that a max over blocks in a permuted order is the max.
+    Numbers first (in their order), then variables by name, then other formulas."""
+    if not is_z3(item):
+        return (0, "", 0)
+    if z3.is_const(item):
+        return (1, str(item), 0)
+    return (2, "", item.get_id())
 
 
 # ----- data movement and contraction (shared by ops and terms) --------------------------------
