@@ -162,3 +162,29 @@ def test_ring_attention_is_proven_and_its_wrong_direction_flagged_at_the_permute
     source = (Path(__file__).parents[1] / "examples/real/repro.py").read_text().splitlines()
     line = next(n for n, text in enumerate(source, 1) if "(j + hop) % n" in text)
     assert f"repro.py:{line}:" in str(first.loc), first.loc
+
+
+def test_blockwise_attention_per_device_is_proven_and_its_near_misses_are_not() -> None:
+    """Flash-style attention on every device (queries split over tp, keys and values
+    replicated and taken 4 blocks at a time): the online softmax folds into the softmax over
+    the blocks' concatenation, which is the keys themselves. The inverted rescale and the
+    unrescaled accumulator compute other numbers and are not proven."""
+    from jax.sharding import PartitionSpec as P
+
+    from entangle_mlir.check import check_texts
+    from examples.real.catalog import custom, run_pair
+    from examples.real.programs import ArgDef
+
+    args = (ArgDef("q", (8, 4), "float32", "data", P("tp", None)),
+            ArgDef("k", (16, 4), "float32", "data", P()),
+            ArgDef("v", (16, 3), "float32", "data", P()))
+    for name, (fn, correct) in CASES.items():
+        ex = custom(f"blockwise_{name}", (("tp", 4),), _reference, fn, args, P("tp", None),
+                    name)
+        ref, shd = run_pair(ex)
+        assert all(np.allclose(a, b, atol=1e-4) for a, b in zip(ref, shd, strict=True)) \
+            == correct, name
+        report = check_texts(*lower_pair(ex), verify_rules=correct)
+        assert report.proven == correct, report.render_text()
+        if correct:
+            assert " 0 refuted, 0 inconclusive" in report.mode, report.mode

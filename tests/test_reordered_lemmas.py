@@ -182,3 +182,23 @@ def test_broadcast_and_transpose_move_the_dim() -> None:
     (moved,) = run(transpose, ins)
     assert isinstance(moved, Reordered) and moved.dim == 1
     assert check(transpose, ins, [moved]) == "proved"
+
+
+def _rows(term: T.Term, start: int, stop: int) -> T.Term:
+    return T.make_op("slice", (term,), ((start, 0), (stop, term.shape[1]), (1, 1)),
+                     (stop - start, term.shape[1]), term.dtype, linear_in=0)
+
+
+def test_consecutive_slices_rejoin_into_the_tensor() -> None:
+    """Blockwise code concatenating the blocks it cut gets the tensor back (the rule's term);
+    the blocks in another order are not the tensor (refuted)."""
+    x = arg((N, 2))
+    pieces: list[Value] = [whole(_rows(x, r, r + B)) for r in range(0, N, B)]
+    op_info = concat_of(pieces)
+    (out,) = run(op_info, pieces)
+    assert out == whole(x)
+    assert check(op_info, pieces, [out]) == "proved"
+    swapped = pieces[1:] + pieces[:1]
+    (rolled,) = run(op_info, swapped)
+    assert rolled.term is not x
+    assert check(op_info, swapped, [whole(x)]) == "refuted"
