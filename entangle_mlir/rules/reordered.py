@@ -143,7 +143,7 @@ def apply(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
                          first.dim - sum(d < first.dim for d in reduced), first)
         if info.attrs.get("reducer") not in ORDER_FREE_REDUCERS:
             return [_unsupported(name, first, "reduces it with an order-dependent body")]
-        return _settled(RULES[name](info, plain, ctx))
+        return RULES[name](info, plain, ctx)
     if name == "stablehlo.dot_general":
         return _dot(info, operands, plain, ctx)
     return [_unsupported(name, first, "")]
@@ -211,10 +211,6 @@ def _wrap(outputs: list[Value], dim: int, like: Reordered) -> list[Value]:
     return wrapped
 
 
-def _settled(outputs: list[Value]) -> list[Value]:
-    return outputs
-
-
 def _reshaped_dim(info: OpInfo, value: Reordered) -> int | None:
     """The result dim a reshape keeps the reordered dim as (same size, same elements before
     it), or None."""
@@ -239,7 +235,7 @@ def _dot(info: OpInfo, operands: list[Value], plain: list[Value], ctx: RuleConte
     sides = [v if isinstance(v, Reordered) else None for v in operands]
     lhs, rhs = sides
     if lhs is not None and rhs is not None:
-        if (lhs.orders != rhs.orders):
+        if lhs.orders != rhs.orders:
             return [mismatch(info.name, lhs, rhs)]
         for pair in range(len(contract[0])):
             if (contract[0][pair], contract[1][pair]) == (lhs.dim, rhs.dim):
