@@ -14,6 +14,13 @@ same form:
   is itself the result of an all_reduce over the same devices (the same on all of them: the
   pmax of vocab-parallel cross-entropy).
 
+* online softmax (flash and ring attention): a running max `max(m, reduce_max(s_i))` and
+  accumulators rescaled by `exp(m_old - m_new)` as blocks of scores s_i arrive are the max,
+  the exp-sum and the weighted sum over the blocks' concatenation (`concatenate(s_0, ...)`,
+  values likewise), and the final division by the accumulated denominator is the softmax's
+  (moved into the probabilities); the concatenations then move down through the ops that
+  computed each block alike, to the blocks of keys, values and positions themselves.
+
 "`broadcast(m)`" and "`m`" are recognised by the element each reads off a common root value
 (through broadcast_in_dim and reshape): every element of the subtracted tensor must read the
 same element of the root as the element it is reduced into.
@@ -46,7 +53,10 @@ def rewrite_idioms(module: ir.Module) -> int:
 _REWRITES = {
     "stablehlo.reduce": lambda op: _gathered_sum(op),
     "stablehlo.multiply": lambda op: _rescaled_exp_sum(op),
-    "stablehlo.add": lambda op: _shifted_lse(op),
+    "stablehlo.add": lambda op: _shifted_lse(op) or _online_sum(op),
+    "stablehlo.maximum": lambda op: _online_max(op),
+    "stablehlo.concatenate": lambda op: _sink_concat(op),
+    "stablehlo.divide": lambda op: _normalized_after(op),
 }
 
 
@@ -294,3 +304,523 @@ def _same_on_group(m_value, collective: ir.Operation) -> bool:
 
 def _attr_text(op: ir.Operation, name: str) -> str | None:
     return str(op.attributes[name]) if name in op.attributes else None
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Online softmax (flash / ring attention): a running max, and accumulators rescaled by
+# exp(m_old - m_new) each time a block of scores arrives, are the softmax's pieces over the
+# blocks' concatenation.
+# ---------------------------------------------------------------------------------------------
+
+_VIEWS = ("stablehlo.transpose", "stablehlo.reshape")
+"""Ops an accumulator may go through after its reduction (jax's einsum output transpose)."""
+
+
+def _splat_of(value, wanted: float) -> bool:
+    """`value` is the constant `wanted` everywhere (a constant, or a broadcast of one)."""
+    op = _def(value)
+    while op is not None and (op.name in _MOVES or op.name == "stablehlo.convert" and (
+            ir.RankedTensorType(op.operands[0].type).element_type
+            == ir.RankedTensorType(op.results[0].type).element_type)):
+        op = _def(op.operands[0])
+    if op is None or op.name != "stablehlo.constant":
+        return False
+    array, _ = constant_value(op.attributes["value"])
+    try:
+        return bool(np.all(array.astype(float) == wanted))
+    except (TypeError, ValueError):
+        return False
+
+
+def _concat(values: list, dim: int, at: ir.Operation):
+    """`concatenate(values, dim)` built before `at`, flattening operands that are themselves
+    concatenations along `dim` (blocks arrive one step at a time)."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    flat = []
+    for value in values:
+        op = _def(value)
+        if op is not None and op.name == "stablehlo.concatenate" and (
+                ir.IntegerAttr(op.attributes["dimension"]).value == dim):
+            flat += list(op.operands)
+        else:
+            flat.append(value)
+    with ir.InsertionPoint(at), at.location:
+        joined = stablehlo.ConcatenateOp(flat, dim)
+    joined.operation.attributes[BLOCKS_ATTR] = ir.UnitAttr.get()
+    return joined.result
+
+
+def _online_max(maximum: ir.Operation) -> int:
+    """`max(m, reduce_max(s, d))` with `m = reduce_max(x, d)` (or `max(-inf, reduce_max(x,
+    d))`, the first step) is `reduce_max(concatenate(x, s, d), d)`: max is associative and
+    idempotent, so the init values may repeat."""
+    for p, c in ((0, 1), (1, 0)):
+        cur = _def(maximum.operands[c])
+        dims = _max_reduce(cur)
+        if dims is None or len(dims) != 1:
+            continue
+        prev = _running_max(maximum.operands[p])
+        if prev is None or _max_reduce(prev) != dims or not _same_init(prev, cur):
+            continue
+        x, s = prev.operands[0], cur.operands[0]
+        if not _same_but(_shape(x), _shape(s), dims[0]):
+            continue
+        joined = _concat([x, s], dims[0], maximum)
+        clone = cur.clone(ir.InsertionPoint(maximum))
+        clone.operands[0] = joined
+        maximum.results[0].replace_all_uses_with(clone.results[0])
+        _erase_dead(maximum)
+        return 1
+    return 0
+
+
+def _running_max(value) -> ir.Operation | None:
+    """The max reduction `value` is, also through `max(-inf, .)` (a running max's first
+    step); None otherwise."""
+    op = _def(value)
+    if op is not None and op.name == "stablehlo.maximum":
+        for p, c in ((0, 1), (1, 0)):
+            if _splat_of(op.operands[p], -math.inf) and _max_reduce(
+                    _def(op.operands[c])) is not None:
+                return _def(op.operands[c])
+        return None
+    return op if _max_reduce(op) is not None else None
+
+
+def _max_reduce(op: ir.Operation | None) -> list[int] | None:
+    """The reduced dims of a single-operand max reduction; None for anything else."""
+    if op is None or op.name != "stablehlo.reduce" or len(op.operands) != 2:
+        return None
+    if reducer_kind(op) != "max":
+        return None
+    return _i64s(op, "dimensions")
+
+
+def _same_init(a: ir.Operation, b: ir.Operation) -> bool:
+    first, second = _def(a.operands[1]), _def(b.operands[1])
+    return (first is not None and second is not None and first.name == second.name
+            == "stablehlo.constant" and str(first.attributes["value"])
+            == str(second.attributes["value"]))
+
+
+def _same_but(a: tuple[int, ...], b: tuple[int, ...], dim: int) -> bool:
+    return len(a) == len(b) and all(x == y for d, (x, y) in enumerate(zip(a, b)) if d != dim)
+
+
+class _Accumulated:
+    """A value `views(F(exp(y - broadcast(m))))` where F sums over one dim `d` of `y`: a
+    `reduce_add` over d, or a dot_general contracting d with a value `v` (along `dv`). `index`
+    gives, for every element of the value, the flat index of the element of `m` its terms are
+    shifted by (the same for all of them: m is constant along d)."""
+
+    def __init__(self, value) -> None:
+        self.ok = False
+        self.views: list[ir.Operation] = []
+        op = _def(value)
+        while op is not None and op.name in _VIEWS:
+            self.views.append(op)
+            op = _def(op.operands[0])
+        self.core = op
+        if op is None:
+            return
+        if _sum_reduce(op):
+            dims = _i64s(op, "dimensions")
+            if len(dims) != 1:
+                return
+            self.side, self.d, self.v, self.dv = 0, dims[0], None, None
+        elif op.name == "stablehlo.dot_general" and len(op.operands) == 2:
+            from jaxlib.mlir.dialects import stablehlo
+
+            numbers = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+            batch = (list(numbers.lhs_batching_dimensions), list(numbers.rhs_batching_dimensions))
+            contract = (list(numbers.lhs_contracting_dimensions),
+                        list(numbers.rhs_contracting_dimensions))
+            sides = [s for s in (0, 1) if _is_exp_of_sub(op.operands[s])]
+            if len(sides) != 1 or len(contract[0]) != 1:
+                return
+            self.side = sides[0]
+            self.d, self.dv = contract[self.side][0], contract[1 - self.side][0]
+            self.v = op.operands[1 - self.side]
+            self.batch = batch
+        else:
+            return
+        exp = _def(op.operands[self.side])
+        if not _is_exp_of_sub(op.operands[self.side]):
+            return
+        self.exp = exp
+        self.sub = _def(exp.operands[0])
+        self.y = self.sub.operands[0]
+        self.m, chain = _root(self.sub.operands[1])
+        sub_index = _index_map(self.m, chain)
+        if sub_index is None:
+            return
+        first = np.take(sub_index, [0], axis=self.d)
+        if not (sub_index == first).all():
+            return
+        self.sub_index = sub_index
+        index = np.take(sub_index, 0, axis=self.d)
+        if op.name == "stablehlo.dot_general":
+            index = self._dot_index(index, op)
+        for view in reversed(self.views):
+            if view.name == "stablehlo.transpose":
+                index = index.transpose(_i64s(view, "permutation"))
+            else:
+                index = index.reshape(_shape(view.results[0]))
+        self.index = index
+        self.ok = True
+
+    def _dot_index(self, index: np.ndarray, op: ir.Operation) -> np.ndarray:
+        """The shift's index map (over the exp operand's dims but d) laid out as the dot's
+        result: batch dims, then the lhs's free dims, then the rhs's."""
+        rank = len(_shape(op.operands[self.side]))
+        kept = [k for k in range(rank) if k != self.d]
+        batch = self.batch[self.side]
+        free = [k for k in kept if k not in batch]
+        index = index.transpose([kept.index(k) for k in batch + free])
+        other_rank = len(_shape(self.v))
+        other_free = other_rank - len(self.batch[1 - self.side]) - 1
+        shape = list(index.shape)
+        at = len(batch) + (0 if self.side == 1 else len(free))
+        index = index.reshape(shape[:at] + [1] * other_free + shape[at:])
+        return np.broadcast_to(index, _shape(op.results[0]))
+
+    def like(self, other: _Accumulated) -> bool:
+        """The same reduction and views, over blocks that differ only along d (and dv)."""
+        if self.core.name != other.core.name or self.side != other.side or self.d != other.d:
+            return False
+        names = _attr_names(self.core)
+        if names != _attr_names(other.core) or any(
+                str(self.core.attributes[n]) != str(other.core.attributes[n]) for n in names):
+            return False
+        if len(self.views) != len(other.views) or any(
+                a.name != b.name or a.results[0].type != b.results[0].type
+                or (a.name == "stablehlo.transpose"
+                    and _i64s(a, "permutation") != _i64s(b, "permutation"))
+                for a, b in zip(self.views, other.views)):
+            return False
+        if self.core.results[0].type != other.core.results[0].type:
+            return False
+        if not _same_but(_shape(self.y), _shape(other.y), self.d):
+            return False
+        return self.v is None or _same_but(_shape(self.v), _shape(other.v), self.dv)
+
+
+def _attr_names(op: ir.Operation) -> set[str]:
+    return {a if isinstance(a, str) else a.name for a in op.attributes}
+
+
+def _is_exp_of_sub(value) -> bool:
+    exp = _def(value)
+    if exp is None or exp.name != "stablehlo.exponential":
+        return False
+    sub = _def(exp.operands[0])
+    return sub is not None and sub.name == "stablehlo.subtract"
+
+
+def _online_sum(add: ir.Operation) -> int:
+    """One step of an online softmax's accumulation, `acc * exp(m_old - m) + F(exp(s - m))`
+    with `acc = F(exp(x - m_old))` (F a sum over d, possibly against values v), is
+    `F(exp(concatenate(x, s) - m))` (over concatenate(v_x, v_s)); with `acc` = 0 (the first
+    step) it is `F(exp(s - m))`. Exact for any m_old and m (rescaling by exp(m_old - m) moves
+    the shift of every term from m_old to m), provided every element is rescaled by the
+    difference of the very shifts its terms carry: the index maps must say so."""
+    for a, c in ((0, 1), (1, 0)):
+        mul = _def(add.operands[a])
+        if mul is None or mul.name != "stablehlo.multiply":
+            continue
+        cur = _Accumulated(add.operands[c])
+        if not cur.ok:
+            continue
+        for x, r in ((0, 1), (1, 0)):
+            if _accumulate(add, mul.operands[x], mul.operands[r], add.operands[c], cur):
+                return 1
+    return 0
+
+
+def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumulated) -> int:
+    from jaxlib.mlir.dialects import stablehlo
+
+    root, chain = _root_views(rescale)
+    exp = _def(root)
+    if exp is None or not _is_exp_of_sub(root):
+        return 0
+    sub = _def(exp.operands[0])
+    old, new = sub.operands
+    if new != cur.m or _shape(root) != _shape(cur.m):
+        return 0
+    index = _view_index_map(root, chain)
+    if index is None or index.shape != cur.index.shape or not (index == cur.index).all():
+        return 0
+    if _splat_of(acc_value, 0.0):
+        add.results[0].replace_all_uses_with(cur_value)
+        _erase_dead(add)
+        return 1
+    prev = _Accumulated(acc_value)
+    if not prev.ok or prev.m != old or not prev.like(cur) or not (
+            prev.index == cur.index).all():
+        return 0
+    kept = [k for k in range(len(_shape(cur.y))) if k != cur.d]
+    if len(_shape(cur.m)) != len(kept):
+        return 0
+    plain = np.broadcast_to(
+        np.arange(math.prod(_shape(cur.m))).reshape(_shape(cur.m)).reshape(
+            [n if k != cur.d else 1 for k, n in enumerate(_shape(cur.y))]), _shape(cur.y))
+    if not (plain == cur.sub_index).all():
+        return 0
+    joined = _concat([prev.y, cur.y], cur.d, add)
+    element = ir.RankedTensorType(cur.y.type).element_type
+    with ir.InsertionPoint(add), add.location:
+        shift = stablehlo.BroadcastInDimOp(
+            ir.RankedTensorType.get(_shape(joined), element), cur.m, kept).result
+        exp_new = stablehlo.ExpOp(stablehlo.SubtractOp(joined, shift).result).result
+    core = cur.core.clone(ir.InsertionPoint(add))
+    core.operands[cur.side] = exp_new
+    if cur.v is not None:
+        core.operands[1 - cur.side] = _concat([prev.v, cur.v], cur.dv, core)
+    value = core.results[0]
+    for view in reversed(cur.views):
+        clone = view.clone(ir.InsertionPoint(add))
+        clone.operands[0] = value
+        value = clone.results[0]
+    add.results[0].replace_all_uses_with(value)
+    _erase_dead(add)
+    return 1
+
+
+def _root_views(value) -> tuple[object, list[ir.Operation]]:
+    """Like `_root`, also through transposes."""
+    chain = []
+    op = _def(value)
+    while op is not None and op.name in (*_MOVES, "stablehlo.transpose"):
+        chain.append(op)
+        value = op.operands[0]
+        op = _def(value)
+    return value, chain
+
+
+def _view_index_map(root, chain: list[ir.Operation]) -> np.ndarray | None:
+    """`_index_map` through broadcast_in_dim, reshape and transpose."""
+    shape = _shape(root)
+    if math.prod(shape) > _MAX_INDEX:
+        return None
+    index = np.arange(math.prod(shape)).reshape(shape)
+    for op in reversed(chain):
+        if op.name == "stablehlo.transpose":
+            index = index.transpose(_i64s(op, "permutation"))
+        else:
+            index = _index_map_step(index, op)
+            if index is None:
+                return None
+    return index
+
+
+def _index_map_step(index: np.ndarray, op: ir.Operation) -> np.ndarray | None:
+    out = _shape(op.results[0])
+    if math.prod(out) > _MAX_INDEX:
+        return None
+    if op.name == "stablehlo.reshape":
+        return index.reshape(out)
+    dims = _i64s(op, "broadcast_dimensions")
+    expanded = [1] * len(out)
+    for i, d in enumerate(dims):
+        expanded[d] = index.shape[i]
+    order = sorted(range(len(dims)), key=lambda i: dims[i])
+    return np.broadcast_to(index.transpose(order).reshape(expanded), out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The blocks an online softmax concatenates are computed block by block by the same ops: the
+# concatenation moves down through them, to the blocks of keys, values and positions.
+# ---------------------------------------------------------------------------------------------
+
+BLOCKS_ATTR = "entangle.blocks"
+"""Marks the concatenations the online-softmax rewrite builds (only they are moved down)."""
+
+_SINK_ELEMENTWISE = frozenset({
+    "stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
+    "stablehlo.maximum", "stablehlo.minimum", "stablehlo.negate", "stablehlo.exponential",
+    "stablehlo.select", "stablehlo.compare", "stablehlo.convert", "stablehlo.sqrt",
+    "stablehlo.rsqrt", "stablehlo.tanh", "stablehlo.logistic"})
+"""Ops computing each element from the same element of their operands."""
+
+
+def _integer(value) -> bool:
+    return isinstance(ir.RankedTensorType(value.type).element_type, ir.IntegerType) and (
+        ir.IntegerType(ir.RankedTensorType(value.type).element_type).width > 1)
+
+
+def _sink_concat(concat: ir.Operation) -> int:
+    """`concatenate(f(x_1, ...), ..., f(x_n, ...), c)` for one op f (same attributes) is
+    `f(concatenate(x_1, ..., x_n, c'), ...)` where c' is the operand dim f maps to c; an
+    operand that is the same value in every block and a broadcast along c is broadcast to the
+    larger shape instead. Exact: f computes each block's rows from the same operands' rows.
+    Only through elementwise ops (not integer arithmetic, which stays per block for the device
+    tables), broadcast_in_dim, reshape and transpose that keep c, and dot_general along a free
+    or batch dim."""
+    if BLOCKS_ATTR not in _attr_names(concat):
+        return 0
+    dim = ir.IntegerAttr(concat.attributes["dimension"]).value
+    producers = [_def(v) for v in concat.operands]
+    first = producers[0]
+    if first is None or any(p is None or p.name != first.name for p in producers):
+        return 0
+    names = _attr_names(first)
+    if any(_attr_names(p) != names or any(str(p.attributes[n]) != str(first.attributes[n])
+                                          for n in names) for p in producers):
+        return 0
+    operand_dims = _operand_dims(first, dim)
+    if any(_operand_dims(p, dim) != operand_dims for p in producers[1:]):
+        return 0
+    if operand_dims is None or (first.name in _SINK_ELEMENTWISE and _integer(first.results[0])):
+        return 0
+    result_type = concat.results[0].type
+    new_operands = []
+    for j, d in enumerate(operand_dims):
+        values = [p.operands[j] for p in producers]
+        joined = _join(values, d, concat)
+        if joined is None:
+            return 0
+        new_operands.append(joined)
+    with ir.InsertionPoint(concat), concat.location:
+        new = ir.Operation.create(first.name, results=[result_type], operands=new_operands,
+                                  attributes={n: first.attributes[n] for n in names},
+                                  loc=first.location)
+    concat.results[0].replace_all_uses_with(new.results[0])
+    _erase_dead(concat)
+    return 1
+
+
+def _operand_dims(op: ir.Operation, dim: int) -> list[int | None] | None:
+    """For each operand of `op`, the dim that becomes result dim `dim` (None: the operand has
+    no such dim, it must be the same in every block); None if `op` mixes rows along `dim`."""
+    out = _shape(op.results[0])
+    if op.name in _SINK_ELEMENTWISE:
+        return [dim if _shape(v) == out else None for v in op.operands]
+    if op.name == "stablehlo.transpose":
+        return [_i64s(op, "permutation")[dim]]
+    if op.name == "stablehlo.broadcast_in_dim":
+        dims = _i64s(op, "broadcast_dimensions")
+        if dim in dims and _shape(op.operands[0])[dims.index(dim)] == out[dim]:
+            return [dims.index(dim)]
+        return [None]
+    if op.name == "stablehlo.reshape":
+        source = _shape(op.operands[0])
+        before = math.prod(out[:dim])
+        for d in range(len(source)):
+            if math.prod(source[:d]) == before and source[d] == out[dim]:
+                return [d]
+        return None
+    if op.name == "stablehlo.dot_general":
+        from jaxlib.mlir.dialects import stablehlo
+
+        numbers = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+        batch = [list(numbers.lhs_batching_dimensions), list(numbers.rhs_batching_dimensions)]
+        contract = [list(numbers.lhs_contracting_dimensions),
+                    list(numbers.rhs_contracting_dimensions)]
+        free = [[d for d in range(len(_shape(v))) if d not in batch[s] + contract[s]]
+                for s, v in enumerate(op.operands)]
+        if dim < len(batch[0]):
+            return [batch[0][dim], batch[1][dim]]
+        k = dim - len(batch[0])
+        if k < len(free[0]):
+            return [free[0][k], None]
+        return [None, free[1][k - len(free[0])]]
+    return None
+
+
+def _join(values: list, dim: int | None, concat: ir.Operation):
+    """The blocks' operands joined along `dim`: one value every block shares when `dim` is
+    None (the op does not map it to the concatenated dim); else the value re-broadcast to the
+    larger shape when every block shares one broadcast along `dim`, or their concatenation."""
+    shared = all(_same_value(v, values[0]) for v in values)
+    if dim is None:
+        return values[0] if shared else None
+    if shared:
+        broadcast = _broadcast_along(values[0], dim, concat)
+        if broadcast is not None:
+            return broadcast
+    return _concat(values, dim, concat)
+
+
+def _same_value(a, b, depth: int = 6) -> bool:
+    """`a` and `b` are the same value, or the same op (attributes and types) applied to the
+    same values (each ring step recomputes its constants and broadcasts)."""
+    if a == b:
+        return True
+    first, second = _def(a), _def(b)
+    if depth == 0 or first is None or second is None or first.name != second.name or (
+            a.type != b.type or len(first.operands) != len(second.operands)
+            or len(first.regions) or len(second.regions)):
+        return False
+    names = _attr_names(first)
+    if names != _attr_names(second) or any(str(first.attributes[n]) != str(second.attributes[n])
+                                          for n in names):
+        return False
+    return all(_same_value(x, y, depth - 1) for x, y in zip(first.operands, second.operands))
+
+
+def _broadcast_along(value, dim: int, concat: ir.Operation):
+    """`value` (a broadcast that is constant along `dim`) re-broadcast to the size the
+    concatenation gives `dim`; None for anything else."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    op = _def(value)
+    total = _shape(concat.results[0])[ir.IntegerAttr(concat.attributes["dimension"]).value]
+    if op is None or op.name != "stablehlo.broadcast_in_dim":
+        return None
+    dims = _i64s(op, "broadcast_dimensions")
+    if dim in dims and _shape(op.operands[0])[dims.index(dim)] != 1:
+        return None
+    shape = list(_shape(value))
+    shape[dim] = total
+    element = ir.RankedTensorType(value.type).element_type
+    with ir.InsertionPoint(concat), concat.location:
+        return stablehlo.BroadcastInDimOp(ir.RankedTensorType.get(shape, element),
+                                          op.operands[0], dims).result
+
+
+def _normalized_after(divide: ir.Operation) -> int:
+    """`views(F(exp(y - m))) / den` with `den = reduce_add(exp(y - m), d)` (F contracting d
+    with values v, the accumulated online softmax divided by its accumulated denominator at
+    the end) is `views(F(exp(y - m) / den))`, the softmax's probabilities against v, as a
+    plain attention computes it. Exact: den is constant along d, the contracted dim."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    acc = _Accumulated(divide.operands[0])
+    if not acc.ok or acc.v is None:
+        return 0
+    root, chain = _root_views(divide.operands[1])
+    den = _Accumulated(root)
+    if not den.ok or den.v is not None or den.m != acc.m or den.d != acc.d:
+        return 0
+    if not _same_value(den.y, acc.y, 12) or _shape(root) != _shape(acc.m):
+        return 0
+    identity = np.arange(math.prod(_shape(root))).reshape(_shape(root))
+    if not (den.index == identity).all():
+        return 0
+    index = _view_index_map(root, chain)
+    if index is None or index.shape != acc.index.shape or not (index == acc.index).all():
+        return 0
+    kept = [k for k in range(len(_shape(acc.y))) if k != acc.d]
+    plain = np.broadcast_to(identity.reshape(
+        [n if k != acc.d else 1 for k, n in enumerate(_shape(acc.y))]), _shape(acc.y))
+    if len(_shape(root)) != len(kept) or not (plain == acc.sub_index).all():
+        return 0
+    exp_value = acc.exp.results[0]
+    element = ir.RankedTensorType(exp_value.type).element_type
+    with ir.InsertionPoint(divide), divide.location:
+        spread = stablehlo.BroadcastInDimOp(
+            ir.RankedTensorType.get(_shape(exp_value), element), root, kept).result
+        probs = stablehlo.DivOp(exp_value, spread).result
+    core = acc.core.clone(ir.InsertionPoint(divide))
+    core.operands[acc.side] = probs
+    value = core.results[0]
+    for view in reversed(acc.views):
+        clone = view.clone(ir.InsertionPoint(divide))
+        clone.operands[0] = value
+        value = clone.results[0]
+    divide.results[0].replace_all_uses_with(value)
+    _erase_dead(divide)
+    return 1

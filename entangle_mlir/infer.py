@@ -24,6 +24,7 @@ from .layout import (
     Opaque,
     Permuted,
     Rel,
+    Reordered,
     Shifted,
     Value,
     Windowed,
@@ -39,15 +40,25 @@ from .per_device import (
     synthesize_mesh,
 )
 from .program import mesh_from_attr, read_meshes
-from .rules import RULES, RuleContext, blocks
+from .rules import RULES, RuleContext, blocks, reordered
 from .rules.common import check_local_shapes, freeze, resize
 from .rules.elementwise import ELEMENTWISE_RULES
-from .rules.window import settle
+from .rules.window import settle as _window_settle
 from .terms import LOOP_BODY_TERMS, Term, intern, make_arg, make_loopvar, make_splat, splat_value
 
 _TERMINATORS = ("func.return", "stablehlo.return", "sdy.return")
 _TRANSPARENT = ("mhlo.copy", "stablehlo.optimization_barrier", "sdy.sharding_constraint",
                 "sdy.reshard")
+
+
+def settle(value: Value, op_name: str = "") -> Value:
+    """What an op sees (`rules.window.settle`); blocks in a device-dependent order leave a
+    manual computation or a loop only as the error they stand for."""
+    if isinstance(value, Reordered) and not op_name:
+        return Opaque(f"blocks of dim {value.dim} in a device-dependent order leave the "
+                      f"computation ({value.describe()[-120:]})", origin=value.origin,
+                      category="wrong_order")
+    return _window_settle(value, op_name)
 
 
 @dataclass
@@ -222,6 +233,11 @@ class Walker:
         elif info.name not in RULES:
             outputs = [Opaque(f"unsupported op {info.name}", category="unsupported")
                        ] * len(op.results)
+        elif info.name == "stablehlo.concatenate" and (
+                ring := reordered.ring_concat(info, inputs, local)) is not None:
+            outputs = [ring]
+        elif any(isinstance(v, Reordered) for v in inputs):
+            outputs = reordered.apply(info, inputs, local)
         elif any(isinstance(v, Masked) and not v.zero for v in inputs) and \
                 info.name not in MASK_CARRIERS:
             outputs = [Opaque(f"{info.name} uses rows looked up for ids outside this device's "
@@ -403,6 +419,10 @@ class Walker:
             return replace(value, origin=(record, blame))
         if isinstance(value, Permuted | Windowed) and value.origin is None:
             return replace(value, origin=(record, None))
+        if isinstance(value, Reordered) and value.origin is None:
+            permute = next((s for s in record.sources if s is not None
+                            and s.info.name == "stablehlo.collective_permute"), record)
+            return replace(value, origin=(permute, None))
         if isinstance(value, Rel) and value.partial and isinstance(value.partial_origin, OpInfo):
             return replace(value, partial_origin=record)
         return value

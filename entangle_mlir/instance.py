@@ -69,6 +69,7 @@ from .layout import (
     Opaque,
     Permuted,
     Rel,
+    Reordered,
     Shifted,
     Value,
     Windowed,
@@ -92,9 +93,11 @@ from .terms import (
     make_mul,
     make_op,
     make_reshape,
+    make_roll,
     make_splat,
     make_transpose,
     reshape_groups,
+    roll_parts,
     splat_value,
     subterms,
 )
@@ -348,7 +351,8 @@ def _rel_of(value: Value) -> Rel | None:
     """The relation a value is built on (a moved or shifted value's underlying Rel)."""
     if isinstance(value, Rel):
         return value
-    if isinstance(value, Permuted | Windowed | Shifted | InBlock | BlockIndex | Masked):
+    if isinstance(value, Permuted | Windowed | Shifted | Reordered | InBlock | BlockIndex
+                  | Masked):
         return value.rel
     return None
 
@@ -376,6 +380,8 @@ def _value_key(value: Value) -> tuple:
         return ("shifted", _value_key(value.rel), value.offsets)
     if isinstance(value, Permuted):
         return ("permuted", _value_key(value.rel), value.sources)
+    if isinstance(value, Reordered):
+        return ("reordered", _value_key(value.rel), value.dim, value.orders)
     if isinstance(value, Windowed):
         return ("windowed", _value_key(value.rel), value.dim, value.offset, value.length,
                 value.holes, value.summed, value.starts)
@@ -487,9 +493,10 @@ def _is_leaf(term: Term) -> bool:
 # ----- abstraction ----------------------------------------------------------------------------
 
 def _rule_for(name: str):
-    from .rules import RULES
+    from .rules import RULES, reordered
 
-    return RULES.get(name)
+    rule = RULES.get(name)
+    return None if rule is None else reordered.with_orders(rule)
 
 
 def _run_rule(info: OpInfo, ins: list[Value], mesh: Mesh | None, ctx: RuleContext,
@@ -553,6 +560,8 @@ def _same_layout(a: Value, b: Value) -> bool:
         return a == b
     if isinstance(a, Permuted) and isinstance(b, Permuted):
         return a.sources == b.sources and _same_layout(a.rel, b.rel)
+    if isinstance(a, Reordered) and isinstance(b, Reordered):
+        return (a.dim, a.orders) == (b.dim, b.orders) and _same_layout(a.rel, b.rel)
     if isinstance(a, Windowed) and isinstance(b, Windowed):
         return (a.dim, a.offset, a.length, a.summed, a.starts) == (
             b.dim, b.offset, b.length, b.summed, b.starts) and _same_layout(
@@ -600,6 +609,11 @@ class _Abstractor:
         if term.op == "broadcast" and rel.poly:
             (dims,) = term.attrs
             return replace(rel, term=make_broadcast(self.leaf(term.args[0]), dims, term.shape))
+        rolled = next(((d, parts) for d in range(len(term.shape))
+                       if (parts := roll_parts(term, d)) is not None), None)
+        if rolled is not None and not rel.poly:
+            dim, (base, shift) = rolled
+            return replace(rel, term=make_roll(self.leaf(base), dim, shift))
         if self.strategy == "skeleton" and rel.poly:
             cuts: dict[int, Term] = {}
             if not self._cut(term, cuts, [0]):
@@ -679,7 +693,7 @@ def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
                 v.pred, rel=abstractor.abstract_index(v.pred.rel))))
         elif isinstance(v, InBlock | BlockIndex):
             abstract_ins.append(replace(v, rel=abstractor.abstract_index(v.rel)))
-        elif isinstance(v, Rel | Permuted | Windowed):
+        elif isinstance(v, Rel | Permuted | Windowed | Reordered):
             a = abstractor.abstract(v if isinstance(v, Rel) else v.rel)
             if a is None:
                 return None
@@ -1165,6 +1179,11 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
             if window is None:
                 return None
             new_ins.append(window)
+        elif isinstance(value, Reordered):
+            rel = _resized_rel(value.rel, new, mesh, leaves)
+            if rel is None or new[value.dim] % len(value.orders[0]):
+                return None
+            new_ins.append(replace(value, rel=rel))
         elif isinstance(value, Permuted):
             return None
         elif isinstance(value, Shifted):
@@ -1295,7 +1314,8 @@ def _window_skeleton(term: Term) -> tuple:
 def _reduced_instance(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
                       ctx: RuleContext) -> tuple[OpInfo, list[Value], list[Value]] | str:
     """The instance at a reduced shape, or why it cannot be reduced."""
-    reduced = reduced_info(info, ins, mesh)
+    blocks = [len(v.orders[0]) for v in list(ins) + list(outs) if isinstance(v, Reordered)]
+    reduced = reduced_info(info, ins, mesh, max([REDUCED_LOCAL, *blocks]))
     if reduced is None:
         return f"{info.name} or its input terms cannot be shape-reduced"
     r_info, r_ins = reduced
@@ -1326,6 +1346,13 @@ def _reduced_instance(info: OpInfo, ins: list[Value], outs: list[Value], mesh: M
                     a.offset * r.length != r.offset * a.length or (
                     x.tiling, x.partial, x.kind, x.poly, x.scope) != (
                     y.tiling, y.partial, y.kind, y.poly, y.scope):
+                return "the rule gives another layout at the reduced shape"
+            if _skeleton(x.term, memo_a) != _skeleton(y.term, memo_r):
+                return "the rule builds another term at the reduced shape"
+        elif isinstance(a, Reordered) and isinstance(r, Reordered):
+            x, y = a.rel, r.rel
+            if (a.dim, a.orders, x.tiling, x.partial, x.kind, x.poly, x.scope) != (
+                    r.dim, r.orders, y.tiling, y.partial, y.kind, y.poly, y.scope):
                 return "the rule gives another layout at the reduced shape"
             if _skeleton(x.term, memo_a) != _skeleton(y.term, memo_r):
                 return "the rule builds another term at the reduced shape"
@@ -1519,12 +1546,19 @@ def _leaf_name(index: int) -> str:
     return f"A{index - ABSTRACT_BASE}" if index >= ABSTRACT_BASE else f"arg{index}"
 
 
-def _derived_local(full: np.ndarray, value: Permuted | Windowed | Shifted, mesh: Mesh,
-                   device: int) -> np.ndarray:
+def _derived_local(full: np.ndarray, value: Permuted | Windowed | Shifted | Reordered,
+                   mesh: Mesh, device: int) -> np.ndarray:
     """Device `device`'s local value of a value derived from a Rel whose global value is
-    `full`: another device's block, a halo window, or the block plus a device constant."""
+    `full`: another device's block, a halo window, the block plus a device constant, or the
+    blocks of a dim in the device's order."""
     if isinstance(value, Permuted):
         return _block(full, value.rel, mesh, value.sources[device], False)
+    if isinstance(value, Reordered):
+        whole = _block(full, value.rel, mesh, device, False)
+        order = value.orders[device]
+        size = whole.shape[value.dim] // len(order)
+        return np.concatenate([np.take(whole, range(b * size, (b + 1) * size), axis=value.dim)
+                               for b in order], axis=value.dim)
     if isinstance(value, Windowed):
         return _window_rows(full, value, mesh, device)
     block = _block(full, value.rel, mesh, device, False)
@@ -1820,8 +1854,8 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
             for d in range(devices):
                 local[d][i] = S.full(tuple(value.shape), value.values[d] if not single
                                      else value.values[0])
-        elif isinstance(value, Permuted | Windowed | Shifted) and not value.rel.partial \
-                and not single:
+        elif isinstance(value, Permuted | Windowed | Shifted | Reordered) and \
+                not value.rel.partial and not single:
             full = S.evaluate_term(value.rel.term, env, memo)
             for d in range(devices):
                 local[d][i] = _derived_local(full, value, mesh, d)
@@ -1865,7 +1899,7 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                     claims.append(S.equal(x, y) if ok is True else
                                   z3.Or(z3.Not(S.to_z3(ok)), S.to_z3(S.equal(x, y))))
             continue
-        if isinstance(value, Permuted | Windowed | Shifted):
+        if isinstance(value, Permuted | Windowed | Shifted | Reordered):
             if value.rel.partial or single:
                 raise _Failure("unknown", f"a {type(value).__name__.lower()} partial value "
                                "cannot be checked")

@@ -11,6 +11,8 @@ A sharded SSA value gets one of:
 * `Shifted(rel, offsets)`, `Permuted(rel, sources)`, `Windowed(rel, dim, offset, length)`: a
   Rel plus per-device constants, a Rel with its blocks on other devices, rows of a split dim
   off each device's own block.
+* `Reordered(rel, dim, orders)`: a Rel whose blocks along one dim are in a device-dependent
+  order (blocks received around a ring, concatenated in arrival order).
 * `InBlock`, `BlockIndex`, `Masked`: a per-device range test of an integer tensor, the index
   inside the device's block, a value defined only where such a test holds (vocab-parallel
   masks, `rules/blocks.py`).
@@ -174,6 +176,29 @@ class Windowed:
 
 
 @dataclass(frozen=True)
+class Reordered:
+    """`rel` (not split along `dim`) with the blocks of `dim` in a device-dependent order: cut
+    along `dim` into `len(orders[d])` equal blocks, device d holds block `orders[d][j]` at
+    position j (the other dims as `rel` says). Concatenating the blocks a ring passes around
+    in arrival order makes it (ring attention's K, V and key positions). A sum or a max over
+    `dim`, and a contraction of `dim` with a value in the same order, do not depend on the
+    order (`rules/reordered.py`); a mismatch of orders is an error, `reason`, at `origin` (the
+    collective_permute that brought the blocks)."""
+
+    rel: Rel
+    dim: int
+    orders: tuple[tuple[int, ...], ...]
+    reason: str = ""
+    origin: object = field(default=None, compare=False)
+
+    def describe(self) -> str:
+        shown = "; ".join(str(list(o)) for o in self.orders[:8])
+        more = "; ..." if len(self.orders) > 8 else ""
+        return (f"{self.rel.describe()} with the blocks of dim {self.dim} in the order "
+                f"[{shown}{more}] per device")
+
+
+@dataclass(frozen=True)
 class InBlock:
     """An integer tensor `rel` (x, the same on every device of `axes`) tested against the
     device's block of a range cut into blocks of `length` along `axes` (a vocab-parallel shard's
@@ -250,7 +275,8 @@ class Opaque:
         return f"opaque: {self.reason}"
 
 
-Value = Rel | DeviceScalar | Shifted | Permuted | Windowed | InBlock | BlockIndex | Masked | Opaque
+Value = (Rel | DeviceScalar | Shifted | Permuted | Windowed | Reordered | InBlock | BlockIndex
+         | Masked | Opaque)
 
 DEVICE_BLOCK_VALUES = (InBlock, BlockIndex, Masked)
 """Values whose local content depends on the device's block index beyond a tiling."""

@@ -651,7 +651,21 @@ def combine(kind: str, items: Sequence[Element]) -> Element:
            "or": _logic("or")}
     if kind not in fns:
         raise SemanticsError(f"unsupported reducer {kind!r}")
+    if kind in ("max", "min"):
+        items = sorted(items, key=_order_key)
     return _fold(fns[kind], items)
+
+
+def _order_key(item: Element) -> tuple[int, str, int]:
+    """A canonical order for the operands of a max or min (commutative and associative, so
+    the order is immaterial): the same elements in any order give the same formula, and Z3
+    need not case-split to see that a max over blocks in a permuted order is the max.
+    Numbers first (in their order), then variables by name, then other formulas."""
+    if not is_z3(item):
+        return (0, "", 0)
+    if z3.is_const(item):
+        return (1, str(item), 0)
+    return (2, "", item.get_id())
 
 
 # ----- data movement and contraction (shared by ops and terms) --------------------------------

@@ -1,5 +1,7 @@
-"""entangle-normalize: inline func.calls so every rule sees plain ops; reductions over unit
-dims (jax's transposes with one sequence / head per device) become reshapes (`unit_dims.py`);
+"""entangle-normalize: inline func.calls so every rule sees plain ops; ring loops (a while
+passing blocks by collective_permute, constant trip count) are unrolled (`unroll.py`);
+reductions over unit dims (jax's transposes with one sequence / head per device) become
+reshapes (`unit_dims.py`);
 per-token computations on flattened `(batch, seq)` keep both dims (`token_dims.py`); numerical
 idioms (psum as all_gather + sum, log-sum-exp shifts) take one form (`idioms.py`).
 
@@ -16,6 +18,7 @@ from entangle_mlir.pipeline import ModulePass, PassState
 from entangle_mlir.program import inline_calls
 from entangle_mlir.token_dims import split_token_dims
 from entangle_mlir.unit_dims import fold_unit_dims
+from entangle_mlir.unroll import unroll_ring_loops
 
 
 @dataclass
@@ -33,6 +36,7 @@ class NormalizePass(ModulePass):
         for module, file in modules.values():
             inline_calls(module, file)
             with module.context:
+                unroll_ring_loops(module)
                 fold_unit_dims(module)
                 rewrite_idioms(module)
         module = next(iter(modules.values()))[0]

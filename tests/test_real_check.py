@@ -67,7 +67,8 @@ def test_buggy_flagged_at_bug_line(ex: Example) -> None:
 # default mode of `entangle check`); a refuted instance would be a soundness problem of a rule.
 Z3_CHECKED = ["gpt2_stack_sgd_tp4", "llama3_stack_sgd_sp_tp4", "qwen3_stack_sgd_tp4",
               "llama3_stack_scan_tp4", "ce_vocab_parallel_tp4", "gpt2_stack_gatherslice_sp_tp4",
-              "moe_stack_sgd_sp_tp4", "gpt2_stack_sgd_b1_dp4"]
+              "moe_stack_sgd_sp_tp4", "gpt2_stack_sgd_b1_dp4", "llama3_stack_ring_cp4",
+              "llama3_stack_ringloop_cp4"]
 
 
 @pytest.mark.parametrize("name", Z3_CHECKED)

@@ -12,6 +12,7 @@ from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Va
 from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import (
+    Term,
     intern,
     make_broadcast,
     make_dense,
@@ -254,9 +255,29 @@ def concatenate(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
                        category="partial_mixed")]
     shape = list(rels[0].term.shape)
     shape[dim] = sum(x.term.shape[dim] for x in rels)
-    term = intern("concatenate", tuple(x.term for x in rels), (dim,), tuple(shape),
-                  rels[0].term.dtype)
+    term = rejoined([x.term for x in rels], dim) or intern(
+        "concatenate", tuple(x.term for x in rels), (dim,), tuple(shape), rels[0].term.dtype)
     return [replace(rels[0], term=term)]
+
+
+def rejoined(pieces: list[Term], dim: int) -> Term | None:
+    """The tensor itself when `pieces` are its consecutive slices along `dim`, from its first
+    row to its last (blockwise code concatenating the blocks it cut: an online softmax's keys),
+    else None."""
+    base = pieces[0].args[0] if pieces[0].op == "slice" else None
+    if base is None:
+        return None
+    row = 0
+    for piece in pieces:
+        if piece.op != "slice" or piece.args[0] is not base:
+            return None
+        starts, limits, strides = piece.attrs
+        for d, size in enumerate(base.shape):
+            want = (row, row + piece.shape[dim]) if d == dim else (0, size)
+            if (starts[d], limits[d]) != want or strides[d] != 1:
+                return None
+        row += piece.shape[dim]
+    return base if row == base.shape[dim] else None
 
 
 def pad(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:

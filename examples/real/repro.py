@@ -186,6 +186,39 @@ def ring_gather(x):
     return ordered.reshape(-1, x.shape[1])
 
 
+# K'. Ring attention: K/V blocks passed around the cp ring, combined by an online softmax.
+def ring_attention_ref(q, k, v):
+    s = q @ k.T
+    s = jnp.where(jnp.arange(q.shape[0])[:, None] >= jnp.arange(k.shape[0])[None, :], s,
+                  -jnp.inf)
+    return jax.nn.softmax(s, axis=-1) @ v
+
+
+def ring_attention(q, k, v, hop: int = 1):
+    """`hop` = -1 is the bug of passing K/V to the previous device while the key positions
+    assume the next one (`ring_attention_backwards`, tests/test_online_softmax.py)."""
+    n, me, rows = lax.axis_size(CP), lax.axis_index(CP), q.shape[0]
+    q_pos = me * rows + jnp.arange(rows)
+    m = jnp.full((rows,), -jnp.inf)
+    denom = jnp.zeros((rows,))
+    o = jnp.zeros(q.shape[:1] + v.shape[1:])
+    for i in range(n):
+        k_pos = ((me - i) % n) * rows + jnp.arange(rows)
+        s = jnp.where(q_pos[:, None] >= k_pos[None, :], q @ k.T, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        p = jnp.exp(s - m_new[:, None])
+        corr = jnp.exp(m - m_new)
+        denom = denom * corr + jnp.sum(p, axis=-1)
+        o = o * corr[:, None] + p @ v
+        m = m_new
+        k, v = (lax.ppermute(x, CP, [(j, (j + hop) % n) for j in range(n)]) for x in (k, v))
+    return o / denom[:, None]
+
+
+def ring_attention_backwards(q, k, v):
+    return ring_attention(q, k, v, hop=-1)
+
+
 # H'. One sequence per device: a broadcast bias's gradient is summed in two steps (batch, seq)
 # with a keepdims reshape between; locally the batch dim is summed in the second step.
 def unit_batch_bias_grad_ref(b, x):
@@ -215,7 +248,7 @@ FIXED = {"bias_grad_unit_dims", "take_and_reducer", "top_k", "gather_batching_di
          "scatter_batching_dims", "dp_mean_coefficients", "scan_backward",
          "unit_dim_transpose", "moe_flatten_split_seq", "allgather_partial", "local_max",
          "exp_algebra", "unit_batch_view",
-         "slice_of_split_dim", "device_offset_tensor"}
+         "slice_of_split_dim", "device_offset_tensor", "ring_attention"}
 
 
 def reproducers() -> list[Repro]:
@@ -295,6 +328,11 @@ def reproducers() -> list[Repro]:
               "movement)",
               custom("repro_ring_gather", cp4, ring_gather_ref, ring_gather,
                      (_f("x", (8, 4), P(CP, None)),), P(), "ring all-gather")),
+        Repro("ring_attention", "ring attention: K/V blocks passed around the ring "
+              "(collective_permute), an online softmax over them",
+              custom("repro_ring_attention", cp4, ring_attention_ref, ring_attention,
+                     (_f("q", (8, 4), P(CP, None)), _f("k", (8, 4), P(CP, None)),
+                      _f("v", (8, 4), P(CP, None))), P(CP, None), "causal ring attention")),
     ]
     from .ce import ce_programs
     from .tricky import tricky_programs
