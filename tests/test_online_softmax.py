@@ -188,3 +188,50 @@ def test_blockwise_attention_per_device_is_proven_and_its_near_misses_are_not() 
         assert report.proven == correct, report.render_text()
         if correct:
             assert " 0 refuted, 0 inconclusive" in report.mode, report.mode
+
+
+def test_ring_attention_training_stops_at_a_single_ring_steps_mask() -> None:
+    """The gradients through ring attention compute the reference's (run on devices), but
+    jax's backward reads each ring step's mask and probabilities: the per-step compare of the
+    key positions `((me - i) % n) * B + arange(B)` with the query positions is reported as a
+    single ring step's block (not yet related), at the mask's line."""
+    from entangle_mlir.check import check_texts
+    from examples.real.catalog import run_pair
+    from examples.real.repro import reproducers
+
+    (repro,) = [r.example for r in reproducers() if r.example.name.startswith(
+        "repro_ring_attention_grad")]
+    ref, shd = run_pair(repro)
+    assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(ref, shd, strict=True))
+    report = check_texts(*lower_pair(repro), verify_rules=False)
+    assert not report.proven
+    first = report.diagnostics[0]
+    assert "key positions of ring step" in first.message, first.message
+    source = (Path(__file__).parents[1] / "examples/real/repro.py").read_text().splitlines()
+    line = next(n for n, text in enumerate(source, 1) if "s = jnp.where(q_pos" in text)
+    assert f"repro.py:{line}:" in str(first.loc), first.loc
+
+
+def test_ring_step_offsets_are_told_from_own_and_wrong_blocks() -> None:
+    """`ring_step_hops` names the block `hops` devices back only when every device's offset is
+    that block's start: the device's own block (hops 0) and an offset table with one wrong
+    entry are not ring steps."""
+    from fractions import Fraction
+
+    from entangle_mlir.layout import Rel, Shifted
+    from entangle_mlir.mesh import Mesh
+    from entangle_mlir.rules.base import RuleContext
+    from entangle_mlir.rules.shifted import ring_step_hops
+    from entangle_mlir.terms import make_iota
+
+    mesh = Mesh((("cp", 4),))
+    ctx = RuleContext(mesh=mesh, manual_axes=mesh.names)
+    iota = Rel(make_iota((4,), 0, "i32"), ((),))
+
+    def hops(offsets):
+        return ring_step_hops(Shifted(iota, tuple(Fraction(o) for o in offsets)), ctx)
+
+    assert hops([12, 0, 4, 8]) == (0, ("cp",), 1)
+    assert hops([4, 8, 12, 0]) == (0, ("cp",), 3)
+    assert hops([0, 4, 8, 12]) is None
+    assert hops([12, 0, 4, 4]) is None

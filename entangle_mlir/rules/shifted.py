@@ -14,6 +14,7 @@ from dataclasses import replace
 from fractions import Fraction
 
 from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value
+from ..mesh import axes_str
 from ..opinfo import OpInfo
 from ..terms import (
     Term,
@@ -153,7 +154,7 @@ def elementwise_shifted(info: OpInfo, operands: list[Value], ctx: RuleContext,
             moved_x, other = (pair[0], pair[1]) if first else (pair[1], pair[0])
             test = blocks.compare_shifted(info, moved_x, other, first, ctx) if isinstance(
                 other, Rel) else None
-            return [test or unsupported[0]]
+            return [test or _ring_step_compare(name, shifted, ctx) or unsupported[0]]
         return plain(info, pair, ctx)
     return unsupported
 
@@ -229,6 +230,45 @@ def _wrong_iota_offsets(value: Shifted, ctx: RuleContext) -> Opaque | None:
                   f"its block from {value.offsets[device]} instead of {expected[device]} "
                   f"(expected offset = {step} * axis_index({', '.join(axes)}))",
                   category="wrong_offset")
+
+
+def ring_step_hops(value: Shifted, ctx: RuleContext) -> tuple[int, tuple[str, ...], int] | None:
+    """(dim, axes, hops) when `value` is an iota plus the block offsets of the block `hops`
+    devices back along `axes` (`((me - hops) % n) * B + arange(B)`: the positions of the K/V
+    block a ring has passed `hops` times), hops in [1, n); else None."""
+    found = _iota_dim(value.rel.term)
+    if found is None or ctx.mesh is None or value.rel.partial:
+        return None
+    dim, factor = found
+    step = factor * value.rel.term.shape[dim]
+    mesh = ctx.mesh
+    free = [a for a in mesh.names if a not in value.rel.tiled_axes]
+    for count in range(1, len(free) + 1):
+        for axes in itertools.permutations(free, count):
+            size = mesh.group_size(axes)
+            for hops in range(1, size):
+                if all(value.offsets[d] == (mesh.block_index(axes, d) - hops) % size * step
+                       for d in range(mesh.num_devices)):
+                    return dim, axes, hops
+    return None
+
+
+def _ring_step_compare(name: str, value: Shifted, ctx: RuleContext) -> Opaque | None:
+    """The reason a compare of one ring step's key positions with the (split) query positions
+    is not related: each device holds the mask block at (its own block, the block `hops` back),
+    off the diagonal of a layout; only the online softmax's fold relates per-step blocks (as
+    all the keys in a per-device order, `rules/reordered.py`), and a backward reads them step
+    by step."""
+    found = ring_step_hops(value, ctx)
+    if found is None:
+        return None
+    dim, axes, hops = found
+    size = ctx.mesh.group_size(axes)
+    return Opaque(f"{name} of the key positions of ring step {hops} (block (me - {hops}) % "
+                  f"{size} along dim {dim} over {axes_str(axes)}) with positions split "
+                  "another way: one ring step's block of the mask, not folded into the online "
+                  "softmax over all the keys (read step by step, as by the ring's backward); "
+                  "not supported yet", category="unsupported")
 
 
 def _wrap(inner: list[Value], offsets: tuple, ctx: RuleContext) -> list[Value]:

@@ -219,6 +219,19 @@ def ring_attention_backwards(q, k, v):
     return ring_attention(q, k, v, hop=-1)
 
 
+# K''. Ring attention training: the gradients through the ring. jax's backward reads every
+# step's mask and probabilities, differentiates the running max (whose cotangent is zero only
+# in exact arithmetic) and sends dK/dV back around the ring by the reverse collective_permutes.
+def ring_attention_grad_ref(q, k, v, w):
+    return jax.grad(lambda q, k, v: jnp.sum(ring_attention_ref(q, k, v) * w),
+                    argnums=(0, 1, 2))(q, k, v)
+
+
+def ring_attention_grad(q, k, v, w):
+    return jax.grad(lambda q, k, v: jnp.sum(ring_attention(q, k, v) * w),
+                    argnums=(0, 1, 2))(q, k, v)
+
+
 # H'. One sequence per device: a broadcast bias's gradient is summed in two steps (batch, seq)
 # with a keepdims reshape between; locally the batch dim is summed in the second step.
 def unit_batch_bias_grad_ref(b, x):
@@ -333,6 +346,13 @@ def reproducers() -> list[Repro]:
               custom("repro_ring_attention", cp4, ring_attention_ref, ring_attention,
                      (_f("q", (8, 4), P(CP, None)), _f("k", (8, 4), P(CP, None)),
                       _f("v", (8, 4), P(CP, None))), P(CP, None), "causal ring attention")),
+        Repro("ring_permute", "ring attention training: the backward reads each ring step's "
+              "blocks and returns dK/dV along the reverse ring",
+              custom("repro_ring_attention_grad", cp4, ring_attention_grad_ref,
+                     ring_attention_grad,
+                     (_f("q", (8, 4), P(CP, None)), _f("k", (8, 4), P(CP, None)),
+                      _f("v", (8, 4), P(CP, None)), _f("w", (8, 4), P(CP, None))),
+                     (P(CP, None),) * 3, "gradients of causal ring attention")),
     ]
     from .ce import ce_programs
     from .tricky import tricky_programs

@@ -89,7 +89,7 @@ CAUSES: list[tuple[str, str, str]] = [
     ("grad_norm_located_at_sum", "grad-norm sum counting replicated parameters",
      r"add computes \(\S+\*reduce_sum"),
     ("ring_permute", "ring attention (collective_permute of K/V blocks, online softmax)",
-     r"collective_permute moves blocks"),
+     r"collective_permute moves blocks|key positions of ring step"),
     ("allgather_partial", "psum written as all_gather on a new axis + sum",
      r"all_gather over 'tp' of a partial sum"),
     ("local_max", "per-shard max without pmax (exp(m_local) rescaling)", r"partial max"),
