@@ -194,9 +194,11 @@ def ring_attention_ref(q, k, v):
     return jax.nn.softmax(s, axis=-1) @ v
 
 
-def ring_attention(q, k, v, hop: int = 1):
+def ring_attention(q, k, v, hop: int = 1, stop_max: bool = False):
     """`hop` = -1 is the bug of passing K/V to the previous device while the key positions
-    assume the next one (`ring_attention_backwards`, tests/test_online_softmax.py)."""
+    assume the next one (`ring_attention_backwards`, tests/test_online_softmax.py).
+    `stop_max` stops the running max's gradient (as flash-attention kernels and
+    `jax.nn.softmax` do; exact: its cotangent is zero in exact arithmetic)."""
     n, me, rows = lax.axis_size(CP), lax.axis_index(CP), q.shape[0]
     q_pos = me * rows + jnp.arange(rows)
     m = jnp.full((rows,), -jnp.inf)
@@ -206,6 +208,8 @@ def ring_attention(q, k, v, hop: int = 1):
         k_pos = ((me - i) % n) * rows + jnp.arange(rows)
         s = jnp.where(q_pos[:, None] >= k_pos[None, :], q @ k.T, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        if stop_max:
+            m_new = lax.stop_gradient(m_new)
         p = jnp.exp(s - m_new[:, None])
         corr = jnp.exp(m - m_new)
         denom = denom * corr + jnp.sum(p, axis=-1)
@@ -229,6 +233,13 @@ def ring_attention_grad_ref(q, k, v, w):
 
 def ring_attention_grad(q, k, v, w):
     return jax.grad(lambda q, k, v: jnp.sum(ring_attention(q, k, v) * w),
+                    argnums=(0, 1, 2))(q, k, v)
+
+
+def ring_attention_grad_stop_max(q, k, v, w):
+    """Without the running max's gradient (FAILURES.md section 7, item 2): the per-step blocks
+    and the reverse ring alone."""
+    return jax.grad(lambda q, k, v: jnp.sum(ring_attention(q, k, v, stop_max=True) * w),
                     argnums=(0, 1, 2))(q, k, v)
 
 
@@ -353,6 +364,13 @@ def reproducers() -> list[Repro]:
                      (_f("q", (8, 4), P(CP, None)), _f("k", (8, 4), P(CP, None)),
                       _f("v", (8, 4), P(CP, None)), _f("w", (8, 4), P(CP, None))),
                      (P(CP, None),) * 3, "gradients of causal ring attention")),
+        Repro("ring_permute", "ring attention training with the running max's gradient "
+              "stopped: per-step blocks and dK/dV along the reverse ring only",
+              custom("repro_ring_attention_grad_stop_max", cp4, ring_attention_grad_ref,
+                     ring_attention_grad_stop_max,
+                     (_f("q", (8, 4), P(CP, None)), _f("k", (8, 4), P(CP, None)),
+                      _f("v", (8, 4), P(CP, None)), _f("w", (8, 4), P(CP, None))),
+                     (P(CP, None),) * 3, "gradients of causal ring attention, max stopped")),
     ]
     from .ce import ce_programs
     from .tricky import tricky_programs
