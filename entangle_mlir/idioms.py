@@ -36,6 +36,7 @@ from jaxlib.mlir import ir
 from .opinfo import constant_value, reducer_kind
 
 _MOVES = ("stablehlo.broadcast_in_dim", "stablehlo.reshape")
+_MOVES_AND_TRANSPOSES = (*_MOVES, "stablehlo.transpose")
 _MAX_INDEX = 1 << 22
 """Largest tensor whose element-to-root index map is computed (to compare two views)."""
 
@@ -153,12 +154,12 @@ def _gathered_sum(reduce: ir.Operation) -> int:
     return 1
 
 
-def _root(value) -> tuple[object, list[ir.Operation]]:
-    """The value under a chain of broadcast_in_dim / reshape ops, and the chain (outermost
-    first)."""
+def _root(value, through: tuple[str, ...] = _MOVES) -> tuple[object, list[ir.Operation]]:
+    """The value under a chain of `through` ops (broadcast_in_dim / reshape by default), and the
+    chain (outermost first)."""
     chain = []
     op = _def(value)
-    while op is not None and op.name in _MOVES:
+    while op is not None and op.name in through:
         chain.append(op)
         value = op.operands[0]
         op = _def(value)
@@ -172,18 +173,9 @@ def _index_map(root, chain: list[ir.Operation]) -> np.ndarray | None:
         return None
     index = np.arange(math.prod(shape)).reshape(shape)
     for op in reversed(chain):
-        out = _shape(op.results[0])
-        if math.prod(out) > _MAX_INDEX:
+        index = _index_map_step(index, op)
+        if index is None:
             return None
-        if op.name == "stablehlo.reshape":
-            index = index.reshape(out)
-        else:
-            dims = _i64s(op, "broadcast_dimensions")
-            expanded = [1] * len(out)
-            for i, d in enumerate(dims):
-                expanded[d] = index.shape[i]
-            order = sorted(range(len(dims)), key=lambda i: dims[i])
-            index = np.broadcast_to(index.transpose(order).reshape(expanded), out)
     return index
 
 
@@ -542,7 +534,7 @@ def _online_sum(add: ir.Operation) -> int:
 def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumulated) -> int:
     from jaxlib.mlir.dialects import stablehlo
 
-    root, chain = _root_views(rescale)
+    root, chain = _root(rescale, _MOVES_AND_TRANSPOSES)
     exp = _def(root)
     if exp is None or not _is_exp_of_sub(root):
         return 0
@@ -550,7 +542,7 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumula
     old, new = sub.operands
     if new != cur.m or _shape(root) != _shape(cur.m):
         return 0
-    index = _view_index_map(root, chain)
+    index = _index_map(root, chain)
     if index is None or index.shape != cur.index.shape or not (index == cur.index).all():
         return 0
     if _splat_of(acc_value, 0.0):
@@ -589,34 +581,10 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumula
     return 1
 
 
-def _root_views(value) -> tuple[object, list[ir.Operation]]:
-    """Like `_root`, also through transposes."""
-    chain = []
-    op = _def(value)
-    while op is not None and op.name in (*_MOVES, "stablehlo.transpose"):
-        chain.append(op)
-        value = op.operands[0]
-        op = _def(value)
-    return value, chain
-
-
-def _view_index_map(root, chain: list[ir.Operation]) -> np.ndarray | None:
-    """`_index_map` through broadcast_in_dim, reshape and transpose."""
-    shape = _shape(root)
-    if math.prod(shape) > _MAX_INDEX:
-        return None
-    index = np.arange(math.prod(shape)).reshape(shape)
-    for op in reversed(chain):
-        if op.name == "stablehlo.transpose":
-            index = index.transpose(_i64s(op, "permutation"))
-        else:
-            index = _index_map_step(index, op)
-            if index is None:
-                return None
-    return index
-
-
 def _index_map_step(index: np.ndarray, op: ir.Operation) -> np.ndarray | None:
+    """`index` carried through one broadcast_in_dim, reshape or transpose."""
+    if op.name == "stablehlo.transpose":
+        return index.transpose(_i64s(op, "permutation"))
     out = _shape(op.results[0])
     if math.prod(out) > _MAX_INDEX:
         return None
@@ -791,7 +759,7 @@ def _normalized_after(divide: ir.Operation) -> int:
     acc = _Accumulated(divide.operands[0])
     if not acc.ok or acc.v is None:
         return 0
-    root, chain = _root_views(divide.operands[1])
+    root, chain = _root(divide.operands[1], _MOVES_AND_TRANSPOSES)
     den = _Accumulated(root)
     if not den.ok or den.v is not None or den.m != acc.m or den.d != acc.d:
         return 0
@@ -800,7 +768,7 @@ def _normalized_after(divide: ir.Operation) -> int:
     identity = np.arange(math.prod(_shape(root))).reshape(_shape(root))
     if not (den.index == identity).all():
         return 0
-    index = _view_index_map(root, chain)
+    index = _index_map(root, chain)
     if index is None or index.shape != acc.index.shape or not (index == acc.index).all():
         return 0
     kept = [k for k in range(len(_shape(acc.y))) if k != acc.d]
