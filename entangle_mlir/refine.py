@@ -382,8 +382,10 @@ def _counterpart_note(record: OpRecord | None, reference: _Reference | None) -> 
         return []
     jax_name = twin.info.loc.op_name if twin.info.loc else ""
     named = f" ({jax_name})" if jax_name and jax_name != twin.info.name else ""
-    return [Diagnostic("note", f"corresponds to the reference op {twin.info.name}{named}, "
-                               f"which computes {pretty(_first_term(twin), 3)}", twin.loc)]
+    what = (f"moves blocks of the value that the reference op {twin.info.name}{named} "
+            f"computes:" if record.info.name == "stablehlo.collective_permute" else
+            f"corresponds to the reference op {twin.info.name}{named}, which computes")
+    return [Diagnostic("note", f"{what} {pretty(_first_term(twin), 3)}", twin.loc)]
 
 
 def _first_term(record: OpRecord) -> Term | str:
