@@ -213,7 +213,8 @@ class Walker:
         inputs = [self.walk.values[v] for v in op.operands]
         inputs = [settle(v, info.name) for v in inputs]
         local = RuleContext(ctx.mesh, ctx.manual_axes, reference=ctx.reference)
-        opaque = next((v for v in inputs if isinstance(v, Opaque)), None)
+        plain = all(type(v) is Rel for v in inputs)  # skips the value-kind tests below
+        opaque = None if plain else next((v for v in inputs if isinstance(v, Opaque)), None)
         if opaque is not None:
             outputs: list[Value] = [opaque] * len(op.results)
         elif info.name in _TRANSPARENT:
@@ -222,16 +223,17 @@ class Walker:
         elif info.name not in RULES:
             outputs = [Opaque(f"unsupported op {info.name}", category="unsupported")
                        ] * len(op.results)
-        elif any(isinstance(v, Masked) and not v.zero for v in inputs) and \
+        elif not plain and any(isinstance(v, Masked) and not v.zero for v in inputs) and \
                 info.name not in MASK_CARRIERS:
             outputs = [Opaque(f"{info.name} uses rows looked up for ids outside this device's "
                               "block (the gather clamped them to another row): they are never "
                               "zeroed (missing `where(outside, 0, ...)` after the lookup)",
                               category="layout_mismatch")] * len(op.results)
-        elif any(isinstance(v, DEVICE_BLOCK_VALUES) for v in inputs) and \
+        elif not plain and any(isinstance(v, DEVICE_BLOCK_VALUES) for v in inputs) and \
                 info.name not in BLOCK_AWARE:
             outputs = [blocks.unsupported(info.name)] * len(op.results)
-        elif any(isinstance(v, Shifted) for v in inputs) and info.name not in SHIFT_AWARE:
+        elif not plain and any(isinstance(v, Shifted) for v in inputs) and \
+                info.name not in SHIFT_AWARE:
             outputs = [Opaque(f"device-dependent offset tensor used by {info.name} (not "
                               "supported yet)", category="unsupported")] * len(op.results)
         elif op.regions and info.name not in REGION_RULE_OPS:

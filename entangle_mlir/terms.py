@@ -55,6 +55,34 @@ def intern(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...]
     return term
 
 
+_BUILT: dict[tuple, Term] = {}
+"""Results of the canonicalizing constructors by their arguments (terms by serial). Each
+constructor is a pure function of interned terms and plain values, so a repeat is a lookup:
+the sharded walk rebuilds the reference's terms (a replicated layer norm, a Megatron matmul's
+global term) and jax repeats subexpressions (a layer norm's `x - mean` twice)."""
+
+
+def _built(name: str, key_of):
+    """Memoize a term constructor in `_BUILT` under `(name, key_of(*args))`."""
+    def wrap(build):
+        @functools.wraps(build)
+        def memoized(*args):
+            key = (name, key_of(*args))
+            try:
+                found = _BUILT.get(key)
+            except TypeError:  # an unhashable attribute: build it every time
+                return build(*args)
+            if found is None:
+                found = _BUILT[key] = build(*args)
+            return found
+        return memoized
+    return wrap
+
+
+def _pair_key(a: Term, b: Term) -> tuple:
+    return a.serial, b.serial
+
+
 LOOP_BODY_TERMS: dict[int, Term] = {}
 """serial -> term for the condition and yields a `while_result` names by serial in its attrs
 (they are not its arguments: the loop variables in them are bound by the loop)."""
@@ -258,14 +286,17 @@ COMMUTATIVE = {"stablehlo.maximum", "stablehlo.minimum", "stablehlo.and", "stabl
                "stablehlo.xor"}
 
 
+@_built("add", _pair_key)
 def make_add(a: Term, b: Term) -> Term:
     return make_lin([(Fraction(1), a), (Fraction(1), b)], Fraction(0), a.shape, a.dtype)
 
 
+@_built("sub", _pair_key)
 def make_sub(a: Term, b: Term) -> Term:
     return make_lin([(Fraction(1), a), (Fraction(-1), b)], Fraction(0), a.shape, a.dtype)
 
 
+@_built("mul", _pair_key)
 def make_mul(a: Term, b: Term) -> Term:
     for x, y in ((a, b), (b, a)):
         value = splat_value(x)
@@ -281,6 +312,7 @@ def make_mul(a: Term, b: Term) -> Term:
     return scale(product, ka * kb) if ka * kb != 1 else product
 
 
+@_built("div", _pair_key)
 def make_div(a: Term, b: Term) -> Term:
     value = splat_value(b)
     if isinstance(value, Fraction) and value != 0:
@@ -301,6 +333,12 @@ def make_div(a: Term, b: Term) -> Term:
 def make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple = (),
                      dtype: str | None = None) -> Term:
     """Generic elementwise op; arithmetic ops route to their canonical builders."""
+    return _make_elementwise(op, tuple(args), attrs, dtype)
+
+
+@_built("elementwise", lambda op, args, attrs, dtype: (op, tuple(a.serial for a in args), attrs,
+                                                      dtype))
+def _make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple, dtype: str | None) -> Term:
     if op == "stablehlo.add":
         return make_add(*args)
     if op == "stablehlo.subtract":
@@ -478,6 +516,7 @@ def reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]
     return groups
 
 
+@_built("reshape", lambda term, shape: (term.serial, tuple(shape)))
 def make_reshape(term: Term, shape: tuple[int, ...]) -> Term:
     """Reshapes are pushed inward (through elementwise ops, broadcasts of created dims and the
     free dims of a dot_general) so that flattening tokens before a matmul and reshaping after
@@ -655,6 +694,7 @@ def _reshape_dot(term: Term, shape: tuple[int, ...]) -> Term | None:
     return make_dot(lhs, new_operand, attrs, shape, term.dtype)
 
 
+@_built("transpose", lambda term, perm: (term.serial, tuple(perm)))
 def make_transpose(term: Term, perm: tuple[int, ...]) -> Term:
     perm = tuple(perm)
     shape = tuple(term.shape[p] for p in perm)
@@ -673,6 +713,7 @@ def make_transpose(term: Term, perm: tuple[int, ...]) -> Term:
     return intern("transpose", (term,), (perm,), shape, term.dtype)
 
 
+@_built("broadcast", lambda term, dims, shape: (term.serial, tuple(dims), tuple(shape)))
 def make_broadcast(term: Term, dims: tuple[int, ...], shape: tuple[int, ...]) -> Term:
     """broadcast_in_dim: operand dim i becomes result dim dims[i] (size equal or from 1)."""
     dims, shape = tuple(dims), tuple(shape)
@@ -705,6 +746,13 @@ def make_op(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...
     """A generic op; when `linear_in` is given, the op is linear in that operand and scalars
     and sums are pulled out of it (slice, pad with zero, reduce-sum). Slices are pushed toward
     the leaves (`push_slice`) and a reduce-sum drops zero padding of the dims it reduces."""
+    return _make_op(op, tuple(args), attrs, tuple(shape), dtype, linear_in)
+
+
+@_built("op", lambda op, args, attrs, shape, dtype, linear_in: (
+    op, tuple(a.serial for a in args), attrs, shape, dtype, linear_in))
+def _make_op(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...],
+             dtype: str, linear_in: int | None) -> Term:
     if op == "slice" and linear_in == 0:
         pushed = push_slice(args[0], *attrs)
         if pushed is not None:
@@ -998,6 +1046,8 @@ def _slice_pad(term: Term, starts, limits, strides, shape) -> Term | None:
                    [lim - lo for lim, lo in zip(limits, low)], strides)
 
 
+@_built("dot", lambda lhs, rhs, attrs, shape, dtype: (lhs.serial, rhs.serial, attrs,
+                                                       tuple(shape), dtype))
 def make_dot(lhs: Term, rhs: Term, attrs: tuple, shape: tuple[int, ...], dtype: str) -> Term:
     """dot_general, bilinear: scalar factors of either side are pulled out."""
     kl, tl = factor_content(lhs)
