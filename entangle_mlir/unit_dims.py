@@ -12,7 +12,12 @@ programs):
   D == U); a reduction that is not broadcast back stays a reduction (a partial sum);
 * `broadcast_in_dim(reshape(y))`, where the reshape only drops unit dims of `y`, is
   `broadcast_in_dim(y')` with the dropped dims put back on result dims of size 1 at the same
-  place (in order between their neighbours), so a split unit dim keeps its identity.
+  place (in order between their neighbours), so a split unit dim keeps its identity;
+* a gather with batching dims (`take_along_axis`) whose operand has a unit dim taken whole as
+  an offset dim (jax squeezes a local batch of one sequence out of the indices) is the gather
+  with that dim as one more batching dim, paired with a unit dim inserted into the indices
+  (both read element 0 of the dim; the result keeps its shape). The indices then keep the
+  batch dim the reference has, instead of a flattened `(batch * seq)` view of it.
 """
 
 from __future__ import annotations
@@ -30,17 +35,22 @@ def fold_unit_dims(module: ir.Module) -> int:
     """Rewrite unit-dim reductions and re-broadcasts in place; the number of ops rewritten."""
     reduces: list[ir.Operation] = []
     broadcasts: list[ir.Operation] = []
+    gathers: list[ir.Operation] = []
 
     def collect(op):
         if op.name == "stablehlo.reduce":
             reduces.append(op)
         elif op.name == "stablehlo.broadcast_in_dim":
             broadcasts.append(op)
+
+        elif op.name == "stablehlo.gather":
+            gathers.append(op)
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(collect)
     count = sum(_fold_reduce(op) for op in reduces)
     count += sum(_fold_broadcast(op) for op in broadcasts)
+    count += sum(_fold_gather(op) for op in gathers)
     return count
 
 
@@ -161,3 +171,54 @@ def _dropped_unit_dims(src: tuple[int, ...], dst: tuple[int, ...]) -> list[int] 
             return None
     return kept if j == len(dst) else None
 
+
+
+def _fold_gather(op: ir.Operation) -> int:
+    """Make each unit offset dim of a batched gather's operand a batching dim (see above)."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    if len(op.operands) != 2 or "dimension_numbers" not in op.attributes:
+        return 0
+    numbers = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
+    offset = list(numbers.offset_dims)
+    collapsed = list(numbers.collapsed_slice_dims)
+    operand_batch = list(numbers.operand_batching_dims)
+    indices_batch = list(numbers.start_indices_batching_dims)
+    index_map = list(numbers.start_index_map)
+    vector_dim = numbers.index_vector_dim
+    sizes = list(ir.DenseI64ArrayAttr(op.attributes["slice_sizes"]))
+    operand, indices = op.operands[0], op.operands[1]
+    operand_shape, indices_shape = _shape(operand), _shape(indices)
+    if not operand_batch or vector_dim < len(indices_shape) - 1:
+        return 0
+    window = [d for d in range(len(operand_shape)) if d not in collapsed + operand_batch]
+    unit = [k for k, d in enumerate(window) if operand_shape[d] == 1 and sizes[d] == 1
+            and d not in index_map]
+    if not unit or len(window) != len(offset):
+        return 0
+    k = unit[0]
+    dim, position = window[k], offset[k]
+    new_offset = offset[:k] + offset[k + 1:]
+    # Result dims that are not offset dims take the indices' dims (but the index vector dim)
+    # in order: the new unit indices dim goes where the result's dim `position` falls.
+    rank = len(_shape(op.results[0]))
+    batch_positions = [r for r in range(rank) if r not in new_offset]
+    order = batch_positions.index(position)
+    labels: list = [i for i in range(len(indices_shape)) if i != vector_dim]
+    labels.insert(order, "unit")
+    explicit = vector_dim < len(indices_shape)
+    if explicit:
+        labels.append(vector_dim)
+    where = {label: i for i, label in enumerate(labels)}
+    new_shape = [1 if label == "unit" else indices_shape[label] for label in labels]
+    pairs = sorted(list(zip(operand_batch, [where[i] for i in indices_batch]))
+                   + [(dim, where["unit"])])
+    with ir.InsertionPoint(op), op.location:
+        widened = stablehlo.ReshapeOp(_tensor(new_shape, indices), indices).result
+    op.operands[1] = widened
+    op.attributes["dimension_numbers"] = stablehlo.GatherDimensionNumbers.get(
+        offset_dims=new_offset, collapsed_slice_dims=collapsed,
+        operand_batching_dims=[a for a, _ in pairs],
+        start_indices_batching_dims=[b for _, b in pairs], start_index_map=index_map,
+        index_vector_dim=where[vector_dim] if explicit else len(labels))
+    return 1 + _fold_gather(op)
