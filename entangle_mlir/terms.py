@@ -43,9 +43,12 @@ class Term:
 
 
 def intern(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...],
-           dtype: str) -> Term:
-    """The unique term with these fields (no canonicalization: use the `make_*` functions)."""
-    key = (op, tuple(a.serial for a in args), attrs, shape, dtype)
+           dtype: str, key_attrs: tuple | None = None) -> Term:
+    """The unique term with these fields (no canonicalization: use the `make_*` functions).
+    `key_attrs`, when given, stands for `attrs` in the table's key: it must be equal (==, and
+    so hash alike) exactly when `attrs` are, and be cheaper to hash."""
+    key = (op, tuple(a.serial for a in args), attrs if key_attrs is None else key_attrs, shape,
+           dtype)
     term = _TABLE.get(key)
     if term is None:
         term = Term()
@@ -181,14 +184,23 @@ def make_lin(pairs, constant, shape: tuple[int, ...], dtype: str) -> Term:
     term_of: dict[int, Term] = {}
     total = scalar(constant)
     for coef, term in pairs:
+        if term.op != "lin" and term.op != "splat":
+            # k * t: the coefficient itself (times one, as a Fraction when it is an int)
+            add = coef if type(coef) is Fraction else coef * _ONE
+            serial = term.serial
+            old = coef_of.get(serial)
+            if old is None:
+                coef_of[serial] = add
+                term_of[serial] = term
+            else:
+                coef_of[serial] = old + add
+            continue
         unit = type(coef) is Fraction and coef == 1
         if term.op == "lin":
             inner_const, coefs = term.attrs
             inner = zip(coefs, term.args)
-        elif term.op == "splat":
-            inner_const, inner = term.attrs[0], ()
         else:
-            inner_const, inner = _ZERO, ((_ONE, term),)
+            inner_const, inner = term.attrs[0], ()
         if inner_const != 0:
             total = total + (inner_const if unit else coef * inner_const)
         for k, t in inner:
@@ -207,7 +219,16 @@ def make_lin(pairs, constant, shape: tuple[int, ...], dtype: str) -> Term:
         return term_of[serials[0]]
     coefs = tuple(coef_of[s] for s in serials)
     args = tuple(term_of[s] for s in serials)
-    return intern("lin", args, (total, coefs), tuple(shape), dtype)
+    return intern("lin", args, (total, coefs), tuple(shape), dtype,
+                  key_attrs=(total, _hash_cheap(coefs)))
+
+
+def _hash_cheap(coefs: tuple) -> tuple:
+    """`coefs` with integral Fractions as ints: equal exactly when `coefs` are (an int equals
+    and hashes like the Fraction of it), and hashed in C where a Fraction's hash takes a
+    modular inverse in Python (a residual stream has a unit coefficient per layer)."""
+    return tuple(c.numerator if type(c) is Fraction and c.denominator == 1 else c
+                 for c in coefs)
 
 
 _ZERO = Fraction(0)
@@ -250,13 +271,20 @@ def _factor_content(term: Term) -> tuple[Scalar, Term]:
     if not isinstance(constant, Fraction):
         return Fraction(1), term
     values = [c for c in (*coefs, constant) if c != 0]
-    k = Fraction(math.gcd(*(v.numerator for v in values)),
-                 math.lcm(*(v.denominator for v in values)))
-    k = -k if coefs[0] < 0 else k
-    if k == 1:
+    numerator = math.gcd(*(v.numerator for v in values))
+    denominator = math.lcm(*(v.denominator for v in values))
+    sign = -1 if coefs[0] < 0 else 1
+    if numerator == 1 and denominator == 1 and sign == 1:
         return Fraction(1), term
-    inner = make_lin([(c / k, t) for c, t in zip(coefs, term.args)], constant / k, term.shape,
-                     term.dtype)
+    k = Fraction(sign * numerator, denominator)
+
+    def divided(c: Fraction) -> Fraction:
+        """c / k in integers: (p/q) / (s*g/l) = s * p * (l/q) / g (q divides l)."""
+        scaled = sign * c.numerator * (denominator // c.denominator)
+        return Fraction(scaled) if numerator == 1 else Fraction(scaled, numerator)
+
+    inner = make_lin([(divided(c), t) for c, t in zip(coefs, term.args)], divided(constant),
+                     term.shape, term.dtype)
     return k, inner
 
 
