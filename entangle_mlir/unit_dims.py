@@ -16,8 +16,9 @@ programs):
 * a gather with batching dims (`take_along_axis`) whose operand has a unit dim taken whole as
   an offset dim (jax squeezes a local batch of one sequence out of the indices) is the gather
   with that dim as one more batching dim, paired with a unit dim inserted into the indices
-  (both read element 0 of the dim; the result keeps its shape). The indices then keep the
-  batch dim the reference has, instead of a flattened `(batch * seq)` view of it.
+  (both read element 0 of the dim; the result keeps its shape); likewise a scatter (its
+  gradient) with a unit update window dim. The indices then keep the batch dim the
+  reference has, instead of a flattened `(batch * seq)` view of it.
 """
 
 from __future__ import annotations
@@ -43,14 +44,15 @@ def fold_unit_dims(module: ir.Module) -> int:
         elif op.name == "stablehlo.broadcast_in_dim":
             broadcasts.append(op)
 
-        elif op.name == "stablehlo.gather":
+        elif op.name in ("stablehlo.gather", "stablehlo.scatter"):
             gathers.append(op)
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(collect)
     count = sum(_fold_reduce(op) for op in reduces)
     count += sum(_fold_broadcast(op) for op in broadcasts)
-    count += sum(_fold_gather(op) for op in gathers)
+    count += sum(_fold_gather(op) if op.name == "stablehlo.gather" else _fold_scatter(op)
+                 for op in gathers)
     return count
 
 
@@ -179,46 +181,86 @@ def _fold_gather(op: ir.Operation) -> int:
 
     if len(op.operands) != 2 or "dimension_numbers" not in op.attributes:
         return 0
-    numbers = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
-    offset = list(numbers.offset_dims)
-    collapsed = list(numbers.collapsed_slice_dims)
-    operand_batch = list(numbers.operand_batching_dims)
-    indices_batch = list(numbers.start_indices_batching_dims)
-    index_map = list(numbers.start_index_map)
-    vector_dim = numbers.index_vector_dim
+    n = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
     sizes = list(ir.DenseI64ArrayAttr(op.attributes["slice_sizes"]))
-    operand, indices = op.operands[0], op.operands[1]
-    operand_shape, indices_shape = _shape(operand), _shape(indices)
+    folded = _unit_window_to_batch(
+        op, _shape(op.operands[0]), _shape(op.results[0]), list(n.offset_dims),
+        list(n.collapsed_slice_dims), list(n.operand_batching_dims),
+        list(n.start_indices_batching_dims), list(n.start_index_map), n.index_vector_dim,
+        lambda d, position: sizes[d] == 1)
+    if folded is None:
+        return 0
+    window, operand_batch, indices_batch, vector_dim = folded
+    op.attributes["dimension_numbers"] = stablehlo.GatherDimensionNumbers.get(
+        offset_dims=window, collapsed_slice_dims=list(n.collapsed_slice_dims),
+        operand_batching_dims=operand_batch, start_indices_batching_dims=indices_batch,
+        start_index_map=list(n.start_index_map), index_vector_dim=vector_dim)
+    return 1 + _fold_gather(op)
+
+
+def _fold_scatter(op: ir.Operation) -> int:
+    """The scatter twin of `_fold_gather` (take_along_axis's gradient): a unit update window
+    dim of a batched scatter's operand becomes a batching dim."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    if len(op.operands) != 3 or "scatter_dimension_numbers" not in op.attributes:
+        return 0
+    n = stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
+    updates = _shape(op.operands[2])
+    folded = _unit_window_to_batch(
+        op, _shape(op.operands[0]), updates, list(n.update_window_dims),
+        list(n.inserted_window_dims), list(n.input_batching_dims),
+        list(n.scatter_indices_batching_dims), list(n.scattered_dims_to_operand_dims),
+        n.index_vector_dim, lambda d, position: updates[position] == 1)
+    if folded is None:
+        return 0
+    window, input_batch, indices_batch, vector_dim = folded
+    op.attributes["scatter_dimension_numbers"] = stablehlo.ScatterDimensionNumbers.get(
+        update_window_dims=window, inserted_window_dims=list(n.inserted_window_dims),
+        input_batching_dims=input_batch, scatter_indices_batching_dims=indices_batch,
+        scattered_dims_to_operand_dims=list(n.scattered_dims_to_operand_dims),
+        index_vector_dim=vector_dim)
+    return 1 + _fold_scatter(op)
+
+
+def _unit_window_to_batch(op: ir.Operation, operand_shape, result_shape, window_positions,
+                          collapsed, operand_batch, indices_batch, index_map, vector_dim, whole):
+    """The dimension numbers of a batched gather/scatter with its first unit window dim made a
+    batching dim, the indices (operand 1 of `op`) reshaped in place to carry its unit partner.
+
+    A window dim is an operand dim taken whole (`whole(dim, position)`: its slice or update
+    window is 1 wide) that is not collapsed/inserted, not batching and never indexed;
+    `window_positions[k]` is where the k-th window dim sits in the result (gather) or the
+    updates (scatter). The other result/update dims take the indices' dims (but the index
+    vector dim) in order, so the new unit indices dim goes where that position falls among
+    them. Returns (window positions, operand batching dims, indices batching dims, index vector
+    dim), or None (nothing to fold, or an index vector dim that is not trailing)."""
+    indices = op.operands[1]
+    indices_shape = _shape(indices)
     if not operand_batch or vector_dim < len(indices_shape) - 1:
-        return 0
+        return None
     window = [d for d in range(len(operand_shape)) if d not in collapsed + operand_batch]
-    unit = [k for k, d in enumerate(window) if operand_shape[d] == 1 and sizes[d] == 1
-            and d not in index_map]
-    if not unit or len(window) != len(offset):
-        return 0
-    k = unit[0]
-    dim, position = window[k], offset[k]
-    new_offset = offset[:k] + offset[k + 1:]
-    # Result dims that are not offset dims take the indices' dims (but the index vector dim)
-    # in order: the new unit indices dim goes where the result's dim `position` falls.
-    rank = len(_shape(op.results[0]))
-    batch_positions = [r for r in range(rank) if r not in new_offset]
-    order = batch_positions.index(position)
+    if len(window) != len(window_positions):
+        return None
+    found = next((k for k, d in enumerate(window) if operand_shape[d] == 1
+                  and d not in index_map and whole(d, window_positions[k])), None)
+    if found is None:
+        return None
+    dim, position = window[found], window_positions[found]
+    kept = window_positions[:found] + window_positions[found + 1:]
+    batch_positions = [r for r in range(len(result_shape)) if r not in kept]
     labels: list = [i for i in range(len(indices_shape)) if i != vector_dim]
-    labels.insert(order, "unit")
+    labels.insert(batch_positions.index(position), "unit")
     explicit = vector_dim < len(indices_shape)
     if explicit:
         labels.append(vector_dim)
     where = {label: i for i, label in enumerate(labels)}
-    new_shape = [1 if label == "unit" else indices_shape[label] for label in labels]
-    pairs = sorted(list(zip(operand_batch, [where[i] for i in indices_batch]))
-                   + [(dim, where["unit"])])
+    shape = [1 if label == "unit" else indices_shape[label] for label in labels]
+    pairs = sorted([*zip(operand_batch, (where[i] for i in indices_batch)),
+                    (dim, where["unit"])])
     with ir.InsertionPoint(op), op.location:
-        widened = stablehlo.ReshapeOp(_tensor(new_shape, indices), indices).result
-    op.operands[1] = widened
-    op.attributes["dimension_numbers"] = stablehlo.GatherDimensionNumbers.get(
-        offset_dims=new_offset, collapsed_slice_dims=collapsed,
-        operand_batching_dims=[a for a, _ in pairs],
-        start_indices_batching_dims=[b for _, b in pairs], start_index_map=index_map,
-        index_vector_dim=where[vector_dim] if explicit else len(labels))
-    return 1 + _fold_gather(op)
+        from jaxlib.mlir.dialects import stablehlo
+
+        op.operands[1] = stablehlo.ReshapeOp(_tensor(shape, indices), indices).result
+    return (kept, [a for a, _ in pairs], [b for _, b in pairs],
+            where[vector_dim] if explicit else len(labels))
