@@ -258,9 +258,50 @@ def _unit_window_to_batch(op: ir.Operation, operand_shape, result_shape, window_
     shape = [1 if label == "unit" else indices_shape[label] for label in labels]
     pairs = sorted([*zip(operand_batch, (where[i] for i in indices_batch)),
                     (dim, where["unit"])])
-    with ir.InsertionPoint(op), op.location:
-        from jaxlib.mlir.dialects import stablehlo
+    from jaxlib.mlir.dialects import stablehlo
 
-        op.operands[1] = stablehlo.ReshapeOp(_tensor(shape, indices), indices).result
+    # A reshape of a reshape, or of a transpose that only moves unit dims, reads the source.
+    squeeze = _producer(indices)
+    if getattr(squeeze, "name", "") not in ("stablehlo.reshape", "stablehlo.transpose") or (
+            squeeze.name == "stablehlo.transpose" and not _moves_units_only(squeeze)):
+        squeeze = None
+    source = squeeze.operands[0] if squeeze is not None else indices
+    with ir.InsertionPoint(op), op.location:
+        op.operands[1] = stablehlo.ReshapeOp(_tensor(shape, indices), source).result
+    if squeeze is not None and squeeze.name == "stablehlo.reshape":
+        _unit_moves_as_transpose(squeeze)
     return (kept, [a for a, _ in pairs], [b for _, b in pairs],
             where[vector_dim] if explicit else len(labels))
+
+
+def _producer(value) -> ir.Operation | None:
+    owner = value.owner
+    if not isinstance(owner, ir.Operation) and hasattr(owner, "operation"):
+        owner = owner.operation
+    return owner if isinstance(owner, ir.Operation) else None
+
+
+def _moves_units_only(op: ir.Operation) -> bool:
+    """The op's result has the operand's non-unit dims in the same order (and the same rank):
+    it moves only unit dims, so no element changes place."""
+    source, result = _shape(op.operands[0]), _shape(op.results[0])
+    return len(source) == len(result) and (
+        [d for d in source if d != 1] == [d for d in result if d != 1])
+
+
+def _unit_moves_as_transpose(reshape: ir.Operation) -> None:
+    """A reshape that only moves unit dims (the squeezed indices, still read by jax's bounds
+    check) is the transpose that moves them: the same elements in the same order, and a split
+    unit dim keeps its own dim instead of being flattened into its neighbour."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    source, result = _shape(reshape.operands[0]), _shape(reshape.results[0])
+    if source == result or not _moves_units_only(reshape) or not list(reshape.results[0].uses):
+        return
+    units = [d for d, size in enumerate(source) if size == 1]
+    others = [d for d, size in enumerate(source) if size != 1]
+    perm = [others.pop(0) if size != 1 else units.pop(0) for size in result]
+    with ir.InsertionPoint(reshape), reshape.location:
+        moved = stablehlo.TransposeOp(reshape.operands[0], perm).result
+    reshape.results[0].replace_all_uses_with(moved)
+    reshape.erase()

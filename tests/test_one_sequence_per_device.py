@@ -67,15 +67,15 @@ PER_TOKEN = P("dp", None)
 LOGITS = P("dp", None, "tp")
 
 
-def _case(body, sequences_per_device: int, out_spec=PER_TOKEN):
+def _case(body, sequences_per_device: int, out_spec=PER_TOKEN, seq: int = SEQ):
     mesh = jax.make_mesh((DP, TP), ("dp", "tp"), axis_types=(AxisType.Explicit,) * 2,
                          devices=jax.devices()[:DP * TP])
     specs = (P("dp", None, "tp"), P("dp", None))
     sharded = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out_spec))
     batch = DP * sequences_per_device
-    avals = [jax.ShapeDtypeStruct((batch, SEQ, VOCAB_PER_DEVICE * TP), jnp.float32,
+    avals = [jax.ShapeDtypeStruct((batch, seq, VOCAB_PER_DEVICE * TP), jnp.float32,
                                   sharding=NamedSharding(mesh, specs[0])),
-             jax.ShapeDtypeStruct((batch, SEQ), jnp.int32,
+             jax.ShapeDtypeStruct((batch, seq), jnp.int32,
                                   sharding=NamedSharding(mesh, specs[1]))]
     return sharded, avals
 
@@ -90,9 +90,12 @@ def _max_difference(sharded, avals, reference=reference) -> float:
     return float(np.max(np.abs(want - got)))
 
 
-@pytest.mark.parametrize("sequences", [1, 2], ids=["one_sequence", "two_sequences"])
-def test_vocab_parallel_target_logit_matches_and_is_proven(sequences: int) -> None:
-    sharded, avals = _case(target_logit, sequences)
+@pytest.mark.parametrize("sequences, seq", [(1, SEQ), (2, SEQ), (1, 128)],
+                         ids=["one_sequence", "two_sequences", "one_long_sequence"])
+def test_vocab_parallel_target_logit_matches_and_is_proven(sequences: int, seq: int) -> None:
+    """A long sequence makes the bounds check's instances large enough to be checked at a
+    reduced shape (its squeezed indices, a transpose of unit dims, are resized)."""
+    sharded, avals = _case(target_logit, sequences, seq=seq)
     assert _max_difference(sharded, avals) == 0.0
     report = check(reference, sharded, *avals, evidence=False)
     assert report.proven, report.render_text()
