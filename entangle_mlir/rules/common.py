@@ -112,9 +112,9 @@ def check_local_shapes(info: OpInfo, results: list[Value], ctx: RuleContext) -> 
     for value, rtype in zip(results, info.result_types):
         if isinstance(value, Rel):
             local = rtype.shape
-            expected = tuple(
-                size if dim in value.poly or ctx.is_global
-                else size // ctx.mesh.group_size(axes) if ctx.mesh else size
+            expected = value.term.shape if ctx.is_global or not (
+                ctx.mesh and value.tiled_axes) else tuple(
+                size if dim in value.poly else size // ctx.mesh.group_size(axes)
                 for dim, (size, axes) in enumerate(zip(value.term.shape, value.tiling)))
             if expected != local or len(value.tiling) != len(local):
                 value = Opaque(f"internal: inferred local shape {expected} does not match the "
