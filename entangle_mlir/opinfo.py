@@ -48,10 +48,14 @@ class OpInfo:
     op: object = None
 
     def signature(self) -> tuple:
-        """Hashable key of the attributes (for caching rule-instance checks)."""
+        """Hashable key of the attributes (for caching rule-instance checks). A collective's
+        channel number is left out (XLA numbers every collective; no rule or semantics reads
+        it), so the 2nd..Nth layer's all_reduce is a cache hit as it is in shard_map form."""
         items = []
         for key in sorted(self.attrs):
             value = self.attrs[key]
+            if key == "channel_handle" and isinstance(value, str):
+                value = _CHANNEL_NUMBER.sub("handle = *", value)
             if isinstance(value, np.ndarray):
                 value = (value.shape, value.tobytes())
             elif isinstance(value, list):
@@ -59,6 +63,8 @@ class OpInfo:
             items.append((key, value))
         return (self.name, tuple(items))
 
+
+_CHANNEL_NUMBER = re.compile(r"handle = \d+")
 
 _REDUCERS = {"stablehlo.add": "add", "stablehlo.maximum": "max", "stablehlo.minimum": "min",
              "stablehlo.multiply": "mul", "stablehlo.and": "and", "stablehlo.or": "or"}
