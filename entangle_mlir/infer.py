@@ -210,13 +210,17 @@ class Walker:
             info = OpInfo(op.name, loc=op_location(op, self.file), op=op)
             self._give_up(op, info, f"cannot read the attributes of {op.name}: {err}", ctx)
             return
-        inputs = [self.walk.values[v] for v in op.operands]
-        inputs = [settle(v, info.name) for v in inputs]
+        operands, results = list(op.operands), list(op.results)
+        values = self.walk.values
+        inputs = [values[v] for v in operands]
+        plain = all(type(v) is Rel for v in inputs)  # skips settle and the value-kind tests
+        if not plain:
+            inputs = [settle(v, info.name) for v in inputs]
+            plain = all(type(v) is Rel for v in inputs)
         local = RuleContext(ctx.mesh, ctx.manual_axes, reference=ctx.reference)
-        plain = all(type(v) is Rel for v in inputs)  # skips the value-kind tests below
         opaque = None if plain else next((v for v in inputs if isinstance(v, Opaque)), None)
         if opaque is not None:
-            outputs: list[Value] = [opaque] * len(op.results)
+            outputs: list[Value] = [opaque] * len(results)
         elif info.name in _TRANSPARENT:
             outputs = list(inputs)
             local.note(f"{info.name} is treated as the identity")
@@ -247,16 +251,16 @@ class Walker:
                                   category="internal")] * len(op.results)
             outputs = check_local_shapes(info, outputs, local)
         record = self._record(info, inputs, [], local)
-        record.sources = self._sources(op.operands)
-        for result in op.results:
+        record.sources = self._sources(operands)
+        for result in results:
             self.producer[result] = record
         for note in local.notes:
             if note not in self.walk.notes:
                 self.walk.notes.append(note)
         outputs = [self._stamp(v, record, inputs) for v in outputs]
         record.outputs = outputs
-        for result, value in zip(op.results, outputs):
-            self.walk.values[result] = value
+        for result, value in zip(results, outputs):
+            values[result] = value
 
     def _while(self, op: ir.Operation, ctx: RuleContext) -> None:
         """A loop as a fixpoint over layouts: walk the body once with symbolic loop variables
