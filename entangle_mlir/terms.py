@@ -131,7 +131,8 @@ def make_arg(index: int, shape: tuple[int, ...], dtype: str) -> Term:
 
 def make_splat(value, shape: tuple[int, ...], dtype: str) -> Term:
     """A tensor whose elements all equal `value`."""
-    return intern("splat", (), (scalar(value),), tuple(shape), dtype)
+    value = scalar(value)
+    return intern("splat", (), (value,), tuple(shape), dtype, key_attrs=(_cheap(value),))
 
 
 DENSE_VALUES: dict[bytes, object] = {}
@@ -220,15 +221,18 @@ def make_lin(pairs, constant, shape: tuple[int, ...], dtype: str) -> Term:
     coefs = tuple(coef_of[s] for s in serials)
     args = tuple(term_of[s] for s in serials)
     return intern("lin", args, (total, coefs), tuple(shape), dtype,
-                  key_attrs=(total, _hash_cheap(coefs)))
+                  key_attrs=(_cheap(total), tuple(_cheap(c) for c in coefs)))
 
 
-def _hash_cheap(coefs: tuple) -> tuple:
-    """`coefs` with integral Fractions as ints: equal exactly when `coefs` are (an int equals
-    and hashes like the Fraction of it), and hashed in C where a Fraction's hash takes a
-    modular inverse in Python (a residual stream has a unit coefficient per layer)."""
-    return tuple(c.numerator if type(c) is Fraction and c.denominator == 1 else c
-                 for c in coefs)
+def _cheap(value: Scalar):
+    """A key standing for the scalar `value`: equal to another's exactly when the scalars are
+    equal, and hashed in C where a Fraction's hash takes a modular inverse in Python (a
+    residual stream has a coefficient per layer). An integral Fraction is its int; another
+    one, its (numerator, denominator) in lowest terms; a float (inf, nan) itself."""
+    if type(value) is Fraction:
+        return value.numerator if value.denominator == 1 else (value.numerator,
+                                                                value.denominator)
+    return value
 
 
 _ZERO = Fraction(0)
