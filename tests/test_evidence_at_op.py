@@ -243,3 +243,21 @@ def test_cli_evidence_is_not_claimed_for_a_proven_pair(capsys) -> None:
                      "--evidence"])
     out = capsys.readouterr().out
     assert code == 0 and "evidence" not in out
+
+
+def test_ring_order_mismatch_compares_the_outputs_only() -> None:
+    """Ring attention's permuted K/V blocks differ from the reference's K by design, in the
+    correct program too: a wrong ring direction is shown by the outputs, not at the permute."""
+    from examples.real.catalog import _avals as real_avals
+    from examples.real.catalog import by_name as real_by_name
+    from examples.real.catalog import reference_fn as real_reference
+    from examples.real.catalog import sharded_fn as real_sharded
+
+    ex = real_by_name("llama3_stack_ring_ring_wrong_direction_cp4")
+    report = check(real_reference(ex), real_sharded(ex), *real_avals(ex, True),
+                   verify_rules=False)
+    assert not report.proven
+    assert "blocks assembled in different orders" in report.diagnostics[0].message
+    at_op = report.evidence["at_op"]
+    assert not at_op["available"] and "by design (a ring)" in at_op["reason"], at_op
+    assert max(report.evidence["max_abs_diff"]) > 1e-3, report.evidence

@@ -165,6 +165,11 @@ def _elementwise_dims(info: OpInfo, operands: list[Value]) -> int | Opaque:
     return first.dim
 
 
+MIXED_ORDERS = "combines blocks assembled in different orders"
+"""The words of a mismatch of orders. Values at the collective_permute it is blamed on hold
+other devices' blocks by design (a ring), so no op-level evidence is taken there."""
+
+
 def mismatch(op_name: str, a: Reordered, b: Reordered) -> Opaque:
     """Two values whose blocks are in different orders meet: the first device where they
     differ and both orders, blamed on whichever was brought by a collective_permute."""
@@ -177,9 +182,8 @@ def mismatch(op_name: str, a: Reordered, b: Reordered) -> Opaque:
     else:
         which = (f"one operand's blocks are {list(a.orders[device])}, the other's "
                  f"{list(b.orders[device])}")
-    reason = (f"{op_name} combines blocks assembled in different orders (blocks assembled "
-              f"in the wrong order or from the wrong devices): on device {device}, position "
-              f"by position, {which}")
+    reason = (f"{op_name} {MIXED_ORDERS} (blocks assembled in the wrong order or from the "
+              f"wrong devices): on device {device}, position by position, {which}")
     return Opaque(reason, origin=moved.origin if _is_permute(moved.origin) else None,
                   category="wrong_order")
 
