@@ -9,6 +9,11 @@ variant must be proven with every rule instance checked by Z3, or is a strict xf
 rule it lacks.
 
 False proofs found while writing these (fixed, kept as regressions):
+* the online-sum fold (`idioms._online_sum`) is exact in real arithmetic but not where a row
+  of the first block is -inf throughout (a causal ring started at another device's block):
+  there the running max is -inf, exp(-inf - -inf) = NaN, and the program outputs NaN where the
+  softmax over the concatenated blocks is finite. The fold now requires every row of the
+  earlier blocks to hold an element above -inf on every device (`idioms._rows_finite`).
 * `unroll.py` read a float loop counter's bounds with `int()`: `while i < 4.5` (5 trips) and
   `i += 1.5` with `i < 4` (3 trips) were unrolled 4 times, so a ring loop taking 5 or 3 steps
   over 4 devices was proven equal to the softmax over the 4 blocks.
@@ -121,7 +126,7 @@ def ring(q, k, v, *, causal: bool = True, kperm=None, vperm=None, source=None,
          o_init: float = 0.0, d_init: float = 0.0, m_init: float = -np.inf,
          denom_rescaled: bool = True, denom_of: str = "p", max_axis: int = -1,
          stale_k_at: int | None = None, previous_v: bool = False, scale_at: int | None = None,
-         compare: str = "ge", update_max: bool = True):
+         compare: str = "ge", update_max: bool = True, pre_rotate: int = 0):
     """Ring attention over cp (rows of q, k and v split over it), one knob per near miss;
     the defaults are the correct program."""
     n, me, rows = lax.axis_size(CP), lax.axis_index(CP), q.shape[0]
@@ -131,10 +136,12 @@ def ring(q, k, v, *, causal: bool = True, kperm=None, vperm=None, source=None,
     m = jnp.full((rows,), m_init, jnp.float32)
     denom = jnp.full((rows,), d_init, jnp.float32)
     o = jnp.full(q.shape[:1] + v.shape[1:], o_init, jnp.float32)
+    for _ in range(pre_rotate):  # the ring starts `pre_rotate` blocks back (positions agree)
+        k, v = lax.ppermute(k, CP, kperm), lax.ppermute(v, CP, vperm)
     k0, v_before = k, v
 
     def step(i, m, denom, o, k, v, v_before):
-        src = source(me, i, n) if source else (me - i + mask_offset) % n
+        src = source(me, i, n) if source else (me - i - pre_rotate + mask_offset) % n
         k_pos = src * rows + jnp.arange(rows)
         s = q @ (k0 if stale_k_at == i else k).T
         if scale_at == i:
@@ -212,7 +219,12 @@ RING_CASES = [
               source=_cycle_source),
     ring_case("plain_cycle_0213", True, "collective_permute is related only as a rotation "
               "by a block count", kperm=CYCLE_0213, **PLAIN),
+    ring_case("plain_started_one_block_back", True, pre_rotate=1, **PLAIN),
     # bugs
+    # was a false proof: device 0's first block (keys 12..15) is masked for all its queries,
+    # its running max is -inf, exp(-inf - -inf) = NaN, and the NaN stays in the output
+    ring_case("started_one_block_back", False, pre_rotate=1),
+    ring_case("started_two_blocks_back", False, pre_rotate=2),
     ring_case("inverted_rescale", False, rescale="inverted"),
     ring_case("unrescaled_output", False, rescale="stale"),
     ring_case("unrescaled_denominator", False, denom_rescaled=False),
@@ -378,3 +390,29 @@ LOOP_CASES = [
 def test_ring_loop_near_miss(case: Case) -> None:
     check_case(case)
 
+
+
+@pytest.mark.parametrize("pre_rotate", [0, 1])
+def test_online_softmax_fold_keeps_the_programs_nans(pre_rotate: int) -> None:
+    """The normalize rewrites run on the partitioned program compute what it computes, NaNs
+    included: started one block back, device 0's first block is masked throughout and its
+    output is NaN, and it stays NaN (the fold is refused there)."""
+    from entangle_mlir.idioms import rewrite_idioms
+    from entangle_mlir.ir import context, parse_module
+    from entangle_mlir.program import inline_calls
+    from tests.test_online_softmax import _run_partitioned
+
+    case = ring_case(f"nan_{pre_rotate}", pre_rotate == 0, pre_rotate=pre_rotate)
+    ex = custom(case.name, case.mesh, case.reference, case.body, case.args, case.out_specs,
+                case.name)
+    text = lower_pair(ex)[1]
+    with context():
+        module = parse_module(text)
+        inline_calls(module, "ring.mlir")
+        with module.context:
+            assert rewrite_idioms(module) > 0
+        rewritten = str(module)
+    before, after = _run_partitioned(ex, text), _run_partitioned(ex, rewritten)
+    assert np.isnan(np.concatenate(before)).any() == (pre_rotate > 0)
+    for b, a in zip(before, after, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, equal_nan=True)
