@@ -220,6 +220,15 @@ def _shift_matches(sub: ir.Operation, reduce: ir.Operation, m_value) -> bool:
     return _same_along(sub_index, _i64s(reduce, "dimensions"), m_index)
 
 
+def _finite_shift(m_value) -> bool:
+    """The shift `m` holds no infinity, so exp(x - m) is defined and the rewrite is exact in
+    floating point too. (A shard's own max over a row its mask hides throughout is -inf:
+    exp(-inf - -inf) = NaN, which the unshifted form would turn into 0.) NaN is not
+    tracked: the NaNs programs hold are jnp.take's fill for out-of-range indices, which the
+    verifier assumes do not occur, and a NaN reaches both forms alike."""
+    return not _kinds(m_value, {}) & (_NEG | _POS)
+
+
 def _unshifted(reduce: ir.Operation, sub: ir.Operation, at: ir.Operation):
     """`reduce_add(exp(x), D)`, built before `at`."""
     from jaxlib.mlir.dialects import stablehlo
@@ -238,7 +247,8 @@ def _rescaled_exp_sum(mul: ir.Operation) -> int:
         if found is None or scale is None or scale.name != "stablehlo.exponential":
             continue
         reduce, _, sub = found
-        if not _shift_matches(sub, reduce, scale.operands[0]):
+        if not _shift_matches(sub, reduce, scale.operands[0]) or not _finite_shift(
+                scale.operands[0]):
             continue
         new = _unshifted(reduce, sub, mul)
         mul.results[0].replace_all_uses_with(new)
@@ -264,7 +274,8 @@ def _shifted_lse(add: ir.Operation) -> int:
         if found is None:
             continue
         reduce, _, sub = found
-        if not _shift_matches(sub, reduce, add.operands[m]):
+        if not _shift_matches(sub, reduce, add.operands[m]) or not _finite_shift(
+                add.operands[m]):
             continue
         if collective is not None and not _same_on_group(add.operands[m], collective):
             continue
@@ -653,8 +664,19 @@ def _kinds_of(value, op: ir.Operation | None, memo: dict) -> int:
                 else 0) | (_NAN if np.any(np.isnan(array)) else 0))
     if name == "stablehlo.iota":
         return 0
+    if name == "stablehlo.select" and _finite_test(op.operands[0], op.operands[1]):
+        return args[2]
     if name in _CARRY:
         return _union(args[1:] if name == "stablehlo.select" else args)
+    if name == "chlo.top_k":
+        return args[0]
+    if name in ("stablehlo.gather", "stablehlo.dynamic_update_slice"):
+        return _union([args[0], *args[1:2]] if name == "stablehlo.dynamic_update_slice"
+                      else args[:1])
+    if name == "stablehlo.scatter" and len(op.operands) == 3 and (
+            reducer_kind(op) in ("add", "max", "min") or _replaces(op)):
+        both = args[0] | args[2]
+        return both | (_NAN if both & _NEG and both & _POS else 0)
     if name == "chlo.square":
         return (args[0] & _NAN) | (_POS if args[0] & (_NEG | _POS) else 0)
     if name == "stablehlo.negate":
@@ -677,14 +699,36 @@ def _kinds_of(value, op: ir.Operation | None, memo: dict) -> int:
         return args[0] & _NAN
     if name in ("stablehlo.sine", "stablehlo.cosine"):
         return _NAN if args[0] else 0
-    if name in ("stablehlo.sqrt", "stablehlo.rsqrt", "stablehlo.abs"):
-        return _POS | _NAN if args[0] else 0
+    if name in ("stablehlo.sqrt", "stablehlo.rsqrt"):
+        return (args[0] & _NAN) | (_NAN if args[0] & _NEG else 0) | (
+            args[0] & _POS if name == "stablehlo.sqrt" else 0)
+    if name == "stablehlo.abs":
+        return (args[0] & _NAN) | (_POS if args[0] & (_NEG | _POS) else 0)
     if name == "stablehlo.reduce" and len(op.operands) == 2:
         return _reduced_kinds(op, args, memo)
-    if name == "stablehlo.all_reduce" and len(op.operands) == 1 and reducer_kind(op) in (
+    if name == "stablehlo.reduce_scatter" and len(op.operands) == 1 and reducer_kind(op) in (
             "add", "max", "min"):
         return args[0] | (_NAN if args[0] & _NEG and args[0] & _POS else 0)
+    if name == "stablehlo.all_reduce" and len(op.operands) == 1 and reducer_kind(op) in (
+            "add", "max", "min"):
+        if reducer_kind(op) == "max" and args[0] & _NEG and _gathered_max_finite(op, memo):
+            return args[0] & (_POS | _NAN)
+        return args[0] | (_NAN if args[0] & _NEG and args[0] & _POS else 0)
     return _ANY
+
+
+def _replaces(scatter: ir.Operation) -> bool:
+    """The scatter's update computation returns the update (a plain write)."""
+    body = scatter.regions[0].blocks[0]
+    ops = list(body.operations)
+    return len(ops) == 1 and len(ops[0].operands) == 1 and ops[0].operands[0] == body.arguments[1]
+
+
+def _finite_test(pred, value) -> bool:
+    """`pred` is is_finite(value) (broadcast alike): `select(pred, value, c)` is value where
+    it is finite and c elsewhere (jax's logsumexp guards its max so)."""
+    op = _def(pred)
+    return op is not None and op.name == "stablehlo.is_finite" and op.operands[0] == value
 
 
 def _union(kinds: list[int]) -> int:
@@ -709,8 +753,10 @@ def _reduced_kinds(op: ir.Operation, args: list[int], memo: dict) -> int:
     if kind == "max":
         dims = _i64s(op, "dimensions")
         empty = any(_shape(op.operands[0])[d] == 0 for d in dims)
+        witnesses = None if empty or not values & _NEG else _row_witnesses(
+            op.operands[0], tuple(dims), memo)
         negative = init & _NEG and (empty or values & _NEG and not (
-            len(dims) == 1 and _rows_finite(op.operands[0], dims[0], memo)))
+            witnesses is True or witnesses is not None and all(w.all() for w in witnesses)))
         return ((values | init) & (_POS | _NAN)) | (_NEG if negative else 0)
     return _ANY
 
@@ -725,36 +771,71 @@ def _program_input(value) -> bool:
 
 def _rows_finite(value, dim: int, memo: dict | None = None) -> bool:
     """Every row of `value` along `dim` holds an element above -inf, on every device, and no
-    element is NaN: the value holds no -inf, or it is a concatenation along `dim` with such a
-    block, or `select(mask, x, -inf)` with x finite and a mask (computed from device ids and
-    constants alone, evaluated on every device) that takes x somewhere in every row."""
-    memo = {} if memo is None else memo
+    element is +inf (`_row_witnesses`; NaN is not tracked, see `_finite_shift`)."""
+    found = _row_witnesses(value, (dim,), {} if memo is None else memo)
+    return found is True or found is not None and all(bool(w.all()) for w in found)
+
+
+def _row_witnesses(value, dims: tuple[int, ...], memo: dict):
+    """Per device, for each row of `value` over `dims` (the reduced shape), whether it holds
+    an element above -inf; True when every row on every device does (the value holds no
+    -inf); None when unknown or when the value may hold +inf. Known for a
+    concatenation along one of `dims` (a row is witnessed by any block) and for
+    `select(mask, x, -inf)` with x finite and a mask computed from device ids and constants
+    alone (evaluated on every device)."""
     kinds = _kinds(value, memo)
-    if kinds & (_NAN | _POS):
-        return False
+    if kinds & _POS:
+        return None
     if not kinds & _NEG:
         return True
     op = _def(value)
     if op is None:
-        return False
-    if op.name == "stablehlo.concatenate":
-        rows = [_rows_finite(v, dim, memo) for v in op.operands]
-        along = ir.IntegerAttr(op.attributes["dimension"]).value == dim
-        return any(rows) if along else all(rows)
+        return None
+    if op.name == "stablehlo.concatenate" and ir.IntegerAttr(
+            op.attributes["dimension"]).value in dims:
+        found = [_row_witnesses(v, dims, memo) for v in op.operands]
+        if any(f is True for f in found):
+            return True
+        known = [f for f in found if f is not None]
+        if not known:
+            return None
+        return [np.logical_or.reduce([f[d] for f in known]) for d in range(len(known[0]))]
     if op.name != "stablehlo.select" or _shape(op.operands[0]) != _shape(value):
-        return False
+        return None
     kept = [taken for taken, branch in ((True, 1), (False, 2))
-            if _kinds(op.operands[branch], memo) == 0]
+            if not _kinds(op.operands[branch], memo) & (_NEG | _POS)]
     if not kept:
-        return False
+        return None
     masks = _on_every_device(op.operands[0], op)
-    return masks is not None and all(bool(np.any(m == kept[0], axis=dim).all())
-                                     for m in masks)
+    if masks is None:
+        return None
+    return [np.any(m == kept[0], axis=dims) for m in masks]
+
+
+def _gathered_max_finite(op: ir.Operation, memo: dict) -> bool:
+    """`op`, an all_reduce max of `reduce_max(y)`, holds no -inf: every row of y is
+    witnessed (`_row_witnesses`) on some device of every replica group."""
+    inner = _def(op.operands[0])
+    if inner is None or _max_reduce(inner) is None:
+        return False
+    found = _row_witnesses(inner.operands[0], tuple(_max_reduce(inner)), memo)
+    if found is True:
+        return True
+    if found is None or "replica_groups" not in op.attributes:
+        return False
+    groups = np.array(ir.DenseIntElementsAttr(op.attributes["replica_groups"]))
+    for group in groups.reshape(len(groups), -1):
+        members = [int(d) for d in group if d >= 0]
+        if any(d >= len(found) for d in members) or not np.logical_or.reduce(
+                [found[d] for d in members]).all():
+            return False
+    return True
 
 
 def _on_every_device(value, at: ir.Operation) -> list[np.ndarray] | None:
-    """`value` evaluated on every device (partition and replica ids), when it is computed
-    from device ids, iotas and constants alone by the ops `_evaluate` knows; else None."""
+    """`value` evaluated on every device (indexed by partition id, or by replica id in a
+    program run as replicas), when it is computed from device ids, iotas and constants alone
+    by the ops `_evaluate` knows; else None."""
     module = at.operation
     while module is not None and module.name != "builtin.module":
         module = module.parent
@@ -764,6 +845,8 @@ def _on_every_device(value, at: ir.Operation) -> list[np.ndarray] | None:
     attrs = module.attributes
     counts = {name: ir.IntegerAttr(attrs[name]).value if name in attrs else 1
               for name in ("mhlo.num_partitions", "mhlo.num_replicas")}
+    if min(counts.values()) > 1:
+        return None  # device ids would mix partitions and replicas
     out = []
     for partition in range(counts["mhlo.num_partitions"]):
         for replica in range(counts["mhlo.num_replicas"]):

@@ -14,6 +14,10 @@ False proofs found while writing these (fixed, kept as regressions):
   there the running max is -inf, exp(-inf - -inf) = NaN, and the program outputs NaN where the
   softmax over the concatenated blocks is finite. The fold now requires every row of the
   earlier blocks to hold an element above -inf on every device (`idioms._rows_finite`).
+* the same hazard in the older log-sum-exp rewrites (`idioms._rescaled_exp_sum`,
+  `_shifted_lse`): a shard's own max over a causal row its keys all lie after is -inf, so
+  `sum(exp(s - m)) * exp(m)` is NaN there, not `sum(exp(s))` = 0; a log-sum-exp over keys
+  split this way was proven while computing NaN. The shift must now hold no infinity.
 * `unroll.py` read a float loop counter's bounds with `int()`: `while i < 4.5` (5 trips) and
   `i += 1.5` with `i < 4` (3 trips) were unrolled 4 times, so a ring loop taking 5 or 3 steps
   over 4 devices was proven equal to the softmax over the 4 blocks.
@@ -416,3 +420,40 @@ def test_online_softmax_fold_keeps_the_programs_nans(pre_rotate: int) -> None:
     assert np.isnan(np.concatenate(before)).any() == (pre_rotate > 0)
     for b, a in zip(before, after, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+# Log-sum-exp over keys split over tp (queries replicated, causal): a shard whose keys all lie
+# after a query holds a row of -inf scores.
+def causal_lse_ref(q, k):
+    s = jnp.where(jnp.arange(q.shape[0])[:, None] >= jnp.arange(k.shape[0])[None, :],
+                  q @ k.T, -jnp.inf)
+    m = jnp.max(s, axis=-1)
+    return jnp.log(jnp.sum(jnp.exp(s - m[:, None]), axis=-1)) + m
+
+
+def causal_lse_split_keys(q, k, shift: str):
+    me = lax.axis_index("tp")
+    k_pos = me * k.shape[0] + jnp.arange(k.shape[0])
+    s = jnp.where(jnp.arange(q.shape[0])[:, None] >= k_pos[None, :], q @ k.T, -jnp.inf)
+    m = jnp.max(s, axis=-1)
+    if shift == "shard_max":  # exp(-inf - -inf) = NaN on a shard that sees only masked keys
+        return jnp.log(lax.psum(jnp.sum(jnp.exp(s - m[:, None]), axis=-1) * jnp.exp(m), "tp"))
+    m = lax.pmax(m, "tp")
+    return jnp.log(lax.psum(jnp.sum(jnp.exp(s - m[:, None]), axis=-1), "tp")) + m
+
+
+LSE_ARGS = (_f("q", (8, 4)), _f("k", (8, 4), P("tp", None)))
+LSE_CASES = [
+    Case("nm_lse_global_max", causal_lse_ref,
+         lambda q, k: causal_lse_split_keys(q, k, "global_max"), LSE_ARGS, P(), (("tp", 4),),
+         True),
+    # was a false proof: the rescaled exp-sum rewrite turned the shard's NaN into 0
+    Case("nm_lse_shard_max", causal_lse_ref,
+         lambda q, k: causal_lse_split_keys(q, k, "shard_max"), LSE_ARGS, P(), (("tp", 4),),
+         False),
+]
+
+
+@pytest.mark.parametrize("case", params(LSE_CASES))
+def test_log_sum_exp_near_miss(case: Case) -> None:
+    check_case(case)
