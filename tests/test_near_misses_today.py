@@ -337,6 +337,63 @@ def test_multi_head_ring_attention_near_miss(case: Case) -> None:
     check_case(case)
 
 
+# Ring attention over cp on a dp x cp mesh (batch split over dp): the ring, the values' ring
+# and the key positions must all follow the cp axis.
+def batched_causal_ref(q, k, v):
+    s = jnp.einsum("bqd,bkd->bqk", q, k)
+    rows = q.shape[1]
+    s = jnp.where(jnp.arange(rows)[:, None] >= jnp.arange(rows)[None, :], s, -jnp.inf)
+    return jnp.einsum("bqk,bkd->bqd", jax.nn.softmax(s, axis=-1), v)
+
+
+def mesh_ring(q, k, v, *, position_axis: str = CP, key_axis: str = CP, value_axis: str = CP,
+              position_slip_at: int | None = None):
+    n, me = lax.axis_size(CP), lax.axis_index(position_axis)
+    rows = q.shape[1]
+    q_pos = lax.axis_index(CP) * rows + jnp.arange(rows)
+    m = jnp.full(q.shape[:2], -jnp.inf, jnp.float32)
+    denom = jnp.zeros(q.shape[:2], jnp.float32)
+    o = jnp.zeros(q.shape, jnp.float32)
+    for i in range(n):
+        src = (me - i + (1 if i == position_slip_at else 0)) % n
+        k_pos = src * rows + jnp.arange(rows)
+        s = jnp.einsum("bqd,bkd->bqk", q, k)
+        s = jnp.where(q_pos[:, None] >= k_pos[None, :], s, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        p = jnp.exp(s - m_new[..., None])
+        corr = jnp.exp(m - m_new)
+        denom = denom * corr + jnp.sum(p, axis=-1)
+        o = o * corr[..., None] + jnp.einsum("bqk,bkd->bqd", p, v)
+        m = m_new
+        k = lax.ppermute(k, key_axis, rotation(lax.axis_size(key_axis), 1))
+        v = lax.ppermute(v, value_axis, rotation(lax.axis_size(value_axis), 1))
+    return o / denom[..., None]
+
+
+MESH_SPEC = P("dp", CP, None)
+MESH_ARGS = tuple(_f(name, (4, 16, 3), MESH_SPEC) for name in "qkv")
+
+
+def mesh_case(name: str, correct: bool, **knobs) -> Case:
+    return Case(f"nm_mesh_ring_{name}", batched_causal_ref,
+                lambda q, k, v: mesh_ring(q, k, v, **knobs), MESH_ARGS, MESH_SPEC,
+                (("dp", 2), (CP, 4)), correct)
+
+
+MESH_CASES = [
+    mesh_case("cp", True),
+    mesh_case("positions_from_dp", False, position_axis="dp"),
+    mesh_case("values_ring_over_dp", False, value_axis="dp"),
+    mesh_case("ring_over_dp", False, key_axis="dp", value_axis="dp"),
+    mesh_case("positions_slip_at_step_2", False, position_slip_at=2),
+]
+
+
+@pytest.mark.parametrize("case", params(MESH_CASES))
+def test_ring_attention_on_a_2d_mesh_near_miss(case: Case) -> None:
+    check_case(case)
+
+
 # Ring loops (`unroll.py`): a while loop holding the collective_permutes, unrolled when its
 # trip count is a constant.
 def loop_ring(q, k, v, *, start=0, bound=4, step=1, dtype=jnp.int32, weak_init: bool = False):
@@ -456,4 +513,202 @@ LSE_CASES = [
 
 @pytest.mark.parametrize("case", params(LSE_CASES))
 def test_log_sum_exp_near_miss(case: Case) -> None:
+    check_case(case)
+
+
+# ---------------------------------------------------------------------------------------------
+# Micro-batch windows (`rules/window.py`): micro-batches are rows of the local batch (dp=4, 8
+# rows per device); sums over them complete to the block's sum only when the windows tile it.
+# ---------------------------------------------------------------------------------------------
+
+DP = "dp"
+HALVES = [(0, 4), (4, 8)]
+
+
+def tanh_sum_ref(x):
+    return jnp.sum(jnp.tanh(x))
+
+
+def windowed_sums(x, windows, scales=None):
+    parts = [jnp.sum(jnp.tanh(x[a:b])) for a, b in windows]
+    total = parts[0] * (scales[0] if scales else 1.0)
+    for j, part in enumerate(parts[1:], 1):
+        total = total + part * (scales[j] if scales else 1.0)
+    return lax.psum(total, DP)
+
+
+def two_tensors_ref(x, y):
+    return jnp.sum(jnp.tanh(x)) + jnp.sum(jnp.tanh(y))
+
+
+def two_tensor_windows(x, y, pairs):
+    """`pairs`: per micro-batch, (tensor, rows) of the two sums added for it."""
+    source = {"x": x, "y": y}
+    total = None
+    for (t1, (a, b)), (t2, (c, d)) in pairs:
+        step = jnp.sum(jnp.tanh(source[t1][a:b])) + jnp.sum(jnp.tanh(source[t2][c:d]))
+        total = step if total is None else total + step
+    return lax.psum(total, DP)
+
+
+def masked_grad_ref(w, x, m):
+    return jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) * m[:, None]) / jnp.sum(m))(w)
+
+
+def accumulated_grad(w, x, m, windows, mask_windows=None, scales=None, per_window=False,
+                     scale_all: float = 1.0, mean: bool = False):
+    """Gradient accumulation over micro-batches of the local batch, masked loss over the
+    global valid count (the correct program with the defaults)."""
+    count = lax.psum(jnp.sum(m), DP)
+    grads = jnp.zeros_like(w)
+    for j, ((a, b), (c, d)) in enumerate(zip(windows, mask_windows or windows, strict=True)):
+        xs, ms = x[a:b], m[c:d]
+        divisor = jnp.sum(ms) * len(windows) if per_window else count
+        g = jax.grad(lambda w, xs=xs, ms=ms, divisor=divisor:
+                     jnp.sum(jnp.tanh(xs @ w) * ms[:, None]) / divisor)(w)
+        grads = grads + g * (scales[j] if scales else 1.0)
+    grads = grads * scale_all
+    return lax.pmean(grads, DP) if mean else lax.psum(grads, DP)
+
+
+def bias_grad_ref(b, x):
+    return jax.grad(lambda b: jnp.sum(jnp.tanh(x + b) ** 2))(b)
+
+
+def accumulated_bias_grad(b, x, windows, scales=None):
+    grads = jnp.zeros_like(b)
+    for j, (lo, hi) in enumerate(windows):
+        g = jax.grad(lambda b, xs=x[lo:hi]: jnp.sum(jnp.tanh(xs + b) ** 2))(b)
+        grads = grads + g * (scales[j] if scales else 1.0)
+    return lax.psum(grads, DP)
+
+
+def rows_ref(x):
+    return jnp.tanh(x) * 2.0
+
+
+def rows_rejoined(x, windows):
+    return jnp.concatenate([jnp.tanh(x[a:b]) * 2.0 for a, b in windows], axis=0)
+
+
+def tp_weight_grad_ref(w, x):
+    return jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+
+
+def tp_weight_grad(w, x, windows, axes=(DP,)):
+    grads = jnp.zeros_like(w)
+    for a, b in windows:
+        grads = grads + jax.grad(lambda w, xs=x[a:b]: jnp.sum(jnp.tanh(xs @ w)))(w)
+    return lax.psum(grads, axes)
+
+
+X_ARGS = (_f("x", (32, 4), P(DP, None)),)
+XY_ARGS = (_f("x", (32, 4), P(DP, None)), _f("y", (32, 4), P(DP, None)))
+WXM_ARGS = (_f("w", (4, 3), kind="weight"), _f("x", (32, 4), P(DP, None)),
+            ArgDef("m", (32,), "float32", "mask", P(DP)))
+BX_ARGS = (_f("b", (4,), kind="bias"), _f("x", (32, 4), P(DP, None)))
+TP_ARGS = (_f("w", (4, 6), P(None, "tp"), kind="weight"), _f("x", (16, 4), P(DP, None)))
+DP4 = ((DP, 4),)
+
+
+REPLICATED = P()
+
+
+def window_case(name: str, correct: bool, reference, body, args=X_ARGS, out=REPLICATED,
+                mesh=DP4, missing: str = "") -> Case:
+    return Case(f"nm_window_{name}", reference, body, args, out, mesh, correct, missing)
+
+
+WINDOW_CASES = [
+    window_case("halves", True, tanh_sum_ref, lambda x: windowed_sums(x, HALVES)),
+    window_case("quarters", True, tanh_sum_ref,
+                lambda x: windowed_sums(x, [(0, 2), (2, 4), (4, 6), (6, 8)])),
+    window_case("unequal_3_5", True, tanh_sum_ref, lambda x: windowed_sums(x, [(0, 3), (3, 8)])),
+    window_case("reversed", True, tanh_sum_ref, lambda x: windowed_sums(x, [(4, 8), (0, 4)])),
+    window_case("both_halved_then_doubled", True, tanh_sum_ref,
+                lambda x: windowed_sums(x, HALVES, [0.5, 0.5]) * 2.0),
+    window_case("overlapping", False, tanh_sum_ref, lambda x: windowed_sums(x, [(0, 5), (4, 8)])),
+    window_case("gap", False, tanh_sum_ref, lambda x: windowed_sums(x, [(0, 3), (4, 8)])),
+    window_case("second_counted_twice", False, tanh_sum_ref,
+                lambda x: windowed_sums(x, [*HALVES, (4, 8)])),
+    window_case("first_half_twice", False, tanh_sum_ref,
+                lambda x: windowed_sums(x, [(0, 4), (0, 4)])),
+    window_case("one_scaled", False, tanh_sum_ref, lambda x: windowed_sums(x, HALVES, [2.0, 1.0])),
+    window_case("one_negated", False, tanh_sum_ref,
+                lambda x: windowed_sums(x, HALVES, [-1.0, 1.0])),
+    window_case("quarter_missing", False, tanh_sum_ref,
+                lambda x: windowed_sums(x, [(0, 2), (2, 4), (4, 6)])),
+    window_case("quarter_repeated", False, tanh_sum_ref,
+                lambda x: windowed_sums(x, [(0, 2), (2, 4), (2, 4), (6, 8)])),
+    window_case("two_tensors", True, two_tensors_ref,
+                lambda x, y: two_tensor_windows(x, y, [(("x", (0, 4)), ("y", (0, 4))),
+                                                       (("x", (4, 8)), ("y", (4, 8)))]), XY_ARGS),
+    window_case("two_tensors_crossed", True, two_tensors_ref,
+                lambda x, y: two_tensor_windows(x, y, [(("x", (0, 4)), ("y", (4, 8))),
+                                                       (("x", (4, 8)), ("y", (0, 4)))]), XY_ARGS,
+                missing="sums of windows of different tensors add only over the same rows "
+                "(x[:4] + y[4:] then x[4:] + y[:4] is not re-associated)"),
+    window_case("two_tensors_mixed_halves", False, two_tensors_ref,
+                lambda x, y: two_tensor_windows(x, y, [(("x", (0, 4)), ("y", (4, 8)))]), XY_ARGS),
+    window_case("two_tensors_x_twice", False, two_tensors_ref,
+                lambda x, y: two_tensor_windows(x, y, [(("x", (0, 4)), ("x", (0, 4))),
+                                                       (("y", (4, 8)), ("y", (4, 8)))]), XY_ARGS),
+    window_case("grad_halves", True, masked_grad_ref,
+                lambda w, x, m: accumulated_grad(w, x, m, HALVES), WXM_ARGS),
+    window_case("grad_unequal_3_5", True, masked_grad_ref,
+                lambda w, x, m: accumulated_grad(w, x, m, [(0, 3), (3, 8)]), WXM_ARGS),
+    window_case("grad_quarters", True, masked_grad_ref,
+                lambda w, x, m: accumulated_grad(w, x, m, [(0, 2), (2, 4), (4, 6), (6, 8)]),
+                WXM_ARGS),
+    window_case("grad_overlapping", False, masked_grad_ref,
+                lambda w, x, m: accumulated_grad(w, x, m, [(0, 5), (4, 8)]), WXM_ARGS),
+    window_case("grad_gap", False, masked_grad_ref,
+                lambda w, x, m: accumulated_grad(w, x, m, [(0, 3), (4, 8)]), WXM_ARGS),
+    window_case("grad_second_counted_twice", False, masked_grad_ref,
+                lambda w, x, m: accumulated_grad(w, x, m, [*HALVES, (4, 8)]), WXM_ARGS),
+    window_case("grad_one_scaled", False, masked_grad_ref,
+                lambda w, x, m: accumulated_grad(w, x, m, HALVES, scales=[1.0, 2.0]), WXM_ARGS),
+    window_case("grad_masks_swapped", False, masked_grad_ref,
+                lambda w, x, m: accumulated_grad(w, x, m, HALVES, [(4, 8), (0, 4)]), WXM_ARGS),
+    window_case("grad_mask_one_row_off", False, masked_grad_ref,
+                lambda w, x, m: accumulated_grad(w, x, m, HALVES, [(1, 5), (4, 8)]), WXM_ARGS),
+    window_case("grad_per_micro_batch_mean", False, masked_grad_ref,
+                lambda w, x, m: accumulated_grad(w, x, m, HALVES, per_window=True), WXM_ARGS),
+    window_case("grad_averaged_over_micro_batches", False, masked_grad_ref,
+                lambda w, x, m: accumulated_grad(w, x, m, HALVES, scale_all=0.5), WXM_ARGS),
+    window_case("grad_pmean", False, masked_grad_ref,
+                lambda w, x, m: accumulated_grad(w, x, m, HALVES, mean=True), WXM_ARGS),
+    window_case("bias_grad_halves", True, bias_grad_ref,
+                lambda b, x: accumulated_bias_grad(b, x, HALVES), BX_ARGS),
+    window_case("bias_grad_unequal_3_5", True, bias_grad_ref,
+                lambda b, x: accumulated_bias_grad(b, x, [(0, 3), (3, 8)]), BX_ARGS),
+    window_case("bias_grad_overlapping", False, bias_grad_ref,
+                lambda b, x: accumulated_bias_grad(b, x, [(0, 5), (4, 8)]), BX_ARGS),
+    window_case("bias_grad_one_halved", False, bias_grad_ref,
+                lambda b, x: accumulated_bias_grad(b, x, HALVES, [1.0, 0.5]), BX_ARGS),
+    window_case("bias_grad_first_twice", False, bias_grad_ref,
+                lambda b, x: accumulated_bias_grad(b, x, [*HALVES, (0, 4)]), BX_ARGS),
+    window_case("rows_rejoined", True, rows_ref, lambda x: rows_rejoined(x, HALVES),
+                out=P(DP, None)),
+    window_case("rows_rejoined_3_5", True, rows_ref,
+                lambda x: rows_rejoined(x, [(0, 3), (3, 8)]), out=P(DP, None)),
+    window_case("rows_rejoined_swapped", False, rows_ref,
+                lambda x: rows_rejoined(x, [(4, 8), (0, 4)]), out=P(DP, None)),
+    window_case("rows_rejoined_first_twice", False, rows_ref,
+                lambda x: rows_rejoined(x, [(0, 4), (0, 4)]), out=P(DP, None)),
+    window_case("tp_weight_grad", True, tp_weight_grad_ref,
+                lambda w, x: tp_weight_grad(w, x, [(0, 2), (2, 4)]), TP_ARGS, P(None, "tp"),
+                ((DP, 4), ("tp", 2)), missing="summed micro-batch windows whose other dims are "
+                "split (a tp-split weight's gradient) are refused by window_reduce"),
+    window_case("tp_weight_grad_psum_over_tp_too", False, tp_weight_grad_ref,
+                lambda w, x: tp_weight_grad(w, x, [(0, 2), (2, 4)], (DP, "tp")), TP_ARGS,
+                P(None, "tp"), ((DP, 4), ("tp", 2))),
+    window_case("tp_weight_grad_gap", False, tp_weight_grad_ref,
+                lambda w, x: tp_weight_grad(w, x, [(0, 1), (2, 4)]), TP_ARGS, P(None, "tp"),
+                ((DP, 4), ("tp", 2))),
+]
+
+
+@pytest.mark.parametrize("case", params(WINDOW_CASES))
+def test_micro_batch_window_near_miss(case: Case) -> None:
     check_case(case)
