@@ -824,6 +824,8 @@ def _gathered_max_finite(op: ir.Operation, memo: dict) -> bool:
     if found is None or "replica_groups" not in op.attributes:
         return False
     groups = np.array(ir.DenseIntElementsAttr(op.attributes["replica_groups"]))
+    if groups.size == 0:  # no groups: one group of every device
+        groups = np.arange(len(found)).reshape(1, -1)
     for group in groups.reshape(len(groups), -1):
         members = [int(d) for d in group if d >= 0]
         if any(d >= len(found) for d in members) or not np.logical_or.reduce(

@@ -712,3 +712,43 @@ WINDOW_CASES = [
 @pytest.mark.parametrize("case", params(WINDOW_CASES))
 def test_micro_batch_window_near_miss(case: Case) -> None:
     check_case(case)
+
+
+@pytest.mark.parametrize("groups", ["dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>",
+                                    "dense<> : tensor<0x0xi64>"])
+def test_a_pmax_of_rows_no_device_sees_may_be_minus_inf(groups: str) -> None:
+    """The shift analysis (`idioms._kinds`) of a pmax over tp of each shard's max of
+    `q_pos > k_pos`-masked scores: query 0 sees no key on any device, so the pmax is -inf
+    there, with the replica groups written out or left empty (one group of every device)."""
+    import re
+
+    from entangle_mlir import idioms
+    from entangle_mlir.ir import context, parse_module
+    from entangle_mlir.program import inline_calls
+
+    def strict(q, k):
+        k_pos = lax.axis_index("tp") * k.shape[0] + jnp.arange(k.shape[0])
+        s = jnp.where(jnp.arange(q.shape[0])[:, None] > k_pos[None, :], q @ k.T, -jnp.inf)
+        return lax.pmax(jnp.max(s, axis=-1), "tp")
+
+    ex = custom("strict_pmax", (("tp", 4),), lambda q, k: jnp.max(q @ k.T, axis=-1), strict,
+                LSE_ARGS, P(), "pmax")
+    text = re.sub(r"replica_groups = dense<[^>]*> : tensor<[0-9x]+xi64>",
+                  f"replica_groups = {groups}", lower_pair(ex)[1])
+    if "<>" in groups:  # empty groups are all partitions only without global device ids
+        text = re.sub(r",? ?use_global_device_ids", "", text)
+    with context():
+        from jaxlib.mlir import ir
+
+        module = parse_module(text)
+        inline_calls(module, "pmax.mlir")
+        found = []
+
+        def collect(op):
+            if op.name == "stablehlo.all_reduce":
+                found.append(op)
+            return ir.WalkResult.ADVANCE
+
+        module.operation.walk(collect)
+        (pmax,) = found
+        assert idioms._kinds(pmax.result, {}) & idioms._NEG
