@@ -166,17 +166,32 @@ def _root(value, through: tuple[str, ...] = _MOVES) -> tuple[object, list[ir.Ope
     return value, chain
 
 
-def _index_map(root, chain: list[ir.Operation]) -> np.ndarray | None:
-    """For each element of the chain's result, the flat index of the root element it reads."""
+def _index_map(root, chain: list[ir.Operation], created: list[int] = ()) -> np.ndarray | None:
+    """For each element of the chain's result, the flat index of the root element it reads.
+
+    Dims in `created` that the outermost broadcast_in_dim creates (from no operand dim or a
+    unit one) are computed at size 1: the map does not vary along them, so their slice at 0
+    is the map, and a vocab-wide broadcast of a per-token max stays small."""
     shape = _shape(root)
     if math.prod(shape) > _MAX_INDEX:
         return None
     index = np.arange(math.prod(shape)).reshape(shape)
     for op in reversed(chain):
-        index = _index_map_step(index, op)
+        out = None
+        if op is chain[0] and created and op.name == "stablehlo.broadcast_in_dim" and all(
+                _created_by(op, d) for d in created):
+            out = tuple(1 if d in created else size
+                        for d, size in enumerate(_shape(op.results[0])))
+        index = _index_map_step(index, op, out)
         if index is None:
             return None
     return index
+
+
+def _created_by(broadcast: ir.Operation, dim: int) -> bool:
+    """Result dim `dim` of a broadcast_in_dim reads no operand dim, or a unit one."""
+    dims = _i64s(broadcast, "broadcast_dimensions")
+    return dim not in dims or _shape(broadcast.operands[0])[dims.index(dim)] == 1
 
 
 def _same_along(sub_index: np.ndarray, dims: list[int], kept_index: np.ndarray) -> bool:
@@ -213,7 +228,7 @@ def _shift_matches(sub: ir.Operation, reduce: ir.Operation, m_value) -> bool:
     m_root, m_chain = _root(m_value)
     if root != m_root:
         return False
-    sub_index = _index_map(root, chain)
+    sub_index = _index_map(root, chain, _i64s(reduce, "dimensions"))
     m_index = _index_map(root, m_chain)
     if sub_index is None or m_index is None:
         return False
@@ -945,11 +960,13 @@ def _apply(op: ir.Operation, args: list[np.ndarray], ids: dict[str, int],
     return None
 
 
-def _index_map_step(index: np.ndarray, op: ir.Operation) -> np.ndarray | None:
-    """`index` carried through one broadcast_in_dim, reshape or transpose."""
+def _index_map_step(index: np.ndarray, op: ir.Operation,
+                    out: tuple[int, ...] | None = None) -> np.ndarray | None:
+    """`index` carried through one broadcast_in_dim, reshape or transpose (to the shape `out`
+    instead of the op's result shape where given)."""
     if op.name == "stablehlo.transpose":
         return index.transpose(_i64s(op, "permutation"))
-    out = _shape(op.results[0])
+    out = out or _shape(op.results[0])
     if math.prod(out) > _MAX_INDEX:
         return None
     if op.name == "stablehlo.reshape":

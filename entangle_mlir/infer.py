@@ -221,12 +221,17 @@ class Walker:
             info = OpInfo(op.name, loc=op_location(op, self.file), op=op)
             self._give_up(op, info, f"cannot read the attributes of {op.name}: {err}", ctx)
             return
-        inputs = [self.walk.values[v] for v in op.operands]
-        inputs = [settle(v, info.name) for v in inputs]
+        operands, results = list(op.operands), list(op.results)
+        values = self.walk.values
+        inputs = [values[v] for v in operands]
+        plain = all(type(v) is Rel for v in inputs)  # skips settle and the value-kind tests
+        if not plain:
+            inputs = [settle(v, info.name) for v in inputs]
+            plain = all(type(v) is Rel for v in inputs)
         local = RuleContext(ctx.mesh, ctx.manual_axes, reference=ctx.reference)
-        opaque = next((v for v in inputs if isinstance(v, Opaque)), None)
+        opaque = None if plain else next((v for v in inputs if isinstance(v, Opaque)), None)
         if opaque is not None:
-            outputs: list[Value] = [opaque] * len(op.results)
+            outputs: list[Value] = [opaque] * len(results)
         elif info.name in _TRANSPARENT:
             outputs = list(inputs)
             local.note(f"{info.name} is treated as the identity")
@@ -236,18 +241,19 @@ class Walker:
         elif info.name == "stablehlo.concatenate" and (
                 ring := reordered.ring_concat(info, inputs, local)) is not None:
             outputs = [ring]
-        elif any(isinstance(v, Reordered) for v in inputs):
+        elif not plain and any(isinstance(v, Reordered) for v in inputs):
             outputs = reordered.apply(info, inputs, local)
-        elif any(isinstance(v, Masked) and not v.zero for v in inputs) and \
+        elif not plain and any(isinstance(v, Masked) and not v.zero for v in inputs) and \
                 info.name not in MASK_CARRIERS:
             outputs = [Opaque(f"{info.name} uses rows looked up for ids outside this device's "
                               "block (the gather clamped them to another row): they are never "
                               "zeroed (missing `where(outside, 0, ...)` after the lookup)",
                               category="layout_mismatch")] * len(op.results)
-        elif any(isinstance(v, DEVICE_BLOCK_VALUES) for v in inputs) and \
+        elif not plain and any(isinstance(v, DEVICE_BLOCK_VALUES) for v in inputs) and \
                 info.name not in BLOCK_AWARE:
             outputs = [blocks.unsupported(info.name)] * len(op.results)
-        elif any(isinstance(v, Shifted) for v in inputs) and info.name not in SHIFT_AWARE:
+        elif not plain and any(isinstance(v, Shifted) for v in inputs) and \
+                info.name not in SHIFT_AWARE:
             outputs = [Opaque(f"device-dependent offset tensor used by {info.name} (not "
                               "supported yet)", category="unsupported")] * len(op.results)
         elif op.regions and info.name not in REGION_RULE_OPS:
@@ -261,16 +267,16 @@ class Walker:
                                   category="internal")] * len(op.results)
             outputs = check_local_shapes(info, outputs, local)
         record = self._record(info, inputs, [], local)
-        record.sources = self._sources(op.operands)
-        for result in op.results:
+        record.sources = self._sources(operands)
+        for result in results:
             self.producer[result] = record
         for note in local.notes:
             if note not in self.walk.notes:
                 self.walk.notes.append(note)
         outputs = [self._stamp(v, record, inputs) for v in outputs]
         record.outputs = outputs
-        for result, value in zip(op.results, outputs):
-            self.walk.values[result] = value
+        for result, value in zip(results, outputs):
+            values[result] = value
 
     def _while(self, op: ir.Operation, ctx: RuleContext) -> None:
         """A loop as a fixpoint over layouts: walk the body once with symbolic loop variables

@@ -1075,6 +1075,13 @@ def _resize_term(term: Term, shape: tuple[int, ...], leaves: dict[int, Term]) ->
         inner_shape = tuple(next(kept) if s != 1 else 1 for s in term.args[0].shape)
         inner = _resize_term(term.args[0], inner_shape, leaves)
         return None if inner is None else make_reshape(inner, shape)
+    if term.op == "transpose":
+        (perm,) = term.attrs
+        inner_shape = [0] * len(perm)
+        for i, p in enumerate(perm):
+            inner_shape[p] = shape[i]
+        inner = _resize_term(term.args[0], tuple(inner_shape), leaves)
+        return None if inner is None else make_transpose(inner, perm)
     if term.op == "broadcast" and term.args[0].op in ("arg", "reshape"):
         (dims,) = term.attrs
         operand = term.args[0]

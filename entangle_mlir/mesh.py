@@ -21,11 +21,17 @@ class Mesh:
     def num_devices(self) -> int:
         return math.prod(size for _, size in self.axes)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_sizes", dict(self.axes))  # size() is on every op's path
+
     def size(self, axis: str) -> int:
-        return dict(self.axes)[axis]
+        return self._sizes[axis]
 
     def group_size(self, axes) -> int:
-        return math.prod(self.size(a) for a in axes)
+        if not axes:
+            return 1
+        sizes = self._sizes
+        return math.prod(sizes[a] for a in axes)
 
     def coords(self, device: int) -> dict[str, int]:
         """Coordinates of a device id along each axis."""

@@ -48,10 +48,14 @@ class OpInfo:
     op: object = None
 
     def signature(self) -> tuple:
-        """Hashable key of the attributes (for caching rule-instance checks)."""
+        """Hashable key of the attributes (for caching rule-instance checks). A collective's
+        channel number is left out (XLA numbers every collective; no rule or semantics reads
+        it), so the 2nd..Nth layer's all_reduce is a cache hit as it is in shard_map form."""
         items = []
         for key in sorted(self.attrs):
             value = self.attrs[key]
+            if key == "channel_handle" and isinstance(value, str):
+                value = _CHANNEL_NUMBER.sub("handle = *", value)
             if isinstance(value, np.ndarray):
                 value = (value.shape, value.tobytes())
             elif isinstance(value, list):
@@ -59,6 +63,8 @@ class OpInfo:
             items.append((key, value))
         return (self.name, tuple(items))
 
+
+_CHANNEL_NUMBER = re.compile(r"handle = \d+")
 
 _REDUCERS = {"stablehlo.add": "add", "stablehlo.maximum": "max", "stablehlo.minimum": "min",
              "stablehlo.multiply": "mul", "stablehlo.and": "and", "stablehlo.or": "or"}
@@ -150,23 +156,29 @@ def _scalar_attr(attr):
     return {"true": 1, "false": 0}.get(text, float(text) if text else 0)
 
 
+_READ_APART = frozenset({"value", "dot_dimension_numbers", "comparison_direction",
+                         "compare_type"})
+"""Attributes `describe` reads in their own way (or not at all)."""
+
+
 def describe(op, default_file: str = "-") -> OpInfo:
     """The `OpInfo` of an `ir.Operation`."""
-    from jaxlib.mlir.dialects import stablehlo
-
     from .ir import op_location
 
     name = op.name
     attrs: dict = {}
-    for named in op.attributes:
-        key = named.name if hasattr(named, "name") else named
-        if key in ("value", "dot_dimension_numbers", "comparison_direction", "compare_type"):
+    attributes = op.attributes
+    for named in attributes:
+        key = named if type(named) is str else named.name
+        if key in _READ_APART:
             continue
-        attrs[key] = _convert_attr(op.attributes[key])
+        attrs[key] = _convert_attr(attributes[key])
     if name == "stablehlo.constant":
-        attrs["value"], attrs["splat"] = constant_value(op.attributes["value"])
+        attrs["value"], attrs["splat"] = constant_value(attributes["value"])
     if name == "stablehlo.dot_general":
-        dims = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+        from jaxlib.mlir.dialects import stablehlo
+
+        dims = stablehlo.DotDimensionNumbers(attributes["dot_dimension_numbers"])
         attrs.update(lhs_batch=tuple(dims.lhs_batching_dimensions),
                      rhs_batch=tuple(dims.rhs_batching_dimensions),
                      lhs_contract=tuple(dims.lhs_contracting_dimensions),

@@ -44,11 +44,10 @@ class _Reference:
         self.walk = walk
         self.by_term: dict[int, OpRecord] = {}
         self.terms: dict[int, Term] = {}
-        self.scaled: dict[int, Term] = {}
+        self._scaled: dict[int, Term] | None = None
         for value in walk.values.values():
             if isinstance(value, Rel):
                 self.terms[value.term.serial] = value.term
-                self.scaled.setdefault(factor_content(value.term)[1].serial, value.term)
         for record in walk.records:
             for value in record.outputs:
                 if isinstance(value, Rel):
@@ -56,6 +55,16 @@ class _Reference:
 
     def has(self, term: Term) -> bool:
         return term.serial in self.terms
+
+    @property
+    def scaled(self) -> dict[int, Term]:
+        """Reference terms by their content-free part (built on the first diagnostic that
+        asks: a proven check never needs it, and a residual stream's content is O(depth))."""
+        if self._scaled is None:
+            self._scaled = {}
+            for term in self.terms.values():
+                self._scaled.setdefault(factor_content(term)[1].serial, term)
+        return self._scaled
 
     def ratio(self, term: Term) -> tuple[object, Term] | None:
         """(r, t) when the reference computes t and term == r * t (scalars are pulled out of
@@ -382,8 +391,10 @@ def _counterpart_note(record: OpRecord | None, reference: _Reference | None) -> 
         return []
     jax_name = twin.info.loc.op_name if twin.info.loc else ""
     named = f" ({jax_name})" if jax_name and jax_name != twin.info.name else ""
-    return [Diagnostic("note", f"corresponds to the reference op {twin.info.name}{named}, "
-                               f"which computes {pretty(_first_term(twin), 3)}", twin.loc)]
+    what = (f"moves blocks of the value that the reference op {twin.info.name}{named} "
+            f"computes:" if record.info.name == "stablehlo.collective_permute" else
+            f"corresponds to the reference op {twin.info.name}{named}, which computes")
+    return [Diagnostic("note", f"{what} {pretty(_first_term(twin), 3)}", twin.loc)]
 
 
 def _first_term(record: OpRecord) -> Term | str:

@@ -43,9 +43,12 @@ class Term:
 
 
 def intern(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...],
-           dtype: str) -> Term:
-    """The unique term with these fields (no canonicalization: use the `make_*` functions)."""
-    key = (op, tuple(a.serial for a in args), attrs, shape, dtype)
+           dtype: str, key_attrs: tuple | None = None) -> Term:
+    """The unique term with these fields (no canonicalization: use the `make_*` functions).
+    `key_attrs`, when given, stands for `attrs` in the table's key: it must be equal (==, and
+    so hash alike) exactly when `attrs` are, and be cheaper to hash."""
+    key = (op, tuple(a.serial for a in args), attrs if key_attrs is None else key_attrs, shape,
+           dtype)
     term = _TABLE.get(key)
     if term is None:
         term = Term()
@@ -53,6 +56,34 @@ def intern(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...]
         term.serial = next(_counter)
         _TABLE[key] = term
     return term
+
+
+_BUILT: dict[tuple, Term] = {}
+"""Results of the canonicalizing constructors by their arguments (terms by serial). Each
+constructor is a pure function of interned terms and plain values, so a repeat is a lookup:
+the sharded walk rebuilds the reference's terms (a replicated layer norm, a Megatron matmul's
+global term) and jax repeats subexpressions (a layer norm's `x - mean` twice)."""
+
+
+def _built(name: str, key_of):
+    """Memoize a term constructor in `_BUILT` under `(name, key_of(*args))`."""
+    def wrap(build):
+        @functools.wraps(build)
+        def memoized(*args):
+            key = (name, key_of(*args))
+            try:
+                found = _BUILT.get(key)
+            except TypeError:  # an unhashable attribute: build it every time
+                return build(*args)
+            if found is None:
+                found = _BUILT[key] = build(*args)
+            return found
+        return memoized
+    return wrap
+
+
+def _pair_key(a: Term, b: Term) -> tuple:
+    return a.serial, b.serial
 
 
 LOOP_BODY_TERMS: dict[int, Term] = {}
@@ -153,14 +184,23 @@ def make_lin(pairs, constant, shape: tuple[int, ...], dtype: str) -> Term:
     term_of: dict[int, Term] = {}
     total = scalar(constant)
     for coef, term in pairs:
+        if term.op != "lin" and term.op != "splat":
+            # k * t: the coefficient itself (times one, as a Fraction when it is an int)
+            add = coef if type(coef) is Fraction else coef * _ONE
+            serial = term.serial
+            old = coef_of.get(serial)
+            if old is None:
+                coef_of[serial] = add
+                term_of[serial] = term
+            else:
+                coef_of[serial] = old + add
+            continue
         unit = type(coef) is Fraction and coef == 1
         if term.op == "lin":
             inner_const, coefs = term.attrs
             inner = zip(coefs, term.args)
-        elif term.op == "splat":
-            inner_const, inner = term.attrs[0], ()
         else:
-            inner_const, inner = _ZERO, ((_ONE, term),)
+            inner_const, inner = term.attrs[0], ()
         if inner_const != 0:
             total = total + (inner_const if unit else coef * inner_const)
         for k, t in inner:
@@ -179,7 +219,16 @@ def make_lin(pairs, constant, shape: tuple[int, ...], dtype: str) -> Term:
         return term_of[serials[0]]
     coefs = tuple(coef_of[s] for s in serials)
     args = tuple(term_of[s] for s in serials)
-    return intern("lin", args, (total, coefs), tuple(shape), dtype)
+    return intern("lin", args, (total, coefs), tuple(shape), dtype,
+                  key_attrs=(total, _hash_cheap(coefs)))
+
+
+def _hash_cheap(coefs: tuple) -> tuple:
+    """`coefs` with integral Fractions as ints: equal exactly when `coefs` are (an int equals
+    and hashes like the Fraction of it), and hashed in C where a Fraction's hash takes a
+    modular inverse in Python (a residual stream has a unit coefficient per layer)."""
+    return tuple(c.numerator if type(c) is Fraction and c.denominator == 1 else c
+                 for c in coefs)
 
 
 _ZERO = Fraction(0)
@@ -222,13 +271,20 @@ def _factor_content(term: Term) -> tuple[Scalar, Term]:
     if not isinstance(constant, Fraction):
         return Fraction(1), term
     values = [c for c in (*coefs, constant) if c != 0]
-    k = Fraction(math.gcd(*(v.numerator for v in values)),
-                 math.lcm(*(v.denominator for v in values)))
-    k = -k if coefs[0] < 0 else k
-    if k == 1:
+    numerator = math.gcd(*(v.numerator for v in values))
+    denominator = math.lcm(*(v.denominator for v in values))
+    sign = -1 if coefs[0] < 0 else 1
+    if numerator == 1 and denominator == 1 and sign == 1:
         return Fraction(1), term
-    inner = make_lin([(c / k, t) for c, t in zip(coefs, term.args)], constant / k, term.shape,
-                     term.dtype)
+    k = Fraction(sign * numerator, denominator)
+
+    def divided(c: Fraction) -> Fraction:
+        """c / k in integers: (p/q) / (s*g/l) = s * p * (l/q) / g (q divides l)."""
+        scaled = sign * c.numerator * (denominator // c.denominator)
+        return Fraction(scaled) if numerator == 1 else Fraction(scaled, numerator)
+
+    inner = make_lin([(divided(c), t) for c, t in zip(coefs, term.args)], divided(constant),
+                     term.shape, term.dtype)
     return k, inner
 
 
@@ -258,14 +314,17 @@ COMMUTATIVE = {"stablehlo.maximum", "stablehlo.minimum", "stablehlo.and", "stabl
                "stablehlo.xor"}
 
 
+@_built("add", _pair_key)
 def make_add(a: Term, b: Term) -> Term:
     return make_lin([(Fraction(1), a), (Fraction(1), b)], Fraction(0), a.shape, a.dtype)
 
 
+@_built("sub", _pair_key)
 def make_sub(a: Term, b: Term) -> Term:
     return make_lin([(Fraction(1), a), (Fraction(-1), b)], Fraction(0), a.shape, a.dtype)
 
 
+@_built("mul", _pair_key)
 def make_mul(a: Term, b: Term) -> Term:
     for x, y in ((a, b), (b, a)):
         value = splat_value(x)
@@ -281,6 +340,7 @@ def make_mul(a: Term, b: Term) -> Term:
     return scale(product, ka * kb) if ka * kb != 1 else product
 
 
+@_built("div", _pair_key)
 def make_div(a: Term, b: Term) -> Term:
     value = splat_value(b)
     if isinstance(value, Fraction) and value != 0:
@@ -301,6 +361,12 @@ def make_div(a: Term, b: Term) -> Term:
 def make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple = (),
                      dtype: str | None = None) -> Term:
     """Generic elementwise op; arithmetic ops route to their canonical builders."""
+    return _make_elementwise(op, tuple(args), attrs, dtype)
+
+
+@_built("elementwise", lambda op, args, attrs, dtype: (op, tuple(a.serial for a in args), attrs,
+                                                      dtype))
+def _make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple, dtype: str | None) -> Term:
     if op == "stablehlo.add":
         return make_add(*args)
     if op == "stablehlo.subtract":
@@ -478,6 +544,7 @@ def reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]
     return groups
 
 
+@_built("reshape", lambda term, shape: (term.serial, tuple(shape)))
 def make_reshape(term: Term, shape: tuple[int, ...]) -> Term:
     """Reshapes are pushed inward (through elementwise ops, broadcasts of created dims and the
     free dims of a dot_general) so that flattening tokens before a matmul and reshaping after
@@ -655,6 +722,7 @@ def _reshape_dot(term: Term, shape: tuple[int, ...]) -> Term | None:
     return make_dot(lhs, new_operand, attrs, shape, term.dtype)
 
 
+@_built("transpose", lambda term, perm: (term.serial, tuple(perm)))
 def make_transpose(term: Term, perm: tuple[int, ...]) -> Term:
     perm = tuple(perm)
     shape = tuple(term.shape[p] for p in perm)
@@ -673,6 +741,7 @@ def make_transpose(term: Term, perm: tuple[int, ...]) -> Term:
     return intern("transpose", (term,), (perm,), shape, term.dtype)
 
 
+@_built("broadcast", lambda term, dims, shape: (term.serial, tuple(dims), tuple(shape)))
 def make_broadcast(term: Term, dims: tuple[int, ...], shape: tuple[int, ...]) -> Term:
     """broadcast_in_dim: operand dim i becomes result dim dims[i] (size equal or from 1)."""
     dims, shape = tuple(dims), tuple(shape)
@@ -705,6 +774,13 @@ def make_op(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...
     """A generic op; when `linear_in` is given, the op is linear in that operand and scalars
     and sums are pulled out of it (slice, pad with zero, reduce-sum). Slices are pushed toward
     the leaves (`push_slice`) and a reduce-sum drops zero padding of the dims it reduces."""
+    return _make_op(op, tuple(args), attrs, tuple(shape), dtype, linear_in)
+
+
+@_built("op", lambda op, args, attrs, shape, dtype, linear_in: (
+    op, tuple(a.serial for a in args), attrs, shape, dtype, linear_in))
+def _make_op(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...],
+             dtype: str, linear_in: int | None) -> Term:
     if op == "slice" and linear_in == 0:
         pushed = push_slice(args[0], *attrs)
         if pushed is not None:
@@ -998,6 +1074,8 @@ def _slice_pad(term: Term, starts, limits, strides, shape) -> Term | None:
                    [lim - lo for lim, lo in zip(limits, low)], strides)
 
 
+@_built("dot", lambda lhs, rhs, attrs, shape, dtype: (lhs.serial, rhs.serial, attrs,
+                                                       tuple(shape), dtype))
 def make_dot(lhs: Term, rhs: Term, attrs: tuple, shape: tuple[int, ...], dtype: str) -> Term:
     """dot_general, bilinear: scalar factors of either side are pulled out."""
     kl, tl = factor_content(lhs)

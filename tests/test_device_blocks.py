@@ -13,11 +13,13 @@ import pytest
 
 from entangle_mlir import terms as T
 from entangle_mlir.assume import Simplifier, ValidIndices, index_ranges
+from entangle_mlir.instance import InstanceChecker
 from entangle_mlir.layout import BlockIndex, InBlock, Masked, Opaque, Rel, Shifted
 from entangle_mlir.mesh import Mesh
 from entangle_mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import RuleContext
+from entangle_mlir.terms import splat_value
 from tests.test_lemmas import _EMBED, _SCATTER_ROWS, _TAKE_ALONG, _TAKE_ALONG_GRAD, _checker, arg
 
 TP2 = Mesh((("tp", 2),))
@@ -175,6 +177,34 @@ def test_cross_entropy_target_logit(mesh: Mesh) -> None:
     grad = prove("stablehlo.scatter", [zeros(local + (length,)), column, column_ct], mesh,
                  local + (length,), {**_TAKE_ALONG_GRAD, "reducer": "add"})
     assert isinstance(grad, Rel) and grad.tiling[1] == ("tp",) and not grad.partial
+
+
+def test_bounds_check_of_squeezed_indices_is_checked_reduced() -> None:
+    """jax's bounds check on take_along_axis's indices with one sequence per device reads them
+    through a transpose of unit dims (`unit_dims._unit_moves_as_transpose`): on a dp 2 x tp 8
+    mesh with 128 tokens a device, the instance is checked at a reduced shape (at its real
+    shape Z3 timed out), proved, and a wrong claim is refuted."""
+    mesh = Mesh((("dp", 2), ("tp", 8)))
+    length, rows = 16032, 128
+    index = BlockIndex(rel(T.make_reshape(arg((2, rows), "i32"), (2, rows, 1)), "dp"), ("tp",),
+                       length)
+    moved = prove("stablehlo.transpose", [index], mesh, (rows, 1, 1), {"permutation": (1, 0, 2)},
+                  "i32")
+    assert isinstance(moved, BlockIndex) and moved.rel.tiling == ((), ("dp",), ())
+    last = zeros((rows, 1, 1), "i32", length - 1)
+    info_ins = [moved, last]
+    outs, info, ctx = run("stablehlo.compare", info_ins, mesh, (rows, 1, 1),
+                          {"comparison_direction": "LE"}, "i1")
+    checker = InstanceChecker()  # the defaults `entangle check` uses
+    verdict = checker.check(info, info_ins, outs, mesh, ctx)
+    assert verdict.status == "proved" and "reduced" in verdict.details["mode"], verdict.describe()
+    always = outs[0]
+    assert splat_value(always.term) == 1
+    wrong = zeros((rows, 1, 1), "i32", length - 2)
+    _, info, ctx = run("stablehlo.compare", [moved, wrong], mesh, (rows, 1, 1),
+                       {"comparison_direction": "LE"}, "i1")
+    verdict = checker.check(info, [moved, wrong], [always], mesh, ctx)
+    assert verdict.status == "refuted", verdict.describe()
 
 
 # ----- must-fail ------------------------------------------------------------------------------

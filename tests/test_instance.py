@@ -466,3 +466,15 @@ def test_large_gather_and_scatter_are_reduced() -> None:
     assert isinstance(outs[0], Rel), outs
     result = checker.check(info, ins, outs, M4)
     assert result.status == "proved" and result.details["mode"] == "reduced", result.describe()
+
+
+def test_instance_cache_key_ignores_only_the_channel_number() -> None:
+    """XLA numbers every collective's channel: the 2nd..Nth layer's all_reduce shares the
+    first one's cache entry (nothing reads the number), while other groups do not."""
+    def all_reduce(handle: int, groups) -> OpInfo:
+        return OpInfo("stablehlo.all_reduce", {
+            "channel_handle": f"#stablehlo.channel_handle<handle = {handle}, type = 0>",
+            "replica_groups": groups, "use_global_device_ids": True, "reducer": "add"})
+
+    assert all_reduce(1, [[0, 1]]).signature() == all_reduce(7, [[0, 1]]).signature()
+    assert all_reduce(1, [[0, 1]]).signature() != all_reduce(1, [[0], [1]]).signature()

@@ -111,6 +111,20 @@ def test_near_miss_is_not_proven(ex: Example) -> None:
     assert not report.proven, report.render_text()
 
 
+WIDE = (ArgDef("x", (8, 1 << 20), "float32", "data", SPLIT),)
+"""Rows as wide as a large vocabulary: the reference's broadcast max (8M elements) is past the
+size whose index map is computed whole; the broadcast's own dims are computed at size 1."""
+
+
+@pytest.mark.parametrize("body", [lse_pmax, lse_local_max_not_rescaled],
+                         ids=["pmax", "local_max_not_rescaled"])
+def test_vocab_wide_log_sum_exp(body) -> None:
+    ex = custom(f"wide_{body.__name__}", MESH, lse_ref, body, WIDE, P(), "vocab-wide rows")
+    report = check_texts(*lower_pair(ex), verify_rules=False)
+    assert report.proven == (body is lse_pmax), report.render_text()
+    assert _outputs_differ(ex) == (body is not lse_pmax)
+
+
 def test_sum_over_the_wrong_axis_is_not_proven() -> None:
     ex = custom("row_sum_gathered_wrong_axis", MESH, lambda x: jnp.sum(x, axis=-1)[:4],
                 row_sum_gathered_wrong_axis, ARGS, P(), "sum over the rows")

@@ -32,6 +32,17 @@ func.func @main(%x: tensor<1x4xf32>) -> tensor<f32> {
 """
 
 
+SQUEEZED_GATHER = """
+func.func @main(%x: tensor<1x3x4xf32>, %i: tensor<1x3x1xi32>) -> tensor<1x3x1xf32> {
+  %0 = stablehlo.reshape %i : (tensor<1x3x1xi32>) -> tensor<3x1x1xi32>
+  %1 = "stablehlo.gather"(%x, %0) <{dimension_numbers = #stablehlo.gather<offset_dims = [0], collapsed_slice_dims = [2], operand_batching_dims = [1], start_indices_batching_dims = [0], start_index_map = [2], index_vector_dim = 2>, indices_are_sorted = false, slice_sizes = array<i64: 1, 1, 1>}> : (tensor<1x3x4xf32>, tensor<3x1x1xi32>) -> tensor<1x3x1xf32>
+  return %1 : tensor<1x3x1xf32>
+}
+"""
+"""jax's `take_along_axis` on one sequence (a local batch of 1): the unit batch dim is an
+offset dim of the gather and the indices are squeezed."""
+
+
 def _ops(module) -> list[str]:
     names: list[str] = []
 
@@ -43,12 +54,13 @@ def _ops(module) -> list[str]:
     return names
 
 
-def _run(module, x: np.ndarray) -> np.ndarray:
-    """The function's result on `x`, op by op with the exact semantics."""
+def _run(module, *args: np.ndarray) -> np.ndarray:
+    """The function's result on `args`, op by op with the exact semantics."""
     values = {}
     func = next(iter(module.body.operations))
     block = func.regions[0].blocks[0]
-    values[block.arguments[0]] = S.obj_array(x)
+    for arg, x in zip(block.arguments, args):
+        values[arg] = S.obj_array(x)
     for op in block.operations:
         if op.name == "func.return":
             return values[op.operands[0]]
@@ -76,3 +88,21 @@ def test_a_reduction_that_is_not_broadcast_back_stays() -> None:
     with context():
         assert fold_unit_dims(module) == 0
     assert "stablehlo.reduce" in _ops(module)
+
+
+def test_unit_offset_dim_of_a_batched_gather_becomes_a_batching_dim() -> None:
+    """The rewrite is exact: the same elements for every index, the batch dim kept."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 3, 4))
+    index = rng.integers(0, 4, (1, 3, 1)).astype(np.int64)
+    want = _run(parse_module(SQUEEZED_GATHER), x, index)
+    module = parse_module(SQUEEZED_GATHER)
+    with context():
+        assert fold_unit_dims(module) == 1
+    gather = next(op for op in module.body.operations[0].regions[0].blocks[0].operations
+                  if op.name == "stablehlo.gather")
+    text = str(gather.attributes["dimension_numbers"])
+    assert "operand_batching_dims = [0, 1]" in text and "offset_dims" not in text
+    assert str(gather.operands[1].type) == "tensor<1x3x1x1xi32>"
+    assert (_run(module, x, index) == want).all()
+    assert (want.reshape(3) == np.take_along_axis(x, index, axis=-1).reshape(3)).all()

@@ -112,9 +112,9 @@ def check_local_shapes(info: OpInfo, results: list[Value], ctx: RuleContext) -> 
     for value, rtype in zip(results, info.result_types):
         if isinstance(value, Rel):
             local = rtype.shape
-            expected = tuple(
-                size if dim in value.poly or ctx.is_global
-                else size // ctx.mesh.group_size(axes) if ctx.mesh else size
+            expected = value.term.shape if ctx.is_global or not (
+                ctx.mesh and value.tiled_axes) else tuple(
+                size if dim in value.poly else size // ctx.mesh.group_size(axes)
                 for dim, (size, axes) in enumerate(zip(value.term.shape, value.tiling)))
             if expected != local or len(value.tiling) != len(local):
                 value = Opaque(f"internal: inferred local shape {expected} does not match the "
@@ -137,6 +137,11 @@ def unify_dims(rels: list[Rel], dims_of: list[list[int]], ctx: RuleContext,
     Returns the operands with poly dims resized, the joint (global size, tiling) per dim and the
     joint dims that stay poly (every operand poly there).
     """
+    first = rels[0]
+    if all(not rel.poly and rel.term.shape == first.term.shape and rel.tiling == first.tiling
+           and dims == dims_of[0] for rel, dims in zip(rels, dims_of)):
+        # Operands laid out alike (the common case): every joint dim is theirs, none resized.
+        return list(rels), [(first.term.shape[d], first.tiling[d]) for d in dims_of[0]], set()
     joint: list[tuple[int, tuple[str, ...]]] = []
     still_poly: set[int] = set()
     mesh = ctx.mesh

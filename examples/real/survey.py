@@ -179,7 +179,7 @@ _FWD = ("stack", "fwd", "loss")
 def write_results(records: list[dict], path: str) -> None:
     """RESULTS.md: the model x parallelism x fwd/bwd matrix and one line per program."""
     rows = [r for r in records if r["example"].bug is None]
-    models = sorted({r["example"].model or "-" for r in rows},
+    models = sorted(dict.fromkeys(r["example"].model or "-" for r in rows),
                     key=lambda m: (["gpt2", "llama3", "qwen2", "moe"] + [m]).index(m))
     styles = list(dict.fromkeys(r["example"].style for r in rows))
     cell: dict = collections.defaultdict(lambda: [0, 0, 0, 0])

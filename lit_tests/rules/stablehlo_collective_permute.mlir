@@ -105,7 +105,7 @@ func.func @permute_and_undo(%x: tensor<8x16xf32>) -> tensor<8x16xf32> attributes
 sdy.mesh @mesh = <["tp"=4]>
 
 func.func @ref(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
-  // expected-note @+1 {{corresponds to the reference op stablehlo.tanh}}
+  // expected-note @+1 {{moves blocks of the value that the reference op stablehlo.tanh computes}}
   %0 = stablehlo.tanh %x : tensor<8x16xf32>
   return %0 : tensor<8x16xf32>
 }
