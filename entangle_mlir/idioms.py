@@ -235,6 +235,15 @@ def _shift_matches(sub: ir.Operation, reduce: ir.Operation, m_value) -> bool:
     return _same_along(sub_index, _i64s(reduce, "dimensions"), m_index)
 
 
+def _finite_shift(m_value) -> bool:
+    """The shift `m` holds no infinity, so exp(x - m) is defined and the rewrite is exact in
+    floating point too. (A shard's own max over a row its mask hides throughout is -inf:
+    exp(-inf - -inf) = NaN, which the unshifted form would turn into 0.) NaN is not
+    tracked: the NaNs programs hold are jnp.take's fill for out-of-range indices, which the
+    verifier assumes do not occur, and a NaN reaches both forms alike."""
+    return not _kinds(m_value, {}) & (_NEG | _POS)
+
+
 def _unshifted(reduce: ir.Operation, sub: ir.Operation, at: ir.Operation):
     """`reduce_add(exp(x), D)`, built before `at`."""
     from jaxlib.mlir.dialects import stablehlo
@@ -253,7 +262,8 @@ def _rescaled_exp_sum(mul: ir.Operation) -> int:
         if found is None or scale is None or scale.name != "stablehlo.exponential":
             continue
         reduce, _, sub = found
-        if not _shift_matches(sub, reduce, scale.operands[0]):
+        if not _shift_matches(sub, reduce, scale.operands[0]) or not _finite_shift(
+                scale.operands[0]):
             continue
         new = _unshifted(reduce, sub, mul)
         mul.results[0].replace_all_uses_with(new)
@@ -279,7 +289,8 @@ def _shifted_lse(add: ir.Operation) -> int:
         if found is None:
             continue
         reduce, _, sub = found
-        if not _shift_matches(sub, reduce, add.operands[m]):
+        if not _shift_matches(sub, reduce, add.operands[m]) or not _finite_shift(
+                add.operands[m]):
             continue
         if collective is not None and not _same_on_group(add.operands[m], collective):
             continue
@@ -532,7 +543,13 @@ def _online_sum(add: ir.Operation) -> int:
     `F(exp(concatenate(x, s) - m))` (over concatenate(v_x, v_s)); with `acc` = 0 (the first
     step) it is `F(exp(s - m))`. Exact for any m_old and m (rescaling by exp(m_old - m) moves
     the shift of every term from m_old to m), provided every element is rescaled by the
-    difference of the very shifts its terms carry: the index maps must say so."""
+    difference of the very shifts its terms carry: the index maps must say so.
+
+    In floating point it is exact only where m_old > -inf: a row of the earlier blocks that
+    is -inf throughout (a causal mask hiding a whole row of the first block) has
+    m_old = -inf, exp(-inf - -inf) = NaN, and the program computes NaN there, where the
+    softmax over the concatenation is finite. So every row of the earlier blocks must hold
+    an element above -inf on every device (`_rows_finite`)."""
     for a, c in ((0, 1), (1, 0)):
         mul = _def(add.operands[a])
         if mul is None or mul.name != "stablehlo.multiply":
@@ -568,6 +585,8 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumula
     if not prev.ok or prev.m != old or not prev.like(cur) or not (
             prev.index == cur.index).all():
         return 0
+    if not _rows_finite(prev.y, prev.d):
+        return 0
     kept = [k for k in range(len(_shape(cur.y))) if k != cur.d]
     if len(_shape(cur.m)) != len(kept):
         return 0
@@ -594,6 +613,351 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumula
     add.results[0].replace_all_uses_with(value)
     _erase_dead(add)
     return 1
+
+
+_NEG, _POS, _NAN = 1, 2, 4
+_ANY = _NEG | _POS | _NAN
+"""Which non-finite values a float tensor may hold (bits): -inf, +inf, NaN."""
+
+_CARRY = frozenset({
+    "stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose",
+    "stablehlo.slice", "stablehlo.dynamic_slice", "stablehlo.concatenate", "stablehlo.pad",
+    "stablehlo.reverse", "stablehlo.convert", "stablehlo.collective_permute",
+    "stablehlo.all_gather", "stablehlo.all_to_all", "stablehlo.select"})
+"""Ops whose result holds only values of their operands (the non-finite ones too)."""
+
+
+def _kinds(value, memo: dict) -> int:
+    """The non-finite values `value` may hold, from the constants and ops that compute it
+    (program inputs are finite, a shard_map body's arguments are what it is given; a
+    division, rsqrt or power is taken at arguments where it is defined, as in the verifier's
+    real-number semantics; log may give -inf). Iterative: the cone of a layer's scores is
+    the whole program before it."""
+    stack = [value]
+    while stack:
+        top = stack[-1]
+        if top in memo:
+            stack.pop()
+            continue
+        op = _def(top)
+        outer = _outer_operand(top) if op is None else None
+        waiting = [v for v in (op.operands if op is not None else [outer] if outer else [])
+                   if v not in memo]
+        if waiting:
+            stack.extend(waiting)
+            continue
+        stack.pop()
+        memo[top] = memo[outer] if outer is not None else _kinds_of(top, op, memo)
+    return memo[value]
+
+
+def _outer_operand(value):
+    """The operand of the shard_map (`sdy.manual_computation`) whose body argument `value`
+    is (None for any other value)."""
+    owner = value.owner
+    op = owner.owner if isinstance(owner, ir.Block) else None
+    if op is None or op.operation.name != "sdy.manual_computation":
+        return None
+    return op.operation.operands[value.arg_number]
+
+
+def _kinds_of(value, op: ir.Operation | None, memo: dict) -> int:
+    element = ir.RankedTensorType(value.type).element_type
+    if isinstance(element, ir.IntegerType):
+        return 0
+    if op is None:
+        return 0 if _program_input(value) else _ANY
+    name = op.name
+    args = [memo[v] for v in op.operands]
+    if name == "stablehlo.constant":
+        array, _ = constant_value(op.attributes["value"])
+        try:
+            array = array.astype(float)
+        except (TypeError, ValueError):
+            return _ANY
+        return ((_NEG if np.any(array == -np.inf) else 0) | (_POS if np.any(array == np.inf)
+                else 0) | (_NAN if np.any(np.isnan(array)) else 0))
+    if name == "stablehlo.iota":
+        return 0
+    if name == "stablehlo.select" and _finite_test(op.operands[0], op.operands[1]):
+        return args[2]
+    if name in _CARRY:
+        return _union(args[1:] if name == "stablehlo.select" else args)
+    if name == "chlo.top_k":
+        return args[0]
+    if name in ("stablehlo.gather", "stablehlo.dynamic_update_slice"):
+        return _union([args[0], *args[1:2]] if name == "stablehlo.dynamic_update_slice"
+                      else args[:1])
+    if name == "stablehlo.scatter" and len(op.operands) == 3 and (
+            reducer_kind(op) in ("add", "max", "min") or _replaces(op)):
+        both = args[0] | args[2]
+        return both | (_NAN if both & _NEG and both & _POS else 0)
+    if name == "chlo.square":
+        return (args[0] & _NAN) | (_POS if args[0] & (_NEG | _POS) else 0)
+    if name == "stablehlo.negate":
+        return _negated(args[0])
+    if name in ("stablehlo.add", "stablehlo.subtract"):
+        a, b = args[0], args[1] if name == "stablehlo.add" else _negated(args[1])
+        mixed = (a & _NEG and b & _POS) or (a & _POS and b & _NEG)
+        return a | b | (_NAN if mixed else 0)
+    if name in ("stablehlo.multiply", "stablehlo.divide", "stablehlo.power",
+                "stablehlo.dot_general"):
+        both = _union(args)
+        return _ANY if both & (_NEG | _POS) else both
+    if name in ("stablehlo.maximum", "stablehlo.minimum"):
+        low, high = (_NEG, _POS) if name == "stablehlo.maximum" else (_POS, _NEG)
+        both = _union(args)
+        return (both & (high | _NAN)) | (low if all(a & low for a in args) else 0)
+    if name in ("stablehlo.exponential", "stablehlo.exponential_minus_one"):
+        return args[0] & (_POS | _NAN)
+    if name in ("stablehlo.tanh", "stablehlo.logistic"):
+        return args[0] & _NAN
+    if name in ("stablehlo.sine", "stablehlo.cosine"):
+        return _NAN if args[0] else 0
+    if name in ("stablehlo.sqrt", "stablehlo.rsqrt"):
+        return (args[0] & _NAN) | (_NAN if args[0] & _NEG else 0) | (
+            args[0] & _POS if name == "stablehlo.sqrt" else 0)
+    if name == "stablehlo.abs":
+        return (args[0] & _NAN) | (_POS if args[0] & (_NEG | _POS) else 0)
+    if name == "stablehlo.reduce" and len(op.operands) == 2:
+        return _reduced_kinds(op, args, memo)
+    if name == "stablehlo.reduce_scatter" and len(op.operands) == 1 and reducer_kind(op) in (
+            "add", "max", "min"):
+        return args[0] | (_NAN if args[0] & _NEG and args[0] & _POS else 0)
+    if name == "stablehlo.all_reduce" and len(op.operands) == 1 and reducer_kind(op) in (
+            "add", "max", "min"):
+        if reducer_kind(op) == "max" and args[0] & _NEG and _gathered_max_finite(op, memo):
+            return args[0] & (_POS | _NAN)
+        return args[0] | (_NAN if args[0] & _NEG and args[0] & _POS else 0)
+    return _ANY
+
+
+def _replaces(scatter: ir.Operation) -> bool:
+    """The scatter's update computation returns the update (a plain write)."""
+    body = scatter.regions[0].blocks[0]
+    ops = list(body.operations)
+    return len(ops) == 1 and len(ops[0].operands) == 1 and ops[0].operands[0] == body.arguments[1]
+
+
+def _finite_test(pred, value) -> bool:
+    """`pred` is is_finite(value) (broadcast alike): `select(pred, value, c)` is value where
+    it is finite and c elsewhere (jax's logsumexp guards its max so)."""
+    op = _def(pred)
+    return op is not None and op.name == "stablehlo.is_finite" and op.operands[0] == value
+
+
+def _union(kinds: list[int]) -> int:
+    out = 0
+    for k in kinds:
+        out |= k
+    return out
+
+
+def _negated(kinds: int) -> int:
+    return (kinds & _NAN) | (_POS if kinds & _NEG else 0) | (_NEG if kinds & _POS else 0)
+
+
+def _reduced_kinds(op: ir.Operation, args: list[int], memo: dict) -> int:
+    """A sum keeps its terms' non-finite values (and +inf + -inf is NaN); a max over rows
+    that each hold an element above -inf is not -inf (`_rows_finite`)."""
+    kind = reducer_kind(op)
+    values, init = args
+    if kind == "add":
+        both = values | init
+        return both | (_NAN if both & _NEG and both & _POS else 0)
+    if kind == "max":
+        dims = _i64s(op, "dimensions")
+        empty = any(_shape(op.operands[0])[d] == 0 for d in dims)
+        witnesses = None if empty or not values & _NEG else _row_witnesses(
+            op.operands[0], tuple(dims), memo)
+        negative = init & _NEG and (empty or values & _NEG and not (
+            witnesses is True or witnesses is not None and all(w.all() for w in witnesses)))
+        return ((values | init) & (_POS | _NAN)) | (_NEG if negative else 0)
+    return _ANY
+
+
+def _program_input(value) -> bool:
+    """`value` is an argument of a function (an input of the program, finite by assumption),
+    not a value a loop carries."""
+    owner = value.owner
+    op = owner.owner if isinstance(owner, ir.Block) else None
+    return op is not None and op.operation.name == "func.func"
+
+
+def _rows_finite(value, dim: int, memo: dict | None = None) -> bool:
+    """Every row of `value` along `dim` holds an element above -inf, on every device, and no
+    element is +inf (`_row_witnesses`; NaN is not tracked, see `_finite_shift`)."""
+    found = _row_witnesses(value, (dim,), {} if memo is None else memo)
+    return found is True or found is not None and all(bool(w.all()) for w in found)
+
+
+def _row_witnesses(value, dims: tuple[int, ...], memo: dict):
+    """Per device, for each row of `value` over `dims` (the reduced shape), whether it holds
+    an element above -inf; True when every row on every device does (the value holds no
+    -inf); None when unknown or when the value may hold +inf. Known for a
+    concatenation along one of `dims` (a row is witnessed by any block) and for
+    `select(mask, x, -inf)` with x finite and a mask computed from device ids and constants
+    alone (evaluated on every device)."""
+    kinds = _kinds(value, memo)
+    if kinds & _POS:
+        return None
+    if not kinds & _NEG:
+        return True
+    op = _def(value)
+    if op is None:
+        return None
+    if op.name == "stablehlo.concatenate" and ir.IntegerAttr(
+            op.attributes["dimension"]).value in dims:
+        found = [_row_witnesses(v, dims, memo) for v in op.operands]
+        if any(f is True for f in found):
+            return True
+        known = [f for f in found if f is not None]
+        if not known:
+            return None
+        return [np.logical_or.reduce([f[d] for f in known]) for d in range(len(known[0]))]
+    if op.name != "stablehlo.select" or _shape(op.operands[0]) != _shape(value):
+        return None
+    kept = [taken for taken, branch in ((True, 1), (False, 2))
+            if not _kinds(op.operands[branch], memo) & (_NEG | _POS)]
+    if not kept:
+        return None
+    masks = _on_every_device(op.operands[0], op)
+    if masks is None:
+        return None
+    return [np.any(m == kept[0], axis=dims) for m in masks]
+
+
+def _gathered_max_finite(op: ir.Operation, memo: dict) -> bool:
+    """`op`, an all_reduce max of `reduce_max(y)`, holds no -inf: every row of y is
+    witnessed (`_row_witnesses`) on some device of every replica group."""
+    inner = _def(op.operands[0])
+    if inner is None or _max_reduce(inner) is None:
+        return False
+    found = _row_witnesses(inner.operands[0], tuple(_max_reduce(inner)), memo)
+    if found is True:
+        return True
+    if found is None or "replica_groups" not in op.attributes:
+        return False
+    groups = np.array(ir.DenseIntElementsAttr(op.attributes["replica_groups"]))
+    if groups.size == 0:  # no groups: one group of every device
+        groups = np.arange(len(found)).reshape(1, -1)
+    for group in groups.reshape(len(groups), -1):
+        members = [int(d) for d in group if d >= 0]
+        if any(d >= len(found) for d in members) or not np.logical_or.reduce(
+                [found[d] for d in members]).all():
+            return False
+    return True
+
+
+def _on_every_device(value, at: ir.Operation) -> list[np.ndarray] | None:
+    """`value` evaluated on every device (indexed by partition id, or by replica id in a
+    program run as replicas), when it is computed from device ids, iotas and constants alone
+    by the ops `_evaluate` knows; else None."""
+    module = at.operation
+    while module is not None and module.name != "builtin.module":
+        module = module.parent
+        module = module.operation if module is not None else None
+    if module is None:
+        return None
+    attrs = module.attributes
+    counts = {name: ir.IntegerAttr(attrs[name]).value if name in attrs else 1
+              for name in ("mhlo.num_partitions", "mhlo.num_replicas")}
+    if min(counts.values()) > 1:
+        return None  # device ids would mix partitions and replicas
+    out = []
+    for partition in range(counts["mhlo.num_partitions"]):
+        for replica in range(counts["mhlo.num_replicas"]):
+            found = _evaluate(value, {"stablehlo.partition_id": partition,
+                                      "stablehlo.replica_id": replica}, {}, 64)
+            if found is None:
+                return None
+            out.append(found)
+    return out
+
+
+_NUMPY_TYPES = {"i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32,
+                "i64": np.int64, "ui8": np.uint8, "ui16": np.uint16, "ui32": np.uint32,
+                "ui64": np.uint64, "f32": np.float32, "f64": np.float64}
+_COMPARE = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
+            "GT": np.greater, "GE": np.greater_equal}
+_BINARY = {"stablehlo.add": np.add, "stablehlo.subtract": np.subtract,
+           "stablehlo.multiply": np.multiply, "stablehlo.maximum": np.maximum,
+           "stablehlo.minimum": np.minimum, "stablehlo.and": np.logical_and,
+           "stablehlo.or": np.logical_or}
+
+
+def _evaluate(value, ids: dict[str, int], memo: dict, depth: int) -> np.ndarray | None:
+    """The value of a device-id/constant computation on one device (None if it reads
+    anything else or uses an op not modelled here)."""
+    key = value
+    for seen, result in memo.get("pairs", ()):
+        if seen == key:
+            return result
+    element = str(ir.RankedTensorType(value.type).element_type)
+    dtype = _NUMPY_TYPES.get(element)
+    op = _def(value)
+    if op is None or dtype is None or depth == 0 or math.prod(_shape(value)) > _MAX_INDEX:
+        return None
+    args = []
+    if op.name not in ("stablehlo.constant", "stablehlo.iota", *ids):
+        for operand in op.operands:
+            found = _evaluate(operand, ids, memo, depth - 1)
+            if found is None:
+                return None
+            args.append(found)
+    shape = _shape(value)
+    with np.errstate(all="ignore"):
+        result = _apply(op, args, ids, shape, dtype)
+    if result is None:
+        return None
+    result = np.asarray(result).astype(dtype).reshape(shape)
+    memo.setdefault("pairs", []).append((key, result))
+    return result
+
+
+def _apply(op: ir.Operation, args: list[np.ndarray], ids: dict[str, int],
+           shape: tuple[int, ...], dtype) -> np.ndarray | None:
+    name = op.name
+    if name in ids:
+        return np.full(shape, ids[name])
+    if name == "stablehlo.constant":
+        array, _ = constant_value(op.attributes["value"])
+        return np.broadcast_to(array, shape) if array.dtype.kind in "biuf" else None
+    if name == "stablehlo.iota":
+        dim = ir.IntegerAttr(op.attributes["iota_dimension"]).value
+        index = [1] * len(shape)
+        index[dim] = shape[dim]
+        return np.broadcast_to(np.arange(shape[dim]).reshape(index), shape)
+    if name in _BINARY:
+        return _BINARY[name](*args)
+    if name == "stablehlo.divide" and np.issubdtype(dtype, np.integer):
+        a, b = args
+        if np.any(b == 0):
+            return None
+        quotient = np.abs(a.astype(np.int64)) // np.abs(b.astype(np.int64))
+        return np.where((a < 0) != (b < 0), -quotient, quotient)
+    if name == "stablehlo.remainder" and np.issubdtype(dtype, np.integer):
+        return None if np.any(args[1] == 0) else np.fmod(*args)
+    if name == "stablehlo.negate":
+        return np.negative(args[0])
+    if name == "stablehlo.not":
+        return np.logical_not(args[0]) if dtype is np.bool_ else np.invert(args[0])
+    if name == "stablehlo.convert":
+        return args[0]
+    if name == "stablehlo.select":
+        return np.where(*args)
+    if name == "stablehlo.compare":
+        direction = str(op.attributes["comparison_direction"]).split()[-1].rstrip(">")
+        return _COMPARE[direction](*args) if direction in _COMPARE else None
+    if name == "stablehlo.broadcast_in_dim":
+        return _index_map_step(args[0], op)
+    if name == "stablehlo.reshape":
+        return args[0].reshape(shape)
+    if name == "stablehlo.transpose":
+        return args[0].transpose(_i64s(op, "permutation"))
+    if name == "stablehlo.concatenate":
+        return np.concatenate(args, ir.IntegerAttr(op.attributes["dimension"]).value)
+    return None
 
 
 def _index_map_step(index: np.ndarray, op: ir.Operation,

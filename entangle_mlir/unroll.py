@@ -11,6 +11,8 @@ runs its body exactly `trip count` times on the carried values.
 Only loops whose condition is `i < c` on a carried integer that starts at a constant and the
 body increments by one are unrolled, only when the body holds a collective_permute, and only
 up to `MAX_TRIPS` iterations; nested regions of the body must not read the body's values.
+The counter must be an integer (a float counter's `i < 4.5` or `i + 1.5` is not a count of
+`c - start` steps) and the bounds are read as the comparison reads them (signed or unsigned).
 """
 
 from __future__ import annotations
@@ -50,9 +52,19 @@ def _def(value) -> ir.Operation | None:
     return owner.operation if hasattr(owner, "operation") else owner
 
 
+def _integer_width(value) -> int | None:
+    """The bit width of `value`'s integer element type (None: not an integer of 2+ bits)."""
+    element = ir.RankedTensorType(value.type).element_type
+    if not isinstance(element, ir.IntegerType) or ir.IntegerType(element).width < 2:
+        return None
+    return ir.IntegerType(element).width
+
+
 def _constant_int(value) -> int | None:
+    """The value of an integer constant holding one element (None for anything else, floats
+    included: `int(4.5)` is not the bound a float comparison tests)."""
     op = _def(value)
-    if op is None or op.name != "stablehlo.constant":
+    if op is None or op.name != "stablehlo.constant" or _integer_width(value) is None:
         return None
     array, _ = constant_value(op.attributes["value"])
     if array.size != 1:
@@ -77,7 +89,13 @@ def _trip_count(loop: ir.Operation) -> int | None:
     if counter not in args:
         return None
     index = args.index(counter)
+    width = _integer_width(counter)
+    signed = _signed_comparison(compare, counter)
+    if width is None or signed is None:
+        return None
     limit, start = _constant_int(bound), _constant_int(loop.operands[index])
+    if limit is not None and start is not None:
+        limit, start = _as_compared(limit, width, signed), _as_compared(start, width, signed)
     body_ret = list(body.operations)[-1]
     step = _def(body_ret.operands[index])
     if limit is None or start is None or step is None or step.name != "stablehlo.add":
@@ -88,6 +106,25 @@ def _trip_count(loop: ir.Operation) -> int | None:
     if not increments:
         return None
     return max(0, limit - start)
+
+
+def _signed_comparison(compare: ir.Operation, counter) -> bool | None:
+    """Whether `compare` orders integers as signed (True) or unsigned (False); None for a
+    float or total-order comparison."""
+    if "compare_type" in compare.attributes:
+        kind = str(compare.attributes["compare_type"])
+        if "UNSIGNED" in kind:
+            return False
+        return True if "SIGNED" in kind else None
+    element = ir.IntegerType(ir.RankedTensorType(counter.type).element_type)
+    return not element.is_unsigned
+
+
+def _as_compared(value: int, width: int, signed: bool) -> int:
+    """The integer a `width`-bit comparison sees for the bits of `value`. (The counter never
+    wraps: it is incremented only while below the bound, which is representable.)"""
+    value %= 1 << width
+    return value - (1 << width) if signed and value >= 1 << (width - 1) else value
 
 
 def _is_ring(body: ir.Block) -> bool:
