@@ -605,14 +605,19 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumula
     core.operands[cur.side] = exp_new
     if cur.v is not None:
         core.operands[1 - cur.side] = _concat([prev.v, cur.v], cur.dv, core)
-    value = core.results[0]
-    for view in reversed(cur.views):
-        clone = view.clone(ir.InsertionPoint(add))
+    _replace_through_views(add, core.results[0], cur.views)
+    return 1
+
+
+def _replace_through_views(old: ir.Operation, value, views: list[ir.Operation]) -> None:
+    """Replace `old`'s result by `value` carried through copies of `views` (innermost last,
+    as an accumulator's einsum transposes/reshapes were applied), then erase what is dead."""
+    for view in reversed(views):
+        clone = view.clone(ir.InsertionPoint(old))
         clone.operands[0] = value
         value = clone.results[0]
-    add.results[0].replace_all_uses_with(value)
-    _erase_dead(add)
-    return 1
+    old.results[0].replace_all_uses_with(value)
+    _erase_dead(old)
 
 
 _NEG, _POS, _NAN = 1, 2, 4
@@ -1165,11 +1170,5 @@ def _normalized_after(divide: ir.Operation) -> int:
         probs = stablehlo.DivOp(exp_value, spread).result
     core = acc.core.clone(ir.InsertionPoint(divide))
     core.operands[acc.side] = probs
-    value = core.results[0]
-    for view in reversed(acc.views):
-        clone = view.clone(ir.InsertionPoint(divide))
-        clone.operands[0] = value
-        value = clone.results[0]
-    divide.results[0].replace_all_uses_with(value)
-    _erase_dead(divide)
+    _replace_through_views(divide, core.results[0], acc.views)
     return 1

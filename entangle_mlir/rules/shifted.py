@@ -208,23 +208,16 @@ def _wrong_iota_offsets(value: Shifted, ctx: RuleContext) -> Opaque | None:
     """An iota plus per-device offsets that are almost, but not, the block offsets of some mesh
     axes (a wrong entry in the offset table a padding mask is built from): which device
     numbers its block from where, and where it should."""
-    found = _iota_dim(value.rel.term)
-    if found is None or ctx.mesh is None or value.rel.partial:
-        return None
-    dim, factor = found
-    step = factor * value.rel.term.shape[dim]
     mesh = ctx.mesh
-    free = [a for a in mesh.names if a not in value.rel.tiled_axes]
     best = None
-    for count in range(1, len(free) + 1):
-        for axes in itertools.permutations(free, count):
-            expected = [mesh.block_index(axes, d) * step for d in range(mesh.num_devices)]
-            bad = [d for d in range(mesh.num_devices) if value.offsets[d] != expected[d]]
-            if best is None or len(bad) < len(best[1]):
-                best = (axes, bad, expected)
-    if best is None or not best[1] or len(best[1]) * 2 > mesh.num_devices:
+    for dim, step, axes in _iota_offset_candidates(value, ctx):
+        expected = [mesh.block_index(axes, d) * step for d in range(mesh.num_devices)]
+        bad = [d for d in range(mesh.num_devices) if value.offsets[d] != expected[d]]
+        if best is None or len(bad) < len(best[3]):
+            best = (dim, step, axes, bad, expected)
+    if best is None or not best[3] or len(best[3]) * 2 > mesh.num_devices:
         return None
-    axes, bad, expected = best
+    dim, step, axes, bad, expected = best
     device = bad[0]
     return Opaque(f"device-dependent offset is wrong along dim {dim}: device {device} numbers "
                   f"its block from {value.offsets[device]} instead of {expected[device]} "
@@ -236,21 +229,29 @@ def ring_step_hops(value: Shifted, ctx: RuleContext) -> tuple[int, tuple[str, ..
     """(dim, axes, hops) when `value` is an iota plus the block offsets of the block `hops`
     devices back along `axes` (`((me - hops) % n) * B + arange(B)`: the positions of the K/V
     block a ring has passed `hops` times), hops in [1, n); else None."""
+    mesh = ctx.mesh
+    for dim, step, axes in _iota_offset_candidates(value, ctx):
+        size = mesh.group_size(axes)
+        for hops in range(1, size):
+            if all(value.offsets[d] == (mesh.block_index(axes, d) - hops) % size * step
+                   for d in range(mesh.num_devices)):
+                return dim, axes, hops
+    return None
+
+
+def _iota_offset_candidates(value: Shifted, ctx: RuleContext):
+    """(dim, step, axes) for an iota plus per-device offsets along `dim`: `step` is the block
+    length the offsets would count in, `axes` every ordered choice of mesh axes the iota is not
+    split over (the axes the offsets could number blocks along)."""
     found = _iota_dim(value.rel.term)
     if found is None or ctx.mesh is None or value.rel.partial:
-        return None
+        return
     dim, factor = found
     step = factor * value.rel.term.shape[dim]
-    mesh = ctx.mesh
-    free = [a for a in mesh.names if a not in value.rel.tiled_axes]
+    free = [a for a in ctx.mesh.names if a not in value.rel.tiled_axes]
     for count in range(1, len(free) + 1):
         for axes in itertools.permutations(free, count):
-            size = mesh.group_size(axes)
-            for hops in range(1, size):
-                if all(value.offsets[d] == (mesh.block_index(axes, d) - hops) % size * step
-                       for d in range(mesh.num_devices)):
-                    return dim, axes, hops
-    return None
+            yield dim, step, axes
 
 
 def _ring_step_compare(name: str, value: Shifted, ctx: RuleContext) -> Opaque | None:
