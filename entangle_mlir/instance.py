@@ -1333,36 +1333,28 @@ def _reduced_instance(info: OpInfo, ins: list[Value], outs: list[Value], mesh: M
     memo_r: dict[int, tuple] = {}
     for a, r in zip(outs, r_outs):
         if isinstance(a, Rel) and isinstance(r, Rel):
-            if (a.tiling, a.partial, a.kind, a.poly, a.scope) != (
-                    r.tiling, r.partial, r.kind, r.poly, r.scope):
-                return "the rule gives another layout at the reduced shape"
-            if _skeleton(a.term, memo_a) != _skeleton(r.term, memo_r):
-                return "the rule builds another term at the reduced shape"
+            pairs, same_extra = [(a, r)], True
         elif isinstance(a, DEVICE_BLOCK_VALUES) and type(a) is type(r):
             if _blank(a) != _blank(r):
                 return "the rule gives another device mask at the reduced shape"
-            for x, y in zip(_rels_of(a), _rels_of(r)):
+            pairs, same_extra = list(zip(_rels_of(a), _rels_of(r))), True
+        elif isinstance(a, Windowed) and isinstance(r, Windowed):
+            pairs = [(a.rel, r.rel)]
+            same_extra = (a.dim, a.summed, a.holes, a.starts) == (
+                r.dim, r.summed, r.holes, r.starts) and a.offset * r.length == r.offset * a.length
+        elif isinstance(a, Reordered) and isinstance(r, Reordered):
+            pairs, same_extra = [(a.rel, r.rel)], (a.dim, a.orders) == (r.dim, r.orders)
+        else:
+            pairs, same_extra = None, True
+        if pairs is not None:
+            if not same_extra:
+                return "the rule gives another layout at the reduced shape"
+            for x, y in pairs:
                 if (x.tiling, x.partial, x.kind, x.poly, x.scope) != (
                         y.tiling, y.partial, y.kind, y.poly, y.scope):
                     return "the rule gives another layout at the reduced shape"
                 if _skeleton(x.term, memo_a) != _skeleton(y.term, memo_r):
                     return "the rule builds another term at the reduced shape"
-        elif isinstance(a, Windowed) and isinstance(r, Windowed):
-            x, y = a.rel, r.rel
-            if (a.dim, a.summed, a.holes, a.starts) != (r.dim, r.summed, r.holes, r.starts) or \
-                    a.offset * r.length != r.offset * a.length or (
-                    x.tiling, x.partial, x.kind, x.poly, x.scope) != (
-                    y.tiling, y.partial, y.kind, y.poly, y.scope):
-                return "the rule gives another layout at the reduced shape"
-            if _skeleton(x.term, memo_a) != _skeleton(y.term, memo_r):
-                return "the rule builds another term at the reduced shape"
-        elif isinstance(a, Reordered) and isinstance(r, Reordered):
-            x, y = a.rel, r.rel
-            if (a.dim, a.orders, x.tiling, x.partial, x.kind, x.poly, x.scope) != (
-                    r.dim, r.orders, y.tiling, y.partial, y.kind, y.poly, y.scope):
-                return "the rule gives another layout at the reduced shape"
-            if _skeleton(x.term, memo_a) != _skeleton(y.term, memo_r):
-                return "the rule builds another term at the reduced shape"
         elif not _same_layout(a, r):
             return "the rule gives another layout at the reduced shape"
     return r_info, r_ins, r_outs
