@@ -41,6 +41,25 @@ _MAX_INDEX = 1 << 22
 """Largest tensor whose element-to-root index map is computed (to compare two views)."""
 
 
+def drop_identity_converts(module: ir.Module) -> int:
+    """Replace every `stablehlo.convert` to its operand's own type by the operand (jax inserts
+    them for weakly typed loop carries; they would hide an accumulator from the folds below).
+    Exact. The number dropped."""
+    found: list[ir.Operation] = []
+
+    def collect(op):
+        if op.name == "stablehlo.convert" and op.operands[0].type == op.results[0].type:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(collect)
+    for op in found:
+        op.results[0].replace_all_uses_with(op.operands[0])
+    for op in found:
+        op.erase()
+    return len(found)
+
+
 def rewrite_idioms(module: ir.Module) -> int:
     """Apply the rewrites in place until none applies; the number applied. (One rewrite per
     walk: a rewrite erases ops that a list collected before it would still hold.)"""

@@ -1,6 +1,6 @@
 """entangle-normalize: inline func.calls so every rule sees plain ops; ring loops (a while
 passing blocks by collective_permute, constant trip count) are unrolled (`unroll.py`);
-reductions over unit dims (jax's transposes with one sequence / head per device) become
+converts to their operand's own type are dropped; reductions over unit dims (jax's transposes with one sequence / head per device) become
 reshapes (`unit_dims.py`);
 per-token computations on flattened `(batch, seq)` keep both dims (`token_dims.py`); numerical
 idioms (psum as all_gather + sum, log-sum-exp shifts) take one form (`idioms.py`).
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from entangle_mlir.idioms import rewrite_idioms
+from entangle_mlir.idioms import drop_identity_converts, rewrite_idioms
 from entangle_mlir.pipeline import ModulePass, PassState
 from entangle_mlir.program import inline_calls
 from entangle_mlir.token_dims import split_token_dims
@@ -37,6 +37,7 @@ class NormalizePass(ModulePass):
             inline_calls(module, file)
             with module.context:
                 unroll_ring_loops(module)
+                drop_identity_converts(module)
                 fold_unit_dims(module)
                 rewrite_idioms(module)
         module = next(iter(modules.values()))[0]

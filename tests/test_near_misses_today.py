@@ -433,8 +433,7 @@ LOOP_CASES = [
     loop_case("int_4_trips", True),
     loop_case("uint_4_trips", True, dtype=jnp.uint32),
     loop_case("from_2_to_6", True, start=2, bound=6),
-    loop_case("weakly_typed_carries", True, "the running max is carried through an "
-              "f32 -> f32 convert the online-max fold does not look through", weak_init=True),
+    loop_case("weakly_typed_carries", True, weak_init=True),
     loop_case("float_4_trips", True, FLOAT_COUNTER, start=0.0, bound=4.0, step=1.0,
               dtype=jnp.float32),
     loop_case("int_3_trips", False, bound=3),
