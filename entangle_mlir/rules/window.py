@@ -284,6 +284,16 @@ def permute_window(window: Windowed, moved_from: dict[int, int], mesh: Mesh,
         if dim != window.dim:
             term = make_roll(term, dim, shift)
     rel = replace(window.rel, term=term) if term is not window.rel.term else window.rel
+    holes, reason = _moved_holes(window, moved_from, mesh)
+    return make_window(rel, window.dim, window.offset - shifts[window.dim], window.length, mesh,
+                       reason, holes)
+
+
+def _moved_holes(window: Windowed, moved_from: dict[int, int],
+                 mesh: Mesh) -> tuple[tuple, str]:
+    """The zero rows of a window after a collective_permute (device t holds device
+    `moved_from[t]`'s rows; devices that receive nothing hold zeros), and the reason to give
+    when zeros appear where the window had none."""
     missing = sorted(set(range(mesh.num_devices)) - set(moved_from))
     holes = [(t, a, b) for t, s in moved_from.items() for d, a, b in window.holes if d == s]
     holes += [(t, 0, window.length) for t in missing]
@@ -291,8 +301,7 @@ def permute_window(window: Windowed, moved_from: dict[int, int], mesh: Mesh,
     if missing:
         reason = (f"collective_permute leaves devices {missing[:8]} without data (they receive "
                   "zeros)")
-    return make_window(rel, window.dim, window.offset - shifts[window.dim], window.length, mesh,
-                       reason, tuple(holes))
+    return tuple(holes), reason
 
 
 def _route_window(window: Windowed, moved_from: dict[int, int], mesh: Mesh,
@@ -308,14 +317,8 @@ def _route_window(window: Windowed, moved_from: dict[int, int], mesh: Mesh,
                           category="wrong_order")
     source = first_rows(window, mesh)
     starts = [source[moved_from.get(t, t)] for t in range(mesh.num_devices)]
-    missing = sorted(set(range(mesh.num_devices)) - set(moved_from))
-    holes = [(t, a, b) for t, s in moved_from.items() for d, a, b in window.holes if d == s]
-    holes += [(t, 0, window.length) for t in missing]
-    reason = window.reason
-    if missing:
-        reason = (f"collective_permute leaves devices {missing[:8]} without data (they receive "
-                  "zeros)")
-    return make_window(window.rel, window.dim, 0, window.length, mesh, reason, tuple(holes),
+    holes, reason = _moved_holes(window, moved_from, mesh)
+    return make_window(window.rel, window.dim, 0, window.length, mesh, reason, holes,
                        tuple(starts))
 
 
