@@ -16,14 +16,26 @@ def check_program(program: Program, *, verify_rules: bool = True) -> Report:
     from passes import PASSES
 
     start = time.perf_counter()
-    names = ["entangle-normalize", "entangle-import-shardings",
-             "entangle-infer-relations{annotate=false}", "entangle-check-refinement"]
-    if verify_rules:
-        names.append("entangle-verify-rules")
+    check = ["entangle-check-refinement"] + (["entangle-verify-rules"] if verify_rules else [])
     state = PassState(program.sharded_module, program.sharded_file, program=program)
     with context():
-        run_pipeline(parse_pipeline(",".join(names), PASSES), state)
+        run_pipeline(parse_pipeline("entangle-normalize,entangle-import-shardings,"
+                                    "entangle-infer-relations{annotate=false reuse-layers=true},"
+                                    "entangle-check-refinement", PASSES), state)
+        reused = dict(state.layers_reused)
+        if verify_rules and (state.report.proven or not reused.get("reference")):
+            run_pipeline(parse_pipeline("entangle-verify-rules", PASSES), state)
+        if not state.report.proven and reused.get("reference"):
+            # Diagnostics come from the op-by-op walk: without a proof, walk everything.
+            state.walks, state.diagnostics = {}, []
+            run_pipeline(parse_pipeline(",".join(
+                ["entangle-infer-relations{annotate=false}"] + check), PASSES), state)
+            reused = {}
     report = state.report
+    if reused.get("reference"):
+        report.stats["layers reused"] = (f"{reused['reference']} reference and "
+                                         f"{reused.get('sharded', 0)} sharded regions "
+                                         "summarized")
     if not verify_rules:
         report.mode = "skipped (--no-verify-rules): rule instances were not checked by Z3"
     report.stats["seconds"] = round(time.perf_counter() - start, 4)

@@ -14,6 +14,16 @@ from jaxlib.mlir.dialects import sdy
 
 from .diagnostics import InputError, SourceLoc
 from .ir import op_location
+from .layers import (
+    FLOAT_DTYPES,
+    LayerIndex,
+    LayerPlan,
+    Summary,
+    find_runs,
+    fresh_hole,
+    read_block,
+    region_result,
+)
 from .layout import (
     DEVICE_BLOCK_VALUES,
     GLOBAL,
@@ -106,9 +116,12 @@ class Walker:
     """Walks a function body; `file` names the source for locations without one."""
 
     def __init__(self, func: ir.Operation, module: ir.Module, file: str,
-                 reference: set[int] | None = None):
+                 reference: set[int] | None = None, layers: LayerIndex | None = None):
+        """`layers`: summarize repeated regions (`layers.py`); the reference's walk fills
+        the index, the sharded walk reads it."""
         self.func = func
         self.reference = reference
+        self.layers = layers
         self.module = module
         self.file = file
         self.meshes = read_meshes(module)
@@ -185,8 +198,17 @@ class Walker:
         self.walk.output_rho = rhos
 
     def _block(self, block, ctx: RuleContext) -> None:
-        for op in block.operations:
-            op = op.operation
+        ops = [op.operation for op in block.operations]
+        plan = self._layer_plan(block)
+        i = 0
+        while i < len(ops):
+            if plan is not None:
+                after = self._reuse_layers(plan, i, ctx)
+                if after is not None:
+                    i = after
+                    continue
+            op = ops[i]
+            i += 1
             if op.name in _TERMINATORS:
                 if op.name == "func.return" and self.walk.return_record is None:
                     self.walk.outputs = [self.walk.values[v] for v in op.operands]
@@ -203,6 +225,181 @@ class Walker:
                 self._while(op, ctx)
                 continue
             self._op(op, ctx)
+
+    def _layer_plan(self, block) -> LayerPlan | None:
+        if self.layers is None or getattr(self, "loop_depth", 0):
+            return None
+        facts = read_block(block)
+        runs = find_runs(facts)
+        return LayerPlan(facts, runs) if runs else None
+
+    def _reuse_layers(self, plan: LayerPlan, index: int, ctx: RuleContext) -> int | None:
+        """Summarize the regions of a run starting at op `index`; the index after them, or
+        None to walk op `index` as usual. The reference starts at a run's first op (and
+        walks that first region as usual too); the sharded walk at the first op where a region
+        reads the inputs of a later reference region."""
+        for number, run in enumerate(plan.runs):
+            if number in plan.done or not run.start <= index <= run.end - run.period:
+                continue
+            if self.reference is None:
+                if index != run.start:
+                    continue
+                plan.done.add(number)
+                return self._summarize_reference(plan.block, run, ctx)
+            after = self._apply_summary(plan.block, run, index, ctx)
+            if after is not None:
+                plan.done.add(number)
+            return after
+        return None
+
+    def _template(self, facts, start: int, period: int, inputs: list, ctx: RuleContext):
+        """Walk ops [start, start+period) once with `inputs` for their external inputs;
+        {(op offset, result number): value} for every result."""
+        values = self.walk.values
+        external = facts.external_inputs(start, period)
+        saved = [values[v] for v in external]
+        for v, value in zip(external, inputs):
+            values[v] = value
+        for i in range(start, start + period):
+            self._op(facts.ops[i], ctx)
+        for v, value in zip(external, saved):
+            values[v] = value
+        return {(i - start, r): values[result]
+                for i in range(start, start + period)
+                for r, result in enumerate(facts.ops[i].results)}
+
+    def _give_summary_terms(self, facts, start: int, period: int, template: dict,
+                            arguments: tuple[Term, ...]) -> bool:
+        """Results of the region at `start` read outside it get `region_result` terms."""
+        outside = facts.used_outside(start, period)
+        found = []
+        for result in outside:
+            offset, r = facts.position[result]
+            value = template[(offset - start, r)]
+            if type(value) is not Rel:
+                return False
+            found.append((result, value))
+        for result, value in found:
+            self.walk.values[result] = replace(value, partial_origin=None,
+                                               term=region_result(arguments, value.term))
+            self.producer.pop(result, None)
+        self.layers.regions += 1
+        return True
+
+    def _summarize_reference(self, facts, run, ctx: RuleContext) -> int | None:
+        period = run.period
+        signature = facts.signature(run.start, period)
+        if signature is None:
+            return None
+        starts = [run.start]
+        while starts[-1] + 2 * period <= run.end and \
+                facts.signature(starts[-1] + period, period) == signature:
+            starts.append(starts[-1] + period)
+        if len(starts) < 2:
+            return None
+        values = self.walk.values
+        external = [facts.external_inputs(s, period) for s in starts]
+        inputs, holes = [], {}
+        for j, v in enumerate(external[0]):
+            value = values.get(v)
+            if type(value) is not Rel:
+                return None
+            if all(ext[j] == v for ext in external):
+                inputs.append(value)
+                continue
+            if value.term.dtype not in FLOAT_DTYPES:
+                return None
+            holes[j] = fresh_hole(value.term.shape, value.term.dtype)
+            inputs.append(replace(value, term=holes[j], partial_origin=None))
+        if not holes:
+            return None
+        mark = len(self.walk.records)
+        template = self._template(facts, run.start, period, inputs, ctx)
+        del self.walk.records[mark:]
+        for i in range(run.start, run.start + period):
+            self._op(facts.ops[i], ctx)
+        arguments = [tuple(values[external[0][j]].term for j in holes)]
+        for start, ext in zip(starts[1:], external[1:]):
+            actual = [values.get(v) for v in ext]
+            if not all(type(actual[j]) is Rel and replace(actual[j], term=hole) == inputs[j]
+                       for j, hole in holes.items()):
+                break
+            args = tuple(actual[j].term for j in holes)
+            if not self._give_summary_terms(facts, start, period, template, args):
+                break
+            arguments.append(args)
+        if len(arguments) < 2:
+            return None
+        self.layers.add(Summary(list(holes.values()), arguments))
+        self.layers.templates.extend(v.term for v in template.values() if isinstance(v, Rel))
+        return run.start + len(arguments) * period
+
+    def _apply_summary(self, facts, run, start: int, ctx: RuleContext) -> int | None:
+        """The reference's summary for the regions from `start` on, if they read exactly the
+        inputs of the reference's regions k, k+1, ..."""
+        period, values, index = run.period, self.walk.values, self.layers
+        first_op = facts.ops[start]
+        if not any(type(values.get(v)) is Rel and values[v].term.serial in index.by_term
+                   for v in first_op.operands):
+            return None
+        found = self._summary_inputs(facts, start, period)
+        if found is None:
+            return None
+        number, k, holes_of = found
+        summary = index.summaries[number]
+        signature = facts.signature(start, period)
+        if signature is None:
+            return None
+        inputs = [values[v] for v in facts.external_inputs(start, period)]
+        template_inputs = [v if h is None else replace(v, term=summary.holes[h],
+                                                        partial_origin=None)
+                           for v, h in zip(inputs, holes_of)]
+        mark = len(self.walk.records)
+        template = self._template(facts, start, period, template_inputs, ctx)
+        given, at = 0, start
+        while at + period <= run.end and k + given < len(summary.arguments):
+            if given:
+                actual = [values.get(v) for v in facts.external_inputs(at, period)]
+                args = summary.arguments[k + given]
+                if facts.signature(at, period) != signature or len(actual) != len(inputs) \
+                        or not all(_fits(v, t, h, args) for v, t, h in
+                                   zip(actual, template_inputs, holes_of)):
+                    break
+            if not self._give_summary_terms(facts, at, period, template,
+                                            summary.arguments[k + given]):
+                break
+            given += 1
+            at += period
+        if given == 0:
+            del self.walk.records[mark:]
+            return None
+        return at
+
+    def _summary_inputs(self, facts, start: int, period: int):
+        """(summary, region, hole per input or None) when the region's inputs are a reference
+        region's hole arguments, or plain relations the next region reads too."""
+        values, index = self.walk.values, self.layers
+        external = facts.external_inputs(start, period)
+        inputs = [values.get(v) for v in external]
+        if any(type(v) is not Rel for v in inputs):
+            return None
+        following = facts.external_inputs(start + period, period) \
+            if start + 2 * period <= len(facts.ops) else external
+        candidates = None
+        for v in inputs:
+            hits = index.by_term.get(v.term.serial)
+            if hits:
+                regions = {(n, k) for n, k, _ in hits}
+                candidates = regions if candidates is None else candidates & regions
+        if not candidates:
+            return None
+        number, k = min(candidates)
+        args = index.summaries[number].arguments[k]
+        holes_of = [next((h for h, t in enumerate(args) if t is v.term), None) for v in inputs]
+        if len(following) != len(external) or any(
+                h is None and v != w for v, w, h in zip(external, following, holes_of)):
+            return None
+        return number, k, holes_of
 
     def _sources(self, values) -> list[OpRecord | None]:
         return [self.producer.get(v) for v in values]
@@ -568,6 +765,16 @@ MASK_CARRIERS = frozenset({"stablehlo.select", "stablehlo.and", "stablehlo.broad
 REGION_RULE_OPS = ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
                    "stablehlo.scatter", "stablehlo.sort", "stablehlo.reduce_window",
                    "stablehlo.select_and_scatter")
+
+
+def _fits(value: Value, template: Rel, hole: int | None, arguments: tuple[Term, ...]) -> bool:
+    """A later region's input is the template's: the same value, or the hole's argument there
+    with the template's layout."""
+    if type(value) is not Rel:
+        return False
+    if hole is None:
+        return value == template
+    return value.term is arguments[hole] and replace(value, term=template.term) == template
 
 
 def _same_layout(a: Rel, b: Value) -> bool:

@@ -1447,7 +1447,8 @@ TermEnv = dict
 """`{arg index: array}`; optional `("dense", key): array` entries give dense constants, and the
 key `"dense"` may map to a callable `(term) -> array` used for dense constants not listed.
 Loop terms are values the semantics does not compute: `("loopvar", depth, index): array` for a
-loop variable, `("term", serial): array` for a `while_result`, else the callable under
+loop variable, `("term", serial): array` for a `while_result` or a `region_result`, else the
+callable under
 `"opaque"`."""
 
 _INDEXED_TERM_OPS = ("stablehlo.gather", "stablehlo.scatter", "stablehlo.dynamic_update_slice")
@@ -1458,8 +1459,9 @@ _WINDOW_TERM_OPS = {"reduce_window_sum": "sum", "reduce_window_max": "max",
 """reduce_window terms (init value: the reducer's identity); attrs as `rules/reduction`
 builds them: (window, strides, base dilations, window dilations, padding low, high)."""
 
-_OPAQUE_LEAVES = ("loopvar", "while_result")
-"""Terms evaluated as given values (a loop's carried value / result), not computed."""
+_OPAQUE_LEAVES = ("loopvar", "while_result", "region_result")
+"""Terms evaluated as given values (a loop's carried value / result, a summarized layer's
+result), not computed."""
 
 _LINEAR_OPS = ("lin", "mul", "div")
 

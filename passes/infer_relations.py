@@ -12,6 +12,7 @@ from jaxlib.mlir import ir
 
 from entangle_mlir.infer import Walker
 from entangle_mlir.ir import context
+from entangle_mlir.layers import LayerIndex
 from entangle_mlir.layout import Rel
 from entangle_mlir.pipeline import ModulePass, PassState
 from entangle_mlir.program import func_name, functions
@@ -24,8 +25,11 @@ class InferRelationsPass(ModulePass):
     name = "entangle-infer-relations"
     summary = "infer each op's relation to the reference; attach entangle.relation"
     annotate: bool = True
+    reuse_layers: bool = False
 
     def apply(self, state: PassState) -> None:
+        """`reuse_layers`: walk each repeated region once (`entangle_mlir/layers.py`); only
+        for a reference/sharded pair. Ops of the other regions then get no relation."""
         program = state.program
         if program is not None:
             targets = [("reference", program.ref_func, program.ref_module, program.ref_file),
@@ -36,14 +40,19 @@ class InferRelationsPass(ModulePass):
                        for f in functions(state.module)
                        if "sym_visibility" not in f.attributes]
         reference = None
+        layers = LayerIndex() if self.reuse_layers and program is not None else None
         for key, func, module, file in targets:
-            walk = Walker(func, module, file, reference).run()
+            walk = Walker(func, module, file, reference, layers).run()
+            if layers is not None:
+                state.layers_reused[key] = layers.regions
+                layers.regions = 0
             if key == "reference":
                 # Terms and their unscaled bases: a sharded value may differ from the
                 # reference's by a scale still pending (a pmean's 1/n) yet name the same view.
-                reference = ReferenceTerms.of(t for v in walk.values.values()
-                                              if isinstance(v, Rel)
-                                              for t in (v.term, single_scaled(v.term)[1]))
+                computed = [v.term for v in walk.values.values() if isinstance(v, Rel)]
+                computed += layers.templates if layers is not None else []
+                reference = ReferenceTerms.of(t for term in computed
+                                              for t in (term, single_scaled(term)[1]))
             state.walks[key] = walk
             if self.annotate and module is state.module:
                 _annotate(walk)
