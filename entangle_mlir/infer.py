@@ -18,6 +18,7 @@ from .layers import (
     FLOAT_DTYPES,
     LayerIndex,
     LayerPlan,
+    NoReuse,
     Summary,
     find_runs,
     fresh_hole,
@@ -207,6 +208,9 @@ class Walker:
                 if after is not None:
                     i = after
                     continue
+                if i in plan.walked:
+                    i += 1
+                    continue
             op = ops[i]
             i += 1
             if op.name in _TERMINATORS:
@@ -231,6 +235,9 @@ class Walker:
             return None
         facts = read_block(block)
         runs = find_runs(facts)
+        if self.reference is not None and self.layers.summaries and not runs and \
+                len(facts.ops) >= self.layers.shortest_run:
+            raise NoReuse("no repeated layers in the sharded program")
         return LayerPlan(facts, runs) if runs else None
 
     def _reuse_layers(self, plan: LayerPlan, index: int, ctx: RuleContext) -> int | None:
@@ -245,23 +252,36 @@ class Walker:
                 if index != run.start:
                     continue
                 plan.done.add(number)
-                return self._summarize_reference(plan.block, run, ctx)
-            after = self._apply_summary(plan.block, run, index, ctx)
+                return self._summarize_reference(plan, run, ctx)
+            after = self._apply_summary(plan, run, index, ctx)
             if after is not None:
                 plan.done.add(number)
+                plan.applied = True
+            elif index >= run.start + 3 * run.period:
+                plan.done.add(number)
+                if len(plan.done) == len(plan.runs) and not plan.applied:
+                    raise NoReuse("the sharded layers do not read the reference's layer inputs")
             return after
         return None
 
+    def _preludes(self, plan: LayerPlan, start: int, period: int, ctx: RuleContext) -> None:
+        """Walk the region's prelude ops (they read block arguments only) ahead of it."""
+        for i in plan.block.preludes(start, period):
+            if i not in plan.walked:
+                plan.walked.add(i)
+                self._op(plan.block.ops[i], ctx)
+
     def _template(self, facts, start: int, period: int, inputs: list, ctx: RuleContext):
-        """Walk ops [start, start+period) once with `inputs` for their external inputs;
-        {(op offset, result number): value} for every result."""
+        """Walk the region's ops once with `inputs` for its external inputs; {(op offset,
+        result number): value} for every result."""
         values = self.walk.values
         external = facts.external_inputs(start, period)
         saved = [values[v] for v in external]
         for v, value in zip(external, inputs):
             values[v] = value
         for i in range(start, start + period):
-            self._op(facts.ops[i], ctx)
+            if i not in facts.prelude:
+                self._op(facts.ops[i], ctx)
         for v, value in zip(external, saved):
             values[v] = value
         return {(i - start, r): values[result]
@@ -269,42 +289,46 @@ class Walker:
                 for r, result in enumerate(facts.ops[i].results)}
 
     def _give_summary_terms(self, facts, start: int, period: int, template: dict,
-                            arguments: tuple[Term, ...]) -> bool:
+                            arguments: tuple[Term, ...], summary: Summary) -> bool:
         """Results of the region at `start` read outside it get `region_result` terms."""
-        outside = facts.used_outside(start, period)
         found = []
-        for result in outside:
+        for result in facts.used_outside(start, period):
             offset, r = facts.position[result]
             value = template[(offset - start, r)]
             if type(value) is not Rel:
                 return False
             found.append((result, value))
+        holes = summary.hole_serials
         for result, value in found:
-            self.walk.values[result] = replace(value, partial_origin=None,
-                                               term=region_result(arguments, value.term))
+            term = region_result(arguments, value.term, holes, summary.reads_holes)
+            self.walk.values[result] = replace(value, partial_origin=None, term=term)
             self.producer.pop(result, None)
         self.layers.regions += 1
         return True
 
-    def _summarize_reference(self, facts, run, ctx: RuleContext) -> int | None:
-        period = run.period
-        signature = facts.signature(run.start, period)
-        if signature is None:
-            return None
-        starts = [run.start]
+    def _summarize_reference(self, plan: LayerPlan, run, ctx: RuleContext) -> int | None:
+        facts, period, values = plan.block, run.period, self.walk.values
+        first = facts.layer_start(run)
+        signature = facts.signature(first, period)
+        starts = [first]
         while starts[-1] + 2 * period <= run.end and \
                 facts.signature(starts[-1] + period, period) == signature:
             starts.append(starts[-1] + period)
-        if len(starts) < 2:
+        if len(starts) < 3:
             return None
-        values = self.walk.values
-        external = [facts.external_inputs(s, period) for s in starts]
+        for i in range(run.start, first):
+            if i not in plan.walked:
+                plan.walked.add(i)
+                self._op(facts.ops[i], ctx)
+        self._preludes(plan, first, period, ctx)
+        external = facts.external_inputs(first, period)
         inputs, holes = [], {}
-        for j, v in enumerate(external[0]):
+        for j, v in enumerate(external):
             value = values.get(v)
             if type(value) is not Rel:
                 return None
-            if all(ext[j] == v for ext in external):
+            if all(facts.external_inputs(s, period)[j] == v for s in starts[1:2]) and \
+                    facts.position.get(v, (-1,))[0] not in facts.prelude:
                 inputs.append(value)
                 continue
             if value.term.dtype not in FLOAT_DTYPES:
@@ -313,44 +337,50 @@ class Walker:
             inputs.append(replace(value, term=holes[j], partial_origin=None))
         if not holes:
             return None
+        summary = Summary(list(holes.values()), [])
         mark = len(self.walk.records)
-        template = self._template(facts, run.start, period, inputs, ctx)
+        template = self._template(facts, first, period, inputs, ctx)
         del self.walk.records[mark:]
-        for i in range(run.start, run.start + period):
-            self._op(facts.ops[i], ctx)
-        arguments = [tuple(values[external[0][j]].term for j in holes)]
-        for start, ext in zip(starts[1:], external[1:]):
+        for i in range(first, first + period):
+            if i not in facts.prelude:
+                self._op(facts.ops[i], ctx)
+        arguments = summary.arguments
+        arguments.append(tuple(values[external[j]].term for j in holes))
+        for start in starts[1:]:
+            self._preludes(plan, start, period, ctx)
+            ext = facts.external_inputs(start, period)
             actual = [values.get(v) for v in ext]
             if not all(type(actual[j]) is Rel and replace(actual[j], term=hole) == inputs[j]
-                       for j, hole in holes.items()):
+                       for j, hole in holes.items()) or not all(
+                    ext[j] == v for j, v in enumerate(external) if j not in holes):
                 break
             args = tuple(actual[j].term for j in holes)
-            if not self._give_summary_terms(facts, start, period, template, args):
+            if not self._give_summary_terms(facts, start, period, template, args, summary):
                 break
             arguments.append(args)
         if len(arguments) < 2:
-            return None
-        self.layers.add(Summary(list(holes.values()), arguments))
+            return first + period
+        self.layers.add(summary, len(arguments) * period)
         self.layers.templates.extend(v.term for v in template.values() if isinstance(v, Rel))
-        return run.start + len(arguments) * period
+        return starts[0] + len(arguments) * period
 
-    def _apply_summary(self, facts, run, start: int, ctx: RuleContext) -> int | None:
+    def _apply_summary(self, plan: LayerPlan, run, start: int, ctx: RuleContext) -> int | None:
         """The reference's summary for the regions from `start` on, if they read exactly the
         inputs of the reference's regions k, k+1, ..."""
-        period, values, index = run.period, self.walk.values, self.layers
-        first_op = facts.ops[start]
-        if not any(type(values.get(v)) is Rel and values[v].term.serial in index.by_term
-                   for v in first_op.operands):
+        facts, period, values, index = plan.block, run.period, self.walk.values, self.layers
+        if start not in facts.prelude and not any(
+                type(values.get(v)) is Rel and values[v].term.serial in index.by_term
+                for v in facts.reads_outside(start)):
             return None
+        self._preludes(plan, start, period, ctx)
         found = self._summary_inputs(facts, start, period)
         if found is None:
             return None
         number, k, holes_of = found
         summary = index.summaries[number]
         signature = facts.signature(start, period)
-        if signature is None:
-            return None
-        inputs = [values[v] for v in facts.external_inputs(start, period)]
+        external = facts.external_inputs(start, period)
+        inputs = [values[v] for v in external]
         template_inputs = [v if h is None else replace(v, term=summary.holes[h],
                                                         partial_origin=None)
                            for v, h in zip(inputs, holes_of)]
@@ -359,14 +389,16 @@ class Walker:
         given, at = 0, start
         while at + period <= run.end and k + given < len(summary.arguments):
             if given:
-                actual = [values.get(v) for v in facts.external_inputs(at, period)]
+                self._preludes(plan, at, period, ctx)
+                ext = facts.external_inputs(at, period)
+                actual = [values.get(v) for v in ext]
                 args = summary.arguments[k + given]
                 if facts.signature(at, period) != signature or len(actual) != len(inputs) \
                         or not all(_fits(v, t, h, args) for v, t, h in
                                    zip(actual, template_inputs, holes_of)):
                     break
             if not self._give_summary_terms(facts, at, period, template,
-                                            summary.arguments[k + given]):
+                                            summary.arguments[k + given], summary):
                 break
             given += 1
             at += period
@@ -396,6 +428,8 @@ class Walker:
         number, k = min(candidates)
         args = index.summaries[number].arguments[k]
         holes_of = [next((h for h, t in enumerate(args) if t is v.term), None) for v in inputs]
+        if set(holes_of) - {None} != set(range(len(args))):
+            return None  # not the reference's region boundary
         if len(following) != len(external) or any(
                 h is None and v != w for v, w, h in zip(external, following, holes_of)):
             return None

@@ -2,10 +2,12 @@
 
 A transformer stacked by a Python loop is one flat block in which the ops of every layer
 repeat with a fixed period. `find_runs` finds such runs from op fingerprints alone (op name,
-attributes, result types, and each operand as "the result r of the op d positions back" or "a
-block argument of this type"), before anything is walked; `Region.signature` then pins down a
-region exactly: the same ops, attributes and types, wired the same way inside it, reading its
-external inputs (distinct values, in order of first use) in the same pattern.
+attributes, result and operand types, region bodies), before anything is walked;
+`Block.signature` then pins a region down exactly: the same ops, wired the same way inside it,
+reading its external inputs (distinct values, in order of first use) in the same pattern. A
+slice of a block argument (a layer's part of a stacked parameter, at an offset that differs
+per layer) and its reshapes belong to no region: they are walked as usual and their results
+are the region's inputs.
 
 Two regions with equal signatures compute the same function of their external-input lists.
 The walker (`infer.Walker`) uses this in both programs:
@@ -45,6 +47,9 @@ _SPECIAL = ("stablehlo.while", "sdy.manual_computation", "stablehlo.case", "stab
             "func.return", "stablehlo.return", "sdy.return", "func.call")
 """Ops the walker treats outside its per-op rules: never part of a summarized region."""
 
+_SELECTIONS = ("stablehlo.slice", "stablehlo.dynamic_slice")
+_VIEWS = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert")
+
 FLOAT_DTYPES = ("f16", "bf16", "f32", "f64")
 
 REGION_TERMS: dict[int, Term] = {}
@@ -60,11 +65,35 @@ def fresh_hole(shape: tuple[int, ...], dtype: str) -> Term:
     return make_arg(HOLE_BASE + _holes, shape, dtype)
 
 
-def region_result(inputs: tuple[Term, ...], template: Term) -> Term:
-    """`template` with its holes replaced by `inputs` (an opaque leaf to everything else)."""
+def region_result(inputs: tuple[Term, ...], template: Term, holes: frozenset[int],
+                  memo: dict[int, bool]) -> Term:
+    """`template` with its holes replaced by `inputs`: an opaque leaf to everything else, or
+    the template itself when it reads no hole (a causal mask built from iotas)."""
+    if not _reads_holes(template, holes, memo):
+        return template
     REGION_TERMS[template.serial] = template
     return intern("region_result", inputs, (template.serial,), template.shape,
                   template.dtype)
+
+
+def _reads_holes(term: Term, holes: frozenset[int], memo: dict[int, bool]) -> bool:
+    stack = [term]
+    while stack:
+        top = stack[-1]
+        if top.serial in memo:
+            stack.pop()
+            continue
+        pending = [a for a in top.args if a.serial not in memo]
+        if pending:
+            stack.extend(pending)
+            continue
+        stack.pop()
+        memo[top.serial] = top.serial in holes or any(memo[a.serial] for a in top.args)
+    return memo[term.serial]
+
+
+class NoReuse(Exception):
+    """The sharded walk cannot follow the reference's summaries: walk both op by op."""
 
 
 @dataclass(frozen=True)
@@ -81,23 +110,30 @@ class Block:
     """A block's ops with the facts reuse needs: fingerprints, producers, last uses."""
 
     ops: list
-    fingerprints: list[int]
+    operands: list[list] = field(default_factory=list)
+    fingerprints: list[int] = field(default_factory=list)
     position: dict = field(default_factory=dict)
     """value -> (op index, result index) for results of this block's ops."""
-    argument: dict = field(default_factory=dict)
-    """block argument value -> its number."""
     last_use: dict = field(default_factory=dict)
     """value -> the largest op index (len(ops) for the terminator) that reads it."""
-    constant: set[int] = field(default_factory=set)
-    """Ops computed from constants alone (XLA shares them between layers)."""
+    prelude: set[int] = field(default_factory=set)
+    """A slice of a block argument (a layer's part of a stacked parameter, at an offset that
+    differs per layer) and reshapes, transposes and converts of it: they belong to no region;
+    their results are a region's inputs."""
+
+    def _outside(self, v, start: int) -> bool:
+        where = self.position.get(v)
+        return where is None or where[0] < start or where[0] in self.prelude
 
     def external_inputs(self, start: int, period: int) -> list:
-        """Distinct values ops [start, start+period) read from outside, in first-use order."""
+        """Distinct values ops [start, start+period) read from outside, in first-use order
+        (prelude ops' results count as outside)."""
         seen, found = set(), []
         for i in range(start, start + period):
-            for v in self.ops[i].operands:
-                where = self.position.get(v)
-                if (where is None or where[0] < start) and v not in seen:
+            if i in self.prelude:
+                continue
+            for v in self.operands[i]:
+                if v not in seen and self._outside(v, start):
                     seen.add(v)
                     found.append(v)
         return found
@@ -107,33 +143,60 @@ class Block:
         inputs = {v: k for k, v in enumerate(self.external_inputs(start, period))}
         out = []
         for i in range(start, start + period):
+            if i in self.prelude:
+                continue
             wiring = []
-            for v in self.ops[i].operands:
-                where = self.position.get(v)
-                if where is not None and where[0] >= start:
-                    wiring.append((where[0] - start, where[1]))
-                elif v in inputs:
+            for v in self.operands[i]:
+                if v in inputs:
                     wiring.append(("in", inputs[v], str(v.type)))
                 else:
-                    return None
+                    where = self.position[v]
+                    wiring.append((where[0] - start, where[1]))
             out.append((self.fingerprints[i], tuple(wiring)))
         return tuple(out)
 
     def used_outside(self, start: int, period: int) -> list:
-        """Results of ops [start, start+period) read by an op outside that range."""
+        """Results of the region's ops read by an op outside it (prelude ops excluded)."""
         end = start + period
-        return [r for i in range(start, end) for r in self.ops[i].results
-                if self.last_use.get(r, -1) >= end]
+        return [r for i in range(start, end) if i not in self.prelude
+                for r in self.ops[i].results if self.last_use.get(r, -1) >= end]
+
+    def layer_start(self, run: Run) -> int:
+        """Where the run's regions should begin: the phase at which the fewest computed
+        values cross into a region (a layer boundary, where only the residual stream does),
+        keeping at least three regions."""
+        best, best_count = run.start, None
+        last = min(run.start + run.period, run.end - 3 * run.period + 1)
+        for start in range(run.start, last):
+            count = sum(1 for v in self.external_inputs(start, run.period)
+                        if v in self.position and self.position[v][0] not in self.prelude
+                        and self.operands[self.position[v][0]])
+            if best_count is None or count < best_count:
+                best, best_count = start, count
+        return best
+
+    def preludes(self, start: int, period: int) -> list[int]:
+        return [i for i in range(start, start + period) if i in self.prelude]
+
+    def reads_outside(self, start: int) -> list:
+        """The values the first op from `start` with operands reads from before `start`."""
+        for i in range(start, len(self.ops)):
+            if i not in self.prelude and self.operands[i]:
+                return [v for v in self.operands[i] if self._outside(v, start)]
+        return []
 
 
 def read_block(block: ir.Block) -> Block:
-    """Fingerprint every op of `block` (the terminator excluded), in one pass."""
+    """Fingerprint every op of `block` (the terminator excluded), in one pass.
+
+    The fingerprint (name, attributes, result and operand types, region bodies) finds the
+    period; `Block.signature` adds the wiring that makes equal regions equal functions.
+    """
     everything = [op.operation for op in block.operations]
     ops = everything[:-1] if everything and everything[-1].name in _SPECIAL else everything
-    info = Block(ops, [])
-    position, last_use, constant = info.position, info.last_use, info.constant
-    arguments = {arg: str(arg.type) for arg in block.arguments}
-    info.argument = {arg: n for n, arg in enumerate(block.arguments)}
+    info = Block(ops)
+    position, last_use, prelude = info.position, info.last_use, info.prelude
+    arguments = set(block.arguments)
     types: dict = {}
     for i, op in enumerate(everything):
         operands = list(op.operands)
@@ -145,9 +208,13 @@ def read_block(block: ir.Block) -> Block:
                 last_use[v] = i
         if i == len(ops):
             break
-        info.fingerprints.append(_fingerprint(op, i, operands, nested, info, arguments, types))
-        if not nested and all(position.get(v, (-1,))[0] in constant for v in operands):
-            constant.add(i)
+        info.operands.append(operands)
+        from_prelude = [position.get(v, (-1,))[0] in prelude for v in operands]
+        if op.name in _SELECTIONS and operands[0] in arguments and all(
+                v in arguments or p for v, p in zip(operands, from_prelude)) or \
+                op.name in _VIEWS and all(from_prelude):
+            prelude.add(i)
+        info.fingerprints.append(_fingerprint(op, i, operands, nested, i in prelude, types))
         for r, result in enumerate(op.results):
             position[result] = (i, r)
     return info
@@ -166,35 +233,25 @@ def _nested_reads(op: ir.Operation) -> list:
     return found
 
 
-def _fingerprint(op: ir.Operation, index: int, operands: list, nested: bool, block: Block,
-                 arguments: dict, types: dict) -> int:
-    """Name, attributes, result types and operands: "result r of the op d positions back",
-    a value computed from constants alone by its producer's fingerprint wherever it is, or
-    "an argument of this type"."""
+def _fingerprint(op: ir.Operation, index: int, operands: list, nested: bool, prelude: bool,
+                 types: dict) -> int:
     if op.name in _SPECIAL:
         return hash(("unique", index))
-    wiring = []
-    for v in operands:
-        where = block.position.get(v)
-        if where is not None and where[0] in block.constant:
-            wiring.append(("constant", block.fingerprints[where[0]]))
-        elif where is not None:
-            wiring.append((index - where[0], where[1]))
-        elif v in arguments:
-            wiring.append(("arg", arguments[v]))
-        else:
-            return hash(("unique", index))
+    result_types = tuple(_type_text(r.type, types) for r in op.results)
+    if prelude:
+        return hash(("prelude", op.name, result_types))
     body = _region_text(op) if nested else ()
     if body is None:
         return hash(("unique", index))
-    result_types = []
-    for result in op.results:
-        t = result.type
-        text = types.get(t)
-        if text is None:
-            text = types[t] = str(t)
-        result_types.append(text)
-    return hash((op.name, _attributes(op), tuple(result_types), tuple(wiring), body))
+    return hash((op.name, _attributes(op), result_types,
+                 tuple(_type_text(v.type, types) for v in operands), body))
+
+
+def _type_text(t, types: dict) -> str:
+    text = types.get(t)
+    if text is None:
+        text = types[t] = str(t)
+    return text
 
 
 def _attributes(op: ir.Operation) -> tuple:
@@ -272,6 +329,12 @@ class Summary:
     holes: list[Term]
     arguments: list[tuple[Term, ...]]
     """region k -> the terms its hole inputs take."""
+    reads_holes: dict[int, bool] = field(default_factory=dict)
+    """term serial -> whether it reads a hole (memo for `region_result`)."""
+
+    @property
+    def hole_serials(self) -> frozenset[int]:
+        return frozenset(h.serial for h in self.holes)
 
 
 @dataclass
@@ -286,8 +349,11 @@ class LayerIndex:
     """Regions given summary terms, in this walk."""
     templates: list[Term] = field(default_factory=list)
     """The reference templates' terms (over holes): terms the reference computes."""
+    shortest_run: int = 0
+    """Ops in the reference's shortest summarized run."""
 
-    def add(self, summary: Summary) -> int:
+    def add(self, summary: Summary, ops: int) -> int:
+        self.shortest_run = min(self.shortest_run or ops, ops)
         number = len(self.summaries)
         self.summaries.append(summary)
         for k, terms in enumerate(summary.arguments[1:], start=1):
@@ -303,3 +369,6 @@ class LayerPlan:
     block: Block
     runs: list[Run]
     done: set[int] = field(default_factory=set)
+    walked: set[int] = field(default_factory=set)
+    """Prelude ops walked ahead of their region."""
+    applied: bool = False

@@ -12,7 +12,7 @@ from jaxlib.mlir import ir
 
 from entangle_mlir.infer import Walker
 from entangle_mlir.ir import context
-from entangle_mlir.layers import LayerIndex
+from entangle_mlir.layers import LayerIndex, NoReuse
 from entangle_mlir.layout import Rel
 from entangle_mlir.pipeline import ModulePass, PassState
 from entangle_mlir.program import func_name, functions
@@ -39,8 +39,15 @@ class InferRelationsPass(ModulePass):
             targets = [(func_name(f), f, state.module, state.file)
                        for f in functions(state.module)
                        if "sym_visibility" not in f.attributes]
-        reference = None
         layers = LayerIndex() if self.reuse_layers and program is not None else None
+        try:
+            self._walk(state, targets, layers)
+        except NoReuse:
+            state.layers_reused = {}
+            self._walk(state, targets, None)
+
+    def _walk(self, state: PassState, targets: list, layers: LayerIndex | None) -> None:
+        reference = None
         for key, func, module, file in targets:
             walk = Walker(func, module, file, reference, layers).run()
             if layers is not None:

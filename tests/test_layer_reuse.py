@@ -137,7 +137,8 @@ def test_correct_32_layers_proven_with_reuse(correct) -> None:
     report = check_texts(ref_text, sharded_text)
     assert report.proven, report.render_text()
     reused = report.stats["layers reused"]
-    assert reused.startswith(f"{LAYERS - 2} reference and {LAYERS - 2} sharded"), reused
+    ref_regions, sharded_regions = reused.split()[0], reused.split()[3]
+    assert int(ref_regions) == int(sharded_regions) >= LAYERS - 2, reused
     assert report.stats["ops"] < 4 * 220  # about 3 of the 32 layers walked op by op
     DEFAULT_CHECKER.clear()
     walk, report = _walk_and_report(ref_text, sharded_text)
