@@ -51,10 +51,11 @@ def _block(x, p, reduce, bias_before_psum: bool = False):
     return x + reduce(h @ w2) + b2
 
 
-def _programs(bug_layer: int | None, stale_weights: bool = False):
+def _programs(bug_layer: int | None, stale_weights: bool = False, stale_input: bool = False):
     """The reference and sharded stacks; in layer `bug_layer` the sharded one adds a bias
-    before the psum or, with `stale_weights`, reuses the previous layer's parameters (the
-    same ops on other inputs: whole-layer reuse must not take it for layer 17)."""
+    before the psum or, with `stale_weights`, reuses the previous layer's parameters, or with
+    `stale_input` reads the previous layer's input instead of its output (the same ops on
+    other inputs: whole-layer reuse must not take them for layer 17)."""
     mesh = jax.make_mesh((TP,), ("tp",), axis_types=(AxisType.Auto,))
     count = len(SHAPES)
 
@@ -70,10 +71,14 @@ def _programs(bug_layer: int | None, stale_weights: bool = False):
         return x
 
     def body(x, *params):
+        previous = x
         for i in range(LAYERS):
             with jax.named_scope(f"layer{i}"):
-                x = _block(x, layer_params(params, i), lambda v: lax.psum(v, "tp"),
-                           bias_before_psum=i == bug_layer and not stale_weights)
+                source = previous if stale_input and i == bug_layer else x
+                previous = x
+                x = _block(source, layer_params(params, i), lambda v: lax.psum(v, "tp"),
+                           bias_before_psum=i == bug_layer and not (stale_weights or
+                                                                    stale_input))
         return x
 
     specs = (P(),) + tuple(SPECS) * LAYERS
@@ -82,10 +87,11 @@ def _programs(bug_layer: int | None, stale_weights: bool = False):
     shapes = [(B, S, D)] + SHAPES * LAYERS
     avals = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, spec))
              for s, spec in zip(shapes, specs)]
-    return ref, sharded, avals, _execute(mesh, bug_layer, stale_weights)
+    return ref, sharded, avals, _execute(mesh, bug_layer, stale_weights, stale_input)
 
 
-def _execute(mesh, bug_layer: int | None, stale_weights: bool = False) -> float:
+def _execute(mesh, bug_layer: int | None, stale_weights: bool = False,
+             stale_input: bool = False) -> float:
     """Max |reference - sharded| on random inputs, both run on simulated CPU devices. Each
     layer is run as its own jitted program (the unrolled 32-layer programs compute the same
     thing but take XLA about a minute to compile here)."""
@@ -100,7 +106,7 @@ def _execute(mesh, bug_layer: int | None, stale_weights: bool = False) -> float:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((B, S, D), dtype=np.float32)
     ref_x, sharded_x = x, x
-    placed = None
+    placed, previous = None, sharded_x
     for i in range(LAYERS):
         params = [rng.standard_normal(s, dtype=np.float32) / (np.sqrt(s[0]) if len(s) == 2
                                                                else 1) for s in SHAPES]
@@ -108,7 +114,10 @@ def _execute(mesh, bug_layer: int | None, stale_weights: bool = False) -> float:
             placed = [jax.device_put(a, NamedSharding(mesh, spec))
                       for a, spec in zip(params, SPECS)]
         ref_x = ref_block(ref_x, *params)
-        sharded_x = blocks[i == bug_layer and not stale_weights](sharded_x, *placed)
+        source = previous if stale_input and i == bug_layer else sharded_x
+        previous = sharded_x
+        sharded_x = blocks[i == bug_layer and not (stale_weights or stale_input)](source,
+                                                                                *placed)
     return float(np.max(np.abs(np.asarray(ref_x) - np.asarray(sharded_x))))
 
 
@@ -152,10 +161,13 @@ def test_correct_32_layers_proven_with_reuse(correct) -> None:
     assert hits > checks * 0.9
 
 
-def test_layer_17_reading_layer_16s_weights_is_not_taken_for_layer_17() -> None:
-    """The same ops as every other layer, on the previous layer's parameters: whole-layer
-    reuse must not give it layer 17's summary. Found and named in layer 17 (grounded)."""
-    ref, sharded, avals, diff = _programs(BUG_LAYER, stale_weights=True)
+@pytest.mark.parametrize("stale", ["weights", "input"])
+def test_layer_17_reading_layer_16s_inputs_is_not_taken_for_layer_17(stale: str) -> None:
+    """The same ops as every other layer, on the previous layer's parameters or input:
+    whole-layer reuse must not give it layer 17's summary. Found and named in layer 17
+    (grounded)."""
+    ref, sharded, avals, diff = _programs(BUG_LAYER, stale_weights=stale == "weights",
+                                          stale_input=stale == "input")
     assert diff > 1e-2  # grounded: the numbers differ
     report = check_texts(*lower_pair(ref, sharded, *avals))
     assert not report.proven
