@@ -231,7 +231,8 @@ class Walker:
             self._op(op, ctx)
 
     def _layer_plan(self, block) -> LayerPlan | None:
-        if self.layers is None or getattr(self, "loop_depth", 0):
+        if self.layers is None or getattr(self, "loop_depth", 0) or \
+                self.reference is not None and not self.layers.summaries:
             return None
         facts = read_block(block)
         runs = find_runs(facts)
