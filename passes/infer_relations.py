@@ -14,6 +14,7 @@ from entangle_mlir.infer import Walker
 from entangle_mlir.ir import context
 from entangle_mlir.layers import LayerIndex, NoReuse
 from entangle_mlir.layout import Rel
+from entangle_mlir.per_device import is_per_device
 from entangle_mlir.pipeline import ModulePass, PassState
 from entangle_mlir.program import func_name, functions
 from entangle_mlir.rules.base import ReferenceTerms
@@ -39,7 +40,10 @@ class InferRelationsPass(ModulePass):
             targets = [(func_name(f), f, state.module, state.file)
                        for f in functions(state.module)
                        if "sym_visibility" not in f.attributes]
-        layers = LayerIndex() if self.reuse_layers and program is not None else None
+        # XLA's per-device programs round constants (x / 768 becomes x * f32(1/768)), so
+        # their layers meet the reference's only up to rounding: no reuse to gain there.
+        layers = LayerIndex() if self.reuse_layers and program is not None and not \
+            is_per_device(program.sharded_module, program.sharded_func) else None
         try:
             self._walk(state, targets, layers)
         except NoReuse:
