@@ -2,7 +2,7 @@
 
 A transformer stacked by a Python loop is one flat block in which the ops of every layer
 repeat with a fixed period. `find_runs` finds such runs from op fingerprints alone (op name,
-attributes, result and operand types, region bodies), before anything is walked;
+attributes, result types, region bodies), before anything is walked;
 `Block.signature` then pins a region down exactly: the same ops, wired the same way inside it,
 reading its external inputs (distinct values, in order of first use) in the same pattern. A
 slice of a block argument (a layer's part of a stacked parameter, at an offset that differs
@@ -189,8 +189,9 @@ class Block:
 def read_block(block: ir.Block) -> Block:
     """Fingerprint every op of `block` (the terminator excluded), in one pass.
 
-    The fingerprint (name, attributes, result and operand types, region bodies) finds the
-    period; `Block.signature` adds the wiring that makes equal regions equal functions.
+    The fingerprint (name, attributes, result types, operand count, region bodies) finds
+    the period; `Block.signature` adds the wiring and the input types that make equal regions
+    equal functions (an internal operand's type is its producer's result type).
     """
     everything = [op.operation for op in block.operations]
     ops = everything[:-1] if everything and everything[-1].name in _SPECIAL else everything
@@ -209,10 +210,10 @@ def read_block(block: ir.Block) -> Block:
         if i == len(ops):
             break
         info.operands.append(operands)
-        from_prelude = [position.get(v, (-1,))[0] in prelude for v in operands]
-        if op.name in _SELECTIONS and operands[0] in arguments and all(
-                v in arguments or p for v, p in zip(operands, from_prelude)) or \
-                op.name in _VIEWS and all(from_prelude):
+        name = op.name
+        if name in _SELECTIONS and operands[0] in arguments and all(
+                v in arguments or position.get(v, (-1,))[0] in prelude for v in operands) or \
+                name in _VIEWS and all(position.get(v, (-1,))[0] in prelude for v in operands):
             prelude.add(i)
         info.fingerprints.append(_fingerprint(op, i, operands, nested, i in prelude, types))
         for r, result in enumerate(op.results):
@@ -243,24 +244,26 @@ def _fingerprint(op: ir.Operation, index: int, operands: list, nested: bool, pre
     body = _region_text(op) if nested else ()
     if body is None:
         return hash(("unique", index))
-    return hash((op.name, _attributes(op), result_types,
-                 tuple(_type_text(v.type, types) for v in operands), body))
+    return hash((op.name, _attributes(op, types), result_types, len(operands), body))
 
 
-def _type_text(t, types: dict) -> str:
-    text = types.get(t)
+def _type_text(thing, texts: dict) -> str:
+    """The printed form of a type or attribute (uniqued by MLIR: printed once per check)."""
+    text = texts.get(thing)
     if text is None:
-        text = types[t] = str(t)
+        text = texts[thing] = str(thing)
     return text
 
 
-def _attributes(op: ir.Operation) -> tuple:
+def _attributes(op: ir.Operation, texts: dict | None = None) -> tuple:
     found = []
     attributes = op.attributes
     for i in range(len(attributes)):
         named = attributes[i]
         name = named.name
-        found.append((name, "channel" if name == "channel_handle" else str(named.attr)))
+        text = "channel" if name == "channel_handle" else \
+            str(named.attr) if texts is None else _type_text(named.attr, texts)
+        found.append((name, text))
     return tuple(sorted(found))
 
 
