@@ -11,8 +11,12 @@ from .program import Program, from_two_modules, has_refines
 from .report import Report
 
 
-def check_program(program: Program, *, verify_rules: bool = True) -> Report:
-    """Normalize, walk both functions, compare; optionally Z3-check every rule instance."""
+def check_program(program: Program, *, verify_rules: bool = True,
+                  reuse_layers: bool = True) -> Report:
+    """Normalize, walk both functions, compare; optionally Z3-check every rule instance.
+
+    `reuse_layers` walks repeated layers once (`layers.py`); without it every op gets its
+    relation, which `--explain` and `--json` show."""
     from passes import PASSES
 
     start = time.perf_counter()
@@ -20,8 +24,9 @@ def check_program(program: Program, *, verify_rules: bool = True) -> Report:
     state = PassState(program.sharded_module, program.sharded_file, program=program)
     with context():
         run_pipeline(parse_pipeline("entangle-normalize,entangle-import-shardings,"
-                                    "entangle-infer-relations{annotate=false reuse-layers=true},"
-                                    "entangle-check-refinement", PASSES), state)
+                                    "entangle-infer-relations{annotate=false reuse-layers="
+                                    f"{str(reuse_layers).lower()}}},entangle-check-refinement",
+                                    PASSES), state)
         reused = dict(state.layers_reused)
         if verify_rules and (state.report.proven or not reused.get("reference")):
             run_pipeline(parse_pipeline("entangle-verify-rules", PASSES), state)
@@ -43,21 +48,24 @@ def check_program(program: Program, *, verify_rules: bool = True) -> Report:
 
 
 def check_texts(ref_text: str, sharded_text: str, *, ref_file: str = "reference.mlir",
-                sharded_file: str = "sharded.mlir", verify_rules: bool = True) -> Report:
+                sharded_file: str = "sharded.mlir", verify_rules: bool = True,
+                reuse_layers: bool = True) -> Report:
     ref = parse_module(ref_text, ref_file)
     sharded = parse_module(sharded_text, sharded_file)
     return check_program(from_two_modules(ref, sharded, ref_file, sharded_file),
-                         verify_rules=verify_rules)
+                         verify_rules=verify_rules, reuse_layers=reuse_layers)
 
 
-def check_files(ref_path: str, sharded_path: str, *, verify_rules: bool = True) -> Report:
+def check_files(ref_path: str, sharded_path: str, *, verify_rules: bool = True,
+                reuse_layers: bool = True) -> Report:
     """`entangle check REF SHARDED`; a single combined file may be given as both."""
     if _same_file(ref_path, sharded_path):
-        return check_combined_file(ref_path, verify_rules=verify_rules)
+        return check_combined_file(ref_path, verify_rules=verify_rules,
+                                   reuse_layers=reuse_layers)
     ref = load_file(ref_path)
     sharded = load_file(sharded_path)
     return check_program(from_two_modules(ref, sharded, ref_path, sharded_path),
-                         verify_rules=verify_rules)
+                         verify_rules=verify_rules, reuse_layers=reuse_layers)
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -69,13 +77,15 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def check_combined_file(path: str, *, verify_rules: bool = True) -> Report:
+def check_combined_file(path: str, *, verify_rules: bool = True,
+                        reuse_layers: bool = True) -> Report:
     from .program import from_combined
 
     module = load_file(path)
     if not has_refines(module):
         raise InputError("no function carries `entangle.refines = @reference`", file=path)
-    return check_program(from_combined(module, path), verify_rules=verify_rules)
+    return check_program(from_combined(module, path), verify_rules=verify_rules,
+                         reuse_layers=reuse_layers)
 
 
 def check_with_pipeline(path: str, pipeline: str) -> Report:

@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         from .check import check_files
 
         report = check_files(args.ref, args.sharded or args.ref,
-                             verify_rules=not args.no_verify_rules)
+                             verify_rules=not args.no_verify_rules,
+                             reuse_layers=not (args.explain or args.json))
         if args.evidence and not report.proven:
             from .evidence import check_evidence
 
@@ -92,12 +93,14 @@ def _quiet_broken_pipe() -> None:
 
 
 def _common_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--json", action="store_true",
+                        help="print the report as JSON (every op walked: no layer reuse)")
     parser.add_argument("--no-verify-rules", action="store_true",
                         help="skip the Z3 rule-instance checks (faster; the report says so)")
     parser.add_argument("--dump-smt", metavar="DIR", help="write every Z3 query as SMT-LIB")
     parser.add_argument("--explain", action="store_true",
-                        help="print, for each output, the chain of relations that builds it")
+                        help="print, for each output, the chain of relations that builds it "
+                             "(every op walked: no layer reuse)")
 
 
 def run_demo(args) -> int:
