@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from jaxlib.mlir import ir
 
-from .terms import Term, intern, make_arg
+from .terms import Term, intern, make_arg, subterms
 
 MIN_PERIOD = 8
 """Shorter repeats are not worth a summary."""
@@ -77,19 +77,10 @@ def region_result(inputs: tuple[Term, ...], template: Term, holes: frozenset[int
 
 
 def _reads_holes(term: Term, holes: frozenset[int], memo: dict[int, bool]) -> bool:
-    stack = [term]
-    while stack:
-        top = stack[-1]
-        if top.serial in memo:
-            stack.pop()
-            continue
-        pending = [a for a in top.args if a.serial not in memo]
-        if pending:
-            stack.extend(pending)
-            continue
-        stack.pop()
-        memo[top.serial] = top.serial in holes or any(memo[a.serial] for a in top.args)
-    return memo[term.serial]
+    found = memo.get(term.serial)
+    if found is None:
+        found = memo[term.serial] = any(t.serial in holes for t in subterms([term]))
+    return found
 
 
 class NoReuse(Exception):
