@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
+from .layers import HOLE_BASE
 from .terms import LOOP_BODY_TERMS, Term, intern, make_splat, splat_value, subterms
 
 GATHER = "stablehlo.gather"
@@ -62,8 +63,9 @@ def _index_source(term: Term, size: int) -> Term | None:
             term = term.args[2]
         else:
             break
-    if term.op == "arg" and term.dtype.startswith(("i", "si", "ui")):
-        return term
+    if term.op == "arg" and term.dtype.startswith(("i", "si", "ui")) and \
+            term.attrs[0] < HOLE_BASE:
+        return term  # a program input (a summarized layer's hole is any computed value)
     return None
 
 

@@ -15,7 +15,6 @@ from jaxlib.mlir.dialects import sdy
 from .diagnostics import InputError, SourceLoc
 from .ir import op_location
 from .layers import (
-    FLOAT_DTYPES,
     LayerIndex,
     LayerPlan,
     NoReuse,
@@ -236,9 +235,9 @@ class Walker:
             return None
         facts = read_block(block)
         runs = find_runs(facts)
-        if self.reference is not None and self.layers.summaries and not runs and \
-                len(facts.ops) >= self.layers.shortest_run:
-            raise NoReuse("no repeated layers in the sharded program")
+        unused = self.layers.first_unused() if self.reference is not None else None
+        if unused is not None and not runs and len(facts.ops) >= self.layers.shortest_run:
+            raise NoReuse("no repeated layers in the sharded program", unused)
         return LayerPlan(facts, runs) if runs else None
 
     def _reuse_layers(self, plan: LayerPlan, index: int, ctx: RuleContext) -> int | None:
@@ -257,11 +256,12 @@ class Walker:
             after = self._apply_summary(plan, run, index, ctx)
             if after is not None:
                 plan.done.add(number)
-                plan.applied = True
-            elif index >= run.start + 3 * run.period:
+            elif index >= run.start + 5 * run.period // 2:
                 plan.done.add(number)
-                if len(plan.done) == len(plan.runs) and not plan.applied:
-                    raise NoReuse("the sharded layers do not read the reference's layer inputs")
+                unused = self.layers.first_unused()
+                if unused is not None:
+                    raise NoReuse("the sharded layers do not read the reference's layer "
+                                  "inputs", unused)
             return after
         return None
 
@@ -286,7 +286,7 @@ class Walker:
         for v, value in zip(external, saved):
             values[v] = value
         return {(i - start, r): values[result]
-                for i in range(start, start + period)
+                for i in range(start, start + period) if i not in facts.prelude
                 for r, result in enumerate(facts.ops[i].results)}
 
     def _give_summary_terms(self, facts, start: int, period: int, template: dict,
@@ -309,6 +309,8 @@ class Walker:
 
     def _summarize_reference(self, plan: LayerPlan, run, ctx: RuleContext) -> int | None:
         facts, period, values = plan.block, run.period, self.walk.values
+        if (len(facts.ops), run.start) in self.layers.excluded:
+            return None
         first = facts.layer_start(run)
         signature = facts.signature(first, period)
         starts = [first]
@@ -332,13 +334,11 @@ class Walker:
                     facts.position.get(v, (-1,))[0] not in facts.prelude:
                 inputs.append(value)
                 continue
-            if value.term.dtype not in FLOAT_DTYPES:
-                return None
             holes[j] = fresh_hole(value.term.shape, value.term.dtype)
             inputs.append(replace(value, term=holes[j], partial_origin=None))
         if not holes:
             return None
-        summary = Summary(list(holes.values()), [])
+        summary = Summary(list(holes.values()), [], (len(facts.ops), run.start))
         mark = len(self.walk.records)
         template = self._template(facts, first, period, inputs, ctx)
         del self.walk.records[mark:]
@@ -406,6 +406,7 @@ class Walker:
         if given == 0:
             del self.walk.records[mark:]
             return None
+        index.applied.add(number)
         return at
 
     def _summary_inputs(self, facts, start: int, period: int):

@@ -22,8 +22,9 @@ The walker (`infer.Walker`) uses this in both programs:
   layouts, as long as the inputs keep the template's layouts.
 
 Soundness rests on equal signatures (same function) and on every template rule instance
-holding for all values of the holes. Anything else (an input that is not a plain relation, a
-changed layer, an integer hole) ends the summary, and the regions are walked op by op.
+holding for all values of the holes (never taken for program inputs: the valid-index
+assumption of `assume.py` does not apply to them). Anything else (an input that is not a
+plain relation, a changed layer) ends the summary, and the regions are walked op by op.
 `check_program` re-runs a check without reuse unless it is proven with it, so diagnostics
 always come from the op-by-op walk.
 """
@@ -49,8 +50,6 @@ _SPECIAL = ("stablehlo.while", "sdy.manual_computation", "stablehlo.case", "stab
 
 _SELECTIONS = ("stablehlo.slice", "stablehlo.dynamic_slice")
 _VIEWS = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert")
-
-FLOAT_DTYPES = ("f16", "bf16", "f32", "f64")
 
 REGION_TERMS: dict[int, Term] = {}
 """serial -> the template term a `region_result` names by serial in its attrs."""
@@ -84,7 +83,12 @@ def _reads_holes(term: Term, holes: frozenset[int], memo: dict[int, bool]) -> bo
 
 
 class NoReuse(Exception):
-    """The sharded walk cannot follow the reference's summaries: walk both op by op."""
+    """The sharded walk cannot follow the reference's summary of the run `key` (None: of
+    any run): walk again without it."""
+
+    def __init__(self, reason: str, key: tuple | None = None):
+        super().__init__(reason)
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,7 @@ class Block:
         return tuple(out)
 
     def used_outside(self, start: int, period: int) -> list:
-        """Results of the region's ops read by an op outside it (prelude ops excluded)."""
+        """Results of the region's ops read by an op outside it."""
         end = start + period
         return [r for i in range(start, end) if i not in self.prelude
                 for r in self.ops[i].results if self.last_use.get(r, -1) >= end]
@@ -193,11 +197,8 @@ def read_block(block: ir.Block) -> Block:
     for i, op in enumerate(everything):
         operands = list(op.operands)
         nested = len(op.regions) > 0
-        for v in operands:
+        for v in operands + (_nested_reads(op) if nested else []):
             last_use[v] = i
-        if nested:
-            for v in _nested_reads(op):
-                last_use[v] = i
         if i == len(ops):
             break
         info.operands.append(operands)
@@ -323,6 +324,8 @@ class Summary:
     holes: list[Term]
     arguments: list[tuple[Term, ...]]
     """region k -> the terms its hole inputs take."""
+    key: tuple = ()
+    """Which reference run it summarizes (block size, first op)."""
     reads_holes: dict[int, bool] = field(default_factory=dict)
     """term serial -> whether it reads a hole (memo for `region_result`)."""
 
@@ -345,6 +348,15 @@ class LayerIndex:
     """The reference templates' terms (over holes): terms the reference computes."""
     shortest_run: int = 0
     """Ops in the reference's shortest summarized run."""
+    excluded: frozenset = frozenset()
+    """Reference runs not to summarize (the sharded walk could not follow them before)."""
+    applied: set[int] = field(default_factory=set)
+    """Summaries the sharded walk used."""
+
+    def first_unused(self) -> tuple | None:
+        """The first summary the sharded walk has not used, if any."""
+        return next((s.key for n, s in enumerate(self.summaries) if n not in self.applied),
+                    None)
 
     def add(self, summary: Summary, ops: int) -> int:
         self.shortest_run = min(self.shortest_run or ops, ops)
@@ -365,4 +377,3 @@ class LayerPlan:
     done: set[int] = field(default_factory=set)
     walked: set[int] = field(default_factory=set)
     """Prelude ops walked ahead of their region."""
-    applied: bool = False

@@ -44,11 +44,15 @@ class InferRelationsPass(ModulePass):
         # their layers meet the reference's only up to rounding: no reuse to gain there.
         layers = LayerIndex() if self.reuse_layers and program is not None and not \
             is_per_device(program.sharded_module, program.sharded_func) else None
-        try:
-            self._walk(state, targets, layers)
-        except NoReuse:
-            state.layers_reused = {}
-            self._walk(state, targets, None)
+        while True:
+            try:
+                self._walk(state, targets, layers)
+                if layers is None or layers.first_unused() is None:
+                    return
+                raise NoReuse("a reference summary was not used", layers.first_unused())
+            except NoReuse as stop:
+                state.layers_reused = {}
+                layers = _without(layers, stop.key)
 
     def _walk(self, state: PassState, targets: list, layers: LayerIndex | None) -> None:
         reference = None
@@ -67,6 +71,17 @@ class InferRelationsPass(ModulePass):
             state.walks[key] = walk
             if self.annotate and module is state.module:
                 _annotate(walk)
+
+
+def _without(layers: LayerIndex | None, key: tuple | None) -> LayerIndex | None:
+    """The index for another try without the summary of reference run `key` (each try
+    excludes one more run that was summarized, so the tries end); None: no reuse at all."""
+    if layers is None or key is None:
+        return None
+    summarized = {summary.key for summary in layers.summaries}
+    if key not in summarized or not summarized - {key}:
+        return None
+    return LayerIndex(excluded=layers.excluded | {key})
 
 
 def _annotate(walk) -> None:
