@@ -7,7 +7,8 @@ Grounded by execution: XLA runs the partitioned programs before and after the re
 same numbers. A ring backward written out by hand (the query gradient, as jax's backward
 computes it) is proven; its near misses (a cotangent left unrescaled at one step, rescaled by
 the wrong step's correction, a step's contribution missing, a step's probabilities shifted
-by their own max only) compute other numbers and are not proven."""
+by their own max only, the own block taken last so a first block's row is -inf throughout)
+compute other numbers and are not proven."""
 
 from __future__ import annotations
 
@@ -44,7 +45,10 @@ def _ring_dq(q, k, v, w, variant: str = "right"):
     denom = jnp.zeros((rows,))
     o = jnp.zeros(q.shape[:1] + v.shape[1:])
     steps = []
-    for i in range(n):
+    first = 1 if variant == "own_block_last" else 0
+    if first:
+        k, v = (lax.ppermute(x, CP, [(j, (j + 1) % n) for j in range(n)]) for x in (k, v))
+    for i in range(first, n + first):
         k_pos = ((me - i) % n) * rows + jnp.arange(rows)
         mask = q_pos[:, None] >= k_pos[None, :]
         kt = k.T
@@ -78,7 +82,9 @@ def _ring_dq(q, k, v, w, variant: str = "right"):
 
 ARGS = tuple(ArgDef(name, (8, 4), "float32", "data", P(CP, None)) for name in "qkvw")
 VARIANTS = {"right": True, "stale": False, "wrong_step": False, "missing_step": False,
-            "own_max": False}
+            "own_max": False, "own_block_last": False}
+"""`own_block_last` takes the own block last: on device 0 the first block's causal mask hides
+every row, its max is -inf and exp(-inf - -inf) is NaN; the -inf guards must refuse."""
 
 
 def _example(variant: str):
