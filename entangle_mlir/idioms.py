@@ -63,11 +63,22 @@ def drop_identity_converts(module: ir.Module) -> int:
 def rewrite_idioms(module: ir.Module) -> int:
     """Apply the rewrites in place until none applies; the number applied. (One rewrite per
     walk: a rewrite erases ops that a list collected before it would still hold.)"""
+    from .online_backward import REWRITES as backward
+
     count = 0
     with ir.Location.unknown():
-        while _rewrite_one(module):
+        while _rewrite_one(module, _REWRITES):
+            count += 1
+        both = {name: _either(_REWRITES.get(name), backward.get(name))
+                for name in {*_REWRITES, *backward}}
+        while _rewrite_one(module, both):
             count += 1
     return count
+
+
+def _either(first, second):
+    """Try `first`, then `second` (either may be None)."""
+    return lambda op: bool(first and first(op)) or bool(second and second(op))
 
 
 _REWRITES = {
@@ -80,16 +91,16 @@ _REWRITES = {
 }
 
 
-def _rewrite_one(module: ir.Module) -> bool:
+def _rewrite_one(module: ir.Module, rewrites: dict) -> bool:
     ops: list[ir.Operation] = []
 
     def collect(op):
-        if op.name in _REWRITES:
+        if op.name in rewrites:
             ops.append(op)
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(collect)
-    return any(_REWRITES[op.name](op) for op in ops)
+    return any(rewrites[op.name](op) for op in ops)
 
 
 def _def(value) -> ir.Operation | None:

@@ -683,6 +683,9 @@ def _abstract_instance(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value]
 def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
                      mesh: Mesh | None, ctx: RuleContext, abstractor: _Abstractor
                      ) -> tuple[list[Value], list[Value]] | None:
+    if abstractor.strategy == "leaf" and any(isinstance(v, Reordered) for v in ins) and any(
+            isinstance(v, Rel) and v.poly and v.term.op != "broadcast" for v in ins):
+        return None  # a leaf would lose the constancy along the poly dim the order rule reads
     abstract_ins: list[Value] = []
     for v in ins:
         if isinstance(v, Masked):

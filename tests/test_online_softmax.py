@@ -192,26 +192,36 @@ def test_blockwise_attention_per_device_is_proven_and_its_near_misses_are_not() 
 
 def test_ring_attention_training_stops_at_a_single_ring_steps_mask() -> None:
     """The gradients through ring attention compute the reference's (run on devices), with or
-    without the running max's gradient, but jax's backward reads each ring step's mask and
-    probabilities: the per-step compare of the key positions `((me - i) % n) * B + arange(B)`
-    with the query positions is reported as a single ring step's block (not yet related), at
-    the mask's line."""
+    without the running max's gradient. With the max stopped, the backward's rewrites
+    (`online_backward.py`) fold the query gradient (tests/test_online_backward.py), but dK
+    and dV still read each ring step's mask and probabilities: the per-step compare of the
+    key positions `((me - i) % n) * B + arange(B)` with the query positions is reported as a
+    single ring step's block (not yet related), at the mask's line. With the max
+    differentiated, its cotangent reads the accumulators of the first steps: the prefix
+    concatenations of the forward's fold (device d's blocks d, d-1, ... in arrival order, not
+    every block once) are reported first, at the accumulation's line."""
     from entangle_mlir.check import check_texts
     from examples.real.catalog import run_pair
     from examples.real.repro import reproducers
 
-    repros = [r.example for r in reproducers()
-              if r.example.name.startswith("repro_ring_attention_grad")]
+    repros = {r.example.name: r.example for r in reproducers()
+              if r.example.name.startswith("repro_ring_attention_grad")}
     assert len(repros) == 2
     source = (Path(__file__).parents[1] / "examples/real/repro.py").read_text().splitlines()
-    line = next(n for n, text in enumerate(source, 1) if "s = jnp.where(q_pos" in text)
-    for repro in repros:
+    expected = {
+        "repro_ring_attention_grad_stop_max_cp4": ("key positions of ring step",
+                                                   "s = jnp.where(q_pos"),
+        "repro_ring_attention_grad_cp4": ("split over 'cp': blocks interleave",
+                                          "o = o * corr[:, None] + p @ v")}
+    for name, repro in repros.items():
         ref, shd = run_pair(repro)
         assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(ref, shd, strict=True))
         report = check_texts(*lower_pair(repro), verify_rules=False)
         assert not report.proven
         first = report.diagnostics[0]
-        assert "key positions of ring step" in first.message, first.message
+        words, text = expected[name]
+        line = next(n for n, code in enumerate(source, 1) if text in code)
+        assert words in first.message, first.message
         assert f"repro.py:{line}:" in str(first.loc), first.loc
 
 

@@ -1,0 +1,561 @@
+"""Exact rewrites of the backward of an online softmax (ring / flash attention training).
+
+jax's backward of `o_i = o_{i-1} * c_i + p_i @ v_i`, `l_i = l_{i-1} * c_i + sum(p_i)` with
+`p_i = exp(s_i - m_i)`, `c_i = exp(m_{i-1} - m_i)` (the running max's gradient stopped) hands
+step i the cotangents `do_i = do_{i+1} * c_{i+1}` and `dl_i = dl_{i+1} * c_{i+1}`: the final
+ones rescaled by the later corrections, one multiplication per step. Step i's score cotangent
+is `(do_i @ v_i^T + dl_i) * p_i`, its value cotangent `p_i^T do_i`, and the query cotangent
+sums `ds_i @ k_i` over the steps. In real arithmetic the corrections telescope:
+`p_i * c_{i+1} * ... * c_n = exp(s_i - m_n)`, the block of the probabilities shifted by the
+final max, as the reference's softmax backward reads them. These rewrites put the backward in
+that form (entangle-normalize runs them on both programs, after the forward's folds):
+
+* telescoping: `(x * F(exp(b - c))) * F(exp(a - b))` is `x * F(exp(a - c))` (F the same
+  broadcast of vectors of one shape), and `exp(s - F(a)) * F(exp(a - b))` is
+  `exp(s - F(b))`, also when the second factor is applied to a product `z * F(exp(a - b))`;
+* a broadcast factor `F(exp(a - b))` (a *row factor*: constant along the dims F creates)
+  moves out of a `broadcast_in_dim`, out of a `dot_general` along the operand's free dims
+  (it scales the result's rows) or onto the other operand along contracted dims, and out of
+  an `add` of two terms it scales alike;
+* the query cotangent's sum over the ring steps, `dot(a_1, b_1) + dot(a_2, b_2)` contracting
+  the key dim, is `dot(concatenate(a_1, a_2), concatenate(b_1, b_2))` when the b's are blocks
+  one ring passes on (collective_permutes of one another): the concatenations then move down
+  as the forward's do (`idioms._sink_concat`).
+
+Each is an identity of real arithmetic. In floating point exp(a - b) is only defined where
+the shifts are finite: every shift must hold no infinity (`idioms._finite_shift`: a causal
+mask hiding a row of a block makes that block's max -inf), and a score that may be +inf is
+refused. Every rewrite is grounded by executing the partitioned program before and after it
+(tests/test_online_softmax.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from jaxlib.mlir import ir
+
+from . import idioms
+from .idioms import _MOVES, _def, _i64s, _index_map, _root, _same_value, _shape
+
+_VIEW_OPS = ("stablehlo.transpose", "stablehlo.reshape")
+
+
+@dataclass(frozen=True)
+class _Factor:
+    """`value` = F(exp(a - b)): the vector exp(a - b) (`root`) broadcast by F, its dims
+    placed on `dims` of `value` (in order); constant along every other dim."""
+
+    value: object
+    root: object
+    a: object
+    b: object
+    dims: tuple[int, ...]
+
+
+def _factor(value) -> _Factor | None:
+    root, chain = _root(value, _MOVES)
+    exp = _def(root)
+    if exp is None or exp.name != "stablehlo.exponential":
+        return None
+    sub = _def(exp.operands[0])
+    if sub is None or sub.name != "stablehlo.subtract":
+        return None
+    if _shape(sub.operands[0]) != _shape(root) or _shape(sub.operands[1]) != _shape(root):
+        return None
+    dims = _placement(root, chain, _shape(value))
+    if dims is None:
+        return None
+    return _Factor(value, root, sub.operands[0], sub.operands[1], dims)
+
+
+def _placement(root, chain: list[ir.Operation], shape: tuple[int, ...]
+               ) -> tuple[int, ...] | None:
+    """The dims of `shape` the root's dims land on (in order) when the chain only broadcasts
+    the root (every element reads the root element at its positions along those dims)."""
+    root_shape = _shape(root)
+    if not chain:
+        return tuple(range(len(shape))) if root_shape == shape else None
+    index = _index_map(root, chain)
+    if index is None or index.shape != shape:
+        return None
+    varying = tuple(d for d in range(len(shape))
+                    if not (index == np.take(index, [0], axis=d)).all())
+    sizes = tuple(n for n in root_shape if n != 1)
+    if tuple(shape[d] for d in varying) != sizes:
+        return None
+    expected = np.arange(math.prod(root_shape)).reshape(sizes) if sizes else np.zeros(())
+    placed = [1] * len(shape)
+    for d in varying:
+        placed[d] = shape[d]
+    order = list(varying)
+    if not (index == np.broadcast_to(expected.reshape(placed), shape)).all() or (
+            order != sorted(order)):
+        return None
+    return varying
+
+
+def _finite(*values) -> bool:
+    return all(idioms._finite_shift(v) for v in values)
+
+
+def _vector(root) -> tuple[int, ...]:
+    """The root's non-unit dims' sizes (the vector the factor broadcasts)."""
+    return tuple(n for n in _shape(root) if n != 1)
+
+
+def _placed(vector_value, dims: tuple[int, ...], shape: tuple[int, ...], at: ir.Operation):
+    """`vector_value` (its non-unit dims in order) broadcast onto `dims` of `shape`."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    element = ir.RankedTensorType(vector_value.type).element_type
+    with ir.InsertionPoint(at), at.location:
+        value = vector_value
+        sizes = _vector(vector_value)
+        if _shape(value) != sizes:
+            value = stablehlo.ReshapeOp(ir.RankedTensorType.get(sizes, element), value).result
+        if sizes == shape and tuple(dims) == tuple(range(len(shape))):
+            return value
+        return stablehlo.BroadcastInDimOp(ir.RankedTensorType.get(shape, element), value,
+                                          list(dims)).result
+
+
+def _exp_diff(a, b, at: ir.Operation):
+    from jaxlib.mlir.dialects import stablehlo
+
+    with ir.InsertionPoint(at), at.location:
+        return stablehlo.ExpOp(stablehlo.SubtractOp(a, b).result).result
+
+
+def _mul(x, y, at: ir.Operation):
+    from jaxlib.mlir.dialects import stablehlo
+
+    with ir.InsertionPoint(at), at.location:
+        return stablehlo.MulOp(x, y).result
+
+
+def _replace(op: ir.Operation, value) -> int:
+    op.results[0].replace_all_uses_with(value)
+    idioms._erase_dead(op)
+    return 1
+
+
+def _same(x, y) -> bool:
+    return _same_value(x, y, 12)
+
+
+# ---------------------------------------------------------------------------------------------
+# Telescoping
+# ---------------------------------------------------------------------------------------------
+
+def _telescope(mul: ir.Operation) -> int:
+    """`(x * F(exp(b - c))) * F(exp(a - b))` (either factor first) is `x * F(exp(a - c))`."""
+    for i, o in ((0, 1), (1, 0)):
+        outer = _factor(mul.operands[o])
+        inner_mul = _def(mul.operands[i])
+        if outer is None or inner_mul is None or inner_mul.name != "stablehlo.multiply":
+            continue
+        for j, k in ((0, 1), (1, 0)):
+            inner = _factor(inner_mul.operands[k])
+            if inner is None or inner.dims != outer.dims or _vector(inner.root) != _vector(
+                    outer.root):
+                continue
+            for first, second in ((inner, outer), (outer, inner)):
+                if not _same(first.b, second.a) or _shape(first.a) != _shape(second.b):
+                    continue
+                if not _finite(first.a, first.b, second.b):
+                    continue
+                joined = _exp_diff(first.a, second.b, mul)
+                factor = _placed(joined, outer.dims, _shape(mul.results[0]), mul)
+                return _replace(mul, _mul(inner_mul.operands[j], factor, mul))
+    return 0
+
+
+def _shifted_exp(value):
+    """(s, a, dims) when `value` is `exp(s - F(a))`, F broadcasting the vector a onto `dims`
+    of s; else None."""
+    exp = _def(value)
+    if exp is None or exp.name != "stablehlo.exponential":
+        return None
+    sub = _def(exp.operands[0])
+    if sub is None or sub.name != "stablehlo.subtract":
+        return None
+    a, chain = _root(sub.operands[1], _MOVES)
+    dims = _placement(a, chain, _shape(value))
+    if dims is None or len(dims) == len(_shape(value)):
+        return None
+    return sub.operands[0], a, dims
+
+
+def _absorb(mul: ir.Operation) -> int:
+    """`exp(s - F(a)) * F(exp(a - b))` is `exp(s - F(b))`; `(z * F(exp(a - b))) *
+    exp(s - F(a))` is `z * exp(s - F(b))`."""
+    for e, f in ((0, 1), (1, 0)):
+        shifted = _shifted_exp(mul.operands[e])
+        if shifted is None:
+            continue
+        s, a, dims = shifted
+        rest = None
+        factor = _factor(mul.operands[f])
+        if factor is None:
+            other = _def(mul.operands[f])
+            if other is None or other.name != "stablehlo.multiply":
+                continue
+            for j, k in ((0, 1), (1, 0)):
+                factor = _factor(other.operands[k])
+                if factor is not None and factor.dims == dims and _same(factor.a, a):
+                    rest = other.operands[j]
+                    break
+            else:
+                continue
+        if factor.dims != dims or not _same(factor.a, a) or _vector(factor.b) != _vector(a):
+            continue
+        if not _finite(a, factor.b) or idioms._kinds(s, {}) & idioms._POS:
+            continue
+        from jaxlib.mlir.dialects import stablehlo
+
+        spread = _rechained(_def(mul.operands[e]).operands[0], factor.b, mul) if _shape(
+            factor.b) == _shape(a) else _placed(factor.b, dims, _shape(s), mul)
+        with ir.InsertionPoint(mul), mul.location:
+            new = stablehlo.ExpOp(stablehlo.SubtractOp(s, spread).result).result
+        return _replace(mul, new if rest is None else _mul(rest, new, mul))
+    return 0
+
+
+def _rechained(sub_value, b, at: ir.Operation):
+    """The broadcast chain `sub_value` subtracts, applied to `b` instead of its root (the
+    steps' probabilities then share one spelling of the final shift)."""
+    _, chain = _root(_def(sub_value).operands[1], _MOVES)
+    value = b
+    for op in reversed(chain):
+        clone = op.clone(ir.InsertionPoint(at))
+        clone.operands[0] = value
+        value = clone.results[0]
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Moving a row factor out of broadcasts, dots and adds
+# ---------------------------------------------------------------------------------------------
+
+def _scaled(value) -> tuple[object, _Factor] | None:
+    """(x, factor) when `value` is `x * F(exp(a - b))` with F a proper broadcast (or any
+    placement for vectors: `dims` covers the value). The callers check that its shifts are
+    finite (`_finite`, costly: last)."""
+    op = _def(value)
+    if op is None or op.name != "stablehlo.multiply":
+        return None
+    for x, f in ((0, 1), (1, 0)):
+        factor = _factor(op.operands[f])
+        if factor is not None:
+            return op.operands[x], factor
+    return None
+
+
+def _broadcast_out(broadcast: ir.Operation) -> int:
+    """`broadcast(x * F(e))` is `broadcast(x) * broadcast(F(e))`."""
+    found = _scaled(broadcast.operands[0])
+    if found is None:
+        return 0
+    x, factor = found
+    out = _shape(broadcast.results[0])
+    dims = _i64s(broadcast, "broadcast_dimensions")
+    placed = tuple(dims[d] for d in factor.dims)
+    if list(placed) != sorted(placed) or not _finite(factor.a, factor.b):
+        return 0
+    from jaxlib.mlir.dialects import stablehlo
+
+    element = ir.RankedTensorType(x.type).element_type
+    with ir.InsertionPoint(broadcast), broadcast.location:
+        spread_x = stablehlo.BroadcastInDimOp(ir.RankedTensorType.get(out, element), x,
+                                              dims).result
+    spread_f = _placed(factor.root, placed, out, broadcast)
+    return _replace(broadcast, _mul(spread_x, spread_f, broadcast))
+
+
+def _add_out(add: ir.Operation) -> int:
+    """`x * F(e) + y * F(e)` is `(x + y) * F(e)`."""
+    left, right = _scaled(add.operands[0]), _scaled(add.operands[1])
+    if left is None or right is None:
+        return 0
+    (x, f), (y, g) = left, right
+    if f.dims != g.dims or not _same(f.root, g.root) or not _finite(f.a, f.b):
+        return 0
+    from jaxlib.mlir.dialects import stablehlo
+
+    with ir.InsertionPoint(add), add.location:
+        summed = stablehlo.AddOp(x, y).result
+    return _replace(add, _mul(summed, f.value, add))
+
+
+def _exp_sum(value) -> bool:
+    """`value` is a sum of exponentials over non-empty dims (positive in real arithmetic):
+    an online softmax's denominator."""
+    root, _ = _root(value, _MOVES)
+    op = _def(root)
+    if not idioms._sum_reduce(op) or any(_shape(op.operands[0])[d] == 0
+                                         for d in _i64s(op, "dimensions")):
+        return False
+    exp = _def(op.operands[0])
+    return exp is not None and exp.name == "stablehlo.exponential"
+
+
+def _divided(value) -> tuple[object, object, tuple[int, ...]] | None:
+    """(x, den, dims) when `value` is `x / F(den)`, F a proper broadcast of a softmax
+    denominator onto `dims`."""
+    op = _def(value)
+    if op is None or op.name != "stablehlo.divide" or not _exp_sum(op.operands[1]):
+        return None
+    root, chain = _root(op.operands[1], _MOVES)
+    dims = _placement(root, chain, _shape(value))
+    if dims is None or len(dims) == len(_shape(value)):
+        return None
+    return op.operands[0], root, dims
+
+
+def _dot_divided(dot: ir.Operation) -> int:
+    """`dot(x / F(den), w)` with F along free (or batch) dims of x is `dot(x, w) / F'(den)`
+    (den a softmax denominator: positive). Not when x is the exponentials themselves: the
+    probabilities `exp(...) / den` are the softmax's form (`idioms._normalized_after` puts the
+    division there)."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    batch, _, free = _dot_dims(dot)
+    for side in (0, 1):
+        found = _divided(dot.operands[side])
+        if found is None:
+            continue
+        x, den, dims = found
+        if _is_exp(x) or not all(d in batch[side] or d in free[side] for d in dims):
+            continue
+        positions = tuple(_result_dim(d, side, batch, free) for d in dims)
+        if list(positions) != sorted(positions):
+            continue
+        operands = [x, dot.operands[1]] if side == 0 else [dot.operands[0], x]
+        new = _clone_dot(dot, operands)
+        spread = _placed(den, positions, _shape(dot.results[0]), dot)
+        with ir.InsertionPoint(dot), dot.location:
+            return _replace(dot, stablehlo.DivOp(new, spread).result)
+    return 0
+
+
+def _dot_dims(dot: ir.Operation):
+    """(batch, contracting, free) dims of each operand of a dot_general."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    numbers = stablehlo.DotDimensionNumbers(dot.attributes["dot_dimension_numbers"])
+    batch = (list(numbers.lhs_batching_dimensions), list(numbers.rhs_batching_dimensions))
+    contract = (list(numbers.lhs_contracting_dimensions),
+                list(numbers.rhs_contracting_dimensions))
+    free = [[d for d in range(len(_shape(v))) if d not in batch[s] + contract[s]]
+            for s, v in enumerate(dot.operands)]
+    return batch, contract, free
+
+
+def _dot_out(dot: ir.Operation) -> int:
+    """A row factor of one operand of a dot_general: along free (or batch) dims it scales the
+    result (`dot(x * F(e), w) = dot(x, w) * F'(e)`), along contracted dims it moves onto the
+    other operand (`dot(x * F(e), w) = dot(x, w * F''(e))`)."""
+    batch, contract, free = _dot_dims(dot)
+    ranks = [len(_shape(v)) for v in dot.operands]
+    out = _shape(dot.results[0])
+    for side in (0, 1):
+        found = _scaled(dot.operands[side])
+        if found is None:
+            continue
+        x, factor = found
+        if len(factor.dims) == ranks[side]:
+            continue
+        other = dot.operands[1 - side]
+        if all(d in contract[side] for d in factor.dims):
+            partner = tuple(contract[1 - side][contract[side].index(d)] for d in factor.dims)
+            if list(partner) != sorted(partner) or not _finite(factor.a, factor.b):
+                continue
+            moved = _mul(other, _placed(factor.root, partner, _shape(other), dot), dot)
+            operands = [x, moved] if side == 0 else [moved, x]
+            return _replace(dot, _clone_dot(dot, operands))
+        if all(d in batch[side] or d in free[side] for d in factor.dims):
+            positions = tuple(_result_dim(d, side, batch, free) for d in factor.dims)
+            if list(positions) != sorted(positions) or not _finite(factor.a, factor.b):
+                continue
+            operands = [x, other] if side == 0 else [other, x]
+            new = _clone_dot(dot, operands)
+            return _replace(dot, _mul(new, _placed(factor.root, positions, out, dot), dot))
+    return 0
+
+
+def _result_dim(d: int, side: int, batch, free) -> int:
+    if d in batch[side]:
+        return batch[side].index(d)
+    return len(batch[0]) + (0 if side == 0 else len(free[0])) + free[side].index(d)
+
+
+def _clone_dot(dot: ir.Operation, operands: list):
+    clone = dot.clone(ir.InsertionPoint(dot))
+    for i, value in enumerate(operands):
+        clone.operands[i] = value
+    return clone.results[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The sum over ring steps of contractions along the key dim
+# ---------------------------------------------------------------------------------------------
+
+def _ring_root(value):
+    """The value under views and collective_permutes (the block a ring step holds comes from
+    it); the value itself when it is none of them."""
+    op = _def(value)
+    while op is not None and (op.name in _VIEW_OPS or op.name == "stablehlo.collective_permute"):
+        value = op.operands[0]
+        op = _def(value)
+    return value
+
+
+def _ring_blocks(value) -> list:
+    """The blocks of a concatenation the folds built (under views), or [value]."""
+    op = _def(value)
+    while op is not None and op.name in _VIEW_OPS:
+        value = op.operands[0]
+        op = _def(value)
+    if op is not None and op.name == "stablehlo.concatenate" and idioms.BLOCKS_ATTR in (
+            idioms._attr_names(op)):
+        return list(op.operands)
+    return [value]
+
+
+def _permuted(value) -> bool:
+    """`value` is a block a collective_permute brought (under views)."""
+    op = _def(value)
+    while op is not None and op.name in _VIEW_OPS:
+        op = _def(op.operands[0])
+    return op is not None and op.name == "stablehlo.collective_permute"
+
+
+def _contracted_sum(add: ir.Operation) -> int:
+    """`dot(a_1, b_1) + dot(a_2, b_2)` (the same dimension numbers, one contracted dim, the
+    blocks differing only along it) is `dot(concatenate(a_1, a_2), concatenate(b_1, b_2))`,
+    when every b block is a ring step's block of one value (views and collective_permutes
+    of the same root): the ring's per-step contributions to the query cotangent."""
+    dots = [_def(v) for v in add.operands]
+    if any(d is None or d.name != "stablehlo.dot_general" or len(d.operands) != 2 for d in dots):
+        return 0
+    first, second = dots
+    names = idioms._attr_names(first)
+    if names != idioms._attr_names(second) or any(
+            str(first.attributes[n]) != str(second.attributes[n]) for n in names):
+        return 0
+    if first.results[0].type != second.results[0].type:
+        return 0
+    _, contract, _ = _dot_dims(first)
+    if len(contract[0]) != 1:
+        return 0
+    for s in (0, 1):
+        if not idioms._same_but(_shape(first.operands[s]), _shape(second.operands[s]),
+                                contract[s][0]):
+            return 0
+    for side in (0, 1):
+        blocks = [b for d in dots for b in _ring_blocks(d.operands[side])]
+        roots = [_ring_root(b) for b in blocks]
+        if all(_same(r, roots[0]) for r in roots) and any(_permuted(b) for b in blocks):
+            break
+    else:
+        return 0
+    operands = [idioms._concat([first.operands[s], second.operands[s]], contract[s][0], add)
+                for s in (0, 1)]
+    clone = first.clone(ir.InsertionPoint(add))
+    for s in (0, 1):
+        clone.operands[s] = operands[s]
+    return _replace(add, clone.results[0])
+
+
+def _factors(value, out: list) -> None:
+    """The leaves of the multiplication tree `value` is."""
+    op = _def(value)
+    if op is not None and op.name == "stablehlo.multiply":
+        for operand in op.operands:
+            _factors(operand, out)
+    else:
+        out.append(value)
+
+
+def _constant_along(value, dims: list[int]) -> bool:
+    """`value` is a broadcast_in_dim constant along `dims` (they are new or unit there)."""
+    op = _def(value)
+    return op is not None and op.name == "stablehlo.broadcast_in_dim" and all(
+        idioms._created_by(op, d) for d in dims)
+
+
+def _reassociated(reduce: ir.Operation) -> int:
+    """`reduce_add(x * g * dot(e, v), d)` with d the value dim of `dot(e, v)` (e =
+    exp(...) against values v, contracting the key dim k; g constant along d) is
+    `reduce_add(dot(x, v) * g' * e, k)` (dot(x, v) contracting d): the sum over the values
+    of the cotangent times the unnormalised output, read as the sum over the keys of the
+    probabilities times the probabilities' cotangent (the softmax backward's form). Exact
+    in real arithmetic (both are sum over d and k of x g e v); the leaves must hold no
+    infinity."""
+    if not idioms._sum_reduce(reduce):
+        return 0
+    dims = _i64s(reduce, "dimensions")
+    leaves: list = []
+    _factors(reduce.operands[0], leaves)
+    dots = [v for v in leaves if _def(v) is not None and _def(v).name == "stablehlo.dot_general"
+            and _is_exp(_def(v).operands[0])]
+    if len(dots) != 1 or len(leaves) < 2:
+        return 0
+    dot = _def(dots[0])
+    batch, contract, free = _dot_dims(dot)
+    rank = len(_shape(dot.results[0]))
+    if len(contract[0]) != 1 or len(free[1]) != 1 or dims != [rank - 1]:
+        return 0
+    e_shape = _shape(dot.operands[0])
+    if batch[0] + free[0] + contract[0] != list(range(len(e_shape))):
+        return 0
+    rest = [v for v in leaves if v is not dots[0]]
+    along = [v for v in rest if not _constant_along(v, dims)]
+    if len(along) != 1 or _shape(along[0]) != _shape(dot.results[0]):
+        return 0
+    if any(idioms._kinds(v, {}) & (idioms._NEG | idioms._POS) for v in leaves):
+        return 0
+    from jaxlib.mlir.dialects import stablehlo
+
+    x, v = along[0], dot.operands[1]
+    element = ir.RankedTensorType(x.type).element_type
+    numbers = stablehlo.DotDimensionNumbers.get(
+        lhs_batching_dimensions=list(range(len(batch[0]))),
+        rhs_batching_dimensions=batch[1], lhs_contracting_dimensions=[rank - 1],
+        rhs_contracting_dimensions=free[1])
+    with ir.InsertionPoint(reduce), reduce.location:
+        product = stablehlo.DotGeneralOp(
+            ir.RankedTensorType.get(e_shape, element), x, v, numbers,
+            precision_config=dot.attributes["precision_config"]
+            if "precision_config" in idioms._attr_names(dot) else None).result
+        for g in rest:
+            if g is x:
+                continue
+            op = _def(g)
+            spread = stablehlo.BroadcastInDimOp(ir.RankedTensorType.get(e_shape, element),
+                                                op.operands[0],
+                                                _i64s(op, "broadcast_dimensions")).result
+            product = stablehlo.MulOp(product, spread).result
+        product = stablehlo.MulOp(product, dot.operands[0]).result
+    clone = reduce.clone(ir.InsertionPoint(reduce))
+    clone.operands[0] = product
+    return _replace(reduce, clone.results[0])
+
+
+def _is_exp(value) -> bool:
+    op = _def(value)
+    return op is not None and op.name == "stablehlo.exponential"
+
+
+REWRITES = {
+    "stablehlo.reduce": _reassociated,
+    "stablehlo.multiply": lambda op: _telescope(op) or _absorb(op),
+    "stablehlo.broadcast_in_dim": _broadcast_out,
+    "stablehlo.add": lambda op: _add_out(op) or _contracted_sum(op),
+    "stablehlo.dot_general": lambda op: _dot_out(op) or _dot_divided(op),
+}
+"""The backward's rewrites by op name (entangle-normalize applies them once the forward's
+folds are done, `idioms.rewrite_idioms`)."""
