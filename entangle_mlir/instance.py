@@ -164,8 +164,8 @@ class InstanceChecker:
         self.reduce_above = reduce_above
         self.max_elements = max_elements
         self.spent = 0.0
-        self.cache: dict[tuple, ProofResult] = {}
-        self.plans: dict[tuple, _Plan] = {}
+        self.cache: dict[_Key, ProofResult] = {}
+        self.plans: dict[_Key, _Plan] = {}
         self.stats: dict[str, OpStats] = {}
 
     def remaining(self) -> float | None:
@@ -183,7 +183,9 @@ class InstanceChecker:
         stands for: the same local values on every device."""
         out_values = [_as_padded_rel(v) for v in out_values]
         start = time.perf_counter()
-        stats = self.stats.setdefault(info.name, OpStats())
+        stats = self.stats.get(info.name)
+        if stats is None:
+            stats = self.stats[info.name] = OpStats()
         stats.checks += 1
         try:
             result = self._check(info, list(in_values), list(out_values), mesh, ctx, stats)
@@ -323,8 +325,8 @@ def set_budget(seconds: float | None) -> None:
 def default_context(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh | None
                     ) -> RuleContext:
     """Global scope when there is no mesh or the values are global, else fully manual."""
-    rels = [v for v in list(ins) + list(outs) if isinstance(v, Rel)]
-    if mesh is None or any(r.scope == GLOBAL for r in rels):
+    if mesh is None or any(isinstance(v, Rel) and v.scope == GLOBAL
+                           for values in (ins, outs) for v in values):
         return RuleContext(mesh=mesh, manual_axes=())
     return RuleContext(mesh=mesh, manual_axes=mesh.names)
 
@@ -396,16 +398,32 @@ def _value_key(value: Value) -> tuple:
     return ("opaque",)
 
 
+class _Key:
+    """A cache key (a deep tuple) with its hash computed once: the plan and proof caches look
+    keys up on every op. Equal exactly when the tuples are equal."""
+
+    __slots__ = ("_hash", "parts")
+
+    def __init__(self, parts: tuple) -> None:
+        self._hash = hash(parts)  # TypeError when a part is unhashable
+        self.parts = parts
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is _Key and self._hash == other._hash
+                                 and self.parts == other.parts)
+
+
 def _cache_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh | None,
-               ctx: RuleContext) -> tuple | None:
+               ctx: RuleContext) -> _Key | None:
     try:
-        key = (info.signature(), tuple(info.operand_types), tuple(info.result_types),
-               tuple(_value_key(v) for v in ins), tuple(_value_key(v) for v in outs), mesh,
-               tuple(ctx.manual_axes))
-        hash(key)
+        return _Key((info.signature(), tuple(info.operand_types), tuple(info.result_types),
+                     tuple(_value_key(v) for v in ins), tuple(_value_key(v) for v in outs), mesh,
+                     tuple(ctx.manual_axes)))
     except TypeError:
         return None
-    return key
 
 
 def _layout_key(value: Value) -> tuple:
@@ -417,7 +435,7 @@ def _layout_key(value: Value) -> tuple:
 
 
 def _shape_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh | None,
-               ctx: RuleContext) -> tuple | None:
+               ctx: RuleContext) -> _Key | None:
     """What determines an instance's "leaf" abstraction and everything planned from it: the
     op's attributes and types, the layouts, which inputs share a term, and the constants the
     abstraction keeps (see `_Abstractor.abstract`). Cheap: no rule runs, no term is built.
@@ -429,7 +447,7 @@ def _shape_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: 
 
     parts = []
     for value in ins:
-        if isinstance(value, (Shifted, *DEVICE_BLOCK_VALUES)):
+        if isinstance(value, _UNPLANNED):
             return None
         if not isinstance(value, Rel):
             parts.append(_value_key(value))
@@ -443,15 +461,18 @@ def _shape_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: 
                           leaf(operand)))
         else:
             parts.append((_layout_key(value), leaf(term)))
-    if any(isinstance(v, (Shifted, *DEVICE_BLOCK_VALUES)) for v in outs):
+    if any(isinstance(v, _UNPLANNED) for v in outs):
         return None
     try:
-        key = (info.signature(), tuple(info.operand_types), tuple(info.result_types),
-               tuple(parts), tuple(_layout_key(v) for v in outs), mesh, tuple(ctx.manual_axes))
-        hash(key)
+        return _Key((info.signature(), tuple(info.operand_types), tuple(info.result_types),
+                     tuple(parts), tuple(_layout_key(v) for v in outs), mesh,
+                     tuple(ctx.manual_axes)))
     except TypeError:
         return None
-    return key
+
+
+_UNPLANNED = (Shifted, *DEVICE_BLOCK_VALUES)
+"""Values checked as they are, never through a reusable plan."""
 
 
 @dataclass
@@ -465,7 +486,7 @@ class _Plan:
     abstract_ins: list[Value]
     abstract_outs: list[Value]
     plan: tuple
-    key: tuple | None
+    key: _Key | None
 
     def instance_of(self, ins: Sequence[Value], outs: Sequence[Value]) -> bool:
         mapping: dict[int, Term] = {}
@@ -519,9 +540,11 @@ def _run_rule(info: OpInfo, ins: list[Value], mesh: Mesh | None, ctx: RuleContex
 
 def _as_padded_rel(value: Value) -> Value:
     """A zero-padded window as the padded relation it stands for; any other value as is."""
+    if not isinstance(value, Windowed):
+        return value
     from .rules.window import is_padded, padded_rel
 
-    return padded_rel(value) if isinstance(value, Windowed) and is_padded(value) else value
+    return padded_rel(value) if is_padded(value) else value
 
 
 def _layout_hint(info: OpInfo, claimed: Sequence[Value], mesh: Mesh | None,

@@ -15,14 +15,16 @@ class Mesh:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.axes)
+        return self._names
 
     @property
     def num_devices(self) -> int:
         return math.prod(size for _, size in self.axes)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_sizes", dict(self.axes))  # size() is on every op's path
+        # size() and names are on every op's path
+        object.__setattr__(self, "_sizes", dict(self.axes))
+        object.__setattr__(self, "_names", tuple(name for name, _ in self.axes))
 
     def size(self, axis: str) -> int:
         return self._sizes[axis]

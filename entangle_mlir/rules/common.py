@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import operator
-from dataclasses import replace
 from fractions import Fraction
 
 from ..layout import DEVICE_BLOCK_VALUES, GLOBAL, DeviceScalar, Masked, Opaque, Rel, Value
@@ -44,13 +43,18 @@ def replicated(term: Term, ctx: RuleContext, poly: frozenset[int] = frozenset())
 
 def splat_rel(value, shape: tuple[int, ...], dtype: str, ctx: RuleContext) -> Rel:
     """A splat constant: every dim is poly, so it adapts to whatever it is combined with."""
-    rel = replicated(make_splat(value, shape, dtype), ctx)
-    return replace(rel, poly=frozenset(range(len(shape))) if not ctx.is_global else frozenset())
+    is_global = ctx.is_global
+    return Rel(make_splat(value, shape, dtype), ((),) * len(shape),
+               poly=frozenset() if is_global else frozenset(range(len(shape))),
+               scope=GLOBAL if is_global else "")
 
 
 def freeze(rel: Rel) -> Rel:
     """Forget poly dims: the local size is taken as the global one (always sound)."""
-    return replace(rel, poly=frozenset()) if rel.poly else rel
+    if not rel.poly:
+        return rel
+    return Rel(rel.term, rel.tiling, rel.partial, rel.kind, frozenset(), rel.scope,
+               rel.partial_origin)
 
 
 def resize(term: Term, dim: int, size: int) -> Term | None:
@@ -187,7 +191,8 @@ def unify_dims(rels: list[Rel], dims_of: list[list[int]], ctx: RuleContext,
             term = new_term
             tiling[d] = axes
         poly = frozenset(d for i, d in enumerate(dims) if d in rel.poly and i in still_poly)
-        resized.append(replace(rel, term=term, tiling=tuple(tiling), poly=poly))
+        resized.append(Rel(term, tuple(tiling), rel.partial, rel.kind, poly, rel.scope,
+                           rel.partial_origin))
     return resized, joint, still_poly
 
 

@@ -214,17 +214,18 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
     constant_pred = blocks.truth(operands[0]) if info.name == "stablehlo.select" else None
     if constant_pred is not None:
         return [operands[1] if constant_pred else operands[2]]
-    if any(isinstance(v, DEVICE_BLOCK_VALUES) for v in operands):
-        return blocks.elementwise(info, operands, ctx, elementwise)
-    if any(isinstance(v, Windowed) for v in operands):
-        return [window_elementwise(info, operands, ctx, elementwise)]
-    if any(isinstance(v, Shifted) for v in operands):
-        return elementwise_shifted(info, operands, ctx, elementwise)
-    if any(isinstance(v, DeviceScalar) for v in operands):
-        if math.prod(info.result_types[0].shape) != 1 and any(
-                isinstance(v, Rel) and splat_value(v.term) is None for v in operands):
-            return _shift_scalar(info, operands, ctx)
-        return _device_scalar(info, operands, ctx)
+    if not all(type(v) is Rel for v in operands):
+        if any(isinstance(v, DEVICE_BLOCK_VALUES) for v in operands):
+            return blocks.elementwise(info, operands, ctx, elementwise)
+        if any(isinstance(v, Windowed) for v in operands):
+            return [window_elementwise(info, operands, ctx, elementwise)]
+        if any(isinstance(v, Shifted) for v in operands):
+            return elementwise_shifted(info, operands, ctx, elementwise)
+        if any(isinstance(v, DeviceScalar) for v in operands):
+            if math.prod(info.result_types[0].shape) != 1 and any(
+                    isinstance(v, Rel) and splat_value(v.term) is None for v in operands):
+                return _shift_scalar(info, operands, ctx)
+            return _device_scalar(info, operands, ctx)
     rels: list[Rel] = list(operands)  # type: ignore[arg-type]
     if not ctx.is_global:
         mixed = _mixed_partial(info, rels)
