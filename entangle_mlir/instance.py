@@ -204,14 +204,15 @@ class InstanceChecker:
 
     def _check(self, info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
                ctx: RuleContext | None, stats: OpStats) -> ProofResult:
-        name = _query_name(info)
         remaining = self.remaining()
         if remaining is not None and remaining <= 0:
-            return ProofResult("skipped", name=name, reason="instance-check time budget spent")
+            return ProofResult("skipped", name=_query_name(info),
+                               reason="instance-check time budget spent")
         if all(isinstance(v, Opaque) for v in outs):
-            return ProofResult("skipped", name=name, reason="no relation claimed")
+            return ProofResult("skipped", name=_query_name(info), reason="no relation claimed")
         if info.name not in S.OP_SEMANTICS and info.name not in S.COLLECTIVE_SEMANTICS:
-            return ProofResult("skipped", name=name, reason=f"no semantics for {info.name}")
+            return ProofResult("skipped", name=_query_name(info),
+                               reason=f"no semantics for {info.name}")
         ctx = ctx or default_context(ins, outs, mesh)
         shape_key = _shape_key(info, ins, outs, mesh, ctx)
         known = self.plans.get(shape_key) if shape_key is not None else None
@@ -221,7 +222,7 @@ class InstanceChecker:
         else:
             plan = self._plan(info, ins, outs, mesh, ctx)
             if isinstance(plan, ProofResult):
-                plan.name = plan.name or name
+                plan.name = plan.name or _query_name(info)
                 return plan
             p_info, p_ins, p_outs, mode = plan[:4]
             key = _cache_key(p_info, p_ins, p_outs, mesh, ctx)
@@ -237,7 +238,7 @@ class InstanceChecker:
         timeout = self.timeout_ms
         if remaining is not None:
             timeout = max(1, min(timeout, int(remaining * 1000)))
-        result = run_check(p_info, p_ins, p_outs, mesh, ctx, name=f"{name}.{mode}",
+        result = run_check(p_info, p_ins, p_outs, mesh, ctx, name=f"{_query_name(info)}.{mode}",
                            timeout_ms=timeout)
         result.details = {**result.details, "mode": mode}
         if key is not None and result.status in ("proved", "refuted"):

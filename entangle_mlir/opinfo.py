@@ -110,11 +110,25 @@ def reducer_kind(op) -> str:
 
 def _convert_attr(attr):
     """The plain-Python value of an attribute (dispatched on its class, which decides every
-    test below: the bindings' classes use the standard isinstance)."""
+    test below: the bindings' classes use the standard isinstance). Immutable values are
+    remembered by attribute (`_CONVERTED`)."""
+    found = _CONVERTED.get(attr)
+    if found is not None:
+        return found
     convert = _CONVERTERS.get(type(attr))
     if convert is None:
         convert = _CONVERTERS[type(attr)] = _converter(type(attr))
-    return convert(attr)
+    value = convert(attr)
+    if convert is not _int_list:
+        _CONVERTED[attr] = value
+    return value
+
+
+_CONVERTED: dict = {}
+"""Converted attribute values by attribute. MLIR attributes are uniqued and immutable, and a
+key holds its context alive, so an entry never goes stale; a deep model repeats the same
+dimension lists, constants and dimension numbers in every layer. Only immutable values (tuples,
+scalars, strings; read-only arrays for constants) are kept."""
 
 
 def _converter(cls):
@@ -196,15 +210,9 @@ def describe(op, default_file: str = "-") -> OpInfo:
         if key not in _READ_APART:
             attrs[key] = _convert_attr(attr)
     if name == "stablehlo.constant":
-        attrs["value"], attrs["splat"] = constant_value(attributes["value"])
+        attrs["value"], attrs["splat"] = _constant_of(attributes["value"])
     elif name == "stablehlo.dot_general":
-        from jaxlib.mlir.dialects import stablehlo
-
-        dims = stablehlo.DotDimensionNumbers(attributes["dot_dimension_numbers"])
-        attrs.update(lhs_batch=tuple(dims.lhs_batching_dimensions),
-                     rhs_batch=tuple(dims.rhs_batching_dimensions),
-                     lhs_contract=tuple(dims.lhs_contracting_dimensions),
-                     rhs_contract=tuple(dims.rhs_contracting_dimensions))
+        attrs.update(_dot_dimensions(attributes["dot_dimension_numbers"]))
     elif name == "stablehlo.dot":
         lhs_rank = len(tensor_type(op.operands[0].type).shape)
         name = "stablehlo.dot_general"
@@ -224,12 +232,37 @@ def describe(op, default_file: str = "-") -> OpInfo:
         found = types.get(t)
         operand_types.append(found if found is not None else tensor_type(t))
     result_types = []
-    for value in op.results:
-        t = value.type
+    for t in op.results.types:
         found = types.get(t)
         result_types.append(found if found is not None else tensor_type(t))
     return OpInfo(name, attrs, operand_types, result_types, _op_location()(op, default_file),
                   op)
+
+
+def _constant_of(attr) -> tuple:
+    """`constant_value`, remembered by attribute (`_CONVERTED`) as a read-only array."""
+    key = ("constant", attr)
+    found = _CONVERTED.get(key)
+    if found is None:
+        value, splat = constant_value(attr)
+        value.flags.writeable = False
+        found = _CONVERTED[key] = (value, splat)
+    return found
+
+
+def _dot_dimensions(attr) -> dict:
+    """A dot_general's dimension numbers as `lhs_batch`, ... tuples (remembered by attribute)."""
+    key = ("dot", attr)
+    found = _CONVERTED.get(key)
+    if found is None:
+        from jaxlib.mlir.dialects import stablehlo
+
+        dims = stablehlo.DotDimensionNumbers(attr)
+        found = _CONVERTED[key] = {"lhs_batch": tuple(dims.lhs_batching_dimensions),
+                                   "rhs_batch": tuple(dims.rhs_batching_dimensions),
+                                   "lhs_contract": tuple(dims.lhs_contracting_dimensions),
+                                   "rhs_contract": tuple(dims.rhs_contracting_dimensions)}
+    return found
 
 
 _REDUCING = frozenset({"stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",

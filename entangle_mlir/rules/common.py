@@ -110,16 +110,16 @@ def _local_shape_ok(rel: Rel, local: tuple[int, ...], ctx: RuleContext) -> bool:
 
 def check_local_shapes(info: OpInfo, results: list[Value], ctx: RuleContext) -> list[Value]:
     """Guard every rule: a relation whose local shape disagrees with the op's type is dropped."""
-    if ctx.mesh is None and not ctx.is_global:
+    mesh, is_global = ctx.mesh, ctx.is_global
+    if mesh is None and not is_global:
         return results
     checked = []
     for value, rtype in zip(results, info.result_types):
         if isinstance(value, Rel):
             local = rtype.shape
-            expected = value.term.shape if ctx.is_global or not (
-                ctx.mesh and value.tiled_axes) else tuple(
-                size if dim in value.poly else size // ctx.mesh.group_size(axes)
-                for dim, (size, axes) in enumerate(zip(value.term.shape, value.tiling)))
+            expected = value.term.shape if is_global or not (mesh and any(value.tiling)) else (
+                tuple(size if dim in value.poly else size // mesh.group_size(axes)
+                      for dim, (size, axes) in enumerate(zip(value.term.shape, value.tiling))))
             if expected != local or len(value.tiling) != len(local):
                 value = Opaque(f"internal: inferred local shape {expected} does not match the "
                                f"op's type {local}", category="internal")
