@@ -326,9 +326,12 @@ def set_budget(seconds: float | None) -> None:
 def default_context(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh | None
                     ) -> RuleContext:
     """Global scope when there is no mesh or the values are global, else fully manual."""
-    if mesh is None or any(isinstance(v, Rel) and v.scope == GLOBAL
-                           for values in (ins, outs) for v in values):
+    if mesh is None:
         return RuleContext(mesh=mesh, manual_axes=())
+    for values in (ins, outs):
+        for v in values:
+            if isinstance(v, Rel) and v.scope == GLOBAL:
+                return RuleContext(mesh=mesh, manual_axes=())
     return RuleContext(mesh=mesh, manual_axes=mesh.names)
 
 
@@ -441,27 +444,27 @@ def _shape_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: 
     op's attributes and types, the layouts, which inputs share a term, and the constants the
     abstraction keeps (see `_Abstractor.abstract`). Cheap: no rule runs, no term is built.
     None when the instance is not eligible (device-offset values are checked as they are)."""
-    numbering: dict[int, int] = {}
-
-    def leaf(term: Term) -> int:
-        return numbering.setdefault(term.serial, len(numbering))
-
+    numbering: dict[int, int] = {}  # which inputs share a leaf: serial -> first position
     parts = []
     for value in ins:
-        if isinstance(value, _UNPLANNED):
-            return None
-        if not isinstance(value, Rel):
-            parts.append(_value_key(value))
-            continue
+        if type(value) is not Rel:
+            if isinstance(value, _UNPLANNED):
+                return None
+            if not isinstance(value, Rel):
+                parts.append(_value_key(value))
+                continue
         term = value.term
-        if term.op in ("splat", "iota"):
-            parts.append((_layout_key(value), term))
-        elif term.op == "broadcast" and value.poly:
+        layout = ("rel", value.tiling, value.partial, value.kind, value.poly, value.scope,
+                  term.shape, term.dtype)  # _layout_key
+        op = term.op
+        if op == "splat" or op == "iota":
+            parts.append((layout, term))
+        elif op == "broadcast" and value.poly:
             operand = term.args[0]
-            parts.append((_layout_key(value), term.attrs, operand.shape, operand.dtype,
-                          leaf(operand)))
+            parts.append((layout, term.attrs, operand.shape, operand.dtype,
+                          numbering.setdefault(operand.serial, len(numbering))))
         else:
-            parts.append((_layout_key(value), leaf(term)))
+            parts.append((layout, numbering.setdefault(term.serial, len(numbering))))
     if any(isinstance(v, _UNPLANNED) for v in outs):
         return None
     try:
