@@ -41,10 +41,10 @@ _MAX_INDEX = 1 << 22
 """Largest tensor whose element-to-root index map is computed (to compare two views)."""
 
 
-def drop_identity_converts(module: ir.Module) -> int:
+def drop_identity_converts(module: ir.Module, ops: list | None = None) -> int:
     """Replace every `stablehlo.convert` to its operand's own type by the operand (jax inserts
     them for weakly typed loop carries; they would hide an accumulator from the folds below).
-    Exact. The number dropped."""
+    Exact. The number dropped. `ops`: the module's ops as `ir.ops_in_order` lists them now."""
     found: list[ir.Operation] = []
 
     def collect(op):
@@ -52,7 +52,12 @@ def drop_identity_converts(module: ir.Module) -> int:
             found.append(op)
         return ir.WalkResult.ADVANCE
 
-    module.operation.walk(collect)
+    if ops is None:
+        module.operation.walk(collect)
+    else:
+        for name, op in ops:
+            if name == "stablehlo.convert":
+                collect(op)
     for op in found:
         op.results[0].replace_all_uses_with(op.operands[0])
     for op in found:
@@ -60,12 +65,14 @@ def drop_identity_converts(module: ir.Module) -> int:
     return len(found)
 
 
-def rewrite_idioms(module: ir.Module) -> int:
+def rewrite_idioms(module: ir.Module, ops: list | None = None) -> int:
     """Apply the rewrites in place until none applies; the number applied. (One rewrite per
-    walk: a rewrite erases ops that a list collected before it would still hold.)"""
+    walk: a rewrite erases ops that a list collected before it would still hold.) `ops`: the
+    module's ops as `ir.ops_in_order` lists them now (stands for the first walk)."""
     count = 0
     with ir.Location.unknown():
-        while _rewrite_one(module):
+        while _rewrite_one(module, ops):
+            ops = None
             count += 1
     return count
 
@@ -80,7 +87,7 @@ _REWRITES = {
 }
 
 
-def _rewrite_one(module: ir.Module) -> bool:
+def _rewrite_one(module: ir.Module, listed: list | None = None) -> bool:
     ops: list[ir.Operation] = []
 
     def collect(op):
@@ -88,7 +95,10 @@ def _rewrite_one(module: ir.Module) -> bool:
             ops.append(op)
         return ir.WalkResult.ADVANCE
 
-    module.operation.walk(collect)
+    if listed is None:
+        module.operation.walk(collect)
+    else:
+        ops = [op for name, op in listed if name in _REWRITES]
     return any(_REWRITES[op.name](op) for op in ops)
 
 
