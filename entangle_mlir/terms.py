@@ -268,17 +268,22 @@ def _extend_lin(pairs, base_at: int, constant, shape: tuple[int, ...], dtype: st
     if base_const != 0:
         total = total + base_const
     touched: set[int] = set()
+    inserted: set[int] = set()
+    changed_base = False
 
     def add(k, t: Term) -> None:
+        nonlocal changed_base
         serial = t.serial
         at = bisect.bisect_left(serials, serial)
         if at < len(serials) and serials[at] == serial:
             coefs[at] = coefs[at] + k
+            changed_base = changed_base or serial not in inserted
         else:
             serials.insert(at, serial)
             coefs.insert(at, k)
             args.insert(at, t)
             coef_keys.insert(at, None)
+            inserted.add(serial)
         touched.add(serial)
 
     for i, (coef, term) in enumerate(pairs):
@@ -312,7 +317,23 @@ def _extend_lin(pairs, base_at: int, constant, shape: tuple[int, ...], dtype: st
                   key_attrs=(_cheap(total), key_tuple), arg_serials=serial_key)
     if len(serial_key) >= LONG_LIN:
         _LIN_KEYS[term.serial] = (serial_key, key_tuple)
+        if (not changed_base and term is not base and type(total) is Fraction
+                and type(base_const) is Fraction and total == base_const):
+            added = []
+            for serial in sorted(inserted):
+                at = bisect.bisect_left(serials, serial)
+                if at < len(serials) and serials[at] == serial:
+                    added.append((coefs[at], args[at]))
+            if added:
+                _DERIVED[term.serial] = (base, tuple(added))
     return term
+
+
+_DERIVED: dict[int, tuple[Term, tuple[tuple[Scalar, Term], ...]]] = {}
+"""serial of a long lin -> (base, pairs) when it is `base + sum(k * t for k, t in pairs)` with
+terms `t` that base does not have (base's coefficients and constant as they are): a residual
+stream after each add. Its content follows these steps (`_content_parts`) in work per step,
+not per term of the stream."""
 
 
 def _cheap(value: Scalar):
@@ -393,33 +414,80 @@ def _divided(c: Fraction, sign: int, numerator: int, denominator: int) -> Fracti
 
 
 def _long_content(term: Term) -> tuple[Scalar, Term] | None:
-    """`_factor_content` of a long lin (the residual stream minus its mean), working on its
-    distinct coefficients (a handful) instead of every term: the inner sum keeps the sorted
-    arguments and nonzero coefficients, so it is interned directly, as `make_lin` would. None
-    when a coefficient is not exact (the general path decides)."""
+    """`_factor_content` of a long lin (the residual stream minus its mean): the content from
+    `_content_parts`, the inner sum `_scaled(term, 1/k)` (the same canonical form `make_lin`
+    gives the divided pairs). None when a coefficient is not exact (the general path
+    decides)."""
+    parts = _content_parts(term)
+    if parts is None:
+        return None
+    numerator, denominator = parts
+    sign = -1 if term.attrs[1][0] < 0 else 1
+    if numerator == 1 and denominator == 1 and sign == 1:
+        return Fraction(1), term
+    return Fraction(sign * numerator, denominator), _scaled(
+        term, Fraction(sign * denominator, numerator))
+
+
+_PARTS: dict[int, tuple[int, int] | None] = {}
+"""serial of a long lin -> `_content_parts`."""
+
+
+def _content_parts(term: Term) -> tuple[int, int] | None:
+    """(gcd of the numerators, lcm of the denominators) of a long lin's nonzero coefficients
+    and constant; None when one is not an exact rational. Follows `_DERIVED` steps down to a
+    lin already known, then folds each step's added coefficients in."""
+    chain = []
+    at = term
+    while at.serial not in _PARTS:
+        step = _DERIVED.get(at.serial)
+        if step is None:
+            _PARTS[at.serial] = _parts_of(at)
+            break
+        chain.append(at)
+        at = step[0]
+    for derived in reversed(chain):
+        base, added = _DERIVED[derived.serial]
+        parts = _PARTS[base.serial]
+        if parts is not None and all(type(k) is Fraction for k, _ in added):
+            parts = (math.gcd(parts[0], *(k.numerator for k, _ in added)),
+                     math.lcm(parts[1], *(k.denominator for k, _ in added)))
+        else:
+            parts = None
+        _PARTS[derived.serial] = parts
+    return _PARTS[term.serial]
+
+
+def _parts_of(term: Term) -> tuple[int, int] | None:
+    """`_content_parts` from the lin's distinct coefficients."""
     constant, coefs = term.attrs
-    serials, keys = _lin_keys(term)
-    distinct = dict(zip(keys, coefs))
-    values = [c for c in distinct.values() if c != 0]
+    values = [c for c in dict(zip(_lin_keys(term)[1], coefs)).values() if c != 0]
     if constant != 0:
         values.append(constant)
     if not all(type(v) is Fraction for v in values):
         return None
-    numerator = math.gcd(*(v.numerator for v in values))
-    denominator = math.lcm(*(v.denominator for v in values))
-    sign = -1 if coefs[0] < 0 else 1
-    if numerator == 1 and denominator == 1 and sign == 1:
-        return Fraction(1), term
-    k = Fraction(sign * numerator, denominator)
-    new_of = {key: _divided(c, sign, numerator, denominator) for key, c in distinct.items()}
-    new_key_of = {key: _cheap(c) for key, c in new_of.items()}
-    inner_coefs = tuple(map(new_of.__getitem__, keys))
-    inner_keys = tuple(map(new_key_of.__getitem__, keys))
-    inner_constant = _divided(constant, sign, numerator, denominator)
-    inner = intern("lin", term.args, (inner_constant, inner_coefs), term.shape, term.dtype,
-                   key_attrs=(_cheap(inner_constant), inner_keys), arg_serials=serials)
-    _LIN_KEYS[inner.serial] = (serials, inner_keys)
-    return k, inner
+    return (math.gcd(*(v.numerator for v in values)),
+            math.lcm(*(v.denominator for v in values)))
+
+
+def _scaled(term: Term, factor: Fraction) -> Term:
+    """`make_lin([(factor, term)], 0)` for a long lin and a nonzero exact factor: its distinct
+    coefficients times the factor, interned directly (the arguments, sorted and nonzero, do
+    not change, so this is the canonical form)."""
+    constant, coefs = term.attrs
+    serials, keys = _lin_keys(term)
+    distinct = dict(zip(keys, coefs))
+    if type(constant) is not Fraction or not all(type(c) is Fraction for c in distinct.values()):
+        return make_lin([(factor, term)], _ZERO, term.shape, term.dtype)
+    new_of = {k: c * factor for k, c in distinct.items()}
+    new_key_of = {k: _cheap(c) for k, c in new_of.items()}
+    new_keys = tuple(map(new_key_of.__getitem__, keys))
+    new_constant = constant * factor
+    scaled = intern("lin", term.args, (new_constant, tuple(map(new_of.__getitem__, keys))),
+                    term.shape, term.dtype, key_attrs=(_cheap(new_constant), new_keys),
+                    arg_serials=serials)
+    _LIN_KEYS[scaled.serial] = (serials, new_keys)
+    return scaled
 
 
 def _lin_keys(term: Term) -> tuple[tuple[int, ...], tuple]:

@@ -112,3 +112,38 @@ def test_content_of_long_lin_is_the_general_one(seed):
     k_fast, inner_fast = terms._factor_content(term)
     assert k_fast == k_general and type(k_fast) is type(k_general)
     assert inner_fast is inner_general
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_content_along_a_residual_stream_is_the_general_one(seed):
+    """A residual stream grown add by add (`_DERIVED` steps), minus a scaled mean at each
+    layer: content and inner sum as the general path computes them from scratch."""
+    rng = random.Random(2000 + seed)
+    counter = iter(range(10**6))
+
+    def fresh():
+        return make_arg(950_000 + seed * 1000 + next(counter), SHAPE, DTYPE)
+
+    unit = Fraction(2) if seed % 2 else Fraction(1)  # a content other than 1 throughout
+    stream = _general([(unit * rng.choice([1, 2, 768]), fresh()) for _ in range(9)],
+                      unit * rng.choice([0, 0, 3]))
+    for layer in range(12):
+        added = [(unit * rng.choice([Fraction(1), Fraction(768 ** layer), Fraction(-1, 3)]),
+                  fresh()) for _ in range(rng.randrange(1, 4))]
+        stream = make_lin([(Fraction(1), stream)] + added, Fraction(0), SHAPE, DTYPE)
+        assert stream is _general([(Fraction(1), stream)], Fraction(0))
+        centred = make_lin([(Fraction(1), stream),
+                            (rng.choice([Fraction(-1, 768), Fraction(-2), Fraction(5, 7)]),
+                             fresh())], Fraction(0), SHAPE, DTYPE)
+        for term in (stream, centred):
+            fast = terms._factor_content(term)
+            saved = terms.LONG_LIN
+            terms.LONG_LIN = 10**9
+            try:
+                general = terms._factor_content(term)
+            finally:
+                terms.LONG_LIN = saved
+            assert fast[0] == general[0] and fast[1] is general[1]
+            factor = rng.choice([Fraction(768), Fraction(-1, 3), Fraction(2, 5)])
+            assert terms._scaled(term, factor) is _general([(factor, term)], Fraction(0))
+    assert stream.serial in terms._DERIVED, "the stream was not extended in place"
