@@ -141,11 +141,14 @@ def unify_dims(rels: list[Rel], dims_of: list[list[int]], ctx: RuleContext,
     Returns the operands with poly dims resized, the joint (global size, tiling) per dim and the
     joint dims that stay poly (every operand poly there).
     """
-    first = rels[0]
-    if all(not rel.poly and rel.term.shape == first.term.shape and rel.tiling == first.tiling
-           and dims == dims_of[0] for rel, dims in zip(rels, dims_of)):
+    first, dims0 = rels[0], dims_of[0]
+    shape0, tiling0 = first.term.shape, first.tiling
+    for rel, dims in zip(rels, dims_of):
+        if rel.poly or rel.term.shape != shape0 or rel.tiling != tiling0 or dims != dims0:
+            break
+    else:
         # Operands laid out alike (the common case): every joint dim is theirs, none resized.
-        return list(rels), [(first.term.shape[d], first.tiling[d]) for d in dims_of[0]], set()
+        return list(rels), [(shape0[d], tiling0[d]) for d in dims0], set()
     joint: list[tuple[int, tuple[str, ...]]] = []
     still_poly: set[int] = set()
     mesh = ctx.mesh

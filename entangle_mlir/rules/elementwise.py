@@ -232,9 +232,10 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
         if mixed:
             return [mixed]
     rank = len(info.result_types[0].shape)
-    if any(len(rel.term.shape) != rank for rel in rels):
-        return [Opaque(f"{info.name}: operand ranks differ", category="internal")]
-    unified = unify_dims(rels, [list(range(rank))] * len(rels), ctx, info.name.split(".")[-1])
+    for rel in rels:
+        if len(rel.term.shape) != rank:
+            return [Opaque(f"{info.name}: operand ranks differ", category="internal")]
+    unified = unify_dims(rels, [list(range(rank))] * len(rels), ctx, _short_name(info.name))
     if isinstance(unified, Opaque):
         return [unified]
     rels, joint, still_poly = unified
@@ -246,6 +247,17 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
     origin = next((rel.partial_origin for rel in rels if rel.partial), None)
     return [Rel(term, tuple(axes for _, axes in joint), partial, kind, frozenset(still_poly),
                 rels[0].scope, partial_origin=origin)]
+
+
+def _short_name(name: str) -> str:
+    """`add` for `stablehlo.add` (remembered: every elementwise op names itself)."""
+    short = _SHORT_NAMES.get(name)
+    if short is None:
+        short = _SHORT_NAMES[name] = name.split(".")[-1]
+    return short
+
+
+_SHORT_NAMES: dict[str, str] = {}
 
 
 def _folded(info: OpInfo, rels: list[Rel]) -> Term | None:
