@@ -444,7 +444,7 @@ def _shape_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: 
     op's attributes and types, the layouts, which inputs share a term, and the constants the
     abstraction keeps (see `_Abstractor.abstract`). Cheap: no rule runs, no term is built.
     None when the instance is not eligible (device-offset values are checked as they are)."""
-    numbering: dict[int, int] = {}  # which inputs share a leaf: serial -> first position
+    numbering: dict[int, int] = {}  # which inputs share a leaf: serial -> leaf number
     parts = []
     for value in ins:
         if type(value) is not Rel:
