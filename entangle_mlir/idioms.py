@@ -151,10 +151,12 @@ def _copy_attr(src: ir.Operation, dst: ir.Operation, name: str) -> None:
 def _gathered_sum(reduce: ir.Operation) -> int:
     from jaxlib.mlir.dialects import stablehlo
 
-    if not _sum_reduce(reduce):
+    if len(reduce.operands) != 2:
         return 0
-    gather = _def(reduce.operands[0])
+    gather = _def(reduce.operands[0])  # the cheap test first: most reduces sum no all_gather
     if gather is None or gather.name != "stablehlo.all_gather" or len(gather.operands) != 1:
+        return 0
+    if not _sum_reduce(reduce):
         return 0
     g = gather.attributes["all_gather_dim"].value
     y = gather.operands[0]
@@ -240,13 +242,15 @@ def _shifted_exp_sum(value):
     `reduce_add(exp(x - broadcast(m)), D)`; else None. The subtracted tensor's index map is
     checked against `m_value` by the caller."""
     reduce = _def(value)
-    if not _sum_reduce(reduce):
+    if reduce is None or reduce.name != "stablehlo.reduce" or len(reduce.operands) != 2:
         return None
     exp = _def(reduce.operands[0])
     if exp is None or exp.name != "stablehlo.exponential":
         return None
     sub = _def(exp.operands[0])
     if sub is None or sub.name != "stablehlo.subtract":
+        return None
+    if not _sum_reduce(reduce):  # its reducer and init last: they cost the most to read
         return None
     return reduce, exp, sub
 
@@ -286,9 +290,11 @@ def _unshifted(reduce: ir.Operation, sub: ir.Operation, at: ir.Operation):
 
 def _rescaled_exp_sum(mul: ir.Operation) -> int:
     for s, e in ((0, 1), (1, 0)):
-        found = _shifted_exp_sum(mul.operands[s])
         scale = _def(mul.operands[e])
-        if found is None or scale is None or scale.name != "stablehlo.exponential":
+        if scale is None or scale.name != "stablehlo.exponential":
+            continue
+        found = _shifted_exp_sum(mul.operands[s])
+        if found is None:
             continue
         reduce, _, sub = found
         if not _shift_matches(sub, reduce, scale.operands[0]) or not _finite_shift(
