@@ -213,13 +213,14 @@ class InstanceChecker:
         if info.name not in S.OP_SEMANTICS and info.name not in S.COLLECTIVE_SEMANTICS:
             return ProofResult("skipped", name=_query_name(info),
                                reason=f"no semantics for {info.name}")
-        ctx = ctx or default_context(ins, outs, mesh)
-        shape_key = _shape_key(info, ins, outs, mesh, ctx)
+        manual = tuple(ctx.manual_axes) if ctx else _default_manual_axes(ins, outs, mesh)
+        shape_key = _shape_key(info, ins, outs, mesh, manual)
         known = self.plans.get(shape_key) if shape_key is not None else None
         if known is not None and known.instance_of(ins, outs):
             p_info, p_ins, p_outs, mode = known.plan
             key = known.key
         else:
+            ctx = ctx or RuleContext(mesh=mesh, manual_axes=manual)
             plan = self._plan(info, ins, outs, mesh, ctx)
             if isinstance(plan, ProofResult):
                 plan.name = plan.name or _query_name(info)
@@ -238,6 +239,7 @@ class InstanceChecker:
         timeout = self.timeout_ms
         if remaining is not None:
             timeout = max(1, min(timeout, int(remaining * 1000)))
+        ctx = ctx or RuleContext(mesh=mesh, manual_axes=manual)
         result = run_check(p_info, p_ins, p_outs, mesh, ctx, name=f"{_query_name(info)}.{mode}",
                            timeout_ms=timeout)
         result.details = {**result.details, "mode": mode}
@@ -326,13 +328,19 @@ def set_budget(seconds: float | None) -> None:
 def default_context(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh | None
                     ) -> RuleContext:
     """Global scope when there is no mesh or the values are global, else fully manual."""
+    return RuleContext(mesh=mesh, manual_axes=_default_manual_axes(ins, outs, mesh))
+
+
+def _default_manual_axes(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh | None
+                         ) -> tuple[str, ...]:
+    """`default_context`'s manual axes."""
     if mesh is None:
-        return RuleContext(mesh=mesh, manual_axes=())
+        return ()
     for values in (ins, outs):
         for v in values:
             if isinstance(v, Rel) and v.scope == GLOBAL:
-                return RuleContext(mesh=mesh, manual_axes=())
-    return RuleContext(mesh=mesh, manual_axes=mesh.names)
+                return ()
+    return mesh.names
 
 
 # ----- helpers: names, sizes, cache keys ------------------------------------------------------
@@ -439,7 +447,7 @@ def _layout_key(value: Value) -> tuple:
 
 
 def _shape_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh | None,
-               ctx: RuleContext) -> _Key | None:
+               manual_axes: tuple[str, ...]) -> _Key | None:
     """What determines an instance's "leaf" abstraction and everything planned from it: the
     op's attributes and types, the layouts, which inputs share a term, and the constants the
     abstraction keeps (see `_Abstractor.abstract`). Cheap: no rule runs, no term is built.
@@ -469,8 +477,7 @@ def _shape_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: 
         return None
     try:
         return _Key((info.signature(), tuple(info.operand_types), tuple(info.result_types),
-                     tuple(parts), tuple(_layout_key(v) for v in outs), mesh,
-                     tuple(ctx.manual_axes)))
+                     tuple(parts), tuple(_layout_key(v) for v in outs), mesh, manual_axes))
     except TypeError:
         return None
 
