@@ -41,10 +41,10 @@ _MAX_INDEX = 1 << 22
 """Largest tensor whose element-to-root index map is computed (to compare two views)."""
 
 
-def drop_identity_converts(module: ir.Module) -> int:
+def drop_identity_converts(module: ir.Module, ops: list | None = None) -> int:
     """Replace every `stablehlo.convert` to its operand's own type by the operand (jax inserts
     them for weakly typed loop carries; they would hide an accumulator from the folds below).
-    Exact. The number dropped."""
+    Exact. The number dropped. `ops`: the module's ops as `ir.ops_in_order` lists them now."""
     found: list[ir.Operation] = []
 
     def collect(op):
@@ -52,7 +52,12 @@ def drop_identity_converts(module: ir.Module) -> int:
             found.append(op)
         return ir.WalkResult.ADVANCE
 
-    module.operation.walk(collect)
+    if ops is None:
+        module.operation.walk(collect)
+    else:
+        for name, op in ops:
+            if name == "stablehlo.convert":
+                collect(op)
     for op in found:
         op.results[0].replace_all_uses_with(op.operands[0])
     for op in found:
@@ -60,18 +65,22 @@ def drop_identity_converts(module: ir.Module) -> int:
     return len(found)
 
 
-def rewrite_idioms(module: ir.Module) -> int:
+def rewrite_idioms(module: ir.Module, ops: list | None = None) -> int:
     """Apply the rewrites in place until none applies; the number applied. (One rewrite per
-    walk: a rewrite erases ops that a list collected before it would still hold.)"""
+    walk: a rewrite erases ops that a list collected before it would still hold.) `ops`: the
+    module's ops as `ir.ops_in_order` lists them now (stands for the first walk). The online
+    softmax's backward rewrites (`online_backward.py`) join in once the forward's are done."""
     from .online_backward import REWRITES as backward
 
     count = 0
     with ir.Location.unknown():
-        while _rewrite_one(module, _REWRITES):
+        while _rewrite_one(module, _REWRITES, ops):
+            ops = None
             count += 1
         both = {name: _either(_REWRITES.get(name), backward.get(name))
                 for name in {*_REWRITES, *backward}}
-        while _rewrite_one(module, both):
+        while _rewrite_one(module, both, ops):
+            ops = None
             count += 1
     return count
 
@@ -91,7 +100,7 @@ _REWRITES = {
 }
 
 
-def _rewrite_one(module: ir.Module, rewrites: dict) -> bool:
+def _rewrite_one(module: ir.Module, rewrites: dict, listed: list | None = None) -> bool:
     ops: list[ir.Operation] = []
 
     def collect(op):
@@ -99,7 +108,10 @@ def _rewrite_one(module: ir.Module, rewrites: dict) -> bool:
             ops.append(op)
         return ir.WalkResult.ADVANCE
 
-    module.operation.walk(collect)
+    if listed is None:
+        module.operation.walk(collect)
+    else:
+        ops = [op for name, op in listed if name in rewrites]
     return any(rewrites[op.name](op) for op in ops)
 
 
@@ -152,10 +164,12 @@ def _copy_attr(src: ir.Operation, dst: ir.Operation, name: str) -> None:
 def _gathered_sum(reduce: ir.Operation) -> int:
     from jaxlib.mlir.dialects import stablehlo
 
-    if not _sum_reduce(reduce):
+    if len(reduce.operands) != 2:
         return 0
-    gather = _def(reduce.operands[0])
+    gather = _def(reduce.operands[0])  # the cheap test first: most reduces sum no all_gather
     if gather is None or gather.name != "stablehlo.all_gather" or len(gather.operands) != 1:
+        return 0
+    if not _sum_reduce(reduce):
         return 0
     g = gather.attributes["all_gather_dim"].value
     y = gather.operands[0]
@@ -241,13 +255,15 @@ def _shifted_exp_sum(value):
     `reduce_add(exp(x - broadcast(m)), D)`; else None. The subtracted tensor's index map is
     checked against `m_value` by the caller."""
     reduce = _def(value)
-    if not _sum_reduce(reduce):
+    if reduce is None or reduce.name != "stablehlo.reduce" or len(reduce.operands) != 2:
         return None
     exp = _def(reduce.operands[0])
     if exp is None or exp.name != "stablehlo.exponential":
         return None
     sub = _def(exp.operands[0])
     if sub is None or sub.name != "stablehlo.subtract":
+        return None
+    if not _sum_reduce(reduce):  # its reducer and init last: they cost the most to read
         return None
     return reduce, exp, sub
 
@@ -287,9 +303,11 @@ def _unshifted(reduce: ir.Operation, sub: ir.Operation, at: ir.Operation):
 
 def _rescaled_exp_sum(mul: ir.Operation) -> int:
     for s, e in ((0, 1), (1, 0)):
-        found = _shifted_exp_sum(mul.operands[s])
         scale = _def(mul.operands[e])
-        if found is None or scale is None or scale.name != "stablehlo.exponential":
+        if scale is None or scale.name != "stablehlo.exponential":
+            continue
+        found = _shifted_exp_sum(mul.operands[s])
+        if found is None:
             continue
         reduce, _, sub = found
         if not _shift_matches(sub, reduce, scale.operands[0]) or not _finite_shift(

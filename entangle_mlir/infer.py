@@ -457,7 +457,11 @@ class Walker:
         operands, results = list(op.operands), list(op.results)
         values = self.walk.values
         inputs = [values[v] for v in operands]
-        plain = all(type(v) is Rel for v in inputs)  # skips settle and the value-kind tests
+        plain = True  # all Rel: skips settle and the value-kind tests
+        for value in inputs:
+            if type(value) is not Rel:
+                plain = False
+                break
         if not plain:
             inputs = [settle(v, info.name) for v in inputs]
             plain = all(type(v) is Rel for v in inputs)
@@ -500,13 +504,15 @@ class Walker:
                                   category="internal")] * len(op.results)
             outputs = check_local_shapes(info, outputs, local)
         record = self._record(info, inputs, [], local)
-        record.sources = self._sources(operands)
+        producer = self.producer
+        record.sources = [producer.get(v) for v in operands]
         for result in results:
-            self.producer[result] = record
+            producer[result] = record
         for note in local.notes:
             if note not in self.walk.notes:
                 self.walk.notes.append(note)
-        outputs = [self._stamp(v, record, inputs) for v in outputs]
+        outputs = [v if type(v) is Rel and not v.partial else self._stamp(v, record, inputs)
+                   for v in outputs]
         record.outputs = outputs
         for result, value in zip(results, outputs):
             values[result] = value

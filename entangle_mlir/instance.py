@@ -164,8 +164,8 @@ class InstanceChecker:
         self.reduce_above = reduce_above
         self.max_elements = max_elements
         self.spent = 0.0
-        self.cache: dict[tuple, ProofResult] = {}
-        self.plans: dict[tuple, _Plan] = {}
+        self.cache: dict[_Key, ProofResult] = {}
+        self.plans: dict[_Key, _Plan] = {}
         self.stats: dict[str, OpStats] = {}
 
     def remaining(self) -> float | None:
@@ -183,7 +183,9 @@ class InstanceChecker:
         stands for: the same local values on every device."""
         out_values = [_as_padded_rel(v) for v in out_values]
         start = time.perf_counter()
-        stats = self.stats.setdefault(info.name, OpStats())
+        stats = self.stats.get(info.name)
+        if stats is None:
+            stats = self.stats[info.name] = OpStats()
         stats.checks += 1
         try:
             result = self._check(info, list(in_values), list(out_values), mesh, ctx, stats)
@@ -202,24 +204,26 @@ class InstanceChecker:
 
     def _check(self, info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
                ctx: RuleContext | None, stats: OpStats) -> ProofResult:
-        name = _query_name(info)
         remaining = self.remaining()
         if remaining is not None and remaining <= 0:
-            return ProofResult("skipped", name=name, reason="instance-check time budget spent")
+            return ProofResult("skipped", name=_query_name(info),
+                               reason="instance-check time budget spent")
         if all(isinstance(v, Opaque) for v in outs):
-            return ProofResult("skipped", name=name, reason="no relation claimed")
+            return ProofResult("skipped", name=_query_name(info), reason="no relation claimed")
         if info.name not in S.OP_SEMANTICS and info.name not in S.COLLECTIVE_SEMANTICS:
-            return ProofResult("skipped", name=name, reason=f"no semantics for {info.name}")
-        ctx = ctx or default_context(ins, outs, mesh)
-        shape_key = _shape_key(info, ins, outs, mesh, ctx)
+            return ProofResult("skipped", name=_query_name(info),
+                               reason=f"no semantics for {info.name}")
+        manual = tuple(ctx.manual_axes) if ctx else _default_manual_axes(ins, outs, mesh)
+        shape_key = _shape_key(info, ins, outs, mesh, manual)
         known = self.plans.get(shape_key) if shape_key is not None else None
         if known is not None and known.instance_of(ins, outs):
             p_info, p_ins, p_outs, mode = known.plan
             key = known.key
         else:
+            ctx = ctx or RuleContext(mesh=mesh, manual_axes=manual)
             plan = self._plan(info, ins, outs, mesh, ctx)
             if isinstance(plan, ProofResult):
-                plan.name = plan.name or name
+                plan.name = plan.name or _query_name(info)
                 return plan
             p_info, p_ins, p_outs, mode = plan[:4]
             key = _cache_key(p_info, p_ins, p_outs, mesh, ctx)
@@ -235,7 +239,8 @@ class InstanceChecker:
         timeout = self.timeout_ms
         if remaining is not None:
             timeout = max(1, min(timeout, int(remaining * 1000)))
-        result = run_check(p_info, p_ins, p_outs, mesh, ctx, name=f"{name}.{mode}",
+        ctx = ctx or RuleContext(mesh=mesh, manual_axes=manual)
+        result = run_check(p_info, p_ins, p_outs, mesh, ctx, name=f"{_query_name(info)}.{mode}",
                            timeout_ms=timeout)
         result.details = {**result.details, "mode": mode}
         if key is not None and result.status in ("proved", "refuted"):
@@ -323,10 +328,19 @@ def set_budget(seconds: float | None) -> None:
 def default_context(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh | None
                     ) -> RuleContext:
     """Global scope when there is no mesh or the values are global, else fully manual."""
-    rels = [v for v in list(ins) + list(outs) if isinstance(v, Rel)]
-    if mesh is None or any(r.scope == GLOBAL for r in rels):
-        return RuleContext(mesh=mesh, manual_axes=())
-    return RuleContext(mesh=mesh, manual_axes=mesh.names)
+    return RuleContext(mesh=mesh, manual_axes=_default_manual_axes(ins, outs, mesh))
+
+
+def _default_manual_axes(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh | None
+                         ) -> tuple[str, ...]:
+    """`default_context`'s manual axes."""
+    if mesh is None:
+        return ()
+    for values in (ins, outs):
+        for v in values:
+            if isinstance(v, Rel) and v.scope == GLOBAL:
+                return ()
+    return mesh.names
 
 
 # ----- helpers: names, sizes, cache keys ------------------------------------------------------
@@ -396,16 +410,32 @@ def _value_key(value: Value) -> tuple:
     return ("opaque",)
 
 
+class _Key:
+    """A cache key (a deep tuple) with its hash computed once: the plan and proof caches look
+    keys up on every op. Equal exactly when the tuples are equal."""
+
+    __slots__ = ("_hash", "parts")
+
+    def __init__(self, parts: tuple) -> None:
+        self._hash = hash(parts)  # TypeError when a part is unhashable
+        self.parts = parts
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (type(other) is _Key and self._hash == other._hash
+                                 and self.parts == other.parts)
+
+
 def _cache_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh | None,
-               ctx: RuleContext) -> tuple | None:
+               ctx: RuleContext) -> _Key | None:
     try:
-        key = (info.signature(), tuple(info.operand_types), tuple(info.result_types),
-               tuple(_value_key(v) for v in ins), tuple(_value_key(v) for v in outs), mesh,
-               tuple(ctx.manual_axes))
-        hash(key)
+        return _Key((info.signature(), tuple(info.operand_types), tuple(info.result_types),
+                     tuple(_value_key(v) for v in ins), tuple(_value_key(v) for v in outs), mesh,
+                     tuple(ctx.manual_axes)))
     except TypeError:
         return None
-    return key
 
 
 def _layout_key(value: Value) -> tuple:
@@ -417,41 +447,43 @@ def _layout_key(value: Value) -> tuple:
 
 
 def _shape_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh | None,
-               ctx: RuleContext) -> tuple | None:
+               manual_axes: tuple[str, ...]) -> _Key | None:
     """What determines an instance's "leaf" abstraction and everything planned from it: the
     op's attributes and types, the layouts, which inputs share a term, and the constants the
     abstraction keeps (see `_Abstractor.abstract`). Cheap: no rule runs, no term is built.
     None when the instance is not eligible (device-offset values are checked as they are)."""
-    numbering: dict[int, int] = {}
-
-    def leaf(term: Term) -> int:
-        return numbering.setdefault(term.serial, len(numbering))
-
+    numbering: dict[int, int] = {}  # which inputs share a leaf: serial -> leaf number
     parts = []
     for value in ins:
-        if isinstance(value, (Shifted, *DEVICE_BLOCK_VALUES)):
-            return None
-        if not isinstance(value, Rel):
-            parts.append(_value_key(value))
-            continue
+        if type(value) is not Rel:
+            if isinstance(value, _UNPLANNED):
+                return None
+            if not isinstance(value, Rel):
+                parts.append(_value_key(value))
+                continue
         term = value.term
-        if term.op in ("splat", "iota"):
-            parts.append((_layout_key(value), term))
-        elif term.op == "broadcast" and value.poly:
+        layout = ("rel", value.tiling, value.partial, value.kind, value.poly, value.scope,
+                  term.shape, term.dtype)  # _layout_key
+        op = term.op
+        if op == "splat" or op == "iota":
+            parts.append((layout, term))
+        elif op == "broadcast" and value.poly:
             operand = term.args[0]
-            parts.append((_layout_key(value), term.attrs, operand.shape, operand.dtype,
-                          leaf(operand)))
+            parts.append((layout, term.attrs, operand.shape, operand.dtype,
+                          numbering.setdefault(operand.serial, len(numbering))))
         else:
-            parts.append((_layout_key(value), leaf(term)))
-    if any(isinstance(v, (Shifted, *DEVICE_BLOCK_VALUES)) for v in outs):
+            parts.append((layout, numbering.setdefault(term.serial, len(numbering))))
+    if any(isinstance(v, _UNPLANNED) for v in outs):
         return None
     try:
-        key = (info.signature(), tuple(info.operand_types), tuple(info.result_types),
-               tuple(parts), tuple(_layout_key(v) for v in outs), mesh, tuple(ctx.manual_axes))
-        hash(key)
+        return _Key((info.signature(), tuple(info.operand_types), tuple(info.result_types),
+                     tuple(parts), tuple(_layout_key(v) for v in outs), mesh, manual_axes))
     except TypeError:
         return None
-    return key
+
+
+_UNPLANNED = (Shifted, *DEVICE_BLOCK_VALUES)
+"""Values checked as they are, never through a reusable plan."""
 
 
 @dataclass
@@ -465,7 +497,7 @@ class _Plan:
     abstract_ins: list[Value]
     abstract_outs: list[Value]
     plan: tuple
-    key: tuple | None
+    key: _Key | None
 
     def instance_of(self, ins: Sequence[Value], outs: Sequence[Value]) -> bool:
         mapping: dict[int, Term] = {}
@@ -519,9 +551,11 @@ def _run_rule(info: OpInfo, ins: list[Value], mesh: Mesh | None, ctx: RuleContex
 
 def _as_padded_rel(value: Value) -> Value:
     """A zero-padded window as the padded relation it stands for; any other value as is."""
+    if not isinstance(value, Windowed):
+        return value
     from .rules.window import is_padded, padded_rel
 
-    return padded_rel(value) if isinstance(value, Windowed) and is_padded(value) else value
+    return padded_rel(value) if is_padded(value) else value
 
 
 def _layout_hint(info: OpInfo, claimed: Sequence[Value], mesh: Mesh | None,

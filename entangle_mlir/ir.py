@@ -119,6 +119,19 @@ def load_file(path: str) -> ir.Module:
     return parse_module(text, path)
 
 
+def ops_in_order(module: ir.Module) -> list[tuple[str, ir.Operation]]:
+    """Every op of `module` with its name, in `walk` order: one walk that the normalizing
+    rewrites filter in turn, as long as none of them changes the module."""
+    found: list[tuple[str, ir.Operation]] = []
+
+    def collect(op):
+        found.append((op.name, op))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(collect)
+    return found
+
+
 def op_location(op: ir.Operation, default_file: str = "-") -> SourceLoc | None:
     """The user's source position of an op, if its location records one (memoized: printing
     a location is most of the cost of describing an op, and layers repeat locations)."""

@@ -15,14 +15,17 @@ class Mesh:
 
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.axes)
+        return self._names
 
     @property
     def num_devices(self) -> int:
         return math.prod(size for _, size in self.axes)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_sizes", dict(self.axes))  # size() is on every op's path
+        # size() and names are on every op's path
+        object.__setattr__(self, "_sizes", dict(self.axes))
+        object.__setattr__(self, "_names", tuple(name for name, _ in self.axes))
+        object.__setattr__(self, "_axes_of_groups", {})  # every collective of every layer
 
     def size(self, axis: str) -> int:
         return self._sizes[axis]
@@ -75,6 +78,17 @@ class Mesh:
         of devices inside each group; the order of the groups themselves does not matter. Cost
         is linear in the device count (times the orderings of the axes one group spans).
         """
+        try:
+            key = (tuple(tuple(g) for g in groups), ordered)
+        except TypeError:
+            return self._find_axes_of_groups(groups, ordered)
+        found = self._axes_of_groups.get(key, self)
+        if found is self:
+            found = self._axes_of_groups[key] = self._find_axes_of_groups(groups, ordered)
+        return found
+
+    def _find_axes_of_groups(self, groups: list[list[int]], ordered: bool
+                             ) -> tuple[str, ...] | None:
         if not groups or not groups[0]:
             return None
         n = self.num_devices

@@ -16,6 +16,7 @@ normalisations:
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -108,21 +109,60 @@ def reducer_kind(op) -> str:
 
 
 def _convert_attr(attr):
+    """The plain-Python value of an attribute (dispatched on its class, which decides every
+    test below: the bindings' classes use the standard isinstance). Immutable values are
+    remembered by attribute (`_CONVERTED`)."""
+    found = _CONVERTED.get(attr)
+    if found is not None:
+        return found
+    convert = _CONVERTERS.get(type(attr))
+    if convert is None:
+        convert = _CONVERTERS[type(attr)] = _converter(type(attr))
+    value = convert(attr)
+    if convert is not _int_list:
+        _CONVERTED[attr] = value
+    return value
+
+
+_CONVERTED: dict = {}
+"""Converted attribute values by attribute. MLIR attributes are uniqued and immutable, and a
+key holds its context alive, so an entry never goes stale; a deep model repeats the same
+dimension lists, constants and dimension numbers in every layer. Only immutable values (tuples,
+scalars, strings; read-only arrays for constants) are kept."""
+
+
+def _converter(cls):
     from jaxlib.mlir import ir
 
-    if isinstance(attr, (ir.DenseI64ArrayAttr, ir.DenseI32ArrayAttr, ir.DenseBoolArrayAttr)):
-        return tuple(attr)
-    if isinstance(attr, ir.BoolAttr):
-        return attr.value
-    if isinstance(attr, ir.IntegerAttr):
-        return attr.value
-    if isinstance(attr, ir.DenseIntElementsAttr):
-        return np.array(attr).tolist()
-    if isinstance(attr, ir.UnitAttr):
-        return True
-    if isinstance(attr, ir.StringAttr):
-        return attr.value
-    return str(attr)
+    if issubclass(cls, (ir.DenseI64ArrayAttr, ir.DenseI32ArrayAttr, ir.DenseBoolArrayAttr)):
+        return tuple
+    if issubclass(cls, ir.BoolAttr):
+        return _value_of
+    if issubclass(cls, ir.IntegerAttr):
+        return _value_of
+    if issubclass(cls, ir.DenseIntElementsAttr):
+        return _int_list
+    if issubclass(cls, ir.UnitAttr):
+        return _true
+    if issubclass(cls, ir.StringAttr):
+        return _value_of
+    return str
+
+
+_CONVERTERS: dict[type, object] = {}
+"""Attribute class -> its conversion (`_converter`)."""
+
+
+def _value_of(attr):
+    return attr.value
+
+
+def _int_list(attr):
+    return np.array(attr).tolist()
+
+
+def _true(attr):
+    return True
 
 
 _DIRECTION = re.compile(r"comparison_direction\s+(\w+)")
@@ -163,44 +203,84 @@ _READ_APART = frozenset({"value", "dot_dimension_numbers", "comparison_direction
 
 def describe(op, default_file: str = "-") -> OpInfo:
     """The `OpInfo` of an `ir.Operation`."""
-    from .ir import op_location
-
     name = op.name
     attrs: dict = {}
     attributes = op.attributes
-    for named in attributes:
-        key = named if type(named) is str else named.name
-        if key in _READ_APART:
-            continue
-        attrs[key] = _convert_attr(attributes[key])
+    for key, attr in _items(attributes):
+        if key not in _READ_APART:
+            attrs[key] = _convert_attr(attr)
     if name == "stablehlo.constant":
-        attrs["value"], attrs["splat"] = constant_value(attributes["value"])
-    if name == "stablehlo.dot_general":
-        from jaxlib.mlir.dialects import stablehlo
-
-        dims = stablehlo.DotDimensionNumbers(attributes["dot_dimension_numbers"])
-        attrs.update(lhs_batch=tuple(dims.lhs_batching_dimensions),
-                     rhs_batch=tuple(dims.rhs_batching_dimensions),
-                     lhs_contract=tuple(dims.lhs_contracting_dimensions),
-                     rhs_contract=tuple(dims.rhs_contracting_dimensions))
-    if name == "stablehlo.dot":
+        attrs["value"], attrs["splat"] = _constant_of(attributes["value"])
+    elif name == "stablehlo.dot_general":
+        attrs.update(_dot_dimensions(attributes["dot_dimension_numbers"]))
+    elif name == "stablehlo.dot":
         lhs_rank = len(tensor_type(op.operands[0].type).shape)
         name = "stablehlo.dot_general"
         attrs.update(lhs_batch=(), rhs_batch=(), lhs_contract=(lhs_rank - 1,), rhs_contract=(0,))
-    if name == "stablehlo.compare":
-        text = str(op.attributes["comparison_direction"])
+    elif name == "stablehlo.compare":
+        text = str(attributes["comparison_direction"])
         attrs["comparison_direction"] = _DIRECTION.search(text).group(1)
-        if "compare_type" in op.attributes:
-            match = _CMP_TYPE.search(str(op.attributes["compare_type"]))
+        if "compare_type" in attributes:
+            match = _CMP_TYPE.search(str(attributes["compare_type"]))
             attrs["compare_type"] = match.group(1) if match else ""
-    if name in ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
-                "stablehlo.reduce_window"):
+    elif name in _REDUCING:
         attrs["reducer"] = reducer_kind(op)
-    return OpInfo(
-        name=name,
-        attrs=attrs,
-        operand_types=[tensor_type(v.type) for v in op.operands],
-        result_types=[tensor_type(r.type) for r in op.results],
-        loc=op_location(op, default_file),
-        op=op,
-    )
+    types = _TENSOR_TYPES
+    operand_types = []
+    for value in op.operands:
+        t = value.type
+        found = types.get(t)
+        operand_types.append(found if found is not None else tensor_type(t))
+    result_types = []
+    for t in op.results.types:
+        found = types.get(t)
+        result_types.append(found if found is not None else tensor_type(t))
+    return OpInfo(name, attrs, operand_types, result_types, _op_location()(op, default_file),
+                  op)
+
+
+def _constant_of(attr) -> tuple:
+    """`constant_value`, remembered by attribute (`_CONVERTED`) as a read-only array."""
+    key = ("constant", attr)
+    found = _CONVERTED.get(key)
+    if found is None:
+        value, splat = constant_value(attr)
+        value.flags.writeable = False
+        found = _CONVERTED[key] = (value, splat)
+    return found
+
+
+def _dot_dimensions(attr) -> dict:
+    """A dot_general's dimension numbers as `lhs_batch`, ... tuples (remembered by attribute)."""
+    key = ("dot", attr)
+    found = _CONVERTED.get(key)
+    if found is None:
+        from jaxlib.mlir.dialects import stablehlo
+
+        dims = stablehlo.DotDimensionNumbers(attr)
+        found = _CONVERTED[key] = {"lhs_batch": tuple(dims.lhs_batching_dimensions),
+                                   "rhs_batch": tuple(dims.rhs_batching_dimensions),
+                                   "lhs_contract": tuple(dims.lhs_contracting_dimensions),
+                                   "rhs_contract": tuple(dims.rhs_contracting_dimensions)}
+    return found
+
+
+_REDUCING = frozenset({"stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
+                       "stablehlo.reduce_window"})
+
+
+def _items(attributes):
+    """(name, attribute) pairs of an op's attributes."""
+    items = getattr(attributes, "items", None)
+    if items is not None:
+        return items()
+    return [(named if type(named) is str else named.name,
+             attributes[named if type(named) is str else named.name]) for named in attributes]
+
+
+@functools.cache
+def _op_location():
+    """`ir.op_location`, imported on first use (this module does not import the bindings)."""
+    from .ir import op_location
+
+    return op_location

@@ -14,6 +14,7 @@ an identity test:
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import math
@@ -43,12 +44,14 @@ class Term:
 
 
 def intern(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...],
-           dtype: str, key_attrs: tuple | None = None) -> Term:
+           dtype: str, key_attrs: tuple | None = None,
+           arg_serials: tuple[int, ...] | None = None) -> Term:
     """The unique term with these fields (no canonicalization: use the `make_*` functions).
     `key_attrs`, when given, stands for `attrs` in the table's key: it must be equal (==, and
-    so hash alike) exactly when `attrs` are, and be cheaper to hash."""
-    key = (op, tuple(a.serial for a in args), attrs if key_attrs is None else key_attrs, shape,
-           dtype)
+    so hash alike) exactly when `attrs` are, and be cheaper to hash; `arg_serials`, when given,
+    must be the serials of `args` (a long sum passes the ones it already has)."""
+    key = (op, tuple(a.serial for a in args) if arg_serials is None else arg_serials,
+           attrs if key_attrs is None else key_attrs, shape, dtype)
     term = _TABLE.get(key)
     if term is None:
         term = Term()
@@ -180,7 +183,12 @@ def make_lin(pairs, constant, shape: tuple[int, ...], dtype: str) -> Term:
     """The canonical form of `sum(k * t for k, t in pairs) + constant`.
 
     Hot on deep models (a residual stream is one growing `lin`), so unit coefficients skip
-    the Fraction multiplication; the result is the same as multiplying."""
+    the Fraction multiplication; the result is the same as multiplying. A sum into a long
+    `lin` taken once (`x + f(x)` on the residual stream) only edits that lin's sorted arguments
+    (`_extend_lin`): Python work per term added, not per term of the stream."""
+    base_at = _long_base(pairs)
+    if base_at >= 0:
+        return _extend_lin(pairs, base_at, constant, tuple(shape), dtype)
     coef_of: dict[int, Scalar] = {}
     term_of: dict[int, Term] = {}
     total = scalar(constant)
@@ -220,8 +228,112 @@ def make_lin(pairs, constant, shape: tuple[int, ...], dtype: str) -> Term:
         return term_of[serials[0]]
     coefs = tuple(coef_of[s] for s in serials)
     args = tuple(term_of[s] for s in serials)
-    return intern("lin", args, (total, coefs), tuple(shape), dtype,
-                  key_attrs=(_cheap(total), tuple(_cheap(c) for c in coefs)))
+    serial_key = tuple(serials)
+    coef_keys = tuple(_cheap(c) for c in coefs)
+    term = intern("lin", args, (total, coefs), tuple(shape), dtype,
+                  key_attrs=(_cheap(total), coef_keys), arg_serials=serial_key)
+    if len(args) >= LONG_LIN:
+        _LIN_KEYS[term.serial] = (serial_key, coef_keys)
+    return term
+
+
+LONG_LIN = 8
+"""Sums into a `lin` with at least this many terms edit it in place (`_extend_lin`)."""
+
+_LIN_KEYS: dict[int, tuple[tuple[int, ...], tuple]] = {}
+"""serial -> (argument serials, coefficient keys) of the long lins built: what a sum into one
+copies and edits instead of recomputing for every term of the stream."""
+
+
+def _long_base(pairs) -> int:
+    """The position of the longest `lin` taken once (coefficient exactly 1) among `pairs` when
+    it has at least `LONG_LIN` terms, else -1."""
+    best, length = -1, LONG_LIN - 1
+    for i, (coef, term) in enumerate(pairs):
+        if term.op == "lin" and len(term.args) > length and type(coef) is Fraction and coef == 1:
+            best, length = i, len(term.args)
+    return best
+
+
+def _extend_lin(pairs, base_at: int, constant, shape: tuple[int, ...], dtype: str) -> Term:
+    """`make_lin` when `pairs[base_at]` is `(1, base)` with `base` a long lin: the other pairs
+    are merged into copies of base's sorted arguments by binary search. The result is the
+    term the general loop builds (the same sum, exact arithmetic, the same canonical form)."""
+    base = pairs[base_at][1]
+    known = _lin_keys(base)
+    serials, coef_keys = list(known[0]), list(known[1])
+    base_const, base_coefs = base.attrs
+    coefs, args = list(base_coefs), list(base.args)
+    total = scalar(constant)
+    if base_const != 0:
+        total = total + base_const
+    touched: set[int] = set()
+    inserted: set[int] = set()
+    changed_base = False
+
+    def add(k, t: Term) -> None:
+        nonlocal changed_base
+        serial = t.serial
+        at = bisect.bisect_left(serials, serial)
+        if at < len(serials) and serials[at] == serial:
+            coefs[at] = coefs[at] + k
+            changed_base = changed_base or serial not in inserted
+        else:
+            serials.insert(at, serial)
+            coefs.insert(at, k)
+            args.insert(at, t)
+            coef_keys.insert(at, None)
+            inserted.add(serial)
+        touched.add(serial)
+
+    for i, (coef, term) in enumerate(pairs):
+        if i == base_at:
+            continue
+        if term.op != "lin" and term.op != "splat":
+            add(coef if type(coef) is Fraction else coef * _ONE, term)
+            continue
+        unit = type(coef) is Fraction and coef == 1
+        if term.op == "lin":
+            inner_const, inner_coefs = term.attrs
+            inner = zip(inner_coefs, term.args)
+        else:
+            inner_const, inner = term.attrs[0], ()
+        if inner_const != 0:
+            total = total + (inner_const if unit else coef * inner_const)
+        for k, t in inner:
+            add(k if unit else coef * k, t)
+    for serial in sorted(touched, reverse=True):
+        at = bisect.bisect_left(serials, serial)
+        if coefs[at] == 0:
+            del serials[at], coefs[at], args[at], coef_keys[at]
+        else:
+            coef_keys[at] = _cheap(coefs[at])
+    if not serials:
+        return make_splat(total, shape, dtype)
+    if len(serials) == 1 and coefs[0] == 1 and total == 0:
+        return args[0]
+    serial_key, key_tuple = tuple(serials), tuple(coef_keys)
+    term = intern("lin", tuple(args), (total, tuple(coefs)), shape, dtype,
+                  key_attrs=(_cheap(total), key_tuple), arg_serials=serial_key)
+    if len(serial_key) >= LONG_LIN:
+        _LIN_KEYS[term.serial] = (serial_key, key_tuple)
+        if (not changed_base and term is not base and type(total) is Fraction
+                and type(base_const) is Fraction and total == base_const):
+            added = []
+            for serial in sorted(inserted):
+                at = bisect.bisect_left(serials, serial)
+                if at < len(serials) and serials[at] == serial:
+                    added.append((coefs[at], args[at]))
+            if added:
+                _DERIVED[term.serial] = (base, tuple(added))
+    return term
+
+
+_DERIVED: dict[int, tuple[Term, tuple[tuple[Scalar, Term], ...]]] = {}
+"""serial of a long lin -> (base, pairs) when it is `base + sum(k * t for k, t in pairs)` with
+terms `t` that base does not have (base's coefficients and constant as they are): a residual
+stream after each add. Its content follows these steps (`_content_parts`) in work per step,
+not per term of the stream."""
 
 
 def _cheap(value: Scalar):
@@ -274,6 +386,10 @@ def _factor_content(term: Term) -> tuple[Scalar, Term]:
     constant, coefs = term.attrs
     if not isinstance(constant, Fraction):
         return Fraction(1), term
+    if len(coefs) >= LONG_LIN:
+        found = _long_content(term)
+        if found is not None:
+            return found
     values = [c for c in (*coefs, constant) if c != 0]
     numerator = math.gcd(*(v.numerator for v in values))
     denominator = math.lcm(*(v.denominator for v in values))
@@ -283,13 +399,105 @@ def _factor_content(term: Term) -> tuple[Scalar, Term]:
     k = Fraction(sign * numerator, denominator)
 
     def divided(c: Fraction) -> Fraction:
-        """c / k in integers: (p/q) / (s*g/l) = s * p * (l/q) / g (q divides l)."""
-        scaled = sign * c.numerator * (denominator // c.denominator)
-        return Fraction(scaled) if numerator == 1 else Fraction(scaled, numerator)
+        return _divided(c, sign, numerator, denominator)
 
     inner = make_lin([(divided(c), t) for c, t in zip(coefs, term.args)], divided(constant),
                      term.shape, term.dtype)
     return k, inner
+
+
+def _divided(c: Fraction, sign: int, numerator: int, denominator: int) -> Fraction:
+    """c / k for the content k = sign * numerator / denominator, in integers:
+    (p/q) / (s*g/l) = s * p * (l/q) / g (q divides l)."""
+    scaled = sign * c.numerator * (denominator // c.denominator)
+    return Fraction(scaled) if numerator == 1 else Fraction(scaled, numerator)
+
+
+def _long_content(term: Term) -> tuple[Scalar, Term] | None:
+    """`_factor_content` of a long lin (the residual stream minus its mean): the content from
+    `_content_parts`, the inner sum `_scaled(term, 1/k)` (the same canonical form `make_lin`
+    gives the divided pairs). None when a coefficient is not exact (the general path
+    decides)."""
+    parts = _content_parts(term)
+    if parts is None:
+        return None
+    numerator, denominator = parts
+    sign = -1 if term.attrs[1][0] < 0 else 1
+    if numerator == 1 and denominator == 1 and sign == 1:
+        return Fraction(1), term
+    return Fraction(sign * numerator, denominator), _scaled(
+        term, Fraction(sign * denominator, numerator))
+
+
+_PARTS: dict[int, tuple[int, int] | None] = {}
+"""serial of a long lin -> `_content_parts`."""
+
+
+def _content_parts(term: Term) -> tuple[int, int] | None:
+    """(gcd of the numerators, lcm of the denominators) of a long lin's nonzero coefficients
+    and constant; None when one is not an exact rational. Follows `_DERIVED` steps down to a
+    lin already known, then folds each step's added coefficients in."""
+    chain = []
+    at = term
+    while at.serial not in _PARTS:
+        step = _DERIVED.get(at.serial)
+        if step is None:
+            _PARTS[at.serial] = _parts_of(at)
+            break
+        chain.append(at)
+        at = step[0]
+    for derived in reversed(chain):
+        base, added = _DERIVED[derived.serial]
+        parts = _PARTS[base.serial]
+        if parts is not None and all(type(k) is Fraction for k, _ in added):
+            parts = (math.gcd(parts[0], *(k.numerator for k, _ in added)),
+                     math.lcm(parts[1], *(k.denominator for k, _ in added)))
+        else:
+            parts = None
+        _PARTS[derived.serial] = parts
+    return _PARTS[term.serial]
+
+
+def _parts_of(term: Term) -> tuple[int, int] | None:
+    """`_content_parts` from the lin's distinct coefficients."""
+    constant, coefs = term.attrs
+    values = [c for c in dict(zip(_lin_keys(term)[1], coefs)).values() if c != 0]
+    if constant != 0:
+        values.append(constant)
+    if not all(type(v) is Fraction for v in values):
+        return None
+    return (math.gcd(*(v.numerator for v in values)),
+            math.lcm(*(v.denominator for v in values)))
+
+
+def _scaled(term: Term, factor: Fraction) -> Term:
+    """`make_lin([(factor, term)], 0)` for a long lin and a nonzero exact factor: its distinct
+    coefficients times the factor, interned directly (the arguments, sorted and nonzero, do
+    not change, so this is the canonical form)."""
+    constant, coefs = term.attrs
+    serials, keys = _lin_keys(term)
+    distinct = dict(zip(keys, coefs))
+    if type(constant) is not Fraction or not all(type(c) is Fraction for c in distinct.values()):
+        return make_lin([(factor, term)], _ZERO, term.shape, term.dtype)
+    new_of = {k: c * factor for k, c in distinct.items()}
+    new_key_of = {k: _cheap(c) for k, c in new_of.items()}
+    new_keys = tuple(map(new_key_of.__getitem__, keys))
+    new_constant = constant * factor
+    scaled = intern("lin", term.args, (new_constant, tuple(map(new_of.__getitem__, keys))),
+                    term.shape, term.dtype, key_attrs=(_cheap(new_constant), new_keys),
+                    arg_serials=serials)
+    _LIN_KEYS[scaled.serial] = (serials, new_keys)
+    return scaled
+
+
+def _lin_keys(term: Term) -> tuple[tuple[int, ...], tuple]:
+    """(argument serials, coefficient keys) of a lin, remembered for long ones."""
+    known = _LIN_KEYS.get(term.serial)
+    if known is None:
+        known = (tuple(a.serial for a in term.args), tuple(_cheap(c) for c in term.attrs[1]))
+        if len(term.args) >= LONG_LIN:
+            _LIN_KEYS[term.serial] = known
+    return known
 
 
 def _single_term(term: Term) -> bool:

@@ -330,7 +330,7 @@ def _complete_scatter(op, ins, outs):
     return want, [p]
 
 
-def split_token_dims(modules: list[ir.Module]) -> int:
+def split_token_dims(modules: list[ir.Module], listed: list | None = None) -> int:
     """Rewrite in place the token regions that the reference and the sharded program both have;
     the number of regions rewritten.
 
@@ -340,9 +340,12 @@ def split_token_dims(modules: list[ir.Module]) -> int:
     alone would be exact but would leave the two programs further apart (a sharded region that
     crosses an all_to_all, say, while the reference's does not). Programs whose merging reshapes
     share no source line (hand-written MLIR) pair their regions in program order.
+
+    `listed`: per module, its ops as `ir.ops_in_order` lists them now, or None (saves walks).
     """
     if len(modules) == 2:
-        programs = [_merges(m.operation) for m in modules]
+        listed = listed or [None, None]
+        programs = [_merges(m.operation, ops) for m, ops in zip(modules, listed)]
     else:
         programs = [merges for func in modules[0].body.operations
                     if (merges := _merges(func.operation))]
@@ -369,7 +372,7 @@ def split_token_dims(modules: list[ir.Module]) -> int:
     return len(chosen)
 
 
-def _merges(func: ir.Operation) -> list[ir.Operation]:
+def _merges(func: ir.Operation, ops: list | None = None) -> list[ir.Operation]:
     merges: list[ir.Operation] = []
 
     def collect(op):
@@ -378,7 +381,12 @@ def _merges(func: ir.Operation) -> list[ir.Operation]:
             merges.append(op)
         return ir.WalkResult.ADVANCE
 
-    func.walk(collect)
+    if ops is None:
+        func.walk(collect)
+    else:
+        for name, op in ops:
+            if name == "stablehlo.reshape":
+                collect(op)
     return merges
 
 

@@ -32,8 +32,9 @@ from .opinfo import constant_value, reducer_kind
 _IDENTITY = {"add": 0.0, "max": -math.inf, "min": math.inf}
 
 
-def fold_unit_dims(module: ir.Module) -> int:
-    """Rewrite unit-dim reductions and re-broadcasts in place; the number of ops rewritten."""
+def fold_unit_dims(module: ir.Module, ops: list | None = None) -> int:
+    """Rewrite unit-dim reductions and re-broadcasts in place; the number of ops rewritten.
+    `ops`: the module's ops as `ir.ops_in_order` lists them now (saves the walk)."""
     reduces: list[ir.Operation] = []
     broadcasts: list[ir.Operation] = []
     gathers: list[ir.Operation] = []
@@ -48,12 +49,22 @@ def fold_unit_dims(module: ir.Module) -> int:
             gathers.append(op)
         return ir.WalkResult.ADVANCE
 
-    module.operation.walk(collect)
+    if ops is None:
+        module.operation.walk(collect)
+    else:
+        for name, op in ops:
+            if name in _FOLDED:
+                collect(op)
     count = sum(_fold_reduce(op) for op in reduces)
     count += sum(_fold_broadcast(op) for op in broadcasts)
     count += sum(_fold_gather(op) if op.name == "stablehlo.gather" else _fold_scatter(op)
                  for op in gathers)
     return count
+
+
+_FOLDED = frozenset({"stablehlo.reduce", "stablehlo.broadcast_in_dim", "stablehlo.gather",
+                     "stablehlo.scatter"})
+"""The ops `fold_unit_dims` looks at."""
 
 
 def _shape(value) -> tuple[int, ...]:

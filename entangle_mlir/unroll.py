@@ -25,10 +25,13 @@ MAX_TRIPS = 16
 """Longest ring loop unrolled (a ring has one step per device of its mesh axis)."""
 
 
-def unroll_ring_loops(module: ir.Module) -> int:
-    """Unroll every ring loop in place; the number unrolled."""
+def unroll_ring_loops(module: ir.Module, ops: list | None = None) -> int:
+    """Unroll every ring loop in place; the number unrolled. `ops`: the module's ops as
+    `ir.ops_in_order` lists them now (saves the first walk)."""
     count = 0
-    while any(_unroll(loop) for loop in _loops(module)):
+    loops = None if ops is None else [op for name, op in ops if name == "stablehlo.while"]
+    while any(_unroll(loop) for loop in (_loops(module) if loops is None else loops)):
+        loops = None
         count += 1
     return count
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from entangle_mlir.idioms import drop_identity_converts, rewrite_idioms
+from entangle_mlir.ir import ops_in_order
 from entangle_mlir.pipeline import ModulePass, PassState
 from entangle_mlir.program import inline_calls
 from entangle_mlir.token_dims import split_token_dims
@@ -33,13 +34,22 @@ class NormalizePass(ModulePass):
             for module, file in ((state.program.ref_module, state.program.ref_file),
                                  (state.program.sharded_module, state.program.sharded_file)):
                 modules[id(module)] = (module, file)
+        listed = []
         for module, file in modules.values():
             inline_calls(module, file)
             with module.context:
-                unroll_ring_loops(module)
-                drop_identity_converts(module)
-                fold_unit_dims(module)
-                rewrite_idioms(module)
+                # One walk lists the ops; each rewrite filters the list, and a rewrite that
+                # changes the module makes the next one walk afresh.
+                ops = ops_in_order(module)
+                if unroll_ring_loops(module, ops):
+                    ops = ops_in_order(module)
+                if drop_identity_converts(module, ops):
+                    ops = ops_in_order(module)
+                if fold_unit_dims(module, ops):
+                    ops = ops_in_order(module)
+                if rewrite_idioms(module, ops):
+                    ops = None
+            listed.append(ops)
         module = next(iter(modules.values()))[0]
         with module.context:
-            split_token_dims([m for m, _ in modules.values()])
+            split_token_dims([m for m, _ in modules.values()], listed)

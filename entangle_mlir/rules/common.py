@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import operator
-from dataclasses import replace
 from fractions import Fraction
 
 from ..layout import DEVICE_BLOCK_VALUES, GLOBAL, DeviceScalar, Masked, Opaque, Rel, Value
@@ -44,13 +43,18 @@ def replicated(term: Term, ctx: RuleContext, poly: frozenset[int] = frozenset())
 
 def splat_rel(value, shape: tuple[int, ...], dtype: str, ctx: RuleContext) -> Rel:
     """A splat constant: every dim is poly, so it adapts to whatever it is combined with."""
-    rel = replicated(make_splat(value, shape, dtype), ctx)
-    return replace(rel, poly=frozenset(range(len(shape))) if not ctx.is_global else frozenset())
+    is_global = ctx.is_global
+    return Rel(make_splat(value, shape, dtype), ((),) * len(shape),
+               poly=frozenset() if is_global else frozenset(range(len(shape))),
+               scope=GLOBAL if is_global else "")
 
 
 def freeze(rel: Rel) -> Rel:
     """Forget poly dims: the local size is taken as the global one (always sound)."""
-    return replace(rel, poly=frozenset()) if rel.poly else rel
+    if not rel.poly:
+        return rel
+    return Rel(rel.term, rel.tiling, rel.partial, rel.kind, frozenset(), rel.scope,
+               rel.partial_origin)
 
 
 def resize(term: Term, dim: int, size: int) -> Term | None:
@@ -106,16 +110,16 @@ def _local_shape_ok(rel: Rel, local: tuple[int, ...], ctx: RuleContext) -> bool:
 
 def check_local_shapes(info: OpInfo, results: list[Value], ctx: RuleContext) -> list[Value]:
     """Guard every rule: a relation whose local shape disagrees with the op's type is dropped."""
-    if ctx.mesh is None and not ctx.is_global:
+    mesh, is_global = ctx.mesh, ctx.is_global
+    if mesh is None and not is_global:
         return results
     checked = []
     for value, rtype in zip(results, info.result_types):
         if isinstance(value, Rel):
             local = rtype.shape
-            expected = value.term.shape if ctx.is_global or not (
-                ctx.mesh and value.tiled_axes) else tuple(
-                size if dim in value.poly else size // ctx.mesh.group_size(axes)
-                for dim, (size, axes) in enumerate(zip(value.term.shape, value.tiling)))
+            expected = value.term.shape if is_global or not (mesh and any(value.tiling)) else (
+                tuple(size if dim in value.poly else size // mesh.group_size(axes)
+                      for dim, (size, axes) in enumerate(zip(value.term.shape, value.tiling))))
             if expected != local or len(value.tiling) != len(local):
                 value = Opaque(f"internal: inferred local shape {expected} does not match the "
                                f"op's type {local}", category="internal")
@@ -137,11 +141,14 @@ def unify_dims(rels: list[Rel], dims_of: list[list[int]], ctx: RuleContext,
     Returns the operands with poly dims resized, the joint (global size, tiling) per dim and the
     joint dims that stay poly (every operand poly there).
     """
-    first = rels[0]
-    if all(not rel.poly and rel.term.shape == first.term.shape and rel.tiling == first.tiling
-           and dims == dims_of[0] for rel, dims in zip(rels, dims_of)):
+    first, dims0 = rels[0], dims_of[0]
+    shape0, tiling0 = first.term.shape, first.tiling
+    for rel, dims in zip(rels, dims_of):
+        if rel.poly or rel.term.shape != shape0 or rel.tiling != tiling0 or dims != dims0:
+            break
+    else:
         # Operands laid out alike (the common case): every joint dim is theirs, none resized.
-        return list(rels), [(first.term.shape[d], first.tiling[d]) for d in dims_of[0]], set()
+        return list(rels), [(shape0[d], tiling0[d]) for d in dims0], set()
     joint: list[tuple[int, tuple[str, ...]]] = []
     still_poly: set[int] = set()
     mesh = ctx.mesh
@@ -187,7 +194,8 @@ def unify_dims(rels: list[Rel], dims_of: list[list[int]], ctx: RuleContext,
             term = new_term
             tiling[d] = axes
         poly = frozenset(d for i, d in enumerate(dims) if d in rel.poly and i in still_poly)
-        resized.append(replace(rel, term=term, tiling=tuple(tiling), poly=poly))
+        resized.append(Rel(term, tuple(tiling), rel.partial, rel.kind, poly, rel.scope,
+                           rel.partial_origin))
     return resized, joint, still_poly
 
 

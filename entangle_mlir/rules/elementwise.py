@@ -214,26 +214,28 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
     constant_pred = blocks.truth(operands[0]) if info.name == "stablehlo.select" else None
     if constant_pred is not None:
         return [operands[1] if constant_pred else operands[2]]
-    if any(isinstance(v, DEVICE_BLOCK_VALUES) for v in operands):
-        return blocks.elementwise(info, operands, ctx, elementwise)
-    if any(isinstance(v, Windowed) for v in operands):
-        return [window_elementwise(info, operands, ctx, elementwise)]
-    if any(isinstance(v, Shifted) for v in operands):
-        return elementwise_shifted(info, operands, ctx, elementwise)
-    if any(isinstance(v, DeviceScalar) for v in operands):
-        if math.prod(info.result_types[0].shape) != 1 and any(
-                isinstance(v, Rel) and splat_value(v.term) is None for v in operands):
-            return _shift_scalar(info, operands, ctx)
-        return _device_scalar(info, operands, ctx)
+    if not all(type(v) is Rel for v in operands):
+        if any(isinstance(v, DEVICE_BLOCK_VALUES) for v in operands):
+            return blocks.elementwise(info, operands, ctx, elementwise)
+        if any(isinstance(v, Windowed) for v in operands):
+            return [window_elementwise(info, operands, ctx, elementwise)]
+        if any(isinstance(v, Shifted) for v in operands):
+            return elementwise_shifted(info, operands, ctx, elementwise)
+        if any(isinstance(v, DeviceScalar) for v in operands):
+            if math.prod(info.result_types[0].shape) != 1 and any(
+                    isinstance(v, Rel) and splat_value(v.term) is None for v in operands):
+                return _shift_scalar(info, operands, ctx)
+            return _device_scalar(info, operands, ctx)
     rels: list[Rel] = list(operands)  # type: ignore[arg-type]
     if not ctx.is_global:
         mixed = _mixed_partial(info, rels)
         if mixed:
             return [mixed]
     rank = len(info.result_types[0].shape)
-    if any(len(rel.term.shape) != rank for rel in rels):
-        return [Opaque(f"{info.name}: operand ranks differ", category="internal")]
-    unified = unify_dims(rels, [list(range(rank))] * len(rels), ctx, info.name.split(".")[-1])
+    for rel in rels:
+        if len(rel.term.shape) != rank:
+            return [Opaque(f"{info.name}: operand ranks differ", category="internal")]
+    unified = unify_dims(rels, [list(range(rank))] * len(rels), ctx, _short_name(info.name))
     if isinstance(unified, Opaque):
         return [unified]
     rels, joint, still_poly = unified
@@ -245,6 +247,17 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
     origin = next((rel.partial_origin for rel in rels if rel.partial), None)
     return [Rel(term, tuple(axes for _, axes in joint), partial, kind, frozenset(still_poly),
                 rels[0].scope, partial_origin=origin)]
+
+
+def _short_name(name: str) -> str:
+    """`add` for `stablehlo.add` (remembered: every elementwise op names itself)."""
+    short = _SHORT_NAMES.get(name)
+    if short is None:
+        short = _SHORT_NAMES[name] = name.split(".")[-1]
+    return short
+
+
+_SHORT_NAMES: dict[str, str] = {}
 
 
 def _folded(info: OpInfo, rels: list[Rel]) -> Term | None:

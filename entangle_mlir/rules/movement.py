@@ -81,7 +81,8 @@ def broadcast_in_dim(info: OpInfo, operands: list[Value], ctx: RuleContext) -> l
     if ctx.is_global:
         poly = set()
     term = make_broadcast(x.term, dims, tuple(shape))
-    return [replace(x, term=term, tiling=tuple(tiling), poly=frozenset(poly))]
+    return [Rel(term, tuple(tiling), x.partial, x.kind, frozenset(poly), x.scope,
+                x.partial_origin)]
 
 
 def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
@@ -101,7 +102,8 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
         if x.tiled_axes:
             return [Opaque("internal: tiled global value", category="internal")]
         term = make_reshape(x.term, local_out)
-        return [replace(x, term=term, tiling=((),) * len(local_out), poly=frozenset())]
+        return [Rel(term, ((),) * len(local_out), x.partial, x.kind, frozenset(), x.scope,
+                    x.partial_origin)]
     groups = reshape_groups(local_in, local_out)
     if groups is None:
         return [Opaque("reshape: cannot match dims", category="internal")]
