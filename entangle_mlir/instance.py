@@ -1471,6 +1471,10 @@ def _reduced_shifted_scatter(info: OpInfo, ins: list[Value], outs: list[Value],
 
 # ----- building and running the query ---------------------------------------------------------
 
+_SORTS: dict = {}
+"""(kind, z3 context pointer) -> (sort, its ast), kept alive with the sort."""
+
+
 class _Symbolic:
     """Fresh z3 variables; partial max/min constraints as hypotheses."""
 
@@ -1480,11 +1484,16 @@ class _Symbolic:
         self.hypotheses: list[z3.BoolRef] = []
 
     def scalar(self, name: str, dtype: str):
-        if S.is_bool_dtype(dtype):
-            return z3.Bool(name)
-        if S.is_int_dtype(dtype):
-            return z3.Int(name)
-        return z3.Real(name)
+        """`z3.Bool/Int/Real(name)`, built directly on a cached sort (twice as fast: a
+        512-device check creates about 13000 of them)."""
+        kind = "bool" if S.is_bool_dtype(dtype) else "int" if S.is_int_dtype(dtype) else "real"
+        ctx = z3.main_ctx()
+        cached = _SORTS.get((kind, ctx.ref().value))
+        if cached is None:
+            sort = {"bool": z3.BoolSort, "int": z3.IntSort, "real": z3.RealSort}[kind](ctx)
+            cached = _SORTS[(kind, ctx.ref().value)] = (sort, sort.ast)
+        made = z3.Z3_mk_const(ctx.ref(), z3.to_symbol(name, ctx), cached[1])
+        return z3.BoolRef(made, ctx) if kind == "bool" else z3.ArithRef(made, ctx)
 
     def tensor(self, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
         out = np.empty(shape, dtype=object)
