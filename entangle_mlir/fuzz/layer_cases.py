@@ -195,6 +195,42 @@ def _fixed_then_hole(sharded_stale: bool) -> Built:
                  [(B, S, D)] + PARAM_SHAPES * (K - 1), [P()] + TP_SPECS * (K - 1), P())
 
 
+HEAD = 4
+ATT_SHAPES = [(D, D), (D, D), (D, D), (D, D)]
+ATT_SPECS = [P(None, "tp"), P(None, "tp"), P(None, "tp"), P("tp", None)]
+
+
+def _attention(x, mask, wq, wk, wv, wo, reduce):
+    """Causal attention over heads HEAD wide (a column shard of wq/wk/wv is a subset of the
+    heads), `mask` (S, S) bool."""
+    b, s, _ = x.shape
+    q, k, v = ((x @ w).reshape(b, s, -1, HEAD) for w in (wq, wk, wv))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) * (1 / HEAD ** 0.5)
+    probs = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1)
+    return reduce(jnp.einsum("bhqk,bkhd->bqhd", probs, v).reshape(b, s, -1) @ wo)
+
+
+def _attention_stack(bad_mask: int | None = None, chained: bool = False) -> Built:
+    """K layers `x = x + attention(rms(x))`, each building its causal mask from iotas (a
+    term that reads no hole). `chained`: layer i uses the mask layer i-1 built (a hole-free
+    value crossing the layer boundary). `bad_mask`: that sharded layer builds the mask one
+    diagonal too wide."""
+
+    def run(args, reduce, sharded):
+        x, mask = args[0], None
+        for i in range(K):
+            made = jnp.tril(jnp.ones((S, S), dtype=bool),
+                            1 if sharded and i == bad_mask else 0)
+            use = mask if chained and mask is not None else made
+            x = x + _attention(_rms(x), use, *args[1 + 4 * i:5 + 4 * i], reduce)
+            mask = made
+        return x
+
+    return Built(lambda *a: run(a, lambda v: v, False),
+                 lambda *a: run(a, lambda v: lax.psum(v, "tp"), True), (("tp", 2),),
+                 [(B, S, D)] + ATT_SHAPES * K, [P()] + ATT_SPECS * K, P())
+
+
 def _psum_then(fn):
     return lambda x, p, inputs, psum, args: x + fn(p, psum, x)
 
@@ -260,6 +296,11 @@ CASES: dict[str, tuple[Callable[[], Built], bool]] = {
     "positions_chained_correct": (lambda: _positions(chained=True), True),
     "positions_chained_plus_2_in_copy_3": (lambda: _positions(
         lambda i, pos: pos + 1 if i == BUG else pos, chained=True), False),
+    "attention_correct": (lambda: _attention_stack(), True),
+    "attention_mask_wider_in_copy_3": (lambda: _attention_stack(bad_mask=BUG), False),
+    "attention_chained_mask_correct": (lambda: _attention_stack(chained=True), True),
+    "attention_chained_mask_wider_made_in_copy_2": (lambda: _attention_stack(
+        bad_mask=BUG - 1, chained=True), False),
     "fixed_then_hole_correct": (lambda: _fixed_then_hole(False), True),
     "fixed_then_hole_copy_2_stale": (lambda: _fixed_then_hole(True), False),
 }
