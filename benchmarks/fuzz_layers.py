@@ -29,13 +29,13 @@ BAD = ("false_proof", "crash", "timeout", "input_error", "gen_error")
 
 
 def _work(task) -> list[dict]:
-    seeds, mutants, verify_rules = task
+    seeds, mutants, verify_rules, max_layers = task
     from entangle_mlir.fuzz.gen import RandomChooser
     from entangle_mlir.fuzz.stack import generate_stack, mutate_stack, run_case
 
     out = []
     for seed in seeds:
-        stack = generate_stack(RandomChooser(seed), seed=seed)
+        stack = generate_stack(RandomChooser(seed), seed=seed, max_layers=max_layers)
         if stack is None:
             continue
         cache: dict = {}
@@ -56,24 +56,39 @@ def _work(task) -> list[dict]:
     return out
 
 
+def _work_partitioned(task) -> list[dict]:
+    seeds, mutants, verify_rules, max_layers = task
+    from entangle_mlir.fuzz.gen import RandomChooser
+    from entangle_mlir.fuzz.stack import generate_stack, run_partitioned_stack
+
+    out = []
+    for seed in seeds:
+        stack = generate_stack(RandomChooser(seed), seed=seed, max_layers=max_layers)
+        if stack is not None:
+            out += [asdict(c) for c in run_partitioned_stack(stack, mutants, verify_rules)]
+    return out
+
+
 def _near_misses(verify_rules: bool) -> list[dict]:
     from entangle_mlir.fuzz.layer_cases import CASES, run_near_miss
 
     return [asdict(run_near_miss(name, verify_rules)) for name in CASES]
 
 
-def run(n: int, seed: int, mutants: int, jobs: int, verify_rules: bool,
-        chunk: int = 5) -> list[dict]:
+def run(n: int, seed: int, mutants: int, jobs: int, verify_rules: bool, max_layers: int = 5,
+        chunk: int = 5, partitioned: bool = False) -> list[dict]:
     seeds = list(range(seed, seed + n))
-    tasks = [(seeds[i:i + chunk], mutants, verify_rules) for i in range(0, len(seeds), chunk)]
+    tasks = [(seeds[i:i + chunk], mutants, verify_rules, max_layers)
+             for i in range(0, len(seeds), chunk)]
+    work = _work_partitioned if partitioned else _work
     results: list[dict] = []
     if jobs <= 1:
         for t in tasks:
-            results += _work(t)
+            results += work(t)
             print(f"  {len(results)} programs", file=sys.stderr, flush=True)
         return results
     with mp.get_context("spawn").Pool(jobs) as pool:
-        for part in pool.imap_unordered(_work, tasks):
+        for part in pool.imap_unordered(work, tasks):
             results += part
             print(f"  {len(results)} programs", file=sys.stderr, flush=True)
     return results
@@ -131,14 +146,19 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mutants", type=int, default=2, help="mutants per stack")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
+    ap.add_argument("--max-layers", type=int, default=5,
+                    help="most constructs in one copy's chain (longer chains repeat more ops)")
     ap.add_argument("--no-verify-rules", action="store_true",
                     help="skip the Z3 rule-instance checks (faster; reuse still fires)")
     ap.add_argument("--no-near-misses", action="store_true")
+    ap.add_argument("--partitioned", type=int, default=0, metavar="N",
+                    help="also N stacks on the per-device path (jit with shardings, "
+                         "partitioned by XLA), each with --mutants single-op text mutants")
     ap.add_argument("--json", help="write every outcome to this JSON file")
     args = ap.parse_args(argv)
     verify = not args.no_verify_rules
     start = time.perf_counter()
-    results = run(args.n, args.seed, args.mutants, args.jobs, verify)
+    results = run(args.n, args.seed, args.mutants, args.jobs, verify, args.max_layers)
     results.sort(key=lambda r: (r["seed"], r["mutation"] is not None))
     summary = summarize(results)
     summary["seconds"] = round(time.perf_counter() - start, 1)
@@ -146,6 +166,17 @@ def main(argv=None) -> int:
     print_details(results)
     doc = {"summary": summary, "results": results}
     bad = summary["false_proofs"] + summary["crashes"]
+    if args.partitioned:
+        start = time.perf_counter()
+        part = run(args.partitioned, args.seed, args.mutants, args.jobs, verify,
+                   args.max_layers, partitioned=True)
+        part.sort(key=lambda r: (r["seed"], r["mutation"] is not None))
+        ps = summarize(part)
+        ps["seconds"] = round(time.perf_counter() - start, 1)
+        print_table(ps, "\nPer-device stacks (partitioned by XLA; single-op text mutants):")
+        print_details(part)
+        doc.update(partitioned=part, partitioned_summary=ps)
+        bad += ps["false_proofs"] + ps["crashes"]
     if not args.no_near_misses:
         near = _near_misses(verify)
         ns = summarize(near)

@@ -375,3 +375,97 @@ def run_case(prog: Program, ref_cache: dict | None = None, verify_rules: bool = 
     case.seconds = time.perf_counter() - start
     return case
 
+
+
+def run_partitioned_stack(stack: Stack, mutants: int = 3, verify_rules: bool = True,
+                          timeout: int = 120) -> list[Case]:
+    """The per-device path: the stack's reference jitted with its shardings and partitioned
+    by XLA (every copy lowered the same way), then `mutants` single-op text mutants of that
+    program (`mlir_mutate.mutants`: a dropped or duplicated collective, other replica groups,
+    another constant, ...), each in one place, so in one copy at most. Each is executed per
+    device and checked like `run_case`."""
+    import random
+    import time
+
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding
+
+    from ..ir import context, parse_module
+    from ..jax import lower_partitioned
+    from . import run as R
+    from .mlir_mutate import mutants as text_mutants
+    from .partitioned import _per_device_match
+
+    start = time.perf_counter()
+    base = Case(stack.seed, None, "", constructs=stack.constructs + ("per-device",),
+                source=stack.source())
+    try:
+        ref_fn, _ = R.build(stack)
+        mesh = R.jax_mesh(stack.mesh)
+        with jax.set_mesh(mesh):
+            ref_text, shd = lower_partitioned(
+                ref_fn, *R.sharded_avals(stack),
+                out_shardings=NamedSharding(mesh, R.pspec(stack.out_spec)))
+        with context():
+            text = parse_module(shd).operation.get_asm(enable_debug_info=True)
+        args = R.inputs(stack, 0)
+        ref_out = np.asarray(jax.jit(ref_fn)(*args))
+        match, base.error = _per_device_match(text, args, ref_out)
+    except Exception as err:  # noqa: BLE001 - jax / XLA / the executor, not entangle
+        base.status = "gen_error"
+        base.message = f"{type(err).__name__}: {str(err)[:300]}"
+        return [base]
+
+    def judge(case: Case, program_text: str, match) -> None:
+        case.fired = reuse_fired(ref_text, program_text)
+        report, kind, msg = R.timed_check(ref_text, program_text, verify_rules=verify_rules,
+                                          timeout=timeout)
+        proven = report is not None and report.proven
+        if report is not None:
+            case.reused = str(report.stats.get("layers reused", ""))
+            case.message = report.diagnostics[0].message if report.diagnostics else ""
+        else:
+            case.message = msg
+        if kind in ("crash", "timeout"):
+            case.status = kind
+        elif match is None:
+            case.status = "nonfinite"
+        elif kind == "input_error":
+            case.status = "rejected" if not match else "input_error"
+        elif proven and not match:
+            again = []
+            for k in (1, 2):
+                a = R.inputs(stack, k)
+                again.append(bool(_per_device_match(program_text, a,
+                                                    np.asarray(jax.jit(ref_fn)(*a)))[0]))
+            case.status = "flaky" if all(again) else "false_proof"
+        elif proven:
+            case.status = "proven"
+        else:
+            case.status = "incomplete" if match else "caught"
+
+    judge(base, text, match)
+    base.seconds = time.perf_counter() - start
+    results = [base]
+    rng = random.Random(hash(("per-device", stack.seed)) & 0xFFFFFFFF)
+    pool = list(text_mutants(text))
+    rng.shuffle(pool)
+    pool.sort(key=lambda m: not any(w in m[0] for w in (
+        "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "collective_permute",
+        "partition_id", "dynamic_slice", "constant")) or rng.random() < 0.3)
+    for desc, mtext in pool:
+        if len(results) > mutants:
+            break
+        case = Case(stack.seed, f"per-device: {desc}", "", constructs=base.constructs)
+        t = time.perf_counter()
+        try:
+            m_match, case.error = _per_device_match(mtext, args, ref_out)
+        except Exception:  # noqa: BLE001, S112 - the mutant does not verify or compile
+            continue
+        judge(case, mtext, m_match)
+        if case.status in ("false_proof", "crash", "timeout", "flaky"):
+            case.source = stack.source() + "\n# --- mutated per-device program:\n" + mtext
+        case.seconds = time.perf_counter() - t
+        results.append(case)
+    return results
