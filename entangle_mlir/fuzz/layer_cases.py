@@ -175,6 +175,30 @@ def _positions(bad: Callable | None = None, chained: bool = False) -> Built:
                  dtypes=["f32", "i32"] + ["f32"] * (4 * K))
 
 
+def _computed_positions(restart_in: int | None = None) -> Built:
+    """Sequence split over 'dp': every layer builds its positions from iotas (a hole-free,
+    device-dependent term in the sharded program: the block offset plus a local iota) and
+    adds sin(pos * f_i). `restart_in`: that sharded layer forgets the block offset."""
+
+    def run(args, reduce, sharded):
+        x = args[0]
+        for i in range(K):
+            f, w1, b1, w2 = args[1 + 4 * i:5 + 4 * i]
+            if sharded:
+                local = jnp.arange(S // 2)
+                pos = local if i == restart_in else lax.axis_index("dp") * (S // 2) + local
+            else:
+                pos = jnp.arange(S)
+            x = x + jnp.sin(pos.astype(jnp.float32)[:, None] * f)
+            x = x + _mlp(x, w1, b1, w2, reduce)
+        return x
+
+    return Built(lambda *a: run(a, lambda v: v, False),
+                 lambda *a: run(a, lambda v: lax.psum(v, "tp"), True),
+                 (("dp", 2), ("tp", 2)), [(B, S, D)] + ([(D,)] + PARAM_SHAPES) * K,
+                 [P(None, "dp", None)] + ([P()] + TP_SPECS) * K, P(None, "dp", None))
+
+
 def _fixed_then_hole(sharded_stale: bool) -> Built:
     """Layers 0 and 1 share one parameter set, layers 2.. have their own: the set is a fixed
     input of the first two regions and a hole after that. With `sharded_stale`, the sharded
@@ -301,6 +325,9 @@ CASES: dict[str, tuple[Callable[[], Built], bool]] = {
     "attention_chained_mask_correct": (lambda: _attention_stack(chained=True), True),
     "attention_chained_mask_wider_made_in_copy_2": (lambda: _attention_stack(
         bad_mask=BUG - 1, chained=True), False),
+    "computed_positions_correct": (lambda: _computed_positions(), True),
+    "computed_positions_restart_in_copy_3": (lambda: _computed_positions(restart_in=BUG),
+                                             False),
     "fixed_then_hole_correct": (lambda: _fixed_then_hole(False), True),
     "fixed_then_hole_copy_2_stale": (lambda: _fixed_then_hole(True), False),
 }
