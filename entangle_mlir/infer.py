@@ -371,7 +371,7 @@ class Walker:
         facts, period, values, index = plan.block, run.period, self.walk.values, self.layers
         if start not in facts.prelude and not any(
                 type(values.get(v)) is Rel and values[v].term.serial in index.by_term
-                for v in facts.reads_outside(start)):
+                for v in facts.external_inputs(start, period)):
             return None
         self._preludes(plan, start, period, ctx)
         found = self._summary_inputs(facts, start, period)

@@ -173,13 +173,6 @@ class Block:
     def preludes(self, start: int, period: int) -> list[int]:
         return [i for i in range(start, start + period) if i in self.prelude]
 
-    def reads_outside(self, start: int) -> list:
-        """The values the first op from `start` with operands reads from before `start`."""
-        for i in range(start, len(self.ops)):
-            if i not in self.prelude and self.operands[i]:
-                return [v for v in self.operands[i] if self._outside(v, start)]
-        return []
-
 
 def read_block(block: ir.Block) -> Block:
     """Fingerprint every op of `block` (the terminator excluded), in one pass.
