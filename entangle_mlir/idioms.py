@@ -69,7 +69,8 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None) -> int:
     """Apply the rewrites in place until none applies; the number applied. (One rewrite per
     walk: a rewrite erases ops that a list collected before it would still hold.) `ops`: the
     module's ops as `ir.ops_in_order` lists them now (stands for the first walk). The online
-    softmax's backward rewrites (`online_backward.py`) join in once the forward's are done."""
+    softmax's backward rewrites (`online_backward.py`) join in once the forward's are done,
+    in a module that passes blocks around a ring (a collective_permute)."""
     from .online_backward import REWRITES as backward
 
     count = 0
@@ -77,12 +78,29 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None) -> int:
         while _rewrite_one(module, _REWRITES, ops):
             ops = None
             count += 1
+        if not _has_ring(module, ops):
+            return count
         both = {name: _either(_REWRITES.get(name), backward.get(name))
                 for name in {*_REWRITES, *backward}}
         while _rewrite_one(module, both, ops):
             ops = None
             count += 1
     return count
+
+
+def _has_ring(module: ir.Module, ops: list | None) -> bool:
+    if ops is not None:
+        return any(name == "stablehlo.collective_permute" for name, _ in ops)
+    found = []
+
+    def look(op):
+        if op.name == "stablehlo.collective_permute":
+            found.append(op)
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(look)
+    return bool(found)
 
 
 def _either(first, second):
