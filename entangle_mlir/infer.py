@@ -370,7 +370,7 @@ class Walker:
         inputs of the reference's regions k, k+1, ..."""
         facts, period, values, index = plan.block, run.period, self.walk.values, self.layers
         if start not in facts.prelude and not any(
-                type(values.get(v)) is Rel and values[v].term.serial in index.by_term
+                type(values.get(v)) is Rel and index.argument_term(values[v].term) is not None
                 for v in facts.external_inputs(start, period)):
             return None
         self._preludes(plan, start, period, ctx)
@@ -420,21 +420,26 @@ class Walker:
         following = facts.external_inputs(start + period, period) \
             if start + 2 * period <= len(facts.ops) else external
         candidates = None
-        for v in inputs:
-            hits = index.by_term.get(v.term.serial)
-            if hits:
-                regions = {(n, k) for n, k, _ in hits}
+        terms = [index.argument_term(v.term) for v in inputs]
+        for term in terms:
+            if term is not None:
+                regions = {(n, k) for n, k, _ in index.by_term[term.serial]}
                 candidates = regions if candidates is None else candidates & regions
         if not candidates:
             return None
         number, k = min(candidates)
         args = index.summaries[number].arguments[k]
-        holes_of = [next((h for h, t in enumerate(args) if t is v.term), None) for v in inputs]
+        holes_of = [next((h for h, t in enumerate(args) if t is term), None) for term in terms]
         if set(holes_of) - {None} != set(range(len(args))):
             return None  # not the reference's region boundary
         if len(following) != len(external) or any(
                 h is None and v != w for v, w, h in zip(external, following, holes_of)):
             return None
+        for v, term, h in zip(inputs, terms, holes_of):
+            if h is not None and term is not v.term:
+                for assumption in index.assumed_for(v.term):
+                    self.walk.notes.append(f"proven assuming {assumption} (a summarized "
+                                           "layer reads the sharded value as the reference's)")
         return number, k, holes_of
 
     def _sources(self, values) -> list[OpRecord | None]:

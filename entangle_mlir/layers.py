@@ -346,6 +346,34 @@ class LayerIndex:
     applied: set[int] = field(default_factory=set)
     """Summaries the sharded walk used."""
 
+    _simplified: dict | None = None
+    valid_indices: object = None
+    """The reference's `assume.ValidIndices`: a sharded input that equals a hole's argument
+    only under the valid-index assumption (a vocab-parallel embedding) is taken for it, and
+    the assumption is stated in the report, as the comparison of outputs states it."""
+
+    def argument_term(self, term: Term) -> Term | None:
+        """The hole argument `term` is: itself, or what the valid-index assumption makes it."""
+        if term.serial in self.by_term:
+            return term
+        if self.valid_indices is None or not self.valid_indices.ranges:
+            return None
+        simplify = self.valid_indices.simplifier.simplify
+        if self._simplified is None:
+            self._simplified = {}
+            for summary in self.summaries:
+                for arguments in summary.arguments[1:]:
+                    for argument in arguments:
+                        self._simplified.setdefault(simplify(argument).serial, argument)
+        return self._simplified.get(simplify(term).serial)
+
+    def assumed_for(self, term: Term) -> list[str]:
+        """The assumptions (in words) under which `term` is its hole argument."""
+        simplifier = self.valid_indices.simplifier
+        used = simplifier._sources(term) & set(simplifier.used)
+        return [self.valid_indices.ranges[s].describe() for s in sorted(used)] or \
+            ["valid indices"]
+
     def first_unused(self) -> tuple | None:
         """The first summary the sharded walk has not used, if any."""
         return next((s.key for n, s in enumerate(self.summaries) if n not in self.applied),

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from jaxlib.mlir import ir
 
+from entangle_mlir.assume import ValidIndices
 from entangle_mlir.infer import Walker
 from entangle_mlir.ir import context
 from entangle_mlir.layers import LayerIndex, NoReuse
@@ -61,6 +62,9 @@ class InferRelationsPass(ModulePass):
             if layers is not None:
                 state.layers_reused[key] = layers.regions
                 layers.regions = 0
+            if key == "reference" and layers is not None:
+                layers.valid_indices = ValidIndices([v.term for v in walk.outputs
+                                                     if isinstance(v, Rel)])
             if key == "reference":
                 # Terms and their unscaled bases: a sharded value may differ from the
                 # reference's by a scale still pending (a pmean's 1/n) yet name the same view.
