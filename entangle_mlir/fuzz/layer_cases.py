@@ -35,7 +35,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import run as R
-from .stack import Case, reuse_fired
+from .stack import Case, classify
 
 K, BUG = 5, 3
 B, S, D, F = 2, 4, 8, 16
@@ -381,26 +381,9 @@ def run_near_miss(name: str, verify_rules: bool = True, timeout: int = 120) -> C
     ref_text, shd_text, sharded, mesh = lower_case(built)
     match, err = _execute(built, sharded, mesh, 0)
     case.error = err
-    case.fired = reuse_fired(ref_text, shd_text)
-    report, kind, msg = R.timed_check(ref_text, shd_text, verify_rules=verify_rules,
-                                      timeout=timeout)
-    proven = report is not None and report.proven
-    if report is not None:
-        case.reused = str(report.stats.get("layers reused", ""))
-        case.message = report.diagnostics[0].message if report.diagnostics else ""
-    else:
-        case.message = msg
-    if kind in ("crash", "timeout"):
-        case.status = kind
-    elif kind == "input_error":
-        case.status = "rejected" if not match else "input_error"
-    elif proven and not match:
-        again = [_execute(built, sharded, mesh, k)[0] for k in (1, 2)]
-        case.status = "flaky" if all(again) else "false_proof"
-    elif proven:
-        case.status = "proven"
-    else:
-        case.status = "incomplete" if match else "caught"
+    classify(case, ref_text, shd_text, match,
+             lambda: [_execute(built, sharded, mesh, k)[0] for k in (1, 2)], verify_rules,
+             timeout)
     case.source = f"{name}\n--- sharded\n{shd_text}"
     case.seconds = time.perf_counter() - start
     return case

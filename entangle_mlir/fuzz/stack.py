@@ -418,32 +418,11 @@ def run_partitioned_stack(stack: Stack, mutants: int = 3, verify_rules: bool = T
         return [base]
 
     def judge(case: Case, program_text: str, match) -> None:
-        case.fired = reuse_fired(ref_text, program_text)
-        report, kind, msg = R.timed_check(ref_text, program_text, verify_rules=verify_rules,
-                                          timeout=timeout)
-        proven = report is not None and report.proven
-        if report is not None:
-            case.reused = str(report.stats.get("layers reused", ""))
-            case.message = report.diagnostics[0].message if report.diagnostics else ""
-        else:
-            case.message = msg
-        if kind in ("crash", "timeout"):
-            case.status = kind
-        elif match is None:
-            case.status = "nonfinite"
-        elif kind == "input_error":
-            case.status = "rejected" if not match else "input_error"
-        elif proven and not match:
-            again = []
-            for k in (1, 2):
-                a = R.inputs(stack, k)
-                again.append(bool(_per_device_match(program_text, a,
-                                                    np.asarray(jax.jit(ref_fn)(*a)))[0]))
-            case.status = "flaky" if all(again) else "false_proof"
-        elif proven:
-            case.status = "proven"
-        else:
-            case.status = "incomplete" if match else "caught"
+        def recheck() -> list[bool]:
+            return [bool(_per_device_match(program_text, a, np.asarray(jax.jit(ref_fn)(*a)))[0])
+                    for a in (R.inputs(stack, k) for k in (1, 2))]
+
+        classify(case, ref_text, program_text, match, recheck, verify_rules, timeout)
 
     judge(base, text, match)
     base.seconds = time.perf_counter() - start
@@ -469,3 +448,33 @@ def run_partitioned_stack(stack: Stack, mutants: int = 3, verify_rules: bool = T
         case.seconds = time.perf_counter() - t
         results.append(case)
     return results
+
+
+def classify(case: Case, ref_text: str, program_text: str, match, recheck,
+             verify_rules: bool, timeout: int) -> None:
+    """Check `program_text` against `ref_text` and set the case's status. `match`: whether the
+    numbers agree (None: not finite); `recheck()`: the agreement on two more inputs, asked
+    only for a proof whose numbers differ (all agreeing: flaky, else a false proof)."""
+    from . import run as R
+
+    case.fired = reuse_fired(ref_text, program_text)
+    report, kind, msg = R.timed_check(ref_text, program_text, verify_rules=verify_rules,
+                                      timeout=timeout)
+    proven = report is not None and report.proven
+    if report is not None:
+        case.reused = str(report.stats.get("layers reused", ""))
+        case.message = report.diagnostics[0].message if report.diagnostics else ""
+    else:
+        case.message = msg
+    if kind in ("crash", "timeout"):
+        case.status = kind
+    elif match is None:
+        case.status = "nonfinite"
+    elif kind == "input_error":
+        case.status = "rejected" if not match else "input_error"
+    elif proven and not match:
+        case.status = "flaky" if all(recheck()) else "false_proof"
+    elif proven:
+        case.status = "proven"
+    else:
+        case.status = "incomplete" if match else "caught"
