@@ -344,37 +344,15 @@ def run_case(prog: Program, ref_cache: dict | None = None, verify_rules: bool = 
     finite = bool(np.all(np.isfinite(ref))) and bool(np.all(np.isfinite(shd)))
     match, err = R.compare(ref, shd) if finite else (None, 0.0)
     case.error = err
-    case.fired = reuse_fired(ref_text, shd_text)
-    report, kind, msg = R.timed_check(ref_text, shd_text, verify_rules=verify_rules,
-                                      timeout=timeout)
-    proven = report is not None and report.proven
-    if report is not None:
-        case.reused = str(report.stats.get("layers reused", ""))
-        if report.diagnostics:
-            case.message = report.diagnostics[0].message
-    else:
-        case.message = msg
-    if kind in ("crash", "timeout"):
-        case.status = kind
-    elif not finite:
-        case.status = "nonfinite"
-    elif kind == "input_error" and not prog.correct and "arguments but" in msg:
-        case.status = "invalid"  # jit dropped the parameters a mutant no longer reads
-    elif kind == "input_error":
-        case.status = "rejected" if not match else "input_error"
-    elif proven and not match:
-        again = [R.compare(ref_out(k), R.run_sharded(sharded, prog, R.inputs(prog, k)))[0]
-                 for k in (1, 2)]
-        case.status = "flaky" if all(again) else "false_proof"
-    elif proven:
-        case.status = "proven"
-    elif match:
-        case.status = "incomplete"
-    else:
-        case.status = "caught"
+
+    def recheck() -> list[bool]:
+        return [R.compare(ref_out(k), R.run_sharded(sharded, prog, R.inputs(prog, k)))[0]
+                for k in (1, 2)]
+
+    classify(case, ref_text, shd_text, match, recheck, verify_rules, timeout,
+             mutant=not prog.correct)
     case.seconds = time.perf_counter() - start
     return case
-
 
 
 def run_partitioned_stack(stack: Stack, mutants: int = 3, verify_rules: bool = True,
@@ -451,10 +429,11 @@ def run_partitioned_stack(stack: Stack, mutants: int = 3, verify_rules: bool = T
 
 
 def classify(case: Case, ref_text: str, program_text: str, match, recheck,
-             verify_rules: bool, timeout: int) -> None:
+             verify_rules: bool, timeout: int, mutant: bool = False) -> None:
     """Check `program_text` against `ref_text` and set the case's status. `match`: whether the
     numbers agree (None: not finite); `recheck()`: the agreement on two more inputs, asked
-    only for a proof whose numbers differ (all agreeing: flaky, else a false proof)."""
+    only for a proof whose numbers differ (all agreeing: flaky, else a false proof); a
+    `mutant` whose signature lost parameters it no longer reads is invalid, not rejected."""
     from . import run as R
 
     case.fired = reuse_fired(ref_text, program_text)
@@ -470,6 +449,8 @@ def classify(case: Case, ref_text: str, program_text: str, match, recheck,
         case.status = kind
     elif match is None:
         case.status = "nonfinite"
+    elif kind == "input_error" and mutant and "arguments but" in msg:
+        case.status = "invalid"  # jit dropped the parameters a mutant no longer reads
     elif kind == "input_error":
         case.status = "rejected" if not match else "input_error"
     elif proven and not match:
