@@ -252,6 +252,10 @@ class ValidIndices:
         used = set(simplifier.used) - before or self._used_by(want, got)
         return [self.ranges[s].describe() for s in sorted(used)]
 
+    def assumed_for(self, term: Term) -> list[str]:
+        """The assumptions (in words) the simplifier used on `term`'s integer inputs."""
+        return [self.ranges[s].describe() for s in sorted(self._used_by(term, term))]
+
     def _used_by(self, want: Term, got: Term) -> set[int]:
         """Ranges whose inputs these terms read, when an earlier output already used them
         (the memo does not record which output a decision belongs to)."""

@@ -325,13 +325,13 @@ class Walker:
                 self._op(facts.ops[i], ctx)
         self._preludes(plan, first, period, ctx)
         external = facts.external_inputs(first, period)
+        second = facts.external_inputs(starts[1], period)
         inputs, holes = [], {}
         for j, v in enumerate(external):
             value = values.get(v)
             if type(value) is not Rel:
                 return None
-            if all(facts.external_inputs(s, period)[j] == v for s in starts[1:2]) and \
-                    facts.position.get(v, (-1,))[0] not in facts.prelude:
+            if second[j] == v and facts.position.get(v, (-1,))[0] not in facts.prelude:
                 inputs.append(value)
                 continue
             holes[j] = fresh_hole(value.term.shape, value.term.dtype)
@@ -437,7 +437,7 @@ class Walker:
             return None
         for v, term, h in zip(inputs, terms, holes_of):
             if h is not None and term is not v.term:
-                for assumption in index.assumed_for(v.term):
+                for assumption in index.valid_indices.assumed_for(v.term) or ["valid indices"]:
                     self.walk.notes.append(f"proven assuming {assumption} (a summarized "
                                            "layer reads the sharded value as the reference's)")
         return number, k, holes_of

@@ -115,6 +115,7 @@ class Block:
     """A slice of a block argument (a layer's part of a stacked parameter, at an offset that
     differs per layer) and reshapes, transposes and converts of it: they belong to no region;
     their results are a region's inputs."""
+    _external: dict = field(default_factory=dict)
 
     def _outside(self, v, start: int) -> bool:
         where = self.position.get(v)
@@ -122,7 +123,13 @@ class Block:
 
     def external_inputs(self, start: int, period: int) -> list:
         """Distinct values ops [start, start+period) read from outside, in first-use order
-        (prelude ops' results count as outside)."""
+        (prelude ops' results count as outside). Memoized: the block does not change."""
+        found = self._external.get((start, period))
+        if found is None:
+            found = self._external[(start, period)] = self._read_from_outside(start, period)
+        return found
+
+    def _read_from_outside(self, start: int, period: int) -> list:
         seen, found = set(), []
         for i in range(start, start + period):
             if i in self.prelude:
@@ -226,33 +233,32 @@ def _fingerprint(op: ir.Operation, index: int, operands: list, nested: bool, pre
     result_types = tuple(_type_text(r.type, types) for r in op.results)
     if prelude:
         return hash(("prelude", op.name, result_types))
-    body = _region_text(op) if nested else ()
+    body = _region_text(op, types) if nested else ()
     if body is None:
         return hash(("unique", index))
     return hash((op.name, _attributes(op, types), result_types, len(operands), body))
 
 
 def _type_text(thing, texts: dict) -> str:
-    """The printed form of a type or attribute (uniqued by MLIR: printed once per check)."""
+    """The printed form of a type or attribute (uniqued by MLIR: printed once per block)."""
     text = texts.get(thing)
     if text is None:
         text = texts[thing] = str(thing)
     return text
 
 
-def _attributes(op: ir.Operation, texts: dict | None = None) -> tuple:
+def _attributes(op: ir.Operation, texts: dict) -> tuple:
     found = []
     attributes = op.attributes
     for i in range(len(attributes)):
         named = attributes[i]
         name = named.name
-        text = "channel" if name == "channel_handle" else \
-            str(named.attr) if texts is None else _type_text(named.attr, texts)
+        text = "channel" if name == "channel_handle" else _type_text(named.attr, texts)
         found.append((name, text))
     return tuple(sorted(found))
 
 
-def _region_text(op: ir.Operation) -> tuple | None:
+def _region_text(op: ir.Operation, texts: dict) -> tuple | None:
     """The ops of `op`'s regions, self-contained (None if they read a value from above)."""
     if not op.regions:
         return ()
@@ -261,7 +267,7 @@ def _region_text(op: ir.Operation) -> tuple | None:
     for region in op.regions:
         for block in region.blocks:
             for n, arg in enumerate(block.arguments):
-                local[arg] = ("barg", n, str(arg.type))
+                local[arg] = ("barg", n, _type_text(arg.type, texts))
             for inner in block.operations:
                 inner = inner.operation
                 if inner.regions:
@@ -273,8 +279,9 @@ def _region_text(op: ir.Operation) -> tuple | None:
                     operands.append(local[v])
                 for r, result in enumerate(inner.results):
                     local[result] = ("local", len(out), r)
-                out.append((inner.name, _attributes(inner),
-                            tuple(str(r.type) for r in inner.results), tuple(operands)))
+                out.append((inner.name, _attributes(inner, texts),
+                            tuple(_type_text(r.type, texts) for r in inner.results),
+                            tuple(operands)))
     return tuple(out)
 
 
@@ -346,17 +353,28 @@ class LayerIndex:
     applied: set[int] = field(default_factory=set)
     """Summaries the sharded walk used."""
 
+    reference_outputs: list[Term] = field(default_factory=list)
+    """The reference's output terms: where the valid-index assumption's ranges come from."""
+    _valid_indices: object = None
     _simplified: dict | None = None
-    valid_indices: object = None
-    """The reference's `assume.ValidIndices`: a sharded input that equals a hole's argument
-    only under the valid-index assumption (a vocab-parallel embedding) is taken for it, and
-    the assumption is stated in the report, as the comparison of outputs states it."""
+
+    @property
+    def valid_indices(self):
+        """The reference's `assume.ValidIndices`, built on first use: a sharded input that
+        equals a hole's argument only under the valid-index assumption (a vocab-parallel
+        embedding) is taken for it, and the report states the assumption, as the comparison
+        of outputs does."""
+        if self._valid_indices is None:
+            from .assume import ValidIndices
+
+            self._valid_indices = ValidIndices(self.reference_outputs)
+        return self._valid_indices
 
     def argument_term(self, term: Term) -> Term | None:
         """The hole argument `term` is: itself, or what the valid-index assumption makes it."""
         if term.serial in self.by_term:
             return term
-        if self.valid_indices is None or not self.valid_indices.ranges:
+        if not self.valid_indices.ranges:
             return None
         simplify = self.valid_indices.simplifier.simplify
         if self._simplified is None:
@@ -366,13 +384,6 @@ class LayerIndex:
                     for argument in arguments:
                         self._simplified.setdefault(simplify(argument).serial, argument)
         return self._simplified.get(simplify(term).serial)
-
-    def assumed_for(self, term: Term) -> list[str]:
-        """The assumptions (in words) under which `term` is its hole argument."""
-        simplifier = self.valid_indices.simplifier
-        used = simplifier._sources(term) & set(simplifier.used)
-        return [self.valid_indices.ranges[s].describe() for s in sorted(used)] or \
-            ["valid indices"]
 
     def first_unused(self) -> tuple | None:
         """The first summary the sharded walk has not used, if any."""

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 from jaxlib.mlir import ir
 
-from entangle_mlir.assume import ValidIndices
 from entangle_mlir.infer import Walker
 from entangle_mlir.ir import context
 from entangle_mlir.layers import LayerIndex, NoReuse
@@ -48,12 +47,14 @@ class InferRelationsPass(ModulePass):
         while True:
             try:
                 self._walk(state, targets, layers)
-                if layers is None or layers.first_unused() is None:
-                    return
-                raise NoReuse("a reference summary was not used", layers.first_unused())
+                unused = layers.first_unused() if layers is not None else None
             except NoReuse as stop:
-                state.layers_reused = {}
-                layers = _without(layers, stop.key)
+                unused = stop.key
+            else:
+                if unused is None:
+                    return
+            state.layers_reused = {}
+            layers = _without(layers, unused)
 
     def _walk(self, state: PassState, targets: list, layers: LayerIndex | None) -> None:
         reference = None
@@ -62,14 +63,14 @@ class InferRelationsPass(ModulePass):
             if layers is not None:
                 state.layers_reused[key] = layers.regions
                 layers.regions = 0
-            if key == "reference" and layers is not None:
-                layers.valid_indices = ValidIndices([v.term for v in walk.outputs
-                                                     if isinstance(v, Rel)])
             if key == "reference":
                 # Terms and their unscaled bases: a sharded value may differ from the
                 # reference's by a scale still pending (a pmean's 1/n) yet name the same view.
                 computed = [v.term for v in walk.values.values() if isinstance(v, Rel)]
-                computed += layers.templates if layers is not None else []
+                if layers is not None:
+                    computed += layers.templates
+                    layers.reference_outputs = [v.term for v in walk.outputs
+                                                if isinstance(v, Rel)]
                 reference = ReferenceTerms.of(t for term in computed
                                               for t in (term, single_scaled(term)[1]))
             state.walks[key] = walk
