@@ -260,6 +260,12 @@ class InstanceChecker:
                 reduced = _reduced_shifted_scatter(info, ins, outs, mesh, ctx)
                 if reduced is not None:
                     return (*reduced, "reduced (device-shifted indices)", None)
+            elif size > self.reduce_above:
+                abstract, _ = _abstract_instance(info, ins, outs, mesh, ctx)
+                reduced = (_reduced_instance(info, abstract[0], abstract[1], mesh, ctx)
+                           if abstract is not None else None)
+                if reduced is not None and not isinstance(reduced, str):
+                    return (*reduced, "reduced (device offsets)", None)
             if size > self.max_elements:
                 return ProofResult("skipped", reason="device-offset tensor too large to check "
                                    f"at its real shape ({size} elements)")
@@ -600,6 +606,8 @@ def _same_layout(a: Value, b: Value) -> bool:
         return (a.dim, a.offset, a.length, a.summed, a.starts) == (
             b.dim, b.offset, b.length, b.summed, b.starts) and _same_layout(
             a.rel, b.rel)
+    if isinstance(a, Shifted) and isinstance(b, Shifted):
+        return a.offsets == b.offsets and _same_layout(a.rel, b.rel)
     if isinstance(a, InBlock) and isinstance(b, InBlock):
         return replace(a, rel=None) == replace(b, rel=None) and _same_layout(a.rel, b.rel)
     if isinstance(a, BlockIndex) and isinstance(b, BlockIndex):
@@ -728,7 +736,7 @@ def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
                 return None
             abstract_ins.append(replace(v, rel=a, pred=replace(
                 v.pred, rel=abstractor.abstract_index(v.pred.rel))))
-        elif isinstance(v, InBlock | BlockIndex):
+        elif isinstance(v, InBlock | BlockIndex | Shifted):
             abstract_ins.append(replace(v, rel=abstractor.abstract_index(v.rel)))
         elif isinstance(v, Rel | Permuted | Windowed | Reordered):
             a = abstractor.abstract(v if isinstance(v, Rel) else v.rel)
@@ -1381,6 +1389,8 @@ def _reduced_instance(info: OpInfo, ins: list[Value], outs: list[Value], mesh: M
                 r.dim, r.summed, r.holes, r.starts) and a.offset * r.length == r.offset * a.length
         elif isinstance(a, Reordered) and isinstance(r, Reordered):
             pairs, same_extra = [(a.rel, r.rel)], (a.dim, a.orders) == (r.dim, r.orders)
+        elif isinstance(a, Shifted) and isinstance(r, Shifted):
+            pairs, same_extra = [(a.rel, r.rel)], a.offsets == r.offsets
         else:
             pairs, same_extra = None, True
         if pairs is not None:
