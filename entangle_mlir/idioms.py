@@ -895,7 +895,11 @@ def _row_witnesses(value, dims: tuple[int, ...], memo: dict):
     masks = _on_every_device(op.operands[0], op)
     if masks is None:
         return None
-    return [np.any(m == kept[0], axis=dims) for m in masks]
+    rows: dict[int, np.ndarray] = {}
+    for mask in masks:
+        if id(mask) not in rows:
+            rows[id(mask)] = np.any(mask == kept[0], axis=dims)
+    return [rows[id(mask)] for mask in masks]
 
 
 def _gathered_max_finite(op: ir.Operation, memo: dict) -> bool:
@@ -938,12 +942,26 @@ def _on_every_device(value, at: ir.Operation) -> list[np.ndarray] | None:
     out = []
     for partition in range(counts["mhlo.num_partitions"]):
         for replica in range(counts["mhlo.num_replicas"]):
-            found = _evaluate(value, {"stablehlo.partition_id": partition,
-                                      "stablehlo.replica_id": replica}, {}, 64)
+            ids = _DeviceIds({"stablehlo.partition_id": partition,
+                              "stablehlo.replica_id": replica})
+            found = _evaluate(value, ids, {}, 64)
             if found is None:
                 return None
+            if not ids.read:
+                return [found] * (counts["mhlo.num_partitions"] * counts["mhlo.num_replicas"])
             out.append(found)
     return out
+
+
+class _DeviceIds(dict):
+    """The device ids `_evaluate` may read; `read` says whether it did (a value computed
+    from constants alone is the same on every device)."""
+
+    read = False
+
+    def __getitem__(self, name: str) -> int:
+        self.read = True
+        return super().__getitem__(name)
 
 
 _NUMPY_TYPES = {"i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32,
