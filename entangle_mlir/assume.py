@@ -85,6 +85,7 @@ class Simplifier:
         self.memo: dict[int, Term] = {}
         self.bounds: dict[int, tuple[Fraction, Fraction] | None] = {}
         self.used: set[int] = set()
+        self.sources: dict[int, frozenset[int]] = {}
 
     def simplify(self, term: Term) -> Term:
         from .instance import rebuild
@@ -162,8 +163,26 @@ class Simplifier:
             return bool(always)
         return None
 
-    def _sources(self, term: Term) -> set[int]:
-        return {t.serial for t in subterms([term]) if t.serial in self.ranges}
+    def _sources(self, term: Term) -> frozenset[int]:
+        """The ranged inputs `term` reads (memoized over the DAG: the terms compared are
+        often large, and share most of their subterms)."""
+        memo = self.sources
+        stack = [term]
+        while stack:
+            top = stack[-1]
+            if top.serial in memo:
+                stack.pop()
+                continue
+            pending = [a for a in top.args if a.serial not in memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            found = frozenset((top.serial,)) if top.serial in self.ranges else frozenset()
+            for a in top.args:
+                found |= memo[a.serial]
+            memo[top.serial] = found
+        return memo[term.serial]
 
     def bound(self, term: Term) -> tuple[Fraction, Fraction] | None:
         """[lo, hi] of every element of an integer term, or None."""
