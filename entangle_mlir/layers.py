@@ -112,14 +112,13 @@ class Block:
     last_use: dict = field(default_factory=dict)
     """value -> the largest op index (len(ops) for the terminator) that reads it."""
     prelude: set[int] = field(default_factory=set)
+    reads: list[list[tuple]] = field(default_factory=list)
+    """Per op, (operand, producer's op index), the index -1 for a value from outside the
+    block or from a prelude op: `_read_from_outside`'s test is one comparison."""
     """A slice of a block argument (a layer's part of a stacked parameter, at an offset that
     differs per layer) and reshapes, transposes and converts of it: they belong to no region;
     their results are a region's inputs."""
     _external: dict = field(default_factory=dict)
-
-    def _outside(self, v, start: int) -> bool:
-        where = self.position.get(v)
-        return where is None or where[0] < start or where[0] in self.prelude
 
     def external_inputs(self, start: int, period: int) -> list:
         """Distinct values ops [start, start+period) read from outside, in first-use order
@@ -130,12 +129,12 @@ class Block:
         return found
 
     def _read_from_outside(self, start: int, period: int) -> list:
-        seen, found = set(), []
+        seen, found, prelude, reads = set(), [], self.prelude, self.reads
         for i in range(start, start + period):
-            if i in self.prelude:
+            if i in prelude:
                 continue
-            for v in self.operands[i]:
-                if v not in seen and self._outside(v, start):
+            for v, producer in reads[i]:
+                if producer < start and v not in seen:
                     seen.add(v)
                     found.append(v)
         return found
@@ -202,6 +201,11 @@ def read_block(block: ir.Block) -> Block:
         if i == len(ops):
             break
         info.operands.append(operands)
+        reads = []
+        for v in operands:
+            where = position.get(v)
+            reads.append((v, -1 if where is None or where[0] in prelude else where[0]))
+        info.reads.append(reads)
         name = op.name
         if name in _SELECTIONS and operands[0] in arguments and all(
                 v in arguments or position.get(v, (-1,))[0] in prelude for v in operands) or \
