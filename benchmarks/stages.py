@@ -20,6 +20,8 @@ import sys
 _CHILD = r"""
 import json, sys, time
 clock = time.process_time
+import gc
+gc.disable()  # as the CLI does
 t0 = clock()
 from entangle_mlir.check import check_program
 from entangle_mlir.ir import context, load_file
