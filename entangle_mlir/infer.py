@@ -395,9 +395,12 @@ class Walker:
                 actual = [values.get(v) for v in ext]
                 args = summary.arguments[k + given]
                 if facts.signature(at, period) != signature or len(actual) != len(inputs) \
-                        or not all(_fits(v, t, h, args) for v, t, h in
+                        or not all(_fits(v, t, h, args, index) for v, t, h in
                                    zip(actual, template_inputs, holes_of)):
                     break
+                for v, h in zip(actual, holes_of):
+                    if h is not None and v.term is not args[h]:
+                        self._note_substitute(v.term)
             if not self._give_summary_terms(facts, at, period, template,
                                             summary.arguments[k + given], summary):
                 break
@@ -437,10 +440,22 @@ class Walker:
             return None
         for v, term, h in zip(inputs, terms, holes_of):
             if h is not None and term is not v.term:
-                for assumption in index.valid_indices.assumed_for(v.term) or ["valid indices"]:
-                    self.walk.notes.append(f"proven assuming {assumption} (a summarized "
-                                           "layer reads the sharded value as the reference's)")
+                self._note_substitute(v.term)
         return number, k, holes_of
+
+    def _note_substitute(self, term: Term) -> None:
+        """Say under what a sharded value was taken for a hole's argument it is not."""
+        index = self.layers
+        if term.serial in index.rounded:
+            shown = ", ".join(f"{float(p):.9g} vs {float(q):.9g}"
+                              for p, q in index.rounded[term.serial][:3])
+            self.walk.notes.append("a summarized layer reads the sharded value as the "
+                                   "reference's, which it equals up to float32 rounding of "
+                                   f"constants (reference vs sharded: {shown})")
+            return
+        for assumption in index.valid_indices.assumed_for(term) or ["valid indices"]:
+            self.walk.notes.append(f"proven assuming {assumption} (a summarized "
+                                   "layer reads the sharded value as the reference's)")
 
     def _sources(self, values) -> list[OpRecord | None]:
         return [self.producer.get(v) for v in values]
@@ -814,14 +829,18 @@ REGION_RULE_OPS = ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce
                    "stablehlo.select_and_scatter")
 
 
-def _fits(value: Value, template: Rel, hole: int | None, arguments: tuple[Term, ...]) -> bool:
+def _fits(value: Value, template: Rel, hole: int | None, arguments: tuple[Term, ...],
+          index: LayerIndex) -> bool:
     """A later region's input is the template's: the same value, or the hole's argument there
-    with the template's layout."""
+    (up to float32 rounding of constants in XLA's per-device programs) with the template's
+    layout."""
     if type(value) is not Rel:
         return False
     if hole is None:
         return value == template
-    return value.term is arguments[hole] and replace(value, term=template.term) == template
+    same = value.term is arguments[hole] or index.rounding and index.argument_term(
+        value.term) is arguments[hole]
+    return same and replace(value, term=template.term) == template
 
 
 def _same_layout(a: Rel, b: Value) -> bool:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 from jaxlib.mlir import ir
 
-from .terms import Term, intern, make_arg, subterms
+from .terms import Term, equal_up_to_rounding, intern, make_arg, subterms
 
 MIN_PERIOD = 8
 """Shorter repeats are not worth a summary."""
@@ -359,8 +359,16 @@ class LayerIndex:
 
     reference_outputs: list[Term] = field(default_factory=list)
     """The reference's output terms: where the valid-index assumption's ranges come from."""
+    rounding: bool = False
+    """A sharded input may equal a hole's argument up to float32 rounding of constants (XLA's
+    per-device programs multiply by float32(1 / c) where the reference divides by c)."""
+    rounded: dict[int, list] = field(default_factory=dict)
+    """term serial -> the constant pairs in which it differs from the hole argument it was
+    taken for (reported as a note, as the comparison of outputs does)."""
     _valid_indices: object = None
     _simplified: dict | None = None
+    _by_shape: dict | None = None
+    _rounding_memo: dict = field(default_factory=dict)
 
     @property
     def valid_indices(self):
@@ -378,6 +386,10 @@ class LayerIndex:
         """The hole argument `term` is: itself, or what the valid-index assumption makes it."""
         if term.serial in self.by_term:
             return term
+        if self.rounding:
+            found = self._rounded_argument(term)
+            if found is not None:
+                return found
         if not self.valid_indices.ranges:
             return None
         simplify = self.valid_indices.simplifier.simplify
@@ -388,6 +400,27 @@ class LayerIndex:
                     for argument in arguments:
                         self._simplified.setdefault(simplify(argument).serial, argument)
         return self._simplified.get(simplify(term).serial)
+
+    def _rounded_argument(self, term: Term) -> Term | None:
+        """The hole argument `term` equals up to float32 rounding of constants (memoized)."""
+        if term.serial in self._rounding_memo:
+            return self._rounding_memo[term.serial]
+        if self._by_shape is None:
+            self._by_shape = {}
+            for summary in self.summaries:
+                for arguments in summary.arguments[1:]:
+                    for argument in arguments:
+                        same = self._by_shape.setdefault((argument.shape, argument.dtype), [])
+                        if argument not in same:
+                            same.append(argument)
+        found = None
+        for argument in self._by_shape.get((term.shape, term.dtype), []):
+            pairs = equal_up_to_rounding(argument, term)
+            if pairs is not None:
+                found, self.rounded[term.serial] = argument, pairs
+                break
+        self._rounding_memo[term.serial] = found
+        return found
 
     def first_unused(self) -> tuple | None:
         """The first summary the sharded walk has not used, if any."""

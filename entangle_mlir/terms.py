@@ -1463,6 +1463,12 @@ class _Rounding:
             return self._match(left, right, depth)
         if x.op == "splat":
             return self.close(x.attrs[0], y.attrs[0])
+        if x.op == "region_result" and x.attrs != y.attrs:
+            from .layers import REGION_TERMS
+
+            tx, ty = REGION_TERMS.get(x.attrs[0]), REGION_TERMS.get(y.attrs[0])
+            return tx is not None and ty is not None and self.equal(tx, ty, depth + 1) and all(
+                self.equal(a, b, depth + 1) for a, b in zip(x.args, y.args))
         if x.attrs != y.attrs:
             return False
         if x.op in _UNORDERED:

@@ -41,9 +41,10 @@ class InferRelationsPass(ModulePass):
                        for f in functions(state.module)
                        if "sym_visibility" not in f.attributes]
         # XLA's per-device programs round constants (x / 768 becomes x * f32(1/768)), so
-        # their layers meet the reference's only up to rounding: no reuse to gain there.
-        layers = LayerIndex() if self.reuse_layers and program is not None and not \
-            is_per_device(program.sharded_module, program.sharded_func) else None
+        # their layers meet the reference's only up to rounding (reported in a note).
+        layers = LayerIndex(rounding=is_per_device(program.sharded_module,
+                                                   program.sharded_func)) \
+            if self.reuse_layers and program is not None else None
         while True:
             try:
                 self._walk(state, targets, layers)
@@ -86,7 +87,7 @@ def _without(layers: LayerIndex | None, key: tuple | None) -> LayerIndex | None:
     summarized = {summary.key for summary in layers.summaries}
     if key not in summarized or not summarized - {key}:
         return None
-    return LayerIndex(excluded=layers.excluded | {key})
+    return LayerIndex(excluded=layers.excluded | {key}, rounding=layers.rounding)
 
 
 def _annotate(walk) -> None:

@@ -114,6 +114,11 @@ jax = pytest.importorskip("jax")
 def _block_programs(scale_by: float):
     """A small GPT-2 block (layer norm, attention dividing by sqrt(head_dim), MLP with a split
     bias) under Megatron shardings: (reference text, XLA per-device program, jitted, args)."""
+    return _stack_programs((scale_by,))
+
+
+def _stack_programs(scales: tuple[float, ...]):
+    """`len(scales)` such blocks in a row, block k dividing its scores by sqrt(scales[k])."""
     import jax.numpy as jnp
     from jax.sharding import AxisType, NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -128,7 +133,7 @@ def _block_programs(scale_by: float):
         var = jnp.mean((v - mean) ** 2, axis=-1, keepdims=True)
         return (v - mean) * jax.lax.rsqrt(var + 1e-5) * g + b
 
-    def model(x, g1, b1, wq, wk, wv, wo, g2, b2, w1, c1, w2):
+    def block(x, scale_by, g1, b1, wq, wk, wv, wo, g2, b2, w1, c1, w2):
         h = layer_norm(x, g1, b1)
         q = (h @ wq).reshape(1, seq, -1, head_dim)
         k = (h @ wk).reshape(1, seq, -1, head_dim)
@@ -138,18 +143,25 @@ def _block_programs(scale_by: float):
         x = x + a @ wo
         return x + jax.nn.gelu(layer_norm(x, g2, b2) @ w1 + c1) @ w2
 
+    def model(x, *params):
+        for k, scale_by in enumerate(scales):
+            x = block(x, scale_by, *params[11 * k:11 * (k + 1)])
+        return x
+
     mesh = jax.make_mesh((4,), ("tp",), axis_types=(AxisType.Auto,), devices=jax.devices()[:4])
-    shapes = [((1, seq, hidden), P()), ((hidden,), P()), ((hidden,), P()),
-              ((hidden, hidden), P(None, "tp")), ((hidden, hidden), P(None, "tp")),
-              ((hidden, hidden), P(None, "tp")), ((hidden, hidden), P("tp", None)),
-              ((hidden,), P()), ((hidden,), P()), ((hidden, 4 * hidden), P(None, "tp")),
-              ((4 * hidden,), P("tp")), ((4 * hidden, hidden), P("tp", None))]
+    layer = [((hidden,), P()), ((hidden,), P()),
+             ((hidden, hidden), P(None, "tp")), ((hidden, hidden), P(None, "tp")),
+             ((hidden, hidden), P(None, "tp")), ((hidden, hidden), P("tp", None)),
+             ((hidden,), P()), ((hidden,), P()), ((hidden, 4 * hidden), P(None, "tp")),
+             ((4 * hidden,), P("tp")), ((4 * hidden, hidden), P("tp", None))]
+    shapes = [((1, seq, hidden), P())] + layer * len(scales)
     avals = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, spec))
              for s, spec in shapes]
     jitted = jax.jit(model, out_shardings=NamedSharding(mesh, P()))
     ref_text, per_device = lower_partitioned(jitted, *avals)
     rng = np.random.default_rng(0)
-    args = [rng.standard_normal(s).astype(np.float32) for s, _ in shapes]
+    args = [rng.standard_normal(s).astype(np.float32) * (0.1 if len(s) == 2 else 1.0)
+            for s, _ in shapes]
     return ref_text, per_device, jitted, args
 
 
@@ -181,3 +193,38 @@ def test_xla_gpt2_block_with_another_scale_is_not_proven() -> None:
     assert not np.allclose(outs[0][0], want, rtol=1e-4, atol=1e-4)
     report = check_texts(ref_text, per_device)
     assert not report.proven
+
+
+def test_xla_stack_reuses_its_layers_up_to_rounding() -> None:
+    """Four blocks partitioned by XLA: the per-device layers are walked once and the later
+    ones summarized although their constants are rounded (x * float32(1 / sqrt(8))), with
+    the rounding reported; executed, the per-device outputs match the reference's."""
+    from entangle_mlir.check import check_texts
+    from entangle_mlir.jax import run_per_device
+
+    ref_text, per_device, jitted, args = _stack_programs((8.0,) * 4)
+    outs = run_per_device(per_device, *args)
+    want = np.asarray(jitted(*args))
+    assert all(np.allclose(out[0], want, rtol=1e-4, atol=1e-4) for out in outs)
+    report = check_texts(ref_text, per_device)
+    assert report.proven, report.render_text()
+    assert "sharded regions summarized" in report.stats.get("layers reused", ""), report.stats
+    assert not report.stats["layers reused"].endswith(" 0 sharded regions summarized")
+    assert any("a summarized layer reads the sharded value as the reference's, which it "
+               "equals up to float32 rounding" in note for note in report.notes), report.notes
+
+
+def test_xla_stack_with_one_changed_layer_is_not_proven() -> None:
+    """The same stack whose third block divides by sqrt(7): executed, the numbers differ; the
+    summary of the reference's layers cannot cover it, and the pair is not proven."""
+    from entangle_mlir.check import check_texts
+    from entangle_mlir.jax import run_per_device
+
+    ref_text, _, jitted, args = _stack_programs((8.0,) * 4)
+    _, per_device, _, _ = _stack_programs((8.0, 8.0, 7.0, 8.0))
+    outs = run_per_device(per_device, *args)
+    want = np.asarray(jitted(*args))
+    assert not np.allclose(outs[0][0], want, rtol=1e-4, atol=1e-4)
+    report = check_texts(ref_text, per_device)
+    assert not report.proven
+    assert report.diagnostics, report.render_text()
