@@ -35,6 +35,7 @@ from .layout import (
     Permuted,
     Rel,
     Reordered,
+    Returning,
     Shifted,
     Value,
     Windowed,
@@ -50,7 +51,7 @@ from .per_device import (
     synthesize_mesh,
 )
 from .program import mesh_from_attr, read_meshes
-from .rules import RULES, RuleContext, blocks, reordered
+from .rules import RULES, RuleContext, blocks, reordered, returning
 from .rules.common import check_local_shapes, freeze, resize
 from .rules.elementwise import ELEMENTWISE_RULES
 from .rules.window import settle as _window_settle
@@ -68,6 +69,9 @@ def settle(value: Value, op_name: str = "") -> Value:
         return Opaque(f"blocks of dim {value.dim} in a device-dependent order leave the "
                       f"computation ({value.describe()[-120:]})", origin=value.origin,
                       category="wrong_order")
+    if isinstance(value, Returning) and not op_name:
+        return Opaque(f"contributions leave the computation before every one reached the "
+                      f"owner of its block ({value.describe()[-160:]})", category="wrong_order")
     return _window_settle(value, op_name)
 
 
@@ -485,6 +489,8 @@ class Walker:
             outputs = [ring]
         elif not plain and any(isinstance(v, Reordered) for v in inputs):
             outputs = reordered.apply(info, inputs, local)
+        elif not plain and any(isinstance(v, Returning) for v in inputs):
+            outputs = returning.apply(info, inputs, local)
         elif not plain and any(isinstance(v, Masked) and not v.zero for v in inputs) and \
                 info.name not in MASK_CARRIERS:
             outputs = [Opaque(f"{info.name} uses rows looked up for ids outside this device's "
@@ -669,6 +675,8 @@ class Walker:
             return replace(value, origin=(record, blame))
         if isinstance(value, Permuted | Windowed) and value.origin is None:
             return replace(value, origin=(record, None))
+        if isinstance(value, Reordered) and value.rel.partial:
+            value = replace(value, pieces=record)
         if isinstance(value, Reordered) and value.origin is None:
             permute = next((s for s in record.sources if s is not None
                             and s.info.name == "stablehlo.collective_permute"), record)
