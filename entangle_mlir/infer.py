@@ -549,7 +549,8 @@ class Walker:
         opaque = next((v for v in inits if isinstance(v, Opaque)), None)
         if opaque is not None:
             return [opaque] * count
-        if any(isinstance(v, (DeviceScalar, Shifted, *DEVICE_BLOCK_VALUES)) for v in inits):
+        if any(isinstance(v, (DeviceScalar, Shifted, Returning, *DEVICE_BLOCK_VALUES))
+               for v in inits):
             return [Opaque("a device-dependent integer carried through a loop is not "
                            "supported yet", origin=(record, None), category="unsupported")] * count
         depth = self.loop_depth = getattr(self, "loop_depth", 0) + 1

@@ -1984,7 +1984,9 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
         if isinstance(value, Reordered) and value.rel.partial and not single:
             claims.extend(_reordered_partial_claims(value, j, results, block_of, mesh))
             continue
-        if isinstance(value, Returning) and not single:
+        if isinstance(value, Returning):
+            if single:
+                raise _Failure("unknown", "pieces of a partial sum outside a mesh")
             if value.pieces is None or _pieces_key(value) not in pieces:
                 raise _Failure("unknown", "pieces of a partial sum that no operand holds")
             for d in checked:

@@ -515,7 +515,6 @@ def _return_chain(add: ir.Operation) -> list[_ReturnStep] | None:
     """The levels of the accumulation ending at `add`, step 0 (no hop) first."""
     steps: list[_ReturnStep] = []
     node = add.results[0]
-    pairs = None
     while True:
         op = _def(node)
         if op is not None and op.name == "stablehlo.add":
@@ -524,10 +523,6 @@ def _return_chain(add: ir.Operation) -> list[_ReturnStep] | None:
             if len(permutes) != 1:
                 return None
             permute = _def(op.operands[permutes[0]])
-            here = str(permute.attributes["source_target_pairs"])
-            if pairs not in (None, here):
-                return None
-            pairs = here
             found = _viewed_dot(op.operands[1 - permutes[0]])
             if found is None:
                 return None
@@ -543,7 +538,8 @@ def _return_chain(add: ir.Operation) -> list[_ReturnStep] | None:
 
 def _ring_return(add: ir.Operation) -> int:
     """The keys' and values' cotangents sent back around the reverse ring: `acc_0 = x_0 +
-    P(acc_1)`, ..., `acc_{k-1} = x_{k-1}` (P a collective_permute, the same on every level),
+    P(acc_1)`, ..., `acc_{k-1} = x_{k-1}` (P collective_permutes: which ones does not matter
+    to the rewrite, the walk judges where the contributions land),
     each `x_i = views(dot(a_i, b))` with one shared operand b, the same dimension numbers, and
     a_i of one shape with exactly one free dim f. Each `dot(a_i, b)` becomes slice i (along
     f's result dim) of `dot(concatenate(a_0, ..., a_{k-1}, f), b)`: exact for any a_i (a

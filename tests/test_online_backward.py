@@ -204,3 +204,5 @@ def test_near_misses_of_the_reverse_ring_compute_other_numbers_and_are_not_prove
     assert not all(np.allclose(a, b, atol=1e-4) for a, b in zip(right, broken, strict=True))
     report = check_texts(ref_text, wrong, verify_rules=False)
     assert not report.proven, report.render_text()
+    if "forward" in how:
+        assert "contributions sent back to the wrong devices" in report.diagnostics[0].message
