@@ -162,3 +162,14 @@ def test_pieces_of_another_partial_sum_do_not_complete_it() -> None:
     assert isinstance(mixed, Opaque) and "different partial sums" in mixed.reason
     claim = Rel(t, (("cp",), ()))
     assert check(add_info(acc, step(other, 0)), [acc, step(other, 0)], [claim]) != "proved"
+
+
+def test_blocks_not_matching_the_partial_group_are_refused() -> None:
+    """Eight blocks of a partial sum over four devices: a block index is not an owner."""
+    y = partial_keys(arg((N, 2)), _Value())
+    eighths = replace(y, orders=tuple(tuple(range(8)) for _ in range(4)))
+    op_info = info("stablehlo.slice", [eighths], (1, 2), {"start_indices": (0, 0),
+                                                          "limit_indices": (1, 2),
+                                                          "strides": (1, 1)})
+    (out,) = run(op_info, [eighths])
+    assert isinstance(out, Opaque)

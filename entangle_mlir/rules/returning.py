@@ -42,7 +42,8 @@ def unsupported(op_name: str, what: str) -> Opaque:
 
 def slice_of_reordered(info: OpInfo, x: Reordered, ctx: RuleContext) -> Value:
     """Block j of a `Reordered` partial value along its reordered dim (every other dim whole,
-    unit strides): device d's piece's block `orders[d][j]`."""
+    unit strides; as many blocks as the partial group has devices): device d's piece's block
+    `orders[d][j]`."""
     attrs = info.attrs
     starts, limits = tuple(attrs["start_indices"]), tuple(attrs["limit_indices"])
     strides = tuple(attrs.get("strides") or (1,) * len(starts))
@@ -54,7 +55,8 @@ def slice_of_reordered(info: OpInfo, x: Reordered, ctx: RuleContext) -> Value:
             return unsupported(info.name, "a reordered partial value cut along another dim")
     lo, hi = starts[x.dim], limits[x.dim]
     if any(s != 1 for s in strides) or not size or lo % size or hi - lo != size or (
-            x.pieces is None or x.rel.tiling[x.dim] or x.rel.kind != "sum"):
+            x.pieces is None or x.rel.tiling[x.dim] or x.rel.kind != "sum"
+            or count != ctx.mesh.group_size(tuple(x.rel.partial))):
         return unsupported(info.name, "a reordered partial value (not one whole block)")
     j = lo // size
     devices = range(len(x.orders))
