@@ -35,6 +35,7 @@ from .layout import (
     Permuted,
     Rel,
     Reordered,
+    Returning,
     Shifted,
     Value,
     Windowed,
@@ -50,7 +51,7 @@ from .per_device import (
     synthesize_mesh,
 )
 from .program import mesh_from_attr, read_meshes
-from .rules import RULES, RuleContext, blocks, reordered
+from .rules import RULES, RuleContext, blocks, reordered, returning
 from .rules.common import check_local_shapes, freeze, resize
 from .rules.elementwise import ELEMENTWISE_RULES
 from .rules.window import settle as _window_settle
@@ -68,6 +69,9 @@ def settle(value: Value, op_name: str = "") -> Value:
         return Opaque(f"blocks of dim {value.dim} in a device-dependent order leave the "
                       f"computation ({value.describe()[-120:]})", origin=value.origin,
                       category="wrong_order")
+    if isinstance(value, Returning) and not op_name:
+        return Opaque(f"contributions leave the computation before every one reached the "
+                      f"owner of its block ({value.describe()[-160:]})", category="wrong_order")
     return _window_settle(value, op_name)
 
 
@@ -500,6 +504,8 @@ class Walker:
             outputs = [ring]
         elif not plain and any(isinstance(v, Reordered) for v in inputs):
             outputs = reordered.apply(info, inputs, local)
+        elif not plain and any(isinstance(v, Returning) for v in inputs):
+            outputs = returning.apply(info, inputs, local)
         elif not plain and any(isinstance(v, Masked) and not v.zero for v in inputs) and \
                 info.name not in MASK_CARRIERS:
             outputs = [Opaque(f"{info.name} uses rows looked up for ids outside this device's "
@@ -558,7 +564,8 @@ class Walker:
         opaque = next((v for v in inits if isinstance(v, Opaque)), None)
         if opaque is not None:
             return [opaque] * count
-        if any(isinstance(v, (DeviceScalar, Shifted, *DEVICE_BLOCK_VALUES)) for v in inits):
+        if any(isinstance(v, (DeviceScalar, Shifted, Returning, *DEVICE_BLOCK_VALUES))
+               for v in inits):
             return [Opaque("a device-dependent integer carried through a loop is not "
                            "supported yet", origin=(record, None), category="unsupported")] * count
         depth = self.loop_depth = getattr(self, "loop_depth", 0) + 1
@@ -684,6 +691,8 @@ class Walker:
             return replace(value, origin=(record, blame))
         if isinstance(value, Permuted | Windowed) and value.origin is None:
             return replace(value, origin=(record, None))
+        if isinstance(value, Reordered) and value.rel.partial:
+            value = replace(value, pieces=record)
         if isinstance(value, Reordered) and value.origin is None:
             permute = next((s for s in record.sources if s is not None
                             and s.info.name == "stablehlo.collective_permute"), record)

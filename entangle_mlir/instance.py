@@ -70,6 +70,7 @@ from .layout import (
     Permuted,
     Rel,
     Reordered,
+    Returning,
     Shifted,
     Value,
     Windowed,
@@ -371,8 +372,8 @@ def _rel_of(value: Value) -> Rel | None:
     """The relation a value is built on (a moved or shifted value's underlying Rel)."""
     if isinstance(value, Rel):
         return value
-    if isinstance(value, Permuted | Windowed | Shifted | Reordered | InBlock | BlockIndex
-                  | Masked):
+    if isinstance(value, Permuted | Windowed | Shifted | Reordered | Returning | InBlock
+                  | BlockIndex | Masked):
         return value.rel
     return None
 
@@ -401,7 +402,11 @@ def _value_key(value: Value) -> tuple:
     if isinstance(value, Permuted):
         return ("permuted", _value_key(value.rel), value.sources)
     if isinstance(value, Reordered):
-        return ("reordered", _value_key(value.rel), value.dim, value.orders)
+        return ("reordered", _value_key(value.rel), value.dim, value.orders,
+                None if value.pieces is None else id(value.pieces))
+    if isinstance(value, Returning):
+        return ("returning", _value_key(value.rel), value.dim, value.blocks, value.sources,
+                None if value.pieces is None else id(value.pieces))
     if isinstance(value, Windowed):
         return ("windowed", _value_key(value.rel), value.dim, value.offset, value.length,
                 value.holes, value.summed, value.starts)
@@ -488,7 +493,7 @@ def _shape_key(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: 
         return None
 
 
-_UNPLANNED = (Shifted, *DEVICE_BLOCK_VALUES)
+_UNPLANNED = (Shifted, Returning, *DEVICE_BLOCK_VALUES)
 """Values checked as they are, never through a reusable plan."""
 
 
@@ -602,6 +607,9 @@ def _same_layout(a: Value, b: Value) -> bool:
         return a.sources == b.sources and _same_layout(a.rel, b.rel)
     if isinstance(a, Reordered) and isinstance(b, Reordered):
         return (a.dim, a.orders) == (b.dim, b.orders) and _same_layout(a.rel, b.rel)
+    if isinstance(a, Returning) and isinstance(b, Returning):
+        return (a.dim, a.blocks, a.sources) == (b.dim, b.blocks, b.sources) and (
+            a.pieces is b.pieces) and _same_layout(a.rel, b.rel)
     if isinstance(a, Windowed) and isinstance(b, Windowed):
         return (a.dim, a.offset, a.length, a.summed, a.starts) == (
             b.dim, b.offset, b.length, b.summed, b.starts) and _same_layout(
@@ -738,7 +746,7 @@ def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
                 v.pred, rel=abstractor.abstract_index(v.pred.rel))))
         elif isinstance(v, InBlock | BlockIndex | Shifted):
             abstract_ins.append(replace(v, rel=abstractor.abstract_index(v.rel)))
-        elif isinstance(v, Rel | Permuted | Windowed | Reordered):
+        elif isinstance(v, Rel | Permuted | Windowed | Reordered | Returning):
             a = abstractor.abstract(v if isinstance(v, Rel) else v.rel)
             if a is None:
                 return None
@@ -1236,7 +1244,7 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
             if rel is None or new[value.dim] % len(value.orders[0]):
                 return None
             new_ins.append(replace(value, rel=rel))
-        elif isinstance(value, Permuted):
+        elif isinstance(value, Permuted | Returning):
             return None
         elif isinstance(value, Shifted):
             rel = _resized_rel(value.rel, new, mesh, leaves)
@@ -1890,6 +1898,21 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
             return S.evaluate_term(rel.term, env, memo)
         return _region_value(rel.term, _block_region(rel, mesh, device), env, memo, regions)
 
+    pieces: dict[object, dict[int, np.ndarray]] = {}
+
+    def pieces_of(value: Reordered | Returning, name: str, dtype: str) -> dict[int, np.ndarray]:
+        """Every device's piece of the partial value `value.pieces` names (one symbolic split
+        per partial value, shared by every operand and result of the instance naming it)."""
+        key = _pieces_key(value) if value.pieces is not None else ("fresh", name)
+        if key not in pieces:
+            found: dict[int, np.ndarray] = {}
+            for g, group in enumerate(_partial_groups(value.rel, mesh, single)):
+                parts = source.split(value.rel.kind, block_of(value.rel, group[0]), len(group),
+                                     f"{name}.g{g}", dtype)
+                found.update(zip(group, parts))
+            pieces[key] = found
+        return pieces[key]
+
     local: list[list[np.ndarray]] = [[None] * len(ins) for _ in range(devices)]
     for i, value in enumerate(ins):
         want = tuple(info.operand_types[i].shape) if i < len(info.operand_types) else None
@@ -1909,6 +1932,10 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
             for d in range(devices):
                 local[d][i] = S.full(tuple(value.shape), value.values[d] if not single
                                      else value.values[0])
+        elif isinstance(value, Reordered | Returning) and value.rel.partial and not single:
+            parts = pieces_of(value, f"p{i}", dtype)
+            for d in range(devices):
+                local[d][i] = _piece_local(value, parts, d, mesh)
         elif isinstance(value, Permuted | Windowed | Shifted | Reordered) and \
                 not value.rel.partial and not single:
             full = S.evaluate_term(value.rel.term, env, memo)
@@ -1954,6 +1981,22 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                     claims.append(S.equal(x, y) if ok is True else
                                   z3.Or(z3.Not(S.to_z3(ok)), S.to_z3(S.equal(x, y))))
             continue
+        if isinstance(value, Reordered) and value.rel.partial and not single:
+            claims.extend(_reordered_partial_claims(value, j, results, block_of, mesh))
+            continue
+        if isinstance(value, Returning):
+            if single:
+                raise _Failure("unknown", "pieces of a partial sum outside a mesh")
+            if value.pieces is None or _pieces_key(value) not in pieces:
+                raise _Failure("unknown", "pieces of a partial sum that no operand holds")
+            for d in checked:
+                expect = _piece_local(value, pieces[_pieces_key(value)], d, mesh)
+                if tuple(results[d][j].shape) != tuple(expect.shape):
+                    raise _Failure("refuted", f"result {j} has local shape "
+                                   f"{results[d][j].shape} on device {d}")
+                claims.extend(S.equal(x, y) for x, y in zip(results[d][j].reshape(-1),
+                                                            expect.reshape(-1)))
+            continue
         if isinstance(value, Permuted | Windowed | Shifted | Reordered):
             if value.rel.partial or single:
                 raise _Failure("unknown", f"a {type(value).__name__.lower()} partial value "
@@ -1990,6 +2033,57 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                 reduced = results[group[0]][j]
             claims.extend(S.equal(x, y) for x, y in zip(reduced.reshape(-1),
                                                         block.reshape(-1)))
+    return claims
+
+
+def _pieces_key(value: Reordered | Returning) -> tuple:
+    """Which partial value's pieces a value holds: the value that made them and its relation
+    (values naming one partial value under other relations get unrelated pieces)."""
+    return (id(value.pieces), _value_key(value.rel))
+
+
+def _blocks_of(array: np.ndarray, dim: int, count: int) -> list[np.ndarray]:
+    size = array.shape[dim] // count
+    return [np.take(array, range(b * size, (b + 1) * size), axis=dim) for b in range(count)]
+
+
+def _piece_local(value: Reordered | Returning, parts: dict[int, np.ndarray], device: int,
+                 mesh: Mesh) -> np.ndarray:
+    """Device `device`'s local value of pieces of a partial sum (`layout.Reordered.pieces`,
+    `layout.Returning`): its piece with the blocks in its order, or the sum over its sources
+    of the block of their pieces it holds (n blocks, n the partial group's size)."""
+    if isinstance(value, Reordered):
+        order = value.orders[device]
+        blocks = _blocks_of(parts[device], value.dim, len(order))
+        return np.concatenate([blocks[b] for b in order], axis=value.dim)
+    count = mesh.group_size(tuple(value.rel.partial))
+    chosen = [_blocks_of(parts[q], value.dim, count)[value.blocks[device]]
+              for q in sorted(value.sources[device])]
+    if not chosen:
+        raise _Failure("unknown", "pieces of a partial sum from no device")
+    return S.apply(lambda *xs: S.sum_list(list(xs)), *chosen) if len(chosen) > 1 else chosen[0]
+
+
+def _reordered_partial_claims(value: Reordered, j: int, results: dict, block_of, mesh: Mesh
+                              ) -> list:
+    """Each partial group's un-reordered results add up to the block of the term."""
+    claims = []
+    for group in _partial_groups(value.rel, mesh, False):
+        if any(m not in results for m in group):
+            raise _Failure("unknown", "a partial group is checked in part")
+        block = block_of(value.rel, group[0])
+        natural = []
+        for m in group:
+            order = value.orders[m]
+            got = results[m][j]
+            if tuple(got.shape) != tuple(block.shape):
+                raise _Failure("refuted", f"result {j} has local shape {got.shape} on device "
+                               f"{m}, the relation says {block.shape}")
+            blocks = _blocks_of(got, value.dim, len(order))
+            natural.append(np.concatenate([blocks[order.index(b)] for b in range(len(order))],
+                                          axis=value.dim))
+        reduced = S.apply(lambda *xs, kind=value.rel.kind: S.combine(kind, list(xs)), *natural)
+        claims.extend(S.equal(x, y) for x, y in zip(reduced.reshape(-1), block.reshape(-1)))
     return claims
 
 

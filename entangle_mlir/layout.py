@@ -13,6 +13,8 @@ A sharded SSA value gets one of:
   off each device's own block.
 * `Reordered(rel, dim, orders)`: a Rel whose blocks along one dim are in a device-dependent
   order (blocks received around a ring, concatenated in arrival order).
+* `Returning(rel, dim, blocks, sources)`: pieces of a partial sum on their way back to the
+  owners of their blocks (a ring's reverse collective_permutes).
 * `InBlock`, `BlockIndex`, `Masked`: a per-device range test of an integer tensor, the index
   inside the device's block, a value defined only where such a test holds (vocab-parallel
   masks, `rules/blocks.py`).
@@ -190,12 +192,45 @@ class Reordered:
     orders: tuple[tuple[int, ...], ...]
     reason: str = ""
     origin: object = field(default=None, compare=False)
+    pieces: object = field(default=None, compare=False)
+    """A partial `rel` (a contraction of the split dim with a value in this order, ring
+    attention's dK/dV over all the steps): device d's local value is its piece of the partial
+    sum with the blocks of `dim` in `orders[d]` (un-reordered, the pieces add up over the group
+    to the block). `pieces` names the SSA value the pieces are (the walk's record of the op
+    that made it: a slice of it keeps them, `Returning`)."""
 
     def describe(self) -> str:
         shown = "; ".join(str(list(o)) for o in self.orders[:8])
         more = "; ..." if len(self.orders) > 8 else ""
         return (f"{self.rel.describe()} with the blocks of dim {self.dim} in the order "
                 f"[{shown}{more}] per device")
+
+
+@dataclass(frozen=True)
+class Returning:
+    """Pieces of a partial sum on their way back to the owners of their blocks (ring
+    attention's dK/dV around the reverse ring). `rel` is a partial sum over `rel.partial` of T,
+    not split along `dim`; device q's piece p_q is its local value of the partial value
+    `pieces` names (a `Reordered` partial value, un-reordered), cut along `dim` into n equal
+    blocks (n the partial group's size). Device d holds the sum over q in `sources[d]` of
+    block `blocks[d]` of p_q. A slice of one block of the partial value makes it (sources
+    {d}), a collective_permute moves it (device d takes its source's blocks and sources), an
+    add of two with the same blocks and disjoint sources joins them; when every device holds
+    the sum over its whole group at its own block index, it is T split along `dim` over the
+    partial axes (`rules/returning.py`)."""
+
+    rel: Rel
+    dim: int
+    blocks: tuple[int, ...]
+    sources: tuple[frozenset[int], ...]
+    pieces: object = field(default=None, compare=False)
+
+    def describe(self) -> str:
+        shown = "; ".join(f"block {b} of {sorted(s)}" for b, s in zip(self.blocks[:8],
+                                                                       self.sources[:8]))
+        more = "; ..." if len(self.blocks) > 8 else ""
+        return (f"{self.rel.describe()}: pieces of the partial sum along dim {self.dim} per "
+                f"device [{shown}{more}] (not every contribution at its owner yet)")
 
 
 @dataclass(frozen=True)
@@ -275,8 +310,8 @@ class Opaque:
         return f"opaque: {self.reason}"
 
 
-Value = (Rel | DeviceScalar | Shifted | Permuted | Windowed | Reordered | InBlock | BlockIndex
-         | Masked | Opaque)
+Value = (Rel | DeviceScalar | Shifted | Permuted | Windowed | Reordered | Returning | InBlock
+         | BlockIndex | Masked | Opaque)
 
 DEVICE_BLOCK_VALUES = (InBlock, BlockIndex, Masked)
 """Values whose local content depends on the device's block index beyond a tiling."""

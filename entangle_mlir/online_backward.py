@@ -319,16 +319,30 @@ def _dot_divided(dot: ir.Operation) -> int:
     """`dot(x / F(den), w)` with F along free (or batch) dims of x is `dot(x, w) / F'(den)`
     (den a softmax denominator: positive). Not when x is the exponentials themselves: the
     probabilities `exp(...) / den` are the softmax's form (`idioms._normalized_after` puts the
-    division there)."""
+    division there). Along contracted dims, against exponentials w, it moves onto them:
+    `dot(x / F(den), exp(..))` is `dot(x, exp(..) / F''(den))`, the probabilities (the value
+    cotangent `p^T do` of jax's ring backward, which divides the cotangent first)."""
     from jaxlib.mlir.dialects import stablehlo
 
-    batch, _, free = _dot_dims(dot)
+    batch, contract, free = _dot_dims(dot)
     for side in (0, 1):
         found = _divided(dot.operands[side])
         if found is None:
             continue
         x, den, dims = found
-        if _is_exp(x) or not all(d in batch[side] or d in free[side] for d in dims):
+        if _is_exp(x):
+            continue
+        if all(d in contract[side] for d in dims) and _is_exp(dot.operands[1 - side]):
+            other = dot.operands[1 - side]
+            partner = tuple(contract[1 - side][contract[side].index(d)] for d in dims)
+            if list(partner) != sorted(partner):
+                continue
+            spread = _placed(den, partner, _shape(other), dot)
+            with ir.InsertionPoint(dot), dot.location:
+                probs = stablehlo.DivOp(other, spread).result
+            operands = [x, probs] if side == 0 else [probs, x]
+            return _replace(dot, _clone_dot(dot, operands))
+        if not all(d in batch[side] or d in free[side] for d in dims):
             continue
         positions = tuple(_result_dim(d, side, batch, free) for d in dims)
         if list(positions) != sorted(positions):
@@ -470,6 +484,151 @@ def _contracted_sum(add: ir.Operation) -> int:
     return _replace(add, clone.results[0])
 
 
+# ---------------------------------------------------------------------------------------------
+# Contributions sent back around the reverse ring (dK, dV)
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _ReturnStep:
+    """One level of `acc_i = x_i + collective_permute(acc_{i+1})` (the innermost has no add:
+    `acc = x`): `x` is `views(dot)`."""
+
+    add: ir.Operation | None
+    permute: ir.Operation | None
+    dot: ir.Operation
+    views: tuple[ir.Operation, ...]
+
+
+def _viewed_dot(value) -> tuple[ir.Operation, tuple[ir.Operation, ...]] | None:
+    """(dot_general, the views from it to `value`, innermost first) or None."""
+    views: list[ir.Operation] = []
+    op = _def(value)
+    while op is not None and op.name in _VIEW_OPS:
+        views.append(op)
+        op = _def(op.operands[0])
+    if op is None or op.name != "stablehlo.dot_general" or len(op.operands) != 2:
+        return None
+    return op, tuple(reversed(views))
+
+
+def _return_chain(add: ir.Operation) -> list[_ReturnStep] | None:
+    """The levels of the accumulation ending at `add`, step 0 (no hop) first."""
+    steps: list[_ReturnStep] = []
+    node = add.results[0]
+    while True:
+        op = _def(node)
+        if op is not None and op.name == "stablehlo.add":
+            permutes = [i for i in (0, 1) if _def(op.operands[i]) is not None and _def(
+                op.operands[i]).name == "stablehlo.collective_permute"]
+            if len(permutes) != 1:
+                return None
+            permute = _def(op.operands[permutes[0]])
+            found = _viewed_dot(op.operands[1 - permutes[0]])
+            if found is None:
+                return None
+            steps.append(_ReturnStep(op, permute, *found))
+            node = permute.operands[0]
+            continue
+        found = _viewed_dot(node)
+        if found is None:
+            return None
+        steps.append(_ReturnStep(None, None, *found))
+        return steps
+
+
+def _ring_return(add: ir.Operation) -> int:
+    """The keys' and values' cotangents sent back around the reverse ring: `acc_0 = x_0 +
+    P(acc_1)`, ..., `acc_{k-1} = x_{k-1}` (P collective_permutes: which ones does not matter
+    to the rewrite, the walk judges where the contributions land),
+    each `x_i = views(dot(a_i, b))` with one shared operand b, the same dimension numbers, and
+    a_i of one shape with exactly one free dim f. Each `dot(a_i, b)` becomes slice i (along
+    f's result dim) of `dot(concatenate(a_0, ..., a_{k-1}, f), b)`: exact for any a_i (a
+    contraction's rows along a free dim are the contractions of the operand's rows). The
+    concatenation then sinks like the forward's (`idioms._sink_concat`), so no per-step block
+    stays alive; whether the slices, the permutes and the adds give the reference's cotangent
+    is the walk's to judge (`rules/returning.py`). Only at the last level of a chain (the add
+    no collective_permute reads), so the whole chain is taken at once."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    if any(use.owner.name == "stablehlo.collective_permute" for use in add.results[0].uses):
+        return 0
+    steps = _return_chain(add)
+    if steps is None or len(steps) < 2:
+        return 0
+    first = steps[0].dot
+    names = idioms._attr_names(first)
+    if any(idioms._attr_names(s.dot) != names or any(
+            str(s.dot.attributes[n]) != str(first.attributes[n]) for n in names)
+            or s.dot.results[0].type != first.results[0].type
+            or [str(v.name) for v in s.views] != [str(v.name) for v in steps[0].views]
+            for s in steps):
+        return 0
+    batch, _, free = _dot_dims(first)
+    for shared in (0, 1):
+        varying = 1 - shared
+        if all(_same(s.dot.operands[shared], first.operands[shared]) for s in steps) and (
+                len(free[varying]) == 1 and not all(
+                    _same(s.dot.operands[varying], first.operands[varying]) for s in steps)):
+            break
+    else:
+        return 0
+    if any(s.dot.operands[varying].type != first.operands[varying].type for s in steps):
+        return 0
+    f = free[varying][0]
+    out_dim = _result_dim(f, varying, batch, free)
+    if any(str(a.attributes["permutation"]) != str(b.attributes["permutation"])
+           for s in steps for a, b in zip(s.views, steps[0].views)
+           if a.name == "stablehlo.transpose"):
+        return 0
+    at = add
+    joined = idioms._concat([s.dot.operands[varying] for s in steps], f, at)
+    block = _shape(first.results[0])[out_dim]
+    shape = list(_shape(first.results[0]))
+    shape[out_dim] = block * len(steps)
+    element = ir.RankedTensorType(first.results[0].type).element_type
+    operands = [first.operands[shared], joined] if shared == 0 else [joined,
+                                                                      first.operands[shared]]
+    with ir.InsertionPoint(at), at.location:
+        whole = ir.Operation.create("stablehlo.dot_general",
+                                    results=[ir.RankedTensorType.get(shape, element)],
+                                    operands=operands,
+                                    attributes={n: first.attributes[n] for n in names},
+                                    loc=first.location).results[0]
+    rank = len(shape)
+    moved = 0
+    for view in steps[0].views:
+        if view.name != "stablehlo.transpose":
+            break
+        permutation = _i64s(view, "permutation")
+        with ir.InsertionPoint(at), at.location:
+            whole = stablehlo.TransposeOp(whole, permutation).result
+        out_dim = permutation.index(out_dim)
+        moved += 1
+    parts = []
+    for i, step in enumerate(steps):
+        start = [0] * rank
+        limit = list(_shape(whole))
+        start[out_dim], limit[out_dim] = i * block, (i + 1) * block
+        with ir.InsertionPoint(at), at.location:
+            value = stablehlo.SliceOp(whole, start, limit, [1] * rank).result
+        for view in step.views[moved:]:
+            clone = view.clone(ir.InsertionPoint(at))
+            clone.operands[0] = value
+            value = clone.results[0]
+        parts.append(value)
+    acc = parts[-1]
+    for i in range(len(steps) - 2, -1, -1):
+        step = steps[i]
+        permute = step.permute.clone(ir.InsertionPoint(at))
+        permute.operands[0] = acc
+        new_add = step.add.clone(ir.InsertionPoint(at))
+        which = 0 if step.add.operands[0] == step.permute.results[0] else 1
+        new_add.operands[which] = permute.results[0]
+        new_add.operands[1 - which] = parts[i]
+        acc = new_add.results[0]
+    return _replace(add, acc)
+
+
 def _factors(value, out: list) -> None:
     """The leaves of the multiplication tree `value` is."""
     op = _def(value)
@@ -554,7 +713,7 @@ REWRITES = {
     "stablehlo.reduce": _reassociated,
     "stablehlo.multiply": lambda op: _telescope(op) or _absorb(op),
     "stablehlo.broadcast_in_dim": _broadcast_out,
-    "stablehlo.add": lambda op: _add_out(op) or _contracted_sum(op),
+    "stablehlo.add": lambda op: _add_out(op) or _contracted_sum(op) or _ring_return(op),
     "stablehlo.dot_general": lambda op: _dot_out(op) or _dot_divided(op),
 }
 """The backward's rewrites by op name (entangle-normalize applies them once the forward's

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ..layout import Opaque, Rel, Reordered, Shifted, Value
+from ..layout import Opaque, Rel, Reordered, Returning, Shifted, Value
 from ..opinfo import OpInfo
 from ..terms import roll_parts
 from .base import RuleContext
@@ -106,6 +106,10 @@ def with_orders(rule):
                 return [ring]
         if any(isinstance(v, Reordered) for v in operands):
             return apply(info, operands, ctx)
+        if any(isinstance(v, Returning) for v in operands):
+            from . import returning
+
+            return returning.apply(info, operands, ctx)
         return rule(info, operands, ctx)
     return run
 
@@ -119,6 +123,13 @@ def apply(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     name = info.name
     first = moved[0]
     plain = [v.rel if isinstance(v, Reordered) else v for v in operands]
+    if any(v.rel.partial for v in moved):
+        if name == "stablehlo.transpose":
+            return _wrap(RULES[name](info, plain, ctx),
+                         list(info.attrs["permutation"]).index(first.dim), first, partial=True)
+        from . import returning
+
+        return returning.apply(info, operands, ctx)
     if name in ELEMENTWISE_RULES:
         dims = _elementwise_dims(info, operands)
         if isinstance(dims, Opaque):
@@ -200,14 +211,16 @@ def _unsupported(op_name: str, value: Reordered, what: str) -> Opaque:
                   category="unsupported")
 
 
-def _wrap(outputs: list[Value], dim: int, like: Reordered) -> list[Value]:
+def _wrap(outputs: list[Value], dim: int, like: Reordered, partial: bool = False
+          ) -> list[Value]:
     """The plain rule's outputs with `like`'s order along `dim` (a Rel not split along it,
-    with no pending reduction: every device of a partial group must hold the same order)."""
+    with no pending reduction unless `partial`: a contraction's result, whose pieces each
+    device holds in its own order, `Reordered.pieces`)."""
     wrapped: list[Value] = []
     for out in outputs:
         if isinstance(out, Opaque):
             wrapped.append(out)
-        elif isinstance(out, Rel) and not out.partial and not out.tiling[dim] and (
+        elif isinstance(out, Rel) and (partial or not out.partial) and not out.tiling[dim] and (
                 dim not in out.poly) and out.term.shape[dim] == like.rel.term.shape[like.dim]:
             wrapped.append(Reordered(out, dim, like.orders, like.reason, like.origin))
         else:
@@ -254,4 +267,4 @@ def _dot(info: OpInfo, operands: list[Value], plain: list[Value], ctx: RuleConte
         return [_unsupported(info.name, value, "contracted or batched with a value in the "
                              "natural order")]
     position = len(batch[0]) + (0 if side == 0 else len(free[0])) + free[side].index(value.dim)
-    return _wrap(RULES[info.name](info, plain, ctx), position, value)
+    return _wrap(RULES[info.name](info, plain, ctx), position, value, partial=True)

@@ -272,7 +272,7 @@ FIXED = {"bias_grad_unit_dims", "take_and_reducer", "top_k", "gather_batching_di
          "scatter_batching_dims", "dp_mean_coefficients", "scan_backward",
          "unit_dim_transpose", "moe_flatten_split_seq", "allgather_partial", "local_max",
          "exp_algebra", "unit_batch_view",
-         "slice_of_split_dim", "device_offset_tensor", "ring_attention"}
+         "slice_of_split_dim", "device_offset_tensor", "ring_attention", "ring_backward"}
 
 
 def reproducers() -> list[Repro]:
@@ -364,7 +364,7 @@ def reproducers() -> list[Repro]:
                      (_f("q", (8, 4), P(CP, None)), _f("k", (8, 4), P(CP, None)),
                       _f("v", (8, 4), P(CP, None)), _f("w", (8, 4), P(CP, None))),
                      (P(CP, None),) * 3, "gradients of causal ring attention")),
-        Repro("ring_permute", "ring attention training with the running max's gradient "
+        Repro("ring_backward", "ring attention training with the running max's gradient "
               "stopped: per-step blocks and dK/dV along the reverse ring only",
               custom("repro_ring_attention_grad_stop_max", cp4, ring_attention_grad_ref,
                      ring_attention_grad_stop_max,
