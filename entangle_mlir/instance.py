@@ -1773,7 +1773,8 @@ def _region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, me
     """`S.evaluate_term(term)[region]`, computed from the regions of the operands it reads:
     a leaf's variables in the region; an elementwise op on its operands' same region; a
     broadcast, transpose, dot_general or reduction on the operand positions those output
-    positions read (whole contracted and reduced dims). Anything else, and a whole region, is
+    positions read (whole contracted and reduced dims); a reshape on the smallest box of
+    operand positions holding the window's elements (row-major). Anything else, and a whole region, is
     evaluated in full and sliced. Each rule restates the op's definition on a window."""
     shape = term.shape
     if all(r == (0, n) for r, n in zip(region, shape)):
@@ -1800,6 +1801,14 @@ def _region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, me
                       for i, d in enumerate(dims))
         value = S.broadcast_in_dim(_region_value(operand, inner, env, memo, regions), dims,
                                    tuple(sub))
+    elif op == "reshape" and args[0].shape and all(sub):
+        operand = args[0]
+        wanted = np.indices(sub).reshape(len(sub), -1) + np.array(
+            [lo for lo, _ in region]).reshape(-1, 1)
+        read = np.unravel_index(np.ravel_multi_index(tuple(wanted), shape), operand.shape)
+        box = tuple((int(p.min()), int(p.max()) + 1) for p in read)
+        part = _region_value(operand, box, env, memo, regions)
+        value = part[tuple(p - lo for p, (lo, _) in zip(read, box))].reshape(sub)
     elif op == "transpose":
         (perm,) = term.attrs
         inner = [None] * len(perm)

@@ -128,7 +128,9 @@ def _window_cases():
     peak = T.intern("reduce_max", (batched,), ((1,),), (2, 5), "f32")
     sliced = T.make_op("slice", (x,), ((1, 0), (3, 6), (1, 1)), (2, 6), "f32", linear_in=0)
     rotated = T.make_elementwise("stablehlo.negate", (T.make_transpose(b, (1, 2, 0)),))
-    return [dot, batched, mixed, exp, summed, flipped, peak, sliced, rotated]
+    merged = T.make_reshape(T.make_elementwise("stablehlo.tanh", (b,)), (8, 3))
+    split = T.make_reshape(x, (2, 2, 3, 2))
+    return [dot, batched, mixed, exp, summed, flipped, peak, sliced, rotated, merged, split]
 
 
 def test_block_values_are_the_blocks_of_the_full_values() -> None:
