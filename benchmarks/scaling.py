@@ -334,7 +334,8 @@ def targets(rows: dict[str, dict]) -> list[str]:
                      f"CPU over XLA's wall (target < 0.5): {status(wall, cpu, 0.5, False)}")
         met = [n for n, r in compiled if r["wall_s"] / r["xla_s"] < 0.5]
         lines.append(f"check < half of XLA's compile (wall) in {len(met)} of {len(compiled)} rows")
-        for name in ("gpt2 L8 tp8", "gpt2 L8 tp8 xla", "gpt2 L32 tp8", "llama8b stack_sgd"):
+        for name in ("gpt2 L8 tp8", "gpt2 L8 tp8 xla", "gpt2 L32 tp8", "llama8b stack_sgd",
+                     "llama8b adamw"):
             row = rows.get(name)
             if row and row.get("xla_s"):
                 lines.append(f"check / XLA compile, {name}: {row['wall_s'] / row['xla_s']:.2f} "
