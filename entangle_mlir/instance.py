@@ -1851,6 +1851,19 @@ def _region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, me
     return value
 
 
+def _local_claims(results: dict, j: int, expected: dict) -> list:
+    """Result `j` on each device of `expected` equals its expected local value, element for
+    element (a local shape that differs refutes the claim outright)."""
+    claims = []
+    for d, expect in expected.items():
+        if tuple(results[d][j].shape) != tuple(expect.shape):
+            raise _Failure("refuted", f"result {j} has local shape {results[d][j].shape} on "
+                           f"device {d}")
+        claims.extend(S.equal(x, y) for x, y in zip(results[d][j].reshape(-1),
+                                                    expect.reshape(-1)))
+    return claims
+
+
 def _partial_groups(rel: Rel, mesh: Mesh | None, single: bool) -> list[list[int]]:
     if single:
         return [[0]]
@@ -1998,26 +2011,17 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                 raise _Failure("unknown", "pieces of a partial sum outside a mesh")
             if value.pieces is None or _pieces_key(value) not in pieces:
                 raise _Failure("unknown", "pieces of a partial sum that no operand holds")
-            for d in checked:
-                expect = _piece_local(value, pieces[_pieces_key(value)], d, mesh)
-                if tuple(results[d][j].shape) != tuple(expect.shape):
-                    raise _Failure("refuted", f"result {j} has local shape "
-                                   f"{results[d][j].shape} on device {d}")
-                claims.extend(S.equal(x, y) for x, y in zip(results[d][j].reshape(-1),
-                                                            expect.reshape(-1)))
+            split = pieces[_pieces_key(value)]
+            claims.extend(_local_claims(results, j, {
+                d: _piece_local(value, split, d, mesh) for d in checked}))
             continue
         if isinstance(value, Permuted | Windowed | Shifted | Reordered):
             if value.rel.partial or single:
                 raise _Failure("unknown", f"a {type(value).__name__.lower()} partial value "
                                "cannot be checked")
             full = S.evaluate_term(value.rel.term, env, memo)
-            for d in checked:
-                expect = _derived_local(full, value, mesh, d)
-                if tuple(results[d][j].shape) != tuple(expect.shape):
-                    raise _Failure("refuted", f"result {j} has local shape "
-                                   f"{results[d][j].shape} on device {d}")
-                claims.extend(S.equal(x, y) for x, y in zip(results[d][j].reshape(-1),
-                                                            expect.reshape(-1)))
+            claims.extend(_local_claims(results, j, {
+                d: _derived_local(full, value, mesh, d) for d in checked}))
             continue
         for group in _partial_groups(value, mesh, single):
             if group[0] not in results:
