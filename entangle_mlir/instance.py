@@ -1562,6 +1562,11 @@ class _Concrete:
 
     def split(self, kind: str, block: np.ndarray, count: int, name: str, dtype: str
               ) -> list[np.ndarray]:
+        """Local values whose sum (max, min) is `block`. Only exact values split exactly: a
+        float (an infinity, or a random function's value at one) would make the pieces' sum
+        differ from `block` by rounding, a false counterexample, so the trial is dropped."""
+        if any(isinstance(v, float) for v in np.ravel(block)):
+            raise _Failure("unknown", "a partial split of a value that is not exact")
         if kind == "sum":
             locals_ = [self.tensor(name, block.shape, dtype) for _ in range(count - 1)]
             rest = S.apply(lambda b, *xs: S.sub(b, S.sum_list(list(xs))), block, *locals_)

@@ -478,3 +478,24 @@ def test_instance_cache_key_ignores_only_the_channel_number() -> None:
 
     assert all_reduce(1, [[0, 1]]).signature() == all_reduce(7, [[0, 1]]).signature()
     assert all_reduce(1, [[0, 1]]).signature() != all_reduce(1, [[0], [1]]).signature()
+
+
+def test_concrete_partial_splits_are_exact_or_refused() -> None:
+    """The counterexample search splits a partial sum into random local pieces: exact values
+    split so that the pieces sum back exactly; a block holding a float (an infinity, or a
+    random function's value at one) is refused, since rounding would make the pieces' sum
+    differ from it and pass for a counterexample (a false "refuted")."""
+    import numpy as np
+
+    from entangle_mlir import instance as I
+    from entangle_mlir import semantics as S
+
+    source = I._Concrete(seed=3)
+    block = source.tensor("x", (2, 3), "f32")
+    pieces = source.split("sum", block, 4, "x", "f32")
+    for idx in np.ndindex(block.shape):
+        assert S.sum_list([p[idx] for p in pieces]) == block[idx]
+    inexact = block.copy()
+    inexact[0, 0] = float("-inf")
+    with pytest.raises(I._Failure):
+        source.split("sum", inexact, 4, "x", "f32")
