@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from .layers import HOLE_BASE
-from .terms import LOOP_BODY_TERMS, Term, intern, make_splat, splat_value, subterms
+from .terms import (
+    LOOP_BODY_TERMS,
+    Term,
+    intern,
+    make_splat,
+    post_order,
+    splat_value,
+    subterms,
+)
 
 GATHER = "stablehlo.gather"
 SCATTER = "stablehlo.scatter"
@@ -90,17 +98,7 @@ class Simplifier:
     def simplify(self, term: Term) -> Term:
         from .instance import rebuild
 
-        stack = [term]
-        while stack:
-            top = stack[-1]
-            if top.serial in self.memo:
-                stack.pop()
-                continue
-            pending = [a for a in top.args if a.serial not in self.memo]
-            if pending:
-                stack.extend(pending)
-                continue
-            stack.pop()
+        for top in post_order(term, self.memo):
             args = tuple(self.memo[a.serial] for a in top.args)
             out = self._fold(top, args)
             if out is None:
@@ -167,17 +165,7 @@ class Simplifier:
         """The ranged inputs `term` reads (memoized over the DAG: the terms compared are
         often large, and share most of their subterms)."""
         memo = self.sources
-        stack = [term]
-        while stack:
-            top = stack[-1]
-            if top.serial in memo:
-                stack.pop()
-                continue
-            pending = [a for a in top.args if a.serial not in memo]
-            if pending:
-                stack.extend(pending)
-                continue
-            stack.pop()
+        for top in post_order(term, memo):
             found = frozenset((top.serial,)) if top.serial in self.ranges else frozenset()
             for a in top.args:
                 found |= memo[a.serial]

@@ -46,7 +46,7 @@ import z3
 
 from .mesh import Mesh
 from .opinfo import OpInfo, TensorType
-from .terms import Term
+from .terms import Term, post_order
 
 Element = object
 Array = np.ndarray
@@ -1473,18 +1473,7 @@ def evaluate_term(term: Term, env: TermEnv, memo: dict[int, Array] | None = None
     `SemanticsError` naming it.
     """
     memo = {} if memo is None else memo
-    stack = [term]
-    # Iterative post-order walk: reference terms can be deep (whole transformer stacks).
-    while stack:
-        top = stack[-1]
-        if top.serial in memo:
-            stack.pop()
-            continue
-        pending = [a for a in top.args if a.serial not in memo]
-        if pending:
-            stack.extend(pending)
-            continue
-        stack.pop()
+    for top in post_order(term, memo):
         value = _evaluate_node(top, [memo[a.serial] for a in top.args], env)
         if value.shape != tuple(top.shape):
             raise SemanticsError(f"term {top.op} evaluated to shape {value.shape}, "

@@ -107,6 +107,25 @@ def subterms(roots) -> Iterator[Term]:
         stack.extend(term.args)
 
 
+def post_order(term: Term, done: dict[int, object]) -> Iterator[Term]:
+    """The terms under `term` (itself included) not yet in `done`, each after its arguments:
+    the order in which a memoized fold over the DAG computes them. Iterative, since terms can
+    be deep (whole transformer stacks); the caller records each term in `done` before asking
+    for the next."""
+    stack = [term]
+    while stack:
+        top = stack[-1]
+        if top.serial in done:
+            stack.pop()
+            continue
+        pending = [a for a in top.args if a.serial not in done]
+        if pending:
+            stack.extend(pending)
+            continue
+        stack.pop()
+        yield top
+
+
 def scalar(value) -> Scalar:
     """A canonical scalar: an exact Fraction when finite, else a float (inf, nan)."""
     if isinstance(value, Fraction):
