@@ -1779,8 +1779,9 @@ def _region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, me
     a leaf's variables in the region; an elementwise op on its operands' same region; a
     broadcast, transpose, dot_general or reduction on the operand positions those output
     positions read (whole contracted and reduced dims); a reshape on the smallest box of
-    operand positions holding the window's elements (row-major). Anything else, and a whole region, is
-    evaluated in full and sliced. Each rule restates the op's definition on a window."""
+    operand positions holding the window's elements (row-major). Anything else, and a whole
+    region, is evaluated in full and sliced. Each rule restates the op's definition on a
+    window."""
     shape = term.shape
     if all(r == (0, n) for r, n in zip(region, shape)):
         return S.evaluate_term(term, env, memo)
@@ -2060,11 +2061,6 @@ def _pieces_key(value: Reordered | Returning) -> tuple:
     return (id(value.pieces), _value_key(value.rel))
 
 
-def _blocks_of(array: np.ndarray, dim: int, count: int) -> list[np.ndarray]:
-    size = array.shape[dim] // count
-    return [np.take(array, range(b * size, (b + 1) * size), axis=dim) for b in range(count)]
-
-
 def _piece_local(value: Reordered | Returning, parts: dict[int, np.ndarray], device: int,
                  mesh: Mesh) -> np.ndarray:
     """Device `device`'s local value of pieces of a partial sum (`layout.Reordered.pieces`,
@@ -2072,14 +2068,14 @@ def _piece_local(value: Reordered | Returning, parts: dict[int, np.ndarray], dev
     of the block of their pieces it holds (n blocks, n the partial group's size)."""
     if isinstance(value, Reordered):
         order = value.orders[device]
-        blocks = _blocks_of(parts[device], value.dim, len(order))
+        blocks = np.split(parts[device], len(order), axis=value.dim)
         return np.concatenate([blocks[b] for b in order], axis=value.dim)
     count = mesh.group_size(tuple(value.rel.partial))
-    chosen = [_blocks_of(parts[q], value.dim, count)[value.blocks[device]]
+    chosen = [np.split(parts[q], count, axis=value.dim)[value.blocks[device]]
               for q in sorted(value.sources[device])]
     if not chosen:
         raise _Failure("unknown", "pieces of a partial sum from no device")
-    return S.apply(lambda *xs: S.sum_list(list(xs)), *chosen) if len(chosen) > 1 else chosen[0]
+    return S.apply(lambda *xs: S.sum_list(list(xs)), *chosen) if len(chosen) > 1 else chosen[0].copy()
 
 
 def _reordered_partial_claims(value: Reordered, j: int, results: dict, block_of, mesh: Mesh
@@ -2097,7 +2093,7 @@ def _reordered_partial_claims(value: Reordered, j: int, results: dict, block_of,
             if tuple(got.shape) != tuple(block.shape):
                 raise _Failure("refuted", f"result {j} has local shape {got.shape} on device "
                                f"{m}, the relation says {block.shape}")
-            blocks = _blocks_of(got, value.dim, len(order))
+            blocks = np.split(got, len(order), axis=value.dim)
             natural.append(np.concatenate([blocks[order.index(b)] for b in range(len(order))],
                                           axis=value.dim))
         reduced = S.apply(lambda *xs, kind=value.rel.kind: S.combine(kind, list(xs)), *natural)

@@ -112,12 +112,12 @@ class Block:
     last_use: dict = field(default_factory=dict)
     """value -> the largest op index (len(ops) for the terminator) that reads it."""
     prelude: set[int] = field(default_factory=set)
-    reads: list[list[tuple]] = field(default_factory=list)
-    """Per op, (operand, producer's op index), the index -1 for a value from outside the
-    block or from a prelude op: `_read_from_outside`'s test is one comparison."""
     """A slice of a block argument (a layer's part of a stacked parameter, at an offset that
     differs per layer) and reshapes, transposes and converts of it: they belong to no region;
     their results are a region's inputs."""
+    reads: list[list[tuple]] = field(default_factory=list)
+    """Per op, (operand, producer's op index), the index -1 for a value from outside the
+    block or from a prelude op: `_read_from_outside`'s test is one comparison."""
     _external: dict = field(default_factory=dict)
 
     def external_inputs(self, start: int, period: int) -> list:
