@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from entangle_mlir.idioms import drop_identity_converts, rewrite_idioms
 from entangle_mlir.ir import ops_in_order
+from entangle_mlir.max_cotangent import zero_max_cotangents
 from entangle_mlir.pipeline import ModulePass, PassState
 from entangle_mlir.program import inline_calls
 from entangle_mlir.token_dims import split_token_dims
@@ -46,6 +47,8 @@ class NormalizePass(ModulePass):
                 if drop_identity_converts(module, ops):
                     ops = ops_in_order(module)
                 if fold_unit_dims(module, ops):
+                    ops = ops_in_order(module)
+                if zero_max_cotangents(module, ops):
                     ops = ops_in_order(module)
                 if rewrite_idioms(module, ops):
                     ops = None

@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 from entangle_mlir.check import check_texts
 from entangle_mlir.idioms import drop_identity_converts, rewrite_idioms
 from entangle_mlir.ir import context, parse_module
+from entangle_mlir.max_cotangent import zero_max_cotangents
 from entangle_mlir.program import inline_calls
 from entangle_mlir.unroll import unroll_ring_loops
 from examples.real.catalog import custom, lower_pair, run_pair
@@ -102,6 +103,7 @@ def _normalized(text: str) -> str:
         with module.context:
             unroll_ring_loops(module)
             drop_identity_converts(module)
+            zero_max_cotangents(module)
             assert rewrite_idioms(module) > 0
         assert module.operation.verify()
         return str(module)

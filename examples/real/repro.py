@@ -272,7 +272,8 @@ FIXED = {"bias_grad_unit_dims", "take_and_reducer", "top_k", "gather_batching_di
          "scatter_batching_dims", "dp_mean_coefficients", "scan_backward",
          "unit_dim_transpose", "moe_flatten_split_seq", "allgather_partial", "local_max",
          "exp_algebra", "unit_batch_view",
-         "slice_of_split_dim", "device_offset_tensor", "ring_attention", "ring_backward"}
+         "slice_of_split_dim", "device_offset_tensor", "ring_attention", "ring_backward",
+         "ring_max_grad"}
 
 
 def reproducers() -> list[Repro]:
@@ -357,8 +358,8 @@ def reproducers() -> list[Repro]:
               custom("repro_ring_attention", cp4, ring_attention_ref, ring_attention,
                      (_f("q", (8, 4), P(CP, None)), _f("k", (8, 4), P(CP, None)),
                       _f("v", (8, 4), P(CP, None))), P(CP, None), "causal ring attention")),
-        Repro("ring_permute", "ring attention training: the backward reads each ring step's "
-              "blocks and returns dK/dV along the reverse ring",
+        Repro("ring_max_grad", "ring attention training with the running max differentiated: "
+              "its cotangent, zero in real arithmetic, reaches the scores' argmax",
               custom("repro_ring_attention_grad", cp4, ring_attention_grad_ref,
                      ring_attention_grad,
                      (_f("q", (8, 4), P(CP, None)), _f("k", (8, 4), P(CP, None)),
