@@ -36,7 +36,27 @@ def _splat(value) -> float | None:
     return float(np.asarray(array).reshape(-1)[0]) if splat else None
 
 
+def _shifts_exp(value) -> bool:
+    """`value` (through moves) is subtracted inside an exponential: a softmax's shift. Only
+    such maxes are tried (a relu's max has a cotangent that is not zero)."""
+    pending, seen = [value], set()
+    while pending:
+        top = pending.pop()
+        for use in top.uses:
+            user = use.owner
+            user = user.operation if hasattr(user, "operation") else user
+            if user.name in idioms._MOVES_AND_TRANSPOSES and user.results[0] not in seen:
+                seen.add(user.results[0])
+                pending.append(user.results[0])
+            elif user.name == "stablehlo.subtract" and any(
+                    getattr(u.owner, "name", "") == "stablehlo.exponential"
+                    for u in user.results[0].uses):
+                return True
+    return False
+
+
 def _reads_max(compare) -> bool:
+    """`compare` reads a max (elementwise or reduced) that shifts a softmax."""
     op = _def(compare)
     if op is None or op.name != "stablehlo.compare":
         return False
@@ -44,7 +64,8 @@ def _reads_max(compare) -> bool:
         root, _ = idioms._root(operand)
         producer = _def(root)
         if producer is not None and (producer.name == "stablehlo.maximum" or (
-                producer.name == "stablehlo.reduce" and reducer_kind(producer) == "max")):
+                producer.name == "stablehlo.reduce" and reducer_kind(producer) == "max")) \
+                and _shifts_exp(root):
             return True
     return False
 
@@ -83,7 +104,7 @@ def _tie_count(value) -> bool:
     root, _ = idioms._root(spread)
     reduce = _def(root)
     return (reduce is not None and reduce.name == "stablehlo.reduce"
-            and reducer_kind(reduce) == "max" and reduce.operands[0] == x
+            and reducer_kind(reduce) == "max" and reduce.operands[0] == x and _shifts_exp(root)
             and _i64s(reduce, "dimensions") == _i64s(op, "dimensions"))
 
 
@@ -111,11 +132,11 @@ _ZERO_KEEPING = ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.t
                  "stablehlo.negate", "stablehlo.convert", "stablehlo.divide")
 
 
-def _fold_zeros(zeros: list) -> None:
+def _fold_zeros(zeros: list, kinds: dict) -> None:
     """Fold zeros into their users: ops that give zero for a zero operand (a product or
     contraction with finite operands, a sum, a move, a division of it) become zeros, `y + 0`
-    and `y - 0` become y (their uses move; nothing is erased)."""
-    kinds: dict = {}
+    and `y - 0` become y (their uses move; nothing is erased). `kinds`: `idioms._kinds`'s
+    memo."""
     pending = list(zeros)
     while pending:
         zero = pending.pop()
@@ -184,16 +205,17 @@ def zero_max_cotangents(module: ir.Module, ops: list | None = None) -> int:
     else:
         found = [op for name, op in ops if name in names]
     count = 0
+    kinds: dict = {}
     with ir.Location.unknown():
         for op in found:
             if not any(True for _ in op.results[0].uses):
                 continue
             cotangent = _candidate(op)
-            if cotangent is None or not polynomial.is_zero(cotangent):
+            if cotangent is None or not polynomial.is_zero(cotangent, kinds):
                 continue
             zero = _zero_like(op.results[0], op)
             op.results[0].replace_all_uses_with(zero)
-            _fold_zeros([zero])
+            _fold_zeros([zero], kinds)
             count += 1
     if count:
         _sweep(module)

@@ -42,6 +42,7 @@ _MOVES = frozenset({
 _MAX_MONOMIALS = 4096
 _MAX_BOUND = 6
 _DEPTHS = (2, 4, 6, 8, 12, 16)
+_KEY_HEIGHT = 8
 
 _LIT = ("c", 0)
 """The index of a unit dim."""
@@ -150,31 +151,25 @@ class _Builder:
         self.keys: dict = {}
         self.interned: dict = {}
 
-    def key(self, value) -> int:
+    def key(self, value, height: int = _KEY_HEIGHT) -> int:
         """A structural key: the same op applied to the same operands (jax repeats ops) is
-        one atom. Keys are interned as numbers (iterative: a cone can be a whole program)."""
-        stack = [value]
-        while stack:
-            top = stack[-1]
-            if top in self.keys:
-                stack.pop()
-                continue
-            op = _def(top)
-            if op is None or (op.regions and op.name != "stablehlo.reduce"):
-                self.keys[top] = self.interned.setdefault(("value", top), len(self.interned))
-                stack.pop()
-                continue
-            waiting = [v for v in op.operands if v not in self.keys]
-            if waiting:
-                stack.extend(waiting)
-                continue
-            stack.pop()
+        one atom. Ops more than `height` levels down are told apart by identity (equal keys
+        always mean equal values; a missed match only costs a cancellation)."""
+        found = self.keys.get((value, height))
+        if found is not None:
+            return found
+        op = _def(value)
+        if height == 0 or op is None or (op.regions and op.name != "stablehlo.reduce"):
+            key = ("value", value)
+        else:
             attrs = tuple((n, str(op.attributes[n])) for n in sorted(idioms._attr_names(op)))
-            result = next(i for i, r in enumerate(op.results) if r == top)
-            key = (op.name, str(top.type), attrs, tuple(self.keys[v] for v in op.operands),
-                   result, reducer_kind(op) if op.name == "stablehlo.reduce" else "")
-            self.keys[top] = self.interned.setdefault(key, len(self.interned))
-        return self.keys[value]
+            result = next(i for i, r in enumerate(op.results) if r == value)
+            key = (op.name, str(value.type), attrs,
+                   tuple(self.key(v, height - 1) for v in op.operands), result,
+                   reducer_kind(op) if op.name == "stablehlo.reduce" else "")
+        number = self.interned.setdefault(key, len(self.interned))
+        self.keys[value, height] = number
+        return number
 
     def atom(self, value, power: int) -> list[_Monomial]:
         number = self.atoms.setdefault(self.key(value), len(self.atoms))
@@ -413,11 +408,12 @@ def _cleared(builder: _Builder, monomials: list[_Monomial]) -> list[_Monomial]:
     raise _TooBig
 
 
-def is_zero(value) -> bool:
+def is_zero(value, kinds: dict | None = None) -> bool:
     """`value` is zero in real arithmetic, for any content of the values it reads beyond the
-    expanded ones; every atom finite (`idioms._kinds`). False when undecided."""
+    expanded ones; every atom finite (`idioms._kinds`, `kinds` its memo). False when
+    undecided."""
     distance = _distances(value)
-    kinds: dict = {}
+    kinds = {} if kinds is None else kinds
     for depth in _DEPTHS:
         builder = _Builder(depth, distance)
         try:
