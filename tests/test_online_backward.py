@@ -27,7 +27,12 @@ from entangle_mlir.program import inline_calls
 from entangle_mlir.unroll import unroll_ring_loops
 from examples.real.catalog import custom, lower_pair, run_pair
 from examples.real.programs import ArgDef
-from examples.real.repro import reproducers, ring_attention_grad_ref
+from examples.real.repro import (
+    reproducers,
+    ring_attention_bshd_grad_ref,
+    ring_attention_bshd_grad_stop_max,
+    ring_attention_grad_ref,
+)
 from tests.test_online_softmax import _run_partitioned
 
 CP = "cp"
@@ -206,3 +211,59 @@ def test_near_misses_of_the_reverse_ring_compute_other_numbers_and_are_not_prove
     assert not report.proven, report.render_text()
     if "forward" in how:
         assert "contributions sent back to the wrong devices" in report.diagnostics[0].message
+
+
+BSHD = "repro_ring_attention_bshd_grad_stop_max_cp4"
+"""The models' layout (`layers.ring_attention`): q, k, v of shape (b, s, h, d), the correction
+applied to the output as `swapaxes(corr, 1, 2)[..., None]`."""
+
+
+def _bshd_example(variant: str):
+    (right,) = [r.example for r in reproducers() if r.example.name == BSHD]
+    return custom(f"ring_bshd_{variant}", ((CP, 4),), ring_attention_bshd_grad_ref,
+                  lambda q, k, v, w: ring_attention_bshd_grad_stop_max(q, k, v, w, variant),
+                  right.args, right.out_specs, f"ring attention (b, s, h, d) gradients ({variant})")
+
+
+def test_backward_rewrites_are_exact_in_the_models_layout() -> None:
+    """jax.grad of ring attention in the (b, s, h, d) layout, max stopped: the partitioned
+    program computes the same numbers after the rewrites (the corrections moved out of the
+    transposes and through the dots' batch and contracted dims, the delta read over the keys).
+    The key and value gradients are each one contraction over all 8 keys cut into the 4 ring
+    steps' blocks, the query gradient one contraction against all the key blocks."""
+    (ex,) = [r.example for r in reproducers() if r.example.name == BSHD]
+    _, text = lower_pair(ex)
+    rewritten = _normalized(text)
+    for b, a in zip(_run_partitioned(ex, text), _run_partitioned(ex, rewritten), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert rewritten.count("stablehlo.slice") == 8, rewritten
+    # dV: the cotangent against the probabilities over all the keys, shifted by the final max
+    assert "(tensor<2x2x4x2xf32>, tensor<2x2x2x8xf32>) -> tensor<2x2x4x8xf32>" in rewritten
+    # dQ: the score cotangents of all steps against all the key blocks
+    assert "(tensor<2x2x2x8xf32>, tensor<2x8x2x4xf32>) -> tensor<2x2x2x4xf32>" in rewritten
+
+
+def test_ring_training_in_the_models_layout_is_proven() -> None:
+    (ex,) = [r.example for r in reproducers() if r.example.name == BSHD]
+    ref, shd = run_pair(ex)
+    assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(ref, shd, strict=True))
+    report = check_texts(*lower_pair(ex), verify_rules=True)
+    assert report.proven, report.render_text()
+    assert " 0 refuted, 0 inconclusive" in report.mode, report.mode
+
+
+@pytest.mark.parametrize("variant", ["swapped_wrong", "previous_correction"])
+def test_near_misses_of_the_models_layout_compute_other_numbers_and_are_not_proven(
+        variant: str) -> None:
+    """The correction swapped along the wrong axes (the same shape: b = h = rows), or one
+    step's accumulator rescaled by the previous step's correction: the gradients differ from
+    the reference's, the rewrites stay exact on them, and the verifier does not prove them."""
+    ex = _bshd_example(variant)
+    ref, shd = run_pair(ex)
+    assert not all(np.allclose(a, b, atol=1e-4) for a, b in zip(ref, shd, strict=True))
+    ref_text, text = lower_pair(ex)
+    rewritten = _normalized(text)
+    for b, a in zip(_run_partitioned(ex, text), _run_partitioned(ex, rewritten), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    report = check_texts(ref_text, text, verify_rules=False)
+    assert not report.proven, report.render_text()
