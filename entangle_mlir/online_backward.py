@@ -20,7 +20,13 @@ that form (entangle-normalize runs them on both programs, after the forward's fo
 * the query cotangent's sum over the ring steps, `dot(a_1, b_1) + dot(a_2, b_2)` contracting
   the key dim, is `dot(concatenate(a_1, a_2), concatenate(b_1, b_2))` when the b's are blocks
   one ring passes on (collective_permutes of one another): the concatenations then move down
-  as the forward's do (`idioms._sink_concat`).
+  as the forward's do (`idioms._sink_concat`);
+* the models' (b, s, h, d) layout transposes the correction (`swapaxes(corr, 1, 2)`) and
+  each einsum's result: a factor's vector moves out of a transpose (transposed to the order
+  of the dims it lands on), transposes the rewrites build sink to the leaves, a factor along
+  a dot's batch and contracted dims moves onto the other operand only when that operand
+  absorbs it (one direction: no cycle), and transposed contributions are summed under one
+  transpose.
 
 Each is an identity of real arithmetic. In floating point exp(a - b) is only defined where
 the shifts are finite: every shift must hold no infinity (`idioms._finite_shift`: a causal
