@@ -8,7 +8,10 @@ same numbers. A ring backward written out by hand (the query gradient, as jax's 
 computes it) is proven; its near misses (a cotangent left unrescaled at one step, rescaled by
 the wrong step's correction, a step's contribution missing, a step's probabilities shifted
 by their own max only, the own block taken last so a first block's row is -inf throughout)
-compute other numbers and are not proven."""
+compute other numbers and are not proven. jax's gradients in the models' (b, s, h, d) layout
+(the correction applied as `swapaxes(corr, 1, 2)`) are proven too; their near misses (the
+correction swapped along the wrong axes, in the whole program or in one backward rescale
+only, a step rescaled by the previous step's correction, the reverse ring broken) are not."""
 
 from __future__ import annotations
 
@@ -268,4 +271,47 @@ def test_near_misses_of_the_models_layout_compute_other_numbers_and_are_not_prov
     for b, a in zip(_run_partitioned(ex, text), _run_partitioned(ex, rewritten), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
     report = check_texts(ref_text, text, verify_rules=False)
+    assert not report.proven, report.render_text()
+
+
+_CORRECTION = re.compile(r"^(\s*%\d+ = stablehlo\.broadcast_in_dim %\d+, dims = )\[0, 1, 2, 3\]"
+                         r"( : \(tensor<2x2x2x1xf32>\) -> tensor<2x2x2x4xf32>) (loc\(#loc\d+\))$")
+
+
+def _backward_correction_swapped(text: str, which: int) -> str:
+    """The models'-layout gradient with one backward rescale of the output cotangent by a
+    step's correction (`swapaxes(corr, 1, 2)[..., None]` read by the backward: the same
+    broadcast as the forward's, at another location) spread along the wrong dims (query and
+    head swapped): a bug in the backward only."""
+    lines = text.splitlines()
+    names = dict(re.findall(r"^(#loc\d+) = (.*)$", text, re.MULTILINE))
+    found = [(n, m, names[m.group(3)[4:-1]]) for n, line in enumerate(lines)
+             if (m := _CORRECTION.match(line))]
+    forward = found[0][2]  # loc("jvp()/mul"(#locN)): the forward's rescale at the source line
+    assert forward.startswith('loc("jvp()/mul"'), forward
+    backward = [(n, m) for n, m, name in found
+                if name == forward.replace("jvp()/mul", "transpose(jvp())/mul")]
+    assert len(backward) == 3, backward
+    n, m = backward[which]
+    lines[n] = f"{m.group(1)}[0, 2, 1, 3]{m.group(2)} {m.group(3)}"
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_a_correction_swapped_wrongly_in_the_backward_only_is_not_proven(which: int) -> None:
+    """jax's gradient in the models' layout (proven) with one backward rescale by a correction
+    spread with its query and head dims swapped (the same shape, b = h = rows): other
+    gradients, the rewrites stay exact on it, and the layout rewrites (a factor moved out of
+    transposes, onto the probabilities) do not prove it."""
+    (ex,) = [r.example for r in reproducers() if r.example.name == BSHD]
+    ref_text, text = lower_pair(ex)
+    wrong = _backward_correction_swapped(text, which)
+    assert wrong != text
+    right = _run_partitioned(ex, text)
+    broken = _run_partitioned(ex, wrong)
+    assert not all(np.allclose(a, b, atol=1e-4) for a, b in zip(right, broken, strict=True))
+    rewritten = _run_partitioned(ex, _normalized(wrong))
+    for b, a in zip(broken, rewritten, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    report = check_texts(ref_text, wrong, verify_rules=False)
     assert not report.proven, report.render_text()
