@@ -20,7 +20,13 @@ that form (entangle-normalize runs them on both programs, after the forward's fo
 * the query cotangent's sum over the ring steps, `dot(a_1, b_1) + dot(a_2, b_2)` contracting
   the key dim, is `dot(concatenate(a_1, a_2), concatenate(b_1, b_2))` when the b's are blocks
   one ring passes on (collective_permutes of one another): the concatenations then move down
-  as the forward's do (`idioms._sink_concat`).
+  as the forward's do (`idioms._sink_concat`);
+* the models' (b, s, h, d) layout transposes the correction (`swapaxes(corr, 1, 2)`) and
+  each einsum's result: a factor's vector moves out of a transpose (transposed to the order
+  of the dims it lands on), transposes the rewrites build sink to the leaves, a factor along
+  a dot's batch and contracted dims moves onto the other operand only when that operand
+  absorbs it (one direction: no cycle), and transposed contributions are summed under one
+  transpose.
 
 Each is an identity of real arithmetic. In floating point exp(a - b) is only defined where
 the shifts are finite: every shift must hold no infinity (`idioms._finite_shift`: a causal
@@ -293,7 +299,7 @@ def _add_out(add: ir.Operation) -> int:
 def _exp_sum(value) -> bool:
     """`value` is a sum of exponentials over non-empty dims (positive in real arithmetic):
     an online softmax's denominator."""
-    root, _ = _root(value, _MOVES)
+    root, _ = _root(value, idioms._MOVES_AND_TRANSPOSES)
     op = _def(root)
     if not idioms._sum_reduce(op) or any(_shape(op.operands[0])[d] == 0
                                          for d in _i64s(op, "dimensions")):
@@ -332,9 +338,10 @@ def _dot_divided(dot: ir.Operation) -> int:
         x, den, dims = found
         if _is_exp(x):
             continue
-        if all(d in contract[side] for d in dims) and _is_exp(dot.operands[1 - side]):
+        if all(d in contract[side] or d in batch[side] for d in dims) and any(
+                d in contract[side] for d in dims) and _is_exp(dot.operands[1 - side]):
             other = dot.operands[1 - side]
-            partner = tuple(contract[1 - side][contract[side].index(d)] for d in dims)
+            partner = _partner_dims(dims, side, batch, contract)
             if list(partner) != sorted(partner):
                 continue
             spread = _placed(den, partner, _shape(other), dot)
@@ -390,6 +397,13 @@ def _dot_out(dot: ir.Operation) -> int:
             moved = _mul(other, _placed(factor.root, partner, _shape(other), dot), dot)
             operands = [x, moved] if side == 0 else [moved, x]
             return _replace(dot, _clone_dot(dot, operands))
+        if all(d in contract[side] or d in batch[side] for d in factor.dims):
+            partner = _partner_dims(factor.dims, side, batch, contract)
+            if not _absorbs(other, factor, partner):
+                continue
+            moved = _mul(other, _placed(factor.root, partner, _shape(other), dot), dot)
+            operands = [x, moved] if side == 0 else [moved, x]
+            return _replace(dot, _clone_dot(dot, operands))
         if all(d in batch[side] or d in free[side] for d in factor.dims):
             positions = tuple(_result_dim(d, side, batch, free) for d in factor.dims)
             if list(positions) != sorted(positions) or not _finite(factor.a, factor.b):
@@ -398,6 +412,25 @@ def _dot_out(dot: ir.Operation) -> int:
             new = _clone_dot(dot, operands)
             return _replace(dot, _mul(new, _placed(factor.root, positions, out, dot), dot))
     return 0
+
+
+def _partner_dims(dims, side: int, batch, contract) -> tuple[int, ...]:
+    """The other operand's dims paired with `dims` (batch or contracted) of operand `side`."""
+    return tuple(batch[1 - side][batch[side].index(d)] if d in batch[side]
+                 else contract[1 - side][contract[side].index(d)] for d in dims)
+
+
+def _absorbs(other, factor: _Factor, partner: tuple[int, ...]) -> bool:
+    """`other` is `exp(s - G(a))` with G placing a on `partner`, the factor's `a`: the factor,
+    moved onto `other` along a dot's batch and contracted dims, is absorbed there
+    (`_absorb`). A factor along batch and contracted dims moves only onto such a target, so
+    it never moves back and forth between a dot's operands."""
+    shifted = _shifted_exp(other)
+    if shifted is None or list(partner) != sorted(partner):
+        return False
+    s, a, dims = shifted
+    return (dims == partner and _same(factor.a, a) and _vector(factor.b) == _vector(a)
+            and _finite(a, factor.b) and not idioms._kinds(s, {}) & idioms._POS)
 
 
 def _result_dim(d: int, side: int, batch, free) -> int:
@@ -411,6 +444,136 @@ def _clone_dot(dot: ir.Operation, operands: list):
     for i, value in enumerate(operands):
         clone.operands[i] = value
     return clone.results[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Transposes (the models' (b, s, h, d) layout: `swapaxes(corr, 1, 2)`, the einsums' transposes)
+# ---------------------------------------------------------------------------------------------
+
+_ELEMENTWISE = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
+                "stablehlo.negate", "stablehlo.exponential", "stablehlo.log", "stablehlo.sqrt",
+                "stablehlo.rsqrt", "stablehlo.maximum", "stablehlo.minimum", "stablehlo.abs")
+"""Ops acting on each element alike: a transpose of one is the op of its transposed operands."""
+
+
+def _transposed(value, permutation: list[int], at: ir.Operation, depth: int = 6):
+    """`transpose(value, permutation)` built before `at`, moved down to the leaves (bit-exact:
+    a transpose moves elements): composed with a transpose `value` is (none when the
+    composition is the identity), into a broadcast_in_dim (its operand transposed so its dims
+    stay in order) and through ops acting on each element alike (`depth` of them). A row
+    vector transposed back to its own layout is then the vector itself, spelled as the
+    reference and the telescoping and absorbing rewrites read it."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    permutation = list(permutation)
+    if permutation == list(range(len(permutation))):
+        return value
+    op = _def(value)
+    shape = _shape(value)
+    element = ir.RankedTensorType(value.type).element_type
+    out = ir.RankedTensorType.get([shape[p] for p in permutation], element)
+    if op is not None and op.name == "stablehlo.transpose":
+        inner = _i64s(op, "permutation")
+        return _transposed(op.operands[0], [inner[p] for p in permutation], at, depth)
+    if op is not None and op.name == "stablehlo.broadcast_in_dim":
+        landing = [permutation.index(d) for d in _i64s(op, "broadcast_dimensions")]
+        order = sorted(range(len(landing)), key=lambda j: landing[j])
+        source = _transposed(op.operands[0], order, at, depth)
+        with ir.InsertionPoint(at), at.location:
+            return stablehlo.BroadcastInDimOp(out, source, sorted(landing)).result
+    if depth > 0 and op is not None and op.name in _ELEMENTWISE and all(
+            _shape(v) == shape for v in op.operands):
+        operands = [_transposed(v, permutation, at, depth - 1) for v in op.operands]
+        clone = op.clone(ir.InsertionPoint(at))
+        for i, v in enumerate(operands):
+            clone.operands[i] = v
+        clone.results[0].set_type(out)
+        return clone.results[0]
+    with ir.InsertionPoint(at), at.location:
+        return stablehlo.TransposeOp(value, permutation).result
+
+
+def _exp_transposed(exp_value, permutation: list[int], at: ir.Operation):
+    """`transpose(exp(a - b))` as `exp(transpose(a) - transpose(b))` (bit-exact: a transpose
+    moves elements, the subtraction and exponential act on each alike)."""
+    sub = _def(_def(exp_value).operands[0])
+    return _exp_diff(_transposed(sub.operands[0], permutation, at),
+                     _transposed(sub.operands[1], permutation, at), at)
+
+
+def _exp_out_of_transpose(transpose: ir.Operation) -> int:
+    """`transpose(exp(a - b))` read only by broadcasts (a row factor's vector, as
+    `swapaxes(corr, 1, 2)[..., None]` spells it) is `exp(transpose(a) - transpose(b))`: the
+    factor's vector then lies in the order of the dims it lands on, so its broadcast is a
+    placement `_factor` reads."""
+    exp = _def(transpose.operands[0])
+    if exp is None or exp.name != "stablehlo.exponential":
+        return 0
+    sub = _def(exp.operands[0])
+    if sub is None or sub.name != "stablehlo.subtract" or any(
+            _shape(v) != _shape(exp.results[0]) for v in sub.operands):
+        return 0
+    uses = list(transpose.results[0].uses)
+    if not uses or any(u.owner.name not in _MOVES for u in uses):
+        return 0
+    return _replace(transpose, _exp_transposed(exp.results[0], _i64s(transpose, "permutation"),
+                                               transpose))
+
+
+def _transpose_out(transpose: ir.Operation) -> int:
+    """`transpose(x * F(e))` is `transpose(x) * G(e')`, `transpose(x / F(den))` is
+    `transpose(x) / G(den')` (F, G proper broadcasts of a row vector; e', den' the vector
+    transposed to the order of the dims it lands on after the transpose, so G is a placement).
+    Bit-exact: a transpose moves elements, the product or quotient acts on each alike."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    operand = transpose.operands[0]
+    scaled, divided = _scaled(operand), _divided(operand)
+    if scaled is not None:
+        x, factor = scaled
+        root, dims = factor.root, factor.dims
+    elif divided is not None:
+        x, root, dims = divided
+    else:
+        return 0
+    permutation = _i64s(transpose, "permutation")
+    landing = [permutation.index(d) for d in dims]
+    order = sorted(range(len(landing)), key=lambda j: landing[j])
+    if order != list(range(len(order))) and _shape(root) != _vector(root):
+        return 0
+    at = transpose
+    if scaled is not None:
+        vector = (root if order == list(range(len(order)))
+                  else _exp_transposed(root, order, at))
+    else:
+        vector = _transposed(root, order, at)
+    with ir.InsertionPoint(at), at.location:
+        moved = stablehlo.TransposeOp(x, permutation).result
+    spread = _placed(vector, tuple(sorted(landing)), _shape(transpose.results[0]), at)
+    if scaled is not None:
+        return _replace(transpose, _mul(moved, spread, at))
+    with ir.InsertionPoint(at), at.location:
+        return _replace(transpose, stablehlo.DivOp(moved, spread).result)
+
+
+def _transposed_sum(add: ir.Operation) -> int:
+    """`transpose(dot_1, P) + transpose(dot_2, P)` is `transpose(dot_1 + dot_2, P)` (bit-exact;
+    the sum of the ring steps' query-gradient contractions, each transposed back to
+    (b, s, h, d) by its einsum, then meets `_contracted_sum`)."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    ops = [_def(v) for v in add.operands]
+    if any(op is None or op.name != "stablehlo.transpose" for op in ops):
+        return 0
+    if _i64s(ops[0], "permutation") != _i64s(ops[1], "permutation"):
+        return 0
+    inner = [op.operands[0] for op in ops]
+    if inner[0].type != inner[1].type or any(
+            _def(v) is None or _def(v).name != "stablehlo.dot_general" for v in inner):
+        return 0
+    with ir.InsertionPoint(add), add.location:
+        summed = stablehlo.AddOp(inner[0], inner[1]).result
+        return _replace(add, stablehlo.TransposeOp(summed, _i64s(ops[0], "permutation")).result)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -646,62 +809,107 @@ def _constant_along(value, dims: list[int]) -> bool:
         idioms._created_by(op, d) for d in dims)
 
 
+def _output_leaf(value):
+    """(dot, permutation, e side) when `value` is `dot(e, v)` or `dot(v, e)` (e =
+    exp(...)), maybe under one transpose (the einsum's, back to (b, s, h, d)); else None.
+    `permutation` is the transpose's (the identity without one)."""
+    op = _def(value)
+    permutation = list(range(len(_shape(value))))
+    if op is not None and op.name == "stablehlo.transpose":
+        permutation = _i64s(op, "permutation")
+        op = _def(op.operands[0])
+    if op is None or op.name != "stablehlo.dot_general" or len(op.operands) != 2:
+        return None
+    sides = [s for s in (0, 1) if _is_exp(op.operands[s])]
+    if len(sides) != 1:
+        return None
+    return op, permutation, sides[0]
+
+
 def _reassociated(reduce: ir.Operation) -> int:
-    """`reduce_add(x * g * dot(e, v), d)` with d the value dim of `dot(e, v)` (e =
-    exp(...) against values v, contracting the key dim k; g constant along d) is
-    `reduce_add(dot(x, v) * g' * e, k)` (dot(x, v) contracting d): the sum over the values
-    of the cotangent times the unnormalised output, read as the sum over the keys of the
-    probabilities times the probabilities' cotangent (the softmax backward's form). Exact
-    in real arithmetic (both are sum over d and k of x g e v); the leaves must hold no
-    infinity."""
+    """`reduce_add(x * g * T(dot(e, v)), d)` with d the value dim of `dot(e, v)` (e =
+    exp(...) against values v, contracting the key dim k; either operand order; T an
+    optional transpose; g constant along d) is `reduce_add(dot(x, v) * g' * e, k)` laid out
+    as e (dot(x, v) contracting d, transposed to e's layout, the result transposed back
+    to the reduction's): the sum over the values of the cotangent times the unnormalised
+    output, read as the sum over the keys of the probabilities times the probabilities'
+    cotangent (the softmax backward's form). Exact in real arithmetic (both are sum over d
+    and k of x g e v); the leaves must hold no infinity."""
     if not idioms._sum_reduce(reduce):
         return 0
     dims = _i64s(reduce, "dimensions")
     leaves: list = []
     _factors(reduce.operands[0], leaves)
-    dots = [v for v in leaves if _def(v) is not None and _def(v).name == "stablehlo.dot_general"
-            and _is_exp(_def(v).operands[0])]
-    if len(dots) != 1 or len(leaves) < 2:
+    outputs = [(v, found) for v in leaves if (found := _output_leaf(v)) is not None]
+    if len(outputs) != 1 or len(leaves) < 2 or len(dims) != 1:
         return 0
-    dot = _def(dots[0])
+    leaf, (dot, permutation, e_side) = outputs[0]
+    v_side = 1 - e_side
     batch, contract, free = _dot_dims(dot)
-    rank = len(_shape(dot.results[0]))
-    if len(contract[0]) != 1 or len(free[1]) != 1 or dims != [rank - 1]:
+    if len(contract[e_side]) != 1 or len(free[v_side]) != 1:
         return 0
-    e_shape = _shape(dot.operands[0])
-    if batch[0] + free[0] + contract[0] != list(range(len(e_shape))):
+    value_dim = _result_dim(free[v_side][0], v_side, batch, free)
+    r = dims[0]
+    if permutation[r] != value_dim:
         return 0
-    rest = [v for v in leaves if v is not dots[0]]
+    rest = [v for v in leaves if v is not leaf]
     along = [v for v in rest if not _constant_along(v, dims)]
-    if len(along) != 1 or _shape(along[0]) != _shape(dot.results[0]):
+    if len(along) != 1 or _shape(along[0]) != _shape(leaf):
         return 0
     if any(idioms._kinds(v, {}) & (idioms._NEG | idioms._POS) for v in leaves):
         return 0
     from jaxlib.mlir.dialects import stablehlo
 
-    x, v = along[0], dot.operands[1]
+    e = dot.operands[e_side]
+    rank = len(_shape(leaf))
+    # e's dim for each dim of the dot's result (its contracted dim k for the value dim)
+    e_of_result = [0] * rank
+    for i, d in enumerate(batch[e_side]):
+        e_of_result[i] = d
+    for d in free[e_side]:
+        e_of_result[_result_dim(d, e_side, batch, free)] = d
+    e_of_result[value_dim] = contract[e_side][0]
+    e_of_leaf = [e_of_result[permutation[i]] for i in range(rank)]
+    x, v = along[0], dot.operands[v_side]
     element = ir.RankedTensorType(x.type).element_type
+    e_shape = _shape(e)
+    x_in_result = _transposed(x, [permutation.index(j) for j in range(rank)], reduce)
+    x_free = [j for j in range(rank) if j >= len(batch[0]) and j != value_dim]
     numbers = stablehlo.DotDimensionNumbers.get(
         lhs_batching_dimensions=list(range(len(batch[0]))),
-        rhs_batching_dimensions=batch[1], lhs_contracting_dimensions=[rank - 1],
-        rhs_contracting_dimensions=free[1])
+        rhs_batching_dimensions=batch[v_side], lhs_contracting_dimensions=[value_dim],
+        rhs_contracting_dimensions=free[v_side])
+    # dot(x, v)'s dims: the batch dims, x's free dims (e's free dims), v's free dim (k)
+    product_dims = ([e_of_result[j] for j in range(len(batch[0]))]
+                    + [e_of_result[j] for j in x_free] + [contract[e_side][0]])
+    product_shape = tuple(e_shape[d] for d in product_dims)
     with ir.InsertionPoint(reduce), reduce.location:
         product = stablehlo.DotGeneralOp(
-            ir.RankedTensorType.get(e_shape, element), x, v, numbers,
+            ir.RankedTensorType.get(product_shape, element), x_in_result, v, numbers,
             precision_config=dot.attributes["precision_config"]
             if "precision_config" in idioms._attr_names(dot) else None).result
-        for g in rest:
-            if g is x:
-                continue
-            op = _def(g)
+    product = _transposed(product, [product_dims.index(t) for t in range(rank)], reduce)
+    for g in rest:
+        if g is x:
+            continue
+        op = _def(g)
+        placed = [e_of_leaf[i] for i in _i64s(op, "broadcast_dimensions")]
+        order = sorted(range(len(placed)), key=lambda j: placed[j])
+        source = _transposed(op.operands[0], order, reduce)
+        with ir.InsertionPoint(reduce), reduce.location:
             spread = stablehlo.BroadcastInDimOp(ir.RankedTensorType.get(e_shape, element),
-                                                op.operands[0],
-                                                _i64s(op, "broadcast_dimensions")).result
+                                                source, sorted(placed)).result
             product = stablehlo.MulOp(product, spread).result
-        product = stablehlo.MulOp(product, dot.operands[0]).result
+    with ir.InsertionPoint(reduce), reduce.location:
+        product = stablehlo.MulOp(product, e).result
     clone = reduce.clone(ir.InsertionPoint(reduce))
     clone.operands[0] = product
-    return _replace(reduce, clone.results[0])
+    clone.attributes["dimensions"] = ir.DenseI64ArrayAttr.get([contract[e_side][0]])
+    kept = [e_of_leaf[i] for i in range(rank) if i != r]
+    ranks = sorted(kept)
+    clone.results[0].set_type(ir.RankedTensorType.get([e_shape[d] for d in ranks], element))
+    return _replace(reduce, _transposed(clone.results[0], [ranks.index(t) for t in kept],
+                                        reduce))
 
 
 def _is_exp(value) -> bool:
@@ -713,7 +921,9 @@ REWRITES = {
     "stablehlo.reduce": _reassociated,
     "stablehlo.multiply": lambda op: _telescope(op) or _absorb(op),
     "stablehlo.broadcast_in_dim": _broadcast_out,
-    "stablehlo.add": lambda op: _add_out(op) or _contracted_sum(op) or _ring_return(op),
+    "stablehlo.add": lambda op: (_add_out(op) or _contracted_sum(op) or _transposed_sum(op)
+                                 or _ring_return(op)),
+    "stablehlo.transpose": lambda op: _exp_out_of_transpose(op) or _transpose_out(op),
     "stablehlo.dot_general": lambda op: _dot_out(op) or _dot_divided(op),
 }
 """The backward's rewrites by op name (entangle-normalize applies them once the forward's

@@ -8,7 +8,10 @@ same numbers. A ring backward written out by hand (the query gradient, as jax's 
 computes it) is proven; its near misses (a cotangent left unrescaled at one step, rescaled by
 the wrong step's correction, a step's contribution missing, a step's probabilities shifted
 by their own max only, the own block taken last so a first block's row is -inf throughout)
-compute other numbers and are not proven."""
+compute other numbers and are not proven. jax's gradients in the models' (b, s, h, d) layout
+(the correction applied as `swapaxes(corr, 1, 2)`) are proven too; their near misses (the
+correction swapped along the wrong axes, in the whole program or in one backward rescale
+only, a step rescaled by the previous step's correction, the reverse ring broken) are not."""
 
 from __future__ import annotations
 
@@ -28,7 +31,12 @@ from entangle_mlir.program import inline_calls
 from entangle_mlir.unroll import unroll_ring_loops
 from examples.real.catalog import custom, lower_pair, run_pair
 from examples.real.programs import ArgDef
-from examples.real.repro import reproducers, ring_attention_grad_ref
+from examples.real.repro import (
+    reproducers,
+    ring_attention_bshd_grad_ref,
+    ring_attention_bshd_grad_stop_max,
+    ring_attention_grad_ref,
+)
 from tests.test_online_softmax import _run_partitioned
 
 CP = "cp"
@@ -188,15 +196,17 @@ def _mutated(text: str, how: str) -> str:
     raise AssertionError("no add of a reverse-permuted accumulator")
 
 
+@pytest.mark.parametrize("name", ["repro_ring_attention_grad_stop_max_cp4",
+                                  "repro_ring_attention_bshd_grad_stop_max_cp4"])
 @pytest.mark.parametrize("how", ["forward_permutes", "one_forward_hop", "counted_twice",
                                  "missing_step"])
 def test_near_misses_of_the_reverse_ring_compute_other_numbers_and_are_not_proven(
-        how: str) -> None:
-    """jax's gradients of ring attention (max stopped; proven, tests/test_online_softmax.py)
-    with the key/value cotangents' return around the ring broken: the partitioned programs
-    compute other gradients, and the verifier does not prove them."""
-    (ex,) = [r.example for r in reproducers()
-             if r.example.name == "repro_ring_attention_grad_stop_max_cp4"]
+        how: str, name: str) -> None:
+    """jax's gradients of ring attention (max stopped; proven, tests/test_online_softmax.py;
+    in the rows x d layout and the models' (b, s, h, d) one) with the key/value cotangents'
+    return around the ring broken: the partitioned programs compute other gradients, and the
+    verifier does not prove them."""
+    (ex,) = [r.example for r in reproducers() if r.example.name == name]
     ref_text, text = lower_pair(ex)
     assert len(_reverse_permuted(text)) == 6
     wrong = _mutated(text, how)
@@ -208,3 +218,102 @@ def test_near_misses_of_the_reverse_ring_compute_other_numbers_and_are_not_prove
     assert not report.proven, report.render_text()
     if "forward" in how:
         assert "contributions sent back to the wrong devices" in report.diagnostics[0].message
+
+
+BSHD = "repro_ring_attention_bshd_grad_stop_max_cp4"
+"""The models' layout (`layers.ring_attention`): q, k, v of shape (b, s, h, d), the correction
+applied to the output as `swapaxes(corr, 1, 2)[..., None]`."""
+
+
+def _bshd_example(variant: str):
+    (right,) = [r.example for r in reproducers() if r.example.name == BSHD]
+    return custom(f"ring_bshd_{variant}", ((CP, 4),), ring_attention_bshd_grad_ref,
+                  lambda q, k, v, w: ring_attention_bshd_grad_stop_max(q, k, v, w, variant),
+                  right.args, right.out_specs, f"ring attention (b, s, h, d) gradients ({variant})")
+
+
+def test_backward_rewrites_are_exact_in_the_models_layout() -> None:
+    """jax.grad of ring attention in the (b, s, h, d) layout, max stopped: the partitioned
+    program computes the same numbers after the rewrites (the corrections moved out of the
+    transposes and through the dots' batch and contracted dims, the delta read over the keys).
+    The key and value gradients are each one contraction over all 8 keys cut into the 4 ring
+    steps' blocks, the query gradient one contraction against all the key blocks."""
+    (ex,) = [r.example for r in reproducers() if r.example.name == BSHD]
+    _, text = lower_pair(ex)
+    rewritten = _normalized(text)
+    for b, a in zip(_run_partitioned(ex, text), _run_partitioned(ex, rewritten), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    assert rewritten.count("stablehlo.slice") == 8, rewritten
+    # dV: the cotangent against the probabilities over all the keys, shifted by the final max
+    assert "(tensor<2x2x4x2xf32>, tensor<2x2x2x8xf32>) -> tensor<2x2x4x8xf32>" in rewritten
+    # dQ: the score cotangents of all steps against all the key blocks
+    assert "(tensor<2x2x2x8xf32>, tensor<2x8x2x4xf32>) -> tensor<2x2x2x4xf32>" in rewritten
+
+
+def test_ring_training_in_the_models_layout_is_proven() -> None:
+    (ex,) = [r.example for r in reproducers() if r.example.name == BSHD]
+    ref, shd = run_pair(ex)
+    assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(ref, shd, strict=True))
+    report = check_texts(*lower_pair(ex), verify_rules=True)
+    assert report.proven, report.render_text()
+    assert " 0 refuted, 0 inconclusive" in report.mode, report.mode
+
+
+@pytest.mark.parametrize("variant", ["swapped_wrong", "previous_correction"])
+def test_near_misses_of_the_models_layout_compute_other_numbers_and_are_not_proven(
+        variant: str) -> None:
+    """The correction swapped along the wrong axes (the same shape: b = h = rows), or one
+    step's accumulator rescaled by the previous step's correction: the gradients differ from
+    the reference's, the rewrites stay exact on them, and the verifier does not prove them."""
+    ex = _bshd_example(variant)
+    ref, shd = run_pair(ex)
+    assert not all(np.allclose(a, b, atol=1e-4) for a, b in zip(ref, shd, strict=True))
+    ref_text, text = lower_pair(ex)
+    rewritten = _normalized(text)
+    for b, a in zip(_run_partitioned(ex, text), _run_partitioned(ex, rewritten), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    report = check_texts(ref_text, text, verify_rules=False)
+    assert not report.proven, report.render_text()
+
+
+_CORRECTION = re.compile(r"^(\s*%\d+ = stablehlo\.broadcast_in_dim %\d+, dims = )\[0, 1, 2, 3\]"
+                         r"( : \(tensor<2x2x2x1xf32>\) -> tensor<2x2x2x4xf32>) (loc\(#loc\d+\))$")
+
+
+def _backward_correction_swapped(text: str, which: int) -> str:
+    """The models'-layout gradient with one backward rescale of the output cotangent by a
+    step's correction (`swapaxes(corr, 1, 2)[..., None]` read by the backward: the same
+    broadcast as the forward's, at another location) spread along the wrong dims (query and
+    head swapped): a bug in the backward only."""
+    lines = text.splitlines()
+    names = dict(re.findall(r"^(#loc\d+) = (.*)$", text, re.MULTILINE))
+    found = [(n, m, names[m.group(3)[4:-1]]) for n, line in enumerate(lines)
+             if (m := _CORRECTION.match(line))]
+    forward = found[0][2]  # loc("jvp()/mul"(#locN)): the forward's rescale at the source line
+    assert forward.startswith('loc("jvp()/mul"'), forward
+    backward = [(n, m) for n, m, name in found
+                if name == forward.replace("jvp()/mul", "transpose(jvp())/mul")]
+    assert len(backward) == 3, backward
+    n, m = backward[which]
+    lines[n] = f"{m.group(1)}[0, 2, 1, 3]{m.group(2)} {m.group(3)}"
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_a_correction_swapped_wrongly_in_the_backward_only_is_not_proven(which: int) -> None:
+    """jax's gradient in the models' layout (proven) with one backward rescale by a correction
+    spread with its query and head dims swapped (the same shape, b = h = rows): other
+    gradients, the rewrites stay exact on it, and the layout rewrites (a factor moved out of
+    transposes, onto the probabilities) do not prove it."""
+    (ex,) = [r.example for r in reproducers() if r.example.name == BSHD]
+    ref_text, text = lower_pair(ex)
+    wrong = _backward_correction_swapped(text, which)
+    assert wrong != text
+    right = _run_partitioned(ex, text)
+    broken = _run_partitioned(ex, wrong)
+    assert not all(np.allclose(a, b, atol=1e-4) for a, b in zip(right, broken, strict=True))
+    rewritten = _run_partitioned(ex, _normalized(wrong))
+    for b, a in zip(broken, rewritten, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    report = check_texts(ref_text, wrong, verify_rules=False)
+    assert not report.proven, report.render_text()

@@ -243,6 +243,62 @@ def ring_attention_grad_stop_max(q, k, v, w):
                     argnums=(0, 1, 2))(q, k, v)
 
 
+# K'''. Ring attention training in the models' layout (b, s, h, d), as `layers.ring_attention`
+# writes it: scores `einsum("bqhd,bkhd->bhqk")`, running max and denominator (b, h, s), the
+# correction applied to the output (b, s, h, d) as `swapaxes(corr, 1, 2)[..., None]`.
+def ring_attention_bshd_ref(q, k, v):
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(q.shape[-1]))
+    pos = jnp.arange(q.shape[1])
+    scores = jnp.where(pos[:, None] >= pos[None, :], scores, -jnp.inf)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+
+
+def ring_attention_bshd(q, k, v, stop_max: bool = True, variant: str = "right"):
+    """`layers.ring_attention` (unrolled, no grouped heads) on the local sequence block.
+    `variant` names a near miss (tests/test_online_backward.py): "swapped_wrong" applies the
+    correction swapped along the wrong axes (`swapaxes(corr, 0, 2)`: the same shape when
+    b = h = rows), "previous_correction" rescales step 2's accumulator by step 1's
+    correction."""
+    n, me = lax.axis_size(CP), lax.axis_index(CP)
+    b, rows, h, d = q.shape
+    q_pos = me * rows + jnp.arange(rows)
+    o = jnp.zeros(q.shape, q.dtype)
+    m = jnp.full((b, h, rows), -jnp.inf, q.dtype)
+    denom = jnp.zeros((b, h, rows), q.dtype)
+    previous = m
+    for i in range(n):
+        k_pos = ((me - i) % n) * rows + jnp.arange(rows)
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(d))
+        scores = jnp.where(q_pos[:, None] >= k_pos[None, :], scores, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
+        if stop_max:
+            m_new = lax.stop_gradient(m_new)
+        p = jnp.exp(scores - m_new[..., None])
+        corr = jnp.exp(m - m_new)
+        denom = denom * corr + jnp.sum(p, axis=-1)
+        scale = jnp.swapaxes(corr, 1, 2)
+        if variant == "swapped_wrong":
+            scale = jnp.swapaxes(corr, 0, 2)
+        if variant == "previous_correction" and i == 2:
+            scale = jnp.swapaxes(previous, 1, 2)
+        o = o * scale[..., None] + jnp.einsum("bhqk,bkhd->bqhd", p, v)
+        m, previous = m_new, corr
+        k, v = (lax.ppermute(x, CP, [(j, (j + 1) % n) for j in range(n)]) for x in (k, v))
+    return o / jnp.swapaxes(denom, 1, 2)[..., None]
+
+
+def ring_attention_bshd_grad_ref(q, k, v, w):
+    return jax.grad(lambda q, k, v: jnp.sum(ring_attention_bshd_ref(q, k, v) * w),
+                    argnums=(0, 1, 2))(q, k, v)
+
+
+def ring_attention_bshd_grad_stop_max(q, k, v, w, variant: str = "right"):
+    """The gradients of `ring_attention_bshd` with the running max's gradient stopped: the
+    value cotangent meets the correction through `swapaxes(corr, 1, 2)`."""
+    return jax.grad(lambda q, k, v: jnp.sum(ring_attention_bshd(q, k, v, variant=variant) * w),
+                    argnums=(0, 1, 2))(q, k, v)
+
+
 # H'. One sequence per device: a broadcast bias's gradient is summed in two steps (batch, seq)
 # with a keepdims reshape between; locally the batch dim is summed in the second step.
 def unit_batch_bias_grad_ref(b, x):
@@ -372,6 +428,14 @@ def reproducers() -> list[Repro]:
                      (_f("q", (8, 4), P(CP, None)), _f("k", (8, 4), P(CP, None)),
                       _f("v", (8, 4), P(CP, None)), _f("w", (8, 4), P(CP, None))),
                      (P(CP, None),) * 3, "gradients of causal ring attention, max stopped")),
+        Repro("ring_backward", "ring attention training in the models' (b, s, h, d) "
+              "layout, max stopped: the correction reaches the value cotangent through a "
+              "swapaxes",
+              custom("repro_ring_attention_bshd_grad_stop_max", cp4,
+                     ring_attention_bshd_grad_ref, ring_attention_bshd_grad_stop_max,
+                     tuple(_f(name, (2, 8, 2, 4), P(None, CP, None, None)) for name in "qkvw"),
+                     (P(None, CP, None, None),) * 3,
+                     "gradients of causal ring attention (b, s, h, d), max stopped")),
     ]
     from .ce import ce_programs
     from .tricky import tricky_programs
