@@ -1,0 +1,23 @@
+// RUN: entangle check %S/Inputs/ring_attention_grad.ref.mlir %S/Inputs/ring_attention_grad.sharded.mlir | filecheck %s
+// RUN: entangle-opt --entangle-normalize %S/Inputs/ring_attention_grad.sharded.mlir | filecheck %s --check-prefix=NORMALIZED
+
+// Ring attention training over cp=4 (examples/real/repro.py `ring_attention_grad`): jax.grad
+// through the online softmax with the running max differentiated. jax's backward gives each
+// running max a cotangent and sends it to the scores' argmax (the tie shares of `maximum`, the
+// indicator over the tie count of `reduce_max`). That cotangent is zero in real arithmetic:
+// entangle-normalize proves it by einsum-polynomial algebra (entangle_mlir/polynomial.py) and
+// replaces the products by zeros (entangle_mlir/max_cotangent.py); the backward is then the
+// stopped max's, which online_backward.py folds (dQ one contraction, dK/dV slices of one
+// contraction sent back around the reverse ring).
+// Inputs: the reproducer lowered by examples/real/catalog.lower_pair, repo root stripped.
+
+// CHECK: verified: the sharded program refines the reference on mesh cp=4
+// CHECK-NEXT: result#0 = concat over 'cp' along dim 0
+// CHECK-NEXT: result#1 = concat over 'cp' along dim 0
+// CHECK-NEXT: result#2 = concat over 'cp' along dim 0
+// CHECK: rule checks: Z3 checked {{[0-9]+}} rule instances: {{[0-9]+}} proved, 0 refuted, 0 inconclusive
+
+// No tie share of a max (select(x == m, 1, 0) / select(y == m, 2, 1)) is left.
+// NORMALIZED-NOT: dense<2.000000e+00>
+// NORMALIZED: sdy.manual_computation
+// NORMALIZED-NOT: dense<2.000000e+00>
