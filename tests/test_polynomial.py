@@ -96,52 +96,136 @@ def test_an_atom_that_may_be_infinite_is_refused() -> None:
     assert not _decides(fn, (3,))
 
 
-def _random_expression(rng: np.random.Generator, depth: int):
-    """A random expression over three (3, 3) inputs and its "twin" (equal by algebra, or
-    changed by one mutation)."""
-    ops = ["add", "sub", "mul", "matmul", "transpose", "rowsum"]
-
-    def build(d):
-        if d == 0 or rng.random() < 0.2:
-            i = int(rng.integers(3))
-            return (lambda a, i=i: a[i]), f"x{i}"
-        op = ops[int(rng.integers(len(ops)))]
-        left, lt = build(d - 1)
-        right, rt = build(d - 1)
-        if op == "add":
-            return (lambda a: left(a) + right(a)), f"({lt}+{rt})"
-        if op == "sub":
-            return (lambda a: left(a) - right(a)), f"({lt}-{rt})"
-        if op == "mul":
-            return (lambda a: left(a) * right(a)), f"({lt}*{rt})"
-        if op == "matmul":
-            return (lambda a: left(a) @ right(a)), f"({lt}@{rt})"
-        if op == "transpose":
-            return (lambda a: left(a).T), f"{lt}.T"
-        return (lambda a: jnp.broadcast_to(jnp.sum(left(a), axis=1)[:, None], (3, 3))), \
-            f"rows({lt})"
-
-    return build(depth)
+def _leaf(rng) -> tuple:
+    return ("x", int(rng.integers(3)))
 
 
-def test_random_expressions_are_never_called_zero_wrongly() -> None:
-    """Differences of two random expressions (often equal: an expression against itself
-    rebuilt, or with its operands commuted where that is exact) are called zero only when they
-    evaluate to zero."""
-    rng = np.random.default_rng(7)
-    said_zero = 0
-    for trial in range(60):
-        f, ft = _random_expression(rng, 3)
-        g, gt = (f, ft) if trial % 3 == 0 else _random_expression(rng, 3)
+def _random_tree(rng, depth: int) -> tuple:
+    """A random expression tree over three (3, 3) inputs."""
+    if depth == 0 or rng.random() < 0.2:
+        return _leaf(rng)
+    op = ["add", "sub", "mul", "mm", "T", "rows", "div"][int(rng.integers(7))]
+    if op in ("T", "rows"):
+        return (op, _random_tree(rng, depth - 1))
+    if op == "div":
+        return (op, _random_tree(rng, depth - 1), ("den", int(rng.integers(3))))
+    return (op, _random_tree(rng, depth - 1), _random_tree(rng, depth - 1))
 
-        def diff(x0, x1, x2, f=f, g=g):
-            return f((x0, x1, x2)) - g((x0, x1, x2))
 
-        shapes = [(3, 3)] * 3
-        value = _evaluated(diff, *shapes, seed=trial)
-        scale = 1 + _evaluated(lambda *a, f=f: f(a), *shapes, seed=trial)
-        zero = _decides(diff, *shapes)
-        if zero:
-            said_zero += 1
-            assert value <= 1e-4 * scale, (ft, gt, value)
-    assert said_zero >= 15
+def _evaluate(tree, xs):
+    op = tree[0]
+    if op == "x":
+        return xs[tree[1]]
+    if op == "den":
+        return jnp.broadcast_to(jnp.sum(xs[tree[1]] ** 2, axis=1)[:, None] + 1.0, (3, 3))
+    args = [_evaluate(t, xs) for t in tree[1:]]
+    if op == "T":
+        return args[0].T
+    if op == "rows":
+        return jnp.broadcast_to(jnp.sum(args[0], axis=1)[:, None], (3, 3))
+    return {"add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "mm": jnp.matmul,
+            "div": jnp.divide}[op](*args)
+
+
+def _rewrite(tree, rng, valid: bool):
+    """`tree` with one identity of real arithmetic applied at a random node (`valid`), or
+    one change that is usually not one (swapped matmul operands, a transpose dropped, a sum
+    over the other dim)."""
+    nodes = []
+
+    def walk(t, path):
+        nodes.append(path)
+        if t[0] not in ("x", "den"):
+            for i, child in enumerate(t[1:], 1):
+                walk(child, path + (i,))
+
+    walk(tree, ())
+    for _ in range(20):
+        path = nodes[int(rng.integers(len(nodes)))]
+        node = tree
+        for i in path:
+            node = node[i]
+        new = (_identity if valid else _mutation)(node, rng)
+        if new is not None:
+            return _replace_at(tree, path, new)
+    return None
+
+
+def _identity(t, rng):
+    op = t[0]
+    choices = []
+    if op in ("add", "mul"):
+        choices.append((op, t[2], t[1]))
+    if op == "mm" and t[2][0] == "add":
+        choices.append(("add", ("mm", t[1], t[2][1]), ("mm", t[1], t[2][2])))
+    if op == "mul" and t[2][0] == "sub":
+        choices.append(("sub", ("mul", t[1], t[2][1]), ("mul", t[1], t[2][2])))
+    if op == "T" and t[1][0] == "mm":
+        choices.append(("mm", ("T", t[1][2]), ("T", t[1][1])))
+    if op == "T" and t[1][0] in ("add", "sub", "mul"):
+        choices.append((t[1][0], ("T", t[1][1]), ("T", t[1][2])))
+    if op == "mm" and t[1][0] == "mm":
+        choices.append(("mm", t[1][1], ("mm", t[1][2], t[2])))
+    if op == "rows" and t[1][0] in ("add", "sub"):
+        choices.append((t[1][0], ("rows", t[1][1]), ("rows", t[1][2])))
+    if op == "div":
+        choices.append(("div", ("mul", t[1], t[2]), ("mul", t[2], t[2])))
+    choices.append(("T", ("T", t)))
+    return choices[int(rng.integers(len(choices)))]
+
+
+def _mutation(t, rng):
+    op = t[0]
+    if op == "mm":
+        return ("mm", t[2], t[1])
+    if op == "T":
+        return t[1]
+    if op == "rows":
+        return ("rows", ("T", t[1]))
+    if op == "sub":
+        return ("sub", t[2], t[1])
+    if op == "div" and t[2][0] == "den":
+        return ("div", t[1], ("den", (t[2][1] + 1) % 3))
+    return None
+
+
+def _replace_at(tree, path, new):
+    if not path:
+        return new
+    i = path[0]
+    return tree[:i] + (_replace_at(tree[i], path[1:], new),) + tree[i + 1:]
+
+
+def _difference(a, b):
+    return lambda x0, x1, x2: _evaluate(a, (x0, x1, x2)) - _evaluate(b, (x0, x1, x2))
+
+
+def test_random_identities_are_zero_and_changes_never_called_zero_wrongly() -> None:
+    """Random expressions against a twin rewritten by identities of real arithmetic (operands
+    commuted, products distributed, transposes of products and sums, matmuls reassociated,
+    row sums split, a quotient expanded) are zero; against a twin changed so that it usually
+    differs (matmul operands swapped, a transpose dropped, a difference reversed, the other
+    denominator) they are called zero only when they evaluate to zero."""
+    rng = np.random.default_rng(11)
+    shapes = [(3, 3)] * 3
+    changed_zero = changed_nonzero = 0
+    for trial in range(100):
+        tree = _random_tree(rng, 4)
+        twin = tree
+        for _ in range(1 + int(rng.integers(3))):
+            twin = _rewrite(twin, rng, valid=True)
+        same = _difference(tree, twin)
+        scale = 1 + _evaluated(lambda *x, t=tree: _evaluate(t, x), *shapes, seed=trial)
+        assert _evaluated(same, *shapes, seed=trial) <= 1e-4 * scale
+        assert _decides(same, *shapes), (tree, twin)
+        wrong = _rewrite(twin, rng, valid=False)
+        if wrong is None:
+            continue
+        changed = _difference(tree, wrong)
+        value = _evaluated(changed, *shapes, seed=trial)
+        if value > 1e-3 * scale:
+            changed_nonzero += 1
+            assert not _decides(changed, *shapes), (tree, wrong, value)
+        else:
+            changed_zero += 1
+    assert changed_nonzero >= 40
