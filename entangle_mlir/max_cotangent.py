@@ -143,7 +143,8 @@ def _fold_zeros(zeros: list, kinds: dict) -> None:
         for use in list(zero.uses):
             user = use.owner
             user = user.operation if hasattr(user, "operation") else user
-            if user.name.startswith(("func.", "sdy.")) or len(user.results) != 1:
+            if user.name.startswith(("func.", "sdy.")) or len(user.results) != 1 or not isinstance(
+                    ir.RankedTensorType(user.results[0].type).element_type, ir.FloatType):
                 continue
             other = [v for i, v in enumerate(user.operands) if i != use.operand_number]
             name = user.name

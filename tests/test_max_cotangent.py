@@ -61,7 +61,7 @@ def test_ring_gradient_max_cotangents_are_zeroed_exactly() -> None:
     _, text = lower_pair(ex)
     with context():
         module = _module(text)
-        assert len(_candidates(module)) > 8
+        assert len(_candidates(module)) >= 4
         with module.context:
             replaced = max_cotangent.zero_max_cotangents(module)
         assert replaced >= 4
