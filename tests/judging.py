@@ -1,0 +1,21 @@
+"""One judgement shared by the tests of rewrites: a program is grounded by running it against
+its reference, and the verifier's verdict must be the grounded one."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from entangle_mlir.check import check_texts
+from examples.real.catalog import Example, lower_pair, run_pair
+
+
+def assert_judged(ex: Example, correct: bool, atol: float = 1e-4) -> None:
+    """`ex` computes its reference's numbers exactly when `correct`, and is proven exactly
+    then, every rule instance by Z3 (0 refuted, 0 inconclusive)."""
+    ref, shd = run_pair(ex)
+    same = all(np.allclose(a, b, atol=atol) for a, b in zip(ref, shd, strict=True))
+    assert same == correct, f"{ex.name}: grounded {'equal' if same else 'different'}"
+    report = check_texts(*lower_pair(ex), verify_rules=correct)
+    assert report.proven == correct, report.render_text()
+    if correct:
+        assert " 0 refuted, 0 inconclusive" in report.mode, report.mode
