@@ -939,6 +939,57 @@ def _on_every_device(value, at: ir.Operation) -> list[np.ndarray] | None:
               for name in ("mhlo.num_partitions", "mhlo.num_replicas")}
     if min(counts.values()) > 1:
         return None  # device ids would mix partitions and replicas
+    cone = _cone_key(value)
+    if cone is None:
+        return None
+    key = (cone, counts["mhlo.num_partitions"], counts["mhlo.num_replicas"])
+    if key not in _DEVICE_VALUES:
+        if len(_DEVICE_VALUES) > 4096:
+            _DEVICE_VALUES.clear()
+        _DEVICE_VALUES[key] = _evaluated_on_devices(value, counts)
+    return _DEVICE_VALUES[key]
+
+
+_DEVICE_VALUES: dict = {}
+"""`_on_every_device`'s results by the value's whole cone (`_cone_key`): the online-softmax
+rewrites ask for the same masks again after every rewrite."""
+
+_CONE_KEYS: dict = {}
+_MAX_CONE = 4096
+
+
+def _cone_key(value) -> int | None:
+    """A number naming the computation of `value` completely (ops, attributes, types, and
+    the same for every operand), so equal numbers mean equal values on every device. None
+    when the cone reads a block argument or holds more than `_evaluate`'s depth allows in
+    values: `_evaluate` gives up on those."""
+    if len(_CONE_KEYS) > 1 << 16:
+        _CONE_KEYS.clear()
+        _DEVICE_VALUES.clear()
+    keys: dict = {}
+    stack = [value]
+    while stack:
+        top = stack[-1]
+        if top in keys:
+            stack.pop()
+            continue
+        op = _def(top)
+        if op is None or len(keys) > _MAX_CONE:
+            return None
+        waiting = [v for v in op.operands if v not in keys]
+        if waiting:
+            stack.extend(waiting)
+            continue
+        stack.pop()
+        result = next(i for i, r in enumerate(op.results) if r == top)
+        key = (op.name, str(top.type), result, tuple(keys[v] for v in op.operands),
+               tuple((n, str(op.attributes[n])) for n in sorted(_attr_names(op))),
+               str(op) if op.regions else "")
+        keys[top] = _CONE_KEYS.setdefault(key, len(_CONE_KEYS))
+    return keys[value]
+
+
+def _evaluated_on_devices(value, counts: dict) -> list[np.ndarray] | None:
     out = []
     for partition in range(counts["mhlo.num_partitions"]):
         for replica in range(counts["mhlo.num_replicas"]):
@@ -978,10 +1029,9 @@ _BINARY = {"stablehlo.add": np.add, "stablehlo.subtract": np.subtract,
 def _evaluate(value, ids: dict[str, int], memo: dict, depth: int) -> np.ndarray | None:
     """The value of a device-id/constant computation on one device (None if it reads
     anything else or uses an op not modelled here)."""
-    key = value
-    for seen, result in memo.get("pairs", ()):
-        if seen == key:
-            return result
+    found = memo.get(value)
+    if found is not None:
+        return found
     element = str(ir.RankedTensorType(value.type).element_type)
     dtype = _NUMPY_TYPES.get(element)
     op = _def(value)
@@ -1000,7 +1050,7 @@ def _evaluate(value, ids: dict[str, int], memo: dict, depth: int) -> np.ndarray 
     if result is None:
         return None
     result = np.asarray(result).astype(dtype).reshape(shape)
-    memo.setdefault("pairs", []).append((key, result))
+    memo[value] = result
     return result
 
 
