@@ -26,7 +26,11 @@ that form (entangle-normalize runs them on both programs, after the forward's fo
   of the dims it lands on), transposes the rewrites build sink to the leaves, a factor along
   a dot's batch and contracted dims moves onto the other operand only when that operand
   absorbs it (one direction: no cycle), and transposed contributions are summed under one
-  transpose.
+  transpose;
+* grouped-query attention (k, v heads repeated in each step, `jnp.repeat`: a broadcast and a
+  reshape) sums each step's key and value cotangents over the repeat: the reverse ring's
+  rewrite moves those sums onto the contraction over all the keys with the views, and the
+  query gradient's ring blocks are found under the repeat's broadcast.
 
 Each is an identity of real arithmetic. In floating point exp(a - b) is only defined where
 the shifts are finite: every shift must hold no infinity (`idioms._finite_shift`: a causal
@@ -720,6 +724,9 @@ def _ring_return(add: ir.Operation) -> int:
     a_i of one shape with exactly one free dim f. Each `dot(a_i, b)` becomes slice i (along
     f's result dim) of `dot(concatenate(a_0, ..., a_{k-1}, f), b)`: exact for any a_i (a
     contraction's rows along a free dim are the contractions of the operand's rows). The
+    views (transposes, reshapes) and sums (grouped-query attention's sum over the repeat of
+    the heads) applied alike at every step move onto the whole contraction as long as they
+    keep f's dim (`_whole_view`), the rest follows each slice. The
     concatenation then sinks like the forward's (`idioms._sink_concat`), so no per-step block
     stays alive; whether the slices, the permutes and the adds give the reference's cotangent
     is the walk's to judge (`rules/returning.py`). Only at the last level of a chain (the add

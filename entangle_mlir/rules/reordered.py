@@ -12,6 +12,11 @@ order.
   reshape that keep the dim whole, reductions over other dims, dot_general along a free dim.
 * A sum, max or min over the dim, and a dot_general contracting it with a value in the same
   order, are what they are in the natural order (they add up / compare every block once).
+* A dot_general keeping the dim free and contracting a split dim gives a partial value in
+  the order (each device's piece, `Reordered.pieces`): a transpose, a reshape keeping the dim
+  and a reduce over other dims keep it (the plain rule judges the partial sum: a max of it is
+  the error); the slices, collective_permutes and adds sending its blocks back to their
+  owners are `returning.py`'s.
 * Values in different orders meeting in one op are the error ("blocks assembled in different
   orders"), shown with both orders and blamed on the collective_permute that brought the
   blocks (the ring turning the wrong way).
