@@ -16,7 +16,8 @@ same numbers; the reproducers (max stopped and differentiated) compute the refer
 gradients and are proven with every rule instance proved by Z3. Near misses compute other
 numbers and are not proven: the kv heads tiled instead of repeated (forward and backward), the
 backward's sum over the repeat taken over the kv-head dim instead (the same shape) or as a max,
-and the reverse ring broken (a forward hop, a step counted twice)."""
+and the reverse ring broken (a forward hop, a step counted twice), in the reproducer and in
+the corpus program `llama3_stack_sgd_ring_cp4`."""
 
 from __future__ import annotations
 
@@ -144,6 +145,26 @@ def test_gqa_reverse_ring_broken_is_not_proven(how: str) -> None:
     ex = _repro(STOPPED)
     ref_text, text = lower_pair(ex)
     assert len(_reverse_permuted(text)) == 6
+    wrong = _mutated(text, how)
+    assert not _close(_run_partitioned(ex, text), _run_partitioned(ex, wrong))
+    report = check_texts(ref_text, wrong, verify_rules=False)
+    assert not report.proven, report.render_text()
+    if "forward" in how:
+        assert "contributions sent back to the wrong devices" in report.diagnostics[0].message
+
+
+@pytest.mark.parametrize("how", ["forward_permutes", "counted_twice"])
+def test_llama_ring_training_with_the_reverse_ring_broken_is_not_proven(how: str) -> None:
+    """The corpus program `llama3_stack_sgd_ring_cp4` (2 layers, 16 query heads over 8 kv heads;
+    proven, tests/test_real_check.py) with its key/value cotangents' return around the ring
+    broken in jax's gradient program: other gradients, not proven."""
+    from examples.real.catalog import program
+    from examples.real.corpus import RING
+
+    ex = program("llama3", "stack_sgd", RING, (("cp", 4),), "cp ring", "Llama-3 ring training",
+                 suffix="_ring")
+    ref_text, text = lower_pair(ex)
+    assert len(_reverse_permuted(text)) == 12
     wrong = _mutated(text, how)
     assert not _close(_run_partitioned(ex, text), _run_partitioned(ex, wrong))
     report = check_texts(ref_text, wrong, verify_rules=False)
