@@ -26,7 +26,11 @@ that form (entangle-normalize runs them on both programs, after the forward's fo
   of the dims it lands on), transposes the rewrites build sink to the leaves, a factor along
   a dot's batch and contracted dims moves onto the other operand only when that operand
   absorbs it (one direction: no cycle), and transposed contributions are summed under one
-  transpose.
+  transpose;
+* grouped-query attention (k, v heads repeated in each step, `jnp.repeat`: a broadcast and a
+  reshape) sums each step's key and value cotangents over the repeat: the reverse ring's
+  rewrite moves those sums onto the contraction over all the keys with the views, and the
+  query gradient's ring blocks are found under the repeat's broadcast.
 
 Each is an identity of real arithmetic. In floating point exp(a - b) is only defined where
 the shifts are finite: every shift must hold no infinity (`idioms._finite_shift`: a causal
@@ -580,20 +584,27 @@ def _transposed_sum(add: ir.Operation) -> int:
 # The sum over ring steps of contractions along the key dim
 # ---------------------------------------------------------------------------------------------
 
+_BLOCK_OPS = (*_VIEW_OPS, "stablehlo.broadcast_in_dim")
+"""Ops between a ring step's block and the operand a step's contraction reads: views, and
+the broadcast of grouped-query attention's head repeat (`jnp.repeat(k, r, axis=2)` is a
+broadcast_in_dim and a reshape)."""
+
+
 def _ring_root(value):
-    """The value under views and collective_permutes (the block a ring step holds comes from
-    it); the value itself when it is none of them."""
+    """The value under views, broadcasts and collective_permutes (the block a ring step holds
+    comes from it); the value itself when it is none of them."""
     op = _def(value)
-    while op is not None and (op.name in _VIEW_OPS or op.name == "stablehlo.collective_permute"):
+    while op is not None and (op.name in _BLOCK_OPS or op.name == "stablehlo.collective_permute"):
         value = op.operands[0]
         op = _def(value)
     return value
 
 
 def _ring_blocks(value) -> list:
-    """The blocks of a concatenation the folds built (under views), or [value]."""
+    """The blocks of a concatenation the folds built (under views and broadcasts), or
+    [value]."""
     op = _def(value)
-    while op is not None and op.name in _VIEW_OPS:
+    while op is not None and op.name in _BLOCK_OPS:
         value = op.operands[0]
         op = _def(value)
     if op is not None and op.name == "stablehlo.concatenate" and idioms.BLOCKS_ATTR in (
@@ -603,9 +614,9 @@ def _ring_blocks(value) -> list:
 
 
 def _permuted(value) -> bool:
-    """`value` is a block a collective_permute brought (under views)."""
+    """`value` is a block a collective_permute brought (under views and broadcasts)."""
     op = _def(value)
-    while op is not None and op.name in _VIEW_OPS:
+    while op is not None and op.name in _BLOCK_OPS:
         op = _def(op.operands[0])
     return op is not None and op.name == "stablehlo.collective_permute"
 
@@ -662,11 +673,17 @@ class _ReturnStep:
     views: tuple[ir.Operation, ...]
 
 
+def _summed(op: ir.Operation) -> bool:
+    """`op` sums one operand over some dims (grouped-query attention's key and value
+    cotangents are summed over the repeat of their heads: `jnp.repeat`'s transpose)."""
+    return op.name == "stablehlo.reduce" and len(op.operands) == 2 and idioms._sum_reduce(op)
+
+
 def _viewed_dot(value) -> tuple[ir.Operation, tuple[ir.Operation, ...]] | None:
-    """(dot_general, the views from it to `value`, innermost first) or None."""
+    """(dot_general, the views and sums from it to `value`, innermost first) or None."""
     views: list[ir.Operation] = []
     op = _def(value)
-    while op is not None and op.name in _VIEW_OPS:
+    while op is not None and (op.name in _VIEW_OPS or _summed(op)):
         views.append(op)
         op = _def(op.operands[0])
     if op is None or op.name != "stablehlo.dot_general" or len(op.operands) != 2:
@@ -707,6 +724,9 @@ def _ring_return(add: ir.Operation) -> int:
     a_i of one shape with exactly one free dim f. Each `dot(a_i, b)` becomes slice i (along
     f's result dim) of `dot(concatenate(a_0, ..., a_{k-1}, f), b)`: exact for any a_i (a
     contraction's rows along a free dim are the contractions of the operand's rows). The
+    views (transposes, reshapes) and sums (grouped-query attention's sum over the repeat of
+    the heads) applied alike at every step move onto the whole contraction as long as they
+    keep f's dim (`_whole_view`), the rest follows each slice. The
     concatenation then sinks like the forward's (`idioms._sink_concat`), so no per-step block
     stays alive; whether the slices, the permutes and the adds give the reference's cotangent
     is the walk's to judge (`rules/returning.py`). Only at the last level of a chain (the add
@@ -739,9 +759,9 @@ def _ring_return(add: ir.Operation) -> int:
         return 0
     f = free[varying][0]
     out_dim = _result_dim(f, varying, batch, free)
-    if any(str(a.attributes["permutation"]) != str(b.attributes["permutation"])
-           for s in steps for a, b in zip(s.views, steps[0].views)
-           if a.name == "stablehlo.transpose"):
+    if any(a.results[0].type != b.results[0].type or any(
+            str(a.attributes[n]) != str(b.attributes[n]) for n in ("permutation", "dimensions")
+            if n in idioms._attr_names(b)) for s in steps for a, b in zip(s.views, steps[0].views)):
         return 0
     at = add
     joined = idioms._concat([s.dot.operands[varying] for s in steps], f, at)
@@ -757,16 +777,14 @@ def _ring_return(add: ir.Operation) -> int:
                                     operands=operands,
                                     attributes={n: first.attributes[n] for n in names},
                                     loc=first.location).results[0]
-    rank = len(shape)
     moved = 0
     for view in steps[0].views:
-        if view.name != "stablehlo.transpose":
+        placed = _whole_view(view, whole, out_dim, len(steps), at)
+        if placed is None:
             break
-        permutation = _i64s(view, "permutation")
-        with ir.InsertionPoint(at), at.location:
-            whole = stablehlo.TransposeOp(whole, permutation).result
-        out_dim = permutation.index(out_dim)
+        whole, out_dim = placed
         moved += 1
+    rank = len(_shape(whole))
     parts = []
     for i, step in enumerate(steps):
         start = [0] * rank
@@ -790,6 +808,43 @@ def _ring_return(add: ir.Operation) -> int:
         new_add.operands[1 - which] = parts[i]
         acc = new_add.results[0]
     return _replace(add, acc)
+
+
+def _whole_view(view: ir.Operation, whole, out_dim: int, count: int, at: ir.Operation):
+    """(the view applied to the contraction over all the steps, where the steps' dim lands)
+    when it commutes with cutting `whole` into `count` blocks along `out_dim` (a step's view
+    then is the view's block); else None. A transpose moves the dim; a reshape that keeps it
+    (the same size, the same number of elements before it: the elements before, at and after
+    it keep their row-major indices) scales it; a sum over other dims keeps it."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    element = ir.RankedTensorType(view.results[0].type).element_type
+    if view.name == "stablehlo.transpose":
+        permutation = _i64s(view, "permutation")
+        with ir.InsertionPoint(at), at.location:
+            return stablehlo.TransposeOp(whole, permutation).result, permutation.index(out_dim)
+    if view.name == "stablehlo.reshape":
+        source, target = _shape(view.operands[0]), list(_shape(view.results[0]))
+        kept = [e for e in range(len(target)) if target[e] == source[out_dim] and math.prod(
+            target[:e]) == math.prod(source[:out_dim])]
+        if not kept:
+            return None
+        target[kept[0]] *= count
+        with ir.InsertionPoint(at), at.location:
+            return stablehlo.ReshapeOp(ir.RankedTensorType.get(target, element),
+                                       whole).result, kept[0]
+    if _summed(view):
+        dims = _i64s(view, "dimensions")
+        if out_dim in dims:
+            return None
+        landed = out_dim - sum(d < out_dim for d in dims)
+        shape = list(_shape(view.results[0]))
+        shape[landed] *= count
+        clone = view.clone(ir.InsertionPoint(at))
+        clone.operands[0] = whole
+        clone.results[0].set_type(ir.RankedTensorType.get(shape, element))
+        return clone.results[0], landed
+    return None
 
 
 def _factors(value, out: list) -> None:

@@ -12,6 +12,11 @@ order.
   reshape that keep the dim whole, reductions over other dims, dot_general along a free dim.
 * A sum, max or min over the dim, and a dot_general contracting it with a value in the same
   order, are what they are in the natural order (they add up / compare every block once).
+* A dot_general keeping the dim free and contracting a split dim gives a partial value in
+  the order (each device's piece, `Reordered.pieces`): a transpose, a reshape keeping the dim
+  and a reduce over other dims keep it (the plain rule judges the partial sum: a max of it is
+  the error); the slices, collective_permutes and adds sending its blocks back to their
+  owners are `returning.py`'s.
 * Values in different orders meeting in one op are the error ("blocks assembled in different
   orders"), shown with both orders and blamed on the collective_permute that brought the
   blocks (the ring turning the wrong way).
@@ -127,6 +132,9 @@ def apply(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
         if name == "stablehlo.transpose":
             return _wrap(RULES[name](info, plain, ctx),
                          list(info.attrs["permutation"]).index(first.dim), first, partial=True)
+        kept = _partial_view_dim(info, operands, first)
+        if kept is not None:
+            return _wrap(RULES[name](info, plain, ctx), kept, first, partial=True)
         from . import returning
 
         return returning.apply(info, operands, ctx)
@@ -158,6 +166,22 @@ def apply(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     if name == "stablehlo.dot_general":
         return _dot(info, operands, plain, ctx)
     return [_unsupported(name, first, "")]
+
+
+def _partial_view_dim(info: OpInfo, operands: list[Value], value: Reordered) -> int | None:
+    """Where a reshape keeping the reordered dim, or a reduce over other dims, puts the
+    reordered dim of a partial value (each device's piece keeps its arrival order; the plain
+    rule judges the partial sum: a sum over other dims stays a partial sum, a max does not);
+    None for other ops. Grouped-query attention's key and value cotangents: the contraction
+    over the keys, reshaped to (kv heads, repeat) and summed over the repeat."""
+    if info.name == "stablehlo.reshape":
+        return _reshaped_dim(info, value)
+    if info.name == "stablehlo.reduce" and len(operands) == 2 and not isinstance(
+            operands[1], Reordered):
+        reduced = tuple(info.attrs["dimensions"])
+        if value.dim not in reduced:
+            return value.dim - sum(d < value.dim for d in reduced)
+    return None
 
 
 def _elementwise_dims(info: OpInfo, operands: list[Value]) -> int | Opaque:

@@ -253,7 +253,8 @@ def ring_attention_bshd_ref(q, k, v):
     return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
 
 
-def ring_attention_bshd(q, k, v, stop_max: bool = True, variant: str = "right"):
+def ring_attention_bshd(q, k, v, stop_max: bool = True, variant: str = "right",
+                        rep: int = 1):
     """`layers.ring_attention` (unrolled, no grouped heads) on the local sequence block.
     `variant` names a near miss (tests/test_online_backward.py): "swapped_wrong" applies the
     correction swapped along the wrong axes (`swapaxes(corr, 0, 2)`: the same shape when
@@ -268,7 +269,8 @@ def ring_attention_bshd(q, k, v, stop_max: bool = True, variant: str = "right"):
     previous = m
     for i in range(n):
         k_pos = ((me - i) % n) * rows + jnp.arange(rows)
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(d))
+        kr, vr = (_grouped(x, rep, variant) for x in (k, v))
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, kr) / jnp.sqrt(jnp.float32(d))
         scores = jnp.where(q_pos[:, None] >= k_pos[None, :], scores, -jnp.inf)
         m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
         if stop_max:
@@ -281,7 +283,7 @@ def ring_attention_bshd(q, k, v, stop_max: bool = True, variant: str = "right"):
             scale = jnp.swapaxes(corr, 0, 2)
         if variant == "previous_correction" and i == 2:
             scale = jnp.swapaxes(previous, 1, 2)
-        o = o * scale[..., None] + jnp.einsum("bhqk,bkhd->bqhd", p, v)
+        o = o * scale[..., None] + jnp.einsum("bhqk,bkhd->bqhd", p, vr)
         m, previous = m_new, corr
         k, v = (lax.ppermute(x, CP, [(j, (j + 1) % n) for j in range(n)]) for x in (k, v))
     return o / jnp.swapaxes(denom, 1, 2)[..., None]
@@ -297,6 +299,42 @@ def ring_attention_bshd_grad_stop_max(q, k, v, w, variant: str = "right"):
     value cotangent meets the correction through `swapaxes(corr, 1, 2)`."""
     return jax.grad(lambda q, k, v: jnp.sum(ring_attention_bshd(q, k, v, variant=variant) * w),
                     argnums=(0, 1, 2))(q, k, v)
+
+
+# K (GQA). Ring attention training with grouped-query attention (Llama-3): k and v have fewer
+# heads than q, repeated inside each ring step (`jnp.repeat(kb, rep, axis=2)`, as
+# `layers.ring_attention` does), so the backward sums the repeated heads' key and value
+# cotangents over the repeat before sending them back around the reverse ring.
+def _grouped(x, rep: int, variant: str = "right"):
+    """x's kv heads repeated `rep` times each (dim 2 of (b, s, h, d)); the near miss "tile"
+    tiles them instead (heads [0, 1, 0, 1] where the reference reads [0, 0, 1, 1])."""
+    if rep == 1:
+        return x
+    if variant == "tile":
+        return jnp.tile(x, (1, 1, rep, 1))
+    return jnp.repeat(x, rep, axis=2)
+
+
+def ring_attention_gqa_ref(q, k, v):
+    rep = q.shape[2] // k.shape[2]
+    return ring_attention_bshd_ref(q, jnp.repeat(k, rep, axis=2), jnp.repeat(v, rep, axis=2))
+
+
+def ring_attention_gqa_grad_ref(q, k, v, w):
+    return jax.grad(lambda q, k, v: jnp.sum(ring_attention_gqa_ref(q, k, v) * w),
+                    argnums=(0, 1, 2))(q, k, v)
+
+
+def ring_attention_gqa_grad(q, k, v, w, stop_max: bool = False, variant: str = "right"):
+    """The gradients of `ring_attention_bshd` with k, v's heads repeated in each ring step
+    (`variant` "tile": tiled instead, a near miss)."""
+    rep = q.shape[2] // k.shape[2]
+    return jax.grad(lambda q, k, v: jnp.sum(ring_attention_bshd(
+        q, k, v, stop_max=stop_max, variant=variant, rep=rep) * w), argnums=(0, 1, 2))(q, k, v)
+
+
+def ring_attention_gqa_grad_stop_max(q, k, v, w, variant: str = "right"):
+    return ring_attention_gqa_grad(q, k, v, w, stop_max=True, variant=variant)
 
 
 # H'. One sequence per device: a broadcast bias's gradient is summed in two steps (batch, seq)
@@ -329,7 +367,15 @@ FIXED = {"bias_grad_unit_dims", "take_and_reducer", "top_k", "gather_batching_di
          "unit_dim_transpose", "moe_flatten_split_seq", "allgather_partial", "local_max",
          "exp_algebra", "unit_batch_view",
          "slice_of_split_dim", "device_offset_tensor", "ring_attention", "ring_backward",
-         "ring_max_grad"}
+         "ring_max_grad", "ring_gqa"}
+
+
+def _gqa_args() -> tuple[ArgDef, ...]:
+    """q, w (b, s, h, d) = (2, 8, 4, 4); k, v with 2 kv heads, each read by 2 query heads;
+    the sequence split over cp."""
+    spec = P(None, CP, None, None)
+    return (_f("q", (2, 8, 4, 4), spec), _f("k", (2, 8, 2, 4), spec),
+            _f("v", (2, 8, 2, 4), spec), _f("w", (2, 8, 4, 4), spec))
 
 
 def reproducers() -> list[Repro]:
@@ -436,6 +482,17 @@ def reproducers() -> list[Repro]:
                      tuple(_f(name, (2, 8, 2, 4), P(None, CP, None, None)) for name in "qkvw"),
                      (P(None, CP, None, None),) * 3,
                      "gradients of causal ring attention (b, s, h, d), max stopped")),
+        Repro("ring_gqa", "ring attention training with grouped-query attention (k, v "
+              "heads repeated in each ring step), max stopped",
+              custom("repro_ring_attention_gqa_grad_stop_max", cp4,
+                     ring_attention_gqa_grad_ref, ring_attention_gqa_grad_stop_max,
+                     _gqa_args(), (P(None, CP, None, None),) * 3,
+                     "gradients of causal GQA ring attention (b, s, h, d), max stopped")),
+        Repro("ring_gqa", "ring attention training with grouped-query attention (k, v "
+              "heads repeated in each ring step), the running max differentiated",
+              custom("repro_ring_attention_gqa_grad", cp4, ring_attention_gqa_grad_ref,
+                     ring_attention_gqa_grad, _gqa_args(), (P(None, CP, None, None),) * 3,
+                     "gradients of causal GQA ring attention (b, s, h, d)")),
     ]
     from .ce import ce_programs
     from .tricky import tricky_programs
