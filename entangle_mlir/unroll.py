@@ -13,9 +13,18 @@ body increments by one are unrolled, only when the body holds a collective_permu
 up to `MAX_TRIPS` iterations; nested regions of the body must not read the body's values.
 The counter must be an integer (a float counter's `i < 4.5` or `i + 1.5` is not a count of
 `c - start` steps) and the bounds are read as the comparison reads them (signed or unsigned).
+
+`lax.fori_loop` differentiated is two loops: the forward stores each step's residuals into
+buffers (`dynamic_update_slice` at the counter) and the backward reads them back
+(`dynamic_slice` at `n - 1 - counter`). Once both are unrolled the counters are chains of
+constant integer arithmetic; `forward_residuals` folds them (`fold_counters`) and forwards
+every read of a buffer slot to the value stored there (store-to-load forwarding), after
+which the backward reads each step's values directly, as the Python-unrolled ring's does.
 """
 
 from __future__ import annotations
+
+import operator
 
 from jaxlib.mlir import ir
 
@@ -182,3 +191,217 @@ def _unroll(loop: ir.Operation) -> bool:
         result.replace_all_uses_with(value)
     loop.erase()
     return True
+
+
+_COUNTER_ARITHMETIC = {"stablehlo.add": operator.add, "stablehlo.subtract": operator.sub,
+                       "stablehlo.multiply": operator.mul}
+"""Integer scalar ops folded once their operands are constants (an unrolled loop's counter)."""
+
+
+def forward_residuals(module: ir.Module) -> int:
+    """After unrolling: fold the counters, then forward every read of a residual buffer at
+    constant indices to the value stored there, erasing the stores left unread. The number
+    of folds and forwards (0: the module is unchanged)."""
+    count = fold_counters(module)
+    loads = [op for op in _ops(module) if op.name in _LOADS]
+    for load in loads:
+        count += _forward(load)
+    count += _drop_zero_carries(module)
+    for op in _ops(module):
+        if op.name == "stablehlo.dynamic_update_slice" and _unused(op):
+            _erase_dead(op)
+    return count
+
+
+def _ops(module: ir.Module) -> list[ir.Operation]:
+    found: list[ir.Operation] = []
+
+    def collect(op):
+        found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(collect)
+    return found
+
+
+def _unused(op: ir.Operation) -> bool:
+    return not any(True for r in op.results for _ in r.uses)
+
+
+def _erase_dead(op: ir.Operation) -> None:
+    """Erase `op` and then the producers of its operands that it left without uses."""
+    pending = [op]
+    while pending:
+        op = pending.pop()
+        if not _unused(op) or not op.name.startswith("stablehlo."):
+            continue
+        producers = [_def(v) for v in op.operands]
+        op.erase()
+        pending += [p for p in producers if p is not None]
+
+
+def fold_counters(module: ir.Module) -> int:
+    """Replace every add, subtract or multiply of two integer scalar constants by its value
+    (wrapping at the type's width, as the op does). One pass in order folds whole chains."""
+    from jaxlib.mlir.dialects import stablehlo
+
+    count = 0
+    for op in _ops(module):
+        fn = _COUNTER_ARITHMETIC.get(op.name)
+        if fn is None or len(op.results) != 1:
+            continue
+        result = op.results[0]
+        tensor = ir.RankedTensorType(result.type)
+        width = _integer_width(result)
+        if tensor.rank != 0 or width is None:
+            continue
+        a, b = (_constant_int(v) for v in op.operands)
+        if a is None or b is None:
+            continue
+        element = ir.IntegerType(tensor.element_type)
+        value = _as_compared(fn(a, b), width, not element.is_unsigned)
+        with ir.InsertionPoint(op), op.location:
+            attr = ir.DenseElementsAttr.get_splat(
+                tensor, ir.IntegerAttr.get(tensor.element_type, value))
+            constant = stablehlo.ConstantOp(attr).result
+        result.replace_all_uses_with(constant)
+        op.erase()
+        count += 1
+    return count
+
+
+_LOADS = ("stablehlo.dynamic_slice", "stablehlo.slice")
+
+
+def _index(value) -> int | None:
+    """A constant start index as the op reads it (signed unless its type is unsigned)."""
+    raw = _constant_int(value)
+    if raw is None:
+        return None
+    element = ir.IntegerType(ir.RankedTensorType(value.type).element_type)
+    return _as_compared(raw, ir.IntegerType(element).width, not element.is_unsigned)
+
+
+def _clamped(starts: list, dims: tuple[int, ...], sizes: tuple[int, ...]
+             ) -> tuple[int, ...] | None:
+    """Start indices clamped into the operand, as dynamic_slice and dynamic_update_slice
+    clamp them (None: one is not a constant)."""
+    out = []
+    for start, dim, size in zip(starts, dims, sizes):
+        index = _index(start)
+        if index is None:
+            return None
+        out.append(min(max(index, 0), dim - size))
+    return tuple(out)
+
+
+def _shape(value) -> tuple[int, ...]:
+    return tuple(ir.RankedTensorType(value.type).shape)
+
+
+def _region(load: ir.Operation) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(starts, sizes) of the block a constant-index read takes from its operand."""
+    sizes = _shape(load.results[0])
+    if load.name == "stablehlo.slice":
+        strides = list(ir.DenseI64ArrayAttr(load.attributes["strides"]))
+        if any(s != 1 for s in strides):
+            return None
+        return tuple(ir.DenseI64ArrayAttr(load.attributes["start_indices"])), sizes
+    starts = _clamped(list(load.operands[1:]), _shape(load.operands[0]), sizes)
+    return None if starts is None else (starts, sizes)
+
+
+def _stored(load: ir.Operation):
+    """The value a read at constant indices finds in a buffer built by
+    dynamic_update_slices at constant indices: the update writing exactly its block, after
+    any updates of disjoint blocks (None: no such update, or one overlaps the block only in
+    part, or an index is not constant)."""
+    region = _region(load)
+    if region is None:
+        return None
+    starts, sizes = region
+    buffer = load.operands[0]
+    while True:
+        store = _def(buffer)
+        if store is None or store.name != "stablehlo.dynamic_update_slice":
+            return None
+        update = store.operands[1]
+        written = _clamped(list(store.operands[2:]), _shape(buffer), _shape(update))
+        if written is None:
+            return None
+        if written == starts and _shape(update) == sizes:
+            return update if update.type == load.results[0].type else None
+        if not any(w + u <= s or s + z <= w
+                   for w, u, s, z in zip(written, _shape(update), starts, sizes)):
+            return None
+        buffer = store.operands[0]
+
+
+def _is_zeros(value) -> bool:
+    """A splat constant 0, or a broadcast_in_dim of one."""
+    op = _def(value)
+    if op is not None and op.name == "stablehlo.broadcast_in_dim":
+        op = _def(op.operands[0])
+    if op is None or op.name != "stablehlo.constant":
+        return False
+    array, splat = constant_value(op.attributes["value"])
+    try:
+        return bool(splat) and float(array.reshape(-1)[0]) == 0.0
+    except (TypeError, ValueError):
+        return False
+
+
+def _drop_zero_carries(module: ir.Module) -> int:
+    """A collective_permute of zeros is those zeros (every device receives zeros, sent or
+    not), and `0 + x`, `x + 0` are x: the zero cotangents an unrolled backward loop starts
+    its carries with. The number dropped."""
+    count = 0
+    for op in _ops(module):
+        if op.name == "stablehlo.collective_permute" and len(op.operands) == 1 and (
+                _is_zeros(op.operands[0])
+                and op.operands[0].type == op.results[0].type):
+            op.results[0].replace_all_uses_with(op.operands[0])
+        elif op.name == "stablehlo.add" and _is_zeros(op.operands[0]):
+            op.results[0].replace_all_uses_with(op.operands[1])
+        elif op.name == "stablehlo.add" and _is_zeros(op.operands[1]):
+            op.results[0].replace_all_uses_with(op.operands[0])
+        else:
+            continue
+        op.erase()
+        count += 1
+    return count
+
+
+def _forward(load: ir.Operation) -> int:
+    value = _stored(load)
+    if value is None:
+        return 0
+    views = [use.owner for use in load.results[0].uses]
+    load.results[0].replace_all_uses_with(value)
+    load.erase()
+    for view in views:
+        _unit_dims_dropped(view)
+    return 1
+
+
+def _unit_dims_dropped(reshape) -> None:
+    """`reshape(broadcast_in_dim(x))` back to x's type, where the broadcast only inserts unit
+    dims (jax's `dynamic_index_in_dim` reads a slot as a (1, ...) block and drops its unit
+    dim): x itself."""
+    op = getattr(reshape, "operation", reshape)
+    if op.name != "stablehlo.reshape":
+        return
+    broadcast = _def(op.operands[0])
+    if broadcast is None or broadcast.name != "stablehlo.broadcast_in_dim":
+        return
+    source = broadcast.operands[0]
+    if source.type != op.results[0].type:
+        return
+    dims = list(ir.DenseI64ArrayAttr(broadcast.attributes["broadcast_dimensions"]))
+    shape, into = _shape(source), _shape(broadcast.results[0])
+    if dims != sorted(set(dims)) or any(shape[i] != into[d] for i, d in enumerate(dims)):
+        return
+    if any(size != 1 for d, size in enumerate(into) if d not in dims):
+        return
+    op.results[0].replace_all_uses_with(source)
+    op.erase()

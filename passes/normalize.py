@@ -1,5 +1,6 @@
 """entangle-normalize: inline func.calls so every rule sees plain ops; ring loops (a while
-passing blocks by collective_permute, constant trip count) are unrolled (`unroll.py`);
+passing blocks by collective_permute, constant trip count) are unrolled and the residuals
+their gradient's loops store and read back forwarded (`unroll.py`);
 converts to their operand's own type are dropped; reductions over unit dims (jax's transposes with one sequence / head per device) become
 reshapes (`unit_dims.py`);
 per-token computations on flattened `(batch, seq)` keep both dims (`token_dims.py`); numerical
@@ -20,7 +21,7 @@ from entangle_mlir.pipeline import ModulePass, PassState
 from entangle_mlir.program import inline_calls
 from entangle_mlir.token_dims import split_token_dims
 from entangle_mlir.unit_dims import fold_unit_dims
-from entangle_mlir.unroll import unroll_ring_loops
+from entangle_mlir.unroll import forward_residuals, unroll_ring_loops
 
 
 @dataclass
@@ -43,6 +44,7 @@ class NormalizePass(ModulePass):
                 # changes the module makes the next one walk afresh.
                 ops = ops_in_order(module)
                 if unroll_ring_loops(module, ops):
+                    forward_residuals(module)
                     ops = ops_in_order(module)
                 if drop_identity_converts(module, ops):
                     ops = ops_in_order(module)

@@ -100,6 +100,8 @@ def _styles() -> list[Example]:
                 "GPT-2 layers, ring attention, SGD", suffix="_ring"),
         program("llama3", "stack_sgd", RING, (("cp", 4),), "cp ring",
                 "Llama-3 layers, ring attention, SGD (GQA)", suffix="_ring"),
+        program("gpt2", "stack_sgd", RING_LOOP, (("cp", 4),), "cp ring",
+                "GPT-2 layers, ring attention in a fori_loop, SGD", suffix="_ringloop"),
         # dp x tp x sp (3-D mesh: batch over dp, heads over tp, sequence over sp).
         program("gpt2", "stack", DP_TP_SP, DP_TP_SP_MESH, "dp x tp x sp",
                 "GPT-2 layers on a 3-D mesh"),

@@ -243,6 +243,38 @@ def ring_attention_grad_stop_max(q, k, v, w):
                     argnums=(0, 1, 2))(q, k, v)
 
 
+# K''''. Ring attention training with the ring in `lax.fori_loop` (the models' `Par(ring="loop")`):
+# jax's gradient of the loop is two loops, the forward storing every step's residuals into
+# buffers indexed by the counter (dynamic_update_slice), the backward reading them back at the
+# reversed counter (dynamic_slice) and sending the key/value cotangents around the reverse ring.
+def ring_attention_loop(q, k, v):
+    """`ring_attention` (running max differentiated) with the steps in a `lax.fori_loop`."""
+    n, me, rows = lax.axis_size(CP), lax.axis_index(CP), q.shape[0]
+    q_pos = me * rows + jnp.arange(rows)
+
+    def step(i, carry):
+        o, m, denom, k, v = carry
+        k_pos = ((me - i) % n) * rows + jnp.arange(rows)
+        s = jnp.where(q_pos[:, None] >= k_pos[None, :], q @ k.T, -jnp.inf)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        p = jnp.exp(s - m_new[:, None])
+        corr = jnp.exp(m - m_new)
+        denom = denom * corr + jnp.sum(p, axis=-1)
+        o = o * corr[:, None] + p @ v
+        k, v = (lax.ppermute(x, CP, [(j, (j + 1) % n) for j in range(n)]) for x in (k, v))
+        return o, m_new, denom, k, v
+
+    init = (jnp.zeros(q.shape[:1] + v.shape[1:]), jnp.full((rows,), -jnp.inf),
+            jnp.zeros((rows,)), k, v)
+    o, _, denom, _, _ = lax.fori_loop(0, n, step, init)
+    return o / denom[:, None]
+
+
+def ring_attention_loop_grad(q, k, v, w):
+    return jax.grad(lambda q, k, v: jnp.sum(ring_attention_loop(q, k, v) * w),
+                    argnums=(0, 1, 2))(q, k, v)
+
+
 # K'''. Ring attention training in the models' layout (b, s, h, d), as `layers.ring_attention`
 # writes it: scores `einsum("bqhd,bkhd->bhqk")`, running max and denominator (b, h, s), the
 # correction applied to the output (b, s, h, d) as `swapaxes(corr, 1, 2)[..., None]`.
@@ -367,7 +399,7 @@ FIXED = {"bias_grad_unit_dims", "take_and_reducer", "top_k", "gather_batching_di
          "unit_dim_transpose", "moe_flatten_split_seq", "allgather_partial", "local_max",
          "exp_algebra", "unit_batch_view",
          "slice_of_split_dim", "device_offset_tensor", "ring_attention", "ring_backward",
-         "ring_max_grad", "ring_gqa"}
+         "ring_max_grad", "ring_gqa", "ring_loop_backward"}
 
 
 def _gqa_args() -> tuple[ArgDef, ...]:
@@ -474,6 +506,13 @@ def reproducers() -> list[Repro]:
                      (_f("q", (8, 4), P(CP, None)), _f("k", (8, 4), P(CP, None)),
                       _f("v", (8, 4), P(CP, None)), _f("w", (8, 4), P(CP, None))),
                      (P(CP, None),) * 3, "gradients of causal ring attention, max stopped")),
+        Repro("ring_loop_backward", "ring attention training with the ring in a "
+              "fori_loop: residuals stored by the forward loop, read back by the backward one",
+              custom("repro_ring_attention_loop_grad", cp4, ring_attention_grad_ref,
+                     ring_attention_loop_grad,
+                     (_f("q", (8, 4), P(CP, None)), _f("k", (8, 4), P(CP, None)),
+                      _f("v", (8, 4), P(CP, None)), _f("w", (8, 4), P(CP, None))),
+                     (P(CP, None),) * 3, "gradients of causal ring attention, fori_loop")),
         Repro("ring_backward", "ring attention training in the models' (b, s, h, d) "
               "layout, max stopped: the correction reaches the value cotangent through a "
               "swapaxes",
