@@ -74,10 +74,13 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None) -> int:
     from .online_backward import REWRITES as backward
 
     count = 0
+    states: set[int] = set()
     with ir.Location.unknown():
         while _rewrite_one(module, _REWRITES, ops):
             ops = None
             count += 1
+            if count % _CYCLE_CHECK == 0 and _cycled(module, states):
+                return count
         if not _has_ring(module, ops):
             return count
         both = {name: _either(_REWRITES.get(name), backward.get(name))
@@ -85,7 +88,40 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None) -> int:
         while _rewrite_one(module, both, ops):
             ops = None
             count += 1
+            if count % _CYCLE_CHECK == 0 and _cycled(module, states):
+                return count
     return count
+
+
+_CYCLE_CHECK = 25
+"""Every this many rewrites the module's shape is compared with the earlier ones'."""
+
+
+def _cycled(module: ir.Module, states: set[int]) -> bool:
+    """The module has a shape it had before (`states`, updated): the rewrites cycle (a factor
+    moved back and forth on a program they do not fit), so rewriting stops there. Every
+    rewrite is exact, so stopping is sound; two shapes taken for one (the shape leaves out
+    attributes) only stop it early."""
+    index: dict = {}
+    shape = []
+
+    def visit(op):
+        refs = []
+        for v in op.operands:
+            owner = v.owner
+            refs.append(index.get(v, ("arg", v.arg_number) if isinstance(owner, ir.Block)
+                                  else None))
+        for i, r in enumerate(op.results):
+            index[r] = (len(shape), i)
+        shape.append((op.name, tuple(refs), tuple(str(r.type) for r in op.results)))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    state = hash(tuple(shape))
+    if state in states:
+        return True
+    states.add(state)
+    return False
 
 
 def _has_ring(module: ir.Module, ops: list | None) -> bool:
