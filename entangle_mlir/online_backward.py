@@ -673,17 +673,11 @@ class _ReturnStep:
     views: tuple[ir.Operation, ...]
 
 
-def _summed(op: ir.Operation) -> bool:
-    """`op` sums one operand over some dims (grouped-query attention's key and value
-    cotangents are summed over the repeat of their heads: `jnp.repeat`'s transpose)."""
-    return op.name == "stablehlo.reduce" and len(op.operands) == 2 and idioms._sum_reduce(op)
-
-
 def _viewed_dot(value) -> tuple[ir.Operation, tuple[ir.Operation, ...]] | None:
     """(dot_general, the views and sums from it to `value`, innermost first) or None."""
     views: list[ir.Operation] = []
     op = _def(value)
-    while op is not None and (op.name in _VIEW_OPS or _summed(op)):
+    while op is not None and (op.name in _VIEW_OPS or idioms._sum_reduce(op)):
         views.append(op)
         op = _def(op.operands[0])
     if op is None or op.name != "stablehlo.dot_general" or len(op.operands) != 2:
@@ -833,7 +827,7 @@ def _whole_view(view: ir.Operation, whole, out_dim: int, count: int, at: ir.Oper
         with ir.InsertionPoint(at), at.location:
             return stablehlo.ReshapeOp(ir.RankedTensorType.get(target, element),
                                        whole).result, kept[0]
-    if _summed(view):
+    if idioms._sum_reduce(view):
         dims = _i64s(view, "dimensions")
         if out_dim in dims:
             return None

@@ -87,14 +87,6 @@ def _mapped(m: _Monomial, free: dict, new_sizes: tuple[int, ...] = ()) -> _Monom
     return _Monomial(m.coef, factors, new_sizes + m.sizes)
 
 
-def _product(a: _Monomial, b: _Monomial) -> _Monomial:
-    offset = len(a.sizes)
-    factors = a.factors + tuple(
-        (atom, tuple(("b", n + offset) if kind == "b" else (kind, n) for kind, n in idx), power)
-        for atom, idx, power in b.factors)
-    return _Monomial(a.coef * b.coef, factors, a.sizes + b.sizes)
-
-
 def _canonical(m: _Monomial) -> tuple[tuple, Fraction] | None:
     """(key, coefficient): the key names the monomial up to its bound variables' names and its
     factors' order; None for a zero monomial."""
@@ -142,14 +134,15 @@ def _normal(monomials: list[_Monomial]) -> list[_Monomial]:
 class _Builder:
     """The polynomials of the values around one root, with the atoms they read."""
 
-    def __init__(self, depth: int, distance: dict):
+    def __init__(self, depth: int, distance: dict, keys: dict, interned: dict):
+        """`keys` and `interned`: the structural keys' tables (`key`), shared by the builders
+        of one root at every depth (a key does not depend on the depth)."""
         self.depth, self.distance = depth, distance
         self.memo: dict = {}
         self.inverse_memo: dict = {}
         self.atoms: dict = {}
         self.atom_values: dict = {}
-        self.keys: dict = {}
-        self.interned: dict = {}
+        self.keys, self.interned = keys, interned
 
     def key(self, value, height: int = _KEY_HEIGHT) -> int:
         """A structural key: the same op applied to the same operands (jax repeats ops) is
@@ -337,7 +330,7 @@ def _scaled(monomials: list[_Monomial], c) -> list[_Monomial]:
 def _times(left: list[_Monomial], right: list[_Monomial]) -> list[_Monomial]:
     if len(left) * len(right) > _MAX_MONOMIALS:
         raise _TooBig
-    return [_product(a, b) for a in left for b in right]
+    return [_product_shared(a, b, 0) for a in left for b in right]
 
 
 def _move_map(op, shape: tuple[int, ...]) -> dict | None:
@@ -414,8 +407,10 @@ def is_zero(value, kinds: dict | None = None) -> bool:
     undecided."""
     distance = _distances(value)
     kinds = {} if kinds is None else kinds
+    keys: dict = {}
+    interned: dict = {}
     for depth in _DEPTHS:
-        builder = _Builder(depth, distance)
+        builder = _Builder(depth, distance, keys, interned)
         try:
             monomials = _cleared(builder, builder.poly(value))
         except _TooBig:

@@ -28,6 +28,8 @@ import operator
 
 from jaxlib.mlir import ir
 
+from .idioms import _shape
+from .ir import ops_in_order
 from .opinfo import constant_value
 
 MAX_TRIPS = 16
@@ -214,14 +216,7 @@ def forward_residuals(module: ir.Module) -> int:
 
 
 def _ops(module: ir.Module) -> list[ir.Operation]:
-    found: list[ir.Operation] = []
-
-    def collect(op):
-        found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(collect)
-    return found
+    return [op for _, op in ops_in_order(module)]
 
 
 def _unused(op: ir.Operation) -> bool:
@@ -293,10 +288,6 @@ def _clamped(starts: list, dims: tuple[int, ...], sizes: tuple[int, ...]
             return None
         out.append(min(max(index, 0), dim - size))
     return tuple(out)
-
-
-def _shape(value) -> tuple[int, ...]:
-    return tuple(ir.RankedTensorType(value.type).shape)
 
 
 def _region(load: ir.Operation) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
