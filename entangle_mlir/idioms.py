@@ -33,6 +33,7 @@ import math
 import numpy as np
 from jaxlib.mlir import ir
 
+from .ir import erase_dead
 from .opinfo import constant_value, reducer_kind
 
 _MOVES = ("stablehlo.broadcast_in_dim", "stablehlo.reshape")
@@ -198,16 +199,13 @@ def _sum_reduce(op: ir.Operation | None) -> bool:
 
 
 def _erase_dead(op: ir.Operation) -> None:
-    """Erase `op` and then its operands' producers that it left without uses."""
-    pending = [op]
-    while pending:
-        op = pending.pop()
-        if any(True for r in op.results for _ in r.uses) or op.name.startswith(
-                ("func.", "sdy.")):
-            continue
-        producers = [_def(v) for v in op.operands]
-        op.erase()
-        pending += [p for p in producers if p is not None]
+    """Erase `op` and then its operands' producers that it left without uses (memory-safe:
+    `ir.erase_dead`)."""
+    erase_dead(op, _erasable)
+
+
+def _erasable(name: str) -> bool:
+    return not name.startswith(("func.", "sdy."))
 
 
 def _copy_attr(src: ir.Operation, dst: ir.Operation, name: str) -> None:

@@ -9,6 +9,7 @@ import functools
 import os
 import re
 import stat
+from collections.abc import Callable
 
 from jaxlib.mlir import ir
 from jaxlib.mlir._mlir_libs import _chlo, _jax_mlir_ext, _mlirHlo, _sdy, _stablehlo
@@ -133,6 +134,53 @@ def ops_in_order(module: ir.Module) -> list[tuple[str, ir.Operation]]:
 
     module.operation.walk(collect)
     return found
+
+
+def op_key(op: ir.Operation) -> int:
+    """An op's identity while it is alive (its address: equal handles hash alike). Taken
+    before an op may be erased, so that an erased op is recognised without touching it."""
+    return hash(op)
+
+
+def producer(value) -> ir.Operation | None:
+    """The op that defines `value` (None for a block argument)."""
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        return None
+    return owner.operation if hasattr(owner, "operation") else owner
+
+
+def _unused(op: ir.Operation) -> bool:
+    return not any(True for r in op.results for _ in r.uses)
+
+
+def erase_dead(root: ir.Operation, erasable: Callable[[str], bool],
+               erased: set[int] | None = None) -> int:
+    """Erase `root` if nothing uses its results, then in turn every producer of an erased op's
+    operands left without uses whose name is `erasable`; the number of ops erased.
+
+    Memory-safe (the rewrites used to crash here): an op reached twice, as the producer of
+    two operands or of two erased ops (a diamond such as `m + log(sum(exp(x - m)))`), is
+    recognised by the key it had while alive and never touched once erased. `erased`
+    (updated) holds the keys of every op erased, those nested in an erased op's regions
+    included, so a caller holding a list of handles can skip the ones gone. A key never names
+    a live op by accident: every op pending was alive together with every op erased here
+    (nothing is created meanwhile), so their addresses differ."""
+    gone = erased if erased is not None else set()
+    pending = [(op_key(root), root)]
+    count = 0
+    while pending:
+        key, op = pending.pop()
+        if key in gone or not erasable(op.name) or not _unused(op):
+            continue
+        producers = [p for p in map(producer, op.operands) if p is not None]
+        pending += [(op_key(p), p) for p in producers]
+        if op.regions:
+            op.walk(lambda inner: (gone.add(op_key(inner)), ir.WalkResult.ADVANCE)[1])
+        gone.add(key)
+        op.erase()
+        count += 1
+    return count
 
 
 def op_location(op: ir.Operation, default_file: str = "-") -> SourceLoc | None:

@@ -29,7 +29,7 @@ import operator
 from jaxlib.mlir import ir
 
 from .idioms import _shape
-from .ir import ops_in_order
+from .ir import erase_dead, op_key, ops_in_order
 from .opinfo import constant_value
 
 MAX_TRIPS = 16
@@ -209,9 +209,12 @@ def forward_residuals(module: ir.Module) -> int:
     for load in loads:
         count += _forward(load)
     count += _drop_zero_carries(module)
-    for op in _ops(module):
-        if op.name == "stablehlo.dynamic_update_slice" and _unused(op):
-            _erase_dead(op)
+    stores = [(op_key(op), op) for op in _ops(module)
+              if op.name == "stablehlo.dynamic_update_slice"]
+    erased: set[int] = set()
+    for key, op in stores:
+        if key not in erased:
+            erase_dead(op, _erasable, erased)
     return count
 
 
@@ -219,20 +222,8 @@ def _ops(module: ir.Module) -> list[ir.Operation]:
     return [op for _, op in ops_in_order(module)]
 
 
-def _unused(op: ir.Operation) -> bool:
-    return not any(True for r in op.results for _ in r.uses)
-
-
-def _erase_dead(op: ir.Operation) -> None:
-    """Erase `op` and then the producers of its operands that it left without uses."""
-    pending = [op]
-    while pending:
-        op = pending.pop()
-        if not _unused(op) or not op.name.startswith("stablehlo."):
-            continue
-        producers = [_def(v) for v in op.operands]
-        op.erase()
-        pending += [p for p in producers if p is not None]
+def _erasable(name: str) -> bool:
+    return name.startswith("stablehlo.")
 
 
 def fold_counters(module: ir.Module) -> int:
