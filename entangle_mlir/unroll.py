@@ -37,14 +37,35 @@ MAX_TRIPS = 16
 
 
 def unroll_ring_loops(module: ir.Module, ops: list | None = None) -> int:
-    """Unroll every ring loop in place; the number unrolled. `ops`: the module's ops as
-    `ir.ops_in_order` lists them now (saves the first walk)."""
+    """Unroll every ring loop in place, within a budget of `MAX_TRIPS` copies of the module's
+    ops; the number unrolled. `ops`: the module's ops as `ir.ops_in_order` lists them now
+    (saves the first walk).
+
+    The budget keeps the program linear in its size: ring loops one after the other (a
+    forward and its backward) copy each body at most `MAX_TRIPS` times, within it, but ring
+    loops nested k deep would copy the innermost body trips^k times (16 nested loops of two
+    trips: 65536 copies, minutes). A loop past the budget stays a loop (read by the walk's
+    fixpoint, as any loop that is not unrolled)."""
     count = 0
+    size = len(ops) if ops is not None else _count_ops(module.operation)
+    budget = [MAX_TRIPS * size]
     loops = None if ops is None else [op for name, op in ops if name == "stablehlo.while"]
-    while any(_unroll(loop) for loop in (_loops(module) if loops is None else loops)):
+    while any(_unroll(loop, budget) for loop in (_loops(module) if loops is None else loops)):
         loops = None
         count += 1
     return count
+
+
+def _count_ops(op: ir.Operation) -> int:
+    """The number of ops in `op`, itself and those nested included."""
+    count = [0]
+
+    def visit(_):
+        count[0] += 1
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+    return count[0]
 
 
 def _loops(module: ir.Module) -> list[ir.Operation]:
@@ -104,8 +125,10 @@ def _trip_count(loop: ir.Operation) -> int | None:
         return None
     index = args.index(counter)
     width = _integer_width(counter)
+    if width is None:  # a float counter: not a count of steps
+        return None
     signed = _signed_comparison(compare, counter)
-    if width is None or signed is None:
+    if signed is None:
         return None
     limit, start = _constant_int(bound), _constant_int(loop.operands[index])
     if limit is not None and start is not None:
@@ -172,11 +195,17 @@ def _nested_reads_body(body: ir.Block) -> bool:
     return reads[0]
 
 
-def _unroll(loop: ir.Operation) -> bool:
+def _unroll(loop: ir.Operation, budget: list[int]) -> bool:
+    """Unroll `loop` if it is a ring loop whose copies fit in `budget` (ops still allowed to
+    be created; updated)."""
     body = loop.regions[1].blocks[0]
     trips = _trip_count(loop)
     if trips is None or trips > MAX_TRIPS or not _is_ring(body) or _nested_reads_body(body):
         return False
+    cost = trips * sum(_count_ops(op) for op in body.operations)
+    if cost > budget[0]:
+        return False
+    budget[0] -= cost
     current = list(loop.operands)
     ops = list(body.operations)
     for _ in range(trips):
