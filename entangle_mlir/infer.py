@@ -40,7 +40,7 @@ from .layout import (
     Value,
     Windowed,
 )
-from .mesh import Mesh, axes_str
+from .mesh import Mesh, axes_str, too_many_devices
 from .opinfo import OpInfo, describe
 from .per_device import (
     device_count,
@@ -165,7 +165,12 @@ class Walker:
             ir.TypeAttr(self.func.attributes["function_type"]).value).results)
         results = result_shardings(self.module, self.func, result_count)
         everything = [s for s in shardings + results if s]
-        mesh = synthesize_mesh(device_count(self.module, everything), everything)
+        try:
+            count = device_count(self.module, everything)
+        except InputError as err:
+            err.file = err.file or self.file
+            raise
+        mesh = synthesize_mesh(count, everything)
         self.walk.mesh = mesh
         ctx = RuleContext(mesh, mesh.names, reference=self.reference)
         info = OpInfo("func.func", loc=op_location(self.func, self.file), op=None)
@@ -754,8 +759,13 @@ class Walker:
             if name not in self.meshes:
                 raise InputError(f"sharding refers to mesh @{name}, which is not defined",
                                  info.loc, self.file)
-            return self.meshes[name]
-        return mesh_from_attr(attr)
+            mesh = self.meshes[name]
+        else:
+            mesh = mesh_from_attr(attr)
+        problem = too_many_devices(mesh.num_devices)
+        if problem:
+            raise InputError(problem, info.loc, self.file)
+        return mesh
 
     def _tiling(self, sharding, mesh: Mesh, info: OpInfo) -> tuple[tuple[str, ...], ...]:
         tensor = sdy.TensorShardingAttr(sharding)

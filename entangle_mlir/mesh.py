@@ -6,6 +6,18 @@ import itertools
 import math
 from dataclasses import dataclass
 
+MAX_DEVICES = 1 << 22
+"""The most devices a program may run on (4194304). Tensors and layouts are symbolic in the
+device, but some facts are tables over every device (partition_id's values, permutations,
+the tiles of a per-device program's shardings): a bigger mesh is bad input, not gigabytes."""
+
+
+def too_many_devices(count: int) -> str | None:
+    """The bad-input message for a mesh of `count` devices, None if it is within the limit."""
+    if count <= MAX_DEVICES:
+        return None
+    return f"a mesh of {count} devices exceeds the supported {MAX_DEVICES}"
+
 
 @dataclass(frozen=True)
 class Mesh:
