@@ -173,26 +173,36 @@ def _reachable(module: ir.Module, func: ir.Operation) -> list[ir.Operation]:
 
 
 def _check_partitioned_shapes(program: Program) -> None:
-    """A per-device program's parameters tiled `t` ways along a dim hold a `1/t` block of the
-    reference's dim; one still of the reference's size is a module before partitioning."""
-    from .per_device import parameter_shardings
+    """A per-device program's parameters and results tiled `t` ways along a dim hold a `1/t`
+    block of the reference's dim (padded up: a dim of size 1 stays 1); one still of the
+    reference's size is a module before partitioning."""
+    from .per_device import parameter_shardings, result_shardings
 
     file = program.sharded_file
-    ref_args = list(program.ref_func.regions[0].blocks[0].arguments)
-    sh_args = list(program.sharded_func.regions[0].blocks[0].arguments)
-    shardings = parameter_shardings(program.sharded_module, program.sharded_func)
-    for i, (a, b, text) in enumerate(zip(ref_args, sh_args, shardings)):
-        tiles = _tiles(text) if text else []
-        full = list(ir.RankedTensorType(a.type).shape)
-        local = list(ir.RankedTensorType(b.type).shape)
-        if len(full) != len(local) or len(tiles) < len(full):
-            continue
-        if any(t > 1 and n == g and g > 0 for n, g, t in zip(local, full, tiles)):
-            raise InputError(f"the sharded program is a module before SPMD partitioning: "
-                             f"argument #{i} is sharded {text} but still has the reference's "
-                             f"global shape {_fmt(tensor_type(b.type))}; "
-                             + PARTITIONED_GUIDANCE,
-                             op_location(program.sharded_func, file), file)
+
+    def result_types(func):
+        return list(ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).results)
+
+    ref_args = [a.type for a in program.ref_func.regions[0].blocks[0].arguments]
+    sh_args = [a.type for a in program.sharded_func.regions[0].blocks[0].arguments]
+    ref_results, sh_results = result_types(program.ref_func), result_types(program.sharded_func)
+    values = [("argument", ref_args, sh_args,
+               parameter_shardings(program.sharded_module, program.sharded_func)),
+              ("result", ref_results, sh_results,
+               result_shardings(program.sharded_module, program.sharded_func, len(sh_results)))]
+    for what, refs, shs, shardings in values:
+        for i, (a, b, text) in enumerate(zip(refs, shs, shardings)):
+            tiles = _tiles(text) if text else []
+            full = list(ir.RankedTensorType(a).shape)
+            local = list(ir.RankedTensorType(b).shape)
+            if len(full) != len(local) or len(tiles) < len(full):
+                continue
+            if any(t > 1 and n == g > 1 for n, g, t in zip(local, full, tiles)):
+                raise InputError(f"the sharded program is a module before SPMD partitioning: "
+                                 f"{what} #{i} is sharded {text} but still has the reference's "
+                                 f"global shape {_fmt(tensor_type(b))}; "
+                                 + PARTITIONED_GUIDANCE,
+                                 op_location(program.sharded_func, file), file)
 
 
 def _tiles(text: str) -> list[int]:
