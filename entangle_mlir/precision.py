@@ -79,7 +79,7 @@ def integer_exact_below(dtype: str) -> int | None:
     return None if fmt is None else 1 << fmt[0]
 
 
-def round_to(value: Fraction | int | float, dtype: str) -> Fraction | float:
+def round_to(value: Fraction | float, dtype: str) -> Fraction | float:
     """`value` rounded to float `dtype`, to nearest with ties to even, exactly (no double
     rounding through float64); beyond the largest finite value, +-inf. Infinities and NaN
     are returned as they are."""
