@@ -33,6 +33,7 @@ import math
 import numpy as np
 from jaxlib.mlir import ir
 
+from . import precision
 from .ir import erase_dead
 from .opinfo import constant_value, reducer_kind
 
@@ -756,6 +757,21 @@ def _kinds(value, memo: dict) -> int:
     return memo[value]
 
 
+def _may_overflow(op: ir.Operation) -> bool:
+    """A convert to a float type whose range is smaller than its source's (f32 -> f16,
+    i32 -> f8): a finite value can round to +-inf."""
+    source = str(ir.RankedTensorType(op.operands[0].type).element_type)
+    target = str(ir.RankedTensorType(op.results[0].type).element_type)
+    if not precision.rounds(source, target):
+        return False
+    if source in precision.INT_BITS:
+        width, signed = precision.INT_BITS[source]
+        limit = precision.FLOAT_FORMATS.get(target, (0, 0, 0))[2]
+        return (width - 1 if signed else width) > limit
+    wide, narrow = precision.FLOAT_FORMATS.get(source), precision.FLOAT_FORMATS.get(target)
+    return wide is None or narrow is None or wide[2] > narrow[2]
+
+
 def _outer_operand(value):
     """The operand of the shard_map (`sdy.manual_computation`) whose body argument `value`
     is (None for any other value)."""
@@ -786,6 +802,8 @@ def _kinds_of(value, op: ir.Operation | None, memo: dict) -> int:
         return 0
     if name == "stablehlo.select" and _finite_test(op.operands[0], op.operands[1]):
         return args[2]
+    if name == "stablehlo.convert" and _may_overflow(op):
+        return _union(args) | _NEG | _POS
     if name in _CARRY:
         return _union(args[1:] if name == "stablehlo.select" else args)
     if name == "chlo.top_k":

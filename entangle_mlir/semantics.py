@@ -19,8 +19,10 @@ Arrays are numpy arrays of dtype `object`. An element is one of
   when the caller feeds floats, as the grounding tests against XLA do);
 * a z3 expression (`ArithRef` of sort Real or Int, `BoolRef` for `i1`).
 
-The semantics is exact real arithmetic, as in the design: rounding, dtype widths and NaN are out
-of scope. Transcendental functions (exp, log, tanh, ...) are z3 *uninterpreted functions*
+The semantics is exact real arithmetic, as in the design: float sums and products may be
+regrouped, NaN is out of scope. A convert that rounds (f32 -> bf16, i32 -> f32; see
+`precision.py`) is the uninterpreted function `round_<dtype>` on symbolic elements and exact
+rounding on numbers, never the identity. Transcendental functions (exp, log, tanh, ...) are z3 *uninterpreted functions*
 Real -> Real on symbolic elements, so a proof never depends on a property of tanh that a rule
 did not state; on floats they are the `math` functions, and inside `random_functions()` they
 are deterministic pseudo-random rational functions (an interpretation of the uninterpreted
@@ -44,6 +46,7 @@ from functools import reduce as _fold
 import numpy as np
 import z3
 
+from . import precision
 from .mesh import Mesh
 from .opinfo import OpInfo, TensorType
 from .terms import Term, post_order
@@ -576,8 +579,25 @@ def convert(a: Element, src: str, dst: str) -> Element:
             return a
         return int(a)
     if is_z3(a) and a.is_int():
-        return z3.ToReal(a)
+        a = z3.ToReal(a)
+    if precision.rounds(src, dst):
+        return round_to(a, dst)
     return a
+
+
+def round_to(a: Element, dtype: str) -> Element:
+    """`a` rounded to float `dtype` (a narrowing convert): exactly on numbers, an
+    uninterpreted function `round_<dtype>` on z3 terms, so no proof takes it for the
+    identity."""
+    if is_z3(a):
+        z = _num(a)
+        return uninterpreted(f"round_{dtype}")(z3.ToReal(z) if z.is_int() else z)
+    value = _pynum(a)
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    rounded = precision.round_to(value, dtype)
+    return rounded if isinstance(rounded, float) else (
+        float(rounded) if isinstance(value, float) else rounded)
 
 
 # ----- array helpers --------------------------------------------------------------------------
@@ -1570,6 +1590,8 @@ def _evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
     if op in ELEMENTWISE:
         named = {"comparison_direction": attrs[0]} if op == "stablehlo.compare" and attrs else {}
         src = [a.dtype for a in term.args]
+        if op == "stablehlo.convert" and attrs:
+            src = [attrs[0]]  # the dtype the operand was computed in (its term may say less)
         if op in ("stablehlo.maximum", "stablehlo.minimum", "stablehlo.and", "stablehlo.or",
                   "stablehlo.xor") and len(args) > 2:
             fn = ELEMENTWISE[op]

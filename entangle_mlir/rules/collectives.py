@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from .. import precision
 from ..layout import Opaque, Permuted, Rel, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
@@ -77,6 +78,10 @@ def _all_reduce_one(info: OpInfo, x: Value, axes: tuple[str, ...], kind: str,
     if reduced and x.kind != kind:
         return Opaque(f"all_reduce {verb} over {axes_str(axes)} but the value is a partial "
                       f"{x.kind}: the reduction kind is wrong", category="wrong_reducer")
+    if reduced and kind == "sum":
+        lost = _sum_precision(info, x, axes, ctx)
+        if lost is not None:
+            return lost
     replicated_axes = [a for a in axes if a not in reduced]
     if x.partial and replicated_axes and (kind != "sum" or x.kind != "sum"):
         return Opaque(f"all_reduce {verb} over {axes_str(replicated_axes)} mixes the pieces of "
@@ -93,6 +98,21 @@ def _all_reduce_one(info: OpInfo, x: Value, axes: tuple[str, ...], kind: str,
     remaining = tuple(a for a in x.partial if a not in reduced)
     return replace(x, term=term, partial=remaining, kind=x.kind if remaining else "",
                    partial_origin=x.partial_origin if remaining else None)
+
+
+def _sum_precision(info: OpInfo, x: Rel, axes, ctx: RuleContext) -> Opaque | None:
+    """A collective summing partial sums in `info`'s element type: lower precision than the
+    type the reference computes the sum in is precision lost; a sum in a narrow float type
+    that the reference also computes in it is regrouped (liberty 1), and the report says so."""
+    dtype, wanted = info.result_types[0].dtype, x.term.dtype
+    name = info.name.split(".")[-1]
+    if precision.lower_precision(dtype, wanted):
+        return Opaque(f"precision lost: {name} sums over {axes_str(axes)} in {dtype} where the "
+                      f"reference sums in {wanted}", category="precision_lost")
+    if precision.lower_precision(dtype, "f32"):
+        ctx.note(f"float sums regrouped in {dtype}: {name} adds {dtype} partial sums of a "
+                 f"sum the reference also computes in {dtype} (float sums may be regrouped)")
+    return None
 
 
 def _reduce_unit_blocks(x: Rel, axes: tuple[str, ...], kind: str, ctx: RuleContext
@@ -175,6 +195,10 @@ def reduce_scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> lis
     if x.partial and x.kind != "sum":
         return [Opaque(f"reduce_scatter sums a partial {x.kind}", category="wrong_reducer")]
     reduced = [a for a in axes if a in x.partial]
+    if reduced:
+        lost = _sum_precision(info, x, axes, ctx)
+        if lost is not None:
+            return [lost]
     replicated_axes = [a for a in axes if a not in x.partial]
     term = x.term
     if replicated_axes:

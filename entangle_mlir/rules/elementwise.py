@@ -10,6 +10,7 @@ import math
 from dataclasses import replace
 from fractions import Fraction
 
+from .. import precision
 from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
@@ -162,6 +163,15 @@ def _partial_result(info: OpInfo, rels: list[Rel], ctx: RuleContext
     if name == "stablehlo.convert":
         if _exact_convert(info):
             return rels, axes, kind
+        source, target = info.operand_types[0].dtype, info.result_types[0].dtype
+        if precision.rounds(source, target):
+            if kind in ("max", "min"):
+                return rels, axes, kind  # rounding is monotone: it commutes with max and min
+            return Opaque(
+                f"precision lost: convert {source} -> {target} rounds each device's partial "
+                f"sum over {axes_str(axes)} to {target}, so the sum over devices is computed "
+                f"in {target} where the reference computes it in {first.term.dtype}",
+                category="precision_lost")
         return nonlinear
     if name == "stablehlo.negate":
         flipped = {"sum": "sum", "max": "min", "min": "max"}[kind]
@@ -281,36 +291,77 @@ def _folded(info: OpInfo, rels: list[Rel]) -> Term | None:
 
 
 def _exact_convert(info: OpInfo) -> bool:
-    """Converts that are the identity on the exact real value: to a float type, between integer
-    types, or from booleans. Float -> int truncates: a nonlinear op."""
+    """Converts that are the identity on values: every value of the source type is one of
+    the target's (`precision.exact_convert`: bf16 -> f32, i16 -> f32, booleans), or between
+    integer types. Float -> int truncates (a nonlinear op); f32 -> bf16 and i32 -> f32 round."""
     source, target = info.operand_types[0], info.result_types[0]
-    return (target.is_float or target.dtype == source.dtype or source.dtype == "i1"
+    return (precision.exact_convert(source.dtype, target.dtype)
             or (source.is_int and target.is_int))
+
+
+_STORED = frozenset({"arg", "splat", "dense", "iota", "stablehlo.convert"})
+_MOVES = frozenset({"broadcast", "reshape", "transpose", "slice", "concatenate", "pad",
+                    "reverse"})
+
+
+def _computed(term: Term) -> bool:
+    """The term is arithmetic (not only stored values moved around): widening it leaves a
+    value computed in the narrower type, which a proof must not take for one computed in the
+    wider type."""
+    stack, seen = [term], set()
+    while stack:
+        top = stack.pop()
+        if top.serial in seen or top.op in _STORED:
+            continue
+        if top.op not in _MOVES:
+            return True
+        seen.add(top.serial)
+        stack.extend(top.args)
+    return False
 
 
 def _build_term(info: OpInfo, terms: list[Term], ctx: RuleContext) -> Term:
     rtype = info.result_types[0]
     if info.name == "stablehlo.convert":
-        source = info.operand_types[0]
+        source = info.operand_types[0].dtype
         if _exact_convert(info):
-            if rtype.dtype != source.dtype:
-                ctx.note(f"convert {source.dtype} -> {rtype.dtype} is treated as exact "
-                         "(real-number semantics)")
-            return _retyped(terms[0], rtype.dtype) or terms[0]
+            if precision.lower_precision(source, rtype.dtype) and _computed(terms[0]):
+                # the boundary where bf16 arithmetic enters f32: exact, but kept in the term
+                ctx.hint(f"precision lost: the value was computed in {source} (convert "
+                         f"{source} -> {rtype.dtype} after it) where the reference computes it "
+                         f"in {rtype.dtype}", "precision_lost")
+                return make_elementwise(info.name, (terms[0],), (source,), dtype=rtype.dtype)
+            return _retyped(terms[0], rtype.dtype, source) or terms[0]
+        if precision.rounds(source, rtype.dtype):
+            constant = _retyped(terms[0], rtype.dtype, source)
+            if constant is not None:
+                return constant
+            ctx.hint(f"precision lost: convert {source} -> {rtype.dtype} rounds to "
+                     f"{rtype.dtype} where the reference does not", "precision_lost")
+            return make_elementwise(info.name, (terms[0],), (source,), dtype=rtype.dtype)
     return make_elementwise(info.name, tuple(terms), _term_attrs(info), dtype=rtype.dtype)
 
 
-def _retyped(term: Term, dtype: str) -> Term | None:
-    """An exactly converted constant position (iota, splat, and their broadcasts and
-    reshapes) in the new dtype: `arange(n).astype(f32)` is jax's float iota."""
+def _retyped(term: Term, dtype: str, source: str) -> Term | None:
+    """A converted constant position (iota, splat, and their broadcasts and reshapes) in the
+    new dtype, when the convert keeps its values or rounds them to known constants:
+    `arange(n).astype(f32)` is jax's float iota (exact while n <= 2^24), `f32(0.1)` in bf16
+    is the rounded constant."""
     if term.dtype == dtype or dtype == "i1" or term.dtype == "i1":
         return None
     if term.op == "iota":
-        return make_iota(term.shape, term.attrs[0], dtype)
+        limit = precision.integer_exact_below(dtype) if precision.is_float(dtype) else None
+        if precision.exact_convert(source, dtype) or (
+                limit is not None and max(term.shape) <= limit):
+            return make_iota(term.shape, term.attrs[0], dtype)
+        return None
     if term.op == "splat":
-        return make_splat(splat_value(term), term.shape, dtype)
+        value = splat_value(term)
+        if precision.rounds(source, dtype):
+            value = precision.round_to(value, dtype)
+        return make_splat(value, term.shape, dtype)
     if term.op in ("broadcast", "reshape") and len(term.args) == 1:
-        inner = _retyped(term.args[0], dtype)
+        inner = _retyped(term.args[0], dtype, source)
         if inner is None:
             return None
         if term.op == "broadcast":

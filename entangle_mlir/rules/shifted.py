@@ -13,6 +13,7 @@ import itertools
 from dataclasses import replace
 from fractions import Fraction
 
+from .. import precision
 from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value
 from ..mesh import axes_str
 from ..opinfo import OpInfo
@@ -112,8 +113,9 @@ def elementwise_shifted(info: OpInfo, operands: list[Value], ctx: RuleContext,
         return unsupported
     if name == "stablehlo.select" and len(operands) == 3 and isinstance(operands[0], Shifted):
         return [device_select(info, operands, ctx, plain)]
-    if name == "stablehlo.convert" and info.result_types[0].is_float or (
-            name == "stablehlo.convert" and info.result_types[0].is_int):
+    if name == "stablehlo.convert" and (info.result_types[0].is_int or (
+            info.result_types[0].is_float
+            and not precision.rounds(info.operand_types[0].dtype, info.result_types[0].dtype))):
         (x,) = operands
         inner = plain(info, [x.rel], ctx)
         return _wrap(inner, x.offsets, ctx)
