@@ -841,9 +841,7 @@ def _kinds_of(value, op: ir.Operation | None, memo: dict) -> int:
 
 def _replaces(scatter: ir.Operation) -> bool:
     """The scatter's update computation returns the update (a plain write)."""
-    body = scatter.regions[0].blocks[0]
-    ops = list(body.operations)
-    return len(ops) == 1 and len(ops[0].operands) == 1 and ops[0].operands[0] == body.arguments[1]
+    return reducer_kind(scatter) == "replace"
 
 
 def _finite_test(pred, value) -> bool:

@@ -1272,9 +1272,7 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
     attrs = {**info.attrs, **overrides}
     if info.name == "stablehlo.scatter" and not (attrs.get("reducer") or attrs.get("update")):
         # the reduced OpInfo has no MLIR op to read the update region from
-        from .rules.gather_scatter import scatter_kind
-
-        attrs["reducer"] = scatter_kind(info)
+        attrs["reducer"] = S.scatter_kind(info)
     if info.name == "stablehlo.constant":
         value = np.asarray(attrs["value"])
         attrs["value"] = np.full(new_res[0], value.reshape(-1)[0] if value.size else 0,

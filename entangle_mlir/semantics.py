@@ -45,7 +45,7 @@ import numpy as np
 import z3
 
 from .mesh import Mesh
-from .opinfo import OpInfo, TensorType
+from .opinfo import OpInfo, TensorType, scatter_kind
 from .terms import Term, post_order
 
 Element = object
@@ -1231,23 +1231,6 @@ def _op_gather(info: OpInfo, operands: list[Array]) -> list[Array]:
     dims = dimension_numbers(info.attrs, "dimension_numbers")
     return [gather(obj_array(operands[0]), obj_array(operands[1]), dims,
                    info.attrs["slice_sizes"], _result_shape(info))]
-
-
-def scatter_kind(info: OpInfo) -> str:
-    """"replace" when the update region returns the update, else its reducer."""
-    kind = info.attrs.get("reducer") or info.attrs.get("update")
-    if kind:
-        return kind
-    op = info.op
-    if op is not None:
-        block = op.regions[0].blocks[0]
-        body = list(block.operations)
-        if len(body) == 1 and list(body[0].operands) == [block.arguments[1]]:
-            return "replace"
-        from .opinfo import reducer_kind
-
-        return reducer_kind(op)
-    raise SemanticsError("scatter without a known update computation")
 
 
 def _op_scatter(info: OpInfo, operands: list[Array]) -> list[Array]:

@@ -13,6 +13,7 @@ from ..terms import intern, make_reshape, make_roll, make_transpose, scale
 from .base import RuleContext
 from .common import freeze
 from .reduction import sum_term
+from .reduction import unsupported_reducer as _unsupported_reducer
 from .window import as_window, cyclic_shifts, permute_window
 
 _KIND = {"add": "sum", "max": "max", "min": "min"}
@@ -55,7 +56,7 @@ def all_reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Va
         return [axes] * len(operands)
     reducer = info.attrs.get("reducer", "other")
     if reducer not in _KIND:
-        return [Opaque(f"all_reduce with a '{reducer}' reducer is not supported",
+        return [Opaque(_unsupported_reducer(info),
                        category="unsupported")] * len(operands)
     return [_all_reduce_one(info, x, axes, _KIND[reducer], ctx) for x in operands]
 
@@ -164,7 +165,7 @@ def reduce_scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> lis
         return [x]
     reducer = info.attrs.get("reducer", "other")
     if reducer != "add":
-        return [Opaque(f"reduce_scatter with a '{reducer}' reducer is not supported",
+        return [Opaque(_unsupported_reducer(info),
                        category="unsupported")]
     dim = info.attrs["scatter_dimension"]
     split = set(axes) & set(x.tiled_axes)
