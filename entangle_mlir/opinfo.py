@@ -9,7 +9,8 @@ normalisations:
 * `reduce`, `reduce_window`, `all_reduce`, `reduce_scatter`, `scatter`: `reducer` is `"add"`,
   `"max"`, `"min"`, `"mul"`, `"and"`, `"or"`, `"replace"` (scatter) or `"other"`, the region
   read whole (`region_kind`); for `other`, `region_problem` says what the region does.
-* `compare`: `comparison_direction` is `"EQ"`, `"NE"`, `"LT"`, ...
+* `compare`: `comparison_direction` is `"EQ"`, `"NE"`, `"LT"`, ...; `compare_type` is
+  `"FLOAT"`, `"TOTALORDER"`, `"SIGNED"` or `"UNSIGNED"`, the element type's default when absent.
 * `constant`: `value` is a numpy array, `splat` is True for a splat constant.
 * collectives: `replica_groups` / `source_target_pairs` are lists of lists of ints.
 * dense i64 arrays become tuples, integer attributes ints.
@@ -51,8 +52,8 @@ class OpInfo:
 
     def signature(self) -> tuple:
         """Hashable key of the attributes (for caching rule-instance checks). A collective's
-        channel number is left out (XLA numbers every collective; no rule or semantics reads
-        it), so the 2nd..Nth layer's all_reduce is a cache hit as it is in shard_map form."""
+        channel number is left out when positive (XLA numbers every collective; only whether it
+        is positive changes the meaning, `groups.py`), so the 2nd..Nth layer's all_reduce is a cache hit as it is in shard_map form."""
         items = []
         for key in sorted(self.attrs):
             value = self.attrs[key]
@@ -66,7 +67,8 @@ class OpInfo:
         return (self.name, tuple(items))
 
 
-_CHANNEL_NUMBER = re.compile(r"handle = \d+")
+_CHANNEL_NUMBER = re.compile(r"handle = [1-9]\d*")
+"""A positive channel number (0 means no channel: another grouping, `groups.py`)."""
 
 _REDUCERS = {"stablehlo.add": "add", "stablehlo.maximum": "max", "stablehlo.minimum": "min",
              "stablehlo.multiply": "mul", "stablehlo.and": "and", "stablehlo.or": "or"}
@@ -270,6 +272,40 @@ _DIRECTION = re.compile(r"comparison_direction\s+(\w+)")
 _CMP_TYPE = re.compile(r"comparison_type\s+(\w+)")
 
 
+def default_compare_type(dtype: str) -> str:
+    """The `compare_type` StableHLO requires for an element type (spec C3: SIGNED for signed
+    integers, UNSIGNED for unsigned ones and booleans, FLOAT, or TOTALORDER, for floats)."""
+    if dtype == "i1" or dtype.startswith("ui"):
+        return "UNSIGNED"
+    if dtype.startswith(("i", "si")):
+        return "SIGNED"
+    return "FLOAT"
+
+
+def allowed_compare_types(dtype: str) -> tuple[str, ...]:
+    """The compare types XLA accepts for an element type (its HLO verifier rejects others)."""
+    default = default_compare_type(dtype)
+    return ("FLOAT", "TOTALORDER") if default == "FLOAT" else (default,)
+
+
+def compare_type(op) -> str:
+    """A `stablehlo.compare`'s compare type: the attribute, or the default of its operands'
+    element type when absent (what XLA uses then). It is part of what the op computes:
+    TOTALORDER orders -0 before +0 (and NaNs), FLOAT does not."""
+    if "compare_type" in op.attributes:
+        match = _CMP_TYPE.search(str(op.attributes["compare_type"]))
+        if match:
+            return match.group(1)
+    return default_compare_type(tensor_type(op.operands[0].type).dtype)
+
+
+def compare_is_default(info: OpInfo) -> bool:
+    """A compare whose compare type is its element type's default (FLOAT, SIGNED, ...)."""
+    dtype = info.operand_types[0].dtype if info.operand_types else "f32"
+    return info.attrs.get("compare_type", default_compare_type(dtype)) == \
+        default_compare_type(dtype)
+
+
 def constant_value(attr):
     """(numpy array, is_splat) of a constant's `value` attribute."""
 
@@ -321,9 +357,7 @@ def describe(op, default_file: str = "-") -> OpInfo:
     elif name == "stablehlo.compare":
         text = str(attributes["comparison_direction"])
         attrs["comparison_direction"] = _DIRECTION.search(text).group(1)
-        if "compare_type" in attributes:
-            match = _CMP_TYPE.search(str(attributes["compare_type"]))
-            attrs["compare_type"] = match.group(1) if match else ""
+        attrs["compare_type"] = compare_type(op)
     elif name in _REDUCING:
         attrs["reducer"], why = region_kind(op)
         if why:

@@ -651,7 +651,7 @@ def iota_interval(pred: Term) -> tuple[int, int, int] | None:
         if any(p is None for p in parts) or len({p[0] for p in parts}) != 1:
             return None
         return parts[0][0], max(p[1] for p in parts), min(p[2] for p in parts)
-    if pred.op != "stablehlo.compare" or len(pred.args) != 2 or not pred.attrs:
+    if pred.op != "stablehlo.compare" or len(pred.args) != 2 or len(pred.attrs) != 1:
         return None
     a, b = pred.args
     direction = pred.attrs[0]

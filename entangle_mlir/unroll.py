@@ -30,7 +30,7 @@ from jaxlib.mlir import ir
 
 from .idioms import _shape
 from .ir import ops_in_order
-from .opinfo import constant_value
+from .opinfo import compare_type, constant_value
 
 MAX_TRIPS = 16
 """Longest ring loop unrolled (a ring has one step per device of its mesh axis)."""
@@ -104,8 +104,10 @@ def _trip_count(loop: ir.Operation) -> int | None:
         return None
     index = args.index(counter)
     width = _integer_width(counter)
+    if width is None:
+        return None
     signed = _signed_comparison(compare, counter)
-    if width is None or signed is None:
+    if signed is None:
         return None
     limit, start = _constant_int(bound), _constant_int(loop.operands[index])
     if limit is not None and start is not None:
@@ -124,14 +126,9 @@ def _trip_count(loop: ir.Operation) -> int | None:
 
 def _signed_comparison(compare: ir.Operation, counter) -> bool | None:
     """Whether `compare` orders integers as signed (True) or unsigned (False); None for a
-    float or total-order comparison."""
-    if "compare_type" in compare.attributes:
-        kind = str(compare.attributes["compare_type"])
-        if "UNSIGNED" in kind:
-            return False
-        return True if "SIGNED" in kind else None
-    element = ir.IntegerType(ir.RankedTensorType(counter.type).element_type)
-    return not element.is_unsigned
+    float or total-order comparison (its compare type, the element type's default when the
+    attribute is absent: `opinfo.compare_type`)."""
+    return {"SIGNED": True, "UNSIGNED": False}.get(compare_type(compare))
 
 
 def _as_compared(value: int, width: int, signed: bool) -> int:
