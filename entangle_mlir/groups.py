@@ -52,8 +52,10 @@ class GroupError(ValueError):
 def has_channel(attrs: dict) -> bool:
     """A channel id > 0 (the spec's `channel_id > 0`; XLA treats handle 0 as no channel)."""
     handle = attrs.get("channel_handle")
-    if handle is None:
+    if handle is None or isinstance(handle, bool):
         return False
+    if isinstance(handle, int):
+        return handle > 0
     match = _HANDLE.search(str(handle))
     return match is not None and int(match.group(1)) > 0
 
@@ -61,8 +63,8 @@ def has_channel(attrs: dict) -> bool:
 def strategy(name: str, attrs: dict) -> str:
     """The process-grouping strategy of a collective (table `GROUPED`)."""
     with_global, with_channel, without = GROUPED[name]
-    if attrs.get("use_global_device_ids"):
-        if not has_channel(attrs) or with_global is None:
+    if attrs.get("use_global_device_ids") and with_global is not None:  # else no such attr
+        if not has_channel(attrs):
             raise GroupError("use_global_device_ids without a channel_handle (handle > 0): "
                              "XLA rejects it")
         return with_global
@@ -129,7 +131,8 @@ def _int_groups(value, name: str) -> list[list[int]]:
         return []
     if isinstance(value, str):
         raise GroupError(f"{_short(name)}: groups {value!r} are not a dense list of ids")
-    return [[int(d) for d in group] for group in value if len(group)]
+    groups = [[int(d) for d in group if int(d) != -1] for group in value]
+    return [g for g in groups if g]  # -1 pads groups of unequal sizes in a dense attribute
 
 
 def _check_partition(groups: list[list[int]], span: int, mode: str, name: str) -> None:

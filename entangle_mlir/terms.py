@@ -1358,6 +1358,8 @@ def pretty(term: Term, depth: int = 6, names: dict[int, str] | None = None) -> s
         k, result = term.attrs
         return f"top_k({sub[0]}, k={k}).{'indices' if result else 'values'}"
     name = term.op.split(".")[-1]
+    if term.op == "stablehlo.compare" and len(term.attrs) > 1:
+        name += f"[{term.attrs[1]}]"  # a compare type other than the element type's default
     return f"{name}({', '.join(sub)})"
 
 

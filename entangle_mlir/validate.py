@@ -37,18 +37,20 @@ def grid(module: ir.Module) -> tuple[int, int | None]:
 def validate_module(module: ir.Module, file: str) -> None:
     """Raise `InputError` at the first op XLA would reject (see the module docstring)."""
     replicas, partitions = grid(module)
-    has_collectives = []
+    compares, has_collectives = [], []
 
-    def visit(op):
+    def visit(op):  # (an exception raised inside a walk would surface as a RuntimeError)
         op = op.operation
         name = op.name
         if name == "stablehlo.compare":
-            _check_compare(op, file)
+            compares.append(op)
         elif name in GROUPED:
             has_collectives.append(op)
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
+    for op in compares:
+        _check_compare(op, file)
     if not has_collectives:
         return
     if replicas > 1 and partitions is not None and partitions > 1:
