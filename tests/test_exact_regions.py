@@ -422,8 +422,8 @@ def _roll() -> Example:
 
 @pytest.mark.parametrize("edit, message", [
     (lambda t: t.replace("[3, 0]]", "[3, 7]]"),
-     "partition id 7 in source_target_pairs [[0, 1], [1, 2], [2, 3], [3, 7]] is outside the "
-     "4 partitions"),
+     ("partition id 7 in source_target_pairs [[0, 1], [1, 2], [2, 3], [3, 7]] is outside the "
+     "4 partitions")),
     (lambda t: re.sub(r"channel_handle = #stablehlo\.channel_handle<handle = \d+, type = \d+>, ",
                       "", t), "replica id 1 in source_target_pairs"),
 ], ids=["target-outside-the-mesh", "no-channel-pairs-are-replica-ids"])

@@ -474,7 +474,7 @@ def test_instance_cache_key_ignores_only_the_channel_number() -> None:
     def all_reduce(handle: int, groups) -> OpInfo:
         return OpInfo("stablehlo.all_reduce", {
             "channel_handle": f"#stablehlo.channel_handle<handle = {handle}, type = 0>",
-            "replica_groups": groups, "use_global_device_ids": True, "channel_handle": 1, "reducer": "add"})
+            "replica_groups": groups, "use_global_device_ids": True, "reducer": "add"})
 
     assert all_reduce(1, [[0, 1]]).signature() == all_reduce(7, [[0, 1]]).signature()
     assert all_reduce(1, [[0, 1]]).signature() != all_reduce(1, [[0], [1]]).signature()
