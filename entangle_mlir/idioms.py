@@ -35,7 +35,7 @@ from jaxlib.mlir import ir
 
 from . import precision
 from .ir import erase_dead
-from .opinfo import constant_value, reducer_kind
+from .opinfo import compare_type, constant_value, reducer_kind
 
 _MOVES = ("stablehlo.broadcast_in_dim", "stablehlo.reshape")
 _MOVES_AND_TRANSPOSES = (*_MOVES, "stablehlo.transpose")
@@ -417,8 +417,12 @@ def _same_on_group(m_value, collective: ir.Operation) -> bool:
     producer = _def(root)
     if producer is None or producer.name != "stablehlo.all_reduce":
         return False
+    from .groups import has_channel
+
     return all(_attr_text(producer, name) == _attr_text(collective, name)
-               for name in ("replica_groups", "use_global_device_ids"))
+               for name in ("replica_groups", "use_global_device_ids")) and has_channel(
+        {"channel_handle": _attr_text(producer, "channel_handle")}) == has_channel(
+        {"channel_handle": _attr_text(collective, "channel_handle")})
 
 
 def _attr_text(op: ir.Operation, name: str) -> str | None:
@@ -857,9 +861,7 @@ def _kinds_of(value, op: ir.Operation | None, memo: dict) -> int:
 
 def _replaces(scatter: ir.Operation) -> bool:
     """The scatter's update computation returns the update (a plain write)."""
-    body = scatter.regions[0].blocks[0]
-    ops = list(body.operations)
-    return len(ops) == 1 and len(ops[0].operands) == 1 and ops[0].operands[0] == body.arguments[1]
+    return reducer_kind(scatter) == "replace"
 
 
 def _finite_test(pred, value) -> bool:
@@ -963,17 +965,38 @@ def _gathered_max_finite(op: ir.Operation, memo: dict) -> bool:
     found = _row_witnesses(inner.operands[0], tuple(_max_reduce(inner)), memo)
     if found is True:
         return True
-    if found is None or "replica_groups" not in op.attributes:
+    if found is None:
         return False
-    groups = np.array(ir.DenseIntElementsAttr(op.attributes["replica_groups"]))
-    if groups.size == 0:  # no groups: one group of every device
-        groups = np.arange(len(found)).reshape(1, -1)
-    for group in groups.reshape(len(groups), -1):
-        members = [int(d) for d in group if d >= 0]
+    groups = _device_groups(op, len(found))
+    if groups is None:
+        return False
+    for members in groups:
         if any(d >= len(found) for d in members) or not np.logical_or.reduce(
                 [found[d] for d in members]).all():
             return False
     return True
+
+
+def _device_groups(op: ir.Operation, devices: int) -> list[list[int]] | None:
+    """The groups of device ids (partition ids, or replica ids in a program run as replicas)
+    a collective combines, as StableHLO defines them (`groups.process_groups`); None when
+    the grid is not one of those two."""
+    from .groups import GroupError, process_groups
+    from .opinfo import describe
+
+    module = op
+    while module is not None and module.name != "builtin.module":
+        module = module.parent
+        module = module.operation if module is not None else None
+    attrs = module.attributes if module is not None else {}
+    replicas = ir.IntegerAttr(attrs["mhlo.num_replicas"]).value \
+        if "mhlo.num_replicas" in attrs else 1
+    if replicas not in (1, devices):
+        return None
+    try:
+        return process_groups(op.name, describe(op).attrs, replicas, devices // replicas)
+    except GroupError:
+        return None
 
 
 def _on_every_device(value, at: ir.Operation) -> list[np.ndarray] | None:
@@ -1139,6 +1162,8 @@ def _apply(op: ir.Operation, args: list[np.ndarray], ids: dict[str, int],
         return np.where(*args)
     if name == "stablehlo.compare":
         direction = str(op.attributes["comparison_direction"]).split()[-1].rstrip(">")
+        if compare_type(op) == "TOTALORDER":
+            return None  # numpy compares floats as FLOAT does
         return _COMPARE[direction](*args) if direction in _COMPARE else None
     if name == "stablehlo.broadcast_in_dim":
         return _index_map_step(args[0], op)

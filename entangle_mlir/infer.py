@@ -56,6 +56,7 @@ from .rules.common import check_local_shapes, freeze, resize
 from .rules.elementwise import ELEMENTWISE_RULES
 from .rules.window import settle as _window_settle
 from .terms import LOOP_BODY_TERMS, Term, intern, make_arg, make_loopvar, make_splat, splat_value
+from .validate import grid
 
 _TERMINATORS = ("func.return", "stablehlo.return", "sdy.return")
 _TRANSPARENT = ("mhlo.copy", "stablehlo.optimization_barrier", "sdy.sharding_constraint",
@@ -171,6 +172,9 @@ class Walker:
             err.file = err.file or self.file
             raise
         mesh = synthesize_mesh(count, everything)
+        replicas, partitions = grid(self.module)
+        if replicas > 1 and (partitions or 1) == 1 and replicas == mesh.num_devices:
+            mesh = replace(mesh, replicas=replicas)  # device ids are replica ids
         self.walk.mesh = mesh
         ctx = RuleContext(mesh, mesh.names, reference=self.reference)
         info = OpInfo("func.func", loc=op_location(self.func, self.file), op=None)

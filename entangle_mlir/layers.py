@@ -31,6 +31,7 @@ always come from the op-by-op walk.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -257,7 +258,9 @@ def _attributes(op: ir.Operation, texts: dict) -> tuple:
     for i in range(len(attributes)):
         named = attributes[i]
         name = named.name
-        text = "channel" if name == "channel_handle" else _type_text(named.attr, texts)
+        text = _type_text(named.attr, texts)
+        if name == "channel_handle" and not re.search(r"handle = 0\b", text):
+            text = "channel"  # XLA numbers every collective; only a 0 handle means no channel
         found.append((name, text))
     return tuple(sorted(found))
 

@@ -21,9 +21,17 @@ def too_many_devices(count: int) -> str | None:
 
 @dataclass(frozen=True)
 class Mesh:
-    """Named axes with sizes; device ids are row-major over the axes (jax's default order)."""
+    """Named axes with sizes; device ids are row-major over the axes (jax's default order).
+    `replicas` > 1 for a program run as replicas (one partition, `mhlo.num_replicas` devices):
+    device ids are then replica ids, which decides how collectives read their groups
+    (`groups.py`)."""
 
     axes: tuple[tuple[str, int], ...]
+    replicas: int = 1
+
+    @property
+    def partitions(self) -> int:
+        return self.num_devices // self.replicas
 
     @property
     def names(self) -> tuple[str, ...]:

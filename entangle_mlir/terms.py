@@ -651,7 +651,7 @@ def iota_interval(pred: Term) -> tuple[int, int, int] | None:
         if any(p is None for p in parts) or len({p[0] for p in parts}) != 1:
             return None
         return parts[0][0], max(p[1] for p in parts), min(p[2] for p in parts)
-    if pred.op != "stablehlo.compare" or len(pred.args) != 2 or not pred.attrs:
+    if pred.op != "stablehlo.compare" or len(pred.args) != 2 or len(pred.attrs) != 1:
         return None
     a, b = pred.args
     direction = pred.attrs[0]
@@ -1358,6 +1358,8 @@ def pretty(term: Term, depth: int = 6, names: dict[int, str] | None = None) -> s
         k, result = term.attrs
         return f"top_k({sub[0]}, k={k}).{'indices' if result else 'values'}"
     name = term.op.split(".")[-1]
+    if term.op == "stablehlo.compare" and len(term.attrs) > 1:
+        name += f"[{term.attrs[1]}]"  # a compare type other than the element type's default
     return f"{name}({', '.join(sub)})"
 
 

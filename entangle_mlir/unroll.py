@@ -30,7 +30,7 @@ from jaxlib.mlir import ir
 
 from .idioms import _shape
 from .ir import erase_dead, op_key, ops_in_order
-from .opinfo import constant_value
+from .opinfo import compare_type, constant_value
 
 MAX_TRIPS = 16
 """Longest ring loop unrolled (a ring has one step per device of its mesh axis)."""
@@ -147,14 +147,9 @@ def _trip_count(loop: ir.Operation) -> int | None:
 
 def _signed_comparison(compare: ir.Operation, counter) -> bool | None:
     """Whether `compare` orders integers as signed (True) or unsigned (False); None for a
-    float or total-order comparison."""
-    if "compare_type" in compare.attributes:
-        kind = str(compare.attributes["compare_type"])
-        if "UNSIGNED" in kind:
-            return False
-        return True if "SIGNED" in kind else None
-    element = ir.IntegerType(ir.RankedTensorType(counter.type).element_type)
-    return not element.is_unsigned
+    float or total-order comparison (its compare type, the element type's default when the
+    attribute is absent: `opinfo.compare_type`)."""
+    return {"SIGNED": True, "UNSIGNED": False}.get(compare_type(compare))
 
 
 def _as_compared(value: int, width: int, signed: bool) -> int:

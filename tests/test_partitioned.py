@@ -535,15 +535,17 @@ def test_dense_replica_groups(groups: str, proven: bool) -> None:
     assert report.proven is proven, report.render_text()
 
 
-def test_replica_groups_without_global_device_ids_are_not_proven() -> None:
+def test_replica_groups_without_a_channel_are_bad_input() -> None:
+    from entangle_mlir.diagnostics import InputError
+
     # With a channel handle and no use_global_device_ids, the groups list partition ids within
     # each replica (one replica here): still the same devices, so this may prove; without the
-    # channel handle they would be replica ids (cross-replica), which is never proven.
+    # channel handle they are replica ids (cross-replica), out of range with one replica.
+    # (XLA refuses replica ids beyond the one replica: bad input, test_exact_regions.py)
     text = sharded_rows(global_ids=False).replace(
         "channel_handle = #stablehlo.channel_handle<handle = 1, type = 0>, ", "")
-    report = check_texts(REF_ROWS, text, verify_rules=False)
-    assert not report.proven
-    assert "replica ids" in report.diagnostics[0].message
+    with pytest.raises(InputError, match="no channel_handle, so the groups are replica ids"):
+        check_texts(REF_ROWS, text, verify_rules=False)
 
 
 # ----- HLO dumps through the CLI ----------------------------------------------------------------

@@ -13,7 +13,7 @@ from fractions import Fraction
 from .. import precision
 from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
 from ..mesh import axes_str
-from ..opinfo import OpInfo
+from ..opinfo import OpInfo, compare_is_default
 from ..terms import (
     Term,
     make_broadcast,
@@ -214,8 +214,12 @@ def _partial_result(info: OpInfo, rels: list[Rel], ctx: RuleContext
 
 
 def _term_attrs(info: OpInfo) -> tuple:
+    """A compare's term attributes: its direction, and its compare type unless it is the
+    element type's default (a TOTALORDER compare is another op than a FLOAT one)."""
     if info.name == "stablehlo.compare":
-        return (info.attrs["comparison_direction"],)
+        if compare_is_default(info):
+            return (info.attrs["comparison_direction"],)
+        return (info.attrs["comparison_direction"], info.attrs["compare_type"])
     return ()
 
 
@@ -225,6 +229,9 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
     if constant_pred is not None:
         return [operands[1] if constant_pred else operands[2]]
     if not all(type(v) is Rel for v in operands):
+        if info.name == "stablehlo.compare" and not compare_is_default(info):
+            return [Opaque(f"compare ({info.attrs['compare_type']}) of device-dependent values "
+                           "is not supported", category="unsupported")]
         if any(isinstance(v, DEVICE_BLOCK_VALUES) for v in operands):
             return blocks.elementwise(info, operands, ctx, elementwise)
         if any(isinstance(v, Windowed) for v in operands):
