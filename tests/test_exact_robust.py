@@ -329,7 +329,8 @@ def test_collective_permute_outside_the_mesh(write, pairs, shape, device) -> Non
                                 "      sdy.return %1 : tensor<2x4xf32>", permute)
     assert text != COMBINED_ADD
     path = write("permute.mlir", text)
-    _bad_input(check(path), f"{path}:10:", f"name device {device}, outside the mesh's 4 devices")
+    _bad_input(check(path), f"{path}:10:", f"partition id {device} in source_target_pairs",
+               "is outside the 4 partitions")
 
 
 # --- vacuous verdicts: nothing sharded, the wrong dump ------------------------------------------
