@@ -4,7 +4,7 @@
 // MLIR's verifier cannot (it does not know the device count). Bad input at the op (exit 2);
 // it was an internal KeyError in the permute rule, reported as "not proven".
 
-// CHECK: collective_permute_outside_mesh.mlir:18:10: error: collective_permute: source_target_pairs name device 9, outside the mesh's 4 devices (tp=4)
+// CHECK: collective_permute_outside_mesh.mlir:18:10: error: collective_permute: partition id 9 in source_target_pairs {{.*}} is outside the 4 partitions
 // CHECK-NOT: verified
 
 sdy.mesh @mesh = <["tp"=4]>
