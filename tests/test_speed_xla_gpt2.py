@@ -175,7 +175,7 @@ def test_xla_gpt2_block_is_proven_with_every_instance_checked() -> None:
     assert all(np.allclose(out[0], want, rtol=1e-4, atol=1e-4) for out in outs)
     report = check_texts(ref_text, per_device)
     assert report.proven, report.render_text()
-    assert any("float32 rounding" in note for note in report.notes)
+    assert any("XLA's exact constant rounding" in note for note in report.notes)
     counts = report.stats["rule_instances"]
     assert counts["skipped"] == counts["refuted"] == counts["unknown"] == 0, counts
 
@@ -210,8 +210,9 @@ def test_xla_stack_reuses_its_layers_up_to_rounding() -> None:
     assert report.proven, report.render_text()
     assert "sharded regions summarized" in report.stats.get("layers reused", ""), report.stats
     assert not report.stats["layers reused"].endswith(" 0 sharded regions summarized")
-    assert any("a summarized layer reads the sharded value as the reference's, which it "
-               "equals up to float32 rounding" in note for note in report.notes), report.notes
+    assert any(note.startswith("proven assuming XLA's exact constant rounding (a summarized "
+                               "layer reads the sharded value as the reference's")
+               for note in report.notes), report.notes
 
 
 def test_xla_stack_with_one_changed_layer_is_not_proven() -> None:
