@@ -17,7 +17,12 @@ from .layout import GLOBAL, DeviceScalar, Opaque, Rel, layout_words
 from .mesh import Mesh, axes_str
 from .report import NOT_PROVEN, PROVEN, OutputResult, Report
 from .rounding import ASSUMPTION as ROUNDING
-from .rounding import describe_rounded, equal_up_to_rounding
+from .rounding import (
+    constant_differences,
+    describe_difference,
+    describe_rounded,
+    equal_up_to_rounding,
+)
 from .rules.elementwise import ELEMENTWISE_RULES
 from .rules.reordered import MIXED_ORDERS
 from .terms import (
@@ -602,6 +607,9 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
         reason = (f"{record.info.name.split('.')[-1]} computes {pretty(term, 3)}, which the "
                   "reference never computes")
     notes = [Diagnostic("note", message, where), *_counterpart_note(record, reference)]
+    differing = constant_differences(want, got)
+    if differing:
+        notes.append(Diagnostic("note", describe_difference(differing[0]), record.loc))
     return Diagnostic("error", reason, record.loc, tuple(notes), category=category), record
 
 

@@ -145,16 +145,22 @@ Rounded = tuple[Fraction, Fraction, str]
 class _Rounding:
     """`equal_up_to_rounding`'s search: memoized, depth- and size-bounded."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, any_constant: bool = False) -> None:
         self.limit = limit
+        self.any_constant = any_constant
         self.memo: dict[tuple[int, int], bool] = {}
         self.found: list[Rounded] = []
 
+    def accepts(self, a, b, dtype: str) -> bool:
+        return a == b or is_rounding_of(b, a, dtype) or (
+            self.any_constant and isinstance(a, Fraction) and isinstance(b, Fraction))
+
     def close(self, a, b, dtype: str) -> bool:
-        """`b` (sharded) is `a` (reference) or `a` rounded to `dtype` (then remembered)."""
+        """`b` (sharded) is `a` (reference) or `a` rounded to `dtype` (then remembered); any
+        other rational too, when looking for `constant_differences`."""
         if a == b:
             return True
-        if not is_rounding_of(b, a, dtype):
+        if not self.accepts(a, b, dtype):
             return False
         if (a, b, dtype) not in self.found:
             self.found.append((a, b, dtype))
@@ -218,8 +224,8 @@ class _Rounding:
         unused = list(right)
         for k, a in left:
             for n, (m, b) in enumerate(unused):
-                if a.op == b.op and a.shape == b.shape and (
-                        k == m or is_rounding_of(m, k, dtype)) and self.equal(a, b, depth + 1):
+                if a.op == b.op and a.shape == b.shape and self.accepts(k, m, dtype) and (
+                        self.equal(a, b, depth + 1)):
                     self.close(k, m, dtype)
                     del unused[n]
                     break
@@ -238,6 +244,28 @@ def equal_up_to_rounding(a: Term, b: Term, limit: int = 200_000) -> list[Rounded
     if not search.equal(a, b):
         return None
     return search.found
+
+
+def constant_differences(a: Term, b: Term, limit: int = 20_000) -> list[Rounded] | None:
+    """For a diagnostic only: the constants in which sharded `b` differs from reference `a`
+    when they are otherwise the same computation (`x * 0.00130208349` for `x / 768`: close, but
+    not the float32 rounding of 1/768), else None."""
+    search = _Rounding(limit, any_constant=True)
+    if not search.equal(a, b):
+        return None
+    return [p for p in search.found if not is_rounding_of(p[1], p[0], p[2])]
+
+
+def describe_difference(pair: Rounded) -> str:
+    """Why a sharded constant is not the reference's, in words."""
+    reference, sharded, dtype = pair
+    rounded = round_to(reference, dtype)
+    if rounded is None:
+        return (f"the sharded constant {_exact_text(sharded)} is not the reference's "
+                f"{_exact_text(reference)} ({dtype} constants compare exactly)")
+    return (f"the sharded constant {float(sharded):.9g} is not the reference's "
+            f"{_exact_text(reference)}, nor its rounding to {_DTYPE_NAMES[dtype]} "
+            f"({float(rounded):.9g}): constants compare exactly")
 
 
 _DTYPE_NAMES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16"}

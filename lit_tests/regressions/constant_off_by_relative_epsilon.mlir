@@ -8,7 +8,9 @@
 // tests/test_exact_constants.py (executed: the numbers differ).
 
 // CHECK-DAG: note: result #0 differs from the reference
+// CHECK-DAG: note: the sharded constant 1000000400 is not the reference's 1000000000 (i32 constants compare exactly)
 // CHECK-DAG: note: result #1 differs from the reference
+// CHECK-DAG: note: the sharded constant 0.00130208349 is not the reference's 1/768, nor its rounding to float32 (0.00130208337): constants compare exactly
 // CHECK: not proven:
 // CHECK-NOT: constant rounding
 
