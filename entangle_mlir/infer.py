@@ -453,9 +453,11 @@ class Walker:
         if term.serial in index.rounded:
             from .rounding import ASSUMPTION, describe_rounded
 
-            self.walk.notes.append(
-                f"proven assuming {ASSUMPTION} (a summarized layer reads the sharded value as "
-                f"the reference's: {describe_rounded(index.rounded[term.serial])})")
+            pairs = index.rounded[term.serial]
+            if pairs:  # none: the same value spelled otherwise (x / sqrt(8.0) vs x / 2.82842708)
+                self.walk.notes.append(
+                    f"proven assuming {ASSUMPTION} (a summarized layer reads the sharded value "
+                    f"as the reference's: {describe_rounded(pairs)})")
             return
         for assumption in index.valid_indices.assumed_for(term) or ["valid indices"]:
             self.walk.notes.append(f"proven assuming {assumption} (a summarized "
