@@ -246,14 +246,23 @@ def equal_up_to_rounding(a: Term, b: Term, limit: int = 200_000) -> list[Rounded
     return search.found
 
 
+NEAR = Fraction(1, 1 << 10)
+"""For diagnostics only (never a proof): constants within this relative distance are named as
+a near miss, where a 'k x the reference' message alone would hide that they are constants."""
+
+
 def constant_differences(a: Term, b: Term, limit: int = 20_000) -> list[Rounded] | None:
     """For a diagnostic only: the constants in which sharded `b` differs from reference `a`
-    when they are otherwise the same computation (`x * 0.00130208349` for `x / 768`: close, but
-    not the float32 rounding of 1/768), else None."""
+    when they are otherwise the same computation and every such constant is a near miss
+    (`x * 0.00130208349` for `x / 768`: close, but not the float32 rounding of 1/768), else
+    None."""
     search = _Rounding(limit, any_constant=True)
     if not search.equal(a, b):
         return None
-    return [p for p in search.found if not is_rounding_of(p[1], p[0], p[2])]
+    found = [p for p in search.found if not is_rounding_of(p[1], p[0], p[2])]
+    if not all(abs(s - r) <= NEAR * max(abs(r), abs(s)) for r, s, _ in found):
+        return None
+    return found
 
 
 def describe_difference(pair: Rounded) -> str:
