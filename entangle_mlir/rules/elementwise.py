@@ -13,7 +13,6 @@ from fractions import Fraction
 from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
-from ..rounding import round_to
 from ..terms import (
     Term,
     make_broadcast,
@@ -303,16 +302,13 @@ def _build_term(info: OpInfo, terms: list[Term], ctx: RuleContext) -> Term:
 
 def _retyped(term: Term, dtype: str) -> Term | None:
     """An exactly converted constant position (iota, splat, and their broadcasts and
-    reshapes) in the new dtype: `arange(n).astype(f32)` is jax's float iota; a splat converted
-    to a float dtype is its value rounded to that dtype, exactly (`f32 0.1 -> bf16`)."""
+    reshapes) in the new dtype: `arange(n).astype(f32)` is jax's float iota."""
     if term.dtype == dtype or dtype == "i1" or term.dtype == "i1":
         return None
     if term.op == "iota":
         return make_iota(term.shape, term.attrs[0], dtype)
     if term.op == "splat":
-        value = splat_value(term)
-        rounded = round_to(value, dtype) if isinstance(value, Fraction) else None
-        return make_splat(value if rounded is None else rounded, term.shape, dtype)
+        return make_splat(splat_value(term), term.shape, dtype)
     if term.op in ("broadcast", "reshape") and len(term.args) == 1:
         inner = _retyped(term.args[0], dtype)
         if inner is None:
