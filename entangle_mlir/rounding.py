@@ -67,17 +67,13 @@ def round_to(value: Fraction, dtype: str) -> Fraction | float | None:
 
 def is_rounding_of(sharded, reference, dtype: str) -> bool:
     """`sharded` is exactly `reference` rounded to `dtype` (and differs from it): the one
-    relation between a sharded and a reference constant a proof accepts besides equality."""
+    relation between a sharded and a reference constant a proof accepts besides equality. A
+    rounding that overflows to infinity or underflows to zero is not accepted: it changes what
+    the value can be, not its last bits."""
     if not isinstance(reference, Fraction) or sharded == reference:
         return False
     rounded = round_to(reference, dtype)
-    return rounded is not None and rounded == sharded
-
-
-def reciprocal_rounding(sharded, divisor, dtype: str) -> bool:
-    """`sharded` is `fl(1 / divisor)` in `dtype`: XLA's `x / c -> x * fl(1 / c)`."""
-    return isinstance(divisor, Fraction) and divisor != 0 and is_rounding_of(
-        sharded, 1 / divisor, dtype)
+    return isinstance(rounded, Fraction) and rounded != 0 and rounded == sharded
 
 
 def _sqrt_rounded(value: Fraction, dtype: str) -> Fraction | None:

@@ -93,6 +93,23 @@ def test_round_to_f32_does_not_round_twice() -> None:
     assert round_to(above, "f32") == 1 + Fraction(1, 2 ** 23)
 
 
+def test_round_to_edges() -> None:
+    """Subnormals round on their fixed grid (ties to even), overflow gives infinity; a rounding
+    to infinity or to zero is never accepted as a constant's rounding; integers never round."""
+    from entangle_mlir.rounding import is_rounding_of
+
+    tiny = Fraction(1, 2 ** 149)  # the least float32 subnormal
+    assert round_to(tiny * Fraction(3, 2), "f32") == 2 * tiny == Fraction(float(
+        np.float32(float(tiny)) * np.float32(2)))
+    assert round_to(tiny / 2, "f32") == 0 and round_to(Fraction(2) ** 128, "f32") == np.inf
+    assert round_to(Fraction(65520), "f16") == np.inf and round_to(Fraction(65519), "f16") == 65504
+    assert not is_rounding_of(np.inf, Fraction(2) ** 128, "f32")
+    assert not is_rounding_of(Fraction(0), tiny / 4, "f32")
+    assert not is_rounding_of(Fraction(1000000000), Fraction(1000000400), "i32")
+    assert is_rounding_of(Fraction(float(np.float32(0.1))), Fraction(1, 10), "f32")
+    assert not is_rounding_of(Fraction(float(np.float32(0.1))), Fraction(1, 10), "bf16")
+
+
 # ----- attacks: numbers differ, not proven ---------------------------------------------------
 
 def test_int32_addend_off_by_400_is_not_proven() -> None:
@@ -249,8 +266,8 @@ module attributes {mhlo.num_partitions = 4 : i32} {
     # one bfloat16 ulp above it
     ("%c = stablehlo.constant dense<1.005860e-01> : tensor<1xbf16>", False),
     # float32 0.1 + 2^-12 rounds to that next bfloat16 when converted
-    ("%w = stablehlo.constant dense<0.100341797> : tensor<1xf32>\n"
-     "    %c = stablehlo.convert %w : (tensor<1xf32>) -> tensor<1xbf16>", False),
+    (("%w = stablehlo.constant dense<0.100341797> : tensor<1xf32>\n"
+     "    %c = stablehlo.convert %w : (tensor<1xf32>) -> tensor<1xbf16>"), False),
 ])
 def test_converted_constant_is_its_rounding(constant: str, same: bool) -> None:
     """A constant converted to bfloat16 has the bfloat16 value (rounded exactly), not its
