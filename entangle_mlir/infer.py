@@ -460,11 +460,13 @@ class Walker:
         """Say under what a sharded value was taken for a hole's argument it is not."""
         index = self.layers
         if term.serial in index.rounded:
-            shown = ", ".join(f"{float(p):.9g} vs {float(q):.9g}"
-                              for p, q in index.rounded[term.serial][:3])
-            self.walk.notes.append("a summarized layer reads the sharded value as the "
-                                   "reference's, which it equals up to float32 rounding of "
-                                   f"constants (reference vs sharded: {shown})")
+            from .rounding import ASSUMPTION, describe_rounded
+
+            pairs = index.rounded[term.serial]
+            if pairs:  # none: the same value spelled otherwise (x / sqrt(8.0) vs x / 2.82842708)
+                self.walk.notes.append(
+                    f"proven assuming {ASSUMPTION} (a summarized layer reads the sharded value "
+                    f"as the reference's: {describe_rounded(pairs)})")
             return
         for assumption in index.valid_indices.assumed_for(term) or ["valid indices"]:
             self.walk.notes.append(f"proven assuming {assumption} (a summarized "

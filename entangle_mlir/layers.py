@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 
 from jaxlib.mlir import ir
 
-from .terms import Term, equal_up_to_rounding, intern, make_arg, subterms
+from .rounding import equal_up_to_rounding
+from .terms import Term, intern, make_arg, subterms
 
 MIN_PERIOD = 8
 """Shorter repeats are not worth a summary."""
@@ -405,7 +406,8 @@ class LayerIndex:
         return self._simplified.get(simplify(term).serial)
 
     def _rounded_argument(self, term: Term) -> Term | None:
-        """The hole argument `term` equals up to float32 rounding of constants (memoized)."""
+        """The hole argument `term` equals but for constants that are the argument's rounded to
+        their dtype (`equal_up_to_rounding`, memoized)."""
         if term.serial in self._rounding_memo:
             return self._rounding_memo[term.serial]
         if self._by_shape is None:
