@@ -755,7 +755,60 @@ def _kinds(value, memo: dict) -> int:
             continue
         stack.pop()
         memo[top] = memo[outer] if outer is not None else _kinds_of(top, op, memo)
+        if op is not None and op.name in _OVERFLOWING and not memo[top] & (_NEG | _POS) and (
+                op.name in _EXPONENTIALS or op.name in _ELEMENTWISE_ARITHMETIC and any(
+                    _constant(v) for v in op.operands[
+                        1 if op.name == "stablehlo.divide" else 0:])):
+            memo[top] |= _overflow(top, memo)
     return memo[value]
+
+
+_OVERFLOWING = frozenset({
+    "stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
+    "stablehlo.power", "stablehlo.dot_general", "stablehlo.exponential",
+    "stablehlo.exponential_minus_one", "chlo.square", "stablehlo.reduce",
+    "stablehlo.all_reduce", "stablehlo.reduce_scatter", "stablehlo.convert"})
+"""Ops whose result may overflow although their operands are finite: a sum, product or exp
+of finite values is finite only where their ranges say so (`bounds.interval`)."""
+
+
+_ELEMENTWISE_ARITHMETIC = frozenset({"stablehlo.add", "stablehlo.subtract",
+                                     "stablehlo.multiply", "stablehlo.divide"})
+_EXPONENTIALS = frozenset({"stablehlo.exponential", "stablehlo.exponential_minus_one",
+                           "stablehlo.power"})
+
+
+def _constant(value) -> bool:
+    """`value` is a constant, possibly broadcast or reshaped."""
+    root, _ = _root(value)
+    op = _def(root)
+    return op is not None and op.name == "stablehlo.constant"
+
+
+def _positive(value, memo: dict) -> bool:
+    """`value` is bounded away from zero from above (`bounds.interval`)."""
+    from .bounds import interval
+
+    return interval(value, memo.setdefault("bounds", {}))[0] > 0
+
+
+def _overflow(value, memo: dict) -> int:
+    """The infinities `value` may overflow to, from its range in its dtype (`bounds.py`).
+    An exponential may overflow wherever its argument is not bounded above; arithmetic with a
+    constant (`m * 1e38`) where its operands' ranges are finite and its own is not."""
+    from .bounds import interval
+
+    element = ir.RankedTensorType(value.type).element_type
+    if isinstance(element, ir.IntegerType):
+        return 0
+    ranges = memo.setdefault("bounds", {})
+    lo, hi = interval(value, ranges)
+    op = _def(value)
+    if op is not None and op.name not in _EXPONENTIALS and not all(
+            -math.inf < interval(v, ranges)[0] and interval(v, ranges)[1] < math.inf
+            for v in op.operands):
+        return 0
+    return (_NEG if lo == -math.inf else 0) | (_POS if hi == math.inf else 0)
 
 
 def _outer_operand(value):
@@ -807,6 +860,9 @@ def _kinds_of(value, op: ir.Operation | None, memo: dict) -> int:
         a, b = args[0], args[1] if name == "stablehlo.add" else _negated(args[1])
         mixed = (a & _NEG and b & _POS) or (a & _POS and b & _NEG)
         return a | b | (_NAN if mixed else 0)
+    if name == "stablehlo.divide" and not args[0] & (_NEG | _POS) and args[1] & (
+            _NEG | _POS) == _POS and _positive(op.operands[1], memo):
+        return (args[0] | args[1]) & _NAN  # x / +inf = 0: sigmoid as 1 / (1 + exp(-x))
     if name in ("stablehlo.multiply", "stablehlo.divide", "stablehlo.power",
                 "stablehlo.dot_general"):
         both = _union(args)
