@@ -14,6 +14,11 @@ same form:
   is itself the result of an all_reduce over the same devices (the same on all of them: the
   pmax of vocab-parallel cross-entropy).
 
+  These two hold in floating point only where `x` is bounded (`_unshifted_exact`): the
+  shift keeps `exp` finite for large `x`, so a program without it overflows where one with
+  it does not, and the rewrite is refused unless neither form can overflow. (Programs that
+  keep the same shift on both sides need no rewrite: their terms meet as they are.)
+
 * online softmax (flash and ring attention): a running max `max(m, reduce_max(s_i))` and
   accumulators rescaled by `exp(m_old - m_new)` as blocks of scores s_i arrive are the max,
   the exp-sum and the weighted sum over the blocks' concatenation (`concatenate(s_0, ...)`,
@@ -344,6 +349,34 @@ def _finite_shift(m_value) -> bool:
     return not _kinds(m_value, {}) & (_NEG | _POS)
 
 
+def _unshifted_exact(reduce: ir.Operation, sub: ir.Operation, devices: int, scale) -> bool:
+    """The unshifted `sum(exp(x))` equals the shifted form in the dtype too: no exponential
+    on either side overflows, and the largest term does not underflow (`bounds.py`). A
+    max shift exists to keep `exp` finite where `x` is large: rewriting it away is exact
+    only where `x` is bounded (inputs are not), so a program that drops the shift is not
+    taken for one that keeps it (`log(psum(sum(exp(x))))` overflows at x = 100 in float32
+    where the reference's `m + log(sum(exp(x - m)))` does not). `scale`: the `m` of
+    `exp(m)` the shifted sum is multiplied by, if any; `devices`: the terms an all_reduce
+    adds up."""
+    from .bounds import interval, log_largest, log_tiny
+
+    ranges: dict = {}
+    x = sub.operands[0]
+    count = devices * math.prod(_shape(x)[d] for d in _i64s(reduce, "dimensions"))
+    room = log_largest(x) - math.log(max(count, 1))
+    x_lo, x_hi = interval(x, ranges)
+    _, shifted_hi = interval(sub.results[0], ranges)
+    if not (x_hi < room and shifted_hi < room and x_lo > log_tiny(x)):
+        return False
+    return scale is None or interval(scale, ranges)[1] < log_largest(x)
+
+
+def _group(collective: ir.Operation | None) -> int:
+    from .bounds import _group_size
+
+    return 1 if collective is None else _group_size(collective)
+
+
 def _unshifted(reduce: ir.Operation, sub: ir.Operation, at: ir.Operation):
     """`reduce_add(exp(x), D)`, built before `at`."""
     from jaxlib.mlir.dialects import stablehlo
@@ -365,7 +398,7 @@ def _rescaled_exp_sum(mul: ir.Operation) -> int:
             continue
         reduce, _, sub = found
         if not _shift_matches(sub, reduce, scale.operands[0]) or not _finite_shift(
-                scale.operands[0]):
+                scale.operands[0]) or not _unshifted_exact(reduce, sub, 1, scale.operands[0]):
             continue
         new = _unshifted(reduce, sub, mul)
         mul.results[0].replace_all_uses_with(new)
@@ -395,6 +428,8 @@ def _shifted_lse(add: ir.Operation) -> int:
                 add.operands[m]):
             continue
         if collective is not None and not _same_on_group(add.operands[m], collective):
+            continue
+        if not _unshifted_exact(reduce, sub, _group(collective), None):
             continue
         from jaxlib.mlir.dialects import stablehlo
 
