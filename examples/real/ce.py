@@ -40,7 +40,7 @@ def ce_local_max(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """Each shard stabilises with its own max, then exp(m_local) undoes the shift before the
     psum: equal in exact arithmetic, but exp(m_local) overflows for logits above ~88 in
     float32 where the reference's max-shifted log-sum-exp stays finite."""
-    m = jnp.max(logits, axis=-1, keepdims=True)  # BUG: a pmax keeps the shift exact
+    m = jnp.max(logits, axis=-1, keepdims=True)  # a pmax is missing  # BUG
     sum_exp = lax.psum(jnp.sum(jnp.exp(logits - m), axis=-1) * jnp.exp(m[..., 0]), TP)
     target = lax.psum(jnp.sum(labels * logits, axis=-1), TP)
     return jnp.mean(jnp.log(sum_exp) - target)
