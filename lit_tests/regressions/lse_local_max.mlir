@@ -1,4 +1,4 @@
-// RUN: entangle check %s | filecheck %s
+// RUN: not entangle check %s | filecheck %s
 
 // Vocab-parallel log-sum-exp where each shard stabilises with its own max and rescales by
 // exp(m) before the psum (no pmax), against a reference that subtracts the global max:
