@@ -433,7 +433,7 @@ def _same_value(x, y, budget: list[int] | None = None) -> bool:
 
     if x == y:
         return True
-    budget = [256] if budget is None else budget
+    budget = [4096] if budget is None else budget
     budget[0] -= 1
     ox, oy = idioms._def(x), idioms._def(y)
     if budget[0] < 0 or ox is None or oy is None or ox.name != oy.name or x.type != y.type:

@@ -769,12 +769,15 @@ _CARRY = frozenset({
 """Ops whose result holds only values of their operands (the non-finite ones too)."""
 
 
-def _kinds(value, memo: dict) -> int:
+def _kinds(value, memo: dict, overflow: bool = True) -> int:
     """The non-finite values `value` may hold, from the constants and ops that compute it
     (program inputs are finite, a shard_map body's arguments are what it is given; a
     division, rsqrt or power is taken at arguments where it is defined, as in the verifier's
     real-number semantics; log may give -inf). Iterative: the cone of a layer's scores is
-    the whole program before it."""
+    the whole program before it. `overflow`: also the infinities an exp, or arithmetic with
+    a constant, of finite values may overflow to (`_overflow`); without it only those the
+    program builds (masks, log of zero), for the guards of the online softmax's backward
+    (`online_backward.py`, whose telescoped forms are left unchecked for overflow)."""
     stack = [value]
     while stack:
         top = stack[-1]
@@ -790,7 +793,8 @@ def _kinds(value, memo: dict) -> int:
             continue
         stack.pop()
         memo[top] = memo[outer] if outer is not None else _kinds_of(top, op, memo)
-        if op is not None and op.name in _OVERFLOWING and not memo[top] & (_NEG | _POS) and (
+        if overflow and op is not None and op.name in _OVERFLOWING and not memo[top] & (
+                _NEG | _POS) and (
                 op.name in _EXPONENTIALS or op.name in _ELEMENTWISE_ARITHMETIC and any(
                     _constant(v) for v in op.operands[
                         1 if op.name == "stablehlo.divide" else 0:])):
