@@ -265,6 +265,10 @@ def _expected_relation(record: OpRecord) -> Rel | None:
     return first if isinstance(first, Rel) else None
 
 
+ASSUMING = "proven assuming "
+"""How a note states an assumption a proof used; each one is also in `Report.assumptions`."""
+
+
 def compare(ref: Walk, sharded: Walk) -> Report:
     """The verdict for every output; diagnostics point at the first op that went wrong."""
     outputs, diagnostics, foci = [], [], []
@@ -319,7 +323,7 @@ def compare(ref: Walk, sharded: Walk) -> Report:
         diagnostics.append(diagnostic)
         foci.append(_focus(culprit, reference, sharded.mesh, diagnostic.category))
     diagnostics = _name_results(diagnostics, sharded)
-    assumption_notes = [f"proven assuming {assumption} ({_results_words(indices)})"
+    assumption_notes = [f"{ASSUMING}{assumption} ({_results_words(indices)})"
                         for assumption, indices in assumed_for.items()]
     rounding_notes = [(f"proven assuming {ROUNDING} ({_results_words(rounded_for)}: "
                       f"{describe_rounded(rounded_pairs)})")] if rounded_for else []
@@ -337,6 +341,9 @@ def compare(ref: Walk, sharded: Walk) -> Report:
     report = Report(verdict, outputs, unique,
                     list(dict.fromkeys(ref.notes + sharded.notes + rounding_notes
                                       + assumption_notes)), mesh=mesh)
+    for note in report.notes:
+        if note.startswith(ASSUMING):
+            report.assume(note[len(ASSUMING):])
     report.explainer = lambda: _explain_all(sharded)
     report.focus = unique_foci[0] if unique_foci else None
     return report
