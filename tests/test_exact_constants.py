@@ -256,10 +256,9 @@ module attributes {mhlo.num_partitions = 4 : i32} {
 
 
 @pytest.mark.parametrize("constant, same", [
-    # float32 0.1 converted to bfloat16 IS bf16(0.1) = 0.10009765625: the same constant, but
-    # the same bfloat16 constant spelled as a convert of the float32 0.1 (rounded exactly)
-    ("%w = stablehlo.constant dense<1.000000e-01> : tensor<1xf32>\n"
-     "    %c = stablehlo.convert %w : (tensor<1xf32>) -> tensor<1xbf16>", True),
+    # float32 0.1 converted to bfloat16 IS bf16(0.1) = 0.10009765625: the same constant
+    (("%w = stablehlo.constant dense<1.000000e-01> : tensor<1xf32>\n"
+      "    %c = stablehlo.convert %w : (tensor<1xf32>) -> tensor<1xbf16>"), True),
     # one bfloat16 ulp above it
     ("%c = stablehlo.constant dense<1.005860e-01> : tensor<1xbf16>", False),
     # float32 0.1 + 2^-12 rounds to that next bfloat16 when converted
