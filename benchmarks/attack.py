@@ -85,6 +85,9 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=int, default=60, help="seconds per check")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--json", help="write every outcome to this JSON file")
+    ap.add_argument("--shuffle", action="store_true",
+                    help="subjects in a seeded random order (a partial run is a fair sample)")
+    ap.add_argument("--skip", default="", help="a JSON file of an earlier run: skip its subjects")
     args = ap.parse_args(argv)
 
     from entangle_mlir.fuzz.attack import STATUSES, score, subjects
@@ -93,6 +96,14 @@ def main(argv=None) -> int:
     kinds = tuple(k for k in args.kinds.split(",") if k) or None
     tasks = [(src, name, args.per_kind, kinds, args.limit, args.timeout)
              for src, name, _ in subjects(sources, args.only)]
+    if args.skip:
+        with open(args.skip) as f:
+            seen = {s["name"] for s in json.load(f)["subjects"]}
+        tasks = [t for t in tasks if t[1] not in seen]
+    if args.shuffle:
+        import random
+
+        random.Random(0).shuffle(tasks)
     start = time.perf_counter()
     done = []
 

@@ -363,6 +363,23 @@ def attack_programs() -> list:
         local = jnp.prod(jnp.clip(x, -2, 2), axis=1)
         return jnp.prod(lax.all_gather(local, "tp"), axis=0)
 
+    def rounding_ref(x):
+        return jnp.floor(x * 2.5) + jnp.round(x) + jnp.ceil(x)
+
+    def shifts_ref(x):
+        return (x >> 2) + (x.astype(jnp.uint32) >> 3).astype(jnp.int32)
+
+    def log_exp_ref(x):
+        return jnp.log1p(jnp.abs(x)) + jnp.expm1(jnp.minimum(x, 3.0)) + jnp.log(1 + x * x)
+
+    def lse_ref(x):
+        m = jnp.max(x, axis=1)
+        return jnp.log(jnp.sum(jnp.exp(x - m[:, None]), axis=1)) + m
+
+    def lse(x):
+        m = lax.pmax(jnp.max(x, axis=1), "tp")
+        return jnp.log(lax.psum(jnp.sum(jnp.exp(x - m[:, None]), axis=1), "tp")) + m
+
     def same(fn):
         return fn
 
@@ -394,6 +411,14 @@ def attack_programs() -> list:
                "argmax over the unsharded dim (a 2-operand reduce with compares)"),
         custom("atk_unsigned", four, unsigned_ref, same(unsigned_ref), [xi_rows], P("tp", None),
                "uint32 shift and unsigned compare"),
+        custom("atk_rounding", four, rounding_ref, same(rounding_ref), [xf_rows], P("tp", None),
+               "floor, round (half to even) and ceil: ties at .5"),
+        custom("atk_shifts", four, shifts_ref, same(shifts_ref), [xi_rows], P("tp", None),
+               "arithmetic and logical right shifts of int32 / uint32"),
+        custom("atk_log_exp", four, log_exp_ref, same(log_exp_ref), [xf_rows], P("tp", None),
+               "log1p / expm1 / log / exp elementwise"),
+        custom("atk_logsumexp", four, lse_ref, lse, [xf_cols], P(),
+               "max-shifted log-sum-exp by pmax and psum"),
         custom("atk_int_prod", four, prod_ref, prod, [xi_cols], P(),
                "int32 product (reduce multiply) over an all_gather"),
     ]

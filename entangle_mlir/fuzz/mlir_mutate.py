@@ -410,7 +410,7 @@ def mutants(text: str) -> Iterator[tuple[str, str]]:
 # runner can sample a few of each kind from a large program without building every text.
 
 VALUE_KINDS = ("dtype", "int_width", "constant", "compare_type", "compare_dir", "region_return",
-               "reducer", "precision")
+               "reducer", "precision", "reduce_precision", "op_variant")
 
 FLOAT_TYPES = ("f32", "f16", "bf16", "f64")
 INT_TYPES = ("i8", "i16", "i32", "i64", "ui8", "ui16", "ui32", "ui64")
@@ -429,6 +429,18 @@ REDUCER_SWAPS = {
     "multiply": ("add", "maximum"),
     "and": ("or",), "or": ("and", "xor"), "xor": ("or",),
 }
+# ops replaced by a sibling that agrees on many inputs (rounding, shifts, +-1 variants)
+OP_VARIANTS = {
+    "floor": ("ceil", "round_nearest_even"), "ceil": ("floor",),
+    "round_nearest_even": ("round_nearest_afz",), "round_nearest_afz": ("round_nearest_even",),
+    "shift_right_arithmetic": ("shift_right_logical",),
+    "shift_right_logical": ("shift_right_arithmetic",),
+    "exponential": ("exponential_minus_one",), "exponential_minus_one": ("exponential",),
+    "log": ("log_plus_one",), "log_plus_one": ("log",),
+    "remainder": ("divide",), "sign": ("negate",), "not": ("negate",),
+}
+# reduce_precision formats equal to a narrower float type (exponent bits, mantissa bits)
+REDUCE_PRECISION = {"bf16": (8, 7), "f16": (5, 10)}
 COMPARE_TYPES = {"FLOAT": ("TOTALORDER",), "TOTALORDER": ("FLOAT",),
                  "SIGNED": ("UNSIGNED",), "UNSIGNED": ("SIGNED",)}
 DIRECTIONS = ("EQ", "NE", "GE", "GT", "LE", "LT")
@@ -824,6 +836,28 @@ def _sites_at(lines: list[str], i: int):
             kind = "dtype" if e in FLOAT_TYPES and via in FLOAT_TYPES else "int_width"
             yield (kind, f"{name} ({e}) round trip through {via}",
                    lambda ty=ty, via=via: _round_trip(lines, i, name, ty, via, tag), what)
+    if rm and not rm.group(3) and "sdy.manual_computation" not in line:
+        name = rm.group(2)
+        ty = _result_type(lines, i, _span(lines, i))
+        if ty and _elem(ty) == "f32":
+            for fmt, (e_bits, m_bits) in REDUCE_PRECISION.items():
+                def reduce_precision(ty=ty, e_bits=e_bits, m_bits=m_bits, name=name):
+                    end = _span(lines, i)
+                    stop = _scope_end(lines, end)
+                    r = f"%vm{tag}_rp"
+                    ins = f"{_indent(line)}{r} = stablehlo.reduce_precision {name}, format = " \
+                          f"e{e_bits}m{m_bits} : {ty}"
+                    rest = _rename_in(lines, end + 1, stop, name, r)
+                    return rest[:end + 1] + [ins] + rest[end + 1:]
+                yield ("reduce_precision", f"{name} reduce_precision to {fmt} (e{e_bits}m{m_bits})",
+                       reduce_precision, "narrow")
+    om = re.search(r"= stablehlo\.(\w+) ", line)
+    if om and om.group(1) in OP_VARIANTS:
+        for other in OP_VARIANTS[om.group(1)]:
+            def variant(other=other, om=om):
+                return lines[:i] + [line[:om.start(1)] + other + line[om.end(1):]] + \
+                    lines[i + 1:]
+            yield "op_variant", f"{om.group(1)} -> {other}", variant, ""
     # a collective's operand narrowed just before it, and the collective computed narrow
     cm = _COLLECTIVE1.match(line)
     if cm:
