@@ -88,7 +88,10 @@ def main(argv=None) -> int:
     ap.add_argument("--shuffle", action="store_true",
                     help="subjects in a seeded random order (a partial run is a fair sample)")
     ap.add_argument("--skip", default="", help="a JSON file of an earlier run: skip its subjects")
+    ap.add_argument("--merge", nargs="+", help="print the tables of these --json files (no run)")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.merge)
 
     from entangle_mlir.fuzz.attack import STATUSES, score, subjects
 
@@ -146,6 +149,29 @@ def main(argv=None) -> int:
         _dump(args.json, done, total)
     assert set(STATUSES) >= {r["status"] for r in everything}
     return 0 if total["false_proofs"] == 0 and total["crashes"] == 0 else 1
+
+
+def merge(paths: list[str]) -> int:
+    """The tables of earlier runs' JSON files together (a subject counted once: the first)."""
+    from entangle_mlir.fuzz.attack import score
+
+    seen: set[str] = set()
+    everything = []
+    subjects = 0
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        names = {s["name"] for s in data["subjects"]} - seen
+        subjects += len(names)
+        everything += [r for r in data["results"] if r["subject"] in names]
+        seen |= names
+    for line in table(everything, "kind") + [""] + table(everything, "source"):
+        print(line)
+    total = score(everything)
+    print(f"\n{subjects} subjects, {total['mutants']} mutants; differing {total['differing']} "
+          f"(ulp-only {total['differing_ulp']}); FALSE PROOFS {total['false_proofs']} (ulp-only "
+          f"{total['false_proofs_ulp']}); crashes/timeouts {total['crashes']}")
+    return 0
 
 
 def _dump(path: str, done, total) -> None:

@@ -416,7 +416,7 @@ FLOAT_TYPES = ("f32", "f16", "bf16", "f64")
 INT_TYPES = ("i8", "i16", "i32", "i64", "ui8", "ui16", "ui32", "ui64")
 # round trips of an intermediate's element type: (from, via, what it should do to the numbers)
 ROUND_TRIPS = {
-    "f32": (("bf16", "narrow"), ("f16", "narrow"), ("f64", "widen")),
+    "f32": (("bf16", "narrow"), ("f16", "narrow"), ("f64", "widen"), ("i32", "truncate")),
     "i32": (("i8", "narrow"), ("i16", "narrow"), ("f32", "narrow"), ("ui32", "reinterpret"),
             ("i64", "widen")),
     "i64": (("i32", "narrow"),),
@@ -778,7 +778,7 @@ def _precision_sites(lines, i, tag):
     end = _span(lines, i)
     span = lines[i:end + 1]
     whole = "\n".join(span)
-    tm = re.search(r"\) : \((tensor<[^>]*>)\) -> (tensor<[^>]*>)", whole)
+    tm = re.search(r"(?:\)|}>) : \((tensor<[^>]*>)\) -> (tensor<[^>]*>)", whole)
     if not tm or _elem(tm.group(1)) != "f32":
         return
     in_t, out_t = tm.group(1), tm.group(2)
@@ -833,7 +833,7 @@ def _sites_at(lines: list[str], i: int):
         ty = _result_type(lines, i, _span(lines, i))
         e = _elem(ty) if ty else None
         for via, what in ROUND_TRIPS.get(e, ()):
-            kind = "dtype" if e in FLOAT_TYPES and via in FLOAT_TYPES else "int_width"
+            kind = "dtype" if e in FLOAT_TYPES else "int_width"
             yield (kind, f"{name} ({e}) round trip through {via}",
                    lambda ty=ty, via=via: _round_trip(lines, i, name, ty, via, tag), what)
     if rm and not rm.group(3) and "sdy.manual_computation" not in line:
@@ -863,7 +863,7 @@ def _sites_at(lines: list[str], i: int):
     if cm:
         operand = cm.group(4)
         whole = "\n".join(lines[i:_span(lines, i) + 1])
-        tm = re.search(r"\) : \((tensor<[^>]*>)\) -> ", whole)
+        tm = re.search(r"(?:\)|}>) : \((tensor<[^>]*>)\) -> ", whole)
         if tm and _elem(tm.group(1)) == "f32":
             t = tm.group(1)
             for via in ("bf16", "f16"):
