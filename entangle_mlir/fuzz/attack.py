@@ -585,14 +585,15 @@ def judge(g: Grounded, kind: str, desc: str, text: str, timeout: int = CHECK_TIM
     elif err == "input_error":
         out.status = "rejected" if differing else "input_error"
     elif report.proven and differing:
-        again, _, msg2 = timed_check(g.subject.ref_text, text, verify_rules=True,
+        again, err2, msg2 = timed_check(g.subject.ref_text, text, verify_rules=True,
                                         timeout=timeout)
         text2 = " ".join(d.message for d in again.diagnostics) if again is not None else msg2
         if again is not None and again.proven:
             out.status = "false_proof" if out.numbers == "differ" else "false_proof_ulp"
-        elif again is None and "timeout" in msg2 or "_Timeout" in text2:
-            # the alarm of timed_check went off inside the Z3 instance check
-            out.status, out.message = "timeout", "the check with verify_rules=True: " + text2
+        elif err2 in ("crash", "timeout") or "_Timeout" in text2:
+            # (`_Timeout`: the alarm of timed_check went off inside the Z3 instance check)
+            out.status = "timeout" if err2 != "crash" else "crash"
+            out.message = "the check with verify_rules=True: " + text2[-1500:]
         else:
             out.status = "caught_by_z3"
             out.message = (again.diagnostics[0].message[:400] if again is not None and
