@@ -33,13 +33,14 @@ SOURCES = ("attack", "catalog", "partitioned", "real")
 
 
 def _work(task):
-    source, name, per_kind, kinds, limit, timeout = task
+    source, name, per_kind, kinds, limit, timeout, match = task
     from entangle_mlir.fuzz.attack import attack, subjects
 
     start = time.perf_counter()
     try:
         make = next(m for s, n, m in subjects((source,)) if n == name)
-        g, res = attack(make(), per_kind=per_kind, kinds=kinds, timeout=timeout)
+        g, res = attack(make(), per_kind=per_kind, kinds=kinds, timeout=timeout,
+                        select=(lambda site: match in site.desc) if match else None)
     except Exception as err:  # noqa: BLE001 - a subject that cannot be lowered or grounded
         return source, name, [], time.perf_counter() - start, f"{type(err).__name__}: {err}"[:300]
     if limit is not None:
@@ -88,6 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--shuffle", action="store_true",
                     help="subjects in a seeded random order (a partial run is a fair sample)")
     ap.add_argument("--skip", default="", help="a JSON file of an earlier run: skip its subjects")
+    ap.add_argument("--match", default="", help="only mutants whose description contains this")
     ap.add_argument("--merge", nargs="+", help="print the tables of these --json files (no run)")
     args = ap.parse_args(argv)
     if args.merge:
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
 
     sources = tuple(s for s in args.sources.split(",") if s)
     kinds = tuple(k for k in args.kinds.split(",") if k) or None
-    tasks = [(src, name, args.per_kind, kinds, args.limit, args.timeout)
+    tasks = [(src, name, args.per_kind, kinds, args.limit, args.timeout, args.match)
              for src, name, _ in subjects(sources, args.only)]
     if args.skip:
         with open(args.skip) as f:
@@ -152,23 +154,24 @@ def main(argv=None) -> int:
 
 
 def merge(paths: list[str]) -> int:
-    """The tables of earlier runs' JSON files together (a subject counted once: the first)."""
+    """The tables of earlier runs' JSON files together (a mutant counted once: the first)."""
     from entangle_mlir.fuzz.attack import score
 
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
+    subjects: set[str] = set()
     everything = []
-    subjects = 0
     for path in paths:
         with open(path) as f:
             data = json.load(f)
-        names = {s["name"] for s in data["subjects"]} - seen
-        subjects += len(names)
-        everything += [r for r in data["results"] if r["subject"] in names]
-        seen |= names
+        subjects |= {s["name"] for s in data["subjects"]}
+        for r in data["results"]:
+            if (r["subject"], r["mutation"]) not in seen:
+                seen.add((r["subject"], r["mutation"]))
+                everything.append(r)
     for line in table(everything, "kind") + [""] + table(everything, "source"):
         print(line)
     total = score(everything)
-    print(f"\n{subjects} subjects, {total['mutants']} mutants; differing {total['differing']} "
+    print(f"\n{len(subjects)} subjects, {total['mutants']} mutants; differing {total['differing']} "
           f"(ulp-only {total['differing_ulp']}); FALSE PROOFS {total['false_proofs']} (ulp-only "
           f"{total['false_proofs_ulp']}); crashes/timeouts {total['crashes']}")
     return 0

@@ -311,6 +311,9 @@ def attack_programs() -> list:
     def relu_ref(x):
         return jnp.where(x > 0, x, 0.0) + jnp.maximum(x, 0.0)
 
+    def where_zero_ref(x):
+        return jnp.where(x > 0, x, 0.0)
+
     def cumsum_ref(x):
         return lax.cumsum(x, axis=1)
 
@@ -397,6 +400,8 @@ def attack_programs() -> list:
                P("tp", None), "where(x >= y, x, -y): ties"),
         custom("atk_relu_zero", four, relu_ref, same(relu_ref), [xf_rows], P("tp", None),
                "where(x > 0, x, 0) + max(x, 0): signed zeros"),
+        custom("atk_where_zero", four, where_zero_ref, same(where_zero_ref), [xf_rows],
+               P("tp", None), "where(x > 0, x, 0): the zero constant's sign reaches the output"),
         custom("atk_int_cumsum", four, cumsum_ref, same(cumsum_ref), [xi_rows], P("tp", None),
                "int32 cumsum on the unsharded dim (reduce_window)"),
         custom("atk_float_max", four, fmax_ref, fmax, [xf_cols], P(), "max by pmax"),
@@ -610,9 +615,10 @@ def judge(g: Grounded, kind: str, desc: str, text: str, timeout: int = CHECK_TIM
     return out
 
 
-def sample_sites(text: str, per_kind: int | None, seed: int = 0, kinds=None):
-    """The value mutation sites of `text`, at most `per_kind` of each kind (a seeded sample)."""
-    sites = value_sites(text, kinds)
+def sample_sites(text: str, per_kind: int | None, seed: int = 0, kinds=None, select=None):
+    """The value mutation sites of `text` (those `select(site)` keeps), at most `per_kind` of
+    each kind (a seeded sample)."""
+    sites = [s for s in value_sites(text, kinds) if select is None or select(s)]
     if per_kind is None:
         return sites
     by_kind: dict[str, list] = {}
@@ -632,9 +638,7 @@ def attack(subject, per_kind: int | None = None, kinds=None, timeout: int = CHEC
     """Ground a subject and judge (a sample of) its value mutants."""
     g = Grounded(subject, labels)
     results = []
-    for site in sample_sites(subject.text, per_kind, seed, kinds):
-        if select is not None and not select(site):
-            continue
+    for site in sample_sites(subject.text, per_kind, seed, kinds, select):
         text = site.text()
         if text is None:
             continue

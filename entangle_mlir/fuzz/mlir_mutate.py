@@ -587,6 +587,8 @@ def _float_constant_variants(value, dtype: str) -> list[tuple[str, str]]:
                 cands = [c for c in cands if c[0] != what]
                 cands.append((what, np.array(nb & 0xFFFF, dtype=np.uint16).view(
                     ml_dtypes.bfloat16)[()]))
+        if float(value) == 0:
+            cands.append(("sign of zero flipped", -value))
         for k in (20, 10):
             for sgn in (1, -1):
                 cands.append((f"*(1{'+' if sgn > 0 else '-'}2^-{k})",
