@@ -33,14 +33,15 @@ SOURCES = ("attack", "catalog", "partitioned", "real")
 
 
 def _work(task):
-    source, name, per_kind, kinds, limit, timeout, match = task
+    source, name, per_kind, kinds, limit, timeout, match, sides = task
     from entangle_mlir.fuzz.attack import attack, subjects
 
     start = time.perf_counter()
     try:
         make = next(m for s, n, m in subjects((source,)) if n == name)
         g, res = attack(make(), per_kind=per_kind, kinds=kinds, timeout=timeout,
-                        select=(lambda site: match in site.desc) if match else None)
+                        select=(lambda site: match in site.desc) if match else None,
+                        sides=sides)
     except Exception as err:  # noqa: BLE001 - a subject that cannot be lowered or grounded
         return source, name, [], time.perf_counter() - start, f"{type(err).__name__}: {err}"[:300]
     if limit is not None:
@@ -89,6 +90,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shuffle", action="store_true",
                     help="subjects in a seeded random order (a partial run is a fair sample)")
     ap.add_argument("--skip", default="", help="a JSON file of an earlier run: skip its subjects")
+    ap.add_argument("--sides", default="sharded",
+                    help="mutate the sharded program, the reference (kinds ref:*), or both: "
+                         "sharded,reference")
     ap.add_argument("--match", default="", help="only mutants whose description contains this")
     ap.add_argument("--merge", nargs="+", help="print the tables of these --json files (no run)")
     args = ap.parse_args(argv)
@@ -99,7 +103,8 @@ def main(argv=None) -> int:
 
     sources = tuple(s for s in args.sources.split(",") if s)
     kinds = tuple(k for k in args.kinds.split(",") if k) or None
-    tasks = [(src, name, args.per_kind, kinds, args.limit, args.timeout, args.match)
+    sides = tuple(args.sides.split(","))
+    tasks = [(src, name, args.per_kind, kinds, args.limit, args.timeout, args.match, sides)
              for src, name, _ in subjects(sources, args.only)]
     if args.skip:
         with open(args.skip) as f:

@@ -141,22 +141,31 @@ class ShardMapSubject:
         self.text = self.lowered.as_text(debug_info=True)
         ref_lowered = cat.reference_fn(ex).lower(*cat._avals(ex, False))
         self.ref_text = ref_lowered.as_text(debug_info=True)
+        self.ref_lowered = ref_lowered
         self._ref = ref_lowered.compile(compiler_options=FAST_COMPILE)
 
     def reference(self, inputs) -> list[np.ndarray]:
         return [np.asarray(o) for o in jax.tree.leaves(self._ref(*inputs))]
 
-    def compile(self, text: str):
+    def compile_ref(self, text: str):
+        """A mutated reference, compiled with the reference lowering's signature."""
+        return self.compile(text, self.ref_lowered)
+
+    def run_ref(self, compiled, inputs) -> list[np.ndarray]:
+        return [np.asarray(o) for o in jax.tree.leaves(compiled(*inputs))]
+
+    def compile(self, text: str, lowered=None):
         from jax._src.interpreters import mlir as jmlir
         from jax._src.lib.mlir import ir
 
-        comp = self.lowered._lowering
+        lowered = lowered or self.lowered
+        comp = lowered._lowering
         saved = comp._hlo
         try:
             with jmlir.make_ir_context():
                 comp._hlo = ir.Module.parse(text)
             comp._executable = None
-            return self.lowered.compile(compiler_options=FAST_COMPILE)
+            return lowered.compile(compiler_options=FAST_COMPILE)
         finally:
             comp._hlo = saved
             comp._executable = None
@@ -548,17 +557,20 @@ class Grounded:
     def proven(self) -> bool:
         return self.baseline is not None and self.baseline.proven
 
-    def numbers(self, text: str) -> tuple[str, str, str]:
-        """(differ / ulp / same / invalid, the input sets that show it, error message)."""
+    def numbers(self, text: str, side: str = "sharded") -> tuple[str, str, str]:
+        """(differ / ulp / same / invalid, the input sets that show it, error message) of a
+        mutated sharded program, or (`side="reference"`) of a mutated reference."""
+        compile_, run = ((self.subject.compile, self.subject.run) if side == "sharded" else
+                         (self.subject.compile_ref, self.subject.run_ref))
         try:
-            compiled = self.subject.compile(text)
+            compiled = compile_(text)
         except Exception as err:  # noqa: BLE001 - the mutant does not verify or compile
             return "invalid", "", f"{type(err).__name__}: {str(err)[:300]}"
         worst, where = "same", []
         rank = {"same": 0, "ulp": 1, "differ": 2}
         for label, inputs, ref, base in self.sets:
             try:
-                got = self.subject.run(compiled, inputs)
+                got = run(compiled, inputs)
             except Exception as err:  # noqa: BLE001 - e.g. a result of another shape
                 return "invalid", "", f"{type(err).__name__}: {str(err)[:300]}"
             v = numbers_differ(ref, base, got)
@@ -570,17 +582,20 @@ class Grounded:
 
 
 def judge(g: Grounded, kind: str, desc: str, text: str, timeout: int = CHECK_TIMEOUT,
-          keep_text: bool = False) -> AttackOutcome:
-    """Execute and check one mutant; classify it."""
+          keep_text: bool = False, side: str = "sharded") -> AttackOutcome:
+    """Execute and check one mutant (of the sharded program, or of the reference when
+    `side="reference"`: the reference must not be trusted unchecked); classify it."""
     start = time.perf_counter()
     out = AttackOutcome(g.subject.name, kind, desc, "", text=text if keep_text else "")
-    out.numbers, out.inputs, msg = g.numbers(text)
+    ref_text, shd_text = ((g.subject.ref_text, text) if side == "sharded" else
+                          (text, g.subject.text))
+    out.numbers, out.inputs, msg = g.numbers(text, side)
     if out.numbers == "invalid":
         out.status, out.message = "invalid", msg
         out.seconds = time.perf_counter() - start
         return out
     differing = out.numbers in ("differ", "ulp")
-    report, err, msg = timed_check(g.subject.ref_text, text, verify_rules=False, timeout=timeout)
+    report, err, msg = timed_check(ref_text, shd_text, verify_rules=False, timeout=timeout)
     if report is not None and report.diagnostics:
         out.message = report.diagnostics[0].message[:400]
     elif err:
@@ -590,8 +605,7 @@ def judge(g: Grounded, kind: str, desc: str, text: str, timeout: int = CHECK_TIM
     elif err == "input_error":
         out.status = "rejected" if differing else "input_error"
     elif report.proven and differing:
-        again, err2, msg2 = timed_check(g.subject.ref_text, text, verify_rules=True,
-                                        timeout=timeout)
+        again, err2, msg2 = timed_check(ref_text, shd_text, verify_rules=True, timeout=timeout)
         text2 = " ".join(d.message for d in again.diagnostics) if again is not None else msg2
         if again is not None and again.proven:
             out.status = "false_proof" if out.numbers == "differ" else "false_proof_ulp"
@@ -634,15 +648,21 @@ def sample_sites(text: str, per_kind: int | None, seed: int = 0, kinds=None, sel
 
 def attack(subject, per_kind: int | None = None, kinds=None, timeout: int = CHECK_TIMEOUT,
            seed: int = 0, labels=INPUT_SETS, keep_text: bool = False,
-           select=None) -> tuple[Grounded, list[AttackOutcome]]:
-    """Ground a subject and judge (a sample of) its value mutants."""
+           select=None, sides=("sharded",)) -> tuple[Grounded, list[AttackOutcome]]:
+    """Ground a subject and judge (a sample of) its value mutants: of the sharded program,
+    and with `"reference" in sides` of the reference (kinds `ref:<kind>`; shard_map subjects)."""
     g = Grounded(subject, labels)
     results = []
-    for site in sample_sites(subject.text, per_kind, seed, kinds, select):
-        text = site.text()
-        if text is None:
+    for side in sides:
+        if side == "reference" and not hasattr(subject, "compile_ref"):
             continue
-        results.append(judge(g, site.kind, site.desc, text, timeout, keep_text))
+        text0 = subject.text if side == "sharded" else subject.ref_text
+        prefix = "" if side == "sharded" else "ref:"
+        for site in sample_sites(text0, per_kind, seed, kinds, select):
+            text = site.text()
+            if text is not None:
+                results.append(judge(g, prefix + site.kind, site.desc, text, timeout,
+                                     keep_text, side))
     return g, results
 
 
