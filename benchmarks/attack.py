@@ -89,6 +89,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write every outcome to this JSON file")
     ap.add_argument("--shuffle", action="store_true",
                     help="subjects in a seeded random order (a partial run is a fair sample)")
+    ap.add_argument("--reverse", action="store_true",
+                    help="the (shuffled) subjects from the end (a second run meets the first)")
     ap.add_argument("--skip", default="", help="a JSON file of an earlier run: skip its subjects")
     ap.add_argument("--sides", default="sharded",
                     help="mutate the sharded program, the reference (kinds ref:*), or both: "
@@ -114,6 +116,8 @@ def main(argv=None) -> int:
         import random
 
         random.Random(0).shuffle(tasks)
+    if args.reverse:
+        tasks.reverse()
     start = time.perf_counter()
     done = []
 
