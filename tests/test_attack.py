@@ -48,13 +48,8 @@ SAMPLE = {
 }
 
 FIXING = {
-    "dtype": "branch `precision`: a convert that narrows f32 to bf16/f16 is taken as exact",
-    "precision": "branch `precision`: an all_reduce computed in bf16/f16 is taken as exact",
     "int_width": "branch `integers`: a narrowing integer convert (i32 -> i16/i8) is taken as "
                  "exact",
-    "constant": "branch `constants`: constants compare with a relative tolerance",
-    "region_return": "branch `regions`: a reduce/reduce_window region is read by the op inside "
-                     "it, not by what it returns",
 }
 
 
@@ -146,7 +141,8 @@ KNOWN = [
 
 
 @pytest.mark.parametrize("name, what, reason", [
-    pytest.param(*k, marks=pytest.mark.xfail(strict=True, reason=k[2])) for k in KNOWN],
+    pytest.param(*k, marks=pytest.mark.xfail(strict=True, reason=k[2]))
+    if k[2].startswith("integers:") else k for k in KNOWN],
     ids=[f"{k[0]}:{k[1]}" for k in KNOWN])
 def test_known_false_proof_classes(name: str, what: str, reason: str) -> None:
     g = grounded(name)
