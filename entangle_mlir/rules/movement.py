@@ -8,6 +8,8 @@ import itertools
 import math
 from dataclasses import replace
 
+import numpy as np
+
 from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
@@ -35,11 +37,21 @@ from .window import concat_windows, pad_window, padded_window, slice_window, win
 def constant(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     rtype = info.result_types[0]
     value = info.attrs["value"]
-    if info.attrs.get("splat"):
+    if info.attrs.get("splat") and not _negative_zero(value):
         return [splat_rel(value.flat[0] if value.size else 0, rtype.shape, rtype.dtype, ctx)]
     key = hashlib.sha1(repr((value.dtype.str, value.shape)).encode() + value.tobytes()).digest()
     table = value if value.dtype.kind in "iub" and value.size <= 65536 else None
     return [replicated(make_dense(key, rtype.shape, rtype.dtype, table), ctx)]
+
+
+def _negative_zero(value) -> bool:
+    """A float constant holding -0.0: a splat's value is an exact rational, where -0.0 would be
+    +0.0, so it is kept as a constant of its own bytes (`x + -0.0` and `x + 0.0` differ on
+    x = -0.0; a select or pad value of -0.0 gives zeros of the other sign)."""
+    if value.dtype.kind != "f" or not value.size:
+        return False
+    first = value.flat[0]
+    return bool(first == 0 and np.signbit(first))
 
 
 def iota(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
