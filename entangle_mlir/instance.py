@@ -1889,8 +1889,14 @@ def _build(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
     dense: dict[bytes, np.ndarray] = {}
     if info.name == "stablehlo.constant":
         for v in outs:
-            if isinstance(v, Rel) and v.term.op == "dense":
-                dense[v.term.attrs[0]] = S.OP_SEMANTICS["stablehlo.constant"](info, [])[0]
+            if not isinstance(v, Rel):
+                continue
+            value = S.OP_SEMANTICS["stablehlo.constant"](info, [])[0]
+            if v.term.op == "dense":
+                dense[v.term.attrs[0]] = value
+            elif v.term.op == "broadcast" and v.term.args[0].op == "dense" and value.size:
+                scalar = v.term.args[0]  # a splat kept whole, e.g. -0.0 (rules/movement.py)
+                dense[scalar.attrs[0]] = value.reshape(-1)[:1].reshape(scalar.shape)
 
     def resolve(term: Term) -> np.ndarray:
         key = term.attrs[0]

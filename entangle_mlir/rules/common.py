@@ -43,9 +43,14 @@ def replicated(term: Term, ctx: RuleContext, poly: frozenset[int] = frozenset())
 
 def splat_rel(value, shape: tuple[int, ...], dtype: str, ctx: RuleContext) -> Rel:
     """A splat constant: every dim is poly, so it adapts to whatever it is combined with."""
+    return uniform_rel(make_splat(value, shape, dtype), ctx)
+
+
+def uniform_rel(term: Term, ctx: RuleContext) -> Rel:
+    """A value equal at every position (a splat, a broadcast scalar): every dim is poly."""
     is_global = ctx.is_global
-    return Rel(make_splat(value, shape, dtype), ((),) * len(shape),
-               poly=frozenset() if is_global else frozenset(range(len(shape))),
+    return Rel(term, ((),) * len(term.shape),
+               poly=frozenset() if is_global else frozenset(range(len(term.shape))),
                scope=GLOBAL if is_global else "")
 
 

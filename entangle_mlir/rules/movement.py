@@ -30,14 +30,18 @@ from ..terms import (
 )
 from . import blocks, shifted
 from .base import RuleContext
-from .common import freeze, replicated, splat_rel, unify_dims
+from .common import freeze, replicated, splat_rel, uniform_rel, unify_dims
 from .window import concat_windows, pad_window, padded_window, slice_window, window_rowwise
 
 
 def constant(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     rtype = info.result_types[0]
     value = info.attrs["value"]
-    if info.attrs.get("splat") and not _negative_zero(value):
+    if info.attrs.get("splat"):
+        if _negative_zero(value):
+            scalar = make_dense(hashlib.sha1(b"-0.0 " + rtype.dtype.encode()).digest(), (),
+                                rtype.dtype)
+            return [uniform_rel(make_broadcast(scalar, (), rtype.shape), ctx)]
         return [splat_rel(value.flat[0] if value.size else 0, rtype.shape, rtype.dtype, ctx)]
     key = hashlib.sha1(repr((value.dtype.str, value.shape)).encode() + value.tobytes()).digest()
     table = value if value.dtype.kind in "iub" and value.size <= 65536 else None
@@ -45,8 +49,8 @@ def constant(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Valu
 
 
 def _negative_zero(value) -> bool:
-    """A float constant holding -0.0: a splat's value is an exact rational, where -0.0 would be
-    +0.0, so it is kept as a constant of its own bytes (`x + -0.0` and `x + 0.0` differ on
+    """A float splat of -0.0: a splat's value is an exact rational, where -0.0 would be +0.0,
+    so it is a broadcast scalar constant of its own (`x + -0.0` and `x + 0.0` differ on
     x = -0.0; a select or pad value of -0.0 gives zeros of the other sign)."""
     if value.dtype.kind != "f" or not value.size:
         return False
