@@ -10,6 +10,7 @@ import math
 from dataclasses import replace
 from fractions import Fraction
 
+from ..intrange import INT_BITS, exact_convert, fits
 from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
@@ -160,7 +161,7 @@ def _partial_result(info: OpInfo, rels: list[Rel], ctx: RuleContext
     group = ctx.mesh.group_size(axes)
     others = [i for i in range(len(rels)) if i not in partial_idx]
     if name == "stablehlo.convert":
-        if _exact_convert(info):
+        if _convert_keeps_partial(info, kind):
             return rels, axes, kind
         return nonlinear
     if name == "stablehlo.negate":
@@ -187,7 +188,7 @@ def _partial_result(info: OpInfo, rels: list[Rel], ctx: RuleContext
         if isinstance(factor, Fraction) and factor != 0:
             return rels, axes, kind if factor > 0 else flipped[kind]
         return nonlinear
-    if name == "stablehlo.divide" and partial_idx == [0]:
+    if name == "stablehlo.divide" and partial_idx == [0] and not info.result_types[0].is_int:
         if kind == "sum":
             return rels, axes, kind
         factor = splat_value(rels[1].term)
@@ -281,34 +282,66 @@ def _folded(info: OpInfo, rels: list[Rel]) -> Term | None:
 
 
 def _exact_convert(info: OpInfo) -> bool:
-    """Converts that are the identity on the exact real value: to a float type, between integer
-    types, or from booleans. Float -> int truncates: a nonlinear op."""
+    """Converts that keep every value of the operand's dtype: between float types (their
+    precision is judged elsewhere), from booleans, and from an integer type to a type that
+    holds all its values (a narrowing integer convert wraps; an integer above 2^p rounds in a
+    float of p significand bits). Float -> int truncates: a nonlinear op."""
     source, target = info.operand_types[0], info.result_types[0]
-    return (target.is_float or target.dtype == source.dtype or source.dtype == "i1"
-            or (source.is_int and target.is_int))
+    if target.dtype == source.dtype or source.dtype == "i1":
+        return True
+    if source.is_int:
+        return exact_convert(source.dtype, target.dtype)
+    return source.is_float and target.is_float
+
+
+def _convert_keeps_partial(info: OpInfo, kind: str) -> bool:
+    """A convert of a partial sum (max, min) is the partial sum (max, min) of the converted
+    pieces: exactly when it keeps every value and is monotone (max, min; any sum between
+    float types), or, for sums, when it is a narrowing (or same-width) integer convert, which
+    is a ring morphism mod 2^N -> mod 2^M. A widening one is not: the pieces' sum wrapped in
+    the narrow type first."""
+    source, target = info.operand_types[0], info.result_types[0]
+    if source.is_int and kind == "sum":
+        return target.is_int and INT_BITS[target.dtype] <= INT_BITS[source.dtype]
+    return _exact_convert(info)
 
 
 def _build_term(info: OpInfo, terms: list[Term], ctx: RuleContext) -> Term:
     rtype = info.result_types[0]
     if info.name == "stablehlo.convert":
         source = info.operand_types[0]
-        if _exact_convert(info):
-            if rtype.dtype != source.dtype:
-                ctx.note(f"convert {source.dtype} -> {rtype.dtype} is treated as exact "
-                         "(real-number semantics)")
+        if source.dtype == rtype.dtype or source.dtype == "i1":
+            return terms[0]
+        if source.is_float and rtype.is_float:
+            ctx.note(f"convert {source.dtype} -> {rtype.dtype} is treated as exact "
+                     "(real-number semantics)")
             return _retyped(terms[0], rtype.dtype) or terms[0]
+        if source.is_int:
+            # an integer term keeps its dtype's arithmetic (wrap-around): only constant
+            # positions whose every value the new dtype holds are retyped; anything else is
+            # an explicit convert, so no linear form flattens across it
+            retyped = _retyped(terms[0], rtype.dtype)
+            if retyped is not None:
+                return retyped
     return make_elementwise(info.name, tuple(terms), _term_attrs(info), dtype=rtype.dtype)
 
 
 def _retyped(term: Term, dtype: str) -> Term | None:
     """An exactly converted constant position (iota, splat, and their broadcasts and
-    reshapes) in the new dtype: `arange(n).astype(f32)` is jax's float iota."""
+    reshapes) in the new dtype: `arange(n).astype(f32)` is jax's float iota. Only where the
+    new dtype holds every value exactly (an iota of 512 positions in bf16 does not)."""
     if term.dtype == dtype or dtype == "i1" or term.dtype == "i1":
         return None
     if term.op == "iota":
+        if not fits(Fraction(0), Fraction(max(term.shape[0] - 1, 0)), dtype):
+            return None
         return make_iota(term.shape, term.attrs[0], dtype)
     if term.op == "splat":
-        return make_splat(splat_value(term), term.shape, dtype)
+        value = splat_value(term)
+        if not is_float_type(term.dtype) and not (
+                isinstance(value, Fraction) and fits(value, value, dtype)):
+            return None
+        return make_splat(value, term.shape, dtype)
     if term.op in ("broadcast", "reshape") and len(term.args) == 1:
         inner = _retyped(term.args[0], dtype)
         if inner is None:
@@ -317,6 +350,10 @@ def _retyped(term: Term, dtype: str) -> Term | None:
             return make_broadcast(inner, term.attrs[0], term.shape)
         return make_reshape(inner, term.shape)
     return None
+
+
+def is_float_type(dtype: str) -> bool:
+    return dtype.startswith(("f", "bf"))
 
 
 _ELEMENTWISE_OPS = (
