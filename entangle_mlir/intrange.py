@@ -30,6 +30,16 @@ FLOAT_PRECISION = {"f64": 53, "f32": 24, "tf32": 11, "f16": 11, "bf16": 8, "f8E4
 Range = tuple[Fraction, Fraction]
 
 
+def wrap_integer(value: int, dtype: str) -> int:
+    """The value a device computes in `dtype` (two's complement wrap-around, like XLA); other
+    dtypes keep the value."""
+    limits = int_limits(dtype)
+    if limits is None:
+        return value
+    lo, hi = int(limits[0]), int(limits[1])
+    return (value - lo) % (hi - lo + 1) + lo
+
+
 def is_integer_dtype(dtype: str) -> bool:
     return dtype in INT_BITS
 

@@ -10,7 +10,7 @@ import math
 from dataclasses import replace
 from fractions import Fraction
 
-from ..intrange import INT_BITS, exact_convert, fits
+from ..intrange import INT_BITS, exact_convert, fits, wrap_integer
 from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
@@ -99,21 +99,6 @@ def _device_scalar(info: OpInfo, operands: list[Value], ctx: RuleContext) -> lis
     except ZeroDivisionError:
         return [Opaque(f"{info.name} divides by zero on some device", category="unrelated")]
     return [DeviceScalar(tuple(wrap_integer(v, rtype.dtype) for v in values), rtype.shape)]
-
-
-_INT_BITS = {"i8": 8, "i16": 16, "i32": 32, "i64": 64, "si8": 8, "si16": 16, "si32": 32,
-             "si64": 64, "ui8": -8, "ui16": -16, "ui32": -32, "ui64": -64}
-
-
-def wrap_integer(value: int, dtype: str) -> int:
-    """The value a device computes in `dtype` (two's complement wrap-around, like XLA)."""
-    bits = _INT_BITS.get(dtype)
-    if bits is None:
-        return value
-    if bits < 0:
-        return value % (1 << -bits)
-    value %= 1 << bits
-    return value - (1 << bits) if value >= 1 << (bits - 1) else value
 
 
 def _shift_scalar(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
