@@ -1863,6 +1863,8 @@ def _region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, me
     else:
         full = S.evaluate_term(term, env, memo)
         value = S.take(full, tuple(slice(lo, hi) for lo, hi in region))
+    if op in S.WRAPPED_OPS and S.int_limits(term.dtype) is not None:
+        value = S.wrap_node(term, value)  # the window of an integer sum wraps like the whole
     if tuple(value.shape) != tuple(sub):
         raise _Failure("unknown", f"internal: {op} evaluated on a window gave shape "
                        f"{value.shape}, not {tuple(sub)}")

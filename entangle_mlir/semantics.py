@@ -595,7 +595,9 @@ def wrap_int(x: Element, dtype: str, periods: int | None = None) -> Element:
     span = hi - lo + 1
     if is_z3(x):
         if not x.is_int():
-            return x
+            if not x.is_real():
+                return x
+            x = z3.ToInt(x)  # an integer value built with rational constants
         if z3.is_int_value(x):
             return z3.IntVal((x.as_long() - lo) % span + lo)
         if periods is None:
@@ -616,7 +618,7 @@ def wrap_int(x: Element, dtype: str, periods: int | None = None) -> Element:
     return x
 
 
-_WRAPPED_OPS = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply",
+WRAPPED_OPS = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply",
                 "stablehlo.negate", "stablehlo.abs", "stablehlo.divide", "stablehlo.convert",
                 "stablehlo.dot_general", "stablehlo.reduce", "stablehlo.reduce_window",
                 "stablehlo.scatter", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
@@ -634,6 +636,14 @@ def _wrap_array(value: Array, dtype: str, periods: int | None = None) -> Array:
     if int_limits(dtype) is None:
         return value
     return apply(lambda x: wrap_int(x, dtype, periods), value)
+
+
+def wrap_node(term: Term, value: Array) -> Array:
+    """A term node's value in its dtype: integer sums, products, quotients and converts wrap
+    around (`WRAPPED_OPS`)."""
+    if term.op not in WRAPPED_OPS or int_limits(term.dtype) is None:
+        return value
+    return _wrap_array(value, term.dtype, _lin_periods(term))
 
 
 def _lin_periods(term: Term) -> int | None:
@@ -1437,7 +1447,7 @@ OP_SEMANTICS: dict[str, LocalFn] = {
     "stablehlo.optimization_barrier": _op_identity,
 }
 """Local (per-device) semantics: `fn(info, operands) -> results`, keyed by op name."""
-OP_SEMANTICS.update({name: _wrapped_local(OP_SEMANTICS[name]) for name in _WRAPPED_OPS
+OP_SEMANTICS.update({name: _wrapped_local(OP_SEMANTICS[name]) for name in WRAPPED_OPS
                      if name in OP_SEMANTICS})
 
 
@@ -1576,7 +1586,7 @@ COLLECTIVE_SEMANTICS: dict[str, CollectiveFn] = {
 }
 """Cross-device semantics: `fn(info, mesh, operands per device) -> results per device`."""
 COLLECTIVE_SEMANTICS.update({name: _wrapped_collective(COLLECTIVE_SEMANTICS[name])
-                             for name in _WRAPPED_OPS if name in COLLECTIVE_SEMANTICS})
+                             for name in WRAPPED_OPS if name in COLLECTIVE_SEMANTICS})
 
 
 def run_op(info: OpInfo, operands: list[list[Array]], mesh: Mesh | None) -> list[list[Array]]:
@@ -1625,8 +1635,7 @@ def evaluate_term(term: Term, env: TermEnv, memo: dict[int, Array] | None = None
     memo = {} if memo is None else memo
     for top in post_order(term, memo):
         value = _evaluate_node(top, [memo[a.serial] for a in top.args], env)
-        if top.op in _WRAPPED_OPS:
-            value = _wrap_array(value, top.dtype, _lin_periods(top))
+        value = wrap_node(top, value)
         if value.shape != tuple(top.shape):
             raise SemanticsError(f"term {top.op} evaluated to shape {value.shape}, "
                                  f"expected {top.shape}")
@@ -1675,6 +1684,8 @@ def _evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
         return dynamic_slice(args[0], [obj_array(a).reshape(-1)[0] for a in args[1:]], sizes)
     if op == "lin":
         constant, coefs = attrs
+        if is_int_dtype(term.dtype):  # integer coefficients stay in z3's Int sort
+            constant, coefs = _as_int(constant), tuple(_as_int(k) for k in coefs)
         out = full(shape, constant) if constant != 0 else None
         for k, value in zip(coefs, args):
             scaled = value if k == 1 else apply(lambda x, k=k: mul(k, x), value)
