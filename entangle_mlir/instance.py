@@ -2063,6 +2063,8 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                 kind = value.kind
                 reduced = S.apply(lambda *xs, kind=kind: S.combine(kind, list(xs)),
                                   *(results[m][j] for m in group))
+                if kind == "sum":  # the all_reduce that completes it sums in the dtype
+                    reduced = S.wrap_node_dtype(reduced, value.term.dtype)
             else:
                 reduced = results[group[0]][j]
             claims.extend(S.equal(x, y) for x, y in zip(reduced.reshape(-1),

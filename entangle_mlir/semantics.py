@@ -646,6 +646,11 @@ def wrap_node(term: Term, value: Array) -> Array:
     return _wrap_array(value, term.dtype, _lin_periods(term))
 
 
+def wrap_node_dtype(value: Array, dtype: str) -> Array:
+    """`value` (a sum of values of integer `dtype`) as the dtype holds it."""
+    return _wrap_array(value, dtype)
+
+
 def _lin_periods(term: Term) -> int | None:
     """How many ranges of its dtype a `lin` of values of the dtype can leave (None: unknown
     or not a lin): a few exact corrections then replace z3's modulo."""

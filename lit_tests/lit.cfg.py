@@ -19,7 +19,7 @@ bin_dir = os.path.dirname(sys.executable)
 config.environment["PATH"] = os.pathsep.join(
     [bin_dir, config.environment.get("PATH", os.environ.get("PATH", ""))])
 # lit starts tests with a clean environment; pass through what the tools may read.
-for name in ("HOME", "TMPDIR"):
+for name in ("HOME", "TMPDIR", "PYTHONPATH"):
     if name in os.environ:
         config.environment[name] = os.environ[name]
 

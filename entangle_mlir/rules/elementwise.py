@@ -10,7 +10,7 @@ import math
 from dataclasses import replace
 from fractions import Fraction
 
-from ..intrange import INT_BITS, exact_convert, fits, wrap_integer
+from ..intrange import exact_convert, fits, wrap_integer
 from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
@@ -280,14 +280,15 @@ def _exact_convert(info: OpInfo) -> bool:
 
 
 def _convert_keeps_partial(info: OpInfo, kind: str) -> bool:
-    """A convert of a partial sum (max, min) is the partial sum (max, min) of the converted
-    pieces: exactly when it keeps every value and is monotone (max, min; any sum between
-    float types), or, for sums, when it is a narrowing (or same-width) integer convert, which
-    is a ring morphism mod 2^N -> mod 2^M. A widening one is not: the pieces' sum wrapped in
-    the narrow type first."""
-    source, target = info.operand_types[0], info.result_types[0]
-    if source.is_int and kind == "sum":
-        return target.is_int and INT_BITS[target.dtype] <= INT_BITS[source.dtype]
+    """A convert of a partial max (min) is the partial max (min) of the converted pieces when
+    it keeps every value (it is then monotone); a convert of a partial sum between float
+    types is the sum of the converted pieces in real arithmetic. A convert of a partial
+    integer sum is not: a widening one reads the pieces' sum wrapped in the narrow type, a
+    narrowing one is a ring morphism mod 2^N -> mod 2^M but not taken here (Z3 cannot check
+    it cheaply, and no program needs it)."""
+    source = info.operand_types[0]
+    if (source.is_int or source.dtype == "i1") and kind == "sum":
+        return False
     return _exact_convert(info)
 
 
@@ -318,8 +319,9 @@ def _retyped(term: Term, dtype: str) -> Term | None:
     if term.dtype == dtype or dtype == "i1" or term.dtype == "i1":
         return None
     if term.op == "iota":
-        if not fits(Fraction(0), Fraction(max(term.shape[0] - 1, 0)), dtype):
-            return None
+        last = Fraction(max(term.shape[0] - 1, 0))
+        if not (fits(Fraction(0), last, dtype) and fits(Fraction(0), last, term.dtype)):
+            return None  # (an iota of 512 positions in bf16 holds rounded values)
         return make_iota(term.shape, term.attrs[0], dtype)
     if term.op == "splat":
         value = splat_value(term)
