@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .intrange import value_range
+from .intrange import exact_convert, value_range
 from .layers import HOLE_BASE
 from .terms import (
     LOOP_BODY_TERMS,
@@ -66,6 +66,8 @@ def _index_source(term: Term, size: int) -> Term | None:
     """The integer input an index term reads, through data movement and jax's wrap-around
     `select(x < 0, x + size, x)`."""
     while True:
+        if term.op == "stablehlo.convert" and not exact_convert(term.args[0].dtype, term.dtype):
+            break  # a narrowing convert wraps: the index is not the input's value
         if term.op in _PEEL and len(term.args) == 1:
             term = term.args[0]
         elif term.op == "stablehlo.select" and _is_wrap(term, size):
