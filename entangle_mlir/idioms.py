@@ -14,6 +14,11 @@ same form:
   is itself the result of an all_reduce over the same devices (the same on all of them: the
   pmax of vocab-parallel cross-entropy).
 
+  These two hold in floating point only where `x` is bounded (`_unshifted_exact`): the
+  shift keeps `exp` finite for large `x`, so a program without it overflows where one with
+  it does not, and the rewrite is refused unless neither form can overflow. (Programs that
+  keep the same shift on both sides need no rewrite: their terms meet as they are.)
+
 * online softmax (flash and ring attention): a running max `max(m, reduce_max(s_i))` and
   accumulators rescaled by `exp(m_old - m_new)` as blocks of scores s_i arrive are the max,
   the exp-sum and the weighted sum over the blocks' concatenation (`concatenate(s_0, ...)`,
@@ -33,7 +38,9 @@ import math
 import numpy as np
 from jaxlib.mlir import ir
 
-from .opinfo import constant_value, reducer_kind
+from . import precision
+from .ir import erase_dead
+from .opinfo import compare_type, constant_value, reducer_kind
 
 _MOVES = ("stablehlo.broadcast_in_dim", "stablehlo.reshape")
 _MOVES_AND_TRANSPOSES = (*_MOVES, "stablehlo.transpose")
@@ -198,16 +205,13 @@ def _sum_reduce(op: ir.Operation | None) -> bool:
 
 
 def _erase_dead(op: ir.Operation) -> None:
-    """Erase `op` and then its operands' producers that it left without uses."""
-    pending = [op]
-    while pending:
-        op = pending.pop()
-        if any(True for r in op.results for _ in r.uses) or op.name.startswith(
-                ("func.", "sdy.")):
-            continue
-        producers = [_def(v) for v in op.operands]
-        op.erase()
-        pending += [p for p in producers if p is not None]
+    """Erase `op` and then its operands' producers that it left without uses (memory-safe:
+    `ir.erase_dead`)."""
+    erase_dead(op, _erasable)
+
+
+def _erasable(name: str) -> bool:
+    return not name.startswith(("func.", "sdy."))
 
 
 def _copy_attr(src: ir.Operation, dst: ir.Operation, name: str) -> None:
@@ -344,6 +348,34 @@ def _finite_shift(m_value) -> bool:
     return not _kinds(m_value, {}) & (_NEG | _POS)
 
 
+def _unshifted_exact(reduce: ir.Operation, sub: ir.Operation, devices: int, scale) -> bool:
+    """The unshifted `sum(exp(x))` equals the shifted form in the dtype too: no exponential
+    on either side overflows, and the largest term does not underflow (`bounds.py`). A
+    max shift exists to keep `exp` finite where `x` is large: rewriting it away is exact
+    only where `x` is bounded (inputs are not), so a program that drops the shift is not
+    taken for one that keeps it (`log(psum(sum(exp(x))))` overflows at x = 100 in float32
+    where the reference's `m + log(sum(exp(x - m)))` does not). `scale`: the `m` of
+    `exp(m)` the shifted sum is multiplied by, if any; `devices`: the terms an all_reduce
+    adds up."""
+    from .bounds import interval, log_largest, log_tiny
+
+    ranges: dict = {}
+    x = sub.operands[0]
+    count = devices * math.prod(_shape(x)[d] for d in _i64s(reduce, "dimensions"))
+    room = log_largest(x) - math.log(max(count, 1))
+    x_lo, x_hi = interval(x, ranges)
+    _, shifted_hi = interval(sub.results[0], ranges)
+    if not (x_hi < room and shifted_hi < room and x_lo > log_tiny(x)):
+        return False
+    return scale is None or interval(scale, ranges)[1] < log_largest(x)
+
+
+def _group(collective: ir.Operation | None) -> int:
+    from .bounds import _group_size
+
+    return 1 if collective is None else _group_size(collective)
+
+
 def _unshifted(reduce: ir.Operation, sub: ir.Operation, at: ir.Operation):
     """`reduce_add(exp(x), D)`, built before `at`."""
     from jaxlib.mlir.dialects import stablehlo
@@ -365,7 +397,7 @@ def _rescaled_exp_sum(mul: ir.Operation) -> int:
             continue
         reduce, _, sub = found
         if not _shift_matches(sub, reduce, scale.operands[0]) or not _finite_shift(
-                scale.operands[0]):
+                scale.operands[0]) or not _unshifted_exact(reduce, sub, 1, scale.operands[0]):
             continue
         new = _unshifted(reduce, sub, mul)
         mul.results[0].replace_all_uses_with(new)
@@ -396,6 +428,8 @@ def _shifted_lse(add: ir.Operation) -> int:
             continue
         if collective is not None and not _same_on_group(add.operands[m], collective):
             continue
+        if not _unshifted_exact(reduce, sub, _group(collective), None):
+            continue
         from jaxlib.mlir.dialects import stablehlo
 
         new = _unshifted(reduce, sub, add)
@@ -418,8 +452,12 @@ def _same_on_group(m_value, collective: ir.Operation) -> bool:
     producer = _def(root)
     if producer is None or producer.name != "stablehlo.all_reduce":
         return False
+    from .groups import has_channel
+
     return all(_attr_text(producer, name) == _attr_text(collective, name)
-               for name in ("replica_groups", "use_global_device_ids"))
+               for name in ("replica_groups", "use_global_device_ids")) and has_channel(
+        {"channel_handle": _attr_text(producer, "channel_handle")}) == has_channel(
+        {"channel_handle": _attr_text(collective, "channel_handle")})
 
 
 def _attr_text(op: ir.Operation, name: str) -> str | None:
@@ -734,12 +772,15 @@ _CARRY = frozenset({
 """Ops whose result holds only values of their operands (the non-finite ones too)."""
 
 
-def _kinds(value, memo: dict) -> int:
+def _kinds(value, memo: dict, overflow: bool = True) -> int:
     """The non-finite values `value` may hold, from the constants and ops that compute it
     (program inputs are finite, a shard_map body's arguments are what it is given; a
     division, rsqrt or power is taken at arguments where it is defined, as in the verifier's
     real-number semantics; log may give -inf). Iterative: the cone of a layer's scores is
-    the whole program before it."""
+    the whole program before it. `overflow`: also the infinities an exp, or arithmetic with
+    a constant, of finite values may overflow to (`_overflow`); without it only those the
+    program builds (masks, log of zero), for the guards of the online softmax's backward
+    (`online_backward.py`, whose telescoped forms are left unchecked for overflow)."""
     stack = [value]
     while stack:
         top = stack[-1]
@@ -755,7 +796,76 @@ def _kinds(value, memo: dict) -> int:
             continue
         stack.pop()
         memo[top] = memo[outer] if outer is not None else _kinds_of(top, op, memo)
+        if overflow and op is not None and op.name in _OVERFLOWING and not memo[top] & (
+                _NEG | _POS) and (
+                op.name in _EXPONENTIALS or op.name in _ELEMENTWISE_ARITHMETIC and any(
+                    _constant(v) for v in op.operands[
+                        1 if op.name == "stablehlo.divide" else 0:])):
+            memo[top] |= _overflow(top, memo)
     return memo[value]
+
+
+def _may_overflow(op: ir.Operation) -> bool:
+    """A convert to a float type whose range is smaller than its source's (f32 -> f16,
+    i32 -> f8): a finite value can round to +-inf."""
+    source = str(ir.RankedTensorType(op.operands[0].type).element_type)
+    target = str(ir.RankedTensorType(op.results[0].type).element_type)
+    if not precision.rounds(source, target):
+        return False
+    if source in precision.INT_BITS:
+        width, signed = precision.INT_BITS[source]
+        limit = precision.FLOAT_FORMATS.get(target, (0, 0, 0))[2]
+        return (width - 1 if signed else width) > limit
+    wide, narrow = precision.FLOAT_FORMATS.get(source), precision.FLOAT_FORMATS.get(target)
+    return wide is None or narrow is None or wide[2] > narrow[2]
+
+
+_OVERFLOWING = frozenset({
+    "stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
+    "stablehlo.power", "stablehlo.dot_general", "stablehlo.exponential",
+    "stablehlo.exponential_minus_one", "chlo.square", "stablehlo.reduce",
+    "stablehlo.all_reduce", "stablehlo.reduce_scatter", "stablehlo.convert"})
+"""Ops whose result may overflow although their operands are finite: a sum, product or exp
+of finite values is finite only where their ranges say so (`bounds.interval`)."""
+
+
+_ELEMENTWISE_ARITHMETIC = frozenset({"stablehlo.add", "stablehlo.subtract",
+                                     "stablehlo.multiply", "stablehlo.divide"})
+_EXPONENTIALS = frozenset({"stablehlo.exponential", "stablehlo.exponential_minus_one",
+                           "stablehlo.power"})
+
+
+def _constant(value) -> bool:
+    """`value` is a constant, possibly broadcast or reshaped."""
+    root, _ = _root(value)
+    op = _def(root)
+    return op is not None and op.name == "stablehlo.constant"
+
+
+def _positive(value, memo: dict) -> bool:
+    """`value` is bounded away from zero from above (`bounds.interval`)."""
+    from .bounds import interval
+
+    return interval(value, memo.setdefault("bounds", {}))[0] > 0
+
+
+def _overflow(value, memo: dict) -> int:
+    """The infinities `value` may overflow to, from its range in its dtype (`bounds.py`).
+    An exponential may overflow wherever its argument is not bounded above; arithmetic with a
+    constant (`m * 1e38`) where its operands' ranges are finite and its own is not."""
+    from .bounds import interval
+
+    element = ir.RankedTensorType(value.type).element_type
+    if isinstance(element, ir.IntegerType):
+        return 0
+    ranges = memo.setdefault("bounds", {})
+    lo, hi = interval(value, ranges)
+    op = _def(value)
+    if op is not None and op.name not in _EXPONENTIALS and not all(
+            -math.inf < interval(v, ranges)[0] and interval(v, ranges)[1] < math.inf
+            for v in op.operands):
+        return 0
+    return (_NEG if lo == -math.inf else 0) | (_POS if hi == math.inf else 0)
 
 
 def _outer_operand(value):
@@ -788,6 +898,8 @@ def _kinds_of(value, op: ir.Operation | None, memo: dict) -> int:
         return 0
     if name == "stablehlo.select" and _finite_test(op.operands[0], op.operands[1]):
         return args[2]
+    if name == "stablehlo.convert" and _may_overflow(op):
+        return _union(args) | _NEG | _POS
     if name in _CARRY:
         return _union(args[1:] if name == "stablehlo.select" else args)
     if name == "chlo.top_k":
@@ -807,6 +919,9 @@ def _kinds_of(value, op: ir.Operation | None, memo: dict) -> int:
         a, b = args[0], args[1] if name == "stablehlo.add" else _negated(args[1])
         mixed = (a & _NEG and b & _POS) or (a & _POS and b & _NEG)
         return a | b | (_NAN if mixed else 0)
+    if name == "stablehlo.divide" and not args[0] & (_NEG | _POS) and args[1] & (
+            _NEG | _POS) == _POS and _positive(op.operands[1], memo):
+        return (args[0] | args[1]) & _NAN  # x / +inf = 0: sigmoid as 1 / (1 + exp(-x))
     if name in ("stablehlo.multiply", "stablehlo.divide", "stablehlo.power",
                 "stablehlo.dot_general"):
         both = _union(args)
@@ -841,9 +956,7 @@ def _kinds_of(value, op: ir.Operation | None, memo: dict) -> int:
 
 def _replaces(scatter: ir.Operation) -> bool:
     """The scatter's update computation returns the update (a plain write)."""
-    body = scatter.regions[0].blocks[0]
-    ops = list(body.operations)
-    return len(ops) == 1 and len(ops[0].operands) == 1 and ops[0].operands[0] == body.arguments[1]
+    return reducer_kind(scatter) == "replace"
 
 
 def _finite_test(pred, value) -> bool:
@@ -947,17 +1060,38 @@ def _gathered_max_finite(op: ir.Operation, memo: dict) -> bool:
     found = _row_witnesses(inner.operands[0], tuple(_max_reduce(inner)), memo)
     if found is True:
         return True
-    if found is None or "replica_groups" not in op.attributes:
+    if found is None:
         return False
-    groups = np.array(ir.DenseIntElementsAttr(op.attributes["replica_groups"]))
-    if groups.size == 0:  # no groups: one group of every device
-        groups = np.arange(len(found)).reshape(1, -1)
-    for group in groups.reshape(len(groups), -1):
-        members = [int(d) for d in group if d >= 0]
+    groups = _device_groups(op, len(found))
+    if groups is None:
+        return False
+    for members in groups:
         if any(d >= len(found) for d in members) or not np.logical_or.reduce(
                 [found[d] for d in members]).all():
             return False
     return True
+
+
+def _device_groups(op: ir.Operation, devices: int) -> list[list[int]] | None:
+    """The groups of device ids (partition ids, or replica ids in a program run as replicas)
+    a collective combines, as StableHLO defines them (`groups.process_groups`); None when
+    the grid is not one of those two."""
+    from .groups import GroupError, process_groups
+    from .opinfo import describe
+
+    module = op
+    while module is not None and module.name != "builtin.module":
+        module = module.parent
+        module = module.operation if module is not None else None
+    attrs = module.attributes if module is not None else {}
+    replicas = ir.IntegerAttr(attrs["mhlo.num_replicas"]).value \
+        if "mhlo.num_replicas" in attrs else 1
+    if replicas not in (1, devices):
+        return None
+    try:
+        return process_groups(op.name, describe(op).attrs, replicas, devices // replicas)
+    except GroupError:
+        return None
 
 
 def _on_every_device(value, at: ir.Operation) -> list[np.ndarray] | None:
@@ -1123,6 +1257,8 @@ def _apply(op: ir.Operation, args: list[np.ndarray], ids: dict[str, int],
         return np.where(*args)
     if name == "stablehlo.compare":
         direction = str(op.attributes["comparison_direction"]).split()[-1].rstrip(">")
+        if compare_type(op) == "TOTALORDER":
+            return None  # numpy compares floats as FLOAT does
         return _COMPARE[direction](*args) if direction in _COMPARE else None
     if name == "stablehlo.broadcast_in_dim":
         return _index_map_step(args[0], op)

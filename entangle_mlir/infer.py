@@ -40,7 +40,7 @@ from .layout import (
     Value,
     Windowed,
 )
-from .mesh import Mesh, axes_str
+from .mesh import Mesh, axes_str, too_many_devices
 from .opinfo import OpInfo, describe
 from .per_device import (
     device_count,
@@ -56,6 +56,7 @@ from .rules.common import check_local_shapes, freeze, resize
 from .rules.elementwise import ELEMENTWISE_RULES
 from .rules.window import settle as _window_settle
 from .terms import LOOP_BODY_TERMS, Term, intern, make_arg, make_loopvar, make_splat, splat_value
+from .validate import grid
 
 _TERMINATORS = ("func.return", "stablehlo.return", "sdy.return")
 _TRANSPARENT = ("mhlo.copy", "stablehlo.optimization_barrier", "sdy.sharding_constraint",
@@ -165,7 +166,15 @@ class Walker:
             ir.TypeAttr(self.func.attributes["function_type"]).value).results)
         results = result_shardings(self.module, self.func, result_count)
         everything = [s for s in shardings + results if s]
-        mesh = synthesize_mesh(device_count(self.module, everything), everything)
+        try:
+            count = device_count(self.module, everything)
+        except InputError as err:
+            err.file = err.file or self.file
+            raise
+        mesh = synthesize_mesh(count, everything)
+        replicas, partitions = grid(self.module)
+        if replicas > 1 and (partitions or 1) == 1 and replicas == mesh.num_devices:
+            mesh = replace(mesh, replicas=replicas)  # device ids are replica ids
         self.walk.mesh = mesh
         ctx = RuleContext(mesh, mesh.names, reference=self.reference)
         info = OpInfo("func.func", loc=op_location(self.func, self.file), op=None)
@@ -451,11 +460,13 @@ class Walker:
         """Say under what a sharded value was taken for a hole's argument it is not."""
         index = self.layers
         if term.serial in index.rounded:
-            shown = ", ".join(f"{float(p):.9g} vs {float(q):.9g}"
-                              for p, q in index.rounded[term.serial][:3])
-            self.walk.notes.append("a summarized layer reads the sharded value as the "
-                                   "reference's, which it equals up to float32 rounding of "
-                                   f"constants (reference vs sharded: {shown})")
+            from .rounding import ASSUMPTION, describe_rounded
+
+            pairs = index.rounded[term.serial]
+            if pairs:  # none: the same value spelled otherwise (x / sqrt(8.0) vs x / 2.82842708)
+                self.walk.notes.append(
+                    f"proven assuming {ASSUMPTION} (a summarized layer reads the sharded value "
+                    f"as the reference's: {describe_rounded(pairs)})")
             return
         for assumption in index.valid_indices.assumed_for(term) or ["valid indices"]:
             self.walk.notes.append(f"proven assuming {assumption} (a summarized "
@@ -754,8 +765,13 @@ class Walker:
             if name not in self.meshes:
                 raise InputError(f"sharding refers to mesh @{name}, which is not defined",
                                  info.loc, self.file)
-            return self.meshes[name]
-        return mesh_from_attr(attr)
+            mesh = self.meshes[name]
+        else:
+            mesh = mesh_from_attr(attr)
+        problem = too_many_devices(mesh.num_devices)
+        if problem:
+            raise InputError(problem, info.loc, self.file)
+        return mesh
 
     def _tiling(self, sharding, mesh: Mesh, info: OpInfo) -> tuple[tuple[str, ...], ...]:
         tensor = sdy.TensorShardingAttr(sharding)

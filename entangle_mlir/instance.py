@@ -59,6 +59,7 @@ import numpy as np
 import z3
 
 from . import semantics as S
+from .groups import GROUPED
 from .layout import (
     DEVICE_BLOCK_VALUES,
     GLOBAL,
@@ -1272,9 +1273,7 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
     attrs = {**info.attrs, **overrides}
     if info.name == "stablehlo.scatter" and not (attrs.get("reducer") or attrs.get("update")):
         # the reduced OpInfo has no MLIR op to read the update region from
-        from .rules.gather_scatter import scatter_kind
-
-        attrs["reducer"] = scatter_kind(info)
+        attrs["reducer"] = S.scatter_kind(info)
     if info.name == "stablehlo.constant":
         value = np.asarray(attrs["value"])
         attrs["value"] = np.full(new_res[0], value.reshape(-1)[0] if value.size else 0,
@@ -2169,7 +2168,7 @@ def _collective_axes(info: OpInfo, mesh: Mesh) -> tuple[str, ...] | None:
     if info.name not in _GROUP_COLLECTIVES:
         return None
     try:
-        groups = S.replica_groups(info, mesh.num_devices)
+        groups = S.replica_groups(info, mesh)
     except S.SemanticsError:
         return None
     axes = mesh.axes_of_groups(groups)
@@ -2187,12 +2186,17 @@ def _run_devices(info: OpInfo, local: list[list[np.ndarray]], checked: list[int]
         return dict(zip(checked, S.run_op(info, [local[d] for d in checked],
                                           None if single else mesh)))
     index = {d: k for k, d in enumerate(checked)}
-    groups = [g for g in S.replica_groups(info, mesh.num_devices) if g[0] in index]
+    groups = [g for g in S.replica_groups(info, mesh) if g[0] in index]
     if sum(len(g) for g in groups) != len(checked) or any(m not in index for g in groups
                                                            for m in g):
         raise _Failure("unknown", "the checked devices are not whole replica groups")
-    renumbered = replace(info, attrs={**info.attrs,
-                                      "replica_groups": [[index[m] for m in g] for g in groups]})
+    # the renumbered groups are device ids of a one-replica mesh: read them as such
+    # (flattened ids, or partition ids for all_to_all; groups.py)
+    attrs = {**info.attrs, "replica_groups": [[index[m] for m in g] for g in groups],
+             "channel_handle": "#stablehlo.channel_handle<handle = 1, type = 1>"}
+    if GROUPED[info.name][0] is not None:
+        attrs["use_global_device_ids"] = True
+    renumbered = replace(info, attrs=attrs)
     results = S.run_op(renumbered, [local[d] for d in checked],
                        Mesh((("checked", len(checked)),)))
     return dict(zip(checked, results))

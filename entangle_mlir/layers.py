@@ -31,12 +31,14 @@ always come from the op-by-op walk.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 
 from jaxlib.mlir import ir
 
-from .terms import Term, equal_up_to_rounding, intern, make_arg, subterms
+from .rounding import equal_up_to_rounding
+from .terms import Term, intern, make_arg, subterms
 
 MIN_PERIOD = 8
 """Shorter repeats are not worth a summary."""
@@ -257,7 +259,9 @@ def _attributes(op: ir.Operation, texts: dict) -> tuple:
     for i in range(len(attributes)):
         named = attributes[i]
         name = named.name
-        text = "channel" if name == "channel_handle" else _type_text(named.attr, texts)
+        text = _type_text(named.attr, texts)
+        if name == "channel_handle" and not re.search(r"handle = 0\b", text):
+            text = "channel"  # XLA numbers every collective; only a 0 handle means no channel
         found.append((name, text))
     return tuple(sorted(found))
 
@@ -402,7 +406,8 @@ class LayerIndex:
         return self._simplified.get(simplify(term).serial)
 
     def _rounded_argument(self, term: Term) -> Term | None:
-        """The hole argument `term` equals up to float32 rounding of constants (memoized)."""
+        """The hole argument `term` equals but for constants that are the argument's rounded to
+        their dtype (`equal_up_to_rounding`, memoized)."""
         if term.serial in self._rounding_memo:
             return self._rounding_memo[term.serial]
         if self._by_shape is None:

@@ -24,7 +24,7 @@ from jaxlib.mlir import ir
 
 from . import idioms, polynomial
 from .idioms import _def, _i64s
-from .opinfo import constant_value, reducer_kind
+from .opinfo import compare_type, constant_value, reducer_kind
 
 
 def _splat(value) -> float | None:
@@ -98,7 +98,7 @@ def _tie_count(value) -> bool:
         return False
     compare = _def(convert.operands[0])
     if compare is None or compare.name != "stablehlo.compare" or "EQ" not in str(
-            compare.attributes["comparison_direction"]):
+            compare.attributes["comparison_direction"]) or compare_type(compare) == "TOTALORDER":
         return False
     x, spread = compare.operands
     root, _ = idioms._root(spread)

@@ -6,12 +6,32 @@ import itertools
 import math
 from dataclasses import dataclass
 
+MAX_DEVICES = 1 << 22
+"""The most devices a program may run on (4194304). Tensors and layouts are symbolic in the
+device, but some facts are tables over every device (partition_id's values, permutations,
+the tiles of a per-device program's shardings): a bigger mesh is bad input, not gigabytes."""
+
+
+def too_many_devices(count: int) -> str | None:
+    """The bad-input message for a mesh of `count` devices, None if it is within the limit."""
+    if count <= MAX_DEVICES:
+        return None
+    return f"a mesh of {count} devices exceeds the supported {MAX_DEVICES}"
+
 
 @dataclass(frozen=True)
 class Mesh:
-    """Named axes with sizes; device ids are row-major over the axes (jax's default order)."""
+    """Named axes with sizes; device ids are row-major over the axes (jax's default order).
+    `replicas` > 1 for a program run as replicas (one partition, `mhlo.num_replicas` devices):
+    device ids are then replica ids, which decides how collectives read their groups
+    (`groups.py`)."""
 
     axes: tuple[tuple[str, int], ...]
+    replicas: int = 1
+
+    @property
+    def partitions(self) -> int:
+        return self.num_devices // self.replicas
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -905,7 +905,8 @@ def _reassociated(reduce: ir.Operation) -> int:
     along = [v for v in rest if not _constant_along(v, dims)]
     if len(along) != 1 or _shape(along[0]) != _shape(leaf):
         return 0
-    if any(idioms._kinds(v, {}) & (idioms._NEG | idioms._POS) for v in leaves):
+    if any(idioms._kinds(v, {}, overflow=False) & (idioms._NEG | idioms._POS)
+           for v in leaves):
         return 0
     from jaxlib.mlir.dialects import stablehlo
 

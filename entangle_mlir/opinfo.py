@@ -6,9 +6,11 @@ normalisations:
 
 * `dot_general`: `lhs_batch`, `rhs_batch`, `lhs_contract`, `rhs_contract` (tuples of ints);
   the deprecated `stablehlo.dot` is described as a dot_general.
-* `reduce`, `all_reduce`, `reduce_scatter`: `reducer` is `"add"`, `"max"`, `"min"`, `"mul"`,
-  `"and"`, `"or"` or `"other"`, read off the single op of the region.
-* `compare`: `comparison_direction` is `"EQ"`, `"NE"`, `"LT"`, ...
+* `reduce`, `reduce_window`, `all_reduce`, `reduce_scatter`, `scatter`: `reducer` is `"add"`,
+  `"max"`, `"min"`, `"mul"`, `"and"`, `"or"`, `"replace"` (scatter) or `"other"`, the region
+  read whole (`region_kind`); for `other`, `region_problem` says what the region does.
+* `compare`: `comparison_direction` is `"EQ"`, `"NE"`, `"LT"`, ...; `compare_type` is
+  `"FLOAT"`, `"TOTALORDER"`, `"SIGNED"` or `"UNSIGNED"`, the element type's default when absent.
 * `constant`: `value` is a numpy array, `splat` is True for a splat constant.
 * collectives: `replica_groups` / `source_target_pairs` are lists of lists of ints.
 * dense i64 arrays become tuples, integer attributes ints.
@@ -50,8 +52,8 @@ class OpInfo:
 
     def signature(self) -> tuple:
         """Hashable key of the attributes (for caching rule-instance checks). A collective's
-        channel number is left out (XLA numbers every collective; no rule or semantics reads
-        it), so the 2nd..Nth layer's all_reduce is a cache hit as it is in shard_map form."""
+        channel number is left out when positive (XLA numbers every collective; only whether it
+        is positive changes the meaning, `groups.py`), so the 2nd..Nth layer's all_reduce is a cache hit as it is in shard_map form."""
         items = []
         for key in sorted(self.attrs):
             value = self.attrs[key]
@@ -65,7 +67,8 @@ class OpInfo:
         return (self.name, tuple(items))
 
 
-_CHANNEL_NUMBER = re.compile(r"handle = \d+")
+_CHANNEL_NUMBER = re.compile(r"handle = [1-9]\d*")
+"""A positive channel number (0 means no channel: another grouping, `groups.py`)."""
 
 _REDUCERS = {"stablehlo.add": "add", "stablehlo.maximum": "max", "stablehlo.minimum": "min",
              "stablehlo.multiply": "mul", "stablehlo.and": "and", "stablehlo.or": "or"}
@@ -93,19 +96,119 @@ def _tensor_type(t) -> TensorType:
 
 
 def reducer_kind(op) -> str:
-    """The reduction a single-op region computes (`add`, `max`, ...), else `other`."""
-    region = op.regions[0]
-    body = [o for o in region.blocks[0].operations]
-    if len(body) != 2 or body[1].name not in ("stablehlo.return", "func.return"):
-        return "other"
-    args = list(region.blocks[0].arguments)
+    """The reduction an op's region computes (`add`, `max`, ..., `replace` for a scatter that
+    writes its update), else `other` (`region_kind` says why)."""
+    return region_kind(op)[0]
+
+
+def region_kind(op) -> tuple[str, str]:
+    """(kind, why) of the computation region of a reduce, reduce_window, all_reduce,
+    reduce_scatter or scatter, read whole and exactly.
+
+    The kind is `add`, `max`, `min`, `mul` (`and`, `or` on i1) when the region's block is
+    exactly `%r = op(%arg0, %arg1)` (either order; every op of the table is commutative)
+    followed by `return %r`; `replace` for a scatter whose region returns its update
+    (`%arg1`). Every block argument, the inner op and the returned value must be rank-0
+    tensors of the element type of the op's operands and results (no promotion). Anything
+    else is `other`, with `why` naming what the region does instead: a region returning its
+    accumulator, a constant, `add(%arg0, %arg0)`, extra ops, a variadic reducer (argmax) all
+    compute something else than a plain reduction."""
+    name = op.name
+    short = name.split(".")[-1]
+    operands = list(op.operands)
+    if name in ("stablehlo.reduce", "stablehlo.reduce_window"):
+        inputs = len(operands) // 2
+        element_types = {_element(v.type) for v in operands}
+        pairs = 2 * inputs
+    elif name == "stablehlo.scatter":
+        inputs = (len(operands) - 1) // 2
+        element_types = {_element(v.type) for i, v in enumerate(operands) if i != inputs}
+        pairs = 2 * inputs
+    else:  # all_reduce and reduce_scatter apply one binary region to every operand
+        inputs = 1
+        element_types = {_element(v.type) for v in operands}
+        pairs = 2
+    element_types |= {_element(t) for t in op.results.types}
+    if not len(op.regions) or len(op.regions[0].blocks) != 1:
+        return "other", f"{short} without a one-block computation region"
+    if inputs != 1:
+        return "other", (f"{short} with {inputs} inputs (a variadic reducer such as argmax): "
+                         "its region is not read as a plain reduction")
+    block = op.regions[0].blocks[0]
+    args = list(block.arguments)
+    body = [o.operation for o in block.operations]
+    if len(args) != pairs:
+        return "other", f"{short}'s region takes {len(args)} arguments, not {pairs}"
+    if len(element_types) != 1:
+        return "other", (f"{short} mixes element types {sorted(element_types)} (its region "
+                         "computes in another type than its operands)")
+    (element,) = element_types
+    scalar = f"tensor<{element}>"
+    for i, arg in enumerate(args):
+        if str(arg.type) != scalar:
+            return "other", (f"{short}'s region argument {i} is {arg.type}, not {scalar}: "
+                             "it computes in another type than its operands")
+    if not body or body[-1].name not in ("stablehlo.return", "func.return") or len(
+            body[-1].operands) != 1:
+        return "other", f"{short}'s region does not return one value"
+    returned = body[-1].operands[0]
+    if str(returned.type) != scalar:
+        return "other", f"{short}'s region returns a {returned.type}, not {scalar}"
+    position = next((i for i, a in enumerate(args) if a == returned), None)
+    if position is not None:
+        if name == "stablehlo.scatter" and position == 1 and len(body) == 1:
+            return "replace", ""
+        role = "the accumulator" if position == 0 else "the new element"
+        return "other", (f"{short}'s region returns its argument %arg{position} ({role}) "
+                         "instead of combining both arguments")
+    if len(body) != 2:
+        return "other", (f"{short}'s region holds {len(body) - 1} ops before its return, "
+                         "not one reduction op")
     inner = body[0]
-    if {id(v) for v in inner.operands} != {id(a) for a in args} and len(args) == 2:
-        operands = list(inner.operands)
-        if not (operands[0] == args[0] and operands[1] == args[1]
-                or operands[0] == args[1] and operands[1] == args[0]):
-            return "other"
-    return _REDUCERS.get(inner.name, "other")
+    kind = _REDUCERS.get(inner.name)
+    if kind is None:
+        return "other", f"{short}'s region computes {inner.name}, not a known reduction"
+    if kind in ("and", "or") and element != "i1" or kind in ("add", "mul") and element == "i1":
+        return "other", f"{short}'s region computes {inner.name} on {element}"
+    if len(inner.results) != 1 or inner.results[0] != returned:
+        return "other", f"{short}'s region does not return the result of {inner.name}"
+    ins = list(inner.operands)
+    if not (len(ins) == 2 and (ins[0] == args[0] and ins[1] == args[1]
+                               or ins[0] == args[1] and ins[1] == args[0])):
+        names = ", ".join(_value_name(v, args) for v in ins)
+        return "other", (f"{short}'s region returns {inner.name}({names}), not "
+                         f"{inner.name}(%arg0, %arg1)")
+    return kind, ""
+
+
+def _element(t) -> str:
+    return tensor_type(t).dtype
+
+
+def _value_name(value, args: list) -> str:
+    for i, a in enumerate(args):
+        if a == value:
+            return f"%arg{i}"
+    return "a computed value"
+
+
+def scatter_kind(info: OpInfo) -> str:
+    """A scatter's update computation: `replace`, a reducer (`add`, ...) or `other`, from its
+    normalized attributes (`reducer`; `update` in hand-built OpInfos), else its region."""
+    kind = info.attrs.get("reducer") or info.attrs.get("update")
+    if kind:
+        return str(kind)
+    op = info.op
+    if op is None or not len(op.regions):
+        return "other"
+    return region_kind(op)[0]
+
+
+def region_problem(info: OpInfo) -> str:
+    """What an op's computation region does instead of a supported reduction (for the
+    diagnostic of a reducer classified `other`)."""
+    return info.attrs.get("region_problem") or (
+        f"{info.name.split('.')[-1]} with a '{info.attrs.get('reducer', 'other')}' reducer")
 
 
 def _convert_attr(attr):
@@ -169,6 +272,40 @@ _DIRECTION = re.compile(r"comparison_direction\s+(\w+)")
 _CMP_TYPE = re.compile(r"comparison_type\s+(\w+)")
 
 
+def default_compare_type(dtype: str) -> str:
+    """The `compare_type` StableHLO requires for an element type (spec C3: SIGNED for signed
+    integers, UNSIGNED for unsigned ones and booleans, FLOAT, or TOTALORDER, for floats)."""
+    if dtype == "i1" or dtype.startswith("ui"):
+        return "UNSIGNED"
+    if dtype.startswith(("i", "si")):
+        return "SIGNED"
+    return "FLOAT"
+
+
+def allowed_compare_types(dtype: str) -> tuple[str, ...]:
+    """The compare types XLA accepts for an element type (its HLO verifier rejects others)."""
+    default = default_compare_type(dtype)
+    return ("FLOAT", "TOTALORDER") if default == "FLOAT" else (default,)
+
+
+def compare_type(op) -> str:
+    """A `stablehlo.compare`'s compare type: the attribute, or the default of its operands'
+    element type when absent (what XLA uses then). It is part of what the op computes:
+    TOTALORDER orders -0 before +0 (and NaNs), FLOAT does not."""
+    if "compare_type" in op.attributes:
+        match = _CMP_TYPE.search(str(op.attributes["compare_type"]))
+        if match:
+            return match.group(1)
+    return default_compare_type(tensor_type(op.operands[0].type).dtype)
+
+
+def compare_is_default(info: OpInfo) -> bool:
+    """A compare whose compare type is its element type's default (FLOAT, SIGNED, ...)."""
+    dtype = info.operand_types[0].dtype if info.operand_types else "f32"
+    return info.attrs.get("compare_type", default_compare_type(dtype)) == \
+        default_compare_type(dtype)
+
+
 def constant_value(attr):
     """(numpy array, is_splat) of a constant's `value` attribute."""
 
@@ -220,11 +357,11 @@ def describe(op, default_file: str = "-") -> OpInfo:
     elif name == "stablehlo.compare":
         text = str(attributes["comparison_direction"])
         attrs["comparison_direction"] = _DIRECTION.search(text).group(1)
-        if "compare_type" in attributes:
-            match = _CMP_TYPE.search(str(attributes["compare_type"]))
-            attrs["compare_type"] = match.group(1) if match else ""
+        attrs["compare_type"] = compare_type(op)
     elif name in _REDUCING:
-        attrs["reducer"] = reducer_kind(op)
+        attrs["reducer"], why = region_kind(op)
+        if why:
+            attrs["region_problem"] = why
     types = _TENSOR_TYPES
     operand_types = []
     for value in op.operands:
@@ -266,7 +403,7 @@ def _dot_dimensions(attr) -> dict:
 
 
 _REDUCING = frozenset({"stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
-                       "stablehlo.reduce_window"})
+                       "stablehlo.reduce_window", "stablehlo.scatter"})
 
 
 def _items(attributes):

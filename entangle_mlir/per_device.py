@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from jaxlib.mlir import ir
 
 from .diagnostics import InputError
-from .mesh import Mesh
+from .mesh import Mesh, too_many_devices
 
 _SHARDING = "mhlo.sharding"
 
@@ -120,28 +120,54 @@ def _tuple_elements(text: str) -> list[str]:
 
 
 def _factor(n: int) -> list[int]:
+    """The prime factors of `n`, ascending (trial division up to its square root)."""
     factors, p = [], 2
-    while n > 1:
+    while p * p <= n:
         while n % p == 0:
             factors.append(p)
             n //= p
         p += 1
+    if n > 1:
+        factors.append(n)
     return factors
+
+
+MAX_MESH_ORDERS = 5040
+"""Most orders of the prime axes `synthesize_mesh` tries (7 distinct primes' worth); a device
+count with more distinct orders takes the first ones, ascending first."""
 
 
 def synthesize_mesh(num_devices: int, shardings=()) -> Mesh:
     """Prime axes d0, d1, ... over row-major device ids. Their order matters when the device
     count has different prime factors (a 3 x 2 mesh is d0=3 x d1=2, a 2 x 3 one d0=2 x d1=3):
-    given the program's sharding strings, the first order (ascending first) under which every
-    tiled one is expressible is taken."""
+    given the program's sharding strings, the first order (ascending first, then in
+    lexicographic order; at most `MAX_MESH_ORDERS`) under which every tiled one is
+    expressible is taken."""
     factors = _factor(num_devices)
     texts = [t for t in shardings if t]
-    orders = sorted(set(itertools.permutations(factors)), key=lambda o: (o != tuple(factors), o))
-    for order in orders:
+    for order in itertools.islice(_orders(factors), MAX_MESH_ORDERS):
         mesh = Mesh(tuple((f"d{i}", size) for i, size in enumerate(order)))
         if all(layout_of(t, 0, mesh).tiling is not None or not _tiled(t) for t in texts):
             return mesh
     return Mesh(tuple((f"d{i}", size) for i, size in enumerate(factors)))
+
+
+def _orders(ascending: list[int]):
+    """The distinct orders of a multiset in lexicographic order, from `ascending` (the first),
+    one at a time (2^9 x 5^9 devices has 48620 of them, and 18! permutations)."""
+    order = list(ascending)
+    while True:
+        yield tuple(order)
+        i = len(order) - 2
+        while i >= 0 and order[i] >= order[i + 1]:
+            i -= 1
+        if i < 0:
+            return
+        j = len(order) - 1
+        while order[j] <= order[i]:
+            j -= 1
+        order[i], order[j] = order[j], order[i]
+        order[i + 1:] = reversed(order[i + 1:])
 
 
 def _tiled(text: str) -> bool:
@@ -172,6 +198,20 @@ def axis_names(mesh: Mesh, shape: tuple[int, ...], names: tuple[str, ...]) -> di
 
 
 def device_count(module: ir.Module, shardings: list[str | None]) -> int:
+    count = _device_count(module, shardings)
+    if count is not None:
+        problem = too_many_devices(count)
+        if problem:
+            raise InputError(f"per-device program: {problem}")
+        return count
+    if not _uses_devices(module.operation):
+        return 1
+    raise InputError("per-device program: cannot tell the number of devices "
+                     "(no mhlo.num_partitions and no tiled sharding)")
+
+
+def _device_count(module: ir.Module, shardings: list[str | None]) -> int | None:
+    """The device count the module states, or its shardings tile (None: neither says)."""
     attrs = module.operation.attributes
     counts = {name: ir.IntegerAttr(attrs[name]).value
               for name in ("mhlo.num_partitions", "mhlo.num_replicas") if name in attrs}
@@ -184,15 +224,11 @@ def device_count(module: ir.Module, shardings: list[str | None]) -> int:
         return counts["mhlo.num_partitions"]
     from jaxlib import _hlo
 
-    counts = [len(_hlo.HloSharding.from_string(s).tile_assignment_devices())
+    # The tile counts, not the device lists: those are materialized, O(devices).
+    counts = [math.prod(_hlo.HloSharding.from_string(s).tile_assignment_dimensions())
               for s in shardings if s]
     counts = [c for c in counts if c > 1]
-    if counts:
-        return max(counts)
-    if not _uses_devices(module.operation):
-        return 1
-    raise InputError("per-device program: cannot tell the number of devices "
-                     "(no mhlo.num_partitions and no tiled sharding)")
+    return max(counts) if counts else None
 
 
 _DEVICE_OPS = ("stablehlo.partition_id", "stablehlo.replica_id", "stablehlo.all_reduce",
@@ -243,10 +279,10 @@ def layout_of(text: str | None, rank: int, mesh: Mesh) -> DeviceLayout:
     if "MANUAL" in subgroups:
         return DeviceLayout(None, f"partially manual sharding {text}")
     dims = list(sharding.tile_assignment_dimensions())
+    if math.prod(dims) != mesh.num_devices:  # before listing the devices: O(devices)
+        return DeviceLayout(None, f"sharding {text} uses {math.prod(dims)} devices, the "
+                                  f"program {mesh.num_devices}")
     devices = list(sharding.tile_assignment_devices())
-    if len(devices) != mesh.num_devices:
-        return DeviceLayout(None, f"sharding {text} uses {len(devices)} devices, the program "
-                                  f"{mesh.num_devices}")
     if sorted(devices) != list(range(mesh.num_devices)):
         return DeviceLayout(None, f"sharding {text} does not use every device exactly once")
     extra = len(subgroups) + (1 if sharding.replicate_on_last_tile_dim() else 0)

@@ -85,6 +85,138 @@ def has_refines(module: ir.Module) -> bool:
     return any("entangle.refines" in f.attributes for f in functions(module))
 
 
+PARTITIONED_GUIDANCE = (
+    "pass the program XLA partitioned instead: its module after SPMD partitioning, before "
+    "fusion (run with XLA_FLAGS=\"--xla_dump_to=DIR --xla_dump_hlo_pass_re=spmd-partitioning "
+    "--xla_dump_hlo_as_proto\" and check DIR/*after_spmd-partitioning*.hlo.pb; from Python, "
+    "entangle_mlir.jax.check_partitioned(f, *avals, out_shardings=...) or "
+    "entangle_mlir.jax.partitioned_hlo), or write the sharded program with jax.shard_map")
+"""What to pass when the sharded program is not one entangle can check (`check_form`)."""
+
+_BEFORE_PARTITIONING = ("Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape")
+"""custom_call targets that only a module before SPMD partitioning holds (GSPMD's sharding
+annotations and shard_map boundaries; Shardy's round trip through HLO adds `xla.sdy.*`)."""
+
+
+def check_form(program: Program) -> None:
+    """The sharded program is one entangle checks: a shard_map lowering (an
+    `sdy.manual_computation` somewhere) or a per-device program after SPMD partitioning. XLA's
+    module after optimizations (fusions), a module before partitioning (sharding custom_calls,
+    or parameters sharded but still of the reference's global shapes) and a plain jax.jit
+    whose shardings only request a layout (nothing sharded: it computes globally) are bad
+    input, named with what to pass instead: "verified" on them would check nothing."""
+    from .per_device import is_per_device
+
+    file = program.sharded_file
+    manual = [False]
+    problem: list = []
+
+    def visit(op):
+        name = op.name
+        if name == "sdy.manual_computation":
+            manual[0] = True
+        elif name == "mhlo.fusion":
+            problem.append((op, ("the sharded program is XLA's module after optimizations (it "
+                                "holds fusions), not the partitioner's output; ")))
+        elif name == "stablehlo.custom_call":
+            target = _call_target(op)
+            if target in _BEFORE_PARTITIONING or target.startswith("xla.sdy."):
+                problem.append((op, (f"the sharded program is a module before SPMD partitioning "
+                                    f"(custom_call @{target}): its shardings are requests to "
+                                    "the partitioner, not a sharded program; ")))
+        return ir.WalkResult.INTERRUPT if problem else ir.WalkResult.ADVANCE
+
+    for func in _reachable(program.sharded_module, program.sharded_func):
+        func.walk(visit)
+        if problem:
+            _, what = problem[0]  # the op's location names the user's source: the file
+            raise InputError(what + PARTITIONED_GUIDANCE, file=file)
+    if manual[0]:
+        return
+    if is_per_device(program.sharded_module, program.sharded_func):
+        _check_partitioned_shapes(program)
+        return
+    raise InputError("nothing sharded to check: the sharded program has no shard_map "
+                     "(sdy.manual_computation) and is not a per-device program after SPMD "
+                     "partitioning; a jax.jit with in_shardings/out_shardings lowered before "
+                     "partitioning computes globally (its shardings only request a layout "
+                     "from XLA); " + PARTITIONED_GUIDANCE,
+                     op_location(program.sharded_func, file), file)
+
+
+def _call_target(op: ir.Operation) -> str:
+    if "call_target_name" not in op.attributes:
+        return ""
+    return ir.StringAttr(op.attributes["call_target_name"]).value
+
+
+def _reachable(module: ir.Module, func: ir.Operation) -> list[ir.Operation]:
+    """`func` and every function it calls, directly or not (before calls are inlined)."""
+    table = {func_name(f): f for f in functions(module)}
+    found, pending, seen = [], [func], {func_name(func)}
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        callees: list[str] = []
+
+        def visit(op, callees=callees):
+            if op.name == "func.call":
+                callees.append(str(op.attributes["callee"]).lstrip("@").strip('"'))
+            return ir.WalkResult.ADVANCE
+
+        current.walk(visit)
+        for name in callees:
+            if name in table and name not in seen:
+                seen.add(name)
+                pending.append(table[name])
+    return found
+
+
+def _check_partitioned_shapes(program: Program) -> None:
+    """A per-device program's parameters and results tiled `t` ways along a dim hold a `1/t`
+    block of the reference's dim (padded up: a dim of size 1 stays 1); one still of the
+    reference's size is a module before partitioning."""
+    from .per_device import parameter_shardings, result_shardings
+
+    file = program.sharded_file
+
+    def result_types(func):
+        return list(ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).results)
+
+    ref_args = [a.type for a in program.ref_func.regions[0].blocks[0].arguments]
+    sh_args = [a.type for a in program.sharded_func.regions[0].blocks[0].arguments]
+    ref_results, sh_results = result_types(program.ref_func), result_types(program.sharded_func)
+    values = [("argument", ref_args, sh_args,
+               parameter_shardings(program.sharded_module, program.sharded_func)),
+              ("result", ref_results, sh_results,
+               result_shardings(program.sharded_module, program.sharded_func, len(sh_results)))]
+    for what, refs, shs, shardings in values:
+        for i, (a, b, text) in enumerate(zip(refs, shs, shardings)):
+            tiles = _tiles(text) if text else []
+            full = list(ir.RankedTensorType(a).shape)
+            local = list(ir.RankedTensorType(b).shape)
+            if len(full) != len(local) or len(tiles) < len(full):
+                continue
+            if any(t > 1 and n == g > 1 for n, g, t in zip(local, full, tiles)):
+                raise InputError(f"the sharded program is a module before SPMD partitioning: "
+                                 f"{what} #{i} is sharded {text} but still has the reference's "
+                                 f"global shape {_fmt(tensor_type(b))}; "
+                                 + PARTITIONED_GUIDANCE,
+                                 op_location(program.sharded_func, file), file)
+
+
+def _tiles(text: str) -> list[int]:
+    """The tile counts of an `mhlo.sharding` string ([] if it tiles nothing or is unreadable:
+    unreadable shardings are reported by the walk)."""
+    from jaxlib import _hlo
+
+    try:
+        sharding = _hlo.HloSharding.from_string(text)
+        return list(sharding.tile_assignment_dimensions()) if sharding.is_tiled() else []
+    except Exception:  # noqa: BLE001
+        return []
+
+
 def check_signatures(program: Program) -> None:
     """Same argument count, shapes and dtypes, same result count: else the input is unusable."""
     ref_args = list(program.ref_func.regions[0].blocks[0].arguments)

@@ -62,6 +62,11 @@ REASONS: dict[str, tuple[str, str]] = {
         "different function",
         ("the sharded program computes a different function from the reference; both terms are "
         "shown")),
+    "precision_lost": (
+        "precision lost",
+        ("a value is computed at lower precision than the reference's: a convert rounds "
+        "(f32 -> bf16, i32 -> f32 above 2^24) where the reference keeps the precision, or "
+        "partial sums are rounded before the all_reduce sums them in the narrower type")),
     "unrelated": (
         "no relation to the reference",
         "the value has no clean relation to any reference value"),

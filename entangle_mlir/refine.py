@@ -16,11 +16,17 @@ from .infer import OpRecord, Walk
 from .layout import GLOBAL, DeviceScalar, Opaque, Rel, layout_words
 from .mesh import Mesh, axes_str
 from .report import NOT_PROVEN, PROVEN, OutputResult, Report
+from .rounding import ASSUMPTION as ROUNDING
+from .rounding import (
+    constant_differences,
+    describe_difference,
+    describe_rounded,
+    equal_up_to_rounding,
+)
 from .rules.elementwise import ELEMENTWISE_RULES
 from .rules.reordered import MIXED_ORDERS
 from .terms import (
     Term,
-    equal_up_to_rounding,
     factor_content,
     linear_parts,
     pretty,
@@ -259,10 +265,15 @@ def _expected_relation(record: OpRecord) -> Rel | None:
     return first if isinstance(first, Rel) else None
 
 
+ASSUMING = "proven assuming "
+"""How a note states an assumption a proof used; each one is also in `Report.assumptions`."""
+
+
 def compare(ref: Walk, sharded: Walk) -> Report:
     """The verdict for every output; diagnostics point at the first op that went wrong."""
     outputs, diagnostics, foci = [], [], []
-    rounding_notes: list[str] = []
+    rounded_for: list[int] = []
+    rounded_pairs: list = []
     assumed_for: dict[str, list[int]] = {}
     valid_indices: ValidIndices | None = None
     reference = _Reference(ref)
@@ -295,12 +306,9 @@ def compare(ref: Walk, sharded: Walk) -> Report:
         rounded = equal_up_to_rounding(want.term, got.term)
         if rounded is not None:
             outputs.append(OutputResult(i, True, rho, pretty(want.term, 3)))
-            shown = ", ".join(f"{float(p):.9g} vs {float(q):.9g}" for p, q in rounded[:3])
-            rounding_notes.append(
-                f"result #{i} equals the reference up to float32 rounding of constants "
-                f"(reference vs sharded: {shown or 'constant expressions evaluated'}); XLA "
-                "replaces a division by a constant with a multiplication by its float32 "
-                "reciprocal")
+            if rounded:
+                rounded_for.append(i)
+                rounded_pairs.extend(p for p in rounded if p not in rounded_pairs)
             continue
         if valid_indices is None:
             valid_indices = ValidIndices([w.term for w in ref.outputs if isinstance(w, Rel)])
@@ -315,8 +323,10 @@ def compare(ref: Walk, sharded: Walk) -> Report:
         diagnostics.append(diagnostic)
         foci.append(_focus(culprit, reference, sharded.mesh, diagnostic.category))
     diagnostics = _name_results(diagnostics, sharded)
-    assumption_notes = [f"proven assuming {assumption} ({_results_words(indices)})"
+    assumption_notes = [f"{ASSUMING}{assumption} ({_results_words(indices)})"
                         for assumption, indices in assumed_for.items()]
+    rounding_notes = [(f"proven assuming {ROUNDING} ({_results_words(rounded_for)}: "
+                      f"{describe_rounded(rounded_pairs)})")] if rounded_for else []
     seen, unique, unique_foci = set(), [], []
     for diag, focus in zip(diagnostics, foci):
         key = (diag.message, str(diag.loc))
@@ -331,6 +341,9 @@ def compare(ref: Walk, sharded: Walk) -> Report:
     report = Report(verdict, outputs, unique,
                     list(dict.fromkeys(ref.notes + sharded.notes + rounding_notes
                                       + assumption_notes)), mesh=mesh)
+    for note in report.notes:
+        if note.startswith(ASSUMING):
+            report.assume(note[len(ASSUMING):])
     report.explainer = lambda: _explain_all(sharded)
     report.focus = unique_foci[0] if unique_foci else None
     return report
@@ -601,6 +614,9 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
         reason = (f"{record.info.name.split('.')[-1]} computes {pretty(term, 3)}, which the "
                   "reference never computes")
     notes = [Diagnostic("note", message, where), *_counterpart_note(record, reference)]
+    differing = constant_differences(want, got)
+    if differing:
+        notes.append(Diagnostic("note", describe_difference(differing[0]), record.loc))
     return Diagnostic("error", reason, record.loc, tuple(notes), category=category), record
 
 

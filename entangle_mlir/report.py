@@ -10,6 +10,12 @@ from .diagnostics import Diagnostic
 PROVEN = "proven"
 NOT_PROVEN = "not proven"
 
+REASSOCIATION = "float sums and products are reassociated and regrouped"
+FINITE_INPUTS = "inputs hold no NaN or Inf"
+BASE_ASSUMPTIONS = (REASSOCIATION, FINITE_INPUTS)
+"""The two liberties every proof takes (DESIGN.md, "Semantics policy"); anything else a proof
+rests on is added with `Report.assume` (valid indices, XLA's rounding of constants)."""
+
 
 @dataclass
 class OutputResult:
@@ -31,6 +37,14 @@ class Report:
     explainer: object = field(default=None, repr=False)
     evidence: dict = field(default_factory=dict)
     focus: object = field(default=None, repr=False)
+    assumptions: list[str] = field(default_factory=lambda: list(BASE_ASSUMPTIONS))
+    """What the verdict rests on, in words: always `BASE_ASSUMPTIONS`, then what the proof
+    used (`assume`)."""
+
+    def assume(self, assumption: str) -> None:
+        """Add an assumption the proof rests on (once)."""
+        if assumption not in self.assumptions:
+            self.assumptions.append(assumption)
 
     @property
     def explanations(self) -> list[list[str]]:
@@ -72,6 +86,9 @@ class Report:
             lines.append(f"evidence: {at_op['summary']}")
         if self.evidence.get("summary"):
             lines.append(f"evidence: {self.evidence['summary']}")
+        if self.proven:
+            lines.append("assumptions:")
+            lines.extend(f"  - {assumption}" for assumption in self.assumptions)
         if self.mode:
             lines.append(f"rule checks: {self.mode}")
         return "\n".join(lines)
@@ -85,6 +102,7 @@ class Report:
                         for o in self.outputs],
             "diagnostics": [d.to_json() for d in self.diagnostics],
             "notes": list(self.notes),
+            "assumptions": list(self.assumptions),
             "rule_check_mode": self.mode,
             "stats": self.stats,
             "explanations": self.explanations,

@@ -19,8 +19,10 @@ Arrays are numpy arrays of dtype `object`. An element is one of
   when the caller feeds floats, as the grounding tests against XLA do);
 * a z3 expression (`ArithRef` of sort Real or Int, `BoolRef` for `i1`).
 
-The semantics is exact real arithmetic, as in the design: rounding, dtype widths and NaN are out
-of scope. Transcendental functions (exp, log, tanh, ...) are z3 *uninterpreted functions*
+The semantics is exact real arithmetic, as in the design: float sums and products may be
+regrouped, NaN is out of scope. A convert that rounds (f32 -> bf16, i32 -> f32; see
+`precision.py`) is the uninterpreted function `round_<dtype>` on symbolic elements and exact
+rounding on numbers, never the identity. Transcendental functions (exp, log, tanh, ...) are z3 *uninterpreted functions*
 Real -> Real on symbolic elements, so a proof never depends on a property of tanh that a rule
 did not state; on floats they are the `math` functions, and inside `random_functions()` they
 are deterministic pseudo-random rational functions (an interpretation of the uninterpreted
@@ -44,8 +46,9 @@ from functools import reduce as _fold
 import numpy as np
 import z3
 
+from . import precision
 from .mesh import Mesh
-from .opinfo import OpInfo, TensorType
+from .opinfo import OpInfo, TensorType, scatter_kind
 from .terms import Term, post_order
 
 Element = object
@@ -368,7 +371,10 @@ _COMPARE: dict[str, Callable[[Element, Element], Element]] = {
 }
 
 
-def compare(a: Element, b: Element, direction: str) -> Element:
+def compare(a: Element, b: Element, direction: str, total: bool = False) -> Element:
+    """`a direction b`; `total` is StableHLO's TOTALORDER (-0 < +0, NaNs ordered by sign).
+    Exact numbers carry no sign of zero: a symbolic TOTALORDER compare of two zeros is an
+    unknown boolean (one per direction), so it never equals the FLOAT compare there."""
     op = _COMPARE.get(direction)
     if op is None:
         raise SemanticsError(f"unknown comparison direction {direction!r}")
@@ -378,8 +384,22 @@ def compare(a: Element, b: Element, direction: str) -> Element:
         if both_bool and direction in ("EQ", "NE"):
             return op(za, zb)
         za, zb = _num(za), _num(zb)
+        if total:
+            return z3.If(z3.And(za == 0, zb == 0), z3.Bool(f"totalorder_{direction}_of_zeros"),
+                         op(za, zb))
         return op(za, zb)
+    if total and isinstance(a, float) and isinstance(b, float):
+        return bool(op(_total_key(a), _total_key(b)))
     return bool(op(_pynum(a), _pynum(b)))
+
+
+def _total_key(x: float) -> int:
+    """The position of a float in IEEE-754 totalOrder (the bits, sign-magnitude to two's
+    complement): -NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN."""
+    import struct
+
+    bits = struct.unpack("<q", struct.pack("<d", x))[0]
+    return bits if bits >= 0 else -(bits & ((1 << 63) - 1)) - 1
 
 
 def equal(a: Element, b: Element) -> Element:
@@ -737,8 +757,25 @@ def convert(a: Element, src: str, dst: str) -> Element:
             return a
         return int(a)
     if is_z3(a) and a.is_int():
-        return z3.ToReal(a)
+        a = z3.ToReal(a)
+    if precision.rounds(src, dst):
+        return round_to(a, dst)
     return a
+
+
+def round_to(a: Element, dtype: str) -> Element:
+    """`a` rounded to float `dtype` (a narrowing convert): exactly on numbers, an
+    uninterpreted function `round_<dtype>` on z3 terms, so no proof takes it for the
+    identity."""
+    if is_z3(a):
+        z = _num(a)
+        return uninterpreted(f"round_{dtype}")(z3.ToReal(z) if z.is_int() else z)
+    value = _pynum(a)
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    rounded = precision.round_to(value, dtype)
+    return rounded if isinstance(rounded, float) else (
+        float(rounded) if isinstance(value, float) else rounded)
 
 
 # ----- array helpers --------------------------------------------------------------------------
@@ -1189,7 +1226,8 @@ def _remainder(args, attrs, dtype, src) -> Array:
 
 def _compare(args, attrs, dtype, src) -> Array:
     direction = attrs.get("comparison_direction")
-    return apply(lambda a, b: compare(a, b, direction), args[0], args[1])
+    total = attrs.get("compare_type") == "TOTALORDER"
+    return apply(lambda a, b: compare(a, b, direction, total), args[0], args[1])
 
 
 def _clamp(args, attrs, dtype, src) -> Array:
@@ -1394,23 +1432,6 @@ def _op_gather(info: OpInfo, operands: list[Array]) -> list[Array]:
                    info.attrs["slice_sizes"], _result_shape(info))]
 
 
-def scatter_kind(info: OpInfo) -> str:
-    """"replace" when the update region returns the update, else its reducer."""
-    kind = info.attrs.get("reducer") or info.attrs.get("update")
-    if kind:
-        return kind
-    op = info.op
-    if op is not None:
-        block = op.regions[0].blocks[0]
-        body = list(block.operations)
-        if len(body) == 1 and list(body[0].operands) == [block.arguments[1]]:
-            return "replace"
-        from .opinfo import reducer_kind
-
-        return reducer_kind(op)
-    raise SemanticsError("scatter without a known update computation")
-
-
 def _op_scatter(info: OpInfo, operands: list[Array]) -> list[Array]:
     if len(operands) != 3:
         raise SemanticsError("variadic scatter has no semantics here (single input only)")
@@ -1458,23 +1479,15 @@ OP_SEMANTICS.update({name: _wrapped_local(OP_SEMANTICS[name]) for name in WRAPPE
 
 # ----- collectives ----------------------------------------------------------------------------
 
-def replica_groups(info: OpInfo, num_devices: int) -> list[list[int]]:
-    """Groups of flattened device ids (use_global_device_ids); none given means one group."""
-    groups = info.attrs.get("replica_groups")
-    if groups is None or isinstance(groups, str):
-        if isinstance(groups, str):
-            raise SemanticsError(f"{info.name}: replica groups {groups!r} are not a dense list")
-        return [list(range(num_devices))]
-    groups = [[int(d) for d in group if int(d) >= 0] for group in np.asarray(groups).tolist()]
-    groups = [g for g in groups if g]
-    if not groups:
-        return [list(range(num_devices))]
-    seen = [d for g in groups for d in g]
-    if len(seen) != len(set(seen)) or any(not 0 <= d < num_devices for d in seen):
-        raise SemanticsError(f"{info.name}: malformed replica groups {groups}")
-    if len(seen) != num_devices:
-        raise SemanticsError(f"{info.name}: replica groups {groups} leave devices out")
-    return groups
+def replica_groups(info: OpInfo, mesh: Mesh) -> list[list[int]]:
+    """The groups of device ids a collective combines, as StableHLO defines them from its
+    channel, use_global_device_ids and replica_groups (`groups.process_groups`)."""
+    from .groups import GroupError, process_groups
+
+    try:
+        return process_groups(info.name, info.attrs, mesh.replicas, mesh.partitions)
+    except GroupError as err:
+        raise SemanticsError(str(err)) from None
 
 
 def _group_of(groups: list[list[int]]) -> dict[int, list[int]]:
@@ -1483,7 +1496,7 @@ def _group_of(groups: list[list[int]]) -> dict[int, list[int]]:
 
 def _all_reduce(info: OpInfo, mesh: Mesh, operands: list[list[Array]]) -> list[list[Array]]:
     n = mesh.num_devices
-    groups = _group_of(replica_groups(info, n))
+    groups = _group_of(replica_groups(info, mesh))
     kind = info.attrs.get("reducer", "add")
     results: list[list[Array]] = []
     for d in range(n):
@@ -1501,7 +1514,7 @@ def _all_reduce(info: OpInfo, mesh: Mesh, operands: list[list[Array]]) -> list[l
 
 def _all_gather(info: OpInfo, mesh: Mesh, operands: list[list[Array]]) -> list[list[Array]]:
     n = mesh.num_devices
-    groups = _group_of(replica_groups(info, n))
+    groups = _group_of(replica_groups(info, mesh))
     dim = info.attrs["all_gather_dim"]
     return [[concatenate([operands[m][k] for m in groups[d]], dim)
              for k in range(len(operands[d]))] for d in range(n)]
@@ -1510,7 +1523,7 @@ def _all_gather(info: OpInfo, mesh: Mesh, operands: list[list[Array]]) -> list[l
 def _reduce_scatter(info: OpInfo, mesh: Mesh, operands: list[list[Array]]
                     ) -> list[list[Array]]:
     n = mesh.num_devices
-    groups = _group_of(replica_groups(info, n))
+    groups = _group_of(replica_groups(info, mesh))
     summed = _all_reduce(info, mesh, operands)
     dim = info.attrs["scatter_dimension"]
     results = []
@@ -1533,7 +1546,7 @@ def _all_to_all(info: OpInfo, mesh: Mesh, operands: list[list[Array]]) -> list[l
     """Device j of a group sends the i-th split block to device i, which concatenates the
     blocks it receives in group order."""
     n = mesh.num_devices
-    groups = _group_of(replica_groups(info, n))
+    groups = _group_of(replica_groups(info, mesh))
     split, concat = info.attrs["split_dimension"], info.attrs["concat_dimension"]
     count = info.attrs.get("split_count")
     results = []
@@ -1559,13 +1572,14 @@ def _all_to_all(info: OpInfo, mesh: Mesh, operands: list[list[Array]]) -> list[l
 def _collective_permute(info: OpInfo, mesh: Mesh, operands: list[list[Array]]
                         ) -> list[list[Array]]:
     """result[target] = operand[source]; devices nobody sends to get zeros."""
+    from .groups import GroupError, permute_pairs
+
     n = mesh.num_devices
-    pairs = [(int(s), int(t)) for s, t in info.attrs.get("source_target_pairs") or []]
-    source_of = {}
-    for s, t in pairs:
-        if t in source_of or not (0 <= s < n and 0 <= t < n):
-            raise SemanticsError(f"collective_permute: malformed pairs {pairs}")
-        source_of[t] = s
+    try:
+        source_of = {t: s for s, t in permute_pairs(info.attrs, mesh.replicas,
+                                                    mesh.partitions)}
+    except GroupError as err:
+        raise SemanticsError(str(err)) from None
     results = []
     for d in range(n):
         if d in source_of:
@@ -1737,7 +1751,11 @@ def _evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
         return OP_SEMANTICS[op](info, args)[0]
     if op in ELEMENTWISE:
         named = {"comparison_direction": attrs[0]} if op == "stablehlo.compare" and attrs else {}
+        if op == "stablehlo.compare" and len(attrs) > 1:
+            named["compare_type"] = attrs[1]
         src = [a.dtype for a in term.args]
+        if op == "stablehlo.convert" and attrs:
+            src = [attrs[0]]  # the dtype the operand was computed in (its term may say less)
         if op in ("stablehlo.maximum", "stablehlo.minimum", "stablehlo.and", "stablehlo.or",
                   "stablehlo.xor") and len(args) > 2:
             fn = ELEMENTWISE[op]

@@ -652,7 +652,7 @@ def iota_interval(pred: Term) -> tuple[int, int, int] | None:
         if any(p is None for p in parts) or len({p[0] for p in parts}) != 1:
             return None
         return parts[0][0], max(p[1] for p in parts), min(p[2] for p in parts)
-    if pred.op != "stablehlo.compare" or len(pred.args) != 2 or not pred.attrs:
+    if pred.op != "stablehlo.compare" or len(pred.args) != 2 or len(pred.attrs) != 1:
         return None
     a, b = pred.args
     direction = pred.attrs[0]
@@ -1378,168 +1378,9 @@ def pretty(term: Term, depth: int = 6, names: dict[int, str] | None = None) -> s
         k, result = term.attrs
         return f"top_k({sub[0]}, k={k}).{'indices' if result else 'values'}"
     name = term.op.split(".")[-1]
+    if term.op == "stablehlo.compare" and len(term.attrs) > 1:
+        name += f"[{term.attrs[1]}]"  # a compare type other than the element type's default
     return f"{name}({', '.join(sub)})"
-
-
-FLOAT32_ROUNDING = Fraction(1, 1 << 21)
-"""Relative difference of two constants accepted by `equal_up_to_rounding` (a few float32
-ulps): XLA replaces `x / c` by `x * float32(1 / c)`, which is not the same real number."""
-
-
-def _close(a, b, tolerance: Fraction) -> bool:
-    if a == b:
-        return True
-    if not isinstance(a, Fraction) or not isinstance(b, Fraction) or a == 0 or b == 0:
-        return False
-    return abs(a - b) <= tolerance * max(abs(a), abs(b))
-
-
-_CONSTANT_FNS = {
-    "stablehlo.sqrt": math.sqrt, "stablehlo.rsqrt": lambda v: 1 / math.sqrt(v),
-    "stablehlo.exponential": math.exp, "stablehlo.log": math.log, "stablehlo.tanh": math.tanh,
-    "stablehlo.cbrt": lambda v: math.copysign(abs(v) ** (1 / 3), v),
-}
-
-
-def constant_value(term: Term, depth: int = 32) -> float | None:
-    """The value of a term built from constants only (`jnp.sqrt(8.0)` in `x / jnp.sqrt(d)`),
-    as a float; None when it depends on data, cannot be evaluated or nests deeper than
-    `depth`."""
-    if depth <= 0:
-        return None
-    depth -= 1
-    try:
-        if term.op == "splat":
-            return float(term.attrs[0])
-        if term.op in ("broadcast", "reshape", "transpose") or (
-                term.op == "stablehlo.convert" and len(term.args) == 1):
-            return constant_value(term.args[0], depth)
-        if term.op in _CONSTANT_FNS and len(term.args) == 1:
-            inner = constant_value(term.args[0], depth)
-            return None if inner is None else _CONSTANT_FNS[term.op](inner)
-        if term.op == "lin":
-            constant, coefs = term.attrs
-            values = [constant_value(a, depth) for a in term.args]
-            if any(v is None for v in values):
-                return None
-            return float(constant) + sum(float(k) * v for k, v in zip(coefs, values))
-        if term.op == "mul":
-            values = [constant_value(a, depth) for a in term.args]
-            return None if any(v is None for v in values) else math.prod(values)
-    except (ValueError, OverflowError, ZeroDivisionError):
-        return None
-    return None
-
-
-def _scaled_view(term: Term) -> tuple[Fraction, Term] | None:
-    """(k, t) with term == k * t for a scaled single term or a division by a constant."""
-    if term.op == "lin" and len(term.args) == 1 and term.attrs[0] == 0:
-        k, inner = term.attrs[1][0], term.args[0]
-        deeper = _scaled_view(inner)
-        return (k * deeper[0], deeper[1]) if deeper else (k, inner)
-    if term.op == "div" and _is_float(term.dtype):  # an integer division truncates
-        value = constant_value(term.args[1])
-        if value is not None and value != 0 and math.isfinite(value):
-            return Fraction(1) / Fraction(value), term.args[0]
-    return None
-
-
-_UNORDERED = {"lin", "mul", *COMMUTATIVE}
-
-
-class _Rounding:
-    """`equal_up_to_rounding`'s search: memoized, depth- and size-bounded."""
-
-    def __init__(self, tolerance: Fraction, limit: int) -> None:
-        self.tolerance = tolerance
-        self.limit = limit
-        self.memo: dict[tuple[int, int], bool] = {}
-        self.found: list[tuple[Scalar, Scalar]] = []
-
-    def close(self, a, b) -> bool:
-        if not _close(a, b, self.tolerance):
-            return False
-        if a != b:
-            self.found.append((a, b))
-        return True
-
-    def equal(self, x: Term, y: Term, depth: int = 0) -> bool:
-        if x is y:
-            return True
-        key = (x.serial, y.serial)
-        if key in self.memo:
-            return self.memo[key]
-        if depth > 120 or len(self.memo) > self.limit:
-            return False
-        self.memo[key] = False
-        result = self._equal(x, y, depth)
-        self.memo[key] = result
-        return result
-
-    def _equal(self, x: Term, y: Term, depth: int) -> bool:
-        if x.shape != y.shape or x.dtype != y.dtype:
-            return False
-        if x.op != y.op or (x.op == "lin" and len(x.args) == 1 == len(y.args)):
-            vx, vy = _scaled_view(x), _scaled_view(y)
-            if vx or vy:
-                kx, bx = vx or (Fraction(1), x)
-                ky, by = vy or (Fraction(1), y)
-                if (bx is x and by is y) or not self.close(kx, ky):
-                    return False
-                return self.equal(bx, by, depth + 1)
-            if x.op != y.op:
-                return False
-        if len(x.args) != len(y.args):
-            return False
-        if x.op == "lin":
-            (cx, kx), (cy, ky) = x.attrs, y.attrs
-            if not self.close(cx, cy):
-                return False
-            left = [(k * (v[0] if v else 1), v[1] if v else a)
-                    for k, a in zip(kx, x.args) for v in (_scaled_view(a),)]
-            right = [(k * (v[0] if v else 1), v[1] if v else a)
-                     for k, a in zip(ky, y.args) for v in (_scaled_view(a),)]
-            return self._match(left, right, depth)
-        if x.op == "splat":
-            return self.close(x.attrs[0], y.attrs[0])
-        if x.op == "region_result" and x.attrs != y.attrs:
-            from .layers import REGION_TERMS
-
-            tx, ty = REGION_TERMS.get(x.attrs[0]), REGION_TERMS.get(y.attrs[0])
-            return tx is not None and ty is not None and self.equal(tx, ty, depth + 1) and all(
-                self.equal(a, b, depth + 1) for a, b in zip(x.args, y.args))
-        if x.attrs != y.attrs:
-            return False
-        if x.op in _UNORDERED:
-            return self._match([(1, a) for a in x.args], [(1, a) for a in y.args], depth)
-        return all(self.equal(a, b, depth + 1) for a, b in zip(x.args, y.args))
-
-    def _match(self, left, right, depth: int) -> bool:
-        """Every (coefficient, term) on the left pairs with one on the right."""
-        unused = list(right)
-        for k, a in left:
-            for n, (m, b) in enumerate(unused):
-                if a.op == b.op and a.shape == b.shape and _close(k, m, self.tolerance) and (
-                        self.equal(a, b, depth + 1)):
-                    self.close(k, m)
-                    del unused[n]
-                    break
-            else:
-                return False
-        return not unused
-
-
-def equal_up_to_rounding(a: Term, b: Term, tolerance: Fraction = FLOAT32_ROUNDING,
-                         limit: int = 200_000) -> list[tuple[Scalar, Scalar]] | None:
-    """The pairs of constants in which two terms differ when they are the same computation up
-    to constants that agree within `tolerance` (relative): coefficients, addends, splats, and
-    a division by a constant expression against a multiplication by its reciprocal. None when
-    they differ otherwise. Float rounding of constants is outside the exact-real semantics:
-    callers report the pairs as a note, never silently."""
-    search = _Rounding(tolerance, limit)
-    if not search.equal(a, b):
-        return None
-    return search.found
 
 
 def structural_diff(a: Term, b: Term, path: str = "", depth: int = 0) -> str | None:

@@ -29,22 +29,43 @@ import operator
 from jaxlib.mlir import ir
 
 from .idioms import _shape
-from .ir import ops_in_order
-from .opinfo import constant_value
+from .ir import erase_dead, op_key, ops_in_order
+from .opinfo import compare_type, constant_value
 
 MAX_TRIPS = 16
 """Longest ring loop unrolled (a ring has one step per device of its mesh axis)."""
 
 
 def unroll_ring_loops(module: ir.Module, ops: list | None = None) -> int:
-    """Unroll every ring loop in place; the number unrolled. `ops`: the module's ops as
-    `ir.ops_in_order` lists them now (saves the first walk)."""
+    """Unroll every ring loop in place, within a budget of `MAX_TRIPS` copies of the module's
+    ops; the number unrolled. `ops`: the module's ops as `ir.ops_in_order` lists them now
+    (saves the first walk).
+
+    The budget keeps the program linear in its size: ring loops one after the other (a
+    forward and its backward) copy each body at most `MAX_TRIPS` times, within it, but ring
+    loops nested k deep would copy the innermost body trips^k times (16 nested loops of two
+    trips: 65536 copies, minutes). A loop past the budget stays a loop (read by the walk's
+    fixpoint, as any loop that is not unrolled)."""
     count = 0
+    size = len(ops) if ops is not None else _count_ops(module.operation)
+    budget = [MAX_TRIPS * size]
     loops = None if ops is None else [op for name, op in ops if name == "stablehlo.while"]
-    while any(_unroll(loop) for loop in (_loops(module) if loops is None else loops)):
+    while any(_unroll(loop, budget) for loop in (_loops(module) if loops is None else loops)):
         loops = None
         count += 1
     return count
+
+
+def _count_ops(op: ir.Operation) -> int:
+    """The number of ops in `op`, itself and those nested included."""
+    count = [0]
+
+    def visit(_):
+        count[0] += 1
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+    return count[0]
 
 
 def _loops(module: ir.Module) -> list[ir.Operation]:
@@ -104,8 +125,10 @@ def _trip_count(loop: ir.Operation) -> int | None:
         return None
     index = args.index(counter)
     width = _integer_width(counter)
+    if width is None:  # a float counter: not a count of steps
+        return None
     signed = _signed_comparison(compare, counter)
-    if width is None or signed is None:
+    if signed is None:
         return None
     limit, start = _constant_int(bound), _constant_int(loop.operands[index])
     if limit is not None and start is not None:
@@ -124,14 +147,9 @@ def _trip_count(loop: ir.Operation) -> int | None:
 
 def _signed_comparison(compare: ir.Operation, counter) -> bool | None:
     """Whether `compare` orders integers as signed (True) or unsigned (False); None for a
-    float or total-order comparison."""
-    if "compare_type" in compare.attributes:
-        kind = str(compare.attributes["compare_type"])
-        if "UNSIGNED" in kind:
-            return False
-        return True if "SIGNED" in kind else None
-    element = ir.IntegerType(ir.RankedTensorType(counter.type).element_type)
-    return not element.is_unsigned
+    float or total-order comparison (its compare type, the element type's default when the
+    attribute is absent: `opinfo.compare_type`)."""
+    return {"SIGNED": True, "UNSIGNED": False}.get(compare_type(compare))
 
 
 def _as_compared(value: int, width: int, signed: bool) -> int:
@@ -172,11 +190,17 @@ def _nested_reads_body(body: ir.Block) -> bool:
     return reads[0]
 
 
-def _unroll(loop: ir.Operation) -> bool:
+def _unroll(loop: ir.Operation, budget: list[int]) -> bool:
+    """Unroll `loop` if it is a ring loop whose copies fit in `budget` (ops still allowed to
+    be created; updated)."""
     body = loop.regions[1].blocks[0]
     trips = _trip_count(loop)
     if trips is None or trips > MAX_TRIPS or not _is_ring(body) or _nested_reads_body(body):
         return False
+    cost = trips * sum(_count_ops(op) for op in body.operations)
+    if cost > budget[0]:
+        return False
+    budget[0] -= cost
     current = list(loop.operands)
     ops = list(body.operations)
     for _ in range(trips):
@@ -209,9 +233,12 @@ def forward_residuals(module: ir.Module) -> int:
     for load in loads:
         count += _forward(load)
     count += _drop_zero_carries(module)
-    for op in _ops(module):
-        if op.name == "stablehlo.dynamic_update_slice" and _unused(op):
-            _erase_dead(op)
+    stores = [(op_key(op), op) for op in _ops(module)
+              if op.name == "stablehlo.dynamic_update_slice"]
+    erased: set[int] = set()
+    for key, op in stores:
+        if key not in erased:
+            erase_dead(op, _erasable, erased)
     return count
 
 
@@ -219,20 +246,8 @@ def _ops(module: ir.Module) -> list[ir.Operation]:
     return [op for _, op in ops_in_order(module)]
 
 
-def _unused(op: ir.Operation) -> bool:
-    return not any(True for r in op.results for _ in r.uses)
-
-
-def _erase_dead(op: ir.Operation) -> None:
-    """Erase `op` and then the producers of its operands that it left without uses."""
-    pending = [op]
-    while pending:
-        op = pending.pop()
-        if not _unused(op) or not op.name.startswith("stablehlo."):
-            continue
-        producers = [_def(v) for v in op.operands]
-        op.erase()
-        pending += [p for p in producers if p is not None]
+def _erasable(name: str) -> bool:
+    return name.startswith("stablehlo.")
 
 
 def fold_counters(module: ir.Module) -> int:

@@ -22,6 +22,11 @@ config.environment["PATH"] = os.pathsep.join(
 for name in ("HOME", "TMPDIR", "PYTHONPATH"):
     if name in os.environ:
         config.environment[name] = os.environ[name]
+# The tools import the entangle of the checkout these tests live in (a git worktree run with
+# the shared venv would otherwise test the venv's installed copy).
+config.environment["PYTHONPATH"] = os.pathsep.join(
+    [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
 
 
 def tool(name):

@@ -9,16 +9,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from entangle_mlir.pipeline import ModulePass, PassState
-from entangle_mlir.program import check_signatures, from_combined, has_refines
+from entangle_mlir.program import (
+    check_form,
+    check_signatures,
+    from_combined,
+    has_refines,
+)
 
 
 @dataclass
 class ImportShardingsPass(ModulePass):
     name = "entangle-import-shardings"
-    summary = "find the function with entangle.refines and its reference; check signatures"
+    summary = ("find the function with entangle.refines and its reference; check signatures and "
+               "that the sharded program is one to check (shard_map or partitioned)")
 
     def apply(self, state: PassState) -> None:
         if state.program is None and has_refines(state.module):
             state.program = from_combined(state.module, state.file)
         if state.program is not None:
             check_signatures(state.program)
+            check_form(state.program)

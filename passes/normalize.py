@@ -1,4 +1,4 @@
-"""entangle-normalize: inline func.calls so every rule sees plain ops; ring loops (a while
+"""entangle-normalize: programs XLA would reject are bad input (`validate.py`); inline func.calls so every rule sees plain ops; ring loops (a while
 passing blocks by collective_permute, constant trip count) are unrolled and the residuals
 their gradient's loops store and read back forwarded (`unroll.py`);
 converts to their operand's own type are dropped; reductions over unit dims (jax's transposes with one sequence / head per device) become
@@ -22,6 +22,7 @@ from entangle_mlir.program import inline_calls
 from entangle_mlir.token_dims import split_token_dims
 from entangle_mlir.unit_dims import fold_unit_dims
 from entangle_mlir.unroll import forward_residuals, unroll_ring_loops
+from entangle_mlir.validate import validate_module
 
 
 @dataclass
@@ -36,6 +37,9 @@ class NormalizePass(ModulePass):
             for module, file in ((state.program.ref_module, state.program.ref_file),
                                  (state.program.sharded_module, state.program.sharded_file)):
                 modules[id(module)] = (module, file)
+        for module, file in modules.values():
+            with module.context:
+                validate_module(module, file)
         listed = []
         for module, file in modules.values():
             inline_calls(module, file)

@@ -1,4 +1,7 @@
-"""entangle-verify-rules: Z3 proves every rule instance the sharded walk used.
+"""entangle-verify-rules: Z3 proves every rule instance both walks used.
+
+The reference walk is checked like the sharded one: its terms are built by the same rules and
+term constructors, and a proof is only as good as the reference term it compares against.
 
 Instances are checked with the op's real attributes at a reduced shape and cached by
 signature, so a repeated layer costs a dictionary lookup. A refuted or inconclusive instance
@@ -24,18 +27,20 @@ class VerifyRulesPass(ModulePass):
     def apply(self, state: PassState) -> None:
         """`rlimit` caps Z3's work per query (deterministic `unknown` past it); `inject_fault`
         (testing only) doubles the inferred term of every op of that name before its check,
-        so the "refuted" path can be exercised."""
+        so the "refuted" path can be exercised (`reference:OP` does it in the reference
+        walk; a bare OP in the sharded walk)."""
         from entangle_mlir import z3check
-        from entangle_mlir.verify import verify_walk
+        from entangle_mlir.verify import verify_walks
 
-        walk = state.walks.get("sharded")
-        if walk is None or state.report is None:
+        walks = {key: state.walks[key] for key in ("reference", "sharded")
+                 if key in state.walks}
+        if "sharded" not in walks or state.report is None:
             return
         before = len(state.report.diagnostics)
         z3check.set_resource_limit(self.rlimit)
         try:
-            verify_walk(walk, state.report, budget_seconds=self.budget_seconds,
-                        inject_fault=self.inject_fault)
+            verify_walks(walks, state.report, budget_seconds=self.budget_seconds,
+                         inject_fault=self.inject_fault)
         finally:
             z3check.set_resource_limit(0)
         state.diagnostics.extend(state.report.diagnostics[before:])

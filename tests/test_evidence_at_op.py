@@ -196,16 +196,18 @@ def test_values_differ_at_the_mutated_op_of_a_partitioned_program(name: str) -> 
 
 
 def test_rounded_reciprocal_is_proven_without_evidence() -> None:
-    """attention_div_sqrt (XLA's rounded reciprocal of sqrt(d)) used to be the correct program
-    that could not be proven, where evidence had to show agreement; it is proven now, up to
-    float32 rounding of the constant (a note says so), and no evidence is claimed."""
+    """attention_div_sqrt used to be the correct program that could not be proven, where
+    evidence had to show agreement. XLA folds `sqrt(8.0)` into the float32 constant 2.82842708
+    and still divides by it: the exact float32 value of the reference's `sqrt(8.0)` (IEEE's
+    correctly rounded square root), so the proof is exact, assumes no rounding of constants,
+    and claims no evidence."""
     from test_partitioned import lowered
 
     from entangle_mlir.check import check_texts
 
     report = check_texts(*lowered("attention_div_sqrt"), verify_rules=False)
     assert report.proven, report.render_text()
-    assert any("float32 rounding" in note for note in report.notes), report.notes
+    assert not any("constant rounding" in note for note in report.notes), report.notes
     assert report.focus is None
 
 

@@ -164,19 +164,27 @@ def test_psum_with_matching_groups_is_proven(write) -> None:
 @pytest.mark.parametrize("groups, shape", [
     ("[[0, 2], [1, 3]]", "2x2"),          # a partition of the devices, but no mesh axis
     ("[[0, 1], [2, 3]]", "2x2"),          # an axis of a 2x2 mesh, not of tp=4
-    ("[[0, 1, 2]]", "1x3"),               # not every device
-    ("[[0, 1, 2, -1]]", "1x4"),           # XLA's padding id
-], ids=["strided", "halves", "partial", "padded"])
+], ids=["strided", "halves"])
 def test_groups_that_match_no_mesh_axes(write, groups, shape) -> None:
     path = write("g.mlir", _psum(groups, shape))
     run = check(path)
     _not_proven(run, "replica groups", "do not correspond to any mesh axes", f"{path}:10:")
 
 
+@pytest.mark.parametrize("groups, shape", [
+    ("[[0, 1, 2]]", "1x3"),               # not every device
+    ("[[0, 1, 2, -1]]", "1x4"),           # XLA's padding id: the same groups
+], ids=["partial", "padded"])
+def test_groups_that_leave_a_device_out(write, groups, shape) -> None:
+    """XLA's verifier refuses groups that do not name every device: bad input."""
+    path = write("g.mlir", _psum(groups, shape))
+    _bad_input(check(path), f"{path}:10:", "leave out flattened device ids [3]")
+
+
 def test_groups_for_a_bigger_mesh_than_declared(write) -> None:
-    """The collective runs over 8 devices but the mesh has 4."""
+    """The collective runs over 8 devices but the mesh has 4: ids out of range, bad input."""
     path = write("g8.mlir", _psum("[[0, 1, 2, 3, 4, 5, 6, 7]]", "1x8"))
-    _not_proven(check(path), "do not correspond to any mesh axes of tp=4")
+    _bad_input(check(path), f"{path}:10:", "flattened device id 4", "outside the 4")
 
 
 def test_groups_over_a_2d_mesh_written_for_a_1d_one(write) -> None:
@@ -197,9 +205,10 @@ def test_groups_with_a_repeated_device(write) -> None:
 
 
 def test_replica_ids_instead_of_device_ids(write) -> None:
+    """No channel: the groups are replica ids (cross_replica), and there is one replica."""
     attrs = "replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>"
     path = write("rid.mlir", _psum("", "", attrs=attrs))
-    _not_proven(check(path), "replica ids")
+    _bad_input(check(path), f"{path}:10:", "replica id 1", "no channel_handle")
 
 
 def test_permuted_group_order_does_not_matter_for_all_reduce(write) -> None:

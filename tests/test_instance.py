@@ -117,7 +117,7 @@ def _layer(checker: I.InstanceChecker, x: T.Term, w1: T.Term, w2: T.Term, mesh: 
     info = info_for("stablehlo.dot_general", ins, [((b, s, d), "f32")], mesh, dot)
     (p,) = run_rule(info, ins, mesh)
     statuses.append(checker.check(info, ins, [p], mesh))
-    groups = {"replica_groups": mesh.groups_for(("tp",)), "use_global_device_ids": True,
+    groups = {"replica_groups": mesh.groups_for(("tp",)), "use_global_device_ids": True, "channel_handle": 1,
               "reducer": "add"}
     info = info_for("stablehlo.all_reduce", [p], [((b, s, d), "f32")], mesh, groups)
     (y,) = run_rule(info, [p], mesh)
@@ -412,10 +412,10 @@ COLLECTIVE_BUGS = [
      {"source_target_pairs": [[0, 0], [1, 3], [2, 2], [3, 1]], "channel_handle": 1}),
     ("max-over-replicated-axis-of-partial-sum", "stablehlo.all_reduce",
      tiled(T.make_arg(900_002, (2,), "f32"), partial=("tp",)),
-     {"replica_groups": [[0, 2], [1, 3]], "use_global_device_ids": True, "reducer": "max"}),
+     {"replica_groups": [[0, 2], [1, 3]], "use_global_device_ids": True, "channel_handle": 1, "reducer": "max"}),
     ("sum-over-replicated-axis-of-partial-max", "stablehlo.all_reduce",
      tiled(T.make_arg(900_003, (2,), "f32"), partial=("dp",), kind="max"),
-     {"replica_groups": [[0, 1], [2, 3]], "use_global_device_ids": True, "reducer": "add"}),
+     {"replica_groups": [[0, 1], [2, 3]], "use_global_device_ids": True, "channel_handle": 1, "reducer": "add"}),
 ]
 
 

@@ -1,6 +1,6 @@
 """The numerical idioms of entangle-normalize (`entangle_mlir/idioms.py`), grounded by execution
 on 4 simulated CPU devices: psum spelled as all_gather + sum, a log-sum-exp stabilised by a
-per-shard max, and one without any max are proven; the near misses (a shift that is not added
+per-shard max that is pmax'd is proven; the near misses (a shift that is not added
 back exactly, a per-shard shift under a psum, the gather of a replicated value, a sum over the
 wrong axis) compute other numbers and are not proven."""
 
@@ -77,11 +77,12 @@ def _ex(name, ref, body) -> Example:
 
 
 PROVEN = [
-    _ex("lse_local_max_rescaled", lse_ref, lse_local_max_rescaled),
     _ex("lse_pmax", lse_ref, lse_pmax),
-    _ex("lse_no_max", lse_ref, lse_no_max),
     _ex("row_sum_gathered", row_sum_ref, row_sum_gathered),
 ]
+"""`lse_local_max_rescaled` and `lse_no_max` equal the reference in real arithmetic only:
+they overflow at x = 100 in float32 where the reference does not, and are not proven
+(tests/test_exact_finite.py grounds both)."""
 
 NOT_PROVEN = [
     _ex("lse_local_max_not_rescaled", lse_ref, lse_local_max_not_rescaled),
@@ -135,8 +136,9 @@ def test_sum_over_the_wrong_axis_is_not_proven() -> None:
 
 
 def test_rewritten_training_step_computes_the_same_when_executed() -> None:
-    """Llama-3 AdamW step (its cross-entropy's log-sum-exp is rewritten), reference program,
-    run by XLA before and after the rewrite."""
+    """Llama-3 AdamW step, reference program, run by XLA before and after the rewrites: its
+    cross-entropy's max-shifted log-sum-exp is kept (dropping the shift of an unbounded
+    value is not exact in float32), so nothing is rewritten."""
     from entangle_mlir.evidence import execute_replicas
     from entangle_mlir.idioms import rewrite_idioms
     from entangle_mlir.ir import context, parse_module
@@ -149,7 +151,7 @@ def test_rewritten_training_step_computes_the_same_when_executed() -> None:
     with context():
         module = parse_module(ref_text)
         inline_calls(module, "reference.mlir")  # as entangle-normalize does first
-        assert rewrite_idioms(module) == 1
+        assert rewrite_idioms(module) == 0
         assert module.operation.verify()
         rewritten = str(module)
     before = execute_replicas(ref_text, [args])[0]

@@ -44,7 +44,8 @@ def local_info(op: str, ins: list[Value], attrs: dict) -> object:
 
 
 def permute_info(x: Value, pairs) -> object:
-    return local_info("stablehlo.collective_permute", [x], {"source_target_pairs": pairs})
+    return local_info("stablehlo.collective_permute", [x], {"source_target_pairs": pairs,
+                                                                "channel_handle": 1})
 
 
 def add_info(a: Value, b: Value) -> object:

@@ -160,7 +160,7 @@ def test_block_values_are_the_blocks_of_the_full_values() -> None:
 # ----- collectives: symmetric in the axes their replica groups do not span ---------------------
 
 def _collective(name: str, x: Rel, axes: tuple[str, ...], local_in, local_out, **attrs):
-    info = OpInfo(name, {"replica_groups": MESH.groups_for(axes), "use_global_device_ids": True,
+    info = OpInfo(name, {"replica_groups": MESH.groups_for(axes), "use_global_device_ids": True, "channel_handle": 1,
                          **attrs},
                   [TensorType(local_in, "f32")], [TensorType(local_out, "f32")])
     (out,) = RULES[name](info, [x], _ctx())

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from .. import precision
+from ..groups import GroupError, permute_pairs, process_groups
 from ..layout import Opaque, Permuted, Rel, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo
@@ -13,6 +15,7 @@ from ..terms import intern, make_reshape, make_roll, make_transpose, scale
 from .base import RuleContext
 from .common import freeze
 from .reduction import sum_term
+from .reduction import unsupported_reducer as _unsupported_reducer
 from .window import as_window, cyclic_shifts, permute_window
 
 _KIND = {"add": "sum", "max": "max", "min": "min"}
@@ -23,13 +26,10 @@ def group_axes(info: OpInfo, ctx: RuleContext, ordered: bool = True
     """The mesh axes a collective's replica groups run over (ordered as in the groups)."""
     if ctx.is_global or ctx.mesh is None:
         return Opaque(f"{info.name} outside a manual computation", category="unsupported")
-    groups = info.attrs.get("replica_groups")
-    if not isinstance(groups, list) or not groups:
-        return Opaque(f"{info.name}: replica groups in an unsupported format",
-                      category="unsupported")
-    if not info.attrs.get("use_global_device_ids") and "channel_handle" not in info.attrs:
-        return Opaque(f"{info.name}: replica ids (not global device ids) are not supported",
-                      category="unsupported")
+    try:
+        groups = process_groups(info.name, info.attrs, ctx.mesh.replicas, ctx.mesh.partitions)
+    except GroupError as err:
+        return Opaque(str(err), category="wrong_groups")
     axes = ctx.mesh.axes_of_groups(groups, ordered)
     if axes is None:
         return Opaque(f"{info.name}: replica groups {groups} do not correspond to any mesh axes "
@@ -55,7 +55,7 @@ def all_reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Va
         return [axes] * len(operands)
     reducer = info.attrs.get("reducer", "other")
     if reducer not in _KIND:
-        return [Opaque(f"all_reduce with a '{reducer}' reducer is not supported",
+        return [Opaque(_unsupported_reducer(info),
                        category="unsupported")] * len(operands)
     return [_all_reduce_one(info, x, axes, _KIND[reducer], ctx) for x in operands]
 
@@ -77,6 +77,10 @@ def _all_reduce_one(info: OpInfo, x: Value, axes: tuple[str, ...], kind: str,
     if reduced and x.kind != kind:
         return Opaque(f"all_reduce {verb} over {axes_str(axes)} but the value is a partial "
                       f"{x.kind}: the reduction kind is wrong", category="wrong_reducer")
+    if reduced and kind == "sum":
+        lost = _sum_precision(info, x, axes, ctx)
+        if lost is not None:
+            return lost
     replicated_axes = [a for a in axes if a not in reduced]
     if x.partial and replicated_axes and (kind != "sum" or x.kind != "sum"):
         return Opaque(f"all_reduce {verb} over {axes_str(replicated_axes)} mixes the pieces of "
@@ -93,6 +97,21 @@ def _all_reduce_one(info: OpInfo, x: Value, axes: tuple[str, ...], kind: str,
     remaining = tuple(a for a in x.partial if a not in reduced)
     return replace(x, term=term, partial=remaining, kind=x.kind if remaining else "",
                    partial_origin=x.partial_origin if remaining else None)
+
+
+def _sum_precision(info: OpInfo, x: Rel, axes, ctx: RuleContext) -> Opaque | None:
+    """A collective summing partial sums in `info`'s element type: lower precision than the
+    type the reference computes the sum in is precision lost; a sum in a narrow float type
+    that the reference also computes in it is regrouped (liberty 1), and the report says so."""
+    dtype, wanted = info.result_types[0].dtype, x.term.dtype
+    name = info.name.split(".")[-1]
+    if precision.lower_precision(dtype, wanted):
+        return Opaque(f"precision lost: {name} sums over {axes_str(axes)} in {dtype} where the "
+                      f"reference sums in {wanted}", category="precision_lost")
+    if precision.lower_precision(dtype, "f32"):
+        ctx.note(f"float sums regrouped in {dtype}: {name} adds {dtype} partial sums of a "
+                 f"sum the reference also computes in {dtype} (float sums may be regrouped)")
+    return None
 
 
 def _reduce_unit_blocks(x: Rel, axes: tuple[str, ...], kind: str, ctx: RuleContext
@@ -164,7 +183,7 @@ def reduce_scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> lis
         return [x]
     reducer = info.attrs.get("reducer", "other")
     if reducer != "add":
-        return [Opaque(f"reduce_scatter with a '{reducer}' reducer is not supported",
+        return [Opaque(_unsupported_reducer(info),
                        category="unsupported")]
     dim = info.attrs["scatter_dimension"]
     split = set(axes) & set(x.tiled_axes)
@@ -175,6 +194,10 @@ def reduce_scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> lis
     if x.partial and x.kind != "sum":
         return [Opaque(f"reduce_scatter sums a partial {x.kind}", category="wrong_reducer")]
     reduced = [a for a in axes if a in x.partial]
+    if reduced:
+        lost = _sum_precision(info, x, axes, ctx)
+        if lost is not None:
+            return [lost]
     replicated_axes = [a for a in axes if a not in x.partial]
     term = x.term
     if replicated_axes:
@@ -296,13 +319,11 @@ def collective_permute(info: OpInfo, operands: list[Value], ctx: RuleContext) ->
         return [Opaque("collective_permute outside a manual computation",
                        category="unsupported")]
     mesh = ctx.mesh
-    pairs = info.attrs.get("source_target_pairs") or []
-    moved_from: dict[int, int] = {}
-    for source, target in pairs:
-        if target in moved_from or not 0 <= source < mesh.num_devices:
-            return [Opaque(f"collective_permute: malformed source/target pairs {pairs[:8]}",
-                           category="unsupported")]
-        moved_from[target] = source
+    try:
+        pairs = permute_pairs(info.attrs, mesh.replicas, mesh.partitions)
+    except GroupError as err:
+        return [Opaque(str(err), category="wrong_groups")]
+    moved_from = {target: source for source, target in pairs}
     order = [t for _, t in pairs]
     window = x if isinstance(x, Windowed) else None
     if window is None and len(moved_from) != mesh.num_devices and not base.partial:

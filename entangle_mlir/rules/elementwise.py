@@ -10,10 +10,11 @@ import math
 from dataclasses import replace
 from fractions import Fraction
 
+from .. import precision
 from ..intrange import exact_convert, fits, wrap_integer
 from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
 from ..mesh import axes_str
-from ..opinfo import OpInfo
+from ..opinfo import OpInfo, compare_is_default
 from ..terms import (
     Term,
     make_broadcast,
@@ -148,6 +149,15 @@ def _partial_result(info: OpInfo, rels: list[Rel], ctx: RuleContext
     if name == "stablehlo.convert":
         if _convert_keeps_partial(info, kind):
             return rels, axes, kind
+        source, target = info.operand_types[0].dtype, info.result_types[0].dtype
+        if precision.rounds(source, target):
+            if kind in ("max", "min"):
+                return rels, axes, kind  # rounding is monotone: it commutes with max and min
+            return Opaque(
+                f"precision lost: convert {source} -> {target} rounds each device's partial "
+                f"sum over {axes_str(axes)} to {target}, so the sum over devices is computed "
+                f"in {target} where the reference computes it in {first.term.dtype}",
+                category="precision_lost")
         return nonlinear
     if name == "stablehlo.negate":
         flipped = {"sum": "sum", "max": "min", "min": "max"}[kind]
@@ -190,8 +200,12 @@ def _partial_result(info: OpInfo, rels: list[Rel], ctx: RuleContext
 
 
 def _term_attrs(info: OpInfo) -> tuple:
+    """A compare's term attributes: its direction, and its compare type unless it is the
+    element type's default (a TOTALORDER compare is another op than a FLOAT one)."""
     if info.name == "stablehlo.compare":
-        return (info.attrs["comparison_direction"],)
+        if compare_is_default(info):
+            return (info.attrs["comparison_direction"],)
+        return (info.attrs["comparison_direction"], info.attrs["compare_type"])
     return ()
 
 
@@ -201,6 +215,9 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
     if constant_pred is not None:
         return [operands[1] if constant_pred else operands[2]]
     if not all(type(v) is Rel for v in operands):
+        if info.name == "stablehlo.compare" and not compare_is_default(info):
+            return [Opaque(f"compare ({info.attrs['compare_type']}) of device-dependent values "
+                           "is not supported", category="unsupported")]
         if any(isinstance(v, DEVICE_BLOCK_VALUES) for v in operands):
             return blocks.elementwise(info, operands, ctx, elementwise)
         if any(isinstance(v, Windowed) for v in operands):
@@ -267,16 +284,13 @@ def _folded(info: OpInfo, rels: list[Rel]) -> Term | None:
 
 
 def _exact_convert(info: OpInfo) -> bool:
-    """Converts that keep every value of the operand's dtype: between float types (their
-    precision is judged elsewhere), from booleans, and from an integer type to a type that
-    holds all its values (a narrowing integer convert wraps; an integer above 2^p rounds in a
-    float of p significand bits). Float -> int truncates: a nonlinear op."""
+    """Converts that are the identity on values: every value of the source type is one of
+    the target's (`precision.exact_convert`: bf16 -> f32, i16 -> f32, booleans), or an integer
+    type whose range the target integer type holds (a narrowing integer convert wraps).
+    Float -> int truncates (a nonlinear op); f32 -> bf16 and i32 -> f32 round."""
     source, target = info.operand_types[0], info.result_types[0]
-    if target.dtype == source.dtype or source.dtype == "i1":
-        return True
-    if source.is_int:
-        return exact_convert(source.dtype, target.dtype)
-    return source.is_float and target.is_float
+    return (precision.exact_convert(source.dtype, target.dtype)
+            or (source.is_int and target.is_int and exact_convert(source.dtype, target.dtype)))
 
 
 def _convert_keeps_partial(info: OpInfo, kind: str) -> bool:
@@ -292,45 +306,79 @@ def _convert_keeps_partial(info: OpInfo, kind: str) -> bool:
     return _exact_convert(info)
 
 
+_STORED = frozenset({"arg", "splat", "dense", "iota", "stablehlo.convert"})
+_MOVES = frozenset({"broadcast", "reshape", "transpose", "slice", "concatenate", "pad",
+                    "reverse"})
+
+
+def _computed(term: Term) -> bool:
+    """The term is arithmetic (not only stored values moved around): widening it leaves a
+    value computed in the narrower type, which a proof must not take for one computed in the
+    wider type."""
+    stack, seen = [term], set()
+    while stack:
+        top = stack.pop()
+        if top.serial in seen or top.op in _STORED:
+            continue
+        if top.op not in _MOVES:
+            return True
+        seen.add(top.serial)
+        stack.extend(top.args)
+    return False
+
+
 def _build_term(info: OpInfo, terms: list[Term], ctx: RuleContext) -> Term:
     rtype = info.result_types[0]
     if info.name == "stablehlo.convert":
-        source = info.operand_types[0]
-        if source.dtype == rtype.dtype or source.dtype == "i1":
-            return terms[0]
-        if source.is_float and rtype.is_float:
-            ctx.note(f"convert {source.dtype} -> {rtype.dtype} is treated as exact "
-                     "(real-number semantics)")
-            return _retyped(terms[0], rtype.dtype) or terms[0]
-        if source.is_int:
-            # an integer term keeps its dtype's arithmetic (wrap-around): only constant
-            # positions whose every value the new dtype holds are retyped; anything else is
-            # an explicit convert, so no linear form flattens across it
-            retyped = _retyped(terms[0], rtype.dtype)
-            if retyped is not None:
-                return retyped
+        source = info.operand_types[0].dtype
+        if _exact_convert(info):
+            if precision.lower_precision(source, rtype.dtype) and _computed(terms[0]):
+                # the boundary where bf16 arithmetic enters f32: exact, but kept in the term
+                ctx.hint(f"precision lost: the value was computed in {source} (convert "
+                         f"{source} -> {rtype.dtype} after it) where the reference computes it "
+                         f"in {rtype.dtype}", "precision_lost")
+                return make_elementwise(info.name, (terms[0],), (source,), dtype=rtype.dtype)
+            retyped = _retyped(terms[0], rtype.dtype, source)
+            if retyped is None and info.operand_types[0].is_int and source != rtype.dtype:
+                # an integer term keeps its dtype's arithmetic (wrap-around): an explicit
+                # convert, so no linear form flattens across it into the wider type
+                return make_elementwise(info.name, (terms[0],), (), dtype=rtype.dtype)
+            return retyped or terms[0]
+        if precision.rounds(source, rtype.dtype):
+            constant = _retyped(terms[0], rtype.dtype, source)
+            if constant is not None:
+                return constant
+            ctx.hint(f"precision lost: convert {source} -> {rtype.dtype} rounds to "
+                     f"{rtype.dtype} where the reference does not", "precision_lost")
+            return make_elementwise(info.name, (terms[0],), (source,), dtype=rtype.dtype)
     return make_elementwise(info.name, tuple(terms), _term_attrs(info), dtype=rtype.dtype)
 
 
-def _retyped(term: Term, dtype: str) -> Term | None:
-    """An exactly converted constant position (iota, splat, and their broadcasts and
-    reshapes) in the new dtype: `arange(n).astype(f32)` is jax's float iota. Only where the
-    new dtype holds every value exactly (an iota of 512 positions in bf16 does not)."""
+def _retyped(term: Term, dtype: str, source: str) -> Term | None:
+    """A converted constant position (iota, splat, and their broadcasts and reshapes) in the
+    new dtype, when the convert keeps its values or rounds them to known constants:
+    `arange(n).astype(f32)` is jax's float iota (exact while n <= 2^24), `f32(0.1)` in bf16
+    is the rounded constant."""
     if term.dtype == dtype or dtype == "i1" or term.dtype == "i1":
         return None
     if term.op == "iota":
-        last = Fraction(max(term.shape[0] - 1, 0))
-        if not (fits(Fraction(0), last, dtype) and fits(Fraction(0), last, term.dtype)):
+        if not fits(Fraction(0), Fraction(max(term.shape[0] - 1, 0)), term.dtype):
             return None  # (an iota of 512 positions in bf16 holds rounded values)
-        return make_iota(term.shape, term.attrs[0], dtype)
+        limit = precision.integer_exact_below(dtype) if precision.is_float(dtype) else None
+        if precision.exact_convert(source, dtype) or (
+                limit is not None and max(term.shape) <= limit):
+            return make_iota(term.shape, term.attrs[0], dtype)
+        return None
     if term.op == "splat":
         value = splat_value(term)
-        if not is_float_type(term.dtype) and not (
-                isinstance(value, Fraction) and fits(value, value, dtype)):
-            return None
+        if precision.rounds(source, dtype):
+            value = precision.round_to(value, dtype)
+        elif not (isinstance(value, Fraction) and fits(value, value, dtype)) and \
+                not precision.is_float(dtype):
+            return None  # an integer constant the narrower type wraps
         return make_splat(value, term.shape, dtype)
     if term.op in ("broadcast", "reshape") and len(term.args) == 1:
-        inner = _retyped(term.args[0], dtype)
+        inner = _retyped(term.args[0], dtype, source)
         if inner is None:
             return None
         if term.op == "broadcast":

@@ -41,7 +41,7 @@ from fractions import Fraction
 
 from ..layout import BlockIndex, Opaque, Rel, Shifted, Value
 from ..mesh import axes_str
-from ..opinfo import OpInfo, TensorType
+from ..opinfo import OpInfo, TensorType, region_problem, scatter_kind
 from ..terms import Term, intern, make_add, make_op, make_splat, scale, splat_value
 from . import blocks
 from .base import RuleContext
@@ -57,8 +57,6 @@ _SCATTER_KEYS = ("update_window_dims", "inserted_window_dims", "input_batching_d
                  "scatter_indices_batching_dims", "scatter_dims_to_operand_dims")
 _DIM_LIST = re.compile(r"(\w+)\s*=\s*\[([\d,\s]*)\]")
 _DIM_INT = re.compile(r"index_vector_dim\s*=\s*(\d+)")
-_REDUCERS = {"stablehlo.add": "add", "stablehlo.maximum": "max", "stablehlo.minimum": "min",
-             "stablehlo.multiply": "mul"}
 _KIND = {"add": "sum", "max": "max", "min": "min"}
 
 
@@ -88,27 +86,6 @@ def dims_of(info: OpInfo, key: str, names: tuple[str, ...]) -> dict:
     # StableHLO prints attributes at their default value not at all: no index_vector_dim is 0.
     out.setdefault("index_vector_dim", 0)
     return out
-
-
-def scatter_kind(info: OpInfo) -> str:
-    """`replace` when the update region returns the update, else its reducer (`add`, ...)."""
-    kind = info.attrs.get("reducer") or info.attrs.get("update")
-    if kind:
-        return str(kind)
-    op = info.op
-    if op is None or not op.regions:
-        return "other"
-    block = op.regions[0].blocks[0]
-    body = list(block.operations)
-    args = list(block.arguments)
-    if len(body) == 1 and len(args) == 2 and list(body[0].operands) == [args[1]]:
-        return "replace"
-    if len(body) == 2 and len(args) == 2 and list(body[1].operands) == [body[0].results[0]]:
-        inner = body[0]
-        operands = list(inner.operands)
-        if operands in ([args[0], args[1]], [args[1], args[0]]):
-            return _REDUCERS.get(inner.name, "other")
-    return "other"
 
 
 def _pairs(d: dict) -> tuple:
@@ -246,6 +223,11 @@ def scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
         return [Opaque("variadic scatter is not supported", category="unsupported")
                 ] * len(info.result_types)
     operand, indices, updates = operands
+    kind = scatter_kind(info)
+    if kind not in ("add", "replace"):
+        return [Opaque(region_problem(info) if kind == "other" else
+                       f"scatter with a '{kind}' update computation is not supported",
+                       category="unsupported")]
     if isinstance(indices, BlockIndex):
         dims = dims_of(info, "scatter_dimension_numbers", _SCATTER_KEYS)
         return [blocks.scatter(info, operand, indices, updates, dims, scatter_kind(info),
@@ -254,10 +236,6 @@ def scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
         return [_scatter_into_blocks(info, operand, indices, updates, ctx)]
     if not all(isinstance(v, Rel) for v in operands):
         return [Opaque("scatter of a device-dependent scalar", category="unsupported")]
-    kind = scatter_kind(info)
-    if kind not in ("add", "replace"):
-        return [Opaque(f"scatter with a '{kind}' update computation is not supported",
-                       category="unsupported")]
     dims = dims_of(info, "scatter_dimension_numbers", _SCATTER_KEYS)
     batching = list(zip(dims["input_batching_dims"], dims["scatter_indices_batching_dims"]))
     operand = _widen_batching(operand, indices, batching, info.operand_types[0].shape,

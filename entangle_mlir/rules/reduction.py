@@ -6,7 +6,7 @@ from fractions import Fraction
 
 from ..layout import DEVICE_BLOCK_VALUES, Opaque, Rel, Value, Windowed
 from ..mesh import axes_str
-from ..opinfo import OpInfo
+from ..opinfo import OpInfo, region_problem
 from ..terms import (
     Term,
     intern,
@@ -29,6 +29,15 @@ _KIND = {"add": "sum", "max": "max", "min": "min"}
 _COMBINE = {"max": "stablehlo.maximum", "min": "stablehlo.minimum"}
 
 
+def unsupported_reducer(info: OpInfo) -> str:
+    """Why a reducer is refused: what its region does instead (`region_problem`), or the
+    reduction no rule handles here."""
+    reducer = info.attrs.get("reducer", "other")
+    if reducer == "other":
+        return f"not a supported reduction: {region_problem(info)}"
+    return f"{info.name.split('.')[-1]} with a '{reducer}' reducer is not supported"
+
+
 def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     half = len(operands) // 2
     if half != 1:
@@ -44,7 +53,7 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     if reducer in _LOGICAL:
         return [_logical_reduce(info, x, init, reducer)]
     if reducer not in _KIND:
-        return [Opaque(f"reduce with a '{reducer}' reducer is not supported",
+        return [Opaque(unsupported_reducer(info),
                        category="unsupported")]
     if isinstance(x, Windowed) and isinstance(init, Rel) and ctx.mesh is not None:
         return [window_reduce(info, x, init, reducer, ctx, reduce)]
@@ -180,7 +189,7 @@ def reduce_window(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list
     x, init = operands
     reducer = info.attrs.get("reducer", "other")
     if reducer not in _KIND:
-        return [Opaque(f"reduce_window with a '{reducer}' reducer is not supported",
+        return [Opaque(unsupported_reducer(info),
                        category="unsupported")]
     if not isinstance(x, Rel | Windowed) or not isinstance(init, Rel):
         return [Opaque("reduce_window of a device-dependent value", category="unsupported")]

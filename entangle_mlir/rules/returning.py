@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..groups import GroupError, permute_pairs
 from ..layout import Opaque, Rel, Reordered, Returning, Value
 from ..mesh import axes_str
 from ..opinfo import OpInfo
@@ -73,13 +74,11 @@ def permute(info: OpInfo, x: Returning, ctx: RuleContext) -> Value:
     """Device d takes its source's blocks and sources; every device must receive (a missing
     one would hold zeros), from a device of its own partial group."""
     mesh = ctx.mesh
-    pairs = info.attrs.get("source_target_pairs") or []
-    moved_from: dict[int, int] = {}
-    for source, target in pairs:
-        if target in moved_from or not 0 <= source < mesh.num_devices:
-            return Opaque(f"collective_permute: malformed source/target pairs {pairs[:8]}",
-                          category="unsupported")
-        moved_from[target] = source
+    try:
+        moved_from = {t: s for s, t in permute_pairs(info.attrs, mesh.replicas,
+                                                     mesh.partitions)}
+    except GroupError as err:
+        return Opaque(str(err), category="wrong_groups")
     if len(moved_from) != mesh.num_devices:
         missing = sorted(set(range(mesh.num_devices)) - set(moved_from))
         return Opaque(f"collective_permute leaves devices {missing[:8]} without data (they "

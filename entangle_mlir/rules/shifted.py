@@ -13,6 +13,7 @@ import itertools
 from dataclasses import replace
 from fractions import Fraction
 
+from .. import precision
 from ..intrange import INT_BITS, fits, int_limits, value_range, wrap_integer
 from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value
 from ..mesh import axes_str
@@ -113,7 +114,9 @@ def elementwise_shifted(info: OpInfo, operands: list[Value], ctx: RuleContext,
         return unsupported
     if name == "stablehlo.select" and len(operands) == 3 and isinstance(operands[0], Shifted):
         return [device_select(info, operands, ctx, plain)]
-    if name == "stablehlo.convert":
+    if name == "stablehlo.convert" and (info.result_types[0].is_int or (
+            info.result_types[0].is_float
+            and not precision.rounds(info.operand_types[0].dtype, info.result_types[0].dtype))):
         (x,) = operands
         offsets = _converted_offsets(info, x)
         if offsets is None:

@@ -396,8 +396,7 @@ def flat_tokens_grad_sp(w, x):
 # Causes the verifier has since learned to handle: their reproducers must stay proven.
 FIXED = {"bias_grad_unit_dims", "take_and_reducer", "top_k", "gather_batching_dims",
          "scatter_batching_dims", "dp_mean_coefficients", "scan_backward",
-         "unit_dim_transpose", "moe_flatten_split_seq", "allgather_partial", "local_max",
-         "exp_algebra", "unit_batch_view",
+         "unit_dim_transpose", "moe_flatten_split_seq", "allgather_partial", "unit_batch_view",
          "slice_of_split_dim", "device_offset_tensor", "ring_attention", "ring_backward",
          "ring_max_grad", "ring_gqa", "ring_loop_backward"}
 
@@ -540,10 +539,6 @@ def reproducers() -> list[Repro]:
     out += [
         Repro("allgather_partial", "psum written as all_gather on a new axis + sum",
               tricky["psum_as_all_gather_sum_tp4"]),
-        Repro("local_max", "vocab-parallel log-sum-exp with a per-shard max (no pmax)",
-              tricky["ce_local_max_tp4"]),
-        Repro("exp_algebra", "log-sum-exp without max subtraction vs the reference's",
-              tricky["ce_no_max_tp4"]),
     ]
     return out
 

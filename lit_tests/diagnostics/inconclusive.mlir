@@ -6,7 +6,8 @@
 // term, but exact real-number semantics leave x / 0 undefined: the instance check assumes every
 // divisor is nonzero, cannot pose the query for this one, and answers "unknown" (Z3 is never
 // asked, and the message says why). The divide can be neither proved
-// nor refuted: the check is inconclusive and the verdict is "not proven".
+// nor refuted: the check is inconclusive and the verdict is "not proven". The reference
+// walk's instance is checked first (issue 16, class 7) and is inconclusive alike.
 //
 //   def ref(x):  return x / 0.0
 //   def body(x_l):  return x_l / 0.0
@@ -14,14 +15,17 @@
 
 // CHECK: "verdict": "not proven"
 // CHECK: "diagnostics": [
+// CHECK: "message": "proof of the rule instance for stablehlo.divide in the reference walk is inconclusive: a division by zero"
+// CHECK: "reason": "inconclusive"
 // CHECK: "message": "proof of the rule instance for stablehlo.divide is inconclusive: a division by zero"
 // CHECK: "reason": "inconclusive"
-// CHECK: "rule_check_mode": "Z3 checked 2 rule instances: 1 proved, 0 refuted, 1 inconclusive"
+// CHECK: "rule_check_mode": "Z3 checked 4 rule instances: 2 proved, 0 refuted, 2 inconclusive; 2 of them in the reference walk"
 
 sdy.mesh @mesh = <["tp"=4]>
 
 func.func @ref(%x: tensor<8x16xf32>) -> tensor<8x16xf32> {
   %c0 = stablehlo.constant dense<0.0> : tensor<8x16xf32>
+  // expected-error @+1 {{proof of the rule instance for stablehlo.divide in the reference walk is inconclusive: a division by zero}}
   %d = stablehlo.divide %x, %c0 : tensor<8x16xf32>
   return %d : tensor<8x16xf32>
 }

@@ -94,20 +94,23 @@ module attributes {mhlo.num_partitions = 8 : i32} {
     return %0 : tensor<8xf32>
   }
   // No channel handle, no use_global_device_ids: a cross-replica all_reduce whose groups are
-  // replica ids (there is one replica): refused, never read as device ids.
+  // replica ids. There is one replica, so each group is one process: a no-op on every
+  // partition (StableHLO's cross_replica), never read as device ids. (Groups naming replica
+  // ids beyond the one replica are bad input: XLA rejects them.)
   // CHECK-LABEL: func.func @replica_ids
   // FULL: func.func @replica_ids{{.*}}entangle.verdict = "not proven"
   func.func @replica_ids(%x: tensor<4x4xf32> {mhlo.sharding = "{devices=[2,4]<=[8]}"}) -> (tensor<4xf32> {mhlo.sharding = "{devices=[2,4]<=[8] last_tile_dim_replicate}"}) attributes {entangle.refines = @ref} {
     %z = stablehlo.constant dense<0.0> : tensor<f32>
+    // expected-error @+1 {{value is still a partial sum over ('d1', 'd2') when it leaves the program (result #0): missing all_reduce/psum}}
     %0 = stablehlo.reduce(%x init: %z) applies stablehlo.add across dimensions = [1] : (tensor<4x4xf32>, tensor<f32>) -> tensor<4xf32>
     // CHECK: "stablehlo.all_reduce"
-    // CHECK: entangle.relation = "opaque: stablehlo.all_reduce: replica ids (not global device ids) are not supported"
-    // expected-error @+1 {{replica ids (not global device ids) are not supported}}
-    %1 = "stablehlo.all_reduce"(%0) <{replica_groups = dense<[[0, 1, 2, 3], [4, 5, 6, 7]]> : tensor<2x4xi64>}> ({
+    // CHECK: entangle.relation = "tile [{d0}] partial sum {d1, d2} : reduce_sum(%arg0)"
+    %1 = "stablehlo.all_reduce"(%0) <{replica_groups = dense<[[0]]> : tensor<1x1xi64>}> ({
     ^bb0(%a: tensor<f32>, %b: tensor<f32>):
       %s = stablehlo.add %a, %b : tensor<f32>
       stablehlo.return %s : tensor<f32>
     }) : (tensor<4xf32>) -> tensor<4xf32>
+    // expected-note @+1 {{the partial sum leaves shard_map here}}
     return %1 : tensor<4xf32>
   }
 }

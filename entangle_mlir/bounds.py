@@ -1,0 +1,454 @@
+"""Value ranges of float tensors in their dtype: which values can overflow.
+
+A proof may assume that the program's inputs hold no NaN/Inf and that float sums and products
+are reassociated (DESIGN.md, "Semantics policy"); nothing else. A product, a sum or an `exp` of
+finite values is not finite in general: `exp(100.0)` is inf in float32. So where a rewrite is
+exact only while values stay finite (`idioms.py`), or an analysis wants to know that a value
+holds no infinity (`idioms._kinds`), the value's range decides.
+
+`interval(value)` is `(lo, hi)`, the smallest and largest values it may hold, each a float or
+-inf/+inf: an endpoint past the dtype's largest finite value is the infinity the value may
+overflow to (no finite bound is known). Inputs lie within the dtype's finite range; constants,
+iotas, bounded functions (tanh, logistic, sine, exp of a bounded value, `x - max(x) <= 0`)
+and arithmetic on bounded values give bounds, with a sum over n elements n times its
+elements' bounds (any order of summation stays within them). NaN is not tracked here
+(`idioms._kinds` does).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from jaxlib.mlir import ir
+
+INF = math.inf
+UNBOUNDED = (-INF, INF)
+
+_MAX = {"f64": float(np.finfo(np.float64).max), "f32": float(np.finfo(np.float32).max),
+        "f16": float(np.finfo(np.float16).max), "bf16": 3.3895313892515355e38}
+_TINY = {"f64": float(np.finfo(np.float64).tiny), "f32": float(np.finfo(np.float32).tiny),
+         "f16": float(np.finfo(np.float16).tiny), "bf16": 1.1754943508222875e-38}
+"""Largest finite and smallest normal value of each float dtype."""
+
+_SAME = frozenset({
+    "stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose",
+    "stablehlo.slice", "stablehlo.concatenate", "stablehlo.reverse",
+    "stablehlo.collective_permute", "stablehlo.all_gather", "stablehlo.all_to_all",
+    "stablehlo.optimization_barrier", "chlo.top_k"})
+"""Ops whose result holds only values of their operands."""
+
+
+def dtype_name(value) -> str:
+    element = ir.RankedTensorType(value.type).element_type
+    if isinstance(element, ir.IntegerType):
+        return "int"
+    text = str(element)
+    return text if text in _MAX else "other"
+
+
+def largest(value) -> float:
+    """The largest finite value of `value`'s float dtype (inf for other dtypes)."""
+    return _MAX.get(dtype_name(value), INF)
+
+
+def log_largest(value) -> float:
+    return math.log(largest(value)) if largest(value) < INF else INF
+
+
+def log_tiny(value) -> float:
+    """log of the smallest normal value of `value`'s dtype (-inf for non-float dtypes)."""
+    tiny = _TINY.get(dtype_name(value))
+    return math.log(tiny) if tiny else -INF
+
+
+def is_finite(value, memo: dict | None = None) -> bool:
+    """`value` cannot overflow: both ends of its range are finite."""
+    lo, hi = interval(value, memo)
+    return -INF < lo and hi < INF
+
+
+def interval(value, memo: dict | None = None) -> tuple[float, float]:
+    """(lo, hi) of `value` (see the module docstring); `memo` is shared across calls.
+    Iterative: a layer's cone is the whole program before it."""
+    from .idioms import _def
+
+    memo = {} if memo is None else memo
+    stack = [value]
+    while stack:
+        top = stack[-1]
+        if top in memo:
+            stack.pop()
+            continue
+        op = _def(top)
+        outer = _outer(top) if op is None else None
+        operands = list(op.operands) if op is not None else [outer] if outer is not None else []
+        waiting = [v for v in operands if v not in memo]
+        if waiting:
+            stack.extend(waiting)
+            continue
+        stack.pop()
+        if outer is not None:
+            memo[top] = memo[outer]
+        else:
+            try:
+                found = _interval_of(top, op, memo)
+            except (ValueError, TypeError, OverflowError, KeyError, IndexError):
+                found = UNBOUNDED
+            memo[top] = _clamp(found, largest(top)) if dtype_name(top) != "int" else found
+    return memo[value]
+
+
+def _outer(value):
+    """The shard_map operand a body argument is (None for any other value)."""
+    owner = value.owner
+    op = owner.owner if isinstance(owner, ir.Block) else None
+    if op is None or op.operation.name != "sdy.manual_computation":
+        return None
+    return op.operation.operands[value.arg_number]
+
+
+def _clamp(bounds: tuple[float, float], top: float) -> tuple[float, float]:
+    """Endpoints past the dtype's finite range become the infinity they overflow to."""
+    lo, hi = bounds
+    if math.isnan(lo) or math.isnan(hi):
+        return UNBOUNDED
+    return (-INF if lo < -top else lo, INF if hi > top else hi)
+
+
+def _interval_of(value, op: ir.Operation | None, memo: dict) -> tuple[float, float]:
+    from .idioms import _i64s, _shape
+    from .opinfo import constant_value, reducer_kind
+
+    if op is None:
+        return _input(value)
+    name = op.name
+    args = [memo[v] for v in op.operands]
+    if name == "stablehlo.constant":
+        array, _ = constant_value(op.attributes["value"])
+        array = np.asarray(array, dtype=float)
+        if array.size == 0 or np.isnan(array).any():
+            return UNBOUNDED
+        return float(array.min()), float(array.max())
+    if name == "stablehlo.iota":
+        size = _shape(value)[ir.IntegerAttr(op.attributes["iota_dimension"]).value]
+        return 0.0, float(max(size - 1, 0))
+    if name in _SAME:
+        return _hull(args)
+    if name in ("stablehlo.convert", "stablehlo.bitcast_convert"):
+        return args[0] if name == "stablehlo.convert" else UNBOUNDED
+    if name == "stablehlo.select":
+        return _hull(args[1:])
+    if name == "stablehlo.pad":
+        return _hull(args[:2])
+    if name in ("stablehlo.dynamic_slice", "stablehlo.gather"):
+        return args[0]
+    if name == "stablehlo.dynamic_update_slice":
+        return _hull(args[:2])
+    if name == "stablehlo.negate":
+        return -args[0][1], -args[0][0]
+    if name == "stablehlo.abs":
+        lo, hi = args[0]
+        return (0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi))), max(abs(lo), abs(hi))
+    if name == "stablehlo.add":
+        return _add(args[0], args[1])
+    if name == "stablehlo.subtract":
+        lo, hi = _add(args[0], (-args[1][1], -args[1][0]))
+        if _dominates(op.operands[1], op.operands[0]):
+            hi = min(hi, 0.0)
+        return lo, hi
+    if name == "stablehlo.multiply":
+        return _mul(args[0], args[1])
+    if name == "stablehlo.divide":
+        return _div(args[0], args[1])
+    if name in ("stablehlo.maximum", "stablehlo.minimum"):
+        pick = max if name == "stablehlo.maximum" else min
+        return pick(a[0] for a in args), pick(a[1] for a in args)
+    if name in ("stablehlo.exponential", "stablehlo.exponential_minus_one"):
+        shift = 1.0 if name == "stablehlo.exponential_minus_one" else 0.0
+        return _exp(args[0][0]) - shift, _exp(args[0][1]) - shift
+    if name == "stablehlo.log":
+        lo, hi = args[0]
+        return (math.log(lo) if lo > 0 else -INF), (math.log(hi) if hi > 0 else -INF)
+    if name == "stablehlo.tanh":
+        return max(-1.0, math.tanh(args[0][0])), min(1.0, math.tanh(args[0][1]))
+    if name == "stablehlo.logistic":
+        return 0.0, 1.0
+    if name in ("stablehlo.sine", "stablehlo.cosine"):
+        return -1.0, 1.0
+    if name == "stablehlo.sqrt":
+        return math.sqrt(max(args[0][0], 0.0)), math.sqrt(max(args[0][1], 0.0))
+    if name == "stablehlo.rsqrt":
+        lo, hi = args[0]
+        return (1 / math.sqrt(hi) if 0 < hi < INF else 0.0), (1 / math.sqrt(lo) if lo > 0
+                                                                else INF)
+    if name == "stablehlo.power":
+        return _power(args[0], args[1])
+    if name == "chlo.square":
+        return _mul(args[0], args[0])
+    if name == "stablehlo.dot_general":
+        dims = _i64s(op, "lhs_contracting_dimensions") if "lhs_contracting_dimensions" in \
+            op.attributes else _contracting(op)
+        count = math.prod(_shape(op.operands[0])[d] for d in dims)
+        return _times(_mul(args[0], args[1]), count)
+    if name == "stablehlo.reduce" and len(op.operands) == 2:
+        kind = reducer_kind(op)
+        count = math.prod(_shape(op.operands[0])[d] for d in _i64s(op, "dimensions"))
+        if kind == "add":
+            return _add(_times(args[0], count), args[1])
+        if kind in ("max", "min"):
+            pick = max if kind == "max" else min
+            if count == 0:
+                return args[1]
+            return pick(args[0][0], args[1][0]), pick(args[0][1], args[1][1])
+        return UNBOUNDED
+    if name in ("stablehlo.all_reduce", "stablehlo.reduce_scatter") and len(op.operands) == 1:
+        kind = reducer_kind(op)
+        if kind in ("max", "min"):
+            return args[0]
+        if kind == "add":
+            return _times(args[0], _group_size(op))
+    return UNBOUNDED
+
+
+def _input(value) -> tuple[float, float]:
+    """A function argument is a program input: finite by assumption, any finite value of its
+    dtype. Loop carries and other block arguments are unbounded."""
+    owner = value.owner
+    op = owner.owner if isinstance(owner, ir.Block) else None
+    if op is not None and op.operation.name == "func.func":
+        top = largest(value)
+        return -top, top
+    return UNBOUNDED
+
+
+def _contracting(op: ir.Operation) -> list[int]:
+    text = str(op.attributes["dot_dimension_numbers"])
+    import re
+
+    found = re.search(r"lhs_contracting_dimensions = \[([\d, ]*)\]", text)
+    return [int(d) for d in found.group(1).split(",") if d.strip()] if found else []
+
+
+def _group_size(op: ir.Operation) -> int:
+    """The largest replica group of a collective (every device when it has none)."""
+    groups = np.array(ir.DenseIntElementsAttr(op.attributes["replica_groups"])) \
+        if "replica_groups" in op.attributes else np.zeros((0,))
+    if groups.size == 0:
+        module = op
+        while module is not None and module.name != "builtin.module":
+            parent = module.parent
+            module = parent.operation if parent is not None else None
+        if module is None:
+            return 1 << 30
+        attrs = module.attributes
+        return max(ir.IntegerAttr(attrs[n]).value if n in attrs else 1
+                   for n in ("mhlo.num_partitions", "mhlo.num_replicas")) or 1
+    return int(groups.reshape(len(groups), -1).shape[1])
+
+
+def _hull(args: list[tuple[float, float]]) -> tuple[float, float]:
+    return min(a[0] for a in args), max(a[1] for a in args)
+
+
+def _add(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    lo, hi = a[0] + b[0], a[1] + b[1]
+    return (-INF if math.isnan(lo) else lo), (INF if math.isnan(hi) else hi)
+
+
+def _products(a, b) -> list[float]:
+    out = []
+    for x in a:
+        for y in b:
+            out.append(math.nan if (x == 0 and math.isinf(y)) or (y == 0 and math.isinf(x))
+                       else x * y)
+    return out
+
+
+def _mul(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    products = _products(a, b)
+    if any(math.isnan(p) for p in products):
+        return UNBOUNDED
+    return min(products), max(products)
+
+
+def _div(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    if b[0] <= 0 <= b[1]:
+        return UNBOUNDED
+    inverse = (1 / b[1], 1 / b[0])
+    return _mul(a, inverse)
+
+
+def _times(a: tuple[float, float], count: int) -> tuple[float, float]:
+    if count == 0:
+        return 0.0, 0.0
+    return a[0] * count, a[1] * count
+
+
+def _power(base: tuple[float, float], exponent: tuple[float, float]) -> tuple[float, float]:
+    """`base ** exponent` for a positive base (monotonic in each argument); else unbounded."""
+    if base[0] <= 0 or math.isinf(base[1]) or math.isinf(exponent[0]) or math.isinf(
+            exponent[1]):
+        return UNBOUNDED
+    ends = []
+    for b in base:
+        for e in exponent:
+            try:
+                ends.append(b ** e)
+            except OverflowError:
+                ends.append(INF)
+    return min(ends), max(ends)
+
+
+def _exp(x: float) -> float:
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return INF
+
+
+def _dominates(b, a) -> bool:
+    """`b >= a` elementwise: `b` is a broadcast, along dims D, of a row max of `a` over D
+    (`x - max(x)`), possibly through a running max `maximum(m_old, max(x))` (whose rows
+    bound `m_old` and `x` alike, so blocks of a concatenation along D are bounded by the
+    maxes of each), a pmax (an all_reduce max of the local max), or jax's
+    `select(is_finite(m), m, 0)` guard."""
+    from . import idioms
+
+    root, chain = idioms._root(b)
+    if not chain and _reached(root, a):
+        return True
+    maxima: dict[tuple[int, ...], list] = {}
+    for reduce in _row_maxima(root):
+        dims = tuple(idioms._max_reduce(reduce))
+        maxima.setdefault(dims, []).append(reduce.operands[0])
+    if not chain and idioms._shape(a) == idioms._shape(root):
+        # `a` a row max too (a running max before the last block): rows of fewer elements
+        mine = _row_maxima(a)
+        return bool(mine) and _only_maxima(a) and all(
+            idioms._splat_of(reduce.operands[1], -math.inf) and any(
+                _covered(reduce.operands[0], dims, parts) for dims, parts in maxima.items()
+                if tuple(idioms._max_reduce(reduce)) == dims) for reduce in mine)
+    for dims, parts in maxima.items():
+        sub_index = idioms._index_map(root, chain, list(dims))
+        if sub_index is None or not idioms._same_along(sub_index, list(dims),
+                                                       idioms._index_map(root, [])):
+            continue
+        if _covered(a, dims, parts):
+            return True
+    return False
+
+
+def _row_maxima(root) -> list:
+    """The max reductions `root` is the max of (elementwise, through maximum, pmax and
+    jax's is_finite guard), each with the shape of `root`."""
+    from . import idioms
+
+    found, pending, seen = [], [root], set()
+    while pending:
+        value = pending.pop()
+        if value in seen:
+            continue
+        seen.add(value)
+        op = idioms._def(value)
+        if op is None or idioms._shape(value) != idioms._shape(root):
+            continue
+        if op.name == "stablehlo.maximum":
+            pending.extend(op.operands)
+        elif op.name == "stablehlo.all_reduce" and len(op.operands) == 1 and \
+                idioms.reducer_kind(op) == "max":
+            pending.append(op.operands[0])
+        elif op.name == "stablehlo.select" and idioms._finite_test(op.operands[0],
+                                                                    op.operands[1]):
+            pending.append(op.operands[1])
+        elif idioms._max_reduce(op) is not None:
+            found.append(op)
+    return found
+
+
+def _only_maxima(value) -> bool:
+    """`value` is built by maximum ops (and the guards `_row_maxima` passes through) from
+    row maxima alone, so it is at most the largest of them."""
+    from . import idioms
+
+    pending, seen = [value], set()
+    while pending:
+        top = pending.pop()
+        if top in seen:
+            continue
+        seen.add(top)
+        op = idioms._def(top)
+        if op is None:
+            return False
+        if op.name == "stablehlo.maximum":
+            pending.extend(op.operands)
+        elif op.name == "stablehlo.all_reduce" and len(op.operands) == 1 and \
+                idioms.reducer_kind(op) == "max":
+            pending.append(op.operands[0])
+        elif op.name == "stablehlo.select" and idioms._finite_test(op.operands[0],
+                                                                    op.operands[1]):
+            pending.append(op.operands[1])
+        elif idioms._max_reduce(op) is None and not idioms._splat_of(top, -math.inf):
+            return False
+    return True
+
+
+def _reached(root, a) -> bool:
+    """`root` is `maximum(..., a, ...)` (through maxima of the same shape)."""
+    from . import idioms
+
+    pending, seen = [root], set()
+    while pending:
+        value = pending.pop()
+        if _same_value(value, a):
+            return True
+        if value in seen:
+            continue
+        seen.add(value)
+        op = idioms._def(value)
+        if op is not None and op.name == "stablehlo.maximum":
+            pending.extend(op.operands)
+    return False
+
+
+def _covered(a, dims: tuple[int, ...], parts: list) -> bool:
+    """Every element of `a` lies in one of `parts` (each reduced over `dims` into the same
+    rows): `a` is one of them or a concatenation of covered blocks along one of `dims`."""
+    from . import idioms
+
+    if any(_same_value(a, p) for p in parts):
+        return True
+    op = idioms._def(a)
+    if op is None or op.name != "stablehlo.concatenate" or \
+            ir.IntegerAttr(op.attributes["dimension"]).value not in dims:
+        return False
+    return all(_covered(v, dims, parts) for v in op.operands)
+
+
+def _same_value(x, y, budget: list[int] | None = None) -> bool:
+    """`x` and `y` are the same value, or computed alike (the same ops, attributes and types
+    over the same values: jax recomputes a masked score block for the softmax's max and its
+    exponent). At most 256 ops are compared."""
+    from . import idioms
+
+    if x == y:
+        return True
+    budget = [4096] if budget is None else budget
+    budget[0] -= 1
+    ox, oy = idioms._def(x), idioms._def(y)
+    if budget[0] < 0 or ox is None or oy is None or ox.name != oy.name or x.type != y.type:
+        return False
+    if len(ox.operands) != len(oy.operands) or len(ox.regions) or len(oy.regions):
+        return False
+    if ox.name == "stablehlo.constant":
+        return str(ox.attributes["value"]) == str(oy.attributes["value"])
+    if _attributes(ox) != _attributes(oy):
+        return False
+    if list(ox.results).index(x) != list(oy.results).index(y):
+        return False
+    return all(_same_value(p, q, budget) for p, q in zip(ox.operands, oy.operands))
+
+
+def _attributes(op: ir.Operation) -> dict[str, str]:
+    attrs = op.attributes
+    return {attrs[i].name: str(attrs[i].attr) for i in range(len(attrs))}

@@ -1,0 +1,112 @@
+"""Float precision: which converts are exact, and rounding to a float format.
+
+The semantics policy (DESIGN.md section 1): every value carries the dtype it was computed in,
+and a value computed at lower precision than the reference's is not proven. A convert is the
+identity on values only when every value of its source type is a value of its target type
+(`exact_convert`); any other convert to a float type rounds (`round_to`), and the walk and
+the Z3 encoding treat it as the rounding op it is.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+FLOAT_FORMATS: dict[str, tuple[int, int, int]] = {
+    "f64": (53, -1022, 1023),
+    "f32": (24, -126, 127),
+    "tf32": (11, -126, 127),
+    "bf16": (8, -126, 127),
+    "f16": (11, -14, 15),
+    "f8E5M2": (3, -14, 15),
+    "f8E4M3FN": (4, -6, 8),
+}
+"""Float dtype -> (significand bits including the implicit one, least normal exponent,
+greatest exponent). A float dtype missing here is never taken to hold another's values."""
+
+INT_BITS: dict[str, tuple[int, bool]] = {
+    "i8": (8, True), "i16": (16, True), "i32": (32, True), "i64": (64, True),
+    "si8": (8, True), "si16": (16, True), "si32": (32, True), "si64": (64, True),
+    "ui8": (8, False), "ui16": (16, False), "ui32": (32, False), "ui64": (64, False),
+}
+"""Integer dtype -> (width, signed)."""
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in FLOAT_FORMATS or dtype.startswith(("f", "bf", "tf"))
+
+
+def _holds_integers(dtype: str, magnitude_bits: int) -> bool:
+    """Every integer of magnitude at most 2**magnitude_bits is a value of float `dtype`."""
+    fmt = FLOAT_FORMATS.get(dtype)
+    return fmt is not None and magnitude_bits <= fmt[0] and magnitude_bits <= fmt[2]
+
+
+def exact_convert(source: str, target: str) -> bool:
+    """Every value of `source` is a value of `target` (so the convert is the identity on
+    values): the same type, booleans, a float format that contains the source's (bf16/f16 ->
+    f32 -> f64), or integers whose range fits the float's significand (i8/i16 -> f32,
+    i32 -> f64). Integer targets are not decided here (wrap-around is integer semantics)."""
+    if source == target or source == "i1":
+        return True
+    if not is_float(target):
+        return False
+    if source in INT_BITS:
+        width, signed = INT_BITS[source]
+        return _holds_integers(target, width - 1 if signed else width)
+    src, dst = FLOAT_FORMATS.get(source), FLOAT_FORMATS.get(target)
+    if src is None or dst is None:
+        return False
+    # significand, range, and the source's least subnormal (2**(emin - p + 1)) all fit
+    return dst[0] >= src[0] and dst[2] >= src[2] and dst[1] - dst[0] <= src[1] - src[0]
+
+
+def rounds(source: str, target: str) -> bool:
+    """A convert to a float type that is not exact: it rounds to the target's precision."""
+    return is_float(target) and not exact_convert(source, target)
+
+
+def lower_precision(dtype: str, than: str) -> bool:
+    """`dtype` is a float format strictly contained in `than` (a value computed in it was
+    rounded more coarsely)."""
+    return (dtype != than and is_float(dtype) and is_float(than)
+            and exact_convert(dtype, than) and not exact_convert(than, dtype))
+
+
+def integer_exact_below(dtype: str) -> int | None:
+    """The largest n such that every integer in [-n, n] is a value of float `dtype`."""
+    fmt = FLOAT_FORMATS.get(dtype)
+    return None if fmt is None else 1 << fmt[0]
+
+
+def round_to(value: Fraction | float, dtype: str) -> Fraction | float:
+    """`value` rounded to float `dtype`, to nearest with ties to even, exactly (no double
+    rounding through float64); beyond the largest finite value, +-inf. Infinities and NaN
+    are returned as they are."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    fmt = FLOAT_FORMATS.get(dtype)
+    if fmt is None:
+        raise ValueError(f"no float format for {dtype}")
+    precision, emin, emax = fmt
+    x = Fraction(value)
+    if x == 0:
+        return Fraction(0)
+    sign = -1 if x < 0 else 1
+    x = abs(x)
+    exponent = x.numerator.bit_length() - x.denominator.bit_length()
+    if Fraction(2) ** exponent > x:
+        exponent -= 1
+    quantum = Fraction(2) ** (max(exponent, emin) - precision + 1)
+    steps = x / quantum
+    whole = math.floor(steps)
+    rest = steps - whole
+    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and whole % 2 == 1):
+        whole += 1
+    rounded = whole * quantum
+    largest = (2 - Fraction(2) ** (1 - precision)) * Fraction(2) ** emax
+    if dtype == "f8E4M3FN":
+        largest = Fraction(448)
+    if rounded > largest:
+        return sign * math.inf
+    return sign * rounded

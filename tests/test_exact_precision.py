@@ -1,0 +1,239 @@
+"""Float precision (issue 16, class 5): every value carries the dtype it was computed in.
+
+A convert that rounds (f32 -> bf16/f16, i32 -> f32) is a real op, never the identity: a
+Megatron row-parallel matmul whose f32 partial sums are rounded and all-reduced in bf16 (or
+f16) against an f32 reference, or int32 ids pushed through f32 above 2^24, computes other
+numbers and is "not proven: precision lost" at the convert. The correct twins stay proven: a
+bf16 model whose reference computes the same dot in bf16 (the partial bf16 sums are that sum
+regrouped, and the report says so), an f32 psum of f32 partials, bf16 inputs upcast to f32
+before the matmul in both programs.
+
+Every case is executed on 4 simulated CPU devices with chosen inputs: bugs differ clearly,
+twins match (exactly where bf16 sums are exact by the choice of inputs).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import inspect
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from entangle_mlir import precision, semantics
+from entangle_mlir.check import check_texts
+from examples.real.catalog import (
+    custom,
+    lower_pair,
+    make_mesh,
+    reference_fn,
+    sharded_fn,
+)
+from examples.real.programs import ArgDef
+
+bf16, f16, f32 = jnp.bfloat16, jnp.float16, jnp.float32
+MESH = (("tp", 4),)
+X = ArgDef("x", (8, 64), "float32", "data", P(None, "tp"))
+W = ArgDef("w", (64, 16), "float32", "weight", P("tp", None), fan_in=64)
+IDS = ArgDef("ids", (8, 16), "int32", "tokens", P(None, "tp"), high=1000)
+OFF = 2**24 + 1
+
+
+def _run(ex, inputs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Reference and sharded outputs on `inputs` (4 simulated devices)."""
+    mesh = make_mesh(ex)
+    placed = [jax.device_put(x, NamedSharding(mesh, a.spec)) for x, a in zip(inputs, ex.args)]
+    ref = np.asarray(reference_fn(ex)(*inputs), np.float64)
+    shd = np.asarray(sharded_fn(ex)(*placed), np.float64)
+    return ref, shd
+
+
+def _line(fn, marker: str = "# BUG") -> str:
+    """`file:line:` of the line of `fn` ending with `marker`."""
+    lines, start = inspect.getsourcelines(fn)
+    hits = [start + i for i, text in enumerate(lines) if text.rstrip().endswith(marker)]
+    assert len(hits) == 1
+    return f"{inspect.getsourcefile(fn)}:{hits[0]}:"
+
+
+def _matmul_inputs(seed: int = 0) -> list[np.ndarray]:
+    """Values whose partial sums are far from bf16/f16 grid points: rounding shows."""
+    rng = np.random.default_rng(seed)
+    x = (1 + rng.random((8, 64))).astype(np.float32)
+    w = (1 + rng.random((64, 16))).astype(np.float32) / np.float32(3)
+    return [x, w]
+
+
+def _small_integers(seed: int = 0) -> list[np.ndarray]:
+    """Entries in {-1, 0, 1}: every partial and full dot is an integer of magnitude <= 64,
+    exact in bf16, so a correct bf16 program matches its reference exactly."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(-1, 2, (8, 64)).astype(np.float32),
+            rng.integers(-1, 2, (64, 16)).astype(np.float32)]
+
+
+def ref_f32(x, w):
+    return x @ w
+
+
+def row_parallel_bf16_psum(x, w):
+    return lax.psum((x @ w).astype(bf16), "tp").astype(f32)  # BUG
+
+
+def row_parallel_f16_psum(x, w):
+    return lax.psum((x @ w).astype(f16), "tp").astype(f32)  # BUG
+
+
+def row_parallel_f32(x, w):
+    return lax.psum(x @ w, "tp")
+
+
+def ref_bf16_model(x, w):
+    return (x.astype(bf16) @ w.astype(bf16)).astype(f32)
+
+
+def row_parallel_bf16_model(x, w):
+    return lax.psum(x.astype(bf16) @ w.astype(bf16), "tp").astype(f32)
+
+
+def ref_upcast(x, w):
+    return x.astype(bf16).astype(f32) @ w.astype(bf16).astype(f32)
+
+
+def row_parallel_upcast(x, w):
+    return lax.psum(x.astype(bf16).astype(f32) @ w.astype(bf16).astype(f32), "tp")
+
+
+def ref_ids(ids):
+    return jnp.sum(ids + OFF, axis=1)
+
+
+def ids_through_f32(ids):
+    return lax.psum(jnp.sum((ids + OFF).astype(f32), axis=1), "tp").astype(jnp.int32)  # BUG
+
+
+@pytest.mark.parametrize("body,narrow", [(row_parallel_bf16_psum, "bf16"),
+                                         (row_parallel_f16_psum, "f16")])
+def test_psum_of_rounded_partials_is_precision_lost(body, narrow):
+    ex = custom(f"row_parallel_{narrow}_psum", MESH, ref_f32, body, (X, W), P(), "bug")
+    ref, shd = _run(ex, _matmul_inputs())
+    assert np.abs(ref - shd).max() > 1e-3, "the rounded psum should differ"
+    report = check_texts(*lower_pair(ex), verify_rules=False)
+    text = report.render_text()
+    assert not report.proven, text
+    assert f"precision lost: convert f32 -> {narrow} rounds each device's partial sum" in text
+    assert "where the reference computes it in f32" in text
+    assert _line(body) in text, text
+
+
+def test_int32_through_f32_above_2_24_is_precision_lost():
+    ex = custom("ids_through_f32", MESH, ref_ids, ids_through_f32, (IDS,), P(), "bug")
+    ids = np.random.default_rng(0).integers(0, 1000, (8, 16)).astype(np.int32)
+    ref, shd = _run(ex, [ids])
+    assert np.abs(ref - shd).max() >= 1, "values above 2^24 lose their low bits in f32"
+    report = check_texts(*lower_pair(ex), verify_rules=False)
+    text = report.render_text()
+    assert not report.proven, text
+    assert "precision lost: convert i32 -> f32 rounds to f32" in text
+    assert _line(ids_through_f32) in text, text
+
+
+@pytest.mark.parametrize("name,ref,body,inputs,tol", [
+    ("f32_psum", ref_f32, row_parallel_f32, _matmul_inputs, 1e-4),
+    ("bf16_model", ref_bf16_model, row_parallel_bf16_model, _small_integers, 0.0),
+    ("bf16_upcast", ref_upcast, row_parallel_upcast, _matmul_inputs, 1e-4),
+])
+def test_correct_twins_stay_proven(name, ref, body, inputs, tol):
+    ex = custom(name, MESH, ref, body, (X, W), P(), "correct")
+    got_ref, got_shd = _run(ex, inputs())
+    assert np.abs(got_ref - got_shd).max() <= tol
+    report = check_texts(*lower_pair(ex), verify_rules=True)
+    assert report.proven, report.render_text()
+    assert " 0 refuted, 0 inconclusive" in report.mode, report.mode
+    regrouped = any("float sums regrouped in bf16" in n for n in report.notes)
+    assert regrouped == (name == "bf16_model"), report.notes
+
+
+def test_bf16_model_against_f32_reference_is_not_proven():
+    """The bf16 model's program against the f32 reference: its sums are in bf16."""
+    ex = custom("bf16_model_vs_f32", MESH, ref_f32, row_parallel_bf16_model, (X, W), P(), "bug")
+    ref, shd = _run(ex, _matmul_inputs())
+    assert np.abs(ref - shd).max() > 1e-3
+    report = check_texts(*lower_pair(ex), verify_rules=False)
+    assert not report.proven, report.render_text()
+
+
+def ref_sum_squares(x, w):
+    xb = x.astype(bf16).astype(f32)
+    return jnp.sum(xb * xb, axis=1) + 0 * w[0, 0]
+
+
+def sum_squares_in_bf16(x, w):
+    xb = x.astype(bf16)
+    return lax.psum(jnp.sum(xb * xb, axis=1), "tp").astype(f32) + 0 * w[0, 0]  # BUG
+
+
+def test_statistic_summed_in_bf16_is_not_proven():
+    """A norm's sum of squares computed and all-reduced in bf16 where the reference computes
+    it in f32 from the same bf16 inputs: no narrowing convert, the sum's own dtype differs."""
+    ex = custom("sum_squares_bf16", MESH, ref_sum_squares, sum_squares_in_bf16, (X, W), P(),
+                "bug")
+    ref, shd = _run(ex, _matmul_inputs())
+    assert np.abs(ref - shd).max() > 1e-2
+    report = check_texts(*lower_pair(ex), verify_rules=False)
+    text = report.render_text()
+    assert not report.proven, text
+    assert "precision lost" in text and _line(sum_squares_in_bf16) in text, text
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f8E5M2", "f8E4M3FN", "f32"])
+def test_round_to_matches_ml_dtypes(dtype):
+    """`precision.round_to` (exact, ties to even, no double rounding) against ml_dtypes."""
+    np_type = {"bf16": ml_dtypes.bfloat16, "f16": np.float16, "f8E5M2": ml_dtypes.float8_e5m2,
+               "f8E4M3FN": ml_dtypes.float8_e4m3fn, "f32": np.float32}[dtype]
+    rng = np.random.default_rng(1)
+    values = np.concatenate([rng.standard_normal(2000) * 10.0 ** rng.integers(-8, 6, 2000),
+                             [0.0, 1.0, -1.0, 1 + 2.0**-8, 1 + 3 * 2.0**-9, 2.0**-20]])
+    for v in values:
+        with np.errstate(over="ignore"):
+            want = float(np.float64(v).astype(np_type))
+        if not np.isfinite(want):
+            continue
+        assert float(precision.round_to(Fraction(float(v)), dtype)) == want, (dtype, v)
+
+
+def test_narrowing_convert_is_not_the_identity_in_z3():
+    """The Z3 encoding of a rounding convert is `round_<dtype>`, so a proof cannot take it for
+    the identity; an exact one is the identity."""
+    import z3
+
+    x = z3.Real("x")
+    narrowed = semantics.convert(x, "f32", "bf16")
+    solver = z3.Solver()
+    solver.add(narrowed != x)
+    assert solver.check() == z3.sat
+    assert semantics.convert(x, "bf16", "f32") is x
+    assert semantics.convert(Fraction(OFF), "i32", "f32") == Fraction(2**24)
+    assert semantics.convert(Fraction(OFF), "i32", "f64") == Fraction(OFF)  # exact: no rounding
+
+
+@pytest.mark.parametrize("source,target,exact", [
+    ("bf16", "f32", True), ("f16", "f32", True), ("f32", "f64", True), ("i1", "bf16", True),
+    ("i8", "bf16", True), ("i16", "f32", True), ("i32", "f64", True), ("ui16", "f32", True),
+    ("f32", "bf16", False), ("f32", "f16", False), ("f64", "f32", False),
+    ("bf16", "f16", False), ("f16", "bf16", False), ("i32", "f32", False),
+    ("i16", "bf16", False), ("i64", "f64", False), ("ui32", "f32", False),
+])
+def test_exact_convert_table(source, target, exact):
+    assert precision.exact_convert(source, target) == exact
+    assert precision.rounds(source, target) == (not exact)
