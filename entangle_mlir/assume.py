@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
+from .intrange import exact_convert, value_range
 from .layers import HOLE_BASE
 from .terms import (
     LOOP_BODY_TERMS,
@@ -65,6 +66,8 @@ def _index_source(term: Term, size: int) -> Term | None:
     """The integer input an index term reads, through data movement and jax's wrap-around
     `select(x < 0, x + size, x)`."""
     while True:
+        if term.op == "stablehlo.convert" and not exact_convert(term.args[0].dtype, term.dtype):
+            break  # a narrowing convert wraps: the index is not the input's value
         if term.op in _PEEL and len(term.args) == 1:
             term = term.args[0]
         elif term.op == "stablehlo.select" and _is_wrap(term, size):
@@ -92,6 +95,7 @@ class Simplifier:
         self.ranges = ranges
         self.memo: dict[int, Term] = {}
         self.bounds: dict[int, tuple[Fraction, Fraction] | None] = {}
+        self.assumed = {s: (Fraction(0), Fraction(r.size - 1)) for s, r in ranges.items()}
         self.used: set[int] = set()
         self.sources: dict[int, frozenset[int]] = {}
 
@@ -173,63 +177,9 @@ class Simplifier:
         return memo[term.serial]
 
     def bound(self, term: Term) -> tuple[Fraction, Fraction] | None:
-        """[lo, hi] of every element of an integer term, or None."""
-        if term.serial in self.bounds:
-            return self.bounds[term.serial]
-        self.bounds[term.serial] = None
-        result = self._bound(term)
-        self.bounds[term.serial] = result
-        return result
-
-    def _bound(self, term: Term) -> tuple[Fraction, Fraction] | None:
-        if term.serial in self.ranges:
-            return Fraction(0), Fraction(self.ranges[term.serial].size - 1)
-        value = splat_value(term)
-        if isinstance(value, Fraction):
-            return value, value
-        if term.op == "iota":
-            return Fraction(0), Fraction(max(term.shape[term.attrs[0]] - 1, 0))
-        if term.op == "stablehlo.convert" and not _widening(term.args[0].dtype, term.dtype):
-            return None
-        if term.op in _PEEL and len(term.args) == 1:
-            return self.bound(term.args[0])
-        if term.op == "lin":
-            constant, coefs = term.attrs
-            lo = hi = Fraction(constant)
-            for k, arg in zip(coefs, term.args):
-                inner = self.bound(arg)
-                if inner is None:
-                    return None
-                ends = (k * inner[0], k * inner[1])
-                lo, hi = lo + min(ends), hi + max(ends)
-            return lo, hi
-        if term.op == "stablehlo.clamp":
-            lo, x, hi = (self.bound(a) for a in term.args)
-            if lo is None or hi is None:
-                return None
-            if x is None:
-                return min(lo[0], hi[0]), hi[1]
-            return min(max(x[0], lo[0]), hi[0]), min(max(x[1], lo[1]), hi[1])
-        if term.op == "stablehlo.select":
-            a, b = self.bound(term.args[1]), self.bound(term.args[2])
-            if a is None or b is None:
-                return None
-            return min(a[0], b[0]), max(a[1], b[1])
-        return None
-
-
-_INT_BITS = {"i8": 8, "i16": 16, "i32": 32, "i64": 64, "si8": 8, "si16": 16, "si32": 32,
-             "si64": 64, "ui8": 8, "ui16": 16, "ui32": 32, "ui64": 64}
-
-
-def _widening(source: str, target: str) -> bool:
-    """A convert that keeps every integer value (to a float, or to an integer type at least as
-    wide and of the same signedness): a narrowing one wraps around."""
-    if target.startswith(("f", "bf")):
-        return True
-    a, b = _INT_BITS.get(source), _INT_BITS.get(target)
-    return (a is not None and b is not None and b >= a
-            and source.startswith("ui") == target.startswith("ui"))
+        """[lo, hi] of every element of an integer term, in its dtype's arithmetic (a value
+        that may wrap around has its dtype's whole range), or None."""
+        return value_range(term, self.assumed, self.bounds)
 
 
 def _truth(term: Term) -> bool | None:

@@ -1510,7 +1510,14 @@ class _Symbolic:
             sort = {"bool": z3.BoolSort, "int": z3.IntSort, "real": z3.RealSort}[kind](ctx)
             cached = _SORTS[(kind, ctx.ref().value)] = (sort, sort.ast)
         made = z3.Z3_mk_const(ctx.ref(), z3.to_symbol(name, ctx), cached[1])
-        return z3.BoolRef(made, ctx) if kind == "bool" else z3.ArithRef(made, ctx)
+        if kind == "bool":
+            return z3.BoolRef(made, ctx)
+        var = z3.ArithRef(made, ctx)
+        limits = S.int_limits(dtype) if kind == "int" else None
+        if limits is not None:  # a value of its dtype (integer ops wrap into this range)
+            self.hypotheses.append(var >= limits[0])
+            self.hypotheses.append(var <= limits[1])
+        return var
 
     def tensor(self, name: str, shape: tuple[int, ...], dtype: str) -> np.ndarray:
         out = np.empty(shape, dtype=object)
@@ -1523,7 +1530,9 @@ class _Symbolic:
         """`count` local values whose `kind`-reduction is `block` (every such split)."""
         if kind == "sum":
             locals_ = [self.tensor(f"{name}.{j}", block.shape, dtype) for j in range(count - 1)]
-            rest = S.apply(lambda b, *xs: S.sub(b, S.sum_list(list(xs))), block, *locals_)
+            # integers: the last piece is the one value of the dtype congruent mod 2^N
+            rest = S.apply(lambda b, *xs: S.wrap_int(S.sub(b, S.sum_list(list(xs))), dtype),
+                           block, *locals_)
             return locals_ + [rest]
         if kind in ("max", "min"):
             locals_ = [self.tensor(f"{name}.{j}", block.shape, dtype) for j in range(count)]
@@ -1568,7 +1577,9 @@ class _Concrete:
             raise _Failure("unknown", "a partial split of a value that is not exact")
         if kind == "sum":
             locals_ = [self.tensor(name, block.shape, dtype) for _ in range(count - 1)]
-            rest = S.apply(lambda b, *xs: S.sub(b, S.sum_list(list(xs))), block, *locals_)
+            # integers: the last piece is the one value of the dtype congruent mod 2^N
+            rest = S.apply(lambda b, *xs: S.wrap_int(S.sub(b, S.sum_list(list(xs))), dtype),
+                           block, *locals_)
             return locals_ + [rest]
         locals_ = [np.empty(block.shape, dtype=object) for _ in range(count)]
         for idx in np.ndindex(block.shape):
@@ -1629,7 +1640,8 @@ def _derived_local(full: np.ndarray, value: Permuted | Windowed | Shifted | Reor
     if isinstance(value, Windowed):
         return _window_rows(full, value, mesh, device)
     block = _block(full, value.rel, mesh, device, False)
-    return S.apply(lambda x, o=value.offsets[device]: S.add(x, o), block)
+    dtype = value.rel.term.dtype  # the device adds in its dtype: integers wrap around
+    return S.apply(lambda x, o=value.offsets[device]: S.wrap_shift(x, o, dtype), block)
 
 
 def _block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
@@ -1659,8 +1671,9 @@ def _block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
         x = _block(S.evaluate_term(value.rel.term, env, memo), value.rel, mesh, device, False)
         start = mesh.block_index(value.axes, device) * value.length
         inside = test(InBlock(value.rel, value.axes, value.length, 0, value.length))
-        out = S.apply(lambda v, p: S.add(S.select(p, S.sub(v, start), value.fill), value.add),
-                      x, inside)
+        dtype = value.rel.term.dtype  # inside the block x - start does not wrap: the same
+        out = S.apply(lambda v, p: S.add(S.select(  # value, spelled as the device computes it
+            p, S.wrap_shift(v, -start, dtype), value.fill), value.add), x, inside)
         return out, S.full(out.shape, True)
     assert isinstance(value, Masked)
     block = _block(S.evaluate_term(value.rel.term, env, memo), value.rel, mesh, device, False)
@@ -1849,6 +1862,8 @@ def _region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, me
     else:
         full = S.evaluate_term(term, env, memo)
         value = S.take(full, tuple(slice(lo, hi) for lo, hi in region))
+    if op in S.WRAPPED_OPS and S.int_limits(term.dtype) is not None:
+        value = S.wrap_node(term, value)  # the window of an integer sum wraps like the whole
     if tuple(value.shape) != tuple(sub):
         raise _Failure("unknown", f"internal: {op} evaluated on a window gave shape "
                        f"{value.shape}, not {tuple(sub)}")
@@ -2053,6 +2068,8 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                 kind = value.kind
                 reduced = S.apply(lambda *xs, kind=kind: S.combine(kind, list(xs)),
                                   *(results[m][j] for m in group))
+                if kind == "sum":  # the all_reduce that completes it sums in the dtype
+                    reduced = S.wrap_node_dtype(reduced, value.term.dtype)
             else:
                 reduced = results[group[0]][j]
             claims.extend(S.equal(x, y) for x, y in zip(reduced.reshape(-1),

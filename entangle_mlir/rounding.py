@@ -125,7 +125,7 @@ def _scaled_view(term: Term) -> tuple[Fraction, Term] | None:
         k, inner = term.attrs[1][0], term.args[0]
         deeper = _scaled_view(inner)
         return (k * deeper[0], deeper[1]) if deeper else (k, inner)
-    if term.op == "div":
+    if term.op == "div" and term.dtype.startswith(("f", "bf")):  # an integer one truncates
         value = exact_value(term.args[1])
         if value is not None and value != 0:
             return 1 / value, term.args[0]

@@ -574,6 +574,167 @@ def power(a: Element, b: Element) -> Element:
     return transcendental("power", a, b)
 
 
+# ----- integer width ----------------------------------------------------------------------------
+
+def int_limits(dtype: str) -> tuple[int, int] | None:
+    """[min, max] of an integer dtype (two's complement, or unsigned), None otherwise."""
+    from .intrange import int_limits as limits
+
+    found = limits(dtype)
+    return None if found is None else (int(found[0]), int(found[1]))
+
+
+def wrap_shift(x: Element, offset: Element, dtype: str) -> Element:
+    """`x + offset` in integer `dtype` for `x` a value of the dtype and a concrete `offset`:
+    only one side can overflow, so one exact correction (z3 decides it far faster than a
+    modulo or a two-sided chain)."""
+    limits = int_limits(dtype)
+    total = add(x, offset)
+    if limits is None or not is_z3(total) or is_z3(offset) or not _num(total).is_int():
+        return wrap_int(total, dtype)
+    lo, hi = limits
+    c = int(_pynum(offset))
+    span = hi - lo + 1
+    if not lo <= c <= hi:
+        return wrap_shift(x, (c - lo) % span + lo, dtype)
+    total = _num(total)
+    if c >= 0:
+        return z3.If(total > hi, total - span, total)
+    return z3.If(total < lo, total + span, total)
+
+
+def wrap_int(x: Element, dtype: str, periods: int | None = None) -> Element:
+    """`x` reduced into the range of integer `dtype` modulo 2^N (the value a device computes:
+    integer arithmetic wraps around). Symbolic values in range are kept as they are.
+    `periods`: x is known to lie within that many ranges of the dtype's own (a sum of two
+    values of the dtype: 1), so a few exact corrections replace z3's harder modulo."""
+    limits = int_limits(dtype)
+    if limits is None or is_bool(x):
+        return x
+    lo, hi = limits
+    span = hi - lo + 1
+    if is_z3(x):
+        if not x.is_int():
+            if not x.is_real():
+                return x
+            x = z3.ToInt(x)  # an integer value built with rational constants
+        if z3.is_int_value(x):
+            return z3.IntVal((x.as_long() - lo) % span + lo)
+        if periods is None:
+            return z3.If(z3.And(x >= lo, x <= hi), x, (x - lo) % span + lo)
+        out = x
+        for q in range(1, periods + 1):
+            out = z3.If(x > hi + (q - 1) * span, x - q * span, out) if q > 1 else \
+                z3.If(x > hi, x - span, out)
+        wrapped = out
+        for q in range(1, periods + 1):
+            wrapped = z3.If(x < lo - (q - 1) * span, x + q * span, wrapped) if q > 1 else \
+                z3.If(x < lo, x + span, wrapped)
+        return wrapped
+    if isinstance(x, Fraction) and x.denominator == 1:
+        x = int(x)
+    if isinstance(x, int):
+        return (x - lo) % span + lo
+    return x
+
+
+WRAPPED_OPS = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply",
+                "stablehlo.negate", "stablehlo.abs", "stablehlo.divide", "stablehlo.convert",
+                "stablehlo.dot_general", "stablehlo.reduce", "stablehlo.reduce_window",
+                "stablehlo.scatter", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
+                "lin", "mul", "div", "reduce_sum", "reduce_window_sum")
+"""Ops whose integer results are computed modulo 2^N (sums, products, quotients, converts);
+`_wrapped` reduces their results into the dtype's range."""
+
+
+_NEAR_OPS = {"stablehlo.add": 1, "stablehlo.subtract": 1, "stablehlo.negate": 1,
+             "stablehlo.abs": 1, "stablehlo.divide": 1}
+"""Ops whose result on values of the dtype lies within one range of it (INT_MIN / -1)."""
+
+
+def _wrap_array(value: Array, dtype: str, periods: int | None = None) -> Array:
+    if int_limits(dtype) is None:
+        return value
+    return apply(lambda x: wrap_int(x, dtype, periods), value)
+
+
+def wrap_node(term: Term, value: Array) -> Array:
+    """A term node's value in its dtype: integer sums, products, quotients and converts wrap
+    around (`WRAPPED_OPS`)."""
+    if term.op not in WRAPPED_OPS or int_limits(term.dtype) is None:
+        return value
+    return _wrap_array(value, term.dtype, _lin_periods(term))
+
+
+def wrap_node_dtype(value: Array, dtype: str) -> Array:
+    """`value` (a sum of values of integer `dtype`) as the dtype holds it."""
+    return _wrap_array(value, dtype)
+
+
+def _lin_periods(term: Term) -> int | None:
+    """How many ranges of its dtype a `lin` of values of the dtype can leave (None: unknown
+    or not a lin): a few exact corrections then replace z3's modulo."""
+    limits = int_limits(term.dtype)
+    if term.op != "lin" or limits is None:
+        return None
+    constant, coefs = term.attrs
+    lo, hi = limits
+    if not all(isinstance(k, Fraction) and k.denominator == 1 for k in (constant, *coefs)):
+        return None
+    low = high = int(constant)
+    for k in coefs:
+        low += min(k * lo, k * hi)
+        high += max(k * lo, k * hi)
+    span = hi - lo + 1
+    periods = max(-((low - lo) // span), -((hi - high) // span), 0)
+    return periods if periods <= 4 else None
+
+
+def _shift_op(name: str, operands: list[Array], dtype: str) -> Array:
+    """Integer add/subtract of two values of `dtype`, wrapped: with a concrete operand only
+    the side it moves toward can overflow (`wrap_shift`)."""
+    def one(a, b):
+        if name == "stablehlo.subtract":
+            b = neg(b) if not is_z3(b) else b
+            if is_z3(b):
+                return wrap_int(sub(a, b), dtype, 1)
+        if not is_z3(b):
+            return wrap_shift(a, b, dtype)
+        if not is_z3(a):
+            return wrap_shift(b, a, dtype)
+        return wrap_int(add(a, b), dtype, 1)
+    return apply(one, obj_array(operands[0]), obj_array(operands[1]))
+
+
+def _wrapped_local(fn: LocalFn) -> LocalFn:
+    def local(info: OpInfo, operands: list[Array]) -> list[Array]:
+        if info.name in ("stablehlo.add", "stablehlo.subtract") and len(operands) == 2 and \
+                int_limits(info.result_types[0].dtype) is not None and \
+                all(t.dtype == info.result_types[0].dtype for t in info.operand_types):
+            return [_shift_op(info.name, operands, info.result_types[0].dtype)]
+        results = fn(info, operands)
+        periods = _NEAR_OPS.get(info.name)
+        if periods is not None and any(int_limits(t.dtype) is None or t.dtype !=
+                                       info.result_types[0].dtype for t in info.operand_types):
+            periods = None
+        return [_wrap_array(r, t.dtype, periods) for r, t in zip(results, info.result_types)] + \
+            results[len(info.result_types):]
+
+    local.__doc__ = fn.__doc__
+    return local
+
+
+def _wrapped_collective(fn: CollectiveFn) -> CollectiveFn:
+    def collective(info: OpInfo, mesh: Mesh, operands: list[list[Array]]
+                   ) -> list[list[Array]]:
+        per_device = fn(info, mesh, operands)
+        return [[_wrap_array(r, t.dtype) for r, t in zip(rs, info.result_types)]
+                + rs[len(info.result_types):] for rs in per_device]
+
+    collective.__doc__ = fn.__doc__
+    return collective
+
+
 # ----- convert --------------------------------------------------------------------------------
 
 def convert(a: Element, src: str, dst: str) -> Element:
@@ -1312,6 +1473,8 @@ OP_SEMANTICS: dict[str, LocalFn] = {
     "stablehlo.optimization_barrier": _op_identity,
 }
 """Local (per-device) semantics: `fn(info, operands) -> results`, keyed by op name."""
+OP_SEMANTICS.update({name: _wrapped_local(OP_SEMANTICS[name]) for name in WRAPPED_OPS
+                     if name in OP_SEMANTICS})
 
 
 # ----- collectives ----------------------------------------------------------------------------
@@ -1441,6 +1604,8 @@ COLLECTIVE_SEMANTICS: dict[str, CollectiveFn] = {
     "stablehlo.replica_id": _partition_id,
 }
 """Cross-device semantics: `fn(info, mesh, operands per device) -> results per device`."""
+COLLECTIVE_SEMANTICS.update({name: _wrapped_collective(COLLECTIVE_SEMANTICS[name])
+                             for name in WRAPPED_OPS if name in COLLECTIVE_SEMANTICS})
 
 
 def run_op(info: OpInfo, operands: list[list[Array]], mesh: Mesh | None) -> list[list[Array]]:
@@ -1489,6 +1654,7 @@ def evaluate_term(term: Term, env: TermEnv, memo: dict[int, Array] | None = None
     memo = {} if memo is None else memo
     for top in post_order(term, memo):
         value = _evaluate_node(top, [memo[a.serial] for a in top.args], env)
+        value = wrap_node(top, value)
         if value.shape != tuple(top.shape):
             raise SemanticsError(f"term {top.op} evaluated to shape {value.shape}, "
                                  f"expected {top.shape}")
@@ -1537,6 +1703,8 @@ def _evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
         return dynamic_slice(args[0], [obj_array(a).reshape(-1)[0] for a in args[1:]], sizes)
     if op == "lin":
         constant, coefs = attrs
+        if is_int_dtype(term.dtype):  # integer coefficients stay in z3's Int sort
+            constant, coefs = _as_int(constant), tuple(_as_int(k) for k in coefs)
         out = full(shape, constant) if constant != 0 else None
         for k, value in zip(coefs, args):
             scaled = value if k == 1 else apply(lambda x, k=k: mul(k, x), value)

@@ -574,17 +574,18 @@ def make_mul(a: Term, b: Term) -> Term:
 @_built("div", _pair_key)
 def make_div(a: Term, b: Term) -> Term:
     value = splat_value(b)
+    if not _is_float(a.dtype):
+        # integer division truncates: no scale moves through it (trunc(x / 2) * 2 is not x)
+        if value == 1:
+            return a
+        return intern("div", (a, b), (), a.shape, a.dtype)
     if isinstance(value, Fraction) and value != 0:
         return scale(a, 1 / value)
-    if not _is_float(a.dtype):
-        ka, ta = single_scaled(a)
-        kb, tb = single_scaled(b)
-    else:
-        numerator = splat_value(a)
-        if isinstance(numerator, Fraction) and numerator not in (0, 1):
-            return scale(make_div(make_splat(1, a.shape, a.dtype), b), numerator)
-        ka, ta = factor_content(a)
-        kb, tb = factor_content(b)
+    numerator = splat_value(a)
+    if isinstance(numerator, Fraction) and numerator not in (0, 1):
+        return scale(make_div(make_splat(1, a.shape, a.dtype), b), numerator)
+    ka, ta = factor_content(a)
+    kb, tb = factor_content(b)
     quotient = intern("div", (ta, tb), (), a.shape, a.dtype)
     return scale(quotient, ka / kb) if ka / kb != 1 else quotient
 
@@ -670,16 +671,35 @@ def iota_interval(pred: Term) -> tuple[int, int, int] | None:
         dim = base.attrs[0][0]
     else:
         return None
+    size = base.shape[dim]
+    if not _iota_plus_exact(size, constant, base.dtype, a.dtype):
+        return None  # the iota or the add wraps around (ints) or rounds (floats)
     c = bound - constant
     if c.denominator != 1 and not base.dtype.startswith(("f", "bf")):
         return None
     if direction == "EQ" and c.denominator != 1:
         return dim, 0, 0
-    size = base.shape[dim]
     lo, hi = {"LT": (0, math.ceil(c)), "LE": (0, math.floor(c) + 1),
               "GT": (math.floor(c) + 1, size), "GE": (math.ceil(c), size),
               "EQ": (int(c), int(c) + 1)}[direction]
     return dim, max(0, min(lo, size)), max(0, min(hi, size))
+
+
+def _iota_plus_exact(size: int, constant: Fraction, iota_dtype: str, dtype: str) -> bool:
+    """Every value of `iota + constant` (iota of `size` positions) is computed exactly: the
+    iota's positions are values of its dtype, and the sums neither wrap (integers) nor round
+    (floats: a constant with a power-of-two denominator 2^e scales the check by 2^e)."""
+    from .intrange import fits
+
+    if not fits(Fraction(0), Fraction(size - 1), iota_dtype):
+        return False
+    lo, hi = constant, constant + size - 1
+    if constant.denominator == 1:
+        return fits(lo, hi, dtype)
+    den = constant.denominator
+    if den & (den - 1) or not _is_float(dtype):
+        return False
+    return fits(lo * den, hi * den, dtype)
 
 
 def _select_on_iota_mask(pred: Term, on_true: Term, on_false: Term) -> Term | None:

@@ -23,6 +23,7 @@ import itertools
 from dataclasses import replace
 from fractions import Fraction
 
+from ..intrange import fits
 from ..layout import BlockIndex, InBlock, Masked, Opaque, Rel, Shifted, Value
 from ..mesh import Mesh, axes_str
 from ..opinfo import OpInfo
@@ -190,12 +191,23 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) ->
         return [unsupported(name)]
     if name == "stablehlo.convert" and info.result_types[0].is_int and \
             info.operand_types[0].is_int and isinstance(operands[0], BlockIndex):
+        low, high = operands[0].bounds()
+        if not fits(Fraction(low), Fraction(high), info.result_types[0].dtype):
+            return [Opaque(f"convert of a local index to {info.result_types[0].dtype}, which "
+                           "does not hold all its values (it wraps around; not proven)",
+                           category="unsupported")]
         return [operands[0]]
     if name in ("stablehlo.add", "stablehlo.subtract") and isinstance(operands[0], BlockIndex):
         step = _integral(splat_value(operands[1].term)) if isinstance(operands[1], Rel) else None
         if step is not None:
             sign = -1 if name == "stablehlo.subtract" else 1
-            return [replace(operands[0], add=operands[0].add + sign * step)]
+            moved = replace(operands[0], add=operands[0].add + sign * step)
+            low, high = moved.bounds()
+            if not fits(Fraction(low), Fraction(high), info.result_types[0].dtype):
+                return [Opaque(f"{name} moves a local index out of the range of "
+                               f"{info.result_types[0].dtype} (it wraps around; not proven)",
+                               category="unsupported")]
+            return [moved]
     if name == "stablehlo.compare" and len(operands) == 2:
         return [_compare_index(info, operands, ctx)]
     if name == "stablehlo.select" and isinstance(operands[0], InBlock):

@@ -11,6 +11,7 @@ from dataclasses import replace
 from fractions import Fraction
 
 from .. import precision
+from ..intrange import exact_convert, fits, wrap_integer
 from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
 from ..mesh import axes_str
 from ..opinfo import OpInfo, compare_is_default
@@ -101,21 +102,6 @@ def _device_scalar(info: OpInfo, operands: list[Value], ctx: RuleContext) -> lis
     return [DeviceScalar(tuple(wrap_integer(v, rtype.dtype) for v in values), rtype.shape)]
 
 
-_INT_BITS = {"i8": 8, "i16": 16, "i32": 32, "i64": 64, "si8": 8, "si16": 16, "si32": 32,
-             "si64": 64, "ui8": -8, "ui16": -16, "ui32": -32, "ui64": -64}
-
-
-def wrap_integer(value: int, dtype: str) -> int:
-    """The value a device computes in `dtype` (two's complement wrap-around, like XLA)."""
-    bits = _INT_BITS.get(dtype)
-    if bits is None:
-        return value
-    if bits < 0:
-        return value % (1 << -bits)
-    value %= 1 << bits
-    return value - (1 << bits) if value >= 1 << (bits - 1) else value
-
-
 def _shift_scalar(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     """A device scalar combined with a tensor: the scalar becomes a shifted zero tensor."""
     rtype = info.result_types[0]
@@ -161,7 +147,7 @@ def _partial_result(info: OpInfo, rels: list[Rel], ctx: RuleContext
     group = ctx.mesh.group_size(axes)
     others = [i for i in range(len(rels)) if i not in partial_idx]
     if name == "stablehlo.convert":
-        if _exact_convert(info):
+        if _convert_keeps_partial(info, kind):
             return rels, axes, kind
         source, target = info.operand_types[0].dtype, info.result_types[0].dtype
         if precision.rounds(source, target):
@@ -197,7 +183,7 @@ def _partial_result(info: OpInfo, rels: list[Rel], ctx: RuleContext
         if isinstance(factor, Fraction) and factor != 0:
             return rels, axes, kind if factor > 0 else flipped[kind]
         return nonlinear
-    if name == "stablehlo.divide" and partial_idx == [0]:
+    if name == "stablehlo.divide" and partial_idx == [0] and not info.result_types[0].is_int:
         if kind == "sum":
             return rels, axes, kind
         factor = splat_value(rels[1].term)
@@ -299,11 +285,25 @@ def _folded(info: OpInfo, rels: list[Rel]) -> Term | None:
 
 def _exact_convert(info: OpInfo) -> bool:
     """Converts that are the identity on values: every value of the source type is one of
-    the target's (`precision.exact_convert`: bf16 -> f32, i16 -> f32, booleans), or between
-    integer types. Float -> int truncates (a nonlinear op); f32 -> bf16 and i32 -> f32 round."""
+    the target's (`precision.exact_convert`: bf16 -> f32, i16 -> f32, booleans), or an integer
+    type whose range the target integer type holds (a narrowing integer convert wraps).
+    Float -> int truncates (a nonlinear op); f32 -> bf16 and i32 -> f32 round."""
     source, target = info.operand_types[0], info.result_types[0]
     return (precision.exact_convert(source.dtype, target.dtype)
-            or (source.is_int and target.is_int))
+            or (source.is_int and target.is_int and exact_convert(source.dtype, target.dtype)))
+
+
+def _convert_keeps_partial(info: OpInfo, kind: str) -> bool:
+    """A convert of a partial max (min) is the partial max (min) of the converted pieces when
+    it keeps every value (it is then monotone); a convert of a partial sum between float
+    types is the sum of the converted pieces in real arithmetic. A convert of a partial
+    integer sum is not: a widening one reads the pieces' sum wrapped in the narrow type, a
+    narrowing one is a ring morphism mod 2^N -> mod 2^M but not taken here (Z3 cannot check
+    it cheaply, and no program needs it)."""
+    source = info.operand_types[0]
+    if (source.is_int or source.dtype == "i1") and kind == "sum":
+        return False
+    return _exact_convert(info)
 
 
 _STORED = frozenset({"arg", "splat", "dense", "iota", "stablehlo.convert"})
@@ -338,7 +338,12 @@ def _build_term(info: OpInfo, terms: list[Term], ctx: RuleContext) -> Term:
                          f"{source} -> {rtype.dtype} after it) where the reference computes it "
                          f"in {rtype.dtype}", "precision_lost")
                 return make_elementwise(info.name, (terms[0],), (source,), dtype=rtype.dtype)
-            return _retyped(terms[0], rtype.dtype, source) or terms[0]
+            retyped = _retyped(terms[0], rtype.dtype, source)
+            if retyped is None and info.operand_types[0].is_int and source != rtype.dtype:
+                # an integer term keeps its dtype's arithmetic (wrap-around): an explicit
+                # convert, so no linear form flattens across it into the wider type
+                return make_elementwise(info.name, (terms[0],), (), dtype=rtype.dtype)
+            return retyped or terms[0]
         if precision.rounds(source, rtype.dtype):
             constant = _retyped(terms[0], rtype.dtype, source)
             if constant is not None:
@@ -357,6 +362,8 @@ def _retyped(term: Term, dtype: str, source: str) -> Term | None:
     if term.dtype == dtype or dtype == "i1" or term.dtype == "i1":
         return None
     if term.op == "iota":
+        if not fits(Fraction(0), Fraction(max(term.shape[0] - 1, 0)), term.dtype):
+            return None  # (an iota of 512 positions in bf16 holds rounded values)
         limit = precision.integer_exact_below(dtype) if precision.is_float(dtype) else None
         if precision.exact_convert(source, dtype) or (
                 limit is not None and max(term.shape) <= limit):
@@ -366,6 +373,9 @@ def _retyped(term: Term, dtype: str, source: str) -> Term | None:
         value = splat_value(term)
         if precision.rounds(source, dtype):
             value = precision.round_to(value, dtype)
+        elif not (isinstance(value, Fraction) and fits(value, value, dtype)) and \
+                not precision.is_float(dtype):
+            return None  # an integer constant the narrower type wraps
         return make_splat(value, term.shape, dtype)
     if term.op in ("broadcast", "reshape") and len(term.args) == 1:
         inner = _retyped(term.args[0], dtype, source)
@@ -375,6 +385,10 @@ def _retyped(term: Term, dtype: str, source: str) -> Term | None:
             return make_broadcast(inner, term.attrs[0], term.shape)
         return make_reshape(inner, term.shape)
     return None
+
+
+def is_float_type(dtype: str) -> bool:
+    return dtype.startswith(("f", "bf"))
 
 
 _ELEMENTWISE_OPS = (

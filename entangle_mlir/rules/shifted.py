@@ -14,6 +14,7 @@ from dataclasses import replace
 from fractions import Fraction
 
 from .. import precision
+from ..intrange import INT_BITS, fits, int_limits, value_range, wrap_integer
 from ..layout import DeviceScalar, Opaque, Rel, Shifted, Value
 from ..mesh import axes_str
 from ..opinfo import OpInfo
@@ -51,8 +52,8 @@ def normalize(value: Shifted, ctx: RuleContext) -> Value:
     if found is None or rel.partial or ctx.mesh is None:
         return value
     dim, factor = found
-    if rel.tiling[dim] or dim in rel.poly:
-        return value
+    if rel.tiling[dim] or dim in rel.poly or not _exact_shift(value):
+        return value  # (the global iota holds values that wrap or round on some device)
     local = rel.term.shape[dim]
     free = [a for a in ctx.mesh.names if a not in rel.tiled_axes]
     for count in range(1, len(free) + 1):
@@ -117,8 +118,14 @@ def elementwise_shifted(info: OpInfo, operands: list[Value], ctx: RuleContext,
             info.result_types[0].is_float
             and not precision.rounds(info.operand_types[0].dtype, info.result_types[0].dtype))):
         (x,) = operands
+        offsets = _converted_offsets(info, x)
+        if offsets is None:
+            return [Opaque(f"convert {info.operand_types[0].dtype} -> "
+                           f"{info.result_types[0].dtype} of a value plus a device offset "
+                           "that the new type may not hold exactly (it may wrap around or "
+                           "round; not proven)", category="unsupported")]
         inner = plain(info, [x.rel], ctx)
-        return _wrap(inner, x.offsets, ctx)
+        return _wrap(inner, offsets, ctx)
     if name in _LINEAR and len(operands) == 2:
         a, b = operands
         sign = -1 if name == "stablehlo.subtract" else 1
@@ -141,12 +148,19 @@ def elementwise_shifted(info: OpInfo, operands: list[Value], ctx: RuleContext,
         a, b = operands
         if isinstance(a, Shifted) and isinstance(b, Shifted):
             return unsupported
-        if isinstance(a, Shifted):
-            moved = normalize(Shifted(b, tuple(-o for o in a.offsets)), ctx)
-            pair = [a.rel, moved]
-        else:
-            moved = normalize(Shifted(a, tuple(-o for o in b.offsets)), ctx)
-            pair = [moved, b.rel]
+        wrapping = next((v for v in operands if isinstance(v, Shifted) and may_wrap(v)), None)
+        if wrapping is not None:
+            return [Opaque(f"compare of {wrapping.rel.term.dtype} values plus a device offset "
+                           "that may wrap around (the order of wrapped values is not the "
+                           "order of the values; not proven)", category="unsupported")]
+        shifted, other = (a, b) if isinstance(a, Shifted) else (b, a)
+        opposite = Shifted(other, tuple(-o for o in shifted.offsets))
+        moved = normalize(opposite, ctx)
+        if isinstance(moved, Rel) and splat_value(moved.term) is None and may_wrap(opposite):
+            # compare(x + c, y) is compare(x, y - c) only where y - c does not wrap
+            return [Opaque(f"compare moves a device offset onto {other.term.dtype} values "
+                           "where it may wrap around (not proven)", category="unsupported")]
+        pair = [shifted.rel, moved] if shifted is a else [moved, shifted.rel]
         if any(isinstance(v, Shifted) for v in pair):
             shifted = a if isinstance(a, Shifted) else b
             wrong = _wrong_iota_offsets(shifted, ctx)
@@ -272,6 +286,44 @@ def _ring_step_compare(name: str, value: Shifted, ctx: RuleContext) -> Opaque | 
                   "another way: one ring step's block of the mask, not folded into the online "
                   "softmax over all the keys (read step by step, as by the ring's backward); "
                   "not supported yet", category="unsupported")
+
+
+def _converted_offsets(info: OpInfo, x: Shifted) -> tuple | None:
+    """The offsets of `convert(x)` as a Shifted of the converted `x.rel`, or None when the
+    convert does not commute with adding them. A narrowing (or same-width) integer convert
+    is a ring morphism mod 2^N -> mod 2^M: the offsets wrap into the new type. Any other
+    convert of integers commutes only where no device's value wraps and every value is exact
+    in the new type; float -> float as the plain convert rule decides."""
+    source, target = info.operand_types[0], info.result_types[0]
+    if source.is_float:
+        return x.offsets if target.is_float else None
+    if target.is_int and INT_BITS.get(target.dtype, 0) <= INT_BITS.get(source.dtype, 0):
+        return tuple(wrap_integer(int(o), target.dtype) for o in x.offsets)
+    found = value_range(x.rel.term)
+    if found is None or may_wrap(x):
+        return None
+    low, high = found[0] + min(x.offsets), found[1] + max(x.offsets)
+    return x.offsets if fits(low, high, target.dtype) else None
+
+
+def _exact_shift(value: Shifted) -> bool:
+    """Every device's `rel + offset` is computed exactly in the dtype (no wrap, no rounding)."""
+    found = value_range(value.rel.term)
+    return found is not None and fits(found[0] + min(value.offsets),
+                                      found[1] + max(value.offsets), value.rel.term.dtype)
+
+
+def may_wrap(value: Shifted) -> bool:
+    """Some device's `rel + offset` may leave the range of its integer dtype (wrap around):
+    an order comparison of it is then not the comparison of the values."""
+    dtype = value.rel.term.dtype
+    if int_limits(dtype) is None:
+        return False
+    found = value_range(value.rel.term)
+    if found is None:
+        return True
+    low, high = min(value.offsets), max(value.offsets)
+    return not fits(found[0] + low, found[1] + high, dtype)
 
 
 def _wrap(inner: list[Value], offsets: tuple, ctx: RuleContext) -> list[Value]:
