@@ -5,8 +5,9 @@ region returns, the reducer's op, collectives computed in bf16/f16 -- are compil
 on 8 simulated CPU devices on random and chosen inputs (ties, +-0, large, near 2^24 and 2^31).
 A mutant whose numbers differ must never be proven, and nothing may crash.
 
-The kinds whose false proofs other branches of issue 16 are fixing are `xfail(strict=True)`:
-when that fix is merged the test passes, the strict xfail fails, and the mark must be removed.
+A kind (or one pinned false proof) whose fix is still being worked on may be listed in
+`FIXING` (kind or root-cause prefix -> reason): it is then `xfail(strict=True)`, so the day the
+fix lands the test fails until the entry is removed. Every class found so far is fixed.
 """
 
 from __future__ import annotations
@@ -47,10 +48,7 @@ SAMPLE = {
     "op_variant": (("atk_rounding_tp4", "atk_shifts_tp4", "atk_log_exp_tp4"), 3),
 }
 
-FIXING = {
-    "int_width": "branch `integers`: a narrowing integer convert (i32 -> i16/i8) is taken as "
-                 "exact",
-}
+FIXING: dict[str, str] = {}
 
 
 @functools.cache
@@ -142,7 +140,7 @@ KNOWN = [
 
 @pytest.mark.parametrize("name, what, reason", [
     pytest.param(*k, marks=pytest.mark.xfail(strict=True, reason=k[2]))
-    if k[2].startswith("integers:") else k for k in KNOWN],
+    if k[2].split(":")[0] in FIXING else k for k in KNOWN],
     ids=[f"{k[0]}:{k[1]}" for k in KNOWN])
 def test_known_false_proof_classes(name: str, what: str, reason: str) -> None:
     g = grounded(name)
