@@ -47,7 +47,8 @@ def test_progress_is_shown_on_a_terminal_and_cleared() -> None:
     assert code == 0, out + terminal
     assert "verified" in out
     assert "walking gpt2_block_dp2_tp4.sharded.mlir, ops:" in terminal, terminal
-    assert "checking rule instances with Z3:" in terminal, terminal
+    assert "checking reference rule instances with Z3:" in terminal, terminal
+    assert "checking sharded rule instances with Z3:" in terminal, terminal
     last = terminal.rsplit("\r", 2)
     assert last[-1] == "" and last[-2].strip() == "", repr(terminal[-200:])
 

@@ -200,6 +200,8 @@ def random_arg(a: ArgDef, rng: np.random.Generator) -> np.ndarray:
     x = rng.standard_normal(a.shape, dtype=np.float32)
     if a.kind == "weight":
         return x / np.float32(np.sqrt(a.fan_in))
+    if a.kind == "large":  # exp overflows in float32 above ~88
+        return np.float32(100) * x
     if a.kind == "gain":
         return np.float32(1) + np.float32(0.1) * x
     if a.kind in ("bias", "moment"):

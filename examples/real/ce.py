@@ -62,8 +62,9 @@ def ce_on_replicated_logits(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return jnp.mean(jnp.log(sum_exp) + m[..., 0] - target)
 
 
-def _args(spec: P) -> tuple[ArgDef, ...]:
-    return (ArgDef("logits", (B, S, V), "float32", "data", spec),
+def _args(spec: P, logits: str = "data") -> tuple[ArgDef, ...]:
+    """`logits="large"` draws logits of magnitude ~100, where exp overflows in float32."""
+    return (ArgDef("logits", (B, S, V), "float32", logits, spec),
             ArgDef("labels", (B, S, V), "float32", "mask", spec))
 
 
@@ -75,11 +76,11 @@ def ce_programs() -> tuple[list[Example], list[Example]]:
                model="ce", style="tp + vocab", task="loss"),
     ]
     buggy = [
-        custom("ce_local_max", MESH, ce_ref, ce_local_max, _args(SPLIT), P(),
+        custom("ce_local_max", MESH, ce_ref, ce_local_max, _args(SPLIT, "large"), P(),
                "Vocab-parallel CE with a per-shard max undone by exp(m) before the psum: "
                "overflows where the reference does not", model="ce", style="tp + vocab",
                task="loss", bug="ce_local_max_overflows", bug_fn=ce_local_max),
-        custom("ce_no_max", MESH, ce_ref, ce_no_max, _args(SPLIT), P(),
+        custom("ce_no_max", MESH, ce_ref, ce_no_max, _args(SPLIT, "large"), P(),
                "Vocab-parallel CE without max subtraction: overflows where the reference "
                "does not", model="ce", style="tp + vocab", task="loss",
                bug="ce_no_max_overflows", bug_fn=ce_no_max),

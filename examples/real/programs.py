@@ -62,7 +62,8 @@ class ArgDef:
     name: str
     shape: tuple[int, ...]
     dtype: str  # "float32" or "int32"
-    kind: str  # "weight", "gain", "bias", "tokens", "data", "mask", "moment", "second_moment"
+    kind: str  # "weight", "gain", "bias", "tokens", "data", "large", "mask", "moment",
+    #            "second_moment"
     spec: P
     high: int = 0  # tokens are drawn from [0, high)
     fan_in: int = 1

@@ -1,4 +1,4 @@
-// RUN: entangle-opt %s --pass-pipeline='builtin.module(entangle-normalize,entangle-import-shardings,entangle-infer-relations,entangle-check-refinement)' --verify-diagnostics
+// RUN: entangle-opt %s --split-input-file --pass-pipeline='builtin.module(entangle-normalize,entangle-import-shardings,entangle-infer-relations,entangle-check-refinement)' --verify-diagnostics
 // RUN: not entangle check %s --json | filecheck %s
 
 // A Megatron row-parallel matmul whose f32 partial products are rounded to bf16 before the
