@@ -13,6 +13,11 @@ iotas, bounded functions (tanh, logistic, sine, exp of a bounded value, `x - max
 and arithmetic on bounded values give bounds, with a sum over n elements n times its
 elements' bounds (any order of summation stays within them). NaN is not tracked here
 (`idioms._kinds` does).
+
+`term_interval(term)` is the same analysis on reference terms (`terms.py`), from the same
+table of elementwise bounds (`ELEMENTWISE_BOUNDS`); it also tracks NaN (an operand outside
+an op's domain), since the term builder folds `0 * t` and a cancelled `t - t` to zero only
+where `t` is finite (`term_finite`).
 """
 
 from __future__ import annotations
@@ -521,6 +526,11 @@ def term_finite(term) -> bool:
     return -INF < lo and hi < INF
 
 
+def integer_dtype(dtype: str) -> bool:
+    """An integer or i1 dtype (two's complement: no infinity, no NaN)."""
+    return _int_range(dtype) is not None
+
+
 def _int_range(dtype: str) -> Interval | None:
     """The values of an integer (or i1) dtype; None for a float dtype."""
     from .precision import INT_BITS
@@ -544,6 +554,24 @@ def _fit(bounds: Interval, dtype: str) -> Interval:
     if dtype not in _MAX:
         return UNBOUNDED
     return _clamp(bounds, _MAX[dtype])
+
+
+def _shifted_by_its_max(term) -> bool:
+    """`term` is `x - broadcast(reduce_max(x)) + c` (the softmax shift), so at most `c`: the
+    term-level `_dominates` (the broadcast restores exactly the reduced dims)."""
+    from .terms import make_broadcast
+
+    if len(term.args) != 2 or sorted(term.attrs[1]) != [-1, 1]:
+        return False
+    x, shift = term.args if term.attrs[1][0] == 1 else term.args[::-1]
+    below = shift
+    while below.op in ("broadcast", "reshape"):
+        below = below.args[0]
+    if below.op != "reduce_max" or below.args[0] is not x:
+        return False
+    reduced = below.attrs[0]
+    kept = tuple(d for d in range(len(x.shape)) if d not in reduced)
+    return make_broadcast(below, kept, x.shape) is shift
 
 
 def _term_interval_of(term, args: list[Interval]) -> Interval:
@@ -571,6 +599,8 @@ def _term_interval_of(term, args: list[Interval]) -> Interval:
             return UNBOUNDED
         for k, arg in zip(coefs, args):
             total = _add(total, _mul((float(k), float(k)), arg))
+        if _shifted_by_its_max(term):
+            total = total[0], min(total[1], float(constant))
         return total
     if op == "mul":
         total = args[0]

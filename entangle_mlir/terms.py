@@ -9,7 +9,9 @@ an identity test:
   subtract, negate, scaling by constants, pmean's 1/n);
 * scalars pulled through dot_general / reduce-sum / broadcast / reshape / transpose / slice;
 * n-ary sorted multiply, sorted max/min/and/or; `x * x` for `chlo.square`;
-* composed broadcast / reshape / transpose chains; unit-dim-only broadcasts become reshapes.
+* composed broadcast / reshape / transpose chains; unit-dim-only broadcasts become reshapes;
+* `0 * t` and a cancelled `t - t` are 0 only where `t` is shown finite (`bounds.term_finite`):
+  elsewhere they are NaN, and the zero multiple `mul(t, 0)` is kept (`zero_multiple`).
 """
 
 from __future__ import annotations
@@ -386,14 +388,14 @@ _ONE = Fraction(1)
 
 
 def _zero_exact(term: Term) -> bool:
-    """`0 * term` is exactly zero: an integer term (two's complement: 0 * x = x - x = 0), or a
-    float term shown finite (`bounds.term_finite`). For an infinite or NaN element it is NaN,
+    """`0 * term` is exactly zero: an integer term (two's complement: 0 * x = x - x = 0), or
+    another (float) term shown finite (`bounds.term_finite`). For an infinite or NaN element it is NaN,
     so `exp(x) * 0` and `exp(x) - exp(x)` are not zero where exp overflows."""
-    if not _is_float(term.dtype) or is_zero_multiple(term):
-        return not _is_float(term.dtype)
-    from .bounds import term_finite
+    from .bounds import integer_dtype, term_finite
 
-    return term_finite(term)
+    if integer_dtype(term.dtype):
+        return True
+    return not is_zero_multiple(term) and term_finite(term)
 
 
 def zero_multiple(term: Term) -> Term:

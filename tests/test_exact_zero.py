@@ -42,8 +42,8 @@ ARGS = (ArgDef("x", (8, 16), "float32", "data", P(None, TP)),
         ArgDef("y", (8, 16), "float32", "data", P(None, TP)))
 
 
-def _ex(name: str, reference, body, out=P(None, TP)) -> Example:
-    return custom(f"zero_{name}", MESH, reference, body, ARGS, out, name)
+def _ex(name: str, reference, body) -> Example:
+    return custom(f"zero_{name}", MESH, reference, body, ARGS, P(None, TP), name)
 
 
 def _inputs(x_value: float) -> tuple[np.ndarray, np.ndarray]:
@@ -105,6 +105,11 @@ def y_plus_bounded_exp_times_zero(x, y):
     return y * 2.0 + jnp.exp(jnp.tanh(x)) * 0.0
 
 
+def y_plus_shifted_exp_times_zero(x, y):
+    """exp(x - max(x)) lies in (0, 1]: finite, so times 0 is 0 (the softmax shift)."""
+    return y * 2.0 + jnp.exp(x - jnp.max(x, axis=0, keepdims=True)) * 0.0
+
+
 def exp_ref(x, y):
     return jnp.exp(x) * 0.0 + y
 
@@ -141,6 +146,7 @@ RIGHT = [
     ("x_times_zero", plain_y, y_plus_x_times_zero, 3e38),
     ("x_minus_x", plain_y, y_plus_x_minus_x, 3e38),
     ("bounded_exp_times_zero", plain_y, y_plus_bounded_exp_times_zero, 100.0),
+    ("shifted_exp_times_zero", plain_y, y_plus_shifted_exp_times_zero, 100.0),
     ("same_overflowing_product", exp_ref, exp_ref, 100.0),
     ("same_doubled_product", y_plus_doubled_times_zero, y_plus_doubled_times_zero, 3e38),
     ("relu_grad", relu_grad, relu_grad, 3e38),
@@ -226,6 +232,13 @@ def test_term_interval_follows_the_dtype() -> None:
     # 300 * tanh fits f32 but not ... a product of two f16 values of 300 overflows f16
     k = terms.scale(terms.make_elementwise("stablehlo.tanh", (h,)), 300)
     assert term_finite(k) and not term_finite(terms.make_mul(k, k))
+    # the softmax shift: x - max(x) <= 0, so its exp is in (0, 1]; not so for x - min(x)
+    wide = terms.make_arg(7, (8, 16), "f32")
+    for reducer, bounded in (("reduce_max", True), ("reduce_min", False)):
+        top = terms.intern(reducer, (wide,), ((0,),), (16,), "f32")
+        shift = terms.make_broadcast(terms.make_reshape(top, (1, 16)), (0, 1), (8, 16))
+        shifted = terms.make_elementwise("stablehlo.exponential", (terms.make_sub(wide, shift),))
+        assert term_finite(shifted) == bounded
     iota = terms.make_iota((16,), 0, "f32")
     assert term_interval(iota) == (0.0, 15.0)
     dot = terms.make_dot(terms.make_elementwise("stablehlo.tanh", (
