@@ -389,8 +389,8 @@ _ONE = Fraction(1)
 
 def _zero_exact(term: Term) -> bool:
     """`0 * term` is exactly zero: an integer term (two's complement: 0 * x = x - x = 0), or
-    another (float) term shown finite (`bounds.term_finite`). For an infinite or NaN element it is NaN,
-    so `exp(x) * 0` and `exp(x) - exp(x)` are not zero where exp overflows."""
+    another (float) term shown finite (`bounds.term_finite`). For an infinite or NaN element
+    it is NaN, so `exp(x) * 0` and `exp(x) - exp(x)` are not zero where exp overflows."""
     from .bounds import integer_dtype, term_finite
 
     if integer_dtype(term.dtype):
