@@ -626,7 +626,7 @@ def _term_interval_of(term, args: list[Interval]) -> Interval:
         count = math.prod(term.args[0].shape[d] for d in term.attrs[2])
         return _times(_mul(args[0], args[1]), count)
     entry = ELEMENTWISE_BOUNDS.get(op)
-    if entry is not None and all(a.shape == term.shape for a in term.args):
+    if entry is not None:
         compute, domain = entry
         if domain is not None and args[0][0] < domain:
             return UNBOUNDED
