@@ -13,6 +13,11 @@ iotas, bounded functions (tanh, logistic, sine, exp of a bounded value, `x - max
 and arithmetic on bounded values give bounds, with a sum over n elements n times its
 elements' bounds (any order of summation stays within them). NaN is not tracked here
 (`idioms._kinds` does).
+
+`term_interval(term)` is the same analysis on reference terms (`terms.py`), from the same
+table of elementwise bounds (`ELEMENTWISE_BOUNDS`); it also tracks NaN (an operand outside
+an op's domain), since the term builder folds `0 * t` and a cancelled `t - t` to zero only
+where `t` is finite (`term_finite`).
 """
 
 from __future__ import annotations
@@ -135,57 +140,21 @@ def _interval_of(value, op: ir.Operation | None, memo: dict) -> tuple[float, flo
         return 0.0, float(max(size - 1, 0))
     if name in _SAME:
         return _hull(args)
-    if name in ("stablehlo.convert", "stablehlo.bitcast_convert"):
-        return args[0] if name == "stablehlo.convert" else UNBOUNDED
-    if name == "stablehlo.select":
-        return _hull(args[1:])
+    if name == "stablehlo.bitcast_convert":
+        return UNBOUNDED
     if name == "stablehlo.pad":
         return _hull(args[:2])
     if name in ("stablehlo.dynamic_slice", "stablehlo.gather"):
         return args[0]
     if name == "stablehlo.dynamic_update_slice":
         return _hull(args[:2])
-    if name == "stablehlo.negate":
-        return -args[0][1], -args[0][0]
-    if name == "stablehlo.abs":
-        lo, hi = args[0]
-        return (0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi))), max(abs(lo), abs(hi))
-    if name == "stablehlo.add":
-        return _add(args[0], args[1])
     if name == "stablehlo.subtract":
         lo, hi = _add(args[0], (-args[1][1], -args[1][0]))
         if _dominates(op.operands[1], op.operands[0]):
             hi = min(hi, 0.0)
         return lo, hi
-    if name == "stablehlo.multiply":
-        return _mul(args[0], args[1])
-    if name == "stablehlo.divide":
-        return _div(args[0], args[1])
-    if name in ("stablehlo.maximum", "stablehlo.minimum"):
-        pick = max if name == "stablehlo.maximum" else min
-        return pick(a[0] for a in args), pick(a[1] for a in args)
-    if name in ("stablehlo.exponential", "stablehlo.exponential_minus_one"):
-        shift = 1.0 if name == "stablehlo.exponential_minus_one" else 0.0
-        return _exp(args[0][0]) - shift, _exp(args[0][1]) - shift
-    if name == "stablehlo.log":
-        lo, hi = args[0]
-        return (math.log(lo) if lo > 0 else -INF), (math.log(hi) if hi > 0 else -INF)
-    if name == "stablehlo.tanh":
-        return max(-1.0, math.tanh(args[0][0])), min(1.0, math.tanh(args[0][1]))
-    if name == "stablehlo.logistic":
-        return 0.0, 1.0
-    if name in ("stablehlo.sine", "stablehlo.cosine"):
-        return -1.0, 1.0
-    if name == "stablehlo.sqrt":
-        return math.sqrt(max(args[0][0], 0.0)), math.sqrt(max(args[0][1], 0.0))
-    if name == "stablehlo.rsqrt":
-        lo, hi = args[0]
-        return (1 / math.sqrt(hi) if 0 < hi < INF else 0.0), (1 / math.sqrt(lo) if lo > 0
-                                                                else INF)
-    if name == "stablehlo.power":
-        return _power(args[0], args[1])
-    if name == "chlo.square":
-        return _mul(args[0], args[0])
+    if name in ELEMENTWISE_BOUNDS:
+        return ELEMENTWISE_BOUNDS[name][0](args)
     if name == "stablehlo.dot_general":
         dims = _i64s(op, "lhs_contracting_dimensions") if "lhs_contracting_dimensions" in \
             op.attributes else _contracting(op)
@@ -305,6 +274,65 @@ def _exp(x: float) -> float:
         return math.exp(x)
     except OverflowError:
         return INF
+
+
+def _abs(a: tuple[float, float]) -> tuple[float, float]:
+    lo, hi = a
+    return (0.0 if lo <= 0 <= hi else min(abs(lo), abs(hi))), max(abs(lo), abs(hi))
+
+
+def _log(a: tuple[float, float]) -> tuple[float, float]:
+    lo, hi = a
+    return (math.log(lo) if lo > 0 else -INF), (math.log(hi) if hi > 0 else -INF)
+
+
+def _rsqrt(a: tuple[float, float]) -> tuple[float, float]:
+    lo, hi = a
+    return (1 / math.sqrt(hi) if 0 < hi < INF else 0.0), (1 / math.sqrt(lo) if lo > 0 else INF)
+
+
+def _clamp_op(args: list[tuple[float, float]]) -> tuple[float, float]:
+    """`clamp(min, x, max) = min(max(x, min), max)`, endpoint by endpoint (monotonic)."""
+    low, x, high = args
+    return min(max(x[0], low[0]), high[0]), min(max(x[1], low[1]), high[1])
+
+
+Interval = tuple[float, float]
+
+ELEMENTWISE_BOUNDS: dict[str, tuple[object, float | None]] = {
+    "stablehlo.negate": (lambda a: (-a[0][1], -a[0][0]), None),
+    "stablehlo.abs": (lambda a: _abs(a[0]), None),
+    "stablehlo.add": (lambda a: _add(a[0], a[1]), None),
+    "stablehlo.subtract": (lambda a: _add(a[0], (-a[1][1], -a[1][0])), None),
+    "stablehlo.multiply": (lambda a: _mul(a[0], a[1]), None),
+    "stablehlo.divide": (lambda a: _div(a[0], a[1]), None),
+    "stablehlo.maximum": (lambda a: (max(x[0] for x in a), max(x[1] for x in a)), None),
+    "stablehlo.minimum": (lambda a: (min(x[0] for x in a), min(x[1] for x in a)), None),
+    "stablehlo.clamp": (_clamp_op, None),
+    "stablehlo.select": (lambda a: _hull(a[1:]), None),
+    "stablehlo.convert": (lambda a: a[0], None),
+    "stablehlo.exponential": (lambda a: (_exp(a[0][0]), _exp(a[0][1])), None),
+    "stablehlo.exponential_minus_one": (lambda a: (_exp(a[0][0]) - 1, _exp(a[0][1]) - 1),
+                                        None),
+    "stablehlo.log": (lambda a: _log(a[0]), 0.0),
+    "stablehlo.tanh": (lambda a: (max(-1.0, math.tanh(a[0][0])), min(1.0, math.tanh(a[0][1]))),
+                       None),
+    "stablehlo.logistic": (lambda a: (0.0, 1.0), None),
+    "stablehlo.sine": (lambda a: (-1.0, 1.0), None),
+    "stablehlo.cosine": (lambda a: (-1.0, 1.0), None),
+    "chlo.erf": (lambda a: (-1.0, 1.0), None),
+    "stablehlo.sign": (lambda a: (-1.0, 1.0), None),
+    "stablehlo.sqrt": (lambda a: (math.sqrt(max(a[0][0], 0.0)), math.sqrt(max(a[0][1], 0.0))),
+                       0.0),
+    "stablehlo.rsqrt": (lambda a: _rsqrt(a[0]), 0.0),
+    "stablehlo.power": (lambda a: _power(a[0], a[1]), None),
+    "chlo.square": (lambda a: _mul(a[0], a[0]), None),
+}
+"""Elementwise op -> (its range from its operands' ranges, the least first operand for which
+it is a number: below it the op gives NaN, e.g. `sqrt(-1)`; None when every finite operand
+gives a number or NaN only comes from ranges the function already calls unbounded). Shared by
+the IR analysis (`interval`) and the term analysis (`term_interval`); NaN matters to the
+latter only (`0 * sqrt(x)` is NaN for x < 0), so the IR analysis ignores the domain."""
 
 
 def _dominates(b, a) -> bool:
@@ -452,3 +480,155 @@ def _same_value(x, y, budget: list[int] | None = None) -> bool:
 def _attributes(op: ir.Operation) -> dict[str, str]:
     attrs = op.attributes
     return {attrs[i].name: str(attrs[i].attr) for i in range(len(attrs))}
+
+
+# ----- reference terms ----------------------------------------------------------------------
+
+_TERM_SAME = frozenset({"broadcast", "reshape", "transpose", "slice", "concatenate", "pad",
+                        "stablehlo.reverse"})
+"""Term ops whose result holds only values of their arguments (a pad's value included)."""
+
+_TERM_FIRST = frozenset({"dynamic_slice", "stablehlo.gather", "chlo.top_k"})
+"""Term ops whose result holds only values of their first argument (the others index)."""
+
+_TERM_OPAQUE = frozenset({"loopvar", "while_result", "region_result"})
+"""Term leaves standing for values computed elsewhere (a loop's, a summarized layer's)."""
+
+_TERM_MEMO: dict[int, Interval] = {}
+"""term serial -> `term_interval` (terms are interned for the whole run)."""
+
+
+def term_interval(term) -> Interval:
+    """(lo, hi) of a reference term's elements, as `interval` for IR values: arguments are
+    program inputs (finite by assumption, any value of their dtype), constants and iotas
+    their values, arithmetic by interval arithmetic clamped to the dtype (an endpoint past
+    its largest finite value is the infinity it may overflow to). An operand outside an
+    op's domain (`sqrt` of a possibly negative value) makes the result unbounded: NaN
+    matters here. Integers are any value of their width unless known tighter (they wrap)."""
+    from .terms import post_order
+
+    found = _TERM_MEMO.get(term.serial)
+    if found is not None:
+        return found
+    for top in post_order(term, _TERM_MEMO):
+        try:
+            bounds = _term_interval_of(top, [_TERM_MEMO[a.serial] for a in top.args])
+        except (ValueError, TypeError, OverflowError, KeyError, IndexError, ZeroDivisionError):
+            bounds = UNBOUNDED
+        _TERM_MEMO[top.serial] = _fit(bounds, top.dtype)
+    return _TERM_MEMO[term.serial]
+
+
+def term_finite(term) -> bool:
+    """Every element of `term` is a finite number (no overflow, no NaN) on every input the
+    proof admits, shown by `term_interval`; integer terms always are."""
+    lo, hi = term_interval(term)
+    return -INF < lo and hi < INF
+
+
+def integer_dtype(dtype: str) -> bool:
+    """An integer or i1 dtype (two's complement: no infinity, no NaN)."""
+    return _int_range(dtype) is not None
+
+
+def _int_range(dtype: str) -> Interval | None:
+    """The values of an integer (or i1) dtype; None for a float dtype."""
+    from .precision import INT_BITS
+
+    if dtype == "i1":
+        return 0.0, 1.0
+    if dtype not in INT_BITS:
+        return None
+    width, signed = INT_BITS[dtype]
+    return (float(-(1 << (width - 1))), float((1 << (width - 1)) - 1)) if signed else (
+        0.0, float((1 << width) - 1))
+
+
+def _fit(bounds: Interval, dtype: str) -> Interval:
+    """`bounds` as a value of `dtype` holds them: integers wrap within their range, floats
+    overflow past their largest finite value (an unknown float dtype: unbounded)."""
+    ints = _int_range(dtype)
+    if ints is not None:
+        lo, hi = bounds
+        return (lo, hi) if ints[0] <= lo and hi <= ints[1] else ints
+    if dtype not in _MAX:
+        return UNBOUNDED
+    return _clamp(bounds, _MAX[dtype])
+
+
+def _shifted_by_its_max(term) -> bool:
+    """`term` is `x - broadcast(reduce_max(x)) + c` (the softmax shift), so at most `c`: the
+    term-level `_dominates` (the broadcast restores exactly the reduced dims)."""
+    from .terms import make_broadcast
+
+    if len(term.args) != 2 or sorted(term.attrs[1]) != [-1, 1]:
+        return False
+    x, shift = term.args if term.attrs[1][0] == 1 else term.args[::-1]
+    below = shift
+    while below.op in ("broadcast", "reshape"):
+        below = below.args[0]
+    if below.op != "reduce_max" or below.args[0] is not x:
+        return False
+    reduced = below.attrs[0]
+    kept = tuple(d for d in range(len(x.shape)) if d not in reduced)
+    return make_broadcast(below, kept, x.shape) is shift
+
+
+def _term_interval_of(term, args: list[Interval]) -> Interval:
+    from .terms import DENSE_VALUES
+
+    op, dtype = term.op, term.dtype
+    if op == "arg":
+        return _int_range(dtype) or (-_MAX.get(dtype, INF), _MAX.get(dtype, INF))
+    if op == "splat":
+        value = float(term.attrs[0])
+        return UNBOUNDED if math.isnan(value) else (value, value)
+    if op == "iota":
+        return 0.0, float(max(term.shape[0] - 1, 0))
+    if op == "dense":
+        values = DENSE_VALUES.get(term.attrs[0])
+        if values is None or not np.size(values):
+            return _int_range(dtype) or UNBOUNDED
+        return float(np.min(values)), float(np.max(values))
+    if op in _TERM_OPAQUE:
+        return _int_range(dtype) or UNBOUNDED
+    if op == "lin":
+        constant, coefs = term.attrs
+        total = (float(constant), float(constant))
+        if math.isnan(total[0]):
+            return UNBOUNDED
+        for k, arg in zip(coefs, args):
+            total = _add(total, _mul((float(k), float(k)), arg))
+        if _shifted_by_its_max(term):
+            total = total[0], min(total[1], float(constant))
+        return total
+    if op == "mul":
+        total = args[0]
+        for arg in args[1:]:
+            total = _mul(total, arg)
+        return total
+    if op == "div":
+        return _div(args[0], args[1])
+    if op in _TERM_SAME:
+        return _hull(args)
+    if op in _TERM_FIRST:
+        return args[0]
+    if op == "stablehlo.dynamic_update_slice":
+        return _hull(args[:2])
+    if op == "reduce_sum":
+        return _times(args[0], math.prod(term.args[0].shape[d] for d in term.attrs[0]))
+    if op in ("reduce_max", "reduce_min"):
+        empty = any(term.args[0].shape[d] == 0 for d in term.attrs[0])
+        return UNBOUNDED if empty else args[0]
+    if op == "reduce_window_sum":
+        return _times(_hull([args[0], (0.0, 0.0)]), math.prod(term.attrs[0]))
+    if op == "stablehlo.dot_general":
+        count = math.prod(term.args[0].shape[d] for d in term.attrs[2])
+        return _times(_mul(args[0], args[1]), count)
+    entry = ELEMENTWISE_BOUNDS.get(op)
+    if entry is not None:
+        compute, domain = entry
+        if domain is not None and args[0][0] < domain:
+            return UNBOUNDED
+        return compute(args)
+    return _int_range(dtype) or UNBOUNDED

@@ -28,6 +28,7 @@ from .rules.reordered import MIXED_ORDERS
 from .terms import (
     Term,
     factor_content,
+    is_zero_multiple,
     linear_parts,
     pretty,
     scale,
@@ -617,7 +618,29 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
     differing = constant_differences(want, got)
     if differing:
         notes.append(Diagnostic("note", describe_difference(differing[0]), record.loc))
+    kept = _kept_zero(want, got)
+    if kept is not None:
+        notes.append(Diagnostic("note", _kept_zero_text(kept), record.loc))
     return Diagnostic("error", reason, record.loc, tuple(notes), category=category), record
+
+
+def _kept_zero(want: Term, got: Term) -> Term | None:
+    """A zero multiple (`terms.zero_multiple`) in the sharded term that the reference's lacks:
+    `0 * t` (or a cancelled `t - t`) with `t` not shown finite, which is NaN where `t`
+    overflows."""
+    present = {t.serial for t in subterms([want])}
+    for term in subterms([got]):
+        if term.serial not in present and is_zero_multiple(term):
+            return term
+    return None
+
+
+def _kept_zero_text(term: Term) -> str:
+    factor = [a for a in term.args if not (a.op == "splat" and a.attrs[0] == 0)]
+    shown = pretty(factor[0], 3) if len(factor) == 1 else pretty(term, 3)
+    return (f"0 * {shown} (a product with zero, or a difference that cancels) is not 0: "
+            f"{shown} is not shown finite, and inf * 0 = inf - inf = NaN; x * 0 and x - x "
+            "fold to 0 only where x is shown finite")
 
 
 def _pmean_axes(record: OpRecord, factor, walk: Walk) -> str:

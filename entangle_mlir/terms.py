@@ -9,7 +9,9 @@ an identity test:
   subtract, negate, scaling by constants, pmean's 1/n);
 * scalars pulled through dot_general / reduce-sum / broadcast / reshape / transpose / slice;
 * n-ary sorted multiply, sorted max/min/and/or; `x * x` for `chlo.square`;
-* composed broadcast / reshape / transpose chains; unit-dim-only broadcasts become reshapes.
+* composed broadcast / reshape / transpose chains; unit-dim-only broadcasts become reshapes;
+* `0 * t` and a cancelled `t - t` are 0 only where `t` is shown finite (`bounds.term_finite`):
+  elsewhere they are NaN, and the zero multiple `mul(t, 0)` is kept (`zero_multiple`).
 """
 
 from __future__ import annotations
@@ -205,9 +207,15 @@ def make_lin(pairs, constant, shape: tuple[int, ...], dtype: str) -> Term:
     the Fraction multiplication; the result is the same as multiplying. A sum into a long
     `lin` taken once (`x + f(x)` on the residual stream) only edits that lin's sorted arguments
     (`_extend_lin`): Python work per term added, not per term of the stream."""
+    for coef, _ in pairs:
+        if not coef:
+            pairs, constant = _times_zero(pairs, constant)
+            break
     base_at = _long_base(pairs)
     if base_at >= 0:
-        return _extend_lin(pairs, base_at, constant, tuple(shape), dtype)
+        extended = _extend_lin(pairs, base_at, constant, tuple(shape), dtype)
+        if extended is not None:
+            return extended
     coef_of: dict[int, Scalar] = {}
     term_of: dict[int, Term] = {}
     total = scalar(constant)
@@ -241,6 +249,11 @@ def make_lin(pairs, constant, shape: tuple[int, ...], dtype: str) -> Term:
             else:
                 coef_of[serial] = old + add
     serials = sorted(s for s, k in coef_of.items() if k != 0)
+    if len(serials) != len(coef_of):
+        cancelled = [term_of[s] for s, k in coef_of.items() if k == 0]
+        if not all(_zero_exact(t) for t in cancelled):
+            kept = [(coef_of[s], term_of[s]) for s in serials]
+            return make_lin(kept + [(_ZERO, t) for t in cancelled], total, shape, dtype)
     if not serials:
         return make_splat(total, shape, dtype)
     if len(serials) == 1 and coef_of[serials[0]] == 1 and total == 0:
@@ -274,10 +287,12 @@ def _long_base(pairs) -> int:
     return best
 
 
-def _extend_lin(pairs, base_at: int, constant, shape: tuple[int, ...], dtype: str) -> Term:
+def _extend_lin(pairs, base_at: int, constant, shape: tuple[int, ...],
+                dtype: str) -> Term | None:
     """`make_lin` when `pairs[base_at]` is `(1, base)` with `base` a long lin: the other pairs
     are merged into copies of base's sorted arguments by binary search. The result is the
-    term the general loop builds (the same sum, exact arithmetic, the same canonical form)."""
+    term the general loop builds (the same sum, exact arithmetic, the same canonical form);
+    None when a term not shown finite cancels (the general loop keeps its zero multiple)."""
     base = pairs[base_at][1]
     known = _lin_keys(base)
     serials, coef_keys = list(known[0]), list(known[1])
@@ -324,6 +339,8 @@ def _extend_lin(pairs, base_at: int, constant, shape: tuple[int, ...], dtype: st
     for serial in sorted(touched, reverse=True):
         at = bisect.bisect_left(serials, serial)
         if coefs[at] == 0:
+            if not _zero_exact(args[at]):
+                return None
             del serials[at], coefs[at], args[at], coef_keys[at]
         else:
             coef_keys[at] = _cheap(coefs[at])
@@ -368,6 +385,49 @@ def _cheap(value: Scalar):
 
 _ZERO = Fraction(0)
 _ONE = Fraction(1)
+
+
+def _zero_exact(term: Term) -> bool:
+    """`0 * term` is exactly zero: an integer term (two's complement: 0 * x = x - x = 0), or
+    another (float) term shown finite (`bounds.term_finite`). For an infinite or NaN element
+    it is NaN, so `exp(x) * 0` and `exp(x) - exp(x)` are not zero where exp overflows."""
+    from .bounds import integer_dtype, term_finite
+
+    if integer_dtype(term.dtype):
+        return True
+    return not is_zero_multiple(term) and term_finite(term)
+
+
+def zero_multiple(term: Term) -> Term:
+    """The term `0 * term` when that is not exactly zero (see `_zero_exact`): a product with
+    a zero factor, which is 0 where `term` is finite and NaN elsewhere. Products absorb it
+    (`k * (0 * t)` and `0 * (0 * t)` are `0 * t` up to its coefficient), so it is one node."""
+    if is_zero_multiple(term):
+        return term
+    zero = make_splat(0, term.shape, term.dtype)
+    factors = tuple(sorted((term, zero), key=lambda t: t.serial))
+    return intern("mul", factors, (), term.shape, term.dtype)
+
+
+def is_zero_multiple(term: Term) -> bool:
+    """`term` is a product with a zero factor (`zero_multiple`)."""
+    return term.op == "mul" and any(splat_value(a) == 0 for a in term.args)
+
+
+def _times_zero(pairs, constant) -> tuple[list, Scalar]:
+    """`pairs` and `constant` with each zero coefficient applied: `0 * t` dropped where it is
+    exactly zero, else `1 * zero_multiple(t)`; `0 * c` of a constant is 0, NaN for inf."""
+    kept = []
+    for coef, term in pairs:
+        if coef:
+            kept.append((coef, term))
+        elif term.op == "splat":
+            value = term.attrs[0]
+            if not isinstance(value, Fraction):
+                constant = scalar(constant) + NAN
+        elif not _zero_exact(term):
+            kept.append((_ONE, zero_multiple(term)))
+    return kept, constant
 
 
 def scale(term: Term, factor) -> Term:
