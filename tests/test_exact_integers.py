@@ -133,6 +133,27 @@ def _plus_iota_in(dtype, size: int, through_int: bool):
     return body
 
 
+def _onehot_reference(w, ids):
+    return jax.nn.one_hot(ids, V, dtype=w.dtype) @ w
+
+
+def _onehot_vocab_parallel(offset_blocks: int):
+    """Each device's one-hot hit `ids - start == j` over its vocab block (`offset_blocks`
+    blocks further on: 0 is correct), summed over 'dp'."""
+    def body(w, ids):
+        vl = w.shape[0]
+        start = (lax.axis_index("dp") + offset_blocks) * vl
+        hit = (ids[:, None] - start) == jnp.arange(vl)[None, :]
+        return lax.psum(hit.astype(w.dtype) @ w, "dp")
+    return body
+
+
+def _extreme_ids() -> list[np.ndarray]:
+    """Valid ids and ids near INT_MIN / INT_MAX, where `ids - start` wraps."""
+    return [_table(), np.array([0, 5, 9, 15, -2147483648, -2147483641, 2147483647, 3],
+                               np.int32)]
+
+
 def _odd_and_negative() -> list[np.ndarray]:
     return [np.array([3, -3, 7, -7, 2147483647, -2147483648, 1, 0], np.int32)]
 
@@ -153,6 +174,14 @@ CASES = [
          (_floats("x", (N,)),), P(), lambda: [np.ones(N, np.float32)], False),
     Case("iota_interval_exact", _prefix_reference, _prefix_mask(1000, 1647),
          (_floats("x", (N,)),), P(), lambda: [np.ones(N, np.float32)], True),
+    # an equality compare of `ids - start` is wrap-invariant (adding start is a bijection
+    # mod 2^32), so it is proven even where the subtraction wraps; a wrong offset is not
+    Case("onehot_eq_compare_wraps_exactly", _onehot_reference, _onehot_vocab_parallel(0),
+         (ArgDef("w", (V, 4), "float32", "data", P("dp")),
+          ArgDef("ids", (8,), "int32", "tokens", P(), high=V)), P(), _extreme_ids, True),
+    Case("onehot_eq_compare_wrong_offset", _onehot_reference, _onehot_vocab_parallel(1),
+         (ArgDef("w", (V, 4), "float32", "data", P("dp")),
+          ArgDef("ids", (8,), "int32", "tokens", P(), high=V)), P(), _extreme_ids, False),
     # integer division truncates toward zero
     Case("int_divide_is_not_a_scale", _identity, _halved_doubled, (_ints("x", (8,)),),
          P("dp"), _odd_and_negative, False),

@@ -148,15 +148,19 @@ def elementwise_shifted(info: OpInfo, operands: list[Value], ctx: RuleContext,
         a, b = operands
         if isinstance(a, Shifted) and isinstance(b, Shifted):
             return unsupported
+        # x + c == y iff x == y - c in wrapped arithmetic too (adding c is a bijection mod
+        # 2^N); an order compare moves the offset only where nothing wraps
+        ordered = info.attrs.get("comparison_direction") not in ("EQ", "NE")
         wrapping = next((v for v in operands if isinstance(v, Shifted) and may_wrap(v)), None)
-        if wrapping is not None:
+        if ordered and wrapping is not None:
             return [Opaque(f"compare of {wrapping.rel.term.dtype} values plus a device offset "
                            "that may wrap around (the order of wrapped values is not the "
                            "order of the values; not proven)", category="unsupported")]
         shifted, other = (a, b) if isinstance(a, Shifted) else (b, a)
         opposite = Shifted(other, tuple(-o for o in shifted.offsets))
         moved = normalize(opposite, ctx)
-        if isinstance(moved, Rel) and splat_value(moved.term) is None and may_wrap(opposite):
+        if ordered and isinstance(moved, Rel) and splat_value(moved.term) is None and \
+                may_wrap(opposite):
             # compare(x + c, y) is compare(x, y - c) only where y - c does not wrap
             return [Opaque(f"compare moves a device offset onto {other.term.dtype} values "
                            "where it may wrap around (not proven)", category="unsupported")]
