@@ -76,23 +76,10 @@ def is_finite(value, memo: dict | None = None) -> bool:
 def interval(value, memo: dict | None = None) -> tuple[float, float]:
     """(lo, hi) of `value` (see the module docstring); `memo` is shared across calls.
     Iterative: a layer's cone is the whole program before it."""
-    from .idioms import _def
+    from .idioms import operands_first
 
     memo = {} if memo is None else memo
-    stack = [value]
-    while stack:
-        top = stack[-1]
-        if top in memo:
-            stack.pop()
-            continue
-        op = _def(top)
-        outer = _outer(top) if op is None else None
-        operands = list(op.operands) if op is not None else [outer] if outer is not None else []
-        waiting = [v for v in operands if v not in memo]
-        if waiting:
-            stack.extend(waiting)
-            continue
-        stack.pop()
+    for top, op, outer in operands_first(value, memo):
         if outer is not None:
             memo[top] = memo[outer]
         else:
@@ -102,15 +89,6 @@ def interval(value, memo: dict | None = None) -> tuple[float, float]:
                 found = UNBOUNDED
             memo[top] = _clamp(found, largest(top)) if dtype_name(top) != "int" else found
     return memo[value]
-
-
-def _outer(value):
-    """The shard_map operand a body argument is (None for any other value)."""
-    owner = value.owner
-    op = owner.owner if isinstance(owner, ir.Block) else None
-    if op is None or op.operation.name != "sdy.manual_computation":
-        return None
-    return op.operation.operands[value.arg_number]
 
 
 def _clamp(bounds: tuple[float, float], top: float) -> tuple[float, float]:

@@ -781,20 +781,7 @@ def _kinds(value, memo: dict, overflow: bool = True) -> int:
     a constant, of finite values may overflow to (`_overflow`); without it only those the
     program builds (masks, log of zero), for the guards of the online softmax's backward
     (`online_backward.py`, whose telescoped forms are left unchecked for overflow)."""
-    stack = [value]
-    while stack:
-        top = stack[-1]
-        if top in memo:
-            stack.pop()
-            continue
-        op = _def(top)
-        outer = _outer_operand(top) if op is None else None
-        waiting = [v for v in (op.operands if op is not None else [outer] if outer else [])
-                   if v not in memo]
-        if waiting:
-            stack.extend(waiting)
-            continue
-        stack.pop()
+    for top, op, outer in operands_first(value, memo):
         memo[top] = memo[outer] if outer is not None else _kinds_of(top, op, memo)
         if overflow and op is not None and op.name in _OVERFLOWING and not memo[top] & (
                 _NEG | _POS) and (
@@ -866,6 +853,28 @@ def _overflow(value, memo: dict) -> int:
             for v in op.operands):
         return 0
     return (_NEG if lo == -math.inf else 0) | (_POS if hi == math.inf else 0)
+
+
+def operands_first(value, memo: dict):
+    """The values of `value`'s cone that `memo` lacks, each after its operands (a shard_map
+    body argument's operand is the shard_map's operand it receives), as (value, its defining
+    op or None, that outer operand or None). The caller puts each value in `memo` before
+    asking for the next. Iterative: the cone of a layer is the whole program before it."""
+    stack = [value]
+    while stack:
+        top = stack[-1]
+        if top in memo:
+            stack.pop()
+            continue
+        op = _def(top)
+        outer = _outer_operand(top) if op is None else None
+        waiting = [v for v in (op.operands if op is not None else [outer] if outer else [])
+                   if v not in memo]
+        if waiting:
+            stack.extend(waiting)
+            continue
+        stack.pop()
+        yield top, op, outer
 
 
 def _outer_operand(value):
