@@ -135,3 +135,32 @@ def test_max_shifted_control_is_proven(grad: bool) -> None:
     ref_text, text = lower_pair(ex)
     report = check_texts(ref_text, text, verify_rules=False)
     assert report.proven, report.render_text()
+
+
+def _custom_vjp_example(bad: str):
+    """The max-shifted ring forward (exact, folded) with a `jax.custom_vjp` backward that is
+    the vjp of the ring shifted by `bad`: only the backward's exps can overflow (the leaves
+    `online_backward._reassociated` checks with `overflow=False`)."""
+
+    @jax.custom_vjp
+    def att(q, k, v):
+        return _ring(q, k, v, "max")
+
+    att.defvjp(lambda q, k, v: (_ring(q, k, v, "max"), (q, k, v)),
+               lambda res, g: jax.vjp(lambda q, k, v: _ring(q, k, v, bad), *res)[1](g))
+    body = lambda q, k, v, w: jax.grad(  # noqa: E731
+        lambda q, k, v: jnp.sum(att(q, k, v) * w), argnums=(0, 1, 2))(q, k, v)
+    args = tuple(_f(n, (8, 4), P(CP, None), "large" if n in "qk" else "data") for n in "qkvw")
+    return custom(f"ring_overflow_vjp_{bad}", CP4, _grad_ref, body, args, (P(CP, None),) * 3,
+                  f"ring attention, backward shifted by {bad}")
+
+
+@pytest.mark.parametrize("bad", ["split", "half", "max"])
+def test_custom_vjp_backward_overflow(bad: str) -> None:
+    ex = _custom_vjp_example(bad)
+    ref, shd = run_pair(ex)
+    finite = all(np.isfinite(x).all() for x in shd)
+    assert finite == (bad == "max")
+    ref_text, text = lower_pair(ex)
+    report = check_texts(ref_text, text, verify_rules=False)
+    assert report.proven == (bad == "max"), report.render_text()
