@@ -95,7 +95,7 @@ def _example(shift: str, grad: bool):
         return custom(f"ring_overflow_{shift}", CP4, ring_attention_ref,
                       lambda q, k, v: _ring(q, k, v, shift), qkv, P(CP, None),
                       f"ring attention, exp shifted by {shift}")
-    body = lambda q, k, v, w: jax.grad(  # noqa: E731
+    body = lambda q, k, v, w: jax.grad(
         lambda q, k, v: jnp.sum(_ring(q, k, v, shift) * w), argnums=(0, 1, 2))(q, k, v)
     return custom(f"ring_overflow_grad_{shift}", CP4, _grad_ref, body,
                   qkv + (_f("w", (8, 4), P(CP, None)),), (P(CP, None),) * 3,
@@ -148,7 +148,7 @@ def _custom_vjp_example(bad: str):
 
     att.defvjp(lambda q, k, v: (_ring(q, k, v, "max"), (q, k, v)),
                lambda res, g: jax.vjp(lambda q, k, v: _ring(q, k, v, bad), *res)[1](g))
-    body = lambda q, k, v, w: jax.grad(  # noqa: E731
+    body = lambda q, k, v, w: jax.grad(
         lambda q, k, v: jnp.sum(att(q, k, v) * w), argnums=(0, 1, 2))(q, k, v)
     args = tuple(_f(n, (8, 4), P(CP, None), "large" if n in "qk" else "data") for n in "qkvw")
     return custom(f"ring_overflow_vjp_{bad}", CP4, _grad_ref, body, args, (P(CP, None),) * 3,
