@@ -218,3 +218,27 @@ def test_partitioned_replicated_inputs_split_output() -> None:
 
 def test_partitioned_everything_replicated() -> None:
     assert _replicated_inputs_case(P()).proven
+
+
+def test_timed_check_stops_although_the_first_alarm_is_swallowed(monkeypatch) -> None:
+    """A check's time limit holds even when its first alarm fires inside a callback that
+    swallows the exception (jax's GC callback): the alarm re-arms until it is cancelled."""
+    import signal
+    import time
+
+    from entangle_mlir.fuzz import run
+
+    def check_swallowing_one_alarm(*args, **kwargs):
+        try:
+            time.sleep(5)
+        except run._Timeout:
+            pass
+        time.sleep(5)
+        raise AssertionError("the check ran past its time limit")
+
+    monkeypatch.setattr(run, "check_texts", check_swallowing_one_alarm)
+    start = time.perf_counter()
+    report, kind, _ = run.timed_check("", "", False, timeout=1)
+    assert (report, kind) == (None, "timeout")
+    assert time.perf_counter() - start < 4
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)

@@ -122,6 +122,10 @@ class _Timeout(Exception):
 
 
 def _alarm(signum, frame):
+    """Stop the check. Python swallows an exception raised inside a callback it runs for a C
+    library (jax's GC callback prints "Exception ignored"), so the alarm re-arms itself every
+    second until `timed_check` cancels it."""
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
     raise _Timeout()
 
 
@@ -148,7 +152,7 @@ def timed_check(ref_text: str, shd_text: str, verify_rules: bool, timeout: int =
         return None, "crash", "".join(traceback.format_exception(err))[-3000:]
     finally:
         if use_alarm:
-            signal.alarm(0)
+            signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, old)
 
 
