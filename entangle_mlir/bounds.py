@@ -350,26 +350,8 @@ def _row_maxima(root) -> list:
     jax's is_finite guard), each with the shape of `root`."""
     from . import idioms
 
-    found, pending, seen = [], [root], set()
-    while pending:
-        value = pending.pop()
-        if value in seen:
-            continue
-        seen.add(value)
-        op = idioms._def(value)
-        if op is None or idioms._shape(value) != idioms._shape(root):
-            continue
-        if op.name == "stablehlo.maximum":
-            pending.extend(op.operands)
-        elif op.name == "stablehlo.all_reduce" and len(op.operands) == 1 and \
-                idioms.reducer_kind(op) == "max":
-            pending.append(op.operands[0])
-        elif op.name == "stablehlo.select" and idioms._finite_test(op.operands[0],
-                                                                    op.operands[1]):
-            pending.append(op.operands[1])
-        elif idioms._max_reduce(op) is not None:
-            found.append(op)
-    return found
+    return [op for _, op in _max_leaves(root, same_shape=True)
+            if idioms._max_reduce(op) is not None]
 
 
 def _only_maxima(value) -> bool:
@@ -377,26 +359,37 @@ def _only_maxima(value) -> bool:
     row maxima alone, so it is at most the largest of them."""
     from . import idioms
 
-    pending, seen = [value], set()
+    return all(op is not None and (idioms._max_reduce(op) is not None
+                                   or idioms._splat_of(leaf, -math.inf))
+               for leaf, op in _max_leaves(value, same_shape=False))
+
+
+def _max_leaves(root, same_shape: bool) -> list:
+    """(value, defining op or None) of the values `root` takes the max of: the walk goes
+    through maximum, a max all_reduce (pmax) and jax's is_finite guard; with `same_shape`,
+    values of another shape than `root`'s (and block arguments) are left out."""
+    from . import idioms
+
+    leaves, pending, seen = [], [root], set()
     while pending:
-        top = pending.pop()
-        if top in seen:
+        value = pending.pop()
+        if value in seen:
             continue
-        seen.add(top)
-        op = idioms._def(top)
-        if op is None:
-            return False
-        if op.name == "stablehlo.maximum":
+        seen.add(value)
+        op = idioms._def(value)
+        if same_shape and (op is None or idioms._shape(value) != idioms._shape(root)):
+            continue
+        if op is not None and op.name == "stablehlo.maximum":
             pending.extend(op.operands)
-        elif op.name == "stablehlo.all_reduce" and len(op.operands) == 1 and \
-                idioms.reducer_kind(op) == "max":
+        elif op is not None and op.name == "stablehlo.all_reduce" and \
+                len(op.operands) == 1 and idioms.reducer_kind(op) == "max":
             pending.append(op.operands[0])
-        elif op.name == "stablehlo.select" and idioms._finite_test(op.operands[0],
-                                                                    op.operands[1]):
+        elif op is not None and op.name == "stablehlo.select" and \
+                idioms._finite_test(op.operands[0], op.operands[1]):
             pending.append(op.operands[1])
-        elif idioms._max_reduce(op) is None and not idioms._splat_of(top, -math.inf):
-            return False
-    return True
+        else:
+            leaves.append((value, op))
+    return leaves
 
 
 def _reached(root, a) -> bool:
