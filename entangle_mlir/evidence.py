@@ -438,15 +438,12 @@ def _as_replicas(module, n: int) -> str:
     return _module_text(module).replace("stablehlo.partition_id", "stablehlo.replica_id")
 
 
-def execute_replicas(text: str, per_device_args: list[list[np.ndarray]]
-                     ) -> list[list[np.ndarray]]:
-    """Run a StableHLO module as one replica per entry of `per_device_args` (device d gets
-    `per_device_args[d]`) on jax's CPU devices; `outputs[device][result]` as numpy arrays."""
-    import jax
+def compile_replicas(text: str, n: int):
+    """(executable, devices): a StableHLO module compiled to run as `n` replicas of one
+    partition on jax's first `n` CPU devices."""
     from jax._src import xla_bridge
     from jax._src.lib import xla_client
 
-    n = len(per_device_args)
     backend = xla_bridge.get_backend("cpu")
     devices = backend.devices()[:n]
     if len(devices) < n:
@@ -459,7 +456,17 @@ def execute_replicas(text: str, per_device_args: list[list[np.ndarray]]
     options.executable_build_options.num_replicas = n
     options.executable_build_options.num_partitions = 1
     options.device_assignment = xla_client.DeviceAssignment.create(np.arange(n).reshape(n, 1))
-    executable = backend.compile_and_load(text, xla_client.DeviceList(tuple(devices)), options)
+    return backend.compile_and_load(text, xla_client.DeviceList(tuple(devices)), options), devices
+
+
+def execute_replicas(text: str, per_device_args: list[list[np.ndarray]]
+                     ) -> list[list[np.ndarray]]:
+    """Run a StableHLO module as one replica per entry of `per_device_args` (device d gets
+    `per_device_args[d]`) on jax's CPU devices; `outputs[device][result]` as numpy arrays."""
+    import jax
+
+    n = len(per_device_args)
+    executable, devices = compile_replicas(text, n)
     replicated = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices), ("replicas",)),
                                             jax.sharding.PartitionSpec())
     arrays = []

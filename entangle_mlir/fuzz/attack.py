@@ -207,10 +207,7 @@ class PartitionedSubject:
         return [v for row in expected_per_device(self.text, want) for v in row]
 
     def compile(self, text: str):
-        from jax._src import xla_bridge
-        from jax._src.lib import xla_client
-
-        from entangle_mlir.evidence import _as_replicas
+        from entangle_mlir.evidence import _as_replicas, compile_replicas
         from entangle_mlir.ir import context, parse_module
         from entangle_mlir.per_device import device_count, parameter_shardings
         from entangle_mlir.program import _public_main
@@ -222,17 +219,7 @@ class PartitionedSubject:
             n = device_count(module, shardings)
             local = [tuple(a.type.shape) for a in main.regions[0].blocks[0].arguments]
             replicas = _as_replicas(module, n)
-        backend = xla_bridge.get_backend("cpu")
-        devices = backend.devices()[:n]
-        options = xla_client.CompileOptions()
-        options.num_replicas = n
-        options.num_partitions = 1
-        options.executable_build_options.use_spmd_partitioning = False
-        options.executable_build_options.num_replicas = n
-        options.executable_build_options.num_partitions = 1
-        options.device_assignment = xla_client.DeviceAssignment.create(
-            np.arange(n).reshape(n, 1))
-        exe = backend.compile_and_load(replicas, xla_client.DeviceList(tuple(devices)), options)
+        exe, devices = compile_replicas(replicas, n)
         return exe, devices, shardings, local
 
     def run(self, compiled, inputs) -> list[np.ndarray]:
