@@ -3,7 +3,7 @@
     python benchmarks/attack.py [--only NAME_SUBSTRING] [--sources attack,catalog,partitioned,real]
         [--kinds dtype,constant,...] [--per-kind K] [--limit N] [--jobs 2] [--json out.json]
 
-Each subject (the integer / compare programs of `entangle_mlir.fuzz.attack.attack_programs`, the
+Each subject (the integer / compare programs of `fuzz.attack.attack_programs`, the
 catalogue's correct examples, XLA-partitioned programs of examples/partitioned.py, the real-model
 corpus) is lowered; a seeded sample of at most K value mutants per kind of
 `mlir_mutate.value_sites` (element types narrowed by converts, constants by 1 ulp / 2^-20 /
@@ -34,7 +34,7 @@ SOURCES = ("attack", "catalog", "partitioned", "real")
 
 def _work(task):
     source, name, per_kind, kinds, limit, timeout, match, sides = task
-    from entangle_mlir.fuzz.attack import attack, subjects
+    from fuzz.attack import attack, subjects
 
     start = time.perf_counter()
     try:
@@ -64,7 +64,7 @@ HEADER = (f"{'':<34} {'mutants':>7} {'invalid':>7} {'differ':>6} {'ulp':>4} {'ca
 
 
 def table(everything: list[dict], key: str) -> list[str]:
-    from entangle_mlir.fuzz.attack import score
+    from fuzz.attack import score
 
     groups: dict[str, list] = {}
     for r in everything:
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     if args.merge:
         return merge(args.merge)
 
-    from entangle_mlir.fuzz.attack import STATUSES, score, subjects
+    from fuzz.attack import STATUSES, score, subjects
 
     sources = tuple(s for s in args.sources.split(",") if s)
     kinds = tuple(k for k in args.kinds.split(",") if k) or None
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
 
 def merge(paths: list[str]) -> int:
     """The tables of earlier runs' JSON files together (a mutant counted once: the first)."""
-    from entangle_mlir.fuzz.attack import score
+    from fuzz.attack import score
 
     seen: set[tuple[str, str]] = set()
     subjects: set[str] = set()

@@ -2,14 +2,14 @@
 
     python benchmarks/fuzz.py --n 2000 --seed 0 [--mutants 1] [--jobs 2] [--json out.json]
 
-For each of N seeds: one correct-by-construction program (entangle_mlir.fuzz.gen) and `--mutants`
+For each of N seeds: one correct-by-construction program (fuzz.gen) and `--mutants`
 mutants of it, each lowered (reference + shard_map), executed on 8 simulated CPU devices and
 checked with `check_texts(..., verify_rules=False)`; every `--verify-rules-every`-th seed is
 also checked with the Z3 rule-instance checks on. Prints the summary table, then every false
 proof, crash, timeout and input error in full (with the program), then what keeps
 correct-by-construction programs from being proven, grouped by diagnostic.
 
-Reproduce one program: `python -m entangle_mlir.fuzz.run SEED [--mutation "DESCRIPTION"]`
+Reproduce one program: `python -m fuzz.run SEED [--mutation "DESCRIPTION"]`
 prints its source (reference and shard_map body), whether the numbers match, and the report.
 """
 
@@ -31,17 +31,17 @@ BAD = ("false_proof", "crash", "timeout", "input_error", "gen_error")
 
 def _work(task):
     seeds, mutants, verify_every, max_layers, partitioned = task
-    from entangle_mlir.fuzz.gen import GenOptions
+    from fuzz.gen import GenOptions
 
     opts = GenOptions(max_layers=max_layers)
     out = []
     for seed in seeds:
         if partitioned:
-            from entangle_mlir.fuzz.partitioned import run_partitioned_seed
+            from fuzz.partitioned import run_partitioned_seed
 
             outcomes = run_partitioned_seed(seed, mutants, opts)
         else:
-            from entangle_mlir.fuzz.run import run_seed
+            from fuzz.run import run_seed
 
             outcomes = run_seed(seed, mutants, opts, verify_every)
         out += [o.to_json() for o in outcomes]

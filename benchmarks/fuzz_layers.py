@@ -2,12 +2,12 @@
 
     python benchmarks/fuzz_layers.py --n 200 --seed 0 [--mutants 2] [--jobs 2] [--json out.json]
 
-For each of N seeds: one correct stack (`entangle_mlir.fuzz.stack`: a random chain repeated
+For each of N seeds: one correct stack (`fuzz.stack`: a random chain repeated
 K = 3..6 times, plain or residual, with its own, shared or stacked parameters per copy) and
 `--mutants` mutants changing exactly one copy on the sharded side. Each is lowered, executed
 on 8 simulated CPU devices and checked by `check_texts` (whole-layer reuse first, as
 `entangle check` does; Z3 rule-instance checks on unless --no-verify-rules). Then the hand-
-written near misses of `entangle_mlir.fuzz.layer_cases` (unless --no-near-misses). Prints
+written near misses of `fuzz.layer_cases` (unless --no-near-misses). Prints
 programs, proven, flagged, reuse fired, false proofs and crashes, then every false proof,
 crash and timeout in full. Exit status 1 when there is a false proof or a crash.
 """
@@ -30,8 +30,8 @@ BAD = ("false_proof", "crash", "timeout", "input_error", "gen_error")
 
 def _work(task) -> list[dict]:
     seeds, mutants, verify_rules, max_layers = task
-    from entangle_mlir.fuzz.gen import RandomChooser
-    from entangle_mlir.fuzz.stack import generate_stack, mutate_stack, run_case
+    from fuzz.gen import RandomChooser
+    from fuzz.stack import generate_stack, mutate_stack, run_case
 
     out = []
     for seed in seeds:
@@ -58,8 +58,8 @@ def _work(task) -> list[dict]:
 
 def _work_partitioned(task) -> list[dict]:
     seeds, mutants, verify_rules, max_layers = task
-    from entangle_mlir.fuzz.gen import RandomChooser
-    from entangle_mlir.fuzz.stack import generate_stack, run_partitioned_stack
+    from fuzz.gen import RandomChooser
+    from fuzz.stack import generate_stack, run_partitioned_stack
 
     out = []
     for seed in seeds:
@@ -70,7 +70,7 @@ def _work_partitioned(task) -> list[dict]:
 
 
 def _near_misses(verify_rules: bool) -> list[dict]:
-    from entangle_mlir.fuzz.layer_cases import CASES, run_near_miss
+    from fuzz.layer_cases import CASES, run_near_miss
 
     return [asdict(run_near_miss(name, verify_rules)) for name in CASES]
 

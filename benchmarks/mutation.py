@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def _work(task):
     name, limit = task
-    from entangle_mlir.fuzz.mutation import run_example
     from examples.catalog import by_name
+    from fuzz.mutation import run_example
 
     start = time.perf_counter()
     res = run_example(by_name(name), limit=limit)
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
             for item in pool.imap_unordered(_work, tasks):
                 done.append(item)
                 print(f"  {item[0]}: {len(item[1])} mutants", file=sys.stderr, flush=True)
-    from entangle_mlir.fuzz.mutation import score
+    from fuzz.mutation import score
 
     done.sort(key=lambda t: names.index(t[0]))
     header = (f"{'example':<28} {'mutants':>7} {'invalid':>7} {'differ':>6} {'caught':>6} "

@@ -23,12 +23,12 @@ clock = time.process_time
 import gc
 gc.disable()  # as the CLI does
 t0 = clock()
-from entangle_mlir.check import check_program
-from entangle_mlir.ir import context, load_file
-from entangle_mlir.pipeline import PassState, parse_pipeline, run_pipeline
-from entangle_mlir.program import from_two_modules
+from entangle_mlir.driver import check_program
+from entangle_mlir.mlir.ir import context, load_file
+from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipeline
+from entangle_mlir.mlir.program import from_two_modules
 from passes import PASSES
-import entangle_mlir.instance, entangle_mlir.semantics, z3
+import entangle_mlir.analysis.instance, entangle_mlir.semantics.ops, z3
 z3.main_ctx()
 stages = {"start-up": clock() - t0}
 t = clock()

@@ -1,5 +1,5 @@
 """Generate the docs that are derived from the code: `docs/diagnostics.md` (one section per
-reason of `entangle_mlir.reasons.REASONS`, with its lit test and the exact report `entangle
+reason of `entangle_mlir.core.reasons.REASONS`, with its lit test and the exact report `entangle
 check` prints for it) and `docs/op-coverage.md` (the rule tables).
 
     python docs/generate.py            # rewrite both files
@@ -63,8 +63,8 @@ def parse_lit_test(path: Path) -> dict:
 
 def check_output(path: Path) -> tuple[str, str | None]:
     """What `entangle check FILE` prints (run from the repository root), and the reason."""
-    from entangle_mlir.check import check_files, check_with_pipeline
-    from entangle_mlir.diagnostics import InputError
+    from entangle_mlir.driver import check_files, check_with_pipeline
+    from entangle_mlir.core.diagnostics import InputError
 
     relative = str(path.relative_to(REPO))
     pipeline = re.search(r"--pass-pipeline='builtin\.module\((.*inject-fault.*)\)'",
@@ -79,9 +79,9 @@ def check_output(path: Path) -> tuple[str, str | None]:
 
 
 def diagnostics_md() -> str:
-    from entangle_mlir.reasons import REASONS
+    from entangle_mlir.core.reasons import REASONS
 
-    out = [HEADER.format(sources="entangle_mlir/reasons.py and lit_tests/diagnostics/"),
+    out = [HEADER.format(sources="entangle_mlir/core/reasons.py and lit_tests/diagnostics/"),
            "# Diagnostics reference\n",
            ("When `entangle check` cannot prove a sharded program, it prints an MLIR-style "
             "diagnostic at the first operation that went wrong, at the line of your Python source "

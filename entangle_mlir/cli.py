@@ -11,9 +11,9 @@ import json
 import sys
 from pathlib import Path
 
-from .diagnostics import InputError
+from entangle_mlir.core.diagnostics import InputError
 
-DEMO_DIR = Path(__file__).resolve().parent.parent / "examples" / "mlir"
+DEMO_DIR = Path(__file__).resolve().parent / "demo"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         # jax's CPU client lists its devices on stderr unless told before jaxlib loads.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.dump_smt:
-        from .z3check import set_dump_dir
+        from entangle_mlir.analysis.solver import set_dump_dir
 
         set_dump_dir(args.dump_smt)
     try:
@@ -55,13 +55,13 @@ def main(argv: list[str] | None = None) -> int:
             except BrokenPipeError:
                 _quiet_broken_pipe()
                 return 0
-        from .check import check_files
+        from entangle_mlir.driver import check_files
 
         report = check_files(args.ref, args.sharded or args.ref,
                              verify_rules=not args.no_verify_rules,
                              reuse_layers=not (args.explain or args.json))
         if args.evidence and not report.proven:
-            from .evidence import check_evidence
+            from entangle_mlir.evidence import check_evidence
 
             report.evidence = check_evidence(report)
     except InputError as err:
@@ -105,7 +105,7 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
 
 def run_demo(args) -> int:
     """Prove every bundled correct pair, flag every bundled buggy one."""
-    from .check import check_files
+    from entangle_mlir.driver import check_files
 
     pairs = sorted(DEMO_DIR.glob("*.ref.mlir"))
     if not pairs:

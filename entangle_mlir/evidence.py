@@ -171,7 +171,7 @@ def _marked_texts(focus, ref_module, sharded_module) -> tuple[str, str]:
     """Both modules as text, with the two ops of interest marked by a unit attribute."""
     from jaxlib.mlir import ir
 
-    from .ir import context
+    from entangle_mlir.mlir.ir import context
 
     marks = ((focus.sharded.info.op, _EVIDENCE_MARK), (focus.reference.info.op, _REFERENCE_MARK))
     with context():
@@ -191,7 +191,7 @@ def _module_text(module) -> str:
 def _main_arg_types(text: str) -> list[tuple[tuple[int, ...], str]]:
     """Shapes and numpy dtypes of the arguments of the reference function (the one holding the
     marked reference op)."""
-    from .ir import context, parse_module
+    from entangle_mlir.mlir.ir import context, parse_module
 
     with context():
         module = parse_module(text)
@@ -274,7 +274,7 @@ def _expose_reference(text: str, result: int) -> str:
     from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import func
 
-    from .ir import context
+    from entangle_mlir.mlir.ir import context
 
     with context(), ir.Location.unknown():
         module = ir.Module.parse(text)
@@ -296,7 +296,7 @@ def _expose_reference(text: str, result: int) -> str:
 def _sharded_program(text: str, focus, args: list[np.ndarray]):
     """(per-device program returning the marked op's result, each device's arguments, mesh)
     for a shard_map program or a per-device (partitioned) one."""
-    from .ir import context, parse_module
+    from entangle_mlir.mlir.ir import context, parse_module
 
     with context():
         module = parse_module(text)
@@ -318,7 +318,7 @@ def _sharded_program(text: str, focus, args: list[np.ndarray]):
 def _per_device_args(args, shardings, local_shapes, mesh) -> list[list[np.ndarray]]:
     """Each device's parameters of a partitioned program: its block of every global argument
     as the parameter's `mhlo.sharding` says (uneven shards zero-padded, as XLA does)."""
-    from .jax import _device_blocks, _local_block
+    from entangle_mlir.jax import _device_blocks, _local_block
 
     if len(args) != len(shardings):
         raise Unavailable("the sharded program takes other arguments than the reference")
@@ -336,8 +336,8 @@ def _expose_per_device(text: str, result: int):
     from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import func
 
-    from .ir import context
-    from .per_device import device_count, parameter_shardings
+    from entangle_mlir.mlir.ir import context
+    from entangle_mlir.mlir.per_device import device_count, parameter_shardings
 
     with context(), ir.Location.unknown():
         module = ir.Module.parse(text)
@@ -369,9 +369,9 @@ def _expose_sharded(text: str, result: int):
     from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import func
 
-    from .infer import Walker
-    from .ir import context
-    from .opinfo import describe
+    from entangle_mlir.analysis.infer import Walker
+    from entangle_mlir.mlir.ir import context
+    from entangle_mlir.mlir.opinfo import describe
 
     with context(), ir.Location.unknown():
         module = ir.Module.parse(text)

@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import jax
 
-from .check import check_texts
-from .report import Report
+from entangle_mlir.core.report import Report
+from entangle_mlir.driver import check_texts
 
 
 def _exclude_own_frames() -> None:
@@ -58,7 +58,7 @@ def check(reference_fn: Callable, sharded_fn: Callable, *avals,
                          sharded_file=f"<{getattr(sharded_fn, '__name__', 'sharded')}>",
                          verify_rules=verify_rules)
     if not report.proven and evidence:
-        from .evidence import op_evidence, output_evidence
+        from entangle_mlir.evidence import op_evidence, output_evidence
 
         report.evidence = output_evidence(reference_fn, sharded_fn, avals)
         report.evidence["at_op"] = op_evidence(report.focus)
@@ -101,7 +101,7 @@ def partitioned_hlo(f: Callable, *avals, out_shardings=None, in_shardings=None) 
     import os
     import tempfile
 
-    from .xla import module_proto
+    from entangle_mlir.mlir.xla import module_proto
 
     if hasattr(f, "lower") and in_shardings is None and out_shardings is None:
         jitted = f
@@ -133,7 +133,7 @@ def reference_text(f: Callable, *avals) -> str:
 def lower_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None
                       ) -> tuple[str, bytes]:
     """(reference StableHLO text, XLA's partitioned per-device program as StableHLO bytecode)."""
-    from .xla import module_proto_to_stablehlo
+    from entangle_mlir.mlir.xla import module_proto_to_stablehlo
 
     proto = partitioned_hlo(f, *avals, out_shardings=out_shardings, in_shardings=in_shardings)
     return reference_text(f, *avals), module_proto_to_stablehlo(proto)
@@ -157,7 +157,7 @@ def check_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None
     if note:
         report.notes.append(note)
     if not report.proven and evidence:
-        from .evidence import op_evidence
+        from entangle_mlir.evidence import op_evidence
 
         report.evidence = {"at_op": op_evidence(report.focus)}
     return report
@@ -168,8 +168,8 @@ def _mesh_note(described: str, avals) -> str:
     synthesized axes line up with the avals' mesh (devices in id order)."""
     import numpy as np
 
-    from .mesh import Mesh
-    from .per_device import axis_names
+    from entangle_mlir.core.mesh import Mesh
+    from entangle_mlir.mlir.per_device import axis_names
 
     meshes = {getattr(getattr(a, "sharding", None), "mesh", None) for a in avals} - {None}
     if len(meshes) != 1 or not described:
@@ -257,10 +257,10 @@ def run_per_device(module, *global_args):
     """
     import numpy as np
 
-    from .evidence import Unavailable, _as_replicas, execute_replicas
-    from .ir import context, parse_module
-    from .per_device import device_count, parameter_shardings
-    from .program import _public_main
+    from entangle_mlir.evidence import Unavailable, _as_replicas, execute_replicas
+    from entangle_mlir.mlir.ir import context, parse_module
+    from entangle_mlir.mlir.per_device import device_count, parameter_shardings
+    from entangle_mlir.mlir.program import _public_main
 
     if isinstance(module, (str, bytes)):
         module = parse_module(module)
@@ -289,9 +289,9 @@ def expected_per_device(module, reference_outputs):
     (the value every device should return; padding of uneven shards is left out)."""
     import numpy as np
 
-    from .ir import context, parse_module
-    from .per_device import device_count, parameter_shardings, result_shardings
-    from .program import _public_main
+    from entangle_mlir.mlir.ir import context, parse_module
+    from entangle_mlir.mlir.per_device import device_count, parameter_shardings, result_shardings
+    from entangle_mlir.mlir.program import _public_main
 
     if isinstance(module, (str, bytes)):
         module = parse_module(module)

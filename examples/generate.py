@@ -2,7 +2,7 @@
 
 Usage: ``python -m examples.generate [OUTDIR] [--all] [-k SUBSTRING]``.
 
-By default it writes the *bundled* set into examples/mlir (the files `entangle demo` checks and
+By default it writes the *bundled* set into entangle_mlir/demo (the files `entangle demo` checks and
 that are committed): the tp=4 variant of every example, correct and buggy, plus the dp=2 x tp=4
 GPT-2 block and its bug. ``--all`` writes every mesh size (tp=2/4/8, dp2 x tp2); those extra
 files are git-ignored. Each pair is ``OUTDIR/<name>.ref.mlir`` and ``OUTDIR/<name>.sharded.mlir``
@@ -19,7 +19,7 @@ from pathlib import Path
 from examples.catalog import EXAMPLES, Example, lower_pair
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_OUTDIR = Path(__file__).resolve().parent / "mlir"
+DEFAULT_OUTDIR = Path(__file__).resolve().parents[1] / "entangle_mlir" / "demo"
 
 
 def is_bundled(ex: Example) -> bool:

@@ -432,7 +432,7 @@ def max_error(program, case: Case, args) -> float:
 
 def mutation_table() -> int:
     """Every mutation: does it change the numbers (executed), and where is it flagged."""
-    from entangle_mlir.check import check_texts
+    from entangle_mlir.driver import check_texts
 
     cases = {c.name: c for c in CASES}
     for mutation in MUTATIONS:
@@ -483,7 +483,7 @@ points (`report.diagnostics[0].loc.file == MUTATION_FILE`)."""
 
 def _ops(module, name: str) -> list:
     """Ops called `name` in the public main, in program order (regions not entered)."""
-    from entangle_mlir.program import _public_main
+    from entangle_mlir.mlir.program import _public_main
 
     main = _public_main(module, "-")
     return [op.operation for op in main.regions[0].blocks[0].operations
@@ -668,7 +668,7 @@ def mutated(mutation: Mutation, sharded: bytes | str) -> tuple[str, str]:
     """(mutated program as text, description) for a partitioned program."""
     from jaxlib.mlir import ir
 
-    from entangle_mlir.ir import context, parse_module
+    from entangle_mlir.mlir.ir import context, parse_module
 
     module = parse_module(sharded)
     with context(), ir.Location.unknown():
@@ -694,7 +694,7 @@ SWEEP_KINDS = {
 def _all_ops(module) -> list:
     from jaxlib.mlir import ir
 
-    from entangle_mlir.program import _public_main
+    from entangle_mlir.mlir.program import _public_main
 
     found = []
 
@@ -709,7 +709,7 @@ def _all_ops(module) -> list:
 
 def sweep_mutants(sharded) -> list[tuple[str, int, str]]:
     """(description, op index, kind) of every generic mutation of a program."""
-    from entangle_mlir.ir import context, parse_module
+    from entangle_mlir.mlir.ir import context, parse_module
 
     module = parse_module(sharded)
     with context():
@@ -723,7 +723,7 @@ def apply_sweep_mutant(sharded, index: int, kind: str) -> str | None:
     from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import stablehlo
 
-    from entangle_mlir.ir import context, parse_module
+    from entangle_mlir.mlir.ir import context, parse_module
 
     module = parse_module(sharded)
     with context(), ir.Location.unknown():
@@ -786,7 +786,7 @@ def apply_sweep_mutant(sharded, index: int, kind: str) -> str | None:
 
 def mutation_sweep(names: list[str]) -> int:
     """Every generic mutant of the named cases: numbers changed (executed) => not proven."""
-    from entangle_mlir.check import check_texts
+    from entangle_mlir.driver import check_texts
 
     unsound = 0
     for case in CASES:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLES_MLIR = REPO / "examples" / "mlir"
+EXAMPLES_MLIR = REPO / "entangle_mlir" / "demo"
 
 @dataclass
 class Run:
@@ -47,7 +47,7 @@ def entangle(capsys):
 @pytest.fixture
 def entangle_opt(capsys):
     """`entangle_opt(*argv)` runs `tools.entangle_opt.main` and returns a `Run`."""
-    from tools.entangle_opt import main
+    from entangle_mlir.opt import main
 
     return lambda *argv: _run(main, list(argv), capsys)
 

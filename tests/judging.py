@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from entangle_mlir.check import check_texts
+from entangle_mlir.driver import check_texts
 from examples.real.catalog import Example, lower_pair, run_pair
 
 

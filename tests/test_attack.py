@@ -24,15 +24,8 @@ jax = pytest.importorskip("jax")
 if len(jax.devices()) < 8:
     pytest.skip("needs 8 (simulated) devices", allow_module_level=True)
 
-from entangle_mlir.fuzz.attack import (
-    Grounded,
-    judge,
-    numbers_differ,
-    sample_sites,
-    score,
-    subject_by_name,
-)
-from entangle_mlir.fuzz.mlir_mutate import VALUE_KINDS, value_sites
+from fuzz.attack import Grounded, judge, numbers_differ, sample_sites, score, subject_by_name
+from fuzz.mlir_mutate import VALUE_KINDS, value_sites
 
 # kind -> (subjects attacked, mutants of that kind per subject)
 SAMPLE = {

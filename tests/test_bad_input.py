@@ -46,7 +46,7 @@ def _bytecode() -> bytes:
 
     from jaxlib.mlir import ir
 
-    from entangle_mlir.ir import context
+    from entangle_mlir.mlir.ir import context
 
     with context():
         module = ir.Module.parse(REF_ADD)

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import pytest
 
-from entangle_mlir import terms as T
-from entangle_mlir.assume import Simplifier, ValidIndices, index_ranges
-from entangle_mlir.instance import InstanceChecker
-from entangle_mlir.layout import BlockIndex, InBlock, Masked, Opaque, Rel, Shifted
-from entangle_mlir.mesh import Mesh
-from entangle_mlir.opinfo import OpInfo, TensorType
+from entangle_mlir.analysis.instance import InstanceChecker
+from entangle_mlir.analysis.valid_indices import Simplifier, ValidIndices, index_ranges
+from entangle_mlir.core import terms as T
+from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.core.relations import BlockIndex, InBlock, Masked, Opaque, Rel, Shifted
+from entangle_mlir.core.terms import splat_value
+from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.terms import splat_value
 from tests.test_lemmas import _EMBED, _SCATTER_ROWS, _TAKE_ALONG, _TAKE_ALONG_GRAD, _checker, arg
 
 TP2 = Mesh((("tp", 2),))
@@ -370,7 +370,7 @@ def test_vocab_parallel_embedding_verdict_matches_execution(kind: str) -> None:
     import numpy as np
     from jax.sharding import PartitionSpec as P
 
-    from entangle_mlir.check import check_texts
+    from entangle_mlir.driver import check_texts
     from examples.real.catalog import custom, lower_pair, run_pair
     from examples.real.repro import _f
 

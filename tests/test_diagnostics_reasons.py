@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import last_json, run_jax_script
 
-from entangle_mlir.check import check_files
-from entangle_mlir.reasons import REASONS
+from entangle_mlir.core.reasons import REASONS
+from entangle_mlir.driver import check_files
 
 REPO = Path(__file__).resolve().parents[1]
 DIAGNOSTICS = REPO / "lit_tests" / "diagnostics"
@@ -81,7 +81,7 @@ def report_for(reason: str):
     path = lit_file(reason)
     if reason != "refuted":
         return check_files(str(path), str(path))
-    from entangle_mlir.check import check_with_pipeline
+    from entangle_mlir.driver import check_with_pipeline
 
     return check_with_pipeline(str(path), "entangle-normalize,entangle-import-shardings,"
                                "entangle-infer-relations,entangle-check-refinement,"

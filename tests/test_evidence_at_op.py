@@ -21,10 +21,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import examples.catalog  # noqa: F401 - sets XLA_FLAGS (8 CPU devices) before jax starts
+from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.core.relations import Rel
 from entangle_mlir.evidence import op_evidence, reassemble
 from entangle_mlir.jax import assert_refines, check
-from entangle_mlir.layout import Rel
-from entangle_mlir.mesh import Mesh
 from examples.catalog import EXAMPLES, by_name, make_mesh, reference_fn, sharded_fn
 
 
@@ -109,10 +109,10 @@ def test_op_inside_a_loop_body_falls_back_to_the_outputs() -> None:
 # ----- the machinery itself, on correct programs -----------------------------------------------
 
 def _walks(ref_text: str, sharded_text):
-    from entangle_mlir.ir import context, parse_module
-    from entangle_mlir.pipeline import PassState, parse_pipeline, run_pipeline
-    from entangle_mlir.program import from_two_modules
-    from passes import PASSES
+    from entangle_mlir.mlir.ir import context, parse_module
+    from entangle_mlir.mlir.program import from_two_modules
+    from entangle_mlir.passes import PASSES
+    from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipeline
 
     program = from_two_modules(parse_module(ref_text), parse_module(sharded_text), "ref", "shd")
     state = PassState(program.sharded_module, "shd", program=program)
@@ -139,7 +139,7 @@ def _lowered(name: str):
 def test_correct_program_agrees_at_every_op(name: str) -> None:
     """Every op of a correct program whose term the reference computes, reassembled with its
     relation, equals the reference op computing that term."""
-    from entangle_mlir.refine import _focus, _Reference
+    from entangle_mlir.analysis.refine import _focus, _Reference
 
     program, ref, sharded = _walks(*_lowered(name))
     reference = _Reference(ref)
@@ -166,7 +166,7 @@ def test_correct_program_agrees_at_every_op(name: str) -> None:
 def test_reassemble_concat_and_partial_sum() -> None:
     mesh = Mesh((("dp", 2), ("tp", 2)))
     whole = np.arange(8.0).reshape(4, 2)
-    from entangle_mlir.terms import make_arg
+    from entangle_mlir.core.terms import make_arg
 
     term = make_arg(0, (4, 2), "f32")
     split = [whole[2 * mesh.coords(d)["dp"]:2 * mesh.coords(d)["dp"] + 2] for d in range(4)]
@@ -185,7 +185,7 @@ XLA_AT_OP = ["dropped_all_reduce", "dropped_all_reduce_mlp", "max_reducer",
 def test_values_differ_at_the_mutated_op_of_a_partitioned_program(name: str) -> None:
     from test_partitioned import BY_MUTATION, lowered, mutated_program
 
-    from entangle_mlir.check import check_texts
+    from entangle_mlir.driver import check_texts
 
     text, what = mutated_program(name)
     report = check_texts(lowered(BY_MUTATION[name].case)[0], text, verify_rules=False)
@@ -203,7 +203,7 @@ def test_rounded_reciprocal_is_proven_without_evidence() -> None:
     and claims no evidence."""
     from test_partitioned import lowered
 
-    from entangle_mlir.check import check_texts
+    from entangle_mlir.driver import check_texts
 
     report = check_texts(*lowered("attention_div_sqrt"), verify_rules=False)
     assert report.proven, report.render_text()
@@ -238,7 +238,7 @@ def test_cli_evidence_on_mlir_files(reason: str, capsys) -> None:
 def test_cli_evidence_is_not_claimed_for_a_proven_pair(capsys) -> None:
     from entangle_mlir import cli
 
-    mlir = Path(__file__).resolve().parents[1] / "examples" / "mlir"
+    mlir = Path(__file__).resolve().parents[1] / "entangle_mlir" / "demo"
     capsys.readouterr()
     code = cli.main(["check", str(mlir / "megatron_mlp_tp4.ref.mlir"),
                      str(mlir / "megatron_mlp_tp4.sharded.mlir"), "--no-verify-rules",

@@ -25,8 +25,8 @@ import ml_dtypes
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from entangle_mlir.check import check_texts
-from entangle_mlir.rounding import round_to
+from entangle_mlir.core.rounding import round_to
+from entangle_mlir.driver import check_texts
 from examples.real.catalog import (
     custom,
     lower_pair,
@@ -97,7 +97,7 @@ def test_round_to_f32_does_not_round_twice() -> None:
 def test_round_to_edges() -> None:
     """Subnormals round on their fixed grid (ties to even), overflow gives infinity; a rounding
     to infinity or to zero is never accepted as a constant's rounding; integers never round."""
-    from entangle_mlir.rounding import is_rounding_of
+    from entangle_mlir.core.rounding import is_rounding_of
 
     tiny = Fraction(1, 2 ** 149)  # the least float32 subnormal
     assert round_to(tiny * Fraction(3, 2), "f32") == 2 * tiny == Fraction(float(

@@ -27,8 +27,8 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from entangle_mlir.check import check_texts
-from entangle_mlir.report import FINITE_INPUTS, REASSOCIATION
+from entangle_mlir.core.report import FINITE_INPUTS, REASSOCIATION
+from entangle_mlir.driver import check_texts
 from examples.real.catalog import Example, custom, lower_pair, make_mesh, sharded_fn
 from examples.real.programs import ArgDef
 
@@ -118,9 +118,9 @@ def test_kinds_take_an_exp_or_a_huge_scaling_of_finite_values_as_overflowing() -
     `x - max(x)` is in (0, 1] and stays finite; tanh stays finite."""
     from jaxlib.mlir import ir
 
-    from entangle_mlir import idioms
-    from entangle_mlir.bounds import interval
-    from entangle_mlir.ir import context, parse_module
+    from entangle_mlir.mlir.ir import context, parse_module
+    from entangle_mlir.normalize import idioms
+    from entangle_mlir.normalize.bounds import interval
 
     text = """
     func.func @main(%x: tensor<2x4xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>,
@@ -175,8 +175,8 @@ def test_a_wrong_reference_rule_is_refuted_and_the_proof_withdrawn(monkeypatch) 
     no reference to compare with, i.e. in the reference walk) makes a sharded tanh meet the
     reference's exp: without the reference's checks that was "verified". Executed, the
     numbers differ; now the reference instance is refuted and the pair is not proven."""
-    from entangle_mlir import terms
-    from entangle_mlir.layout import Rel
+    from entangle_mlir.core import terms
+    from entangle_mlir.core.relations import Rel
     from entangle_mlir.rules import RULES
 
     ex = custom("finite_wrong_reference_rule", MESH, _exp_ref, _tanh_body, ARGS,
@@ -208,7 +208,7 @@ def test_a_wrong_reference_rule_is_refuted_and_the_proof_withdrawn(monkeypatch) 
 def test_inject_fault_on_the_reference_walk_is_refuted(tmp_path) -> None:
     """entangle-verify-rules{inject-fault=reference:OP} doubles the reference walk's terms of
     OP before their checks: refuted, not proven."""
-    from entangle_mlir.check import check_with_pipeline
+    from entangle_mlir.driver import check_with_pipeline
 
     path = os.path.join(os.path.dirname(__file__), "..", "lit_tests", "diagnostics",
                         "scale.mlir")

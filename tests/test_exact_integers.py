@@ -37,13 +37,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from test_lemmas import M1, M2, M3, Lemma, arg, prove_lemma, refute, rel, splat
 
-from entangle_mlir import intrange
-from entangle_mlir import semantics as S
-from entangle_mlir import terms as T
-from entangle_mlir.check import check_texts
-from entangle_mlir.layout import Opaque, Shifted
+from entangle_mlir.core import intrange
+from entangle_mlir.core import terms as T
+from entangle_mlir.core.relations import Opaque, Shifted
+from entangle_mlir.driver import check_texts
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import RuleContext
+from entangle_mlir.semantics import ops as S
 from examples.real.catalog import custom, lower_pair, make_mesh, reference_fn, sharded_fn
 from examples.real.programs import ArgDef
 

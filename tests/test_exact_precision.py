@@ -30,8 +30,9 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from entangle_mlir import precision, semantics
-from entangle_mlir.check import check_texts
+from entangle_mlir.core import precision
+from entangle_mlir.driver import check_texts
+from entangle_mlir.semantics import ops as semantics
 from examples.real.catalog import (
     custom,
     lower_pair,

@@ -13,7 +13,7 @@ import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from entangle_mlir.check import check_texts
+from entangle_mlir.driver import check_texts
 from examples.real.catalog import custom, lower_pair, run_pair
 from examples.real.repro import CP, _f, ring_attention_ref
 

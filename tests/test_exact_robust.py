@@ -34,8 +34,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 from test_hostile_extra import _PID_MESH, check, cli
 
-from entangle_mlir.ir import MAX_NESTING, context, erase_dead, ops_in_order
-from entangle_mlir.mesh import MAX_DEVICES
+from entangle_mlir.core.mesh import MAX_DEVICES
+from entangle_mlir.mlir.ir import MAX_NESTING, context, erase_dead, ops_in_order
 from examples.real.catalog import custom, lower_pair, run_pair
 from examples.real.programs import ArgDef
 
@@ -302,7 +302,7 @@ def test_mesh_at_the_limit_is_read(write) -> None:
 
 
 def test_axis_orders_are_the_distinct_permutations() -> None:
-    from entangle_mlir.per_device import _factor, _orders, synthesize_mesh
+    from entangle_mlir.mlir.per_device import _factor, _orders, synthesize_mesh
 
     for factors in ([2, 2, 3], [2, 3, 5], [2, 2, 2], [2, 2, 3, 3, 5]):
         assert list(_orders(factors)) == sorted(set(itertools.permutations(factors)))

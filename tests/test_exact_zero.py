@@ -30,9 +30,9 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from entangle_mlir import terms
-from entangle_mlir.bounds import term_finite, term_interval
-from entangle_mlir.check import check_texts
+from entangle_mlir.core import terms
+from entangle_mlir.driver import check_texts
+from entangle_mlir.normalize.bounds import term_finite, term_interval
 from examples.real.catalog import Example, custom, lower_pair, make_mesh, sharded_fn
 from examples.real.programs import ArgDef
 

@@ -7,7 +7,7 @@ import functools
 
 import pytest
 
-from entangle_mlir.check import check_texts
+from entangle_mlir.driver import check_texts
 from examples.catalog import EXAMPLES, Example, bug_line, lower_pair
 
 

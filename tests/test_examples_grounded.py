@@ -13,7 +13,7 @@ from examples.catalog import EXAMPLES, Example, bug_line, by_name, lower_pair, r
 IDS = [e.name for e in EXAMPLES]
 CORRECT = [e for e in EXAMPLES if e.bug is None]
 BUGGY = [e for e in EXAMPLES if e.bug is not None]
-MLIR_DIR = Path(__file__).resolve().parents[1] / "examples" / "mlir"
+MLIR_DIR = Path(__file__).resolve().parents[1] / "entangle_mlir" / "demo"
 
 
 def _max_abs_diff(ex: Example) -> float:

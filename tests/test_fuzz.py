@@ -29,10 +29,10 @@ from jax import lax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from entangle_mlir.check import check_texts
-from entangle_mlir.fuzz.gen import generate_seed, program_mutations
-from entangle_mlir.fuzz.run import run_program, run_seed
-from entangle_mlir.fuzz.strategies import mutants
+from entangle_mlir.driver import check_texts
+from fuzz.gen import generate_seed, program_mutations
+from fuzz.run import run_program, run_seed
+from fuzz.strategies import mutants
 
 if len(jax.devices()) < 8:
     pytest.skip("needs 8 (simulated) devices: XLA_FLAGS was set before jax was imported",
@@ -187,7 +187,7 @@ def test_int32_wrapping_offset_is_not_proven() -> None:
 # ---------------------------------------------------------------------------------------------
 
 def test_partitioned_sample_has_no_false_proofs_or_crashes() -> None:
-    from entangle_mlir.fuzz.partitioned import run_partitioned_seed
+    from fuzz.partitioned import run_partitioned_seed
 
     outcomes = []
     for seed in range(10):
@@ -226,7 +226,7 @@ def test_timed_check_stops_although_the_first_alarm_is_swallowed(monkeypatch) ->
     import signal
     import time
 
-    from entangle_mlir.fuzz import run
+    from fuzz import run
 
     def check_swallowing_one_alarm(*args, **kwargs):
         try:

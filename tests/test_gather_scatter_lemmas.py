@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 from test_lemmas import M1, M2, Lemma, _checker, arg, prove_lemma, refute, rel, splat
 
-from entangle_mlir import semantics as S
-from entangle_mlir import terms as T
-from entangle_mlir.layout import DeviceScalar, Opaque, Rel
-from entangle_mlir.mesh import Mesh
+from entangle_mlir.core import terms as T
+from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.core.relations import DeviceScalar, Opaque, Rel
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules import gather_scatter as G
 from entangle_mlir.rules.base import RuleContext
+from entangle_mlir.semantics import ops as S
 
 GATHER = "stablehlo.gather"
 SCATTER = "stablehlo.scatter"
@@ -283,8 +283,8 @@ def test_refusals(case) -> None:
 
 def test_scatter_kind_from_the_region() -> None:
     """add / replace / max read off the update region of a parsed scatter."""
-    from entangle_mlir.ir import parse_module
-    from entangle_mlir.opinfo import describe
+    from entangle_mlir.mlir.ir import parse_module
+    from entangle_mlir.mlir.opinfo import describe
 
     body = {"add": "%s = stablehlo.add %a, %b : tensor<f32>\n stablehlo.return %s : tensor<f32>",
             "replace": "stablehlo.return %b : tensor<f32>",
@@ -434,8 +434,8 @@ def test_semantics_agree_with_xla(name: str) -> None:
     from jax._src import xla_bridge
     from jax._src.lib import xla_client
 
-    from entangle_mlir.ir import parse_module
-    from entangle_mlir.opinfo import describe
+    from entangle_mlir.mlir.ir import parse_module
+    from entangle_mlir.mlir.opinfo import describe
 
     text, specs = GROUNDING[name]
     backend = xla_bridge.get_backend("cpu")

@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import z3
 
-from entangle_mlir import instance as I
-from entangle_mlir import semantics as S
-from entangle_mlir import terms as T
-from entangle_mlir import z3check
-from entangle_mlir.layout import DeviceScalar, Opaque, Rel
-from entangle_mlir.mesh import Mesh
-from entangle_mlir.opinfo import OpInfo, TensorType
+from entangle_mlir.analysis import instance as I
+from entangle_mlir.analysis import solver as z3check
+from entangle_mlir.core import terms as T
+from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.core.relations import DeviceScalar, Opaque, Rel
+from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import RuleContext
+from entangle_mlir.semantics import ops as S
 
 M1 = Mesh((("tp", 2),))
 M2 = Mesh((("dp", 2), ("tp", 2)))
@@ -224,7 +224,7 @@ def test_device_scalar_outputs() -> None:
 
 
 def test_global_scope_instance() -> None:
-    from entangle_mlir.layout import GLOBAL
+    from entangle_mlir.core.relations import GLOBAL
 
     x, y = arg((3, 2)), arg((2, 4))
     ins = [Rel(x, ((), ()), scope=GLOBAL), Rel(y, ((), ()), scope=GLOBAL)]
@@ -238,10 +238,10 @@ def test_global_scope_instance() -> None:
 
 def test_bundled_example_instances_all_prove() -> None:
     """Every rule instance of a real shard_map program (GPT-2 block, dp2 x tp4) proves."""
-    from entangle_mlir.infer import Walker
-    from entangle_mlir.ir import load_file
+    from entangle_mlir.analysis.infer import Walker
+    from entangle_mlir.mlir.ir import load_file
 
-    root = Path(__file__).resolve().parents[1] / "examples" / "mlir"
+    root = Path(__file__).resolve().parents[1] / "entangle_mlir" / "demo"
     path = root / "gpt2_block_dp2_tp4.sharded.mlir"
     if not path.exists():
         pytest.skip("bundled example missing")
@@ -487,8 +487,8 @@ def test_concrete_partial_splits_are_exact_or_refused() -> None:
     differ from it and pass for a counterexample (a false "refuted")."""
     import numpy as np
 
-    from entangle_mlir import instance as I
-    from entangle_mlir import semantics as S
+    from entangle_mlir.analysis import instance as I
+    from entangle_mlir.semantics import ops as S
 
     source = I._Concrete(seed=3)
     block = source.tensor("x", (2, 3), "f32")

@@ -18,12 +18,12 @@ import pytest
 from conftest import last_json, run_jax_script
 
 from entangle_mlir import cli
-from entangle_mlir.reasons import REASONS
+from entangle_mlir.core.reasons import REASONS
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = REPO / "docs" / "report.schema.json"
 DOC_PATH = REPO / "docs" / "json-schema.md"
-EXAMPLES = REPO / "examples" / "mlir"
+EXAMPLES = REPO / "entangle_mlir" / "demo"
 DIAGNOSTICS = REPO / "lit_tests" / "diagnostics"
 
 

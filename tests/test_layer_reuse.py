@@ -26,12 +26,12 @@ from jax import lax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from entangle_mlir.check import check_texts
-from entangle_mlir.instance import DEFAULT_CHECKER, InstanceChecker, check_instance
+from entangle_mlir.analysis.instance import DEFAULT_CHECKER, InstanceChecker, check_instance
+from entangle_mlir.core.relations import Rel
+from entangle_mlir.core.terms import make_add, make_arg, scale
+from entangle_mlir.driver import check_texts
 from entangle_mlir.jax import lower_pair
-from entangle_mlir.layout import Rel
-from entangle_mlir.opinfo import OpInfo, TensorType
-from entangle_mlir.terms import make_add, make_arg, scale
+from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from examples import models as m
 
 LAYERS, BUG_LAYER, TP = 32, 17, 2
@@ -152,7 +152,7 @@ def test_correct_32_layers_proven_with_reuse(correct) -> None:
     DEFAULT_CHECKER.clear()
     walk, report = _walk_and_report(ref_text, sharded_text)
     assert report.proven
-    from entangle_mlir.verify import verify_walk
+    from entangle_mlir.analysis.verify import verify_walk
 
     verify_walk(walk, report)
     assert report.proven
@@ -192,7 +192,7 @@ def test_bug_in_layer_17_of_32_found_and_named(buggy) -> None:
 def test_rule_instance_changed_in_layer_17_is_rechecked(correct) -> None:
     """A wrong relation on one op of layer 17 (as a rule bug there would give) is refuted and
     located, though layers 0..16 made the same op's check a cache hit."""
-    from entangle_mlir.verify import verify_walk
+    from entangle_mlir.analysis.verify import verify_walk
 
     (ref_text, sharded_text), _ = correct
     DEFAULT_CHECKER.clear()
@@ -216,10 +216,10 @@ def test_rule_instance_changed_in_layer_17_is_rechecked(correct) -> None:
 
 def _walk_and_report(ref_text: str, sharded_text: str):
     """The sharded walk and the report of `entangle check` without its rule-instance checks."""
-    from entangle_mlir.ir import context, parse_module
-    from entangle_mlir.pipeline import PassState, parse_pipeline, run_pipeline
-    from entangle_mlir.program import from_two_modules
-    from passes import PASSES
+    from entangle_mlir.mlir.ir import context, parse_module
+    from entangle_mlir.mlir.program import from_two_modules
+    from entangle_mlir.passes import PASSES
+    from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipeline
 
     program = from_two_modules(parse_module(ref_text), parse_module(sharded_text),
                                "reference.mlir", "sharded.mlir")
@@ -266,9 +266,9 @@ def _tiled_add(mesh, in_tiling, out_tiling, shape=(4, 4)):
 
 def test_devices_with_the_same_claim_are_checked_once(monkeypatch) -> None:
     """Replicated values: 8 devices, one claim. Split values: one claim per block."""
-    from entangle_mlir import instance as I
-    from entangle_mlir import semantics as S
-    from entangle_mlir.mesh import Mesh
+    from entangle_mlir.analysis import instance as I
+    from entangle_mlir.core.mesh import Mesh
+    from entangle_mlir.semantics import ops as S
 
     mesh = Mesh((("dp", 2), ("tp", 4)))
     seen: list[int] = []
@@ -300,8 +300,8 @@ def test_a_claim_wrong_on_some_devices_only_is_refuted() -> None:
     """Inputs split over 'tp', the sum claimed split over 'dp' along the same dim: devices
     (dp i, tp j) with i == j hold the claimed block, the others do not. Deduplication keeps
     every distinct combination of blocks, so the wrong devices are checked and it is refuted."""
-    from entangle_mlir import instance as I
-    from entangle_mlir.mesh import Mesh
+    from entangle_mlir.analysis import instance as I
+    from entangle_mlir.core.mesh import Mesh
 
     mesh = Mesh((("dp", 2), ("tp", 2)))
     info, ins, outs = _tiled_add(mesh, (("tp",), ()), (("dp",), ()), shape=(4, 2))

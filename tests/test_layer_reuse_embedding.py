@@ -23,7 +23,7 @@ from jax import lax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from entangle_mlir.check import check_texts
+from entangle_mlir.driver import check_texts
 from entangle_mlir.jax import lower_pair
 
 LAYERS, VOCAB, D, S, TP = 5, 16, 8, 4, 2

@@ -1,7 +1,7 @@
 """Whole-layer reuse never proves a stack with one changed layer (grounded fuzz cases).
 
-Random repeated stacks (`entangle_mlir.fuzz.stack`, fixed seeds) and hand-written near misses
-(`entangle_mlir.fuzz.layer_cases`) are lowered, executed on 8 simulated CPU devices and
+Random repeated stacks (`fuzz.stack`, fixed seeds) and hand-written near misses
+(`fuzz.layer_cases`) are lowered, executed on 8 simulated CPU devices and
 checked as `entangle check` does (whole-layer reuse first, Z3 rule-instance checks on). A
 program whose numbers differ from the reference's must not be proven; the correct ones are
 proven with regions summarized in both walks, and each mutant below is one where the sharded
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from entangle_mlir.fuzz.gen import RandomChooser
-from entangle_mlir.fuzz.layer_cases import CASES, run_near_miss
-from entangle_mlir.fuzz.stack import copy_mutations, generate_stack, run_case
+from fuzz.gen import RandomChooser
+from fuzz.layer_cases import CASES, run_near_miss
+from fuzz.stack import copy_mutations, generate_stack, run_case
 
 RANDOM = [
     (8, None),

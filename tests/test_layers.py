@@ -1,4 +1,4 @@
-"""Finding repeated layers (`entangle_mlir/layers.py`): runs, signatures, preludes.
+"""Finding repeated layers (`entangle_mlir/analysis/layer_reuse.py`): runs, signatures, preludes.
 
 End-to-end checks with reuse (a 32-layer model proven, changed layers found and named, all
 grounded by execution) are in tests/test_layer_reuse.py; these pin the structural part on
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from entangle_mlir import layers
-from entangle_mlir.ir import context, parse_module
-from entangle_mlir.terms import make_arg, make_iota, make_mul
+from entangle_mlir.analysis import layer_reuse as layers
+from entangle_mlir.core.terms import make_arg, make_iota, make_mul
+from entangle_mlir.mlir.ir import context, parse_module
 
 
 def _stack(count: int = 4, changed: int | None = None, constant: int | None = None,

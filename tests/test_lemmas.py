@@ -18,9 +18,10 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from entangle_mlir import terms as T
-from entangle_mlir.instance import InstanceChecker
-from entangle_mlir.layout import (
+from entangle_mlir.analysis.instance import InstanceChecker
+from entangle_mlir.core import terms as T
+from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.core.relations import (
     GLOBAL,
     DeviceScalar,
     Opaque,
@@ -30,8 +31,7 @@ from entangle_mlir.layout import (
     Value,
     Windowed,
 )
-from entangle_mlir.mesh import Mesh
-from entangle_mlir.opinfo import OpInfo, TensorType
+from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import RuleContext
 
@@ -1068,7 +1068,7 @@ def test_refutes_reading_wrapped_rows_as_the_zeros_of_a_pad() -> None:
 
 def test_zero_extended_read_needs_the_zeros() -> None:
     """The rule itself refuses that cyclic window: rows outside x must be zero rows."""
-    from entangle_mlir.rules.window import zero_extended_read
+    from entangle_mlir.rules.kinds.window import zero_extended_read
 
     y = rel(arg((16, 2)), "tp")
     every = tuple((d, 0, 1) for d in range(4)) + tuple((d, 7, 8) for d in range(4))
@@ -1409,7 +1409,7 @@ def _values(*terms: T.Term) -> dict:
 def test_proportional_sums_meet_under_products_and_linear_ops() -> None:
     """A local mean's 1/N_local times a pmean's 1/n equals the reference's 1/N whichever side
     of a product, pad, broadcast or mask the scalar was applied on (dp_mean_coefficients)."""
-    from entangle_mlir import semantics as S
+    from entangle_mlir.semantics import ops as S
 
     a, b, x = arg((2, 3)), arg((2, 3)), arg((2, 3))
     local = T.make_lin([(Fraction(1, 8), a), (Fraction(-1, 8), b)], Fraction(1, 8), (2, 3), "f32")
@@ -1522,8 +1522,8 @@ def _sum(term: T.Term, dims: tuple[int, ...]) -> T.Term:
 
 def test_sum_out_forms_are_the_sums() -> None:
     """Every form `sum_out` gives a completed micro-batch sum is the sum (Z3, all values)."""
-    from entangle_mlir.instance import check_term_equality
-    from entangle_mlir.rules.window import sum_out
+    from entangle_mlir.analysis.instance import check_term_equality
+    from entangle_mlir.rules.kinds.window import sum_out
 
     x, y = arg((4, 3)), arg((4, 2))
     c = arg((3,))
@@ -1548,8 +1548,8 @@ def test_sum_out_forms_are_the_sums() -> None:
 def test_refutes_pulling_a_factor_that_varies_along_the_sum() -> None:
     """A factor that varies along the summed dim does not come out of the sum (sum_out only
     pulls broadcasts of the other dims)."""
-    from entangle_mlir.instance import check_term_equality
-    from entangle_mlir.rules.window import sum_out
+    from entangle_mlir.analysis.instance import check_term_equality
+    from entangle_mlir.rules.kinds.window import sum_out
 
     x, v = arg((4, 3)), arg((4,))
     varies = T.make_mul(x, T.make_broadcast(v, (0,), (4, 3)))
@@ -1561,7 +1561,7 @@ def test_refutes_pulling_a_factor_that_varies_along_the_sum() -> None:
 def test_sum_out_keeps_a_sum_the_reference_computes() -> None:
     """A completed micro-batch sum the reference computes as it stands (a bias gradient over
     the whole batch's tokens) is kept, not pushed into the terms it sums."""
-    from entangle_mlir.rules.window import sum_out
+    from entangle_mlir.rules.kinds.window import sum_out
 
     x, y = arg((4, 3)), arg((4, 2))
     dot = T.make_dot(x, y, ((0,), (0,), (), ()), (4, 3, 2), "f32")

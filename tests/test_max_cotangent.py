@@ -13,12 +13,12 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from jaxlib.mlir import ir
 
-from entangle_mlir import max_cotangent
-from entangle_mlir.check import check_texts
-from entangle_mlir.idioms import drop_identity_converts
-from entangle_mlir.ir import context, parse_module
-from entangle_mlir.program import inline_calls
-from entangle_mlir.unroll import unroll_ring_loops
+from entangle_mlir.driver import check_texts
+from entangle_mlir.mlir.ir import context, parse_module
+from entangle_mlir.mlir.program import inline_calls
+from entangle_mlir.normalize import max_cotangent
+from entangle_mlir.normalize.idioms import drop_identity_converts
+from entangle_mlir.normalize.unroll import unroll_ring_loops
 from examples.real.catalog import custom, lower_pair
 from examples.real.programs import ArgDef
 from examples.real.repro import reproducers

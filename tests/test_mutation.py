@@ -12,13 +12,13 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
-from entangle_mlir.fuzz.mlir_mutate import mutants, parse_mesh
+from fuzz.mlir_mutate import mutants, parse_mesh
 
 if len(jax.devices()) < 8:
     pytest.skip("needs 8 (simulated) devices", allow_module_level=True)
 
-from entangle_mlir.fuzz.mutation import run_example, score
 from examples.catalog import by_name
+from fuzz.mutation import run_example, score
 
 COLLECTIVE_WORDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                     "collective_permute", "partition_id", "dynamic_slice")

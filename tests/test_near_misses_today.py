@@ -35,7 +35,7 @@ import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from entangle_mlir.check import check_texts
+from entangle_mlir.driver import check_texts
 from examples.real.catalog import custom, lower_pair, run_pair
 from examples.real.programs import ArgDef
 
@@ -457,9 +457,9 @@ def test_online_softmax_fold_keeps_the_programs_nans(pre_rotate: int) -> None:
     """The normalize rewrites run on the partitioned program compute what it computes, NaNs
     included: started one block back, device 0's first block is masked throughout and its
     output is NaN, and it stays NaN (the fold is refused there)."""
-    from entangle_mlir.idioms import rewrite_idioms
-    from entangle_mlir.ir import context, parse_module
-    from entangle_mlir.program import inline_calls
+    from entangle_mlir.mlir.ir import context, parse_module
+    from entangle_mlir.mlir.program import inline_calls
+    from entangle_mlir.normalize.idioms import rewrite_idioms
     from tests.test_online_softmax import _run_partitioned
 
     case = ring_case(f"nan_{pre_rotate}", pre_rotate == 0, pre_rotate=pre_rotate)
@@ -721,9 +721,9 @@ def test_a_pmax_of_rows_no_device_sees_may_be_minus_inf(groups: str) -> None:
     there, with the replica groups written out or left empty (one group of every device)."""
     import re
 
-    from entangle_mlir import idioms
-    from entangle_mlir.ir import context, parse_module
-    from entangle_mlir.program import inline_calls
+    from entangle_mlir.mlir.ir import context, parse_module
+    from entangle_mlir.mlir.program import inline_calls
+    from entangle_mlir.normalize import idioms
 
     def strict(q, k):
         k_pos = lax.axis_index("tp") * k.shape[0] + jnp.arange(k.shape[0])

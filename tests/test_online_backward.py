@@ -23,12 +23,12 @@ import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from entangle_mlir.check import check_texts
-from entangle_mlir.idioms import drop_identity_converts, rewrite_idioms
-from entangle_mlir.ir import context, parse_module
-from entangle_mlir.max_cotangent import zero_max_cotangents
-from entangle_mlir.program import inline_calls
-from entangle_mlir.unroll import unroll_ring_loops
+from entangle_mlir.driver import check_texts
+from entangle_mlir.mlir.ir import context, parse_module
+from entangle_mlir.mlir.program import inline_calls
+from entangle_mlir.normalize.idioms import drop_identity_converts, rewrite_idioms
+from entangle_mlir.normalize.max_cotangent import zero_max_cotangents
+from entangle_mlir.normalize.unroll import unroll_ring_loops
 from examples.real.catalog import custom, lower_pair, run_pair
 from examples.real.programs import ArgDef
 from examples.real.repro import (

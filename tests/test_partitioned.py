@@ -24,7 +24,7 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
-from entangle_mlir.check import check_texts
+from entangle_mlir.driver import check_texts
 from entangle_mlir.jax import expected_per_device, run_per_device
 from examples.partitioned import (
     CASES,
@@ -344,7 +344,7 @@ rejects in jaxlib 0.10.2; max/softmax hit the Shardy bug below)."""
 @functools.cache
 def shardy_lowered(name: str, pipeline: str | None = None) -> str:
     """Shardy's per-device program of a corpus function (the pipeline in a subprocess)."""
-    from entangle_mlir.xla import SHARDY_PIPELINE, shardy_partition
+    from entangle_mlir.mlir.xla import SHARDY_PIPELINE, shardy_partition
 
     case = BY_NAME[name]
     with jax.set_mesh(mesh(case.mesh)):
@@ -354,7 +354,7 @@ def shardy_lowered(name: str, pipeline: str | None = None) -> str:
 
 
 def _shardy_error(name: str, local: str) -> float:
-    from entangle_mlir.xla import adopted_shardy_text
+    from entangle_mlir.mlir.xla import adopted_shardy_text
 
     case = BY_NAME[name]
     return _max_error(adopted_shardy_text(local, lowered(name)[0]), case, _random_args(case))
@@ -394,7 +394,7 @@ def test_shardy_default_pipeline_drops_the_reduction() -> None:
     """Without `enable-full-version`, sdy-insert-explicit-reshards leaves the sum over a split
     dim unreduced: no all_reduce at all. Not proven, flagged at the reduce; the numbers
     differ."""
-    from entangle_mlir.xla import SHARDY_PIPELINE
+    from entangle_mlir.mlir.xla import SHARDY_PIPELINE
 
     default = SHARDY_PIPELINE.replace("{enable-full-version=true}", "")
     local = shardy_lowered("sum_sharded_dim", default)
@@ -408,7 +408,7 @@ def test_shardy_default_pipeline_drops_the_reduction() -> None:
 def test_shardy_pipeline_failures_are_input_errors() -> None:
     """Ops sdy-convert-global-to-local rejects (here a slice of a split dim) abort the pass:
     a clean InputError naming the failure, never a crash of the caller."""
-    from entangle_mlir.diagnostics import InputError
+    from entangle_mlir.core.diagnostics import InputError
 
     with pytest.raises(InputError, match="Shardy's pipeline failed"):
         shardy_lowered("slice_sharded")
@@ -536,7 +536,7 @@ def test_dense_replica_groups(groups: str, proven: bool) -> None:
 
 
 def test_replica_groups_without_a_channel_are_bad_input() -> None:
-    from entangle_mlir.diagnostics import InputError
+    from entangle_mlir.core.diagnostics import InputError
 
     # With a channel handle and no use_global_device_ids, the groups list partition ids within
     # each replica (one replica here): still the same devices, so this may prove; without the
@@ -634,7 +634,7 @@ def test_hlo_loading_does_not_import_jax(tmp_path) -> None:
     hlo.write_text("HloModule m, num_partitions=2\n\nENTRY main {\n"
                    "  x = f32[2] parameter(0), sharding={devices=[2]<=[2]}\n"
                    "  ROOT t = f32[2] tanh(x), sharding={devices=[2]<=[2]}\n}\n")
-    code = ("import sys; from entangle_mlir.ir import load_file; "
+    code = ("import sys; from entangle_mlir.mlir.ir import load_file; "
             f"m = load_file({str(hlo)!r}); assert 'stablehlo.tanh' in str(m); "
             "assert 'jax' not in sys.modules, 'jax imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -1012,7 +1012,7 @@ module attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 4 : i32} {
 # ----- meshes whose sizes are not in ascending prime order -------------------------------------
 
 def test_synthesized_mesh_follows_the_shardings() -> None:
-    from entangle_mlir.per_device import layout_of, synthesize_mesh
+    from entangle_mlir.mlir.per_device import layout_of, synthesize_mesh
 
     params = ["{devices=[3,2]<=[6]}", "{devices=[2,1,3]<=[3,2]T(1,0) last_tile_dim_replicate}"]
     mesh = synthesize_mesh(6, params)
@@ -1069,11 +1069,11 @@ def test_device_select_instances(keep: tuple[int, ...], axes) -> None:
     Z3; claiming x replicated instead is refuted. Kept on three devices: no such axes."""
     from dataclasses import replace as dc_replace
 
-    from entangle_mlir import terms as T
-    from entangle_mlir.instance import InstanceChecker
-    from entangle_mlir.layout import Opaque, Rel, Shifted
-    from entangle_mlir.mesh import Mesh
-    from entangle_mlir.opinfo import OpInfo, TensorType
+    from entangle_mlir.analysis.instance import InstanceChecker
+    from entangle_mlir.core import terms as T
+    from entangle_mlir.core.mesh import Mesh
+    from entangle_mlir.core.relations import Opaque, Rel, Shifted
+    from entangle_mlir.mlir.opinfo import OpInfo, TensorType
     from entangle_mlir.rules import RULES, RuleContext
 
     mesh = Mesh((("d0", 2), ("d1", 2)))
@@ -1104,11 +1104,11 @@ def test_scatter_into_blocks_instances(offsets: tuple[int, ...], proven: bool) -
     claim; a wrong offset is reported, not proven."""
     from dataclasses import replace as dc_replace
 
-    from entangle_mlir import terms as T
-    from entangle_mlir.instance import InstanceChecker
-    from entangle_mlir.layout import Opaque, Rel, Shifted
-    from entangle_mlir.mesh import Mesh
-    from entangle_mlir.opinfo import OpInfo, TensorType
+    from entangle_mlir.analysis.instance import InstanceChecker
+    from entangle_mlir.core import terms as T
+    from entangle_mlir.core.mesh import Mesh
+    from entangle_mlir.core.relations import Opaque, Rel, Shifted
+    from entangle_mlir.mlir.opinfo import OpInfo, TensorType
     from entangle_mlir.rules import RULES, RuleContext
 
     mesh = Mesh((("d0", 2), ("d1", 2)))

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from entangle_mlir import polynomial
-from entangle_mlir.ir import parse_module
+from entangle_mlir.mlir.ir import parse_module
+from entangle_mlir.normalize import polynomial
 
 
 def _root_of(fn, *shapes):

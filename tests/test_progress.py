@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "mlir" / "gpt2_block_dp2_tp4"
+EXAMPLE = Path(__file__).resolve().parent.parent / "entangle_mlir" / "demo" / "gpt2_block_dp2_tp4"
 COMMAND = [sys.executable, "-m", "entangle_mlir.cli", "check", f"{EXAMPLE}.ref.mlir",
            f"{EXAMPLE}.sharded.mlir"]
 

@@ -12,7 +12,7 @@ import functools
 
 import pytest
 
-from entangle_mlir.check import check_texts
+from entangle_mlir.driver import check_texts
 from examples.real.bugs import OMISSIONS
 from examples.real.catalog import Example, bug_line, examples, lower_pair
 from examples.real.expected import MISLOCATED, NOT_PROVEN, UNSOUND

@@ -1,4 +1,4 @@
-"""The numerical idioms of entangle-normalize (`entangle_mlir/idioms.py`), grounded by execution
+"""The numerical idioms of entangle-normalize (`entangle_mlir/normalize/idioms.py`), grounded by execution
 on 4 simulated CPU devices: psum spelled as all_gather + sum, a log-sum-exp stabilised by a
 per-shard max that is pmax'd is proven; the near misses (a shift that is not added
 back exactly, a per-shard shift under a psum, the gather of a replicated value, a sum over the
@@ -12,7 +12,7 @@ import pytest
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from entangle_mlir.check import check_texts
+from entangle_mlir.driver import check_texts
 from examples.real.catalog import Example, custom, lower_pair, run_pair
 from examples.real.programs import ArgDef
 
@@ -140,9 +140,9 @@ def test_rewritten_training_step_computes_the_same_when_executed() -> None:
     cross-entropy's max-shifted log-sum-exp is kept (dropping the shift of an unbounded
     value is not exact in float32), so nothing is rewritten."""
     from entangle_mlir.evidence import execute_replicas
-    from entangle_mlir.idioms import rewrite_idioms
-    from entangle_mlir.ir import context, parse_module
-    from entangle_mlir.program import inline_calls
+    from entangle_mlir.mlir.ir import context, parse_module
+    from entangle_mlir.mlir.program import inline_calls
+    from entangle_mlir.normalize.idioms import rewrite_idioms
     from examples.real.catalog import by_name, random_inputs
 
     ex = by_name("llama3_adamw_tp2")

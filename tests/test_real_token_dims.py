@@ -1,4 +1,4 @@
-"""The token-dim rewrite of entangle-normalize (`entangle_mlir/token_dims.py`): a per-token
+"""The token-dim rewrite of entangle-normalize (`entangle_mlir/normalize/token_dims.py`): a per-token
 computation on `(batch, seq)` flattened to tokens keeps both dims, exactly (same numbers, op by
 op); a region the rewrite cannot follow is left alone, and so is a region the other program does
 not have."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 from jaxlib.mlir import ir
 
-from entangle_mlir import semantics as S
-from entangle_mlir.ir import context, parse_module
-from entangle_mlir.opinfo import describe
-from entangle_mlir.token_dims import split_token_dims
+from entangle_mlir.mlir.ir import context, parse_module
+from entangle_mlir.mlir.opinfo import describe
+from entangle_mlir.normalize.token_dims import split_token_dims
+from entangle_mlir.semantics import ops as S
 
 # Router-like: per-token scores, a per-token normalisation, and the weight's gradient (a
 # contraction over the tokens), then the scores back in (batch, seq) order.
@@ -110,7 +110,7 @@ def test_rewritten_moe_program_computes_the_same_when_executed() -> None:
     """The MoE training step under sequence parallelism (top_k, scatter-add, expert einsums,
     forward and backward), reference program, run by XLA before and after the rewrite."""
     from entangle_mlir.evidence import execute_replicas
-    from entangle_mlir.program import inline_calls
+    from entangle_mlir.mlir.program import inline_calls
     from examples.real.catalog import by_name, lower_pair, random_inputs
 
     ex = by_name("moe_stack_sgd_sp_tp4")

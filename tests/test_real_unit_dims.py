@@ -1,4 +1,4 @@
-"""The unit-dim fold of entangle-normalize (`entangle_mlir/unit_dims.py`): jax's transpose of a
+"""The unit-dim fold of entangle-normalize (`entangle_mlir/normalize/unit_dims.py`): jax's transpose of a
 broadcast (a reduce over size-1 dims, then a broadcast_in_dim putting them back) becomes
 reshapes, exactly; any other reduction over a size-1 dim is left alone (it may be a genuine
 partial sum over a split dim of local size 1)."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 from jaxlib.mlir import ir
 
-from entangle_mlir import semantics as S
-from entangle_mlir.ir import context, parse_module
-from entangle_mlir.opinfo import describe
-from entangle_mlir.unit_dims import fold_unit_dims
+from entangle_mlir.mlir.ir import context, parse_module
+from entangle_mlir.mlir.opinfo import describe
+from entangle_mlir.normalize.unit_dims import fold_unit_dims
+from entangle_mlir.semantics import ops as S
 
 TRANSPOSE = """
 func.func @main(%x: tensor<1x3x1xf32>) -> tensor<1x3x8xf32> {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from entangle_mlir.reasons import REASONS
+from entangle_mlir.core.reasons import REASONS
 
 SOURCES = Path(__file__).resolve().parent.parent / "entangle_mlir"
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from entangle_mlir import terms as T
-from entangle_mlir.instance import InstanceChecker
-from entangle_mlir.layout import Opaque, Rel, Reordered, Shifted, Value
-from entangle_mlir.mesh import Mesh
-from entangle_mlir.opinfo import OpInfo, TensorType
+from entangle_mlir.analysis.instance import InstanceChecker
+from entangle_mlir.core import terms as T
+from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.core.relations import Opaque, Rel, Reordered, Shifted, Value
+from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.rules.reordered import with_orders
+from entangle_mlir.rules.kinds.reordered import with_orders
 
 CP = Mesh((("cp", 4),))
 N, B = 8, 2

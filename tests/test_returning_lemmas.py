@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from entangle_mlir import terms as T
-from entangle_mlir.layout import Opaque, Rel, Reordered, Returning, Value
+from entangle_mlir.core import terms as T
+from entangle_mlir.core.relations import Opaque, Rel, Reordered, Returning, Value
 from tests.test_reordered_lemmas import N, arg, check, info, ring_orders, run, tiled
 
 REVERSE = [[1, 0], [2, 1], [3, 2], [0, 3]]
@@ -37,7 +37,7 @@ def slice_info(x: Value, j: int) -> object:
 
 def local_info(op: str, ins: list[Value], attrs: dict) -> object:
     """An op on (2, 2) local values (`Returning` values: one block of the keys)."""
-    from entangle_mlir.opinfo import OpInfo, TensorType
+    from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 
     return OpInfo(op, attrs, [TensorType((2, 2), "f32") for _ in ins],
                   [TensorType((2, 2), "f32")])

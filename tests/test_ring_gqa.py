@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from entangle_mlir.check import check_texts
+from entangle_mlir.driver import check_texts
 from examples.real.catalog import custom, lower_pair, run_pair
 from examples.real.repro import (
     reproducers,

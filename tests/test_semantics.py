@@ -30,11 +30,11 @@ from jax import lax
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
-from entangle_mlir import semantics as S
-from entangle_mlir import terms as T
-from entangle_mlir.ir import parse_module
-from entangle_mlir.mesh import Mesh
-from entangle_mlir.opinfo import OpInfo, TensorType, describe
+from entangle_mlir.core import terms as T
+from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.mlir.ir import parse_module
+from entangle_mlir.mlir.opinfo import OpInfo, TensorType, describe
+from entangle_mlir.semantics import ops as S
 
 # ----- a tiny interpreter over lowered StableHLO ----------------------------------------------
 

@@ -20,15 +20,15 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from entangle_mlir import instance as I
-from entangle_mlir import semantics as S
-from entangle_mlir import terms as T
-from entangle_mlir.layout import Rel, Windowed
-from entangle_mlir.mesh import Mesh
-from entangle_mlir.opinfo import OpInfo, TensorType
+from entangle_mlir.analysis import instance as I
+from entangle_mlir.core import terms as T
+from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.core.relations import Rel, Windowed
+from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.rules.window import is_padded, padded_rel
+from entangle_mlir.rules.kinds.window import is_padded, padded_rel
+from entangle_mlir.semantics import ops as S
 
 M2 = Mesh((("dp", 2), ("tp", 2)))
 _ids = iter(range(950_000, 10**6))
@@ -171,7 +171,7 @@ def _llama_stack_sgd(bug: bool):
 
 
 def _check(ex):
-    from entangle_mlir.check import check_texts
+    from entangle_mlir.driver import check_texts
     from examples.real.catalog import lower_pair
 
     return check_texts(*lower_pair(ex))

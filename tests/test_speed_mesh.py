@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from entangle_mlir import instance as I
-from entangle_mlir import terms as T
-from entangle_mlir.layout import Rel
-from entangle_mlir.mesh import Mesh
-from entangle_mlir.opinfo import OpInfo, TensorType
+from entangle_mlir.analysis import instance as I
+from entangle_mlir.core import terms as T
+from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.core.relations import Rel
+from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import RuleContext
 
@@ -140,7 +140,7 @@ def test_block_values_are_the_blocks_of_the_full_values() -> None:
 
     import numpy as np
 
-    from entangle_mlir import semantics as S
+    from entangle_mlir.semantics import ops as S
 
     for term in _window_cases():
         source = I._Concrete(seed=term.serial)

@@ -25,12 +25,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from entangle_mlir import instance as I
-from entangle_mlir import terms as T
-from entangle_mlir.layout import Rel
-from entangle_mlir.mesh import Mesh
-from entangle_mlir.opinfo import OpInfo, TensorType
-from entangle_mlir.rounding import equal_up_to_rounding
+from entangle_mlir.analysis import instance as I
+from entangle_mlir.core import terms as T
+from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.core.relations import Rel
+from entangle_mlir.core.rounding import equal_up_to_rounding
+from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import ReferenceTerms, RuleContext
 
@@ -171,7 +171,7 @@ def test_xla_gpt2_block_is_proven_with_every_instance_checked() -> None:
     divides by it: the same float32 value (IEEE's sqrt is correctly rounded, and the proof
     computes that rounding exactly), so nothing about constants is assumed. (The old 2^-21
     tolerance took it as "equal up to rounding" because it evaluated sqrt(8) in float64.)"""
-    from entangle_mlir.check import check_texts
+    from entangle_mlir.driver import check_texts
     from entangle_mlir.jax import run_per_device
 
     ref_text, per_device, jitted, args = _block_programs(8.0)
@@ -188,7 +188,7 @@ def test_xla_gpt2_block_is_proven_with_every_instance_checked() -> None:
 def test_xla_gpt2_block_with_another_scale_is_not_proven() -> None:
     """The per-device program of a block dividing by sqrt(7) against a reference dividing by
     sqrt(8): the numbers differ (executed) and the pair is not proven."""
-    from entangle_mlir.check import check_texts
+    from entangle_mlir.driver import check_texts
     from entangle_mlir.jax import run_per_device
 
     ref_text, _, jitted, args = _block_programs(8.0)
@@ -205,7 +205,7 @@ def test_xla_stack_reuses_its_layers_up_to_rounding() -> None:
     ones summarized although their terms are spelled otherwise (a division by XLA's folded
     2.82842708 where the reference divides by sqrt(8.0): the same float32 value, so no
     assumption is reported); executed, the per-device outputs match the reference's."""
-    from entangle_mlir.check import check_texts
+    from entangle_mlir.driver import check_texts
     from entangle_mlir.jax import run_per_device
 
     ref_text, per_device, jitted, args = _stack_programs((8.0,) * 4)
@@ -222,7 +222,7 @@ def test_xla_stack_reuses_its_layers_up_to_rounding() -> None:
 def test_xla_stack_with_one_changed_layer_is_not_proven() -> None:
     """The same stack whose third block divides by sqrt(7): executed, the numbers differ; the
     summary of the reference's layers cannot cover it, and the pair is not proven."""
-    from entangle_mlir.check import check_texts
+    from entangle_mlir.driver import check_texts
     from entangle_mlir.jax import run_per_device
 
     ref_text, _, jitted, args = _stack_programs((8.0,) * 4)

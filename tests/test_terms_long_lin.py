@@ -9,8 +9,8 @@ from fractions import Fraction
 
 import pytest
 
-from entangle_mlir import terms
-from entangle_mlir.terms import make_arg, make_lin, make_splat
+from entangle_mlir.core import terms
+from entangle_mlir.core.terms import make_arg, make_lin, make_splat
 
 SHAPE = (4, 3)
 DTYPE = "f32"

@@ -22,10 +22,10 @@ import jax
 import numpy as np
 import pytest
 
-from entangle_mlir.check import check_texts
-from entangle_mlir.ir import context, parse_module
-from entangle_mlir.program import inline_calls
-from entangle_mlir.unroll import forward_residuals, unroll_ring_loops
+from entangle_mlir.driver import check_texts
+from entangle_mlir.mlir.ir import context, parse_module
+from entangle_mlir.mlir.program import inline_calls
+from entangle_mlir.normalize.unroll import forward_residuals, unroll_ring_loops
 from examples.real.catalog import lower_pair
 from examples.real.repro import reproducers
 from tests.judging import assert_judged

@@ -6,15 +6,15 @@ lemma case in `tests/test_lemmas.py` (pytest checks both exist for every key).
 
 from __future__ import annotations
 
-from .base import Rule, RuleContext
-from .collectives import COLLECTIVE_RULES
-from .contraction import CONTRACTION_RULES
-from .elementwise import ELEMENTWISE_RULES
-from .gather_scatter import GATHER_SCATTER_RULES
-from .index import INDEX_RULES
-from .movement import MOVEMENT_RULES
-from .reduction import REDUCTION_RULES
-from .sorting import SORTING_RULES
+from entangle_mlir.rules.base import Rule, RuleContext
+from entangle_mlir.rules.collectives import COLLECTIVE_RULES
+from entangle_mlir.rules.contraction import CONTRACTION_RULES
+from entangle_mlir.rules.elementwise import ELEMENTWISE_RULES
+from entangle_mlir.rules.gather_scatter import GATHER_SCATTER_RULES
+from entangle_mlir.rules.index import INDEX_RULES
+from entangle_mlir.rules.movement import MOVEMENT_RULES
+from entangle_mlir.rules.reduction import REDUCTION_RULES
+from entangle_mlir.rules.sorting import SORTING_RULES
 
 FAMILIES: dict[str, dict[str, Rule]] = {
     "elementwise": ELEMENTWISE_RULES,

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..layout import Value
-from ..mesh import Mesh
-from ..opinfo import OpInfo
+from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.core.relations import Value
+from entangle_mlir.mlir.opinfo import OpInfo
 
 
 class ReferenceTerms(frozenset):

@@ -5,10 +5,17 @@ from __future__ import annotations
 import operator
 from fractions import Fraction
 
-from ..layout import DEVICE_BLOCK_VALUES, GLOBAL, DeviceScalar, Masked, Opaque, Rel, Value
-from ..mesh import axes_str
-from ..opinfo import OpInfo
-from ..terms import (
+from entangle_mlir.core.mesh import axes_str
+from entangle_mlir.core.relations import (
+    DEVICE_BLOCK_VALUES,
+    GLOBAL,
+    DeviceScalar,
+    Masked,
+    Opaque,
+    Rel,
+    Value,
+)
+from entangle_mlir.core.terms import (
     Term,
     linear_parts,
     make_broadcast,
@@ -18,7 +25,8 @@ from ..terms import (
     rebuild_elementwise,
     splat_value,
 )
-from .base import RuleContext
+from entangle_mlir.mlir.opinfo import OpInfo
+from entangle_mlir.rules.base import RuleContext
 
 ELEMENTWISE_TERM_OPS = ("lin", "mul", "div")
 
@@ -100,7 +108,7 @@ def resize(term: Term, dim: int, size: int) -> Term | None:
 
 
 def is_elementwise_term(term: Term) -> bool:
-    from .elementwise import ELEMENTWISE_RULES
+    from entangle_mlir.rules.elementwise import ELEMENTWISE_RULES
 
     return term.op in ELEMENTWISE_RULES and all(a.shape == term.shape for a in term.args)
 

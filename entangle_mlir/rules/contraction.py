@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from ..layout import Opaque, Rel, Value, Windowed
-from ..mesh import axes_str
-from ..opinfo import OpInfo
-from ..terms import make_dot
-from .base import RuleContext
-from .common import freeze, unify_dims
-from .window import window_rowwise
+from entangle_mlir.core.mesh import axes_str
+from entangle_mlir.core.relations import Opaque, Rel, Value, Windowed
+from entangle_mlir.core.terms import make_dot
+from entangle_mlir.mlir.opinfo import OpInfo
+from entangle_mlir.rules.base import RuleContext
+from entangle_mlir.rules.common import freeze, unify_dims
+from entangle_mlir.rules.kinds.window import window_rowwise
 
 
 def dot_general(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:

@@ -10,12 +10,19 @@ import math
 from dataclasses import replace
 from fractions import Fraction
 
-from .. import precision
-from ..intrange import exact_convert, fits, wrap_integer
-from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
-from ..mesh import axes_str
-from ..opinfo import OpInfo, compare_is_default
-from ..terms import (
+from entangle_mlir.core import precision
+from entangle_mlir.core.intrange import exact_convert, fits, wrap_integer
+from entangle_mlir.core.mesh import axes_str
+from entangle_mlir.core.relations import (
+    DEVICE_BLOCK_VALUES,
+    DeviceScalar,
+    Opaque,
+    Rel,
+    Shifted,
+    Value,
+    Windowed,
+)
+from entangle_mlir.core.terms import (
     Term,
     make_broadcast,
     make_elementwise,
@@ -25,11 +32,12 @@ from ..terms import (
     scale,
     splat_value,
 )
-from . import blocks
-from .base import RuleContext
-from .common import COMPARISONS, is_zero, splat_rel, unify_dims
-from .shifted import elementwise_shifted
-from .window import window_elementwise
+from entangle_mlir.mlir.opinfo import OpInfo, compare_is_default
+from entangle_mlir.rules.base import RuleContext
+from entangle_mlir.rules.common import COMPARISONS, is_zero, splat_rel, unify_dims
+from entangle_mlir.rules.kinds import blocks
+from entangle_mlir.rules.kinds.shifted import elementwise_shifted
+from entangle_mlir.rules.kinds.window import window_elementwise
 
 NONLINEAR_HINT = "missing all_reduce/psum before it"
 

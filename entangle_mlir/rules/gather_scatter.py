@@ -39,13 +39,13 @@ import re
 from dataclasses import replace
 from fractions import Fraction
 
-from ..layout import BlockIndex, Opaque, Rel, Shifted, Value
-from ..mesh import axes_str
-from ..opinfo import OpInfo, TensorType, region_problem, scatter_kind
-from ..terms import Term, intern, make_add, make_op, make_splat, scale, splat_value
-from . import blocks
-from .base import RuleContext
-from .common import device_offsets, freeze, is_zero, resize
+from entangle_mlir.core.mesh import axes_str
+from entangle_mlir.core.relations import BlockIndex, Opaque, Rel, Shifted, Value
+from entangle_mlir.core.terms import Term, intern, make_add, make_op, make_splat, scale, splat_value
+from entangle_mlir.mlir.opinfo import OpInfo, TensorType, region_problem, scatter_kind
+from entangle_mlir.rules.base import RuleContext
+from entangle_mlir.rules.common import device_offsets, freeze, is_zero, resize
+from entangle_mlir.rules.kinds import blocks
 
 GATHER = "stablehlo.gather"
 SCATTER = "stablehlo.scatter"
@@ -626,6 +626,6 @@ def evaluate_node(term: Term, args: list):
     """The value of one gather/scatter/dynamic_update_slice term node from its arguments'
     values, by the op semantics of `semantics.OP_SEMANTICS` (for `semantics._evaluate_node`:
     `if op in gather_scatter.TERM_OPS: return gather_scatter.evaluate_node(term, args)`)."""
-    from .. import semantics as S
+    from entangle_mlir.semantics import ops as S
 
     return S.OP_SEMANTICS[term.op](term_info(term), [S.obj_array(a) for a in args])[0]

@@ -10,13 +10,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
-from ..layout import DeviceScalar, Opaque, Rel, Value, Windowed
-from ..mesh import Mesh, axes_str
-from ..opinfo import OpInfo
-from ..terms import DENSE_VALUES, intern, make_op, make_splat
-from .base import RuleContext
-from .common import device_offsets, freeze
-from .window import window_dynamic_slice
+from entangle_mlir.core.mesh import Mesh, axes_str
+from entangle_mlir.core.relations import DeviceScalar, Opaque, Rel, Value, Windowed
+from entangle_mlir.core.terms import DENSE_VALUES, intern, make_op, make_splat
+from entangle_mlir.mlir.opinfo import OpInfo
+from entangle_mlir.rules.base import RuleContext
+from entangle_mlir.rules.common import device_offsets, freeze
+from entangle_mlir.rules.kinds.window import window_dynamic_slice
 
 MAX_TABLE_DEVICES = 1 << 22
 

@@ -10,10 +10,17 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..layout import DEVICE_BLOCK_VALUES, DeviceScalar, Opaque, Rel, Shifted, Value, Windowed
-from ..mesh import axes_str
-from ..opinfo import OpInfo
-from ..terms import (
+from entangle_mlir.core.mesh import axes_str
+from entangle_mlir.core.relations import (
+    DEVICE_BLOCK_VALUES,
+    DeviceScalar,
+    Opaque,
+    Rel,
+    Shifted,
+    Value,
+    Windowed,
+)
+from entangle_mlir.core.terms import (
     Term,
     intern,
     make_broadcast,
@@ -28,10 +35,17 @@ from ..terms import (
     single_scaled,
     splat_value,
 )
-from . import blocks, shifted
-from .base import RuleContext
-from .common import freeze, replicated, splat_rel, uniform_rel, unify_dims
-from .window import concat_windows, pad_window, padded_window, slice_window, window_rowwise
+from entangle_mlir.mlir.opinfo import OpInfo
+from entangle_mlir.rules.base import RuleContext
+from entangle_mlir.rules.common import freeze, replicated, splat_rel, uniform_rel, unify_dims
+from entangle_mlir.rules.kinds import blocks, shifted
+from entangle_mlir.rules.kinds.window import (
+    concat_windows,
+    pad_window,
+    padded_window,
+    slice_window,
+    window_rowwise,
+)
 
 
 def constant(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..layout import DEVICE_BLOCK_VALUES, Opaque, Rel, Value, Windowed
-from ..mesh import axes_str
-from ..opinfo import OpInfo, region_problem
-from ..terms import (
+from entangle_mlir.core.mesh import axes_str
+from entangle_mlir.core.relations import DEVICE_BLOCK_VALUES, Opaque, Rel, Value, Windowed
+from entangle_mlir.core.terms import (
     Term,
     intern,
     make_elementwise,
@@ -19,10 +18,11 @@ from ..terms import (
     single_scaled,
     splat_value,
 )
-from . import blocks
-from .base import RuleContext
-from .common import freeze
-from .window import reduce_window_of_window, window_reduce
+from entangle_mlir.mlir.opinfo import OpInfo, region_problem
+from entangle_mlir.rules.base import RuleContext
+from entangle_mlir.rules.common import freeze
+from entangle_mlir.rules.kinds import blocks
+from entangle_mlir.rules.kinds.window import reduce_window_of_window, window_reduce
 
 _IDENTITY = {"add": Fraction(0), "max": float("-inf"), "min": float("inf")}
 _KIND = {"add": "sum", "max": "max", "min": "min"}

@@ -14,12 +14,12 @@ split (each device selects within its own rows, which are rows of the global ten
 
 from __future__ import annotations
 
-from ..layout import Opaque, Rel, Value
-from ..mesh import axes_str
-from ..opinfo import OpInfo
-from ..terms import Term, intern
-from .base import RuleContext
-from .common import freeze
+from entangle_mlir.core.mesh import axes_str
+from entangle_mlir.core.relations import Opaque, Rel, Value
+from entangle_mlir.core.terms import Term, intern
+from entangle_mlir.mlir.opinfo import OpInfo
+from entangle_mlir.rules.base import RuleContext
+from entangle_mlir.rules.common import freeze
 
 TOP_K = "chlo.top_k"
 

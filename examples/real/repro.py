@@ -544,7 +544,7 @@ def reproducers() -> list[Repro]:
 
 
 def main(argv: list[str]) -> int:
-    from entangle_mlir.check import check_texts
+    from entangle_mlir.driver import check_texts
 
     from .catalog import lower_pair
 

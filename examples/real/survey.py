@@ -13,10 +13,10 @@ import collections
 import os
 import re
 
-from entangle_mlir.ir import context, parse_module
-from entangle_mlir.layout import Opaque
-from entangle_mlir.pipeline import PassState, parse_pipeline, run_pipeline
-from entangle_mlir.program import from_two_modules
+from entangle_mlir.core.relations import Opaque
+from entangle_mlir.mlir.ir import context, parse_module
+from entangle_mlir.mlir.program import from_two_modules
+from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipeline
 
 _PIPELINE = ("entangle-normalize,entangle-import-shardings,"
              "entangle-infer-relations{annotate=false},entangle-check-refinement")
@@ -25,7 +25,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 
 def analyse(ref_text: str, sharded_text: str):
     """(report, [(side, reason, location, op name)] root causes, reference first)."""
-    from passes import PASSES
+    from entangle_mlir.passes import PASSES
 
     ref = parse_module(ref_text, "reference.mlir")
     shd = parse_module(sharded_text, "sharded.mlir")

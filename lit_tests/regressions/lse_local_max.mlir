@@ -5,7 +5,7 @@
 // log(psum(sum(exp(x - m_local)) * exp(m_local))) = log(sum(exp(x - m))) + m in real
 // arithmetic, but exp(m_local) overflows in f32 for x above ~88 where the reference stays
 // finite (issue 16, class 6). entangle-normalize no longer drops a max shift of an unbounded
-// value (entangle_mlir/idioms.py `_unshifted_exact`), so the shards' own maxes meet the
+// value (entangle_mlir/normalize/idioms.py `_unshifted_exact`), so the shards' own maxes meet the
 // reference's global max as a partial max that was never all-reduced.
 
 // CHECK: error: subtract combines a partial max over 'tp'

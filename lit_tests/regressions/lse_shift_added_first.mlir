@@ -2,7 +2,7 @@
 
 // Vocab-parallel log-sum-exp with the shift added first, `m + log(psum(sum(exp(x - m))))`
 // (m the pmax of the shards' maxes), against `m + log(sum(exp(x - m)))`. The shifted-lse
-// rewrite (entangle_mlir/idioms.py) leaves the max dead along two paths, the add's operand
+// rewrite (entangle_mlir/normalize/idioms.py) leaves the max dead along two paths, the add's operand
 // and the broadcast under the exp: erasing the dead ops reached it twice and used it after
 // erasing it (a segmentation fault). ir.erase_dead never touches an erased op.
 

@@ -5,7 +5,7 @@
 // around the ring by collective_permute, an online softmax (running max, rescaled
 // denominator and accumulator) combines them. entangle-normalize folds the online softmax into
 // a softmax over the blocks concatenated in arrival order and moves the concatenation down to
-// the K/V/position blocks (entangle_mlir/idioms.py); the concatenation is K with its blocks in
+// the K/V/position blocks (entangle_mlir/normalize/idioms.py); the concatenation is K with its blocks in
 // a per-device order (`Reordered`, rules/reordered.py), which a softmax over the keys and the
 // contraction with V in the same order do not depend on.
 // Inputs: the reproducer and its wrong-direction twin (`ring_attention_backwards`), lowered

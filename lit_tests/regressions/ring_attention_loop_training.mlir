@@ -6,7 +6,7 @@
 // stores each step's residuals into buffers at the counter (dynamic_update_slice), the
 // backward reads them back at n - 1 - i (dynamic_slice). entangle-normalize unrolls both, folds
 // the counters to constants, forwards every read to the value stored in its slot and drops the
-// zero-started carries (entangle_mlir/unroll.py `forward_residuals`): the program is then the
+// zero-started carries (entangle_mlir/normalize/unroll.py `forward_residuals`): the program is then the
 // Python-unrolled ring's, whose backward online_backward.py folds. The reference is the
 // unrolled reproducer's (ring_attention_training.mlir).
 // Inputs: the reproducer lowered by examples/real/catalog.lower_pair, repo root stripped.

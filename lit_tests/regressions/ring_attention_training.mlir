@@ -5,8 +5,8 @@
 // through the online softmax with the running max differentiated. jax's backward gives each
 // running max a cotangent and sends it to the scores' argmax (the tie shares of `maximum`, the
 // indicator over the tie count of `reduce_max`). That cotangent is zero in real arithmetic:
-// entangle-normalize proves it by einsum-polynomial algebra (entangle_mlir/polynomial.py) and
-// replaces the products by zeros (entangle_mlir/max_cotangent.py); the backward is then the
+// entangle-normalize proves it by einsum-polynomial algebra (entangle_mlir/normalize/polynomial.py) and
+// replaces the products by zeros (entangle_mlir/normalize/max_cotangent.py); the backward is then the
 // stopped max's, which online_backward.py folds (dQ one contraction, dK/dV slices of one
 // contraction sent back around the reverse ring).
 // Inputs: the reproducer lowered by examples/real/catalog.lower_pair, repo root stripped.

@@ -4,7 +4,7 @@
 // Tokens flattened from (batch, seq) with the sequence split over tp (MoE / token-wise MLP under
 // sequence parallelism): each device's 4 tokens are 2 strided runs of the 16 global tokens, which
 // no tiling of the flattened dim describes. entangle-normalize keeps (batch, seq) apart through
-// the per-token ops of both functions (entangle_mlir/token_dims.py), so the split is a tiling.
+// the per-token ops of both functions (entangle_mlir/normalize/token_dims.py), so the split is a tiling.
 // The twin in Inputs/ flattens its block seq-major (a transpose first): its tokens are not the
 // reference's, the region is not rewritten, and the reshape is reported.
 

@@ -1,0 +1,910 @@
+"""The forward walk: every op's relation from its operands' relations, by its rule.
+
+One walk over the reference (global values, every argument a leaf term) and one over the sharded
+function (global outside `sdy.manual_computation`, per-device layouts inside it).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import sdy
+
+from entangle_mlir.analysis.layer_reuse import (
+    LayerIndex,
+    LayerPlan,
+    NoReuse,
+    Summary,
+    find_runs,
+    fresh_hole,
+    read_block,
+    region_result,
+)
+from entangle_mlir.core.diagnostics import InputError, SourceLoc
+from entangle_mlir.core.mesh import Mesh, axes_str, too_many_devices
+from entangle_mlir.core.relations import (
+    DEVICE_BLOCK_VALUES,
+    GLOBAL,
+    BlockIndex,
+    DeviceScalar,
+    InBlock,
+    Masked,
+    Opaque,
+    Permuted,
+    Rel,
+    Reordered,
+    Returning,
+    Shifted,
+    Value,
+    Windowed,
+)
+from entangle_mlir.core.terms import (
+    LOOP_BODY_TERMS,
+    Term,
+    intern,
+    make_arg,
+    make_loopvar,
+    make_splat,
+    splat_value,
+)
+from entangle_mlir.mlir.ir import op_location
+from entangle_mlir.mlir.opinfo import OpInfo, describe
+from entangle_mlir.mlir.per_device import (
+    device_count,
+    is_per_device,
+    layout_of,
+    parameter_shardings,
+    result_shardings,
+    synthesize_mesh,
+)
+from entangle_mlir.mlir.program import mesh_from_attr, read_meshes
+from entangle_mlir.normalize.validate import grid
+from entangle_mlir.rules import RULES, RuleContext
+from entangle_mlir.rules.common import check_local_shapes, freeze, resize
+from entangle_mlir.rules.elementwise import ELEMENTWISE_RULES
+from entangle_mlir.rules.kinds import blocks, reordered, returning
+from entangle_mlir.rules.kinds.window import settle as _window_settle
+
+_TERMINATORS = ("func.return", "stablehlo.return", "sdy.return")
+_TRANSPARENT = ("mhlo.copy", "stablehlo.optimization_barrier", "sdy.sharding_constraint",
+                "sdy.reshard")
+
+
+def settle(value: Value, op_name: str = "") -> Value:
+    """What an op sees (`rules.window.settle`); blocks in a device-dependent order leave a
+    manual computation or a loop only as the error they stand for."""
+    if isinstance(value, Reordered) and not op_name:
+        return Opaque(f"blocks of dim {value.dim} in a device-dependent order leave the "
+                      f"computation ({value.describe()[-120:]})", origin=value.origin,
+                      category="wrong_order")
+    if isinstance(value, Returning) and not op_name:
+        return Opaque(f"contributions leave the computation before every one reached the "
+                      f"owner of its block ({value.describe()[-160:]})", category="wrong_order")
+    return _window_settle(value, op_name)
+
+
+@dataclass
+class OpRecord:
+    """One op of a walk: what went in, what came out, and what its rule had to say."""
+
+    index: int
+    info: OpInfo
+    inputs: list[Value]
+    outputs: list[Value]
+    hints: list[tuple[str, str]] = field(default_factory=list)
+    manual_axes: tuple[str, ...] = ()
+    sources: list[OpRecord | None] = field(default_factory=list)
+
+    @property
+    def loc(self) -> SourceLoc | None:
+        return self.info.loc
+
+    def relation_text(self) -> str:
+        return "; ".join(v.describe() for v in self.outputs if v is not None)
+
+
+@dataclass
+class Boundary:
+    """How a manual computation's result maps to per-device values (ρ for that result)."""
+
+    rho: str
+    record: OpRecord | None
+
+
+@dataclass
+class Walk:
+    """The result of walking one function."""
+
+    records: list[OpRecord] = field(default_factory=list)
+    values: dict = field(default_factory=dict)
+    outputs: list[Value] = field(default_factory=list)
+    output_rho: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    mesh: Mesh | None = None
+    return_record: OpRecord | None = None
+
+
+class Walker:
+    """Walks a function body; `file` names the source for locations without one."""
+
+    def __init__(self, func: ir.Operation, module: ir.Module, file: str,
+                 reference: set[int] | None = None, layers: LayerIndex | None = None):
+        """`layers`: summarize repeated regions (`layers.py`); the reference's walk fills
+        the index, the sharded walk reads it."""
+        self.func = func
+        self.reference = reference
+        self.layers = layers
+        self.module = module
+        self.file = file
+        self.meshes = read_meshes(module)
+        self.walk = Walk()
+        self.boundary: dict = {}
+        self.producer: dict = {}
+
+    def run(self) -> Walk:
+        from entangle_mlir.progress import Progress
+
+        self.progress = Progress(f"walking {os.path.basename(self.file)}, ops")
+        try:
+            return self._run()
+        finally:
+            self.progress.close()
+
+    def _run(self) -> Walk:
+        block = self.func.regions[0].blocks[0]
+        for i, arg in enumerate(block.arguments):
+            t = describe_type(arg.type)
+            self.walk.values[arg] = Rel(make_arg(i, t.shape, t.dtype), ((),) * len(t.shape),
+                                        scope=GLOBAL)
+        if is_per_device(self.module, self.func) and not self._has_manual(block):
+            self._per_device(block)
+        else:
+            self._block(block, RuleContext(reference=self.reference))
+        return self.walk
+
+    @staticmethod
+    def _has_manual(block) -> bool:
+        return any(op.operation.name == "sdy.manual_computation" for op in block.operations)
+
+    def _per_device(self, block) -> None:
+        """A partitioned program: parameters are local shards, results are local shards."""
+        shardings = parameter_shardings(self.module, self.func)
+        result_count = len(ir.FunctionType(
+            ir.TypeAttr(self.func.attributes["function_type"]).value).results)
+        results = result_shardings(self.module, self.func, result_count)
+        everything = [s for s in shardings + results if s]
+        try:
+            count = device_count(self.module, everything)
+        except InputError as err:
+            err.file = err.file or self.file
+            raise
+        mesh = synthesize_mesh(count, everything)
+        replicas, partitions = grid(self.module)
+        if replicas > 1 and (partitions or 1) == 1 and replicas == mesh.num_devices:
+            mesh = replace(mesh, replicas=replicas)  # device ids are replica ids
+        self.walk.mesh = mesh
+        ctx = RuleContext(mesh, mesh.names, reference=self.reference)
+        info = OpInfo("func.func", loc=op_location(self.func, self.file), op=None)
+        entry = self._record(info, [], [], ctx)
+        for arg, text in zip(block.arguments, shardings):
+            value = self.walk.values[arg]
+            layout = layout_of(text, len(value.term.shape), mesh)
+            if layout.tiling is None:
+                self.walk.values[arg] = Opaque(f"parameter layout unusable: {layout.reason}",
+                                               origin=(entry, None), category="unsupported")
+            else:
+                local = value.term
+                shape = tuple(size * mesh.group_size(axes)
+                              for size, axes in zip(local.shape, layout.tiling))
+                index = local.attrs[0]
+                self.walk.values[arg] = Rel(make_arg(index, shape, local.dtype), layout.tiling)
+        self.per_device_mode = True
+        self._block(block, ctx)
+        outputs = self.walk.outputs
+        texts = result_shardings(self.module, self.func, len(outputs))
+        results, rhos = [], []
+        for i, (value, text) in enumerate(zip(outputs, texts)):
+            rank = len(value.term.shape) if isinstance(value, Rel) else 0
+            layout = layout_of(text, rank, mesh)
+            if layout.tiling is None:
+                results.append(Opaque(f"result #{i} layout unusable: {layout.reason}",
+                                      origin=(self.walk.return_record, None),
+                                      category="unsupported"))
+                rhos.append("")
+                continue
+            results.append(self._leave(value, layout.tiling, mesh, self.walk.return_record, i))
+            rhos.append(rho_text(layout.tiling))
+        self.walk.outputs = results
+        self.walk.output_rho = rhos
+
+    def _block(self, block, ctx: RuleContext) -> None:
+        ops = [op.operation for op in block.operations]
+        plan = self._layer_plan(block)
+        i = 0
+        while i < len(ops):
+            if plan is not None:
+                after = self._reuse_layers(plan, i, ctx)
+                if after is not None:
+                    i = after
+                    continue
+                if i in plan.walked:
+                    i += 1
+                    continue
+            op = ops[i]
+            i += 1
+            if op.name in _TERMINATORS:
+                if op.name == "func.return" and self.walk.return_record is None:
+                    self.walk.outputs = [self.walk.values[v] for v in op.operands]
+                    self.walk.output_rho = [self.boundary.get(v, "computed globally "
+                                                              "(outside shard_map)")
+                                            for v in op.operands]
+                    self.walk.return_record = self._record(describe(op, self.file), [], [], ctx)
+                    self.walk.return_record.sources = self._sources(op.operands)
+                continue
+            if op.name == "sdy.manual_computation":
+                self._manual(op, ctx)
+                continue
+            if op.name == "stablehlo.while":
+                self._while(op, ctx)
+                continue
+            self._op(op, ctx)
+
+    def _layer_plan(self, block) -> LayerPlan | None:
+        if self.layers is None or getattr(self, "loop_depth", 0) or \
+                self.reference is not None and not self.layers.summaries:
+            return None
+        facts = read_block(block)
+        runs = find_runs(facts)
+        unused = self.layers.first_unused() if self.reference is not None else None
+        if unused is not None and not runs and len(facts.ops) >= self.layers.shortest_run:
+            raise NoReuse("no repeated layers in the sharded program", unused)
+        return LayerPlan(facts, runs) if runs else None
+
+    def _reuse_layers(self, plan: LayerPlan, index: int, ctx: RuleContext) -> int | None:
+        """Summarize the regions of a run starting at op `index`; the index after them, or
+        None to walk op `index` as usual. The reference starts at a run's first op (and
+        walks that first region as usual too); the sharded walk at the first op where a region
+        reads the inputs of a later reference region."""
+        for number, run in enumerate(plan.runs):
+            if number in plan.done or not run.start <= index <= run.end - run.period:
+                continue
+            if self.reference is None:
+                if index != run.start:
+                    continue
+                plan.done.add(number)
+                return self._summarize_reference(plan, run, ctx)
+            after = self._apply_summary(plan, run, index, ctx)
+            if after is not None:
+                plan.done.add(number)
+            elif index >= run.start + 5 * run.period // 2:
+                plan.done.add(number)
+                unused = self.layers.first_unused()
+                if unused is not None:
+                    raise NoReuse("the sharded layers do not read the reference's layer "
+                                  "inputs", unused)
+            return after
+        return None
+
+    def _preludes(self, plan: LayerPlan, start: int, period: int, ctx: RuleContext) -> None:
+        """Walk the region's prelude ops (they read block arguments only) ahead of it."""
+        for i in plan.block.preludes(start, period):
+            if i not in plan.walked:
+                plan.walked.add(i)
+                self._op(plan.block.ops[i], ctx)
+
+    def _template(self, facts, start: int, period: int, inputs: list, ctx: RuleContext):
+        """Walk the region's ops once with `inputs` for its external inputs; {(op offset,
+        result number): value} for every result."""
+        values = self.walk.values
+        external = facts.external_inputs(start, period)
+        saved = [values[v] for v in external]
+        for v, value in zip(external, inputs):
+            values[v] = value
+        for i in range(start, start + period):
+            if i not in facts.prelude:
+                self._op(facts.ops[i], ctx)
+        for v, value in zip(external, saved):
+            values[v] = value
+        return {(i - start, r): values[result]
+                for i in range(start, start + period) if i not in facts.prelude
+                for r, result in enumerate(facts.ops[i].results)}
+
+    def _give_summary_terms(self, facts, start: int, period: int, template: dict,
+                            arguments: tuple[Term, ...], summary: Summary) -> bool:
+        """Results of the region at `start` read outside it get `region_result` terms."""
+        found = []
+        for result in facts.used_outside(start, period):
+            offset, r = facts.position[result]
+            value = template[(offset - start, r)]
+            if type(value) is not Rel:
+                return False
+            found.append((result, value))
+        holes = summary.hole_serials
+        for result, value in found:
+            term = region_result(arguments, value.term, holes, summary.reads_holes)
+            self.walk.values[result] = replace(value, partial_origin=None, term=term)
+            self.producer.pop(result, None)
+        self.layers.regions += 1
+        return True
+
+    def _summarize_reference(self, plan: LayerPlan, run, ctx: RuleContext) -> int | None:
+        facts, period, values = plan.block, run.period, self.walk.values
+        if (len(facts.ops), run.start) in self.layers.excluded:
+            return None
+        first = facts.layer_start(run)
+        signature = facts.signature(first, period)
+        starts = [first]
+        while starts[-1] + 2 * period <= run.end and \
+                facts.signature(starts[-1] + period, period) == signature:
+            starts.append(starts[-1] + period)
+        if len(starts) < 3:
+            return None
+        for i in range(run.start, first):
+            if i not in plan.walked:
+                plan.walked.add(i)
+                self._op(facts.ops[i], ctx)
+        self._preludes(plan, first, period, ctx)
+        external = facts.external_inputs(first, period)
+        second = facts.external_inputs(starts[1], period)
+        inputs, holes = [], {}
+        for j, v in enumerate(external):
+            value = values.get(v)
+            if type(value) is not Rel:
+                return None
+            if second[j] == v and facts.position.get(v, (-1,))[0] not in facts.prelude:
+                inputs.append(value)
+                continue
+            holes[j] = fresh_hole(value.term.shape, value.term.dtype)
+            inputs.append(replace(value, term=holes[j], partial_origin=None))
+        if not holes:
+            return None
+        summary = Summary(list(holes.values()), [], (len(facts.ops), run.start))
+        mark = len(self.walk.records)
+        template = self._template(facts, first, period, inputs, ctx)
+        del self.walk.records[mark:]
+        for i in range(first, first + period):
+            if i not in facts.prelude:
+                self._op(facts.ops[i], ctx)
+        arguments = summary.arguments
+        arguments.append(tuple(values[external[j]].term for j in holes))
+        for start in starts[1:]:
+            self._preludes(plan, start, period, ctx)
+            ext = facts.external_inputs(start, period)
+            actual = [values.get(v) for v in ext]
+            if not all(type(actual[j]) is Rel and replace(actual[j], term=hole) == inputs[j]
+                       for j, hole in holes.items()) or not all(
+                    ext[j] == v for j, v in enumerate(external) if j not in holes):
+                break
+            args = tuple(actual[j].term for j in holes)
+            if not self._give_summary_terms(facts, start, period, template, args, summary):
+                break
+            arguments.append(args)
+        if len(arguments) < 2:
+            return first + period
+        self.layers.add(summary, len(arguments) * period)
+        self.layers.templates.extend(v.term for v in template.values() if isinstance(v, Rel))
+        return starts[0] + len(arguments) * period
+
+    def _apply_summary(self, plan: LayerPlan, run, start: int, ctx: RuleContext) -> int | None:
+        """The reference's summary for the regions from `start` on, if they read exactly the
+        inputs of the reference's regions k, k+1, ..."""
+        facts, period, values, index = plan.block, run.period, self.walk.values, self.layers
+        if start not in facts.prelude and not any(
+                type(values.get(v)) is Rel and index.argument_term(values[v].term) is not None
+                for v in facts.external_inputs(start, period)):
+            return None
+        self._preludes(plan, start, period, ctx)
+        found = self._summary_inputs(facts, start, period)
+        if found is None:
+            return None
+        number, k, holes_of = found
+        summary = index.summaries[number]
+        signature = facts.signature(start, period)
+        external = facts.external_inputs(start, period)
+        inputs = [values[v] for v in external]
+        template_inputs = [v if h is None else replace(v, term=summary.holes[h],
+                                                        partial_origin=None)
+                           for v, h in zip(inputs, holes_of)]
+        mark = len(self.walk.records)
+        template = self._template(facts, start, period, template_inputs, ctx)
+        given, at = 0, start
+        while at + period <= run.end and k + given < len(summary.arguments):
+            if given:
+                self._preludes(plan, at, period, ctx)
+                ext = facts.external_inputs(at, period)
+                actual = [values.get(v) for v in ext]
+                args = summary.arguments[k + given]
+                if facts.signature(at, period) != signature or len(actual) != len(inputs) \
+                        or not all(_fits(v, t, h, args, index) for v, t, h in
+                                   zip(actual, template_inputs, holes_of)):
+                    break
+                for v, h in zip(actual, holes_of):
+                    if h is not None and v.term is not args[h]:
+                        self._note_substitute(v.term)
+            if not self._give_summary_terms(facts, at, period, template,
+                                            summary.arguments[k + given], summary):
+                break
+            given += 1
+            at += period
+        if given == 0:
+            del self.walk.records[mark:]
+            return None
+        index.applied.add(number)
+        return at
+
+    def _summary_inputs(self, facts, start: int, period: int):
+        """(summary, region, hole per input or None) when the region's inputs are a reference
+        region's hole arguments, or plain relations the next region reads too."""
+        values, index = self.walk.values, self.layers
+        external = facts.external_inputs(start, period)
+        inputs = [values.get(v) for v in external]
+        if any(type(v) is not Rel for v in inputs):
+            return None
+        following = facts.external_inputs(start + period, period) \
+            if start + 2 * period <= len(facts.ops) else external
+        candidates = None
+        terms = [index.argument_term(v.term) for v in inputs]
+        for term in terms:
+            if term is not None:
+                regions = {(n, k) for n, k, _ in index.by_term[term.serial]}
+                candidates = regions if candidates is None else candidates & regions
+        if not candidates:
+            return None
+        number, k = min(candidates)
+        args = index.summaries[number].arguments[k]
+        holes_of = [next((h for h, t in enumerate(args) if t is term), None) for term in terms]
+        if set(holes_of) - {None} != set(range(len(args))):
+            return None  # not the reference's region boundary
+        if len(following) != len(external) or any(
+                h is None and v != w for v, w, h in zip(external, following, holes_of)):
+            return None
+        for v, term, h in zip(inputs, terms, holes_of):
+            if h is not None and term is not v.term:
+                self._note_substitute(v.term)
+        return number, k, holes_of
+
+    def _note_substitute(self, term: Term) -> None:
+        """Say under what a sharded value was taken for a hole's argument it is not."""
+        index = self.layers
+        if term.serial in index.rounded:
+            from entangle_mlir.core.rounding import ASSUMPTION, describe_rounded
+
+            pairs = index.rounded[term.serial]
+            if pairs:  # none: the same value spelled otherwise (x / sqrt(8.0) vs x / 2.82842708)
+                self.walk.notes.append(
+                    f"proven assuming {ASSUMPTION} (a summarized layer reads the sharded value "
+                    f"as the reference's: {describe_rounded(pairs)})")
+            return
+        for assumption in index.valid_indices.assumed_for(term) or ["valid indices"]:
+            self.walk.notes.append(f"proven assuming {assumption} (a summarized "
+                                   "layer reads the sharded value as the reference's)")
+
+    def _sources(self, values) -> list[OpRecord | None]:
+        return [self.producer.get(v) for v in values]
+
+    def _record(self, info: OpInfo, inputs, outputs, ctx: RuleContext) -> OpRecord:
+        record = OpRecord(len(self.walk.records), info, inputs, outputs, list(ctx.hints),
+                          ctx.manual_axes)
+        self.walk.records.append(record)
+        self.progress.update(record.index)
+        return record
+
+    def _op(self, op: ir.Operation, ctx: RuleContext) -> None:
+        try:
+            info = describe(op, self.file)
+        except Exception as err:  # noqa: BLE001 - an unreadable op is "not proven", not a crash
+            info = OpInfo(op.name, loc=op_location(op, self.file), op=op)
+            self._give_up(op, info, f"cannot read the attributes of {op.name}: {err}", ctx)
+            return
+        operands, results = list(op.operands), list(op.results)
+        values = self.walk.values
+        inputs = [values[v] for v in operands]
+        plain = True  # all Rel: skips settle and the value-kind tests
+        for value in inputs:
+            if type(value) is not Rel:
+                plain = False
+                break
+        if not plain:
+            inputs = [settle(v, info.name) for v in inputs]
+            plain = all(type(v) is Rel for v in inputs)
+        local = RuleContext(ctx.mesh, ctx.manual_axes, reference=ctx.reference)
+        opaque = None if plain else next((v for v in inputs if isinstance(v, Opaque)), None)
+        if opaque is not None:
+            outputs: list[Value] = [opaque] * len(results)
+        elif info.name in _TRANSPARENT:
+            outputs = list(inputs)
+            local.note(f"{info.name} is treated as the identity")
+        elif info.name not in RULES:
+            outputs = [Opaque(f"unsupported op {info.name}", category="unsupported")
+                       ] * len(op.results)
+        elif info.name == "stablehlo.concatenate" and (
+                ring := reordered.ring_concat(info, inputs, local)) is not None:
+            outputs = [ring]
+        elif not plain and any(isinstance(v, Reordered) for v in inputs):
+            outputs = reordered.apply(info, inputs, local)
+        elif not plain and any(isinstance(v, Returning) for v in inputs):
+            outputs = returning.apply(info, inputs, local)
+        elif not plain and any(isinstance(v, Masked) and not v.zero for v in inputs) and \
+                info.name not in MASK_CARRIERS:
+            outputs = [Opaque(f"{info.name} uses rows looked up for ids outside this device's "
+                              "block (the gather clamped them to another row): they are never "
+                              "zeroed (missing `where(outside, 0, ...)` after the lookup)",
+                              category="layout_mismatch")] * len(op.results)
+        elif not plain and any(isinstance(v, DEVICE_BLOCK_VALUES) for v in inputs) and \
+                info.name not in BLOCK_AWARE:
+            outputs = [blocks.unsupported(info.name)] * len(op.results)
+        elif not plain and any(isinstance(v, Shifted) for v in inputs) and \
+                info.name not in SHIFT_AWARE:
+            outputs = [Opaque(f"device-dependent offset tensor used by {info.name} (not "
+                              "supported yet)", category="unsupported")] * len(op.results)
+        elif op.regions and info.name not in REGION_RULE_OPS:
+            outputs = [Opaque(f"unsupported op {info.name} (with regions)",
+                              category="unsupported")] * len(op.results)
+        else:
+            try:
+                outputs = RULES[info.name](info, inputs, local)
+            except Exception as err:  # noqa: BLE001 - a rule failure is "not proven"
+                outputs = [Opaque(f"internal error in the rule for {info.name}: {err!r}",
+                                  category="internal")] * len(op.results)
+            outputs = check_local_shapes(info, outputs, local)
+        record = self._record(info, inputs, [], local)
+        producer = self.producer
+        record.sources = [producer.get(v) for v in operands]
+        for result in results:
+            producer[result] = record
+        for note in local.notes:
+            if note not in self.walk.notes:
+                self.walk.notes.append(note)
+        outputs = [v if type(v) is Rel and not v.partial else self._stamp(v, record, inputs)
+                   for v in outputs]
+        record.outputs = outputs
+        for result, value in zip(results, outputs):
+            values[result] = value
+
+    def _while(self, op: ir.Operation, ctx: RuleContext) -> None:
+        """A loop as a fixpoint over layouts: walk the body once with symbolic loop variables
+        (one per carried value) laid out like the inits; if the body yields the same layouts,
+        every iteration keeps them, and each result is `while_result(inits, cond, body)`,
+        identified by the body's terms. Cost does not depend on the trip count."""
+        info = describe(op, self.file)
+        inits = [settle(self.walk.values[v]) for v in op.operands]
+        record = self._record(info, inits, [], ctx)
+        record.sources = self._sources(op.operands)
+        for result in op.results:
+            self.producer[result] = record
+        outputs = self._while_outputs(op, info, inits, record, ctx)
+        record.outputs = outputs
+        for result, value in zip(op.results, outputs):
+            self.walk.values[result] = value
+
+    def _while_outputs(self, op, info: OpInfo, inits, record: OpRecord, ctx: RuleContext):
+        count = len(op.results)
+        opaque = next((v for v in inits if isinstance(v, Opaque)), None)
+        if opaque is not None:
+            return [opaque] * count
+        if any(isinstance(v, (DeviceScalar, Shifted, Returning, *DEVICE_BLOCK_VALUES))
+               for v in inits):
+            return [Opaque("a device-dependent integer carried through a loop is not "
+                           "supported yet", origin=(record, None), category="unsupported")] * count
+        depth = self.loop_depth = getattr(self, "loop_depth", 0) + 1
+        try:
+            layouts = [freeze(v) for v in inits]
+            # A zero buffer built at the local shape (scan's stacked gradients) first enters
+            # with its poly dims, so the body's writes can tell its split; that probing walk is
+            # never the final one (a carried value is not constant along any dim).
+            probing = any(v.poly and splat_value(v.term) == 0 for v in inits)
+            # Values the body passes through unchanged are the init on every iteration: they
+            # enter as themselves, so a constant jax carries (a cotangent seed) meets the
+            # reference's inline constant, and they do not take part in the loop's identity.
+            body = op.regions[1].blocks[0]
+            body_yields = list(body.operations[len(body.operations) - 1].operation.operands)
+            invariant = {k for k, (arg, out) in enumerate(zip(body.arguments, body_yields))
+                         if arg == out}
+            for _attempt in range(5):
+                mark = len(self.walk.records)
+                position = {k: i for i, k in enumerate(k for k in range(count)
+                                                       if k not in invariant)}
+                loopvars = [v if k in invariant or probing and v.poly and splat_value(v.term) == 0
+                            else replace(rel, term=make_loopvar(depth, position[k],
+                                                                rel.term.shape, rel.term.dtype),
+                                         partial_origin=None)
+                            for k, (v, rel) in enumerate(zip(inits, layouts))]
+                cond = self._region(op.regions[0].blocks[0], loopvars, ctx)
+                yields = self._region(op.regions[1].blocks[0], loopvars, ctx)
+                inner = next((v for v in list(cond) + list(yields)
+                              if isinstance(v, Opaque)), None)
+                if inner is not None:
+                    return [inner] * count
+                problem = self._loop_problem(cond, yields, ctx)
+                if problem:
+                    return [Opaque(problem, origin=(record, None), category="unsupported")
+                            ] * count
+                changed, probing = probing, False
+                for k, (layout, out) in enumerate(zip(layouts, yields)):
+                    if _same_layout(layout, out):
+                        continue
+                    if out.partial and not layout.partial and splat_value(inits[k].term) != 0:
+                        origin = out.partial_origin if isinstance(out.partial_origin,
+                                                                  OpRecord) else None
+                        return [Opaque(f"the loop body yields a partial {out.kind} over "
+                                       f"{axes_str(out.partial)} for carried value #{k}: "
+                                       "missing all_reduce/psum inside the loop",
+                                       origin=(record, origin), category="missing_reduction")
+                                ] * count
+                    if splat_value(inits[k].term) != 0:
+                        return [Opaque(f"loop-carried value #{k} enters as "
+                                       f"{layout.layout_str()} but the body yields "
+                                       f"{out.layout_str()}", origin=(record, None),
+                                       category="layout_mismatch")] * count
+                    layouts[k] = replace(layout, term=out.term, tiling=out.tiling,
+                                         partial=out.partial, kind=out.kind, poly=frozenset())
+                    changed = True
+                if not changed:
+                    passed = {k for k in range(count) if k not in invariant
+                              and yields[k].term is loopvars[k].term}
+                    invariant |= passed
+                    changed = bool(passed)
+                if not changed:
+                    break
+                del self.walk.records[mark:]
+            else:
+                return [Opaque("loop-carried layouts do not reach a fixpoint",
+                               origin=(record, None), category="unsupported")] * count
+        finally:
+            self.loop_depth = depth - 1
+        live = [k for k in range(count) if k not in invariant]
+        summary = (cond[0].term.serial, tuple(yields[k].term.serial for k in live))
+        for body_term in [cond[0].term] + [yields[k].term for k in live]:
+            LOOP_BODY_TERMS[body_term.serial] = body_term
+        init_terms = tuple(
+            make_splat(splat_value(v.term), layout.term.shape, v.term.dtype)
+            if v.term.op == "splat" else v.term for v, layout in zip(inits, layouts))
+        live_inits = tuple(init_terms[k] for k in live)
+        results = []
+        for k, (layout, out) in enumerate(zip(layouts, yields)):
+            if k in invariant:
+                results.append(inits[k])
+                continue
+            term = intern("while_result", live_inits, (live.index(k), depth, summary),
+                          layout.term.shape, layout.term.dtype)
+            results.append(replace(layout, term=term, partial_origin=record
+                                   if layout.partial else None))
+        return results
+
+    def _region(self, block, loopvars, ctx: RuleContext) -> list:
+        for arg, value in zip(block.arguments, loopvars):
+            self.walk.values[arg] = value
+        self._block(block, ctx)
+        terminator = block.operations[len(block.operations) - 1].operation
+        return [settle(self.walk.values.get(v)) for v in terminator.operands]
+
+    @staticmethod
+    def _loop_problem(cond, yields, ctx: RuleContext) -> str:
+        for value in list(cond) + list(yields):
+            if not isinstance(value, Rel):
+                return "a loop body yields a device-dependent integer (not supported yet)"
+        if len(cond) != 1 or cond[0].partial or cond[0].tiled_axes:
+            return "the loop condition differs between devices"
+        return ""
+
+    def _give_up(self, op: ir.Operation, info: OpInfo, reason: str, ctx: RuleContext) -> None:
+        inputs = [self.walk.values.get(v) for v in op.operands]
+        record = self._record(info, inputs, [], ctx)
+        record.sources = self._sources(op.operands)
+        for result in op.results:
+            self.producer[result] = record
+        earlier = next((v for v in inputs if isinstance(v, Opaque)), None)
+        value = earlier or Opaque(reason, origin=(record, None), category="internal")
+        record.outputs = [value] * len(op.results)
+        for result in op.results:
+            self.walk.values[result] = value
+
+    def _stamp(self, value: Value, record: OpRecord, inputs: list[Value]) -> Value:
+        """Give a fresh Opaque its origin; point partial-sum origins at records."""
+        if isinstance(value, Opaque) and value.origin is None:
+            blame = None
+            if value.category in ("partial_mixed", "nonlinear_partial"):
+                blame = next((v.partial_origin for v in inputs
+                              if isinstance(v, Rel) and v.partial), None)
+            return replace(value, origin=(record, blame))
+        if isinstance(value, Permuted | Windowed) and value.origin is None:
+            return replace(value, origin=(record, None))
+        if isinstance(value, Reordered) and value.rel.partial:
+            value = replace(value, pieces=record)
+        if isinstance(value, Reordered) and value.origin is None:
+            permute = next((s for s in record.sources if s is not None
+                            and s.info.name == "stablehlo.collective_permute"), record)
+            return replace(value, origin=(permute, None))
+        if isinstance(value, Rel) and value.partial and isinstance(value.partial_origin, OpInfo):
+            return replace(value, partial_origin=record)
+        return value
+
+    def _manual(self, op: ir.Operation, ctx: RuleContext) -> None:
+        info = describe(op, self.file)
+        mesh, in_tilings, out_tilings, manual = self._manual_shardings(op, info)
+        self.walk.mesh = mesh
+        inner = RuleContext(mesh, manual, reference=self.reference)
+        block = op.regions[0].blocks[0]
+        record = self._record(info, [self.walk.values[v] for v in op.operands], [], inner)
+        for value, arg, tiling in zip(op.operands, block.arguments, in_tilings):
+            if value in self.producer:
+                self.producer[arg] = self.producer[value]
+            self.walk.values[arg] = self._enter(self.walk.values[value], tiling, mesh, record,
+                                                 manual)
+        self._block(block, inner)
+        terminator = block.operations[len(block.operations) - 1].operation
+        results = []
+        for i, (value, tiling) in enumerate(zip(terminator.operands, out_tilings)):
+            inner_value = self.walk.values[value]
+            results.append(self._leave(inner_value, tiling, mesh, record, i))
+        record.outputs = results
+        record.sources = self._sources(terminator.operands)
+        for result in op.results:
+            self.producer[result] = record
+        for result, value, tiling in zip(op.results, results, out_tilings):
+            self.walk.values[result] = value
+            self.boundary[result] = rho_text(tiling)
+
+    def _manual_shardings(self, op: ir.Operation, info: OpInfo):
+        manual = tuple(str(a).strip('"') for a in sdy.ManualAxesAttr(op.attributes["manual_axes"]))
+        ins = sdy.TensorShardingPerValueAttr(op.attributes["in_shardings"]).shardings
+        outs = sdy.TensorShardingPerValueAttr(op.attributes["out_shardings"]).shardings
+        meshes = {self._mesh_of(s, info) for s in list(ins) + list(outs)}
+        if not meshes:
+            if not self.meshes:
+                raise InputError("manual computation without a mesh", info.loc, self.file)
+            meshes = {next(iter(self.meshes.values()))}
+        if len(meshes) != 1:
+            raise InputError("manual computation uses several meshes", info.loc, self.file)
+        mesh = meshes.pop()
+        for axis in manual:
+            if axis not in mesh.names:
+                raise InputError(f"manual axis '{axis}' is not an axis of the mesh "
+                                 f"{mesh.describe()}", info.loc, self.file)
+        return (mesh, [self._tiling(s, mesh, info) for s in ins],
+                [self._tiling(s, mesh, info) for s in outs], manual)
+
+    def _mesh_of(self, sharding, info: OpInfo) -> Mesh:
+        attr = sdy.TensorShardingAttr(sharding).mesh_or_ref
+        text = str(attr)
+        if text.startswith("@"):
+            name = text[1:].strip('"')
+            if name not in self.meshes:
+                raise InputError(f"sharding refers to mesh @{name}, which is not defined",
+                                 info.loc, self.file)
+            mesh = self.meshes[name]
+        else:
+            mesh = mesh_from_attr(attr)
+        problem = too_many_devices(mesh.num_devices)
+        if problem:
+            raise InputError(problem, info.loc, self.file)
+        return mesh
+
+    def _tiling(self, sharding, mesh: Mesh, info: OpInfo) -> tuple[tuple[str, ...], ...]:
+        tensor = sdy.TensorShardingAttr(sharding)
+        tiling = []
+        for dim in tensor.dimension_shardings:
+            axes = []
+            for ref in sdy.DimensionShardingAttr(dim).axes:
+                axis = sdy.AxisRefAttr(ref)
+                if axis.sub_axis_info is not None:
+                    raise InputError("sub-axis shardings are not supported", info.loc, self.file)
+                if axis.name not in mesh.names:
+                    raise InputError(f"sharding uses axis '{axis.name}', which is not in the "
+                                     f"mesh {mesh.describe()}", info.loc, self.file)
+                axes.append(axis.name)
+            tiling.append(tuple(axes))
+        return tuple(tiling)
+
+    def _enter(self, value: Value, tiling, mesh: Mesh, record: OpRecord,
+               manual: tuple[str, ...]) -> Value:
+        if not isinstance(value, Rel):
+            return value
+        free = [a for axes in tiling for a in axes if a not in manual]
+        if free:
+            return Opaque(f"input split over non-manual axes {axes_str(free)} (partially manual "
+                          "computations are not supported yet)", origin=(record, None),
+                          category="unsupported")
+        for size, axes in zip(value.term.shape, tiling):
+            if size % mesh.group_size(axes):
+                return Opaque(f"dim of size {size} does not divide over {axes_str(axes)}",
+                              origin=(record, None), category="unsupported")
+        return Rel(value.term, tuple(tiling), scope="")
+
+    @property
+    def _scope_name(self) -> str:
+        return "the program" if getattr(self, "per_device_mode", False) else "shard_map"
+
+    def _leave(self, value: Value, tiling, mesh: Mesh, record: OpRecord, index: int) -> Value:
+        value = settle(value)
+        if isinstance(value, Opaque):
+            return value
+        if isinstance(value, Shifted):
+            return Opaque("shard_map returns a tensor offset by a device-dependent constant "
+                          "(not supported yet)", origin=(record, None), category="unsupported")
+        if isinstance(value, DeviceScalar | InBlock | BlockIndex | Masked):
+            return Opaque("shard_map returns a device-dependent value", origin=(record, None),
+                          category="unrelated")
+        if value.partial:
+            origin = value.partial_origin if isinstance(value.partial_origin, OpRecord) else None
+            verb = "sum" if value.kind == "sum" else value.kind
+            return Opaque(f"value is still a partial {verb} over {axes_str(value.partial)} when "
+                          f"it leaves {self._scope_name} (result #{index}): missing all_reduce/"
+                          f"{'psum' if verb == 'sum' else 'p' + verb}",
+                          origin=(record, origin), category="missing_reduction")
+        term = value.term
+        for dim in sorted(value.poly):
+            global_size = term.shape[dim] * mesh.group_size(tiling[dim])
+            resized = resize(term, dim, global_size)
+            if resized is None:
+                return Opaque("cannot widen a broadcast output", origin=(record, None),
+                              category="internal")
+            term = resized
+        if tuple(value.tiling) != tuple(tiling) and not all(
+                d in value.poly for d, axes in enumerate(tiling) if axes != value.tiling[d]):
+            return Opaque(f"result #{index} is {_layout_words(value.tiling)} but out_specs "
+                          f"declares it {_layout_words(tiling)}", origin=(record, None),
+                          category="wrong_layout")
+        return Rel(term, ((),) * len(term.shape), scope=GLOBAL)
+
+
+SHIFT_AWARE = frozenset(ELEMENTWISE_RULES) | {"stablehlo.broadcast_in_dim", "stablehlo.reshape",
+                                              "stablehlo.transpose", "stablehlo.scatter",
+                                              "stablehlo.gather"}
+BLOCK_AWARE = frozenset(ELEMENTWISE_RULES) | {"stablehlo.broadcast_in_dim", "stablehlo.reshape",
+                                              "stablehlo.transpose", "stablehlo.gather",
+                                              "stablehlo.scatter", "stablehlo.reduce"}
+MASK_CARRIERS = frozenset({"stablehlo.select", "stablehlo.and", "stablehlo.broadcast_in_dim",
+                           "stablehlo.reshape", "stablehlo.transpose"})
+REGION_RULE_OPS = ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
+                   "stablehlo.scatter", "stablehlo.sort", "stablehlo.reduce_window",
+                   "stablehlo.select_and_scatter")
+
+
+def _fits(value: Value, template: Rel, hole: int | None, arguments: tuple[Term, ...],
+          index: LayerIndex) -> bool:
+    """A later region's input is the template's: the same value, or the hole's argument there
+    (up to float32 rounding of constants in XLA's per-device programs) with the template's
+    layout."""
+    if type(value) is not Rel:
+        return False
+    if hole is None:
+        return value == template
+    same = value.term is arguments[hole] or index.rounding and index.argument_term(
+        value.term) is arguments[hole]
+    return same and replace(value, term=template.term) == template
+
+
+def _same_layout(a: Rel, b: Value) -> bool:
+    return (isinstance(b, Rel) and a.tiling == b.tiling and a.partial == b.partial
+            and a.kind == b.kind and a.term.shape == b.term.shape)
+
+
+def describe_type(t):
+    from entangle_mlir.mlir.opinfo import tensor_type
+
+    return tensor_type(t)
+
+
+def _layout_words(tiling) -> str:
+    parts = [f"split along dim {d} over {axes_str(axes)}" for d, axes in enumerate(tiling)
+             if axes]
+    return " and ".join(parts) or "replicated"
+
+
+def rho_text(tiling) -> str:
+    """ρ for one result, e.g. `concat over 'tp' along dim 1`."""
+    parts = [f"concat over {axes_str(axes)} along dim {d}" for d, axes in enumerate(tiling)
+             if axes]
+    return ", then ".join(parts) if parts else "replicated on every device"
+
+
+def reference_terms(walk: Walk) -> dict[int, Term]:
+    """Every term the reference computes, by serial (for locating a divergence)."""
+    found = {}
+    for value in walk.values.values():
+        if isinstance(value, Rel):
+            found[value.term.serial] = value.term
+    return found

@@ -1,0 +1,113 @@
+"""The verdict of a check: ρ per output, diagnostics, notes; as text or JSON."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from entangle_mlir.core.diagnostics import Diagnostic
+
+PROVEN = "proven"
+NOT_PROVEN = "not proven"
+
+REASSOCIATION = "float sums and products are reassociated and regrouped"
+FINITE_INPUTS = "inputs hold no NaN or Inf"
+BASE_ASSUMPTIONS = (REASSOCIATION, FINITE_INPUTS)
+"""The two liberties every proof takes (DESIGN.md, "Semantics policy"); anything else a proof
+rests on is added with `Report.assume` (valid indices, XLA's rounding of constants)."""
+
+
+@dataclass
+class OutputResult:
+    index: int
+    proven: bool
+    rho: str
+    term: str = ""
+
+
+@dataclass
+class Report:
+    verdict: str
+    outputs: list[OutputResult] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    mode: str = ""
+    mesh: str = ""
+    stats: dict = field(default_factory=dict)
+    explainer: object = field(default=None, repr=False)
+    evidence: dict = field(default_factory=dict)
+    focus: object = field(default=None, repr=False)
+    assumptions: list[str] = field(default_factory=lambda: list(BASE_ASSUMPTIONS))
+    """What the verdict rests on, in words: always `BASE_ASSUMPTIONS`, then what the proof
+    used (`assume`)."""
+
+    def assume(self, assumption: str) -> None:
+        """Add an assumption the proof rests on (once)."""
+        if assumption not in self.assumptions:
+            self.assumptions.append(assumption)
+
+    @property
+    def explanations(self) -> list[list[str]]:
+        """For each output, the chain of relations that builds it (computed on demand)."""
+        if callable(self.explainer):
+            self.explainer = self.explainer()
+        return self.explainer or []
+
+    @property
+    def proven(self) -> bool:
+        return self.verdict == PROVEN
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.proven else 1
+
+    def render_explanation(self) -> str:
+        lines = []
+        for index, chain in enumerate(self.explanations):
+            lines.append(f"result#{index} is built by:")
+            lines.extend(f"  {step}" for step in chain)
+        return "\n".join(lines)
+
+    def render_text(self) -> str:
+        lines = [d.render() for d in self.diagnostics]
+        if self.proven:
+            lines.append(f"verified: the sharded program refines the reference"
+                         f"{' on mesh ' + self.mesh if self.mesh else ''}")
+        else:
+            reason = self.diagnostics[0].message if self.diagnostics else "unknown reason"
+            lines.append(f"not proven: {reason}")
+        for out in self.outputs:
+            mark = "" if out.proven else "  (not proven)"
+            lines.append(f"  result#{out.index} = {out.rho}{mark}")
+        for note in self.notes:
+            lines.append(f"note: {note}")
+        at_op = self.evidence.get("at_op") or {}
+        if at_op.get("summary"):
+            lines.append(f"evidence: {at_op['summary']}")
+        if self.evidence.get("summary"):
+            lines.append(f"evidence: {self.evidence['summary']}")
+        if self.proven:
+            lines.append("assumptions:")
+            lines.extend(f"  - {assumption}" for assumption in self.assumptions)
+        if self.mode:
+            lines.append(f"rule checks: {self.mode}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {
+            "verdict": self.verdict,
+            "exit_code": self.exit_code,
+            "mesh": self.mesh,
+            "outputs": [{"index": o.index, "proven": o.proven, "rho": o.rho, "term": o.term}
+                        for o in self.outputs],
+            "diagnostics": [d.to_json() for d in self.diagnostics],
+            "notes": list(self.notes),
+            "assumptions": list(self.assumptions),
+            "rule_check_mode": self.mode,
+            "stats": self.stats,
+            "explanations": self.explanations,
+            "evidence": self.evidence,
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2)

@@ -1,0 +1,99 @@
+"""`check`: the whole pipeline on a reference/sharded pair, returning a `Report`."""
+
+from __future__ import annotations
+
+import time
+
+from entangle_mlir.core.diagnostics import InputError
+from entangle_mlir.core.report import Report
+from entangle_mlir.mlir.ir import context, load_file, parse_module
+from entangle_mlir.mlir.program import Program, from_two_modules, has_refines
+from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipeline
+
+
+def check_program(program: Program, *, verify_rules: bool = True,
+                  reuse_layers: bool = True) -> Report:
+    """Normalize, walk both functions, compare; optionally Z3-check every rule instance.
+
+    `reuse_layers` walks repeated layers once (`layers.py`); without it every op gets its
+    relation, which `--explain` and `--json` show."""
+    from entangle_mlir.passes import PASSES
+
+    start = time.perf_counter()
+    check = ["entangle-check-refinement"] + (["entangle-verify-rules"] if verify_rules else [])
+    state = PassState(program.sharded_module, program.sharded_file, program=program)
+    with context():
+        run_pipeline(parse_pipeline("entangle-normalize,entangle-import-shardings,"
+                                    "entangle-infer-relations{annotate=false reuse-layers="
+                                    f"{str(reuse_layers).lower()}}},entangle-check-refinement",
+                                    PASSES), state)
+        reused = dict(state.layers_reused)
+        if verify_rules and (state.report.proven or not reused.get("reference")):
+            run_pipeline(parse_pipeline("entangle-verify-rules", PASSES), state)
+        if not state.report.proven and reused.get("reference"):
+            # Diagnostics come from the op-by-op walk: without a proof, walk everything.
+            state.walks, state.diagnostics = {}, []
+            run_pipeline(parse_pipeline(",".join(
+                ["entangle-infer-relations{annotate=false}"] + check), PASSES), state)
+            reused = {}
+    report = state.report
+    if reused.get("reference"):
+        report.stats["layers reused"] = (f"{reused['reference']} reference and "
+                                         f"{reused.get('sharded', 0)} sharded regions "
+                                         "summarized")
+    if not verify_rules:
+        report.mode = "skipped (--no-verify-rules): rule instances were not checked by Z3"
+    report.stats["seconds"] = round(time.perf_counter() - start, 4)
+    return report
+
+
+def check_texts(ref_text: str, sharded_text: str, *, ref_file: str = "reference.mlir",
+                sharded_file: str = "sharded.mlir", verify_rules: bool = True,
+                reuse_layers: bool = True) -> Report:
+    ref = parse_module(ref_text, ref_file)
+    sharded = parse_module(sharded_text, sharded_file)
+    return check_program(from_two_modules(ref, sharded, ref_file, sharded_file),
+                         verify_rules=verify_rules, reuse_layers=reuse_layers)
+
+
+def check_files(ref_path: str, sharded_path: str, *, verify_rules: bool = True,
+                reuse_layers: bool = True) -> Report:
+    """`entangle check REF SHARDED`; a single combined file may be given as both."""
+    if _same_file(ref_path, sharded_path):
+        return check_combined_file(ref_path, verify_rules=verify_rules,
+                                   reuse_layers=reuse_layers)
+    ref = load_file(ref_path)
+    sharded = load_file(sharded_path)
+    return check_program(from_two_modules(ref, sharded, ref_path, sharded_path),
+                         verify_rules=verify_rules, reuse_layers=reuse_layers)
+
+
+def _same_file(a: str, b: str) -> bool:
+    import os
+
+    try:
+        return a == b or os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_combined_file(path: str, *, verify_rules: bool = True,
+                        reuse_layers: bool = True) -> Report:
+    from entangle_mlir.mlir.program import from_combined
+
+    module = load_file(path)
+    if not has_refines(module):
+        raise InputError("no function carries `entangle.refines = @reference`", file=path)
+    return check_program(from_combined(module, path), verify_rules=verify_rules,
+                         reuse_layers=reuse_layers)
+
+
+def check_with_pipeline(path: str, pipeline: str) -> Report:
+    """The report of an explicit entangle-opt pipeline on a combined file (for pass options
+    `entangle check` does not expose, such as entangle-verify-rules{inject-fault=...})."""
+    from entangle_mlir.passes import PASSES
+
+    state = PassState(load_file(path), path)
+    with context():
+        run_pipeline(parse_pipeline(pipeline, PASSES), state)
+    return state.report

@@ -1,0 +1,2 @@
+"""Loading programs: MLIR and XLA HLO text, the reference/sharded pair, op descriptions and
+per-device shardings."""

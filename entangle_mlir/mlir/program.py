@@ -1,0 +1,352 @@
+"""The pair of functions to compare, found in one module or linked from two, plus the mesh.
+
+A combined module holds both functions; the sharded one carries `entangle.refines = @ref`.
+`entangle check REF SHARDED` uses the public `main` of each file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jaxlib.mlir import ir
+from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+from jaxlib.mlir.dialects import sdy
+
+from entangle_mlir.core.diagnostics import InputError
+from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.mlir.ir import context, op_location
+from entangle_mlir.mlir.opinfo import tensor_type
+
+
+@dataclass
+class Program:
+    """Reference and sharded functions (possibly in different modules) and their files."""
+
+    ref_module: ir.Module
+    sharded_module: ir.Module
+    ref_func: ir.Operation
+    sharded_func: ir.Operation
+    ref_file: str
+    sharded_file: str
+
+
+def functions(module: ir.Module) -> list[ir.Operation]:
+    return [op.operation for op in module.body.operations if op.operation.name == "func.func"]
+
+
+def func_name(func: ir.Operation) -> str:
+    return ir.StringAttr(func.attributes["sym_name"]).value
+
+
+def find_function(module: ir.Module, name: str) -> ir.Operation | None:
+    return next((f for f in functions(module) if func_name(f) == name), None)
+
+
+def _public_main(module: ir.Module, file: str) -> ir.Operation:
+    funcs = functions(module)
+    if not funcs:
+        raise InputError("no func.func in the module", file=file)
+    main = find_function(module, "main")
+    if main is not None:
+        return main
+    public = [f for f in funcs if "sym_visibility" not in f.attributes]
+    if len(public) == 1:
+        return public[0]
+    raise InputError("cannot tell which function is the entry point (no @main)", file=file)
+
+
+def from_two_modules(ref: ir.Module, sharded: ir.Module, ref_file: str,
+                     sharded_file: str) -> Program:
+    return Program(ref, sharded, _public_main(ref, ref_file), _public_main(sharded, sharded_file),
+                   ref_file, sharded_file)
+
+
+def from_combined(module: ir.Module, file: str) -> Program:
+    """The function carrying `entangle.refines = @ref` and the function it names."""
+    marked = [f for f in functions(module) if "entangle.refines" in f.attributes]
+    if len(marked) > 1:
+        names = ", ".join(f"@{func_name(f)}" for f in marked)
+        raise InputError(f"several functions carry entangle.refines ({names}): put one "
+                         "reference/sharded pair per file", op_location(marked[1], file))
+    for func in marked:
+        target = str(func.attributes["entangle.refines"]).lstrip("@").strip('"')
+        ref = find_function(module, target)
+        if ref is None:
+            raise InputError(f"entangle.refines names @{target}, which does not exist",
+                             op_location(func, file))
+        if target == func_name(func):
+            raise InputError(f"@{target} carries entangle.refines = @{target}: a function "
+                             "cannot be checked against itself", op_location(func, file))
+        return Program(module, module, ref, func, file, file)
+    raise InputError("no function carries `entangle.refines = @reference`", file=file)
+
+
+def has_refines(module: ir.Module) -> bool:
+    return any("entangle.refines" in f.attributes for f in functions(module))
+
+
+PARTITIONED_GUIDANCE = (
+    "pass the program XLA partitioned instead: its module after SPMD partitioning, before "
+    "fusion (run with XLA_FLAGS=\"--xla_dump_to=DIR --xla_dump_hlo_pass_re=spmd-partitioning "
+    "--xla_dump_hlo_as_proto\" and check DIR/*after_spmd-partitioning*.hlo.pb; from Python, "
+    "entangle_mlir.jax.check_partitioned(f, *avals, out_shardings=...) or "
+    "entangle_mlir.jax.partitioned_hlo), or write the sharded program with jax.shard_map")
+"""What to pass when the sharded program is not one entangle can check (`check_form`)."""
+
+_BEFORE_PARTITIONING = ("Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape")
+"""custom_call targets that only a module before SPMD partitioning holds (GSPMD's sharding
+annotations and shard_map boundaries; Shardy's round trip through HLO adds `xla.sdy.*`)."""
+
+
+def check_form(program: Program) -> None:
+    """The sharded program is one entangle checks: a shard_map lowering (an
+    `sdy.manual_computation` somewhere) or a per-device program after SPMD partitioning. XLA's
+    module after optimizations (fusions), a module before partitioning (sharding custom_calls,
+    or parameters sharded but still of the reference's global shapes) and a plain jax.jit
+    whose shardings only request a layout (nothing sharded: it computes globally) are bad
+    input, named with what to pass instead: "verified" on them would check nothing."""
+    from entangle_mlir.mlir.per_device import is_per_device
+
+    file = program.sharded_file
+    manual = [False]
+    problem: list = []
+
+    def visit(op):
+        name = op.name
+        if name == "sdy.manual_computation":
+            manual[0] = True
+        elif name == "mhlo.fusion":
+            problem.append((op, ("the sharded program is XLA's module after optimizations (it "
+                                "holds fusions), not the partitioner's output; ")))
+        elif name == "stablehlo.custom_call":
+            target = _call_target(op)
+            if target in _BEFORE_PARTITIONING or target.startswith("xla.sdy."):
+                problem.append((op, (f"the sharded program is a module before SPMD partitioning "
+                                    f"(custom_call @{target}): its shardings are requests to "
+                                    "the partitioner, not a sharded program; ")))
+        return ir.WalkResult.INTERRUPT if problem else ir.WalkResult.ADVANCE
+
+    for func in _reachable(program.sharded_module, program.sharded_func):
+        func.walk(visit)
+        if problem:
+            _, what = problem[0]  # the op's location names the user's source: the file
+            raise InputError(what + PARTITIONED_GUIDANCE, file=file)
+    if manual[0]:
+        return
+    if is_per_device(program.sharded_module, program.sharded_func):
+        _check_partitioned_shapes(program)
+        return
+    raise InputError("nothing sharded to check: the sharded program has no shard_map "
+                     "(sdy.manual_computation) and is not a per-device program after SPMD "
+                     "partitioning; a jax.jit with in_shardings/out_shardings lowered before "
+                     "partitioning computes globally (its shardings only request a layout "
+                     "from XLA); " + PARTITIONED_GUIDANCE,
+                     op_location(program.sharded_func, file), file)
+
+
+def _call_target(op: ir.Operation) -> str:
+    if "call_target_name" not in op.attributes:
+        return ""
+    return ir.StringAttr(op.attributes["call_target_name"]).value
+
+
+def _reachable(module: ir.Module, func: ir.Operation) -> list[ir.Operation]:
+    """`func` and every function it calls, directly or not (before calls are inlined)."""
+    table = {func_name(f): f for f in functions(module)}
+    found, pending, seen = [], [func], {func_name(func)}
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        callees: list[str] = []
+
+        def visit(op, callees=callees):
+            if op.name == "func.call":
+                callees.append(str(op.attributes["callee"]).lstrip("@").strip('"'))
+            return ir.WalkResult.ADVANCE
+
+        current.walk(visit)
+        for name in callees:
+            if name in table and name not in seen:
+                seen.add(name)
+                pending.append(table[name])
+    return found
+
+
+def _check_partitioned_shapes(program: Program) -> None:
+    """A per-device program's parameters and results tiled `t` ways along a dim hold a `1/t`
+    block of the reference's dim (padded up: a dim of size 1 stays 1); one still of the
+    reference's size is a module before partitioning."""
+    from entangle_mlir.mlir.per_device import parameter_shardings, result_shardings
+
+    file = program.sharded_file
+
+    def result_types(func):
+        return list(ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).results)
+
+    ref_args = [a.type for a in program.ref_func.regions[0].blocks[0].arguments]
+    sh_args = [a.type for a in program.sharded_func.regions[0].blocks[0].arguments]
+    ref_results, sh_results = result_types(program.ref_func), result_types(program.sharded_func)
+    values = [("argument", ref_args, sh_args,
+               parameter_shardings(program.sharded_module, program.sharded_func)),
+              ("result", ref_results, sh_results,
+               result_shardings(program.sharded_module, program.sharded_func, len(sh_results)))]
+    for what, refs, shs, shardings in values:
+        for i, (a, b, text) in enumerate(zip(refs, shs, shardings)):
+            tiles = _tiles(text) if text else []
+            full = list(ir.RankedTensorType(a).shape)
+            local = list(ir.RankedTensorType(b).shape)
+            if len(full) != len(local) or len(tiles) < len(full):
+                continue
+            if any(t > 1 and n == g > 1 for n, g, t in zip(local, full, tiles)):
+                raise InputError(f"the sharded program is a module before SPMD partitioning: "
+                                 f"{what} #{i} is sharded {text} but still has the reference's "
+                                 f"global shape {_fmt(tensor_type(b))}; "
+                                 + PARTITIONED_GUIDANCE,
+                                 op_location(program.sharded_func, file), file)
+
+
+def _tiles(text: str) -> list[int]:
+    """The tile counts of an `mhlo.sharding` string ([] if it tiles nothing or is unreadable:
+    unreadable shardings are reported by the walk)."""
+    from jaxlib import _hlo
+
+    try:
+        sharding = _hlo.HloSharding.from_string(text)
+        return list(sharding.tile_assignment_dimensions()) if sharding.is_tiled() else []
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def check_signatures(program: Program) -> None:
+    """Same argument count, shapes and dtypes, same result count: else the input is unusable."""
+    ref_args = list(program.ref_func.regions[0].blocks[0].arguments)
+    sh_args = list(program.sharded_func.regions[0].blocks[0].arguments)
+    where = op_location(program.sharded_func, program.sharded_file)
+    if len(ref_args) != len(sh_args):
+        raise InputError(f"the reference takes {len(ref_args)} arguments but the sharded "
+                         f"function takes {len(sh_args)}", where, program.sharded_file)
+    from entangle_mlir.mlir.per_device import adopt_shardy_local, is_per_device
+
+    adopt_shardy_local(program.sharded_module, program.sharded_func, program.ref_func)
+    local_shapes = is_per_device(program.sharded_module, program.sharded_func)
+    for i, (a, b) in enumerate(zip(ref_args, sh_args)):
+        ta = _arg_type(a, program, i, program.ref_file)
+        tb = _arg_type(b, program, i, program.sharded_file)
+        if local_shapes and ta.dtype == tb.dtype and len(ta.shape) == len(tb.shape) and all(
+                g % size == 0 for g, size in zip(ta.shape, tb.shape) if size):
+            continue
+        if ta != tb:
+            raise InputError(f"argument #{i} is {_fmt(ta)} in the reference but {_fmt(tb)} in "
+                             "the sharded function", where, program.sharded_file)
+    ref_results = ir.FunctionType(ir.TypeAttr(program.ref_func.attributes["function_type"]).value
+                                  ).results
+    sh_results = ir.FunctionType(
+        ir.TypeAttr(program.sharded_func.attributes["function_type"]).value).results
+    if len(ref_results) != len(sh_results):
+        raise InputError(f"the reference returns {len(ref_results)} results but the sharded "
+                         f"function returns {len(sh_results)}", where, program.sharded_file)
+    for i, (a, b) in enumerate(zip(ref_results, sh_results)):
+        ta = _type(a, program, f"result #{i}", program.ref_file)
+        tb = _type(b, program, f"result #{i}", program.sharded_file)
+        if local_shapes and ta.dtype == tb.dtype and len(ta.shape) == len(tb.shape):
+            continue
+        if ta != tb:
+            raise InputError(f"result #{i} is {_fmt(ta)} in the reference but {_fmt(tb)} in "
+                             "the sharded function", where, program.sharded_file)
+
+
+def _arg_type(arg, program: Program, index: int, file: str):
+    return _type(arg.type, program, f"argument #{index}", file)
+
+
+def _type(t, program: Program, what: str, file: str):
+    try:
+        return tensor_type(t)
+    except ValueError as err:
+        raise InputError(f"{what}: {err} (only static shapes are supported)",
+                         file=file) from None
+
+
+def _fmt(t) -> str:
+    return f"tensor<{'x'.join(map(str, t.shape))}{'x' if t.shape else ''}{t.dtype}>"
+
+
+def read_meshes(module: ir.Module) -> dict[str, Mesh]:
+    meshes = {}
+    for op in module.body.operations:
+        if op.operation.name == "sdy.mesh":
+            name = ir.StringAttr(op.attributes["sym_name"]).value
+            meshes[name] = mesh_from_attr(op.attributes["mesh"])
+    return meshes
+
+
+def mesh_from_attr(attr) -> Mesh:
+    mesh = sdy.MeshAttr(attr)
+    return Mesh(tuple((sdy.MeshAxisAttr(a).name, sdy.MeshAxisAttr(a).size) for a in mesh.axes))
+
+
+def inline_calls(module: ir.Module, file: str) -> int:
+    """Inline every func.call (jax helpers such as `_where`, `tril`).
+
+    Functions are flattened callees first (post-order over the call graph), so each body is
+    inlined once and the cost is linear in the program, however deep the calls nest.
+    """
+    table = {func_name(f): f for f in functions(module)}
+    calls_in: dict[str, list[ir.Operation]] = {}
+    with context():
+        for name, func in table.items():
+            found: list[ir.Operation] = []
+
+            def collect(op, found=found):
+                if op.name == "func.call":
+                    found.append(op)
+                return ir.WalkResult.ADVANCE
+
+            func.walk(collect)
+            calls_in[name] = found
+        order = _callees_first(table, calls_in, file)
+        count = 0
+        for name in order:
+            for call in calls_in[name]:
+                callee = table[_callee(call)]
+                with ir.InsertionPoint(call), call.location:
+                    new = _jax_mlir_ext.inlined_func_call(callee, list(call.operands))
+                for old, value in zip(call.results, new):
+                    old.replace_all_uses_with(value)
+                call.erase()
+                count += 1
+    return count
+
+
+def _callee(call: ir.Operation) -> str:
+    return str(call.attributes["callee"]).lstrip("@").strip('"')
+
+
+def _callees_first(table: dict, calls_in: dict, file: str) -> list[str]:
+    """Function names, every callee before its callers; unknown callees and recursion are
+    bad input."""
+    order: list[str] = []
+    state: dict[str, int] = {}
+    for root in table:
+        stack = [(root, iter(calls_in[root]))]
+        if state.get(root):
+            continue
+        state[root] = 1
+        while stack:
+            name, pending = stack[-1]
+            call = next(pending, None)
+            if call is None:
+                state[name] = 2
+                order.append(name)
+                stack.pop()
+                continue
+            target = _callee(call)
+            if target not in table:
+                raise InputError(f"call to unknown function @{target}", op_location(call, file))
+            if state.get(target) == 1:
+                raise InputError(f"recursive call to @{target} cannot be inlined",
+                                 op_location(call, file))
+            if not state.get(target):
+                state[target] = 1
+                stack.append((target, iter(calls_in[target])))
+    return order

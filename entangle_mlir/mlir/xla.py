@@ -1,0 +1,231 @@
+"""XLA HLO (text or proto) -> StableHLO module, through jaxlib only (never imports jax).
+
+XLA's `--xla_dump_to` writes the after-spmd-partitioning program as HLO text (`*.txt`) or, with
+`--xla_dump_hlo_as_proto`, as a serialized `xla.HloProto` (`*.hlo.pb`) whose field 1 is the
+`HloModuleProto`. Both are converted with jaxlib's `hlo_to_stablehlo`, which returns MLIR
+bytecode: per-device parameters keep their `mhlo.sharding`, the module keeps
+`mhlo.num_partitions`, `mhlo.spmd_parameters_shardings` and `mhlo.spmd_output_sharding`.
+
+The protos are read with a tiny varint reader (no protobuf dependency): only enough to peel the
+wrappers (`HloSnapshot` -> `HloProto` -> `HloModuleProto`).
+"""
+
+from __future__ import annotations
+
+from entangle_mlir.core.diagnostics import InputError
+
+HLO_TEXT_PREFIX = b"HloModule"
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise ValueError("truncated varint")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return result, pos
+        if shift > 70:
+            raise ValueError("varint too long")
+
+
+def proto_fields(buf: bytes) -> list[tuple[int, int, object]]:
+    """Top-level (field number, wire type, value) of a serialized protobuf message.
+
+    Length-delimited values are `bytes`, varints `int`, fixed-width ones raw `bytes`. Raises
+    ValueError when `buf` is not a well-formed message.
+    """
+    fields = []
+    pos = 0
+    while pos < len(buf):
+        tag, pos = _varint(buf, pos)
+        number, wire = tag >> 3, tag & 7
+        if number == 0:
+            raise ValueError("field number 0")
+        if wire == 0:
+            value, pos = _varint(buf, pos)
+        elif wire == 1:
+            value, pos = buf[pos:pos + 8], pos + 8
+        elif wire == 2:
+            length, pos = _varint(buf, pos)
+            value, pos = buf[pos:pos + length], pos + length
+        elif wire == 5:
+            value, pos = buf[pos:pos + 4], pos + 4
+        else:
+            raise ValueError(f"unsupported wire type {wire}")
+        if pos > len(buf):
+            raise ValueError("truncated field")
+        fields.append((number, wire, value))
+    return fields
+
+
+def _looks_like_module(buf: bytes) -> bool:
+    """An HloModuleProto: string name (1), computations (3) and an entry computation (2 or 6)."""
+    try:
+        fields = proto_fields(buf)
+    except ValueError:
+        return False
+    numbers = {n for n, w, _ in fields if w == 2}
+    if 3 not in numbers:
+        return False
+    name = next((v for n, w, v in fields if n == 1 and w == 2), b"")
+    try:
+        name.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return 2 in numbers or any(n == 6 for n, _, _ in fields)
+
+
+def module_proto(data: bytes) -> bytes:
+    """The HloModuleProto inside an HloModuleProto, HloProto or HloSnapshot serialization."""
+    current = data
+    for _ in range(3):
+        try:
+            fields = proto_fields(current)
+        except ValueError:
+            break
+        first = next((v for n, w, v in fields if n == 1 and w == 2), None)
+        # A wrapper's field 1 is a message (HloProto.hlo_module, HloSnapshot.hlo); a module's
+        # field 1 is its name. Prefer unwrapping when field 1 itself is a module (or wrapper).
+        if first is not None and (_looks_like_module(first) or _is_wrapper(first)):
+            current = first
+            continue
+        break
+    if not _looks_like_module(current):
+        raise InputError("not an XLA HLO proto (HloProto / HloModuleProto / HloSnapshot)")
+    return current
+
+
+def _is_wrapper(buf: bytes) -> bool:
+    try:
+        fields = proto_fields(buf)
+    except ValueError:
+        return False
+    first = next((v for n, w, v in fields if n == 1 and w == 2), None)
+    return first is not None and _looks_like_module(first)
+
+
+def looks_like_hlo_proto(data: bytes) -> bool:
+    """True when `data` parses as an HloModuleProto or a wrapper of one."""
+    try:
+        module_proto(data)
+    except InputError:
+        return False
+    return True
+
+
+def text_to_module_proto(text: str) -> bytes:
+    from jaxlib import _hlo
+
+    try:
+        return _hlo.hlo_module_from_text(text).as_serialized_hlo_module_proto()
+    except Exception as err:  # noqa: BLE001 - XLA's parser raises its own error types
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(f"cannot parse HLO text: {message}") from None
+
+
+def module_proto_to_stablehlo(proto: bytes) -> bytes:
+    """MLIR bytecode of the StableHLO module XLA's own converter makes of an HloModuleProto."""
+    from jaxlib import _jax
+
+    try:
+        return bytes(_jax.mlir.hlo_to_stablehlo(proto))
+    except Exception as err:  # noqa: BLE001
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise InputError(f"cannot convert HLO to StableHLO: {message}") from None
+
+
+def is_hlo_text(data: bytes) -> bool:
+    return data.lstrip().startswith(HLO_TEXT_PREFIX)
+
+
+def is_hlo_proto_path(path: str) -> bool:
+    return path.endswith((".hlo.pb", ".pb"))
+
+
+def hlo_to_stablehlo(data: bytes | str) -> bytes:
+    """HLO text or a serialized HLO proto -> StableHLO MLIR bytecode."""
+    if isinstance(data, str):
+        return module_proto_to_stablehlo(text_to_module_proto(data))
+    if is_hlo_text(data):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InputError(f"HLO text is not UTF-8 (byte {err.start})") from None
+        return module_proto_to_stablehlo(text_to_module_proto(text))
+    return module_proto_to_stablehlo(module_proto(data))
+
+
+def load_hlo(data: bytes | str, filename: str = "-"):
+    """Parse HLO text/proto into an `ir.Module` (StableHLO) in entangle's context."""
+    from entangle_mlir.mlir.ir import parse_module
+
+    try:
+        bytecode = hlo_to_stablehlo(data)
+    except InputError as err:
+        if err.file is None:
+            err.file = filename
+        raise
+    return parse_module(bytecode, filename)
+
+
+# ----- Shardy's own partitioning pipeline ---------------------------------------------------------
+
+SHARDY_PIPELINE = ("builtin.module(sdy-propagation-pipeline,"
+                   "func.func(sdy-insert-explicit-reshards{enable-full-version=true}),"
+                   "func.func(sdy-reshard-to-collectives),sdy-convert-global-to-local)")
+"""Shardy's MLIR partitioning as jaxlib 0.10 registers it: propagate shardings, insert explicit
+reshards (`enable-full-version` also makes reductions over split dims explicit: without it the
+reduction's all_reduce is missing, see tests/test_partitioned.py), lower them to stablehlo
+collectives, convert to local shapes. The result keeps `sdy.sharding` on parameters and results;
+`entangle check` reads it like XLA's partitioner output (per_device.adopt_shardy_local)."""
+
+_RUN_PIPELINE = """
+import sys
+from jaxlib.mlir import ir, passmanager
+from jaxlib.mlir.dialects import mhlo, stablehlo
+from entangle_mlir.mlir.ir import context
+stablehlo.register_stablehlo_passes()
+mhlo.register_mhlo_passes()
+with context():
+    module = ir.Module.parse(sys.stdin.read())
+    passmanager.PassManager.parse(sys.argv[1]).run(module.operation)
+    sys.stdout.write(module.operation.get_asm(enable_debug_info=True))
+"""
+
+
+def shardy_partition(global_text: str, pipeline: str = SHARDY_PIPELINE,
+                     timeout_s: float = 300) -> str:
+    """Shardy's per-device program for a global-view module with `sdy.sharding`s (what
+    `jax.jit(f, ...).lower(...).as_text()` gives on a mesh of Auto axes). The passes run in a
+    subprocess: some abort the whole process on input they do not expect (InputError then)."""
+    import subprocess
+    import sys
+
+    try:
+        run = subprocess.run([sys.executable, "-c", _RUN_PIPELINE, pipeline],
+                             input=global_text, check=False, capture_output=True, text=True,
+                             timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise InputError(f"Shardy's pipeline did not finish in {timeout_s:g} s") from None
+    if run.returncode != 0:
+        lines = [line for line in run.stderr.splitlines() if line.strip()]
+        raise InputError(f"Shardy's pipeline failed: {lines[-1] if lines else run.returncode}")
+    return run.stdout
+
+
+def adopted_shardy_text(local_text: str, ref_text: str) -> str:
+    """Shardy's per-device program with its shardings as `mhlo.sharding` strings (what
+    `entangle check` does on the way in), e.g. to execute it with `run_per_device`."""
+    from entangle_mlir.mlir.ir import context, parse_module
+    from entangle_mlir.mlir.per_device import adopt_shardy_local
+    from entangle_mlir.mlir.program import _public_main
+
+    module, ref = parse_module(local_text), parse_module(ref_text)
+    with context():
+        if not adopt_shardy_local(module, _public_main(module, "-"), _public_main(ref, "-")):
+            raise InputError("not Shardy's per-device form of the reference")
+        return module.operation.get_asm(enable_debug_info=True)

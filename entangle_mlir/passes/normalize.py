@@ -1,0 +1,64 @@
+"""entangle-normalize: programs XLA would reject are bad input (`validate.py`); inline func.calls so every rule sees plain ops; ring loops (a while
+passing blocks by collective_permute, constant trip count) are unrolled and the residuals
+their gradient's loops store and read back forwarded (`unroll.py`);
+converts to their operand's own type are dropped; reductions over unit dims (jax's transposes with one sequence / head per device) become
+reshapes (`unit_dims.py`);
+per-token computations on flattened `(batch, seq)` keep both dims (`token_dims.py`); numerical
+idioms (psum as all_gather + sum, log-sum-exp shifts) take one form (`idioms.py`).
+
+The deprecated `stablehlo.dot` is read as a dot_general by `opinfo.describe`, and copies are
+transparent to the walk, so neither needs rewriting here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from entangle_mlir.mlir.ir import ops_in_order
+from entangle_mlir.mlir.program import inline_calls
+from entangle_mlir.normalize.idioms import drop_identity_converts, rewrite_idioms
+from entangle_mlir.normalize.max_cotangent import zero_max_cotangents
+from entangle_mlir.normalize.token_dims import split_token_dims
+from entangle_mlir.normalize.unit_dims import fold_unit_dims
+from entangle_mlir.normalize.unroll import forward_residuals, unroll_ring_loops
+from entangle_mlir.normalize.validate import validate_module
+from entangle_mlir.passes.pipeline import ModulePass, PassState
+
+
+@dataclass
+class NormalizePass(ModulePass):
+    name = "entangle-normalize"
+    summary = ("inline func.call ops (jax helpers such as _where, tril); exact rewrites to one "
+               "form (unit dims, flattened tokens, numerical idioms)")
+
+    def apply(self, state: PassState) -> None:
+        modules = {id(state.module): (state.module, state.file)}
+        if state.program is not None:
+            for module, file in ((state.program.ref_module, state.program.ref_file),
+                                 (state.program.sharded_module, state.program.sharded_file)):
+                modules[id(module)] = (module, file)
+        for module, file in modules.values():
+            with module.context:
+                validate_module(module, file)
+        listed = []
+        for module, file in modules.values():
+            inline_calls(module, file)
+            with module.context:
+                # One walk lists the ops; each rewrite filters the list, and a rewrite that
+                # changes the module makes the next one walk afresh.
+                ops = ops_in_order(module)
+                if unroll_ring_loops(module, ops):
+                    forward_residuals(module)
+                    ops = ops_in_order(module)
+                if drop_identity_converts(module, ops):
+                    ops = ops_in_order(module)
+                if fold_unit_dims(module, ops):
+                    ops = ops_in_order(module)
+                if zero_max_cotangents(module, ops):
+                    ops = ops_in_order(module)
+                if rewrite_idioms(module, ops):
+                    ops = None
+            listed.append(ops)
+        module = next(iter(modules.values()))[0]
+        with module.context:
+            split_token_dims([m for m, _ in modules.values()], listed)

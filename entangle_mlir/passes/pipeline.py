@@ -1,0 +1,110 @@
+"""Passes over a module and the state they share; the pipeline parser.
+
+A pass is a small class with a `name` and its options as dataclass fields (like xDSL's
+ModulePass). `entangle-opt` and `entangle check` both run passes through `run_pipeline`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from jaxlib.mlir import ir
+
+from entangle_mlir.core.diagnostics import Diagnostic, InputError
+from entangle_mlir.core.report import Report
+from entangle_mlir.mlir.program import Program
+
+
+@dataclass
+class PassState:
+    """What passes hand to each other: the module, the program pair, walks and the report."""
+
+    module: ir.Module
+    file: str
+    program: Program | None = None
+    walks: dict = field(default_factory=dict)
+    report: Report | None = None
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    rule_checks: str = ""
+    layers_reused: dict = field(default_factory=dict)
+    """Regions each walk summarized instead of walking (`layers.py`), by walk name."""
+    started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class ModulePass:
+    """Base class: subclasses set `name` and implement `apply`."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+
+    def apply(self, state: PassState) -> None:
+        raise NotImplementedError
+
+
+_PASS_SPEC = re.compile(r"\s*([\w.-]+)\s*(?:\{([^}]*)\})?\s*")
+
+
+def parse_pipeline(text: str, registry: dict[str, type[ModulePass]]) -> list[ModulePass]:
+    """`builtin.module(a, b{opt=value})` or a bare comma-separated list of pass names."""
+    text = text.strip()
+    match = re.fullmatch(r"builtin\.module\((.*)\)", text, re.DOTALL)
+    if match:
+        text = match.group(1)
+    passes: list[ModulePass] = []
+    for spec in _split_top(text):
+        if not spec.strip():
+            continue
+        m = _PASS_SPEC.fullmatch(spec)
+        if not m:
+            raise InputError(f"cannot parse pass pipeline element '{spec.strip()}'")
+        name, options = m.group(1), m.group(2) or ""
+        if name not in registry:
+            known = ", ".join(sorted(registry))
+            raise InputError(f"unknown pass '{name}' (known passes: {known})")
+        passes.append(_instantiate(registry[name], options))
+    return passes
+
+
+def _split_top(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for char in text:
+        if char in "{(":
+            depth += 1
+        elif char in "})":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    return parts
+
+
+def _instantiate(cls: type[ModulePass], options: str) -> ModulePass:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = {}
+    for item in options.split():
+        key, _, raw = item.partition("=")
+        key = key.replace("-", "_")
+        if key not in fields:
+            raise InputError(f"pass '{cls.name}' has no option '{key}'")
+        default = fields[key].default
+        if isinstance(default, bool):
+            values[key] = raw.lower() in ("", "1", "true", "yes")
+        elif isinstance(default, int):
+            values[key] = int(raw)
+        else:
+            values[key] = raw
+    return cls(**values)
+
+
+def run_pipeline(passes: list[ModulePass], state: PassState) -> PassState:
+    for pass_ in passes:
+        pass_.apply(state)
+    return state

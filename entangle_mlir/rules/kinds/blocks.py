@@ -1,0 +1,533 @@
+"""Per-device range tests and local indices of a range cut into blocks over mesh axes: the
+vocab-parallel embedding and cross-entropy (Megatron).
+
+    start = axis_index('tp') * V_local
+    outside = (tokens < start) | (tokens >= start + V_local)      # InBlock, negated [0, V_local)
+    local = where(outside, 0, tokens - start)                     # BlockIndex
+    found = take(w_local, local)                                  # Masked: valid inside only
+    psum(where(outside, 0, found))                                # partial sum of take(w, tokens)
+
+Every step is exact, for every token value: a token inside device d's block is looked up at
+its own row; outside every block (out of range) it contributes zeros on every device, so the
+sum is `select(0 <= tokens < V, take(w, tokens), 0)`. The reference's `take` differs from that
+only for out-of-range tokens, which `assume.py` settles, with a note, when the outputs are
+compared. The backward pass scatters the masked cotangent at the local index: each device
+adds exactly the updates of its block (zeros elsewhere), the block of the global scatter-add.
+
+Anything else done with these values is "not supported" (opaque) at the op that does it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from fractions import Fraction
+
+from entangle_mlir.core.intrange import fits
+from entangle_mlir.core.mesh import Mesh, axes_str
+from entangle_mlir.core.relations import BlockIndex, InBlock, Masked, Opaque, Rel, Shifted, Value
+from entangle_mlir.core.terms import (
+    FLIPPED,
+    make_broadcast,
+    make_elementwise,
+    make_iota,
+    make_reshape,
+    make_splat,
+    splat_value,
+)
+from entangle_mlir.mlir.opinfo import OpInfo
+from entangle_mlir.rules.base import RuleContext
+from entangle_mlir.rules.common import COMPARISONS, freeze, resize, unify_dims
+
+_INTERVAL = {"LT": lambda m: (None, m), "LE": lambda m: (None, m + 1),
+             "GT": lambda m: (m + 1, None), "GE": lambda m: (m, None),
+             "EQ": lambda m: (m, m + 1), "NE": lambda m: (m, m + 1)}
+
+
+def unsupported(name: str) -> Opaque:
+    return Opaque(f"device-dependent mask or index used by {name} (not supported yet)",
+                  category="unsupported")
+
+
+# ----- recognising the block offsets --------------------------------------------------------
+
+def block_offsets(offsets, mesh: Mesh, rel: Rel) -> tuple[tuple[str, ...], int, int] | None:
+    """(axes A, length L, k) with offsets[d] == -(block_index(A, d) * L + k) on every device:
+    `x + offsets` is `x - start - k` for the start of the device's block of a range cut in
+    blocks of L over A. A must be axes `rel` is not split over."""
+    free = [a for a in mesh.names if a not in rel.tiled_axes and mesh.size(a) > 1]
+    values = [-int(o) for o in offsets]
+    for count in range(1, len(free) + 1):
+        for axes in itertools.permutations(free, count):
+            blocks = [mesh.block_index(axes, d) for d in range(mesh.num_devices)]
+            k = values[blocks.index(0)]
+            length = values[blocks.index(1)] - k
+            if length > 0 and all(v == b * length + k for v, b in zip(values, blocks)):
+                return axes, length, k
+    return None
+
+
+def _integral(value) -> int | None:
+    if isinstance(value, Fraction) and value.denominator == 1:
+        return int(value)
+    return None
+
+
+def compare_shifted(info: OpInfo, shifted: Shifted, other: Rel, shifted_first: bool,
+                    ctx: RuleContext) -> Value | None:
+    """`compare(x + offset(d), c)` with a constant c and block offsets: an `InBlock` test.
+    None when the operands are not of that form (the caller reports it)."""
+    bound = _integral(splat_value(other.term))
+    x = shifted.rel
+    if bound is None or ctx.mesh is None or x.partial or not info.operand_types[0].is_int:
+        return None
+    found = block_offsets(shifted.offsets, ctx.mesh, x)
+    direction = info.attrs["comparison_direction"]
+    if found is None or direction not in _INTERVAL:
+        return None
+    axes, length, k = found
+    if not shifted_first:
+        direction = FLIPPED[direction]
+    lo, hi = _INTERVAL[direction](bound + k)
+    return canonical(InBlock(freeze(x), axes, length, lo, hi, direction == "NE"))
+
+
+def canonical(pred: InBlock) -> InBlock:
+    """One form per predicate: a negated one-sided range is its complement."""
+    if pred.negated and (pred.lo is None) != (pred.hi is None):
+        lo, hi = (pred.hi, None) if pred.lo is None else (None, pred.lo)
+        return replace(pred, lo=lo, hi=hi, negated=False)
+    return pred
+
+
+def _same_x(p: InBlock, q: InBlock) -> bool:
+    return (p.rel.term is q.rel.term and p.rel.tiling == q.rel.tiling
+            and (p.axes, p.length) == (q.axes, q.length))
+
+
+def _where_true(p: InBlock):
+    if not p.negated:
+        return p.lo, p.hi
+    return None
+
+
+def _where_false(p: InBlock):
+    if p.negated:
+        return p.lo, p.hi
+    if p.lo is None and p.hi is not None:
+        return p.hi, None
+    if p.hi is None and p.lo is not None:
+        return None, p.lo
+    return None
+
+
+def _intersect(a, b):
+    lo = a[0] if b[0] is None else b[0] if a[0] is None else max(a[0], b[0])
+    hi = a[1] if b[1] is None else b[1] if a[1] is None else min(a[1], b[1])
+    return lo, hi
+
+
+def _union(a, b):
+    """The union of two ranges when it is a range, else None."""
+    lo, hi = _intersect(a, b)
+    if lo is not None and hi is not None and lo > hi:
+        return None
+    low = None if a[0] is None or b[0] is None else min(a[0], b[0])
+    high = None if a[1] is None or b[1] is None else max(a[1], b[1])
+    return low, high
+
+
+def _logic(name: str, p: InBlock, q: InBlock) -> InBlock | None:
+    if not _same_x(p, q):
+        return None
+    if name == "stablehlo.or":
+        p, q = replace(p, negated=not p.negated), replace(q, negated=not q.negated)
+    pt, qt = _where_true(canonical(p)), _where_true(canonical(q))
+    if pt is not None and qt is not None:
+        lo, hi = _intersect(pt, qt)
+        result = replace(p, lo=lo, hi=hi, negated=False)
+    else:
+        pf, qf = _where_false(canonical(p)), _where_false(canonical(q))
+        both = None if pf is None or qf is None else _union(pf, qf)
+        if both is None:
+            return None
+        result = replace(p, lo=both[0], hi=both[1], negated=True)
+    if name == "stablehlo.or":
+        result = replace(result, negated=not result.negated)
+    return canonical(result)
+
+
+# ----- elementwise ops ------------------------------------------------------------------------
+
+def truth(value: Value) -> bool | None:
+    if isinstance(value, Rel):
+        constant = splat_value(value.term)
+        if isinstance(constant, Fraction):
+            return constant != 0
+    return None
+
+
+def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> list[Value]:
+    """An elementwise op with an `InBlock`, `BlockIndex` or `Masked` operand."""
+    name = info.name
+    if name == "stablehlo.not" and isinstance(operands[0], InBlock):
+        return [canonical(replace(operands[0], negated=not operands[0].negated))]
+    if name in ("stablehlo.and", "stablehlo.or") and len(operands) == 2:
+        a, b = operands
+        neutral = name == "stablehlo.and"
+        for x, y in ((a, b), (b, a)):
+            if isinstance(x, InBlock) and truth(y) is neutral:
+                return [x]
+        if isinstance(a, InBlock) and isinstance(b, InBlock):
+            joined = _logic(name, a, b)
+            if joined is not None:
+                return [joined]
+        if name == "stablehlo.and":
+            for x, y in ((a, b), (b, a)):
+                if isinstance(x, Masked) and not x.zero and isinstance(y, InBlock):
+                    kept = _one_hot_in_block(x, y, ctx)
+                    if kept is not None:
+                        return [kept]
+        return [unsupported(name)]
+    if name == "stablehlo.convert" and info.result_types[0].is_int and \
+            info.operand_types[0].is_int and isinstance(operands[0], BlockIndex):
+        low, high = operands[0].bounds()
+        if not fits(Fraction(low), Fraction(high), info.result_types[0].dtype):
+            return [Opaque(f"convert of a local index to {info.result_types[0].dtype}, which "
+                           "does not hold all its values (it wraps around; not proven)",
+                           category="unsupported")]
+        return [operands[0]]
+    if name in ("stablehlo.add", "stablehlo.subtract") and isinstance(operands[0], BlockIndex):
+        step = _integral(splat_value(operands[1].term)) if isinstance(operands[1], Rel) else None
+        if step is not None:
+            sign = -1 if name == "stablehlo.subtract" else 1
+            moved = replace(operands[0], add=operands[0].add + sign * step)
+            low, high = moved.bounds()
+            if not fits(Fraction(low), Fraction(high), info.result_types[0].dtype):
+                return [Opaque(f"{name} moves a local index out of the range of "
+                               f"{info.result_types[0].dtype} (it wraps around; not proven)",
+                               category="unsupported")]
+            return [moved]
+    if name == "stablehlo.compare" and len(operands) == 2:
+        return [_compare_index(info, operands, ctx)]
+    if name == "stablehlo.select" and isinstance(operands[0], InBlock):
+        return [select(info, operands, ctx, plain)]
+    return [unsupported(name)]
+
+
+def _compare_index(info: OpInfo, operands: list[Value], ctx: RuleContext) -> Value:
+    """A local index against a constant: decided by the index's bounds on every device.
+    Against the positions of the device's block (`local == arange(V_local)`): the one-hot
+    rows of the global index, valid inside the block (`one_hot_rows`)."""
+    a, b = operands
+    direction = info.attrs["comparison_direction"]
+    if isinstance(b, BlockIndex):
+        a, b, direction = b, a, FLIPPED[direction]
+    if direction == "EQ" and isinstance(a, BlockIndex) and isinstance(b, Rel) and \
+            splat_value(b.term) is None:
+        return _one_hot_rows(info, a, b, ctx)
+    bound = _integral(splat_value(b.term)) if isinstance(b, Rel) else None
+    if not isinstance(a, BlockIndex) or bound is None:
+        return unsupported(info.name)
+    low, high = a.bounds()
+    outcomes = {COMPARISONS[direction](v, bound) for v in (low, high)}
+    monotone = direction in ("LT", "LE", "GT", "GE") or bound < low or bound > high
+    if len(outcomes) != 1 or not monotone:
+        return unsupported(info.name)
+    (outcome,) = outcomes
+    rel = a.rel
+    return replace(rel, term=make_splat(int(outcome), rel.term.shape, "i1"))
+
+
+def _one_hot_rows(info: OpInfo, index: BlockIndex, positions: Rel, ctx: RuleContext) -> Value:
+    """`local == iota(L)` along a dim k the index is broadcast along: on device b, inside the
+    block, `x == b*L + j` for j < L, the block over the index's axes of `x == iota(V)`; outside
+    it the fill's row, which `and` with the block test removes."""
+    from entangle_mlir.rules.kinds.shifted import _iota_dim
+
+    found = _iota_dim(positions.term)
+    x = index.rel
+    if found is None or found[1] != 1 or index.add or positions.partial or ctx.mesh is None:
+        return unsupported(info.name)
+    k = found[0]
+    if (positions.tiling[k] or positions.term.shape[k] != index.length
+            or k not in x.poly or x.term.shape[k] != index.length):
+        return unsupported(info.name)
+    total = index.length * ctx.mesh.group_size(index.axes)
+    widened = resize(x.term, k, total)
+    if widened is None:
+        return unsupported(info.name)
+    tiling = list(x.tiling)
+    tiling[k] = index.axes
+    shape = widened.shape
+    iota = make_iota(shape, k, positions.term.dtype)
+    term = make_elementwise("stablehlo.compare", (widened, iota), ("EQ",), "i1")
+    rel = Rel(term, tuple(tiling), (), "", frozenset(x.poly - {k}), x.scope)
+    pred = InBlock(Rel(widened, tuple(tiling), (), "", frozenset(x.poly - {k}), x.scope),
+                   index.axes, index.length, 0, index.length)
+    return Masked(rel, pred)
+
+
+def _one_hot_in_block(mask: Masked, pred: InBlock, ctx: RuleContext) -> Value | None:
+    """`one_hot_rows & inside`: the one-hot rows are false outside the block anyway."""
+    term = mask.rel.term
+    if term.op != "stablehlo.compare" or term.attrs != ("EQ",) or pred.negated:
+        return None
+    aligned = _aligned(pred, mask.pred.rel, ctx)
+    if aligned is None or not _same_pred(aligned, mask.pred):
+        return None
+    return mask.rel
+
+
+def select(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> Value:
+    """select on an `InBlock` predicate that is 'x is (not) in the device's block':
+
+    * the constant c where outside, `x - start` inside: the local index (`BlockIndex`);
+    * zeros where outside, a gather at the local index inside: each device keeps the rows of
+      its own block, so over the block axes the values add up to the global lookup (a partial
+      sum of `select(0 <= x < V, lookup(x), 0)`);
+    * zeros where outside, any other value inside: that value masked (`Masked`, for the
+      scatter of the backward pass).
+    """
+    pred, on_true, on_false = operands
+    if not pred.is_block:
+        return _not_the_block(pred)
+    inside = replace(pred, negated=False)
+    kept, dropped = (on_false, on_true) if pred.negated else (on_true, on_false)
+    if isinstance(kept, Shifted) and isinstance(dropped, Rel):
+        fill = _integral(splat_value(dropped.term))
+        x = freeze(kept.rel)
+        found = block_offsets(kept.offsets, ctx.mesh, x) if ctx.mesh else None
+        if fill is None or found != (pred.axes, pred.length, 0) or x.term is not pred.rel.term:
+            return unsupported(info.name)
+        return BlockIndex(x, pred.axes, pred.length, fill)
+    if not (isinstance(dropped, Rel) and splat_value(dropped.term) == 0):
+        return unsupported(info.name)
+    if isinstance(kept, Masked) and not kept.zero:
+        inside = _aligned(inside, kept.pred.rel, ctx)
+        if inside is None or not _same_pred(kept.pred, inside):
+            return unsupported(info.name)
+        return _sum_of_blocks(kept, ctx)
+    if isinstance(kept, Rel) and not kept.partial and not set(kept.tiled_axes) & set(pred.axes):
+        masked = _mask(kept, inside, ctx)
+        return masked if masked is not None else unsupported(info.name)
+    return unsupported(info.name)
+
+
+def _not_the_block(pred: InBlock) -> Opaque:
+    """A mask that is almost a device's block: the bounds it tests, and the block's."""
+    lo = "-inf" if pred.lo is None else pred.lo
+    hi = "inf" if pred.hi is None else pred.hi
+    kept = "outside" if pred.negated else "inside"
+    return Opaque(f"the mask is not the device's block: it tests ids x with {lo} <= x - "
+                  f"{pred.length}*axis_index({', '.join(pred.axes)}) < {hi} ({kept} kept as "
+                  f"the block), but each device's block holds [0, {pred.length}) (an "
+                  "off-by-one bound?)", category="wrong_offset")
+
+
+def _same_pred(p: InBlock, q: InBlock) -> bool:
+    return (p.rel.term is q.rel.term and _fixed_tiling(p.rel) == _fixed_tiling(q.rel)
+            and (p.axes, p.length, p.lo, p.hi, p.negated)
+            == (q.axes, q.length, q.lo, q.hi, q.negated))
+
+
+def _aligned(pred: InBlock, like: Rel, ctx: RuleContext) -> InBlock | None:
+    """`pred` with the dims it was broadcast along at the local shape sized like `like`'s."""
+    rank = len(like.term.shape)
+    if len(pred.rel.term.shape) != rank:
+        return None
+    unified = unify_dims([pred.rel, like], [list(range(rank))] * 2, ctx, "select")
+    if isinstance(unified, Opaque):
+        return None
+    return replace(pred, rel=freeze(unified[0][0]))
+
+
+def _fixed_tiling(rel: Rel) -> tuple:
+    return tuple(() if d in rel.poly else axes for d, axes in enumerate(rel.tiling))
+
+
+def _mask(value: Rel, pred: InBlock, ctx: RuleContext) -> Masked | None:
+    """`value` where `pred`, zeros elsewhere, with the predicate laid out like the value."""
+    rank = len(value.term.shape)
+    unified = unify_dims([pred.rel, value], [list(range(rank))] * 2, ctx, "select")
+    if isinstance(unified, Opaque):
+        return None
+    (pred_rel, value_rel), _, _ = unified
+    pred_rel, value_rel = freeze(pred_rel), freeze(value_rel)
+    if pred_rel.tiling != value_rel.tiling:
+        return None
+    return Masked(value_rel, replace(pred, rel=pred_rel), zero=True)
+
+
+def _sum_of_blocks(value: Masked, ctx: RuleContext) -> Value:
+    """Rows masked to the device's block of x, added over the block axes: every x in
+    [0, L * |A|) lies in exactly one block, any other x in none."""
+    pred = value.pred
+    rel = value.rel
+    if rel.partial:
+        return unsupported("stablehlo.select")
+    x = pred.rel.term
+    total = pred.length * ctx.mesh.group_size(pred.axes)
+    zero_i = make_splat(0, x.shape, x.dtype)
+    top = make_splat(total, x.shape, x.dtype)
+    in_range = make_elementwise("stablehlo.and", (
+        make_elementwise("stablehlo.compare", (x, zero_i), ("GE",), "i1"),
+        make_elementwise("stablehlo.compare", (x, top), ("LT",), "i1")), (), "i1")
+    zeros = make_splat(0, rel.term.shape, rel.term.dtype)
+    term = make_elementwise("stablehlo.select", (in_range, rel.term, zeros), (),
+                            rel.term.dtype)
+    return Rel(term, rel.tiling, tuple(pred.axes), "sum", frozenset(), rel.scope)
+
+
+# ----- data movement --------------------------------------------------------------------------
+
+def moved(info: OpInfo, value: Value, rule, ctx: RuleContext) -> list[Value]:
+    """broadcast_in_dim, reshape, transpose: the underlying relations move alike."""
+    def move(rel: Rel) -> Rel | None:
+        (out,) = rule(info, [rel], ctx)
+        return out if isinstance(out, Rel) else None
+
+    if isinstance(value, InBlock | BlockIndex):
+        rel = move(value.rel)
+        return [replace(value, rel=rel) if rel is not None else unsupported(info.name)]
+    if isinstance(value, Masked):
+        rel, pred_rel = move(value.rel), move(value.pred.rel)
+        if rel is None or pred_rel is None:
+            return [unsupported(info.name)]
+        return [replace(value, rel=rel, pred=replace(value.pred, rel=pred_rel))]
+    return [unsupported(info.name)]
+
+
+def reduce_unit_dims(info: OpInfo, value: Value, ctx: RuleContext) -> Value:
+    """all/any over dims of size 1 (XLA's index bounds check) of a mask or index: a reshape."""
+    dims = tuple(info.attrs["dimensions"])
+    if not isinstance(value, InBlock | BlockIndex) or any(
+            value.rel.term.shape[d] != 1 for d in dims):
+        return unsupported(info.name)
+    rel = freeze(value.rel)
+    shape = tuple(s for d, s in enumerate(rel.term.shape) if d not in dims)
+    tiling = tuple(t for d, t in enumerate(rel.tiling) if d not in dims)
+    return replace(value, rel=replace(rel, term=make_reshape(rel.term, shape), tiling=tiling))
+
+
+# ----- gather and scatter at the local index ---------------------------------------------------
+
+def gather_shifted(info: OpInfo, operand: Value, indices: Shifted, dims: dict, plain,
+                   ctx: RuleContext) -> Value:
+    """XLA's lookup into a table split along the indexed dim: ids minus the device's block
+    start, clamped by the gather itself. Inside the block the row is the id's own; outside it
+    is a clamped row nothing may use (`Masked`, to be zeroed by the mask XLA builds)."""
+    x = freeze(indices.rel)
+    found = block_offsets(indices.offsets, ctx.mesh, x) if ctx.mesh else None
+    if found is None or found[2] != 0 or x.partial:
+        return Opaque("gather at ids shifted by a device-dependent offset that is not the "
+                      "device's block start", category="wrong_offset")
+    axes, length, _ = found
+    return gather(info, operand, BlockIndex(x, axes, length), dims, plain, ctx, bounded=False)
+
+
+def gather(info: OpInfo, operand: Value, indices: BlockIndex, dims: dict, plain,
+           ctx: RuleContext, bounded: bool = True) -> Value:
+    """A lookup into the device's block of a table split over the index's block axes, at the
+    local index: inside the block it is the global lookup at x (`Masked`). `bounded`: the
+    index never leaves the block (else the gather's clamping makes the outside unspecified,
+    which `Masked` allows)."""
+    if not isinstance(operand, Rel) or operand.partial:
+        return unsupported(info.name)
+    index_map = list(dims["start_index_map"])
+    local_operand = info.operand_types[0].shape
+    if len(index_map) != 1:
+        return unsupported(info.name)
+    g = index_map[0]
+    low, high = indices.bounds() if bounded else (0, 0)
+    if (g not in dims["collapsed_slice_dims"] or operand.tiling[g] != indices.axes
+            or local_operand[g] != indices.length or low < 0 or high >= indices.length):
+        return Opaque(f"gather at a local index of blocks of {indices.length} over "
+                      f"{axes_str(indices.axes)} from dim {g} of an operand "
+                      f"{'split over ' + axes_str(operand.tiling[g]) if operand.tiling[g] else 'not split'}"
+                      f" with {local_operand[g]} local rows: the index and the table's blocks "
+                      "do not match", category="wrong_offset")
+    tiling = list(operand.tiling)
+    tiling[g] = ()
+    (found,) = plain(info, [replace(freeze(operand), tiling=tuple(tiling)), indices.rel], ctx)
+    if not isinstance(found, Rel):
+        return found
+    pred = _block_test_on(indices, found, dims["offset_dims"], dims)
+    if pred is None:
+        return unsupported(info.name)
+    return Masked(found, pred)
+
+
+def _block_test_on(indices: BlockIndex, like: Rel, window_dims, dims: dict) -> InBlock | None:
+    """The index's block test laid out on a gather's result or a scatter's updates (`like`):
+    the indices' batch dims are `like`'s dims outside `window_dims`, and the test is constant
+    along the window dims."""
+    x = indices.rel
+    ivd = dims["index_vector_dim"]
+    rank = len(x.term.shape)
+    batch = [d for d in range(rank) if d != ivd]
+    if ivd < rank and x.term.shape[ivd] != 1:
+        return None
+    term = make_reshape(x.term, tuple(x.term.shape[d] for d in batch))
+    positions = [d for d in range(len(like.term.shape)) if d not in window_dims]
+    if len(positions) != len(batch):
+        return None
+    term = make_broadcast(term, tuple(positions), like.term.shape)
+    return InBlock(Rel(term, like.tiling, scope=like.scope), indices.axes, indices.length,
+                   0, indices.length)
+
+
+def scatter(info: OpInfo, operand: Value, indices: BlockIndex, updates: Value, dims: dict,
+            kind: str, make_scatter_term, ctx: RuleContext) -> Value:
+    """The transpose of `gather`: updates masked to the device's block, scatter-added at the
+    local index into the device's block of a table split over the block axes. Updates of
+    other blocks are zeros added at row `fill`, so each block is the global scatter-add's.
+    Batching dims (take_along_axis) pair operand and indices dims split alike; indices split
+    along their other dims (tokens split over dp) leave a partial sum over those axes."""
+    to_operand = list(dims["scatter_dims_to_operand_dims"])
+    if (kind != "add" or not isinstance(updates, Masked) or not updates.zero
+            or not isinstance(operand, Rel) or operand.partial or len(to_operand) != 1):
+        return unsupported(info.name)
+    g = to_operand[0]
+    low, high = indices.bounds()
+    if g not in dims["inserted_window_dims"] or info.operand_types[0].shape[g] != \
+            indices.length or low < 0 or high >= indices.length:
+        return unsupported(info.name)
+    pred = _block_test_on(indices, updates.rel, dims["update_window_dims"], dims)
+    pred = _aligned(pred, updates.pred.rel, ctx) if pred is not None else None
+    if pred is None or not _same_pred(pred, updates.pred):
+        return Opaque("scatter of updates masked by another test than the block of its "
+                      "indices", category="wrong_offset")
+    rel, x = freeze(updates.rel), freeze(indices.rel)
+    ivd = dims["index_vector_dim"]
+    x_batch = [d for d in range(len(x.term.shape)) if d != ivd]
+    window = list(dims["update_window_dims"])
+    u_scatter = [d for d in range(len(rel.term.shape)) if d not in window]
+    batching = dict(zip(dims["input_batching_dims"], dims["scatter_indices_batching_dims"]))
+    operand_window = [d for d in range(len(operand.tiling))
+                      if d not in dims["inserted_window_dims"] and d not in batching]
+    if (rel.partial or set(rel.tiled_axes + x.tiled_axes) & set(indices.axes)
+            or len(u_scatter) != len(x_batch) or len(window) != len(operand_window)
+            or any(rel.tiling[u] != x.tiling[i] for u, i in zip(u_scatter, x_batch))):
+        return unsupported(info.name)
+    want = {g: (indices.length * ctx.mesh.group_size(indices.axes), indices.axes)}
+    want.update({o: (x.term.shape[i], x.tiling[i]) for o, i in batching.items()})
+    want.update({o: (rel.term.shape[u], rel.tiling[u]) for o, u in zip(operand_window, window)})
+    operand = freeze(operand)
+    if splat_value(operand.term) is not None:
+        shape = tuple(want[d][0] for d in range(len(operand.tiling)))
+        tiling = tuple(want[d][1] for d in range(len(operand.tiling)))
+        operand = replace(operand, term=make_splat(splat_value(operand.term), shape,
+                                                   operand.term.dtype), tiling=tiling)
+    if any((operand.term.shape[d], operand.tiling[d]) != want[d]
+           for d in range(len(operand.tiling))):
+        return unsupported(info.name)
+    paired = set(batching.values())
+    spread = tuple(a for i in x_batch if i not in paired for a in x.tiling[i])
+    if spread and (splat_value(operand.term) != 0 or set(spread) & set(operand.tiled_axes)):
+        return unsupported(info.name)
+    term = make_scatter_term(operand.term, x.term, rel.term, dims, "add")
+    if spread:
+        ordered = tuple(a for a in ctx.mesh.names if a in spread)
+        return replace(operand, term=term, partial=ordered, kind="sum")
+    return replace(operand, term=term)
