@@ -11,7 +11,8 @@ import random
 import time
 
 import pytest
-from conftest import COMBINED_ADD, REF_ADD, SHARDED_ADD, sharded
+
+from tests.shared import COMBINED_ADD, REF_ADD, SHARDED_ADD, sharded
 
 
 def _one_error(run, *needles: str) -> str:

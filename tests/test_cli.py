@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import (
+
+from tests.shared import (
     COMBINED_ADD,
     COMBINED_MISSING_PSUM,
     REF_ADD,

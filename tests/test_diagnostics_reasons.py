@@ -12,12 +12,11 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import last_json, run_jax_script
 
 from entangle_mlir.core.reasons import REASONS
 from entangle_mlir.driver import check_files
+from tests.shared import REPO, last_json, run_jax_script
 
-REPO = Path(__file__).resolve().parents[1]
 DIAGNOSTICS = REPO / "lit_tests" / "diagnostics"
 PIPELINE = ("builtin.module(entangle-normalize,entangle-import-shardings,"
             "entangle-infer-relations,entangle-check-refinement")

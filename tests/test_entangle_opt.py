@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import COMBINED_ADD, COMBINED_MISSING_PSUM
+
+from tests.shared import COMBINED_ADD, COMBINED_MISSING_PSUM
 
 ALL_PASSES = ["entangle-normalize", "entangle-import-shardings", "entangle-infer-relations",
               "entangle-check-refinement", "entangle-verify-rules"]

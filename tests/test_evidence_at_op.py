@@ -10,7 +10,6 @@ computes, finds them equal (so a nonzero difference is the bug, not the reassemb
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +25,7 @@ from entangle_mlir.core.relations import Rel
 from entangle_mlir.evidence import op_evidence, reassemble
 from entangle_mlir.jax import assert_refines, check
 from examples.catalog import EXAMPLES, by_name, make_mesh, reference_fn, sharded_fn
+from tests.shared import EXAMPLES_MLIR, REPO
 
 
 def _avals(ex) -> list[jax.ShapeDtypeStruct]:
@@ -126,7 +126,7 @@ def _lowered(name: str):
     """(reference, sharded) of a catalogue example (shard_map) or, prefixed `xla:`, of a case of
     examples/partitioned.py (XLA's per-device program)."""
     if name.startswith("xla:"):
-        from test_partitioned import lowered
+        from tests.mlir.test_partitioned import lowered
 
         return lowered(name[4:])
     from examples.catalog import lower_pair
@@ -176,16 +176,15 @@ def test_reassemble_concat_and_partial_sum() -> None:
     assert np.array_equal(reassemble(partial, rel, mesh), whole)
 
 
-# Mutations of XLA's partitioned programs (tests/test_partitioned.py) with an op-level run.
+# Mutations of XLA's partitioned programs (tests/mlir/test_partitioned.py) with an op-level run.
 XLA_AT_OP = ["dropped_all_reduce", "dropped_all_reduce_mlp", "max_reducer",
              "max_reducer_layernorm", "wrong_replica_groups"]
 
 
 @pytest.mark.parametrize("name", XLA_AT_OP)
 def test_values_differ_at_the_mutated_op_of_a_partitioned_program(name: str) -> None:
-    from test_partitioned import BY_MUTATION, lowered, mutated_program
-
     from entangle_mlir.driver import check_texts
+    from tests.mlir.test_partitioned import BY_MUTATION, lowered, mutated_program
 
     text, what = mutated_program(name)
     report = check_texts(lowered(BY_MUTATION[name].case)[0], text, verify_rules=False)
@@ -201,9 +200,8 @@ def test_rounded_reciprocal_is_proven_without_evidence() -> None:
     and still divides by it: the exact float32 value of the reference's `sqrt(8.0)` (IEEE's
     correctly rounded square root), so the proof is exact, assumes no rounding of constants,
     and claims no evidence."""
-    from test_partitioned import lowered
-
     from entangle_mlir.driver import check_texts
+    from tests.mlir.test_partitioned import lowered
 
     report = check_texts(*lowered("attention_div_sqrt"), verify_rules=False)
     assert report.proven, report.render_text()
@@ -213,15 +211,14 @@ def test_rounded_reciprocal_is_proven_without_evidence() -> None:
 
 # ----- `entangle check --evidence` on MLIR files ------------------------------------------------
 
-DIAGNOSTICS = Path(__file__).resolve().parents[1] / "lit_tests" / "diagnostics"
+DIAGNOSTICS = REPO / "lit_tests" / "diagnostics"
 
 
 @pytest.mark.parametrize("reason", ["missing_reduction", "scale", "wrong_axis",
                                     "duplicate_reduction", "partial_mixed"])
 def test_cli_evidence_on_mlir_files(reason: str, capsys) -> None:
-    from test_json_schema import assert_valid
-
     from entangle_mlir import cli
+    from tests.test_json_schema import assert_valid
 
     path = str(DIAGNOSTICS / f"{reason}.mlir")
     capsys.readouterr()
@@ -238,7 +235,7 @@ def test_cli_evidence_on_mlir_files(reason: str, capsys) -> None:
 def test_cli_evidence_is_not_claimed_for_a_proven_pair(capsys) -> None:
     from entangle_mlir import cli
 
-    mlir = Path(__file__).resolve().parents[1] / "entangle_mlir" / "demo"
+    mlir = EXAMPLES_MLIR
     capsys.readouterr()
     code = cli.main(["check", str(mlir / "megatron_mlp_tp4.ref.mlir"),
                      str(mlir / "megatron_mlp_tp4.sharded.mlir"), "--no-verify-rules",

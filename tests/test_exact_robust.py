@@ -11,8 +11,8 @@
   sharded was checked. They are bad input naming what to pass instead, while a shard_map
   that is legitimately replicated, and XLA's real partitioned program, are still proven.
 
-Every CLI run goes through `test_hostile_extra.cli` (a subprocess bounded in time and memory),
-so a crash fails the test instead of killing the suite.
+Every CLI run goes through `tests.test_hostile_input.cli` (a subprocess bounded in time and
+memory), so a crash fails the test instead of killing the suite.
 """
 
 from __future__ import annotations
@@ -28,16 +28,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import COMBINED_ADD
 from jax import lax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_hostile_extra import _PID_MESH, check, cli
 
 from entangle_mlir.core.mesh import MAX_DEVICES
 from entangle_mlir.mlir.ir import MAX_NESTING, context, erase_dead, ops_in_order
 from examples.real.catalog import custom, lower_pair, run_pair
 from examples.real.programs import ArgDef
+from tests.shared import COMBINED_ADD
+from tests.test_hostile_input import _PID_MESH, check, cli
 
 
 def _clean(run, *codes: int) -> str:

@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from conftest import last_json, run_jax_script
 
 from entangle_mlir import cli
 from entangle_mlir.core.reasons import REASONS
+from tests.shared import REPO, last_json, run_jax_script
 
-REPO = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = REPO / "docs" / "report.schema.json"
 DOC_PATH = REPO / "docs" / "json-schema.md"
 EXAMPLES = REPO / "entangle_mlir" / "demo"
@@ -176,7 +175,7 @@ def test_proven_report(capsys) -> None:
 def test_not_proven_report(reason: str, capsys) -> None:
     path = str(DIAGNOSTICS / f"{reason}.mlir")
     if reason == "refuted":
-        from test_diagnostics_reasons import report_for
+        from tests.test_diagnostics_reasons import report_for
 
         code, document = 1, report_for(reason).to_json()
     else:

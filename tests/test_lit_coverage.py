@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from entangle_mlir.rules import FAMILIES, RULES
+from tests.shared import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 LIT = REPO / "lit_tests"
 RULE_TESTS = LIT / "rules"
 RULE_RUN = ("// RUN: entangle-opt %s --split-input-file --entangle-normalize "

@@ -7,9 +7,10 @@ import os
 import pty
 import subprocess
 import sys
-from pathlib import Path
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "entangle_mlir" / "demo" / "gpt2_block_dp2_tp4"
+from tests.shared import EXAMPLES_MLIR
+
+EXAMPLE = EXAMPLES_MLIR / "gpt2_block_dp2_tp4"
 COMMAND = [sys.executable, "-m", "entangle_mlir.cli", "check", f"{EXAMPLE}.ref.mlir",
            f"{EXAMPLE}.sharded.mlir"]
 

@@ -196,7 +196,7 @@ def ring_attention_ref(q, k, v):
 
 def ring_attention(q, k, v, hop: int = 1, stop_max: bool = False):
     """`hop` = -1 is the bug of passing K/V to the previous device while the key positions
-    assume the next one (`ring_attention_backwards`, tests/test_online_softmax.py).
+    assume the next one (`ring_attention_backwards`, tests/normalize/test_online_softmax.py).
     `stop_max` stops the running max's gradient (as flash-attention kernels and
     `jax.nn.softmax` do; exact: its cotangent is zero in exact arithmetic)."""
     n, me, rows = lax.axis_size(CP), lax.axis_index(CP), q.shape[0]
@@ -288,9 +288,9 @@ def ring_attention_bshd_ref(q, k, v):
 def ring_attention_bshd(q, k, v, stop_max: bool = True, variant: str = "right",
                         rep: int = 1):
     """`layers.ring_attention` (unrolled, no grouped heads) on the local sequence block.
-    `variant` names a near miss (tests/test_online_backward.py): "swapped_wrong" applies the
-    correction swapped along the wrong axes (`swapaxes(corr, 0, 2)`: the same shape when
-    b = h = rows), "previous_correction" rescales step 2's accumulator by step 1's
+    `variant` names a near miss (tests/normalize/test_online_backward.py): "swapped_wrong"
+    applies the correction swapped along the wrong axes (`swapaxes(corr, 0, 2)`: the same shape
+    when b = h = rows), "previous_correction" rescales step 2's accumulator by step 1's
     correction."""
     n, me = lax.axis_size(CP), lax.axis_index(CP)
     b, rows, h, d = q.shape

@@ -5,7 +5,7 @@
 // and a float32 reciprocal of 768 one ulp off, 0.00130208349 (result #1). Both are now
 // "not proven": integer constants compare exactly, and a float constant only as itself or as
 // the reference's rounded to its dtype (constant_rounding_exact.mlir). Grounded in
-// tests/test_exact_constants.py (executed: the numbers differ).
+// tests/core/test_exact_constants.py (executed: the numbers differ).
 
 // CHECK-DAG: note: result #0 differs from the reference
 // CHECK-DAG: note: the sharded constant 1000000400 is not the reference's 1000000000 (i32 constants compare exactly)

@@ -6,7 +6,7 @@
 // A zero now folds only where the other factor (the cancelled term) is shown finite
 // (`bounds.term_interval`): `x * 0` of the input x (result #2, finite by assumption) and
 // `exp(tanh(x)) * 0` (result #3, exp of a value in [-1, 1]) still fold. Grounded in
-// tests/test_exact_zero.py (executed: NaN against finite numbers).
+// tests/core/test_exact_zero.py (executed: NaN against finite numbers).
 
 // CHECK: note: result #0 differs from the reference
 // CHECK: note: 0 * exponential(%arg0) (a product with zero, or a difference that cancels) is not 0: exponential(%arg0) is not shown finite

@@ -139,8 +139,8 @@ def _layer_of(op_name: str) -> str:
 
 
 def test_correct_32_layers_proven_with_reuse(correct) -> None:
-    """Whole layers are summarized in both programs (layers.py), and with reuse switched off
-    the instance cache makes the 2nd..32nd layers' checks cache hits."""
+    """Whole layers are summarized in both programs (analysis/layer_reuse.py), and with reuse
+    switched off the instance cache makes the 2nd..32nd layers' checks cache hits."""
     (ref_text, sharded_text), diff = correct
     assert diff < 1e-3  # grounded: the sharded program computes the reference
     report = check_texts(ref_text, sharded_text)

@@ -460,7 +460,7 @@ def test_online_softmax_fold_keeps_the_programs_nans(pre_rotate: int) -> None:
     from entangle_mlir.mlir.ir import context, parse_module
     from entangle_mlir.mlir.program import inline_calls
     from entangle_mlir.normalize.idioms import rewrite_idioms
-    from tests.test_online_softmax import _run_partitioned
+    from tests.normalize.test_online_softmax import _run_partitioned
 
     case = ring_case(f"nan_{pre_rotate}", pre_rotate == 0, pre_rotate=pre_rotate)
     ex = custom(case.name, case.mesh, case.reference, case.body, case.args, case.out_specs,
@@ -516,7 +516,7 @@ def test_log_sum_exp_near_miss(case: Case) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Micro-batch windows (`rules/window.py`): micro-batches are rows of the local batch (dp=4, 8
+# Micro-batch windows (`rules/kinds/window.py`): micro-batches are rows of the local batch (dp=4, 8
 # rows per device); sums over them complete to the block's sum only when the windows tile it.
 # ---------------------------------------------------------------------------------------------
 

@@ -1,10 +1,10 @@
-"""Vocab-parallel masks and local indices (`rules/blocks.py`, `assume.py`).
+"""Vocab-parallel masks and local indices (`rules/kinds/blocks.py`, `analysis/valid_indices.py`).
 
 Every rule step is a lemma Z3 proves for all token values (including out-of-range ones) on
 several meshes and widths; must-fail lemmas show the check is not vacuous (the bug Z3 found
 while this was written, a scatter of dp-split tokens claimed complete, is one of them). The
 valid-index assumption is tested on terms, and the whole chain on a real jax program whose
-numbers are compared by execution (grounded) in tests/test_real_grounded.py.
+numbers are compared by execution (grounded) in tests/examples/test_real_grounded.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,14 @@ from entangle_mlir.core.terms import splat_value
 from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import RuleContext
-from tests.test_lemmas import _EMBED, _SCATTER_ROWS, _TAKE_ALONG, _TAKE_ALONG_GRAD, _checker, arg
+from tests.rules.test_lemmas import (
+    _EMBED,
+    _SCATTER_ROWS,
+    _TAKE_ALONG,
+    _TAKE_ALONG_GRAD,
+    _checker,
+    arg,
+)
 
 TP2 = Mesh((("tp", 2),))
 TP3 = Mesh((("tp", 3),))

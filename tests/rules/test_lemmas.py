@@ -359,7 +359,7 @@ def reduce_lemmas() -> list[Lemma]:
 # ----- data movement --------------------------------------------------------------------------
 
 def _microbatch_lemmas(mesh: Mesh) -> list[Lemma]:
-    """A micro-batch's forward and backward (rules/window.py `window_rowwise`, `summed_move`):
+    """A micro-batch's forward and backward (rules/kinds/window.py `window_rowwise`, `summed_move`):
     ops that treat the window's dim row by row keep the window; a matmul contracting it sums
     the window's rows; the moves, zero pads and replicated scalings of such a sum; sums over
     the same rows of different tensors add; complementary sums of a matmul meet the matmul

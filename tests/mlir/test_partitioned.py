@@ -104,9 +104,9 @@ def test_check_partitioned_front_end() -> None:
 
 def test_readme_checks_a_jitted_function_in_five_lines(capsys) -> None:
     """The README's snippet runs as written: five lines after the imports, and it proves."""
-    from pathlib import Path
+    from tests.shared import REPO
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     section = readme.split("## Checking XLA's automatic partitioning")[1]
     code = section.split("```python\n")[1].split("```")[0]
     lines = [line for line in code.splitlines() if line.strip()]
@@ -804,7 +804,7 @@ def test_reduce_window_along_an_unsplit_dim() -> None:
 def test_repro_cumsum_sharded_dim() -> None:
     """cumsum along a split dim: XLA all_gathers, pads by 15 and each device takes a 19-column
     window at offset 4 * d (overlapping windows of the split columns, zeros before column 0),
-    then a 16-wide reduce_window leaves exactly its block (rules/window.py)."""
+    then a 16-wide reduce_window leaves exactly its block (rules/kinds/window.py)."""
     ref, sharded = lowered("cumsum_sharded_dim")
     report = _check(ref, sharded)
     assert report.proven, report.render_text()
@@ -1059,7 +1059,7 @@ def test_repro_mesh_3x2() -> None:
     assert report.proven, report.render_text()
 
 
-# ----- Z3 instance checks of the per-device select (rules/shifted.device_select) ---------------
+# ----- Z3 instance checks of the per-device select (rules/kinds/shifted.device_select) ---------
 
 @pytest.mark.parametrize("keep, axes", [((1, 0, 0, 0), ("d0", "d1")), ((0, 1, 0, 1), ("d1",)),
                                         ((1, 1, 0, 0), ("d0",)), ((1, 1, 1, 0), None)])

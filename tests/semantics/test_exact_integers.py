@@ -35,7 +35,6 @@ import pytest
 from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from test_lemmas import M1, M2, M3, Lemma, arg, prove_lemma, refute, rel, splat
 
 from entangle_mlir.core import intrange
 from entangle_mlir.core import terms as T
@@ -46,6 +45,7 @@ from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.semantics import ops as S
 from examples.real.catalog import custom, lower_pair, make_mesh, reference_fn, sharded_fn
 from examples.real.programs import ArgDef
+from tests.rules.test_lemmas import M1, M2, M3, Lemma, arg, prove_lemma, refute, rel, splat
 
 I32 = jnp.int32
 V = 16  # vocabulary of the lookups

@@ -162,10 +162,10 @@ def test_negative_zero_on_both_sides_is_proven() -> None:
     import jax.numpy as jnp
     import numpy as np
     from jax.sharding import PartitionSpec as P
-    from judging import assert_judged
 
     from examples.real.catalog import custom, run_pair
     from examples.real.programs import ArgDef
+    from tests.judging import assert_judged
 
     def where_negative_zero(x):
         return jnp.where(x > 0, x, jnp.float32(-0.0))

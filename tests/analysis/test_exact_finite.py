@@ -31,6 +31,7 @@ from entangle_mlir.core.report import FINITE_INPUTS, REASSOCIATION
 from entangle_mlir.driver import check_texts
 from examples.real.catalog import Example, custom, lower_pair, make_mesh, sharded_fn
 from examples.real.programs import ArgDef
+from tests.shared import REPO
 
 TP = "tp"
 MESH = (("tp", 4),)
@@ -210,8 +211,7 @@ def test_inject_fault_on_the_reference_walk_is_refuted(tmp_path) -> None:
     OP before their checks: refuted, not proven."""
     from entangle_mlir.driver import check_with_pipeline
 
-    path = os.path.join(os.path.dirname(__file__), "..", "lit_tests", "diagnostics",
-                        "scale.mlir")
+    path = str(REPO / "lit_tests" / "diagnostics" / "scale.mlir")
     pipeline = ("entangle-normalize,entangle-import-shardings,entangle-infer-relations,"
                 "entangle-check-refinement,entangle-verify-rules{inject-fault="
                 "reference:stablehlo.dot_general}")

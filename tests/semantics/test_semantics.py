@@ -1,4 +1,4 @@
-"""Ground `semantics.py` in real XLA execution.
+"""Ground `semantics/ops.py` in real XLA execution.
 
 Every op of `OP_SEMANTICS` is run on random float inputs in two ways: by jax/XLA on CPU, and by
 a small interpreter that walks the StableHLO jax lowers (OpInfos from `opinfo.describe`, so the

@@ -1,7 +1,7 @@
 """Finding repeated layers (`entangle_mlir/analysis/layer_reuse.py`): runs, signatures, preludes.
 
 End-to-end checks with reuse (a 32-layer model proven, changed layers found and named, all
-grounded by execution) are in tests/test_layer_reuse.py; these pin the structural part on
+grounded by execution) are in tests/analysis/test_layer_reuse.py; these pin the structural part on
 small hand-written blocks: what counts as the same layer and what does not.
 """
 

@@ -1,7 +1,8 @@
-"""Lemmas for blocks in a device-dependent order (`Reordered`, `rules/reordered.py`), TASO-style
-as in test_lemmas.py: each rule output on small symbolic tensors over a 4-device ring is proved
-by Z3 per device; wrong claims (the other ring direction, a contraction or an elementwise op of
-values in different orders) are refuted; and the rules refuse what they cannot express."""
+"""Lemmas for blocks in a device-dependent order (`Reordered`, `rules/kinds/reordered.py`),
+TASO-style as in test_lemmas.py: each rule output on small symbolic tensors over a 4-device ring
+is proved by Z3 per device; wrong claims (the other ring direction, a contraction or an
+elementwise op of values in different orders) are refuted; and the rules refuse what they cannot
+express."""
 
 from __future__ import annotations
 

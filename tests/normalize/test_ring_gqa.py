@@ -8,7 +8,7 @@ score cotangent with the repeated key block.
 `online_backward._ring_return` moves the views and the sum over the repeat onto the
 contraction over all the keys (they keep the ring steps' dim), so every step's contribution is
 a slice of one `Reordered` partial value reshaped and summed over the repeat
-(`rules/reordered.py`, `_partial_view_dim`); `_contracted_sum` finds the query gradient's
+(`rules/kinds/reordered.py`, `_partial_view_dim`); `_contracted_sum` finds the query gradient's
 ring blocks under the repeat's broadcast.
 
 Grounded by execution: XLA runs the partitioned program before and after the rewrites to the
@@ -35,8 +35,8 @@ from examples.real.repro import (
     ring_attention_gqa_grad_stop_max,
 )
 from tests.judging import assert_judged
-from tests.test_online_backward import _mutated, _normalized, _reverse_permuted
-from tests.test_online_softmax import _run_partitioned
+from tests.normalize.test_online_backward import _mutated, _normalized, _reverse_permuted
+from tests.normalize.test_online_softmax import _run_partitioned
 
 STOPPED = "repro_ring_attention_gqa_grad_stop_max_cp4"
 DIFFERENTIATED = "repro_ring_attention_gqa_grad_cp4"
@@ -157,7 +157,7 @@ def _assert_broken_ring_not_proven(ex, how: str, permutes: int) -> None:
 @pytest.mark.parametrize("how", ["forward_permutes", "counted_twice"])
 def test_llama_ring_training_with_the_reverse_ring_broken_is_not_proven(how: str) -> None:
     """The corpus program `llama3_stack_sgd_ring_cp4` (2 layers, 16 query heads over 8 kv heads;
-    proven, tests/test_real_check.py) with its key/value cotangents' return around the ring
+    proven, tests/examples/test_real_check.py) with its key/value cotangents' return around the ring
     broken in jax's gradient program: other gradients, not proven."""
     from examples.real.catalog import program
     from examples.real.corpus import RING

@@ -23,7 +23,7 @@ from examples.real.catalog import custom, lower_pair
 from examples.real.programs import ArgDef
 from examples.real.repro import reproducers
 from tests.judging import assert_judged
-from tests.test_online_softmax import _run_partitioned
+from tests.normalize.test_online_softmax import _run_partitioned
 
 
 def _ring_grad():

@@ -1,5 +1,5 @@
 """Lemmas for contributions sent back to the owners of their blocks around a ring
-(`Returning`, `rules/returning.py`; ring attention's dK/dV), TASO-style as in
+(`Returning`, `rules/kinds/returning.py`; ring attention's dK/dV), TASO-style as in
 test_reordered_lemmas.py: each rule output on small symbolic tensors over a 4-device ring is
 proved by Z3 per device (the pieces of the partial sum are one symbolic split shared by the
 instance's operands and results); the wrong claims (a forward permute where the reverse one is
@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from entangle_mlir.core import terms as T
 from entangle_mlir.core.relations import Opaque, Rel, Reordered, Returning, Value
-from tests.test_reordered_lemmas import N, arg, check, info, ring_orders, run, tiled
+from tests.rules.test_reordered_lemmas import N, arg, check, info, ring_orders, run, tiled
 
 REVERSE = [[1, 0], [2, 1], [3, 2], [0, 3]]
 FORWARD = [[0, 1], [1, 2], [2, 3], [3, 0]]

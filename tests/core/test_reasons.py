@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from entangle_mlir.core.reasons import REASONS
+from tests.shared import REPO
 
-SOURCES = Path(__file__).resolve().parent.parent / "entangle_mlir"
+SOURCES = REPO / "entangle_mlir"
 
 
 def test_every_emitted_category_is_catalogued() -> None:

@@ -38,7 +38,7 @@ from examples.real.repro import (
     ring_attention_grad_ref,
 )
 from tests.judging import assert_judged
-from tests.test_online_softmax import _run_partitioned
+from tests.normalize.test_online_softmax import _run_partitioned
 
 CP = "cp"
 
@@ -196,10 +196,10 @@ def _mutated(text: str, how: str) -> str:
                                  "missing_step"])
 def test_near_misses_of_the_reverse_ring_compute_other_numbers_and_are_not_proven(
         how: str, name: str) -> None:
-    """jax's gradients of ring attention (max stopped; proven, tests/test_online_softmax.py;
-    in the rows x d layout and the models' (b, s, h, d) one) with the key/value cotangents'
-    return around the ring broken: the partitioned programs compute other gradients, and the
-    verifier does not prove them."""
+    """jax's gradients of ring attention (max stopped; proven,
+    tests/normalize/test_online_softmax.py; in the rows x d layout and the models' (b, s, h, d)
+    one) with the key/value cotangents' return around the ring broken: the partitioned programs
+    compute other gradients, and the verifier does not prove them."""
     (ex,) = [r.example for r in reproducers() if r.example.name == name]
     ref_text, text = lower_pair(ex)
     assert len(_reverse_permuted(text)) == 6

@@ -82,7 +82,7 @@ PROVEN = [
 ]
 """`lse_local_max_rescaled` and `lse_no_max` equal the reference in real arithmetic only:
 they overflow at x = 100 in float32 where the reference does not, and are not proven
-(tests/test_exact_finite.py grounds both)."""
+(tests/analysis/test_exact_finite.py grounds both)."""
 
 NOT_PROVEN = [
     _ex("lse_local_max_not_rescaled", lse_ref, lse_local_max_not_rescaled),

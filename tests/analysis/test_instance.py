@@ -21,6 +21,7 @@ from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.semantics import ops as S
+from tests.shared import EXAMPLES_MLIR
 
 M1 = Mesh((("tp", 2),))
 M2 = Mesh((("dp", 2), ("tp", 2)))
@@ -241,8 +242,7 @@ def test_bundled_example_instances_all_prove() -> None:
     from entangle_mlir.analysis.infer import Walker
     from entangle_mlir.mlir.ir import load_file
 
-    root = Path(__file__).resolve().parents[1] / "entangle_mlir" / "demo"
-    path = root / "gpt2_block_dp2_tp4.sharded.mlir"
+    path = EXAMPLES_MLIR / "gpt2_block_dp2_tp4.sharded.mlir"
     if not path.exists():
         pytest.skip("bundled example missing")
     module = load_file(str(path))

@@ -29,7 +29,7 @@ from entangle_mlir.normalize.unroll import forward_residuals, unroll_ring_loops
 from examples.real.catalog import lower_pair
 from examples.real.repro import reproducers
 from tests.judging import assert_judged
-from tests.test_online_softmax import _run_partitioned
+from tests.normalize.test_online_softmax import _run_partitioned
 
 LOOP = "repro_ring_attention_loop_grad_cp4"
 

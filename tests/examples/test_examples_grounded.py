@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import linecache
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from examples.catalog import EXAMPLES, Example, bug_line, by_name, lower_pair, run_pair
+from tests.shared import EXAMPLES_MLIR
 
 IDS = [e.name for e in EXAMPLES]
 CORRECT = [e for e in EXAMPLES if e.bug is None]
 BUGGY = [e for e in EXAMPLES if e.bug is not None]
-MLIR_DIR = Path(__file__).resolve().parents[1] / "entangle_mlir" / "demo"
 
 
 def _max_abs_diff(ex: Example) -> float:
@@ -69,12 +68,12 @@ def test_catalogue_shape() -> None:
 @pytest.mark.parametrize("name", ["megatron_mlp_tp4", "megatron_mlp_missing_psum_tp4"])
 def test_committed_mlir_present(name: str) -> None:
     for suffix in ("ref", "sharded"):
-        text = (MLIR_DIR / f"{name}.{suffix}.mlir").read_text()
+        text = (EXAMPLES_MLIR / f"{name}.{suffix}.mlir").read_text()
         assert "func.func public @main" in text and "loc(" in text
-    assert "sdy.manual_computation" in (MLIR_DIR / f"{name}.sharded.mlir").read_text()
+    assert "sdy.manual_computation" in (EXAMPLES_MLIR / f"{name}.sharded.mlir").read_text()
 
 
 def test_committed_mlir_names_bug_line() -> None:
     _, line = bug_line(by_name("megatron_mlp_missing_psum_tp4"))
-    text = (MLIR_DIR / "megatron_mlp_missing_psum_tp4.sharded.mlir").read_text()
+    text = (EXAMPLES_MLIR / "megatron_mlp_missing_psum_tp4.sharded.mlir").read_text()
     assert f'models.py":{line}:' in text, "committed MLIR is stale: run python -m examples.generate"

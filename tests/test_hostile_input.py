@@ -22,7 +22,8 @@ import sys
 import time
 
 import pytest
-from conftest import (
+
+from tests.shared import (
     COMBINED_ADD,
     COMBINED_MISSING_PSUM,
     EXAMPLES_MLIR,

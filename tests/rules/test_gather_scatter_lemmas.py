@@ -2,7 +2,8 @@
 
 * `GATHER_SCATTER_LEMMAS`: rule instances Z3 must prove on small symbolic tensors (indices are
   symbolic integers, so every index value is covered, out-of-range ones included), on 1-D and
-  2-D meshes. `tests/test_lemmas.py` can add them to `ALL_LEMMAS` (see the bottom of this file).
+  2-D meshes. `tests/rules/test_lemmas.py` can add them to `ALL_LEMMAS` (see the bottom of this
+  file).
 * must-fail lemmas: wrong relations built by hand (the naive rules a partitioner bug or a sloppy
   rule would give) that Z3 must refute;
 * refusals: inputs the rules must leave opaque;
@@ -18,7 +19,6 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from test_lemmas import M1, M2, Lemma, _checker, arg, prove_lemma, refute, rel, splat
 
 from entangle_mlir.core import terms as T
 from entangle_mlir.core.mesh import Mesh
@@ -27,6 +27,7 @@ from entangle_mlir.rules import RULES
 from entangle_mlir.rules import gather_scatter as G
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.semantics import ops as S
+from tests.rules.test_lemmas import M1, M2, Lemma, _checker, arg, prove_lemma, refute, rel, splat
 
 GATHER = "stablehlo.gather"
 SCATTER = "stablehlo.scatter"
@@ -456,9 +457,9 @@ def test_semantics_agree_with_xla(name: str) -> None:
         np.testing.assert_array_equal(got, want, err_msg=f"{name} on {args}")
 
 
-# ----- registering these lemmas in tests/test_lemmas.py -----------------------------------------
+# ----- registering these lemmas in tests/rules/test_lemmas.py -----------------------------------
 # test_lemmas.ALL_LEMMAS can include these cases with
-#     from test_gather_scatter_lemmas import GATHER_SCATTER_LEMMAS
+#     from tests.rules.test_gather_scatter_lemmas import GATHER_SCATTER_LEMMAS
 #     ALL_LEMMAS = (... + GATHER_SCATTER_LEMMAS)
 # (they are proved here too; the names start with "gs-").
 _ = (Fraction, Mesh, RuleContext, Rel)

@@ -8,8 +8,6 @@ other numbers and are only partly rewritten (never into the softmax)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +20,7 @@ from entangle_mlir.normalize.idioms import rewrite_idioms
 from entangle_mlir.normalize.unroll import unroll_ring_loops
 from examples.real.catalog import by_name, lower_pair, random_inputs
 from tests.judging import assert_judged
+from tests.shared import REPO
 
 BLOCKS = 4
 
@@ -160,7 +159,7 @@ def test_ring_attention_is_proven_and_its_wrong_direction_flagged_at_the_permute
     first = report.diagnostics[0]
     assert "blocks assembled in different orders" in first.message, first.message
     assert "collective_permute" in first.message
-    source = (Path(__file__).parents[1] / "examples/real/repro.py").read_text().splitlines()
+    source = (REPO / "examples/real/repro.py").read_text().splitlines()
     line = next(n for n, text in enumerate(source, 1) if "(j + hop) % n" in text)
     assert f"repro.py:{line}:" in str(first.loc), first.loc
 
@@ -196,7 +195,7 @@ def test_ring_attention_training_is_proven() -> None:
     without the running max's gradient, and both are proven, every rule instance by Z3. The
     backward's rewrites (`online_backward.py`) fold the query gradient and turn the key and
     value gradients into slices of one contraction sent back around the reverse ring
-    (`rules/returning.py`). With the max differentiated, its cotangent is first shown zero
+    (`rules/kinds/returning.py`). With the max differentiated, its cotangent is first shown zero
     (`max_cotangent.py`), which removes the argmax paths and leaves the backward of the
     stopped max."""
     from examples.real.repro import reproducers
