@@ -436,7 +436,7 @@ def test_combined_without_refines_json(write) -> None:
 
 def test_combined_without_refines_in_entangle_opt(write) -> None:
     path = write("c.mlir", COMBINED_ADD.replace(" attributes {entangle.refines = @ref}", ""))
-    code = _LIMIT + "from tools.entangle_opt import main; sys.exit(main(sys.argv[1:]))"
+    code = _LIMIT + "from entangle_mlir.opt import main; sys.exit(main(sys.argv[1:]))"
     pipeline = ("--pass-pipeline=builtin.module(entangle-normalize,entangle-import-shardings,"
                 "entangle-infer-relations,entangle-check-refinement)")
     p = subprocess.run([sys.executable, "-c", code, path, pipeline],
