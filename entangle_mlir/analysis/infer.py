@@ -523,7 +523,7 @@ class Walker:
                 ring := reordered.ring_concat(info, inputs, local)) is not None:
             outputs = [ring]
         elif not plain and any(isinstance(v, Reordered) for v in inputs):
-            outputs = reordered.apply(info, inputs, local)
+            outputs = reordered.apply(info, inputs, local, RULES[info.name])
         elif not plain and any(isinstance(v, Returning) for v in inputs):
             outputs = returning.apply(info, inputs, local)
         elif not plain and any(isinstance(v, Masked) and not v.zero for v in inputs) and \

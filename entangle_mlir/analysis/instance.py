@@ -75,6 +75,8 @@ from entangle_mlir.core.relations import (
     Shifted,
     Value,
     Windowed,
+    is_padded,
+    padded_rel,
 )
 from entangle_mlir.core.terms import (
     COMMUTATIVE,
@@ -101,7 +103,10 @@ from entangle_mlir.core.terms import (
     subterms,
 )
 from entangle_mlir.mlir.opinfo import OpInfo, TensorType
+from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import ReferenceTerms, RuleContext
+from entangle_mlir.rules.kinds.reordered import with_orders
+from entangle_mlir.rules.kinds.window import completed_sums
 from entangle_mlir.semantics import ops as S
 from entangle_mlir.semantics.groups import GROUPED
 
@@ -537,11 +542,8 @@ def _is_leaf(term: Term) -> bool:
 # ----- abstraction ----------------------------------------------------------------------------
 
 def _rule_for(name: str):
-    from entangle_mlir.rules import RULES
-    from entangle_mlir.rules.kinds import reordered
-
     rule = RULES.get(name)
-    return None if rule is None else reordered.with_orders(rule)
+    return None if rule is None else with_orders(rule)
 
 
 def _run_rule(info: OpInfo, ins: list[Value], mesh: Mesh | None, ctx: RuleContext,
@@ -566,8 +568,6 @@ def _as_padded_rel(value: Value) -> Value:
     """A zero-padded window as the padded relation it stands for; any other value as is."""
     if not isinstance(value, Windowed):
         return value
-    from entangle_mlir.rules.kinds.window import is_padded, padded_rel
-
     return padded_rel(value) if is_padded(value) else value
 
 
@@ -788,8 +788,6 @@ def _completed_sum(rebuilt: Term, real: Term) -> bool:
     """`real` is the sums in `rebuilt` in the form `rules.window.sum_out` gives them (the sum of a
     micro-batch's rows completed over the block, pushed through the movement, constant
     factors and batch dims of the tensor summed: canonical forms, tests/test_lemmas.py)."""
-    from entangle_mlir.rules.kinds.window import completed_sums
-
     forms = completed_sums(rebuilt) + completed_sums(rebuilt, frozenset(
         t.serial for t in subterms([real])))
     return any(form is real for form in forms)

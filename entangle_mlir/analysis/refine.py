@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
+from jaxlib.mlir import ir
+
 from entangle_mlir.analysis.infer import OpRecord, Walk
 from entangle_mlir.analysis.valid_indices import ValidIndices
 from entangle_mlir.core.diagnostics import Diagnostic
@@ -34,6 +36,7 @@ from entangle_mlir.core.terms import (
     structural_diff,
     subterms,
 )
+from entangle_mlir.rules import RULES, RuleContext
 from entangle_mlir.rules.elementwise import ELEMENTWISE_RULES
 from entangle_mlir.rules.kinds.reordered import MIXED_ORDERS
 
@@ -143,8 +146,6 @@ class _Reference:
 
 def _global_result(record: OpRecord) -> Term | None:
     """The term the op would compute on whole (unsharded) operands."""
-    from entangle_mlir.rules import RULES, RuleContext
-
     rule = RULES.get(record.info.name)
     if rule is None or not all(isinstance(v, Rel) for v in record.inputs):
         return None
@@ -248,8 +249,6 @@ def _same_source(record: OpRecord, reference: _Reference) -> OpRecord | None:
 def _expected_relation(record: OpRecord) -> Rel | None:
     """The relation the op's rule gives when its operands are complete (partial sums taken as
     full values): the layout the sharded result would have if the reduction had happened."""
-    from entangle_mlir.rules import RULES, RuleContext
-
     rule = RULES.get(record.info.name)
     if rule is None or not record.inputs or not all(isinstance(v, Rel) for v in record.inputs):
         return None
@@ -382,8 +381,6 @@ _RESULT_INDEX = re.compile(r"result #(\d+)")
 
 def _result_names(walk: Walk) -> list[str]:
     """The `jax.result_info` of each result of the walked function ('' where absent)."""
-    from jaxlib.mlir import ir
-
     record = walk.return_record
     func = getattr(record.info.op, "parent", None) if record is not None else None
     if func is None or func.name != "func.func" or "res_attrs" not in func.attributes:
@@ -645,8 +642,6 @@ def _kept_zero_text(term: Term) -> str:
 
 def _pmean_axes(record: OpRecord, factor, walk: Walk) -> str:
     """The axes of an all_reduce feeding this op whose group size is 1/factor (a pmean)."""
-    from entangle_mlir.core.mesh import axes_str
-
     if walk.mesh is None or getattr(factor, "numerator", 0) != 1:
         return ""
     for source in record.sources:
@@ -662,8 +657,6 @@ def _pmean_axes(record: OpRecord, factor, walk: Walk) -> str:
 def _psum_axes(record: OpRecord, factor, walk: Walk) -> str:
     """The axes of this all_reduce when their group size is `factor` (a psum where the
     reference's value is the mean over those devices)."""
-    from entangle_mlir.core.mesh import axes_str
-
     if (walk.mesh is None or record.info.name != "stablehlo.all_reduce"
             or getattr(factor, "denominator", 0) != 1):
         return ""

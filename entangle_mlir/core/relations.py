@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from entangle_mlir.core.mesh import Mesh, axes_str
-from entangle_mlir.core.terms import Term, pretty
+from entangle_mlir.core.terms import Term, make_op, make_splat, pretty
 
 GLOBAL = "global"
 
@@ -139,7 +139,7 @@ class Windowed:
     the unwrapped positions are zeros, the window is rows of the tensor zero-padded (a pad
     adds such rows; reading them is a block of the padded tensor). A window along a dim `rel`
     does not split (B = N) is the zero-padded tensor itself on every device (a pad of a
-    replicated dim: see rules/window.py `padded_window`)."""
+    replicated dim: see rules/kinds/window.py `padded_window`)."""
 
     rel: Rel
     dim: int
@@ -160,9 +160,7 @@ class Windowed:
     to the sum of the block, a partial sum)."""
 
     def describe(self) -> str:
-        if not self.rel.tiling[self.dim]:
-            from entangle_mlir.rules.kinds.window import padded_rel
-
+        if is_padded(self):
             return padded_rel(self).describe()
         zeros = f", zeros on devices {sorted({d for d, _, _ in self.holes})}" if self.holes else ""
         rows = (f"rows [b*B + {self.offset}, b*B + {self.offset + self.length}) of dim "
@@ -175,6 +173,31 @@ class Windowed:
             return (f"{self.rel.layout_str()} : sum over dims {list(self.summed)} of "
                     f"{pretty(self.rel.term)} {rows}")
         return f"{self.rel.describe()} {rows}"
+
+
+def is_padded(window: Windowed) -> bool:
+    """A window along a dim its relation does not split: the zero-padded tensor on every
+    device (`rules/kinds/window.py` `padded_window`)."""
+    return not window.rel.tiling[window.dim]
+
+
+def padded_rel(window: Windowed) -> Rel:
+    """The relation a zero-padded window stands for: the padded tensor (as the pad rule
+    builds it). Here, not with the window rules, because describing such a window shows it."""
+    total = window.rel.term.shape[window.dim]
+    low = -window.offset
+    high = window.length - total - low
+    return replace(window.rel, term=zero_pad(window.rel.term, window.dim, low, high))
+
+
+def zero_pad(term: Term, dim: int, low: int, high: int) -> Term:
+    """`term` padded with zeros along `dim` (as the pad rule builds it)."""
+    rank = len(term.shape)
+    shape = tuple(n + low + high if d == dim else n for d, n in enumerate(term.shape))
+    return make_op("pad", (term, make_splat(0, (), term.dtype)), (
+        tuple(low if d == dim else 0 for d in range(rank)),
+        tuple(high if d == dim else 0 for d in range(rank)), (0,) * rank), shape, term.dtype,
+        linear_in=0)
 
 
 @dataclass(frozen=True)

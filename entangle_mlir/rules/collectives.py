@@ -12,9 +12,8 @@ from entangle_mlir.core.relations import Opaque, Permuted, Rel, Value, Windowed
 from entangle_mlir.core.terms import intern, make_reshape, make_roll, make_transpose, scale
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.rules.common import freeze
+from entangle_mlir.rules.common import freeze, sum_term
 from entangle_mlir.rules.kinds.window import as_window, cyclic_shifts, permute_window
-from entangle_mlir.rules.reduction import sum_term
 from entangle_mlir.rules.reduction import unsupported_reducer as _unsupported_reducer
 from entangle_mlir.semantics.groups import GroupError, permute_pairs, process_groups
 

@@ -1,4 +1,5 @@
-"""Helpers shared by the rule families: poly dims, splats, layout agreement."""
+"""Helpers shared by the rule families and the value kinds (`kinds/`): poly dims, splats,
+layout agreement, which ops are elementwise, iotas, sums."""
 
 from __future__ import annotations
 
@@ -19,16 +20,42 @@ from entangle_mlir.core.terms import (
     Term,
     linear_parts,
     make_broadcast,
+    make_iota,
     make_lin,
+    make_op,
+    make_reshape,
     make_splat,
     make_transpose,
     rebuild_elementwise,
+    scale,
+    single_scaled,
     splat_value,
 )
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
 
 ELEMENTWISE_TERM_OPS = ("lin", "mul", "div")
+
+ELEMENTWISE_OPS = frozenset({
+    # binary arithmetic
+    "stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
+    "stablehlo.maximum", "stablehlo.minimum", "stablehlo.power", "stablehlo.remainder",
+    "stablehlo.atan2",
+    # unary
+    "stablehlo.negate", "stablehlo.abs", "stablehlo.exponential", "stablehlo.exponential_minus_one",
+    "stablehlo.log", "stablehlo.log_plus_one", "stablehlo.tanh", "stablehlo.logistic",
+    "stablehlo.rsqrt", "stablehlo.sqrt", "stablehlo.cbrt", "stablehlo.sine", "stablehlo.cosine",
+    "stablehlo.tan", "stablehlo.sign", "stablehlo.floor", "stablehlo.ceil",
+    "stablehlo.round_nearest_even", "stablehlo.round_nearest_afz", "stablehlo.is_finite",
+    "chlo.square", "chlo.erf",
+    # logic and selection
+    "stablehlo.compare", "stablehlo.select", "stablehlo.clamp", "stablehlo.and", "stablehlo.or",
+    "stablehlo.xor", "stablehlo.not",
+    # conversion
+    "stablehlo.convert",
+})
+"""The ops computed position by position (the elementwise family's rule table is keyed by
+them); here so that the value kinds can tell them apart without importing the family."""
 
 
 COMPARISONS = {"EQ": operator.eq, "NE": operator.ne, "LT": operator.lt, "LE": operator.le,
@@ -108,9 +135,7 @@ def resize(term: Term, dim: int, size: int) -> Term | None:
 
 
 def is_elementwise_term(term: Term) -> bool:
-    from entangle_mlir.rules.elementwise import ELEMENTWISE_RULES
-
-    return term.op in ELEMENTWISE_RULES and all(a.shape == term.shape for a in term.args)
+    return term.op in ELEMENTWISE_OPS and all(a.shape == term.shape for a in term.args)
 
 
 def _local_shape_ok(rel: Rel, local: tuple[int, ...], ctx: RuleContext) -> bool:
@@ -240,3 +265,81 @@ def device_offsets(value: Value, count: int) -> tuple[int, ...] | None:
     if isinstance(constant, Fraction) and constant.denominator == 1:
         return (int(constant),) * count
     return None
+
+
+def iota_dim(term: Term) -> tuple[int, Fraction] | None:
+    """(dim, factor) when term == factor * iota along dim (possibly broadcast)."""
+    factor, base = single_scaled(term)
+    if base.op == "iota":
+        return base.attrs[0], factor
+    if base.op == "broadcast" and base.args[0].op == "iota":
+        (dims,) = base.attrs
+        inner = base.args[0]
+        return dims[inner.attrs[0]], factor
+    if base.op == "reshape" and base.args[0].op == "iota" and len(base.args[0].shape) == 1:
+        big = [d for d, size in enumerate(base.shape) if size != 1]
+        if len(big) == 1 and base.shape[big[0]] == base.args[0].shape[0]:
+            return big[0], factor
+    return None
+
+
+def widen_iota(term: Term, dim: int, size: int) -> Term | None:
+    """`term` (a scaled iota along `dim`, possibly broadcast or reshaped: `iota_dim`) with
+    `dim` of size `size`: the global iota a device's block of it is cut from."""
+    factor, base = single_scaled(term)
+    shape = base.shape[:dim] + (size,) + base.shape[dim + 1:]
+    if base.op == "iota":
+        widened = make_iota(shape, base.attrs[0], base.dtype)
+    elif base.op == "reshape":
+        widened = make_reshape(make_iota((size,), 0, base.dtype), shape)
+    else:
+        (dims,) = base.attrs
+        inner = base.args[0]
+        inner_shape = list(inner.shape)
+        inner_shape[inner.attrs[0]] = size
+        widened = make_broadcast(make_iota(tuple(inner_shape), inner.attrs[0], inner.dtype),
+                                 dims, shape)
+    return scale(widened, factor) if factor != 1 else widened
+
+
+def sum_term(term: Term, dims: tuple[int, ...], shape: tuple[int, ...], dtype: str) -> Term:
+    """`reduce_sum(term, dims)` (of result `shape`), looking through a reshape that only adds or
+    drops unit dims, and merging it with a reduce_sum right under that reshape.
+
+    jax sums a broadcast bias's cotangent in two steps with a keepdims reshape between them;
+    with one sequence per device the local program keeps a different split of the same sum
+    (the batch dim summed in the second step, not the first). Both are one sum over the union
+    of the dims, so they meet: `reduce_sum(reshape(reduce_sum(t, d1)), d2)` is
+    `reshape(reduce_sum(t, d1 + d2'))`, d2' being d2 read through the reshape (a reduced unit
+    dim sums one element)."""
+    k, base = single_scaled(term)
+    if base.op == "reshape":
+        mapped = _through_unit_reshape(base.args[0].shape, base.shape, dims)
+        if mapped is not None:
+            k_inner, inner = single_scaled(base.args[0])
+            if inner.op == "reduce_sum" and len(inner.args) == 1:
+                source, done = inner.args[0], tuple(inner.attrs[0])
+                kept = [d for d in range(len(source.shape)) if d not in done]
+                merged = tuple(sorted(set(done) | {kept[d] for d in mapped}))
+                factor = k * k_inner
+            else:
+                source, merged, factor = base.args[0], tuple(mapped), k
+            out = source
+            if merged:
+                reduced = tuple(n for d, n in enumerate(source.shape) if d not in merged)
+                out = make_op("reduce_sum", (source,), (merged,), reduced, dtype, linear_in=0)
+            out = make_reshape(out, shape)
+            return out if factor == 1 else scale(out, factor)
+    return make_op("reduce_sum", (term,), (dims,), shape, dtype, linear_in=0)
+
+
+def _through_unit_reshape(src: tuple[int, ...], dst: tuple[int, ...], dims: tuple[int, ...]
+                          ) -> list[int] | None:
+    """The dims of `src` that the non-unit `dims` of `dst` are, when the reshape `src -> dst`
+    only adds or drops unit dims; else None."""
+    src_big = [d for d, n in enumerate(src) if n != 1]
+    dst_big = [d for d, n in enumerate(dst) if n != 1]
+    if [src[d] for d in src_big] != [dst[d] for d in dst_big]:
+        return None
+    where = dict(zip(dst_big, src_big))
+    return sorted(where[d] for d in dims if dst[d] != 1)

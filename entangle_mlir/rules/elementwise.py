@@ -34,7 +34,13 @@ from entangle_mlir.core.terms import (
 )
 from entangle_mlir.mlir.opinfo import OpInfo, compare_is_default
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.rules.common import COMPARISONS, is_zero, splat_rel, unify_dims
+from entangle_mlir.rules.common import (
+    COMPARISONS,
+    ELEMENTWISE_OPS,
+    is_zero,
+    splat_rel,
+    unify_dims,
+)
 from entangle_mlir.rules.kinds import blocks
 from entangle_mlir.rules.kinds.shifted import elementwise_shifted
 from entangle_mlir.rules.kinds.window import window_elementwise
@@ -399,23 +405,4 @@ def is_float_type(dtype: str) -> bool:
     return dtype.startswith(("f", "bf"))
 
 
-_ELEMENTWISE_OPS = (
-    # binary arithmetic
-    "stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
-    "stablehlo.maximum", "stablehlo.minimum", "stablehlo.power", "stablehlo.remainder",
-    "stablehlo.atan2",
-    # unary
-    "stablehlo.negate", "stablehlo.abs", "stablehlo.exponential", "stablehlo.exponential_minus_one",
-    "stablehlo.log", "stablehlo.log_plus_one", "stablehlo.tanh", "stablehlo.logistic",
-    "stablehlo.rsqrt", "stablehlo.sqrt", "stablehlo.cbrt", "stablehlo.sine", "stablehlo.cosine",
-    "stablehlo.tan", "stablehlo.sign", "stablehlo.floor", "stablehlo.ceil",
-    "stablehlo.round_nearest_even", "stablehlo.round_nearest_afz", "stablehlo.is_finite",
-    "chlo.square", "chlo.erf",
-    # logic and selection
-    "stablehlo.compare", "stablehlo.select", "stablehlo.clamp", "stablehlo.and", "stablehlo.or",
-    "stablehlo.xor", "stablehlo.not",
-    # conversion
-    "stablehlo.convert",
-)
-
-ELEMENTWISE_RULES = {name: elementwise for name in _ELEMENTWISE_OPS}
+ELEMENTWISE_RULES = {name: elementwise for name in sorted(ELEMENTWISE_OPS)}

@@ -614,18 +614,3 @@ GATHER_SCATTER_RULES = {
     SCATTER: scatter,
     DUS: dynamic_update_slice,
 }
-
-
-# ----- term semantics ---------------------------------------------------------------------------
-
-TERM_OPS = (GATHER, SCATTER, DUS)
-"""Term ops this module builds; each is evaluated by its op's semantics (`evaluate_node`)."""
-
-
-def evaluate_node(term: Term, args: list):
-    """The value of one gather/scatter/dynamic_update_slice term node from its arguments'
-    values, by the op semantics of `semantics.OP_SEMANTICS` (for `semantics._evaluate_node`:
-    `if op in gather_scatter.TERM_OPS: return gather_scatter.evaluate_node(term, args)`)."""
-    from entangle_mlir.semantics import ops as S
-
-    return S.OP_SEMANTICS[term.op](term_info(term), [S.obj_array(a) for a in args])[0]

@@ -78,7 +78,7 @@ def _match_axes(mesh: Mesh, offsets: tuple[int, ...], size: int, free: list[str]
 def dynamic_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     x, *starts = operands
     if isinstance(x, Windowed) and ctx.mesh is not None:
-        return [window_dynamic_slice(info, x, starts, ctx.mesh)]
+        return [window_dynamic_slice(info, x, starts, ctx.mesh, dynamic_slice)]
     if not isinstance(x, Rel):
         return [Opaque("dynamic_slice of a device-dependent scalar", category="unsupported")]
     x = freeze(x)

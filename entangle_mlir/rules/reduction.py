@@ -7,20 +7,16 @@ from fractions import Fraction
 from entangle_mlir.core.mesh import axes_str
 from entangle_mlir.core.relations import DEVICE_BLOCK_VALUES, Opaque, Rel, Value, Windowed
 from entangle_mlir.core.terms import (
-    Term,
     intern,
     make_elementwise,
     make_lin,
     make_op,
-    make_reshape,
     make_splat,
-    scale,
-    single_scaled,
     splat_value,
 )
 from entangle_mlir.mlir.opinfo import OpInfo, region_problem
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.rules.common import freeze
+from entangle_mlir.rules.common import freeze, sum_term
 from entangle_mlir.rules.kinds import blocks
 from entangle_mlir.rules.kinds.window import reduce_window_of_window, window_reduce
 
@@ -88,49 +84,6 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     origin = x.partial_origin if x.partial else (info if new_axes else None)
     return [Rel(term, tiling, partial, kind if partial else "", frozenset(), x.scope,
                 partial_origin=origin)]
-
-
-def sum_term(term: Term, dims: tuple[int, ...], shape: tuple[int, ...], dtype: str) -> Term:
-    """`reduce_sum(term, dims)` (of result `shape`), looking through a reshape that only adds or
-    drops unit dims, and merging it with a reduce_sum right under that reshape.
-
-    jax sums a broadcast bias's cotangent in two steps with a keepdims reshape between them;
-    with one sequence per device the local program keeps a different split of the same sum
-    (the batch dim summed in the second step, not the first). Both are one sum over the union
-    of the dims, so they meet: `reduce_sum(reshape(reduce_sum(t, d1)), d2)` is
-    `reshape(reduce_sum(t, d1 + d2'))`, d2' being d2 read through the reshape (a reduced unit
-    dim sums one element)."""
-    k, base = single_scaled(term)
-    if base.op == "reshape":
-        mapped = _through_unit_reshape(base.args[0].shape, base.shape, dims)
-        if mapped is not None:
-            k_inner, inner = single_scaled(base.args[0])
-            if inner.op == "reduce_sum" and len(inner.args) == 1:
-                source, done = inner.args[0], tuple(inner.attrs[0])
-                kept = [d for d in range(len(source.shape)) if d not in done]
-                merged = tuple(sorted(set(done) | {kept[d] for d in mapped}))
-                factor = k * k_inner
-            else:
-                source, merged, factor = base.args[0], tuple(mapped), k
-            out = source
-            if merged:
-                reduced = tuple(n for d, n in enumerate(source.shape) if d not in merged)
-                out = make_op("reduce_sum", (source,), (merged,), reduced, dtype, linear_in=0)
-            out = make_reshape(out, shape)
-            return out if factor == 1 else scale(out, factor)
-    return make_op("reduce_sum", (term,), (dims,), shape, dtype, linear_in=0)
-
-
-def _through_unit_reshape(src: tuple[int, ...], dst: tuple[int, ...], dims: tuple[int, ...]
-                          ) -> list[int] | None:
-    """The dims of `src` that the non-unit `dims` of `dst` are, when the reshape `src -> dst`
-    only adds or drops unit dims; else None."""
-    src_big = [d for d, n in enumerate(src) if n != 1]
-    dst_big = [d for d, n in enumerate(dst) if n != 1]
-    if [src[d] for d in src_big] != [dst[d] for d in dst_big]:
-        return None
-    where = dict(zip(dst_big, src_big))
-    return sorted(where[d] for d in dims if dst[d] != 1)
 
 
 _LOGICAL = {"and": (1, "stablehlo.and"), "or": (0, "stablehlo.or")}

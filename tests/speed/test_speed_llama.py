@@ -23,11 +23,10 @@ import pytest
 from entangle_mlir.analysis import instance as I
 from entangle_mlir.core import terms as T
 from entangle_mlir.core.mesh import Mesh
-from entangle_mlir.core.relations import Rel, Windowed
+from entangle_mlir.core.relations import Rel, Windowed, is_padded, padded_rel
 from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.rules.kinds.window import is_padded, padded_rel
 from entangle_mlir.semantics import ops as S
 
 M2 = Mesh((("dp", 2), ("tp", 2)))

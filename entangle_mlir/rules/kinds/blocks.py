@@ -37,7 +37,7 @@ from entangle_mlir.core.terms import (
 )
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.rules.common import COMPARISONS, freeze, resize, unify_dims
+from entangle_mlir.rules.common import COMPARISONS, freeze, iota_dim, resize, unify_dims
 
 _INTERVAL = {"LT": lambda m: (None, m), "LE": lambda m: (None, m + 1),
              "GT": lambda m: (m + 1, None), "GE": lambda m: (m, None),
@@ -243,9 +243,7 @@ def _one_hot_rows(info: OpInfo, index: BlockIndex, positions: Rel, ctx: RuleCont
     """`local == iota(L)` along a dim k the index is broadcast along: on device b, inside the
     block, `x == b*L + j` for j < L, the block over the index's axes of `x == iota(V)`; outside
     it the fill's row, which `and` with the block test removes."""
-    from entangle_mlir.rules.kinds.shifted import _iota_dim
-
-    found = _iota_dim(positions.term)
+    found = iota_dim(positions.term)
     x = index.rel
     if found is None or found[1] != 1 or index.add or positions.partial or ctx.mesh is None:
         return unsupported(info.name)

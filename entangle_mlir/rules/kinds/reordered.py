@@ -33,9 +33,9 @@ from dataclasses import replace
 from entangle_mlir.core.relations import Opaque, Rel, Reordered, Returning, Shifted, Value
 from entangle_mlir.core.terms import roll_parts
 from entangle_mlir.mlir.opinfo import OpInfo
-from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.rules.elementwise import ELEMENTWISE_RULES
-from entangle_mlir.rules.kinds.shifted import _iota_dim, _widen_iota
+from entangle_mlir.rules.base import Rule, RuleContext
+from entangle_mlir.rules.common import ELEMENTWISE_OPS, iota_dim, widen_iota
+from entangle_mlir.rules.kinds import returning
 
 ORDER_FREE_REDUCERS = frozenset({"add", "max", "min", "mul", "and", "or"})
 """Reducers whose result does not depend on the order of the reduced elements."""
@@ -88,12 +88,12 @@ def _block_of(x: Value, dim: int, count: int, ctx: RuleContext
                                for d in devices)
     if isinstance(x, Shifted) and not x.rel.partial and not x.rel.tiling[dim] and (
             dim not in x.rel.poly):
-        found = _iota_dim(x.rel.term)
+        found = iota_dim(x.rel.term)
         block = x.rel.term.shape[dim]
         if found != (dim, 1) or any(o % block or not 0 <= o // block < count
                                     for o in x.offsets):
             return None
-        term = _widen_iota(x.rel.term, dim, block * count)
+        term = widen_iota(x.rel.term, dim, block * count)
         if term is None:
             return None
         return (replace(x.rel, term=term, partial_origin=None),
@@ -101,7 +101,7 @@ def _block_of(x: Value, dim: int, count: int, ctx: RuleContext
     return None
 
 
-def with_orders(rule):
+def with_orders(rule: Rule) -> Rule:
     """`rule` extended to blocks in a device-dependent order: what the walk does
     (`infer.Walker._op`), for the instance checker's re-runs of a rule."""
     def run(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
@@ -110,61 +110,56 @@ def with_orders(rule):
             if ring is not None:
                 return [ring]
         if any(isinstance(v, Reordered) for v in operands):
-            return apply(info, operands, ctx)
+            return apply(info, operands, ctx, rule)
         if any(isinstance(v, Returning) for v in operands):
-            from entangle_mlir.rules.kinds import returning
-
             return returning.apply(info, operands, ctx)
         return rule(info, operands, ctx)
     return run
 
 
-def apply(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+def apply(info: OpInfo, operands: list[Value], ctx: RuleContext, rule: Rule) -> list[Value]:
     """An op with a `Reordered` operand (see the module docstring for what is kept, what
-    forgets the order and what is an error)."""
-    from entangle_mlir.rules import RULES
-
+    forgets the order and what is an error); `rule` is the op's ordinary rule, which judges
+    the values with their blocks in the natural order."""
     moved = [v for v in operands if isinstance(v, Reordered)]
     name = info.name
     first = moved[0]
     plain = [v.rel if isinstance(v, Reordered) else v for v in operands]
     if any(v.rel.partial for v in moved):
         if name == "stablehlo.transpose":
-            return _wrap(RULES[name](info, plain, ctx),
+            return _wrap(rule(info, plain, ctx),
                          list(info.attrs["permutation"]).index(first.dim), first, partial=True)
         kept = _partial_view_dim(info, operands, first)
         if kept is not None:
-            return _wrap(RULES[name](info, plain, ctx), kept, first, partial=True)
-        from entangle_mlir.rules.kinds import returning
-
+            return _wrap(rule(info, plain, ctx), kept, first, partial=True)
         return returning.apply(info, operands, ctx)
-    if name in ELEMENTWISE_RULES:
+    if name in ELEMENTWISE_OPS:
         dims = _elementwise_dims(info, operands)
         if isinstance(dims, Opaque):
             return [dims] * len(info.result_types)
-        return _wrap(RULES[name](info, plain, ctx), dims, first)
+        return _wrap(rule(info, plain, ctx), dims, first)
     if name == "stablehlo.broadcast_in_dim":
-        return _wrap(RULES[name](info, plain, ctx),
+        return _wrap(rule(info, plain, ctx),
                      info.attrs["broadcast_dimensions"][first.dim], first)
     if name == "stablehlo.transpose":
-        return _wrap(RULES[name](info, plain, ctx),
+        return _wrap(rule(info, plain, ctx),
                      list(info.attrs["permutation"]).index(first.dim), first)
     if name == "stablehlo.reshape":
         dim = _reshaped_dim(info, first)
         if dim is None:
             return [_unsupported(name, first, "regroups the reordered dim")]
-        return _wrap(RULES[name](info, plain, ctx), dim, first)
+        return _wrap(rule(info, plain, ctx), dim, first)
     if name == "stablehlo.reduce" and len(operands) == 2 and not isinstance(operands[1],
                                                                              Reordered):
         reduced = tuple(info.attrs["dimensions"])
         if first.dim not in reduced:
-            return _wrap(RULES[name](info, plain, ctx),
+            return _wrap(rule(info, plain, ctx),
                          first.dim - sum(d < first.dim for d in reduced), first)
         if info.attrs.get("reducer") not in ORDER_FREE_REDUCERS:
             return [_unsupported(name, first, "reduces it with an order-dependent body")]
-        return RULES[name](info, plain, ctx)
+        return rule(info, plain, ctx)
     if name == "stablehlo.dot_general":
-        return _dot(info, operands, plain, ctx)
+        return _dot(info, operands, plain, ctx, rule)
     return [_unsupported(name, first, "")]
 
 
@@ -264,10 +259,8 @@ def _reshaped_dim(info: OpInfo, value: Reordered) -> int | None:
     return None
 
 
-def _dot(info: OpInfo, operands: list[Value], plain: list[Value], ctx: RuleContext
-         ) -> list[Value]:
-    from entangle_mlir.rules import RULES
-
+def _dot(info: OpInfo, operands: list[Value], plain: list[Value], ctx: RuleContext,
+         rule: Rule) -> list[Value]:
     attrs = info.attrs
     batch = (tuple(attrs["lhs_batch"]), tuple(attrs["rhs_batch"]))
     contract = (tuple(attrs["lhs_contract"]), tuple(attrs["rhs_contract"]))
@@ -280,10 +273,10 @@ def _dot(info: OpInfo, operands: list[Value], plain: list[Value], ctx: RuleConte
             return [mismatch(info.name, lhs, rhs)]
         for pair in range(len(contract[0])):
             if (contract[0][pair], contract[1][pair]) == (lhs.dim, rhs.dim):
-                return RULES[info.name](info, plain, ctx)
+                return rule(info, plain, ctx)
         for pair in range(len(batch[0])):
             if (batch[0][pair], batch[1][pair]) == (lhs.dim, rhs.dim):
-                return _wrap(RULES[info.name](info, plain, ctx), pair, lhs)
+                return _wrap(rule(info, plain, ctx), pair, lhs)
         return [_unsupported(info.name, lhs, "both operands reordered along unpaired dims")]
     side = 0 if lhs is not None else 1
     value = sides[side]
@@ -291,4 +284,4 @@ def _dot(info: OpInfo, operands: list[Value], plain: list[Value], ctx: RuleConte
         return [_unsupported(info.name, value, "contracted or batched with a value in the "
                              "natural order")]
     position = len(batch[0]) + (0 if side == 0 else len(free[0])) + free[side].index(value.dim)
-    return _wrap(RULES[info.name](info, plain, ctx), position, value, partial=True)
+    return _wrap(rule(info, plain, ctx), position, value, partial=True)

@@ -17,19 +17,10 @@ from entangle_mlir.core import precision
 from entangle_mlir.core.intrange import INT_BITS, fits, int_limits, value_range, wrap_integer
 from entangle_mlir.core.mesh import axes_str
 from entangle_mlir.core.relations import DeviceScalar, Opaque, Rel, Shifted, Value
-from entangle_mlir.core.terms import (
-    Term,
-    make_broadcast,
-    make_iota,
-    make_lin,
-    make_reshape,
-    scale,
-    single_scaled,
-    splat_value,
-)
+from entangle_mlir.core.terms import make_lin, splat_value
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.rules.common import freeze, splat_rel
+from entangle_mlir.rules.common import freeze, iota_dim, splat_rel, widen_iota
 from entangle_mlir.rules.kinds import blocks
 
 _LINEAR = ("stablehlo.add", "stablehlo.subtract")
@@ -48,7 +39,7 @@ def normalize(value: Shifted, ctx: RuleContext) -> Value:
     if len(set(offsets)) == 1:
         return replace(rel, term=make_lin([(Fraction(1), rel.term)], Fraction(offsets[0]),
                                           rel.term.shape, rel.term.dtype))
-    found = _iota_dim(rel.term)
+    found = iota_dim(rel.term)
     if found is None or rel.partial or ctx.mesh is None:
         return value
     dim, factor = found
@@ -62,46 +53,13 @@ def normalize(value: Shifted, ctx: RuleContext) -> Value:
             if all(offsets[d] == ctx.mesh.block_index(axes, d) * step
                    for d in range(ctx.mesh.num_devices)):
                 size = local * ctx.mesh.group_size(axes)
-                term = _widen_iota(rel.term, dim, size)
+                term = widen_iota(rel.term, dim, size)
                 if term is None:
                     return value
                 tiling = list(rel.tiling)
                 tiling[dim] = axes
                 return replace(rel, term=term, tiling=tuple(tiling))
     return value
-
-
-def _iota_dim(term: Term) -> tuple[int, Fraction] | None:
-    """(dim, factor) when term == factor * iota along dim (possibly broadcast)."""
-    factor, base = single_scaled(term)
-    if base.op == "iota":
-        return base.attrs[0], factor
-    if base.op == "broadcast" and base.args[0].op == "iota":
-        (dims,) = base.attrs
-        inner = base.args[0]
-        return dims[inner.attrs[0]], factor
-    if base.op == "reshape" and base.args[0].op == "iota" and len(base.args[0].shape) == 1:
-        big = [d for d, size in enumerate(base.shape) if size != 1]
-        if len(big) == 1 and base.shape[big[0]] == base.args[0].shape[0]:
-            return big[0], factor
-    return None
-
-
-def _widen_iota(term: Term, dim: int, size: int) -> Term | None:
-    factor, base = single_scaled(term)
-    shape = base.shape[:dim] + (size,) + base.shape[dim + 1:]
-    if base.op == "iota":
-        widened = make_iota(shape, base.attrs[0], base.dtype)
-    elif base.op == "reshape":
-        widened = make_reshape(make_iota((size,), 0, base.dtype), shape)
-    else:
-        (dims,) = base.attrs
-        inner = base.args[0]
-        inner_shape = list(inner.shape)
-        inner_shape[inner.attrs[0]] = size
-        widened = make_broadcast(make_iota(tuple(inner_shape), inner.attrs[0], inner.dtype),
-                                 dims, shape)
-    return scale(widened, factor) if factor != 1 else widened
 
 
 def elementwise_shifted(info: OpInfo, operands: list[Value], ctx: RuleContext,
@@ -263,7 +221,7 @@ def _iota_offset_candidates(value: Shifted, ctx: RuleContext):
     """(dim, step, axes) for an iota plus per-device offsets along `dim`: `step` is the block
     length the offsets would count in, `axes` every ordered choice of mesh axes the iota is not
     split over (the axes the offsets could number blocks along)."""
-    found = _iota_dim(value.rel.term)
+    found = iota_dim(value.rel.term)
     if found is None or ctx.mesh is None or value.rel.partial:
         return
     dim, factor = found

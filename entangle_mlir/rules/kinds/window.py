@@ -33,7 +33,17 @@ from dataclasses import replace
 from fractions import Fraction
 
 from entangle_mlir.core.mesh import Mesh, axes_str
-from entangle_mlir.core.relations import Opaque, Permuted, Rel, Shifted, Value, Windowed
+from entangle_mlir.core.relations import (
+    Opaque,
+    Permuted,
+    Rel,
+    Shifted,
+    Value,
+    Windowed,
+    is_padded,
+    padded_rel,
+    zero_pad,
+)
 from entangle_mlir.core.terms import (
     Term,
     intern,
@@ -53,8 +63,14 @@ from entangle_mlir.core.terms import (
     single_scaled,
     splat_value,
 )
-from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.rules.common import device_offsets, freeze, resize
+from entangle_mlir.rules.base import Rule, RuleContext
+from entangle_mlir.rules.common import (
+    ELEMENTWISE_OPS,
+    device_offsets,
+    freeze,
+    resize,
+    sum_term,
+)
 
 WINDOW_OPS = frozenset({"stablehlo.slice", "stablehlo.concatenate",
                         "stablehlo.collective_permute", "stablehlo.dynamic_slice",
@@ -81,15 +97,7 @@ def settle(value: Value, op_name: str = "") -> Value:
 
 
 def _is_elementwise(op_name: str) -> bool:
-    from entangle_mlir.rules.elementwise import ELEMENTWISE_RULES
-
-    return op_name in ELEMENTWISE_RULES
-
-
-def is_padded(window: Windowed) -> bool:
-    """A window along a dim its relation does not split: the zero-padded tensor on every
-    device (`padded_window`)."""
-    return not window.rel.tiling[window.dim]
+    return op_name in ELEMENTWISE_OPS
 
 
 def padded_window(x: Rel, dim: int, low: int, high: int, mesh: Mesh) -> Windowed:
@@ -104,15 +112,6 @@ def padded_window(x: Rel, dim: int, low: int, high: int, mesh: Mesh) -> Windowed
     holes += [(d, low + total, low + total + high) for d in every if high]
     return Windowed(x, dim, -low, total + low + high, f"zero padding of dim {dim}",
                     holes=tuple(holes))
-
-
-def padded_rel(window: Windowed) -> Rel:
-    """The relation a zero-padded window stands for: the padded tensor (as the pad rule
-    builds it)."""
-    total = window.rel.term.shape[window.dim]
-    low = -window.offset
-    high = window.length - total - low
-    return replace(window.rel, term=_zero_pad(window.rel.term, window.dim, low, high))
 
 
 def block_rows(rel: Rel, dim: int, mesh: Mesh) -> int:
@@ -363,14 +362,16 @@ def _routed_reason(window: Windowed, starts: tuple[int, ...], holes: tuple, mesh
             "device")
 
 
-def window_dynamic_slice(info, window: Windowed, starts: list[Value], mesh: Mesh) -> Value:
+def window_dynamic_slice(info, window: Windowed, starts: list[Value], mesh: Mesh,
+                         plain: Rule) -> Value:
     """Each device reads rows of its window at its own offset (XLA's slicing of a split dim):
     a block layout again when device b's rows start at c + size * b, none of them zeros; or,
     when the rows it reads are zeros exactly where they fall outside the global tensor (the
     zeros of a pad and of a halo nobody sent), a block of the global tensor zero-padded
-    (`jnp.pad` of a split dim: `zero_extended_read`)."""
+    (`jnp.pad` of a split dim: `zero_extended_read`). `plain` is the ordinary dynamic_slice
+    rule (a zero-padded value is read through it first: `_padded_dynamic_slice`)."""
     if is_padded(window):
-        return _padded_dynamic_slice(info, window, starts, mesh)
+        return _padded_dynamic_slice(info, window, starts, mesh, plain)
     dim, sizes = window.dim, tuple(info.attrs["slice_sizes"])
     local = info.operand_types[0].shape
     count = mesh.num_devices
@@ -410,17 +411,15 @@ def window_dynamic_slice(info, window: Windowed, starts: list[Value], mesh: Mesh
     return _rows_block(window.rel, dim, window.rel.term, base, size, axes, mesh)
 
 
-def _padded_dynamic_slice(info, window: Windowed, starts: list[Value], mesh: Mesh) -> Value:
-    """A dynamic_slice of a zero-padded value: what the dynamic_slice rule makes of the padded
-    relation; when that is no layout, a window per device, longer than the stride of its
-    device-dependent offsets (XLA's cumsum of a split dim: device b reads rows
+def _padded_dynamic_slice(info, window: Windowed, starts: list[Value], mesh: Mesh,
+                          rule: Rule) -> Value:
+    """A dynamic_slice of a zero-padded value: what the dynamic_slice rule (`rule`) makes of
+    the padded relation; when that is no layout, a window per device, longer than the stride
+    of its device-dependent offsets (XLA's cumsum of a split dim: device b reads rows
     [c + s*b, c + s*b + L) with s*|A| = N, A the mesh axes its offsets step over). That window
     is rows c - low + s*b + [0, L) of x split over A (block s), zeros where they fall outside
     x: exactly the padded tensor's rows, so every later use is checked as a window."""
-    from entangle_mlir.rules.index import dynamic_slice
-
-    plain = dynamic_slice(info, [padded_rel(window), *starts],
-                          RuleContext(mesh, tuple(mesh.names)))[0]
+    plain = rule(info, [padded_rel(window), *starts], RuleContext(mesh, tuple(mesh.names)))[0]
     dim, rel = window.dim, window.rel
     sizes = tuple(info.attrs["slice_sizes"])
     local = info.operand_types[0].shape
@@ -548,17 +547,7 @@ def zero_extended_read(window: Windowed, reads: list[int], size: int, mesh: Mesh
     base = _blocked(starts, low, size, axes, mesh)
     if base is None or base + size * mesh.group_size(axes) > total + low + high:
         return None
-    return _rows_block(rel, dim, _zero_pad(rel.term, dim, low, high), base, size, axes, mesh)
-
-
-def _zero_pad(term: Term, dim: int, low: int, high: int) -> Term:
-    """`term` padded with zeros along `dim` (as the pad rule builds it)."""
-    rank = len(term.shape)
-    shape = tuple(n + low + high if d == dim else n for d, n in enumerate(term.shape))
-    return make_op("pad", (term, make_splat(0, (), term.dtype)), (
-        tuple(low if d == dim else 0 for d in range(rank)),
-        tuple(high if d == dim else 0 for d in range(rank)), (0,) * rank), shape, term.dtype,
-        linear_in=0)
+    return _rows_block(rel, dim, zero_pad(rel.term, dim, low, high), base, size, axes, mesh)
 
 
 def pad_window(window: Windowed, low: int, high: int, mesh: Mesh) -> Value:
@@ -620,7 +609,7 @@ def reduce_window_of_window(info, window: Windowed, init: Rel, reducer: str,
                        (window_dims, strides, base_dil, dilation, lows, highs), shape, dtype,
                        linear_in=0)
     else:
-        term = intern(f"reduce_window_{reducer}", (_zero_pad(rel.term, dim, pad_low, pad_high),),
+        term = intern(f"reduce_window_{reducer}", (zero_pad(rel.term, dim, pad_low, pad_high),),
                       attrs, shape, dtype)
     return _rows_block(rel, dim, term, base, out, axes, mesh)
 
@@ -1083,8 +1072,6 @@ def sum_out(term: Term, dims: tuple[int, ...], dtype: str,
     shape = tuple(n for d, n in enumerate(term.shape) if d not in dims)
     if reference is not None:
         k, base = single_scaled(term)
-        from entangle_mlir.rules.reduction import sum_term
-
         plain = sum_term(base, dims, shape, dtype)
         if single_scaled(plain)[1].serial in reference:
             return plain if k == 1 else scale(plain, k)
@@ -1136,8 +1123,6 @@ def sum_out(term: Term, dims: tuple[int, ...], dtype: str,
     elif base.op == "stablehlo.dot_general":
         out = _contract_batch(base, dims, shape, dtype)
     if out is None:
-        from entangle_mlir.rules.reduction import sum_term
-
         out = sum_term(base, dims, shape, dtype)
     return out if k == 1 else scale(out, k)
 
