@@ -622,9 +622,11 @@ def test_every_term_op_the_rules_build_can_be_evaluated() -> None:
 
     from entangle_mlir.rules.elementwise import ELEMENTWISE_RULES
 
-    root = Path(S.__file__).parent
+    import entangle_mlir
+
+    root = Path(entangle_mlir.__file__).parent
     found: set[str] = set()
-    for path in [*sorted(root.glob("*.py")), *sorted((root / "rules").glob("*.py"))]:
+    for path in sorted(root.rglob("*.py")):
         text = path.read_text()
         found |= set(re.findall(r'(?:intern|make_op)\(\s*"([^"]+)"', text))
         for prefix in re.findall(r'(?:intern|make_op)\(\s*f"([a-z_.]+)\{', text):
