@@ -626,6 +626,7 @@ def evaluate_node(term: Term, args: list):
     """The value of one gather/scatter/dynamic_update_slice term node from its arguments'
     values, by the op semantics of `semantics.OP_SEMANTICS` (for `semantics._evaluate_node`:
     `if op in gather_scatter.TERM_OPS: return gather_scatter.evaluate_node(term, args)`)."""
-    from entangle_mlir.semantics import ops as S
+    from entangle_mlir.semantics.ops import OP_SEMANTICS
+    from entangle_mlir.semantics.tensor import obj_array
 
-    return S.OP_SEMANTICS[term.op](term_info(term), [S.obj_array(a) for a in args])[0]
+    return OP_SEMANTICS[term.op](term_info(term), [obj_array(a) for a in args])[0]
