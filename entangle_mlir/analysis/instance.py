@@ -102,13 +102,45 @@ from entangle_mlir.core.terms import (
     splat_value,
     subterms,
 )
-from entangle_mlir.mlir.opinfo import OpInfo, TensorType
+from entangle_mlir.mlir.opinfo import OpInfo, TensorType, scatter_kind
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import ReferenceTerms, RuleContext
 from entangle_mlir.rules.kinds.reordered import with_orders
 from entangle_mlir.rules.kinds.window import completed_sums
-from entangle_mlir.semantics import ops as S
+from entangle_mlir.semantics.collectives import COLLECTIVE_SEMANTICS, replica_groups, run_op
+from entangle_mlir.semantics.element import (
+    SemanticsError,
+    add,
+    collect_divisors,
+    combine,
+    compare,
+    equal,
+    int_limits,
+    is_bool_dtype,
+    is_int_dtype,
+    is_z3,
+    random_functions,
+    select,
+    sub,
+    sum_list,
+    to_z3,
+    wrap_int,
+    wrap_shift,
+)
+from entangle_mlir.semantics.evaluate import evaluate_node, evaluate_term, wrap_node
 from entangle_mlir.semantics.groups import GROUPED
+from entangle_mlir.semantics.ops import ELEMENTWISE, OP_SEMANTICS, WRAPPED_OPS, dimension_numbers
+from entangle_mlir.semantics.tensor import (
+    apply,
+    broadcast_in_dim,
+    dot_general,
+    full,
+    obj_array,
+    reduce_dims,
+    take,
+    transpose,
+    wrap_node_dtype,
+)
 
 ABSTRACT_BASE = 1_000_000_000
 """Argument indices of abstract leaves (never used by real programs)."""
@@ -217,7 +249,7 @@ class InstanceChecker:
                                reason="instance-check time budget spent")
         if all(isinstance(v, Opaque) for v in outs):
             return ProofResult("skipped", name=_query_name(info), reason="no relation claimed")
-        if info.name not in S.OP_SEMANTICS and info.name not in S.COLLECTIVE_SEMANTICS:
+        if info.name not in OP_SEMANTICS and info.name not in COLLECTIVE_SEMANTICS:
             return ProofResult("skipped", name=_query_name(info),
                                reason=f"no semantics for {info.name}")
         manual = tuple(ctx.manual_axes) if ctx else _default_manual_axes(ins, outs, mesh)
@@ -696,7 +728,7 @@ class _Abstractor:
                 cuts[operand.serial] = self.leaf(operand)
             return True
         structural = term.op in _STRUCTURAL or (
-            term.op in S.ELEMENTWISE and all(a.shape == term.shape for a in term.args))
+            term.op in ELEMENTWISE and all(a.shape == term.shape for a in term.args))
         if not structural:
             cuts[term.serial] = self.leaf(term)
             return True
@@ -855,7 +887,7 @@ def rebuild(term: Term, args: tuple[Term, ...]) -> Term:
         out = make_op(op, args, attrs, shape, dtype, linear_in=0)
     elif op == "stablehlo.scatter" and ("reducer", "add") in attrs:
         out = make_op(op, args, attrs, shape, dtype, linear_in=2)
-    elif op in S.ELEMENTWISE:
+    elif op in ELEMENTWISE:
         out = make_elementwise(op, args, attrs, dtype)
     else:
         out = intern(op, args, attrs, shape, dtype)
@@ -878,8 +910,8 @@ def _reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
     res = [tuple(t.shape) for t in info.result_types]
     name, a = info.name, info.attrs
     c = lambda s: _cap(s, cap)
-    if name in S.ELEMENTWISE or name in _SAME_SHAPE_COLLECTIVES:
-        if name in S.ELEMENTWISE:
+    if name in ELEMENTWISE or name in _SAME_SHAPE_COLLECTIVES:
+        if name in ELEMENTWISE:
             new_res = [tuple(c(s) for s in res[0])]
             rank = len(res[0])
             new_ops = [new_res[0] if len(o) == rank else o for o in ops]
@@ -1028,7 +1060,7 @@ def _reduced_pad(attrs: dict, ops, res, c):
 
 def _reduced_gather(info: OpInfo, ops, res, c):
     """Indexed operand dims and full windows shrink; partial windows keep their size."""
-    dims = S.dimension_numbers(info.attrs, "dimension_numbers")
+    dims = dimension_numbers(info.attrs, "dimension_numbers")
     sizes = tuple(info.attrs["slice_sizes"])
     operand, indices = ops
     ivd = dims.get("index_vector_dim", len(indices))
@@ -1056,7 +1088,7 @@ def _reduced_gather(info: OpInfo, ops, res, c):
 
 def _reduced_scatter(info: OpInfo, ops, c):
     """Scattered operand dims, the updates' scatter dims and full windows shrink."""
-    dims = S.dimension_numbers(info.attrs, "scatter_dimension_numbers")
+    dims = dimension_numbers(info.attrs, "scatter_dimension_numbers")
     operand, indices, updates = ops
     ivd = dims.get("index_vector_dim", len(indices))
     window_dims = dims.get("update_window_dims", ())
@@ -1143,7 +1175,7 @@ def _resize_term(term: Term, shape: tuple[int, ...], leaves: dict[int, Term]) ->
         inner = _resize_term(operand, op_shape, leaves)
         return None if inner is None else make_broadcast(inner, dims, shape)
     same_shape = all(a.shape == term.shape for a in term.args)
-    if term.args and same_shape and (term.op in _STRUCTURAL or term.op in S.ELEMENTWISE):
+    if term.args and same_shape and (term.op in _STRUCTURAL or term.op in ELEMENTWISE):
         args = [_resize_term(a, shape, leaves) for a in term.args]
         if any(a is None for a in args):
             return None
@@ -1189,7 +1221,7 @@ def _indexed_dim(info: OpInfo) -> int | None:
     key = "dimension_numbers" if info.name == "stablehlo.gather" else \
         "scatter_dimension_numbers"
     try:
-        dims = S.dimension_numbers(info.attrs, key)
+        dims = dimension_numbers(info.attrs, key)
     except Exception:  # noqa: BLE001 - unreadable attributes: no reduction
         return None
     index_map = dims.get("start_index_map", dims.get("scatter_dims_to_operand_dims"))
@@ -1272,7 +1304,7 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
     attrs = {**info.attrs, **overrides}
     if info.name == "stablehlo.scatter" and not (attrs.get("reducer") or attrs.get("update")):
         # the reduced OpInfo has no MLIR op to read the update region from
-        attrs["reducer"] = S.scatter_kind(info)
+        attrs["reducer"] = scatter_kind(info)
     if info.name == "stablehlo.constant":
         value = np.asarray(attrs["value"])
         attrs["value"] = np.full(new_res[0], value.reshape(-1)[0] if value.size else 0,
@@ -1443,7 +1475,7 @@ def _reduced_shifted_scatter(info: OpInfo, ins: list[Value], outs: list[Value],
     if (not claimed or len(claimed) != 1 or not isinstance(claimed[0], Rel)
             or claimed[0].term is not outs[0].term or not _same_layout(claimed[0], outs[0])):
         return None   # the claim is not the rule's output: check it as it is
-    dims = S.dimension_numbers(info.attrs, "scatter_dimension_numbers")
+    dims = dimension_numbers(info.attrs, "scatter_dimension_numbers")
     to_operand = tuple(dims.get("scatter_dims_to_operand_dims", ()))
     window_dims = dims.get("update_window_dims", ())
     ivd = dims.get("index_vector_dim", len(info.operand_types[1].shape))
@@ -1475,7 +1507,7 @@ def _reduced_shifted_scatter(info: OpInfo, ins: list[Value], outs: list[Value],
     r_info = replace(info, operand_types=[TensorType(tuple(s), t.dtype) for s, t in zip(
         (new_o, new_i, new_u), info.operand_types)], result_types=[
         TensorType(tuple(new_o), info.result_types[0].dtype)], op=None,
-        attrs={**info.attrs, "reducer": S.scatter_kind(info)})
+        attrs={**info.attrs, "reducer": scatter_kind(info)})
     r_outs = _run_rule(r_info, r_ins, mesh, ctx)
     if not r_outs or len(r_outs) != 1 or not isinstance(r_outs[0], Rel):
         return None
@@ -1502,7 +1534,7 @@ class _Symbolic:
     def scalar(self, name: str, dtype: str):
         """`z3.Bool/Int/Real(name)`, built directly on a cached sort (twice as fast: a
         512-device check creates about 13000 of them)."""
-        kind = "bool" if S.is_bool_dtype(dtype) else "int" if S.is_int_dtype(dtype) else "real"
+        kind = "bool" if is_bool_dtype(dtype) else "int" if is_int_dtype(dtype) else "real"
         ctx = z3.main_ctx()
         cached = _SORTS.get((kind, ctx.ref().value))
         if cached is None:
@@ -1512,7 +1544,7 @@ class _Symbolic:
         if kind == "bool":
             return z3.BoolRef(made, ctx)
         var = z3.ArithRef(made, ctx)
-        limits = S.int_limits(dtype) if kind == "int" else None
+        limits = int_limits(dtype) if kind == "int" else None
         if limits is not None:  # a value of its dtype (integer ops wrap into this range)
             self.hypotheses.append(var >= limits[0])
             self.hypotheses.append(var <= limits[1])
@@ -1530,19 +1562,19 @@ class _Symbolic:
         if kind == "sum":
             locals_ = [self.tensor(f"{name}.{j}", block.shape, dtype) for j in range(count - 1)]
             # integers: the last piece is the one value of the dtype congruent mod 2^N
-            rest = S.apply(lambda b, *xs: S.wrap_int(S.sub(b, S.sum_list(list(xs))), dtype),
-                           block, *locals_)
+            rest = apply(lambda b, *xs: wrap_int(sub(b, sum_list(list(xs))), dtype),
+                         block, *locals_)
             return locals_ + [rest]
         if kind in ("max", "min"):
             locals_ = [self.tensor(f"{name}.{j}", block.shape, dtype) for j in range(count)]
             for idx in np.ndindex(block.shape):
-                b = S.to_z3(block[idx])
-                xs = [S.to_z3(x[idx]) for x in locals_]
+                b = to_z3(block[idx])
+                xs = [to_z3(x[idx]) for x in locals_]
                 bound = [(x <= b) if kind == "max" else (x >= b) for x in xs]
                 self.hypotheses.extend(bound)
                 self.hypotheses.append(z3.Or([x == b for x in xs]))
             return locals_
-        raise S.SemanticsError(f"unknown partial kind {kind!r}")
+        raise SemanticsError(f"unknown partial kind {kind!r}")
 
 
 class _Concrete:
@@ -1555,9 +1587,9 @@ class _Concrete:
         self.hypotheses: list = []
 
     def scalar(self, name: str, dtype: str):
-        if S.is_bool_dtype(dtype):
+        if is_bool_dtype(dtype):
             return self.rng.random() < 0.5
-        if S.is_int_dtype(dtype):
+        if is_int_dtype(dtype):
             return self.rng.randint(-5, 5)
         return Fraction(self.rng.randint(-40, 40), self.rng.choice((1, 2, 3, 7)))
 
@@ -1577,8 +1609,8 @@ class _Concrete:
         if kind == "sum":
             locals_ = [self.tensor(name, block.shape, dtype) for _ in range(count - 1)]
             # integers: the last piece is the one value of the dtype congruent mod 2^N
-            rest = S.apply(lambda b, *xs: S.wrap_int(S.sub(b, S.sum_list(list(xs))), dtype),
-                           block, *locals_)
+            rest = apply(lambda b, *xs: wrap_int(sub(b, sum_list(list(xs))), dtype),
+                         block, *locals_)
             return locals_ + [rest]
         locals_ = [np.empty(block.shape, dtype=object) for _ in range(count)]
         for idx in np.ndindex(block.shape):
@@ -1623,24 +1655,24 @@ def _leaf_name(index: int) -> str:
     return f"A{index - ABSTRACT_BASE}" if index >= ABSTRACT_BASE else f"arg{index}"
 
 
-def _derived_local(full: np.ndarray, value: Permuted | Windowed | Shifted | Reordered,
+def _derived_local(global_value: np.ndarray, value: Permuted | Windowed | Shifted | Reordered,
                    mesh: Mesh, device: int) -> np.ndarray:
     """Device `device`'s local value of a value derived from a Rel whose global value is
-    `full`: another device's block, a halo window, the block plus a device constant, or the
+    `global_value`: another device's block, a halo window, the block plus a device constant, or the
     blocks of a dim in the device's order."""
     if isinstance(value, Permuted):
-        return _block(full, value.rel, mesh, value.sources[device], False)
+        return _block(global_value, value.rel, mesh, value.sources[device], False)
     if isinstance(value, Reordered):
-        whole = _block(full, value.rel, mesh, device, False)
+        whole = _block(global_value, value.rel, mesh, device, False)
         order = value.orders[device]
         size = whole.shape[value.dim] // len(order)
         return np.concatenate([np.take(whole, range(b * size, (b + 1) * size), axis=value.dim)
                                for b in order], axis=value.dim)
     if isinstance(value, Windowed):
-        return _window_rows(full, value, mesh, device)
-    block = _block(full, value.rel, mesh, device, False)
+        return _window_rows(global_value, value, mesh, device)
+    block = _block(global_value, value.rel, mesh, device, False)
     dtype = value.rel.term.dtype  # the device adds in its dtype: integers wrap around
-    return S.apply(lambda x, o=value.offsets[device]: S.wrap_shift(x, o, dtype), block)
+    return apply(lambda x, o=value.offsets[device]: wrap_shift(x, o, dtype), block)
 
 
 def _block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
@@ -1650,38 +1682,38 @@ def _block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
     outside its predicate takes `junk` there (an input), or is left open (a result: only the
     defined positions are claimed)."""
     def test(pred: InBlock) -> np.ndarray:
-        x = _block(S.evaluate_term(pred.rel.term, env, memo), pred.rel, mesh, device, False)
+        x = _block(evaluate_term(pred.rel.term, env, memo), pred.rel, mesh, device, False)
         start = mesh.block_index(pred.axes, device) * pred.length
 
         def holds(v):
-            y = S.sub(v, start)
-            conds = ([S.compare(y, pred.lo, "GE")] if pred.lo is not None else []) + (
-                [S.compare(y, pred.hi, "LT")] if pred.hi is not None else [])
-            if any(S.is_z3(c) for c in conds):
-                both = z3.And(*[S.to_z3(c) for c in conds])
+            y = sub(v, start)
+            conds = ([compare(y, pred.lo, "GE")] if pred.lo is not None else []) + (
+                [compare(y, pred.hi, "LT")] if pred.hi is not None else [])
+            if any(is_z3(c) for c in conds):
+                both = z3.And(*[to_z3(c) for c in conds])
                 return z3.Not(both) if pred.negated else both
             return all(conds) != pred.negated
-        return S.apply(holds, x)
+        return apply(holds, x)
 
     if isinstance(value, InBlock):
         out = test(value)
-        return out, S.full(out.shape, True)
+        return out, full(out.shape, True)
     if isinstance(value, BlockIndex):
-        x = _block(S.evaluate_term(value.rel.term, env, memo), value.rel, mesh, device, False)
+        x = _block(evaluate_term(value.rel.term, env, memo), value.rel, mesh, device, False)
         start = mesh.block_index(value.axes, device) * value.length
         inside = test(InBlock(value.rel, value.axes, value.length, 0, value.length))
         dtype = value.rel.term.dtype  # inside the block x - start does not wrap: the same
-        out = S.apply(lambda v, p: S.add(S.select(  # value, spelled as the device computes it
-            p, S.wrap_shift(v, -start, dtype), value.fill), value.add), x, inside)
-        return out, S.full(out.shape, True)
+        out = apply(lambda v, p: add(select(  # value, spelled as the device computes it
+            p, wrap_shift(v, -start, dtype), value.fill), value.add), x, inside)
+        return out, full(out.shape, True)
     assert isinstance(value, Masked)
-    block = _block(S.evaluate_term(value.rel.term, env, memo), value.rel, mesh, device, False)
+    block = _block(evaluate_term(value.rel.term, env, memo), value.rel, mesh, device, False)
     pred = test(value.pred)
     if value.zero:
-        out = S.apply(lambda p, v: S.select(p, v, 0), pred, block)
-        return out, S.full(out.shape, True)
+        out = apply(lambda p, v: select(p, v, 0), pred, block)
+        return out, full(out.shape, True)
     if junk is not None:
-        return S.apply(S.select, pred, block, junk), S.full(block.shape, True)
+        return apply(select, pred, block, junk), full(block.shape, True)
     return block, pred
 
 
@@ -1702,9 +1734,9 @@ def _window_rows(value: np.ndarray, window: Windowed, mesh: Mesh, device: int) -
         if hole_device == device:
             index = [slice(None)] * out.ndim
             index[dim] = slice(a, b)
-            out[tuple(index)] = S.full(out[tuple(index)].shape, 0)
+            out[tuple(index)] = full(out[tuple(index)].shape, 0)
     if window.summed:
-        return S.reduce_dims(out, window.summed, "sum")
+        return reduce_dims(out, window.summed, "sum")
     return out
 
 
@@ -1725,11 +1757,11 @@ def _block(value: np.ndarray, rel: Rel, mesh: Mesh | None, device: int, single: 
         size = value.shape[dim] // count
         b = mesh.block_index(axes, device)
         index.append(slice(b * size, (b + 1) * size))
-    return S.take(value, tuple(index))
+    return take(value, tuple(index))
 
 
 class _LazyLeaves(dict):
-    """The leaves' global tensors for `S.evaluate_term`, their variables created element by
+    """The leaves' global tensors for `evaluate_term`, their variables created element by
     element on demand (named by global position, as `source.tensor` names them): a claim about
     a few devices' blocks of a value on 512 devices needs only those blocks' variables."""
 
@@ -1786,7 +1818,7 @@ _REGION_REDUCTIONS = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "m
 
 def _region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, memo: dict,
                   regions: dict) -> np.ndarray:
-    """`S.evaluate_term(term)[region]`, computed from the regions of the operands it reads:
+    """`evaluate_term(term)[region]`, computed from the regions of the operands it reads:
     a leaf's variables in the region; an elementwise op on its operands' same region; a
     broadcast, transpose, dot_general or reduction on the operand positions those output
     positions read (whole contracted and reduced dims); a reshape on the smallest box of
@@ -1795,7 +1827,7 @@ def _region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, me
     window."""
     shape = term.shape
     if all(r == (0, n) for r, n in zip(region, shape)):
-        return S.evaluate_term(term, env, memo)
+        return evaluate_term(term, env, memo)
     key = (term.serial, region)
     found = regions.get(key)
     if found is not None:
@@ -1810,14 +1842,14 @@ def _region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, me
         window = Term()
         window.op, window.args, window.attrs = op, args, term.attrs
         window.shape, window.dtype, window.serial = tuple(sub), term.dtype, -1
-        value = S._evaluate_node(window, values, env)
+        value = evaluate_node(window, values, env)
     elif op == "broadcast":
         (dims,) = term.attrs
         operand = args[0]
         inner = tuple(region[d] if operand.shape[i] == shape[d] else (0, operand.shape[i])
                       for i, d in enumerate(dims))
-        value = S.broadcast_in_dim(_region_value(operand, inner, env, memo, regions), dims,
-                                   tuple(sub))
+        value = broadcast_in_dim(_region_value(operand, inner, env, memo, regions), dims,
+                                 tuple(sub))
     elif op == "reshape" and args[0].shape and all(sub):
         operand = args[0]
         wanted = np.indices(sub).reshape(len(sub), -1) + np.array(
@@ -1831,7 +1863,7 @@ def _region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, me
         inner = [None] * len(perm)
         for k, p in enumerate(perm):
             inner[p] = region[k]
-        value = S.transpose(_region_value(args[0], tuple(inner), env, memo, regions), perm)
+        value = transpose(_region_value(args[0], tuple(inner), env, memo, regions), perm)
     elif op == "stablehlo.dot_general" and len(args) == 2:
         lb, rb, lc, rc = term.attrs
         lhs, rhs = args
@@ -1849,20 +1881,20 @@ def _region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, me
         for d in rhs_free:
             right[d] = region[position]
             position += 1
-        value = S.dot_general(_region_value(lhs, tuple(left), env, memo, regions),
-                              _region_value(rhs, tuple(right), env, memo, regions),
-                              lb, rb, lc, rc)
+        value = dot_general(_region_value(lhs, tuple(left), env, memo, regions),
+                            _region_value(rhs, tuple(right), env, memo, regions),
+                            lb, rb, lc, rc)
     elif op in _REGION_REDUCTIONS and len(args) == 1:
         dims = term.attrs[0]
         kept = iter(region)
         inner = tuple((0, n) if d in dims else next(kept) for d, n in enumerate(args[0].shape))
-        value = S.reduce_dims(_region_value(args[0], inner, env, memo, regions), dims,
-                              _REGION_REDUCTIONS[op])
+        value = reduce_dims(_region_value(args[0], inner, env, memo, regions), dims,
+                            _REGION_REDUCTIONS[op])
     else:
-        full = S.evaluate_term(term, env, memo)
-        value = S.take(full, tuple(slice(lo, hi) for lo, hi in region))
-    if op in S.WRAPPED_OPS and S.int_limits(term.dtype) is not None:
-        value = S.wrap_node(term, value)  # the window of an integer sum wraps like the whole
+        whole = evaluate_term(term, env, memo)
+        value = take(whole, tuple(slice(lo, hi) for lo, hi in region))
+    if op in WRAPPED_OPS and int_limits(term.dtype) is not None:
+        value = wrap_node(term, value)  # the window of an integer sum wraps like the whole
     if tuple(value.shape) != tuple(sub):
         raise _Failure("unknown", f"internal: {op} evaluated on a window gave shape "
                        f"{value.shape}, not {tuple(sub)}")
@@ -1878,8 +1910,8 @@ def _local_claims(results: dict, j: int, expected: dict) -> list:
         if tuple(results[d][j].shape) != tuple(expect.shape):
             raise _Failure("refuted", f"result {j} has local shape {results[d][j].shape} on "
                            f"device {d}")
-        claims.extend(S.equal(x, y) for x, y in zip(results[d][j].reshape(-1),
-                                                    expect.reshape(-1)))
+        claims.extend(equal(x, y) for x, y in zip(results[d][j].reshape(-1),
+                                                  expect.reshape(-1)))
     return claims
 
 
@@ -1905,7 +1937,7 @@ def _build(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
         for v in outs:
             if not isinstance(v, Rel):
                 continue
-            value = S.OP_SEMANTICS["stablehlo.constant"](info, [])[0]
+            value = OP_SEMANTICS["stablehlo.constant"](info, [])[0]
             if v.term.op == "dense":
                 dense[v.term.attrs[0]] = value
             elif v.term.op == "broadcast" and v.term.args[0].op == "dense" and value.size:
@@ -1916,19 +1948,19 @@ def _build(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
         key = term.attrs[0]
         if key not in dense:
             known = DENSE_VALUES.get(key)
-            dense[key] = (S.obj_array([int(v) for v in np.asarray(known).reshape(-1)],
-                                      term.shape) if known is not None else
+            dense[key] = (obj_array([int(v) for v in np.asarray(known).reshape(-1)],
+                                    term.shape) if known is not None else
                           source.tensor(f"dense{key.hex()[:8]}", term.shape, term.dtype))
         return dense[key].reshape(term.shape)
 
     env["dense"] = resolve
     env["opaque"] = _opaque_resolver(source)
     memo: dict[int, np.ndarray] = {}
-    with S.collect_divisors() as divisors:
+    with collect_divisors() as divisors:
         claims = _build_claims(info, ins, outs, mesh, single, devices, env, memo, source)
-    if any(not S.is_z3(d) for d in divisors):
+    if any(not is_z3(d) for d in divisors):
         raise _Failure("skip-trial", "a division by zero")
-    source.hypotheses.extend(S.to_z3(d) != 0 for d in divisors if S.is_z3(d))
+    source.hypotheses.extend(to_z3(d) != 0 for d in divisors if is_z3(d))
     return claims
 
 
@@ -1942,7 +1974,7 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
     def block_of(rel: Rel, device: int) -> np.ndarray:
         """Device `device`'s block of `rel`'s global value, computed on that block only."""
         if single:
-            return S.evaluate_term(rel.term, env, memo)
+            return evaluate_term(rel.term, env, memo)
         return _region_value(rel.term, _block_region(rel, mesh, device), env, memo, regions)
 
     pieces: dict[object, dict[int, np.ndarray]] = {}
@@ -1977,17 +2009,17 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                     local[group[0]][i] = block
         elif isinstance(value, DeviceScalar):
             for d in range(devices):
-                local[d][i] = S.full(tuple(value.shape), value.values[d] if not single
-                                     else value.values[0])
+                local[d][i] = full(tuple(value.shape), value.values[d] if not single
+                                   else value.values[0])
         elif isinstance(value, Reordered | Returning) and value.rel.partial and not single:
             parts = pieces_of(value, f"p{i}", dtype)
             for d in range(devices):
                 local[d][i] = _piece_local(value, parts, d, mesh)
         elif isinstance(value, Permuted | Windowed | Shifted | Reordered) and \
                 not value.rel.partial and not single:
-            full = S.evaluate_term(value.rel.term, env, memo)
+            global_value = evaluate_term(value.rel.term, env, memo)
             for d in range(devices):
-                local[d][i] = _derived_local(full, value, mesh, d)
+                local[d][i] = _derived_local(global_value, value, mesh, d)
         elif isinstance(value, DEVICE_BLOCK_VALUES) and not value.rel.partial and not single:
             for d in range(devices):
                 junk = source.tensor(f"o{i}.d{d}", want or (), dtype)
@@ -2013,7 +2045,7 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                     raise _Failure("refuted", f"result {j} has shape {got.shape}, the device "
                                    f"scalar {value.shape}")
                 expect = value.values[d] if not single else value.values[0]
-                claims.extend(S.equal(x, expect) for x in got.reshape(-1))
+                claims.extend(equal(x, expect) for x in got.reshape(-1))
             continue
         if isinstance(value, DEVICE_BLOCK_VALUES):
             if value.rel.partial or single:
@@ -2025,8 +2057,8 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                     raise _Failure("refuted", f"result {j} has local shape {got.shape} on "
                                    f"device {d}")
                 for x, y, ok in zip(got.reshape(-1), expect.reshape(-1), defined.reshape(-1)):
-                    claims.append(S.equal(x, y) if ok is True else
-                                  z3.Or(z3.Not(S.to_z3(ok)), S.to_z3(S.equal(x, y))))
+                    claims.append(equal(x, y) if ok is True else
+                                  z3.Or(z3.Not(to_z3(ok)), to_z3(equal(x, y))))
             continue
         if isinstance(value, Reordered) and value.rel.partial and not single:
             claims.extend(_reordered_partial_claims(value, j, results, block_of, mesh))
@@ -2044,9 +2076,9 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
             if value.rel.partial or single:
                 raise _Failure("unknown", f"a {type(value).__name__.lower()} partial value "
                                "cannot be checked")
-            full = S.evaluate_term(value.rel.term, env, memo)
+            global_value = evaluate_term(value.rel.term, env, memo)
             claims.extend(_local_claims(results, j, {
-                d: _derived_local(full, value, mesh, d) for d in checked}))
+                d: _derived_local(global_value, value, mesh, d) for d in checked}))
             continue
         for group in _partial_groups(value, mesh, single):
             if group[0] not in results:
@@ -2065,14 +2097,14 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                                    f"relation says {block.shape}")
             if value.partial:
                 kind = value.kind
-                reduced = S.apply(lambda *xs, kind=kind: S.combine(kind, list(xs)),
-                                  *(results[m][j] for m in group))
+                reduced = apply(lambda *xs, kind=kind: combine(kind, list(xs)),
+                                *(results[m][j] for m in group))
                 if kind == "sum":  # the all_reduce that completes it sums in the dtype
-                    reduced = S.wrap_node_dtype(reduced, value.term.dtype)
+                    reduced = wrap_node_dtype(reduced, value.term.dtype)
             else:
                 reduced = results[group[0]][j]
-            claims.extend(S.equal(x, y) for x, y in zip(reduced.reshape(-1),
-                                                        block.reshape(-1)))
+            claims.extend(equal(x, y) for x, y in zip(reduced.reshape(-1),
+                                                      block.reshape(-1)))
     return claims
 
 
@@ -2096,7 +2128,7 @@ def _piece_local(value: Reordered | Returning, parts: dict[int, np.ndarray], dev
               for q in sorted(value.sources[device])]
     if not chosen:
         raise _Failure("unknown", "pieces of a partial sum from no device")
-    return S.apply(lambda *xs: S.sum_list(list(xs)), *chosen) if len(chosen) > 1 else chosen[0].copy()
+    return apply(lambda *xs: sum_list(list(xs)), *chosen) if len(chosen) > 1 else chosen[0].copy()
 
 
 def _reordered_partial_claims(value: Reordered, j: int, results: dict, block_of, mesh: Mesh
@@ -2117,8 +2149,8 @@ def _reordered_partial_claims(value: Reordered, j: int, results: dict, block_of,
             blocks = np.split(got, len(order), axis=value.dim)
             natural.append(np.concatenate([blocks[order.index(b)] for b in range(len(order))],
                                           axis=value.dim))
-        reduced = S.apply(lambda *xs, kind=value.rel.kind: S.combine(kind, list(xs)), *natural)
-        claims.extend(S.equal(x, y) for x, y in zip(reduced.reshape(-1), block.reshape(-1)))
+        reduced = apply(lambda *xs, kind=value.rel.kind: combine(kind, list(xs)), *natural)
+        claims.extend(equal(x, y) for x, y in zip(reduced.reshape(-1), block.reshape(-1)))
     return claims
 
 
@@ -2134,7 +2166,7 @@ def _distinct_devices(info: OpInfo, ins: list[Value], outs: list[Value], mesh: M
     everyone = list(range(devices))
     if single:
         return everyone
-    if info.name in S.COLLECTIVE_SEMANTICS:
+    if info.name in COLLECTIVE_SEMANTICS:
         grouped = _collective_axes(info, mesh)
         if grouped is None:
             return everyone
@@ -2173,8 +2205,8 @@ def _collective_axes(info: OpInfo, mesh: Mesh) -> tuple[str, ...] | None:
     if info.name not in _GROUP_COLLECTIVES:
         return None
     try:
-        groups = S.replica_groups(info, mesh)
-    except S.SemanticsError:
+        groups = replica_groups(info, mesh)
+    except SemanticsError:
         return None
     axes = mesh.axes_of_groups(groups)
     if axes is None or sorted(map(tuple, groups)) != sorted(
@@ -2187,11 +2219,11 @@ def _run_devices(info: OpInfo, local: list[list[np.ndarray]], checked: list[int]
                  mesh: Mesh | None, single: bool) -> dict[int, list[np.ndarray]]:
     """The results of the checked devices. A collective checked on whole replica groups only
     (`_distinct_devices`) runs on those groups, renumbered, as a mesh of their own."""
-    if single or info.name not in S.COLLECTIVE_SEMANTICS or len(checked) == mesh.num_devices:
-        return dict(zip(checked, S.run_op(info, [local[d] for d in checked],
-                                          None if single else mesh)))
+    if single or info.name not in COLLECTIVE_SEMANTICS or len(checked) == mesh.num_devices:
+        return dict(zip(checked, run_op(info, [local[d] for d in checked],
+                                        None if single else mesh)))
     index = {d: k for k, d in enumerate(checked)}
-    groups = [g for g in S.replica_groups(info, mesh) if g[0] in index]
+    groups = [g for g in replica_groups(info, mesh) if g[0] in index]
     if sum(len(g) for g in groups) != len(checked) or any(m not in index for g in groups
                                                            for m in g):
         raise _Failure("unknown", "the checked devices are not whole replica groups")
@@ -2202,8 +2234,8 @@ def _run_devices(info: OpInfo, local: list[list[np.ndarray]], checked: list[int]
     if GROUPED[info.name][0] is not None:
         attrs["use_global_device_ids"] = True
     renumbered = replace(info, attrs=attrs)
-    results = S.run_op(renumbered, [local[d] for d in checked],
-                       Mesh((("checked", len(checked)),)))
+    results = run_op(renumbered, [local[d] for d in checked],
+                     Mesh((("checked", len(checked)),)))
     return dict(zip(checked, results))
 
 
@@ -2403,7 +2435,7 @@ def run_check(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | No
     except _Failure as failure:
         status = failure.status if failure.status in ("refuted", "unknown") else "unknown"
         return ProofResult(status, None, time.perf_counter() - start, name, failure.reason)
-    except (S.SemanticsError, z3.Z3Exception, IndexError, KeyError, TypeError,
+    except (SemanticsError, z3.Z3Exception, IndexError, KeyError, TypeError,
             ValueError) as err:
         return ProofResult("unknown", None, time.perf_counter() - start, name,
                            f"cannot build the query: {type(err).__name__}: {err}")
@@ -2442,9 +2474,9 @@ def find_counterexample(info: OpInfo, ins: list[Value], outs: list[Value], mesh:
     for seed in range(trials):
         source = _Concrete(seed)
         try:
-            with S.random_functions(seed):
+            with random_functions(seed):
                 claims = _build(info, ins, outs, mesh, ctx, source)
-        except (_Failure, S.SemanticsError, ArithmeticError, TypeError, ValueError):
+        except (_Failure, SemanticsError, ArithmeticError, TypeError, ValueError):
             continue
         for k, claim in enumerate(claims):
             if isinstance(claim, (bool, np.bool_)) and not claim:
@@ -2488,17 +2520,17 @@ def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
     env["opaque"] = _opaque_resolver(source)
     memo: dict[int, np.ndarray] = {}
     try:
-        with S.collect_divisors() as divisors:
-            left = S.evaluate_term(a, env, memo)
-            right = S.evaluate_term(b, env, memo)
-    except (S.SemanticsError, z3.Z3Exception, ValueError, TypeError) as err:
+        with collect_divisors() as divisors:
+            left = evaluate_term(a, env, memo)
+            right = evaluate_term(b, env, memo)
+    except (SemanticsError, z3.Z3Exception, ValueError, TypeError) as err:
         return ProofResult("unknown", None, time.perf_counter() - start, name,
                            f"cannot evaluate: {err}")
-    if any(not S.is_z3(d) for d in divisors):
+    if any(not is_z3(d) for d in divisors):
         return ProofResult("unknown", None, time.perf_counter() - start, name,
                            "a division by zero")
-    hypotheses = [S.to_z3(d) != 0 for d in divisors]
-    claims = [S.equal(x, y) for x, y in zip(left.reshape(-1), right.reshape(-1))]
+    hypotheses = [to_z3(d) != 0 for d in divisors]
+    claims = [equal(x, y) for x, y in zip(left.reshape(-1), right.reshape(-1))]
     if any(c is False for c in claims):
         return ProofResult("refuted", None, time.perf_counter() - start, name,
                            "an element differs for every input")

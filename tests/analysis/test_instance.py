@@ -20,7 +20,20 @@ from entangle_mlir.core.relations import DeviceScalar, Opaque, Rel
 from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.semantics import ops as S
+from entangle_mlir.semantics.element import compare, equal, maximum, mul, select
+from entangle_mlir.semantics.evaluate import evaluate_term
+from entangle_mlir.semantics.tensor import (
+    apply,
+    broadcast_in_dim,
+    dot_general,
+    full,
+    iota,
+    pad,
+    reduce_dims,
+    reshape,
+    slice_,
+    transpose,
+)
 from tests.shared import EXAMPLES_MLIR
 
 M1 = Mesh((("tp", 2),))
@@ -292,7 +305,7 @@ def _random_composition(seed: int) -> None:
     pool = [_fresh(tuple(rng.choice([1, 2, 3]) for _ in range(rng.randint(1, 3))), env, rng)
             for _ in range(2)]
     size = rng.choice([2, 3, 5])
-    pool.append((T.make_iota((size,), 0, "f32"), S.iota((size,), 0)))
+    pool.append((T.make_iota((size,), 0, "f32"), iota((size,), 0)))
     for _ in range(10):
         t, v = rng.choice(pool)
         shape = t.shape
@@ -302,10 +315,10 @@ def _random_composition(seed: int) -> None:
             continue
         if op == "reshape":
             new = _factorization(math.prod(shape), rng)
-            nt, nv = T.make_reshape(t, new), S.reshape(v, new)
+            nt, nv = T.make_reshape(t, new), reshape(v, new)
         elif op == "transpose":
             perm = tuple(rng.sample(range(len(shape)), len(shape)))
-            nt, nv = T.make_transpose(t, perm), S.transpose(v, perm)
+            nt, nv = T.make_transpose(t, perm), transpose(v, perm)
         elif op == "broadcast":
             rank = len(shape) + rng.randint(0, 2)
             dims = tuple(sorted(rng.sample(range(rank), len(shape))))
@@ -314,19 +327,19 @@ def _random_composition(seed: int) -> None:
             new = [rng.choice([1, 2, 3]) for _ in range(rank)]
             for i, d in enumerate(dims):
                 new[d] = shape[i] if shape[i] != 1 else rng.choice([1, 2])
-            nt, nv = T.make_broadcast(t, dims, tuple(new)), S.broadcast_in_dim(v, dims, new)
+            nt, nv = T.make_broadcast(t, dims, tuple(new)), broadcast_in_dim(v, dims, new)
         elif op == "lin":
             o, ov = _fresh(shape, env, rng) if rng.random() < 0.5 else (t, v)
             k, c = Fraction(rng.randint(-3, 3), 2), Fraction(rng.randint(-2, 2))
             nt = T.make_lin([(Fraction(1), t), (k, o)], c, shape, "f32")
-            nv = S.apply(lambda a, b, k=k, c=c: a + k * b + c, v, ov)
+            nv = apply(lambda a, b, k=k, c=c: a + k * b + c, v, ov)
         elif op == "mul":
             o, ov = _fresh(shape, env, rng) if rng.random() < 0.6 else (t, v)
-            nt, nv = T.make_mul(t, o), S.apply(S.mul, v, ov)
+            nt, nv = T.make_mul(t, o), apply(mul, v, ov)
         elif op == "div":
             o, ov = _fresh(shape, env, rng)
             den = T.make_lin([(Fraction(1), T.make_mul(o, o))], 1, shape, "f32")
-            nt, nv = T.make_div(t, den), S.apply(lambda a, b: a / (b * b + 1), v, ov)
+            nt, nv = T.make_div(t, den), apply(lambda a, b: a / (b * b + 1), v, ov)
         elif op == "dot":
             if not shape:
                 continue
@@ -334,19 +347,19 @@ def _random_composition(seed: int) -> None:
             o, ov = _fresh((shape[-1],) + free, env, rng)
             attrs = ((), (), (len(shape) - 1,), (0,))
             nt = T.make_dot(t, o, attrs, shape[:-1] + free, "f32")
-            nv = S.dot_general(v, ov, *attrs)
+            nv = dot_general(v, ov, *attrs)
         elif op == "reduce":
             dims = tuple(sorted(rng.sample(range(len(shape)), rng.randint(1, len(shape)))))
             out = tuple(s for d, s in enumerate(shape) if d not in dims)
             nt = T.make_op("reduce_sum", (t,), (dims,), out, "f32", linear_in=0)
-            nv = S.reduce_dims(v, dims, "sum")
+            nv = reduce_dims(v, dims, "sum")
         elif op == "slice":
             starts = tuple(rng.randrange(s) for s in shape)
             limits = tuple(rng.randint(a + 1, s) for a, s in zip(starts, shape))
             strides = tuple(rng.choice([1, 1, 2]) for _ in shape)
             out = tuple(len(range(a, b, st)) for a, b, st in zip(starts, limits, strides))
             nt = T.make_op("slice", (t,), (starts, limits, strides), out, "f32", linear_in=0)
-            nv = S.slice_(v, starts, limits, strides)
+            nv = slice_(v, starts, limits, strides)
         elif op == "mask":
             # select on `iota + k <direction> c` (XLA's padding masks), constant elsewhere
             dim = rng.randrange(len(shape))
@@ -363,22 +376,22 @@ def _random_composition(seed: int) -> None:
             nt = T.make_elementwise("stablehlo.select",
                                     (pred, t, fill) if true_first else (pred, fill, t))
             real = direction if pair[0] is position else flipped[direction]
-            want = S.apply(lambda i, k=k, c=c, d=real: S.compare(i + k, c, d),
-                           S.iota(shape, dim))
-            fill_v = S.full(shape, fill.attrs[0])
-            nv = S.apply(S.select, want, v, fill_v) if true_first else S.apply(
-                S.select, want, fill_v, v)
+            want = apply(lambda i, k=k, c=c, d=real: compare(i + k, c, d),
+                         iota(shape, dim))
+            fill_v = full(shape, fill.attrs[0])
+            nv = apply(select, want, v, fill_v) if true_first else apply(
+                select, want, fill_v, v)
         elif op == "pad":
             low = tuple(rng.randint(0, 2) for _ in shape)
             high = tuple(rng.randint(0, 2) for _ in shape)
             nt = T.make_pad(t, T.make_splat(0, (), "f32"), low, high, (0,) * len(shape))
-            nv = S.pad(v, Fraction(0), low, high, (0,) * len(shape))
+            nv = pad(v, Fraction(0), low, high, (0,) * len(shape))
         else:
             o, ov = _fresh(shape, env, rng)
-            nt, nv = T.make_elementwise("stablehlo.maximum", (t, o)), S.apply(S.maximum, v, ov)
-        got = S.evaluate_term(nt, env)
+            nt, nv = T.make_elementwise("stablehlo.maximum", (t, o)), apply(maximum, v, ov)
+        got = evaluate_term(nt, env)
         assert got.shape == nv.shape, (seed, op, T.pretty(t), T.pretty(nt))
-        assert all(S.equal(a, b) for a, b in zip(got.reshape(-1), nv.reshape(-1))), (
+        assert all(equal(a, b) for a, b in zip(got.reshape(-1), nv.reshape(-1))), (
             seed, op, T.pretty(t), T.pretty(nt))
         pool.append((nt, nv))
 
@@ -402,8 +415,8 @@ def test_regression_xor_is_not_idempotent() -> None:
 def test_regression_reshape_of_dot_with_unit_dims() -> None:
     a, b = arg((2, 1, 3)), arg((3, 2, 1))
     dot = T.make_dot(a, b, ((), (), (2,), (0,)), (2, 1, 2, 1), "f32")
-    env = {a.attrs[0]: S.full((2, 1, 3), 1), b.attrs[0]: S.full((3, 2, 1), 1)}
-    assert S.evaluate_term(T.make_reshape(dot, (2, 1, 2)), env).shape == (2, 1, 2)
+    env = {a.attrs[0]: full((2, 1, 3), 1), b.attrs[0]: full((3, 2, 1), 1)}
+    assert evaluate_term(T.make_reshape(dot, (2, 1, 2)), env).shape == (2, 1, 2)
 
 
 COLLECTIVE_BUGS = [
@@ -488,13 +501,13 @@ def test_concrete_partial_splits_are_exact_or_refused() -> None:
     import numpy as np
 
     from entangle_mlir.analysis import instance as I
-    from entangle_mlir.semantics import ops as S
+    from entangle_mlir.semantics.element import sum_list
 
     source = I._Concrete(seed=3)
     block = source.tensor("x", (2, 3), "f32")
     pieces = source.split("sum", block, 4, "x", "f32")
     for idx in np.ndindex(block.shape):
-        assert S.sum_list([p[idx] for p in pieces]) == block[idx]
+        assert sum_list([p[idx] for p in pieces]) == block[idx]
     inexact = block.copy()
     inexact[0, 0] = float("-inf")
     with pytest.raises(I._Failure):

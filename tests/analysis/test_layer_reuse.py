@@ -268,17 +268,17 @@ def test_devices_with_the_same_claim_are_checked_once(monkeypatch) -> None:
     """Replicated values: 8 devices, one claim. Split values: one claim per block."""
     from entangle_mlir.analysis import instance as I
     from entangle_mlir.core.mesh import Mesh
-    from entangle_mlir.semantics import ops as S
+    from entangle_mlir.semantics.collectives import run_op
 
     mesh = Mesh((("dp", 2), ("tp", 4)))
     seen: list[int] = []
-    real_run_op = S.run_op
+    real_run_op = run_op
 
     def counting(info, operands, mesh):
         seen.append(len(operands))
         return real_run_op(info, operands, mesh)
 
-    monkeypatch.setattr(S, "run_op", counting)
+    monkeypatch.setattr(I, "run_op", counting)
     symmetric = I._symmetric_axes
     for in_tiling, devices in ((((), ()), 1), ((("tp",), ()), 4), ((("dp",), ("tp",)), 8)):
         # deduplication by blocks alone (the symmetry of the axes switched off) ...

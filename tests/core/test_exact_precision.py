@@ -32,7 +32,7 @@ from jax.sharding import PartitionSpec as P
 
 from entangle_mlir.core import precision
 from entangle_mlir.driver import check_texts
-from entangle_mlir.semantics import ops as semantics
+from entangle_mlir.semantics.element import convert
 from examples.real.catalog import (
     custom,
     lower_pair,
@@ -219,13 +219,13 @@ def test_narrowing_convert_is_not_the_identity_in_z3():
     import z3
 
     x = z3.Real("x")
-    narrowed = semantics.convert(x, "f32", "bf16")
+    narrowed = convert(x, "f32", "bf16")
     solver = z3.Solver()
     solver.add(narrowed != x)
     assert solver.check() == z3.sat
-    assert semantics.convert(x, "bf16", "f32") is x
-    assert semantics.convert(Fraction(OFF), "i32", "f32") == Fraction(2**24)
-    assert semantics.convert(Fraction(OFF), "i32", "f64") == Fraction(OFF)  # exact: no rounding
+    assert convert(x, "bf16", "f32") is x
+    assert convert(Fraction(OFF), "i32", "f32") == Fraction(2**24)
+    assert convert(Fraction(OFF), "i32", "f64") == Fraction(OFF)  # exact: no rounding
 
 
 @pytest.mark.parametrize("source,target,exact", [

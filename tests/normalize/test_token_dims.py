@@ -11,7 +11,8 @@ from jaxlib.mlir import ir
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.opinfo import describe
 from entangle_mlir.normalize.token_dims import split_token_dims
-from entangle_mlir.semantics import ops as S
+from entangle_mlir.semantics.collectives import run_op
+from entangle_mlir.semantics.tensor import obj_array
 
 # Router-like: per-token scores, a per-token normalisation, and the weight's gradient (a
 # contraction over the tokens), then the scores back in (batch, seq) order.
@@ -61,12 +62,12 @@ def _run(module, args: list[np.ndarray]) -> list[np.ndarray]:
     """The function's results on `args`, op by op with the exact semantics."""
     func = next(iter(module.body.operations))
     block = func.regions[0].blocks[0]
-    values = {a: S.obj_array(x) for a, x in zip(block.arguments, args)}
+    values = {a: obj_array(x) for a, x in zip(block.arguments, args)}
     for op in block.operations:
         if op.name == "func.return":
             return [values[v] for v in op.operands]
         info = describe(op)
-        (results,) = S.run_op(info, [[values[v] for v in op.operands]], None)
+        (results,) = run_op(info, [[values[v] for v in op.operands]], None)
         for result, value in zip(op.results, results):
             values[result] = value
     raise AssertionError("no return")

@@ -11,7 +11,8 @@ from jaxlib.mlir import ir
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.opinfo import describe
 from entangle_mlir.normalize.unit_dims import fold_unit_dims
-from entangle_mlir.semantics import ops as S
+from entangle_mlir.semantics.collectives import run_op
+from entangle_mlir.semantics.tensor import obj_array
 
 TRANSPOSE = """
 func.func @main(%x: tensor<1x3x1xf32>) -> tensor<1x3x8xf32> {
@@ -60,12 +61,12 @@ def _run(module, *args: np.ndarray) -> np.ndarray:
     func = next(iter(module.body.operations))
     block = func.regions[0].blocks[0]
     for arg, x in zip(block.arguments, args):
-        values[arg] = S.obj_array(x)
+        values[arg] = obj_array(x)
     for op in block.operations:
         if op.name == "func.return":
             return values[op.operands[0]]
         info = describe(op)
-        (results,) = S.run_op(info, [[values[v] for v in op.operands]], None)
+        (results,) = run_op(info, [[values[v] for v in op.operands]], None)
         for result, value in zip(op.results, results):
             values[result] = value
     raise AssertionError("no return")

@@ -26,7 +26,9 @@ from entangle_mlir.core.relations import DeviceScalar, Opaque, Rel
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules import gather_scatter as G
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.semantics import ops as S
+from entangle_mlir.semantics.evaluate import evaluate_term
+from entangle_mlir.semantics.ops import OP_SEMANTICS
+from entangle_mlir.semantics.tensor import obj_array
 from tests.rules.test_lemmas import M1, M2, Lemma, _checker, arg, prove_lemma, refute, rel, splat
 
 GATHER = "stablehlo.gather"
@@ -342,7 +344,7 @@ def test_terms_evaluate_by_the_op_semantics() -> None:
     term = _gather_term(table, ids, (1, 2), (3, 2))
     t = np.arange(8).reshape(4, 2)
     i = np.array([[3], [-5], [9]])
-    got = S.evaluate_term(term, {table.attrs[0]: t, ids.attrs[0]: i})
+    got = evaluate_term(term, {table.attrs[0]: t, ids.attrs[0]: i})
     assert [list(r) for r in got] == [[6, 7], [0, 1], [6, 7]]
     assert G.term_info(term).attrs["slice_sizes"] == (1, 2)
 
@@ -452,7 +454,7 @@ def test_semantics_agree_with_xla(name: str) -> None:
         args = _inputs(specs, rng)
         theirs = exe.execute_sharded([jax.device_put(a, device) for a in args])
         want = np.asarray(theirs.disassemble_into_single_device_arrays()[0][0])
-        ours = S.OP_SEMANTICS[info.name](info, [S.obj_array(a) for a in args])[0]
+        ours = OP_SEMANTICS[info.name](info, [obj_array(a) for a in args])[0]
         got = np.array([[float(v) for v in np.ravel(ours)]]).reshape(want.shape)
         np.testing.assert_array_equal(got, want, err_msg=f"{name} on {args}")
 

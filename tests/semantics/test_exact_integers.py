@@ -42,7 +42,7 @@ from entangle_mlir.core.relations import Opaque, Shifted
 from entangle_mlir.driver import check_texts
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.semantics import ops as S
+from entangle_mlir.semantics.element import div, remainder, wrap_int
 from examples.real.catalog import custom, lower_pair, make_mesh, reference_fn, sharded_fn
 from examples.real.programs import ArgDef
 from tests.rules.test_lemmas import M1, M2, M3, Lemma, arg, prove_lemma, refute, rel, splat
@@ -288,10 +288,10 @@ def test_semantics_wrap() -> None:
     x, y = z3.Int("x"), z3.Int("y")
     solver = z3.Solver()
     solver.add(x >= -128, x <= 127, y >= -128, y <= 127,
-               S.wrap_int(x + y, "i8", 1) != (x + y + 128) % 256 - 128)
+               wrap_int(x + y, "i8", 1) != (x + y + 128) % 256 - 128)
     assert solver.check() == z3.unsat
-    assert S.wrap_int(2**31, "i32") == -(2**31)
-    assert S.div(-7, 2, integer=True) == -3 and S.remainder(-7, 2, integer=True) == -1
+    assert wrap_int(2**31, "i32") == -(2**31)
+    assert div(-7, 2, integer=True) == -3 and remainder(-7, 2, integer=True) == -1
 
 
 # ----- lemmas: the changed rules, proved on small shapes ----------------------------------------

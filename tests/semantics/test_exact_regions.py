@@ -257,9 +257,9 @@ def test_one_region_classifier() -> None:
     the rewrites share it (the two scatter_kinds that disagreed are one)."""
     from entangle_mlir.mlir import opinfo
     from entangle_mlir.rules import gather_scatter
-    from entangle_mlir.semantics import ops as semantics
+    from entangle_mlir.semantics import ops
 
-    assert semantics.scatter_kind is opinfo.scatter_kind
+    assert ops.scatter_kind is opinfo.scatter_kind
     assert gather_scatter.scatter_kind is opinfo.scatter_kind
 
 
@@ -303,17 +303,17 @@ def test_compare_type_of_the_term_and_z3() -> None:
     TOTALORDER result is unknown, and Python floats are ordered by IEEE totalOrder."""
     import z3
 
-    from entangle_mlir.semantics import ops as S
+    from entangle_mlir.semantics.element import compare
 
     a, b = z3.Real("a"), z3.Real("b")
     solver = z3.Solver()
-    solver.add(S.compare(a, b, "GE", total=True) != S.compare(a, b, "GE"))
+    solver.add(compare(a, b, "GE", total=True) != compare(a, b, "GE"))
     assert solver.check() == z3.sat
     solver = z3.Solver()
-    solver.add(a != b, S.compare(a, b, "GE", total=True) != S.compare(a, b, "GE"))
+    solver.add(a != b, compare(a, b, "GE", total=True) != compare(a, b, "GE"))
     assert solver.check() == z3.unsat
-    assert S.compare(-0.0, 0.0, "LT", total=True) and not S.compare(-0.0, 0.0, "LT")
-    assert S.compare(-1.0, -0.0, "LT", total=True) and S.compare(-2.0, -1.0, "LT", total=True)
+    assert compare(-0.0, 0.0, "LT", total=True) and not compare(-0.0, 0.0, "LT")
+    assert compare(-1.0, -0.0, "LT", total=True) and compare(-2.0, -1.0, "LT", total=True)
 
 
 def test_compare_type_that_xla_rejects_is_bad_input(entangle, write) -> None:

@@ -34,7 +34,30 @@ from entangle_mlir.core import terms as T
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.mlir.ir import parse_module
 from entangle_mlir.mlir.opinfo import OpInfo, TensorType, describe
-from entangle_mlir.semantics import ops as S
+from entangle_mlir.semantics.collectives import COLLECTIVE_SEMANTICS
+from entangle_mlir.semantics.element import (
+    SemanticsError,
+    equal,
+    is_int_dtype,
+    is_z3,
+    maximum,
+    minimum,
+    random_functions,
+    to_z3,
+    transcendental,
+)
+from entangle_mlir.semantics.evaluate import TERM_OPS, evaluate_term
+from entangle_mlir.semantics.ops import ELEMENTWISE, OP_SEMANTICS
+from entangle_mlir.semantics.tensor import (
+    dynamic_slice,
+    dynamic_update_slice,
+    full,
+    gather,
+    obj_array,
+    reduce_dims,
+    scatter,
+    top_k,
+)
 
 # ----- a tiny interpreter over lowered StableHLO ----------------------------------------------
 
@@ -67,7 +90,7 @@ def _interpret(func, inputs: list, funcs: dict, seen: set[str]) -> list:
         else:
             info = describe(op.operation)
             seen.add(info.name)
-            results = S.OP_SEMANTICS[info.name](info, operands)
+            results = OP_SEMANTICS[info.name](info, operands)
         for r, value in zip(op.results, results):
             assert tuple(value.shape) == tuple(r.type.shape), (name, value.shape, r.type)
             values[r] = value
@@ -79,7 +102,7 @@ def run_both(fn: Callable, *args: np.ndarray) -> tuple[list[np.ndarray], list, s
     module = _lower(fn, list(args))
     funcs = _functions(module)
     seen: set[str] = set()
-    inputs = [S.obj_array(np.asarray(a)) for a in args]
+    inputs = [obj_array(np.asarray(a)) for a in args]
     ours = _interpret(funcs["main"], inputs, funcs, seen)
     theirs = jax.jit(fn)(*args)
     theirs = list(theirs) if isinstance(theirs, (tuple, list)) else [theirs]
@@ -100,7 +123,7 @@ def run_text(text: str, *args: np.ndarray) -> tuple[list[np.ndarray], list, set[
     module = parse_module(text)
     funcs = _functions(module)
     seen: set[str] = set()
-    ours = _interpret(funcs["main"], [S.obj_array(np.asarray(a)) for a in args], funcs, seen)
+    ours = _interpret(funcs["main"], [obj_array(np.asarray(a)) for a in args], funcs, seen)
     return theirs, ours, seen
 
 
@@ -326,28 +349,28 @@ def test_scatter(update: str) -> None:
 
 
 def test_symbolic_indices_agree_with_concrete() -> None:
-    table = S.obj_array(np.arange(15).reshape(5, 3) * 2 - 7)
+    table = obj_array(np.arange(15).reshape(5, 3) * 2 - 7)
     dims = {"offset_dims": (1,), "collapsed_slice_dims": (0,), "start_index_map": (0,),
             "index_vector_dim": 1}
     i, j = z3.Int("i"), z3.Int("j")
-    symbolic = S.gather(table, S.obj_array(np.array([[i], [j]], object)), dims, (1, 3), (2, 3))
-    window = S.dynamic_slice(table, [i, 1], (2, 2))
-    updates = S.obj_array(np.array([[1, 2, 3], [4, 5, 6]]))
-    scattered = S.scatter(table, S.obj_array(np.array([[i], [j]], object)), updates,
-                          {"update_window_dims": (1,), "inserted_window_dims": (0,),
-                           "scatter_dims_to_operand_dims": (0,), "index_vector_dim": 1}, "add")
+    symbolic = gather(table, obj_array(np.array([[i], [j]], object)), dims, (1, 3), (2, 3))
+    window = dynamic_slice(table, [i, 1], (2, 2))
+    updates = obj_array(np.array([[1, 2, 3], [4, 5, 6]]))
+    scattered = scatter(table, obj_array(np.array([[i], [j]], object)), updates,
+                        {"update_window_dims": (1,), "inserted_window_dims": (0,),
+                         "scatter_dims_to_operand_dims": (0,), "index_vector_dim": 1}, "add")
     for vi, vj in ((0, 4), (-3, 2), (9, 1), (2, 2)):
         subst = [(i, z3.IntVal(vi)), (j, z3.IntVal(vj))]
-        concrete = S.gather(table, S.obj_array(np.array([[vi], [vj]])), dims, (1, 3), (2, 3))
+        concrete = gather(table, obj_array(np.array([[vi], [vj]])), dims, (1, 3), (2, 3))
         assert (_concretize(symbolic, subst) == concrete).all()
-        assert (_concretize(window, subst) == S.dynamic_slice(table, [vi, 1], (2, 2))).all()
-        expect = S.scatter(table, S.obj_array(np.array([[vi], [vj]])), updates,
-                           {"update_window_dims": (1,), "inserted_window_dims": (0,),
-                            "scatter_dims_to_operand_dims": (0,), "index_vector_dim": 1}, "add")
+        assert (_concretize(window, subst) == dynamic_slice(table, [vi, 1], (2, 2))).all()
+        expect = scatter(table, obj_array(np.array([[vi], [vj]])), updates,
+                         {"update_window_dims": (1,), "inserted_window_dims": (0,),
+                          "scatter_dims_to_operand_dims": (0,), "index_vector_dim": 1}, "add")
         assert (_concretize(scattered, subst) == expect).all()
-        placed = S.dynamic_update_slice(table, updates, [i, j])
+        placed = dynamic_update_slice(table, updates, [i, j])
         assert (_concretize(placed, subst) ==
-                S.dynamic_update_slice(table, updates, [vi, vj])).all()
+                dynamic_update_slice(table, updates, [vi, vj])).all()
 
 
 # ----- collectives on 4 simulated devices -----------------------------------------------------
@@ -381,8 +404,8 @@ def _collective_case(body: Callable, local: np.ndarray, name: str):
     module.operation.walk(visit)
     assert len(infos) == 1, f"expected one {name}, found {len(infos)}"
     info = infos[0]
-    operands = [[S.obj_array(local[d])] for d in range(MESH.num_devices)]
-    ours = S.COLLECTIVE_SEMANTICS[name](info, MESH, operands)
+    operands = [[obj_array(local[d])] for d in range(MESH.num_devices)]
+    ours = COLLECTIVE_SEMANTICS[name](info, MESH, operands)
     for d in range(MESH.num_devices):
         np.testing.assert_allclose(_to_float(ours[d][0]), theirs[d].astype(np.float64),
                                    rtol=1e-5, atol=1e-5)
@@ -428,7 +451,7 @@ def test_partition_id_is_the_flattened_device_id() -> None:
         mesh=mesh, in_specs=spec, out_specs=spec))
     theirs = np.asarray(fn(local)).reshape(-1)
     info = OpInfo("stablehlo.partition_id", {}, [], [TensorType((), "ui32")])
-    ours = S.COLLECTIVE_SEMANTICS["stablehlo.partition_id"](info, MESH, [[] for _ in range(4)])
+    ours = COLLECTIVE_SEMANTICS["stablehlo.partition_id"](info, MESH, [[] for _ in range(4)])
     assert [int(o[0][()]) for o in ours] == [int(t) for t in theirs]
 
 
@@ -438,7 +461,7 @@ def _symbolic(shape: tuple[int, ...], prefix: str, dtype: str = "f32") -> np.nda
     out = np.empty(shape, dtype=object)
     for idx in np.ndindex(shape):
         name = f"{prefix}{'_'.join(map(str, idx))}"
-        out[idx] = z3.Int(name) if S.is_int_dtype(dtype) else z3.Real(name)
+        out[idx] = z3.Int(name) if is_int_dtype(dtype) else z3.Real(name)
     return out
 
 
@@ -446,7 +469,7 @@ def _concretize(symbolic: np.ndarray, subst: list[tuple]) -> np.ndarray:
     out = np.empty(symbolic.shape, dtype=object)
     for idx in np.ndindex(symbolic.shape):
         v = symbolic[idx]
-        if S.is_z3(v):
+        if is_z3(v):
             v = z3.simplify(z3.substitute(v, *subst))
             if z3.is_true(v) or z3.is_false(v):
                 v = z3.is_true(v)
@@ -474,7 +497,7 @@ def test_z3_encoding_agrees(name: str) -> None:
               for _ in range(3)]
     values[1] = np.array([v if v != 0 else Fraction(3, 2) for v in values[1]], object)
     syms = [_symbolic(shape, f"v{k}_") for k in range(3)]
-    subst = [(s, S.to_z3(v)) for sym, val in zip(syms, values)
+    subst = [(s, to_z3(v)) for sym, val in zip(syms, values)
              for s, v in zip(sym.reshape(-1), val.reshape(-1))]
     attrs: dict = {}
     arity = 2
@@ -493,7 +516,7 @@ def test_z3_encoding_agrees(name: str) -> None:
     if name == "stablehlo.power":
         values[1] = np.array([Fraction(k % 4 - 1) for k in range(6)], object)
         values[0] = np.array([v if v != 0 else Fraction(1, 3) for v in values[0]], object)
-        subst = [(s, S.to_z3(v)) for sym, val in zip(syms, values)
+        subst = [(s, to_z3(v)) for sym, val in zip(syms, values)
                  for s, v in zip(sym.reshape(-1), val.reshape(-1))]
     operand_types = [TensorType(shape, "f32")] * arity
     numeric_args = list(values[:arity])
@@ -509,32 +532,32 @@ def test_z3_encoding_agrees(name: str) -> None:
         # Integer exponents are expanded; a symbolic exponent would be uninterpreted.
         symbolic_args[1] = values[1]
     info = OpInfo(name, attrs, operand_types, [TensorType(shape, rtype)])
-    numeric = S.OP_SEMANTICS[name](info, numeric_args)[0]
-    symbolic = S.OP_SEMANTICS[name](info, symbolic_args)[0]
+    numeric = OP_SEMANTICS[name](info, numeric_args)[0]
+    symbolic = OP_SEMANTICS[name](info, symbolic_args)[0]
     got = _concretize(symbolic, subst)
     for a, b in zip(got.reshape(-1), numeric.reshape(-1)):
-        assert S.equal(a, b), (name, got, numeric)
+        assert equal(a, b), (name, got, numeric)
 
 
 def test_transcendentals_are_uninterpreted_functions() -> None:
     x = _symbolic((2,), "t")
     info = OpInfo("stablehlo.tanh", {}, [TensorType((2,), "f32")], [TensorType((2,), "f32")])
-    out = S.OP_SEMANTICS["stablehlo.tanh"](info, [x])[0]
+    out = OP_SEMANTICS["stablehlo.tanh"](info, [x])[0]
     assert all(z3.is_app(v) and v.decl().name() == "tanh" for v in out)
-    with S.random_functions(3):
-        a = S.transcendental("tanh", Fraction(1, 3))
-        b = S.transcendental("tanh", Fraction(1, 3))
-        c = S.transcendental("tanh", Fraction(2, 3))
+    with random_functions(3):
+        a = transcendental("tanh", Fraction(1, 3))
+        b = transcendental("tanh", Fraction(1, 3))
+        c = transcendental("tanh", Fraction(2, 3))
     assert a == b and isinstance(a, Fraction) and isinstance(c, Fraction)
-    assert math.isclose(S.transcendental("tanh", 0.5), math.tanh(0.5))
+    assert math.isclose(transcendental("tanh", 0.5), math.tanh(0.5))
 
 
 def test_infinities_in_max_and_reduce() -> None:
     x = _symbolic((3,), "m")
-    reduced = S.reduce_dims(x, (0,), "max", -math.inf)
-    assert z3.eq(reduced[()], S.maximum(S.maximum(x[0], x[1]), x[2]))
-    assert S.maximum(-math.inf, x[0]) is x[0]
-    assert S.minimum(x[1], math.inf) is x[1]
+    reduced = reduce_dims(x, (0,), "max", -math.inf)
+    assert z3.eq(reduced[()], maximum(maximum(x[0], x[1]), x[2]))
+    assert maximum(-math.inf, x[0]) is x[0]
+    assert minimum(x[1], math.inf) is x[1]
 
 
 # ----- terms ----------------------------------------------------------------------------------
@@ -542,7 +565,7 @@ def test_infinities_in_max_and_reduce() -> None:
 def test_evaluate_term_covers_canonical_forms() -> None:
     a = T.make_arg(0, (2, 3), "f32")
     b = T.make_arg(1, (3, 4), "f32")
-    env = {0: S.obj_array(rand(2, 3)), 1: S.obj_array(rand(3, 4))}
+    env = {0: obj_array(rand(2, 3)), 1: obj_array(rand(3, 4))}
     fa, fb = _to_float(env[0]), _to_float(env[1])
     cases = [
         (T.make_add(T.scale(a, Fraction(1, 4)), T.make_splat(2, (2, 3), "f32")), fa / 4 + 2),
@@ -570,7 +593,7 @@ def test_evaluate_term_covers_canonical_forms() -> None:
         (T.make_iota((2, 3), 1, "f32"), np.broadcast_to(np.arange(3.0), (2, 3))),
     ]
     for term, expect in cases:
-        got = S.evaluate_term(term, env)
+        got = evaluate_term(term, env)
         np.testing.assert_allclose(_to_float(got), expect, rtol=1e-6, err_msg=repr(term))
 
 
@@ -579,30 +602,30 @@ def test_evaluate_term_loops_and_computed_slices() -> None:
     i = T.make_arg(1, (), "i32")
     window = T.intern("dynamic_slice", (x, i, T.make_splat(0, (), "i32")), ((2, 2),), (2, 2),
                       "f32")
-    values = S.obj_array(np.arange(8).reshape(4, 2))
+    values = obj_array(np.arange(8).reshape(4, 2))
     for offset, rows in ((1, [1, 2]), (3, [2, 3]), (-1, [0, 1])):
-        got = S.evaluate_term(window, {0: values, 1: S.obj_array(offset)})
+        got = evaluate_term(window, {0: values, 1: obj_array(offset)})
         assert (got == values[rows]).all()
     loop = T.make_loopvar(1, 0, (2,), "f32")
     result = T.intern("while_result", (x,), (0, 1, ()), (2,), "f32")
-    env = {("loopvar", 1, 0): S.obj_array(np.array([1, 2]))}
-    assert list(S.evaluate_term(T.make_add(loop, loop), env)) == [2, 4]
-    with pytest.raises(S.SemanticsError, match="while_result"):
-        S.evaluate_term(result, {0: values})
-    opaque = {"opaque": lambda term: S.full(term.shape, 7), 0: values}
-    assert list(S.evaluate_term(result, opaque)) == [7, 7]
+    env = {("loopvar", 1, 0): obj_array(np.array([1, 2]))}
+    assert list(evaluate_term(T.make_add(loop, loop), env)) == [2, 4]
+    with pytest.raises(SemanticsError, match="while_result"):
+        evaluate_term(result, {0: values})
+    opaque = {"opaque": lambda term: full(term.shape, 7), 0: values}
+    assert list(evaluate_term(result, opaque)) == [7, 7]
 
 
 def test_evaluate_term_dense_and_errors() -> None:
     d = T.make_dense(b"k", (2,), "f32")
-    assert list(S.evaluate_term(d, {("dense", b"k"): np.array([1.0, 2.0])})) == [1.0, 2.0]
-    with pytest.raises(S.SemanticsError, match="dense"):
-        S.evaluate_term(d, {})
+    assert list(evaluate_term(d, {("dense", b"k"): np.array([1.0, 2.0])})) == [1.0, 2.0]
+    with pytest.raises(SemanticsError, match="dense"):
+        evaluate_term(d, {})
     weird = T.intern("mystery_op", (), (), (2,), "f32")
-    with pytest.raises(S.SemanticsError, match="mystery_op"):
-        S.evaluate_term(weird, {})
-    with pytest.raises(S.SemanticsError, match="arg7"):
-        S.evaluate_term(T.make_arg(7, (1,), "f32"), {})
+    with pytest.raises(SemanticsError, match="mystery_op"):
+        evaluate_term(weird, {})
+    with pytest.raises(SemanticsError, match="arg7"):
+        evaluate_term(T.make_arg(7, (1,), "f32"), {})
 
 
 def test_every_rule_op_has_semantics() -> None:
@@ -610,7 +633,7 @@ def test_every_rule_op_has_semantics() -> None:
     from entangle_mlir.rules import RULES
 
     missing = [name for name in RULES
-               if name not in S.OP_SEMANTICS and name not in S.COLLECTIVE_SEMANTICS]
+               if name not in OP_SEMANTICS and name not in COLLECTIVE_SEMANTICS]
     assert not missing, missing
 
 
@@ -620,9 +643,8 @@ def test_every_term_op_the_rules_build_can_be_evaluated() -> None:
     import re
     from pathlib import Path
 
-    from entangle_mlir.rules.elementwise import ELEMENTWISE_RULES
-
     import entangle_mlir
+    from entangle_mlir.rules.elementwise import ELEMENTWISE_RULES
 
     root = Path(entangle_mlir.__file__).parent
     found: set[str] = set()
@@ -630,9 +652,9 @@ def test_every_term_op_the_rules_build_can_be_evaluated() -> None:
         text = path.read_text()
         found |= set(re.findall(r'(?:intern|make_op)\(\s*"([^"]+)"', text))
         for prefix in re.findall(r'(?:intern|make_op)\(\s*f"([a-z_.]+)\{', text):
-            found |= {op for op in S.TERM_OPS if op.startswith(prefix)} or {prefix + "?"}
+            found |= {op for op in TERM_OPS if op.startswith(prefix)} or {prefix + "?"}
     assert found, "no term constructors found"
-    missing = sorted(found - set(S.TERM_OPS)) + sorted(set(ELEMENTWISE_RULES) - set(S.ELEMENTWISE))
+    missing = sorted(found - set(TERM_OPS)) + sorted(set(ELEMENTWISE_RULES) - set(ELEMENTWISE))
     assert not missing, missing
 
 
@@ -646,7 +668,7 @@ def test_every_op_in_the_tables_is_grounded() -> None:
     covered = ({c[0] for c in ELEMENTWISE_CASES} | {c[0] for c in MOVEMENT_CASES}
                | {c[1] for c in COLLECTIVE_CASES} | GROUNDED_ELSEWHERE
                | {"stablehlo.partition_id", "stablehlo.replica_id"})
-    missing = sorted((set(S.OP_SEMANTICS) | set(S.COLLECTIVE_SEMANTICS)) - covered)
+    missing = sorted((set(OP_SEMANTICS) | set(COLLECTIVE_SEMANTICS)) - covered)
     assert not missing, missing
 
 
@@ -655,11 +677,11 @@ def test_top_k_on_symbolic_elements_matches_the_concrete_sort() -> None:
     included (lower index first)."""
     rows = [[1, 2, 2, 0, 2], [3, 3, 1, 3, 0], [0, 1, 2, 3, 4]]
     xs = [z3.Real(f"x{j}") for j in range(5)]
-    values, indices = S.top_k(np.array([xs], dtype=object), 3)
+    values, indices = top_k(np.array([xs], dtype=object), 3)
     for row in rows:
-        want_v, want_i = S.top_k(np.array([row], dtype=object), 3)
+        want_v, want_i = top_k(np.array([row], dtype=object), 3)
         subst = [(x, z3.RealVal(v)) for x, v in zip(xs, row)]
-        got_v = [z3.simplify(z3.substitute(S.to_z3(v), *subst)) for v in values[0]]
-        got_i = [z3.simplify(z3.substitute(S.to_z3(i), *subst)) for i in indices[0]]
+        got_v = [z3.simplify(z3.substitute(to_z3(v), *subst)) for v in values[0]]
+        got_i = [z3.simplify(z3.substitute(to_z3(i), *subst)) for i in indices[0]]
         assert [g.as_fraction() for g in got_v] == list(want_v[0])
         assert [g.as_long() for g in got_i] == list(want_i[0])

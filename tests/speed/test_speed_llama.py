@@ -27,7 +27,8 @@ from entangle_mlir.core.relations import Rel, Windowed, is_padded, padded_rel
 from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.semantics import ops as S
+from entangle_mlir.semantics.element import equal
+from entangle_mlir.semantics.evaluate import evaluate_term
 
 M2 = Mesh((("dp", 2), ("tp", 2)))
 _ids = iter(range(950_000, 10**6))
@@ -56,7 +57,7 @@ def test_gain_gradient_sums_meet() -> None:
 
 
 def _evaluate(term: T.Term, env: dict) -> np.ndarray:
-    return S.evaluate_term(term, env)
+    return evaluate_term(term, env)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -87,7 +88,7 @@ def test_merged_sums_compute_the_same_numbers(seed: int) -> None:
             term, value = T.make_reshape(term, tuple(new)), np.reshape(value, tuple(new))
     got = _evaluate(term, env)
     assert got.shape == np.shape(value)
-    assert all(S.equal(a, b) for a, b in zip(np.reshape(got, -1), np.reshape(value, -1)))
+    assert all(equal(a, b) for a, b in zip(np.reshape(got, -1), np.reshape(value, -1)))
 
 
 # ----- slices and pads of a cut dim, at a reduced shape -----------------------------------------

@@ -140,20 +140,21 @@ def test_block_values_are_the_blocks_of_the_full_values() -> None:
 
     import numpy as np
 
-    from entangle_mlir.semantics import ops as S
+    from entangle_mlir.semantics.element import equal
+    from entangle_mlir.semantics.evaluate import evaluate_term
 
     for term in _window_cases():
         source = I._Concrete(seed=term.serial)
         env = I._LazyLeaves(source, I._leaf_args([term]))
-        full = S.evaluate_term(term, env, {})
+        full = evaluate_term(term, env, {})
         ranges = [[(lo, hi) for lo in range(n) for hi in range(lo + 1, n + 1)]
                   for n in term.shape]
         for region in itertools.product(*ranges):
             got = I._region_value(term, tuple(region), env, {}, {})
             want = full[tuple(slice(lo, hi) for lo, hi in region)]
             assert got.shape == want.shape, (T.pretty(term), region)
-            assert all(S.equal(a, b) for a, b in zip(np.reshape(got, -1),
-                                                     np.reshape(want, -1))), (
+            assert all(equal(a, b) for a, b in zip(np.reshape(got, -1),
+                                                   np.reshape(want, -1))), (
                 T.pretty(term), region)
 
 

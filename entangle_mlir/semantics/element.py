@@ -1,0 +1,702 @@
+"""One element in its dtype's arithmetic: the values StableHLO ops compute with, exactly.
+
+The lowest layer of the semantics (split as StableHLO's reference interpreter splits Element,
+Tensor, Ops and ProcessGrid): dtypes; arithmetic, comparison and rounding of single elements;
+transcendental functions; integer wrap-around; converts; folding elements with a reduction
+kind. It knows no arrays and no ops, so the array functions (`tensor.py`), the op tables
+(`ops.py`, `collectives.py`) and term evaluation (`evaluate.py`) all build on it.
+
+An element is one of
+
+* a Python `int` / `bool` / `Fraction` / `float` (exact rationals; floats only for infinities or
+  when the caller feeds floats, as the grounding tests against XLA do);
+* a z3 expression (`ArithRef` of sort Real or Int, `BoolRef` for `i1`).
+
+The semantics is exact real arithmetic, as in the design: float sums and products may be
+regrouped, NaN is out of scope. A convert that rounds (f32 -> bf16, i32 -> f32; see
+`precision.py`) is the uninterpreted function `round_<dtype>` on symbolic elements and exact
+rounding on numbers, never the identity. Transcendental functions (exp, log, tanh, ...) are z3
+*uninterpreted functions* Real -> Real on symbolic elements, so a proof never depends on a
+property of tanh that a rule did not state; on floats they are the `math` functions, and inside
+`random_functions()` they are deterministic pseudo-random rational functions (an interpretation
+of the uninterpreted function, used to look for concrete counterexamples with exact
+arithmetic). Infinities in symbolic context become two named real constants (`+oo`, `-oo`);
+`max(-oo, x)` and friends simplify away syntactically, anything else about them is not
+provable (never wrongly proved).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import math
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from fractions import Fraction
+from functools import reduce as _fold
+
+import numpy as np
+import z3
+
+from entangle_mlir.core import intrange, precision
+
+Element = object
+
+
+class SemanticsError(ValueError):
+    """An op or term this module has no (exact) semantics for, or malformed input."""
+
+
+# ----- dtypes -------------------------------------------------------------------------------
+
+def is_bool_dtype(dtype: str) -> bool:
+    return dtype == "i1"
+
+
+def is_int_dtype(dtype: str) -> bool:
+    return dtype.startswith(("i", "ui", "si")) and dtype != "i1"
+
+
+def is_float_dtype(dtype: str) -> bool:
+    return not is_bool_dtype(dtype) and not is_int_dtype(dtype)
+
+
+# ----- element helpers ----------------------------------------------------------------------
+
+_NAN = z3.Real("NaN")  # an unknown but fixed value: NaN fill constants are data, not math
+_POS_INF = z3.Real("+oo")
+_NEG_INF = z3.Real("-oo")
+
+_RANDOM_FUNCTIONS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "entangle_random_functions", default=None)
+
+
+@contextlib.contextmanager
+def random_functions(seed: int = 0) -> Iterator[None]:
+    """Interpret transcendental functions on rationals as fixed pseudo-random rational functions.
+
+    Uninterpreted functions in the Z3 encoding may be any function; this picks one (the same
+    input always gives the same output within a seed), so a concrete evaluation with exact
+    rationals is a genuine model of the symbolic claim.
+    """
+    token = _RANDOM_FUNCTIONS.set(seed)
+    try:
+        yield
+    finally:
+        _RANDOM_FUNCTIONS.reset(token)
+
+
+_DIVISORS: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "entangle_divisors", default=None)
+
+
+@contextlib.contextmanager
+def collect_divisors() -> Iterator[list]:
+    """Collect the divisors of every division evaluated inside (symbolic ones as z3 terms,
+    concrete zeros as the Python value 0).
+
+    Exact real semantics leaves `x / 0` undefined (XLA gives inf or NaN): the instance checks
+    assume every divisor they met is nonzero, and check that assumption is satisfiable.
+    """
+    found: list = []
+    token = _DIVISORS.set(found)
+    try:
+        yield found
+    finally:
+        _DIVISORS.reset(token)
+
+
+def _note_divisor(b: Element) -> None:
+    found = _DIVISORS.get()
+    if found is None:
+        return
+    if is_z3(b):
+        found.append(b)
+    elif not isinstance(b, float) and b == 0:
+        found.append(0)
+
+
+def is_z3(x: Element) -> bool:
+    return isinstance(x, z3.ExprRef)
+
+
+def is_bool(x: Element) -> bool:
+    return isinstance(x, (bool, np.bool_, z3.BoolRef))
+
+
+def exact(x: Element) -> Element:
+    """numpy scalars to Python numbers; finite floats stay floats (caller's choice)."""
+    if isinstance(x, np.bool_):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.floating):
+        return float(x)
+    return x
+
+
+def to_z3(x: Element) -> z3.ExprRef:
+    """A z3 term for an element (rationals exactly, infinities as the named constants)."""
+    x = exact(x)
+    if isinstance(x, z3.ExprRef):
+        return x
+    if isinstance(x, bool):
+        return z3.BoolVal(x)
+    if isinstance(x, int):
+        return z3.IntVal(x)
+    if isinstance(x, float):
+        if math.isinf(x):
+            return _POS_INF if x > 0 else _NEG_INF
+        if math.isnan(x):
+            return _NAN
+        x = Fraction(x)
+    if isinstance(x, Fraction):
+        return _rational(x.numerator, x.denominator)
+    raise SemanticsError(f"cannot encode {x!r} for z3")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _rational(numerator: int, denominator: int) -> z3.ExprRef:
+    """z3 rationals are built once per value (instance checks repeat the same constants)."""
+    return z3.Q(numerator, denominator)
+
+
+def num(x: Element) -> z3.ExprRef:
+    """A numeric z3 term (booleans as 0/1)."""
+    x = to_z3(x)
+    if isinstance(x, z3.BoolRef):
+        return z3.If(x, z3.IntVal(1), z3.IntVal(0))
+    return x
+
+
+def pynum(x: Element) -> Element:
+    """A non-symbolic element as a Python number (booleans as 0/1)."""
+    x = exact(x)
+    return int(x) if isinstance(x, bool) else x
+
+
+def _is_zero(x: Element) -> bool:
+    return not is_z3(x) and not isinstance(x, bool) and x == 0
+
+
+def _is_one(x: Element) -> bool:
+    return not is_z3(x) and not isinstance(x, bool) and x == 1
+
+
+def _is_inf(x: Element, sign: int) -> bool:
+    if is_z3(x):
+        return z3.eq(x, _POS_INF if sign > 0 else _NEG_INF)
+    return isinstance(x, float) and math.isinf(x) and (x > 0) == (sign > 0)
+
+
+def add(a: Element, b: Element) -> Element:
+    if _is_zero(a):
+        return pynum(b) if not is_z3(b) else num(b)
+    if _is_zero(b):
+        return pynum(a) if not is_z3(a) else num(a)
+    if is_z3(a) or is_z3(b):
+        return num(a) + num(b)
+    return pynum(a) + pynum(b)
+
+
+def sub(a: Element, b: Element) -> Element:
+    if _is_zero(b):
+        return pynum(a) if not is_z3(a) else num(a)
+    if is_z3(a) or is_z3(b):
+        return num(a) - num(b)
+    return pynum(a) - pynum(b)
+
+
+def mul(a: Element, b: Element) -> Element:
+    if _is_one(a):
+        return pynum(b) if not is_z3(b) else num(b)
+    if _is_one(b):
+        return pynum(a) if not is_z3(a) else num(a)
+    if is_z3(a) or is_z3(b):
+        if _is_zero(a) or _is_zero(b):
+            return 0
+        return num(a) * num(b)
+    return pynum(a) * pynum(b)
+
+
+def neg(a: Element) -> Element:
+    return -num(a) if is_z3(a) else -pynum(a)
+
+
+def sum_list(items: Sequence[Element]) -> Element:
+    """Exact sum, flat (`z3.Sum`) when symbolic."""
+    concrete = [pynum(x) for x in items if not is_z3(x)]
+    symbolic = [num(x) for x in items if is_z3(x)]
+    total = sum(concrete, 0)
+    if not symbolic:
+        return total
+    if total != 0:
+        symbolic.append(to_z3(total))
+    return symbolic[0] if len(symbolic) == 1 else z3.Sum(symbolic)
+
+
+def as_int(x: Element) -> Element:
+    """An integral Fraction as an int (integer-typed values may come from exact scalars)."""
+    if isinstance(x, Fraction) and x.denominator == 1:
+        return int(x)
+    return x
+
+
+def _c_div(a: int, b: int) -> int:
+    quotient = abs(a) // abs(b)
+    return quotient if (a >= 0) == (b >= 0) else -quotient
+
+
+def _z3_floor(x: z3.ArithRef) -> z3.ArithRef:
+    return z3.ToInt(x) if x.is_real() else x
+
+
+def _z3_trunc(x: z3.ArithRef) -> z3.ArithRef:
+    if x.is_int():
+        return x
+    return z3.If(x >= 0, z3.ToInt(x), -z3.ToInt(-x))
+
+
+def _z3_int_div(a: z3.ArithRef, b: z3.ArithRef) -> z3.ArithRef:
+    """Integer division truncating toward zero (StableHLO), from z3's Euclidean `div`."""
+    abs_a, abs_b = z3.If(a >= 0, a, -a), z3.If(b >= 0, b, -b)
+    quotient = abs_a / abs_b
+    return z3.If((a >= 0) == (b >= 0), quotient, -quotient)
+
+
+def div(a: Element, b: Element, integer: bool = False) -> Element:
+    """a / b; integer division truncates toward zero (StableHLO), real division is exact."""
+    if _is_one(b):
+        return pynum(a) if not is_z3(a) else num(a)
+    _note_divisor(b)
+    if is_z3(a) or is_z3(b):
+        za, zb = num(a), num(b)
+        if integer and za.is_int() and zb.is_int():
+            return _z3_int_div(za, zb)
+        if za.is_int() and zb.is_int():
+            za = z3.ToReal(za)
+        return za / zb
+    a, b = pynum(a), pynum(b)
+    if integer:
+        a, b = as_int(a), as_int(b)
+    if integer and isinstance(a, int) and isinstance(b, int):
+        if b == 0:
+            return -1  # XLA's convention for integer division by zero
+        return _c_div(a, b)
+    if isinstance(a, float) or isinstance(b, float):
+        if b == 0:
+            return math.copysign(math.inf, a) if a != 0 else math.nan
+        return a / b
+    if b == 0:
+        return math.copysign(math.inf, a) if a != 0 else math.nan
+    return Fraction(a) / b
+
+
+def remainder(a: Element, b: Element, integer: bool = False) -> Element:
+    """a - b * trunc(a / b) (sign of the dividend, like C's fmod)."""
+    _note_divisor(b)
+    if is_z3(a) or is_z3(b):
+        za, zb = num(a), num(b)
+        if za.is_int() and zb.is_int():
+            return za - zb * _z3_int_div(za, zb)
+        return za - zb * z3.ToReal(_z3_trunc(za / zb))
+    a, b = pynum(a), pynum(b)
+    if integer:
+        a, b = as_int(a), as_int(b)
+    if isinstance(a, int) and isinstance(b, int):
+        return a if b == 0 else a - b * _c_div(a, b)
+    if isinstance(a, float) or isinstance(b, float):
+        return math.fmod(a, b) if b != 0 else math.nan
+    if b == 0:
+        return math.nan
+    quotient = Fraction(a) / b
+    return a - b * int(quotient)
+
+
+def maximum(a: Element, b: Element) -> Element:
+    if _is_inf(a, -1) or _is_inf(b, 1):
+        return b
+    if _is_inf(b, -1) or _is_inf(a, 1):
+        return a
+    if is_z3(a) or is_z3(b):
+        if isinstance(to_z3(a), z3.BoolRef):
+            return z3.Or(to_z3(a), to_z3(b))
+        za, zb = num(a), num(b)
+        return z3.If(za >= zb, za, zb)
+    return max(a, b)
+
+
+def minimum(a: Element, b: Element) -> Element:
+    if _is_inf(a, 1) or _is_inf(b, -1):
+        return b
+    if _is_inf(b, 1) or _is_inf(a, -1):
+        return a
+    if is_z3(a) or is_z3(b):
+        if isinstance(to_z3(a), z3.BoolRef):
+            return z3.And(to_z3(a), to_z3(b))
+        za, zb = num(a), num(b)
+        return z3.If(za <= zb, za, zb)
+    return min(a, b)
+
+
+def select(pred: Element, a: Element, b: Element) -> Element:
+    pred = exact(pred)
+    if not is_z3(pred):
+        return a if pred else b
+    pred = to_z3(pred)
+    if not isinstance(pred, z3.BoolRef):
+        pred = pred != 0
+    za, zb = to_z3(a), to_z3(b)
+    if isinstance(za, z3.BoolRef) != isinstance(zb, z3.BoolRef):
+        za, zb = num(za), num(zb)
+    return z3.If(pred, za, zb)
+
+
+_COMPARE: dict[str, Callable[[Element, Element], Element]] = {
+    "EQ": lambda a, b: a == b, "NE": lambda a, b: a != b, "LT": lambda a, b: a < b,
+    "LE": lambda a, b: a <= b, "GT": lambda a, b: a > b, "GE": lambda a, b: a >= b,
+}
+
+
+def compare(a: Element, b: Element, direction: str, total: bool = False) -> Element:
+    """`a direction b`; `total` is StableHLO's TOTALORDER (-0 < +0, NaNs ordered by sign).
+    Exact numbers carry no sign of zero: a symbolic TOTALORDER compare of two zeros is an
+    unknown boolean (one per direction), so it never equals the FLOAT compare there."""
+    op = _COMPARE.get(direction)
+    if op is None:
+        raise SemanticsError(f"unknown comparison direction {direction!r}")
+    if is_z3(a) or is_z3(b):
+        za, zb = to_z3(a), to_z3(b)
+        both_bool = isinstance(za, z3.BoolRef) and isinstance(zb, z3.BoolRef)
+        if both_bool and direction in ("EQ", "NE"):
+            return op(za, zb)
+        za, zb = num(za), num(zb)
+        if total:
+            return z3.If(z3.And(za == 0, zb == 0), z3.Bool(f"totalorder_{direction}_of_zeros"),
+                         op(za, zb))
+        return op(za, zb)
+    if total and isinstance(a, float) and isinstance(b, float):
+        return bool(op(_total_key(a), _total_key(b)))
+    return bool(op(pynum(a), pynum(b)))
+
+
+def _total_key(x: float) -> int:
+    """The position of a float in IEEE-754 totalOrder (the bits, sign-magnitude to two's
+    complement): -NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN."""
+    bits = struct.unpack("<q", struct.pack("<d", x))[0]
+    return bits if bits >= 0 else -(bits & ((1 << 63) - 1)) - 1
+
+
+def equal(a: Element, b: Element) -> Element:
+    """Equality used by claims: booleans compare as 0/1 against numbers."""
+    a, b = exact(a), exact(b)
+    if not is_z3(a) and not is_z3(b):
+        if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+            return True  # the same fill value on both sides (NaN is data here, not math)
+        return pynum(a) == pynum(b)
+    za, zb = to_z3(a), to_z3(b)
+    if isinstance(za, z3.BoolRef) != isinstance(zb, z3.BoolRef):
+        za, zb = num(za), num(zb)
+    return za == zb
+
+
+def logic(name: str) -> Callable[[Element, Element], Element]:
+    """The bitwise `name` ("and", "or", "xor") of two elements (z3 only on booleans)."""
+    z3_fn = {"and": z3.And, "or": z3.Or, "xor": z3.Xor}[name]
+    py_fn = {"and": lambda a, b: a & b, "or": lambda a, b: a | b,
+             "xor": lambda a, b: a ^ b}[name]
+
+    def fn(a: Element, b: Element) -> Element:
+        a, b = exact(a), exact(b)
+        if is_z3(a) or is_z3(b):
+            za, zb = to_z3(a), to_z3(b)
+            if not (isinstance(za, z3.BoolRef) and isinstance(zb, z3.BoolRef)):
+                raise SemanticsError(f"bitwise {name} of symbolic integers is not supported")
+            return z3_fn(za, zb)
+        return py_fn(a, b)
+
+    return fn
+
+
+def logical_not(a: Element, dtype: str) -> Element:
+    a = exact(a)
+    if is_z3(a):
+        za = to_z3(a)
+        if not isinstance(za, z3.BoolRef):
+            raise SemanticsError("bitwise not of a symbolic integer is not supported")
+        return z3.Not(za)
+    if isinstance(a, bool) or is_bool_dtype(dtype):
+        return not a
+    return ~a
+
+
+def absolute(a: Element) -> Element:
+    if is_z3(a):
+        za = num(a)
+        return z3.If(za >= 0, za, -za)
+    return abs(pynum(a))
+
+
+def sign(a: Element) -> Element:
+    if is_z3(a):
+        za = num(a)
+        one = z3.IntVal(1) if za.is_int() else z3.RealVal(1)
+        zero = z3.IntVal(0) if za.is_int() else z3.RealVal(0)
+        return z3.If(za > 0, one, z3.If(za < 0, -one, zero))
+    a = pynum(a)
+    return (a > 0) - (a < 0)
+
+
+def floor(a: Element) -> Element:
+    if is_z3(a):
+        za = num(a)
+        return z3.ToReal(z3.ToInt(za)) if za.is_real() else za
+    a = pynum(a)
+    return a if isinstance(a, float) and not math.isfinite(a) else math.floor(a)
+
+
+def ceil(a: Element) -> Element:
+    return neg(floor(neg(a)))
+
+
+def round_afz(a: Element) -> Element:
+    """Round half away from zero."""
+    return mul(sign(a), floor(add(absolute(a), Fraction(1, 2))))
+
+
+def round_even(a: Element) -> Element:
+    """Round half to even."""
+    if is_z3(a):
+        za = num(a)
+        if za.is_int():
+            return za
+        shifted = za + z3.RealVal(1) / 2
+        low = z3.ToInt(shifted)
+        tie = z3.ToReal(low) == shifted
+        return z3.ToReal(z3.If(z3.And(tie, low % 2 == 1), low - 1, low))
+    a = pynum(a)
+    if isinstance(a, float) and not math.isfinite(a):
+        return a
+    return round(Fraction(a)) if not isinstance(a, float) else float(round(a))
+
+
+# ----- transcendental functions ---------------------------------------------------------------
+
+def _rsqrt(x: float) -> float:
+    return 1.0 / math.sqrt(x)
+
+
+def _logistic(x: float) -> float:
+    if x < -700:
+        return 0.0
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+def _cbrt(x: float) -> float:
+    return math.copysign(abs(x) ** (1.0 / 3.0), x)
+
+
+_UNARY_MATH: dict[str, Callable[[float], float]] = {
+    "exponential": math.exp, "exponential_minus_one": math.expm1, "log": math.log,
+    "log_plus_one": math.log1p, "tanh": math.tanh, "logistic": _logistic, "rsqrt": _rsqrt,
+    "sqrt": math.sqrt, "cbrt": _cbrt, "sine": math.sin, "cosine": math.cos, "tan": math.tan,
+    "erf": math.erf,
+}
+
+_BINARY_MATH: dict[str, Callable[[float, float], float]] = {
+    "atan2": math.atan2, "power": math.pow,
+}
+
+
+def uninterpreted(name: str, arity: int = 1) -> z3.FuncDeclRef:
+    """The z3 function standing for a transcendental op (same name -> same function)."""
+    return z3.Function(name, *([z3.RealSort()] * (arity + 1)))
+
+
+def _random_value(name: str, args: tuple[Element, ...], seed: int) -> Fraction:
+    key = hash((seed, name) + tuple(Fraction(a) if not isinstance(a, float) else a
+                                    for a in args))
+    return Fraction(key % 2001 - 1000, 97)
+
+
+def transcendental(name: str, *args: Element) -> Element:
+    """`name` applied to elements: UF on z3, `math` on floats, random rational if asked."""
+    args = tuple(pynum(a) if not is_z3(a) else a for a in args)
+    if any(is_z3(a) for a in args):
+        real = []
+        for a in args:
+            z = num(a)
+            real.append(z3.ToReal(z) if z.is_int() else z)
+        return uninterpreted(name, len(args))(*real)
+    seed = _RANDOM_FUNCTIONS.get()
+    if seed is not None and not any(isinstance(a, float) for a in args):
+        return _random_value(name, args, seed)
+    fn = _UNARY_MATH.get(name) if len(args) == 1 else _BINARY_MATH.get(name)
+    if fn is None:
+        raise SemanticsError(f"no numeric semantics for {name}")
+    try:
+        return fn(*(float(a) for a in args))
+    except (ValueError, ZeroDivisionError):
+        return math.nan
+    except OverflowError:
+        return math.inf
+
+
+def power(a: Element, b: Element) -> Element:
+    """a ** b: repeated multiplication for a concrete integer exponent, else uninterpreted."""
+    b = pynum(b) if not is_z3(b) else b
+    if not is_z3(b) and not isinstance(b, float) and Fraction(b).denominator == 1:
+        n = int(b)
+        if not is_z3(a) and not isinstance(pynum(a), float):
+            base = Fraction(pynum(a))
+            if base == 0 and n < 0:
+                return math.inf
+            result = base ** n
+            return int(result) if isinstance(pynum(a), int) and n >= 0 else result
+        if n == 0:
+            return 1
+        result = _fold(mul, [a] * abs(n))
+        return result if n > 0 else div(1, result)
+    return transcendental("power", a, b)
+
+
+# ----- integer width ----------------------------------------------------------------------------
+
+def int_limits(dtype: str) -> tuple[int, int] | None:
+    """[min, max] of an integer dtype (two's complement, or unsigned), None otherwise."""
+    found = intrange.int_limits(dtype)
+    return None if found is None else (int(found[0]), int(found[1]))
+
+
+def wrap_shift(x: Element, offset: Element, dtype: str) -> Element:
+    """`x + offset` in integer `dtype` for `x` a value of the dtype and a concrete `offset`:
+    only one side can overflow, so one exact correction (z3 decides it far faster than a
+    modulo or a two-sided chain)."""
+    limits = int_limits(dtype)
+    total = add(x, offset)
+    if limits is None or not is_z3(total) or is_z3(offset) or not num(total).is_int():
+        return wrap_int(total, dtype)
+    lo, hi = limits
+    c = int(pynum(offset))
+    span = hi - lo + 1
+    if not lo <= c <= hi:
+        return wrap_shift(x, (c - lo) % span + lo, dtype)
+    total = num(total)
+    if c >= 0:
+        return z3.If(total > hi, total - span, total)
+    return z3.If(total < lo, total + span, total)
+
+
+def wrap_int(x: Element, dtype: str, periods: int | None = None) -> Element:
+    """`x` reduced into the range of integer `dtype` modulo 2^N (the value a device computes:
+    integer arithmetic wraps around). Symbolic values in range are kept as they are.
+    `periods`: x is known to lie within that many ranges of the dtype's own (a sum of two
+    values of the dtype: 1), so a few exact corrections replace z3's harder modulo."""
+    limits = int_limits(dtype)
+    if limits is None or is_bool(x):
+        return x
+    lo, hi = limits
+    span = hi - lo + 1
+    if is_z3(x):
+        if not x.is_int():
+            if not x.is_real():
+                return x
+            x = z3.ToInt(x)  # an integer value built with rational constants
+        if z3.is_int_value(x):
+            return z3.IntVal((x.as_long() - lo) % span + lo)
+        if periods is None:
+            return z3.If(z3.And(x >= lo, x <= hi), x, (x - lo) % span + lo)
+        out = x
+        for q in range(1, periods + 1):
+            out = z3.If(x > hi + (q - 1) * span, x - q * span, out) if q > 1 else \
+                z3.If(x > hi, x - span, out)
+        wrapped = out
+        for q in range(1, periods + 1):
+            wrapped = z3.If(x < lo - (q - 1) * span, x + q * span, wrapped) if q > 1 else \
+                z3.If(x < lo, x + span, wrapped)
+        return wrapped
+    if isinstance(x, Fraction) and x.denominator == 1:
+        x = int(x)
+    if isinstance(x, int):
+        return (x - lo) % span + lo
+    return x
+
+
+# ----- convert --------------------------------------------------------------------------------
+
+def convert(a: Element, src: str, dst: str) -> Element:
+    """Exact conversion: bool <-> 0/1, float -> int truncates, everything else is identity."""
+    a = exact(a)
+    if is_bool_dtype(dst):
+        if is_bool(a):
+            return a
+        return (num(a) != 0) if is_z3(a) else bool(a != 0)
+    if is_bool(a):
+        if is_z3(a):
+            one = z3.IntVal(1) if is_int_dtype(dst) else z3.RealVal(1)
+            zero = z3.IntVal(0) if is_int_dtype(dst) else z3.RealVal(0)
+            return z3.If(a, one, zero)
+        return int(a)
+    if is_int_dtype(dst):
+        if is_z3(a):
+            return _z3_trunc(a)
+        if isinstance(a, float) and not math.isfinite(a):
+            return a
+        return int(a)
+    if is_z3(a) and a.is_int():
+        a = z3.ToReal(a)
+    if precision.rounds(src, dst):
+        return round_to(a, dst)
+    return a
+
+
+def round_to(a: Element, dtype: str) -> Element:
+    """`a` rounded to float `dtype` (a narrowing convert): exactly on numbers, an
+    uninterpreted function `round_<dtype>` on z3 terms, so no proof takes it for the
+    identity."""
+    if is_z3(a):
+        z = num(a)
+        return uninterpreted(f"round_{dtype}")(z3.ToReal(z) if z.is_int() else z)
+    value = pynum(a)
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    rounded = precision.round_to(value, dtype)
+    return rounded if isinstance(rounded, float) else (
+        float(rounded) if isinstance(value, float) else rounded)
+
+
+# ----- reductions ---------------------------------------------------------------------------------
+
+_KIND_ALIASES = {"add": "sum", "maximum": "max", "minimum": "min", "multiply": "mul"}
+
+
+def combine(kind: str, items: Sequence[Element]) -> Element:
+    """Fold items with a reduction kind (the identity element when empty)."""
+    kind = _KIND_ALIASES.get(kind, kind)
+    if kind == "sum":
+        return sum_list(items)
+    if not items:
+        identity = {"max": -math.inf, "min": math.inf, "mul": 1, "and": True, "or": False}
+        if kind not in identity:
+            raise SemanticsError(f"unknown reduction kind {kind!r}")
+        return identity[kind]
+    fns = {"max": maximum, "min": minimum, "mul": mul, "and": logic("and"),
+           "or": logic("or")}
+    if kind not in fns:
+        raise SemanticsError(f"unsupported reducer {kind!r}")
+    if kind in ("max", "min"):
+        items = sorted(items, key=_order_key)
+    return _fold(fns[kind], items)
+
+
+def _order_key(item: Element) -> tuple[int, str, int]:
+    """A canonical order for the operands of a max or min (commutative and associative, so
+    the order is immaterial): the same elements in any order give the same formula, and Z3
+    need not case-split to see that a max over blocks in a permuted order is the max.
+    Numbers first (in their order), then variables by name, then other formulas."""
+    if not is_z3(item):
+        return (0, "", 0)
+    if z3.is_const(item):
+        return (1, str(item), 0)
+    return (2, "", item.get_id())

@@ -1,0 +1,416 @@
+"""Arrays of elements: the data movement, contraction and indexing that StableHLO ops and
+reference terms share.
+
+Arrays are numpy arrays of dtype `object` whose items are elements (`element.py`). This module
+holds what both one op's semantics (`ops.py`) and a term's value (`evaluate.py`) compute on
+whole arrays: building and mapping arrays, reductions over dims, integer wrap-around of an
+array, broadcast_in_dim / reshape / transpose / slice / concatenate / pad / reduce_window /
+iota / dot_general, dynamic_slice and dynamic_update_slice, gather, scatter and top_k. Its
+functions take plain parameters (dims, sizes, a reduction kind), never an `OpInfo`: reading an
+op's attributes is the op table's job.
+
+Index operands (gather/scatter indices, dynamic_slice/dynamic_update_slice offsets) may be
+symbolic integers: the result is then an If-chain over every position the clamped index can
+take, so sharded index arithmetic is checked exactly on small shapes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import z3
+
+from entangle_mlir.semantics.element import (
+    Element,
+    SemanticsError,
+    add,
+    combine,
+    compare,
+    exact,
+    int_limits,
+    is_z3,
+    mul,
+    num,
+    select,
+    sum_list,
+    wrap_int,
+)
+
+Array = np.ndarray
+
+
+# ----- array helpers --------------------------------------------------------------------------
+
+def obj_array(values, shape: tuple[int, ...] | None = None) -> Array:
+    """An object array from a numpy array, nested lists or a scalar (elements kept as is)."""
+    if isinstance(values, np.ndarray) and values.dtype == object:
+        return values if shape is None else values.reshape(shape)
+    if isinstance(values, np.ndarray):
+        out = np.empty(values.shape, dtype=object)
+        for idx in np.ndindex(values.shape):
+            out[idx] = exact(values[idx].item() if hasattr(values[idx], "item")
+                             else values[idx])
+        return out if shape is None else out.reshape(shape)
+    if isinstance(values, (list, tuple)):
+        return obj_array(np.array(values, dtype=object), shape)
+    out = np.empty((), dtype=object)
+    out[()] = exact(values)
+    return out if shape is None else np.broadcast_to(out, shape).copy()
+
+
+def full(shape: tuple[int, ...], value: Element) -> Array:
+    out = np.empty(tuple(shape), dtype=object)
+    for idx in np.ndindex(out.shape):
+        out[idx] = value
+    return out
+
+
+def apply(fn: Callable[..., Element], *arrays: Array) -> Array:
+    """`fn` element by element over arrays broadcast together (numpy rules)."""
+    arrays = tuple(obj_array(a) for a in arrays)
+    shape = np.broadcast_shapes(*(a.shape for a in arrays))
+    spread = [np.broadcast_to(a, shape) for a in arrays]
+    out = np.empty(shape, dtype=object)
+    for idx in np.ndindex(shape):
+        out[idx] = fn(*(a[idx] for a in spread))
+    return out
+
+
+def reduce_dims(x: Array, dims: Sequence[int], kind: str, init: Element | None = None) -> Array:
+    """Reduce `x` over `dims` with `kind` ("sum", "max", "min", "mul", "and", "or")."""
+    dims = tuple(sorted({int(d) for d in dims}))
+    keep = [d for d in range(x.ndim) if d not in dims]
+    moved = np.transpose(x, keep + list(dims))
+    out_shape = tuple(x.shape[d] for d in keep)
+    count = math.prod(x.shape[d] for d in dims)
+    flat = moved.reshape(out_shape + (count,))
+    out = np.empty(out_shape, dtype=object)
+    for idx in np.ndindex(out_shape):
+        items = list(flat[idx])
+        if init is not None:
+            items = [init] + items
+        out[idx] = combine(kind, items)
+    return out
+
+
+# ----- integer width ------------------------------------------------------------------------------
+
+def wrap_array(value: Array, dtype: str, periods: int | None = None) -> Array:
+    """`value` as integer `dtype` holds it, element by element (`wrap_int`); other dtypes
+    keep it."""
+    if int_limits(dtype) is None:
+        return value
+    return apply(lambda x: wrap_int(x, dtype, periods), value)
+
+
+def wrap_node_dtype(value: Array, dtype: str) -> Array:
+    """`value` (a sum of values of integer `dtype`) as the dtype holds it."""
+    return wrap_array(value, dtype)
+
+
+# ----- data movement and contraction (shared by ops and terms) --------------------------------
+
+def broadcast_in_dim(x: Array, dims: Sequence[int], shape: Sequence[int]) -> Array:
+    """Operand dim i becomes result dim dims[i] (equal size or size 1)."""
+    dims, shape = tuple(dims), tuple(shape)
+    if len(dims) != x.ndim:
+        raise SemanticsError(f"broadcast_in_dim: {len(dims)} dims for a rank-{x.ndim} operand")
+    order = sorted(range(len(dims)), key=lambda i: dims[i])
+    moved = np.transpose(x, order)
+    expanded = [1] * len(shape)
+    for i in order:
+        expanded[dims[i]] = x.shape[i]
+    for i, d in enumerate(dims):
+        if x.shape[i] not in (1, shape[d]):
+            raise SemanticsError(f"broadcast_in_dim: operand dim {i} of size {x.shape[i]} "
+                                 f"into result dim {d} of size {shape[d]}")
+    return np.broadcast_to(moved.reshape(expanded), shape).copy()
+
+
+def reshape(x: Array, shape: Sequence[int]) -> Array:
+    shape = tuple(shape)
+    if math.prod(shape) != x.size:
+        raise SemanticsError(f"reshape of {x.shape} into {shape}")
+    return x.reshape(shape)
+
+
+def transpose(x: Array, perm: Sequence[int]) -> Array:
+    return np.transpose(x, tuple(perm))
+
+
+def take(x: Array, index: tuple) -> Array:
+    """`x[index]` as an array (a 0-d array indexed by `()` stays an array)."""
+    if x.ndim == 0:
+        return x.copy()
+    return x[index].copy()
+
+
+def slice_(x: Array, starts: Sequence[int], limits: Sequence[int],
+           strides: Sequence[int] | None = None) -> Array:
+    strides = tuple(strides) if strides else (1,) * x.ndim
+    return take(x, tuple(slice(s, e, st) for s, e, st in zip(starts, limits, strides)))
+
+
+def concatenate(arrays: Sequence[Array], dim: int) -> Array:
+    return np.concatenate([obj_array(a) for a in arrays], axis=dim)
+
+
+def pad(x: Array, value: Element, low: Sequence[int], high: Sequence[int],
+        interior: Sequence[int]) -> Array:
+    """StableHLO pad: interior padding, then edge padding (negative edges crop)."""
+    out = x
+    for d in range(x.ndim):
+        n = out.shape[d]
+        step = interior[d] + 1
+        size = n + max(n - 1, 0) * interior[d]
+        shape = list(out.shape)
+        shape[d] = size
+        spread = full(tuple(shape), value)
+        index = [slice(None)] * out.ndim
+        index[d] = slice(0, size, step)
+        spread[tuple(index)] = out
+        lo, hi = low[d], high[d]
+        shape_lo, shape_hi = list(spread.shape), list(spread.shape)
+        shape_lo[d], shape_hi[d] = max(lo, 0), max(hi, 0)
+        spread = np.concatenate([full(tuple(shape_lo), value), spread,
+                                 full(tuple(shape_hi), value)], axis=d)
+        start = max(-lo, 0)
+        stop = spread.shape[d] - max(-hi, 0)
+        index = [slice(None)] * out.ndim
+        index[d] = slice(start, stop)
+        out = spread[tuple(index)]
+    return out.copy()
+
+
+def reduce_window(x: Array, kind: str, init: Element, window: Sequence[int],
+                  strides: Sequence[int], base_dilations: Sequence[int],
+                  window_dilations: Sequence[int], low: Sequence[int],
+                  high: Sequence[int]) -> Array:
+    """reduce_window (one operand) as XLA runs it: padding and base-dilation holes contribute
+    nothing, every window is folded starting from `init` once (the StableHLO spec fills them
+    with `init`; the two agree when `init` is the reducer's identity, the only case the rule
+    relates, and XLA's behaviour is what tests/test_semantics grounds)."""
+    rank = x.ndim
+    padded = pad(obj_array(x), None, low, high, [b - 1 for b in base_dilations])
+    spans = [(w - 1) * wd + 1 for w, wd in zip(window, window_dilations)]
+    out_shape = tuple(max((padded.shape[d] - spans[d]) // strides[d] + 1, 0)
+                      for d in range(rank))
+    out = np.empty(out_shape, dtype=object)
+    for idx in np.ndindex(out_shape):
+        index = tuple(slice(i * st, i * st + span, wd)
+                      for i, st, span, wd in zip(idx, strides, spans, window_dilations))
+        out[idx] = combine(kind, [init, *(v for v in padded[index].reshape(-1)
+                                          if v is not None)])
+    return out
+
+
+def iota(shape: Sequence[int], dim: int) -> Array:
+    out = np.empty(tuple(shape), dtype=object)
+    for idx in np.ndindex(out.shape):
+        out[idx] = idx[dim]
+    return out
+
+
+def dot_general(lhs: Array, rhs: Array, lhs_batch: Sequence[int], rhs_batch: Sequence[int],
+                lhs_contract: Sequence[int], rhs_contract: Sequence[int]) -> Array:
+    """Result dims: batch dims, then lhs free dims, then rhs free dims (StableHLO order)."""
+    lb, rb, lc, rc = map(tuple, (lhs_batch, rhs_batch, lhs_contract, rhs_contract))
+    lf = [d for d in range(lhs.ndim) if d not in lb and d not in lc]
+    rf = [d for d in range(rhs.ndim) if d not in rb and d not in rc]
+    for a, b in zip(lb + lc, rb + rc):
+        if lhs.shape[a] != rhs.shape[b]:
+            raise SemanticsError(f"dot_general: lhs dim {a} ({lhs.shape[a]}) vs rhs dim {b} "
+                                 f"({rhs.shape[b]})")
+    batch = math.prod(lhs.shape[d] for d in lb)
+    k = math.prod(lhs.shape[d] for d in lc)
+    m = math.prod(lhs.shape[d] for d in lf)
+    n = math.prod(rhs.shape[d] for d in rf)
+    left = np.transpose(lhs, lb + tuple(lf) + lc).reshape(batch, m, k)
+    right = np.transpose(rhs, rb + rc + tuple(rf)).reshape(batch, k, n)
+    out = np.empty((batch, m, n), dtype=object)
+    for b in range(batch):
+        for i in range(m):
+            for j in range(n):
+                out[b, i, j] = sum_list([mul(left[b, i, t], right[b, t, j]) for t in range(k)])
+    shape = (tuple(lhs.shape[d] for d in lb) + tuple(lhs.shape[d] for d in lf)
+             + tuple(rhs.shape[d] for d in rf))
+    return out.reshape(shape)
+
+
+def dynamic_slice(x: Array, starts: Sequence[Element], sizes: Sequence[int]) -> Array:
+    """Offsets are clamped into [0, dim - size] (StableHLO)."""
+    clamped = [_clamped(start, x.shape[d] - size)
+               for d, (start, size) in enumerate(zip(starts, sizes))]
+    if not any(is_z3(c) for c in clamped):
+        return take(x, tuple(slice(c, c + size) for c, size in zip(clamped, sizes)))
+    out = np.empty(tuple(sizes), dtype=object)
+    for index in np.ndindex(out.shape):
+        out[index] = _pick(x, [add(c, i) if i else c for c, i in zip(clamped, index)])
+    return out
+
+
+def dynamic_update_slice(x: Array, update: Array, starts: Sequence[Element]) -> Array:
+    """Offsets are clamped so the update fits; symbolic offsets select among every placement."""
+    clamped = [_clamped(start, x.shape[d] - update.shape[d]) for d, start in enumerate(starts)]
+    choices = [range(x.shape[d] - update.shape[d] + 1) if is_z3(c) else (c,)
+               for d, c in enumerate(clamped)]
+    result = None
+    for placement in reversed(list(itertools.product(*choices))):
+        out = x.copy()
+        out[tuple(slice(p, p + n) for p, n in zip(placement, update.shape))] = update
+        if result is None:
+            result = out
+            continue
+        chosen = z3.And([c == p for c, p in zip(clamped, placement) if is_z3(c)])
+        result = apply(lambda a, b, chosen=chosen: select(chosen, a, b), out, result)
+    return result
+
+
+# ----- gather / scatter (indices may be symbolic) -------------------------------------------------
+
+def _index_vector(indices: Array, batch_index: tuple[int, ...], index_vector_dim: int
+                  ) -> list[Element]:
+    if index_vector_dim >= indices.ndim:
+        return [indices[batch_index]]
+    return [indices[batch_index[:index_vector_dim] + (k,) + batch_index[index_vector_dim:]]
+            for k in range(indices.shape[index_vector_dim])]
+
+
+def _clamped(start: Element, high: int) -> Element:
+    """min(max(start, 0), high) for a concrete or symbolic integer."""
+    start = exact(start)
+    if not is_z3(start):
+        return min(max(int(start), 0), high)
+    z = num(start)
+    z = z if z.is_int() else z3.ToInt(z)
+    return z3.If(z < 0, 0, z3.If(z > high, high, z))
+
+
+def _pick(array: Array, position: list[Element]) -> Element:
+    """array[position] where some coordinates may be symbolic (an If-chain over the range)."""
+    for d, p in enumerate(position):
+        if is_z3(p):
+            options = []
+            for candidate in range(array.shape[d]):
+                fixed = position[:d] + [candidate] + position[d + 1:]
+                options.append((candidate, _pick(array, fixed)))
+            value = options[-1][1]
+            for candidate, option in reversed(options[:-1]):
+                value = select(p == candidate, option, value)
+            return value
+    return array[tuple(int(p) for p in position)]
+
+
+def gather(operand: Array, indices: Array, dims: dict, slice_sizes: Sequence[int],
+           result_shape: Sequence[int]) -> Array:
+    """StableHLO gather: start indices are clamped so the slice stays inside the operand."""
+    offset_dims = dims.get("offset_dims", ())
+    collapsed = dims.get("collapsed_slice_dims", ())
+    operand_batching = dims.get("operand_batching_dims", ())
+    indices_batching = dims.get("start_indices_batching_dims", ())
+    start_index_map = dims.get("start_index_map", ())
+    index_vector_dim = dims.get("index_vector_dim", indices.ndim)
+    batch_dims = [d for d in range(len(result_shape)) if d not in offset_dims]
+    window_dims = [d for d in range(operand.ndim) if d not in collapsed
+                   and d not in operand_batching]
+    out = np.empty(tuple(result_shape), dtype=object)
+    for result_index in np.ndindex(out.shape):
+        batch_index = tuple(result_index[d] for d in batch_dims)
+        start = _index_vector(indices, batch_index, index_vector_dim)
+        position: list[Element] = [0] * operand.ndim
+        for k, d in enumerate(start_index_map):
+            position[d] = _clamped(start[k], operand.shape[d] - slice_sizes[d])
+        for d_operand, d_start in zip(operand_batching, indices_batching):
+            position[d_operand] = batch_index[d_start - (0 if d_start < index_vector_dim else 1)]
+        for k, d in enumerate(window_dims):
+            offset = result_index[offset_dims[k]]
+            position[d] = add(position[d], offset) if offset else position[d]
+        out[result_index] = _pick(operand, position)
+    return out
+
+
+def scatter(operand: Array, indices: Array, updates: Array, dims: dict, kind: str) -> Array:
+    """StableHLO scatter with `kind` "replace" or a reduction ("add", "max", ...). An update
+    window that does not fit inside the operand is skipped as a whole (what XLA does; the spec
+    leaves it implementation-defined). Duplicate targets of "replace" are applied in update
+    order (the spec leaves that order unspecified)."""
+    window_dims = dims.get("update_window_dims", ())
+    inserted = dims.get("inserted_window_dims", ())
+    input_batching = dims.get("input_batching_dims", ())
+    indices_batching = dims.get("scatter_indices_batching_dims", ())
+    to_operand = dims.get("scatter_dims_to_operand_dims", ())
+    index_vector_dim = dims.get("index_vector_dim", indices.ndim)
+    scatter_dims = [d for d in range(updates.ndim) if d not in window_dims]
+    operand_window = [d for d in range(operand.ndim) if d not in inserted
+                      and d not in input_batching]
+    sizes = [1] * operand.ndim
+    for k, d in enumerate(operand_window):
+        sizes[d] = updates.shape[window_dims[k]]
+    out = operand.copy()
+    for update_index in np.ndindex(updates.shape):
+        scatter_index = tuple(update_index[d] for d in scatter_dims)
+        start = _index_vector(indices, scatter_index, index_vector_dim)
+        target: list[Element] = [0] * operand.ndim
+        for k, d in enumerate(to_operand):
+            target[d] = exact(start[k])
+        for d_operand, d_start in zip(input_batching, indices_batching):
+            target[d_operand] = scatter_index[d_start - (0 if d_start < index_vector_dim else 1)]
+        fits: list = []
+        for d, (t, n) in enumerate(zip(target, operand.shape)):
+            if is_z3(t):
+                fits.append(z3.And(num(t) >= 0, num(t) + sizes[d] <= n))
+            elif not 0 <= int(t) <= n - sizes[d]:
+                fits.append(z3.BoolVal(False))
+        for k, d in enumerate(operand_window):
+            target[d] = add(target[d], update_index[window_dims[k]])
+        value = updates[update_index]
+        if not any(is_z3(t) for t in target) and not fits:
+            index = tuple(int(t) for t in target)
+            out[index] = value if kind == "replace" else combine(kind, [out[index], value])
+            continue
+        if any(z3.is_false(f) for f in fits):
+            continue
+        for index in np.ndindex(out.shape):
+            hit = z3.And([num(t) == i if is_z3(t) else z3.BoolVal(int(t) == i)
+                          for t, i in zip(target, index)] + fits)
+            new = value if kind == "replace" else combine(kind, [out[index], value])
+            out[index] = select(hit, new, out[index])
+    return out
+
+
+# ----- top_k --------------------------------------------------------------------------------------
+
+def top_k(x: Array, k: int) -> tuple[Array, Array]:
+    """The k largest elements along the last dim, largest first, and their indices; equal
+    values keep their order (the lower index first, as `lax.top_k` documents).
+
+    Concrete rows are sorted directly; rows with symbolic elements go through k passes of a
+    stable bubble network (compare-exchange of adjacent (value, index) pairs, swapping only when
+    the later value is strictly larger), so the result is an If-term per element.
+    """
+    x = obj_array(x)
+    if not x.ndim or k > x.shape[-1] or k < 0:
+        raise SemanticsError(f"top_k: k={k} does not fit a dim of size "
+                             f"{x.shape[-1] if x.ndim else 0}")
+    lead = x.shape[:-1]
+    values, indices = np.empty(lead + (k,), dtype=object), np.empty(lead + (k,), dtype=object)
+    for idx in np.ndindex(lead):
+        row = list(x[idx])
+        if not any(is_z3(v) for v in row):
+            order = sorted(range(len(row)), key=lambda j: (-row[j], j))[:k]
+            picked = [(row[j], j) for j in order]
+        else:
+            pairs: list[tuple[Element, Element]] = [(v, j) for j, v in enumerate(row)]
+            for p in range(k):
+                for j in range(len(pairs) - 1, p, -1):
+                    (a, ia), (b, ib) = pairs[j - 1], pairs[j]
+                    swap = compare(b, a, "GT")
+                    pairs[j - 1] = (select(swap, b, a), select(swap, ib, ia))
+                    pairs[j] = (select(swap, a, b), select(swap, ia, ib))
+            picked = pairs[:k]
+        for j, (v, i) in enumerate(picked):
+            values[idx + (j,)], indices[idx + (j,)] = v, i
+    return values, indices
