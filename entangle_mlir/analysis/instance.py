@@ -79,6 +79,7 @@ from entangle_mlir.core.relations import (
     padded_rel,
 )
 from entangle_mlir.core.terms import (
+    ARITHMETIC_TERM_OPS,
     COMMUTATIVE,
     DENSE_VALUES,
     ELEMENTWISE_STABLEHLO,
@@ -102,6 +103,7 @@ from entangle_mlir.core.terms import (
     splat_value,
     subterms,
 )
+from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.opinfo import OpInfo, TensorType, scatter_kind
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import ReferenceTerms, RuleContext
@@ -129,7 +131,7 @@ from entangle_mlir.semantics.element import (
 )
 from entangle_mlir.semantics.evaluate import evaluate_node, evaluate_term, wrap_node
 from entangle_mlir.semantics.groups import GROUPED
-from entangle_mlir.semantics.ops import ELEMENTWISE, OP_SEMANTICS, WRAPPED_OPS, dimension_numbers
+from entangle_mlir.semantics.ops import OP_SEMANTICS, WRAPPED_OPS, dimension_numbers
 from entangle_mlir.semantics.tensor import (
     apply,
     broadcast_in_dim,
@@ -659,7 +661,6 @@ def _same_layout(a: Value, b: Value) -> bool:
     return isinstance(a, Opaque) and isinstance(b, Opaque)
 
 
-_STRUCTURAL = ("lin", "mul", "div")
 SKELETON_LIMIT = 64
 """The most structural nodes kept above the leaves by the "skeleton" abstraction."""
 
@@ -727,8 +728,8 @@ class _Abstractor:
             if operand.op not in ("splat", "iota"):
                 cuts[operand.serial] = self.leaf(operand)
             return True
-        structural = term.op in _STRUCTURAL or (
-            term.op in ELEMENTWISE and all(a.shape == term.shape for a in term.args))
+        structural = term.op in ARITHMETIC_TERM_OPS or (
+            term.op in ELEMENTWISE_OPS and all(a.shape == term.shape for a in term.args))
         if not structural:
             cuts[term.serial] = self.leaf(term)
             return True
@@ -887,7 +888,7 @@ def rebuild(term: Term, args: tuple[Term, ...]) -> Term:
         out = make_op(op, args, attrs, shape, dtype, linear_in=0)
     elif op == "stablehlo.scatter" and ("reducer", "add") in attrs:
         out = make_op(op, args, attrs, shape, dtype, linear_in=2)
-    elif op in ELEMENTWISE:
+    elif op in ELEMENTWISE_OPS:
         out = make_elementwise(op, args, attrs, dtype)
     else:
         out = intern(op, args, attrs, shape, dtype)
@@ -910,8 +911,8 @@ def _reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
     res = [tuple(t.shape) for t in info.result_types]
     name, a = info.name, info.attrs
     c = lambda s: _cap(s, cap)
-    if name in ELEMENTWISE or name in _SAME_SHAPE_COLLECTIVES:
-        if name in ELEMENTWISE:
+    if name in ELEMENTWISE_OPS or name in _SAME_SHAPE_COLLECTIVES:
+        if name in ELEMENTWISE_OPS:
             new_res = [tuple(c(s) for s in res[0])]
             rank = len(res[0])
             new_ops = [new_res[0] if len(o) == rank else o for o in ops]
@@ -1175,7 +1176,8 @@ def _resize_term(term: Term, shape: tuple[int, ...], leaves: dict[int, Term]) ->
         inner = _resize_term(operand, op_shape, leaves)
         return None if inner is None else make_broadcast(inner, dims, shape)
     same_shape = all(a.shape == term.shape for a in term.args)
-    if term.args and same_shape and (term.op in _STRUCTURAL or term.op in ELEMENTWISE):
+    if term.args and same_shape and (term.op in ARITHMETIC_TERM_OPS
+                                     or term.op in ELEMENTWISE_OPS):
         args = [_resize_term(a, shape, leaves) for a in term.args]
         if any(a is None for a in args):
             return None
@@ -1836,7 +1838,7 @@ def _region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, me
     sub = [hi - lo for lo, hi in region]
     if op == "arg" and isinstance(env, _LazyLeaves) and term.attrs[0] in env.leaves:
         value = env.region(term.attrs[0], region)
-    elif op in ("lin", "mul", "div") or (op in ELEMENTWISE_STABLEHLO and all(
+    elif op in ARITHMETIC_TERM_OPS or (op in ELEMENTWISE_STABLEHLO and all(
             a.shape == shape for a in args)):
         values = [_region_value(a, region, env, memo, regions) for a in args]
         window = Term()
@@ -2366,7 +2368,7 @@ def _dim_tags(term: Term, leaves: dict[int, tuple], memo: dict) -> tuple | None:
 
 def _node_tags(term: Term, args: list[tuple]) -> tuple | None:
     op, rank = term.op, len(term.shape)
-    if op in ("lin", "mul", "div") or (op in ELEMENTWISE_STABLEHLO and all(
+    if op in ARITHMETIC_TERM_OPS or (op in ELEMENTWISE_STABLEHLO and all(
             a.shape == term.shape for a in term.args)):
         out = tuple(_unify([a[d] for a in args]) for d in range(rank))
         return None if None in out else out

@@ -23,6 +23,8 @@ import math
 from collections.abc import Iterator
 from fractions import Fraction
 
+from entangle_mlir.core.traits import ELEMENTWISE_OPS
+
 Scalar = Fraction | float
 
 _counter = itertools.count()
@@ -601,8 +603,10 @@ def map_linear(term: Term, build) -> Term:
 
 # ----- elementwise ---------------------------------------------------------------------------
 
-COMMUTATIVE = {"stablehlo.maximum", "stablehlo.minimum", "stablehlo.and", "stablehlo.or",
-               "stablehlo.xor"}
+COMMUTATIVE = frozenset(op for op, traits in ELEMENTWISE_OPS.items()
+                        if traits.commutes and traits.term is None)
+"""Commutative and associative ops that are their own term node: their operands are flattened
+and sorted (add and multiply become `lin` and `mul`, whose builders do the same)."""
 
 
 @_built("add", _pair_key)
@@ -926,7 +930,10 @@ def _moves_no_element(shape: tuple[int, ...], steps: tuple[tuple[str, tuple], ..
     return bool(np.array_equal(positions.reshape(-1), np.arange(positions.size)))
 
 
-ELEMENTWISE_TERM_OPS = {"mul", "div"}
+ARITHMETIC_TERM_OPS = ("lin", "mul", "div")
+"""Term nodes (not StableHLO ops) for elementwise arithmetic, whose every argument has the
+term's shape: `lin` a linear combination (add, subtract, negate, scaling by constants), `mul`
+a product, `div` a quotient (`core/traits.py` `Traits.term` says which ops become which)."""
 
 
 def rebuild_elementwise(term: Term, args: tuple[Term, ...]) -> Term:
@@ -943,22 +950,17 @@ def rebuild_elementwise(term: Term, args: tuple[Term, ...]) -> Term:
 
 
 def _is_elementwise(term: Term) -> bool:
-    """Terms whose every argument has the term's shape and which act elementwise."""
-    if term.op in ELEMENTWISE_TERM_OPS:
-        return True
+    """Terms whose every argument has the term's shape and which act elementwise, `lin`
+    excepted (callers map through its terms, `map_linear`, first)."""
+    if term.op in ARITHMETIC_TERM_OPS:
+        return term.op != "lin"
     return term.op in ELEMENTWISE_STABLEHLO and all(a.shape == term.shape for a in term.args)
 
 
-ELEMENTWISE_STABLEHLO = {
-    "stablehlo.maximum", "stablehlo.minimum", "stablehlo.power", "stablehlo.remainder",
-    "stablehlo.atan2", "stablehlo.abs", "stablehlo.exponential", "stablehlo.exponential_minus_one",
-    "stablehlo.log", "stablehlo.log_plus_one", "stablehlo.tanh", "stablehlo.logistic",
-    "stablehlo.rsqrt", "stablehlo.sqrt", "stablehlo.cbrt", "stablehlo.sine", "stablehlo.cosine",
-    "stablehlo.tan", "stablehlo.sign", "stablehlo.floor", "stablehlo.ceil",
-    "stablehlo.round_nearest_even", "stablehlo.round_nearest_afz", "stablehlo.is_finite",
-    "chlo.erf", "stablehlo.compare", "stablehlo.select", "stablehlo.clamp", "stablehlo.and",
-    "stablehlo.or", "stablehlo.xor", "stablehlo.not", "stablehlo.convert",
-}
+ELEMENTWISE_STABLEHLO = frozenset(op for op, traits in ELEMENTWISE_OPS.items()
+                                  if traits.term is None)
+"""Elementwise ops that are term nodes of their own name (the others become `lin`, `mul` or
+`div`)."""
 
 
 def _reshape_broadcast(term: Term, shape: tuple[int, ...]) -> Term | None:

@@ -39,6 +39,7 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from entangle_mlir.core import precision
+from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.ir import erase_dead
 from entangle_mlir.mlir.opinfo import compare_type, constant_value, reducer_kind
 
@@ -816,8 +817,9 @@ _OVERFLOWING = frozenset({
 of finite values is finite only where their ranges say so (`bounds.interval`)."""
 
 
-_ELEMENTWISE_ARITHMETIC = frozenset({"stablehlo.add", "stablehlo.subtract",
-                                     "stablehlo.multiply", "stablehlo.divide"})
+_ELEMENTWISE_ARITHMETIC = frozenset(op for op, traits in ELEMENTWISE_OPS.items()
+                                    if traits.term is not None and traits.arity == 2)
+"""Binary arithmetic: add, subtract, multiply, divide."""
 _EXPONENTIALS = frozenset({"stablehlo.exponential", "stablehlo.exponential_minus_one",
                            "stablehlo.power"})
 
@@ -1307,12 +1309,8 @@ def _index_map_step(index: np.ndarray, op: ir.Operation,
 BLOCKS_ATTR = "entangle.blocks"
 """Marks the concatenations the online-softmax rewrite builds (only they are moved down)."""
 
-_SINK_ELEMENTWISE = frozenset({
-    "stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
-    "stablehlo.maximum", "stablehlo.minimum", "stablehlo.negate", "stablehlo.exponential",
-    "stablehlo.select", "stablehlo.compare", "stablehlo.convert", "stablehlo.sqrt",
-    "stablehlo.rsqrt", "stablehlo.tanh", "stablehlo.logistic"})
-"""Ops computing each element from the same element of their operands."""
+_SINK_ELEMENTWISE = frozenset(op for op, traits in ELEMENTWISE_OPS.items() if traits.concat)
+"""Elementwise ops a concatenation of blocks moves down through (`Traits.concat`)."""
 
 
 def _integer(value) -> bool:

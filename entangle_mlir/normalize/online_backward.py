@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import numpy as np
 from jaxlib.mlir import ir
 
+from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.normalize import idioms
 from entangle_mlir.normalize.idioms import (
     _MOVES,
@@ -462,10 +463,9 @@ def _clone_dot(dot: ir.Operation, operands: list):
 # Transposes (the models' (b, s, h, d) layout: `swapaxes(corr, 1, 2)`, the einsums' transposes)
 # ---------------------------------------------------------------------------------------------
 
-_ELEMENTWISE = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
-                "stablehlo.negate", "stablehlo.exponential", "stablehlo.log", "stablehlo.sqrt",
-                "stablehlo.rsqrt", "stablehlo.maximum", "stablehlo.minimum", "stablehlo.abs")
-"""Ops acting on each element alike: a transpose of one is the op of its transposed operands."""
+_ELEMENTWISE = frozenset(op for op, traits in ELEMENTWISE_OPS.items() if traits.transpose)
+"""Ops acting on each element alike: a transpose of one is the op of its transposed operands
+(`Traits.transpose`)."""
 
 
 def _transposed(value, permutation: list[int], at: ir.Operation, depth: int = 6):

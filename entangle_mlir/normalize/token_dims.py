@@ -23,21 +23,12 @@ from __future__ import annotations
 
 from jaxlib.mlir import ir
 
+from entangle_mlir.core.traits import ELEMENTWISE_OPS
+
 NONE = -1
 """A value of the region's ops that has no token dim (a weight, a scalar, an init value)."""
 
-_ELEMENTWISE = frozenset({
-    "stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
-    "stablehlo.maximum", "stablehlo.minimum", "stablehlo.power", "stablehlo.remainder",
-    "stablehlo.atan2", "stablehlo.negate", "stablehlo.abs", "stablehlo.exponential",
-    "stablehlo.exponential_minus_one", "stablehlo.log", "stablehlo.log_plus_one",
-    "stablehlo.tanh", "stablehlo.logistic", "stablehlo.rsqrt", "stablehlo.sqrt",
-    "stablehlo.cbrt", "stablehlo.sine", "stablehlo.cosine", "stablehlo.tan", "stablehlo.sign",
-    "stablehlo.floor", "stablehlo.ceil", "stablehlo.round_nearest_even",
-    "stablehlo.round_nearest_afz", "stablehlo.is_finite", "chlo.square", "chlo.erf",
-    "stablehlo.compare", "stablehlo.select", "stablehlo.clamp", "stablehlo.and",
-    "stablehlo.or", "stablehlo.xor", "stablehlo.not", "stablehlo.convert",
-})
+_ELEMENTWISE = frozenset(ELEMENTWISE_OPS)
 
 
 class _Refuse(Exception):

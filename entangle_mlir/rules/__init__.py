@@ -1,7 +1,9 @@
 """The rule table: op name -> rule, merged from one explicit table per op family.
 
-Adding an op: an entry in its family's table, a lit test `lit_tests/rules/<op>.mlir`, and a
-lemma case in `tests/test_lemmas.py` (pytest checks both exist for every key).
+Adding an op: an entry in its family's table (an elementwise op: a line in
+`core/traits.py`), a lit test `lit_tests/rules/<op>.mlir`, and a lemma case in
+`tests/rules/test_lemmas.py` (pytest checks both exist for every key); the checklist is
+`docs/adding-an-op.md`.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from entangle_mlir.core.relations import (
     Value,
 )
 from entangle_mlir.core.terms import (
+    ARITHMETIC_TERM_OPS,
     Term,
     linear_parts,
     make_broadcast,
@@ -31,32 +32,9 @@ from entangle_mlir.core.terms import (
     single_scaled,
     splat_value,
 )
+from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
-
-ELEMENTWISE_TERM_OPS = ("lin", "mul", "div")
-
-ELEMENTWISE_OPS = frozenset({
-    # binary arithmetic
-    "stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
-    "stablehlo.maximum", "stablehlo.minimum", "stablehlo.power", "stablehlo.remainder",
-    "stablehlo.atan2",
-    # unary
-    "stablehlo.negate", "stablehlo.abs", "stablehlo.exponential", "stablehlo.exponential_minus_one",
-    "stablehlo.log", "stablehlo.log_plus_one", "stablehlo.tanh", "stablehlo.logistic",
-    "stablehlo.rsqrt", "stablehlo.sqrt", "stablehlo.cbrt", "stablehlo.sine", "stablehlo.cosine",
-    "stablehlo.tan", "stablehlo.sign", "stablehlo.floor", "stablehlo.ceil",
-    "stablehlo.round_nearest_even", "stablehlo.round_nearest_afz", "stablehlo.is_finite",
-    "chlo.square", "chlo.erf",
-    # logic and selection
-    "stablehlo.compare", "stablehlo.select", "stablehlo.clamp", "stablehlo.and", "stablehlo.or",
-    "stablehlo.xor", "stablehlo.not",
-    # conversion
-    "stablehlo.convert",
-})
-"""The ops computed position by position (the elementwise family's rule table is keyed by
-them); here so that the value kinds can tell them apart without importing the family."""
-
 
 COMPARISONS = {"EQ": operator.eq, "NE": operator.ne, "LT": operator.lt, "LE": operator.le,
                "GT": operator.gt, "GE": operator.ge}
@@ -126,7 +104,8 @@ def resize(term: Term, dim: int, size: int) -> Term | None:
         if any(t is None for _, t in resized):
             return None
         return make_lin(resized, constant, shape, term.dtype)
-    if term.op in ("mul", "div") or term.op.startswith("stablehlo.") and is_elementwise_term(term):
+    if term.op in ARITHMETIC_TERM_OPS or (term.op.startswith("stablehlo.")
+                                          and is_elementwise_term(term)):
         args = [resize(a, dim, size) for a in term.args]
         if any(a is None for a in args):
             return None

@@ -32,15 +32,10 @@ from entangle_mlir.core.terms import (
     scale,
     splat_value,
 )
+from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.opinfo import OpInfo, compare_is_default
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.rules.common import (
-    COMPARISONS,
-    ELEMENTWISE_OPS,
-    is_zero,
-    splat_rel,
-    unify_dims,
-)
+from entangle_mlir.rules.common import COMPARISONS, is_zero, splat_rel, unify_dims
 from entangle_mlir.rules.kinds import blocks
 from entangle_mlir.rules.kinds.shifted import elementwise_shifted
 from entangle_mlir.rules.kinds.window import window_elementwise
@@ -406,3 +401,4 @@ def is_float_type(dtype: str) -> bool:
 
 
 ELEMENTWISE_RULES = {name: elementwise for name in sorted(ELEMENTWISE_OPS)}
+"""One rule for every op of the traits table (`core/traits.py`)."""

@@ -13,7 +13,7 @@ import math
 from fractions import Fraction
 from functools import reduce as _fold
 
-from entangle_mlir.core.terms import Term, post_order
+from entangle_mlir.core.terms import COMMUTATIVE, Term, post_order
 from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.semantics.element import (
     SemanticsError,
@@ -65,8 +65,6 @@ builds them: (window, strides, base dilations, window dilations, padding low, hi
 _OPAQUE_LEAVES = ("loopvar", "while_result", "region_result")
 """Terms evaluated as given values (a loop's carried value / result, a summarized layer's
 result), not computed."""
-
-_LINEAR_OPS = ("lin", "mul", "div")
 
 
 def wrap_node(term: Term, value: Array) -> Array:
@@ -208,8 +206,7 @@ def evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
         src = [a.dtype for a in term.args]
         if op == "stablehlo.convert" and attrs:
             src = [attrs[0]]  # the dtype the operand was computed in (its term may say less)
-        if op in ("stablehlo.maximum", "stablehlo.minimum", "stablehlo.and", "stablehlo.or",
-                  "stablehlo.xor") and len(args) > 2:
+        if op in COMMUTATIVE and len(args) > 2:  # flattened by the term builder
             fn = ELEMENTWISE[op]
             return _fold(lambda a, b: fn([a, b], named, term.dtype, src), args)
         return ELEMENTWISE[op](args, named, term.dtype, src)

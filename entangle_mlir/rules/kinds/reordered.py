@@ -32,9 +32,10 @@ from dataclasses import replace
 
 from entangle_mlir.core.relations import Opaque, Rel, Reordered, Returning, Shifted, Value
 from entangle_mlir.core.terms import roll_parts
+from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import Rule, RuleContext
-from entangle_mlir.rules.common import ELEMENTWISE_OPS, iota_dim, widen_iota
+from entangle_mlir.rules.common import iota_dim, widen_iota
 from entangle_mlir.rules.kinds import returning
 
 ORDER_FREE_REDUCERS = frozenset({"add", "max", "min", "mul", "and", "or"})

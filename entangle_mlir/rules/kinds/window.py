@@ -63,14 +63,9 @@ from entangle_mlir.core.terms import (
     single_scaled,
     splat_value,
 )
+from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.rules.base import Rule, RuleContext
-from entangle_mlir.rules.common import (
-    ELEMENTWISE_OPS,
-    device_offsets,
-    freeze,
-    resize,
-    sum_term,
-)
+from entangle_mlir.rules.common import device_offsets, freeze, resize, sum_term
 
 WINDOW_OPS = frozenset({"stablehlo.slice", "stablehlo.concatenate",
                         "stablehlo.collective_permute", "stablehlo.dynamic_slice",
@@ -87,17 +82,13 @@ def settle(value: Value, op_name: str = "") -> Value:
         return Opaque(value.reason, origin=value.origin, category="wrong_order")
     if isinstance(value, Windowed) and is_padded(value) and op_name != "stablehlo.dynamic_slice":
         return padded_rel(value)
-    if isinstance(value, Windowed) and value.summed and op_name not in SUMMED_OPS and not (
-            _is_elementwise(op_name)):
+    if isinstance(value, Windowed) and value.summed and op_name not in SUMMED_OPS and (
+            op_name not in ELEMENTWISE_OPS):
         return Opaque(value.reason, origin=value.origin, category="layout_mismatch")
     if isinstance(value, Windowed) and op_name not in WINDOW_OPS | ROWWISE_OPS and not (
-            op_name == "stablehlo.reduce" or _is_elementwise(op_name)):
+            op_name == "stablehlo.reduce" or op_name in ELEMENTWISE_OPS):
         return Opaque(value.reason, origin=value.origin, category="layout_mismatch")
     return value
-
-
-def _is_elementwise(op_name: str) -> bool:
-    return op_name in ELEMENTWISE_OPS
 
 
 def padded_window(x: Rel, dim: int, low: int, high: int, mesh: Mesh) -> Windowed:
