@@ -239,7 +239,7 @@ def test_global_scope_instance() -> None:
 def test_bundled_example_instances_all_prove() -> None:
     """Every rule instance of a real shard_map program (GPT-2 block, dp2 x tp4) proves."""
     from entangle_mlir.analysis.infer import Walker
-    from entangle_mlir.mlir.ir import load_file
+    from entangle_mlir.mlir.load import load_file
 
     root = Path(__file__).resolve().parents[1] / "entangle_mlir" / "demo"
     path = root / "gpt2_block_dp2_tp4.sharded.mlir"

@@ -39,6 +39,7 @@ import functools
 import itertools
 import math
 import re
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
 from functools import reduce as _fold
@@ -46,10 +47,11 @@ from functools import reduce as _fold
 import numpy as np
 import z3
 
-from entangle_mlir.core import precision
+from entangle_mlir.core import intrange, precision
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.terms import Term, post_order
 from entangle_mlir.mlir.opinfo import OpInfo, TensorType, scatter_kind
+from entangle_mlir.semantics.groups import GroupError, permute_pairs, process_groups
 
 Element = object
 Array = np.ndarray
@@ -396,8 +398,6 @@ def compare(a: Element, b: Element, direction: str, total: bool = False) -> Elem
 def _total_key(x: float) -> int:
     """The position of a float in IEEE-754 totalOrder (the bits, sign-magnitude to two's
     complement): -NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN."""
-    import struct
-
     bits = struct.unpack("<q", struct.pack("<d", x))[0]
     return bits if bits >= 0 else -(bits & ((1 << 63) - 1)) - 1
 
@@ -578,9 +578,7 @@ def power(a: Element, b: Element) -> Element:
 
 def int_limits(dtype: str) -> tuple[int, int] | None:
     """[min, max] of an integer dtype (two's complement, or unsigned), None otherwise."""
-    from entangle_mlir.core.intrange import int_limits as limits
-
-    found = limits(dtype)
+    found = intrange.int_limits(dtype)
     return None if found is None else (int(found[0]), int(found[1]))
 
 
@@ -1482,8 +1480,6 @@ OP_SEMANTICS.update({name: _wrapped_local(OP_SEMANTICS[name]) for name in WRAPPE
 def replica_groups(info: OpInfo, mesh: Mesh) -> list[list[int]]:
     """The groups of device ids a collective combines, as StableHLO defines them from its
     channel, use_global_device_ids and replica_groups (`groups.process_groups`)."""
-    from entangle_mlir.semantics.groups import GroupError, process_groups
-
     try:
         return process_groups(info.name, info.attrs, mesh.replicas, mesh.partitions)
     except GroupError as err:
@@ -1572,8 +1568,6 @@ def _all_to_all(info: OpInfo, mesh: Mesh, operands: list[list[Array]]) -> list[l
 def _collective_permute(info: OpInfo, mesh: Mesh, operands: list[list[Array]]
                         ) -> list[list[Array]]:
     """result[target] = operand[source]; devices nobody sends to get zeros."""
-    from entangle_mlir.semantics.groups import GroupError, permute_pairs
-
     n = mesh.num_devices
     try:
         source_of = {t: s for s, t in permute_pairs(info.attrs, mesh.replicas,
