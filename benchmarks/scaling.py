@@ -195,7 +195,8 @@ def count_ops(path: Path) -> int:
     """Operations in the sharded program (inside functions, the functions not counted)."""
     from jaxlib.mlir import ir
 
-    from entangle_mlir.mlir.ir import context, load_file
+    from entangle_mlir.mlir.ir import context
+    from entangle_mlir.mlir.load import load_file
 
     count = 0
 

@@ -24,10 +24,11 @@ import gc
 gc.disable()  # as the CLI does
 t0 = clock()
 from entangle_mlir.driver import check_program
-from entangle_mlir.mlir.ir import context, load_file
+from entangle_mlir.mlir.ir import context
+from entangle_mlir.mlir.load import load_file
 from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipeline
 from entangle_mlir.mlir.program import from_two_modules
-from passes import PASSES
+from entangle_mlir.passes import PASSES
 import entangle_mlir.analysis.instance, entangle_mlir.semantics.ops, z3
 z3.main_ctx()
 stages = {"start-up": clock() - t0}

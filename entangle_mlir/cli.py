@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -40,12 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     _common_options(demo)
     args = parser.parse_args(argv)
     if getattr(args, "evidence", False):
-        import os
-
         # jax's CPU client lists its devices on stderr unless told before jaxlib loads.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.dump_smt:
-        from entangle_mlir.analysis.solver import set_dump_dir
+        from entangle_mlir.analysis.solver import set_dump_dir  # lazy: z3 takes 40 ms to import
 
         set_dump_dir(args.dump_smt)
     try:
@@ -55,13 +54,13 @@ def main(argv: list[str] | None = None) -> int:
             except BrokenPipeError:
                 _quiet_broken_pipe()
                 return 0
-        from entangle_mlir.driver import check_files
+        from entangle_mlir.driver import check_files  # lazy: jaxlib must load after the env above
 
         report = check_files(args.ref, args.sharded or args.ref,
                              verify_rules=not args.no_verify_rules,
                              reuse_layers=not (args.explain or args.json))
         if args.evidence and not report.proven:
-            from entangle_mlir.evidence import check_evidence
+            from entangle_mlir.evidence import check_evidence  # lazy: 7 ms; --evidence only
 
             report.evidence = check_evidence(report)
     except InputError as err:
@@ -86,8 +85,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _quiet_broken_pipe() -> None:
     """`entangle ... | head` closed our stdout: stop printing without a traceback."""
-    import os
-
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
 
@@ -105,7 +102,7 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
 
 def run_demo(args) -> int:
     """Prove every bundled correct pair, flag every bundled buggy one."""
-    from entangle_mlir.driver import check_files
+    from entangle_mlir.driver import check_files  # lazy: loads jaxlib (see main)
 
     pairs = sorted(DEMO_DIR.glob("*.ref.mlir"))
     if not pairs:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from entangle_mlir.core.diagnostics import InputError
 from entangle_mlir.core.report import Report
-from entangle_mlir.mlir.ir import context, load_file, parse_module
-from entangle_mlir.mlir.program import Program, from_two_modules, has_refines
+from entangle_mlir.mlir.ir import context, parse_module
+from entangle_mlir.mlir.load import load_file
+from entangle_mlir.mlir.program import Program, from_combined, from_two_modules, has_refines
+from entangle_mlir.passes import PASSES
 from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipeline
 
 
@@ -15,10 +18,8 @@ def check_program(program: Program, *, verify_rules: bool = True,
                   reuse_layers: bool = True) -> Report:
     """Normalize, walk both functions, compare; optionally Z3-check every rule instance.
 
-    `reuse_layers` walks repeated layers once (`layers.py`); without it every op gets its
+    `reuse_layers` walks repeated layers once (`analysis/layer_reuse.py`); without it every op gets its
     relation, which `--explain` and `--json` show."""
-    from entangle_mlir.passes import PASSES
-
     start = time.perf_counter()
     check = ["entangle-check-refinement"] + (["entangle-verify-rules"] if verify_rules else [])
     state = PassState(program.sharded_module, program.sharded_file, program=program)
@@ -69,8 +70,6 @@ def check_files(ref_path: str, sharded_path: str, *, verify_rules: bool = True,
 
 
 def _same_file(a: str, b: str) -> bool:
-    import os
-
     try:
         return a == b or os.path.samefile(a, b)
     except OSError:
@@ -79,8 +78,6 @@ def _same_file(a: str, b: str) -> bool:
 
 def check_combined_file(path: str, *, verify_rules: bool = True,
                         reuse_layers: bool = True) -> Report:
-    from entangle_mlir.mlir.program import from_combined
-
     module = load_file(path)
     if not has_refines(module):
         raise InputError("no function carries `entangle.refines = @reference`", file=path)
@@ -91,8 +88,6 @@ def check_combined_file(path: str, *, verify_rules: bool = True,
 def check_with_pipeline(path: str, pipeline: str) -> Report:
     """The report of an explicit entangle-opt pipeline on a combined file (for pass options
     `entangle check` does not expose, such as entangle-verify-rules{inject-fault=...})."""
-    from entangle_mlir.passes import PASSES
-
     state = PassState(load_file(path), path)
     with context():
         run_pipeline(parse_pipeline(pipeline, PASSES), state)

@@ -7,13 +7,27 @@ devices), and its reference counterpart becomes the only result of the reference
 per-device values are reassembled with the relation the check expected there (concat over the
 split axes, the sum of partials, or each device's own value where a reduction is missing) and
 compared with the reference's value. Needs jax and as many devices as the mesh.
+
+Running a per-device program as replicas (`as_replicas`, `device_blocks`, `local_block`,
+`execute_replicas`) also serves `jax.run_per_device` and the attacker. Importing this module
+does not import jax: the functions that run programs do.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import numpy as np
+from jaxlib import _hlo
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import func
+
+from entangle_mlir.analysis.infer import Walker
+from entangle_mlir.mlir.ir import context, parse_module
+from entangle_mlir.mlir.opinfo import describe
+from entangle_mlir.mlir.per_device import device_count, parameter_shardings
 
 _EVIDENCE_MARK = "entangle.evidence_sharded"
 _REFERENCE_MARK = "entangle.evidence_reference"
@@ -45,7 +59,7 @@ def random_input(shape, dtype, rng: np.random.Generator) -> np.ndarray:
 
 def output_evidence(reference_fn, sharded_fn, avals, seed: int = 0) -> dict:
     """Max |sharded - reference| per output on seeded random inputs."""
-    import jax
+    import jax  # lazy: 1 s to import; and check_evidence sets XLA_FLAGS before it loads
 
     rng = np.random.default_rng(seed)
     try:
@@ -110,9 +124,6 @@ def op_evidence(focus, seed: int = 0) -> dict:
 def check_evidence(report) -> dict:
     """`entangle check --evidence`: op-level evidence for a report of MLIR files, on enough
     simulated CPU devices (jax is imported here, only when asked for)."""
-    import os
-    import sys
-
     focus = report.focus
     needed = focus.mesh.num_devices if focus is not None and focus.mesh is not None else 1
     flags = os.environ.get("XLA_FLAGS", "")
@@ -169,10 +180,6 @@ def _op_evidence(focus, seed: int) -> dict:
 
 def _marked_texts(focus, ref_module, sharded_module) -> tuple[str, str]:
     """Both modules as text, with the two ops of interest marked by a unit attribute."""
-    from jaxlib.mlir import ir
-
-    from entangle_mlir.mlir.ir import context
-
     marks = ((focus.sharded.info.op, _EVIDENCE_MARK), (focus.reference.info.op, _REFERENCE_MARK))
     with context():
         for op, name in marks:
@@ -191,8 +198,6 @@ def _module_text(module) -> str:
 def _main_arg_types(text: str) -> list[tuple[tuple[int, ...], str]]:
     """Shapes and numpy dtypes of the arguments of the reference function (the one holding the
     marked reference op)."""
-    from entangle_mlir.mlir.ir import context, parse_module
-
     with context():
         module = parse_module(text)
         func_op = _enclosing_func(_find(module, _REFERENCE_MARK, keep=True))
@@ -210,8 +215,6 @@ def _enclosing_func(op):
 def _as_entry(module, func_op) -> None:
     """Make `func_op` the module's public `main` (a combined file holds the reference and the
     sharded function side by side; calls are inlined by then): every other function goes."""
-    from jaxlib.mlir import ir
-
     if func_op.attributes["sym_name"] == ir.StringAttr.get("main") and (
             "sym_visibility" not in func_op.attributes):
         return
@@ -224,8 +227,6 @@ def _as_entry(module, func_op) -> None:
 
 
 def _numpy_type(t) -> tuple[tuple[int, ...], str]:
-    from jaxlib.mlir import ir
-
     if not isinstance(t, ir.RankedTensorType):
         raise Unavailable(f"an argument of type {t} cannot be made up")
     ranked = t
@@ -233,15 +234,13 @@ def _numpy_type(t) -> tuple[tuple[int, ...], str]:
     if name is None:
         raise Unavailable(f"no random input for element type {ranked.element_type}")
     if name == "bfloat16":
-        import ml_dtypes
+        import ml_dtypes  # lazy: 1 s to import (jax loads it too); only bf16 needs it
 
         return tuple(ranked.shape), ml_dtypes.bfloat16
     return tuple(ranked.shape), name
 
 
 def _find(module, mark: str, keep: bool = False):
-    from jaxlib.mlir import ir
-
     found = []
 
     def visit(op):
@@ -271,11 +270,6 @@ def _marked_entry(module, mark: str, what: str):
 
 def _expose_reference(text: str, result: int) -> str:
     """The reference with the marked op's `result` as its only result."""
-    from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import func
-
-    from entangle_mlir.mlir.ir import context
-
     with context(), ir.Location.unknown():
         module = ir.Module.parse(text)
         target, main = _marked_entry(module, _REFERENCE_MARK, "the reference op")
@@ -290,14 +284,12 @@ def _expose_reference(text: str, result: int) -> str:
                                                                                [value.type]))
         if "res_attrs" in main.attributes:
             del main.attributes["res_attrs"]
-        return _as_replicas(module, 1)
+        return as_replicas(module, 1)
 
 
 def _sharded_program(text: str, focus, args: list[np.ndarray]):
     """(per-device program returning the marked op's result, each device's arguments, mesh)
     for a shard_map program or a per-device (partitioned) one."""
-    from entangle_mlir.mlir.ir import context, parse_module
-
     with context():
         module = parse_module(text)
         target = _find(module, _EVIDENCE_MARK, keep=True)
@@ -318,27 +310,19 @@ def _sharded_program(text: str, focus, args: list[np.ndarray]):
 def _per_device_args(args, shardings, local_shapes, mesh) -> list[list[np.ndarray]]:
     """Each device's parameters of a partitioned program: its block of every global argument
     as the parameter's `mhlo.sharding` says (uneven shards zero-padded, as XLA does)."""
-    from entangle_mlir.jax import _device_blocks, _local_block
-
     if len(args) != len(shardings):
         raise Unavailable("the sharded program takes other arguments than the reference")
     n = mesh.num_devices
     per_arg = []
     for arg, sharding, local in zip(args, shardings, local_shapes):
-        blocks = _device_blocks(sharding, arg.shape, local, n)
-        per_arg.append([_local_block(arg, blocks[d], local) for d in range(n)])
+        blocks = device_blocks(sharding, arg.shape, local, n)
+        per_arg.append([local_block(arg, blocks[d], local) for d in range(n)])
     return [[column[d] for column in per_arg] for d in range(n)]
 
 
 def _expose_per_device(text: str, result: int):
     """A partitioned program returning the marked op's `result` instead of its results, with
     its parameters' shardings and local shapes."""
-    from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import func
-
-    from entangle_mlir.mlir.ir import context
-    from entangle_mlir.mlir.per_device import device_count, parameter_shardings
-
     with context(), ir.Location.unknown():
         module = ir.Module.parse(text)
         target, main = _marked_entry(module, _EVIDENCE_MARK, "the op")
@@ -359,20 +343,13 @@ def _expose_per_device(text: str, result: int):
         attrs = module.operation.attributes
         if "mhlo.spmd_output_sharding" in attrs:
             del attrs["mhlo.spmd_output_sharding"]
-        return _as_replicas(module, n), shardings, local_shapes
+        return as_replicas(module, n), shardings, local_shapes
 
 
 def _expose_sharded(text: str, result: int):
     """The body of the shard_map holding the marked op, as a per-device program returning the
     op's `result`; with, per body argument, the index of the main argument it receives and its
     tiling, and the mesh."""
-    from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import func
-
-    from entangle_mlir.analysis.infer import Walker
-    from entangle_mlir.mlir.ir import context
-    from entangle_mlir.mlir.opinfo import describe
-
     with context(), ir.Location.unknown():
         module = ir.Module.parse(text)
         target = _find(module, _EVIDENCE_MARK)
@@ -411,7 +388,7 @@ def _expose_sharded(text: str, result: int):
             op.move_before(ret)
             if op == target:
                 break
-        return _as_replicas(out, mesh.num_devices), operand_args, in_tilings, mesh
+        return as_replicas(out, mesh.num_devices), operand_args, in_tilings, mesh
 
 
 _COLLECTIVES = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter",
@@ -419,11 +396,10 @@ _COLLECTIVES = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduc
                 "stablehlo.collective_broadcast")
 
 
-def _as_replicas(module, n: int) -> str:
+def as_replicas(module, n: int) -> str:
     """The module's text for running as `n` replicas of one partition: every collective
-    cross-replica (replica ids are the logical device ids) and `partition_id` as `replica_id`."""
-    from jaxlib.mlir import ir
-
+    cross-replica (replica ids are the logical device ids) and `partition_id` as `replica_id`
+    (what `execute_replicas` runs). Rewrites `module` in place."""
     def cross_replica(op):
         if op.name in _COLLECTIVES:
             for name in ("channel_handle", "use_global_device_ids"):
@@ -441,8 +417,8 @@ def _as_replicas(module, n: int) -> str:
 def compile_replicas(text: str, n: int):
     """(executable, devices): a StableHLO module compiled to run as `n` replicas of one
     partition on jax's first `n` CPU devices."""
-    from jax._src import xla_bridge
-    from jax._src.lib import xla_client
+    from jax._src import xla_bridge  # lazy: imports jax (1 s)
+    from jax._src.lib import xla_client  # lazy: imports jax (1 s)
 
     backend = xla_bridge.get_backend("cpu")
     devices = backend.devices()[:n]
@@ -463,7 +439,7 @@ def execute_replicas(text: str, per_device_args: list[list[np.ndarray]]
                      ) -> list[list[np.ndarray]]:
     """Run a StableHLO module as one replica per entry of `per_device_args` (device d gets
     `per_device_args[d]`) on jax's CPU devices; `outputs[device][result]` as numpy arrays."""
-    import jax
+    import jax  # lazy: 1 s to import; and check_evidence sets XLA_FLAGS before it loads
 
     n = len(per_device_args)
     executable, devices = compile_replicas(text, n)
@@ -480,6 +456,41 @@ def execute_replicas(text: str, per_device_args: list[list[np.ndarray]]
     outs = executable.execute_sharded(arrays).disassemble_into_single_device_arrays()
     return [[np.asarray(outs[r][d]) for r in range(len(outs))] for d in range(n)]
 
+
+
+def device_blocks(sharding: str | None, global_shape, local_shape, num_devices: int):
+    """Per device, the index (tuple of slices) of its block of a global array, for an
+    `mhlo.sharding` string (uneven shards are padded at the end, as XLA does)."""
+    if sharding is None:
+        return [tuple(slice(0, n) for n in global_shape)] * num_devices
+    parsed = _hlo.HloSharding.from_string(sharding)
+    if parsed.is_replicated() or parsed.is_maximal():
+        return [tuple(slice(0, n) for n in global_shape)] * num_devices
+    dims = list(parsed.tile_assignment_dimensions())
+    devices = list(parsed.tile_assignment_devices())
+    strides = [1] * len(dims)
+    for k in range(len(dims) - 2, -1, -1):
+        strides[k] = strides[k + 1] * dims[k + 1]
+    blocks = [None] * num_devices
+    for position, device in enumerate(devices):
+        index = []
+        for k in range(len(global_shape)):
+            tile = (position // strides[k]) % dims[k]
+            start = tile * local_shape[k]
+            index.append(slice(start, start + local_shape[k]))
+        blocks[device] = tuple(index)
+    return blocks
+
+
+def local_block(array, index, local_shape) -> np.ndarray:
+    """array[index], zero-padded to the local shape (the padding of uneven shards): a
+    device's argument of a per-device program, with `index` from `device_blocks`."""
+    block = np.asarray(array)[index]
+    if block.shape == tuple(local_shape):
+        return block
+    out = np.zeros(local_shape, dtype=block.dtype)
+    out[tuple(slice(0, n) for n in block.shape)] = block
+    return out
 
 def _block(array: np.ndarray, tiling, mesh, device: int) -> np.ndarray:
     """Device `device`'s block of a global array split by `tiling` (per dim, mesh axes)."""

@@ -12,20 +12,43 @@ global shapes without shardings. Importing this module imports jax; nothing else
 
 from __future__ import annotations
 
+import glob
+import os
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
+import numpy as np
+from jaxlib.mlir import ir
 
+from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.report import Report
 from entangle_mlir.driver import check_texts
+from entangle_mlir.evidence import (
+    Unavailable,
+    as_replicas,
+    device_blocks,
+    execute_replicas,
+    local_block,
+    op_evidence,
+    output_evidence,
+)
+from entangle_mlir.mlir.ir import context, parse_module
+from entangle_mlir.mlir.per_device import (
+    axis_names,
+    device_count,
+    parameter_shardings,
+    result_shardings,
+)
+from entangle_mlir.mlir.program import public_main
+from entangle_mlir.mlir.xla import module_proto, module_proto_to_stablehlo
 
 
 def _exclude_own_frames() -> None:
     """Source locations name the user's frames, not entangle's (the lowering happens here)."""
-    from pathlib import Path
-
     try:
-        from jax._src import source_info_util
+        from jax._src import source_info_util  # private: may be missing from another jax
 
         source_info_util.register_exclusion(str(Path(__file__).resolve().parent))
     except (ImportError, AttributeError):
@@ -58,8 +81,6 @@ def check(reference_fn: Callable, sharded_fn: Callable, *avals,
                          sharded_file=f"<{getattr(sharded_fn, '__name__', 'sharded')}>",
                          verify_rules=verify_rules)
     if not report.proven and evidence:
-        from entangle_mlir.evidence import op_evidence, output_evidence
-
         report.evidence = output_evidence(reference_fn, sharded_fn, avals)
         report.evidence["at_op"] = op_evidence(report.focus)
     return report
@@ -97,12 +118,6 @@ def partitioned_hlo(f: Callable, *avals, out_shardings=None, in_shardings=None) 
     `f` is jitted with `in_shardings` / `out_shardings` when given (else the shardings of the
     avals and XLA's choice for the outputs); an already jitted `f` is compiled as it is.
     """
-    import glob
-    import os
-    import tempfile
-
-    from entangle_mlir.mlir.xla import module_proto
-
     if hasattr(f, "lower") and in_shardings is None and out_shardings is None:
         jitted = f
     else:
@@ -133,8 +148,6 @@ def reference_text(f: Callable, *avals) -> str:
 def lower_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None
                       ) -> tuple[str, bytes]:
     """(reference StableHLO text, XLA's partitioned per-device program as StableHLO bytecode)."""
-    from entangle_mlir.mlir.xla import module_proto_to_stablehlo
-
     proto = partitioned_hlo(f, *avals, out_shardings=out_shardings, in_shardings=in_shardings)
     return reference_text(f, *avals), module_proto_to_stablehlo(proto)
 
@@ -157,8 +170,6 @@ def check_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None
     if note:
         report.notes.append(note)
     if not report.proven and evidence:
-        from entangle_mlir.evidence import op_evidence
-
         report.evidence = {"at_op": op_evidence(report.focus)}
     return report
 
@@ -166,11 +177,6 @@ def check_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None
 def _mesh_note(described: str, avals) -> str:
     """'the program's devices as the jax mesh: 'd0' = 'dp', ('d1', 'd2') = 'tp'' when the
     synthesized axes line up with the avals' mesh (devices in id order)."""
-    import numpy as np
-
-    from entangle_mlir.core.mesh import Mesh
-    from entangle_mlir.mlir.per_device import axis_names
-
     meshes = {getattr(getattr(a, "sharding", None), "mesh", None) for a in avals} - {None}
     if len(meshes) != 1 or not described:
         return ""
@@ -207,44 +213,6 @@ def assert_partitioned_refines(f: Callable, *avals, out_shardings=None, in_shard
 
 # ----- executing a per-device program (differential tests of partitioned programs) ---------------
 
-def _device_blocks(sharding: str | None, global_shape, local_shape, num_devices: int):
-    """Per device, the index (tuple of slices) of its block of a global array, for an
-    `mhlo.sharding` string (uneven shards are padded at the end, as XLA does)."""
-    from jaxlib import _hlo
-
-    if sharding is None:
-        return [tuple(slice(0, n) for n in global_shape)] * num_devices
-    parsed = _hlo.HloSharding.from_string(sharding)
-    if parsed.is_replicated() or parsed.is_maximal():
-        return [tuple(slice(0, n) for n in global_shape)] * num_devices
-    dims = list(parsed.tile_assignment_dimensions())
-    devices = list(parsed.tile_assignment_devices())
-    strides = [1] * len(dims)
-    for k in range(len(dims) - 2, -1, -1):
-        strides[k] = strides[k + 1] * dims[k + 1]
-    blocks = [None] * num_devices
-    for position, device in enumerate(devices):
-        index = []
-        for k in range(len(global_shape)):
-            tile = (position // strides[k]) % dims[k]
-            start = tile * local_shape[k]
-            index.append(slice(start, start + local_shape[k]))
-        blocks[device] = tuple(index)
-    return blocks
-
-
-def _local_block(array, index, local_shape):
-    """array[index], zero-padded to the local shape (the padding of uneven shards)."""
-    import numpy as np
-
-    block = np.asarray(array)[index]
-    if block.shape == tuple(local_shape):
-        return block
-    out = np.zeros(local_shape, dtype=block.dtype)
-    out[tuple(slice(0, n) for n in block.shape)] = block
-    return out
-
-
 def run_per_device(module, *global_args):
     """Run a per-device SPMD program (XLA partitioner output, as StableHLO text, bytecode or an
     `ir.Module`) on simulated devices and return each device's results.
@@ -255,29 +223,22 @@ def run_per_device(module, *global_args):
     `XLA_FLAGS=--xla_force_host_platform_device_count=N` before jax is imported).
     Returns `outputs[device][result]` as numpy arrays.
     """
-    import numpy as np
-
-    from entangle_mlir.evidence import Unavailable, _as_replicas, execute_replicas
-    from entangle_mlir.mlir.ir import context, parse_module
-    from entangle_mlir.mlir.per_device import device_count, parameter_shardings
-    from entangle_mlir.mlir.program import _public_main
-
     if isinstance(module, (str, bytes)):
         module = parse_module(module)
     with context():
         module = parse_module(str(module))   # a copy: the caller's module stays as it is
-        main = _public_main(module, "-")
+        main = public_main(module, "-")
         shardings = parameter_shardings(module, main)
         n = device_count(module, shardings)
         arg_types = [a.type for a in main.regions[0].blocks[0].arguments]
-        text = _as_replicas(module, n)
+        text = as_replicas(module, n)
     per_device_args: list[list] = [[] for _ in range(n)]
     for arg, sharding, arg_type in zip(global_args, shardings, arg_types):
         arg = np.asarray(arg)
         local = tuple(arg_type.shape)
-        blocks = _device_blocks(sharding, arg.shape, local, n)
+        blocks = device_blocks(sharding, arg.shape, local, n)
         for d in range(n):
-            per_device_args[d].append(_local_block(arg, blocks[d], local))
+            per_device_args[d].append(local_block(arg, blocks[d], local))
     try:
         return execute_replicas(text, per_device_args)
     except Unavailable as err:
@@ -287,16 +248,10 @@ def run_per_device(module, *global_args):
 def expected_per_device(module, reference_outputs):
     """Each device's block of the reference outputs, as the program's result shardings say
     (the value every device should return; padding of uneven shards is left out)."""
-    import numpy as np
-
-    from entangle_mlir.mlir.ir import context, parse_module
-    from entangle_mlir.mlir.per_device import device_count, parameter_shardings, result_shardings
-    from entangle_mlir.mlir.program import _public_main
-
     if isinstance(module, (str, bytes)):
         module = parse_module(module)
     with context():
-        main = _public_main(module, "-")
+        main = public_main(module, "-")
         n = device_count(module, parameter_shardings(module, main))
         types = ir_result_types(main)
         texts = result_shardings(module, main, len(types))
@@ -305,14 +260,12 @@ def expected_per_device(module, reference_outputs):
         row = []
         for value, text, local in zip(reference_outputs, texts, types):
             value = np.asarray(value)
-            blocks = _device_blocks(text, value.shape, local, n)
+            blocks = device_blocks(text, value.shape, local, n)
             row.append(value[blocks[d]])
         out.append(row)
     return out
 
 
 def ir_result_types(func) -> list[tuple[int, ...]]:
-    from jaxlib.mlir import ir
-
     ftype = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
     return [tuple(ir.RankedTensorType(t).shape) for t in ftype.results]

@@ -15,6 +15,9 @@ import sys
 from dataclasses import dataclass
 
 from entangle_mlir.core.diagnostics import Diagnostic, InputError
+from entangle_mlir.mlir.ir import context, parse_module
+from entangle_mlir.passes import PASSES
+from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipeline
 
 SPLIT_MARKER = re.compile(r"^// -----\s*$", re.MULTILINE)
 EXPECTED = re.compile(
@@ -30,8 +33,6 @@ class Expected:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from entangle_mlir.passes import PASSES
-
     parser = argparse.ArgumentParser(prog="entangle-opt", description=__doc__.splitlines()[0])
     parser.add_argument("input", help="input .mlir file ('-' for stdin)")
     parser.add_argument("--pass-pipeline", default="", help="builtin.module(pass1,pass2{opt=v})")
@@ -44,8 +45,6 @@ def main(argv: list[str] | None = None) -> int:
     flags = [name for name in PASSES if getattr(args, name.replace("-", "_"))]
     pipeline = args.pass_pipeline or ",".join(flags)
     try:
-        from entangle_mlir.passes.pipeline import parse_pipeline
-
         parse_pipeline(pipeline, PASSES)
         text = _read(args.input)
     except InputError as err:
@@ -69,8 +68,6 @@ def main(argv: list[str] | None = None) -> int:
 def _read(path: str) -> str:
     if path == "-":
         return sys.stdin.read()
-    from entangle_mlir.mlir.ir import load_file  # noqa: F401  (same errors as `entangle check`)
-
     try:
         with open(path, "rb") as handle:
             data = handle.read()
@@ -93,10 +90,6 @@ def _split(text: str) -> list[tuple[str, int]]:
 
 
 def _run_chunk(chunk: str, offset: int, args, pipeline: str) -> tuple[str | None, int]:
-    from entangle_mlir.mlir.ir import context, parse_module
-    from entangle_mlir.passes import PASSES
-    from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipeline
-
     file = args.input
     produced: list[Diagnostic] = []
     printed = None

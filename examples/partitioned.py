@@ -483,9 +483,9 @@ points (`report.diagnostics[0].loc.file == MUTATION_FILE`)."""
 
 def _ops(module, name: str) -> list:
     """Ops called `name` in the public main, in program order (regions not entered)."""
-    from entangle_mlir.mlir.program import _public_main
+    from entangle_mlir.mlir.program import public_main
 
-    main = _public_main(module, "-")
+    main = public_main(module, "-")
     return [op.operation for op in main.regions[0].blocks[0].operations
             if op.operation.name == name]
 
@@ -694,7 +694,7 @@ SWEEP_KINDS = {
 def _all_ops(module) -> list:
     from jaxlib.mlir import ir
 
-    from entangle_mlir.mlir.program import _public_main
+    from entangle_mlir.mlir.program import public_main
 
     found = []
 
@@ -703,7 +703,7 @@ def _all_ops(module) -> list:
             found.append(op)
         return ir.WalkResult.ADVANCE
 
-    _public_main(module, "-").walk(visit)
+    public_main(module, "-").walk(visit)
     return found
 
 

@@ -207,23 +207,23 @@ class PartitionedSubject:
         return [v for row in expected_per_device(self.text, want) for v in row]
 
     def compile(self, text: str):
-        from entangle_mlir.evidence import _as_replicas, compile_replicas
+        from entangle_mlir.evidence import as_replicas, compile_replicas
         from entangle_mlir.mlir.ir import context, parse_module
         from entangle_mlir.mlir.per_device import device_count, parameter_shardings
-        from entangle_mlir.mlir.program import _public_main
+        from entangle_mlir.mlir.program import public_main
 
         module = parse_module(text)
         with context():
-            main = _public_main(module, "-")
+            main = public_main(module, "-")
             shardings = parameter_shardings(module, main)
             n = device_count(module, shardings)
             local = [tuple(a.type.shape) for a in main.regions[0].blocks[0].arguments]
-            replicas = _as_replicas(module, n)
+            replicas = as_replicas(module, n)
         exe, devices = compile_replicas(replicas, n)
         return exe, devices, shardings, local
 
     def run(self, compiled, inputs) -> list[np.ndarray]:
-        from entangle_mlir.jax import _device_blocks, _local_block
+        from entangle_mlir.evidence import device_blocks, local_block
 
         exe, devices, shardings, local = compiled
         n = len(devices)
@@ -231,8 +231,8 @@ class PartitionedSubject:
                                                 jax.sharding.PartitionSpec())
         arrays = []
         for arg, sharding, shape in zip(inputs, shardings, local, strict=True):
-            blocks = _device_blocks(sharding, arg.shape, shape, n)
-            shards = [jax.device_put(_local_block(arg, blocks[d], shape), devices[d])
+            blocks = device_blocks(sharding, arg.shape, shape, n)
+            shards = [jax.device_put(local_block(arg, blocks[d], shape), devices[d])
                       for d in range(n)]
             arrays.append(jax.make_array_from_single_device_arrays(shape, replicated, shards))
         outs = exe.execute_sharded(arrays).disassemble_into_single_device_arrays()

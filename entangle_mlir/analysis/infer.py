@@ -49,8 +49,7 @@ from entangle_mlir.core.terms import (
     make_splat,
     splat_value,
 )
-from entangle_mlir.mlir.ir import op_location
-from entangle_mlir.mlir.opinfo import OpInfo, describe
+from entangle_mlir.mlir.opinfo import OpInfo, describe, op_location
 from entangle_mlir.mlir.per_device import (
     device_count,
     is_per_device,

@@ -6,19 +6,14 @@ Importing this module does not import jax.
 from __future__ import annotations
 
 import functools
-import os
 import re
-import stat
 from collections.abc import Callable
 
 import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir._mlir_libs import _chlo, _jax_mlir_ext, _mlirHlo, _sdy, _stablehlo
 
-from entangle_mlir.core.diagnostics import InputError, SourceLoc, parse_location
-
-MAX_INPUT_BYTES = 512 * 1024 * 1024
-MAX_SPECIAL_BYTES = 64 * 1024 * 1024
+from entangle_mlir.core.diagnostics import InputError, SourceLoc
 
 
 @functools.cache
@@ -143,42 +138,6 @@ def _op_name_at(source: str | bytes, row: int, col: int) -> str:
     return match.group(1) if match else ""
 
 
-def load_file(path: str) -> ir.Module:
-    """Read and parse a file, reporting unreadable, binary-garbage or oversized input cleanly."""
-    if os.path.isdir(path):
-        raise InputError("is a directory, not an MLIR file", file=path)
-    try:
-        mode = os.stat(path).st_mode
-        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-            raise InputError("is a pipe or socket, not an MLIR file", file=path)
-        size = os.path.getsize(path)
-        if size > MAX_INPUT_BYTES:
-            raise InputError(f"file is too large ({size} bytes)", file=path)
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_SPECIAL_BYTES + 1 if not stat.S_ISREG(mode) else -1)
-        if not stat.S_ISREG(mode) and len(data) > MAX_SPECIAL_BYTES:
-            raise InputError("not a regular file, and it does not end within "
-                             f"{MAX_SPECIAL_BYTES} bytes", file=path)
-    except OSError as err:
-        raise InputError(f"cannot read file: {err.strerror}", file=path) from None
-    if data.startswith(b"ML\xefR"):
-        return parse_module(data, path)
-    from entangle_mlir.mlir import xla
-
-    # XLA HLO dumps: a serialized HloProto / HloModuleProto (`.hlo.pb`, `.pb`) or HLO text
-    # (`HloModule ...`), converted to StableHLO by jaxlib.
-    if xla.is_hlo_proto_path(path) or xla.is_hlo_text(data):
-        return xla.load_hlo(data, path)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        if xla.looks_like_hlo_proto(data):
-            return xla.load_hlo(data, path)
-        raise InputError(f"not UTF-8 text (byte {err.start}), not MLIR bytecode and not an "
-                         "XLA HLO proto", file=path) from None
-    return parse_module(text, path)
-
-
 def ops_in_order(module: ir.Module) -> list[tuple[str, ir.Operation]]:
     """Every op of `module` with its name, in `walk` order: one walk that the normalizing
     rewrites filter in turn, as long as none of them changes the module."""
@@ -237,17 +196,3 @@ def erase_dead(root: ir.Operation, erasable: Callable[[str], bool],
         op.erase()
         count += 1
     return count
-
-
-def op_location(op: ir.Operation, default_file: str = "-") -> SourceLoc | None:
-    """The user's source position of an op, if its location records one (memoized: printing
-    a location is most of the cost of describing an op, and layers repeat locations)."""
-    key = (op.location.attr, default_file)
-    found = _LOCATIONS.get(key, _MISSING)
-    if found is _MISSING:
-        found = _LOCATIONS[key] = parse_location(str(op.location), default_file)
-    return found
-
-
-_LOCATIONS: dict[tuple, SourceLoc | None] = {}
-_MISSING = object()

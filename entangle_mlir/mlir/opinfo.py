@@ -14,17 +14,19 @@ normalisations:
 * `constant`: `value` is a numpy array, `splat` is True for a splat constant.
 * collectives: `replica_groups` / `source_target_pairs` are lists of lists of ints.
 * dense i64 arrays become tuples, integer attributes ints.
+
+Importing this module does not load the MLIR bindings: the functions that read MLIR objects
+import them when first called.
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from entangle_mlir.core.diagnostics import SourceLoc
+from entangle_mlir.core.diagnostics import SourceLoc, parse_location
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ _TENSOR_TYPES: dict = {}
 
 
 def _tensor_type(t) -> TensorType:
-    from jaxlib.mlir import ir
+    from jaxlib.mlir import ir  # lazy: rules use OpInfo without the bindings
 
     if isinstance(t, ir.RankedTensorType):
         if not t.has_static_shape:
@@ -235,7 +237,7 @@ scalars, strings; read-only arrays for constants) are kept."""
 
 
 def _converter(cls):
-    from jaxlib.mlir import ir
+    from jaxlib.mlir import ir  # lazy: rules use OpInfo without the bindings
 
     if issubclass(cls, (ir.DenseI64ArrayAttr, ir.DenseI32ArrayAttr, ir.DenseBoolArrayAttr)):
         return tuple
@@ -321,7 +323,7 @@ def constant_value(attr):
 
 
 def _scalar_attr(attr):
-    from jaxlib.mlir import ir
+    from jaxlib.mlir import ir  # lazy: rules use OpInfo without the bindings
 
     if isinstance(attr, ir.FloatAttr):
         return attr.value
@@ -372,7 +374,7 @@ def describe(op, default_file: str = "-") -> OpInfo:
     for t in op.results.types:
         found = types.get(t)
         result_types.append(found if found is not None else tensor_type(t))
-    return OpInfo(name, attrs, operand_types, result_types, _op_location()(op, default_file),
+    return OpInfo(name, attrs, operand_types, result_types, op_location(op, default_file),
                   op)
 
 
@@ -392,7 +394,7 @@ def _dot_dimensions(attr) -> dict:
     key = ("dot", attr)
     found = _CONVERTED.get(key)
     if found is None:
-        from jaxlib.mlir.dialects import stablehlo
+        from jaxlib.mlir.dialects import stablehlo  # lazy: no bindings at import (rules)
 
         dims = stablehlo.DotDimensionNumbers(attr)
         found = _CONVERTED[key] = {"lhs_batch": tuple(dims.lhs_batching_dimensions),
@@ -415,9 +417,15 @@ def _items(attributes):
              attributes[named if type(named) is str else named.name]) for named in attributes]
 
 
-@functools.cache
-def _op_location():
-    """`ir.op_location`, imported on first use (this module does not import the bindings)."""
-    from entangle_mlir.mlir.ir import op_location
+def op_location(op, default_file: str = "-") -> SourceLoc | None:
+    """The user's source position of an op, if its location records one (memoized: printing
+    a location is most of the cost of describing an op, and layers repeat locations)."""
+    key = (op.location.attr, default_file)
+    found = _LOCATIONS.get(key, _MISSING)
+    if found is _MISSING:
+        found = _LOCATIONS[key] = parse_location(str(op.location), default_file)
+    return found
 
-    return op_location
+
+_LOCATIONS: dict[tuple, SourceLoc | None] = {}
+_MISSING = object()

@@ -12,7 +12,9 @@ import itertools
 import math
 from dataclasses import dataclass
 
+import numpy as np
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import sdy
 
 from entangle_mlir.core.diagnostics import InputError
 from entangle_mlir.core.mesh import Mesh, too_many_devices
@@ -112,7 +114,7 @@ def result_shardings(module: ir.Module, func: ir.Operation, count: int) -> list[
 
 
 def _tuple_elements(text: str) -> list[str]:
-    from jaxlib import _hlo
+    from jaxlib import _hlo  # lazy: XLA's sharding bindings; shard_map checks skip them
 
     sharding = _hlo.HloSharding.from_string(text)
     elements = sharding.tuple_elements()
@@ -171,7 +173,7 @@ def _orders(ascending: list[int]):
 
 
 def _tiled(text: str) -> bool:
-    from jaxlib import _hlo
+    from jaxlib import _hlo  # lazy: XLA's sharding bindings; shard_map checks skip them
 
     try:
         return _hlo.HloSharding.from_string(text).is_tiled()
@@ -222,7 +224,7 @@ def _device_count(module: ir.Module, shardings: list[str | None]) -> int | None:
         return counts["mhlo.num_replicas"]
     if "mhlo.num_partitions" in counts:
         return counts["mhlo.num_partitions"]
-    from jaxlib import _hlo
+    from jaxlib import _hlo  # lazy: XLA's sharding bindings; shard_map checks skip them
 
     # The tile counts, not the device lists: those are materialized, O(devices).
     counts = [math.prod(_hlo.HloSharding.from_string(s).tile_assignment_dimensions())
@@ -255,7 +257,7 @@ def layout_of(text: str | None, rank: int, mesh: Mesh) -> DeviceLayout:
         return DeviceLayout(None, "no mhlo.sharding (an HLO text dump records the output "
                                   "sharding only with xla_keep_shardings_after_spmd; the "
                                   ".hlo.pb dump always does)")
-    from jaxlib import _hlo
+    from jaxlib import _hlo  # lazy: XLA's sharding bindings; shard_map checks skip them
 
     try:
         sharding = _hlo.HloSharding.from_string(text)
@@ -343,8 +345,6 @@ def adopt_shardy_local(module: ir.Module, func: ir.Operation, reference: ir.Oper
     reference (every parameter is the reference's shape divided by its tiling, and some are
     smaller), its shardings are rewritten in place as `mhlo.sharding` strings over the mesh's
     devices, so that it is checked like XLA's partitioner output. False: not that form."""
-    from jaxlib.mlir.dialects import sdy
-
     if is_per_device(module, func):
         return False
     block = func.regions[0].blocks[0]
@@ -395,9 +395,6 @@ def adopt_shardy_local(module: ir.Module, func: ir.Operation, reference: ir.Oper
 def _sdy_to_mhlo(attr, meshes: dict) -> tuple[str | None, list[int] | None]:
     """(`mhlo.sharding` text, tiles per dim) of an `sdy.sharding`; (None, None) for forms
     with no mhlo equivalent here (sub-axes, unreduced axes, unknown or inline meshes)."""
-    import numpy as np
-    from jaxlib.mlir.dialects import sdy
-
     sharding = sdy.TensorShardingAttr(attr)
     name = str(sharding.mesh_or_ref).lstrip("@").strip('"')
     mesh = meshes.get(name)

@@ -14,8 +14,14 @@ from jaxlib.mlir.dialects import sdy
 
 from entangle_mlir.core.diagnostics import InputError
 from entangle_mlir.core.mesh import Mesh
-from entangle_mlir.mlir.ir import context, op_location
-from entangle_mlir.mlir.opinfo import tensor_type
+from entangle_mlir.mlir.ir import context, parse_module
+from entangle_mlir.mlir.opinfo import op_location, tensor_type
+from entangle_mlir.mlir.per_device import (
+    adopt_shardy_local,
+    is_per_device,
+    parameter_shardings,
+    result_shardings,
+)
 
 
 @dataclass
@@ -42,7 +48,9 @@ def find_function(module: ir.Module, name: str) -> ir.Operation | None:
     return next((f for f in functions(module) if func_name(f) == name), None)
 
 
-def _public_main(module: ir.Module, file: str) -> ir.Operation:
+def public_main(module: ir.Module, file: str) -> ir.Operation:
+    """The module's entry function: `@main`, else its only public function; else the input
+    is unusable (`file` names it in the error)."""
     funcs = functions(module)
     if not funcs:
         raise InputError("no func.func in the module", file=file)
@@ -57,7 +65,7 @@ def _public_main(module: ir.Module, file: str) -> ir.Operation:
 
 def from_two_modules(ref: ir.Module, sharded: ir.Module, ref_file: str,
                      sharded_file: str) -> Program:
-    return Program(ref, sharded, _public_main(ref, ref_file), _public_main(sharded, sharded_file),
+    return Program(ref, sharded, public_main(ref, ref_file), public_main(sharded, sharded_file),
                    ref_file, sharded_file)
 
 
@@ -105,8 +113,6 @@ def check_form(program: Program) -> None:
     or parameters sharded but still of the reference's global shapes) and a plain jax.jit
     whose shardings only request a layout (nothing sharded: it computes globally) are bad
     input, named with what to pass instead: "verified" on them would check nothing."""
-    from entangle_mlir.mlir.per_device import is_per_device
-
     file = program.sharded_file
     manual = [False]
     problem: list = []
@@ -176,8 +182,6 @@ def _check_partitioned_shapes(program: Program) -> None:
     """A per-device program's parameters and results tiled `t` ways along a dim hold a `1/t`
     block of the reference's dim (padded up: a dim of size 1 stays 1); one still of the
     reference's size is a module before partitioning."""
-    from entangle_mlir.mlir.per_device import parameter_shardings, result_shardings
-
     file = program.sharded_file
 
     def result_types(func):
@@ -208,7 +212,7 @@ def _check_partitioned_shapes(program: Program) -> None:
 def _tiles(text: str) -> list[int]:
     """The tile counts of an `mhlo.sharding` string ([] if it tiles nothing or is unreadable:
     unreadable shardings are reported by the walk)."""
-    from jaxlib import _hlo
+    from jaxlib import _hlo  # lazy: XLA's sharding bindings; shard_map checks skip them
 
     try:
         sharding = _hlo.HloSharding.from_string(text)
@@ -225,8 +229,6 @@ def check_signatures(program: Program) -> None:
     if len(ref_args) != len(sh_args):
         raise InputError(f"the reference takes {len(ref_args)} arguments but the sharded "
                          f"function takes {len(sh_args)}", where, program.sharded_file)
-    from entangle_mlir.mlir.per_device import adopt_shardy_local, is_per_device
-
     adopt_shardy_local(program.sharded_module, program.sharded_func, program.ref_func)
     local_shapes = is_per_device(program.sharded_module, program.sharded_func)
     for i, (a, b) in enumerate(zip(ref_args, sh_args)):
@@ -270,6 +272,17 @@ def _type(t, program: Program, what: str, file: str):
 def _fmt(t) -> str:
     return f"tensor<{'x'.join(map(str, t.shape))}{'x' if t.shape else ''}{t.dtype}>"
 
+
+
+def adopted_shardy_text(local_text: str, ref_text: str) -> str:
+    """Shardy's per-device program (`xla.shardy_partition`) with its shardings as
+    `mhlo.sharding` strings, as `check_signatures` adopts it on the way in, e.g. to execute it
+    with `jax.run_per_device`."""
+    module, ref = parse_module(local_text), parse_module(ref_text)
+    with context():
+        if not adopt_shardy_local(module, public_main(module, "-"), public_main(ref, "-")):
+            raise InputError("not Shardy's per-device form of the reference")
+        return module.operation.get_asm(enable_debug_info=True)
 
 def read_meshes(module: ir.Module) -> dict[str, Mesh]:
     meshes = {}

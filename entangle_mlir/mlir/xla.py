@@ -12,7 +12,11 @@ wrappers (`HloSnapshot` -> `HloProto` -> `HloModuleProto`).
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from entangle_mlir.core.diagnostics import InputError
+from entangle_mlir.mlir.ir import parse_module
 
 HLO_TEXT_PREFIX = b"HloModule"
 
@@ -118,7 +122,7 @@ def looks_like_hlo_proto(data: bytes) -> bool:
 
 
 def text_to_module_proto(text: str) -> bytes:
-    from jaxlib import _hlo
+    from jaxlib import _hlo  # lazy: XLA's HLO bindings; only HLO input needs them
 
     try:
         return _hlo.hlo_module_from_text(text).as_serialized_hlo_module_proto()
@@ -129,7 +133,7 @@ def text_to_module_proto(text: str) -> bytes:
 
 def module_proto_to_stablehlo(proto: bytes) -> bytes:
     """MLIR bytecode of the StableHLO module XLA's own converter makes of an HloModuleProto."""
-    from jaxlib import _jax
+    from jaxlib import _jax  # lazy: XLA's HLO bindings; only HLO input needs them
 
     try:
         return bytes(_jax.mlir.hlo_to_stablehlo(proto))
@@ -161,8 +165,6 @@ def hlo_to_stablehlo(data: bytes | str) -> bytes:
 
 def load_hlo(data: bytes | str, filename: str = "-"):
     """Parse HLO text/proto into an `ir.Module` (StableHLO) in entangle's context."""
-    from entangle_mlir.mlir.ir import parse_module
-
     try:
         bytecode = hlo_to_stablehlo(data)
     except InputError as err:
@@ -202,9 +204,6 @@ def shardy_partition(global_text: str, pipeline: str = SHARDY_PIPELINE,
     """Shardy's per-device program for a global-view module with `sdy.sharding`s (what
     `jax.jit(f, ...).lower(...).as_text()` gives on a mesh of Auto axes). The passes run in a
     subprocess: some abort the whole process on input they do not expect (InputError then)."""
-    import subprocess
-    import sys
-
     try:
         run = subprocess.run([sys.executable, "-c", _RUN_PIPELINE, pipeline],
                              input=global_text, check=False, capture_output=True, text=True,
@@ -216,16 +215,3 @@ def shardy_partition(global_text: str, pipeline: str = SHARDY_PIPELINE,
         raise InputError(f"Shardy's pipeline failed: {lines[-1] if lines else run.returncode}")
     return run.stdout
 
-
-def adopted_shardy_text(local_text: str, ref_text: str) -> str:
-    """Shardy's per-device program with its shardings as `mhlo.sharding` strings (what
-    `entangle check` does on the way in), e.g. to execute it with `run_per_device`."""
-    from entangle_mlir.mlir.ir import context, parse_module
-    from entangle_mlir.mlir.per_device import adopt_shardy_local
-    from entangle_mlir.mlir.program import _public_main
-
-    module, ref = parse_module(local_text), parse_module(ref_text)
-    with context():
-        if not adopt_shardy_local(module, _public_main(module, "-"), _public_main(ref, "-")):
-            raise InputError("not Shardy's per-device form of the reference")
-        return module.operation.get_asm(enable_debug_info=True)

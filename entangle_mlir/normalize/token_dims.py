@@ -402,7 +402,7 @@ def _regions(merges: list[ir.Operation]) -> list[tuple[_Region | None, tuple]]:
 
 
 def _position(op: ir.Operation) -> str:
-    from entangle_mlir.mlir.ir import op_location
+    from entangle_mlir.mlir.opinfo import op_location
 
     loc = op_location(op, "-")
     return str(loc) if loc is not None else "?"

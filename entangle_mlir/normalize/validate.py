@@ -14,8 +14,13 @@ from __future__ import annotations
 from jaxlib.mlir import ir
 
 from entangle_mlir.core.diagnostics import InputError
-from entangle_mlir.mlir.ir import op_location
-from entangle_mlir.mlir.opinfo import allowed_compare_types, compare_type, describe, tensor_type
+from entangle_mlir.mlir.opinfo import (
+    allowed_compare_types,
+    compare_type,
+    describe,
+    op_location,
+    tensor_type,
+)
 from entangle_mlir.semantics.groups import GROUPED, GroupError, permute_pairs, process_groups
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from entangle_mlir.analysis.verify import verify_walks
 from entangle_mlir.passes.pipeline import ModulePass, PassState
 
 
@@ -29,8 +30,7 @@ class VerifyRulesPass(ModulePass):
         (testing only) doubles the inferred term of every op of that name before its check,
         so the "refuted" path can be exercised (`reference:OP` does it in the reference
         walk; a bare OP in the sharded walk)."""
-        from entangle_mlir.analysis import solver as z3check
-        from entangle_mlir.analysis.verify import verify_walks
+        from entangle_mlir.analysis import solver as z3check  # lazy: z3 takes 40 ms to import
 
         walks = {key: state.walks[key] for key in ("reference", "sharded")
                  if key in state.walks}

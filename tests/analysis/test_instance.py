@@ -253,7 +253,7 @@ def test_global_scope_instance() -> None:
 def test_bundled_example_instances_all_prove() -> None:
     """Every rule instance of a real shard_map program (GPT-2 block, dp2 x tp4) proves."""
     from entangle_mlir.analysis.infer import Walker
-    from entangle_mlir.mlir.ir import load_file
+    from entangle_mlir.mlir.load import load_file
 
     path = EXAMPLES_MLIR / "gpt2_block_dp2_tp4.sharded.mlir"
     if not path.exists():

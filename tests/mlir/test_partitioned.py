@@ -354,7 +354,7 @@ def shardy_lowered(name: str, pipeline: str | None = None) -> str:
 
 
 def _shardy_error(name: str, local: str) -> float:
-    from entangle_mlir.mlir.xla import adopted_shardy_text
+    from entangle_mlir.mlir.program import adopted_shardy_text
 
     case = BY_NAME[name]
     return _max_error(adopted_shardy_text(local, lowered(name)[0]), case, _random_args(case))
@@ -634,7 +634,7 @@ def test_hlo_loading_does_not_import_jax(tmp_path) -> None:
     hlo.write_text("HloModule m, num_partitions=2\n\nENTRY main {\n"
                    "  x = f32[2] parameter(0), sharding={devices=[2]<=[2]}\n"
                    "  ROOT t = f32[2] tanh(x), sharding={devices=[2]<=[2]}\n}\n")
-    code = ("import sys; from entangle_mlir.mlir.ir import load_file; "
+    code = ("import sys; from entangle_mlir.mlir.load import load_file; "
             f"m = load_file({str(hlo)!r}); assert 'stablehlo.tanh' in str(m); "
             "assert 'jax' not in sys.modules, 'jax imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
