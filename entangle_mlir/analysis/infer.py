@@ -60,28 +60,11 @@ from entangle_mlir.mlir.per_device import (
 )
 from entangle_mlir.mlir.program import mesh_from_attr, read_meshes
 from entangle_mlir.normalize.validate import grid
-from entangle_mlir.rules import RULES, RuleContext
-from entangle_mlir.rules.common import check_local_shapes, freeze, resize
-from entangle_mlir.rules.elementwise import ELEMENTWISE_RULES
-from entangle_mlir.rules.kinds import blocks, reordered, returning
-from entangle_mlir.rules.kinds.window import settle as _window_settle
+from entangle_mlir.rules import RuleContext
+from entangle_mlir.rules.common import freeze, resize
+from entangle_mlir.rules.dispatch import apply_rule, settle, settle_operands
 
 _TERMINATORS = ("func.return", "stablehlo.return", "sdy.return")
-_TRANSPARENT = ("mhlo.copy", "stablehlo.optimization_barrier", "sdy.sharding_constraint",
-                "sdy.reshard")
-
-
-def settle(value: Value, op_name: str = "") -> Value:
-    """What an op sees (`rules.window.settle`); blocks in a device-dependent order leave a
-    manual computation or a loop only as the error they stand for."""
-    if isinstance(value, Reordered) and not op_name:
-        return Opaque(f"blocks of dim {value.dim} in a device-dependent order leave the "
-                      f"computation ({value.describe()[-120:]})", origin=value.origin,
-                      category="wrong_order")
-    if isinstance(value, Returning) and not op_name:
-        return Opaque(f"contributions leave the computation before every one reached the "
-                      f"owner of its block ({value.describe()[-160:]})", category="wrong_order")
-    return _window_settle(value, op_name)
 
 
 @dataclass
@@ -499,55 +482,9 @@ class Walker:
             return
         operands, results = list(op.operands), list(op.results)
         values = self.walk.values
-        inputs = [values[v] for v in operands]
-        plain = True  # all Rel: skips settle and the value-kind tests
-        for value in inputs:
-            if type(value) is not Rel:
-                plain = False
-                break
-        if not plain:
-            inputs = [settle(v, info.name) for v in inputs]
-            plain = all(type(v) is Rel for v in inputs)
+        inputs = settle_operands([values[v] for v in operands], info.name)
         local = RuleContext(ctx.mesh, ctx.manual_axes, reference=ctx.reference)
-        opaque = None if plain else next((v for v in inputs if isinstance(v, Opaque)), None)
-        if opaque is not None:
-            outputs: list[Value] = [opaque] * len(results)
-        elif info.name in _TRANSPARENT:
-            outputs = list(inputs)
-            local.note(f"{info.name} is treated as the identity")
-        elif info.name not in RULES:
-            outputs = [Opaque(f"unsupported op {info.name}", category="unsupported")
-                       ] * len(op.results)
-        elif info.name == "stablehlo.concatenate" and (
-                ring := reordered.ring_concat(info, inputs, local)) is not None:
-            outputs = [ring]
-        elif not plain and any(isinstance(v, Reordered) for v in inputs):
-            outputs = reordered.apply(info, inputs, local, RULES[info.name])
-        elif not plain and any(isinstance(v, Returning) for v in inputs):
-            outputs = returning.apply(info, inputs, local)
-        elif not plain and any(isinstance(v, Masked) and not v.zero for v in inputs) and \
-                info.name not in MASK_CARRIERS:
-            outputs = [Opaque(f"{info.name} uses rows looked up for ids outside this device's "
-                              "block (the gather clamped them to another row): they are never "
-                              "zeroed (missing `where(outside, 0, ...)` after the lookup)",
-                              category="layout_mismatch")] * len(op.results)
-        elif not plain and any(isinstance(v, DEVICE_BLOCK_VALUES) for v in inputs) and \
-                info.name not in BLOCK_AWARE:
-            outputs = [blocks.unsupported(info.name)] * len(op.results)
-        elif not plain and any(isinstance(v, Shifted) for v in inputs) and \
-                info.name not in SHIFT_AWARE:
-            outputs = [Opaque(f"device-dependent offset tensor used by {info.name} (not "
-                              "supported yet)", category="unsupported")] * len(op.results)
-        elif op.regions and info.name not in REGION_RULE_OPS:
-            outputs = [Opaque(f"unsupported op {info.name} (with regions)",
-                              category="unsupported")] * len(op.results)
-        else:
-            try:
-                outputs = RULES[info.name](info, inputs, local)
-            except Exception as err:  # noqa: BLE001 - a rule failure is "not proven"
-                outputs = [Opaque(f"internal error in the rule for {info.name}: {err!r}",
-                                  category="internal")] * len(op.results)
-            outputs = check_local_shapes(info, outputs, local)
+        outputs = apply_rule(info, inputs, local, bool(op.regions), len(results))
         record = self._record(info, inputs, [], local)
         producer = self.producer
         record.sources = [producer.get(v) for v in operands]
@@ -847,19 +784,6 @@ class Walker:
                           f"declares it {_layout_words(tiling)}", origin=(record, None),
                           category="wrong_layout")
         return Rel(term, ((),) * len(term.shape), scope=GLOBAL)
-
-
-SHIFT_AWARE = frozenset(ELEMENTWISE_RULES) | {"stablehlo.broadcast_in_dim", "stablehlo.reshape",
-                                              "stablehlo.transpose", "stablehlo.scatter",
-                                              "stablehlo.gather"}
-BLOCK_AWARE = frozenset(ELEMENTWISE_RULES) | {"stablehlo.broadcast_in_dim", "stablehlo.reshape",
-                                              "stablehlo.transpose", "stablehlo.gather",
-                                              "stablehlo.scatter", "stablehlo.reduce"}
-MASK_CARRIERS = frozenset({"stablehlo.select", "stablehlo.and", "stablehlo.broadcast_in_dim",
-                           "stablehlo.reshape", "stablehlo.transpose"})
-REGION_RULE_OPS = ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
-                   "stablehlo.scatter", "stablehlo.sort", "stablehlo.reduce_window",
-                   "stablehlo.select_and_scatter")
 
 
 def _fits(value: Value, template: Rel, hole: int | None, arguments: tuple[Term, ...],
