@@ -107,7 +107,7 @@ def integer_dtype(dtype: str) -> bool:
 
 def int_interval(dtype: str) -> Interval | None:
     """The values of an integer (or i1) dtype of `precision.INT_BITS`; None for a float
-    dtype."""
+    dtype. (That table has no i4 or i2: their terms are not taken for integers here.)"""
     if dtype == "i1":
         return 0.0, 1.0
     if dtype not in precision.INT_BITS:
@@ -144,6 +144,7 @@ def hull(args: list[Interval]) -> Interval:
 
 
 def add(a: Interval, b: Interval) -> Interval:
+    """The range of `x + y` for x in `a`, y in `b` (an end where inf - inf occurs: unbounded)."""
     lo, hi = a[0] + b[0], a[1] + b[1]
     return (-INF if math.isnan(lo) else lo), (INF if math.isnan(hi) else hi)
 
@@ -158,6 +159,7 @@ def _products(a, b) -> list[float]:
 
 
 def mul(a: Interval, b: Interval) -> Interval:
+    """The range of `x * y` for x in `a`, y in `b` (unbounded where 0 * inf may occur)."""
     products = _products(a, b)
     if any(math.isnan(p) for p in products):
         return UNBOUNDED
@@ -165,6 +167,7 @@ def mul(a: Interval, b: Interval) -> Interval:
 
 
 def div(a: Interval, b: Interval) -> Interval:
+    """The range of `x / y` for x in `a`, y in `b` (unbounded where `b` holds 0)."""
     if b[0] <= 0 <= b[1]:
         return UNBOUNDED
     inverse = (1 / b[1], 1 / b[0])
