@@ -84,23 +84,20 @@ from entangle_mlir.core.terms import (
     DENSE_VALUES,
     ELEMENTWISE_STABLEHLO,
     Term,
-    intern,
     make_arg,
     make_broadcast,
     make_div,
-    make_dot,
     make_elementwise,
     make_iota,
     make_lin,
     make_mul,
-    make_op,
     make_reshape,
     make_roll,
     make_splat,
     make_transpose,
+    rebuild,
     reshape_groups,
     roll_parts,
-    splat_value,
     subterms,
 )
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
@@ -843,10 +840,6 @@ def _literal_instance(abstract: Term, real: Term, mapping: dict[int, Term]) -> b
     return all(_literal_instance(a, r, mapping) for a, r in zip(abstract.args, real.args))
 
 
-_LINEAR_IN = {"reduce_sum": 0, "slice": 0, "stablehlo.gather": 0, "reduce_window_sum": 0}
-"""Term ops built by `make_op(..., linear_in=k)`: rebuilt the same way."""
-
-
 def substitute(term: Term, mapping: dict[int, Term], memo: dict[int, Term] | None = None
                ) -> Term:
     """Rebuild `term` with the canonicalizing constructors, leaves replaced per `mapping`
@@ -861,37 +854,6 @@ def substitute(term: Term, mapping: dict[int, Term], memo: dict[int, Term] | Non
     args = tuple(substitute(a, mapping, memo) for a in term.args)
     out = rebuild(term, args)
     memo[term.serial] = out
-    return out
-
-
-def rebuild(term: Term, args: tuple[Term, ...]) -> Term:
-    """`term`'s node over new arguments, through the canonicalizing constructors."""
-    op, attrs, shape, dtype = term.op, term.attrs, term.shape, term.dtype
-    if op == "lin":
-        constant, coefs = attrs
-        out = make_lin(list(zip(coefs, args)), constant, shape, dtype)
-    elif op == "mul":
-        out = _fold(make_mul, args)
-    elif op == "div":
-        out = make_div(*args)
-    elif op == "broadcast":
-        out = make_broadcast(args[0], attrs[0], shape)
-    elif op == "reshape":
-        out = make_reshape(args[0], shape)
-    elif op == "transpose":
-        out = make_transpose(args[0], attrs[0])
-    elif op == "stablehlo.dot_general":
-        out = make_dot(args[0], args[1], attrs, shape, dtype)
-    elif op in _LINEAR_IN:
-        out = make_op(op, args, attrs, shape, dtype, linear_in=_LINEAR_IN[op])
-    elif op == "pad" and splat_value(args[1]) == 0:
-        out = make_op(op, args, attrs, shape, dtype, linear_in=0)
-    elif op == "stablehlo.scatter" and ("reducer", "add") in attrs:
-        out = make_op(op, args, attrs, shape, dtype, linear_in=2)
-    elif op in ELEMENTWISE_OPS:
-        out = make_elementwise(op, args, attrs, dtype)
-    else:
-        out = intern(op, args, attrs, shape, dtype)
     return out
 
 

@@ -37,14 +37,12 @@ from dataclasses import dataclass, field
 
 from jaxlib.mlir import ir
 
+from entangle_mlir.analysis.valid_indices import ValidIndices
 from entangle_mlir.core.rounding import equal_up_to_rounding
-from entangle_mlir.core.terms import Term, intern, make_arg, subterms
+from entangle_mlir.core.terms import HOLE_BASE, REGION_TERMS, Term, intern, make_arg, subterms
 
 MIN_PERIOD = 8
 """Shorter repeats are not worth a summary."""
-
-HOLE_BASE = 500_000_000
-"""Argument indices of holes (below instance.ABSTRACT_BASE, far above real arguments)."""
 
 _SPECIAL = ("stablehlo.while", "sdy.manual_computation", "stablehlo.case", "stablehlo.if",
             "func.return", "stablehlo.return", "sdy.return", "func.call")
@@ -52,9 +50,6 @@ _SPECIAL = ("stablehlo.while", "sdy.manual_computation", "stablehlo.case", "stab
 
 _SELECTIONS = ("stablehlo.slice", "stablehlo.dynamic_slice")
 _VIEWS = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert")
-
-REGION_TERMS: dict[int, Term] = {}
-"""serial -> the template term a `region_result` names by serial in its attrs."""
 
 _holes = 0
 
@@ -381,8 +376,6 @@ class LayerIndex:
         embedding) is taken for it, and the report states the assumption, as the comparison
         of outputs does."""
         if self._valid_indices is None:
-            from entangle_mlir.analysis.valid_indices import ValidIndices
-
             self._valid_indices = ValidIndices(self.reference_outputs)
         return self._valid_indices
 

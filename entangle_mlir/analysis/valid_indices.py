@@ -15,14 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from entangle_mlir.analysis.layer_reuse import HOLE_BASE
-from entangle_mlir.core.intrange import exact_convert, value_range
+from entangle_mlir.core.intrange import value_range
+from entangle_mlir.core.ranges import exact_convert
 from entangle_mlir.core.terms import (
+    HOLE_BASE,
     LOOP_BODY_TERMS,
     Term,
     intern,
     make_splat,
     post_order,
+    rebuild,
     splat_value,
     subterms,
 )
@@ -100,8 +102,6 @@ class Simplifier:
         self.sources: dict[int, frozenset[int]] = {}
 
     def simplify(self, term: Term) -> Term:
-        from entangle_mlir.analysis.instance import rebuild
-
         for top in post_order(term, self.memo):
             args = tuple(self.memo[a.serial] for a in top.args)
             out = self._fold(top, args)

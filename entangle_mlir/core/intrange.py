@@ -1,4 +1,4 @@
-"""Integer values in the arithmetic of their dtype: widths, exact float ranges, value ranges.
+"""Integer values of terms in the arithmetic of their dtype: `value_range`.
 
 An integer op on a term of dtype iN/uiN computes modulo 2^N (two's complement). A linear form
 over integers (`terms.make_lin`) is therefore exact modulo 2^N: fine for equality of wrapped
@@ -6,78 +6,16 @@ values, but an ORDER fact about it (a compare, an interval, a clamp) holds only 
 element can wrap. `value_range` proves that: the smallest interval every element of a term
 lies in, from its leaves (an argument takes any value of its dtype, an iota its positions),
 and never a mathematical range that the dtype's arithmetic could leave. An integer value
-converted to a float type is exact only while every value it takes is representable there.
+converted to a float type is exact only while every value it takes is representable there
+(`ranges.fits`, with the dtypes' widths and limits).
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
 
+from entangle_mlir.core.ranges import INT_BITS, Range, fits, int_limits
 from entangle_mlir.core.terms import Term, splat_value
-
-INT_BITS = {"i8": 8, "i16": 16, "i32": 32, "i64": 64, "si8": 8, "si16": 16, "si32": 32,
-            "si64": 64, "ui8": 8, "ui16": 16, "ui32": 32, "ui64": 64, "i4": 4, "ui4": 4,
-            "si4": 4, "i2": 2, "ui2": 2}
-"""Width of each integer dtype (i1, a boolean, is not an integer here)."""
-
-FLOAT_PRECISION = {"f64": 53, "f32": 24, "tf32": 11, "f16": 11, "bf16": 8, "f8E4M3FN": 4,
-                   "f8E4M3": 4, "f8E4M3FNUZ": 4, "f8E4M3B11FNUZ": 4, "f8E5M2": 3,
-                   "f8E5M2FNUZ": 3, "f8E3M4": 5, "f4E2M1FN": 2, "f6E2M3FN": 4,
-                   "f6E3M2FN": 3}
-"""Significand bits of each float dtype (implicit bit included): every integer n with
-|n| <= 2^p is exact in it (bf16: 256, f16: 2048, f32: 2^24)."""
-
-Range = tuple[Fraction, Fraction]
-
-
-def wrap_integer(value: int, dtype: str) -> int:
-    """The value a device computes in `dtype` (two's complement wrap-around, like XLA); other
-    dtypes keep the value."""
-    limits = int_limits(dtype)
-    if limits is None:
-        return value
-    lo, hi = int(limits[0]), int(limits[1])
-    return (value - lo) % (hi - lo + 1) + lo
-
-
-def is_integer_dtype(dtype: str) -> bool:
-    return dtype in INT_BITS
-
-
-def int_limits(dtype: str) -> Range | None:
-    """[min, max] of an integer dtype, None for other dtypes."""
-    bits = INT_BITS.get(dtype)
-    if bits is None:
-        return None
-    if dtype.startswith("ui"):
-        return Fraction(0), Fraction((1 << bits) - 1)
-    return Fraction(-(1 << (bits - 1))), Fraction((1 << (bits - 1)) - 1)
-
-
-def exact_float_limit(dtype: str) -> int | None:
-    """The largest n such that every integer in [-n, n] is exact in a float dtype."""
-    bits = FLOAT_PRECISION.get(dtype)
-    return None if bits is None else 1 << bits
-
-
-def fits(lo: Fraction, hi: Fraction, dtype: str) -> bool:
-    """Every integer of [lo, hi] is a value of `dtype` exactly (no wrap, no rounding)."""
-    limits = int_limits(dtype)
-    if limits is not None:
-        return limits[0] <= lo and hi <= limits[1]
-    if dtype == "i1":
-        return 0 <= lo and hi <= 1
-    limit = exact_float_limit(dtype)
-    return limit is not None and -limit <= lo and hi <= limit
-
-
-def exact_convert(source: str, target: str, known: Range | None = None) -> bool:
-    """A convert from integer dtype `source` to `target` keeps every value (`known`: a proven
-    range of the values, else the whole range of `source`)."""
-    span = known if known is not None else int_limits(source)
-    if source == "i1":
-        span = (Fraction(0), Fraction(1))
-    return span is not None and fits(span[0], span[1], target)
 
 
 def value_range(term: Term, assumed: dict[int, Range] | None = None,

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from entangle_mlir.core.terms import COMMUTATIVE, Term
+from entangle_mlir.core.terms import COMMUTATIVE, REGION_TERMS, Term
 
 
 @dataclass(frozen=True)
@@ -203,8 +203,6 @@ class _Rounding:
         if x.op == "splat":
             return self.close(x.attrs[0], y.attrs[0], dtype)
         if x.op == "region_result" and x.attrs != y.attrs:
-            from entangle_mlir.analysis.layer_reuse import REGION_TERMS
-
             tx, ty = REGION_TERMS.get(x.attrs[0]), REGION_TERMS.get(y.attrs[0])
             return tx is not None and ty is not None and self.equal(tx, ty, depth + 1) and all(
                 self.equal(a, b, depth + 1) for a, b in zip(x.args, y.args))

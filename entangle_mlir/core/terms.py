@@ -10,8 +10,12 @@ an identity test:
 * scalars pulled through dot_general / reduce-sum / broadcast / reshape / transpose / slice;
 * n-ary sorted multiply, sorted max/min/and/or; `x * x` for `chlo.square`;
 * composed broadcast / reshape / transpose chains; unit-dim-only broadcasts become reshapes;
-* `0 * t` and a cancelled `t - t` are 0 only where `t` is shown finite (`bounds.term_finite`):
+* `0 * t` and a cancelled `t - t` are 0 only where `t` is shown finite (`term_finite`):
   elsewhere they are NaN, and the zero multiple `mul(t, 0)` is kept (`zero_multiple`).
+
+So the builders own the one value analysis they consult: `term_interval`, the range of a
+term's elements (interval arithmetic from `ranges.py`, shared with the IR analysis
+`normalize.bounds`). `rebuild` puts a term's node over new arguments through the builders.
 """
 
 from __future__ import annotations
@@ -23,6 +27,22 @@ import math
 from collections.abc import Iterator
 from fractions import Fraction
 
+from entangle_mlir.core.ranges import (
+    ELEMENTWISE_BOUNDS,
+    FLOAT_MAX,
+    INF,
+    UNBOUNDED,
+    Interval,
+    add,
+    div,
+    fit,
+    fits,
+    hull,
+    int_interval,
+    integer_dtype,
+    mul,
+    times,
+)
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 
 Scalar = Fraction | float
@@ -96,6 +116,15 @@ def _pair_key(a: Term, b: Term) -> tuple:
 LOOP_BODY_TERMS: dict[int, Term] = {}
 """serial -> term for the condition and yields a `while_result` names by serial in its attrs
 (they are not its arguments: the loop variables in them are bound by the loop)."""
+
+REGION_TERMS: dict[int, Term] = {}
+"""serial -> the template term a `region_result` (a summarized layer applied to its inputs,
+`layer_reuse.region_result`) names by serial in its attrs."""
+
+HOLE_BASE = 500_000_000
+"""Argument indices of holes, the leaves standing for a summarized layer's inputs in its
+template (`layer_reuse.fresh_hole`): below `instance.ABSTRACT_BASE`, far above real
+arguments."""
 
 
 def subterms(roots) -> Iterator[Term]:
@@ -391,10 +420,8 @@ _ONE = Fraction(1)
 
 def _zero_exact(term: Term) -> bool:
     """`0 * term` is exactly zero: an integer term (two's complement: 0 * x = x - x = 0), or
-    another (float) term shown finite (`bounds.term_finite`). For an infinite or NaN element
+    another (float) term shown finite (`term_finite`). For an infinite or NaN element
     it is NaN, so `exp(x) * 0` and `exp(x) - exp(x)` are not zero where exp overflows."""
-    from entangle_mlir.normalize.bounds import integer_dtype, term_finite
-
     if integer_dtype(term.dtype):
         return True
     return not is_zero_multiple(term) and term_finite(term)
@@ -753,8 +780,6 @@ def _iota_plus_exact(size: int, constant: Fraction, iota_dtype: str, dtype: str)
     """Every value of `iota + constant` (iota of `size` positions) is computed exactly: the
     iota's positions are values of its dtype, and the sums neither wrap (integers) nor round
     (floats: a constant with a power-of-two denominator 2^e scales the check by 2^e)."""
-    from entangle_mlir.core.intrange import fits
-
     if not fits(Fraction(0), Fraction(size - 1), iota_dtype):
         return False
     lo, hi = constant, constant + size - 1
@@ -921,7 +946,7 @@ def _moves_no_element(shape: tuple[int, ...], steps: tuple[tuple[str, tuple], ..
     """Whether applying `steps` (("transpose", perm) or ("reshape", shape), first to last) to a
     tensor of `shape` leaves every element at its row-major position. Memoized: a deep model
     repeats the same chains in every layer, and each evaluation walks every element."""
-    import numpy as np
+    import numpy as np  # lazy: terms are pure Python; numpy only to check a movement chain
 
     positions = np.arange(math.prod(shape)).reshape(shape)
     for kind, attr in steps:
@@ -1395,6 +1420,166 @@ def make_dot(lhs: Term, rhs: Term, attrs: tuple, shape: tuple[int, ...], dtype: 
     kr, tr = factor_content(rhs)
     dot = intern("stablehlo.dot_general", (tl, tr), attrs, tuple(shape), dtype)
     return scale(dot, kl * kr) if kl * kr != 1 else dot
+
+
+# ----- value facts: the range of a term's elements ------------------------------------------
+
+_INTERVAL_SAME = frozenset({"broadcast", "reshape", "transpose", "slice", "concatenate", "pad",
+                            "stablehlo.reverse"})
+"""Term ops whose result holds only values of their arguments (a pad's value included)."""
+
+_INTERVAL_FIRST = frozenset({"dynamic_slice", "stablehlo.gather", "chlo.top_k"})
+"""Term ops whose result holds only values of their first argument (the others index)."""
+
+_INTERVAL_OPAQUE = frozenset({"loopvar", "while_result", "region_result"})
+"""Term leaves standing for values computed elsewhere (a loop's, a summarized layer's)."""
+
+_INTERVALS: dict[int, Interval] = {}
+"""term serial -> `term_interval` (terms are interned for the whole run)."""
+
+
+def term_interval(term: Term) -> Interval:
+    """(lo, hi) of a term's elements, as `normalize.bounds.interval` for IR values: arguments
+    are program inputs (finite by assumption, any value of their dtype), constants and iotas
+    their values, arithmetic by interval arithmetic clamped to the dtype (an endpoint past
+    its largest finite value is the infinity it may overflow to). An operand outside an
+    op's domain (`sqrt` of a possibly negative value) makes the result unbounded: NaN
+    matters here. Integers are any value of their width unless known tighter (they wrap)."""
+    found = _INTERVALS.get(term.serial)
+    if found is not None:
+        return found
+    for top in post_order(term, _INTERVALS):
+        try:
+            bounds = _term_interval_of(top, [_INTERVALS[a.serial] for a in top.args])
+        except (ValueError, TypeError, OverflowError, KeyError, IndexError, ZeroDivisionError):
+            bounds = UNBOUNDED
+        _INTERVALS[top.serial] = fit(bounds, top.dtype)
+    return _INTERVALS[term.serial]
+
+
+def term_finite(term: Term) -> bool:
+    """Every element of `term` is a finite number (no overflow, no NaN) on every input the
+    proof admits, shown by `term_interval`; integer terms always are."""
+    lo, hi = term_interval(term)
+    return -INF < lo and hi < INF
+
+
+def _shifted_by_its_max(term: Term) -> bool:
+    """`term` is `x - broadcast(reduce_max(x)) + c` (the softmax shift), so at most `c`: the
+    term-level `bounds._dominates` (the broadcast restores exactly the reduced dims)."""
+    if len(term.args) != 2 or sorted(term.attrs[1]) != [-1, 1]:
+        return False
+    x, shift = term.args if term.attrs[1][0] == 1 else term.args[::-1]
+    below = shift
+    while below.op in ("broadcast", "reshape"):
+        below = below.args[0]
+    if below.op != "reduce_max" or below.args[0] is not x:
+        return False
+    reduced = below.attrs[0]
+    kept = tuple(d for d in range(len(x.shape)) if d not in reduced)
+    return make_broadcast(below, kept, x.shape) is shift
+
+
+def _term_interval_of(term: Term, args: list[Interval]) -> Interval:
+    op, dtype = term.op, term.dtype
+    if op == "arg":
+        return int_interval(dtype) or (-FLOAT_MAX.get(dtype, INF), FLOAT_MAX.get(dtype, INF))
+    if op == "splat":
+        value = float(term.attrs[0])
+        return UNBOUNDED if math.isnan(value) else (value, value)
+    if op == "iota":
+        return 0.0, float(max(term.shape[0] - 1, 0))
+    if op == "dense":
+        import numpy as np  # lazy: terms are pure Python; numpy only for a dense table
+
+        values = DENSE_VALUES.get(term.attrs[0])
+        if values is None or not np.size(values):
+            return int_interval(dtype) or UNBOUNDED
+        return float(np.min(values)), float(np.max(values))
+    if op in _INTERVAL_OPAQUE:
+        return int_interval(dtype) or UNBOUNDED
+    if op == "lin":
+        constant, coefs = term.attrs
+        total = (float(constant), float(constant))
+        if math.isnan(total[0]):
+            return UNBOUNDED
+        for k, arg in zip(coefs, args):
+            total = add(total, mul((float(k), float(k)), arg))
+        if _shifted_by_its_max(term):
+            total = total[0], min(total[1], float(constant))
+        return total
+    if op == "mul":
+        total = args[0]
+        for arg in args[1:]:
+            total = mul(total, arg)
+        return total
+    if op == "div":
+        return div(args[0], args[1])
+    if op in _INTERVAL_SAME:
+        return hull(args)
+    if op in _INTERVAL_FIRST:
+        return args[0]
+    if op == "stablehlo.dynamic_update_slice":
+        return hull(args[:2])
+    if op == "reduce_sum":
+        return times(args[0], math.prod(term.args[0].shape[d] for d in term.attrs[0]))
+    if op in ("reduce_max", "reduce_min"):
+        empty = any(term.args[0].shape[d] == 0 for d in term.attrs[0])
+        return UNBOUNDED if empty else args[0]
+    if op == "reduce_window_sum":
+        return times(hull([args[0], (0.0, 0.0)]), math.prod(term.attrs[0]))
+    if op == "stablehlo.dot_general":
+        count = math.prod(term.args[0].shape[d] for d in term.attrs[2])
+        return times(mul(args[0], args[1]), count)
+    entry = ELEMENTWISE_BOUNDS.get(op)
+    if entry is not None:
+        compute, domain = entry
+        if domain is not None and args[0][0] < domain:
+            return UNBOUNDED
+        return compute(args)
+    return int_interval(dtype) or UNBOUNDED
+
+
+# ----- rebuilding -----------------------------------------------------------------------------
+
+ARITHMETIC_STABLEHLO = frozenset(op for op, traits in ELEMENTWISE_OPS.items()
+                                 if traits.term is not None)
+"""The elementwise ops `make_elementwise` builds as `lin`, `mul` or `div` terms: with
+`ELEMENTWISE_STABLEHLO`, every elementwise op of `core/traits.py`."""
+
+_LINEAR_IN = {"reduce_sum": 0, "slice": 0, "stablehlo.gather": 0, "reduce_window_sum": 0}
+"""Term ops built by `make_op(..., linear_in=k)`: rebuilt the same way."""
+
+
+def rebuild(term: Term, args: tuple[Term, ...]) -> Term:
+    """`term`'s node over new arguments, through the canonicalizing constructors."""
+    op, attrs, shape, dtype = term.op, term.attrs, term.shape, term.dtype
+    if op == "lin":
+        constant, coefs = attrs
+        out = make_lin(list(zip(coefs, args)), constant, shape, dtype)
+    elif op == "mul":
+        out = functools.reduce(make_mul, args)
+    elif op == "div":
+        out = make_div(*args)
+    elif op == "broadcast":
+        out = make_broadcast(args[0], attrs[0], shape)
+    elif op == "reshape":
+        out = make_reshape(args[0], shape)
+    elif op == "transpose":
+        out = make_transpose(args[0], attrs[0])
+    elif op == "stablehlo.dot_general":
+        out = make_dot(args[0], args[1], attrs, shape, dtype)
+    elif op in _LINEAR_IN:
+        out = make_op(op, args, attrs, shape, dtype, linear_in=_LINEAR_IN[op])
+    elif op == "pad" and splat_value(args[1]) == 0:
+        out = make_op(op, args, attrs, shape, dtype, linear_in=0)
+    elif op == "stablehlo.scatter" and ("reducer", "add") in attrs:
+        out = make_op(op, args, attrs, shape, dtype, linear_in=2)
+    elif op in ELEMENTWISE_STABLEHLO or op in ARITHMETIC_STABLEHLO:
+        out = make_elementwise(op, args, attrs, dtype)
+    else:
+        out = intern(op, args, attrs, shape, dtype)
+    return out
 
 
 # ----- printing -----------------------------------------------------------------------------

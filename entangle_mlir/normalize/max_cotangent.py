@@ -21,15 +21,23 @@ from __future__ import annotations
 
 import numpy as np
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.mlir.opinfo import compare_type, constant_value, reducer_kind
-from entangle_mlir.normalize import idioms, polynomial
-from entangle_mlir.normalize.idioms import _def, _i64s
+from entangle_mlir.normalize import polynomial
+from entangle_mlir.normalize.finite import nonfinite_kinds
+from entangle_mlir.normalize.match import (
+    MOVES_AND_TRANSPOSES,
+    defining_op,
+    i64s,
+    root_of,
+    sum_reduce,
+)
 
 
 def _splat(value) -> float | None:
-    root, _ = idioms._root(value)
-    op = _def(root)
+    root, _ = root_of(value)
+    op = defining_op(root)
     if op is None or op.name != "stablehlo.constant":
         return None
     array, splat = constant_value(op.attributes["value"])
@@ -45,7 +53,7 @@ def _shifts_exp(value) -> bool:
         for use in top.uses:
             user = use.owner
             user = user.operation if hasattr(user, "operation") else user
-            if user.name in idioms._MOVES_AND_TRANSPOSES and user.results[0] not in seen:
+            if user.name in MOVES_AND_TRANSPOSES and user.results[0] not in seen:
                 seen.add(user.results[0])
                 pending.append(user.results[0])
             elif user.name == "stablehlo.subtract" and any(
@@ -57,12 +65,12 @@ def _shifts_exp(value) -> bool:
 
 def _reads_max(compare) -> bool:
     """`compare` reads a max (elementwise or reduced) that shifts a softmax."""
-    op = _def(compare)
+    op = defining_op(compare)
     if op is None or op.name != "stablehlo.compare":
         return False
     for operand in op.operands:
-        root, _ = idioms._root(operand)
-        producer = _def(root)
+        root, _ = root_of(operand)
+        producer = defining_op(root)
         if producer is not None and (producer.name == "stablehlo.maximum" or (
                 producer.name == "stablehlo.reduce" and reducer_kind(producer) == "max")) \
                 and _shifts_exp(root):
@@ -71,7 +79,7 @@ def _reads_max(compare) -> bool:
 
 
 def _constant_select(value, nonzero: bool) -> bool:
-    op = _def(value)
+    op = defining_op(value)
     if op is None or op.name != "stablehlo.select" or not _reads_max(op.operands[0]):
         return False
     branches = [_splat(v) for v in op.operands[1:]]
@@ -81,7 +89,7 @@ def _constant_select(value, nonzero: bool) -> bool:
 def _tie_share(value) -> bool:
     """`select(x == m, a, b) / select(y == m, c, d)` (constants, the divisor's nonzero), m a
     max: jax's split of a max's cotangent between tied operands."""
-    op = _def(value)
+    op = defining_op(value)
     return (op is not None and op.name == "stablehlo.divide"
             and _constant_select(op.operands[0], False)
             and _constant_select(op.operands[1], True))
@@ -90,22 +98,22 @@ def _tie_share(value) -> bool:
 def _tie_count(value) -> bool:
     """`sum(convert(x == broadcast(max(x))))` over the max's dims: at least one, the max
     being one of the elements."""
-    op = _def(value)
-    if not idioms._sum_reduce(op):
+    op = defining_op(value)
+    if not sum_reduce(op):
         return False
-    convert = _def(op.operands[0])
+    convert = defining_op(op.operands[0])
     if convert is None or convert.name != "stablehlo.convert":
         return False
-    compare = _def(convert.operands[0])
+    compare = defining_op(convert.operands[0])
     if compare is None or compare.name != "stablehlo.compare" or "EQ" not in str(
             compare.attributes["comparison_direction"]) or compare_type(compare) == "TOTALORDER":
         return False
     x, spread = compare.operands
-    root, _ = idioms._root(spread)
-    reduce = _def(root)
+    root, _ = root_of(spread)
+    reduce = defining_op(root)
     return (reduce is not None and reduce.name == "stablehlo.reduce"
             and reducer_kind(reduce) == "max" and reduce.operands[0] == x and _shifts_exp(root)
-            and _i64s(reduce, "dimensions") == _i64s(op, "dimensions"))
+            and i64s(reduce, "dimensions") == i64s(op, "dimensions"))
 
 
 def _candidate(op: ir.Operation):
@@ -120,8 +128,6 @@ def _candidate(op: ir.Operation):
 
 
 def _zero_like(value, at: ir.Operation):
-    from jaxlib.mlir.dialects import stablehlo
-
     tensor = ir.RankedTensorType(value.type)
     with ir.InsertionPoint(at), at.location:
         attr = ir.DenseElementsAttr.get_splat(tensor, ir.FloatAttr.get(tensor.element_type, 0.0))
@@ -135,7 +141,7 @@ _ZERO_KEEPING = ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.t
 def _fold_zeros(zeros: list, kinds: dict) -> None:
     """Fold zeros into their users: ops that give zero for a zero operand (a product or
     contraction with finite operands, a sum, a move, a division of it) become zeros, `y + 0`
-    and `y - 0` become y (their uses move; nothing is erased). `kinds`: `idioms._kinds`'s
+    and `y - 0` become y (their uses move; nothing is erased). `kinds`: `nonfinite_kinds`'s
     memo."""
     pending = list(zeros)
     while pending:
@@ -150,8 +156,8 @@ def _fold_zeros(zeros: list, kinds: dict) -> None:
             name = user.name
             if (name in _ZERO_KEEPING and use.operand_number == 0) or (
                     name in ("stablehlo.multiply", "stablehlo.dot_general")
-                    and all(idioms._kinds(v, kinds) == 0 for v in other)) or (
-                    idioms._sum_reduce(user) and use.operand_number == 0):
+                    and all(nonfinite_kinds(v, kinds) == 0 for v in other)) or (
+                    sum_reduce(user) and use.operand_number == 0):
                 new = _zero_like(user.results[0], user)
                 pending.append(new)
             elif name == "stablehlo.add" or (name == "stablehlo.subtract"

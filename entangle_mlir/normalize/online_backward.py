@@ -33,7 +33,7 @@ that form (entangle-normalize runs them on both programs, after the forward's fo
   query gradient's ring blocks are found under the repeat's broadcast.
 
 Each is an identity of real arithmetic. In floating point exp(a - b) is only defined where
-the shifts are finite: every shift must hold no infinity (`idioms._finite_shift`: a causal
+the shifts are finite: every shift must hold no infinity (`finite_shift`: a causal
 mask hiding a row of a block makes that block's max -inf), and a score that may be +inf is
 refused. Every rewrite is grounded by executing the partitioned program before and after it
 (tests/test_online_softmax.py).
@@ -46,17 +46,25 @@ from dataclasses import dataclass
 
 import numpy as np
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.normalize import idioms
-from entangle_mlir.normalize.idioms import (
-    _MOVES,
-    _def,
-    _i64s,
-    _index_map,
-    _root,
-    _same_value,
-    _shape,
+from entangle_mlir.normalize.finite import NEG, POS, finite_shift, nonfinite_kinds
+from entangle_mlir.normalize.match import (
+    MOVES,
+    MOVES_AND_TRANSPOSES,
+    attr_names,
+    created_by,
+    defining_op,
+    erase_and_prune,
+    i64s,
+    index_map,
+    root_of,
+    same_but,
+    same_value,
+    shape_of,
+    sum_reduce,
 )
 
 _VIEW_OPS = ("stablehlo.transpose", "stablehlo.reshape")
@@ -75,16 +83,16 @@ class _Factor:
 
 
 def _factor(value) -> _Factor | None:
-    root, chain = _root(value, _MOVES)
-    exp = _def(root)
+    root, chain = root_of(value, MOVES)
+    exp = defining_op(root)
     if exp is None or exp.name != "stablehlo.exponential":
         return None
-    sub = _def(exp.operands[0])
+    sub = defining_op(exp.operands[0])
     if sub is None or sub.name != "stablehlo.subtract":
         return None
-    if _shape(sub.operands[0]) != _shape(root) or _shape(sub.operands[1]) != _shape(root):
+    if shape_of(sub.operands[0]) != shape_of(root) or shape_of(sub.operands[1]) != shape_of(root):
         return None
-    dims = _placement(root, chain, _shape(value))
+    dims = _placement(root, chain, shape_of(value))
     if dims is None:
         return None
     return _Factor(value, root, sub.operands[0], sub.operands[1], dims)
@@ -94,10 +102,10 @@ def _placement(root, chain: list[ir.Operation], shape: tuple[int, ...]
                ) -> tuple[int, ...] | None:
     """The dims of `shape` the root's dims land on (in order) when the chain only broadcasts
     the root (every element reads the root element at its positions along those dims)."""
-    root_shape = _shape(root)
+    root_shape = shape_of(root)
     if not chain:
         return tuple(range(len(shape))) if root_shape == shape else None
-    index = _index_map(root, chain)
+    index = index_map(root, chain)
     if index is None or index.shape != shape:
         return None
     varying = tuple(d for d in range(len(shape))
@@ -117,23 +125,21 @@ def _placement(root, chain: list[ir.Operation], shape: tuple[int, ...]
 
 
 def _finite(*values) -> bool:
-    return all(idioms._finite_shift(v) for v in values)
+    return all(finite_shift(v) for v in values)
 
 
 def _vector(root) -> tuple[int, ...]:
     """The root's non-unit dims' sizes (the vector the factor broadcasts)."""
-    return tuple(n for n in _shape(root) if n != 1)
+    return tuple(n for n in shape_of(root) if n != 1)
 
 
 def _placed(vector_value, dims: tuple[int, ...], shape: tuple[int, ...], at: ir.Operation):
     """`vector_value` (its non-unit dims in order) broadcast onto `dims` of `shape`."""
-    from jaxlib.mlir.dialects import stablehlo
-
     element = ir.RankedTensorType(vector_value.type).element_type
     with ir.InsertionPoint(at), at.location:
         value = vector_value
         sizes = _vector(vector_value)
-        if _shape(value) != sizes:
+        if shape_of(value) != sizes:
             value = stablehlo.ReshapeOp(ir.RankedTensorType.get(sizes, element), value).result
         if sizes == shape and tuple(dims) == tuple(range(len(shape))):
             return value
@@ -142,27 +148,23 @@ def _placed(vector_value, dims: tuple[int, ...], shape: tuple[int, ...], at: ir.
 
 
 def _exp_diff(a, b, at: ir.Operation):
-    from jaxlib.mlir.dialects import stablehlo
-
     with ir.InsertionPoint(at), at.location:
         return stablehlo.ExpOp(stablehlo.SubtractOp(a, b).result).result
 
 
 def _mul(x, y, at: ir.Operation):
-    from jaxlib.mlir.dialects import stablehlo
-
     with ir.InsertionPoint(at), at.location:
         return stablehlo.MulOp(x, y).result
 
 
 def _replace(op: ir.Operation, value) -> int:
     op.results[0].replace_all_uses_with(value)
-    idioms._erase_dead(op)
+    erase_and_prune(op)
     return 1
 
 
 def _same(x, y) -> bool:
-    return _same_value(x, y, 12)
+    return same_value(x, y, 12)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -173,7 +175,7 @@ def _telescope(mul: ir.Operation) -> int:
     """`(x * F(exp(b - c))) * F(exp(a - b))` (either factor first) is `x * F(exp(a - c))`."""
     for i, o in ((0, 1), (1, 0)):
         outer = _factor(mul.operands[o])
-        inner_mul = _def(mul.operands[i])
+        inner_mul = defining_op(mul.operands[i])
         if outer is None or inner_mul is None or inner_mul.name != "stablehlo.multiply":
             continue
         for j, k in ((0, 1), (1, 0)):
@@ -182,12 +184,12 @@ def _telescope(mul: ir.Operation) -> int:
                     outer.root):
                 continue
             for first, second in ((inner, outer), (outer, inner)):
-                if not _same(first.b, second.a) or _shape(first.a) != _shape(second.b):
+                if not _same(first.b, second.a) or shape_of(first.a) != shape_of(second.b):
                     continue
                 if not _finite(first.a, first.b, second.b):
                     continue
                 joined = _exp_diff(first.a, second.b, mul)
-                factor = _placed(joined, outer.dims, _shape(mul.results[0]), mul)
+                factor = _placed(joined, outer.dims, shape_of(mul.results[0]), mul)
                 return _replace(mul, _mul(inner_mul.operands[j], factor, mul))
     return 0
 
@@ -195,15 +197,15 @@ def _telescope(mul: ir.Operation) -> int:
 def _shifted_exp(value):
     """(s, a, dims) when `value` is `exp(s - F(a))`, F broadcasting the vector a onto `dims`
     of s; else None."""
-    exp = _def(value)
+    exp = defining_op(value)
     if exp is None or exp.name != "stablehlo.exponential":
         return None
-    sub = _def(exp.operands[0])
+    sub = defining_op(exp.operands[0])
     if sub is None or sub.name != "stablehlo.subtract":
         return None
-    a, chain = _root(sub.operands[1], _MOVES)
-    dims = _placement(a, chain, _shape(value))
-    if dims is None or len(dims) == len(_shape(value)):
+    a, chain = root_of(sub.operands[1], MOVES)
+    dims = _placement(a, chain, shape_of(value))
+    if dims is None or len(dims) == len(shape_of(value)):
         return None
     return sub.operands[0], a, dims
 
@@ -219,7 +221,7 @@ def _absorb(mul: ir.Operation) -> int:
         rest = None
         factor = _factor(mul.operands[f])
         if factor is None:
-            other = _def(mul.operands[f])
+            other = defining_op(mul.operands[f])
             if other is None or other.name != "stablehlo.multiply":
                 continue
             for j, k in ((0, 1), (1, 0)):
@@ -231,12 +233,10 @@ def _absorb(mul: ir.Operation) -> int:
                 continue
         if factor.dims != dims or not _same(factor.a, a) or _vector(factor.b) != _vector(a):
             continue
-        if not _finite(a, factor.b) or idioms._kinds(s, {}) & idioms._POS:
+        if not _finite(a, factor.b) or nonfinite_kinds(s, {}) & POS:
             continue
-        from jaxlib.mlir.dialects import stablehlo
-
-        spread = _rechained(_def(mul.operands[e]).operands[0], factor.b, mul) if _shape(
-            factor.b) == _shape(a) else _placed(factor.b, dims, _shape(s), mul)
+        spread = _rechained(defining_op(mul.operands[e]).operands[0], factor.b, mul) if shape_of(
+            factor.b) == shape_of(a) else _placed(factor.b, dims, shape_of(s), mul)
         with ir.InsertionPoint(mul), mul.location:
             new = stablehlo.ExpOp(stablehlo.SubtractOp(s, spread).result).result
         return _replace(mul, new if rest is None else _mul(rest, new, mul))
@@ -246,7 +246,7 @@ def _absorb(mul: ir.Operation) -> int:
 def _rechained(sub_value, b, at: ir.Operation):
     """The broadcast chain `sub_value` subtracts, applied to `b` instead of its root (the
     steps' probabilities then share one spelling of the final shift)."""
-    _, chain = _root(_def(sub_value).operands[1], _MOVES)
+    _, chain = root_of(defining_op(sub_value).operands[1], MOVES)
     value = b
     for op in reversed(chain):
         clone = op.clone(ir.InsertionPoint(at))
@@ -263,7 +263,7 @@ def _scaled(value) -> tuple[object, _Factor] | None:
     """(x, factor) when `value` is `x * F(exp(a - b))` with F a proper broadcast (or any
     placement for vectors: `dims` covers the value). The callers check that its shifts are
     finite (`_finite`, costly: last)."""
-    op = _def(value)
+    op = defining_op(value)
     if op is None or op.name != "stablehlo.multiply":
         return None
     for x, f in ((0, 1), (1, 0)):
@@ -279,13 +279,11 @@ def _broadcast_out(broadcast: ir.Operation) -> int:
     if found is None:
         return 0
     x, factor = found
-    out = _shape(broadcast.results[0])
-    dims = _i64s(broadcast, "broadcast_dimensions")
+    out = shape_of(broadcast.results[0])
+    dims = i64s(broadcast, "broadcast_dimensions")
     placed = tuple(dims[d] for d in factor.dims)
     if list(placed) != sorted(placed) or not _finite(factor.a, factor.b):
         return 0
-    from jaxlib.mlir.dialects import stablehlo
-
     element = ir.RankedTensorType(x.type).element_type
     with ir.InsertionPoint(broadcast), broadcast.location:
         spread_x = stablehlo.BroadcastInDimOp(ir.RankedTensorType.get(out, element), x,
@@ -302,8 +300,6 @@ def _add_out(add: ir.Operation) -> int:
     (x, f), (y, g) = left, right
     if f.dims != g.dims or not _same(f.root, g.root) or not _finite(f.a, f.b):
         return 0
-    from jaxlib.mlir.dialects import stablehlo
-
     with ir.InsertionPoint(add), add.location:
         summed = stablehlo.AddOp(x, y).result
     return _replace(add, _mul(summed, f.value, add))
@@ -312,24 +308,24 @@ def _add_out(add: ir.Operation) -> int:
 def _exp_sum(value) -> bool:
     """`value` is a sum of exponentials over non-empty dims (positive in real arithmetic):
     an online softmax's denominator."""
-    root, _ = _root(value, idioms._MOVES_AND_TRANSPOSES)
-    op = _def(root)
-    if not idioms._sum_reduce(op) or any(_shape(op.operands[0])[d] == 0
-                                         for d in _i64s(op, "dimensions")):
+    root, _ = root_of(value, MOVES_AND_TRANSPOSES)
+    op = defining_op(root)
+    if not sum_reduce(op) or any(shape_of(op.operands[0])[d] == 0
+                                 for d in i64s(op, "dimensions")):
         return False
-    exp = _def(op.operands[0])
+    exp = defining_op(op.operands[0])
     return exp is not None and exp.name == "stablehlo.exponential"
 
 
 def _divided(value) -> tuple[object, object, tuple[int, ...]] | None:
     """(x, den, dims) when `value` is `x / F(den)`, F a proper broadcast of a softmax
     denominator onto `dims`."""
-    op = _def(value)
+    op = defining_op(value)
     if op is None or op.name != "stablehlo.divide" or not _exp_sum(op.operands[1]):
         return None
-    root, chain = _root(op.operands[1], _MOVES)
-    dims = _placement(root, chain, _shape(value))
-    if dims is None or len(dims) == len(_shape(value)):
+    root, chain = root_of(op.operands[1], MOVES)
+    dims = _placement(root, chain, shape_of(value))
+    if dims is None or len(dims) == len(shape_of(value)):
         return None
     return op.operands[0], root, dims
 
@@ -341,8 +337,6 @@ def _dot_divided(dot: ir.Operation) -> int:
     division there). Along contracted dims, against exponentials w, it moves onto them:
     `dot(x / F(den), exp(..))` is `dot(x, exp(..) / F''(den))`, the probabilities (the value
     cotangent `p^T do` of jax's ring backward, which divides the cotangent first)."""
-    from jaxlib.mlir.dialects import stablehlo
-
     batch, contract, free = _dot_dims(dot)
     for side in (0, 1):
         found = _divided(dot.operands[side])
@@ -357,7 +351,7 @@ def _dot_divided(dot: ir.Operation) -> int:
             partner = _partner_dims(dims, side, batch, contract)
             if list(partner) != sorted(partner):
                 continue
-            spread = _placed(den, partner, _shape(other), dot)
+            spread = _placed(den, partner, shape_of(other), dot)
             with ir.InsertionPoint(dot), dot.location:
                 probs = stablehlo.DivOp(other, spread).result
             operands = [x, probs] if side == 0 else [probs, x]
@@ -369,7 +363,7 @@ def _dot_divided(dot: ir.Operation) -> int:
             continue
         operands = [x, dot.operands[1]] if side == 0 else [dot.operands[0], x]
         new = _clone_dot(dot, operands)
-        spread = _placed(den, positions, _shape(dot.results[0]), dot)
+        spread = _placed(den, positions, shape_of(dot.results[0]), dot)
         with ir.InsertionPoint(dot), dot.location:
             return _replace(dot, stablehlo.DivOp(new, spread).result)
     return 0
@@ -377,13 +371,11 @@ def _dot_divided(dot: ir.Operation) -> int:
 
 def _dot_dims(dot: ir.Operation):
     """(batch, contracting, free) dims of each operand of a dot_general."""
-    from jaxlib.mlir.dialects import stablehlo
-
     numbers = stablehlo.DotDimensionNumbers(dot.attributes["dot_dimension_numbers"])
     batch = (list(numbers.lhs_batching_dimensions), list(numbers.rhs_batching_dimensions))
     contract = (list(numbers.lhs_contracting_dimensions),
                 list(numbers.rhs_contracting_dimensions))
-    free = [[d for d in range(len(_shape(v))) if d not in batch[s] + contract[s]]
+    free = [[d for d in range(len(shape_of(v))) if d not in batch[s] + contract[s]]
             for s, v in enumerate(dot.operands)]
     return batch, contract, free
 
@@ -393,8 +385,8 @@ def _dot_out(dot: ir.Operation) -> int:
     result (`dot(x * F(e), w) = dot(x, w) * F'(e)`), along contracted dims it moves onto the
     other operand (`dot(x * F(e), w) = dot(x, w * F''(e))`)."""
     batch, contract, free = _dot_dims(dot)
-    ranks = [len(_shape(v)) for v in dot.operands]
-    out = _shape(dot.results[0])
+    ranks = [len(shape_of(v)) for v in dot.operands]
+    out = shape_of(dot.results[0])
     for side in (0, 1):
         found = _scaled(dot.operands[side])
         if found is None:
@@ -407,14 +399,14 @@ def _dot_out(dot: ir.Operation) -> int:
             partner = tuple(contract[1 - side][contract[side].index(d)] for d in factor.dims)
             if list(partner) != sorted(partner) or not _finite(factor.a, factor.b):
                 continue
-            moved = _mul(other, _placed(factor.root, partner, _shape(other), dot), dot)
+            moved = _mul(other, _placed(factor.root, partner, shape_of(other), dot), dot)
             operands = [x, moved] if side == 0 else [moved, x]
             return _replace(dot, _clone_dot(dot, operands))
         if all(d in contract[side] or d in batch[side] for d in factor.dims):
             partner = _partner_dims(factor.dims, side, batch, contract)
             if not _absorbs(other, factor, partner):
                 continue
-            moved = _mul(other, _placed(factor.root, partner, _shape(other), dot), dot)
+            moved = _mul(other, _placed(factor.root, partner, shape_of(other), dot), dot)
             operands = [x, moved] if side == 0 else [moved, x]
             return _replace(dot, _clone_dot(dot, operands))
         if all(d in batch[side] or d in free[side] for d in factor.dims):
@@ -443,7 +435,7 @@ def _absorbs(other, factor: _Factor, partner: tuple[int, ...]) -> bool:
         return False
     s, a, dims = shifted
     return (dims == partner and _same(factor.a, a) and _vector(factor.b) == _vector(a)
-            and _finite(a, factor.b) and not idioms._kinds(s, {}) & idioms._POS)
+            and _finite(a, factor.b) and not nonfinite_kinds(s, {}) & POS)
 
 
 def _result_dim(d: int, side: int, batch, free) -> int:
@@ -475,26 +467,24 @@ def _transposed(value, permutation: list[int], at: ir.Operation, depth: int = 6)
     stay in order) and through ops acting on each element alike (`depth` of them). A row
     vector transposed back to its own layout is then the vector itself, spelled as the
     reference and the telescoping and absorbing rewrites read it."""
-    from jaxlib.mlir.dialects import stablehlo
-
     permutation = list(permutation)
     if permutation == list(range(len(permutation))):
         return value
-    op = _def(value)
-    shape = _shape(value)
+    op = defining_op(value)
+    shape = shape_of(value)
     element = ir.RankedTensorType(value.type).element_type
     out = ir.RankedTensorType.get([shape[p] for p in permutation], element)
     if op is not None and op.name == "stablehlo.transpose":
-        inner = _i64s(op, "permutation")
+        inner = i64s(op, "permutation")
         return _transposed(op.operands[0], [inner[p] for p in permutation], at, depth)
     if op is not None and op.name == "stablehlo.broadcast_in_dim":
-        landing = [permutation.index(d) for d in _i64s(op, "broadcast_dimensions")]
+        landing = [permutation.index(d) for d in i64s(op, "broadcast_dimensions")]
         order = sorted(range(len(landing)), key=lambda j: landing[j])
         source = _transposed(op.operands[0], order, at, depth)
         with ir.InsertionPoint(at), at.location:
             return stablehlo.BroadcastInDimOp(out, source, sorted(landing)).result
     if depth > 0 and op is not None and op.name in _ELEMENTWISE and all(
-            _shape(v) == shape for v in op.operands):
+            shape_of(v) == shape for v in op.operands):
         operands = [_transposed(v, permutation, at, depth - 1) for v in op.operands]
         clone = op.clone(ir.InsertionPoint(at))
         for i, v in enumerate(operands):
@@ -508,7 +498,7 @@ def _transposed(value, permutation: list[int], at: ir.Operation, depth: int = 6)
 def _exp_transposed(exp_value, permutation: list[int], at: ir.Operation):
     """`transpose(exp(a - b))` as `exp(transpose(a) - transpose(b))` (bit-exact: a transpose
     moves elements, the subtraction and exponential act on each alike)."""
-    sub = _def(_def(exp_value).operands[0])
+    sub = defining_op(defining_op(exp_value).operands[0])
     return _exp_diff(_transposed(sub.operands[0], permutation, at),
                      _transposed(sub.operands[1], permutation, at), at)
 
@@ -518,17 +508,17 @@ def _exp_out_of_transpose(transpose: ir.Operation) -> int:
     `swapaxes(corr, 1, 2)[..., None]` spells it) is `exp(transpose(a) - transpose(b))`: the
     factor's vector then lies in the order of the dims it lands on, so its broadcast is a
     placement `_factor` reads."""
-    exp = _def(transpose.operands[0])
+    exp = defining_op(transpose.operands[0])
     if exp is None or exp.name != "stablehlo.exponential":
         return 0
-    sub = _def(exp.operands[0])
+    sub = defining_op(exp.operands[0])
     if sub is None or sub.name != "stablehlo.subtract" or any(
-            _shape(v) != _shape(exp.results[0]) for v in sub.operands):
+            shape_of(v) != shape_of(exp.results[0]) for v in sub.operands):
         return 0
     uses = list(transpose.results[0].uses)
-    if not uses or any(u.owner.name not in _MOVES for u in uses):
+    if not uses or any(u.owner.name not in MOVES for u in uses):
         return 0
-    return _replace(transpose, _exp_transposed(exp.results[0], _i64s(transpose, "permutation"),
+    return _replace(transpose, _exp_transposed(exp.results[0], i64s(transpose, "permutation"),
                                                transpose))
 
 
@@ -537,8 +527,6 @@ def _transpose_out(transpose: ir.Operation) -> int:
     `transpose(x) / G(den')` (F, G proper broadcasts of a row vector; e', den' the vector
     transposed to the order of the dims it lands on after the transpose, so G is a placement).
     Bit-exact: a transpose moves elements, the product or quotient acts on each alike."""
-    from jaxlib.mlir.dialects import stablehlo
-
     operand = transpose.operands[0]
     scaled, divided = _scaled(operand), _divided(operand)
     if scaled is not None:
@@ -548,10 +536,10 @@ def _transpose_out(transpose: ir.Operation) -> int:
         x, root, dims = divided
     else:
         return 0
-    permutation = _i64s(transpose, "permutation")
+    permutation = i64s(transpose, "permutation")
     landing = [permutation.index(d) for d in dims]
     order = sorted(range(len(landing)), key=lambda j: landing[j])
-    if order != list(range(len(order))) and _shape(root) != _vector(root):
+    if order != list(range(len(order))) and shape_of(root) != _vector(root):
         return 0
     at = transpose
     if scaled is not None:
@@ -561,7 +549,7 @@ def _transpose_out(transpose: ir.Operation) -> int:
         vector = _transposed(root, order, at)
     with ir.InsertionPoint(at), at.location:
         moved = stablehlo.TransposeOp(x, permutation).result
-    spread = _placed(vector, tuple(sorted(landing)), _shape(transpose.results[0]), at)
+    spread = _placed(vector, tuple(sorted(landing)), shape_of(transpose.results[0]), at)
     if scaled is not None:
         return _replace(transpose, _mul(moved, spread, at))
     with ir.InsertionPoint(at), at.location:
@@ -572,20 +560,19 @@ def _transposed_sum(add: ir.Operation) -> int:
     """`transpose(dot_1, P) + transpose(dot_2, P)` is `transpose(dot_1 + dot_2, P)` (bit-exact;
     the sum of the ring steps' query-gradient contractions, each transposed back to
     (b, s, h, d) by its einsum, then meets `_contracted_sum`)."""
-    from jaxlib.mlir.dialects import stablehlo
-
-    ops = [_def(v) for v in add.operands]
+    ops = [defining_op(v) for v in add.operands]
     if any(op is None or op.name != "stablehlo.transpose" for op in ops):
         return 0
-    if _i64s(ops[0], "permutation") != _i64s(ops[1], "permutation"):
+    if i64s(ops[0], "permutation") != i64s(ops[1], "permutation"):
         return 0
     inner = [op.operands[0] for op in ops]
     if inner[0].type != inner[1].type or any(
-            _def(v) is None or _def(v).name != "stablehlo.dot_general" for v in inner):
+            defining_op(v) is None or defining_op(v).name != "stablehlo.dot_general"
+            for v in inner):
         return 0
     with ir.InsertionPoint(add), add.location:
         summed = stablehlo.AddOp(inner[0], inner[1]).result
-        return _replace(add, stablehlo.TransposeOp(summed, _i64s(ops[0], "permutation")).result)
+        return _replace(add, stablehlo.TransposeOp(summed, i64s(ops[0], "permutation")).result)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -601,31 +588,31 @@ broadcast_in_dim and a reshape)."""
 def _ring_root(value):
     """The value under views, broadcasts and collective_permutes (the block a ring step holds
     comes from it); the value itself when it is none of them."""
-    op = _def(value)
+    op = defining_op(value)
     while op is not None and (op.name in _BLOCK_OPS or op.name == "stablehlo.collective_permute"):
         value = op.operands[0]
-        op = _def(value)
+        op = defining_op(value)
     return value
 
 
 def _ring_blocks(value) -> list:
     """The blocks of a concatenation the folds built (under views and broadcasts), or
     [value]."""
-    op = _def(value)
+    op = defining_op(value)
     while op is not None and op.name in _BLOCK_OPS:
         value = op.operands[0]
-        op = _def(value)
+        op = defining_op(value)
     if op is not None and op.name == "stablehlo.concatenate" and idioms.BLOCKS_ATTR in (
-            idioms._attr_names(op)):
+            attr_names(op)):
         return list(op.operands)
     return [value]
 
 
 def _permuted(value) -> bool:
     """`value` is a block a collective_permute brought (under views and broadcasts)."""
-    op = _def(value)
+    op = defining_op(value)
     while op is not None and op.name in _BLOCK_OPS:
-        op = _def(op.operands[0])
+        op = defining_op(op.operands[0])
     return op is not None and op.name == "stablehlo.collective_permute"
 
 
@@ -634,12 +621,12 @@ def _contracted_sum(add: ir.Operation) -> int:
     blocks differing only along it) is `dot(concatenate(a_1, a_2), concatenate(b_1, b_2))`,
     when every b block is a ring step's block of one value (views and collective_permutes
     of the same root): the ring's per-step contributions to the query cotangent."""
-    dots = [_def(v) for v in add.operands]
+    dots = [defining_op(v) for v in add.operands]
     if any(d is None or d.name != "stablehlo.dot_general" or len(d.operands) != 2 for d in dots):
         return 0
     first, second = dots
-    names = idioms._attr_names(first)
-    if names != idioms._attr_names(second) or any(
+    names = attr_names(first)
+    if names != attr_names(second) or any(
             str(first.attributes[n]) != str(second.attributes[n]) for n in names):
         return 0
     if first.results[0].type != second.results[0].type:
@@ -648,8 +635,8 @@ def _contracted_sum(add: ir.Operation) -> int:
     if len(contract[0]) != 1:
         return 0
     for s in (0, 1):
-        if not idioms._same_but(_shape(first.operands[s]), _shape(second.operands[s]),
-                                contract[s][0]):
+        if not same_but(shape_of(first.operands[s]), shape_of(second.operands[s]),
+                        contract[s][0]):
             return 0
     for side in (0, 1):
         blocks = [b for d in dots for b in _ring_blocks(d.operands[side])]
@@ -658,7 +645,7 @@ def _contracted_sum(add: ir.Operation) -> int:
             break
     else:
         return 0
-    operands = [idioms._concat([first.operands[s], second.operands[s]], contract[s][0], add)
+    operands = [idioms.concat_blocks([first.operands[s], second.operands[s]], contract[s][0], add)
                 for s in (0, 1)]
     clone = first.clone(ir.InsertionPoint(add))
     for s in (0, 1):
@@ -684,10 +671,10 @@ class _ReturnStep:
 def _viewed_dot(value) -> tuple[ir.Operation, tuple[ir.Operation, ...]] | None:
     """(dot_general, the views and sums from it to `value`, innermost first) or None."""
     views: list[ir.Operation] = []
-    op = _def(value)
-    while op is not None and (op.name in _VIEW_OPS or idioms._sum_reduce(op)):
+    op = defining_op(value)
+    while op is not None and (op.name in _VIEW_OPS or sum_reduce(op)):
         views.append(op)
-        op = _def(op.operands[0])
+        op = defining_op(op.operands[0])
     if op is None or op.name != "stablehlo.dot_general" or len(op.operands) != 2:
         return None
     return op, tuple(reversed(views))
@@ -698,13 +685,13 @@ def _return_chain(add: ir.Operation) -> list[_ReturnStep] | None:
     steps: list[_ReturnStep] = []
     node = add.results[0]
     while True:
-        op = _def(node)
+        op = defining_op(node)
         if op is not None and op.name == "stablehlo.add":
-            permutes = [i for i in (0, 1) if _def(op.operands[i]) is not None and _def(
-                op.operands[i]).name == "stablehlo.collective_permute"]
+            permutes = [i for i in (0, 1) if defining_op(op.operands[i]) is not None
+                        and defining_op(op.operands[i]).name == "stablehlo.collective_permute"]
             if len(permutes) != 1:
                 return None
-            permute = _def(op.operands[permutes[0]])
+            permute = defining_op(op.operands[permutes[0]])
             found = _viewed_dot(op.operands[1 - permutes[0]])
             if found is None:
                 return None
@@ -733,16 +720,14 @@ def _ring_return(add: ir.Operation) -> int:
     stays alive; whether the slices, the permutes and the adds give the reference's cotangent
     is the walk's to judge (`rules/returning.py`). Only at the last level of a chain (the add
     no collective_permute reads), so the whole chain is taken at once."""
-    from jaxlib.mlir.dialects import stablehlo
-
     if any(use.owner.name == "stablehlo.collective_permute" for use in add.results[0].uses):
         return 0
     steps = _return_chain(add)
     if steps is None or len(steps) < 2:
         return 0
     first = steps[0].dot
-    names = idioms._attr_names(first)
-    if any(idioms._attr_names(s.dot) != names or any(
+    names = attr_names(first)
+    if any(attr_names(s.dot) != names or any(
             str(s.dot.attributes[n]) != str(first.attributes[n]) for n in names)
             or s.dot.results[0].type != first.results[0].type
             or [str(v.name) for v in s.views] != [str(v.name) for v in steps[0].views]
@@ -763,16 +748,16 @@ def _ring_return(add: ir.Operation) -> int:
     out_dim = _result_dim(f, varying, batch, free)
     if any(a.results[0].type != b.results[0].type or any(
             str(a.attributes[n]) != str(b.attributes[n]) for n in ("permutation", "dimensions")
-            if n in idioms._attr_names(b)) for s in steps for a, b in zip(s.views, steps[0].views)):
+            if n in attr_names(b)) for s in steps for a, b in zip(s.views, steps[0].views)):
         return 0
     at = add
-    joined = idioms._concat([s.dot.operands[varying] for s in steps], f, at)
-    block = _shape(first.results[0])[out_dim]
-    shape = list(_shape(first.results[0]))
+    joined = idioms.concat_blocks([s.dot.operands[varying] for s in steps], f, at)
+    block = shape_of(first.results[0])[out_dim]
+    shape = list(shape_of(first.results[0]))
     shape[out_dim] = block * len(steps)
     element = ir.RankedTensorType(first.results[0].type).element_type
     operands = [first.operands[shared], joined] if shared == 0 else [joined,
-                                                                      first.operands[shared]]
+                                                                     first.operands[shared]]
     with ir.InsertionPoint(at), at.location:
         whole = ir.Operation.create("stablehlo.dot_general",
                                     results=[ir.RankedTensorType.get(shape, element)],
@@ -786,11 +771,11 @@ def _ring_return(add: ir.Operation) -> int:
             break
         whole, out_dim = placed
         moved += 1
-    rank = len(_shape(whole))
+    rank = len(shape_of(whole))
     parts = []
     for i, step in enumerate(steps):
         start = [0] * rank
-        limit = list(_shape(whole))
+        limit = list(shape_of(whole))
         start[out_dim], limit[out_dim] = i * block, (i + 1) * block
         with ir.InsertionPoint(at), at.location:
             value = stablehlo.SliceOp(whole, start, limit, [1] * rank).result
@@ -818,15 +803,13 @@ def _whole_view(view: ir.Operation, whole, out_dim: int, count: int, at: ir.Oper
     then is the view's block); else None. A transpose moves the dim; a reshape that keeps it
     (the same size, the same number of elements before it: the elements before, at and after
     it keep their row-major indices) scales it; a sum over other dims keeps it."""
-    from jaxlib.mlir.dialects import stablehlo
-
     element = ir.RankedTensorType(view.results[0].type).element_type
     if view.name == "stablehlo.transpose":
-        permutation = _i64s(view, "permutation")
+        permutation = i64s(view, "permutation")
         with ir.InsertionPoint(at), at.location:
             return stablehlo.TransposeOp(whole, permutation).result, permutation.index(out_dim)
     if view.name == "stablehlo.reshape":
-        source, target = _shape(view.operands[0]), list(_shape(view.results[0]))
+        source, target = shape_of(view.operands[0]), list(shape_of(view.results[0]))
         kept = [e for e in range(len(target)) if target[e] == source[out_dim] and math.prod(
             target[:e]) == math.prod(source[:out_dim])]
         if not kept:
@@ -835,12 +818,12 @@ def _whole_view(view: ir.Operation, whole, out_dim: int, count: int, at: ir.Oper
         with ir.InsertionPoint(at), at.location:
             return stablehlo.ReshapeOp(ir.RankedTensorType.get(target, element),
                                        whole).result, kept[0]
-    if idioms._sum_reduce(view):
-        dims = _i64s(view, "dimensions")
+    if sum_reduce(view):
+        dims = i64s(view, "dimensions")
         if out_dim in dims:
             return None
         landed = out_dim - sum(d < out_dim for d in dims)
-        shape = list(_shape(view.results[0]))
+        shape = list(shape_of(view.results[0]))
         shape[landed] *= count
         clone = view.clone(ir.InsertionPoint(at))
         clone.operands[0] = whole
@@ -851,7 +834,7 @@ def _whole_view(view: ir.Operation, whole, out_dim: int, count: int, at: ir.Oper
 
 def _factors(value, out: list) -> None:
     """The leaves of the multiplication tree `value` is."""
-    op = _def(value)
+    op = defining_op(value)
     if op is not None and op.name == "stablehlo.multiply":
         for operand in op.operands:
             _factors(operand, out)
@@ -861,20 +844,20 @@ def _factors(value, out: list) -> None:
 
 def _constant_along(value, dims: list[int]) -> bool:
     """`value` is a broadcast_in_dim constant along `dims` (they are new or unit there)."""
-    op = _def(value)
+    op = defining_op(value)
     return op is not None and op.name == "stablehlo.broadcast_in_dim" and all(
-        idioms._created_by(op, d) for d in dims)
+        created_by(op, d) for d in dims)
 
 
 def _output_leaf(value):
     """(dot, permutation, e side) when `value` is `dot(e, v)` or `dot(v, e)` (e =
     exp(...)), maybe under one transpose (the einsum's, back to (b, s, h, d)); else None.
     `permutation` is the transpose's (the identity without one)."""
-    op = _def(value)
-    permutation = list(range(len(_shape(value))))
+    op = defining_op(value)
+    permutation = list(range(len(shape_of(value))))
     if op is not None and op.name == "stablehlo.transpose":
-        permutation = _i64s(op, "permutation")
-        op = _def(op.operands[0])
+        permutation = i64s(op, "permutation")
+        op = defining_op(op.operands[0])
     if op is None or op.name != "stablehlo.dot_general" or len(op.operands) != 2:
         return None
     sides = [s for s in (0, 1) if _is_exp(op.operands[s])]
@@ -892,9 +875,9 @@ def _reassociated(reduce: ir.Operation) -> int:
     output, read as the sum over the keys of the probabilities times the probabilities'
     cotangent (the softmax backward's form). Exact in real arithmetic (both are sum over d
     and k of x g e v); the leaves must hold no infinity."""
-    if not idioms._sum_reduce(reduce):
+    if not sum_reduce(reduce):
         return 0
-    dims = _i64s(reduce, "dimensions")
+    dims = i64s(reduce, "dimensions")
     leaves: list = []
     _factors(reduce.operands[0], leaves)
     outputs = [(v, found) for v in leaves if (found := _output_leaf(v)) is not None]
@@ -911,15 +894,13 @@ def _reassociated(reduce: ir.Operation) -> int:
         return 0
     rest = [v for v in leaves if v is not leaf]
     along = [v for v in rest if not _constant_along(v, dims)]
-    if len(along) != 1 or _shape(along[0]) != _shape(leaf):
+    if len(along) != 1 or shape_of(along[0]) != shape_of(leaf):
         return 0
-    if any(idioms._kinds(v, {}, overflow=False) & (idioms._NEG | idioms._POS)
+    if any(nonfinite_kinds(v, {}, overflow=False) & (NEG | POS)
            for v in leaves):
         return 0
-    from jaxlib.mlir.dialects import stablehlo
-
     e = dot.operands[e_side]
-    rank = len(_shape(leaf))
+    rank = len(shape_of(leaf))
     # e's dim for each dim of the dot's result (its contracted dim k for the value dim)
     e_of_result = [0] * rank
     for i, d in enumerate(batch[e_side]):
@@ -930,7 +911,7 @@ def _reassociated(reduce: ir.Operation) -> int:
     e_of_leaf = [e_of_result[permutation[i]] for i in range(rank)]
     x, v = along[0], dot.operands[v_side]
     element = ir.RankedTensorType(x.type).element_type
-    e_shape = _shape(e)
+    e_shape = shape_of(e)
     x_in_result = _transposed(x, [permutation.index(j) for j in range(rank)], reduce)
     x_free = [j for j in range(rank) if j >= len(batch[0]) and j != value_dim]
     numbers = stablehlo.DotDimensionNumbers.get(
@@ -945,13 +926,13 @@ def _reassociated(reduce: ir.Operation) -> int:
         product = stablehlo.DotGeneralOp(
             ir.RankedTensorType.get(product_shape, element), x_in_result, v, numbers,
             precision_config=dot.attributes["precision_config"]
-            if "precision_config" in idioms._attr_names(dot) else None).result
+            if "precision_config" in attr_names(dot) else None).result
     product = _transposed(product, [product_dims.index(t) for t in range(rank)], reduce)
     for g in rest:
         if g is x:
             continue
-        op = _def(g)
-        placed = [e_of_leaf[i] for i in _i64s(op, "broadcast_dimensions")]
+        op = defining_op(g)
+        placed = [e_of_leaf[i] for i in i64s(op, "broadcast_dimensions")]
         order = sorted(range(len(placed)), key=lambda j: placed[j])
         source = _transposed(op.operands[0], order, reduce)
         with ir.InsertionPoint(reduce), reduce.location:
@@ -971,7 +952,7 @@ def _reassociated(reduce: ir.Operation) -> int:
 
 
 def _is_exp(value) -> bool:
-    op = _def(value)
+    op = defining_op(value)
     return op is not None and op.name == "stablehlo.exponential"
 
 
@@ -985,4 +966,4 @@ REWRITES = {
     "stablehlo.dot_general": lambda op: _dot_out(op) or _dot_divided(op),
 }
 """The backward's rewrites by op name (entangle-normalize applies them once the forward's
-folds are done, `idioms.rewrite_idioms`)."""
+folds are done, `rewrites.rewrite_idioms`)."""

@@ -10,10 +10,10 @@ the value is zero for every content of the atoms, so for the program's; nothing 
 atoms' meaning is used.
 
 A division `a / b` is `a * b^-1` with `b^-1` an atom (b is nonzero: the verifier takes a
-division where it is defined, `idioms._kinds`). When some monomials keep such an inverse
+division where it is defined, `nonfinite_kinds`). When some monomials keep such an inverse
 and `b` is a computed sum, the whole polynomial is multiplied by the power of `b` that clears
 it (nonzero, so zero stays zero) and `b` is then expanded. Every atom must be finite
-(`idioms._kinds`): `x - x = 0` and `0 * x = 0` fail for infinities.
+(`nonfinite_kinds`): `x - x = 0` and `0 * x = 0` fail for infinities.
 
 Which values are expanded is decided per value (so a value is one atom wherever it occurs):
 those within `depth` arithmetic ops of the root. `is_zero` tries growing depths: a value read
@@ -28,15 +28,16 @@ from fractions import Fraction
 
 import numpy as np
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.mlir.opinfo import constant_value, reducer_kind
-from entangle_mlir.normalize import idioms
-from entangle_mlir.normalize.idioms import _def, _i64s, _shape
+from entangle_mlir.normalize.finite import nonfinite_kinds
+from entangle_mlir.normalize.match import attr_names, defining_op, i64s, shape_of, sum_reduce
 
 _ARITHMETIC = frozenset({
     "stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
     "stablehlo.reduce", "stablehlo.dot_general"})
-_MOVES = frozenset({
+MOVES = frozenset({
     "stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose",
     "stablehlo.negate", "stablehlo.convert"})
 _MAX_MONOMIALS = 4096
@@ -151,11 +152,11 @@ class _Builder:
         found = self.keys.get((value, height))
         if found is not None:
             return found
-        op = _def(value)
+        op = defining_op(value)
         if height == 0 or op is None or (op.regions and op.name != "stablehlo.reduce"):
             key = ("value", value)
         else:
-            attrs = tuple((n, str(op.attributes[n])) for n in sorted(idioms._attr_names(op)))
+            attrs = tuple((n, str(op.attributes[n])) for n in sorted(attr_names(op)))
             result = next(i for i, r in enumerate(op.results) if r == value)
             key = (op.name, str(value.type), attrs,
                    tuple(self.key(v, height - 1) for v in op.operands), result,
@@ -167,14 +168,14 @@ class _Builder:
     def atom(self, value, power: int) -> list[_Monomial]:
         number = self.atoms.setdefault(self.key(value), len(self.atoms))
         self.atom_values[number] = value
-        idx = tuple(_LIT if n == 1 else _free(i) for i, n in enumerate(_shape(value)))
+        idx = tuple(_LIT if n == 1 else _free(i) for i, n in enumerate(shape_of(value)))
         return [_Monomial(Fraction(1), ((number, idx, power),), ())]
 
     def expands(self, value) -> bool:
-        op = _def(value)
+        op = defining_op(value)
         if op is None:
             return False
-        if op.name in _MOVES:
+        if op.name in MOVES:
             return True
         return op.name in _ARITHMETIC and self.distance.get(value, self.depth + 1) <= self.depth
 
@@ -186,7 +187,7 @@ class _Builder:
         return found
 
     def _poly(self, value) -> list[_Monomial]:
-        op = _def(value)
+        op = defining_op(value)
         element = ir.RankedTensorType(value.type).element_type
         if not isinstance(element, ir.FloatType):
             raise _TooBig
@@ -199,7 +200,7 @@ class _Builder:
                 return [_Monomial(Fraction(c), (), ())] if c else []
         if not self.expands(value):
             return self.atom(value, 1)
-        name, shape = op.name, _shape(value)
+        name, shape = op.name, shape_of(value)
         operands = list(op.operands)
         if name == "stablehlo.add":
             return self.poly(operands[0]) + self.poly(operands[1])
@@ -221,14 +222,14 @@ class _Builder:
                 return self.atom(value, 1)
             return [_mapped(m, free) for m in self.poly(operands[0])]
         if name == "stablehlo.reduce":
-            if not idioms._sum_reduce(op):
+            if not sum_reduce(op):
                 return self.atom(value, 1)
             return self._summed(op)
         return self._contracted(op)
 
     def _summed(self, op) -> list[_Monomial]:
-        source = _shape(op.operands[0])
-        dims = _i64s(op, "dimensions")
+        source = shape_of(op.operands[0])
+        dims = i64s(op, "dimensions")
         free, sizes, out = {}, [], 0
         for d, n in enumerate(source):
             if d in dims:
@@ -243,13 +244,11 @@ class _Builder:
         return [_mapped(m, free, tuple(sizes)) for m in self.poly(op.operands[0])]
 
     def _contracted(self, op) -> list[_Monomial]:
-        from jaxlib.mlir.dialects import stablehlo
-
         numbers = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
         lb, rb = list(numbers.lhs_batching_dimensions), list(numbers.rhs_batching_dimensions)
         lc, rc = list(numbers.lhs_contracting_dimensions), list(numbers.rhs_contracting_dimensions)
         lhs, rhs = op.operands
-        ls, rs = _shape(lhs), _shape(rhs)
+        ls, rs = shape_of(lhs), shape_of(rhs)
         lfree = [d for d in range(len(ls)) if d not in lb and d not in lc]
         rfree = [d for d in range(len(rs)) if d not in rb and d not in rc]
         out = 0
@@ -287,7 +286,7 @@ class _Builder:
         found = self.inverse_memo.get(value)
         if found is not None:
             return found
-        op = _def(value)
+        op = defining_op(value)
         name = op.name if op is not None else ""
         if name == "stablehlo.constant":
             array, splat = constant_value(op.attributes["value"])
@@ -295,7 +294,7 @@ class _Builder:
             if splat and c and np.isfinite(c):
                 found = [_Monomial(1 / Fraction(c), (), ())]
         elif name in ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose"):
-            free = _move_map(op, _shape(value))
+            free = _move_map(op, shape_of(value))
             if free is not None:
                 found = [_mapped(m, free) for m in self.inverse(op.operands[0])]
         elif name == "stablehlo.negate":
@@ -335,12 +334,12 @@ def _times(left: list[_Monomial], right: list[_Monomial]) -> list[_Monomial]:
 
 def _move_map(op, shape: tuple[int, ...]) -> dict | None:
     """For a broadcast_in_dim, unit-dim reshape or transpose: operand dim -> result index."""
-    source = _shape(op.operands[0])
+    source = shape_of(op.operands[0])
     if op.name == "stablehlo.broadcast_in_dim":
-        dims = _i64s(op, "broadcast_dimensions")
+        dims = i64s(op, "broadcast_dimensions")
         return {i: _LIT if n == 1 else _free(dims[i]) for i, n in enumerate(source)}
     if op.name == "stablehlo.transpose":
-        perm = _i64s(op, "permutation")
+        perm = i64s(op, "permutation")
         return {p: _LIT if source[p] == 1 else _free(i) for i, p in enumerate(perm)}
     kept = [d for d, n in enumerate(source) if n != 1]
     placed = [d for d, n in enumerate(shape) if n != 1]
@@ -358,8 +357,8 @@ def _distances(root) -> dict:
     while frontier:
         nxt = []
         for value in frontier:
-            op = _def(value)
-            if op is None or (op.name not in _ARITHMETIC and op.name not in _MOVES):
+            op = defining_op(value)
+            if op is None or (op.name not in _ARITHMETIC and op.name not in MOVES):
                 continue
             step = 1 if op.name in _ARITHMETIC else 0
             for operand in op.operands:
@@ -403,7 +402,7 @@ def _cleared(builder: _Builder, monomials: list[_Monomial]) -> list[_Monomial]:
 
 def is_zero(value, kinds: dict | None = None) -> bool:
     """`value` is zero in real arithmetic, for any content of the values it reads beyond the
-    expanded ones; every atom finite (`idioms._kinds`, `kinds` its memo). False when
+    expanded ones; every atom finite (`nonfinite_kinds`, `kinds` its memo). False when
     undecided."""
     distance = _distances(value)
     kinds = {} if kinds is None else kinds
@@ -416,9 +415,9 @@ def is_zero(value, kinds: dict | None = None) -> bool:
         except _TooBig:
             return False
         if monomials:
-            if all(distance.get(v, depth + 1) <= depth for v in distance if _def(v) is not None
-                   and _def(v).name in _ARITHMETIC):
+            if all(distance.get(v, depth + 1) <= depth for v in distance
+                   if defining_op(v) is not None and defining_op(v).name in _ARITHMETIC):
                 return False
             continue
-        return all(idioms._kinds(v, kinds) == 0 for v in builder.atom_values.values())
+        return all(nonfinite_kinds(v, kinds) == 0 for v in builder.atom_values.values())
     return False

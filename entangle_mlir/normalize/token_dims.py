@@ -22,8 +22,10 @@ way is left untouched.
 from __future__ import annotations
 
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
+from entangle_mlir.mlir.opinfo import op_location
 
 NONE = -1
 """A value of the region's ops that has no token dim (a weight, a scalar, an init value)."""
@@ -218,8 +220,6 @@ def _split_at(src, p, dst, factors) -> int | None:
 
 
 def _dot_numbers(op):
-    from jaxlib.mlir.dialects import stablehlo
-
     n = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
     return (list(n.lhs_batching_dimensions), list(n.rhs_batching_dimensions),
             list(n.lhs_contracting_dimensions), list(n.rhs_contracting_dimensions))
@@ -281,8 +281,6 @@ def _complete_dot(op, ins, outs, final):
 
 
 def _scatter_numbers(op):
-    from jaxlib.mlir.dialects import stablehlo
-
     return stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
 
 
@@ -402,8 +400,6 @@ def _regions(merges: list[ir.Operation]) -> list[tuple[_Region | None, tuple]]:
 
 
 def _position(op: ir.Operation) -> str:
-    from entangle_mlir.mlir.opinfo import op_location
-
     loc = op_location(op, "-")
     return str(loc) if loc is not None else "?"
 
@@ -527,8 +523,6 @@ def _expand_pairs(dims: list[int], p: int, q: int) -> list[int]:
 
 
 def _rewrite_dot(op, p: int, r: int) -> None:
-    from jaxlib.mlir.dialects import stablehlo
-
     lb, rb, lc, rc = _dot_numbers(op)
 
     def pairs(ls, rs):
@@ -550,8 +544,6 @@ def _rewrite_dot(op, p: int, r: int) -> None:
 
 
 def _rewrite_scatter(op, ins) -> None:
-    from jaxlib.mlir.dialects import stablehlo
-
     p, k, u = ins
     if p == NONE:
         return

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.mlir.opinfo import constant_value, reducer_kind
 
@@ -86,8 +87,6 @@ def _identity_init(op: ir.Operation, kind: str) -> bool:
 
 
 def _fold_reduce(op: ir.Operation) -> int:
-    from jaxlib.mlir.dialects import stablehlo
-
     if len(op.operands) != 2 or len(op.results) != 1:
         return 0
     kind = reducer_kind(op)
@@ -133,8 +132,6 @@ def _puts_back(user, shape: tuple[int, ...], dims: list[int], unit: list[int]) -
 
 
 def _fold_broadcast(op: ir.Operation) -> int:
-    from jaxlib.mlir.dialects import stablehlo
-
     source = op.operands[0].owner
     if not isinstance(source, ir.Operation) and hasattr(source, "operation"):
         source = source.operation
@@ -188,8 +185,6 @@ def _dropped_unit_dims(src: tuple[int, ...], dst: tuple[int, ...]) -> list[int] 
 
 def _fold_gather(op: ir.Operation) -> int:
     """Make each unit offset dim of a batched gather's operand a batching dim (see above)."""
-    from jaxlib.mlir.dialects import stablehlo
-
     if len(op.operands) != 2 or "dimension_numbers" not in op.attributes:
         return 0
     n = stablehlo.GatherDimensionNumbers(op.attributes["dimension_numbers"])
@@ -212,8 +207,6 @@ def _fold_gather(op: ir.Operation) -> int:
 def _fold_scatter(op: ir.Operation) -> int:
     """The scatter twin of `_fold_gather` (take_along_axis's gradient): a unit update window
     dim of a batched scatter's operand becomes a batching dim."""
-    from jaxlib.mlir.dialects import stablehlo
-
     if len(op.operands) != 3 or "scatter_dimension_numbers" not in op.attributes:
         return 0
     n = stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
@@ -269,8 +262,6 @@ def _unit_window_to_batch(op: ir.Operation, operand_shape, result_shape, window_
     shape = [1 if label == "unit" else indices_shape[label] for label in labels]
     pairs = sorted([*zip(operand_batch, (where[i] for i in indices_batch)),
                     (dim, where["unit"])])
-    from jaxlib.mlir.dialects import stablehlo
-
     # A reshape of a reshape, or of a transpose that only moves unit dims, reads the source.
     squeeze = _producer(indices)
     if getattr(squeeze, "name", "") not in ("stablehlo.reshape", "stablehlo.transpose") or (
@@ -304,8 +295,6 @@ def _unit_moves_as_transpose(reshape: ir.Operation) -> None:
     """A reshape that only moves unit dims (the squeezed indices, still read by jax's bounds
     check) is the transpose that moves them: the same elements in the same order, and a split
     unit dim keeps its own dim instead of being flattened into its neighbour."""
-    from jaxlib.mlir.dialects import stablehlo
-
     source, result = _shape(reshape.operands[0]), _shape(reshape.results[0])
     if source == result or not _moves_units_only(reshape) or not list(reshape.results[0].uses):
         return

@@ -27,10 +27,11 @@ from __future__ import annotations
 import operator
 
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.mlir.ir import erase_dead, op_key, ops_in_order
 from entangle_mlir.mlir.opinfo import compare_type, constant_value
-from entangle_mlir.normalize.idioms import _shape
+from entangle_mlir.normalize.match import shape_of
 
 MAX_TRIPS = 16
 """Longest ring loop unrolled (a ring has one step per device of its mesh axis)."""
@@ -80,7 +81,7 @@ def _loops(module: ir.Module) -> list[ir.Operation]:
     return loops
 
 
-def _def(value) -> ir.Operation | None:
+def defining_op(value) -> ir.Operation | None:
     owner = value.owner
     if isinstance(owner, ir.Block):
         return None
@@ -98,7 +99,7 @@ def _integer_width(value) -> int | None:
 def _constant_int(value) -> int | None:
     """The value of an integer constant holding one element (None for anything else, floats
     included: `int(4.5)` is not the bound a float comparison tests)."""
-    op = _def(value)
+    op = defining_op(value)
     if op is None or op.name != "stablehlo.constant" or _integer_width(value) is None:
         return None
     array, _ = constant_value(op.attributes["value"])
@@ -115,7 +116,7 @@ def _trip_count(loop: ir.Operation) -> int | None:
     cond, body = loop.regions[0].blocks[0], loop.regions[1].blocks[0]
     ops = list(cond.operations)
     ret = ops[-1]
-    compare = _def(ret.operands[0]) if len(ret.operands) == 1 else None
+    compare = defining_op(ret.operands[0]) if len(ret.operands) == 1 else None
     if compare is None or compare.name != "stablehlo.compare" or "LT" not in str(
             compare.attributes["comparison_direction"]):
         return None
@@ -134,7 +135,7 @@ def _trip_count(loop: ir.Operation) -> int | None:
     if limit is not None and start is not None:
         limit, start = _as_compared(limit, width, signed), _as_compared(start, width, signed)
     body_ret = list(body.operations)[-1]
-    step = _def(body_ret.operands[index])
+    step = defining_op(body_ret.operands[index])
     if limit is None or start is None or step is None or step.name != "stablehlo.add":
         return None
     a, b = step.operands
@@ -253,8 +254,6 @@ def _erasable(name: str) -> bool:
 def fold_counters(module: ir.Module) -> int:
     """Replace every add, subtract or multiply of two integer scalar constants by its value
     (wrapping at the type's width, as the op does). One pass in order folds whole chains."""
-    from jaxlib.mlir.dialects import stablehlo
-
     count = 0
     for op in _ops(module):
         fn = _COUNTER_ARITHMETIC.get(op.name)
@@ -307,13 +306,13 @@ def _clamped(starts: list, dims: tuple[int, ...], sizes: tuple[int, ...]
 
 def _region(load: ir.Operation) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(starts, sizes) of the block a constant-index read takes from its operand."""
-    sizes = _shape(load.results[0])
+    sizes = shape_of(load.results[0])
     if load.name == "stablehlo.slice":
         strides = list(ir.DenseI64ArrayAttr(load.attributes["strides"]))
         if any(s != 1 for s in strides):
             return None
         return tuple(ir.DenseI64ArrayAttr(load.attributes["start_indices"])), sizes
-    starts = _clamped(list(load.operands[1:]), _shape(load.operands[0]), sizes)
+    starts = _clamped(list(load.operands[1:]), shape_of(load.operands[0]), sizes)
     return None if starts is None else (starts, sizes)
 
 
@@ -328,26 +327,26 @@ def _stored(load: ir.Operation):
     starts, sizes = region
     buffer = load.operands[0]
     while True:
-        store = _def(buffer)
+        store = defining_op(buffer)
         if store is None or store.name != "stablehlo.dynamic_update_slice":
             return None
         update = store.operands[1]
-        written = _clamped(list(store.operands[2:]), _shape(buffer), _shape(update))
+        written = _clamped(list(store.operands[2:]), shape_of(buffer), shape_of(update))
         if written is None:
             return None
-        if written == starts and _shape(update) == sizes:
+        if written == starts and shape_of(update) == sizes:
             return update if update.type == load.results[0].type else None
         if not any(w + u <= s or s + z <= w
-                   for w, u, s, z in zip(written, _shape(update), starts, sizes)):
+                   for w, u, s, z in zip(written, shape_of(update), starts, sizes)):
             return None
         buffer = store.operands[0]
 
 
 def _is_zeros(value) -> bool:
     """A splat constant 0, or a broadcast_in_dim of one."""
-    op = _def(value)
+    op = defining_op(value)
     if op is not None and op.name == "stablehlo.broadcast_in_dim":
-        op = _def(op.operands[0])
+        op = defining_op(op.operands[0])
     if op is None or op.name != "stablehlo.constant":
         return False
     array, splat = constant_value(op.attributes["value"])
@@ -397,14 +396,14 @@ def _unit_dims_dropped(reshape) -> None:
     op = getattr(reshape, "operation", reshape)
     if op.name != "stablehlo.reshape":
         return
-    broadcast = _def(op.operands[0])
+    broadcast = defining_op(op.operands[0])
     if broadcast is None or broadcast.name != "stablehlo.broadcast_in_dim":
         return
     source = broadcast.operands[0]
     if source.type != op.results[0].type:
         return
     dims = list(ir.DenseI64ArrayAttr(broadcast.attributes["broadcast_dimensions"]))
-    shape, into = _shape(source), _shape(broadcast.results[0])
+    shape, into = shape_of(source), shape_of(broadcast.results[0])
     if dims != sorted(set(dims)) or any(shape[i] != into[d] for i, d in enumerate(dims)):
         return
     if any(size != 1 for d, size in enumerate(into) if d not in dims):

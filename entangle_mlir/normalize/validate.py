@@ -21,7 +21,14 @@ from entangle_mlir.mlir.opinfo import (
     op_location,
     tensor_type,
 )
-from entangle_mlir.semantics.groups import GROUPED, GroupError, permute_pairs, process_groups
+from entangle_mlir.mlir.program import read_meshes
+from entangle_mlir.semantics.groups import (
+    GROUPED,
+    GroupError,
+    permute_pairs,
+    process_groups,
+    strategy,
+)
 
 
 def grid(module: ir.Module) -> tuple[int, int | None]:
@@ -32,8 +39,6 @@ def grid(module: ir.Module) -> tuple[int, int | None]:
     replicas = counts.get("mhlo.num_replicas", 1)
     partitions = counts.get("mhlo.num_partitions")
     if partitions is None:
-        from entangle_mlir.mlir.program import read_meshes
-
         meshes = {m.num_devices for m in read_meshes(module).values()}
         partitions = meshes.pop() if len(meshes) == 1 else None
     return replicas, partitions
@@ -80,8 +85,6 @@ def _check_collective(op: ir.Operation, replicas: int, partitions: int | None,
     info = describe(op, file)
     try:
         if partitions is None:
-            from entangle_mlir.semantics.groups import strategy
-
             strategy(info.name, info.attrs)
         elif info.name == "stablehlo.collective_permute":
             permute_pairs(info.attrs, replicas, partitions)

@@ -4,7 +4,8 @@ their gradient's loops store and read back forwarded (`unroll.py`);
 converts to their operand's own type are dropped; reductions over unit dims (jax's transposes with one sequence / head per device) become
 reshapes (`unit_dims.py`);
 per-token computations on flattened `(batch, seq)` keep both dims (`token_dims.py`); numerical
-idioms (psum as all_gather + sum, log-sum-exp shifts) take one form (`idioms.py`).
+idioms (psum as all_gather + sum, log-sum-exp shifts) take one form (`idioms.py`,
+`rewrites.py`).
 
 The deprecated `stablehlo.dot` is read as a dot_general by `opinfo.describe`, and copies are
 transparent to the walk, so neither needs rewriting here.
@@ -16,8 +17,9 @@ from dataclasses import dataclass
 
 from entangle_mlir.mlir.ir import ops_in_order
 from entangle_mlir.mlir.program import inline_calls
-from entangle_mlir.normalize.idioms import drop_identity_converts, rewrite_idioms
+from entangle_mlir.normalize.idioms import drop_identity_converts
 from entangle_mlir.normalize.max_cotangent import zero_max_cotangents
+from entangle_mlir.normalize.rewrites import rewrite_idioms
 from entangle_mlir.normalize.token_dims import split_token_dims
 from entangle_mlir.normalize.unit_dims import fold_unit_dims
 from entangle_mlir.normalize.unroll import forward_residuals, unroll_ring_loops

@@ -11,8 +11,8 @@ from dataclasses import replace
 from fractions import Fraction
 
 from entangle_mlir.core import precision
-from entangle_mlir.core.intrange import exact_convert, fits, wrap_integer
 from entangle_mlir.core.mesh import axes_str
+from entangle_mlir.core.ranges import exact_convert, fits, wrap_integer
 from entangle_mlir.core.relations import (
     DEVICE_BLOCK_VALUES,
     DeviceScalar,

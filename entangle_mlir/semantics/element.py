@@ -39,7 +39,7 @@ from functools import reduce as _fold
 import numpy as np
 import z3
 
-from entangle_mlir.core import intrange, precision
+from entangle_mlir.core import precision, ranges
 
 Element = object
 
@@ -565,7 +565,7 @@ def power(a: Element, b: Element) -> Element:
 
 def int_limits(dtype: str) -> tuple[int, int] | None:
     """[min, max] of an integer dtype (two's complement, or unsigned), None otherwise."""
-    found = intrange.int_limits(dtype)
+    found = ranges.int_limits(dtype)
     return None if found is None else (int(found[0]), int(found[1]))
 
 

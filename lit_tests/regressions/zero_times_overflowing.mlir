@@ -4,7 +4,7 @@
 // `y + exp(x) * 0` (result #0) and `y + (exp(x) - exp(x))` (result #1) were proven against a
 // reference computing `y`, although exp(100) is inf in float32 and inf * 0 = inf - inf = NaN.
 // A zero now folds only where the other factor (the cancelled term) is shown finite
-// (`bounds.term_interval`): `x * 0` of the input x (result #2, finite by assumption) and
+// (`terms.term_interval`): `x * 0` of the input x (result #2, finite by assumption) and
 // `exp(tanh(x)) * 0` (result #3, exp of a value in [-1, 1]) still fold. Grounded in
 // tests/core/test_exact_zero.py (executed: NaN against finite numbers).
 

@@ -115,12 +115,12 @@ def test_the_max_shifted_twin_is_proven_and_equal_on_large_inputs() -> None:
 
 
 def test_kinds_take_an_exp_or_a_huge_scaling_of_finite_values_as_overflowing() -> None:
-    """`idioms._kinds`: exp of an unbounded finite value and `m * 1e38` may be +-inf; exp of
-    `x - max(x)` is in (0, 1] and stays finite; tanh stays finite."""
+    """`finite.nonfinite_kinds`: exp of an unbounded finite value and `m * 1e38` may be +-inf;
+    exp of `x - max(x)` is in (0, 1] and stays finite; tanh stays finite."""
     from jaxlib.mlir import ir
 
     from entangle_mlir.mlir.ir import context, parse_module
-    from entangle_mlir.normalize import idioms
+    from entangle_mlir.normalize import finite
     from entangle_mlir.normalize.bounds import interval
 
     text = """
@@ -144,11 +144,11 @@ def test_kinds_take_an_exp_or_a_huge_scaling_of_finite_values_as_overflowing() -
         func = module.body.operations[0]
         ret = list(func.regions[0].blocks[0].operations)[-1]
         shifted, plain, huge, t = ret.operands
-        assert idioms._kinds(shifted, {}) == 0 and interval(shifted) == (0.0, 1.0)
-        assert idioms._kinds(plain, {}) & idioms._POS
-        assert idioms._kinds(huge, {}) & (idioms._POS | idioms._NEG) == (
-            idioms._POS | idioms._NEG)
-        assert idioms._kinds(t, {}) == 0
+        assert finite.nonfinite_kinds(shifted, {}) == 0 and interval(shifted) == (0.0, 1.0)
+        assert finite.nonfinite_kinds(plain, {}) & finite.POS
+        assert finite.nonfinite_kinds(huge, {}) & (finite.POS | finite.NEG) == (
+            finite.POS | finite.NEG)
+        assert finite.nonfinite_kinds(t, {}) == 0
         assert isinstance(ir.RankedTensorType(t.type).element_type, ir.F32Type)
 
 

@@ -4,7 +4,7 @@
 (a stated liberty), but values computed from them can overflow: `exp(100)` and
 `3e38 + 3e38` are inf in float32. So the term builder folds a multiplication by zero, a
 cancellation in a linear form and a zero-scaled sum to zero only where the other factor (the
-cancelled term) is shown finite by `bounds.term_interval`; elsewhere the term keeps the zero
+cancelled term) is shown finite by `terms.term_interval`; elsewhere the term keeps the zero
 multiple (`zero_multiple`), which a twin computing the same product meets again.
 
 Grounded: each pair runs on 4 simulated devices with chosen inputs (x = 100 where exp
@@ -31,8 +31,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from entangle_mlir.core import terms
+from entangle_mlir.core.terms import term_finite, term_interval
 from entangle_mlir.driver import check_texts
-from entangle_mlir.normalize.bounds import term_finite, term_interval
 from examples.real.catalog import Example, custom, lower_pair, make_mesh, sharded_fn
 from examples.real.programs import ArgDef
 

@@ -142,7 +142,7 @@ def test_rewritten_training_step_computes_the_same_when_executed() -> None:
     from entangle_mlir.evidence import execute_replicas
     from entangle_mlir.mlir.ir import context, parse_module
     from entangle_mlir.mlir.program import inline_calls
-    from entangle_mlir.normalize.idioms import rewrite_idioms
+    from entangle_mlir.normalize.rewrites import rewrite_idioms
     from examples.real.catalog import by_name, random_inputs
 
     ex = by_name("llama3_adamw_tp2")

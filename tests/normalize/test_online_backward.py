@@ -26,8 +26,9 @@ from jax.sharding import PartitionSpec as P
 from entangle_mlir.driver import check_texts
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.program import inline_calls
-from entangle_mlir.normalize.idioms import drop_identity_converts, rewrite_idioms
+from entangle_mlir.normalize.idioms import drop_identity_converts
 from entangle_mlir.normalize.max_cotangent import zero_max_cotangents
+from entangle_mlir.normalize.rewrites import rewrite_idioms
 from entangle_mlir.normalize.unroll import unroll_ring_loops
 from examples.real.catalog import custom, lower_pair, run_pair
 from examples.real.programs import ArgDef

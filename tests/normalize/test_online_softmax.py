@@ -16,7 +16,7 @@ import pytest
 from entangle_mlir.evidence import execute_replicas
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.program import inline_calls
-from entangle_mlir.normalize.idioms import rewrite_idioms
+from entangle_mlir.normalize.rewrites import rewrite_idioms
 from entangle_mlir.normalize.unroll import unroll_ring_loops
 from examples.real.catalog import by_name, lower_pair, random_inputs
 from tests.judging import assert_judged

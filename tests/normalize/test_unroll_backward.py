@@ -86,7 +86,7 @@ def _reads(text: str) -> tuple[str, str, str, list[str]]:
 MISREADS = [("off_by_one", 0), ("forward_order", 1), ("off_by_one", 6), ("forward_order", 6),
             ("off_by_one", 11), ("forward_order", 11)]
 """(how, which read): the step's transposed key block, its mask, its probabilities (on which
-the online-softmax rewrites used to cycle: `idioms._cycled` stops them), its value block (jax's
+the online-softmax rewrites used to cycle: `rewrites._cycled` stops them), its value block (jax's
 order of the residuals: transposed keys, mask, tie indicator, tie count, the max's two tie
 shares, probabilities, correction, previous denominator, correction as a column, previous
 output, value block). `off_by_one` reads slot n - i (the first step's clamped back to

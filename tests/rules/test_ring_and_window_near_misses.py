@@ -13,7 +13,7 @@ False proofs found while writing these (fixed, kept as regressions):
   of the first block is -inf throughout (a causal ring started at another device's block):
   there the running max is -inf, exp(-inf - -inf) = NaN, and the program outputs NaN where the
   softmax over the concatenated blocks is finite. The fold now requires every row of the
-  earlier blocks to hold an element above -inf on every device (`idioms._rows_finite`).
+  earlier blocks to hold an element above -inf on every device (`finite.rows_finite`).
 * the same hazard in the older log-sum-exp rewrites (`idioms._rescaled_exp_sum`,
   `_shifted_lse`): a shard's own max over a causal row its keys all lie after is -inf, so
   `sum(exp(s - m)) * exp(m)` is NaN there, not `sum(exp(s))` = 0; a log-sum-exp over keys
@@ -459,7 +459,7 @@ def test_online_softmax_fold_keeps_the_programs_nans(pre_rotate: int) -> None:
     output is NaN, and it stays NaN (the fold is refused there)."""
     from entangle_mlir.mlir.ir import context, parse_module
     from entangle_mlir.mlir.program import inline_calls
-    from entangle_mlir.normalize.idioms import rewrite_idioms
+    from entangle_mlir.normalize.rewrites import rewrite_idioms
     from tests.normalize.test_online_softmax import _run_partitioned
 
     case = ring_case(f"nan_{pre_rotate}", pre_rotate == 0, pre_rotate=pre_rotate)
@@ -716,14 +716,14 @@ def test_micro_batch_window_near_miss(case: Case) -> None:
 @pytest.mark.parametrize("groups", ["dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>",
                                     "dense<> : tensor<0x0xi64>"])
 def test_a_pmax_of_rows_no_device_sees_may_be_minus_inf(groups: str) -> None:
-    """The shift analysis (`idioms._kinds`) of a pmax over tp of each shard's max of
+    """The shift analysis (`finite.nonfinite_kinds`) of a pmax over tp of each shard's max of
     `q_pos > k_pos`-masked scores: query 0 sees no key on any device, so the pmax is -inf
     there, with the replica groups written out or left empty (one group of every device)."""
     import re
 
     from entangle_mlir.mlir.ir import context, parse_module
     from entangle_mlir.mlir.program import inline_calls
-    from entangle_mlir.normalize import idioms
+    from entangle_mlir.normalize import finite
 
     def strict(q, k):
         k_pos = lax.axis_index("tp") * k.shape[0] + jnp.arange(k.shape[0])
@@ -750,4 +750,4 @@ def test_a_pmax_of_rows_no_device_sees_may_be_minus_inf(groups: str) -> None:
 
         module.operation.walk(collect)
         (pmax,) = found
-        assert idioms._kinds(pmax.result, {}) & idioms._NEG
+        assert finite.nonfinite_kinds(pmax.result, {}) & finite.NEG

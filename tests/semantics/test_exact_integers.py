@@ -36,7 +36,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from entangle_mlir.core import intrange
+from entangle_mlir.core import intrange, ranges
 from entangle_mlir.core import terms as T
 from entangle_mlir.core.relations import Opaque, Shifted
 from entangle_mlir.driver import check_texts
@@ -247,15 +247,15 @@ def test_value_ranges_are_those_of_the_dtype() -> None:
     """A product that may wrap has its dtype's whole range; an argument its dtype's range; an
     iota of 512 positions is not a bf16 range."""
     ids = T.make_arg(0, (8,), "i32")
-    wide = intrange.int_limits("i32")
+    wide = ranges.int_limits("i32")
     assert intrange.value_range(ids) == wide
     assert intrange.value_range(T.scale(ids, 1 << 29), {ids.serial: (0, 15)}) == wide
     assert intrange.value_range(T.scale(ids, 2), {ids.serial: (0, 15)}) == (0, 30)
     assert intrange.value_range(T.make_iota((512,), 0, "bf16")) is None
     assert intrange.value_range(T.make_iota((256,), 0, "bf16")) == (0, 255)
-    assert intrange.exact_convert("i8", "bf16") and not intrange.exact_convert("i16", "bf16")
-    assert intrange.exact_convert("ui16", "i32") and not intrange.exact_convert("i32", "ui32")
-    assert [intrange.wrap_integer(v, "i8") for v in (300, -129, 128)] == [44, 127, -128]
+    assert ranges.exact_convert("i8", "bf16") and not ranges.exact_convert("i16", "bf16")
+    assert ranges.exact_convert("ui16", "i32") and not ranges.exact_convert("i32", "ui32")
+    assert [ranges.wrap_integer(v, "i8") for v in (300, -129, 128)] == [44, 127, -128]
 
 
 def test_bf16_iota_is_not_the_float_iota() -> None:

@@ -658,6 +658,12 @@ def test_every_term_op_the_rules_build_can_be_evaluated() -> None:
     assert not missing, missing
 
 
+def test_rebuild_knows_every_elementwise_op() -> None:
+    """`terms.rebuild` sends exactly the elementwise ops (`semantics.ops.ELEMENTWISE`) through
+    `make_elementwise`: its own ops and the arithmetic ones that become `lin`, `mul`, `div`."""
+    assert set(ELEMENTWISE) == T.ELEMENTWISE_STABLEHLO | T.ARITHMETIC_STABLEHLO
+
+
 GROUNDED_ELSEWHERE = {"stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice",
                       "stablehlo.gather", "stablehlo.scatter", "mhlo.copy",
                       "stablehlo.optimization_barrier"}

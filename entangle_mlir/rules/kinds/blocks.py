@@ -23,8 +23,8 @@ import itertools
 from dataclasses import replace
 from fractions import Fraction
 
-from entangle_mlir.core.intrange import fits
 from entangle_mlir.core.mesh import Mesh, axes_str
+from entangle_mlir.core.ranges import fits
 from entangle_mlir.core.relations import BlockIndex, InBlock, Masked, Opaque, Rel, Shifted, Value
 from entangle_mlir.core.terms import (
     FLIPPED,

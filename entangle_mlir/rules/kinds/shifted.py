@@ -14,8 +14,9 @@ from dataclasses import replace
 from fractions import Fraction
 
 from entangle_mlir.core import precision
-from entangle_mlir.core.intrange import INT_BITS, fits, int_limits, value_range, wrap_integer
+from entangle_mlir.core.intrange import value_range
 from entangle_mlir.core.mesh import axes_str
+from entangle_mlir.core.ranges import INT_BITS, fits, int_limits, wrap_integer
 from entangle_mlir.core.relations import DeviceScalar, Opaque, Rel, Shifted, Value
 from entangle_mlir.core.terms import make_lin, splat_value
 from entangle_mlir.mlir.opinfo import OpInfo

@@ -1,0 +1,519 @@
+"""Which non-finite values (-inf, +inf, NaN) a float IR value may hold.
+
+`nonfinite_kinds(value)` is a set of bits (`NEG`, `POS`, `NAN`) read off the constants and
+ops that compute the value: program inputs are finite (DESIGN.md, "Semantics policy"), masks
+and logs of zero build infinities, and a sum, product or exp of finite values may overflow
+where its range (`bounds.interval`) is not finite. `rows_finite` tells that every row a max
+reduces holds an element above -inf on every device, evaluating the masks that device ids
+and constants compute. The exact rewrites (`idioms.py`, `online_backward.py`,
+`max_cotangent.py`, `polynomial.py`) consult these where they hold only for finite values.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from jaxlib.mlir import ir
+
+from entangle_mlir.core import precision
+from entangle_mlir.core.traits import ELEMENTWISE_OPS
+from entangle_mlir.mlir.opinfo import compare_type, constant_value, describe, reducer_kind
+from entangle_mlir.normalize.bounds import interval
+from entangle_mlir.normalize.match import (
+    MAX_INDEX,
+    attr_names,
+    defining_op,
+    finite_test,
+    i64s,
+    index_map_step,
+    max_reduce,
+    operands_first,
+    root_of,
+    shape_of,
+)
+from entangle_mlir.semantics.groups import GroupError, process_groups
+
+NEG, POS, NAN = 1, 2, 4
+ANY = NEG | POS | NAN
+"""Which non-finite values a float tensor may hold (bits): -inf, +inf, NaN."""
+
+_CARRY = frozenset({
+    "stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose",
+    "stablehlo.slice", "stablehlo.dynamic_slice", "stablehlo.concatenate", "stablehlo.pad",
+    "stablehlo.reverse", "stablehlo.convert", "stablehlo.collective_permute",
+    "stablehlo.all_gather", "stablehlo.all_to_all", "stablehlo.select"})
+"""Ops whose result holds only values of their operands (the non-finite ones too)."""
+
+
+def nonfinite_kinds(value, memo: dict, overflow: bool = True) -> int:
+    """The non-finite values `value` may hold, from the constants and ops that compute it
+    (program inputs are finite, a shard_map body's arguments are what it is given; a
+    division, rsqrt or power is taken at arguments where it is defined, as in the verifier's
+    real-number semantics; log may give -inf). Iterative: the cone of a layer's scores is
+    the whole program before it. `overflow`: also the infinities an exp, or arithmetic with
+    a constant, of finite values may overflow to (`_overflow`); without it only those the
+    program builds (masks, log of zero), for the guards of the online softmax's backward
+    (`online_backward.py`, whose telescoped forms are left unchecked for overflow)."""
+    for top, op, outer in operands_first(value, memo):
+        memo[top] = memo[outer] if outer is not None else _kinds_of(top, op, memo)
+        if overflow and op is not None and op.name in _OVERFLOWING and not memo[top] & (
+                NEG | POS) and (
+                op.name in _EXPONENTIALS or op.name in _ELEMENTWISE_ARITHMETIC and any(
+                    _constant(v) for v in op.operands[
+                        1 if op.name == "stablehlo.divide" else 0:])):
+            memo[top] |= _overflow(top, memo)
+    return memo[value]
+
+
+def finite_shift(m_value) -> bool:
+    """The shift `m` holds no infinity, so exp(x - m) is defined and the rewrite is exact in
+    floating point too. (A shard's own max over a row its mask hides throughout is -inf:
+    exp(-inf - -inf) = NaN, which the unshifted form would turn into 0.) NaN is not
+    tracked: the NaNs programs hold are jnp.take's fill for out-of-range indices, which the
+    verifier assumes do not occur, and a NaN reaches both forms alike."""
+    return not nonfinite_kinds(m_value, {}) & (NEG | POS)
+
+
+def _may_overflow(op: ir.Operation) -> bool:
+    """A convert to a float type whose range is smaller than its source's (f32 -> f16,
+    i32 -> f8): a finite value can round to +-inf."""
+    source = str(ir.RankedTensorType(op.operands[0].type).element_type)
+    target = str(ir.RankedTensorType(op.results[0].type).element_type)
+    if not precision.rounds(source, target):
+        return False
+    if source in precision.INT_BITS:
+        width, signed = precision.INT_BITS[source]
+        limit = precision.FLOAT_FORMATS.get(target, (0, 0, 0))[2]
+        return (width - 1 if signed else width) > limit
+    wide, narrow = precision.FLOAT_FORMATS.get(source), precision.FLOAT_FORMATS.get(target)
+    return wide is None or narrow is None or wide[2] > narrow[2]
+
+
+_OVERFLOWING = frozenset({
+    "stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
+    "stablehlo.power", "stablehlo.dot_general", "stablehlo.exponential",
+    "stablehlo.exponential_minus_one", "chlo.square", "stablehlo.reduce",
+    "stablehlo.all_reduce", "stablehlo.reduce_scatter", "stablehlo.convert"})
+"""Ops whose result may overflow although their operands are finite: a sum, product or exp
+of finite values is finite only where their ranges say so (`bounds.interval`)."""
+
+
+_ELEMENTWISE_ARITHMETIC = frozenset(op for op, traits in ELEMENTWISE_OPS.items()
+                                    if traits.term is not None and traits.arity == 2)
+"""Binary arithmetic: add, subtract, multiply, divide."""
+_EXPONENTIALS = frozenset({"stablehlo.exponential", "stablehlo.exponential_minus_one",
+                           "stablehlo.power"})
+
+
+def _constant(value) -> bool:
+    """`value` is a constant, possibly broadcast or reshaped."""
+    root, _ = root_of(value)
+    op = defining_op(root)
+    return op is not None and op.name == "stablehlo.constant"
+
+
+def _positive(value, memo: dict) -> bool:
+    """`value` is bounded away from zero from above (`bounds.interval`)."""
+    return interval(value, memo.setdefault("bounds", {}))[0] > 0
+
+
+def _overflow(value, memo: dict) -> int:
+    """The infinities `value` may overflow to, from its range in its dtype (`bounds.py`).
+    An exponential may overflow wherever its argument is not bounded above; arithmetic with a
+    constant (`m * 1e38`) where its operands' ranges are finite and its own is not."""
+    element = ir.RankedTensorType(value.type).element_type
+    if isinstance(element, ir.IntegerType):
+        return 0
+    ranges = memo.setdefault("bounds", {})
+    lo, hi = interval(value, ranges)
+    op = defining_op(value)
+    if op is not None and op.name not in _EXPONENTIALS and not all(
+            -math.inf < interval(v, ranges)[0] and interval(v, ranges)[1] < math.inf
+            for v in op.operands):
+        return 0
+    return (NEG if lo == -math.inf else 0) | (POS if hi == math.inf else 0)
+
+
+def _kinds_of(value, op: ir.Operation | None, memo: dict) -> int:
+    element = ir.RankedTensorType(value.type).element_type
+    if isinstance(element, ir.IntegerType):
+        return 0
+    if op is None:
+        return 0 if _program_input(value) else ANY
+    name = op.name
+    args = [memo[v] for v in op.operands]
+    if name == "stablehlo.constant":
+        array, _ = constant_value(op.attributes["value"])
+        try:
+            array = array.astype(float)
+        except (TypeError, ValueError):
+            return ANY
+        return ((NEG if np.any(array == -np.inf) else 0) | (POS if np.any(array == np.inf)
+                else 0) | (NAN if np.any(np.isnan(array)) else 0))
+    if name == "stablehlo.iota":
+        return 0
+    if name == "stablehlo.select" and finite_test(op.operands[0], op.operands[1]):
+        return args[2]
+    if name == "stablehlo.convert" and _may_overflow(op):
+        return _union(args) | NEG | POS
+    if name in _CARRY:
+        return _union(args[1:] if name == "stablehlo.select" else args)
+    if name == "chlo.top_k":
+        return args[0]
+    if name in ("stablehlo.gather", "stablehlo.dynamic_update_slice"):
+        return _union([args[0], *args[1:2]] if name == "stablehlo.dynamic_update_slice"
+                      else args[:1])
+    if name == "stablehlo.scatter" and len(op.operands) == 3 and (
+            reducer_kind(op) in ("add", "max", "min") or _replaces(op)):
+        both = args[0] | args[2]
+        return both | (NAN if both & NEG and both & POS else 0)
+    if name == "chlo.square":
+        return (args[0] & NAN) | (POS if args[0] & (NEG | POS) else 0)
+    if name == "stablehlo.negate":
+        return _negated(args[0])
+    if name in ("stablehlo.add", "stablehlo.subtract"):
+        a, b = args[0], args[1] if name == "stablehlo.add" else _negated(args[1])
+        mixed = (a & NEG and b & POS) or (a & POS and b & NEG)
+        return a | b | (NAN if mixed else 0)
+    if name == "stablehlo.divide" and not args[0] & (NEG | POS) and args[1] & (
+            NEG | POS) == POS and _positive(op.operands[1], memo):
+        return (args[0] | args[1]) & NAN  # x / +inf = 0: sigmoid as 1 / (1 + exp(-x))
+    if name in ("stablehlo.multiply", "stablehlo.divide", "stablehlo.power",
+                "stablehlo.dot_general"):
+        both = _union(args)
+        return ANY if both & (NEG | POS) else both
+    if name in ("stablehlo.maximum", "stablehlo.minimum"):
+        low, high = (NEG, POS) if name == "stablehlo.maximum" else (POS, NEG)
+        both = _union(args)
+        return (both & (high | NAN)) | (low if all(a & low for a in args) else 0)
+    if name in ("stablehlo.exponential", "stablehlo.exponential_minus_one"):
+        return args[0] & (POS | NAN)
+    if name in ("stablehlo.tanh", "stablehlo.logistic"):
+        return args[0] & NAN
+    if name in ("stablehlo.sine", "stablehlo.cosine"):
+        return NAN if args[0] else 0
+    if name in ("stablehlo.sqrt", "stablehlo.rsqrt"):
+        return (args[0] & NAN) | (NAN if args[0] & NEG else 0) | (
+            args[0] & POS if name == "stablehlo.sqrt" else 0)
+    if name == "stablehlo.abs":
+        return (args[0] & NAN) | (POS if args[0] & (NEG | POS) else 0)
+    if name == "stablehlo.reduce" and len(op.operands) == 2:
+        return _reduced_kinds(op, args, memo)
+    if name == "stablehlo.reduce_scatter" and len(op.operands) == 1 and reducer_kind(op) in (
+            "add", "max", "min"):
+        return args[0] | (NAN if args[0] & NEG and args[0] & POS else 0)
+    if name == "stablehlo.all_reduce" and len(op.operands) == 1 and reducer_kind(op) in (
+            "add", "max", "min"):
+        if reducer_kind(op) == "max" and args[0] & NEG and _gathered_max_finite(op, memo):
+            return args[0] & (POS | NAN)
+        return args[0] | (NAN if args[0] & NEG and args[0] & POS else 0)
+    return ANY
+
+
+def _replaces(scatter: ir.Operation) -> bool:
+    """The scatter's update computation returns the update (a plain write)."""
+    return reducer_kind(scatter) == "replace"
+
+
+def _union(kinds: list[int]) -> int:
+    out = 0
+    for k in kinds:
+        out |= k
+    return out
+
+
+def _negated(kinds: int) -> int:
+    return (kinds & NAN) | (POS if kinds & NEG else 0) | (NEG if kinds & POS else 0)
+
+
+def _reduced_kinds(op: ir.Operation, args: list[int], memo: dict) -> int:
+    """A sum keeps its terms' non-finite values (and +inf + -inf is NaN); a max over rows
+    that each hold an element above -inf is not -inf (`rows_finite`)."""
+    kind = reducer_kind(op)
+    values, init = args
+    if kind == "add":
+        both = values | init
+        return both | (NAN if both & NEG and both & POS else 0)
+    if kind == "max":
+        dims = i64s(op, "dimensions")
+        empty = any(shape_of(op.operands[0])[d] == 0 for d in dims)
+        witnesses = None if empty or not values & NEG else _row_witnesses(
+            op.operands[0], tuple(dims), memo)
+        negative = init & NEG and (empty or values & NEG and not (
+            witnesses is True or witnesses is not None and all(w.all() for w in witnesses)))
+        return ((values | init) & (POS | NAN)) | (NEG if negative else 0)
+    return ANY
+
+
+def _program_input(value) -> bool:
+    """`value` is an argument of a function (an input of the program, finite by assumption),
+    not a value a loop carries."""
+    owner = value.owner
+    op = owner.owner if isinstance(owner, ir.Block) else None
+    return op is not None and op.operation.name == "func.func"
+
+
+def rows_finite(value, dim: int, memo: dict | None = None) -> bool:
+    """Every row of `value` along `dim` holds an element above -inf, on every device, and no
+    element is +inf (`_row_witnesses`; NaN is not tracked, see `finite_shift`)."""
+    found = _row_witnesses(value, (dim,), {} if memo is None else memo)
+    return found is True or found is not None and all(bool(w.all()) for w in found)
+
+
+def _row_witnesses(value, dims: tuple[int, ...], memo: dict):
+    """Per device, for each row of `value` over `dims` (the reduced shape), whether it holds
+    an element above -inf; True when every row on every device does (the value holds no
+    -inf); None when unknown or when the value may hold +inf. Known for a
+    concatenation along one of `dims` (a row is witnessed by any block) and for
+    `select(mask, x, -inf)` with x finite and a mask computed from device ids and constants
+    alone (evaluated on every device)."""
+    kinds = nonfinite_kinds(value, memo)
+    if kinds & POS:
+        return None
+    if not kinds & NEG:
+        return True
+    op = defining_op(value)
+    if op is None:
+        return None
+    if op.name == "stablehlo.concatenate" and ir.IntegerAttr(
+            op.attributes["dimension"]).value in dims:
+        found = [_row_witnesses(v, dims, memo) for v in op.operands]
+        if any(f is True for f in found):
+            return True
+        known = [f for f in found if f is not None]
+        if not known:
+            return None
+        return [np.logical_or.reduce([f[d] for f in known]) for d in range(len(known[0]))]
+    if op.name != "stablehlo.select" or shape_of(op.operands[0]) != shape_of(value):
+        return None
+    kept = [taken for taken, branch in ((True, 1), (False, 2))
+            if not nonfinite_kinds(op.operands[branch], memo) & (NEG | POS)]
+    if not kept:
+        return None
+    masks = _on_every_device(op.operands[0], op)
+    if masks is None:
+        return None
+    rows: dict[int, np.ndarray] = {}
+    for mask in masks:
+        if id(mask) not in rows:
+            rows[id(mask)] = np.any(mask == kept[0], axis=dims)
+    return [rows[id(mask)] for mask in masks]
+
+
+def _gathered_max_finite(op: ir.Operation, memo: dict) -> bool:
+    """`op`, an all_reduce max of `reduce_max(y)`, holds no -inf: every row of y is
+    witnessed (`_row_witnesses`) on some device of every replica group."""
+    inner = defining_op(op.operands[0])
+    if inner is None or max_reduce(inner) is None:
+        return False
+    found = _row_witnesses(inner.operands[0], tuple(max_reduce(inner)), memo)
+    if found is True:
+        return True
+    if found is None:
+        return False
+    groups = _device_groups(op, len(found))
+    if groups is None:
+        return False
+    for members in groups:
+        if any(d >= len(found) for d in members) or not np.logical_or.reduce(
+                [found[d] for d in members]).all():
+            return False
+    return True
+
+
+def _device_groups(op: ir.Operation, devices: int) -> list[list[int]] | None:
+    """The groups of device ids (partition ids, or replica ids in a program run as replicas)
+    a collective combines, as StableHLO defines them (`groups.process_groups`); None when
+    the grid is not one of those two."""
+    module = op
+    while module is not None and module.name != "builtin.module":
+        module = module.parent
+        module = module.operation if module is not None else None
+    attrs = module.attributes if module is not None else {}
+    replicas = ir.IntegerAttr(attrs["mhlo.num_replicas"]).value \
+        if "mhlo.num_replicas" in attrs else 1
+    if replicas not in (1, devices):
+        return None
+    try:
+        return process_groups(op.name, describe(op).attrs, replicas, devices // replicas)
+    except GroupError:
+        return None
+
+
+def _on_every_device(value, at: ir.Operation) -> list[np.ndarray] | None:
+    """`value` evaluated on every device (indexed by partition id, or by replica id in a
+    program run as replicas), when it is computed from device ids, iotas and constants alone
+    by the ops `_evaluate` knows; else None."""
+    module = at.operation
+    while module is not None and module.name != "builtin.module":
+        module = module.parent
+        module = module.operation if module is not None else None
+    if module is None:
+        return None
+    attrs = module.attributes
+    counts = {name: ir.IntegerAttr(attrs[name]).value if name in attrs else 1
+              for name in ("mhlo.num_partitions", "mhlo.num_replicas")}
+    if min(counts.values()) > 1:
+        return None  # device ids would mix partitions and replicas
+    cone = _cone_key(value)
+    if cone is None:
+        return None
+    key = (cone, counts["mhlo.num_partitions"], counts["mhlo.num_replicas"])
+    if key not in _DEVICE_VALUES:
+        if len(_DEVICE_VALUES) > 4096:
+            _DEVICE_VALUES.clear()
+        _DEVICE_VALUES[key] = _evaluated_on_devices(value, counts)
+    return _DEVICE_VALUES[key]
+
+
+_DEVICE_VALUES: dict = {}
+"""`_on_every_device`'s results by the value's whole cone (`_cone_key`): the online-softmax
+rewrites ask for the same masks again after every rewrite."""
+
+
+_CONE_KEYS: dict = {}
+_MAX_CONE = 4096
+
+
+def _cone_key(value) -> int | None:
+    """A number naming the computation of `value` completely (ops, attributes, types, and
+    the same for every operand), so equal numbers mean equal values on every device. None
+    when the cone reads a block argument or holds more than `_evaluate`'s depth allows in
+    values: `_evaluate` gives up on those."""
+    if len(_CONE_KEYS) > 1 << 16:
+        _CONE_KEYS.clear()
+        _DEVICE_VALUES.clear()
+    keys: dict = {}
+    stack = [value]
+    while stack:
+        top = stack[-1]
+        if top in keys:
+            stack.pop()
+            continue
+        op = defining_op(top)
+        if op is None or len(keys) > _MAX_CONE:
+            return None
+        waiting = [v for v in op.operands if v not in keys]
+        if waiting:
+            stack.extend(waiting)
+            continue
+        stack.pop()
+        result = next(i for i, r in enumerate(op.results) if r == top)
+        key = (op.name, str(top.type), result, tuple(keys[v] for v in op.operands),
+               tuple((n, str(op.attributes[n])) for n in sorted(attr_names(op))),
+               str(op) if op.regions else "")
+        keys[top] = _CONE_KEYS.setdefault(key, len(_CONE_KEYS))
+    return keys[value]
+
+
+def _evaluated_on_devices(value, counts: dict) -> list[np.ndarray] | None:
+    out = []
+    for partition in range(counts["mhlo.num_partitions"]):
+        for replica in range(counts["mhlo.num_replicas"]):
+            ids = _DeviceIds({"stablehlo.partition_id": partition,
+                              "stablehlo.replica_id": replica})
+            found = _evaluate(value, ids, {}, 64)
+            if found is None:
+                return None
+            if not ids.read:
+                return [found] * (counts["mhlo.num_partitions"] * counts["mhlo.num_replicas"])
+            out.append(found)
+    return out
+
+
+class _DeviceIds(dict):
+    """The device ids `_evaluate` may read; `read` says whether it did (a value computed
+    from constants alone is the same on every device)."""
+
+    read = False
+
+    def __getitem__(self, name: str) -> int:
+        self.read = True
+        return super().__getitem__(name)
+
+
+_NUMPY_TYPES = {"i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32,
+                "i64": np.int64, "ui8": np.uint8, "ui16": np.uint16, "ui32": np.uint32,
+                "ui64": np.uint64, "f32": np.float32, "f64": np.float64}
+_COMPARE = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
+            "GT": np.greater, "GE": np.greater_equal}
+_BINARY = {"stablehlo.add": np.add, "stablehlo.subtract": np.subtract,
+           "stablehlo.multiply": np.multiply, "stablehlo.maximum": np.maximum,
+           "stablehlo.minimum": np.minimum, "stablehlo.and": np.logical_and,
+           "stablehlo.or": np.logical_or}
+
+
+def _evaluate(value, ids: dict[str, int], memo: dict, depth: int) -> np.ndarray | None:
+    """The value of a device-id/constant computation on one device (None if it reads
+    anything else or uses an op not modelled here)."""
+    found = memo.get(value)
+    if found is not None:
+        return found
+    element = str(ir.RankedTensorType(value.type).element_type)
+    dtype = _NUMPY_TYPES.get(element)
+    op = defining_op(value)
+    if op is None or dtype is None or depth == 0 or math.prod(shape_of(value)) > MAX_INDEX:
+        return None
+    args = []
+    if op.name not in ("stablehlo.constant", "stablehlo.iota", *ids):
+        for operand in op.operands:
+            found = _evaluate(operand, ids, memo, depth - 1)
+            if found is None:
+                return None
+            args.append(found)
+    shape = shape_of(value)
+    with np.errstate(all="ignore"):
+        result = _apply(op, args, ids, shape, dtype)
+    if result is None:
+        return None
+    result = np.asarray(result).astype(dtype).reshape(shape)
+    memo[value] = result
+    return result
+
+
+def _apply(op: ir.Operation, args: list[np.ndarray], ids: dict[str, int],
+           shape: tuple[int, ...], dtype) -> np.ndarray | None:
+    name = op.name
+    if name in ids:
+        return np.full(shape, ids[name])
+    if name == "stablehlo.constant":
+        array, _ = constant_value(op.attributes["value"])
+        return np.broadcast_to(array, shape) if array.dtype.kind in "biuf" else None
+    if name == "stablehlo.iota":
+        dim = ir.IntegerAttr(op.attributes["iota_dimension"]).value
+        index = [1] * len(shape)
+        index[dim] = shape[dim]
+        return np.broadcast_to(np.arange(shape[dim]).reshape(index), shape)
+    if name in _BINARY:
+        return _BINARY[name](*args)
+    if name == "stablehlo.divide" and np.issubdtype(dtype, np.integer):
+        a, b = args
+        if np.any(b == 0):
+            return None
+        quotient = np.abs(a.astype(np.int64)) // np.abs(b.astype(np.int64))
+        return np.where((a < 0) != (b < 0), -quotient, quotient)
+    if name == "stablehlo.remainder" and np.issubdtype(dtype, np.integer):
+        return None if np.any(args[1] == 0) else np.fmod(*args)
+    if name == "stablehlo.negate":
+        return np.negative(args[0])
+    if name == "stablehlo.not":
+        return np.logical_not(args[0]) if dtype is np.bool_ else np.invert(args[0])
+    if name == "stablehlo.convert":
+        return args[0]
+    if name == "stablehlo.select":
+        return np.where(*args)
+    if name == "stablehlo.compare":
+        direction = str(op.attributes["comparison_direction"]).split()[-1].rstrip(">")
+        if compare_type(op) == "TOTALORDER":
+            return None  # numpy compares floats as FLOAT does
+        return _COMPARE[direction](*args) if direction in _COMPARE else None
+    if name == "stablehlo.broadcast_in_dim":
+        return index_map_step(args[0], op)
+    if name == "stablehlo.reshape":
+        return args[0].reshape(shape)
+    if name == "stablehlo.transpose":
+        return args[0].transpose(i64s(op, "permutation"))
+    if name == "stablehlo.concatenate":
+        return np.concatenate(args, ir.IntegerAttr(op.attributes["dimension"]).value)
+    return None

@@ -1,0 +1,229 @@
+"""Matching and editing StableHLO values: the helpers the normalize rewrites and analyses share.
+
+A value's defining op and shape (`defining_op`, `shape_of`; `i64s` reads an array
+attribute), the root a chain of broadcasts and reshapes reads (`root_of`) and which element of
+it each element reads (`index_map`), the reductions and constants the rewrites look for
+(`sum_reduce`, `max_reduce`, `splat_of`), a walk of a value's cone operands first
+(`operands_first`), and erasing an op with the producers it leaves dead (`erase_and_prune`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from jaxlib.mlir import ir
+
+from entangle_mlir.mlir.ir import erase_dead
+from entangle_mlir.mlir.opinfo import constant_value, reducer_kind
+
+MOVES = ("stablehlo.broadcast_in_dim", "stablehlo.reshape")
+"""Ops that only lay out the values of their operand again (a root reads through them)."""
+MOVES_AND_TRANSPOSES = (*MOVES, "stablehlo.transpose")
+
+MAX_INDEX = 1 << 22
+"""Largest tensor whose element-to-root index map is computed (to compare two views)."""
+
+
+def defining_op(value) -> ir.Operation | None:
+    """The op whose result `value` is; None for a block argument."""
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        return None
+    return owner.operation if hasattr(owner, "operation") else owner
+
+
+def shape_of(value) -> tuple[int, ...]:
+    """The shape of a ranked tensor value."""
+    return tuple(ir.RankedTensorType(value.type).shape)
+
+
+def i64s(op, name) -> list[int]:
+    """The integers of the dense i64 array attribute `name` of `op` (dims, permutations)."""
+    return list(ir.DenseI64ArrayAttr(op.attributes[name]))
+
+
+def operands_first(value, memo: dict):
+    """The values of `value`'s cone that `memo` lacks, each after its operands (a shard_map
+    body argument's operand is the shard_map's operand it receives), as (value, its defining
+    op or None, that outer operand or None). The caller puts each value in `memo` before
+    asking for the next. Iterative: the cone of a layer is the whole program before it."""
+    stack = [value]
+    while stack:
+        top = stack[-1]
+        if top in memo:
+            stack.pop()
+            continue
+        op = defining_op(top)
+        outer = _outer_operand(top) if op is None else None
+        waiting = [v for v in (op.operands if op is not None else [outer] if outer else [])
+                   if v not in memo]
+        if waiting:
+            stack.extend(waiting)
+            continue
+        stack.pop()
+        yield top, op, outer
+
+
+def _outer_operand(value):
+    """The operand of the shard_map (`sdy.manual_computation`) whose body argument `value`
+    is (None for any other value)."""
+    owner = value.owner
+    op = owner.owner if isinstance(owner, ir.Block) else None
+    if op is None or op.operation.name != "sdy.manual_computation":
+        return None
+    return op.operation.operands[value.arg_number]
+
+
+def root_of(value, through: tuple[str, ...] = MOVES) -> tuple[object, list[ir.Operation]]:
+    """The value under a chain of `through` ops (broadcast_in_dim / reshape by default), and the
+    chain (outermost first)."""
+    chain = []
+    op = defining_op(value)
+    while op is not None and op.name in through:
+        chain.append(op)
+        value = op.operands[0]
+        op = defining_op(value)
+    return value, chain
+
+
+def index_map(root, chain: list[ir.Operation], created: list[int] = ()) -> np.ndarray | None:
+    """For each element of the chain's result, the flat index of the root element it reads.
+
+    Dims in `created` that the outermost broadcast_in_dim creates (from no operand dim or a
+    unit one) are computed at size 1: the map does not vary along them, so their slice at 0
+    is the map, and a vocab-wide broadcast of a per-token max stays small."""
+    shape = shape_of(root)
+    if math.prod(shape) > MAX_INDEX:
+        return None
+    index = np.arange(math.prod(shape)).reshape(shape)
+    for op in reversed(chain):
+        out = None
+        if op is chain[0] and created and op.name == "stablehlo.broadcast_in_dim" and all(
+                created_by(op, d) for d in created):
+            out = tuple(1 if d in created else size
+                        for d, size in enumerate(shape_of(op.results[0])))
+        index = index_map_step(index, op, out)
+        if index is None:
+            return None
+    return index
+
+
+def index_map_step(index: np.ndarray, op: ir.Operation,
+                   out: tuple[int, ...] | None = None) -> np.ndarray | None:
+    """`index` carried through one broadcast_in_dim, reshape or transpose (to the shape `out`
+    instead of the op's result shape where given)."""
+    if op.name == "stablehlo.transpose":
+        return index.transpose(i64s(op, "permutation"))
+    out = out or shape_of(op.results[0])
+    if math.prod(out) > MAX_INDEX:
+        return None
+    if op.name == "stablehlo.reshape":
+        return index.reshape(out)
+    dims = i64s(op, "broadcast_dimensions")
+    expanded = [1] * len(out)
+    for i, d in enumerate(dims):
+        expanded[d] = index.shape[i]
+    order = sorted(range(len(dims)), key=lambda i: dims[i])
+    return np.broadcast_to(index.transpose(order).reshape(expanded), out)
+
+
+def created_by(broadcast: ir.Operation, dim: int) -> bool:
+    """Result dim `dim` of a broadcast_in_dim reads no operand dim, or a unit one."""
+    dims = i64s(broadcast, "broadcast_dimensions")
+    return dim not in dims or shape_of(broadcast.operands[0])[dims.index(dim)] == 1
+
+
+def same_along(sub_index: np.ndarray, dims: list[int], kept_index: np.ndarray) -> bool:
+    """Every element of `sub_index` reads the root element that `kept_index` (the reduced
+    shape) reads at the position it is reduced into."""
+    kept = [d for d in range(sub_index.ndim) if d not in dims]
+    first = sub_index[tuple(slice(None) if d in kept else slice(0, 1)
+                            for d in range(sub_index.ndim))]
+    if not (sub_index == first).all():
+        return False
+    return first.reshape([sub_index.shape[d] for d in kept]).shape == kept_index.shape and (
+        first.reshape(kept_index.shape) == kept_index).all()
+
+
+def splat_of(value, wanted: float) -> bool:
+    """`value` is the constant `wanted` everywhere (a constant, or a broadcast of one)."""
+    op = defining_op(value)
+    while op is not None and (op.name in MOVES or op.name == "stablehlo.convert" and (
+            ir.RankedTensorType(op.operands[0].type).element_type
+            == ir.RankedTensorType(op.results[0].type).element_type)):
+        op = defining_op(op.operands[0])
+    if op is None or op.name != "stablehlo.constant":
+        return False
+    array, _ = constant_value(op.attributes["value"])
+    try:
+        return bool(np.all(array.astype(float) == wanted))
+    except (TypeError, ValueError):
+        return False
+
+
+def _zero_init(op: ir.Operation) -> bool:
+    init = defining_op(op.operands[1])
+    if init is None or init.name != "stablehlo.constant":
+        return False
+    value, _ = constant_value(init.attributes["value"])
+    return value.size == 1 and float(value.reshape(-1)[0]) == 0.0
+
+
+def sum_reduce(op: ir.Operation | None) -> bool:
+    """`op` is a single-operand sum reduction from zero."""
+    return (op is not None and op.name == "stablehlo.reduce" and len(op.operands) == 2
+            and reducer_kind(op) == "add" and _zero_init(op))
+
+
+def max_reduce(op: ir.Operation | None) -> list[int] | None:
+    """The reduced dims of a single-operand max reduction; None for anything else."""
+    if op is None or op.name != "stablehlo.reduce" or len(op.operands) != 2:
+        return None
+    if reducer_kind(op) != "max":
+        return None
+    return i64s(op, "dimensions")
+
+
+def finite_test(pred, value) -> bool:
+    """`pred` is is_finite(value) (broadcast alike): `select(pred, value, c)` is value where
+    it is finite and c elsewhere (jax's logsumexp guards its max so)."""
+    op = defining_op(pred)
+    return op is not None and op.name == "stablehlo.is_finite" and op.operands[0] == value
+
+
+def attr_names(op: ir.Operation) -> set[str]:
+    """The names of `op`'s attributes."""
+    return {a if isinstance(a, str) else a.name for a in op.attributes}
+
+
+def same_value(a, b, depth: int = 6) -> bool:
+    """`a` and `b` are the same value, or the same op (attributes and types) applied to the
+    same values (each ring step recomputes its constants and broadcasts)."""
+    if a == b:
+        return True
+    first, second = defining_op(a), defining_op(b)
+    if depth == 0 or first is None or second is None or first.name != second.name or (
+            a.type != b.type or len(first.operands) != len(second.operands)
+            or len(first.regions) or len(second.regions)):
+        return False
+    names = attr_names(first)
+    if names != attr_names(second) or any(str(first.attributes[n]) != str(second.attributes[n])
+                                          for n in names):
+        return False
+    return all(same_value(x, y, depth - 1) for x, y in zip(first.operands, second.operands))
+
+
+def same_but(a: tuple[int, ...], b: tuple[int, ...], dim: int) -> bool:
+    """Shapes `a` and `b` agree on every dim but `dim` (blocks of one concatenation)."""
+    return len(a) == len(b) and all(x == y for d, (x, y) in enumerate(zip(a, b)) if d != dim)
+
+
+def erase_and_prune(op: ir.Operation) -> None:
+    """Erase `op` and then its operands' producers that it left without uses (memory-safe:
+    `ir.erase_dead`)."""
+    erase_dead(op, _erasable)
+
+
+def _erasable(name: str) -> bool:
+    return not name.startswith(("func.", "sdy."))
