@@ -48,7 +48,9 @@ from entangle_mlir.mlir.xla import module_proto, module_proto_to_stablehlo
 def _exclude_own_frames() -> None:
     """Source locations name the user's frames, not entangle's (the lowering happens here)."""
     try:
-        from jax._src import source_info_util  # private: may be missing from another jax
+        from jax._src import (
+            source_info_util,  # lazy: private jax API, may be missing from another jax
+        )
 
         source_info_util.register_exclusion(str(Path(__file__).resolve().parent))
     except (ImportError, AttributeError):

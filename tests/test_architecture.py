@@ -35,8 +35,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from tests.shared import REPO
 
 PACKAGE = "entangle_mlir"
@@ -47,7 +45,6 @@ RULES_MUST_NOT_IMPORT = (f"{PACKAGE}.passes", f"{PACKAGE}.cli", f"{PACKAGE}.driv
                          f"{PACKAGE}.opt", f"{PACKAGE}.analysis.solver", "z3")
 NOT_INSTALLED = ("fuzz", "benchmarks", "examples")
 LAZY = re.compile(r"#\s*lazy:\s*(\S.*)")
-CYCLES_BEING_BROKEN = pytest.mark.xfail(strict=True, reason="issue 17: cycles being broken")
 
 
 @dataclass(frozen=True)
@@ -300,13 +297,11 @@ def _report(violations: list[str]) -> str:
 
 # ----- the contracts, on the package ------------------------------------------------------------
 
-@CYCLES_BEING_BROKEN
 def test_modules_import_only_their_own_layer_or_lower() -> None:
     violations = layer_violations(REPO)
     assert not violations, _report(violations)
 
 
-@CYCLES_BEING_BROKEN
 def test_no_import_circles() -> None:
     violations = cycle_violations(REPO)
     assert not violations, _report(violations)
@@ -322,7 +317,6 @@ def test_rules_never_import_passes_command_line_solver_or_z3() -> None:
     assert not violations, _report(violations)
 
 
-@CYCLES_BEING_BROKEN
 def test_imports_inside_functions_say_why_they_wait() -> None:
     violations = lazy_violations(REPO)
     assert not violations, _report(violations)

@@ -24,6 +24,7 @@ from entangle_mlir.analysis.layer_reuse import (
 )
 from entangle_mlir.core.diagnostics import InputError, SourceLoc
 from entangle_mlir.core.mesh import Mesh, axes_str, too_many_devices
+from entangle_mlir.core.progress import Progress
 from entangle_mlir.core.relations import (
     DEVICE_BLOCK_VALUES,
     GLOBAL,
@@ -40,6 +41,7 @@ from entangle_mlir.core.relations import (
     Value,
     Windowed,
 )
+from entangle_mlir.core.rounding import ASSUMPTION, describe_rounded
 from entangle_mlir.core.terms import (
     LOOP_BODY_TERMS,
     Term,
@@ -49,7 +51,7 @@ from entangle_mlir.core.terms import (
     make_splat,
     splat_value,
 )
-from entangle_mlir.mlir.opinfo import OpInfo, describe, op_location
+from entangle_mlir.mlir.opinfo import OpInfo, describe, op_location, tensor_type
 from entangle_mlir.mlir.per_device import (
     device_count,
     is_per_device,
@@ -126,8 +128,6 @@ class Walker:
         self.producer: dict = {}
 
     def run(self) -> Walk:
-        from entangle_mlir.progress import Progress
-
         self.progress = Progress(f"walking {os.path.basename(self.file)}, ops")
         try:
             return self._run()
@@ -451,8 +451,6 @@ class Walker:
         """Say under what a sharded value was taken for a hole's argument it is not."""
         index = self.layers
         if term.serial in index.rounded:
-            from entangle_mlir.core.rounding import ASSUMPTION, describe_rounded
-
             pairs = index.rounded[term.serial]
             if pairs:  # none: the same value spelled otherwise (x / sqrt(8.0) vs x / 2.82842708)
                 self.walk.notes.append(
@@ -806,8 +804,6 @@ def _same_layout(a: Rel, b: Value) -> bool:
 
 
 def describe_type(t):
-    from entangle_mlir.mlir.opinfo import tensor_type
-
     return tensor_type(t)
 
 
