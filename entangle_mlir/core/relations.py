@@ -17,7 +17,7 @@ A sharded SSA value gets one of:
   owners of their blocks (a ring's reverse collective_permutes).
 * `InBlock`, `BlockIndex`, `Masked`: a per-device range test of an integer tensor, the index
   inside the device's block, a value defined only where such a test holds (vocab-parallel
-  masks, `rules/blocks.py`).
+  masks, `rules/kinds/device_blocks.py`).
 * `Opaque(reason, origin)`: no relation fits; `origin` is the op where the relation was lost.
 """
 

@@ -24,7 +24,7 @@ from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import check_local_shapes
-from entangle_mlir.rules.kinds import blocks, reordered, returning
+from entangle_mlir.rules.kinds import device_blocks, reordered, returning
 from entangle_mlir.rules.kinds.window import settle as settle_window
 
 TRANSPARENT = ("mhlo.copy", "stablehlo.optimization_barrier", "sdy.sharding_constraint",
@@ -101,7 +101,7 @@ def apply_rule(info: OpInfo, inputs: list[Value], ctx: RuleContext, has_regions:
                            "zeroed (missing `where(outside, 0, ...)` after the lookup)",
                            category="layout_mismatch")] * result_count
         if any(isinstance(v, DEVICE_BLOCK_VALUES) for v in inputs) and name not in BLOCK_AWARE:
-            return [blocks.unsupported(name)] * result_count
+            return [device_blocks.unsupported(name)] * result_count
         if any(isinstance(v, Shifted) for v in inputs) and name not in SHIFT_AWARE:
             return [Opaque(f"device-dependent offset tensor used by {name} (not "
                            "supported yet)", category="unsupported")] * result_count

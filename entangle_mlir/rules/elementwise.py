@@ -36,7 +36,7 @@ from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.opinfo import OpInfo, compare_is_default
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import COMPARISONS, is_zero, splat_rel, unify_dims
-from entangle_mlir.rules.kinds import blocks
+from entangle_mlir.rules.kinds import device_blocks
 from entangle_mlir.rules.kinds.shifted import elementwise_shifted
 from entangle_mlir.rules.kinds.window import window_elementwise
 
@@ -220,7 +220,7 @@ def _term_attrs(info: OpInfo) -> tuple:
 
 def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     """Shared layout in, shared layout out; see `_partial_result` for partial sums."""
-    constant_pred = blocks.truth(operands[0]) if info.name == "stablehlo.select" else None
+    constant_pred = device_blocks.truth(operands[0]) if info.name == "stablehlo.select" else None
     if constant_pred is not None:
         return [operands[1] if constant_pred else operands[2]]
     if not all(type(v) is Rel for v in operands):
@@ -228,7 +228,7 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
             return [Opaque(f"compare ({info.attrs['compare_type']}) of device-dependent values "
                            "is not supported", category="unsupported")]
         if any(isinstance(v, DEVICE_BLOCK_VALUES) for v in operands):
-            return blocks.elementwise(info, operands, ctx, elementwise)
+            return device_blocks.elementwise(info, operands, ctx, elementwise)
         if any(isinstance(v, Windowed) for v in operands):
             return [window_elementwise(info, operands, ctx, elementwise)]
         if any(isinstance(v, Shifted) for v in operands):

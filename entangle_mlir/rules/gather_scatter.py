@@ -45,7 +45,7 @@ from entangle_mlir.core.terms import Term, intern, make_add, make_op, make_splat
 from entangle_mlir.mlir.opinfo import OpInfo, TensorType, region_problem, scatter_kind
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import device_offsets, freeze, is_zero, resize
-from entangle_mlir.rules.kinds import blocks
+from entangle_mlir.rules.kinds import device_blocks
 
 GATHER = "stablehlo.gather"
 SCATTER = "stablehlo.scatter"
@@ -153,10 +153,10 @@ def gather(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     operand, indices = operands
     if isinstance(indices, BlockIndex):
         dims = dims_of(info, "dimension_numbers", _GATHER_KEYS)
-        return [blocks.gather(info, operand, indices, dims, gather, ctx)]
+        return [device_blocks.gather(info, operand, indices, dims, gather, ctx)]
     if isinstance(indices, Shifted) and isinstance(operand, Rel):
         dims = dims_of(info, "dimension_numbers", _GATHER_KEYS)
-        return [blocks.gather_shifted(info, operand, indices, dims, gather, ctx)]
+        return [device_blocks.gather_shifted(info, operand, indices, dims, gather, ctx)]
     if not isinstance(operand, Rel) or not isinstance(indices, Rel):
         return [Opaque("gather of a device-dependent scalar", category="unsupported")]
     dims = dims_of(info, "dimension_numbers", _GATHER_KEYS)
@@ -230,7 +230,7 @@ def scatter(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
                        category="unsupported")]
     if isinstance(indices, BlockIndex):
         dims = dims_of(info, "scatter_dimension_numbers", _SCATTER_KEYS)
-        return [blocks.scatter(info, operand, indices, updates, dims, scatter_kind(info),
+        return [device_blocks.scatter(info, operand, indices, updates, dims, scatter_kind(info),
                               make_scatter, ctx)]
     if isinstance(indices, Shifted) and isinstance(operand, Rel) and isinstance(updates, Rel):
         return [_scatter_into_blocks(info, operand, indices, updates, ctx)]

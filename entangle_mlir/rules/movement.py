@@ -38,7 +38,7 @@ from entangle_mlir.core.terms import (
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import freeze, replicated, splat_rel, uniform_rel, unify_dims
-from entangle_mlir.rules.kinds import blocks, shifted
+from entangle_mlir.rules.kinds import device_blocks, shifted
 from entangle_mlir.rules.kinds.window import (
     concat_windows,
     pad_window,
@@ -93,7 +93,7 @@ def broadcast_in_dim(info: OpInfo, operands: list[Value], ctx: RuleContext) -> l
     if isinstance(x, Shifted):
         return shifted.moved(info, x, broadcast_in_dim, ctx)
     if isinstance(x, DEVICE_BLOCK_VALUES):
-        return blocks.moved(info, x, broadcast_in_dim, ctx)
+        return device_blocks.moved(info, x, broadcast_in_dim, ctx)
     if isinstance(x, Windowed):
         return window_rowwise(info, operands, ctx, broadcast_in_dim)
     dims = tuple(info.attrs["broadcast_dimensions"])
@@ -122,7 +122,7 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
     if isinstance(x, Shifted):
         return shifted.moved(info, x, reshape, ctx)
     if isinstance(x, DEVICE_BLOCK_VALUES):
-        return blocks.moved(info, x, reshape, ctx)
+        return device_blocks.moved(info, x, reshape, ctx)
     if isinstance(x, Windowed):
         return window_rowwise(info, operands, ctx, reshape)
     local_in = info.operand_types[0].shape
@@ -211,7 +211,7 @@ def transpose(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Val
     if isinstance(x, Shifted):
         return shifted.moved(info, x, transpose, ctx)
     if isinstance(x, DEVICE_BLOCK_VALUES):
-        return blocks.moved(info, x, transpose, ctx)
+        return device_blocks.moved(info, x, transpose, ctx)
     if isinstance(x, Windowed):
         return window_rowwise(info, operands, ctx, transpose)
     perm = tuple(info.attrs["permutation"])

@@ -17,7 +17,7 @@ from entangle_mlir.core.terms import (
 from entangle_mlir.mlir.opinfo import OpInfo, region_problem
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import freeze, sum_term
-from entangle_mlir.rules.kinds import blocks
+from entangle_mlir.rules.kinds import device_blocks
 from entangle_mlir.rules.kinds.window import reduce_window_of_window, window_reduce
 
 _IDENTITY = {"add": Fraction(0), "max": float("-inf"), "min": float("inf")}
@@ -44,8 +44,8 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     if reducer in _LOGICAL and isinstance(x, DEVICE_BLOCK_VALUES):
         neutral = _LOGICAL[reducer][0]
         if not isinstance(init, Rel) or splat_value(init.term) != neutral:
-            return [blocks.unsupported(info.name)]
-        return [blocks.reduce_unit_dims(info, x, ctx)]
+            return [device_blocks.unsupported(info.name)]
+        return [device_blocks.reduce_unit_dims(info, x, ctx)]
     if reducer in _LOGICAL:
         return [_logical_reduce(info, x, init, reducer)]
     if reducer not in _KIND:

@@ -5,8 +5,8 @@
 // (the offset table [0, 4, 8, 12] indexed by partition_id), gathers from its 4 rows (the gather
 // clamps the ids of other blocks), replaces the rows of ids outside its block by 0
 // (compare/or/reduce-or -> select) and the all_reduce adds the devices' results: exactly one
-// device contributes each id's row (rules/blocks.py). Proven for valid ids (0 <= id < 16),
-// an assumption the report states.
+// device contributes each id's row (rules/kinds/device_blocks.py). Proven for valid ids
+// (0 <= id < 16), an assumption the report states.
 
 module attributes {mhlo.num_partitions = 4 : i32} {
   func.func @ref(%arg0: tensor<16x8xf32>, %arg1: tensor<6xi32>) -> tensor<6x8xf32> {

@@ -1,4 +1,5 @@
-"""Vocab-parallel masks and local indices (`rules/kinds/blocks.py`, `analysis/valid_indices.py`).
+"""Vocab-parallel masks and local indices (`rules/kinds/device_blocks.py`,
+`analysis/valid_indices.py`).
 
 Every rule step is a lemma Z3 proves for all token values (including out-of-range ones) on
 several meshes and widths; must-fail lemmas show the check is not vacuous (the bug Z3 found

@@ -22,7 +22,7 @@ from entangle_mlir.core.terms import make_lin, splat_value
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import freeze, iota_dim, splat_rel, widen_iota
-from entangle_mlir.rules.kinds import blocks
+from entangle_mlir.rules.kinds import device_blocks
 
 _LINEAR = ("stablehlo.add", "stablehlo.subtract")
 
@@ -131,7 +131,7 @@ def elementwise_shifted(info: OpInfo, operands: list[Value], ctx: RuleContext,
                 return [wrong]
             first = isinstance(pair[0], Shifted)
             moved_x, other = (pair[0], pair[1]) if first else (pair[1], pair[0])
-            test = blocks.compare_shifted(info, moved_x, other, first, ctx) if isinstance(
+            test = device_blocks.compare_shifted(info, moved_x, other, first, ctx) if isinstance(
                 other, Rel) else None
             return [test or _ring_step_compare(name, shifted, ctx) or unsupported[0]]
         return plain(info, pair, ctx)

@@ -1,5 +1,6 @@
-"""Per-device range tests and local indices of a range cut into blocks over mesh axes: the
-vocab-parallel embedding and cross-entropy (Megatron).
+"""Per-device range tests and local indices of a range cut into device blocks over mesh axes
+(device d's block: the part of a split dim it holds): the vocab-parallel embedding and
+cross-entropy (Megatron).
 
     start = axis_index('tp') * V_local
     outside = (tokens < start) | (tokens >= start + V_local)      # InBlock, negated [0, V_local)
@@ -10,8 +11,8 @@ vocab-parallel embedding and cross-entropy (Megatron).
 Every step is exact, for every token value: a token inside device d's block is looked up at
 its own row; outside every block (out of range) it contributes zeros on every device, so the
 sum is `select(0 <= tokens < V, take(w, tokens), 0)`. The reference's `take` differs from that
-only for out-of-range tokens, which `assume.py` settles, with a note, when the outputs are
-compared. The backward pass scatters the masked cotangent at the local index: each device
+only for out-of-range tokens, which `analysis/valid_indices.py` settles, with a note, when the
+outputs are compared. The backward pass scatters the masked cotangent at the local index: each device
 adds exactly the updates of its block (zeros elsewhere), the block of the global scatter-add.
 
 Anything else done with these values is "not supported" (opaque) at the op that does it.
