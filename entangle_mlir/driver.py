@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 
+from entangle_mlir.analysis.layer_reuse import recheck_op_by_op
 from entangle_mlir.core.diagnostics import InputError
 from entangle_mlir.core.report import Report
 from entangle_mlir.mlir.ir import context, parse_module
@@ -18,8 +19,8 @@ def check_program(program: Program, *, verify_rules: bool = True,
                   reuse_layers: bool = True) -> Report:
     """Normalize, walk both functions, compare; optionally Z3-check every rule instance.
 
-    `reuse_layers` walks repeated layers once (`analysis/layer_reuse.py`); without it every op gets its
-    relation, which `--explain` and `--json` show."""
+    `reuse_layers` walks repeated layers once (`analysis/layer_reuse.py`); without it every
+    op gets its relation, which `--explain` and `--json` show."""
     start = time.perf_counter()
     check = ["entangle-check-refinement"] + (["entangle-verify-rules"] if verify_rules else [])
     state = PassState(program.sharded_module, program.sharded_file, program=program)
@@ -29,10 +30,9 @@ def check_program(program: Program, *, verify_rules: bool = True,
                                     f"{str(reuse_layers).lower()}}},entangle-check-refinement",
                                     PASSES), state)
         reused = dict(state.layers_reused)
-        if verify_rules and (state.report.proven or not reused.get("reference")):
+        if verify_rules and not recheck_op_by_op(state.report.proven, reused):
             run_pipeline(parse_pipeline("entangle-verify-rules", PASSES), state)
-        if not state.report.proven and reused.get("reference"):
-            # Diagnostics come from the op-by-op walk: without a proof, walk everything.
+        if recheck_op_by_op(state.report.proven, reused):
             state.walks, state.diagnostics = {}, []
             run_pipeline(parse_pipeline(",".join(
                 ["entangle-infer-relations{annotate=false}"] + check), PASSES), state)

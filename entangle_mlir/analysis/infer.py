@@ -12,16 +12,7 @@ from dataclasses import dataclass, field, replace
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 
-from entangle_mlir.analysis.layer_reuse import (
-    LayerIndex,
-    LayerPlan,
-    NoReuse,
-    Summary,
-    find_runs,
-    fresh_hole,
-    read_block,
-    region_result,
-)
+from entangle_mlir.analysis.layer_reuse import LayerIndex, LayerReuse
 from entangle_mlir.core.diagnostics import InputError, SourceLoc
 from entangle_mlir.core.mesh import Mesh, axes_str, too_many_devices
 from entangle_mlir.core.progress import Progress
@@ -41,7 +32,6 @@ from entangle_mlir.core.relations import (
     Value,
     Windowed,
 )
-from entangle_mlir.core.rounding import ASSUMPTION, describe_rounded
 from entangle_mlir.core.terms import (
     LOOP_BODY_TERMS,
     Term,
@@ -115,17 +105,22 @@ class Walker:
 
     def __init__(self, func: ir.Operation, module: ir.Module, file: str,
                  reference: set[int] | None = None, layers: LayerIndex | None = None):
-        """`layers`: summarize repeated regions (`layers.py`); the reference's walk fills
-        the index, the sharded walk reads it."""
+        """`reference`: the reference's terms, None when this is the reference's walk.
+        `layers`: summarize repeated layers (`layer_reuse.LayerReuse`); the reference's walk
+        fills the index, the sharded walk reads it."""
         self.func = func
         self.reference = reference
-        self.layers = layers
         self.module = module
         self.file = file
         self.meshes = read_meshes(module)
         self.walk = Walk()
         self.boundary: dict = {}
         self.producer: dict = {}
+        self.loop_depth = 0
+        self.per_device_mode = False
+        self.reuse = None if layers is None else LayerReuse(
+            layers, reference is None, self._op, self.walk.values, self.walk.records,
+            self.producer, self.walk.notes)
 
     def run(self) -> Walk:
         self.progress = Progress(f"walking {os.path.basename(self.file)}, ops")
@@ -203,17 +198,14 @@ class Walker:
 
     def _block(self, block, ctx: RuleContext) -> None:
         ops = [op.operation for op in block.operations]
-        plan = self._layer_plan(block)
+        plan = self.reuse.plan(block) if self.reuse is not None and not self.loop_depth \
+            else None
         i = 0
         while i < len(ops):
             if plan is not None:
-                after = self._reuse_layers(plan, i, ctx)
-                if after is not None:
-                    i = after
-                    continue
-                if i in plan.walked:
-                    i += 1
-                    continue
+                i = self.reuse.next_to_walk(plan, i, ctx)
+                if i == len(ops):
+                    break
             op = ops[i]
             i += 1
             if op.name in _TERMINATORS:
@@ -232,234 +224,6 @@ class Walker:
                 self._while(op, ctx)
                 continue
             self._op(op, ctx)
-
-    def _layer_plan(self, block) -> LayerPlan | None:
-        if self.layers is None or getattr(self, "loop_depth", 0) or \
-                self.reference is not None and not self.layers.summaries:
-            return None
-        facts = read_block(block)
-        runs = find_runs(facts)
-        unused = self.layers.first_unused() if self.reference is not None else None
-        if unused is not None and not runs and len(facts.ops) >= self.layers.shortest_run:
-            raise NoReuse("no repeated layers in the sharded program", unused)
-        return LayerPlan(facts, runs) if runs else None
-
-    def _reuse_layers(self, plan: LayerPlan, index: int, ctx: RuleContext) -> int | None:
-        """Summarize the regions of a run starting at op `index`; the index after them, or
-        None to walk op `index` as usual. The reference starts at a run's first op (and
-        walks that first region as usual too); the sharded walk at the first op where a region
-        reads the inputs of a later reference region."""
-        for number, run in enumerate(plan.runs):
-            if number in plan.done or not run.start <= index <= run.end - run.period:
-                continue
-            if self.reference is None:
-                if index != run.start:
-                    continue
-                plan.done.add(number)
-                return self._summarize_reference(plan, run, ctx)
-            after = self._apply_summary(plan, run, index, ctx)
-            if after is not None:
-                plan.done.add(number)
-            elif index >= run.start + 5 * run.period // 2:
-                plan.done.add(number)
-                unused = self.layers.first_unused()
-                if unused is not None:
-                    raise NoReuse("the sharded layers do not read the reference's layer "
-                                  "inputs", unused)
-            return after
-        return None
-
-    def _preludes(self, plan: LayerPlan, start: int, period: int, ctx: RuleContext) -> None:
-        """Walk the region's prelude ops (they read block arguments only) ahead of it."""
-        for i in plan.block.preludes(start, period):
-            if i not in plan.walked:
-                plan.walked.add(i)
-                self._op(plan.block.ops[i], ctx)
-
-    def _template(self, facts, start: int, period: int, inputs: list, ctx: RuleContext):
-        """Walk the region's ops once with `inputs` for its external inputs; {(op offset,
-        result number): value} for every result."""
-        values = self.walk.values
-        external = facts.external_inputs(start, period)
-        saved = [values[v] for v in external]
-        for v, value in zip(external, inputs):
-            values[v] = value
-        for i in range(start, start + period):
-            if i not in facts.prelude:
-                self._op(facts.ops[i], ctx)
-        for v, value in zip(external, saved):
-            values[v] = value
-        return {(i - start, r): values[result]
-                for i in range(start, start + period) if i not in facts.prelude
-                for r, result in enumerate(facts.ops[i].results)}
-
-    def _give_summary_terms(self, facts, start: int, period: int, template: dict,
-                            arguments: tuple[Term, ...], summary: Summary) -> bool:
-        """Results of the region at `start` read outside it get `region_result` terms."""
-        found = []
-        for result in facts.used_outside(start, period):
-            offset, r = facts.position[result]
-            value = template[(offset - start, r)]
-            if type(value) is not Rel:
-                return False
-            found.append((result, value))
-        holes = summary.hole_serials
-        for result, value in found:
-            term = region_result(arguments, value.term, holes, summary.reads_holes)
-            self.walk.values[result] = replace(value, partial_origin=None, term=term)
-            self.producer.pop(result, None)
-        self.layers.regions += 1
-        return True
-
-    def _summarize_reference(self, plan: LayerPlan, run, ctx: RuleContext) -> int | None:
-        facts, period, values = plan.block, run.period, self.walk.values
-        if (len(facts.ops), run.start) in self.layers.excluded:
-            return None
-        first = facts.layer_start(run)
-        signature = facts.signature(first, period)
-        starts = [first]
-        while starts[-1] + 2 * period <= run.end and \
-                facts.signature(starts[-1] + period, period) == signature:
-            starts.append(starts[-1] + period)
-        if len(starts) < 3:
-            return None
-        for i in range(run.start, first):
-            if i not in plan.walked:
-                plan.walked.add(i)
-                self._op(facts.ops[i], ctx)
-        self._preludes(plan, first, period, ctx)
-        external = facts.external_inputs(first, period)
-        second = facts.external_inputs(starts[1], period)
-        inputs, holes = [], {}
-        for j, v in enumerate(external):
-            value = values.get(v)
-            if type(value) is not Rel:
-                return None
-            if second[j] == v and facts.position.get(v, (-1,))[0] not in facts.prelude:
-                inputs.append(value)
-                continue
-            holes[j] = fresh_hole(value.term.shape, value.term.dtype)
-            inputs.append(replace(value, term=holes[j], partial_origin=None))
-        if not holes:
-            return None
-        summary = Summary(list(holes.values()), [], (len(facts.ops), run.start))
-        mark = len(self.walk.records)
-        template = self._template(facts, first, period, inputs, ctx)
-        del self.walk.records[mark:]
-        for i in range(first, first + period):
-            if i not in facts.prelude:
-                self._op(facts.ops[i], ctx)
-        arguments = summary.arguments
-        arguments.append(tuple(values[external[j]].term for j in holes))
-        for start in starts[1:]:
-            self._preludes(plan, start, period, ctx)
-            ext = facts.external_inputs(start, period)
-            actual = [values.get(v) for v in ext]
-            if not all(type(actual[j]) is Rel and replace(actual[j], term=hole) == inputs[j]
-                       for j, hole in holes.items()) or not all(
-                    ext[j] == v for j, v in enumerate(external) if j not in holes):
-                break
-            args = tuple(actual[j].term for j in holes)
-            if not self._give_summary_terms(facts, start, period, template, args, summary):
-                break
-            arguments.append(args)
-        if len(arguments) < 2:
-            return first + period
-        self.layers.add(summary, len(arguments) * period)
-        self.layers.templates.extend(v.term for v in template.values() if isinstance(v, Rel))
-        return starts[0] + len(arguments) * period
-
-    def _apply_summary(self, plan: LayerPlan, run, start: int, ctx: RuleContext) -> int | None:
-        """The reference's summary for the regions from `start` on, if they read exactly the
-        inputs of the reference's regions k, k+1, ..."""
-        facts, period, values, index = plan.block, run.period, self.walk.values, self.layers
-        if start not in facts.prelude and not any(
-                type(values.get(v)) is Rel and index.argument_term(values[v].term) is not None
-                for v in facts.external_inputs(start, period)):
-            return None
-        self._preludes(plan, start, period, ctx)
-        found = self._summary_inputs(facts, start, period)
-        if found is None:
-            return None
-        number, k, holes_of = found
-        summary = index.summaries[number]
-        signature = facts.signature(start, period)
-        external = facts.external_inputs(start, period)
-        inputs = [values[v] for v in external]
-        template_inputs = [v if h is None else replace(v, term=summary.holes[h],
-                                                        partial_origin=None)
-                           for v, h in zip(inputs, holes_of)]
-        mark = len(self.walk.records)
-        template = self._template(facts, start, period, template_inputs, ctx)
-        given, at = 0, start
-        while at + period <= run.end and k + given < len(summary.arguments):
-            if given:
-                self._preludes(plan, at, period, ctx)
-                ext = facts.external_inputs(at, period)
-                actual = [values.get(v) for v in ext]
-                args = summary.arguments[k + given]
-                if facts.signature(at, period) != signature or len(actual) != len(inputs) \
-                        or not all(_fits(v, t, h, args, index) for v, t, h in
-                                   zip(actual, template_inputs, holes_of)):
-                    break
-                for v, h in zip(actual, holes_of):
-                    if h is not None and v.term is not args[h]:
-                        self._note_substitute(v.term)
-            if not self._give_summary_terms(facts, at, period, template,
-                                            summary.arguments[k + given], summary):
-                break
-            given += 1
-            at += period
-        if given == 0:
-            del self.walk.records[mark:]
-            return None
-        index.applied.add(number)
-        return at
-
-    def _summary_inputs(self, facts, start: int, period: int):
-        """(summary, region, hole per input or None) when the region's inputs are a reference
-        region's hole arguments, or plain relations the next region reads too."""
-        values, index = self.walk.values, self.layers
-        external = facts.external_inputs(start, period)
-        inputs = [values.get(v) for v in external]
-        if any(type(v) is not Rel for v in inputs):
-            return None
-        following = facts.external_inputs(start + period, period) \
-            if start + 2 * period <= len(facts.ops) else external
-        candidates = None
-        terms = [index.argument_term(v.term) for v in inputs]
-        for term in terms:
-            if term is not None:
-                regions = {(n, k) for n, k, _ in index.by_term[term.serial]}
-                candidates = regions if candidates is None else candidates & regions
-        if not candidates:
-            return None
-        number, k = min(candidates)
-        args = index.summaries[number].arguments[k]
-        holes_of = [next((h for h, t in enumerate(args) if t is term), None) for term in terms]
-        if set(holes_of) - {None} != set(range(len(args))):
-            return None  # not the reference's region boundary
-        if len(following) != len(external) or any(
-                h is None and v != w for v, w, h in zip(external, following, holes_of)):
-            return None
-        for v, term, h in zip(inputs, terms, holes_of):
-            if h is not None and term is not v.term:
-                self._note_substitute(v.term)
-        return number, k, holes_of
-
-    def _note_substitute(self, term: Term) -> None:
-        """Say under what a sharded value was taken for a hole's argument it is not."""
-        index = self.layers
-        if term.serial in index.rounded:
-            pairs = index.rounded[term.serial]
-            if pairs:  # none: the same value spelled otherwise (x / sqrt(8.0) vs x / 2.82842708)
-                self.walk.notes.append(
-                    f"proven assuming {ASSUMPTION} (a summarized layer reads the sharded value "
-                    f"as the reference's: {describe_rounded(pairs)})")
-            return
-        for assumption in index.valid_indices.assumed_for(term) or ["valid indices"]:
-            self.walk.notes.append(f"proven assuming {assumption} (a summarized "
-                                   "layer reads the sharded value as the reference's)")
 
     def _sources(self, values) -> list[OpRecord | None]:
         return [self.producer.get(v) for v in values]
@@ -522,7 +286,7 @@ class Walker:
                for v in inits):
             return [Opaque("a device-dependent integer carried through a loop is not "
                            "supported yet", origin=(record, None), category="unsupported")] * count
-        depth = self.loop_depth = getattr(self, "loop_depth", 0) + 1
+        depth = self.loop_depth = self.loop_depth + 1
         try:
             layouts = [freeze(v) for v in inits]
             # A zero buffer built at the local shape (scan's stacked gradients) first enters
@@ -749,7 +513,7 @@ class Walker:
 
     @property
     def _scope_name(self) -> str:
-        return "the program" if getattr(self, "per_device_mode", False) else "shard_map"
+        return "the program" if self.per_device_mode else "shard_map"
 
     def _leave(self, value: Value, tiling, mesh: Mesh, record: OpRecord, index: int) -> Value:
         value = settle(value)
@@ -782,20 +546,6 @@ class Walker:
                           f"declares it {_layout_words(tiling)}", origin=(record, None),
                           category="wrong_layout")
         return Rel(term, ((),) * len(term.shape), scope=GLOBAL)
-
-
-def _fits(value: Value, template: Rel, hole: int | None, arguments: tuple[Term, ...],
-          index: LayerIndex) -> bool:
-    """A later region's input is the template's: the same value, or the hole's argument there
-    (up to float32 rounding of constants in XLA's per-device programs) with the template's
-    layout."""
-    if type(value) is not Rel:
-        return False
-    if hole is None:
-        return value == template
-    same = value.term is arguments[hole] or index.rounding and index.argument_term(
-        value.term) is arguments[hole]
-    return same and replace(value, term=template.term) == template
 
 
 def _same_layout(a: Rel, b: Value) -> bool:

@@ -1,52 +1,58 @@
-"""Whole-layer reuse: repeated regions of a block are walked once and summarized.
+"""Whole-layer reuse: the layers of a run are walked once and summarized.
 
 A transformer stacked by a Python loop is one flat block in which the ops of every layer
-repeat with a fixed period. `find_runs` finds such runs from op fingerprints alone (op name,
-attributes, result types, region bodies), before anything is walked;
-`Block.signature` then pins a region down exactly: the same ops, wired the same way inside it,
-reading its external inputs (distinct values, in order of first use) in the same pattern. A
-slice of a block argument (a layer's part of a stacked parameter, at an offset that differs
-per layer) and its reshapes belong to no region: they are walked as usual and their results
-are the region's inputs.
+repeat with a fixed period. `find_runs` finds such runs of layers from op fingerprints alone
+(op name, attributes, result types, region bodies), before anything is walked;
+`OpFacts.signature` then pins a layer down exactly: the same ops, wired the same way inside
+it, reading its external inputs (distinct values, in order of first use) in the same pattern.
+A slice of a block argument (a layer's part of a stacked parameter, at an offset that differs
+per layer) and its reshapes belong to no layer: they are walked as usual and their results
+are the layer's inputs.
 
-Two regions with equal signatures compute the same function of their external-input lists.
-The walker (`infer.Walker`) uses this in both programs:
+Two layers with equal signatures compute the same function of their external-input lists.
+`LayerReuse`, which the walker (`infer.Walker`) owns and hands its per-op step and its tables,
+uses this in both programs:
 
-* the reference walks the first region of a run once with fresh leaf terms ("holes") for the
-  inputs that differ between regions (inputs every region shares keep their own term), and
-  gives each later region's results the term `region_result(inputs_k, T)`: the template term
-  T with the holes replaced by region k's inputs;
-* the sharded walk, when a repeated region's inputs are exactly a reference region's inputs,
+* the reference walks the first layer of a run once with fresh leaf terms ("holes") for the
+  inputs that differ between layers (inputs every layer shares keep their own term), and
+  gives each later layer's results the term `region_result(inputs_k, T)`: the template term
+  T with the holes replaced by layer k's inputs;
+* the sharded walk, when a repeated layer's inputs are exactly a reference layer's inputs,
   walks it once with those holes, so every rule instance it uses is proved by Z3 for all input
-  values, and gives each later region the same `region_result` terms, with the template's
+  values, and gives each later layer the same `region_result` terms, with the template's
   layouts, as long as the inputs keep the template's layouts.
 
 Soundness rests on equal signatures (same function) and on every template rule instance
 holding for all values of the holes (never taken for program inputs: the valid-index
-assumption of `assume.py` does not apply to them). Anything else (an input that is not a
-plain relation, a changed layer) ends the summary, and the regions are walked op by op.
-`check_program` re-runs a check without reuse unless it is proven with it, so diagnostics
-always come from the op-by-op walk.
+assumption of `valid_indices.py` does not apply to them). Anything else (an input that is not
+a plain relation, a changed layer) ends the summary, and the layers are walked op by op.
+Where reuse is given up for good is decided in one place, `fallback` (at the end).
+
+Words (docs/architecture.md): a *block* is an MLIR block, a *layer* one period of a *run* (ops
+of a block repeating with one period); `OpFacts` is what reuse reads from a block's ops.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from jaxlib.mlir import ir
 
 from entangle_mlir.analysis.valid_indices import ValidIndices
-from entangle_mlir.core.rounding import equal_up_to_rounding
+from entangle_mlir.core.relations import Rel, Value
+from entangle_mlir.core.rounding import ASSUMPTION, describe_rounded, equal_up_to_rounding
 from entangle_mlir.core.terms import HOLE_BASE, REGION_TERMS, Term, intern, make_arg, subterms
+from entangle_mlir.rules.base import RuleContext
 
 MIN_PERIOD = 8
 """Shorter repeats are not worth a summary."""
 
 _SPECIAL = ("stablehlo.while", "sdy.manual_computation", "stablehlo.case", "stablehlo.if",
             "func.return", "stablehlo.return", "sdy.return", "func.call")
-"""Ops the walker treats outside its per-op rules: never part of a summarized region."""
+"""Ops the walker treats outside its per-op rules: never part of a summarized layer."""
 
 _SELECTIONS = ("stablehlo.slice", "stablehlo.dynamic_slice")
 _VIEWS = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert")
@@ -79,18 +85,9 @@ def _reads_holes(term: Term, holes: frozenset[int], memo: dict[int, bool]) -> bo
     return found
 
 
-class NoReuse(Exception):
-    """The sharded walk cannot follow the reference's summary of the run `key` (None: of
-    any run): walk again without it."""
-
-    def __init__(self, reason: str, key: tuple | None = None):
-        super().__init__(reason)
-        self.key = key
-
-
 @dataclass(frozen=True)
 class Run:
-    """Ops [start, end) of a block repeat with `period`."""
+    """Ops [start, end) of a block repeat with `period`: a run of layers."""
 
     start: int
     end: int
@@ -98,8 +95,9 @@ class Run:
 
 
 @dataclass
-class Block:
-    """A block's ops with the facts reuse needs: fingerprints, producers, last uses."""
+class OpFacts:
+    """The ops of one MLIR block with the facts reuse needs: fingerprints, producers, last
+    uses."""
 
     ops: list
     operands: list[list] = field(default_factory=list)
@@ -110,8 +108,8 @@ class Block:
     """value -> the largest op index (len(ops) for the terminator) that reads it."""
     prelude: set[int] = field(default_factory=set)
     """A slice of a block argument (a layer's part of a stacked parameter, at an offset that
-    differs per layer) and reshapes, transposes and converts of it: they belong to no region;
-    their results are a region's inputs."""
+    differs per layer) and reshapes, transposes and converts of it: they belong to no layer;
+    their results are a layer's inputs."""
     reads: list[list[tuple]] = field(default_factory=list)
     """Per op, (operand, producer's op index), the index -1 for a value from outside the
     block or from a prelude op: `_read_from_outside`'s test is one comparison."""
@@ -137,7 +135,7 @@ class Block:
         return found
 
     def signature(self, start: int, period: int) -> tuple | None:
-        """What makes two regions the same function of their external-input lists."""
+        """What makes two layers the same function of their external-input lists."""
         inputs = {v: k for k, v in enumerate(self.external_inputs(start, period))}
         out = []
         for i in range(start, start + period):
@@ -154,15 +152,15 @@ class Block:
         return tuple(out)
 
     def used_outside(self, start: int, period: int) -> list:
-        """Results of the region's ops read by an op outside it."""
+        """Results of the layer's ops read by an op outside it."""
         end = start + period
         return [r for i in range(start, end) if i not in self.prelude
                 for r in self.ops[i].results if self.last_use.get(r, -1) >= end]
 
     def layer_start(self, run: Run) -> int:
-        """Where the run's regions should begin: the phase at which the fewest computed
-        values cross into a region (a layer boundary, where only the residual stream does),
-        keeping at least three regions."""
+        """Where the run's layers should begin: the phase at which the fewest computed
+        values cross into a layer (a layer boundary, where only the residual stream does),
+        keeping at least three layers."""
         best, best_count = run.start, None
         last = min(run.start + run.period, run.end - 3 * run.period + 1)
         for start in range(run.start, last):
@@ -177,16 +175,16 @@ class Block:
         return [i for i in range(start, start + period) if i in self.prelude]
 
 
-def read_block(block: ir.Block) -> Block:
+def read_ops(block: ir.Block) -> OpFacts:
     """Fingerprint every op of `block` (the terminator excluded), in one pass.
 
     The fingerprint (name, attributes, result types, operand count, region bodies) finds
-    the period; `Block.signature` adds the wiring and the input types that make equal regions
+    the period; `OpFacts.signature` adds the wiring and the input types that make equal layers
     equal functions (an internal operand's type is its producer's result type).
     """
     everything = [op.operation for op in block.operations]
     ops = everything[:-1] if everything and everything[-1].name in _SPECIAL else everything
-    info = Block(ops)
+    info = OpFacts(ops)
     position, last_use, prelude = info.position, info.last_use, info.prelude
     arguments = set(block.arguments)
     types: dict = {}
@@ -288,9 +286,9 @@ def _region_text(op: ir.Operation, texts: dict) -> tuple | None:
     return tuple(out)
 
 
-def find_runs(block: Block) -> list[Run]:
+def find_runs(facts: OpFacts) -> list[Run]:
     """Maximal stretches of ops that repeat with one period, at least twice, non-overlapping."""
-    hashes = block.fingerprints
+    hashes = facts.fingerprints
     n = len(hashes)
     last: dict[int, int] = {}
     distances: Counter = Counter()
@@ -322,11 +320,11 @@ def find_runs(block: Block) -> list[Run]:
 
 @dataclass
 class Summary:
-    """One summarized run of the reference: its holes and each region's hole arguments."""
+    """One summarized run of the reference: its holes and each layer's hole arguments."""
 
     holes: list[Term]
     arguments: list[tuple[Term, ...]]
-    """region k -> the terms its hole inputs take."""
+    """layer k -> the terms its hole inputs take."""
     key: tuple = ()
     """Which reference run it summarizes (block size, first op)."""
     reads_holes: dict[int, bool] = field(default_factory=dict)
@@ -343,10 +341,10 @@ class LayerIndex:
 
     summaries: list[Summary] = field(default_factory=list)
     by_term: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
-    """term serial -> (summary, region, hole) for every hole argument with that term, from
-    the second region on (the reference walks the first region op by op)."""
-    regions: int = 0
-    """Regions given summary terms, in this walk."""
+    """term serial -> (summary, layer, hole) for every hole argument with that term, from
+    the second layer on (the reference walks the first layer op by op)."""
+    summarized: int = 0
+    """Layers given summary terms, in this walk."""
     templates: list[Term] = field(default_factory=list)
     """The reference templates' terms (over holes): terms the reference computes."""
     shortest_run: int = 0
@@ -371,7 +369,7 @@ class LayerIndex:
 
     @property
     def valid_indices(self):
-        """The reference's `assume.ValidIndices`, built on first use: a sharded input that
+        """The reference's `valid_indices.ValidIndices`, built on first use: a sharded input that
         equals a hole's argument only under the valid-index assumption (a vocab-parallel
         embedding) is taken for it, and the report states the assumption, as the comparison
         of outputs does."""
@@ -437,10 +435,352 @@ class LayerIndex:
 
 @dataclass
 class LayerPlan:
-    """A block about to be walked with reuse: its facts, runs, and the runs already used."""
+    """A block about to be walked with reuse: its ops' facts, runs, and the runs already used."""
 
-    block: Block
+    facts: OpFacts
     runs: list[Run]
     done: set[int] = field(default_factory=set)
     walked: set[int] = field(default_factory=set)
-    """Prelude ops walked ahead of their region."""
+    """Prelude ops walked ahead of their layer."""
+
+
+WalkOp = Callable[[ir.Operation, RuleContext], None]
+"""The walker's per-op step: give an op's results their relations in the walk's tables."""
+
+
+class LayerReuse:
+    """Whole-layer reuse inside one walk: the runs of each block the walker enters, and their
+    layers summarized (the reference's walk, `summarizing`) or given the reference's summaries
+    (the sharded walk).
+
+    The walker hands over what reuse needs: `walk_op`, its per-op step (the only way reuse
+    walks an op), and the walk's tables, which reuse reads and writes in place: `values` (MLIR
+    value -> relation), `records` (the op records; a template walk's are dropped again),
+    `producer` (value -> the record of the op that made it) and `notes`."""
+
+    def __init__(self, index: LayerIndex, summarizing: bool, walk_op: WalkOp, values: dict,
+                 records: list, producer: dict, notes: list[str]):
+        self.index = index
+        self.summarizing = summarizing
+        self.walk_op = walk_op
+        self.values = values
+        self.records = records
+        self.producer = producer
+        self.notes = notes
+
+    def plan(self, block: ir.Block) -> LayerPlan | None:
+        """The runs of `block` to reuse, or None: it has none, or the sharded walk has no
+        summary to apply."""
+        if not self.summarizing and not self.index.summaries:
+            return None
+        facts = read_ops(block)
+        runs = find_runs(facts)
+        if not runs and not self.summarizing and len(facts.ops) >= self.index.shortest_run:
+            self._cannot_follow("no repeated layers in the sharded program")
+        return LayerPlan(facts, runs) if runs else None
+
+    def next_to_walk(self, plan: LayerPlan, index: int, ctx: RuleContext) -> int:
+        """The first op from `index` on that the walker walks itself: layers summarized from
+        there on, and prelude ops already walked ahead of their layer, are passed over."""
+        while True:
+            after = self._reuse_at(plan, index, ctx)
+            if after is not None:
+                index = after
+            elif index in plan.walked:
+                index += 1
+            else:
+                return index
+
+    def _reuse_at(self, plan: LayerPlan, index: int, ctx: RuleContext) -> int | None:
+        """Summarize the layers of a run starting at op `index`; the index after them, or
+        None to walk op `index` as usual. The reference starts at a run's first op (and
+        walks that first layer as usual too); the sharded walk at the first op where a layer
+        reads the inputs of a later reference layer."""
+        for number, run in enumerate(plan.runs):
+            if number in plan.done or not run.start <= index <= run.end - run.period:
+                continue
+            if self.summarizing:
+                if index != run.start:
+                    continue
+                plan.done.add(number)
+                return self._summarize(plan, run, ctx)
+            after = self._apply(plan, run, index, ctx)
+            if after is not None:
+                plan.done.add(number)
+            elif index >= run.start + 5 * run.period // 2:
+                plan.done.add(number)
+                self._cannot_follow("the sharded layers do not read the reference's layer "
+                                    "inputs")
+            return after
+        return None
+
+    def _cannot_follow(self, reason: str) -> None:
+        """The sharded walk cannot follow the reference's summaries here: while one of them is
+        still unused, this try ends (`NoReuse` naming it) and `fallback` decides the next."""
+        unused = self.index.first_unused()
+        if unused is not None:
+            raise NoReuse(reason, unused)
+
+    def _walk_preludes(self, plan: LayerPlan, start: int, period: int, ctx: RuleContext) -> None:
+        """Walk the layer's prelude ops (they read block arguments only) ahead of it."""
+        for i in plan.facts.preludes(start, period):
+            if i not in plan.walked:
+                plan.walked.add(i)
+                self.walk_op(plan.facts.ops[i], ctx)
+
+    def _walk_template(self, facts: OpFacts, start: int, period: int, inputs: list,
+                       ctx: RuleContext) -> dict:
+        """Walk the layer's ops once with `inputs` for its external inputs; {(op offset,
+        result number): value} for every result."""
+        values = self.values
+        external = facts.external_inputs(start, period)
+        saved = [values[v] for v in external]
+        for v, value in zip(external, inputs):
+            values[v] = value
+        for i in range(start, start + period):
+            if i not in facts.prelude:
+                self.walk_op(facts.ops[i], ctx)
+        for v, value in zip(external, saved):
+            values[v] = value
+        return {(i - start, r): values[result]
+                for i in range(start, start + period) if i not in facts.prelude
+                for r, result in enumerate(facts.ops[i].results)}
+
+    def _give_summary_terms(self, facts: OpFacts, start: int, period: int, template: dict,
+                            arguments: tuple[Term, ...], summary: Summary) -> bool:
+        """Results of the layer at `start` read outside it get `region_result` terms."""
+        found = []
+        for result in facts.used_outside(start, period):
+            offset, r = facts.position[result]
+            value = template[(offset - start, r)]
+            if type(value) is not Rel:
+                return False
+            found.append((result, value))
+        holes = summary.hole_serials
+        for result, value in found:
+            term = region_result(arguments, value.term, holes, summary.reads_holes)
+            self.values[result] = replace(value, partial_origin=None, term=term)
+            self.producer.pop(result, None)
+        self.index.summarized += 1
+        return True
+
+    def _summarize(self, plan: LayerPlan, run: Run, ctx: RuleContext) -> int | None:
+        """The reference's summary of `run`: its first layer walked with holes (the template)
+        and as usual, the later layers given `region_result` terms; the index after them."""
+        facts, period, values = plan.facts, run.period, self.values
+        if (len(facts.ops), run.start) in self.index.excluded:
+            return None
+        first = facts.layer_start(run)
+        signature = facts.signature(first, period)
+        starts = [first]
+        while starts[-1] + 2 * period <= run.end and \
+                facts.signature(starts[-1] + period, period) == signature:
+            starts.append(starts[-1] + period)
+        if len(starts) < 3:
+            return None
+        for i in range(run.start, first):
+            if i not in plan.walked:
+                plan.walked.add(i)
+                self.walk_op(facts.ops[i], ctx)
+        self._walk_preludes(plan, first, period, ctx)
+        external = facts.external_inputs(first, period)
+        second = facts.external_inputs(starts[1], period)
+        inputs, holes = [], {}
+        for j, v in enumerate(external):
+            value = values.get(v)
+            if type(value) is not Rel:
+                return None
+            if second[j] == v and facts.position.get(v, (-1,))[0] not in facts.prelude:
+                inputs.append(value)
+                continue
+            holes[j] = fresh_hole(value.term.shape, value.term.dtype)
+            inputs.append(replace(value, term=holes[j], partial_origin=None))
+        if not holes:
+            return None
+        summary = Summary(list(holes.values()), [], (len(facts.ops), run.start))
+        mark = len(self.records)
+        template = self._walk_template(facts, first, period, inputs, ctx)
+        del self.records[mark:]
+        for i in range(first, first + period):
+            if i not in facts.prelude:
+                self.walk_op(facts.ops[i], ctx)
+        arguments = summary.arguments
+        arguments.append(tuple(values[external[j]].term for j in holes))
+        for start in starts[1:]:
+            self._walk_preludes(plan, start, period, ctx)
+            ext = facts.external_inputs(start, period)
+            actual = [values.get(v) for v in ext]
+            if not all(type(actual[j]) is Rel and replace(actual[j], term=hole) == inputs[j]
+                       for j, hole in holes.items()) or not all(
+                    ext[j] == v for j, v in enumerate(external) if j not in holes):
+                break
+            args = tuple(actual[j].term for j in holes)
+            if not self._give_summary_terms(facts, start, period, template, args, summary):
+                break
+            arguments.append(args)
+        if len(arguments) < 2:
+            return first + period
+        self.index.add(summary, len(arguments) * period)
+        self.index.templates.extend(v.term for v in template.values() if isinstance(v, Rel))
+        return starts[0] + len(arguments) * period
+
+    def _apply(self, plan: LayerPlan, run: Run, start: int, ctx: RuleContext) -> int | None:
+        """The reference's summary for the layers from `start` on, if they read exactly the
+        inputs of the reference's layers k, k+1, ..."""
+        facts, period, values, index = plan.facts, run.period, self.values, self.index
+        if start not in facts.prelude and not any(
+                type(values.get(v)) is Rel and index.argument_term(values[v].term) is not None
+                for v in facts.external_inputs(start, period)):
+            return None
+        self._walk_preludes(plan, start, period, ctx)
+        found = self._summary_inputs(facts, start, period)
+        if found is None:
+            return None
+        number, k, holes_of = found
+        summary = index.summaries[number]
+        signature = facts.signature(start, period)
+        external = facts.external_inputs(start, period)
+        inputs = [values[v] for v in external]
+        template_inputs = [v if h is None else replace(v, term=summary.holes[h],
+                                                        partial_origin=None)
+                           for v, h in zip(inputs, holes_of)]
+        mark = len(self.records)
+        template = self._walk_template(facts, start, period, template_inputs, ctx)
+        given, at = 0, start
+        while at + period <= run.end and k + given < len(summary.arguments):
+            if given:
+                self._walk_preludes(plan, at, period, ctx)
+                ext = facts.external_inputs(at, period)
+                actual = [values.get(v) for v in ext]
+                args = summary.arguments[k + given]
+                if facts.signature(at, period) != signature or len(actual) != len(inputs) \
+                        or not all(_fits(v, t, h, args, index) for v, t, h in
+                                   zip(actual, template_inputs, holes_of)):
+                    break
+                for v, h in zip(actual, holes_of):
+                    if h is not None and v.term is not args[h]:
+                        self._note_substitute(v.term)
+            if not self._give_summary_terms(facts, at, period, template,
+                                            summary.arguments[k + given], summary):
+                break
+            given += 1
+            at += period
+        if given == 0:
+            del self.records[mark:]
+            return None
+        index.applied.add(number)
+        return at
+
+    def _summary_inputs(self, facts: OpFacts, start: int, period: int):
+        """(summary, layer, hole per input or None) when the layer's inputs are a reference
+        layer's hole arguments, or plain relations the next layer reads too."""
+        values, index = self.values, self.index
+        external = facts.external_inputs(start, period)
+        inputs = [values.get(v) for v in external]
+        if any(type(v) is not Rel for v in inputs):
+            return None
+        following = facts.external_inputs(start + period, period) \
+            if start + 2 * period <= len(facts.ops) else external
+        candidates = None
+        terms = [index.argument_term(v.term) for v in inputs]
+        for term in terms:
+            if term is not None:
+                layers = {(n, k) for n, k, _ in index.by_term[term.serial]}
+                candidates = layers if candidates is None else candidates & layers
+        if not candidates:
+            return None
+        number, k = min(candidates)
+        args = index.summaries[number].arguments[k]
+        holes_of = [next((h for h, t in enumerate(args) if t is term), None) for term in terms]
+        if set(holes_of) - {None} != set(range(len(args))):
+            return None  # not the reference's layer boundary
+        if len(following) != len(external) or any(
+                h is None and v != w for v, w, h in zip(external, following, holes_of)):
+            return None
+        for v, term, h in zip(inputs, terms, holes_of):
+            if h is not None and term is not v.term:
+                self._note_substitute(v.term)
+        return number, k, holes_of
+
+    def _note_substitute(self, term: Term) -> None:
+        """Say under what a sharded value was taken for a hole's argument it is not."""
+        index = self.index
+        if term.serial in index.rounded:
+            pairs = index.rounded[term.serial]
+            if pairs:  # none: the same value spelled otherwise (x / sqrt(8.0) vs x / 2.82842708)
+                self.notes.append(
+                    f"proven assuming {ASSUMPTION} (a summarized layer reads the sharded value "
+                    f"as the reference's: {describe_rounded(pairs)})")
+            return
+        for assumption in index.valid_indices.assumed_for(term) or ["valid indices"]:
+            self.notes.append(f"proven assuming {assumption} (a summarized "
+                              "layer reads the sharded value as the reference's)")
+
+
+def _fits(value: Value, template: Rel, hole: int | None, arguments: tuple[Term, ...],
+          index: LayerIndex) -> bool:
+    """A later layer's input is the template's: the same value, or the hole's argument there
+    (up to float32 rounding of constants in XLA's per-device programs) with the template's
+    layout."""
+    if type(value) is not Rel:
+        return False
+    if hole is None:
+        return value == template
+    same = value.term is arguments[hole] or index.rounding and index.argument_term(
+        value.term) is arguments[hole]
+    return same and replace(value, term=template.term) == template
+
+
+# ----- the fallback: when reuse is given up and layers are walked op by op -----------------
+
+
+class NoReuse(Exception):
+    """The sharded walk cannot follow the reference's summary of the run `key` (None: of
+    any run): this try ends, and `fallback` decides the next."""
+
+    def __init__(self, reason: str, key: tuple | None = None):
+        super().__init__(reason)
+        self.key = key
+
+
+def fallback(index: LayerIndex | None, unfollowed: tuple | None) -> LayerIndex | None:
+    """The layer-reuse fallback, decided here only: what the next try walks with after a try
+    (both programs walked with `index`) in which the sharded walk did not follow the
+    reference's summary of run `unfollowed` (it gave up, `NoReuse`, or never used it).
+
+    The same index without that summary while another summarized run is left, so both walks
+    start again and keep the rest; else None: no reuse, every layer walked op by op. Each try
+    drops one more summarized run, so the tries end. A check that summarized layers and is
+    not proven is checked again op by op as well (`recheck_op_by_op`)."""
+    if index is None or unfollowed is None:
+        return None
+    summarized = {summary.key for summary in index.summaries}
+    if unfollowed not in summarized or not summarized - {unfollowed}:
+        return None
+    return LayerIndex(excluded=index.excluded | {unfollowed}, rounding=index.rounding)
+
+
+def walk_with_fallback(walk: Callable[[LayerIndex | None], None], index: LayerIndex | None,
+                       restart: Callable[[], None]) -> None:
+    """Walk both programs, `walk(index)`, until a try follows every summary it makes; each
+    other try is followed by `restart()` (the caller forgets what that try counted) and a try
+    with `fallback`'s index."""
+    while True:
+        try:
+            walk(index)
+            unfollowed = index.first_unused() if index is not None else None
+        except NoReuse as stop:
+            unfollowed = stop.key
+        else:
+            if unfollowed is None:
+                return
+        restart()
+        index = fallback(index, unfollowed)
+
+
+def recheck_op_by_op(proven: bool, reused: dict[str, int]) -> bool:
+    """Whether a check must be run again without reuse: it summarized reference layers
+    (`reused`: layers summarized per walk) and is not proven. Then every "not proven" and
+    every diagnostic comes from the op-by-op walk, and checking the rule instances of the walk
+    with reuse is not worth it."""
+    return not proven and bool(reused.get("reference"))

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from jaxlib.mlir import ir
 
 from entangle_mlir.analysis.infer import Walker
-from entangle_mlir.analysis.layer_reuse import LayerIndex, NoReuse
+from entangle_mlir.analysis.layer_reuse import LayerIndex, walk_with_fallback
 from entangle_mlir.core.relations import Rel
 from entangle_mlir.core.terms import single_scaled
 from entangle_mlir.mlir.ir import context
@@ -29,8 +29,9 @@ class InferRelationsPass(ModulePass):
     reuse_layers: bool = False
 
     def apply(self, state: PassState) -> None:
-        """`reuse_layers`: walk each repeated region once (`entangle_mlir/analysis/layer_reuse.py`); only
-        for a reference/sharded pair. Ops of the other regions then get no relation."""
+        """`reuse_layers`: walk each repeated layer once (`analysis/layer_reuse.py`); only for
+        a reference/sharded pair. Ops of the other layers then get no relation. Where reuse
+        cannot be followed, both programs are walked again as `layer_reuse.fallback` says."""
         program = state.program
         if program is not None:
             targets = [("reference", program.ref_func, program.ref_module, program.ref_file),
@@ -45,25 +46,16 @@ class InferRelationsPass(ModulePass):
         layers = LayerIndex(rounding=is_per_device(program.sharded_module,
                                                    program.sharded_func)) \
             if self.reuse_layers and program is not None else None
-        while True:
-            try:
-                self._walk(state, targets, layers)
-                unused = layers.first_unused() if layers is not None else None
-            except NoReuse as stop:
-                unused = stop.key
-            else:
-                if unused is None:
-                    return
-            state.layers_reused = {}
-            layers = _without(layers, unused)
+        walk_with_fallback(lambda index: self._walk(state, targets, index), layers,
+                           restart=state.layers_reused.clear)
 
     def _walk(self, state: PassState, targets: list, layers: LayerIndex | None) -> None:
         reference = None
         for key, func, module, file in targets:
             walk = Walker(func, module, file, reference, layers).run()
             if layers is not None:
-                state.layers_reused[key] = layers.regions
-                layers.regions = 0
+                state.layers_reused[key] = layers.summarized
+                layers.summarized = 0
             if key == "reference":
                 # Terms and their unscaled bases: a sharded value may differ from the
                 # reference's by a scale still pending (a pmean's 1/n) yet name the same view.
@@ -77,17 +69,6 @@ class InferRelationsPass(ModulePass):
             state.walks[key] = walk
             if self.annotate and module is state.module:
                 _annotate(walk)
-
-
-def _without(layers: LayerIndex | None, key: tuple | None) -> LayerIndex | None:
-    """The index for another try without the summary of reference run `key` (each try
-    excludes one more run that was summarized, so the tries end); None: no reuse at all."""
-    if layers is None or key is None:
-        return None
-    summarized = {summary.key for summary in layers.summaries}
-    if key not in summarized or not summarized - {key}:
-        return None
-    return LayerIndex(excluded=layers.excluded | {key}, rounding=layers.rounding)
 
 
 def _annotate(walk) -> None:

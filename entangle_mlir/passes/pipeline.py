@@ -31,7 +31,8 @@ class PassState:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     rule_checks: str = ""
     layers_reused: dict = field(default_factory=dict)
-    """Regions each walk summarized instead of walking (`layers.py`), by walk name."""
+    """Layers each walk summarized instead of walking (`analysis/layer_reuse.py`), by walk
+    name."""
     started: float = field(default_factory=time.perf_counter)
 
 

@@ -42,7 +42,7 @@ SPECS = [P(), P(), P(None, "tp"), P(None, "tp"), P(None, "tp"), P("tp", None), P
          P(None, "tp"), P("tp"), P("tp", None), P()]
 
 
-def _block(x, p, reduce, bias_before_psum: bool = False):
+def _layer(x, p, reduce, bias_before_psum: bool = False):
     ln1_g, ln1_b, wq, wk, wv, wo, bo, ln2_g, ln2_b, w1, b1, w2, b2 = p
     x = x + reduce(m.causal_attention(m.layer_norm(x, ln1_g, ln1_b), wq, wk, wv) @ wo) + bo
     h = jax.nn.gelu(m.layer_norm(x, ln2_g, ln2_b) @ w1 + b1)
@@ -67,7 +67,7 @@ def _programs(bug_layer: int | None, stale_weights: bool = False, stale_input: b
     def ref(x, *params):
         for i in range(LAYERS):
             with jax.named_scope(f"layer{i}"):
-                x = _block(x, params[i * count:(i + 1) * count], lambda v: v)
+                x = _layer(x, params[i * count:(i + 1) * count], lambda v: v)
         return x
 
     def body(x, *params):
@@ -76,7 +76,7 @@ def _programs(bug_layer: int | None, stale_weights: bool = False, stale_input: b
             with jax.named_scope(f"layer{i}"):
                 source = previous if stale_input and i == bug_layer else x
                 previous = x
-                x = _block(source, layer_params(params, i), lambda v: lax.psum(v, "tp"),
+                x = _layer(source, layer_params(params, i), lambda v: lax.psum(v, "tp"),
                            bias_before_psum=i == bug_layer and not (stale_weights or
                                                                     stale_input))
         return x
@@ -95,14 +95,14 @@ def _execute(mesh, bug_layer: int | None, stale_weights: bool = False,
     """Max |reference - sharded| on random inputs, both run on simulated CPU devices. Each
     layer is run as its own jitted program (the unrolled 32-layer programs compute the same
     thing but take XLA about a minute to compile here)."""
-    ref_block = jax.jit(lambda x, *p: _block(x, p, lambda v: v))
+    ref_layer = jax.jit(lambda x, *p: _layer(x, p, lambda v: v))
 
-    def sharded_block(bug: bool):
-        body = lambda x, *p: _block(x, p, lambda v: lax.psum(v, "tp"), bias_before_psum=bug)
+    def sharded_layer(bug: bool):
+        body = lambda x, *p: _layer(x, p, lambda v: lax.psum(v, "tp"), bias_before_psum=bug)
         return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(),) + tuple(SPECS),
                                      out_specs=P()))
 
-    blocks = {False: sharded_block(False), True: sharded_block(True)}
+    sharded_layers = {False: sharded_layer(False), True: sharded_layer(True)}
     rng = np.random.default_rng(0)
     x = rng.standard_normal((B, S, D), dtype=np.float32)
     ref_x, sharded_x = x, x
@@ -113,11 +113,11 @@ def _execute(mesh, bug_layer: int | None, stale_weights: bool = False,
         if not (stale_weights and i == bug_layer):
             placed = [jax.device_put(a, NamedSharding(mesh, spec))
                       for a, spec in zip(params, SPECS)]
-        ref_x = ref_block(ref_x, *params)
+        ref_x = ref_layer(ref_x, *params)
         source = previous if stale_input and i == bug_layer else sharded_x
         previous = sharded_x
-        sharded_x = blocks[i == bug_layer and not (stale_weights or stale_input)](source,
-                                                                                *placed)
+        buggy = i == bug_layer and not (stale_weights or stale_input)
+        sharded_x = sharded_layers[buggy](source, *placed)
     return float(np.max(np.abs(np.asarray(ref_x) - np.asarray(sharded_x))))
 
 

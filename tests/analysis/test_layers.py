@@ -1,8 +1,9 @@
-"""Finding repeated layers (`entangle_mlir/analysis/layer_reuse.py`): runs, signatures, preludes.
+"""Finding repeated layers (`entangle_mlir/analysis/layer_reuse.py`): runs, signatures,
+preludes.
 
 End-to-end checks with reuse (a 32-layer model proven, changed layers found and named, all
 grounded by execution) are in tests/analysis/test_layer_reuse.py; these pin the structural part on
-small hand-written blocks: what counts as the same layer and what does not.
+small hand-written stacks: what counts as the same layer and what does not.
 """
 
 from __future__ import annotations
@@ -48,55 +49,55 @@ def _stack(count: int = 4, changed: int | None = None, constant: int | None = No
 
 
 _MODULES: list = []
-"""Parsed modules stay alive as long as the blocks read from them."""
+"""Parsed modules stay alive as long as the facts read from their blocks."""
 
 
-def _block(text: str) -> layers.Block:
+def _facts(text: str) -> layers.OpFacts:
     module = parse_module(text)
     _MODULES.append(module)
     func = module.body.operations[0].operation
-    return layers.read_block(func.regions[0].blocks[0])
+    return layers.read_ops(func.regions[0].blocks[0])
 
 
-def _signatures(block: layers.Block, run: layers.Run) -> list:
+def _signatures(facts: layers.OpFacts, run: layers.Run) -> list:
     count = (run.end - run.start) // run.period
-    return [block.signature(run.start + k * run.period, run.period) for k in range(count)]
+    return [facts.signature(run.start + k * run.period, run.period) for k in range(count)]
 
 
-def test_a_stack_of_identical_layers_is_one_run_of_equal_regions() -> None:
+def test_a_stack_of_identical_layers_is_one_run_of_equal_layers() -> None:
     with context():
-        block = _block(_stack())
-        runs = layers.find_runs(block)
+        facts = _facts(_stack())
+        runs = layers.find_runs(facts)
         assert runs == [layers.Run(0, 32, 8)]
-        signatures = _signatures(block, runs[0])
+        signatures = _signatures(facts, runs[0])
         assert all(s == signatures[0] for s in signatures)
-        assert not block.prelude
+        assert not facts.prelude
 
 
 @pytest.mark.parametrize("change", ["changed", "constant"])
-def test_a_changed_layer_is_not_the_same_region(change: str) -> None:
+def test_a_changed_layer_is_not_the_same_layer(change: str) -> None:
     """Another op, or the same op with another constant, in layer 2 of 4."""
     with context():
-        block = _block(_stack(**{change: 2}))
-        same = block.signature(0, 8)
-        assert block.signature(8, 8) == same
-        assert block.signature(16, 8) != same
+        facts = _facts(_stack(**{change: 2}))
+        same = facts.signature(0, 8)
+        assert facts.signature(8, 8) == same
+        assert facts.signature(16, 8) != same
         assert all(run.start + 2 * run.period <= 16 or run.start >= 24
-                   for run in layers.find_runs(block))
+                   for run in layers.find_runs(facts))
 
 
-def test_slices_of_a_stacked_parameter_are_inputs_not_region_ops() -> None:
+def test_slices_of_a_stacked_parameter_are_inputs_not_layer_ops() -> None:
     """The slice offsets differ per layer; the slices and their reshapes stay outside the
-    regions, whose inputs they are."""
+    layers, whose inputs they are."""
     with context():
-        block = _block(_stack(stacked=True))
-        runs = layers.find_runs(block)
+        facts = _facts(_stack(stacked=True))
+        runs = layers.find_runs(facts)
         assert runs == [layers.Run(0, 40, 10)]
-        assert block.prelude == {0, 1, 10, 11, 20, 21, 30, 31}
-        signatures = _signatures(block, runs[0])
+        assert facts.prelude == {0, 1, 10, 11, 20, 21, 30, 31}
+        signatures = _signatures(facts, runs[0])
         assert all(s == signatures[0] for s in signatures)
         slices = [str(v.owner.operands[0].owner.attributes["start_indices"])
-                  for v in (block.external_inputs(10 * k, 10)[1] for k in range(4))]
+                  for v in (facts.external_inputs(10 * k, 10)[1] for k in range(4))]
         assert len(set(slices)) == 4
 
 
@@ -104,18 +105,18 @@ def test_a_layer_reading_an_older_input_reads_another_value() -> None:
     """The same function of its inputs, so an equal signature: what differs is the input
     itself, which the walker compares with the reference's (test_layer_reuse.py)."""
     with context():
-        block = _block(_stack(stale=2))
-        assert block.signature(16, 8) == block.signature(8, 8)
-        older = block.external_inputs(16, 8)[0]
-        assert block.position[older] == (7, 0)  # %g0, not %g1
-        assert block.position[block.external_inputs(8, 8)[0]] == (7, 0)
+        facts = _facts(_stack(stale=2))
+        assert facts.signature(16, 8) == facts.signature(8, 8)
+        older = facts.external_inputs(16, 8)[0]
+        assert facts.position[older] == (7, 0)  # %g0, not %g1
+        assert facts.position[facts.external_inputs(8, 8)[0]] == (7, 0)
 
 
-def test_results_read_after_a_region_are_its_outputs() -> None:
+def test_results_read_after_a_layer_are_its_outputs() -> None:
     with context():
-        block = _block(_stack())
-        outputs = block.used_outside(8, 8)
-        assert [block.position[r] for r in outputs] == [(15, 0)]  # %g1 only
+        facts = _facts(_stack())
+        outputs = facts.used_outside(8, 8)
+        assert [facts.position[r] for r in outputs] == [(15, 0)]  # %g1 only
 
 
 def test_a_template_term_without_holes_is_its_own_summary() -> None:

@@ -32,7 +32,7 @@ NEAR_MISSES = [
     "missing_psum_in_copy_3",
     "pmean_instead_of_psum_in_copy_3",
     "stacked_copy_3_slices_w_2",
-    "copy_3_reads_input_of_copy_1",  # a false proof if `infer._fits` always says yes
+    "copy_3_reads_input_of_copy_1",  # a false proof if `layer_reuse._fits` always says yes
     "copy_3_residual_from_copy_1",
     "stacked_copy_3_slices_w2_of_layer_2",
     "computed_positions_restart_in_copy_3",
