@@ -92,7 +92,7 @@ def programs(layers: int, tp: int, dp: int = 0):
 
 
 def measure(layers: int, tp: int, compile_xla: bool) -> dict:
-    from entangle_mlir.analysis.instance import DEFAULT_CHECKER
+    from entangle_mlir.analysis.instance.checker import DEFAULT_CHECKER
     from entangle_mlir.driver import check_texts
     from entangle_mlir.jax import lower_pair
 

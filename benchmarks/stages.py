@@ -29,7 +29,7 @@ from entangle_mlir.mlir.load import load_file
 from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipeline
 from entangle_mlir.mlir.program import from_two_modules
 from entangle_mlir.passes import PASSES
-import entangle_mlir.analysis.instance, entangle_mlir.semantics.ops, z3
+import entangle_mlir.analysis.instance.checker, entangle_mlir.semantics.ops, z3
 z3.main_ctx()
 stages = {"start-up": clock() - t0}
 t = clock()

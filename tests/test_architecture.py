@@ -418,11 +418,11 @@ def test_rules_checker_flags_passes_command_line_solver_and_z3(tmp_path: Path) -
     root = _tree(tmp_path, {
         "entangle_mlir/rules/base.py": ("import z3\n"
                                         "from entangle_mlir.analysis import solver\n"
-                                        "from entangle_mlir.analysis import instance\n"
+                                        "from entangle_mlir.analysis.instance import checker\n"
                                         "from entangle_mlir import cli\n"),
         "entangle_mlir/rules/kinds/window.py": "from entangle_mlir.passes.pipeline import run\n",
         "entangle_mlir/analysis/solver.py": "import z3\n",
-        "entangle_mlir/analysis/instance.py": "",
+        "entangle_mlir/analysis/instance/checker.py": "",
         "entangle_mlir/passes/pipeline.py": "",
         "entangle_mlir/cli.py": "",
     })

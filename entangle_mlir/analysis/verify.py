@@ -58,7 +58,7 @@ def verify_walks(walks: dict[str, Walk], report: Report, budget_seconds: float =
 
 def _verify_one(name: str, walk: Walk, report: Report, start: float, budget_seconds: float,
                 inject_fault: str) -> dict[str, int]:
-    from entangle_mlir.analysis.instance import (
+    from entangle_mlir.analysis.instance.checker import (
         check_instance,  # lazy: z3 (~40 ms), not needed by --no-verify-rules
     )
 

@@ -123,7 +123,7 @@ REGION_TERMS: dict[int, Term] = {}
 
 HOLE_BASE = 500_000_000
 """Argument indices of holes, the leaves standing for a summarized layer's inputs in its
-template (`layer_reuse.fresh_hole`): below `instance.ABSTRACT_BASE`, far above real
+template (`layer_reuse.fresh_hole`): below `instance.common.ABSTRACT_BASE`, far above real
 arguments."""
 
 

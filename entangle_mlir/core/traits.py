@@ -2,7 +2,7 @@
 
 `ELEMENTWISE_OPS` maps each elementwise op entangle handles to its `Traits`. The rule table
 (`rules/elementwise.py`), the term builders (`core/terms.py`), the rewrites before the walk
-(`normalize/`) and the instance checker (`analysis/instance.py`) derive the sets of ops they
+(`normalize/`) and the instance checker (`analysis/instance/`) derive the sets of ops they
 act on from its fields; none keeps a list of its own. An op's exact semantics
 (`semantics/ops.py` `ELEMENTWISE`) and range (`normalize/bounds.py` `ELEMENTWISE_BOUNDS`) are
 functions and stay with their analyses; `tests/core/test_traits.py` checks that their keys match

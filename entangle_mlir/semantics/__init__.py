@@ -11,5 +11,5 @@ modules first (each imports only modules above it here):
 * `collectives`: `COLLECTIVE_SEMANTICS`, the ops across devices, and `run_op`;
 * `evaluate`: `evaluate_term`, the value of a reference term.
 
-Everything the Z3 checks (`analysis/instance.py`, the lemma tests) know about what an op or a
+Everything the Z3 checks (`analysis/instance/`, the lemma tests) know about what an op or a
 term computes is in these tables."""

@@ -12,8 +12,14 @@ import numpy as np
 import pytest
 import z3
 
-from entangle_mlir.analysis import instance as I
 from entangle_mlir.analysis import solver as z3check
+from entangle_mlir.analysis.instance.abstraction import abstract_instance
+from entangle_mlir.analysis.instance.checker import InstanceChecker, check_instance
+from entangle_mlir.analysis.instance.fallback import check_term_equality
+from entangle_mlir.analysis.instance.reduce import reduced_info
+from entangle_mlir.analysis.instance.shapes import reduced_types
+from entangle_mlir.analysis.instance.solve import find_counterexample, run_check
+from entangle_mlir.analysis.instance.sources import Concrete, Failure
 from entangle_mlir.core import terms as T
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.relations import DeviceScalar, Opaque, Rel
@@ -113,7 +119,7 @@ def test_dump_dir_writes_named_queries(tmp_path: Path, monkeypatch) -> None:
 
 # ----- instance checks: modes, cache, budget ----------------------------------------------------
 
-def _layer(checker: I.InstanceChecker, x: T.Term, w1: T.Term, w2: T.Term, mesh: Mesh):
+def _layer(checker: InstanceChecker, x: T.Term, w1: T.Term, w2: T.Term, mesh: Mesh):
     """A Megatron MLP layer through rules + checks; returns the statuses and the output term."""
     statuses = []
     b, s, d = x.shape
@@ -140,7 +146,7 @@ def _layer(checker: I.InstanceChecker, x: T.Term, w1: T.Term, w2: T.Term, mesh: 
 
 
 def test_large_layers_are_reduced_and_cached() -> None:
-    checker = I.InstanceChecker()
+    checker = InstanceChecker()
     x = arg((2, 16, 64))
     for layer in range(3):
         statuses, y = _layer(checker, x, arg((64, 256)), arg((256, 64)), M4)
@@ -161,19 +167,19 @@ def test_deep_input_terms_are_abstracted() -> None:
     ins = [tiled(term, (), "tp"), tiled(arg((4, 8)), (), "tp")]
     info = info_for("stablehlo.multiply", ins, [((4, 4), "f32")], M1)
     outs = run_rule(info, ins, M1)
-    result = I.check_instance(info, ins, outs, M1, checker=I.InstanceChecker())
+    result = check_instance(info, ins, outs, M1, checker=InstanceChecker())
     assert result.status == "proved" and result.details["mode"] == "abstract"
     assert result.seconds < 1.0
 
 
 def test_skips_and_budget() -> None:
-    checker = I.InstanceChecker(budget_s=0.0)
+    checker = InstanceChecker(budget_s=0.0)
     ins = [tiled(arg((4,)), "tp")]
     info = info_for("stablehlo.negate", ins, [((2,), "f32")], M1)
     outs = run_rule(info, ins, M1)
     skipped = checker.check(info, ins, outs, M1)
     assert skipped.status == "skipped" and "budget" in skipped.reason
-    fresh = I.InstanceChecker()
+    fresh = InstanceChecker()
     assert fresh.check(info, ins, [Opaque("x")], M1).status == "skipped"
     unknown_op = OpInfo("stablehlo.fft", {}, info.operand_types, info.result_types)
     assert fresh.check(unknown_op, ins, outs, M1).status == "skipped"
@@ -191,9 +197,9 @@ def test_reduced_info_keeps_blocks_and_ties() -> None:
     ins = [tiled(arg((8, 64)), "dp", "tp"), tiled(arg((64, 32)), "tp")]
     dot = {"lhs_batch": (), "rhs_batch": (), "lhs_contract": (1,), "rhs_contract": (0,)}
     info = info_for("stablehlo.dot_general", ins, [((4, 32), "f32")], M2, dot)
-    abstract = I.abstract_instance(info, ins, run_rule(info, ins, M2), M2, ctx_for(M2))
+    abstract = abstract_instance(info, ins, run_rule(info, ins, M2), M2, ctx_for(M2))
     assert abstract is not None
-    reduced = I.reduced_info(info, abstract[0], M2)
+    reduced = reduced_info(info, abstract[0], M2)
     assert reduced is not None
     r_info, r_ins = reduced
     assert [t.shape for t in r_info.operand_types] == [(2, 2), (2, 2)]
@@ -201,7 +207,7 @@ def test_reduced_info_keeps_blocks_and_ties() -> None:
     assert [v.term.shape for v in r_ins] == [(4, 4), (4, 2)]
     gather = OpInfo("stablehlo.all_gather", {"all_gather_dim": 1},
                     [TensorType((3, 16), "f32")], [TensorType((3, 64), "f32")])
-    assert I._reduced_types(gather, 2) == ([(2, 2)], [(2, 8)])
+    assert reduced_types(gather, 2) == ([(2, 2)], [(2, 8)])
 
 
 def test_refutes_with_a_counterexample_and_never_proves_contradictions() -> None:
@@ -209,14 +215,14 @@ def test_refutes_with_a_counterexample_and_never_proves_contradictions() -> None
     wrong = [tiled(T.make_elementwise("stablehlo.exponential", (x,)), partial=("tp",))]
     ins = [tiled(x, partial=("tp",))]
     info = info_for("stablehlo.exponential", ins, [((2, 2), "f32")], M1)
-    result = I.check_instance(info, ins, wrong, M1, checker=I.InstanceChecker())
+    result = check_instance(info, ins, wrong, M1, checker=InstanceChecker())
     assert result.status == "refuted" and result.counterexample
-    witness = I.find_counterexample(info, ins, wrong, M1, ctx_for(M1))
+    witness = find_counterexample(info, ins, wrong, M1, ctx_for(M1))
     assert witness is not None
     right_ins = [tiled(x, (), "tp")]
     right_info = info_for("stablehlo.exponential", right_ins, [((2, 1), "f32")], M1)
     right = run_rule(right_info, right_ins, M1)
-    assert I.find_counterexample(right_info, right_ins, right, M1, ctx_for(M1)) is None
+    assert find_counterexample(right_info, right_ins, right, M1, ctx_for(M1)) is None
     # Dividing by a value that is always zero makes the nonzero-divisor assumption
     # contradictory: that must not count as a proof of an arbitrary claim.
     a, b = arg((2,)), arg((2,))
@@ -224,16 +230,16 @@ def test_refutes_with_a_counterexample_and_never_proves_contradictions() -> None
     ins = [tiled(a), tiled(always_zero)]
     info = info_for("stablehlo.divide", ins, [((2,), "f32")], M1)
     claim = [tiled(T.make_splat(7, (2,), "f32"))]
-    result = I.run_check(info, ins, claim, M1, ctx_for(M1))
+    result = run_check(info, ins, claim, M1, ctx_for(M1))
     assert result.status == "unknown" and "contradictory" in result.reason
 
 
 def test_device_scalar_outputs() -> None:
     info = OpInfo("stablehlo.partition_id", {}, [], [TensorType((), "ui32")])
     outs = run_rule(info, [], M2)
-    assert I.check_instance(info, [], outs, M2, checker=I.InstanceChecker()).status == "proved"
+    assert check_instance(info, [], outs, M2, checker=InstanceChecker()).status == "proved"
     wrong = [DeviceScalar((0, 1, 3, 2), ())]
-    result = I.check_instance(info, [], wrong, M2, checker=I.InstanceChecker())
+    result = check_instance(info, [], wrong, M2, checker=InstanceChecker())
     assert result.status == "refuted"
 
 
@@ -247,7 +253,7 @@ def test_global_scope_instance() -> None:
                   [TensorType((3, 2), "f32"), TensorType((2, 4), "f32")],
                   [TensorType((3, 4), "f32")])
     outs = RULES[info.name](info, ins, RuleContext())
-    assert I.check_instance(info, ins, outs, None).status == "proved"
+    assert check_instance(info, ins, outs, None).status == "proved"
 
 
 def test_bundled_example_instances_all_prove() -> None:
@@ -263,7 +269,7 @@ def test_bundled_example_instances_all_prove() -> None:
                 if op.operation.name == "func.func"
                 and op.operation.attributes["sym_name"].value == "main")
     walk = Walker(func, module, str(path)).run()
-    checker = I.InstanceChecker()
+    checker = InstanceChecker()
     statuses = {}
     for record in walk.records:
         if not any(isinstance(v, Rel) for v in record.outputs) or any(
@@ -409,7 +415,7 @@ def test_regression_xor_is_not_idempotent() -> None:
     ins = [tiled(a), tiled(a)]
     info = info_for("stablehlo.xor", ins, [((2,), "i1")], M1)
     outs = run_rule(info, ins, M1)
-    assert I.check_instance(info, ins, outs, M1, checker=I.InstanceChecker()).proved
+    assert check_instance(info, ins, outs, M1, checker=InstanceChecker()).proved
 
 
 def test_regression_reshape_of_dot_with_unit_dims() -> None:
@@ -440,7 +446,7 @@ def test_regression_partial_pieces_differ_across_replicas(name, op, value, attrs
     outs = run_rule(info, [value], M2)
     if all(isinstance(v, Opaque) for v in outs):
         return  # the rule refuses the instance
-    result = I.check_instance(info, [value], outs, M2, checker=I.InstanceChecker())
+    result = check_instance(info, [value], outs, M2, checker=InstanceChecker())
     assert result.proved, result.describe()
 
 
@@ -450,18 +456,18 @@ def test_term_equality_fallback() -> None:
     right = T.make_lin([(Fraction(1), T.make_mul(x, x)), (Fraction(2), T.make_mul(x, y)),
                         (Fraction(1), T.make_mul(y, y))], 0, (2, 3), "f32")
     assert left is not right
-    assert I.check_term_equality(left, right).status == "proved"
-    assert I.check_term_equality(left, T.make_mul(x, x)).status == "refuted"
+    assert check_term_equality(left, right).status == "proved"
+    assert check_term_equality(left, T.make_mul(x, x)).status == "refuted"
     big = arg((512, 512))
-    assert I.check_term_equality(big, T.scale(big, 2)).status == "skipped"
+    assert check_term_equality(big, T.scale(big, 2)).status == "skipped"
     q = T.make_div(T.make_mul(x, y), y)
-    assert I.check_term_equality(q, x).status == "proved"  # for nonzero y
+    assert check_term_equality(q, x).status == "proved"  # for nonzero y
 
 
 def test_large_gather_and_scatter_are_reduced() -> None:
     if "stablehlo.gather" not in RULES:
         pytest.skip("no gather rule")
-    checker = I.InstanceChecker()
+    checker = InstanceChecker()
     embed = {"offset_dims": (2,), "collapsed_slice_dims": (0,), "start_index_map": (0,),
              "index_vector_dim": 2}
     table, ids = tiled(arg((1000, 64)), (), "tp"), tiled(arg((8, 16, 1), "i32"), "dp")
@@ -500,15 +506,14 @@ def test_concrete_partial_splits_are_exact_or_refused() -> None:
     differ from it and pass for a counterexample (a false "refuted")."""
     import numpy as np
 
-    from entangle_mlir.analysis import instance as I
     from entangle_mlir.semantics.element import sum_list
 
-    source = I._Concrete(seed=3)
+    source = Concrete(seed=3)
     block = source.tensor("x", (2, 3), "f32")
     pieces = source.split("sum", block, 4, "x", "f32")
     for idx in np.ndindex(block.shape):
         assert sum_list([p[idx] for p in pieces]) == block[idx]
     inexact = block.copy()
     inexact[0, 0] = float("-inf")
-    with pytest.raises(I._Failure):
+    with pytest.raises(Failure):
         source.split("sum", inexact, 4, "x", "f32")

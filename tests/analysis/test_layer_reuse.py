@@ -1,10 +1,11 @@
 """Reusing a repeated layer's work never hides a changed layer.
 
 The instance checker reuses a planned check for every instance with the same structure (see
-`_Plan` in instance.py) and the walk of a 32-layer model is mostly cache hits. These tests show
-what the cache must not cost: a bug in layer 17 of 32 is still found and named (grounded by
-executing both programs on simulated CPU devices), a rule instance changed in layer 17 alone
-is re-checked and refuted, and an instance changed in one term is never a cache hit.
+`Plan` in analysis/instance/cache.py) and the walk of a 32-layer model is mostly cache hits.
+These tests show what the cache must not cost: a bug in layer 17 of 32 is still found and
+named (grounded by executing both programs on simulated CPU devices), a rule instance changed
+in layer 17 alone is re-checked and refuted, and an instance changed in one term is never a
+cache hit.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from jax import lax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from entangle_mlir.analysis.instance import DEFAULT_CHECKER, InstanceChecker, check_instance
+from entangle_mlir.analysis.instance.checker import DEFAULT_CHECKER, InstanceChecker, check_instance
 from entangle_mlir.core.relations import Rel
 from entangle_mlir.core.terms import make_add, make_arg, scale
 from entangle_mlir.driver import check_texts
@@ -266,7 +267,9 @@ def _tiled_add(mesh, in_tiling, out_tiling, shape=(4, 4)):
 
 def test_devices_with_the_same_claim_are_checked_once(monkeypatch) -> None:
     """Replicated values: 8 devices, one claim. Split values: one claim per block."""
-    from entangle_mlir.analysis import instance as I
+    from entangle_mlir.analysis.instance import devices
+    from entangle_mlir.analysis.instance.checker import default_context
+    from entangle_mlir.analysis.instance.solve import run_check
     from entangle_mlir.core.mesh import Mesh
     from entangle_mlir.semantics.collectives import run_op
 
@@ -278,20 +281,20 @@ def test_devices_with_the_same_claim_are_checked_once(monkeypatch) -> None:
         seen.append(len(operands))
         return real_run_op(info, operands, mesh)
 
-    monkeypatch.setattr(I, "run_op", counting)
-    symmetric = I._symmetric_axes
-    for in_tiling, devices in ((((), ()), 1), ((("tp",), ()), 4), ((("dp",), ("tp",)), 8)):
+    monkeypatch.setattr(devices, "run_op", counting)
+    symmetric = devices._symmetric_axes
+    for in_tiling, count in ((((), ()), 1), ((("tp",), ()), 4), ((("dp",), ("tp",)), 8)):
         # deduplication by blocks alone (the symmetry of the axes switched off) ...
-        monkeypatch.setattr(I, "_symmetric_axes", lambda *args: ())
+        monkeypatch.setattr(devices, "_symmetric_axes", lambda *args: ())
         seen.clear()
         info, ins, outs = _tiled_add(mesh, in_tiling, in_tiling)
-        result = I.run_check(info, ins, outs, mesh, I.default_context(ins, outs, mesh))
+        result = run_check(info, ins, outs, mesh, default_context(ins, outs, mesh))
         assert result.status == "proved"
-        assert seen == [devices]
+        assert seen == [count]
         # ... and with it: an add is symmetric in both axes, one device is checked
-        monkeypatch.setattr(I, "_symmetric_axes", symmetric)
+        monkeypatch.setattr(devices, "_symmetric_axes", symmetric)
         seen.clear()
-        result = I.run_check(info, ins, outs, mesh, I.default_context(ins, outs, mesh))
+        result = run_check(info, ins, outs, mesh, default_context(ins, outs, mesh))
         assert result.status == "proved"
         assert seen == [1]
 
@@ -300,10 +303,11 @@ def test_a_claim_wrong_on_some_devices_only_is_refuted() -> None:
     """Inputs split over 'tp', the sum claimed split over 'dp' along the same dim: devices
     (dp i, tp j) with i == j hold the claimed block, the others do not. Deduplication keeps
     every distinct combination of blocks, so the wrong devices are checked and it is refuted."""
-    from entangle_mlir.analysis import instance as I
+    from entangle_mlir.analysis.instance.checker import default_context
+    from entangle_mlir.analysis.instance.solve import run_check
     from entangle_mlir.core.mesh import Mesh
 
     mesh = Mesh((("dp", 2), ("tp", 2)))
     info, ins, outs = _tiled_add(mesh, (("tp",), ()), (("dp",), ()), shape=(4, 2))
-    result = I.run_check(info, ins, outs, mesh, I.default_context(ins, outs, mesh))
+    result = run_check(info, ins, outs, mesh, default_context(ins, outs, mesh))
     assert result.status == "refuted"

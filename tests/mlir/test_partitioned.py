@@ -732,7 +732,7 @@ def test_scatter_walk_proves_xla_programs(name: str) -> None:
 
 def test_scatter_instance_is_checked_at_a_reduced_shape() -> None:
     """A 16x8 scatter-add with 6 symbolic indices timed out at its real shape: gather/scatter
-    instances are reduced 16x earlier than other ops (instance.INDEXED_REDUCTION)."""
+    instances are reduced 16x earlier than other ops (instance.checker.INDEXED_REDUCTION)."""
     report = _check(*scatter_columns(16, 8, 6, 4))
     assert report.proven, report.render_text()
     assert report.stats["rule_instances"].get("unknown", 0) == 0
@@ -1069,7 +1069,7 @@ def test_device_select_instances(keep: tuple[int, ...], axes) -> None:
     Z3; claiming x replicated instead is refuted. Kept on three devices: no such axes."""
     from dataclasses import replace as dc_replace
 
-    from entangle_mlir.analysis.instance import InstanceChecker
+    from entangle_mlir.analysis.instance.checker import InstanceChecker
     from entangle_mlir.core import terms as T
     from entangle_mlir.core.mesh import Mesh
     from entangle_mlir.core.relations import Opaque, Rel, Shifted
@@ -1104,7 +1104,7 @@ def test_scatter_into_blocks_instances(offsets: tuple[int, ...], proven: bool) -
     claim; a wrong offset is reported, not proven."""
     from dataclasses import replace as dc_replace
 
-    from entangle_mlir.analysis.instance import InstanceChecker
+    from entangle_mlir.analysis.instance.checker import InstanceChecker
     from entangle_mlir.core import terms as T
     from entangle_mlir.core.mesh import Mesh
     from entangle_mlir.core.relations import Opaque, Rel, Shifted

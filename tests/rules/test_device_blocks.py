@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from entangle_mlir.analysis.instance import InstanceChecker
+from entangle_mlir.analysis.instance.checker import InstanceChecker
 from entangle_mlir.analysis.valid_indices import Simplifier, ValidIndices, index_ranges
 from entangle_mlir.core import terms as T
 from entangle_mlir.core.mesh import Mesh

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from entangle_mlir.analysis.instance import InstanceChecker
+from entangle_mlir.analysis.instance.checker import InstanceChecker
 from entangle_mlir.core import terms as T
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.relations import Opaque, Rel, Reordered, Shifted, Value

@@ -20,7 +20,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from entangle_mlir.analysis import instance as I
+from entangle_mlir.analysis.instance.checker import InstanceChecker, check_instance
 from entangle_mlir.core import terms as T
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.relations import Rel, Windowed, is_padded, padded_rel
@@ -109,7 +109,7 @@ def _rope_half(start: int, stop: int):
 def test_cut_slice_is_checked_at_a_reduced_shape(start: int, stop: int) -> None:
     info, x = _rope_half(start, stop)
     (out,) = RULES[info.name](info, [x], RuleContext(mesh=M2, manual_axes=("dp", "tp")))
-    result = I.check_instance(info, [x], [out], M2, checker=I.InstanceChecker())
+    result = check_instance(info, [x], [out], M2, checker=InstanceChecker())
     assert result.status == "proved", result.describe()
     assert result.details["mode"] == "reduced"
     other = (8, 16) if (start, stop) == (0, 8) else (0, 8)
@@ -118,7 +118,7 @@ def test_cut_slice_is_checked_at_a_reduced_shape(start: int, stop: int) -> None:
                           (2, 4, 4, other[1] - other[0]), "f32", linear_in=0),
                 out.tiling, (), "")
     if wrong.term.shape == out.term.shape:
-        refuted = I.check_instance(info, [x], [wrong], M2, checker=I.InstanceChecker())
+        refuted = check_instance(info, [x], [wrong], M2, checker=InstanceChecker())
         assert refuted.status != "proved"
 
 
@@ -136,13 +136,13 @@ def test_cut_pad_is_checked_at_a_reduced_shape(low: int, high: int) -> None:
     (out,) = RULES[info.name](info, [x, zero], RuleContext(mesh=M2, manual_axes=("dp", "tp")))
     if isinstance(out, Windowed) and is_padded(out):
         out = padded_rel(out)  # the relation it stands for (what the checker claims)
-    result = I.check_instance(info, [x, zero], [out], M2, checker=I.InstanceChecker())
+    result = check_instance(info, [x, zero], [out], M2, checker=InstanceChecker())
     assert result.status == "proved", result.describe()
     assert result.details["mode"] == "reduced"
     swapped = T.make_pad(x.term, zero.term, (0, 0, 0, high), (0, 0, 0, low), (0,) * 4)
     if swapped is not out.term:
-        refuted = I.check_instance(info, [x, zero], [Rel(swapped, out.tiling, (), "")], M2,
-                                   checker=I.InstanceChecker())
+        refuted = check_instance(info, [x, zero], [Rel(swapped, out.tiling, (), "")], M2,
+                                 checker=InstanceChecker())
         assert refuted.status != "proved"
 
 

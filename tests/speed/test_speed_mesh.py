@@ -1,5 +1,5 @@
 """Instance checks on big meshes check one device per symmetric axis
-(`instance._symmetric_axes`): a device's claim at coordinate i along an axis the instance is
+(`instance.devices._symmetric_axes`): a device's claim at coordinate i along an axis the instance is
 symmetric in is the claim at coordinate 0 with the variables renamed. These tests pin that
 the analysis finds the symmetry of a Megatron matmul, and that claims which hold at
 coordinate 0 but not elsewhere (block-permuting or position-dependent terms) are not
@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from entangle_mlir.analysis import instance as I
+from entangle_mlir.analysis.instance import devices
+from entangle_mlir.analysis.instance.blocks import region_value
+from entangle_mlir.analysis.instance.checker import InstanceChecker, check_instance
+from entangle_mlir.analysis.instance.sources import Concrete, LazyLeaves, leaf_args
 from entangle_mlir.core import terms as T
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.relations import Rel
@@ -42,9 +45,9 @@ def _matmul():
 
 def test_megatron_matmul_is_symmetric_in_both_axes() -> None:
     info, ins, out = _matmul()
-    assert I._symmetric_axes(ins, [out], MESH) == ("dp", "tp")
-    assert I._distinct_devices(info, ins, [out], MESH, False, MESH.num_devices) == [0]
-    result = I.check_instance(info, ins, [out], MESH, checker=I.InstanceChecker())
+    assert devices._symmetric_axes(ins, [out], MESH) == ("dp", "tp")
+    assert devices.distinct_devices(info, ins, [out], MESH, False, MESH.num_devices) == [0]
+    result = check_instance(info, ins, [out], MESH, checker=InstanceChecker())
     assert result.status == "proved", result.describe()
 
 
@@ -52,8 +55,8 @@ def test_a_wrong_claim_is_refuted_with_the_symmetry() -> None:
     """A claim wrong on every device (twice the product) is refuted at device 0 alone."""
     info, ins, out = _matmul()
     wrong = Rel(T.scale(out.term, 2), out.tiling, (), "")
-    assert I._symmetric_axes(ins, [wrong], MESH) == ("dp", "tp")
-    result = I.check_instance(info, ins, [wrong], MESH, checker=I.InstanceChecker())
+    assert devices._symmetric_axes(ins, [wrong], MESH) == ("dp", "tp")
+    result = check_instance(info, ins, [wrong], MESH, checker=InstanceChecker())
     assert result.status == "refuted"
 
 
@@ -74,8 +77,8 @@ def test_swapped_blocks_are_not_symmetric_and_are_refuted() -> None:
                       linear_in=0) for b in (0, 2, 1, 3)]
     swapped = T.intern("concatenate", tuple(rows), (0,), (8, 3), "f32")
     claim = Rel(swapped, x.tiling, (), "")
-    assert "dp" not in I._symmetric_axes(ins, [claim], MESH)
-    result = I.check_instance(info, ins, [claim], MESH, checker=I.InstanceChecker())
+    assert "dp" not in devices._symmetric_axes(ins, [claim], MESH)
+    result = check_instance(info, ins, [claim], MESH, checker=InstanceChecker())
     assert result.status == "refuted"
 
 
@@ -88,8 +91,8 @@ def test_position_dependent_claims_are_not_symmetric_and_are_refuted() -> None:
                                ("LT",), dtype="i1")
     twice = T.make_lin([(Fraction(2), x.term)], 0, (8, 3), "f32")
     claim = Rel(T.make_elementwise("stablehlo.select", (first, x.term, twice)), x.tiling, (), "")
-    assert "dp" not in I._symmetric_axes(ins, [claim], MESH)
-    result = I.check_instance(info, ins, [claim], MESH, checker=I.InstanceChecker())
+    assert "dp" not in devices._symmetric_axes(ins, [claim], MESH)
+    result = check_instance(info, ins, [claim], MESH, checker=InstanceChecker())
     assert result.status == "refuted"
 
 
@@ -103,12 +106,12 @@ def test_partial_over_an_axis_breaks_its_symmetry_only() -> None:
                   [TensorType((2, 6), "f32")])
     (out,) = RULES[info.name](info, [x, w], _ctx())
     assert out.partial == ("tp",)
-    assert I._symmetric_axes([x, w], [out], MESH) == ("dp",)
-    assert I._distinct_devices(info, [x, w], [out], MESH, False, 8) == [0, 1]
-    assert I.check_instance(info, [x, w], [out], MESH, checker=I.InstanceChecker()).proved
+    assert devices._symmetric_axes([x, w], [out], MESH) == ("dp",)
+    assert devices.distinct_devices(info, [x, w], [out], MESH, False, 8) == [0, 1]
+    assert check_instance(info, [x, w], [out], MESH, checker=InstanceChecker()).proved
     wrong = Rel(T.scale(out.term, 2), out.tiling, out.partial, out.kind)
-    assert I.check_instance(info, [x, w], [wrong], MESH,
-                            checker=I.InstanceChecker()).status == "refuted"
+    assert check_instance(info, [x, w], [wrong], MESH,
+                          checker=InstanceChecker()).status == "refuted"
 
 
 # ----- block-only evaluation -------------------------------------------------------------------
@@ -134,7 +137,7 @@ def _window_cases():
 
 
 def test_block_values_are_the_blocks_of_the_full_values() -> None:
-    """`_region_value` (operands read on the window only) equals slicing the full value,
+    """`region_value` (operands read on the window only) equals slicing the full value,
     element for element, on every window of every case (random exact values)."""
     import itertools
 
@@ -144,13 +147,13 @@ def test_block_values_are_the_blocks_of_the_full_values() -> None:
     from entangle_mlir.semantics.evaluate import evaluate_term
 
     for term in _window_cases():
-        source = I._Concrete(seed=term.serial)
-        env = I._LazyLeaves(source, I._leaf_args([term]))
+        source = Concrete(seed=term.serial)
+        env = LazyLeaves(source, leaf_args([term]))
         full = evaluate_term(term, env, {})
         ranges = [[(lo, hi) for lo in range(n) for hi in range(lo + 1, n + 1)]
                   for n in term.shape]
         for region in itertools.product(*ranges):
-            got = I._region_value(term, tuple(region), env, {}, {})
+            got = region_value(term, tuple(region), env, {}, {})
             want = full[tuple(slice(lo, hi) for lo, hi in region)]
             assert got.shape == want.shape, (T.pretty(term), region)
             assert all(equal(a, b) for a, b in zip(np.reshape(got, -1),
@@ -172,12 +175,12 @@ def test_all_reduce_over_tp_is_checked_on_one_tp_group() -> None:
     x = Rel(_arg((8, 4)), (("dp",), ()), ("tp",), "sum")
     info, out = _collective("stablehlo.all_reduce", x, ("tp",), (2, 4), (2, 4), reducer="add")
     assert not out.partial
-    assert I._collective_axes(info, MESH) == ("tp",)
-    assert I._distinct_devices(info, [x], [out], MESH, False, 8) == [0, 1]
-    assert I.check_instance(info, [x], [out], MESH, checker=I.InstanceChecker()).proved
+    assert devices._collective_axes(info, MESH) == ("tp",)
+    assert devices.distinct_devices(info, [x], [out], MESH, False, 8) == [0, 1]
+    assert check_instance(info, [x], [out], MESH, checker=InstanceChecker()).proved
     wrong = Rel(T.scale(out.term, 2), out.tiling, (), "")
-    assert I.check_instance(info, [x], [wrong], MESH,
-                            checker=I.InstanceChecker()).status == "refuted"
+    assert check_instance(info, [x], [wrong], MESH,
+                          checker=InstanceChecker()).status == "refuted"
 
 
 def test_all_gather_over_dp_keeps_every_dp_coordinate() -> None:
@@ -185,12 +188,12 @@ def test_all_gather_over_dp_keeps_every_dp_coordinate() -> None:
     x = Rel(_arg((8, 4)), (("dp",), ()), (), "")
     info, out = _collective("stablehlo.all_gather", x, ("dp",), (2, 4), (8, 4),
                             all_gather_dim=0)
-    checked = I._distinct_devices(info, [x], [out], MESH, False, 8)
+    checked = devices.distinct_devices(info, [x], [out], MESH, False, 8)
     assert {MESH.coords(d)["dp"] for d in checked} == {0, 1, 2, 3}
     assert {MESH.coords(d)["tp"] for d in checked} == {0}
-    assert I.check_instance(info, [x], [out], MESH, checker=I.InstanceChecker()).proved
+    assert check_instance(info, [x], [out], MESH, checker=InstanceChecker()).proved
     rows = [T.make_op("slice", (x.term,), ((2 * b, 0), (2 * b + 2, 4), (1, 1)), (2, 4), "f32",
                       linear_in=0) for b in (0, 2, 1, 3)]
     swapped = Rel(T.intern("concatenate", tuple(rows), (0,), (8, 4), "f32"), out.tiling, (), "")
-    assert I.check_instance(info, [x], [swapped], MESH,
-                            checker=I.InstanceChecker()).status == "refuted"
+    assert check_instance(info, [x], [swapped], MESH,
+                          checker=InstanceChecker()).status == "refuted"

@@ -7,7 +7,7 @@
 * Reshape instances: a split bias reshaped among unit dims (local 384 -> 1x1x384) has several
   valid global views; the walk picks the reference's, an instance check on fresh leaves picked
   another, so the instance was checked at its real shape (80 ms each) or skipped when its terms
-  were large. The claimed layout now steers the rule's choice (`instance._layout_hint`).
+  were large. The claimed layout now steers the rule's choice (`instance.abstraction._layout_hint`).
 
 Grounded: the partitioned programs are executed per device on simulated CPU devices.
 """
@@ -25,7 +25,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from entangle_mlir.analysis import instance as I
+from entangle_mlir.analysis.instance.checker import InstanceChecker, check_instance
 from entangle_mlir.core import terms as T
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.relations import Rel
@@ -87,7 +87,7 @@ def _bias_reshape(local: int, deep: bool):
 def test_reshape_among_unit_dims_is_abstracted(local: int, mode: str) -> None:
     info, x, out = _bias_reshape(local, deep=True)
     assert out.tiling == ((), (), ("tp",)) and out.term.shape == (1, 1, 4 * local)
-    result = I.check_instance(info, [x], [out], M4, checker=I.InstanceChecker())
+    result = check_instance(info, [x], [out], M4, checker=InstanceChecker())
     assert result.status == "proved", result.describe()
     assert result.details["mode"] == mode
 
@@ -97,13 +97,13 @@ def test_reshape_hint_never_proves_a_wrong_claim() -> None:
     and the other valid view (tiled on the unit dim) is proved as itself."""
     info, x, out = _bias_reshape(96, deep=False)
     wrong = Rel(T.scale(out.term, 2), out.tiling, (), "")
-    result = I.check_instance(info, [x], [wrong], M4, checker=I.InstanceChecker())
+    result = check_instance(info, [x], [wrong], M4, checker=InstanceChecker())
     assert result.status != "proved"
     other = Rel(T.make_reshape(x.term, (4, 1, 96)), (("tp",), (), ()), (), "")
-    result = I.check_instance(info, [x], [other], M4, checker=I.InstanceChecker())
+    result = check_instance(info, [x], [other], M4, checker=InstanceChecker())
     assert result.status == "proved", result.describe()
     misplaced = Rel(T.make_reshape(x.term, (1, 1, 384)), (("tp",), (), ()), (), "")
-    bad = I.check_instance(info, [x], [misplaced], M4, checker=I.InstanceChecker())
+    bad = check_instance(info, [x], [misplaced], M4, checker=InstanceChecker())
     assert bad.status != "proved"
 
 

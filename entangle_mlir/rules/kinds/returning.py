@@ -18,8 +18,8 @@ the key dim are in the device's arrival order), and:
 * when every device holds the sum over its whole group of its own block, the value is the
   partial sum's term split along the dim (the owner has every query block's contribution).
 
-Every rule here is checked per instance by Z3 (`instance._build_claims`, the pieces are shared
-symbolic splits) and by lemmas in tests/test_returning_lemmas.py.
+Every rule here is checked per instance by Z3 (`instance.claims._build_claims`, the pieces are
+shared symbolic splits) and by lemmas in tests/test_returning_lemmas.py.
 """
 
 from __future__ import annotations

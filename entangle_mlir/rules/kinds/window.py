@@ -20,7 +20,7 @@ partitioning move between devices, and the micro-batches of a local batch (`Wind
   micro-batch's own total is the per-micro-batch mean (`_per_window_mean`).
 
 Every construct is a claim about each device's local value that the Z3 instance layer checks
-(instance._window_rows). Only the ops above accept a window (and collective_permute a
+(instance.blocks._window_rows). Only the ops above accept a window (and collective_permute a
 `Permuted` value); `settle` turns either into the error it stands for when anything else uses
 it.
 """
@@ -1032,7 +1032,7 @@ def completed_sums(plain: Term, reference: frozenset[int] | set[int] | None = No
     reshaped where the canonical reduce dropped summed unit dims: each way of choosing those
     dims gives the same value). The instance layer accepts a completed micro-batch sum when
     the rule's generic output, rebuilt over the real terms, is `plain` and the real output is
-    one of these (instance._completed_sum)."""
+    one of these (instance.abstraction._completed_sum)."""
     k, base = single_scaled(plain)
     found = []
     if base.op == "reduce_sum" and len(base.args) == 1:

@@ -1,0 +1,259 @@
+"""Each device's local value of a global value under its relation (`core/relations.py`
+gives their meaning): its block (tiled dims split, poly dims whole), another device's block, a
+halo window, a shifted or reordered block, a device mask; and a term evaluated on one block only
+(`region_value`), which keeps the cost nearly flat in mesh size."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import z3
+
+from entangle_mlir.analysis.instance.sources import Failure, LazyLeaves
+from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.core.relations import (
+    BlockIndex,
+    InBlock,
+    Masked,
+    Permuted,
+    Rel,
+    Reordered,
+    Shifted,
+    Value,
+    Windowed,
+)
+from entangle_mlir.core.terms import ARITHMETIC_TERM_OPS, ELEMENTWISE_STABLEHLO, Term
+from entangle_mlir.semantics.element import (
+    add,
+    compare,
+    int_limits,
+    is_z3,
+    select,
+    sub,
+    to_z3,
+    wrap_shift,
+)
+from entangle_mlir.semantics.evaluate import evaluate_node, evaluate_term, wrap_node
+from entangle_mlir.semantics.ops import WRAPPED_OPS
+from entangle_mlir.semantics.tensor import (
+    apply,
+    broadcast_in_dim,
+    dot_general,
+    full,
+    reduce_dims,
+    take,
+    transpose,
+)
+
+
+def derived_local(global_value: np.ndarray, value: Permuted | Windowed | Shifted | Reordered,
+                  mesh: Mesh, device: int) -> np.ndarray:
+    """Device `device`'s local value of a value derived from a Rel whose global value is
+    `global_value`: another device's block, a halo window, the block plus a device constant, or the
+    blocks of a dim in the device's order."""
+    if isinstance(value, Permuted):
+        return device_block(global_value, value.rel, mesh, value.sources[device], False)
+    if isinstance(value, Reordered):
+        whole = device_block(global_value, value.rel, mesh, device, False)
+        order = value.orders[device]
+        size = whole.shape[value.dim] // len(order)
+        return np.concatenate([np.take(whole, range(b * size, (b + 1) * size), axis=value.dim)
+                               for b in order], axis=value.dim)
+    if isinstance(value, Windowed):
+        return _window_rows(global_value, value, mesh, device)
+    block = device_block(global_value, value.rel, mesh, device, False)
+    dtype = value.rel.term.dtype  # the device adds in its dtype: integers wrap around
+    return apply(lambda x, o=value.offsets[device]: wrap_shift(x, o, dtype), block)
+
+
+def block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
+                junk: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(local value, where it is defined) on `device` of an `InBlock`, `BlockIndex` or
+    `Masked` value (layout.py gives their exact meaning). A masked value that is unspecified
+    outside its predicate takes `junk` there (an input), or is left open (a result: only the
+    defined positions are claimed)."""
+    def test(pred: InBlock) -> np.ndarray:
+        x = device_block(evaluate_term(pred.rel.term, env, memo), pred.rel, mesh, device, False)
+        start = mesh.block_index(pred.axes, device) * pred.length
+
+        def holds(v):
+            y = sub(v, start)
+            conds = ([compare(y, pred.lo, "GE")] if pred.lo is not None else []) + (
+                [compare(y, pred.hi, "LT")] if pred.hi is not None else [])
+            if any(is_z3(c) for c in conds):
+                both = z3.And(*[to_z3(c) for c in conds])
+                return z3.Not(both) if pred.negated else both
+            return all(conds) != pred.negated
+        return apply(holds, x)
+
+    if isinstance(value, InBlock):
+        out = test(value)
+        return out, full(out.shape, True)
+    if isinstance(value, BlockIndex):
+        x = device_block(evaluate_term(value.rel.term, env, memo), value.rel, mesh, device, False)
+        start = mesh.block_index(value.axes, device) * value.length
+        inside = test(InBlock(value.rel, value.axes, value.length, 0, value.length))
+        dtype = value.rel.term.dtype  # inside the block x - start does not wrap: the same
+        out = apply(lambda v, p: add(select(  # value, spelled as the device computes it
+            p, wrap_shift(v, -start, dtype), value.fill), value.add), x, inside)
+        return out, full(out.shape, True)
+    assert isinstance(value, Masked)
+    block = device_block(evaluate_term(value.rel.term, env, memo), value.rel, mesh, device, False)
+    pred = test(value.pred)
+    if value.zero:
+        out = apply(lambda p, v: select(p, v, 0), pred, block)
+        return out, full(out.shape, True)
+    if junk is not None:
+        return apply(select, pred, block, junk), full(block.shape, True)
+    return block, pred
+
+
+def _window_rows(value: np.ndarray, window: Windowed, mesh: Mesh, device: int) -> np.ndarray:
+    """Device `device`'s rows of a halo window (the other dims blocked as in its relation),
+    starting at its own start when the window has one per device, zeros in its holes, summed
+    over the window's `summed` dims."""
+    dim, axes = window.dim, window.rel.tiling[window.dim]
+    others = list(window.rel.tiling)
+    others[dim] = ()
+    block = device_block(value, replace(window.rel, tiling=tuple(others)), mesh, device, False)
+    size = value.shape[dim]
+    start = (window.starts[device] if window.starts else
+             mesh.block_index(axes, device) * (size // mesh.group_size(axes)) + window.offset)
+    rows = [(start + i) % size for i in range(window.length)]
+    out = np.take(block, rows, axis=dim)
+    for hole_device, a, b in window.holes:
+        if hole_device == device:
+            index = [slice(None)] * out.ndim
+            index[dim] = slice(a, b)
+            out[tuple(index)] = full(out[tuple(index)].shape, 0)
+    if window.summed:
+        return reduce_dims(out, window.summed, "sum")
+    return out
+
+
+def device_block(value: np.ndarray, rel: Rel, mesh: Mesh | None, device: int, single: bool
+           ) -> np.ndarray:
+    """Device `device`'s block of a global value under `rel`'s tiling (poly dims whole)."""
+    if single:
+        return value
+    index = []
+    for dim, axes in enumerate(rel.tiling):
+        if not axes or dim in rel.poly:
+            index.append(slice(None))
+            continue
+        count = mesh.group_size(axes)
+        if value.shape[dim] % count:
+            raise Failure("unknown", f"dim {dim} of size {value.shape[dim]} is not split "
+                          f"evenly into {count} blocks")
+        size = value.shape[dim] // count
+        b = mesh.block_index(axes, device)
+        index.append(slice(b * size, (b + 1) * size))
+    return take(value, tuple(index))
+
+
+def block_region(rel: Rel, mesh: Mesh, device: int) -> tuple[tuple[int, int], ...]:
+    """The [start, stop) ranges of `device`'s block of `rel`'s global value (`device_block`)."""
+    region = []
+    for dim, (n, axes) in enumerate(zip(rel.term.shape, rel.tiling)):
+        if not axes or dim in rel.poly:
+            region.append((0, n))
+            continue
+        count = mesh.group_size(axes)
+        if n % count:
+            raise Failure("unknown", f"dim {dim} of size {n} is not split evenly into "
+                          f"{count} blocks")
+        size = n // count
+        b = mesh.block_index(axes, device)
+        region.append((b * size, (b + 1) * size))
+    return tuple(region)
+
+
+_REGION_REDUCTIONS = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min",
+                      "reduce_and": "and", "reduce_or": "or"}
+
+
+def region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, memo: dict,
+                 regions: dict) -> np.ndarray:
+    """`evaluate_term(term)[region]`, computed from the regions of the operands it reads:
+    a leaf's variables in the region; an elementwise op on its operands' same region; a
+    broadcast, transpose, dot_general or reduction on the operand positions those output
+    positions read (whole contracted and reduced dims); a reshape on the smallest box of
+    operand positions holding the window's elements (row-major). Anything else, and a whole
+    region, is evaluated in full and sliced. Each rule restates the op's definition on a
+    window."""
+    shape = term.shape
+    if all(r == (0, n) for r, n in zip(region, shape)):
+        return evaluate_term(term, env, memo)
+    key = (term.serial, region)
+    found = regions.get(key)
+    if found is not None:
+        return found
+    op, args = term.op, term.args
+    sub = [hi - lo for lo, hi in region]
+    if op == "arg" and isinstance(env, LazyLeaves) and term.attrs[0] in env.leaves:
+        value = env.region(term.attrs[0], region)
+    elif op in ARITHMETIC_TERM_OPS or (op in ELEMENTWISE_STABLEHLO and all(
+            a.shape == shape for a in args)):
+        values = [region_value(a, region, env, memo, regions) for a in args]
+        window = Term()
+        window.op, window.args, window.attrs = op, args, term.attrs
+        window.shape, window.dtype, window.serial = tuple(sub), term.dtype, -1
+        value = evaluate_node(window, values, env)
+    elif op == "broadcast":
+        (dims,) = term.attrs
+        operand = args[0]
+        inner = tuple(region[d] if operand.shape[i] == shape[d] else (0, operand.shape[i])
+                      for i, d in enumerate(dims))
+        value = broadcast_in_dim(region_value(operand, inner, env, memo, regions), dims,
+                                 tuple(sub))
+    elif op == "reshape" and args[0].shape and all(sub):
+        operand = args[0]
+        wanted = np.indices(sub).reshape(len(sub), -1) + np.array(
+            [lo for lo, _ in region]).reshape(-1, 1)
+        read = np.unravel_index(np.ravel_multi_index(tuple(wanted), shape), operand.shape)
+        box = tuple((int(p.min()), int(p.max()) + 1) for p in read)
+        part = region_value(operand, box, env, memo, regions)
+        value = part[tuple(p - lo for p, (lo, _) in zip(read, box))].reshape(sub)
+    elif op == "transpose":
+        (perm,) = term.attrs
+        inner = [None] * len(perm)
+        for k, p in enumerate(perm):
+            inner[p] = region[k]
+        value = transpose(region_value(args[0], tuple(inner), env, memo, regions), perm)
+    elif op == "stablehlo.dot_general" and len(args) == 2:
+        lb, rb, lc, rc = term.attrs
+        lhs, rhs = args
+        lhs_free = [d for d in range(len(lhs.shape)) if d not in lb and d not in lc]
+        rhs_free = [d for d in range(len(rhs.shape)) if d not in rb and d not in rc]
+        left = [(0, n) for n in lhs.shape]
+        right = [(0, n) for n in rhs.shape]
+        position = 0
+        for x, y in zip(lb, rb):
+            left[x] = right[y] = region[position]
+            position += 1
+        for d in lhs_free:
+            left[d] = region[position]
+            position += 1
+        for d in rhs_free:
+            right[d] = region[position]
+            position += 1
+        value = dot_general(region_value(lhs, tuple(left), env, memo, regions),
+                            region_value(rhs, tuple(right), env, memo, regions),
+                            lb, rb, lc, rc)
+    elif op in _REGION_REDUCTIONS and len(args) == 1:
+        dims = term.attrs[0]
+        kept = iter(region)
+        inner = tuple((0, n) if d in dims else next(kept) for d, n in enumerate(args[0].shape))
+        value = reduce_dims(region_value(args[0], inner, env, memo, regions), dims,
+                            _REGION_REDUCTIONS[op])
+    else:
+        whole = evaluate_term(term, env, memo)
+        value = take(whole, tuple(slice(lo, hi) for lo, hi in region))
+    if op in WRAPPED_OPS and int_limits(term.dtype) is not None:
+        value = wrap_node(term, value)  # the window of an integer sum wraps like the whole
+    if tuple(value.shape) != tuple(sub):
+        raise Failure("unknown", f"internal: {op} evaluated on a window gave shape "
+                      f"{value.shape}, not {tuple(sub)}")
+    regions[key] = value
+    return value

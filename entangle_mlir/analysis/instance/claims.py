@@ -1,0 +1,290 @@
+"""The claim's conjuncts: each checked device's local operands derived from the input
+relations (a partial value split every possible way), the op run on them, and the results
+compared with the blocks of the output terms (reduced over the output's partial axes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import z3
+
+from entangle_mlir.analysis.instance.blocks import (
+    block_local,
+    block_region,
+    derived_local,
+    region_value,
+)
+from entangle_mlir.analysis.instance.common import rels_of, value_key
+from entangle_mlir.analysis.instance.devices import block_index, distinct_devices, run_devices
+from entangle_mlir.analysis.instance.sources import Failure, LazyLeaves, leaf_args, opaque_resolver
+from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.core.relations import (
+    DEVICE_BLOCK_VALUES,
+    DeviceScalar,
+    Opaque,
+    Permuted,
+    Rel,
+    Reordered,
+    Returning,
+    Shifted,
+    Value,
+    Windowed,
+)
+from entangle_mlir.core.terms import DENSE_VALUES, Term
+from entangle_mlir.mlir.opinfo import OpInfo
+from entangle_mlir.rules.base import RuleContext
+from entangle_mlir.semantics.element import collect_divisors, combine, equal, is_z3, sum_list, to_z3
+from entangle_mlir.semantics.evaluate import evaluate_term
+from entangle_mlir.semantics.ops import OP_SEMANTICS
+from entangle_mlir.semantics.tensor import apply, full, obj_array, wrap_node_dtype
+
+
+def _local_claims(results: dict, j: int, expected: dict) -> list:
+    """Result `j` on each device of `expected` equals its expected local value, element for
+    element (a local shape that differs refutes the claim outright)."""
+    claims = []
+    for d, expect in expected.items():
+        if tuple(results[d][j].shape) != tuple(expect.shape):
+            raise Failure("refuted", f"result {j} has local shape {results[d][j].shape} on "
+                          f"device {d}")
+        claims.extend(equal(x, y) for x, y in zip(results[d][j].reshape(-1),
+                                                  expect.reshape(-1)))
+    return claims
+
+
+def _partial_groups(rel: Rel, mesh: Mesh | None, single: bool) -> list[list[int]]:
+    if single:
+        return [[0]]
+    if not rel.partial:
+        return [[d] for d in range(mesh.num_devices)]
+    if set(rel.partial) & set(rel.tiled_axes):
+        raise Failure("unknown", "a relation is both split and partial over the same axis")
+    return mesh.groups_for(tuple(rel.partial))
+
+
+def build(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
+          ctx: RuleContext, source) -> list:
+    """The claim's conjuncts (z3 BoolRefs or Python bools), hypotheses go to `source`."""
+    single = ctx.is_global or mesh is None
+    devices = 1 if single else mesh.num_devices
+    terms = [r.term for v in list(ins) + list(outs) for r in rels_of(v)]
+    env: dict = LazyLeaves(source, leaf_args(terms))
+    dense: dict[bytes, np.ndarray] = {}
+    if info.name == "stablehlo.constant":
+        for v in outs:
+            if not isinstance(v, Rel):
+                continue
+            value = OP_SEMANTICS["stablehlo.constant"](info, [])[0]
+            if v.term.op == "dense":
+                dense[v.term.attrs[0]] = value
+            elif v.term.op == "broadcast" and v.term.args[0].op == "dense" and value.size:
+                scalar = v.term.args[0]  # a splat kept whole, e.g. -0.0 (rules/movement.py)
+                dense[scalar.attrs[0]] = value.reshape(-1)[:1].reshape(scalar.shape)
+
+    def resolve(term: Term) -> np.ndarray:
+        key = term.attrs[0]
+        if key not in dense:
+            known = DENSE_VALUES.get(key)
+            dense[key] = (obj_array([int(v) for v in np.asarray(known).reshape(-1)],
+                                    term.shape) if known is not None else
+                          source.tensor(f"dense{key.hex()[:8]}", term.shape, term.dtype))
+        return dense[key].reshape(term.shape)
+
+    env["dense"] = resolve
+    env["opaque"] = opaque_resolver(source)
+    memo: dict[int, np.ndarray] = {}
+    with collect_divisors() as divisors:
+        claims = _build_claims(info, ins, outs, mesh, single, devices, env, memo, source)
+    if any(not is_z3(d) for d in divisors):
+        raise Failure("skip-trial", "a division by zero")
+    source.hypotheses.extend(to_z3(d) != 0 for d in divisors if is_z3(d))
+    return claims
+
+
+def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
+                  single: bool, devices: int, env: dict, memo: dict, source) -> list:
+
+    checked = distinct_devices(info, ins, outs, mesh, single, devices)
+    needed = set(checked)
+    regions: dict[tuple, np.ndarray] = {}
+
+    def block_of(rel: Rel, device: int) -> np.ndarray:
+        """Device `device`'s block of `rel`'s global value, computed on that block only."""
+        if single:
+            return evaluate_term(rel.term, env, memo)
+        return region_value(rel.term, block_region(rel, mesh, device), env, memo, regions)
+
+    pieces: dict[object, dict[int, np.ndarray]] = {}
+
+    def pieces_of(value: Reordered | Returning, name: str, dtype: str) -> dict[int, np.ndarray]:
+        """Every device's piece of the partial value `value.pieces` names (one symbolic split
+        per partial value, shared by every operand and result of the instance naming it)."""
+        key = _pieces_key(value) if value.pieces is not None else ("fresh", name)
+        if key not in pieces:
+            found: dict[int, np.ndarray] = {}
+            for g, group in enumerate(_partial_groups(value.rel, mesh, single)):
+                parts = source.split(value.rel.kind, block_of(value.rel, group[0]), len(group),
+                                     f"{name}.g{g}", dtype)
+                found.update(zip(group, parts))
+            pieces[key] = found
+        return pieces[key]
+
+    local: list[list[np.ndarray]] = [[None] * len(ins) for _ in range(devices)]
+    for i, value in enumerate(ins):
+        want = tuple(info.operand_types[i].shape) if i < len(info.operand_types) else None
+        dtype = info.operand_types[i].dtype if i < len(info.operand_types) else "f32"
+        if isinstance(value, Rel):
+            for g, group in enumerate(_partial_groups(value, mesh, single)):
+                if needed.isdisjoint(group):
+                    continue  # no device of this group is checked
+                block = block_of(value, group[0])
+                if value.partial:
+                    parts = source.split(value.kind, block, len(group), f"p{i}.g{g}", dtype)
+                    for device, part in zip(group, parts):
+                        local[device][i] = part
+                else:
+                    local[group[0]][i] = block
+        elif isinstance(value, DeviceScalar):
+            for d in range(devices):
+                local[d][i] = full(tuple(value.shape), value.values[d] if not single
+                                   else value.values[0])
+        elif isinstance(value, Reordered | Returning) and value.rel.partial and not single:
+            parts = pieces_of(value, f"p{i}", dtype)
+            for d in range(devices):
+                local[d][i] = _piece_local(value, parts, d, mesh)
+        elif isinstance(value, Permuted | Windowed | Shifted | Reordered) and \
+                not value.rel.partial and not single:
+            global_value = evaluate_term(value.rel.term, env, memo)
+            for d in range(devices):
+                local[d][i] = derived_local(global_value, value, mesh, d)
+        elif isinstance(value, DEVICE_BLOCK_VALUES) and not value.rel.partial and not single:
+            for d in range(devices):
+                junk = source.tensor(f"o{i}.d{d}", want or (), dtype)
+                local[d][i], _ = block_local(value, env, memo, mesh, d, junk)
+        else:
+            for d in range(devices):
+                local[d][i] = source.tensor(f"o{i}.d{d}", want or (), dtype)
+        for d in checked:
+            if want is not None and tuple(local[d][i].shape) != want:
+                raise Failure("unknown", f"operand {i}'s relation gives local shape "
+                              f"{local[d][i].shape}, the op's type is {want}")
+
+    results = run_devices(info, local, checked, mesh, single)
+
+    claims: list = []
+    for j, value in enumerate(outs):
+        if isinstance(value, Opaque):
+            continue
+        if isinstance(value, DeviceScalar):
+            for d in checked:
+                got = results[d][j]
+                if tuple(got.shape) != tuple(value.shape):
+                    raise Failure("refuted", f"result {j} has shape {got.shape}, the device "
+                                  f"scalar {value.shape}")
+                expect = value.values[d] if not single else value.values[0]
+                claims.extend(equal(x, expect) for x in got.reshape(-1))
+            continue
+        if isinstance(value, DEVICE_BLOCK_VALUES):
+            if value.rel.partial or single:
+                raise Failure("unknown", "a partial device mask cannot be checked")
+            for d in checked:
+                expect, defined = block_local(value, env, memo, mesh, d, None)
+                got = results[d][j]
+                if tuple(got.shape) != tuple(expect.shape):
+                    raise Failure("refuted", f"result {j} has local shape {got.shape} on "
+                                  f"device {d}")
+                for x, y, ok in zip(got.reshape(-1), expect.reshape(-1), defined.reshape(-1)):
+                    claims.append(equal(x, y) if ok is True else
+                                  z3.Or(z3.Not(to_z3(ok)), to_z3(equal(x, y))))
+            continue
+        if isinstance(value, Reordered) and value.rel.partial and not single:
+            claims.extend(_reordered_partial_claims(value, j, results, block_of, mesh))
+            continue
+        if isinstance(value, Returning):
+            if single:
+                raise Failure("unknown", "pieces of a partial sum outside a mesh")
+            if value.pieces is None or _pieces_key(value) not in pieces:
+                raise Failure("unknown", "pieces of a partial sum that no operand holds")
+            split = pieces[_pieces_key(value)]
+            claims.extend(_local_claims(results, j, {
+                d: _piece_local(value, split, d, mesh) for d in checked}))
+            continue
+        if isinstance(value, Permuted | Windowed | Shifted | Reordered):
+            if value.rel.partial or single:
+                raise Failure("unknown", f"a {type(value).__name__.lower()} partial value "
+                              "cannot be checked")
+            global_value = evaluate_term(value.rel.term, env, memo)
+            claims.extend(_local_claims(results, j, {
+                d: derived_local(global_value, value, mesh, d) for d in checked}))
+            continue
+        for group in _partial_groups(value, mesh, single):
+            if group[0] not in results:
+                if any(m in results for m in group):
+                    raise Failure("unknown", "a partial group is checked in part")
+                continue  # a device with the same claim as one checked
+            block = block_of(value, group[0])
+            for device in group:
+                if not single and block_index(value, mesh, device) != block_index(
+                        value, mesh, group[0]):
+                    raise Failure("unknown", "devices of one partial group hold different "
+                                  "blocks")
+                if tuple(results[device][j].shape) != tuple(block.shape):
+                    raise Failure("refuted", f"result {j} has local shape "
+                                  f"{results[device][j].shape} on device {device}, the "
+                                  f"relation says {block.shape}")
+            if value.partial:
+                kind = value.kind
+                reduced = apply(lambda *xs, kind=kind: combine(kind, list(xs)),
+                                *(results[m][j] for m in group))
+                if kind == "sum":  # the all_reduce that completes it sums in the dtype
+                    reduced = wrap_node_dtype(reduced, value.term.dtype)
+            else:
+                reduced = results[group[0]][j]
+            claims.extend(equal(x, y) for x, y in zip(reduced.reshape(-1),
+                                                      block.reshape(-1)))
+    return claims
+
+
+def _pieces_key(value: Reordered | Returning) -> tuple:
+    """Which partial value's pieces a value holds: the value that made them and its relation
+    (values naming one partial value under other relations get unrelated pieces)."""
+    return (id(value.pieces), value_key(value.rel))
+
+
+def _piece_local(value: Reordered | Returning, parts: dict[int, np.ndarray], device: int,
+                 mesh: Mesh) -> np.ndarray:
+    """Device `device`'s local value of pieces of a partial sum (`layout.Reordered.pieces`,
+    `layout.Returning`): its piece with the blocks in its order, or the sum over its sources
+    of the block of their pieces it holds (n blocks, n the partial group's size)."""
+    if isinstance(value, Reordered):
+        order = value.orders[device]
+        blocks = np.split(parts[device], len(order), axis=value.dim)
+        return np.concatenate([blocks[b] for b in order], axis=value.dim)
+    count = mesh.group_size(tuple(value.rel.partial))
+    chosen = [np.split(parts[q], count, axis=value.dim)[value.blocks[device]]
+              for q in sorted(value.sources[device])]
+    if not chosen:
+        raise Failure("unknown", "pieces of a partial sum from no device")
+    return apply(lambda *xs: sum_list(list(xs)), *chosen) if len(chosen) > 1 else chosen[0].copy()
+
+
+def _reordered_partial_claims(value: Reordered, j: int, results: dict, block_of, mesh: Mesh
+                              ) -> list:
+    """Each partial group's un-reordered results add up to the block of the term."""
+    claims = []
+    for group in _partial_groups(value.rel, mesh, False):
+        if any(m not in results for m in group):
+            raise Failure("unknown", "a partial group is checked in part")
+        block = block_of(value.rel, group[0])
+        natural = []
+        for m in group:
+            order = value.orders[m]
+            got = results[m][j]
+            if tuple(got.shape) != tuple(block.shape):
+                raise Failure("refuted", f"result {j} has local shape {got.shape} on device "
+                              f"{m}, the relation says {block.shape}")
+            blocks = np.split(got, len(order), axis=value.dim)
+            natural.append(np.concatenate([blocks[order.index(b)] for b in range(len(order))],
+                                          axis=value.dim))
+        reduced = apply(lambda *xs, kind=value.rel.kind: combine(kind, list(xs)), *natural)
+        claims.extend(equal(x, y) for x, y in zip(reduced.reshape(-1), block.reshape(-1)))
+    return claims

@@ -1,0 +1,261 @@
+"""The reduced local shapes of a shape-uniform op: every dim > 1 shrinks to a small size, dims
+tied by the op's attributes stay tied, and a dim a slice cuts or a pad pads keeps its parts."""
+
+from __future__ import annotations
+
+import math
+
+from entangle_mlir.core.terms import reshape_groups
+from entangle_mlir.core.traits import ELEMENTWISE_OPS
+from entangle_mlir.mlir.opinfo import OpInfo
+from entangle_mlir.semantics.ops import dimension_numbers
+
+REDUCED_LOCAL = 2
+"""The local size every dim > 1 gets at a reduced shape."""
+
+
+def capped(size: int, cap: int = REDUCED_LOCAL) -> int:
+    """A dim's size at a reduced shape: at most `cap`, a size of 0 or 1 kept."""
+    return size if size <= 1 else min(size, cap)
+
+
+_SAME_SHAPE_COLLECTIVES = ("stablehlo.all_reduce", "stablehlo.collective_permute")
+
+
+def reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
+                                                    list[tuple[int, ...]]] | None:
+    """New local operand and result shapes for a shape-uniform op, else None."""
+    ops = [tuple(t.shape) for t in info.operand_types]
+    res = [tuple(t.shape) for t in info.result_types]
+    name, a = info.name, info.attrs
+    c = lambda s: capped(s, cap)
+    if name in ELEMENTWISE_OPS or name in _SAME_SHAPE_COLLECTIVES:
+        if name in ELEMENTWISE_OPS:
+            new_res = [tuple(c(s) for s in res[0])]
+            rank = len(res[0])
+            new_ops = [new_res[0] if len(o) == rank else o for o in ops]
+            if any(len(o) == rank and o != res[0] for o in ops):
+                return None
+            return new_ops, new_res
+        new_ops = [tuple(c(s) for s in o) for o in ops]
+        return new_ops, list(new_ops)
+    if name == "stablehlo.gather" and len(ops) == 2:
+        return _reduced_gather(info, ops, res, c)
+    if name == "stablehlo.scatter" and len(ops) == 3:
+        return _reduced_scatter(info, ops, c)
+    if name == "chlo.top_k" and len(ops) == 1 and ops[0]:
+        lead = tuple(c(s) for s in ops[0][:-1])
+        return [lead + ops[0][-1:]], [lead + r[-1:] for r in res]
+    if name == "stablehlo.iota" or name == "stablehlo.constant" and a.get("splat"):
+        return [], [tuple(c(size) for size in res[0])]
+    if name == "stablehlo.reshape":
+        pairs = _reduced_reshape(ops[0], res[0], c)
+        return None if pairs is None else ([pairs[0]], [pairs[1]])
+    if name == "stablehlo.slice":
+        return _reduced_slice(a, ops[0], res[0], c)
+    if name == "stablehlo.pad" and len(ops) == 2:
+        return _reduced_pad(a, ops, res, c)
+    if name == "stablehlo.concatenate":
+        dim = a["dimension"]
+        new_ops = [tuple(c(size) for size in o) for o in ops]
+        if any(len(o) != len(res[0]) for o in ops):
+            return None
+        out = list(new_ops[0])
+        out[dim] = sum(o[dim] for o in new_ops)
+        return new_ops, [tuple(out)]
+    if name == "stablehlo.transpose":
+        perm = a["permutation"]
+        new_op = tuple(c(s) for s in ops[0])
+        return [new_op], [tuple(new_op[p] for p in perm)]
+    if name == "stablehlo.broadcast_in_dim":
+        dims = a["broadcast_dimensions"]
+        new_res = tuple(c(s) for s in res[0])
+        new_op = tuple(new_res[d] if ops[0][i] == res[0][d] else ops[0][i]
+                       for i, d in enumerate(dims))
+        if any(ops[0][i] not in (1, res[0][d]) for i, d in enumerate(dims)):
+            return None
+        return [new_op], [new_res]
+    if name == "stablehlo.dot_general":
+        lb, rb, lc, rc = a.get("lhs_batch", ()), a.get("rhs_batch", ()), a["lhs_contract"], \
+            a["rhs_contract"]
+        lhs = tuple(c(s) for s in ops[0])
+        rhs = [c(s) for s in ops[1]]
+        for x, y in zip(tuple(lb) + tuple(lc), tuple(rb) + tuple(rc)):
+            rhs[y] = lhs[x]
+        lf = [d for d in range(len(lhs)) if d not in lb and d not in lc]
+        rf = [d for d in range(len(rhs)) if d not in rb and d not in rc]
+        out = tuple(lhs[d] for d in lb) + tuple(lhs[d] for d in lf) + tuple(rhs[d] for d in rf)
+        return [lhs, tuple(rhs)], [out]
+    if name == "stablehlo.reduce":
+        if len(ops) != 2:
+            return None
+        dims = a["dimensions"]
+        x = tuple(c(s) for s in ops[0])
+        return [x, ops[1]], [tuple(s for d, s in enumerate(x) if d not in dims)]
+    if name == "stablehlo.all_gather":
+        dim = a["all_gather_dim"]
+        new_ops, new_res = [], []
+        for o, r in zip(ops, res):
+            x = tuple(c(s) for s in o)
+            factor = r[dim] // o[dim] if o[dim] else 0
+            new_ops.append(x)
+            new_res.append(x[:dim] + (x[dim] * factor,) + x[dim + 1:])
+        return new_ops, new_res
+    if name == "stablehlo.reduce_scatter":
+        dim = a["scatter_dimension"]
+        r = tuple(c(s) for s in res[0])
+        factor = ops[0][dim] // res[0][dim] if res[0][dim] else 0
+        return [r[:dim] + (r[dim] * factor,) + r[dim + 1:]], [r]
+    if name == "stablehlo.all_to_all":
+        split, concat = a["split_dimension"], a["concat_dimension"]
+        count = a.get("split_count")
+        new_ops, new_res = [], []
+        for o in ops:
+            if not count or o[split] % count:
+                return None
+            x = [c(s) for s in o]
+            x[split] = c(o[split] // count) * count
+            y = list(x)
+            y[split] //= count
+            y[concat] *= count
+            new_ops.append(tuple(x))
+            new_res.append(tuple(y))
+        return new_ops, new_res
+    return None
+
+
+def segments(start: int, stop: int, size: int, c) -> tuple[int, int, int]:
+    """A cut [start, stop) of a dim of `size` as (before, inside, after), each capped: the
+    reduced dim keeps which of the three parts exist and shrinks each to at most `cap`."""
+    return c(start), c(stop - start), c(size - stop)
+
+
+def _reduced_slice(attrs: dict, operand: tuple[int, ...], result: tuple[int, ...], c):
+    """Dims the slice takes whole shrink (their limit with them); a dim it cuts with stride 1
+    keeps its three parts (before, inside, after the window), each shrunk, so the reduced
+    slice still drops rows on the same sides (a layer of a stacked weight, RoPE's halves).
+    Other dims keep their size and window."""
+    starts, limits = tuple(attrs["start_indices"]), tuple(attrs["limit_indices"])
+    strides = tuple(attrs.get("strides") or (1,) * len(starts))
+    new_op, new_res, new_starts, new_limits = [], [], [], []
+    for d, size in enumerate(operand):
+        if (starts[d], limits[d], strides[d]) == (0, size, 1):
+            new_op.append(c(size))
+            new_res.append(c(size))
+            new_starts.append(0)
+            new_limits.append(c(size))
+        elif strides[d] == 1 and 0 <= starts[d] <= limits[d] <= size:
+            before, inside, after = segments(starts[d], limits[d], size, c)
+            new_op.append(before + inside + after)
+            new_res.append(inside)
+            new_starts.append(before)
+            new_limits.append(before + inside)
+        else:
+            new_op.append(size)
+            new_res.append(result[d])
+            new_starts.append(starts[d])
+            new_limits.append(limits[d])
+    return [tuple(new_op)], [tuple(new_res)], {"start_indices": tuple(new_starts),
+                                               "limit_indices": tuple(new_limits)}
+
+
+def _reduced_pad(attrs: dict, ops, res, c):
+    """Dims padded without interior padding keep their three parts (low padding, data, high
+    padding), each shrunk; other dims keep their size and padding."""
+    low, high = list(attrs["edge_padding_low"]), list(attrs["edge_padding_high"])
+    interior = tuple(attrs["interior_padding"])
+    new_op, new_res = [], []
+    for d, size in enumerate(ops[0]):
+        if interior[d] == 0 and low[d] >= 0 and high[d] >= 0:
+            low[d], high[d] = c(low[d]), c(high[d])
+            new_op.append(c(size))
+            new_res.append(low[d] + c(size) + high[d])
+        else:
+            new_op.append(size)
+            new_res.append(res[0][d])
+    return ([tuple(new_op), ops[1]], [tuple(new_res)],
+            {"edge_padding_low": tuple(low), "edge_padding_high": tuple(high)})
+
+
+def _reduced_gather(info: OpInfo, ops, res, c):
+    """Indexed operand dims and full windows shrink; partial windows keep their size."""
+    dims = dimension_numbers(info.attrs, "dimension_numbers")
+    sizes = tuple(info.attrs["slice_sizes"])
+    operand, indices = ops
+    ivd = dims.get("index_vector_dim", len(indices))
+    if len(res[0]) != len(dims.get("offset_dims", ())) + (
+            len(indices) - (1 if ivd < len(indices) else 0)):
+        return None
+    new_operand, new_sizes = list(operand), list(sizes)
+    batching = dims.get("operand_batching_dims", ())
+    for d, (size, window) in enumerate(zip(operand, sizes)):
+        if d in batching:
+            new_operand[d] = c(size)
+        elif window == size:
+            new_operand[d] = new_sizes[d] = c(size)
+        elif d in dims.get("start_index_map", ()) and window <= c(size):
+            new_operand[d] = c(size)
+    new_indices = tuple(size if d == ivd else c(size) for d, size in enumerate(indices))
+    batch = [size for d, size in enumerate(new_indices) if d != ivd]
+    windows = [new_sizes[d] for d in range(len(operand))
+               if d not in dims.get("collapsed_slice_dims", ())]
+    out, batch_iter, window_iter = [], iter(batch), iter(windows)
+    for d in range(len(res[0])):
+        out.append(next(window_iter) if d in dims.get("offset_dims", ()) else next(batch_iter))
+    return [tuple(new_operand), new_indices], [tuple(out)], {"slice_sizes": tuple(new_sizes)}
+
+
+def _reduced_scatter(info: OpInfo, ops, c):
+    """Scattered operand dims, the updates' scatter dims and full windows shrink."""
+    dims = dimension_numbers(info.attrs, "scatter_dimension_numbers")
+    operand, indices, updates = ops
+    ivd = dims.get("index_vector_dim", len(indices))
+    window_dims = dims.get("update_window_dims", ())
+    batching = dims.get("input_batching_dims", ())
+    operand_window = [d for d in range(len(operand))
+                      if d not in dims.get("inserted_window_dims", ()) and d not in batching]
+    new_operand, new_updates = list(operand), list(updates)
+    for k, d in enumerate(operand_window):
+        u = window_dims[k]
+        if updates[u] == operand[d]:
+            new_operand[d] = new_updates[u] = c(operand[d])
+    for d in tuple(dims.get("inserted_window_dims", ())) + tuple(batching):
+        new_operand[d] = c(operand[d])
+    scatter_dims = [d for d in range(len(updates)) if d not in window_dims]
+    batch = [d for d in range(len(indices)) if d != ivd]
+    if len(scatter_dims) != len(batch):
+        return None
+    new_indices = list(indices)
+    for u, i in zip(scatter_dims, batch):
+        new_updates[u] = new_indices[i] = c(updates[u])
+    return ([tuple(new_operand), tuple(new_indices), tuple(new_updates)],
+            [tuple(new_operand)])
+
+
+def _reduced_reshape(src: tuple[int, ...], dst: tuple[int, ...], c
+                     ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """A reshape at a reduced shape when every dim group is a pure merge or a pure split
+    (row-major structure kept: merged dims shrink, the merged dim is their product)."""
+    groups = reshape_groups(src, dst)
+    if groups is None:
+        return None
+    new_src, new_dst = list(src), list(dst)
+    for src_dims, dst_dims in groups:
+        big_src = [d for d in src_dims if src[d] != 1]
+        big_dst = [d for d in dst_dims if dst[d] != 1]
+        if len(big_src) > 1 and len(big_dst) > 1:
+            return None
+        if len(big_src) <= 1 and len(big_dst) <= 1:
+            for d in big_src:
+                new_src[d] = c(src[d])
+            for d in big_dst:
+                new_dst[d] = c(dst[d])
+        elif len(big_src) > 1:
+            for d in big_src:
+                new_src[d] = c(src[d])
+            new_dst[big_dst[0]] = math.prod(new_src[d] for d in big_src)
+        else:
+            for d in big_dst:
+                new_dst[d] = c(dst[d])
+            new_src[big_src[0]] = math.prod(new_dst[d] for d in big_dst)
+    return tuple(new_src), tuple(new_dst)
