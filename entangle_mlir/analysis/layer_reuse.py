@@ -26,7 +26,9 @@ Soundness rests on equal signatures (same function) and on every template rule i
 holding for all values of the holes (never taken for program inputs: the valid-index
 assumption of `valid_indices.py` does not apply to them). Anything else (an input that is not
 a plain relation, a changed layer) ends the summary, and the layers are walked op by op.
-Where reuse is given up for good is decided in one place, `fallback` (at the end).
+Where reuse is given up for good (the reuse fallback) is decided in one place, at the end:
+`fallback` between tries (`walk_with_fallback`, which the pass runs), `recheck_op_by_op` after
+the check (which the driver asks).
 
 Words (docs/architecture.md): a *block* is an MLIR block, a *layer* one period of a *run* (ops
 of a block repeating with one period); `OpFacts` is what reuse reads from a block's ops.
@@ -731,7 +733,7 @@ def _fits(value: Value, template: Rel, hole: int | None, arguments: tuple[Term, 
     return same and replace(value, term=template.term) == template
 
 
-# ----- the fallback: when reuse is given up and layers are walked op by op -----------------
+# ----- the reuse fallback: when reuse is given up and layers are walked op by op -----------
 
 
 class NoReuse(Exception):
