@@ -15,11 +15,11 @@ import z3
 from entangle_mlir.analysis import solver as z3check
 from entangle_mlir.analysis.instance.abstraction import abstract_instance
 from entangle_mlir.analysis.instance.checker import InstanceChecker, check_instance
-from entangle_mlir.analysis.instance.fallback import check_term_equality
 from entangle_mlir.analysis.instance.reduce import reduced_info
 from entangle_mlir.analysis.instance.shapes import reduced_types
 from entangle_mlir.analysis.instance.solve import find_counterexample, run_check
 from entangle_mlir.analysis.instance.sources import Concrete, Failure
+from entangle_mlir.analysis.instance.term_equality import check_term_equality
 from entangle_mlir.core import terms as T
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.relations import DeviceScalar, Opaque, Rel

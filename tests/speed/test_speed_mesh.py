@@ -10,8 +10,8 @@ from __future__ import annotations
 from fractions import Fraction
 
 from entangle_mlir.analysis.instance import devices
-from entangle_mlir.analysis.instance.blocks import region_value
 from entangle_mlir.analysis.instance.checker import InstanceChecker, check_instance
+from entangle_mlir.analysis.instance.local_values import region_value
 from entangle_mlir.analysis.instance.sources import Concrete, LazyLeaves, leaf_args
 from entangle_mlir.core import terms as T
 from entangle_mlir.core.mesh import Mesh

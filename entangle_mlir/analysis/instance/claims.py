@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import z3
 
-from entangle_mlir.analysis.instance.blocks import (
+from entangle_mlir.analysis.instance.common import rels_of, value_key
+from entangle_mlir.analysis.instance.devices import block_index, distinct_devices, run_devices
+from entangle_mlir.analysis.instance.local_values import (
     block_local,
     block_region,
     derived_local,
     region_value,
 )
-from entangle_mlir.analysis.instance.common import rels_of, value_key
-from entangle_mlir.analysis.instance.devices import block_index, distinct_devices, run_devices
 from entangle_mlir.analysis.instance.sources import Failure, LazyLeaves, leaf_args, opaque_resolver
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.relations import (

@@ -22,7 +22,7 @@ order.
   blocks (the ring turning the wrong way).
 
 Every construct is a claim about each device's local value that the Z3 instance layer checks
-(instance.blocks.derived_local).
+(instance.local_values.derived_local).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ partitioning move between devices, and the micro-batches of a local batch (`Wind
   micro-batch's own total is the per-micro-batch mean (`_per_window_mean`).
 
 Every construct is a claim about each device's local value that the Z3 instance layer checks
-(instance.blocks._window_rows). Only the ops above accept a window (and collective_permute a
+(instance.local_values._window_rows). Only the ops above accept a window (and collective_permute a
 `Permuted` value); `settle` turns either into the error it stands for when anything else uses
 it.
 """
