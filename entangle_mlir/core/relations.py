@@ -207,7 +207,7 @@ class Reordered:
     position j (the other dims as `rel` says). Concatenating the blocks a ring passes around
     in arrival order makes it (ring attention's K, V and key positions). A sum or a max over
     `dim`, and a contraction of `dim` with a value in the same order, do not depend on the
-    order (`rules/reordered.py`); a mismatch of orders is an error, `reason`, at `origin` (the
+    order (`rules/kinds/reordered.py`); a mismatch of orders is an error, `reason`, at `origin` (the
     collective_permute that brought the blocks)."""
 
     rel: Rel
@@ -240,7 +240,7 @@ class Returning:
     {d}), a collective_permute moves it (device d takes its source's blocks and sources), an
     add of two with the same blocks and disjoint sources joins them; when every device holds
     the sum over its whole group at its own block index, it is T split along `dim` over the
-    partial axes (`rules/returning.py`)."""
+    partial axes (`rules/kinds/returning.py`)."""
 
     rel: Rel
     dim: int

@@ -718,7 +718,7 @@ def _ring_return(add: ir.Operation) -> int:
     keep f's dim (`_whole_view`), the rest follows each slice. The
     concatenation then sinks like the forward's (`idioms._sink_concat`), so no per-step block
     stays alive; whether the slices, the permutes and the adds give the reference's cotangent
-    is the walk's to judge (`rules/returning.py`). Only at the last level of a chain (the add
+    is the walk's to judge (`rules/kinds/returning.py`). Only at the last level of a chain (the add
     no collective_permute reads), so the whole chain is taken at once."""
     if any(use.owner.name == "stablehlo.collective_permute" for use in add.results[0].uses):
         return 0

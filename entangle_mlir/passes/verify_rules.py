@@ -30,18 +30,18 @@ class VerifyRulesPass(ModulePass):
         (testing only) doubles the inferred term of every op of that name before its check,
         so the "refuted" path can be exercised (`reference:OP` does it in the reference
         walk; a bare OP in the sharded walk)."""
-        from entangle_mlir.analysis import solver as z3check  # lazy: z3 takes 40 ms to import
+        from entangle_mlir.analysis import solver  # lazy: z3 takes 40 ms to import
 
         walks = {key: state.walks[key] for key in ("reference", "sharded")
                  if key in state.walks}
         if "sharded" not in walks or state.report is None:
             return
         before = len(state.report.diagnostics)
-        z3check.set_resource_limit(self.rlimit)
+        solver.set_resource_limit(self.rlimit)
         try:
             verify_walks(walks, state.report, budget_seconds=self.budget_seconds,
                          inject_fault=self.inject_fault)
         finally:
-            z3check.set_resource_limit(0)
+            solver.set_resource_limit(0)
         state.diagnostics.extend(state.report.diagnostics[before:])
         state.report.stats["seconds"] = round(time.perf_counter() - state.started, 4)

@@ -1,7 +1,7 @@
 """What every rule receives and returns.
 
 A rule is `rule(info, operands, ctx) -> list[Value]`: from the op's neutral description and its
-operands' relations (see `layout.py`), the relations of its results. Rules never raise on
+operands' relations (see `core/relations.py`), the relations of its results. Rules never raise on
 unexpected input: they return `Opaque(reason)` so the answer is "not proven", never a crash and
 never a false "verified".
 """

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import z3
 
-from entangle_mlir.analysis import solver as z3check
+from entangle_mlir.analysis import solver
 from entangle_mlir.analysis.instance.abstraction import abstract_instance
 from entangle_mlir.analysis.instance.checker import InstanceChecker, check_instance
 from entangle_mlir.analysis.instance.reduce import reduced_info
@@ -76,45 +76,45 @@ def run_rule(info: OpInfo, ins, mesh: Mesh):
     return RULES[info.name](info, list(ins), ctx_for(mesh))
 
 
-# ----- z3check ----------------------------------------------------------------------------------
+# ----- solver -----------------------------------------------------------------------------------
 
 def test_prove_statuses() -> None:
     x = z3.Real("x")
-    assert z3check.prove(x + 1 > x, name="t.proved").status == "proved"
-    refuted = z3check.prove(x * x > 0, name="t.refuted")
+    assert solver.prove(x + 1 > x, name="t.proved").status == "proved"
+    refuted = solver.prove(x * x > 0, name="t.refuted")
     assert refuted.status == "refuted" and refuted.counterexample == {"x": "0"}
-    assert z3check.prove(x > 0, [x > 1], name="t.hyp").status == "proved"
-    assert z3check.prove(True).status == "proved"
-    assert z3check.prove(False).status == "refuted"
+    assert solver.prove(x > 0, [x > 1], name="t.hyp").status == "proved"
+    assert solver.prove(True).status == "proved"
+    assert solver.prove(False).status == "refuted"
 
 
 def test_unknown_is_never_proved() -> None:
     a, b, c = z3.Ints("a b c")
     hard = z3.Not(z3.And(a > 0, b > 0, c > 0, a * a * a + b * b * b == c * c * c))
-    result = z3check.prove(hard, name="t.fermat", timeout_ms=20)
+    result = solver.prove(hard, name="t.fermat", timeout_ms=20)
     assert result.status == "unknown" and not result.proved
-    assert z3check.prove("not a formula").status == "unknown"
+    assert solver.prove("not a formula").status == "unknown"
 
 
 def test_dump_dir_writes_named_queries(tmp_path: Path, monkeypatch) -> None:
     x = z3.Real("x")
     try:
-        z3check.set_dump_dir(tmp_path / "a")
-        z3check.prove(x + 0 == x, name="dot_general@12/odd name")
-        z3check.prove(x + 0 == x, name="dot_general@12/odd name")
+        solver.set_dump_dir(tmp_path / "a")
+        solver.prove(x + 0 == x, name="dot_general@12/odd name")
+        solver.prove(x + 0 == x, name="dot_general@12/odd name")
         files = sorted(p.name for p in (tmp_path / "a").iterdir())
         assert files == ["dot_general_12_odd_name.1.smt2", "dot_general_12_odd_name.smt2"]
         text = (tmp_path / "a" / files[1]).read_text()
         assert "(check-sat)" in text and "declare-fun x" in text
-        z3check.set_dump_dir(None)
+        solver.set_dump_dir(None)
         monkeypatch.setenv("ENTANGLE_DUMP_SMT", str(tmp_path / "b"))
-        z3check.prove(x + 0 == x, name="from-env")
+        solver.prove(x + 0 == x, name="from-env")
         assert not (tmp_path / "b").exists()
-        z3check.follow_env_dump_dir()
-        z3check.prove(x + 0 == x, name="from-env")
+        solver.follow_env_dump_dir()
+        solver.prove(x + 0 == x, name="from-env")
         assert [p.name for p in (tmp_path / "b").iterdir()] == ["from-env.smt2"]
     finally:
-        z3check.follow_env_dump_dir()
+        solver.follow_env_dump_dir()
 
 
 # ----- instance checks: modes, cache, budget ----------------------------------------------------

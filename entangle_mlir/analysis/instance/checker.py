@@ -92,7 +92,7 @@ class InstanceChecker:
 
     def check(self, info: OpInfo, in_values: Sequence[Value], out_values: Sequence[Value],
               mesh: Mesh | None, ctx: RuleContext | None = None) -> ProofResult:
-        """A zero-padded window (`rules/window.py`) is claimed as the padded relation it
+        """A zero-padded window (`rules/kinds/window.py`) is claimed as the padded relation it
         stands for: the same local values on every device."""
         out_values = [as_padded_rel(v) for v in out_values]
         start = time.perf_counter()

@@ -70,7 +70,7 @@ def derived_local(global_value: np.ndarray, value: Permuted | Windowed | Shifted
 def block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
                 junk: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """(local value, where it is defined) on `device` of an `InBlock`, `BlockIndex` or
-    `Masked` value (layout.py gives their exact meaning). A masked value that is unspecified
+    `Masked` value (core/relations.py gives their exact meaning). A masked value that is unspecified
     outside its predicate takes `junk` there (an input), or is left open (a result: only the
     defined positions are claimed)."""
     def test(pred: InBlock) -> np.ndarray:

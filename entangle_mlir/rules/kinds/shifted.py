@@ -237,7 +237,7 @@ def _ring_step_compare(name: str, value: Shifted, ctx: RuleContext) -> Opaque | 
     """The reason a compare of one ring step's key positions with the (split) query positions
     is not related: each device holds the mask block at (its own block, the block `hops` back),
     off the diagonal of a layout; only the online softmax's fold relates per-step blocks (as
-    all the keys in a per-device order, `rules/reordered.py`), and a backward reads them step
+    all the keys in a per-device order, `rules/kinds/reordered.py`), and a backward reads them step
     by step."""
     found = ring_step_hops(value, ctx)
     if found is None:
