@@ -13,9 +13,9 @@ MISLOCATED: dict[str, str] = {
     'moe_stack_sgd_sp_router_grad_not_allreduced_tp4':
         "a missing gradient all-reduce is reported at the backward op that made the partial sum, not at the synchronisation: flagged at examples/real/models/moe.py:47:13, not at the BUG line examples/real/bugs.py:47: value is still a partial sum over 'tp' when it leaves shard_map (result #7): missing all_reduce/psum (a gradient: jax...",
     'llama3_stack_sgd_sp_norm_grads_not_allreduced_tp4':
-        "a missing gradient all-reduce is reported at the backward op that made the partial sum, not at the synchronisation: flagged at examples/real/models/analysis/layer_reuse.py:28:11, not at the BUG line examples/real/bugs.py:55: value is still a partial sum over 'tp' when it leaves shard_map (result #1): missing all_reduce/psum (a gradient: jax...",
+        "a missing gradient all-reduce is reported at the backward op that made the partial sum, not at the synchronisation: flagged at examples/real/models/layers.py:28:11, not at the BUG line examples/real/bugs.py:55: value is still a partial sum over 'tp' when it leaves shard_map (result #1): missing all_reduce/psum (a gradient: jax...",
     'qwen3_stack_sgd_shared_head_weight_grad_not_psummed_tp4':
-        "a missing gradient all-reduce is reported at the backward op that made the partial sum, not at the synchronisation: flagged at examples/real/models/analysis/layer_reuse.py:28:11, not at the BUG line examples/real/bugs.py:61: value is still a partial sum over 'tp' when it leaves shard_map (result #5): missing all_reduce/psum (a gradient: jax...",
+        "a missing gradient all-reduce is reported at the backward op that made the partial sum, not at the synchronisation: flagged at examples/real/models/layers.py:28:11, not at the BUG line examples/real/bugs.py:61: value is still a partial sum over 'tp' when it leaves shard_map (result #5): missing all_reduce/psum (a gradient: jax...",
 }
 
 # Buggy programs the verifier PROVES (soundness bugs; must stay empty).
