@@ -296,6 +296,12 @@ def _covered(a, dims: tuple[int, ...], parts: list) -> bool:
     return all(_covered(v, dims, parts) for v in op.operands)
 
 
+def computed_alike(x, y) -> bool:
+    """`x` and `y` are the same value, or computed alike (`_same_value`): equal on every
+    device."""
+    return _same_value(x, y)
+
+
 def _same_value(x, y, budget: list[int] | None = None) -> bool:
     """`x` and `y` are the same value, or computed alike (the same ops, attributes and types
     over the same values: jax recomputes a masked score block for the softmax's max and its

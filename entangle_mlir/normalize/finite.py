@@ -2,11 +2,30 @@
 
 `nonfinite_kinds(value)` is a set of bits (`NEG`, `POS`, `NAN`) read off the constants and
 ops that compute the value: program inputs are finite (DESIGN.md, "Semantics policy"), masks
-and logs of zero build infinities, and a sum, product or exp of finite values may overflow
-where its range (`bounds.interval`) is not finite. `rows_finite` tells that every row a max
-reduces holds an element above -inf on every device, evaluating the masks that device ids
-and constants compute. The exact rewrites (`idioms.py`, `online_backward.py`,
-`max_cotangent.py`, `polynomial.py`) consult these where they hold only for finite values.
+and logs of zero build infinities, and an exp of finite values, or arithmetic of finite values
+with a constant, may overflow where its range (`bounds.interval`) is not finite.
+`rows_finite` tells that every row a max reduces holds an element above -inf on every
+device, evaluating the masks that device ids and constants compute.
+
+Known gap (issue 16): a sum or product of two non-constant finite values (`a + b`, `a * b`,
+`q @ k.T`, a sum over a dim) is taken as finite, although it overflows for large inputs.
+Asking the range there too (a strict analysis) refuses every ring attention whose scores are
+unbounded, the corpus's five among them; and those are not exact on finite inputs: a score
+`q . k` that overflows to -inf empties a row of the first ring block, whose max is then
+-inf, and the program outputs NaN where the reference's softmax is finite
+(tests/normalize/test_exact_ring_overflow.py, xfail strict). Whether that overflow is
+assumed away (stated in the report) or those proofs dropped is open; until then the gap
+stays, and each consumer says what it needs and how far it relies on the gap:
+
+* `idioms._rescaled_exp_sum`, `_shifted_lse`: the shift m finite and the shifted terms
+  normal, both taken from ranges (`idioms._unshifted_exact`): the gap does not reach them;
+* `idioms._online_sum`: every row of the earlier blocks above -inf (`rows_finite`: relies
+  on the gap for score products) and their shift their own row max (`idioms._row_max_of`);
+* `online_backward.py`: the shifts finite (`finite_shift`) and a score never +inf (both
+  rely on the gap for score products); the order of the shifts is not checked;
+* `max_cotangent.py`, `polynomial.py`: atoms finite, and a zero folds through a product
+  only with finite operands (rely on the gap; the cotangent's own products unchecked);
+* `online_backward._reassociated` (`overflow=False`): no infinity the program builds.
 """
 
 from __future__ import annotations
@@ -52,7 +71,8 @@ def nonfinite_kinds(value, memo: dict, overflow: bool = True) -> int:
     division, rsqrt or power is taken at arguments where it is defined, as in the verifier's
     real-number semantics; log may give -inf). Iterative: the cone of a layer's scores is
     the whole program before it. `overflow`: also the infinities an exp, or arithmetic with
-    a constant, of finite values may overflow to (`_overflow`); without it only those the
+    a constant, of finite values may overflow to (`_overflow`; not a sum or product of two
+    non-constant values: the module docstring's known gap); without it only those the
     program builds (masks, log of zero), for the guards of the online softmax's backward
     (`online_backward.py`, whose telescoped forms are left unchecked for overflow)."""
     for top, op, outer in operands_first(value, memo):
@@ -71,7 +91,9 @@ def finite_shift(m_value) -> bool:
     floating point too. (A shard's own max over a row its mask hides throughout is -inf:
     exp(-inf - -inf) = NaN, which the unshifted form would turn into 0.) NaN is not
     tracked: the NaNs programs hold are jnp.take's fill for out-of-range indices, which the
-    verifier assumes do not occur, and a NaN reaches both forms alike."""
+    verifier assumes do not occur, and a NaN reaches both forms alike. A shift that is a
+    sum or product of two inputs is taken as finite (the module docstring's gap): callers
+    that can take finiteness from ranges do (`idioms._unshifted_exact`)."""
     return not nonfinite_kinds(m_value, {}) & (NEG | POS)
 
 
@@ -256,7 +278,10 @@ def _program_input(value) -> bool:
 
 def rows_finite(value, dim: int, memo: dict | None = None) -> bool:
     """Every row of `value` along `dim` holds an element above -inf, on every device, and no
-    element is +inf (`_row_witnesses`; NaN is not tracked, see `finite_shift`)."""
+    element is +inf (`_row_witnesses`; NaN is not tracked, see `finite_shift`). The kept
+    elements of a mask are taken as above -inf when `nonfinite_kinds` says so: scores that
+    are a product of two inputs are (the module docstring's gap), although they can
+    overflow to -inf."""
     found = _row_witnesses(value, (dim,), {} if memo is None else memo)
     return found is True or found is not None and all(bool(w.all()) for w in found)
 

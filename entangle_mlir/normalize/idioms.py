@@ -41,7 +41,13 @@ from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.opinfo import reducer_kind
-from entangle_mlir.normalize.bounds import group_size, interval, log_largest, log_tiny
+from entangle_mlir.normalize.bounds import (
+    computed_alike,
+    group_size,
+    interval,
+    log_largest,
+    log_tiny,
+)
 from entangle_mlir.normalize.finite import finite_shift, rows_finite
 from entangle_mlir.normalize.match import (
     MOVES_AND_TRANSPOSES,
@@ -169,9 +175,23 @@ def _shift_matches(sub: ir.Operation, reduce: ir.Operation, m_value) -> bool:
 
 
 def _unshifted_exact(reduce: ir.Operation, sub: ir.Operation, devices: int, scale) -> bool:
-    """The unshifted `sum(exp(x))` equals the shifted form in the dtype too: no exponential
-    on either side overflows, and the largest term does not underflow (`bounds.py`). A
-    max shift exists to keep `exp` finite where `x` is large: rewriting it away is exact
+    """The unshifted `sum(exp(x))` equals the shifted form `sum(exp(x - m))` (times
+    `exp(m)`, or with `m` added to its log) in the dtype too, from the ranges of x, x - m
+    and m alone (`bounds.py`), whatever computes m:
+
+    * no sum of exponentials overflows: `x` and `x - m` stay below log(largest / count);
+    * no term of either sum underflows: `x` and `x - m` stay above log(smallest normal), so
+      neither sum vanishes (`log(0) + m` is -inf or NaN where the reference's is finite:
+      a shift m = |a| * |b| of large inputs, or a bounded m = 110 + tanh(a), flushes every
+      term of the shifted sum to zero) nor loses precision to subnormals;
+    * `exp(m)`, if the sum is rescaled by it, does not overflow.
+
+    Bounding `x - m` on both sides with `x` bounds `m` on both sides, so `m` is finite and
+    `exp(x - m) * exp(m) = exp(x)`, `log(sum(exp(x - m))) + m = log(sum(exp(x)))` hold up
+    to rounding. No fact about m's finiteness is taken from `finite.nonfinite_kinds`
+    (which reads a sum or product of two unbounded values as finite).
+
+    A max shift exists to keep `exp` finite where `x` is large: rewriting it away is exact
     only where `x` is bounded (inputs are not), so a program that drops the shift is not
     taken for one that keeps it (`log(psum(sum(exp(x))))` overflows at x = 100 in float32
     where the reference's `m + log(sum(exp(x - m)))` does not). `scale`: the `m` of
@@ -181,9 +201,10 @@ def _unshifted_exact(reduce: ir.Operation, sub: ir.Operation, devices: int, scal
     x = sub.operands[0]
     count = devices * math.prod(shape_of(x)[d] for d in i64s(reduce, "dimensions"))
     room = log_largest(x) - math.log(max(count, 1))
+    tiny = log_tiny(x)
     x_lo, x_hi = interval(x, ranges)
-    _, shifted_hi = interval(sub.results[0], ranges)
-    if not (x_hi < room and shifted_hi < room and x_lo > log_tiny(x)):
+    shifted_lo, shifted_hi = interval(sub.results[0], ranges)
+    if not (tiny < x_lo and x_hi < room and tiny < shifted_lo and shifted_hi < room):
         return False
     return scale is None or interval(scale, ranges)[1] < log_largest(x)
 
@@ -202,6 +223,10 @@ def _unshifted(reduce: ir.Operation, sub: ir.Operation, at: ir.Operation):
 
 
 def _rescaled_exp_sum(mul: ir.Operation) -> int:
+    """`reduce_add(exp(x - broadcast(m)), D) * exp(m)` is `reduce_add(exp(x), D)` (module
+    docstring). Needs m finite (else inf * 0), no exponential of either form overflowing,
+    and the shifted terms normal (else the product is 0 where exp(x) is not): all from the
+    ranges of x, x - m and m (`_unshifted_exact`); `finite_shift` is implied by them."""
     for s, e in ((0, 1), (1, 0)):
         scale = defining_op(mul.operands[e])
         if scale is None or scale.name != "stablehlo.exponential":
@@ -221,6 +246,12 @@ def _rescaled_exp_sum(mul: ir.Operation) -> int:
 
 
 def _shifted_lse(add: ir.Operation) -> int:
+    """`log(reduce_add(exp(x - broadcast(m)), D)) + m` is `log(reduce_add(exp(x), D))`
+    (module docstring). Needs m finite (else -inf + inf), no sum of exponentials
+    overflowing, and the shifted terms normal (a large m flushes them all to 0 and gives
+    log(0) + m = -inf): all from the ranges of x and x - m (`_unshifted_exact`), whatever
+    computes m (a product of two inputs overflows to +inf, and `finite_shift`, implied by
+    those ranges, reads it as finite)."""
     for s, m in ((0, 1), (1, 0)):
         log = defining_op(add.operands[s])
         if log is None or log.name != "stablehlo.log":
@@ -454,15 +485,32 @@ def _online_sum(add: ir.Operation) -> int:
     """One step of an online softmax's accumulation, `acc * exp(m_old - m) + F(exp(s - m))`
     with `acc = F(exp(x - m_old))` (F a sum over d, possibly against values v), is
     `F(exp(concatenate(x, s) - m))` (over concatenate(v_x, v_s)); with `acc` = 0 (the first
-    step) it is `F(exp(s - m))`. Exact for any m_old and m (rescaling by exp(m_old - m) moves
-    the shift of every term from m_old to m), provided every element is rescaled by the
-    difference of the very shifts its terms carry: the index maps must say so.
+    step) it is `F(exp(s - m))`. Exact in real arithmetic for any m_old and m (rescaling by
+    exp(m_old - m) moves the shift of every term from m_old to m), provided every element is
+    rescaled by the difference of the very shifts its terms carry: the index maps must say so.
 
-    In floating point it is exact only where m_old > -inf: a row of the earlier blocks that
-    is -inf throughout (a causal mask hiding a whole row of the first block) has
-    m_old = -inf, exp(-inf - -inf) = NaN, and the program computes NaN there, where the
-    softmax over the concatenation is finite. So every row of the earlier blocks must hold
-    an element above -inf on every device (`rows_finite`)."""
+    In floating point, `F(exp(x - m_old)) * exp(m_old - m)` is `F(exp(x - m))` (up to
+    rounding; F is linear, and products may be regrouped) only where no factor over- or
+    underflows alone. Two facts make it so:
+
+    * m_old is the row max of x itself (`_row_max_of`): every `exp(x - m_old)` is in [0, 1]
+      and each row holds a term 1, so `exp(m_old - m)` is the largest of the rewritten terms
+      `exp(x - m)`: where it underflows to 0 they all do, where it overflows (a shift m far
+      below m_old, which no running max is) the rewritten sum is inf too. A shift other than
+      the max is not taken: `exp(x - (max(x) - 100))` overflows where `exp(x - max(x))` does
+      not, and the rewrite would erase that.
+    * m_old > -inf: a row of the earlier blocks that is -inf throughout (a causal mask hiding
+      a whole row of the first block) has m_old = -inf, exp(-inf - -inf) = NaN, and the
+      program computes NaN there, where the softmax over the concatenation is finite. So
+      every row of the earlier blocks must hold an element above -inf on every device
+      (`rows_finite`). Known gap: `rows_finite` takes scores that are a product of two
+      inputs (`q @ k.T`) as finite, so a row whose scores all overflow to -inf is missed
+      (tests/normalize/test_exact_ring_overflow.py: the corpus's ring attention outputs NaN
+      there and is proven).
+
+    Not checked (known gap, the same tests): the unnormalised accumulators
+    `F(exp(s - m))` against values v may overflow where the softmax's normalised sum does
+    not (values near the dtype's largest)."""
     for a, c in ((0, 1), (1, 0)):
         mul = defining_op(add.operands[a])
         if mul is None or mul.name != "stablehlo.multiply":
@@ -496,7 +544,7 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumula
     if not prev.ok or prev.m != old or not prev.like(cur) or not (
             prev.index == cur.index).all():
         return 0
-    if not rows_finite(prev.y, prev.d):
+    if not rows_finite(prev.y, prev.d) or not _row_max_of(prev):
         return 0
     kept = [k for k in range(len(shape_of(cur.y))) if k != cur.d]
     if len(shape_of(cur.m)) != len(kept):
@@ -518,6 +566,24 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumula
         core.operands[1 - cur.side] = concat_blocks([prev.v, cur.v], cur.dv, core)
     _replace_through_views(add, core.results[0], cur.views)
     return 1
+
+
+def _row_max_of(acc: _Accumulated) -> bool:
+    """The shift of `acc`'s terms is the row max of the very scores it shifts:
+    `m = reduce_max(y, d)` (init -inf, possibly as a running max's first step
+    `max(-inf, .)`), broadcast along d to the rows it was taken over. Then every term
+    `exp(y - m)` lies in [0, 1] and each row holds a term exp(0) = 1 (`rows_finite`
+    excludes rows of -inf)."""
+    reduce = _running_max(acc.m)
+    if reduce is None or list(max_reduce(reduce)) != [acc.d] or not splat_of(
+            reduce.operands[1], -math.inf) or shape_of(acc.m) != shape_of(reduce.results[0]):
+        return False
+    if not computed_alike(reduce.operands[0], acc.y):
+        return False
+    rows = [n if k != acc.d else 1 for k, n in enumerate(shape_of(acc.y))]
+    plain = np.broadcast_to(np.arange(math.prod(shape_of(acc.m))).reshape(rows),
+                            shape_of(acc.y))
+    return bool((plain == acc.sub_index).all())
 
 
 def _replace_through_views(old: ir.Operation, value, views: list[ir.Operation]) -> None:

@@ -15,7 +15,15 @@ fold forward (`x * 0`, `0 / n`, moves and sums of zero, `y + 0`). The backward i
 of the max with its gradient stopped, which the online softmax rewrites take. Exact: a value
 is replaced only by a proven-equal one; a floating-point run gives the max's cotangent as a
 rounding residue (1e-7 in float32), which the verifier, like the reference's
-`jax.nn.softmax`, does not model."""
+`jax.nn.softmax`, does not model.
+
+In floating point the cancellation needs the atoms finite (`polynomial.is_zero` asks
+`finite.nonfinite_kinds`: inf - inf is NaN, not 0), and the zeros fold through a product
+only where its other operands are finite (`_fold_zeros`: 0 * inf is NaN). Known gap: the
+cotangent's own sums and products of finite atoms (cotangents times accumulators) are not
+checked for overflow, nor are products of two unbounded values (`nonfinite_kinds` reads
+them as finite); where one overflows, the program's cotangent is inf or NaN, not a
+residue."""
 
 from __future__ import annotations
 

@@ -37,6 +37,22 @@ the shifts are finite: every shift must hold no infinity (`finite_shift`: a caus
 mask hiding a row of a block makes that block's max -inf), and a score that may be +inf is
 refused. Every rewrite is grounded by executing the partitioned program before and after it
 (tests/test_online_softmax.py).
+
+What each needs in floating point, beyond finite shifts (each function says which):
+
+* telescoping and absorbing multiply two exponentials into one; `exp(b - c) * exp(a - b)` is
+  `exp(a - c)` only where neither factor over- or underflows alone, which the running
+  maxes' order (`a <= b <= c`, every factor in [0, 1]) guarantees. Known gap: the order is
+  not checked (the forward's rewrites have sunk the concatenations its maxes are taken
+  over, and `bounds._dominates` does not follow them), so shifts that are not ordered
+  running maxes are taken too (tests/normalize/test_exact_ring_overflow.py:
+  `x * exp(b - c) * exp(a - b)` with b = 200 is inf * 0 and proven);
+* moving a row factor out of an add or a dot along free dims, and a division out of a dot,
+  distribute a product over a sum: `(x + y) * e` overflows where `x * e + y * e` (e < 1)
+  does not only for x, y near the dtype's largest value; this regrouping is taken as the
+  reassociation every proof assumes (the same holds of the unnormalised accumulators,
+  `idioms._online_sum`). Moving it onto the other operand along contracted dims only
+  regroups products; out of a broadcast it is exact for any values.
 """
 
 from __future__ import annotations
@@ -172,7 +188,9 @@ def _same(x, y) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 def _telescope(mul: ir.Operation) -> int:
-    """`(x * F(exp(b - c))) * F(exp(a - b))` (either factor first) is `x * F(exp(a - c))`."""
+    """`(x * F(exp(b - c))) * F(exp(a - b))` (either factor first) is `x * F(exp(a - c))`.
+    Needs a, b, c finite (`_finite`; b = +-inf gives inf * 0) and, unchecked (module
+    docstring), both factors in [0, 1]."""
     for i, o in ((0, 1), (1, 0)):
         outer = _factor(mul.operands[o])
         inner_mul = defining_op(mul.operands[i])
@@ -212,7 +230,9 @@ def _shifted_exp(value):
 
 def _absorb(mul: ir.Operation) -> int:
     """`exp(s - F(a)) * F(exp(a - b))` is `exp(s - F(b))`; `(z * F(exp(a - b))) *
-    exp(s - F(a))` is `z * exp(s - F(b))`."""
+    exp(s - F(a))` is `z * exp(s - F(b))`. Needs a and b finite, s never +inf (exp(inf - a)
+    * exp(a - b) is inf or NaN where exp(inf - b) is inf), and, unchecked (module
+    docstring), `s <= a <= b`."""
     for e, f in ((0, 1), (1, 0)):
         shifted = _shifted_exp(mul.operands[e])
         if shifted is None:
@@ -274,7 +294,9 @@ def _scaled(value) -> tuple[object, _Factor] | None:
 
 
 def _broadcast_out(broadcast: ir.Operation) -> int:
-    """`broadcast(x * F(e))` is `broadcast(x) * broadcast(F(e))`."""
+    """`broadcast(x * F(e))` is `broadcast(x) * broadcast(F(e))`: element by element the same
+    product, exact for any values (the shifts are asked to be finite only so that the
+    factors it moves are ones the other rewrites take)."""
     found = _scaled(broadcast.operands[0])
     if found is None:
         return 0
@@ -293,7 +315,8 @@ def _broadcast_out(broadcast: ir.Operation) -> int:
 
 
 def _add_out(add: ir.Operation) -> int:
-    """`x * F(e) + y * F(e)` is `(x + y) * F(e)`."""
+    """`x * F(e) + y * F(e)` is `(x + y) * F(e)`: a product distributed over a sum, taken as
+    the regrouping every proof assumes (module docstring); the shifts must be finite."""
     left, right = _scaled(add.operands[0]), _scaled(add.operands[1])
     if left is None or right is None:
         return 0
@@ -874,7 +897,12 @@ def _reassociated(reduce: ir.Operation) -> int:
     to the reduction's): the sum over the values of the cotangent times the unnormalised
     output, read as the sum over the keys of the probabilities times the probabilities'
     cotangent (the softmax backward's form). Exact in real arithmetic (both are sum over d
-    and k of x g e v); the leaves must hold no infinity."""
+    and k of x g e v); a regrouping of one sum of products, which every proof assumes, in
+    floating point too where the leaves hold no infinity (`x - x` and `0 * x` fail for
+    infinities). Only the infinities the program builds (masks, log of zero) are asked
+    about (`overflow=False`): the leaves are exponentials of shifted scores, in [0, 1], and
+    cotangents and values, unbounded; their overflow is not (the distributed products of
+    the module docstring)."""
     if not sum_reduce(reduce):
         return 0
     dims = i64s(reduce, "dimensions")

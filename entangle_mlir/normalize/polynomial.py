@@ -13,7 +13,10 @@ A division `a / b` is `a * b^-1` with `b^-1` an atom (b is nonzero: the verifier
 division where it is defined, `nonfinite_kinds`). When some monomials keep such an inverse
 and `b` is a computed sum, the whole polynomial is multiplied by the power of `b` that clears
 it (nonzero, so zero stays zero) and `b` is then expanded. Every atom must be finite
-(`nonfinite_kinds`): `x - x = 0` and `0 * x = 0` fail for infinities.
+(`nonfinite_kinds`): `x - x = 0` and `0 * x = 0` fail for infinities. This decides zero in
+real arithmetic: a floating-point evaluation of the same value is a rounding residue only
+while none of its sums and products of finite atoms overflows, which is not checked here
+(the caller's concern, `max_cotangent.py`).
 
 Which values are expanded is decided per value (so a value is one atom wherever it occurs):
 those within `depth` arithmetic ops of the root. `is_zero` tries growing depths: a value read

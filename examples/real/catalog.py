@@ -261,6 +261,18 @@ def run_pair(ex: Example, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndar
     return run_reference(ex, seed), run_sharded(ex, seed)
 
 
+def run_pair_on(ex: Example, inputs: list[np.ndarray]) -> tuple[list[np.ndarray],
+                                                               list[np.ndarray]]:
+    """Run reference and sharded program on the given (global) inputs; return their outputs.
+    For grounding on chosen inputs (values near the dtype's limits) rather than random ones."""
+    ref = _compiled(jax.jit(ex.reference), tuple(_avals(ex, False)))(*inputs)
+    mesh = make_mesh(ex)
+    placed = [jax.device_put(x, NamedSharding(mesh, a.spec)) for x, a in zip(inputs, ex.args)]
+    out = _compiled(sharded_fn(ex), tuple(_avals(ex, True)))(*placed)
+    return ([np.asarray(o) for o in jax.tree.leaves(ref)],
+            [np.asarray(o) for o in jax.tree.leaves(out)])
+
+
 def bug_line(ex: Example) -> tuple[str, int]:
     """(source file, line number) of the line ending with ``# BUG`` in the buggy function."""
     if ex.bug is None:

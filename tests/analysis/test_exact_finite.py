@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 from entangle_mlir.core.report import FINITE_INPUTS, REASSOCIATION
 from entangle_mlir.driver import check_texts
-from examples.real.catalog import Example, custom, lower_pair, make_mesh, sharded_fn
+from examples.real.catalog import Example, custom, lower_pair, make_mesh, run_pair_on, sharded_fn
 from examples.real.programs import ArgDef
 from tests.shared import REPO
 
@@ -112,6 +112,129 @@ def test_the_max_shifted_twin_is_proven_and_equal_on_large_inputs() -> None:
     assert report.proven, report.render_text()
     assert " 0 refuted, 0 inconclusive" in report.mode, report.mode
     assert report.assumptions[:2] == [REASSOCIATION, FINITE_INPUTS]
+
+
+# ----- class 6: the shift a rewrite drops, computed by sums and products -----------------------
+# `idioms._shifted_lse` / `_rescaled_exp_sum` drop a shift m from `log(sum(exp(t - m))) + m`
+# and `sum(exp(t - m)) * exp(m)` where t is bounded (here tanh(x)). A shift that is a product
+# or a sum of two large inputs overflows to +inf (`finite.nonfinite_kinds` reads it as finite),
+# and a large finite or bounded shift flushes every term of the shifted sum to zero: log(0) + m
+# is -inf or NaN where the reference's log(sum(exp(tanh(x)))) is finite. These were proven
+# (the rewrite erased m, and the slices of x it was computed from, from the program); now the
+# shifted sum's terms must stay normal (`idioms._unshifted_exact`).
+
+def tanh_lse_ref(x):
+    return jnp.log(jnp.sum(jnp.exp(jnp.tanh(x)), axis=-1))
+
+
+def low_lse_ref(x):
+    return jnp.log(jnp.sum(jnp.exp(-83.0 + 3 * jnp.tanh(x)), axis=-1))
+
+
+def _pair(x):
+    """Two columns of each shard's block of x: the factors of a shift."""
+    return jnp.abs(x[:, 0:1]), jnp.abs(x[:, 1:2])
+
+
+def tanh_lse_pmax(x):
+    """The correct twin: shifted by the global max of tanh(x), added back."""
+    t = jnp.tanh(x)
+    m = lax.pmax(jnp.max(t, axis=-1, keepdims=True), TP)
+    return jnp.log(lax.psum(jnp.sum(jnp.exp(t - m), axis=-1), TP)) + m[:, 0]
+
+
+def tanh_lse_product_shift(x):
+    """Shifted by pmax(|a| * |b|): +inf when a * b overflows, 1e32 (every term 0) below."""
+    a, b = _pair(x)
+    m = lax.pmax(a * b, TP)
+    t = jnp.tanh(x)
+    return jnp.log(lax.psum(jnp.sum(jnp.exp(t - m), axis=-1), TP)) + m[:, 0]
+
+
+def tanh_lse_sum_shift(x):
+    """Shifted by pmax(|a| + |b|): +inf when the sum overflows."""
+    a, b = _pair(x)
+    m = lax.pmax(a + b, TP)
+    t = jnp.tanh(x)
+    return jnp.log(lax.psum(jnp.sum(jnp.exp(t - m), axis=-1), TP)) + m[:, 0]
+
+
+def tanh_lse_bounded_shift(x):
+    """A bounded, finite shift 110 + tanh(a): exp(t - m) is 0 in float32 for every term."""
+    a, _ = _pair(x)
+    m = lax.pmax(110.0 + jnp.tanh(a), TP)
+    t = jnp.tanh(x)
+    return jnp.log(lax.psum(jnp.sum(jnp.exp(t - m), axis=-1), TP)) + m[:, 0]
+
+
+def tanh_lse_local_max_rescaled(x):
+    """The correct twin of the rescaled form: each shard's own max of tanh(x), undone by
+    exp(m) before the psum."""
+    t = jnp.tanh(x)
+    m = jnp.max(t, axis=-1, keepdims=True)
+    return jnp.log(lax.psum(jnp.sum(jnp.exp(t - m), axis=-1) * jnp.exp(m[:, 0]), TP))
+
+
+def tanh_lse_rescaled_product_shift(x):
+    """A per-shard shift |a| * |b| undone by exp(m): exp(m) overflows (never proven: the
+    shift's range is unbounded)."""
+    a, b = _pair(x)
+    m = a * b
+    t = jnp.tanh(x)
+    return jnp.log(lax.psum(jnp.sum(jnp.exp(t - m), axis=-1) * jnp.exp(m[:, 0]), TP))
+
+
+def low_lse_rescaled_bounded_shift(x):
+    """Terms near exp(-83) (normal in float32) shifted by a per-shard 20 + 3 tanh(a * b):
+    exp(t - m) ~ exp(-106) is 0, so the rescaled sum is 0 where the reference's is 1e-35."""
+    a, b = _pair(x)
+    m = 20.0 + 3 * jnp.tanh(a * b)
+    t = -83.0 + 3 * jnp.tanh(x)
+    return jnp.log(lax.psum(jnp.sum(jnp.exp(t - m), axis=-1) * jnp.exp(m[:, 0]), TP))
+
+
+def _with_pair(value: float) -> np.ndarray:
+    """N(0, 1) inputs whose two shift columns of every shard hold `value`."""
+    x = _inputs(0.0)
+    x[:, 0::4] = value
+    x[:, 1::4] = value
+    return x
+
+
+SHIFTS = [  # (reference, sharded, inputs on which they differ)
+    (tanh_lse_ref, tanh_lse_product_shift, [1e20, 1e16]),
+    (tanh_lse_ref, tanh_lse_sum_shift, [3e38]),
+    (tanh_lse_ref, tanh_lse_bounded_shift, [1.0]),
+    (tanh_lse_ref, tanh_lse_rescaled_product_shift, [1e20]),
+    (low_lse_ref, low_lse_rescaled_bounded_shift, [1.0]),
+]
+
+
+@pytest.mark.parametrize(("reference", "body", "values"), SHIFTS,
+                         ids=[b.__name__ for _, b, _ in SHIFTS])
+def test_a_dropped_shift_that_overflows_or_underflows_is_not_proven(reference, body,
+                                                                     values) -> None:
+    ex = custom(f"finite_{body.__name__}", MESH, reference, body, ARGS, P(), body.__name__)
+    for value in values:
+        (ref,), (shd,) = run_pair_on(ex, [_with_pair(value)])
+        assert np.isfinite(ref).all(), ref
+        assert not _same(ref, shd), (value, ref, shd)
+    report = check_texts(*lower_pair(ex))
+    assert not report.proven, report.render_text()
+
+
+@pytest.mark.parametrize("body", [tanh_lse_pmax, tanh_lse_local_max_rescaled])
+def test_a_dropped_max_shift_of_bounded_values_is_proven(body) -> None:
+    """The twins: the shift is the (global or per-shard) max of tanh(x), so every shifted
+    term lies in [exp(-2), 1]; the rewrite fires and the pair is proven, and the numbers
+    agree on the same inputs, large shift columns included."""
+    ex = custom(f"finite_{body.__name__}", MESH, tanh_lse_ref, body, ARGS, P(), body.__name__)
+    for value in (1.0, 1e20, 3e38):
+        (ref,), (shd,) = run_pair_on(ex, [_with_pair(value)])
+        assert np.isfinite(ref).all() and _same(ref, shd), (value, ref, shd)
+    report = check_texts(*lower_pair(ex))
+    assert report.proven, report.render_text()
+    assert " 0 refuted, 0 inconclusive" in report.mode, report.mode
 
 
 def test_kinds_take_an_exp_or_a_huge_scaling_of_finite_values_as_overflowing() -> None:
