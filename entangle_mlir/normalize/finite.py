@@ -79,7 +79,8 @@ def nonfinite_kinds(value, memo: dict, overflow: bool = True) -> int:
         memo[top] = memo[outer] if outer is not None else _kinds_of(top, op, memo)
         if overflow and op is not None and op.name in _OVERFLOWING and not memo[top] & (
                 NEG | POS) and (
-                op.name in _EXPONENTIALS or op.name in _ELEMENTWISE_ARITHMETIC and any(
+                op.name in _EXPONENTIALS or _sum_or_product(op)
+                or op.name in _ELEMENTWISE_ARITHMETIC and any(
                     _constant(v) for v in op.operands[
                         1 if op.name == "stablehlo.divide" else 0:])):
             memo[top] |= _overflow(top, memo)
@@ -128,6 +129,16 @@ _EXPONENTIALS = frozenset({"stablehlo.exponential", "stablehlo.exponential_minus
                            "stablehlo.power"})
 
 
+def _sum_or_product(op: ir.Operation) -> bool:
+    """A sum or product of any values (add, subtract, multiply, square, dot_general, a sum
+    reduction or psum): it may overflow wherever its range is not finite."""
+    if op.name in ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply",
+                   "stablehlo.dot_general", "chlo.square"):
+        return True
+    return op.name in ("stablehlo.reduce", "stablehlo.all_reduce",
+                       "stablehlo.reduce_scatter") and reducer_kind(op) == "add"
+
+
 def _constant(value) -> bool:
     """`value` is a constant, possibly broadcast or reshaped."""
     root, _ = root_of(value)
@@ -150,7 +161,7 @@ def _overflow(value, memo: dict) -> int:
     ranges = memo.setdefault("bounds", {})
     lo, hi = interval(value, ranges)
     op = defining_op(value)
-    if op is not None and op.name not in _EXPONENTIALS and not all(
+    if op is not None and op.name not in _EXPONENTIALS and not _sum_or_product(op) and not all(
             -math.inf < interval(v, ranges)[0] and interval(v, ranges)[1] < math.inf
             for v in op.operands):
         return 0
