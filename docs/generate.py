@@ -37,7 +37,7 @@ def parse_lit_test(path: Path) -> dict:
     lines = path.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line and not line.startswith("//"))
     header = [line for line in lines[:start]
-              if not re.match(r"// (RUN|CHECK[-A-Z]*|XFAIL|REQUIRES):", line)]
+              if not re.match(r"// (RUN|[A-Z]+(-[A-Z]+)*|XFAIL|REQUIRES):", line)]
     blocks: list[tuple[str, list[str]]] = []   # ("prose" | "code", lines)
     for line in header:
         text = line[2:].removeprefix(" ")
@@ -63,8 +63,8 @@ def parse_lit_test(path: Path) -> dict:
 
 def check_output(path: Path) -> tuple[str, str | None]:
     """What `entangle check FILE` prints (run from the repository root), and the reason."""
-    from entangle_mlir.driver import check_files, check_with_pipeline
     from entangle_mlir.core.diagnostics import InputError
+    from entangle_mlir.driver import check_files, check_with_pipeline
 
     relative = str(path.relative_to(REPO))
     pipeline = re.search(r"--pass-pipeline='builtin\.module\((.*inject-fault.*)\)'",

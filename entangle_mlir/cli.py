@@ -37,6 +37,10 @@ def main(argv: list[str] | None = None) -> int:
                        help="when not proven, run the diverging op and its reference "
                             "counterpart on a random input (imports jax; simulated CPU "
                             "devices) and show how far apart they are")
+    check.add_argument("--assume-no-overflow", action="store_true",
+                       help="take sums and products of finite values as finite (real-number "
+                            "behaviour: an online softmax's scores never overflow); a proof "
+                            "that relies on it lists the assumption")
     demo = sub.add_parser("demo", help="check the bundled examples (and one caught bug)")
     _common_options(demo)
     args = parser.parse_args(argv)
@@ -58,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
 
         report = check_files(args.ref, args.sharded or args.ref,
                              verify_rules=not args.no_verify_rules,
-                             reuse_layers=not (args.explain or args.json))
+                             reuse_layers=not (args.explain or args.json),
+                             assume_no_overflow=args.assume_no_overflow)
         if args.evidence and not report.proven:
             from entangle_mlir.evidence import check_evidence  # lazy: 7 ms; --evidence only
 

@@ -16,16 +16,19 @@ from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipelin
 
 
 def check_program(program: Program, *, verify_rules: bool = True,
-                  reuse_layers: bool = True) -> Report:
+                  reuse_layers: bool = True, assume_no_overflow: bool = False) -> Report:
     """Normalize, walk both functions, compare; optionally Z3-check every rule instance.
 
     `reuse_layers` walks repeated layers once (`analysis/layer_reuse.py`); without it every
-    op gets its relation, which `--explain` and `--json` show."""
+    op gets its relation, which `--explain` and `--json` show. `assume_no_overflow`: sums
+    and products of finite values are taken as finite (`normalize/finite.py`; listed among
+    the assumptions where a proof relies on it)."""
     start = time.perf_counter()
     check = ["entangle-check-refinement"] + (["entangle-verify-rules"] if verify_rules else [])
     state = PassState(program.sharded_module, program.sharded_file, program=program)
     with context():
-        run_pipeline(parse_pipeline("entangle-normalize,entangle-import-shardings,"
+        normalize = "{assume-no-overflow=true}" if assume_no_overflow else ""
+        run_pipeline(parse_pipeline(f"entangle-normalize{normalize},entangle-import-shardings,"
                                     "entangle-infer-relations{annotate=false reuse-layers="
                                     f"{str(reuse_layers).lower()}}},entangle-check-refinement",
                                     PASSES), state)
@@ -50,23 +53,26 @@ def check_program(program: Program, *, verify_rules: bool = True,
 
 def check_texts(ref_text: str, sharded_text: str, *, ref_file: str = "reference.mlir",
                 sharded_file: str = "sharded.mlir", verify_rules: bool = True,
-                reuse_layers: bool = True) -> Report:
+                reuse_layers: bool = True, assume_no_overflow: bool = False) -> Report:
     ref = parse_module(ref_text, ref_file)
     sharded = parse_module(sharded_text, sharded_file)
     return check_program(from_two_modules(ref, sharded, ref_file, sharded_file),
-                         verify_rules=verify_rules, reuse_layers=reuse_layers)
+                         verify_rules=verify_rules, reuse_layers=reuse_layers,
+                         assume_no_overflow=assume_no_overflow)
 
 
 def check_files(ref_path: str, sharded_path: str, *, verify_rules: bool = True,
-                reuse_layers: bool = True) -> Report:
+                reuse_layers: bool = True, assume_no_overflow: bool = False) -> Report:
     """`entangle check REF SHARDED`; a single combined file may be given as both."""
     if _same_file(ref_path, sharded_path):
         return check_combined_file(ref_path, verify_rules=verify_rules,
-                                   reuse_layers=reuse_layers)
+                                   reuse_layers=reuse_layers,
+                                   assume_no_overflow=assume_no_overflow)
     ref = load_file(ref_path)
     sharded = load_file(sharded_path)
     return check_program(from_two_modules(ref, sharded, ref_path, sharded_path),
-                         verify_rules=verify_rules, reuse_layers=reuse_layers)
+                         verify_rules=verify_rules, reuse_layers=reuse_layers,
+                         assume_no_overflow=assume_no_overflow)
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -77,12 +83,12 @@ def _same_file(a: str, b: str) -> bool:
 
 
 def check_combined_file(path: str, *, verify_rules: bool = True,
-                        reuse_layers: bool = True) -> Report:
+                        reuse_layers: bool = True, assume_no_overflow: bool = False) -> Report:
     module = load_file(path)
     if not has_refines(module):
         raise InputError("no function carries `entangle.refines = @reference`", file=path)
     return check_program(from_combined(module, path), verify_rules=verify_rules,
-                         reuse_layers=reuse_layers)
+                         reuse_layers=reuse_layers, assume_no_overflow=assume_no_overflow)
 
 
 def check_with_pipeline(path: str, pipeline: str) -> Report:

@@ -75,13 +75,16 @@ def lower_pair(reference_fn: Callable, sharded_fn: Callable, *avals) -> tuple[st
 
 
 def check(reference_fn: Callable, sharded_fn: Callable, *avals,
-          verify_rules: bool = True, evidence: bool = True) -> Report:
-    """Prove that `sharded_fn` refines `reference_fn` on arguments shaped like `avals`."""
+          verify_rules: bool = True, evidence: bool = True,
+          assume_no_overflow: bool = False) -> Report:
+    """Prove that `sharded_fn` refines `reference_fn` on arguments shaped like `avals`.
+    `assume_no_overflow`: take sums and products of finite values as finite (`entangle check
+    --assume-no-overflow`; listed among the assumptions where a proof relies on it)."""
     ref_text, sharded_text = lower_pair(reference_fn, sharded_fn, *avals)
     name = getattr(reference_fn, "__name__", "reference")
     report = check_texts(ref_text, sharded_text, ref_file=f"<{name}: reference>",
                          sharded_file=f"<{getattr(sharded_fn, '__name__', 'sharded')}>",
-                         verify_rules=verify_rules)
+                         verify_rules=verify_rules, assume_no_overflow=assume_no_overflow)
     if not report.proven and evidence:
         report.evidence = output_evidence(reference_fn, sharded_fn, avals)
         report.evidence["at_op"] = op_evidence(report.focus)

@@ -70,8 +70,11 @@ def test_example_produces_its_reason(reason: str) -> None:
     first = report.diagnostics[0]
     assert first.category == reason, report.render_text()
     assert first.loc is not None and first.loc.line > 0
-    expected = re.findall(r"// expected-error @\+1 \{\{(.*?)\}\}", path.read_text())
-    assert expected and expected[0] in first.message
+    lines = path.read_text().splitlines()
+    expected = [m.group(1) for number, line in enumerate(lines, start=1)
+                if number + 1 == first.loc.line
+                for m in [re.search(r"// expected-error @\+1 \{\{(.*?)\}\}", line)] if m]
+    assert expected and expected[0] in first.message, (first.loc.line, first.message)
 
 
 def report_for(reason: str):

@@ -246,7 +246,8 @@ def test_cli_evidence_is_not_claimed_for_a_proven_pair(capsys) -> None:
 
 def test_ring_order_mismatch_compares_the_outputs_only() -> None:
     """Ring attention's permuted K/V blocks differ from the reference's K by design, in the
-    correct program too: a wrong ring direction is shown by the outputs, not at the permute."""
+    correct program too: a wrong ring direction is shown by the outputs, not at the permute
+    (under `--assume-no-overflow`: by default the online softmax's fold is refused first)."""
     from examples.real.catalog import _avals as real_avals
     from examples.real.catalog import by_name as real_by_name
     from examples.real.catalog import reference_fn as real_reference
@@ -254,7 +255,7 @@ def test_ring_order_mismatch_compares_the_outputs_only() -> None:
 
     ex = real_by_name("llama3_stack_ring_ring_wrong_direction_cp4")
     report = check(real_reference(ex), real_sharded(ex), *real_avals(ex, True),
-                   verify_rules=False)
+                   verify_rules=False, assume_no_overflow=True)
     assert not report.proven
     assert "blocks assembled in different orders" in report.diagnostics[0].message
     at_op = report.evidence["at_op"]

@@ -67,6 +67,13 @@ REASONS: dict[str, tuple[str, str]] = {
         ("a value is computed at lower precision than the reference's: a convert rounds "
         "(f32 -> bf16, i32 -> f32 above 2^24) where the reference keeps the precision, or "
         "partial sums are rounded before the all_reduce sums them in the narrower type")),
+    "overflow": (
+        "may overflow",
+        ("an exact rewrite the proof needs (an online softmax's fold over its blocks, its "
+        "backward, a running max's zero cotangent) holds only where no sum or product of "
+        "finite values overflows, which their ranges do not show (q . k of finite inputs can "
+        "overflow): not proven; `--assume-no-overflow` assumes it, and a proof that relies on "
+        "it lists the assumption")),
     "unrelated": (
         "no relation to the reference",
         "the value has no clean relation to any reference value"),

@@ -267,11 +267,12 @@ def describe_difference(pair: Rounded) -> str:
         return (f"the sharded constant {_exact_text(sharded)} is not the reference's "
                 f"{_exact_text(reference)} ({dtype} constants compare exactly)")
     return (f"the sharded constant {float(sharded):.9g} is not the reference's "
-            f"{_exact_text(reference)}, nor its rounding to {_DTYPE_NAMES[dtype]} "
+            f"{_exact_text(reference)}, nor its rounding to {DTYPE_NAMES[dtype]} "
             f"({float(rounded):.9g}): constants compare exactly")
 
 
-_DTYPE_NAMES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+DTYPE_NAMES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+"""numpy's names of the MLIR float types, as messages spell them."""
 
 ASSUMPTION = "XLA's exact constant rounding"
 """How a proof that used `equal_up_to_rounding` names what it assumed."""
@@ -287,7 +288,7 @@ def describe_rounded(pairs: list[Rounded], limit: int = 3) -> str:
     """`reference x / 768 vs sharded x * 0.00130208337 (float32(1/768))` for each pair."""
     shown = []
     for reference, sharded, dtype in pairs[:limit]:
-        rounding = f"{_DTYPE_NAMES.get(dtype, dtype)}({_exact_text(reference)})"
+        rounding = f"{DTYPE_NAMES.get(dtype, dtype)}({_exact_text(reference)})"
         if reference.numerator == 1 and reference.denominator != 1:
             shown.append(f"reference `x / {reference.denominator}` vs sharded "
                          f"`x * {float(sharded):.9g}` ({rounding})")

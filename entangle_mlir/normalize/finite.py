@@ -2,45 +2,54 @@
 
 `nonfinite_kinds(value)` is a set of bits (`NEG`, `POS`, `NAN`) read off the constants and
 ops that compute the value: program inputs are finite (DESIGN.md, "Semantics policy"), masks
-and logs of zero build infinities, and an exp of finite values, or arithmetic of finite values
-with a constant, may overflow where its range (`bounds.interval`) is not finite.
+and logs of zero build infinities, and an exp, a sum or a product of finite values may
+overflow where its range (`bounds.interval`) is not finite.
 `rows_finite` tells that every row a max reduces holds an element above -inf on every
 device, evaluating the masks that device ids and constants compute.
 
-Known gap (issue 16): a sum or product of two non-constant finite values (`a + b`, `a * b`,
-`q @ k.T`, a sum over a dim) is taken as finite, although it overflows for large inputs.
-Asking the range there too (a strict analysis) refuses every ring attention whose scores are
-unbounded, the corpus's five among them; and those are not exact on finite inputs: a score
-`q . k` that overflows to -inf empties a row of the first ring block, whose max is then
--inf, and the program outputs NaN where the reference's softmax is finite
-(tests/normalize/test_exact_ring_overflow.py, xfail strict). Whether that overflow is
-assumed away (stated in the report) or those proofs dropped is open; until then the gap
-stays, and each consumer says what it needs and how far it relies on the gap:
+Overflow (issue 16): a sum or product of finite values (`a + b`, `a * b`, `q @ k.T`, a sum
+over a dim) is finite only where its range is, like an exp. That refuses every ring attention
+whose scores are unbounded, rightly: a score `q . k` that overflows to -inf empties a row of
+the first ring block, whose max is then -inf, and the program outputs NaN where the
+reference's softmax is finite (tests/normalize/test_exact_ring_overflow.py). A user who
+accepts real-number behaviour there passes `--assume-no-overflow` (`Finiteness`): sums and
+products of finite values are then taken as finite, and a proof that relied on it lists
+`NO_OVERFLOW` among its assumptions. Each consumer judges through `judge`, which records
+both: in the default (strict) mode a check refused only because of a possible overflow
+(`Refusal`, reported when the program is not proven), and under the assumption a check that
+held only because of it (listed when the rewrite fired). What the consumers need finite:
 
 * `idioms._rescaled_exp_sum`, `_shifted_lse`: the shift m finite and the shifted terms
-  normal, both taken from ranges (`idioms._unshifted_exact`): the gap does not reach them;
-* `idioms._online_sum`: every row of the earlier blocks above -inf (`rows_finite`: relies
-  on the gap for score products) and their shift their own row max (`idioms._row_max_of`);
-* `online_backward.py`: the shifts finite (`finite_shift`) and a score never +inf (both
-  rely on the gap for score products); the order of the shifts is not checked;
+  normal, both taken from ranges (`idioms._unshifted_exact`): the assumption does not reach
+  them;
+* `idioms._online_sum`: every row of the earlier blocks above -inf (`rows_finite`) and their
+  shift their own row max (`idioms._row_max_of`);
+* `online_backward.py`: the shifts finite (`finite_shift`) and a score never +inf; the
+  order of the shifts is not checked;
 * `max_cotangent.py`, `polynomial.py`: atoms finite, and a zero folds through a product
-  only with finite operands (rely on the gap; the cotangent's own products unchecked);
+  only with finite operands (the cotangent's own products unchecked);
 * `online_backward._reassociated` (`overflow=False`): no infinity the program builds.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 from jaxlib.mlir import ir
 
 from entangle_mlir.core import precision
+from entangle_mlir.core.rounding import DTYPE_NAMES
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.opinfo import compare_type, constant_value, describe, reducer_kind
 from entangle_mlir.normalize.bounds import interval
 from entangle_mlir.normalize.match import (
     MAX_INDEX,
+    Memo,
     attr_names,
     defining_op,
     finite_test,
@@ -65,36 +74,186 @@ _CARRY = frozenset({
 """Ops whose result holds only values of their operands (the non-finite ones too)."""
 
 
+NO_OVERFLOW = ("no intermediate overflow: sums and products of finite values computed by the "
+               "programs stay finite (--assume-no-overflow)")
+"""How a proof that relied on `--assume-no-overflow` names what it assumed."""
+
+
+class Kinds(Memo):
+    """A memo of `nonfinite_kinds` for one mode (values -> kinds; "bounds": the ranges
+    `bounds.interval` computed on the way), kept across rewrites (`Memo`).
+    `assume_no_overflow`: sums and products of finite values are taken as finite. A plain
+    dict is a memo of the strict mode."""
+
+    def __init__(self, assume_no_overflow: bool = False) -> None:
+        super().__init__()
+        self.assume_no_overflow = assume_no_overflow
+        self["bounds"] = Memo()
+
+    def forget_erased(self, erased: set[int]) -> None:
+        super().forget_erased(erased)
+        self["bounds"].forget_erased(erased)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A rewrite refused only because a sum or product of finite values may overflow (it
+    would fire under `--assume-no-overflow`): `message` says why at the op `location`
+    (an MLIR location's text) of the program in `file`. `root`: the refusal the others
+    follow from (an online softmax's fold, whose backward and max cotangent are refused for
+    the same scores)."""
+
+    file: str
+    location: str
+    message: str
+    root: bool = False
+
+
+class Finiteness:
+    """How one normalization judges finiteness (strict, or assuming no overflow), and what
+    that decided: `refusals` (strict mode) and `used`, the (file, location) of the rewrites
+    that fired relying on the assumption. One memo per mode is shared by every check: the
+    rewrites ask about the same cones again for each candidate op and after each rewrite.
+    It forgets the values of the ops a rewrite erased (`forget_erased`), or everything
+    (`forget`) where erasures are not tracked. Rewrite drivers call `attempt` before trying
+    a rewrite and `fired` when it changed the module; `judge` records what each check
+    cost."""
+
+    def __init__(self, assume_no_overflow: bool = False) -> None:
+        self.assume_no_overflow = assume_no_overflow
+        self.file = ""
+        self.used: list[tuple[str, str]] = []
+        self.refusals: list[Refusal] = []
+        self._pending: list[tuple[str, str]] = []
+        self._memos: dict[bool, Kinds] = {}
+
+    def memo(self, assume_no_overflow: bool | None = None) -> Kinds:
+        """The shared memo of a mode (by default this normalization's)."""
+        mode = self.assume_no_overflow if assume_no_overflow is None else assume_no_overflow
+        if mode not in self._memos:
+            self._memos[mode] = Kinds(mode)
+        return self._memos[mode]
+
+    def forget(self) -> None:
+        """Ops were erased untracked: drop the memos (an erased value's key could be
+        reused)."""
+        self._memos = {}
+
+    def forget_erased(self, erased: set[int]) -> None:
+        """Drop what the memos hold of the ops whose keys are in `erased`
+        (`match.erasures`)."""
+        for memo in self._memos.values():
+            memo.forget_erased(erased)
+
+    def attempt(self) -> None:
+        """A rewrite is about to be tried: what its checks relied on is pending."""
+        self._pending = []
+
+    def fired(self) -> None:
+        """The rewrite tried since `attempt` changed the module: what it relied on is used.
+        Under the assumption the strict memo is dropped: the rewritten values equal the old
+        ones only under the assumption, so the strict kinds of values downstream of the
+        rewrite are recomputed (the strict memo only tells which checks relied on it)."""
+        self.used += [p for p in self._pending if p not in self.used]
+        self._pending = []
+        if self.assume_no_overflow:
+            self._memos.pop(False, None)
+
+    def root_refusals(self) -> int:
+        """How many root refusals (`Refusal.root`) were recorded so far."""
+        return sum(r.root for r in self.refusals)
+
+    def judge(self, test: Callable[[Kinds], bool], at: ir.Operation,
+              refusal: str | None = None, memo: Kinds | None = None,
+              root: bool = False) -> bool:
+        """`test(memo)` in this mode (`memo`, else the shared one). Under the assumption, a
+        test that holds only because of it is pending at `at` (used if the rewrite fires);
+        in the strict mode, a test that fails only because of a possible overflow records
+        `refusal` at `at` (when given: the callers whose test is the rewrite's last check,
+        so that the rewrite would otherwise fire; `root`: see `Refusal`)."""
+        held = test(memo if memo is not None else self.memo())
+        if held and self.assume_no_overflow and not test(self.memo(False)):
+            self._pending.append((self.file, str(at.location)))
+        elif not held and not self.assume_no_overflow and refusal is not None and test(
+                self.memo(True)):
+            found = Refusal(self.file, str(at.location), refusal, root)
+            if found not in self.refusals:
+                self.refusals.append(found)
+        return held
+
+
+_ACTIVE: contextvars.ContextVar[Finiteness | None] = contextvars.ContextVar(
+    "finiteness", default=None)
+
+
+@contextlib.contextmanager
+def judging(finiteness: Finiteness | None = None) -> Iterator[Finiteness]:
+    """Judge finiteness as `finiteness` says within the block (entangle-normalize sets it
+    for both programs); by default as the active judge does, or, outside one, as a fresh
+    strict one (a rewrite driver run on its own: its memos then live through its rewrites)."""
+    chosen = finiteness if finiteness is not None else _ACTIVE.get() or Finiteness()
+    token = _ACTIVE.set(chosen)
+    try:
+        yield chosen
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active() -> Finiteness:
+    """The judge of the running normalization (a fresh strict one outside `judging`, whose
+    memos and records last for one call)."""
+    found = _ACTIVE.get()
+    return found if found is not None else Finiteness()
+
+
+def judge(test: Callable[[Kinds], bool], at: ir.Operation, refusal: str | None = None,
+          memo: Kinds | None = None, root: bool = False) -> bool:
+    """`Finiteness.judge` by the active judge."""
+    return active().judge(test, at, refusal, memo, root)
+
+
+def overflow_words(value) -> str:
+    """Why a finite program can hold an infinity, in a message: `a sum or product of finite
+    inputs, such as q . k, can overflow float32`, in `value`'s dtype."""
+    element = str(ir.RankedTensorType(value.type).element_type)
+    return ("a sum or product of finite inputs, such as q . k, can overflow "
+            f"{DTYPE_NAMES.get(element, element)}")
+
+
 def nonfinite_kinds(value, memo: dict, overflow: bool = True) -> int:
     """The non-finite values `value` may hold, from the constants and ops that compute it
     (program inputs are finite, a shard_map body's arguments are what it is given; a
     division, rsqrt or power is taken at arguments where it is defined, as in the verifier's
     real-number semantics; log may give -inf). Iterative: the cone of a layer's scores is
-    the whole program before it. `overflow`: also the infinities an exp, or arithmetic with
-    a constant, of finite values may overflow to (`_overflow`; not a sum or product of two
-    non-constant values: the module docstring's known gap); without it only those the
-    program builds (masks, log of zero), for the guards of the online softmax's backward
-    (`online_backward.py`, whose telescoped forms are left unchecked for overflow)."""
+    the whole program before it. `overflow`: also the infinities an exp, a sum or a product
+    of finite values may overflow to where its range is not finite (`_overflow`; under
+    `--assume-no-overflow`, a `Kinds` memo that says so, only an exp and arithmetic with a
+    constant); without it only those the program builds (masks, log of zero), for the guards
+    of the online softmax's backward (`online_backward.py`, whose telescoped forms are left
+    unchecked for overflow)."""
+    strict = not getattr(memo, "assume_no_overflow", False)
     for top, op, outer in operands_first(value, memo):
         memo[top] = memo[outer] if outer is not None else _kinds_of(top, op, memo)
         if overflow and op is not None and op.name in _OVERFLOWING and not memo[top] & (
                 NEG | POS) and (
-                op.name in _EXPONENTIALS or op.name in _ELEMENTWISE_ARITHMETIC and any(
+                op.name in _EXPONENTIALS or strict and _sum_or_product(op)
+                or op.name in _ELEMENTWISE_ARITHMETIC and any(
                     _constant(v) for v in op.operands[
                         1 if op.name == "stablehlo.divide" else 0:])):
-            memo[top] |= _overflow(top, memo)
+            memo[top] |= _overflow(top, memo, strict)
     return memo[value]
 
 
-def finite_shift(m_value) -> bool:
+def finite_shift(m_value, memo: dict | None = None) -> bool:
     """The shift `m` holds no infinity, so exp(x - m) is defined and the rewrite is exact in
     floating point too. (A shard's own max over a row its mask hides throughout is -inf:
     exp(-inf - -inf) = NaN, which the unshifted form would turn into 0.) NaN is not
     tracked: the NaNs programs hold are jnp.take's fill for out-of-range indices, which the
-    verifier assumes do not occur, and a NaN reaches both forms alike. A shift that is a
-    sum or product of two inputs is taken as finite (the module docstring's gap): callers
-    that can take finiteness from ranges do (`idioms._unshifted_exact`)."""
-    return not nonfinite_kinds(m_value, {}) & (NEG | POS)
+    verifier assumes do not occur, and a NaN reaches both forms alike. In the active judge's
+    mode (`memo`, else its shared one), nothing recorded: callers that rely on it alone judge
+    it (`online_backward._finite`); `idioms._unshifted_exact` also takes m's finiteness from
+    ranges, which the assumption does not reach."""
+    return not nonfinite_kinds(m_value, active().memo() if memo is None else memo) & (NEG | POS)
 
 
 def _may_overflow(op: ir.Operation) -> bool:
@@ -128,6 +287,16 @@ _EXPONENTIALS = frozenset({"stablehlo.exponential", "stablehlo.exponential_minus
                            "stablehlo.power"})
 
 
+def _sum_or_product(op: ir.Operation) -> bool:
+    """A sum or product of any values (add, subtract, multiply, square, dot_general, a sum
+    reduction or psum): it may overflow wherever its range is not finite."""
+    if op.name in ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply",
+                   "stablehlo.dot_general", "chlo.square"):
+        return True
+    return op.name in ("stablehlo.reduce", "stablehlo.all_reduce",
+                       "stablehlo.reduce_scatter") and reducer_kind(op) == "add"
+
+
 def _constant(value) -> bool:
     """`value` is a constant, possibly broadcast or reshaped."""
     root, _ = root_of(value)
@@ -140,17 +309,19 @@ def _positive(value, memo: dict) -> bool:
     return interval(value, memo.setdefault("bounds", {}))[0] > 0
 
 
-def _overflow(value, memo: dict) -> int:
+def _overflow(value, memo: dict, strict: bool) -> int:
     """The infinities `value` may overflow to, from its range in its dtype (`bounds.py`).
-    An exponential may overflow wherever its argument is not bounded above; arithmetic with a
-    constant (`m * 1e38`) where its operands' ranges are finite and its own is not."""
+    An exponential, and (`strict`) a sum or product, may overflow wherever its range is not
+    finite; arithmetic with a constant (`m * 1e38`) where its operands' ranges are finite
+    and its own is not."""
     element = ir.RankedTensorType(value.type).element_type
     if isinstance(element, ir.IntegerType):
         return 0
     ranges = memo.setdefault("bounds", {})
     lo, hi = interval(value, ranges)
     op = defining_op(value)
-    if op is not None and op.name not in _EXPONENTIALS and not all(
+    if op is not None and op.name not in _EXPONENTIALS and not (
+            strict and _sum_or_product(op)) and not all(
             -math.inf < interval(v, ranges)[0] and interval(v, ranges)[1] < math.inf
             for v in op.operands):
         return 0
@@ -276,14 +447,18 @@ def _program_input(value) -> bool:
     return op is not None and op.operation.name == "func.func"
 
 
-def rows_finite(value, dim: int, memo: dict | None = None) -> bool:
+def rows_finite(value, dim: int, at: ir.Operation, refusal: str | None = None) -> bool:
     """Every row of `value` along `dim` holds an element above -inf, on every device, and no
     element is +inf (`_row_witnesses`; NaN is not tracked, see `finite_shift`). The kept
     elements of a mask are taken as above -inf when `nonfinite_kinds` says so: scores that
-    are a product of two inputs are (the module docstring's gap), although they can
-    overflow to -inf."""
-    found = _row_witnesses(value, (dim,), {} if memo is None else memo)
-    return found is True or found is not None and all(bool(w.all()) for w in found)
+    are a product of two inputs are not (they may overflow to -inf), unless under
+    `--assume-no-overflow`. Judged at `at` (`judge`), recording `refusal` (a root one: the
+    scores an online softmax's fold, backward and max cotangent all depend on)."""
+    def test(memo: Kinds) -> bool:
+        found = _row_witnesses(value, (dim,), memo)
+        return found is True or found is not None and all(bool(w.all()) for w in found)
+
+    return judge(test, at, refusal, root=True)
 
 
 def _row_witnesses(value, dims: tuple[int, ...], memo: dict):

@@ -48,7 +48,7 @@ from entangle_mlir.normalize.bounds import (
     log_largest,
     log_tiny,
 )
-from entangle_mlir.normalize.finite import finite_shift, rows_finite
+from entangle_mlir.normalize.finite import finite_shift, overflow_words, rows_finite
 from entangle_mlir.normalize.match import (
     MOVES_AND_TRANSPOSES,
     attr_names,
@@ -503,14 +503,22 @@ def _online_sum(add: ir.Operation) -> int:
       a whole row of the first block) has m_old = -inf, exp(-inf - -inf) = NaN, and the
       program computes NaN there, where the softmax over the concatenation is finite. So
       every row of the earlier blocks must hold an element above -inf on every device
-      (`rows_finite`). Known gap: `rows_finite` takes scores that are a product of two
-      inputs (`q @ k.T`) as finite, so a row whose scores all overflow to -inf is missed
+      (`rows_finite`), also where the scores overflow: scores `q @ k.T` of unbounded
+      inputs may be -inf throughout a row, so the fold of any ring attention over such
+      scores is refused (the last check, recorded as the reason the program is not
+      proven: `_running_max_refusal`) unless under `--assume-no-overflow`
       (tests/normalize/test_exact_ring_overflow.py: the corpus's ring attention outputs NaN
-      there and is proven).
+      there where the reference is finite).
 
-    Not checked (known gap, the same tests): the unnormalised accumulators
-    `F(exp(s - m))` against values v may overflow where the softmax's normalised sum does
-    not (values near the dtype's largest)."""
+    The unnormalised accumulators `F(exp(s - m))` against values v may overflow where the
+    softmax's normalised sum does not (values near the dtype's largest): that is the
+    regrouping of a product over a sum every proof assumes (`online_backward.py`'s module
+    docstring), not checked here.
+
+    A ring whose running max is guarded (clamped to the dtype's lowest finite value, so a
+    row of -inf scores gives zeros, not NaN) is not taken: the fold would need the guard
+    recognised in the running max and a score of +inf (which makes both forms NaN only
+    when the new shift is the running max over the old one) handled; a new rewrite."""
     for a, c in ((0, 1), (1, 0)):
         mul = defining_op(add.operands[a])
         if mul is None or mul.name != "stablehlo.multiply":
@@ -544,7 +552,7 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumula
     if not prev.ok or prev.m != old or not prev.like(cur) or not (
             prev.index == cur.index).all():
         return 0
-    if not rows_finite(prev.y, prev.d) or not _row_max_of(prev):
+    if not _row_max_of(prev):
         return 0
     kept = [k for k in range(len(shape_of(cur.y))) if k != cur.d]
     if len(shape_of(cur.m)) != len(kept):
@@ -553,6 +561,10 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumula
         np.arange(math.prod(shape_of(cur.m))).reshape(shape_of(cur.m)).reshape(
             [n if k != cur.d else 1 for k, n in enumerate(shape_of(cur.y))]), shape_of(cur.y))
     if not (plain == cur.sub_index).all():
+        return 0
+    running = defining_op(prev.m)
+    if not rows_finite(prev.y, prev.d, add if running is None else running,
+                       _running_max_refusal(prev.y)):
         return 0
     joined = concat_blocks([prev.y, cur.y], cur.d, add)
     element = ir.RankedTensorType(cur.y.type).element_type
@@ -566,6 +578,15 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumula
         core.operands[1 - cur.side] = concat_blocks([prev.v, cur.v], cur.dv, core)
     _replace_through_views(add, core.results[0], cur.views)
     return 1
+
+
+def _running_max_refusal(scores) -> str:
+    """Why the fold of an online softmax is refused when its scores may overflow (the last
+    check `_accumulate` makes, so the fold would fire under `--assume-no-overflow`)."""
+    return ("the online softmax's running max may be -inf where a whole block of scores "
+            f"overflows ({overflow_words(scores)}): the program is NaN there while the "
+            "softmax over all the blocks is finite; pass --assume-no-overflow to assume no "
+            "intermediate overflow")
 
 
 def _row_max_of(acc: _Accumulated) -> bool:

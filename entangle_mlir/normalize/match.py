@@ -9,12 +9,15 @@ it each element reads (`index_map`), the reductions and constants the rewrites l
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 
 import numpy as np
 from jaxlib.mlir import ir
 
-from entangle_mlir.mlir.ir import erase_dead
+from entangle_mlir.mlir.ir import erase_dead, op_key
 from entangle_mlir.mlir.opinfo import constant_value, reducer_kind
 
 MOVES = ("stablehlo.broadcast_in_dim", "stablehlo.reshape")
@@ -43,11 +46,31 @@ def i64s(op, name) -> list[int]:
     return list(ir.DenseI64ArrayAttr(op.attributes[name]))
 
 
+class Memo(dict):
+    """A memo of an analysis over IR values (`operands_first` fills it) that outlives
+    rewrites: it records the op each value belongs to (its defining op, or a block
+    argument's parent op), so that `forget_erased` drops the values of erased ops, whose
+    addresses (the keys) a new op may reuse. The other values keep what they were given:
+    the rewrites are exact, so a value downstream of one holds the same numbers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.owners: dict = {}
+
+    def forget_erased(self, erased: set[int]) -> None:
+        """Drop the values of the ops whose keys (`ir.op_key`) are in `erased`."""
+        for value in [v for v, key in self.owners.items() if key in erased]:
+            self.pop(value, None)
+            del self.owners[value]
+
+
 def operands_first(value, memo: dict):
     """The values of `value`'s cone that `memo` lacks, each after its operands (a shard_map
     body argument's operand is the shard_map's operand it receives), as (value, its defining
     op or None, that outer operand or None). The caller puts each value in `memo` before
-    asking for the next. Iterative: the cone of a layer is the whole program before it."""
+    asking for the next (a `Memo` also learns its op). Iterative: the cone of a layer is the
+    whole program before it."""
+    owners = memo.owners if isinstance(memo, Memo) else None
     stack = [value]
     while stack:
         top = stack[-1]
@@ -62,6 +85,8 @@ def operands_first(value, memo: dict):
             stack.extend(waiting)
             continue
         stack.pop()
+        if owners is not None:
+            owners[top] = op_key(op if op is not None else top.owner.owner.operation)
         yield top, op, outer
 
 
@@ -221,8 +246,28 @@ def same_but(a: tuple[int, ...], b: tuple[int, ...], dim: int) -> bool:
 
 def erase_and_prune(op: ir.Operation) -> None:
     """Erase `op` and then its operands' producers that it left without uses (memory-safe:
-    `ir.erase_dead`)."""
-    erase_dead(op, _erasable)
+    `ir.erase_dead`); within `erasures`, their keys are collected."""
+    erased: set[int] = set()
+    erase_dead(op, _erasable, erased)
+    collected = _ERASED.get()
+    if collected is not None:
+        collected |= erased
+
+
+_ERASED: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar(
+    "erased", default=None)
+
+
+@contextlib.contextmanager
+def erasures() -> Iterator[set[int]]:
+    """The keys (`ir.op_key`) of the ops `erase_and_prune` erases within the block, as a set
+    the caller may empty as it goes (a `Memo` forgets those ops' values)."""
+    found: set[int] = set()
+    token = _ERASED.set(found)
+    try:
+        yield found
+    finally:
+        _ERASED.reset(token)
 
 
 def _erasable(name: str) -> bool:

@@ -18,12 +18,11 @@ rounding residue (1e-7 in float32), which the verifier, like the reference's
 `jax.nn.softmax`, does not model.
 
 In floating point the cancellation needs the atoms finite (`polynomial.is_zero` asks
-`finite.nonfinite_kinds`: inf - inf is NaN, not 0), and the zeros fold through a product
-only where its other operands are finite (`_fold_zeros`: 0 * inf is NaN). Known gap: the
-cotangent's own sums and products of finite atoms (cotangents times accumulators) are not
-checked for overflow, nor are products of two unbounded values (`nonfinite_kinds` reads
-them as finite); where one overflows, the program's cotangent is inf or NaN, not a
-residue."""
+`finite.nonfinite_kinds`: inf - inf is NaN, not 0; a product of two unbounded values is
+not, unless under `--assume-no-overflow`), and the zeros fold through a product only where
+its other operands are finite (`_fold_zeros`: 0 * inf is NaN). Known gap: the cotangent's
+own sums and products of finite atoms (cotangents times accumulators) are not checked for
+overflow; where one overflows, the program's cotangent is inf or NaN, not a residue."""
 
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.mlir.opinfo import compare_type, constant_value, reducer_kind
 from entangle_mlir.normalize import polynomial
-from entangle_mlir.normalize.finite import nonfinite_kinds
+from entangle_mlir.normalize.finite import Kinds, judge, judging, nonfinite_kinds, overflow_words
 from entangle_mlir.normalize.match import (
     MOVES_AND_TRANSPOSES,
     defining_op,
@@ -164,7 +163,9 @@ def _fold_zeros(zeros: list, kinds: dict) -> None:
             name = user.name
             if (name in _ZERO_KEEPING and use.operand_number == 0) or (
                     name in ("stablehlo.multiply", "stablehlo.dot_general")
-                    and all(nonfinite_kinds(v, kinds) == 0 for v in other)) or (
+                    and judge(lambda memo, other=other: all(
+                        nonfinite_kinds(v, memo) == 0 for v in other), user,
+                        memo=kinds)) or (
                     sum_reduce(user) and use.operand_number == 0):
                 new = _zero_like(user.results[0], user)
                 pending.append(new)
@@ -201,6 +202,12 @@ def _sweep(module: ir.Module) -> None:
                 op.erase()
 
 
+def _cotangent_refusal(op: ir.Operation) -> str:
+    return ("the running max's cotangent is zero only where the values it is computed from "
+            f"are finite ({overflow_words(op.results[0])}): not exact there; pass "
+            "--assume-no-overflow to assume no intermediate overflow")
+
+
 def zero_max_cotangents(module: ir.Module, ops: list | None = None) -> int:
     """Replace every product sending a running max's cotangent to its argmax by zero when that
     cotangent is zero in real arithmetic; the number replaced. In program order: a later
@@ -220,18 +227,24 @@ def zero_max_cotangents(module: ir.Module, ops: list | None = None) -> int:
     else:
         found = [op for name, op in ops if name in names]
     count = 0
-    kinds: dict = {}
-    with ir.Location.unknown():
+    with judging() as finiteness, ir.Location.unknown():
+        kinds = Kinds(finiteness.assume_no_overflow)
         for op in found:
             if not any(True for _ in op.results[0].uses):
                 continue
+            finiteness.attempt()
             cotangent = _candidate(op)
-            if cotangent is None or not polynomial.is_zero(cotangent, kinds):
+            if cotangent is None or not polynomial.is_zero(
+                    cotangent, lambda atoms, op=op: judge(lambda memo: all(
+                        nonfinite_kinds(v, memo) == 0 for v in atoms), op,
+                        _cotangent_refusal(op), kinds)):
                 continue
             zero = _zero_like(op.results[0], op)
             op.results[0].replace_all_uses_with(zero)
             _fold_zeros([zero], kinds)
+            finiteness.fired()
             count += 1
-    if count:
-        _sweep(module)
+        if count:
+            _sweep(module)
+            finiteness.forget()
     return count

@@ -66,7 +66,14 @@ from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.normalize import idioms
-from entangle_mlir.normalize.finite import NEG, POS, finite_shift, nonfinite_kinds
+from entangle_mlir.normalize.finite import (
+    NEG,
+    POS,
+    finite_shift,
+    judge,
+    nonfinite_kinds,
+    overflow_words,
+)
 from entangle_mlir.normalize.match import (
     MOVES,
     MOVES_AND_TRANSPOSES,
@@ -140,8 +147,21 @@ def _placement(root, chain: list[ir.Operation], shape: tuple[int, ...]
     return varying
 
 
-def _finite(*values) -> bool:
-    return all(finite_shift(v) for v in values)
+def _finite(at: ir.Operation, *shifts, score=None) -> bool:
+    """The shifts hold no infinity (`finite.finite_shift`) and `score`, if given, no +inf;
+    judged at `at`, each caller's last check before it rewrites (`finite.judge`)."""
+    def test(memo) -> bool:
+        return all(finite_shift(v, memo) for v in shifts) and (
+            score is None or not nonfinite_kinds(score, memo) & POS)
+
+    return judge(test, at, _backward_refusal(shifts[0]))
+
+
+def _backward_refusal(shift) -> str:
+    return ("the online softmax's backward rescales by exp(a - b) of running maxes that may "
+            "be infinite where a block of scores overflows (" + overflow_words(shift)
+            + "): its telescoped form is not exact there; pass --assume-no-overflow to "
+            "assume no intermediate overflow")
 
 
 def _vector(root) -> tuple[int, ...]:
@@ -204,7 +224,7 @@ def _telescope(mul: ir.Operation) -> int:
             for first, second in ((inner, outer), (outer, inner)):
                 if not _same(first.b, second.a) or shape_of(first.a) != shape_of(second.b):
                     continue
-                if not _finite(first.a, first.b, second.b):
+                if not _finite(mul, first.a, first.b, second.b):
                     continue
                 joined = _exp_diff(first.a, second.b, mul)
                 factor = _placed(joined, outer.dims, shape_of(mul.results[0]), mul)
@@ -253,7 +273,7 @@ def _absorb(mul: ir.Operation) -> int:
                 continue
         if factor.dims != dims or not _same(factor.a, a) or _vector(factor.b) != _vector(a):
             continue
-        if not _finite(a, factor.b) or nonfinite_kinds(s, {}) & POS:
+        if not _finite(mul, a, factor.b, score=s):
             continue
         spread = _rechained(defining_op(mul.operands[e]).operands[0], factor.b, mul) if shape_of(
             factor.b) == shape_of(a) else _placed(factor.b, dims, shape_of(s), mul)
@@ -304,7 +324,7 @@ def _broadcast_out(broadcast: ir.Operation) -> int:
     out = shape_of(broadcast.results[0])
     dims = i64s(broadcast, "broadcast_dimensions")
     placed = tuple(dims[d] for d in factor.dims)
-    if list(placed) != sorted(placed) or not _finite(factor.a, factor.b):
+    if list(placed) != sorted(placed) or not _finite(broadcast, factor.a, factor.b):
         return 0
     element = ir.RankedTensorType(x.type).element_type
     with ir.InsertionPoint(broadcast), broadcast.location:
@@ -321,7 +341,7 @@ def _add_out(add: ir.Operation) -> int:
     if left is None or right is None:
         return 0
     (x, f), (y, g) = left, right
-    if f.dims != g.dims or not _same(f.root, g.root) or not _finite(f.a, f.b):
+    if f.dims != g.dims or not _same(f.root, g.root) or not _finite(add, f.a, f.b):
         return 0
     with ir.InsertionPoint(add), add.location:
         summed = stablehlo.AddOp(x, y).result
@@ -420,21 +440,21 @@ def _dot_out(dot: ir.Operation) -> int:
         other = dot.operands[1 - side]
         if all(d in contract[side] for d in factor.dims):
             partner = tuple(contract[1 - side][contract[side].index(d)] for d in factor.dims)
-            if list(partner) != sorted(partner) or not _finite(factor.a, factor.b):
+            if list(partner) != sorted(partner) or not _finite(dot, factor.a, factor.b):
                 continue
             moved = _mul(other, _placed(factor.root, partner, shape_of(other), dot), dot)
             operands = [x, moved] if side == 0 else [moved, x]
             return _replace(dot, _clone_dot(dot, operands))
         if all(d in contract[side] or d in batch[side] for d in factor.dims):
             partner = _partner_dims(factor.dims, side, batch, contract)
-            if not _absorbs(other, factor, partner):
+            if not _absorbs(other, factor, partner, dot):
                 continue
             moved = _mul(other, _placed(factor.root, partner, shape_of(other), dot), dot)
             operands = [x, moved] if side == 0 else [moved, x]
             return _replace(dot, _clone_dot(dot, operands))
         if all(d in batch[side] or d in free[side] for d in factor.dims):
             positions = tuple(_result_dim(d, side, batch, free) for d in factor.dims)
-            if list(positions) != sorted(positions) or not _finite(factor.a, factor.b):
+            if list(positions) != sorted(positions) or not _finite(dot, factor.a, factor.b):
                 continue
             operands = [x, other] if side == 0 else [other, x]
             new = _clone_dot(dot, operands)
@@ -448,7 +468,7 @@ def _partner_dims(dims, side: int, batch, contract) -> tuple[int, ...]:
                  else contract[1 - side][contract[side].index(d)] for d in dims)
 
 
-def _absorbs(other, factor: _Factor, partner: tuple[int, ...]) -> bool:
+def _absorbs(other, factor: _Factor, partner: tuple[int, ...], at: ir.Operation) -> bool:
     """`other` is `exp(s - G(a))` with G placing a on `partner`, the factor's `a`: the factor,
     moved onto `other` along a dot's batch and contracted dims, is absorbed there
     (`_absorb`). A factor along batch and contracted dims moves only onto such a target, so
@@ -458,7 +478,7 @@ def _absorbs(other, factor: _Factor, partner: tuple[int, ...]) -> bool:
         return False
     s, a, dims = shifted
     return (dims == partner and _same(factor.a, a) and _vector(factor.b) == _vector(a)
-            and _finite(a, factor.b) and not nonfinite_kinds(s, {}) & POS)
+            and _finite(at, a, factor.b, score=s))
 
 
 def _result_dim(d: int, side: int, batch, free) -> int:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
@@ -34,7 +35,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.mlir.opinfo import constant_value, reducer_kind
-from entangle_mlir.normalize.finite import nonfinite_kinds
+from entangle_mlir.normalize.finite import active, nonfinite_kinds
 from entangle_mlir.normalize.match import attr_names, defining_op, i64s, shape_of, sum_reduce
 
 _ARITHMETIC = frozenset({
@@ -403,12 +404,12 @@ def _cleared(builder: _Builder, monomials: list[_Monomial]) -> list[_Monomial]:
     raise _TooBig
 
 
-def is_zero(value, kinds: dict | None = None) -> bool:
+def is_zero(value, atoms_finite: Callable[[list], bool] | None = None) -> bool:
     """`value` is zero in real arithmetic, for any content of the values it reads beyond the
-    expanded ones; every atom finite (`nonfinite_kinds`, `kinds` its memo). False when
-    undecided."""
+    expanded ones; every atom finite, as `atoms_finite(atoms)` decides (the caller's
+    `finite.judge`; by default `nonfinite_kinds` in the active judge's mode, strict outside
+    one). False when undecided."""
     distance = _distances(value)
-    kinds = {} if kinds is None else kinds
     keys: dict = {}
     interned: dict = {}
     for depth in _DEPTHS:
@@ -422,5 +423,9 @@ def is_zero(value, kinds: dict | None = None) -> bool:
                    if defining_op(v) is not None and defining_op(v).name in _ARITHMETIC):
                 return False
             continue
-        return all(nonfinite_kinds(v, kinds) == 0 for v in builder.atom_values.values())
+        atoms = list(builder.atom_values.values())
+        if atoms_finite is None:
+            memo = active().memo()
+            return all(nonfinite_kinds(v, memo) == 0 for v in atoms)
+        return atoms_finite(atoms)
     return False

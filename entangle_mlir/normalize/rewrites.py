@@ -11,6 +11,8 @@ from __future__ import annotations
 from jaxlib.mlir import ir
 
 from entangle_mlir.normalize import idioms, online_backward
+from entangle_mlir.normalize.finite import active, judging
+from entangle_mlir.normalize.match import erasures
 
 
 def rewrite_idioms(module: ir.Module, ops: list | None = None) -> int:
@@ -18,21 +20,28 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None) -> int:
     walk: a rewrite erases ops that a list collected before it would still hold.) `ops`: the
     module's ops as `ir.ops_in_order` lists them now (stands for the first walk). The online
     softmax's backward rewrites (`online_backward.py`) join in once the forward's are done,
-    in a module that passes blocks around a ring (a collective_permute)."""
+    in a module that passes blocks around a ring (a collective_permute), unless the fold of
+    an online softmax was refused (`finite.Refusal.root`): they telescope its corrections
+    into the final max the fold produces, so without the fold they lead to no proof (and
+    would try every backward op after each rewrite). The finiteness judge's memos
+    (`finite.Finiteness`) live through the rewrites, forgetting the values of the ops each
+    one erases."""
     count = 0
     states: set[int] = set()
-    with ir.Location.unknown():
-        while _rewrite_one(module, idioms.REWRITES, ops):
+    with judging() as finiteness, ir.Location.unknown(), erasures() as erased:
+        finiteness.forget()
+        roots = finiteness.root_refusals()
+        while _rewrite_one(module, idioms.REWRITES, ops, erased):
             ops = None
             count += 1
             if count % _CYCLE_CHECK == 0 and _cycled(module, states):
                 return count
-        if not _has_ring(module, ops):
+        if not _has_ring(module, ops) or finiteness.root_refusals() > roots:
             return count
         forward, backward = idioms.REWRITES, online_backward.REWRITES
         both = {name: _either(forward.get(name), backward.get(name))
                 for name in {*forward, *backward}}
-        while _rewrite_one(module, both, ops):
+        while _rewrite_one(module, both, ops, erased):
             ops = None
             count += 1
             if count % _CYCLE_CHECK == 0 and _cycled(module, states):
@@ -91,7 +100,10 @@ def _either(first, second):
     return lambda op: bool(first and first(op)) or bool(second and second(op))
 
 
-def _rewrite_one(module: ir.Module, rewrites: dict, listed: list | None = None) -> bool:
+def _rewrite_one(module: ir.Module, rewrites: dict, listed: list | None,
+                 erased: set[int]) -> bool:
+    """Try the rewrites on the module's ops in order until one fires. `erased`: the keys of
+    the ops erased (`match.erasures`), which the finiteness judge forgets after each try."""
     ops: list[ir.Operation] = []
 
     def collect(op):
@@ -103,4 +115,14 @@ def _rewrite_one(module: ir.Module, rewrites: dict, listed: list | None = None) 
         module.operation.walk(collect)
     else:
         ops = [op for name, op in listed if name in rewrites]
-    return any(rewrites[op.name](op) for op in ops)
+    finiteness = active()
+    for op in ops:
+        finiteness.attempt()
+        fired = rewrites[op.name](op)
+        if erased:
+            finiteness.forget_erased(erased)
+            erased.clear()
+        if fired:
+            finiteness.fired()
+            return True
+    return False

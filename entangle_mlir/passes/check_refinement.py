@@ -6,13 +6,15 @@ Attaches `entangle.verdict` and `entangle.rho` to the sharded function so lit ca
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jaxlib.mlir import ir
 
-from entangle_mlir.analysis.refine import compare
-from entangle_mlir.core.diagnostics import InputError
+from entangle_mlir.analysis.refine import ASSUMING, EvidenceFocus, compare
+from entangle_mlir.core.diagnostics import Diagnostic, InputError, parse_location
+from entangle_mlir.core.report import Report
 from entangle_mlir.mlir.ir import context
+from entangle_mlir.normalize.finite import NO_OVERFLOW, Finiteness
 from entangle_mlir.passes.pipeline import ModulePass, PassState
 
 
@@ -29,6 +31,8 @@ class CheckRefinementPass(ModulePass):
             raise InputError("entangle-check-refinement needs entangle-infer-relations first",
                              file=state.file)
         report = compare(state.walks["reference"], state.walks["sharded"])
+        if state.finiteness is not None:
+            _judged_finiteness(report, state.finiteness)
         report.stats["ops"] = len(state.walks["sharded"].records)
         report.stats["seconds"] = round(time.perf_counter() - state.started, 4)
         if report.focus is not None:
@@ -42,3 +46,30 @@ class CheckRefinementPass(ModulePass):
                 func.attributes["entangle.verdict"] = ir.StringAttr.get(report.verdict)
                 func.attributes["entangle.rho"] = ir.ArrayAttr.get(
                     [ir.StringAttr.get(f"result#{o.index} = {o.rho}") for o in report.outputs])
+
+
+def _judged_finiteness(report: Report, finiteness: Finiteness) -> None:
+    """What entangle-normalize's finiteness judgement decided, in the report: a proof that
+    relied on `--assume-no-overflow` lists it among its assumptions (and where); a program
+    not proven where a rewrite was refused only for a possible overflow says so first (the
+    root refusal, the others as its notes; the walk's own diagnostics, downstream of it,
+    follow)."""
+    if report.proven and finiteness.used:
+        where = list(dict.fromkeys(str(parse_location(loc, file) or file)
+                                   for file, loc in finiteness.used))
+        more = f" and {len(where) - 3} more" if len(where) > 3 else ""
+        report.notes.append(f"{ASSUMING}{NO_OVERFLOW}: the rewrites at "
+                            f"{', '.join(where[:3])}{more} rely on it")
+        report.assume(NO_OVERFLOW)
+    elif not report.proven and finiteness.refusals:
+        first: dict[str, Diagnostic] = {}
+        for refusal in sorted(finiteness.refusals, key=lambda r: not r.root):
+            first.setdefault(refusal.message, Diagnostic(
+                "error", refusal.message, parse_location(refusal.location, refusal.file),
+                category="overflow"))
+        main, *others = first.values()
+        report.diagnostics.insert(0, replace(main, notes=tuple(
+            replace(d, severity="note", message=f"also refused: {d.message}", category="")
+            for d in others)))
+        report.focus = EvidenceFocus(unavailable="a rewrite was refused for a possible "
+                                     "overflow: no op diverges there")

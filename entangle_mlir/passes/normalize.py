@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from entangle_mlir.mlir.ir import ops_in_order
 from entangle_mlir.mlir.program import inline_calls
+from entangle_mlir.normalize.finite import Finiteness, judging
 from entangle_mlir.normalize.idioms import drop_identity_converts
 from entangle_mlir.normalize.max_cotangent import zero_max_cotangents
 from entangle_mlir.normalize.rewrites import rewrite_idioms
@@ -33,7 +34,16 @@ class NormalizePass(ModulePass):
     summary = ("inline func.call ops (jax helpers such as _where, tril); exact rewrites to one "
                "form (unit dims, flattened tokens, numerical idioms)")
 
+    assume_no_overflow: bool = False
+    """Take sums and products of finite values as finite (`finite.Finiteness`); a proof that
+    relies on it lists `finite.NO_OVERFLOW` among its assumptions."""
+
     def apply(self, state: PassState) -> None:
+        state.finiteness = Finiteness(self.assume_no_overflow)
+        with judging(state.finiteness):
+            self._normalize(state)
+
+    def _normalize(self, state: PassState) -> None:
         modules = {id(state.module): (state.module, state.file)}
         if state.program is not None:
             for module, file in ((state.program.ref_module, state.program.ref_file),
@@ -45,6 +55,7 @@ class NormalizePass(ModulePass):
         listed = []
         for module, file in modules.values():
             inline_calls(module, file)
+            state.finiteness.file = file
             with module.context:
                 # One walk lists the ops; each rewrite filters the list, and a rewrite that
                 # changes the module makes the next one walk afresh.

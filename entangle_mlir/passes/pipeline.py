@@ -17,6 +17,7 @@ from jaxlib.mlir import ir
 from entangle_mlir.core.diagnostics import Diagnostic, InputError
 from entangle_mlir.core.report import Report
 from entangle_mlir.mlir.program import Program
+from entangle_mlir.normalize.finite import Finiteness
 
 
 @dataclass
@@ -34,6 +35,9 @@ class PassState:
     """Layers each walk summarized instead of walking (`analysis/layer_reuse.py`), by walk
     name."""
     started: float = field(default_factory=time.perf_counter)
+    finiteness: Finiteness | None = None
+    """How entangle-normalize judged finiteness, and what that decided: the rewrites refused
+    only for a possible overflow, or that relied on `--assume-no-overflow`."""
 
 
 @dataclass

@@ -1,5 +1,6 @@
-// RUN: entangle check %S/Inputs/ring_attention.ref.mlir %S/Inputs/ring_attention.sharded.mlir | filecheck %s --check-prefix=RING
-// RUN: not entangle check %S/Inputs/ring_attention.ref.mlir %S/Inputs/ring_attention_backwards.sharded.mlir | filecheck %s --check-prefix=BACKWARDS
+// RUN: entangle check --assume-no-overflow %S/Inputs/ring_attention.ref.mlir %S/Inputs/ring_attention.sharded.mlir | filecheck %s --check-prefix=RING
+// RUN: not entangle check --assume-no-overflow %S/Inputs/ring_attention.ref.mlir %S/Inputs/ring_attention_backwards.sharded.mlir | filecheck %s --check-prefix=BACKWARDS
+// RUN: not entangle check --no-verify-rules %S/Inputs/ring_attention.ref.mlir %S/Inputs/ring_attention.sharded.mlir | filecheck %s --check-prefix=STRICT
 
 // Causal ring attention over cp=4 (examples/real/repro.py `ring_attention`): K/V blocks pass
 // around the ring by collective_permute, an online softmax (running max, rescaled
@@ -13,7 +14,14 @@
 
 // RING: verified: the sharded program refines the reference on mesh cp=4
 // RING-NEXT: result#0 = concat over 'cp' along dim 0
+// RING: - no intermediate overflow: sums and products of finite values computed by the programs stay finite (--assume-no-overflow)
 // RING: rule checks: Z3 checked {{[0-9]+}} rule instances: {{[0-9]+}} proved, 0 refuted, 0 inconclusive
+
+// The scores q . k may overflow: these run under --assume-no-overflow, which the proof lists
+// (by default the fold is refused, the reason at the running max: STRICT, and
+// lit_tests/diagnostics/overflow.mlir).
+// STRICT: error: the online softmax's running max may be -inf where a whole block of scores overflows
+// STRICT: not proven: the online softmax's running max may be -inf
 
 // The twin passes K/V to the previous device while the key positions assume the next: the
 // error is at its ppermute, with both block orders.

@@ -2,7 +2,9 @@
 so jax's paths to the argmax vanish. Grounded by execution: the partitioned programs compute
 the same numbers before and after the rewrite, the programs it lets the verifier prove match
 their references on devices, and the near misses (jax's gradient program with one term of a
-max's cotangent doubled or dropped) compute other numbers and are not proven."""
+max's cotangent doubled or dropped) compute other numbers and are not proven. The ring's
+atoms (scores, products of unbounded inputs) may overflow: its cases run under
+`--assume-no-overflow`, which the strict default needs (`test_ring_..._kept_strictly`)."""
 
 from __future__ import annotations
 
@@ -17,12 +19,13 @@ from entangle_mlir.driver import check_texts
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.program import inline_calls
 from entangle_mlir.normalize import max_cotangent
+from entangle_mlir.normalize.finite import Finiteness, judging
 from entangle_mlir.normalize.idioms import drop_identity_converts
 from entangle_mlir.normalize.unroll import unroll_ring_loops
 from examples.real.catalog import custom, lower_pair
 from examples.real.programs import ArgDef
 from examples.real.repro import reproducers
-from tests.judging import assert_judged
+from tests.judging import assert_judged, assuming_no_overflow
 from tests.normalize.test_online_softmax import _run_partitioned
 
 
@@ -63,7 +66,7 @@ def test_ring_gradient_max_cotangents_are_zeroed_exactly() -> None:
     with context():
         module = _module(text)
         assert len(_candidates(module)) >= 4
-        with module.context:
+        with module.context, assuming_no_overflow():
             replaced = max_cotangent.zero_max_cotangents(module)
         assert replaced >= 4
         assert _candidates(module) == []
@@ -103,12 +106,27 @@ def test_a_max_cotangent_that_is_not_zero_is_kept(how: str) -> None:
     with context():
         module = _module(wrong)
         first = max_cotangent._candidate(_candidates(module)[0])
-        with module.context:
+        with module.context, assuming_no_overflow():
             assert not max_cotangent.polynomial.is_zero(first)
             max_cotangent.zero_max_cotangents(module)
         assert _candidates(module), "the changed cotangent must not be zeroed"
-    report = check_texts(ref_text, wrong, verify_rules=False)
+    report = check_texts(ref_text, wrong, verify_rules=False, assume_no_overflow=True)
     assert not report.proven, report.render_text()
+
+
+def test_ring_gradient_max_cotangents_are_kept_strictly() -> None:
+    """By default the ring's atoms (scores, products of unbounded inputs) may overflow, and
+    inf - inf is NaN, not 0: no cotangent is zeroed, and the refusal says why (it would be
+    zeroed under `--assume-no-overflow`, `test_ring_gradient_max_cotangents_are_zeroed_...`)."""
+    _, text = lower_pair(_ring_grad())
+    with context():
+        module = _module(text)
+        with module.context, judging(Finiteness()) as finiteness:
+            assert max_cotangent.zero_max_cotangents(module) == 0
+        assert len(_candidates(module)) >= 4
+    assert finiteness.refusals, "the refusal must be recorded"
+    assert all("the running max's cotangent is zero only where" in r.message
+               for r in finiteness.refusals)
 
 
 def _softmax_grad_ref(x, w):

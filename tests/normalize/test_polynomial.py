@@ -15,6 +15,7 @@ import pytest
 
 from entangle_mlir.mlir.ir import parse_module
 from entangle_mlir.normalize import polynomial
+from entangle_mlir.normalize.finite import Finiteness, judging
 
 
 def _root_of(fn, *shapes):
@@ -32,9 +33,11 @@ def _evaluated(fn, *shapes, seed: int = 0) -> float:
     return float(np.max(np.abs(np.asarray(fn(*args)))))
 
 
-def _decides(fn, *shapes) -> bool:
+def _decides(fn, *shapes, assume_no_overflow: bool = True) -> bool:
+    """`is_zero` on `fn`'s result; the algebra under `--assume-no-overflow` by default (the
+    atoms' finiteness is `finite.py`'s, tested apart)."""
     module, root = _root_of(fn, *shapes)
-    with module.context:
+    with module.context, judging(Finiteness(assume_no_overflow)):
         return polynomial.is_zero(root)
 
 
@@ -94,6 +97,18 @@ def test_an_atom_that_may_be_infinite_is_refused() -> None:
 
     assert np.isnan(np.asarray(fn(np.ones(3, np.float32)))).all()
     assert not _decides(fn, (3,))
+
+
+def test_an_atom_that_may_overflow_is_refused_by_default() -> None:
+    """`cleared_denominator` cancels as a polynomial, but its atoms are sums and products of
+    inputs, which overflow for large ones (inf / inf is NaN, not 0): zero only under
+    `--assume-no-overflow`."""
+    fn, *shapes = IDENTITIES["cleared_denominator"]
+    with np.errstate(all="ignore"):
+        value = np.asarray(fn(np.full((3, 4), 3e38, np.float32), np.ones((4, 2), np.float32)))
+    assert np.isnan(value).any()
+    assert not _decides(fn, *shapes, assume_no_overflow=False)
+    assert _decides(fn, *shapes)
 
 
 def _leaf(rng) -> tuple:

@@ -17,7 +17,8 @@ gradients and are proven with every rule instance proved by Z3. Near misses comp
 numbers and are not proven: the kv heads tiled instead of repeated (forward and backward), the
 backward's sum over the repeat taken over the kv-head dim instead (the same shape) or as a max,
 and the reverse ring broken (a forward hop, a step counted twice), in the reproducer and in
-the corpus program `llama3_stack_sgd_ring_cp4`."""
+the corpus program `llama3_stack_sgd_ring_cp4`. All under `--assume-no-overflow` (the scores
+may overflow; tests/normalize/test_online_backward.py)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def _close(a: list, b: list, atol: float = 1e-4) -> bool:
 
 @pytest.mark.parametrize("name", [STOPPED, DIFFERENTIATED])
 def test_gqa_ring_training_is_proven(name: str) -> None:
-    assert_judged(_repro(name), True, atol=1e-5)
+    assert_judged(_repro(name), True, atol=1e-5, assume_no_overflow=True)
 
 
 @pytest.mark.parametrize("name", [STOPPED, DIFFERENTIATED])
@@ -91,7 +92,7 @@ def test_kv_heads_tiled_instead_of_repeated_is_not_proven() -> None:
     for b, a in zip(_run_partitioned(ex, text), _run_partitioned(ex, _normalized(text)),
                     strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-    report = check_texts(ref_text, text, verify_rules=False)
+    report = check_texts(ref_text, text, verify_rules=False, assume_no_overflow=True)
     assert not report.proven, report.render_text()
 
 
@@ -128,7 +129,7 @@ def test_backward_sum_over_the_wrong_heads_is_not_proven(which: list[int], how: 
     assert not _close(right, broken)
     for b, a in zip(broken, _run_partitioned(ex, _normalized(wrong)), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-    report = check_texts(ref_text, wrong, verify_rules=False)
+    report = check_texts(ref_text, wrong, verify_rules=False, assume_no_overflow=True)
     assert not report.proven, report.render_text()
     if len(which) == 4 and how == "kv_dim":
         assert "reduce_sum(reshape(transpose(" in report.diagnostics[0].message, (
@@ -148,7 +149,7 @@ def _assert_broken_ring_not_proven(ex, how: str, permutes: int) -> None:
     assert len(_reverse_permuted(text)) == permutes
     wrong = _mutated(text, how)
     assert not _close(_run_partitioned(ex, text), _run_partitioned(ex, wrong))
-    report = check_texts(ref_text, wrong, verify_rules=False)
+    report = check_texts(ref_text, wrong, verify_rules=False, assume_no_overflow=True)
     assert not report.proven, report.render_text()
     if "forward" in how:
         assert "contributions sent back to the wrong devices" in report.diagnostics[0].message
