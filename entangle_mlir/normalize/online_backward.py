@@ -50,8 +50,8 @@ What each needs in floating point, beyond finite shifts (each function says whic
   (each earlier max is then the max of a slice of a later one's row). Every factor then
   lies in [0, 1]: neither overflows, and where one underflows the product, no larger than
   it, is as small (an error below the dtype's smallest normal), so the product is
-  `exp(a - c)` up to rounding; `x * F(exp(b - c))` cannot overflow either. Shifts in no proven order are left alone
-  (tests/normalize/test_exact_ring_overflow.py);
+  `exp(a - c)` up to rounding; `x * F(exp(b - c))` cannot overflow either. Shifts in no
+  proven order are left alone (tests/normalize/test_exact_ring_overflow.py);
 * moving a row factor out of an add or a dot along free dims, and a division out of a dot,
   distribute a product over a sum: `(x + y) * e` overflows where `x * e + y * e` (e < 1)
   does not only for x, y near the dtype's largest value; this regrouping is taken as the

@@ -1,5 +1,5 @@
 """`order.at_most` and `order.slice_offsets` (entangle_mlir/normalize/order.py) on small
-hand-written functions: each returns (x, m); the orders the online softmax's backward relies
+hand-written functions (returning the values compared); the orders the online softmax's backward relies
 on are proven, their near misses are not (tests/normalize/test_exact_ring_overflow.py grounds
 the rewrites that ask)."""
 
@@ -10,11 +10,12 @@ import pytest
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.normalize.order import at_most, slice_offsets
 
-_MAX = """
+_NEG_INF = """
       %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>"""
 
 
 def _reduce(name: str, value: str, shape: str, out: str) -> str:
+    """`name` = the max of `value` over dim 1, from -inf."""
     return (f"      {name} = stablehlo.reduce({value} init: %ninf) applies stablehlo.maximum "
             f"across dimensions = [1] : (tensor<{shape}xf32>, tensor<f32>) -> tensor<{out}xf32>")
 
@@ -22,7 +23,7 @@ def _reduce(name: str, value: str, shape: str, out: str) -> str:
 def _returned(body: str, args: str, results: str):
     """The module and the values its function returns."""
     module = parse_module(f"""
-    func.func @main({args}) -> ({results}) {{{_MAX}
+    func.func @main({args}) -> ({results}) {{{_NEG_INF}
 {body}
     }}""")
     func = module.body.operations[0]
