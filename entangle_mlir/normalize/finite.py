@@ -24,8 +24,8 @@ held only because of it (listed when the rewrite fired). What the consumers need
   them;
 * `idioms._online_sum`: every row of the earlier blocks above -inf (`rows_finite`) and their
   shift their own row max (`idioms._row_max_of`);
-* `online_backward.py`: the shifts finite (`finite_shift`) and a score never +inf; the
-  order of the shifts is not checked;
+* `online_backward.py`: the shifts finite (`finite_shift`) and a score never +inf (their
+  order is proven apart, `order.at_most`);
 * `max_cotangent.py`, `polynomial.py`: atoms finite, and a zero folds through a product
   only with finite operands (the cotangent's own products unchecked);
 * `online_backward._reassociated` (`overflow=False`): no infinity the program builds.

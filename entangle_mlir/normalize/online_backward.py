@@ -41,12 +41,17 @@ refused. Every rewrite is grounded by executing the partitioned program before a
 What each needs in floating point, beyond finite shifts (each function says which):
 
 * telescoping and absorbing multiply two exponentials into one; `exp(b - c) * exp(a - b)` is
-  `exp(a - c)` only where neither factor over- or underflows alone, which the running
-  maxes' order (`a <= b <= c`, every factor in [0, 1]) guarantees. Known gap: the order is
-  not checked (the forward's rewrites have sunk the concatenations its maxes are taken
-  over, and `bounds._dominates` does not follow them), so shifts that are not ordered
-  running maxes are taken too (tests/normalize/test_exact_ring_overflow.py:
-  `x * exp(b - c) * exp(a - b)` with b = 200 is inf * 0 and proven);
+  `exp(a - c)` only where neither factor over- or underflows alone (b = 200, a = c = 0:
+  inf * 0 = NaN where exp(a - c) is 1). Both rewrite only shifts proven ordered,
+  `a <= b <= c` (and `s <= a <= b` for `exp(s - a) * exp(a - b)`), by `order.at_most`
+  from the ops that compute them: a running max bounds the maxes it is taken over, and a
+  row max bounds every element of its row, also once the forward's folds have put the
+  maxes over concatenated blocks and sunk the concatenations to the keys and positions
+  (each earlier max is then the max of a slice of a later one's row). Every factor then
+  lies in [0, 1]: neither overflows, and where one underflows the product, no larger than
+  it, is as small (an error below the dtype's smallest normal), so the product is
+  `exp(a - c)` up to rounding; `x * F(exp(b - c))` cannot overflow either. Shifts in no
+  proven order are left alone (tests/normalize/test_exact_ring_overflow.py);
 * moving a row factor out of an add or a dot along free dims, and a division out of a dot,
   distribute a product over a sum: `(x + y) * e` overflows where `x * e + y * e` (e < 1)
   does not only for x, y near the dtype's largest value; this regrouping is taken as the
@@ -89,6 +94,7 @@ from entangle_mlir.normalize.match import (
     shape_of,
     sum_reduce,
 )
+from entangle_mlir.normalize.order import at_most
 
 _VIEW_OPS = ("stablehlo.transpose", "stablehlo.reshape")
 
@@ -209,8 +215,8 @@ def _same(x, y) -> bool:
 
 def _telescope(mul: ir.Operation) -> int:
     """`(x * F(exp(b - c))) * F(exp(a - b))` (either factor first) is `x * F(exp(a - c))`.
-    Needs a, b, c finite (`_finite`; b = +-inf gives inf * 0) and, unchecked (module
-    docstring), both factors in [0, 1]."""
+    Needs both factors in [0, 1], `a <= b <= c` (`order.at_most`, module docstring), and
+    a, b, c finite (`_finite`; b = +-inf gives inf * 0)."""
     for i, o in ((0, 1), (1, 0)):
         outer = _factor(mul.operands[o])
         inner_mul = defining_op(mul.operands[i])
@@ -223,6 +229,8 @@ def _telescope(mul: ir.Operation) -> int:
                 continue
             for first, second in ((inner, outer), (outer, inner)):
                 if not _same(first.b, second.a) or shape_of(first.a) != shape_of(second.b):
+                    continue
+                if not (at_most(first.a, first.b) and at_most(second.a, second.b)):
                     continue
                 if not _finite(mul, first.a, first.b, second.b):
                     continue
@@ -250,9 +258,9 @@ def _shifted_exp(value):
 
 def _absorb(mul: ir.Operation) -> int:
     """`exp(s - F(a)) * F(exp(a - b))` is `exp(s - F(b))`; `(z * F(exp(a - b))) *
-    exp(s - F(a))` is `z * exp(s - F(b))`. Needs a and b finite, s never +inf (exp(inf - a)
-    * exp(a - b) is inf or NaN where exp(inf - b) is inf), and, unchecked (module
-    docstring), `s <= a <= b`."""
+    exp(s - F(a))` is `z * exp(s - F(b))`. Needs `s <= a <= b` (both factors in [0, 1],
+    `order.at_most`: a is a max over s's row), a and b finite, and s never +inf
+    (exp(inf - a) * exp(a - b) is inf or NaN where exp(inf - b) is inf)."""
     for e, f in ((0, 1), (1, 0)):
         shifted = _shifted_exp(mul.operands[e])
         if shifted is None:
@@ -272,6 +280,8 @@ def _absorb(mul: ir.Operation) -> int:
             else:
                 continue
         if factor.dims != dims or not _same(factor.a, a) or _vector(factor.b) != _vector(a):
+            continue
+        if not (at_most(s, a, dims) and at_most(a, factor.b)):
             continue
         if not _finite(mul, a, factor.b, score=s):
             continue
@@ -472,12 +482,14 @@ def _absorbs(other, factor: _Factor, partner: tuple[int, ...], at: ir.Operation)
     """`other` is `exp(s - G(a))` with G placing a on `partner`, the factor's `a`: the factor,
     moved onto `other` along a dot's batch and contracted dims, is absorbed there
     (`_absorb`). A factor along batch and contracted dims moves only onto such a target, so
-    it never moves back and forth between a dot's operands."""
+    it never moves back and forth between a dot's operands; it must be one `_absorb` takes
+    (ordered shifts), or it would stay there."""
     shifted = _shifted_exp(other)
     if shifted is None or list(partner) != sorted(partner):
         return False
     s, a, dims = shifted
     return (dims == partner and _same(factor.a, a) and _vector(factor.b) == _vector(a)
+            and at_most(s, a, dims) and at_most(a, factor.b)
             and _finite(at, a, factor.b, score=s))
 
 

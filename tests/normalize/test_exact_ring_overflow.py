@@ -367,10 +367,6 @@ def test_ring_with_a_shift_other_than_the_row_max_is_not_proven() -> None:
         assert not report.proven, report.render_text()
 
 
-def _telescoped_ref(x, a, b, c):
-    return x * jnp.exp(a - c)[:, None], b
-
-
 def _around(x):
     """x sent once around the ring (the same block back; the module is a ring module)."""
     for _ in range(4):
@@ -378,25 +374,134 @@ def _around(x):
     return x
 
 
+# ----- the backward's telescoping and absorbing need ordered shifts ---------------------------
+# `online_backward._telescope` takes `x * exp(b - c) * exp(a - b)` for `x * exp(a - c)` and
+# `_absorb` takes `exp(s - a) * exp(a - b)` for `exp(s - b)`: exact only where each factor is
+# in [0, 1] (a <= b <= c; s <= a <= b), as the running maxes of an online softmax are. Each
+# program below is the rewrite's left side against its right side as the reference; the
+# unordered ones are NaN or inf on the chosen inputs where the reference is finite and were
+# proven before the order was checked (`order.at_most`); the ordered controls (shifts built as
+# running maxes) stay proven.
+
+
+def _telescoped_ref(x, a, b, c):
+    return x * jnp.exp(a - c)[:, None], b
+
+
 def _telescoped(x, a, b, c):
     return (_around(x) * jnp.exp(b - c)[:, None]) * jnp.exp(a - b)[:, None], b
 
 
-@pytest.mark.xfail(strict=True, reason="false proof: exp(b - c) * exp(a - b) over- and "
-                   "underflows for unordered shifts (online_backward._telescope)")
-def test_telescoping_unordered_shifts_is_not_proven() -> None:
-    """`online_backward._telescope` takes `x * exp(b - c) * exp(a - b)` for `x * exp(a - c)`
-    for any finite shifts; for b = 200 and a = c = 0 that is inf * 0 = NaN in float32 where
-    the reference's x * exp(0) is x. Exact only for ordered shifts (a <= b <= c, as a ring's
-    running maxes are), which is not checked (online_backward.py's module docstring)."""
+def _telescoping_example(reference, body, name: str):
     args = (_f("x", (8, 4), P(CP, None)), _f("a", (8,), P(CP)), _f("b", (8,), P(CP)),
             _f("c", (8,), P(CP)))
-    ex = custom("ring_overflow_telescoping", CP4, _telescoped_ref, _telescoped, args,
-                (P(CP, None), P(CP)), "x * exp(b - c) * exp(a - b)")
+    return custom(name, CP4, reference, body, args, (P(CP, None), P(CP)),
+                  "x * exp(b - c) * exp(a - b)")
+
+
+def test_telescoping_unordered_shifts_is_not_proven() -> None:
+    """For b = 200 and a = c = 0, `x * exp(b - c) * exp(a - b)` is inf * 0 = NaN in float32
+    where the reference's x * exp(0) is x: the shifts are inputs, in no known order."""
+    ex = _telescoping_example(_telescoped_ref, _telescoped, "ring_overflow_telescoping")
     x = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32)
     zero = np.zeros(8, np.float32)
     ref, shd = run_pair_on(ex, [x, zero, np.full(8, 200.0, np.float32), zero])
     assert all(np.isfinite(r).all() for r in ref)
     assert not np.isfinite(shd[0]).any()
+    for assume in (False, True):
+        report = check_texts(*lower_pair(ex), verify_rules=False, assume_no_overflow=assume)
+        assert not report.proven, report.render_text()
+
+
+def _running(a, b, c):
+    """Running maxes over the shifts: a <= a' <= b' <= c'."""
+    b = jnp.maximum(a, b)
+    return a, b, jnp.maximum(b, c)
+
+
+def test_telescoping_running_maxes_is_proven() -> None:
+    """The control: the same product over running maxes (`_running`) is proven, by default."""
+    ex = _telescoping_example(lambda x, a, b, c: _telescoped_ref(x, *_running(a, b, c)),
+                              lambda x, a, b, c: _telescoped(x, *_running(a, b, c)),
+                              "ring_telescoping_running")
+    ref, shd = run_pair(ex)
+    assert all(np.allclose(r, s, atol=1e-6) for r, s in zip(ref, shd, strict=True))
     report = check_texts(*lower_pair(ex), verify_rules=False)
-    assert not report.proven, report.render_text()
+    assert report.proven, report.render_text()
+
+
+def _absorb_shifts(s, c, order: str):
+    """(a, b) for `exp(s - a) * exp(a - b)`: "ordered" s <= a <= b (a the row max of s, b a
+    running max over it); "partial" a the max of half the row only (s > a possible);
+    "unbounded" b the row max and a a running max over it (a > b possible)."""
+    row = jnp.max(s, axis=-1)
+    if order == "ordered":
+        return row, jnp.maximum(row, c)
+    if order == "partial":
+        a = jnp.max(s[:, :2], axis=-1)
+        return a, jnp.maximum(a, row)
+    return jnp.maximum(row, c), row
+
+
+def _absorbed_ref(s, c, z, order: str):
+    _, b = _absorb_shifts(s, c, order)
+    return z * jnp.exp(s - b[:, None]), c
+
+
+def _absorbed(s, c, z, order: str, scaled: bool):
+    """The products `exp(s - F(a)) * F(exp(a - b))` times z, or, `scaled`, the second form
+    `(z * F(exp(a - b))) * exp(s - F(a))` (c is returned: every input is used)."""
+    s = _around(s)
+    a, b = _absorb_shifts(s, c, order)
+    if scaled:
+        return (z * jnp.exp(a - b)[:, None]) * jnp.exp(s - a[:, None]), c
+    return z * (jnp.exp(s - a[:, None]) * jnp.exp(a - b)[:, None]), c
+
+
+def _absorb_example(order: str, scaled: bool):
+    args = (_f("s", (8, 4), P(CP, None)), _f("c", (8,), P(CP)), _f("z", (8, 4), P(CP, None)))
+    return custom(f"ring_absorb_{order}{'_scaled' if scaled else ''}", CP4,
+                  lambda s, c, z: _absorbed_ref(s, c, z, order),
+                  lambda s, c, z: _absorbed(s, c, z, order, scaled), args,
+                  (P(CP, None), P(CP)), f"exp(s - a) * exp(a - b), shifts {order}")
+
+
+def _absorb_inputs(order: str) -> list[np.ndarray]:
+    """"partial": half of each row at 100, the max of the other half 0 (exp(100 - 0) is inf
+    in float32); "unbounded": a 200 above b (exp(200) is inf, exp(-200) is 0)."""
+    rng = np.random.default_rng(0)
+    s = np.zeros((8, 4), np.float32)
+    c = np.zeros(8, np.float32)
+    if order == "partial":
+        s[:, 2:] = 100.0
+    else:
+        c[:] = 200.0
+    return [s, c, rng.standard_normal((8, 4)).astype(np.float32)]
+
+
+_ABSORB_CASES = [(o, z) for o in ("partial", "unbounded") for z in (False, True)]
+
+
+@pytest.mark.parametrize(("order", "scaled"), _ABSORB_CASES,
+                         ids=[f"{o}{'_scaled' if z else ''}" for o, z in _ABSORB_CASES])
+def test_absorbing_unordered_shifts_is_not_proven(order: str, scaled: bool) -> None:
+    """`_absorb` on shifts out of order: inf (partial: exp(100) * exp(-100)) or NaN
+    (unbounded: exp(-200) * exp(200) = 0 * inf) where the reference's exp(s - b) is finite."""
+    ex = _absorb_example(order, scaled)
+    ref, shd = run_pair_on(ex, _absorb_inputs(order))
+    assert all(np.isfinite(r).all() for r in ref)
+    assert not all(np.isfinite(s).all() for s in shd)
+    for assume in (False, True):
+        report = check_texts(*lower_pair(ex), verify_rules=False, assume_no_overflow=assume)
+        assert not report.proven, report.render_text()
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "scaled"])
+def test_absorbing_ordered_shifts_is_proven(scaled: bool) -> None:
+    """The control: s <= a (a the row max of s) <= b (a running max over a) is proven, also on
+    the inputs that break the unordered ones."""
+    ex = _absorb_example("ordered", scaled)
+    for ref, shd in (run_pair(ex), run_pair_on(ex, _absorb_inputs("unbounded"))):
+        assert all(np.allclose(r, s, atol=1e-6) for r, s in zip(ref, shd, strict=True))
+    report = check_texts(*lower_pair(ex), verify_rules=False)
+    assert report.proven, report.render_text()
