@@ -4,6 +4,7 @@ proved equal over the same fresh symbolic arguments (`check_term_equality`)."""
 from __future__ import annotations
 
 import time
+from fractions import Fraction
 
 import numpy as np
 import z3
@@ -11,19 +12,37 @@ import z3
 from entangle_mlir.analysis.instance.common import DEFAULT_TIMEOUT_MS, MAX_TERM_COST, term_cost
 from entangle_mlir.analysis.instance.sources import Symbolic, leaf_args, leaf_name, opaque_resolver
 from entangle_mlir.analysis.solver import ProofResult, prove
-from entangle_mlir.core.terms import Term
+from entangle_mlir.core.precision import FLOAT_FORMATS, is_float
+from entangle_mlir.core.terms import DENSE_VALUES, Term, subterms
 from entangle_mlir.semantics.element import SemanticsError, collect_divisors, equal, is_z3, to_z3
 from entangle_mlir.semantics.evaluate import evaluate_term
 
 
 def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
                         timeout_ms: int = DEFAULT_TIMEOUT_MS,
-                        max_cost: int = MAX_TERM_COST) -> ProofResult:
+                        max_cost: int = MAX_TERM_COST, *, typed: bool = False,
+                        known_dense: bool = False,
+                        ranges: dict[int, tuple[int, int]] | None = None,
+                        finite_alike: bool = False) -> ProofResult:
     """Prove two reference terms equal for every value of their arguments.
 
     For terms the canonicalizer does not identify (algebra it does not know): both are
     evaluated over the same fresh symbolic arguments and compared elementwise. Large terms
     are "skipped" (no shape reduction here: terms carry their shapes).
+
+    `typed`: integer arguments range over their dtype's values (else over all integers: a
+    proof then holds a fortiori). `known_dense`: dense constants whose values the term
+    builders kept (`terms.DENSE_VALUES`) are those values (else unknowns: a proof holds for
+    every value of them). `ranges`: argument index -> (lo, hi), every element of that integer
+    argument assumed in [lo, hi] (the valid-index assumption; the caller states it).
+
+    `finite_alike`: Z3 reads float arithmetic as exact reals, where nothing overflows and
+    `t * 0`, `t - t` are 0 for every t; a float program computes inf there (and NaN from it).
+    So the proof must also show that one term computes a value out of its dtype's range
+    exactly where the other does, counting every value either computes except sums (a
+    regrouped sum may overflow differently: liberty 1) and values that only move or pick
+    others (`OVERFLOW_FREE`). Inputs are finite values of their dtype (the policy's
+    assumption 2). A failure here is "unknown", with the reason.
     """
     start = time.perf_counter()
     if a is b:
@@ -42,6 +61,10 @@ def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
 
     def resolve(term: Term) -> np.ndarray:
         key = term.attrs[0]
+        if known_dense and key not in dense and key in DENSE_VALUES:
+            table = np.asarray(DENSE_VALUES[key]).reshape(term.shape)
+            dense[key] = np.array([_exact(v) for v in table.flat] or [], dtype=object
+                                  ).reshape(term.shape)
         if key not in dense:
             dense[key] = source.tensor(f"dense{key.hex()[:8]}", term.shape, term.dtype)
         return dense[key]
@@ -60,14 +83,36 @@ def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
         return ProofResult("unknown", None, time.perf_counter() - start, name,
                            "a division by zero")
     hypotheses = [to_z3(d) != 0 for d in divisors]
+    if typed:
+        hypotheses.extend(source.hypotheses)
+    for index, (lo, hi) in (ranges or {}).items():
+        if index in env:
+            for element in np.ravel(env[index]):
+                hypotheses.extend([to_z3(element) >= lo, to_z3(element) <= hi])
     claims = [equal(x, y) for x, y in zip(left.reshape(-1), right.reshape(-1))]
     if any(c is False for c in claims):
         return ProofResult("refuted", None, time.perf_counter() - start, name,
                            "an element differs for every input")
     symbolic = [c for c in claims if not isinstance(c, bool)]
-    if not symbolic:
+    if not symbolic and not finite_alike:
         return ProofResult("proved", None, time.perf_counter() - start, name)
-    result = prove(z3.And(symbolic), hypotheses, name=name, timeout_ms=timeout_ms)
+    result = (prove(z3.And(symbolic), hypotheses, name=name, timeout_ms=timeout_ms)
+              if symbolic else ProofResult("proved", None, 0.0, name))
+    if result.status == "proved" and finite_alike:
+        inputs = _in_range(leaf_args([a, b]).values(), env)
+        alike = _finite_alike(a, b, memo)
+        if alike is None:
+            return ProofResult("unknown", None, time.perf_counter() - start, name,
+                               "a float value of a type whose range is unknown")
+        if alike is not True:
+            overflow = prove(alike, hypotheses + inputs, name=f"{name}.overflow",
+                             timeout_ms=timeout_ms)
+            if overflow.status != "proved":
+                return ProofResult("unknown", overflow.counterexample,
+                                   time.perf_counter() - start, name,
+                                   "one of them may overflow (inf or NaN) where the other "
+                                   "does not" + (f" ({overflow.reason})" if overflow.reason
+                                                 else ""))
     if result.status == "proved" and hypotheses:
         vacuous = prove(z3.BoolVal(False), hypotheses, name=f"{name}.vacuity",
                         timeout_ms=timeout_ms)
@@ -76,3 +121,85 @@ def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
                                  "the nonzero-divisor assumptions may be contradictory")
     result.seconds = time.perf_counter() - start
     return result
+
+
+
+def _exact(value):
+    """A kept table's element as the semantics holds it: a bool, or an exact int."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    return int(value)
+
+
+OVERFLOW_FREE = frozenset({
+    "arg", "splat", "dense", "iota", "broadcast", "reshape", "transpose", "slice",
+    "concatenate", "pad", "dynamic_slice", "stablehlo.gather", "stablehlo.dynamic_update_slice",
+    "stablehlo.select", "stablehlo.maximum", "stablehlo.minimum", "stablehlo.clamp",
+    "reduce_max", "reduce_min", "reduce_window_max", "reduce_window_min", "stablehlo.negate",
+    "stablehlo.abs", "chlo.top_k", "loopvar", "while_result", "region_result"})
+"""Term ops whose float values are values of their operands (moved, picked, negated): they
+overflow only where an operand already did."""
+
+REGROUPED = frozenset({"lin", "reduce_sum", "reduce_window_sum", "stablehlo.dot_general"})
+"""Sums: a sum regrouped (over devices, blocks) may overflow differently from the reference's
+(liberty 1 of the semantics policy), so their values are not compared for overflow."""
+
+
+def overflow_threshold(dtype: str) -> Fraction | None:
+    """The least magnitude that rounds to infinity in float `dtype` (round to nearest even):
+    the greatest finite value plus half an ulp of it."""
+    fmt = FLOAT_FORMATS.get(dtype)
+    if fmt is None:
+        return None
+    bits, _, top = fmt
+    return (2 - Fraction(1, 2 ** bits)) * Fraction(2) ** top
+
+
+def _in_range(leaves, env) -> list:
+    """Inputs are finite values of their float dtype (the policy's assumption 2)."""
+    out = []
+    for leaf in leaves:
+        bound = overflow_threshold(leaf.dtype) if is_float(leaf.dtype) else None
+        if bound is None or leaf.attrs[0] not in env:
+            continue
+        for element in np.ravel(env[leaf.attrs[0]]):
+            if is_z3(element):
+                limit = to_z3(bound)
+                out.append(z3.And(element < limit, element > -limit))
+    return out
+
+
+def _finite_conditions(roots: list[Term], memo: dict, skip: set[int]) -> list | None:
+    """Every value the terms compute (but sums, moves and `skip`) is below the overflow
+    threshold of its dtype; None when a dtype's range is unknown."""
+    out: list = []
+    for term in subterms(roots):
+        if term.serial in skip or term.op in OVERFLOW_FREE or term.op in REGROUPED or \
+                not is_float(term.dtype) or term.serial not in memo:
+            continue
+        bound = overflow_threshold(term.dtype)
+        if bound is None:
+            return None
+        for element in np.ravel(memo[term.serial]):
+            if is_z3(element):
+                value, limit = to_z3(element), to_z3(bound)
+                out.append(z3.And(value < limit, value > -limit))
+            elif not (isinstance(element, Fraction) and abs(element) < bound):
+                out.append(z3.BoolVal(False))
+    return out
+
+
+def _finite_alike(a: Term, b: Term, memo: dict):
+    """The claim that `a` computes a value out of range exactly where `b` does (True when
+    neither computes a value that may overflow, None when a range is unknown)."""
+    under_a = {t.serial for t in subterms([a])}
+    under_b = {t.serial for t in subterms([b])}
+    only_a = _finite_conditions([a], memo, under_b)
+    only_b = _finite_conditions([b], memo, under_a)
+    if only_a is None or only_b is None:
+        return None
+    if not only_a and not only_b:
+        return True
+    fa, fb = z3.And(only_a) if only_a else z3.BoolVal(True), \
+        z3.And(only_b) if only_b else z3.BoolVal(True)
+    return fa == fb

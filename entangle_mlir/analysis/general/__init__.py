@@ -1,0 +1,164 @@
+"""The general tier: a shard_map program expanded per device and decided exactly, behind the
+layout tier (docs/architecture.md, "General tier").
+
+`run_general_tier(program, reference_walk)` expands the sharded function (`expand.py`),
+decides every per-device agreement and every output against the reference (`decide.py`) and
+has Z3 check every rule instance the expansion used. Its `GeneralResult` says whether every
+output is proven, and if not, why (and, where Z3 found one, a counterexample naming the
+device).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from entangle_mlir.analysis.general.decide import Decider, Decision
+from entangle_mlir.analysis.general.expand import MAX_DEVICES, Expansion, NotExpanded
+from entangle_mlir.analysis.infer import Walk, Walker
+from entangle_mlir.core.diagnostics import SourceLoc
+from entangle_mlir.core.normal_form import slice_term
+from entangle_mlir.core.relations import Rel
+from entangle_mlir.core.terms import HOLE_BASE, Term, subterms
+from entangle_mlir.mlir.program import Program
+
+_SUMMARIES = ("region_result",)
+
+
+@dataclass
+class GeneralResult:
+    """What the general tier decided.
+
+    `proven`: every output (and every per-device agreement) proven; else `reason` says the
+    first thing that was not, at `loc` (an op of the sharded program, when one is to blame),
+    and `refuted` whether Z3 found inputs where the sharded program's value differs (then
+    `counterexample` names some of them)."""
+
+    proven: bool
+    devices: int = 0
+    reason: str = ""
+    loc: SourceLoc | None = None
+    refuted: bool = False
+    counterexample: dict[str, str] | None = None
+    assumptions: list[str] = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+
+
+def run_general_tier(program: Program, reference: Walk | None = None, *,
+                     max_devices: int = MAX_DEVICES, budget_seconds: float = 60.0,
+                     timeout_ms: int = 10_000) -> GeneralResult:
+    """Expand `program`'s sharded function per device and decide its outputs against the
+    reference (`reference`: the reference's walk, re-walked when it summarized layers)."""
+    start = time.perf_counter()
+
+    def out_of_time() -> bool:
+        return time.perf_counter() - start > budget_seconds
+
+    if reference is None or not _plain(reference):
+        reference = Walker(program.ref_func, program.ref_module, program.ref_file).run()
+    wants = reference.outputs
+    if any(not isinstance(w, Rel) for w in wants):
+        return GeneralResult(False, reason="the reference itself is not analysed")
+    expansion = Expansion(program.sharded_func, program.sharded_module, program.sharded_file,
+                          max_devices, out_of_time)
+    try:
+        walk = expansion.run()
+    except NotExpanded as refusal:
+        return GeneralResult(False, expansion.stats.devices, refusal.reason, refusal.loc,
+                             stats=_stats(expansion, start))
+    if expansion.mesh is None:
+        return GeneralResult(False, reason="no manual computation to expand")
+    devices = expansion.stats.devices
+    gots = walk.outputs
+    if len(gots) != len(wants) or any(not isinstance(g, Rel) for g in gots):
+        return GeneralResult(False, devices, "an output has no term",
+                             stats=_stats(expansion, start))
+    decider = Decider([w.term for w in wants], timeout_ms)
+    assumptions: list[str] = []
+    checks = [(o.want, o.got, o.what, o.loc) for o in expansion.obligations]
+    checks += [(w.term, g.term, f"result #{i}", walk.return_record.loc
+                if walk.return_record else None) for i, (w, g) in enumerate(zip(wants, gots))]
+    decided = 0
+    for want, got, what, loc in checks:
+        if out_of_time():
+            return GeneralResult(False, devices, "out of time", stats=_stats(expansion, start))
+        for piece_want, piece_got, piece_what in _pieces(want, got, what, expansion):
+            decision = decider.decide(piece_want, piece_got, f"general.{decided}")
+            decided += 1
+            if not decision.proved:
+                return _not_proven(decision, piece_what, loc, devices, expansion, start)
+            assumptions.extend(a for a in decision.assumptions if a not in assumptions)
+    problem = _check_instances(expansion, start, budget_seconds)
+    stats = _stats(expansion, start)
+    stats["decisions"] = decided
+    if problem:
+        return GeneralResult(False, devices, problem, stats=stats)
+    return GeneralResult(True, devices, assumptions=assumptions, stats=stats)
+
+
+def _plain(walk: Walk) -> bool:
+    """Whether a walk's outputs are terms over the inputs (no summarized layer in them)."""
+    terms = [v.term for v in walk.outputs if isinstance(v, Rel)]
+    return not any(t.op in _SUMMARIES or t.op == "arg" and t.attrs[0] >= HOLE_BASE
+                   for t in subterms(terms))
+
+
+def _pieces(want: Term, got: Term, what: str, expansion: Expansion):
+    """The equality `want == got` as equalities of blocks: when `got` is a concatenation (the
+    devices' blocks of a result), each piece against the same rows of `want` (exact: a
+    concatenation equals a term exactly when each piece equals its rows)."""
+    if got.op != "concatenate" or want is got:
+        yield want, got, what
+        return
+    (dim,) = got.attrs
+    row = 0
+    for piece in got.args:
+        size = piece.shape[dim]
+        yield from _pieces(slice_term(want, dim, row, row + size), piece,
+                           f"rows {row}..{row + size - 1} of dim {dim} of {what}", expansion)
+        row += size
+
+
+def _not_proven(decision: Decision, what: str, loc, devices: int, expansion: Expansion,
+                start: float) -> GeneralResult:
+    if decision.status == "refuted":
+        reason = (f"{what} differs from the reference for some inputs"
+                  + (f" ({decision.reason})" if decision.reason else ""))
+    else:
+        reason = f"{what} is not shown equal to the reference: {decision.reason}"
+    return GeneralResult(False, devices, reason, loc, decision.status == "refuted",
+                         decision.counterexample, stats=_stats(expansion, start))
+
+
+def _check_instances(expansion: Expansion, start: float, budget: float) -> str:
+    """Every rule instance the expansion used, checked by Z3 (global scope): '' when none is
+    refuted or inconclusive, else what went wrong."""
+    from entangle_mlir.analysis.instance.checker import (
+        check_instance,  # lazy: z3 (~40 ms); only when the general tier runs
+    )
+
+    counts = {"proved": 0, "refuted": 0, "unknown": 0, "skipped": 0}
+    problem = ""
+    for instance in expansion.instances:
+        if time.perf_counter() - start > budget:
+            counts["skipped"] += 1
+            continue
+        result = check_instance(instance.info, instance.inputs, instance.outputs, None)
+        status = result.status if result.status in counts else "unknown"
+        counts[status] += 1
+        if status in ("refuted", "unknown") and not problem:
+            problem = (f"the rule instance for {instance.info.name} "
+                       f"{'was refuted' if status == 'refuted' else 'is inconclusive'}"
+                       f"{': ' + result.reason if result.reason else ''}")
+    expansion.instance_counts = counts
+    return problem
+
+
+def _stats(expansion: Expansion, start: float) -> dict:
+    stats = {"devices": expansion.stats.devices, "ops": expansion.stats.ops,
+             "computed": expansion.stats.computed,
+             "seconds": round(time.perf_counter() - start, 4)}
+    counts = getattr(expansion, "instance_counts", None)
+    if counts is not None:
+        stats["rule_instances"] = dict(counts)
+    return stats

@@ -1,0 +1,124 @@
+"""Deciding one equality of the general tier exactly: two terms over the global inputs.
+
+In order: the same interned term; the same term after `core/normal_form.py`; Z3 on both terms
+at their real shapes (integers in their dtype's range, kept integer tables at their values),
+first without assumptions, then under the valid-index assumption (`valid_indices.py`: the
+terms simplified under the ranges, and the ranges as hypotheses). There is no tolerance:
+`unknown`, a timeout or a term over the size cap is "not proven".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from entangle_mlir.analysis.valid_indices import IndexRange, Simplifier, index_ranges
+from entangle_mlir.core.normal_form import normal_form
+from entangle_mlir.core.terms import Term, subterms
+
+_MOVES = frozenset({"arg", "splat", "dense", "iota", "broadcast", "reshape", "transpose",
+                    "slice", "concatenate", "pad", "stablehlo.select", "stablehlo.reverse",
+                    "stablehlo.gather", "dynamic_slice", "stablehlo.dynamic_update_slice",
+                    "stablehlo.maximum", "stablehlo.minimum", "reduce_max", "reduce_min",
+                    "stablehlo.compare", "stablehlo.and", "stablehlo.or", "stablehlo.not",
+                    "stablehlo.xor", "stablehlo.clamp", "stablehlo.convert", "loopvar",
+                    "while_result", "region_result", "reduce_and", "reduce_or"})
+"""Term ops that compute no float arithmetic of their own (they move, pick, compare or
+convert values; a rounding convert is an uninterpreted rounding to Z3)."""
+
+
+UNINTERPRETED = frozenset(f"stablehlo.{name}" for name in (
+    "exponential", "exponential_minus_one", "log", "log_plus_one", "tanh", "logistic", "rsqrt",
+    "sqrt", "cbrt", "sine", "cosine", "tan", "atan2", "power", "convert")) | {"chlo.erf"}
+"""Term ops Z3 reads as unknown functions (`semantics/element.py`: transcendental functions,
+and rounding converts as `round_<dtype>`)."""
+
+
+@dataclass
+class Decision:
+    """The outcome of one equality: `status` is "proved", "refuted" (Z3 found inputs where
+    the two differ, `counterexample`) or "unknown" (`reason`)."""
+
+    status: str
+    reason: str = ""
+    assumptions: list[str] = field(default_factory=list)
+    counterexample: dict[str, str] | None = None
+    how: str = ""
+
+    @property
+    def proved(self) -> bool:
+        return self.status == "proved"
+
+
+def computed_float_dtypes(terms: list[Term]) -> set[str]:
+    """The float dtypes arithmetic is computed in under `terms` (Z3 reads every float op as
+    exact real arithmetic, so terms computed in two float types could meet falsely)."""
+    found = set()
+    for term in subterms(terms):
+        if term.op in _MOVES or not term.dtype.startswith(("f", "bf")):
+            continue
+        found.add(term.dtype)
+    return found
+
+
+class Decider:
+    """Decides equalities against one reference (its outputs give the valid-index ranges);
+    a memo of normal forms is shared by every equality."""
+
+    def __init__(self, reference_outputs: list[Term], timeout_ms: int = 10_000):
+        self.ranges: dict[int, IndexRange] = index_ranges(reference_outputs)
+        self.timeout_ms = timeout_ms
+        self.memo: dict[int, Term] = {}
+
+    def decide(self, want: Term, got: Term, name: str) -> Decision:
+        if want is got:
+            return Decision("proved", how="identical terms")
+        if want.shape != got.shape:
+            return Decision("refuted", f"shapes {want.shape} and {got.shape} differ")
+        if want.dtype != got.dtype:
+            return Decision("unknown", f"element types {want.dtype} and {got.dtype} differ")
+        nw, ng = normal_form(want, self.memo), normal_form(got, self.memo)
+        if nw is ng:
+            return Decision("proved", how="normal form")
+        floats = computed_float_dtypes([nw, ng])
+        if len(floats) > 1:
+            return Decision("unknown", "float arithmetic in several types "
+                            f"({', '.join(sorted(floats))}): the general tier compares exact "
+                            "real values, so it does not tell them apart")
+        from entangle_mlir.analysis.instance.term_equality import (
+            check_term_equality,  # lazy: z3 (~40 ms); only the general tier's decisions
+        )
+
+        plain = check_term_equality(nw, ng, name, self.timeout_ms, typed=True,
+                                    known_dense=True, finite_alike=True)
+        if plain.proved:
+            return Decision("proved", how="Z3")
+        ranges = {r.arg.attrs[0]: r for s, r in self.ranges.items()
+                  if any(t.serial == s for t in subterms([nw, ng]))}
+        if ranges:
+            simplifier = Simplifier({r.arg.serial: r for r in ranges.values()})
+            sw, sg = simplifier.simplify(nw), simplifier.simplify(ng)
+            assumed = [r.describe() for r in ranges.values()]
+            if sw is sg:
+                return Decision("proved", assumptions=assumed, how="valid indices")
+            under = check_term_equality(sw, sg, f"{name}.valid_indices", self.timeout_ms,
+                                        typed=True, known_dense=True, finite_alike=True,
+                                        ranges={i: (0, r.size - 1) for i, r in ranges.items()})
+            if under.proved:
+                return Decision("proved", assumptions=assumed, how="Z3, valid indices")
+            return _failed(under, [sw, sg])
+        return _failed(plain, [nw, ng])
+
+
+def _failed(result, terms: list[Term]) -> Decision:
+    """A Z3 answer other than "proved" as a decision. A counterexample is a refutation only
+    where the terms hold no function Z3 reads as unknown (exp, log, ...: it may pick values
+    no real function takes); otherwise it is only "not shown"."""
+    if result.status != "refuted":
+        return Decision("unknown", result.reason or result.status,
+                        counterexample=result.counterexample)
+    unknown = sorted({t.op.split(".")[-1] for t in subterms(terms) if t.op in UNINTERPRETED})
+    if unknown:
+        return Decision("unknown", "Z3 finds a counterexample reading "
+                        f"{', '.join(unknown)} as unknown functions",
+                        counterexample=result.counterexample)
+    return Decision("refuted", result.reason, counterexample=result.counterexample)
