@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from entangle_mlir.analysis.general.decide import Decider, Decision
-from entangle_mlir.analysis.general.expand import MAX_DEVICES, Expansion, NotExpanded
+from entangle_mlir.analysis.general.expand import MAX_DEVICES, Expansion, Instance, NotExpanded
 from entangle_mlir.analysis.infer import Walk, Walker
 from entangle_mlir.core.diagnostics import SourceLoc
 from entangle_mlir.core.normal_form import slice_term
@@ -23,6 +23,8 @@ from entangle_mlir.core.terms import HOLE_BASE, Term, subterms
 from entangle_mlir.mlir.program import Program
 
 _SUMMARIES = ("region_result",)
+_NOT_INSTANCES = ("sdy.manual_computation", "func.return", "func.func")
+"""Records of the walk outside manual computations that are no rule instance."""
 
 
 @dataclass
@@ -75,14 +77,15 @@ def run_general_tier(program: Program, reference: Walk | None = None, *,
                              stats=_stats(expansion, start))
     decider = Decider([w.term for w in wants], timeout_ms)
     assumptions: list[str] = []
-    checks = [(o.want, o.got, o.what, o.loc) for o in expansion.obligations]
+    checks = [(o.want, o.got, o.what, o.loc, {}) for o in expansion.obligations]
     checks += [(w.term, g.term, f"result #{i}", walk.return_record.loc
-                if walk.return_record else None) for i, (w, g) in enumerate(zip(wants, gots))]
+                if walk.return_record else None, expansion.blocks)
+               for i, (w, g) in enumerate(zip(wants, gots))]
     decided = 0
-    for want, got, what, loc in checks:
+    for want, got, what, loc, names in checks:
         if out_of_time():
             return GeneralResult(False, devices, "out of time", stats=_stats(expansion, start))
-        for piece_want, piece_got, piece_what in _pieces(want, got, what, expansion):
+        for piece_want, piece_got, piece_what in _pieces(want, got, what, names):
             decision = decider.decide(piece_want, piece_got, f"general.{decided}")
             decided += 1
             if not decision.proved:
@@ -103,19 +106,20 @@ def _plain(walk: Walk) -> bool:
                    for t in subterms(terms))
 
 
-def _pieces(want: Term, got: Term, what: str, expansion: Expansion):
+def _pieces(want: Term, got: Term, what: str, names: dict[int, str]):
     """The equality `want == got` as equalities of blocks: when `got` is a concatenation (the
     devices' blocks of a result), each piece against the same rows of `want` (exact: a
-    concatenation equals a term exactly when each piece equals its rows)."""
+    concatenation equals a term exactly when each piece equals its rows). `names` says which
+    device's block a piece is, where it is one."""
     if got.op != "concatenate" or want is got:
-        yield want, got, what
+        yield want, got, names.get(got.serial, what)
         return
     (dim,) = got.attrs
     row = 0
     for piece in got.args:
         size = piece.shape[dim]
         yield from _pieces(slice_term(want, dim, row, row + size), piece,
-                           f"rows {row}..{row + size - 1} of dim {dim} of {what}", expansion)
+                           f"rows {row}..{row + size - 1} of dim {dim} of {what}", names)
         row += size
 
 
@@ -139,7 +143,10 @@ def _check_instances(expansion: Expansion, start: float, budget: float) -> str:
 
     counts = {"proved": 0, "refuted": 0, "unknown": 0, "skipped": 0}
     problem = ""
-    for instance in expansion.instances:
+    outside = [Instance(r.info, r.inputs, r.outputs) for r in expansion.walk.records
+               if r.info.name not in _NOT_INSTANCES and r.outputs
+               and all(type(v) is Rel for v in r.inputs + r.outputs)]
+    for instance in outside + expansion.instances:
         if time.perf_counter() - start > budget:
             counts["skipped"] += 1
             continue

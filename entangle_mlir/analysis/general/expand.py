@@ -23,6 +23,7 @@ from entangle_mlir.analysis.infer import Walker
 from entangle_mlir.core.diagnostics import SourceLoc
 from entangle_mlir.core.mesh import Mesh, axes_str
 from entangle_mlir.core.normal_form import make_concat, slice_term
+from entangle_mlir.core.ranges import fits
 from entangle_mlir.core.relations import GLOBAL, Rel
 from entangle_mlir.core.terms import (
     Term,
@@ -40,6 +41,7 @@ from entangle_mlir.rules.dispatch import REGION_RULE_OPS, TRANSPARENT, apply_rul
 from entangle_mlir.rules.movement import constant_term
 from entangle_mlir.semantics.collectives import COLLECTIVE_SEMANTICS, replica_groups
 from entangle_mlir.semantics.element import SemanticsError, is_bool_dtype, is_int_dtype
+from entangle_mlir.semantics.evaluate import evaluate_term
 from entangle_mlir.semantics.groups import GroupError, permute_pairs
 from entangle_mlir.semantics.ops import OP_SEMANTICS
 
@@ -116,20 +118,24 @@ def _affine_iota(values: np.ndarray, dtype: str) -> Term | None:
         return None
     ints = np.array([int(v) for v in values.flat], dtype=object).reshape(values.shape)
     varying = [d for d in range(ints.ndim)
-               if ints.shape[d] > 1 and np.any(np.diff(ints.astype(np.int64), axis=d) != 0)]
+               if ints.shape[d] > 1 and np.any(np.diff(ints, axis=d) != 0)]
     if len(varying) != 1:
         return None
     (dim,) = varying
     line = [int(v) for v in np.moveaxis(ints, dim, 0).reshape(ints.shape[dim], -1)[:, 0]]
     step = line[1] - line[0]
-    if any(b - a != step for a, b in itertools.pairwise(line)):
-        return None
     n = len(line)
+    if any(b - a != step for a, b in itertools.pairwise(line)) or not fits(
+            Fraction(0), Fraction(n - 1), dtype):
+        return None  # not affine, or the iota itself would wrap around in the dtype
     iota = make_iota((n,), 0, dtype)
     affine = make_lin([(Fraction(step), iota)], Fraction(line[0]), (n,), dtype)
-    if ints.ndim == 1:
-        return affine
-    return make_broadcast(affine, (dim,), tuple(ints.shape))
+    if ints.ndim > 1:
+        affine = make_broadcast(affine, (dim,), tuple(ints.shape))
+    made = evaluate_term(affine, {})
+    if [int(v) for v in made.flat] != [int(v) for v in ints.flat]:
+        return None
+    return affine
 
 
 _NUMPY_DTYPES = {"i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32,
@@ -190,6 +196,8 @@ class Expansion(Walker):
         self.stats = ExpansionStats()
         self.mesh: Mesh | None = None
         self._seen_instances: set[tuple] = set()
+        self.blocks: dict[int, str] = {}
+        """serial of a device's value of a manual computation's result -> which it is."""
         self._out_of_time = deadline or (lambda: False)
 
     def _per_device(self, block) -> None:
@@ -207,6 +215,8 @@ class Expansion(Walker):
         mesh, in_tilings, out_tilings, manual = self._manual_shardings(op, info)
         if set(manual) != set(mesh.names):
             raise NotExpanded("partially manual computations are not expanded yet", info.loc)
+        if _custom_device_order(self.module):
+            raise NotExpanded("the mesh lists its devices in a custom order", info.loc)
         n = mesh.num_devices
         if n > self.max_devices:
             raise NotExpanded(f"general tier limited to {self.max_devices} devices (the mesh "
@@ -256,6 +266,8 @@ class Expansion(Walker):
         must agree with the one holding the same blocks at coordinate 0 of the other axes."""
         used = [a for axes in tiling for a in axes]
         terms = [local.as_term() for local in locals_]
+        for d, term in enumerate(terms):
+            self.blocks.setdefault(term.serial, f"device {d}'s block of result #{index}")
         for d in range(mesh.num_devices):
             coords = mesh.coords(d)
             rep = mesh.device({a: (c if a in used else 0) for a, c in coords.items()})
@@ -306,7 +318,7 @@ class Expansion(Walker):
                 env[result] = values
             return
         if name in COMBINING:
-            outs = self._collective(info, ins, mesh)
+            outs = collective(info, ins, mesh)
         elif name == "stablehlo.collective_broadcast" or name.startswith("sdy."):
             raise NotExpanded(f"{name} is not expanded yet", info.loc)
         elif op.regions and name not in REGION_RULE_OPS:
@@ -407,100 +419,11 @@ class Expansion(Walker):
         self._instance(info, inputs, [Rel(term, ((),) * len(term.shape), scope=GLOBAL)])
         return Local(term.dtype, term.shape, term=term)
 
-    # ----- collectives -------------------------------------------------------------------
-
-    def _collective(self, info: OpInfo, ins: list[list[Local]], mesh: Mesh
-                    ) -> list[list[Local]]:
-        """Results per operand per device of a collective, from its group's values."""
-        n = mesh.num_devices
-        name = info.name
-        if all(local.values is not None for values in ins for local in values):
-            try:
-                per_device = COLLECTIVE_SEMANTICS[name](
-                    info, mesh, [[values[d].values for values in ins] for d in range(n)])
-            except SemanticsError as err:
-                raise NotExpanded(f"{name}: {err}", info.loc) from None
-            return [[Local(t.dtype, t.shape, values=np.asarray(per_device[d][k], dtype=object)
-                           .reshape(t.shape)) for d in range(n)]
-                    for k, t in enumerate(info.result_types)]
-        terms = [[local.as_term() for local in values] for values in ins]
-        if name == "stablehlo.collective_permute":
-            try:
-                pairs = permute_pairs(info.attrs, mesh.replicas, mesh.partitions)
-            except GroupError as err:
-                raise NotExpanded(f"{name}: {err}", info.loc) from None
-            source = {t: s for s, t in pairs}
-            out = []
-            for k, t in enumerate(info.result_types):
-                zero = make_splat(0, t.shape, t.dtype)
-                out.append([Local(t.dtype, t.shape, term=terms[k][source[d]] if d in source
-                                  else zero) for d in range(n)])
-            return out
-        try:
-            groups = replica_groups(info, mesh)
-        except SemanticsError as err:
-            raise NotExpanded(f"{name}: {err}", info.loc) from None
-        out = [[None] * n for _ in info.result_types]
-        for group in groups:
-            for k, t in enumerate(info.result_types):
-                members = [terms[k][m] for m in group]
-                for position, d in enumerate(group):
-                    term = self._combine(info, members, position, t.dtype, len(group))
-                    out[k][d] = Local(t.dtype, term.shape, term=term)
-        if any(local is None for values in out for local in values):
-            raise NotExpanded(f"{name}: a device in no group", info.loc)
-        for k, t in enumerate(info.result_types):
-            if any(local.shape != t.shape for local in out[k]):
-                raise NotExpanded(f"internal: {name} result shape differs from its type",
-                                  info.loc)
-        return out
-
-    def _combine(self, info: OpInfo, members: list[Term], position: int, dtype: str,
-                 count: int) -> Term:
-        """One member's result of a grouped collective (members in group order)."""
-        name = info.name
-        attrs = info.attrs
-        if name in ("stablehlo.all_reduce", "stablehlo.reduce_scatter"):
-            total = self._reduce(info, members, dtype)
-            if name == "stablehlo.all_reduce":
-                return total
-            dim = attrs["scatter_dimension"]
-            part = total.shape[dim] // count
-            if total.shape[dim] % count:
-                raise NotExpanded("reduce_scatter: dim not divisible by the group size",
-                                  info.loc)
-            return slice_term(total, dim, position * part, (position + 1) * part)
-        if name == "stablehlo.all_gather":
-            return make_concat(members, attrs["all_gather_dim"])
-        if name == "stablehlo.all_to_all":
-            split, concat = attrs["split_dimension"], attrs["concat_dimension"]
-            if attrs.get("split_count", count) != count:
-                raise NotExpanded("all_to_all: split_count differs from the group size",
-                                  info.loc)
-            part = members[0].shape[split] // count
-            if members[0].shape[split] % count:
-                raise NotExpanded("all_to_all: split dim not divisible by the group size",
-                                  info.loc)
-            return make_concat([slice_term(m, split, position * part, (position + 1) * part)
-                                for m in members], concat)
-        raise NotExpanded(f"{name} is not expanded yet", info.loc)
-
-    @staticmethod
-    def _reduce(info: OpInfo, members: list[Term], dtype: str) -> Term:
-        reducer = info.attrs.get("reducer", "other")
-        if reducer not in _COMBINE:
-            raise NotExpanded(f"{info.name} with a '{reducer}' reducer", info.loc)
-        shape = members[0].shape
-        if reducer == "add":
-            return make_lin([(Fraction(1), m) for m in members], Fraction(0), shape, dtype)
-        if reducer == "mul":
-            total = members[0]
-            for m in members[1:]:
-                total = make_mul(total, m)
-            return total
-        if len(members) == 1:
-            return members[0]
-        return make_elementwise(_COMBINE[reducer], tuple(members), (), dtype)
+def _custom_device_order(module) -> bool:
+    """A `sdy.mesh` listing its devices (`device_ids`): partition ids are then not the
+    row-major positions the expansion gives the devices."""
+    return any(op.operation.name == "sdy.mesh" and "device_ids" in str(op)
+               for op in module.body.operations)
 
 
 def update_slice(x: Term, update: Term, starts) -> Term:
@@ -516,3 +439,102 @@ def update_slice(x: Term, update: Term, starts) -> Term:
     return update
 
 
+# ----- collectives -------------------------------------------------------------------
+
+def collective(info: OpInfo, ins: list[list[Local]], mesh: Mesh) -> list[list[Local]]:
+    """Results per result per device of a collective from its operands' values on every
+    device (`ins[k][d]`): concrete values by the collective's semantics, terms combined
+    over each group (groups as `semantics/groups.py` reads them)."""
+    n = mesh.num_devices
+    name = info.name
+    if all(local.values is not None for values in ins for local in values):
+        try:
+            per_device = COLLECTIVE_SEMANTICS[name](
+                info, mesh, [[values[d].values for values in ins] for d in range(n)])
+        except SemanticsError as err:
+            raise NotExpanded(f"{name}: {err}", info.loc) from None
+        return [[Local(t.dtype, t.shape, values=np.asarray(per_device[d][k], dtype=object)
+                       .reshape(t.shape)) for d in range(n)]
+                for k, t in enumerate(info.result_types)]
+    terms = [[local.as_term() for local in values] for values in ins]
+    if name == "stablehlo.collective_permute":
+        try:
+            pairs = permute_pairs(info.attrs, mesh.replicas, mesh.partitions)
+        except GroupError as err:
+            raise NotExpanded(f"{name}: {err}", info.loc) from None
+        source = {t: s for s, t in pairs}
+        out = []
+        for k, t in enumerate(info.result_types):
+            zero = make_splat(0, t.shape, t.dtype)
+            out.append([Local(t.dtype, t.shape, term=terms[k][source[d]] if d in source
+                              else zero) for d in range(n)])
+        return out
+    try:
+        groups = replica_groups(info, mesh)
+    except SemanticsError as err:
+        raise NotExpanded(f"{name}: {err}", info.loc) from None
+    out = [[None] * n for _ in info.result_types]
+    for group in groups:
+        for k, t in enumerate(info.result_types):
+            members = [terms[k][m] for m in group]
+            for position, d in enumerate(group):
+                term = _combine(info, members, position, len(group), t.dtype)
+                out[k][d] = Local(t.dtype, term.shape, term=term)
+    if any(local is None for values in out for local in values):
+        raise NotExpanded(f"{name}: a device in no group", info.loc)
+    for k, t in enumerate(info.result_types):
+        if any(local.shape != t.shape for local in out[k]):
+            raise NotExpanded(f"internal: {name} result shape differs from its type",
+                              info.loc)
+    return out
+
+
+def _combine(info: OpInfo, members: list[Term], position: int, count: int,
+             dtype: str) -> Term:
+    """One member's result of a grouped collective (members in group order, `position` the
+    member's place in it; `dtype` the result's element type)."""
+    name = info.name
+    attrs = info.attrs
+    if name in ("stablehlo.all_reduce", "stablehlo.reduce_scatter"):
+        total = _reduce(info, members, dtype)
+        if name == "stablehlo.all_reduce":
+            return total
+        dim = attrs["scatter_dimension"]
+        part = total.shape[dim] // count
+        if total.shape[dim] % count:
+            raise NotExpanded("reduce_scatter: dim not divisible by the group size",
+                              info.loc)
+        return slice_term(total, dim, position * part, (position + 1) * part)
+    if name == "stablehlo.all_gather":
+        return make_concat(members, attrs["all_gather_dim"])
+    if name == "stablehlo.all_to_all":
+        split, concat = attrs["split_dimension"], attrs["concat_dimension"]
+        if attrs.get("split_count", count) != count:
+            raise NotExpanded("all_to_all: split_count differs from the group size",
+                              info.loc)
+        part = members[0].shape[split] // count
+        if members[0].shape[split] % count:
+            raise NotExpanded("all_to_all: split dim not divisible by the group size",
+                              info.loc)
+        return make_concat([slice_term(m, split, position * part, (position + 1) * part)
+                            for m in members], concat)
+    raise NotExpanded(f"{name} is not expanded yet", info.loc)
+
+
+def _reduce(info: OpInfo, members: list[Term], dtype: str) -> Term:
+    """The reduction of the members' terms by the collective's reducer (exact: the reducers
+    are associative and commutative; float sums regroup, liberty 1)."""
+    reducer = info.attrs.get("reducer", "other")
+    if reducer not in _COMBINE:
+        raise NotExpanded(f"{info.name} with a '{reducer}' reducer", info.loc)
+    shape = members[0].shape
+    if reducer == "add":
+        return make_lin([(Fraction(1), m) for m in members], Fraction(0), shape, dtype)
+    if reducer == "mul":
+        total = members[0]
+        for m in members[1:]:
+            total = make_mul(total, m)
+        return total
+    if len(members) == 1:
+        return members[0]
+    return make_elementwise(_COMBINE[reducer], tuple(members), (), dtype)

@@ -75,10 +75,18 @@ def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
     try:
         with collect_divisors() as divisors:
             left = evaluate_term(a, env, memo)
-            right = evaluate_term(b, env, memo)
+            of_a = len(divisors)
+            # apart, so that each term's divisors are all collected (shared ones twice)
+            right = evaluate_term(b, env, {} if finite_alike else memo)
     except (SemanticsError, z3.Z3Exception, ValueError, TypeError) as err:
         return ProofResult("unknown", None, time.perf_counter() - start, name,
                            f"cannot evaluate: {err}")
+    if finite_alike:
+        evaluate_term(b, env, memo)  # every node's value, for the overflow claim
+    if finite_alike and not _same_divisors(divisors[:of_a], divisors[of_a:]):
+        return ProofResult("unknown", None, time.perf_counter() - start, name,
+                           "one of them divides by a value the other does not divide by "
+                           "(a division by zero is inf or NaN, which exact reals do not show)")
     if any(not is_z3(d) for d in divisors):
         return ProofResult("unknown", None, time.perf_counter() - start, name,
                            "a division by zero")
@@ -132,13 +140,14 @@ def _exact(value):
 
 
 OVERFLOW_FREE = frozenset({
-    "arg", "splat", "dense", "iota", "broadcast", "reshape", "transpose", "slice",
+    "arg", "dense", "iota", "broadcast", "reshape", "transpose", "slice",
     "concatenate", "pad", "dynamic_slice", "stablehlo.gather", "stablehlo.dynamic_update_slice",
     "stablehlo.select", "stablehlo.maximum", "stablehlo.minimum", "stablehlo.clamp",
     "reduce_max", "reduce_min", "reduce_window_max", "reduce_window_min", "stablehlo.negate",
     "stablehlo.abs", "chlo.top_k", "loopvar", "while_result", "region_result"})
 """Term ops whose float values are values of their operands (moved, picked, negated): they
-overflow only where an operand already did."""
+overflow only where an operand already did. (A splat is in range unless it is an inf or NaN
+constant; dense float constants are finite: MLIR prints inf and NaN as splats or hex.)"""
 
 REGROUPED = frozenset({"lin", "reduce_sum", "reduce_window_sum", "stablehlo.dot_general"})
 """Sums: a sum regrouped (over devices, blocks) may overflow differently from the reference's
@@ -180,6 +189,11 @@ def _finite_conditions(roots: list[Term], memo: dict, skip: set[int]) -> list | 
         bound = overflow_threshold(term.dtype)
         if bound is None:
             return None
+        if term.op == "splat":
+            value = term.attrs[0]
+            if not isinstance(value, Fraction):
+                out.append(z3.BoolVal(False))  # an inf or NaN constant: out of range
+            continue
         for element in np.ravel(memo[term.serial]):
             if is_z3(element):
                 value, limit = to_z3(element), to_z3(bound)
@@ -203,3 +217,13 @@ def _finite_alike(a: Term, b: Term, memo: dict):
     fa, fb = z3.And(only_a) if only_a else z3.BoolVal(True), \
         z3.And(only_b) if only_b else z3.BoolVal(True)
     return fa == fb
+
+
+def _same_divisors(first: list, second: list) -> bool:
+    """Whether two terms divide by the same values (z3 expressions are hash-consed: equal
+    expressions have one id). Z3 proves equality only where every divisor is nonzero; where
+    one term divides by zero it computes inf or NaN, so the other must divide by it too."""
+    def key(value):
+        return value.get_id() if is_z3(value) else ("c", value)
+
+    return {key(d) for d in first} == {key(d) for d in second}
