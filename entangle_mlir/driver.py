@@ -39,7 +39,8 @@ def check_program(program: Program, *, verify_rules: bool = True,
                 ["entangle-infer-relations{annotate=false}"] + check), PASSES), state)
             reused = {}
         if general_tier:
-            run_pipeline(parse_pipeline("entangle-general-tier", PASSES), state)
+            run_pipeline(parse_pipeline("entangle-general-tier{verify-rules="
+                                        f"{str(verify_rules).lower()}}}", PASSES), state)
     report = state.report
     if report.proven:
         report.stats.setdefault("tier", "layout")

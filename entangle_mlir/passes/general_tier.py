@@ -32,6 +32,7 @@ class GeneralTierPass(ModulePass):
                "outputs exactly (the general tier)")
     max_devices: int = MAX_DEVICES
     budget_seconds: int = 60
+    verify_rules: bool = True
 
     def apply(self, state: PassState) -> None:
         report = state.report
@@ -42,7 +43,8 @@ class GeneralTierPass(ModulePass):
             return
         result = run_general_tier(state.program, state.walks.get("reference"),
                                   max_devices=self.max_devices,
-                                  budget_seconds=self.budget_seconds)
+                                  budget_seconds=self.budget_seconds,
+                                  verify_rules=self.verify_rules)
         apply_result(report, result)
 
 

@@ -23,7 +23,8 @@ from entangle_mlir.core.terms import HOLE_BASE, Term, subterms
 from entangle_mlir.mlir.program import Program
 
 _SUMMARIES = ("region_result",)
-_NOT_INSTANCES = ("sdy.manual_computation", "func.return", "func.func")
+_NOT_INSTANCES = ("sdy.manual_computation", "func.return", "func.func", "stablehlo.return",
+                  "sdy.return")
 """Records of the walk outside manual computations that are no rule instance."""
 
 
@@ -46,11 +47,23 @@ class GeneralResult:
     stats: dict = field(default_factory=dict)
 
 
-def run_general_tier(program: Program, reference: Walk | None = None, *,
+def run_general_tier(program: Program, reference: Walk | None = None, **options
+                     ) -> GeneralResult:
+    """`general_tier` (below), where terms nesting too deeply for the recursive parts of the
+    term builders is "not proven" rather than bad input (the layout tier's verdict stands)."""
+    try:
+        return general_tier(program, reference, **options)
+    except RecursionError:
+        return GeneralResult(False, reason="the terms nest too deeply for the general tier")
+
+
+def general_tier(program: Program, reference: Walk | None = None, *,
                      max_devices: int = MAX_DEVICES, budget_seconds: float = 60.0,
-                     timeout_ms: int = 10_000) -> GeneralResult:
+                     timeout_ms: int = 10_000, verify_rules: bool = True) -> GeneralResult:
     """Expand `program`'s sharded function per device and decide its outputs against the
-    reference (`reference`: the reference's walk, re-walked when it summarized layers)."""
+    reference (`reference`: the reference's walk, re-walked when it summarized layers).
+    `verify_rules`: Z3 checks every rule instance the proof rests on, the reference walk's
+    and the expansion's (off only as `--no-verify-rules` turns every check off)."""
     start = time.perf_counter()
 
     def out_of_time() -> bool:
@@ -91,7 +104,8 @@ def run_general_tier(program: Program, reference: Walk | None = None, *,
             if not decision.proved:
                 return _not_proven(decision, piece_what, loc, devices, expansion, start)
             assumptions.extend(a for a in decision.assumptions if a not in assumptions)
-    problem = _check_instances(expansion, start, budget_seconds)
+    problem = _check_instances(expansion, reference, start, budget_seconds) if verify_rules \
+        else ""
     stats = _stats(expansion, start)
     stats["decisions"] = decided
     if problem:
@@ -134,19 +148,23 @@ def _not_proven(decision: Decision, what: str, loc, devices: int, expansion: Exp
                          decision.counterexample, stats=_stats(expansion, start))
 
 
-def _check_instances(expansion: Expansion, start: float, budget: float) -> str:
-    """Every rule instance the expansion used, checked by Z3 (global scope): '' when none is
-    refuted or inconclusive, else what went wrong."""
+def _check_instances(expansion: Expansion, reference: Walk, start: float,
+                     budget: float) -> str:
+    """Every rule instance the proof rests on, checked by Z3 (global scope): the reference
+    walk's, those of the sharded function outside manual computations, and the expansion's
+    (identical ones once: the checker caches them). '' when none is refuted or inconclusive,
+    else what went wrong."""
     from entangle_mlir.analysis.instance.checker import (
         check_instance,  # lazy: z3 (~40 ms); only when the general tier runs
     )
 
     counts = {"proved": 0, "refuted": 0, "unknown": 0, "skipped": 0}
     problem = ""
-    outside = [Instance(r.info, r.inputs, r.outputs) for r in expansion.walk.records
-               if r.info.name not in _NOT_INSTANCES and r.outputs
-               and all(type(v) is Rel for v in r.inputs + r.outputs)]
-    for instance in outside + expansion.instances:
+    walked = [Instance(r.info, r.inputs, r.outputs)
+              for r in reference.records + expansion.walk.records
+              if r.info.name not in _NOT_INSTANCES and r.outputs
+              and all(type(v) is Rel for v in r.inputs + r.outputs)]
+    for instance in walked + expansion.instances:
         if time.perf_counter() - start > budget:
             counts["skipped"] += 1
             continue
