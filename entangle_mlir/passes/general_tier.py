@@ -31,7 +31,7 @@ class GeneralTierPass(ModulePass):
     summary = ("where not proven: expand the shard_map program per device and decide its "
                "outputs exactly (the general tier)")
     max_devices: int = MAX_DEVICES
-    budget_seconds: int = 60
+    budget_seconds: int = 30
     verify_rules: bool = True
 
     def apply(self, state: PassState) -> None:

@@ -58,8 +58,8 @@ def run_general_tier(program: Program, reference: Walk | None = None, **options
 
 
 def general_tier(program: Program, reference: Walk | None = None, *,
-                     max_devices: int = MAX_DEVICES, budget_seconds: float = 60.0,
-                     timeout_ms: int = 10_000, verify_rules: bool = True) -> GeneralResult:
+                     max_devices: int = MAX_DEVICES, budget_seconds: float = 30.0,
+                     timeout_ms: int = 5_000, verify_rules: bool = True) -> GeneralResult:
     """Expand `program`'s sharded function per device and decide its outputs against the
     reference (`reference`: the reference's walk, re-walked when it summarized layers).
     `verify_rules`: Z3 checks every rule instance the proof rests on, the reference walk's
@@ -90,19 +90,20 @@ def general_tier(program: Program, reference: Walk | None = None, *,
                              stats=_stats(expansion, start))
     decider = Decider([w.term for w in wants], timeout_ms)
     assumptions: list[str] = []
-    checks = [(o.want, o.got, o.what, o.loc, {}) for o in expansion.obligations]
-    checks += [(w.term, g.term, f"result #{i}", walk.return_record.loc
+    checks = [(o.want, o.got, o.what, o.against, o.loc, {}) for o in expansion.obligations]
+    checks += [(w.term, g.term, f"result #{i}", "the reference", walk.return_record.loc
                 if walk.return_record else None, expansion.blocks)
                for i, (w, g) in enumerate(zip(wants, gots))]
     decided = 0
-    for want, got, what, loc, names in checks:
+    for want, got, what, against, loc, names in checks:
         if out_of_time():
             return GeneralResult(False, devices, "out of time", stats=_stats(expansion, start))
         for piece_want, piece_got, piece_what in _pieces(want, got, what, names):
             decision = decider.decide(piece_want, piece_got, f"general.{decided}")
             decided += 1
             if not decision.proved:
-                return _not_proven(decision, piece_what, loc, devices, expansion, start)
+                return _not_proven(decision, piece_what, against, loc, devices, expansion,
+                                   start)
             assumptions.extend(a for a in decision.assumptions if a not in assumptions)
     problem = _check_instances(expansion, reference, start, budget_seconds) if verify_rules \
         else ""
@@ -137,13 +138,13 @@ def _pieces(want: Term, got: Term, what: str, names: dict[int, str]):
         row += size
 
 
-def _not_proven(decision: Decision, what: str, loc, devices: int, expansion: Expansion,
-                start: float) -> GeneralResult:
+def _not_proven(decision: Decision, what: str, against: str, loc, devices: int,
+                expansion: Expansion, start: float) -> GeneralResult:
     if decision.status == "refuted":
-        reason = (f"{what} differs from the reference for some inputs"
+        reason = (f"{what} differs from {against} for some inputs"
                   + (f" ({decision.reason})" if decision.reason else ""))
     else:
-        reason = f"{what} is not shown equal to the reference: {decision.reason}"
+        reason = f"{what} is not shown equal to {against}: {decision.reason}"
     return GeneralResult(False, devices, reason, loc, decision.status == "refuted",
                          decision.counterexample, stats=_stats(expansion, start))
 
@@ -166,8 +167,7 @@ def _check_instances(expansion: Expansion, reference: Walk, start: float,
               and all(type(v) is Rel for v in r.inputs + r.outputs)]
     for instance in walked + expansion.instances:
         if time.perf_counter() - start > budget:
-            counts["skipped"] += 1
-            continue
+            return "out of time checking the rule instances"
         result = check_instance(instance.info, instance.inputs, instance.outputs, None)
         status = result.status if result.status in counts else "unknown"
         counts[status] += 1

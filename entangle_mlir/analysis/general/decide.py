@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from entangle_mlir.analysis.valid_indices import IndexRange, Simplifier, index_ranges
 from entangle_mlir.core.normal_form import normal_form
 from entangle_mlir.core.precision import integer_exact_below
-from entangle_mlir.core.terms import Term, subterms
+from entangle_mlir.core.terms import DENSE_VALUES, Term, subterms
 
 _MOVES = frozenset({"arg", "splat", "dense", "iota", "broadcast", "reshape", "transpose",
                     "slice", "concatenate", "pad", "stablehlo.select", "stablehlo.reverse",
@@ -76,7 +76,7 @@ class Decider:
     """Decides equalities against one reference (its outputs give the valid-index ranges);
     a memo of normal forms is shared by every equality."""
 
-    def __init__(self, reference_outputs: list[Term], timeout_ms: int = 10_000):
+    def __init__(self, reference_outputs: list[Term], timeout_ms: int = 5_000):
         self.ranges: dict[int, IndexRange] = index_ranges(reference_outputs)
         self.timeout_ms = timeout_ms
         self.memo: dict[int, Term] = {}
@@ -100,29 +100,59 @@ class Decider:
             return Decision("unknown", "float arithmetic in several types "
                             f"({', '.join(sorted(floats))}): the general tier compares exact "
                             "real values, so it does not tell them apart")
-        from entangle_mlir.analysis.instance.term_equality import (
-            check_term_equality,  # lazy: z3 (~40 ms); only the general tier's decisions
+        from entangle_mlir.analysis.instance.term_equality import (  # lazy: z3 (~40 ms)
+            check_term_equality,
+            differ_on_random_inputs,
         )
 
+        ranges = {r.arg.attrs[0]: r for s, r in self.ranges.items()
+                  if any(t.serial == s for t in subterms([nw, ng]))}
+        bounds = {i: (0, r.size - 1) for i, r in ranges.items()}
+        simplified = None
+        if ranges:
+            simplifier = Simplifier({r.arg.serial: r for r in ranges.values()})
+            simplified = simplifier.simplify(nw), simplifier.simplify(ng)
+            assumed = [r.describe() for r in ranges.values()]
+            if simplified[0] is simplified[1]:
+                return Decision("proved", assumptions=assumed, how="valid indices")
+        # Terms that differ on random inputs (valid indices, where the reference has them)
+        # differ for every reading of the unknown functions: no Z3 query can prove them.
+        pair = simplified or (nw, ng)
+        found = differ_on_random_inputs(*pair, bounds)
+        if found is not None:
+            return _failed_at(found, list(pair))
         plain = check_term_equality(nw, ng, name, self.timeout_ms, typed=True,
                                     known_dense=True, finite_alike=True)
         if plain.proved:
             return Decision("proved", how="Z3")
-        ranges = {r.arg.attrs[0]: r for s, r in self.ranges.items()
-                  if any(t.serial == s for t in subterms([nw, ng]))}
-        if ranges:
-            simplifier = Simplifier({r.arg.serial: r for r in ranges.values()})
-            sw, sg = simplifier.simplify(nw), simplifier.simplify(ng)
-            assumed = [r.describe() for r in ranges.values()]
-            if sw is sg:
-                return Decision("proved", assumptions=assumed, how="valid indices")
-            under = check_term_equality(sw, sg, f"{name}.valid_indices", self.timeout_ms,
+        if simplified is not None:
+            under = check_term_equality(*simplified, f"{name}.valid_indices", self.timeout_ms,
                                         typed=True, known_dense=True, finite_alike=True,
-                                        ranges={i: (0, r.size - 1) for i, r in ranges.items()})
+                                        ranges=bounds)
             if under.proved:
                 return Decision("proved", assumptions=assumed, how="Z3, valid indices")
-            return _failed(under, [sw, sg])
+            return _failed(under, list(simplified))
         return _failed(plain, [nw, ng])
+
+
+def _failed_at(inputs: dict[str, str], terms: list[Term]) -> Decision:
+    """Terms that differ on these random inputs: a refutation where nothing in them is read
+    as an unknown function (or an unknown constant table), else only "not shown equal"."""
+    unknown = _unknown_parts(terms)
+    if unknown:
+        return Decision("unknown", "they differ on random inputs when "
+                        f"{', '.join(unknown)} are read as arbitrary functions",
+                        counterexample=inputs)
+    return Decision("refuted", "", counterexample=inputs)
+
+
+def _unknown_parts(terms: list[Term]) -> list[str]:
+    """What Z3 and the random evaluation read as unknown: transcendental functions, rounding
+    converts, constant tables whose values the terms did not keep."""
+    found = {t.op.split(".")[-1] for t in subterms(terms) if t.op in UNINTERPRETED}
+    if any(t.op == "dense" and t.attrs[0] not in DENSE_VALUES for t in subterms(terms)):
+        found.add("constant tables")
+    return sorted(found)
 
 
 def _failed(result, terms: list[Term]) -> Decision:
@@ -132,7 +162,7 @@ def _failed(result, terms: list[Term]) -> Decision:
     if result.status != "refuted":
         return Decision("unknown", result.reason or result.status,
                         counterexample=result.counterexample)
-    unknown = sorted({t.op.split(".")[-1] for t in subterms(terms) if t.op in UNINTERPRETED})
+    unknown = _unknown_parts(terms)
     if unknown:
         return Decision("unknown", "Z3 finds a counterexample reading "
                         f"{', '.join(unknown)} as unknown functions",

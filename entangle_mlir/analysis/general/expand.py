@@ -166,12 +166,14 @@ class Instance:
 
 @dataclass
 class Obligation:
-    """`got` (device `device`'s value of a result) must equal `want` (its representative's)."""
+    """`got` (`what`: a device's value of a result) must equal `want` (`against`: its
+    representative's, the device at coordinate 0 of the axes the result is replicated over)."""
 
     want: Term
     got: Term
     what: str
     loc: SourceLoc | None = None
+    against: str = "the reference"
 
 
 @dataclass
@@ -273,9 +275,9 @@ class Expansion(Walker):
             rep = mesh.device({a: (c if a in used else 0) for a, c in coords.items()})
             if rep != d and terms[d] is not terms[rep]:
                 self.obligations.append(Obligation(
-                    terms[rep], terms[d], f"result #{index} on device {d} (replicated over "
-                    f"{axes_str([a for a in mesh.names if a not in used])}) equals device "
-                    f"{rep}'s", info.loc))
+                    terms[rep], terms[d], f"device {d}'s result #{index} (replicated over "
+                    f"{axes_str([a for a in mesh.names if a not in used])})", info.loc,
+                    f"device {rep}'s"))
 
         def assemble(dim: int, coords: dict[str, int]) -> Term:
             if dim == len(tiling):

@@ -3,6 +3,7 @@ proved equal over the same fresh symbolic arguments (`check_term_equality`)."""
 
 from __future__ import annotations
 
+import random
 import time
 from fractions import Fraction
 
@@ -14,7 +15,16 @@ from entangle_mlir.analysis.instance.sources import Symbolic, leaf_args, leaf_na
 from entangle_mlir.analysis.solver import ProofResult, prove
 from entangle_mlir.core.precision import FLOAT_FORMATS, is_float
 from entangle_mlir.core.terms import DENSE_VALUES, Term, subterms
-from entangle_mlir.semantics.element import SemanticsError, collect_divisors, equal, is_z3, to_z3
+from entangle_mlir.semantics.element import (
+    SemanticsError,
+    collect_divisors,
+    equal,
+    int_limits,
+    is_bool_dtype,
+    is_z3,
+    random_functions,
+    to_z3,
+)
 from entangle_mlir.semantics.evaluate import evaluate_term
 
 
@@ -227,3 +237,68 @@ def _same_divisors(first: list, second: list) -> bool:
         return value.get_id() if is_z3(value) else ("c", value)
 
     return {key(d) for d in first} == {key(d) for d in second}
+
+
+def differ_on_random_inputs(a: Term, b: Term, ranges: dict[int, tuple[int, int]] | None = None,
+                            seeds=(0, 1, 2), max_cost: int = MAX_TERM_COST
+                            ) -> dict[str, str] | None:
+    """Inputs on which the two terms take different values, looked for on a few random exact
+    inputs (integers of their dtype, `ranges` honoured; transcendental functions as fixed
+    pseudo-random functions, a model of Z3's unknown functions; dense constants without
+    kept values as random ones): the inputs, by leaf name, or None when none was found. Cheap
+    next to Z3: a difference found here means Z3 cannot prove the terms equal."""
+    if a.shape != b.shape or term_cost([a, b]) > max_cost:
+        return None
+    for seed in seeds:
+        rng = random.Random(seed)
+        env: dict = {}
+        for index, leaf in leaf_args([a, b]).items():
+            env[index] = _random_tensor(rng, leaf.shape, leaf.dtype, (ranges or {}).get(index))
+        tables: dict[bytes, np.ndarray] = {}
+
+        def resolve(term: Term, rng=rng, tables=tables) -> np.ndarray:
+            key = term.attrs[0]
+            if key not in tables:
+                if key in DENSE_VALUES:
+                    table = np.asarray(DENSE_VALUES[key]).reshape(term.shape)
+                    tables[key] = np.array([_exact(v) for v in table.flat] or [],
+                                           dtype=object).reshape(term.shape)
+                else:
+                    tables[key] = _random_tensor(rng, term.shape, term.dtype, None)
+            return tables[key]
+
+        env["dense"] = resolve
+        try:
+            with random_functions(seed), collect_divisors():
+                left = evaluate_term(a, env, {})
+                right = evaluate_term(b, env, {})
+        except (SemanticsError, ArithmeticError, ValueError, TypeError, z3.Z3Exception):
+            continue
+        if any(is_z3(v) for v in list(left.flat) + list(right.flat)):
+            continue
+        if any(equal(x, y) is not True for x, y in zip(left.flat, right.flat)):
+            shown: dict[str, str] = {}
+            for index, values in env.items():
+                if isinstance(index, int):
+                    for position in np.ndindex(values.shape):
+                        if len(shown) < 8:
+                            shown[f"{leaf_name(index)}[{','.join(map(str, position))}]"] = \
+                                str(values[position])
+            return shown
+    return None
+
+
+def _random_tensor(rng: random.Random, shape, dtype: str, bounds) -> np.ndarray:
+    """Random exact values of `dtype` (integers in `bounds` when given, else small ones in
+    the dtype's range; booleans; small rationals)."""
+    out = np.empty(shape, dtype=object)
+    limits = int_limits(dtype)
+    for idx in np.ndindex(tuple(shape)):
+        if is_bool_dtype(dtype):
+            out[idx] = rng.random() < 0.5
+        elif limits is not None or bounds is not None:
+            lo, hi = bounds if bounds is not None else (max(limits[0], -6), min(limits[1], 6))
+            out[idx] = rng.randint(lo, hi)
+        else:
+            out[idx] = Fraction(rng.randint(-40, 40), rng.choice((1, 2, 3, 7)))
+    return out
