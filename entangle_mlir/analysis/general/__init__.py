@@ -98,13 +98,23 @@ def general_tier(program: Program, reference: Walk | None = None, *,
     for want, got, what, against, loc, names in checks:
         if out_of_time():
             return GeneralResult(False, devices, "out of time", stats=_stats(expansion, start))
-        for piece_want, piece_got, piece_what in _pieces(want, got, what, names):
-            decision = decider.decide(piece_want, piece_got, f"general.{decided}")
-            decided += 1
-            if not decision.proved:
-                return _not_proven(decision, piece_what, against, loc, devices, expansion,
-                                   start)
-            assumptions.extend(a for a in decision.assumptions if a not in assumptions)
+        # The whole value at once (one evaluation of the reference's term); where that is
+        # not proven, block by block, to name the device whose block is wrong.
+        decision = decider.decide(want, got, f"general.{decided}")
+        decided += 1
+        if not decision.proved:
+            for piece_want, piece_got, piece_what in _pieces(want, got, what, names):
+                if piece_got is got:
+                    break
+                piece = decider.decide(piece_want, piece_got, f"general.{decided}")
+                decided += 1
+                if not piece.proved and (piece.status == "refuted"
+                                         or decision.status != "refuted"):
+                    decision, what = piece, piece_what
+                    break
+            return _not_proven(decision, names.get(got.serial, what), against, loc, devices,
+                               expansion, start)
+        assumptions.extend(a for a in decision.assumptions if a not in assumptions)
     problem = _check_instances(expansion, reference, start, budget_seconds) if verify_rules \
         else ""
     stats = _stats(expansion, start)

@@ -156,6 +156,14 @@ def _unknown_parts(terms: list[Term]) -> list[str]:
 
 
 def _failed(result, terms: list[Term]) -> Decision:
+    """A Z3 check that did not prove the equality, as a decision."""
+    if result.status == "skipped":
+        return Decision("unknown", f"{result.reason}: the general tier checks terms at their "
+                        "real shape, up to a size (shape-reduced checks are next)")
+    return _not_shown(result, terms)
+
+
+def _not_shown(result, terms: list[Term]) -> Decision:
     """A Z3 answer other than "proved" as a decision. A counterexample is a refutation only
     where the terms hold no function Z3 reads as unknown (exp, log, ...: it may pick values
     no real function takes); otherwise it is only "not shown"."""

@@ -35,7 +35,7 @@ from entangle_mlir.core.terms import (
     make_op,
     make_splat,
 )
-from entangle_mlir.mlir.opinfo import OpInfo, describe
+from entangle_mlir.mlir.opinfo import OpInfo, describe, tensor_type
 from entangle_mlir.rules import RULES, RuleContext
 from entangle_mlir.rules.dispatch import REGION_RULE_OPS, TRANSPARENT, apply_rule
 from entangle_mlir.rules.movement import constant_term
@@ -232,6 +232,9 @@ class Expansion(Walker):
             if not isinstance(value, Rel) or value.partial:
                 raise NotExpanded("an input of the manual computation has no term", info.loc)
             env[arg] = self._enter_devices(value.term, tiling, mesh, info)
+            if env[arg][0].shape != info_shape(arg.type):
+                raise NotExpanded("an input's block does not have the body argument's shape",
+                                  info.loc)
         for inner in block.operations:
             inner = inner.operation
             if inner.name == "sdy.return":
@@ -242,6 +245,9 @@ class Expansion(Walker):
             raise NotExpanded("a manual computation without sdy.return", info.loc)
         for i, (result, locals_, tiling) in enumerate(zip(op.results, outputs, out_tilings)):
             term = self._leave_devices(locals_, tiling, mesh, info, i)
+            if term.shape != info_shape(result.type):
+                raise NotExpanded(f"result #{i}'s blocks do not make its global shape",
+                                  info.loc)
             self.walk.values[result] = Rel(term, ((),) * len(term.shape), scope=GLOBAL)
 
     def _enter_devices(self, term: Term, tiling, mesh: Mesh, info: OpInfo) -> list[Local]:
@@ -420,6 +426,11 @@ class Expansion(Walker):
                   for local in operands]
         self._instance(info, inputs, [Rel(term, ((),) * len(term.shape), scope=GLOBAL)])
         return Local(term.dtype, term.shape, term=term)
+
+def info_shape(mlir_type) -> tuple[int, ...]:
+    """The shape of an MLIR tensor type."""
+    return tuple(tensor_type(mlir_type).shape)
+
 
 def _custom_device_order(module) -> bool:
     """A `sdy.mesh` listing its devices (`device_ids`): partition ids are then not the
