@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 
         report = check_files(args.ref, args.sharded or args.ref,
                              verify_rules=not args.no_verify_rules,
-                             reuse_layers=not (args.explain or args.json))
+                             reuse_layers=not (args.explain or args.json),
+                             general_tier=not args.no_general_tier)
         if args.evidence and not report.proven:
             from entangle_mlir.evidence import check_evidence  # lazy: 7 ms; --evidence only
 
@@ -94,6 +95,9 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
                         help="print the report as JSON (every op walked: no layer reuse)")
     parser.add_argument("--no-verify-rules", action="store_true",
                         help="skip the Z3 rule-instance checks (faster; the report says so)")
+    parser.add_argument("--no-general-tier", action="store_true",
+                        help="where the layout tier does not prove the program, do not expand "
+                             "it per device (the general tier)")
     parser.add_argument("--dump-smt", metavar="DIR", help="write every Z3 query as SMT-LIB")
     parser.add_argument("--explain", action="store_true",
                         help="print, for each output, the chain of relations that builds it "
@@ -112,7 +116,8 @@ def run_demo(args) -> int:
     for ref in pairs:
         name = ref.name[: -len(".ref.mlir")]
         sharded = ref.with_name(f"{name}.sharded.mlir")
-        report = check_files(str(ref), str(sharded), verify_rules=not args.no_verify_rules)
+        report = check_files(str(ref), str(sharded), verify_rules=not args.no_verify_rules,
+                             general_tier=not args.no_general_tier)
         buggy = any(tag in name for tag in _BUG_TAGS)
         expected = not buggy
         failures += report.proven != expected

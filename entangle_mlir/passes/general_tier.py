@@ -1,0 +1,83 @@
+"""entangle-general-tier: where the layout tier did not prove the program, expand it per
+device and decide its outputs exactly (`analysis/general/`).
+
+A proof replaces the layout tier's verdict ("verified", with a note naming the tier and, if
+the layout tier had blamed an op, that its claim was not confirmed); otherwise the layout
+tier's report stands and `stats["general_tier"]` says why the general tier did not prove it.
+Where the layout tier could only say it cannot relate a value and Z3 finds inputs on which
+the sharded program's output differs, that becomes the report's first diagnostic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from entangle_mlir.analysis.general import GeneralResult, run_general_tier
+from entangle_mlir.analysis.general.expand import MAX_DEVICES
+from entangle_mlir.core.diagnostics import Diagnostic
+from entangle_mlir.core.report import PROVEN, Report
+from entangle_mlir.passes.pipeline import ModulePass, PassState
+
+CANNOT_RELATE = ("unsupported", "internal", "inconclusive")
+"""Reasons that say the layout tier could not relate a value, as opposed to a located claim
+that something is wrong."""
+
+TIER_NOTE = "proven by per-device expansion on {n} devices (general tier)"
+
+
+@dataclass
+class GeneralTierPass(ModulePass):
+    name = "entangle-general-tier"
+    summary = ("where not proven: expand the shard_map program per device and decide its "
+               "outputs exactly (the general tier)")
+    max_devices: int = MAX_DEVICES
+    budget_seconds: int = 30
+    verify_rules: bool = True
+
+    def apply(self, state: PassState) -> None:
+        report = state.report
+        if report is None or state.program is None:
+            return
+        if report.proven:
+            report.stats.setdefault("tier", "layout")
+            return
+        result = run_general_tier(state.program, state.walks.get("reference"),
+                                  max_devices=self.max_devices,
+                                  budget_seconds=self.budget_seconds,
+                                  verify_rules=self.verify_rules)
+        apply_result(report, result)
+
+
+def apply_result(report: Report, result: GeneralResult) -> None:
+    """Fold the general tier's result into the layout tier's report."""
+    summary = {"proven": result.proven, **result.stats}
+    if not result.proven:
+        summary["reason"] = result.reason
+        report.stats["general_tier"] = summary
+        if result.refuted and report.diagnostics and all(
+                d.category in CANNOT_RELATE for d in report.diagnostics):
+            shown = ", ".join(f"{k} = {v}" for k, v in
+                              list((result.counterexample or {}).items())[:6])
+            notes = tuple(Diagnostic("note", f"the layout tier: {d.message}", d.loc,
+                                     category=d.category) for d in report.diagnostics)
+            message = (f"general tier (per-device expansion on {result.devices} devices): "
+                       f"{result.reason}" + (f"; Z3 counterexample: {shown}" if shown else ""))
+            report.diagnostics.insert(0, Diagnostic("error", message, result.loc, notes,
+                                                    category="different_function"))
+        return
+    claims = [d for d in report.diagnostics if d.category not in CANNOT_RELATE]
+    report.verdict = PROVEN
+    for output in report.outputs:
+        output.proven = True
+    report.notes.append(TIER_NOTE.format(n=result.devices))
+    for claim in claims:
+        where = f" at {claim.loc}" if claim.loc else ""
+        report.notes.append(f"the layout tier's claim was not confirmed{where}: "
+                            f"{claim.message}")
+    for assumption in result.assumptions:
+        report.notes.append(f"proven assuming {assumption} (general tier)")
+        report.assume(assumption)
+    report.diagnostics = []
+    report.focus = None
+    report.stats["tier"] = "general"
+    report.stats["general_tier"] = summary
