@@ -62,16 +62,18 @@ def parse_lit_test(path: Path) -> dict:
 
 
 def check_output(path: Path) -> tuple[str, str | None]:
-    """What `entangle check FILE` prints (run from the repository root), and the reason."""
-    from entangle_mlir.driver import check_files, check_with_pipeline
+    """What `entangle check FILE` prints (run from the repository root), and the reason: bug
+    claims confirmed by running both programs, as `entangle check` does."""
+    from entangle_mlir.confirm import confirm_files
     from entangle_mlir.core.diagnostics import InputError
+    from entangle_mlir.driver import check_files, check_with_pipeline
 
     relative = str(path.relative_to(REPO))
     pipeline = re.search(r"--pass-pipeline='builtin\.module\((.*inject-fault.*)\)'",
                          path.read_text())
     try:
         report = (check_with_pipeline(relative, pipeline.group(1)) if pipeline
-                  else check_files(relative, relative))
+                  else confirm_files(check_files(relative, relative), relative, relative))
     except InputError as err:
         return err.render(), None
     first = report.diagnostics[0].category if report.diagnostics else None
@@ -90,6 +92,14 @@ def diagnostics_md() -> str:
             "differs), the verdict, ρ for every result and what the Z3 rule checks did. With "
             "`--json` the same diagnostic carries a `reason`: one of the keys below (see "
             "[json-schema.md](json-schema.md)).\n"),
+           ("A diagnostic that claims a bug (most reasons below, `core.reasons.CLAIMS`) is "
+            "made only when it is shown: `entangle check` runs both programs on seeded random "
+            "inputs (simulated CPU devices) and keeps the claim when a result it is about "
+            "differs, with a note giving the numbers; when the results agree it withdraws the "
+            "claim and says what it cannot relate ([`cannot_relate`](#cannot_relate)). "
+            "`--no-confirm`, the JAX front-end's `confirm=False` and `entangle-opt` (so the "
+            "`expected-error` annotations of the lit tests) give the layout tier's own "
+            "wording.\n"),
            ("Every section shows a small program where the reason is the truth. Each one is a "
             "lit test in [`lit_tests/diagnostics/`](../lit_tests/diagnostics/), run with "
             "`entangle-opt --verify-diagnostics` and `entangle check --json`; the output shown "

@@ -171,9 +171,26 @@ class Outcome:
     constructs: tuple = ()
     source: str = ""
     diag_op: str = ""
+    claim: str = ""
+    """Of a program whose numbers match but that is not proven ("incomplete"), when a
+    diagnostic claims a bug: "withdrawn" once confirmation ran both programs (what `entangle
+    check` prints), else "stands": a false bug report (`confirm_claims`)."""
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def confirm_claims(report, ref_text: str, shd_text: str) -> str:
+    """What becomes of the bug claims of a report whose program computes the reference's numbers
+    (the fuzzers judge by execution, and check without confirmation): "" without a claim,
+    "withdrawn" when `entangle check`'s confirmation withdraws every one, "stands" when a claim
+    survives it (a false bug report)."""
+    from entangle_mlir.confirm import confirm_texts, is_claim
+
+    if report is None or not any(is_claim(d) for d in report.diagnostics):
+        return ""
+    confirm_texts(report, ref_text, shd_text)
+    return "stands" if any(is_claim(d) for d in report.diagnostics) else "withdrawn"
 
 
 @dataclass
@@ -254,6 +271,7 @@ def run_program(prog: Program, base: _Base | None = None, verify_rules_sample: b
         out.status = "proven"
     elif match:
         out.status = "incomplete"
+        out.claim = confirm_claims(report, base.ref_text, shd_text)
     else:
         out.status = "caught"
     if prog.correct and match is False and out.status not in ("false_proof", "flaky"):

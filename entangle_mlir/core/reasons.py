@@ -67,6 +67,12 @@ REASONS: dict[str, tuple[str, str]] = {
         ("a value is computed at lower precision than the reference's: a convert rounds "
         "(f32 -> bf16, i32 -> f32 above 2^24) where the reference keeps the precision, or "
         "partial sums are rounded before the all_reduce sums them in the narrower type")),
+    "cannot_relate": (
+        "cannot relate (a bug claim not confirmed)",
+        ("the layout tier could not match a value to the reference and read the mismatch as "
+        "a bug, but running both programs did not confirm it (the outputs agree on random "
+        "inputs, or the programs could not be run): the message quotes that reading; not "
+        "proven, no bug claimed")),
     "unrelated": (
         "no relation to the reference",
         "the value has no clean relation to any reference value"),
@@ -83,3 +89,18 @@ REASONS: dict[str, tuple[str, str]] = {
         "internal limitation",
         "the analysis could not continue (e.g. a shape it cannot reason about): not proven"),
 }
+
+
+CLAIMS: frozenset[str] = frozenset({
+    "missing_reduction", "partial_mixed", "nonlinear_partial", "wrong_axis",
+    "duplicate_reduction", "duplicate", "scale", "wrong_dim", "wrong_layout", "wrong_order",
+    "wrong_reducer", "wrong_offset", "layout_mismatch", "different_function", "precision_lost"})
+"""Reasons whose diagnostic states that the program is wrong: a located bug claim. The layout
+tier makes them from one op's relations (a psum of a split value, a partial sum leaving
+shard_map, an offset other than the device's block, operands split differently) or from a term
+the reference never computes. The relation is exact, but that the program's outputs then differ
+from the reference's is not shown by it: the reference may compute the same numbers another way
+(block sums by design, a per-device cumsum, a collective matmul's rotating chunks). So
+`entangle check` and the JAX front-end run both programs before making such a claim
+(`confirm.py`). The other reasons say what could not be related (`cannot_relate`, `unrelated`,
+`wrong_groups`) or is not supported, or that a proof failed: no claim."""
