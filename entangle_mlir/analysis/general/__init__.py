@@ -50,11 +50,14 @@ class GeneralResult:
 def run_general_tier(program: Program, reference: Walk | None = None, **options
                      ) -> GeneralResult:
     """`general_tier` (below), where terms nesting too deeply for the recursive parts of the
-    term builders is "not proven" rather than bad input (the layout tier's verdict stands)."""
+    term builders, or an error of the tier itself, is "not proven" (with the reason) rather
+    than bad input or a crash: the layout tier's verdict stands."""
     try:
         return general_tier(program, reference, **options)
     except RecursionError:
         return GeneralResult(False, reason="the terms nest too deeply for the general tier")
+    except Exception as err:  # noqa: BLE001 - a defect of the tier is "not proven", not a crash
+        return GeneralResult(False, reason=f"internal error of the general tier: {err!r}")
 
 
 def general_tier(program: Program, reference: Walk | None = None, *,
