@@ -19,6 +19,7 @@ from fractions import Fraction
 import numpy as np
 from jaxlib.mlir import ir
 
+from entangle_mlir.analysis.general import MAX_DEVICES
 from entangle_mlir.analysis.infer import Walker
 from entangle_mlir.core.diagnostics import SourceLoc
 from entangle_mlir.core.mesh import Mesh, axes_str
@@ -44,9 +45,6 @@ from entangle_mlir.semantics.element import SemanticsError, is_bool_dtype, is_in
 from entangle_mlir.semantics.evaluate import evaluate_term
 from entangle_mlir.semantics.groups import GroupError, permute_pairs
 from entangle_mlir.semantics.ops import OP_SEMANTICS
-
-MAX_DEVICES = 64
-"""The most devices the general tier expands (a refusal beyond, not a guess)."""
 
 MAX_CONCRETE = 1 << 14
 """The most elements of an integer value evaluated concretely on each device."""
