@@ -7,7 +7,8 @@ device, and that programs the layout tier proves cost what they did.
 Rows: four programs the layout tier does not prove (tests/analysis/test_general_tier.py), on
 a 1-D mesh of n devices with n blocks: the vocab-parallel embedding (4 rows per device), a
 per-shard cumsum with block offsets, block sums (psum of a tiled value), an untiled
-all_gather + reshape. Columns: the general tier's seconds (expansion, decisions, rule
+all_gather + reshape; the last two at a real size (their terms meet in normal form, no
+evaluation). Columns: the general tier's seconds (expansion, decisions, rule
 instances), the body's ops, distinct per-device computations (devices sharing operands share
 one), and milliseconds per op per device. Then the Megatron demo pair (proven by the layout
 tier) with the general tier on and off: the least of 5 runs each.
@@ -75,8 +76,19 @@ def _gather(n: int):
             [((2 * n, 4), jnp.float32, P("tp", None))], P())
 
 
+def _block_sums_large(n: int):
+    return (lambda x: x.reshape(n, -1, 64).sum(0), lambda x: lax.psum(x, "tp"),
+            [((1024 * n, 64), jnp.float32, P("tp", None))], P())
+
+
+def _gather_large(n: int):
+    return (lambda x: x, lambda x: lax.all_gather(x, "tp", tiled=False).reshape(-1, 512),
+            [((64 * n, 512), jnp.float32, P("tp", None))], P())
+
+
 PROGRAMS = {"embedding": _embedding, "cumsum": _cumsum, "block sums": _block_sums,
-            "all_gather untiled": _gather}
+            "all_gather untiled": _gather, "block sums 1024x64 / device": _block_sums_large,
+            "all_gather untiled 64x512 / device": _gather_large}
 
 
 def lower(build, n: int) -> tuple[str, str]:

@@ -15,15 +15,21 @@ the semantics policy allows; nothing else is assumed):
   elementwise op applied piece by piece is that op on the concatenated operands;
 * a `lin` whose parts are contractions (or sums) that differ only by adjacent slices of
   their operands along the contracted (summed) dim, with equal coefficients, is one
-  contraction (sum) over the joined slices.
+  contraction (sum) over the joined slices;
+* a sum over the major half of a dim split in two by a reshape is the sum of the dim's
+  consecutive blocks (`sum_of_blocks`: the reference's block sums meet a psum of a tiled
+  value); a reshape merging dims whose major one is concatenated is the concatenation of the
+  pieces reshaped (`reshape_of_concat`: an untiled all_gather and its reshape).
 
 `normal_form(term)` rebuilds a term bottom-up through these rules (memoized by serial).
 """
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
+from entangle_mlir.core.ranges import fits
 from entangle_mlir.core.terms import (
     Term,
     intern,
@@ -32,10 +38,12 @@ from entangle_mlir.core.terms import (
     make_iota,
     make_lin,
     make_op,
+    make_reshape,
     make_splat,
     post_order,
     rebuild,
     rebuild_elementwise,
+    reshape_groups,
 )
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 
@@ -133,6 +141,8 @@ def _joined_constant(pieces: list[Term], dim: int) -> Term | None:
         if _iota_start(piece) != at:
             return None
         at += piece.shape[0]
+    if not fits(Fraction(0), Fraction(shape[0] - 1), pieces[0].dtype):
+        return None  # the joined iota's own positions would wrap around (or round)
     iota = make_iota(tuple(shape), 0, pieces[0].dtype)
     return make_lin([(Fraction(1), iota)], start, tuple(shape), pieces[0].dtype)
 
@@ -271,6 +281,56 @@ def normal_form(term: Term, memo: dict[int, Term] | None = None) -> Term:
     return memo[term.serial]
 
 
+MAX_BLOCKS = 64
+"""The most blocks a sum over a split dim is written out as (`sum_of_blocks`)."""
+
+
+def sum_of_blocks(term: Term, arg: Term) -> Term | None:
+    """`reduce_sum(reshape(x, (..., a, b, ...)), the a dim)` with x's dim of size a * b
+    split into (a, b) row-major: the sum of x's a consecutive blocks of b rows (the form a
+    psum of a tiled value takes), for a <= MAX_BLOCKS; else None."""
+    if term.op != "reduce_sum" or arg.op != "reshape" or len(term.attrs[0]) != 1:
+        return None
+    x, (d,) = arg.args[0], term.attrs[0]
+    src, dst = x.shape, arg.shape
+    if len(dst) != len(src) + 1 or d >= len(src) or x.dtype != term.dtype:
+        return None
+    a, b = dst[d], dst[d + 1]
+    if dst[:d] != src[:d] or dst[d + 2:] != src[d + 1:] or a * b != src[d] or a > MAX_BLOCKS:
+        return None
+    blocks = [(Fraction(1), slice_term(x, d, k * b, (k + 1) * b)) for k in range(a)]
+    return make_lin(blocks, Fraction(0), term.shape, term.dtype)
+
+
+def reshape_of_concat(term: Term, arg: Term) -> Term | None:
+    """`reshape(concat(p_i along c))` where c is the major (first non-unit) dim of the dims
+    the reshape merges into one: the concatenation of the pieces reshaped (row-major order
+    keeps each piece's rows together); else None."""
+    if term.op != "reshape" or arg.op != "concatenate":
+        return None
+    (c,) = arg.attrs
+    groups = reshape_groups(arg.shape, term.shape)
+    if groups is None:
+        return None
+    for src_dims, dst_dims in groups:
+        if c not in src_dims:
+            continue
+        before = src_dims[:src_dims.index(c)]
+        wide = [t for t in dst_dims if term.shape[t] != 1]
+        if any(arg.shape[i] != 1 for i in before) or len(wide) != 1:
+            return None
+        (t,) = wide
+        pieces = []
+        for piece in arg.args:
+            shape = list(term.shape)
+            shape[t] = math.prod(piece.shape[i] for i in src_dims)
+            if any(piece.shape[i] != arg.shape[i] for i in range(len(arg.shape)) if i != c):
+                return None
+            pieces.append(make_reshape(piece, tuple(shape)))
+        return make_concat(pieces, t)
+    return None
+
+
 def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
     if term.op == "concatenate":
         return make_concat(args, term.attrs[0])
@@ -278,6 +338,14 @@ def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
         spanning = slice_of_concat(args[0], *term.attrs)
         if spanning is not None:
             return spanning
+    if term.op == "reduce_sum":
+        blocks = sum_of_blocks(term, args[0])
+        if blocks is not None:
+            return join_sums(blocks)
+    if term.op == "reshape":
+        pieces = reshape_of_concat(term, args[0])
+        if pieces is not None:
+            return pieces
     out = rebuild(term, args) if args != term.args else term
     if out.op == "lin":
         out = join_sums(out)

@@ -11,12 +11,15 @@ the sharded program's output differs, that becomes the report's first diagnostic
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from entangle_mlir.analysis.general import GeneralResult, run_general_tier
-from entangle_mlir.analysis.general.expand import MAX_DEVICES
+from entangle_mlir.analysis.general import MAX_DEVICES
 from entangle_mlir.core.diagnostics import Diagnostic
 from entangle_mlir.core.report import PROVEN, Report
 from entangle_mlir.passes.pipeline import ModulePass, PassState
+
+if TYPE_CHECKING:
+    from entangle_mlir.analysis.general.tier import GeneralResult
 
 CANNOT_RELATE = ("unsupported", "internal", "inconclusive")
 """Reasons that say the layout tier could not relate a value, as opposed to a located claim
@@ -41,6 +44,10 @@ class GeneralTierPass(ModulePass):
         if report.proven:
             report.stats.setdefault("tier", "layout")
             return
+        from entangle_mlir.analysis.general.tier import (
+            run_general_tier,  # lazy: z3 and the semantics (~0.2 s); only when not yet proven
+        )
+
         result = run_general_tier(state.program, state.walks.get("reference"),
                                   max_devices=self.max_devices,
                                   budget_seconds=self.budget_seconds,

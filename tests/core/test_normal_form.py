@@ -19,6 +19,7 @@ from entangle_mlir.core.terms import (
     make_iota,
     make_lin,
     make_op,
+    make_reshape,
     make_splat,
 )
 
@@ -174,3 +175,38 @@ def test_constants_join() -> None:
     shifted = [slice_term(iota, 0, lo, lo + 2) for lo in (0, 2, 6, 4)]
     joined = make_concat(shifted, 0)
     assert joined is not iota and refuted(raw_concat(shifted, 0), iota)
+
+
+@pytest.mark.parametrize("shape,dim,a", [((12,), 0, 4), ((6, 4), 0, 3), ((2, 8, 3), 1, 4)])
+def test_sum_over_a_split_dim_is_the_sum_of_its_blocks(shape, dim, a) -> None:
+    x = make_arg(0, shape, F32)
+    b = shape[dim] // a
+    split = shape[:dim] + (a, b) + shape[dim + 1:]
+    out = shape[:dim] + (b,) + shape[dim + 1:]
+    reshaped = intern("reshape", (x,), (), split, F32)
+    summed = intern("reduce_sum", (reshaped,), ((dim,),), out, F32)
+    blocks = make_lin([(Fraction(1), slice_term(x, dim, k * b, (k + 1) * b)) for k in range(a)],
+                      Fraction(0), out, F32)
+    assert normal_form(summed) is blocks and proved(summed, blocks)
+    # must fail: summing the minor half (b) is not the sum of the blocks
+    minor = intern("reduce_sum", (reshaped,), ((dim + 1,),), shape[:dim] + (a,) + shape[dim + 1:],
+                   F32)
+    assert normal_form(minor).op != "lin"
+    if a == b:
+        assert refuted(minor, blocks)
+
+
+@pytest.mark.parametrize("pieces,rows", [(4, 1), (2, 3)])
+def test_reshape_of_a_concatenation_along_its_major_dim(pieces, rows) -> None:
+    args = [make_arg(k, (rows, 2, 3), F32) for k in range(pieces)]
+    joined = raw_concat(args, 0)
+    merged = intern("reshape", (joined,), (), (pieces * rows * 2, 3), F32)
+    normal = normal_form(merged)
+    assert normal.op == "concatenate" and proved(merged, normal)
+    # must fail: concatenated along the minor dim of the merged group, the pieces interleave
+    across = raw_concat([make_arg(k, (2, rows, 3), F32) for k in range(pieces)], 1)
+    mixed = intern("reshape", (across,), (), (2 * pieces * rows, 3), F32)
+    assert normal_form(mixed).op == "reshape"
+    wrong = make_concat([make_reshape(make_arg(k, (2, rows, 3), F32), (2 * rows, 3))
+                         for k in range(pieces)], 0)
+    assert refuted(mixed, wrong)

@@ -19,6 +19,7 @@ from fractions import Fraction
 import numpy as np
 from jaxlib.mlir import ir
 
+from entangle_mlir.analysis.general import MAX_DEVICES
 from entangle_mlir.analysis.infer import Walker
 from entangle_mlir.core.diagnostics import SourceLoc
 from entangle_mlir.core.mesh import Mesh, axes_str
@@ -44,9 +45,6 @@ from entangle_mlir.semantics.element import SemanticsError, is_bool_dtype, is_in
 from entangle_mlir.semantics.evaluate import evaluate_term
 from entangle_mlir.semantics.groups import GroupError, permute_pairs
 from entangle_mlir.semantics.ops import OP_SEMANTICS
-
-MAX_DEVICES = 64
-"""The most devices the general tier expands (a refusal beyond, not a guess)."""
 
 MAX_CONCRETE = 1 << 14
 """The most elements of an integer value evaluated concretely on each device."""
@@ -238,7 +236,7 @@ class Expansion(Walker):
         for inner in block.operations:
             inner = inner.operation
             if inner.name == "sdy.return":
-                outputs = [env[v] for v in inner.operands]
+                outputs = [self._operand(v, env, mesh, info) for v in inner.operands]
                 break
             self._device_op(inner, env, mesh)
         else:
@@ -311,7 +309,7 @@ class Expansion(Walker):
         self.stats.ops += 1
         n = mesh.num_devices
         results = list(op.results)
-        ins = [env[v] for v in op.operands]
+        ins = [self._operand(v, env, mesh, info) for v in op.operands]
         name = info.name
         if name in DEVICE_IDS:
             rtype = info.result_types[0]
@@ -345,6 +343,18 @@ class Expansion(Walker):
                     outs[k].append(local)
         for result, values in zip(results, outs):
             env[result] = values
+
+    def _operand(self, value, env: dict, mesh: Mesh, info: OpInfo) -> list[Local]:
+        """Each device's value of an operand: the body's own, or a global value the body
+        reads from outside (the same on every device)."""
+        found = env.get(value)
+        if found is not None:
+            return found
+        outer = self.walk.values.get(value)
+        if isinstance(outer, Rel) and not outer.partial:
+            return [Local(outer.term.dtype, outer.term.shape, term=outer.term)] * \
+                mesh.num_devices
+        raise NotExpanded("an operand without a value on every device", info.loc)
 
     def _local_op(self, info: OpInfo, operands: list[Local]) -> list[Local]:
         """One device's results of a local op."""
