@@ -1,7 +1,8 @@
 // RUN: entangle-opt %s --split-input-file --pass-pipeline='builtin.module(entangle-normalize,entangle-import-shardings,entangle-infer-relations,entangle-check-refinement)' --verify-diagnostics
-// RUN: not entangle check %s --json | filecheck %s
-// RUN: not entangle check %s | filecheck --check-prefix=TEXT %s
-// RUN: not entangle check %s --no-confirm | filecheck --check-prefix=RAW %s
+// RUN: not entangle check %s --no-general-tier --json | filecheck %s
+// RUN: not entangle check %s --no-general-tier | filecheck --check-prefix=TEXT %s
+// RUN: not entangle check %s --no-general-tier --no-confirm | filecheck --check-prefix=RAW %s
+// RUN: entangle check %s | filecheck --check-prefix=GENERAL %s
 
 // A correct program the layout tier reads as a bug. Each device holds one block of x and the
 // psum adds the blocks together: the block sums are what the reference computes (the shard_map
@@ -18,6 +19,11 @@
 // `--no-confirm` report). `entangle check` runs both programs before claiming a bug: the outputs
 // agree on every random input, so the claim is withdrawn and the diagnostic says what could not
 // be related, quoting the reading. Not proven (exit code 1), no bug claimed.
+
+// Without the general tier (`--no-general-tier`, as here), nothing relates the block sums; the
+// general tier, which expands the program per device, proves it (GENERAL).
+
+// GENERAL: verified
 
 // CHECK: "verdict": "not proven"
 // CHECK: "diagnostics": [
