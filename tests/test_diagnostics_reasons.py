@@ -105,7 +105,8 @@ def report_for(reason: str):
 def test_walk_alone_finds_the_reason(reason: str) -> None:
     """Without the Z3 checks the same diagnostic comes out (it is the walk's finding)."""
     path = lit_file(reason)
-    report = check_files(str(path), str(path), verify_rules=False)
+    report = check_files(str(path), str(path), verify_rules=False,
+                         general_tier=reason not in LAYOUT_TIER_REASONS)
     if reason in CONFIRM_REASONS:
         from entangle_mlir.confirm import confirm_files  # lazy: runs jax
 
