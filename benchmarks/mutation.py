@@ -82,8 +82,9 @@ def main(argv=None) -> int:
           f"({total['score_pct']:.1f}%); false proofs: {total['false_proofs']}; crashes: "
           f"{total['crashes']}; input errors on valid mutants: {total['input_errors']}; "
           f"flaky: {total['flaky']}; false bug reports (equivalent mutants whose bug claim "
-          f"survives confirmation): {total['false_bug_reports']} ({total['claims_withdrawn']} "
-          "claims withdrawn)")
+          f"survives confirmation unshown): {total['false_bug_reports']} "
+          f"({total['claims_withdrawn']} claims withdrawn, {total['shown_different']} "
+          "'equivalent' mutants shown to differ on other inputs)")
     print("(eq.prv / eq.np: mutants whose numbers match the reference, proven / not proven)")
     for r in everything:
         if r["status"] in ("false_proof", "crash", "timeout", "input_error", "flaky"):

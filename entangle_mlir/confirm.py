@@ -11,9 +11,10 @@ a per-device cumsum, the scaling book's collective matmul). So before a report s
 
 * some result differs: the claim stands, with a note giving the numbers (and, for the first
   diagnostic, op-level evidence at the op it names);
-* every result agrees on every input: the claim is withdrawn; the diagnostic says "cannot
-  relate ..." quoting the layout tier's reading and that the outputs agree (reason
-  `cannot_relate`);
+* every result agrees on every input it could be compared on (finite, and the reference's
+  value not so sensitive to its inputs that float reassociation alone could move it past the
+  tolerance): the claim is withdrawn; the diagnostic says "cannot relate ..." quoting the
+  layout tier's reading and that the outputs agree (reason `cannot_relate`);
 * the programs cannot be run (too large, jax missing, an op the CPU runtime cannot execute) or
   no finite values met: "cannot relate ... (suspected: <claim>; not confirmed: <why>)", except
   for a claim the relations show exactly (the result is k x the reference's, k != 1).
@@ -21,12 +22,14 @@ a per-device cumsum, the scaling book's collective matmul). So before a report s
 The verdict stays "not proven" (exit code 1) in every case: this step never proves anything.
 It runs by default in `entangle check` (`--no-confirm` turns it off) and in the JAX front-end
 (`confirm=False`); `entangle-opt` and the driver's `check_*` functions report the layout tier's
-own wording (the fuzzers judge by execution themselves and check thousands of mutants).
-Importing this module does not import jax; confirming a claim does.
+own wording. The fuzzers judge by execution themselves and check thousands of mutants: they
+confirm only the claims on programs whose numbers match (`fuzz.run.confirm_claims`), to count
+false bug reports. Importing this module does not import jax; confirming a claim does.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
@@ -40,6 +43,7 @@ from entangle_mlir.evidence import (
     ABSOLUTE_TOLERANCE,
     CLAIM_TOLERANCE,
     INPUT_DRAWS,
+    MAX_RUN_DEVICES,
     Unavailable,
     compare_programs,
     op_evidence,
@@ -49,7 +53,6 @@ from entangle_mlir.mlir.load import load_file
 from entangle_mlir.mlir.program import Program, from_combined, from_two_modules
 
 _EXACT_NOTE = re.compile(r"^result #\d+ is \S+ x the reference$")
-
 
 SHOWN_PREFIXES = ("in the reference: ", "general tier (")
 """Diagnostics that need no confirmation: about the reference alone (no claim on the sharded
@@ -70,11 +73,12 @@ def exact_claim(diagnostic: Diagnostic) -> bool:
 
 def confirm_texts(report: Report, ref_text: str | bytes, sharded_text: str | bytes, *,
                   ref_file: str = "reference.mlir", sharded_file: str = "sharded.mlir",
-                  draws=INPUT_DRAWS) -> Report:
+                  draws=INPUT_DRAWS, at_op: bool = True) -> Report:
     """`confirm` for a report of `driver.check_texts` on the same texts."""
     return confirm(report, lambda: from_two_modules(parse_module(ref_text, ref_file),
                                                     parse_module(sharded_text, sharded_file),
-                                                    ref_file, sharded_file), draws=draws)
+                                                    ref_file, sharded_file),
+                   draws=draws, at_op=at_op)
 
 
 def confirm_files(report: Report, ref_path: str, sharded_path: str, *,
@@ -96,9 +100,10 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def confirm(report: Report, load, *, draws=INPUT_DRAWS) -> Report:
+def confirm(report: Report, load, *, draws=INPUT_DRAWS, at_op: bool = True) -> Report:
     """Confirm or withdraw every claim of a failing `report` (in place; also returned).
-    `load()` gives the checked pair as fresh (not normalized) modules."""
+    `load()` gives the checked pair as fresh (not normalized) modules; `at_op`: also run the
+    op a confirmed claim names (`evidence.op_evidence`)."""
     claims = [d for d in report.diagnostics if is_claim(d)]
     if report.proven or not claims:
         return report
@@ -144,11 +149,11 @@ def confirm(report: Report, load, *, draws=INPUT_DRAWS) -> Report:
         report.focus = report.foci.get(_key(confirmed[0]))
         if report.focus is not None and not report.focus.modules:
             report.focus.modules = walked
-    if confirmed and report.focus is not None and "at_op" not in report.evidence:
+    if at_op and confirmed and report.focus is not None and "at_op" not in report.evidence:
         # The numbers at the op the confirmed claim names, when that op can be run alone.
-        at_op = op_evidence(report.focus)
-        if at_op.get("available"):
-            report.evidence["at_op"] = at_op
+        found = op_evidence(report.focus)
+        if found.get("available"):
+            report.evidence["at_op"] = found
     report.stats["confirmation seconds"] = round(time.perf_counter() - start, 4)
     return report
 
@@ -158,9 +163,10 @@ def _key(diagnostic: Diagnostic) -> tuple[str, str]:
 
 
 def _enough_devices(report: Report) -> None:
-    """Before jax loads: as many simulated CPU devices as the mesh has (at least 8)."""
-    mesh = getattr(report.focus, "mesh", None)
-    needed = max(mesh.num_devices if mesh is not None else 1, 8)
+    """Before jax loads: as many simulated CPU devices as the mesh has (at least 8; a mesh
+    larger than `MAX_RUN_DEVICES` is not run)."""
+    sizes = [int(size) for size in re.findall(r"=(\d+)", report.mesh)]
+    needed = min(max(math.prod(sizes), 8), MAX_RUN_DEVICES)
     flags = os.environ.get("XLA_FLAGS", "")
     if "jax" not in sys.modules and "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = (

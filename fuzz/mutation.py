@@ -34,7 +34,8 @@ class MutantOutcome:
     text: str = ""
     claim: str = ""
     """Of an equivalent mutant not proven: what confirmation does to its bug claims
-    (`fuzz.run.confirm_claims`; "stands" is a false bug report)."""
+    (`fuzz.run.confirm_claims`; "stands" is a false bug report, "confirmed" a mutant that
+    differs on inputs other than the executor's)."""
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -170,6 +171,7 @@ def score(outcomes) -> dict:
     return {
         "false_bug_reports": claims["stands"],
         "claims_withdrawn": claims["withdrawn"],
+        "shown_different": claims["confirmed"],
         "mutants": sum(c.values()),
         "invalid": c["invalid"],
         "differing": differing,

@@ -248,7 +248,7 @@ def write_results(records: list[dict], path: str) -> None:
         else:
             verdict = "proven" if r["proven"] else f"not proven ({r['kind']})"
             name = f"`{ex.name}`"
-        message = _short(r["message"], 110).replace("|", "\\|")
+        message = _short(r["message"], 200).replace("|", "\\|")
         out.append(f"| {name} | {ex.source} | {ex.mesh_text} | {ex.form} | {verdict} | "
                    f"{message} |")
     with open(path, "w") as handle:
