@@ -2,7 +2,8 @@
 layout tier's claims are confirmed by running both programs, withdrawn when the outputs agree,
 and marked "suspected; not confirmed" when the programs cannot be run. Each program here is a
 lit test of `lit_tests/diagnostics/`: the claims are real bugs (confirmed), `cannot_relate.mlir`
-is a correct program the layout tier misreads (withdrawn)."""
+is a correct program the layout tier misreads (withdrawn; the general tier proves it, so it is
+checked here without the general tier)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import json
 import pytest
 
 from entangle_mlir import confirm
-from entangle_mlir.core.reasons import CLAIMS, REASONS
+from entangle_mlir.core.reasons import CLAIMS, REASONS, STOPPED
 from entangle_mlir.driver import check_files
 from entangle_mlir.evidence import Unavailable
 from tests.shared import REPO
@@ -21,12 +22,12 @@ WITHDRAWN = DIAGNOSTICS / "cannot_relate.mlir"
 RAW_READING = "all_reduce sums over 'i' of a value split over 'i': it combines different blocks"
 
 
-def _raw(path):
-    return check_files(str(path), str(path), verify_rules=False)
+def _raw(path, general_tier: bool = True):
+    return check_files(str(path), str(path), verify_rules=False, general_tier=general_tier)
 
 
-def _confirmed(path):
-    return confirm.confirm_files(_raw(path), str(path), str(path))
+def _confirmed(path, general_tier: bool = True):
+    return confirm.confirm_files(_raw(path, general_tier), str(path), str(path))
 
 
 def test_claims_are_reasons_and_cannot_relate_is_none() -> None:
@@ -34,10 +35,21 @@ def test_claims_are_reasons_and_cannot_relate_is_none() -> None:
     assert "cannot_relate" in REASONS and "cannot_relate" not in CLAIMS
     assert not {"unsupported", "internal", "inconclusive", "refuted", "unrelated",
                 "wrong_groups"} & CLAIMS
+    assert STOPPED <= set(REASONS) and not STOPPED & CLAIMS
+
+
+def test_correct_program_is_proven_by_the_general_tier() -> None:
+    """With the general tier (the default) the misread program is proven, and the layout
+    tier's reading is kept as a note, not a claim: nothing is left to confirm."""
+    report = _raw(WITHDRAWN)
+    assert report.proven and report.exit_code == 0, report.render_text()
+    assert report.stats["tier"] == "general" and not report.diagnostics
+    assert any(note.endswith(RAW_READING) and "claim was not confirmed" in note
+               for note in report.notes), report.notes
 
 
 def test_correct_program_claim_is_withdrawn() -> None:
-    raw = _raw(WITHDRAWN)
+    raw = _raw(WITHDRAWN, general_tier=False)
     assert [d.category for d in raw.diagnostics] == ["wrong_axis"]
     assert raw.diagnostics[0].message == RAW_READING
     report = confirm.confirm_files(raw, str(WITHDRAWN), str(WITHDRAWN))
@@ -48,7 +60,7 @@ def test_correct_program_claim_is_withdrawn() -> None:
         f"cannot relate the value of all_reduce to the reference (the layout tier's reading "
         f"\"{RAW_READING}\" was not confirmed: result #0 agrees with the reference on 4 random "
         "inputs)")
-    assert first.loc is not None and first.loc.line == 50
+    assert first.loc is not None and first.loc.line == 56
     confirmation = report.evidence["confirmation"]
     assert confirmation["ran"] and not confirmation["confirmed"]
     assert [o["differs"] for o in confirmation["outputs"]] == [False]
@@ -74,7 +86,7 @@ def test_claim_not_run_is_suspected(monkeypatch) -> None:
         raise Unavailable("the program runs on 512 devices (at most 64 are simulated)")
 
     monkeypatch.setattr(confirm, "compare_programs", unavailable)
-    report = _confirmed(WITHDRAWN)
+    report = _confirmed(WITHDRAWN, general_tier=False)
     first = report.diagnostics[0]
     assert first.category == "cannot_relate" and report.exit_code == 1
     assert first.message == (
@@ -123,14 +135,14 @@ def test_no_claim_no_run(monkeypatch) -> None:
 
 
 def test_cli_confirms_by_default_and_no_confirm_keeps_the_reading(entangle) -> None:
-    run = entangle("check", WITHDRAWN)
+    run = entangle("check", WITHDRAWN, "--no-general-tier")
     assert run.code == 1, run.text
     assert f"error: cannot relate the value of all_reduce to the reference (the layout tier's " \
            f"reading \"{RAW_READING}\"" in run.out
-    raw = entangle("check", WITHDRAWN, "--no-confirm")
+    raw = entangle("check", WITHDRAWN, "--no-general-tier", "--no-confirm")
     assert raw.code == 1, raw.text
     assert f"error: {RAW_READING}" in raw.out and "evidence:" not in raw.out
-    document = json.loads(entangle("check", WITHDRAWN, "--json").out)
+    document = json.loads(entangle("check", WITHDRAWN, "--no-general-tier", "--json").out)
     assert document["diagnostics"][0]["reason"] == "cannot_relate"
     assert document["evidence"]["confirmation"]["ran"] is True
 

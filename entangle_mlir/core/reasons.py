@@ -104,3 +104,12 @@ from the reference's is not shown by it: the reference may compute the same numb
 `entangle check` and the JAX front-end run both programs before making such a claim
 (`confirm.py`). The other reasons say what could not be related (`cannot_relate`, `unrelated`,
 `wrong_groups`) or is not supported, or that a proof failed: no claim."""
+
+
+STOPPED: frozenset[str] = frozenset({"unsupported", "internal", "inconclusive"})
+"""Reasons that say the analysis stopped short of a value (an op without a rule, a shape it
+cannot reason about, Z3 unknown) and read nothing about the program. Where the layout tier
+says only these and the general tier finds inputs on which an output differs, the general
+tier's counterexample becomes the first diagnostic (`passes/general_tier.py`); a reading of
+the program (a claim, `unrelated`, `wrong_groups`, a refuted rule) keeps its place. No claim:
+disjoint from `CLAIMS`."""

@@ -15,15 +15,12 @@ from typing import TYPE_CHECKING
 
 from entangle_mlir.analysis.general import MAX_DEVICES
 from entangle_mlir.core.diagnostics import Diagnostic
+from entangle_mlir.core.reasons import CLAIMS, STOPPED
 from entangle_mlir.core.report import PROVEN, Report
 from entangle_mlir.passes.pipeline import ModulePass, PassState
 
 if TYPE_CHECKING:
     from entangle_mlir.analysis.general.tier import GeneralResult
-
-CANNOT_RELATE = ("unsupported", "internal", "inconclusive")
-"""Reasons that say the layout tier could not relate a value, as opposed to a located claim
-that something is wrong."""
 
 TIER_NOTE = "proven by per-device expansion on {n} devices (general tier)"
 
@@ -62,7 +59,7 @@ def apply_result(report: Report, result: GeneralResult) -> None:
         summary["reason"] = result.reason
         report.stats["general_tier"] = summary
         if result.refuted and report.diagnostics and all(
-                d.category in CANNOT_RELATE for d in report.diagnostics):
+                d.category in STOPPED for d in report.diagnostics):
             shown = ", ".join(f"{k} = {v}" for k, v in
                               list((result.counterexample or {}).items())[:6])
             notes = tuple(Diagnostic("note", f"the layout tier: {d.message}", d.loc,
@@ -72,15 +69,17 @@ def apply_result(report: Report, result: GeneralResult) -> None:
             report.diagnostics.insert(0, Diagnostic("error", message, result.loc, notes,
                                                     category="different_function"))
         return
-    claims = [d for d in report.diagnostics if d.category not in CANNOT_RELATE]
+    readings = [d for d in report.diagnostics if d.category not in STOPPED]
     report.verdict = PROVEN
     for output in report.outputs:
         output.proven = True
     report.notes.append(TIER_NOTE.format(n=result.devices))
-    for claim in claims:
-        where = f" at {claim.loc}" if claim.loc else ""
-        report.notes.append(f"the layout tier's claim was not confirmed{where}: "
-                            f"{claim.message}")
+    for reading in readings:
+        # A claim (`CLAIMS`) the proof refutes; any other reading (a wrong rule of the layout
+        # walk included) is kept as what the layout tier said.
+        where = f" at {reading.loc}" if reading.loc else ""
+        said = "'s claim was not confirmed" if reading.category in CLAIMS else ""
+        report.notes.append(f"the layout tier{said}{where}: {reading.message}")
     for assumption in result.assumptions:
         report.notes.append(f"proven assuming {assumption} (general tier)")
         report.assume(assumption)
