@@ -5,34 +5,8 @@ diagnostic. Do not edit by hand: regenerate when the verifier changes."""
 
 # Correct programs the verifier does not prove yet (program -> first diagnostic).
 NOT_PROVEN: dict[str, str] = {
-    'gram_per_block_i4':
-        'cannot relate the value of dot_general to the reference (the layout tier\'s reading "value is still a partial sum over \'i\' when it leaves shard_map (result #0): missing...',
-    'psum_j_block_sums_i4_j2':
-        'cannot relate the value of all_reduce to the reference (the layout tier\'s reading "all_reduce sums over \'j\' of a value split over \'j\': it combines different blocks" wa...',
-    'psum_i_block_sums_i4_j2':
-        'cannot relate the value of all_reduce to the reference (the layout tier\'s reading "all_reduce sums over \'i\' of a value split over \'i\': it combines different blocks" wa...',
-    'psum_ij_block_sums_i4_j2':
-        'cannot relate the value of all_reduce to the reference (the layout tier\'s reading "all_reduce sums over (\'i\', \'j\') of a value split over (\'i\', \'j\'): it combines differ...',
-    'psum_1d_i4':
-        'cannot relate the value of all_reduce to the reference (the layout tier\'s reading "all_reduce sums over \'i\' of a value split over \'i\': it combines different blocks" wa...',
-    'all_gather_tiled_i4':
-        'cannot relate the value of manual_computation to the reference (the layout tier\'s reading "result #0 is replicated but out_specs declares it split along dim 0 over \'i\'...',
-    'all_gather_stacked_i4':
-        'cannot relate the value of all_gather to the reference (the layout tier\'s reading "all_gather concatenates along dim 0 but the value is split along dim 1 over \'i\'" was...',
-    'psum_scatter_1d_i4':
-        'cannot relate the value of reduce_scatter to the reference (the layout tier\'s reading "reduce_scatter sums over \'i\' a value split over \'i\': it combines different block...',
     'ring_psum_scatter_i4':
         'cannot relate the value of dynamic_slice to the reference (the layout tier\'s reading "dynamic_slice with a device-dependent offset in dim 0, which is already split ove...',
-    'all_to_all_1d_i4':
-        'cannot relate the value of all_to_all to the reference (the layout tier\'s reading "all_to_all splits and concatenates dim 0 over \'i\', but the value is not split over \'...',
-    'matmul_allgather_overlapped_i4':
-        'cannot relate the value of dynamic_slice to the reference (the layout tier\'s reading "dynamic_slice offsets [0, 2, 4, 6] along dim 1 are no block offsets of any mesh a...',
-    'matmul_allgather_bidi_i4':
-        'cannot relate the value of dynamic_slice to the reference (the layout tier\'s reading "dynamic_slice offsets [0, 2, 4, 6] along dim 1 are no block offsets of any mesh a...',
-    'matmul_psumscatter_overlapped_i4':
-        'cannot relate the value of dynamic_slice to the reference (the layout tier\'s reading "dynamic_slice offsets [0, 1, 2, 3] along dim 0 are no block offsets of any mesh a...',
-    'matmul_psumscatter_bidi_i4':
-        'cannot relate the value of dynamic_slice to the reference (the layout tier\'s reading "dynamic_slice offsets [0, 2, 4, 6] along dim 0 are no block offsets of any mesh a...',
     'grad_loss_dp_batch8':
         'cannot relate the value of reshape to the reference (the layout tier\'s reading "reshape regroups dim 0, which is split over \'batch\', in a way that mixes blocks" was no...',
     'grad_loss_fsdp_batch4':
@@ -43,34 +17,8 @@ NOT_PROVEN: dict[str, str] = {
         'cannot relate the value of manual_computation to the reference (the layout tier\'s reading "result #0 is split along dim 0 over \'batch\' and split along dim 1 over \'feat...',
     'spmd_pipeline_stages4':
         'cannot relate the value of dot_general to the reference (the layout tier\'s reading "dot_general: operands are laid out differently along dim 0 (not split vs split over...',
-    'all_gather_two_ways_x2_y2_z2':
-        'cannot relate the value of manual_computation to the reference (the layout tier\'s reading "result #0 is split along dim 1 over (\'x\', \'y\') but out_specs declares it spl...',
-    'matmul_reduce_scatter_x2_y2_z2':
-        'cannot relate the value of reduce_scatter to the reference (the layout tier\'s reading "reduce_scatter sums over (\'z\', \'y\') a value split over \'z\': it combines differen...',
-    'ppermute_tuple_axes_x2_y2_z2':
-        'cannot relate the value of collective_permute to the reference (the layout tier\'s reading "collective_permute moves blocks along \'y\': device 2 receives device 0\'s bloc...',
-    'all_to_all_x8':
-        'cannot relate the value of all_to_all to the reference (the layout tier\'s reading "all_to_all computes reshape(transpose(reshape(%arg0))), which the reference never co...',
-    'all_to_all_two_axes_x4_y2':
-        'cannot relate the value of all_to_all to the reference (the layout tier\'s reading "all_to_all computes reshape(transpose(reshape(%arg0))), which the reference never co...',
-    'all_to_all_groups_x4':
-        'stablehlo.all_to_all: replica groups [[0, 1], [2, 3]] do not correspond to any mesh axes of x=4',
-    'sin_cos_x2_y2':
-        'cannot relate the value of add to the reference (the layout tier\'s reading "add: operands are laid out differently along dim 0 (split over \'x\' vs not split)" was not c...',
-    'grad_sin_cos_x2_y2':
-        'cannot relate the value of reshape to the reference (the layout tier\'s reading "reshape regroups dim 0, which is split over \'x\', in a way that mixes blocks" was not co...',
-    'plus_axis_index_x4':
-        'device-dependent value used as tensor data in stablehlo.convert (not supported yet)',
-    'axis_index_two_axes_i4_j2':
-        'device-dependent value used as tensor data in stablehlo.convert (not supported yet)',
     'conv_as_dot_psum_i4':
         'unsupported op stablehlo.convolution',
-    'cumsum_per_block_i4':
-        'cannot relate the value of reduce_window to the reference (the layout tier\'s reading "reduce_window with a window along dim 0, which is split over \'i\': each device\'s w...',
-    'pmax_i4':
-        'cannot relate the value of all_reduce to the reference (the layout tier\'s reading "all_reduce takes the max over \'i\' of a value split over \'i\': it combines different b...',
-    'pmin_i4':
-        'cannot relate the value of all_reduce to the reference (the layout tier\'s reading "all_reduce takes the min over \'i\' of a value split over \'i\': it combines different b...',
     'argmax_per_block_x2_y2':
         'in the reference: variadic reduce (argmax/argmin) is not supported yet',
     'approx_top2_per_block_i2':
@@ -81,40 +29,10 @@ NOT_PROVEN: dict[str, str] = {
         'reduce (or) over a split dim or of a partial value is not supported yet',
     'switch_x2_y2':
         'in the reference: unsupported op stablehlo.case',
-    'dynamic_slice_per_block_x2':
-        'cannot relate the value of dynamic_slice to the reference (the layout tier\'s reading "dynamic_slice of dim 0, which is split over \'x\': each device slices its own block...',
-    'grad_dynamic_slice_per_block_x2':
-        'cannot relate the value of reshape to the reference (the layout tier\'s reading "reshape regroups dim 0, which is split over \'x\', in a way that mixes blocks" was not co...',
-    'sin_dot_sin_blocks_j4':
-        'cannot relate the value of dot_general to the reference (the layout tier\'s reading "nonlinear op sine applied to a partial sum over \'j\': missing all_reduce/psum before...',
-    'ravel_blocks_i2_j4':
-        'cannot relate the value of reshape to the reference (the layout tier\'s reading "reshape regroups dim 0, which is split over \'i\', in a way that mixes blocks" was not co...',
-    'grad_fanout_x4':
-        'cannot relate the value of manual_computation to the reference (the layout tier\'s reading "result #0 is replicated but out_specs declares it split along dim 0 over \'x\'...',
-    'identity_and_psum_x8':
-        'cannot relate the value of all_reduce to the reference (the layout tier\'s reading "all_reduce sums over \'x\' of a value split over \'x\': it combines different blocks" wa...',
-    'slice_and_average_x2_y4':
-        'cannot relate the value of slice to the reference (the layout tier\'s reading "slice of dim 0, which is split over (\'x\', \'y\'): each device slices its own block, not the...',
-    'collective_matmul_X2_Y4':
-        'cannot relate the value of dynamic_slice to the reference (the layout tier\'s reading "device-dependent offset is wrong along dim 0: device 1 reads [4, 8) instead of it...',
-    'collective_matmul_loop_X2_Y4':
-        'cannot relate the value of dynamic_slice to the reference (the layout tier\'s reading "device-dependent offset is wrong along dim 0: device 1 reads [4, 8) instead of it...',
-    'shard_mean_X2_Y4':
-        'cannot relate the value of reduce to the reference (the layout tier\'s reading "value is still a partial sum over \'X\' when it leaves shard_map (result #0): missing all_...',
-    'roll_within_shard_X2_Y4':
-        'cannot relate the value of concatenate to the reference (the layout tier\'s reading "concatenate along dim 0 of rows that are not consecutive in the global tensor (halo...',
     'moe_allgather_X4':
         'compare of i32 values plus a device offset that may wrap around (the order of wrapped values is not the order of the values; not proven)',
     'moe_top2_allgather_X4':
         'compare of i32 values plus a device offset that may wrap around (the order of wrapped values is not the order of the values; not proven)',
-    'allreduce_collective_matmul_X2_Y4':
-        'cannot relate the value of slice to the reference (the layout tier\'s reading "slice computes slice(%arg1), which the reference never computes" was not confirmed: resul...',
-    'rs_collective_matmul_X2_Y4':
-        'cannot relate the value of dynamic_slice to the reference (the layout tier\'s reading "device-dependent offset is wrong along dim 1: device 1 reads [4, 8) instead of it...',
-    'overlapped_mlp_block_X2_Y4':
-        'cannot relate the value of dynamic_slice to the reference (the layout tier\'s reading "device-dependent offset is wrong along dim 0: device 1 reads [4, 8) instead of it...',
-    'matmul_gather_lhs_untiled_X4':
-        'cannot relate the value of all_gather to the reference (the layout tier\'s reading "all_gather concatenates along dim 0 but the value is split along dim 1 over \'X\'" was...',
     'vocab_parallel_embed_tp4':
         'compare of i32 values plus a device offset that may wrap around (the order of wrapped values is not the order of the values; not proven)',
     'vocab_parallel_embed_dp2_tp4':
