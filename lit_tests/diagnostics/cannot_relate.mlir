@@ -20,8 +20,8 @@
 // agree on every random input, so the claim is withdrawn and the diagnostic says what could not
 // be related, quoting the reading. Not proven (exit code 1), no bug claimed.
 
-// Without the general tier (`--no-general-tier`, as here), nothing relates the block sums; the
-// general tier, which expands the program per device, proves it (GENERAL).
+// Without the general tier (`--no-general-tier`, as here) nothing relates the block sums; with
+// it (per-device expansion), `entangle check` proves the program: it prints "verified".
 
 // GENERAL: verified
 
