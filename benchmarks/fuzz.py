@@ -5,8 +5,10 @@
 For each of N seeds: one correct-by-construction program (fuzz.gen) and `--mutants`
 mutants of it, each lowered (reference + shard_map), executed on 8 simulated CPU devices and
 checked with `check_texts(..., verify_rules=False)`; every `--verify-rules-every`-th seed is
-also checked with the Z3 rule-instance checks on. Prints the summary table, then every false
-proof, crash, timeout and input error in full (with the program), then what keeps
+also checked with the Z3 rule-instance checks on. A program whose numbers match but that is
+not proven and claims a bug gets the confirmation `entangle check` runs (confirm.py): a claim
+that survives it is a false bug report. Prints the summary table, then every false bug report,
+false proof, crash, timeout and input error in full (with the program), then what keeps
 correct-by-construction programs from being proven, grouped by diagnostic.
 
 Reproduce one program: `python -m fuzz.run SEED [--mutation "DESCRIPTION"]`
@@ -27,6 +29,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BAD = ("false_proof", "crash", "timeout", "input_error", "gen_error")
+
+
+def false_bug_report(outcome: dict) -> bool:
+    from fuzz.run import false_bug_report as judge  # lazy: fuzz.run imports jax
+
+    return judge(outcome)
 
 
 def _work(task):
@@ -118,6 +126,9 @@ def summarize(results: list[dict], seconds: float) -> dict:
         "mutants_differing": len(differing),
         "mutants_equivalent": sum(1 for r in muts if r["status"] in ("incomplete", "proven")),
         "mutants_caught_pct": 100.0 * len(caught) / max(1, len(differing)),
+        "claims_withdrawn": sum(1 for r in results if r.get("claim") == "withdrawn"),
+        "false_bug_reports": sum(1 for r in results if false_bug_report(r)),
+        "mutants_shown_different": sum(1 for r in muts if r.get("claim") == "confirmed"),
         "verify_rules_sampled": sum(1 for r in results if r["verify_rules"]),
         "verify_rules_disagree": sum(1 for r in results if _vr_disagrees(r)),
         "verify_rules_refuted": sum(1 for r in results if _vr_refuted(r)),
@@ -142,6 +153,9 @@ def print_table(s: dict) -> None:
         ("mutants differing / equivalent", (f"{s['mutants_differing']} / "
                                            f"{s['mutants_equivalent']}")),
         ("mutants caught %", f"{s['mutants_caught_pct']:.1f}"),
+        ("FALSE BUG REPORTS (numbers match, a claim stands)", s["false_bug_reports"]),
+        ("bug claims withdrawn by confirmation", s["claims_withdrawn"]),
+        ("'equivalent' mutants confirmation shows differ", s["mutants_shown_different"]),
         ("Z3 rule checks: sampled / verdict differs / refuted",
          (f"{s['verify_rules_sampled']} / {s['verify_rules_disagree']} / "
          f"{s['verify_rules_refuted']}")),
@@ -160,6 +174,12 @@ def print_details(results: list[dict], max_incomplete_examples: int = 1) -> None
             print(f"\n--- Z3 rule checks change the verdict: seed={r['seed']} "
                   f"mutation={r['mutation']}: without them {r['status']}, with them "
                   f"{r['verify_rules']}")
+    for r in results:
+        if false_bug_report(r):
+            print(f"\n=== FALSE BUG REPORT seed={r['seed']} mutation={r['mutation']} "
+                  f"mesh={r['mesh']}: the numbers match, the claim stands")
+            print(r["message"])
+            print(r["source"])
     for r in results:
         if r["status"] in BAD or r["status"] == "flaky":
             print(f"\n=== {r['status'].upper()} seed={r['seed']} mutation={r['mutation']} "
@@ -212,7 +232,7 @@ def main(argv=None) -> int:
     if not args.quiet:
         print_details(results)
     doc = {"summary": s, "results": results}
-    bad = s["false_proofs"] + s["crashes"]
+    bad = s["false_proofs"] + s["crashes"] + s["false_bug_reports"]
     if args.partitioned:
         start = time.perf_counter()
         part = run(args.partitioned, args.seed, args.mutants, args.jobs, 0, args.max_layers,
@@ -225,7 +245,7 @@ def main(argv=None) -> int:
         if not args.quiet:
             print_details(part)
         doc.update(partitioned_summary=ps, partitioned_results=part)
-        bad += ps["false_proofs"] + ps["crashes"]
+        bad += ps["false_proofs"] + ps["crashes"] + ps["false_bug_reports"]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)

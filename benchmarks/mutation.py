@@ -6,8 +6,10 @@ Every single-site mutant of each example's sharded StableHLO (a collective dropp
 regrouped or given another dim/reducer/permutation; an elementwise op, constant, comparison,
 reducer, slice window or dynamic_slice offset changed; partition_id replaced by 0) is compiled
 and executed on 8 simulated CPU devices and checked. A mutant whose numbers differ must not be
-proven. Prints one row per example and the mutation score = caught / differing mutants; lists
-every false proof, crash and timeout in full.
+proven; one whose numbers match and is not proven must not claim a bug once `entangle check`'s
+confirmation ran (a false bug report). Prints one row per example and the mutation score =
+caught / differing mutants; lists every false proof, false bug report, crash and timeout in
+full.
 """
 
 from __future__ import annotations
@@ -79,16 +81,23 @@ def main(argv=None) -> int:
     print(f"\nmutation score: {total['caught']}/{total['differing']} differing mutants caught "
           f"({total['score_pct']:.1f}%); false proofs: {total['false_proofs']}; crashes: "
           f"{total['crashes']}; input errors on valid mutants: {total['input_errors']}; "
-          f"flaky: {total['flaky']}")
+          f"flaky: {total['flaky']}; false bug reports (equivalent mutants whose bug claim "
+          f"survives confirmation unshown): {total['false_bug_reports']} "
+          f"({total['claims_withdrawn']} claims withdrawn, {total['shown_different']} "
+          "'equivalent' mutants shown to differ on other inputs)")
     print("(eq.prv / eq.np: mutants whose numbers match the reference, proven / not proven)")
     for r in everything:
         if r["status"] in ("false_proof", "crash", "timeout", "input_error", "flaky"):
             print(f"\n=== {r['status'].upper()} {r['example']}: {r['mutation']} "
                   f"(error {r['error']:.3g})\n{r['message']}\n{r['text']}")
+        elif r.get("claim") == "stands":
+            print(f"\n=== FALSE BUG REPORT {r['example']}: {r['mutation']} (numbers match)\n"
+                  f"{r['message']}\n{r['text']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"summary": total, "results": everything}, f, indent=1)
-    return 0 if total["false_proofs"] == 0 and total["crashes"] == 0 else 1
+    return 0 if total["false_proofs"] == total["crashes"] == total["false_bug_reports"] == 0 \
+        else 1
 
 
 if __name__ == "__main__":

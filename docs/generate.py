@@ -37,7 +37,7 @@ def parse_lit_test(path: Path) -> dict:
     lines = path.read_text().splitlines()
     start = next(i for i, line in enumerate(lines) if line and not line.startswith("//"))
     header = [line for line in lines[:start]
-              if not re.match(r"// (RUN|[A-Z]+(-[A-Z]+)*|XFAIL|REQUIRES):", line)]
+              if not re.match(r"// [A-Z][A-Z0-9_-]*:", line)]  # RUN, XFAIL, FileCheck's
     blocks: list[tuple[str, list[str]]] = []   # ("prose" | "code", lines)
     for line in header:
         text = line[2:].removeprefix(" ")
@@ -61,8 +61,17 @@ def parse_lit_test(path: Path) -> dict:
             "xfail": any(line.startswith("// XFAIL:") for line in lines)}
 
 
+def check_flags(path: Path) -> str:
+    """The options the lit test passes to `entangle check`: `--no-general-tier` where the
+    example is a correct program the general tier proves (its reason is the layout tier's)."""
+    return " --no-general-tier" if "entangle check %s --no-general-tier" in path.read_text() \
+        else ""
+
+
 def check_output(path: Path) -> tuple[str, str | None]:
-    """What `entangle check FILE` prints (run from the repository root), and the reason."""
+    """What `entangle check FILE` (with `check_flags`) prints, run from the repository root,
+    and the reason: bug claims confirmed by running both programs, as `entangle check` does."""
+    from entangle_mlir.confirm import confirm_files
     from entangle_mlir.core.diagnostics import InputError
     from entangle_mlir.driver import check_files, check_with_pipeline
 
@@ -71,7 +80,9 @@ def check_output(path: Path) -> tuple[str, str | None]:
                          path.read_text())
     try:
         report = (check_with_pipeline(relative, pipeline.group(1)) if pipeline
-                  else check_files(relative, relative))
+                  else confirm_files(check_files(relative, relative,
+                                                 general_tier=not check_flags(path)),
+                                     relative, relative))
     except InputError as err:
         return err.render(), None
     first = report.diagnostics[0].category if report.diagnostics else None
@@ -90,10 +101,19 @@ def diagnostics_md() -> str:
             "differs), the verdict, ρ for every result and what the Z3 rule checks did. With "
             "`--json` the same diagnostic carries a `reason`: one of the keys below (see "
             "[json-schema.md](json-schema.md)).\n"),
+           ("A diagnostic that claims a bug (most reasons below, `core.reasons.CLAIMS`) is "
+            "made only when it is shown: `entangle check` runs both programs on seeded random "
+            "inputs (simulated CPU devices) and keeps the claim when a result it is about "
+            "differs, with a note giving the numbers; when the results agree it withdraws the "
+            "claim and says what it cannot relate ([`cannot_relate`](#cannot_relate)). "
+            "`--no-confirm`, the JAX front-end's `confirm=False` and `entangle-opt` (so the "
+            "`expected-error` annotations of the lit tests) give the layout tier's own "
+            "wording.\n"),
            ("Every section shows a small program where the reason is the truth. Each one is a "
             "lit test in [`lit_tests/diagnostics/`](../lit_tests/diagnostics/), run with "
             "`entangle-opt --verify-diagnostics` and `entangle check --json`; the output shown "
-            "is what `entangle check lit_tests/diagnostics/<reason>.mlir` prints (line numbers "
+            "is what `entangle check lit_tests/diagnostics/<reason>.mlir` prints (with "
+            "`--no-general-tier` where the general tier proves the example; line numbers "
             "are those of the lit file, which also holds the `// expected-error` annotations "
             "left out here). A function carrying `entangle.refines = @ref` is the sharded "
             "program, `@ref` its reference; the Python sketch says what jax code lowers to it.\n"),
@@ -118,7 +138,8 @@ def diagnostics_md() -> str:
         out.append(f"[`lit_tests/diagnostics/{key}.mlir`](../lit_tests/diagnostics/{key}.mlir):"
                    "\n")
         out.append(f"```mlir\n{parsed['program']}```\n")
-        out.append(f"`entangle check lit_tests/diagnostics/{key}.mlir` (exit code 1), "
+        out.append(f"`entangle check lit_tests/diagnostics/{key}.mlir{check_flags(path)}` "
+                   "(exit code 1), "
                    f"`\"reason\": \"{key}\"` in `--json`:\n")
         out.append(f"```text\n{text}\n```\n")
         variants = sorted(DIAGNOSTICS_DIR.glob(f"{key}.*.mlir"))

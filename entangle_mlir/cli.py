@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="check the bundled examples (and one caught bug)")
     _common_options(demo)
     args = parser.parse_args(argv)
-    if getattr(args, "evidence", False):
+    if getattr(args, "evidence", False) or not args.no_confirm:
         # jax's CPU client lists its devices on stderr unless told before jaxlib loads.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if args.dump_smt:
@@ -63,11 +63,17 @@ def main(argv: list[str] | None = None) -> int:
         report = check_files(args.ref, args.sharded or args.ref,
                              verify_rules=not args.no_verify_rules,
                              reuse_layers=not (args.explain or args.json),
-                             assume_no_overflow=args.assume_no_overflow)
+                             assume_no_overflow=args.assume_no_overflow,
+                             general_tier=not args.no_general_tier)
+        if not args.no_confirm and not report.proven:
+            from entangle_mlir.confirm import confirm_files  # lazy: runs jax, only on a claim
+
+            confirm_files(report, args.ref, args.sharded or args.ref)
         if args.evidence and not report.proven:
             from entangle_mlir.evidence import check_evidence  # lazy: 7 ms; --evidence only
 
-            report.evidence = check_evidence(report)
+            if "at_op" not in report.evidence:
+                report.evidence.update(check_evidence(report))
     except InputError as err:
         if getattr(args, "json", False):
             print(json.dumps({"verdict": "bad input", "exit_code": 2,
@@ -99,6 +105,13 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
                         help="print the report as JSON (every op walked: no layer reuse)")
     parser.add_argument("--no-verify-rules", action="store_true",
                         help="skip the Z3 rule-instance checks (faster; the report says so)")
+    parser.add_argument("--no-general-tier", action="store_true",
+                        help="where the layout tier does not prove the program, do not expand "
+                             "it per device (the general tier)")
+    parser.add_argument("--no-confirm", action="store_true",
+                        help="state the layout tier's bug claims as they are, without running "
+                             "both programs on random inputs to confirm them (by default a "
+                             "claim the outputs do not confirm becomes 'cannot relate')")
     parser.add_argument("--dump-smt", metavar="DIR", help="write every Z3 query as SMT-LIB")
     parser.add_argument("--explain", action="store_true",
                         help="print, for each output, the chain of relations that builds it "
@@ -117,7 +130,12 @@ def run_demo(args) -> int:
     for ref in pairs:
         name = ref.name[: -len(".ref.mlir")]
         sharded = ref.with_name(f"{name}.sharded.mlir")
-        report = check_files(str(ref), str(sharded), verify_rules=not args.no_verify_rules)
+        report = check_files(str(ref), str(sharded), verify_rules=not args.no_verify_rules,
+                             general_tier=not args.no_general_tier)
+        if not args.no_confirm and not report.proven:
+            from entangle_mlir.confirm import confirm_files  # lazy: runs jax, only on a claim
+
+            confirm_files(report, str(ref), str(sharded))
         buggy = any(tag in name for tag in _BUG_TAGS)
         expected = not buggy
         failures += report.proven != expected

@@ -16,13 +16,15 @@ from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipelin
 
 
 def check_program(program: Program, *, verify_rules: bool = True,
-                  reuse_layers: bool = True, assume_no_overflow: bool = False) -> Report:
+                  reuse_layers: bool = True, assume_no_overflow: bool = False,
+                  general_tier: bool = True) -> Report:
     """Normalize, walk both functions, compare; optionally Z3-check every rule instance.
 
     `reuse_layers` walks repeated layers once (`analysis/layer_reuse.py`); without it every
     op gets its relation, which `--explain` and `--json` show. `assume_no_overflow`: sums
     and products of finite values are taken as finite (`normalize/finite.py`; listed among
-    the assumptions where a proof relies on it)."""
+    the assumptions where a proof relies on it). `general_tier`: where the layout tier does
+    not prove the program, expand it per device (`analysis/general/`)."""
     start = time.perf_counter()
     check = ["entangle-check-refinement"] + (["entangle-verify-rules"] if verify_rules else [])
     state = PassState(program.sharded_module, program.sharded_file, program=program)
@@ -40,7 +42,12 @@ def check_program(program: Program, *, verify_rules: bool = True,
             run_pipeline(parse_pipeline(",".join(
                 ["entangle-infer-relations{annotate=false}"] + check), PASSES), state)
             reused = {}
+        if general_tier:
+            run_pipeline(parse_pipeline("entangle-general-tier{verify-rules="
+                                        f"{str(verify_rules).lower()}}}", PASSES), state)
     report = state.report
+    if report.proven:
+        report.stats.setdefault("tier", "layout")
     if reused.get("reference"):
         report.stats["layers reused"] = (f"{reused['reference']} reference and "
                                          f"{reused.get('sharded', 0)} sharded regions "
@@ -53,26 +60,29 @@ def check_program(program: Program, *, verify_rules: bool = True,
 
 def check_texts(ref_text: str, sharded_text: str, *, ref_file: str = "reference.mlir",
                 sharded_file: str = "sharded.mlir", verify_rules: bool = True,
-                reuse_layers: bool = True, assume_no_overflow: bool = False) -> Report:
+                reuse_layers: bool = True, assume_no_overflow: bool = False,
+                general_tier: bool = True) -> Report:
     ref = parse_module(ref_text, ref_file)
     sharded = parse_module(sharded_text, sharded_file)
     return check_program(from_two_modules(ref, sharded, ref_file, sharded_file),
                          verify_rules=verify_rules, reuse_layers=reuse_layers,
-                         assume_no_overflow=assume_no_overflow)
+                         assume_no_overflow=assume_no_overflow, general_tier=general_tier)
 
 
 def check_files(ref_path: str, sharded_path: str, *, verify_rules: bool = True,
-                reuse_layers: bool = True, assume_no_overflow: bool = False) -> Report:
+                reuse_layers: bool = True, assume_no_overflow: bool = False,
+                general_tier: bool = True) -> Report:
     """`entangle check REF SHARDED`; a single combined file may be given as both."""
     if _same_file(ref_path, sharded_path):
         return check_combined_file(ref_path, verify_rules=verify_rules,
                                    reuse_layers=reuse_layers,
-                                   assume_no_overflow=assume_no_overflow)
+                                   assume_no_overflow=assume_no_overflow,
+                                   general_tier=general_tier)
     ref = load_file(ref_path)
     sharded = load_file(sharded_path)
     return check_program(from_two_modules(ref, sharded, ref_path, sharded_path),
                          verify_rules=verify_rules, reuse_layers=reuse_layers,
-                         assume_no_overflow=assume_no_overflow)
+                         assume_no_overflow=assume_no_overflow, general_tier=general_tier)
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -83,12 +93,14 @@ def _same_file(a: str, b: str) -> bool:
 
 
 def check_combined_file(path: str, *, verify_rules: bool = True,
-                        reuse_layers: bool = True, assume_no_overflow: bool = False) -> Report:
+                        reuse_layers: bool = True, assume_no_overflow: bool = False,
+                        general_tier: bool = True) -> Report:
     module = load_file(path)
     if not has_refines(module):
         raise InputError("no function carries `entangle.refines = @reference`", file=path)
     return check_program(from_combined(module, path), verify_rules=verify_rules,
-                         reuse_layers=reuse_layers, assume_no_overflow=assume_no_overflow)
+                         reuse_layers=reuse_layers, assume_no_overflow=assume_no_overflow,
+                         general_tier=general_tier)
 
 
 def check_with_pipeline(path: str, pipeline: str) -> Report:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 from jaxlib import _hlo
@@ -27,7 +28,14 @@ from jaxlib.mlir.dialects import func
 from entangle_mlir.analysis.infer import Walker
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.opinfo import describe
-from entangle_mlir.mlir.per_device import device_count, parameter_shardings
+from entangle_mlir.mlir.per_device import (
+    adopt_shardy_local,
+    device_count,
+    is_per_device,
+    parameter_shardings,
+    result_shardings,
+)
+from entangle_mlir.mlir.program import read_meshes
 
 _EVIDENCE_MARK = "entangle.evidence_sharded"
 _REFERENCE_MARK = "entangle.evidence_reference"
@@ -45,11 +53,24 @@ class Unavailable(Exception):
     """Op-level evidence cannot be taken; the message says why (shown to the user)."""
 
 
-def random_input(shape, dtype, rng: np.random.Generator) -> np.ndarray:
-    """One argument: standard normal floats; small non-negative integers (valid indices of
-    any dim); random booleans. The same draw for the outputs' and the op's evidence."""
+def random_input(shape, dtype, rng: np.random.Generator, kind: str = "normal",
+                 index_range: int = 0) -> np.ndarray:
+    """One argument: standard normal floats (`kind` "positive": |normal| + 0.5, inputs of log
+    and sqrt; "small": normal / 10, values that stay small through products; "large": 100 x
+    normal, where an exp that is not shifted by the max overflows in float32); small
+    non-negative integers (valid indices of any dim), or uniform in [0, `index_range`) for an
+    input known to index a dim of that size; random booleans. The same draw for the outputs'
+    and the op's evidence."""
     dtype = np.dtype(dtype)
+    if index_range and np.issubdtype(dtype, np.integer):
+        return rng.integers(0, index_range, tuple(shape)).astype(dtype)
     values = rng.standard_normal(tuple(shape))
+    if kind == "positive":
+        values = np.abs(values) + 0.5
+    elif kind == "small":
+        values = values / 10
+    elif kind == "large" and np.issubdtype(dtype, np.floating):
+        values = values * 100
     if dtype == np.bool_:
         return values > 0
     if np.issubdtype(dtype, np.integer):
@@ -414,9 +435,10 @@ def as_replicas(module, n: int) -> str:
     return _module_text(module).replace("stablehlo.partition_id", "stablehlo.replica_id")
 
 
-def compile_replicas(text: str, n: int):
+def compile_replicas(text: str, n: int, fast: bool = False):
     """(executable, devices): a StableHLO module compiled to run as `n` replicas of one
-    partition on jax's first `n` CPU devices."""
+    partition on jax's first `n` CPU devices (`fast`: without XLA's backend optimisations,
+    for a program run a few times)."""
     from jax._src import xla_bridge  # lazy: imports jax (1 s)
     from jax._src.lib import xla_client  # lazy: imports jax (1 s)
 
@@ -432,6 +454,8 @@ def compile_replicas(text: str, n: int):
     options.executable_build_options.num_replicas = n
     options.executable_build_options.num_partitions = 1
     options.device_assignment = xla_client.DeviceAssignment.create(np.arange(n).reshape(n, 1))
+    if fast:
+        options.env_option_overrides = list(_FAST_COMPILE.items())
     return backend.compile_and_load(text, xla_client.DeviceList(tuple(devices)), options), devices
 
 
@@ -534,3 +558,326 @@ def reassemble(per_device: list[np.ndarray], rel, mesh) -> np.ndarray:
         out[index] = np.where(filled[index], combine(out[index], block), block)
         filled[index] = True
     return out
+
+
+# ----- whole programs on random inputs (confirming a claim) --------------------------------------
+
+INPUT_DRAWS: tuple[tuple[int, str], ...] = ((0, "normal"), (1, "small"), (2, "positive"),
+                                             (3, "large"))
+"""The random inputs whole programs are run on: (seed, kind) for `random_input`. Small values
+keep a deep product's output near its inputs' scale (a wrong residual or bias shows there);
+positive ones give a program taking logs or square roots finite outputs; large ones show a
+log-sum-exp that overflows where the reference's does not."""
+
+MAX_RUN_DEVICES = 64
+"""Programs on more devices are not run (simulated CPU devices: one thread pool, slow)."""
+
+MAX_RUN_ELEMENTS = 1 << 24
+"""Programs whose arguments hold more elements in all are not run."""
+
+CLAIM_TOLERANCE = 1e-3
+"""Relative difference (to the reference output's largest magnitude) above which an output
+differs: f32 reassociation of a well-conditioned output stays orders of magnitude below (an
+ill-conditioned one is left out, `PERTURBATION`), a bf16 rounding above."""
+
+_FAST_COMPILE = {"xla_backend_optimization_level": 0,
+                 "xla_llvm_disable_expensive_passes": True,
+                 "xla_cpu_use_fusion_emitters": False}
+"""XLA's CPU backend spends seconds optimising programs that run once on small inputs."""
+
+
+@dataclass
+class OutputComparison:
+    """One output of the sharded program against the reference's, over the input draws:
+    `compared` when some finite values met (NaN and infinities are left out on both sides),
+    `differs` when they are further apart than `CLAIM_TOLERANCE` allows; `seed` is the draw
+    with the largest difference."""
+
+    index: int
+    compared: bool = False
+    differs: bool = False
+    max_abs_diff: float = 0.0
+    max_abs_reference: float = 0.0
+    seed: int | None = None
+    not_finite: int | None = None
+    """The draw (seed) on which the sharded output has inf or NaN where the reference's value
+    is finite (an overflow the reference avoids), if any."""
+    ill_conditioned: int = 0
+    """Draws left out because the reference's output is too sensitive to its inputs there."""
+    inputs_compared: int = 0
+    """Draws on which finite values of the output were compared."""
+
+
+def compare_programs(program, draws=INPUT_DRAWS, index_ranges: dict[int, int] | None = None
+                     ) -> list[OutputComparison]:
+    """Run both functions of `program` (a `mlir.program.Program` of modules that have not been
+    normalized) on the random input `draws` and compare each output, every device's block of
+    it. The reference runs on one CPU device; a shard_map program through XLA's SPMD
+    partitioner on as many simulated devices as its mesh, a per-device program as replicas.
+    Raises `Unavailable` when the programs cannot be run here (too large, too many devices,
+    an argument type without random values, an op the CPU runtime cannot execute)."""
+    with context():
+        reference = _entry_copy(program.ref_module, program.ref_func, program)
+        sharded = _entry_copy(program.sharded_module, program.sharded_func, program)
+        ref_main, sharded_main = (_public_main_of(reference), _public_main_of(sharded))
+        arg_types = [_numpy_type(a.type) for a in ref_main.regions[0].blocks[0].arguments]
+        if sum(math.prod(shape) for shape, _ in arg_types) > MAX_RUN_ELEMENTS:
+            raise Unavailable(f"the arguments hold more than {MAX_RUN_ELEMENTS} elements")
+        adopt_shardy_local(sharded, sharded_main, ref_main)
+        per_device = is_per_device(sharded, sharded_main)
+        ref_text = as_replicas(reference, 1)
+        if per_device:
+            shardings = parameter_shardings(sharded, sharded_main)
+            n = device_count(sharded, shardings)
+            locals_ = [tuple(a.type.shape) for a in sharded_main.regions[0].blocks[0].arguments]
+            results = ir.FunctionType(ir.TypeAttr(
+                sharded_main.attributes["function_type"]).value).results
+            out_shardings = result_shardings(sharded, sharded_main, len(results))
+            out_locals = [tuple(ir.RankedTensorType(t).shape) for t in results]
+            sharded_text = None
+            _limit_devices(n)
+            replicas_text = as_replicas(sharded, n)
+        else:
+            n = _mesh_devices(sharded)
+            _limit_devices(n)
+            sharded_text = _module_text(sharded)
+    import jax  # lazy: 1 s to import; only a run needs it
+
+    ref_exe, _ = compile_replicas(ref_text, 1, fast=True)
+    if per_device:
+        exe, devices = compile_replicas(replicas_text, n, fast=True)
+    else:
+        exe, devices = _compile_partitioned(sharded_text, n)
+        shardings = [_sharding_text(s) for s in exe.get_parameter_shardings()]
+        out_shardings = [_sharding_text(s) for s in exe.get_output_shardings()]
+        locals_ = [_local_shape(s, shape) for s, (shape, _) in zip(shardings, arg_types)]
+        out_locals = None
+    if len(shardings) != len(arg_types):
+        raise Unavailable("the sharded program takes other arguments than the reference")
+    comparisons: list[OutputComparison] = []
+    ranges = index_ranges or {}
+    for seed, kind in draws:
+        rng = np.random.default_rng(seed)
+        args = [random_input(shape, dtype, rng, kind, ranges.get(i, 0))
+                for i, (shape, dtype) in enumerate(arg_types)]
+        want = [np.asarray(w) for w in _execute(jax, ref_exe, devices[:1], [args])[0]]
+        nearby = [np.asarray(w) for w in _execute(jax, ref_exe, devices[:1],
+                                                  [_perturbed(args, seed)])[0]]
+        per_device_args = []
+        for d in range(n):
+            per_device_args.append([local_block(arg, device_blocks(s, arg.shape, local, n)[d],
+                                                local)
+                                    for arg, s, local in zip(args, shardings, locals_)])
+        got = _execute(jax, exe, devices, per_device_args)
+        if not comparisons:
+            comparisons = [OutputComparison(i) for i in range(len(want))]
+        if any(len(row) != len(want) for row in got):
+            raise Unavailable("the programs return different numbers of results")
+        for i, value in enumerate(want):
+            if not _well_conditioned(value, nearby[i]):
+                comparisons[i].ill_conditioned += 1
+                continue
+            local = out_locals[i] if out_locals else _local_shape(out_shardings[i], value.shape)
+            blocks = device_blocks(out_shardings[i], value.shape, local, n)
+            pairs = []
+            for d in range(n):
+                block = value[blocks[d]]
+                mine = np.asarray(got[d][i])[tuple(slice(0, k) for k in block.shape)]
+                if mine.shape != block.shape:
+                    raise Unavailable(f"result #{i} of device {d} has shape {list(mine.shape)}, "
+                                      f"its block of the reference's {list(block.shape)}")
+                pairs.append((block, mine))
+            _accumulate(comparisons[i], pairs, seed)
+    return comparisons
+
+
+PERTURBATION = 1e-5
+"""Relative noise on the float inputs of the reference's second run on each draw: an output that
+moves by more than a tenth of `CLAIM_TOLERANCE` under it is ill-conditioned on that draw (an
+argmax near a tie, a saturated softmax, a cancellation), where float reassociation alone can
+move the sharded program's value as far; such a draw is not used for that output."""
+
+
+def _perturbed(args: list[np.ndarray], seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng([seed, 1])
+    out = []
+    for arg in args:
+        if arg.dtype in (np.float16, np.float32, np.float64):
+            noise = 1 + PERTURBATION * rng.standard_normal(arg.shape)
+            arg = (arg * noise).astype(arg.dtype)
+        out.append(arg)
+    return out
+
+
+def _well_conditioned(want: np.ndarray, nearby: np.ndarray) -> bool:
+    """Whether the reference's output barely moves under `PERTURBATION` of its inputs: by at
+    most a tenth of `CLAIM_TOLERANCE` (relative to its largest magnitude), every finite value
+    staying finite, an integer output not at all."""
+    want64, nearby64 = np.asarray(want, np.float64), np.asarray(nearby, np.float64)
+    if want64.shape != nearby64.shape:
+        return False
+    finite = np.isfinite(want64)
+    if (finite & ~np.isfinite(nearby64)).any():
+        return False
+    if not np.issubdtype(np.asarray(want).dtype, np.floating):
+        return bool(np.array_equal(want64[finite], nearby64[finite]))
+    if not finite.any():
+        return True
+    reach = float(np.max(np.abs(want64[finite])))
+    noise = float(np.max(np.abs(want64[finite] - nearby64[finite])))
+    return noise <= max(CLAIM_TOLERANCE / 10 * reach, ABSOLUTE_TOLERANCE / 10)
+
+
+ABSOLUTE_TOLERANCE = 1e-6
+"""Differences below this never count (an output the reference computes as exactly 0)."""
+
+
+def _accumulate(out: OutputComparison, pairs, seed: int) -> None:
+    """Fold one draw's (reference block, device's block) pairs of an output into `out`: a
+    float output differs when, on this draw, some finite values are further apart than
+    `CLAIM_TOLERANCE` of the reference's largest magnitude (and `ABSOLUTE_TOLERANCE`), or the
+    sharded value is inf or NaN where the reference's is finite; an integer one when any
+    differ. Where the reference's value is not finite nothing is compared. The draw reported is
+    the one with the largest relative difference."""
+    diff = reach = 0.0
+    exact = compared = False
+    for want, got in pairs:
+        exact = not np.issubdtype(np.asarray(want).dtype, np.floating)
+        want64, got64 = np.asarray(want, np.float64), np.asarray(got, np.float64)
+        finite = np.isfinite(want64)
+        if (finite & ~np.isfinite(got64)).any() and out.not_finite is None:
+            out.not_finite, out.compared, out.differs = seed, True, True
+        both = finite & np.isfinite(got64)
+        if not both.any():
+            continue
+        compared = True
+        reach = max(reach, float(np.max(np.abs(want64[both]))))
+        diff = max(diff, float(np.max(np.abs(want64[both] - got64[both]))))
+    if not compared:
+        return
+    out.compared = True
+    out.inputs_compared += 1
+    limit = 0.0 if exact else max(CLAIM_TOLERANCE * reach, ABSOLUTE_TOLERANCE)
+    if out.seed is None or diff / max(reach, ABSOLUTE_TOLERANCE) > out.max_abs_diff / max(
+            out.max_abs_reference, ABSOLUTE_TOLERANCE):
+        out.max_abs_diff, out.max_abs_reference, out.seed = diff, reach, seed
+    out.differs = out.differs or diff > limit
+
+
+def _limit_devices(n: int) -> None:
+    if n > MAX_RUN_DEVICES:
+        raise Unavailable(f"the program runs on {n} devices (at most {MAX_RUN_DEVICES} are "
+                          "simulated)")
+
+
+def _entry_copy(module, func_op, program):
+    """A copy of `module` whose entry (public `main`) is `func_op`: in a module holding both
+    functions of the pair, the other one goes; every other function becomes private."""
+    copy = ir.Module.parse(_module_text(module))
+    name = ir.StringAttr(func_op.attributes["sym_name"]).value
+    other = (program.sharded_func if func_op == program.ref_func else program.ref_func)
+    other_name = (ir.StringAttr(other.attributes["sym_name"]).value
+                  if program.ref_module == program.sharded_module else None)
+    for op in list(copy.body.operations):
+        if op.operation.name != "func.func":
+            continue
+        op_name = ir.StringAttr(op.attributes["sym_name"]).value
+        if op_name == other_name or (op_name == "main" and name != "main"):
+            op.operation.erase()
+        elif op_name == name:
+            op.attributes["sym_name"] = ir.StringAttr.get("main")
+            for attr in ("sym_visibility", "entangle.refines"):
+                if attr in op.attributes:
+                    del op.attributes[attr]
+        else:
+            op.attributes["sym_visibility"] = ir.StringAttr.get("private")
+    return copy
+
+
+def _public_main_of(module):
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and ir.StringAttr(
+                op.attributes["sym_name"]).value == "main":
+            return op.operation
+    raise Unavailable("the program has no entry function")
+
+
+def _mesh_devices(module) -> int:
+    """The device count of a shard_map program: its mesh's, or what the module states."""
+    attrs = module.operation.attributes
+    if "mhlo.num_partitions" in attrs and ir.IntegerAttr(attrs["mhlo.num_partitions"]).value > 1:
+        return ir.IntegerAttr(attrs["mhlo.num_partitions"]).value
+    meshes = read_meshes(module)
+    sizes = {mesh.num_devices for mesh in meshes.values()}
+    if len(sizes) != 1:
+        raise Unavailable("the program's meshes do not say how many devices it runs on")
+    return sizes.pop()
+
+
+def _compile_partitioned(text: str, n: int):
+    """(executable, devices): a module with shardings compiled by XLA's SPMD partitioner (Shardy)
+    for `n` partitions on jax's first `n` CPU devices."""
+    from jax._src import xla_bridge  # lazy: imports jax (1 s)
+    from jax._src.lib import xla_client  # lazy: imports jax (1 s)
+
+    backend = xla_bridge.get_backend("cpu")
+    devices = backend.devices()[:n]
+    if len(devices) < n:
+        raise Unavailable(f"the program needs {n} devices, jax has {len(devices)} (set "
+                          f"XLA_FLAGS=--xla_force_host_platform_device_count={n})")
+    options = xla_client.CompileOptions()
+    options.num_replicas = 1
+    options.num_partitions = n
+    build = options.executable_build_options
+    build.use_spmd_partitioning = True
+    build.use_shardy_partitioner = True
+    build.num_replicas = 1
+    build.num_partitions = n
+    options.device_assignment = xla_client.DeviceAssignment.create(np.arange(n).reshape(1, n))
+    options.env_option_overrides = list(_FAST_COMPILE.items())
+    try:
+        executable = backend.compile_and_load(text, xla_client.DeviceList(tuple(devices)),
+                                              options)
+    except Exception as err:  # noqa: BLE001 - XLA's error text says why
+        raise Unavailable(f"XLA cannot compile the sharded program ({_first_line(err)})"
+                          ) from None
+    return executable, devices
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
+
+
+def _sharding_text(op_sharding) -> str:
+    return str(_hlo.HloSharding.from_proto(op_sharding))
+
+
+def _local_shape(sharding: str | None, shape) -> tuple[int, ...]:
+    """A device's block shape of a global array under an `mhlo.sharding` (ceil division)."""
+    if sharding is None:
+        return tuple(shape)
+    parsed = _hlo.HloSharding.from_string(sharding)
+    if parsed.is_replicated() or parsed.is_maximal():
+        return tuple(shape)
+    dims = list(parsed.tile_assignment_dimensions())
+    return tuple(-(-size // dims[k]) for k, size in enumerate(shape))
+
+
+def _execute(jax, executable, devices, per_device_args):
+    """`outputs[device][result]` of a compiled program: device d gets `per_device_args[d]`."""
+    n = len(per_device_args)
+    replicated = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices[:n]),
+                                                              ("replicas",)),
+                                            jax.sharding.PartitionSpec())
+    arrays = []
+    for k in range(len(per_device_args[0]) if per_device_args else 0):
+        shards = [jax.device_put(np.asarray(per_device_args[d][k]), devices[d])
+                  for d in range(n)]
+        arrays.append(jax.make_array_from_single_device_arrays(shards[0].shape, replicated,
+                                                               shards))
+    try:
+        outs = executable.execute_sharded(arrays).disassemble_into_single_device_arrays()
+    except Exception as err:  # noqa: BLE001 - XLA's error text says why
+        raise Unavailable(f"running the programs failed ({_first_line(err)})") from None
+    return [[np.asarray(outs[r][d]) for r in range(len(outs))] for d in range(n)]

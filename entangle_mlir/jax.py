@@ -22,6 +22,7 @@ import jax
 import numpy as np
 from jaxlib.mlir import ir
 
+from entangle_mlir.confirm import confirm_texts
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.report import Report
 from entangle_mlir.driver import check_texts
@@ -75,26 +76,36 @@ def lower_pair(reference_fn: Callable, sharded_fn: Callable, *avals) -> tuple[st
 
 
 def check(reference_fn: Callable, sharded_fn: Callable, *avals,
-          verify_rules: bool = True, evidence: bool = True,
+          verify_rules: bool = True, evidence: bool = True, confirm: bool = True,
           assume_no_overflow: bool = False) -> Report:
     """Prove that `sharded_fn` refines `reference_fn` on arguments shaped like `avals`.
+
+    When not proven, a bug claim of the layout tier is made only if running both programs on
+    random inputs confirms it (`confirm.py`; `confirm=False` keeps the raw claims), and
+    `evidence` compares the outputs and the diverging op on one random input.
     `assume_no_overflow`: take sums and products of finite values as finite (`entangle check
     --assume-no-overflow`; listed among the assumptions where a proof relies on it)."""
     ref_text, sharded_text = lower_pair(reference_fn, sharded_fn, *avals)
     name = getattr(reference_fn, "__name__", "reference")
-    report = check_texts(ref_text, sharded_text, ref_file=f"<{name}: reference>",
-                         sharded_file=f"<{getattr(sharded_fn, '__name__', 'sharded')}>",
+    ref_file = f"<{name}: reference>"
+    sharded_file = f"<{getattr(sharded_fn, '__name__', 'sharded')}>"
+    report = check_texts(ref_text, sharded_text, ref_file=ref_file, sharded_file=sharded_file,
                          verify_rules=verify_rules, assume_no_overflow=assume_no_overflow)
+    if not report.proven and confirm:
+        confirm_texts(report, ref_text, sharded_text, ref_file=ref_file,
+                      sharded_file=sharded_file)
     if not report.proven and evidence:
-        report.evidence = output_evidence(reference_fn, sharded_fn, avals)
-        report.evidence["at_op"] = op_evidence(report.focus)
+        report.evidence.update(output_evidence(reference_fn, sharded_fn, avals))
+        if "at_op" not in report.evidence:
+            report.evidence["at_op"] = op_evidence(report.focus)
     return report
 
 
 def assert_refines(reference_fn: Callable, sharded_fn: Callable, *avals,
-                   verify_rules: bool = True) -> Report:
+                   verify_rules: bool = True, confirm: bool = True) -> Report:
     """For users' test suites: raise AssertionError carrying the diagnostic if not proven."""
-    report = check(reference_fn, sharded_fn, *avals, verify_rules=verify_rules)
+    report = check(reference_fn, sharded_fn, *avals, verify_rules=verify_rules,
+                   confirm=confirm)
     if not report.proven:
         raise AssertionError("sharded program does not provably refine the reference:\n"
                              + report.render_text())
@@ -158,24 +169,29 @@ def lower_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None
 
 
 def check_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None,
-                      verify_rules: bool = True, evidence: bool = True) -> Report:
+                      verify_rules: bool = True, evidence: bool = True,
+                      confirm: bool = True) -> Report:
     """Prove that XLA's SPMD partitioning of `f` refines `f` itself.
 
     `avals` are `jax.ShapeDtypeStruct`s, with a `NamedSharding` on a mesh of `AxisType.Auto`
     axes where an argument is sharded; `out_shardings` is passed to `jax.jit`. The reference is
     `f` lowered without shardings (sharding constraints inside `f` are identities there); the
-    sharded program is XLA's after-spmd-partitioning module, before fusion.
+    sharded program is XLA's after-spmd-partitioning module, before fusion. Bug claims are
+    confirmed by running both programs, as in `check` (`confirm=False`: the raw claims).
     """
     ref_text, sharded = lower_partitioned(f, *avals, out_shardings=out_shardings,
                                           in_shardings=in_shardings)
     name = getattr(_unwrap(f), "__name__", "f")
-    report = check_texts(ref_text, sharded, ref_file=f"<{name}: reference>",
-                         sharded_file=f"<{name}: partitioned by XLA>", verify_rules=verify_rules)
+    ref_file, sharded_file = f"<{name}: reference>", f"<{name}: partitioned by XLA>"
+    report = check_texts(ref_text, sharded, ref_file=ref_file, sharded_file=sharded_file,
+                         verify_rules=verify_rules)
     note = _mesh_note(report.mesh, avals)
     if note:
         report.notes.append(note)
-    if not report.proven and evidence:
-        report.evidence = {"at_op": op_evidence(report.focus)}
+    if not report.proven and confirm:
+        confirm_texts(report, ref_text, sharded, ref_file=ref_file, sharded_file=sharded_file)
+    if not report.proven and evidence and "at_op" not in report.evidence:
+        report.evidence["at_op"] = op_evidence(report.focus)
     return report
 
 
@@ -206,10 +222,11 @@ def _mesh_note(described: str, avals) -> str:
 
 
 def assert_partitioned_refines(f: Callable, *avals, out_shardings=None, in_shardings=None,
-                               verify_rules: bool = True) -> Report:
+                               verify_rules: bool = True, confirm: bool = True) -> Report:
     """`check_partitioned` for users' test suites: AssertionError with the diagnostic."""
     report = check_partitioned(f, *avals, out_shardings=out_shardings,
-                               in_shardings=in_shardings, verify_rules=verify_rules)
+                               in_shardings=in_shardings, verify_rules=verify_rules,
+                               confirm=confirm)
     if not report.proven:
         raise AssertionError("XLA's partitioned program does not provably refine the reference:"
                              "\n" + report.render_text())

@@ -6,7 +6,9 @@ and checked; a mutant whose numbers differ must not be proven.
     outcomes = run_example(by_name("megatron_mlp_tp4"))
 
 Statuses are those of `fuzz.run` (`proven`, `false_proof`, `caught`, `rejected`,
-`incomplete`, `crash`, `timeout`, `invalid`, `flaky`). Importing this module imports jax.
+`incomplete`, `crash`, `timeout`, `invalid`, `flaky`); an equivalent mutant not proven
+whose bug claim survives `entangle check`'s confirmation is a false bug report (`claim`).
+Importing this module imports jax.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import jax
 import numpy as np
 
 from fuzz.mlir_mutate import mutants
-from fuzz.run import CHECK_TIMEOUT, compare, timed_check
+from fuzz.run import CHECK_TIMEOUT, compare, confirm_claims, timed_check
 
 
 @dataclass
@@ -30,6 +32,10 @@ class MutantOutcome:
     error: float = 0.0
     seconds: float = 0.0
     text: str = ""
+    claim: str = ""
+    """Of an equivalent mutant not proven: what confirmation does to its bug claims
+    (`fuzz.run.confirm_claims`; "stands" is a false bug report, "confirmed" a mutant that
+    differs on inputs other than the executor's)."""
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -144,9 +150,10 @@ def run_example(ex, limit: int | None = None, timeout: int = CHECK_TIMEOUT,
             out.status = "proven"
         elif match:
             out.status = "incomplete"
+            out.claim = confirm_claims(report, exe.ref_text, text)
         else:
             out.status = "caught"
-        if out.status in ("false_proof", "crash", "timeout", "flaky"):
+        if out.status in ("false_proof", "crash", "timeout", "flaky") or out.claim == "stands":
             out.text = text
         out.seconds = time.perf_counter() - start
         results.append(out)
@@ -158,8 +165,13 @@ def score(outcomes) -> dict:
     from collections import Counter
 
     c = Counter(o.status if isinstance(o, MutantOutcome) else o["status"] for o in outcomes)
+    claims = Counter(o.claim if isinstance(o, MutantOutcome) else o.get("claim", "")
+                     for o in outcomes)
     differing = c["caught"] + c["rejected"] + c["false_proof"]
     return {
+        "false_bug_reports": claims["stands"],
+        "claims_withdrawn": claims["withdrawn"],
+        "shown_different": claims["confirmed"],
         "mutants": sum(c.values()),
         "invalid": c["invalid"],
         "differing": differing,

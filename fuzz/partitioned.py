@@ -26,6 +26,7 @@ from fuzz.run import (
     Outcome,
     build,
     compare,
+    confirm_claims,
     inputs,
     jax_mesh,
     pspec,
@@ -50,7 +51,10 @@ def _per_device_match(module_text: str, args, ref_out) -> tuple[bool | None, flo
     return ok, worst
 
 
-def _classify(out: Outcome, report, kind, msg, match, again=None) -> None:
+def _classify(out: Outcome, report, kind, msg, match, again=None,
+              texts: tuple[str, str] | None = None) -> None:
+    """The outcome's status; `texts` (reference, per-device program) let a program whose
+    numbers match have its bug claims confirmed (`confirm_claims`)."""
     if report is not None and report.diagnostics:
         out.message = report.diagnostics[0].message
     elif kind:
@@ -68,6 +72,8 @@ def _classify(out: Outcome, report, kind, msg, match, again=None) -> None:
         out.status = "proven"
     elif match:
         out.status = "incomplete"
+        if texts is not None:
+            out.claim = confirm_claims(report, *texts)
     else:
         out.status = "caught"
 
@@ -106,7 +112,7 @@ def run_partitioned_seed(seed: int, mutants: int = 2, opts: GenOptions | None = 
     t0 = time.perf_counter()
     report, kind, msg = timed_check(ref_text, text, verify_rules=False, timeout=timeout)
     base.check_seconds = time.perf_counter() - t0
-    _classify(base, report, kind, msg, match)
+    _classify(base, report, kind, msg, match, texts=(ref_text, text))
     if executor_error:
         # numbers unknown: XLA's own partitioning is correct, so judge the verdict alone
         base.status = {"crash": "crash", "timeout": "timeout", "input_error": "input_error"}.get(
@@ -148,7 +154,7 @@ def run_partitioned_seed(seed: int, mutants: int = 2, opts: GenOptions | None = 
                 r = np.asarray(jax.jit(ref_fn)(*a))
                 oks.append(bool(_per_device_match(mtext, a, r)[0]))
             return all(oks)
-        _classify(out, report, kind, msg, m_match, again)
+        _classify(out, report, kind, msg, m_match, again, texts=(ref_text, mtext))
         if out.status in ("false_proof", "crash", "timeout", "flaky"):
             out.source = prog.source() + "\n# --- mutated per-device program:\n" + mtext
         out.seconds = time.perf_counter() - t

@@ -44,6 +44,7 @@ from jax import lax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from entangle_mlir.confirm import confirm_texts, is_claim
 from entangle_mlir.core.diagnostics import InputError
 from entangle_mlir.driver import check_texts
 from fuzz.gen import GenOptions, MeshSpec, Program, RandomChooser, generate, mutate
@@ -171,9 +172,38 @@ class Outcome:
     constructs: tuple = ()
     source: str = ""
     diag_op: str = ""
+    claim: str = ""
+    """Of a program whose numbers match but that is not proven ("incomplete"), when a
+    diagnostic claims a bug, what `entangle check`'s confirmation makes of it
+    (`confirm_claims`)."""
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def confirm_claims(report, ref_text: str, shd_text: str) -> str:
+    """What becomes of the bug claims of a report whose program computed the reference's
+    numbers on the fuzzer's inputs (the fuzzers judge by execution, and check without
+    confirmation): "" without a claim; "withdrawn" when `entangle check`'s confirmation
+    withdraws every one; "confirmed" when it found inputs on which the outputs differ (a mutant
+    the fuzzer's inputs took for equivalent is not; on a correct-by-construction program that
+    is a false bug report); "stands" when a claim survives without that (a false bug report)."""
+    if report is None or not any(is_claim(d) for d in report.diagnostics):
+        return ""
+    confirm_texts(report, ref_text, shd_text, at_op=False)
+    claims = [d for d in report.diagnostics if is_claim(d)]
+    if not claims:
+        return "withdrawn"
+    shown = any(note.message.startswith("confirmed by running both programs")
+                for d in claims for note in d.notes)
+    return "confirmed" if shown else "stands"
+
+
+def false_bug_report(outcome: dict) -> bool:
+    """A bug claim `entangle check` would print on a program that computes the reference's
+    numbers: any on a correct-by-construction program, one not shown by running on a mutant."""
+    claim = outcome.get("claim", "")
+    return claim == "stands" or (outcome["correct"] and claim == "confirmed")
 
 
 @dataclass
@@ -254,6 +284,7 @@ def run_program(prog: Program, base: _Base | None = None, verify_rules_sample: b
         out.status = "proven"
     elif match:
         out.status = "incomplete"
+        out.claim = confirm_claims(report, base.ref_text, shd_text)
     else:
         out.status = "caught"
     if prog.correct and match is False and out.status not in ("false_proof", "flaky"):

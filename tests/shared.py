@@ -122,3 +122,23 @@ def last_json(stdout: str) -> dict:
     """The JSON document a script printed on its last line."""
     return json.loads(stdout.strip().splitlines()[-1])
 
+
+
+def confirmed(report, ref_text, sharded_text):
+    """What `entangle check` reports after confirming the claims of a (cached) report by running
+    both programs (`entangle_mlir.confirm`), on a copy: the cached report stays as it is."""
+    from dataclasses import replace
+
+    from entangle_mlir.confirm import confirm_texts  # lazy: only the corpus tests confirm
+
+    copy = replace(report, evidence=dict(report.evidence), stats=dict(report.stats))
+    return confirm_texts(copy, ref_text, sharded_text)
+
+
+def confirmed_claim(report) -> bool:
+    """The report's first diagnostic is a bug claim that running both programs confirmed."""
+    from entangle_mlir.confirm import is_claim  # lazy: see `confirmed`
+
+    first = report.diagnostics[0] if report.diagnostics else None
+    return bool(first and is_claim(first) and any(
+        note.message.startswith("confirmed by running both programs") for note in first.notes))

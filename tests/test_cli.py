@@ -195,6 +195,9 @@ def test_demo(entangle) -> None:
     for name, _, _ in BUGGY:
         assert f"== {name}: NOT PROVEN" in run.out
     assert "missing all_reduce/psum" in run.out
+    # Every bug claim of the demo is confirmed by running both programs (none withdrawn).
+    assert run.out.count("note: confirmed by running both programs") == len(BUGGY), run.out
+    assert "cannot relate" not in run.out
 
 
 def test_demo_json(entangle) -> None:

@@ -24,8 +24,15 @@ OPT_RUN = re.compile(r"^// RUN: entangle-opt %s --split-input-file --pass-pipeli
                      + re.escape(PIPELINE) + r"(,entangle-verify-rules(?:\{[^}]*\})?)?\)' "
                      r"--verify-diagnostics$", re.MULTILINE)
 JSON_RUN = "// RUN: not entangle check %s --json | filecheck %s"
+# Reasons whose example the general tier proves (it is correct; the reason is the layout tier's
+# and the confirmation's): their `entangle check` runs without the general tier.
+LAYOUT_TIER_REASONS = ("cannot_relate",)
+LAYOUT_JSON_RUN = "// RUN: not entangle check %s --no-general-tier --json | filecheck %s"
 # Reasons that only the Z3 rule-instance checks produce.
 Z3_REASONS = ("inconclusive", "refuted")
+# Reasons that only the confirmation of a claim by running both programs produces (entangle
+# check, not entangle-opt: its lit test's expected-error is the layout tier's raw reading).
+CONFIRM_REASONS = ("cannot_relate",)
 
 
 def lit_file(reason: str) -> Path:
@@ -47,7 +54,8 @@ def test_every_reason_has_a_lit_test(reason: str) -> None:
     assert bool(match.group(1)) == (reason in Z3_REASONS), (
         f"{path.name}: entangle-verify-rules belongs in the pipeline exactly for {Z3_REASONS}")
     if reason != "refuted":  # needs the testing-only injected fault: entangle-opt only
-        assert JSON_RUN in text, f"{path.name}: no `{JSON_RUN}` RUN line"
+        run = LAYOUT_JSON_RUN if reason in LAYOUT_TIER_REASONS else JSON_RUN
+        assert run in text, f"{path.name}: no `{run}` RUN line"
         assert f'// CHECK: "reason": "{reason}"' in text
     assert re.search(r"// expected-error @\+1 \{\{", text), f"{path.name}: no expected error"
     assert text.count("// -----") == 0, f"{path.name}: one program per file (docs show it)"
@@ -81,6 +89,12 @@ def report_for(reason: str):
     """The report on the reason's example; `refuted` needs its testing-only injected fault
     (`entangle-verify-rules{inject-fault=stablehlo.add}`, as its lit RUN line)."""
     path = lit_file(reason)
+    if reason in CONFIRM_REASONS:
+        from entangle_mlir.confirm import confirm_files  # lazy: runs jax
+
+        general_tier = reason not in LAYOUT_TIER_REASONS
+        return confirm_files(check_files(str(path), str(path), general_tier=general_tier),
+                             str(path), str(path))
     if reason != "refuted":
         return check_files(str(path), str(path))
     from entangle_mlir.driver import check_with_pipeline
@@ -94,7 +108,12 @@ def report_for(reason: str):
 def test_walk_alone_finds_the_reason(reason: str) -> None:
     """Without the Z3 checks the same diagnostic comes out (it is the walk's finding)."""
     path = lit_file(reason)
-    report = check_files(str(path), str(path), verify_rules=False)
+    report = check_files(str(path), str(path), verify_rules=False,
+                         general_tier=reason not in LAYOUT_TIER_REASONS)
+    if reason in CONFIRM_REASONS:
+        from entangle_mlir.confirm import confirm_files  # lazy: runs jax
+
+        report = confirm_files(report, str(path), str(path))
     assert [d.category for d in report.diagnostics][:1] == [reason], report.render_text()
 
 

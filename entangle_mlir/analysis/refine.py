@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from jaxlib.mlir import ir
 
 from entangle_mlir.analysis.infer import OpRecord, Walk
-from entangle_mlir.analysis.valid_indices import ValidIndices
+from entangle_mlir.analysis.valid_indices import ValidIndices, index_ranges
 from entangle_mlir.core.diagnostics import Diagnostic
 from entangle_mlir.core.mesh import Mesh, axes_str
 from entangle_mlir.core.relations import GLOBAL, DeviceScalar, Opaque, Rel, layout_words
@@ -174,6 +174,8 @@ class EvidenceFocus:
     mesh: Mesh | None = None
     unavailable: str = ""
     modules: tuple = field(default=(), repr=False)
+    outputs: tuple[int, ...] = ()
+    """The program's results the diagnostic is about (a claim is confirmed on them)."""
 
 
 _DROP_PARTIAL = ("missing_reduction", "nonlinear_partial", "partial_mixed", "wrong_axis")
@@ -327,13 +329,18 @@ def compare(ref: Walk, sharded: Walk) -> Report:
                         for assumption, indices in assumed_for.items()]
     rounding_notes = [(f"proven assuming {ROUNDING} ({_results_words(rounded_for)}: "
                       f"{describe_rounded(rounded_pairs)})")] if rounded_for else []
-    seen, unique, unique_foci = set(), [], []
-    for diag, focus in zip(diagnostics, foci):
+    failing = [o.index for o in outputs if not o.proven]
+    seen: dict[tuple[str, str], EvidenceFocus] = {}
+    unique, unique_foci = [], []
+    for diag, focus, index in zip(diagnostics, foci, failing):
         key = (diag.message, str(diag.loc))
-        if key not in seen:
-            seen.add(key)
-            unique.append(diag)
-            unique_foci.append(focus)
+        if key in seen:
+            seen[key].outputs += (index,)
+            continue
+        focus.outputs = (index,)
+        seen[key] = focus
+        unique.append(diag)
+        unique_foci.append(focus)
     verdict = PROVEN if all(o.proven for o in outputs) else NOT_PROVEN
     if len(ref.outputs) != len(sharded.outputs):
         verdict = NOT_PROVEN
@@ -346,6 +353,10 @@ def compare(ref: Walk, sharded: Walk) -> Report:
             report.assume(note[len(ASSUMING):])
     report.explainer = lambda: _explain_all(sharded)
     report.focus = unique_foci[0] if unique_foci else None
+    report.foci = seen
+    if verdict != PROVEN:
+        report.index_ranges = {r.arg.attrs[0]: r.size for r in index_ranges(
+            [w.term for w in ref.outputs if isinstance(w, Rel)]).values()}
     return report
 
 

@@ -37,6 +37,12 @@ class Report:
     explainer: object = field(default=None, repr=False)
     evidence: dict = field(default_factory=dict)
     focus: object = field(default=None, repr=False)
+    foci: dict = field(default_factory=dict, repr=False)
+    """Where each diagnostic points, by (message, location): the `refine.EvidenceFocus` with
+    the op it names and the results it is about (what `confirm.py` runs)."""
+    index_ranges: dict[int, int] = field(default_factory=dict, repr=False)
+    """Of a failing check: integer inputs the reference uses as indices, with the size of the
+    dim they index (input #i -> n: valid values are [0, n)); random inputs draw from there."""
     assumptions: list[str] = field(default_factory=lambda: list(BASE_ASSUMPTIONS))
     """What the verdict rests on, in words: always `BASE_ASSUMPTIONS`, then what the proof
     used (`assume`)."""
@@ -81,6 +87,10 @@ class Report:
             lines.append(f"  result#{out.index} = {out.rho}{mark}")
         for note in self.notes:
             lines.append(f"note: {note}")
+        confirmation = self.evidence.get("confirmation") or {}
+        if confirmation.get("summary") and not confirmation.get("confirmed"):
+            # (a confirmed claim carries the numbers in its own note)
+            lines.append(f"evidence: {confirmation['summary']}")
         at_op = self.evidence.get("at_op") or {}
         if at_op.get("summary"):
             lines.append(f"evidence: {at_op['summary']}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from entangle_mlir.passes.check_refinement import CheckRefinementPass
+from entangle_mlir.passes.general_tier import GeneralTierPass
 from entangle_mlir.passes.import_shardings import ImportShardingsPass
 from entangle_mlir.passes.infer_relations import InferRelationsPass
 from entangle_mlir.passes.normalize import NormalizePass
@@ -14,6 +15,7 @@ PASSES = {
     InferRelationsPass.name: InferRelationsPass,
     CheckRefinementPass.name: CheckRefinementPass,
     VerifyRulesPass.name: VerifyRulesPass,
+    GeneralTierPass.name: GeneralTierPass,
 }
 
 DEFAULT_PIPELINE = ("builtin.module(entangle-normalize,entangle-import-shardings,"

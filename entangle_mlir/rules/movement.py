@@ -57,9 +57,16 @@ def constant(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Valu
                                 rtype.dtype)
             return [uniform_rel(make_broadcast(scalar, (), rtype.shape), ctx)]
         return [splat_rel(value.flat[0] if value.size else 0, rtype.shape, rtype.dtype, ctx)]
+    return [replicated(constant_term(value, rtype.shape, rtype.dtype), ctx)]
+
+
+def constant_term(value: np.ndarray, shape: tuple[int, ...], dtype: str) -> Term:
+    """The term of a non-splat constant of `shape` and element type `dtype` holding `value` (a numpy
+    array): identified by its contents, so equal constants are one term; small integer tables
+    keep their values (device-indexed offset tables are evaluated)."""
     key = hashlib.sha1(repr((value.dtype.str, value.shape)).encode() + value.tobytes()).digest()
     table = value if value.dtype.kind in "iub" and value.size <= 65536 else None
-    return [replicated(make_dense(key, rtype.shape, rtype.dtype, table), ctx)]
+    return make_dense(key, tuple(shape), dtype, table)
 
 
 def _negative_zero(value) -> bool:

@@ -414,7 +414,8 @@ FIXED = {"bias_grad_unit_dims", "take_and_reducer", "top_k", "gather_batching_di
          "scatter_batching_dims", "dp_mean_coefficients", "scan_backward",
          "unit_dim_transpose", "moe_flatten_split_seq", "allgather_partial", "unit_batch_view",
          "slice_of_split_dim", "device_offset_tensor", "ring_attention", "ring_backward",
-         "ring_max_grad", "ring_gqa", "ring_loop_backward"}
+         "ring_max_grad", "ring_gqa", "ring_loop_backward",
+         "ring_permute"}  # the layout tier does not prove it, the general tier does
 
 
 def _gqa_args() -> tuple[ArgDef, ...]:

@@ -5,10 +5,12 @@
 // a multiply; the error points at the matmul that made the partial sum, the note at the GELU.
 // Inputs: row_linear_gelu_gelu_before_psum_tp4, written by `python -m examples.generate_lit`.
 
-// One error, at the bug line, then the verdict (Z3 rule-instance checks on: the default).
+// One error, at the bug line, its claim confirmed by running both programs (the default of
+// `entangle check`), then the verdict (Z3 rule-instance checks on: the default).
 // CHECK: examples/models.py:115:20: error: nonlinear op multiply applied to a partial sum over 'tp': missing all_reduce/psum before it
 // CHECK-NEXT: examples/models.py:115:8: note: the partial sum is used here by stablehlo.multiply
 // CHECK-NEXT: examples/models.py:104:23: note: corresponds to the reference op stablehlo.dot_general (jit(row_linear_gelu_ref)/dot_general)
+// CHECK: note: confirmed by running both programs on 4 random inputs: result #0 differs from the reference by up to {{[0-9.e+]+}}
 // CHECK-NOT: error:
 // CHECK: not proven: nonlinear op multiply applied to a partial sum over 'tp'
 // CHECK-NEXT: result#0 = replicated on every device  (not proven)

@@ -4,9 +4,11 @@
 // instead of tp (examples/models.py:290); dp splits the batch, so the psum adds different rows.
 // Inputs: gpt2_block_psum_wrong_axis_dp2_tp4, written by `python -m examples.generate_lit`.
 
-// One error, at the bug line, then the verdict (Z3 rule-instance checks on: the default).
+// One error, at the bug line, its claim confirmed by running both programs (the default of
+// `entangle check`), then the verdict (Z3 rule-instance checks on: the default).
 // CHECK: examples/models.py:290:8: error: all_reduce sums over 'dp' of a value split over 'dp': it combines different blocks
 // CHECK-NEXT: examples/models.py:243:15: note: corresponds to the reference op stablehlo.dot_general (jit(gpt2_block_ref)/dot_general)
+// CHECK: note: confirmed by running both programs on 4 random inputs: result #0 differs from the reference by up to {{[0-9.e+]+}}
 // CHECK-NOT: error:
 // CHECK: not proven: all_reduce sums over 'dp' of a value split over 'dp'
 // CHECK-NEXT: result#0 = concat over 'dp' along dim 0  (not proven)

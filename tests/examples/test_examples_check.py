@@ -9,6 +9,7 @@ import pytest
 
 from entangle_mlir.driver import check_texts
 from examples.catalog import EXAMPLES, Example, bug_line, lower_pair
+from tests.shared import confirmed, confirmed_claim
 
 
 @functools.cache
@@ -39,6 +40,17 @@ def test_buggy_example_is_flagged_at_its_line(ex: Example) -> None:
     assert first.loc is not None, report.render_text()
     assert first.loc.file.endswith("models.py") and path.endswith("models.py")
     assert first.loc.line == line, report.render_text()
+
+
+@pytest.mark.parametrize("ex", BUGGY, ids=lambda e: e.name)
+def test_buggy_example_claim_is_confirmed(ex: Example) -> None:
+    """`entangle check` runs both programs before claiming a bug: every buggy twin's claim is
+    confirmed and keeps its wording and its line."""
+    raw = _report(ex.name)
+    report = confirmed(raw, *lower_pair(ex))
+    assert confirmed_claim(report), report.render_text()
+    first, before = report.diagnostics[0], raw.diagnostics[0]
+    assert (first.message, first.loc) == (before.message, before.loc)
 
 
 _REASONS = {

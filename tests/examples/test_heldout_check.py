@@ -14,9 +14,11 @@ import functools
 
 import pytest
 
+from entangle_mlir.confirm import is_claim
 from entangle_mlir.driver import check_texts
-from examples.heldout.corpus import Example, examples, lower_pair
+from examples.heldout.corpus import Example, bug_line, examples, lower_pair
 from examples.heldout.expected import NOT_PROVEN, UNSOUND
+from tests.shared import confirmed, confirmed_claim
 
 EXAMPLES = examples()
 CORRECT = [e for e in EXAMPLES if e.bug is None]
@@ -50,6 +52,34 @@ def test_buggy_is_never_proven(ex: Example) -> None:
     report = _report(ex, False)
     assert not report.proven, f"SOUNDNESS: buggy program proven:\n{report.render_text()}"
     assert report.exit_code == 1 and report.diagnostics
+
+
+@pytest.mark.parametrize("name", sorted(NOT_PROVEN))
+def test_correct_program_gets_no_bug_claim(name: str) -> None:
+    """No false bug report: a correct program the verifier does not prove gets no bug claim
+    from `entangle check` (the layout tier's claims are withdrawn once both programs ran; issue
+    18 point 3)."""
+    ex = next(e for e in CORRECT if e.name == name)
+    report = confirmed(_report(ex, False), *lower_pair(ex))
+    claims = [d.message for d in report.diagnostics if is_claim(d)]
+    assert not claims, report.render_text()
+    assert report.exit_code == 1
+
+
+@pytest.mark.parametrize("ex", BUGGY, ids=[e.name for e in BUGGY])
+def test_buggy_claim_is_confirmed(ex: Example) -> None:
+    """A buggy program whose diagnostic claims a bug keeps a located claim, confirmed by
+    running both programs; one flagged at its `# BUG` line stays there. (Its first claim may
+    change when running shows the first one wrong and another right.)"""
+    raw = _report(ex, False)
+    if not is_claim(raw.diagnostics[0]):
+        pytest.skip(f"no claim: {raw.diagnostics[0].message[:80]}")
+    report = confirmed(raw, *lower_pair(ex))
+    assert confirmed_claim(report), report.render_text()
+    first, before = report.diagnostics[0], raw.diagnostics[0]
+    path, line = bug_line(ex)
+    if before.loc is not None and (before.loc.file, before.loc.line) == (path, line):
+        assert first.loc is not None and (first.loc.file, first.loc.line) == (path, line)
 
 
 def test_no_buggy_program_is_proven_by_expectation() -> None:

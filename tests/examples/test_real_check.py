@@ -19,6 +19,7 @@ from examples.real.catalog import Example, bug_line, examples, lower_pair
 from examples.real.expected import MISLOCATED, NOT_PROVEN, UNSOUND
 from examples.real.repro import FIXED, NO_OVERFLOW_ASSUMED, Repro, reproducers
 from examples.real.survey import CAUSES
+from tests.shared import confirmed, confirmed_claim
 
 EXAMPLES = examples()
 CORRECT = [e for e in EXAMPLES if e.bug is None]
@@ -63,6 +64,20 @@ def test_buggy_flagged_at_bug_line(ex: Example) -> None:
     first = report.diagnostics[0]
     assert first.loc is not None, report.render_text()
     assert (first.loc.file, first.loc.line) == (path, line), report.render_text()
+
+
+@pytest.mark.parametrize("ex", BUGGY, ids=[e.name for e in BUGGY])
+def test_buggy_claim_is_confirmed(ex: Example) -> None:
+    """`entangle check` runs both programs before claiming a bug: every buggy program's claim
+    is confirmed and keeps its wording and its location (under `--assume-no-overflow` where
+    the default refuses the online softmax's fold first: a refusal, not a claim)."""
+    raw = _report(ex)
+    if raw.diagnostics[0].category == "overflow":
+        raw = _report(ex, True)
+    report = confirmed(raw, *lower_pair(ex))
+    assert confirmed_claim(report), report.render_text()
+    first, before = report.diagnostics[0], raw.diagnostics[0]
+    assert (first.message, first.loc) == (before.message, before.loc)
 
 
 # One proven program per family: every rule instance the walk used must be proved by Z3 (the

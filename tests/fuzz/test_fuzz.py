@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 
 from entangle_mlir.driver import check_texts
 from fuzz.gen import generate_seed, program_mutations
-from fuzz.run import run_program, run_seed
+from fuzz.run import false_bug_report, run_program, run_seed
 from fuzz.strategies import mutants
 
 if len(jax.devices()) < 8:
@@ -60,6 +60,13 @@ def _show(outcomes) -> str:
 def test_sample_has_no_false_proofs(sample) -> None:
     bad = [o for o in sample if o.status == "false_proof"]
     assert not bad, _show(bad)
+
+
+def test_sample_has_no_false_bug_reports(sample) -> None:
+    """A program whose numbers match the reference but is not proven claims no bug once
+    `entangle check`'s confirmation ran both programs (issue 18 point 3)."""
+    stands = [o for o in sample if false_bug_report(o.to_json())]
+    assert not stands, _show(stands)
 
 
 def test_sample_has_no_crashes(sample) -> None:

@@ -654,9 +654,9 @@ WINDOW_CASES = [
                                                        (("x", (4, 8)), ("y", (4, 8)))]), XY_ARGS),
     window_case("two_tensors_crossed", True, two_tensors_ref,
                 lambda x, y: two_tensor_windows(x, y, [(("x", (0, 4)), ("y", (4, 8))),
-                                                       (("x", (4, 8)), ("y", (0, 4)))]), XY_ARGS,
-                missing="sums of windows of different tensors add only over the same rows "
-                "(x[:4] + y[4:] then x[4:] + y[:4] is not re-associated)"),
+                                                       (("x", (4, 8)), ("y", (0, 4)))]), XY_ARGS),
+    # ^ the layout tier adds sums of windows of different tensors only over the same rows;
+    # the general tier (per-device expansion) proves it
     window_case("two_tensors_mixed_halves", False, two_tensors_ref,
                 lambda x, y: two_tensor_windows(x, y, [(("x", (0, 4)), ("y", (4, 8)))]), XY_ARGS),
     window_case("two_tensors_x_twice", False, two_tensors_ref,
@@ -707,8 +707,9 @@ WINDOW_CASES = [
                 lambda x: rows_rejoined(x, [(0, 4), (0, 4)]), out=P(DP, None)),
     window_case("tp_weight_grad", True, tp_weight_grad_ref,
                 lambda w, x: tp_weight_grad(w, x, [(0, 2), (2, 4)]), TP_ARGS, P(None, "tp"),
-                ((DP, 4), ("tp", 2)), missing="summed micro-batch windows whose other dims are "
-                "split (a tp-split weight's gradient) are refused by window_reduce"),
+                ((DP, 4), ("tp", 2))),
+    # ^ window_reduce refuses summed micro-batch windows whose other dims are split (a
+    # tp-split weight's gradient); the general tier (per-device expansion) proves it
     window_case("tp_weight_grad_psum_over_tp_too", False, tp_weight_grad_ref,
                 lambda w, x: tp_weight_grad(w, x, [(0, 2), (2, 4)], (DP, "tp")), TP_ARGS,
                 P(None, "tp"), ((DP, 4), ("tp", 2))),

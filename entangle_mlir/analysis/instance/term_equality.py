@@ -3,7 +3,9 @@ proved equal over the same fresh symbolic arguments (`check_term_equality`)."""
 
 from __future__ import annotations
 
+import random
 import time
+from fractions import Fraction
 
 import numpy as np
 import z3
@@ -11,19 +13,46 @@ import z3
 from entangle_mlir.analysis.instance.common import DEFAULT_TIMEOUT_MS, MAX_TERM_COST, term_cost
 from entangle_mlir.analysis.instance.sources import Symbolic, leaf_args, leaf_name, opaque_resolver
 from entangle_mlir.analysis.solver import ProofResult, prove
-from entangle_mlir.core.terms import Term
-from entangle_mlir.semantics.element import SemanticsError, collect_divisors, equal, is_z3, to_z3
+from entangle_mlir.core.precision import FLOAT_FORMATS, is_float
+from entangle_mlir.core.terms import DENSE_VALUES, Term, subterms
+from entangle_mlir.semantics.element import (
+    SemanticsError,
+    collect_divisors,
+    equal,
+    int_limits,
+    is_bool_dtype,
+    is_z3,
+    random_functions,
+    to_z3,
+)
 from entangle_mlir.semantics.evaluate import evaluate_term
 
 
 def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
                         timeout_ms: int = DEFAULT_TIMEOUT_MS,
-                        max_cost: int = MAX_TERM_COST) -> ProofResult:
+                        max_cost: int = MAX_TERM_COST, *, typed: bool = False,
+                        known_dense: bool = False,
+                        ranges: dict[int, tuple[int, int]] | None = None,
+                        finite_alike: bool = False) -> ProofResult:
     """Prove two reference terms equal for every value of their arguments.
 
     For terms the canonicalizer does not identify (algebra it does not know): both are
     evaluated over the same fresh symbolic arguments and compared elementwise. Large terms
     are "skipped" (no shape reduction here: terms carry their shapes).
+
+    `typed`: integer arguments range over their dtype's values (else over all integers: a
+    proof then holds a fortiori). `known_dense`: dense constants whose values the term
+    builders kept (`terms.DENSE_VALUES`) are those values (else unknowns: a proof holds for
+    every value of them). `ranges`: argument index -> (lo, hi), every element of that integer
+    argument assumed in [lo, hi] (the valid-index assumption; the caller states it).
+
+    `finite_alike`: Z3 reads float arithmetic as exact reals, where nothing overflows and
+    `t * 0`, `t - t` are 0 for every t; a float program computes inf there (and NaN from it).
+    So the proof must also show that one term computes a value out of its dtype's range
+    exactly where the other does, counting every value either computes except sums (a
+    regrouped sum may overflow differently: liberty 1) and values that only move or pick
+    others (`OVERFLOW_FREE`). Inputs are finite values of their dtype (the policy's
+    assumption 2). A failure here is "unknown", with the reason.
     """
     start = time.perf_counter()
     if a is b:
@@ -42,6 +71,10 @@ def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
 
     def resolve(term: Term) -> np.ndarray:
         key = term.attrs[0]
+        if known_dense and key not in dense and key in DENSE_VALUES:
+            table = np.asarray(DENSE_VALUES[key]).reshape(term.shape)
+            dense[key] = np.array([_exact(v) for v in table.flat] or [], dtype=object
+                                  ).reshape(term.shape)
         if key not in dense:
             dense[key] = source.tensor(f"dense{key.hex()[:8]}", term.shape, term.dtype)
         return dense[key]
@@ -52,22 +85,52 @@ def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
     try:
         with collect_divisors() as divisors:
             left = evaluate_term(a, env, memo)
-            right = evaluate_term(b, env, memo)
+            of_a = len(divisors)
+            # apart, so that each term's divisors are all collected (shared ones twice)
+            right = evaluate_term(b, env, {} if finite_alike else memo)
     except (SemanticsError, z3.Z3Exception, ValueError, TypeError) as err:
         return ProofResult("unknown", None, time.perf_counter() - start, name,
                            f"cannot evaluate: {err}")
+    if finite_alike:
+        evaluate_term(b, env, memo)  # every node's value, for the overflow claim
+    if finite_alike and not _same_divisors(divisors[:of_a], divisors[of_a:]):
+        return ProofResult("unknown", None, time.perf_counter() - start, name,
+                           "one of them divides by a value the other does not divide by "
+                           "(a division by zero is inf or NaN, which exact reals do not show)")
     if any(not is_z3(d) for d in divisors):
         return ProofResult("unknown", None, time.perf_counter() - start, name,
                            "a division by zero")
     hypotheses = [to_z3(d) != 0 for d in divisors]
+    if typed:
+        hypotheses.extend(source.hypotheses)
+    for index, (lo, hi) in (ranges or {}).items():
+        if index in env:
+            for element in np.ravel(env[index]):
+                hypotheses.extend([to_z3(element) >= lo, to_z3(element) <= hi])
     claims = [equal(x, y) for x, y in zip(left.reshape(-1), right.reshape(-1))]
     if any(c is False for c in claims):
         return ProofResult("refuted", None, time.perf_counter() - start, name,
                            "an element differs for every input")
     symbolic = [c for c in claims if not isinstance(c, bool)]
-    if not symbolic:
+    if not symbolic and not finite_alike:
         return ProofResult("proved", None, time.perf_counter() - start, name)
-    result = prove(z3.And(symbolic), hypotheses, name=name, timeout_ms=timeout_ms)
+    result = (prove(z3.And(symbolic), hypotheses, name=name, timeout_ms=timeout_ms)
+              if symbolic else ProofResult("proved", None, 0.0, name))
+    if result.status == "proved" and finite_alike:
+        inputs = _in_range(leaf_args([a, b]).values(), env)
+        alike = _finite_alike(a, b, memo)
+        if alike is None:
+            return ProofResult("unknown", None, time.perf_counter() - start, name,
+                               "a float value of a type whose range is unknown")
+        if alike is not True:
+            overflow = prove(alike, hypotheses + inputs, name=f"{name}.overflow",
+                             timeout_ms=timeout_ms)
+            if overflow.status != "proved":
+                return ProofResult("unknown", overflow.counterexample,
+                                   time.perf_counter() - start, name,
+                                   "one of them may overflow (inf or NaN) where the other "
+                                   "does not" + (f" ({overflow.reason})" if overflow.reason
+                                                 else ""))
     if result.status == "proved" and hypotheses:
         vacuous = prove(z3.BoolVal(False), hypotheses, name=f"{name}.vacuity",
                         timeout_ms=timeout_ms)
@@ -76,3 +139,166 @@ def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
                                  "the nonzero-divisor assumptions may be contradictory")
     result.seconds = time.perf_counter() - start
     return result
+
+
+
+def _exact(value):
+    """A kept table's element as the semantics holds it: a bool, or an exact int."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    return int(value)
+
+
+OVERFLOW_FREE = frozenset({
+    "arg", "dense", "iota", "broadcast", "reshape", "transpose", "slice",
+    "concatenate", "pad", "dynamic_slice", "stablehlo.gather", "stablehlo.dynamic_update_slice",
+    "stablehlo.select", "stablehlo.maximum", "stablehlo.minimum", "stablehlo.clamp",
+    "reduce_max", "reduce_min", "reduce_window_max", "reduce_window_min", "stablehlo.negate",
+    "stablehlo.abs", "chlo.top_k", "loopvar", "while_result", "region_result"})
+"""Term ops whose float values are values of their operands (moved, picked, negated): they
+overflow only where an operand already did. (A splat is in range unless it is an inf or NaN
+constant; dense float constants are finite: MLIR prints inf and NaN as splats or hex.)"""
+
+REGROUPED = frozenset({"lin", "reduce_sum", "reduce_window_sum", "stablehlo.dot_general"})
+"""Sums: a sum regrouped (over devices, blocks) may overflow differently from the reference's
+(liberty 1 of the semantics policy), so their values are not compared for overflow."""
+
+
+def overflow_threshold(dtype: str) -> Fraction | None:
+    """The least magnitude that rounds to infinity in float `dtype` (round to nearest even):
+    the greatest finite value plus half an ulp of it."""
+    fmt = FLOAT_FORMATS.get(dtype)
+    if fmt is None:
+        return None
+    bits, _, top = fmt
+    return (2 - Fraction(1, 2 ** bits)) * Fraction(2) ** top
+
+
+def _in_range(leaves, env) -> list:
+    """Inputs are finite values of their float dtype (the policy's assumption 2)."""
+    out = []
+    for leaf in leaves:
+        bound = overflow_threshold(leaf.dtype) if is_float(leaf.dtype) else None
+        if bound is None or leaf.attrs[0] not in env:
+            continue
+        for element in np.ravel(env[leaf.attrs[0]]):
+            if is_z3(element):
+                limit = to_z3(bound)
+                out.append(z3.And(element < limit, element > -limit))
+    return out
+
+
+def _finite_conditions(roots: list[Term], memo: dict, skip: set[int]) -> list | None:
+    """Every value the terms compute (but sums, moves and `skip`) is below the overflow
+    threshold of its dtype; None when a dtype's range is unknown."""
+    out: list = []
+    for term in subterms(roots):
+        if term.serial in skip or term.op in OVERFLOW_FREE or term.op in REGROUPED or \
+                not is_float(term.dtype) or term.serial not in memo:
+            continue
+        bound = overflow_threshold(term.dtype)
+        if bound is None:
+            return None
+        if term.op == "splat":
+            value = term.attrs[0]
+            if not isinstance(value, Fraction):
+                out.append(z3.BoolVal(False))  # an inf or NaN constant: out of range
+            continue
+        for element in np.ravel(memo[term.serial]):
+            if is_z3(element):
+                value, limit = to_z3(element), to_z3(bound)
+                out.append(z3.And(value < limit, value > -limit))
+            elif not (isinstance(element, Fraction) and abs(element) < bound):
+                out.append(z3.BoolVal(False))
+    return out
+
+
+def _finite_alike(a: Term, b: Term, memo: dict):
+    """The claim that `a` computes a value out of range exactly where `b` does (True when
+    neither computes a value that may overflow, None when a range is unknown)."""
+    under_a = {t.serial for t in subterms([a])}
+    under_b = {t.serial for t in subterms([b])}
+    only_a = _finite_conditions([a], memo, under_b)
+    only_b = _finite_conditions([b], memo, under_a)
+    if only_a is None or only_b is None:
+        return None
+    if not only_a and not only_b:
+        return True
+    fa, fb = z3.And(only_a) if only_a else z3.BoolVal(True), \
+        z3.And(only_b) if only_b else z3.BoolVal(True)
+    return fa == fb
+
+
+def _same_divisors(first: list, second: list) -> bool:
+    """Whether two terms divide by the same values (z3 expressions are hash-consed: equal
+    expressions have one id). Z3 proves equality only where every divisor is nonzero; where
+    one term divides by zero it computes inf or NaN, so the other must divide by it too."""
+    def key(value):
+        return value.get_id() if is_z3(value) else ("c", value)
+
+    return {key(d) for d in first} == {key(d) for d in second}
+
+
+def differ_on_random_inputs(a: Term, b: Term, ranges: dict[int, tuple[int, int]] | None = None,
+                            seeds=(0, 1, 2), max_cost: int = MAX_TERM_COST
+                            ) -> dict[str, str] | None:
+    """Inputs on which the two terms take different values, looked for on a few random exact
+    inputs (integers of their dtype, `ranges` honoured; transcendental functions as fixed
+    pseudo-random functions, a model of Z3's unknown functions; dense constants without
+    kept values as random ones): the inputs, by leaf name, or None when none was found. Cheap
+    next to Z3: a difference found here means Z3 cannot prove the terms equal."""
+    if a.shape != b.shape or term_cost([a, b]) > max_cost:
+        return None
+    for seed in seeds:
+        rng = random.Random(seed)
+        env: dict = {}
+        for index, leaf in leaf_args([a, b]).items():
+            env[index] = _random_tensor(rng, leaf.shape, leaf.dtype, (ranges or {}).get(index))
+        tables: dict[bytes, np.ndarray] = {}
+
+        def resolve(term: Term, rng=rng, tables=tables) -> np.ndarray:
+            key = term.attrs[0]
+            if key not in tables:
+                if key in DENSE_VALUES:
+                    table = np.asarray(DENSE_VALUES[key]).reshape(term.shape)
+                    tables[key] = np.array([_exact(v) for v in table.flat] or [],
+                                           dtype=object).reshape(term.shape)
+                else:
+                    tables[key] = _random_tensor(rng, term.shape, term.dtype, None)
+            return tables[key]
+
+        env["dense"] = resolve
+        try:
+            with random_functions(seed), collect_divisors():
+                left = evaluate_term(a, env, {})
+                right = evaluate_term(b, env, {})
+        except (SemanticsError, ArithmeticError, ValueError, TypeError, z3.Z3Exception):
+            continue
+        if any(is_z3(v) for v in list(left.flat) + list(right.flat)):
+            continue
+        if any(equal(x, y) is not True for x, y in zip(left.flat, right.flat)):
+            shown: dict[str, str] = {}
+            for index, values in env.items():
+                if isinstance(index, int):
+                    for position in np.ndindex(values.shape):
+                        if len(shown) < 8:
+                            shown[f"{leaf_name(index)}[{','.join(map(str, position))}]"] = \
+                                str(values[position])
+            return shown
+    return None
+
+
+def _random_tensor(rng: random.Random, shape, dtype: str, bounds) -> np.ndarray:
+    """Random exact values of `dtype` (integers in `bounds` when given, else small ones in
+    the dtype's range; booleans; small rationals)."""
+    out = np.empty(shape, dtype=object)
+    limits = int_limits(dtype)
+    for idx in np.ndindex(tuple(shape)):
+        if is_bool_dtype(dtype):
+            out[idx] = rng.random() < 0.5
+        elif limits is not None or bounds is not None:
+            lo, hi = bounds if bounds is not None else (max(limits[0], -6), min(limits[1], 6))
+            out[idx] = rng.randint(lo, hi)
+        else:
+            out[idx] = Fraction(rng.randint(-40, 40), rng.choice((1, 2, 3, 7)))
+    return out

@@ -1,0 +1,209 @@
+"""Deciding one equality of the general tier exactly: two terms over the global inputs.
+
+In order: the same interned term; the same term after `core/normal_form.py`; Z3 on both terms
+at their real shapes (integers in their dtype's range, kept integer tables at their values),
+first without assumptions, then under the valid-index assumption (`valid_indices.py`: the
+terms simplified under the ranges, and the ranges as hypotheses). There is no tolerance:
+`unknown`, a timeout or a term over the size cap is "not proven".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from entangle_mlir.analysis.valid_indices import IndexRange, Simplifier, index_ranges
+from entangle_mlir.core.normal_form import normal_form
+from entangle_mlir.core.precision import integer_exact_below
+from entangle_mlir.core.terms import DENSE_VALUES, Term, subterms
+
+_MOVES = frozenset({"arg", "splat", "dense", "iota", "broadcast", "reshape", "transpose",
+                    "slice", "concatenate", "pad", "stablehlo.select", "stablehlo.reverse",
+                    "stablehlo.gather", "dynamic_slice", "stablehlo.dynamic_update_slice",
+                    "stablehlo.maximum", "stablehlo.minimum", "reduce_max", "reduce_min",
+                    "stablehlo.compare", "stablehlo.and", "stablehlo.or", "stablehlo.not",
+                    "stablehlo.xor", "stablehlo.clamp", "stablehlo.convert", "loopvar",
+                    "while_result", "region_result", "reduce_and", "reduce_or"})
+"""Term ops that compute no float arithmetic of their own (they move, pick, compare or
+convert values; a rounding convert is an uninterpreted rounding to Z3)."""
+
+
+UNINTERPRETED = frozenset(f"stablehlo.{name}" for name in (
+    "exponential", "exponential_minus_one", "log", "log_plus_one", "tanh", "logistic", "rsqrt",
+    "sqrt", "cbrt", "sine", "cosine", "tan", "atan2", "power", "convert")) | {"chlo.erf"}
+"""Term ops Z3 reads as unknown functions (`semantics/element.py`: transcendental functions,
+and rounding converts as `round_<dtype>`)."""
+
+
+@dataclass
+class Decision:
+    """The outcome of one equality: `status` is "proved", "refuted" (Z3 found inputs where
+    the two differ, `counterexample`) or "unknown" (`reason`)."""
+
+    status: str
+    reason: str = ""
+    assumptions: list[str] = field(default_factory=list)
+    counterexample: dict[str, str] | None = None
+    how: str = ""
+
+    @property
+    def proved(self) -> bool:
+        return self.status == "proved"
+
+
+def computed_float_dtypes(terms: list[Term]) -> set[str]:
+    """The float dtypes arithmetic is computed in under `terms` (Z3 reads every float op as
+    exact real arithmetic, so terms computed in two float types could meet falsely)."""
+    found = set()
+    for term in subterms(terms):
+        if term.op in _MOVES or not term.dtype.startswith(("f", "bf")):
+            continue
+        found.add(term.dtype)
+    return found
+
+
+MAX_SCATTER_WORK = 20_000
+"""Z3's evaluation of a scatter at symbolic indices compares every update with every element
+of its operand, each comparison a new expression over the ones before: past this many
+(updates x operand elements), building the query alone takes minutes (a vocab-parallel
+embedding's gradient, 512 x 1024: four minutes), so the equality is not decided."""
+
+
+def scatter_work(terms: list[Term]) -> int:
+    """The largest updates x operand elements of a scatter under `terms` whose indices are
+    not constants (0 where none is)."""
+    work = 0
+    for term in subterms(terms):
+        if term.op == "stablehlo.scatter" and len(term.args) == 3 and not _constant(
+                term.args[1]):
+            operand, _, updates = term.args
+            work = max(work, math.prod(operand.shape) * math.prod(updates.shape))
+    return work
+
+
+def _constant(term: Term) -> bool:
+    """Whether every leaf of `term` is a value the evaluation knows (an iota, a splat, a dense
+    constant whose values the term builders kept)."""
+    return all(t.args or t.op in ("iota", "splat")
+               or t.op == "dense" and t.attrs[0] in DENSE_VALUES for t in subterms([term]))
+
+
+def _inexact_iota(terms: list[Term]) -> Term | None:
+    """A float iota longer than its dtype holds integers exactly: the semantics evaluates
+    iotas as exact integers, which such an iota's elements are not (257 is no bf16 value)."""
+    for term in subterms(terms):
+        if term.op == "iota" and term.dtype.startswith(("f", "bf")):
+            exact = integer_exact_below(term.dtype)
+            if exact is None or term.shape[0] - 1 > exact:
+                return term
+    return None
+
+
+class Decider:
+    """Decides equalities against one reference (its outputs give the valid-index ranges);
+    a memo of normal forms is shared by every equality."""
+
+    def __init__(self, reference_outputs: list[Term], timeout_ms: int = 5_000):
+        self.ranges: dict[int, IndexRange] = index_ranges(reference_outputs)
+        self.timeout_ms = timeout_ms
+        self.memo: dict[int, Term] = {}
+
+    def decide(self, want: Term, got: Term, name: str) -> Decision:
+        if want is got:
+            return Decision("proved", how="identical terms")
+        if want.shape != got.shape:
+            return Decision("refuted", f"shapes {want.shape} and {got.shape} differ")
+        if want.dtype != got.dtype:
+            return Decision("unknown", f"element types {want.dtype} and {got.dtype} differ")
+        nw, ng = normal_form(want, self.memo), normal_form(got, self.memo)
+        if nw is ng:
+            return Decision("proved", how="normal form")
+        inexact = _inexact_iota([nw, ng])
+        if inexact is not None:
+            return Decision("unknown", f"an iota of {inexact.shape[0]} positions in "
+                            f"{inexact.dtype}, which does not hold them all exactly")
+        floats = computed_float_dtypes([nw, ng])
+        if len(floats) > 1:
+            return Decision("unknown", "float arithmetic in several types "
+                            f"({', '.join(sorted(floats))}): the general tier compares exact "
+                            "real values, so it does not tell them apart")
+        from entangle_mlir.analysis.instance.term_equality import (  # lazy: z3 (~40 ms)
+            check_term_equality,
+            differ_on_random_inputs,
+        )
+
+        ranges = {r.arg.attrs[0]: r for s, r in self.ranges.items()
+                  if any(t.serial == s for t in subterms([nw, ng]))}
+        bounds = {i: (0, r.size - 1) for i, r in ranges.items()}
+        simplified = None
+        if ranges:
+            simplifier = Simplifier({r.arg.serial: r for r in ranges.values()})
+            simplified = simplifier.simplify(nw), simplifier.simplify(ng)
+            assumed = [r.describe() for r in ranges.values()]
+            if simplified[0] is simplified[1]:
+                return Decision("proved", assumptions=assumed, how="valid indices")
+        # Terms that differ on random inputs (valid indices, where the reference has them)
+        # differ for every reading of the unknown functions: no Z3 query can prove them.
+        pair = simplified or (nw, ng)
+        found = differ_on_random_inputs(*pair, bounds)
+        if found is not None:
+            return _failed_at(found, list(pair))
+        work = scatter_work([nw, ng, *pair])
+        if work > MAX_SCATTER_WORK:
+            return Decision("unknown", "a scatter at unknown indices too large to evaluate "
+                            f"symbolically ({work} update x element comparisons)")
+        plain = check_term_equality(nw, ng, name, self.timeout_ms, typed=True,
+                                    known_dense=True, finite_alike=True)
+        if plain.proved:
+            return Decision("proved", how="Z3")
+        if simplified is not None:
+            under = check_term_equality(*simplified, f"{name}.valid_indices", self.timeout_ms,
+                                        typed=True, known_dense=True, finite_alike=True,
+                                        ranges=bounds)
+            if under.proved:
+                return Decision("proved", assumptions=assumed, how="Z3, valid indices")
+            return _failed(under, list(simplified))
+        return _failed(plain, [nw, ng])
+
+
+def _failed_at(inputs: dict[str, str], terms: list[Term]) -> Decision:
+    """Terms that differ on these random inputs: a refutation where nothing in them is read
+    as an unknown function (or an unknown constant table), else only "not shown equal"."""
+    unknown = _unknown_parts(terms)
+    if unknown:
+        return Decision("unknown", "they differ on random inputs when "
+                        f"{', '.join(unknown)} are read as arbitrary functions",
+                        counterexample=inputs)
+    return Decision("refuted", "", counterexample=inputs)
+
+
+def _unknown_parts(terms: list[Term]) -> list[str]:
+    """What Z3 and the random evaluation read as unknown: transcendental functions, rounding
+    converts, constant tables whose values the terms did not keep."""
+    found = {t.op.split(".")[-1] for t in subterms(terms) if t.op in UNINTERPRETED}
+    if any(t.op == "dense" and t.attrs[0] not in DENSE_VALUES for t in subterms(terms)):
+        found.add("constant tables")
+    return sorted(found)
+
+
+def _failed(result, terms: list[Term]) -> Decision:
+    """A Z3 check that did not prove the equality, as a decision."""
+    if result.status == "skipped":
+        return Decision("unknown", f"{result.reason}: the general tier checks terms at their "
+                        "real shape, up to a size (shape-reduced checks are next)")
+    return _not_shown(result, terms)
+
+
+def _not_shown(result, terms: list[Term]) -> Decision:
+    """A Z3 answer other than "proved" as a decision. A counterexample is a refutation only
+    where the terms hold no function Z3 reads as unknown (exp, log, ...: it may pick values
+    no real function takes); otherwise it is only "not shown"."""
+    if result.status != "refuted":
+        return Decision("unknown", result.reason or result.status,
+                        counterexample=result.counterexample)
+    unknown = _unknown_parts(terms)
+    if unknown:
+        return Decision("unknown", "Z3 finds a counterexample reading "
+                        f"{', '.join(unknown)} as unknown functions",
+                        counterexample=result.counterexample)
+    return Decision("refuted", result.reason, counterexample=result.counterexample)

@@ -1,0 +1,563 @@
+"""Per-device expansion of a shard_map program: every device's local value of every SSA value
+of a manual computation as a term over the GLOBAL inputs (or, for integers computed from the
+device's id and constants alone, as concrete arrays), walked op by op in lockstep over the
+devices so that a collective sees its whole group (docs/architecture.md, "General tier").
+
+Outside manual computations the sharded function is walked as the reference is (`Walker` with
+global rules); each manual computation's results leave as global terms assembled from the
+devices' blocks, with an obligation per device that must agree with its representative.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
+from jaxlib.mlir import ir
+
+from entangle_mlir.analysis.general import MAX_DEVICES
+from entangle_mlir.analysis.infer import Walker
+from entangle_mlir.core.diagnostics import SourceLoc
+from entangle_mlir.core.mesh import Mesh, axes_str
+from entangle_mlir.core.normal_form import make_concat, slice_term
+from entangle_mlir.core.ranges import fits
+from entangle_mlir.core.relations import GLOBAL, Rel
+from entangle_mlir.core.terms import (
+    Term,
+    make_broadcast,
+    make_elementwise,
+    make_iota,
+    make_lin,
+    make_mul,
+    make_op,
+    make_splat,
+)
+from entangle_mlir.mlir.opinfo import OpInfo, describe, tensor_type
+from entangle_mlir.rules import RULES, RuleContext
+from entangle_mlir.rules.dispatch import REGION_RULE_OPS, TRANSPARENT, apply_rule
+from entangle_mlir.rules.movement import constant_term
+from entangle_mlir.semantics.collectives import COLLECTIVE_SEMANTICS, replica_groups
+from entangle_mlir.semantics.element import SemanticsError, is_bool_dtype, is_int_dtype
+from entangle_mlir.semantics.evaluate import evaluate_term
+from entangle_mlir.semantics.groups import GroupError, permute_pairs
+from entangle_mlir.semantics.ops import OP_SEMANTICS
+
+MAX_CONCRETE = 1 << 14
+"""The most elements of an integer value evaluated concretely on each device."""
+
+COMBINING = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter",
+             "stablehlo.all_to_all", "stablehlo.collective_permute")
+"""Collectives the expansion combines across a group."""
+
+DEVICE_IDS = ("stablehlo.partition_id", "stablehlo.replica_id")
+
+_COMBINE = {"add": None, "max": "stablehlo.maximum", "min": "stablehlo.minimum",
+            "and": "stablehlo.and", "or": "stablehlo.or", "mul": "mul"}
+"""all_reduce reducers the expansion combines: `add` is a `lin` sum, the others n-ary
+elementwise ops (associative and commutative)."""
+
+
+class NotExpanded(Exception):
+    """The program (or an op of it) is outside what the general tier expands: not proven,
+    with the reason and where."""
+
+    def __init__(self, reason: str, loc: SourceLoc | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.loc = loc
+
+
+@dataclass(frozen=True)
+class Local:
+    """One device's value: a term over the global inputs at the local shape, or a concrete
+    integer array (device ids and what is computed from them), or both (a small integer
+    constant: its term is the reference's spelling of it)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    term: Term | None = None
+    values: np.ndarray | None = None
+
+    def key(self) -> tuple:
+        """Equal for equal values: the term's serial, or the concrete values."""
+        if self.term is not None:
+            return ("t", self.term.serial)
+        return ("c", self.dtype, self.shape, tuple(self.values.flat))
+
+    def as_term(self) -> Term:
+        """The value as a term (a concrete value as the constant it is)."""
+        if self.term is not None:
+            return self.term
+        return concrete_term(self.values, self.dtype)
+
+
+def concrete_term(values: np.ndarray, dtype: str) -> Term:
+    """A concrete integer (or boolean) array as a term: a splat, an affine iota along one dim
+    (the form the builders give a window of an iota), else a dense constant keyed as the
+    `stablehlo.constant` rule keys it (equal contents, one term)."""
+    shape = tuple(values.shape)
+    flat = [int(v) for v in values.flat]
+    if not flat or len(set(flat)) == 1:
+        return make_splat(flat[0] if flat else 0, shape, dtype)
+    affine = _affine_iota(values, dtype)
+    if affine is not None:
+        return affine
+    return constant_term(np.array(values.tolist(), dtype=numpy_dtype(dtype)).reshape(shape),
+                         shape, dtype)
+
+
+def _affine_iota(values: np.ndarray, dtype: str) -> Term | None:
+    """`start + step * iota` along one dim (broadcast along the others), when `values` is one."""
+    if is_bool_dtype(dtype):
+        return None
+    ints = np.array([int(v) for v in values.flat], dtype=object).reshape(values.shape)
+    varying = [d for d in range(ints.ndim)
+               if ints.shape[d] > 1 and np.any(np.diff(ints, axis=d) != 0)]
+    if len(varying) != 1:
+        return None
+    (dim,) = varying
+    line = [int(v) for v in np.moveaxis(ints, dim, 0).reshape(ints.shape[dim], -1)[:, 0]]
+    step = line[1] - line[0]
+    n = len(line)
+    if any(b - a != step for a, b in itertools.pairwise(line)) or not fits(
+            Fraction(0), Fraction(n - 1), dtype):
+        return None  # not affine, or the iota itself would wrap around in the dtype
+    iota = make_iota((n,), 0, dtype)
+    affine = make_lin([(Fraction(step), iota)], Fraction(line[0]), (n,), dtype)
+    if ints.ndim > 1:
+        affine = make_broadcast(affine, (dim,), tuple(ints.shape))
+    made = evaluate_term(affine, {})
+    if [int(v) for v in made.flat] != [int(v) for v in ints.flat]:
+        return None
+    return affine
+
+
+_NUMPY_DTYPES = {"i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32,
+                 "i64": np.int64, "ui8": np.uint8, "ui16": np.uint16, "ui32": np.uint32,
+                 "ui64": np.uint64, "si8": np.int8, "si16": np.int16, "si32": np.int32,
+                 "si64": np.int64}
+
+
+def numpy_dtype(dtype: str):
+    """The numpy dtype holding values of an integer (or boolean) element type."""
+    if dtype not in _NUMPY_DTYPES:
+        raise NotExpanded(f"no concrete values of element type {dtype}")
+    return _NUMPY_DTYPES[dtype]
+
+
+def _integral(dtype: str) -> bool:
+    return is_int_dtype(dtype) or is_bool_dtype(dtype)
+
+
+@dataclass
+class Instance:
+    """A rule instance the expansion used: checked by Z3 like the reference walk's."""
+
+    info: OpInfo
+    inputs: list[Rel]
+    outputs: list[Rel]
+
+
+@dataclass
+class Obligation:
+    """`got` (`what`: a device's value of a result) must equal `want` (`against`: its
+    representative's, the device at coordinate 0 of the axes the result is replicated over)."""
+
+    want: Term
+    got: Term
+    what: str
+    loc: SourceLoc | None = None
+    against: str = "the reference"
+
+
+@dataclass
+class ExpansionStats:
+    devices: int = 0
+    ops: int = 0
+    computed: int = 0
+    """Distinct (op, operands) computations (devices sharing operands share one)."""
+
+
+class Expansion(Walker):
+    """The sharded function, walked globally, with each manual computation expanded per
+    device (`expand`). `instances` are the rule instances used, `obligations` the per-device
+    agreements the outputs rest on."""
+
+    def __init__(self, func, module, file: str, max_devices: int = MAX_DEVICES,
+                 deadline: Callable[[], bool] | None = None):
+        super().__init__(func, module, file, reference=None, layers=None)
+        self.max_devices = max_devices
+        self.instances: list[Instance] = []
+        self.obligations: list[Obligation] = []
+        self.stats = ExpansionStats()
+        self.mesh: Mesh | None = None
+        self._seen_instances: set[tuple] = set()
+        self.blocks: dict[int, str] = {}
+        """serial of a device's value of a manual computation's result -> which it is."""
+        self._out_of_time = deadline or (lambda: False)
+
+    def _per_device(self, block) -> None:
+        raise NotExpanded("the general tier expands shard_map programs only (XLA's per-device "
+                          "programs are next)")
+
+    def _while(self, op, ctx) -> None:
+        raise NotExpanded("the general tier does not expand loops yet",
+                          describe(op, self.file).loc)
+
+    # ----- a manual computation ----------------------------------------------------------
+
+    def _manual(self, op: ir.Operation, ctx) -> None:
+        info = describe(op, self.file)
+        mesh, in_tilings, out_tilings, manual = self._manual_shardings(op, info)
+        if set(manual) != set(mesh.names):
+            raise NotExpanded("partially manual computations are not expanded yet", info.loc)
+        if _custom_device_order(self.module):
+            raise NotExpanded("the mesh lists its devices in a custom order", info.loc)
+        n = mesh.num_devices
+        if n > self.max_devices:
+            raise NotExpanded(f"general tier limited to {self.max_devices} devices (the mesh "
+                              f"has {n})", info.loc)
+        self.mesh = self.walk.mesh = mesh
+        self.stats.devices = n
+        block = op.regions[0].blocks[0]
+        env: dict = {}
+        for operand, arg, tiling in zip(op.operands, block.arguments, in_tilings):
+            value = self.walk.values[operand]
+            if not isinstance(value, Rel) or value.partial:
+                raise NotExpanded("an input of the manual computation has no term", info.loc)
+            env[arg] = self._enter_devices(value.term, tiling, mesh, info)
+            if env[arg][0].shape != info_shape(arg.type):
+                raise NotExpanded("an input's block does not have the body argument's shape",
+                                  info.loc)
+        for inner in block.operations:
+            inner = inner.operation
+            if inner.name == "sdy.return":
+                outputs = [self._operand(v, env, mesh, info) for v in inner.operands]
+                break
+            self._device_op(inner, env, mesh)
+        else:
+            raise NotExpanded("a manual computation without sdy.return", info.loc)
+        for i, (result, locals_, tiling) in enumerate(zip(op.results, outputs, out_tilings)):
+            term = self._leave_devices(locals_, tiling, mesh, info, i)
+            if term.shape != info_shape(result.type):
+                raise NotExpanded(f"result #{i}'s blocks do not make its global shape",
+                                  info.loc)
+            self.walk.values[result] = Rel(term, ((),) * len(term.shape), scope=GLOBAL)
+
+    def _enter_devices(self, term: Term, tiling, mesh: Mesh, info: OpInfo) -> list[Local]:
+        """Each device's block of a global input, by its in_sharding."""
+        locals_ = []
+        for d in range(mesh.num_devices):
+            local = term
+            for dim, axes in enumerate(tiling):
+                if not axes:
+                    continue
+                count = mesh.group_size(axes)
+                if term.shape[dim] % count:
+                    raise NotExpanded(f"dim {dim} of size {term.shape[dim]} does not divide "
+                                      f"over {axes_str(axes)}", info.loc)
+                size = term.shape[dim] // count
+                b = mesh.block_index(axes, d)
+                local = slice_term(local, dim, b * size, (b + 1) * size)
+            locals_.append(Local(term.dtype, local.shape, term=local))
+        return locals_
+
+    def _leave_devices(self, locals_: list[Local], tiling, mesh: Mesh, info: OpInfo,
+                       index: int) -> Term:
+        """The global value of a result from its devices' blocks (out_shardings); every device
+        must agree with the one holding the same blocks at coordinate 0 of the other axes."""
+        used = [a for axes in tiling for a in axes]
+        terms = [local.as_term() for local in locals_]
+        for d, term in enumerate(terms):
+            self.blocks.setdefault(term.serial, f"device {d}'s block of result #{index}")
+        for d in range(mesh.num_devices):
+            coords = mesh.coords(d)
+            rep = mesh.device({a: (c if a in used else 0) for a, c in coords.items()})
+            if rep != d and terms[d] is not terms[rep]:
+                self.obligations.append(Obligation(
+                    terms[rep], terms[d], f"device {d}'s result #{index} (replicated over "
+                    f"{axes_str([a for a in mesh.names if a not in used])})", info.loc,
+                    f"device {rep}'s"))
+
+        def assemble(dim: int, coords: dict[str, int]) -> Term:
+            if dim == len(tiling):
+                return terms[mesh.device({a: coords.get(a, 0) for a in mesh.names})]
+            axes = tiling[dim]
+            if not axes:
+                return assemble(dim + 1, coords)
+            pieces = []
+            for b in range(mesh.group_size(axes)):
+                placed, rest = dict(coords), b
+                for axis in reversed(axes):
+                    placed[axis] = rest % mesh.size(axis)
+                    rest //= mesh.size(axis)
+                pieces.append(assemble(dim + 1, placed))
+            return make_concat(pieces, dim)
+
+        return assemble(0, {})
+
+    # ----- one op on every device --------------------------------------------------------
+
+    def _device_op(self, op: ir.Operation, env: dict, mesh: Mesh) -> None:
+        if self._out_of_time():
+            raise NotExpanded("out of time")
+        info = describe(op, self.file)
+        self.stats.ops += 1
+        n = mesh.num_devices
+        results = list(op.results)
+        ins = [self._operand(v, env, mesh, info) for v in op.operands]
+        name = info.name
+        if name in DEVICE_IDS:
+            rtype = info.result_types[0]
+            ids = [d // mesh.partitions if name == "stablehlo.replica_id" else
+                   d % mesh.partitions for d in range(n)]
+            env[results[0]] = [Local(rtype.dtype, rtype.shape,
+                                     values=np.full(rtype.shape, i, dtype=object))
+                               for i in ids]
+            return
+        if name in TRANSPARENT:
+            for result, values in zip(results, ins):
+                env[result] = values
+            return
+        if name in COMBINING:
+            outs = collective(info, ins, mesh)
+        elif name == "stablehlo.collective_broadcast" or name.startswith("sdy."):
+            raise NotExpanded(f"{name} is not expanded yet", info.loc)
+        elif op.regions and name not in REGION_RULE_OPS:
+            raise NotExpanded(f"{name} (with regions) is not expanded yet", info.loc)
+        else:
+            outs = [[] for _ in results]
+            cache: dict[tuple, list[Local]] = {}
+            for d in range(n):
+                operands = [values[d] for values in ins]
+                key = tuple(local.key() for local in operands)
+                found = cache.get(key)
+                if found is None:
+                    found = cache[key] = self._local_op(info, operands)
+                    self.stats.computed += 1
+                for k, local in enumerate(found):
+                    outs[k].append(local)
+        for result, values in zip(results, outs):
+            env[result] = values
+
+    def _operand(self, value, env: dict, mesh: Mesh, info: OpInfo) -> list[Local]:
+        """Each device's value of an operand: the body's own, or a global value the body
+        reads from outside (the same on every device)."""
+        found = env.get(value)
+        if found is not None:
+            return found
+        outer = self.walk.values.get(value)
+        if isinstance(outer, Rel) and not outer.partial:
+            return [Local(outer.term.dtype, outer.term.shape, term=outer.term)] * \
+                mesh.num_devices
+        raise NotExpanded("an operand without a value on every device", info.loc)
+
+    def _local_op(self, info: OpInfo, operands: list[Local]) -> list[Local]:
+        """One device's results of a local op."""
+        name = info.name
+        types = info.result_types
+        concrete = all(local.values is not None for local in operands)
+        if (concrete and name in OP_SEMANTICS and all(_integral(t.dtype) for t in types)
+                and all(math.prod(t.shape) <= MAX_CONCRETE for t in types)
+                and (operands or name in ("stablehlo.constant", "stablehlo.iota"))):
+            try:
+                values = OP_SEMANTICS[name](info, [local.values for local in operands])
+            except SemanticsError as err:
+                raise NotExpanded(f"{name}: {err}", info.loc) from None
+            terms = [None] * len(types)
+            if all(local.term is not None for local in operands):
+                terms = [v.term for v in self._rule(info, operands)]
+            return [Local(t.dtype, t.shape, term=term, values=np.asarray(v, dtype=object)
+                          .reshape(t.shape))
+                    for t, v, term in zip(types, values, terms)]
+        if name == "stablehlo.dynamic_slice" and all(
+                local.values is not None for local in operands[1:]):
+            return [self._static_slice(info, operands)]
+        if name == "stablehlo.dynamic_update_slice" and all(
+                local.values is not None for local in operands[2:]):
+            return [self._static_update(info, operands)]
+        return [Local(v.term.dtype, v.term.shape, term=v.term) for v in self._rule(info, operands)]
+
+    def _rule(self, info: OpInfo, operands: list[Local]) -> list[Rel]:
+        """The op's results by the rule the reference walk uses, on global-scope terms."""
+        inputs = [Rel(local.as_term(), ((),) * len(local.shape), scope=GLOBAL)
+                  for local in operands]
+        if info.name not in RULES:
+            raise NotExpanded(f"unsupported op {info.name}", info.loc)
+        outputs = apply_rule(info, inputs, RuleContext(), bool(info.op is not None and
+                                                                 len(info.op.regions)),
+                             len(info.result_types))
+        for value in outputs:
+            if type(value) is not Rel:
+                reason = getattr(value, "reason", type(value).__name__)
+                raise NotExpanded(f"{info.name}: {reason}", info.loc)
+        self._instance(info, inputs, outputs)
+        return outputs
+
+    def _instance(self, info: OpInfo, inputs: list[Rel], outputs: list[Rel]) -> None:
+        key = (id(info.op), tuple(v.term.serial for v in inputs),
+               tuple(v.term.serial for v in outputs))
+        if key not in self._seen_instances:
+            self._seen_instances.add(key)
+            self.instances.append(Instance(info, inputs, list(outputs)))
+
+    def _starts(self, info: OpInfo, starts: list[Local], sizes, shape) -> list[int]:
+        """Concrete start indices, clamped into range as StableHLO clamps them."""
+        out = []
+        for local, size, n in zip(starts, sizes, shape):
+            (value,) = [int(v) for v in local.values.flat]
+            out.append(min(max(value, 0), n - size))
+        return out
+
+    def _static_slice(self, info: OpInfo, operands: list[Local]) -> Local:
+        """dynamic_slice at concrete offsets: a slice."""
+        x = operands[0].as_term()
+        sizes = tuple(info.attrs["slice_sizes"])
+        starts = self._starts(info, operands[1:], sizes, x.shape)
+        limits = tuple(s + k for s, k in zip(starts, sizes))
+        term = make_op("slice", (x,), (tuple(starts), limits, (1,) * len(sizes)), sizes,
+                       x.dtype, linear_in=0)
+        inputs = [Rel(local.as_term(), ((),) * len(local.shape), scope=GLOBAL)
+                  for local in operands]
+        self._instance(info, inputs, [Rel(term, ((),) * len(term.shape), scope=GLOBAL)])
+        return Local(term.dtype, term.shape, term=term)
+
+    def _static_update(self, info: OpInfo, operands: list[Local]) -> Local:
+        """dynamic_update_slice at concrete offsets: the operand's rows around the update,
+        concatenated dim by dim."""
+        x, update = operands[0].as_term(), operands[1].as_term()
+        starts = self._starts(info, operands[2:], update.shape, x.shape)
+        term = update_slice(x, update, starts)
+        inputs = [Rel(local.as_term(), ((),) * len(local.shape), scope=GLOBAL)
+                  for local in operands]
+        self._instance(info, inputs, [Rel(term, ((),) * len(term.shape), scope=GLOBAL)])
+        return Local(term.dtype, term.shape, term=term)
+
+def info_shape(mlir_type) -> tuple[int, ...]:
+    """The shape of an MLIR tensor type."""
+    return tuple(tensor_type(mlir_type).shape)
+
+
+def _custom_device_order(module) -> bool:
+    """A `sdy.mesh` listing its devices (`device_ids`): partition ids are then not the
+    row-major positions the expansion gives the devices."""
+    return any(op.operation.name == "sdy.mesh" and "device_ids" in str(op)
+               for op in module.body.operations)
+
+
+def update_slice(x: Term, update: Term, starts) -> Term:
+    """`dynamic_update_slice(x, update, starts)` at in-range concrete starts, as the rows of
+    `x` before and after the update concatenated around it, dim by dim (exact)."""
+    for dim, (n, k, s) in enumerate(zip(x.shape, update.shape, starts)):
+        if (s, k) == (0, n):
+            continue
+        middle = update_slice(slice_term(x, dim, s, s + k), update,
+                              [0 if d == dim else v for d, v in enumerate(starts)])
+        pieces = [slice_term(x, dim, 0, s), middle, slice_term(x, dim, s + k, n)]
+        return make_concat([p for p in pieces if p.shape[dim]], dim)
+    return update
+
+
+# ----- collectives -------------------------------------------------------------------
+
+def collective(info: OpInfo, ins: list[list[Local]], mesh: Mesh) -> list[list[Local]]:
+    """Results per result per device of a collective from its operands' values on every
+    device (`ins[k][d]`): concrete values by the collective's semantics, terms combined
+    over each group (groups as `semantics/groups.py` reads them)."""
+    n = mesh.num_devices
+    name = info.name
+    if all(local.values is not None for values in ins for local in values):
+        try:
+            per_device = COLLECTIVE_SEMANTICS[name](
+                info, mesh, [[values[d].values for values in ins] for d in range(n)])
+        except SemanticsError as err:
+            raise NotExpanded(f"{name}: {err}", info.loc) from None
+        return [[Local(t.dtype, t.shape, values=np.asarray(per_device[d][k], dtype=object)
+                       .reshape(t.shape)) for d in range(n)]
+                for k, t in enumerate(info.result_types)]
+    terms = [[local.as_term() for local in values] for values in ins]
+    if name == "stablehlo.collective_permute":
+        try:
+            pairs = permute_pairs(info.attrs, mesh.replicas, mesh.partitions)
+        except GroupError as err:
+            raise NotExpanded(f"{name}: {err}", info.loc) from None
+        source = {t: s for s, t in pairs}
+        out = []
+        for k, t in enumerate(info.result_types):
+            zero = make_splat(0, t.shape, t.dtype)
+            out.append([Local(t.dtype, t.shape, term=terms[k][source[d]] if d in source
+                              else zero) for d in range(n)])
+        return out
+    try:
+        groups = replica_groups(info, mesh)
+    except SemanticsError as err:
+        raise NotExpanded(f"{name}: {err}", info.loc) from None
+    out = [[None] * n for _ in info.result_types]
+    for group in groups:
+        for k, t in enumerate(info.result_types):
+            members = [terms[k][m] for m in group]
+            for position, d in enumerate(group):
+                term = _combine(info, members, position, len(group), t.dtype)
+                out[k][d] = Local(t.dtype, term.shape, term=term)
+    if any(local is None for values in out for local in values):
+        raise NotExpanded(f"{name}: a device in no group", info.loc)
+    for k, t in enumerate(info.result_types):
+        if any(local.shape != t.shape for local in out[k]):
+            raise NotExpanded(f"internal: {name} result shape differs from its type",
+                              info.loc)
+    return out
+
+
+def _combine(info: OpInfo, members: list[Term], position: int, count: int,
+             dtype: str) -> Term:
+    """One member's result of a grouped collective (members in group order, `position` the
+    member's place in it; `dtype` the result's element type)."""
+    name = info.name
+    attrs = info.attrs
+    if name in ("stablehlo.all_reduce", "stablehlo.reduce_scatter"):
+        total = _reduce(info, members, dtype)
+        if name == "stablehlo.all_reduce":
+            return total
+        dim = attrs["scatter_dimension"]
+        part = total.shape[dim] // count
+        if total.shape[dim] % count:
+            raise NotExpanded("reduce_scatter: dim not divisible by the group size",
+                              info.loc)
+        return slice_term(total, dim, position * part, (position + 1) * part)
+    if name == "stablehlo.all_gather":
+        return make_concat(members, attrs["all_gather_dim"])
+    if name == "stablehlo.all_to_all":
+        split, concat = attrs["split_dimension"], attrs["concat_dimension"]
+        if attrs.get("split_count", count) != count:
+            raise NotExpanded("all_to_all: split_count differs from the group size",
+                              info.loc)
+        part = members[0].shape[split] // count
+        if members[0].shape[split] % count:
+            raise NotExpanded("all_to_all: split dim not divisible by the group size",
+                              info.loc)
+        return make_concat([slice_term(m, split, position * part, (position + 1) * part)
+                            for m in members], concat)
+    raise NotExpanded(f"{name} is not expanded yet", info.loc)
+
+
+def _reduce(info: OpInfo, members: list[Term], dtype: str) -> Term:
+    """The reduction of the members' terms by the collective's reducer (exact: the reducers
+    are associative and commutative; float sums regroup, liberty 1)."""
+    reducer = info.attrs.get("reducer", "other")
+    if reducer not in _COMBINE:
+        raise NotExpanded(f"{info.name} with a '{reducer}' reducer", info.loc)
+    shape = members[0].shape
+    if reducer == "add":
+        return make_lin([(Fraction(1), m) for m in members], Fraction(0), shape, dtype)
+    if reducer == "mul":
+        total = members[0]
+        for m in members[1:]:
+            total = make_mul(total, m)
+        return total
+    if len(members) == 1:
+        return members[0]
+    return make_elementwise(_COMBINE[reducer], tuple(members), (), dtype)

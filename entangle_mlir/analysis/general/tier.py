@@ -1,0 +1,202 @@
+"""The general tier's run (docs/architecture.md, "General tier").
+
+`run_general_tier(program, reference_walk)` expands the sharded function (`expand.py`),
+decides every per-device agreement and every output against the reference (`decide.py`) and
+has Z3 check every rule instance the expansion used. Its `GeneralResult` says whether every
+output is proven, and if not, why (and, where Z3 found one, a counterexample naming the
+device).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from entangle_mlir.analysis.general import MAX_DEVICES
+from entangle_mlir.analysis.general.decide import Decider, Decision
+from entangle_mlir.analysis.general.expand import Expansion, Instance, NotExpanded
+from entangle_mlir.analysis.infer import Walk, Walker
+from entangle_mlir.core.diagnostics import SourceLoc
+from entangle_mlir.core.normal_form import slice_term
+from entangle_mlir.core.relations import Rel
+from entangle_mlir.core.terms import HOLE_BASE, Term, subterms
+from entangle_mlir.mlir.program import Program
+
+_SUMMARIES = ("region_result",)
+_NOT_INSTANCES = ("sdy.manual_computation", "func.return", "func.func", "stablehlo.return",
+                  "sdy.return")
+"""Records of the walk outside manual computations that are no rule instance."""
+
+
+@dataclass
+class GeneralResult:
+    """What the general tier decided.
+
+    `proven`: every output (and every per-device agreement) proven; else `reason` says the
+    first thing that was not, at `loc` (an op of the sharded program, when one is to blame),
+    and `refuted` whether Z3 found inputs where the sharded program's value differs (then
+    `counterexample` names some of them)."""
+
+    proven: bool
+    devices: int = 0
+    reason: str = ""
+    loc: SourceLoc | None = None
+    refuted: bool = False
+    counterexample: dict[str, str] | None = None
+    assumptions: list[str] = field(default_factory=list)
+    stats: dict = field(default_factory=dict)
+
+
+def run_general_tier(program: Program, reference: Walk | None = None, **options
+                     ) -> GeneralResult:
+    """`general_tier` (below), where terms nesting too deeply for the recursive parts of the
+    term builders, or an error of the tier itself, is "not proven" (with the reason) rather
+    than bad input or a crash: the layout tier's verdict stands."""
+    try:
+        return general_tier(program, reference, **options)
+    except RecursionError:
+        return GeneralResult(False, reason="the terms nest too deeply for the general tier")
+    except Exception as err:  # noqa: BLE001 - a defect of the tier is "not proven", not a crash
+        return GeneralResult(False, reason=f"internal error of the general tier: {err!r}")
+
+
+def general_tier(program: Program, reference: Walk | None = None, *,
+                     max_devices: int = MAX_DEVICES, budget_seconds: float = 30.0,
+                     timeout_ms: int = 5_000, verify_rules: bool = True) -> GeneralResult:
+    """Expand `program`'s sharded function per device and decide its outputs against the
+    reference (`reference`: the reference's walk, re-walked when it summarized layers).
+    `verify_rules`: Z3 checks every rule instance the proof rests on, the reference walk's
+    and the expansion's (off only as `--no-verify-rules` turns every check off)."""
+    start = time.perf_counter()
+
+    def out_of_time() -> bool:
+        return time.perf_counter() - start > budget_seconds
+
+    if reference is None or not _plain(reference):
+        reference = Walker(program.ref_func, program.ref_module, program.ref_file).run()
+    wants = reference.outputs
+    if any(not isinstance(w, Rel) for w in wants):
+        return GeneralResult(False, reason="the reference itself is not analysed")
+    expansion = Expansion(program.sharded_func, program.sharded_module, program.sharded_file,
+                          max_devices, out_of_time)
+    try:
+        walk = expansion.run()
+    except NotExpanded as refusal:
+        return GeneralResult(False, expansion.stats.devices, refusal.reason, refusal.loc,
+                             stats=_stats(expansion, start))
+    if expansion.mesh is None:
+        return GeneralResult(False, reason="no manual computation to expand")
+    devices = expansion.stats.devices
+    gots = walk.outputs
+    if len(gots) != len(wants) or any(not isinstance(g, Rel) for g in gots):
+        return GeneralResult(False, devices, "an output has no term",
+                             stats=_stats(expansion, start))
+    decider = Decider([w.term for w in wants], timeout_ms)
+    assumptions: list[str] = []
+    checks = [(o.want, o.got, o.what, o.against, o.loc, {}) for o in expansion.obligations]
+    checks += [(w.term, g.term, f"result #{i}", "the reference", walk.return_record.loc
+                if walk.return_record else None, expansion.blocks)
+               for i, (w, g) in enumerate(zip(wants, gots))]
+    decided = 0
+    for want, got, what, against, loc, names in checks:
+        if out_of_time():
+            return GeneralResult(False, devices, "out of time", stats=_stats(expansion, start))
+        # The whole value at once (one evaluation of the reference's term); where that is
+        # not proven, block by block, to name the device whose block is wrong.
+        decision = decider.decide(want, got, f"general.{decided}")
+        decided += 1
+        if not decision.proved:
+            for piece_want, piece_got, piece_what in _pieces(want, got, what, names):
+                if piece_got is got:
+                    break
+                piece = decider.decide(piece_want, piece_got, f"general.{decided}")
+                decided += 1
+                if not piece.proved and (piece.status == "refuted"
+                                         or decision.status != "refuted"):
+                    decision, what = piece, piece_what
+                    break
+            return _not_proven(decision, names.get(got.serial, what), against, loc, devices,
+                               expansion, start)
+        assumptions.extend(a for a in decision.assumptions if a not in assumptions)
+    problem = _check_instances(expansion, reference, start, budget_seconds) if verify_rules \
+        else ""
+    stats = _stats(expansion, start)
+    stats["decisions"] = decided
+    if problem:
+        return GeneralResult(False, devices, problem, stats=stats)
+    return GeneralResult(True, devices, assumptions=assumptions, stats=stats)
+
+
+def _plain(walk: Walk) -> bool:
+    """Whether a walk's outputs are terms over the inputs (no summarized layer in them)."""
+    terms = [v.term for v in walk.outputs if isinstance(v, Rel)]
+    return not any(t.op in _SUMMARIES or t.op == "arg" and t.attrs[0] >= HOLE_BASE
+                   for t in subterms(terms))
+
+
+def _pieces(want: Term, got: Term, what: str, names: dict[int, str]):
+    """The equality `want == got` as equalities of blocks: when `got` is a concatenation (the
+    devices' blocks of a result), each piece against the same rows of `want` (exact: a
+    concatenation equals a term exactly when each piece equals its rows). `names` says which
+    device's block a piece is, where it is one."""
+    if got.op != "concatenate" or want is got:
+        yield want, got, names.get(got.serial, what)
+        return
+    (dim,) = got.attrs
+    row = 0
+    for piece in got.args:
+        size = piece.shape[dim]
+        yield from _pieces(slice_term(want, dim, row, row + size), piece,
+                           f"rows {row}..{row + size - 1} of dim {dim} of {what}", names)
+        row += size
+
+
+def _not_proven(decision: Decision, what: str, against: str, loc, devices: int,
+                expansion: Expansion, start: float) -> GeneralResult:
+    if decision.status == "refuted":
+        reason = (f"{what} differs from {against} for some inputs"
+                  + (f" ({decision.reason})" if decision.reason else ""))
+    else:
+        reason = f"{what} is not shown equal to {against}: {decision.reason}"
+    return GeneralResult(False, devices, reason, loc, decision.status == "refuted",
+                         decision.counterexample, stats=_stats(expansion, start))
+
+
+def _check_instances(expansion: Expansion, reference: Walk, start: float,
+                     budget: float) -> str:
+    """Every rule instance the proof rests on, checked by Z3 (global scope): the reference
+    walk's, those of the sharded function outside manual computations, and the expansion's
+    (identical ones once: the checker caches them). '' when none is refuted or inconclusive,
+    else what went wrong."""
+    from entangle_mlir.analysis.instance.checker import (
+        check_instance,  # lazy: z3 (~40 ms); only when the general tier runs
+    )
+
+    counts = {"proved": 0, "refuted": 0, "unknown": 0, "skipped": 0}
+    problem = ""
+    walked = [Instance(r.info, r.inputs, r.outputs)
+              for r in reference.records + expansion.walk.records
+              if r.info.name not in _NOT_INSTANCES and r.outputs
+              and all(type(v) is Rel for v in r.inputs + r.outputs)]
+    for instance in walked + expansion.instances:
+        if time.perf_counter() - start > budget:
+            return "out of time checking the rule instances"
+        result = check_instance(instance.info, instance.inputs, instance.outputs, None)
+        status = result.status if result.status in counts else "unknown"
+        counts[status] += 1
+        if status in ("refuted", "unknown") and not problem:
+            problem = (f"the rule instance for {instance.info.name} "
+                       f"{'was refuted' if status == 'refuted' else 'is inconclusive'}"
+                       f"{': ' + result.reason if result.reason else ''}")
+    expansion.instance_counts = counts
+    return problem
+
+
+def _stats(expansion: Expansion, start: float) -> dict:
+    stats = {"devices": expansion.stats.devices, "ops": expansion.stats.ops,
+             "computed": expansion.stats.computed,
+             "seconds": round(time.perf_counter() - start, 4)}
+    counts = getattr(expansion, "instance_counts", None)
+    if counts is not None:
+        stats["rule_instances"] = dict(counts)
+    return stats

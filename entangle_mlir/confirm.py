@@ -1,0 +1,259 @@
+"""A bug claim is made only when it is shown: the layout tier's claims are confirmed by running
+both programs, or withdrawn (issue 18, point 3).
+
+The layout tier reads a mismatch at one op as a bug ("all_reduce sums over 'i' of a value
+split over 'i': it combines different blocks", "value is still a partial sum over 'tp' when
+it leaves shard_map"). The relation it derived there is exact, but the claim that the program
+is wrong is not: the reference may compute the same numbers another way (block sums by design,
+a per-device cumsum, the scaling book's collective matmul). So before a report states a claim
+(`core.reasons.CLAIMS`), both programs run on seeded random inputs on simulated CPU devices
+(`evidence.compare_programs`), and for each claim, on the results it is about:
+
+* some result differs: the claim stands, with a note giving the numbers (and, for the first
+  diagnostic, op-level evidence at the op it names);
+* every result agrees on every input it could be compared on (finite, and the reference's
+  value not so sensitive to its inputs that float reassociation alone could move it past the
+  tolerance): the claim is withdrawn; the diagnostic says "cannot relate ..." quoting the
+  layout tier's reading and that the outputs agree (reason `cannot_relate`);
+* the programs cannot be run (too large, jax missing, an op the CPU runtime cannot execute) or
+  no finite values met: "cannot relate ... (suspected: <claim>; not confirmed: <why>)", except
+  for a claim the relations show exactly (the result is k x the reference's, k != 1).
+
+The verdict stays "not proven" (exit code 1) in every case: this step never proves anything.
+It runs by default in `entangle check` (`--no-confirm` turns it off) and in the JAX front-end
+(`confirm=False`); `entangle-opt` and the driver's `check_*` functions report the layout tier's
+own wording. The fuzzers judge by execution themselves and check thousands of mutants: they
+confirm only the claims on programs whose numbers match (`fuzz.run.confirm_claims`), to count
+false bug reports. Importing this module does not import jax; confirming a claim does.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import replace
+
+from entangle_mlir.core.diagnostics import Diagnostic, InputError
+from entangle_mlir.core.reasons import CLAIMS
+from entangle_mlir.core.report import Report
+from entangle_mlir.evidence import (
+    ABSOLUTE_TOLERANCE,
+    CLAIM_TOLERANCE,
+    INPUT_DRAWS,
+    MAX_RUN_DEVICES,
+    Unavailable,
+    compare_programs,
+    op_evidence,
+)
+from entangle_mlir.mlir.ir import context, parse_module
+from entangle_mlir.mlir.load import load_file
+from entangle_mlir.mlir.program import Program, from_combined, from_two_modules
+
+_EXACT_NOTE = re.compile(r"^result #\d+ is \S+ x the reference$")
+
+SHOWN_PREFIXES = ("in the reference: ", "general tier (")
+"""Diagnostics that need no confirmation: about the reference alone (no claim on the sharded
+program), or the general tier's exact decision (a Z3 counterexample shows it)."""
+
+
+def is_claim(diagnostic: Diagnostic) -> bool:
+    """Whether the diagnostic states that the program is wrong without having shown it."""
+    return diagnostic.category in CLAIMS and not diagnostic.message.startswith(SHOWN_PREFIXES)
+
+
+def exact_claim(diagnostic: Diagnostic) -> bool:
+    """A claim the relations show by themselves: the result's term is k x the reference's
+    (k != 1), so the values differ wherever the reference's is not zero."""
+    return diagnostic.category == "scale" and any(
+        _EXACT_NOTE.match(note.message) for note in diagnostic.notes)
+
+
+def confirm_texts(report: Report, ref_text: str | bytes, sharded_text: str | bytes, *,
+                  ref_file: str = "reference.mlir", sharded_file: str = "sharded.mlir",
+                  draws=INPUT_DRAWS, at_op: bool = True) -> Report:
+    """`confirm` for a report of `driver.check_texts` on the same texts."""
+    return confirm(report, lambda: from_two_modules(parse_module(ref_text, ref_file),
+                                                    parse_module(sharded_text, sharded_file),
+                                                    ref_file, sharded_file),
+                   draws=draws, at_op=at_op)
+
+
+def confirm_files(report: Report, ref_path: str, sharded_path: str, *,
+                  draws=INPUT_DRAWS) -> Report:
+    """`confirm` for a report of `driver.check_files` on the same files (one combined file may
+    be given twice)."""
+    def load() -> Program:
+        if _same_file(ref_path, sharded_path):
+            return from_combined(load_file(ref_path), ref_path)
+        return from_two_modules(load_file(ref_path), load_file(sharded_path), ref_path,
+                                sharded_path)
+    return confirm(report, load, draws=draws)
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return a == b or os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def confirm(report: Report, load, *, draws=INPUT_DRAWS, at_op: bool = True) -> Report:
+    """Confirm or withdraw every claim of a failing `report` (in place; also returned).
+    `load()` gives the checked pair as fresh (not normalized) modules; `at_op`: also run the
+    op a confirmed claim names (`evidence.op_evidence`)."""
+    claims = [d for d in report.diagnostics if is_claim(d)]
+    if report.proven or not claims:
+        return report
+    start = time.perf_counter()
+    comparisons, why = None, ""
+    try:
+        _enough_devices(report)
+        with context():
+            program = load()
+        comparisons = compare_programs(program, draws, report.index_ranges)
+    except ImportError as err:
+        why = f"jax is not available ({err})"
+    except (Unavailable, InputError) as err:
+        why = str(getattr(err, "message", err))
+    except Exception as err:  # noqa: BLE001 - confirmation is best effort, never a crash
+        why = f"running the programs failed ({type(err).__name__}: {_first_line(err)})"
+    confirmed, others = [], []
+    for diagnostic in report.diagnostics:
+        if not is_claim(diagnostic):
+            others.append(diagnostic)
+            continue
+        focus = report.foci.get(_key(diagnostic))
+        outputs = list(getattr(focus, "outputs", ()) or range(len(report.outputs)))
+        if comparisons is None:
+            others.append(_unconfirmed(diagnostic, focus, why))
+            continue
+        mine = [c for c in comparisons if c.index in outputs]
+        differing = [c for c in mine if c.differs]
+        if differing:
+            confirmed.append(_confirmed(diagnostic, differing[0], len(draws)))
+        elif mine and all(c.compared for c in mine):
+            others.append(_withdrawn(diagnostic, focus, mine, len(draws)))
+        else:
+            others.append(_unconfirmed(diagnostic, focus, f"on none of {len(draws)} random "
+                                       f"inputs is the reference's {_results(outputs)} finite "
+                                       "and well-conditioned"))
+    first = report.diagnostics[0]
+    report.diagnostics = confirmed + others
+    report.evidence["confirmation"] = _summary(comparisons, why, len(draws), bool(confirmed),
+                                               time.perf_counter() - start)
+    if confirmed and _key(confirmed[0]) != _key(first):
+        walked = getattr(report.focus, "modules", ())
+        report.focus = report.foci.get(_key(confirmed[0]))
+        if report.focus is not None and not report.focus.modules:
+            report.focus.modules = walked
+    if at_op and confirmed and report.focus is not None and "at_op" not in report.evidence:
+        # The numbers at the op the confirmed claim names, when that op can be run alone.
+        found = op_evidence(report.focus)
+        if found.get("available"):
+            report.evidence["at_op"] = found
+    report.stats["confirmation seconds"] = round(time.perf_counter() - start, 4)
+    return report
+
+
+def _key(diagnostic: Diagnostic) -> tuple[str, str]:
+    return diagnostic.message, str(diagnostic.loc)
+
+
+def _enough_devices(report: Report) -> None:
+    """Before jax loads: as many simulated CPU devices as the mesh has (at least 8; a mesh
+    larger than `MAX_RUN_DEVICES` is not run)."""
+    sizes = [int(size) for size in re.findall(r"=(\d+)", report.mesh)]
+    needed = min(max(math.prod(sizes), 8), MAX_RUN_DEVICES)
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "jax" not in sys.modules and "xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = (
+            f"{flags} --xla_force_host_platform_device_count={needed}").strip()
+        # jax's CPU client lists its devices on stderr unless told before jaxlib loads.
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _what(diagnostic: Diagnostic, focus) -> str:
+    record = getattr(focus, "sharded", None)
+    if record is not None and record.info.op is not None:
+        return f"the value of {record.info.name.split('.')[-1]}"
+    outputs = getattr(focus, "outputs", ())
+    return _results(outputs) if outputs else "a value"
+
+
+def _results(indices) -> str:
+    indices = list(indices)
+    if len(indices) == 1:
+        return f"result #{indices[0]}"
+    return "results " + ", ".join(f"#{i}" for i in indices)
+
+
+def _confirmed(diagnostic: Diagnostic, comparison, draws: int) -> Diagnostic:
+    note = Diagnostic("note", f"confirmed by running both programs on {draws} random inputs: "
+                              + _differs(comparison))
+    return replace(diagnostic, notes=(*diagnostic.notes, note))
+
+
+def _differs(c) -> str:
+    if c.not_finite is not None and c.max_abs_diff <= max(CLAIM_TOLERANCE * c.max_abs_reference,
+                                                          ABSOLUTE_TOLERANCE):
+        return (f"result #{c.index} holds inf or NaN where the reference's values are finite "
+                f"(seed {c.not_finite})")
+    return (f"result #{c.index} differs from the reference by up to {c.max_abs_diff:.3g} "
+            f"(seed {c.seed}; the reference's values reach {c.max_abs_reference:.3g})")
+
+
+def _withdrawn(diagnostic: Diagnostic, focus, comparisons, draws: int) -> Diagnostic:
+    indices = [c.index for c in comparisons]
+    agree = "agrees" if len(indices) == 1 else "agree"
+    compared = min(c.inputs_compared for c in comparisons)
+    inputs = f"{draws}" if compared == draws else f"{compared} of {draws}"
+    left_out = "" if compared == draws else (
+        "; on the others the reference's value is not finite or too sensitive to its inputs "
+        "to compare")
+    message = (f"cannot relate {_what(diagnostic, focus)} to the reference (the layout tier's "
+               f"reading \"{diagnostic.message}\" was not confirmed: {_results(indices)} "
+               f"{agree} with the reference on {inputs} random inputs{left_out})")
+    return Diagnostic(diagnostic.severity, message, diagnostic.loc, diagnostic.notes,
+                      category="cannot_relate")
+
+
+def _unconfirmed(diagnostic: Diagnostic, focus, why: str) -> Diagnostic:
+    if exact_claim(diagnostic):
+        note = Diagnostic("note", f"not run ({why}); the relations show it exactly")
+        return replace(diagnostic, notes=(*diagnostic.notes, note))
+    message = (f"cannot relate {_what(diagnostic, focus)} to the reference (suspected: "
+               f"{diagnostic.message}; not confirmed: {why})")
+    return Diagnostic(diagnostic.severity, message, diagnostic.loc, diagnostic.notes,
+                      category="cannot_relate")
+
+
+def _summary(comparisons, why: str, draws: int, confirmed: bool, seconds: float) -> dict:
+    """The confirmation's record in `report.evidence["confirmation"]`."""
+    out: dict = {"ran": comparisons is not None, "confirmed": confirmed, "inputs": draws,
+                 "seconds": round(seconds, 4)}
+    if comparisons is None:
+        out["reason"] = why
+        out["summary"] = f"the programs were not run to confirm the claims: {why}"
+        return out
+    out["outputs"] = [{"index": c.index, "compared": c.compared, "differs": c.differs,
+                       "max_abs_diff": c.max_abs_diff, "max_abs_reference": c.max_abs_reference,
+                       "seed": c.seed, "not_finite": c.not_finite,
+                       "ill_conditioned": c.ill_conditioned,
+                       "inputs_compared": c.inputs_compared} for c in comparisons]
+    differing = [c for c in comparisons if c.differs]
+    if differing:
+        out["summary"] = f"on {draws} random inputs, " + _differs(differing[0])
+    else:
+        worst = max((c.max_abs_diff for c in comparisons), default=0.0)
+        out["summary"] = (f"the outputs agree with the reference on {draws} random inputs "
+                          f"(largest difference {worst:.1g}): the layout tier's bug claims are "
+                          "withdrawn")
+    return out
+
+
+def _first_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__

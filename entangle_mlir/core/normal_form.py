@@ -1,0 +1,354 @@
+"""A normal form for data movement the term builders do not apply: what the general tier
+(`analysis/general/`) needs to meet a program's per-device pieces with the reference's whole
+tensors without Z3.
+
+Every identity here is exact (a float sum split or joined over pieces is a regrouping, which
+the semantics policy allows; nothing else is assumed):
+
+* `make_concat`: nested concatenations along one dim are one; adjacent slices of one term
+  along the dim join into one slice (the term itself when they cover it); empty pieces go;
+  a single piece is itself;
+* a slice spanning several pieces of a concatenation is the concatenation of the pieces'
+  slices (the builders' `push_slice` only takes a slice inside one piece);
+* an elementwise op (same op, same attributes) of concatenations cut at the same rows is the
+  concatenation of the op on the pieces, and the other way round: a concatenation of one
+  elementwise op applied piece by piece is that op on the concatenated operands;
+* a `lin` whose parts are contractions (or sums) that differ only by adjacent slices of
+  their operands along the contracted (summed) dim, with equal coefficients, is one
+  contraction (sum) over the joined slices;
+* a sum over the major half of a dim split in two by a reshape is the sum of the dim's
+  consecutive blocks (`sum_of_blocks`: the reference's block sums meet a psum of a tiled
+  value); a reshape merging dims whose major one is concatenated is the concatenation of the
+  pieces reshaped (`reshape_of_concat`: an untiled all_gather and its reshape).
+
+`normal_form(term)` rebuilds a term bottom-up through these rules (memoized by serial).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+from entangle_mlir.core.ranges import fits
+from entangle_mlir.core.terms import (
+    Term,
+    intern,
+    linear_parts,
+    make_dot,
+    make_iota,
+    make_lin,
+    make_op,
+    make_reshape,
+    make_splat,
+    post_order,
+    rebuild,
+    rebuild_elementwise,
+    reshape_groups,
+)
+from entangle_mlir.core.traits import ELEMENTWISE_OPS
+
+_ELEMENTWISE = frozenset(ELEMENTWISE_OPS) | {"mul", "div"}
+"""Term ops computed element by element from same-shaped operands (`lin` is handled by its
+parts)."""
+
+
+def slice_term(term: Term, dim: int, start: int, stop: int) -> Term:
+    """Rows [start, stop) of `term` along `dim` (through the builders: pushed to the leaves)."""
+    rank = len(term.shape)
+    starts = tuple(start if d == dim else 0 for d in range(rank))
+    limits = tuple(stop if d == dim else n for d, n in enumerate(term.shape))
+    shape = tuple(stop - start if d == dim else n for d, n in enumerate(term.shape))
+    return make_op("slice", (term,), (starts, limits, (1,) * rank), shape, term.dtype,
+                   linear_in=0)
+
+
+def _window(piece: Term, dim: int) -> tuple[Term, int, int, tuple] | None:
+    """(base, start, stop, rest) when `piece` is rows [start, stop) of `base` along `dim` with
+    unit strides, `rest` the windows of the other dims (a whole term is its own window)."""
+    if piece.op != "slice":
+        return piece, 0, piece.shape[dim], tuple((0, n) for d, n in enumerate(piece.shape)
+                                                  if d != dim)
+    base = piece.args[0]
+    starts, limits, strides = piece.attrs
+    if any(s != 1 for s in strides):
+        return None
+    rest = tuple((starts[d], limits[d]) for d in range(len(base.shape)) if d != dim)
+    return base, starts[dim], limits[dim], rest
+
+
+def _joins(first: Term, second: Term, dim: int) -> Term | None:
+    """`first` then `second` along `dim` as one window of one term, when they are adjacent
+    windows of it (at least one of them a slice), else None."""
+    if first.op != "slice" and second.op != "slice":
+        return None
+    a, b = _window(first, dim), _window(second, dim)
+    if a is None or b is None or a[0] is not b[0] or a[3] != b[3] or a[2] != b[1]:
+        return None
+    base, rank = a[0], len(first.shape)
+    others = iter(a[3])
+    bounds = [(a[1], b[2]) if d == dim else next(others) for d in range(rank)]
+    starts = tuple(lo for lo, _ in bounds)
+    limits = tuple(hi for _, hi in bounds)
+    shape = tuple(hi - lo for lo, hi in bounds)
+    return make_op("slice", (base,), (starts, limits, (1,) * rank), shape, base.dtype,
+                   linear_in=0)
+
+
+def make_concat(pieces, dim: int) -> Term:
+    """The concatenation of `pieces` along `dim`, in normal form (see the module docstring)."""
+    flat: list[Term] = []
+    for piece in pieces:
+        if piece.op == "concatenate" and piece.attrs == (dim,):
+            flat.extend(piece.args)
+        elif piece.shape[dim]:
+            flat.append(piece)
+    if not flat:
+        raise ValueError("concatenation of no rows")
+    joined: list[Term] = []
+    for piece in flat:
+        merged = _joins(joined[-1], piece, dim) if joined else None
+        if merged is not None:
+            joined[-1] = merged
+        else:
+            joined.append(piece)
+    if len(joined) == 1:
+        return joined[0]
+    constant = _joined_constant(joined, dim)
+    if constant is not None:
+        return constant
+    lifted = _lift_elementwise(joined, dim)
+    if lifted is not None:
+        return lifted
+    shape = list(joined[0].shape)
+    shape[dim] = sum(p.shape[dim] for p in joined)
+    return intern("concatenate", tuple(joined), (dim,), tuple(shape), joined[0].dtype)
+
+
+def _joined_constant(pieces: list[Term], dim: int) -> Term | None:
+    """Splats of one value join into one splat; 1-D pieces `iota + c` with consecutive
+    values join into one (the form `push_slice` gives a window of an iota)."""
+    shape = list(pieces[0].shape)
+    shape[dim] = sum(p.shape[dim] for p in pieces)
+    if all(p.op == "splat" for p in pieces) and len({p.attrs for p in pieces}) == 1:
+        return make_splat(pieces[0].attrs[0], tuple(shape), pieces[0].dtype)
+    if len(shape) != 1:
+        return None
+    start = _iota_start(pieces[0])
+    if start is None:
+        return None
+    at = start
+    for piece in pieces:
+        if _iota_start(piece) != at:
+            return None
+        at += piece.shape[0]
+    if not fits(Fraction(0), Fraction(shape[0] - 1), pieces[0].dtype):
+        return None  # the joined iota's own positions would wrap around (or round)
+    iota = make_iota(tuple(shape), 0, pieces[0].dtype)
+    return make_lin([(Fraction(1), iota)], start, tuple(shape), pieces[0].dtype)
+
+
+def _iota_start(term: Term) -> Fraction | None:
+    """c when the 1-D `term` is `iota + c` (an integer c), else None."""
+    if term.op == "iota":
+        return Fraction(0)
+    pairs, constant = linear_parts(term)
+    if term.op == "lin" and len(pairs) == 1 and pairs[0][0] == 1 and pairs[0][1].op == "iota" \
+            and isinstance(constant, Fraction) and constant.denominator == 1:
+        return constant
+    return None
+
+
+def _lift_elementwise(pieces: list[Term], dim: int) -> Term | None:
+    """`op(concat(a_i), concat(b_i))` when every piece is `op(a_i, b_i)` with one op and
+    attributes (operands of the piece's shape): exact, the op works element by element. Only
+    when some operand then joins (a slice meets its neighbour), so the form stays smaller."""
+    first = pieces[0]
+    if first.op == "lin" and all(p.op == "lin" and p.attrs == first.attrs
+                                 and len(p.args) == len(first.args) for p in pieces):
+        columns = [make_concat([p.args[k] for p in pieces], dim)
+                   for k in range(len(first.args))]
+        if not any(c.op != "concatenate" for c in columns):
+            return None
+        constant, coefs = first.attrs
+        return make_lin(list(zip(coefs, columns)), constant, columns[0].shape, first.dtype)
+    if first.op not in _ELEMENTWISE or any(
+            p.op != first.op or p.attrs != first.attrs or len(p.args) != len(first.args)
+            or p.dtype != first.dtype for p in pieces):
+        return None
+    if any(a.shape != p.shape for p in pieces for a in p.args):
+        return None
+    columns = [make_concat([p.args[k] for p in pieces], dim) for k in range(len(first.args))]
+    if not any(c.op != "concatenate" for c in columns):
+        return None
+    return rebuild_elementwise(first, tuple(columns))
+
+
+def slice_of_concat(term: Term, starts, limits, strides) -> Term | None:
+    """A unit-stride slice of a concatenation that spans several of its pieces, as the
+    concatenation of the pieces' slices; None when it is not one."""
+    if term.op != "concatenate":
+        return None
+    (dim,) = term.attrs
+    if any(s != 1 for s in strides):
+        return None
+    lo, hi = starts[dim], limits[dim]
+    parts, offset = [], 0
+    for piece in term.args:
+        size = piece.shape[dim]
+        a, b = max(lo, offset), min(hi, offset + size)
+        if a < b:
+            p_starts = tuple(a - offset if d == dim else s for d, s in enumerate(starts))
+            p_limits = tuple(b - offset if d == dim else s for d, s in enumerate(limits))
+            shape = tuple(q - p for p, q in zip(p_starts, p_limits))
+            parts.append(make_op("slice", (piece,), (p_starts, p_limits, tuple(strides)),
+                                 shape, piece.dtype, linear_in=0))
+        offset += size
+    return make_concat(parts, dim) if len(parts) > 1 else None
+
+
+def _contraction_key(term: Term):
+    """What a sum or contraction is, but for the windows of its operands: (kind, attrs,
+    shape, dtype), or None."""
+    if term.op in ("stablehlo.dot_general", "reduce_sum"):
+        return term.op, term.attrs, term.shape, term.dtype
+    return None
+
+
+def _summed_dims(term: Term) -> list[tuple[int, int | None]]:
+    """(lhs dim, rhs dim) pairs a contraction or sum runs over (rhs None for a sum)."""
+    if term.op == "reduce_sum":
+        return [(d, None) for d in term.attrs[0]]
+    _, _, lc, rc = term.attrs
+    return list(zip(lc, rc))
+
+
+def _join_pair(a: Term, b: Term) -> Term | None:
+    """One contraction (sum) for `a + b` when they are the same contraction (sum) whose
+    operands are adjacent windows along one contracted (summed) dim, in the same order on
+    both sides of a contraction (row i of the lhs meets row i of the rhs), else None."""
+    key = _contraction_key(a)
+    if key is None or key != _contraction_key(b):
+        return None
+    for pair in _summed_dims(a):
+        dims = [(k, d) for k, d in enumerate(pair) if d is not None]
+        if any(a.args[k] is b.args[k] for k, _ in dims):
+            continue
+        forward = [_joins(a.args[k], b.args[k], d) for k, d in dims]
+        backward = [_joins(b.args[k], a.args[k], d) for k, d in dims]
+        for joined in (forward, backward):
+            if all(j is not None for j in joined):
+                args = tuple(joined) + tuple(a.args[len(joined):])
+                if a.op == "reduce_sum":
+                    return make_op("reduce_sum", args, a.attrs, a.shape, a.dtype,
+                                   linear_in=0)
+                return make_dot(args[0], args[1], a.attrs, a.shape, a.dtype)
+    return None
+
+
+def join_sums(term: Term) -> Term:
+    """A `lin` whose parts with equal coefficients are one contraction (sum) over adjacent
+    windows, with those parts joined (repeatedly, until no pair joins)."""
+    if term.op != "lin":
+        return term
+    pairs, constant = linear_parts(term)
+    changed = True
+    while changed:
+        changed = False
+        for i in range(len(pairs)):
+            for j in range(i + 1, len(pairs)):
+                (ki, ti), (kj, tj) = pairs[i], pairs[j]
+                if ki != kj:
+                    continue
+                joined = _join_pair(ti, tj)
+                if joined is not None:
+                    pairs = [p for k, p in enumerate(pairs) if k not in (i, j)]
+                    pairs.append((ki, joined))
+                    changed = True
+                    break
+            if changed:
+                break
+    if len(pairs) == len(term.args):
+        return term
+    return make_lin(pairs, constant, term.shape, term.dtype)
+
+
+def normal_form(term: Term, memo: dict[int, Term] | None = None) -> Term:
+    """`term` rebuilt bottom-up through the builders and this module's identities."""
+    memo = {} if memo is None else memo
+    for top in post_order(term, memo):
+        args = tuple(memo[a.serial] for a in top.args)
+        memo[top.serial] = _normal_node(top, args)
+    return memo[term.serial]
+
+
+MAX_BLOCKS = 64
+"""The most blocks a sum over a split dim is written out as (`sum_of_blocks`)."""
+
+
+def sum_of_blocks(term: Term, arg: Term) -> Term | None:
+    """`reduce_sum(reshape(x, (..., a, b, ...)), the a dim)` with x's dim of size a * b
+    split into (a, b) row-major: the sum of x's a consecutive blocks of b rows (the form a
+    psum of a tiled value takes), for a <= MAX_BLOCKS; else None."""
+    if term.op != "reduce_sum" or arg.op != "reshape" or len(term.attrs[0]) != 1:
+        return None
+    x, (d,) = arg.args[0], term.attrs[0]
+    src, dst = x.shape, arg.shape
+    if len(dst) != len(src) + 1 or d >= len(src) or x.dtype != term.dtype:
+        return None
+    a, b = dst[d], dst[d + 1]
+    if dst[:d] != src[:d] or dst[d + 2:] != src[d + 1:] or a * b != src[d] or a > MAX_BLOCKS:
+        return None
+    blocks = [(Fraction(1), slice_term(x, d, k * b, (k + 1) * b)) for k in range(a)]
+    return make_lin(blocks, Fraction(0), term.shape, term.dtype)
+
+
+def reshape_of_concat(term: Term, arg: Term) -> Term | None:
+    """`reshape(concat(p_i along c))` where c is the major (first non-unit) dim of the dims
+    the reshape merges into one: the concatenation of the pieces reshaped (row-major order
+    keeps each piece's rows together); else None."""
+    if term.op != "reshape" or arg.op != "concatenate":
+        return None
+    (c,) = arg.attrs
+    groups = reshape_groups(arg.shape, term.shape)
+    if groups is None:
+        return None
+    for src_dims, dst_dims in groups:
+        if c not in src_dims:
+            continue
+        before = src_dims[:src_dims.index(c)]
+        wide = [t for t in dst_dims if term.shape[t] != 1]
+        if any(arg.shape[i] != 1 for i in before) or len(wide) != 1:
+            return None
+        (t,) = wide
+        pieces = []
+        for piece in arg.args:
+            shape = list(term.shape)
+            shape[t] = math.prod(piece.shape[i] for i in src_dims)
+            if any(piece.shape[i] != arg.shape[i] for i in range(len(arg.shape)) if i != c):
+                return None
+            pieces.append(make_reshape(piece, tuple(shape)))
+        return make_concat(pieces, t)
+    return None
+
+
+def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
+    if term.op == "concatenate":
+        return make_concat(args, term.attrs[0])
+    if term.op == "slice":
+        spanning = slice_of_concat(args[0], *term.attrs)
+        if spanning is not None:
+            return spanning
+    if term.op == "reduce_sum":
+        blocks = sum_of_blocks(term, args[0])
+        if blocks is not None:
+            return join_sums(blocks)
+    if term.op == "reshape":
+        pieces = reshape_of_concat(term, args[0])
+        if pieces is not None:
+            return pieces
+    out = rebuild(term, args) if args != term.args else term
+    if out.op == "lin":
+        out = join_sums(out)
+    return out
+
+

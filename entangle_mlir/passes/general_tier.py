@@ -1,0 +1,89 @@
+"""entangle-general-tier: where the layout tier did not prove the program, expand it per
+device and decide its outputs exactly (`analysis/general/`).
+
+A proof replaces the layout tier's verdict ("verified", with a note naming the tier and, if
+the layout tier had blamed an op, that its claim was not confirmed); otherwise the layout
+tier's report stands and `stats["general_tier"]` says why the general tier did not prove it.
+Where the layout tier could only say it cannot relate a value and Z3 finds inputs on which
+the sharded program's output differs, that becomes the report's first diagnostic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from entangle_mlir.analysis.general import MAX_DEVICES
+from entangle_mlir.core.diagnostics import Diagnostic
+from entangle_mlir.core.reasons import CLAIMS, STOPPED
+from entangle_mlir.core.report import PROVEN, Report
+from entangle_mlir.passes.pipeline import ModulePass, PassState
+
+if TYPE_CHECKING:
+    from entangle_mlir.analysis.general.tier import GeneralResult
+
+TIER_NOTE = "proven by per-device expansion on {n} devices (general tier)"
+
+
+@dataclass
+class GeneralTierPass(ModulePass):
+    name = "entangle-general-tier"
+    summary = ("where not proven: expand the shard_map program per device and decide its "
+               "outputs exactly (the general tier)")
+    max_devices: int = MAX_DEVICES
+    budget_seconds: int = 30
+    verify_rules: bool = True
+
+    def apply(self, state: PassState) -> None:
+        report = state.report
+        if report is None or state.program is None:
+            return
+        if report.proven:
+            report.stats.setdefault("tier", "layout")
+            return
+        from entangle_mlir.analysis.general.tier import (
+            run_general_tier,  # lazy: z3 and the semantics (~0.2 s); only when not yet proven
+        )
+
+        result = run_general_tier(state.program, state.walks.get("reference"),
+                                  max_devices=self.max_devices,
+                                  budget_seconds=self.budget_seconds,
+                                  verify_rules=self.verify_rules)
+        apply_result(report, result)
+
+
+def apply_result(report: Report, result: GeneralResult) -> None:
+    """Fold the general tier's result into the layout tier's report."""
+    summary = {"proven": result.proven, **result.stats}
+    if not result.proven:
+        summary["reason"] = result.reason
+        report.stats["general_tier"] = summary
+        if result.refuted and report.diagnostics and all(
+                d.category in STOPPED for d in report.diagnostics):
+            shown = ", ".join(f"{k} = {v}" for k, v in
+                              list((result.counterexample or {}).items())[:6])
+            notes = tuple(Diagnostic("note", f"the layout tier: {d.message}", d.loc,
+                                     category=d.category) for d in report.diagnostics)
+            message = (f"general tier (per-device expansion on {result.devices} devices): "
+                       f"{result.reason}" + (f"; Z3 counterexample: {shown}" if shown else ""))
+            report.diagnostics.insert(0, Diagnostic("error", message, result.loc, notes,
+                                                    category="different_function"))
+        return
+    readings = [d for d in report.diagnostics if d.category not in STOPPED]
+    report.verdict = PROVEN
+    for output in report.outputs:
+        output.proven = True
+    report.notes.append(TIER_NOTE.format(n=result.devices))
+    for reading in readings:
+        # A claim (`CLAIMS`) the proof refutes; any other reading (a wrong rule of the layout
+        # walk included) is kept as what the layout tier said.
+        where = f" at {reading.loc}" if reading.loc else ""
+        said = "'s claim was not confirmed" if reading.category in CLAIMS else ""
+        report.notes.append(f"the layout tier{said}{where}: {reading.message}")
+    for assumption in result.assumptions:
+        report.notes.append(f"proven assuming {assumption} (general tier)")
+        report.assume(assumption)
+    report.diagnostics = []
+    report.focus = None
+    report.stats["tier"] = "general"
+    report.stats["general_tier"] = summary

@@ -1,0 +1,273 @@
+"""The general tier (per-device expansion, `analysis/general/`) on programs written the way
+others write them, which the layout tier does not prove, and on their nearest wrong twins.
+
+Every label is grounded by execution on simulated CPU devices: a correct program computes
+the reference's numbers (floats up to the regrouping of sums), and is proven with the note
+naming the general tier; each twin (offset off by one, mask inverted, reduced over the wrong
+axis, gathered along the wrong dim, comparison off by one, a constant one ulp off) computes
+other numbers and is not proven, nor are programs equal only in exact real arithmetic
+(partial products rounded to bf16, zeros made of an overflowing exp, 0 / 0). A program the layout tier proves gets the same report with
+the general tier on, and the general tier does not run on it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from entangle_mlir.driver import check_files, check_texts
+from entangle_mlir.jax import lower_pair
+from examples.heldout import corpus
+from tests.shared import EXAMPLES_MLIR
+
+V, D, S, N = 16, 8, 4, 4
+TIER_NOTE = "proven by per-device expansion on {n} devices (general tier)"
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    reference: object
+    body: object
+    args: tuple
+    specs: tuple
+    out_specs: object
+    mesh: tuple = (("tp", N),)
+    check_vma: bool = True
+
+
+def _run(program: Program):
+    """(reference output, sharded output, lowered pair) on the program's mesh."""
+    names = tuple(a for a, _ in program.mesh)
+    sizes = tuple(s for _, s in program.mesh)
+    mesh = jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(names))
+    sharded = jax.jit(jax.shard_map(program.body, mesh=mesh, in_specs=program.specs,
+                                    out_specs=program.out_specs, check_vma=program.check_vma))
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec))
+             for a, spec in zip(program.args, program.specs)]
+    placed = [jax.device_put(a, NamedSharding(mesh, spec))
+              for a, spec in zip(program.args, program.specs)]
+    want = np.asarray(jax.jit(program.reference)(*program.args))
+    got = np.asarray(sharded(*placed))
+    return want, got, lower_pair(program.reference, sharded, *avals)
+
+
+RNG = np.random.default_rng(0)
+IDS = np.array([1, 9, 15, 4], dtype=np.int32)  # one id in each device's block but the third
+TABLE = RNG.standard_normal((V, D)).astype(np.float32)
+ROW = RNG.standard_normal((16,)).astype(np.float32)
+MATRIX = RNG.standard_normal((8, 4)).astype(np.float32)
+SCALE = np.float32(0.125)
+
+
+def _embedding(offset: int = 0, invert: bool = False, scale=None):
+    """The vocab-parallel embedding spelled the common way (issue 18)."""
+    def body(ids, w):
+        n = w.shape[0]
+        start = lax.axis_index("tp") * n + offset
+        local = ids - start
+        mask = (local >= 0) & (local < n)
+        if invert:
+            mask = ~mask
+        rows = jnp.take(w, jnp.clip(local, 0, n - 1), axis=0)
+        out = lax.psum(jnp.where(mask[:, None], rows, 0.0), "tp")
+        return out if scale is None else out * scale
+    return body
+
+
+def _embedding_reference(scale=None):
+    def reference(ids, w):
+        out = jnp.take(w, ids, axis=0)
+        return out if scale is None else out * scale
+    return reference
+
+
+def _cumsum(before: bool = True):
+    """A per-shard cumsum plus the totals of the blocks before the device's own."""
+    def body(x):
+        local = jnp.cumsum(x)
+        totals = lax.all_gather(local[-1], "tp")
+        index = lax.axis_index("tp")
+        earlier = jnp.arange(N) < index if before else jnp.arange(N) <= index
+        return local + jnp.sum(jnp.where(earlier, totals, 0.0))
+    return body
+
+
+def _block_sums(axis: str):
+    return lambda x: lax.psum(x, axis)
+
+
+def _gather_untiled(axis: int):
+    return lambda x: lax.all_gather(x, "tp", tiled=False, axis=axis).reshape(-1, x.shape[1])
+
+
+EMBED_ARGS = (IDS, TABLE)
+EMBED_SPECS = (P(), P("tp", None))
+CORRECT = [
+    Program("vocab_parallel_embedding", _embedding_reference(), _embedding(), EMBED_ARGS,
+            EMBED_SPECS, P()),
+    Program("per_shard_cumsum", jnp.cumsum, _cumsum(), (ROW,), (P("tp"),), P("tp")),
+    Program("block_sums", lambda x: x.reshape(2, -1).sum(0), _block_sums("tp"), (ROW,),
+            (P("tp"),), P(), mesh=(("dp", 2), ("tp", 2))),
+    Program("all_gather_untiled_reshape", lambda x: x, _gather_untiled(0), (MATRIX,),
+            (P("tp", None),), P(), check_vma=False),
+    Program("scaled_embedding", _embedding_reference(SCALE), _embedding(scale=SCALE),
+            EMBED_ARGS, EMBED_SPECS, P()),
+    # at a real size the terms meet in normal form, with no evaluation at all
+    Program("block_sums_4096x64", lambda x: x.reshape(N, -1, 64).sum(0), _block_sums("tp"),
+            (RNG.standard_normal((4096, 64)).astype(np.float32),), (P("tp", None),), P()),
+]
+TWINS = [
+    Program("embedding_offset_off_by_one", _embedding_reference(), _embedding(offset=1),
+            EMBED_ARGS, EMBED_SPECS, P()),
+    Program("embedding_mask_inverted", _embedding_reference(), _embedding(invert=True),
+            EMBED_ARGS, EMBED_SPECS, P()),
+    Program("cumsum_comparison_off_by_one", jnp.cumsum, _cumsum(before=False), (ROW,),
+            (P("tp"),), P("tp")),
+    Program("block_sums_wrong_axis", lambda x: x.reshape(2, -1).sum(0), _block_sums("dp"),
+            (ROW,), (P("tp"),), P(), mesh=(("dp", 2), ("tp", 2)), check_vma=False),
+    Program("all_gather_untiled_wrong_dim", lambda x: x, _gather_untiled(1), (MATRIX,),
+            (P("tp", None),), P(), check_vma=False),
+    Program("embedding_scale_one_ulp_off", _embedding_reference(SCALE),
+            _embedding(scale=np.nextafter(SCALE, np.float32(1))), EMBED_ARGS, EMBED_SPECS,
+            P()),
+]
+
+
+BIG = np.full((16,), 100.0, dtype=np.float32)  # exp(100) overflows float32
+ZEROS = np.zeros((16,), dtype=np.float32)
+LEFT = RNG.standard_normal((4, 16)).astype(np.float32)
+RIGHT = RNG.standard_normal((16, 4)).astype(np.float32)
+
+
+def _bf16_partials(x, w):
+    return lax.psum((x.astype(jnp.bfloat16) @ w.astype(jnp.bfloat16)).astype(jnp.float32), "tp")
+
+
+def _exp_minus_exp(x):
+    e = jnp.exp(x)
+    return lax.psum(x + (e - e), "tp")
+
+
+def _block_sums_reference(x):
+    return x.reshape(N, -1).sum(0)
+
+
+# What exact real arithmetic would prove but floats do not compute (the general tier reads
+# float arithmetic as reals in Z3): partial products rounded to bf16 where the reference
+# multiplies in f32, zeros made of an overflowing exp (inf * 0 and inf - inf are NaN), a
+# quotient by a value that may be zero (0 / 0 is NaN).
+NEAR_MISSES = [
+    Program("bf16_partial_products", lambda x, w: x @ w, _bf16_partials, (LEFT, RIGHT),
+            (P(None, "tp"), P("tp", None)), P()),
+    Program("block_sums_plus_exp_times_zero", _block_sums_reference,
+            lambda x: lax.psum(x, "tp") + lax.psum(jnp.exp(x) * 0.0, "tp"), (BIG,),
+            (P("tp"),), P()),
+    Program("block_sums_plus_exp_minus_exp", _block_sums_reference, _exp_minus_exp, (BIG,),
+            (P("tp"),), P()),
+    Program("block_sums_of_x_times_x_over_x", _block_sums_reference,
+            lambda x: lax.psum(x * x / x, "tp"), (ZEROS,), (P("tp"),), P()),
+]
+
+
+def _devices(program: Program) -> int:
+    return int(np.prod([s for _, s in program.mesh]))
+
+
+@pytest.mark.parametrize("program", CORRECT, ids=lambda p: p.name)
+def test_correct_programs_are_proven_by_the_general_tier(program: Program) -> None:
+    want, got, (ref_text, sharded_text) = _run(program)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # grounded: same numbers
+    layout = check_texts(ref_text, sharded_text, general_tier=False)
+    assert not layout.proven, "the layout tier proves it: no longer a general-tier case"
+    report = check_texts(ref_text, sharded_text)
+    assert report.proven, report.render_text()
+    assert TIER_NOTE.format(n=_devices(program)) in report.notes
+    assert report.stats["tier"] == "general"
+    general = report.stats["general_tier"]
+    assert general["proven"] and general["rule_instances"]["refuted"] == 0
+    assert general["rule_instances"]["unknown"] == 0
+    assert report.to_json()["verdict"] == "proven"
+
+
+@pytest.mark.parametrize("program", TWINS, ids=lambda p: p.name)
+def test_wrong_twins_are_not_proven(program: Program) -> None:
+    want, got, (ref_text, sharded_text) = _run(program)
+    assert not np.array_equal(got, want)  # grounded: other numbers
+    report = check_texts(ref_text, sharded_text)
+    assert not report.proven, report.render_text()
+    general = report.stats["general_tier"]
+    assert not general["proven"] and general["reason"]
+
+
+@pytest.mark.parametrize("program", NEAR_MISSES, ids=lambda p: p.name)
+def test_real_arithmetic_near_misses_are_not_proven(program: Program) -> None:
+    want, got, (ref_text, sharded_text) = _run(program)
+    assert not np.allclose(got, want, rtol=1e-3, equal_nan=False)  # grounded: NaN or rounded
+    report = check_texts(ref_text, sharded_text)
+    assert not report.proven, report.render_text()
+    assert not report.stats["general_tier"]["proven"]
+
+
+def test_the_embedding_proof_states_the_valid_index_assumption() -> None:
+    _, _, (ref_text, sharded_text) = _run(CORRECT[0])
+    report = check_texts(ref_text, sharded_text)
+    assert any("valid indices" in a for a in report.assumptions), report.assumptions
+
+
+def test_a_refuted_embedding_names_a_device_and_a_counterexample() -> None:
+    """Where the layout tier could only say it cannot relate a value, the general tier's
+    counterexample becomes the diagnostic (it does not claim which op is wrong)."""
+    _, _, (ref_text, sharded_text) = _run(TWINS[0])
+    report = check_texts(ref_text, sharded_text)
+    first = report.diagnostics[0]
+    assert first.message.startswith("general tier (per-device expansion on 4 devices): ")
+    assert "device 0's block of result #0 differs from the reference" in first.message
+    assert "Z3 counterexample: arg0[" in first.message
+    assert any(note.message.startswith("the layout tier: ") for note in first.notes)
+
+
+def test_no_general_tier_keeps_the_layout_report() -> None:
+    _, _, (ref_text, sharded_text) = _run(CORRECT[2])
+    report = check_texts(ref_text, sharded_text, general_tier=False)
+    assert not report.proven and "general_tier" not in report.stats
+    assert report.diagnostics[0].category == "wrong_axis"
+
+
+def test_layout_proofs_are_unchanged_and_the_general_tier_does_not_run() -> None:
+    ref = EXAMPLES_MLIR / "megatron_mlp_tp4.ref.mlir"
+    sharded = EXAMPLES_MLIR / "megatron_mlp_tp4.sharded.mlir"
+    with_tier = check_files(str(ref), str(sharded))
+    without = check_files(str(ref), str(sharded), general_tier=False)
+    assert with_tier.proven and without.proven
+    assert with_tier.render_text() == without.render_text()
+    assert with_tier.stats["tier"] == "layout" and "general_tier" not in with_tier.stats
+
+
+def test_a_large_scatter_at_unknown_indices_is_not_decided() -> None:
+    """The vocab-parallel embedding's gradient (examples/heldout) scatters 4 x 8 x 16 updates
+    at unknown ids into a 64 x 16 table: Z3's evaluation would compare every update with every
+    element (524288 comparisons, four minutes to build); the general tier says so instead."""
+    ex = next(e for e in corpus.examples() if e.name == "grad_vocab_parallel_embed_tp4")
+    start = time.perf_counter()
+    report = check_texts(*corpus.lower_pair(ex), verify_rules=False)
+    assert not report.proven
+    general = report.stats["general_tier"]
+    assert "a scatter at unknown indices too large to evaluate symbolically (524288" in \
+        general["reason"], general
+    assert time.perf_counter() - start < 30

@@ -1,0 +1,212 @@
+"""Lemmas of `core/normal_form.py`: every identity it applies is proved by Z3 on small
+symbolic tensors of several shapes (the term before, written out with raw nodes the builders
+do not touch, against the normal form after), and a wrong variant of each (pieces swapped,
+rows off by one, contractions paired out of order) is refuted and left alone."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from entangle_mlir.analysis.instance.term_equality import check_term_equality
+from entangle_mlir.core.normal_form import make_concat, normal_form, slice_term
+from entangle_mlir.core.terms import (
+    intern,
+    make_arg,
+    make_dot,
+    make_elementwise,
+    make_iota,
+    make_lin,
+    make_op,
+    make_reshape,
+    make_splat,
+)
+
+F32 = "f32"
+
+
+def raw_slice(term, dim: int, start: int, stop: int):
+    """rows [start, stop) of `term` along `dim` as a raw node (no builder rewriting)."""
+    rank = len(term.shape)
+    starts = tuple(start if d == dim else 0 for d in range(rank))
+    limits = tuple(stop if d == dim else n for d, n in enumerate(term.shape))
+    shape = tuple(stop - start if d == dim else n for d, n in enumerate(term.shape))
+    return intern("slice", (term,), (starts, limits, (1,) * rank), shape, term.dtype)
+
+
+def raw_concat(pieces, dim: int):
+    shape = list(pieces[0].shape)
+    shape[dim] = sum(p.shape[dim] for p in pieces)
+    return intern("concatenate", tuple(pieces), (dim,), tuple(shape), pieces[0].dtype)
+
+
+def proved(a, b) -> bool:
+    return check_term_equality(a, b, "normal_form.lemma").status == "proved"
+
+
+def refuted(a, b) -> bool:
+    return check_term_equality(a, b, "normal_form.must_fail").status == "refuted"
+
+
+SHAPES = [(8,), (6, 3), (4, 2, 3)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_adjacent_slices_join(shape) -> None:
+    x = make_arg(0, shape, F32)
+    n = shape[0]
+    cut = n // 2
+    before = raw_concat([raw_slice(x, 0, 0, cut), raw_slice(x, 0, cut, n)], 0)
+    assert make_concat([slice_term(x, 0, 0, cut), slice_term(x, 0, cut, n)], 0) is x
+    assert proved(before, x)
+    part = make_concat([slice_term(x, 0, 1, cut), slice_term(x, 0, cut, n)], 0)
+    assert part is slice_term(x, 0, 1, n) and proved(raw_concat(
+        [raw_slice(x, 0, 1, cut), raw_slice(x, 0, cut, n)], 0), part)
+    # must fail: a gap of one row, or the pieces swapped, is not the tensor
+    gap = make_concat([slice_term(x, 0, 0, cut - 1), slice_term(x, 0, cut, n)], 0)
+    assert gap.op == "concatenate"
+    swapped = make_concat([slice_term(x, 0, cut, n), slice_term(x, 0, 0, cut)], 0)
+    assert swapped is not x and refuted(swapped, x)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_slice_spanning_pieces(shape) -> None:
+    a, b = make_arg(0, shape, F32), make_arg(1, shape, F32)
+    n = shape[0]
+    joined = raw_concat([a, b], 0)
+    window = raw_slice(joined, 0, 1, n + 1)
+    normal = normal_form(window)
+    assert normal.op == "concatenate" and proved(window, normal)
+    # must fail: the same pieces one row further on
+    off = make_concat([slice_term(a, 0, 2, n), slice_term(b, 0, 0, 2)], 0)
+    assert off is not normal and refuted(window, off)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_elementwise_through_concat(shape) -> None:
+    x, y = make_arg(0, shape, F32), make_arg(1, shape, F32)
+    n = shape[0]
+    pieces = [make_elementwise("stablehlo.tanh", (make_elementwise(
+        "stablehlo.multiply", (slice_term(x, 0, lo, hi), slice_term(y, 0, lo, hi))),))
+        for lo, hi in ((0, n // 2), (n // 2, n))]
+    whole = make_elementwise("stablehlo.tanh", (make_elementwise("stablehlo.multiply",
+                                                                 (x, y)),))
+    assert make_concat(pieces, 0) is whole
+    assert proved(raw_concat(pieces, 0), whole)
+    # must fail: the pieces' operands crossed (x's rows with the other half of y)
+    crossed = [make_elementwise("stablehlo.tanh", (make_elementwise(
+        "stablehlo.multiply", (slice_term(x, 0, lo, hi), slice_term(y, 0, n - hi, n - lo))),))
+        for lo, hi in ((0, n // 2), (n // 2, n))]
+    if n % 2 == 0:
+        assert make_concat(crossed, 0) is not whole
+        assert refuted(raw_concat(crossed, 0), whole)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_linear_pieces_through_concat(shape) -> None:
+    x, y = make_arg(0, shape, F32), make_arg(1, shape, F32)
+    n = shape[0]
+
+    def lin(lo, hi, k):
+        return make_lin([(Fraction(2), slice_term(x, 0, lo, hi)),
+                         (Fraction(k), slice_term(y, 0, lo, hi))], Fraction(1),
+                        slice_term(x, 0, lo, hi).shape, F32)
+
+    whole = make_lin([(Fraction(2), x), (Fraction(3), y)], Fraction(1), shape, F32)
+    pieces = [lin(0, n // 2, 3), lin(n // 2, n, 3)]
+    assert make_concat(pieces, 0) is whole and proved(raw_concat(pieces, 0), whole)
+    # must fail: one piece with another coefficient
+    wrong = [lin(0, n // 2, 3), lin(n // 2, n, 4)]
+    assert make_concat(wrong, 0) is not whole and refuted(raw_concat(wrong, 0), whole)
+
+
+@pytest.mark.parametrize("k", [4, 6])
+def test_contraction_over_split_dim_joins(k) -> None:
+    x, w = make_arg(0, (2, k), F32), make_arg(1, (k, 3), F32)
+    attrs = ((), (), (1,), (0,))
+    half = k // 2
+
+    def part(lo, hi, rlo, rhi):
+        return make_dot(slice_term(x, 1, lo, hi), slice_term(w, 0, rlo, rhi), attrs, (2, 3),
+                        F32)
+
+    whole = make_dot(x, w, attrs, (2, 3), F32)
+    summed = make_lin([(Fraction(1), part(0, half, 0, half)),
+                       (Fraction(1), part(half, k, half, k))], Fraction(0), (2, 3), F32)
+    assert normal_form(summed) is whole and proved(summed, whole)
+    # must fail: row i of x paired with another row of w
+    crossed = make_lin([(Fraction(1), part(0, half, half, k)),
+                        (Fraction(1), part(half, k, 0, half))], Fraction(0), (2, 3), F32)
+    assert normal_form(crossed) is not whole and refuted(crossed, whole)
+    # must fail: pieces with different coefficients do not join
+    scaled = make_lin([(Fraction(1), part(0, half, 0, half)),
+                       (Fraction(2), part(half, k, half, k))], Fraction(0), (2, 3), F32)
+    assert normal_form(scaled) is not whole
+
+
+@pytest.mark.parametrize("shape", [(8,), (6, 4)])
+def test_sums_over_split_dim_join(shape) -> None:
+    x = make_arg(0, shape, F32)
+    n = shape[0]
+    out = shape[1:]
+    def total(lo, hi):
+        return make_op("reduce_sum", (slice_term(x, 0, lo, hi),), ((0,),), out, F32,
+                       linear_in=0)
+
+    whole = make_op("reduce_sum", (x,), ((0,),), out, F32, linear_in=0)
+    summed = make_lin([(Fraction(1), total(0, 3)), (Fraction(1), total(3, n))], Fraction(0),
+                      out, F32)
+    assert normal_form(summed) is whole and proved(summed, whole)
+    overlap = make_lin([(Fraction(1), total(0, 3)), (Fraction(1), total(2, n))], Fraction(0),
+                       out, F32)
+    assert normal_form(overlap) is not whole and refuted(overlap, whole)
+
+
+def test_constants_join() -> None:
+    assert make_concat([make_splat(2, (3,), F32), make_splat(2, (5,), F32)], 0) is \
+        make_splat(2, (8,), F32)
+    assert make_concat([make_splat(2, (3,), F32), make_splat(3, (5,), F32)], 0).op == \
+        "concatenate"
+    iota = make_iota((8,), 0, "i32")
+    blocks = [slice_term(iota, 0, lo, lo + 2) for lo in range(0, 8, 2)]
+    assert make_concat(blocks, 0) is iota
+    assert proved(raw_concat(blocks, 0), iota)
+    shifted = [slice_term(iota, 0, lo, lo + 2) for lo in (0, 2, 6, 4)]
+    joined = make_concat(shifted, 0)
+    assert joined is not iota and refuted(raw_concat(shifted, 0), iota)
+
+
+@pytest.mark.parametrize("shape,dim,a", [((12,), 0, 4), ((6, 4), 0, 3), ((2, 8, 3), 1, 4)])
+def test_sum_over_a_split_dim_is_the_sum_of_its_blocks(shape, dim, a) -> None:
+    x = make_arg(0, shape, F32)
+    b = shape[dim] // a
+    split = shape[:dim] + (a, b) + shape[dim + 1:]
+    out = shape[:dim] + (b,) + shape[dim + 1:]
+    reshaped = intern("reshape", (x,), (), split, F32)
+    summed = intern("reduce_sum", (reshaped,), ((dim,),), out, F32)
+    blocks = make_lin([(Fraction(1), slice_term(x, dim, k * b, (k + 1) * b)) for k in range(a)],
+                      Fraction(0), out, F32)
+    assert normal_form(summed) is blocks and proved(summed, blocks)
+    # must fail: summing the minor half (b) is not the sum of the blocks
+    minor = intern("reduce_sum", (reshaped,), ((dim + 1,),), shape[:dim] + (a,) + shape[dim + 1:],
+                   F32)
+    assert normal_form(minor).op != "lin"
+    if a == b:
+        assert refuted(minor, blocks)
+
+
+@pytest.mark.parametrize("pieces,rows", [(4, 1), (2, 3)])
+def test_reshape_of_a_concatenation_along_its_major_dim(pieces, rows) -> None:
+    args = [make_arg(k, (rows, 2, 3), F32) for k in range(pieces)]
+    joined = raw_concat(args, 0)
+    merged = intern("reshape", (joined,), (), (pieces * rows * 2, 3), F32)
+    normal = normal_form(merged)
+    assert normal.op == "concatenate" and proved(merged, normal)
+    # must fail: concatenated along the minor dim of the merged group, the pieces interleave
+    across = raw_concat([make_arg(k, (2, rows, 3), F32) for k in range(pieces)], 1)
+    mixed = intern("reshape", (across,), (), (2 * pieces * rows, 3), F32)
+    assert normal_form(mixed).op == "reshape"
+    wrong = make_concat([make_reshape(make_arg(k, (2, rows, 3), F32), (2 * rows, 3))
+                         for k in range(pieces)], 0)
+    assert refuted(mixed, wrong)
