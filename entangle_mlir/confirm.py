@@ -10,10 +10,12 @@ a per-device cumsum, the scaling book's collective matmul). So before a report s
 (`evidence.compare_programs`), and for each claim, on the results it is about:
 
 * some result differs: the claim stands, with a note giving the numbers (and, for the first
-  diagnostic, op-level evidence at the op it names). The general tier's refutation (its terms
-  differ from the reference's: a wrong rule, identity or expansion step would make them so
-  too) is run first on the inputs it found them to differ on, rounded to the arguments'
-  types: a difference there confirms it "on the counterexample"; else the random inputs;
+  diagnostic, op-level evidence at the op it names). Where the general tier refuted the
+  program (its terms differ from the reference's on some inputs: a wrong rule, identity or
+  expansion step would make them so too, so that is a claim like the others), both programs
+  run first on those inputs (`Report.counterexample`, rounded to the arguments' types): a
+  result differing there confirms a claim about it "on the counterexample" (an input random
+  draws may never meet: an id equal to one constant); else the random inputs decide;
 * every result agrees on every input it could be compared on (finite, and the reference's
   value not so sensitive to its inputs that float reassociation alone could move it past the
   tolerance): the claim is withdrawn; the diagnostic says "cannot relate ..." quoting the
@@ -125,8 +127,7 @@ def confirm(report: Report, load, *, draws=INPUT_DRAWS, at_op: bool = True) -> R
     if report.proven or not claims:
         return report
     start = time.perf_counter()
-    given = next((focus.inputs for focus in (report.foci.get(_key(d)) for d in claims)
-                  if getattr(focus, "inputs", None)), None)
+    given = report.counterexample
     comparisons, why = None, ""
     try:
         _enough_devices(report)
@@ -150,8 +151,7 @@ def confirm(report: Report, load, *, draws=INPUT_DRAWS, at_op: bool = True) -> R
             others.append(_unconfirmed(diagnostic, focus, why))
             continue
         mine = [c for c in comparisons if c.index in outputs]
-        on_counterexample = [c.given for c in mine
-                             if getattr(focus, "inputs", None) is not None and c.given]
+        on_counterexample = [c.given for c in mine if c.given is not None]
         differing = [c for c in on_counterexample if c.differs]
         if differing:
             confirmed.append(_confirmed_on_counterexample(diagnostic, differing[0]))
@@ -258,7 +258,7 @@ def _withdrawn(diagnostic: Diagnostic, focus, comparisons, draws: int,
         "; on the others the reference's value is not finite or too sensitive to its inputs "
         "to compare")
     tier, reading = _reading(diagnostic)
-    where = "on its counterexample and " if on_counterexample else ""
+    where = "on the general tier's counterexample and " if on_counterexample else ""
     message = (f"cannot relate {_what(diagnostic, focus)} to the reference (the {tier} tier's "
                f"reading \"{reading}\" was not confirmed: {_results(indices)} "
                f"{agree} with the reference {where}on {inputs} random inputs{left_out})")

@@ -176,9 +176,6 @@ class EvidenceFocus:
     modules: tuple = field(default=(), repr=False)
     outputs: tuple[int, ...] = ()
     """The program's results the diagnostic is about (a claim is confirmed on them)."""
-    inputs: dict | None = field(default=None, repr=False)
-    """Inputs on which a decision procedure found those results to differ (argument index ->
-    exact values; the general tier's counterexample): a claim is confirmed on them first."""
 
 
 _DROP_PARTIAL = ("missing_reduction", "nonlinear_partial", "partial_mixed", "wrong_axis")

@@ -4,10 +4,11 @@ device and decide its outputs exactly (`analysis/general/`).
 A proof replaces the layout tier's verdict ("verified", with a note naming the tier and, if
 the layout tier had blamed an op, that its claim was not confirmed); otherwise the layout
 tier's report stands and `stats["general_tier"]` says why the general tier did not prove it.
-Where the layout tier could only say it cannot relate a value and the general tier finds
-inputs on which the sharded program's output differs, that becomes the report's first
-diagnostic: a bug claim (`different_function`), which `confirm.py` runs both programs on
-(those inputs first) before it is made, as it does the layout tier's.
+Where the general tier finds inputs on which the sharded program's output differs, they are
+the report's `counterexample`: `confirm.py` runs both programs on them first to confirm any
+bug claim. Where the layout tier could only say it cannot relate a value, the refutation
+becomes the report's first diagnostic: a bug claim (`different_function`), confirmed by
+running both programs before it is made, as the layout tier's are.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def apply_result(report: Report, result: GeneralResult) -> None:
     if not result.proven:
         summary["reason"] = result.reason
         report.stats["general_tier"] = summary
+        if result.refuted:
+            report.counterexample = result.inputs
         if result.refuted and report.diagnostics and all(
                 d.category in STOPPED for d in report.diagnostics):
             shown = ", ".join(f"{k} = {v}" for k, v in
@@ -73,12 +76,11 @@ def apply_result(report: Report, result: GeneralResult) -> None:
                        f"{result.reason}" + (f"; Z3 counterexample: {shown}" if shown else ""))
             report.diagnostics.insert(0, Diagnostic("error", message, result.loc, notes,
                                                     category="different_function"))
-            # A claim like the layout tier's: `confirm.py` runs both programs, on these
-            # inputs first, before it is made.
+            # A claim like the layout tier's: `confirm.py` runs both programs (on the
+            # counterexample first) on the result it is about before it is made.
             report.foci[(message, str(result.loc))] = EvidenceFocus(
                 unavailable="the general tier names no op",
-                outputs=() if result.output is None else (result.output,),
-                inputs=result.inputs)
+                outputs=() if result.output is None else (result.output,))
         return
     readings = [d for d in report.diagnostics if d.category not in STOPPED]
     report.verdict = PROVEN
