@@ -80,7 +80,8 @@ def apply_result(report: Report, result: GeneralResult) -> None:
             # counterexample first) on the result it is about before it is made.
             report.foci[(message, str(result.loc))] = EvidenceFocus(
                 unavailable="the general tier names no op",
-                outputs=() if result.output is None else (result.output,))
+                outputs=(tuple(range(len(report.outputs))) if result.output is None
+                         else (result.output,)))
         return
     readings = [d for d in report.diagnostics if d.category not in STOPPED]
     report.verdict = PROVEN
