@@ -103,8 +103,8 @@ def diagnostics_md() -> str:
             "[json-schema.md](json-schema.md)).\n"),
            ("A diagnostic that claims a bug (most reasons below, `core.reasons.CLAIMS`) is "
             "made only when it is shown: `entangle check` runs both programs on seeded random "
-            "inputs (simulated CPU devices), and first on the general tier's counterexample "
-            "where it found one, and keeps the claim when a result it is about differs, with a "
+            "inputs (simulated CPU devices), and on the general tier's counterexample where it "
+            "found one, and keeps the claim when a result it is about differs, with a "
             "note giving the numbers; when the results agree it withdraws the claim and says "
             "what it cannot relate ([`cannot_relate`](#cannot_relate)). This holds for the "
             "general tier's refutation (\"general tier (...): ... differs from the reference "

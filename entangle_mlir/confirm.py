@@ -13,9 +13,10 @@ a per-device cumsum, the scaling book's collective matmul). So before a report s
   diagnostic, op-level evidence at the op it names). Where the general tier refuted the
   program (its terms differ from the reference's on some inputs: a wrong rule, identity or
   expansion step would make them so too, so that is a claim like the others), both programs
-  run first on those inputs (`Report.counterexample`, rounded to the arguments' types): a
+  also run on those inputs (`Report.counterexample`, rounded to the arguments' types): a
   result differing there confirms a claim about it "on the counterexample" (an input random
-  draws may never meet: an id equal to one constant); else the random inputs decide;
+  draws may never meet: an id equal to one constant). The general tier's own claim is
+  confirmed there first, a layout claim on the random inputs first;
 * every result agrees on every input it could be compared on (finite, and the reference's
   value not so sensitive to its inputs that float reassociation alone could move it past the
   tolerance): the claim is withdrawn; the diagnostic says "cannot relate ..." quoting the
@@ -152,12 +153,13 @@ def confirm(report: Report, load, *, draws=INPUT_DRAWS, at_op: bool = True) -> R
             continue
         mine = [c for c in comparisons if c.index in outputs]
         on_counterexample = [c.given for c in mine if c.given is not None]
-        differing = [c for c in on_counterexample if c.differs]
-        if differing:
-            confirmed.append(_confirmed_on_counterexample(diagnostic, differing[0]))
-            continue
+        shown = [c for c in on_counterexample if c.differs]
         differing = [c for c in mine if c.differs]
-        if differing:
+        # The general tier's claim on its own counterexample first; a layout claim on the
+        # random inputs first (reproducible by their seeds), on the counterexample after.
+        if shown and (_reading(diagnostic)[0] == "general" or not differing):
+            confirmed.append(_confirmed_on_counterexample(diagnostic, shown[0]))
+        elif differing:
             confirmed.append(_confirmed(diagnostic, differing[0], len(draws)))
         elif mine and all(c.compared for c in mine):
             agreed = bool(on_counterexample) and all(c.compared for c in on_counterexample)
