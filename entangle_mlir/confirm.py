@@ -28,10 +28,10 @@ a per-device cumsum, the scaling book's collective matmul). So before a report s
 The verdict stays "not proven" (exit code 1) in every case: this step never proves anything.
 It runs by default in `entangle check` (`--no-confirm` turns it off) and in the JAX front-end
 (`confirm=False`); `entangle-opt` and the driver's `check_*` functions report the tiers' own
-wording (the general tier refutes only where the rule instances its terms rest on were checked,
-unless `--no-verify-rules`). The fuzzers judge by execution themselves and check thousands of mutants: they
-confirm only the claims on programs whose numbers match (`fuzz.run.confirm_claims`), to count
-false bug reports. Importing this module does not import jax; confirming a claim does.
+wording (the general tier refutes only where the rule instances its terms rest on were
+checked, unless `--no-verify-rules`). The fuzzers judge by execution themselves and check
+thousands of mutants: they confirm only the claims on programs whose numbers match
+(`fuzz.run.confirm_claims`), to count false bug reports. Importing this module does not import jax; confirming a claim does.
 """
 
 from __future__ import annotations

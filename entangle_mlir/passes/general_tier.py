@@ -5,8 +5,8 @@ A proof replaces the layout tier's verdict ("verified", with a note naming the t
 the layout tier had blamed an op, that its claim was not confirmed); otherwise the layout
 tier's report stands and `stats["general_tier"]` says why the general tier did not prove it.
 Where the general tier finds inputs on which the sharded program's output differs, they are
-the report's `counterexample`: `confirm.py` runs both programs on them first to confirm any
-bug claim. Where the layout tier could only say it cannot relate a value, the refutation
+the report's `counterexample`: `confirm.py` also runs both programs on them to confirm a bug
+claim. Where the layout tier could only say it cannot relate a value, the refutation
 becomes the report's first diagnostic: a bug claim (`different_function`), confirmed by
 running both programs before it is made, as the layout tier's are.
 """
@@ -77,7 +77,7 @@ def apply_result(report: Report, result: GeneralResult) -> None:
             report.diagnostics.insert(0, Diagnostic("error", message, result.loc, notes,
                                                     category="different_function"))
             # A claim like the layout tier's: `confirm.py` runs both programs (on the
-            # counterexample first) on the result it is about before it is made.
+            # counterexample first) and compares the results it is about before it is made.
             report.foci[(message, str(result.loc))] = EvidenceFocus(
                 unavailable="the general tier names no op",
                 outputs=(tuple(range(len(report.outputs))) if result.output is None

@@ -3,9 +3,9 @@
 `run_general_tier(program, reference_walk)` expands the sharded function (`expand.py`),
 decides every per-device agreement and every output against the reference (`decide.py`) and
 has Z3 check every rule instance the expansion used (for a proof, and for a refutation: both
-rest on the terms the instances built). Its `GeneralResult` says whether every
-output is proven, and if not, why (and, where Z3 found one, a counterexample naming the
-device).
+rest on the terms the instances built). Its `GeneralResult` says whether every output is
+proven, and if not, why (and, where inputs on which they differ were found, a counterexample
+naming the device).
 """
 
 from __future__ import annotations
