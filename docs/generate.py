@@ -103,12 +103,14 @@ def diagnostics_md() -> str:
             "[json-schema.md](json-schema.md)).\n"),
            ("A diagnostic that claims a bug (most reasons below, `core.reasons.CLAIMS`) is "
             "made only when it is shown: `entangle check` runs both programs on seeded random "
-            "inputs (simulated CPU devices) and keeps the claim when a result it is about "
-            "differs, with a note giving the numbers; when the results agree it withdraws the "
-            "claim and says what it cannot relate ([`cannot_relate`](#cannot_relate)). "
-            "`--no-confirm`, the JAX front-end's `confirm=False` and `entangle-opt` (so the "
-            "`expected-error` annotations of the lit tests) give the layout tier's own "
-            "wording.\n"),
+            "inputs (simulated CPU devices), and on the general tier's counterexample where it "
+            "found one, and keeps the claim when a result it is about differs, with a "
+            "note giving the numbers; when the results agree it withdraws the claim and says "
+            "what it cannot relate ([`cannot_relate`](#cannot_relate)). This holds for the "
+            "general tier's refutation (\"general tier (...): ... differs from the reference "
+            "for some inputs\") as for the layout tier's claims. `--no-confirm`, the JAX "
+            "front-end's `confirm=False` and `entangle-opt` (so the `expected-error` "
+            "annotations of the lit tests) give the tiers' own wording.\n"),
            ("Every section shows a small program where the reason is the truth. Each one is a "
             "lit test in [`lit_tests/diagnostics/`](../lit_tests/diagnostics/), run with "
             "`entangle-opt --verify-diagnostics` and `entangle check --json`; the output shown "

@@ -1,5 +1,5 @@
-"""A bug claim is made only when it is shown: the layout tier's claims are confirmed by running
-both programs, or withdrawn (issue 18, point 3).
+"""A bug claim is made only when it is shown: the layout tier's claims and the general tier's
+refutations are confirmed by running both programs, or withdrawn (issue 18, point 3).
 
 The layout tier reads a mismatch at one op as a bug ("all_reduce sums over 'i' of a value
 split over 'i': it combines different blocks", "value is still a partial sum over 'tp' when
@@ -10,21 +10,28 @@ a per-device cumsum, the scaling book's collective matmul). So before a report s
 (`evidence.compare_programs`), and for each claim, on the results it is about:
 
 * some result differs: the claim stands, with a note giving the numbers (and, for the first
-  diagnostic, op-level evidence at the op it names);
+  diagnostic, op-level evidence at the op it names). Where the general tier refuted the
+  program (its terms differ from the reference's on some inputs: a wrong rule, identity or
+  expansion step would make them so too, so that is a claim like the others), both programs
+  also run on those inputs (`Report.counterexample`, rounded to the arguments' types): a
+  result differing there confirms a claim about it "on the counterexample" (an input random
+  draws may never meet: an id equal to one constant). The general tier's own claim is
+  confirmed there first, a layout claim on the random inputs first;
 * every result agrees on every input it could be compared on (finite, and the reference's
   value not so sensitive to its inputs that float reassociation alone could move it past the
   tolerance): the claim is withdrawn; the diagnostic says "cannot relate ..." quoting the
-  layout tier's reading and that the outputs agree (reason `cannot_relate`);
+  tier's reading and that the outputs agree (reason `cannot_relate`);
 * the programs cannot be run (too large, jax missing, an op the CPU runtime cannot execute) or
   no finite values met: "cannot relate ... (suspected: <claim>; not confirmed: <why>)", except
   for a claim the relations show exactly (the result is k x the reference's, k != 1).
 
 The verdict stays "not proven" (exit code 1) in every case: this step never proves anything.
 It runs by default in `entangle check` (`--no-confirm` turns it off) and in the JAX front-end
-(`confirm=False`); `entangle-opt` and the driver's `check_*` functions report the layout tier's
-own wording. The fuzzers judge by execution themselves and check thousands of mutants: they
-confirm only the claims on programs whose numbers match (`fuzz.run.confirm_claims`), to count
-false bug reports. Importing this module does not import jax; confirming a claim does.
+(`confirm=False`); `entangle-opt` and the driver's `check_*` functions report the tiers' own
+wording (the general tier refutes only where the rule instances its terms rest on were
+checked, unless `--no-verify-rules`). The fuzzers judge by execution themselves and check
+thousands of mutants: they confirm only the claims on programs whose numbers match
+(`fuzz.run.confirm_claims`), to count false bug reports. Importing this module does not import jax; confirming a claim does.
 """
 
 from __future__ import annotations
@@ -51,17 +58,30 @@ from entangle_mlir.evidence import (
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.load import load_file
 from entangle_mlir.mlir.program import Program, from_combined, from_two_modules
+from entangle_mlir.passes.general_tier import MESSAGE_PREFIX as GENERAL_PREFIX
 
 _EXACT_NOTE = re.compile(r"^result #\d+ is \S+ x the reference$")
 
-SHOWN_PREFIXES = ("in the reference: ", "general tier (")
+SHOWN_PREFIXES = ("in the reference: ",)
 """Diagnostics that need no confirmation: about the reference alone (no claim on the sharded
-program), or the general tier's exact decision (a Z3 counterexample shows it)."""
+program). The general tier's refutation is a claim like the layout tier's: it rests on the
+terms the rules built and on the normal forms, and is confirmed by running both programs, on
+its counterexample first."""
+
+CONFIRMED_PREFIXES = ("confirmed by running both programs", "confirmed on the counterexample")
+"""How the note of a claim running both programs confirmed begins (on random inputs, or on
+the general tier's counterexample)."""
 
 
 def is_claim(diagnostic: Diagnostic) -> bool:
     """Whether the diagnostic states that the program is wrong without having shown it."""
     return diagnostic.category in CLAIMS and not diagnostic.message.startswith(SHOWN_PREFIXES)
+
+
+def is_confirmed(diagnostic: Diagnostic) -> bool:
+    """Whether the diagnostic is a claim that running both programs confirmed."""
+    return is_claim(diagnostic) and any(note.message.startswith(CONFIRMED_PREFIXES)
+                                        for note in diagnostic.notes)
 
 
 def exact_claim(diagnostic: Diagnostic) -> bool:
@@ -108,12 +128,13 @@ def confirm(report: Report, load, *, draws=INPUT_DRAWS, at_op: bool = True) -> R
     if report.proven or not claims:
         return report
     start = time.perf_counter()
+    given = report.counterexample
     comparisons, why = None, ""
     try:
         _enough_devices(report)
         with context():
             program = load()
-        comparisons = compare_programs(program, draws, report.index_ranges)
+        comparisons = compare_programs(program, draws, report.index_ranges, given=given)
     except ImportError as err:
         why = f"jax is not available ({err})"
     except (Unavailable, InputError) as err:
@@ -131,11 +152,18 @@ def confirm(report: Report, load, *, draws=INPUT_DRAWS, at_op: bool = True) -> R
             others.append(_unconfirmed(diagnostic, focus, why))
             continue
         mine = [c for c in comparisons if c.index in outputs]
+        on_counterexample = [c.given for c in mine if c.given is not None]
+        shown = [c for c in on_counterexample if c.differs]
         differing = [c for c in mine if c.differs]
-        if differing:
+        # The general tier's claim on its own counterexample first; a layout claim on the
+        # random inputs first (reproducible by their seeds), on the counterexample after.
+        if shown and (_reading(diagnostic)[0] == "general" or not differing):
+            confirmed.append(_confirmed_on_counterexample(diagnostic, shown[0]))
+        elif differing:
             confirmed.append(_confirmed(diagnostic, differing[0], len(draws)))
         elif mine and all(c.compared for c in mine):
-            others.append(_withdrawn(diagnostic, focus, mine, len(draws)))
+            agreed = bool(on_counterexample) and all(c.compared for c in on_counterexample)
+            others.append(_withdrawn(diagnostic, focus, mine, len(draws), agreed))
         else:
             others.append(_unconfirmed(diagnostic, focus, f"on none of {len(draws)} random "
                                        f"inputs is the reference's {_results(outputs)} finite "
@@ -143,7 +171,7 @@ def confirm(report: Report, load, *, draws=INPUT_DRAWS, at_op: bool = True) -> R
     first = report.diagnostics[0]
     report.diagnostics = confirmed + others
     report.evidence["confirmation"] = _summary(comparisons, why, len(draws), bool(confirmed),
-                                               time.perf_counter() - start)
+                                               time.perf_counter() - start, _tiers(claims))
     if confirmed and _key(confirmed[0]) != _key(first):
         walked = getattr(report.focus, "modules", ())
         report.focus = report.foci.get(_key(confirmed[0]))
@@ -156,6 +184,13 @@ def confirm(report: Report, load, *, draws=INPUT_DRAWS, at_op: bool = True) -> R
             report.evidence["at_op"] = found
     report.stats["confirmation seconds"] = round(time.perf_counter() - start, 4)
     return report
+
+
+def _tiers(claims: list[Diagnostic]) -> str:
+    """Whose claims these are, as a possessive: "layout tier's", "general tier's" or "layout
+    and general tiers'"."""
+    tiers = {_reading(d)[0] for d in claims}
+    return f"{tiers.pop()} tier's" if len(tiers) == 1 else "layout and general tiers'"
 
 
 def _key(diagnostic: Diagnostic) -> tuple[str, str]:
@@ -196,16 +231,27 @@ def _confirmed(diagnostic: Diagnostic, comparison, draws: int) -> Diagnostic:
     return replace(diagnostic, notes=(*diagnostic.notes, note))
 
 
-def _differs(c) -> str:
+def _confirmed_on_counterexample(diagnostic: Diagnostic, comparison) -> Diagnostic:
+    note = Diagnostic("note", "confirmed on the counterexample by running both programs on "
+                              "the general tier's inputs (rounded to the arguments' types): "
+                              + _differs(comparison, seed=False))
+    return replace(diagnostic, notes=(*diagnostic.notes, note))
+
+
+def _differs(c, seed: bool = True) -> str:
     if c.not_finite is not None and c.max_abs_diff <= max(CLAIM_TOLERANCE * c.max_abs_reference,
                                                           ABSOLUTE_TOLERANCE):
-        return (f"result #{c.index} holds inf or NaN where the reference's values are finite "
-                f"(seed {c.not_finite})")
-    return (f"result #{c.index} differs from the reference by up to {c.max_abs_diff:.3g} "
-            f"(seed {c.seed}; the reference's values reach {c.max_abs_reference:.3g})")
+        return (f"result #{c.index} holds inf or NaN where the reference's values are finite"
+                + (f" (seed {c.not_finite})" if seed else ""))
+    return (f"result #{c.index} differs from the reference by up to {c.max_abs_diff:.3g} ("
+            + (f"seed {c.seed}; " if seed else "")
+            + f"the reference's values reach {c.max_abs_reference:.3g})")
 
 
-def _withdrawn(diagnostic: Diagnostic, focus, comparisons, draws: int) -> Diagnostic:
+def _withdrawn(diagnostic: Diagnostic, focus, comparisons, draws: int,
+               on_counterexample: bool = False) -> Diagnostic:
+    """A claim running both programs did not confirm, as "cannot relate" quoting the tier's
+    reading (`on_counterexample`: the outputs agreed on the general tier's counterexample)."""
     indices = [c.index for c in comparisons]
     agree = "agrees" if len(indices) == 1 else "agree"
     compared = min(c.inputs_compared for c in comparisons)
@@ -213,11 +259,22 @@ def _withdrawn(diagnostic: Diagnostic, focus, comparisons, draws: int) -> Diagno
     left_out = "" if compared == draws else (
         "; on the others the reference's value is not finite or too sensitive to its inputs "
         "to compare")
-    message = (f"cannot relate {_what(diagnostic, focus)} to the reference (the layout tier's "
-               f"reading \"{diagnostic.message}\" was not confirmed: {_results(indices)} "
-               f"{agree} with the reference on {inputs} random inputs{left_out})")
+    tier, reading = _reading(diagnostic)
+    where = "on the general tier's counterexample and " if on_counterexample else ""
+    message = (f"cannot relate {_what(diagnostic, focus)} to the reference (the {tier} tier's "
+               f"reading \"{reading}\" was not confirmed: {_results(indices)} "
+               f"{agree} with the reference {where}on {inputs} random inputs{left_out})")
     return Diagnostic(diagnostic.severity, message, diagnostic.loc, diagnostic.notes,
                       category="cannot_relate")
+
+
+def _reading(diagnostic: Diagnostic) -> tuple[str, str]:
+    """(which tier made the claim, its reading): the general tier's without the prefix naming
+    it."""
+    if diagnostic.message.startswith(GENERAL_PREFIX):
+        _, _, reading = diagnostic.message.partition("): ")
+        return "general", reading or diagnostic.message
+    return "layout", diagnostic.message
 
 
 def _unconfirmed(diagnostic: Diagnostic, focus, why: str) -> Diagnostic:
@@ -230,8 +287,11 @@ def _unconfirmed(diagnostic: Diagnostic, focus, why: str) -> Diagnostic:
                       category="cannot_relate")
 
 
-def _summary(comparisons, why: str, draws: int, confirmed: bool, seconds: float) -> dict:
-    """The confirmation's record in `report.evidence["confirmation"]`."""
+def _summary(comparisons, why: str, draws: int, confirmed: bool, seconds: float,
+             tiers: str = "layout tier's") -> dict:
+    """The confirmation's record in `report.evidence["confirmation"]` (`tiers`: whose claims
+    they were, as the summary names them; `counterexample`: the outputs on the general tier's
+    counterexample, where it was run)."""
     out: dict = {"ran": comparisons is not None, "confirmed": confirmed, "inputs": draws,
                  "seconds": round(seconds, 4)}
     if comparisons is None:
@@ -249,8 +309,14 @@ def _summary(comparisons, why: str, draws: int, confirmed: bool, seconds: float)
     else:
         worst = max((c.max_abs_diff for c in comparisons), default=0.0)
         out["summary"] = (f"the outputs agree with the reference on {draws} random inputs "
-                          f"(largest difference {worst:.1g}): the layout tier's bug claims are "
+                          f"(largest difference {worst:.1g}): the {tiers} bug claims are "
                           "withdrawn")
+    given = [c.given for c in comparisons if c.given is not None]
+    if given:
+        out["counterexample"] = [{"index": c.index, "compared": c.compared,
+                                  "differs": c.differs, "max_abs_diff": c.max_abs_diff,
+                                  "max_abs_reference": c.max_abs_reference,
+                                  "not_finite": c.not_finite is not None} for c in given]
     return out
 
 

@@ -606,16 +606,26 @@ class OutputComparison:
     """Draws left out because the reference's output is too sensitive to its inputs there."""
     inputs_compared: int = 0
     """Draws on which finite values of the output were compared."""
+    given: OutputComparison | None = None
+    """The comparison on the given input alone (`compare_programs(..., given=)`), if any."""
 
 
-def compare_programs(program, draws=INPUT_DRAWS, index_ranges: dict[int, int] | None = None
-                     ) -> list[OutputComparison]:
+GIVEN_SEED = -1
+"""The `seed` of a comparison on a given input (no random draw)."""
+
+
+def compare_programs(program, draws=INPUT_DRAWS, index_ranges: dict[int, int] | None = None,
+                     given: dict[int, np.ndarray] | None = None) -> list[OutputComparison]:
     """Run both functions of `program` (a `mlir.program.Program` of modules that have not been
     normalized) on the random input `draws` and compare each output, every device's block of
     it. The reference runs on one CPU device; a shard_map program through XLA's SPMD
     partitioner on as many simulated devices as its mesh, a per-device program as replicas.
     Raises `Unavailable` when the programs cannot be run here (too large, too many devices,
-    an argument type without random values, an op the CPU runtime cannot execute)."""
+    an argument type without random values, an op the CPU runtime cannot execute).
+
+    `given`: one more input (argument index -> values, exact ones rounded to the argument's
+    dtype; an argument it lacks drawn as the first draw draws it), compared on its own: each
+    comparison's `given` is the comparison on it (a decision procedure's counterexample)."""
     with context():
         reference = _entry_copy(program.ref_module, program.ref_func, program)
         sharded = _entry_copy(program.sharded_module, program.sharded_func, program)
@@ -654,12 +664,15 @@ def compare_programs(program, draws=INPUT_DRAWS, index_ranges: dict[int, int] | 
         out_locals = None
     if len(shardings) != len(arg_types):
         raise Unavailable("the sharded program takes other arguments than the reference")
-    comparisons: list[OutputComparison] = []
     ranges = index_ranges or {}
-    for seed, kind in draws:
+
+    def drawn(seed: int, kind: str) -> list[np.ndarray]:
         rng = np.random.default_rng(seed)
-        args = [random_input(shape, dtype, rng, kind, ranges.get(i, 0))
+        return [random_input(shape, dtype, rng, kind, ranges.get(i, 0))
                 for i, (shape, dtype) in enumerate(arg_types)]
+
+    def compare(args: list[np.ndarray], seed: int, comparisons: list[OutputComparison]
+                ) -> None:
         want = [np.asarray(w) for w in _execute(jax, ref_exe, devices[:1], [args])[0]]
         nearby = [np.asarray(w) for w in _execute(jax, ref_exe, devices[:1],
                                                   [_perturbed(args, seed)])[0]]
@@ -670,7 +683,7 @@ def compare_programs(program, draws=INPUT_DRAWS, index_ranges: dict[int, int] | 
                                     for arg, s, local in zip(args, shardings, locals_)])
         got = _execute(jax, exe, devices, per_device_args)
         if not comparisons:
-            comparisons = [OutputComparison(i) for i in range(len(want))]
+            comparisons.extend(OutputComparison(i) for i in range(len(want)))
         if any(len(row) != len(want) for row in got):
             raise Unavailable("the programs return different numbers of results")
         for i, value in enumerate(want):
@@ -688,7 +701,48 @@ def compare_programs(program, draws=INPUT_DRAWS, index_ranges: dict[int, int] | 
                                       f"its block of the reference's {list(block.shape)}")
                 pairs.append((block, mine))
             _accumulate(comparisons[i], pairs, seed)
+
+    comparisons: list[OutputComparison] = []
+    for seed, kind in draws:
+        compare(drawn(seed, kind), seed, comparisons)
+    args = None if given is None else _given_args(
+        given, arg_types, drawn(*draws[0]) if draws else drawn(0, "normal"))
+    if args is not None:
+        on_given: list[OutputComparison] = []
+        compare(args, GIVEN_SEED, on_given)
+        if not comparisons:
+            comparisons = [OutputComparison(c.index) for c in on_given]
+        for comparison, alone in zip(comparisons, on_given):
+            comparison.given = alone
     return comparisons
+
+
+def _given_args(given: dict[int, np.ndarray], arg_types, drawn: list[np.ndarray]
+                ) -> list[np.ndarray] | None:
+    """The arguments of a given input: its values where it has them (None when one does not
+    have its argument's shape), else `drawn`'s."""
+    args = []
+    for i, (shape, dtype) in enumerate(arg_types):
+        if i not in given:
+            args.append(drawn[i])
+            continue
+        if np.shape(given[i]) != tuple(shape):
+            return None
+        args.append(_given_input(given[i], shape, dtype))
+    return args
+
+
+def _given_input(values, shape, dtype: str) -> np.ndarray:
+    """Exact values (ints, Fractions, bools) as an argument of `dtype` (floats rounded)."""
+    values = np.asarray(values, dtype=object)
+    target = np.dtype(dtype)
+    if target == np.bool_:
+        return np.array([bool(v) for v in values.flat], dtype=np.bool_).reshape(shape)
+    if np.issubdtype(target, np.integer):
+        return np.array([int(v) for v in values.flat], dtype=object).reshape(shape
+                                                                             ).astype(target)
+    return np.array([float(v) for v in values.flat], dtype=np.float64).reshape(shape
+                                                                           ).astype(target)
 
 
 PERTURBATION = 1e-5
@@ -699,7 +753,7 @@ move the sharded program's value as far; such a draw is not used for that output
 
 
 def _perturbed(args: list[np.ndarray], seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng([seed, 1])
+    rng = np.random.default_rng([seed, 1] if seed >= 0 else [0, 2])
     out = []
     for arg in args:
         if arg.dtype in (np.float16, np.float32, np.float64):

@@ -44,7 +44,7 @@ from jax import lax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from entangle_mlir.confirm import confirm_texts, is_claim
+from entangle_mlir.confirm import confirm_texts, is_claim, is_confirmed
 from entangle_mlir.core.diagnostics import InputError
 from entangle_mlir.driver import check_texts
 from fuzz.gen import GenOptions, MeshSpec, Program, RandomChooser, generate, mutate
@@ -194,8 +194,7 @@ def confirm_claims(report, ref_text: str, shd_text: str) -> str:
     claims = [d for d in report.diagnostics if is_claim(d)]
     if not claims:
         return "withdrawn"
-    shown = any(note.message.startswith("confirmed by running both programs")
-                for d in claims for note in d.notes)
+    shown = any(is_confirmed(d) for d in claims)
     return "confirmed" if shown else "stands"
 
 

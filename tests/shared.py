@@ -137,8 +137,6 @@ def confirmed(report, ref_text, sharded_text):
 
 def confirmed_claim(report) -> bool:
     """The report's first diagnostic is a bug claim that running both programs confirmed."""
-    from entangle_mlir.confirm import is_claim  # lazy: see `confirmed`
+    from entangle_mlir.confirm import is_confirmed  # lazy: see `confirmed`
 
-    first = report.diagnostics[0] if report.diagnostics else None
-    return bool(first and is_claim(first) and any(
-        note.message.startswith("confirmed by running both programs") for note in first.notes))
+    return bool(report.diagnostics and is_confirmed(report.diagnostics[0]))

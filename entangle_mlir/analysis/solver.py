@@ -15,7 +15,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,6 +37,8 @@ class ProofResult:
     status: "proved", "refuted", "unknown" (timeout, incomplete theory, error) or "skipped"
     (instance checks only: nothing was asked, e.g. too large or out of time budget).
     counterexample: variable name -> value (as text) when refuted.
+    witness: when refuted and the query asked for one (`prove(..., witness=)`), what that
+    function made of the model (the term comparison: the inputs as exact values).
     """
 
     status: str
@@ -46,6 +48,7 @@ class ProofResult:
     reason: str = ""
     cached: bool = False
     details: dict = field(default_factory=dict)
+    witness: object = field(default=None, repr=False, compare=False)
 
     @property
     def proved(self) -> bool:
@@ -134,11 +137,13 @@ def _counterexample(model: z3.ModelRef) -> dict[str, str]:
 
 
 def prove(claim, hypotheses: Iterable = (), name: str = "query",
-          timeout_ms: int | None = None) -> ProofResult:
+          timeout_ms: int | None = None,
+          witness: Callable[[z3.ModelRef], object] | None = None) -> ProofResult:
     """Prove `claim` valid under `hypotheses` (checks `hypotheses AND NOT claim` is unsat).
 
     `claim` and each hypothesis are z3 BoolRefs (Python bools are accepted). Never raises on a
-    solver failure: that is `unknown` with the reason.
+    solver failure: that is `unknown` with the reason. `witness`: called on the model of a
+    refutation, its value kept as the result's `witness` (the model itself is not kept).
     """
     start = time.perf_counter()
     timeout = DEFAULT_TIMEOUT_MS if timeout_ms is None else max(1, int(timeout_ms))
@@ -160,5 +165,7 @@ def prove(claim, hypotheses: Iterable = (), name: str = "query",
     if answer == z3.unsat:
         return ProofResult("proved", None, seconds, name)
     if answer == z3.sat:
-        return ProofResult("refuted", _counterexample(solver.model()), seconds, name)
+        model = solver.model()
+        return ProofResult("refuted", _counterexample(model), seconds, name,
+                           witness=witness(model) if witness is not None else None)
     return ProofResult("unknown", None, seconds, name, solver.reason_unknown())

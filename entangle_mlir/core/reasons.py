@@ -77,9 +77,10 @@ REASONS: dict[str, tuple[str, str]] = {
     "cannot_relate": (
         "cannot relate (a bug claim not confirmed)",
         ("the layout tier could not match a value to the reference and read the mismatch as "
-        "a bug, but running both programs did not confirm it (the outputs agree on random "
-        "inputs, or the programs could not be run): the message quotes that reading; not "
-        "proven, no bug claimed")),
+        "a bug, or the general tier found its terms different from the reference's, but "
+        "running both programs did not confirm it (the outputs agree on random inputs and on "
+        "the general tier's counterexample, or the programs could not be run): the message "
+        "quotes that reading; not proven, no bug claimed")),
     "unrelated": (
         "no relation to the reference",
         "the value has no clean relation to any reference value"),
@@ -107,16 +108,18 @@ tier makes them from one op's relations (a psum of a split value, a partial sum 
 shard_map, an offset other than the device's block, operands split differently) or from a term
 the reference never computes. The relation is exact, but that the program's outputs then differ
 from the reference's is not shown by it: the reference may compute the same numbers another way
-(block sums by design, a per-device cumsum, a collective matmul's rotating chunks). So
-`entangle check` and the JAX front-end run both programs before making such a claim
-(`confirm.py`). The other reasons say what could not be related (`cannot_relate`, `unrelated`,
-`wrong_groups`) or is not supported, or that a proof failed: no claim."""
+(block sums by design, a per-device cumsum, a collective matmul's rotating chunks). The
+general tier's refutation (`different_function`, "general tier (...)") rests on the terms the
+rules built and on exact identities, which a wrong one would break. So `entangle check` and the
+JAX front-end run both programs before making such a claim (`confirm.py`). The other reasons
+say what could not be related (`cannot_relate`, `unrelated`, `wrong_groups`) or is not
+supported, or that a proof failed: no claim."""
 
 
 STOPPED: frozenset[str] = frozenset({"unsupported", "internal", "inconclusive"})
 """Reasons that say the analysis stopped short of a value (an op without a rule, a shape it
 cannot reason about, Z3 unknown) and read nothing about the program. Where the layout tier
 says only these and the general tier finds inputs on which an output differs, the general
-tier's counterexample becomes the first diagnostic (`passes/general_tier.py`); a reading of
-the program (a claim, `unrelated`, `wrong_groups`, a refuted rule) keeps its place. No claim:
-disjoint from `CLAIMS`."""
+tier's refutation becomes the first diagnostic, a claim (`passes/general_tier.py`); a reading
+of the program (a claim, `unrelated`, `wrong_groups`, a refuted rule) keeps its place. No
+claim: disjoint from `CLAIMS`."""

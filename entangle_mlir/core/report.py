@@ -43,6 +43,10 @@ class Report:
     index_ranges: dict[int, int] = field(default_factory=dict, repr=False)
     """Of a failing check: integer inputs the reference uses as indices, with the size of the
     dim they index (input #i -> n: valid values are [0, n)); random inputs draw from there."""
+    counterexample: dict | None = field(default=None, repr=False)
+    """Of a failing check: inputs on which the general tier found an output to differ from the
+    reference's (argument index -> exact values), its rule instances checked; `confirm.py`
+    runs both programs on them first (not in the JSON: the diagnostic shows some)."""
     assumptions: list[str] = field(default_factory=lambda: list(BASE_ASSUMPTIONS))
     """What the verdict rests on, in words: always `BASE_ASSUMPTIONS`, then what the proof
     used (`assume`)."""

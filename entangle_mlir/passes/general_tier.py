@@ -4,8 +4,11 @@ device and decide its outputs exactly (`analysis/general/`).
 A proof replaces the layout tier's verdict ("verified", with a note naming the tier and, if
 the layout tier had blamed an op, that its claim was not confirmed); otherwise the layout
 tier's report stands and `stats["general_tier"]` says why the general tier did not prove it.
-Where the layout tier could only say it cannot relate a value and Z3 finds inputs on which
-the sharded program's output differs, that becomes the report's first diagnostic.
+Where the general tier finds inputs on which the sharded program's output differs, they are
+the report's `counterexample`: `confirm.py` also runs both programs on them to confirm a bug
+claim. Where the layout tier could only say it cannot relate a value, the refutation
+becomes the report's first diagnostic: a bug claim (`different_function`), confirmed by
+running both programs before it is made, as the layout tier's are.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from entangle_mlir.analysis.general import MAX_DEVICES
+from entangle_mlir.analysis.refine import EvidenceFocus
 from entangle_mlir.core.diagnostics import Diagnostic
 from entangle_mlir.core.reasons import CLAIMS, STOPPED
 from entangle_mlir.core.report import PROVEN, Report
@@ -23,6 +27,8 @@ if TYPE_CHECKING:
     from entangle_mlir.analysis.general.tier import GeneralResult
 
 TIER_NOTE = "proven by per-device expansion on {n} devices (general tier)"
+MESSAGE_PREFIX = "general tier ("
+"""How the general tier's diagnostic (its refutation) begins."""
 
 
 @dataclass
@@ -58,16 +64,24 @@ def apply_result(report: Report, result: GeneralResult) -> None:
     if not result.proven:
         summary["reason"] = result.reason
         report.stats["general_tier"] = summary
+        if result.refuted:
+            report.counterexample = result.inputs
         if result.refuted and report.diagnostics and all(
                 d.category in STOPPED for d in report.diagnostics):
             shown = ", ".join(f"{k} = {v}" for k, v in
                               list((result.counterexample or {}).items())[:6])
             notes = tuple(Diagnostic("note", f"the layout tier: {d.message}", d.loc,
                                      category=d.category) for d in report.diagnostics)
-            message = (f"general tier (per-device expansion on {result.devices} devices): "
+            message = (f"{MESSAGE_PREFIX}per-device expansion on {result.devices} devices): "
                        f"{result.reason}" + (f"; Z3 counterexample: {shown}" if shown else ""))
             report.diagnostics.insert(0, Diagnostic("error", message, result.loc, notes,
                                                     category="different_function"))
+            # A claim like the layout tier's: `confirm.py` runs both programs (on the
+            # counterexample first) and compares the results it is about before it is made.
+            report.foci[(message, str(result.loc))] = EvidenceFocus(
+                unavailable="the general tier names no op",
+                outputs=(tuple(range(len(report.outputs))) if result.output is None
+                         else (result.output,)))
         return
     readings = [d for d in report.diagnostics if d.category not in STOPPED]
     report.verdict = PROVEN

@@ -66,15 +66,17 @@ REASONS: list[tuple[str, str, str]] = [
      "permutation"), "claims a bug"),
     (r"not consecutive in the global tensor", ("per-shard roll called halo windows out of "
      "order"), "claims a bug"),
+    (r"differs from .* for some inputs", "the general tier's terms differ from the reference's",
+     "claims a bug"),
 ]
 
 
 # A claim that running both programs did not confirm (`confirm.py`): "cannot relate <what> to
-# the reference (the layout tier's reading "<claim>" was not confirmed: ...)", or "(suspected:
-# <claim>; not confirmed: <why>)" when the programs could not be run.
-_WITHDRAWN = re.compile(r'^cannot relate .*? to the reference \(the layout tier\'s reading "(.*)" '
-                        r"was not confirmed: |^cannot relate .*? to the reference \(suspected: "
-                        r"(.*); not confirmed: ")
+# the reference (the layout (general) tier's reading "<claim>" was not confirmed: ...)", or
+# "(suspected: <claim>; not confirmed: <why>)" when the programs could not be run.
+_WITHDRAWN = re.compile(r'^cannot relate .*? to the reference \(the (?:layout|general) tier\'s '
+                        r'reading "(.*)" was not confirmed: |^cannot relate .*? to the '
+                        r"reference \(suspected: (.*); not confirmed: ")
 
 
 def reason(message: str) -> tuple[str, str]:

@@ -271,3 +271,45 @@ def test_a_large_scatter_at_unknown_indices_is_not_decided() -> None:
     assert "a scatter at unknown indices too large to evaluate symbolically (524288" in \
         general["reason"], general
     assert time.perf_counter() - start < 30
+
+
+def test_a_refutation_rests_on_checked_rule_instances(monkeypatch) -> None:
+    """A refutation rests on the terms the rules built, as a proof does: every rule instance
+    is checked first. Where one is refuted, the terms may not be what the programs compute,
+    so nothing is refuted (no diagnostic, no counterexample), and the reason says why."""
+    from entangle_mlir.analysis.instance import checker
+    from entangle_mlir.analysis.solver import ProofResult
+
+    want, got, (ref_text, sharded_text) = _run(TWINS[0])
+    assert not np.array_equal(got, want)  # grounded: a bug
+    monkeypatch.setattr(checker, "check_instance",
+                        lambda *args, **kwargs: ProofResult("refuted", reason="forced"))
+    report = check_texts(ref_text, sharded_text)
+    assert not report.proven and report.counterexample is None
+    assert not any(d.message.startswith("general tier (") for d in report.diagnostics)
+    general = report.stats["general_tier"]
+    assert general["reason"].startswith("device 0's block of result #0 differs from the "
+                                        "reference for some inputs; not claimed: the rule "
+                                        "instance for "), general
+    assert general["reason"].endswith("was refuted: forced")
+
+
+def test_a_refutation_the_terms_do_not_show_is_not_made(monkeypatch) -> None:
+    """A refutation is grounded in the terms as built, before normal forms and the valid-index
+    simplification: a decision that calls a correct program's terms different on inputs where
+    they agree (a wrong identity would) is "not shown", no refutation."""
+    from entangle_mlir.analysis.general.decide import Decider, Decision
+    from entangle_mlir.analysis.instance.term_equality import complete_inputs, shown_inputs
+
+    def wrong(self, want, got, name):
+        inputs = complete_inputs(None, [want, got], {0: (0, V - 1)})
+        return Decision("refuted", counterexample=shown_inputs(inputs), inputs=inputs)
+
+    want, got, (ref_text, sharded_text) = _run(CORRECT[0])
+    np.testing.assert_allclose(got, want, rtol=1e-6)  # grounded: correct
+    monkeypatch.setattr(Decider, "_decide", wrong)
+    report = check_texts(ref_text, sharded_text)
+    assert not report.proven and report.counterexample is None
+    assert not any(d.message.startswith("general tier (") for d in report.diagnostics)
+    assert "the decision found the terms different, but they agree on the inputs it found" in \
+        report.stats["general_tier"]["reason"]

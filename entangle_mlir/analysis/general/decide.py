@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from entangle_mlir.analysis.valid_indices import IndexRange, Simplifier, index_ranges
 from entangle_mlir.core.normal_form import normal_form
 from entangle_mlir.core.precision import integer_exact_below
@@ -37,14 +39,18 @@ and rounding converts as `round_<dtype>`)."""
 
 @dataclass
 class Decision:
-    """The outcome of one equality: `status` is "proved", "refuted" (Z3 found inputs where
-    the two differ, `counterexample`) or "unknown" (`reason`)."""
+    """The outcome of one equality: `status` is "proved", "refuted" (inputs where the two
+    differ were found, `counterexample` shows some of them, `inputs` holds them all) or
+    "unknown" (`reason`)."""
 
     status: str
     reason: str = ""
     assumptions: list[str] = field(default_factory=list)
     counterexample: dict[str, str] | None = None
     how: str = ""
+    inputs: dict[int, np.ndarray] | None = field(default=None, repr=False)
+    """Of a refutation: every argument of the two terms (argument index -> exact values: ints,
+    Fractions, bools) on which the terms as built, before any normal form, differ."""
 
     @property
     def proved(self) -> bool:
@@ -109,6 +115,34 @@ class Decider:
         self.memo: dict[int, Term] = {}
 
     def decide(self, want: Term, got: Term, name: str) -> Decision:
+        """Whether `want == got` for every input. A refutation is grounded in the terms as
+        built: they are evaluated on the inputs found (on the normal forms, the terms the
+        valid-index ranges simplified, or by Z3) and must differ there, so that neither a
+        normal-form identity nor a simplification can make one; otherwise it is "unknown".
+        (Terms of different shapes need no inputs.)"""
+        decision = self._decide(want, got, name)
+        if decision.status != "refuted" or want.shape != got.shape:
+            return decision
+        from entangle_mlir.analysis.instance.term_equality import (  # lazy: z3 (~40 ms)
+            complete_inputs,
+            differ_at,
+        )
+
+        inputs = complete_inputs(decision.inputs, [want, got], self._bounds([want, got]))
+        if inputs is not None and differ_at(want, got, inputs):
+            decision.inputs = inputs
+            return decision
+        return Decision("unknown", "the decision found the terms different, but they agree on "
+                        "the inputs it found" + (f" ({decision.reason})" if decision.reason
+                                                 else ""))
+
+    def _bounds(self, terms: list[Term]) -> dict[int, tuple[int, int]]:
+        """The valid-index ranges of the arguments under `terms`, as (lo, hi) by index."""
+        serials = {t.serial for t in subterms(terms)}
+        return {r.arg.attrs[0]: (0, r.size - 1) for s, r in self.ranges.items()
+                if s in serials}
+
+    def _decide(self, want: Term, got: Term, name: str) -> Decision:
         if want is got:
             return Decision("proved", how="identical terms")
         if want.shape != got.shape:
@@ -129,7 +163,7 @@ class Decider:
                             "real values, so it does not tell them apart")
         from entangle_mlir.analysis.instance.term_equality import (  # lazy: z3 (~40 ms)
             check_term_equality,
-            differ_on_random_inputs,
+            differing_inputs,
         )
 
         ranges = {r.arg.attrs[0]: r for s, r in self.ranges.items()
@@ -145,7 +179,7 @@ class Decider:
         # Terms that differ on random inputs (valid indices, where the reference has them)
         # differ for every reading of the unknown functions: no Z3 query can prove them.
         pair = simplified or (nw, ng)
-        found = differ_on_random_inputs(*pair, bounds)
+        found = differing_inputs(*pair, bounds)
         if found is not None:
             return _failed_at(found, list(pair))
         work = scatter_work([nw, ng, *pair])
@@ -166,15 +200,17 @@ class Decider:
         return _failed(plain, [nw, ng])
 
 
-def _failed_at(inputs: dict[str, str], terms: list[Term]) -> Decision:
+def _failed_at(inputs: dict[int, np.ndarray], terms: list[Term]) -> Decision:
     """Terms that differ on these random inputs: a refutation where nothing in them is read
     as an unknown function (or an unknown constant table), else only "not shown equal"."""
+    from entangle_mlir.analysis.instance.term_equality import shown_inputs  # lazy: z3
+
     unknown = _unknown_parts(terms)
     if unknown:
         return Decision("unknown", "they differ on random inputs when "
                         f"{', '.join(unknown)} are read as arbitrary functions",
-                        counterexample=inputs)
-    return Decision("refuted", "", counterexample=inputs)
+                        counterexample=shown_inputs(inputs))
+    return Decision("refuted", "", counterexample=shown_inputs(inputs), inputs=inputs)
 
 
 def _unknown_parts(terms: list[Term]) -> list[str]:
@@ -206,4 +242,5 @@ def _not_shown(result, terms: list[Term]) -> Decision:
         return Decision("unknown", "Z3 finds a counterexample reading "
                         f"{', '.join(unknown)} as unknown functions",
                         counterexample=result.counterexample)
-    return Decision("refuted", result.reason, counterexample=result.counterexample)
+    return Decision("refuted", result.reason, counterexample=result.counterexample,
+                    inputs=result.witness)

@@ -2,15 +2,18 @@
 
 `run_general_tier(program, reference_walk)` expands the sharded function (`expand.py`),
 decides every per-device agreement and every output against the reference (`decide.py`) and
-has Z3 check every rule instance the expansion used. Its `GeneralResult` says whether every
-output is proven, and if not, why (and, where Z3 found one, a counterexample naming the
-device).
+has Z3 check every rule instance the expansion used (for a proof, and for a refutation: both
+rest on the terms the instances built). Its `GeneralResult` says whether every output is
+proven, and if not, why (and, where inputs on which they differ were found, a counterexample
+naming the device).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from entangle_mlir.analysis.general import MAX_DEVICES
 from entangle_mlir.analysis.general.decide import Decider, Decision
@@ -34,8 +37,9 @@ class GeneralResult:
 
     `proven`: every output (and every per-device agreement) proven; else `reason` says the
     first thing that was not, at `loc` (an op of the sharded program, when one is to blame),
-    and `refuted` whether Z3 found inputs where the sharded program's value differs (then
-    `counterexample` names some of them)."""
+    and `refuted` whether inputs were found where the sharded program's value differs (then
+    `counterexample` names some of them): only where every rule instance the terms rest on
+    was checked, when `verify_rules` (as for a proof)."""
 
     proven: bool
     devices: int = 0
@@ -45,6 +49,12 @@ class GeneralResult:
     counterexample: dict[str, str] | None = None
     assumptions: list[str] = field(default_factory=list)
     stats: dict = field(default_factory=dict)
+    inputs: dict[int, np.ndarray] | None = field(default=None, repr=False)
+    """Of a refutation: the inputs it was found on (argument index -> exact values), on which
+    the terms as built differ; what running both programs confirms it on (`confirm.py`)."""
+    output: int | None = None
+    """Of a refutation: the program result it is about (None: a per-device agreement of a
+    manual computation's result, which may reach any)."""
 
 
 def run_general_tier(program: Program, reference: Walk | None = None, **options
@@ -93,12 +103,13 @@ def general_tier(program: Program, reference: Walk | None = None, *,
                              stats=_stats(expansion, start))
     decider = Decider([w.term for w in wants], timeout_ms)
     assumptions: list[str] = []
-    checks = [(o.want, o.got, o.what, o.against, o.loc, {}) for o in expansion.obligations]
+    checks = [(o.want, o.got, o.what, o.against, o.loc, {}, None)
+              for o in expansion.obligations]
     checks += [(w.term, g.term, f"result #{i}", "the reference", walk.return_record.loc
-                if walk.return_record else None, expansion.blocks)
+                if walk.return_record else None, expansion.blocks, i)
                for i, (w, g) in enumerate(zip(wants, gots))]
     decided = 0
-    for want, got, what, against, loc, names in checks:
+    for want, got, what, against, loc, names, output in checks:
         if out_of_time():
             return GeneralResult(False, devices, "out of time", stats=_stats(expansion, start))
         # The whole value at once (one evaluation of the reference's term); where that is
@@ -115,8 +126,13 @@ def general_tier(program: Program, reference: Walk | None = None, *,
                                          or decision.status != "refuted"):
                     decision, what = piece, piece_what
                     break
-            return _not_proven(decision, names.get(got.serial, what), against, loc, devices,
-                               expansion, start)
+            result = _not_proven(decision, names.get(got.serial, what), against, loc,
+                                 devices, expansion, start)
+            if result.refuted:
+                result.output = output
+                if verify_rules:
+                    _trust_refutation(result, expansion, reference, start, budget_seconds)
+            return result
         assumptions.extend(a for a in decision.assumptions if a not in assumptions)
     problem = _check_instances(expansion, reference, start, budget_seconds) if verify_rules \
         else ""
@@ -159,7 +175,21 @@ def _not_proven(decision: Decision, what: str, against: str, loc, devices: int,
     else:
         reason = f"{what} is not shown equal to {against}: {decision.reason}"
     return GeneralResult(False, devices, reason, loc, decision.status == "refuted",
-                         decision.counterexample, stats=_stats(expansion, start))
+                         decision.counterexample, stats=_stats(expansion, start),
+                         inputs=decision.inputs)
+
+
+def _trust_refutation(result: GeneralResult, expansion: Expansion, reference: Walk,
+                      start: float, budget: float) -> None:
+    """A refutation rests on the same terms a proof would: every rule instance they were
+    built from is checked (`_check_instances`); where one is refuted or inconclusive, or time
+    runs out, the terms may not compute what the programs do, so nothing is refuted (the
+    reason says why)."""
+    problem = _check_instances(expansion, reference, start, budget)
+    result.stats = _stats(expansion, start)
+    if problem:
+        result.refuted, result.counterexample, result.inputs = False, None, None
+        result.reason += f"; not claimed: {problem}"
 
 
 def _check_instances(expansion: Expansion, reference: Walk, start: float,

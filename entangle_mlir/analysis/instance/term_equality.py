@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 from fractions import Fraction
 
 import numpy as np
@@ -114,7 +115,9 @@ def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
     symbolic = [c for c in claims if not isinstance(c, bool)]
     if not symbolic and not finite_alike:
         return ProofResult("proved", None, time.perf_counter() - start, name)
-    result = (prove(z3.And(symbolic), hypotheses, name=name, timeout_ms=timeout_ms)
+    leaves = leaf_args([a, b])
+    result = (prove(z3.And(symbolic), hypotheses, name=name, timeout_ms=timeout_ms,
+                    witness=lambda model: model_inputs(model, env, leaves))
               if symbolic else ProofResult("proved", None, 0.0, name))
     if result.status == "proved" and finite_alike:
         inputs = _in_range(leaf_args([a, b]).values(), env)
@@ -239,21 +242,95 @@ def _same_divisors(first: list, second: list) -> bool:
     return {key(d) for d in first} == {key(d) for d in second}
 
 
-def differ_on_random_inputs(a: Term, b: Term, ranges: dict[int, tuple[int, int]] | None = None,
-                            seeds=(0, 1, 2), max_cost: int = MAX_TERM_COST
-                            ) -> dict[str, str] | None:
+def model_inputs(model: z3.ModelRef, env: dict, leaves: dict[int, Term]
+                 ) -> dict[int, np.ndarray] | None:
+    """The argument values of a Z3 model (argument index -> exact values: ints, Fractions,
+    bools; a value the model leaves free completed as Z3 completes it), or None when one is
+    not a number (an irrational algebraic value is rounded to a close rational: the caller
+    re-evaluates the terms on these inputs before trusting them, `differ_at`)."""
+    out: dict[int, np.ndarray] = {}
+    try:
+        for index in leaves:
+            values = env.get(index)
+            if values is None:
+                continue
+            exact = np.empty(values.shape, dtype=object)
+            for position in np.ndindex(values.shape):
+                element = values[position]
+                exact[position] = _model_value(model.eval(to_z3(element), model_completion=True)
+                                               ) if is_z3(element) else element
+            out[index] = exact
+    except (z3.Z3Exception, ValueError, TypeError):
+        return None
+    return out
+
+
+def _model_value(value):
+    """A model's value as an exact Python value."""
+    if z3.is_true(value) or z3.is_false(value):
+        return z3.is_true(value)
+    if z3.is_int_value(value):
+        return value.as_long()
+    if z3.is_algebraic_value(value):
+        value = value.approx(20)
+    if z3.is_rational_value(value):
+        return Fraction(value.numerator_as_long(), value.denominator_as_long())
+    raise ValueError(f"not a number: {value}")
+
+
+def shown_inputs(inputs: dict[int, np.ndarray], limit: int = 8) -> dict[str, str]:
+    """The first `limit` elements of exact inputs, by element name (`arg0[1,2]`), as text."""
+    shown: dict[str, str] = {}
+    for index, values in inputs.items():
+        for position in np.ndindex(values.shape):
+            if len(shown) >= limit:
+                return shown
+            shown[f"{leaf_name(index)}[{','.join(map(str, position))}]"] = str(values[position])
+    return shown
+
+
+def differ_at(a: Term, b: Term, inputs: dict[int, np.ndarray]) -> bool:
+    """Whether the two terms take different values on these exact inputs (every argument of
+    either given; dense constants at their kept values): evaluated by the semantics, with
+    nothing read as an unknown function. False where they cannot be evaluated so (a
+    transcendental function, a constant table not kept, an argument not given)."""
+    leaves = leaf_args([a, b])
+    if a.shape != b.shape or any(index not in inputs for index in leaves):
+        return False
+    if any(t.op == "dense" and t.attrs[0] not in DENSE_VALUES for t in subterms([a, b])):
+        return False
+    env: dict = {index: inputs[index] for index in leaves}
+    env["dense"] = lambda term: np.array(
+        [_exact(v) for v in np.asarray(DENSE_VALUES[term.attrs[0]]).flat] or [],
+        dtype=object).reshape(term.shape)
+    try:
+        with collect_divisors():
+            left = evaluate_term(a, env, {})
+            right = evaluate_term(b, env, {})
+    except (SemanticsError, ArithmeticError, ValueError, TypeError, z3.Z3Exception):
+        return False
+    values = list(left.flat) + list(right.flat)
+    if any(is_z3(v) for v in values):
+        return False
+    return any(equal(x, y) is not True for x, y in zip(left.flat, right.flat))
+
+
+def differing_inputs(a: Term, b: Term, ranges: dict[int, tuple[int, int]] | None = None,
+                     seeds=(0, 1, 2), max_cost: int = MAX_TERM_COST
+                     ) -> dict[int, np.ndarray] | None:
     """Inputs on which the two terms take different values, looked for on a few random exact
     inputs (integers of their dtype, `ranges` honoured; transcendental functions as fixed
     pseudo-random functions, a model of Z3's unknown functions; dense constants without
-    kept values as random ones): the inputs, by leaf name, or None when none was found. Cheap
-    next to Z3: a difference found here means Z3 cannot prove the terms equal."""
+    kept values as random ones): the inputs (argument index -> exact values), or None when
+    none was found. Cheap next to Z3: a difference found here means Z3 cannot prove the
+    terms equal."""
     if a.shape != b.shape or term_cost([a, b]) > max_cost:
         return None
     for seed in seeds:
         rng = random.Random(seed)
         env: dict = {}
         for index, leaf in leaf_args([a, b]).items():
-            env[index] = _random_tensor(rng, leaf.shape, leaf.dtype, (ranges or {}).get(index))
+            env[index] = random_tensor(rng, leaf.shape, leaf.dtype, (ranges or {}).get(index))
         tables: dict[bytes, np.ndarray] = {}
 
         def resolve(term: Term, rng=rng, tables=tables) -> np.ndarray:
@@ -264,7 +341,7 @@ def differ_on_random_inputs(a: Term, b: Term, ranges: dict[int, tuple[int, int]]
                     tables[key] = np.array([_exact(v) for v in table.flat] or [],
                                            dtype=object).reshape(term.shape)
                 else:
-                    tables[key] = _random_tensor(rng, term.shape, term.dtype, None)
+                    tables[key] = random_tensor(rng, term.shape, term.dtype, None)
             return tables[key]
 
         env["dense"] = resolve
@@ -277,18 +354,32 @@ def differ_on_random_inputs(a: Term, b: Term, ranges: dict[int, tuple[int, int]]
         if any(is_z3(v) for v in list(left.flat) + list(right.flat)):
             continue
         if any(equal(x, y) is not True for x, y in zip(left.flat, right.flat)):
-            shown: dict[str, str] = {}
-            for index, values in env.items():
-                if isinstance(index, int):
-                    for position in np.ndindex(values.shape):
-                        if len(shown) < 8:
-                            shown[f"{leaf_name(index)}[{','.join(map(str, position))}]"] = \
-                                str(values[position])
-            return shown
+            return {index: values for index, values in env.items() if isinstance(index, int)}
     return None
 
 
-def _random_tensor(rng: random.Random, shape, dtype: str, bounds) -> np.ndarray:
+def complete_inputs(inputs: dict[int, np.ndarray] | None, terms: Sequence[Term],
+                    bounds: dict[int, tuple[int, int]]) -> dict[int, np.ndarray] | None:
+    """`inputs` with every argument of `terms` it lacks (one a normal form dropped) at 0, or
+    random exact values (`bounds` honoured, seed 0) when there are none (a refutation without
+    inputs: an element differs for every input). None when a given argument has another
+    shape than the leaf's."""
+    rng = random.Random(0)
+    out: dict[int, np.ndarray] = {}
+    for index, leaf in leaf_args(terms).items():
+        if inputs is None:
+            out[index] = random_tensor(rng, leaf.shape, leaf.dtype, bounds.get(index))
+        elif index in inputs:
+            if tuple(inputs[index].shape) != tuple(leaf.shape):
+                return None
+            out[index] = inputs[index]
+        else:
+            out[index] = np.full(tuple(leaf.shape), False if is_bool_dtype(leaf.dtype) else 0,
+                                 dtype=object)
+    return out
+
+
+def random_tensor(rng: random.Random, shape, dtype: str, bounds) -> np.ndarray:
     """Random exact values of `dtype` (integers in `bounds` when given, else small ones in
     the dtype's range; booleans; small rationals)."""
     out = np.empty(shape, dtype=object)
