@@ -29,6 +29,8 @@ from entangle_mlir.semantics.element import (
     compare,
     int_limits,
     is_z3,
+    maximum,
+    minimum,
     select,
     sub,
     to_z3,
@@ -79,12 +81,11 @@ def block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
 
         def holds(v):
             y = sub(v, start)
-            conds = ([compare(y, pred.lo, "GE")] if pred.lo is not None else []) + (
-                [compare(y, pred.hi, "LT")] if pred.hi is not None else [])
-            if any(is_z3(c) for c in conds):
-                both = z3.And(*[to_z3(c) for c in conds])
-                return z3.Not(both) if pred.negated else both
-            return all(conds) != pred.negated
+            parts = [([compare(y, lo, "GE")] if lo is not None else []) + (
+                [compare(y, hi, "LT")] if hi is not None else []) for lo, hi in pred.ranges]
+            if any(is_z3(c) for conds in parts for c in conds):
+                return z3.Or(*[z3.And(*[to_z3(c) for c in conds]) for conds in parts])
+            return any(all(conds) for conds in parts)
         return apply(holds, x)
 
     if isinstance(value, InBlock):
@@ -93,9 +94,20 @@ def block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
     if isinstance(value, BlockIndex):
         x = device_block(evaluate_term(value.rel.term, env, memo), value.rel, mesh, device, False)
         start = mesh.block_index(value.axes, device) * value.length
-        inside = test(InBlock(value.rel, value.axes, value.length, 0, value.length))
-        dtype = value.rel.term.dtype  # inside the block x - start does not wrap: the same
-        out = apply(lambda v, p: add(select(  # value, spelled as the device computes it
+        dtype = value.rel.term.dtype
+        if value.clamp is not None:
+            lo, hi = value.clamp
+
+            def clamped(v):
+                y = wrap_shift(v, -start, dtype)
+                y = y if lo is None else maximum(y, lo)
+                return add(y if hi is None else minimum(y, hi), value.add)
+            out = apply(clamped, x)
+            return out, full(out.shape, True)
+        inside = test(InBlock.block(value.rel, value.axes, value.length))
+        # inside the block x - start does not wrap: the same value, spelled as the device
+        # computes it
+        out = apply(lambda v, p: add(select(
             p, wrap_shift(v, -start, dtype), value.fill), value.add), x, inside)
         return out, full(out.shape, True)
     assert isinstance(value, Masked)
