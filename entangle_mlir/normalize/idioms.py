@@ -19,6 +19,11 @@ semantics), so it is sound on any program, and it puts both programs in the same
   it does not, and the rewrite is refused unless neither form can overflow. (Programs that
   keep the same shift on both sides need no rewrite: their terms meet as they are.)
 
+* nested selects with one fill: `select(p, select(q, a, z), z)` is `select(and(p, q), a,
+  z)` and `select(p, z, select(q, z, a))` is `select(or(p, q), z, a)` (nested `jnp.where`s
+  masking a vocab-parallel lookup, `where(local >= 0, where(local < n, rows, 0), 0)`): exact
+  for any values, since both pick `z` wherever either test does.
+
 * online softmax (flash and ring attention): a running max `max(m, reduce_max(s_i))` and
   accumulators rescaled by `exp(m_old - m_new)` as blocks of scores s_i arrive are the max,
   the exp-sum and the weighted sum over the blocks' concatenation (`concatenate(s_0, ...)`,
@@ -99,8 +104,34 @@ REWRITES = {
     "stablehlo.maximum": lambda op: _online_max(op),
     "stablehlo.concatenate": lambda op: _sink_concat(op),
     "stablehlo.divide": lambda op: _normalized_after(op),
+    "stablehlo.select": lambda op: _nested_select(op),
 }
 """The forward's rewrites by op name (`rewrites.rewrite_idioms` applies them)."""
+
+
+def _nested_select(outer: ir.Operation) -> int:
+    """`select(p, select(q, a, z), z)` is `select(and(p, q), a, z)`, and `select(p, z,
+    select(q, z, a))` is `select(or(p, q), z, a)` (module docstring): the predicates of the
+    same shape, the fills the same value (`same_value`). The inner select is left to its
+    other uses."""
+    pred, on_true, on_false = outer.operands
+    for inner_at, fill, logic in ((1, on_false, stablehlo.AndOp), (2, on_true, stablehlo.OrOp)):
+        inner = defining_op(outer.operands[inner_at])
+        if inner is None or inner.name != "stablehlo.select":
+            continue
+        inner_pred, inner_true, inner_false = inner.operands
+        inner_fill, kept = (inner_false, inner_true) if inner_at == 1 else (inner_true,
+                                                                            inner_false)
+        if pred.type != inner_pred.type or not same_value(inner_fill, fill):
+            continue
+        with ir.InsertionPoint(outer), outer.location:
+            joined = logic(pred, inner_pred).result
+            args = (joined, kept, fill) if inner_at == 1 else (joined, fill, kept)
+            new = stablehlo.SelectOp(*args).result
+        outer.results[0].replace_all_uses_with(new)
+        erase_and_prune(outer)
+        return 1
+    return 0
 
 
 def _copy_attr(src: ir.Operation, dst: ir.Operation, name: str) -> None:

@@ -379,11 +379,14 @@ def select(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> Valu
 
 def _not_the_block(pred: InBlock) -> Opaque:
     """A mask that is not a device's block: the values it tests, and the block's. One range
-    (or the outside of one) near the block is called an off-by-one bound; a union of ranges
-    (a one-sided test of a difference that may wrap around) is only not related."""
+    (or the outside of one) whose ends lie near the block is called an off-by-one bound;
+    anything else (a one-sided test of a difference that wraps around near the dtype's
+    limits, a union of ranges) is only not related."""
     diff = f"x - {pred.length}*axis_index({', '.join(pred.axes)})"
     hole = intervals.complement(pred.ranges)
-    if len(pred.ranges) == 1 or len(hole) == 1:
+    near = all(end is None or -pred.length <= end <= 2 * pred.length
+               for part in pred.ranges for end in part)
+    if near and (len(pred.ranges) == 1 or len(hole) == 1):
         (lo, hi), kept = (pred.ranges[0], "inside") if len(pred.ranges) == 1 else (
             hole[0], "outside")
         lo = "-inf" if lo is None else lo
@@ -393,9 +396,9 @@ def _not_the_block(pred: InBlock) -> Opaque:
                       f"holds [0, {pred.length}) (an off-by-one bound?)",
                       category="wrong_offset")
     return Opaque(f"the mask is not the device's block: it holds for ids x with "
-                  f"{intervals.describe(pred.ranges, diff)} (the difference computed in "
-                  f"{pred.rel.term.dtype} wraps around), where each device's block holds "
-                  f"[0, {pred.length}): not related", category="unrelated")
+                  f"{intervals.describe(pred.ranges, diff)} (exactly, where the difference "
+                  f"computed in {pred.rel.term.dtype} wraps around), and each device's block "
+                  f"is [0, {pred.length}): not related", category="unrelated")
 
 
 def _same_pred(p: InBlock, q: InBlock) -> bool:
