@@ -24,6 +24,10 @@ semantics), so it is sound on any program, and it puts both programs in the same
   masking a vocab-parallel lookup, `where(local >= 0, where(local < n, rows, 0), 0)`): exact
   for any values, since both pick `z` wherever either test does.
 
+* guards that hold on every value they see: `select(is_finite(m), m, c)` is `m` and
+  `abs(v)` is `v` where the ranges (`bounds.py`) show m finite and v nonnegative (the max
+  guard and the `log(abs(.))` of `jax.nn.logsumexp`).
+
 * online softmax (flash and ring attention): a running max `max(m, reduce_max(s_i))` and
   accumulators rescaled by `exp(m_old - m_new)` as blocks of scores s_i arrive are the max,
   the exp-sum and the weighted sum over the blocks' concatenation (`concatenate(s_0, ...)`,
@@ -53,12 +57,21 @@ from entangle_mlir.normalize.bounds import (
     log_largest,
     log_tiny,
 )
-from entangle_mlir.normalize.finite import finite_shift, overflow_words, rows_finite
+from entangle_mlir.normalize.finite import (
+    NEG,
+    POS,
+    finite_shift,
+    judge,
+    nonfinite_kinds,
+    overflow_words,
+    rows_finite,
+)
 from entangle_mlir.normalize.match import (
     MOVES_AND_TRANSPOSES,
     attr_names,
     defining_op,
     erase_and_prune,
+    finite_test,
     i64s,
     index_map,
     max_reduce,
@@ -104,7 +117,8 @@ REWRITES = {
     "stablehlo.maximum": lambda op: _online_max(op),
     "stablehlo.concatenate": lambda op: _sink_concat(op),
     "stablehlo.divide": lambda op: _normalized_after(op),
-    "stablehlo.select": lambda op: _nested_select(op),
+    "stablehlo.select": lambda op: _nested_select(op) or _finite_guard(op),
+    "stablehlo.abs": lambda op: _nonnegative_abs(op),
 }
 """The forward's rewrites by op name (`rewrites.rewrite_idioms` applies them)."""
 
@@ -132,6 +146,34 @@ def _nested_select(outer: ir.Operation) -> int:
         erase_and_prune(outer)
         return 1
     return 0
+
+
+def _finite_guard(select: ir.Operation) -> int:
+    """`select(is_finite(m), m, c)` is `m` where m holds no infinity (jax's logsumexp
+    guards its max so; the max of finite inputs is finite): the guard of `jax.nn.logsumexp`
+    dropped, to meet a shift written without it. Judged like every finiteness check
+    (`finite.judge`): the max of a product of inputs may overflow, and then only under
+    `--assume-no-overflow`, which the report lists (no refusal is recorded: the guard is
+    kept, which proves nothing wrong)."""
+    pred, value, _ = select.operands
+    if not finite_test(pred, value) or value.type != select.results[0].type:
+        return 0
+    if not judge(lambda memo: not nonfinite_kinds(value, memo) & (NEG | POS), select):
+        return 0
+    select.results[0].replace_all_uses_with(value)
+    erase_and_prune(select)
+    return 1
+
+
+def _nonnegative_abs(op: ir.Operation) -> int:
+    """`abs(v)` is `v` where v's range holds no negative value (`bounds.interval`: the
+    `log(abs(sum(exp(...))))` of `jax.nn.logsumexp`)."""
+    value = op.operands[0]
+    if value.type != op.results[0].type or not interval(value)[0] >= 0:
+        return 0
+    op.results[0].replace_all_uses_with(value)
+    erase_and_prune(op)
+    return 1
 
 
 def _copy_attr(src: ir.Operation, dst: ir.Operation, name: str) -> None:
