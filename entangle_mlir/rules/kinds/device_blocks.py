@@ -171,6 +171,9 @@ def truth(value: Value) -> bool | None:
 def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> list[Value]:
     """An elementwise op with an `InBlock`, `BlockIndex` or `Masked` operand."""
     name = info.name
+    if any(isinstance(v, Masked) and not v.zero for v in operands) and all(
+            isinstance(v, Rel | Masked) for v in operands):
+        return [carried(info, operands, ctx, plain)]
     if name == "stablehlo.not" and isinstance(operands[0], InBlock):
         return [replace(operands[0], ranges=intervals.complement(operands[0].ranges))]
     if name in CLIPS and any(isinstance(v, BlockIndex) for v in operands):
@@ -456,6 +459,78 @@ def _sum_of_blocks(value: Masked, ctx: RuleContext, kind: str = "sum") -> Value:
     term = make_elementwise("stablehlo.select", (in_range, rel.term, fill), (),
                             rel.term.dtype)
     return Rel(term, rel.tiling, tuple(pred.axes), kind, frozenset(), rel.scope)
+
+
+# ----- ops that compute each masked position from the same position --------------------------
+
+CARRIERS = ("stablehlo.dot_general", "stablehlo.reduce")
+"""Non-elementwise ops that carry a lookup valid only inside the block (`carried`)."""
+
+
+def carried(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> Value:
+    """An op on a lookup valid only inside the device's block (`Masked`, unspecified
+    elsewhere) and plain values, computing each result position from positions where the
+    mask is the same: the op on the lookup's relation, valid where the mask holds (MoE's
+    `einsum(tokens, w[clip(local)])`, later zeroed by `where(mine, ., 0)`). Elementwise ops
+    keep the mask; a dot_general or reduce needs it constant along the dims it contracts or
+    reduces, and moves it onto the result's dims. Exact inside the mask for any values
+    outside it."""
+    masks = [v for v in operands if isinstance(v, Masked)]
+    if any(m.zero for m in masks) or not all(isinstance(v, Rel | Masked) for v in operands):
+        return unsupported(info.name)
+    rels = [v.rel if isinstance(v, Masked) else v for v in operands]
+    (out,) = plain(info, rels, ctx)[:1]
+    if not isinstance(out, Rel):
+        return out
+    if out.partial:
+        return unsupported(info.name)
+    preds = []
+    for position, value in enumerate(operands):
+        if not isinstance(value, Masked):
+            continue
+        mapping = _result_dims(info, position, len(value.rel.term.shape))
+        pred = _pred_on(value.pred, mapping, out) if mapping is not None else None
+        if pred is None:
+            return unsupported(info.name)
+        preds.append(pred)
+    if any(not _same_pred(p, preds[0]) for p in preds[1:]):
+        return unsupported(info.name)
+    return Masked(out, preds[0])
+
+
+def _result_dims(info: OpInfo, position: int, rank: int) -> list[int | None] | None:
+    """For each dim of operand `position`, the result dim it becomes (None: contracted or
+    reduced away); None when the op is not one that keeps positions apart."""
+    if info.name == "stablehlo.dot_general":
+        a = info.attrs
+        batch = a["lhs_batch"] if position == 0 else a["rhs_batch"]
+        contract = a["lhs_contract"] if position == 0 else a["rhs_contract"]
+        lhs_rank = len(info.operand_types[0].shape)
+        lhs_free = lhs_rank - len(a["lhs_batch"]) - len(a["lhs_contract"])
+        free = [d for d in range(rank) if d not in batch and d not in contract]
+        first = len(batch) + (lhs_free if position == 1 else 0)
+        return [list(batch).index(d) if d in batch else None if d in contract
+                else first + free.index(d) for d in range(rank)]
+    if info.name == "stablehlo.reduce":
+        if position != 0:
+            return None
+        reduced = list(info.attrs["dimensions"])
+        kept = [d for d in range(rank) if d not in reduced]
+        return [None if d in reduced else kept.index(d) for d in range(rank)]
+    return list(range(rank))
+
+
+def _pred_on(pred: InBlock, mapping: list[int | None], like: Rel) -> InBlock | None:
+    """`pred` moved onto a result's dims by `mapping` (operand dim -> result dim), laid out
+    like the result `like`; None when it varies along a dim that has no result dim."""
+    term = pred.rel.term
+    src, dims = (term.args[0], term.attrs[0]) if term.op == "broadcast" else (
+        term, tuple(range(len(term.shape))))
+    moved = [mapping[d] for d in dims]
+    if None in moved or moved != sorted(moved):
+        return None
+    placed = make_broadcast(src, tuple(moved), like.term.shape)
+    return replace(pred, rel=Rel(placed, like.tiling, scope=like.scope))
 
 
 # ----- data movement --------------------------------------------------------------------------
