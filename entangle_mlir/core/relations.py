@@ -272,6 +272,7 @@ class InBlock:
     axes: tuple[str, ...]
     length: int
     ranges: intervals.Ranges
+    origin: object = field(default=None, compare=False)  # the op that built the test
 
     @classmethod
     def block(cls, rel: Rel, axes: tuple[str, ...], length: int) -> InBlock:
@@ -345,6 +346,7 @@ class Masked:
     rel: Rel
     pred: InBlock
     zero: bool = False
+    origin: object = field(default=None, compare=False)  # the op that made the value
 
     def describe(self) -> str:
         other = "zeros" if self.zero else "unspecified values"

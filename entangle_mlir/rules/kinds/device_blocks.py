@@ -155,7 +155,7 @@ def _logic(name: str, p: InBlock, q: InBlock) -> InBlock | None:
     if not _same_x(p, q):
         return None
     combine = intervals.intersect if name == "stablehlo.and" else intervals.union
-    return replace(p, ranges=combine(p.ranges, q.ranges))
+    return replace(p, ranges=combine(p.ranges, q.ranges), origin=None)
 
 
 # ----- elementwise ops ------------------------------------------------------------------------
@@ -175,7 +175,8 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) ->
             isinstance(v, Rel | Masked) for v in operands):
         return [carried(info, operands, ctx, plain)]
     if name == "stablehlo.not" and isinstance(operands[0], InBlock):
-        return [replace(operands[0], ranges=intervals.complement(operands[0].ranges))]
+        return [replace(operands[0], ranges=intervals.complement(operands[0].ranges),
+                        origin=None)]
     if name in CLIPS and any(isinstance(v, BlockIndex) for v in operands):
         return [clip(info, operands, ctx) or unsupported(name)]
     if name in ("stablehlo.and", "stablehlo.or") and len(operands) == 2:
@@ -495,7 +496,7 @@ def carried(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> Val
         preds.append(pred)
     if any(not _same_pred(p, preds[0]) for p in preds[1:]):
         return unsupported(info.name)
-    return Masked(out, preds[0])
+    return Masked(out, preds[0], origin=masks[0].origin)
 
 
 def _result_dims(info: OpInfo, position: int, rank: int) -> list[int | None] | None:
