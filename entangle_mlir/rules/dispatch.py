@@ -37,10 +37,11 @@ SHIFT_AWARE = frozenset(ELEMENTWISE_OPS) | {"stablehlo.broadcast_in_dim", "stabl
 """Ops whose rules read a `Shifted` operand."""
 BLOCK_AWARE = frozenset(ELEMENTWISE_OPS) | {"stablehlo.broadcast_in_dim", "stablehlo.reshape",
                                             "stablehlo.transpose", "stablehlo.gather",
-                                            "stablehlo.scatter", "stablehlo.reduce"}
+                                            "stablehlo.scatter", "stablehlo.reduce",
+                                            "stablehlo.dot_general"}
 """Ops whose rules read device-block values (`InBlock`, `BlockIndex`, `Masked`)."""
 MASK_CARRIERS = frozenset(ELEMENTWISE_OPS) | {"stablehlo.broadcast_in_dim", "stablehlo.reshape",
-                                             "stablehlo.transpose"}
+                                             "stablehlo.transpose", *device_blocks.CARRIERS}
 """Ops that may carry a not-yet-zeroed `Masked` lookup forward (to the `where` that zeroes it)."""
 REGION_RULE_OPS = ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
                    "stablehlo.scatter", "stablehlo.sort", "stablehlo.reduce_window",
@@ -94,9 +95,6 @@ def apply_rule(info: OpInfo, inputs: list[Value], ctx: RuleContext, has_regions:
             return reordered.apply(info, inputs, ctx, RULES[name])
         if any(isinstance(v, Returning) for v in inputs):
             return returning.apply(info, inputs, ctx)
-        if any(isinstance(v, Masked) and not v.zero for v in inputs) and \
-                name in device_blocks.CARRIERS:
-            return [device_blocks.carried(info, inputs, ctx, RULES[name])] * result_count
         if any(isinstance(v, Masked) and not v.zero for v in inputs) and \
                 name not in MASK_CARRIERS:
             return [Opaque(f"{name} uses rows looked up for ids outside this device's "

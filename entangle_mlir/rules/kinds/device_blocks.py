@@ -465,7 +465,7 @@ def _sum_of_blocks(value: Masked, ctx: RuleContext, kind: str = "sum") -> Value:
 # ----- ops that compute each masked position from the same position --------------------------
 
 CARRIERS = ("stablehlo.dot_general", "stablehlo.reduce")
-"""Non-elementwise ops that carry a lookup valid only inside the block (`carried`)."""
+"""Non-elementwise ops whose rules carry a lookup valid only inside the block (`carried`)."""
 
 
 def carried(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> Value:
