@@ -24,6 +24,11 @@ semantics), so it is sound on any program, and it puts both programs in the same
   masking a vocab-parallel lookup, `where(local >= 0, where(local < n, rows, 0), 0)`): exact
   for any values, since both pick `z` wherever either test does.
 
+* a gather of a shifted tensor: `gather(x - broadcast(m), i)` is `gather(x, i) - broadcast'(m)`
+  when the broadcast is constant along the indexed dims (the target logit of a max-shifted
+  cross-entropy, `take_along_axis(logits - m, labels)`): a gather only copies elements, so it
+  commutes with the elementwise subtraction, and the broadcast's gathered elements are m's.
+
 * guards that hold on every value they see: `select(is_finite(m), m, c)` is `m` and
   `abs(v)` is `v` where the ranges (`bounds.py`) show m finite and v nonnegative (the max
   guard and the `log(abs(.))` of `jax.nn.logsumexp`).
@@ -49,7 +54,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
-from entangle_mlir.mlir.opinfo import reducer_kind
+from entangle_mlir.mlir.opinfo import describe, reducer_kind
 from entangle_mlir.normalize.bounds import (
     computed_alike,
     group_size,
@@ -84,6 +89,7 @@ from entangle_mlir.normalize.match import (
     sum_reduce,
 )
 from entangle_mlir.semantics.groups import has_channel
+from entangle_mlir.semantics.ops import dimension_numbers
 
 
 def drop_identity_converts(module: ir.Module, ops: list | None = None) -> int:
@@ -119,6 +125,7 @@ REWRITES = {
     "stablehlo.divide": lambda op: _normalized_after(op),
     "stablehlo.select": lambda op: _nested_select(op) or _finite_guard(op),
     "stablehlo.abs": lambda op: _nonnegative_abs(op),
+    "stablehlo.gather": lambda op: _gather_of_shift(op),
 }
 """The forward's rewrites by op name (`rewrites.rewrite_idioms` applies them)."""
 
@@ -174,6 +181,86 @@ def _nonnegative_abs(op: ir.Operation) -> int:
     op.results[0].replace_all_uses_with(value)
     erase_and_prune(op)
     return 1
+
+
+def _gather_of_shift(gather: ir.Operation) -> int:
+    """`gather(x -+ broadcast(m), i)` is `gather(x, i) -+ broadcast'(m)` (module docstring):
+    `broadcast(m)` (through a chain of broadcast_in_dims) varies only along operand batching
+    dims and window dims the gather takes whole, so each gathered element of it is the m at
+    the result's matching position; m's dims of size 1 are reshaped away first."""
+    arith = defining_op(gather.operands[0])
+    if arith is None or arith.name not in ("stablehlo.subtract", "stablehlo.add"):
+        return 0
+    info = describe(gather)
+    dims = dimension_numbers(info.attrs, "dimension_numbers")
+    sizes = tuple(info.attrs.get("slice_sizes", ()))
+    result_shape = shape_of(gather.results[0])
+    for side in ((1,) if arith.name == "stablehlo.subtract" else (1, 0)):
+        found = _row_constant(arith.operands[side], dims, sizes, shape_of(gather.operands[1]),
+                              result_shape)
+        if found is None:
+            continue
+        core, out_dims = found
+        result_type = gather.results[0].type
+        with ir.InsertionPoint(gather), gather.location:
+            if any(n == 1 for n in shape_of(core)):
+                kept = tuple(n for n in shape_of(core) if n != 1)
+                element = ir.RankedTensorType(core.type).element_type
+                core = stablehlo.ReshapeOp(ir.RankedTensorType.get(kept, element),
+                                           core).result
+            shift = stablehlo.BroadcastInDimOp(result_type, core, out_dims).result
+            picked = gather.clone(ir.InsertionPoint(gather))
+            picked.operands[0] = arith.operands[1 - side]
+            op = stablehlo.SubtractOp if arith.name == "stablehlo.subtract" else \
+                stablehlo.AddOp
+            new = op(picked.results[0], shift).result
+        gather.results[0].replace_all_uses_with(new)
+        erase_and_prune(gather)
+        return 1
+    return 0
+
+
+def _row_constant(value, dims: dict, sizes: tuple, indices_shape: tuple, result_shape: tuple):
+    """(m, result dims of m's dims of size > 1) when `value` is m broadcast (through
+    broadcast_in_dims) so that it varies only along operand dims the gather reads at a
+    position the result names: a batching dim (the paired indices batch dim's result dim)
+    or a window dim it takes whole (its offset dim); else None."""
+    to_operand = None
+    core = value
+    while (op := defining_op(core)) is not None and op.name == "stablehlo.broadcast_in_dim":
+        step = i64s(op, "broadcast_dimensions")
+        to_operand = step if to_operand is None else [to_operand[d] for d in step]
+        core = op.operands[0]
+    if to_operand is None:
+        return None
+    operand_shape = shape_of(value)
+    ivd = dims.get("index_vector_dim", 0)
+    offset_dims = list(dims.get("offset_dims", ()))
+    result_batch = [d for d in range(len(result_shape)) if d not in offset_dims]
+    indices_batch = [d for d in range(len(indices_shape)) if d != ivd]
+    operand_batching = list(dims.get("operand_batching_dims", ()))
+    indices_batching = list(dims.get("start_indices_batching_dims", ()))
+    window = [d for d in range(len(operand_shape)) if d not in dims.get("collapsed_slice_dims", ())
+              and d not in operand_batching]
+    out_dims = []
+    for axis, size in enumerate(shape_of(core)):
+        if size == 1:
+            continue
+        d = to_operand[axis]
+        if d in operand_batching:
+            paired = indices_batching[operand_batching.index(d)]
+            out = result_batch[indices_batch.index(paired)]
+        elif d in window and d not in dims.get("start_index_map", ()) and \
+                sizes[d] == operand_shape[d]:
+            out = offset_dims[window.index(d)]
+        else:
+            return None
+        if result_shape[out] != size:
+            return None
+        out_dims.append(out)
+    if out_dims != sorted(out_dims):
+        return None
+    return core, out_dims
 
 
 def _copy_attr(src: ir.Operation, dst: ir.Operation, name: str) -> None:

@@ -41,18 +41,7 @@ from fractions import Fraction
 
 from entangle_mlir.core.mesh import axes_str
 from entangle_mlir.core.relations import BlockIndex, Opaque, Rel, Shifted, Value
-from entangle_mlir.core.terms import (
-    Term,
-    intern,
-    linear_parts,
-    make_add,
-    make_broadcast,
-    make_lin,
-    make_op,
-    make_splat,
-    scale,
-    splat_value,
-)
+from entangle_mlir.core.terms import Term, intern, make_add, make_op, make_splat, scale, splat_value
 from entangle_mlir.mlir.opinfo import OpInfo, TensorType, region_problem, scatter_kind
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import device_offsets, freeze, is_zero, resize
@@ -114,56 +103,10 @@ def term_info(term: Term) -> OpInfo:
 
 def make_gather(operand: Term, indices: Term, dims: dict, slice_sizes: tuple[int, ...],
                 shape: tuple[int, ...], dtype: str) -> Term:
-    """A gather term; summands of the operand that the gather only copies (broadcasts
-    constant along the indexed dims, `_gathered_broadcast`) are taken out of it:
-    `take_along_axis(x - broadcast(m), i)` is `take_along_axis(x, i) - m` (the target logit of
-    a max-shifted cross-entropy), exactly, element by element."""
-    if operand.op == "lin":
-        pairs, constant = linear_parts(operand)
-        copied = [(k, _gathered_broadcast(t, indices, dims, slice_sizes, shape))
-                  for k, t in pairs]
-        if any(g is not None for _, g in copied):
-            rest = [(k, t) for (k, t), (_, g) in zip(pairs, copied) if g is None]
-            terms = [(k, g) for k, g in copied if g is not None]
-            if rest:
-                inner = make_lin(rest, Fraction(0), operand.shape, operand.dtype)
-                terms.append((Fraction(1), make_gather(inner, indices, dims, slice_sizes,
-                                                       shape, dtype)))
-            return make_lin(terms, constant, tuple(shape), dtype)
     attrs = _pairs({**{k: dims[k] for k in _GATHER_KEYS},
                     "index_vector_dim": dims["index_vector_dim"],
                     "slice_sizes": tuple(slice_sizes)})
     return make_op(GATHER, (operand, indices), attrs, tuple(shape), dtype, linear_in=0)
-
-
-def _gathered_broadcast(term: Term, indices: Term, dims: dict, slice_sizes: tuple[int, ...],
-                        shape: tuple[int, ...]) -> Term | None:
-    """The gather of `term` when it only copies elements of a broadcast's operand: `term` is
-    `broadcast(src)` constant along every indexed dim, and each of src's dims is an operand
-    batching dim (read at the indices' paired batch position) or a window dim sliced whole
-    (read at the window position); then the result is src broadcast to the result's shape.
-    None otherwise."""
-    if term.op != "broadcast":
-        return None
-    src, (bdims,) = term.args[0], term.attrs
-    result_batch, indices_batch, window = _gather_maps(dims, len(term.shape),
-                                                       len(indices.shape), len(shape))
-    out_dims = []
-    for s, d in enumerate(bdims):
-        if d in dims["operand_batching_dims"]:
-            paired = dims["start_indices_batching_dims"][dims["operand_batching_dims"].index(d)]
-            out = result_batch[indices_batch.index(paired)]
-        elif d in window and slice_sizes[d] == term.shape[d] and \
-                d not in dims["start_index_map"]:
-            out = dims["offset_dims"][window.index(d)]
-        else:
-            return None
-        if src.shape[s] != shape[out]:
-            return None
-        out_dims.append(out)
-    if out_dims != sorted(out_dims):
-        return None
-    return make_broadcast(src, tuple(out_dims), tuple(shape))
 
 
 def make_scatter(operand: Term, indices: Term, updates: Term, dims: dict, kind: str) -> Term:
