@@ -406,10 +406,10 @@ class Walker:
             if value.category in ("partial_mixed", "nonlinear_partial"):
                 blame = next((v.partial_origin for v in inputs
                               if isinstance(v, Rel) and v.partial), None)
-            elif value.category in ("wrong_offset", "layout_mismatch"):
+            elif value.category in ("wrong_offset", "unrelated", "layout_mismatch"):
                 # a mask that is not the block, a lookup never zeroed: where they were made
                 blame = next((v.origin for v in inputs if isinstance(v, InBlock) and
-                              value.category == "wrong_offset" or isinstance(v, Masked)
+                              value.category != "layout_mismatch" or isinstance(v, Masked)
                               and not v.zero and value.category == "layout_mismatch"), None)
             return replace(value, origin=(record, blame))
         if isinstance(value, InBlock | Masked) and value.origin is None:
