@@ -103,10 +103,6 @@ NOT_PROVEN: dict[str, str] = {
         "value is still a partial sum over 'X' when it leaves shard_map (result #0): missing all_reduce/psum",
     'roll_within_shard_X2_Y4':
         'concatenate along dim 0 of rows that are not consecutive in the global tensor (halo windows out of order or of different values)',
-    'moe_allgather_X4':
-        'compare of i32 values plus a device offset that may wrap around (the order of wrapped values is not the order of the values; not proven)',
-    'moe_top2_allgather_X4':
-        'compare of i32 values plus a device offset that may wrap around (the order of wrapped values is not the order of the values; not proven)',
     'allreduce_collective_matmul_X2_Y4':
         'slice computes slice(%arg1), which the reference never computes',
     'rs_collective_matmul_X2_Y4':
@@ -115,16 +111,10 @@ NOT_PROVEN: dict[str, str] = {
         'device-dependent offset is wrong along dim 0: device 1 reads [4, 8) instead of its own block [0, 4); found offsets [0, 4, 8, 12, 0, 4, 8, 12], expected offset = 4 * ax...',
     'matmul_gather_lhs_untiled_X4':
         "all_gather concatenates along dim 0 but the value is split along dim 1 over 'X'",
-    'vocab_parallel_embed_tp4':
-        'compare of i32 values plus a device offset that may wrap around (the order of wrapped values is not the order of the values; not proven)',
-    'vocab_parallel_embed_dp2_tp4':
-        'compare of i32 values plus a device offset that may wrap around (the order of wrapped values is not the order of the values; not proven)',
     'grad_vocab_parallel_embed_tp4':
-        'device-dependent offset tensor used by stablehlo.maximum (not supported yet)',
-    'vocab_parallel_ce_tp4':
-        'compare of i32 values plus a device offset that may wrap around (the order of wrapped values is not the order of the values; not proven)',
+        'shard_map returns a device-dependent value',
     'head_vocab_parallel_ce_tp4':
-        'compare of i32 values plus a device offset that may wrap around (the order of wrapped values is not the order of the values; not proven)',
+        'subtract computes (dot_general(%arg0, %arg1) + -1*broadcast(reduce_max(...))), which the reference never computes',
     'grad_head_vocab_parallel_ce_tp4':
         "result #3 is split along dim 1 over 'tp' but out_specs declares it split along dim 0 over 'tp'",
     'moe_top2_capacity_ep4':
@@ -137,8 +127,6 @@ NOT_PROVEN: dict[str, str] = {
         "dynamic_slice with a computed offset in dim 0, which is split over 'data'",
     'cookbook_loss_and_grads_fsdp4':
         'select computes (1/2*select(broadcast(...), dot_general(..., ...), -2000000000)), which the reference never computes',
-    'vocab_embed_in_jit_model_tp4':
-        'compare of i32 values plus a device offset that may wrap around (the order of wrapped values is not the order of the values; not proven)',
     'moe_top2_constrained_ep4':
         'unsupported op mhlo.topk',
     'ulysses_constrained_sp4':
