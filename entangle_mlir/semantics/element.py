@@ -317,37 +317,53 @@ def remainder(a: Element, b: Element, integer: bool = False) -> Element:
 def _masked_parts(x: Element, inf: z3.ExprRef) -> tuple | None:
     """(x is not `inf`, x's value where it is not) for a z3 term of nested `If`s with `inf`
     among its leaves (a value masked to -inf, as in a pmax of `where(mask, rows, -inf)`);
-    None when `x` is no such term or a leaf mentions an infinity in arithmetic."""
-    if not is_z3(x):
+    None when `x` is no such term or a leaf mentions an infinity in arithmetic. Linear in the
+    term's DAG (memoized by node)."""
+    if not isinstance(x, z3.ArithRef) or not z3.is_app_of(x, z3.Z3_OP_ITE) or \
+            not _has_leaf(x, inf, {}):
         return None
-    found = False
+    memo: dict[int, tuple | None] = {}
+    seen: dict[int, bool] = {}
 
     def parts(e: z3.ExprRef) -> tuple | None:
-        nonlocal found
-        if z3.eq(e, inf):
-            found = True
-            return z3.BoolVal(False), z3.RealVal(0)
-        if z3.is_app_of(e, z3.Z3_OP_ITE):
-            then, other = parts(e.arg(1)), parts(e.arg(2))
-            if then is None or other is None:
-                return None
-            return (z3.If(e.arg(0), then[0], other[0]), z3.If(e.arg(0), then[1], other[1]))
-        if _mentions_infinity(e):
-            return None
-        return z3.BoolVal(True), e
+        key = e.get_id()
+        if key not in memo:
+            if z3.eq(e, inf):
+                memo[key] = (z3.BoolVal(False), z3.RealVal(0))
+            elif z3.is_app_of(e, z3.Z3_OP_ITE):
+                then, other = parts(e.arg(1)), parts(e.arg(2))
+                memo[key] = None if then is None or other is None else (
+                    z3.If(e.arg(0), then[0], other[0]), z3.If(e.arg(0), then[1], other[1]))
+            else:
+                memo[key] = None if _mentions_infinity(e, seen) else (z3.BoolVal(True), e)
+        return memo[key]
 
-    out = parts(x) if isinstance(x, z3.ArithRef) else None
-    return out if found else None
+    return parts(x)
 
 
-def _mentions_infinity(e: z3.ExprRef) -> bool:
-    stack, seen = [e], set()
+def _has_leaf(e: z3.ExprRef, leaf: z3.ExprRef, memo: dict[int, bool]) -> bool:
+    """`leaf` is a leaf of the `If` tree `e` (its branches, not its conditions)."""
+    key = e.get_id()
+    if key not in memo:
+        memo[key] = z3.eq(e, leaf) or z3.is_app_of(e, z3.Z3_OP_ITE) and (
+            _has_leaf(e.arg(1), leaf, memo) or _has_leaf(e.arg(2), leaf, memo))
+    return memo[key]
+
+
+def _mentions_infinity(e: z3.ExprRef, seen: dict[int, bool] | None = None) -> bool:
+    """`e` has an infinity constant anywhere in it (`seen`: a memo shared by the caller)."""
+    seen = {} if seen is None else seen
+    stack = [e]
     while stack:
         node = stack.pop()
-        if node.get_id() in seen:
+        key = node.get_id()
+        if key in seen:
+            if seen[key]:
+                return True
             continue
-        seen.add(node.get_id())
+        seen[key] = False
         if z3.eq(node, _POS_INF) or z3.eq(node, _NEG_INF):
+            seen[key] = True
             return True
         stack.extend(node.children())
     return False

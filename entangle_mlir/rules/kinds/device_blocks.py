@@ -1,12 +1,21 @@
 """Per-device range tests and local indices of a range cut into device blocks over mesh axes
 (device d's block: the part of a split dim it holds): the vocab-parallel embedding and
-cross-entropy (Megatron).
+cross-entropy (Megatron), in both spellings:
 
     start = axis_index('tp') * V_local
-    outside = (tokens < start) | (tokens >= start + V_local)      # InBlock, negated [0, V_local)
+    outside = (tokens < start) | (tokens >= start + V_local)      # InBlock, outside [0, V_local)
     local = where(outside, 0, tokens - start)                     # BlockIndex
     found = take(w_local, local)                                  # Masked: valid inside only
     psum(where(outside, 0, found))                                # partial sum of take(w, tokens)
+
+    local = tokens - start                                        # Shifted (int32: it wraps)
+    mask = (local >= 0) & (local < V_local)                       # InBlock, exactly the block
+    found = take(w_local, clip(local, 0, V_local - 1))            # BlockIndex.clamp -> Masked
+    psum(where(mask, found, 0))                                   # partial sum of take(w, tokens)
+
+A test of `tokens - start` computed in the dtype is stated by the exact differences it
+accepts (`compare_shifted`, `_wrapped_ranges`): a union of ranges, with the wrapped ids near
+the dtype's minimum where a one-sided test accepts them.
 
 Every step is exact, for every token value: a token inside device d's block is looked up at
 its own row; outside every block (out of range) it contributes zeros on every device, so the
