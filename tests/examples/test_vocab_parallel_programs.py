@@ -173,6 +173,36 @@ def test_narrowing_the_local_index_to_int8_wraps_and_is_not_proven() -> None:
     assert _same(*run_pair_on(right, inputs)) and _report(right).proven
 
 
+def _int8_embed(w, t):
+    """int8 ids, the local index computed in int8: `ids - start` wraps for ids near -128 on
+    devices with start > 0, which the exact range test accounts for."""
+    n = w.shape[0]
+    local = t - (lax.axis_index("tp") * n).astype(jnp.int8)
+    mask = (local >= 0) & (local < n)
+    rows = jnp.take(w, jnp.clip(local, 0, n - 1), axis=0)
+    return lax.psum(jnp.where(mask[:, None], rows, 0.0), "tp")
+
+
+def test_int8_ids_with_wrapping_local_index() -> None:
+    """V = 64 over tp 4 with int8 ids: every block lies inside int8, so the int8 mask is
+    exactly the block (proven; int8 ids widened to int32 by jnp.take index the same rows).
+    Wrapped ids (-128..-113 on the device starting at 48 give local 80..95) are masked out:
+    the sharded program returns zeros for them."""
+    vocab = 64
+    ex = custom("vocab_embed_int8_ids", TP4, take_ref, _int8_embed,
+                (ArgDef("w", (vocab, D), "float32", "weight", P("tp", None)),
+                 ArgDef("t", (8,), "int8", "tokens", P(), high=vocab)), P(), "int8 ids",
+                check_vma=False)
+    w, _ = _inputs(vocab)
+    valid = np.array(_boundaries(4, vocab), np.int8)
+    assert _same(*run_pair_on(ex, [w, valid]))
+    wrapped = np.array([-128, -120, -113, -100, -65, -1, -64, -127], np.int8)
+    _, shd = run_pair_on(ex, [w, wrapped])
+    assert np.allclose(shd[0], 0)
+    report = _report(ex)
+    assert report.proven, report.render_text()
+
+
 def test_a_half_wrapped_mask_leaks_near_int_min_and_is_not_proven() -> None:
     """`(ids - start >= 0) & (ids < start + n)`: for ids near INT_MIN the difference wraps to a
     large positive value on every device with start > 0, so they read row n - 1 there; the
