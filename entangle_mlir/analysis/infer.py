@@ -406,7 +406,14 @@ class Walker:
             if value.category in ("partial_mixed", "nonlinear_partial"):
                 blame = next((v.partial_origin for v in inputs
                               if isinstance(v, Rel) and v.partial), None)
+            elif value.category in ("wrong_offset", "unrelated", "layout_mismatch"):
+                # a mask that is not the block, a lookup never zeroed: where they were made
+                blame = next((v.origin for v in inputs if isinstance(v, InBlock) and
+                              value.category != "layout_mismatch" or isinstance(v, Masked)
+                              and not v.zero and value.category == "layout_mismatch"), None)
             return replace(value, origin=(record, blame))
+        if isinstance(value, InBlock | Masked) and value.origin is None:
+            return replace(value, origin=record)
         if isinstance(value, Permuted | Windowed) and value.origin is None:
             return replace(value, origin=(record, None))
         if isinstance(value, Reordered) and value.rel.partial:

@@ -449,6 +449,11 @@ def _opaque_diagnostic(value: Opaque, reference: _Reference | None,
             notes.append(Diagnostic("note", "the partial sum leaves shard_map here",
                                     record.loc))
             notes.extend(_sibling_sync_note(record, value))
+        elif record is not None and value.category in ("wrong_offset", "unrelated",
+                                                        "layout_mismatch"):
+            what = "lookup" if value.category == "layout_mismatch" else "mask"
+            notes.append(Diagnostic("note", f"the {what} is used here by {record.info.name}",
+                                    record.loc))
         elif record is not None:
             notes.append(Diagnostic("note", f"the partial sum is used here by "
                                             f"{record.info.name}", record.loc))

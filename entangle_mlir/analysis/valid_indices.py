@@ -5,7 +5,8 @@ vocab-parallel embedding returns zeros there. The two programs agree on every *v
 which is what every user means. So when the output terms differ, the comparison tries again
 with each integer input that indexes a table taken to be a valid index of it: an input read as
 gather indices (through reshapes, broadcasts, converts and jax's wrap-around of negative
-indices) into a dim of size V is assumed to lie in [0, V). Under that assumption comparisons
+indices) into a dim of size V is assumed to lie in [0, V) (a slice of an input, `route[:, k]`:
+only the elements it reads). Under that assumption comparisons
 it decides become constants, and selects on constants their branch. If the terms then agree,
 the result is proven *under the assumption*, and the report says which input and which range.
 """
@@ -42,6 +43,12 @@ class IndexRange:
     size: int
 
     def describe(self) -> str:
+        if self.arg.op == "slice":
+            starts, limits, strides = self.arg.attrs
+            steps = "" if all(s == 1 for s in strides) else f" step {list(strides)}"
+            where = ", ".join(f"{a}:{b}" for a, b in zip(starts, limits))
+            return (f"input #{self.arg.args[0].attrs[0]}[{where}]{steps} holds valid indices, "
+                    f"0 <= value < {self.size} (it indexes a dim of size {self.size})")
         return (f"input #{self.arg.attrs[0]} holds valid indices, 0 <= value < {self.size} "
                 f"(it indexes a dim of size {self.size})")
 
@@ -79,6 +86,9 @@ def _index_source(term: Term, size: int) -> Term | None:
     if term.op == "arg" and term.dtype.startswith(("i", "si", "ui")) and \
             term.attrs[0] < HOLE_BASE:
         return term  # a program input (a summarized layer's hole is any computed value)
+    if term.op == "slice" and _index_source(term.args[0], size) is term.args[0] and \
+            term.args[0].op == "arg":
+        return term  # a slice of one (`route[:, k]`): only the elements the slice reads
     return None
 
 

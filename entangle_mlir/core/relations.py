@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from entangle_mlir.core import intervals
 from entangle_mlir.core.mesh import Mesh, axes_str
+from entangle_mlir.core.ranges import int_limits
 from entangle_mlir.core.terms import Term, make_op, make_splat, pretty
 
 GLOBAL = "global"
@@ -260,27 +262,42 @@ class Returning:
 class InBlock:
     """An integer tensor `rel` (x, the same on every device of `axes`) tested against the
     device's block of a range cut into blocks of `length` along `axes` (a vocab-parallel shard's
-    token range): on device d with block index b, the boolean `lo <= x - b*length < hi`
-    (None: unbounded), negated when `negated`. `(x < start) | (x >= start + V_local)` is the
-    negated block [0, length)."""
+    token range): on device d with block index b, the boolean `x - b*length in ranges`, in
+    exact integer arithmetic (`core/intervals.py`: a union of intervals [lo, hi), None
+    unbounded). `(x < start) | (x >= start + V_local)` is the complement of the block [0,
+    length); a test of a difference computed in the dtype, which may wrap around, is stated by
+    the exact values it accepts (`rules/kinds/device_blocks.compare_shifted`)."""
 
     rel: Rel
     axes: tuple[str, ...]
     length: int
-    lo: int | None
-    hi: int | None
-    negated: bool = False
+    ranges: intervals.Ranges
+    origin: object = field(default=None, compare=False)  # the op that built the test
+
+    @classmethod
+    def block(cls, rel: Rel, axes: tuple[str, ...], length: int) -> InBlock:
+        """'x is in the device's own block'."""
+        return cls(rel, axes, length, ((0, length),))
+
+    @property
+    def inside(self) -> bool:
+        """Exactly 'x is in the device's own block'."""
+        return self.ranges == ((0, self.length),)
+
+    @property
+    def outside(self) -> bool:
+        """Exactly 'x is outside the device's own block'."""
+        return self.ranges == intervals.complement(((0, self.length),))
 
     @property
     def is_block(self) -> bool:
-        """Exactly 'x is in the device's own block' (or, negated, outside it)."""
-        return (self.lo, self.hi) == (0, self.length)
+        """Exactly 'x is in the device's own block' or exactly 'outside it'."""
+        return self.inside or self.outside
 
     def describe(self) -> str:
-        lo = "" if self.lo is None else f"{self.lo} <= "
-        hi = "" if self.hi is None else f" < {self.hi}"
-        test = f"{lo}x - {self.length}*axis_index({', '.join(self.axes)}){hi}"
-        return f"{'not ' if self.negated else ''}({test}) for x = {self.rel.describe()}"
+        test = intervals.describe(self.ranges,
+                                  f"x - {self.length}*axis_index({', '.join(self.axes)})")
+        return f"{test} for x = {self.rel.describe()}"
 
 
 @dataclass(frozen=True)
@@ -288,22 +305,36 @@ class BlockIndex:
     """The index of x (`rel`) inside the device's block of a range cut into blocks of `length`
     along `axes`, or `fill` where x is outside the block, plus `add`: on device d with block
     index b, `(x - b*length if 0 <= x - b*length < length else fill) + add` (Megatron's
-    `where(outside, 0, tokens - start)`)."""
+    `where(outside, 0, tokens - start)`). With `clamp` = (lo, hi) the value is instead
+    `clamp(x - b*length, lo, hi) + add`, the difference computed in x's dtype (it may wrap
+    around) and clamped (None: not on that side): `clip(ids - start, 0, V_local - 1)`. The
+    clamp never cuts the block (lo <= 0, hi >= length - 1), so inside it both forms are
+    `x - b*length + add`."""
 
     rel: Rel
     axes: tuple[str, ...]
     length: int
     fill: int = 0
     add: int = 0
+    clamp: tuple[int | None, int | None] | None = None
 
     def bounds(self) -> tuple[int, int]:
         """The smallest and largest value on any device."""
+        if self.clamp is not None:
+            limits = int_limits(self.rel.term.dtype)
+            assert limits is not None, "a block index is an integer"
+            lo, hi = self.clamp
+            return ((int(limits[0]) if lo is None else lo) + self.add,
+                    (int(limits[1]) if hi is None else hi) + self.add)
         return min(0, self.fill) + self.add, max(self.length - 1, self.fill) + self.add
 
     def describe(self) -> str:
         plus = f" + {self.add}" if self.add else ""
-        return (f"(x - {self.length}*axis_index({', '.join(self.axes)}) inside the block, "
-                f"else {self.fill}){plus} for x = {self.rel.describe()}")
+        diff = f"x - {self.length}*axis_index({', '.join(self.axes)})"
+        if self.clamp is not None:
+            lo, hi = ("" if end is None else end for end in self.clamp)
+            return f"clamp({diff}, {lo}, {hi}){plus} for x = {self.rel.describe()}"
+        return f"({diff} inside the block, else {self.fill}){plus} for x = {self.rel.describe()}"
 
 
 @dataclass(frozen=True)
@@ -315,6 +346,7 @@ class Masked:
     rel: Rel
     pred: InBlock
     zero: bool = False
+    origin: object = field(default=None, compare=False)  # the op that made the value
 
     def describe(self) -> str:
         other = "zeros" if self.zero else "unspecified values"

@@ -19,6 +19,20 @@ semantics), so it is sound on any program, and it puts both programs in the same
   it does not, and the rewrite is refused unless neither form can overflow. (Programs that
   keep the same shift on both sides need no rewrite: their terms meet as they are.)
 
+* nested selects with one fill: `select(p, select(q, a, z), z)` is `select(and(p, q), a,
+  z)` and `select(p, z, select(q, z, a))` is `select(or(p, q), z, a)` (nested `jnp.where`s
+  masking a vocab-parallel lookup, `where(local >= 0, where(local < n, rows, 0), 0)`): exact
+  for any values, since both pick `z` wherever either test does.
+
+* a gather of a shifted tensor: `gather(x - broadcast(m), i)` is `gather(x, i) - broadcast'(m)`
+  when the broadcast is constant along the indexed dims (the target logit of a max-shifted
+  cross-entropy, `take_along_axis(logits - m, labels)`): a gather only copies elements, so it
+  commutes with the elementwise subtraction, and the broadcast's gathered elements are m's.
+
+* guards that hold on every value they see: `select(is_finite(m), m, c)` is `m` and
+  `abs(v)` is `v` where the ranges (`bounds.py`) show m finite and v nonnegative (the max
+  guard and the `log(abs(.))` of `jax.nn.logsumexp`).
+
 * online softmax (flash and ring attention): a running max `max(m, reduce_max(s_i))` and
   accumulators rescaled by `exp(m_old - m_new)` as blocks of scores s_i arrive are the max,
   the exp-sum and the weighted sum over the blocks' concatenation (`concatenate(s_0, ...)`,
@@ -40,7 +54,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
-from entangle_mlir.mlir.opinfo import reducer_kind
+from entangle_mlir.mlir.opinfo import describe, reducer_kind
 from entangle_mlir.normalize.bounds import (
     computed_alike,
     group_size,
@@ -48,12 +62,21 @@ from entangle_mlir.normalize.bounds import (
     log_largest,
     log_tiny,
 )
-from entangle_mlir.normalize.finite import finite_shift, overflow_words, rows_finite
+from entangle_mlir.normalize.finite import (
+    NEG,
+    POS,
+    finite_shift,
+    judge,
+    nonfinite_kinds,
+    overflow_words,
+    rows_finite,
+)
 from entangle_mlir.normalize.match import (
     MOVES_AND_TRANSPOSES,
     attr_names,
     defining_op,
     erase_and_prune,
+    finite_test,
     i64s,
     index_map,
     max_reduce,
@@ -66,6 +89,7 @@ from entangle_mlir.normalize.match import (
     sum_reduce,
 )
 from entangle_mlir.semantics.groups import has_channel
+from entangle_mlir.semantics.ops import dimension_numbers
 
 
 def drop_identity_converts(module: ir.Module, ops: list | None = None) -> int:
@@ -99,8 +123,144 @@ REWRITES = {
     "stablehlo.maximum": lambda op: _online_max(op),
     "stablehlo.concatenate": lambda op: _sink_concat(op),
     "stablehlo.divide": lambda op: _normalized_after(op),
+    "stablehlo.select": lambda op: _nested_select(op) or _finite_guard(op),
+    "stablehlo.abs": lambda op: _nonnegative_abs(op),
+    "stablehlo.gather": lambda op: _gather_of_shift(op),
 }
 """The forward's rewrites by op name (`rewrites.rewrite_idioms` applies them)."""
+
+
+def _nested_select(outer: ir.Operation) -> int:
+    """`select(p, select(q, a, z), z)` is `select(and(p, q), a, z)`, and `select(p, z,
+    select(q, z, a))` is `select(or(p, q), z, a)` (module docstring): the predicates of the
+    same shape, the fills the same value (`same_value`). The inner select is left to its
+    other uses."""
+    pred, on_true, on_false = outer.operands
+    for inner_at, fill, logic in ((1, on_false, stablehlo.AndOp), (2, on_true, stablehlo.OrOp)):
+        inner = defining_op(outer.operands[inner_at])
+        if inner is None or inner.name != "stablehlo.select":
+            continue
+        inner_pred, inner_true, inner_false = inner.operands
+        inner_fill, kept = (inner_false, inner_true) if inner_at == 1 else (inner_true,
+                                                                            inner_false)
+        if pred.type != inner_pred.type or not same_value(inner_fill, fill):
+            continue
+        with ir.InsertionPoint(outer), outer.location:
+            joined = logic(pred, inner_pred).result
+            args = (joined, kept, fill) if inner_at == 1 else (joined, fill, kept)
+            new = stablehlo.SelectOp(*args).result
+        outer.results[0].replace_all_uses_with(new)
+        erase_and_prune(outer)
+        return 1
+    return 0
+
+
+def _finite_guard(select: ir.Operation) -> int:
+    """`select(is_finite(m), m, c)` is `m` where m holds no infinity (jax's logsumexp
+    guards its max so; the max of finite inputs is finite): the guard of `jax.nn.logsumexp`
+    dropped, to meet a shift written without it. Judged like every finiteness check
+    (`finite.judge`): the max of a product of inputs may overflow, and then only under
+    `--assume-no-overflow`, which the report lists (no refusal is recorded: the guard is
+    kept, which proves nothing wrong)."""
+    pred, value, _ = select.operands
+    if not finite_test(pred, value) or value.type != select.results[0].type:
+        return 0
+    if not judge(lambda memo: not nonfinite_kinds(value, memo) & (NEG | POS), select):
+        return 0
+    select.results[0].replace_all_uses_with(value)
+    erase_and_prune(select)
+    return 1
+
+
+def _nonnegative_abs(op: ir.Operation) -> int:
+    """`abs(v)` is `v` where v's range holds no negative value (`bounds.interval`: the
+    `log(abs(sum(exp(...))))` of `jax.nn.logsumexp`)."""
+    value = op.operands[0]
+    if value.type != op.results[0].type or not interval(value)[0] >= 0:
+        return 0
+    op.results[0].replace_all_uses_with(value)
+    erase_and_prune(op)
+    return 1
+
+
+def _gather_of_shift(gather: ir.Operation) -> int:
+    """`gather(x -+ broadcast(m), i)` is `gather(x, i) -+ broadcast'(m)` (module docstring):
+    `broadcast(m)` (through a chain of broadcast_in_dims) varies only along operand batching
+    dims and window dims the gather takes whole, so each gathered element of it is the m at
+    the result's matching position; m's dims of size 1 are reshaped away first."""
+    arith = defining_op(gather.operands[0])
+    if arith is None or arith.name not in ("stablehlo.subtract", "stablehlo.add"):
+        return 0
+    info = describe(gather)
+    dims = dimension_numbers(info.attrs, "dimension_numbers")
+    sizes = tuple(info.attrs.get("slice_sizes", ()))
+    result_shape = shape_of(gather.results[0])
+    for side in ((1,) if arith.name == "stablehlo.subtract" else (1, 0)):
+        found = _row_constant(arith.operands[side], dims, sizes, shape_of(gather.operands[1]),
+                              result_shape)
+        if found is None:
+            continue
+        core, out_dims = found
+        result_type = gather.results[0].type
+        with ir.InsertionPoint(gather), gather.location:
+            if any(n == 1 for n in shape_of(core)):
+                kept = tuple(n for n in shape_of(core) if n != 1)
+                element = ir.RankedTensorType(core.type).element_type
+                core = stablehlo.ReshapeOp(ir.RankedTensorType.get(kept, element),
+                                           core).result
+            shift = stablehlo.BroadcastInDimOp(result_type, core, out_dims).result
+            picked = gather.clone(ir.InsertionPoint(gather))
+            picked.operands[0] = arith.operands[1 - side]
+            op = stablehlo.SubtractOp if arith.name == "stablehlo.subtract" else \
+                stablehlo.AddOp
+            new = op(picked.results[0], shift).result
+        gather.results[0].replace_all_uses_with(new)
+        erase_and_prune(gather)
+        return 1
+    return 0
+
+
+def _row_constant(value, dims: dict, sizes: tuple, indices_shape: tuple, result_shape: tuple):
+    """(m, result dims of m's dims of size > 1) when `value` is m broadcast (through
+    broadcast_in_dims) so that it varies only along operand dims the gather reads at a
+    position the result names: a batching dim (the paired indices batch dim's result dim)
+    or a window dim it takes whole (its offset dim); else None."""
+    to_operand = None
+    core = value
+    while (op := defining_op(core)) is not None and op.name == "stablehlo.broadcast_in_dim":
+        step = i64s(op, "broadcast_dimensions")
+        to_operand = step if to_operand is None else [to_operand[d] for d in step]
+        core = op.operands[0]
+    if to_operand is None:
+        return None
+    operand_shape = shape_of(value)
+    ivd = dims.get("index_vector_dim", 0)
+    offset_dims = list(dims.get("offset_dims", ()))
+    result_batch = [d for d in range(len(result_shape)) if d not in offset_dims]
+    indices_batch = [d for d in range(len(indices_shape)) if d != ivd]
+    operand_batching = list(dims.get("operand_batching_dims", ()))
+    indices_batching = list(dims.get("start_indices_batching_dims", ()))
+    window = [d for d in range(len(operand_shape)) if d not in dims.get("collapsed_slice_dims", ())
+              and d not in operand_batching]
+    out_dims = []
+    for axis, size in enumerate(shape_of(core)):
+        if size == 1:
+            continue
+        d = to_operand[axis]
+        if d in operand_batching:
+            paired = indices_batching[operand_batching.index(d)]
+            out = result_batch[indices_batch.index(paired)]
+        elif d in window and d not in dims.get("start_index_map", ()) and \
+                sizes[d] == operand_shape[d]:
+            out = offset_dims[window.index(d)]
+        else:
+            return None
+        if result_shape[out] != size:
+            return None
+        out_dims.append(out)
+    if out_dims != sorted(out_dims):
+        return None
+    return core, out_dims
 
 
 def _copy_attr(src: ir.Operation, dst: ir.Operation, name: str) -> None:

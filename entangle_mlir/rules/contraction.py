@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from entangle_mlir.core.mesh import axes_str
-from entangle_mlir.core.relations import Opaque, Rel, Value, Windowed
+from entangle_mlir.core.relations import Masked, Opaque, Rel, Value, Windowed
 from entangle_mlir.core.terms import make_dot
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import freeze, unify_dims
+from entangle_mlir.rules.kinds import device_blocks
 from entangle_mlir.rules.kinds.window import window_rowwise
 
 
@@ -15,6 +16,8 @@ def dot_general(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
     lhs, rhs = operands
     if isinstance(lhs, Windowed) or isinstance(rhs, Windowed):
         return window_rowwise(info, operands, ctx, dot_general)
+    if isinstance(lhs, Masked) or isinstance(rhs, Masked):
+        return [device_blocks.carried(info, operands, ctx, dot_general)]
     if not isinstance(lhs, Rel) or not isinstance(rhs, Rel):
         return [Opaque("dot_general of a device-dependent scalar", category="unsupported")]
     a = info.attrs

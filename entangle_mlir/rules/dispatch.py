@@ -37,10 +37,11 @@ SHIFT_AWARE = frozenset(ELEMENTWISE_OPS) | {"stablehlo.broadcast_in_dim", "stabl
 """Ops whose rules read a `Shifted` operand."""
 BLOCK_AWARE = frozenset(ELEMENTWISE_OPS) | {"stablehlo.broadcast_in_dim", "stablehlo.reshape",
                                             "stablehlo.transpose", "stablehlo.gather",
-                                            "stablehlo.scatter", "stablehlo.reduce"}
+                                            "stablehlo.scatter", "stablehlo.reduce",
+                                            "stablehlo.dot_general"}
 """Ops whose rules read device-block values (`InBlock`, `BlockIndex`, `Masked`)."""
-MASK_CARRIERS = frozenset({"stablehlo.select", "stablehlo.and", "stablehlo.broadcast_in_dim",
-                           "stablehlo.reshape", "stablehlo.transpose"})
+MASK_CARRIERS = frozenset(ELEMENTWISE_OPS) | {"stablehlo.broadcast_in_dim", "stablehlo.reshape",
+                                             "stablehlo.transpose", *device_blocks.CARRIERS}
 """Ops that may carry a not-yet-zeroed `Masked` lookup forward (to the `where` that zeroes it)."""
 REGION_RULE_OPS = ("stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
                    "stablehlo.scatter", "stablehlo.sort", "stablehlo.reduce_window",

@@ -40,6 +40,7 @@ from dataclasses import replace
 from fractions import Fraction
 
 from entangle_mlir.core.mesh import axes_str
+from entangle_mlir.core.ranges import exact_convert, int_limits
 from entangle_mlir.core.relations import BlockIndex, Opaque, Rel, Shifted, Value
 from entangle_mlir.core.terms import Term, intern, make_add, make_op, make_splat, scale, splat_value
 from entangle_mlir.mlir.opinfo import OpInfo, TensorType, region_problem, scatter_kind
@@ -101,8 +102,18 @@ def term_info(term: Term) -> OpInfo:
 
 # ----- terms ----------------------------------------------------------------------------------
 
+def _index_values(indices: Term) -> Term:
+    """Gather/scatter indices by their values: an integer convert that keeps every value
+    (int8 ids widened to int32 by jnp.take) selects the same positions, so it is dropped."""
+    while indices.op == "stablehlo.convert" and indices.args and exact_convert(
+            indices.args[0].dtype, indices.dtype) and int_limits(indices.args[0].dtype):
+        indices = indices.args[0]
+    return indices
+
+
 def make_gather(operand: Term, indices: Term, dims: dict, slice_sizes: tuple[int, ...],
                 shape: tuple[int, ...], dtype: str) -> Term:
+    indices = _index_values(indices)
     attrs = _pairs({**{k: dims[k] for k in _GATHER_KEYS},
                     "index_vector_dim": dims["index_vector_dim"],
                     "slice_sizes": tuple(slice_sizes)})
@@ -110,6 +121,7 @@ def make_gather(operand: Term, indices: Term, dims: dict, slice_sizes: tuple[int
 
 
 def make_scatter(operand: Term, indices: Term, updates: Term, dims: dict, kind: str) -> Term:
+    indices = _index_values(indices)
     attrs = _pairs({**{k: dims[k] for k in _SCATTER_KEYS},
                     "index_vector_dim": dims["index_vector_dim"], "reducer": kind})
     if kind != "add":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from entangle_mlir.core.mesh import axes_str
-from entangle_mlir.core.relations import DEVICE_BLOCK_VALUES, Opaque, Rel, Value, Windowed
+from entangle_mlir.core.relations import DEVICE_BLOCK_VALUES, Masked, Opaque, Rel, Value, Windowed
 from entangle_mlir.core.terms import (
     intern,
     make_elementwise,
@@ -48,6 +48,8 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
         return [device_blocks.reduce_unit_dims(info, x, ctx)]
     if reducer in _LOGICAL:
         return [_logical_reduce(info, x, init, reducer)]
+    if isinstance(x, Masked):
+        return [device_blocks.carried(info, operands, ctx, reduce)]
     if reducer not in _KIND:
         return [Opaque(unsupported_reducer(info),
                        category="unsupported")]

@@ -314,11 +314,92 @@ def remainder(a: Element, b: Element, integer: bool = False) -> Element:
     return a - b * int(quotient)
 
 
+def _masked_parts(x: Element, inf: z3.ExprRef) -> tuple | None:
+    """(x is not `inf`, x's value where it is not) for a z3 term of nested `If`s with `inf`
+    among its leaves (a value masked to -inf, as in a pmax of `where(mask, rows, -inf)`);
+    None when `x` is no such term or a leaf mentions an infinity in arithmetic. Linear in the
+    term's DAG (memoized by node)."""
+    if not isinstance(x, z3.ArithRef) or not z3.is_app_of(x, z3.Z3_OP_ITE) or \
+            not _has_leaf(x, inf, {}):
+        return None
+    memo: dict[int, tuple | None] = {}
+    seen: dict[int, bool] = {}
+
+    def parts(e: z3.ExprRef) -> tuple | None:
+        key = e.get_id()
+        if key not in memo:
+            if z3.eq(e, inf):
+                memo[key] = (z3.BoolVal(False), z3.RealVal(0))
+            elif z3.is_app_of(e, z3.Z3_OP_ITE):
+                then, other = parts(e.arg(1)), parts(e.arg(2))
+                memo[key] = None if then is None or other is None else (
+                    z3.If(e.arg(0), then[0], other[0]), z3.If(e.arg(0), then[1], other[1]))
+            else:
+                memo[key] = None if _mentions_infinity(e, seen) else (z3.BoolVal(True), e)
+        return memo[key]
+
+    return parts(x)
+
+
+def _has_leaf(e: z3.ExprRef, leaf: z3.ExprRef, memo: dict[int, bool]) -> bool:
+    """`leaf` is a leaf of the `If` tree `e` (its branches, not its conditions)."""
+    key = e.get_id()
+    if key not in memo:
+        memo[key] = z3.eq(e, leaf) or z3.is_app_of(e, z3.Z3_OP_ITE) and (
+            _has_leaf(e.arg(1), leaf, memo) or _has_leaf(e.arg(2), leaf, memo))
+    return memo[key]
+
+
+def _mentions_infinity(e: z3.ExprRef, seen: dict[int, bool] | None = None) -> bool:
+    """`e` has an infinity constant anywhere in it (`seen`: a memo shared by the caller)."""
+    seen = {} if seen is None else seen
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        key = node.get_id()
+        if key in seen:
+            if seen[key]:
+                return True
+            continue
+        seen[key] = False
+        if z3.eq(node, _POS_INF) or z3.eq(node, _NEG_INF):
+            seen[key] = True
+            return True
+        stack.extend(node.children())
+    return False
+
+
+def _unmasked(x: Element) -> tuple | None:
+    """(True, x) for a finite value that is not masked (None for anything else)."""
+    z = to_z3(x)
+    if not isinstance(z, z3.ArithRef) or _mentions_infinity(z):
+        return None
+    return z3.BoolVal(True), num(z)
+
+
+def _extreme_of_masked(a: Element, b: Element, inf: z3.ExprRef, keep_a) -> Element | None:
+    """max (min) of two values of which one or both are masked to -inf (+inf), `inf`:
+    the infinities are named constants Z3 does not order, so the masks are kept apart from
+    the finite values (`max(-inf, y) = y`); the encoding grows linearly with the operands."""
+    pa, pb = _masked_parts(a, inf), _masked_parts(b, inf)
+    if pa is None and pb is None:
+        return None
+    pa, pb = pa or _unmasked(a), pb or _unmasked(b)
+    if pa is None or pb is None:
+        return None
+    (fa, va), (fb, vb) = pa, pb
+    both = z3.If(keep_a(va, vb), va, vb)
+    return z3.If(z3.And(fa, fb), both, z3.If(fa, va, z3.If(fb, vb, inf)))
+
+
 def maximum(a: Element, b: Element) -> Element:
     if _is_inf(a, -1) or _is_inf(b, 1):
         return b
     if _is_inf(b, -1) or _is_inf(a, 1):
         return a
+    masked = _extreme_of_masked(a, b, _NEG_INF, lambda x, y: x >= y)
+    if masked is not None:
+        return masked
     if is_z3(a) or is_z3(b):
         if isinstance(to_z3(a), z3.BoolRef):
             return z3.Or(to_z3(a), to_z3(b))
@@ -332,6 +413,9 @@ def minimum(a: Element, b: Element) -> Element:
         return b
     if _is_inf(b, 1) or _is_inf(a, -1):
         return a
+    masked = _extreme_of_masked(a, b, _POS_INF, lambda x, y: x <= y)
+    if masked is not None:
+        return masked
     if is_z3(a) or is_z3(b):
         if isinstance(to_z3(a), z3.BoolRef):
             return z3.And(to_z3(a), to_z3(b))

@@ -376,6 +376,9 @@ def scatter(operand: Array, indices: Array, updates: Array, dims: dict, kind: st
         for index in np.ndindex(out.shape):
             hit = z3.And([num(t) == i if is_z3(t) else z3.BoolVal(int(t) == i)
                           for t, i in zip(target, index)] + fits)
+            if kind == "add":
+                out[index] = add(out[index], select(hit, value, 0))
+                continue
             new = value if kind == "replace" else combine(kind, [out[index], value])
             out[index] = select(hit, new, out[index])
     return out

@@ -77,10 +77,11 @@ func.func @sharded(%w: tensor<16x4xf32>, %t: tensor<8xi32>) -> tensor<8x4xf32> a
     %eb = stablehlo.broadcast_in_dim %end, dims = [] : (tensor<i32>) -> tensor<8xi32>
     %above = stablehlo.compare GT, %ids, %eb, SIGNED : (tensor<8xi32>, tensor<8xi32>) -> tensor<8xi1>
     // CHECK: stablehlo.or{{.*}}entangle.relation = "not (0 <= x - 4*axis_index(tp) < 5) for x = replicated : %arg1"
+    // expected-error @+1 {{the mask is not the device's block: it tests ids x with 0 <= x - 4*axis_index(tp) < 5}}
     %outside = stablehlo.or %below, %above : tensor<8xi1>
     %shifted = stablehlo.subtract %ids, %sb : tensor<8xi32>
     %zi = stablehlo.constant dense<0> : tensor<8xi32>
-    // expected-error @+1 {{the mask is not the device's block: it tests ids x with 0 <= x - 4*axis_index(tp) < 5}}
+    // expected-note @+1 {{the mask is used here by stablehlo.select}}
     %local = stablehlo.select %outside, %zi, %shifted : tensor<8xi1>, tensor<8xi32>
     %col = stablehlo.reshape %local : (tensor<8xi32>) -> tensor<8x1xi32>
     %found = "stablehlo.gather"(%a, %col) <{dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = array<i64: 1, 4>}> : (tensor<4x4xf32>, tensor<8x1xi32>) -> tensor<8x4xf32>

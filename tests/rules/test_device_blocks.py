@@ -109,7 +109,7 @@ def chain(mesh: Mesh, length: int, n_tokens: int = 4):
 @pytest.mark.parametrize("mesh", MESHES, ids=["tp2", "tp3", "dp2xtp2"])
 def test_mask_and_local_index(mesh: Mesh) -> None:
     _, outside, index, _ = chain(mesh, 2)
-    assert isinstance(outside, InBlock) and outside.negated and outside.is_block
+    assert isinstance(outside, InBlock) and outside.outside
     assert isinstance(index, BlockIndex) and (index.fill, index.add) == (0, 0)
 
 

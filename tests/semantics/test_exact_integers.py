@@ -25,7 +25,7 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
                                + " --xla_force_host_platform_device_count=8").strip()
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import jax
@@ -38,7 +38,7 @@ from jax.sharding import PartitionSpec as P
 
 from entangle_mlir.core import intrange, ranges
 from entangle_mlir.core import terms as T
-from entangle_mlir.core.relations import Opaque, Shifted
+from entangle_mlir.core.relations import InBlock, Opaque, Shifted
 from entangle_mlir.driver import check_texts
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import RuleContext
@@ -382,9 +382,10 @@ def test_refutes_unwrapped_sum() -> None:
     refute("stablehlo.add", [rel(x, "tp"), rel(y, "tp")], [rel(wide, "tp")], [((2,), "i8")])
 
 
-def test_shifted_compare_that_may_wrap_is_refused() -> None:
+def test_shifted_compare_that_may_wrap_is_stated_exactly() -> None:
     """`(ids - start) < c` on arbitrary int32 ids: ids near INT_MIN wrap, so the compare is
-    not the range test it reads as; the rule refuses it rather than claim a block test."""
+    not the one-sided range test it reads as. The rule states the exact ids it accepts (device
+    1's wrapped ids near INT_MIN too) and Z3 proves that; the naive reading is refuted."""
     mesh = M1
     ids = rel(arg((4,), "i32"))
     shifted = Shifted(ids, (0, -2))
@@ -392,5 +393,9 @@ def test_shifted_compare_that_may_wrap_is_refused() -> None:
     lemma = Lemma("cmp", "stablehlo.compare", [shifted, bound], results=[((4,), "i1")],
                   attrs={"comparison_direction": "LT"}, mesh=mesh)
     ctx = RuleContext(mesh=mesh, manual_axes=mesh.names)
-    outs = RULES["stablehlo.compare"](lemma.info(), lemma.ins, ctx)
-    assert isinstance(outs[0], Opaque) and "wrap" in outs[0].reason
+    (test,) = RULES["stablehlo.compare"](lemma.info(), lemma.ins, ctx)
+    assert isinstance(test, InBlock) and test.ranges == ((-2**31, 2),)
+    prove_lemma(lemma)
+    naive = replace(test, ranges=((None, 2),))
+    refute("stablehlo.compare", [shifted, bound], [naive], [((4,), "i1")],
+           {"comparison_direction": "LT"}, mesh)

@@ -96,11 +96,10 @@ def value_key(value: Value) -> tuple:
         return ("windowed", value_key(value.rel), value.dim, value.offset, value.length,
                 value.holes, value.summed, value.starts)
     if isinstance(value, InBlock):
-        return ("inblock", value_key(value.rel), value.axes, value.length, value.lo, value.hi,
-                value.negated)
+        return ("inblock", value_key(value.rel), value.axes, value.length, value.ranges)
     if isinstance(value, BlockIndex):
         return ("blockindex", value_key(value.rel), value.axes, value.length, value.fill,
-                value.add)
+                value.add, value.clamp)
     if isinstance(value, Masked):
         return ("masked", value_key(value.rel), value_key(value.pred), value.zero)
     return ("opaque",)

@@ -29,6 +29,8 @@ from entangle_mlir.semantics.element import (
     compare,
     int_limits,
     is_z3,
+    maximum,
+    minimum,
     select,
     sub,
     to_z3,
@@ -79,12 +81,11 @@ def block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
 
         def holds(v):
             y = sub(v, start)
-            conds = ([compare(y, pred.lo, "GE")] if pred.lo is not None else []) + (
-                [compare(y, pred.hi, "LT")] if pred.hi is not None else [])
-            if any(is_z3(c) for c in conds):
-                both = z3.And(*[to_z3(c) for c in conds])
-                return z3.Not(both) if pred.negated else both
-            return all(conds) != pred.negated
+            parts = [([compare(y, lo, "GE")] if lo is not None else []) + (
+                [compare(y, hi, "LT")] if hi is not None else []) for lo, hi in pred.ranges]
+            if any(is_z3(c) for conds in parts for c in conds):
+                return z3.Or(*[z3.And(*[to_z3(c) for c in conds]) for conds in parts])
+            return any(all(conds) for conds in parts)
         return apply(holds, x)
 
     if isinstance(value, InBlock):
@@ -93,10 +94,16 @@ def block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
     if isinstance(value, BlockIndex):
         x = device_block(evaluate_term(value.rel.term, env, memo), value.rel, mesh, device, False)
         start = mesh.block_index(value.axes, device) * value.length
-        inside = test(InBlock(value.rel, value.axes, value.length, 0, value.length))
-        dtype = value.rel.term.dtype  # inside the block x - start does not wrap: the same
-        out = apply(lambda v, p: add(select(  # value, spelled as the device computes it
-            p, wrap_shift(v, -start, dtype), value.fill), value.add), x, inside)
+        dtype = value.rel.term.dtype
+        if value.clamp is not None:
+            out = apply(lambda v: add(_clamped_difference(v, start, dtype, value.clamp,
+                                                          value.length), value.add), x)
+            return out, full(out.shape, True)
+        inside = test(InBlock.block(value.rel, value.axes, value.length))
+        # inside the block x - start does not wrap (0 <= x - start < length): the exact
+        # difference is the device's, and Z3 decides it without the wrap-around's cases
+        out = apply(lambda v, p: add(select(p, sub(v, start), value.fill), value.add),
+                    x, inside)
         return out, full(out.shape, True)
     assert isinstance(value, Masked)
     block = device_block(evaluate_term(value.rel.term, env, memo), value.rel, mesh, device, False)
@@ -107,6 +114,43 @@ def block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
     if junk is not None:
         return apply(select, pred, block, junk), full(block.shape, True)
     return block, pred
+
+
+def _clamped_difference(v, start: int, dtype: str, bounds: tuple, length: int) -> object:
+    """`clamp(x - start, lo, hi)` with the difference computed in `dtype` (wrapping around),
+    for `x` a value of the dtype (`BlockIndex.clamp`): the exact difference y, except where
+    it leaves the dtype's range (y < min for start > 0, y > max for start < 0), where the
+    wrapped value is y +- 2^N, clamped; a constant bound when that range of wrapped values
+    lies beyond it. Equal to clamping `wrap_shift(x, -start)`, with fewer cases for Z3; the
+    common clip to the block, [0, length - 1], is spelled with the block test the masks
+    use (`block_local`'s `test`: `0 <= y < length`), which Z3 then shares."""
+    lo, hi = bounds
+    limits = int_limits(dtype)
+    y = sub(v, start)
+    if (lo, hi) == (0, length - 1) and limits is not None and is_z3(y) and \
+            start + length <= limits[1] + 1 and start >= 0:
+        inside = z3.And(to_z3(compare(y, 0, "GE")), to_z3(compare(y, length, "LT")))
+        wrapped = to_z3(y) < limits[0]  # wraps around to a value above the block
+        above = z3.Or(to_z3(compare(y, length, "GE")), wrapped)
+        return z3.If(inside, to_z3(y), z3.If(above, z3.IntVal(hi), z3.IntVal(0)))
+
+    def clamp(y):
+        if is_z3(y) and lo is not None and hi is not None and lo <= hi:
+            z = to_z3(y)
+            return z3.If(z < lo, z3.IntVal(lo), z3.If(z > hi, z3.IntVal(hi), z))
+        y = y if lo is None else maximum(y, lo)
+        return y if hi is None else minimum(y, hi)
+
+    if limits is None or not is_z3(y) or start == 0:
+        return clamp(wrap_shift(v, -start, dtype))
+    low, high = limits
+    span = high - low + 1
+    if start > 0:  # wrapped values lie in [high + 1 - start, high]
+        wrapped = hi if hi is not None and hi <= high + 1 - start else clamp(add(y, span))
+        return z3.If(to_z3(y) < low, to_z3(wrapped), to_z3(clamp(y)))
+    # start < 0: wrapped values lie in [low, low - start - 1]
+    wrapped = lo if lo is not None and lo >= low - start - 1 else clamp(sub(y, span))
+    return z3.If(to_z3(y) > high, to_z3(wrapped), to_z3(clamp(y)))
 
 
 def _window_rows(value: np.ndarray, window: Windowed, mesh: Mesh, device: int) -> np.ndarray:

@@ -13,6 +13,7 @@ import numpy as np
 from entangle_mlir.analysis.instance.abstraction import run_rule, same_layout
 from entangle_mlir.analysis.instance.common import ABSTRACT_BASE, rels_of
 from entangle_mlir.analysis.instance.shapes import REDUCED_LOCAL, capped, reduced_types, segments
+from entangle_mlir.core import intervals
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.relations import (
     DEVICE_BLOCK_VALUES,
@@ -114,11 +115,18 @@ def _with_length(value: Value, length: int) -> Value | None:
     """A device mask over blocks of `length` rows instead (a gather's or scatter's indexed
     dim at a reduced shape); None when it does not fit."""
     if isinstance(value, BlockIndex):
+        if value.clamp is not None:
+            lo, hi = value.clamp
+            if value.add or lo not in (None, 0) or hi not in (None, value.length - 1):
+                return None
+            return replace(value, length=length, clamp=(lo, None if hi is None else length - 1))
         return replace(value, length=length) if value.fill < length and not value.add else None
     if isinstance(value, InBlock):
-        if (value.lo, value.hi) != (0, value.length):
-            return None
-        return replace(value, length=length, hi=length)
+        if value.inside:
+            return replace(value, length=length, ranges=((0, length),))
+        if value.outside:
+            return replace(value, length=length, ranges=intervals.complement(((0, length),)))
+        return None
     if isinstance(value, Masked):
         pred = _with_length(value.pred, length)
         return None if pred is None else replace(value, pred=pred)
@@ -358,10 +366,13 @@ def _blank(value: Value) -> Value:
     """A device mask without its relations, and its block length blanked (reducing a
     gather's indexed dim shortens the blocks)."""
     if isinstance(value, BlockIndex):
-        return replace(value, rel=None, length=0)
+        clamp = value.clamp and tuple("L-1" if end == value.length - 1 else end
+                                      for end in value.clamp)
+        return replace(value, rel=None, length=0, clamp=clamp)
     if isinstance(value, InBlock):
-        ends = ["L" if end == value.length else end for end in (value.lo, value.hi)]
-        return replace(value, rel=None, length=0, lo=ends[0], hi=ends[1])
+        ranges = tuple(tuple("L" if end == value.length else end for end in part)
+                       for part in value.ranges)
+        return replace(value, rel=None, length=0, ranges=ranges)
     if isinstance(value, Masked):
         return replace(value, rel=None, pred=_blank(value.pred))
     return value

@@ -1,12 +1,21 @@
 """Per-device range tests and local indices of a range cut into device blocks over mesh axes
 (device d's block: the part of a split dim it holds): the vocab-parallel embedding and
-cross-entropy (Megatron).
+cross-entropy (Megatron), in both spellings:
 
     start = axis_index('tp') * V_local
-    outside = (tokens < start) | (tokens >= start + V_local)      # InBlock, negated [0, V_local)
+    outside = (tokens < start) | (tokens >= start + V_local)      # InBlock, outside [0, V_local)
     local = where(outside, 0, tokens - start)                     # BlockIndex
     found = take(w_local, local)                                  # Masked: valid inside only
     psum(where(outside, 0, found))                                # partial sum of take(w, tokens)
+
+    local = tokens - start                                        # Shifted (int32: it wraps)
+    mask = (local >= 0) & (local < V_local)                       # InBlock, exactly the block
+    found = take(w_local, clip(local, 0, V_local - 1))            # BlockIndex.clamp -> Masked
+    psum(where(mask, found, 0))                                   # partial sum of take(w, tokens)
+
+A test of `tokens - start` computed in the dtype is stated by the exact differences it
+accepts (`compare_shifted`, `_wrapped_ranges`): a union of ranges, with the wrapped ids near
+the dtype's minimum where a one-sided test accepts them.
 
 Every step is exact, for every token value: a token inside device d's block is looked up at
 its own row; outside every block (out of range) it contributes zeros on every device, so the
@@ -24,8 +33,10 @@ import itertools
 from dataclasses import replace
 from fractions import Fraction
 
+from entangle_mlir.core import intervals
+from entangle_mlir.core.intrange import value_range
 from entangle_mlir.core.mesh import Mesh, axes_str
-from entangle_mlir.core.ranges import fits
+from entangle_mlir.core.ranges import fits, int_limits
 from entangle_mlir.core.relations import BlockIndex, InBlock, Masked, Opaque, Rel, Shifted, Value
 from entangle_mlir.core.terms import (
     FLIPPED,
@@ -40,9 +51,14 @@ from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import COMPARISONS, freeze, iota_dim, resize, unify_dims
 
-_INTERVAL = {"LT": lambda m: (None, m), "LE": lambda m: (None, m + 1),
-             "GT": lambda m: (m + 1, None), "GE": lambda m: (m, None),
-             "EQ": lambda m: (m, m + 1), "NE": lambda m: (m, m + 1)}
+
+def _accepted(direction: str, bound: int) -> intervals.Ranges | None:
+    """The values v with `v direction bound`."""
+    found = {"LT": (None, bound), "LE": (None, bound + 1), "GT": (bound + 1, None),
+             "GE": (bound, None), "EQ": (bound, bound + 1)}
+    if direction == "NE":
+        return intervals.complement(intervals.interval(bound, bound + 1))
+    return intervals.interval(*found[direction]) if direction in found else None
 
 
 def unsupported(name: str) -> Opaque:
@@ -52,10 +68,12 @@ def unsupported(name: str) -> Opaque:
 
 # ----- recognising the block offsets --------------------------------------------------------
 
-def block_offsets(offsets, mesh: Mesh, rel: Rel) -> tuple[tuple[str, ...], int, int] | None:
-    """(axes A, length L, k) with offsets[d] == -(block_index(A, d) * L + k) on every device:
-    `x + offsets` is `x - start - k` for the start of the device's block of a range cut in
-    blocks of L over A. A must be axes `rel` is not split over."""
+def block_offsets(offsets, mesh: Mesh, rel: Rel, modulus: int | None = None
+                  ) -> tuple[tuple[str, ...], int, int] | None:
+    """(axes A, length L, k) with offsets[d] == -(block_index(A, d) * L + k) on every device
+    (modulo `modulus` when given: offsets added in a dtype of that many values): `x + offsets`
+    is `x - start - k` for the start of the device's block of a range cut in blocks of L over
+    A. A must be axes `rel` is not split over."""
     free = [a for a in mesh.names if a not in rel.tiled_axes and mesh.size(a) > 1]
     values = [-int(o) for o in offsets]
     for count in range(1, len(free) + 1):
@@ -63,7 +81,13 @@ def block_offsets(offsets, mesh: Mesh, rel: Rel) -> tuple[tuple[str, ...], int, 
             blocks = [mesh.block_index(axes, d) for d in range(mesh.num_devices)]
             k = values[blocks.index(0)]
             length = values[blocks.index(1)] - k
-            if length > 0 and all(v == b * length + k for v, b in zip(values, blocks)):
+            if modulus is None:
+                if length > 0 and all(v == b * length + k for v, b in zip(values, blocks)):
+                    return axes, length, k
+                continue
+            length %= modulus
+            if length > 0 and all((v - b * length - k) % modulus == 0
+                                  for v, b in zip(values, blocks)):
                 return axes, length, k
     return None
 
@@ -75,30 +99,60 @@ def _integral(value) -> int | None:
 
 
 def compare_shifted(info: OpInfo, shifted: Shifted, other: Rel, shifted_first: bool,
-                    ctx: RuleContext) -> Value | None:
+                    ctx: RuleContext, wrapped: bool = False) -> Value | None:
     """`compare(x + offset(d), c)` with a constant c and block offsets: an `InBlock` test.
-    None when the operands are not of that form (the caller reports it)."""
+    None when the operands are not of that form (the caller reports it).
+
+    `wrapped`: the device computed `x + offset(d)` in x's dtype (`ids - start`), so the sum
+    may have wrapped around; else the offset was only moved across the compare
+    (`ids < start` read as `ids - start < 0`, exact). A compare of the wrapped difference
+    accepts every exact difference congruent to an accepted value modulo the dtype's size
+    (`_wrapped_ranges`): `ids - start >= 0` alone also holds for ids near the dtype's minimum
+    on devices with start > 0, but `0 <= ids - start < L` is exactly the block when every
+    block lies inside the dtype's range."""
     bound = _integral(splat_value(other.term))
     x = shifted.rel
     if bound is None or ctx.mesh is None or x.partial or not info.operand_types[0].is_int:
         return None
-    found = block_offsets(shifted.offsets, ctx.mesh, x)
-    direction = info.attrs["comparison_direction"]
-    if found is None or direction not in _INTERVAL:
+    limits = int_limits(x.term.dtype)
+    if wrapped and limits is None:
         return None
-    axes, length, k = found
+    modulus = int(limits[1] - limits[0]) + 1 if wrapped else None
+    found = block_offsets(shifted.offsets, ctx.mesh, x, modulus)
+    direction = info.attrs["comparison_direction"]
+    if found is None:
+        return None
     if not shifted_first:
         direction = FLIPPED[direction]
-    lo, hi = _INTERVAL[direction](bound + k)
-    return canonical(InBlock(freeze(x), axes, length, lo, hi, direction == "NE"))
+    accepted = _accepted(direction, bound)
+    if accepted is None:
+        return None
+    axes, length, k = found
+    if not wrapped:
+        return InBlock(freeze(x), axes, length, intervals.shift(accepted, k))
+    return InBlock(freeze(x), axes, length, _wrapped_ranges(accepted, x, axes, length, k, ctx))
 
 
-def canonical(pred: InBlock) -> InBlock:
-    """One form per predicate: a negated one-sided range is its complement."""
-    if pred.negated and (pred.lo is None) != (pred.hi is None):
-        lo, hi = (pred.hi, None) if pred.lo is None else (None, pred.lo)
-        return replace(pred, lo=lo, hi=hi, negated=False)
-    return pred
+def _wrapped_ranges(accepted: intervals.Ranges, x: Rel, axes, length: int, k: int,
+                    ctx: RuleContext) -> intervals.Ranges:
+    """The exact differences z = x - b*length (b the device's block index) for which
+    `wrap(z - k)`, computed in x's dtype, is in `accepted`: every z congruent to an accepted
+    value plus k modulo the dtype's size M, kept where some device can hold it (x in its value
+    range, b in [0, G)), the ends of that hull unbounded."""
+    dtype = x.term.dtype
+    low, high = (int(v) for v in int_limits(dtype))
+    modulus = high - low + 1
+    found = value_range(x.term)
+    x_low, x_high = (int(v) for v in found) if found is not None else (low, high)
+    groups = ctx.mesh.group_size(axes)
+    hull_lo, hull_hi = x_low - (groups - 1) * length, x_high + 1
+    wrapped = intervals.intersect(accepted, intervals.interval(low, high + 1))
+    first = (hull_lo - high - 1 - k) // modulus - 1
+    last = (hull_hi - low - k) // modulus + 1
+    parts: intervals.Ranges = ()
+    for j in range(first, last + 1):
+        parts = intervals.union(parts, intervals.shift(wrapped, k + j * modulus))
+    return intervals.clip(parts, hull_lo, hull_hi)
 
 
 def _same_x(p: InBlock, q: InBlock) -> bool:
@@ -106,56 +160,11 @@ def _same_x(p: InBlock, q: InBlock) -> bool:
             and (p.axes, p.length) == (q.axes, q.length))
 
 
-def _where_true(p: InBlock):
-    if not p.negated:
-        return p.lo, p.hi
-    return None
-
-
-def _where_false(p: InBlock):
-    if p.negated:
-        return p.lo, p.hi
-    if p.lo is None and p.hi is not None:
-        return p.hi, None
-    if p.hi is None and p.lo is not None:
-        return None, p.lo
-    return None
-
-
-def _intersect(a, b):
-    lo = a[0] if b[0] is None else b[0] if a[0] is None else max(a[0], b[0])
-    hi = a[1] if b[1] is None else b[1] if a[1] is None else min(a[1], b[1])
-    return lo, hi
-
-
-def _union(a, b):
-    """The union of two ranges when it is a range, else None."""
-    lo, hi = _intersect(a, b)
-    if lo is not None and hi is not None and lo > hi:
-        return None
-    low = None if a[0] is None or b[0] is None else min(a[0], b[0])
-    high = None if a[1] is None or b[1] is None else max(a[1], b[1])
-    return low, high
-
-
 def _logic(name: str, p: InBlock, q: InBlock) -> InBlock | None:
     if not _same_x(p, q):
         return None
-    if name == "stablehlo.or":
-        p, q = replace(p, negated=not p.negated), replace(q, negated=not q.negated)
-    pt, qt = _where_true(canonical(p)), _where_true(canonical(q))
-    if pt is not None and qt is not None:
-        lo, hi = _intersect(pt, qt)
-        result = replace(p, lo=lo, hi=hi, negated=False)
-    else:
-        pf, qf = _where_false(canonical(p)), _where_false(canonical(q))
-        both = None if pf is None or qf is None else _union(pf, qf)
-        if both is None:
-            return None
-        result = replace(p, lo=both[0], hi=both[1], negated=True)
-    if name == "stablehlo.or":
-        result = replace(result, negated=not result.negated)
-    return canonical(result)
+    combine = intervals.intersect if name == "stablehlo.and" else intervals.union
+    return replace(p, ranges=combine(p.ranges, q.ranges), origin=None)
 
 
 # ----- elementwise ops ------------------------------------------------------------------------
@@ -171,8 +180,14 @@ def truth(value: Value) -> bool | None:
 def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> list[Value]:
     """An elementwise op with an `InBlock`, `BlockIndex` or `Masked` operand."""
     name = info.name
+    if any(isinstance(v, Masked) and not v.zero for v in operands) and all(
+            isinstance(v, Rel | Masked) for v in operands):
+        return [carried(info, operands, ctx, plain)]
     if name == "stablehlo.not" and isinstance(operands[0], InBlock):
-        return [canonical(replace(operands[0], negated=not operands[0].negated))]
+        return [replace(operands[0], ranges=intervals.complement(operands[0].ranges),
+                        origin=None)]
+    if name in CLIPS and any(isinstance(v, BlockIndex) for v in operands):
+        return [clip(info, operands, ctx) or unsupported(name)]
     if name in ("stablehlo.and", "stablehlo.or") and len(operands) == 2:
         a, b = operands
         neutral = name == "stablehlo.and"
@@ -214,6 +229,64 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) ->
     if name == "stablehlo.select" and isinstance(operands[0], InBlock):
         return [select(info, operands, ctx, plain)]
     return [unsupported(name)]
+
+
+CLIPS = ("stablehlo.maximum", "stablehlo.minimum", "stablehlo.clamp")
+"""The ops `jnp.clip` lowers to (max then min, or one clamp)."""
+
+
+def clip(info: OpInfo, operands: list[Value], ctx: RuleContext) -> Value | None:
+    """`max(v, c)`, `min(v, c)` (either order) or `clamp(lo, v, hi)` with constant bounds of a
+    local index v: `ids - start` (a `Shifted` of block offsets) or a `BlockIndex`. The result
+    is `clamp(ids - start, lo, hi)` computed in the dtype: a `BlockIndex` with that clamp,
+    which is `ids - start` inside the block as long as the bounds do not cut it
+    (`jnp.clip(ids - start, 0, V_local - 1)`). A `BlockIndex` already in [lo, hi] is kept. None: not of this form."""
+    name = info.name
+    if name == "stablehlo.clamp":
+        low_v, index, high_v = operands
+        bounds = (_constant(low_v), _constant(high_v))
+        if None in bounds:
+            return None
+    else:
+        a, b = operands
+        index, bound_v = (a, b) if isinstance(a, Shifted | BlockIndex) else (b, a)
+        bound = _constant(bound_v)
+        if bound is None:
+            return None
+        bounds = (bound, None) if name == "stablehlo.maximum" else (None, bound)
+    if isinstance(index, Shifted):
+        x = freeze(index.rel)
+        found = block_offsets(index.offsets, ctx.mesh, x) if ctx.mesh else None
+        if found is None or found[2] != 0 or x.partial or int_limits(x.term.dtype) is None:
+            return None
+        index = BlockIndex(x, found[0], found[1], clamp=(None, None))
+    if not isinstance(index, BlockIndex):
+        return None
+    low, high = index.bounds()
+    lo, hi = bounds
+    if (lo is None or lo <= low) and (hi is None or hi >= high):
+        return index
+    if index.clamp is None:
+        return None
+    inner_lo, inner_hi = index.clamp
+    if lo is not None:
+        lo -= index.add
+        inner_lo = lo if inner_lo is None else max(inner_lo, lo)
+        inner_hi = None if inner_hi is None else max(inner_hi, lo)
+    if hi is not None:
+        hi -= index.add
+        inner_hi = hi if inner_hi is None else min(inner_hi, hi)
+        inner_lo = None if inner_lo is None else min(inner_lo, hi)
+    if (inner_lo is not None and inner_lo > 0) or (
+            inner_hi is not None and inner_hi < index.length - 1):
+        return Opaque(f"{name} clamps a local index into [{inner_lo}, {inner_hi}], which cuts "
+                      f"the device's block [0, {index.length}) (not supported)",
+                      category="unsupported")
+    return replace(index, clamp=(inner_lo, inner_hi))
+
+
+def _constant(value: Value) -> int | None:
+    return _integral(splat_value(value.term)) if isinstance(value, Rel) else None
 
 
 def _compare_index(info: OpInfo, operands: list[Value], ctx: RuleContext) -> Value:
@@ -262,15 +335,15 @@ def _one_hot_rows(info: OpInfo, index: BlockIndex, positions: Rel, ctx: RuleCont
     iota = make_iota(shape, k, positions.term.dtype)
     term = make_elementwise("stablehlo.compare", (widened, iota), ("EQ",), "i1")
     rel = Rel(term, tuple(tiling), (), "", frozenset(x.poly - {k}), x.scope)
-    pred = InBlock(Rel(widened, tuple(tiling), (), "", frozenset(x.poly - {k}), x.scope),
-                   index.axes, index.length, 0, index.length)
+    pred = InBlock.block(Rel(widened, tuple(tiling), (), "", frozenset(x.poly - {k}), x.scope),
+                         index.axes, index.length)
     return Masked(rel, pred)
 
 
 def _one_hot_in_block(mask: Masked, pred: InBlock, ctx: RuleContext) -> Value | None:
     """`one_hot_rows & inside`: the one-hot rows are false outside the block anyway."""
     term = mask.rel.term
-    if term.op != "stablehlo.compare" or term.attrs != ("EQ",) or pred.negated:
+    if term.op != "stablehlo.compare" or term.attrs != ("EQ",) or not pred.inside:
         return None
     aligned = _aligned(pred, mask.pred.rel, ctx)
     if aligned is None or not _same_pred(aligned, mask.pred):
@@ -285,14 +358,16 @@ def select(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> Valu
     * zeros where outside, a gather at the local index inside: each device keeps the rows of
       its own block, so over the block axes the values add up to the global lookup (a partial
       sum of `select(0 <= x < V, lookup(x), 0)`);
+    * -inf where outside, a gather at the local index inside: the same as a partial max
+      (`pmax(where(mask, rows, -inf))`);
     * zeros where outside, any other value inside: that value masked (`Masked`, for the
       scatter of the backward pass).
     """
     pred, on_true, on_false = operands
     if not pred.is_block:
         return _not_the_block(pred)
-    inside = replace(pred, negated=False)
-    kept, dropped = (on_false, on_true) if pred.negated else (on_true, on_false)
+    inside = replace(pred, ranges=((0, pred.length),))
+    kept, dropped = (on_false, on_true) if pred.outside else (on_true, on_false)
     if isinstance(kept, Shifted) and isinstance(dropped, Rel):
         fill = _integral(splat_value(dropped.term))
         x = freeze(kept.rel)
@@ -300,13 +375,15 @@ def select(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> Valu
         if fill is None or found != (pred.axes, pred.length, 0) or x.term is not pred.rel.term:
             return unsupported(info.name)
         return BlockIndex(x, pred.axes, pred.length, fill)
-    if not (isinstance(dropped, Rel) and splat_value(dropped.term) == 0):
+    fill = splat_value(dropped.term) if isinstance(dropped, Rel) else None
+    lowest = fill == float("-inf") and isinstance(kept, Masked) and not kept.zero
+    if fill != 0 and not lowest:
         return unsupported(info.name)
     if isinstance(kept, Masked) and not kept.zero:
         inside = _aligned(inside, kept.pred.rel, ctx)
         if inside is None or not _same_pred(kept.pred, inside):
             return unsupported(info.name)
-        return _sum_of_blocks(kept, ctx)
+        return _sum_of_blocks(kept, ctx, "max" if lowest else "sum")
     if isinstance(kept, Rel) and not kept.partial and not set(kept.tiled_axes) & set(pred.axes):
         masked = _mask(kept, inside, ctx)
         return masked if masked is not None else unsupported(info.name)
@@ -314,20 +391,32 @@ def select(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> Valu
 
 
 def _not_the_block(pred: InBlock) -> Opaque:
-    """A mask that is almost a device's block: the bounds it tests, and the block's."""
-    lo = "-inf" if pred.lo is None else pred.lo
-    hi = "inf" if pred.hi is None else pred.hi
-    kept = "outside" if pred.negated else "inside"
-    return Opaque(f"the mask is not the device's block: it tests ids x with {lo} <= x - "
-                  f"{pred.length}*axis_index({', '.join(pred.axes)}) < {hi} ({kept} kept as "
-                  f"the block), but each device's block holds [0, {pred.length}) (an "
-                  "off-by-one bound?)", category="wrong_offset")
+    """A mask that is not a device's block: the values it tests, and the block's. One range
+    (or the outside of one) whose ends lie near the block is called an off-by-one bound;
+    anything else (a one-sided test of a difference that wraps around near the dtype's
+    limits, a union of ranges) is only not related."""
+    diff = f"x - {pred.length}*axis_index({', '.join(pred.axes)})"
+    hole = intervals.complement(pred.ranges)
+    near = all(end is None or -pred.length <= end <= 2 * pred.length
+               for part in pred.ranges for end in part)
+    if near and (len(pred.ranges) == 1 or len(hole) == 1):
+        (lo, hi), kept = (pred.ranges[0], "inside") if len(pred.ranges) == 1 else (
+            hole[0], "outside")
+        lo = "-inf" if lo is None else lo
+        hi = "inf" if hi is None else hi
+        return Opaque(f"the mask is not the device's block: it tests ids x with {lo} <= "
+                      f"{diff} < {hi} ({kept} kept as the block), but each device's block "
+                      f"holds [0, {pred.length}) (an off-by-one bound?)",
+                      category="wrong_offset")
+    return Opaque(f"the mask is not the device's block: it holds for ids x with "
+                  f"{intervals.describe(pred.ranges, diff)} (exactly, where the difference "
+                  f"computed in {pred.rel.term.dtype} wraps around), and each device's block "
+                  f"is [0, {pred.length}): not related", category="unrelated")
 
 
 def _same_pred(p: InBlock, q: InBlock) -> bool:
     return (p.rel.term is q.rel.term and _fixed_tiling(p.rel) == _fixed_tiling(q.rel)
-            and (p.axes, p.length, p.lo, p.hi, p.negated)
-            == (q.axes, q.length, q.lo, q.hi, q.negated))
+            and (p.axes, p.length, p.ranges) == (q.axes, q.length, q.ranges))
 
 
 def _aligned(pred: InBlock, like: Rel, ctx: RuleContext) -> InBlock | None:
@@ -358,24 +447,100 @@ def _mask(value: Rel, pred: InBlock, ctx: RuleContext) -> Masked | None:
     return Masked(value_rel, replace(pred, rel=pred_rel), zero=True)
 
 
-def _sum_of_blocks(value: Masked, ctx: RuleContext) -> Value:
+def _sum_of_blocks(value: Masked, ctx: RuleContext, kind: str = "sum") -> Value:
     """Rows masked to the device's block of x, added over the block axes: every x in
-    [0, L * |A|) lies in exactly one block, any other x in none."""
+    [0, L * |A|) lies in exactly one block, any other x in none. `kind` "max": the rows are
+    -inf outside the block instead of zeros, and the max over the block axes keeps the one
+    device's row (max(r, -inf) = r for every r but NaN, which inputs do not hold)."""
     pred = value.pred
     rel = value.rel
     if rel.partial:
         return unsupported("stablehlo.select")
     x = pred.rel.term
     total = pred.length * ctx.mesh.group_size(pred.axes)
+    if not fits(Fraction(total), Fraction(total), x.dtype):
+        return unsupported("stablehlo.select")
     zero_i = make_splat(0, x.shape, x.dtype)
     top = make_splat(total, x.shape, x.dtype)
     in_range = make_elementwise("stablehlo.and", (
         make_elementwise("stablehlo.compare", (x, zero_i), ("GE",), "i1"),
         make_elementwise("stablehlo.compare", (x, top), ("LT",), "i1")), (), "i1")
-    zeros = make_splat(0, rel.term.shape, rel.term.dtype)
-    term = make_elementwise("stablehlo.select", (in_range, rel.term, zeros), (),
+    fill = make_splat(0 if kind == "sum" else float("-inf"), rel.term.shape, rel.term.dtype)
+    term = make_elementwise("stablehlo.select", (in_range, rel.term, fill), (),
                             rel.term.dtype)
-    return Rel(term, rel.tiling, tuple(pred.axes), "sum", frozenset(), rel.scope)
+    return Rel(term, rel.tiling, tuple(pred.axes), kind, frozenset(), rel.scope)
+
+
+# ----- ops that compute each masked position from the same position --------------------------
+
+CARRIERS = ("stablehlo.dot_general", "stablehlo.reduce")
+"""Non-elementwise ops whose rules carry a lookup valid only inside the block (`carried`)."""
+
+
+def carried(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> Value:
+    """An op on a lookup valid only inside the device's block (`Masked`, unspecified
+    elsewhere) and plain values, computing each result position from positions where the
+    mask is the same: the op on the lookup's relation, valid where the mask holds (MoE's
+    `einsum(tokens, w[clip(local)])`, later zeroed by `where(mine, ., 0)`). Elementwise ops
+    keep the mask; a dot_general or reduce needs it constant along the dims it contracts or
+    reduces, and moves it onto the result's dims. Exact inside the mask for any values
+    outside it."""
+    masks = [v for v in operands if isinstance(v, Masked)]
+    if any(m.zero for m in masks) or not all(isinstance(v, Rel | Masked) for v in operands):
+        return unsupported(info.name)
+    rels = [v.rel if isinstance(v, Masked) else v for v in operands]
+    (out,) = plain(info, rels, ctx)[:1]
+    if not isinstance(out, Rel):
+        return out
+    if out.partial:
+        return unsupported(info.name)
+    preds = []
+    for position, value in enumerate(operands):
+        if not isinstance(value, Masked):
+            continue
+        mapping = _result_dims(info, position, len(value.rel.term.shape))
+        pred = _pred_on(value.pred, mapping, out) if mapping is not None else None
+        if pred is None:
+            return unsupported(info.name)
+        preds.append(pred)
+    if any(not _same_pred(p, preds[0]) for p in preds[1:]):
+        return unsupported(info.name)
+    return Masked(out, preds[0], origin=masks[0].origin)
+
+
+def _result_dims(info: OpInfo, position: int, rank: int) -> list[int | None] | None:
+    """For each dim of operand `position`, the result dim it becomes (None: contracted or
+    reduced away); None when the op is not one that keeps positions apart."""
+    if info.name == "stablehlo.dot_general":
+        a = info.attrs
+        batch = a["lhs_batch"] if position == 0 else a["rhs_batch"]
+        contract = a["lhs_contract"] if position == 0 else a["rhs_contract"]
+        lhs_rank = len(info.operand_types[0].shape)
+        lhs_free = lhs_rank - len(a["lhs_batch"]) - len(a["lhs_contract"])
+        free = [d for d in range(rank) if d not in batch and d not in contract]
+        first = len(batch) + (lhs_free if position == 1 else 0)
+        return [list(batch).index(d) if d in batch else None if d in contract
+                else first + free.index(d) for d in range(rank)]
+    if info.name == "stablehlo.reduce":
+        if position != 0:
+            return None
+        reduced = list(info.attrs["dimensions"])
+        kept = [d for d in range(rank) if d not in reduced]
+        return [None if d in reduced else kept.index(d) for d in range(rank)]
+    return list(range(rank))
+
+
+def _pred_on(pred: InBlock, mapping: list[int | None], like: Rel) -> InBlock | None:
+    """`pred` moved onto a result's dims by `mapping` (operand dim -> result dim), laid out
+    like the result `like`; None when it varies along a dim that has no result dim."""
+    term = pred.rel.term
+    src, dims = (term.args[0], term.attrs[0]) if term.op == "broadcast" else (
+        term, tuple(range(len(term.shape))))
+    moved = [mapping[d] for d in dims]
+    if None in moved or moved != sorted(moved):
+        return None
+    placed = make_broadcast(src, tuple(moved), like.term.shape)
+    return replace(pred, rel=Rel(placed, like.tiling, scope=like.scope))
 
 
 # ----- data movement --------------------------------------------------------------------------
@@ -472,8 +637,7 @@ def _block_test_on(indices: BlockIndex, like: Rel, window_dims, dims: dict) -> I
     if len(positions) != len(batch):
         return None
     term = make_broadcast(term, tuple(positions), like.term.shape)
-    return InBlock(Rel(term, like.tiling, scope=like.scope), indices.axes, indices.length,
-                   0, indices.length)
+    return InBlock.block(Rel(term, like.tiling, scope=like.scope), indices.axes, indices.length)
 
 
 def scatter(info: OpInfo, operand: Value, indices: BlockIndex, updates: Value, dims: dict,

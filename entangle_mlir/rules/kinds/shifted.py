@@ -103,10 +103,19 @@ def elementwise_shifted(info: OpInfo, operands: list[Value], ctx: RuleContext,
             return unsupported
         inner = plain(info, [shifted.rel, other] if shifted is a else [other, shifted.rel], ctx)
         return _wrap(inner, tuple(o * factor for o in shifted.offsets), ctx)
+    if name in device_blocks.CLIPS:
+        return [device_blocks.clip(info, operands, ctx) or unsupported[0]]
     if name == "stablehlo.compare" and len(operands) == 2:
         a, b = operands
         if isinstance(a, Shifted) and isinstance(b, Shifted):
             return unsupported
+        shifted, other = (a, b) if isinstance(a, Shifted) else (b, a)
+        if isinstance(other, Rel) and splat_value(other.term) is not None:
+            # the device computed `x + offset` in the dtype: a test of the wrapped sum
+            test = device_blocks.compare_shifted(info, shifted, other, shifted is a, ctx,
+                                                 wrapped=True)
+            if test is not None:
+                return [test]
         # x + c == y iff x == y - c in wrapped arithmetic too (adding c is a bijection mod
         # 2^N); an order compare moves the offset only where nothing wraps
         ordered = info.attrs.get("comparison_direction") not in ("EQ", "NE")

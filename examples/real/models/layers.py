@@ -136,11 +136,23 @@ def embed(wte: Array, tokens: Array, par: Par) -> Array:
         return jnp.take(wte, tokens, axis=0)
     vl = wte.shape[0]
     start = axis_index(par.tp) * vl
+    if par.vocab_clip:
+        local, inside = _local_ids(tokens, start, vl)
+        found = jnp.take(wte, local, axis=0)
+        return exit_tp(jnp.where(inside[..., None], found, 0.0), par)
     outside = (tokens < start) | (tokens >= start + vl)
     local = jnp.where(outside, 0, tokens - start)
     found = jnp.take(wte, local, axis=0)
     found = jnp.where(outside[..., None], 0.0, found)
     return exit_tp(found, par)
+
+
+def _local_ids(ids: Array, start, n: int) -> tuple[Array, Array]:
+    """Megatron-LM's common spelling of a vocab shard's lookup index: the ids minus the
+    shard's start, clipped into the shard, and the mask of the ids the shard holds."""
+    local = ids - start
+    inside = (local >= 0) & (local < n)
+    return jnp.clip(local, 0, n - 1), inside
 
 
 def cross_entropy(logits: Array, targets: Array, par: Par) -> Array:
@@ -154,6 +166,11 @@ def cross_entropy(logits: Array, targets: Array, par: Par) -> Array:
     start = axis_index(par.tp) * vl
     m = pmax(jnp.max(lax.stop_gradient(logits), axis=-1, keepdims=True), par.tp)
     sum_exp = reduce_from_tp(jnp.sum(jnp.exp(logits - m), axis=-1), par)
+    if par.vocab_clip:
+        local, inside = _local_ids(targets, start, vl)
+        picked = jnp.take_along_axis(logits, local[..., None], axis=-1)[..., 0]
+        target = reduce_from_tp(jnp.where(inside, picked, 0.0), par)
+        return jnp.log(sum_exp) + m[..., 0] - target
     outside = (targets < start) | (targets >= start + vl)
     local = jnp.where(outside, 0, targets - start)
     picked = jnp.take_along_axis(logits, local[..., None], axis=-1)[..., 0]

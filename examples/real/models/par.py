@@ -38,6 +38,7 @@ class Par:
     fsdp: str | None = None  # fully sharded data parallel: batch and weights split
     ep: str | None = None  # expert parallel: experts and tokens split, all_to_all dispatch
     vocab: bool = False  # vocab-parallel embedding, LM head and cross-entropy over tp
+    vocab_clip: bool = False  # ... spelled `mask = (local >= 0) & (local < n); clip(local)`
     ring: str = ""  # context parallel by ring attention: "unrolled" (Python loop) or "loop"
     megatron: bool = True  # custom_vjp conjugate operators (else plain lax, check_vma=True)
 
