@@ -118,16 +118,21 @@ def _gather_untiled(axis: int):
 
 EMBED_ARGS = (IDS, TABLE)
 EMBED_SPECS = (P(), P("tp", None))
-CORRECT = [
+LAYOUT_TIER_NOW = [
     Program("vocab_parallel_embedding", _embedding_reference(), _embedding(), EMBED_ARGS,
             EMBED_SPECS, P()),
+    Program("scaled_embedding", _embedding_reference(SCALE), _embedding(scale=SCALE),
+            EMBED_ARGS, EMBED_SPECS, P()),
+]
+"""General-tier cases the layout tier proves since its vocab-parallel lookup rules
+(tests/rules/test_vocab_parallel.py)."""
+
+CORRECT = [
     Program("per_shard_cumsum", jnp.cumsum, _cumsum(), (ROW,), (P("tp"),), P("tp")),
     Program("block_sums", lambda x: x.reshape(2, -1).sum(0), _block_sums("tp"), (ROW,),
             (P("tp"),), P(), mesh=(("dp", 2), ("tp", 2))),
     Program("all_gather_untiled_reshape", lambda x: x, _gather_untiled(0), (MATRIX,),
             (P("tp", None),), P(), check_vma=False),
-    Program("scaled_embedding", _embedding_reference(SCALE), _embedding(scale=SCALE),
-            EMBED_ARGS, EMBED_SPECS, P()),
     # at a real size the terms meet in normal form, with no evaluation at all
     Program("block_sums_4096x64", lambda x: x.reshape(N, -1, 64).sum(0), _block_sums("tp"),
             (RNG.standard_normal((4096, 64)).astype(np.float32),), (P("tp", None),), P()),
@@ -205,6 +210,15 @@ def test_correct_programs_are_proven_by_the_general_tier(program: Program) -> No
     assert report.to_json()["verdict"] == "proven"
 
 
+@pytest.mark.parametrize("program", LAYOUT_TIER_NOW, ids=lambda p: p.name)
+def test_former_general_tier_cases_are_proven_by_the_layout_tier(program: Program) -> None:
+    want, got, (ref_text, sharded_text) = _run(program)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)  # grounded: same numbers
+    report = check_texts(ref_text, sharded_text, general_tier=False)
+    assert report.proven, report.render_text()
+    assert report.stats["tier"] == "layout"
+
+
 @pytest.mark.parametrize("program", TWINS, ids=lambda p: p.name)
 def test_wrong_twins_are_not_proven(program: Program) -> None:
     want, got, (ref_text, sharded_text) = _run(program)
@@ -225,7 +239,7 @@ def test_real_arithmetic_near_misses_are_not_proven(program: Program) -> None:
 
 
 def test_the_embedding_proof_states_the_valid_index_assumption() -> None:
-    _, _, (ref_text, sharded_text) = _run(CORRECT[0])
+    _, _, (ref_text, sharded_text) = _run(LAYOUT_TIER_NOW[0])
     report = check_texts(ref_text, sharded_text)
     assert any("valid indices" in a for a in report.assumptions), report.assumptions
 
@@ -243,7 +257,7 @@ def test_a_refuted_embedding_names_a_device_and_a_counterexample() -> None:
 
 
 def test_no_general_tier_keeps_the_layout_report() -> None:
-    _, _, (ref_text, sharded_text) = _run(CORRECT[2])
+    _, _, (ref_text, sharded_text) = _run(next(p for p in CORRECT if p.name == "block_sums"))
     report = check_texts(ref_text, sharded_text, general_tier=False)
     assert not report.proven and "general_tier" not in report.stats
     assert report.diagnostics[0].category == "wrong_axis"
@@ -302,7 +316,7 @@ def test_a_refutation_the_terms_do_not_show_is_not_made(monkeypatch) -> None:
     from entangle_mlir.analysis.instance.term_equality import complete_inputs, shown_inputs
 
     def wrong(self, want, got, name):
-        inputs = complete_inputs(None, [want, got], {0: (0, V - 1)})
+        inputs = complete_inputs(None, [want, got], {})
         return Decision("refuted", counterexample=shown_inputs(inputs), inputs=inputs)
 
     want, got, (ref_text, sharded_text) = _run(CORRECT[0])
