@@ -75,6 +75,7 @@ from entangle_mlir.normalize.match import (
     MOVES_AND_TRANSPOSES,
     attr_names,
     defining_op,
+    dot_operand_dims,
     erase_and_prune,
     finite_test,
     i64s,
@@ -857,18 +858,7 @@ def _operand_dims(op: ir.Operation, dim: int) -> list[int | None] | None:
                 return [d]
         return None
     if op.name == "stablehlo.dot_general":
-        numbers = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
-        batch = [list(numbers.lhs_batching_dimensions), list(numbers.rhs_batching_dimensions)]
-        contract = [list(numbers.lhs_contracting_dimensions),
-                    list(numbers.rhs_contracting_dimensions)]
-        free = [[d for d in range(len(shape_of(v))) if d not in batch[s] + contract[s]]
-                for s, v in enumerate(op.operands)]
-        if dim < len(batch[0]):
-            return [batch[0][dim], batch[1][dim]]
-        k = dim - len(batch[0])
-        if k < len(free[0]):
-            return [free[0][k], None]
-        return [None, free[1][k - len(free[0])]]
+        return dot_operand_dims(op, dim)
     return None
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.mlir.ir import erase_dead, op_key
 from entangle_mlir.mlir.opinfo import constant_value, reducer_kind
@@ -272,3 +273,20 @@ def erasures() -> Iterator[set[int]]:
 
 def _erasable(name: str) -> bool:
     return not name.startswith(("func.", "sdy."))
+
+
+def dot_operand_dims(op: ir.Operation, dim: int) -> list[int | None]:
+    """For each operand of the dot_general `op`, the dim that becomes result dim `dim`
+    (None: that operand has no such dim; result dims are batch, lhs free, rhs free)."""
+    numbers = stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+    batch = [list(numbers.lhs_batching_dimensions), list(numbers.rhs_batching_dimensions)]
+    contract = [list(numbers.lhs_contracting_dimensions),
+                list(numbers.rhs_contracting_dimensions)]
+    free = [[d for d in range(len(shape_of(v))) if d not in batch[s] + contract[s]]
+            for s, v in enumerate(op.operands)]
+    if dim < len(batch[0]):
+        return [batch[0][dim], batch[1][dim]]
+    k = dim - len(batch[0])
+    if k < len(free[0]):
+        return [free[0][k], None]
+    return [None, free[1][k - len(free[0])]]

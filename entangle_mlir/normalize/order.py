@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 
 from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.opinfo import constant_value, reducer_kind
@@ -43,6 +42,7 @@ from entangle_mlir.normalize.bounds import computed_alike
 from entangle_mlir.normalize.match import (
     attr_names,
     defining_op,
+    dot_operand_dims,
     i64s,
     max_reduce,
     same_but,
@@ -254,16 +254,5 @@ def _operand_dims(ox: ir.Operation, oy: ir.Operation, dim: int) -> list[int | No
                 return [d]
         return None
     if ox.name == "stablehlo.dot_general" and len(ox.operands) == 2:
-        numbers = stablehlo.DotDimensionNumbers(oy.attributes["dot_dimension_numbers"])
-        batch = [list(numbers.lhs_batching_dimensions), list(numbers.rhs_batching_dimensions)]
-        contract = [list(numbers.lhs_contracting_dimensions),
-                    list(numbers.rhs_contracting_dimensions)]
-        free = [[d for d in range(len(shape_of(v))) if d not in batch[s] + contract[s]]
-                for s, v in enumerate(oy.operands)]
-        if dim < len(batch[0]):
-            return [batch[0][dim], batch[1][dim]]
-        k = dim - len(batch[0])
-        if k < len(free[0]):
-            return [free[0][k], None]
-        return [None, free[1][k - len(free[0])]]
+        return dot_operand_dims(oy, dim)
     return None
