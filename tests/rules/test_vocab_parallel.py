@@ -369,32 +369,81 @@ def test_gather_of_a_shifted_tensor(rows: int, vocab: int) -> None:
 
 def test_the_rules_scale_to_512_devices() -> None:
     """dp 64 x tp 8: the mask, the clip, the lookup and the sum are related without expanding
-    any tensor per device (only the offsets are a table), in well under a second."""
+    any tensor per device (only the offsets are a table), and every rule instance is proved
+    by Z3 on the 8 devices at dp coordinate 0: the device masks and local indices depend on
+    the tp block only, so the instance is symmetric in dp (`instance.devices._symmetric_axes`).
+    Must-fail: the lookup without its range test claimed as the sum is refuted there."""
+    from entangle_mlir.analysis.instance import devices
+    from entangle_mlir.analysis.instance.checker import InstanceChecker
+
     mesh = Mesh((("dp", 64), ("tp", 8)))
     length, width, n = 4, 2, 128
+    checker = InstanceChecker()
     start_time = time.perf_counter()
+
+    def step(op, ins, shape, attrs=None, dtype="f32"):
+        (out,), info, ctx = run(op, ins, mesh, shape, attrs, dtype)
+        verdict = checker.check(info, ins, [out], mesh, ctx)
+        assert verdict.status == "proved", (op, verdict.describe())
+        assert devices._symmetric_axes(ins, [out], mesh) == ("dp",), op
+        return out
+
     t = arg((n,), "i32")
     tokens, local = rel(t, "dp"), (n // 64,)
     start = Shifted(zeros(local, "i32"), offsets(mesh, length))
-    (shifted,), _, _ = run("stablehlo.subtract", [tokens, start], mesh, local, dtype="i32")
-    (lower,), _, _ = run("stablehlo.compare", [shifted, zeros(local, "i32")], mesh, local,
-                         {"comparison_direction": "GE"}, "i1")
-    (upper,), _, _ = run("stablehlo.compare", [shifted, zeros(local, "i32", length)], mesh,
-                         local, {"comparison_direction": "LT"}, "i1")
-    (mask,), _, _ = run("stablehlo.and", [lower, upper], mesh, local, dtype="i1")
-    (index,), _, _ = run("stablehlo.clamp", [zeros(local, "i32"), shifted,
-                                             zeros(local, "i32", length - 1)], mesh, local,
-                         dtype="i32")
-    (column,), _, _ = run("stablehlo.broadcast_in_dim", [index], mesh, local + (1,),
-                          {"broadcast_dimensions": (0,)}, "i32")
+    shifted = step("stablehlo.subtract", [tokens, start], local, dtype="i32")
+    lower = step("stablehlo.compare", [shifted, zeros(local, "i32")], local,
+                 {"comparison_direction": "GE"}, "i1")
+    upper = step("stablehlo.compare", [shifted, zeros(local, "i32", length)], local,
+                 {"comparison_direction": "LT"}, "i1")
+    mask = step("stablehlo.and", [lower, upper], local, dtype="i1")
+    index = step("stablehlo.clamp", [zeros(local, "i32"), shifted,
+                                     zeros(local, "i32", length - 1)], local, dtype="i32")
+    column = step("stablehlo.broadcast_in_dim", [index], local + (1,),
+                  {"broadcast_dimensions": (0,)}, "i32")
     table = rel(arg((length * 8, width)), "tp")
-    (rows,), _, _ = run("stablehlo.gather", [table, column], mesh, local + (width,),
-                        {**_EMBED, "slice_sizes": (1, width)})
-    (wide,), _, _ = run("stablehlo.broadcast_in_dim", [mask], mesh, local + (width,),
-                        {"broadcast_dimensions": (0,)}, "i1")
-    (summed,), _, _ = run("stablehlo.select", [wide, rows, zeros(local + (width,))], mesh,
-                          local + (width,))
-    assert time.perf_counter() - start_time < 1.0
+    rows = step("stablehlo.gather", [table, column], local + (width,),
+                {**_EMBED, "slice_sizes": (1, width)})
+    wide = step("stablehlo.broadcast_in_dim", [mask], local + (width,),
+                {"broadcast_dimensions": (0,)}, "i1")
+    ins = [wide, rows, zeros(local + (width,))]
+    summed = step("stablehlo.select", ins, local + (width,))
+    assert time.perf_counter() - start_time < 60
     assert isinstance(mask, InBlock) and mask.inside and isinstance(index, BlockIndex)
     assert isinstance(summed, Rel) and summed.partial == ("tp",)
     assert summed.tiling[0] == ("dp",)
+    _, info, ctx = run("stablehlo.select", ins, mesh, local + (width,))
+    wrong = replace(summed, term=summed.term.args[1])
+    assert checker.check(info, ins, [wrong], mesh, ctx).status == "refuted"
+
+
+def test_offsets_varying_along_an_axis_break_its_symmetry() -> None:
+    """Must-fail for the symmetry: offsets that differ along dp (a start that counts dp
+    blocks too) make dp not symmetric, so every device's claim is checked."""
+    from entangle_mlir.analysis.instance import devices
+
+    mesh = Mesh((("dp", 2), ("tp", 2)))
+    tokens, local = rel(arg((4,), "i32"), "dp"), (2,)
+    start = Shifted(zeros(local, "i32"), tuple(-d for d in range(mesh.num_devices)))
+    (shifted,), _, _ = run("stablehlo.subtract", [tokens, start], mesh, local, dtype="i32")
+    assert devices._symmetric_axes([tokens, start], [shifted], mesh) == ()
+    tp_only = Shifted(zeros(local, "i32"), offsets(mesh, 2))
+    (shifted,), _, _ = run("stablehlo.subtract", [tokens, tp_only], mesh, local, dtype="i32")
+    assert devices._symmetric_axes([tokens, tp_only], [shifted], mesh) == ("dp",)
+
+
+def test_a_gather_pairing_split_indices_with_replicated_rows_is_not_symmetric() -> None:
+    """Must-fail for the gather's symmetry: take_along_axis pairs operand row b with index row
+    b, so indices split over tp with a replicated operand are not symmetric in tp (the
+    device at tp coordinate 1 reads other rows than the renamed claim of coordinate 0);
+    both split alike are."""
+    from entangle_mlir.analysis.instance import devices
+
+    mesh = TP2
+    logits, ids = arg((4, 3)), arg((4, 1, 1), "i32")
+    dims = {k: v for k, v in _TAKE_ALONG.items() if k != "slice_sizes"}
+    term = T.intern("stablehlo.gather", (logits, ids), tuple(sorted(
+        {**dims, "slice_sizes": (1, 1)}.items())), (4, 1), "f32")
+    out = rel(term, "tp")
+    assert devices._symmetric_axes([rel(logits), rel(ids, "tp")], [out], mesh) == ()
+    assert devices._symmetric_axes([rel(logits, "tp"), rel(ids, "tp")], [out], mesh) == ("tp",)

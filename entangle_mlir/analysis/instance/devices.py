@@ -11,7 +11,16 @@ import numpy as np
 
 from entangle_mlir.analysis.instance.sources import Failure
 from entangle_mlir.core.mesh import Mesh
-from entangle_mlir.core.relations import DeviceScalar, Opaque, Rel, Shifted, Value
+from entangle_mlir.core.relations import (
+    BlockIndex,
+    DeviceScalar,
+    InBlock,
+    Masked,
+    Opaque,
+    Rel,
+    Shifted,
+    Value,
+)
 from entangle_mlir.core.terms import (
     ARITHMETIC_TERM_OPS,
     ELEMENTWISE_STABLEHLO,
@@ -22,6 +31,40 @@ from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.semantics.collectives import COLLECTIVE_SEMANTICS, replica_groups, run_op
 from entangle_mlir.semantics.element import SemanticsError
 from entangle_mlir.semantics.groups import GROUPED
+
+
+def _rels_and_device_axes(values: Sequence[Value], mesh: Mesh, inputs: bool
+                          ) -> tuple[list[Rel], set[str]] | None:
+    """The relations inside `values` and the mesh axes their device-dependent parts depend
+    on (a device block's axes, the axes a device offset table varies along); None for a
+    value the symmetry argument does not cover. A device mask or local index of blocks over
+    axes A, or a tensor plus offsets that vary only along A, is computed alike on devices
+    that differ in another axis: the argument of `_symmetric_axes` holds for that axis."""
+    rels: list[Rel] = []
+    axes: set[str] = set()
+    for v in values:
+        if isinstance(v, Rel):
+            rels.append(v)
+        elif isinstance(v, Opaque) and not inputs:
+            continue
+        elif isinstance(v, Shifted):
+            rels.append(v.rel)
+            axes |= {a for a, _ in mesh.axes if _varies_along(v.offsets, a, mesh)}
+        elif isinstance(v, InBlock | BlockIndex):
+            rels.append(v.rel)
+            axes |= set(v.axes)
+        elif isinstance(v, Masked):
+            rels += [v.rel, v.pred.rel]
+            axes |= set(v.pred.axes)
+        else:
+            return None
+    return rels, axes
+
+
+def _varies_along(table, axis: str, mesh: Mesh) -> bool:
+    """A per-device table differs between two devices that differ only along `axis`."""
+    return any(table[d] != table[mesh.device({**mesh.coords(d), axis: 0})]
+               for d in range(mesh.num_devices))
 
 
 def distinct_devices(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
@@ -149,18 +192,19 @@ def _symmetric_axes(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh) -> 
     all positions does not depend on their order); iota is ID along its dim (it is the
     position). Any other node commutes only when its operands are unchanged (every tag ID or
     ANY); otherwise the axis is not symmetric and every device is checked."""
-    values = list(ins) + list(outs)
-    if any(not isinstance(v, Rel) for v in ins) or any(
-            not isinstance(v, Rel | Opaque) for v in outs):
+    in_rels = _rels_and_device_axes(ins, mesh, inputs=True)
+    out_rels = _rels_and_device_axes(outs, mesh, inputs=False)
+    if in_rels is None or out_rels is None:
         return ()
-    rels = [v for v in values if isinstance(v, Rel)]
+    (in_rels, in_axes), (out_only, out_axes) = in_rels, out_rels
+    rels = in_rels + out_only
     symmetric = []
     for axis, size in mesh.axes:
-        if size == 1 or any(axis in r.partial for r in rels):
+        if size == 1 or any(axis in r.partial for r in rels) or axis in in_axes | out_axes:
             continue
         leaves: dict[int, tuple] = {}
         consistent = True
-        for rel in ins:
+        for rel in in_rels:
             found = _leaf_tags(rel, axis)
             if found is not None and leaves.setdefault(*found) != found[1]:
                 consistent = False
@@ -178,9 +222,10 @@ def _symmetric_axes(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh) -> 
 
 
 def _leaf_tags(rel: Rel, axis: str) -> tuple[int, tuple] | None:
-    """(leaf serial, tags) choosing the renaming on a leaf an input is, or broadcasts (a poly
-    broadcast keeps its operand): the input's own action on the dims the leaf fills. Only a
-    choice: every term is then checked against its own tiling."""
+    """(leaf serial, tags) choosing the renaming on a leaf an input is, broadcasts (a poly
+    broadcast keeps its operand) or reshapes (a dim it keeps whole): the input's own action on
+    the dims the leaf fills. Only a choice: every term is then checked against its own
+    tiling."""
     expected = _expected_tags(rel, axis)
     term = rel.term
     if term.op == "arg":
@@ -190,6 +235,20 @@ def _leaf_tags(rel: Rel, axis: str) -> tuple[int, tuple] | None:
         operand = term.args[0]
         return operand.serial, tuple(expected[d] if operand.shape[i] == term.shape[d] else _ID
                                      for i, d in enumerate(dims))
+    if term.op == "reshape" and term.args[0].op == "arg":
+        operand = term.args[0]
+        groups = reshape_groups(operand.shape, term.shape)
+        if groups is None:
+            return None
+        tags = [_ID] * len(operand.shape)
+        for src_dims, dst_dims in groups:
+            real_src = [d for d in src_dims if operand.shape[d] != 1]
+            real_dst = [d for d in dst_dims if term.shape[d] != 1]
+            if len(real_src) == 1 and len(real_dst) == 1:
+                tags[real_src[0]] = expected[real_dst[0]]
+            elif any(expected[d] != _ID for d in dst_dims):
+                return None
+        return operand.serial, tuple(tags)
     return None
 
 
@@ -264,9 +323,46 @@ def _node_tags(term: Term, args: list[tuple]) -> tuple | None:
     if op in _REDUCTIONS and len(args) == 1:
         dims = term.attrs[0]
         return tuple(t for d, t in enumerate(args[0]) if d not in dims)
+    if op == "stablehlo.gather" and len(args) == 2:
+        return _gather_tags(term, *args)
     if all(t in (_ID, _ANY) for a in args for t in a):
         return (_ID,) * rank
     return None
+
+
+def _gather_tags(term: Term, operand: tuple, indices: tuple) -> tuple | None:
+    """A gather reads, for each batch position of its indices, the operand at the indexed
+    position: permuting the indices' batch positions permutes the result's batch positions
+    alike, while the operand is unchanged (ID or ANY) but along an operand batching dim,
+    which must move exactly like its paired indices dim (a replicated operand paired with
+    split indices is not symmetric: row b would meet another device's index row); the
+    index vector itself must be unchanged."""
+    dims = dict(term.attrs)
+    ivd = dims.get("index_vector_dim", 0)
+    rank = len(term.shape)
+    offset = list(dims.get("offset_dims", ()))
+    pairs = dict(zip(dims.get("operand_batching_dims", ()),
+                     dims.get("start_indices_batching_dims", ())))
+    if ivd < len(indices) and indices[ivd] not in (_ID, _ANY):
+        return None
+    indices = list(indices)
+    for d, tag in enumerate(operand):
+        if d in pairs:  # operand row b is read with index row b: both move alike, or neither
+            joint = _unify([tag, indices[pairs[d]]])
+            if joint is None:
+                return None
+            indices[pairs[d]] = joint
+        elif tag not in (_ID, _ANY):
+            return None
+    batch = [t for d, t in enumerate(indices) if d != ivd]
+    window = [t for d, t in enumerate(operand) if d not in dims.get("collapsed_slice_dims", ())
+              and d not in pairs]
+    if len(batch) + len(window) != rank or any(t not in (_ID, _ANY) for t in window):
+        return None
+    out, b, w = [], iter(batch), iter(window)
+    for d in range(rank):
+        out.append(next(w) if d in offset else next(b))
+    return tuple(out)
 
 
 def _reshape_tags(src: tuple[int, ...], dst: tuple[int, ...], tags: tuple) -> tuple | None:
