@@ -25,7 +25,9 @@ a per-device cumsum, the scaling book's collective matmul). So before a report s
   no finite values met: "cannot relate ... (suspected: <claim>; not confirmed: <why>)", except
   for a claim the relations show exactly (the result is k x the reference's, k != 1).
 
-The verdict stays "not proven" (exit code 1) in every case: this step never proves anything.
+The verdict stays "not proven" in every case: this step never proves anything. A confirmed
+claim (or an exact one) makes the exit code 1 (`Report.outcome` "bug"); a withdrawn or
+unconfirmed one, now `cannot_relate`, claims nothing: exit code 3 ("inconclusive").
 It runs by default in `entangle check` (`--no-confirm` turns it off) and in the JAX front-end
 (`confirm=False`); `entangle-opt` and the driver's `check_*` functions report the tiers' own
 wording (the general tier refutes only where the rule instances its terms rest on were

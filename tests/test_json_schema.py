@@ -17,7 +17,7 @@ from typing import ClassVar
 import pytest
 
 from entangle_mlir import cli
-from entangle_mlir.core.reasons import REASONS
+from entangle_mlir.core.reasons import CLAIMS, REASONS
 from tests.shared import REPO, last_json, run_jax_script
 
 SCHEMA_PATH = REPO / "docs" / "report.schema.json"
@@ -147,12 +147,16 @@ def test_validator_is_not_vacuous(capsys) -> None:
         {k: v for k, v in good.items() if k != "verdict"},                  # missing key
         {**good, "extra": 1},                                               # unknown key
         {**good, "exit_code": 0},                                           # verdict mismatch
+        {**good, "exit_code": 3},                                           # outcome mismatch
+        {**good, "outcome": "inconclusive"},
+        {**good, "outcome": "proven"},
         {**good, "outputs": [{**good["outputs"][0], "index": -1}]},         # minimum
         {**good, "diagnostics": [{**good["diagnostics"][0], "reason": "typo"}]},
         {**good, "diagnostics": [{**good["diagnostics"][0], "location": {"file": "x"}}]},
         {**good, "stats": {**good["stats"], "ops": "3"}},
         {**good, "explanations": ["not a list of strings"]},
-        {"verdict": "bad input", "exit_code": 1, "error": "x"},
+        {"verdict": "bad input", "outcome": "bad input", "exit_code": 1, "error": "x"},
+        {"verdict": "bad input", "exit_code": 2, "error": "x"},             # no outcome
     ]
     for document in broken:
         assert VALIDATOR.validate(document), f"accepted: {json.dumps(document)[:200]}"
@@ -166,7 +170,7 @@ def test_proven_report(capsys) -> None:
     code, document = run_cli(["check", str(ref), str(sharded), "--json"], capsys)
     assert code == 0 == document["exit_code"]
     assert_valid(document)
-    assert document["verdict"] == "proven" and not document["diagnostics"]
+    assert document["verdict"] == "proven" == document["outcome"] and not document["diagnostics"]
     assert document["stats"]["rule_instances"]["proved"] > 0
     assert document["evidence"] == {}
 
@@ -177,12 +181,16 @@ def test_not_proven_report(reason: str, capsys) -> None:
     if reason == "refuted":
         from tests.test_diagnostics_reasons import report_for
 
-        code, document = 1, report_for(reason).to_json()
+        report = report_for(reason)
+        code, document = report.exit_code, report.to_json()
     else:
         # The general tier proves cannot_relate's program (block sums): its reason is the
         # layout tier's.
         code, document = run_cli(["check", path, "--json", "--no-general-tier"], capsys)
-    assert code == 1 == document["exit_code"]
+    expected = 1 if reason in CLAIMS else 3
+    assert code == expected == document["exit_code"]
+    assert document["outcome"] == ("bug" if reason in CLAIMS else "inconclusive")
+    assert document["verdict"] == "not proven"
     assert_valid(document)
     first = document["diagnostics"][0]
     assert first["reason"] == reason and first["severity"] == "error"

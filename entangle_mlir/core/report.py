@@ -6,9 +6,18 @@ import json
 from dataclasses import dataclass, field
 
 from entangle_mlir.core.diagnostics import Diagnostic
+from entangle_mlir.core.reasons import BUG, INCONCLUSIVE, outcome_of
 
 PROVEN = "proven"
 NOT_PROVEN = "not proven"
+
+EXIT_CODES = {PROVEN: 0, BUG: 1, "bad input": 2, INCONCLUSIVE: 3}
+"""`entangle check`'s exit code per outcome: proven, not proven because the program is shown or
+claimed wrong, input that cannot be used, not proven because the check could not decide."""
+
+INCONCLUSIVE_WORDS = ("the check could not decide; it does not claim the program is wrong "
+                      "(exit code 3)")
+"""The text report's line for an inconclusive outcome."""
 
 REASSOCIATION = "float sums and products are reassociated and regrouped"
 FINITE_INPUTS = "inputs hold no NaN or Inf"
@@ -68,8 +77,20 @@ class Report:
         return self.verdict == PROVEN
 
     @property
+    def outcome(self) -> str:
+        """"proven", or why not: "bug" when a diagnostic claims the program is wrong,
+        "inconclusive" when the check could not decide (`core/reasons.py`, `outcome_of`)."""
+        if self.proven:
+            return PROVEN
+        confirmed = bool((self.evidence.get("confirmation") or {}).get("confirmed"))
+        return outcome_of((d.category for d in self.diagnostics if d.severity == "error"),
+                          confirmed)
+
+    @property
     def exit_code(self) -> int:
-        return 0 if self.proven else 1
+        """0 proven, 1 shown or claimed wrong, 3 inconclusive (2, bad input, is raised as
+        `InputError` before any report exists)."""
+        return EXIT_CODES[self.outcome]
 
     def render_explanation(self) -> str:
         lines = []
@@ -91,6 +112,8 @@ class Report:
             lines.append(f"  result#{out.index} = {out.rho}{mark}")
         for note in self.notes:
             lines.append(f"note: {note}")
+        if self.outcome == INCONCLUSIVE:
+            lines.append(f"inconclusive: {INCONCLUSIVE_WORDS}")
         confirmation = self.evidence.get("confirmation") or {}
         if confirmation.get("summary") and not confirmation.get("confirmed"):
             # (a confirmed claim carries the numbers in its own note)
@@ -110,6 +133,7 @@ class Report:
     def to_json(self) -> dict:
         return {
             "verdict": self.verdict,
+            "outcome": self.outcome,
             "exit_code": self.exit_code,
             "mesh": self.mesh,
             "outputs": [{"index": o.index, "proven": o.proven, "rho": o.rho, "term": o.term}
