@@ -72,10 +72,11 @@ def main(argv: list[str] | None = None) -> int:
 
             confirm_files(report, args.ref, args.sharded or args.ref)
         if args.evidence and not report.proven:
+            from entangle_mlir.driver import load_program  # lazy: loads jaxlib (see above)
             from entangle_mlir.evidence import check_evidence  # lazy: 7 ms; --evidence only
 
-            if "at_op" not in report.evidence:
-                report.evidence.update(check_evidence(report))
+            report.evidence.update(check_evidence(
+                report, load_program(args.ref, args.sharded or args.ref)))
     except InputError as err:
         if getattr(args, "json", False):
             print(json.dumps({"verdict": "bad input", "outcome": "bad input", "exit_code": 2,

@@ -35,6 +35,8 @@ from entangle_mlir.evidence import (
     local_block,
     op_evidence,
     output_evidence,
+    program_evidence,
+    sum_precision,
 )
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.per_device import (
@@ -115,7 +117,9 @@ def check(reference_fn: Callable, sharded_fn: Callable, *avals,
         confirm_texts(report, ref_text, sharded_text, ref_file=ref_file,
                       sharded_file=sharded_file)
     if not report.proven and evidence:
-        report.evidence.update(output_evidence(reference_fn, sharded_fn, avals))
+        precision = sum_precision(parse_module(ref_text))
+        report.evidence.update(output_evidence(reference_fn, sharded_fn, avals,
+                                               precision=precision))
         if "at_op" not in report.evidence:
             report.evidence["at_op"] = op_evidence(report.focus)
     return report
@@ -234,8 +238,12 @@ def check_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None
         report.notes.append(note)
     if not report.proven and confirm:
         confirm_texts(report, ref_text, sharded, ref_file=ref_file, sharded_file=sharded_file)
-    if not report.proven and evidence and "at_op" not in report.evidence:
-        report.evidence["at_op"] = op_evidence(report.focus)
+    if not report.proven and evidence:
+        report.evidence.update(program_evidence(
+            from_two_modules(parse_module(ref_text, ref_file), parse_module(sharded, sharded_file),
+                             ref_file, sharded_file), report.index_ranges))
+        if "at_op" not in report.evidence:
+            report.evidence["at_op"] = op_evidence(report.focus)
     return report
 
 
