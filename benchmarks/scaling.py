@@ -179,8 +179,9 @@ def run_check(ref_path: Path, sharded_path: Path) -> dict:
         text, errors = out.read(), err.read()
     peak = [line.split()[1] for line in errors.decode().splitlines()
             if line.startswith("entangle-peak-rss-kib")]
-    verdict = {0: "proven", 1: "not proven"}.get(child.returncode, "bad input")
-    if child.returncode not in (0, 1):
+    verdict = {0: "proven", 1: "not proven", 3: "inconclusive"}.get(child.returncode,
+                                                                    "bad input")
+    if child.returncode not in (0, 1, 3):
         print(f"entangle failed: {errors.decode()[-300:]}", file=sys.stderr)
     line = next((x for x in text.decode().splitlines() if x.startswith("rule checks:")), "")
     proved, skipped = re.search(r"(\d+) proved", line), re.search(r"(\d+) skipped", line)

@@ -68,9 +68,10 @@ def check_flags(path: Path) -> str:
         else ""
 
 
-def check_output(path: Path) -> tuple[str, str | None]:
+def check_output(path: Path) -> tuple[str, str | None, int]:
     """What `entangle check FILE` (with `check_flags`) prints, run from the repository root,
-    and the reason: bug claims confirmed by running both programs, as `entangle check` does."""
+    the reason and the exit code: bug claims confirmed by running both programs, as
+    `entangle check` does."""
     from entangle_mlir.confirm import confirm_files
     from entangle_mlir.core.diagnostics import InputError
     from entangle_mlir.driver import check_files, check_with_pipeline
@@ -84,13 +85,13 @@ def check_output(path: Path) -> tuple[str, str | None]:
                                                  general_tier=not check_flags(path)),
                                      relative, relative))
     except InputError as err:
-        return err.render(), None
+        return err.render(), None, 2
     first = report.diagnostics[0].category if report.diagnostics else None
-    return report.render_text(), first
+    return report.render_text(), first, report.exit_code
 
 
 def diagnostics_md() -> str:
-    from entangle_mlir.core.reasons import REASONS
+    from entangle_mlir.core.reasons import CLAIMS, REASONS
 
     out = [HEADER.format(sources="entangle_mlir/core/reasons.py and lit_tests/diagnostics/"),
            "# Diagnostics reference\n",
@@ -119,9 +120,18 @@ def diagnostics_md() -> str:
             "are those of the lit file, which also holds the `// expected-error` annotations "
             "left out here). A function carrying `entangle.refines = @ref` is the sharded "
             "program, `@ref` its reference; the Python sketch says what jax code lowers to it.\n"),
-           "| reason | title | example |", "| --- | --- | --- |"]
+           ("A reason in `CLAIMS` claims the program is wrong: exit code 1, `\"outcome\": "
+            "\"bug\"` in `--json`. Every other reason only says that the check could not "
+            "decide (an op without a rule, Z3 unknown, an analysis limit, a value it cannot "
+            "relate, a rule instance refuted, which is entangle's own error): exit code 3, "
+            "`\"outcome\": \"inconclusive\"`, and the text report says `inconclusive: the "
+            "check could not decide; it does not claim the program is wrong (exit code 3)`. "
+            "One result claimed wrong makes it 1 whatever the others say; a claim withdrawn "
+            "after running both programs becomes `cannot_relate`, so 3.\n"),
+           "| reason | title | exit code | example |", "| --- | --- | --- | --- |"]
     for key, (title, _) in REASONS.items():
-        out.append(f"| [`{key}`](#{key}) | {title} | "
+        code = "1 (bug)" if key in CLAIMS else "3 (inconclusive)"
+        out.append(f"| [`{key}`](#{key}) | {title} | {code} | "
                    f"[{key}.mlir](../lit_tests/diagnostics/{key}.mlir) |")
     out.append("")
     for key, (title, description) in REASONS.items():
@@ -133,15 +143,18 @@ def diagnostics_md() -> str:
             continue
         parsed = parse_lit_test(path)
         out.extend(f"{paragraph}\n" for paragraph in parsed["paragraphs"])
-        text, reason = check_output(path)
+        text, reason, code = check_output(path)
         if reason != key:
             raise SystemExit(f"{path.relative_to(REPO)}: the first diagnostic has reason "
                              f"{reason!r}, not {key!r}")
+        if code != (1 if key in CLAIMS else 3):
+            raise SystemExit(f"{path.relative_to(REPO)}: exit code {code}, but {key!r} is "
+                             f"{'' if key in CLAIMS else 'not '}a claim")
         out.append(f"[`lit_tests/diagnostics/{key}.mlir`](../lit_tests/diagnostics/{key}.mlir):"
                    "\n")
         out.append(f"```mlir\n{parsed['program']}```\n")
         out.append(f"`entangle check lit_tests/diagnostics/{key}.mlir{check_flags(path)}` "
-                   "(exit code 1), "
+                   f"(exit code {code}), "
                    f"`\"reason\": \"{key}\"` in `--json`:\n")
         out.append(f"```text\n{text}\n```\n")
         variants = sorted(DIAGNOSTICS_DIR.glob(f"{key}.*.mlir"))

@@ -1,6 +1,8 @@
 """`entangle`: check a reference/sharded pair, or run the bundled demo.
 
-Exit codes: 0 refinement proven, 1 not proven, 2 input that cannot be used at all.
+Exit codes: 0 refinement proven, 1 not proven because the program is shown or claimed wrong,
+2 input that cannot be used at all, 3 not proven because the check could not decide (an op
+without a rule, Z3 unknown or over budget; `core/reasons.py`, `OUTCOMES`).
 """
 
 from __future__ import annotations
@@ -70,13 +72,14 @@ def main(argv: list[str] | None = None) -> int:
 
             confirm_files(report, args.ref, args.sharded or args.ref)
         if args.evidence and not report.proven:
+            from entangle_mlir.driver import load_program  # lazy: loads jaxlib (see above)
             from entangle_mlir.evidence import check_evidence  # lazy: 7 ms; --evidence only
 
-            if "at_op" not in report.evidence:
-                report.evidence.update(check_evidence(report))
+            report.evidence.update(check_evidence(
+                report, load_program(args.ref, args.sharded or args.ref)))
     except InputError as err:
         if getattr(args, "json", False):
-            print(json.dumps({"verdict": "bad input", "exit_code": 2,
+            print(json.dumps({"verdict": "bad input", "outcome": "bad input", "exit_code": 2,
                               "error": err.render()}, indent=2))
         else:
             print(err.render(), file=sys.stderr)
@@ -119,7 +122,8 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
 
 
 def run_demo(args) -> int:
-    """Prove every bundled correct pair, flag every bundled buggy one."""
+    """Prove every bundled correct pair, flag every bundled buggy one as a bug (exit code 1:
+    claimed wrong, not inconclusive)."""
     from entangle_mlir.driver import check_files  # lazy: loads jaxlib (see main)
 
     pairs = sorted(DEMO_DIR.glob("*.ref.mlir"))
@@ -137,13 +141,14 @@ def run_demo(args) -> int:
 
             confirm_files(report, str(ref), str(sharded))
         buggy = any(tag in name for tag in _BUG_TAGS)
-        expected = not buggy
-        failures += report.proven != expected
+        # A buggy twin must be claimed wrong (exit code 1), not merely left inconclusive.
+        as_expected = report.exit_code == (1 if buggy else 0)
+        failures += not as_expected
         results.append((name, report))
         if args.json:
             continue
         print(f"== {name}: {'verified' if report.proven else 'NOT PROVEN'}"
-              f"{'' if report.proven == expected else '   <-- UNEXPECTED'}")
+              f"{'' if as_expected else '   <-- UNEXPECTED'}")
         print("   " + report.render_text().replace("\n", "\n   "))
     if args.json:
         print(json.dumps({name: r.to_json() for name, r in results}, indent=2))

@@ -25,7 +25,9 @@ a per-device cumsum, the scaling book's collective matmul). So before a report s
   no finite values met: "cannot relate ... (suspected: <claim>; not confirmed: <why>)", except
   for a claim the relations show exactly (the result is k x the reference's, k != 1).
 
-The verdict stays "not proven" (exit code 1) in every case: this step never proves anything.
+The verdict stays "not proven" in every case: this step never proves anything. A confirmed
+claim (or an exact one) makes the exit code 1 (`Report.outcome` "bug"); a withdrawn or
+unconfirmed one, now `cannot_relate`, claims nothing: exit code 3 ("inconclusive").
 It runs by default in `entangle check` (`--no-confirm` turns it off) and in the JAX front-end
 (`confirm=False`); `entangle-opt` and the driver's `check_*` functions report the tiers' own
 wording (the general tier refutes only where the rule instances its terms rest on were
@@ -46,18 +48,17 @@ from dataclasses import replace
 from entangle_mlir.core.diagnostics import Diagnostic, InputError
 from entangle_mlir.core.reasons import CLAIMS
 from entangle_mlir.core.report import Report
+from entangle_mlir.driver import load_program
 from entangle_mlir.evidence import (
-    ABSOLUTE_TOLERANCE,
-    CLAIM_TOLERANCE,
     INPUT_DRAWS,
     MAX_RUN_DEVICES,
     Unavailable,
+    claim_limit,
     compare_programs,
     op_evidence,
 )
 from entangle_mlir.mlir.ir import context, parse_module
-from entangle_mlir.mlir.load import load_file
-from entangle_mlir.mlir.program import Program, from_combined, from_two_modules
+from entangle_mlir.mlir.program import from_two_modules
 from entangle_mlir.passes.general_tier import MESSAGE_PREFIX as GENERAL_PREFIX
 
 _EXACT_NOTE = re.compile(r"^result #\d+ is \S+ x the reference$")
@@ -105,19 +106,7 @@ def confirm_files(report: Report, ref_path: str, sharded_path: str, *,
                   draws=INPUT_DRAWS) -> Report:
     """`confirm` for a report of `driver.check_files` on the same files (one combined file may
     be given twice)."""
-    def load() -> Program:
-        if _same_file(ref_path, sharded_path):
-            return from_combined(load_file(ref_path), ref_path)
-        return from_two_modules(load_file(ref_path), load_file(sharded_path), ref_path,
-                                sharded_path)
-    return confirm(report, load, draws=draws)
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return a == b or os.path.samefile(a, b)
-    except OSError:
-        return False
+    return confirm(report, lambda: load_program(ref_path, sharded_path), draws=draws)
 
 
 def confirm(report: Report, load, *, draws=INPUT_DRAWS, at_op: bool = True) -> Report:
@@ -239,8 +228,7 @@ def _confirmed_on_counterexample(diagnostic: Diagnostic, comparison) -> Diagnost
 
 
 def _differs(c, seed: bool = True) -> str:
-    if c.not_finite is not None and c.max_abs_diff <= max(CLAIM_TOLERANCE * c.max_abs_reference,
-                                                          ABSOLUTE_TOLERANCE):
+    if c.not_finite is not None and c.max_abs_diff <= claim_limit(c.max_abs_reference):
         return (f"result #{c.index} holds inf or NaN where the reference's values are finite"
                 + (f" (seed {c.not_finite})" if seed else ""))
     return (f"result #{c.index} differs from the reference by up to {c.max_abs_diff:.3g} ("

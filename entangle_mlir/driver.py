@@ -85,6 +85,17 @@ def check_files(ref_path: str, sharded_path: str, *, verify_rules: bool = True,
                          assume_no_overflow=assume_no_overflow, general_tier=general_tier)
 
 
+def load_program(ref_path: str, sharded_path: str) -> Program:
+    """The pair `entangle check REF SHARDED` checks, as loaded (not normalized): what running
+    both programs needs (`confirm.py`, `evidence.program_evidence`). One combined file may be
+    given as both."""
+    with context():
+        if _same_file(ref_path, sharded_path):
+            return from_combined(load_file(ref_path), ref_path)
+        return from_two_modules(load_file(ref_path), load_file(sharded_path), ref_path,
+                                sharded_path)
+
+
 def _same_file(a: str, b: str) -> bool:
     try:
         return a == b or os.path.samefile(a, b)

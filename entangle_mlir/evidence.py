@@ -8,6 +8,17 @@ per-device values are reassembled with the relation the check expected there (co
 split axes, the sum of partials, or each device's own value where a reduction is missing) and
 compared with the reference's value. Needs jax and as many devices as the mesh.
 
+Output evidence runs the whole programs: from Python the jax functions themselves
+(`output_evidence`), from MLIR files the programs (`program_evidence`, on the machinery that
+confirms claims, `compare_programs`).
+
+Evidence calls values different relative to their scale, never by an absolute threshold:
+elements w (reference) and g (sharded) differ when |w - g| > atol + rtol * max(|w|, |g|), with
+atol = rtol * max|w| over the value (a sum that cancels keeps the rounding of its terms) and
+rtol from the dtype and the reordered float sums the reference computes (`tolerance`). A
+correct gradient near 1e11 whose float32 sums were reordered does not differ; a wrong value
+near 1e-7 does.
+
 Running a per-device program as replicas (`as_replicas`, `device_blocks`, `local_block`,
 `execute_replicas`) also serves `jax.run_per_device` and the attacker. Importing this module
 does not import jax: the functions that run programs do.
@@ -17,6 +28,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -45,8 +57,19 @@ _NUMPY_DTYPES = {"f64": "float64", "f32": "float32", "f16": "float16", "bf16": "
                  "i1": "bool"}
 
 
-# Relative difference below which the values agree (float32 rounding of reordered sums).
-_AGREE = 1e-4
+_EPSILON = {"f64": 2.0 ** -52, "f32": 2.0 ** -23, "tf32": 2.0 ** -10, "f16": 2.0 ** -10,
+            "bf16": 2.0 ** -7}
+"""Machine epsilon per MLIR float type; float8 types (not listed) take `_EPSILON_F8`."""
+_EPSILON_F8 = 2.0 ** -2
+
+TOLERANCE_FACTOR = 16
+"""rtol = TOLERANCE_FACTOR x the largest (epsilon x terms) of the reference's float sums:
+reordering a sum of n terms moves it by up to about n epsilons of its terms; the factor covers a
+few such sums in a chain and the ops between them."""
+
+MAX_RTOL = 0.05
+"""The loosest relative tolerance (low-precision programs with long sums): a difference of 5%
+of the values' scale is always called one."""
 
 
 class Unavailable(Exception):
@@ -78,8 +101,144 @@ def random_input(shape, dtype, rng: np.random.Generator, kind: str = "normal",
     return values.astype(dtype)
 
 
-def output_evidence(reference_fn, sharded_fn, avals, seed: int = 0) -> dict:
-    """Max |sharded - reference| per output on seeded random inputs."""
+def sum_precision(module_or_func) -> float:
+    """The largest (epsilon of its type) x (terms summed) over the float sums an op computes in
+    `module_or_func` (a dot_general's contracted size, a reduce's or reduce_window's reduced
+    size; 0 when it sums nothing): how far reordering the program's sums may move a value,
+    relative to its terms. `tolerance` turns it into a relative tolerance."""
+    found = [0.0]
+
+    def visit(op):
+        name = op.name
+        terms = 1
+        try:
+            if name in ("stablehlo.dot_general", "stablehlo.dot"):
+                info = describe(op)
+                lhs = info.operand_types[0].shape
+                terms = math.prod(lhs[d] for d in info.attrs["lhs_contract"])
+            elif name == "stablehlo.reduce":
+                shape = ir.RankedTensorType(op.operands[0].type).shape
+                terms = math.prod(shape[d] for d in ir.DenseI64ArrayAttr(
+                    op.attributes["dimensions"]))
+            elif name == "stablehlo.reduce_window":
+                terms = math.prod(ir.DenseI64ArrayAttr(op.attributes["window_dimensions"]))
+            else:
+                return ir.WalkResult.ADVANCE
+            element = str(ir.RankedTensorType(op.results[0].type).element_type)
+        except Exception:  # noqa: BLE001 - an op it cannot read sums nothing it knows of
+            return ir.WalkResult.ADVANCE
+        if terms > 1 and (element in _EPSILON or element.startswith("f8")):
+            found[0] = max(found[0], terms * _EPSILON.get(element, _EPSILON_F8))
+        return ir.WalkResult.ADVANCE
+
+    with context():
+        operation = getattr(module_or_func, "operation", module_or_func)
+        operation.walk(visit)
+    return found[0]
+
+
+def tolerance(dtype, precision: float) -> float:
+    """The relative tolerance of values of `dtype` computed by a program whose reordered float
+    sums have `precision` (`sum_precision`): 0 for integers and booleans (exact), else
+    TOLERANCE_FACTOR x the larger of `precision` and the dtype's epsilon, at most MAX_RTOL."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_ or np.issubdtype(dtype, np.integer):
+        return 0.0
+    epsilon = _EPSILON.get({"float64": "f64", "float32": "f32", "float16": "f16",
+                            "bfloat16": "bf16"}.get(dtype.name, ""), _EPSILON_F8)
+    return min(MAX_RTOL, TOLERANCE_FACTOR * max(precision, epsilon))
+
+
+def compare_values(want, got, rtol: float, scale: float | None = None) -> dict:
+    """`want` (reference) against `got` (sharded): `max_abs_diff` (None when some value is not
+    finite on one side only, or the shapes differ), `max_abs_reference` (the reference's scale:
+    `scale` when given, for a block of a larger value, else max |want| over its finite values),
+    `rtol`, and `differs`: some element has |w - g| > atol + rtol * max(|w|, |g|), atol = rtol x
+    the scale (values equal on both sides, the same inf or NaN, never differ)."""
+    want, got = np.asarray(want, np.float64), np.asarray(got, np.float64)
+    if want.shape != got.shape:
+        return {"max_abs_diff": None, "max_abs_reference": scale or 0.0, "rtol": rtol,
+                "differs": True}
+    same = (want == got) | (np.isnan(want) & np.isnan(got))
+    if scale is None:
+        magnitude = np.abs(want)
+        scale = float(np.max(magnitude[np.isfinite(magnitude)], initial=0.0))
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.where(same, 0.0, np.abs(want - got))
+        bound = rtol * scale + rtol * np.maximum(np.abs(want), np.abs(got))
+        differs = bool(np.any(~same & ~(diff <= bound)))
+    largest = float(np.max(diff, initial=0.0))
+    return {"max_abs_diff": largest if math.isfinite(largest) else None,
+            "max_abs_reference": scale, "rtol": rtol, "differs": differs}
+
+
+def _compare_blocks(value: np.ndarray, pairs, rtol: float) -> dict:
+    """An output compared device block by device block (`compare_programs`' pairs), against
+    the scale of the whole reference value."""
+    magnitude = np.abs(np.asarray(value, np.float64))
+    scale = float(np.max(magnitude[np.isfinite(magnitude)], initial=0.0))
+    found = [compare_values(want, got, rtol, scale) for want, got in pairs]
+    diffs = [f["max_abs_diff"] for f in found]
+    return {"max_abs_diff": None if None in diffs else max(diffs, default=0.0),
+            "max_abs_reference": scale, "rtol": rtol,
+            "differs": any(f["differs"] for f in found)}
+
+
+def outputs_summary(results: list[dict], seed: int) -> dict:
+    """The outputs' evidence from each output's comparison (`compare_values`): the numbers per
+    output, and one line saying whether they differ, by how much, at what scale."""
+    diffs = [r["max_abs_diff"] for r in results]
+    where = f"on a random input (seed {seed})"
+    differing = [i for i, r in enumerate(results) if r["differs"]]
+    if any(d is None for d in diffs):
+        summary = (f"{where} some outputs are not finite (inf or NaN) or not of the reference's "
+                   "shape, so they cannot be compared numerically")
+    elif differing:
+        worst = max(differing, key=lambda i: diffs[i] / max(
+            results[i]["max_abs_reference"], 1e-300))
+        r = results[worst]
+        summary = (f"{where} the outputs differ by up to {max(diffs):.3g} (result #{worst}: "
+                   f"{r['max_abs_diff']:.3g} where its values reach "
+                   f"{r['max_abs_reference']:.3g}, beyond the relative tolerance "
+                   f"{r['rtol']:.2g} of reordered float sums)")
+    else:
+        rtol = max((r["rtol"] for r in results), default=0.0)
+        scale = max((r["max_abs_reference"] for r in results), default=0.0)
+        summary = (f"{where} the outputs agree to {max(diffs, default=0.0):.1g} at values up "
+                   f"to {scale:.3g}, within the relative tolerance {rtol:.2g} of reordered "
+                   "float sums: the difference needs other inputs, or it is beyond what was "
+                   "proven")
+    return {"seed": seed, "max_abs_diff": diffs,
+            "max_abs_reference": [r["max_abs_reference"] for r in results],
+            "rtol": [r["rtol"] for r in results],
+            "differs": [r["differs"] for r in results], "summary": summary}
+
+
+def program_evidence(program, index_ranges: dict[int, int] | None = None,
+                     seed: int = 0) -> dict:
+    """The outputs of both functions of `program` (a `mlir.program.Program` of modules that
+    have not been normalized) on one seeded random input, compared relative to their scale
+    (`compare_values`, rtol from `tolerance`), every device's block: what `entangle check
+    --evidence` and `check_partitioned` report. Never raises: `{"summary": "not available
+    (...)"}` says why the programs could not run."""
+    found: list = []
+    try:
+        precision = sum_precision(program.ref_module)
+        compare_programs(program, ((seed, "normal"),), index_ranges, collect=found)
+    except ImportError as err:
+        return {"summary": f"not available (jax is not available: {err})"}
+    except Unavailable as err:
+        return {"summary": f"not available ({err})"}
+    except Exception as err:  # noqa: BLE001 - evidence is best effort, never a failure
+        return {"summary": f"not available ({type(err).__name__}: {_first_line(err)})"}
+    return outputs_summary([_compare_blocks(value, pairs, tolerance(value.dtype, precision))
+                            for _, _, value, pairs in found], seed)
+
+
+def output_evidence(reference_fn, sharded_fn, avals, seed: int = 0,
+                    precision: float = 0.0) -> dict:
+    """The outputs of both jax functions on a seeded random input, compared relative to their
+    scale (`compare_values`; `precision`: the reference program's `sum_precision`)."""
     import jax  # lazy: 1 s to import; and check_evidence sets XLA_FLAGS before it loads
 
     rng = np.random.default_rng(seed)
@@ -92,20 +251,12 @@ def output_evidence(reference_fn, sharded_fn, avals, seed: int = 0) -> dict:
         got = jax.tree.leaves(sharded_fn(*jax.tree.unflatten(tree, placed)))
     except Exception as err:  # noqa: BLE001 - evidence is best effort, never a failure
         return {"summary": f"not available ({type(err).__name__}: {err})"}
-    diffs = [_max_diff(w, g) for w, g in zip(want, got)]
-    finite = [d for d in diffs if math.isfinite(d)]
-    if len(finite) != len(diffs):
-        summary = (f"on a random input (seed {seed}) some outputs are not finite (inf or NaN), "
-                   "so they cannot be compared numerically")
-    elif max(finite, default=0.0) > 1e-5:
-        summary = (f"on a random input (seed {seed}) the outputs differ by up to "
-                   f"{max(finite):.3g}")
-    else:
-        summary = (f"on a random input (seed {seed}) the outputs agree to "
-                   f"{max(finite, default=0.0):.1g}: the difference needs other inputs, or it "
-                   "is beyond what was proven")
-    return {"seed": seed, "max_abs_diff": [d if math.isfinite(d) else None for d in diffs],
-            "summary": summary}
+    results = [compare_values(w, g, tolerance(np.asarray(w).dtype, precision))
+               for w, g in zip(want, got)]
+    if len(want) != len(got):
+        results.append({"max_abs_diff": None, "max_abs_reference": 0.0, "rtol": 0.0,
+                        "differs": True})
+    return outputs_summary(results, seed)
 
 
 def _max_diff(want, got) -> float:
@@ -142,16 +293,23 @@ def op_evidence(focus, seed: int = 0) -> dict:
                             f"{str(err).splitlines()[0] if str(err) else ''})")
 
 
-def check_evidence(report) -> dict:
-    """`entangle check --evidence`: op-level evidence for a report of MLIR files, on enough
-    simulated CPU devices (jax is imported here, only when asked for)."""
+def check_evidence(report, program) -> dict:
+    """`entangle check --evidence`: the outputs of both programs compared (`program_evidence`;
+    `program` is the checked pair as loaded, not normalized) and, unless confirming a claim
+    already took it, op-level evidence, on enough simulated CPU devices (jax is imported here,
+    only when asked for)."""
     focus = report.focus
     needed = focus.mesh.num_devices if focus is not None and focus.mesh is not None else 1
+    sizes = [int(size) for size in re.findall(r"=(\d+)", report.mesh)]
+    needed = min(max(needed, math.prod(sizes), 8), MAX_RUN_DEVICES)
     flags = os.environ.get("XLA_FLAGS", "")
     if "jax" not in sys.modules and "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = (
-            f"{flags} --xla_force_host_platform_device_count={max(needed, 8)}").strip()
-    return {"at_op": op_evidence(focus)}
+            f"{flags} --xla_force_host_platform_device_count={needed}").strip()
+    evidence = program_evidence(program, report.index_ranges)
+    if "at_op" not in report.evidence:
+        evidence["at_op"] = op_evidence(focus)
+    return evidence
 
 
 def _unavailable(reason: str) -> dict:
@@ -175,8 +333,9 @@ def _op_evidence(focus, seed: int) -> dict:
         raise Unavailable(f"the sharded value reassembles to shape {list(got.shape)}, the "
                           f"reference's is {list(want.shape)}")
     diff = _max_diff(want, got)
-    magnitudes = np.abs(np.asarray(want, np.float64))
-    scale = float(np.max(magnitudes[np.isfinite(magnitudes)], initial=0.0))
+    compared = compare_values(want, got, tolerance(np.asarray(want).dtype,
+                                                   sum_precision(ref_module)))
+    scale = compared["max_abs_reference"]
     sharded_op, ref_op = focus.sharded, focus.reference
     where = f" ({sharded_op.loc})" if sharded_op.loc else ""
     ref_where = f" ({ref_op.loc})" if ref_op.loc else ""
@@ -184,19 +343,21 @@ def _op_evidence(focus, seed: int) -> dict:
     if not math.isfinite(diff):
         verdict = (f"and {reference} are not finite (inf or NaN), so they cannot be compared "
                    "numerically")
-    elif diff > _AGREE * max(1.0, scale):
+    elif compared["differs"]:
         verdict = (f"differs from {reference} by up to {diff:.3g} (whose values reach "
                    f"{scale:.3g})")
     else:
-        verdict = (f"agrees with {reference} to {diff:.1g}: the difference needs other inputs, "
-                   "or only shows later")
+        verdict = (f"agrees with {reference} to {diff:.1g}, within the relative tolerance "
+                   f"{compared['rtol']:.2g} of reordered float sums: the difference needs "
+                   "other inputs, or only shows later")
     summary = (f"on a random input (seed {seed}), at {sharded_op.info.name}{where} the sharded "
                f"value, read as {focus.how}, {verdict}")
     return {"available": True, "seed": seed,
             "sharded_op": sharded_op.info.name, "sharded_location": str(sharded_op.loc or ""),
             "reference_op": ref_op.info.name, "reference_location": str(ref_op.loc or ""),
             "relation": focus.how, "max_abs_diff": diff if math.isfinite(diff) else None,
-            "max_abs_reference": scale, "summary": summary}
+            "max_abs_reference": scale, "rtol": compared["rtol"],
+            "differs": compared["differs"], "summary": summary}
 
 
 def _marked_texts(focus, ref_module, sharded_module) -> tuple[str, str]:
@@ -615,7 +776,8 @@ GIVEN_SEED = -1
 
 
 def compare_programs(program, draws=INPUT_DRAWS, index_ranges: dict[int, int] | None = None,
-                     given: dict[int, np.ndarray] | None = None) -> list[OutputComparison]:
+                     given: dict[int, np.ndarray] | None = None,
+                     collect: list | None = None) -> list[OutputComparison]:
     """Run both functions of `program` (a `mlir.program.Program` of modules that have not been
     normalized) on the random input `draws` and compare each output, every device's block of
     it. The reference runs on one CPU device; a shard_map program through XLA's SPMD
@@ -625,7 +787,11 @@ def compare_programs(program, draws=INPUT_DRAWS, index_ranges: dict[int, int] | 
 
     `given`: one more input (argument index -> values, exact ones rounded to the argument's
     dtype; an argument it lacks drawn as the first draw draws it), compared on its own: each
-    comparison's `given` is the comparison on it (a decision procedure's counterexample)."""
+    comparison's `given` is the comparison on it (a decision procedure's counterexample).
+
+    `collect`: a list that receives, per draw and output, `(seed, index, reference value,
+    [(the reference's block of device d, device d's block) for every device])`, ill-conditioned
+    draws included: what `program_evidence` compares in its own way."""
     with context():
         reference = _entry_copy(program.ref_module, program.ref_func, program)
         sharded = _entry_copy(program.sharded_module, program.sharded_func, program)
@@ -687,7 +853,8 @@ def compare_programs(program, draws=INPUT_DRAWS, index_ranges: dict[int, int] | 
         if any(len(row) != len(want) for row in got):
             raise Unavailable("the programs return different numbers of results")
         for i, value in enumerate(want):
-            if not _well_conditioned(value, nearby[i]):
+            conditioned = _well_conditioned(value, nearby[i])
+            if not conditioned and collect is None:
                 comparisons[i].ill_conditioned += 1
                 continue
             local = out_locals[i] if out_locals else _local_shape(out_shardings[i], value.shape)
@@ -700,6 +867,11 @@ def compare_programs(program, draws=INPUT_DRAWS, index_ranges: dict[int, int] | 
                     raise Unavailable(f"result #{i} of device {d} has shape {list(mine.shape)}, "
                                       f"its block of the reference's {list(block.shape)}")
                 pairs.append((block, mine))
+            if collect is not None:
+                collect.append((seed, i, value, pairs))
+            if not conditioned:
+                comparisons[i].ill_conditioned += 1
+                continue
             _accumulate(comparisons[i], pairs, seed)
 
     comparisons: list[OutputComparison] = []
@@ -779,17 +951,29 @@ def _well_conditioned(want: np.ndarray, nearby: np.ndarray) -> bool:
         return True
     reach = float(np.max(np.abs(want64[finite])))
     noise = float(np.max(np.abs(want64[finite] - nearby64[finite])))
-    return noise <= max(CLAIM_TOLERANCE / 10 * reach, ABSOLUTE_TOLERANCE / 10)
+    return noise <= claim_limit(reach) / 10
 
 
 ABSOLUTE_TOLERANCE = 1e-6
-"""Differences below this never count (an output the reference computes as exactly 0)."""
+"""Differences below this do not count where the reference's output is exactly 0 (it has no
+scale to be relative to)."""
+
+
+def claim_limit(reach: float) -> float:
+    """How far apart a float output may be from the reference's whose largest magnitude is
+    `reach` before it differs: `CLAIM_TOLERANCE` of that scale, however small (a wrong value
+    near 1e-11 differs as one near 1), or `ABSOLUTE_TOLERANCE` for an output of zeros."""
+    return CLAIM_TOLERANCE * reach if reach > 0 else ABSOLUTE_TOLERANCE
+
+
+def _relative(diff: float, reach: float) -> float:
+    return diff / (reach if reach > 0 else ABSOLUTE_TOLERANCE)
 
 
 def _accumulate(out: OutputComparison, pairs, seed: int) -> None:
     """Fold one draw's (reference block, device's block) pairs of an output into `out`: a
     float output differs when, on this draw, some finite values are further apart than
-    `CLAIM_TOLERANCE` of the reference's largest magnitude (and `ABSOLUTE_TOLERANCE`), or the
+    `claim_limit` of the reference's largest magnitude allows, or the
     sharded value is inf or NaN where the reference's is finite; an integer one when any
     differ. Where the reference's value is not finite nothing is compared. The draw reported is
     the one with the largest relative difference."""
@@ -811,9 +995,9 @@ def _accumulate(out: OutputComparison, pairs, seed: int) -> None:
         return
     out.compared = True
     out.inputs_compared += 1
-    limit = 0.0 if exact else max(CLAIM_TOLERANCE * reach, ABSOLUTE_TOLERANCE)
-    if out.seed is None or diff / max(reach, ABSOLUTE_TOLERANCE) > out.max_abs_diff / max(
-            out.max_abs_reference, ABSOLUTE_TOLERANCE):
+    limit = 0.0 if exact else claim_limit(reach)
+    if out.seed is None or _relative(diff, reach) > _relative(out.max_abs_diff,
+                                                              out.max_abs_reference):
         out.max_abs_diff, out.max_abs_reference, out.seed = diff, reach, seed
     out.differs = out.differs or diff > limit
 

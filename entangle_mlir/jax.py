@@ -23,6 +23,7 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from entangle_mlir.confirm import confirm_texts
+from entangle_mlir.core.diagnostics import InputError
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.report import Report
 from entangle_mlir.driver import check_texts
@@ -34,6 +35,8 @@ from entangle_mlir.evidence import (
     local_block,
     op_evidence,
     output_evidence,
+    program_evidence,
+    sum_precision,
 )
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.per_device import (
@@ -42,7 +45,12 @@ from entangle_mlir.mlir.per_device import (
     parameter_shardings,
     result_shardings,
 )
-from entangle_mlir.mlir.program import public_main
+from entangle_mlir.mlir.program import (
+    SwappedPrograms,
+    from_two_modules,
+    public_main,
+    sharded_marker,
+)
 from entangle_mlir.mlir.xla import module_proto, module_proto_to_stablehlo
 
 
@@ -82,23 +90,63 @@ def check(reference_fn: Callable, sharded_fn: Callable, *avals,
 
     When not proven, a bug claim of the layout tier is made only if running both programs on
     random inputs confirms it (`confirm.py`; `confirm=False` keeps the raw claims), and
-    `evidence` compares the outputs and the diverging op on one random input.
+    `evidence` compares the outputs and the diverging op on one random input. The two
+    functions given in the wrong order raise `InputError` saying so (as any input that cannot
+    be used: `entangle check` exits 2 on it).
     `assume_no_overflow`: take sums and products of finite values as finite (`entangle check
     --assume-no-overflow`; listed among the assumptions where a proof relies on it)."""
-    ref_text, sharded_text = lower_pair(reference_fn, sharded_fn, *avals)
+    try:
+        ref_text, sharded_text = lower_pair(reference_fn, sharded_fn, *avals)
+    except Exception:
+        # A shard_map given as the reference fails to lower without shardings (jax's
+        # ValueError about in_specs): say that the two are swapped, when they are.
+        what = _swapped(reference_fn, sharded_fn, avals)
+        if what:
+            raise InputError(_swapped_message(reference_fn, sharded_fn, what)) from None
+        raise
     name = getattr(reference_fn, "__name__", "reference")
     ref_file = f"<{name}: reference>"
     sharded_file = f"<{getattr(sharded_fn, '__name__', 'sharded')}>"
-    report = check_texts(ref_text, sharded_text, ref_file=ref_file, sharded_file=sharded_file,
-                         verify_rules=verify_rules, assume_no_overflow=assume_no_overflow)
+    try:
+        report = check_texts(ref_text, sharded_text, ref_file=ref_file,
+                             sharded_file=sharded_file, verify_rules=verify_rules,
+                             assume_no_overflow=assume_no_overflow)
+    except SwappedPrograms as err:
+        raise InputError(_swapped_message(reference_fn, sharded_fn, err.what)) from None
     if not report.proven and confirm:
         confirm_texts(report, ref_text, sharded_text, ref_file=ref_file,
                       sharded_file=sharded_file)
     if not report.proven and evidence:
-        report.evidence.update(output_evidence(reference_fn, sharded_fn, avals))
+        precision = sum_precision(parse_module(ref_text))
+        report.evidence.update(output_evidence(reference_fn, sharded_fn, avals,
+                                               precision=precision))
         if "at_op" not in report.evidence:
             report.evidence["at_op"] = op_evidence(report.focus)
     return report
+
+
+def _swapped(reference_fn: Callable, sharded_fn: Callable, avals) -> str:
+    """What marks `reference_fn` as the sharded program when the two functions were passed
+    in the wrong order (it lowers, with the avals' shardings, to a sharded program and
+    `sharded_fn`, without them, to an unsharded one), else ""."""
+    try:
+        ref_text, sharded_text = lower_pair(sharded_fn, reference_fn, *avals)
+        program = from_two_modules(parse_module(ref_text), parse_module(sharded_text),
+                                   "reference", "sharded")
+        with context():
+            if sharded_marker(program.ref_module, program.ref_func):
+                return ""
+            return sharded_marker(program.sharded_module, program.sharded_func)
+    except Exception:  # noqa: BLE001 - only a better message; else jax's own error stands
+        return ""
+
+
+def _swapped_message(reference_fn: Callable, sharded_fn: Callable, what: str) -> str:
+    first = getattr(reference_fn, "__name__", "the first function")
+    second = getattr(sharded_fn, "__name__", "the second function")
+    return (f"the functions are in the wrong order: the first one ({first}) is the sharded "
+            f"program, it holds {what}, while the second ({second}) has nothing sharded; "
+            "the order is check(reference_fn, sharded_fn, *avals), the reference first")
 
 
 def assert_refines(reference_fn: Callable, sharded_fn: Callable, *avals,
@@ -190,8 +238,12 @@ def check_partitioned(f: Callable, *avals, out_shardings=None, in_shardings=None
         report.notes.append(note)
     if not report.proven and confirm:
         confirm_texts(report, ref_text, sharded, ref_file=ref_file, sharded_file=sharded_file)
-    if not report.proven and evidence and "at_op" not in report.evidence:
-        report.evidence["at_op"] = op_evidence(report.focus)
+    if not report.proven and evidence:
+        report.evidence.update(program_evidence(
+            from_two_modules(parse_module(ref_text, ref_file), parse_module(sharded, sharded_file),
+                             ref_file, sharded_file), report.index_ranges))
+        if "at_op" not in report.evidence:
+            report.evidence["at_op"] = op_evidence(report.focus)
     return report
 
 

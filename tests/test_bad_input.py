@@ -12,7 +12,14 @@ import time
 
 import pytest
 
-from tests.shared import COMBINED_ADD, REF_ADD, SHARDED_ADD, sharded
+from tests.shared import (
+    COMBINED_ADD,
+    EXAMPLES_MLIR,
+    REF_ADD,
+    SHARDED_ADD,
+    run_jax_script,
+    sharded,
+)
 
 
 def _one_error(run, *needles: str) -> str:
@@ -196,6 +203,141 @@ def test_refines_names_missing_function(entangle, write) -> None:
     path = write("c.mlir", COMBINED_ADD.replace("entangle.refines = @ref",
                                                 "entangle.refines = @nothere"))
     _one_error(_check(entangle, path, path), f"{path}:7:", "@nothere")
+
+
+# --- the two programs in the wrong order ------------------------------------------------------
+
+_PER_DEVICE_REF = """\
+func.func @main(%x: tensor<16x8xf32>) -> tensor<16x8xf32> {
+  %0 = stablehlo.tanh %x : tensor<16x8xf32>
+  return %0 : tensor<16x8xf32>
+}
+"""
+
+_PER_DEVICE = """\
+module attributes {mhlo.num_partitions = 4 : i32} {
+  func.func @main(%x: tensor<4x8xf32> {mhlo.sharding = "{devices=[4,1]<=[4]}"}) -> (tensor<4x8xf32> {mhlo.sharding = "{devices=[4,1]<=[4]}"}) {
+    %0 = stablehlo.tanh %x : tensor<4x8xf32>
+    return %0 : tensor<4x8xf32>
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("pair,marker", [
+    ("add", "a shard_map (sdy.manual_computation)"),
+    ("megatron_mlp_tp4", "a shard_map (sdy.manual_computation)"),
+    ("per_device", "shardings on its parameters (a per-device program)"),
+])
+def test_swapped_programs(entangle, write, pair, marker) -> None:
+    """`entangle check SHARDED REF`: one line saying the order, with the command to run; the
+    right order is proven."""
+    if pair == "add":
+        ref, shd = write("ref.mlir", REF_ADD), write("sharded.mlir", SHARDED_ADD)
+    elif pair == "per_device":
+        ref, shd = write("ref.mlir", _PER_DEVICE_REF), write("sharded.mlir", _PER_DEVICE)
+    else:
+        ref = str(EXAMPLES_MLIR / f"{pair}.ref.mlir")
+        shd = str(EXAMPLES_MLIR / f"{pair}.sharded.mlir")
+    assert _check(entangle, ref, shd).code == 0
+    line = _one_error(_check(entangle, shd, ref), "the programs are in the wrong order",
+                      f"{shd} is the sharded program, it holds {marker}",
+                      f"{ref} has nothing sharded",
+                      "the order is `entangle check REF SHARDED`",
+                      f"`entangle check {ref} {shd}`")
+    assert line.startswith("error: "), line
+    doc = json.loads(entangle("check", shd, ref, "--json").out)
+    assert (doc["verdict"], doc["exit_code"]) == ("bad input", 2)
+    assert "wrong order" in doc["error"]
+
+
+def test_refines_on_the_reference(entangle, write) -> None:
+    """A combined file whose `entangle.refines` sits on the unsharded function."""
+    text = (COMBINED_ADD.replace(" attributes {entangle.refines = @ref}", "")
+            .replace("func.func @ref(%arg0: tensor<8x4xf32>, %arg1: tensor<8x4xf32>) -> "
+                     "tensor<8x4xf32> {",
+                     "func.func @ref(%arg0: tensor<8x4xf32>, %arg1: tensor<8x4xf32>) -> "
+                     "tensor<8x4xf32> attributes {entangle.refines = @sharded} {"))
+    assert text.count("entangle.refines = @sharded") == 1
+    path = write("combined.mlir", text)
+    _one_error(_check(entangle, path, path),
+               "@ref carries `entangle.refines = @sharded`, but @sharded is the sharded program",
+               "put `entangle.refines = @ref` on @sharded instead")
+
+
+def test_both_unsharded_is_not_called_swapped(entangle, write) -> None:
+    """Nothing sharded on either side: the old message (nothing to check), not a swap."""
+    ref, other = write("ref.mlir", REF_ADD), write("other.mlir", REF_ADD)
+    line = _one_error(_check(entangle, ref, other), "nothing sharded to check")
+    assert "wrong order" not in line
+
+
+def test_both_sharded_is_not_called_swapped(entangle, write) -> None:
+    shd, other = write("sharded.mlir", SHARDED_ADD), write("other.mlir", SHARDED_ADD)
+    run = _check(entangle, shd, other)
+    assert "wrong order" not in run.text
+
+
+SWAPPED_API = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+from entangle_mlir.core.diagnostics import InputError
+from entangle_mlir.jax import check
+
+def ref(x, w):
+    return x @ w
+
+def body(x, w):
+    return jax.lax.psum(x @ w, "tp")
+
+def replicated_body(x, w):
+    return x @ w
+
+mesh = jax.make_mesh((4,), ("tp",))
+specs = (P(None, "tp"), P("tp", None))
+sharded = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P()))
+avals = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, p))
+         for s, p in zip(((8, 16), (16, 8)), specs)]
+assert check(ref, sharded, *avals, verify_rules=False).proven
+# jax cannot lower a shard_map without its shardings: its ValueError becomes InputError.
+try:
+    check(sharded, ref, *avals, verify_rules=False)
+except InputError as err:
+    print("SPLIT:", err.message)
+# A shard_map over replicated inputs lowers either way: the programs tell the order.
+replicated = jax.jit(jax.shard_map(replicated_body, mesh=mesh, in_specs=(P(), P()),
+                                   out_specs=P(), check_vma=False))
+plain = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, P()))
+         for s in ((8, 16), (16, 8))]
+assert check(ref, replicated, *plain, verify_rules=False).proven
+try:
+    check(replicated, ref, *plain, verify_rules=False)
+except InputError as err:
+    print("REPLICATED:", err.message)
+# Other lowering errors stay jax's own.
+bad = [jax.ShapeDtypeStruct((8, 15), jnp.float32, sharding=NamedSharding(mesh, specs[0])),
+       avals[1]]
+try:
+    check(ref, sharded, *bad, verify_rules=False)
+except InputError as err:
+    print("WRONG:", err.message)
+except Exception as err:
+    print("JAX:", type(err).__name__)
+"""
+
+
+def test_swapped_functions_in_the_python_api(tmp_path) -> None:
+    out, _ = run_jax_script(tmp_path, "swapped.py", SWAPPED_API)
+    lines = dict(line.split(": ", 1) for line in out.strip().splitlines())
+    for key in ("SPLIT", "REPLICATED"):
+        message = lines[key]
+        assert message.startswith("the functions are in the wrong order: the first one "), message
+        assert "is the sharded program, it holds a shard_map (sdy.manual_computation)" in message
+        assert "the order is check(reference_fn, sharded_fn, *avals)" in message
+    assert "(body)" in lines["SPLIT"] and "(replicated_body)" in lines["REPLICATED"]
+    assert lines.get("JAX") in ("ValueError", "TypeError"), out
 
 
 def test_json_bad_input(entangle, write) -> None:

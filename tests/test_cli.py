@@ -181,10 +181,50 @@ def test_unsupported_op_is_not_proven_at_its_location(entangle, write, op, body,
     ref = write("ref.mlir", REF_ADD)
     shd = write("sharded.mlir", sharded(body))
     run = entangle("check", ref, shd, "--no-verify-rules")
-    assert run.code == 1, run.text
+    assert run.code == 3, run.text          # inconclusive: the program is not claimed wrong
     assert f"{shd}:{line}:12: error: unsupported op {op}" in run.out
     assert f"not proven: unsupported op {op}" in run.out
+    assert "inconclusive: the check could not decide" in run.out
     assert "Traceback" not in run.text and "verified" not in run.text
+    doc = json.loads(entangle("check", ref, shd, "--no-verify-rules", "--json").out)
+    assert (doc["verdict"], doc["outcome"], doc["exit_code"]) == ("not proven", "inconclusive", 3)
+
+
+def test_bug_and_unsupported_result_claims_the_bug(entangle, write) -> None:
+    """One result goes through an op without a rule, the other misses its psum: the bug is
+    claimed (exit 1), whichever diagnostic comes first."""
+    ref = write("ref.mlir", _TWO_RESULTS_REF)
+    shd = write("sharded.mlir", _TWO_RESULTS_SHARDED)
+    run = entangle("check", ref, shd, "--no-verify-rules")
+    assert run.code == 1, run.text
+    assert "unsupported op stablehlo.reduce_precision" in run.out
+    assert "partial sum over 'tp'" in run.out
+    assert "inconclusive:" not in run.out
+    doc = json.loads(entangle("check", ref, shd, "--no-verify-rules", "--json").out)
+    assert sorted(d["reason"] for d in doc["diagnostics"]) == ["missing_reduction",
+                                                                "unsupported"]
+    assert (doc["outcome"], doc["exit_code"]) == ("bug", 1)
+
+
+_TWO_RESULTS_REF = """\
+func.func @main(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> (tensor<8x16xf32>, tensor<8x8xf32>) {
+  %p = stablehlo.reduce_precision %x, format = e5m10 : tensor<8x16xf32>
+  %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<8x8xf32>
+  return %p, %0 : tensor<8x16xf32>, tensor<8x8xf32>
+}
+"""
+
+_TWO_RESULTS_SHARDED = """\
+sdy.mesh @mesh = <["tp"=4]>
+func.func @main(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> (tensor<8x16xf32>, tensor<8x8xf32>) {
+  %r:2 = sdy.manual_computation(%x, %w) in_shardings=[<@mesh, [{}, {"tp"}]>, <@mesh, [{"tp"}, {}]>] out_shardings=[<@mesh, [{}, {"tp"}]>, <@mesh, [{}, {}]>] manual_axes={"tp"} (%xl: tensor<8x4xf32>, %wl: tensor<4x8xf32>) {
+    %p = stablehlo.reduce_precision %xl, format = e5m10 : tensor<8x4xf32>
+    %d = stablehlo.dot_general %xl, %wl, contracting_dims = [1] x [0] : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
+    sdy.return %p, %d : tensor<8x4xf32>, tensor<8x8xf32>
+  } : (tensor<8x16xf32>, tensor<16x8xf32>) -> (tensor<8x16xf32>, tensor<8x8xf32>)
+  return %r#0, %r#1 : tensor<8x16xf32>, tensor<8x8xf32>
+}
+"""
 
 
 def test_demo(entangle) -> None:

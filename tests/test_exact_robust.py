@@ -255,7 +255,7 @@ def test_float_loop_counter_is_not_a_trip_count(write) -> None:
     """A ring loop counting in f32 with a comparison without compare_type: a ValueError in the
     unroller; now the loop stays a loop (a clean verdict)."""
     path = write("float.mlir", _while_nest(1, ring=True, counter="f32"))
-    _clean(check(path), 1)
+    _clean(check(path), 3)      # not proven, its outputs agree: inconclusive
 
 
 # --- huge meshes ------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import ClassVar
 import pytest
 
 from entangle_mlir import cli
-from entangle_mlir.core.reasons import REASONS
+from entangle_mlir.core.reasons import CLAIMS, REASONS
 from tests.shared import REPO, last_json, run_jax_script
 
 SCHEMA_PATH = REPO / "docs" / "report.schema.json"
@@ -147,12 +147,16 @@ def test_validator_is_not_vacuous(capsys) -> None:
         {k: v for k, v in good.items() if k != "verdict"},                  # missing key
         {**good, "extra": 1},                                               # unknown key
         {**good, "exit_code": 0},                                           # verdict mismatch
+        {**good, "exit_code": 3},                                           # outcome mismatch
+        {**good, "outcome": "inconclusive"},
+        {**good, "outcome": "proven"},
         {**good, "outputs": [{**good["outputs"][0], "index": -1}]},         # minimum
         {**good, "diagnostics": [{**good["diagnostics"][0], "reason": "typo"}]},
         {**good, "diagnostics": [{**good["diagnostics"][0], "location": {"file": "x"}}]},
         {**good, "stats": {**good["stats"], "ops": "3"}},
         {**good, "explanations": ["not a list of strings"]},
-        {"verdict": "bad input", "exit_code": 1, "error": "x"},
+        {"verdict": "bad input", "outcome": "bad input", "exit_code": 1, "error": "x"},
+        {"verdict": "bad input", "exit_code": 2, "error": "x"},             # no outcome
     ]
     for document in broken:
         assert VALIDATOR.validate(document), f"accepted: {json.dumps(document)[:200]}"
@@ -166,7 +170,7 @@ def test_proven_report(capsys) -> None:
     code, document = run_cli(["check", str(ref), str(sharded), "--json"], capsys)
     assert code == 0 == document["exit_code"]
     assert_valid(document)
-    assert document["verdict"] == "proven" and not document["diagnostics"]
+    assert document["verdict"] == "proven" == document["outcome"] and not document["diagnostics"]
     assert document["stats"]["rule_instances"]["proved"] > 0
     assert document["evidence"] == {}
 
@@ -177,12 +181,16 @@ def test_not_proven_report(reason: str, capsys) -> None:
     if reason == "refuted":
         from tests.test_diagnostics_reasons import report_for
 
-        code, document = 1, report_for(reason).to_json()
+        report = report_for(reason)
+        code, document = report.exit_code, report.to_json()
     else:
         # The general tier proves cannot_relate's program (block sums): its reason is the
         # layout tier's.
         code, document = run_cli(["check", path, "--json", "--no-general-tier"], capsys)
-    assert code == 1 == document["exit_code"]
+    expected = 1 if reason in CLAIMS else 3
+    assert code == expected == document["exit_code"]
+    assert document["outcome"] == ("bug" if reason in CLAIMS else "inconclusive")
+    assert document["verdict"] == "not proven"
     assert_valid(document)
     first = document["diagnostics"][0]
     assert first["reason"] == reason and first["severity"] == "error"
@@ -316,3 +324,75 @@ def test_evidence_is_strict_json(tmp_path: Path) -> None:
     out, _ = run_jax_script(tmp_path, "nan_report.py", NAN_REPORT)
     document = json.loads(out, parse_constant=refuse)
     assert_valid(document)
+UNCHECKED = """\
+module {
+  sdy.mesh @mesh = <["tp"=2]>
+  func.func @ref(%x: tensor<8192x64xf32>) -> tensor<4096x64xf32> {
+    %0 = stablehlo.slice %x [0:8192:2, 0:64] : (tensor<8192x64xf32>) -> tensor<4096x64xf32>
+    return %0 : tensor<4096x64xf32>
+  }
+  func.func @sharded(%x: tensor<8192x64xf32>) -> tensor<4096x64xf32> attributes {entangle.refines = @ref} {
+    %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{}, {"tp"}]>] out_shardings=[<@mesh, [{}, {"tp"}]>] manual_axes={"tp"} (%a: tensor<8192x32xf32>) {
+      %1 = stablehlo.slice %a [0:8192:2, 0:32] : (tensor<8192x32xf32>) -> tensor<4096x32xf32>
+      sdy.return %1 : tensor<4096x32xf32>
+    } : (tensor<8192x64xf32>) -> tensor<4096x64xf32>
+    return %0 : tensor<4096x64xf32>
+  }
+}
+"""
+"""A strided slice whose 8192 rows stay too many at the reduced shape: both walks' instances
+are too large for Z3 and not reducible (tests/analysis/test_instance.py::test_skips_and_budget)."""
+
+
+def test_unchecked_rule_instances_are_listed(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "strided.mlir"
+    path.write_text(UNCHECKED)
+    code, document = run_cli(["check", str(path), "--json"], capsys)
+    assert code == 0 and document["verdict"] == "proven"
+    assert_valid(document)
+    unchecked = document["unchecked_rule_instances"]
+    assert [(u["walk"], u["op_name"], u["location"]["line"]) for u in unchecked] == [
+        ("reference", "stablehlo.slice", 4), ("sharded", "stablehlo.slice", 9)]
+    assert all("too large to check at its real shape" in u["reason"] for u in unchecked)
+    assert document["stats"]["rule_instances"]["skipped"] == 2
+    assert any("the 2 rule instances Z3 did not check" in a for a in document["assumptions"])
+    capsys.readouterr()
+    assert cli.main(["check", str(path)]) == 0
+    text = capsys.readouterr().out.splitlines()
+    start = text.index(next(line for line in text if line.startswith("not checked by Z3:")))
+    assert text[start - 1].startswith("rule checks: ") and "2 skipped" in text[start - 1]
+    assert text[start].startswith("not checked by Z3: 2 rule instances;")
+    assert text[start + 1] == (f"  {path}:4:10: stablehlo.slice (reference walk): "
+                               f"{unchecked[0]['reason']}")
+    assert text[start + 2] == f"  {path}:9:12: stablehlo.slice: {unchecked[1]['reason']}"
+    assert "  - the 2 rule instances Z3 did not check" in "\n".join(text)
+
+
+def test_rule_checks_over_budget_are_listed() -> None:
+    from entangle_mlir.driver import check_with_pipeline
+
+    report = check_with_pipeline(
+        str(DIAGNOSTICS / "scale.mlir"),
+        "entangle-normalize,entangle-import-shardings,entangle-infer-relations,"
+        "entangle-check-refinement,entangle-verify-rules{budget_seconds=0}")
+    counts = report.stats["rule_instances"]
+    assert counts["skipped"] == len(report.unchecked) > 0 and counts["proved"] == 0, counts
+    assert all(u.reason == "over the time budget of the rule checks (0 s)"
+               for u in report.unchecked)
+    assert {u.walk for u in report.unchecked} == {"reference", "sharded"}
+    assert_valid(report.to_json())
+    text = report.render_text()
+    assert f"not checked by Z3: {counts['skipped']} rule instances;" in text
+    # Not proven for its own reason (a pmean): no assumption about the unchecked ones.
+    assert not any("did not check" in a for a in report.assumptions)
+
+
+def test_no_unchecked_instances_print_nothing(capsys) -> None:
+    ref = EXAMPLES / "megatron_mlp_tp4.ref.mlir"
+    sharded = EXAMPLES / "megatron_mlp_tp4.sharded.mlir"
+    code, document = run_cli(["check", str(ref), str(sharded), "--json"], capsys)
+    assert code == 0 and document["unchecked_rule_instances"] == []
+    capsys.readouterr()
+    cli.main(["check", str(ref), str(sharded)])
+    out = capsys.readouterr().out
+    assert "not checked by Z3" not in out and "did not check" not in out

@@ -15,7 +15,12 @@ from entangle_mlir.analysis.infer import Walk
 from entangle_mlir.core.diagnostics import Diagnostic
 from entangle_mlir.core.progress import Progress
 from entangle_mlir.core.relations import Opaque, Rel
-from entangle_mlir.core.report import NOT_PROVEN, Report
+from entangle_mlir.core.report import (
+    NOT_PROVEN,
+    Report,
+    UncheckedInstance,
+    unchecked_assumption,
+)
 from entangle_mlir.core.terms import scale
 
 _SKIP = ("sdy.manual_computation", "func.return", "stablehlo.return", "sdy.return")
@@ -32,7 +37,9 @@ def verify_walks(walks: dict[str, Walk], report: Report, budget_seconds: float =
                  inject_fault: str = "") -> None:
     """Check each rule instance of every walk (the reference's first, then the sharded's);
     a refuted or inconclusive one withdraws the verdict. The report's `mode` says what ran,
-    with the counts of both walks together; `stats["rule_instances_by_walk"]` splits them."""
+    with the counts of both walks together; `stats["rule_instances_by_walk"]` splits them.
+    Every instance not checked (skipped: too large, over the budget) is listed in
+    `report.unchecked`, and a proof that has some lists them among its assumptions."""
     start = time.perf_counter()
     counts = dict.fromkeys(_STATUSES, 0)
     by_walk: dict[str, dict[str, int]] = {}
@@ -54,6 +61,8 @@ def verify_walks(walks: dict[str, Walk], report: Report, budget_seconds: float =
     report.mode = (f"Z3 checked {checked} rule instances: {counts['proved']} proved, "
                    f"{counts['refuted']} refuted, {counts['unknown']} inconclusive{skipped}"
                    f"{of_ref}")
+    if report.proven and report.unchecked:
+        report.assume(unchecked_assumption(len(report.unchecked)))
 
 
 def _verify_one(name: str, walk: Walk, report: Report, start: float, budget_seconds: float,
@@ -73,6 +82,9 @@ def _verify_one(name: str, walk: Walk, report: Report, start: float, budget_seco
             continue
         if time.perf_counter() - start > budget_seconds:
             counts["skipped"] += 1
+            report.unchecked.append(UncheckedInstance(
+                name, record.info.name, record.loc,
+                f"over the time budget of the rule checks ({budget_seconds:g} s)"))
             continue
         mesh = walk.mesh if record.manual_axes else None
         outputs = record.outputs
@@ -82,6 +94,10 @@ def _verify_one(name: str, walk: Walk, report: Report, start: float, budget_seco
         result = check_instance(record.info, record.inputs, outputs, mesh)
         status = result.status if result.status in counts else "unknown"
         counts[status] += 1
+        if status == "skipped":
+            report.unchecked.append(UncheckedInstance(
+                name, record.info.name, record.loc,
+                getattr(result, "reason", "") or "not checked"))
         if status in ("refuted", "unknown"):
             why = f": {result.reason}" if getattr(result, "reason", "") else ""
             what = ("was refuted by Z3 (a rule is wrong: please report this)"

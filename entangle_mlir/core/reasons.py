@@ -1,8 +1,14 @@
 """The catalogue of reasons a check can fail, keyed by the `reason` a diagnostic carries (the
 `category` of the Opaque value or of the mismatch). Docs and the JSON schema are generated from
-this table; a pytest checks that every category the code emits is listed here."""
+this table; a pytest checks that every category the code emits is listed here.
+
+`CLAIMS` says which reasons claim the program is wrong (exit code 1); every other reason only
+says that the check could not decide (exit code 3). `outcome_of` applies it to a report's
+diagnostics."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 REASONS: dict[str, tuple[str, str]] = {
     "missing_reduction": (
@@ -123,3 +129,25 @@ says only these and the general tier finds inputs on which an output differs, th
 tier's refutation becomes the first diagnostic, a claim (`passes/general_tier.py`); a reading
 of the program (a claim, `unrelated`, `wrong_groups`, a refuted rule) keeps its place. No
 claim: disjoint from `CLAIMS`."""
+
+
+BUG = "bug"
+INCONCLUSIVE = "inconclusive"
+
+WITHDRAWS_CLAIMS: frozenset[str] = frozenset({"overflow"})
+"""Reasons whose diagnostic makes the report's claims consequences rather than findings: a
+rewrite refused for a possible overflow leaves the two programs in different forms, so the
+walk's mismatches after it (a `different_function` at the refused fold) claim nothing unless
+running both programs confirms them (`confirm.py`)."""
+
+
+def outcome_of(categories: Iterable[str], confirmed: bool = False) -> str:
+    """Why a check that is not proven failed, from its error diagnostics' reasons: `BUG` when
+    one of them is in `CLAIMS` (the program is claimed wrong: exit code 1), else `INCONCLUSIVE`
+    (exit code 3: the check could not decide, and no bug is claimed; also for no reason at all
+    or an unknown one). One result claimed wrong is enough, whatever the others say; next to a
+    reason in `WITHDRAWS_CLAIMS` only claims `confirmed` by running both programs count."""
+    categories = list(categories)
+    if WITHDRAWS_CLAIMS.intersection(categories) and not confirmed:
+        return INCONCLUSIVE
+    return BUG if any(category in CLAIMS for category in categories) else INCONCLUSIVE

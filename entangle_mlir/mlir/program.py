@@ -150,6 +150,67 @@ def check_form(program: Program) -> None:
                      op_location(program.sharded_func, file), file)
 
 
+class SwappedPrograms(InputError):
+    """The reference is the sharded program and the sharded one the reference: the arguments
+    were given in the wrong order (`check_order`). `what` says what marks the first one
+    sharded; the front-ends word the fix in their own terms (`entangle_mlir.jax.check`)."""
+
+    def __init__(self, message: str, what: str, file: str | None = None):
+        super().__init__(message, file=file)
+        self.what = what
+
+
+_DEVICE_OPS = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter",
+               "stablehlo.all_to_all", "stablehlo.collective_permute",
+               "stablehlo.collective_broadcast", "stablehlo.partition_id")
+"""Ops only a sharded program holds: collectives and the device's own id."""
+
+
+def sharded_marker(module: ir.Module, func: ir.Operation) -> str:
+    """What makes `func` a sharded program, in words ("a shard_map (sdy.manual_computation)",
+    "a collective (stablehlo.all_reduce)", "shardings on its parameters (a per-device
+    program)"), or "" for an unsharded one."""
+    found: list[str] = []
+
+    def visit(op):
+        if op.name == "sdy.manual_computation":
+            found.append("a shard_map (sdy.manual_computation)")
+        elif op.name == "stablehlo.partition_id":
+            found.append("the device's id (stablehlo.partition_id)")
+        elif op.name in _DEVICE_OPS:
+            found.append(f"a collective ({op.name})")
+        return ir.WalkResult.INTERRUPT if found else ir.WalkResult.ADVANCE
+
+    for reachable in _reachable(module, func):
+        reachable.walk(visit, ir.WalkOrder.PRE_ORDER)
+        if found:
+            return found[0]
+    if is_per_device(module, func):
+        return "shardings on its parameters (a per-device program)"
+    return ""
+
+
+def check_order(program: Program) -> None:
+    """The reference is unsharded, the sharded program sharded: when the reference holds a
+    shard_map, collectives or per-device shardings and the sharded program none of them, the
+    two were given in the wrong order (`entangle check SHARDED REF`): bad input saying so,
+    before the signatures (a per-device reference's local shapes) or the form are judged."""
+    what = sharded_marker(program.ref_module, program.ref_func)
+    if not what or sharded_marker(program.sharded_module, program.sharded_func):
+        return
+    if program.ref_module is program.sharded_module:
+        ref, sharded = func_name(program.ref_func), func_name(program.sharded_func)
+        raise SwappedPrograms(
+            f"@{sharded} carries `entangle.refines = @{ref}`, but @{ref} is the sharded "
+            f"program, it holds {what}, while @{sharded} has nothing sharded: put "
+            f"`entangle.refines = @{sharded}` on @{ref} instead", what, program.sharded_file)
+    raise SwappedPrograms(
+        f"the programs are in the wrong order: {program.ref_file} is the sharded program, it "
+        f"holds {what}, while {program.sharded_file} has nothing sharded; the order is "
+        f"`entangle check REF SHARDED`, the reference first: `entangle check "
+        f"{program.sharded_file} {program.ref_file}`", what)
+
+
 def _call_target(op: ir.Operation) -> str:
     if "call_target_name" not in op.attributes:
         return ""

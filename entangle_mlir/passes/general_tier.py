@@ -20,7 +20,7 @@ from entangle_mlir.analysis.general import MAX_DEVICES
 from entangle_mlir.analysis.refine import EvidenceFocus
 from entangle_mlir.core.diagnostics import Diagnostic
 from entangle_mlir.core.reasons import CLAIMS, STOPPED
-from entangle_mlir.core.report import PROVEN, Report
+from entangle_mlir.core.report import PROVEN, Report, unchecked_assumption
 from entangle_mlir.passes.pipeline import ModulePass, PassState
 
 if TYPE_CHECKING:
@@ -97,6 +97,9 @@ def apply_result(report: Report, result: GeneralResult) -> None:
     for assumption in result.assumptions:
         report.notes.append(f"proven assuming {assumption} (general tier)")
         report.assume(assumption)
+    report.unchecked = list(result.unchecked)
+    if report.unchecked:
+        report.assume(unchecked_assumption(len(report.unchecked)))
     report.diagnostics = []
     report.focus = None
     report.stats["tier"] = "general"

@@ -1,14 +1,21 @@
 """entangle-import-shardings: find the reference/sharded pair and check their signatures.
 
 Meshes and manual-computation shardings are read where the walk enters them (infer.py); this
-pass makes sure the pair exists and that arguments and results agree in count, shape and dtype.
+pass makes sure the pair exists, in the right order (the reference unsharded), and that
+arguments and results agree in count, shape and dtype.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from entangle_mlir.mlir.program import check_form, check_signatures, from_combined, has_refines
+from entangle_mlir.mlir.program import (
+    check_form,
+    check_order,
+    check_signatures,
+    from_combined,
+    has_refines,
+)
 from entangle_mlir.passes.pipeline import ModulePass, PassState
 
 
@@ -22,5 +29,6 @@ class ImportShardingsPass(ModulePass):
         if state.program is None and has_refines(state.module):
             state.program = from_combined(state.module, state.file)
         if state.program is not None:
+            check_order(state.program)
             check_signatures(state.program)
             check_form(state.program)

@@ -22,6 +22,7 @@ from entangle_mlir.analysis.infer import Walk, Walker
 from entangle_mlir.core.diagnostics import SourceLoc
 from entangle_mlir.core.normal_form import slice_term
 from entangle_mlir.core.relations import Rel
+from entangle_mlir.core.report import UncheckedInstance
 from entangle_mlir.core.terms import HOLE_BASE, Term, subterms
 from entangle_mlir.mlir.program import Program
 
@@ -55,6 +56,8 @@ class GeneralResult:
     output: int | None = None
     """Of a refutation: the program result it is about (None: a per-device agreement of a
     manual computation's result, which may reach any)."""
+    unchecked: list[UncheckedInstance] = field(default_factory=list)
+    """The rule instances of a proof that Z3 did not check (too large, no Z3 semantics)."""
 
 
 def run_general_tier(program: Program, reference: Walk | None = None, **options
@@ -140,7 +143,8 @@ def general_tier(program: Program, reference: Walk | None = None, *,
     stats["decisions"] = decided
     if problem:
         return GeneralResult(False, devices, problem, stats=stats)
-    return GeneralResult(True, devices, assumptions=assumptions, stats=stats)
+    return GeneralResult(True, devices, assumptions=assumptions, stats=stats,
+                         unchecked=getattr(expansion, "unchecked", []))
 
 
 def _plain(walk: Walk) -> bool:
@@ -197,23 +201,31 @@ def _check_instances(expansion: Expansion, reference: Walk, start: float,
     """Every rule instance the proof rests on, checked by Z3 (global scope): the reference
     walk's, those of the sharded function outside manual computations, and the expansion's
     (identical ones once: the checker caches them). '' when none is refuted or inconclusive,
-    else what went wrong."""
+    else what went wrong. Those Z3 skips (too large, no Z3 semantics) are kept in
+    `expansion.unchecked`: a proof lists them."""
     from entangle_mlir.analysis.instance.checker import (
         check_instance,  # lazy: z3 (~40 ms); only when the general tier runs
     )
 
     counts = {"proved": 0, "refuted": 0, "unknown": 0, "skipped": 0}
     problem = ""
-    walked = [Instance(r.info, r.inputs, r.outputs)
-              for r in reference.records + expansion.walk.records
+    walked = [(walk, Instance(r.info, r.inputs, r.outputs))
+              for walk, records in (("reference", reference.records),
+                                    ("general", expansion.walk.records))
+              for r in records
               if r.info.name not in _NOT_INSTANCES and r.outputs
               and all(type(v) is Rel for v in r.inputs + r.outputs)]
-    for instance in walked + expansion.instances:
+    unchecked: list[UncheckedInstance] = []
+    expansion.unchecked = unchecked
+    for walk, instance in walked + [("general", i) for i in expansion.instances]:
         if time.perf_counter() - start > budget:
             return "out of time checking the rule instances"
         result = check_instance(instance.info, instance.inputs, instance.outputs, None)
         status = result.status if result.status in counts else "unknown"
         counts[status] += 1
+        if status == "skipped":
+            unchecked.append(UncheckedInstance(walk, instance.info.name, instance.info.loc,
+                                               result.reason or "not checked"))
         if status in ("refuted", "unknown") and not problem:
             problem = (f"the rule instance for {instance.info.name} "
                        f"{'was refuted' if status == 'refuted' else 'is inconclusive'}"
