@@ -168,6 +168,15 @@ def _partial_result(info: OpInfo, rels: list[Rel], ctx: RuleContext
                 f"in {target} where the reference computes it in {first.term.dtype}",
                 category="precision_lost")
         return nonlinear
+    if name == "stablehlo.reduce_precision":
+        if _reduce_precision_kept(info) or kind in ("max", "min"):
+            return rels, axes, kind  # the identity, or a monotone rounding
+        if kind == "sum":
+            return Opaque(
+                f"precision lost: {_format(info)} rounds each device's partial sum over "
+                f"{axes_str(axes)} before the sum over devices (rounded pieces do not add up to "
+                "the rounded sum)", category="precision_lost")
+        return nonlinear
     if name == "stablehlo.negate":
         flipped = {"sum": "sum", "max": "min", "min": "max"}[kind]
         return rels, axes, flipped
@@ -292,6 +301,36 @@ def _folded(info: OpInfo, rels: list[Rel]) -> Term | None:
     return make_splat(wrap_integer(int(out), rtype.dtype), shape, rtype.dtype)
 
 
+def _reduce_precision_kept(info: OpInfo) -> bool:
+    """A reduce_precision whose format holds every value of its dtype: the identity."""
+    return precision.reduce_precision_is_identity(
+        info.result_types[0].dtype, int(info.attrs["exponent_bits"]),
+        int(info.attrs["mantissa_bits"]))
+
+
+def _format(info: OpInfo) -> str:
+    """`reduce_precision to e5m10 (in f32)`: the op and the format it rounds to."""
+    return (f"reduce_precision to e{info.attrs['exponent_bits']}m{info.attrs['mantissa_bits']} "
+            f"(in {info.result_types[0].dtype})")
+
+
+def _reduce_precision_term(info: OpInfo, term: Term, ctx: RuleContext) -> Term:
+    """The identity when the format keeps every value of the dtype; else a rounding (a
+    constant rounded to the value it becomes; any other term under a `reduce_precision`
+    node with its format as attributes, which Z3 reads as an uninterpreted rounding)."""
+    if _reduce_precision_kept(info):
+        return term
+    e, m = int(info.attrs["exponent_bits"]), int(info.attrs["mantissa_bits"])
+    dtype = info.result_types[0].dtype
+    value = splat_value(term)
+    if value is not None and precision.is_float(dtype) and dtype in precision.FORMAT_BITS:
+        rounded = precision.reduce_precision(value, dtype, e, m)
+        return make_splat(rounded, term.shape, dtype)
+    ctx.hint(f"precision lost: {_format(info)} rounds where the reference does not",
+             "precision_lost")
+    return make_elementwise(info.name, (term,), (e, m), dtype=dtype)
+
+
 def _exact_convert(info: OpInfo) -> bool:
     """Converts that are the identity on values: every value of the source type is one of
     the target's (`precision.exact_convert`: bf16 -> f32, i16 -> f32, booleans), or an integer
@@ -338,6 +377,8 @@ def _computed(term: Term) -> bool:
 
 def _build_term(info: OpInfo, terms: list[Term], ctx: RuleContext) -> Term:
     rtype = info.result_types[0]
+    if info.name == "stablehlo.reduce_precision":
+        return _reduce_precision_term(info, terms[0], ctx)
     if info.name == "stablehlo.convert":
         source = info.operand_types[0].dtype
         if _exact_convert(info):

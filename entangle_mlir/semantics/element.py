@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import itertools
 import math
 import struct
 from collections.abc import Callable, Iterator, Sequence
@@ -115,6 +116,54 @@ def _note_divisor(b: Element) -> None:
         found.append(b)
     elif not isinstance(b, float) and b == 0:
         found.append(0)
+
+
+_ROUNDINGS: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "entangle_roundings", default=None)
+
+
+@contextlib.contextmanager
+def collect_roundings() -> Iterator[list]:
+    """Collect every rounding applied to a z3 term inside (a narrowing convert's
+    `round_<dtype>`, a `reduce_precision`), as (function name, argument, result).
+
+    The roundings are uninterpreted functions; what the instance checks may assume of them
+    is what every rounding to nearest is: monotone (`monotone_hypotheses`)."""
+    found: list = []
+    token = _ROUNDINGS.set(found)
+    try:
+        yield found
+    finally:
+        _ROUNDINGS.reset(token)
+
+
+MAX_MONOTONE_PAIRS = 4096
+"""The most pairs of one rounding's applications `monotone_hypotheses` relates."""
+
+
+def monotone_hypotheses(roundings: list) -> list:
+    """`a <= b -> f(a) <= f(b)` for every pair of applications of one rounding function `f`
+    (true of rounding to nearest, and of XLA's reduce_precision with its flush to zero and
+    overflow to infinity). Past `MAX_MONOTONE_PAIRS` pairs of one function nothing is stated
+    (fewer facts: fewer proofs, never a wrong one)."""
+    by_name: dict[str, list] = {}
+    for name, argument, result in roundings:
+        by_name.setdefault(name, []).append((argument, result))
+    out = []
+    for applications in by_name.values():
+        unique = list({(a.get_id(), r.get_id()): (a, r) for a, r in applications}.values())
+        if len(unique) * (len(unique) - 1) // 2 > MAX_MONOTONE_PAIRS:
+            continue
+        for (a, fa), (b, fb) in itertools.combinations(unique, 2):
+            out.append(z3.Implies(a <= b, fa <= fb))
+            out.append(z3.Implies(b <= a, fb <= fa))
+    return out
+
+
+def _note_rounding(name: str, argument: z3.ExprRef, result: z3.ExprRef) -> None:
+    found = _ROUNDINGS.get()
+    if found is not None:
+        found.append((name, argument, result))
 
 
 def is_z3(x: Element) -> bool:
@@ -657,11 +706,42 @@ def round_to(a: Element, dtype: str) -> Element:
     identity."""
     if is_z3(a):
         z = num(a)
-        return uninterpreted(f"round_{dtype}")(z3.ToReal(z) if z.is_int() else z)
+        argument = z3.ToReal(z) if z.is_int() else z
+        result = uninterpreted(f"round_{dtype}")(argument)
+        _note_rounding(f"round_{dtype}", argument, result)
+        return result
     value = pynum(a)
     if isinstance(value, float) and not math.isfinite(value):
         return value
     rounded = precision.round_to(value, dtype)
+    return rounded if isinstance(rounded, float) else (
+        float(rounded) if isinstance(value, float) else rounded)
+
+
+def reduce_precision(a: Element, dtype: str, exponent_bits: int, mantissa_bits: int
+                     ) -> Element:
+    """`reduce_precision` of an element of float `dtype` to (exponent_bits, mantissa_bits):
+    the identity when the format keeps every value of the dtype
+    (`precision.reduce_precision_is_identity`), else a rounding: exact on numbers
+    (`precision.reduce_precision`, as XLA computes it), the uninterpreted function
+    `reduce_precision_<dtype>_e<E>m<M>` on z3 terms (never the identity, and another function
+    than a convert's `round_<dtype>`: no subnormals, its own exponent range)."""
+    if precision.reduce_precision_is_identity(dtype, exponent_bits, mantissa_bits):
+        return a
+    if is_z3(a):
+        z = num(a)
+        name = f"reduce_precision_{dtype}_e{exponent_bits}m{mantissa_bits}"
+        argument = z3.ToReal(z) if z.is_int() else z
+        result = uninterpreted(name)(argument)
+        _note_rounding(name, argument, result)
+        return result
+    value = pynum(a)
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    try:
+        rounded = precision.reduce_precision(value, dtype, exponent_bits, mantissa_bits)
+    except ValueError as err:
+        raise SemanticsError(str(err)) from None
     return rounded if isinstance(rounded, float) else (
         float(rounded) if isinstance(value, float) else rounded)
 

@@ -203,6 +203,8 @@ def evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
         named = {"comparison_direction": attrs[0]} if op == "stablehlo.compare" and attrs else {}
         if op == "stablehlo.compare" and len(attrs) > 1:
             named["compare_type"] = attrs[1]
+        if op == "stablehlo.reduce_precision":
+            named = {"exponent_bits": attrs[0], "mantissa_bits": attrs[1]}
         src = [a.dtype for a in term.args]
         if op == "stablehlo.convert" and attrs:
             src = [attrs[0]]  # the dtype the operand was computed in (its term may say less)

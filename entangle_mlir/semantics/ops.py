@@ -42,6 +42,7 @@ from entangle_mlir.semantics.element import (
     neg,
     power,
     pynum,
+    reduce_precision,
     remainder,
     round_afz,
     round_even,
@@ -171,6 +172,11 @@ def _convert(args, attrs, dtype, src) -> Array:
     return apply(lambda a: convert(a, source, dtype), args[0])
 
 
+def _reduce_precision(args, attrs, dtype, src) -> Array:
+    e, m = int(attrs["exponent_bits"]), int(attrs["mantissa_bits"])
+    return apply(lambda a: reduce_precision(a, dtype, e, m), args[0])
+
+
 def _not(args, attrs, dtype, src) -> Array:
     return apply(lambda a: logical_not(a, dtype), args[0])
 
@@ -222,6 +228,7 @@ ELEMENTWISE: dict[str, ElementwiseFn] = {
     "stablehlo.xor": _binary(logic("xor")),
     "stablehlo.not": _not,
     "stablehlo.convert": _convert,
+    "stablehlo.reduce_precision": _reduce_precision,
 }
 """Elementwise ops: `fn(operands, attrs, result dtype, operand dtypes) -> result`."""
 

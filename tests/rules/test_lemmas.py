@@ -273,6 +273,40 @@ def partial_lemmas() -> list[Lemma]:
     return out
 
 
+_E8M23 = {"exponent_bits": 8, "mantissa_bits": 23}
+_E8M7 = {"exponent_bits": 8, "mantissa_bits": 7}
+_E5M10 = {"exponent_bits": 5, "mantissa_bits": 10}
+
+
+def precision_lemmas() -> list[Lemma]:
+    """reduce_precision: at a format holding every value of the dtype it is the identity (any
+    layout, partial sums too); narrower, a rounding that keeps tilings and partial maxima."""
+    out = []
+    for mesh, shape, tiling in ((M1, (4, 2), ("tp",)), (M2, (4, 4), ("dp", "tp")),
+                                (M3, (3, 2), ("tp",))):
+        x = arg(shape)
+        out += [
+            Lemma(f"reduce_precision-e8m23-{shape}", "stablehlo.reduce_precision",
+                  [rel(x, *tiling)], attrs=_E8M23, mesh=mesh),
+            Lemma(f"reduce_precision-e8m7-{shape}", "stablehlo.reduce_precision",
+                  [rel(x, *tiling)], attrs=_E8M7, mesh=mesh),
+            Lemma(f"reduce_precision-e8m23-partial-{shape}", "stablehlo.reduce_precision",
+                  [rel(x, partial=("tp",))], attrs=_E8M23, mesh=mesh),
+            Lemma(f"reduce_precision-e5m10-partialmax-{shape}", "stablehlo.reduce_precision",
+                  [rel(x, partial=("tp",), kind="max")], attrs=_E5M10, mesh=mesh),
+        ]
+    out.append(Lemma("reduce_precision-bf16-e8m23", "stablehlo.reduce_precision",
+                     [rel(arg((4, 2), "bf16"), "tp")], attrs=_E8M23))
+    out.append(Lemma("reduce_precision-bf16-e5m10-partialmin", "stablehlo.reduce_precision",
+                     [rel(arg((2, 2), "bf16"), partial=("tp",), kind="min")], attrs=_E5M10))
+    out.append(Lemma("convert-f32-bf16-partialmax", "stablehlo.convert",
+                     [rel(arg((4, 2)), partial=("tp",), kind="max")],
+                     results=[((4, 2), "bf16")]))
+    out.append(Lemma("reduce_precision-global", "stablehlo.reduce_precision",
+                     [Rel(arg((2, 3)), ((), ()), scope=GLOBAL)], attrs=_E5M10, mesh=None))
+    return out
+
+
 # ----- contraction and reduction --------------------------------------------------------------
 
 def _dot_attrs(lb=(), rb=(), lc=(1,), rc=(0,)) -> dict:
@@ -892,7 +926,8 @@ def batching_lemmas() -> list[Lemma]:
     return out
 
 
-ALL_LEMMAS = (elementwise_lemmas() + partial_lemmas() + dot_lemmas() + reduce_lemmas()
+ALL_LEMMAS = (elementwise_lemmas() + partial_lemmas() + precision_lemmas() + dot_lemmas()
+              + reduce_lemmas()
               + movement_lemmas() + collective_lemmas() + index_lemmas() + indexed_lemmas()
               + sorting_lemmas())
 
@@ -1169,6 +1204,30 @@ def test_refuses_take_along_axis_with_only_the_indices_split() -> None:
                   results=[((2, 1), "f32")], attrs=dict(_TAKE_ALONG))
     (value,) = RULES[lemma.op](lemma.info(), list(lemma.ins), lemma.context())
     assert isinstance(value, Opaque) and "pair rows of different tokens" in value.reason
+
+
+def test_refutes_narrowing_reduce_precision_claimed_the_identity() -> None:
+    """e8m7 on f32 rounds: claiming the operand's own term is refuted (the lemma set proves
+    the rounding term instead)."""
+    x = arg((4, 2))
+    refute("stablehlo.reduce_precision", [rel(x, "tp")], [rel(x, "tp")], [((2, 2), "f32")],
+           _E8M7)
+
+
+def test_refutes_narrowing_reduce_precision_of_a_partial_sum() -> None:
+    """Rounded pieces do not add up to the rounded sum."""
+    x = arg((2, 2))
+    rounded = T.make_elementwise("stablehlo.reduce_precision", (x,), (5, 10))
+    refute("stablehlo.reduce_precision", [rel(x, partial=("tp",))],
+           [rel(rounded, partial=("tp",))], [((2, 2), "f32")], _E5M10)
+
+
+def test_refutes_reduce_precision_at_another_format() -> None:
+    """e5m10 is not e8m7: two roundings, two functions."""
+    x = arg((4,))
+    other = T.make_elementwise("stablehlo.reduce_precision", (x,), (8, 7))
+    refute("stablehlo.reduce_precision", [rel(x, "tp")], [rel(other, "tp")], [((2,), "f32")],
+           _E5M10)
 
 
 def test_refutes_max_of_split_dim_claimed_partial_sum() -> None:

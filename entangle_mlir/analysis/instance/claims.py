@@ -32,7 +32,16 @@ from entangle_mlir.core.relations import (
 from entangle_mlir.core.terms import DENSE_VALUES, Term
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.semantics.element import collect_divisors, combine, equal, is_z3, sum_list, to_z3
+from entangle_mlir.semantics.element import (
+    collect_divisors,
+    collect_roundings,
+    combine,
+    equal,
+    is_z3,
+    monotone_hypotheses,
+    sum_list,
+    to_z3,
+)
 from entangle_mlir.semantics.evaluate import evaluate_term
 from entangle_mlir.semantics.ops import OP_SEMANTICS
 from entangle_mlir.semantics.tensor import apply, full, obj_array, wrap_node_dtype
@@ -92,11 +101,12 @@ def build(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
     env["dense"] = resolve
     env["opaque"] = opaque_resolver(source)
     memo: dict[int, np.ndarray] = {}
-    with collect_divisors() as divisors:
+    with collect_divisors() as divisors, collect_roundings() as roundings:
         claims = _build_claims(info, ins, outs, mesh, single, devices, env, memo, source)
     if any(not is_z3(d) for d in divisors):
         raise Failure("skip-trial", "a division by zero")
     source.hypotheses.extend(to_z3(d) != 0 for d in divisors if is_z3(d))
+    source.hypotheses.extend(monotone_hypotheses(roundings))
     return claims
 
 
