@@ -177,6 +177,8 @@ def _partial_result(info: OpInfo, rels: list[Rel], ctx: RuleContext
                 f"{axes_str(axes)} before the sum over devices (rounded pieces do not add up to "
                 "the rounded sum)", category="precision_lost")
         return nonlinear
+    if kind in ("max", "min") and not info.result_types[0].is_float:
+        return _ordered_partial(info, rels, partial_idx, kind, nonlinear)
     if name == "stablehlo.negate":
         flipped = {"sum": "sum", "max": "min", "min": "max"}[kind]
         return rels, axes, flipped
@@ -213,6 +215,27 @@ def _partial_result(info: OpInfo, rels: list[Rel], ctx: RuleContext
         return rels, axes, kind
     if name == "stablehlo.select" and 0 not in partial_idx and kind == "sum" and (
             len(partial_idx) == 2 or any(is_zero(rels[i]) for i in (1, 2) if i in others)):
+        return rels, axes, kind
+    return nonlinear
+
+
+def _ordered_partial(info: OpInfo, rels: list[Rel], partial_idx: list[int], kind: str,
+                     nonlinear: Opaque) -> tuple[list[Rel], tuple[str, ...], str] | Opaque:
+    """A partial max (min) of integers or booleans (any/all over split dims, an integer max):
+    arithmetic may wrap around (-max(a) is not min(-a) when some a is the least integer), so
+    only the order's own operations keep it. `not` reverses the order (~x = -1 - x on signed
+    integers, MAX - x on unsigned ones, logical not on booleans): a max becomes a min. max and
+    min (or and and of booleans, the same operations) distribute over each other: max(min_d a_d,
+    c) = min_d max(a_d, c), and max(max_d a_d, max_d b_d) = max_d max(a_d, b_d); but the max of
+    two partial minima is not a minimum over devices."""
+    name = info.name
+    axes = rels[partial_idx[0]].partial
+    if name == "stablehlo.not":
+        return rels, axes, {"max": "min", "min": "max"}[kind]
+    lattice = {"stablehlo.maximum": "max", "stablehlo.minimum": "min"}
+    if info.result_types[0].dtype == "i1":
+        lattice.update({"stablehlo.or": "max", "stablehlo.and": "min"})
+    if name in lattice and (len(partial_idx) == 1 or lattice[name] == kind):
         return rels, axes, kind
     return nonlinear
 

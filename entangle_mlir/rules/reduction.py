@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from entangle_mlir.core import precision
 from entangle_mlir.core.mesh import axes_str
 from entangle_mlir.core.relations import DEVICE_BLOCK_VALUES, Opaque, Rel, Value, Windowed
 from entangle_mlir.core.terms import (
+    Term,
     intern,
     make_elementwise,
     make_lin,
@@ -23,6 +25,52 @@ from entangle_mlir.rules.kinds.window import reduce_window_of_window, window_red
 _IDENTITY = {"add": Fraction(0), "max": float("-inf"), "min": float("inf")}
 _KIND = {"add": "sum", "max": "max", "min": "min"}
 _COMBINE = {"max": "stablehlo.maximum", "min": "stablehlo.minimum"}
+_BOOLEAN_KIND = {"or": "max", "max": "max", "and": "min", "min": "min"}
+"""Reducers of booleans as the order false < true sees them: `or` is max, `and` is min
+(StableHLO's maximum and minimum on i1 are or and and; jax's pmax of a boolean is an
+all_reduce with `maximum`)."""
+
+
+def reduction_kind(reducer: str, dtype: str) -> str | None:
+    """The partial kind (`sum`, `max`, `min`) a reduction with `reducer` over elements of
+    `dtype` leaves over split dims, or None (no rule: `mul`, `add` of booleans, ...)."""
+    if dtype == "i1":
+        return _BOOLEAN_KIND.get(reducer)
+    return _KIND.get(reducer)
+
+
+def identity(kind: str, dtype: str):
+    """The identity of a reduction of `kind` on `dtype` (what a reduce over a split dim may
+    start from: each device adds it once): 0 for sums; for max the least value (-inf, the
+    integer type's least value, false), for min the greatest."""
+    if kind == "sum":
+        return Fraction(0)
+    bounds = integer_range(dtype)
+    if bounds is None:
+        return _IDENTITY[kind]
+    return Fraction(bounds[0] if kind == "max" else bounds[1])
+
+
+def integer_range(dtype: str) -> tuple[int, int] | None:
+    """(least, greatest) value of an integer or boolean dtype, else None."""
+    if dtype == "i1":
+        return 0, 1
+    if dtype not in precision.INT_BITS:
+        return None
+    width, signed = precision.INT_BITS[dtype]
+    return (-(1 << (width - 1)), (1 << (width - 1)) - 1) if signed else (0, (1 << width) - 1)
+
+
+def reduce_term(kind: str, term: Term, dims: tuple[int, ...], shape: tuple[int, ...],
+                dtype: str) -> Term:
+    """The reference term of a reduction of `kind` over `dims` (no init): a sum, or the max
+    (min) -- of booleans the `reduce_or` (`reduce_and`) a reference writes for any/all."""
+    if kind == "sum":
+        return sum_term(term, dims, shape, dtype)
+    if dtype == "i1":
+        return intern("reduce_or" if kind == "max" else "reduce_and", (term,), (dims,), shape,
+                      dtype)
+    return intern(f"reduce_{kind}", (term,), (dims,), shape, dtype)
 
 
 def unsupported_reducer(info: OpInfo) -> str:
@@ -35,6 +83,10 @@ def unsupported_reducer(info: OpInfo) -> str:
 
 
 def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    """A reduce over unsplit dims keeps the other dims' layout; over split dims (or of a
+    partial value of the same kind) it leaves a partial reduction over their axes: a sum, a
+    max or a min (booleans: `or` is max, `and` min), the init the reduction's identity (every
+    device adds it once)."""
     half = len(operands) // 2
     if half != 1:
         return [Opaque("variadic reduce (argmax/argmin) is not supported yet",
@@ -42,13 +94,13 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     x, init = operands
     reducer = info.attrs.get("reducer", "other")
     if reducer in _LOGICAL and isinstance(x, DEVICE_BLOCK_VALUES):
-        neutral = _LOGICAL[reducer][0]
+        neutral = _LOGICAL[reducer]
         if not isinstance(init, Rel) or splat_value(init.term) != neutral:
             return [device_blocks.unsupported(info.name)]
         return [device_blocks.reduce_unit_dims(info, x, ctx)]
-    if reducer in _LOGICAL:
-        return [_logical_reduce(info, x, init, reducer)]
-    if reducer not in _KIND:
+    dtype = info.result_types[0].dtype
+    kind = reduction_kind(reducer, dtype)
+    if kind is None:
         return [Opaque(unsupported_reducer(info),
                        category="unsupported")]
     if isinstance(x, Windowed) and isinstance(init, Rel) and ctx.mesh is not None:
@@ -60,25 +112,27 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     if init_value is None:
         return [Opaque("reduce with a non-constant init value", category="unsupported")]
     dims = tuple(info.attrs["dimensions"])
-    kind = _KIND[reducer]
     new_axes = tuple(ax for d in dims for ax in x.tiling[d])
     if x.partial and x.kind != kind:
         return [Opaque(f"reduce ({reducer}) of a partial {x.kind}: missing all_reduce before it",
                        category="nonlinear_partial")]
-    if (new_axes or x.partial) and init_value != _IDENTITY[reducer]:
+    neutral = identity(kind, dtype)
+    if (new_axes or x.partial) and init_value != neutral:
         return [Opaque(f"reduce over a split dim with init value {init_value} (not the identity "
                        f"of {reducer}): every device adds it once", category="unrelated")]
     shape = tuple(s for d, s in enumerate(x.term.shape) if d not in dims)
     tiling = tuple(t for d, t in enumerate(x.tiling) if d not in dims)
-    dtype = info.result_types[0].dtype
-    if reducer == "add":
-        term = sum_term(x.term, dims, shape, dtype)
-        if init_value != 0:
-            term = make_lin([(Fraction(1), term)], init_value, shape, dtype)
+    nonempty = all(x.term.shape[d] for d in dims)
+    if kind != "sum" and nonempty and splat_value(x.term) is not None:
+        term = make_splat(splat_value(x.term), shape, dtype)  # all/any/max of a constant
     else:
-        term = intern(f"reduce_{reducer}", (x.term,), (dims,), shape, dtype)
-        if init_value != _IDENTITY[reducer]:
-            term = make_elementwise(_COMBINE[reducer], (term, make_splat(init_value, shape, dtype)))
+        term = reduce_term(kind, x.term, dims, shape, dtype)
+    if kind == "sum" and init_value != 0:
+        term = make_lin([(Fraction(1), term)], init_value, shape, dtype)
+    elif kind != "sum" and (init_value != neutral or not nonempty and neutral != _IDENTITY[kind]):
+        # an init that is not the identity, or the integer identity over an empty dim (the
+        # term's reduction of nothing is +-inf, the op's is the init)
+        term = make_elementwise(_COMBINE[kind], (term, make_splat(init_value, shape, dtype)))
     mesh_order = ctx.mesh.names if ctx.mesh else ()
     partial = tuple(sorted(set(x.partial) | set(new_axes), key=mesh_order.index))
     origin = x.partial_origin if x.partial else (info if new_axes else None)
@@ -86,34 +140,8 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
                 partial_origin=origin)]
 
 
-_LOGICAL = {"and": (1, "stablehlo.and"), "or": (0, "stablehlo.or")}
-
-
-def _logical_reduce(info: OpInfo, x: Value, init: Value, reducer: str) -> Value:
-    """all/any over dims that are not split (jax's index bounds checks before a gather):
-    every device reduces whole dims, so the layout of the other dims carries over."""
-    if not isinstance(x, Rel) or not isinstance(init, Rel):
-        return Opaque("reduce of a device-dependent scalar", category="unsupported")
-    x = freeze(x)
-    dims = tuple(info.attrs["dimensions"])
-    split = [d for d in dims if x.tiling[d]]
-    if split or x.partial:
-        return Opaque(f"reduce ({reducer}) over a split dim or of a partial value is not "
-                      "supported yet", category="unsupported")
-    init_value = splat_value(init.term)
-    if init_value is None:
-        return Opaque("reduce with a non-constant init value", category="unsupported")
-    identity, combine = _LOGICAL[reducer]
-    shape = tuple(s for d, s in enumerate(x.term.shape) if d not in dims)
-    tiling = tuple(t for d, t in enumerate(x.tiling) if d not in dims)
-    dtype = info.result_types[0].dtype
-    if splat_value(x.term) is not None and all(x.term.shape[d] for d in dims):
-        term = make_splat(splat_value(x.term), shape, dtype)
-    else:
-        term = intern(f"reduce_{reducer}", (x.term,), (dims,), shape, dtype)
-    if init_value != identity:
-        term = make_elementwise(combine, (term, make_splat(init_value, shape, dtype)))
-    return Rel(term, tiling, (), "", frozenset(), x.scope)
+_LOGICAL = {"and": 1, "or": 0}
+"""The identities of all/any (the init of XLA's index bounds checks on device masks)."""
 
 
 def window_attrs(info: OpInfo) -> tuple[tuple[int, ...], ...]:

@@ -469,15 +469,21 @@ def logic(name: str) -> Callable[[Element, Element], Element]:
 
 
 def logical_not(a: Element, dtype: str) -> Element:
+    """Logical not of a boolean; bitwise not of an integer of `dtype`, which in two's
+    complement (or unsigned) is `least + greatest - a` (-1 - a signed, MAX - a unsigned)."""
     a = exact(a)
     if is_z3(a):
         za = to_z3(a)
-        if not isinstance(za, z3.BoolRef):
-            raise SemanticsError("bitwise not of a symbolic integer is not supported")
-        return z3.Not(za)
-    if isinstance(a, bool) or is_bool_dtype(dtype):
+        if isinstance(za, z3.BoolRef):
+            return z3.Not(za)
+    elif isinstance(a, bool) or is_bool_dtype(dtype):
         return not a
-    return ~a
+    limits = int_limits(dtype)
+    if limits is None:
+        raise SemanticsError(f"bitwise not of a {dtype} value")
+    if is_z3(a):
+        return (limits[0] + limits[1]) - num(a)
+    return limits[0] + limits[1] - int(pynum(a))
 
 
 def absolute(a: Element) -> Element:

@@ -47,14 +47,17 @@ def check(ex: Example, verify_rules: bool = True) -> Report:
 
 
 def assert_correct(ex: Example, inputs: list[list[np.ndarray]], tol: float = 1e-4,
-                   verify_rules: bool = True) -> Report:
+                   verify_rules: bool = True, tier: str = "layout") -> Report:
     """The programs agree on every input set (within `tol`: float sums regroup) and the
-    verifier proves it, every rule instance checked by Z3."""
+    verifier proves it, every rule instance checked by Z3, by the `tier` named ("layout":
+    the rules themselves; "general": per-device expansion; "": either)."""
     for values in inputs:
         gap = difference(ex, values)
         assert gap <= tol, f"{ex.name}: the programs differ by {gap}"
     report = check(ex, verify_rules)
     assert report.proven, report.render_text()
+    if tier:
+        assert report.stats.get("tier") == tier, report.stats
     if verify_rules:
         assert " 0 refuted, 0 inconclusive" in report.mode, report.mode
     return report

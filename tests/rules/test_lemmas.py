@@ -249,6 +249,25 @@ def partial_lemmas() -> list[Lemma]:
             Lemma(f"add-partial-2d-{shape}", "stablehlo.add",
                   [rel(x, partial=("dp", "tp")), rel(b)], mesh=M2),
         ]
+    # Partial max/min of booleans and integers: only the order's own operations keep them.
+    for shape in ((4,), (2, 2)):
+        any_, all_ = (rel(arg(shape, "i1"), partial=("tp",), kind=k) for k in ("max", "min"))
+        flag = rel(arg(shape, "i1"))
+        top = rel(arg(shape, "i32"), partial=("tp",), kind="max")
+        out += [
+            Lemma(f"not-partial-any-{shape}", "stablehlo.not", [any_]),
+            Lemma(f"or-partial-any-flag-{shape}", "stablehlo.or", [any_, flag]),
+            Lemma(f"and-partial-any-flag-{shape}", "stablehlo.and", [any_, flag]),
+            Lemma(f"and-partial-alls-{shape}", "stablehlo.and",
+                  [all_, rel(arg(shape, "i1"), partial=("tp",), kind="min")]),
+            Lemma(f"convert-partial-any-i32-{shape}", "stablehlo.convert", [any_],
+                  results=[(shape, "i32")]),
+            Lemma(f"not-partial-int-max-{shape}", "stablehlo.not", [top]),
+            Lemma(f"maximum-partial-int-min-{shape}", "stablehlo.maximum",
+                  [rel(arg(shape, "i32"), partial=("tp",), kind="min"), rel(arg(shape, "i32"))]),
+            Lemma(f"minimum-partial-int-maxes-{shape}", "stablehlo.minimum",
+                  [top, rel(arg(shape, "i32"))]),
+        ]
     # A partial sum over 'dp' combined with a value split over 'tp' (2-D mesh).
     x, b = arg((2, 4)), arg((2, 4))
     out.append(Lemma("add-partial-dp-tiled-tp", "stablehlo.add",
@@ -369,6 +388,33 @@ def reduce_lemmas() -> list[Lemma]:
         out.append(Lemma(f"reduce-max-partialmax-{shape}", "stablehlo.reduce",
                          [rel(x, partial=("tp",), kind="max"), splat(-math.inf, ())],
                          results=[((d0,), "f32")], attrs={"dimensions": (1,), "reducer": "max"}))
+    # any/all over split dims (booleans: or is a partial max, and a partial min) and integer
+    # max/min from the integer type's least/greatest value.
+    for mesh, shape, tiling in ((M1, (4, 2), ((), "tp")), (M2, (2, 4), ("dp", "tp")),
+                                (M3, (2, 3), ((), "tp"))):
+        local = tuple(n // mesh.group_size(t if isinstance(t, tuple) else (t,))
+                      for n, t in zip(shape, tiling))
+        b = arg(shape, "i1")
+        for reducer, init in (("or", 0), ("and", 1), ("max", 0), ("min", 1)):
+            out.append(Lemma(f"reduce-{reducer}-i1-split-{shape}-{len(mesh.names)}",
+                             "stablehlo.reduce", [rel(b, *tiling), splat(init, (), "i1")],
+                             results=[((local[0],), "i1")],
+                             attrs={"dimensions": (1,), "reducer": reducer}, mesh=mesh))
+        ints = arg(shape, "i32")
+        for reducer, init in (("max", -(2**31)), ("min", 2**31 - 1)):
+            out.append(Lemma(f"reduce-{reducer}-i32-split-{shape}-{len(mesh.names)}",
+                             "stablehlo.reduce", [rel(ints, *tiling), splat(init, (), "i32")],
+                             results=[((local[0],), "i32")],
+                             attrs={"dimensions": (1,), "reducer": reducer}, mesh=mesh))
+    out.append(Lemma("reduce-or-i1-of-partial-any", "stablehlo.reduce",
+                     [rel(arg((2, 4), "i1"), partial=("tp",), kind="max"), splat(0, (), "i1")],
+                     results=[((2,), "i1")], attrs={"dimensions": (1,), "reducer": "or"}))
+    out.append(Lemma("reduce-or-i1-init-true", "stablehlo.reduce",
+                     [rel(arg((4, 2), "i1"), "tp"), splat(1, (), "i1")],
+                     results=[((2,), "i1")], attrs={"dimensions": (1,), "reducer": "or"}))
+    out.append(Lemma("reduce-max-ui8-split", "stablehlo.reduce",
+                     [rel(arg((2, 4), "ui8"), (), "tp"), splat(0, (), "ui8")],
+                     results=[((2,), "ui8")], attrs={"dimensions": (1,), "reducer": "max"}))
     x = arg((4, 4))
     out.append(Lemma("reduce-add-2d", "stablehlo.reduce", [rel(x, "dp", "tp"), splat(0, ())],
                      results=[((2,), "f32")], attrs={"dimensions": (1,), "reducer": "add"},
@@ -1228,6 +1274,52 @@ def test_refutes_reduce_precision_at_another_format() -> None:
     other = T.make_elementwise("stablehlo.reduce_precision", (x,), (8, 7))
     refute("stablehlo.reduce_precision", [rel(x, "tp")], [rel(other, "tp")], [((2,), "f32")],
            _E5M10)
+
+
+def test_refutes_any_of_split_dim_claimed_a_partial_all() -> None:
+    """The or of each device's block combined with `and` is not the any of the row."""
+    b = arg((2, 4), "i1")
+    wrong = rel(T.intern("reduce_or", (b,), ((1,),), (2,), "i1"), partial=("tp",), kind="min")
+    refute("stablehlo.reduce", [rel(b, (), "tp"), splat(0, (), "i1")], [wrong], [((2,), "i1")],
+           {"dimensions": (1,), "reducer": "or"})
+
+
+def test_refutes_all_reduce_and_of_a_partial_any() -> None:
+    """pmin (and) of the devices' any is not the any."""
+    b = arg((2,), "i1")
+    any_ = T.intern("reduce_or", (arg((2, 4), "i1"),), ((1,),), (2,), "i1")
+    refute("stablehlo.all_reduce", [rel(any_, partial=("tp",), kind="max")], [rel(any_)],
+           [((2,), "i1")], {**groups(M1, "tp"), "reducer": "min"})
+    del b
+
+
+def test_refutes_negated_partial_integer_max_as_a_partial_min() -> None:
+    """-max_d(a_d) is not min_d(-a_d) in int32: -INT_MIN wraps to INT_MIN."""
+    x = arg((2,), "i32")
+    wrong = rel(T.make_elementwise("stablehlo.negate", (x,)), partial=("tp",), kind="min")
+    refute("stablehlo.negate", [rel(x, partial=("tp",), kind="max")], [wrong], [((2,), "i32")])
+
+
+def test_refutes_or_of_two_partial_alls_as_a_partial_all() -> None:
+    """(and over devices of a) or (and over devices of b) is not the and over devices of
+    a_d or b_d."""
+    a, b = arg((2,), "i1"), arg((2,), "i1")
+    wrong = rel(T.make_elementwise("stablehlo.or", (a, b)), partial=("tp",), kind="min")
+    refute("stablehlo.or", [rel(a, partial=("tp",), kind="min"),
+                            rel(b, partial=("tp",), kind="min")], [wrong], [((2,), "i1")])
+
+
+def test_refuses_ordered_partials_the_rules_must_not_keep() -> None:
+    """The rules do not claim them in the first place: negate and add of a partial integer
+    max (they wrap around), or of two partial alls."""
+    x = arg((2,), "i32")
+    top = rel(x, partial=("tp",), kind="max")
+    for op, ins in (("stablehlo.negate", [top]), ("stablehlo.add", [top, rel(arg((2,), "i32"))]),
+                    ("stablehlo.or", [rel(arg((2,), "i1"), partial=("tp",), kind="min"),
+                                      rel(arg((2,), "i1"), partial=("tp",), kind="min")])):
+        lemma = Lemma("refused", op, ins)
+        outs = RULES[op](lemma.info(), ins, lemma.context())
+        assert isinstance(outs[0], Opaque), (op, outs)
 
 
 def test_refutes_max_of_split_dim_claimed_partial_sum() -> None:

@@ -240,6 +240,14 @@ def test_int_float_converts() -> None:
     check(lambda a: (a > 0).astype(jnp.int32) + 1, X, expect="stablehlo.convert")
 
 
+def test_bitwise_not_of_integers() -> None:
+    """~x is least + greatest - x: -1 - x signed, MAX - x unsigned."""
+    for dtype in (np.int32, np.int8, np.uint8, np.uint32):
+        info = np.iinfo(dtype)
+        values = np.array([0, 1, 5, info.max, info.min], dtype)
+        check(lambda a: ~a, values, expect="stablehlo.not", rtol=0, atol=0)
+
+
 def test_integer_power() -> None:
     check(lambda a: lax.pow(a, np.int32(3)), X, expect="stablehlo.power")
 

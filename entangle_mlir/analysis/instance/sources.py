@@ -77,7 +77,12 @@ class Symbolic:
             for idx in np.ndindex(block.shape):
                 b = to_z3(block[idx])
                 xs = [to_z3(x[idx]) for x in locals_]
-                bound = [(x <= b) if kind == "max" else (x >= b) for x in xs]
+                if is_bool_dtype(dtype):  # false < true: max is or, min is and
+                    b = b if isinstance(b, z3.BoolRef) else b != 0
+                    bound = [z3.Implies(x, b) if kind == "max" else z3.Implies(b, x)
+                             for x in xs]
+                else:
+                    bound = [(x <= b) if kind == "max" else (x >= b) for x in xs]
                 self.hypotheses.extend(bound)
                 self.hypotheses.append(z3.Or([x == b for x in xs]))
             return locals_
@@ -123,8 +128,13 @@ class Concrete:
         for idx in np.ndindex(block.shape):
             owner = self.rng.randrange(count)
             for j in range(count):
-                gap = 0 if j == owner else self.rng.randint(0, 5)
                 b = block[idx]
+                if is_bool_dtype(dtype):  # max is or, min is and: the others may be anything
+                    other = self.rng.random() < 0.5  # on the side the block allows
+                    locals_[j][idx] = b if j == owner else (
+                        bool(b) and other if kind == "max" else bool(b) or other)
+                    continue
+                gap = 0 if j == owner else self.rng.randint(0, 5)
                 locals_[j][idx] = b - gap if kind == "max" else b + gap
         return locals_
 
