@@ -133,6 +133,8 @@ def region_kind(op) -> tuple[str, str]:
     element_types |= {_element(t) for t in op.results.types}
     if not len(op.regions) or len(op.regions[0].blocks) != 1:
         return "other", f"{short} without a one-block computation region"
+    if inputs == 2 and name == "stablehlo.reduce":
+        return arg_reduction_kind(op)
     if inputs != 1:
         return "other", (f"{short} with {inputs} inputs (a variadic reducer such as argmax): "
                          "its region is not read as a plain reduction")
@@ -181,6 +183,83 @@ def region_kind(op) -> tuple[str, str]:
         return "other", (f"{short}'s region returns {inner.name}({names}), not "
                          f"{inner.name}(%arg0, %arg1)")
     return kind, ""
+
+
+def arg_reduction_kind(op) -> tuple[str, str]:
+    """(kind, why) of a reduce over (values, indices): `argmax` or `argmin` when its region is
+    exactly jax's comparator (`lax.argmax` / `argmin`), read whole up to the order of its ops
+    and of commutative operands; else `other`, with what the region does instead.
+
+    With block arguments (v, i) the accumulator and (w, j) the new pair, jax's argmax region
+    is `p = v > w or v != v` (NaN wins), returns `select(p, v, w)` and
+    `select(p or (v == w and i < j), i, j)`: the larger value, on ties the first index. A
+    region that keeps the last index on ties (`i > j`), compares with `>=`, returns the values
+    crossed, or orders compares in another compare type computes another function."""
+    block = op.regions[0].blocks[0]
+    args = list(block.arguments)
+    body = [o.operation for o in block.operations]
+    operands = list(op.operands)
+    if len(args) != 4 or not body or len(body[-1].operands) != 2 or len(op.results) != 2:
+        return "other", "reduce over two inputs whose region is not a (value, index) selection"
+    value_type, index_type = (_element(v.type) for v in operands[:2])
+    if [_element(a.type) for a in args] != [value_type, index_type] * 2 or any(
+            str(a.type) != f"tensor<{_element(a.type)}>" for a in args):
+        return "other", "reduce over two inputs whose region computes in other types"
+    if not index_type.startswith(("i", "si", "ui")) or index_type == "i1":
+        return "other", f"reduce over two inputs whose second input is {index_type}, not indices"
+    got = tuple(_expression(v, args) for v in body[-1].operands)
+    for kind, direction in (("argmax", "GT"), ("argmin", "LT")):
+        if got == _arg_template(direction, value_type, index_type):
+            return kind, ""
+    return "other", ("reduce over (values, indices) whose region is not jax's argmax/argmin "
+                     "comparator (the larger/smaller value, on ties the first index)")
+
+
+def _arg_template(direction: str, value_type: str, index_type: str) -> tuple:
+    """The `_expression`s jax's argmax (`GT`) / argmin (`LT`) region returns."""
+    v, i, w, j = (("arg", k) for k in range(4))
+    vt, it = default_compare_type(value_type), default_compare_type(index_type)
+    first = _compare_expression(direction, vt, v, w)
+    picked = _commutative("stablehlo.or", [first, _compare_expression("NE", vt, v, v)])
+    tie = _commutative("stablehlo.and", [_compare_expression("EQ", vt, v, w),
+                                         _compare_expression("LT", it, i, j)])
+    return (("select", picked, v, w),
+            ("select", _commutative("stablehlo.or", [picked, tie]), i, j))
+
+
+def _compare_expression(direction: str, ctype: str, a: tuple, b: tuple) -> tuple:
+    """A compare with its operands in a canonical order (the direction flipped to match)."""
+    flipped = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE", "EQ": "EQ", "NE": "NE"}
+    if repr(b) < repr(a):
+        a, b, direction = b, a, flipped[direction]
+    return ("compare", direction, ctype, a, b)
+
+
+def _commutative(name: str, operands: list[tuple]) -> tuple:
+    return (name, *sorted(operands, key=repr))
+
+
+def _expression(value, args: list, depth: int = 0) -> tuple:
+    """A region value as a canonical nested tuple: block arguments by position, compares,
+    and / or (operands sorted) and select; anything else names itself and stops the match."""
+    for k, a in enumerate(args):
+        if a == value:
+            return ("arg", k)
+    owner = value.owner
+    op = getattr(owner, "operation", owner)
+    name = getattr(op, "name", "?")
+    if depth > 8:
+        return ("too deep",)
+    ins = [_expression(v, args, depth + 1) for v in op.operands] if hasattr(op, "operands") \
+        else []
+    if name == "stablehlo.compare" and len(ins) == 2:
+        direction = _DIRECTION.search(str(op.attributes["comparison_direction"])).group(1)
+        return _compare_expression(direction, compare_type(op), ins[0], ins[1])
+    if name in ("stablehlo.or", "stablehlo.and") and len(ins) == 2:
+        return _commutative(name, ins)
+    if name == "stablehlo.select" and len(ins) == 3:
+        return ("select", *ins)
+    return ("op", name, *ins)
 
 
 def _element(t) -> str:

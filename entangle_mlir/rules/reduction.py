@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 
 from entangle_mlir.core import precision
@@ -18,7 +19,7 @@ from entangle_mlir.core.terms import (
 )
 from entangle_mlir.mlir.opinfo import OpInfo, region_problem
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.rules.common import freeze, sum_term
+from entangle_mlir.rules.common import freeze, sum_term, unify_dims
 from entangle_mlir.rules.kinds import device_blocks
 from entangle_mlir.rules.kinds.window import reduce_window_of_window, window_reduce
 
@@ -88,9 +89,12 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     max or a min (booleans: `or` is max, `and` min), the init the reduction's identity (every
     device adds it once)."""
     half = len(operands) // 2
+    if half == 2 and info.attrs.get("reducer") in ARG_REDUCERS:
+        return arg_reduce(info, operands, ctx)
     if half != 1:
-        return [Opaque("variadic reduce (argmax/argmin) is not supported yet",
-                       category="unsupported")] * len(info.result_types)
+        why = (unsupported_reducer(info) if info.attrs.get("reducer", "other") == "other"
+               else "variadic reduce (argmax/argmin) is not supported yet")
+        return [Opaque(why, category="unsupported")] * len(info.result_types)
     x, init = operands
     reducer = info.attrs.get("reducer", "other")
     if reducer in _LOGICAL and isinstance(x, DEVICE_BLOCK_VALUES):
@@ -138,6 +142,79 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     origin = x.partial_origin if x.partial else (info if new_axes else None)
     return [Rel(term, tiling, partial, kind if partial else "", frozenset(), x.scope,
                 partial_origin=origin)]
+
+
+ARG_REDUCERS = ("argmax", "argmin")
+"""A reduce over (values, indices) whose region is jax's argmax / argmin comparator
+(`opinfo.arg_reduction_kind`)."""
+
+
+def make_arg_reduce(kind: str, values: Term, indices: Term, init_value: Term, init_index: Term,
+                    dims: tuple[int, ...], result: int) -> Term:
+    """Result `result` (0 the values, 1 the indices) of an argmax / argmin reduce over `dims`
+    (semantics: `tensor.arg_reduce`)."""
+    shape = tuple(n for d, n in enumerate(values.shape) if d not in dims)
+    dtype = (values if result == 0 else indices).dtype
+    return intern(kind, (values, indices, init_value, init_index), (tuple(sorted(dims)), result),
+                  shape, dtype)
+
+
+def arg_reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    """argmax / argmin (a reduce over (values, indices) with jax's comparator, read whole:
+    `opinfo.arg_reduction_kind`) over dims that are not split: each device picks within whole
+    rows of its block, so the other dims keep their layout (values and indices laid out alike;
+    a local iota along an unsplit dim is the global one). Refused: a reduced dim split (each
+    device would pick within its own block, its indices local to it) and a partial operand."""
+    kind = info.attrs["reducer"]
+    count = len(info.result_types)
+
+    def refuse(why: str, category: str = "unsupported") -> list[Value]:
+        return [Opaque(why, category=category)] * count
+
+    if count != 2 or not all(isinstance(v, Rel) for v in operands):
+        return refuse(f"{kind} of a device-dependent value")
+    values, indices, init_value, init_index = (freeze(v) for v in operands)
+    if splat_value(init_value.term) is None or splat_value(init_index.term) is None or \
+            init_value.partial or init_index.partial:
+        return refuse(f"{kind} with a non-constant init value")
+    rank = len(values.term.shape)
+    pending = next((r for r in (values, indices) if r.partial), None)
+    if pending is not None:
+        return refuse(f"{kind} of a partial {pending.kind} over {axes_str(pending.partial)}: "
+                      "missing all_reduce/psum before it", "nonlinear_partial")
+    dims = tuple(info.attrs["dimensions"])
+    for d in dims:
+        split = values.tiling[d] or indices.tiling[d]
+        if split:
+            return refuse(
+                f"{kind} over dim {d}, which is split over {axes_str(split)}: the answer "
+                "within one block (with indices local to it); the layout tier does not relate "
+                "per-block answers yet")
+    indices = _local_iota(indices, ctx)
+    unified = unify_dims([values, indices], [list(range(rank))] * 2, ctx, kind)
+    if isinstance(unified, Opaque):
+        return [unified] * count
+    (values, indices), joint, still_poly = unified
+    for d in dims:
+        if d in still_poly:
+            return refuse(f"{kind} over dim {d}, a dim of local size only")
+    kept = [d for d in range(rank) if d not in dims]
+    tiling = tuple(joint[d][1] for d in kept)
+    poly = frozenset(i for i, d in enumerate(kept) if d in still_poly)
+    terms = [make_arg_reduce(kind, values.term, indices.term, init_value.term, init_index.term,
+                             dims, r) for r in (0, 1)]
+    return [Rel(t, tiling, (), "", poly, values.scope) for t in terms]
+
+
+def _local_iota(rel: Rel, ctx: RuleContext) -> Rel:
+    """An iota built at the local shape (jax's indices for argmax) is constant along its
+    other dims, as a broadcast is: those dims take the size and split of the values'."""
+    term = rel.term
+    if ctx.is_global or rel.tiled_axes or rel.partial or rel.poly or term.op != "broadcast" \
+            or term.args[0].op != "iota":
+        return rel
+    (dims,) = term.attrs
+    return replace(rel, poly=frozenset(d for d in range(len(term.shape)) if d not in dims))
 
 
 _LOGICAL = {"and": 1, "or": 0}

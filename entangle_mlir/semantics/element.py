@@ -752,6 +752,40 @@ def reduce_precision(a: Element, dtype: str, exponent_bits: int, mantissa_bits: 
         float(rounded) if isinstance(value, float) else rounded)
 
 
+def _mentions_infinity(expr: z3.ExprRef, budget: int = 2000) -> bool:
+    """`expr` (a z3 term) may be one of the infinity constants: it mentions `+oo` or `-oo`
+    (or is too large to tell within `budget` nodes)."""
+    stack, seen = [expr], set()
+    while stack:
+        top = stack.pop()
+        key = top.get_id()
+        if key in seen:
+            continue
+        seen.add(key)
+        if len(seen) > budget or z3.eq(top, _NEG_INF) or z3.eq(top, _POS_INF):
+            return True
+        stack.extend(top.children())
+    return False
+
+
+def arg_combine(kind: str, v: Element, i: Element, w: Element, j: Element
+                ) -> tuple[Element, Element]:
+    """jax's argmax (`kind` "argmax") / argmin comparator on the accumulator (v, i) and a new
+    pair (w, j), exactly as its region computes it: `p = v > w or v != v` (`<` for argmin;
+    NaN wins), the value `select(p, v, w)`, the index `select(p or (v == w and i < j), i, j)`
+    (on ties the first index). On numbers the pair larger in (value, -index) order (NaN above
+    all), so a reduction gives the same pair in any order; z3 reals hold no NaN."""
+    if _is_inf(v, -1 if kind == "argmax" else 1) and is_z3(w) and \
+            not _mentions_infinity(to_z3(w)):
+        # the init (-inf) against a finite real: the new pair, as the comparator picks it (on
+        # z3 the infinities are free constants, so the comparison would stay undecided)
+        return w, j
+    first = compare(v, w, "GT" if kind == "argmax" else "LT")
+    picked = logic("or")(first, compare(v, v, "NE"))
+    tie = logic("and")(compare(v, w, "EQ"), compare(i, j, "LT"))
+    return select(picked, v, w), select(logic("or")(picked, tie), i, j)
+
+
 # ----- reductions ---------------------------------------------------------------------------------
 
 _KIND_ALIASES = {"add": "sum", "maximum": "max", "minimum": "min", "multiply": "mul"}

@@ -29,6 +29,7 @@ from entangle_mlir.semantics.ops import ELEMENTWISE, OP_SEMANTICS, WRAPPED_OPS
 from entangle_mlir.semantics.tensor import (
     Array,
     apply,
+    arg_reduce,
     broadcast_in_dim,
     concatenate,
     dot_general,
@@ -56,6 +57,10 @@ callable under
 
 _INDEXED_TERM_OPS = ("stablehlo.gather", "stablehlo.scatter", "stablehlo.dynamic_update_slice")
 """Terms evaluated by their op's own semantics, attributes given as (name, value) pairs."""
+
+ARG_TERM_OPS = ("argmax", "argmin")
+"""Result `result` (0 the values, 1 the indices) of a reduce over (values, indices, init value,
+init index) with jax's argmax / argmin comparator; attrs (dims, result)."""
 
 _WINDOW_TERM_OPS = {"reduce_window_sum": "sum", "reduce_window_max": "max",
                     "reduce_window_min": "min"}
@@ -194,6 +199,10 @@ def evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
     if op == "chlo.top_k":
         k, result = attrs
         return top_k(args[0], k)[result]
+    if op in ARG_TERM_OPS:
+        dims, result = attrs
+        return arg_reduce(args[0], args[1], obj_array(args[2]).reshape(-1)[0],
+                          obj_array(args[3]).reshape(-1)[0], dims, op)[result]
     if op in _INDEXED_TERM_OPS:
         # attrs: the op's normalized attributes as sorted (name, value) pairs.
         info = OpInfo(op, dict(attrs), [TensorType(a.shape, a.dtype) for a in term.args],
@@ -217,7 +226,8 @@ def evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
 
 TERM_OPS = ("arg", "splat", "dense", "iota", "lin", "mul", "div", "broadcast", "reshape",
             "transpose", "reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or", "slice", "concatenate", "pad",
-            "dynamic_slice", "stablehlo.dot_general", "chlo.top_k", *_INDEXED_TERM_OPS,
+            "dynamic_slice", "stablehlo.dot_general", "chlo.top_k", *ARG_TERM_OPS,
+            *_INDEXED_TERM_OPS,
             *_OPAQUE_LEAVES, *_WINDOW_TERM_OPS,
             *ELEMENTWISE)
 """Every term op `evaluate_term` knows (for the coverage test against the rules)."""

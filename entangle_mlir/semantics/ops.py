@@ -56,6 +56,7 @@ from entangle_mlir.semantics.element import (
 from entangle_mlir.semantics.tensor import (
     Array,
     apply,
+    arg_reduce,
     broadcast_in_dim,
     concatenate,
     dot_general,
@@ -118,6 +119,8 @@ def _wrapped_local(fn: LocalFn) -> LocalFn:
                 all(t.dtype == info.result_types[0].dtype for t in info.operand_types):
             return [_shift_op(info.name, operands, info.result_types[0].dtype)]
         results = fn(info, operands)
+        if info.attrs.get("reducer") in ("argmax", "argmin"):
+            return results  # a selection of its operands' elements: nothing to wrap
         periods = _NEAR_OPS.get(info.name)
         if periods is not None and any(int_limits(t.dtype) is None or t.dtype !=
                                        info.result_types[0].dtype for t in info.operand_types):
@@ -320,8 +323,13 @@ def _op_dot_general(info: OpInfo, operands: list[Array]) -> list[Array]:
 
 def _op_reduce(info: OpInfo, operands: list[Array]) -> list[Array]:
     half = len(operands) // 2
+    reducer = info.attrs.get("reducer", "other")
+    if half == 2 and reducer in ("argmax", "argmin"):
+        values, indices, init_value, init_index = (obj_array(x) for x in operands)
+        return list(arg_reduce(values, indices, init_value.reshape(-1)[0],
+                               init_index.reshape(-1)[0], info.attrs["dimensions"], reducer))
     if half != 1:
-        raise SemanticsError("variadic reduce has no semantics here (single operand only)")
+        raise SemanticsError("variadic reduce has no semantics here but argmax / argmin")
     x, init = obj_array(operands[0]), obj_array(operands[1]).reshape(-1)[0]
     reducer = info.attrs.get("reducer", "other")
     if reducer not in ("add", "max", "min", "mul", "and", "or"):

@@ -27,6 +27,7 @@ from entangle_mlir.semantics.element import (
     Element,
     SemanticsError,
     add,
+    arg_combine,
     combine,
     compare,
     exact,
@@ -379,6 +380,31 @@ def scatter(operand: Array, indices: Array, updates: Array, dims: dict, kind: st
             new = value if kind == "replace" else combine(kind, [out[index], value])
             out[index] = select(hit, new, out[index])
     return out
+
+
+# ----- argmax / argmin ----------------------------------------------------------------------------
+
+def arg_reduce(values: Array, indices: Array, init_value: Element, init_index: Element,
+               dims: Sequence[int], kind: str) -> tuple[Array, Array]:
+    """A reduce over (values, indices) with jax's argmax / argmin comparator (`kind`): the
+    pair folded from (init_value, init_index) over the reduced dims' elements in row-major
+    order (`arg_combine`; the comparator selects, so any order gives the same pair)."""
+    values, indices = obj_array(values), obj_array(indices)
+    if values.shape != indices.shape:
+        raise SemanticsError(f"{kind}: values {values.shape} and indices {indices.shape}")
+    dims = tuple(sorted({int(d) for d in dims}))
+    keep = [d for d in range(values.ndim) if d not in dims]
+    out_shape = tuple(values.shape[d] for d in keep)
+    count = math.prod(values.shape[d] for d in dims)
+    flat_v = np.transpose(values, keep + list(dims)).reshape(out_shape + (count,))
+    flat_i = np.transpose(indices, keep + list(dims)).reshape(out_shape + (count,))
+    out_v, out_i = np.empty(out_shape, dtype=object), np.empty(out_shape, dtype=object)
+    for idx in np.ndindex(out_shape):
+        v, i = init_value, init_index
+        for w, j in zip(flat_v[idx], flat_i[idx]):
+            v, i = arg_combine(kind, v, i, w, j)
+        out_v[idx], out_i[idx] = v, i
+    return out_v, out_i
 
 
 # ----- top_k --------------------------------------------------------------------------------------

@@ -298,3 +298,167 @@ func.func @int_max_from_zero(%x: tensor<8x16xi32>) -> tensor<8xi32> attributes {
   } : (tensor<8x16xi32>) -> tensor<8xi32>
   return %0 : tensor<8xi32>
 }
+
+// -----
+
+// A reduce over (values, indices) with jax's argmax / argmin comparator: the region is read
+// whole and must be exactly jax's (`p = v > w or v != v`, the value `select(p, v, w)`, the index `select(p or (v == w and i < j), i, j)`: on ties the first
+// index). Over dims that are not split every device picks within whole rows, so the other dims
+// keep their split. Refused: a reduced dim split (each device's answer is within its own block,
+// with its own indices) and a region that picks the last index on ties (another function).
+
+sdy.mesh @mesh = <["dp"=2, "tp"=4]>
+
+func.func @ref(%x: tensor<16x8xf32>) -> tensor<16xi32> {
+  %iota = stablehlo.iota dim = 1 : tensor<16x8xi32>
+  %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %0:2 = stablehlo.reduce(%x init: %ninf), (%iota init: %c0) across dimensions = [1] : (tensor<16x8xf32>, tensor<16x8xi32>, tensor<f32>, tensor<i32>) -> (tensor<16xf32>, tensor<16xi32>)
+   reducer(%v: tensor<f32>, %w: tensor<f32>) (%i: tensor<i32>, %j: tensor<i32>)  {
+    %1 = stablehlo.compare GT, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %2 = stablehlo.compare NE, %v, %v, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %3 = stablehlo.or %1, %2 : tensor<i1>
+    %4 = stablehlo.compare EQ, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %5 = stablehlo.compare LT, %i, %j, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+    %6 = stablehlo.and %4, %5 : tensor<i1>
+    %7 = stablehlo.or %3, %6 : tensor<i1>
+    %8 = stablehlo.select %3, %v, %w : tensor<i1>, tensor<f32>
+    %9 = stablehlo.select %7, %i, %j : tensor<i1>, tensor<i32>
+    stablehlo.return %8, %9 : tensor<f32>, tensor<i32>
+  }
+  return %0#1 : tensor<16xi32>
+}
+
+// Rows split over dp and tp: each device's argmax of its rows (jnp.argmax(x, axis=1)).
+// CHECK-LABEL: func.func @rows_split
+// FULL: func.func @rows_split{{.*}}entangle.verdict = "proven"
+func.func @rows_split(%x: tensor<16x8xf32>) -> tensor<16xi32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{"dp", "tp"}, {}]>] out_shardings=[<@mesh, [{"dp", "tp"}]>] manual_axes={"dp", "tp"} (%a: tensor<2x8xf32>) {
+    %iota = stablehlo.iota dim = 1 : tensor<2x8xi32>
+    %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c0 = stablehlo.constant dense<0> : tensor<i32>
+    // CHECK: stablehlo.reduce
+    // CHECK-SAME: entangle.relation = "tile [{dp, tp}] : argmax(%arg0, iota(dim 1), dims=[1], init=(-inf, 0)).values; tile [{dp, tp}] : argmax(%arg0, iota(dim 1), dims=[1], init=(-inf, 0)).indices"
+    %1:2 = stablehlo.reduce(%a init: %ninf), (%iota init: %c0) across dimensions = [1] : (tensor<2x8xf32>, tensor<2x8xi32>, tensor<f32>, tensor<i32>) -> (tensor<2xf32>, tensor<2xi32>)
+     reducer(%v: tensor<f32>, %w: tensor<f32>) (%i: tensor<i32>, %j: tensor<i32>)  {
+      %4 = stablehlo.compare EQ, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %1 = stablehlo.compare LT, %w, %v, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %2 = stablehlo.compare NE, %v, %v, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.or %2, %1 : tensor<i1>
+      %5 = stablehlo.compare LT, %i, %j, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %6 = stablehlo.and %5, %4 : tensor<i1>
+      %7 = stablehlo.or %3, %6 : tensor<i1>
+      %8 = stablehlo.select %3, %v, %w : tensor<i1>, tensor<f32>
+      %9 = stablehlo.select %7, %i, %j : tensor<i1>, tensor<i32>
+      stablehlo.return %8, %9 : tensor<f32>, tensor<i32>
+    }
+    sdy.return %1#1 : tensor<2xi32>
+  } : (tensor<16x8xf32>) -> tensor<16xi32>
+  return %0 : tensor<16xi32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["tp"=4]>
+
+func.func @ref(%x: tensor<16x8xf32>) -> tensor<16xi32> {
+  %iota = stablehlo.iota dim = 1 : tensor<16x8xi32>
+  %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %0:2 = stablehlo.reduce(%x init: %ninf), (%iota init: %c0) across dimensions = [1] : (tensor<16x8xf32>, tensor<16x8xi32>, tensor<f32>, tensor<i32>) -> (tensor<16xf32>, tensor<16xi32>)
+   reducer(%v: tensor<f32>, %w: tensor<f32>) (%i: tensor<i32>, %j: tensor<i32>)  {
+    %1 = stablehlo.compare GT, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %2 = stablehlo.compare NE, %v, %v, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %3 = stablehlo.or %1, %2 : tensor<i1>
+    %4 = stablehlo.compare EQ, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %5 = stablehlo.compare LT, %i, %j, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+    %6 = stablehlo.and %4, %5 : tensor<i1>
+    %7 = stablehlo.or %3, %6 : tensor<i1>
+    %8 = stablehlo.select %3, %v, %w : tensor<i1>, tensor<f32>
+    %9 = stablehlo.select %7, %i, %j : tensor<i1>, tensor<i32>
+    stablehlo.return %8, %9 : tensor<f32>, tensor<i32>
+  }
+  return %0#1 : tensor<16xi32>
+}
+
+// The reduced dim split: each device's argmax is within its own block, numbered from 0.
+// CHECK-LABEL: func.func @reduced_dim_split
+// FULL: func.func @reduced_dim_split{{.*}}entangle.verdict = "not proven"
+func.func @reduced_dim_split(%x: tensor<16x8xf32>) -> tensor<16xi32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{}, {"tp"}]>] out_shardings=[<@mesh, [{}]>] manual_axes={"tp"} (%a: tensor<16x2xf32>) {
+    %iota = stablehlo.iota dim = 1 : tensor<16x2xi32>
+    %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c0 = stablehlo.constant dense<0> : tensor<i32>
+    // CHECK: stablehlo.reduce
+    // CHECK-SAME: entangle.relation = "opaque: argmax over dim 1, which is split over 'tp': the answer within one block (with indices local to it); the layout tier does not relate per-block answers yet
+    // expected-error @+1 {{argmax over dim 1, which is split over 'tp': the answer within one block (with indices local to it); the layout tier does not relate per-block answers yet}}
+    %1:2 = stablehlo.reduce(%a init: %ninf), (%iota init: %c0) across dimensions = [1] : (tensor<16x2xf32>, tensor<16x2xi32>, tensor<f32>, tensor<i32>) -> (tensor<16xf32>, tensor<16xi32>)
+     reducer(%v: tensor<f32>, %w: tensor<f32>) (%i: tensor<i32>, %j: tensor<i32>)  {
+      %1 = stablehlo.compare GT, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %2 = stablehlo.compare NE, %v, %v, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.or %1, %2 : tensor<i1>
+      %4 = stablehlo.compare EQ, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %5 = stablehlo.compare LT, %i, %j, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %6 = stablehlo.and %4, %5 : tensor<i1>
+      %7 = stablehlo.or %3, %6 : tensor<i1>
+      %8 = stablehlo.select %3, %v, %w : tensor<i1>, tensor<f32>
+      %9 = stablehlo.select %7, %i, %j : tensor<i1>, tensor<i32>
+      stablehlo.return %8, %9 : tensor<f32>, tensor<i32>
+    }
+    sdy.return %1#1 : tensor<16xi32>
+  } : (tensor<16x8xf32>) -> tensor<16xi32>
+  return %0 : tensor<16xi32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["tp"=4]>
+
+func.func @ref(%x: tensor<16x8xf32>) -> tensor<16xi32> {
+  %iota = stablehlo.iota dim = 1 : tensor<16x8xi32>
+  %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %0:2 = stablehlo.reduce(%x init: %ninf), (%iota init: %c0) across dimensions = [1] : (tensor<16x8xf32>, tensor<16x8xi32>, tensor<f32>, tensor<i32>) -> (tensor<16xf32>, tensor<16xi32>)
+   reducer(%v: tensor<f32>, %w: tensor<f32>) (%i: tensor<i32>, %j: tensor<i32>)  {
+    %1 = stablehlo.compare GT, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %2 = stablehlo.compare NE, %v, %v, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %3 = stablehlo.or %1, %2 : tensor<i1>
+    %4 = stablehlo.compare EQ, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %5 = stablehlo.compare LT, %i, %j, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+    %6 = stablehlo.and %4, %5 : tensor<i1>
+    %7 = stablehlo.or %3, %6 : tensor<i1>
+    %8 = stablehlo.select %3, %v, %w : tensor<i1>, tensor<f32>
+    %9 = stablehlo.select %7, %i, %j : tensor<i1>, tensor<i32>
+    stablehlo.return %8, %9 : tensor<f32>, tensor<i32>
+  }
+  return %0#1 : tensor<16xi32>
+}
+
+// A region that keeps the LAST index on ties (i > j): another function than argmax.
+// CHECK-LABEL: func.func @last_index_on_ties
+// FULL: func.func @last_index_on_ties{{.*}}entangle.verdict = "not proven"
+func.func @last_index_on_ties(%x: tensor<16x8xf32>) -> tensor<16xi32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{"tp"}, {}]>] out_shardings=[<@mesh, [{"tp"}]>] manual_axes={"tp"} (%a: tensor<4x8xf32>) {
+    %iota = stablehlo.iota dim = 1 : tensor<4x8xi32>
+    %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c0 = stablehlo.constant dense<0> : tensor<i32>
+    // CHECK: stablehlo.reduce
+    // CHECK-SAME: entangle.relation = "opaque: not a supported reduction: reduce over (values, indices) whose region is not jax's argmax/argmin comparator
+    // expected-error @+1 {{not a supported reduction: reduce over (values, indices) whose region is not jax's argmax/argmin comparator (the larger/smaller value, on ties the first index)}}
+    %1:2 = stablehlo.reduce(%a init: %ninf), (%iota init: %c0) across dimensions = [1] : (tensor<4x8xf32>, tensor<4x8xi32>, tensor<f32>, tensor<i32>) -> (tensor<4xf32>, tensor<4xi32>)
+     reducer(%v: tensor<f32>, %w: tensor<f32>) (%i: tensor<i32>, %j: tensor<i32>)  {
+      %1 = stablehlo.compare GT, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %2 = stablehlo.compare NE, %v, %v, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.or %1, %2 : tensor<i1>
+      %4 = stablehlo.compare EQ, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %5 = stablehlo.compare GT, %i, %j, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %6 = stablehlo.and %4, %5 : tensor<i1>
+      %7 = stablehlo.or %3, %6 : tensor<i1>
+      %8 = stablehlo.select %3, %v, %w : tensor<i1>, tensor<f32>
+      %9 = stablehlo.select %7, %i, %j : tensor<i1>, tensor<i32>
+      stablehlo.return %8, %9 : tensor<f32>, tensor<i32>
+    }
+    sdy.return %1#1 : tensor<4xi32>
+  } : (tensor<16x8xf32>) -> tensor<16xi32>
+  return %0 : tensor<16xi32>
+}

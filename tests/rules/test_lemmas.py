@@ -419,6 +419,7 @@ def reduce_lemmas() -> list[Lemma]:
     out.append(Lemma("reduce-add-2d", "stablehlo.reduce", [rel(x, "dp", "tp"), splat(0, ())],
                      results=[((2,), "f32")], attrs={"dimensions": (1,), "reducer": "add"},
                      mesh=M2))
+    out += argmax_lemmas()
     # reduce_window (jnp.cumsum / cummax): windows along unsplit dims, split dims untouched.
     cumsum = {"window_dimensions": (1, 3), "padding": [[0, 0], [2, 0]]}
     for reducer, init in (("add", 0), ("max", -math.inf), ("min", math.inf)):
@@ -433,6 +434,51 @@ def reduce_lemmas() -> list[Lemma]:
                      results=[((2, 2), "f32")],
                      attrs={"window_dimensions": (2, 1), "window_strides": (1, 1),
                             "padding": [[0, 1], [0, 0]], "reducer": "max"}, mesh=M3))
+    return out
+
+
+_NEG_INF, _POS_INF = -math.inf, math.inf
+
+
+def _arg_lemma(name: str, kind: str, values: Rel, indices: Rel, init, dims, kept_local,
+               mesh: Mesh | None = M1, index_dtype: str = "i32") -> Lemma:
+    dtype = values.term.dtype
+    init_index = splat(0, (), index_dtype)
+    init_value = splat(init, (), dtype)
+    if mesh is None:
+        init_index = Rel(init_index.term, (), scope=GLOBAL)
+        init_value = Rel(init_value.term, (), scope=GLOBAL)
+    return Lemma(name, "stablehlo.reduce", [values, indices, init_value, init_index],
+                 results=[(kept_local, dtype), (kept_local, index_dtype)],
+                 attrs={"dimensions": tuple(dims), "reducer": kind}, mesh=mesh)
+
+
+def argmax_lemmas() -> list[Lemma]:
+    """argmax / argmin (jax's comparator) over unsplit dims: the other dims keep their split,
+    values and indices alike (an iota at the local shape, or any index tensor)."""
+    out = []
+    x, iota = arg((4, 3)), T.make_iota((4, 3), 1, "i32")
+    out.append(_arg_lemma("argmax-rows-tp", "argmax", rel(x, "tp"), rel(iota, "tp"), _NEG_INF,
+                          (1,), (2,)))
+    local_iota = Rel(T.make_iota((2, 3), 1, "i32"), ((), ()), poly=frozenset({0}))
+    out.append(_arg_lemma("argmax-rows-tp-local-iota", "argmax", rel(x, "tp"), local_iota,
+                          _NEG_INF, (1,), (2,)))
+    out.append(_arg_lemma("argmin-rows-tp3", "argmin", rel(arg((3, 4)), "tp"),
+                          rel(T.make_iota((3, 4), 1, "i32"), "tp"), _POS_INF, (1,), (1,),
+                          mesh=M3))
+    x3 = arg((4, 2, 3))
+    out.append(_arg_lemma("argmax-2d-mesh", "argmax", rel(x3, "dp", "tp"),
+                          rel(T.make_iota((4, 2, 3), 2, "i32"), "dp", "tp"), _NEG_INF, (2,),
+                          (2, 1), mesh=M2))
+    out.append(_arg_lemma("argmax-any-indices", "argmax", rel(arg((4, 3)), "tp"),
+                          rel(arg((4, 3), "i32"), "tp"), _NEG_INF, (1,), (2,)))
+    out.append(_arg_lemma("argmax-int-values", "argmax", rel(arg((2, 4), "i32"), (), ()),
+                          rel(T.make_iota((2, 4), 1, "i32")), -(2**31), (1,), (2,)))
+    out.append(_arg_lemma("argmin-keep-split-dim0", "argmin", rel(arg((4, 2)), "tp"),
+                          rel(T.make_iota((4, 2), 1, "i32"), "tp"), 1.5, (1,), (2,)))
+    out.append(_arg_lemma("argmax-global", "argmax", Rel(arg((2, 3)), ((), ()), scope=GLOBAL),
+                          Rel(T.make_iota((2, 3), 1, "i32"), ((), ()), scope=GLOBAL), _NEG_INF,
+                          (1,), (2,), mesh=None))
     return out
 
 
@@ -1320,6 +1366,51 @@ def test_refuses_ordered_partials_the_rules_must_not_keep() -> None:
         lemma = Lemma("refused", op, ins)
         outs = RULES[op](lemma.info(), ins, lemma.context())
         assert isinstance(outs[0], Opaque), (op, outs)
+
+
+def test_refutes_argmax_of_split_blocks_as_the_row_argmax() -> None:
+    """Each device's argmax of its block (global indices) is not the row's argmax."""
+    from entangle_mlir.rules.reduction import make_arg_reduce
+
+    x, iota = arg((2, 4)), T.make_iota((2, 4), 1, "i32")
+    ninf, zero = T.make_splat(-math.inf, (), "f32"), T.make_splat(0, (), "i32")
+    outs = [rel(make_arg_reduce("argmax", x, iota, ninf, zero, (1,), r)) for r in (0, 1)]
+    refute("stablehlo.reduce", [rel(x, (), "tp"), rel(iota, (), "tp"), splat(-math.inf, ()),
+                                splat(0, (), "i32")], outs, [((2,), "f32"), ((2,), "i32")],
+           {"dimensions": (1,), "reducer": "argmax"})
+
+
+def test_refutes_argmax_claimed_as_argmin() -> None:
+    from entangle_mlir.rules.reduction import make_arg_reduce
+
+    x, iota = arg((4, 3)), T.make_iota((4, 3), 1, "i32")
+    ninf, zero = T.make_splat(-math.inf, (), "f32"), T.make_splat(0, (), "i32")
+    outs = [rel(make_arg_reduce("argmin", x, iota, ninf, zero, (1,), r), "tp") for r in (0, 1)]
+    refute("stablehlo.reduce", [rel(x, "tp"), rel(iota, "tp"), splat(-math.inf, ()),
+                                splat(0, (), "i32")], outs, [((2,), "f32"), ((2,), "i32")],
+           {"dimensions": (1,), "reducer": "argmax"})
+
+
+def test_refutes_argmax_indices_from_another_index_tensor() -> None:
+    """The indices picked are the index operand's, not an iota's."""
+    from entangle_mlir.rules.reduction import make_arg_reduce
+
+    x, ids = arg((4, 3)), arg((4, 3), "i32")
+    iota = T.make_iota((4, 3), 1, "i32")
+    ninf, zero = T.make_splat(-math.inf, (), "f32"), T.make_splat(0, (), "i32")
+    outs = [rel(make_arg_reduce("argmax", x, iota, ninf, zero, (1,), r), "tp") for r in (0, 1)]
+    refute("stablehlo.reduce", [rel(x, "tp"), rel(ids, "tp"), splat(-math.inf, ()),
+                                splat(0, (), "i32")], outs, [((2,), "f32"), ((2,), "i32")],
+           {"dimensions": (1,), "reducer": "argmax"})
+
+
+def test_refuses_argmax_over_a_split_dim_and_of_a_partial() -> None:
+    x, iota = arg((2, 4)), T.make_iota((2, 4), 1, "i32")
+    for values, indices in ((rel(x, (), "tp"), rel(iota, (), "tp")),
+                            (rel(x, partial=("tp",), kind="max"), rel(iota))):
+        lemma = _arg_lemma("refused", "argmax", values, indices, _NEG_INF, (1,), (2,))
+        outs = RULES[lemma.op](lemma.info(), lemma.ins, lemma.context())
+        assert all(isinstance(v, Opaque) for v in outs), outs
 
 
 def test_refutes_max_of_split_dim_claimed_partial_sum() -> None:

@@ -284,6 +284,13 @@ MOVEMENT_CASES: list[tuple[str, Callable, tuple]] = [
     ("stablehlo.reduce_window",
      lambda a: lax.reduce_window(a, np.float32(0.5), lax.add, (2, 2), (2, 1), ((1, 0), (0, 1)),
                                  (1, 2), (2, 1)), (rand(4, 3),)),
+    ("stablehlo.reduce", lambda a: jnp.argmax(a, axis=1), (rand(3, 5),)),
+    ("stablehlo.reduce", lambda a: jnp.argmax(a, axis=1),  # ties: the first index
+     (np.array([[1, 2, 2, 0, 2], [3, 3, 3, 3, 3], [-1, 0, -1, 0, 0]], np.float32),)),
+    ("stablehlo.reduce", lambda a: jnp.argmin(a, axis=0),
+     (np.array([[1, 2, 2], [1, 0, 2], [0, 0, 5]], np.float32),)),
+    ("stablehlo.reduce", lambda a: jnp.argmax(a),
+     (np.array([[2, 7, 7], [7, 0, 1]], np.int32),)),
     ("chlo.top_k", lambda a: lax.top_k(a, 3), (rand(2, 3, 5),)),
     ("chlo.top_k", lambda a: lax.top_k(a, 4),  # ties: the lower index first
      (np.array([[1, 2, 2, 0, 2, 1], [3, 3, 3, 3, 3, 3]], np.float32),)),
@@ -687,6 +694,26 @@ def test_every_op_in_the_tables_is_grounded() -> None:
                | {"stablehlo.partition_id", "stablehlo.replica_id"})
     missing = sorted((set(OP_SEMANTICS) | set(COLLECTIVE_SEMANTICS)) - covered)
     assert not missing, missing
+
+
+def test_argmax_on_symbolic_elements_matches_the_concrete_fold() -> None:
+    """The comparator's select chain on z3 reals agrees with the concrete fold, ties
+    included (the first index), and argmin's too."""
+    from entangle_mlir.semantics.tensor import arg_reduce
+
+    rows = [[1, 2, 2, 0, 2], [3, 3, 1, 3, 0], [0, 1, 2, 3, 4], [5, 5, 5, 5, 5]]
+    xs = [z3.Real(f"x{j}") for j in range(5)]
+    idx = np.array([list(range(5))], dtype=object)
+    for kind, init in (("argmax", -math.inf), ("argmin", math.inf)):
+        values, indices = arg_reduce(np.array([xs], dtype=object), idx, init, 0, (1,), kind)
+        for row in rows:
+            want_v, want_i = arg_reduce(np.array([row], dtype=object), idx, init, 0, (1,), kind)
+            subst = [(x, z3.RealVal(v)) for x, v in zip(xs, row)]
+            got_v = z3.simplify(z3.substitute(to_z3(values[0]), *subst))
+            got_i = z3.simplify(z3.substitute(to_z3(indices[0]), *subst))
+            assert got_v.as_fraction() == want_v[0] and got_i.as_long() == want_i[0], (kind, row)
+            first = (max if kind == "argmax" else min)(row)
+            assert want_i[0] == row.index(first)
 
 
 def test_top_k_on_symbolic_elements_matches_the_concrete_sort() -> None:

@@ -87,11 +87,14 @@ def reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
         out = tuple(lhs[d] for d in lb) + tuple(lhs[d] for d in lf) + tuple(rhs[d] for d in rf)
         return [lhs, tuple(rhs)], [out]
     if name == "stablehlo.reduce":
-        if len(ops) != 2:
+        if len(ops) not in (2, 4) or len(ops) == 4 and ops[0] != ops[1]:
             return None
         dims = a["dimensions"]
         x = tuple(c(s) for s in ops[0])
-        return [x, ops[1]], [tuple(s for d, s in enumerate(x) if d not in dims)]
+        kept = tuple(s for d, s in enumerate(x) if d not in dims)
+        if len(ops) == 4:  # argmax / argmin: values and indices alike, scalar inits
+            return [x, x, ops[2], ops[3]], [kept, kept]
+        return [x, ops[1]], [kept]
     if name == "stablehlo.all_gather":
         dim = a["all_gather_dim"]
         new_ops, new_res = [], []
