@@ -421,6 +421,26 @@ def _op_top_k(info: OpInfo, operands: list[Array]) -> list[Array]:
     return list(top_k(obj_array(operands[0]), int(info.attrs["k"])))
 
 
+def _op_case(info: OpInfo, operands: list[Array]) -> list[Array]:
+    """A case given its branches' results (`rules/control.py`: the walker walks the branches;
+    operands are the index, then each branch's results): branch `index`, the last when the
+    index is out of range, as a select chain on a symbolic index."""
+    branches = int(info.attrs["branches"])
+    count = len(info.result_types)
+    if len(operands) != 1 + branches * count:
+        raise SemanticsError("case: expected the index and every branch's results")
+    index = obj_array(operands[0]).reshape(-1)[0]
+    flat = [obj_array(x) for x in operands[1:]]
+    out = []
+    for j in range(count):
+        result = flat[(branches - 1) * count + j]
+        for b in range(branches - 2, -1, -1):
+            hit = compare(index, b, "EQ")
+            result = apply(lambda x, y, hit=hit: select(hit, x, y), flat[b * count + j], result)
+        out.append(result)
+    return out
+
+
 def _op_identity(info: OpInfo, operands: list[Array]) -> list[Array]:
     return [obj_array(x) for x in operands]
 
@@ -443,6 +463,7 @@ OP_SEMANTICS: dict[str, LocalFn] = {
     "stablehlo.gather": _op_gather,
     "stablehlo.scatter": _op_scatter,
     "chlo.top_k": _op_top_k,
+    "stablehlo.case": _op_case,
     "mhlo.copy": _op_identity,
     "stablehlo.optimization_barrier": _op_identity,
 }

@@ -1018,10 +1018,44 @@ def batching_lemmas() -> list[Lemma]:
     return out
 
 
+def case_lemmas() -> list[Lemma]:
+    """case (lax.switch): the branches' results selected by a device-independent index keep
+    the layout they agree on (tilings, partial sums); a constant index picks its branch, one
+    out of range the last."""
+    out = []
+    index = rel(arg((), "i32"))
+    for mesh, shape, tiling in ((M1, (4, 2), ("tp",)), (M2, (4, 4), ("dp", "tp")),
+                                (M3, (3, 2), ("tp",))):
+        local = rel(arg(shape), *tiling).local_shape(mesh)
+        branches = [rel(arg(shape), *tiling) for _ in range(3)]
+        out.append(Lemma(f"case-3-tiled-{shape}", "stablehlo.case", [index, *branches],
+                         results=[(local, "f32")], attrs={"branches": 3}, mesh=mesh))
+    sums = [rel(arg((2, 2)), partial=("tp",)) for _ in range(2)]
+    out.append(Lemma("case-partial-sums", "stablehlo.case", [index, *sums],
+                     results=[((2, 2), "f32")], attrs={"branches": 2}))
+    pairs = [rel(arg((4,)), "tp"), rel(arg((2,), "i32")), rel(arg((4,)), "tp"),
+             rel(arg((2,), "i32"))]
+    out.append(Lemma("case-two-results", "stablehlo.case", [index, *pairs],
+                     results=[((2,), "f32"), ((2,), "i32")], attrs={"branches": 2}))
+    out.append(Lemma("case-splat-branch", "stablehlo.case",
+                     [index, rel(arg((4, 2)), "tp"), splat(1.5, (2, 2))],
+                     results=[((2, 2), "f32")], attrs={"branches": 2}))
+    for k in (1, 7, -1):
+        out.append(Lemma(f"case-constant-index-{k}", "stablehlo.case",
+                         [splat(k, (), "i32"), rel(arg((4,)), "tp"), rel(arg((4,)), "tp"),
+                          rel(arg((4,)), "tp")], results=[((2,), "f32")],
+                         attrs={"branches": 3}))
+    out.append(Lemma("case-global", "stablehlo.case",
+                     [Rel(arg((), "i32"), (), scope=GLOBAL)] +
+                     [Rel(arg((2, 3)), ((), ()), scope=GLOBAL) for _ in range(2)],
+                     results=[((2, 3), "f32")], attrs={"branches": 2}, mesh=None))
+    return out
+
+
 ALL_LEMMAS = (elementwise_lemmas() + partial_lemmas() + precision_lemmas() + dot_lemmas()
               + reduce_lemmas()
               + movement_lemmas() + collective_lemmas() + index_lemmas() + indexed_lemmas()
-              + sorting_lemmas())
+              + sorting_lemmas() + case_lemmas())
 
 
 @pytest.mark.parametrize("lemma", ALL_LEMMAS, ids=[lemma.name for lemma in ALL_LEMMAS])
@@ -1411,6 +1445,44 @@ def test_refuses_argmax_over_a_split_dim_and_of_a_partial() -> None:
         lemma = _arg_lemma("refused", "argmax", values, indices, _NEG_INF, (1,), (2,))
         outs = RULES[lemma.op](lemma.info(), lemma.ins, lemma.context())
         assert all(isinstance(v, Opaque) for v in outs), outs
+
+
+def test_refutes_case_branches_in_the_wrong_order() -> None:
+    from entangle_mlir.rules.control import select_chain
+
+    i, a, b = arg((), "i32"), arg((4,)), arg((4,))
+    refute("stablehlo.case", [rel(i), rel(a, "tp"), rel(b, "tp")],
+           [rel(select_chain(i, [b, a]), "tp")], [((2,), "f32")], {"branches": 2})
+
+
+def test_refutes_case_out_of_range_index_running_the_first_branch() -> None:
+    """StableHLO runs the last branch for an index out of range, not the first."""
+    i, a, b = arg((), "i32"), arg((4,)), arg((4,))
+    hit = T.make_elementwise("stablehlo.compare", (i, T.make_splat(1, (), "i32")), ("EQ",),
+                             dtype="i1")
+    first_by_default = T.make_elementwise("stablehlo.select", (T.make_broadcast(hit, (), (4,)),
+                                                               b, a))
+    refute("stablehlo.case", [rel(i), rel(a, "tp"), rel(b, "tp")],
+           [rel(first_by_default, "tp")], [((2,), "f32")], {"branches": 2})
+
+
+def test_refutes_case_on_a_partial_index() -> None:
+    """Each device runs the branch of its own piece of a partial max: not the select chain on
+    the max."""
+    from entangle_mlir.rules.control import select_chain
+
+    i, a, b = arg((), "i32"), arg((4,)), arg((4,))
+    refute("stablehlo.case", [rel(i, partial=("tp",), kind="max"), rel(a), rel(b)],
+           [rel(select_chain(i, [a, b]))], [((4,), "f32")], {"branches": 2})
+
+
+def test_refuses_case_on_an_index_that_differs_between_devices() -> None:
+    i = arg((), "i32")
+    for index in (rel(i, partial=("tp",), kind="max"), DeviceScalar((0, 1), ())):
+        lemma = Lemma("refused", "stablehlo.case", [index, rel(arg((4,))), rel(arg((4,)))],
+                      results=[((4,), "f32")], attrs={"branches": 2})
+        outs = RULES["stablehlo.case"](lemma.info(), lemma.ins, lemma.context())
+        assert isinstance(outs[0], Opaque), outs
 
 
 def test_refutes_max_of_split_dim_claimed_partial_sum() -> None:

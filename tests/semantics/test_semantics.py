@@ -87,6 +87,8 @@ def _interpret(func, inputs: list, funcs: dict, seen: set[str]) -> list:
         if name == "func.call":
             callee = funcs[op.operation.attributes["callee"].value]
             results = _interpret(callee, operands, funcs, seen)
+        elif name == "stablehlo.case":
+            results = _interpret_case(op.operation, operands, values, funcs, seen)
         else:
             info = describe(op.operation)
             seen.add(info.name)
@@ -95,6 +97,30 @@ def _interpret(func, inputs: list, funcs: dict, seen: set[str]) -> list:
             assert tuple(value.shape) == tuple(r.type.shape), (name, value.shape, r.type)
             values[r] = value
     raise AssertionError("no func.return")
+
+
+def _interpret_case(op, operands: list, values: dict, funcs: dict, seen: set[str]) -> list:
+    """A case as the walker reads it: every branch run (its ops may read the enclosing
+    values), then OP_SEMANTICS["stablehlo.case"] on the index and the branches' results."""
+    branch_results, types = [], [describe(op).operand_types[0]]
+    for region in op.regions:
+        block = region.blocks[0]
+        inner = dict(values)
+        for nested in block.operations:
+            if nested.operation.name == "stablehlo.return":
+                branch_results.extend(inner[v] for v in nested.operands)
+                types.extend(TensorType(tuple(v.type.shape), str(v.type.element_type))
+                             for v in nested.operands)
+                break
+            info = describe(nested.operation)
+            seen.add(info.name)
+            for r, value in zip(nested.results, OP_SEMANTICS[info.name](
+                    info, [inner[v] for v in nested.operands])):
+                inner[r] = value
+    info = describe(op)
+    seen.add("stablehlo.case")
+    info = OpInfo("stablehlo.case", {"branches": len(op.regions)}, types, info.result_types)
+    return OP_SEMANTICS["stablehlo.case"](info, operands + branch_results)
 
 
 def run_both(fn: Callable, *args: np.ndarray) -> tuple[list[np.ndarray], list, set[str]]:
@@ -291,6 +317,12 @@ MOVEMENT_CASES: list[tuple[str, Callable, tuple]] = [
      (np.array([[1, 2, 2], [1, 0, 2], [0, 0, 5]], np.float32),)),
     ("stablehlo.reduce", lambda a: jnp.argmax(a),
      (np.array([[2, 7, 7], [7, 0, 1]], np.int32),)),
+    ("stablehlo.case", lambda n, a: lax.switch(n, [lambda x: x, jnp.sin, lambda x: x * 2], a),
+     (np.int32(1), rand(2, 3))),
+    ("stablehlo.case", lambda n, a: lax.switch(n, [lambda x: x, jnp.sin, lambda x: x * 2], a),
+     (np.int32(7), rand(2, 3))),  # out of range: clamped by jax to the last branch
+    ("stablehlo.case", lambda a: lax.cond(jnp.any(a > 0), lambda x: x + 1, lambda x: x - 1, a),
+     (rand(2, 3),)),
     ("chlo.top_k", lambda a: lax.top_k(a, 3), (rand(2, 3, 5),)),
     ("chlo.top_k", lambda a: lax.top_k(a, 4),  # ties: the lower index first
      (np.array([[1, 2, 2, 0, 2, 1], [3, 3, 3, 3, 3, 3]], np.float32),)),
@@ -694,6 +726,29 @@ def test_every_op_in_the_tables_is_grounded() -> None:
                | {"stablehlo.partition_id", "stablehlo.replica_id"})
     missing = sorted((set(OP_SEMANTICS) | set(COLLECTIVE_SEMANTICS)) - covered)
     assert not missing, missing
+
+
+CASE_TEXT = """
+func.func public @main(%n: tensor<i32>, %x: tensor<3xf32>) -> tensor<3xf32> {
+  %0 = "stablehlo.case"(%n) ({
+    stablehlo.return %x : tensor<3xf32>
+  }, {
+    %1 = stablehlo.negate %x : tensor<3xf32>
+    stablehlo.return %1 : tensor<3xf32>
+  }, {
+    %1 = stablehlo.add %x, %x : tensor<3xf32>
+    stablehlo.return %1 : tensor<3xf32>
+  }) : (tensor<i32>) -> tensor<3xf32>
+  return %0 : tensor<3xf32>
+}"""
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 3, 100, -1])
+def test_case_runs_the_last_branch_for_an_index_out_of_range(index: int) -> None:
+    """StableHLO's case (not jax's clamped switch): an index out of range runs the last
+    branch, on XLA and in OP_SEMANTICS."""
+    check(CASE_TEXT, np.int32(index), np.array([1.0, -2.0, 0.5], np.float32),
+          expect="stablehlo.case", rtol=0, atol=0)
 
 
 def test_argmax_on_symbolic_elements_matches_the_concrete_fold() -> None:

@@ -43,6 +43,13 @@ def reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
         return _reduced_gather(info, ops, res, c)
     if name == "stablehlo.scatter" and len(ops) == 3:
         return _reduced_scatter(info, ops, c)
+    if name == "stablehlo.case":  # the index, then each branch's results, each one a result's
+        new_res = [tuple(c(s) for s in r) for r in res]
+        branch = ops[1:]
+        if not res or len(branch) % len(res) or any(
+                o != res[k % len(res)] for k, o in enumerate(branch)):
+            return None
+        return [ops[0]] + [new_res[k % len(res)] for k in range(len(branch))], new_res
     if name == "chlo.top_k" and len(ops) == 1 and ops[0]:
         lead = tuple(c(s) for s in ops[0][:-1])
         return [lead + ops[0][-1:]], [lead + r[-1:] for r in res]
