@@ -439,6 +439,9 @@ def describe(op, default_file: str = "-") -> OpInfo:
         text = str(attributes["comparison_direction"])
         attrs["comparison_direction"] = _DIRECTION.search(text).group(1)
         attrs["compare_type"] = compare_type(op)
+    elif name == "stablehlo.convolution":
+        attrs.update(_conv_dimensions(attributes["dimension_numbers"]))
+        del attrs["dimension_numbers"]
     elif name in _REDUCING:
         attrs["reducer"], why = region_kind(op)
         if why:
@@ -481,6 +484,50 @@ def _dot_dimensions(attr) -> dict:
                                    "lhs_contract": tuple(dims.lhs_contracting_dimensions),
                                    "rhs_contract": tuple(dims.rhs_contracting_dimensions)}
     return found
+
+
+def _conv_dimensions(attr) -> dict:
+    """A convolution's dimension numbers as `input_batch`, ... (remembered by attribute)."""
+    key = ("conv", attr)
+    found = _CONVERTED.get(key)
+    if found is None:
+        from jaxlib.mlir.dialects import stablehlo  # lazy: no bindings at import (rules)
+
+        dims = stablehlo.ConvDimensionNumbers(attr)
+        found = _CONVERTED[key] = {
+            "input_batch": dims.input_batch_dimension,
+            "input_feature": dims.input_feature_dimension,
+            "input_spatial": tuple(dims.input_spatial_dimensions),
+            "kernel_input_feature": dims.kernel_input_feature_dimension,
+            "kernel_output_feature": dims.kernel_output_feature_dimension,
+            "kernel_spatial": tuple(dims.kernel_spatial_dimensions),
+            "output_batch": dims.output_batch_dimension,
+            "output_feature": dims.output_feature_dimension,
+            "output_spatial": tuple(dims.output_spatial_dimensions)}
+    return found
+
+
+CONV_DIMENSIONS = ("input_batch", "input_feature", "input_spatial", "kernel_input_feature",
+                   "kernel_output_feature", "kernel_spatial", "output_batch", "output_feature",
+                   "output_spatial")
+"""A convolution's dimension numbers as `describe` names them."""
+
+
+def conv_attrs(info: OpInfo) -> dict:
+    """A convolution's attributes complete: the dimension numbers, and the window attributes
+    with StableHLO's defaults filled in (strides and dilations 1, no padding, no reversal,
+    one feature and batch group)."""
+    a = info.attrs
+    n = len(a["input_spatial"])
+    out = {key: a[key] for key in CONV_DIMENSIONS}
+    out["window_strides"] = tuple(a.get("window_strides") or (1,) * n)
+    out["padding"] = tuple(tuple(int(v) for v in p) for p in (a.get("padding") or [[0, 0]] * n))
+    out["lhs_dilation"] = tuple(a.get("lhs_dilation") or (1,) * n)
+    out["rhs_dilation"] = tuple(a.get("rhs_dilation") or (1,) * n)
+    out["window_reversal"] = tuple(bool(r) for r in (a.get("window_reversal") or (False,) * n))
+    out["feature_group_count"] = int(a.get("feature_group_count", 1))
+    out["batch_group_count"] = int(a.get("batch_group_count", 1))
+    return out
 
 
 _REDUCING = frozenset({"stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",

@@ -55,7 +55,8 @@ loop variable, `("term", serial): array` for a `while_result` or a `region_resul
 callable under
 `"opaque"`."""
 
-_INDEXED_TERM_OPS = ("stablehlo.gather", "stablehlo.scatter", "stablehlo.dynamic_update_slice")
+_INDEXED_TERM_OPS = ("stablehlo.gather", "stablehlo.scatter", "stablehlo.dynamic_update_slice",
+                     "stablehlo.convolution")
 """Terms evaluated by their op's own semantics, attributes given as (name, value) pairs."""
 
 ARG_TERM_OPS = ("argmax", "argmin")

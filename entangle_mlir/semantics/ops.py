@@ -19,7 +19,7 @@ from fractions import Fraction
 import numpy as np
 import z3
 
-from entangle_mlir.mlir.opinfo import OpInfo, scatter_kind
+from entangle_mlir.mlir.opinfo import OpInfo, conv_attrs, scatter_kind
 from entangle_mlir.semantics.element import (
     Element,
     SemanticsError,
@@ -59,6 +59,7 @@ from entangle_mlir.semantics.tensor import (
     arg_reduce,
     broadcast_in_dim,
     concatenate,
+    convolution,
     dot_general,
     dynamic_slice,
     dynamic_update_slice,
@@ -83,7 +84,8 @@ LocalFn = Callable[[OpInfo, list[Array]], list[Array]]
 
 WRAPPED_OPS = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply",
                 "stablehlo.negate", "stablehlo.abs", "stablehlo.divide", "stablehlo.convert",
-                "stablehlo.dot_general", "stablehlo.reduce", "stablehlo.reduce_window",
+                "stablehlo.dot_general", "stablehlo.convolution", "stablehlo.reduce",
+                "stablehlo.reduce_window",
                 "stablehlo.scatter", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
                 "lin", "mul", "div", "reduce_sum", "reduce_window_sum")
 """Ops whose integer results are computed modulo 2^N (sums, products, quotients, converts);
@@ -321,6 +323,10 @@ def _op_dot_general(info: OpInfo, operands: list[Array]) -> list[Array]:
                         a.get("rhs_batch", ()), a["lhs_contract"], a["rhs_contract"])]
 
 
+def _op_convolution(info: OpInfo, operands: list[Array]) -> list[Array]:
+    return [convolution(obj_array(operands[0]), obj_array(operands[1]), conv_attrs(info))]
+
+
 def _op_reduce(info: OpInfo, operands: list[Array]) -> list[Array]:
     half = len(operands) // 2
     reducer = info.attrs.get("reducer", "other")
@@ -456,6 +462,7 @@ OP_SEMANTICS: dict[str, LocalFn] = {
     "stablehlo.concatenate": _op_concatenate,
     "stablehlo.pad": _op_pad,
     "stablehlo.dot_general": _op_dot_general,
+    "stablehlo.convolution": _op_convolution,
     "stablehlo.reduce": _op_reduce,
     "stablehlo.reduce_window": _op_reduce_window,
     "stablehlo.dynamic_slice": _op_dynamic_slice,

@@ -382,6 +382,70 @@ def scatter(operand: Array, indices: Array, updates: Array, dims: dict, kind: st
     return out
 
 
+# ----- convolution --------------------------------------------------------------------------------
+
+def convolution(lhs: Array, rhs: Array, dims: dict) -> Array:
+    """StableHLO's convolution (one feature group, one batch group) exactly, as its spec
+    defines it: the input dilated (`lhs_dilation`) and padded (negative padding crops), the
+    kernel dilated (`rhs_dilation`) and reversed (`window_reversal`) along its spatial dims;
+    output position p of spatial dim k reads input positions p * stride + w * rhs_dilation;
+    each output element sums the products over the window and the input features. `dims`:
+    `opinfo.conv_attrs`."""
+    if dims["feature_group_count"] != 1 or dims["batch_group_count"] != 1:
+        raise SemanticsError("grouped convolution has no semantics here")
+    lhs, rhs = obj_array(lhs), obj_array(rhs)
+    spatial = list(dims["input_spatial"])
+    n = len(spatial)
+    x = np.transpose(lhs, [dims["input_batch"], *spatial, dims["input_feature"]])
+    k = np.transpose(rhs, [*dims["kernel_spatial"], dims["kernel_input_feature"],
+                           dims["kernel_output_feature"]])
+    for s, reverse in enumerate(dims["window_reversal"]):
+        if reverse:
+            k = np.flip(k, axis=s)
+    x = _dilated_padded(x, dims["lhs_dilation"], dims["padding"])
+    window = k.shape[:n]
+    reach = [(w - 1) * d + 1 for w, d in zip(window, dims["rhs_dilation"])]
+    sizes = [max((x.shape[1 + s] - reach[s]) // dims["window_strides"][s] + 1, 0)
+             if x.shape[1 + s] >= reach[s] else 0 for s in range(n)]
+    batch, features, outs = x.shape[0], x.shape[-1], k.shape[-1]
+    out = np.empty((batch, *sizes, outs), dtype=object)
+    for b in range(batch):
+        for pos in np.ndindex(*sizes):
+            for o in range(outs):
+                terms = []
+                for w in np.ndindex(*window):
+                    at = tuple(p * st + wi * d for p, st, wi, d in
+                               zip(pos, dims["window_strides"], w, dims["rhs_dilation"]))
+                    for i in range(features):
+                        terms.append(mul(x[(b, *at, i)], k[(*w, i, o)]))
+                out[(b, *pos, o)] = sum_list(terms)
+    order = [dims["output_batch"], *dims["output_spatial"], dims["output_feature"]]
+    return np.transpose(out, np.argsort(order))
+
+
+def _dilated_padded(x: Array, dilation, padding) -> Array:
+    """`x` (batch, spatial..., feature) with zeros between its spatial positions and padding
+    at both ends (negative padding removes positions)."""
+    for s, (d, (low, high)) in enumerate(zip(dilation, padding)):
+        axis = 1 + s
+        size = x.shape[axis]
+        stretched = (size - 1) * d + 1 if size else 0
+        shape = list(x.shape)
+        shape[axis] = stretched
+        grown = np.empty(shape, dtype=object)
+        grown[...] = 0
+        index = [slice(None)] * x.ndim
+        index[axis] = slice(0, stretched, d)
+        grown[tuple(index)] = x
+        pads = [(0, 0)] * x.ndim
+        pads[axis] = (max(low, 0), max(high, 0))
+        grown = np.pad(grown, pads, constant_values=0)
+        keep = [slice(None)] * x.ndim
+        keep[axis] = slice(max(-low, 0), grown.shape[axis] - max(-high, 0))
+        x = grown[tuple(keep)]
+    return x
+
+
 # ----- argmax / argmin ----------------------------------------------------------------------------
 
 def arg_reduce(values: Array, indices: Array, init_value: Element, init_index: Element,

@@ -366,6 +366,50 @@ def dot_lemmas() -> list[Lemma]:
     return out
 
 
+def _conv_attrs(spatial: int = 1, **window) -> dict:
+    """jax's NC(H...) x OI(H...) -> NC(H...) dimension numbers, window attributes given."""
+    space = tuple(range(2, 2 + spatial))
+    return {"input_batch": 0, "input_feature": 1, "input_spatial": space,
+            "kernel_input_feature": 1, "kernel_output_feature": 0, "kernel_spatial": space,
+            "output_batch": 0, "output_feature": 1, "output_spatial": space,
+            "feature_group_count": 1, "batch_group_count": 1, **window}
+
+
+def conv_lemmas() -> list[Lemma]:
+    """convolution as a dot_general: batch and output features keep their split, split input
+    features (alike in the kernel) make a partial sum; windows, strides, padding and
+    dilations over unsplit spatial dims; a one-element window is a dot."""
+    out = []
+    x, k = arg((4, 2, 5)), arg((2, 2, 2))
+    out.append(Lemma("conv-batch-split", "stablehlo.convolution", [rel(x, "tp"), rel(k)],
+                     results=[((2, 2, 4), "f32")], attrs=_conv_attrs()))
+    out.append(Lemma("conv-features-split", "stablehlo.convolution",
+                     [rel(x, (), "tp"), rel(k, (), "tp")], results=[((4, 2, 4), "f32")],
+                     attrs=_conv_attrs()))
+    out.append(Lemma("conv-out-features-split", "stablehlo.convolution",
+                     [rel(x), rel(k, "tp")], results=[((4, 1, 4), "f32")],
+                     attrs=_conv_attrs()))
+    out.append(Lemma("conv-partial-input", "stablehlo.convolution",
+                     [rel(x, partial=("tp",)), rel(k)], results=[((4, 2, 4), "f32")],
+                     attrs=_conv_attrs()))
+    window = {"window_strides": (2,), "padding": [[1, 2]], "lhs_dilation": (2,),
+              "rhs_dilation": (2,), "window_reversal": (True,)}
+    out.append(Lemma("conv-window-attrs", "stablehlo.convolution",
+                     [rel(arg((2, 2, 3)), "tp"), rel(arg((2, 2, 2)))],
+                     results=[((1, 2, 3), "f32")], attrs=_conv_attrs(**window)))
+    out.append(Lemma("conv-2d-mesh", "stablehlo.convolution",
+                     [rel(arg((2, 4, 3, 3)), "dp", "tp"), rel(arg((2, 4, 2, 2)), (), "tp")],
+                     results=[((1, 2, 2, 2), "f32")], attrs=_conv_attrs(2), mesh=M2))
+    out.append(Lemma("conv-pointwise-is-a-dot", "stablehlo.convolution",
+                     [rel(arg((4, 6)), (), "tp"), rel(arg((3, 6)), (), "tp")],
+                     results=[((4, 3), "f32")], attrs=_conv_attrs(0), mesh=M3))
+    out.append(Lemma("conv-global", "stablehlo.convolution",
+                     [Rel(arg((1, 2, 4)), ((), (), ()), scope=GLOBAL),
+                      Rel(arg((3, 2, 2)), ((), (), ()), scope=GLOBAL)],
+                     results=[((1, 3, 3), "f32")], attrs=_conv_attrs(), mesh=None))
+    return out
+
+
 def reduce_lemmas() -> list[Lemma]:
     out = []
     for shape in ((4, 2), (2, 6)):
@@ -1053,6 +1097,7 @@ def case_lemmas() -> list[Lemma]:
 
 
 ALL_LEMMAS = (elementwise_lemmas() + partial_lemmas() + precision_lemmas() + dot_lemmas()
+              + conv_lemmas()
               + reduce_lemmas()
               + movement_lemmas() + collective_lemmas() + index_lemmas() + indexed_lemmas()
               + sorting_lemmas() + case_lemmas())
@@ -1482,6 +1527,44 @@ def test_refuses_case_on_an_index_that_differs_between_devices() -> None:
         lemma = Lemma("refused", "stablehlo.case", [index, rel(arg((4,))), rel(arg((4,)))],
                       results=[((4,), "f32")], attrs={"branches": 2})
         outs = RULES["stablehlo.case"](lemma.info(), lemma.ins, lemma.context())
+        assert isinstance(outs[0], Opaque), outs
+
+
+def test_refutes_convolution_over_a_split_spatial_dim() -> None:
+    """Each device's windows stop at its block edge: the output blocks are not the global
+    convolution's."""
+    from entangle_mlir.mlir.opinfo import OpInfo as Info
+    from entangle_mlir.rules.contraction import conv_term
+
+    x, k = arg((1, 2, 8)), arg((2, 2, 3))
+    info = Info("stablehlo.convolution", _conv_attrs(), [], [TensorType((1, 2, 6), "f32")])
+    term = conv_term(info, x, k, (1, 2, 6), "f32")
+    refute("stablehlo.convolution", [rel(x, (), (), "tp"), rel(k)], [rel(term, (), (), "tp")],
+           [((1, 2, 2), "f32")], _conv_attrs())
+
+
+def test_refutes_convolution_with_only_the_input_features_split() -> None:
+    """Every device reads the whole kernel: the pieces do not add up to the convolution."""
+    from entangle_mlir.mlir.opinfo import OpInfo as Info
+    from entangle_mlir.rules.contraction import conv_term
+
+    x, k = arg((1, 4, 3)), arg((2, 4, 2))
+    info = Info("stablehlo.convolution", _conv_attrs(), [], [TensorType((1, 2, 2), "f32")])
+    term = conv_term(info, x, k, (1, 2, 2), "f32")
+    top = T.make_op("slice", (k,), ((0, 0, 0), (2, 2, 2), (1, 1, 1)), (2, 2, 2), "f32",
+                    linear_in=0)
+    refute("stablehlo.convolution", [rel(x, (), "tp"), rel(top)],
+           [rel(term, partial=("tp",))], [((1, 2, 2), "f32")], _conv_attrs())
+
+
+def test_refuses_convolutions_the_rules_must_not_relate() -> None:
+    for ins, attrs in (([rel(arg((1, 2, 8)), (), (), "tp"), rel(arg((2, 2, 3)))], _conv_attrs()),
+                       ([rel(arg((1, 4, 3)), (), "tp"), rel(arg((2, 4, 2)))], _conv_attrs()),
+                       ([rel(arg((1, 4, 3))), rel(arg((2, 2, 2)))],
+                        _conv_attrs(feature_group_count=2))):
+        lemma = Lemma("refused", "stablehlo.convolution", ins, results=[((1, 2, 2), "f32")],
+                      attrs=attrs)
+        outs = RULES[lemma.op](lemma.info(), ins, lemma.context())
         assert isinstance(outs[0], Opaque), outs
 
 

@@ -317,6 +317,18 @@ MOVEMENT_CASES: list[tuple[str, Callable, tuple]] = [
      (np.array([[1, 2, 2], [1, 0, 2], [0, 0, 5]], np.float32),)),
     ("stablehlo.reduce", lambda a: jnp.argmax(a),
      (np.array([[2, 7, 7], [7, 0, 1]], np.int32),)),
+    ("stablehlo.convolution",
+     lambda x, w: lax.conv_general_dilated(x, w, (2, 1), [(1, 1), (0, 2)], lhs_dilation=(1, 2),
+                                           rhs_dilation=(2, 1)), (rand(2, 3, 6, 5), rand(4, 3, 3, 2))),
+    ("stablehlo.convolution",
+     lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                           dimension_numbers=("NHWC", "HWIO", "NHWC")),
+     (rand(2, 5, 5, 3), rand(3, 3, 3, 4))),
+    ("stablehlo.convolution", lambda x, w: lax.conv_general_dilated(x, w, (1,), [(-1, 2)]),
+     (rand(1, 2, 7), rand(3, 2, 3))),
+    ("stablehlo.convolution",
+     lambda x, w: lax.conv_general_dilated(x, w, (), [], dimension_numbers=("NC", "IO", "NC")),
+     (rand(4, 6), rand(6, 3))),
     ("stablehlo.case", lambda n, a: lax.switch(n, [lambda x: x, jnp.sin, lambda x: x * 2], a),
      (np.int32(1), rand(2, 3))),
     ("stablehlo.case", lambda n, a: lax.switch(n, [lambda x: x, jnp.sin, lambda x: x * 2], a),
@@ -726,6 +738,18 @@ def test_every_op_in_the_tables_is_grounded() -> None:
                | {"stablehlo.partition_id", "stablehlo.replica_id"})
     missing = sorted((set(OP_SEMANTICS) | set(COLLECTIVE_SEMANTICS)) - covered)
     assert not missing, missing
+
+
+REVERSED_CONV = """
+func.func public @main(%x: tensor<1x2x6xf32>, %w: tensor<3x2x3xf32>) -> tensor<1x3x3xf32> {
+  %0 = stablehlo.convolution(%x, %w) dim_numbers = [b, f, 0]x[o, i, 0]->[b, f, 0], window = {stride = [2], pad = [[1, 0]], lhs_dilate = [1], rhs_dilate = [1], reverse = [true]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x2x6xf32>, tensor<3x2x3xf32>) -> tensor<1x3x3xf32>
+  return %0 : tensor<1x3x3xf32>
+}"""
+
+
+def test_convolution_window_reversal() -> None:
+    """A reversed window (jax never emits one): the kernel read back to front."""
+    check(REVERSED_CONV, rand(1, 2, 6), rand(3, 2, 3), expect="stablehlo.convolution")
 
 
 CASE_TEXT = """

@@ -43,6 +43,14 @@ def reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
         return _reduced_gather(info, ops, res, c)
     if name == "stablehlo.scatter" and len(ops) == 3:
         return _reduced_scatter(info, ops, c)
+    if name == "stablehlo.convolution" and len(ops) == 2 and "input_batch" in a:
+        # batch and feature dims capped; spatial dims (the windows) kept
+        lhs, rhs, out = list(ops[0]), list(ops[1]), list(res[0])
+        lhs[a["input_batch"]] = out[a["output_batch"]] = c(lhs[a["input_batch"]])
+        lhs[a["input_feature"]] = rhs[a["kernel_input_feature"]] = c(lhs[a["input_feature"]])
+        rhs[a["kernel_output_feature"]] = out[a["output_feature"]] = c(
+            rhs[a["kernel_output_feature"]])
+        return [tuple(lhs), tuple(rhs)], [tuple(out)]
     if name == "stablehlo.case":  # the index, then each branch's results, each one a result's
         new_res = [tuple(c(s) for s in r) for r in res]
         branch = ops[1:]
