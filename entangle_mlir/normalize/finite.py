@@ -363,7 +363,7 @@ def _kinds_of(value, op: ir.Operation | None, memo: dict) -> int:
         return _union(args) | (0 if _precision_kept(op) else NEG | POS)
     if name in _CARRY:
         return _union(args[1:] if name == "stablehlo.select" else args)
-    if name == "chlo.top_k":
+    if name in ("chlo.top_k", "mhlo.topk"):
         return args[0]
     if name in ("stablehlo.gather", "stablehlo.dynamic_update_slice"):
         return _union([args[0], *args[1:2]] if name == "stablehlo.dynamic_update_slice"

@@ -1,4 +1,5 @@
-"""Selection along a dim: `chlo.top_k` (values and indices of the k largest along the last dim).
+"""Selection along a dim: `chlo.top_k` (values and indices of the k largest along the last dim),
+and `mhlo.topk`, the same op in XLA's per-device programs (`largest` true or absent).
 
 Terms: `chlo.top_k` with attrs `(k, result)`, result 0 for the values and 1 for the i32
 indices, over the GLOBAL operand; `semantics.top_k` evaluates both (ties: the lower index
@@ -22,6 +23,7 @@ from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import freeze
 
 TOP_K = "chlo.top_k"
+MHLO_TOP_K = "mhlo.topk"
 
 
 def make_top_k(operand: Term, k: int, result: int, dtype: str) -> Term:
@@ -35,6 +37,9 @@ def top_k(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     is split or the operand is a partial value."""
     (x,) = operands
     count = len(info.result_types)
+    if not info.attrs.get("largest", True):
+        return [Opaque(f"{info.name} of the k smallest values is not supported",
+                       category="unsupported")] * max(count, 1)
     if not isinstance(x, Rel):
         return [Opaque("top_k of a device-dependent value", category="unsupported")] * count
     k = int(info.attrs.get("k", 0))
@@ -62,4 +67,5 @@ def top_k(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
 
 SORTING_RULES = {
     TOP_K: top_k,
+    MHLO_TOP_K: top_k,
 }

@@ -424,6 +424,8 @@ def _op_scatter(info: OpInfo, operands: list[Array]) -> list[Array]:
 
 
 def _op_top_k(info: OpInfo, operands: list[Array]) -> list[Array]:
+    if not info.attrs.get("largest", True):
+        raise SemanticsError(f"{info.name} of the k smallest values has no semantics here")
     return list(top_k(obj_array(operands[0]), int(info.attrs["k"])))
 
 
@@ -470,6 +472,7 @@ OP_SEMANTICS: dict[str, LocalFn] = {
     "stablehlo.gather": _op_gather,
     "stablehlo.scatter": _op_scatter,
     "chlo.top_k": _op_top_k,
+    "mhlo.topk": _op_top_k,
     "stablehlo.case": _op_case,
     "mhlo.copy": _op_identity,
     "stablehlo.optimization_barrier": _op_identity,

@@ -1017,9 +1017,11 @@ def sorting_lemmas() -> list[Lemma]:
         local = tuple(s // mesh.group_size((a,)) if isinstance(a, str) else s
                       for s, a in zip(shape, tiling + ((),) * (len(shape) - len(tiling))))
         out_shape = local[:-1] + (k,)
-        out.append(Lemma(f"top_k-{'x'.join(map(str, shape))}-k{k}", "chlo.top_k",
-                         [rel(x, *tiling)], results=[(out_shape, "f32"), (out_shape, "i32")],
-                         attrs={"k": k}, mesh=mesh))
+        for op in ("chlo.top_k", "mhlo.topk"):
+            out.append(Lemma(f"{op.split('.')[1]}-{'x'.join(map(str, shape))}-k{k}", op,
+                             [rel(x, *tiling)],
+                             results=[(out_shape, "f32"), (out_shape, "i32")],
+                             attrs={"k": k}, mesh=mesh))
     out += batching_lemmas()
     return out
 
@@ -1357,6 +1359,22 @@ def test_refutes_top_k_of_split_candidates() -> None:
     outs = [rel(make_top_k(x, 2, 0, "f32")), rel(make_top_k(x, 2, 1, "i32"))]
     refute("chlo.top_k", [rel(x, (), "tp")], outs, [((2, 2), "f32"), ((2, 2), "i32")],
            attrs={"k": 2})
+
+
+def test_refutes_mhlo_topk_of_split_candidates() -> None:
+    from entangle_mlir.rules.sorting import make_top_k
+
+    x = arg((2, 4))
+    outs = [rel(make_top_k(x, 2, 0, "f32")), rel(make_top_k(x, 2, 1, "i32"))]
+    refute("mhlo.topk", [rel(x, (), "tp")], outs, [((2, 2), "f32"), ((2, 2), "i32")],
+           attrs={"k": 2})
+
+
+def test_refuses_the_k_smallest() -> None:
+    lemma = Lemma("refused", "mhlo.topk", [rel(arg((4, 4)), "tp")],
+                  results=[((2, 2), "f32"), ((2, 2), "i32")], attrs={"k": 2, "largest": False})
+    outs = RULES["mhlo.topk"](lemma.info(), lemma.ins, lemma.context())
+    assert all(isinstance(v, Opaque) for v in outs), outs
 
 
 def test_refutes_take_along_axis_with_only_the_indices_split() -> None:

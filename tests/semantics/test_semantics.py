@@ -145,7 +145,7 @@ def run_text(text: str, *args: np.ndarray) -> tuple[list[np.ndarray], list, set[
     exe = backend.compile_and_load(text, xla_client.DeviceList((device,)),
                                    xla_client.CompileOptions())
     out = exe.execute_sharded([jax.device_put(a, device) for a in args])
-    theirs = [np.asarray(x) for x in out.disassemble_into_single_device_arrays()[0]]
+    theirs = [np.asarray(x[0]) for x in out.disassemble_into_single_device_arrays()]
     module = parse_module(text)
     funcs = _functions(module)
     seen: set[str] = set()
@@ -728,7 +728,8 @@ def test_rebuild_knows_every_elementwise_op() -> None:
 
 GROUNDED_ELSEWHERE = {"stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice",
                       "stablehlo.gather", "stablehlo.scatter", "mhlo.copy",
-                      "stablehlo.optimization_barrier"}
+                      "stablehlo.optimization_barrier",
+                      "mhlo.topk"}  # test_mhlo_topk_is_chlo_top_k
 
 
 def test_every_op_in_the_tables_is_grounded() -> None:
@@ -738,6 +739,25 @@ def test_every_op_in_the_tables_is_grounded() -> None:
                | {"stablehlo.partition_id", "stablehlo.replica_id"})
     missing = sorted((set(OP_SEMANTICS) | set(COLLECTIVE_SEMANTICS)) - covered)
     assert not missing, missing
+
+
+TOPK_TEXT = """
+func.func public @main(%x: tensor<3x6xf32>) -> (tensor<3x4xf32>, tensor<3x4xi32>) {
+  %values, %indices = mhlo.topk(%x, k = 4) : tensor<3x6xf32> -> (tensor<3x4xf32>, tensor<3x4xi32>)
+  return %values, %indices : tensor<3x4xf32>, tensor<3x4xi32>
+}"""
+
+
+def test_mhlo_topk_is_chlo_top_k() -> None:
+    """XLA's mhlo.topk (the per-device programs' spelling): the k largest, ties to the lower
+    index, as chlo.top_k."""
+    ties = np.array([[1, 3, 3, 0, 3, 2], [2, 2, 0, 2, 1, 0], [5, 4, 3, 2, 1, 0]], np.float32)
+    theirs, ours, seen = run_text(TOPK_TEXT, ties)
+    assert "mhlo.topk" in seen
+    assert len(theirs) == len(ours) == 2
+    for t, o in zip(theirs, ours):
+        assert np.array_equal(_to_float(o), t.astype(np.float64)), (t, o)
+    assert [int(v) for v in ours[1][0]] == [1, 2, 4, 5]
 
 
 REVERSED_CONV = """

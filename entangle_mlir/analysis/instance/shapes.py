@@ -58,7 +58,7 @@ def reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
                 o != res[k % len(res)] for k, o in enumerate(branch)):
             return None
         return [ops[0]] + [new_res[k % len(res)] for k in range(len(branch))], new_res
-    if name == "chlo.top_k" and len(ops) == 1 and ops[0]:
+    if name in ("chlo.top_k", "mhlo.topk") and len(ops) == 1 and ops[0]:
         lead = tuple(c(s) for s in ops[0][:-1])
         return [lead + ops[0][-1:]], [lead + r[-1:] for r in res]
     if name == "stablehlo.iota" or name == "stablehlo.constant" and a.get("splat"):
