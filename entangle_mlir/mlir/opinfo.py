@@ -215,6 +215,45 @@ def arg_reduction_kind(op) -> tuple[str, str]:
                      "comparator (the larger/smaller value, on ties the first index)")
 
 
+def sort_comparator(op) -> tuple[str, str]:
+    """(kind, why) of a sort's comparator region, read whole: `ascending` when it is jax's
+    (`lax.sort`, `jnp.sort`, `argsort`: the first operand's elements compared with `<`, on
+    floats after mapping -0 to +0 and every NaN to one NaN, with TOTALORDER -- an order on
+    numbers where -0 and +0 are equal and NaNs come last; on integers a plain `<`), reading
+    only the first operand's pair (the others move with it); else `other`, with why."""
+    block = op.regions[0].blocks[0]
+    args = list(block.arguments)
+    body = [o.operation for o in block.operations]
+    if len(args) != 2 * len(op.operands) or not body or len(body[-1].operands) != 1:
+        return "other", "sort whose comparator is not a predicate on pairs of elements"
+    key = _element(op.operands[0].type)
+    got = _expression(body[-1].operands[0], args)
+    a, b = ("arg", 0), ("arg", 1)
+    if key.startswith(("i", "si", "ui")) and key != "i1":
+        template = _compare_expression("LT", default_compare_type(key), a, b)
+    elif key in ("f32", "f16", "bf16", "f64"):
+        template = _compare_expression("LT", "TOTALORDER", _canonical_float(a, key),
+                                       _canonical_float(b, key))
+    else:
+        return "other", f"sort of {key} keys"
+    if got != template:
+        return "other", ("sort whose comparator is not jax's ascending order on the first "
+                         "operand")
+    return "ascending", ""
+
+
+_FLOAT_CONSTANTS = {"f32": ("0.000000e+00", "0x7FC00000"), "f64": ("0.000000e+00",
+                                                                  "0x7FF8000000000000"),
+                    "f16": ("0.000000e+00", "0x7E00"), "bf16": ("0.000000e+00", "0x7FC0")}
+
+
+def _canonical_float(x: tuple, dtype: str) -> tuple:
+    """jax's comparator input: `select(x != x, NaN, select(x == 0, 0, x))`."""
+    zero, nan = (("const", f"dense<{c}> : tensor<{dtype}>") for c in _FLOAT_CONSTANTS[dtype])
+    unsigned = ("select", _compare_expression("EQ", "FLOAT", x, zero), zero, x)
+    return ("select", _compare_expression("NE", "FLOAT", x, x), nan, unsigned)
+
+
 def _arg_template(direction: str, value_type: str, index_type: str) -> tuple:
     """The `_expression`s jax's argmax (`GT`) / argmin (`LT`) region returns."""
     v, i, w, j = (("arg", k) for k in range(4))
@@ -259,6 +298,8 @@ def _expression(value, args: list, depth: int = 0) -> tuple:
         return _commutative(name, ins)
     if name == "stablehlo.select" and len(ins) == 3:
         return ("select", *ins)
+    if name == "stablehlo.constant":
+        return ("const", str(op.attributes["value"]))
     return ("op", name, *ins)
 
 
@@ -439,6 +480,10 @@ def describe(op, default_file: str = "-") -> OpInfo:
         text = str(attributes["comparison_direction"])
         attrs["comparison_direction"] = _DIRECTION.search(text).group(1)
         attrs["compare_type"] = compare_type(op)
+    elif name == "stablehlo.sort":
+        attrs["comparator"], why = sort_comparator(op)
+        if why:
+            attrs["region_problem"] = why
     elif name == "stablehlo.convolution":
         attrs.update(_conv_dimensions(attributes["dimension_numbers"]))
         del attrs["dimension_numbers"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from fractions import Fraction
 
 from entangle_mlir.core import precision
@@ -19,7 +18,7 @@ from entangle_mlir.core.terms import (
 )
 from entangle_mlir.mlir.opinfo import OpInfo, region_problem
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.rules.common import freeze, sum_term, unify_dims
+from entangle_mlir.rules.common import freeze, local_iota, sum_term, unify_dims
 from entangle_mlir.rules.kinds import device_blocks
 from entangle_mlir.rules.kinds.window import reduce_window_of_window, window_reduce
 
@@ -190,7 +189,7 @@ def arg_reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Va
                 f"{kind} over dim {d}, which is split over {axes_str(split)}: the answer "
                 "within one block (with indices local to it); the layout tier does not relate "
                 "per-block answers yet")
-    indices = _local_iota(indices, ctx)
+    indices = local_iota(indices, ctx)
     unified = unify_dims([values, indices], [list(range(rank))] * 2, ctx, kind)
     if isinstance(unified, Opaque):
         return [unified] * count
@@ -204,17 +203,6 @@ def arg_reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Va
     terms = [make_arg_reduce(kind, values.term, indices.term, init_value.term, init_index.term,
                              dims, r) for r in (0, 1)]
     return [Rel(t, tiling, (), "", poly, values.scope) for t in terms]
-
-
-def _local_iota(rel: Rel, ctx: RuleContext) -> Rel:
-    """An iota built at the local shape (jax's indices for argmax) is constant along its
-    other dims, as a broadcast is: those dims take the size and split of the values'."""
-    term = rel.term
-    if ctx.is_global or rel.tiled_axes or rel.partial or rel.poly or term.op != "broadcast" \
-            or term.args[0].op != "iota":
-        return rel
-    (dims,) = term.attrs
-    return replace(rel, poly=frozenset(d for d in range(len(term.shape)) if d not in dims))
 
 
 _LOGICAL = {"and": 1, "or": 0}

@@ -42,6 +42,7 @@ from entangle_mlir.semantics.tensor import (
     reduce_window,
     reshape,
     slice_,
+    sort_ascending,
     top_k,
     transpose,
     wrap_array,
@@ -200,6 +201,9 @@ def evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
     if op == "chlo.top_k":
         k, result = attrs
         return top_k(args[0], k)[result]
+    if op == "sort":
+        dim, result = attrs
+        return sort_ascending(args, dim)[result]
     if op in ARG_TERM_OPS:
         dims, result = attrs
         return arg_reduce(args[0], args[1], obj_array(args[2]).reshape(-1)[0],
@@ -227,7 +231,7 @@ def evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
 
 TERM_OPS = ("arg", "splat", "dense", "iota", "lin", "mul", "div", "broadcast", "reshape",
             "transpose", "reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or", "slice", "concatenate", "pad",
-            "dynamic_slice", "stablehlo.dot_general", "chlo.top_k", *ARG_TERM_OPS,
+            "dynamic_slice", "stablehlo.dot_general", "chlo.top_k", "sort", *ARG_TERM_OPS,
             *_INDEXED_TERM_OPS,
             *_OPAQUE_LEAVES, *_WINDOW_TERM_OPS,
             *ELEMENTWISE)

@@ -72,6 +72,7 @@ from entangle_mlir.semantics.tensor import (
     reshape,
     scatter,
     slice_,
+    sort_ascending,
     top_k,
     transpose,
     wrap_array,
@@ -423,6 +424,14 @@ def _op_scatter(info: OpInfo, operands: list[Array]) -> list[Array]:
                     dims, kind)]
 
 
+def _op_sort(info: OpInfo, operands: list[Array]) -> list[Array]:
+    if info.attrs.get("comparator") != "ascending":
+        raise SemanticsError("sort with a comparator other than jax's ascending order")
+    if len(operands) > 1 and not info.attrs.get("is_stable"):
+        raise SemanticsError("an unstable sort of several operands (ties in any order)")
+    return sort_ascending([obj_array(x) for x in operands], int(info.attrs["dimension"]))
+
+
 def _op_top_k(info: OpInfo, operands: list[Array]) -> list[Array]:
     if not info.attrs.get("largest", True):
         raise SemanticsError(f"{info.name} of the k smallest values has no semantics here")
@@ -473,6 +482,7 @@ OP_SEMANTICS: dict[str, LocalFn] = {
     "stablehlo.scatter": _op_scatter,
     "chlo.top_k": _op_top_k,
     "mhlo.topk": _op_top_k,
+    "stablehlo.sort": _op_sort,
     "stablehlo.case": _op_case,
     "mhlo.copy": _op_identity,
     "stablehlo.optimization_barrier": _op_identity,

@@ -471,6 +471,46 @@ def arg_reduce(values: Array, indices: Array, init_value: Element, init_index: E
     return out_v, out_i
 
 
+# ----- sort ---------------------------------------------------------------------------------------
+
+def sort_ascending(operands: Sequence[Array], dim: int) -> list[Array]:
+    """A stable sort along `dim` by the first operand in ascending order (jax's comparator:
+    -0 and +0 equal, NaNs last and equal), every operand permuted alike.
+
+    Concrete rows are sorted directly; rows with symbolic keys go through a stable bubble
+    network (compare-exchange of adjacent positions, swapping only when the later key is
+    strictly smaller), so every element is an If-term."""
+    arrays = [np.moveaxis(obj_array(x), dim, -1) for x in operands]
+    if any(a.shape != arrays[0].shape for a in arrays) or not arrays[0].ndim:
+        raise SemanticsError("sort: operands of different shapes")
+    outs = [np.empty(a.shape, dtype=object) for a in arrays]
+    for idx in np.ndindex(arrays[0].shape[:-1]):
+        rows = [list(a[idx]) for a in arrays]
+        keys = rows[0]
+        if not any(is_z3(k) for k in keys):
+            order = sorted(range(len(keys)), key=lambda j: _sort_key(keys[j]))
+            rows = [[row[j] for j in order] for row in rows]
+        else:
+            n = len(keys)
+            for p in range(n):
+                for j in range(n - 1, p, -1):
+                    swap = compare(rows[0][j], rows[0][j - 1], "LT")
+                    for row in rows:
+                        row[j - 1], row[j] = (select(swap, row[j], row[j - 1]),
+                                              select(swap, row[j - 1], row[j]))
+        for out, row in zip(outs, rows):
+            for j, value in enumerate(row):
+                out[idx + (j,)] = value
+    return [np.moveaxis(out, -1, dim) for out in outs]
+
+
+def _sort_key(x: Element) -> tuple:
+    value = x
+    if isinstance(value, float) and math.isnan(value):
+        return (1, 0)
+    return (0, value)
+
+
 # ----- top_k --------------------------------------------------------------------------------------
 
 def top_k(x: Array, k: int) -> tuple[Array, Array]:

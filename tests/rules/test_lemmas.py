@@ -1022,6 +1022,19 @@ def sorting_lemmas() -> list[Lemma]:
                              [rel(x, *tiling)],
                              results=[(out_shape, "f32"), (out_shape, "i32")],
                              attrs={"k": k}, mesh=mesh))
+    # stablehlo.sort with jax's ascending comparator along an unsplit dim (argsort: the keys
+    # and an iota moved with them).
+    for mesh, shape, tiling, dim in ((M1, (4, 3), ("tp",), 1), (M3, (3, 4), ("tp",), 1),
+                                     (M2, (2, 4, 3), ("dp", "tp"), 2), (M1, (3, 4), ((), "tp"), 0)):
+        x = arg(shape)
+        local = rel(x, *tiling).local_shape(mesh)
+        attrs = {"dimension": dim, "is_stable": True, "comparator": "ascending"}
+        out.append(Lemma(f"sort-{'x'.join(map(str, shape))}-dim{dim}", "stablehlo.sort",
+                         [rel(x, *tiling)], results=[(local, "f32")], attrs=attrs, mesh=mesh))
+        iota = T.make_iota(shape, dim, "i32")
+        out.append(Lemma(f"argsort-{'x'.join(map(str, shape))}-dim{dim}", "stablehlo.sort",
+                         [rel(x, *tiling), rel(iota, *tiling)],
+                         results=[(local, "f32"), (local, "i32")], attrs=attrs, mesh=mesh))
     out += batching_lemmas()
     return out
 
@@ -1368,6 +1381,40 @@ def test_refutes_mhlo_topk_of_split_candidates() -> None:
     outs = [rel(make_top_k(x, 2, 0, "f32")), rel(make_top_k(x, 2, 1, "i32"))]
     refute("mhlo.topk", [rel(x, (), "tp")], outs, [((2, 2), "f32"), ((2, 2), "i32")],
            attrs={"k": 2})
+
+
+_SORT = {"dimension": 1, "is_stable": True, "comparator": "ascending"}
+
+
+def test_refutes_sort_of_split_rows_as_the_row_sort() -> None:
+    """Each device sorting its own block of a row is not the sorted row."""
+    from entangle_mlir.rules.sorting import make_sort
+
+    x = arg((2, 4))
+    refute("stablehlo.sort", [rel(x, (), "tp")], [rel(make_sort((x,), 1, 0), (), "tp")],
+           [((2, 2), "f32")], _SORT)
+
+
+def test_refutes_argsort_moving_another_operand() -> None:
+    """The indices follow the keys, not the keys of another tensor."""
+    from entangle_mlir.rules.sorting import make_sort
+
+    x, y = arg((4, 3)), arg((4, 3))
+    iota = T.make_iota((4, 3), 1, "i32")
+    refute("stablehlo.sort", [rel(x, "tp"), rel(iota, "tp")],
+           [rel(make_sort((x, iota), 1, 0), "tp"), rel(make_sort((y, iota), 1, 1), "tp")],
+           [((2, 3), "f32"), ((2, 3), "i32")], _SORT)
+
+
+def test_refuses_sorts_the_rules_must_not_relate() -> None:
+    for ins, attrs in (([rel(arg((2, 4)), (), "tp")], _SORT),
+                       ([rel(arg((4, 3)), partial=("tp",))], _SORT),
+                       ([rel(arg((4, 3)))], {**_SORT, "comparator": "other"}),
+                       ([rel(arg((4, 3))), rel(arg((4, 3)))], {**_SORT, "is_stable": False})):
+        lemma = Lemma("refused", "stablehlo.sort", ins,
+                      results=[((4, 3), "f32")] * len(ins), attrs=attrs)
+        outs = RULES["stablehlo.sort"](lemma.info(), ins, lemma.context())
+        assert all(isinstance(v, Opaque) for v in outs), outs
 
 
 def test_refuses_the_k_smallest() -> None:

@@ -335,6 +335,13 @@ MOVEMENT_CASES: list[tuple[str, Callable, tuple]] = [
      (np.int32(7), rand(2, 3))),  # out of range: clamped by jax to the last branch
     ("stablehlo.case", lambda a: lax.cond(jnp.any(a > 0), lambda x: x + 1, lambda x: x - 1, a),
      (rand(2, 3),)),
+    ("stablehlo.sort", lambda a: jnp.sort(a, axis=1), (rand(3, 5),)),
+    ("stablehlo.sort", lambda a: jnp.argsort(a, axis=0),  # ties: stable
+     (np.array([[1, 2, 2], [0, 2, 1], [1, 2, 0], [0, 1, 1]], np.float32),)),
+    ("stablehlo.sort", lambda a: jnp.sort(a, axis=-1),
+     (np.array([[3, -1, 2, -1], [7, 7, 0, 2]], np.int32),)),
+    ("stablehlo.sort", lambda a, b: lax.sort((a, b), dimension=1, num_keys=1),
+     (np.array([[1, 0, 1, 0]], np.float32), rand(1, 4))),
     ("chlo.top_k", lambda a: lax.top_k(a, 3), (rand(2, 3, 5),)),
     ("chlo.top_k", lambda a: lax.top_k(a, 4),  # ties: the lower index first
      (np.array([[1, 2, 2, 0, 2, 1], [3, 3, 3, 3, 3, 3]], np.float32),)),
@@ -793,6 +800,24 @@ def test_case_runs_the_last_branch_for_an_index_out_of_range(index: int) -> None
     branch, on XLA and in OP_SEMANTICS."""
     check(CASE_TEXT, np.int32(index), np.array([1.0, -2.0, 0.5], np.float32),
           expect="stablehlo.case", rtol=0, atol=0)
+
+
+def test_sort_on_symbolic_keys_matches_the_concrete_sort() -> None:
+    """The stable bubble network on z3 keys agrees with the direct stable sort (ties keep
+    their order), for the keys and an operand moved with them."""
+    from entangle_mlir.semantics.tensor import sort_ascending
+
+    rows = [[1, 2, 2, 0, 2], [3, 3, 1, 3, 0], [4, 3, 2, 1, 0], [1, 1, 1, 1, 1]]
+    xs = [z3.Real(f"x{j}") for j in range(5)]
+    tags = np.array([list(range(5))], dtype=object)
+    keys, moved = sort_ascending([np.array([xs], dtype=object), tags], 1)
+    for row in rows:
+        want_k, want_m = sort_ascending([np.array([row], dtype=object), tags], 1)
+        subst = [(x, z3.RealVal(v)) for x, v in zip(xs, row)]
+        got_k = [z3.simplify(z3.substitute(to_z3(v), *subst)).as_fraction() for v in keys[0]]
+        got_m = [z3.simplify(z3.substitute(to_z3(v), *subst)).as_long() for v in moved[0]]
+        assert got_k == list(want_k[0]) == sorted(row)
+        assert got_m == list(want_m[0]) == sorted(range(5), key=lambda j: row[j])
 
 
 def test_argmax_on_symbolic_elements_matches_the_concrete_fold() -> None:

@@ -51,6 +51,10 @@ def reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
         rhs[a["kernel_output_feature"]] = out[a["output_feature"]] = c(
             rhs[a["kernel_output_feature"]])
         return [tuple(lhs), tuple(rhs)], [tuple(out)]
+    if name == "stablehlo.sort" and ops and all(o == ops[0] for o in ops):
+        dim = a["dimension"]  # the sorted dim kept whole, the others capped
+        new = tuple(size if d == dim else c(size) for d, size in enumerate(ops[0]))
+        return [new] * len(ops), [new] * len(res)
     if name == "stablehlo.case":  # the index, then each branch's results, each one a result's
         new_res = [tuple(c(s) for s in r) for r in res]
         branch = ops[1:]
