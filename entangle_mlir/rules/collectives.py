@@ -152,6 +152,10 @@ def _all_gather_one(x: Rel, dim: int, axes: tuple[str, ...], ctx: RuleContext) -
         new[dim] = tiling[:len(tiling) - len(axes)]
         return replace(x, tiling=tuple(new))
     if set(axes) & set(x.partial):
+        if x.kind != "sum":
+            return Opaque(f"all_gather over {axes_str(axes)} of a partial {x.kind} over "
+                          f"{axes_str(x.partial)}: missing all_reduce before it",
+                          category="partial_mixed")
         return Opaque(f"all_gather over {axes_str(axes)} of a partial sum over "
                       f"{axes_str(x.partial)}: missing all_reduce/psum (or use reduce_scatter)",
                       category="partial_mixed")

@@ -78,7 +78,8 @@ def sort(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     first operand, read whole) along a dim that is not split: each device sorts whole rows of
     its block, so every other dim keeps its split (operands laid out alike). Refused: the
     sorted dim split (each device would sort its own block), a partial operand, another
-    comparator, an unstable sort of several operands (ties in any order)."""
+    comparator, an unstable sort (ties in any order: the operands moved with the keys, or -0 and
+    +0, which the comparator takes for equal)."""
     count = len(info.result_types)
 
     def refuse(why: str, category: str = "unsupported") -> list[Value]:
@@ -86,8 +87,8 @@ def sort(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
 
     if info.attrs.get("comparator") != "ascending":
         return refuse(f"not a supported sort: {info.attrs.get('region_problem', 'comparator')}")
-    if len(operands) > 1 and not info.attrs.get("is_stable"):
-        return refuse("an unstable sort of several operands (ties in an unspecified order)")
+    if not info.attrs.get("is_stable"):
+        return refuse("an unstable sort (ties, -0 and +0 among them, in an unspecified order)")
     if not all(isinstance(v, Rel) for v in operands):
         return refuse("sort of a device-dependent value")
     dim = int(info.attrs["dimension"])

@@ -34,6 +34,8 @@ REASONS: list[tuple[str, str, str]] = [
     (r"unsupported op|not supported yet",
      ("unsupported op or device-dependent tensor (convolution, reduce_precision, top_k custom "
      "calls, axis_index as data, any/or reductions)"), "unsupported"),
+    (r"all_gather over .* of a partial (max|min)", ("per-device answers (argmax, top-k "
+     "candidates) gathered by design called a gather of a partial max"), "claims a bug"),
     (r"the layout tier does not relate per-block answers",
      "argmax over a split dim (per-device answers combined by the program)", "unsupported"),
     (r"compare of i32 values plus a device offset",

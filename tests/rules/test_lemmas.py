@@ -1410,7 +1410,8 @@ def test_refuses_sorts_the_rules_must_not_relate() -> None:
     for ins, attrs in (([rel(arg((2, 4)), (), "tp")], _SORT),
                        ([rel(arg((4, 3)), partial=("tp",))], _SORT),
                        ([rel(arg((4, 3)))], {**_SORT, "comparator": "other"}),
-                       ([rel(arg((4, 3))), rel(arg((4, 3)))], {**_SORT, "is_stable": False})):
+                       ([rel(arg((4, 3))), rel(arg((4, 3)))], {**_SORT, "is_stable": False}),
+                       ([rel(arg((4, 3)))], {**_SORT, "is_stable": False})):
         lemma = Lemma("refused", "stablehlo.sort", ins,
                       results=[((4, 3), "f32")] * len(ins), attrs=attrs)
         outs = RULES["stablehlo.sort"](lemma.info(), ins, lemma.context())
