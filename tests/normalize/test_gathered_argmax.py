@@ -23,8 +23,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from entangle_mlir.driver import check_texts
-from entangle_mlir.jax import check_partitioned, expected_per_device, lower_partitioned
-from entangle_mlir.jax import run_per_device
+from entangle_mlir.jax import (
+    check_partitioned,
+    expected_per_device,
+    lower_partitioned,
+    run_per_device,
+)
 from entangle_mlir.mlir.ir import parse_module
 from tests.rules.grounding import ArgDef, assert_bug, assert_correct, pair
 
