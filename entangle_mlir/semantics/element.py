@@ -643,6 +643,31 @@ def wrap_shift(x: Element, offset: Element, dtype: str) -> Element:
     return z3.If(total < lo, total + span, total)
 
 
+MAX_PERIODS = 4
+"""The most ranges of its dtype a value may span for `wrap_int` to correct it by If-chains
+(beyond: z3's modulo)."""
+
+
+def range_periods(dtype: str, low: int, high: int) -> int | None:
+    """How many ranges of integer `dtype` a value known to lie in [low, high] can leave (the
+    `periods` of `wrap_int`), or None: unknown dtype, or more than `MAX_PERIODS`."""
+    limits = int_limits(dtype)
+    if limits is None:
+        return None
+    lo, hi = limits
+    span = hi - lo + 1
+    periods = max(-((low - lo) // span), -((hi - high) // span), 0)
+    return periods if periods <= MAX_PERIODS else None
+
+
+def sum_periods(dtype: str, count: int) -> int | None:
+    """`range_periods` of a sum of `count` values of integer `dtype`."""
+    limits = int_limits(dtype)
+    if limits is None:
+        return None
+    return range_periods(dtype, count * limits[0], count * limits[1])
+
+
 def wrap_int(x: Element, dtype: str, periods: int | None = None) -> Element:
     """`x` reduced into the range of integer `dtype` modulo 2^N (the value a device computes:
     integer arithmetic wraps around). Symbolic values in range are kept as they are.

@@ -24,6 +24,8 @@ from entangle_mlir.semantics.element import (
     is_bool_dtype,
     is_int_dtype,
     mul,
+    range_periods,
+    sum_periods,
 )
 from entangle_mlir.semantics.ops import ELEMENTWISE, OP_SEMANTICS, WRAPPED_OPS
 from entangle_mlir.semantics.tensor import (
@@ -83,10 +85,16 @@ def wrap_node(term: Term, value: Array) -> Array:
 
 
 def _lin_periods(term: Term) -> int | None:
-    """How many ranges of its dtype a `lin` of values of the dtype can leave (None: unknown
-    or not a lin): a few exact corrections then replace z3's modulo."""
+    """How many ranges of its dtype a `lin` or `reduce_sum` of values of the dtype can leave
+    (None: unknown, or not such a node): a few exact corrections then replace z3's modulo."""
     limits = int_limits(term.dtype)
-    if term.op != "lin" or limits is None:
+    if limits is None:
+        return None
+    if term.op == "reduce_sum":
+        if term.args[0].dtype != term.dtype:
+            return None
+        return sum_periods(term.dtype, math.prod(term.args[0].shape[d] for d in term.attrs[0]))
+    if term.op != "lin":
         return None
     constant, coefs = term.attrs
     lo, hi = limits
@@ -96,9 +104,7 @@ def _lin_periods(term: Term) -> int | None:
     for k in coefs:
         low += min(k * lo, k * hi)
         high += max(k * lo, k * hi)
-    span = hi - lo + 1
-    periods = max(-((low - lo) // span), -((hi - high) // span), 0)
-    return periods if periods <= 4 else None
+    return range_periods(term.dtype, low, high)
 
 
 def evaluate_term(term: Term, env: TermEnv, memo: dict[int, Array] | None = None) -> Array:

@@ -49,6 +49,7 @@ from entangle_mlir.semantics.element import (
     select,
     sign,
     sub,
+    sum_periods,
     transcendental,
     wrap_int,
     wrap_shift,
@@ -125,6 +126,11 @@ def _wrapped_local(fn: LocalFn) -> LocalFn:
         if info.attrs.get("reducer") in ("argmax", "argmin"):
             return results  # a selection of its operands' elements: nothing to wrap
         periods = _NEAR_OPS.get(info.name)
+        if info.name == "stablehlo.reduce" and info.attrs.get("reducer") == "add" and len(
+                info.operand_types) == 2:  # a sum of the reduced elements and the init
+            shape = info.operand_types[0].shape
+            periods = sum_periods(info.result_types[0].dtype, 1 + math.prod(
+                shape[d] for d in info.attrs["dimensions"]))
         if periods is not None and any(int_limits(t.dtype) is None or t.dtype !=
                                        info.result_types[0].dtype for t in info.operand_types):
             periods = None

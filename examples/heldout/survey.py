@@ -32,8 +32,8 @@ REASONS: list[tuple[str, str, str]] = [
     (r"^in the reference: ", "an op of the reference unsupported (argmax, lax.switch, ...)",
      "unsupported"),
     (r"unsupported op|not supported yet",
-     ("unsupported op or device-dependent tensor (convolution, reduce_precision, top_k custom "
-     "calls, axis_index as data, any/or reductions)"), "unsupported"),
+     ("unsupported op or device-dependent tensor (ApproxTopK custom calls, axis_index as "
+     "data)"), "unsupported"),
     (r"all_gather over .* of a partial (max|min)", ("per-device answers (argmax, top-k "
      "candidates) gathered by design called a gather of a partial max"), "claims a bug"),
     (r"the layout tier does not relate per-block answers",

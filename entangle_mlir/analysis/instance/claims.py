@@ -40,11 +40,12 @@ from entangle_mlir.semantics.element import (
     is_z3,
     monotone_hypotheses,
     sum_list,
+    sum_periods,
     to_z3,
 )
 from entangle_mlir.semantics.evaluate import evaluate_term
 from entangle_mlir.semantics.ops import OP_SEMANTICS
-from entangle_mlir.semantics.tensor import apply, full, obj_array, wrap_node_dtype
+from entangle_mlir.semantics.tensor import apply, full, obj_array, wrap_array
 
 
 def _local_claims(results: dict, j: int, expected: dict) -> list:
@@ -246,7 +247,8 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                 reduced = apply(lambda *xs, kind=kind: combine(kind, list(xs)),
                                 *(results[m][j] for m in group))
                 if kind == "sum":  # the all_reduce that completes it sums in the dtype
-                    reduced = wrap_node_dtype(reduced, value.term.dtype)
+                    reduced = wrap_array(reduced, value.term.dtype,
+                                         sum_periods(value.term.dtype, len(group)))
             else:
                 reduced = results[group[0]][j]
             claims.extend(equal(x, y) for x, y in zip(reduced.reshape(-1),

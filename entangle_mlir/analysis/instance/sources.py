@@ -19,6 +19,7 @@ from entangle_mlir.semantics.element import (
     int_limits,
     is_bool_dtype,
     is_int_dtype,
+    range_periods,
     sub,
     sum_list,
     to_z3,
@@ -68,8 +69,12 @@ class Symbolic:
         """`count` local values whose `kind`-reduction is `block` (every such split)."""
         if kind == "sum":
             locals_ = [self.tensor(f"{name}.{j}", block.shape, dtype) for j in range(count - 1)]
-            # integers: the last piece is the one value of the dtype congruent mod 2^N
-            rest = apply(lambda b, *xs: wrap_int(sub(b, sum_list(list(xs))), dtype),
+            # integers: the last piece is the one value of the dtype congruent mod 2^N (the
+            # block minus count - 1 values of the dtype: within a few of its ranges)
+            limits = int_limits(dtype)
+            periods = None if limits is None else range_periods(
+                dtype, limits[0] - (count - 1) * limits[1], limits[1] - (count - 1) * limits[0])
+            rest = apply(lambda b, *xs: wrap_int(sub(b, sum_list(list(xs))), dtype, periods),
                          block, *locals_)
             return locals_ + [rest]
         if kind in ("max", "min"):
