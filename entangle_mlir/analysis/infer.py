@@ -54,6 +54,7 @@ from entangle_mlir.mlir.program import mesh_from_attr, read_meshes
 from entangle_mlir.normalize.validate import grid
 from entangle_mlir.rules import RuleContext
 from entangle_mlir.rules.common import freeze, resize
+from entangle_mlir.rules.control import CASE
 from entangle_mlir.rules.dispatch import apply_rule, settle, settle_operands
 
 _TERMINATORS = ("func.return", "stablehlo.return", "sdy.return")
@@ -223,6 +224,9 @@ class Walker:
             if op.name == "stablehlo.while":
                 self._while(op, ctx)
                 continue
+            if op.name == CASE:
+                self._case(op, ctx)
+                continue
             self._op(op, ctx)
 
     def _sources(self, values) -> list[OpRecord | None]:
@@ -260,6 +264,37 @@ class Walker:
         record.outputs = outputs
         for result, value in zip(results, outputs):
             values[result] = value
+
+    def _case(self, op: ir.Operation, ctx: RuleContext) -> None:
+        """lax.switch / lax.cond: every branch's region walked whole (each op by its rule, as
+        any op), then the results from the index and the branches' results by the case rule
+        (`rules/control.py`: the select chain on a device-independent index). Its record's
+        inputs are the index and each branch's results, so the instance check sees both."""
+        info = describe(op, self.file)
+        branches, sources = [], self._sources(op.operands)
+        types = list(info.operand_types)
+        for region in op.regions:
+            block = region.blocks[0]
+            self._block(block, ctx)
+            terminator = block.operations[len(block.operations) - 1].operation
+            branches.append([settle(self.walk.values.get(v)) for v in terminator.operands])
+            sources.extend(self._sources(terminator.operands))
+            types.extend(tensor_type(v.type) for v in terminator.operands)
+        inputs = settle_operands([self.walk.values[op.operands[0]]], CASE) + \
+            [v for branch in branches for v in branch]
+        case_info = replace(info, attrs={**info.attrs, "branches": len(branches)},
+                            operand_types=types)
+        local = RuleContext(ctx.mesh, ctx.manual_axes, reference=ctx.reference)
+        outputs = apply_rule(case_info, inputs, local, False, len(op.results))
+        record = self._record(case_info, inputs, [], local)
+        record.sources = sources
+        for result in op.results:
+            self.producer[result] = record
+        outputs = [v if type(v) is Rel and not v.partial else self._stamp(v, record, inputs)
+                   for v in outputs]
+        record.outputs = outputs
+        for result, value in zip(op.results, outputs):
+            self.walk.values[result] = value
 
     def _while(self, op: ir.Operation, ctx: RuleContext) -> None:
         """A loop as a fixpoint over layouts: walk the body once with symbolic loop variables

@@ -24,6 +24,12 @@ FLOAT_FORMATS: dict[str, tuple[int, int, int]] = {
 """Float dtype -> (significand bits including the implicit one, least normal exponent,
 greatest exponent). A float dtype missing here is never taken to hold another's values."""
 
+FORMAT_BITS: dict[str, tuple[int, int]] = {
+    "f64": (11, 52), "f32": (8, 23), "bf16": (8, 7), "f16": (5, 10),
+}
+"""Float dtype -> (exponent bits, explicit mantissa bits): the fields `reduce_precision`
+compares its format with (XLA's `ReducePrecision` works on the bit pattern)."""
+
 INT_BITS: dict[str, tuple[int, bool]] = {
     "i8": (8, True), "i16": (16, True), "i32": (32, True), "i64": (64, True),
     "si8": (8, True), "si16": (16, True), "si32": (32, True), "si64": (64, True),
@@ -93,7 +99,18 @@ def round_to(value: Fraction | float, dtype: str) -> Fraction | float:
     if x == 0:
         return Fraction(0)
     sign = -1 if x < 0 else 1
-    x = abs(x)
+    rounded = _round_significand(abs(x), precision, emin)
+    largest = (2 - Fraction(2) ** (1 - precision)) * Fraction(2) ** emax
+    if dtype == "f8E4M3FN":
+        largest = Fraction(448)
+    if rounded > largest:
+        return sign * math.inf
+    return sign * rounded
+
+
+def _round_significand(x: Fraction, precision: int, emin: int) -> Fraction:
+    """Positive `x` rounded to `precision` significant bits (ties to even), at the quantum of
+    exponent `emin` below it (subnormals); no upper limit."""
     exponent = x.numerator.bit_length() - x.denominator.bit_length()
     if Fraction(2) ** exponent > x:
         exponent -= 1
@@ -103,10 +120,44 @@ def round_to(value: Fraction | float, dtype: str) -> Fraction | float:
     rest = steps - whole
     if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and whole % 2 == 1):
         whole += 1
-    rounded = whole * quantum
-    largest = (2 - Fraction(2) ** (1 - precision)) * Fraction(2) ** emax
-    if dtype == "f8E4M3FN":
-        largest = Fraction(448)
-    if rounded > largest:
+    return whole * quantum
+
+
+def reduce_precision_is_identity(dtype: str, exponent_bits: int, mantissa_bits: int) -> bool:
+    """`reduce_precision` to (exponent_bits, mantissa_bits) keeps every value of `dtype`: the
+    format has at least the dtype's exponent and mantissa bits (XLA then leaves the bits as
+    they are). A dtype missing from `FORMAT_BITS` is never taken to be kept."""
+    bits = FORMAT_BITS.get(dtype)
+    return bits is not None and exponent_bits >= bits[0] and mantissa_bits >= bits[1]
+
+
+def reduce_precision(value: Fraction | float, dtype: str, exponent_bits: int,
+                     mantissa_bits: int) -> Fraction | float:
+    """StableHLO's `reduce_precision` of a value of float `dtype`, exactly as XLA computes it
+    on the bit pattern: the significand rounded to `mantissa_bits` (ties to even; the
+    dtype's subnormals at their own quantum), then, when the format has fewer exponent bits
+    than the dtype, magnitudes at or above 2^(bias + 1) become +-inf and those below the
+    format's least normal 2^(1 - bias) become zero (no subnormals; bias = 2^(e-1) - 1).
+    Infinities and NaN are returned as they are (the sign of a zero is not kept: values are
+    exact numbers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    bits, fmt = FORMAT_BITS.get(dtype), FLOAT_FORMATS.get(dtype)
+    if bits is None or fmt is None:
+        raise ValueError(f"no float format for {dtype}")
+    x = Fraction(value)
+    if x == 0:
+        return Fraction(0)
+    sign = -1 if x < 0 else 1
+    x = abs(x)
+    if mantissa_bits < bits[1]:
+        x = _round_significand(x, mantissa_bits + 1, fmt[1])
+    if exponent_bits < bits[0]:
+        bias = (1 << (exponent_bits - 1)) - 1
+        if x >= Fraction(2) ** (bias + 1):
+            return sign * math.inf
+        if x < Fraction(2) ** (1 - bias):
+            return Fraction(0)
+    elif x >= Fraction(2) ** (fmt[2] + 1):
         return sign * math.inf
-    return sign * rounded
+    return sign * x

@@ -2,7 +2,8 @@
 
 A sharded SSA value gets one of:
 
-* `Rel(term, tiling, partial, kind, poly)`: on device c, reducing the value with `kind` over the
+* `Rel(term, tiling, partial, kind, poly)`: on device c, reducing the value with `kind` (sum,
+  max or min; on booleans max is or and min is and: any / all over a split dim) over the
   devices that differ from c only on the `partial` axes gives block(term, c), where dim i of the
   global `term` is split by the mesh axes `tiling[i]` (major first) and every other axis
   replicates it. `poly` dims were created or widened by a broadcast at the local shape: they take

@@ -1519,6 +1519,9 @@ def _term_interval_of(term: Term, args: list[Interval]) -> Interval:
         return hull(args)
     if op in _INTERVAL_FIRST:
         return args[0]
+    if op in ("argmax", "argmin"):  # a value (an index) of the operand, or the init's
+        result = term.attrs[1]
+        return hull([args[result], args[result + 2]])
     if op == "stablehlo.dynamic_update_slice":
         return hull(args[:2])
     if op == "reduce_sum":
@@ -1624,6 +1627,10 @@ def pretty(term: Term, depth: int = 6, names: dict[int, str] | None = None) -> s
     if term.op == "chlo.top_k":
         k, result = term.attrs
         return f"top_k({sub[0]}, k={k}).{'indices' if result else 'values'}"
+    if term.op in ("argmax", "argmin"):
+        dims, result = term.attrs
+        return (f"{term.op}({sub[0]}, {sub[1]}, dims={list(dims)}, init=({sub[2]}, {sub[3]}))"
+                f".{'indices' if result else 'values'}")
     name = term.op.split(".")[-1]
     if term.op == "stablehlo.compare" and len(term.attrs) > 1:
         name += f"[{term.attrs[1]}]"  # a compare type other than the element type's default

@@ -82,6 +82,7 @@ ELEMENTWISE_OPS: dict[str, Traits] = {
     "stablehlo.select": Traits(3, concat=True, bounds=True),
     # conversion
     "stablehlo.convert": Traits(1, concat=True, bounds=True),
+    "stablehlo.reduce_precision": Traits(1),
     # chlo (jax lowers these without decomposing them)
     "chlo.erf": Traits(1, bounds=True),
     "chlo.square": Traits(1, "mul", bounds=True),

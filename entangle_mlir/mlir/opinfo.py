@@ -133,6 +133,8 @@ def region_kind(op) -> tuple[str, str]:
     element_types |= {_element(t) for t in op.results.types}
     if not len(op.regions) or len(op.regions[0].blocks) != 1:
         return "other", f"{short} without a one-block computation region"
+    if inputs == 2 and name == "stablehlo.reduce":
+        return arg_reduction_kind(op)
     if inputs != 1:
         return "other", (f"{short} with {inputs} inputs (a variadic reducer such as argmax): "
                          "its region is not read as a plain reduction")
@@ -181,6 +183,124 @@ def region_kind(op) -> tuple[str, str]:
         return "other", (f"{short}'s region returns {inner.name}({names}), not "
                          f"{inner.name}(%arg0, %arg1)")
     return kind, ""
+
+
+def arg_reduction_kind(op) -> tuple[str, str]:
+    """(kind, why) of a reduce over (values, indices): `argmax` or `argmin` when its region is
+    exactly jax's comparator (`lax.argmax` / `argmin`), read whole up to the order of its ops
+    and of commutative operands; else `other`, with what the region does instead.
+
+    With block arguments (v, i) the accumulator and (w, j) the new pair, jax's argmax region
+    is `p = v > w or v != v` (NaN wins), returns `select(p, v, w)` and
+    `select(p or (v == w and i < j), i, j)`: the larger value, on ties the first index. A
+    region that keeps the last index on ties (`i > j`), compares with `>=`, returns the values
+    crossed, or orders compares in another compare type computes another function."""
+    block = op.regions[0].blocks[0]
+    args = list(block.arguments)
+    body = [o.operation for o in block.operations]
+    operands = list(op.operands)
+    if len(args) != 4 or not body or len(body[-1].operands) != 2 or len(op.results) != 2:
+        return "other", "reduce over two inputs whose region is not a (value, index) selection"
+    value_type, index_type = (_element(v.type) for v in operands[:2])
+    if [_element(a.type) for a in args] != [value_type, index_type] * 2 or any(
+            str(a.type) != f"tensor<{_element(a.type)}>" for a in args):
+        return "other", "reduce over two inputs whose region computes in other types"
+    if not index_type.startswith(("i", "si", "ui")) or index_type == "i1":
+        return "other", f"reduce over two inputs whose second input is {index_type}, not indices"
+    got = tuple(_expression(v, args) for v in body[-1].operands)
+    for kind, direction in (("argmax", "GT"), ("argmin", "LT")):
+        if got == _arg_template(direction, value_type, index_type):
+            return kind, ""
+    return "other", ("reduce over (values, indices) whose region is not jax's argmax/argmin "
+                     "comparator (the larger/smaller value, on ties the first index)")
+
+
+def sort_comparator(op) -> tuple[str, str]:
+    """(kind, why) of a sort's comparator region, read whole: `ascending` when it is jax's
+    (`lax.sort`, `jnp.sort`, `argsort`: the first operand's elements compared with `<`, on
+    floats after mapping -0 to +0 and every NaN to one NaN, with TOTALORDER -- an order on
+    numbers where -0 and +0 are equal and NaNs come last; on integers a plain `<`), reading
+    only the first operand's pair (the others move with it); else `other`, with why."""
+    block = op.regions[0].blocks[0]
+    args = list(block.arguments)
+    body = [o.operation for o in block.operations]
+    if len(args) != 2 * len(op.operands) or not body or len(body[-1].operands) != 1:
+        return "other", "sort whose comparator is not a predicate on pairs of elements"
+    key = _element(op.operands[0].type)
+    got = _expression(body[-1].operands[0], args)
+    a, b = ("arg", 0), ("arg", 1)
+    if key.startswith(("i", "si", "ui")) and key != "i1":
+        template = _compare_expression("LT", default_compare_type(key), a, b)
+    elif key in ("f32", "f16", "bf16", "f64"):
+        template = _compare_expression("LT", "TOTALORDER", _canonical_float(a, key),
+                                       _canonical_float(b, key))
+    else:
+        return "other", f"sort of {key} keys"
+    if got != template:
+        return "other", ("sort whose comparator is not jax's ascending order on the first "
+                         "operand")
+    return "ascending", ""
+
+
+_FLOAT_CONSTANTS = {"f32": ("0.000000e+00", "0x7FC00000"), "f64": ("0.000000e+00",
+                                                                  "0x7FF8000000000000"),
+                    "f16": ("0.000000e+00", "0x7E00"), "bf16": ("0.000000e+00", "0x7FC0")}
+
+
+def _canonical_float(x: tuple, dtype: str) -> tuple:
+    """jax's comparator input: `select(x != x, NaN, select(x == 0, 0, x))`."""
+    zero, nan = (("const", f"dense<{c}> : tensor<{dtype}>") for c in _FLOAT_CONSTANTS[dtype])
+    unsigned = ("select", _compare_expression("EQ", "FLOAT", x, zero), zero, x)
+    return ("select", _compare_expression("NE", "FLOAT", x, x), nan, unsigned)
+
+
+def _arg_template(direction: str, value_type: str, index_type: str) -> tuple:
+    """The `_expression`s jax's argmax (`GT`) / argmin (`LT`) region returns."""
+    v, i, w, j = (("arg", k) for k in range(4))
+    vt, it = default_compare_type(value_type), default_compare_type(index_type)
+    first = _compare_expression(direction, vt, v, w)
+    picked = _commutative("stablehlo.or", [first, _compare_expression("NE", vt, v, v)])
+    tie = _commutative("stablehlo.and", [_compare_expression("EQ", vt, v, w),
+                                         _compare_expression("LT", it, i, j)])
+    return (("select", picked, v, w),
+            ("select", _commutative("stablehlo.or", [picked, tie]), i, j))
+
+
+def _compare_expression(direction: str, ctype: str, a: tuple, b: tuple) -> tuple:
+    """A compare with its operands in a canonical order (the direction flipped to match)."""
+    flipped = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE", "EQ": "EQ", "NE": "NE"}
+    if repr(b) < repr(a):
+        a, b, direction = b, a, flipped[direction]
+    return ("compare", direction, ctype, a, b)
+
+
+def _commutative(name: str, operands: list[tuple]) -> tuple:
+    return (name, *sorted(operands, key=repr))
+
+
+def _expression(value, args: list, depth: int = 0) -> tuple:
+    """A region value as a canonical nested tuple: block arguments by position, compares,
+    and / or (operands sorted) and select; anything else names itself and stops the match."""
+    for k, a in enumerate(args):
+        if a == value:
+            return ("arg", k)
+    owner = value.owner
+    op = getattr(owner, "operation", owner)
+    name = getattr(op, "name", "?")
+    if depth > 8:
+        return ("too deep",)
+    ins = [_expression(v, args, depth + 1) for v in op.operands] if hasattr(op, "operands") \
+        else []
+    if name == "stablehlo.compare" and len(ins) == 2:
+        direction = _DIRECTION.search(str(op.attributes["comparison_direction"])).group(1)
+        return _compare_expression(direction, compare_type(op), ins[0], ins[1])
+    if name in ("stablehlo.or", "stablehlo.and") and len(ins) == 2:
+        return _commutative(name, ins)
+    if name == "stablehlo.select" and len(ins) == 3:
+        return ("select", *ins)
+    if name == "stablehlo.constant":
+        return ("const", str(op.attributes["value"]))
+    return ("op", name, *ins)
 
 
 def _element(t) -> str:
@@ -360,6 +480,13 @@ def describe(op, default_file: str = "-") -> OpInfo:
         text = str(attributes["comparison_direction"])
         attrs["comparison_direction"] = _DIRECTION.search(text).group(1)
         attrs["compare_type"] = compare_type(op)
+    elif name == "stablehlo.sort":
+        attrs["comparator"], why = sort_comparator(op)
+        if why:
+            attrs["region_problem"] = why
+    elif name == "stablehlo.convolution":
+        attrs.update(_conv_dimensions(attributes["dimension_numbers"]))
+        del attrs["dimension_numbers"]
     elif name in _REDUCING:
         attrs["reducer"], why = region_kind(op)
         if why:
@@ -402,6 +529,50 @@ def _dot_dimensions(attr) -> dict:
                                    "lhs_contract": tuple(dims.lhs_contracting_dimensions),
                                    "rhs_contract": tuple(dims.rhs_contracting_dimensions)}
     return found
+
+
+def _conv_dimensions(attr) -> dict:
+    """A convolution's dimension numbers as `input_batch`, ... (remembered by attribute)."""
+    key = ("conv", attr)
+    found = _CONVERTED.get(key)
+    if found is None:
+        from jaxlib.mlir.dialects import stablehlo  # lazy: no bindings at import (rules)
+
+        dims = stablehlo.ConvDimensionNumbers(attr)
+        found = _CONVERTED[key] = {
+            "input_batch": dims.input_batch_dimension,
+            "input_feature": dims.input_feature_dimension,
+            "input_spatial": tuple(dims.input_spatial_dimensions),
+            "kernel_input_feature": dims.kernel_input_feature_dimension,
+            "kernel_output_feature": dims.kernel_output_feature_dimension,
+            "kernel_spatial": tuple(dims.kernel_spatial_dimensions),
+            "output_batch": dims.output_batch_dimension,
+            "output_feature": dims.output_feature_dimension,
+            "output_spatial": tuple(dims.output_spatial_dimensions)}
+    return found
+
+
+CONV_DIMENSIONS = ("input_batch", "input_feature", "input_spatial", "kernel_input_feature",
+                   "kernel_output_feature", "kernel_spatial", "output_batch", "output_feature",
+                   "output_spatial")
+"""A convolution's dimension numbers as `describe` names them."""
+
+
+def conv_attrs(info: OpInfo) -> dict:
+    """A convolution's attributes complete: the dimension numbers, and the window attributes
+    with StableHLO's defaults filled in (strides and dilations 1, no padding, no reversal,
+    one feature and batch group)."""
+    a = info.attrs
+    n = len(a["input_spatial"])
+    out = {key: a[key] for key in CONV_DIMENSIONS}
+    out["window_strides"] = tuple(a.get("window_strides") or (1,) * n)
+    out["padding"] = tuple(tuple(int(v) for v in p) for p in (a.get("padding") or [[0, 0]] * n))
+    out["lhs_dilation"] = tuple(a.get("lhs_dilation") or (1,) * n)
+    out["rhs_dilation"] = tuple(a.get("rhs_dilation") or (1,) * n)
+    out["window_reversal"] = tuple(bool(r) for r in (a.get("window_reversal") or (False,) * n))
+    out["feature_group_count"] = int(a.get("feature_group_count", 1))
+    out["batch_group_count"] = int(a.get("batch_group_count", 1))
+    return out
 
 
 _REDUCING = frozenset({"stablehlo.reduce", "stablehlo.all_reduce", "stablehlo.reduce_scatter",

@@ -271,6 +271,15 @@ def _may_overflow(op: ir.Operation) -> bool:
     return wide is None or narrow is None or wide[2] > narrow[2]
 
 
+def _precision_kept(op: ir.Operation) -> bool:
+    """A reduce_precision that keeps every value (else a finite value may round to +-inf:
+    past the format's exponent range, or the dtype's largest value rounded up)."""
+    dtype = str(ir.RankedTensorType(op.results[0].type).element_type)
+    return precision.reduce_precision_is_identity(
+        dtype, ir.IntegerAttr(op.attributes["exponent_bits"]).value,
+        ir.IntegerAttr(op.attributes["mantissa_bits"]).value)
+
+
 _OVERFLOWING = frozenset({
     "stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
     "stablehlo.power", "stablehlo.dot_general", "stablehlo.exponential",
@@ -350,9 +359,11 @@ def _kinds_of(value, op: ir.Operation | None, memo: dict) -> int:
         return args[2]
     if name == "stablehlo.convert" and _may_overflow(op):
         return _union(args) | NEG | POS
+    if name == "stablehlo.reduce_precision":
+        return _union(args) | (0 if _precision_kept(op) else NEG | POS)
     if name in _CARRY:
         return _union(args[1:] if name == "stablehlo.select" else args)
-    if name == "chlo.top_k":
+    if name in ("chlo.top_k", "mhlo.topk"):
         return args[0]
     if name in ("stablehlo.gather", "stablehlo.dynamic_update_slice"):
         return _union([args[0], *args[1:2]] if name == "stablehlo.dynamic_update_slice"

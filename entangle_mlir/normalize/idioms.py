@@ -118,7 +118,7 @@ def drop_identity_converts(module: ir.Module, ops: list | None = None) -> int:
 
 
 REWRITES = {
-    "stablehlo.reduce": lambda op: _gathered_sum(op),
+    "stablehlo.reduce": lambda op: _gathered_sum(op) or _gathered_argmax(op),
     "stablehlo.multiply": lambda op: _rescaled_exp_sum(op),
     "stablehlo.add": lambda op: _shifted_lse(op) or _online_sum(op),
     "stablehlo.maximum": lambda op: _online_max(op),
@@ -302,6 +302,86 @@ def _gathered_sum(reduce: ir.Operation) -> int:
         reduce.results[0].replace_all_uses_with(flat)
         erase_and_prune(reduce)
     return 1
+
+
+def _gathered_argmax(reduce: ir.Operation) -> int:
+    """argmax (argmin) of the devices' argmax answers, gathered (XLA's partitioning of
+    `jnp.argmax` over a split dim): `R2(all_gather(v1), all_gather(i1))` over the gathered unit
+    dim, where (v1, i1) = `R1(X, I)` with the same comparator and init, is `R1` over the
+    gathered `X` and `I`: each device's answer is the pair largest in (value, -index) among its
+    candidates and the init, so the answer over the answers is the one over every device's
+    candidates (the comparator only selects: exact on numbers, in any order). The gathered
+    indices are the global ones exactly when each device's `I` numbered its block globally."""
+    if len(reduce.operands) != 4 or len(reduce.results) != 2:
+        return 0
+    gathers = [defining_op(v) for v in reduce.operands[:2]]
+    if any(g is None or g.name != "stablehlo.all_gather" or len(g.operands) != 1
+           for g in gathers):
+        return 0
+    g_v, g_i = gathers
+    g = g_v.attributes["all_gather_dim"].value
+    if g_i.attributes["all_gather_dim"].value != g or i64s(reduce, "dimensions") != [g] or any(
+            str(g_v.attributes.get(name)) != str(g_i.attributes.get(name))
+            for name in ("replica_groups", "use_global_device_ids")) or any(
+            ("channel_handle" in x.attributes) != ("channel_handle" in g_v.attributes)
+            for x in gathers):
+        return 0
+    pieces = [defining_op(x.operands[0]) for x in gathers]
+    if any(p is None or not _adds_unit_dim(p, g) for p in pieces):
+        return 0
+    first = defining_op(pieces[0].operands[0])
+    if first is None or first.name != "stablehlo.reduce" or len(first.operands) != 4 or [
+            defining_op(p.operands[0]) for p in pieces] != [first, first] or [
+            p.operands[0] for p in pieces] != list(first.results):
+        return 0
+    for piece, result in zip(pieces, first.results):
+        unit = list(shape_of(piece.results[0]))
+        if len(unit) <= g or unit[g] != 1 or unit[:g] + unit[g + 1:] != list(shape_of(result)):
+            return 0
+    kind = reducer_kind(reduce)
+    if kind not in ("argmax", "argmin") or reducer_kind(first) != kind or not all(
+            _same_constant(a, b) for a, b in zip(reduce.operands[2:], first.operands[2:])):
+        return 0
+    d = i64s(first, "dimensions")[0]
+    with ir.InsertionPoint(reduce), reduce.location:
+        whole = []
+        for x in first.operands[:2]:
+            shape = list(shape_of(x))
+            shape[d] *= shape_of(g_v.results[0])[g]
+            element = ir.RankedTensorType(x.type).element_type
+            gathered = stablehlo.AllGatherOp([ir.RankedTensorType.get(shape, element)], [x],
+                                             ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
+                                                                d),
+                                             g_v.attributes["replica_groups"])
+            for name in ("channel_handle", "use_global_device_ids"):
+                _copy_attr(g_v, gathered.operation, name)
+            whole.append(gathered.results[0])
+    for k, value in enumerate(whole):
+        reduce.operands[k] = value
+    reduce.attributes["dimensions"] = first.attributes["dimensions"]
+    for x in gathers:
+        erase_and_prune(x)
+    return 1
+
+
+def _adds_unit_dim(op: ir.Operation, g: int) -> bool:
+    """`op` only inserts a dim of size 1 at `g` (a reshape, or jax's `v[:, None]`: a
+    broadcast_in_dim onto every other dim, in order)."""
+    shape = list(shape_of(op.results[0]))
+    if len(shape) <= g or shape[g] != 1:
+        return False
+    if op.name == "stablehlo.reshape":
+        return True
+    if op.name != "stablehlo.broadcast_in_dim":
+        return False
+    return i64s(op, "broadcast_dimensions") == [d for d in range(len(shape)) if d != g]
+
+
+def _same_constant(a, b) -> bool:
+    """Two values are the same constant (a splat init of a reduce)."""
+    x, y = defining_op(a), defining_op(b)
+    return (x is not None and y is not None and x.name == y.name == "stablehlo.constant"
+            and a.type == b.type and x.attributes["value"] == y.attributes["value"])
 
 
 def _shifted_exp_sum(value):

@@ -11,6 +11,7 @@ from __future__ import annotations
 from entangle_mlir.rules.base import Rule, RuleContext
 from entangle_mlir.rules.collectives import COLLECTIVE_RULES
 from entangle_mlir.rules.contraction import CONTRACTION_RULES
+from entangle_mlir.rules.control import CONTROL_RULES
 from entangle_mlir.rules.elementwise import ELEMENTWISE_RULES
 from entangle_mlir.rules.gather_scatter import GATHER_SCATTER_RULES
 from entangle_mlir.rules.index import INDEX_RULES
@@ -27,6 +28,7 @@ FAMILIES: dict[str, dict[str, Rule]] = {
     "index": INDEX_RULES,
     "gather_scatter": GATHER_SCATTER_RULES,
     "sorting": SORTING_RULES,
+    "control": CONTROL_RULES,
 }
 
 RULES: dict[str, Rule] = {name: rule for table in FAMILIES.values()

@@ -9,15 +9,14 @@ from dataclasses import replace
 from entangle_mlir.core import precision
 from entangle_mlir.core.mesh import axes_str
 from entangle_mlir.core.relations import Opaque, Permuted, Rel, Value, Windowed
-from entangle_mlir.core.terms import intern, make_reshape, make_roll, make_transpose, scale
+from entangle_mlir.core.terms import make_reshape, make_roll, make_transpose, scale
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.rules.common import freeze, sum_term
+from entangle_mlir.rules.common import freeze
 from entangle_mlir.rules.kinds.window import as_window, cyclic_shifts, permute_window
+from entangle_mlir.rules.reduction import reduce_term, reduction_kind
 from entangle_mlir.rules.reduction import unsupported_reducer as _unsupported_reducer
 from entangle_mlir.semantics.groups import GroupError, permute_pairs, process_groups
-
-_KIND = {"add": "sum", "max": "max", "min": "min"}
 
 
 def group_axes(info: OpInfo, ctx: RuleContext, ordered: bool = True
@@ -53,10 +52,11 @@ def all_reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Va
     if isinstance(axes, Opaque):
         return [axes] * len(operands)
     reducer = info.attrs.get("reducer", "other")
-    if reducer not in _KIND:
+    kind = reduction_kind(reducer, info.result_types[0].dtype) if info.result_types else None
+    if kind is None:
         return [Opaque(_unsupported_reducer(info),
                        category="unsupported")] * len(operands)
-    return [_all_reduce_one(info, x, axes, _KIND[reducer], ctx) for x in operands]
+    return [_all_reduce_one(info, x, axes, kind, ctx) for x in operands]
 
 
 def _all_reduce_one(info: OpInfo, x: Value, axes: tuple[str, ...], kind: str,
@@ -123,10 +123,7 @@ def _reduce_unit_blocks(x: Rel, axes: tuple[str, ...], kind: str, ctx: RuleConte
     if not dims or x.partial:
         return x, set()
     shape = tuple(n for d, n in enumerate(x.term.shape) if d not in dims)
-    if kind == "sum":
-        term = sum_term(x.term, tuple(dims), shape, x.term.dtype)
-    else:
-        term = intern(f"reduce_{kind}", (x.term,), (tuple(dims),), shape, x.term.dtype)
+    term = reduce_term(kind, x.term, tuple(dims), shape, x.term.dtype)
     kept = tuple(1 if d in dims else n for d, n in enumerate(x.term.shape))
     tiling = tuple(() if d in dims else t for d, t in enumerate(x.tiling))
     consumed = {a for d in dims for a in x.tiling[d]}
@@ -155,6 +152,10 @@ def _all_gather_one(x: Rel, dim: int, axes: tuple[str, ...], ctx: RuleContext) -
         new[dim] = tiling[:len(tiling) - len(axes)]
         return replace(x, tiling=tuple(new))
     if set(axes) & set(x.partial):
+        if x.kind != "sum":
+            return Opaque(f"all_gather over {axes_str(axes)} of a partial {x.kind} over "
+                          f"{axes_str(x.partial)}: missing all_reduce before it",
+                          category="partial_mixed")
         return Opaque(f"all_gather over {axes_str(axes)} of a partial sum over "
                       f"{axes_str(x.partial)}: missing all_reduce/psum (or use reduce_scatter)",
                       category="partial_mixed")

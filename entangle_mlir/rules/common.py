@@ -4,6 +4,7 @@ layout agreement, which ops are elementwise, iotas, sums."""
 from __future__ import annotations
 
 import operator
+from dataclasses import replace
 from fractions import Fraction
 
 from entangle_mlir.core.mesh import axes_str
@@ -65,6 +66,18 @@ def uniform_rel(term: Term, ctx: RuleContext) -> Rel:
     return Rel(term, ((),) * len(term.shape),
                poly=frozenset() if is_global else frozenset(range(len(term.shape))),
                scope=GLOBAL if is_global else "")
+
+
+def local_iota(rel: Rel, ctx: RuleContext) -> Rel:
+    """An iota built at the local shape (jax's indices for argmax and argsort) is constant
+    along its other dims, as a broadcast is: those dims take the size and split of the values
+    it is paired with (`unify_dims`)."""
+    term = rel.term
+    if ctx.is_global or rel.tiled_axes or rel.partial or rel.poly or term.op != "broadcast" \
+            or term.args[0].op != "iota":
+        return rel
+    (dims,) = term.attrs
+    return replace(rel, poly=frozenset(d for d in range(len(term.shape)) if d not in dims))
 
 
 def freeze(rel: Rel) -> Rel:

@@ -168,6 +168,17 @@ def _partial_result(info: OpInfo, rels: list[Rel], ctx: RuleContext
                 f"in {target} where the reference computes it in {first.term.dtype}",
                 category="precision_lost")
         return nonlinear
+    if name == "stablehlo.reduce_precision":
+        if _reduce_precision_kept(info) or kind in ("max", "min"):
+            return rels, axes, kind  # the identity, or a monotone rounding
+        if kind == "sum":
+            return Opaque(
+                f"precision lost: {_format(info)} rounds each device's partial sum over "
+                f"{axes_str(axes)} before the sum over devices (rounded pieces do not add up to "
+                "the rounded sum)", category="precision_lost")
+        return nonlinear
+    if kind in ("max", "min") and not info.result_types[0].is_float:
+        return _ordered_partial(info, rels, partial_idx, kind, nonlinear)
     if name == "stablehlo.negate":
         flipped = {"sum": "sum", "max": "min", "min": "max"}[kind]
         return rels, axes, flipped
@@ -204,6 +215,27 @@ def _partial_result(info: OpInfo, rels: list[Rel], ctx: RuleContext
         return rels, axes, kind
     if name == "stablehlo.select" and 0 not in partial_idx and kind == "sum" and (
             len(partial_idx) == 2 or any(is_zero(rels[i]) for i in (1, 2) if i in others)):
+        return rels, axes, kind
+    return nonlinear
+
+
+def _ordered_partial(info: OpInfo, rels: list[Rel], partial_idx: list[int], kind: str,
+                     nonlinear: Opaque) -> tuple[list[Rel], tuple[str, ...], str] | Opaque:
+    """A partial max (min) of integers or booleans (any/all over split dims, an integer max):
+    arithmetic may wrap around (-max(a) is not min(-a) when some a is the least integer), so
+    only the order's own operations keep it. `not` reverses the order (~x = -1 - x on signed
+    integers, MAX - x on unsigned ones, logical not on booleans): a max becomes a min. max and
+    min (or and and of booleans, the same operations) distribute over each other: max(min_d a_d,
+    c) = min_d max(a_d, c), and max(max_d a_d, max_d b_d) = max_d max(a_d, b_d); but the max of
+    two partial minima is not a minimum over devices."""
+    name = info.name
+    axes = rels[partial_idx[0]].partial
+    if name == "stablehlo.not":
+        return rels, axes, {"max": "min", "min": "max"}[kind]
+    lattice = {"stablehlo.maximum": "max", "stablehlo.minimum": "min"}
+    if info.result_types[0].dtype == "i1":
+        lattice.update({"stablehlo.or": "max", "stablehlo.and": "min"})
+    if name in lattice and (len(partial_idx) == 1 or lattice[name] == kind):
         return rels, axes, kind
     return nonlinear
 
@@ -292,6 +324,36 @@ def _folded(info: OpInfo, rels: list[Rel]) -> Term | None:
     return make_splat(wrap_integer(int(out), rtype.dtype), shape, rtype.dtype)
 
 
+def _reduce_precision_kept(info: OpInfo) -> bool:
+    """A reduce_precision whose format holds every value of its dtype: the identity."""
+    return precision.reduce_precision_is_identity(
+        info.result_types[0].dtype, int(info.attrs["exponent_bits"]),
+        int(info.attrs["mantissa_bits"]))
+
+
+def _format(info: OpInfo) -> str:
+    """`reduce_precision to e5m10 (in f32)`: the op and the format it rounds to."""
+    return (f"reduce_precision to e{info.attrs['exponent_bits']}m{info.attrs['mantissa_bits']} "
+            f"(in {info.result_types[0].dtype})")
+
+
+def _reduce_precision_term(info: OpInfo, term: Term, ctx: RuleContext) -> Term:
+    """The identity when the format keeps every value of the dtype; else a rounding (a
+    constant rounded to the value it becomes; any other term under a `reduce_precision`
+    node with its format as attributes, which Z3 reads as an uninterpreted rounding)."""
+    if _reduce_precision_kept(info):
+        return term
+    e, m = int(info.attrs["exponent_bits"]), int(info.attrs["mantissa_bits"])
+    dtype = info.result_types[0].dtype
+    value = splat_value(term)
+    if value is not None and precision.is_float(dtype) and dtype in precision.FORMAT_BITS:
+        rounded = precision.reduce_precision(value, dtype, e, m)
+        return make_splat(rounded, term.shape, dtype)
+    ctx.hint(f"precision lost: {_format(info)} rounds where the reference does not",
+             "precision_lost")
+    return make_elementwise(info.name, (term,), (e, m), dtype=dtype)
+
+
 def _exact_convert(info: OpInfo) -> bool:
     """Converts that are the identity on values: every value of the source type is one of
     the target's (`precision.exact_convert`: bf16 -> f32, i16 -> f32, booleans), or an integer
@@ -338,6 +400,8 @@ def _computed(term: Term) -> bool:
 
 def _build_term(info: OpInfo, terms: list[Term], ctx: RuleContext) -> Term:
     rtype = info.result_types[0]
+    if info.name == "stablehlo.reduce_precision":
+        return _reduce_precision_term(info, terms[0], ctx)
     if info.name == "stablehlo.convert":
         source = info.operand_types[0].dtype
         if _exact_convert(info):

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from entangle_mlir.core import precision
 from entangle_mlir.core.mesh import axes_str
 from entangle_mlir.core.relations import DEVICE_BLOCK_VALUES, Masked, Opaque, Rel, Value, Windowed
 from entangle_mlir.core.terms import (
+    Term,
     intern,
     make_elementwise,
     make_lin,
@@ -16,13 +18,59 @@ from entangle_mlir.core.terms import (
 )
 from entangle_mlir.mlir.opinfo import OpInfo, region_problem
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.rules.common import freeze, sum_term
+from entangle_mlir.rules.common import freeze, local_iota, sum_term, unify_dims
 from entangle_mlir.rules.kinds import device_blocks
 from entangle_mlir.rules.kinds.window import reduce_window_of_window, window_reduce
 
 _IDENTITY = {"add": Fraction(0), "max": float("-inf"), "min": float("inf")}
 _KIND = {"add": "sum", "max": "max", "min": "min"}
 _COMBINE = {"max": "stablehlo.maximum", "min": "stablehlo.minimum"}
+_BOOLEAN_KIND = {"or": "max", "max": "max", "and": "min", "min": "min"}
+"""Reducers of booleans as the order false < true sees them: `or` is max, `and` is min
+(StableHLO's maximum and minimum on i1 are or and and; jax's pmax of a boolean is an
+all_reduce with `maximum`)."""
+
+
+def reduction_kind(reducer: str, dtype: str) -> str | None:
+    """The partial kind (`sum`, `max`, `min`) a reduction with `reducer` over elements of
+    `dtype` leaves over split dims, or None (no rule: `mul`, `add` of booleans, ...)."""
+    if dtype == "i1":
+        return _BOOLEAN_KIND.get(reducer)
+    return _KIND.get(reducer)
+
+
+def identity(kind: str, dtype: str):
+    """The identity of a reduction of `kind` on `dtype` (what a reduce over a split dim may
+    start from: each device adds it once): 0 for sums; for max the least value (-inf, the
+    integer type's least value, false), for min the greatest."""
+    if kind == "sum":
+        return Fraction(0)
+    bounds = integer_range(dtype)
+    if bounds is None:
+        return _IDENTITY[kind]
+    return Fraction(bounds[0] if kind == "max" else bounds[1])
+
+
+def integer_range(dtype: str) -> tuple[int, int] | None:
+    """(least, greatest) value of an integer or boolean dtype, else None."""
+    if dtype == "i1":
+        return 0, 1
+    if dtype not in precision.INT_BITS:
+        return None
+    width, signed = precision.INT_BITS[dtype]
+    return (-(1 << (width - 1)), (1 << (width - 1)) - 1) if signed else (0, (1 << width) - 1)
+
+
+def reduce_term(kind: str, term: Term, dims: tuple[int, ...], shape: tuple[int, ...],
+                dtype: str) -> Term:
+    """The reference term of a reduction of `kind` over `dims` (no init): a sum, or the max
+    (min) -- of booleans the `reduce_or` (`reduce_and`) a reference writes for any/all."""
+    if kind == "sum":
+        return sum_term(term, dims, shape, dtype)
+    if dtype == "i1":
+        return intern("reduce_or" if kind == "max" else "reduce_and", (term,), (dims,), shape,
+                      dtype)
+    return intern(f"reduce_{kind}", (term,), (dims,), shape, dtype)
 
 
 def unsupported_reducer(info: OpInfo) -> str:
@@ -35,22 +83,29 @@ def unsupported_reducer(info: OpInfo) -> str:
 
 
 def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    """A reduce over unsplit dims keeps the other dims' layout; over split dims (or of a
+    partial value of the same kind) it leaves a partial reduction over their axes: a sum, a
+    max or a min (booleans: `or` is max, `and` min), the init the reduction's identity (every
+    device adds it once)."""
     half = len(operands) // 2
+    if half == 2 and info.attrs.get("reducer") in ARG_REDUCERS:
+        return arg_reduce(info, operands, ctx)
     if half != 1:
-        return [Opaque("variadic reduce (argmax/argmin) is not supported yet",
-                       category="unsupported")] * len(info.result_types)
+        why = (unsupported_reducer(info) if info.attrs.get("reducer", "other") == "other"
+               else "variadic reduce (argmax/argmin) is not supported yet")
+        return [Opaque(why, category="unsupported")] * len(info.result_types)
     x, init = operands
     reducer = info.attrs.get("reducer", "other")
     if reducer in _LOGICAL and isinstance(x, DEVICE_BLOCK_VALUES):
-        neutral = _LOGICAL[reducer][0]
+        neutral = _LOGICAL[reducer]
         if not isinstance(init, Rel) or splat_value(init.term) != neutral:
             return [device_blocks.unsupported(info.name)]
         return [device_blocks.reduce_unit_dims(info, x, ctx)]
-    if reducer in _LOGICAL:
-        return [_logical_reduce(info, x, init, reducer)]
     if isinstance(x, Masked):
         return [device_blocks.carried(info, operands, ctx, reduce)]
-    if reducer not in _KIND:
+    dtype = info.result_types[0].dtype
+    kind = reduction_kind(reducer, dtype)
+    if kind is None:
         return [Opaque(unsupported_reducer(info),
                        category="unsupported")]
     if isinstance(x, Windowed) and isinstance(init, Rel) and ctx.mesh is not None:
@@ -62,25 +117,27 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     if init_value is None:
         return [Opaque("reduce with a non-constant init value", category="unsupported")]
     dims = tuple(info.attrs["dimensions"])
-    kind = _KIND[reducer]
     new_axes = tuple(ax for d in dims for ax in x.tiling[d])
     if x.partial and x.kind != kind:
         return [Opaque(f"reduce ({reducer}) of a partial {x.kind}: missing all_reduce before it",
                        category="nonlinear_partial")]
-    if (new_axes or x.partial) and init_value != _IDENTITY[reducer]:
+    neutral = identity(kind, dtype)
+    if (new_axes or x.partial) and init_value != neutral:
         return [Opaque(f"reduce over a split dim with init value {init_value} (not the identity "
                        f"of {reducer}): every device adds it once", category="unrelated")]
     shape = tuple(s for d, s in enumerate(x.term.shape) if d not in dims)
     tiling = tuple(t for d, t in enumerate(x.tiling) if d not in dims)
-    dtype = info.result_types[0].dtype
-    if reducer == "add":
-        term = sum_term(x.term, dims, shape, dtype)
-        if init_value != 0:
-            term = make_lin([(Fraction(1), term)], init_value, shape, dtype)
+    nonempty = all(x.term.shape[d] for d in dims)
+    if kind != "sum" and nonempty and splat_value(x.term) is not None:
+        term = make_splat(splat_value(x.term), shape, dtype)  # all/any/max of a constant
     else:
-        term = intern(f"reduce_{reducer}", (x.term,), (dims,), shape, dtype)
-        if init_value != _IDENTITY[reducer]:
-            term = make_elementwise(_COMBINE[reducer], (term, make_splat(init_value, shape, dtype)))
+        term = reduce_term(kind, x.term, dims, shape, dtype)
+    if kind == "sum" and init_value != 0:
+        term = make_lin([(Fraction(1), term)], init_value, shape, dtype)
+    elif kind != "sum" and (init_value != neutral or not nonempty and neutral != _IDENTITY[kind]):
+        # an init that is not the identity, or the integer identity over an empty dim (the
+        # term's reduction of nothing is +-inf, the op's is the init)
+        term = make_elementwise(_COMBINE[kind], (term, make_splat(init_value, shape, dtype)))
     mesh_order = ctx.mesh.names if ctx.mesh else ()
     partial = tuple(sorted(set(x.partial) | set(new_axes), key=mesh_order.index))
     origin = x.partial_origin if x.partial else (info if new_axes else None)
@@ -88,34 +145,70 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
                 partial_origin=origin)]
 
 
-_LOGICAL = {"and": (1, "stablehlo.and"), "or": (0, "stablehlo.or")}
+ARG_REDUCERS = ("argmax", "argmin")
+"""A reduce over (values, indices) whose region is jax's argmax / argmin comparator
+(`opinfo.arg_reduction_kind`)."""
 
 
-def _logical_reduce(info: OpInfo, x: Value, init: Value, reducer: str) -> Value:
-    """all/any over dims that are not split (jax's index bounds checks before a gather):
-    every device reduces whole dims, so the layout of the other dims carries over."""
-    if not isinstance(x, Rel) or not isinstance(init, Rel):
-        return Opaque("reduce of a device-dependent scalar", category="unsupported")
-    x = freeze(x)
+def make_arg_reduce(kind: str, values: Term, indices: Term, init_value: Term, init_index: Term,
+                    dims: tuple[int, ...], result: int) -> Term:
+    """Result `result` (0 the values, 1 the indices) of an argmax / argmin reduce over `dims`
+    (semantics: `tensor.arg_reduce`)."""
+    shape = tuple(n for d, n in enumerate(values.shape) if d not in dims)
+    dtype = (values if result == 0 else indices).dtype
+    return intern(kind, (values, indices, init_value, init_index), (tuple(sorted(dims)), result),
+                  shape, dtype)
+
+
+def arg_reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    """argmax / argmin (a reduce over (values, indices) with jax's comparator, read whole:
+    `opinfo.arg_reduction_kind`) over dims that are not split: each device picks within whole
+    rows of its block, so the other dims keep their layout (values and indices laid out alike;
+    a local iota along an unsplit dim is the global one). Refused: a reduced dim split (each
+    device would pick within its own block, its indices local to it) and a partial operand."""
+    kind = info.attrs["reducer"]
+    count = len(info.result_types)
+
+    def refuse(why: str, category: str = "unsupported") -> list[Value]:
+        return [Opaque(why, category=category)] * count
+
+    if count != 2 or not all(isinstance(v, Rel) for v in operands):
+        return refuse(f"{kind} of a device-dependent value")
+    values, indices, init_value, init_index = (freeze(v) for v in operands)
+    if splat_value(init_value.term) is None or splat_value(init_index.term) is None or \
+            init_value.partial or init_index.partial:
+        return refuse(f"{kind} with a non-constant init value")
+    rank = len(values.term.shape)
+    pending = next((r for r in (values, indices) if r.partial), None)
+    if pending is not None:
+        return refuse(f"{kind} of a partial {pending.kind} over {axes_str(pending.partial)}: "
+                      "missing all_reduce/psum before it", "nonlinear_partial")
     dims = tuple(info.attrs["dimensions"])
-    split = [d for d in dims if x.tiling[d]]
-    if split or x.partial:
-        return Opaque(f"reduce ({reducer}) over a split dim or of a partial value is not "
-                      "supported yet", category="unsupported")
-    init_value = splat_value(init.term)
-    if init_value is None:
-        return Opaque("reduce with a non-constant init value", category="unsupported")
-    identity, combine = _LOGICAL[reducer]
-    shape = tuple(s for d, s in enumerate(x.term.shape) if d not in dims)
-    tiling = tuple(t for d, t in enumerate(x.tiling) if d not in dims)
-    dtype = info.result_types[0].dtype
-    if splat_value(x.term) is not None and all(x.term.shape[d] for d in dims):
-        term = make_splat(splat_value(x.term), shape, dtype)
-    else:
-        term = intern(f"reduce_{reducer}", (x.term,), (dims,), shape, dtype)
-    if init_value != identity:
-        term = make_elementwise(combine, (term, make_splat(init_value, shape, dtype)))
-    return Rel(term, tiling, (), "", frozenset(), x.scope)
+    for d in dims:
+        split = values.tiling[d] or indices.tiling[d]
+        if split:
+            return refuse(
+                f"{kind} over dim {d}, which is split over {axes_str(split)}: the answer "
+                "within one block (with indices local to it); the layout tier does not relate "
+                "per-block answers yet")
+    indices = local_iota(indices, ctx)
+    unified = unify_dims([values, indices], [list(range(rank))] * 2, ctx, kind)
+    if isinstance(unified, Opaque):
+        return [unified] * count
+    (values, indices), joint, still_poly = unified
+    for d in dims:
+        if d in still_poly:
+            return refuse(f"{kind} over dim {d}, a dim of local size only")
+    kept = [d for d in range(rank) if d not in dims]
+    tiling = tuple(joint[d][1] for d in kept)
+    poly = frozenset(i for i, d in enumerate(kept) if d in still_poly)
+    terms = [make_arg_reduce(kind, values.term, indices.term, init_value.term, init_index.term,
+                             dims, r) for r in (0, 1)]
+    return [Rel(t, tiling, (), "", poly, values.scope) for t in terms]
+
+
+_LOGICAL = {"and": 1, "or": 0}
+"""The identities of all/any (the init of XLA's index bounds checks on device masks)."""
 
 
 def window_attrs(info: OpInfo) -> tuple[tuple[int, ...], ...]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import itertools
 import math
 import struct
 from collections.abc import Callable, Iterator, Sequence
@@ -115,6 +116,54 @@ def _note_divisor(b: Element) -> None:
         found.append(b)
     elif not isinstance(b, float) and b == 0:
         found.append(0)
+
+
+_ROUNDINGS: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "entangle_roundings", default=None)
+
+
+@contextlib.contextmanager
+def collect_roundings() -> Iterator[list]:
+    """Collect every rounding applied to a z3 term inside (a narrowing convert's
+    `round_<dtype>`, a `reduce_precision`), as (function name, argument, result).
+
+    The roundings are uninterpreted functions; what the instance checks may assume of them
+    is what every rounding to nearest is: monotone (`monotone_hypotheses`)."""
+    found: list = []
+    token = _ROUNDINGS.set(found)
+    try:
+        yield found
+    finally:
+        _ROUNDINGS.reset(token)
+
+
+MAX_MONOTONE_PAIRS = 4096
+"""The most pairs of one rounding's applications `monotone_hypotheses` relates."""
+
+
+def monotone_hypotheses(roundings: list) -> list:
+    """`a <= b -> f(a) <= f(b)` for every pair of applications of one rounding function `f`
+    (true of rounding to nearest, and of XLA's reduce_precision with its flush to zero and
+    overflow to infinity). Past `MAX_MONOTONE_PAIRS` pairs of one function nothing is stated
+    (fewer facts: fewer proofs, never a wrong one)."""
+    by_name: dict[str, list] = {}
+    for name, argument, result in roundings:
+        by_name.setdefault(name, []).append((argument, result))
+    out = []
+    for applications in by_name.values():
+        unique = list({(a.get_id(), r.get_id()): (a, r) for a, r in applications}.values())
+        if len(unique) * (len(unique) - 1) // 2 > MAX_MONOTONE_PAIRS:
+            continue
+        for (a, fa), (b, fb) in itertools.combinations(unique, 2):
+            out.append(z3.Implies(a <= b, fa <= fb))
+            out.append(z3.Implies(b <= a, fb <= fa))
+    return out
+
+
+def _note_rounding(name: str, argument: z3.ExprRef, result: z3.ExprRef) -> None:
+    found = _ROUNDINGS.get()
+    if found is not None:
+        found.append((name, argument, result))
 
 
 def is_z3(x: Element) -> bool:
@@ -504,15 +553,21 @@ def logic(name: str) -> Callable[[Element, Element], Element]:
 
 
 def logical_not(a: Element, dtype: str) -> Element:
+    """Logical not of a boolean; bitwise not of an integer of `dtype`, which in two's
+    complement (or unsigned) is `least + greatest - a` (-1 - a signed, MAX - a unsigned)."""
     a = exact(a)
     if is_z3(a):
         za = to_z3(a)
-        if not isinstance(za, z3.BoolRef):
-            raise SemanticsError("bitwise not of a symbolic integer is not supported")
-        return z3.Not(za)
-    if isinstance(a, bool) or is_bool_dtype(dtype):
+        if isinstance(za, z3.BoolRef):
+            return z3.Not(za)
+    elif isinstance(a, bool) or is_bool_dtype(dtype):
         return not a
-    return ~a
+    limits = int_limits(dtype)
+    if limits is None:
+        raise SemanticsError(f"bitwise not of a {dtype} value")
+    if is_z3(a):
+        return (limits[0] + limits[1]) - num(a)
+    return limits[0] + limits[1] - int(pynum(a))
 
 
 def absolute(a: Element) -> Element:
@@ -672,6 +727,31 @@ def wrap_shift(x: Element, offset: Element, dtype: str) -> Element:
     return z3.If(total < lo, total + span, total)
 
 
+MAX_PERIODS = 4
+"""The most ranges of its dtype a value may span for `wrap_int` to correct it by If-chains
+(beyond: z3's modulo)."""
+
+
+def range_periods(dtype: str, low: int, high: int) -> int | None:
+    """How many ranges of integer `dtype` a value known to lie in [low, high] can leave (the
+    `periods` of `wrap_int`), or None: unknown dtype, or more than `MAX_PERIODS`."""
+    limits = int_limits(dtype)
+    if limits is None:
+        return None
+    lo, hi = limits
+    span = hi - lo + 1
+    periods = max(-((low - lo) // span), -((hi - high) // span), 0)
+    return periods if periods <= MAX_PERIODS else None
+
+
+def sum_periods(dtype: str, count: int) -> int | None:
+    """`range_periods` of a sum of `count` values of integer `dtype`."""
+    limits = int_limits(dtype)
+    if limits is None:
+        return None
+    return range_periods(dtype, count * limits[0], count * limits[1])
+
+
 def wrap_int(x: Element, dtype: str, periods: int | None = None) -> Element:
     """`x` reduced into the range of integer `dtype` modulo 2^N (the value a device computes:
     integer arithmetic wraps around). Symbolic values in range are kept as they are.
@@ -741,13 +821,78 @@ def round_to(a: Element, dtype: str) -> Element:
     identity."""
     if is_z3(a):
         z = num(a)
-        return uninterpreted(f"round_{dtype}")(z3.ToReal(z) if z.is_int() else z)
+        argument = z3.ToReal(z) if z.is_int() else z
+        result = uninterpreted(f"round_{dtype}")(argument)
+        _note_rounding(f"round_{dtype}", argument, result)
+        return result
     value = pynum(a)
     if isinstance(value, float) and not math.isfinite(value):
         return value
     rounded = precision.round_to(value, dtype)
     return rounded if isinstance(rounded, float) else (
         float(rounded) if isinstance(value, float) else rounded)
+
+
+def reduce_precision(a: Element, dtype: str, exponent_bits: int, mantissa_bits: int
+                     ) -> Element:
+    """`reduce_precision` of an element of float `dtype` to (exponent_bits, mantissa_bits):
+    the identity when the format keeps every value of the dtype
+    (`precision.reduce_precision_is_identity`), else a rounding: exact on numbers
+    (`precision.reduce_precision`, as XLA computes it), the uninterpreted function
+    `reduce_precision_<dtype>_e<E>m<M>` on z3 terms (never the identity, and another function
+    than a convert's `round_<dtype>`: no subnormals, its own exponent range)."""
+    if precision.reduce_precision_is_identity(dtype, exponent_bits, mantissa_bits):
+        return a
+    if is_z3(a):
+        z = num(a)
+        name = f"reduce_precision_{dtype}_e{exponent_bits}m{mantissa_bits}"
+        argument = z3.ToReal(z) if z.is_int() else z
+        result = uninterpreted(name)(argument)
+        _note_rounding(name, argument, result)
+        return result
+    value = pynum(a)
+    if isinstance(value, float) and not math.isfinite(value):
+        return value
+    try:
+        rounded = precision.reduce_precision(value, dtype, exponent_bits, mantissa_bits)
+    except ValueError as err:
+        raise SemanticsError(str(err)) from None
+    return rounded if isinstance(rounded, float) else (
+        float(rounded) if isinstance(value, float) else rounded)
+
+
+def _mentions_infinity(expr: z3.ExprRef, budget: int = 2000) -> bool:
+    """`expr` (a z3 term) may be one of the infinity constants: it mentions `+oo` or `-oo`
+    (or is too large to tell within `budget` nodes)."""
+    stack, seen = [expr], set()
+    while stack:
+        top = stack.pop()
+        key = top.get_id()
+        if key in seen:
+            continue
+        seen.add(key)
+        if len(seen) > budget or z3.eq(top, _NEG_INF) or z3.eq(top, _POS_INF):
+            return True
+        stack.extend(top.children())
+    return False
+
+
+def arg_combine(kind: str, v: Element, i: Element, w: Element, j: Element
+                ) -> tuple[Element, Element]:
+    """jax's argmax (`kind` "argmax") / argmin comparator on the accumulator (v, i) and a new
+    pair (w, j), exactly as its region computes it: `p = v > w or v != v` (`<` for argmin;
+    NaN wins), the value `select(p, v, w)`, the index `select(p or (v == w and i < j), i, j)`
+    (on ties the first index). On numbers the pair larger in (value, -index) order (NaN above
+    all), so a reduction gives the same pair in any order; z3 reals hold no NaN."""
+    if _is_inf(v, -1 if kind == "argmax" else 1) and is_z3(w) and \
+            not _mentions_infinity(to_z3(w)):
+        # the init (-inf) against a finite real: the new pair, as the comparator picks it (on
+        # z3 the infinities are free constants, so the comparison would stay undecided)
+        return w, j
+    first = compare(v, w, "GT" if kind == "argmax" else "LT")
+    picked = logic("or")(first, compare(v, v, "NE"))
+    tie = logic("and")(compare(v, w, "EQ"), compare(i, j, "LT"))
+    return select(picked, v, w), select(logic("or")(picked, tie), i, j)
 
 
 # ----- reductions ---------------------------------------------------------------------------------

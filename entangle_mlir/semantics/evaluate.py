@@ -24,11 +24,14 @@ from entangle_mlir.semantics.element import (
     is_bool_dtype,
     is_int_dtype,
     mul,
+    range_periods,
+    sum_periods,
 )
 from entangle_mlir.semantics.ops import ELEMENTWISE, OP_SEMANTICS, WRAPPED_OPS
 from entangle_mlir.semantics.tensor import (
     Array,
     apply,
+    arg_reduce,
     broadcast_in_dim,
     concatenate,
     dot_general,
@@ -41,6 +44,7 @@ from entangle_mlir.semantics.tensor import (
     reduce_window,
     reshape,
     slice_,
+    sort_ascending,
     top_k,
     transpose,
     wrap_array,
@@ -54,8 +58,13 @@ loop variable, `("term", serial): array` for a `while_result` or a `region_resul
 callable under
 `"opaque"`."""
 
-_INDEXED_TERM_OPS = ("stablehlo.gather", "stablehlo.scatter", "stablehlo.dynamic_update_slice")
+_INDEXED_TERM_OPS = ("stablehlo.gather", "stablehlo.scatter", "stablehlo.dynamic_update_slice",
+                     "stablehlo.convolution")
 """Terms evaluated by their op's own semantics, attributes given as (name, value) pairs."""
+
+ARG_TERM_OPS = ("argmax", "argmin")
+"""Result `result` (0 the values, 1 the indices) of a reduce over (values, indices, init value,
+init index) with jax's argmax / argmin comparator; attrs (dims, result)."""
 
 _WINDOW_TERM_OPS = {"reduce_window_sum": "sum", "reduce_window_max": "max",
                     "reduce_window_min": "min"}
@@ -76,10 +85,16 @@ def wrap_node(term: Term, value: Array) -> Array:
 
 
 def _lin_periods(term: Term) -> int | None:
-    """How many ranges of its dtype a `lin` of values of the dtype can leave (None: unknown
-    or not a lin): a few exact corrections then replace z3's modulo."""
+    """How many ranges of its dtype a `lin` or `reduce_sum` of values of the dtype can leave
+    (None: unknown, or not such a node): a few exact corrections then replace z3's modulo."""
     limits = int_limits(term.dtype)
-    if term.op != "lin" or limits is None:
+    if limits is None:
+        return None
+    if term.op == "reduce_sum":
+        if term.args[0].dtype != term.dtype:
+            return None
+        return sum_periods(term.dtype, math.prod(term.args[0].shape[d] for d in term.attrs[0]))
+    if term.op != "lin":
         return None
     constant, coefs = term.attrs
     lo, hi = limits
@@ -89,9 +104,7 @@ def _lin_periods(term: Term) -> int | None:
     for k in coefs:
         low += min(k * lo, k * hi)
         high += max(k * lo, k * hi)
-    span = hi - lo + 1
-    periods = max(-((low - lo) // span), -((hi - high) // span), 0)
-    return periods if periods <= 4 else None
+    return range_periods(term.dtype, low, high)
 
 
 def evaluate_term(term: Term, env: TermEnv, memo: dict[int, Array] | None = None) -> Array:
@@ -194,6 +207,13 @@ def evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
     if op == "chlo.top_k":
         k, result = attrs
         return top_k(args[0], k)[result]
+    if op == "sort":
+        dim, result = attrs
+        return sort_ascending(args, dim)[result]
+    if op in ARG_TERM_OPS:
+        dims, result = attrs
+        return arg_reduce(args[0], args[1], obj_array(args[2]).reshape(-1)[0],
+                          obj_array(args[3]).reshape(-1)[0], dims, op)[result]
     if op in _INDEXED_TERM_OPS:
         # attrs: the op's normalized attributes as sorted (name, value) pairs.
         info = OpInfo(op, dict(attrs), [TensorType(a.shape, a.dtype) for a in term.args],
@@ -203,6 +223,8 @@ def evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
         named = {"comparison_direction": attrs[0]} if op == "stablehlo.compare" and attrs else {}
         if op == "stablehlo.compare" and len(attrs) > 1:
             named["compare_type"] = attrs[1]
+        if op == "stablehlo.reduce_precision":
+            named = {"exponent_bits": attrs[0], "mantissa_bits": attrs[1]}
         src = [a.dtype for a in term.args]
         if op == "stablehlo.convert" and attrs:
             src = [attrs[0]]  # the dtype the operand was computed in (its term may say less)
@@ -215,7 +237,8 @@ def evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
 
 TERM_OPS = ("arg", "splat", "dense", "iota", "lin", "mul", "div", "broadcast", "reshape",
             "transpose", "reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or", "slice", "concatenate", "pad",
-            "dynamic_slice", "stablehlo.dot_general", "chlo.top_k", *_INDEXED_TERM_OPS,
+            "dynamic_slice", "stablehlo.dot_general", "chlo.top_k", "sort", *ARG_TERM_OPS,
+            *_INDEXED_TERM_OPS,
             *_OPAQUE_LEAVES, *_WINDOW_TERM_OPS,
             *ELEMENTWISE)
 """Every term op `evaluate_term` knows (for the coverage test against the rules)."""

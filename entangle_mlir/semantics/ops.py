@@ -19,7 +19,7 @@ from fractions import Fraction
 import numpy as np
 import z3
 
-from entangle_mlir.mlir.opinfo import OpInfo, scatter_kind
+from entangle_mlir.mlir.opinfo import OpInfo, conv_attrs, scatter_kind
 from entangle_mlir.semantics.element import (
     Element,
     SemanticsError,
@@ -42,12 +42,14 @@ from entangle_mlir.semantics.element import (
     neg,
     power,
     pynum,
+    reduce_precision,
     remainder,
     round_afz,
     round_even,
     select,
     sign,
     sub,
+    sum_periods,
     transcendental,
     wrap_int,
     wrap_shift,
@@ -55,8 +57,10 @@ from entangle_mlir.semantics.element import (
 from entangle_mlir.semantics.tensor import (
     Array,
     apply,
+    arg_reduce,
     broadcast_in_dim,
     concatenate,
+    convolution,
     dot_general,
     dynamic_slice,
     dynamic_update_slice,
@@ -69,6 +73,7 @@ from entangle_mlir.semantics.tensor import (
     reshape,
     scatter,
     slice_,
+    sort_ascending,
     top_k,
     transpose,
     wrap_array,
@@ -81,7 +86,8 @@ LocalFn = Callable[[OpInfo, list[Array]], list[Array]]
 
 WRAPPED_OPS = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply",
                 "stablehlo.negate", "stablehlo.abs", "stablehlo.divide", "stablehlo.convert",
-                "stablehlo.dot_general", "stablehlo.reduce", "stablehlo.reduce_window",
+                "stablehlo.dot_general", "stablehlo.convolution", "stablehlo.reduce",
+                "stablehlo.reduce_window",
                 "stablehlo.scatter", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
                 "lin", "mul", "div", "reduce_sum", "reduce_window_sum")
 """Ops whose integer results are computed modulo 2^N (sums, products, quotients, converts);
@@ -117,7 +123,14 @@ def _wrapped_local(fn: LocalFn) -> LocalFn:
                 all(t.dtype == info.result_types[0].dtype for t in info.operand_types):
             return [_shift_op(info.name, operands, info.result_types[0].dtype)]
         results = fn(info, operands)
+        if info.attrs.get("reducer") in ("argmax", "argmin"):
+            return results  # a selection of its operands' elements: nothing to wrap
         periods = _NEAR_OPS.get(info.name)
+        if info.name == "stablehlo.reduce" and info.attrs.get("reducer") == "add" and len(
+                info.operand_types) == 2:  # a sum of the reduced elements and the init
+            shape = info.operand_types[0].shape
+            periods = sum_periods(info.result_types[0].dtype, 1 + math.prod(
+                shape[d] for d in info.attrs["dimensions"]))
         if periods is not None and any(int_limits(t.dtype) is None or t.dtype !=
                                        info.result_types[0].dtype for t in info.operand_types):
             periods = None
@@ -171,6 +184,11 @@ def _convert(args, attrs, dtype, src) -> Array:
     return apply(lambda a: convert(a, source, dtype), args[0])
 
 
+def _reduce_precision(args, attrs, dtype, src) -> Array:
+    e, m = int(attrs["exponent_bits"]), int(attrs["mantissa_bits"])
+    return apply(lambda a: reduce_precision(a, dtype, e, m), args[0])
+
+
 def _not(args, attrs, dtype, src) -> Array:
     return apply(lambda a: logical_not(a, dtype), args[0])
 
@@ -222,6 +240,7 @@ ELEMENTWISE: dict[str, ElementwiseFn] = {
     "stablehlo.xor": _binary(logic("xor")),
     "stablehlo.not": _not,
     "stablehlo.convert": _convert,
+    "stablehlo.reduce_precision": _reduce_precision,
 }
 """Elementwise ops: `fn(operands, attrs, result dtype, operand dtypes) -> result`."""
 
@@ -311,10 +330,19 @@ def _op_dot_general(info: OpInfo, operands: list[Array]) -> list[Array]:
                         a.get("rhs_batch", ()), a["lhs_contract"], a["rhs_contract"])]
 
 
+def _op_convolution(info: OpInfo, operands: list[Array]) -> list[Array]:
+    return [convolution(obj_array(operands[0]), obj_array(operands[1]), conv_attrs(info))]
+
+
 def _op_reduce(info: OpInfo, operands: list[Array]) -> list[Array]:
     half = len(operands) // 2
+    reducer = info.attrs.get("reducer", "other")
+    if half == 2 and reducer in ("argmax", "argmin"):
+        values, indices, init_value, init_index = (obj_array(x) for x in operands)
+        return list(arg_reduce(values, indices, init_value.reshape(-1)[0],
+                               init_index.reshape(-1)[0], info.attrs["dimensions"], reducer))
     if half != 1:
-        raise SemanticsError("variadic reduce has no semantics here (single operand only)")
+        raise SemanticsError("variadic reduce has no semantics here but argmax / argmin")
     x, init = obj_array(operands[0]), obj_array(operands[1]).reshape(-1)[0]
     reducer = info.attrs.get("reducer", "other")
     if reducer not in ("add", "max", "min", "mul", "and", "or"):
@@ -402,8 +430,38 @@ def _op_scatter(info: OpInfo, operands: list[Array]) -> list[Array]:
                     dims, kind)]
 
 
+def _op_sort(info: OpInfo, operands: list[Array]) -> list[Array]:
+    if info.attrs.get("comparator") != "ascending":
+        raise SemanticsError("sort with a comparator other than jax's ascending order")
+    if not info.attrs.get("is_stable"):
+        raise SemanticsError("an unstable sort (ties in an unspecified order)")
+    return sort_ascending([obj_array(x) for x in operands], int(info.attrs["dimension"]))
+
+
 def _op_top_k(info: OpInfo, operands: list[Array]) -> list[Array]:
+    if not info.attrs.get("largest", True):
+        raise SemanticsError(f"{info.name} of the k smallest values has no semantics here")
     return list(top_k(obj_array(operands[0]), int(info.attrs["k"])))
+
+
+def _op_case(info: OpInfo, operands: list[Array]) -> list[Array]:
+    """A case given its branches' results (`rules/control.py`: the walker walks the branches;
+    operands are the index, then each branch's results): branch `index`, the last when the
+    index is out of range, as a select chain on a symbolic index."""
+    branches = int(info.attrs["branches"])
+    count = len(info.result_types)
+    if len(operands) != 1 + branches * count:
+        raise SemanticsError("case: expected the index and every branch's results")
+    index = obj_array(operands[0]).reshape(-1)[0]
+    flat = [obj_array(x) for x in operands[1:]]
+    out = []
+    for j in range(count):
+        result = flat[(branches - 1) * count + j]
+        for b in range(branches - 2, -1, -1):
+            hit = compare(index, b, "EQ")
+            result = apply(lambda x, y, hit=hit: select(hit, x, y), flat[b * count + j], result)
+        out.append(result)
+    return out
 
 
 def _op_identity(info: OpInfo, operands: list[Array]) -> list[Array]:
@@ -421,6 +479,7 @@ OP_SEMANTICS: dict[str, LocalFn] = {
     "stablehlo.concatenate": _op_concatenate,
     "stablehlo.pad": _op_pad,
     "stablehlo.dot_general": _op_dot_general,
+    "stablehlo.convolution": _op_convolution,
     "stablehlo.reduce": _op_reduce,
     "stablehlo.reduce_window": _op_reduce_window,
     "stablehlo.dynamic_slice": _op_dynamic_slice,
@@ -428,6 +487,9 @@ OP_SEMANTICS: dict[str, LocalFn] = {
     "stablehlo.gather": _op_gather,
     "stablehlo.scatter": _op_scatter,
     "chlo.top_k": _op_top_k,
+    "mhlo.topk": _op_top_k,
+    "stablehlo.sort": _op_sort,
+    "stablehlo.case": _op_case,
     "mhlo.copy": _op_identity,
     "stablehlo.optimization_barrier": _op_identity,
 }

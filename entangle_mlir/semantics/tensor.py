@@ -27,6 +27,7 @@ from entangle_mlir.semantics.element import (
     Element,
     SemanticsError,
     add,
+    arg_combine,
     combine,
     compare,
     exact,
@@ -382,6 +383,135 @@ def scatter(operand: Array, indices: Array, updates: Array, dims: dict, kind: st
             new = value if kind == "replace" else combine(kind, [out[index], value])
             out[index] = select(hit, new, out[index])
     return out
+
+
+# ----- convolution --------------------------------------------------------------------------------
+
+def convolution(lhs: Array, rhs: Array, dims: dict) -> Array:
+    """StableHLO's convolution (one feature group, one batch group) exactly, as its spec
+    defines it: the input dilated (`lhs_dilation`) and padded (negative padding crops), the
+    kernel dilated (`rhs_dilation`) and reversed (`window_reversal`) along its spatial dims;
+    output position p of spatial dim k reads input positions p * stride + w * rhs_dilation;
+    each output element sums the products over the window and the input features. `dims`:
+    `opinfo.conv_attrs`."""
+    if dims["feature_group_count"] != 1 or dims["batch_group_count"] != 1:
+        raise SemanticsError("grouped convolution has no semantics here")
+    lhs, rhs = obj_array(lhs), obj_array(rhs)
+    spatial = list(dims["input_spatial"])
+    n = len(spatial)
+    x = np.transpose(lhs, [dims["input_batch"], *spatial, dims["input_feature"]])
+    k = np.transpose(rhs, [*dims["kernel_spatial"], dims["kernel_input_feature"],
+                           dims["kernel_output_feature"]])
+    for s, reverse in enumerate(dims["window_reversal"]):
+        if reverse:
+            k = np.flip(k, axis=s)
+    x = _dilated_padded(x, dims["lhs_dilation"], dims["padding"])
+    window = k.shape[:n]
+    reach = [(w - 1) * d + 1 for w, d in zip(window, dims["rhs_dilation"])]
+    sizes = [max((x.shape[1 + s] - reach[s]) // dims["window_strides"][s] + 1, 0)
+             if x.shape[1 + s] >= reach[s] else 0 for s in range(n)]
+    batch, features, outs = x.shape[0], x.shape[-1], k.shape[-1]
+    out = np.empty((batch, *sizes, outs), dtype=object)
+    for b in range(batch):
+        for pos in np.ndindex(*sizes):
+            for o in range(outs):
+                terms = []
+                for w in np.ndindex(*window):
+                    at = tuple(p * st + wi * d for p, st, wi, d in
+                               zip(pos, dims["window_strides"], w, dims["rhs_dilation"]))
+                    for i in range(features):
+                        terms.append(mul(x[(b, *at, i)], k[(*w, i, o)]))
+                out[(b, *pos, o)] = sum_list(terms)
+    order = [dims["output_batch"], *dims["output_spatial"], dims["output_feature"]]
+    return np.transpose(out, np.argsort(order))
+
+
+def _dilated_padded(x: Array, dilation, padding) -> Array:
+    """`x` (batch, spatial..., feature) with zeros between its spatial positions and padding
+    at both ends (negative padding removes positions)."""
+    for s, (d, (low, high)) in enumerate(zip(dilation, padding)):
+        axis = 1 + s
+        size = x.shape[axis]
+        stretched = (size - 1) * d + 1 if size else 0
+        shape = list(x.shape)
+        shape[axis] = stretched
+        grown = np.empty(shape, dtype=object)
+        grown[...] = 0
+        index = [slice(None)] * x.ndim
+        index[axis] = slice(0, stretched, d)
+        grown[tuple(index)] = x
+        pads = [(0, 0)] * x.ndim
+        pads[axis] = (max(low, 0), max(high, 0))
+        grown = np.pad(grown, pads, constant_values=0)
+        keep = [slice(None)] * x.ndim
+        keep[axis] = slice(max(-low, 0), grown.shape[axis] - max(-high, 0))
+        x = grown[tuple(keep)]
+    return x
+
+
+# ----- argmax / argmin ----------------------------------------------------------------------------
+
+def arg_reduce(values: Array, indices: Array, init_value: Element, init_index: Element,
+               dims: Sequence[int], kind: str) -> tuple[Array, Array]:
+    """A reduce over (values, indices) with jax's argmax / argmin comparator (`kind`): the
+    pair folded from (init_value, init_index) over the reduced dims' elements in row-major
+    order (`arg_combine`; the comparator selects, so any order gives the same pair)."""
+    values, indices = obj_array(values), obj_array(indices)
+    if values.shape != indices.shape:
+        raise SemanticsError(f"{kind}: values {values.shape} and indices {indices.shape}")
+    dims = tuple(sorted({int(d) for d in dims}))
+    keep = [d for d in range(values.ndim) if d not in dims]
+    out_shape = tuple(values.shape[d] for d in keep)
+    count = math.prod(values.shape[d] for d in dims)
+    flat_v = np.transpose(values, keep + list(dims)).reshape(out_shape + (count,))
+    flat_i = np.transpose(indices, keep + list(dims)).reshape(out_shape + (count,))
+    out_v, out_i = np.empty(out_shape, dtype=object), np.empty(out_shape, dtype=object)
+    for idx in np.ndindex(out_shape):
+        v, i = init_value, init_index
+        for w, j in zip(flat_v[idx], flat_i[idx]):
+            v, i = arg_combine(kind, v, i, w, j)
+        out_v[idx], out_i[idx] = v, i
+    return out_v, out_i
+
+
+# ----- sort ---------------------------------------------------------------------------------------
+
+def sort_ascending(operands: Sequence[Array], dim: int) -> list[Array]:
+    """A stable sort along `dim` by the first operand in ascending order (jax's comparator:
+    -0 and +0 equal, NaNs last and equal), every operand permuted alike.
+
+    Concrete rows are sorted directly; rows with symbolic keys go through a stable bubble
+    network (compare-exchange of adjacent positions, swapping only when the later key is
+    strictly smaller), so every element is an If-term."""
+    arrays = [np.moveaxis(obj_array(x), dim, -1) for x in operands]
+    if any(a.shape != arrays[0].shape for a in arrays) or not arrays[0].ndim:
+        raise SemanticsError("sort: operands of different shapes")
+    outs = [np.empty(a.shape, dtype=object) for a in arrays]
+    for idx in np.ndindex(arrays[0].shape[:-1]):
+        rows = [list(a[idx]) for a in arrays]
+        keys = rows[0]
+        if not any(is_z3(k) for k in keys):
+            order = sorted(range(len(keys)), key=lambda j: _sort_key(keys[j]))
+            rows = [[row[j] for j in order] for row in rows]
+        else:
+            n = len(keys)
+            for p in range(n):
+                for j in range(n - 1, p, -1):
+                    swap = compare(rows[0][j], rows[0][j - 1], "LT")
+                    for row in rows:
+                        row[j - 1], row[j] = (select(swap, row[j], row[j - 1]),
+                                              select(swap, row[j - 1], row[j]))
+        for out, row in zip(outs, rows):
+            for j, value in enumerate(row):
+                out[idx + (j,)] = value
+    return [np.moveaxis(out, -1, dim) for out in outs]
+
+
+def _sort_key(x: Element) -> tuple:
+    value = x
+    if isinstance(value, float) and math.isnan(value):
+        return (1, 0)
+    return (0, value)
 
 
 # ----- top_k --------------------------------------------------------------------------------------

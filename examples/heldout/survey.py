@@ -32,11 +32,15 @@ REASONS: list[tuple[str, str, str]] = [
     (r"^in the reference: ", "an op of the reference unsupported (argmax, lax.switch, ...)",
      "unsupported"),
     (r"unsupported op|not supported yet",
-     ("unsupported op or device-dependent tensor (convolution, reduce_precision, top_k custom "
-     "calls, axis_index as data, any/or reductions)"), "unsupported"),
+     ("unsupported op or device-dependent tensor (ApproxTopK custom calls, axis_index as "
+     "data)"), "unsupported"),
     (r"shard_map returns a device-dependent value",
      "a device-dependent value passed between manual computations (a gradient's residuals)",
      "unsupported"),
+    (r"all_gather over .* of a partial (max|min)", ("per-device answers (argmax, top-k "
+     "candidates) gathered by design called a gather of a partial max"), "claims a bug"),
+    (r"the layout tier does not relate per-block answers",
+     "argmax over a split dim (per-device answers combined by the program)", "unsupported"),
     (r"compare of i32 values plus a device offset",
      "vocab-parallel mask (ids - start compared with 0 and n)", "cannot relate"),
     (r"no block offsets of any mesh axes|selects no sub-block|computed offset",

@@ -171,3 +171,294 @@ func.func @max_of_partial_sum(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> ten
   return %0 : tensor<8xf32>
 }
 
+
+// -----
+
+sdy.mesh @mesh = <["tp"=4]>
+
+func.func @ref(%x: tensor<8x16xf32>) -> tensor<8xi1> {
+  %zero = stablehlo.constant dense<0.0> : tensor<8x16xf32>
+  %p = stablehlo.compare GT, %x, %zero, FLOAT : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x16xi1>
+  %false = stablehlo.constant dense<false> : tensor<i1>
+  %0 = stablehlo.reduce(%p init: %false) applies stablehlo.or across dimensions = [1] : (tensor<8x16xi1>, tensor<i1>) -> tensor<8xi1>
+  return %0 : tensor<8xi1>
+}
+
+// jnp.any over a split dim: each device's `or` of its block is a partial max of booleans
+// (false < true); jax's pmax of a boolean (an all_reduce with maximum on i1) completes it.
+// CHECK-LABEL: func.func @any_split_dim
+// FULL: func.func @any_split_dim{{.*}}entangle.verdict = "proven"
+func.func @any_split_dim(%x: tensor<8x16xf32>) -> tensor<8xi1> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{}, {"tp"}]>] out_shardings=[<@mesh, [{}]>] manual_axes={"tp"} (%a: tensor<8x4xf32>) {
+    %zero = stablehlo.constant dense<0.0> : tensor<8x4xf32>
+    %p = stablehlo.compare GT, %a, %zero, FLOAT : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x4xi1>
+    %false = stablehlo.constant dense<false> : tensor<i1>
+    // CHECK: stablehlo.reduce(%{{.*}}entangle.relation = "partial max {tp} : reduce_or(compare(%arg0, 0))"
+    %1 = stablehlo.reduce(%p init: %false) applies stablehlo.or across dimensions = [1] : (tensor<8x4xi1>, tensor<i1>) -> tensor<8xi1>
+    // CHECK: "stablehlo.all_reduce"
+    // CHECK: entangle.relation = "replicated : reduce_or(compare(%arg0, 0))"
+    %2 = "stablehlo.all_reduce"(%1) ({
+      ^bb0(%u: tensor<i1>, %v: tensor<i1>):
+        %s = stablehlo.maximum %u, %v : tensor<i1>
+        stablehlo.return %s : tensor<i1>
+    }) {replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, use_global_device_ids} : (tensor<8xi1>) -> tensor<8xi1>
+    sdy.return %2 : tensor<8xi1>
+  } : (tensor<8x16xf32>) -> tensor<8xi1>
+  return %0 : tensor<8xi1>
+}
+
+// -----
+
+sdy.mesh @mesh = <["tp"=4]>
+
+func.func @ref(%x: tensor<8x16xf32>) -> tensor<8xi1> {
+  %zero = stablehlo.constant dense<0.0> : tensor<8x16xf32>
+  %p = stablehlo.compare GT, %x, %zero, FLOAT : (tensor<8x16xf32>, tensor<8x16xf32>) -> tensor<8x16xi1>
+  %false = stablehlo.constant dense<false> : tensor<i1>
+  // expected-note @+1 {{corresponds to the reference op stablehlo.reduce, which computes reduce_or(compare(%arg0, 0))}}
+  %0 = stablehlo.reduce(%p init: %false) applies stablehlo.or across dimensions = [1] : (tensor<8x16xi1>, tensor<i1>) -> tensor<8xi1>
+  return %0 : tensor<8xi1>
+}
+
+// The `or` of each block combined with `and` (pmin): the reduction kind is wrong.
+// CHECK-LABEL: func.func @any_combined_with_and
+// FULL: func.func @any_combined_with_and{{.*}}entangle.verdict = "not proven"
+func.func @any_combined_with_and(%x: tensor<8x16xf32>) -> tensor<8xi1> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{}, {"tp"}]>] out_shardings=[<@mesh, [{}]>] manual_axes={"tp"} (%a: tensor<8x4xf32>) {
+    %zero = stablehlo.constant dense<0.0> : tensor<8x4xf32>
+    %p = stablehlo.compare GT, %a, %zero, FLOAT : (tensor<8x4xf32>, tensor<8x4xf32>) -> tensor<8x4xi1>
+    %false = stablehlo.constant dense<false> : tensor<i1>
+    %1 = stablehlo.reduce(%p init: %false) applies stablehlo.or across dimensions = [1] : (tensor<8x4xi1>, tensor<i1>) -> tensor<8xi1>
+    // CHECK: "stablehlo.all_reduce"
+    // CHECK: entangle.relation = "opaque: all_reduce takes the min over 'tp' but the value is a partial max: the reduction kind is wrong"
+    // expected-error @+1 {{all_reduce takes the min over 'tp' but the value is a partial max: the reduction kind is wrong}}
+    %2 = "stablehlo.all_reduce"(%1) ({
+      ^bb0(%u: tensor<i1>, %v: tensor<i1>):
+        %s = stablehlo.and %u, %v : tensor<i1>
+        stablehlo.return %s : tensor<i1>
+    }) {replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, use_global_device_ids} : (tensor<8xi1>) -> tensor<8xi1>
+    sdy.return %2 : tensor<8xi1>
+  } : (tensor<8x16xf32>) -> tensor<8xi1>
+  return %0 : tensor<8xi1>
+}
+
+// -----
+
+sdy.mesh @mesh = <["tp"=4]>
+
+func.func @ref(%x: tensor<8x16xi32>) -> tensor<8xi32> {
+  %low = stablehlo.constant dense<-2147483648> : tensor<i32>
+  %0 = stablehlo.reduce(%x init: %low) applies stablehlo.maximum across dimensions = [1] : (tensor<8x16xi32>, tensor<i32>) -> tensor<8xi32>
+  return %0 : tensor<8xi32>
+}
+
+// An integer max over a split dim: jax starts it from the least int32, the identity of max.
+// CHECK-LABEL: func.func @int_max_split_dim
+// FULL: func.func @int_max_split_dim{{.*}}entangle.verdict = "proven"
+func.func @int_max_split_dim(%x: tensor<8x16xi32>) -> tensor<8xi32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{}, {"tp"}]>] out_shardings=[<@mesh, [{}]>] manual_axes={"tp"} (%a: tensor<8x4xi32>) {
+    %low = stablehlo.constant dense<-2147483648> : tensor<i32>
+    // CHECK: stablehlo.reduce(%{{.*}}entangle.relation = "partial max {tp} : reduce_max(%arg0)"
+    %1 = stablehlo.reduce(%a init: %low) applies stablehlo.maximum across dimensions = [1] : (tensor<8x4xi32>, tensor<i32>) -> tensor<8xi32>
+    %2 = "stablehlo.all_reduce"(%1) ({
+      ^bb0(%u: tensor<i32>, %v: tensor<i32>):
+        %s = stablehlo.maximum %u, %v : tensor<i32>
+        stablehlo.return %s : tensor<i32>
+    }) {replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, use_global_device_ids} : (tensor<8xi32>) -> tensor<8xi32>
+    sdy.return %2 : tensor<8xi32>
+  } : (tensor<8x16xi32>) -> tensor<8xi32>
+  return %0 : tensor<8xi32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["tp"=4]>
+
+func.func @ref(%x: tensor<8x16xi32>) -> tensor<8xi32> {
+  %low = stablehlo.constant dense<-2147483648> : tensor<i32>
+  %0 = stablehlo.reduce(%x init: %low) applies stablehlo.maximum across dimensions = [1] : (tensor<8x16xi32>, tensor<i32>) -> tensor<8xi32>
+  return %0 : tensor<8xi32>
+}
+
+// Refused: a max starting from 0 over a split dim is not the max of the row (negative rows).
+// CHECK-LABEL: func.func @int_max_from_zero
+// FULL: func.func @int_max_from_zero{{.*}}entangle.verdict = "not proven"
+func.func @int_max_from_zero(%x: tensor<8x16xi32>) -> tensor<8xi32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{}, {"tp"}]>] out_shardings=[<@mesh, [{}]>] manual_axes={"tp"} (%a: tensor<8x4xi32>) {
+    %c0 = stablehlo.constant dense<0> : tensor<i32>
+    // CHECK: stablehlo.reduce(%{{.*}}entangle.relation = "opaque: reduce over a split dim with init value 0 (not the identity of max): every device adds it once"
+    // expected-error @+1 {{reduce over a split dim with init value 0 (not the identity of max): every device adds it once}}
+    %1 = stablehlo.reduce(%a init: %c0) applies stablehlo.maximum across dimensions = [1] : (tensor<8x4xi32>, tensor<i32>) -> tensor<8xi32>
+    %2 = "stablehlo.all_reduce"(%1) ({
+      ^bb0(%u: tensor<i32>, %v: tensor<i32>):
+        %s = stablehlo.maximum %u, %v : tensor<i32>
+        stablehlo.return %s : tensor<i32>
+    }) {replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, use_global_device_ids} : (tensor<8xi32>) -> tensor<8xi32>
+    sdy.return %2 : tensor<8xi32>
+  } : (tensor<8x16xi32>) -> tensor<8xi32>
+  return %0 : tensor<8xi32>
+}
+
+// -----
+
+// A reduce over (values, indices) with jax's argmax / argmin comparator: the region is read
+// whole and must be exactly jax's (`p = v > w or v != v`, the value `select(p, v, w)`, the index `select(p or (v == w and i < j), i, j)`: on ties the first
+// index). Over dims that are not split every device picks within whole rows, so the other dims
+// keep their split. Refused: a reduced dim split (each device's answer is within its own block,
+// with its own indices) and a region that picks the last index on ties (another function).
+
+sdy.mesh @mesh = <["dp"=2, "tp"=4]>
+
+func.func @ref(%x: tensor<16x8xf32>) -> tensor<16xi32> {
+  %iota = stablehlo.iota dim = 1 : tensor<16x8xi32>
+  %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %0:2 = stablehlo.reduce(%x init: %ninf), (%iota init: %c0) across dimensions = [1] : (tensor<16x8xf32>, tensor<16x8xi32>, tensor<f32>, tensor<i32>) -> (tensor<16xf32>, tensor<16xi32>)
+   reducer(%v: tensor<f32>, %w: tensor<f32>) (%i: tensor<i32>, %j: tensor<i32>)  {
+    %1 = stablehlo.compare GT, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %2 = stablehlo.compare NE, %v, %v, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %3 = stablehlo.or %1, %2 : tensor<i1>
+    %4 = stablehlo.compare EQ, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %5 = stablehlo.compare LT, %i, %j, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+    %6 = stablehlo.and %4, %5 : tensor<i1>
+    %7 = stablehlo.or %3, %6 : tensor<i1>
+    %8 = stablehlo.select %3, %v, %w : tensor<i1>, tensor<f32>
+    %9 = stablehlo.select %7, %i, %j : tensor<i1>, tensor<i32>
+    stablehlo.return %8, %9 : tensor<f32>, tensor<i32>
+  }
+  return %0#1 : tensor<16xi32>
+}
+
+// Rows split over dp and tp: each device's argmax of its rows (jnp.argmax(x, axis=1)).
+// CHECK-LABEL: func.func @rows_split
+// FULL: func.func @rows_split{{.*}}entangle.verdict = "proven"
+func.func @rows_split(%x: tensor<16x8xf32>) -> tensor<16xi32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{"dp", "tp"}, {}]>] out_shardings=[<@mesh, [{"dp", "tp"}]>] manual_axes={"dp", "tp"} (%a: tensor<2x8xf32>) {
+    %iota = stablehlo.iota dim = 1 : tensor<2x8xi32>
+    %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c0 = stablehlo.constant dense<0> : tensor<i32>
+    // CHECK: stablehlo.reduce
+    // CHECK-SAME: entangle.relation = "tile [{dp, tp}] : argmax(%arg0, iota(dim 1), dims=[1], init=(-inf, 0)).values; tile [{dp, tp}] : argmax(%arg0, iota(dim 1), dims=[1], init=(-inf, 0)).indices"
+    %1:2 = stablehlo.reduce(%a init: %ninf), (%iota init: %c0) across dimensions = [1] : (tensor<2x8xf32>, tensor<2x8xi32>, tensor<f32>, tensor<i32>) -> (tensor<2xf32>, tensor<2xi32>)
+     reducer(%v: tensor<f32>, %w: tensor<f32>) (%i: tensor<i32>, %j: tensor<i32>)  {
+      %4 = stablehlo.compare EQ, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %1 = stablehlo.compare LT, %w, %v, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %2 = stablehlo.compare NE, %v, %v, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.or %2, %1 : tensor<i1>
+      %5 = stablehlo.compare LT, %i, %j, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %6 = stablehlo.and %5, %4 : tensor<i1>
+      %7 = stablehlo.or %3, %6 : tensor<i1>
+      %8 = stablehlo.select %3, %v, %w : tensor<i1>, tensor<f32>
+      %9 = stablehlo.select %7, %i, %j : tensor<i1>, tensor<i32>
+      stablehlo.return %8, %9 : tensor<f32>, tensor<i32>
+    }
+    sdy.return %1#1 : tensor<2xi32>
+  } : (tensor<16x8xf32>) -> tensor<16xi32>
+  return %0 : tensor<16xi32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["tp"=4]>
+
+func.func @ref(%x: tensor<16x8xf32>) -> tensor<16xi32> {
+  %iota = stablehlo.iota dim = 1 : tensor<16x8xi32>
+  %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %0:2 = stablehlo.reduce(%x init: %ninf), (%iota init: %c0) across dimensions = [1] : (tensor<16x8xf32>, tensor<16x8xi32>, tensor<f32>, tensor<i32>) -> (tensor<16xf32>, tensor<16xi32>)
+   reducer(%v: tensor<f32>, %w: tensor<f32>) (%i: tensor<i32>, %j: tensor<i32>)  {
+    %1 = stablehlo.compare GT, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %2 = stablehlo.compare NE, %v, %v, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %3 = stablehlo.or %1, %2 : tensor<i1>
+    %4 = stablehlo.compare EQ, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %5 = stablehlo.compare LT, %i, %j, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+    %6 = stablehlo.and %4, %5 : tensor<i1>
+    %7 = stablehlo.or %3, %6 : tensor<i1>
+    %8 = stablehlo.select %3, %v, %w : tensor<i1>, tensor<f32>
+    %9 = stablehlo.select %7, %i, %j : tensor<i1>, tensor<i32>
+    stablehlo.return %8, %9 : tensor<f32>, tensor<i32>
+  }
+  return %0#1 : tensor<16xi32>
+}
+
+// The reduced dim split: each device's argmax is within its own block, numbered from 0.
+// CHECK-LABEL: func.func @reduced_dim_split
+// FULL: func.func @reduced_dim_split{{.*}}entangle.verdict = "not proven"
+func.func @reduced_dim_split(%x: tensor<16x8xf32>) -> tensor<16xi32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{}, {"tp"}]>] out_shardings=[<@mesh, [{}]>] manual_axes={"tp"} (%a: tensor<16x2xf32>) {
+    %iota = stablehlo.iota dim = 1 : tensor<16x2xi32>
+    %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c0 = stablehlo.constant dense<0> : tensor<i32>
+    // CHECK: stablehlo.reduce
+    // CHECK-SAME: entangle.relation = "opaque: argmax over dim 1, which is split over 'tp': the answer within one block (with indices local to it); the layout tier does not relate per-block answers yet
+    // expected-error @+1 {{argmax over dim 1, which is split over 'tp': the answer within one block (with indices local to it); the layout tier does not relate per-block answers yet}}
+    %1:2 = stablehlo.reduce(%a init: %ninf), (%iota init: %c0) across dimensions = [1] : (tensor<16x2xf32>, tensor<16x2xi32>, tensor<f32>, tensor<i32>) -> (tensor<16xf32>, tensor<16xi32>)
+     reducer(%v: tensor<f32>, %w: tensor<f32>) (%i: tensor<i32>, %j: tensor<i32>)  {
+      %1 = stablehlo.compare GT, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %2 = stablehlo.compare NE, %v, %v, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.or %1, %2 : tensor<i1>
+      %4 = stablehlo.compare EQ, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %5 = stablehlo.compare LT, %i, %j, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %6 = stablehlo.and %4, %5 : tensor<i1>
+      %7 = stablehlo.or %3, %6 : tensor<i1>
+      %8 = stablehlo.select %3, %v, %w : tensor<i1>, tensor<f32>
+      %9 = stablehlo.select %7, %i, %j : tensor<i1>, tensor<i32>
+      stablehlo.return %8, %9 : tensor<f32>, tensor<i32>
+    }
+    sdy.return %1#1 : tensor<16xi32>
+  } : (tensor<16x8xf32>) -> tensor<16xi32>
+  return %0 : tensor<16xi32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["tp"=4]>
+
+func.func @ref(%x: tensor<16x8xf32>) -> tensor<16xi32> {
+  %iota = stablehlo.iota dim = 1 : tensor<16x8xi32>
+  %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %0:2 = stablehlo.reduce(%x init: %ninf), (%iota init: %c0) across dimensions = [1] : (tensor<16x8xf32>, tensor<16x8xi32>, tensor<f32>, tensor<i32>) -> (tensor<16xf32>, tensor<16xi32>)
+   reducer(%v: tensor<f32>, %w: tensor<f32>) (%i: tensor<i32>, %j: tensor<i32>)  {
+    %1 = stablehlo.compare GT, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %2 = stablehlo.compare NE, %v, %v, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %3 = stablehlo.or %1, %2 : tensor<i1>
+    %4 = stablehlo.compare EQ, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+    %5 = stablehlo.compare LT, %i, %j, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+    %6 = stablehlo.and %4, %5 : tensor<i1>
+    %7 = stablehlo.or %3, %6 : tensor<i1>
+    %8 = stablehlo.select %3, %v, %w : tensor<i1>, tensor<f32>
+    %9 = stablehlo.select %7, %i, %j : tensor<i1>, tensor<i32>
+    stablehlo.return %8, %9 : tensor<f32>, tensor<i32>
+  }
+  return %0#1 : tensor<16xi32>
+}
+
+// A region that keeps the LAST index on ties (i > j): another function than argmax.
+// CHECK-LABEL: func.func @last_index_on_ties
+// FULL: func.func @last_index_on_ties{{.*}}entangle.verdict = "not proven"
+func.func @last_index_on_ties(%x: tensor<16x8xf32>) -> tensor<16xi32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{"tp"}, {}]>] out_shardings=[<@mesh, [{"tp"}]>] manual_axes={"tp"} (%a: tensor<4x8xf32>) {
+    %iota = stablehlo.iota dim = 1 : tensor<4x8xi32>
+    %ninf = stablehlo.constant dense<0xFF800000> : tensor<f32>
+    %c0 = stablehlo.constant dense<0> : tensor<i32>
+    // CHECK: stablehlo.reduce
+    // CHECK-SAME: entangle.relation = "opaque: not a supported reduction: reduce over (values, indices) whose region is not jax's argmax/argmin comparator
+    // expected-error @+1 {{not a supported reduction: reduce over (values, indices) whose region is not jax's argmax/argmin comparator (the larger/smaller value, on ties the first index)}}
+    %1:2 = stablehlo.reduce(%a init: %ninf), (%iota init: %c0) across dimensions = [1] : (tensor<4x8xf32>, tensor<4x8xi32>, tensor<f32>, tensor<i32>) -> (tensor<4xf32>, tensor<4xi32>)
+     reducer(%v: tensor<f32>, %w: tensor<f32>) (%i: tensor<i32>, %j: tensor<i32>)  {
+      %1 = stablehlo.compare GT, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %2 = stablehlo.compare NE, %v, %v, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %3 = stablehlo.or %1, %2 : tensor<i1>
+      %4 = stablehlo.compare EQ, %v, %w, FLOAT : (tensor<f32>, tensor<f32>) -> tensor<i1>
+      %5 = stablehlo.compare GT, %i, %j, SIGNED : (tensor<i32>, tensor<i32>) -> tensor<i1>
+      %6 = stablehlo.and %4, %5 : tensor<i1>
+      %7 = stablehlo.or %3, %6 : tensor<i1>
+      %8 = stablehlo.select %3, %v, %w : tensor<i1>, tensor<f32>
+      %9 = stablehlo.select %7, %i, %j : tensor<i1>, tensor<i32>
+      stablehlo.return %8, %9 : tensor<f32>, tensor<i32>
+    }
+    sdy.return %1#1 : tensor<4xi32>
+  } : (tensor<16x8xf32>) -> tensor<16xi32>
+  return %0 : tensor<16xi32>
+}

@@ -238,3 +238,61 @@ def test_narrowing_convert_is_not_the_identity_in_z3():
 def test_exact_convert_table(source, target, exact):
     assert precision.exact_convert(source, target) == exact
     assert precision.rounds(source, target) == (not exact)
+
+
+_FORMATS = [(5, 10), (8, 7), (8, 23), (4, 3), (5, 2), (8, 22), (6, 23), (7, 10)]
+
+
+def _edge_values() -> np.ndarray:
+    """f32 values across the range: random magnitudes from 1e-40 to 1e38, f16's and f32's
+    subnormal and overflow edges, ties of the rounding."""
+    rng = np.random.default_rng(0)
+    wide = rng.standard_normal(1500) * 10.0 ** rng.integers(-40, 39, 1500)
+    edges = [1.00390625, 1.01171875, 65504, 65520, 65519.99, 2**-14, 2**-15, 2**-14 * 0.99,
+             2**-14 * 1.5, 2**-24, 2**-149, 2**-127, 3.4e38, -3.4e38, 1.0000001, 0.0]
+    return np.concatenate([wide, rng.standard_normal(300) * 2.0**-14,
+                           rng.standard_normal(300) * 65504, edges]).astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_reduce_precision_matches_xla_bit_for_bit(dtype):
+    """`precision.reduce_precision` (exact) against XLA's reduce_precision on CPU, format by
+    format: the rounding, the flush of values below the format's least normal to zero and the
+    overflow to infinity."""
+    values = _edge_values()
+    if dtype == "bf16":
+        values = values.astype(ml_dtypes.bfloat16)
+    formats = _FORMATS if dtype == "f32" else [(5, 10), (8, 5), (5, 7), (4, 3), (8, 7)]
+    for e, m in formats:
+        got = np.asarray(jax.jit(lambda v, e=e, m=m: lax.reduce_precision(v, e, m))(values))
+        for x, xla in zip(values.astype(np.float64), got.astype(np.float64)):
+            want = float(precision.reduce_precision(float(x), dtype, e, m))
+            assert want == xla or (np.isinf(want) and np.isinf(xla)
+                                   and np.sign(want) == np.sign(xla)), (dtype, e, m, x, xla,
+                                                                        want)
+        if precision.reduce_precision_is_identity(dtype, e, m):
+            assert np.array_equal(got.astype(np.float64), values.astype(np.float64))
+
+
+def test_reduce_precision_identity_table():
+    """The identity exactly when the format has the dtype's exponent and mantissa bits."""
+    assert precision.reduce_precision_is_identity("f32", 8, 23)
+    assert precision.reduce_precision_is_identity("bf16", 8, 23)
+    assert precision.reduce_precision_is_identity("f16", 8, 23)
+    assert precision.reduce_precision_is_identity("bf16", 8, 7)
+    assert not precision.reduce_precision_is_identity("f32", 8, 22)
+    assert not precision.reduce_precision_is_identity("f32", 7, 23)
+    assert not precision.reduce_precision_is_identity("f16", 8, 7)
+    assert not precision.reduce_precision_is_identity("f8E5M2", 8, 23)  # not in the table
+
+
+def test_narrowing_reduce_precision_is_not_the_identity_in_z3():
+    import z3
+
+    from entangle_mlir.semantics.element import reduce_precision
+
+    x = z3.Real("x")
+    solver = z3.Solver()
+    solver.add(reduce_precision(x, "f32", 8, 7) != x)
+    assert solver.check() == z3.sat
+    assert reduce_precision(x, "f32", 8, 23) is x

@@ -249,6 +249,25 @@ def partial_lemmas() -> list[Lemma]:
             Lemma(f"add-partial-2d-{shape}", "stablehlo.add",
                   [rel(x, partial=("dp", "tp")), rel(b)], mesh=M2),
         ]
+    # Partial max/min of booleans and integers: only the order's own operations keep them.
+    for shape in ((4,), (2, 2)):
+        any_, all_ = (rel(arg(shape, "i1"), partial=("tp",), kind=k) for k in ("max", "min"))
+        flag = rel(arg(shape, "i1"))
+        top = rel(arg(shape, "i32"), partial=("tp",), kind="max")
+        out += [
+            Lemma(f"not-partial-any-{shape}", "stablehlo.not", [any_]),
+            Lemma(f"or-partial-any-flag-{shape}", "stablehlo.or", [any_, flag]),
+            Lemma(f"and-partial-any-flag-{shape}", "stablehlo.and", [any_, flag]),
+            Lemma(f"and-partial-alls-{shape}", "stablehlo.and",
+                  [all_, rel(arg(shape, "i1"), partial=("tp",), kind="min")]),
+            Lemma(f"convert-partial-any-i32-{shape}", "stablehlo.convert", [any_],
+                  results=[(shape, "i32")]),
+            Lemma(f"not-partial-int-max-{shape}", "stablehlo.not", [top]),
+            Lemma(f"maximum-partial-int-min-{shape}", "stablehlo.maximum",
+                  [rel(arg(shape, "i32"), partial=("tp",), kind="min"), rel(arg(shape, "i32"))]),
+            Lemma(f"minimum-partial-int-maxes-{shape}", "stablehlo.minimum",
+                  [top, rel(arg(shape, "i32"))]),
+        ]
     # A partial sum over 'dp' combined with a value split over 'tp' (2-D mesh).
     x, b = arg((2, 4)), arg((2, 4))
     out.append(Lemma("add-partial-dp-tiled-tp", "stablehlo.add",
@@ -270,6 +289,40 @@ def partial_lemmas() -> list[Lemma]:
                      results=[((), "i32")], mesh=M2))
     out.append(Lemma("scalar-compare", "stablehlo.compare", [ids, splat(1, (), "i32")],
                      results=[((), "i1")], attrs={"comparison_direction": "GT"}, mesh=M2))
+    return out
+
+
+_E8M23 = {"exponent_bits": 8, "mantissa_bits": 23}
+_E8M7 = {"exponent_bits": 8, "mantissa_bits": 7}
+_E5M10 = {"exponent_bits": 5, "mantissa_bits": 10}
+
+
+def precision_lemmas() -> list[Lemma]:
+    """reduce_precision: at a format holding every value of the dtype it is the identity (any
+    layout, partial sums too); narrower, a rounding that keeps tilings and partial maxima."""
+    out = []
+    for mesh, shape, tiling in ((M1, (4, 2), ("tp",)), (M2, (4, 4), ("dp", "tp")),
+                                (M3, (3, 2), ("tp",))):
+        x = arg(shape)
+        out += [
+            Lemma(f"reduce_precision-e8m23-{shape}", "stablehlo.reduce_precision",
+                  [rel(x, *tiling)], attrs=_E8M23, mesh=mesh),
+            Lemma(f"reduce_precision-e8m7-{shape}", "stablehlo.reduce_precision",
+                  [rel(x, *tiling)], attrs=_E8M7, mesh=mesh),
+            Lemma(f"reduce_precision-e8m23-partial-{shape}", "stablehlo.reduce_precision",
+                  [rel(x, partial=("tp",))], attrs=_E8M23, mesh=mesh),
+            Lemma(f"reduce_precision-e5m10-partialmax-{shape}", "stablehlo.reduce_precision",
+                  [rel(x, partial=("tp",), kind="max")], attrs=_E5M10, mesh=mesh),
+        ]
+    out.append(Lemma("reduce_precision-bf16-e8m23", "stablehlo.reduce_precision",
+                     [rel(arg((4, 2), "bf16"), "tp")], attrs=_E8M23))
+    out.append(Lemma("reduce_precision-bf16-e5m10-partialmin", "stablehlo.reduce_precision",
+                     [rel(arg((2, 2), "bf16"), partial=("tp",), kind="min")], attrs=_E5M10))
+    out.append(Lemma("convert-f32-bf16-partialmax", "stablehlo.convert",
+                     [rel(arg((4, 2)), partial=("tp",), kind="max")],
+                     results=[((4, 2), "bf16")]))
+    out.append(Lemma("reduce_precision-global", "stablehlo.reduce_precision",
+                     [Rel(arg((2, 3)), ((), ()), scope=GLOBAL)], attrs=_E5M10, mesh=None))
     return out
 
 
@@ -313,6 +366,50 @@ def dot_lemmas() -> list[Lemma]:
     return out
 
 
+def _conv_attrs(spatial: int = 1, **window) -> dict:
+    """jax's NC(H...) x OI(H...) -> NC(H...) dimension numbers, window attributes given."""
+    space = tuple(range(2, 2 + spatial))
+    return {"input_batch": 0, "input_feature": 1, "input_spatial": space,
+            "kernel_input_feature": 1, "kernel_output_feature": 0, "kernel_spatial": space,
+            "output_batch": 0, "output_feature": 1, "output_spatial": space,
+            "feature_group_count": 1, "batch_group_count": 1, **window}
+
+
+def conv_lemmas() -> list[Lemma]:
+    """convolution as a dot_general: batch and output features keep their split, split input
+    features (alike in the kernel) make a partial sum; windows, strides, padding and
+    dilations over unsplit spatial dims; a one-element window is a dot."""
+    out = []
+    x, k = arg((4, 2, 5)), arg((2, 2, 2))
+    out.append(Lemma("conv-batch-split", "stablehlo.convolution", [rel(x, "tp"), rel(k)],
+                     results=[((2, 2, 4), "f32")], attrs=_conv_attrs()))
+    out.append(Lemma("conv-features-split", "stablehlo.convolution",
+                     [rel(x, (), "tp"), rel(k, (), "tp")], results=[((4, 2, 4), "f32")],
+                     attrs=_conv_attrs()))
+    out.append(Lemma("conv-out-features-split", "stablehlo.convolution",
+                     [rel(x), rel(k, "tp")], results=[((4, 1, 4), "f32")],
+                     attrs=_conv_attrs()))
+    out.append(Lemma("conv-partial-input", "stablehlo.convolution",
+                     [rel(x, partial=("tp",)), rel(k)], results=[((4, 2, 4), "f32")],
+                     attrs=_conv_attrs()))
+    window = {"window_strides": (2,), "padding": [[1, 2]], "lhs_dilation": (2,),
+              "rhs_dilation": (2,), "window_reversal": (True,)}
+    out.append(Lemma("conv-window-attrs", "stablehlo.convolution",
+                     [rel(arg((2, 2, 3)), "tp"), rel(arg((2, 2, 2)))],
+                     results=[((1, 2, 3), "f32")], attrs=_conv_attrs(**window)))
+    out.append(Lemma("conv-2d-mesh", "stablehlo.convolution",
+                     [rel(arg((2, 4, 3, 3)), "dp", "tp"), rel(arg((2, 4, 2, 2)), (), "tp")],
+                     results=[((1, 2, 2, 2), "f32")], attrs=_conv_attrs(2), mesh=M2))
+    out.append(Lemma("conv-pointwise-is-a-dot", "stablehlo.convolution",
+                     [rel(arg((4, 6)), (), "tp"), rel(arg((3, 6)), (), "tp")],
+                     results=[((4, 3), "f32")], attrs=_conv_attrs(0), mesh=M3))
+    out.append(Lemma("conv-global", "stablehlo.convolution",
+                     [Rel(arg((1, 2, 4)), ((), (), ()), scope=GLOBAL),
+                      Rel(arg((3, 2, 2)), ((), (), ()), scope=GLOBAL)],
+                     results=[((1, 3, 3), "f32")], attrs=_conv_attrs(), mesh=None))
+    return out
+
+
 def reduce_lemmas() -> list[Lemma]:
     out = []
     for shape in ((4, 2), (2, 6)):
@@ -335,10 +432,38 @@ def reduce_lemmas() -> list[Lemma]:
         out.append(Lemma(f"reduce-max-partialmax-{shape}", "stablehlo.reduce",
                          [rel(x, partial=("tp",), kind="max"), splat(-math.inf, ())],
                          results=[((d0,), "f32")], attrs={"dimensions": (1,), "reducer": "max"}))
+    # any/all over split dims (booleans: or is a partial max, and a partial min) and integer
+    # max/min from the integer type's least/greatest value.
+    for mesh, shape, tiling in ((M1, (4, 2), ((), "tp")), (M2, (2, 4), ("dp", "tp")),
+                                (M3, (2, 3), ((), "tp"))):
+        local = tuple(n // mesh.group_size(t if isinstance(t, tuple) else (t,))
+                      for n, t in zip(shape, tiling))
+        b = arg(shape, "i1")
+        for reducer, init in (("or", 0), ("and", 1), ("max", 0), ("min", 1)):
+            out.append(Lemma(f"reduce-{reducer}-i1-split-{shape}-{len(mesh.names)}",
+                             "stablehlo.reduce", [rel(b, *tiling), splat(init, (), "i1")],
+                             results=[((local[0],), "i1")],
+                             attrs={"dimensions": (1,), "reducer": reducer}, mesh=mesh))
+        ints = arg(shape, "i32")
+        for reducer, init in (("max", -(2**31)), ("min", 2**31 - 1)):
+            out.append(Lemma(f"reduce-{reducer}-i32-split-{shape}-{len(mesh.names)}",
+                             "stablehlo.reduce", [rel(ints, *tiling), splat(init, (), "i32")],
+                             results=[((local[0],), "i32")],
+                             attrs={"dimensions": (1,), "reducer": reducer}, mesh=mesh))
+    out.append(Lemma("reduce-or-i1-of-partial-any", "stablehlo.reduce",
+                     [rel(arg((2, 4), "i1"), partial=("tp",), kind="max"), splat(0, (), "i1")],
+                     results=[((2,), "i1")], attrs={"dimensions": (1,), "reducer": "or"}))
+    out.append(Lemma("reduce-or-i1-init-true", "stablehlo.reduce",
+                     [rel(arg((4, 2), "i1"), "tp"), splat(1, (), "i1")],
+                     results=[((2,), "i1")], attrs={"dimensions": (1,), "reducer": "or"}))
+    out.append(Lemma("reduce-max-ui8-split", "stablehlo.reduce",
+                     [rel(arg((2, 4), "ui8"), (), "tp"), splat(0, (), "ui8")],
+                     results=[((2,), "ui8")], attrs={"dimensions": (1,), "reducer": "max"}))
     x = arg((4, 4))
     out.append(Lemma("reduce-add-2d", "stablehlo.reduce", [rel(x, "dp", "tp"), splat(0, ())],
                      results=[((2,), "f32")], attrs={"dimensions": (1,), "reducer": "add"},
                      mesh=M2))
+    out += argmax_lemmas()
     # reduce_window (jnp.cumsum / cummax): windows along unsplit dims, split dims untouched.
     cumsum = {"window_dimensions": (1, 3), "padding": [[0, 0], [2, 0]]}
     for reducer, init in (("add", 0), ("max", -math.inf), ("min", math.inf)):
@@ -353,6 +478,51 @@ def reduce_lemmas() -> list[Lemma]:
                      results=[((2, 2), "f32")],
                      attrs={"window_dimensions": (2, 1), "window_strides": (1, 1),
                             "padding": [[0, 1], [0, 0]], "reducer": "max"}, mesh=M3))
+    return out
+
+
+_NEG_INF, _POS_INF = -math.inf, math.inf
+
+
+def _arg_lemma(name: str, kind: str, values: Rel, indices: Rel, init, dims, kept_local,
+               mesh: Mesh | None = M1, index_dtype: str = "i32") -> Lemma:
+    dtype = values.term.dtype
+    init_index = splat(0, (), index_dtype)
+    init_value = splat(init, (), dtype)
+    if mesh is None:
+        init_index = Rel(init_index.term, (), scope=GLOBAL)
+        init_value = Rel(init_value.term, (), scope=GLOBAL)
+    return Lemma(name, "stablehlo.reduce", [values, indices, init_value, init_index],
+                 results=[(kept_local, dtype), (kept_local, index_dtype)],
+                 attrs={"dimensions": tuple(dims), "reducer": kind}, mesh=mesh)
+
+
+def argmax_lemmas() -> list[Lemma]:
+    """argmax / argmin (jax's comparator) over unsplit dims: the other dims keep their split,
+    values and indices alike (an iota at the local shape, or any index tensor)."""
+    out = []
+    x, iota = arg((4, 3)), T.make_iota((4, 3), 1, "i32")
+    out.append(_arg_lemma("argmax-rows-tp", "argmax", rel(x, "tp"), rel(iota, "tp"), _NEG_INF,
+                          (1,), (2,)))
+    local_iota = Rel(T.make_iota((2, 3), 1, "i32"), ((), ()), poly=frozenset({0}))
+    out.append(_arg_lemma("argmax-rows-tp-local-iota", "argmax", rel(x, "tp"), local_iota,
+                          _NEG_INF, (1,), (2,)))
+    out.append(_arg_lemma("argmin-rows-tp3", "argmin", rel(arg((3, 4)), "tp"),
+                          rel(T.make_iota((3, 4), 1, "i32"), "tp"), _POS_INF, (1,), (1,),
+                          mesh=M3))
+    x3 = arg((4, 2, 3))
+    out.append(_arg_lemma("argmax-2d-mesh", "argmax", rel(x3, "dp", "tp"),
+                          rel(T.make_iota((4, 2, 3), 2, "i32"), "dp", "tp"), _NEG_INF, (2,),
+                          (2, 1), mesh=M2))
+    out.append(_arg_lemma("argmax-any-indices", "argmax", rel(arg((4, 3)), "tp"),
+                          rel(arg((4, 3), "i32"), "tp"), _NEG_INF, (1,), (2,)))
+    out.append(_arg_lemma("argmax-int-values", "argmax", rel(arg((2, 4), "i32"), (), ()),
+                          rel(T.make_iota((2, 4), 1, "i32")), -(2**31), (1,), (2,)))
+    out.append(_arg_lemma("argmin-keep-split-dim0", "argmin", rel(arg((4, 2)), "tp"),
+                          rel(T.make_iota((4, 2), 1, "i32"), "tp"), 1.5, (1,), (2,)))
+    out.append(_arg_lemma("argmax-global", "argmax", Rel(arg((2, 3)), ((), ()), scope=GLOBAL),
+                          Rel(T.make_iota((2, 3), 1, "i32"), ((), ()), scope=GLOBAL), _NEG_INF,
+                          (1,), (2,), mesh=None))
     return out
 
 
@@ -847,9 +1017,24 @@ def sorting_lemmas() -> list[Lemma]:
         local = tuple(s // mesh.group_size((a,)) if isinstance(a, str) else s
                       for s, a in zip(shape, tiling + ((),) * (len(shape) - len(tiling))))
         out_shape = local[:-1] + (k,)
-        out.append(Lemma(f"top_k-{'x'.join(map(str, shape))}-k{k}", "chlo.top_k",
-                         [rel(x, *tiling)], results=[(out_shape, "f32"), (out_shape, "i32")],
-                         attrs={"k": k}, mesh=mesh))
+        for op in ("chlo.top_k", "mhlo.topk"):
+            out.append(Lemma(f"{op.split('.')[1]}-{'x'.join(map(str, shape))}-k{k}", op,
+                             [rel(x, *tiling)],
+                             results=[(out_shape, "f32"), (out_shape, "i32")],
+                             attrs={"k": k}, mesh=mesh))
+    # stablehlo.sort with jax's ascending comparator along an unsplit dim (argsort: the keys
+    # and an iota moved with them).
+    for mesh, shape, tiling, dim in ((M1, (4, 3), ("tp",), 1), (M3, (3, 4), ("tp",), 1),
+                                     (M2, (2, 4, 3), ("dp", "tp"), 2), (M1, (3, 4), ((), "tp"), 0)):
+        x = arg(shape)
+        local = rel(x, *tiling).local_shape(mesh)
+        attrs = {"dimension": dim, "is_stable": True, "comparator": "ascending"}
+        out.append(Lemma(f"sort-{'x'.join(map(str, shape))}-dim{dim}", "stablehlo.sort",
+                         [rel(x, *tiling)], results=[(local, "f32")], attrs=attrs, mesh=mesh))
+        iota = T.make_iota(shape, dim, "i32")
+        out.append(Lemma(f"argsort-{'x'.join(map(str, shape))}-dim{dim}", "stablehlo.sort",
+                         [rel(x, *tiling), rel(iota, *tiling)],
+                         results=[(local, "f32"), (local, "i32")], attrs=attrs, mesh=mesh))
     out += batching_lemmas()
     return out
 
@@ -892,9 +1077,45 @@ def batching_lemmas() -> list[Lemma]:
     return out
 
 
-ALL_LEMMAS = (elementwise_lemmas() + partial_lemmas() + dot_lemmas() + reduce_lemmas()
+def case_lemmas() -> list[Lemma]:
+    """case (lax.switch): the branches' results selected by a device-independent index keep
+    the layout they agree on (tilings, partial sums); a constant index picks its branch, one
+    out of range the last."""
+    out = []
+    index = rel(arg((), "i32"))
+    for mesh, shape, tiling in ((M1, (4, 2), ("tp",)), (M2, (4, 4), ("dp", "tp")),
+                                (M3, (3, 2), ("tp",))):
+        local = rel(arg(shape), *tiling).local_shape(mesh)
+        branches = [rel(arg(shape), *tiling) for _ in range(3)]
+        out.append(Lemma(f"case-3-tiled-{shape}", "stablehlo.case", [index, *branches],
+                         results=[(local, "f32")], attrs={"branches": 3}, mesh=mesh))
+    sums = [rel(arg((2, 2)), partial=("tp",)) for _ in range(2)]
+    out.append(Lemma("case-partial-sums", "stablehlo.case", [index, *sums],
+                     results=[((2, 2), "f32")], attrs={"branches": 2}))
+    pairs = [rel(arg((4,)), "tp"), rel(arg((2,), "i32")), rel(arg((4,)), "tp"),
+             rel(arg((2,), "i32"))]
+    out.append(Lemma("case-two-results", "stablehlo.case", [index, *pairs],
+                     results=[((2,), "f32"), ((2,), "i32")], attrs={"branches": 2}))
+    out.append(Lemma("case-splat-branch", "stablehlo.case",
+                     [index, rel(arg((4, 2)), "tp"), splat(1.5, (2, 2))],
+                     results=[((2, 2), "f32")], attrs={"branches": 2}))
+    for k in (1, 7, -1):
+        out.append(Lemma(f"case-constant-index-{k}", "stablehlo.case",
+                         [splat(k, (), "i32"), rel(arg((4,)), "tp"), rel(arg((4,)), "tp"),
+                          rel(arg((4,)), "tp")], results=[((2,), "f32")],
+                         attrs={"branches": 3}))
+    out.append(Lemma("case-global", "stablehlo.case",
+                     [Rel(arg((), "i32"), (), scope=GLOBAL)] +
+                     [Rel(arg((2, 3)), ((), ()), scope=GLOBAL) for _ in range(2)],
+                     results=[((2, 3), "f32")], attrs={"branches": 2}, mesh=None))
+    return out
+
+
+ALL_LEMMAS = (elementwise_lemmas() + partial_lemmas() + precision_lemmas() + dot_lemmas()
+              + conv_lemmas()
+              + reduce_lemmas()
               + movement_lemmas() + collective_lemmas() + index_lemmas() + indexed_lemmas()
-              + sorting_lemmas())
+              + sorting_lemmas() + case_lemmas())
 
 
 @pytest.mark.parametrize("lemma", ALL_LEMMAS, ids=[lemma.name for lemma in ALL_LEMMAS])
@@ -1153,6 +1374,57 @@ def test_refutes_top_k_of_split_candidates() -> None:
            attrs={"k": 2})
 
 
+def test_refutes_mhlo_topk_of_split_candidates() -> None:
+    from entangle_mlir.rules.sorting import make_top_k
+
+    x = arg((2, 4))
+    outs = [rel(make_top_k(x, 2, 0, "f32")), rel(make_top_k(x, 2, 1, "i32"))]
+    refute("mhlo.topk", [rel(x, (), "tp")], outs, [((2, 2), "f32"), ((2, 2), "i32")],
+           attrs={"k": 2})
+
+
+_SORT = {"dimension": 1, "is_stable": True, "comparator": "ascending"}
+
+
+def test_refutes_sort_of_split_rows_as_the_row_sort() -> None:
+    """Each device sorting its own block of a row is not the sorted row."""
+    from entangle_mlir.rules.sorting import make_sort
+
+    x = arg((2, 4))
+    refute("stablehlo.sort", [rel(x, (), "tp")], [rel(make_sort((x,), 1, 0), (), "tp")],
+           [((2, 2), "f32")], _SORT)
+
+
+def test_refutes_argsort_moving_another_operand() -> None:
+    """The indices follow the keys, not the keys of another tensor."""
+    from entangle_mlir.rules.sorting import make_sort
+
+    x, y = arg((4, 3)), arg((4, 3))
+    iota = T.make_iota((4, 3), 1, "i32")
+    refute("stablehlo.sort", [rel(x, "tp"), rel(iota, "tp")],
+           [rel(make_sort((x, iota), 1, 0), "tp"), rel(make_sort((y, iota), 1, 1), "tp")],
+           [((2, 3), "f32"), ((2, 3), "i32")], _SORT)
+
+
+def test_refuses_sorts_the_rules_must_not_relate() -> None:
+    for ins, attrs in (([rel(arg((2, 4)), (), "tp")], _SORT),
+                       ([rel(arg((4, 3)), partial=("tp",))], _SORT),
+                       ([rel(arg((4, 3)))], {**_SORT, "comparator": "other"}),
+                       ([rel(arg((4, 3))), rel(arg((4, 3)))], {**_SORT, "is_stable": False}),
+                       ([rel(arg((4, 3)))], {**_SORT, "is_stable": False})):
+        lemma = Lemma("refused", "stablehlo.sort", ins,
+                      results=[((4, 3), "f32")] * len(ins), attrs=attrs)
+        outs = RULES["stablehlo.sort"](lemma.info(), ins, lemma.context())
+        assert all(isinstance(v, Opaque) for v in outs), outs
+
+
+def test_refuses_the_k_smallest() -> None:
+    lemma = Lemma("refused", "mhlo.topk", [rel(arg((4, 4)), "tp")],
+                  results=[((2, 2), "f32"), ((2, 2), "i32")], attrs={"k": 2, "largest": False})
+    outs = RULES["mhlo.topk"](lemma.info(), lemma.ins, lemma.context())
+    assert all(isinstance(v, Opaque) for v in outs), outs
+
+
 def test_refutes_take_along_axis_with_only_the_indices_split() -> None:
     """Rows of the indices split over tp but a replicated operand: each device would pair its
     local index rows with the operand's first rows; claiming the split gather is refuted."""
@@ -1169,6 +1441,197 @@ def test_refuses_take_along_axis_with_only_the_indices_split() -> None:
                   results=[((2, 1), "f32")], attrs=dict(_TAKE_ALONG))
     (value,) = RULES[lemma.op](lemma.info(), list(lemma.ins), lemma.context())
     assert isinstance(value, Opaque) and "pair rows of different tokens" in value.reason
+
+
+def test_refutes_narrowing_reduce_precision_claimed_the_identity() -> None:
+    """e8m7 on f32 rounds: claiming the operand's own term is refuted (the lemma set proves
+    the rounding term instead)."""
+    x = arg((4, 2))
+    refute("stablehlo.reduce_precision", [rel(x, "tp")], [rel(x, "tp")], [((2, 2), "f32")],
+           _E8M7)
+
+
+def test_refutes_narrowing_reduce_precision_of_a_partial_sum() -> None:
+    """Rounded pieces do not add up to the rounded sum."""
+    x = arg((2, 2))
+    rounded = T.make_elementwise("stablehlo.reduce_precision", (x,), (5, 10))
+    refute("stablehlo.reduce_precision", [rel(x, partial=("tp",))],
+           [rel(rounded, partial=("tp",))], [((2, 2), "f32")], _E5M10)
+
+
+def test_refutes_reduce_precision_at_another_format() -> None:
+    """e5m10 is not e8m7: two roundings, two functions."""
+    x = arg((4,))
+    other = T.make_elementwise("stablehlo.reduce_precision", (x,), (8, 7))
+    refute("stablehlo.reduce_precision", [rel(x, "tp")], [rel(other, "tp")], [((2,), "f32")],
+           _E5M10)
+
+
+def test_refutes_any_of_split_dim_claimed_a_partial_all() -> None:
+    """The or of each device's block combined with `and` is not the any of the row."""
+    b = arg((2, 4), "i1")
+    wrong = rel(T.intern("reduce_or", (b,), ((1,),), (2,), "i1"), partial=("tp",), kind="min")
+    refute("stablehlo.reduce", [rel(b, (), "tp"), splat(0, (), "i1")], [wrong], [((2,), "i1")],
+           {"dimensions": (1,), "reducer": "or"})
+
+
+def test_refutes_all_reduce_and_of_a_partial_any() -> None:
+    """pmin (and) of the devices' any is not the any."""
+    b = arg((2,), "i1")
+    any_ = T.intern("reduce_or", (arg((2, 4), "i1"),), ((1,),), (2,), "i1")
+    refute("stablehlo.all_reduce", [rel(any_, partial=("tp",), kind="max")], [rel(any_)],
+           [((2,), "i1")], {**groups(M1, "tp"), "reducer": "min"})
+    del b
+
+
+def test_refutes_negated_partial_integer_max_as_a_partial_min() -> None:
+    """-max_d(a_d) is not min_d(-a_d) in int32: -INT_MIN wraps to INT_MIN."""
+    x = arg((2,), "i32")
+    wrong = rel(T.make_elementwise("stablehlo.negate", (x,)), partial=("tp",), kind="min")
+    refute("stablehlo.negate", [rel(x, partial=("tp",), kind="max")], [wrong], [((2,), "i32")])
+
+
+def test_refutes_or_of_two_partial_alls_as_a_partial_all() -> None:
+    """(and over devices of a) or (and over devices of b) is not the and over devices of
+    a_d or b_d."""
+    a, b = arg((2,), "i1"), arg((2,), "i1")
+    wrong = rel(T.make_elementwise("stablehlo.or", (a, b)), partial=("tp",), kind="min")
+    refute("stablehlo.or", [rel(a, partial=("tp",), kind="min"),
+                            rel(b, partial=("tp",), kind="min")], [wrong], [((2,), "i1")])
+
+
+def test_refuses_ordered_partials_the_rules_must_not_keep() -> None:
+    """The rules do not claim them in the first place: negate and add of a partial integer
+    max (they wrap around), or of two partial alls."""
+    x = arg((2,), "i32")
+    top = rel(x, partial=("tp",), kind="max")
+    for op, ins in (("stablehlo.negate", [top]), ("stablehlo.add", [top, rel(arg((2,), "i32"))]),
+                    ("stablehlo.or", [rel(arg((2,), "i1"), partial=("tp",), kind="min"),
+                                      rel(arg((2,), "i1"), partial=("tp",), kind="min")])):
+        lemma = Lemma("refused", op, ins)
+        outs = RULES[op](lemma.info(), ins, lemma.context())
+        assert isinstance(outs[0], Opaque), (op, outs)
+
+
+def test_refutes_argmax_of_split_blocks_as_the_row_argmax() -> None:
+    """Each device's argmax of its block (global indices) is not the row's argmax."""
+    from entangle_mlir.rules.reduction import make_arg_reduce
+
+    x, iota = arg((2, 4)), T.make_iota((2, 4), 1, "i32")
+    ninf, zero = T.make_splat(-math.inf, (), "f32"), T.make_splat(0, (), "i32")
+    outs = [rel(make_arg_reduce("argmax", x, iota, ninf, zero, (1,), r)) for r in (0, 1)]
+    refute("stablehlo.reduce", [rel(x, (), "tp"), rel(iota, (), "tp"), splat(-math.inf, ()),
+                                splat(0, (), "i32")], outs, [((2,), "f32"), ((2,), "i32")],
+           {"dimensions": (1,), "reducer": "argmax"})
+
+
+def test_refutes_argmax_claimed_as_argmin() -> None:
+    from entangle_mlir.rules.reduction import make_arg_reduce
+
+    x, iota = arg((4, 3)), T.make_iota((4, 3), 1, "i32")
+    ninf, zero = T.make_splat(-math.inf, (), "f32"), T.make_splat(0, (), "i32")
+    outs = [rel(make_arg_reduce("argmin", x, iota, ninf, zero, (1,), r), "tp") for r in (0, 1)]
+    refute("stablehlo.reduce", [rel(x, "tp"), rel(iota, "tp"), splat(-math.inf, ()),
+                                splat(0, (), "i32")], outs, [((2,), "f32"), ((2,), "i32")],
+           {"dimensions": (1,), "reducer": "argmax"})
+
+
+def test_refutes_argmax_indices_from_another_index_tensor() -> None:
+    """The indices picked are the index operand's, not an iota's."""
+    from entangle_mlir.rules.reduction import make_arg_reduce
+
+    x, ids = arg((4, 3)), arg((4, 3), "i32")
+    iota = T.make_iota((4, 3), 1, "i32")
+    ninf, zero = T.make_splat(-math.inf, (), "f32"), T.make_splat(0, (), "i32")
+    outs = [rel(make_arg_reduce("argmax", x, iota, ninf, zero, (1,), r), "tp") for r in (0, 1)]
+    refute("stablehlo.reduce", [rel(x, "tp"), rel(ids, "tp"), splat(-math.inf, ()),
+                                splat(0, (), "i32")], outs, [((2,), "f32"), ((2,), "i32")],
+           {"dimensions": (1,), "reducer": "argmax"})
+
+
+def test_refuses_argmax_over_a_split_dim_and_of_a_partial() -> None:
+    x, iota = arg((2, 4)), T.make_iota((2, 4), 1, "i32")
+    for values, indices in ((rel(x, (), "tp"), rel(iota, (), "tp")),
+                            (rel(x, partial=("tp",), kind="max"), rel(iota))):
+        lemma = _arg_lemma("refused", "argmax", values, indices, _NEG_INF, (1,), (2,))
+        outs = RULES[lemma.op](lemma.info(), lemma.ins, lemma.context())
+        assert all(isinstance(v, Opaque) for v in outs), outs
+
+
+def test_refutes_case_branches_in_the_wrong_order() -> None:
+    from entangle_mlir.rules.control import select_chain
+
+    i, a, b = arg((), "i32"), arg((4,)), arg((4,))
+    refute("stablehlo.case", [rel(i), rel(a, "tp"), rel(b, "tp")],
+           [rel(select_chain(i, [b, a]), "tp")], [((2,), "f32")], {"branches": 2})
+
+
+def test_refutes_case_out_of_range_index_running_the_first_branch() -> None:
+    """StableHLO runs the last branch for an index out of range, not the first."""
+    i, a, b = arg((), "i32"), arg((4,)), arg((4,))
+    hit = T.make_elementwise("stablehlo.compare", (i, T.make_splat(1, (), "i32")), ("EQ",),
+                             dtype="i1")
+    first_by_default = T.make_elementwise("stablehlo.select", (T.make_broadcast(hit, (), (4,)),
+                                                               b, a))
+    refute("stablehlo.case", [rel(i), rel(a, "tp"), rel(b, "tp")],
+           [rel(first_by_default, "tp")], [((2,), "f32")], {"branches": 2})
+
+
+def test_refutes_case_on_a_partial_index() -> None:
+    """Each device runs the branch of its own piece of a partial max: not the select chain on
+    the max."""
+    from entangle_mlir.rules.control import select_chain
+
+    i, a, b = arg((), "i32"), arg((4,)), arg((4,))
+    refute("stablehlo.case", [rel(i, partial=("tp",), kind="max"), rel(a), rel(b)],
+           [rel(select_chain(i, [a, b]))], [((4,), "f32")], {"branches": 2})
+
+
+def test_refuses_case_on_an_index_that_differs_between_devices() -> None:
+    i = arg((), "i32")
+    for index in (rel(i, partial=("tp",), kind="max"), DeviceScalar((0, 1), ())):
+        lemma = Lemma("refused", "stablehlo.case", [index, rel(arg((4,))), rel(arg((4,)))],
+                      results=[((4,), "f32")], attrs={"branches": 2})
+        outs = RULES["stablehlo.case"](lemma.info(), lemma.ins, lemma.context())
+        assert isinstance(outs[0], Opaque), outs
+
+
+def test_refutes_convolution_over_a_split_spatial_dim() -> None:
+    """Each device's windows stop at its block edge: the output blocks are not the global
+    convolution's."""
+    from entangle_mlir.mlir.opinfo import OpInfo as Info
+    from entangle_mlir.rules.contraction import conv_term
+
+    x, k = arg((1, 2, 8)), arg((2, 2, 3))
+    info = Info("stablehlo.convolution", _conv_attrs(), [], [TensorType((1, 2, 6), "f32")])
+    term = conv_term(info, x, k, (1, 2, 6), "f32")
+    refute("stablehlo.convolution", [rel(x, (), (), "tp"), rel(k)], [rel(term, (), (), "tp")],
+           [((1, 2, 2), "f32")], _conv_attrs())
+
+
+def test_refutes_convolution_with_only_the_input_features_split() -> None:
+    """Every device reads the whole kernel: the pieces do not add up to the convolution."""
+    from entangle_mlir.mlir.opinfo import OpInfo as Info
+    from entangle_mlir.rules.contraction import conv_term
+
+    x, k = arg((1, 4, 3)), arg((2, 4, 2))
+    info = Info("stablehlo.convolution", _conv_attrs(), [], [TensorType((1, 2, 2), "f32")])
+    term = conv_term(info, x, k, (1, 2, 2), "f32")
+    top = T.make_op("slice", (k,), ((0, 0, 0), (2, 2, 2), (1, 1, 1)), (2, 2, 2), "f32",
+                    linear_in=0)
+    refute("stablehlo.convolution", [rel(x, (), "tp"), rel(top)],
+           [rel(term, partial=("tp",))], [((1, 2, 2), "f32")], _conv_attrs())
+
+
+def test_refuses_convolutions_the_rules_must_not_relate() -> None:
+    for ins, attrs in (([rel(arg((1, 2, 8)), (), (), "tp"), rel(arg((2, 2, 3)))], _conv_attrs()),
+                       ([rel(arg((1, 4, 3)), (), "tp"), rel(arg((2, 4, 2)))], _conv_attrs()),
+                       ([rel(arg((1, 4, 3))), rel(arg((2, 2, 2)))],
+                        _conv_attrs(feature_group_count=2))):
+        lemma = Lemma("refused", "stablehlo.convolution", ins, results=[((1, 2, 2), "f32")],
+                      attrs=attrs)
+        outs = RULES[lemma.op](lemma.info(), ins, lemma.context())
+        assert isinstance(outs[0], Opaque), outs
 
 
 def test_refutes_max_of_split_dim_claimed_partial_sum() -> None:

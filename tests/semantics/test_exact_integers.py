@@ -399,3 +399,27 @@ def test_shifted_compare_that_may_wrap_is_stated_exactly() -> None:
     naive = replace(test, ranges=((None, 2),))
     refute("stablehlo.compare", [shifted, bound], [naive], [((4,), "i1")],
            {"comparison_direction": "LT"}, mesh)
+
+
+@pytest.mark.parametrize("dtype,limits", [("i32", (-2**31, 2**31 - 1)), ("ui8", (0, 255)),
+                                          ("i8", (-128, 127))])
+def test_wrap_periods_of_sums_are_exact(dtype, limits) -> None:
+    """`sum_periods` / `range_periods` (the If-chains the instance checks use for sums of
+    values of a dtype, and for a partial sum's last piece) give the modular reduction on
+    every value in the stated range."""
+    import z3
+
+    from entangle_mlir.semantics.element import range_periods, wrap_int
+
+    lo, hi = limits
+    for count in (2, 3, 4, 5, 8):
+        for low, high in ((count * lo, count * hi), (lo - (count - 1) * hi,
+                                                     hi - (count - 1) * lo)):
+            periods = range_periods(dtype, low, high)
+            if periods is None:
+                continue
+            x = z3.Int("x")
+            solver = z3.Solver()
+            solver.add(x >= low, x <= high,
+                       wrap_int(x, dtype, periods) != (x - lo) % (hi - lo + 1) + lo)
+            assert solver.check() == z3.unsat, (dtype, count, low, high, periods)

@@ -87,6 +87,8 @@ def _interpret(func, inputs: list, funcs: dict, seen: set[str]) -> list:
         if name == "func.call":
             callee = funcs[op.operation.attributes["callee"].value]
             results = _interpret(callee, operands, funcs, seen)
+        elif name == "stablehlo.case":
+            results = _interpret_case(op.operation, operands, values, funcs, seen)
         else:
             info = describe(op.operation)
             seen.add(info.name)
@@ -95,6 +97,30 @@ def _interpret(func, inputs: list, funcs: dict, seen: set[str]) -> list:
             assert tuple(value.shape) == tuple(r.type.shape), (name, value.shape, r.type)
             values[r] = value
     raise AssertionError("no func.return")
+
+
+def _interpret_case(op, operands: list, values: dict, funcs: dict, seen: set[str]) -> list:
+    """A case as the walker reads it: every branch run (its ops may read the enclosing
+    values), then OP_SEMANTICS["stablehlo.case"] on the index and the branches' results."""
+    branch_results, types = [], [describe(op).operand_types[0]]
+    for region in op.regions:
+        block = region.blocks[0]
+        inner = dict(values)
+        for nested in block.operations:
+            if nested.operation.name == "stablehlo.return":
+                branch_results.extend(inner[v] for v in nested.operands)
+                types.extend(TensorType(tuple(v.type.shape), str(v.type.element_type))
+                             for v in nested.operands)
+                break
+            info = describe(nested.operation)
+            seen.add(info.name)
+            for r, value in zip(nested.results, OP_SEMANTICS[info.name](
+                    info, [inner[v] for v in nested.operands])):
+                inner[r] = value
+    info = describe(op)
+    seen.add("stablehlo.case")
+    info = OpInfo("stablehlo.case", {"branches": len(op.regions)}, types, info.result_types)
+    return OP_SEMANTICS["stablehlo.case"](info, operands + branch_results)
 
 
 def run_both(fn: Callable, *args: np.ndarray) -> tuple[list[np.ndarray], list, set[str]]:
@@ -119,7 +145,7 @@ def run_text(text: str, *args: np.ndarray) -> tuple[list[np.ndarray], list, set[
     exe = backend.compile_and_load(text, xla_client.DeviceList((device,)),
                                    xla_client.CompileOptions())
     out = exe.execute_sharded([jax.device_put(a, device) for a in args])
-    theirs = [np.asarray(x) for x in out.disassemble_into_single_device_arrays()[0]]
+    theirs = [np.asarray(x[0]) for x in out.disassemble_into_single_device_arrays()]
     module = parse_module(text)
     funcs = _functions(module)
     seen: set[str] = set()
@@ -204,6 +230,9 @@ func.func public @main(%arg0: tensor<2x3xf32>) -> tensor<2x3xf32> {
     ("stablehlo.select", lambda a, b: lax.select(a > 0, a, b), (X, Y)),
     ("stablehlo.clamp", lambda a: lax.clamp(np.float32(-0.5), a, np.float32(0.7)), (X,)),
     ("stablehlo.convert", lambda a: a.astype(jnp.int32).astype(jnp.float32), (X * 3,)),
+    ("stablehlo.reduce_precision", lambda a: lax.reduce_precision(a, 5, 10), (X * 1e4,)),
+    ("stablehlo.reduce_precision", lambda a: lax.reduce_precision(a, 8, 7), (X,)),
+    ("stablehlo.reduce_precision", lambda a: lax.reduce_precision(a, 8, 23), (X,)),
     ("stablehlo.and", lambda a, b: ((a > 0) & (b > 0)).astype(jnp.float32), (X, Y)),
     ("stablehlo.or", lambda a, b: ((a > 0) | (b > 0)).astype(jnp.float32), (X, Y)),
     ("stablehlo.xor", lambda a, b: ((a > 0) ^ (b > 0)).astype(jnp.float32), (X, Y)),
@@ -235,6 +264,14 @@ def test_integer_division_and_remainder_truncate() -> None:
 def test_int_float_converts() -> None:
     check(lambda i: i.astype(jnp.float32) * 0.5, ints(2, 3), expect="stablehlo.convert")
     check(lambda a: (a > 0).astype(jnp.int32) + 1, X, expect="stablehlo.convert")
+
+
+def test_bitwise_not_of_integers() -> None:
+    """~x is least + greatest - x: -1 - x signed, MAX - x unsigned."""
+    for dtype in (np.int32, np.int8, np.uint8, np.uint32):
+        info = np.iinfo(dtype)
+        values = np.array([0, 1, 5, info.max, info.min], dtype)
+        check(lambda a: ~a, values, expect="stablehlo.not", rtol=0, atol=0)
 
 
 def test_integer_power() -> None:
@@ -273,6 +310,38 @@ MOVEMENT_CASES: list[tuple[str, Callable, tuple]] = [
     ("stablehlo.reduce_window",
      lambda a: lax.reduce_window(a, np.float32(0.5), lax.add, (2, 2), (2, 1), ((1, 0), (0, 1)),
                                  (1, 2), (2, 1)), (rand(4, 3),)),
+    ("stablehlo.reduce", lambda a: jnp.argmax(a, axis=1), (rand(3, 5),)),
+    ("stablehlo.reduce", lambda a: jnp.argmax(a, axis=1),  # ties: the first index
+     (np.array([[1, 2, 2, 0, 2], [3, 3, 3, 3, 3], [-1, 0, -1, 0, 0]], np.float32),)),
+    ("stablehlo.reduce", lambda a: jnp.argmin(a, axis=0),
+     (np.array([[1, 2, 2], [1, 0, 2], [0, 0, 5]], np.float32),)),
+    ("stablehlo.reduce", lambda a: jnp.argmax(a),
+     (np.array([[2, 7, 7], [7, 0, 1]], np.int32),)),
+    ("stablehlo.convolution",
+     lambda x, w: lax.conv_general_dilated(x, w, (2, 1), [(1, 1), (0, 2)], lhs_dilation=(1, 2),
+                                           rhs_dilation=(2, 1)), (rand(2, 3, 6, 5), rand(4, 3, 3, 2))),
+    ("stablehlo.convolution",
+     lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                           dimension_numbers=("NHWC", "HWIO", "NHWC")),
+     (rand(2, 5, 5, 3), rand(3, 3, 3, 4))),
+    ("stablehlo.convolution", lambda x, w: lax.conv_general_dilated(x, w, (1,), [(-1, 2)]),
+     (rand(1, 2, 7), rand(3, 2, 3))),
+    ("stablehlo.convolution",
+     lambda x, w: lax.conv_general_dilated(x, w, (), [], dimension_numbers=("NC", "IO", "NC")),
+     (rand(4, 6), rand(6, 3))),
+    ("stablehlo.case", lambda n, a: lax.switch(n, [lambda x: x, jnp.sin, lambda x: x * 2], a),
+     (np.int32(1), rand(2, 3))),
+    ("stablehlo.case", lambda n, a: lax.switch(n, [lambda x: x, jnp.sin, lambda x: x * 2], a),
+     (np.int32(7), rand(2, 3))),  # out of range: clamped by jax to the last branch
+    ("stablehlo.case", lambda a: lax.cond(jnp.any(a > 0), lambda x: x + 1, lambda x: x - 1, a),
+     (rand(2, 3),)),
+    ("stablehlo.sort", lambda a: jnp.sort(a, axis=1), (rand(3, 5),)),
+    ("stablehlo.sort", lambda a: jnp.argsort(a, axis=0),  # ties: stable
+     (np.array([[1, 2, 2], [0, 2, 1], [1, 2, 0], [0, 1, 1]], np.float32),)),
+    ("stablehlo.sort", lambda a: jnp.sort(a, axis=-1),
+     (np.array([[3, -1, 2, -1], [7, 7, 0, 2]], np.int32),)),
+    ("stablehlo.sort", lambda a, b: lax.sort((a, b), dimension=1, num_keys=1),
+     (np.array([[1, 0, 1, 0]], np.float32), rand(1, 4))),
     ("chlo.top_k", lambda a: lax.top_k(a, 3), (rand(2, 3, 5),)),
     ("chlo.top_k", lambda a: lax.top_k(a, 4),  # ties: the lower index first
      (np.array([[1, 2, 2, 0, 2, 1], [3, 3, 3, 3, 3, 3]], np.float32),)),
@@ -666,7 +735,8 @@ def test_rebuild_knows_every_elementwise_op() -> None:
 
 GROUNDED_ELSEWHERE = {"stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice",
                       "stablehlo.gather", "stablehlo.scatter", "mhlo.copy",
-                      "stablehlo.optimization_barrier"}
+                      "stablehlo.optimization_barrier",
+                      "mhlo.topk"}  # test_mhlo_topk_is_chlo_top_k
 
 
 def test_every_op_in_the_tables_is_grounded() -> None:
@@ -676,6 +746,98 @@ def test_every_op_in_the_tables_is_grounded() -> None:
                | {"stablehlo.partition_id", "stablehlo.replica_id"})
     missing = sorted((set(OP_SEMANTICS) | set(COLLECTIVE_SEMANTICS)) - covered)
     assert not missing, missing
+
+
+TOPK_TEXT = """
+func.func public @main(%x: tensor<3x6xf32>) -> (tensor<3x4xf32>, tensor<3x4xi32>) {
+  %values, %indices = mhlo.topk(%x, k = 4) : tensor<3x6xf32> -> (tensor<3x4xf32>, tensor<3x4xi32>)
+  return %values, %indices : tensor<3x4xf32>, tensor<3x4xi32>
+}"""
+
+
+def test_mhlo_topk_is_chlo_top_k() -> None:
+    """XLA's mhlo.topk (the per-device programs' spelling): the k largest, ties to the lower
+    index, as chlo.top_k."""
+    ties = np.array([[1, 3, 3, 0, 3, 2], [2, 2, 0, 2, 1, 0], [5, 4, 3, 2, 1, 0]], np.float32)
+    theirs, ours, seen = run_text(TOPK_TEXT, ties)
+    assert "mhlo.topk" in seen
+    assert len(theirs) == len(ours) == 2
+    for t, o in zip(theirs, ours):
+        assert np.array_equal(_to_float(o), t.astype(np.float64)), (t, o)
+    assert [int(v) for v in ours[1][0]] == [1, 2, 4, 5]
+
+
+REVERSED_CONV = """
+func.func public @main(%x: tensor<1x2x6xf32>, %w: tensor<3x2x3xf32>) -> tensor<1x3x3xf32> {
+  %0 = stablehlo.convolution(%x, %w) dim_numbers = [b, f, 0]x[o, i, 0]->[b, f, 0], window = {stride = [2], pad = [[1, 0]], lhs_dilate = [1], rhs_dilate = [1], reverse = [true]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x2x6xf32>, tensor<3x2x3xf32>) -> tensor<1x3x3xf32>
+  return %0 : tensor<1x3x3xf32>
+}"""
+
+
+def test_convolution_window_reversal() -> None:
+    """A reversed window (jax never emits one): the kernel read back to front."""
+    check(REVERSED_CONV, rand(1, 2, 6), rand(3, 2, 3), expect="stablehlo.convolution")
+
+
+CASE_TEXT = """
+func.func public @main(%n: tensor<i32>, %x: tensor<3xf32>) -> tensor<3xf32> {
+  %0 = "stablehlo.case"(%n) ({
+    stablehlo.return %x : tensor<3xf32>
+  }, {
+    %1 = stablehlo.negate %x : tensor<3xf32>
+    stablehlo.return %1 : tensor<3xf32>
+  }, {
+    %1 = stablehlo.add %x, %x : tensor<3xf32>
+    stablehlo.return %1 : tensor<3xf32>
+  }) : (tensor<i32>) -> tensor<3xf32>
+  return %0 : tensor<3xf32>
+}"""
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 3, 100, -1])
+def test_case_runs_the_last_branch_for_an_index_out_of_range(index: int) -> None:
+    """StableHLO's case (not jax's clamped switch): an index out of range runs the last
+    branch, on XLA and in OP_SEMANTICS."""
+    check(CASE_TEXT, np.int32(index), np.array([1.0, -2.0, 0.5], np.float32),
+          expect="stablehlo.case", rtol=0, atol=0)
+
+
+def test_sort_on_symbolic_keys_matches_the_concrete_sort() -> None:
+    """The stable bubble network on z3 keys agrees with the direct stable sort (ties keep
+    their order), for the keys and an operand moved with them."""
+    from entangle_mlir.semantics.tensor import sort_ascending
+
+    rows = [[1, 2, 2, 0, 2], [3, 3, 1, 3, 0], [4, 3, 2, 1, 0], [1, 1, 1, 1, 1]]
+    xs = [z3.Real(f"x{j}") for j in range(5)]
+    tags = np.array([list(range(5))], dtype=object)
+    keys, moved = sort_ascending([np.array([xs], dtype=object), tags], 1)
+    for row in rows:
+        want_k, want_m = sort_ascending([np.array([row], dtype=object), tags], 1)
+        subst = [(x, z3.RealVal(v)) for x, v in zip(xs, row)]
+        got_k = [z3.simplify(z3.substitute(to_z3(v), *subst)).as_fraction() for v in keys[0]]
+        got_m = [z3.simplify(z3.substitute(to_z3(v), *subst)).as_long() for v in moved[0]]
+        assert got_k == list(want_k[0]) == sorted(row)
+        assert got_m == list(want_m[0]) == sorted(range(5), key=lambda j: row[j])
+
+
+def test_argmax_on_symbolic_elements_matches_the_concrete_fold() -> None:
+    """The comparator's select chain on z3 reals agrees with the concrete fold, ties
+    included (the first index), and argmin's too."""
+    from entangle_mlir.semantics.tensor import arg_reduce
+
+    rows = [[1, 2, 2, 0, 2], [3, 3, 1, 3, 0], [0, 1, 2, 3, 4], [5, 5, 5, 5, 5]]
+    xs = [z3.Real(f"x{j}") for j in range(5)]
+    idx = np.array([list(range(5))], dtype=object)
+    for kind, init in (("argmax", -math.inf), ("argmin", math.inf)):
+        values, indices = arg_reduce(np.array([xs], dtype=object), idx, init, 0, (1,), kind)
+        for row in rows:
+            want_v, want_i = arg_reduce(np.array([row], dtype=object), idx, init, 0, (1,), kind)
+            subst = [(x, z3.RealVal(v)) for x, v in zip(xs, row)]
+            got_v = z3.simplify(z3.substitute(to_z3(values[0]), *subst))
+            got_i = z3.simplify(z3.substitute(to_z3(indices[0]), *subst))
+            assert got_v.as_fraction() == want_v[0] and got_i.as_long() == want_i[0], (kind, row)
+            first = (max if kind == "argmax" else min)(row)
+            assert want_i[0] == row.index(first)
 
 
 def test_top_k_on_symbolic_elements_matches_the_concrete_sort() -> None:

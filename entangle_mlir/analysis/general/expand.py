@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 import numpy as np
@@ -38,6 +38,7 @@ from entangle_mlir.core.terms import (
 )
 from entangle_mlir.mlir.opinfo import OpInfo, describe, tensor_type
 from entangle_mlir.rules import RULES, RuleContext
+from entangle_mlir.rules.control import CASE, branch_pick
 from entangle_mlir.rules.dispatch import REGION_RULE_OPS, TRANSPARENT, apply_rule
 from entangle_mlir.rules.movement import constant_term
 from entangle_mlir.semantics.collectives import COLLECTIVE_SEMANTICS, replica_groups
@@ -323,7 +324,9 @@ class Expansion(Walker):
             for result, values in zip(results, ins):
                 env[result] = values
             return
-        if name in COMBINING:
+        if name == CASE:
+            outs = self._device_case(op, info, ins, env, mesh)
+        elif name in COMBINING:
             outs = collective(info, ins, mesh)
         elif name == "stablehlo.collective_broadcast" or name.startswith("sdy."):
             raise NotExpanded(f"{name} is not expanded yet", info.loc)
@@ -343,6 +346,53 @@ class Expansion(Walker):
                     outs[k].append(local)
         for result, values in zip(results, outs):
             env[result] = values
+
+    def _device_case(self, op: ir.Operation, info: OpInfo, ins: list[list[Local]], env: dict,
+                     mesh: Mesh) -> list[list[Local]]:
+        """lax.switch / lax.cond on every device: each branch's region expanded whole on every
+        device, then each device's results: the branch its concrete index runs (the last when
+        out of range), else the select chain of the branches' terms (`rules/control.py`).
+        Collectives in the branches need one index on every device (else the devices would
+        run different branches' collectives)."""
+        (index,) = ins
+        if len({local.key() for local in index}) != 1 and _has_collective(op):
+            raise NotExpanded("a case whose index differs between devices runs collectives in "
+                              "its branches", info.loc)
+        branches, types = [], list(info.operand_types)
+        for region in op.regions:
+            block = region.blocks[0]
+            for inner in block.operations:
+                inner = inner.operation
+                if inner.name in ("stablehlo.return", "func.return"):
+                    branches.append([self._operand(v, env, mesh, info) for v in inner.operands])
+                    types.extend(tensor_type(v.type) for v in inner.operands)
+                    break
+                self._device_op(inner, env, mesh)
+            else:
+                raise NotExpanded("a case branch without a return", info.loc)
+        count = len(info.result_types)
+        case_info = replace(info, attrs={**info.attrs, "branches": len(branches)},
+                            operand_types=types, op=None)
+        outs: list[list[Local]] = [[] for _ in range(count)]
+        cache: dict[tuple, list[Local]] = {}
+        for d in range(mesh.num_devices):
+            local = index[d]
+            if local.values is not None:
+                (value,) = [int(v) for v in local.values.flat]
+                picked = branches[branch_pick(value, len(branches))]
+                for j in range(count):
+                    outs[j].append(picked[j][d])
+                continue
+            operands = [local] + [values[d] for branch in branches for values in branch]
+            key = tuple(x.key() for x in operands)
+            found = cache.get(key)
+            if found is None:
+                found = cache[key] = [Local(v.term.dtype, v.term.shape, term=v.term)
+                                      for v in self._rule(case_info, operands)]
+                self.stats.computed += 1
+            for j in range(count):
+                outs[j].append(found[j])
+        return outs
 
     def _operand(self, value, env: dict, mesh: Mesh, info: OpInfo) -> list[Local]:
         """Each device's value of an operand: the body's own, or a global value the body
@@ -436,6 +486,18 @@ class Expansion(Walker):
                   for local in operands]
         self._instance(info, inputs, [Rel(term, ((),) * len(term.shape), scope=GLOBAL)])
         return Local(term.dtype, term.shape, term=term)
+
+def _has_collective(op: ir.Operation) -> bool:
+    """Some op nested in `op`'s regions combines values across devices."""
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                inner = inner.operation
+                if inner.name in COMBINING or inner.name == "stablehlo.collective_broadcast" \
+                        or _has_collective(inner):
+                    return True
+    return False
+
 
 def info_shape(mlir_type) -> tuple[int, ...]:
     """The shape of an MLIR tensor type."""

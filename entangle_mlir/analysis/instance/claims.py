@@ -32,10 +32,20 @@ from entangle_mlir.core.relations import (
 from entangle_mlir.core.terms import DENSE_VALUES, Term
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
-from entangle_mlir.semantics.element import collect_divisors, combine, equal, is_z3, sum_list, to_z3
+from entangle_mlir.semantics.element import (
+    collect_divisors,
+    collect_roundings,
+    combine,
+    equal,
+    is_z3,
+    monotone_hypotheses,
+    sum_list,
+    sum_periods,
+    to_z3,
+)
 from entangle_mlir.semantics.evaluate import evaluate_term
 from entangle_mlir.semantics.ops import OP_SEMANTICS
-from entangle_mlir.semantics.tensor import apply, full, obj_array, wrap_node_dtype
+from entangle_mlir.semantics.tensor import apply, full, obj_array, wrap_array
 
 
 def _local_claims(results: dict, j: int, expected: dict) -> list:
@@ -92,11 +102,12 @@ def build(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
     env["dense"] = resolve
     env["opaque"] = opaque_resolver(source)
     memo: dict[int, np.ndarray] = {}
-    with collect_divisors() as divisors:
+    with collect_divisors() as divisors, collect_roundings() as roundings:
         claims = _build_claims(info, ins, outs, mesh, single, devices, env, memo, source)
     if any(not is_z3(d) for d in divisors):
         raise Failure("skip-trial", "a division by zero")
     source.hypotheses.extend(to_z3(d) != 0 for d in divisors if is_z3(d))
+    source.hypotheses.extend(monotone_hypotheses(roundings))
     return claims
 
 
@@ -236,7 +247,8 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                 reduced = apply(lambda *xs, kind=kind: combine(kind, list(xs)),
                                 *(results[m][j] for m in group))
                 if kind == "sum":  # the all_reduce that completes it sums in the dtype
-                    reduced = wrap_node_dtype(reduced, value.term.dtype)
+                    reduced = wrap_array(reduced, value.term.dtype,
+                                         sum_periods(value.term.dtype, len(group)))
             else:
                 reduced = results[group[0]][j]
             claims.extend(equal(x, y) for x, y in zip(reduced.reshape(-1),

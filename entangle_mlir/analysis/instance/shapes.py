@@ -43,7 +43,26 @@ def reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
         return _reduced_gather(info, ops, res, c)
     if name == "stablehlo.scatter" and len(ops) == 3:
         return _reduced_scatter(info, ops, c)
-    if name == "chlo.top_k" and len(ops) == 1 and ops[0]:
+    if name == "stablehlo.convolution" and len(ops) == 2 and "input_batch" in a:
+        # batch and feature dims capped; spatial dims (the windows) kept
+        lhs, rhs, out = list(ops[0]), list(ops[1]), list(res[0])
+        lhs[a["input_batch"]] = out[a["output_batch"]] = c(lhs[a["input_batch"]])
+        lhs[a["input_feature"]] = rhs[a["kernel_input_feature"]] = c(lhs[a["input_feature"]])
+        rhs[a["kernel_output_feature"]] = out[a["output_feature"]] = c(
+            rhs[a["kernel_output_feature"]])
+        return [tuple(lhs), tuple(rhs)], [tuple(out)]
+    if name == "stablehlo.sort" and ops and all(o == ops[0] for o in ops):
+        dim = a["dimension"]  # the sorted dim kept whole, the others capped
+        new = tuple(size if d == dim else c(size) for d, size in enumerate(ops[0]))
+        return [new] * len(ops), [new] * len(res)
+    if name == "stablehlo.case":  # the index, then each branch's results, each one a result's
+        new_res = [tuple(c(s) for s in r) for r in res]
+        branch = ops[1:]
+        if not res or len(branch) % len(res) or any(
+                o != res[k % len(res)] for k, o in enumerate(branch)):
+            return None
+        return [ops[0]] + [new_res[k % len(res)] for k in range(len(branch))], new_res
+    if name in ("chlo.top_k", "mhlo.topk") and len(ops) == 1 and ops[0]:
         lead = tuple(c(s) for s in ops[0][:-1])
         return [lead + ops[0][-1:]], [lead + r[-1:] for r in res]
     if name == "stablehlo.iota" or name == "stablehlo.constant" and a.get("splat"):
@@ -87,11 +106,14 @@ def reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
         out = tuple(lhs[d] for d in lb) + tuple(lhs[d] for d in lf) + tuple(rhs[d] for d in rf)
         return [lhs, tuple(rhs)], [out]
     if name == "stablehlo.reduce":
-        if len(ops) != 2:
+        if len(ops) not in (2, 4) or len(ops) == 4 and ops[0] != ops[1]:
             return None
         dims = a["dimensions"]
         x = tuple(c(s) for s in ops[0])
-        return [x, ops[1]], [tuple(s for d, s in enumerate(x) if d not in dims)]
+        kept = tuple(s for d, s in enumerate(x) if d not in dims)
+        if len(ops) == 4:  # argmax / argmin: values and indices alike, scalar inits
+            return [x, x, ops[2], ops[3]], [kept, kept]
+        return [x, ops[1]], [kept]
     if name == "stablehlo.all_gather":
         dim = a["all_gather_dim"]
         new_ops, new_res = [], []

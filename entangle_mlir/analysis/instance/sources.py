@@ -19,6 +19,7 @@ from entangle_mlir.semantics.element import (
     int_limits,
     is_bool_dtype,
     is_int_dtype,
+    range_periods,
     sub,
     sum_list,
     to_z3,
@@ -68,8 +69,12 @@ class Symbolic:
         """`count` local values whose `kind`-reduction is `block` (every such split)."""
         if kind == "sum":
             locals_ = [self.tensor(f"{name}.{j}", block.shape, dtype) for j in range(count - 1)]
-            # integers: the last piece is the one value of the dtype congruent mod 2^N
-            rest = apply(lambda b, *xs: wrap_int(sub(b, sum_list(list(xs))), dtype),
+            # integers: the last piece is the one value of the dtype congruent mod 2^N (the
+            # block minus count - 1 values of the dtype: within a few of its ranges)
+            limits = int_limits(dtype)
+            periods = None if limits is None else range_periods(
+                dtype, limits[0] - (count - 1) * limits[1], limits[1] - (count - 1) * limits[0])
+            rest = apply(lambda b, *xs: wrap_int(sub(b, sum_list(list(xs))), dtype, periods),
                          block, *locals_)
             return locals_ + [rest]
         if kind in ("max", "min"):
@@ -77,7 +82,12 @@ class Symbolic:
             for idx in np.ndindex(block.shape):
                 b = to_z3(block[idx])
                 xs = [to_z3(x[idx]) for x in locals_]
-                bound = [(x <= b) if kind == "max" else (x >= b) for x in xs]
+                if is_bool_dtype(dtype):  # false < true: max is or, min is and
+                    b = b if isinstance(b, z3.BoolRef) else b != 0
+                    bound = [z3.Implies(x, b) if kind == "max" else z3.Implies(b, x)
+                             for x in xs]
+                else:
+                    bound = [(x <= b) if kind == "max" else (x >= b) for x in xs]
                 self.hypotheses.extend(bound)
                 self.hypotheses.append(z3.Or([x == b for x in xs]))
             return locals_
@@ -123,8 +133,13 @@ class Concrete:
         for idx in np.ndindex(block.shape):
             owner = self.rng.randrange(count)
             for j in range(count):
-                gap = 0 if j == owner else self.rng.randint(0, 5)
                 b = block[idx]
+                if is_bool_dtype(dtype):  # max is or, min is and: the others may be anything
+                    other = self.rng.random() < 0.5  # on the side the block allows
+                    locals_[j][idx] = b if j == owner else (
+                        bool(b) and other if kind == "max" else bool(b) or other)
+                    continue
+                gap = 0 if j == owner else self.rng.randint(0, 5)
                 locals_[j][idx] = b - gap if kind == "max" else b + gap
         return locals_
 
