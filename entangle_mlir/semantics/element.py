@@ -861,7 +861,7 @@ def reduce_precision(a: Element, dtype: str, exponent_bits: int, mantissa_bits: 
         float(rounded) if isinstance(value, float) else rounded)
 
 
-def _mentions_infinity(expr: z3.ExprRef, budget: int = 2000) -> bool:
+def _may_mention_infinity(expr: z3.ExprRef, budget: int = 2000) -> bool:
     """`expr` (a z3 term) may be one of the infinity constants: it mentions `+oo` or `-oo`
     (or is too large to tell within `budget` nodes)."""
     stack, seen = [expr], set()
@@ -885,7 +885,7 @@ def arg_combine(kind: str, v: Element, i: Element, w: Element, j: Element
     (on ties the first index). On numbers the pair larger in (value, -index) order (NaN above
     all), so a reduction gives the same pair in any order; z3 reals hold no NaN."""
     if _is_inf(v, -1 if kind == "argmax" else 1) and is_z3(w) and \
-            not _mentions_infinity(to_z3(w)):
+            not _may_mention_infinity(to_z3(w)):
         # the init (-inf) against a finite real: the new pair, as the comparator picks it (on
         # z3 the infinities are free constants, so the comparison would stay undecided)
         return w, j
