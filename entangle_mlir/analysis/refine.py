@@ -16,6 +16,7 @@ from entangle_mlir.analysis.infer import OpRecord, Walk
 from entangle_mlir.analysis.valid_indices import ValidIndices, index_ranges
 from entangle_mlir.core.diagnostics import Diagnostic
 from entangle_mlir.core.mesh import Mesh, axes_str
+from entangle_mlir.core.precision import readable_factor
 from entangle_mlir.core.relations import GLOBAL, DeviceScalar, Opaque, Rel, layout_words
 from entangle_mlir.core.report import NOT_PROVEN, PROVEN, OutputResult, Report
 from entangle_mlir.core.rounding import ASSUMPTION as ROUNDING
@@ -598,7 +599,7 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
     """The diagnostic of an output whose term differs, and the op it names (if any)."""
     k, base = single_scaled(got)
     if base is want:
-        message = f"result #{index} is {k} x the reference"
+        message = f"result #{index} is {readable_factor(k, want.dtype)} x the reference"
     else:
         message = f"result #{index} differs from the reference: " + (
             structural_diff(want, got) or "different terms")
@@ -613,16 +614,17 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
     if record.hints:
         reason, category = record.hints[0]
     elif found is not None and k2 != 1:
-        reason = f"value is {k2} x what the reference computes here ({pretty(base2, 3)})"
+        factor = readable_factor(k2, base2.dtype, _constants(term))
+        reason = f"value is {factor} x what the reference computes here ({pretty(base2, 3)})"
         category = "scale"
         mean = _pmean_axes(record, k2, sharded)
         summed = _psum_axes(record, k2, sharded)
         if summed:
-            reason = (f"all_reduce sums over {summed}, so the value is {k2} x what the reference "
-                      "computes here (the reference averages: pmean was needed)")
+            reason = (f"all_reduce sums over {summed}, so the value is {factor} x what the "
+                      "reference computes here (the reference averages: pmean was needed)")
         elif mean:
             reason = (f"pmean over {mean}: the all_reduce sum is divided by {k2.denominator}, "
-                      f"so the value is {k2} x what the reference computes here (psum was "
+                      f"so the value is {factor} x what the reference computes here (psum was "
                       "needed)")
     else:
         reason = (f"{record.info.name.split('.')[-1]} computes {pretty(term, 3)}, which the "
@@ -635,6 +637,22 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
     if kept is not None:
         notes.append(Diagnostic("note", _kept_zero_text(kept), record.loc))
     return Diagnostic("error", reason, record.loc, tuple(notes), category=category), record
+
+
+def _constants(term: Term, limit: int = 64) -> tuple:
+    """The first `limit` distinct scalar constants under `term` (splats and the coefficients
+    of linear combinations): the program's own constants, to spell a scale factor with."""
+    found: dict = {}
+    for t in subterms([term]):
+        if t.op == "splat":
+            found.setdefault(t.attrs[0], None)
+        elif t.op == "lin":
+            constant, coefs = t.attrs
+            for value in (constant, *coefs):
+                found.setdefault(value, None)
+        if len(found) >= limit:
+            break
+    return tuple(found)
 
 
 def _kept_zero(want: Term, got: Term) -> Term | None:

@@ -1588,8 +1588,11 @@ def rebuild(term: Term, args: tuple[Term, ...]) -> Term:
 # ----- printing -----------------------------------------------------------------------------
 
 def _fmt_scalar(value: Scalar) -> str:
+    """A constant as a person reads it: a small fraction as it is (`1/768`), any other in
+    decimal (`-2.82843e+09`, not `-23170474609375/8192`)."""
     if isinstance(value, Fraction):
-        return str(value) if value.denominator < 10**6 else f"{float(value):.6g}"
+        readable = abs(value.numerator) < 10**5 and value.denominator < 10**4
+        return str(value) if readable else f"{float(value):.6g}"
     return str(value)
 
 
