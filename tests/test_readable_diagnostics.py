@@ -46,3 +46,61 @@ def test_factor_is_spelled_with_the_programs_constant() -> None:
     message = report.diagnostics[0].message
     assert "value is 0.1 (float32) x what the reference computes here" in message, message
     assert "13421773" not in report.render_text()
+
+
+MESH2 = jax.make_mesh((2, 4), ("dp", "tp"))
+
+
+def _aval(shape, spec):
+    return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(MESH2, spec))
+
+
+PARAM_SPECS = {"w1": P(None, "tp"), "w2": P(None, "tp")}
+TREE_AVALS = ({k: _aval((16, 8), s) for k, s in PARAM_SPECS.items()}, _aval((8, 16), P("dp")))
+
+
+def _tree_reference(params, x):
+    return {"loss": (x @ params["w1"]).sum(), "y": x @ params["w2"]}
+
+
+def _tree_body(params, x):
+    return {"loss": jax.lax.psum((x @ params["w1"]).sum(), ("dp", "tp")), "y": x @ params["w2"]}
+
+
+def _tree_sharded():
+    return jax.jit(jax.shard_map(_tree_body, mesh=MESH2, in_specs=(PARAM_SPECS, P("dp", None)),
+                                 out_specs={"loss": P(), "y": P("dp", "tp")}))
+
+
+def test_tree_grounding() -> None:
+    rng = np.random.default_rng(1)
+    params = {k: rng.standard_normal((16, 8)).astype(np.float32) for k in PARAM_SPECS}
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    want = jax.jit(_tree_reference)(params, x)
+    placed = jax.device_put((params, x), jax.tree.map(lambda a: a.sharding, TREE_AVALS))
+    got = _tree_sharded()(*placed)
+    for key in want:
+        np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]), rtol=1e-4,
+                                   atol=1e-4)
+
+
+def test_outputs_are_named_by_their_pytree_path_and_partition_spec() -> None:
+    report = check(_tree_reference, _tree_sharded(), *TREE_AVALS, verify_rules=False)
+    assert report.proven, report.render_text()
+    text = report.render_text()
+    assert "  result['loss'] (result#0) = replicated on every device  [P()]" in text
+    assert ("  result['y'] (result#1) = concat over 'dp' along dim 0, then concat over 'tp' "
+            "along dim 1  [P('dp', 'tp')]") in text
+    outputs = report.to_json()["outputs"]
+    assert [(o["name"], o["partition_spec"]) for o in outputs] == [
+        ("result['loss']", "P()"), ("result['y']", "P('dp', 'tp')")]
+
+
+def test_partition_spec_text_spells_what_jax_users_write() -> None:
+    from entangle_mlir.analysis.infer import partition_spec_text
+
+    assert partition_spec_text(((), ("tp",))) == "P(None, 'tp')"
+    assert partition_spec_text((("dp", "tp"), ())) == "P(('dp', 'tp'), None)"
+    assert partition_spec_text((("dp", "tp"),)) == "P(('dp', 'tp'),)"
+    assert partition_spec_text(()) == "P()"
+    assert eval(partition_spec_text((("dp", "tp"), ())), {"P": P}) == P(("dp", "tp"), None)

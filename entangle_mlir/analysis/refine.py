@@ -326,6 +326,7 @@ def compare(ref: Walk, sharded: Walk) -> Report:
         diagnostics.append(diagnostic)
         foci.append(_focus(culprit, reference, sharded.mesh, diagnostic.category))
     diagnostics = _name_results(diagnostics, sharded)
+    _label_outputs(outputs, sharded)
     assumption_notes = [f"{ASSUMING}{assumption} ({_results_words(indices)})"
                         for assumption, indices in assumed_for.items()]
     rounding_notes = [(f"proven assuming {ROUNDING} ({_results_words(rounded_for)}: "
@@ -370,6 +371,16 @@ def _results_words(indices: list[int]) -> str:
 
 
 _PLAIN_RESULT = re.compile(r"result(\[\d+\])?$")
+
+
+def _label_outputs(outputs: list[OutputResult], sharded: Walk) -> None:
+    """Each output's pytree path (where jax named it) and declared PartitionSpec."""
+    names = _result_names(sharded)
+    for out in outputs:
+        name = names[out.index] if out.index < len(names) else ""
+        out.name = "" if _PLAIN_RESULT.match(name) else name
+        if out.index < len(sharded.output_spec):
+            out.partition_spec = sharded.output_spec[out.index]
 
 
 def _name_results(diagnostics: list[Diagnostic], sharded: Walk) -> list[Diagnostic]:
