@@ -104,3 +104,32 @@ def test_partition_spec_text_spells_what_jax_users_write() -> None:
     assert partition_spec_text((("dp", "tp"),)) == "P(('dp', 'tp'),)"
     assert partition_spec_text(()) == "P()"
     assert eval(partition_spec_text((("dp", "tp"), ())), {"P": P}) == P(("dp", "tp"), None)
+
+
+def _tree_body_missing_dp(params, x):
+    return {"loss": jax.lax.psum((x @ params["w1"]).sum(), "tp"),   # BUG: not over 'dp'
+            "y": x @ params["w2"]}
+
+
+def test_missing_dp_grounding() -> None:
+    rng = np.random.default_rng(2)
+    params = {k: rng.standard_normal((16, 8)).astype(np.float32) for k in PARAM_SPECS}
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    want = jax.jit(_tree_reference)(params, x)
+    sharded = jax.jit(jax.shard_map(_tree_body_missing_dp, mesh=MESH2,
+                                    in_specs=(PARAM_SPECS, P("dp", None)),
+                                    out_specs={"loss": P(), "y": P("dp", "tp")}, check_vma=False))
+    got = sharded(*jax.device_put((params, x), jax.tree.map(lambda a: a.sharding, TREE_AVALS)))
+    assert not np.allclose(np.asarray(got["loss"]), np.asarray(want["loss"]), rtol=1e-3)
+
+
+def test_terms_name_the_arguments_by_their_pytree_path() -> None:
+    sharded = jax.jit(jax.shard_map(_tree_body_missing_dp, mesh=MESH2,
+                                    in_specs=(PARAM_SPECS, P("dp", None)),
+                                    out_specs={"loss": P(), "y": P("dp", "tp")}, check_vma=False))
+    report = check(_tree_reference, sharded, *TREE_AVALS, verify_rules=False)
+    assert not report.proven
+    text = report.render_text()
+    assert "reduce_sum(dot_general(x, params['w1']))" in text, text
+    assert "%arg" not in text
+    assert "dot_general(x, params['w2'])" in report.to_json()["outputs"][1]["term"]

@@ -24,8 +24,10 @@ import bisect
 import functools
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from fractions import Fraction
+from types import MappingProxyType
 
 from entangle_mlir.core.ranges import (
     ELEMENTWISE_BOUNDS,
@@ -1596,12 +1598,18 @@ def _fmt_scalar(value: Scalar) -> str:
     return str(value)
 
 
+ARG_NAMES: ContextVar[Mapping[int, str]] = ContextVar("entangle_arg_names",
+                                                    default=MappingProxyType({}))
+"""The names terms print for the program's inputs, by index (`params['w1']` where jax
+recorded one; `%argN` otherwise). `entangle-import-shardings` sets them for each check."""
+
+
 def pretty(term: Term, depth: int = 6, names: dict[int, str] | None = None) -> str:
     """A readable, depth-limited rendering (`...` past `depth`)."""
     if names and term.serial in names:
         return names[term.serial]
     if term.op == "arg":
-        return f"%arg{term.attrs[0]}"
+        return ARG_NAMES.get().get(term.attrs[0]) or f"%arg{term.attrs[0]}"
     if term.op == "splat":
         return _fmt_scalar(term.attrs[0])
     if term.op == "iota":
