@@ -133,3 +133,50 @@ def test_terms_name_the_arguments_by_their_pytree_path() -> None:
     assert "reduce_sum(dot_general(x, params['w1']))" in text, text
     assert "%arg" not in text
     assert "dot_general(x, params['w2'])" in report.to_json()["outputs"][1]["term"]
+
+
+def _rms_reference(x, g):
+    ms = jnp.mean(x * x, axis=-1, keepdims=True)
+    return x * jax.lax.rsqrt(ms + 1e-6) * g
+
+
+def _rms_body(x, g):
+    ms = jax.lax.psum(jnp.mean(x * x, axis=-1, keepdims=True), "tp")   # BUG: pmean
+    return x * jax.lax.rsqrt(ms + 1e-6) * g
+
+
+RMS_AVALS = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(MESH, p))
+             for s, p in (((8, 16), P(None, "tp")), ((16,), P("tp")))]
+
+
+def _rms_sharded():
+    return jax.jit(jax.shard_map(_rms_body, mesh=MESH, in_specs=(P(None, "tp"), P("tp")),
+                                 out_specs=P(None, "tp")))
+
+
+def test_rms_grounding() -> None:
+    rng = np.random.default_rng(3)
+    x, g = (rng.standard_normal(a.shape).astype(np.float32) for a in RMS_AVALS)
+    want = np.asarray(jax.jit(_rms_reference)(x, g))
+    got = np.asarray(_rms_sharded()(*(jax.device_put(v, a.sharding)
+                                      for v, a in zip((x, g), RMS_AVALS))))
+    assert not np.allclose(want, got, rtol=1e-3)
+    ms = np.mean(x * x, axis=-1, keepdims=True)          # the statistic is 4 x the mean
+    np.testing.assert_allclose(got, x / np.sqrt(4 * ms + 1e-6) * g, rtol=1e-4)
+
+
+def test_scale_bug_under_a_nonlinear_op_is_reported_where_the_scale_goes_wrong() -> None:
+    """A psum where an RMSNorm's mean needed a pmean: the statistic is 4 x the reference's
+    under rsqrt, so the output's term no longer shows the factor; the diagnostic names the
+    psum's line and the factor, not the multiply after the rsqrt."""
+    import inspect
+
+    report = check(_rms_reference, _rms_sharded(), *RMS_AVALS, verify_rules=False)
+    assert not report.proven
+    first = report.diagnostics[0]
+    lines, start = inspect.getsourcelines(_rms_body)
+    bug_line = start + next(i for i, text in enumerate(lines) if "BUG" in text)
+    assert first.loc is not None and first.loc.line == bug_line, report.render_text()
+    assert first.message == ("all_reduce sums over 'tp', so the value is 4 x what the "
+                             "reference computes here (the reference averages: pmean was "
+                             "needed)"), first.message

@@ -56,7 +56,7 @@ class _Reference:
         self.walk = walk
         self.by_term: dict[int, OpRecord] = {}
         self.terms: dict[int, Term] = {}
-        self._scaled: dict[int, Term] | None = None
+        self._scaled: dict[int, list[Term]] | None = None
         for value in walk.values.values():
             if isinstance(value, Rel):
                 self.terms[value.term.serial] = value.term
@@ -69,24 +69,27 @@ class _Reference:
         return term.serial in self.terms
 
     @property
-    def scaled(self) -> dict[int, Term]:
+    def scaled(self) -> dict[int, list[Term]]:
         """Reference terms by their content-free part (built on the first diagnostic that
         asks: a proven check never needs it, and a residual stream's content is O(depth))."""
         if self._scaled is None:
             self._scaled = {}
             for term in self.terms.values():
-                self._scaled.setdefault(factor_content(term)[1].serial, term)
+                self._scaled.setdefault(factor_content(term)[1].serial, []).append(term)
         return self._scaled
 
     def ratio(self, term: Term) -> tuple[object, Term] | None:
         """(r, t) when the reference computes t and term == r * t (scalars are pulled out of
         products, so a mis-scaled value differs from the reference's by its coefficient)."""
+        found = self.ratios(term)
+        return found[0] if found else None
+
+    def ratios(self, term: Term) -> list[tuple[object, Term]]:
+        """Every (r, t) of `ratio`: the reference may compute a value at several scales (a sum
+        and its mean), the first one first."""
         k, base = factor_content(term)
-        known = self.scaled.get(base.serial)
-        if known is None:
-            return None
-        kr, _ = factor_content(known)
-        return k / kr, known
+        return [(k / factor_content(known)[0], known)
+                for known in self.scaled.get(base.serial, ())]
 
     def counterpart(self, record: OpRecord) -> OpRecord | None:
         """The reference op a sharded op should correspond to, if one can be found (at worst
@@ -615,11 +618,11 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
         message = f"result #{index} differs from the reference: " + (
             structural_diff(want, got) or "different terms")
     where = sharded.return_record.loc if sharded.return_record else None
-    culprit = _first_divergence(got, sharded, reference)
+    culprit = _first_divergence(got, sharded, reference, index)
     if culprit is None:
         return Diagnostic("error", message, where, category="different_function"), None
     record, term = culprit
-    found = reference.ratio(term)
+    found = _explained_ratio(record, term, sharded, reference)
     k2, base2 = found if found is not None else (1, term)
     category = "different_function"
     if record.hints:
@@ -685,6 +688,17 @@ def _kept_zero_text(term: Term) -> str:
             "fold to 0 only where x is shown finite")
 
 
+def _explained_ratio(record: OpRecord, term: Term, sharded: Walk,
+                     reference: _Reference) -> tuple[object, Term] | None:
+    """The culprit's ratio to a reference value: one a psum or pmean explains (a psum of
+    local means is 4 x the reference's mean, though only 1/4 x its sum), else the first."""
+    found = reference.ratios(term)
+    for k, base in found:
+        if k != 1 and (_psum_axes(record, k, sharded) or _pmean_axes(record, k, sharded)):
+            return k, base
+    return found[0] if found else None
+
+
 def _pmean_axes(record: OpRecord, factor, walk: Walk) -> str:
     """The axes of an all_reduce feeding this op whose group size is 1/factor (a pmean)."""
     if walk.mesh is None or getattr(factor, "numerator", 0) != 1:
@@ -712,14 +726,18 @@ def _psum_axes(record: OpRecord, factor, walk: Walk) -> str:
     return ""
 
 
-def _first_divergence(out: Term, sharded: Walk, reference: _Reference):
+def _first_divergence(out: Term, sharded: Walk, reference: _Reference, index: int = -1):
     """The first op, in program order, on the output's slice whose term the reference lacks.
 
     Values that are a scaled reference value (a local mean's 1/N_local waiting for its pmean)
     are not divergences by themselves: when every divergent value is such a scaled one, the
     culprit is where the scale last changes to the output's wrong one (the reduction that
-    divides by the wrong count)."""
+    divides by the wrong count). The slice is the output term's parts, and for scaled values
+    every op the output depends on: a mis-scaled statistic under a nonlinear op (a psum where
+    an RMSNorm's mean needed a pmean, under its rsqrt) no longer shows in the output's term
+    by itself, but the op that scaled it is still where the value went wrong."""
     needed = _subterms(out)
+    upstream = _upstream(sharded, index)
     scaled: list[tuple[OpRecord, Term, object]] = []
     for record in sharded.records:
         if record.info.name in _BOUNDARY_OPS:
@@ -732,15 +750,36 @@ def _first_divergence(out: Term, sharded: Walk, reference: _Reference):
                 continue
             _, base = factor_content(term)
             parts = base.args if base.op == "lin" else ()
-            if term.serial in needed or base.serial in needed or any(
-                    part.serial in needed for part in parts):
-                found = reference.ratio(term)
-                if found is None:
-                    if scaled and _has_misscaled_part(term, reference):
-                        return _scale_change(scaled)
+            on_slice = term.serial in needed or base.serial in needed or any(
+                part.serial in needed for part in parts)
+            if not on_slice and id(record) not in upstream:
+                continue
+            found = reference.ratio(term)
+            if found is None:
+                if scaled and _has_misscaled_part(term, reference):
+                    return _scale_change(scaled)
+                if on_slice:
                     return record, term
-                scaled.append((record, term, found[0]))
+                continue
+            scaled.append((record, term, found[0]))
     return _scale_change(scaled) if scaled else None
+
+
+def _upstream(sharded: Walk, index: int) -> set[int]:
+    """The ids of every op output #`index` depends on (through the ops' sources; inside a
+    shard_map through its body's), empty when the output is unknown."""
+    record = sharded.return_record
+    if record is None or not 0 <= index < len(record.sources):
+        return set()
+    seen: set[int] = set()
+    stack = [record.sources[index]]
+    while stack:
+        op = stack.pop()
+        if op is None or id(op) in seen:
+            continue
+        seen.add(id(op))
+        stack.extend(op.sources)
+    return seen
 
 
 def _has_misscaled_part(term: Term, reference: _Reference) -> bool:
