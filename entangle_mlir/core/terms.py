@@ -1590,10 +1590,11 @@ def rebuild(term: Term, args: tuple[Term, ...]) -> Term:
 # ----- printing -----------------------------------------------------------------------------
 
 def _fmt_scalar(value: Scalar) -> str:
-    """A constant as a person reads it: a small fraction as it is (`1/768`), any other in
-    decimal (`-2.82843e+09`, not `-23170474609375/8192`)."""
+    """A constant as a person reads it: an integer or a small fraction as it is (`2147483000`,
+    `1/768`), any other in decimal (`-2.82843e+09`, not `-23170474609375/8192`)."""
     if isinstance(value, Fraction):
-        readable = abs(value.numerator) < 10**5 and value.denominator < 10**4
+        readable = value.denominator == 1 or (abs(value.numerator) < 10**5
+                                              and value.denominator < 10**4)
         return str(value) if readable else f"{float(value):.6g}"
     return str(value)
 
