@@ -13,8 +13,8 @@
 // CHECK: not proven:
 // CHECK-NEXT: result#0 = concat over 'tp' along dim 0  [P('tp')]  (not proven)
 // CHECK-NEXT: result#1 = concat over 'tp' along dim 0  [P('tp')]  (not proven)
-// CHECK-NEXT: result#2 = concat over 'tp' along dim 0{{$}}
-// CHECK-NEXT: result#3 = concat over 'tp' along dim 0{{$}}
+// CHECK-NEXT: result#2 = concat over 'tp' along dim 0  [P('tp')]{{$}}
+// CHECK-NEXT: result#3 = concat over 'tp' along dim 0  [P('tp')]{{$}}
 
 sdy.mesh @mesh = <["tp"=4]>
 
