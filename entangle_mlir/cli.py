@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from entangle_mlir import VersionFlag
 from entangle_mlir.core.diagnostics import InputError
 
 DEMO_DIR = Path(__file__).resolve().parent / "demo"
@@ -28,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="entangle",
         description="Prove that a sharded StableHLO program refines its unsharded reference.")
+    parser.add_argument("--version", action=VersionFlag)
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="check SHARDED against REF")
     check.add_argument("ref", help="reference program (.mlir text or bytecode)")
@@ -45,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
                             "that relies on it lists the assumption")
     demo = sub.add_parser("demo", help="check the bundled examples (and one caught bug)")
     _common_options(demo)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        {"check": check, "demo": demo}[args.command].error(
+            f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "evidence", False) or not args.no_confirm:
         # jax's CPU client lists its devices on stderr unless told before jaxlib loads.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

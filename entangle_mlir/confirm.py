@@ -61,7 +61,7 @@ from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.program import from_two_modules
 from entangle_mlir.passes.general_tier import MESSAGE_PREFIX as GENERAL_PREFIX
 
-_EXACT_NOTE = re.compile(r"^result #\d+ is \S+ x the reference$")
+_EXACT_NOTE = re.compile(r"^result #\d+ is .+ x the reference$")
 
 SHOWN_PREFIXES = ("in the reference: ",)
 """Diagnostics that need no confirmation: about the reference alone (no claim on the sharded

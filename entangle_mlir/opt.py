@@ -4,7 +4,9 @@
     entangle-opt FILE --entangle-infer-relations          (shorthand flags, in pipeline order)
     --split-input-file     treat `// -----` separated chunks as independent inputs
     --verify-diagnostics   check `// expected-error @+1 {{...}}` annotations against the
-                           diagnostics produced (all expected found, nothing unexpected)
+                           diagnostics produced (all expected found, nothing unexpected);
+                           `expected-error-re {{text {{regex}} text}}` as in mlir-opt
+    --mlir-print-debuginfo print the locations of the output's ops
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from entangle_mlir import VersionFlag
 from entangle_mlir.core.diagnostics import Diagnostic, InputError
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.passes import PASSES
@@ -21,7 +24,8 @@ from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipelin
 
 SPLIT_MARKER = re.compile(r"^// -----\s*$", re.MULTILINE)
 EXPECTED = re.compile(
-    r"//\s*expected-(error|warning|note|remark)\s*(?:@([+-]\d+|above|below))?\s*\{\{(.*?)\}\}")
+    r"//\s*expected-(error|warning|note|remark)(-re)?\s*(?:@([+-]\d+|above|below))?\s*"
+    r"\{\{(.*)\}\}")
 
 
 @dataclass
@@ -29,7 +33,29 @@ class Expected:
     severity: str
     line: int
     text: str
+    pattern: re.Pattern | None = None
+    """Of an `expected-<severity>-re`: the text with its `{{...}}` parts as regexes."""
     matched: bool = False
+
+    def matches(self, message: str) -> bool:
+        """Whether `message` holds the expected text (as a search, like mlir-opt)."""
+        if self.pattern is not None:
+            return self.pattern.search(message) is not None
+        return self.text in message
+
+
+def _regex(text: str) -> re.Pattern:
+    """mlir-opt's `-re` text: literal but for the regexes between `{{` and `}}`."""
+    parts = re.split(r"\{\{(.*?)\}\}", text)
+    return re.compile("".join(part if i % 2 else re.escape(part)
+                              for i, part in enumerate(parts)))
+
+
+class _PassFlag(argparse.Action):
+    """A shorthand pass flag: the passes run in the order their flags are given."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.flags = [*(namespace.flags or []), self.dest]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,12 +64,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pass-pipeline", default="", help="builtin.module(pass1,pass2{opt=v})")
     parser.add_argument("--split-input-file", action="store_true")
     parser.add_argument("--verify-diagnostics", action="store_true")
+    parser.add_argument("--mlir-print-debuginfo", action="store_true",
+                        help="print the locations of the output's ops")
     parser.add_argument("-o", dest="output", default="-", help="output file")
+    parser.add_argument("--version", action=VersionFlag)
     for name, cls in PASSES.items():
-        parser.add_argument(f"--{name}", action="store_true", help=cls.summary)
+        parser.add_argument(f"--{name}", dest=name, nargs=0, action=_PassFlag, help=cls.summary)
+    parser.set_defaults(flags=[])
     args = parser.parse_args(argv)
-    flags = [name for name in PASSES if getattr(args, name.replace("-", "_"))]
-    pipeline = args.pass_pipeline or ",".join(flags)
+    if args.flags and args.pass_pipeline:
+        parser.error("give the passes either as --pass-pipeline or as flags, not both")
+    pipeline = args.pass_pipeline or ",".join(args.flags)
     try:
         parse_pipeline(pipeline, PASSES)
         text = _read(args.input)
@@ -99,7 +130,9 @@ def _run_chunk(chunk: str, offset: int, args, pipeline: str) -> tuple[str | None
         state = PassState(module, file)
         with context():
             run_pipeline(parse_pipeline(pipeline, PASSES), state)
-            printed = str(module)
+            printed = module.operation.get_asm(enable_debug_info=args.mlir_print_debuginfo)
+            if args.mlir_print_debuginfo:
+                printed = _file_locations(printed, file, offset)
         produced = _shift(state.diagnostics, file, offset)
         code = 1 if any(d.severity == "error" for d in produced) else 0
     except InputError as err:
@@ -113,6 +146,17 @@ def _run_chunk(chunk: str, offset: int, args, pipeline: str) -> tuple[str | None
     for diag in produced:
         print(diag.render(), file=sys.stderr)
     return printed, code
+
+
+_PARSED_LOC = re.compile(r'loc\("-":(\d+):(\d+)\)')
+
+
+def _file_locations(printed: str, file: str, offset: int) -> str:
+    """Locations as the file has them: the parser names the text it read "-" and counts the
+    lines of a `--split-input-file` chunk from the chunk's start."""
+    name = file.replace("\\", "\\\\").replace('"', '\\"')
+    return _PARSED_LOC.sub(lambda m: f'loc("{name}":{int(m.group(1)) + offset}:{m.group(2)})',
+                           printed)
 
 
 def _shift(diags: list[Diagnostic], file: str, offset: int) -> list[Diagnostic]:
@@ -132,7 +176,7 @@ def _expectations(chunk: str, offset: int) -> list[Expected]:
     lines = chunk.split("\n")
     for number, line in enumerate(lines, start=1):
         for match in EXPECTED.finditer(line):
-            severity, where, text = match.groups()
+            severity, is_regex, where, text = match.groups()
             target = number
             if where == "above":
                 target = number - 1
@@ -140,7 +184,8 @@ def _expectations(chunk: str, offset: int) -> list[Expected]:
                 target = number + 1
             elif where:
                 target = number + int(where)
-            found.append(Expected(severity, target + offset, text))
+            pattern = _regex(text) if is_regex else None
+            found.append(Expected(severity, target + offset, text, pattern))
     return found
 
 
@@ -150,7 +195,7 @@ def _verify(chunk: str, offset: int, file: str, produced: list[Diagnostic]) -> i
     for diag in produced:
         match = next((e for e in expected if not e.matched and e.severity == diag.severity
                       and diag.loc is not None and diag.loc.file == file
-                      and e.line == diag.loc.line and e.text in diag.message), None)
+                      and e.line == diag.loc.line and e.matches(diag.message)), None)
         if match is None:
             failed = True
             print(f"{diag.loc or file}: error: unexpected {diag.severity}: {diag.message}",

@@ -175,15 +175,17 @@ FFT_BODY = """\
       %1 = stablehlo.add %r, %b : tensor<2x4xf32>"""
 
 
-@pytest.mark.parametrize("op,body,line", [("stablehlo.sort", SORT_BODY, 5),
-                                          ("stablehlo.fft", FFT_BODY, 6)])
-def test_unsupported_op_is_not_proven_at_its_location(entangle, write, op, body, line) -> None:
+@pytest.mark.parametrize("message,body,line", [
+    ("not a supported sort: ", SORT_BODY, 5),   # descending: a comparator without a rule
+    ("unsupported op stablehlo.fft", FFT_BODY, 6)])
+def test_unsupported_op_is_not_proven_at_its_location(entangle, write, message, body,
+                                                      line) -> None:
     ref = write("ref.mlir", REF_ADD)
     shd = write("sharded.mlir", sharded(body))
     run = entangle("check", ref, shd, "--no-verify-rules")
     assert run.code == 3, run.text          # inconclusive: the program is not claimed wrong
-    assert f"{shd}:{line}:12: error: unsupported op {op}" in run.out
-    assert f"not proven: unsupported op {op}" in run.out
+    assert f"{shd}:{line}:12: error: {message}" in run.out
+    assert f"not proven: {message}" in run.out
     assert "inconclusive: the check could not decide" in run.out
     assert "Traceback" not in run.text and "verified" not in run.text
     doc = json.loads(entangle("check", ref, shd, "--no-verify-rules", "--json").out)
@@ -197,7 +199,7 @@ def test_bug_and_unsupported_result_claims_the_bug(entangle, write) -> None:
     shd = write("sharded.mlir", _TWO_RESULTS_SHARDED)
     run = entangle("check", ref, shd, "--no-verify-rules")
     assert run.code == 1, run.text
-    assert "unsupported op stablehlo.reduce_precision" in run.out
+    assert "unsupported op stablehlo.popcnt" in run.out
     assert "partial sum over 'tp'" in run.out
     assert "inconclusive:" not in run.out
     doc = json.loads(entangle("check", ref, shd, "--no-verify-rules", "--json").out)
@@ -207,22 +209,24 @@ def test_bug_and_unsupported_result_claims_the_bug(entangle, write) -> None:
 
 
 _TWO_RESULTS_REF = """\
-func.func @main(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> (tensor<8x16xf32>, tensor<8x8xf32>) {
-  %p = stablehlo.reduce_precision %x, format = e5m10 : tensor<8x16xf32>
+func.func @main(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> (tensor<8x16xi32>, tensor<8x8xf32>) {
+  %i = stablehlo.convert %x : (tensor<8x16xf32>) -> tensor<8x16xi32>
+  %p = stablehlo.popcnt %i : tensor<8x16xi32>
   %0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<8x8xf32>
-  return %p, %0 : tensor<8x16xf32>, tensor<8x8xf32>
+  return %p, %0 : tensor<8x16xi32>, tensor<8x8xf32>
 }
 """
 
 _TWO_RESULTS_SHARDED = """\
 sdy.mesh @mesh = <["tp"=4]>
-func.func @main(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> (tensor<8x16xf32>, tensor<8x8xf32>) {
+func.func @main(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> (tensor<8x16xi32>, tensor<8x8xf32>) {
   %r:2 = sdy.manual_computation(%x, %w) in_shardings=[<@mesh, [{}, {"tp"}]>, <@mesh, [{"tp"}, {}]>] out_shardings=[<@mesh, [{}, {"tp"}]>, <@mesh, [{}, {}]>] manual_axes={"tp"} (%xl: tensor<8x4xf32>, %wl: tensor<4x8xf32>) {
-    %p = stablehlo.reduce_precision %xl, format = e5m10 : tensor<8x4xf32>
+    %i = stablehlo.convert %xl : (tensor<8x4xf32>) -> tensor<8x4xi32>
+    %p = stablehlo.popcnt %i : tensor<8x4xi32>
     %d = stablehlo.dot_general %xl, %wl, contracting_dims = [1] x [0] : (tensor<8x4xf32>, tensor<4x8xf32>) -> tensor<8x8xf32>
-    sdy.return %p, %d : tensor<8x4xf32>, tensor<8x8xf32>
-  } : (tensor<8x16xf32>, tensor<16x8xf32>) -> (tensor<8x16xf32>, tensor<8x8xf32>)
-  return %r#0, %r#1 : tensor<8x16xf32>, tensor<8x8xf32>
+    sdy.return %p, %d : tensor<8x4xi32>, tensor<8x8xf32>
+  } : (tensor<8x16xf32>, tensor<16x8xf32>) -> (tensor<8x16xi32>, tensor<8x8xf32>)
+  return %r#0, %r#1 : tensor<8x16xi32>, tensor<8x8xf32>
 }
 """
 
@@ -310,3 +314,22 @@ def test_readme_quick_start_matches_ci() -> None:
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     assert test in ci, f".ci/run does not run the README test command {test!r}"
     assert os.access(REPO / ".ci" / "run", os.X_OK)
+
+
+def test_version(entangle) -> None:
+    from importlib import metadata
+
+    run = entangle("--version")
+    assert run.code == 0 and run.out.strip() == f"entangle {metadata.version('entangle-mlir')}"
+
+
+@pytest.mark.parametrize("argv,usage", [
+    (["check", "ref.mlir", "--bogus"], "usage: entangle check"),
+    (["demo", "--bogus"], "usage: entangle demo"),
+    (["check"], "usage: entangle check"),
+])
+def test_argument_errors_show_the_subcommands_usage(entangle, argv, usage) -> None:
+    run = entangle(*argv)
+    assert run.code == 2 and run.out == "" and "Traceback" not in run.err
+    assert run.err.startswith(usage), run.err
+    assert "error:" in run.err.splitlines()[-1]

@@ -82,14 +82,82 @@ def test_pass_option(entangle_opt, combined, spec, annotated) -> None:
 
 
 @pytest.mark.parametrize("spec,needle", [
-    ("entangle-infer-relations{bogus=1}", "no option 'bogus'"),
+    ("entangle-infer-relations{bogus=1}", ("no option 'bogus' (its options: annotate, "
+                                          "reuse_layers)")),
     ("entangle-infer-relations{", "cannot parse pass pipeline"),
+    ("entangle-verify-rules{budget_seconds=abc}", ("option 'budget_seconds' of pass "
+                                                  "'entangle-verify-rules' is a non-negative "
+                                                  "integer, not 'abc'")),
+    ("entangle-verify-rules{budget_seconds=-3}", "is a non-negative integer, not '-3'"),
+    ("entangle-general-tier{max_devices=8.5}", "is a non-negative integer, not '8.5'"),
+    ("entangle-infer-relations{annotate=maybe}", ("option 'annotate' of pass "
+                                                 "'entangle-infer-relations' is true or false, "
+                                                 "not 'maybe'")),
+    ("entangle-infer-relations{annotate=yes}", "is true or false, not 'yes'"),
+    ("entangle-infer-relations{annotate=false annotate=true}", ("option 'annotate' of pass "
+                                                              "'entangle-infer-relations' is "
+                                                              "given twice")),
+    ("entangle-verify-rules{inject-fault}", ("option 'inject_fault' of pass "
+                                            "'entangle-verify-rules' needs a value")),
 ])
 def test_bad_pass_option(entangle_opt, combined, spec, needle) -> None:
     run = entangle_opt(combined, f"--pass-pipeline=builtin.module({spec})")
     assert run.code == 2
     assert needle in run.err and "Traceback" not in run.text
     assert len(run.err.strip().splitlines()) == 1
+
+
+def test_bare_bool_option_is_true(entangle_opt, combined) -> None:
+    run = entangle_opt(combined, "--pass-pipeline=builtin.module(entangle-import-shardings,"
+                                 "entangle-infer-relations{annotate})")
+    assert run.code == 0, run.text
+    assert "entangle.relation" in run.out
+
+
+def test_shorthand_flags_run_in_the_order_given(entangle_opt, combined) -> None:
+    """The check before the relations it checks is refused: the flags' order is the passes'."""
+    ordered = entangle_opt(combined, "--entangle-import-shardings", "--entangle-infer-relations",
+                           "--entangle-check-refinement")
+    swapped = entangle_opt(combined, "--entangle-import-shardings", "--entangle-check-refinement",
+                           "--entangle-infer-relations")
+    assert ordered.code == 0 and 'entangle.verdict = "proven"' in ordered.out, ordered.text
+    assert swapped.code == 2
+    assert "entangle-check-refinement needs entangle-infer-relations first" in swapped.err
+
+
+def test_flags_and_pipeline_are_not_mixed(entangle_opt, combined) -> None:
+    run = entangle_opt(combined, "--entangle-import-shardings",
+                       "--pass-pipeline=builtin.module(entangle-infer-relations)")
+    assert run.code == 2 and run.out == "" and "Traceback" not in run.text
+    assert "either as --pass-pipeline or as flags, not both" in run.err
+
+
+def test_version(entangle_opt) -> None:
+    from importlib import metadata
+
+    run = entangle_opt("--version")
+    assert run.code == 0
+    assert run.out.strip() == f"entangle-opt {metadata.version('entangle-mlir')}"
+
+
+def test_print_debuginfo(entangle_opt, combined) -> None:
+    plain = entangle_opt(combined, "--entangle-import-shardings")
+    located = entangle_opt(combined, "--entangle-import-shardings", "--mlir-print-debuginfo")
+    assert plain.code == located.code == 0
+    assert "loc(" not in plain.out
+    assert re.search(r'loc\(".*combined\.mlir":\d+:\d+\)', located.out), located.out
+
+
+def test_print_debuginfo_counts_lines_of_the_file(entangle_opt, write) -> None:
+    text = _split_file(COMBINED_ADD, COMBINED_ADD)
+    path = write("two.mlir", text)
+    run = entangle_opt(path, "--split-input-file", "--mlir-print-debuginfo")
+    assert run.code == 0, run.text
+    lines = text.splitlines()
+    adds = [n for n, line in enumerate(lines, start=1) if "stablehlo.add" in line]
+    for line in adds:
+        col = lines[line - 1].index("stablehlo.add") + 1
+        assert f'"{path}":{line}:{col})' in run.out, (line, run.out)
 
 
 def test_output_file(entangle_opt, combined, tmp_path) -> None:
@@ -217,6 +285,23 @@ def test_verify_diagnostics_wrong_text(entangle_opt, write) -> None:
     run = entangle_opt(path, "--verify-diagnostics", f"--pass-pipeline={CHECK}")
     assert run.code == 1
     assert "unexpected error" in run.err and "was not produced" in run.err
+
+
+@pytest.mark.parametrize("expected,code", [
+    (r"value is still a partial sum over {{'[a-z]+'}}", 0),
+    (r"{{^}}value is {{(still )?}}a partial sum", 0),
+    (r"value is still a partial sum over {{'dp'}}", 1),
+    (r"value is still a partial {{max|min}}", 1),
+])
+def test_verify_diagnostics_regex(entangle_opt, write, expected, code) -> None:
+    """`expected-error-re`: text outside `{{...}}` literal (its `(`, `.` and `'` included),
+    inside a regex; found anywhere in the message, like mlir-opt."""
+    text = _annotated().replace(
+        "// expected-error @+1 {{value is still a partial sum over 'tp'}}",
+        f"// expected-error-re @+1 {{{{{expected}}}}}")
+    path = write("v.mlir", text)
+    run = entangle_opt(path, "--verify-diagnostics", f"--pass-pipeline={CHECK}")
+    assert run.code == code, run.text
 
 
 def test_verify_diagnostics_parse_error(entangle_opt, write) -> None:

@@ -96,6 +96,9 @@ class Walk:
     values: dict = field(default_factory=dict)
     outputs: list[Value] = field(default_factory=list)
     output_rho: list[str] = field(default_factory=list)
+    output_spec: list[str] = field(default_factory=list)
+    """Each output's declared layout as a PartitionSpec (`partition_spec_text`; '' where the
+    output is computed outside shard_map or its layout is unusable)."""
     notes: list[str] = field(default_factory=list)
     mesh: Mesh | None = None
     return_record: OpRecord | None = None
@@ -116,6 +119,7 @@ class Walker:
         self.meshes = read_meshes(module)
         self.walk = Walk()
         self.boundary: dict = {}
+        self.boundary_spec: dict = {}
         self.producer: dict = {}
         self.loop_depth = 0
         self.per_device_mode = False
@@ -182,7 +186,7 @@ class Walker:
         self._block(block, ctx)
         outputs = self.walk.outputs
         texts = result_shardings(self.module, self.func, len(outputs))
-        results, rhos = [], []
+        results, rhos, specs = [], [], []
         for i, (value, text) in enumerate(zip(outputs, texts)):
             rank = len(value.term.shape) if isinstance(value, Rel) else 0
             layout = layout_of(text, rank, mesh)
@@ -191,11 +195,14 @@ class Walker:
                                       origin=(self.walk.return_record, None),
                                       category="unsupported"))
                 rhos.append("")
+                specs.append("")
                 continue
             results.append(self._leave(value, layout.tiling, mesh, self.walk.return_record, i))
             rhos.append(rho_text(layout.tiling))
+            specs.append(partition_spec_text(layout.tiling))
         self.walk.outputs = results
         self.walk.output_rho = rhos
+        self.walk.output_spec = specs
 
     def _block(self, block, ctx: RuleContext) -> None:
         ops = [op.operation for op in block.operations]
@@ -215,6 +222,8 @@ class Walker:
                     self.walk.output_rho = [self.boundary.get(v, "computed globally "
                                                               "(outside shard_map)")
                                             for v in op.operands]
+                    self.walk.output_spec = [self.boundary_spec.get(v, "")
+                                             for v in op.operands]
                     self.walk.return_record = self._record(describe(op, self.file), [], [], ctx)
                     self.walk.return_record.sources = self._sources(op.operands)
                 continue
@@ -486,6 +495,7 @@ class Walker:
         for result, value, tiling in zip(op.results, results, out_tilings):
             self.walk.values[result] = value
             self.boundary[result] = rho_text(tiling)
+            self.boundary_spec[result] = partition_spec_text(tiling)
 
     def _manual_shardings(self, op: ir.Operation, info: OpInfo):
         manual = tuple(str(a).strip('"') for a in sdy.ManualAxesAttr(op.attributes["manual_axes"]))
@@ -603,6 +613,20 @@ def _layout_words(tiling) -> str:
     parts = [f"split along dim {d} over {axes_str(axes)}" for d, axes in enumerate(tiling)
              if axes]
     return " and ".join(parts) or "replicated"
+
+
+def partition_spec_text(tiling) -> str:
+    """A layout as the PartitionSpec a JAX user writes: `P('dp', None)`, `P(('dp', 'tp'),)`
+    for a dim split over two axes, `P()` for a scalar."""
+    def dim(axes) -> str:
+        if not axes:
+            return "None"
+        if len(axes) == 1:
+            return repr(axes[0])
+        return "(" + ", ".join(repr(a) for a in axes) + ")"
+    parts = [dim(axes) for axes in tiling]
+    return f"P({parts[0]},)" if len(parts) == 1 and len(tiling[0]) > 1 else \
+        f"P({', '.join(parts)})"
 
 
 def rho_text(tiling) -> str:

@@ -16,6 +16,7 @@ from entangle_mlir.analysis.infer import OpRecord, Walk
 from entangle_mlir.analysis.valid_indices import ValidIndices, index_ranges
 from entangle_mlir.core.diagnostics import Diagnostic
 from entangle_mlir.core.mesh import Mesh, axes_str
+from entangle_mlir.core.precision import readable_factor
 from entangle_mlir.core.relations import GLOBAL, DeviceScalar, Opaque, Rel, layout_words
 from entangle_mlir.core.report import NOT_PROVEN, PROVEN, OutputResult, Report
 from entangle_mlir.core.rounding import ASSUMPTION as ROUNDING
@@ -55,7 +56,7 @@ class _Reference:
         self.walk = walk
         self.by_term: dict[int, OpRecord] = {}
         self.terms: dict[int, Term] = {}
-        self._scaled: dict[int, Term] | None = None
+        self._scaled: dict[int, list[Term]] | None = None
         for value in walk.values.values():
             if isinstance(value, Rel):
                 self.terms[value.term.serial] = value.term
@@ -68,24 +69,27 @@ class _Reference:
         return term.serial in self.terms
 
     @property
-    def scaled(self) -> dict[int, Term]:
+    def scaled(self) -> dict[int, list[Term]]:
         """Reference terms by their content-free part (built on the first diagnostic that
         asks: a proven check never needs it, and a residual stream's content is O(depth))."""
         if self._scaled is None:
             self._scaled = {}
             for term in self.terms.values():
-                self._scaled.setdefault(factor_content(term)[1].serial, term)
+                self._scaled.setdefault(factor_content(term)[1].serial, []).append(term)
         return self._scaled
 
     def ratio(self, term: Term) -> tuple[object, Term] | None:
         """(r, t) when the reference computes t and term == r * t (scalars are pulled out of
         products, so a mis-scaled value differs from the reference's by its coefficient)."""
+        found = self.ratios(term)
+        return found[0] if found else None
+
+    def ratios(self, term: Term) -> list[tuple[object, Term]]:
+        """Every (r, t) of `ratio`: the reference may compute a value at several scales (a sum
+        and its mean), the first one first."""
         k, base = factor_content(term)
-        known = self.scaled.get(base.serial)
-        if known is None:
-            return None
-        kr, _ = factor_content(known)
-        return k / kr, known
+        return [(k / factor_content(known)[0], known)
+                for known in self.scaled.get(base.serial, ())]
 
     def counterpart(self, record: OpRecord) -> OpRecord | None:
         """The reference op a sharded op should correspond to, if one can be found (at worst
@@ -325,6 +329,7 @@ def compare(ref: Walk, sharded: Walk) -> Report:
         diagnostics.append(diagnostic)
         foci.append(_focus(culprit, reference, sharded.mesh, diagnostic.category))
     diagnostics = _name_results(diagnostics, sharded)
+    _label_outputs(outputs, sharded)
     assumption_notes = [f"{ASSUMING}{assumption} ({_results_words(indices)})"
                         for assumption, indices in assumed_for.items()]
     rounding_notes = [(f"proven assuming {ROUNDING} ({_results_words(rounded_for)}: "
@@ -369,6 +374,16 @@ def _results_words(indices: list[int]) -> str:
 
 
 _PLAIN_RESULT = re.compile(r"result(\[\d+\])?$")
+
+
+def _label_outputs(outputs: list[OutputResult], sharded: Walk) -> None:
+    """Each output's pytree path (where jax named it) and declared PartitionSpec."""
+    names = _result_names(sharded)
+    for out in outputs:
+        name = names[out.index] if out.index < len(names) else ""
+        out.name = "" if _PLAIN_RESULT.match(name) else name
+        if out.index < len(sharded.output_spec):
+            out.partition_spec = sharded.output_spec[out.index]
 
 
 def _name_results(diagnostics: list[Diagnostic], sharded: Walk) -> list[Diagnostic]:
@@ -598,31 +613,32 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
     """The diagnostic of an output whose term differs, and the op it names (if any)."""
     k, base = single_scaled(got)
     if base is want:
-        message = f"result #{index} is {k} x the reference"
+        message = f"result #{index} is {readable_factor(k, want.dtype)} x the reference"
     else:
         message = f"result #{index} differs from the reference: " + (
             structural_diff(want, got) or "different terms")
     where = sharded.return_record.loc if sharded.return_record else None
-    culprit = _first_divergence(got, sharded, reference)
+    culprit = _first_divergence(got, sharded, reference, index)
     if culprit is None:
         return Diagnostic("error", message, where, category="different_function"), None
     record, term = culprit
-    found = reference.ratio(term)
+    found = _explained_ratio(record, term, sharded, reference)
     k2, base2 = found if found is not None else (1, term)
     category = "different_function"
     if record.hints:
         reason, category = record.hints[0]
     elif found is not None and k2 != 1:
-        reason = f"value is {k2} x what the reference computes here ({pretty(base2, 3)})"
+        factor = readable_factor(k2, base2.dtype, _constants(term))
+        reason = f"value is {factor} x what the reference computes here ({pretty(base2, 3)})"
         category = "scale"
         mean = _pmean_axes(record, k2, sharded)
         summed = _psum_axes(record, k2, sharded)
         if summed:
-            reason = (f"all_reduce sums over {summed}, so the value is {k2} x what the reference "
-                      "computes here (the reference averages: pmean was needed)")
+            reason = (f"all_reduce sums over {summed}, so the value is {factor} x what the "
+                      "reference computes here (the reference averages: pmean was needed)")
         elif mean:
             reason = (f"pmean over {mean}: the all_reduce sum is divided by {k2.denominator}, "
-                      f"so the value is {k2} x what the reference computes here (psum was "
+                      f"so the value is {factor} x what the reference computes here (psum was "
                       "needed)")
     else:
         reason = (f"{record.info.name.split('.')[-1]} computes {pretty(term, 3)}, which the "
@@ -635,6 +651,22 @@ def _mismatch_diagnostic(index: int, want: Term, got: Term, sharded: Walk,
     if kept is not None:
         notes.append(Diagnostic("note", _kept_zero_text(kept), record.loc))
     return Diagnostic("error", reason, record.loc, tuple(notes), category=category), record
+
+
+def _constants(term: Term, limit: int = 64) -> tuple:
+    """The first `limit` distinct scalar constants under `term` (splats and the coefficients
+    of linear combinations): the program's own constants, to spell a scale factor with."""
+    found: dict = {}
+    for t in subterms([term]):
+        if t.op == "splat":
+            found.setdefault(t.attrs[0], None)
+        elif t.op == "lin":
+            constant, coefs = t.attrs
+            for value in (constant, *coefs):
+                found.setdefault(value, None)
+        if len(found) >= limit:
+            break
+    return tuple(found)
 
 
 def _kept_zero(want: Term, got: Term) -> Term | None:
@@ -654,6 +686,17 @@ def _kept_zero_text(term: Term) -> str:
     return (f"0 * {shown} (a product with zero, or a difference that cancels) is not 0: "
             f"{shown} is not shown finite, and inf * 0 = inf - inf = NaN; x * 0 and x - x "
             "fold to 0 only where x is shown finite")
+
+
+def _explained_ratio(record: OpRecord, term: Term, sharded: Walk,
+                     reference: _Reference) -> tuple[object, Term] | None:
+    """The culprit's ratio to a reference value: one a psum or pmean explains (a psum of
+    local means is 4 x the reference's mean, though only 1/4 x its sum), else the first."""
+    found = reference.ratios(term)
+    for k, base in found:
+        if k != 1 and (_psum_axes(record, k, sharded) or _pmean_axes(record, k, sharded)):
+            return k, base
+    return found[0] if found else None
 
 
 def _pmean_axes(record: OpRecord, factor, walk: Walk) -> str:
@@ -683,14 +726,18 @@ def _psum_axes(record: OpRecord, factor, walk: Walk) -> str:
     return ""
 
 
-def _first_divergence(out: Term, sharded: Walk, reference: _Reference):
+def _first_divergence(out: Term, sharded: Walk, reference: _Reference, index: int = -1):
     """The first op, in program order, on the output's slice whose term the reference lacks.
 
     Values that are a scaled reference value (a local mean's 1/N_local waiting for its pmean)
     are not divergences by themselves: when every divergent value is such a scaled one, the
     culprit is where the scale last changes to the output's wrong one (the reduction that
-    divides by the wrong count)."""
+    divides by the wrong count). The slice is the output term's parts, and for scaled values
+    every op the output depends on: a mis-scaled statistic under a nonlinear op (a psum where
+    an RMSNorm's mean needed a pmean, under its rsqrt) no longer shows in the output's term
+    by itself, but the op that scaled it is still where the value went wrong."""
     needed = _subterms(out)
+    upstream = _upstream(sharded, index)
     scaled: list[tuple[OpRecord, Term, object]] = []
     for record in sharded.records:
         if record.info.name in _BOUNDARY_OPS:
@@ -703,15 +750,36 @@ def _first_divergence(out: Term, sharded: Walk, reference: _Reference):
                 continue
             _, base = factor_content(term)
             parts = base.args if base.op == "lin" else ()
-            if term.serial in needed or base.serial in needed or any(
-                    part.serial in needed for part in parts):
-                found = reference.ratio(term)
-                if found is None:
-                    if scaled and _has_misscaled_part(term, reference):
-                        return _scale_change(scaled)
+            on_slice = term.serial in needed or base.serial in needed or any(
+                part.serial in needed for part in parts)
+            if not on_slice and id(record) not in upstream:
+                continue
+            found = reference.ratio(term)
+            if found is None:
+                if scaled and _has_misscaled_part(term, reference):
+                    return _scale_change(scaled)
+                if on_slice:
                     return record, term
-                scaled.append((record, term, found[0]))
+                continue
+            scaled.append((record, term, found[0]))
     return _scale_change(scaled) if scaled else None
+
+
+def _upstream(sharded: Walk, index: int) -> set[int]:
+    """The ids of every op output #`index` depends on (through the ops' sources; inside a
+    shard_map through its body's), empty when the output is unknown."""
+    record = sharded.return_record
+    if record is None or not 0 <= index < len(record.sources):
+        return set()
+    seen: set[int] = set()
+    stack = [record.sources[index]]
+    while stack:
+        op = stack.pop()
+        if op is None or id(op) in seen:
+            continue
+        seen.add(id(op))
+        stack.extend(op.sources)
+    return seen
 
 
 def _has_misscaled_part(term: Term, reference: _Reference) -> bool:

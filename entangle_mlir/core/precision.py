@@ -161,3 +161,59 @@ def reduce_precision(value: Fraction | float, dtype: str, exponent_bits: int,
     elif x >= Fraction(2) ** (fmt[2] + 1):
         return sign * math.inf
     return sign * x
+
+
+DTYPE_NAMES = {"f64": "float64", "f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+"""Float dtypes by the names jax users write."""
+
+
+def shortest_decimal(value: Fraction, dtype: str, max_digits: int = 9) -> str | None:
+    """The shortest decimal (at most `max_digits` significant digits) that rounds to `value`
+    in `dtype`, when `value` is one of its values: `0.1` for float32's 13421773/134217728."""
+    if dtype not in FLOAT_FORMATS or round_to(value, dtype) != value:
+        return None
+    for digits in range(1, max_digits + 1):
+        text = f"{float(value):.{digits}g}"
+        if round_to(Fraction(text), dtype) == value:
+            return text
+    return None
+
+
+def readable_factor(k: Fraction, dtype: str = "f32", constants: tuple = ()) -> str:
+    """A scale factor as a person reads it: a small fraction as it is (`4`, `1/4`, `3/128`), else a
+    value of a float type, or a small multiple or divisor of one, by its shortest decimal
+    (`0.4 (float32)` for 13421773/33554432, which is not 2/5; `3 x 0.7 (float32)`), the
+    fewest digits first; else its decimal value to 9 digits (`~2.66666675`). A small
+    multiple of one of `constants` (the program's own, e.g. its float32 0.1) is spelled with
+    it: `4 x 0.1 (float32)`, a psum over 4 devices of a value the program scaled by 0.1."""
+    k = Fraction(k)
+    if abs(k.numerator) <= 10_000 and k.denominator <= 64:
+        return str(k)
+    for c in constants if dtype in DTYPE_NAMES else ():
+        if not isinstance(c, Fraction) or c == 0 or c.denominator <= 64:
+            continue
+        ratio = k / c
+        text = shortest_decimal(abs(c), dtype)
+        if text is not None and abs(ratio.numerator) <= 64 and ratio.denominator <= 64:
+            sign = "-" if c < 0 else ""
+            return (f"{ratio} x {sign}{text} ({DTYPE_NAMES[dtype]})" if ratio != 1
+                    else f"{sign}{text} ({DTYPE_NAMES[dtype]})")
+    plain = abs(k.numerator) <= 10_000 and k.denominator <= 1024
+    dtypes = [dtype] if dtype in DTYPE_NAMES else []
+    if not plain:
+        dtypes += [d for d in ("f32", "bf16", "f16", "f64") if d not in dtypes]
+    best: tuple[int, str] | None = None
+    for d in dtypes:
+        for m in range(1, 2 if plain else 65):
+            for constant, spelled in ((k / m, f"{m} x {{}}"), (k * m, f"{{}} / {m}")):
+                text = shortest_decimal(constant, d, max_digits=3 if plain else 6)
+                if text is None:
+                    continue
+                shown = (text if m == 1 else spelled.format(text)) + f" ({DTYPE_NAMES[d]})"
+                digits = len(text.lstrip("-").replace(".", "").strip("0"))
+                score = digits * 100 + (m > 1) * 150 + m
+                if best is None or score < best[0]:
+                    best = (score, shown)
+        if best is not None:
+            return best[1]
+    return str(k) if plain else f"~{float(k):.9g}"

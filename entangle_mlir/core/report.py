@@ -73,6 +73,16 @@ class OutputResult:
     proven: bool
     rho: str
     term: str = ""
+    name: str = ""
+    """The result's pytree path as jax records it (`result['grads']['w1']`), '' when the
+    program names none (or only `result`, `result[0]`)."""
+    partition_spec: str = ""
+    """The declared layout as a PartitionSpec (`P('dp', None)`), '' when there is none."""
+
+    @property
+    def label(self) -> str:
+        """How the text report names the result: its pytree path, else `result#N`."""
+        return f"{self.name} (result#{self.index})" if self.name else f"result#{self.index}"
 
 
 @dataclass
@@ -153,7 +163,8 @@ class Report:
             lines.append(f"not proven: {reason}")
         for out in self.outputs:
             mark = "" if out.proven else "  (not proven)"
-            lines.append(f"  result#{out.index} = {out.rho}{mark}")
+            spec = f"  [{out.partition_spec}]" if out.partition_spec else ""
+            lines.append(f"  {out.label} = {out.rho}{spec}{mark}")
         for note in self.notes:
             lines.append(f"note: {note}")
         if self.outcome == INCONCLUSIVE:
@@ -208,7 +219,8 @@ class Report:
             "outcome": self.outcome,
             "exit_code": self.exit_code,
             "mesh": self.mesh,
-            "outputs": [{"index": o.index, "proven": o.proven, "rho": o.rho, "term": o.term}
+            "outputs": [{"index": o.index, "name": o.name, "partition_spec": o.partition_spec,
+                         "proven": o.proven, "rho": o.rho, "term": o.term}
                         for o in self.outputs],
             "diagnostics": [d.to_json() for d in self.diagnostics],
             "notes": list(self.notes),

@@ -24,8 +24,10 @@ import bisect
 import functools
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextvars import ContextVar
 from fractions import Fraction
+from types import MappingProxyType
 
 from entangle_mlir.core.ranges import (
     ELEMENTWISE_BOUNDS,
@@ -1588,9 +1590,19 @@ def rebuild(term: Term, args: tuple[Term, ...]) -> Term:
 # ----- printing -----------------------------------------------------------------------------
 
 def _fmt_scalar(value: Scalar) -> str:
+    """A constant as a person reads it: an integer or a small fraction as it is (`2147483000`,
+    `1/768`), any other in decimal (`-2.82843e+09`, not `-23170474609375/8192`)."""
     if isinstance(value, Fraction):
-        return str(value) if value.denominator < 10**6 else f"{float(value):.6g}"
+        readable = value.denominator == 1 or (abs(value.numerator) < 10**5
+                                              and value.denominator < 10**4)
+        return str(value) if readable else f"{float(value):.6g}"
     return str(value)
+
+
+ARG_NAMES: ContextVar[Mapping[int, str]] = ContextVar("entangle_arg_names",
+                                                    default=MappingProxyType({}))
+"""The names terms print for the program's inputs, by index (`params['w1']` where jax
+recorded one; `%argN` otherwise). `entangle-import-shardings` sets them for each check."""
 
 
 def pretty(term: Term, depth: int = 6, names: dict[int, str] | None = None) -> str:
@@ -1598,7 +1610,7 @@ def pretty(term: Term, depth: int = 6, names: dict[int, str] | None = None) -> s
     if names and term.serial in names:
         return names[term.serial]
     if term.op == "arg":
-        return f"%arg{term.attrs[0]}"
+        return ARG_NAMES.get().get(term.attrs[0]) or f"%arg{term.attrs[0]}"
     if term.op == "splat":
         return _fmt_scalar(term.attrs[0])
     if term.op == "iota":

@@ -6,6 +6,7 @@ A combined module holds both functions; the sharded one carries `entangle.refine
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from jaxlib.mlir import ir
@@ -34,6 +35,21 @@ class Program:
     sharded_func: ir.Operation
     ref_file: str
     sharded_file: str
+
+
+_NAME_LOC = re.compile(r'loc\("((?:[^"\\]|\\.)*)"(?:\)|\()')
+
+
+def argument_names(func: ir.Operation) -> dict[int, str]:
+    """A function's argument names as jax records them (`loc("params['w1']")` on each
+    argument of a lowering with debug info), by index; an argument with a file location or
+    none has no name."""
+    names = {}
+    for index, argument in enumerate(func.regions[0].blocks[0].arguments):
+        found = _NAME_LOC.match(str(argument.location))
+        if found:
+            names[index] = found.group(1).replace('\\"', '"')
+    return names
 
 
 def functions(module: ir.Module) -> list[ir.Operation]:

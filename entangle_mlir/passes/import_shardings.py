@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from entangle_mlir.core.terms import ARG_NAMES
 from entangle_mlir.mlir.program import (
+    argument_names,
     check_form,
     check_order,
     check_signatures,
@@ -26,9 +28,14 @@ class ImportShardingsPass(ModulePass):
                "that the sharded program is one to check (shard_map or partitioned)")
 
     def apply(self, state: PassState) -> None:
+        """Also sets the names terms print for the inputs (`terms.ARG_NAMES`): the
+        reference's argument names, else the sharded program's."""
         if state.program is None and has_refines(state.module):
             state.program = from_combined(state.module, state.file)
+        ARG_NAMES.set({})
         if state.program is not None:
             check_order(state.program)
             check_signatures(state.program)
             check_form(state.program)
+            ARG_NAMES.set(argument_names(state.program.ref_func)
+                          or argument_names(state.program.sharded_func))

@@ -92,21 +92,40 @@ def _split_top(text: str) -> list[str]:
 
 
 def _instantiate(cls: type[ModulePass], options: str) -> ModulePass:
+    """The pass with its options read by their fields' types: a bool is `true`/`false` (or
+    `1`/`0`; the name alone is true), an int a non-negative integer (every int option counts
+    devices, seconds or steps); anything else, an unknown or a repeated option is refused."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    values = {}
+    values: dict[str, object] = {}
     for item in options.split():
-        key, _, raw = item.partition("=")
+        key, has_value, raw = item.partition("=")
         key = key.replace("-", "_")
         if key not in fields:
-            raise InputError(f"pass '{cls.name}' has no option '{key}'")
-        default = fields[key].default
-        if isinstance(default, bool):
-            values[key] = raw.lower() in ("", "1", "true", "yes")
-        elif isinstance(default, int):
-            values[key] = int(raw)
-        else:
-            values[key] = raw
+            known = ", ".join(sorted(fields)) or "none"
+            raise InputError(f"pass '{cls.name}' has no option '{key}' (its options: {known})")
+        if key in values:
+            raise InputError(f"option '{key}' of pass '{cls.name}' is given twice")
+        values[key] = _option_value(cls.name, key, fields[key].default, raw, bool(has_value))
     return cls(**values)
+
+
+def _option_value(pass_name: str, key: str, default: object, raw: str, has_value: bool):
+    """One option's value, typed like its default."""
+    where = f"option '{key}' of pass '{pass_name}'"
+    if isinstance(default, bool):
+        if not has_value:
+            return True
+        words = {"true": True, "1": True, "false": False, "0": False}
+        if raw.lower() not in words:
+            raise InputError(f"{where} is true or false, not '{raw}'")
+        return words[raw.lower()]
+    if isinstance(default, int):
+        if not re.fullmatch(r"\d+", raw):
+            raise InputError(f"{where} is a non-negative integer, not '{raw}'")
+        return int(raw)
+    if not has_value:
+        raise InputError(f"{where} needs a value ({key}=...)")
+    return raw
 
 
 def run_pipeline(passes: list[ModulePass], state: PassState) -> PassState:

@@ -10,6 +10,6 @@
 // CHECK: note: confirmed by running both programs on 4 random inputs: result #0 differs from the reference by up to {{[0-9.e+]+}}
 // CHECK-NOT: error:
 // CHECK: not proven: all_gather concatenates along dim 2 but the value is split along dim 1 over 'tp'
-// CHECK-NEXT: result#0 = concat over 'tp' along dim 1  (not proven)
+// CHECK-NEXT: result#0 = concat over 'tp' along dim 1  [P(None, 'tp', None)]  (not proven)
 // CHECK-NOT: error:
 // CHECK: rule checks: Z3 checked {{[0-9]+}} rule instances: {{[0-9]+}} proved, 0 refuted, 0 inconclusive

@@ -14,6 +14,6 @@
 // CHECK: note: confirmed by running both programs on 4 random inputs: result #0 differs from the reference by up to {{[0-9.e+]+}}
 // CHECK-NOT: error:
 // CHECK: not proven: subtract combines a partial sum over 'tp'
-// CHECK-NEXT: result#0 = concat over 'tp' along dim 2  (not proven)
+// CHECK-NEXT: result#0 = concat over 'tp' along dim 2  [P(None, None, 'tp')]  (not proven)
 // CHECK-NOT: error:
 // CHECK: rule checks: Z3 checked {{[0-9]+}} rule instances: {{[0-9]+}} proved, 0 refuted, 0 inconclusive

@@ -11,6 +11,6 @@
 // CHECK: note: confirmed by running both programs on 4 random inputs: result #0 differs from the reference by up to {{[0-9.e+]+}}
 // CHECK-NOT: error:
 // CHECK: not proven: all_reduce sums over 'dp' of a value split over 'dp'
-// CHECK-NEXT: result#0 = concat over 'dp' along dim 0  (not proven)
+// CHECK-NEXT: result#0 = concat over 'dp' along dim 0  [P('dp', None, None)]  (not proven)
 // CHECK-NOT: error:
 // CHECK: rule checks: Z3 checked {{[0-9]+}} rule instances: {{[0-9]+}} proved, 0 refuted, 0 inconclusive

@@ -11,10 +11,10 @@
 // CHECK: note: result #0 differs from the reference
 // CHECK: note: 0 * exponential(%arg0) (a product with zero, or a difference that cancels) is not 0: exponential(%arg0) is not shown finite
 // CHECK: not proven:
-// CHECK-NEXT: result#0 = concat over 'tp' along dim 0  (not proven)
-// CHECK-NEXT: result#1 = concat over 'tp' along dim 0  (not proven)
-// CHECK-NEXT: result#2 = concat over 'tp' along dim 0{{$}}
-// CHECK-NEXT: result#3 = concat over 'tp' along dim 0{{$}}
+// CHECK-NEXT: result#0 = concat over 'tp' along dim 0  [P('tp')]  (not proven)
+// CHECK-NEXT: result#1 = concat over 'tp' along dim 0  [P('tp')]  (not proven)
+// CHECK-NEXT: result#2 = concat over 'tp' along dim 0  [P('tp')]{{$}}
+// CHECK-NEXT: result#3 = concat over 'tp' along dim 0  [P('tp')]{{$}}
 
 sdy.mesh @mesh = <["tp"=4]>
 
