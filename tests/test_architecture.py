@@ -494,3 +494,18 @@ def test_packaging_checker(tmp_path: Path) -> None:
     (tmp_path / "none" / "pyproject.toml").write_text('[tool.setuptools]\npackages = ["x"]\n')
     assert packaging_violations(tmp_path / "none") == [
         "pyproject.toml: packages are not found by [tool.setuptools.packages.find]"]
+
+
+def test_no_module_defines_a_name_twice() -> None:
+    """A second top-level `def`/`class` of one name silently replaces the first for every
+    caller (two branches each adding a helper of one name, merged): each name once."""
+    twice = []
+    for path in sorted((REPO / PACKAGE).rglob("*.py")) + sorted((REPO / "tests").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        seen: set[str] = set()
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                if node.name in seen:
+                    twice.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}")
+                seen.add(node.name)
+    assert not twice, twice
