@@ -10,6 +10,9 @@ the semantics policy allows; nothing else is assumed):
   a single piece is itself;
 * a slice spanning several pieces of a concatenation is the concatenation of the pieces'
   slices (the builders' `push_slice` only takes a slice inside one piece);
+* a slice of a reshape that takes, in each group of dims the reshape splits or merges, a
+  run of elements that is a box of the reshape's operand is the reshape of that box
+  (`slice_of_reshape`: a micro-batch sliced out of a device's block is rows of the input);
 * an elementwise op (same op, same attributes) of concatenations cut at the same rows is the
   concatenation of the op on the pieces, and the other way round: a concatenation of one
   elementwise op applied piece by piece is that op on the concatenated operands;
@@ -206,6 +209,74 @@ def slice_of_concat(term: Term, starts, limits, strides) -> Term | None:
     return make_concat(parts, dim) if len(parts) > 1 else None
 
 
+def slice_of_reshape(arg: Term, starts, limits, strides) -> Term | None:
+    """A unit-stride slice of `arg = reshape(x)` as the reshape of a slice of x: where in
+    each group of dims the reshape splits or merges (`reshape_groups`), the slice takes one
+    contiguous run of the group's row-major order that is a box of x's dims (single indices
+    on the major ones, a range on one, the minor ones whole), the same elements in the same
+    order; else None."""
+    if arg.op != "reshape" or any(s != 1 for s in strides):
+        return None
+    x = arg.args[0]
+    groups = reshape_groups(x.shape, arg.shape)
+    if groups is None:
+        return None
+    x_starts, x_limits = [0] * len(x.shape), list(x.shape)
+    for src, dst in groups:
+        run = _flat_run([(starts[t], limits[t], arg.shape[t]) for t in dst])
+        box = None if run is None else _box([x.shape[i] for i in src], *run)
+        if box is None:
+            return None
+        for i, (lo, hi) in zip(src, box):
+            x_starts[i], x_limits[i] = lo, hi
+    shape = tuple(hi - lo for lo, hi in zip(x_starts, x_limits))
+    piece = make_op("slice", (x,), (tuple(x_starts), tuple(x_limits), (1,) * len(shape)),
+                    shape, x.dtype, linear_in=0)
+    return make_reshape(piece, tuple(hi - lo for lo, hi in zip(starts, limits)))
+
+
+def _flat_run(dims: list[tuple[int, int, int]]) -> tuple[int, int] | None:
+    """The row-major positions [a, b) a box (lo, hi, size per dim) covers, when they are one
+    contiguous run (single indices before one dim, whole dims after it); else None."""
+    ranged = [k for k, (lo, hi, n) in enumerate(dims) if (lo, hi) != (0, n)]
+    last = ranged[-1] if ranged else -1
+    if any(hi - lo != 1 for lo, hi, _ in dims[:max(last, 0)]):
+        return None
+    a, stride = 0, 1
+    for k in range(len(dims) - 1, -1, -1):
+        lo, hi, n = dims[k]
+        if k == last:
+            span = (hi - lo) * stride
+        a += lo * stride
+        stride *= n
+    return (a, a + span) if last >= 0 else (0, stride)
+
+
+def _box(sizes: list[int], a: int, b: int) -> list[tuple[int, int]] | None:
+    """The box of dims of `sizes` whose row-major positions are exactly [a, b): single
+    indices on the dims before some dim k, a range on k, the dims after k whole; else
+    None."""
+    if not sizes:
+        return [] if (a, b) == (0, 1) else None
+    for k in range(len(sizes) - 1, -1, -1):
+        stride = math.prod(sizes[k + 1:])
+        if a % stride or b % stride:
+            continue
+        lo, hi = a // stride, b // stride
+        if lo // sizes[k] != (hi - 1) // sizes[k]:
+            continue
+        prefix, fixed = lo // sizes[k], []
+        for n in reversed(sizes[:k]):
+            fixed.append((prefix % n, prefix % n + 1))
+            prefix //= n
+        if prefix:
+            return None
+        inner = lo % sizes[k]
+        return (fixed[::-1] + [(inner, inner + hi - lo)]
+                + [(0, n) for n in sizes[k + 1:]])
+    return None
+
+
 def _contraction_key(term: Term):
     """What a sum or contraction is, but for the windows of its operands: (kind, attrs,
     shape, dtype), or None."""
@@ -338,6 +409,9 @@ def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
         spanning = slice_of_concat(args[0], *term.attrs)
         if spanning is not None:
             return spanning
+        box = slice_of_reshape(args[0], *term.attrs)
+        if box is not None:
+            return box
     if term.op == "reduce_sum":
         blocks = sum_of_blocks(term, args[0])
         if blocks is not None:

@@ -56,6 +56,13 @@ COMBINING = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_s
 
 DEVICE_IDS = ("stablehlo.partition_id", "stablehlo.replica_id")
 
+WHILE = "stablehlo.while"
+
+MAX_LOOP_WORK = 20_000
+"""The most ops the expansion runs in loops, over the whole program: each trip of a loop
+costs the ops of its condition and body (nested regions included). Loops are expanded trip
+by trip, so a long loop (or nested loops) would otherwise grow the terms without end."""
+
 _COMBINE = {"add": None, "max": "stablehlo.maximum", "min": "stablehlo.minimum",
             "and": "stablehlo.and", "or": "stablehlo.or", "mul": "mul"}
 """all_reduce reducers the expansion combines: `add` is a `lin` sum, the others n-ary
@@ -181,6 +188,10 @@ class ExpansionStats:
     ops: int = 0
     computed: int = 0
     """Distinct (op, operands) computations (devices sharing operands share one)."""
+    trips: int = 0
+    """Loop trips expanded (of every loop, nested ones included)."""
+    loop_work: int = 0
+    """Ops the loops' trips cost (`MAX_LOOP_WORK` bounds it)."""
 
 
 class Expansion(Walker):
@@ -326,6 +337,8 @@ class Expansion(Walker):
             return
         if name == CASE:
             outs = self._device_case(op, info, ins, env, mesh)
+        elif name == WHILE:
+            outs = self._device_while(op, info, ins, env, mesh)
         elif name in COMBINING:
             outs = collective(info, ins, mesh)
         elif name == "stablehlo.collective_broadcast" or name.startswith("sdy."):
@@ -361,15 +374,8 @@ class Expansion(Walker):
         branches, types = [], list(info.operand_types)
         for region in op.regions:
             block = region.blocks[0]
-            for inner in block.operations:
-                inner = inner.operation
-                if inner.name in ("stablehlo.return", "func.return"):
-                    branches.append([self._operand(v, env, mesh, info) for v in inner.operands])
-                    types.extend(tensor_type(v.type) for v in inner.operands)
-                    break
-                self._device_op(inner, env, mesh)
-            else:
-                raise NotExpanded("a case branch without a return", info.loc)
+            branches.append(self._expand_block(block, env, mesh, info))
+            types.extend(tensor_type(v.type) for v in _terminator(block).operands)
         count = len(info.result_types)
         case_info = replace(info, attrs={**info.attrs, "branches": len(branches)},
                             operand_types=types, op=None)
@@ -393,6 +399,61 @@ class Expansion(Walker):
             for j in range(count):
                 outs[j].append(found[j])
         return outs
+
+    def _expand_block(self, block, env: dict, mesh: Mesh, info: OpInfo,
+                      args: list[list[Local]] | None = None) -> list[list[Local]]:
+        """A region's block on every device (its arguments bound to `args`): the values its
+        terminator returns, per value per device."""
+        for arg, values in zip(block.arguments, args or []):
+            env[arg] = values
+        for inner in block.operations:
+            inner = inner.operation
+            if inner.name in ("stablehlo.return", "func.return"):
+                return [self._operand(v, env, mesh, info) for v in inner.operands]
+            self._device_op(inner, env, mesh)
+        raise NotExpanded(f"a region of {info.name} without a return", info.loc)
+
+    def _device_while(self, op: ir.Operation, info: OpInfo, ins: list[list[Local]], env: dict,
+                      mesh: Mesh) -> list[list[Local]]:
+        """A loop on every device, trip by trip: the condition on each device's carried
+        values must be a concrete boolean (a counter from constants and device ids, compared
+        with a constant: the trip count is then exactly what the program runs), and each
+        device runs the body on its own carried values while its condition holds. A device
+        whose loop has ended keeps its values; collectives in the body need every device in
+        the same trip. Equal trips give equal terms (hash-consed), and `MAX_LOOP_WORK` bounds
+        the trips x ops of every loop together."""
+        cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
+        cost = _count_ops(op) - 1
+        collectives = _has_collective(op)
+        carried = ins
+        trips = 0
+        while True:
+            (test,) = self._expand_block(cond, env, mesh, info, carried)
+            running = []
+            for local in test:
+                if local.values is None:
+                    raise NotExpanded("a loop whose trip count depends on data (its "
+                                      "condition is not decided by constants and device "
+                                      "ids)", info.loc)
+                (value,) = [bool(v) for v in local.values.flat]
+                running.append(value)
+            if not any(running):
+                return carried
+            if collectives and not all(running):
+                raise NotExpanded("devices run a loop a different number of times while its "
+                                  "body runs collectives", info.loc)
+            self.stats.loop_work += cost
+            if self.stats.loop_work > MAX_LOOP_WORK:
+                raise NotExpanded(f"loops past the general tier's bound of {MAX_LOOP_WORK} "
+                                  f"expanded ops (this loop: {cost} ops a trip, still running "
+                                  f"after {trips} trips)", info.loc)
+            yields = self._expand_block(body, env, mesh, info, carried)
+            if len(yields) != len(carried):
+                raise NotExpanded("a loop body returns other values than it carries", info.loc)
+            carried = [[new[d] if running[d] else old[d] for d in range(mesh.num_devices)]
+                       for new, old in zip(yields, carried)]
+            trips += 1
+            self.stats.trips += 1
 
     def _operand(self, value, env: dict, mesh: Mesh, info: OpInfo) -> list[Local]:
         """Each device's value of an operand: the body's own, or a global value the body
@@ -497,6 +558,23 @@ def _has_collective(op: ir.Operation) -> bool:
                         or _has_collective(inner):
                     return True
     return False
+
+
+def _count_ops(op: ir.Operation) -> int:
+    """The number of ops in `op`, itself and those nested in its regions included."""
+    count = [0]
+
+    def visit(_):
+        count[0] += 1
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+    return count[0]
+
+
+def _terminator(block) -> ir.Operation:
+    """The last op of a block (its return)."""
+    return block.operations[len(block.operations) - 1].operation
 
 
 def info_shape(mlir_type) -> tuple[int, ...]:
