@@ -16,9 +16,14 @@ the semantics policy allows; nothing else is assumed):
 * an elementwise op (same op, same attributes) of concatenations cut at the same rows is the
   concatenation of the op on the pieces, and the other way round: a concatenation of one
   elementwise op applied piece by piece is that op on the concatenated operands;
+* a concatenation of contractions with the same attributes and one operand in common,
+  cut along a free dim of the other, is the contraction of the other operands concatenated
+  along that dim;
 * a `lin` whose parts are contractions (or sums) that differ only by adjacent slices of
   their operands along the contracted (summed) dim, with equal coefficients, is one
-  contraction (sum) over the joined slices;
+  contraction (sum) over the joined slices; so are parts whose operands' concatenation
+  along the contracted dim is no concatenation in normal form (rows of one computation,
+  `make_concat`), and transposes of such parts with one permutation;
 * a sum over the major half of a dim split in two by a reshape is the sum of the dim's
   consecutive blocks (`sum_of_blocks`: the reference's block sums meet a psum of a tiled
   value); a reshape merging dims whose major one is concatenated is the concatenation of the
@@ -43,6 +48,7 @@ from entangle_mlir.core.terms import (
     make_op,
     make_reshape,
     make_splat,
+    make_transpose,
     post_order,
     rebuild,
     rebuild_elementwise,
@@ -120,6 +126,8 @@ def make_concat(pieces, dim: int) -> Term:
     if constant is not None:
         return constant
     lifted = _lift_elementwise(joined, dim)
+    if lifted is None:
+        lifted = _lift_dot(joined, dim)
     if lifted is not None:
         return lifted
     shape = list(joined[0].shape)
@@ -184,6 +192,37 @@ def _lift_elementwise(pieces: list[Term], dim: int) -> Term | None:
     if not any(c.op != "concatenate" for c in columns):
         return None
     return rebuild_elementwise(first, tuple(columns))
+
+
+def _lift_dot(pieces: list[Term], dim: int) -> Term | None:
+    """`dot_general(concat(l_i), r)` when every piece is `dot_general(l_i, r)` with one `r`
+    and attributes, cut along a free dim of the lhs (`dim` of the result), and the same the
+    other way round: exact, each row of a contraction's result reads only its own row of
+    that operand. Only when the concatenated operand is no concatenation (so the form stays
+    smaller)."""
+    first = pieces[0]
+    if first.op != "stablehlo.dot_general" or any(
+            p.op != first.op or p.attrs != first.attrs or p.dtype != first.dtype
+            for p in pieces):
+        return None
+    lb, rb, lc, rc = first.attrs
+    lhs, rhs = first.args
+    lf = [d for d in range(len(lhs.shape)) if d not in lb and d not in lc]
+    rf = [d for d in range(len(rhs.shape)) if d not in rb and d not in rc]
+    free = [(0, d) for d in lf] + [(1, d) for d in rf]
+    if dim < len(lb):
+        return None
+    side, operand_dim = free[dim - len(lb)]
+    other = 1 - side
+    if any(p.args[other] is not first.args[other] for p in pieces):
+        return None
+    joined = make_concat([p.args[side] for p in pieces], operand_dim)
+    if joined.op == "concatenate":
+        return None
+    args = (joined, first.args[other]) if side == 0 else (first.args[other], joined)
+    shape = list(first.shape)
+    shape[dim] = sum(p.shape[dim] for p in pieces)
+    return make_dot(args[0], args[1], first.attrs, tuple(shape), first.dtype)
 
 
 def slice_of_concat(term: Term, starts, limits, strides) -> Term | None:
@@ -297,6 +336,9 @@ def _join_pair(a: Term, b: Term) -> Term | None:
     """One contraction (sum) for `a + b` when they are the same contraction (sum) whose
     operands are adjacent windows along one contracted (summed) dim, in the same order on
     both sides of a contraction (row i of the lhs meets row i of the rhs), else None."""
+    if a.op == "transpose" and b.op == "transpose" and a.attrs == b.attrs:
+        inner = _join_pair(a.args[0], b.args[0])
+        return None if inner is None else make_transpose(inner, a.attrs[0])
     key = _contraction_key(a)
     if key is None or key != _contraction_key(b):
         return None
@@ -306,7 +348,9 @@ def _join_pair(a: Term, b: Term) -> Term | None:
             continue
         forward = [_joins(a.args[k], b.args[k], d) for k, d in dims]
         backward = [_joins(b.args[k], a.args[k], d) for k, d in dims]
-        for joined in (forward, backward):
+        rows = [_rows(a.args[k], b.args[k], d) for k, d in dims]
+        rows_backward = [_rows(b.args[k], a.args[k], d) for k, d in dims]
+        for joined in (forward, backward, rows, rows_backward):
             if all(j is not None for j in joined):
                 args = tuple(joined) + tuple(a.args[len(joined):])
                 if a.op == "reduce_sum":
@@ -314,6 +358,13 @@ def _join_pair(a: Term, b: Term) -> Term | None:
                                    linear_in=0)
                 return make_dot(args[0], args[1], a.attrs, a.shape, a.dtype)
     return None
+
+
+def _rows(first: Term, second: Term, dim: int) -> Term | None:
+    """`first` then `second` along `dim`, when their concatenation in normal form is no
+    concatenation (they are rows of one computation), else None."""
+    joined = make_concat([first, second], dim)
+    return None if joined.op == "concatenate" else joined
 
 
 def join_sums(term: Term) -> Term:
@@ -333,7 +384,11 @@ def join_sums(term: Term) -> Term:
                 joined = _join_pair(ti, tj)
                 if joined is not None:
                     pairs = [p for k, p in enumerate(pairs) if k not in (i, j)]
-                    pairs.append((ki, joined))
+                    parts, constant = linear_parts(joined)
+                    if joined.op == "lin" and constant == 0:
+                        pairs.extend((ki * k, t) for k, t in parts)  # a factor pulled out
+                    else:
+                        pairs.append((ki, joined))
                     changed = True
                     break
             if changed:
