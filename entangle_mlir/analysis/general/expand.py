@@ -28,15 +28,17 @@ from entangle_mlir.core.ranges import fits
 from entangle_mlir.core.relations import GLOBAL, Rel
 from entangle_mlir.core.terms import (
     Term,
+    make_add,
     make_broadcast,
     make_elementwise,
     make_iota,
     make_lin,
     make_mul,
     make_op,
+    make_reshape,
     make_splat,
 )
-from entangle_mlir.mlir.opinfo import OpInfo, describe, tensor_type
+from entangle_mlir.mlir.opinfo import OpInfo, describe, scatter_kind, tensor_type
 from entangle_mlir.rules import RULES, RuleContext
 from entangle_mlir.rules.control import CASE, branch_pick
 from entangle_mlir.rules.dispatch import REGION_RULE_OPS, TRANSPARENT, apply_rule
@@ -45,7 +47,8 @@ from entangle_mlir.semantics.collectives import COLLECTIVE_SEMANTICS, replica_gr
 from entangle_mlir.semantics.element import SemanticsError, is_bool_dtype, is_int_dtype
 from entangle_mlir.semantics.evaluate import evaluate_term
 from entangle_mlir.semantics.groups import GroupError, permute_pairs
-from entangle_mlir.semantics.ops import OP_SEMANTICS
+from entangle_mlir.semantics.ops import OP_SEMANTICS, dimension_numbers
+from entangle_mlir.semantics.tensor import scatter
 
 MAX_CONCRETE = 1 << 14
 """The most elements of an integer value evaluated concretely on each device."""
@@ -491,6 +494,10 @@ class Expansion(Walker):
         if name == "stablehlo.dynamic_update_slice" and all(
                 local.values is not None for local in operands[2:]):
             return [self._static_update(info, operands)]
+        if name == "stablehlo.scatter" and len(operands) == 3 and operands[1].values is not None:
+            placed = self._static_scatter(info, operands)
+            if placed is not None:
+                return [placed]
         return [Local(v.term.dtype, v.term.shape, term=v.term) for v in self._rule(info, operands)]
 
     def _rule(self, info: OpInfo, operands: list[Local]) -> list[Rel]:
@@ -547,6 +554,64 @@ class Expansion(Walker):
                   for local in operands]
         self._instance(info, inputs, [Rel(term, ((),) * len(term.shape), scope=GLOBAL)])
         return Local(term.dtype, term.shape, term=term)
+
+    def _static_scatter(self, info: OpInfo, operands: list[Local]) -> Local | None:
+        """A scatter (replace or add) at concrete indices whose updates land, each on its
+        own element, on one box of the operand in the updates' row-major order (`x.at[i]`
+        with a device-dependent i): the operand with that box replaced by (or added to) the
+        updates, as `update_slice` (exact). None where the updates land otherwise (then the
+        scatter's own rule)."""
+        kind = scatter_kind(info)
+        if kind not in ("replace", "add"):
+            return None
+        x, updates = operands[0], operands[2]
+        box = scatter_box(info, x.shape, operands[1].values, updates.shape)
+        if box is None:
+            return None
+        starts, shape = box
+        placed = make_reshape(updates.as_term(), shape)
+        base = x.as_term()
+        if kind == "add":
+            window = make_op("slice", (base,), (tuple(starts), tuple(
+                s + k for s, k in zip(starts, shape)), (1,) * len(shape)), shape, base.dtype,
+                linear_in=0)
+            placed = make_add(window, placed)
+        term = update_slice(base, placed, starts)
+        inputs = [Rel(local.as_term(), ((),) * len(local.shape), scope=GLOBAL)
+                  for local in operands]
+        self._instance(info, inputs, [Rel(term, ((),) * len(term.shape), scope=GLOBAL)])
+        return Local(term.dtype, term.shape, term=term)
+
+
+def scatter_box(info: OpInfo, shape: tuple[int, ...], indices: np.ndarray,
+                 updates_shape: tuple[int, ...]) -> tuple[list[int], tuple[int, ...]] | None:
+    """(starts, shape) of the box of the operand a scatter at concrete `indices` writes, when
+    every update element lands on an element of its own and they fill the box in row-major
+    order (found by scattering counts and then positions with the op's semantics); else
+    None."""
+    count = math.prod(updates_shape)
+    if not count or count > MAX_CONCRETE or math.prod(shape) > MAX_CONCRETE:
+        return None
+    dims = dimension_numbers(info.attrs, "scatter_dimension_numbers")
+    zeros = np.zeros(shape, dtype=object)
+    try:
+        hits = scatter(zeros, indices, np.ones(updates_shape, dtype=object), dims, "add")
+        order = scatter(zeros, indices, np.arange(1, count + 1, dtype=object)
+                        .reshape(updates_shape), dims, "add")
+    except (SemanticsError, ValueError, IndexError):
+        return None
+    hit = np.array([int(v) for v in hits.flat]).reshape(shape)
+    if hit.max(initial=0) > 1 or int(hit.sum()) != count:
+        return None
+    where = np.argwhere(hit == 1)
+    lo, hi = where.min(axis=0), where.max(axis=0) + 1
+    box = tuple(slice(int(a), int(b)) for a, b in zip(lo, hi))
+    if math.prod(int(b - a) for a, b in zip(lo, hi)) != count:
+        return None
+    if [int(v) for v in order[box].flat] != list(range(1, count + 1)):
+        return None
+    return [int(a) for a in lo], tuple(int(b - a) for a, b in zip(lo, hi))
+
 
 def _has_collective(op: ir.Operation) -> bool:
     """Some op nested in `op`'s regions combines values across devices."""
