@@ -29,6 +29,9 @@ the semantics policy allows; nothing else is assumed):
   value); a reshape merging dims whose major one is concatenated is the concatenation of the
   pieces reshaped (`reshape_of_concat`: an untiled all_gather and its reshape).
 
+* argmax / argmin and top_k of per-block candidates, and index bounds an interval decides:
+  `core/selection.py`.
+
 `normal_form(term)` rebuilds a term bottom-up through these rules (memoized by serial).
 """
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+from entangle_mlir.core import selection
 from entangle_mlir.core.ranges import fits
 from entangle_mlir.core.terms import (
     Term,
@@ -478,6 +482,16 @@ def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
     out = rebuild(term, args) if args != term.args else term
     if out.op == "lin":
         out = join_sums(out)
+    for _ in range(_MAX_SELECTION_STEPS):
+        selected = selection.rewrite(out, make_concat)
+        if selected is None:
+            break
+        out = selected
     return out
+
+
+_MAX_SELECTION_STEPS = 4
+"""How many of `selection.py`'s identities one node is rewritten by in a row (a decided
+predicate, then the select it picks)."""
 
 
