@@ -27,7 +27,11 @@ the semantics policy allows; nothing else is assumed):
 * a sum over the major half of a dim split in two by a reshape is the sum of the dim's
   consecutive blocks (`sum_of_blocks`: the reference's block sums meet a psum of a tiled
   value); a reshape merging dims whose major one is concatenated is the concatenation of the
-  pieces reshaped (`reshape_of_concat`: an untiled all_gather and its reshape).
+  pieces reshaped (`reshape_of_concat`: an untiled all_gather and its reshape);
+* a scatter-add into zeros at constant indices whose every update window fits inside the
+  operand is the sum of the updates' windows each padded with zeros to its place
+  (`scatter_at_constants`: what a device's `x.at[(me + k) % n].add(u)` is once `me` is
+  known; a colliding pair of windows is summed, as the scatter sums it).
 
 * argmax / argmin and top_k of per-block candidates, and index bounds an interval decides:
   `core/selection.py`.
@@ -37,12 +41,15 @@ the semantics policy allows; nothing else is assumed):
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable
 from fractions import Fraction
 
 from entangle_mlir.core import selection
 from entangle_mlir.core.ranges import fits
 from entangle_mlir.core.terms import (
+    DENSE_VALUES,
     Term,
     intern,
     linear_parts,
@@ -57,6 +64,7 @@ from entangle_mlir.core.terms import (
     rebuild,
     rebuild_elementwise,
     reshape_groups,
+    splat_value,
 )
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 
@@ -461,6 +469,87 @@ def reshape_of_concat(term: Term, arg: Term) -> Term | None:
     return None
 
 
+MAX_SCATTER_WINDOWS = 64
+"""The most update windows a scatter at constant indices is written out as."""
+
+
+def _constant_indices(indices: Term) -> Callable[[tuple[int, ...]], int] | None:
+    """The values of a scatter's index tensor when they are known (a splat, or an integer
+    table whose values the builders kept), as a function of the position; else None."""
+    value = splat_value(indices)
+    if isinstance(value, Fraction) and value.denominator == 1:
+        return lambda _: int(value)
+    if indices.op != "dense" or indices.attrs[0] not in DENSE_VALUES or \
+            not indices.dtype.startswith(("i", "ui")) or indices.dtype == "i1":
+        return None
+    flat = list(getattr(DENSE_VALUES[indices.attrs[0]], "flat", ()))
+    if len(flat) != math.prod(indices.shape):
+        return None
+    strides = [math.prod(indices.shape[d + 1:]) for d in range(len(indices.shape))]
+    return lambda at: int(flat[sum(i * s for i, s in zip(at, strides))])
+
+
+def scatter_at_constants(term: Term, args: tuple[Term, ...]) -> Term | None:
+    """`scatter_add(0, I, U)` with the indices I known and every update window inside the
+    operand (no batching dims): the sum over U's scatter positions of that position's window
+    of U, padded with zeros to where the scatter adds it. Exact: each element of the scatter
+    is the sum of the updates landing on it (one addend per window that covers it), which is
+    what the sum of the padded windows adds up; in the order-free reading of sums. None
+    when it is not such a scatter, a window does not fit (the op's out-of-bounds behaviour
+    is implementation-defined) or there are more than MAX_SCATTER_WINDOWS windows."""
+    if term.op != "stablehlo.scatter" or len(args) != 3:
+        return None
+    attrs = dict(term.attrs)
+    operand, indices, updates = args
+    if attrs.get("reducer") != "add" or splat_value(operand) != 0 or attrs.get(
+            "input_batching_dims") or attrs.get("scatter_indices_batching_dims"):
+        return None
+    values = _constant_indices(indices)
+    if values is None:
+        return None
+    window_dims = tuple(attrs["update_window_dims"])
+    inserted = tuple(attrs["inserted_window_dims"])
+    to_operand = tuple(attrs["scatter_dims_to_operand_dims"])
+    ivd = attrs["index_vector_dim"]
+    rank = len(operand.shape)
+    operand_window = [d for d in range(rank) if d not in inserted]
+    if len(operand_window) != len(window_dims) or list(window_dims) != sorted(window_dims):
+        return None
+    sizes = [1] * rank
+    for k, d in enumerate(operand_window):
+        sizes[d] = updates.shape[window_dims[k]]
+    scatter_dims = [d for d in range(len(updates.shape)) if d not in window_dims]
+    positions = list(itertools.product(*(range(updates.shape[d]) for d in scatter_dims)))
+    if len(positions) > MAX_SCATTER_WINDOWS:
+        return None
+    pieces = []
+    for position in positions:
+        at = list(position)
+        if ivd < len(indices.shape):
+            vector = [values(tuple(at[:ivd] + [k] + at[ivd:]))
+                      for k in range(indices.shape[ivd])]
+        else:
+            vector = [values(tuple(at))]
+        if len(vector) != len(to_operand):
+            return None
+        start = [0] * rank
+        for k, d in enumerate(to_operand):
+            start[d] = vector[k]
+        if any(not 0 <= start[d] <= operand.shape[d] - sizes[d] for d in range(rank)):
+            return None
+        window = updates
+        for d, p in zip(scatter_dims, position):
+            window = slice_term(window, d, p, p + 1)
+        window = make_reshape(window, tuple(sizes))
+        low = tuple(start)
+        high = tuple(n - s - z for n, s, z in zip(operand.shape, start, sizes))
+        if any(low) or any(high):
+            window = make_op("pad", (window, make_splat(0, (), term.dtype)),
+                             (low, high, (0,) * rank), term.shape, term.dtype, linear_in=0)
+        pieces.append((Fraction(1), window))
+    return make_lin(pieces, Fraction(0), term.shape, term.dtype)
+
+
 def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
     if term.op == "concatenate":
         return make_concat(args, term.attrs[0])
@@ -479,6 +568,10 @@ def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
         pieces = reshape_of_concat(term, args[0])
         if pieces is not None:
             return pieces
+    if term.op == "stablehlo.scatter":
+        placed = scatter_at_constants(term, args)
+        if placed is not None:
+            return placed
     out = rebuild(term, args) if args != term.args else term
     if out.op == "lin":
         out = join_sums(out)

@@ -33,6 +33,11 @@ from jax.sharding import PartitionSpec as P
 from entangle_mlir.driver import check_files, check_texts
 from entangle_mlir.jax import lower_pair
 from examples.heldout import corpus
+from examples.heldout.jax_docs import (
+    block_sum_ref,
+    ring_reduce_scatter,
+    ring_reduce_scatter_off_by_one,
+)
 from tests.shared import EXAMPLES_MLIR
 
 V, D, S, N = 16, 8, 4, 4
@@ -157,6 +162,10 @@ CORRECT = [
             (P("tp"),), P("tp")),
     Program("block_sums_4096x64", lambda x: x.reshape(N, -1, 64).sum(0), _block_sums("tp"),
             (RNG.standard_normal((4096, 64)).astype(np.float32),), (P("tp", None),), P()),
+    # a device's `.at[(me + k) % n].add(u)` is a scatter-add into zeros at a known row: the
+    # padded row, whose sums regroup (no overflow the reference's sum does not also risk)
+    Program("ring_reduce_scatter_at_add", block_sum_ref, ring_reduce_scatter, (ROW,), (P("i"),),
+            P("i"), mesh=(("i", N),)),
 ]
 TWINS = [
     Program("embedding_offset_off_by_one", _embedding_reference(), _embedding(offset=1),
@@ -171,6 +180,8 @@ TWINS = [
             (P("tp", None),), P(), check_vma=False),
     Program("ring_reduce_scatter_into_the_wrong_chunk", _block_sums_of_4,
             _ring_reduce_scatter(shift=0), (ROW,), (P("tp"),), P("tp")),
+    Program("ring_reduce_scatter_chunk_off_by_one", block_sum_ref,
+            ring_reduce_scatter_off_by_one, (ROW,), (P("i"),), P("i"), mesh=(("i", N),)),
     Program("embedding_scale_one_ulp_off", _embedding_reference(SCALE),
             _embedding(scale=np.nextafter(SCALE, np.float32(1))), EMBED_ARGS, EMBED_SPECS,
             P()),

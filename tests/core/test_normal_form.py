@@ -305,3 +305,67 @@ def test_contractions_over_rows_of_one_computation_join() -> None:
     short = make_lin([(Fraction(1), grad(0, 2)), (Fraction(1), grad(2, 4)),
                       (Fraction(1), grad(4, 6))], Fraction(0), (2, 3), F32)
     assert normal_form(short) is not normal_form(whole)
+
+
+SCATTER_DIMS = (("index_vector_dim", 0), ("input_batching_dims", ()),
+                ("inserted_window_dims", (0,)), ("scatter_dims_to_operand_dims", (0,)),
+                ("scatter_indices_batching_dims", ()), ("update_window_dims", (0,)))
+
+
+def raw_scatter(rows: int, at: int, updates, reducer: str = "add"):
+    """`x.at[at].add(updates)` into zeros of `rows` rows, as the raw scatter node (a
+    device's ring step once its id is known)."""
+    attrs = tuple(sorted(SCATTER_DIMS + (("reducer", reducer),)))
+    shape = (rows,) + updates.shape
+    return intern("stablehlo.scatter", (make_splat(0, shape, F32), make_splat(at, (1,), "i32"),
+                                        updates), attrs, shape, F32)
+
+
+def padded(rows: int, at: int, updates):
+    """`updates` as row `at` of `rows` rows of zeros (the raw pad node)."""
+    low, high = (at,) + (0,) * len(updates.shape), (rows - at - 1,) + (0,) * len(updates.shape)
+    row = make_reshape(updates, (1,) + updates.shape)
+    return intern("pad", (row, make_splat(0, (), F32)), (low, high, (0,) * len(low)),
+                  (rows,) + updates.shape, F32)
+
+
+@pytest.mark.parametrize("rows,at,width", [(4, 0, 1), (4, 3, 1), (3, 1, 2)])
+def test_a_scatter_add_into_zeros_at_a_constant_index_is_a_padded_row(rows, at, width) -> None:
+    u = make_arg(0, (width,), F32)
+    scattered = raw_scatter(rows, at, u)
+    normal = normal_form(scattered)
+    assert normal.op != "stablehlo.scatter" and proved(scattered, normal)
+    assert proved(scattered, padded(rows, at, u))
+    # a row of it is the update or zeros: what lets a ring's sums meet the reference's
+    assert normal_form(slice_term(scattered, 0, at, at + 1)) is make_reshape(u, (1, width))
+    other = (at + 1) % rows
+    assert normal_form(slice_term(scattered, 0, other, other + 1)) is \
+        make_splat(0, (1, width), F32)
+    # must fail: the row next to it
+    assert refuted(scattered, padded(rows, other, u))
+
+
+def test_a_scatter_not_at_known_rows_inside_is_left_alone() -> None:
+    u = make_arg(0, (2,), F32)
+    outside = raw_scatter(4, 4, u)  # out of bounds: implementation-defined, not rewritten
+    assert normal_form(outside).op == "stablehlo.scatter"
+    assert normal_form(raw_scatter(4, -1, u)).op == "stablehlo.scatter"
+    replace = raw_scatter(4, 1, u, reducer="replace")  # a write, not a sum: not this identity
+    assert normal_form(replace).op == "stablehlo.scatter"
+    attrs = tuple(sorted(SCATTER_DIMS + (("reducer", "add"),)))
+    unknown = intern("stablehlo.scatter", (make_splat(0, (4, 2), F32), make_arg(1, (1,), "i32"),
+                                           u), attrs, (4, 2), F32)
+    assert normal_form(unknown).op == "stablehlo.scatter"
+
+
+def test_colliding_constant_windows_are_summed() -> None:
+    attrs = dict(SCATTER_DIMS, index_vector_dim=1, update_window_dims=(1,), reducer="add")
+    u = make_arg(0, (2, 3), F32)
+    indices = make_splat(2, (2, 1), "i32")  # both update rows land on row 2
+    scattered = intern("stablehlo.scatter", (make_splat(0, (4, 3), F32), indices, u),
+                       tuple(sorted(attrs.items())), (4, 3), F32)
+    normal = normal_form(scattered)
+    assert normal.op != "stablehlo.scatter" and proved(scattered, normal)
+    # must fail: only one of the two colliding rows
+    first = make_reshape(slice_term(u, 0, 0, 1), (3,))
+    assert refuted(scattered, padded(4, 2, first))
