@@ -10,27 +10,46 @@ the semantics policy allows; nothing else is assumed):
   a single piece is itself;
 * a slice spanning several pieces of a concatenation is the concatenation of the pieces'
   slices (the builders' `push_slice` only takes a slice inside one piece);
+* a slice of a reshape that takes, in each group of dims the reshape splits or merges, a
+  run of elements that is a box of the reshape's operand is the reshape of that box
+  (`slice_of_reshape`: a micro-batch sliced out of a device's block is rows of the input);
 * an elementwise op (same op, same attributes) of concatenations cut at the same rows is the
   concatenation of the op on the pieces, and the other way round: a concatenation of one
   elementwise op applied piece by piece is that op on the concatenated operands;
+* a concatenation of contractions with the same attributes and one operand in common,
+  cut along a free dim of the other, is the contraction of the other operands concatenated
+  along that dim;
 * a `lin` whose parts are contractions (or sums) that differ only by adjacent slices of
   their operands along the contracted (summed) dim, with equal coefficients, is one
-  contraction (sum) over the joined slices;
+  contraction (sum) over the joined slices; so are parts whose operands' concatenation
+  along the contracted dim is no concatenation in normal form (rows of one computation,
+  `make_concat`), and transposes of such parts with one permutation;
 * a sum over the major half of a dim split in two by a reshape is the sum of the dim's
   consecutive blocks (`sum_of_blocks`: the reference's block sums meet a psum of a tiled
   value); a reshape merging dims whose major one is concatenated is the concatenation of the
-  pieces reshaped (`reshape_of_concat`: an untiled all_gather and its reshape).
+  pieces reshaped (`reshape_of_concat`: an untiled all_gather and its reshape);
+* a scatter-add into zeros at constant indices whose every update window fits inside the
+  operand is the sum of the updates' windows each padded with zeros to its place
+  (`scatter_at_constants`: what a device's `x.at[(me + k) % n].add(u)` is once `me` is
+  known; a colliding pair of windows is summed, as the scatter sums it).
+
+* argmax / argmin and top_k of per-block candidates, and index bounds an interval decides:
+  `core/selection.py`.
 
 `normal_form(term)` rebuilds a term bottom-up through these rules (memoized by serial).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable
 from fractions import Fraction
 
+from entangle_mlir.core import selection
 from entangle_mlir.core.ranges import fits
 from entangle_mlir.core.terms import (
+    DENSE_VALUES,
     Term,
     intern,
     linear_parts,
@@ -40,10 +59,12 @@ from entangle_mlir.core.terms import (
     make_op,
     make_reshape,
     make_splat,
+    make_transpose,
     post_order,
     rebuild,
     rebuild_elementwise,
     reshape_groups,
+    splat_value,
 )
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 
@@ -117,6 +138,8 @@ def make_concat(pieces, dim: int) -> Term:
     if constant is not None:
         return constant
     lifted = _lift_elementwise(joined, dim)
+    if lifted is None:
+        lifted = _lift_dot(joined, dim)
     if lifted is not None:
         return lifted
     shape = list(joined[0].shape)
@@ -183,6 +206,37 @@ def _lift_elementwise(pieces: list[Term], dim: int) -> Term | None:
     return rebuild_elementwise(first, tuple(columns))
 
 
+def _lift_dot(pieces: list[Term], dim: int) -> Term | None:
+    """`dot_general(concat(l_i), r)` when every piece is `dot_general(l_i, r)` with one `r`
+    and attributes, cut along a free dim of the lhs (`dim` of the result), and the same the
+    other way round: exact, each row of a contraction's result reads only its own row of
+    that operand. Only when the concatenated operand is no concatenation (so the form stays
+    smaller)."""
+    first = pieces[0]
+    if first.op != "stablehlo.dot_general" or any(
+            p.op != first.op or p.attrs != first.attrs or p.dtype != first.dtype
+            for p in pieces):
+        return None
+    lb, rb, lc, rc = first.attrs
+    lhs, rhs = first.args
+    lf = [d for d in range(len(lhs.shape)) if d not in lb and d not in lc]
+    rf = [d for d in range(len(rhs.shape)) if d not in rb and d not in rc]
+    free = [(0, d) for d in lf] + [(1, d) for d in rf]
+    if dim < len(lb):
+        return None
+    side, operand_dim = free[dim - len(lb)]
+    other = 1 - side
+    if any(p.args[other] is not first.args[other] for p in pieces):
+        return None
+    joined = make_concat([p.args[side] for p in pieces], operand_dim)
+    if joined.op == "concatenate":
+        return None
+    args = (joined, first.args[other]) if side == 0 else (first.args[other], joined)
+    shape = list(first.shape)
+    shape[dim] = sum(p.shape[dim] for p in pieces)
+    return make_dot(args[0], args[1], first.attrs, tuple(shape), first.dtype)
+
+
 def slice_of_concat(term: Term, starts, limits, strides) -> Term | None:
     """A unit-stride slice of a concatenation that spans several of its pieces, as the
     concatenation of the pieces' slices; None when it is not one."""
@@ -206,6 +260,74 @@ def slice_of_concat(term: Term, starts, limits, strides) -> Term | None:
     return make_concat(parts, dim) if len(parts) > 1 else None
 
 
+def slice_of_reshape(arg: Term, starts, limits, strides) -> Term | None:
+    """A unit-stride slice of `arg = reshape(x)` as the reshape of a slice of x: where in
+    each group of dims the reshape splits or merges (`reshape_groups`), the slice takes one
+    contiguous run of the group's row-major order that is a box of x's dims (single indices
+    on the major ones, a range on one, the minor ones whole), the same elements in the same
+    order; else None."""
+    if arg.op != "reshape" or any(s != 1 for s in strides):
+        return None
+    x = arg.args[0]
+    groups = reshape_groups(x.shape, arg.shape)
+    if groups is None:
+        return None
+    x_starts, x_limits = [0] * len(x.shape), list(x.shape)
+    for src, dst in groups:
+        run = _flat_run([(starts[t], limits[t], arg.shape[t]) for t in dst])
+        box = None if run is None else _box([x.shape[i] for i in src], *run)
+        if box is None:
+            return None
+        for i, (lo, hi) in zip(src, box):
+            x_starts[i], x_limits[i] = lo, hi
+    shape = tuple(hi - lo for lo, hi in zip(x_starts, x_limits))
+    piece = make_op("slice", (x,), (tuple(x_starts), tuple(x_limits), (1,) * len(shape)),
+                    shape, x.dtype, linear_in=0)
+    return make_reshape(piece, tuple(hi - lo for lo, hi in zip(starts, limits)))
+
+
+def _flat_run(dims: list[tuple[int, int, int]]) -> tuple[int, int] | None:
+    """The row-major positions [a, b) a box (lo, hi, size per dim) covers, when they are one
+    contiguous run (single indices before one dim, whole dims after it); else None."""
+    ranged = [k for k, (lo, hi, n) in enumerate(dims) if (lo, hi) != (0, n)]
+    last = ranged[-1] if ranged else -1
+    if any(hi - lo != 1 for lo, hi, _ in dims[:max(last, 0)]):
+        return None
+    a, stride = 0, 1
+    for k in range(len(dims) - 1, -1, -1):
+        lo, hi, n = dims[k]
+        if k == last:
+            span = (hi - lo) * stride
+        a += lo * stride
+        stride *= n
+    return (a, a + span) if last >= 0 else (0, stride)
+
+
+def _box(sizes: list[int], a: int, b: int) -> list[tuple[int, int]] | None:
+    """The box of dims of `sizes` whose row-major positions are exactly [a, b): single
+    indices on the dims before some dim k, a range on k, the dims after k whole; else
+    None."""
+    if not sizes:
+        return [] if (a, b) == (0, 1) else None
+    for k in range(len(sizes) - 1, -1, -1):
+        stride = math.prod(sizes[k + 1:])
+        if a % stride or b % stride:
+            continue
+        lo, hi = a // stride, b // stride
+        if lo // sizes[k] != (hi - 1) // sizes[k]:
+            continue
+        prefix, fixed = lo // sizes[k], []
+        for n in reversed(sizes[:k]):
+            fixed.append((prefix % n, prefix % n + 1))
+            prefix //= n
+        if prefix:
+            return None
+        inner = lo % sizes[k]
+        return (fixed[::-1] + [(inner, inner + hi - lo)]
+                + [(0, n) for n in sizes[k + 1:]])
+    return None
+
+
 def _contraction_key(term: Term):
     """What a sum or contraction is, but for the windows of its operands: (kind, attrs,
     shape, dtype), or None."""
@@ -226,6 +348,9 @@ def _join_pair(a: Term, b: Term) -> Term | None:
     """One contraction (sum) for `a + b` when they are the same contraction (sum) whose
     operands are adjacent windows along one contracted (summed) dim, in the same order on
     both sides of a contraction (row i of the lhs meets row i of the rhs), else None."""
+    if a.op == "transpose" and b.op == "transpose" and a.attrs == b.attrs:
+        inner = _join_pair(a.args[0], b.args[0])
+        return None if inner is None else make_transpose(inner, a.attrs[0])
     key = _contraction_key(a)
     if key is None or key != _contraction_key(b):
         return None
@@ -235,7 +360,9 @@ def _join_pair(a: Term, b: Term) -> Term | None:
             continue
         forward = [_joins(a.args[k], b.args[k], d) for k, d in dims]
         backward = [_joins(b.args[k], a.args[k], d) for k, d in dims]
-        for joined in (forward, backward):
+        rows = [_rows(a.args[k], b.args[k], d) for k, d in dims]
+        rows_backward = [_rows(b.args[k], a.args[k], d) for k, d in dims]
+        for joined in (forward, backward, rows, rows_backward):
             if all(j is not None for j in joined):
                 args = tuple(joined) + tuple(a.args[len(joined):])
                 if a.op == "reduce_sum":
@@ -243,6 +370,13 @@ def _join_pair(a: Term, b: Term) -> Term | None:
                                    linear_in=0)
                 return make_dot(args[0], args[1], a.attrs, a.shape, a.dtype)
     return None
+
+
+def _rows(first: Term, second: Term, dim: int) -> Term | None:
+    """`first` then `second` along `dim`, when their concatenation in normal form is no
+    concatenation (they are rows of one computation), else None."""
+    joined = make_concat([first, second], dim)
+    return None if joined.op == "concatenate" else joined
 
 
 def join_sums(term: Term) -> Term:
@@ -262,7 +396,11 @@ def join_sums(term: Term) -> Term:
                 joined = _join_pair(ti, tj)
                 if joined is not None:
                     pairs = [p for k, p in enumerate(pairs) if k not in (i, j)]
-                    pairs.append((ki, joined))
+                    parts, constant = linear_parts(joined)
+                    if joined.op == "lin" and constant == 0:
+                        pairs.extend((ki * k, t) for k, t in parts)  # a factor pulled out
+                    else:
+                        pairs.append((ki, joined))
                     changed = True
                     break
             if changed:
@@ -331,6 +469,87 @@ def reshape_of_concat(term: Term, arg: Term) -> Term | None:
     return None
 
 
+MAX_SCATTER_WINDOWS = 64
+"""The most update windows a scatter at constant indices is written out as."""
+
+
+def _constant_indices(indices: Term) -> Callable[[tuple[int, ...]], int] | None:
+    """The values of a scatter's index tensor when they are known (a splat, or an integer
+    table whose values the builders kept), as a function of the position; else None."""
+    value = splat_value(indices)
+    if isinstance(value, Fraction) and value.denominator == 1:
+        return lambda _: int(value)
+    if indices.op != "dense" or indices.attrs[0] not in DENSE_VALUES or \
+            not indices.dtype.startswith(("i", "ui")) or indices.dtype == "i1":
+        return None
+    flat = list(getattr(DENSE_VALUES[indices.attrs[0]], "flat", ()))
+    if len(flat) != math.prod(indices.shape):
+        return None
+    strides = [math.prod(indices.shape[d + 1:]) for d in range(len(indices.shape))]
+    return lambda at: int(flat[sum(i * s for i, s in zip(at, strides))])
+
+
+def scatter_at_constants(term: Term, args: tuple[Term, ...]) -> Term | None:
+    """`scatter_add(0, I, U)` with the indices I known and every update window inside the
+    operand (no batching dims): the sum over U's scatter positions of that position's window
+    of U, padded with zeros to where the scatter adds it. Exact: each element of the scatter
+    is the sum of the updates landing on it (one addend per window that covers it), which is
+    what the sum of the padded windows adds up; in the order-free reading of sums. None
+    when it is not such a scatter, a window does not fit (the op's out-of-bounds behaviour
+    is implementation-defined) or there are more than MAX_SCATTER_WINDOWS windows."""
+    if term.op != "stablehlo.scatter" or len(args) != 3:
+        return None
+    attrs = dict(term.attrs)
+    operand, indices, updates = args
+    if attrs.get("reducer") != "add" or splat_value(operand) != 0 or attrs.get(
+            "input_batching_dims") or attrs.get("scatter_indices_batching_dims"):
+        return None
+    values = _constant_indices(indices)
+    if values is None:
+        return None
+    window_dims = tuple(attrs["update_window_dims"])
+    inserted = tuple(attrs["inserted_window_dims"])
+    to_operand = tuple(attrs["scatter_dims_to_operand_dims"])
+    ivd = attrs["index_vector_dim"]
+    rank = len(operand.shape)
+    operand_window = [d for d in range(rank) if d not in inserted]
+    if len(operand_window) != len(window_dims) or list(window_dims) != sorted(window_dims):
+        return None
+    sizes = [1] * rank
+    for k, d in enumerate(operand_window):
+        sizes[d] = updates.shape[window_dims[k]]
+    scatter_dims = [d for d in range(len(updates.shape)) if d not in window_dims]
+    positions = list(itertools.product(*(range(updates.shape[d]) for d in scatter_dims)))
+    if len(positions) > MAX_SCATTER_WINDOWS:
+        return None
+    pieces = []
+    for position in positions:
+        at = list(position)
+        if ivd < len(indices.shape):
+            vector = [values(tuple(at[:ivd] + [k] + at[ivd:]))
+                      for k in range(indices.shape[ivd])]
+        else:
+            vector = [values(tuple(at))]
+        if len(vector) != len(to_operand):
+            return None
+        start = [0] * rank
+        for k, d in enumerate(to_operand):
+            start[d] = vector[k]
+        if any(not 0 <= start[d] <= operand.shape[d] - sizes[d] for d in range(rank)):
+            return None
+        window = updates
+        for d, p in zip(scatter_dims, position):
+            window = slice_term(window, d, p, p + 1)
+        window = make_reshape(window, tuple(sizes))
+        low = tuple(start)
+        high = tuple(n - s - z for n, s, z in zip(operand.shape, start, sizes))
+        if any(low) or any(high):
+            window = make_op("pad", (window, make_splat(0, (), term.dtype)),
+                             (low, high, (0,) * rank), term.shape, term.dtype, linear_in=0)
+        pieces.append((Fraction(1), window))
+    return make_lin(pieces, Fraction(0), term.shape, term.dtype)
+
+
 def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
     if term.op == "concatenate":
         return make_concat(args, term.attrs[0])
@@ -338,6 +557,9 @@ def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
         spanning = slice_of_concat(args[0], *term.attrs)
         if spanning is not None:
             return spanning
+        box = slice_of_reshape(args[0], *term.attrs)
+        if box is not None:
+            return box
     if term.op == "reduce_sum":
         blocks = sum_of_blocks(term, args[0])
         if blocks is not None:
@@ -346,9 +568,23 @@ def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
         pieces = reshape_of_concat(term, args[0])
         if pieces is not None:
             return pieces
+    if term.op == "stablehlo.scatter":
+        placed = scatter_at_constants(term, args)
+        if placed is not None:
+            return placed
     out = rebuild(term, args) if args != term.args else term
     if out.op == "lin":
         out = join_sums(out)
+    for _ in range(_MAX_SELECTION_STEPS):
+        selected = selection.rewrite(out, make_concat)
+        if selected is None:
+            break
+        out = selected
     return out
+
+
+_MAX_SELECTION_STEPS = 4
+"""How many of `selection.py`'s identities one node is rewritten by in a row (a decided
+predicate, then the select it picks)."""
 
 

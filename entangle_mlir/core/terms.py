@@ -1519,6 +1519,8 @@ def _term_interval_of(term: Term, args: list[Interval]) -> Interval:
         return div(args[0], args[1])
     if op in _INTERVAL_SAME:
         return hull(args)
+    if op == "chlo.top_k" and term.attrs[1] == 1:  # positions along the operand's last dim
+        return 0.0, float(max(term.args[0].shape[-1] - 1, 0))
     if op in _INTERVAL_FIRST:
         return args[0]
     if op in ("argmax", "argmin"):  # a value (an index) of the operand, or the init's

@@ -7,6 +7,7 @@ from fractions import Fraction
 from entangle_mlir.core import precision
 from entangle_mlir.core.mesh import axes_str
 from entangle_mlir.core.relations import DEVICE_BLOCK_VALUES, Masked, Opaque, Rel, Value, Windowed
+from entangle_mlir.core.selection import make_arg_reduce
 from entangle_mlir.core.terms import (
     Term,
     intern,
@@ -148,16 +149,6 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
 ARG_REDUCERS = ("argmax", "argmin")
 """A reduce over (values, indices) whose region is jax's argmax / argmin comparator
 (`opinfo.arg_reduction_kind`)."""
-
-
-def make_arg_reduce(kind: str, values: Term, indices: Term, init_value: Term, init_index: Term,
-                    dims: tuple[int, ...], result: int) -> Term:
-    """Result `result` (0 the values, 1 the indices) of an argmax / argmin reduce over `dims`
-    (semantics: `tensor.arg_reduce`)."""
-    shape = tuple(n for d, n in enumerate(values.shape) if d not in dims)
-    dtype = (values if result == 0 else indices).dtype
-    return intern(kind, (values, indices, init_value, init_index), (tuple(sorted(dims)), result),
-                  shape, dtype)
 
 
 def arg_reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:

@@ -18,19 +18,13 @@ from __future__ import annotations
 
 from entangle_mlir.core.mesh import axes_str
 from entangle_mlir.core.relations import Opaque, Rel, Value
+from entangle_mlir.core.selection import TOP_K, make_top_k
 from entangle_mlir.core.terms import Term, intern
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import freeze, local_iota, unify_dims
 
-TOP_K = "chlo.top_k"
 MHLO_TOP_K = "mhlo.topk"
-
-
-def make_top_k(operand: Term, k: int, result: int, dtype: str) -> Term:
-    """Result `result` (0 values, 1 indices) of the top k along the last dim of `operand`."""
-    shape = operand.shape[:-1] + (k,)
-    return intern(TOP_K, (operand,), (k, result), shape, dtype)
 
 
 def top_k(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:

@@ -18,14 +18,16 @@ from entangle_mlir.analysis.general.expand import (
     NotExpanded,
     collective,
     concrete_term,
+    scatter_box,
     update_slice,
 )
 from entangle_mlir.core.mesh import Mesh
-from entangle_mlir.core.terms import make_arg
+from entangle_mlir.core.normal_form import slice_term
+from entangle_mlir.core.terms import make_arg, make_lin
 from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.semantics.collectives import COLLECTIVE_SEMANTICS
 from entangle_mlir.semantics.evaluate import evaluate_term
-from entangle_mlir.semantics.tensor import dynamic_update_slice
+from entangle_mlir.semantics.tensor import dynamic_update_slice, scatter
 
 MESH = Mesh((("x", 2), ("y", 2)))
 GROUPS = {"x": [[0, 2], [1, 3]], "y": [[0, 1], [2, 3]], "xy": [[0, 1, 2, 3]],
@@ -165,3 +167,33 @@ def test_concrete_terms_hold_their_values(values, dtype) -> None:
         got = evaluate_term(term, {})
     assert [int(v) for v in np.ravel(got)] == [int(v) for v in array.flat]
     assert term.shape == array.shape and term.dtype == dtype
+
+
+def _scatter_info(index_vector_dim: int = 1) -> OpInfo:
+    """A scatter of rows (update window dim 1) into a (4, 3) operand at row indices."""
+    return OpInfo("stablehlo.scatter", {"update_window_dims": (1,),
+                                        "inserted_window_dims": (0,),
+                                        "scatter_dims_to_operand_dims": (0,),
+                                        "index_vector_dim": index_vector_dim,
+                                        "reducer": "add"},
+                  [TensorType((4, 3), "f32")], [TensorType((4, 3), "f32")])
+
+
+def test_a_scatter_at_concrete_indices_is_an_update_of_one_box() -> None:
+    """Rows 1 and 2 written in order are the box [1, 3) (and the update slice it builds
+    equals the scatter's semantics); rows written twice, out of order, or apart are no
+    box (None: the scatter's own rule reads them)."""
+    info = _scatter_info()
+    rows = np.array([[1], [2]], dtype=object)
+    assert scatter_box(info, (4, 3), rows, (2, 3)) == ([1, 0], (2, 3))
+    x, u = make_arg(0, (4, 3), "f32"), make_arg(1, (2, 3), "f32")
+    env = {0: _values((4, 3), 1), 1: _values((2, 3), 2)}
+    placed = update_slice(x, make_lin([(Fraction(1), slice_term(x, 0, 1, 3)),
+                                       (Fraction(1), u)], Fraction(0), (2, 3), "f32"), [1, 0])
+    want = scatter(env[0], rows, env[1], {"update_window_dims": (1,),
+                                          "inserted_window_dims": (0,),
+                                          "scatter_dims_to_operand_dims": (0,),
+                                          "index_vector_dim": 1}, "add")
+    assert _same([evaluate_term(placed, env)], [want])
+    for wrong in ([[1], [1]], [[2], [1]], [[0], [2]]):
+        assert scatter_box(info, (4, 3), np.array(wrong, dtype=object), (2, 3)) is None

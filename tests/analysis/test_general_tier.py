@@ -33,6 +33,11 @@ from jax.sharding import PartitionSpec as P
 from entangle_mlir.driver import check_files, check_texts
 from entangle_mlir.jax import lower_pair
 from examples.heldout import corpus
+from examples.heldout.jax_docs import (
+    block_sum_ref,
+    ring_reduce_scatter,
+    ring_reduce_scatter_off_by_one,
+)
 from tests.shared import EXAMPLES_MLIR
 
 V, D, S, N = 16, 8, 4, 4
@@ -116,6 +121,25 @@ def _gather_untiled(axis: int):
     return lambda x: lax.all_gather(x, "tp", tiled=False, axis=axis).reshape(-1, x.shape[1])
 
 
+def _ring_reduce_scatter(shift: int = 1):
+    """psum_scatter as a ring of ppermutes: each step adds the passed partial sum into the
+    chunk at a device-dependent index (`chunks.at[i].add`, a scatter at concrete indices on
+    each device); `shift=0` adds it into the wrong chunk."""
+    def body(x):
+        me = lax.axis_index("tp")
+        chunks = x.reshape(N, -1)
+        for step in range(1, N):
+            passed = lax.ppermute(chunks[(me + step) % N], "tp",
+                                  [(k, (k - 1) % N) for k in range(N)])
+            chunks = chunks.at[(me + step + shift) % N].add(passed)
+        return chunks[me]
+    return body
+
+
+def _block_sums_of_4(x):
+    return x.reshape(N, N, -1).sum(0).reshape(-1)
+
+
 EMBED_ARGS = (IDS, TABLE)
 EMBED_SPECS = (P(), P("tp", None))
 LAYOUT_TIER_NOW = [
@@ -134,8 +158,14 @@ CORRECT = [
     Program("all_gather_untiled_reshape", lambda x: x, _gather_untiled(0), (MATRIX,),
             (P("tp", None),), P(), check_vma=False),
     # at a real size the terms meet in normal form, with no evaluation at all
+    Program("ring_reduce_scatter", _block_sums_of_4, _ring_reduce_scatter(), (ROW,),
+            (P("tp"),), P("tp")),
     Program("block_sums_4096x64", lambda x: x.reshape(N, -1, 64).sum(0), _block_sums("tp"),
             (RNG.standard_normal((4096, 64)).astype(np.float32),), (P("tp", None),), P()),
+    # a device's `.at[(me + k) % n].add(u)` is a scatter-add into zeros at a known row: the
+    # padded row, whose sums regroup (no overflow the reference's sum does not also risk)
+    Program("ring_reduce_scatter_at_add", block_sum_ref, ring_reduce_scatter, (ROW,), (P("i"),),
+            P("i"), mesh=(("i", N),)),
 ]
 TWINS = [
     Program("embedding_offset_off_by_one", _embedding_reference(), _embedding(offset=1),
@@ -148,6 +178,10 @@ TWINS = [
             (ROW,), (P("tp"),), P(), mesh=(("dp", 2), ("tp", 2)), check_vma=False),
     Program("all_gather_untiled_wrong_dim", lambda x: x, _gather_untiled(1), (MATRIX,),
             (P("tp", None),), P(), check_vma=False),
+    Program("ring_reduce_scatter_into_the_wrong_chunk", _block_sums_of_4,
+            _ring_reduce_scatter(shift=0), (ROW,), (P("tp"),), P("tp")),
+    Program("ring_reduce_scatter_chunk_off_by_one", block_sum_ref,
+            ring_reduce_scatter_off_by_one, (ROW,), (P("i"),), P("i"), mesh=(("i", N),)),
     Program("embedding_scale_one_ulp_off", _embedding_reference(SCALE),
             _embedding(scale=np.nextafter(SCALE, np.float32(1))), EMBED_ARGS, EMBED_SPECS,
             P()),

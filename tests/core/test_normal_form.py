@@ -210,3 +210,162 @@ def test_reshape_of_a_concatenation_along_its_major_dim(pieces, rows) -> None:
     wrong = make_concat([make_reshape(make_arg(k, (2, rows, 3), F32), (2 * rows, 3))
                          for k in range(pieces)], 0)
     assert refuted(mixed, wrong)
+
+
+@pytest.mark.parametrize("src,dst,starts,limits", [
+    ((8, 3), (2, 4, 3), (1, 0, 0), (2, 4, 3)),      # micro-batch 1 of a block
+    ((8, 3), (2, 4, 3), (0, 2, 0), (1, 4, 3)),      # rows 2..4 of micro-batch 0
+    ((2, 4, 3), (8, 3), (4, 0), (8, 3)),            # merged dims: rows of the major one
+    ((2, 4, 3), (8, 3), (1, 0), (3, 3)),            # inside one row of the major dim
+    ((24,), (2, 3, 4), (1, 2, 0), (2, 3, 4)),
+])
+def test_slice_of_a_reshape_is_the_reshape_of_a_box(src, dst, starts, limits) -> None:
+    x = make_arg(0, src, F32)
+    shape = tuple(hi - lo for lo, hi in zip(starts, limits))
+    sliced = intern("slice", (intern("reshape", (x,), (), dst, F32),),
+                    (starts, limits, (1,) * len(dst)), shape, F32)
+    normal = normal_form(sliced)
+    assert normal.op != "slice" or normal.args[0] is x
+    assert proved(sliced, normal)
+
+
+@pytest.mark.parametrize("src,dst,starts,limits", [
+    ((8, 3), (2, 4, 3), (0, 1, 0), (2, 2, 3)),      # row 1 of both micro-batches: not a box
+    ((2, 4, 3), (8, 3), (3, 0), (5, 3)),            # across two rows of the major dim
+    ((6,), (2, 3), (0, 1), (2, 2)),                 # a column: strided in the operand
+])
+def test_slice_of_a_reshape_that_is_no_box_stays(src, dst, starts, limits) -> None:
+    x = make_arg(0, src, F32)
+    shape = tuple(hi - lo for lo, hi in zip(starts, limits))
+    sliced = intern("slice", (intern("reshape", (x,), (), dst, F32),),
+                    (starts, limits, (1,) * len(dst)), shape, F32)
+    normal = normal_form(sliced)
+    assert normal.op == "slice" and normal.args[0].op == "reshape"
+    assert proved(sliced, normal)
+
+
+def test_slice_of_a_reshape_off_by_one_is_not_the_box() -> None:
+    x = make_arg(0, (8, 3), F32)
+    reshaped = intern("reshape", (x,), (), (2, 4, 3), F32)
+    second = intern("slice", (reshaped,), ((1, 0, 0), (2, 4, 3), (1, 1, 1)), (1, 4, 3), F32)
+    normal = normal_form(second)
+    right = make_reshape(slice_term(x, 0, 4, 8), (1, 4, 3))
+    off = make_reshape(slice_term(x, 0, 3, 7), (1, 4, 3))
+    assert normal is right and proved(second, right)
+    assert normal is not off and refuted(second, off)
+
+
+def _rows_of_a_computation(x, w, lo, hi):
+    """tanh(x[lo:hi] @ w): rows lo..hi of one computation, built from the rows of x."""
+    attrs = ((), (), (1,), (0,))
+    dot = make_dot(slice_term(x, 0, lo, hi), w, attrs, (hi - lo, w.shape[1]), F32)
+    return make_elementwise("stablehlo.tanh", (dot,))
+
+
+def test_concatenated_contractions_sharing_an_operand_are_one() -> None:
+    x, w = make_arg(0, (6, 4), F32), make_arg(1, (4, 3), F32)
+    attrs = ((), (), (1,), (0,))
+    pieces = [make_dot(slice_term(x, 0, lo, lo + 2), w, attrs, (2, 3), F32) for lo in (0, 2, 4)]
+    whole = make_dot(x, w, attrs, (6, 3), F32)
+    assert make_concat(pieces, 0) is whole and proved(raw_concat(pieces, 0), whole)
+    # must fail: the rows in another order are not the contraction of x
+    swapped = [pieces[1], pieces[0], pieces[2]]
+    assert make_concat(swapped, 0) is not whole and refuted(raw_concat(swapped, 0), whole)
+    # must fail: pieces contracting with different operands are not lifted
+    v = make_arg(2, (4, 3), F32)
+    mixed = [pieces[0], make_dot(slice_term(x, 0, 2, 6), v, attrs, (4, 3), F32)]
+    assert make_concat(mixed, 0).op == "concatenate"
+
+
+def test_contractions_over_rows_of_one_computation_join() -> None:
+    """sum_k h[rows k]^T y[rows k] (a gradient accumulated over micro-batches) is h^T y, also
+    under a transpose; rows paired with other rows, or a piece missing, are not."""
+    x, w, y = make_arg(0, (8, 4), F32), make_arg(1, (4, 3), F32), make_arg(2, (8, 2), F32)
+    attrs = ((), (), (0,), (0,))
+
+    def grad(lo, hi, ylo=None):
+        ylo = lo if ylo is None else ylo
+        h = _rows_of_a_computation(x, w, lo, hi)
+        dot = make_dot(h, slice_term(y, 0, ylo, ylo + hi - lo), attrs, (3, 2), F32)
+        return make_op("transpose", (dot,), ((1, 0),), (2, 3), F32)
+
+    whole = make_op("transpose", (make_dot(_rows_of_a_computation(x, w, 0, 8), y, attrs,
+                                           (3, 2), F32),), ((1, 0),), (2, 3), F32)
+    parts = [grad(lo, lo + 2) for lo in (6, 0, 4, 2)]
+    summed = make_lin([(Fraction(1, 4), p) for p in parts], Fraction(0), (2, 3), F32)
+    assert normal_form(summed) is normal_form(make_lin([(Fraction(1, 4), whole)], Fraction(0),
+                                                       (2, 3), F32))
+    assert proved(summed, make_lin([(Fraction(1, 4), whole)], Fraction(0), (2, 3), F32))
+    # must fail: micro-batch 1's activations met with micro-batch 2's targets
+    crossed = make_lin([(Fraction(1), grad(0, 2, 2)), (Fraction(1), grad(2, 4, 0)),
+                        (Fraction(1), grad(4, 8))], Fraction(0), (2, 3), F32)
+    assert normal_form(crossed) is not normal_form(whole)
+    assert refuted(crossed, whole)
+    # must fail: a micro-batch missing (off-by-one trip count)
+    short = make_lin([(Fraction(1), grad(0, 2)), (Fraction(1), grad(2, 4)),
+                      (Fraction(1), grad(4, 6))], Fraction(0), (2, 3), F32)
+    assert normal_form(short) is not normal_form(whole)
+
+
+SCATTER_DIMS = (("index_vector_dim", 0), ("input_batching_dims", ()),
+                ("inserted_window_dims", (0,)), ("scatter_dims_to_operand_dims", (0,)),
+                ("scatter_indices_batching_dims", ()), ("update_window_dims", (0,)))
+
+
+def raw_scatter(rows: int, at: int, updates, reducer: str = "add"):
+    """`x.at[at].add(updates)` into zeros of `rows` rows, as the raw scatter node (a
+    device's ring step once its id is known)."""
+    attrs = tuple(sorted(SCATTER_DIMS + (("reducer", reducer),)))
+    shape = (rows,) + updates.shape
+    return intern("stablehlo.scatter", (make_splat(0, shape, F32), make_splat(at, (1,), "i32"),
+                                        updates), attrs, shape, F32)
+
+
+def padded(rows: int, at: int, updates):
+    """`updates` as row `at` of `rows` rows of zeros (the raw pad node)."""
+    low, high = (at,) + (0,) * len(updates.shape), (rows - at - 1,) + (0,) * len(updates.shape)
+    row = make_reshape(updates, (1,) + updates.shape)
+    return intern("pad", (row, make_splat(0, (), F32)), (low, high, (0,) * len(low)),
+                  (rows,) + updates.shape, F32)
+
+
+@pytest.mark.parametrize("rows,at,width", [(4, 0, 1), (4, 3, 1), (3, 1, 2)])
+def test_a_scatter_add_into_zeros_at_a_constant_index_is_a_padded_row(rows, at, width) -> None:
+    u = make_arg(0, (width,), F32)
+    scattered = raw_scatter(rows, at, u)
+    normal = normal_form(scattered)
+    assert normal.op != "stablehlo.scatter" and proved(scattered, normal)
+    assert proved(scattered, padded(rows, at, u))
+    # a row of it is the update or zeros: what lets a ring's sums meet the reference's
+    assert normal_form(slice_term(scattered, 0, at, at + 1)) is make_reshape(u, (1, width))
+    other = (at + 1) % rows
+    assert normal_form(slice_term(scattered, 0, other, other + 1)) is \
+        make_splat(0, (1, width), F32)
+    # must fail: the row next to it
+    assert refuted(scattered, padded(rows, other, u))
+
+
+def test_a_scatter_not_at_known_rows_inside_is_left_alone() -> None:
+    u = make_arg(0, (2,), F32)
+    outside = raw_scatter(4, 4, u)  # out of bounds: implementation-defined, not rewritten
+    assert normal_form(outside).op == "stablehlo.scatter"
+    assert normal_form(raw_scatter(4, -1, u)).op == "stablehlo.scatter"
+    replace = raw_scatter(4, 1, u, reducer="replace")  # a write, not a sum: not this identity
+    assert normal_form(replace).op == "stablehlo.scatter"
+    attrs = tuple(sorted(SCATTER_DIMS + (("reducer", "add"),)))
+    unknown = intern("stablehlo.scatter", (make_splat(0, (4, 2), F32), make_arg(1, (1,), "i32"),
+                                           u), attrs, (4, 2), F32)
+    assert normal_form(unknown).op == "stablehlo.scatter"
+
+
+def test_colliding_constant_windows_are_summed() -> None:
+    attrs = dict(SCATTER_DIMS, index_vector_dim=1, update_window_dims=(1,), reducer="add")
+    u = make_arg(0, (2, 3), F32)
+    indices = make_splat(2, (2, 1), "i32")  # both update rows land on row 2
+    scattered = intern("stablehlo.scatter", (make_splat(0, (4, 3), F32), indices, u),
+                       tuple(sorted(attrs.items())), (4, 3), F32)
+    normal = normal_form(scattered)
+    assert normal.op != "stablehlo.scatter" and proved(scattered, normal)
+    # must fail: only one of the two colliding rows
+    first = make_reshape(slice_term(u, 0, 0, 1), (3,))
+    assert refuted(scattered, padded(4, 2, first))

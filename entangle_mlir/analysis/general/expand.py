@@ -28,15 +28,17 @@ from entangle_mlir.core.ranges import fits
 from entangle_mlir.core.relations import GLOBAL, Rel
 from entangle_mlir.core.terms import (
     Term,
+    make_add,
     make_broadcast,
     make_elementwise,
     make_iota,
     make_lin,
     make_mul,
     make_op,
+    make_reshape,
     make_splat,
 )
-from entangle_mlir.mlir.opinfo import OpInfo, describe, tensor_type
+from entangle_mlir.mlir.opinfo import OpInfo, describe, scatter_kind, tensor_type
 from entangle_mlir.rules import RULES, RuleContext
 from entangle_mlir.rules.control import CASE, branch_pick
 from entangle_mlir.rules.dispatch import REGION_RULE_OPS, TRANSPARENT, apply_rule
@@ -45,7 +47,8 @@ from entangle_mlir.semantics.collectives import COLLECTIVE_SEMANTICS, replica_gr
 from entangle_mlir.semantics.element import SemanticsError, is_bool_dtype, is_int_dtype
 from entangle_mlir.semantics.evaluate import evaluate_term
 from entangle_mlir.semantics.groups import GroupError, permute_pairs
-from entangle_mlir.semantics.ops import OP_SEMANTICS
+from entangle_mlir.semantics.ops import OP_SEMANTICS, dimension_numbers
+from entangle_mlir.semantics.tensor import scatter
 
 MAX_CONCRETE = 1 << 14
 """The most elements of an integer value evaluated concretely on each device."""
@@ -55,6 +58,13 @@ COMBINING = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_s
 """Collectives the expansion combines across a group."""
 
 DEVICE_IDS = ("stablehlo.partition_id", "stablehlo.replica_id")
+
+WHILE = "stablehlo.while"
+
+MAX_LOOP_WORK = 20_000
+"""The most ops the expansion runs in loops, over the whole program: each trip of a loop
+costs the ops of its condition and body (nested regions included). Loops are expanded trip
+by trip, so a long loop (or nested loops) would otherwise grow the terms without end."""
 
 _COMBINE = {"add": None, "max": "stablehlo.maximum", "min": "stablehlo.minimum",
             "and": "stablehlo.and", "or": "stablehlo.or", "mul": "mul"}
@@ -181,6 +191,10 @@ class ExpansionStats:
     ops: int = 0
     computed: int = 0
     """Distinct (op, operands) computations (devices sharing operands share one)."""
+    trips: int = 0
+    """Loop trips expanded (of every loop, nested ones included)."""
+    loop_work: int = 0
+    """Ops the loops' trips cost (`MAX_LOOP_WORK` bounds it)."""
 
 
 class Expansion(Walker):
@@ -326,6 +340,8 @@ class Expansion(Walker):
             return
         if name == CASE:
             outs = self._device_case(op, info, ins, env, mesh)
+        elif name == WHILE:
+            outs = self._device_while(op, info, ins, env, mesh)
         elif name in COMBINING:
             outs = collective(info, ins, mesh)
         elif name == "stablehlo.collective_broadcast" or name.startswith("sdy."):
@@ -361,15 +377,8 @@ class Expansion(Walker):
         branches, types = [], list(info.operand_types)
         for region in op.regions:
             block = region.blocks[0]
-            for inner in block.operations:
-                inner = inner.operation
-                if inner.name in ("stablehlo.return", "func.return"):
-                    branches.append([self._operand(v, env, mesh, info) for v in inner.operands])
-                    types.extend(tensor_type(v.type) for v in inner.operands)
-                    break
-                self._device_op(inner, env, mesh)
-            else:
-                raise NotExpanded("a case branch without a return", info.loc)
+            branches.append(self._expand_block(block, env, mesh, info))
+            types.extend(tensor_type(v.type) for v in _terminator(block).operands)
         count = len(info.result_types)
         case_info = replace(info, attrs={**info.attrs, "branches": len(branches)},
                             operand_types=types, op=None)
@@ -393,6 +402,61 @@ class Expansion(Walker):
             for j in range(count):
                 outs[j].append(found[j])
         return outs
+
+    def _expand_block(self, block, env: dict, mesh: Mesh, info: OpInfo,
+                      args: list[list[Local]] | None = None) -> list[list[Local]]:
+        """A region's block on every device (its arguments bound to `args`): the values its
+        terminator returns, per value per device."""
+        for arg, values in zip(block.arguments, args or []):
+            env[arg] = values
+        for inner in block.operations:
+            inner = inner.operation
+            if inner.name in ("stablehlo.return", "func.return"):
+                return [self._operand(v, env, mesh, info) for v in inner.operands]
+            self._device_op(inner, env, mesh)
+        raise NotExpanded(f"a region of {info.name} without a return", info.loc)
+
+    def _device_while(self, op: ir.Operation, info: OpInfo, ins: list[list[Local]], env: dict,
+                      mesh: Mesh) -> list[list[Local]]:
+        """A loop on every device, trip by trip: the condition on each device's carried
+        values must be a concrete boolean (a counter from constants and device ids, compared
+        with a constant: the trip count is then exactly what the program runs), and each
+        device runs the body on its own carried values while its condition holds. A device
+        whose loop has ended keeps its values; collectives in the body need every device in
+        the same trip. Equal trips give equal terms (hash-consed), and `MAX_LOOP_WORK` bounds
+        the trips x ops of every loop together."""
+        cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
+        cost = _count_ops(op) - 1
+        collectives = _has_collective(op)
+        carried = ins
+        trips = 0
+        while True:
+            (test,) = self._expand_block(cond, env, mesh, info, carried)
+            running = []
+            for local in test:
+                if local.values is None:
+                    raise NotExpanded("a loop whose trip count depends on data (its "
+                                      "condition is not decided by constants and device "
+                                      "ids)", info.loc)
+                (value,) = [bool(v) for v in local.values.flat]
+                running.append(value)
+            if not any(running):
+                return carried
+            if collectives and not all(running):
+                raise NotExpanded("devices run a loop a different number of times while its "
+                                  "body runs collectives", info.loc)
+            self.stats.loop_work += cost
+            if self.stats.loop_work > MAX_LOOP_WORK:
+                raise NotExpanded(f"loops past the general tier's bound of {MAX_LOOP_WORK} "
+                                  f"expanded ops (this loop: {cost} ops a trip, still running "
+                                  f"after {trips} trips)", info.loc)
+            yields = self._expand_block(body, env, mesh, info, carried)
+            if len(yields) != len(carried):
+                raise NotExpanded("a loop body returns other values than it carries", info.loc)
+            carried = [[new[d] if running[d] else old[d] for d in range(mesh.num_devices)]
+                       for new, old in zip(yields, carried)]
+            trips += 1
+            self.stats.trips += 1
 
     def _operand(self, value, env: dict, mesh: Mesh, info: OpInfo) -> list[Local]:
         """Each device's value of an operand: the body's own, or a global value the body
@@ -430,6 +494,10 @@ class Expansion(Walker):
         if name == "stablehlo.dynamic_update_slice" and all(
                 local.values is not None for local in operands[2:]):
             return [self._static_update(info, operands)]
+        if name == "stablehlo.scatter" and len(operands) == 3 and operands[1].values is not None:
+            placed = self._static_scatter(info, operands)
+            if placed is not None:
+                return [placed]
         return [Local(v.term.dtype, v.term.shape, term=v.term) for v in self._rule(info, operands)]
 
     def _rule(self, info: OpInfo, operands: list[Local]) -> list[Rel]:
@@ -487,6 +555,64 @@ class Expansion(Walker):
         self._instance(info, inputs, [Rel(term, ((),) * len(term.shape), scope=GLOBAL)])
         return Local(term.dtype, term.shape, term=term)
 
+    def _static_scatter(self, info: OpInfo, operands: list[Local]) -> Local | None:
+        """A scatter (replace or add) at concrete indices whose updates land, each on its
+        own element, on one box of the operand in the updates' row-major order (`x.at[i]`
+        with a device-dependent i): the operand with that box replaced by (or added to) the
+        updates, as `update_slice` (exact). None where the updates land otherwise (then the
+        scatter's own rule)."""
+        kind = scatter_kind(info)
+        if kind not in ("replace", "add"):
+            return None
+        x, updates = operands[0], operands[2]
+        box = scatter_box(info, x.shape, operands[1].values, updates.shape)
+        if box is None:
+            return None
+        starts, shape = box
+        placed = make_reshape(updates.as_term(), shape)
+        base = x.as_term()
+        if kind == "add":
+            window = make_op("slice", (base,), (tuple(starts), tuple(
+                s + k for s, k in zip(starts, shape)), (1,) * len(shape)), shape, base.dtype,
+                linear_in=0)
+            placed = make_add(window, placed)
+        term = update_slice(base, placed, starts)
+        inputs = [Rel(local.as_term(), ((),) * len(local.shape), scope=GLOBAL)
+                  for local in operands]
+        self._instance(info, inputs, [Rel(term, ((),) * len(term.shape), scope=GLOBAL)])
+        return Local(term.dtype, term.shape, term=term)
+
+
+def scatter_box(info: OpInfo, shape: tuple[int, ...], indices: np.ndarray,
+                 updates_shape: tuple[int, ...]) -> tuple[list[int], tuple[int, ...]] | None:
+    """(starts, shape) of the box of the operand a scatter at concrete `indices` writes, when
+    every update element lands on an element of its own and they fill the box in row-major
+    order (found by scattering counts and then positions with the op's semantics); else
+    None."""
+    count = math.prod(updates_shape)
+    if not count or count > MAX_CONCRETE or math.prod(shape) > MAX_CONCRETE:
+        return None
+    dims = dimension_numbers(info.attrs, "scatter_dimension_numbers")
+    zeros = np.zeros(shape, dtype=object)
+    try:
+        hits = scatter(zeros, indices, np.ones(updates_shape, dtype=object), dims, "add")
+        order = scatter(zeros, indices, np.arange(1, count + 1, dtype=object)
+                        .reshape(updates_shape), dims, "add")
+    except (SemanticsError, ValueError, IndexError):
+        return None
+    hit = np.array([int(v) for v in hits.flat]).reshape(shape)
+    if hit.max(initial=0) > 1 or int(hit.sum()) != count:
+        return None
+    where = np.argwhere(hit == 1)
+    lo, hi = where.min(axis=0), where.max(axis=0) + 1
+    box = tuple(slice(int(a), int(b)) for a, b in zip(lo, hi))
+    if math.prod(int(b - a) for a, b in zip(lo, hi)) != count:
+        return None
+    if [int(v) for v in order[box].flat] != list(range(1, count + 1)):
+        return None
+    return [int(a) for a in lo], tuple(int(b - a) for a, b in zip(lo, hi))
+
+
 def _has_collective(op: ir.Operation) -> bool:
     """Some op nested in `op`'s regions combines values across devices."""
     for region in op.regions:
@@ -497,6 +623,23 @@ def _has_collective(op: ir.Operation) -> bool:
                         or _has_collective(inner):
                     return True
     return False
+
+
+def _count_ops(op: ir.Operation) -> int:
+    """The number of ops in `op`, itself and those nested in its regions included."""
+    count = [0]
+
+    def visit(_):
+        count[0] += 1
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+    return count[0]
+
+
+def _terminator(block) -> ir.Operation:
+    """The last op of a block (its return)."""
+    return block.operations[len(block.operations) - 1].operation
 
 
 def info_shape(mlir_type) -> tuple[int, ...]:
