@@ -19,7 +19,18 @@ the semantics policy allows; nothing else is assumed):
 * a sum over the major half of a dim split in two by a reshape is the sum of the dim's
   consecutive blocks (`sum_of_blocks`: the reference's block sums meet a psum of a tiled
   value); a reshape merging dims whose major one is concatenated is the concatenation of the
-  pieces reshaped (`reshape_of_concat`: an untiled all_gather and its reshape).
+  pieces reshaped (`reshape_of_concat`: an untiled all_gather and its reshape);
+* a concatenation of one transpose, broadcast, dot_general or reduction applied piece by
+  piece is that op of the concatenated operands, where that concatenation meets
+  (`_lift_movement`);
+* a sum of parts that are one contraction (sum), under the same transposes, over blocks
+  of the summed dim is one contraction over the concatenated blocks, taken in an order in
+  which some operand meets (`_join_groups`; any order used on both operands alike is exact).
+
+Since the builders order sums by serial, pieces computed alike can still come out with
+different signs; `split_like` / `blocks_meet` (used by the general tier's decision) meet
+them the other way: the reference's contraction is cut into the sharded sum's blocks, each
+block then built from the same input windows as the sharded part.
 
 `normal_form(term)` rebuilds a term bottom-up through these rules (memoized by serial).
 """
