@@ -31,10 +31,20 @@ the semantics policy allows; nothing else is assumed):
 * a scatter-add into zeros at constant indices whose every update window fits inside the
   operand is the sum of the updates' windows each padded with zeros to its place
   (`scatter_at_constants`: what a device's `x.at[(me + k) % n].add(u)` is once `me` is
-  known; a colliding pair of windows is summed, as the scatter sums it).
-
+  known; a colliding pair of windows is summed, as the scatter sums it);
+* a concatenation of one transpose, broadcast, dot_general or reduction applied piece by
+  piece is that op of the concatenated operands, where that concatenation meets
+  (`_lift_movement`);
+* a sum of parts that are one contraction (sum), under the same transposes, over blocks
+  of the summed dim is one contraction over the concatenated blocks, taken in an order in
+  which some operand meets (`_join_groups`; any order used on both operands alike is exact).
 * argmax / argmin and top_k of per-block candidates, and index bounds an interval decides:
   `core/selection.py`.
+
+Since the builders order sums by serial, pieces computed alike can still come out with
+different signs; `split_like` / `blocks_meet` (used by the general tier's decision) meet
+them the other way: the reference's contraction is cut into the sharded sum's blocks, each
+block then built from the same input windows as the sharded part.
 
 `normal_form(term)` rebuilds a term bottom-up through these rules (memoized by serial).
 """
@@ -53,6 +63,7 @@ from entangle_mlir.core.terms import (
     Term,
     intern,
     linear_parts,
+    make_broadcast,
     make_dot,
     make_iota,
     make_lin,
@@ -65,6 +76,7 @@ from entangle_mlir.core.terms import (
     rebuild_elementwise,
     reshape_groups,
     splat_value,
+    subterms,
 )
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 
@@ -115,8 +127,22 @@ def _joins(first: Term, second: Term, dim: int) -> Term | None:
                    linear_in=0)
 
 
+_CONCATS: dict[tuple, Term] = {}
+"""make_concat by (piece serials, dim): terms are interned for the whole run, and lifting a
+concatenation through a chain of ops asks for the same inner concatenations again."""
+
+
 def make_concat(pieces, dim: int) -> Term:
     """The concatenation of `pieces` along `dim`, in normal form (see the module docstring)."""
+    pieces = tuple(pieces)
+    key = (tuple(p.serial for p in pieces), dim)
+    found = _CONCATS.get(key)
+    if found is None:
+        found = _CONCATS[key] = _make_concat(pieces, dim)
+    return found
+
+
+def _make_concat(pieces: tuple[Term, ...], dim: int) -> Term:
     flat: list[Term] = []
     for piece in pieces:
         if piece.op == "concatenate" and piece.attrs == (dim,):
@@ -139,7 +165,7 @@ def make_concat(pieces, dim: int) -> Term:
         return constant
     lifted = _lift_elementwise(joined, dim)
     if lifted is None:
-        lifted = _lift_dot(joined, dim)
+        lifted = _lift_movement(joined, dim) or _lift_dot(joined, dim)
     if lifted is not None:
         return lifted
     shape = list(joined[0].shape)
@@ -235,6 +261,94 @@ def _lift_dot(pieces: list[Term], dim: int) -> Term | None:
     shape = list(first.shape)
     shape[dim] = sum(p.shape[dim] for p in pieces)
     return make_dot(args[0], args[1], first.attrs, tuple(shape), first.dtype)
+
+
+def _joined(term: Term) -> bool:
+    """Whether a concatenation `make_concat` returned met into something else (progress)."""
+    return term.op != "concatenate"
+
+
+def _same(pieces: list[Term], dim: int) -> bool:
+    """Every piece has one op, attributes and element type, and the same shape but along
+    `dim`."""
+    first = pieces[0]
+    return all(p.op == first.op and p.attrs == first.attrs and p.dtype == first.dtype
+               and len(p.args) == len(first.args)
+               and all(n == m for d, (n, m) in enumerate(zip(p.shape, first.shape)) if d != dim)
+               for p in pieces)
+
+
+_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or")
+
+
+def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
+    """A concatenation of one data-movement or contraction op applied piece by piece, as the
+    op on the concatenated operands, when that concatenation meets (so the form shrinks).
+    Each is exact, the result's rows along `dim` being the operand's rows along the dim it
+    comes from:
+
+    * `transpose(a_i, perm)` along dim: `transpose(concat(a_i along perm[dim]), perm)`;
+    * `broadcast(x_i, dims)` along a dim the operand's dim i fills at full size:
+      `broadcast(concat(x_i along i))`; along a dim no operand dim fills (or one of size 1),
+      with one operand x: `broadcast(x)` at the joined shape;
+    * `dot_general(l_i, r_i)` along a batch dim: the dot of both operands concatenated along
+      that batch dim; along a free dim of the lhs (rhs), with one rhs (lhs): the dot of the
+      lhs (rhs) concatenated along that free dim (row-major result dims: batch, lhs free,
+      rhs free);
+    * a reduction (sum, max, min, and, or) over dims other than `dim`: the reduction of the
+      operands concatenated along the operand dim that `dim` keeps.
+    """
+    first = pieces[0]
+    if not _same(pieces, dim):
+        return None
+    shape = list(first.shape)
+    shape[dim] = sum(p.shape[dim] for p in pieces)
+    shape = tuple(shape)
+    if first.op == "transpose":
+        (perm,) = first.attrs
+        inner = make_concat([p.args[0] for p in pieces], perm[dim])
+        return make_transpose(inner, perm) if _joined(inner) else None
+    if first.op == "broadcast":
+        (dims,) = first.attrs
+        operands = [p.args[0] for p in pieces]
+        if dim in dims and all(x.shape[dims.index(dim)] == p.shape[dim]
+                               for x, p in zip(operands, pieces)):
+            inner = make_concat(operands, dims.index(dim))
+            return make_broadcast(inner, dims, shape) if _joined(inner) else None
+        if all(x is operands[0] for x in operands):
+            return make_broadcast(operands[0], dims, shape)
+        return None
+    if first.op == "stablehlo.dot_general":
+        lb, rb, lc, rc = first.attrs
+        lhs, rhs = [p.args[0] for p in pieces], [p.args[1] for p in pieces]
+        lfree = [d for d in range(len(first.args[0].shape)) if d not in lb and d not in lc]
+        rfree = [d for d in range(len(first.args[1].shape)) if d not in rb and d not in rc]
+        if dim < len(lb):
+            left, right = make_concat(lhs, lb[dim]), make_concat(rhs, rb[dim])
+            if not (_joined(left) or _joined(right)):
+                return None
+        elif dim < len(lb) + len(lfree):
+            if any(r is not rhs[0] for r in rhs):
+                return None
+            left, right = make_concat(lhs, lfree[dim - len(lb)]), rhs[0]
+            if not _joined(left):
+                return None
+        else:
+            if any(x is not lhs[0] for x in lhs):
+                return None
+            left, right = lhs[0], make_concat(rhs, rfree[dim - len(lb) - len(lfree)])
+            if not _joined(right):
+                return None
+        return make_dot(left, right, first.attrs, shape, first.dtype)
+    if first.op in _REDUCTIONS and len(first.args) == 1:
+        reduced = first.attrs[0]
+        kept = [d for d in range(len(first.args[0].shape)) if d not in reduced]
+        inner = make_concat([p.args[0] for p in pieces], kept[dim])
+        if not _joined(inner):
+            return None
+        return make_op(first.op, (inner,), first.attrs, shape, first.dtype,
+                       linear_in=0 if first.op == "reduce_sum" else None)
+    return None
 
 
 def slice_of_concat(term: Term, starts, limits, strides) -> Term | None:
@@ -405,9 +519,111 @@ def join_sums(term: Term) -> Term:
                     break
             if changed:
                 break
+    pairs = _join_groups(pairs)
     if len(pairs) == len(term.args):
         return term
     return make_lin(pairs, constant, term.shape, term.dtype)
+
+
+def _peel(term: Term) -> tuple[tuple, Term]:
+    """(the transposes around `term`, outermost first, as their perms; the term under them)."""
+    perms = []
+    while term.op == "transpose":
+        perms.append(term.attrs[0])
+        term = term.args[0]
+    return tuple(perms), term
+
+
+def _join_groups(pairs: list) -> list:
+    """`pairs` with every group of two or more parts of one coefficient that are one
+    contraction (sum), under the same transposes, over operands that are not adjacent windows
+    (`_join_pair` takes those) joined into one: `sum_i dot(l_i, r_i)` contracting (lhs dim a,
+    rhs dim b) is `dot(concat_i l_i along a, concat_i r_i along b)`, and `sum_i
+    reduce_sum(x_i)` over a dim d is the reduce_sum of `concat_i x_i along d` (exact for any
+    order the pieces are taken in, the same on both operands: a regrouping of the sum, which
+    the semantics policy allows; integer sums wrap alike in any order). The order is the one
+    in which some operand's pieces meet (`_orders`); a group whose concatenations meet in no
+    order stays as it is."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (k, t) in enumerate(pairs):
+        perms, core = _peel(t)
+        key = _contraction_key(core)
+        if key is not None:
+            groups.setdefault((k, perms, key), []).append(i)
+    done: set[int] = set()
+    joined = []
+    for (k, perms, _), members in groups.items():
+        if len(members) < 2 or len(members) > MAX_BLOCKS:
+            continue
+        core = _join_group([_peel(pairs[i][1])[1] for i in members])
+        if core is None:
+            continue
+        for perm in reversed(perms):
+            core = make_transpose(core, perm)
+        done.update(members)
+        joined.append((k, core))
+    if not joined:
+        return pairs
+    return [p for i, p in enumerate(pairs) if i not in done] + joined
+
+
+def _join_group(cores: list[Term]) -> Term | None:
+    """One contraction (sum) for the sum of `cores` (see `_join_groups`), or None."""
+    first = cores[0]
+    for pair in _summed_dims(first):
+        dims = [(k, d) for k, d in enumerate(pair) if d is not None]
+        for order in _orders(cores, dims):
+            ordered = [cores[i] for i in order]
+            args = [make_concat([c.args[k] for c in ordered], d) for k, d in dims]
+            if not any(_joined(a) for a in args):
+                continue
+            if first.op == "reduce_sum":
+                return make_op("reduce_sum", tuple(args), first.attrs, first.shape,
+                               first.dtype, linear_in=0)
+            return make_dot(args[0], args[1], first.attrs, first.shape, first.dtype)
+    return None
+
+
+def _orders(cores: list[Term], dims: list[tuple[int, int]]) -> list[tuple[int, ...]]:
+    """Orders to try the pieces of a sum in (any order is exact; these are the ones in which a
+    concatenation can meet): by the start of each operand piece's window along its summed
+    dim, where the pieces are windows of one term; then by the first slice found under each
+    operand piece (the same position in pieces computed alike), where those are windows of
+    one term at distinct starts."""
+    found: list[tuple[int, ...]] = []
+    for keyed in (_window_start, _first_slice_start):
+        for k, d in dims:
+            keys = [keyed(c.args[k], d) for c in cores]
+            if any(key is None for key in keys) or len({key[0] for key in keys}) != 1 \
+                    or len({key[1] for key in keys}) != len(keys):
+                continue
+            order = tuple(sorted(range(len(cores)), key=lambda i: keys[i][1]))
+            if order not in found:
+                found.append(order)
+    return found
+
+
+def _window_start(term: Term, dim: int) -> tuple | None:
+    """(base serial and the other dims' windows, start along `dim`) of a unit-stride window."""
+    window = _window(term, dim)
+    if window is None or term.op != "slice":
+        return None
+    base, start, _, rest = window
+    return (base.serial, rest), start
+
+
+_FIRST_SLICE: dict[int, tuple | None] = {}
+"""serial -> `_first_slice_start` (by term, whatever the dim)."""
+
+
+def _first_slice_start(term: Term, dim: int) -> tuple | None:
+    """(base serial, starts) of the first slice among `term`'s subterms (depth first, in
+    `subterms` order), or None."""
+    if term.serial not in _FIRST_SLICE:
+        first = next((t for t in subterms([term]) if t.op == "slice"), None)
+        _FIRST_SLICE[term.serial] = None if first is None else (
+            first.args[0].serial, first.attrs[0])
+    return _FIRST_SLICE[term.serial]
 
 
 def normal_form(term: Term, memo: dict[int, Term] | None = None) -> Term:
@@ -588,3 +804,109 @@ _MAX_SELECTION_STEPS = 4
 predicate, then the select it picks)."""
 
 
+def split_like(term: Term, other: Term) -> Term | None:
+    """`term` with each of its contractions (sums) cut into the blocks `other` computes it
+    in, where `other` is a sum whose parts are that contraction (sum) over n equal blocks of
+    a summed dim: `dot(A, B)` contracting (a, b) is `sum_j dot(A[j-th block along a],
+    B[j-th block along b])`, and `reduce_sum(X)` over d is `sum_j reduce_sum(X[j-th block
+    along d])` (exact: a regrouping of the sum, which the semantics policy allows; integer
+    sums wrap alike in any grouping). The blocks are cut with the term builders, which push
+    the slices to the leaves, so that each block is built from the same windows of the
+    inputs as `other`'s parts (and so canonicalized alike, where joining `other`'s parts
+    would meet them in another order). None when no part of `term` is cut.
+
+    Which blocks is read off the shapes alone: the summed dim on which `other`'s parts'
+    operands are smaller, by one block size for all parts, n blocks covering the dim. Any
+    cut is exact; a cut unlike `other`'s only fails to meet it."""
+    if other.op == "lin":
+        other_pairs, _ = linear_parts(other)
+    else:
+        other_pairs = [(Fraction(1), other)]
+    counts: dict[tuple, list[Term]] = {}
+    for _, t in other_pairs:
+        perms, core = _peel(t)
+        key = _contraction_key(core)
+        if key is not None:
+            counts.setdefault((perms, key), []).append(core)
+    if term.op == "lin":
+        pairs, constant = linear_parts(term)
+    else:
+        pairs, constant = [(Fraction(1), term)], Fraction(0)
+    out, changed = [], False
+    for k, t in pairs:
+        perms, core = _peel(t)
+        key = _contraction_key(core)
+        members = counts.get((perms, key)) if key is not None else None
+        blocks = _blocks_like(core, members) if members and len(members) > 1 else None
+        if blocks is None:
+            out.append((k, t))
+            continue
+        changed = True
+        for block in blocks:
+            for perm in reversed(perms):
+                block = make_transpose(block, perm)
+            out.append((k, block))
+    if not changed:
+        return None
+    return make_lin(out, constant, term.shape, term.dtype)
+
+
+def _blocks_like(core: Term, members: list[Term]) -> list[Term] | None:
+    """`core` (a contraction or sum) cut into blocks along a summed dim that the members'
+    operands cover together (see `split_like`): blocks of the members' sizes along it, in
+    the order `_orders` finds them in (equal sizes need no order), else None."""
+    for pair in _summed_dims(core):
+        dims = [(k, d) for k, d in enumerate(pair) if d is not None]
+        (k0, d0) = dims[0]
+        sizes = [m.args[k0].shape[d0] for m in members]
+        if any(m.args[k].shape[d] != size for m, size in zip(members, sizes) for k, d in dims):
+            continue
+        if any(core.args[k].shape[d] != sum(sizes) for k, d in dims):
+            continue
+        if any(m.args[k].shape[e] != core.args[k].shape[e] for m in members for k, d in dims
+               for e in range(len(core.args[k].shape)) if e != d):
+            continue
+        if len(set(sizes)) > 1:
+            orders = _orders(members, dims)
+            if not orders:
+                continue
+            sizes = [sizes[i] for i in orders[0]]
+        blocks, row = [], 0
+        for size in sizes:
+            cut = [slice_term(core.args[k], d, row, row + size) for k, d in dims]
+            row += size
+            if core.op == "reduce_sum":
+                blocks.append(make_op("reduce_sum", tuple(cut), core.attrs, core.shape,
+                                      core.dtype, linear_in=0))
+            else:
+                blocks.append(make_dot(cut[0], cut[1], core.attrs, core.shape, core.dtype))
+        return blocks
+    return None
+
+
+def blocks_meet(a: Term, b: Term, memo: dict[int, Term] | None = None) -> bool:
+    """Whether the normal forms `a` and `b` meet once one of them is cut like the other:
+    its contractions into the other's blocks (`split_like`), or, where one is a
+    concatenation, the other's rows piece by piece (a concatenation equals a term exactly
+    when every piece equals its rows). Structural only: nothing is evaluated."""
+    memo = {} if memo is None else memo
+    if a is b:
+        return True
+    if a.shape != b.shape:
+        return False
+    for x, y in ((a, b), (b, a)):
+        cut = split_like(x, y)
+        if cut is not None and normal_form(cut, memo) is y:
+            return True
+    for x, y in ((a, b), (b, a)):
+        if y.op == "concatenate" and x.op != "concatenate":
+            (dim,) = y.attrs
+            row = 0
+            for piece in y.args:
+                size = piece.shape[dim]
+                rows = normal_form(slice_term(x, dim, row, row + size), memo)
+                if not blocks_meet(rows, piece, memo):
+                    return False
+                row += size
+            return True
+    return False

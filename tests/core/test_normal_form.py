@@ -10,10 +10,17 @@ from fractions import Fraction
 import pytest
 
 from entangle_mlir.analysis.instance.term_equality import check_term_equality
-from entangle_mlir.core.normal_form import make_concat, normal_form, slice_term
+from entangle_mlir.core.normal_form import (
+    blocks_meet,
+    make_concat,
+    normal_form,
+    slice_term,
+    split_like,
+)
 from entangle_mlir.core.terms import (
     intern,
     make_arg,
+    make_broadcast,
     make_dot,
     make_elementwise,
     make_iota,
@@ -21,6 +28,7 @@ from entangle_mlir.core.terms import (
     make_op,
     make_reshape,
     make_splat,
+    make_transpose,
 )
 
 F32 = "f32"
@@ -369,3 +377,125 @@ def test_colliding_constant_windows_are_summed() -> None:
     # must fail: only one of the two colliding rows
     first = make_reshape(slice_term(u, 0, 0, 1), (3,))
     assert refuted(scattered, padded(4, 2, first))
+
+
+def test_concatenation_lifts_through_transpose_broadcast_and_dot() -> None:
+    x, w = make_arg(0, (6, 4), F32), make_arg(1, (4, 3), F32)
+    b = make_arg(2, (3,), F32)
+    attrs = ((), (), (1,), (0,))
+    rows = [(0, 2), (2, 6)]
+    # dot_general along the lhs free dim (one rhs), then transposed
+    pieces = [make_transpose(make_dot(slice_term(x, 0, lo, hi), w, attrs, (hi - lo, 3), F32),
+                             (1, 0)) for lo, hi in rows]
+    whole = make_transpose(make_dot(x, w, attrs, (6, 3), F32), (1, 0))
+    assert make_concat(pieces, 1) is whole and proved(raw_concat(pieces, 1), whole)
+    # along the rhs free dim (one lhs)
+    cols = [make_dot(x, slice_term(w, 1, lo, hi), attrs, (6, hi - lo), F32)
+            for lo, hi in ((0, 1), (1, 3))]
+    dot = make_dot(x, w, attrs, (6, 3), F32)
+    assert make_concat(cols, 1) is dot and proved(raw_concat(cols, 1), dot)
+    # broadcasts: of one operand along a dim it does not fill; of windows along one it fills
+    same = [make_broadcast(b, (1,), (hi - lo, 3)) for lo, hi in rows]
+    assert make_concat(same, 0) is make_broadcast(b, (1,), (6, 3))
+    assert proved(raw_concat(same, 0), make_broadcast(b, (1,), (6, 3)))
+    b4 = make_arg(5, (4,), F32)
+    parts = [make_broadcast(slice_term(b4, 0, lo, hi), (1,), (6, hi - lo))
+             for lo, hi in ((0, 2), (2, 4))]
+    assert make_concat(parts, 1) is make_broadcast(b4, (1,), (6, 4))
+    assert proved(raw_concat(parts, 1), make_broadcast(b4, (1,), (6, 4)))
+    # must fail: the rows in the other order, another rhs per piece, another operand
+    swapped = [pieces[1], pieces[0]]
+    assert make_concat(swapped, 1) is not whole and refuted(raw_concat(swapped, 1), whole)
+    v = make_arg(3, (4, 3), F32)
+    mixed = [make_dot(slice_term(x, 0, 0, 2), w, attrs, (2, 3), F32),
+             make_dot(slice_term(x, 0, 2, 6), v, attrs, (4, 3), F32)]
+    assert make_concat(mixed, 0).op == "concatenate" and refuted(raw_concat(mixed, 0), dot)
+    c = make_arg(4, (3,), F32)
+    two = [make_broadcast(b, (1,), (2, 3)), make_broadcast(c, (1,), (4, 3))]
+    assert make_concat(two, 0).op == "concatenate"
+    assert refuted(raw_concat(two, 0), make_broadcast(b, (1,), (6, 3)))
+
+
+@pytest.mark.parametrize("op", ["reduce_sum", "reduce_max"])
+def test_concatenation_lifts_through_a_reduction(op) -> None:
+    x = make_arg(0, (6, 4), F32)
+    pieces = [make_op(op, (slice_term(x, 0, lo, hi),), ((1,),), (hi - lo,), F32)
+              for lo, hi in ((0, 2), (2, 6))]
+    whole = make_op(op, (x,), ((1,),), (6,), F32)
+    assert make_concat(pieces, 0) is whole and proved(raw_concat(pieces, 0), whole)
+    # must fail: the blocks swapped
+    swapped = raw_concat(pieces[::-1], 0)
+    assert make_concat(pieces[::-1], 0) is not whole and refuted(swapped, whole)
+
+
+def _chain(x, w, lo, hi):
+    """A per-block computation: tanh(x[lo:hi] @ w) then summed over its rows with itself."""
+    attrs = ((), (), (1,), (0,))
+    h = make_elementwise("stablehlo.tanh", (make_dot(slice_term(x, 0, lo, hi), w, attrs,
+                                                     (hi - lo, 3), F32),))
+    return h, slice_term(x, 0, lo, hi)
+
+
+def test_sum_of_contractions_over_computed_blocks_joins() -> None:
+    x, w = make_arg(0, (6, 2), F32), make_arg(1, (2, 3), F32)
+    grad = ((), (), (0,), (0,))
+    blocks = [(0, 2), (2, 4), (4, 6)]
+
+    def part(lo, hi, xlo=None, xhi=None):
+        h, _ = _chain(x, w, lo, hi)
+        xs = slice_term(x, 0, lo if xlo is None else xlo, hi if xhi is None else xhi)
+        return make_dot(h, xs, grad, (3, 2), F32)
+
+    h, _ = _chain(x, w, 0, 6)
+    whole = make_dot(h, x, grad, (3, 2), F32)
+    summed = make_lin([(Fraction(1), part(lo, hi)) for lo, hi in blocks], Fraction(0),
+                      (3, 2), F32)
+    assert normal_form(summed) is whole and proved(summed, whole)
+    assert blocks_meet(normal_form(whole), normal_form(summed))
+    # must fail: block 0's activations paired with block 1's rows of x (a wrong block)
+    crossed = make_lin([(Fraction(1), part(0, 2, 2, 4)), (Fraction(1), part(2, 4, 0, 2)),
+                        (Fraction(1), part(4, 6))], Fraction(0), (3, 2), F32)
+    assert normal_form(crossed) is not whole and refuted(crossed, whole)
+    assert not blocks_meet(normal_form(whole), normal_form(crossed))
+    # must fail: a block missing (rows 4..6 not summed)
+    short = make_lin([(Fraction(1), part(lo, hi)) for lo, hi in blocks[:2]], Fraction(0),
+                     (3, 2), F32)
+    assert normal_form(short) is not whole and not blocks_meet(normal_form(whole),
+                                                               normal_form(short))
+    assert refuted(short, whole)
+
+
+def test_split_like_cuts_a_contraction_into_the_blocks_of_a_sum() -> None:
+    x, w = make_arg(0, (2, 6), F32), make_arg(1, (6, 3), F32)
+    attrs = ((), (), (1,), (0,))
+    whole = make_dot(x, w, attrs, (2, 3), F32)
+
+    def part(lo, hi, wlo=None, whi=None):
+        return make_dot(slice_term(x, 1, lo, hi), slice_term(w, 0, lo if wlo is None else wlo,
+                                                             hi if whi is None else whi),
+                        attrs, (2, 3), F32)
+
+    # raw sums (the builders' joining is not asked): the blocks of sizes 2 and 4
+    summed = intern("lin", (part(0, 2), part(2, 6)), (Fraction(0), (Fraction(1), Fraction(1))),
+                    (2, 3), F32)
+    cut = split_like(whole, summed)
+    assert cut is not None and proved(cut, whole) and proved(cut, summed)
+    # must fail: a sum whose blocks pair row i of x with another row of w is not met
+    off = intern("lin", (part(0, 2, 4, 6), part(2, 6, 0, 4)),
+                 (Fraction(0), (Fraction(1), Fraction(1))), (2, 3), F32)
+    cut = split_like(whole, off)
+    assert cut is None or normal_form(cut) is not normal_form(off)
+    assert not blocks_meet(whole, off) and refuted(off, whole)
+
+
+def test_blocks_meet_a_concatenation_piece_by_piece() -> None:
+    x, w = make_arg(0, (4, 6), F32), make_arg(1, (6, 3), F32)
+    attrs = ((), (), (1,), (0,))
+    whole = make_dot(x, w, attrs, (4, 3), F32)
+    rows = [make_dot(slice_term(x, 0, lo, hi), w, attrs, (2, 3), F32) for lo, hi in ((0, 2),
+                                                                                 (2, 4))]
+    pieces = raw_concat(rows, 0)
+    assert blocks_meet(whole, pieces) and proved(pieces, whole)
+    # must fail: the rows in the other order
+    assert not blocks_meet(whole, raw_concat(rows[::-1], 0))
+    assert refuted(raw_concat(rows[::-1], 0), whole)

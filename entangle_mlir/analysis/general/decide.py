@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from entangle_mlir.analysis.valid_indices import IndexRange, Simplifier, index_ranges
-from entangle_mlir.core.normal_form import normal_form
+from entangle_mlir.core.normal_form import blocks_meet, normal_form
 from entangle_mlir.core.precision import integer_exact_below
 from entangle_mlir.core.terms import DENSE_VALUES, Term, subterms
 
@@ -152,6 +152,8 @@ class Decider:
         nw, ng = normal_form(want, self.memo), normal_form(got, self.memo)
         if nw is ng:
             return Decision("proved", how="normal form")
+        if blocks_meet(nw, ng, self.memo):
+            return Decision("proved", how="normal form, block by block")
         inexact = _inexact_iota([nw, ng])
         if inexact is not None:
             return Decision("unknown", f"an iota of {inexact.shape[0]} positions in "
