@@ -165,7 +165,7 @@ def _make_concat(pieces: tuple[Term, ...], dim: int) -> Term:
         return constant
     lifted = _lift_elementwise(joined, dim)
     if lifted is None:
-        lifted = _lift_movement(joined, dim) or _lift_dot(joined, dim)
+        lifted = _lift_movement(joined, dim)
     if lifted is not None:
         return lifted
     shape = list(joined[0].shape)
@@ -474,9 +474,7 @@ def _join_pair(a: Term, b: Term) -> Term | None:
             continue
         forward = [_joins(a.args[k], b.args[k], d) for k, d in dims]
         backward = [_joins(b.args[k], a.args[k], d) for k, d in dims]
-        rows = [_rows(a.args[k], b.args[k], d) for k, d in dims]
-        rows_backward = [_rows(b.args[k], a.args[k], d) for k, d in dims]
-        for joined in (forward, backward, rows, rows_backward):
+        for joined in (forward, backward):
             if all(j is not None for j in joined):
                 args = tuple(joined) + tuple(a.args[len(joined):])
                 if a.op == "reduce_sum":
@@ -484,13 +482,6 @@ def _join_pair(a: Term, b: Term) -> Term | None:
                                    linear_in=0)
                 return make_dot(args[0], args[1], a.attrs, a.shape, a.dtype)
     return None
-
-
-def _rows(first: Term, second: Term, dim: int) -> Term | None:
-    """`first` then `second` along `dim`, when their concatenation in normal form is no
-    concatenation (they are rows of one computation), else None."""
-    joined = make_concat([first, second], dim)
-    return None if joined.op == "concatenate" else joined
 
 
 def join_sums(term: Term) -> Term:
