@@ -187,6 +187,30 @@ module attributes {mhlo.num_partitions = 4 : i32} {
 }"""
 """An all-reduce written as a ring of collective_permutes: shift by one, then by two."""
 
+REF_DOUBLE = """
+func.func @main(%x: tensor<8x4xf32>) -> tensor<8x4xf32> {
+  %0 = stablehlo.add %x, %x : tensor<8x4xf32>
+  return %0 : tensor<8x4xf32>
+}"""
+
+GATHERED = """
+module attributes {mhlo.num_partitions = 4 : i32} {
+  func.func @main(%x: tensor<4x4xf32> {mhlo.sharding = "{devices=[2,1,2]<=[4] last_tile_dim_replicate}"}) -> (tensor<2x4xf32> {mhlo.sharding = "{devices=[4,1]3,1,2,0}"}) {
+    %g = "stablehlo.all_gather"(%x) <{all_gather_dim = 0 : i64, channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, replica_groups = dense<[[0, 2], [1, 3]]> : tensor<2x2xi64>, use_global_device_ids}> : (tensor<4x4xf32>) -> tensor<8x4xf32>
+    %table = stablehlo.constant dense<[6, 2, 4, 0]> : tensor<4xi32>
+    %pid = stablehlo.partition_id : tensor<ui32>
+    %t = stablehlo.dynamic_slice %table, %pid, sizes = [1] : (tensor<4xi32>, tensor<ui32>) -> tensor<1xi32>
+    %off = stablehlo.reshape %t : (tensor<1xi32>) -> tensor<i32>
+    %c0 = stablehlo.constant dense<0> : tensor<i32>
+    %s = stablehlo.dynamic_slice %g, %off, %c0, sizes = [2, 4] : (tensor<8x4xf32>, tensor<i32>, tensor<i32>) -> tensor<2x4xf32>
+    %y = stablehlo.add %s, %s : tensor<2x4xf32>
+    return %y : tensor<2x4xf32>
+  }
+}"""
+"""Halves of x, each on two devices (`last_tile_dim_replicate`: devices 0, 1 hold rows 0..3),
+gathered across the halves, and each device's rows picked by an offset table in the order
+of the result's device list (3, 1, 2, 0)."""
+
 
 def _x() -> np.ndarray:
     return np.arange(32, dtype=np.float32).reshape(8, 4) - 7
@@ -196,6 +220,12 @@ def test_partition_id_offsets_device_lists_and_all_reduce_are_proven() -> None:
     x = _x()
     assert _computes(BLOCKS, [x], [x + x, x.sum(0)])
     _assert_proven_by_the_general_tier(REF_BLOCKS, BLOCKS)
+
+
+def test_replicated_tiles_gathered_in_a_listed_device_order_are_proven() -> None:
+    x = _x()
+    assert _computes(GATHERED, [x], [x + x])
+    _assert_proven_by_the_general_tier(REF_DOUBLE, GATHERED)
 
 
 def test_a_ring_of_collective_permutes_is_proven() -> None:
@@ -212,6 +242,10 @@ _HAND_EDITS = {
                              "dense<[[0, 1], [2, 3]]> : tensor<2x2xi64>"),
     "wrong device list": (REF_BLOCKS, BLOCKS, "{devices=[4,1]3,2,1,0}",
                           "{devices=[4,1]0,1,2,3}"),
+    "all_gather of one half twice": (REF_DOUBLE, GATHERED, "dense<[[0, 2], [1, 3]]>",
+                                     "dense<[[0, 1], [2, 3]]>"),
+    "offset table off by one": (REF_DOUBLE, GATHERED, "dense<[6, 2, 4, 0]>",
+                                "dense<[6, 2, 4, 1]>"),
     "wrong source_target_pairs": (REF_SUM, RING, "[[0, 2], [1, 3], [2, 0], [3, 1]]",
                                   "[[0, 1], [1, 2], [2, 3], [3, 0]]"),
 }
@@ -222,7 +256,7 @@ def test_edited_hand_written_programs_are_not_proven(edit: str) -> None:
     ref, program, old, new = _HAND_EDITS[edit]
     wrong = _edit(program, old, new)
     x = _x()
-    outputs = [x + x, x.sum(0)] if program is BLOCKS else [x.sum(0)]
+    outputs = {REF_BLOCKS: [x + x, x.sum(0)], REF_SUM: [x.sum(0)], REF_DOUBLE: [x + x]}[ref]
     assert not _computes(wrong, [x], outputs)
     _assert_not_proven_after_expansion(ref, wrong)
 

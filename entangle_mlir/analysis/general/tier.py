@@ -128,8 +128,8 @@ def general_tier(program: Program, reference: Walk | None = None, *,
         decided += 1
         if not decision.proved:
             for piece_want, piece_got, piece_what in _pieces(want, got, what, names):
-                if piece_got is got:
-                    break
+                if piece_got is got or out_of_time():
+                    break  # out of time: the whole value's decision stands
                 piece = decider.decide(piece_want, piece_got, f"general.{decided}")
                 decided += 1
                 if not piece.proved and (piece.status == "refuted"
