@@ -1,5 +1,6 @@
-"""Per-device expansion of a shard_map program: every device's local value of every SSA value
-of a manual computation as a term over the GLOBAL inputs (or, for integers computed from the
+"""Per-device expansion of a shard_map program (or of XLA's per-device program, whose whole
+body every device runs): every device's local value of every SSA value of a manual
+computation as a term over the GLOBAL inputs (or, for integers computed from the
 device's id and constants alone, as concrete arrays), walked op by op in lockstep over the
 devices so that a collective sees its whole group (docs/architecture.md, "General tier").
 
