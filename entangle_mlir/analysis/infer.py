@@ -104,6 +104,27 @@ class Walk:
     return_record: OpRecord | None = None
 
 
+def per_device_mesh(module: ir.Module, func: ir.Operation, file: str
+                    ) -> tuple[Mesh, list[str | None], list[str | None]]:
+    """A partitioned program's synthesized mesh (`per_device.synthesize_mesh`; run as replicas,
+    device ids are replica ids) and its parameters' and results' sharding strings."""
+    shardings = parameter_shardings(module, func)
+    result_count = len(ir.FunctionType(
+        ir.TypeAttr(func.attributes["function_type"]).value).results)
+    results = result_shardings(module, func, result_count)
+    everything = [s for s in shardings + results if s]
+    try:
+        count = device_count(module, everything)
+    except InputError as err:
+        err.file = err.file or file
+        raise
+    mesh = synthesize_mesh(count, everything)
+    replicas, partitions = grid(module)
+    if replicas > 1 and (partitions or 1) == 1 and replicas == mesh.num_devices:
+        mesh = replace(mesh, replicas=replicas)  # device ids are replica ids
+    return mesh, shardings, results
+
+
 class Walker:
     """Walks a function body; `file` names the source for locations without one."""
 
@@ -152,20 +173,7 @@ class Walker:
 
     def _per_device(self, block) -> None:
         """A partitioned program: parameters are local shards, results are local shards."""
-        shardings = parameter_shardings(self.module, self.func)
-        result_count = len(ir.FunctionType(
-            ir.TypeAttr(self.func.attributes["function_type"]).value).results)
-        results = result_shardings(self.module, self.func, result_count)
-        everything = [s for s in shardings + results if s]
-        try:
-            count = device_count(self.module, everything)
-        except InputError as err:
-            err.file = err.file or self.file
-            raise
-        mesh = synthesize_mesh(count, everything)
-        replicas, partitions = grid(self.module)
-        if replicas > 1 and (partitions or 1) == 1 and replicas == mesh.num_devices:
-            mesh = replace(mesh, replicas=replicas)  # device ids are replica ids
+        mesh, shardings, _ = per_device_mesh(self.module, self.func, self.file)
         self.walk.mesh = mesh
         ctx = RuleContext(mesh, mesh.names, reference=self.reference)
         info = OpInfo("func.func", loc=op_location(self.func, self.file), op=None)

@@ -251,62 +251,84 @@ def _uses_devices(op) -> bool:
     return False
 
 
-def layout_of(text: str | None, rank: int, mesh: Mesh) -> DeviceLayout:
-    """The tiling a sharding string describes, or a reason it cannot be used."""
+@dataclass(frozen=True)
+class DeviceTiles:
+    """Which tile of a value each device holds, as a sharding string assigns them: `counts`
+    the tiles along each tiled dim, `index[d]` device d's tile (one index per tiled dim);
+    devices holding the same tile hold copies (replication, `last_tile_dim_replicate`)."""
+
+    counts: tuple[int, ...]
+    index: tuple[tuple[int, ...], ...]
+
+
+def device_tiles(text: str | None, rank: int, num_devices: int
+                 ) -> tuple[DeviceTiles | None, str]:
+    """The tile every device holds of a value of rank `rank` under the sharding `text` (its
+    device list or iota tile assignment read by XLA's own parser), or None and why not. A
+    replicated sharding is one tile per dim; rank 0 with tiled dims (a caller that does not
+    know the rank) gives every tiled dim."""
     if text is None:
-        return DeviceLayout(None, "no mhlo.sharding (an HLO text dump records the output "
-                                  "sharding only with xla_keep_shardings_after_spmd; the "
-                                  ".hlo.pb dump always does)")
+        return None, ("no mhlo.sharding (an HLO text dump records the output sharding only "
+                      "with xla_keep_shardings_after_spmd; the .hlo.pb dump always does)")
     from jaxlib import _hlo  # lazy: XLA's sharding bindings; shard_map checks skip them
 
     try:
         sharding = _hlo.HloSharding.from_string(text)
     except Exception as err:  # noqa: BLE001 - reported as bad input by the caller
-        return DeviceLayout(None, f"cannot parse sharding {text!r}: {err}")
+        return None, f"cannot parse sharding {text!r}: {err}"
     if sharding.is_unknown():
-        return DeviceLayout(None, f"unknown sharding {text}")
+        return None, f"unknown sharding {text}"
     if sharding.is_replicated():
-        return DeviceLayout(((),) * rank)
+        return DeviceTiles((1,) * rank, ((0,) * rank,) * num_devices), ""
     if sharding.is_manual():
-        return DeviceLayout(None, f"manual sharding {text} (a shard_map body left in the "
-                                  "partitioned program)")
+        return None, (f"manual sharding {text} (a shard_map body left in the partitioned "
+                      "program)")
     if sharding.is_maximal():
-        return DeviceLayout(None, f"maximal sharding {text} (one device holds the value)")
+        return None, f"maximal sharding {text} (one device holds the value)"
     if sharding.is_unreduced():
-        return DeviceLayout(None, f"unreduced sharding {text} (a pending partial sum across "
-                                  "devices)")
+        return None, f"unreduced sharding {text} (a pending partial sum across devices)"
     if sharding.tuple_elements():
-        return DeviceLayout(None, f"tuple sharding {text} for a single value")
+        return None, f"tuple sharding {text} for a single value"
     subgroups = [str(t).rsplit(".", 1)[-1] for t in sharding.subgroup_types()]
     if "MANUAL" in subgroups:
-        return DeviceLayout(None, f"partially manual sharding {text}")
+        return None, f"partially manual sharding {text}"
     dims = list(sharding.tile_assignment_dimensions())
-    if math.prod(dims) != mesh.num_devices:  # before listing the devices: O(devices)
-        return DeviceLayout(None, f"sharding {text} uses {math.prod(dims)} devices, the "
-                                  f"program {mesh.num_devices}")
+    if math.prod(dims) != num_devices:  # before listing the devices: O(devices)
+        return None, (f"sharding {text} uses {math.prod(dims)} devices, the program "
+                      f"{num_devices}")
     devices = list(sharding.tile_assignment_devices())
-    if sorted(devices) != list(range(mesh.num_devices)):
-        return DeviceLayout(None, f"sharding {text} does not use every device exactly once")
+    if sorted(devices) != list(range(num_devices)):
+        return None, f"sharding {text} does not use every device exactly once"
     extra = len(subgroups) + (1 if sharding.replicate_on_last_tile_dim() else 0)
     tiled_dims = len(dims) - extra
     if tiled_dims != rank and rank != 0:
-        return DeviceLayout(None, f"sharding {text} tiles {tiled_dims} dims but the value has "
-                                  f"rank {rank}")
-    # rank 0 with tiled dims: the caller may not know the rank (an opaque result). The full
-    # tiling is returned; a real scalar then fails the layout comparison, never proves.
-    index_of = {}
+        return None, (f"sharding {text} tiles {tiled_dims} dims but the value has rank "
+                      f"{rank}")
+    index_of: list[tuple[int, ...]] = [()] * num_devices
     strides = [1] * len(dims)
     for k in range(len(dims) - 2, -1, -1):
         strides[k] = strides[k + 1] * dims[k + 1]
     for position, device in enumerate(devices):
-        index_of[device] = [(position // strides[k]) % dims[k] for k in range(len(dims))]
+        index_of[device] = tuple((position // strides[k]) % dims[k] for k in range(tiled_dims))
+    return DeviceTiles(tuple(dims[:tiled_dims]), tuple(index_of)), ""
+
+
+def layout_of(text: str | None, rank: int, mesh: Mesh) -> DeviceLayout:
+    """The tiling a sharding string describes, or a reason it cannot be used."""
+    tiles, reason = device_tiles(text, rank, mesh.num_devices)
+    if tiles is None:
+        return DeviceLayout(None, reason)
+    if all(c == 1 for c in tiles.counts):
+        return DeviceLayout(((),) * (rank or len(tiles.counts)))
+    # rank 0 with tiled dims: the caller may not know the rank (an opaque result). The full
+    # tiling is returned; a real scalar then fails the layout comparison, never proves.
     tiling: list[tuple[str, ...]] = []
     used: list[str] = []
-    for k in range(tiled_dims):
-        if dims[k] == 1:
+    for k, count in enumerate(tiles.counts):
+        if count == 1:
             tiling.append(())
             continue
-        axes = _match(mesh, [index_of[d][k] for d in range(mesh.num_devices)], dims[k], used)
+        axes = _match(mesh, [tiles.index[d][k] for d in range(mesh.num_devices)], count, used)
         if axes is None:
             return DeviceLayout(None, f"sharding {text}: the tiles of dim {k} follow no "
                                       "ordering of mesh axes")

@@ -1,5 +1,6 @@
-"""Per-device expansion of a shard_map program: every device's local value of every SSA value
-of a manual computation as a term over the GLOBAL inputs (or, for integers computed from the
+"""Per-device expansion of a shard_map program (or of XLA's per-device program, whose whole
+body every device runs): every device's local value of every SSA value of a manual
+computation as a term over the GLOBAL inputs (or, for integers computed from the
 device's id and constants alone, as concrete arrays), walked op by op in lockstep over the
 devices so that a collective sees its whole group (docs/architecture.md, "General tier").
 
@@ -20,7 +21,7 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from entangle_mlir.analysis.general import MAX_DEVICES
-from entangle_mlir.analysis.infer import Walker
+from entangle_mlir.analysis.infer import Walker, per_device_mesh
 from entangle_mlir.core.diagnostics import SourceLoc
 from entangle_mlir.core.mesh import Mesh, axes_str
 from entangle_mlir.core.normal_form import make_concat, slice_term
@@ -29,6 +30,7 @@ from entangle_mlir.core.relations import GLOBAL, Rel
 from entangle_mlir.core.terms import (
     Term,
     make_add,
+    make_arg,
     make_broadcast,
     make_elementwise,
     make_iota,
@@ -38,7 +40,8 @@ from entangle_mlir.core.terms import (
     make_reshape,
     make_splat,
 )
-from entangle_mlir.mlir.opinfo import OpInfo, describe, scatter_kind, tensor_type
+from entangle_mlir.mlir.opinfo import OpInfo, describe, op_location, scatter_kind, tensor_type
+from entangle_mlir.mlir.per_device import DeviceTiles, device_tiles
 from entangle_mlir.rules import RULES, RuleContext
 from entangle_mlir.rules.control import CASE, branch_pick
 from entangle_mlir.rules.dispatch import REGION_RULE_OPS, TRANSPARENT, apply_rule
@@ -203,8 +206,12 @@ class Expansion(Walker):
     agreements the outputs rest on."""
 
     def __init__(self, func, module, file: str, max_devices: int = MAX_DEVICES,
-                 deadline: Callable[[], bool] | None = None):
+                 deadline: Callable[[], bool] | None = None,
+                 reference_args: list[tuple[tuple[int, ...], str]] | None = None):
+        """`reference_args`: the reference's argument shapes and element types, which a
+        per-device program's parameters' blocks must make up."""
         super().__init__(func, module, file, reference=None, layers=None)
+        self.reference_args = reference_args
         self.max_devices = max_devices
         self.instances: list[Instance] = []
         self.obligations: list[Obligation] = []
@@ -215,9 +222,81 @@ class Expansion(Walker):
         """serial of a device's value of a manual computation's result -> which it is."""
         self._out_of_time = deadline or (lambda: False)
 
+    # ----- XLA's per-device program ------------------------------------------------------
+
     def _per_device(self, block) -> None:
-        raise NotExpanded("the general tier expands shard_map programs only (XLA's per-device "
-                          "programs are next)")
+        """A partitioned program (one module every device runs): each parameter's value on
+        every device is its block of the global argument by its sharding, the body is
+        expanded on every device, and each result is assembled from the devices' blocks by
+        its sharding (devices holding the same block must agree)."""
+        info = OpInfo("func.func", loc=op_location(self.func, self.file), op=None)
+        mesh, shardings, result_texts = per_device_mesh(self.module, self.func, self.file)
+        n = mesh.num_devices
+        if n > self.max_devices:
+            raise NotExpanded(f"general tier limited to {self.max_devices} devices (the "
+                              f"program has {n})", info.loc)
+        self.mesh = self.walk.mesh = mesh
+        self.stats.devices = n
+        self.per_device_mode = True
+        env: dict = {}
+        for i, (arg, text) in enumerate(zip(block.arguments, shardings)):
+            local = self.walk.values.pop(arg).term
+            tiles, reason = device_tiles(text, len(local.shape), n)
+            if tiles is None:
+                raise NotExpanded(f"parameter #{i}: {reason}", info.loc)
+            shape = tuple(size * count for size, count in zip(local.shape, tiles.counts))
+            if self.reference_args is not None and (
+                    i >= len(self.reference_args)
+                    or self.reference_args[i] != (shape, local.dtype)):
+                raise NotExpanded(f"parameter #{i}'s blocks make {shape} x {local.dtype}, not "
+                                  "the reference's argument (padded or uneven shards are not "
+                                  "expanded)", info.loc)
+            env[arg] = _enter_tiles(make_arg(i, shape, local.dtype), tiles)
+        outputs = None
+        for inner in block.operations:
+            inner = inner.operation
+            if inner.name == "func.return":
+                outputs = [self._operand(v, env, mesh, info) for v in inner.operands]
+                self.walk.return_record = self._record(describe(inner, self.file), [], [],
+                                                       RuleContext())
+                break
+            self._device_op(inner, env, mesh)
+        if outputs is None:
+            raise NotExpanded("a per-device program without func.return", info.loc)
+        results = []
+        for i, (locals_, text) in enumerate(zip(outputs, result_texts)):
+            tiles, reason = device_tiles(text, len(locals_[0].shape), n)
+            if tiles is None:
+                raise NotExpanded(f"result #{i}: {reason}", info.loc)
+            term = self._leave_tiles(locals_, tiles, info, i)
+            results.append(Rel(term, ((),) * len(term.shape), scope=GLOBAL))
+        self.walk.outputs = results
+
+    def _leave_tiles(self, locals_: list[Local], tiles: DeviceTiles, info: OpInfo,
+                     index: int) -> Term:
+        """The global value of a per-device program's result from its devices' blocks: every
+        device must agree with the first device holding the same tile."""
+        terms = [local.as_term() for local in locals_]
+        holder: dict[tuple[int, ...], int] = {}
+        for d, term in enumerate(terms):
+            self.blocks.setdefault(term.serial, f"device {d}'s block of result #{index}")
+            rep = holder.setdefault(tiles.index[d], d)
+            if rep != d and term is not terms[rep]:
+                self.obligations.append(Obligation(
+                    terms[rep], term, f"device {d}'s result #{index} (the same block as "
+                    f"device {rep}'s)", info.loc, f"device {rep}'s"))
+        if len(holder) != math.prod(tiles.counts):
+            raise NotExpanded(f"result #{index}: some tile is held by no device", info.loc)
+
+        def assemble(dim: int, index: tuple[int, ...]) -> Term:
+            if dim == len(tiles.counts):
+                return terms[holder[index]]
+            if tiles.counts[dim] == 1:
+                return assemble(dim + 1, index + (0,))
+            return make_concat([assemble(dim + 1, index + (b,))
+                                for b in range(tiles.counts[dim])], dim)
+
+        return assemble(0, ())
 
     def _while(self, op, ctx) -> None:
         raise NotExpanded("the general tier does not expand loops yet",
@@ -640,6 +719,20 @@ def _count_ops(op: ir.Operation) -> int:
 def _terminator(block) -> ir.Operation:
     """The last op of a block (its return)."""
     return block.operations[len(block.operations) - 1].operation
+
+
+def _enter_tiles(term: Term, tiles: DeviceTiles) -> list[Local]:
+    """Each device's block of a global argument of a per-device program: the tile its
+    sharding assigns it (the global shape is the local one times the tile counts)."""
+    locals_ = []
+    for index in tiles.index:
+        local = term
+        for dim, (b, count) in enumerate(zip(index, tiles.counts)):
+            if count > 1:
+                size = term.shape[dim] // count
+                local = slice_term(local, dim, b * size, (b + 1) * size)
+        locals_.append(Local(term.dtype, local.shape, term=local))
+    return locals_
 
 
 def info_shape(mlir_type) -> tuple[int, ...]:

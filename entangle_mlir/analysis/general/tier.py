@@ -18,7 +18,7 @@ import numpy as np
 from entangle_mlir.analysis.general import MAX_DEVICES
 from entangle_mlir.analysis.general.decide import Decider, Decision
 from entangle_mlir.analysis.general.expand import Expansion, Instance, NotExpanded
-from entangle_mlir.analysis.infer import Walk, Walker
+from entangle_mlir.analysis.infer import Walk, Walker, describe_type
 from entangle_mlir.core.diagnostics import SourceLoc
 from entangle_mlir.core.normal_form import slice_term
 from entangle_mlir.core.relations import Rel
@@ -90,8 +90,10 @@ def general_tier(program: Program, reference: Walk | None = None, *,
     wants = reference.outputs
     if any(not isinstance(w, Rel) for w in wants):
         return GeneralResult(False, reason="the reference itself is not analysed")
+    reference_args = [(tuple(t.shape), t.dtype) for t in (
+        describe_type(a.type) for a in program.ref_func.regions[0].blocks[0].arguments)]
     expansion = Expansion(program.sharded_func, program.sharded_module, program.sharded_file,
-                          max_devices, out_of_time)
+                          max_devices, out_of_time, reference_args)
     try:
         walk = expansion.run()
     except NotExpanded as refusal:
@@ -104,6 +106,11 @@ def general_tier(program: Program, reference: Walk | None = None, *,
     if len(gots) != len(wants) or any(not isinstance(g, Rel) for g in gots):
         return GeneralResult(False, devices, "an output has no term",
                              stats=_stats(expansion, start))
+    for i, (w, g) in enumerate(zip(wants, gots)):
+        if expansion.per_device_mode and w.term.shape != g.term.shape:
+            return GeneralResult(False, devices, f"result #{i}'s blocks make {g.term.shape}, "
+                                 f"the reference's is {w.term.shape} (padded or uneven shards "
+                                 "are not expanded)", stats=_stats(expansion, start))
     decider = Decider([w.term for w in wants], timeout_ms)
     assumptions: list[str] = []
     checks = [(o.want, o.got, o.what, o.against, o.loc, {}, None)
@@ -121,8 +128,8 @@ def general_tier(program: Program, reference: Walk | None = None, *,
         decided += 1
         if not decision.proved:
             for piece_want, piece_got, piece_what in _pieces(want, got, what, names):
-                if piece_got is got:
-                    break
+                if piece_got is got or out_of_time():
+                    break  # out of time: the whole value's decision stands
                 piece = decider.decide(piece_want, piece_got, f"general.{decided}")
                 decided += 1
                 if not piece.proved and (piece.status == "refuted"
