@@ -24,6 +24,16 @@ import z3
 DEFAULT_TIMEOUT_MS = 10_000
 MAX_COUNTEREXAMPLE_ENTRIES = 32
 
+WORK_PER_MS = 20_000
+"""Z3 work units (its `rlimit` count) a query gets per millisecond of its budget. A budget is
+work, not wall time, so a verdict does not depend on how loaded the machine is: Z3 counts
+6,000 to 14,000 units per millisecond of CPU on these machines, so a 5 s budget is 5 to 15 s
+of one idle core's work."""
+
+WALL_SLACK = 8
+"""A query also stops after this many times its budget in wall time (a machine so loaded,
+or a query so unlike the calibration, that the work limit would take too long)."""
+
 _UNSET = object()
 _dump_dir: object = _UNSET
 _dump_lock = threading.Lock()
@@ -141,6 +151,10 @@ def prove(claim, hypotheses: Iterable = (), name: str = "query",
           witness: Callable[[z3.ModelRef], object] | None = None) -> ProofResult:
     """Prove `claim` valid under `hypotheses` (checks `hypotheses AND NOT claim` is unsat).
 
+    `timeout_ms` is a budget of work (`WORK_PER_MS` Z3 units per millisecond; the
+    `set_resource_limit` limit instead where one is set), with `WALL_SLACK` times it in wall
+    time as a backstop: the same query gets the same verdict on an idle and a busy machine.
+
     `claim` and each hypothesis are z3 BoolRefs (Python bools are accepted). Never raises on a
     solver failure: that is `unknown` with the reason. `witness`: called on the model of a
     refutation, its value kept as the result's `witness` (the model itself is not kept).
@@ -151,9 +165,8 @@ def prove(claim, hypotheses: Iterable = (), name: str = "query",
         goal = _as_bool(claim)
         hyps = [_as_bool(h) for h in hypotheses]
         solver = z3.Solver()
-        solver.set("timeout", timeout)
-        if _resource_limit:
-            solver.set("rlimit", _resource_limit)
+        solver.set("timeout", timeout * WALL_SLACK)
+        solver.set("rlimit", _resource_limit or timeout * WORK_PER_MS)
         solver.add(*hyps)
         solver.add(z3.Not(goal))
         _dump(solver, name)
