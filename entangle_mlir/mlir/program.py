@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jaxlib.mlir import ir
-from jaxlib.mlir._mlir_libs import _jax_mlir_ext
 from jaxlib.mlir.dialects import sdy
 
 from entangle_mlir.core.diagnostics import InputError
 from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.mlir.compat import inlined_func_call
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.opinfo import op_location, tensor_type
 from entangle_mlir.mlir.per_device import (
@@ -383,8 +383,7 @@ def inline_calls(module: ir.Module, file: str) -> int:
         for name in order:
             for call in calls_in[name]:
                 callee = table[_callee(call)]
-                with ir.InsertionPoint(call), call.location:
-                    new = _jax_mlir_ext.inlined_func_call(callee, list(call.operands))
+                new = inlined_func_call(callee, list(call.operands), call)
                 for old, value in zip(call.results, new):
                     old.replace_all_uses_with(value)
                 call.erase()

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 from entangle_mlir.core.diagnostics import InputError
+from entangle_mlir.mlir.compat import hlo_bindings
 from entangle_mlir.mlir.ir import parse_module
 
 HLO_TEXT_PREFIX = b"HloModule"
@@ -122,10 +123,8 @@ def looks_like_hlo_proto(data: bytes) -> bool:
 
 
 def text_to_module_proto(text: str) -> bytes:
-    from jaxlib import _hlo  # lazy: XLA's HLO bindings; only HLO input needs them
-
     try:
-        return _hlo.hlo_module_from_text(text).as_serialized_hlo_module_proto()
+        return hlo_bindings().hlo_module_from_text(text).as_serialized_hlo_module_proto()
     except Exception as err:  # noqa: BLE001 - XLA's parser raises its own error types
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InputError(f"cannot parse HLO text: {message}") from None

@@ -1,0 +1,52 @@
+"""Everything that differs between the supported jaxlib versions, one small function each.
+
+entangle supports jax/jaxlib from 0.9.0 to 0.10.x (pyproject.toml; `.ci/run` tests the newest
+and the oldest). Every place where the bindings of two supported versions differ goes through a
+function here, whose docstring names the versions; the rest of the package is written against
+the newest. Importing this module does not import jax (only jaxlib).
+"""
+
+from __future__ import annotations
+
+import re
+
+import jaxlib
+from jaxlib.mlir import ir
+from jaxlib.mlir._mlir_libs import _jax_mlir_ext
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    """`"0.10.2"` -> (0, 10, 2); a suffix such as `.dev20261201` is dropped."""
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+JAXLIB_VERSION = _version_tuple(jaxlib.__version__)
+"""The installed jaxlib, as a tuple of ints."""
+
+
+def inlined_func_call(callee: ir.Operation, args: list[ir.Value],
+                      before: ir.Operation) -> list[ir.Value]:
+    """Inline the body of the func.func `callee` applied to `args` just before the op `before`;
+    the values it returns.
+
+    jaxlib >= 0.10 inlines at the current insertion point; 0.9 takes the block to inline into
+    and appends at its end, so there the new ops are moved before `before` afterwards."""
+    with ir.InsertionPoint(before), before.location:
+        if JAXLIB_VERSION >= (0, 10):
+            return list(_jax_mlir_ext.inlined_func_call(callee, args))
+        block = before.block
+        old = len(block.operations)
+        results = list(_jax_mlir_ext.inlined_func_call(callee, args, block))
+    for op in list(block.operations)[old:]:
+        op.move_before(before)
+    return results
+
+
+def hlo_bindings():
+    """The jaxlib module holding XLA's HLO classes (`HloSharding`, `OpSharding`, `HloModule`,
+    `hlo_module_from_text`): `jaxlib._hlo` from jaxlib 0.10, `jaxlib._jax` in 0.9."""
+    if JAXLIB_VERSION >= (0, 10):
+        from jaxlib import _hlo  # lazy: XLA's HLO bindings; only HLO input and evidence use them
+        return _hlo
+    from jaxlib import _jax  # lazy: XLA's HLO bindings; only HLO input and evidence use them
+    return _jax
