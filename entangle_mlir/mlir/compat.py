@@ -1,7 +1,7 @@
 """Everything that differs between the supported jaxlib versions, one small function each.
 
-entangle supports jax/jaxlib from 0.9.0 to 0.10.x (pyproject.toml; `.ci/run` tests the newest
-and the oldest). Every place where the bindings of two supported versions differ goes through a
+entangle supports the jax/jaxlib range of pyproject.toml (`.ci/run` tests the newest and the
+oldest). Every place where the bindings of two supported versions differ goes through a
 function here, whose docstring names the versions; the rest of the package is written against
 the newest. Importing this module does not import jax (only jaxlib).
 """
@@ -29,10 +29,10 @@ def inlined_func_call(callee: ir.Operation, args: list[ir.Value],
     """Inline the body of the func.func `callee` applied to `args` just before the op `before`;
     the values it returns.
 
-    jaxlib >= 0.10 inlines at the current insertion point; 0.9 takes the block to inline into
-    and appends at its end, so there the new ops are moved before `before` afterwards."""
+    jaxlib >= 0.10.1 inlines at the current insertion point; 0.10.0 and older take the block
+    to inline into and append at its end, so there the new ops are moved before `before`."""
     with ir.InsertionPoint(before), before.location:
-        if JAXLIB_VERSION >= (0, 10):
+        if JAXLIB_VERSION >= (0, 10, 1):
             return list(_jax_mlir_ext.inlined_func_call(callee, args))
         block = before.block
         old = len(block.operations)
@@ -44,9 +44,28 @@ def inlined_func_call(callee: ir.Operation, args: list[ir.Value],
 
 def hlo_bindings():
     """The jaxlib module holding XLA's HLO classes (`HloSharding`, `OpSharding`, `HloModule`,
-    `hlo_module_from_text`): `jaxlib._hlo` from jaxlib 0.10, `jaxlib._jax` in 0.9."""
-    if JAXLIB_VERSION >= (0, 10):
+    `hlo_module_from_text`): `jaxlib._hlo` from jaxlib 0.10.2, `jaxlib._jax` in 0.10.1 and
+    older."""
+    if JAXLIB_VERSION >= (0, 10, 2):
         from jaxlib import _hlo  # lazy: XLA's HLO bindings; only HLO input and evidence use them
         return _hlo
     from jaxlib import _jax  # lazy: XLA's HLO bindings; only HLO input and evidence use them
     return _jax
+
+
+def plain_replica_groups_options() -> dict[str, bool]:
+    """XLA compile options that keep the partitioner's replica groups plain dense lists.
+
+    From jaxlib 0.10.1, XLA may print them as mesh axes ("replica groups v3") unless
+    `xla_enable_rgv3_materialization` is off; 0.10.0 and older print them plain and reject
+    the option they do not know."""
+    if JAXLIB_VERSION >= (0, 10, 1):
+        return {"xla_enable_rgv3_materialization": False}
+    return {}
+
+
+def has_shardy_global_to_local() -> bool:
+    """Whether Shardy's `sdy-convert-global-to-local` pass is registered: from jaxlib 0.10.0
+    (0.9 and older stop at global shapes, so `xla.shardy_partition` cannot make a per-device
+    program there)."""
+    return JAXLIB_VERSION >= (0, 10, 0)

@@ -13,7 +13,7 @@ from jaxlib.mlir.dialects import sdy
 
 from entangle_mlir.core.diagnostics import InputError
 from entangle_mlir.core.mesh import Mesh
-from entangle_mlir.mlir.compat import inlined_func_call
+from entangle_mlir.mlir.compat import hlo_bindings, inlined_func_call
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.opinfo import op_location, tensor_type
 from entangle_mlir.mlir.per_device import (
@@ -273,10 +273,9 @@ def _check_partitioned_shapes(program: Program) -> None:
 def _tiles(text: str) -> list[int]:
     """The tile counts of an `mhlo.sharding` string ([] if it tiles nothing or is unreadable:
     unreadable shardings are reported by the walk)."""
-    from jaxlib import _hlo  # lazy: XLA's sharding bindings; shard_map checks skip them
 
     try:
-        sharding = _hlo.HloSharding.from_string(text)
+        sharding = hlo_bindings().HloSharding.from_string(text)
         return list(sharding.tile_assignment_dimensions()) if sharding.is_tiled() else []
     except Exception:  # noqa: BLE001
         return []

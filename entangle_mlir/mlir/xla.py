@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 from entangle_mlir.core.diagnostics import InputError
-from entangle_mlir.mlir.compat import hlo_bindings
+from entangle_mlir.mlir.compat import JAXLIB_VERSION, has_shardy_global_to_local, hlo_bindings
 from entangle_mlir.mlir.ir import parse_module
 
 HLO_TEXT_PREFIX = b"HloModule"
@@ -202,7 +202,11 @@ def shardy_partition(global_text: str, pipeline: str = SHARDY_PIPELINE,
                      timeout_s: float = 300) -> str:
     """Shardy's per-device program for a global-view module with `sdy.sharding`s (what
     `jax.jit(f, ...).lower(...).as_text()` gives on a mesh of Auto axes). The passes run in a
-    subprocess: some abort the whole process on input they do not expect (InputError then)."""
+    subprocess: some abort the whole process on input they do not expect (InputError then).
+    jaxlib before 0.10 lacks sdy-convert-global-to-local: an InputError saying so."""
+    if "sdy-convert-global-to-local" in pipeline and not has_shardy_global_to_local():
+        raise InputError("Shardy's pipeline cannot run: sdy-convert-global-to-local is not in "
+                         f"jaxlib {'.'.join(map(str, JAXLIB_VERSION))} (it is from jaxlib 0.10)")
     try:
         run = subprocess.run([sys.executable, "-c", _RUN_PIPELINE, pipeline],
                              input=global_text, check=False, capture_output=True, text=True,
