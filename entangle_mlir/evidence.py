@@ -37,7 +37,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func
 
 from entangle_mlir.analysis.infer import Walker
-from entangle_mlir.mlir.compat import hlo_bindings
+from entangle_mlir.mlir.compat import block_argument, hlo_bindings
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.opinfo import describe
 from entangle_mlir.mlir.per_device import (
@@ -552,10 +552,11 @@ def _expose_sharded(text: str, result: int):
         main_args = list(main.regions[0].blocks[0].arguments)
         operand_args = []
         for operand in manual.operands:
-            if not isinstance(operand, ir.BlockArgument) or operand not in main_args:
+            argument = block_argument(operand)
+            if argument is None or operand not in main_args:
                 raise Unavailable("a shard_map operand is computed, not an argument of the "
                                   "program")
-            operand_args.append(operand.arg_number)
+            operand_args.append(argument.arg_number)
         body = manual.regions[0].blocks[0]
         value = target.results[result]
         out = ir.Module.create()

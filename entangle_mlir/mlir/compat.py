@@ -69,3 +69,13 @@ def has_shardy_global_to_local() -> bool:
     (0.9 and older stop at global shapes, so `xla.shardy_partition` cannot make a per-device
     program there)."""
     return JAXLIB_VERSION >= (0, 10, 0)
+
+
+def block_argument(value: ir.Value) -> ir.BlockArgument | None:
+    """`value` as an `ir.BlockArgument` (which has `arg_number`), or None when an op defines it.
+
+    From jaxlib 0.10.0 the bindings hand out block arguments as `ir.BlockArgument` already;
+    0.9 and older as plain `ir.Value`, cast here (the cast works on every version)."""
+    if not isinstance(value.owner, ir.Block):
+        return None
+    return value if isinstance(value, ir.BlockArgument) else ir.BlockArgument(value)
