@@ -310,3 +310,18 @@ def test_readme_quick_start_matches_ci() -> None:
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     assert test in ci, f".ci/run does not run the README test command {test!r}"
     assert os.access(REPO / ".ci" / "run", os.X_OK)
+
+
+def test_supported_jax_range_is_stated_and_tested() -> None:
+    """pyproject's jax range is the README's, and .ci/run's second leg (the oldest jax) runs
+    the test files the README's Installation section lists."""
+    pyproject = (REPO / "pyproject.toml").read_text()
+    bounds = re.findall(r'"(jax\[cpu\]|jaxlib)>=([0-9.]+),<([0-9.]+)"', pyproject)
+    assert len(bounds) == 2 and bounds[0][1:] == bounds[1][1:], bounds
+    oldest, below = bounds[0][1:]
+    install = (REPO / "README.md").read_text().split("## Installation")[1].split("\n## ")[0]
+    assert f"`jax[cpu]>={oldest},<{below}`" in install
+    ci = (REPO / ".ci" / "run").read_text()
+    leg = ci.split(".venv-oldest/bin/python -m pytest")[1].split("\n.venv-oldest/bin/lit")[0]
+    files = set(re.findall(r"tests/\S+", leg))
+    assert files and files == set(re.findall(r"`(tests/[^`]+)`", install)), files
