@@ -33,11 +33,11 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
-from jaxlib import _hlo
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func
 
 from entangle_mlir.analysis.infer import Walker
+from entangle_mlir.mlir.compat import block_argument, hlo_bindings
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.opinfo import describe
 from entangle_mlir.mlir.per_device import (
@@ -552,10 +552,11 @@ def _expose_sharded(text: str, result: int):
         main_args = list(main.regions[0].blocks[0].arguments)
         operand_args = []
         for operand in manual.operands:
-            if not isinstance(operand, ir.BlockArgument) or operand not in main_args:
+            argument = block_argument(operand)
+            if argument is None or operand not in main_args:
                 raise Unavailable("a shard_map operand is computed, not an argument of the "
                                   "program")
-            operand_args.append(operand.arg_number)
+            operand_args.append(argument.arg_number)
         body = manual.regions[0].blocks[0]
         value = target.results[result]
         out = ir.Module.create()
@@ -648,7 +649,7 @@ def device_blocks(sharding: str | None, global_shape, local_shape, num_devices: 
     `mhlo.sharding` string (uneven shards are padded at the end, as XLA does)."""
     if sharding is None:
         return [tuple(slice(0, n) for n in global_shape)] * num_devices
-    parsed = _hlo.HloSharding.from_string(sharding)
+    parsed = hlo_bindings().HloSharding.from_string(sharding)
     if parsed.is_replicated() or parsed.is_maximal():
         return [tuple(slice(0, n) for n in global_shape)] * num_devices
     dims = list(parsed.tile_assignment_dimensions())
@@ -1088,14 +1089,14 @@ def _first_line(err: Exception) -> str:
 
 
 def _sharding_text(op_sharding) -> str:
-    return str(_hlo.HloSharding.from_proto(op_sharding))
+    return str(hlo_bindings().HloSharding.from_proto(op_sharding))
 
 
 def _local_shape(sharding: str | None, shape) -> tuple[int, ...]:
     """A device's block shape of a global array under an `mhlo.sharding` (ceil division)."""
     if sharding is None:
         return tuple(shape)
-    parsed = _hlo.HloSharding.from_string(sharding)
+    parsed = hlo_bindings().HloSharding.from_string(sharding)
     if parsed.is_replicated() or parsed.is_maximal():
         return tuple(shape)
     dims = list(parsed.tile_assignment_dimensions())

@@ -38,6 +38,7 @@ from entangle_mlir.evidence import (
     program_evidence,
     sum_precision,
 )
+from entangle_mlir.mlir.compat import plain_replica_groups_options
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.per_device import (
     axis_names,
@@ -165,8 +166,7 @@ def assert_refines(reference_fn: Callable, sharded_fn: Callable, *avals,
 _PARTITIONER_DUMP_OPTIONS = {
     "xla_dump_hlo_pass_re": "spmd-partitioning",
     "xla_dump_hlo_as_proto": True,
-    # Plain dense replica groups (with rgv3 on, XLA may print them as mesh axes).
-    "xla_enable_rgv3_materialization": False,
+    **plain_replica_groups_options(),
 }
 
 

@@ -13,6 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from entangle_mlir.mlir.compat import JAXLIB_VERSION
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES_MLIR = REPO / "entangle_mlir" / "demo"
 
@@ -140,3 +144,17 @@ def confirmed_claim(report) -> bool:
     from entangle_mlir.confirm import is_confirmed  # lazy: see `confirmed`
 
     return bool(report.diagnostics and is_confirmed(report.diagnostics[0]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests tied to one jaxlib: what an older jax lowers differently (entangle_mlir/mlir/compat.py).
+# ---------------------------------------------------------------------------------------------
+
+
+def needs_jaxlib(version: tuple[int, ...], why: str):
+    """Skip a test on a jaxlib older than `version`, saying `why` (what that jaxlib lacks or
+    lowers differently). Only for tests whose verdict depends on one jax's lowering or on a
+    pass missing from older jaxlibs; everything else runs on every supported jax."""
+    wanted = ".".join(map(str, version))
+    return pytest.mark.skipif(JAXLIB_VERSION < version,
+                              reason=f"needs jaxlib >= {wanted}: {why}")

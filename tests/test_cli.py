@@ -333,3 +333,18 @@ def test_argument_errors_show_the_subcommands_usage(entangle, argv, usage) -> No
     assert run.code == 2 and run.out == "" and "Traceback" not in run.err
     assert run.err.startswith(usage), run.err
     assert "error:" in run.err.splitlines()[-1]
+
+
+def test_supported_jax_range_is_stated_and_tested() -> None:
+    """pyproject's jax range is the README's, and .ci/run's second leg (the oldest jax) runs
+    the test files the README's Installation section lists."""
+    pyproject = (REPO / "pyproject.toml").read_text()
+    bounds = re.findall(r'"(jax\[cpu\]|jaxlib)>=([0-9.]+),<([0-9.]+)"', pyproject)
+    assert len(bounds) == 2 and bounds[0][1:] == bounds[1][1:], bounds
+    oldest, below = bounds[0][1:]
+    install = (REPO / "README.md").read_text().split("## Installation")[1].split("\n## ")[0]
+    assert f"`jax[cpu]>={oldest},<{below}`" in install
+    ci = (REPO / ".ci" / "run").read_text()
+    leg = ci.split(".venv-oldest/bin/python -m pytest")[1].split("\n.venv-oldest/bin/lit")[0]
+    files = set(re.findall(r"tests/\S+", leg))
+    assert files and files == set(re.findall(r"`(tests/[^`]+)`", install)), files

@@ -18,6 +18,7 @@ from jaxlib.mlir.dialects import sdy
 
 from entangle_mlir.core.diagnostics import InputError
 from entangle_mlir.core.mesh import Mesh, too_many_devices
+from entangle_mlir.mlir.compat import hlo_bindings
 
 _SHARDING = "mhlo.sharding"
 
@@ -114,9 +115,8 @@ def result_shardings(module: ir.Module, func: ir.Operation, count: int) -> list[
 
 
 def _tuple_elements(text: str) -> list[str]:
-    from jaxlib import _hlo  # lazy: XLA's sharding bindings; shard_map checks skip them
 
-    sharding = _hlo.HloSharding.from_string(text)
+    sharding = hlo_bindings().HloSharding.from_string(text)
     elements = sharding.tuple_elements()
     return [str(e) for e in elements] if elements else [text]
 
@@ -173,10 +173,9 @@ def _orders(ascending: list[int]):
 
 
 def _tiled(text: str) -> bool:
-    from jaxlib import _hlo  # lazy: XLA's sharding bindings; shard_map checks skip them
 
     try:
-        return _hlo.HloSharding.from_string(text).is_tiled()
+        return hlo_bindings().HloSharding.from_string(text).is_tiled()
     except Exception:  # noqa: BLE001 - unparsable shardings are reported elsewhere
         return False
 
@@ -224,10 +223,9 @@ def _device_count(module: ir.Module, shardings: list[str | None]) -> int | None:
         return counts["mhlo.num_replicas"]
     if "mhlo.num_partitions" in counts:
         return counts["mhlo.num_partitions"]
-    from jaxlib import _hlo  # lazy: XLA's sharding bindings; shard_map checks skip them
 
     # The tile counts, not the device lists: those are materialized, O(devices).
-    counts = [math.prod(_hlo.HloSharding.from_string(s).tile_assignment_dimensions())
+    counts = [math.prod(hlo_bindings().HloSharding.from_string(s).tile_assignment_dimensions())
               for s in shardings if s]
     counts = [c for c in counts if c > 1]
     return max(counts) if counts else None
@@ -270,10 +268,9 @@ def device_tiles(text: str | None, rank: int, num_devices: int
     if text is None:
         return None, ("no mhlo.sharding (an HLO text dump records the output sharding only "
                       "with xla_keep_shardings_after_spmd; the .hlo.pb dump always does)")
-    from jaxlib import _hlo  # lazy: XLA's sharding bindings; shard_map checks skip them
 
     try:
-        sharding = _hlo.HloSharding.from_string(text)
+        sharding = hlo_bindings().HloSharding.from_string(text)
     except Exception as err:  # noqa: BLE001 - reported as bad input by the caller
         return None, f"cannot parse sharding {text!r}: {err}"
     if sharding.is_unknown():

@@ -10,11 +10,11 @@ import re
 from dataclasses import dataclass
 
 from jaxlib.mlir import ir
-from jaxlib.mlir._mlir_libs import _jax_mlir_ext
 from jaxlib.mlir.dialects import sdy
 
 from entangle_mlir.core.diagnostics import InputError
 from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.mlir.compat import hlo_bindings, inlined_func_call
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.opinfo import op_location, tensor_type
 from entangle_mlir.mlir.per_device import (
@@ -289,10 +289,9 @@ def _check_partitioned_shapes(program: Program) -> None:
 def _tiles(text: str) -> list[int]:
     """The tile counts of an `mhlo.sharding` string ([] if it tiles nothing or is unreadable:
     unreadable shardings are reported by the walk)."""
-    from jaxlib import _hlo  # lazy: XLA's sharding bindings; shard_map checks skip them
 
     try:
-        sharding = _hlo.HloSharding.from_string(text)
+        sharding = hlo_bindings().HloSharding.from_string(text)
         return list(sharding.tile_assignment_dimensions()) if sharding.is_tiled() else []
     except Exception:  # noqa: BLE001
         return []
@@ -399,8 +398,7 @@ def inline_calls(module: ir.Module, file: str) -> int:
         for name in order:
             for call in calls_in[name]:
                 callee = table[_callee(call)]
-                with ir.InsertionPoint(call), call.location:
-                    new = _jax_mlir_ext.inlined_func_call(callee, list(call.operands))
+                new = inlined_func_call(callee, list(call.operands), call)
                 for old, value in zip(call.results, new):
                     old.replace_all_uses_with(value)
                 call.erase()

@@ -16,6 +16,7 @@ import subprocess
 import sys
 
 from entangle_mlir.core.diagnostics import InputError
+from entangle_mlir.mlir.compat import JAXLIB_VERSION, has_shardy_global_to_local, hlo_bindings
 from entangle_mlir.mlir.ir import parse_module
 
 HLO_TEXT_PREFIX = b"HloModule"
@@ -122,10 +123,8 @@ def looks_like_hlo_proto(data: bytes) -> bool:
 
 
 def text_to_module_proto(text: str) -> bytes:
-    from jaxlib import _hlo  # lazy: XLA's HLO bindings; only HLO input needs them
-
     try:
-        return _hlo.hlo_module_from_text(text).as_serialized_hlo_module_proto()
+        return hlo_bindings().hlo_module_from_text(text).as_serialized_hlo_module_proto()
     except Exception as err:  # noqa: BLE001 - XLA's parser raises its own error types
         message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise InputError(f"cannot parse HLO text: {message}") from None
@@ -203,7 +202,11 @@ def shardy_partition(global_text: str, pipeline: str = SHARDY_PIPELINE,
                      timeout_s: float = 300) -> str:
     """Shardy's per-device program for a global-view module with `sdy.sharding`s (what
     `jax.jit(f, ...).lower(...).as_text()` gives on a mesh of Auto axes). The passes run in a
-    subprocess: some abort the whole process on input they do not expect (InputError then)."""
+    subprocess: some abort the whole process on input they do not expect (InputError then).
+    jaxlib before 0.10 lacks sdy-convert-global-to-local: an InputError saying so."""
+    if "sdy-convert-global-to-local" in pipeline and not has_shardy_global_to_local():
+        raise InputError("Shardy's pipeline cannot run: sdy-convert-global-to-local is not in "
+                         f"jaxlib {'.'.join(map(str, JAXLIB_VERSION))} (it is from jaxlib 0.10)")
     try:
         run = subprocess.run([sys.executable, "-c", _RUN_PIPELINE, pipeline],
                              input=global_text, check=False, capture_output=True, text=True,

@@ -18,6 +18,7 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
+from entangle_mlir.mlir.compat import block_argument
 from entangle_mlir.mlir.ir import erase_dead, op_key
 from entangle_mlir.mlir.opinfo import constant_value, reducer_kind
 
@@ -98,7 +99,7 @@ def _outer_operand(value):
     op = owner.owner if isinstance(owner, ir.Block) else None
     if op is None or op.operation.name != "sdy.manual_computation":
         return None
-    return op.operation.operands[value.arg_number]
+    return op.operation.operands[block_argument(value).arg_number]
 
 
 def root_of(value, through: tuple[str, ...] = MOVES) -> tuple[object, list[ir.Operation]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from jaxlib.mlir import ir
 
+from entangle_mlir.mlir.compat import block_argument
 from entangle_mlir.normalize import idioms, online_backward
 from entangle_mlir.normalize.finite import active, judging
 from entangle_mlir.normalize.match import erasures
@@ -64,8 +65,8 @@ def _cycled(module: ir.Module, states: set[int]) -> bool:
     def visit(op):
         refs = []
         for v in op.operands:
-            owner = v.owner
-            refs.append(index.get(v, ("arg", v.arg_number) if isinstance(owner, ir.Block)
+            argument = block_argument(v)
+            refs.append(index.get(v, ("arg", argument.arg_number) if argument is not None
                                   else None))
         for i, r in enumerate(op.results):
             index[r] = (len(shape), i)

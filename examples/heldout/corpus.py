@@ -214,11 +214,12 @@ def _partitioned_proto(jitted, in_avals) -> bytes:
     import glob
     import tempfile
 
+    from entangle_mlir.mlir.compat import plain_replica_groups_options
     from entangle_mlir.mlir.xla import module_proto
 
     with tempfile.TemporaryDirectory(prefix="entangle-heldout-") as directory:
         options = {"xla_dump_to": directory, "xla_dump_hlo_pass_re": "spmd-partitioning",
-                   "xla_dump_hlo_as_proto": True, "xla_enable_rgv3_materialization": False,
+                   "xla_dump_hlo_as_proto": True, **plain_replica_groups_options(),
                    **FAST_COMPILE}
         jitted.lower(*in_avals).compile(compiler_options=options)
         found = sorted(glob.glob(os.path.join(directory, "*after_spmd-partitioning*.hlo.pb")))

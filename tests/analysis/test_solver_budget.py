@@ -4,6 +4,7 @@ idle one is what this prevents)."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import z3
@@ -14,7 +15,7 @@ from entangle_mlir.analysis import solver
 def _hard_claim() -> z3.BoolRef:
     xs = [z3.Real(f"x{i}") for i in range(6)]
     cubes = sum(x * x * x for x in xs)
-    return z3.Not(z3.And(cubes == 7, *(x * y > 1 for x, y in zip(xs, xs[1:]))))
+    return z3.Not(z3.And(cubes == 7, *(x * y > 1 for x, y in itertools.pairwise(xs))))
 
 
 def test_a_small_budget_is_a_work_limit() -> None:
