@@ -7,6 +7,10 @@
   a ```sh block runs there, one command per line, and each must exit 0 or 1 (proven / not
   proven; 2 is bad input). `<!-- script: NAME -->` names the script (default tutorial.py), since
   jax records it in the locations of what it lowers.
+* README.md's ```python blocks run, each as its own script from the repository's root, and its
+  `$ entangle check ...` transcript's command prints what the README shows.
+* Nothing is set for them that a reader would not set: the venv's `bin` is on PATH (the
+  tutorials say to activate it), XLA_FLAGS is not (a snippet needing devices sets it).
 * `docs/diagnostics.md` and `docs/op-coverage.md` are what `docs/generate.py` writes.
 
 Run a tutorial by hand (to refresh the output shown in it):
@@ -66,12 +70,18 @@ def tutorial_script(markdown: str) -> tuple[str, str]:
 def run_tutorial(path: Path, directory: Path, timeout: float = 900) -> subprocess.CompletedProcess:
     name, script = tutorial_script(path.read_text())
     (directory / name).write_text(script)
-    bin_dir = os.path.dirname(sys.executable)
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-           "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
-    env.pop("ENTANGLE_DUMP_SMT", None)
-    return subprocess.run([sys.executable, name], cwd=directory, env=env, text=True,
+    return subprocess.run([sys.executable, name], cwd=directory, env=reader_env(), text=True,
                           capture_output=True, timeout=timeout, check=False)
+
+
+def reader_env() -> dict[str, str]:
+    """The environment of a reader who activated the venv (its `bin` first on PATH) and set
+    nothing else: no XLA_FLAGS (a snippet that needs simulated devices sets them itself)."""
+    bin_dir = os.path.dirname(sys.executable)
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    for name in ("XLA_FLAGS", "ENTANGLE_DUMP_SMT", "PYTHONPATH"):
+        env.pop(name, None)
+    return env
 
 
 @pytest.mark.parametrize("name", TUTORIALS)
@@ -82,6 +92,39 @@ def test_tutorial_runs(name: str, tmp_path: Path) -> None:
     done = run_tutorial(path, tmp_path)
     assert done.returncode == 0, (f"{name} failed:\n--- stdout\n{done.stdout[-4000:]}\n"
                                   f"--- stderr\n{done.stderr[-4000:]}")
+
+
+README_PYTHON = [body for language, _, body in blocks((REPO / "README.md").read_text())
+                 if language == "python"]
+
+
+@pytest.mark.parametrize("index", range(len(README_PYTHON)))
+def test_readme_python_snippet_runs(index: int) -> None:
+    """As pasted into `python` started in the repository's root (so `examples` imports)."""
+    done = subprocess.run([sys.executable, "-"], input=README_PYTHON[index], cwd=REPO,
+                          env=reader_env(), text=True, capture_output=True, timeout=900,
+                          check=False)
+    assert done.returncode == 0, (f"README python block {index} failed:\n{README_PYTHON[index]}"
+                                  f"\n--- stdout\n{done.stdout[-3000:]}\n--- stderr\n"
+                                  f"{done.stderr[-3000:]}")
+
+
+def test_readme_transcript_is_what_the_command_prints() -> None:
+    """The README's `$ entangle check ...` example: its command, run from the repository's
+    root, prints the lines shown (numbers of the confirmation and evidence runs aside)."""
+    text = (REPO / "README.md").read_text()
+    shown = [body for language, _, body in blocks(text) if body.startswith("$ entangle ")]
+    assert shown, "README shows no `$ entangle` transcript"
+    for body in shown:
+        command, *expected = body.rstrip("\n").split("\n")
+        done = subprocess.run(command[2:], shell=True, cwd=REPO, env=reader_env(), text=True,
+                              capture_output=True, timeout=900, check=False)
+        assert done.returncode in (0, 1, 3), done.stderr
+        printed = done.stdout.rstrip("\n").split("\n")
+        stable = [line for line in expected if not line.startswith(("note: confirmed",
+                                                                    "evidence:"))]
+        assert stable == [line for line in printed if not line.startswith(
+            ("note: confirmed", "evidence:"))], done.stdout
 
 
 def test_tutorials_cover_the_issue() -> None:
