@@ -152,12 +152,13 @@ def _swapped_message(reference_fn: Callable, sharded_fn: Callable, what: str) ->
 
 def assert_refines(reference_fn: Callable, sharded_fn: Callable, *avals,
                    verify_rules: bool = True, confirm: bool = True) -> Report:
-    """For users' test suites: raise AssertionError carrying the diagnostic if not proven."""
+    """For users' test suites: raise AssertionError if not proven, the first diagnostic its
+    first line (the pytest plugin's `entangle_check` fixture fails the test the same way)."""
+    __tracebackhide__ = True
     report = check(reference_fn, sharded_fn, *avals, verify_rules=verify_rules,
                    confirm=confirm)
     if not report.proven:
-        raise AssertionError("sharded program does not provably refine the reference:\n"
-                             + report.render_text())
+        raise AssertionError(report.render_failure())
     return report
 
 
@@ -276,12 +277,12 @@ def _mesh_note(described: str, avals) -> str:
 def assert_partitioned_refines(f: Callable, *avals, out_shardings=None, in_shardings=None,
                                verify_rules: bool = True, confirm: bool = True) -> Report:
     """`check_partitioned` for users' test suites: AssertionError with the diagnostic."""
+    __tracebackhide__ = True
     report = check_partitioned(f, *avals, out_shardings=out_shardings,
                                in_shardings=in_shardings, verify_rules=verify_rules,
                                confirm=confirm)
     if not report.proven:
-        raise AssertionError("XLA's partitioned program does not provably refine the reference:"
-                             "\n" + report.render_text())
+        raise AssertionError(report.render_failure())
     return report
 
 

@@ -94,8 +94,11 @@ def test_tutorial_runs(name: str, tmp_path: Path) -> None:
                                   f"--- stderr\n{done.stderr[-4000:]}")
 
 
-README_PYTHON = [body for language, _, body in blocks((REPO / "README.md").read_text())
-                 if language == "python"]
+README_PYTHON = [body for language, attributes, body in blocks((REPO / "README.md").read_text())
+                 if language == "python" and "file=" not in attributes]
+"""The README's runnable python blocks (a ```python file=NAME block is a file a reader writes
+in their own repository, shown, not run here; the plugin's is run by tests/test_pytest_plugin.py
+in its own words)."""
 
 
 @pytest.mark.parametrize("index", range(len(README_PYTHON)))

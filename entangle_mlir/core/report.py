@@ -153,6 +153,13 @@ class Report:
             lines.extend(f"  {step}" for step in chain)
         return "\n".join(lines)
 
+    def render_failure(self) -> str:
+        """A failed check as a test failure: the first diagnostic's own line first (what a
+        test runner shows in its summary), then the whole report."""
+        first = self.diagnostics[0].render().split("\n")[0] if self.diagnostics else (
+            "not proven")
+        return f"{first}\n\n{self.render_text()}"
+
     def render_text(self) -> str:
         lines = [d.render() for d in self.diagnostics]
         if self.proven:
