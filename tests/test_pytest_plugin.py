@@ -4,7 +4,7 @@ diagnostic as its first line, and passes on a proven program (both grounded by r
 from __future__ import annotations
 
 import importlib.metadata
-
+import textwrap
 
 pytest_plugins = ["pytester"]
 
