@@ -348,3 +348,14 @@ def test_supported_jax_range_is_stated_and_tested() -> None:
     leg = ci.split(".venv-oldest/bin/python -m pytest")[1].split("\n.venv-oldest/bin/lit")[0]
     files = set(re.findall(r"tests/\S+", leg))
     assert files and files == set(re.findall(r"`(tests/[^`]+)`", install)), files
+
+
+def test_one_installed_top_level_package() -> None:
+    """The distribution installs `entangle_mlir` only (examples, tests, benchmarks and fuzz
+    stay in the repository), under the name the README gives."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert project["project"]["name"] == "entangle-mlir"
+    assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["entangle_mlir*"]
+    assert "`entangle-mlir`" in (REPO / "README.md").read_text()
