@@ -209,12 +209,45 @@ def shardy_partition(global_text: str, pipeline: str = SHARDY_PIPELINE,
                          f"jaxlib {'.'.join(map(str, JAXLIB_VERSION))} (it is from jaxlib 0.10)")
     try:
         run = subprocess.run([sys.executable, "-c", _RUN_PIPELINE, pipeline],
-                             input=global_text, check=False, capture_output=True, text=True,
-                             timeout=timeout_s)
+                             input=_without_calls(global_text), check=False,
+                             capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise InputError(f"Shardy's pipeline did not finish in {timeout_s:g} s") from None
     if run.returncode != 0:
-        lines = [line for line in run.stderr.splitlines() if line.strip()]
-        raise InputError(f"Shardy's pipeline failed: {lines[-1] if lines else run.returncode}")
+        raise InputError("Shardy's pipeline failed:\n" + _pipeline_error(run.stderr))
     return run.stdout
+
+
+def _without_calls(text: str) -> str:
+    """The module with every `func.call` inlined and the functions no longer called removed:
+    Shardy's propagation gives a call's results local shapes its callee's signature does not
+    have (`jax.nn.silu` lowers to a call), which its verifier then refuses."""
+    if "call @" not in text and "func.call" not in text:
+        return text
+    from entangle_mlir.mlir.ir import context
+    from entangle_mlir.mlir.program import functions, inline_calls, public_main
+
+    module = parse_module(text)
+    if not inline_calls(module, "<shardy input>"):
+        return text
+    with context():
+        main = public_main(module, "<shardy input>")
+        for func in functions(module):
+            if func != main and "sym_visibility" in func.attributes:
+                func.erase()
+        return module.operation.get_asm(enable_debug_info=True)
+
+
+def _pipeline_error(stderr: str) -> str:
+    """The pipeline's MLIR diagnostics, whole (the error and each note), without the Python
+    traceback of the subprocess that ran it."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    start = next((i for i, line in enumerate(lines) if "MLIRError" in line or "error:" in line),
+                 None)
+    if start is None:
+        return "\n".join(lines[-20:]) or "no output"
+    shown = lines[start:]
+    if "MLIRError: " in shown[0]:
+        shown[0] = shown[0].split("MLIRError: ", 1)[1]
+    return "\n".join(line.rstrip() for line in shown)
 

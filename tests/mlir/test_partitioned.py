@@ -928,6 +928,57 @@ def test_masked_gather_states_its_assumption() -> None:
     assert any("holds valid indices, 0 <= value < 16" in note for note in report.notes)
 
 
+def _silu_program() -> tuple[str, object]:
+    """`silu(x @ w)` on a 2 x 4 mesh of Auto axes: jax lowers `jax.nn.silu` to a func.call."""
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    grid = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(AxisType.Auto,) * 2)
+    avals = [jax.ShapeDtypeStruct(s, np.float32, sharding=NamedSharding(grid, p))
+             for s, p in (((8, 16), P("dp", None)), ((16, 32), P(None, "tp")))]
+    fn = jax.jit(lambda x, w: jax.nn.silu(x @ w))
+    return fn.lower(*avals).as_text(), avals
+
+
+@SHARDY_LOCAL
+def test_shardy_pipeline_inlines_calls() -> None:
+    """Shardy's propagation gives a call's results local shapes its callee's signature lacks:
+    calls are inlined first, and the per-device program is proven and runs like `silu(x@w)`."""
+    from entangle_mlir.mlir.program import adopted_shardy_text
+    from entangle_mlir.mlir.xla import shardy_partition
+
+    text, avals = _silu_program()
+    assert "call @silu" in text
+    local = shardy_partition(text)
+    reference = jax.jit(lambda x, w: jax.nn.silu(x @ w)).lower(
+        *[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in avals]).as_text()
+    report = check_texts(reference, local)
+    assert report.proven, report.render_text()
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(a.shape).astype(np.float32) for a in avals]
+    program = adopted_shardy_text(local, reference)
+    want = [np.asarray(jax.nn.silu(args[0] @ args[1]))]
+    for device in zip(run_per_device(program, *args), expected_per_device(program, want)):
+        for got, expect in zip(*device):
+            assert np.max(np.abs(got - expect)) < 1e-4
+
+
+@SHARDY_LOCAL
+def test_shardy_pipeline_failure_shows_the_whole_error(monkeypatch) -> None:
+    """A failing pipeline's error is the MLIR diagnostic with every note, not its last line
+    nor the subprocess's traceback (here: the call left in, as before the inlining)."""
+    from entangle_mlir.core.diagnostics import InputError
+    from entangle_mlir.mlir import xla
+
+    monkeypatch.setattr(xla, "_without_calls", lambda text: text)
+    with pytest.raises(InputError) as failure:
+        xla.shardy_partition(_silu_program()[0])
+    message = str(failure.value)
+    assert "'func.call' op result type mismatch" in message
+    assert "function result types" in message and "op result types" in message
+    assert "Traceback" not in message and 'File "<string>"' not in message
+
+
 def test_shardy_pipeline_needs_jaxlib_0_10() -> None:
     """On a jaxlib without sdy-convert-global-to-local, shardy_partition says so (InputError)
     instead of failing inside the pass parser."""
