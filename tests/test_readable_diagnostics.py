@@ -180,3 +180,52 @@ def test_scale_bug_under_a_nonlinear_op_is_reported_where_the_scale_goes_wrong()
     assert first.message == ("all_reduce sums over 'tp', so the value is 4 x what the "
                              "reference computes here (the reference averages: pmean was "
                              "needed)"), first.message
+
+
+DP = jax.make_mesh((4,), ("dp",))
+VMA_AVALS = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(DP, p))
+             for s, p in (((16, 8), P()), ((32, 16), P("dp")))]
+
+
+def _vma_loss(w, x):
+    return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+
+def _vma_reference(w, x):
+    return jax.grad(_vma_loss)(w, x)
+
+
+def _vma_body(w, x):
+    local = jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2) / (32 * 8))(w)
+    return jax.lax.psum(local, "dp")   # BUG under check_vma=True: jax already summed it
+
+
+def _vma_sharded(check_vma: bool):
+    return jax.jit(jax.shard_map(_vma_body, mesh=DP, in_specs=(P(), P("dp")), out_specs=P(),
+                                 check_vma=check_vma))
+
+
+def _vma_run(check_vma: bool):
+    rng = np.random.default_rng(4)
+    w, x = (rng.standard_normal(a.shape).astype(np.float32) for a in VMA_AVALS)
+    want = np.asarray(jax.jit(_vma_reference)(w, x))
+    got = np.asarray(_vma_sharded(check_vma)(*(jax.device_put(v, a.sharding)
+                                               for v, a in zip((w, x), VMA_AVALS))))
+    return want, got
+
+
+def test_vma_grounding() -> None:
+    want, got = _vma_run(check_vma=True)
+    np.testing.assert_allclose(got, 4 * want, rtol=1e-4, atol=1e-7)   # summed twice
+    want, got = _vma_run(check_vma=False)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)       # the psum is needed
+
+
+def test_jax_implicit_psum_under_check_vma_is_named() -> None:
+    report = check(_vma_reference, _vma_sharded(True), *VMA_AVALS, verify_rules=False)
+    assert not report.proven
+    notes = [n.message for n in report.diagnostics[0].notes]
+    assert any("already summed by jax itself" in n and "check_vma=True" in n for n in notes), \
+        report.render_text()
+    proven = check(_vma_reference, _vma_sharded(False), *VMA_AVALS, verify_rules=False)
+    assert proven.proven, proven.render_text()

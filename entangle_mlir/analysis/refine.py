@@ -329,6 +329,7 @@ def compare(ref: Walk, sharded: Walk) -> Report:
         diagnostics.append(diagnostic)
         foci.append(_focus(culprit, reference, sharded.mesh, diagnostic.category))
     diagnostics = _name_results(diagnostics, sharded)
+    diagnostics = [_implicit_psum_note(d, sharded) for d in diagnostics]
     _label_outputs(outputs, sharded)
     assumption_notes = [f"{ASSUMING}{assumption} ({_results_words(indices)})"
                         for assumption, indices in assumed_for.items()]
@@ -374,6 +375,46 @@ def _results_words(indices: list[int]) -> str:
 
 
 _PLAIN_RESULT = re.compile(r"result(\[\d+\])?$")
+
+
+_ALREADY_REPLICATED = "but the value is already replicated over"
+
+
+def _implicit_psum_note(diag: Diagnostic, sharded: Walk) -> Diagnostic:
+    """A psum of a value already replicated, where jax's own psum made it so: under
+    `shard_map(check_vma=True)` the gradient of an input replicated over an axis is summed over
+    it by jax (`psum_invariant`, the transpose of the implicit `pvary`); the user's psum of that
+    gradient sums it a second time. A note names jax's psum and where it is."""
+    if _ALREADY_REPLICATED not in diag.message or diag.loc is None:
+        return diag
+    record = next((r for r in sharded.records if r.loc == diag.loc
+                   and r.info.name == "stablehlo.all_reduce"), None)
+    implicit = _implicit_psum_upstream(record) if record is not None else None
+    if implicit is None:
+        return diag
+    note = Diagnostic("note", "the value was already summed by jax itself: under shard_map's "
+                              "check_vma=True, the gradient of an input replicated over the "
+                              "axis is psum'd by jax (psum_invariant, the transpose of the "
+                              "implicit pvary), so this psum sums it again; drop it (the "
+                              "gradient jax returns is already the total)", implicit.loc)
+    return replace(diag, notes=(*diag.notes, note))
+
+
+def _implicit_psum_upstream(record: OpRecord) -> OpRecord | None:
+    """The nearest all_reduce above `record` that jax inserted for check_vma (its location's
+    name says `psum_invariant`), if any."""
+    seen: set[int] = set()
+    stack = list(record.sources)
+    while stack:
+        op = stack.pop()
+        if op is None or id(op) in seen:
+            continue
+        seen.add(id(op))
+        if (op.info.name == "stablehlo.all_reduce" and op.loc is not None
+                and "psum_invariant" in op.loc.op_name):
+            return op
+        stack.extend(op.sources)
+    return None
 
 
 def _label_outputs(outputs: list[OutputResult], sharded: Walk) -> None:
