@@ -250,16 +250,18 @@ def test_proven_page_in_a_browser(browser, tmp_path: Path, proven) -> None:
 
 
 def screenshot(path: Path) -> None:
-    """docs/html-report.png: the buggy demo's page, around its diverging op (run by hand:
-    `python -c 'from tests.test_html_report import screenshot as s; s(...)'`)."""
+    """docs/html-report.png: the buggy demo's page (run by hand from the repository's root:
+    `python -c 'from pathlib import Path; from tests.test_html_report import screenshot;
+    screenshot(Path("docs/html-report.png"))'`; the committed one is reduced to 48 colours)."""
     from playwright.sync_api import sync_playwright  # lazy: only where a browser runs
 
-    report = check_files(str(BUGGY[0]), str(BUGGY[1]), reuse_layers=False)
-    html = path.with_suffix(".html")
+    report = check_files(os.path.relpath(BUGGY[0]), os.path.relpath(BUGGY[1]),
+                         reuse_layers=False)
+    html = path.resolve().with_suffix(".html")
     html.write_text(report.to_html())
     with sync_playwright() as driver:
         chromium = driver.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = chromium.new_page(viewport={"width": 1280, "height": 760})
+        page = chromium.new_page(viewport={"width": 1280, "height": 1330})
         page.goto(html.as_uri())
         page.screenshot(path=str(path), full_page=False)
         chromium.close()
