@@ -114,7 +114,7 @@ class Report:
     assumptions: list[str] = field(default_factory=lambda: list(BASE_ASSUMPTIONS))
     """What the verdict rests on, in words: always `BASE_ASSUMPTIONS`, then what the proof
     used (`assume`)."""
-    html_page: Callable[[], str] | None = field(default=None, repr=False)
+    html_page: Callable[[], str] | None = field(default=None, repr=False, compare=False)
     """Renders the HTML page (`html_report.py`): handed in by the driver, which holds the
     walks and programs the page draws (core cannot import the top layer)."""
 
