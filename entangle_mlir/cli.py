@@ -45,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
                        help="take sums and products of finite values as finite (real-number "
                             "behaviour: an online softmax's scores never overflow); a proof "
                             "that relies on it lists the assumption")
+    check.add_argument("--html", metavar="REPORT.html",
+                       help="also write the report as one self-contained HTML page: both "
+                            "programs side by side, each op coloured by its relation, the "
+                            "diverging op next to its diagnostic, every input and output as "
+                            "a device grid (every op walked: no layer reuse)")
     demo = sub.add_parser("demo", help="check the bundled examples (and one caught bug)")
     _common_options(demo)
     args, extra = parser.parse_known_args(argv)
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
         report = check_files(args.ref, args.sharded or args.ref,
                              verify_rules=not args.no_verify_rules,
-                             reuse_layers=not (args.explain or args.json),
+                             reuse_layers=not (args.explain or args.json or args.html),
                              assume_no_overflow=args.assume_no_overflow,
                              general_tier=not args.no_general_tier)
         if not args.no_confirm and not report.proven:
@@ -92,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     except RecursionError:
         print("entangle: error: input nests too deeply to analyse", file=sys.stderr)
         return 2
+    if args.html:
+        try:
+            Path(args.html).write_text(report.to_html(), encoding="utf-8")
+        except OSError as err:
+            print(f"entangle: error: cannot write {args.html}: {err.strerror}", file=sys.stderr)
+            return 2
     try:
         print(report.dumps() if args.json else report.render_text())
         if args.explain and not args.json:

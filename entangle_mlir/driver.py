@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 
 from entangle_mlir.analysis.layer_reuse import recheck_op_by_op
 from entangle_mlir.core.diagnostics import InputError
 from entangle_mlir.core.report import Report
+from entangle_mlir.html_report import to_html
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.load import load_file
 from entangle_mlir.mlir.program import Program, from_combined, from_two_modules, has_refines
@@ -21,7 +23,7 @@ def check_program(program: Program, *, verify_rules: bool = True,
     """Normalize, walk both functions, compare; optionally Z3-check every rule instance.
 
     `reuse_layers` walks repeated layers once (`analysis/layer_reuse.py`); without it every
-    op gets its relation, which `--explain` and `--json` show. `assume_no_overflow`: sums
+    op gets its relation, which `--explain`, `--json` and `--html` show. `assume_no_overflow`: sums
     and products of finite values are taken as finite (`normalize/finite.py`; listed among
     the assumptions where a proof relies on it). `general_tier`: where the layout tier does
     not prove the program, expand it per device (`analysis/general/`)."""
@@ -55,6 +57,7 @@ def check_program(program: Program, *, verify_rules: bool = True,
     if not verify_rules:
         report.mode = "skipped (--no-verify-rules): rule instances were not checked by Z3"
     report.stats["seconds"] = round(time.perf_counter() - start, 4)
+    report.html_page = partial(to_html, report, dict(state.walks), program)
     return report
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from entangle_mlir.core.diagnostics import Diagnostic, SourceLoc
@@ -113,6 +114,9 @@ class Report:
     assumptions: list[str] = field(default_factory=lambda: list(BASE_ASSUMPTIONS))
     """What the verdict rests on, in words: always `BASE_ASSUMPTIONS`, then what the proof
     used (`assume`)."""
+    html_page: Callable[[], str] | None = field(default=None, repr=False, compare=False)
+    """Renders the HTML page (`html_report.py`): handed in by the driver, which holds the
+    walks and programs the page draws (core cannot import the top layer)."""
 
     def assume(self, assumption: str) -> None:
         """Add an assumption the proof rests on (once)."""
@@ -238,6 +242,15 @@ class Report:
             "explanations": self.explanations,
             "evidence": self.evidence,
         }
+
+    def to_html(self) -> str:
+        """The report as one self-contained HTML page: both programs side by side, each op
+        coloured by its relation, the diverging op next to its diagnostic, every input and
+        output as a device grid (`entangle check --html`)."""
+        if self.html_page is None:
+            raise ValueError("this report has no HTML page: only reports of entangle_mlir."
+                             "driver's checks (and the Python API's) have one")
+        return self.html_page()
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2)
