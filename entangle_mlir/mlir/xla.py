@@ -17,7 +17,8 @@ import sys
 
 from entangle_mlir.core.diagnostics import InputError
 from entangle_mlir.mlir.compat import JAXLIB_VERSION, has_shardy_global_to_local, hlo_bindings
-from entangle_mlir.mlir.ir import parse_module
+from entangle_mlir.mlir.ir import context, parse_module
+from entangle_mlir.mlir.program import functions, inline_calls, public_main
 
 HLO_TEXT_PREFIX = b"HloModule"
 
@@ -224,9 +225,6 @@ def _without_calls(text: str) -> str:
     have (`jax.nn.silu` lowers to a call), which its verifier then refuses."""
     if "call @" not in text and "func.call" not in text:
         return text
-    from entangle_mlir.mlir.ir import context
-    from entangle_mlir.mlir.program import functions, inline_calls, public_main
-
     module = parse_module(text)
     if not inline_calls(module, "<shardy input>"):
         return text
