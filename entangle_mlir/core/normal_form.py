@@ -636,18 +636,33 @@ def join_sums(term: Term) -> Term:
 
 
 def _peel(term: Term) -> tuple[tuple, Term]:
-    """(the transposes around `term`, outermost first, as their perms; the term under them,
-    a sum dropping unit dims through a reshape read as a sum over them, `_sum_view`)."""
-    perms = []
-    while term.op == "transpose":
-        perms.append(term.attrs[0])
+    """(the transposes and reshapes around `term`, outermost first, as ("transpose", perm) or
+    ("reshape", shape); the term under them), where a sum dropping unit dims through a
+    reshape is read as a sum over them (`_sum_view`) rather than peeled. Exact for a sum of
+    parts wrapped alike: a transpose or reshape of a sum is the sum of the parts'."""
+    wrappers = []
+    while term.op in ("transpose", "reshape"):
+        if term.op == "reshape":
+            view = _sum_view(term)
+            if view is not term:
+                return tuple(wrappers), view
+            wrappers.append(("reshape", term.shape))
+        else:
+            wrappers.append(("transpose", term.attrs[0]))
         term = term.args[0]
-    return tuple(perms), _sum_view(term)
+    return tuple(wrappers), term
+
+
+def _wrap(core: Term, wrappers: tuple) -> Term:
+    """`core` under `wrappers` (`_peel`'s), innermost first."""
+    for kind, attr in reversed(wrappers):
+        core = make_transpose(core, attr) if kind == "transpose" else make_reshape(core, attr)
+    return core
 
 
 def _join_groups(pairs: list) -> list:
     """`pairs` with every group of two or more parts of one coefficient that are one
-    contraction (sum), under the same transposes, over operands that are not adjacent windows
+    contraction (sum), under the same transposes and reshapes, over operands that are not adjacent windows
     (`_join_pair` takes those) joined into one: `sum_i dot(l_i, r_i)` contracting (lhs dim a,
     rhs dim b) is `dot(concat_i l_i along a, concat_i r_i along b)`, and `sum_i
     reduce_sum(x_i)` over a dim d is the reduce_sum of `concat_i x_i along d` (exact for any
@@ -669,8 +684,7 @@ def _join_groups(pairs: list) -> list:
         core = _join_group([_peel(pairs[i][1])[1] for i in members])
         if core is None:
             continue
-        for perm in reversed(perms):
-            core = make_transpose(core, perm)
+        core = _wrap(core, perms)
         done.update(members)
         joined.append((k, core))
     if not joined:
@@ -1077,8 +1091,7 @@ def split_like(term: Term, other: Term) -> Term | None:
             continue
         changed = True
         for block in blocks:
-            for perm in reversed(perms):
-                block = make_transpose(block, perm)
+            block = _wrap(block, perms)
             out.append((k, block))
     if not changed:
         return None
