@@ -403,7 +403,8 @@ def _lift_gather(pieces: list[Term], dim: int, shape: tuple[int, ...]) -> Term |
     if any(p.args[0] is not first.args[0] for p in pieces):
         return None
     attrs = dict(first.attrs)
-    if attrs.get("operand_batching_dims") or attrs.get("start_indices_batching_dims"):
+    if any(attrs.get(a) for a in ("operand_batching_dims", "start_indices_batching_dims",
+                                  *_PROMISES)):
         return None
     offset = tuple(attrs.get("offset_dims", ()))
     if dim in offset:
@@ -662,8 +663,8 @@ def _wrap(core: Term, wrappers: tuple) -> Term:
 
 def _join_groups(pairs: list) -> list:
     """`pairs` with every group of two or more parts of one coefficient that are one
-    contraction (sum), under the same transposes and reshapes, over operands that are not adjacent windows
-    (`_join_pair` takes those) joined into one: `sum_i dot(l_i, r_i)` contracting (lhs dim a,
+    contraction (sum), under the same transposes and reshapes, over operands that are not
+    adjacent windows (`_join_pair` takes those) joined into one: `sum_i dot(l_i, r_i)` contracting (lhs dim a,
     rhs dim b) is `dot(concat_i l_i along a, concat_i r_i along b)`, and `sum_i
     reduce_sum(x_i)` over a dim d is the reduce_sum of `concat_i x_i along d` (exact for any
     order the pieces are taken in, the same on both operands: a regrouping of the sum, which
@@ -698,10 +699,16 @@ def _scatter_key(term: Term):
     if term.op != "stablehlo.scatter" or len(term.args) != 3:
         return None
     attrs = dict(term.attrs)
-    if attrs.get("reducer") != "add" or splat_value(term.args[0]) != 0 or attrs.get(
-            "input_batching_dims") or attrs.get("scatter_indices_batching_dims"):
+    if attrs.get("reducer") != "add" or splat_value(term.args[0]) != 0 or any(
+            attrs.get(a) for a in ("input_batching_dims", "scatter_indices_batching_dims",
+                                   *_PROMISES)):
         return None
     return term.op, term.attrs, term.shape, term.dtype
+
+
+_PROMISES = ("unique_indices", "indices_are_sorted")
+"""Attributes promising something of the indices that joined indices need not keep (where
+broken, the op's result is implementation-defined): no join is made under them."""
 
 
 def _join_scatters(cores: list[Term]) -> Term | None:
