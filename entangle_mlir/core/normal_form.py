@@ -666,9 +666,9 @@ def _join_groups(pairs: list) -> list:
     contraction (sum), under the same transposes and reshapes, over operands that are not
     adjacent windows (`_join_pair` takes those) joined into one: `sum_i dot(l_i, r_i)`
     contracting (lhs dim a, rhs dim b) is `dot(concat_i l_i along a, concat_i r_i along b)`,
-    and `sum_i reduce_sum(x_i)` over a dim d is the reduce_sum of `concat_i x_i along d` (exact for any
-    order the pieces are taken in, the same on both operands: a regrouping of the sum, which
-    the semantics policy allows; integer sums wrap alike in any order). The order is the one
+    and `sum_i reduce_sum(x_i)` over a dim d is the reduce_sum of `concat_i x_i along d`
+    (exact for any order the pieces are taken in, the same on both operands: a regrouping of
+    the sum, which the semantics policy allows; integer sums wrap alike in any order). The order is the one
     in which some operand's pieces meet (`_orders`); a group whose concatenations meet in no
     order stays as it is."""
     groups: dict[tuple, list[int]] = {}
