@@ -668,9 +668,9 @@ def _join_groups(pairs: list) -> list:
     contracting (lhs dim a, rhs dim b) is `dot(concat_i l_i along a, concat_i r_i along b)`,
     and `sum_i reduce_sum(x_i)` over a dim d is the reduce_sum of `concat_i x_i along d`
     (exact for any order the pieces are taken in, the same on both operands: a regrouping of
-    the sum, which the semantics policy allows; integer sums wrap alike in any order). The order is the one
-    in which some operand's pieces meet (`_orders`); a group whose concatenations meet in no
-    order stays as it is."""
+    the sum, which the semantics policy allows; integer sums wrap alike in any order). The
+    order is the one in which some operand's pieces meet (`_orders`); a group whose
+    concatenations meet in no order stays as it is."""
     groups: dict[tuple, list[int]] = {}
     for i, (k, t) in enumerate(pairs):
         perms, core = _peel(t)
