@@ -37,7 +37,10 @@ the semantics policy allows; nothing else is assumed):
   (`_lift_movement`);
 * a sum of parts that are one contraction (sum), under the same transposes, over blocks
   of the summed dim is one contraction over the concatenated blocks, taken in an order in
-  which some operand meets (`_join_groups`; any order used on both operands alike is exact).
+  which some operand meets (`_join_groups`; any order used on both operands alike is exact);
+  so is a sum of scatter-adds into zeros over blocks of their updates (`_join_scatters`).
+* a square root or float convert of a constant is the splat of its exact value
+  (`fold_constant`: IEEE 754 fixes both, `core/rounding.py`);
 * argmax / argmin and top_k of per-block candidates, and index bounds an interval decides:
   `core/selection.py`.
 
@@ -58,6 +61,7 @@ from fractions import Fraction
 
 from entangle_mlir.core import selection
 from entangle_mlir.core.ranges import fits
+from entangle_mlir.core.rounding import exact_value
 from entangle_mlir.core.terms import (
     DENSE_VALUES,
     Term,
@@ -290,13 +294,16 @@ def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
     * `transpose(a_i, perm)` along dim: `transpose(concat(a_i along perm[dim]), perm)`;
     * `broadcast(x_i, dims)` along a dim the operand's dim i fills at full size:
       `broadcast(concat(x_i along i))`; along a dim no operand dim fills (or one of size 1),
-      with one operand x: `broadcast(x)` at the joined shape;
+      with one operand x: `broadcast(x)` at the joined shape; along a unit dim no operand
+      dim fills, the broadcast of the operands given that unit dim and concatenated along it;
     * `dot_general(l_i, r_i)` along a batch dim: the dot of both operands concatenated along
       that batch dim; along a free dim of the lhs (rhs), with one rhs (lhs): the dot of the
       lhs (rhs) concatenated along that free dim (row-major result dims: batch, lhs free,
       rhs free);
     * a reduction (sum, max, min, and, or) over dims other than `dim`: the reduction of the
-      operands concatenated along the operand dim that `dim` keeps.
+      operands concatenated along the operand dim that `dim` keeps;
+    * a gather from one operand along a batch dim: `_lift_gather`;
+    * a reshape along the major dim of the dims it splits or merges: `_lift_reshape`.
     """
     first = pieces[0]
     if not _same(pieces, dim):
@@ -317,6 +324,12 @@ def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
             return make_broadcast(inner, dims, shape) if _joined(inner) else None
         if all(x is operands[0] for x in operands):
             return make_broadcast(operands[0], dims, shape)
+        if dim not in dims and all(p.shape[dim] == 1 for p in pieces):
+            at = sum(1 for d in dims if d < dim)
+            inner = make_concat([make_reshape(x, x.shape[:at] + (1,) + x.shape[at:])
+                                 for x in operands], at)
+            if _joined(inner):
+                return make_broadcast(inner, dims[:at] + (dim,) + dims[at:], shape)
         return None
     if first.op == "stablehlo.dot_general":
         lb, rb, lc, rc = first.attrs
@@ -340,6 +353,10 @@ def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
             if not _joined(right):
                 return None
         return make_dot(left, right, first.attrs, shape, first.dtype)
+    if first.op == "stablehlo.gather" and len(first.args) == 2:
+        return _lift_gather(pieces, dim, shape)
+    if first.op == "reshape":
+        return _lift_reshape(pieces, dim, shape)
     if first.op in _REDUCTIONS and len(first.args) == 1:
         reduced = first.attrs[0]
         kept = [d for d in range(len(first.args[0].shape)) if d not in reduced]
@@ -349,6 +366,59 @@ def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
         return make_op(first.op, (inner,), first.attrs, shape, first.dtype,
                        linear_in=0 if first.op == "reduce_sum" else None)
     return None
+
+
+def _lift_reshape(pieces: list[Term], dim: int, shape: tuple[int, ...]) -> Term | None:
+    """`reshape(concat(x_i along c))` for a concatenation of `reshape(x_i)` (operands of one
+    shape) along `dim`, where `dim` and c are the major dims of one group of dims the reshape
+    splits or merges (every dim of the group before them of size 1): exact, in row-major
+    order each piece's elements of that group are one run on both sides, the runs in piece
+    order. None when that concatenation does not meet."""
+    operands = [p.args[0] for p in pieces]
+    if any(x.shape != operands[0].shape for x in operands):
+        return None
+    groups = reshape_groups(operands[0].shape, pieces[0].shape)
+    if groups is None:
+        return None
+    for src, dst in groups:
+        if dim not in dst:
+            continue
+        if not src or any(pieces[0].shape[t] != 1 for t in dst[:dst.index(dim)]):
+            return None
+        for c in src:
+            inner = make_concat(operands, c)
+            if _joined(inner):
+                return make_reshape(inner, shape)
+            if operands[0].shape[c] != 1:
+                break
+    return None
+
+
+def _lift_gather(pieces: list[Term], dim: int, shape: tuple[int, ...]) -> Term | None:
+    """`gather(x, concat(i_k))` for a concatenation of `gather(x, i_k)` (one operand x, one
+    set of attributes, no batching dims) along a batch dim of the result (not an offset
+    dim): exact, each result row along it reads only its own row of the indices, the
+    indices' dim that batch dim comes from. None when that concatenation does not meet."""
+    first = pieces[0]
+    if any(p.args[0] is not first.args[0] for p in pieces):
+        return None
+    attrs = dict(first.attrs)
+    if any(attrs.get(a) for a in ("operand_batching_dims", "start_indices_batching_dims",
+                                  *_PROMISES)):
+        return None
+    offset = tuple(attrs.get("offset_dims", ()))
+    if dim in offset:
+        return None
+    vector = attrs["index_vector_dim"]
+    batch = [d for d in range(len(first.shape)) if d not in offset]
+    rows = [d for d in range(len(first.args[1].shape)) if d != vector]
+    if len(batch) != len(rows):
+        return None
+    indices = make_concat([p.args[1] for p in pieces], rows[batch.index(dim)])
+    if not _joined(indices):
+        return None
+    return make_op("stablehlo.gather", (first.args[0], indices), first.attrs, shape,
+                   first.dtype, linear_in=0)
 
 
 def slice_of_concat(term: Term, starts, limits, strides) -> Term | None:
@@ -372,6 +442,56 @@ def slice_of_concat(term: Term, starts, limits, strides) -> Term | None:
                                  shape, piece.dtype, linear_in=0))
         offset += size
     return make_concat(parts, dim) if len(parts) > 1 else None
+
+
+def slice_of_reduction(arg: Term, starts, limits, strides) -> Term | None:
+    """A slice of a reduction (sum, max, min, and, or) as the reduction of the operand's
+    window: the kept dims sliced alike, the reduced dims whole (exact: each result element
+    reduces only its own row). None for anything else."""
+    if arg.op not in _REDUCTIONS or len(arg.args) != 1:
+        return None
+    (operand,), reduced = arg.args, arg.attrs[0]
+    kept = [d for d in range(len(operand.shape)) if d not in reduced]
+    o_starts, o_limits = [0] * len(operand.shape), list(operand.shape)
+    o_strides = [1] * len(operand.shape)
+    for k, d in enumerate(kept):
+        o_starts[d], o_limits[d], o_strides[d] = starts[k], limits[k], strides[k]
+    shape = tuple(len(range(lo, hi, st)) for lo, hi, st in zip(o_starts, o_limits, o_strides))
+    window = make_op("slice", (operand,), (tuple(o_starts), tuple(o_limits),
+                                          tuple(o_strides)), shape, operand.dtype, linear_in=0)
+    result = tuple(len(range(lo, hi, st)) for lo, hi, st in zip(starts, limits, strides))
+    return make_op(arg.op, (window,), arg.attrs, result, arg.dtype,
+                   linear_in=0 if arg.op == "reduce_sum" else None)
+
+
+def _reduced_with_dropped(term: Term, arg: Term) -> tuple[int, ...] | None:
+    """The dims `arg = reduce(x, dims)` reduces plus the unit dims of its result that
+    `term = reshape(arg)` drops, when the reshape does nothing else; else None."""
+    if term.op != "reshape" or arg.op not in _REDUCTIONS or len(arg.args) != 1:
+        return None
+    (operand,), reduced = arg.args, arg.attrs[0]
+    kept = [d for d in range(len(operand.shape)) if d not in reduced]
+    dropped, j = [], 0
+    for k, n in enumerate(arg.shape):
+        if j < len(term.shape) and term.shape[j] == n:
+            j += 1
+        elif n == 1:
+            dropped.append(kept[k])
+        else:
+            return None
+    if j != len(term.shape) or not dropped:
+        return None
+    return tuple(sorted((*reduced, *dropped)))
+
+
+def _sum_view(term: Term) -> Term:
+    """`term` as a sum over more dims where it is `reshape(reduce_sum(x))` dropping unit dims
+    of the sum (the builders' form of a sum over every dim of a block with one row): only a
+    view for `_join_groups`, which builds its result with the builders again."""
+    dims = _reduced_with_dropped(term, term.args[0]) if term.args else None
+    if dims is None or term.args[0].op != "reduce_sum":
+        return term
+    return intern("reduce_sum", term.args[0].args, (dims,), term.shape, term.dtype)
 
 
 def slice_of_reshape(arg: Term, starts, limits, strides) -> Term | None:
@@ -517,28 +637,44 @@ def join_sums(term: Term) -> Term:
 
 
 def _peel(term: Term) -> tuple[tuple, Term]:
-    """(the transposes around `term`, outermost first, as their perms; the term under them)."""
-    perms = []
-    while term.op == "transpose":
-        perms.append(term.attrs[0])
+    """(the transposes and reshapes around `term`, outermost first, as ("transpose", perm) or
+    ("reshape", shape); the term under them), where a sum dropping unit dims through a
+    reshape is read as a sum over them (`_sum_view`) rather than peeled. Exact for a sum of
+    parts wrapped alike: a transpose or reshape of a sum is the sum of the parts'."""
+    wrappers = []
+    while term.op in ("transpose", "reshape"):
+        if term.op == "reshape":
+            view = _sum_view(term)
+            if view is not term:
+                return tuple(wrappers), view
+            wrappers.append(("reshape", term.shape))
+        else:
+            wrappers.append(("transpose", term.attrs[0]))
         term = term.args[0]
-    return tuple(perms), term
+    return tuple(wrappers), term
+
+
+def _wrap(core: Term, wrappers: tuple) -> Term:
+    """`core` under `wrappers` (`_peel`'s), innermost first."""
+    for kind, attr in reversed(wrappers):
+        core = make_transpose(core, attr) if kind == "transpose" else make_reshape(core, attr)
+    return core
 
 
 def _join_groups(pairs: list) -> list:
     """`pairs` with every group of two or more parts of one coefficient that are one
-    contraction (sum), under the same transposes, over operands that are not adjacent windows
-    (`_join_pair` takes those) joined into one: `sum_i dot(l_i, r_i)` contracting (lhs dim a,
-    rhs dim b) is `dot(concat_i l_i along a, concat_i r_i along b)`, and `sum_i
-    reduce_sum(x_i)` over a dim d is the reduce_sum of `concat_i x_i along d` (exact for any
-    order the pieces are taken in, the same on both operands: a regrouping of the sum, which
-    the semantics policy allows; integer sums wrap alike in any order). The order is the one
-    in which some operand's pieces meet (`_orders`); a group whose concatenations meet in no
-    order stays as it is."""
+    contraction (sum), under the same transposes and reshapes, over operands that are not
+    adjacent windows (`_join_pair` takes those) joined into one: `sum_i dot(l_i, r_i)`
+    contracting (lhs dim a, rhs dim b) is `dot(concat_i l_i along a, concat_i r_i along b)`,
+    and `sum_i reduce_sum(x_i)` over a dim d is the reduce_sum of `concat_i x_i along d`
+    (exact for any order the pieces are taken in, the same on both operands: a regrouping of
+    the sum, which the semantics policy allows; integer sums wrap alike in any order). The
+    order is the one in which some operand's pieces meet (`_orders`); a group whose
+    concatenations meet in no order stays as it is."""
     groups: dict[tuple, list[int]] = {}
     for i, (k, t) in enumerate(pairs):
         perms, core = _peel(t)
-        key = _contraction_key(core)
+        key = _contraction_key(core) or _scatter_key(core)
         if key is not None:
             groups.setdefault((k, perms, key), []).append(i)
     done: set[int] = set()
@@ -549,8 +685,7 @@ def _join_groups(pairs: list) -> list:
         core = _join_group([_peel(pairs[i][1])[1] for i in members])
         if core is None:
             continue
-        for perm in reversed(perms):
-            core = make_transpose(core, perm)
+        core = _wrap(core, perms)
         done.update(members)
         joined.append((k, core))
     if not joined:
@@ -558,9 +693,65 @@ def _join_groups(pairs: list) -> list:
     return [p for i, p in enumerate(pairs) if i not in done] + joined
 
 
+def _scatter_key(term: Term):
+    """What a scatter-add into zeros is, but for its indices and updates (attributes, shape,
+    dtype), or None for any other term."""
+    if term.op != "stablehlo.scatter" or len(term.args) != 3:
+        return None
+    attrs = dict(term.attrs)
+    if attrs.get("reducer") != "add" or splat_value(term.args[0]) != 0 or any(
+            attrs.get(a) for a in ("input_batching_dims", "scatter_indices_batching_dims",
+                                   *_PROMISES)):
+        return None
+    return term.op, term.attrs, term.shape, term.dtype
+
+
+_PROMISES = ("unique_indices", "indices_are_sorted")
+"""Attributes promising something of the indices that joined indices need not keep (where
+broken, the op's result is implementation-defined): no join is made under them."""
+
+
+def _join_scatters(cores: list[Term]) -> Term | None:
+    """`scatter_add(0, concat I_i, concat U_i)` for `sum_i scatter_add(0, I_i, U_i)` (one
+    set of attributes), the indices and updates concatenated along one scatter dim (an
+    update dim that is no window dim, and the indices dim it comes from): exact, each update
+    window lands where its index says whichever piece holds it, and colliding windows are
+    summed either way (a regrouping of the sum). The order is the one in which the pieces'
+    first distinct slices stand (`_distinct_slice_starts`); None when no concatenation
+    meets."""
+    first = cores[0]
+    attrs = dict(first.attrs)
+    window = tuple(attrs["update_window_dims"])
+    vector = attrs["index_vector_dim"]
+    updates, indices = first.args[2], first.args[1]
+    scatter = [d for d in range(len(updates.shape)) if d not in window]
+    rows = [d for d in range(len(indices.shape)) if d != vector]
+    if len(scatter) != len(rows):
+        return None
+    starts = _distinct_slice_starts([c.args[1] for c in cores]) or _distinct_slice_starts(
+        [c.args[2] for c in cores])
+    if starts is None:
+        return None
+    ordered = [cores[i] for i in sorted(range(len(cores)), key=lambda i: starts[i])]
+    for u, r in zip(scatter, rows):
+        if any(c.args[2].shape[d] != updates.shape[d] for c in cores
+               for d in range(len(updates.shape)) if d != u) or any(
+                c.args[1].shape[d] != indices.shape[d] for c in cores
+                for d in range(len(indices.shape)) if d != r):
+            continue
+        joined_indices = make_concat([c.args[1] for c in ordered], r)
+        joined_updates = make_concat([c.args[2] for c in ordered], u)
+        if _joined(joined_indices) or _joined(joined_updates):
+            return make_op(first.op, (first.args[0], joined_indices, joined_updates),
+                           first.attrs, first.shape, first.dtype, linear_in=2)
+    return None
+
+
 def _join_group(cores: list[Term]) -> Term | None:
     """One contraction (sum) for the sum of `cores` (see `_join_groups`), or None."""
     first = cores[0]
+    if first.op == "stablehlo.scatter":
+        return _join_scatters(cores)
     for pair in _summed_dims(first):
         dims = [(k, d) for k, d in enumerate(pair) if d is not None]
         for order in _orders(cores, dims):
@@ -591,7 +782,32 @@ def _orders(cores: list[Term], dims: list[tuple[int, int]]) -> list[tuple[int, .
             order = tuple(sorted(range(len(cores)), key=lambda i: keys[i][1]))
             if order not in found:
                 found.append(order)
+    for k, _ in dims:
+        starts = _distinct_slice_starts([c.args[k] for c in cores])
+        if starts is not None:
+            order = tuple(sorted(range(len(cores)), key=lambda i: starts[i]))
+            if order not in found:
+                found.append(order)
     return found
+
+
+MAX_SLICES_SEEN = 64
+"""How many slices under each piece `_distinct_slice_starts` compares."""
+
+
+def _distinct_slice_starts(terms: list[Term]) -> list[tuple] | None:
+    """The starts of the first slice, in `subterms` order, that is a window of one term at a
+    distinct start in every one of `terms` (pieces computed alike from different rows: a
+    slice of a weight every piece shares comes first, and is passed over); else None."""
+    lists = [[t for t in itertools.islice((u for u in subterms([term]) if u.op == "slice"),
+                                          MAX_SLICES_SEEN)] for term in terms]
+    for column in zip(*lists):
+        if len({t.args[0].serial for t in column}) != 1:
+            continue
+        starts = [t.attrs[0] for t in column]
+        if len(set(starts)) == len(starts):
+            return starts
+    return None
 
 
 def _window_start(term: Term, dim: int) -> tuple | None:
@@ -618,8 +834,25 @@ def _first_slice_start(term: Term, dim: int) -> tuple | None:
 
 
 def normal_form(term: Term, memo: dict[int, Term] | None = None) -> Term:
-    """`term` rebuilt bottom-up through the builders and this module's identities."""
+    """`term` rebuilt bottom-up through the builders and this module's identities; again
+    (at most MAX_PASSES times) where a rewrite built new terms the builders left outside the
+    normal form (a slice the builders pushed under a reshape)."""
     memo = {} if memo is None else memo
+    result = _normal_pass(term, memo)
+    for _ in range(MAX_PASSES - 1):
+        again = _normal_pass(result, memo)
+        if again is result:
+            break
+        memo[term.serial] = result = again
+    return result
+
+
+MAX_PASSES = 12
+"""How many bottom-up passes `normal_form` makes at most (each identity is exact, so
+stopping early only leaves two forms unmet)."""
+
+
+def _normal_pass(term: Term, memo: dict[int, Term]) -> Term:
     for top in post_order(term, memo):
         args = tuple(memo[a.serial] for a in top.args)
         memo[top.serial] = _normal_node(top, args)
@@ -674,6 +907,14 @@ def reshape_of_concat(term: Term, arg: Term) -> Term | None:
             pieces.append(make_reshape(piece, tuple(shape)))
         return make_concat(pieces, t)
     return None
+
+
+def transpose_of_concat(concat: Term, perm: tuple[int, ...]) -> Term:
+    """`transpose(concat(p_i along d), perm)` as the concatenation of the transposed pieces
+    along the result dim d moves to (exact: a transpose only renames dims), so that a reshape
+    or another concatenation above meets the pieces (an all_to_all's reassembled blocks)."""
+    (dim,) = concat.attrs
+    return make_concat([make_transpose(p, perm) for p in concat.args], perm.index(dim))
 
 
 MAX_SCATTER_WINDOWS = 64
@@ -757,6 +998,21 @@ def scatter_at_constants(term: Term, args: tuple[Term, ...]) -> Term | None:
     return make_lin(pieces, Fraction(0), term.shape, term.dtype)
 
 
+_FOLDED = frozenset({"stablehlo.sqrt", "stablehlo.convert"})
+"""Ops whose result on a constant IEEE 754 fixes exactly (`rounding.exact_value`)."""
+
+
+def fold_constant(term: Term) -> Term | None:
+    """A square root or float convert of a scalar constant (`jnp.sqrt(8.0)`) as the splat of
+    its exact value in its dtype (the correctly rounded root, the rounded conversion), the form
+    XLA's constant folding gives the sharded program; None when IEEE 754 does not fix the value
+    (another op, a negative root, a conversion that overflows or is not to a float)."""
+    if term.op not in _FOLDED:
+        return None
+    value = exact_value(term)
+    return None if value is None else make_splat(value, term.shape, term.dtype)
+
+
 def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
     if term.op == "concatenate":
         return make_concat(args, term.attrs[0])
@@ -767,10 +1023,15 @@ def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
         box = slice_of_reshape(args[0], *term.attrs)
         if box is not None:
             return box
+        reduced = slice_of_reduction(args[0], *term.attrs)
+        if reduced is not None:
+            return reduced
     if term.op == "reduce_sum":
         blocks = sum_of_blocks(term, args[0])
         if blocks is not None:
             return join_sums(blocks)
+    if term.op == "transpose" and args[0].op == "concatenate":
+        return transpose_of_concat(args[0], term.attrs[0])
     if term.op == "reshape":
         pieces = reshape_of_concat(term, args[0])
         if pieces is not None:
@@ -780,6 +1041,9 @@ def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
         if placed is not None:
             return placed
     out = rebuild(term, args) if args != term.args else term
+    folded = fold_constant(out)
+    if folded is not None:
+        return folded
     if out.op == "lin":
         out = join_sums(out)
     for _ in range(_MAX_SELECTION_STEPS):
@@ -834,8 +1098,7 @@ def split_like(term: Term, other: Term) -> Term | None:
             continue
         changed = True
         for block in blocks:
-            for perm in reversed(perms):
-                block = make_transpose(block, perm)
+            block = _wrap(block, perms)
             out.append((k, block))
     if not changed:
         return None

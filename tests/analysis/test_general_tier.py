@@ -321,6 +321,41 @@ def test_a_large_scatter_at_unknown_indices_is_not_decided() -> None:
     assert time.perf_counter() - start < 30
 
 
+def test_a_query_too_large_to_build_is_not_decided() -> None:
+    """Z3's timeout bounds its search, not building and asserting the query (nor the overflow
+    claim's, a gradient's chain of dots: minutes): past `MAX_QUERY_WORK` multiply-adds the
+    equality is "unknown" at once, never proved; under it, the query is still built."""
+    from fractions import Fraction
+
+    from entangle_mlir.analysis.general.decide import Decider
+    from entangle_mlir.analysis.instance.term_equality import MAX_QUERY_WORK, query_work
+    from entangle_mlir.core.terms import make_arg, make_dot, make_elementwise, make_lin
+
+    def pair(n: int):
+        x, w = make_arg(0, (n, n), "f32"), make_arg(1, (n, n), "f32")
+        b, c = make_arg(2, (n, n), "f32"), make_arg(3, (n, n), "f32")
+        a = make_dot(x, w, ((), (), (1,), (0,)), (n, n), "f32")
+        one = Fraction(1)
+        # a * (b + c) against a * b + a * c: equal, but no normal form distributes
+        want = make_elementwise("stablehlo.multiply", (a, make_lin([(one, b), (one, c)],
+                                                                   Fraction(0), (n, n), "f32")))
+        got = make_lin([(one, make_elementwise("stablehlo.multiply", (a, b))),
+                        (one, make_elementwise("stablehlo.multiply", (a, c)))], Fraction(0),
+                       (n, n), "f32")
+        return want, got
+
+    big = pair(28)
+    assert query_work(list(big)) > MAX_QUERY_WORK
+    start = time.perf_counter()
+    decision = Decider([big[0]]).decide(*big, "big")
+    assert not decision.proved and "multiply-adds" in decision.reason, decision
+    assert time.perf_counter() - start < 5
+    small = pair(3)
+    assert query_work(list(small)) <= MAX_QUERY_WORK
+    # (then Z3 runs; a product distributed over a sum may overflow where the other does not)
+    assert "multiply-adds" not in Decider([small[0]]).decide(*small, "small").reason
+
+
 def test_a_refutation_rests_on_checked_rule_instances(monkeypatch) -> None:
     """A refutation rests on the terms the rules built, as a proof does: every rule instance
     is checked first. Where one is refuted, the terms may not be what the programs compute,

@@ -499,3 +499,166 @@ def test_blocks_meet_a_concatenation_piece_by_piece() -> None:
     # must fail: the rows in the other order
     assert not blocks_meet(whole, raw_concat(rows[::-1], 0))
     assert refuted(raw_concat(rows[::-1], 0), whole)
+
+
+def test_a_square_root_of_a_constant_folds_to_its_rounded_value() -> None:
+    import numpy as np  # lazy: only this test computes a float32 root
+
+    root = make_elementwise("stablehlo.sqrt", (make_splat(8, (), F32),))
+    folded = normal_form(root)
+    expected = Fraction(float(np.sqrt(np.float32(8))))  # IEEE sqrt, correctly rounded
+    assert folded.op == "splat" and folded.attrs[0] == expected
+    x = make_arg(0, (2, 3), F32)
+    scaled = intern("div", (x, make_broadcast(root, (), (2, 3))), (), (2, 3), F32)
+    assert normal_form(scaled) is make_lin([(1 / expected, x)], Fraction(0), (2, 3), F32)
+    # must fail: the root in bf16 is another value; an exact reciprocal of the unrounded
+    # root, or the float32 rounding of 1/sqrt(8) (XLA's rewrite, an assumption), is not met
+    bf16 = normal_form(make_elementwise("stablehlo.sqrt", (make_splat(8, (), "bf16"),)))
+    assert bf16.op == "splat" and bf16.attrs[0] != expected
+    rounded = Fraction(float(np.float32(1) / np.sqrt(np.float32(8))))
+    assert rounded != 1 / expected
+    assert normal_form(scaled) is not make_lin([(rounded, x)], Fraction(0), (2, 3), F32)
+    # a negative root and a transcendental function of a constant stay as they are
+    negative = make_elementwise("stablehlo.sqrt", (make_splat(-4, (), F32),))
+    assert normal_form(negative).op == "stablehlo.sqrt"
+    assert normal_form(make_elementwise("stablehlo.exponential", (make_splat(1, (), F32),))
+                       ).op == "stablehlo.exponential"
+
+
+def test_a_transpose_of_a_concatenation_is_the_concatenation_of_the_transposes() -> None:
+    a, b = make_arg(0, (2, 3, 4), F32), make_arg(1, (2, 1, 4), F32)
+    perm = (2, 0, 1)
+    term = intern("transpose", (raw_concat([a, b], 1),), (perm,), (4, 2, 4), F32)
+    normal = normal_form(term)
+    assert normal.op == "concatenate" and normal.attrs == (2,) and proved(term, normal)
+    # must fail: the pieces transposed but concatenated in the other order
+    swapped = raw_concat([make_transpose(b, perm), make_transpose(a, perm)], 2)
+    assert normal is not normal_form(swapped) and refuted(term, swapped)
+
+
+@pytest.mark.parametrize("op", ["reduce_sum", "reduce_max"])
+def test_a_slice_of_a_reduction_is_the_reduction_of_the_rows(op) -> None:
+    x = make_arg(0, (6, 4), F32)
+    reduced = make_op(op, (x,), ((1,),), (6,), F32)
+    term = intern("slice", (reduced,), ((2,), (5,), (1,)), (3,), F32)
+    normal = normal_form(term)
+    rows = make_op(op, (slice_term(x, 0, 2, 5),), ((1,),), (3,), F32)
+    assert normal is normal_form(rows) and proved(term, normal)
+    # must fail: the rows off by one
+    off = make_op(op, (slice_term(x, 0, 1, 4),), ((1,),), (3,), F32)
+    assert normal is not normal_form(off) and refuted(term, off)
+
+
+def test_broadcasts_along_a_new_unit_dim_lift_out_of_a_concatenation() -> None:
+    x = make_arg(0, (2, 4), F32)
+    rows = [make_reshape(slice_term(x, 0, i, i + 1), (4,)) for i in range(2)]
+    pieces = [make_broadcast(r, (1,), (1, 4, 3)) for r in rows]
+    whole = make_broadcast(x, (0, 1), (2, 4, 3))
+    assert make_concat(pieces, 0) is whole and proved(raw_concat(pieces, 0), whole)
+    # must fail: the rows swapped
+    assert make_concat(pieces[::-1], 0) is not whole
+    assert refuted(raw_concat(pieces[::-1], 0), whole)
+
+
+def test_reshapes_along_the_major_dim_lift_out_of_a_concatenation() -> None:
+    x = make_arg(0, (4, 3), F32)
+    pieces = [make_reshape(slice_term(x, 0, i, i + 1), (1, 3, 1)) for i in range(4)]
+    whole = make_reshape(x, (4, 3, 1))
+    assert make_concat(pieces, 0) is whole and proved(raw_concat(pieces, 0), whole)
+    # must fail: two rows swapped
+    order = [pieces[1], pieces[0], pieces[2], pieces[3]]
+    assert make_concat(order, 0) is not whole and refuted(raw_concat(order, 0), whole)
+
+
+GATHER = (("collapsed_slice_dims", (0,)), ("index_vector_dim", 2), ("offset_dims", (2,)),
+          ("operand_batching_dims", ()), ("slice_sizes", (1, 3)), ("start_index_map", (0,)),
+          ("start_indices_batching_dims", ()))
+
+
+def _gather(table, indices):
+    shape = indices.shape[:2] + (3,)
+    return make_op("stablehlo.gather", (table, indices), GATHER, shape, F32, linear_in=0)
+
+
+def test_gathers_from_one_table_lift_out_of_a_concatenation() -> None:
+    table, ids = make_arg(0, (5, 3), F32), make_arg(1, (2, 2, 1), "i32")
+    pieces = [_gather(table, slice_term(ids, 0, i, i + 1)) for i in range(2)]
+    whole = _gather(table, ids)
+    assert make_concat(pieces, 0) is whole and proved(raw_concat(pieces, 0), whole)
+    # must fail: another table for the second piece is not lifted, and differs
+    other = make_arg(2, (5, 3), F32)
+    mixed = [pieces[0], _gather(other, slice_term(ids, 0, 1, 2))]
+    assert make_concat(mixed, 0).op == "concatenate"
+    assert refuted(raw_concat(mixed, 0), whole)
+
+
+def test_a_sum_of_scatter_adds_over_blocks_of_updates_is_one_scatter() -> None:
+    attrs = tuple(sorted(dict(SCATTER_DIMS, index_vector_dim=2, update_window_dims=(2,),
+                              reducer="add").items()))
+    ids, u = make_arg(0, (2, 2, 1), "i32"), make_arg(1, (2, 2, 3), F32)
+    zero = make_splat(0, (5, 3), F32)
+
+    def scatter(indices, updates):
+        return make_op("stablehlo.scatter", (zero, indices, updates), attrs, (5, 3), F32,
+                       linear_in=2)
+
+    whole = scatter(ids, u)
+    parts = [scatter(slice_term(ids, 0, i, i + 1), slice_term(u, 0, i, i + 1))
+             for i in range(2)]
+    summed = make_lin([(Fraction(1), p) for p in parts], Fraction(0), (5, 3), F32)
+    assert normal_form(summed) is normal_form(whole)
+    assert proved(summed, whole)
+    # must fail: block 0's indices paired with block 1's updates
+    crossed = make_lin([(Fraction(1), scatter(slice_term(ids, 0, 0, 1), slice_term(u, 0, 1, 2))),
+                        (Fraction(1), scatter(slice_term(ids, 0, 1, 2), slice_term(u, 0, 0, 1)))],
+                       Fraction(0), (5, 3), F32)
+    assert normal_form(crossed) is not normal_form(whole) and refuted(crossed, whole)
+
+
+def test_sums_under_one_reshape_join() -> None:
+    x, w = make_arg(0, (4, 3), F32), make_arg(1, (3, 2), F32)
+    attrs = ((), (), (1,), (0,))
+
+    def total(lo, hi):  # a block's sum of every element, as the builders write it
+        h = make_elementwise("stablehlo.tanh", (make_dot(slice_term(x, 0, lo, hi), w, attrs,
+                                                         (hi - lo, 2), F32),))
+        return make_op("reduce_sum", (h,), ((0, 1),), (), F32, linear_in=0)
+
+    parts = [total(i, i + 1) for i in range(4)]
+    assert parts[0].op == "reshape"  # a block of one row: a sum over its real dims, reshaped
+    summed = make_lin([(Fraction(1), p) for p in parts], Fraction(0), (), F32)
+    whole = total(0, 4)
+    assert normal_form(summed) is normal_form(whole) and proved(summed, whole)
+    # must fail: a block missing
+    short = make_lin([(Fraction(1), p) for p in parts[:3]], Fraction(0), (), F32)
+    assert normal_form(short) is not normal_form(whole) and refuted(short, whole)
+
+
+def test_contractions_under_one_reshape_join_in_the_order_of_their_distinct_rows() -> None:
+    x, w = make_arg(0, (4, 3), F32), make_arg(1, (6, 2), F32)
+    attrs = ((), (), (0,), (0,))
+
+    def part(lo, hi, xlo=None):  # the shared weight window comes first in every part
+        xlo = lo if xlo is None else xlo
+        left = make_elementwise("stablehlo.tanh", (slice_term(w, 0, 0, 3),))
+        right = make_dot(slice_term(x, 0, xlo, xlo + hi - lo), left, ((), (), (1,), (0,)),
+                         (hi - lo, 2), F32)
+        dot = make_dot(slice_term(x, 0, lo, hi), right, attrs, (3, 2), F32)
+        return make_reshape(dot, (3, 2, 1))
+
+    parts = [part(i, i + 2) for i in (0, 2)]
+    summed = make_lin([(Fraction(1), p) for p in parts], Fraction(0), (3, 2, 1), F32)
+    whole = part(0, 4)
+    assert normal_form(summed) is normal_form(whole) and proved(summed, whole)
+    # must fail: each block's rows paired with the other block's activations
+    crossed = make_lin([(Fraction(1), part(0, 2, 2)), (Fraction(1), part(2, 4, 0))],
+                       Fraction(0), (3, 2, 1), F32)
+    assert normal_form(crossed) is not normal_form(whole) and refuted(crossed, whole)
+
+
+def test_normal_form_is_idempotent_after_rewrites_that_build_new_terms() -> None:
+    x = make_arg(0, (2, 1, 16), F32)
+    reduced = make_op("reduce_max", (x,), ((2,),), (2, 1), F32)
+    term = intern("slice", (make_reshape(reduced, (2,)),), ((0,), (1,), (1,)), (1,), F32)
+    once = normal_form(term)
+    assert normal_form(once) is once and proved(term, once)

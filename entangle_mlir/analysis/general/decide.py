@@ -4,7 +4,8 @@ In order: the same interned term; the same term after `core/normal_form.py`; Z3 
 at their real shapes (integers in their dtype's range, kept integer tables at their values),
 first without assumptions, then under the valid-index assumption (`valid_indices.py`: the
 terms simplified under the ranges, and the ranges as hypotheses). There is no tolerance:
-`unknown`, a timeout or a term over the size cap is "not proven".
+`unknown`, a timeout or a term over the size caps (elements, and the multiply-adds a query
+is built from: Z3's timeout does not bound building it) is "not proven".
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ class Decider:
                             f"({', '.join(sorted(floats))}): the general tier compares exact "
                             "real values, so it does not tell them apart")
         from entangle_mlir.analysis.instance.term_equality import (  # lazy: z3 (~40 ms)
+            MAX_QUERY_WORK,
             check_term_equality,
             differing_inputs,
         )
@@ -189,13 +191,14 @@ class Decider:
             return Decision("unknown", "a scatter at unknown indices too large to evaluate "
                             f"symbolically ({work} update x element comparisons)")
         plain = check_term_equality(nw, ng, name, self.timeout_ms, typed=True,
-                                    known_dense=True, finite_alike=True)
+                                    known_dense=True, finite_alike=True,
+                                    max_work=MAX_QUERY_WORK)
         if plain.proved:
             return Decision("proved", how="Z3")
         if simplified is not None:
             under = check_term_equality(*simplified, f"{name}.valid_indices", self.timeout_ms,
                                         typed=True, known_dense=True, finite_alike=True,
-                                        ranges=bounds)
+                                        ranges=bounds, max_work=MAX_QUERY_WORK)
             if under.proved:
                 return Decision("proved", assumptions=assumed, how="Z3, valid indices")
             return _failed(under, list(simplified))

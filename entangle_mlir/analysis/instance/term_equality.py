@@ -3,6 +3,7 @@ proved equal over the same fresh symbolic arguments (`check_term_equality`)."""
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -28,18 +29,42 @@ from entangle_mlir.semantics.element import (
 )
 from entangle_mlir.semantics.evaluate import evaluate_term
 
+MAX_QUERY_WORK = 20_000
+"""The most multiply-adds (`query_work`) a term pair is evaluated into Z3 expressions for:
+Z3's timeout bounds only the solver's search, not building and asserting the query, which
+for contractions past this (a gradient's chain of dots, 45 698: 36 s; FSDP's, minutes) costs
+more than the search is ever given."""
+
+
+def query_work(terms: Sequence[Term]) -> int:
+    """The size of the Z3 expressions the symbolic evaluation builds for `terms`: every
+    distinct subterm's elements, times the contracted length for a dot_general, and a
+    reduction's operand elements."""
+    work = 0
+    for term in subterms(terms):
+        size = math.prod(term.shape)
+        if term.op == "stablehlo.dot_general" and len(term.args) == 2:
+            size *= math.prod(term.args[0].shape[d] for d in term.attrs[2])
+        elif term.op.startswith("reduce") and term.args:
+            size = max(size, math.prod(term.args[0].shape))
+        work += size
+    return work
+
 
 def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
                         timeout_ms: int = DEFAULT_TIMEOUT_MS,
                         max_cost: int = MAX_TERM_COST, *, typed: bool = False,
                         known_dense: bool = False,
                         ranges: dict[int, tuple[int, int]] | None = None,
-                        finite_alike: bool = False) -> ProofResult:
+                        finite_alike: bool = False,
+                        max_work: int | None = None) -> ProofResult:
     """Prove two reference terms equal for every value of their arguments.
 
     For terms the canonicalizer does not identify (algebra it does not know): both are
     evaluated over the same fresh symbolic arguments and compared elementwise. Large terms
-    are "skipped" (no shape reduction here: terms carry their shapes).
+    are "skipped" (no shape reduction here: terms carry their shapes), by elements
+    (`max_cost`) and, when given, by the size of the query (`max_work`, `query_work`: the
+    solver's timeout does not bound building it, nor the overflow claim's).
 
     `typed`: integer arguments range over their dtype's values (else over all integers: a
     proof then holds a fortiori). `known_dense`: dense constants whose values the term
@@ -64,6 +89,10 @@ def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
     if cost > max_cost:
         return ProofResult("skipped", None, 0.0, name,
                            f"terms too large to evaluate ({cost} elements)")
+    work = 0 if max_work is None else query_work([a, b])
+    if max_work is not None and work > max_work:
+        return ProofResult("skipped", None, 0.0, name,
+                           f"terms too large to evaluate ({work} multiply-adds)")
     source = Symbolic()
     env: dict = {}
     for index, leaf in leaf_args([a, b]).items():
