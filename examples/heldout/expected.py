@@ -17,12 +17,6 @@ NOT_PROVEN: dict[str, str] = {
         'cannot relate the value of manual_computation to the reference (the layout tier\'s reading "result #3 is split along dim 1 over \'tp\' but out_specs declares it split alo...',
     'moe_top2_capacity_ep4':
         'cannot relate the value of reduce_window to the reference (the layout tier\'s reading "reduce_window with a window along dim 0, which is split over \'ep\': each device\'s ...',
-    'cookbook_loss_and_grads_fsdp4':
-        'cannot relate the value of select to the reference (the layout tier\'s reading "select computes (1/2*select(broadcast(...), dot_general(..., ...), -2000000000)), which ...',
-    'ulysses_constrained_sp4':
-        'cannot relate the value of select to the reference (the layout tier\'s reading "select computes (0.353553*select(broadcast(...), dot_general(q, k), -2.82843e+09)), whic...',
-    'fsdp_grads_fsdp4':
-        'cannot relate the value of reshape to the reference (the layout tier\'s reading "reshape computes (-1*tanh(reshape(...)) + 1), which the reference never computes" was n...',
 }
 
 # Buggy programs the verifier PROVES (false proofs; must stay empty).
