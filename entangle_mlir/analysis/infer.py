@@ -667,8 +667,12 @@ def _residual(value: Value, tiling, mesh: Mesh, manual: tuple[str, ...]) -> Resi
         return None
     split = {a for axes in tiling for a in axes}
     missing = sorted(varying_axes(value, mesh) - split)
+    automatic = [a for a in mesh.names if a not in manual and mesh.size(a) > 1]
     problem = ""
-    if missing:
+    if automatic:
+        problem = (f"shard_map returns a device-dependent value from a computation that is "
+                   f"not manual over {axes_str(automatic)} (not supported yet)")
+    elif missing:
         problem = (f"shard_map returns a device-dependent value that varies along "
                    f"{axes_str(missing)}, which its out_specs {partition_spec_text(tiling)} do "
                    "not split over: the global result holds only some devices' values")
