@@ -33,6 +33,7 @@ from entangle_mlir.driver import check_texts
 
 V, D = 64, 8
 TP4 = (("tp", 4),)
+DP_TP = (("dp", 2), ("tp", 4))
 AB = (("a", 2), ("b", 2))
 
 
@@ -89,21 +90,25 @@ def _lower(fn, mesh_axes, specs, inputs) -> tuple[str, str]:
 
 
 @functools.cache
-def _grad_program(kind: str):
-    mesh = _mesh(TP4)
-    fwd = jax.shard_map(embed(kind), mesh=mesh, in_specs=(P(), P("tp", None)), out_specs=P(),
-                        check_vma=kind == "correct")
+def _grad_program(kind: str, mesh_axes=TP4):
+    tokens = P("dp") if "dp" in dict(mesh_axes) else P()
+    fwd = jax.shard_map(embed(kind), mesh=_mesh(mesh_axes), in_specs=(tokens, P("tp", None)),
+                        out_specs=tokens, check_vma=kind == "correct")
     return _loss_grad(fwd)
 
 
+@pytest.mark.parametrize("mesh_axes", [TP4, DP_TP], ids=["tp4", "dp2xtp4"])
 @pytest.mark.parametrize("kind", ["correct", "mask_le_n", "no_mask"])
-def test_gradient_of_the_vocab_parallel_embedding(kind: str) -> None:
-    inputs = _inputs()
-    specs = (P(), P("tp", None))
-    got = _run(_grad_program(kind), TP4, specs, inputs)
+def test_gradient_of_the_vocab_parallel_embedding(kind: str, mesh_axes) -> None:
+    """jax.grad of the shard_map'd embedding: the residuals leave over 'tp' (with 'dp' when
+    the tokens are split over it) and the backward reads them back likewise."""
+    inputs = _inputs((4, 8) if "dp" in dict(mesh_axes) else (2, 8))
+    specs = (P("dp") if "dp" in dict(mesh_axes) else P(), P("tp", None))
+    program = _grad_program(kind, mesh_axes)
+    got = _run(program, mesh_axes, specs, inputs)
     want = np.asarray(jax.jit(reference)(*inputs))
     assert np.allclose(got, want, atol=1e-4) is (kind == "correct")
-    report = check_texts(*_lower(_grad_program(kind), TP4, specs, inputs))
+    report = check_texts(*_lower(program, mesh_axes, specs, inputs))
     assert report.proven is (kind == "correct"), report.render_text()
     assert not report.proven or report.stats["tier"] == "layout"
     reasons = {"mask_le_n": "off-by-one bound", "no_mask": "never zeroed"}
