@@ -56,6 +56,7 @@ from entangle_mlir.rules import RuleContext
 from entangle_mlir.rules.common import freeze, resize
 from entangle_mlir.rules.control import CASE
 from entangle_mlir.rules.dispatch import apply_rule, settle, settle_operands
+from entangle_mlir.rules.kinds.device_blocks import varying_axes
 
 _TERMINATORS = ("func.return", "stablehlo.return", "sdy.return")
 
@@ -86,6 +87,27 @@ class Boundary:
 
     rho: str
     record: OpRecord | None
+
+
+RESIDUAL_VALUES = (InBlock, BlockIndex, Masked, Shifted)
+"""Device-dependent values a manual computation may hand to a later one (`Residual`)."""
+
+
+@dataclass(frozen=True)
+class Residual:
+    """A device-dependent value (`RESIDUAL_VALUES`) a manual computation returned: jax's
+    gradient of a shard_map passes the forward's masks and local indices to the backward's
+    manual computation this way. With out_specs that split over every axis the value varies
+    along, the global result is the concatenation of the devices' local values, so a manual
+    computation of the same mesh and manual axes reading it with the same specs gives every
+    device exactly its own value back; `problem` says why it cannot be read back ('' if it
+    can). Outside manual computations the result stays opaque."""
+
+    value: Value
+    tiling: tuple[tuple[str, ...], ...]
+    mesh: Mesh
+    manual: tuple[str, ...]
+    problem: str = ""
 
 
 @dataclass
@@ -141,6 +163,7 @@ class Walker:
         self.walk = Walk()
         self.boundary: dict = {}
         self.boundary_spec: dict = {}
+        self.residuals: dict = {}
         self.producer: dict = {}
         self.loop_depth = 0
         self.per_device_mode = False
@@ -488,19 +511,26 @@ class Walker:
         for value, arg, tiling in zip(op.operands, block.arguments, in_tilings):
             if value in self.producer:
                 self.producer[arg] = self.producer[value]
+            residual = self.residuals.get(value)
             self.walk.values[arg] = self._enter(self.walk.values[value], tiling, mesh, record,
-                                                 manual)
+                                                 manual) if residual is None else \
+                self._read_back(residual, tiling, mesh, manual, record)
         self._block(block, inner)
         terminator = block.operations[len(block.operations) - 1].operation
-        results = []
+        results, residuals = [], []
         for i, (value, tiling) in enumerate(zip(terminator.operands, out_tilings)):
             inner_value = self.walk.values[value]
             results.append(self._leave(inner_value, tiling, mesh, record, i))
+            residuals.append(_residual(settle(inner_value), tiling, mesh, manual))
         record.outputs = results
         record.sources = self._sources(terminator.operands)
         for result in op.results:
             self.producer[result] = record
-        for result, value, tiling in zip(op.results, results, out_tilings):
+        for result, value, tiling, residual in zip(op.results, results, out_tilings, residuals):
+            if residual is None:
+                self.residuals.pop(result, None)
+            else:
+                self.residuals[result] = residual
             self.walk.values[result] = value
             self.boundary[result] = rho_text(tiling)
             self.boundary_spec[result] = partition_spec_text(tiling)
@@ -571,6 +601,27 @@ class Walker:
                               origin=(record, None), category="unsupported")
         return Rel(value.term, tuple(tiling), scope="")
 
+    @staticmethod
+    def _read_back(residual: Residual, tiling, mesh: Mesh, manual: tuple[str, ...],
+                   record: OpRecord) -> Value:
+        """A manual computation's input that an earlier one returned as a device-dependent
+        value (`Residual`): that value again on every device when the specs agree dim by dim
+        and axis by axis on the same mesh and manual axes; else opaque, with the reason."""
+        problem = residual.problem
+        if not problem and (mesh != residual.mesh or manual != residual.manual):
+            problem = (f"a device-dependent value shard_map returned over manual axes "
+                       f"{axes_str(residual.manual)} of the mesh {residual.mesh.describe()} is "
+                       f"read by a shard_map over manual axes {axes_str(manual)} of the mesh "
+                       f"{mesh.describe()}")
+        if not problem and tuple(tiling) != residual.tiling:
+            problem = (f"a device-dependent value shard_map returned with out_specs "
+                       f"{partition_spec_text(residual.tiling)} is read back with in_specs "
+                       f"{partition_spec_text(tiling)}: the devices do not get their own "
+                       "values back")
+        if problem:
+            return Opaque(problem, origin=(record, None), category="wrong_layout")
+        return residual.value
+
     @property
     def _scope_name(self) -> str:
         return "the program" if self.per_device_mode else "shard_map"
@@ -606,6 +657,26 @@ class Walker:
                           f"declares it {_layout_words(tiling)}", origin=(record, None),
                           category="wrong_layout")
         return Rel(term, ((),) * len(term.shape), scope=GLOBAL)
+
+
+def _residual(value: Value, tiling, mesh: Mesh, manual: tuple[str, ...]) -> Residual | None:
+    """How a device-dependent value leaving a manual computation may be read back by a later
+    one (None: not such a value). Devices that differ only on axes the out_specs do not split
+    over share one block of the global result, so the value may vary along none of them."""
+    if not isinstance(value, RESIDUAL_VALUES):
+        return None
+    split = {a for axes in tiling for a in axes}
+    missing = sorted(varying_axes(value, mesh) - split)
+    automatic = [a for a in mesh.names if a not in manual and mesh.size(a) > 1]
+    problem = ""
+    if automatic:
+        problem = (f"shard_map returns a device-dependent value from a computation that is "
+                   f"not manual over {axes_str(automatic)} (not supported yet)")
+    elif missing:
+        problem = (f"shard_map returns a device-dependent value that varies along "
+                   f"{axes_str(missing)}, which its out_specs {partition_spec_text(tiling)} do "
+                   "not split over: the global result holds only some devices' values")
+    return Residual(value, tuple(tiling), mesh, tuple(manual), problem)
 
 
 def _same_layout(a: Rel, b: Value) -> bool:

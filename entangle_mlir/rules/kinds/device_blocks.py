@@ -694,3 +694,30 @@ def scatter(info: OpInfo, operand: Value, indices: BlockIndex, updates: Value, d
         ordered = tuple(a for a in ctx.mesh.names if a in spread)
         return replace(operand, term=term, partial=ordered, kind="sum")
     return replace(operand, term=term)
+
+
+# ----- device-dependent values between manual computations ----------------------------------
+
+def varying_axes(value: Value, mesh: Mesh) -> frozenset[str]:
+    """The mesh axes (of size > 1) along which the local content of a device-dependent value
+    may differ between devices: its block axes, the axes its values are split or partial over,
+    the axes its offsets change along. A lookup not yet zeroed outside its block
+    (`Masked`, not `zero`) holds values nothing describes there: every axis."""
+    if isinstance(value, Rel):
+        found = value.used_axes()
+    elif isinstance(value, InBlock | BlockIndex):
+        found = set(value.axes) | varying_axes(value.rel, mesh)
+    elif isinstance(value, Masked):
+        found = set(mesh.names) if not value.zero else \
+            varying_axes(value.rel, mesh) | varying_axes(value.pred, mesh)
+    elif isinstance(value, Shifted):
+        found = set(varying_axes(value.rel, mesh))
+        for device in range(mesh.num_devices):
+            coords = mesh.coords(device)
+            for axis in mesh.names:
+                other = mesh.device({**coords, axis: 0})
+                if value.offsets[device] != value.offsets[other]:
+                    found.add(axis)
+    else:
+        found = set(mesh.names)
+    return frozenset(a for a in found if mesh.size(a) > 1)
