@@ -24,7 +24,7 @@ from entangle_mlir.analysis.general import MAX_DEVICES
 from entangle_mlir.analysis.infer import Walker, per_device_mesh
 from entangle_mlir.core.diagnostics import SourceLoc
 from entangle_mlir.core.mesh import Mesh, axes_str
-from entangle_mlir.core.normal_form import make_concat, slice_term
+from entangle_mlir.core.normal_form import make_concat, slice_term, update_slice
 from entangle_mlir.core.ranges import fits
 from entangle_mlir.core.relations import GLOBAL, Rel
 from entangle_mlir.core.terms import (
@@ -745,19 +745,6 @@ def _custom_device_order(module) -> bool:
     row-major positions the expansion gives the devices."""
     return any(op.operation.name == "sdy.mesh" and "device_ids" in str(op)
                for op in module.body.operations)
-
-
-def update_slice(x: Term, update: Term, starts) -> Term:
-    """`dynamic_update_slice(x, update, starts)` at in-range concrete starts, as the rows of
-    `x` before and after the update concatenated around it, dim by dim (exact)."""
-    for dim, (n, k, s) in enumerate(zip(x.shape, update.shape, starts)):
-        if (s, k) == (0, n):
-            continue
-        middle = update_slice(slice_term(x, dim, s, s + k), update,
-                              [0 if d == dim else v for d, v in enumerate(starts)])
-        pieces = [slice_term(x, dim, 0, s), middle, slice_term(x, dim, s + k, n)]
-        return make_concat([p for p in pieces if p.shape[dim]], dim)
-    return update
 
 
 # ----- collectives -------------------------------------------------------------------
