@@ -15,7 +15,8 @@ the semantics policy allows; nothing else is assumed):
   (`slice_of_reshape`: a micro-batch sliced out of a device's block is rows of the input);
 * an elementwise op (same op, same attributes) of concatenations cut at the same rows is the
   concatenation of the op on the pieces, and the other way round: a concatenation of one
-  elementwise op applied piece by piece is that op on the concatenated operands;
+  elementwise op applied piece by piece is that op on the concatenated operands (for `lin`
+  pieces, parts paired by equal coefficients, whatever order each piece lists them in);
 * a concatenation of contractions with the same attributes and one operand in common,
   cut along a free dim of the other, is the contraction of the other operands concatenated
   along that dim;
@@ -32,6 +33,13 @@ the semantics policy allows; nothing else is assumed):
   operand is the sum of the updates' windows each padded with zeros to its place
   (`scatter_at_constants`: what a device's `x.at[(me + k) % n].add(u)` is once `me` is
   known; a colliding pair of windows is summed, as the scatter sums it);
+* a scatter that writes (its region returns the update) at constant indices whose update
+  windows fit inside the operand and are pairwise disjoint is the operand's rows around
+  each window concatenated with that window's update, dim by dim
+  (`scatter_replace_at_constants`: `x.at[i].set(u)` at a known i; a pipeline's outputs set
+  micro-batch by micro-batch into zeros become the stacked micro-batches, which the lifts
+  below meet with the whole batch's computation); overlapping windows (which write wins is
+  implementation-defined) and windows out of bounds are left alone;
 * a concatenation of one transpose, broadcast, dot_general or reduction applied piece by
   piece is that op of the concatenated operands, where that concatenation meets
   (`_lift_movement`);
