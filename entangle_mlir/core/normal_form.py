@@ -808,16 +808,26 @@ def scatter_at_constants(term: Term, args: tuple[Term, ...]) -> Term | None:
     return make_lin(pieces, Fraction(0), term.shape, term.dtype)
 
 
-def update_slice(x: Term, update: Term, starts) -> Term:
+def update_slice(x: Term, update: Term, starts, *, joined: bool = True) -> Term:
     """`dynamic_update_slice(x, update, starts)` at in-range concrete starts, as the rows of
-    `x` before and after the update concatenated around it, dim by dim (exact)."""
+    `x` before and after the update concatenated around it, dim by dim (exact). `joined`:
+    in normal form (`make_concat`, which may meet the pieces into one computation); else
+    as plain slice and concatenate nodes, the op's own structure (what a rule instance
+    states, so that Z3 checks it without re-deriving the normal form's identities)."""
     for dim, (n, k, s) in enumerate(zip(x.shape, update.shape, starts)):
         if (s, k) == (0, n):
             continue
-        middle = update_slice(_rows(x, dim, s, s + k), update,
-                              [0 if d == dim else v for d, v in enumerate(starts)])
-        pieces = [_rows(x, dim, 0, s), middle, _rows(x, dim, s + k, n)]
-        return make_concat([p for p in pieces if p.shape[dim]], dim)
+        rows = _rows if joined else slice_term
+        middle = update_slice(rows(x, dim, s, s + k), update,
+                              [0 if d == dim else v for d, v in enumerate(starts)],
+                              joined=joined)
+        pieces = [p for p in (rows(x, dim, 0, s), middle, rows(x, dim, s + k, n))
+                  if p.shape[dim]]
+        if joined:
+            return make_concat(pieces, dim)
+        if len(pieces) == 1:
+            return pieces[0]
+        return intern("concatenate", tuple(pieces), (dim,), x.shape, x.dtype)
     return update
 
 

@@ -629,10 +629,17 @@ class Expansion(Walker):
         x, update = operands[0].as_term(), operands[1].as_term()
         starts = self._starts(info, operands[2:], update.shape, x.shape)
         term = update_slice(x, update, starts)
+        self._placed_instance(info, operands, update_slice(x, update, starts, joined=False))
+        return Local(term.dtype, term.shape, term=term)
+
+    def _placed_instance(self, info: OpInfo, operands: list[Local], placed: Term) -> None:
+        """The instance of an update at concrete offsets, stated with its plain structure
+        (`update_slice(joined=False)`): the result's normal form equals it by
+        `core/normal_form.py`'s identities, which the decision trusts alike, while Z3 would
+        have to re-derive them (pipeline micro-batches met into one batch computation)."""
         inputs = [Rel(local.as_term(), ((),) * len(local.shape), scope=GLOBAL)
                   for local in operands]
-        self._instance(info, inputs, [Rel(term, ((),) * len(term.shape), scope=GLOBAL)])
-        return Local(term.dtype, term.shape, term=term)
+        self._instance(info, inputs, [Rel(placed, ((),) * len(placed.shape), scope=GLOBAL)])
 
     def _static_scatter(self, info: OpInfo, operands: list[Local]) -> Local | None:
         """A scatter (replace or add) at concrete indices whose updates land, each on its
@@ -656,9 +663,7 @@ class Expansion(Walker):
                 linear_in=0)
             placed = make_add(window, placed)
         term = update_slice(base, placed, starts)
-        inputs = [Rel(local.as_term(), ((),) * len(local.shape), scope=GLOBAL)
-                  for local in operands]
-        self._instance(info, inputs, [Rel(term, ((),) * len(term.shape), scope=GLOBAL)])
+        self._placed_instance(info, operands, update_slice(base, placed, starts, joined=False))
         return Local(term.dtype, term.shape, term=term)
 
 
