@@ -17,6 +17,7 @@ from entangle_mlir.core.normal_form import (
     normal_form,
     slice_term,
     split_like,
+    update_slice,
 )
 from entangle_mlir.core.terms import (
     DENSE_VALUES,
@@ -646,3 +647,22 @@ def test_stacked_micro_batches_of_one_computation_are_the_batch() -> None:
     halved = [make_lin([(Fraction(1, 2), r)], Fraction(0), r.shape, F32) if i == 2 else r
               for i, r in enumerate(rows)]
     assert make_concat(halved, 0) is not normal_form(whole)
+
+
+def test_an_update_slice_in_plain_structure_and_in_normal_form() -> None:
+    x, w, b = make_arg(0, (4, 2, 3), F32), make_arg(1, (3, 3), F32), make_arg(2, (3,), F32)
+    env = {0: _ints(4, 2, 3), 1: _ints(3, 3, seed=1), 2: _ints(3, seed=2)}
+    joined = make_splat(0, (4, 2, 3), F32)
+    plain = joined
+    for i in range(4):
+        row = make_reshape(_stage(slice_term(x, 0, i, i + 1), w, b, i % 2), (1, 2, 3))
+        joined = update_slice(joined, row, (i, 0, 0))
+        plain = update_slice(plain, row, (i, 0, 0), joined=False)
+    whole = _stage(x, w, b, 0)
+    assert joined is normal_form(whole)  # the micro-batches met into the batch
+    assert plain.op == "concatenate" and plain is not joined  # what an instance states
+    assert normal_form(plain) is joined and same_values(plain, whole, env)
+    # must fail: one row written at the next row's place
+    shifted = update_slice(plain, make_reshape(_stage(slice_term(x, 0, 0, 1), w, b, 0),
+                                               (1, 2, 3)), (1, 0, 0), joined=False)
+    assert normal_form(shifted) is not joined and not same_values(shifted, whole, env)
