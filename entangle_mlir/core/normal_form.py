@@ -15,7 +15,8 @@ the semantics policy allows; nothing else is assumed):
   (`slice_of_reshape`: a micro-batch sliced out of a device's block is rows of the input);
 * an elementwise op (same op, same attributes) of concatenations cut at the same rows is the
   concatenation of the op on the pieces, and the other way round: a concatenation of one
-  elementwise op applied piece by piece is that op on the concatenated operands;
+  elementwise op applied piece by piece is that op on the concatenated operands (for `lin`
+  pieces, parts paired by equal coefficients, whatever order each piece lists them in);
 * a concatenation of contractions with the same attributes and one operand in common,
   cut along a free dim of the other, is the contraction of the other operands concatenated
   along that dim;
@@ -32,6 +33,13 @@ the semantics policy allows; nothing else is assumed):
   operand is the sum of the updates' windows each padded with zeros to its place
   (`scatter_at_constants`: what a device's `x.at[(me + k) % n].add(u)` is once `me` is
   known; a colliding pair of windows is summed, as the scatter sums it);
+* a scatter that writes (its region returns the update) at constant indices whose update
+  windows fit inside the operand and are pairwise disjoint is the operand's rows around
+  each window concatenated with that window's update, dim by dim
+  (`scatter_replace_at_constants`: `x.at[i].set(u)` at a known i; a pipeline's outputs set
+  micro-batch by micro-batch into zeros become the stacked micro-batches, which the lifts
+  below meet with the whole batch's computation); overlapping windows (which write wins is
+  implementation-defined) and windows out of bounds are left alone;
 * a concatenation of one transpose, broadcast, dot_general or reduction applied piece by
   piece is that op of the concatenated operands, where that concatenation meets
   (`_lift_movement`);
@@ -216,10 +224,12 @@ def _lift_elementwise(pieces: list[Term], dim: int) -> Term | None:
     attributes (operands of the piece's shape): exact, the op works element by element. Only
     when some operand then joins (a slice meets its neighbour), so the form stays smaller."""
     first = pieces[0]
-    if first.op == "lin" and all(p.op == "lin" and p.attrs == first.attrs
+    if first.op == "lin" and all(p.op == "lin" and p.attrs[0] == first.attrs[0]
                                  and len(p.args) == len(first.args) for p in pieces):
-        columns = [make_concat([p.args[k] for p in pieces], dim)
-                   for k in range(len(first.args))]
+        rows = [_aligned_parts(first, p) for p in pieces]
+        if any(r is None for r in rows):
+            return None
+        columns = [make_concat([r[k] for r in rows], dim) for k in range(len(first.args))]
         if not any(c.op != "concatenate" for c in columns):
             return None
         constant, coefs = first.attrs
@@ -234,6 +244,28 @@ def _lift_elementwise(pieces: list[Term], dim: int) -> Term | None:
     if not any(c.op != "concatenate" for c in columns):
         return None
     return rebuild_elementwise(first, tuple(columns))
+
+
+def _aligned_parts(first: Term, other: Term) -> list[Term] | None:
+    """`other`'s parts (a `lin` like `first`) paired with `first`'s: for each part of `first`
+    in turn, an unpaired part of `other` with the same coefficient: the same term if it has
+    it, else one with the same op (and attributes) first (the builders order parts by
+    serial, so pieces computed alike can list them in different orders); None when some
+    part has no partner.
+    Any pairing with equal coefficients is exact (a sum of concatenations is the
+    concatenation of the sums, column by column); this one is the pairing that can meet."""
+    (_, mine), (_, theirs) = first.attrs, other.attrs
+    free = list(range(len(other.args)))
+    out = []
+    for coef, part in zip(mine, first.args):
+        ranked = sorted((j for j in free if theirs[j] == coef), key=lambda j: (
+            other.args[j] is not part, other.args[j].op != part.op,
+            other.args[j].attrs != part.attrs, j))
+        if not ranked:
+            return None
+        free.remove(ranked[0])
+        out.append(other.args[ranked[0]])
+    return out
 
 
 def _lift_dot(pieces: list[Term], dim: int) -> Term | None:
@@ -937,20 +969,18 @@ def _constant_indices(indices: Term) -> Callable[[tuple[int, ...]], int] | None:
     return lambda at: int(flat[sum(i * s for i, s in zip(at, strides))])
 
 
-def scatter_at_constants(term: Term, args: tuple[Term, ...]) -> Term | None:
-    """`scatter_add(0, I, U)` with the indices I known and every update window inside the
-    operand (no batching dims): the sum over U's scatter positions of that position's window
-    of U, padded with zeros to where the scatter adds it. Exact: each element of the scatter
-    is the sum of the updates landing on it (one addend per window that covers it), which is
-    what the sum of the padded windows adds up; in the order-free reading of sums. None
-    when it is not such a scatter, a window does not fit (the op's out-of-bounds behaviour
-    is implementation-defined) or there are more than MAX_SCATTER_WINDOWS windows."""
+def _constant_windows(term: Term, args: tuple[Term, ...]
+                      ) -> list[tuple[tuple[int, ...], Term]] | None:
+    """The update windows of `scatter(operand, I, U)` with the indices I known and no
+    batching dims: per scatter position of U (in row-major order), the start in the operand
+    and that position's window of U reshaped to the operand's rank. None when it is not such
+    a scatter, a window does not fit inside the operand (the op's out-of-bounds behaviour is
+    implementation-defined) or there are more than MAX_SCATTER_WINDOWS windows."""
     if term.op != "stablehlo.scatter" or len(args) != 3:
         return None
     attrs = dict(term.attrs)
     operand, indices, updates = args
-    if attrs.get("reducer") != "add" or splat_value(operand) != 0 or attrs.get(
-            "input_batching_dims") or attrs.get("scatter_indices_batching_dims"):
+    if attrs.get("input_batching_dims") or attrs.get("scatter_indices_batching_dims"):
         return None
     values = _constant_indices(indices)
     if values is None:
@@ -961,7 +991,8 @@ def scatter_at_constants(term: Term, args: tuple[Term, ...]) -> Term | None:
     ivd = attrs["index_vector_dim"]
     rank = len(operand.shape)
     operand_window = [d for d in range(rank) if d not in inserted]
-    if len(operand_window) != len(window_dims) or list(window_dims) != sorted(window_dims):
+    if len(operand_window) != len(window_dims) or list(window_dims) != sorted(window_dims) \
+            or any(d >= len(updates.shape) for d in window_dims):
         return None
     sizes = [1] * rank
     for k, d in enumerate(operand_window):
@@ -970,7 +1001,7 @@ def scatter_at_constants(term: Term, args: tuple[Term, ...]) -> Term | None:
     positions = list(itertools.product(*(range(updates.shape[d]) for d in scatter_dims)))
     if len(positions) > MAX_SCATTER_WINDOWS:
         return None
-    pieces = []
+    windows = []
     for position in positions:
         at = list(position)
         if ivd < len(indices.shape):
@@ -988,12 +1019,32 @@ def scatter_at_constants(term: Term, args: tuple[Term, ...]) -> Term | None:
         window = updates
         for d, p in zip(scatter_dims, position):
             window = slice_term(window, d, p, p + 1)
-        window = make_reshape(window, tuple(sizes))
-        low = tuple(start)
-        high = tuple(n - s - z for n, s, z in zip(operand.shape, start, sizes))
+        windows.append((tuple(start), make_reshape(window, tuple(sizes))))
+    return windows
+
+
+def scatter_at_constants(term: Term, args: tuple[Term, ...]) -> Term | None:
+    """`scatter_add(0, I, U)` with the indices I known and every update window inside the
+    operand (no batching dims): the sum over U's scatter positions of that position's window
+    of U, padded with zeros to where the scatter adds it. Exact: each element of the scatter
+    is the sum of the updates landing on it (one addend per window that covers it), which is
+    what the sum of the padded windows adds up; in the order-free reading of sums. None
+    when it is not such a scatter, a window does not fit (the op's out-of-bounds behaviour
+    is implementation-defined) or there are more than MAX_SCATTER_WINDOWS windows."""
+    if term.op != "stablehlo.scatter" or len(args) != 3:
+        return None
+    if dict(term.attrs).get("reducer") != "add" or splat_value(args[0]) != 0:
+        return None
+    windows = _constant_windows(term, args)
+    if windows is None:
+        return None
+    pieces = []
+    for start, window in windows:
+        low = start
+        high = tuple(n - s - z for n, s, z in zip(term.shape, start, window.shape))
         if any(low) or any(high):
             window = make_op("pad", (window, make_splat(0, (), term.dtype)),
-                             (low, high, (0,) * rank), term.shape, term.dtype, linear_in=0)
+                             (low, high, (0,) * len(low)), term.shape, term.dtype, linear_in=0)
         pieces.append((Fraction(1), window))
     return make_lin(pieces, Fraction(0), term.shape, term.dtype)
 
@@ -1011,6 +1062,68 @@ def fold_constant(term: Term) -> Term | None:
         return None
     value = exact_value(term)
     return None if value is None else make_splat(value, term.shape, term.dtype)
+
+
+def update_slice(x: Term, update: Term, starts, *, joined: bool = True) -> Term:
+    """`dynamic_update_slice(x, update, starts)` at in-range concrete starts, as the rows of
+    `x` before and after the update concatenated around it, dim by dim (exact). `joined`:
+    in normal form (`make_concat`, which may meet the pieces into one computation); else
+    as plain slice and concatenate nodes, the op's own structure (what a rule instance
+    states, so that Z3 checks it without re-deriving the normal form's identities)."""
+    for dim, (n, k, s) in enumerate(zip(x.shape, update.shape, starts)):
+        if (s, k) == (0, n):
+            continue
+        rows = _rows if joined else slice_term
+        middle = update_slice(rows(x, dim, s, s + k), update,
+                              [0 if d == dim else v for d, v in enumerate(starts)],
+                              joined=joined)
+        pieces = [p for p in (rows(x, dim, 0, s), middle, rows(x, dim, s + k, n))
+                  if p.shape[dim]]
+        if joined:
+            return make_concat(pieces, dim)
+        if len(pieces) == 1:
+            return pieces[0]
+        return intern("concatenate", tuple(pieces), (dim,), x.shape, x.dtype)
+    return update
+
+
+def _rows(term: Term, dim: int, start: int, stop: int) -> Term:
+    """`slice_term`, also when the rows span several pieces of a concatenation (then the
+    concatenation of the pieces' rows, `slice_of_concat`)."""
+    if term.op == "concatenate" and start < stop:
+        rank = len(term.shape)
+        spanning = slice_of_concat(
+            term, tuple(start if d == dim else 0 for d in range(rank)),
+            tuple(stop if d == dim else n for d, n in enumerate(term.shape)), (1,) * rank)
+        if spanning is not None:
+            return spanning
+    return slice_term(term, dim, start, stop)
+
+
+def _overlap(a: tuple[tuple[int, ...], Term], b: tuple[tuple[int, ...], Term]) -> bool:
+    """Whether two (start, window) boxes share an element."""
+    return all(sa < sb + nb and sb < sa + na for sa, na, sb, nb in
+               zip(a[0], a[1].shape, b[0], b[1].shape))
+
+
+def scatter_replace_at_constants(term: Term, args: tuple[Term, ...]) -> Term | None:
+    """`scatter(x, I, U)` writing (its region returns the update) at known indices whose
+    windows fit inside x and are pairwise disjoint (no batching dims): x with each window
+    replaced by its rows of U, the rows of x around each window concatenated with it dim by
+    dim (`update_slice`; what `x.at[i].set(u)` is at a constant i). Exact: every element of
+    the result is the one update landing on it, or x's where none does; disjoint windows
+    write in any order alike. None where windows overlap (which write wins is then
+    implementation-defined), a window does not fit, or the indices are unknown."""
+    if term.op != "stablehlo.scatter" or len(args) != 3 or \
+            dict(term.attrs).get("reducer") != "replace" or args[0].dtype != term.dtype:
+        return None
+    windows = _constant_windows(term, args)
+    if windows is None or any(_overlap(a, b) for a, b in itertools.combinations(windows, 2)):
+        return None
+    out = args[0]
+    for start, window in windows:
+        out = update_slice(out, window, start)
+    return out
 
 
 def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
@@ -1038,6 +1151,8 @@ def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
             return pieces
     if term.op == "stablehlo.scatter":
         placed = scatter_at_constants(term, args)
+        if placed is None:
+            placed = scatter_replace_at_constants(term, args)
         if placed is not None:
             return placed
     out = rebuild(term, args) if args != term.args else term

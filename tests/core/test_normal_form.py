@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
 from entangle_mlir.analysis.instance.term_equality import check_term_equality
@@ -16,11 +17,14 @@ from entangle_mlir.core.normal_form import (
     normal_form,
     slice_term,
     split_like,
+    update_slice,
 )
 from entangle_mlir.core.terms import (
+    DENSE_VALUES,
     intern,
     make_arg,
     make_broadcast,
+    make_dense,
     make_dot,
     make_elementwise,
     make_iota,
@@ -30,6 +34,8 @@ from entangle_mlir.core.terms import (
     make_splat,
     make_transpose,
 )
+from entangle_mlir.semantics.evaluate import evaluate_term
+from entangle_mlir.semantics.tensor import obj_array
 
 F32 = "f32"
 
@@ -358,8 +364,10 @@ def test_a_scatter_not_at_known_rows_inside_is_left_alone() -> None:
     outside = raw_scatter(4, 4, u)  # out of bounds: implementation-defined, not rewritten
     assert normal_form(outside).op == "stablehlo.scatter"
     assert normal_form(raw_scatter(4, -1, u)).op == "stablehlo.scatter"
-    replace = raw_scatter(4, 1, u, reducer="replace")  # a write, not a sum: not this identity
-    assert normal_form(replace).op == "stablehlo.scatter"
+    replace = raw_scatter(4, 1, u, reducer="replace")  # a write: the concatenation instead
+    assert normal_form(replace).op == "concatenate"
+    for other in ("max", "mul", "other"):  # neither a sum nor a write: left alone
+        assert normal_form(raw_scatter(4, 1, u, reducer=other)).op == "stablehlo.scatter"
     attrs = tuple(sorted(SCATTER_DIMS + (("reducer", "add"),)))
     unknown = intern("stablehlo.scatter", (make_splat(0, (4, 2), F32), make_arg(1, (1,), "i32"),
                                            u), attrs, (4, 2), F32)
@@ -662,3 +670,162 @@ def test_normal_form_is_idempotent_after_rewrites_that_build_new_terms() -> None
     term = intern("slice", (make_reshape(reduced, (2,)),), ((0,), (1,), (1,)), (1,), F32)
     once = normal_form(term)
     assert normal_form(once) is once and proved(term, once)
+
+
+# ----- scatter (replace) at constant indices; stacking micro-batches ---------------------
+
+def _values(term, env):
+    """`term` evaluated exactly on concrete inputs (dense tables from `DENSE_VALUES`)."""
+    full = dict(env)
+    full["dense"] = lambda t: obj_array(np.array(DENSE_VALUES[t.attrs[0]]).reshape(t.shape))
+    return evaluate_term(term, full)
+
+
+def same_values(a, b, env) -> bool:
+    return bool((_values(a, env) == _values(b, env)).all())
+
+
+def _ints(*shape: int, seed: int = 0):
+    return obj_array(np.random.default_rng(seed).integers(-9, 10, size=shape))
+
+
+def set_scatter(operand, indices, updates, **dims):
+    """`scatter(operand, indices, updates)` whose region returns the update (a raw node),
+    with jax's dimension numbers for `x.at[i].set(u)` unless `dims` overrides them."""
+    attrs = dict(SCATTER_DIMS, update_window_dims=tuple(range(len(operand.shape) - 1)),
+                 reducer="replace")
+    attrs.update(dims)
+    return intern("stablehlo.scatter", (operand, indices, updates), tuple(sorted(attrs.items())),
+                  operand.shape, operand.dtype)
+
+
+def table(values, shape):
+    """A constant integer index table that keeps its values (as the lowering's constants)."""
+    key = ("normal_form_test", tuple(values), shape)
+    return make_dense(repr(key).encode(), shape, "i32", values=np.array(values, dtype=np.int32))
+
+
+@pytest.mark.parametrize("at", [0, 2, 3])
+def test_a_set_row_at_a_constant_index_is_a_concatenation(at) -> None:
+    x, u = make_arg(0, (4, 2, 3), F32), make_arg(1, (2, 3), F32)
+    env = {0: _ints(4, 2, 3), 1: _ints(2, 3, seed=1)}
+    for index in (make_splat(at, (1,), "i32"), table([at], (1,))):
+        scattered = set_scatter(x, index, u)
+        normal = normal_form(scattered)
+        assert normal.op != "stablehlo.scatter" and same_values(scattered, normal, env)
+        pieces = [slice_term(x, 0, 0, at), make_reshape(u, (1, 2, 3)),
+                  slice_term(x, 0, at + 1, 4)]
+        assert normal is make_concat([p for p in pieces if p.shape[0]], 0)
+        # must fail: the row next to it (index off by one)
+        other = normal_form(set_scatter(x, make_splat((at + 1) % 4, (1,), "i32"), u))
+        assert other is not normal and not same_values(scattered, other, env)
+        if index.op == "splat":  # Z3 reads a splat index; a table only by evaluation
+            assert proved(scattered, normal) and refuted(scattered, other)
+
+
+def test_a_set_window_inside_a_row_and_a_table_of_disjoint_rows() -> None:
+    x = make_arg(0, (4, 5), F32)
+    env = {0: _ints(4, 5), 1: _ints(2, seed=1), 2: _ints(2, 5, seed=2)}
+    # x.at[1, 2:4].set(v): a window of 2 columns of row 1, indices a (row, column) vector
+    v = make_arg(1, (2,), F32)
+    window = set_scatter(x, table([1, 2], (2,)), v, update_window_dims=(0,),
+                         scatter_dims_to_operand_dims=(0, 1))
+    normal = normal_form(window)
+    assert normal.op != "stablehlo.scatter" and same_values(window, normal, env)
+    # x.at[jnp.array([3, 0])].set(w): two disjoint rows in one scatter
+    w = make_arg(2, (2, 5), F32)
+    rows = set_scatter(x, table([3, 0], (2, 1)), w, index_vector_dim=1,
+                       update_window_dims=(1,))
+    normal = normal_form(rows)
+    assert normal.op != "stablehlo.scatter" and same_values(rows, normal, env)
+    swapped = normal_form(set_scatter(x, table([0, 3], (2, 1)), w, index_vector_dim=1,
+                                      update_window_dims=(1,)))
+    assert swapped is not normal and not same_values(rows, swapped, env)
+
+
+def test_a_chain_of_sets_into_zeros_is_the_updates_stacked() -> None:
+    parts = [make_arg(k, (2, 3), F32) for k in range(4)]
+    env = {k: _ints(2, 3, seed=k) for k in range(4)}
+    out = make_splat(0, (4, 2, 3), F32)
+    for k in (2, 0, 3, 1):
+        out = set_scatter(out, make_splat(k, (1,), "i32"), parts[k])
+    stacked = make_concat([make_reshape(p, (1, 2, 3)) for p in parts], 0)
+    assert normal_form(out) is stacked and same_values(out, stacked, env)
+    # overlapping writes in a chain: the later one wins, and only it
+    twice = set_scatter(set_scatter(make_splat(0, (4, 2, 3), F32), make_splat(1, (1,), "i32"),
+                                    parts[0]), make_splat(1, (1,), "i32"), parts[1])
+    later = normal_form(slice_term(twice, 0, 1, 2))
+    assert later is make_reshape(parts[1], (1, 2, 3))
+    earlier = normal_form(set_scatter(make_splat(0, (4, 2, 3), F32), make_splat(1, (1,), "i32"),
+                                      parts[0]))
+    assert normal_form(twice) is not earlier and not same_values(twice, earlier, env)
+
+
+def test_a_set_that_overlaps_or_leaves_the_operand_is_left_alone() -> None:
+    x, u = make_arg(0, (4, 3), F32), make_arg(1, (3,), F32)
+    for at in (4, -1):  # out of bounds: implementation-defined, not rewritten
+        assert normal_form(set_scatter(x, make_splat(at, (1,), "i32"), u)).op == \
+            "stablehlo.scatter"
+    # two windows on one row in one scatter: which write wins is implementation-defined
+    w = make_arg(2, (2, 3), F32)
+    colliding = set_scatter(x, table([2, 2], (2, 1)), w, index_vector_dim=1,
+                            update_window_dims=(1,))
+    assert normal_form(colliding).op == "stablehlo.scatter"
+    unknown = set_scatter(x, make_arg(3, (1,), "i32"), u)
+    assert normal_form(unknown).op == "stablehlo.scatter"
+
+
+def _stage(rows, w, b, order: int):
+    """relu(rows @ w + b) with the sum's parts built in either order (the builders sort a
+    `lin`'s parts by serial, so pieces computed alike can list them differently)."""
+    dot = make_dot(rows, w, ((), (), (len(rows.shape) - 1,), (0,)), rows.shape[:-1] + (3,), F32)
+    bias = make_broadcast(b, (len(rows.shape) - 1,), dot.shape)
+    parts = [(Fraction(1), dot), (Fraction(1), bias)]
+    summed = make_lin(parts[::-1] if order else parts, Fraction(0), dot.shape, F32)
+    return make_elementwise("stablehlo.maximum", (make_splat(0, dot.shape, F32), summed))
+
+
+def test_stacked_micro_batches_of_one_computation_are_the_batch() -> None:
+    x, w, b = make_arg(0, (4, 2, 3), F32), make_arg(1, (3, 3), F32), make_arg(2, (3,), F32)
+    env = {0: _ints(4, 2, 3), 1: _ints(3, 3, seed=1), 2: _ints(3, seed=2), 3: _ints(3, seed=3)}
+    whole = _stage(_stage(x, w, b, 0), w, b, 0)
+    rows = [_stage(_stage(slice_term(x, 0, i, i + 1), w, b, i % 2), w, b, 0) for i in range(4)]
+    assert make_concat(rows, 0) is normal_form(whole)
+    # stacked the way a pipeline writes them: each micro-batch's result set into zeros
+    out = make_splat(0, (4, 2, 3), F32)
+    for i in range(4):
+        micro = make_reshape(slice_term(x, 0, i, i + 1), (2, 3))
+        out = set_scatter(out, make_splat(i, (1,), "i32"), _stage(_stage(micro, w, b, i % 2),
+                                                                   w, b, 1))
+    assert normal_form(out) is normal_form(whole) and same_values(out, whole, env)
+    # must fail: two micro-batches swapped, or one with another bias, is not the batch
+    swapped = [rows[1], rows[0], rows[2], rows[3]]
+    assert make_concat(swapped, 0) is not normal_form(whole)
+    assert not same_values(raw_concat(swapped, 0), whole, env)
+    other = make_arg(3, (3,), F32)
+    biased = rows[:3] + [_stage(_stage(slice_term(x, 0, 3, 4), w, other, 0), w, b, 0)]
+    assert make_concat(biased, 0) is not normal_form(whole)
+    assert not same_values(raw_concat(biased, 0), whole, env)
+    # must fail: a part with another coefficient is no column of the same sum
+    halved = [make_lin([(Fraction(1, 2), r)], Fraction(0), r.shape, F32) if i == 2 else r
+              for i, r in enumerate(rows)]
+    assert make_concat(halved, 0) is not normal_form(whole)
+
+
+def test_an_update_slice_in_plain_structure_and_in_normal_form() -> None:
+    x, w, b = make_arg(0, (4, 2, 3), F32), make_arg(1, (3, 3), F32), make_arg(2, (3,), F32)
+    env = {0: _ints(4, 2, 3), 1: _ints(3, 3, seed=1), 2: _ints(3, seed=2)}
+    joined = make_splat(0, (4, 2, 3), F32)
+    plain = joined
+    for i in range(4):
+        row = make_reshape(_stage(slice_term(x, 0, i, i + 1), w, b, i % 2), (1, 2, 3))
+        joined = update_slice(joined, row, (i, 0, 0))
+        plain = update_slice(plain, row, (i, 0, 0), joined=False)
+    whole = _stage(x, w, b, 0)
+    assert joined is normal_form(whole)  # the micro-batches met into the batch
+    assert plain.op == "concatenate" and plain is not joined  # what an instance states
+    assert normal_form(plain) is joined and same_values(plain, whole, env)
+    # must fail: one row written at the next row's place
+    shifted = update_slice(plain, make_reshape(_stage(slice_term(x, 0, 0, 1), w, b, 0),
+                                               (1, 2, 3)), (1, 0, 0), joined=False)
+    assert normal_form(shifted) is not joined and not same_values(shifted, whole, env)

@@ -24,7 +24,7 @@ from entangle_mlir.analysis.general import MAX_DEVICES
 from entangle_mlir.analysis.infer import Walker, per_device_mesh
 from entangle_mlir.core.diagnostics import SourceLoc
 from entangle_mlir.core.mesh import Mesh, axes_str
-from entangle_mlir.core.normal_form import make_concat, slice_term
+from entangle_mlir.core.normal_form import make_concat, slice_term, update_slice
 from entangle_mlir.core.ranges import fits
 from entangle_mlir.core.relations import GLOBAL, Rel
 from entangle_mlir.core.terms import (
@@ -629,10 +629,17 @@ class Expansion(Walker):
         x, update = operands[0].as_term(), operands[1].as_term()
         starts = self._starts(info, operands[2:], update.shape, x.shape)
         term = update_slice(x, update, starts)
+        self._placed_instance(info, operands, update_slice(x, update, starts, joined=False))
+        return Local(term.dtype, term.shape, term=term)
+
+    def _placed_instance(self, info: OpInfo, operands: list[Local], placed: Term) -> None:
+        """The instance of an update at concrete offsets, stated with its plain structure
+        (`update_slice(joined=False)`): the result's normal form equals it by
+        `core/normal_form.py`'s identities, which the decision trusts alike, while Z3 would
+        have to re-derive them (pipeline micro-batches met into one batch computation)."""
         inputs = [Rel(local.as_term(), ((),) * len(local.shape), scope=GLOBAL)
                   for local in operands]
-        self._instance(info, inputs, [Rel(term, ((),) * len(term.shape), scope=GLOBAL)])
-        return Local(term.dtype, term.shape, term=term)
+        self._instance(info, inputs, [Rel(placed, ((),) * len(placed.shape), scope=GLOBAL)])
 
     def _static_scatter(self, info: OpInfo, operands: list[Local]) -> Local | None:
         """A scatter (replace or add) at concrete indices whose updates land, each on its
@@ -656,9 +663,7 @@ class Expansion(Walker):
                 linear_in=0)
             placed = make_add(window, placed)
         term = update_slice(base, placed, starts)
-        inputs = [Rel(local.as_term(), ((),) * len(local.shape), scope=GLOBAL)
-                  for local in operands]
-        self._instance(info, inputs, [Rel(term, ((),) * len(term.shape), scope=GLOBAL)])
+        self._placed_instance(info, operands, update_slice(base, placed, starts, joined=False))
         return Local(term.dtype, term.shape, term=term)
 
 
@@ -745,19 +750,6 @@ def _custom_device_order(module) -> bool:
     row-major positions the expansion gives the devices."""
     return any(op.operation.name == "sdy.mesh" and "device_ids" in str(op)
                for op in module.body.operations)
-
-
-def update_slice(x: Term, update: Term, starts) -> Term:
-    """`dynamic_update_slice(x, update, starts)` at in-range concrete starts, as the rows of
-    `x` before and after the update concatenated around it, dim by dim (exact)."""
-    for dim, (n, k, s) in enumerate(zip(x.shape, update.shape, starts)):
-        if (s, k) == (0, n):
-            continue
-        middle = update_slice(slice_term(x, dim, s, s + k), update,
-                              [0 if d == dim else v for d, v in enumerate(starts)])
-        pieces = [slice_term(x, dim, 0, s), middle, slice_term(x, dim, s + k, n)]
-        return make_concat([p for p in pieces if p.shape[dim]], dim)
-    return update
 
 
 # ----- collectives -------------------------------------------------------------------
