@@ -138,7 +138,9 @@ def check_dump(program: Program) -> None:
     """The sharded program is not one of XLA's other dumps: its module after optimizations
     (fusions, asynchronous collectives, library calls) or a module before SPMD partitioning
     (sharding custom_calls). Bad input naming the dump to pass instead, before the signatures
-    are compared: either would otherwise fail there, or as an unsupported op."""
+    are compared: either would otherwise fail there, or as an unsupported op. The reference
+    is neither: read as one, a before-partitioning module's sharding custom_calls made a bug
+    report about the reference."""
     file = program.sharded_file
     problem: list[str] = []
 
@@ -156,6 +158,15 @@ def check_dump(program: Program) -> None:
                 problem.append(f"it calls the library kernel @{target}")
         return ir.WalkResult.INTERRUPT if problem else ir.WalkResult.ADVANCE
 
+    for func in _reachable(program.ref_module, program.ref_func):
+        func.walk(visit)
+        if problem:
+            kind = ("XLA's module after optimizations" if not problem[0].startswith("the ")
+                    else "a module before SPMD partitioning")
+            raise InputError(f"the reference is {kind}, not the unsharded program: pass "
+                             "jax.jit(f).lower(*avals).as_text() of the function without "
+                             "shardings (entangle_mlir.jax.reference_text(f, *avals))",
+                             file=program.ref_file)
     for func in _reachable(program.sharded_module, program.sharded_func):
         func.walk(visit)
         if problem:

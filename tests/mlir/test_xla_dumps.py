@@ -94,3 +94,13 @@ def test_library_call_is_after_optimizations(entangle, write) -> None:
 ])
 def test_other_dump_files(entangle, write, content, kind) -> None:
     _one_error(entangle("check", REF, write("dumped", content)), f"XLA's {kind}", *RIGHT_DUMP)
+
+
+@pytest.mark.parametrize("dump, kind", [("before_optimizations.txt", "before SPMD partitioning"),
+                                        ("after_optimizations.txt", "after optimizations")])
+def test_wrong_dump_as_reference(entangle, dump, kind) -> None:
+    """A dump given as the reference: bad input naming the unsharded lowering, not a bug
+    report about the reference (the sharding custom_calls read as a partial sum: exit 1)."""
+    run = entangle("check", os.path.join(DUMPS, dump),
+                   os.path.join(DUMPS, "after_spmd-partitioning.hlo.pb"))
+    _one_error(run, "the reference is", kind, "entangle_mlir.jax.reference_text")
