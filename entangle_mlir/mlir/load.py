@@ -39,6 +39,11 @@ def load_file(path: str) -> ir.Module:
         raise InputError(f"cannot read file: {err.strerror}", file=path) from None
     if data.startswith(b"ML\xefR"):
         return parse_module(data, path)
+    report = xla.dump_report_kind(data)
+    if report is not None:
+        raise InputError(f"is XLA's {report} (a file --xla_dump_to writes beside the HLO "
+                         "modules), not a program; pass the module XLA partitioned: run with "
+                         + xla.PARTITIONED_DUMP, file=path)
     # XLA HLO dumps: a serialized HloProto / HloModuleProto (`.hlo.pb`, `.pb`) or HLO text
     # (`HloModule ...`), converted to StableHLO by jaxlib.
     if xla.is_hlo_proto_path(path) or xla.is_hlo_text(data):

@@ -23,6 +23,7 @@ from entangle_mlir.mlir.per_device import (
     parameter_shardings,
     result_shardings,
 )
+from entangle_mlir.mlir.xla import PARTITIONED_DUMP
 
 
 @dataclass
@@ -111,8 +112,7 @@ def has_refines(module: ir.Module) -> bool:
 
 PARTITIONED_GUIDANCE = (
     "pass the program XLA partitioned instead: its module after SPMD partitioning, before "
-    "fusion (run with XLA_FLAGS=\"--xla_dump_to=DIR --xla_dump_hlo_pass_re=spmd-partitioning "
-    "--xla_dump_hlo_as_proto\" and check DIR/*after_spmd-partitioning*.hlo.pb; from Python, "
+    f"fusion (run with {PARTITIONED_DUMP}; from Python, "
     "entangle_mlir.jax.check_partitioned(f, *avals, out_shardings=...) or "
     "entangle_mlir.jax.partitioned_hlo), or write the sharded program with jax.shard_map")
 """What to pass when the sharded program is not one entangle can check (`check_form`)."""
@@ -121,42 +121,127 @@ _BEFORE_PARTITIONING = ("Sharding", "SPMDFullToShardShape", "SPMDShardToFullShap
 """custom_call targets that only a module before SPMD partitioning holds (GSPMD's sharding
 annotations and shard_map boundaries; Shardy's round trip through HLO adds `xla.sdy.*`)."""
 
+_AFTER_OPTIMIZATIONS = {
+    "mhlo.fusion": "it holds fusions",
+    "stablehlo.async_start": "it holds asynchronous collectives, e.g. all-reduce-start/-done",
+    "stablehlo.async_done": "it holds asynchronous collectives, e.g. all-reduce-start/-done",
+    "mhlo.async_start": "it holds asynchronous ops, e.g. copy-start/-done",
+    "mhlo.async_done": "it holds asynchronous ops, e.g. copy-start/-done",
+}
+"""Ops (as jaxlib converts HLO) that only XLA's optimization passes after partitioning make."""
 
-def check_form(program: Program) -> None:
-    """The sharded program is one entangle checks: a shard_map lowering (an
-    `sdy.manual_computation` somewhere) or a per-device program after SPMD partitioning. XLA's
-    module after optimizations (fusions), a module before partitioning (sharding custom_calls,
-    or parameters sharded but still of the reference's global shapes) and a plain jax.jit
-    whose shardings only request a layout (nothing sharded: it computes globally) are bad
-    input, named with what to pass instead: "verified" on them would check nothing."""
+_LIBRARY_CALLS = ("__cublas$", "__cudnn$", "__onednn$")
+"""custom_call targets of the libraries XLA's optimizations rewrite dots and convolutions to."""
+
+
+def check_dump(program: Program) -> None:
+    """The sharded program is not one of XLA's other dumps: its module after optimizations
+    (fusions, asynchronous collectives, library calls) or a module before SPMD partitioning
+    (sharding custom_calls). Bad input naming the dump to pass instead, before the signatures
+    are compared: either would otherwise fail there, or as an unsupported op. The reference
+    is neither: read as one, a before-partitioning module's sharding custom_calls made a bug
+    report about the reference."""
     file = program.sharded_file
-    manual = [False]
-    problem: list = []
+    problem: list[str] = []
 
     def visit(op):
         name = op.name
-        if name == "sdy.manual_computation":
-            manual[0] = True
-        elif name == "mhlo.fusion":
-            problem.append((op, ("the sharded program is XLA's module after optimizations (it "
-                                "holds fusions), not the partitioner's output; ")))
+        if name in _AFTER_OPTIMIZATIONS:
+            problem.append(_AFTER_OPTIMIZATIONS[name])
         elif name == "stablehlo.custom_call":
             target = _call_target(op)
             if target in _BEFORE_PARTITIONING or target.startswith("xla.sdy."):
-                problem.append((op, (f"the sharded program is a module before SPMD partitioning "
-                                    f"(custom_call @{target}): its shardings are requests to "
-                                    "the partitioner, not a sharded program; ")))
+                problem.append(f"the sharded program is a module before SPMD partitioning "
+                               f"(custom_call @{target}): its shardings are requests to the "
+                               "partitioner, not a sharded program; ")
+            elif target.startswith(_LIBRARY_CALLS):
+                problem.append(f"it calls the library kernel @{target}")
         return ir.WalkResult.INTERRUPT if problem else ir.WalkResult.ADVANCE
 
+    for func in _reachable(program.ref_module, program.ref_func):
+        func.walk(visit)
+        if problem:
+            kind = ("XLA's module after optimizations" if not problem[0].startswith("the ")
+                    else "a module before SPMD partitioning")
+            raise InputError(f"the reference is {kind}, not the unsharded program: pass "
+                             "jax.jit(f).lower(*avals).as_text() of the function without "
+                             "shardings (entangle_mlir.jax.reference_text(f, *avals))",
+                             file=program.ref_file)
     for func in _reachable(program.sharded_module, program.sharded_func):
         func.walk(visit)
         if problem:
-            _, what = problem[0]  # the op's location names the user's source: the file
+            what = problem[0]  # the op's location names the user's source: the file
+            if not what.startswith("the sharded program"):
+                what = (f"the sharded program is XLA's module after optimizations ({what}), "
+                        "not the partitioner's output; ")
             raise InputError(what + PARTITIONED_GUIDANCE, file=file)
-    if manual[0]:
+
+
+def check_recorded_shardings(program: Program) -> None:
+    """A program that talks to other devices but records no sharding on any parameter is a
+    per-device program stripped of the shardings that say which block each device holds
+    (entangle reads every layout from them): bad input, before its local shapes are compared
+    with the reference's global ones."""
+    module, func = program.sharded_module, program.sharded_func
+    if not func.regions[0].blocks[0].arguments or is_per_device(module, func):
         return
+    what = sharded_marker(module, func)
+    if not what.startswith(("a collective", "the device's id")):
+        return
+    raise InputError(f"the sharded program holds {what} but records no sharding on its "
+                     "parameters, so which block each device holds is unknown; XLA's module "
+                     "after SPMD partitioning keeps `sharding={...}` on every parameter: pass "
+                     f"that dump as XLA wrote it (run with {PARTITIONED_DUMP})",
+                     op_location(func, program.sharded_file), program.sharded_file)
+
+
+def _check_shardings_present(program: Program) -> None:
+    """Every parameter and result of a per-device program records its sharding: without one
+    its layout is unknown and nothing about it can be proven. XLA's HLO text dump leaves the
+    output sharding out unless asked to keep it; its proto dump always records it."""
+    module, func = program.sharded_module, program.sharded_func
+    count = len(ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).results)
+    missing = [f"argument #{i}" for i, s in enumerate(parameter_shardings(module, func))
+               if s is None]
+    missing += [f"result #{i}" for i, s in enumerate(result_shardings(module, func, count))
+                if s is None]
+    if not missing:
+        return
+    if missing[0].startswith("result"):
+        why = ("XLA's HLO text dump after SPMD partitioning prints the output sharding only "
+               "with --xla_keep_shardings_after_spmd=true; add that flag to XLA_FLAGS, or pass "
+               "the proto dump, which always records it")
+    else:
+        why = ("XLA's module after SPMD partitioning records every parameter's sharding: pass "
+               "that dump as XLA wrote it")
+    raise InputError(f"the per-device program records no sharding for {missing[0]}, so its "
+                     f"layout is unknown: {why} (run with {PARTITIONED_DUMP})",
+                     op_location(func, program.sharded_file), program.sharded_file)
+
+
+def check_form(program: Program) -> None:
+    """The sharded program is one entangle checks: a shard_map lowering (an
+    `sdy.manual_computation` somewhere) or a per-device program after SPMD partitioning with
+    every parameter's and result's sharding recorded. A module before partitioning whose
+    parameters are sharded but still of the reference's global shapes, and a plain jax.jit
+    whose shardings only request a layout (nothing sharded: it computes globally) are bad
+    input, named with what to pass instead: "verified" on them would check nothing. XLA's
+    other dumps are recognised earlier (`check_dump`)."""
+    file = program.sharded_file
+    manual = [False]
+
+    def visit(op):
+        if op.name == "sdy.manual_computation":
+            manual[0] = True
+        return ir.WalkResult.INTERRUPT if manual[0] else ir.WalkResult.ADVANCE
+
+    for func in _reachable(program.sharded_module, program.sharded_func):
+        func.walk(visit)
+        if manual[0]:
+            return
     if is_per_device(program.sharded_module, program.sharded_func):
         _check_partitioned_shapes(program)
+        _check_shardings_present(program)
         return
     raise InputError("nothing sharded to check: the sharded program has no shard_map "
                      "(sdy.manual_computation) and is not a per-device program after SPMD "
@@ -306,6 +391,7 @@ def check_signatures(program: Program) -> None:
         raise InputError(f"the reference takes {len(ref_args)} arguments but the sharded "
                          f"function takes {len(sh_args)}", where, program.sharded_file)
     adopt_shardy_local(program.sharded_module, program.sharded_func, program.ref_func)
+    check_recorded_shardings(program)
     local_shapes = is_per_device(program.sharded_module, program.sharded_func)
     for i, (a, b) in enumerate(zip(ref_args, sh_args)):
         ta = _arg_type(a, program, i, program.ref_file)

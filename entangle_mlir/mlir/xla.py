@@ -22,6 +22,31 @@ from entangle_mlir.mlir.program import functions, inline_calls, public_main
 
 HLO_TEXT_PREFIX = b"HloModule"
 
+PARTITIONED_DUMP = ("XLA_FLAGS=\"--xla_dump_to=DIR --xla_dump_hlo_pass_re=spmd-partitioning "
+                    "--xla_dump_hlo_as_proto\" and check DIR/*after_spmd-partitioning*.hlo.pb")
+"""How to get the program entangle checks from XLA: its module after SPMD partitioning, before
+fusion (what `entangle_mlir.jax.partitioned_hlo` dumps)."""
+
+_NOT_PROGRAMS = ((b"BufferAssignment:", "buffer assignment report"),
+                 (b"HloLiveRange", "live range report"),
+                 (b"Memory Space:", "memory usage report"),
+                 (b"Total bytes used:", "buffer assignment values report"),
+                 (b"; ModuleID", "LLVM IR of the compiled program"),
+                 (b"\x7fELF", "object file of the compiled program"))
+"""How the other files `--xla_dump_to` writes begin: reports and compiler output, no program."""
+
+
+def dump_report_kind(data: bytes) -> str | None:
+    """What an XLA dump file that holds no HLO program is (a buffer assignment report, LLVM
+    IR, ...), read from how it begins; None for anything else."""
+    head = data[:64].lstrip(b"\n")
+    for prefix, kind in _NOT_PROGRAMS:
+        if head.startswith(prefix):
+            return kind
+    if data.startswith(b"xla_") and b"xla_dump_to:" in data:
+        return "debug options"
+    return None
+
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
     result = shift = 0

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from entangle_mlir.core.terms import ARG_NAMES
 from entangle_mlir.mlir.program import (
     argument_names,
+    check_dump,
     check_form,
     check_order,
     check_signatures,
@@ -35,6 +36,7 @@ class ImportShardingsPass(ModulePass):
         ARG_NAMES.set({})
         if state.program is not None:
             check_order(state.program)
+            check_dump(state.program)
             check_signatures(state.program)
             check_form(state.program)
             ARG_NAMES.set(argument_names(state.program.ref_func)

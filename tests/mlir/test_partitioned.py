@@ -607,11 +607,12 @@ def test_cli_reads_hlo_proto_and_text(tmp_path, entangle) -> None:
 
 
 def test_cli_hlo_text_without_output_sharding(tmp_path, entangle) -> None:
-    """Plain HLO text does not record the output sharding: a clean 'not proven' that says how
-    to dump it; the proto dump of the same program has it."""
+    """Plain HLO text does not record the output sharding: bad input, one line naming the flag
+    that keeps it and the proto dump; the proto dump of the same program has it."""
     ref, dumps = _dump("matmul_2d_rows_contract", tmp_path, keep_shardings=False)
     run = entangle("check", ref, dumps["hlo.txt"])
-    assert run.code == 3 and "xla_keep_shardings_after_spmd" in run.text, run.text
+    assert run.code == 2 and len(run.text.strip().splitlines()) == 1, run.text
+    assert "--xla_keep_shardings_after_spmd=true" in run.text and "hlo.pb" in run.text, run.text
     assert entangle("check", ref, dumps["hlo.pb"]).code == 0
 
 
