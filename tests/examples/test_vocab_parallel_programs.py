@@ -326,10 +326,10 @@ def _xla_ce(logits, labels):
     return jnp.log(lax.psum(jnp.sum(jnp.exp(shifted), axis=-1), "tp")) - picked
 
 
-def _xla_model(mesh, dp):
-    """A two-layer residual MLP between the Megatron embedding and cross-entropy (shard_map
-    library functions); XLA partitions the rest (its per-device program: partition_id
-    arithmetic, the embedding's psum as an all-reduce)."""
+def _xla_model(mesh, dp, layers: int = 2):
+    """A residual MLP (`layers` layers) between the Megatron embedding and cross-entropy
+    (shard_map library functions); XLA partitions the rest (its per-device program:
+    partition_id arithmetic, the embedding's psum as an all-reduce)."""
     from jax.sharding import NamedSharding
 
     tokens = P(dp)
@@ -340,16 +340,16 @@ def _xla_model(mesh, dp):
 
     def model(ids, labels, wte, w1, w2):
         h = lookup(ids, wte)
-        for _ in range(2):
+        for _ in range(layers):
             h = h + jax.nn.relu(h @ w1) @ w2
         logits = lax.with_sharding_constraint(h @ wte.T, NamedSharding(mesh, split_logits))
         return jnp.mean(loss(logits, labels))
     return model
 
 
-def _xla_reference(ids, labels, wte, w1, w2):
+def _xla_reference(ids, labels, wte, w1, w2, layers: int = 2):
     h = wte[ids]
-    for _ in range(2):
+    for _ in range(layers):
         h = h + jax.nn.relu(h @ w1) @ w2
     logits = h @ wte.T
     m = jnp.max(lax.stop_gradient(logits), axis=-1)
@@ -358,9 +358,12 @@ def _xla_reference(ids, labels, wte, w1, w2):
     return jnp.mean(lse - picked)
 
 
-@pytest.mark.parametrize("axes", [(("tp", 2),), (("tp", 8),), DP_TP],
-                         ids=["tp2", "tp8", "dp2xtp4"])
-def test_xla_partitioned_model_with_the_megatron_spelling(axes) -> None:
+@pytest.mark.parametrize("axes,layers", [((("tp", 2),), 2), ((("tp", 8),), 2), (DP_TP, 2),
+                                         ((("tp", 8),), 8)],
+                         ids=["tp2", "tp8", "dp2xtp4", "tp8_8layers"])
+def test_xla_partitioned_model_with_the_megatron_spelling(axes, layers: int) -> None:
+    """XLA's per-device program of the jitted model, grounded (equal loss on simulated
+    devices) and proven; 8 layers shows the depth (the layers are XLA-partitioned matmuls)."""
     from jax.sharding import AxisType, NamedSharding
 
     from entangle_mlir.jax import lower_partitioned
@@ -375,7 +378,8 @@ def test_xla_partitioned_model_with_the_megatron_spelling(axes) -> None:
               ((d, f), jnp.float32), ((f, d), jnp.float32)]
     avals = [jax.ShapeDtypeStruct(s, t, sharding=NamedSharding(mesh, p))
              for (s, t), p in zip(shapes, specs)]
-    model = _xla_model(mesh, dp)
+    model = _xla_model(mesh, dp, layers)
+    reference = functools.partial(_xla_reference, layers=layers)
     rng = np.random.default_rng(7)
     inputs = [rng.integers(0, vocab, (b,)).astype(np.int32),
               rng.integers(0, vocab, (b,)).astype(np.int32)] + [
@@ -384,9 +388,9 @@ def test_xla_partitioned_model_with_the_megatron_spelling(axes) -> None:
     with jax.set_mesh(mesh):
         got = jax.jit(model)(*placed)
         _, sharded = lower_partitioned(model, *avals)
-    want = jax.jit(_xla_reference)(*inputs)
+    want = jax.jit(reference)(*inputs)
     assert np.allclose(np.asarray(got), np.asarray(want), atol=1e-5)
-    ref_text = jax.jit(_xla_reference).lower(
+    ref_text = jax.jit(reference).lower(
         *[jax.ShapeDtypeStruct(s, t) for s, t in shapes]).as_text()
     report = check_texts(ref_text, sharded)
     assert report.proven, report.render_text()
