@@ -165,14 +165,14 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
         elif isinstance(value, Permuted | Windowed | Shifted | Reordered) and \
                 not value.rel.partial and not single:
             global_value = evaluate_term(value.rel.term, env, memo)
-            for d in range(devices):
+            for d in checked:  # run_devices reads the checked devices' operands only
                 local[d][i] = derived_local(global_value, value, mesh, d)
         elif isinstance(value, DEVICE_BLOCK_VALUES) and not value.rel.partial and not single:
-            for d in range(devices):
+            for d in checked:
                 junk = source.tensor(f"o{i}.d{d}", want or (), dtype)
                 local[d][i], _ = block_local(value, env, memo, mesh, d, junk)
         else:
-            for d in range(devices):
+            for d in checked:
                 local[d][i] = source.tensor(f"o{i}.d{d}", want or (), dtype)
         for d in checked:
             if want is not None and tuple(local[d][i].shape) != want:
