@@ -14,6 +14,7 @@ from jaxlib.mlir import ir
 from entangle_mlir.core.diagnostics import InputError
 from entangle_mlir.mlir import xla
 from entangle_mlir.mlir.ir import parse_module
+from entangle_mlir.mlir.per_device import PARTITIONED_DUMP
 
 MAX_INPUT_BYTES = 512 * 1024 * 1024
 MAX_SPECIAL_BYTES = 64 * 1024 * 1024
@@ -43,7 +44,7 @@ def load_file(path: str) -> ir.Module:
     if report is not None:
         raise InputError(f"is XLA's {report} (a file --xla_dump_to writes beside the HLO "
                          "modules), not a program; pass the module XLA partitioned: run with "
-                         + xla.PARTITIONED_DUMP, file=path)
+                         + PARTITIONED_DUMP, file=path)
     # XLA HLO dumps: a serialized HloProto / HloModuleProto (`.hlo.pb`, `.pb`) or HLO text
     # (`HloModule ...`), converted to StableHLO by jaxlib.
     if xla.is_hlo_proto_path(path) or xla.is_hlo_text(data):

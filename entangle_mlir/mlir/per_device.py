@@ -22,6 +22,11 @@ from entangle_mlir.mlir.compat import hlo_bindings
 
 _SHARDING = "mhlo.sharding"
 
+PARTITIONED_DUMP = ("XLA_FLAGS=\"--xla_dump_to=DIR --xla_dump_hlo_pass_re=spmd-partitioning "
+                    "--xla_dump_hlo_as_proto\" and check DIR/*after_spmd-partitioning*.hlo.pb")
+"""How to get the program entangle checks from XLA: its module after SPMD partitioning, before
+fusion (what `entangle_mlir.jax.partitioned_hlo` dumps)."""
+
 
 @dataclass(frozen=True)
 class DeviceLayout:

@@ -18,12 +18,12 @@ from entangle_mlir.mlir.compat import hlo_bindings, inlined_func_call
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.opinfo import op_location, tensor_type
 from entangle_mlir.mlir.per_device import (
+    PARTITIONED_DUMP,
     adopt_shardy_local,
     is_per_device,
     parameter_shardings,
     result_shardings,
 )
-from entangle_mlir.mlir.xla import PARTITIONED_DUMP
 
 
 @dataclass

@@ -22,10 +22,6 @@ from entangle_mlir.mlir.program import functions, inline_calls, public_main
 
 HLO_TEXT_PREFIX = b"HloModule"
 
-PARTITIONED_DUMP = ("XLA_FLAGS=\"--xla_dump_to=DIR --xla_dump_hlo_pass_re=spmd-partitioning "
-                    "--xla_dump_hlo_as_proto\" and check DIR/*after_spmd-partitioning*.hlo.pb")
-"""How to get the program entangle checks from XLA: its module after SPMD partitioning, before
-fusion (what `entangle_mlir.jax.partitioned_hlo` dumps)."""
 
 _NOT_PROGRAMS = ((b"BufferAssignment:", "buffer assignment report"),
                  (b"HloLiveRange", "live range report"),
