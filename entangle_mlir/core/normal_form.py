@@ -397,7 +397,9 @@ def slice_of_reshape(arg: Term, starts, limits, strides) -> Term | None:
     shape = tuple(hi - lo for lo, hi in zip(x_starts, x_limits))
     piece = make_op("slice", (x,), (tuple(x_starts), tuple(x_limits), (1,) * len(shape)),
                     shape, x.dtype, linear_in=0)
-    return make_reshape(piece, tuple(hi - lo for lo, hi in zip(starts, limits)))
+    out = tuple(hi - lo for lo, hi in zip(starts, limits))
+    squeezed = squeeze(piece, out)
+    return squeezed if squeezed is not None else make_reshape(piece, out)
 
 
 def _flat_run(dims: list[tuple[int, int, int]]) -> tuple[int, int] | None:
@@ -622,7 +624,7 @@ def normal_form(term: Term, memo: dict[int, Term] | None = None) -> Term:
     memo = {} if memo is None else memo
     for top in post_order(term, memo):
         args = tuple(memo[a.serial] for a in top.args)
-        memo[top.serial] = _normal_node(top, args)
+        memo[top.serial] = _normal_node(top, args, memo)
     return memo[term.serial]
 
 
@@ -757,7 +759,164 @@ def scatter_at_constants(term: Term, args: tuple[Term, ...]) -> Term | None:
     return make_lin(pieces, Fraction(0), term.shape, term.dtype)
 
 
-def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
+def _dropped(src: tuple[int, ...], dst: tuple[int, ...]) -> list[int] | None:
+    """The dims of `src` to leave out, all of size 1, for `dst` to be what is left (the last
+    unit dims of a run where several could go); None when `dst` is no such shape."""
+    if len(dst) >= len(src) or 1 not in src:
+        return None
+    dropped, j = [], len(dst) - 1
+    for i in range(len(src) - 1, -1, -1):
+        if j >= 0 and src[i] == dst[j]:
+            j -= 1
+        elif src[i] == 1:
+            dropped.append(i)
+        else:
+            return None
+    return sorted(dropped) if j < 0 else None
+
+
+def _without(dims, gone: list[int]) -> tuple[int, ...]:
+    """Dim numbers `dims` renumbered once the dims `gone` are left out (none of them among
+    `dims`)."""
+    return tuple(d - sum(g < d for g in gone) for d in dims)
+
+
+def squeeze(term: Term, shape: tuple[int, ...]) -> Term | None:
+    """`reshape(term, shape)` where the reshape only leaves out unit dims, with the reshape
+    pushed to the operands through the ops that keep those dims apart (each exact: a unit dim
+    is one index, no element moves): a dot_general's unit batch dim (left out of both
+    operands) or unit free dim (left out of its operand); a transpose; an elementwise op or a
+    `lin`; a broadcast; a reduction or a reduce_window with a window of 1 and no padding on
+    the dim; a slice, on the dims it keeps whole; a top_k (along another dim). None when `shape` is not `term.shape` less some unit dims."""
+    gone = _dropped(term.shape, tuple(shape))
+    if gone is None:
+        return None
+    out = _squeeze(term, tuple(shape), gone)
+    return None if out.op == "reshape" and out.args[0] is term else out
+
+
+def _squeeze_or_reshape(term: Term, shape: tuple[int, ...]) -> Term:
+    out = squeeze(term, shape)
+    return out if out is not None else make_reshape(term, shape)
+
+
+def _less(shape: tuple[int, ...], gone) -> tuple[int, ...]:
+    return tuple(n for d, n in enumerate(shape) if d not in gone)
+
+
+def _squeeze(term: Term, shape: tuple[int, ...], gone: list[int]) -> Term:
+    op = term.op
+    if op == "lin":
+        pairs, constant = linear_parts(term)
+        return make_lin([(k, _squeeze(t, shape, gone)) for k, t in pairs], constant, shape,
+                        term.dtype)
+    if op in _ELEMENTWISE and all(a.shape == term.shape for a in term.args):
+        return rebuild_elementwise(term, tuple(_squeeze(a, shape, gone) for a in term.args))
+    if op == "transpose":
+        (perm,) = term.attrs
+        inner_gone = sorted(perm[d] for d in gone)
+        x = term.args[0]
+        inner = _squeeze(x, _less(x.shape, inner_gone), inner_gone)
+        kept = [perm[d] for d in range(len(perm)) if d not in gone]
+        return make_transpose(inner, _without(kept, inner_gone))
+    if op == "broadcast":
+        (dims,) = term.attrs
+        x = term.args[0]
+        inner_gone = [i for i, d in enumerate(dims) if d in gone]
+        inner = x if not inner_gone else _squeeze(x, _less(x.shape, inner_gone), inner_gone)
+        new_dims = _without([d for d in dims if d not in gone], gone)
+        return make_broadcast(inner, new_dims, shape)
+    if op == "stablehlo.dot_general":
+        lhs, rhs = term.args
+        lb, rb, lc, rc = term.attrs
+        lf = [d for d in range(len(lhs.shape)) if d not in lb and d not in lc]
+        rf = [d for d in range(len(rhs.shape)) if d not in rb and d not in rc]
+        sources = [(0, lb[k], rb[k]) for k in range(len(lb))] + [(1, d, None) for d in lf] \
+            + [(2, None, d) for d in rf]
+        lgone = sorted(sources[d][1] for d in gone if sources[d][1] is not None)
+        rgone = sorted(sources[d][2] for d in gone if sources[d][2] is not None)
+        keep = [k for k in range(len(lb)) if sources[k][1] not in lgone]
+        left = _squeeze(lhs, _less(lhs.shape, lgone), lgone) if lgone else lhs
+        right = _squeeze(rhs, _less(rhs.shape, rgone), rgone) if rgone else rhs
+        attrs = (_without([lb[k] for k in keep], lgone), _without([rb[k] for k in keep], rgone),
+                 _without(lc, lgone), _without(rc, rgone))
+        return make_dot(left, right, attrs, shape, term.dtype)
+    if op in _REDUCTIONS and len(term.args) == 1:
+        x = term.args[0]
+        kept = [d for d in range(len(x.shape)) if d not in term.attrs[0]]
+        inner_gone = sorted(kept[d] for d in gone)
+        inner = _squeeze(x, _less(x.shape, inner_gone), inner_gone)
+        return make_op(op, (inner,), (_without(term.attrs[0], inner_gone),) + term.attrs[1:],
+                       shape, term.dtype, linear_in=0 if op == "reduce_sum" else None)
+    if op == "reduce_window_sum" and len(term.args) == 1 \
+            and all(a[d] == 1 for a in term.attrs[:4] for d in gone) \
+            and all(a[d] == 0 for a in term.attrs[4:6] for d in gone):
+        x = term.args[0]
+        inner = _squeeze(x, _less(x.shape, gone), gone)
+        attrs = tuple(tuple(v for d, v in enumerate(a) if d not in gone) for a in term.attrs)
+        return make_op(op, (inner,), attrs, shape, term.dtype, linear_in=0)
+    if op == "slice" and any(term.args[0].shape[d] == 1 for d in gone):
+        x = term.args[0]
+        whole = [d for d in gone if x.shape[d] == 1]
+        inner = _squeeze(x, _less(x.shape, whole), whole)
+        cut = _slice(inner, *(tuple(v for d, v in enumerate(a) if d not in whole)
+                              for a in term.attrs))
+        return make_reshape(cut, shape)
+    if op == selection.TOP_K and len(term.shape) - 1 not in gone:
+        x = term.args[0]
+        inner = _squeeze(x, _less(x.shape, gone), gone)
+        return make_op(op, (inner,), term.attrs, shape, term.dtype)
+    return make_reshape(term, shape)
+
+
+def slice_through(arg: Term, starts, limits, strides) -> Term | None:
+    """A slice of `arg` as the op of `arg` applied to slices of its operands, where the
+    slice keeps whole every dim the op reads across (each exact: the result's rows along a
+    dim the op maps one to one are computed from the operand's rows alone): a reduction
+    over other dims (the operand sliced on the kept dims); a reduce_window with a window of 1,
+    unit strides and dilations and no padding on the sliced dims; a top_k (along the last
+    dim) sliced on the other dims. None for any other slice."""
+    rank = len(arg.shape)
+    cut = [d for d in range(rank) if (starts[d], limits[d], strides[d]) != (0, arg.shape[d], 1)]
+    if not cut:
+        return None
+    shape = tuple(len(range(a, b, c)) for a, b, c in zip(starts, limits, strides))
+    if arg.op in _REDUCTIONS and len(arg.args) == 1:
+        x = arg.args[0]
+        kept = [d for d in range(len(x.shape)) if d not in arg.attrs[0]]
+        x_starts, x_limits, x_strides = [0] * len(x.shape), list(x.shape), [1] * len(x.shape)
+        for d, k in enumerate(kept):
+            x_starts[k], x_limits[k], x_strides[k] = starts[d], limits[d], strides[d]
+        inner = _slice(x, x_starts, x_limits, x_strides)
+        return make_op(arg.op, (inner,), arg.attrs, shape, arg.dtype,
+                       linear_in=0 if arg.op == "reduce_sum" else None)
+    if arg.op == "reduce_window_sum" and len(arg.args) == 1 \
+            and arg.args[0].shape == arg.shape \
+            and all(a[d] == 1 for a in arg.attrs[:4] for d in cut) \
+            and all(a[d] == 0 for a in arg.attrs[4:6] for d in cut):
+        inner = _slice(arg.args[0], starts, limits, strides)
+        return make_op(arg.op, (inner,), arg.attrs, shape, arg.dtype, linear_in=0)
+    if arg.op == selection.TOP_K and cut != [rank - 1]:
+        x = arg.args[0]
+        last = (0, x.shape[-1], 1)
+        inner = _slice(x, (*starts[:-1], last[0]), (*limits[:-1], last[1]),
+                       (*strides[:-1], last[2]))
+        rows = (*shape[:-1], arg.shape[-1])
+        top = make_op(arg.op, (inner,), arg.attrs, rows, arg.dtype)
+        if rank - 1 not in cut:
+            return top
+        return _slice(top, (0,) * (rank - 1) + (starts[-1],), rows[:-1] + (limits[-1],),
+                      (1,) * (rank - 1) + (strides[-1],))
+    return None
+
+
+def _slice(x: Term, starts, limits, strides) -> Term:
+    shape = tuple(len(range(a, b, c)) for a, b, c in zip(starts, limits, strides))
+    return make_op("slice", (x,), (tuple(starts), tuple(limits), tuple(strides)), shape,
+                   x.dtype, linear_in=0)
+
+
+def _normal_node(term: Term, args: tuple[Term, ...], memo: dict[int, Term]) -> Term:
     if term.op == "concatenate":
         return make_concat(args, term.attrs[0])
     if term.op == "slice":
@@ -766,7 +925,10 @@ def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
             return spanning
         box = slice_of_reshape(args[0], *term.attrs)
         if box is not None:
-            return box
+            return normal_form(box, memo)
+        through = slice_through(args[0], *term.attrs)
+        if through is not None:
+            return normal_form(through, memo)
     if term.op == "reduce_sum":
         blocks = sum_of_blocks(term, args[0])
         if blocks is not None:
@@ -775,6 +937,9 @@ def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
         pieces = reshape_of_concat(term, args[0])
         if pieces is not None:
             return pieces
+        squeezed = squeeze(args[0], term.shape)
+        if squeezed is not None:
+            return normal_form(squeezed, memo)
     if term.op == "stablehlo.scatter":
         placed = scatter_at_constants(term, args)
         if placed is not None:
