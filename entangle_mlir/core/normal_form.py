@@ -226,10 +226,45 @@ def _lift_elementwise(pieces: list[Term], dim: int) -> Term | None:
         return None
     if any(a.shape != p.shape for p in pieces for a in p.args):
         return None
-    columns = [make_concat([p.args[k] for p in pieces], dim) for k in range(len(first.args))]
+    operands = [_aligned(p, first) for p in pieces]
+    columns = [make_concat([args[k] for args in operands], dim)
+               for k in range(len(first.args))]
     if not any(c.op != "concatenate" for c in columns):
         return None
-    return rebuild_elementwise(first, tuple(columns))
+    return _rebuilt(first, tuple(columns))
+
+
+_COMMUTES = frozenset({"mul"} | {op for op, t in ELEMENTWISE_OPS.items() if t.commutes})
+
+
+def _arg_key(term: Term) -> tuple:
+    return term.op, term.dtype, term.attrs
+
+
+def _aligned(piece: Term, first: Term) -> tuple[Term, ...]:
+    """The operands of `piece`, an op like `first`, in `first`'s operand order: for an op
+    whose operands commute (so any order is the same value), reordered so that each lines
+    up with `first`'s operand of the same kind (op, element type, attributes), where those
+    kinds are distinct; else as they are. The builders order commuting operands by serial,
+    so pieces computed alike can list them in different orders."""
+    if piece.op not in _COMMUTES or piece is first:
+        return piece.args
+    keys = [_arg_key(a) for a in first.args]
+    mine = {_arg_key(a): a for a in piece.args}
+    if len(set(keys)) != len(keys) or len(mine) != len(piece.args) or set(mine) != set(keys):
+        return piece.args
+    return tuple(mine[k] for k in keys)
+
+
+def _rebuilt(term: Term, args: tuple[Term, ...]) -> Term:
+    """`rebuild_elementwise`, but a product of operands of other element types than its own
+    (an i1 mask times i32 values, an i32 product) keeps its element type: the builder would
+    take the first operand's."""
+    if term.op == "mul" and any(a.dtype != term.dtype for a in args):
+        shape = args[0].shape
+        return intern("mul", tuple(sorted(args, key=lambda t: t.serial)), (), shape,
+                      term.dtype)
+    return rebuild_elementwise(term, args)
 
 
 def _lift_dot(pieces: list[Term], dim: int) -> Term | None:
@@ -811,7 +846,7 @@ def _squeeze(term: Term, shape: tuple[int, ...], gone: list[int]) -> Term:
         return make_lin([(k, _squeeze(t, shape, gone)) for k, t in pairs], constant, shape,
                         term.dtype)
     if op in _ELEMENTWISE and all(a.shape == term.shape for a in term.args):
-        return rebuild_elementwise(term, tuple(_squeeze(a, shape, gone) for a in term.args))
+        return _rebuilt(term, tuple(_squeeze(a, shape, gone) for a in term.args))
     if op == "transpose":
         (perm,) = term.attrs
         inner_gone = sorted(perm[d] for d in gone)

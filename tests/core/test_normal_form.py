@@ -499,3 +499,44 @@ def test_blocks_meet_a_concatenation_piece_by_piece() -> None:
     # must fail: the rows in the other order
     assert not blocks_meet(whole, raw_concat(rows[::-1], 0))
     assert refuted(raw_concat(rows[::-1], 0), whole)
+
+
+def _cumsum(x, dim: int):
+    """A cumulative sum along `dim` (reduce_window add, window the dim's length, padding
+    n - 1 below), as jnp.cumsum lowers it."""
+    rank, n = len(x.shape), x.shape[dim]
+    window = tuple(n if d == dim else 1 for d in range(rank))
+    low = tuple(n - 1 if d == dim else 0 for d in range(rank))
+    return intern("reduce_window_sum", (x,), (window, (1,) * rank, (1,) * rank, (1,) * rank,
+                                              low, (0,) * rank), x.shape, x.dtype)
+
+
+def test_unit_dims_squeeze_through_a_batched_dot_and_a_cumsum() -> None:
+    x, w = make_arg(0, (1, 3, 2), "i32"), make_arg(1, (1, 2, 4), "i32")
+    dot = intern("stablehlo.dot_general", (_cumsum(x, 1), w), ((0,), (0,), (2,), (1,)),
+                 (1, 3, 4), "i32")
+    raw = intern("reshape", (dot,), (), (3, 4), "i32")
+    out = normal_form(raw)
+    assert out.op == "stablehlo.dot_general" and out.attrs == ((), (), (1,), (0,))
+    assert proved(raw, out)
+    # must fail: a cumsum along the other dim is not what the squeeze gives
+    other = intern("reshape", (intern("stablehlo.dot_general", (_cumsum(x, 2), w),
+                                      dot.attrs, dot.shape, "i32"),), (), (3, 4), "i32")
+    assert normal_form(other) is not out and not proved(other, out)
+
+
+def test_a_slice_across_a_cumsum_is_the_cumsum_of_the_slice() -> None:
+    x = make_arg(0, (4, 3), "i32")
+    whole = _cumsum(x, 1)
+    raw = raw_slice(whole, 0, 1, 3)
+    out = normal_form(raw)
+    assert out.op == "reduce_window_sum" and proved(raw, out)
+    # must fail: cut along the summed dim, each block restarts with no carry
+    along = raw_slice(whole, 1, 1, 3)
+    restarted = _cumsum(raw_slice(x, 1, 1, 3), 1)
+    assert normal_form(along) is not normal_form(restarted) and refuted(along, restarted)
+    # must fail: an off-by-one window (the last row left out)
+    short = intern("reduce_window_sum", (x,), ((1, 2), (1, 1), (1, 1), (1, 1), (0, 1),
+                                                (0, 0)), x.shape, "i32")
+    assert normal_form(raw_slice(short, 0, 1, 3)) is not out
+    assert refuted(raw_slice(short, 0, 1, 3), out)
