@@ -951,6 +951,27 @@ def _slice(x: Term, starts, limits, strides) -> Term:
                    x.dtype, linear_in=0)
 
 
+def swapped_dot(term: Term, arg: Term) -> Term | None:
+    """`transpose(dot_general(a, b), perm)` where perm keeps the batch dims and puts b's
+    free dims before a's: `dot_general(b, a)` (exact: each element is the same sum, over the
+    same contracted positions in the same order, of the same products, which commute). None
+    for any other transpose."""
+    if term.op != "transpose" or arg.op != "stablehlo.dot_general":
+        return None
+    (perm,) = term.attrs
+    lhs, rhs = arg.args
+    lb, rb, lc, rc = arg.attrs
+    nb = len(lb)
+    nl = len(lhs.shape) - nb - len(lc)
+    nr = len(rhs.shape) - nb - len(rc)
+    if not nl or not nr:
+        return None
+    want = tuple(range(nb)) + tuple(range(nb + nl, nb + nl + nr)) + tuple(range(nb, nb + nl))
+    if tuple(perm) != want:
+        return None
+    return make_dot(rhs, lhs, (rb, lb, rc, lc), term.shape, term.dtype)
+
+
 def _normal_node(term: Term, args: tuple[Term, ...], memo: dict[int, Term]) -> Term:
     if term.op == "concatenate":
         return make_concat(args, term.attrs[0])
@@ -975,6 +996,10 @@ def _normal_node(term: Term, args: tuple[Term, ...], memo: dict[int, Term]) -> T
         squeezed = squeeze(args[0], term.shape)
         if squeezed is not None:
             return normal_form(squeezed, memo)
+    if term.op == "transpose":
+        swapped = swapped_dot(term, args[0])
+        if swapped is not None:
+            return swapped
     if term.op == "stablehlo.scatter":
         placed = scatter_at_constants(term, args)
         if placed is not None:

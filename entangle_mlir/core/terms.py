@@ -963,6 +963,14 @@ term's shape: `lin` a linear combination (add, subtract, negate, scaling by cons
 a product, `div` a quotient (`core/traits.py` `Traits.term` says which ops become which)."""
 
 
+def typed_product(product: Term, dtype: str) -> Term:
+    """A product rebuilt from factors of other element types than its own (an i1 mask times
+    i32 values) in its own type `dtype`: `make_mul` takes its first factor's."""
+    if product.op == "mul" and product.dtype != dtype:
+        return intern("mul", product.args, (), product.shape, dtype)
+    return product
+
+
 def rebuild_elementwise(term: Term, args: tuple[Term, ...]) -> Term:
     """The same elementwise op on new operands, through the canonical builders (so sorted
     operands stay sorted and scalars are pulled out again)."""
@@ -970,7 +978,7 @@ def rebuild_elementwise(term: Term, args: tuple[Term, ...]) -> Term:
         product = args[0]
         for factor in args[1:]:
             product = make_mul(product, factor)
-        return product
+        return typed_product(product, term.dtype)
     if term.op == "div":
         return make_div(*args)
     return make_elementwise(term.op, args, term.attrs, dtype=term.dtype)
@@ -1565,7 +1573,7 @@ def rebuild(term: Term, args: tuple[Term, ...]) -> Term:
         constant, coefs = attrs
         out = make_lin(list(zip(coefs, args)), constant, shape, dtype)
     elif op == "mul":
-        out = functools.reduce(make_mul, args)
+        out = typed_product(functools.reduce(make_mul, args), dtype)
     elif op == "div":
         out = make_div(*args)
     elif op == "broadcast":
