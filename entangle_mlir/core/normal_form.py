@@ -40,6 +40,18 @@ the semantics policy allows; nothing else is assumed):
   which some operand meets (`_join_groups`; any order used on both operands alike is exact).
 * argmax / argmin and top_k of per-block candidates, and index bounds an interval decides:
   `core/selection.py`.
+* a reshape that only leaves out unit dims goes to the operands (`squeeze`): through a
+  dot_general's unit batch or free dim, a transpose, elementwise ops and `lin`, broadcasts,
+  reductions, a reduce_window (window 1 on the dim), a slice (on dims it keeps whole) and a
+  top_k (the reference's group of one token block, cut out of its vmapped groups, meets the
+  device's unbatched computation);
+* a slice of a reduction, of a reduce_window with a window of 1 on the cut dims (a cumsum
+  along another dim) or of a top_k along its other dims is the op of the operand's rows
+  (`slice_through`);
+* a transpose putting a dot_general's rhs free dims before its lhs free dims is the dot with
+  its operands swapped (`swapped_dot`);
+* commuting operands (the builders sort them by serial) are lined up piece by piece before a
+  concatenation lifts through an elementwise op (`_aligned`).
 
 Since the builders order sums by serial, pieces computed alike can still come out with
 different signs; `split_like` / `blocks_meet` (used by the general tier's decision) meet
@@ -226,7 +238,7 @@ def _lift_elementwise(pieces: list[Term], dim: int) -> Term | None:
         return None
     if any(a.shape != p.shape for p in pieces for a in p.args):
         return None
-    operands = [_aligned(p, first) for p in pieces]
+    operands = _aligned(pieces)
     columns = [make_concat([args[k] for args in operands], dim)
                for k in range(len(first.args))]
     if not any(c.op != "concatenate" for c in columns):
@@ -237,23 +249,34 @@ def _lift_elementwise(pieces: list[Term], dim: int) -> Term | None:
 _COMMUTES = frozenset({"mul"} | {op for op, t in ELEMENTWISE_OPS.items() if t.commutes})
 
 
-def _arg_key(term: Term) -> tuple:
-    return term.op, term.dtype, term.attrs
+_ARG_KEYS = (lambda t: (t.op, t.dtype, t.attrs), lambda t: (t.op, t.dtype))
+"""What lines commuting operands up across pieces, tried in order: the operand's kind with
+its attributes, then without them (the windows of pieces' slices differ)."""
 
 
-def _aligned(piece: Term, first: Term) -> tuple[Term, ...]:
-    """The operands of `piece`, an op like `first`, in `first`'s operand order: for an op
-    whose operands commute (so any order is the same value), reordered so that each lines
-    up with `first`'s operand of the same kind (op, element type, attributes), where those
-    kinds are distinct; else as they are. The builders order commuting operands by serial,
-    so pieces computed alike can list them in different orders."""
-    if piece.op not in _COMMUTES or piece is first:
-        return piece.args
-    keys = [_arg_key(a) for a in first.args]
-    mine = {_arg_key(a): a for a in piece.args}
-    if len(set(keys)) != len(keys) or len(mine) != len(piece.args) or set(mine) != set(keys):
-        return piece.args
-    return tuple(mine[k] for k in keys)
+def _aligned(pieces: list[Term]) -> list[tuple[Term, ...]]:
+    """The operands of each piece (one op), in the first piece's operand order: for an op
+    whose operands commute (so any order is the same value), each piece's reordered so that
+    each operand lines up with the first piece's operand of the same kind (`_ARG_KEYS`, the
+    first under which every piece's kinds are distinct and the same); else as they are. The
+    builders order commuting operands by serial, so pieces computed alike can list them in
+    different orders."""
+    plain = [p.args for p in pieces]
+    if pieces[0].op not in _COMMUTES:
+        return plain
+    for key in _ARG_KEYS:
+        order = [key(a) for a in pieces[0].args]
+        if len(set(order)) != len(order):
+            continue
+        out = []
+        for p in pieces:
+            mine = {key(a): a for a in p.args}
+            if len(mine) != len(p.args) or set(mine) != set(order):
+                break
+            out.append(tuple(mine[k] for k in order))
+        else:
+            return out
+    return plain
 
 
 def _rebuilt(term: Term, args: tuple[Term, ...]) -> Term:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
 from entangle_mlir.analysis.instance.term_equality import check_term_equality
@@ -25,11 +26,16 @@ from entangle_mlir.core.terms import (
     make_elementwise,
     make_iota,
     make_lin,
+    make_mul,
     make_op,
     make_reshape,
     make_splat,
     make_transpose,
+    rebuild,
+    rebuild_elementwise,
+    subterms,
 )
+from entangle_mlir.semantics.evaluate import evaluate_term
 
 F32 = "f32"
 
@@ -540,3 +546,84 @@ def test_a_slice_across_a_cumsum_is_the_cumsum_of_the_slice() -> None:
                                                 (0, 0)), x.shape, "i32")
     assert normal_form(raw_slice(short, 0, 1, 3)) is not out
     assert refuted(raw_slice(short, 0, 1, 3), out)
+
+
+def _values(term, seed: int = 0, ints=(-3, 4)):
+    """`term` evaluated exactly on random small integers for its arguments."""
+    rng = np.random.default_rng(seed)
+    env = {}
+    for t in subterms([term]):
+        if t.op == "arg":
+            env[t.attrs[0]] = np.vectorize(lambda v: Fraction(int(v)), otypes=[object])(
+                rng.integers(*ints, t.shape))
+    return [v for v in np.asarray(evaluate_term(term, env, {})).flat]
+
+
+def _top(x, result: int):
+    k = 2
+    return intern("chlo.top_k", (x,), (k, result), (*x.shape[:-1], k),
+                  "i32" if result else x.dtype)
+
+
+def test_rows_of_a_top_k_are_the_top_k_of_the_rows() -> None:
+    x = make_arg(0, (4, 3, 5), F32)
+    for result in (0, 1):
+        whole = _top(x, result)
+        raw = raw_slice(whole, 0, 1, 3)
+        out = normal_form(raw)
+        assert out.op == "chlo.top_k" and out.args[0].shape == (2, 3, 5)
+        assert all(_values(raw, s) == _values(out, s) for s in range(5))
+        # a cut along the selected dim stays a slice of the top_k of the rows
+        both = intern("slice", (whole,), ((1, 0, 1), (3, 3, 2), (1, 1, 1)), (2, 3, 1),
+                      whole.dtype)
+        cut = normal_form(both)
+        assert cut.op == "slice" and cut.args[0].op == "chlo.top_k"
+        assert cut.args[0].args[0].shape == (2, 3, 5)
+        assert all(_values(both, s) == _values(cut, s) for s in range(5))
+        # must fail: the top_k of the rows narrowed to the kept columns (the operand cut
+        # like the result) is another value
+        narrow = _top(raw_slice(raw_slice(x, 0, 1, 3), 2, 0, 2), result)
+        assert normal_form(narrow) is not cut.args[0]
+        assert any(_values(raw, s) != _values(narrow, s) for s in range(5))
+
+
+def test_a_transpose_swapping_a_dots_free_dims_is_the_swapped_dot() -> None:
+    a, b = make_arg(0, (2, 3, 4), F32), make_arg(1, (2, 4, 3), F32)
+    dot = intern("stablehlo.dot_general", (a, b), ((0,), (0,), (2,), (1,)), (2, 3, 3), F32)
+    raw = intern("transpose", (dot,), ((0, 2, 1),), (2, 3, 3), F32)
+    out = normal_form(raw)
+    assert out.op == "stablehlo.dot_general" and out.args == (b, a)
+    assert out.attrs == ((0,), (0,), (1,), (2,)) and proved(raw, out)
+    # must fail: without the transpose (same shape) it is another value, left apart
+    assert normal_form(dot) is not out and refuted(dot, out)
+    # a transpose that moves the batch dim is left alone
+    moved = intern("transpose", (dot,), ((1, 0, 2),), (3, 2, 3), F32)
+    assert normal_form(moved).op == "transpose"
+
+
+def test_commuting_operands_line_up_when_a_concatenation_lifts() -> None:
+    x = make_arg(0, (6, 4), "i32")
+    m = make_arg(1, (6, 4), "i1")
+    whole = intern("mul", (x, m), (), (6, 4), "i32")
+    pieces = [intern("mul", (slice_term(x, 0, 0, 2), slice_term(m, 0, 0, 2)), (), (2, 4),
+                     "i32"),
+              intern("mul", (slice_term(m, 0, 2, 6), slice_term(x, 0, 2, 6)), (), (4, 4),
+                     "i32")]
+    joined = make_concat(pieces, 0)
+    assert joined.op == "mul" and joined.dtype == "i32" and set(joined.args) == {x, m}
+    assert all(_values(raw_concat(pieces, 0), s) == _values(whole, s) for s in range(3))
+    # must fail: the pieces swapped do not join into the whole
+    assert make_concat(pieces[::-1], 0) is not normal_form(whole)
+
+
+def test_a_product_rebuilt_keeps_its_own_type() -> None:
+    x = make_arg(0, (1, 4), "i32")
+    m = make_arg(1, (1, 4), "i1")
+    product = intern("mul", tuple(sorted((x, m), key=lambda t: t.serial)), (), (1, 4), "i32")
+    flat = normal_form(intern("reshape", (product,), (), (4,), "i32"))
+    assert flat.op == "mul" and flat.dtype == "i32"
+    y = make_arg(2, (1, 4), "i32")
+    for built in (rebuild(product, (m, y)), rebuild_elementwise(product, (m, y))):
+        assert built.op == "mul" and built.dtype == "i32"
+    # (the builder alone takes its first factor's type, the mask's)
+    assert make_mul(m, y).dtype == "i1"
