@@ -51,6 +51,22 @@ the semantics policy allows; nothing else is assumed):
   (`fold_constant`: IEEE 754 fixes both, `core/rounding.py`);
 * argmax / argmin and top_k of per-block candidates, and index bounds an interval decides:
   `core/selection.py`.
+* a reshape that only leaves out unit dims goes to the operands (`squeeze`): through a
+  dot_general's unit batch or free dim, a transpose, elementwise ops and `lin`, broadcasts,
+  reductions, a reduce_window (window 1 on the dim), a slice (on dims it keeps whole) and a
+  top_k (the reference's group of one token block, cut out of its vmapped groups, meets the
+  device's unbatched computation); not past a reduction to a dot's unit batch dim, nor to a
+  scalar (a device's one batch row, which the other rows join along; `_sum_view`'s form);
+* a reshape splitting a reduction's kept dims goes to its operand (`split_through_reduction`;
+  the blocks of a flattened reduction, joined, meet the unflattened one), and through a
+  broadcast it splits a dim of the broadcast operand alike (`make_reshape`);
+* a slice of a reduction, of a reduce_window with a window of 1 on the cut dims (a cumsum
+  along another dim) or of a top_k along its other dims is the op of the operand's rows
+  (`slice_through`);
+* a transpose putting a dot_general's rhs free dims before its lhs free dims is the dot with
+  its operands swapped (`swapped_dot`);
+* commuting operands (the builders sort them by serial) are lined up piece by piece before a
+  concatenation lifts through an elementwise op (`_aligned`).
 
 Since the builders order sums by serial, pieces computed alike can still come out with
 different signs; `split_like` / `blocks_meet` (used by the general tier's decision) meet
@@ -240,10 +256,56 @@ def _lift_elementwise(pieces: list[Term], dim: int) -> Term | None:
         return None
     if any(a.shape != p.shape for p in pieces for a in p.args):
         return None
-    columns = [make_concat([p.args[k] for p in pieces], dim) for k in range(len(first.args))]
+    operands = _aligned(pieces)
+    columns = [make_concat([args[k] for args in operands], dim)
+               for k in range(len(first.args))]
     if not any(c.op != "concatenate" for c in columns):
         return None
-    return rebuild_elementwise(first, tuple(columns))
+    return _rebuilt(first, tuple(columns))
+
+
+_COMMUTES = frozenset({"mul"} | {op for op, t in ELEMENTWISE_OPS.items() if t.commutes})
+
+
+_ARG_KEYS = (lambda t: (t.op, t.dtype, t.attrs), lambda t: (t.op, t.dtype))
+"""What lines commuting operands up across pieces, tried in order: the operand's kind with
+its attributes, then without them (the windows of pieces' slices differ)."""
+
+
+def _aligned(pieces: list[Term]) -> list[tuple[Term, ...]]:
+    """The operands of each piece (one op), in the first piece's operand order: for an op
+    whose operands commute (so any order is the same value), each piece's reordered so that
+    each operand lines up with the first piece's operand of the same kind (`_ARG_KEYS`, the
+    first under which every piece's kinds are distinct and the same); else as they are. The
+    builders order commuting operands by serial, so pieces computed alike can list them in
+    different orders."""
+    plain = [p.args for p in pieces]
+    if pieces[0].op not in _COMMUTES:
+        return plain
+    for key in _ARG_KEYS:
+        order = [key(a) for a in pieces[0].args]
+        if len(set(order)) != len(order):
+            continue
+        out = []
+        for p in pieces:
+            mine = {key(a): a for a in p.args}
+            if len(mine) != len(p.args) or set(mine) != set(order):
+                break
+            out.append(tuple(mine[k] for k in order))
+        else:
+            return out
+    return plain
+
+
+def _rebuilt(term: Term, args: tuple[Term, ...]) -> Term:
+    """`rebuild_elementwise`, but a product of operands of other element types than its own
+    (an i1 mask times i32 values, an i32 product) keeps its element type: the builder would
+    take the first operand's."""
+    if term.op == "mul" and any(a.dtype != term.dtype for a in args):
+        shape = args[0].shape
+        return intern("mul", tuple(sorted(args, key=lambda t: t.serial)), (), shape,
+                      term.dtype)
+    return rebuild_elementwise(term, args)
 
 
 def _aligned_parts(first: Term, other: Term) -> list[Term] | None:
@@ -549,7 +611,9 @@ def slice_of_reshape(arg: Term, starts, limits, strides) -> Term | None:
     shape = tuple(hi - lo for lo, hi in zip(x_starts, x_limits))
     piece = make_op("slice", (x,), (tuple(x_starts), tuple(x_limits), (1,) * len(shape)),
                     shape, x.dtype, linear_in=0)
-    return make_reshape(piece, tuple(hi - lo for lo, hi in zip(starts, limits)))
+    out = tuple(hi - lo for lo, hi in zip(starts, limits))
+    squeezed = squeeze(piece, out)
+    return squeezed if squeezed is not None else make_reshape(piece, out)
 
 
 def _flat_run(dims: list[tuple[int, int, int]]) -> tuple[int, int] | None:
@@ -887,7 +951,7 @@ stopping early only leaves two forms unmet)."""
 def _normal_pass(term: Term, memo: dict[int, Term]) -> Term:
     for top in post_order(term, memo):
         args = tuple(memo[a.serial] for a in top.args)
-        memo[top.serial] = _normal_node(top, args)
+        memo[top.serial] = _normal_node(top, args, memo)
     return memo[term.serial]
 
 
@@ -1126,7 +1190,222 @@ def scatter_replace_at_constants(term: Term, args: tuple[Term, ...]) -> Term | N
     return out
 
 
-def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
+class _KeptApart(Exception):
+    """A squeeze meets, under a reduction, a unit dim that is a dot_general's batch dim."""
+
+
+def _dropped(src: tuple[int, ...], dst: tuple[int, ...]) -> list[int] | None:
+    """The dims of `src` to leave out, all of size 1, for `dst` to be what is left (the last
+    unit dims of a run where several could go); None when `dst` is no such shape."""
+    if len(dst) >= len(src) or 1 not in src:
+        return None
+    dropped, j = [], len(dst) - 1
+    for i in range(len(src) - 1, -1, -1):
+        if j >= 0 and src[i] == dst[j]:
+            j -= 1
+        elif src[i] == 1:
+            dropped.append(i)
+        else:
+            return None
+    return sorted(dropped) if j < 0 else None
+
+
+def _without(dims, gone: list[int]) -> tuple[int, ...]:
+    """Dim numbers `dims` renumbered once the dims `gone` are left out (none of them among
+    `dims`)."""
+    return tuple(d - sum(g < d for g in gone) for d in dims)
+
+
+def squeeze(term: Term, shape: tuple[int, ...]) -> Term | None:
+    """`reshape(term, shape)` where the reshape only leaves out unit dims, with the reshape
+    pushed to the operands through the ops that keep those dims apart (each exact: a unit dim
+    is one index, no element moves): a dot_general's unit batch dim (left out of both
+    operands) or unit free dim (left out of its operand); a transpose; an elementwise op or a
+    `lin`; a broadcast; a reduction or a reduce_window with a window of 1 and no padding on
+    the dim; a slice, on the dims it keeps whole; a top_k (along another dim). None when `shape` is not `term.shape` less some unit dims."""
+    gone = _dropped(term.shape, tuple(shape))
+    if gone is None:
+        return None
+    try:
+        out = _squeeze(term, tuple(shape), gone)
+    except _KeptApart:
+        return None
+    return None if out.op == "reshape" and out.args[0] is term else out
+
+
+def _squeeze_or_reshape(term: Term, shape: tuple[int, ...]) -> Term:
+    out = squeeze(term, shape)
+    return out if out is not None else make_reshape(term, shape)
+
+
+def _less(shape: tuple[int, ...], gone) -> tuple[int, ...]:
+    return tuple(n for d, n in enumerate(shape) if d not in gone)
+
+
+def _squeeze(term: Term, shape: tuple[int, ...], gone: list[int],
+             reduced: bool = False) -> Term:
+    """`squeeze`'s recursion; `reduced`: a reduction lies above (see `_KeptApart`)."""
+    op = term.op
+    if op == "lin":
+        pairs, constant = linear_parts(term)
+        return make_lin([(k, _squeeze(t, shape, gone, reduced)) for k, t in pairs], constant,
+                        shape, term.dtype)
+    if op in _ELEMENTWISE and all(a.shape == term.shape for a in term.args):
+        return _rebuilt(term, tuple(_squeeze(a, shape, gone, reduced) for a in term.args))
+    if op == "transpose":
+        (perm,) = term.attrs
+        inner_gone = sorted(perm[d] for d in gone)
+        x = term.args[0]
+        inner = _squeeze(x, _less(x.shape, inner_gone), inner_gone, reduced)
+        kept = [perm[d] for d in range(len(perm)) if d not in gone]
+        return make_transpose(inner, _without(kept, inner_gone))
+    if op == "broadcast":
+        (dims,) = term.attrs
+        x = term.args[0]
+        inner_gone = [i for i, d in enumerate(dims) if d in gone]
+        inner = x if not inner_gone else _squeeze(x, _less(x.shape, inner_gone), inner_gone,
+                                                   reduced)
+        new_dims = _without([d for d in dims if d not in gone], gone)
+        return make_broadcast(inner, new_dims, shape)
+    if op == "stablehlo.dot_general":
+        lhs, rhs = term.args
+        lb, rb, lc, rc = term.attrs
+        lf = [d for d in range(len(lhs.shape)) if d not in lb and d not in lc]
+        rf = [d for d in range(len(rhs.shape)) if d not in rb and d not in rc]
+        sources = [(0, lb[k], rb[k]) for k in range(len(lb))] + [(1, d, None) for d in lf] \
+            + [(2, None, d) for d in rf]
+        if reduced and any(d < len(lb) for d in gone):
+            raise _KeptApart()
+        lgone = sorted(sources[d][1] for d in gone if sources[d][1] is not None)
+        rgone = sorted(sources[d][2] for d in gone if sources[d][2] is not None)
+        keep = [k for k in range(len(lb)) if sources[k][1] not in lgone]
+        left = _squeeze(lhs, _less(lhs.shape, lgone), lgone, reduced) if lgone else lhs
+        right = _squeeze(rhs, _less(rhs.shape, rgone), rgone, reduced) if rgone else rhs
+        attrs = (_without([lb[k] for k in keep], lgone), _without([rb[k] for k in keep], rgone),
+                 _without(lc, lgone), _without(rc, rgone))
+        return make_dot(left, right, attrs, shape, term.dtype)
+    if op in _REDUCTIONS and len(term.args) == 1 and shape:
+        x = term.args[0]
+        kept = [d for d in range(len(x.shape)) if d not in term.attrs[0]]
+        inner_gone = sorted(kept[d] for d in gone)
+        inner = _squeeze(x, _less(x.shape, inner_gone), inner_gone, True)
+        return make_op(op, (inner,), (_without(term.attrs[0], inner_gone),) + term.attrs[1:],
+                       shape, term.dtype, linear_in=0 if op == "reduce_sum" else None)
+    if op == "reduce_window_sum" and len(term.args) == 1 \
+            and all(a[d] == 1 for a in term.attrs[:4] for d in gone) \
+            and all(a[d] == 0 for a in term.attrs[4:6] for d in gone):
+        x = term.args[0]
+        inner = _squeeze(x, _less(x.shape, gone), gone, reduced)
+        attrs = tuple(tuple(v for d, v in enumerate(a) if d not in gone) for a in term.attrs)
+        return make_op(op, (inner,), attrs, shape, term.dtype, linear_in=0)
+    if op == "slice" and any(term.args[0].shape[d] == 1 for d in gone):
+        x = term.args[0]
+        whole = [d for d in gone if x.shape[d] == 1]
+        inner = _squeeze(x, _less(x.shape, whole), whole, reduced)
+        cut = _slice(inner, *(tuple(v for d, v in enumerate(a) if d not in whole)
+                              for a in term.attrs))
+        return make_reshape(cut, shape)
+    if op == selection.TOP_K and len(term.shape) - 1 not in gone:
+        x = term.args[0]
+        inner = _squeeze(x, _less(x.shape, gone), gone, reduced)
+        return make_op(op, (inner,), term.attrs, shape, term.dtype)
+    return make_reshape(term, shape)
+
+
+def split_through_reduction(arg: Term, shape: tuple[int, ...]) -> Term | None:
+    """`reshape(arg, shape)` of a reduction `arg` where the reshape only splits kept dims
+    into dims of size above 1: the reduction of its operand with those dims split alike
+    (exact: each result element reduces the same elements of the same row, in the same
+    order; what joining the blocks of a flattened reduction gives, met with the unflattened
+    one). None for any other reshape."""
+    if arg.op not in _REDUCTIONS or len(arg.args) != 1:
+        return None
+    groups = reshape_groups(arg.shape, tuple(shape))
+    if groups is None or any(len(src) != 1 or not dst or 1 in [shape[d] for d in dst]
+                             for src, dst in groups):
+        return None
+    (x,), reduced = arg.args, arg.attrs[0]
+    kept = [d for d in range(len(x.shape)) if d not in reduced]
+    split = {kept[src[0]]: [shape[d] for d in dst] for src, dst in groups}
+    sizes, new_reduced = [], []
+    for d, n in enumerate(x.shape):
+        if d in reduced:
+            new_reduced.append(len(sizes))
+        sizes.extend(split.get(d, [n]))
+    inner = make_reshape(x, tuple(sizes))
+    return make_op(arg.op, (inner,), (tuple(new_reduced),) + arg.attrs[1:], tuple(shape),
+                   arg.dtype, linear_in=0 if arg.op == "reduce_sum" else None)
+
+
+def slice_through(arg: Term, starts, limits, strides) -> Term | None:
+    """A slice of `arg` as the op of `arg` applied to slices of its operands, where the
+    slice keeps whole every dim the op reads across (each exact: the result's rows along a
+    dim the op maps one to one are computed from the operand's rows alone): a reduction
+    over other dims (the operand sliced on the kept dims); a reduce_window with a window of 1,
+    unit strides and dilations and no padding on the sliced dims; a top_k (along the last
+    dim) sliced on the other dims. None for any other slice."""
+    rank = len(arg.shape)
+    cut = [d for d in range(rank) if (starts[d], limits[d], strides[d]) != (0, arg.shape[d], 1)]
+    if not cut:
+        return None
+    shape = tuple(len(range(a, b, c)) for a, b, c in zip(starts, limits, strides))
+    if arg.op in _REDUCTIONS and len(arg.args) == 1:
+        x = arg.args[0]
+        kept = [d for d in range(len(x.shape)) if d not in arg.attrs[0]]
+        x_starts, x_limits, x_strides = [0] * len(x.shape), list(x.shape), [1] * len(x.shape)
+        for d, k in enumerate(kept):
+            x_starts[k], x_limits[k], x_strides[k] = starts[d], limits[d], strides[d]
+        inner = _slice(x, x_starts, x_limits, x_strides)
+        return make_op(arg.op, (inner,), arg.attrs, shape, arg.dtype,
+                       linear_in=0 if arg.op == "reduce_sum" else None)
+    if arg.op == "reduce_window_sum" and len(arg.args) == 1 \
+            and arg.args[0].shape == arg.shape \
+            and all(a[d] == 1 for a in arg.attrs[:4] for d in cut) \
+            and all(a[d] == 0 for a in arg.attrs[4:6] for d in cut):
+        inner = _slice(arg.args[0], starts, limits, strides)
+        return make_op(arg.op, (inner,), arg.attrs, shape, arg.dtype, linear_in=0)
+    if arg.op == selection.TOP_K and cut != [rank - 1]:
+        x = arg.args[0]
+        last = (0, x.shape[-1], 1)
+        inner = _slice(x, (*starts[:-1], last[0]), (*limits[:-1], last[1]),
+                       (*strides[:-1], last[2]))
+        rows = (*shape[:-1], arg.shape[-1])
+        top = make_op(arg.op, (inner,), arg.attrs, rows, arg.dtype)
+        if rank - 1 not in cut:
+            return top
+        return _slice(top, (0,) * (rank - 1) + (starts[-1],), rows[:-1] + (limits[-1],),
+                      (1,) * (rank - 1) + (strides[-1],))
+    return None
+
+
+def _slice(x: Term, starts, limits, strides) -> Term:
+    shape = tuple(len(range(a, b, c)) for a, b, c in zip(starts, limits, strides))
+    return make_op("slice", (x,), (tuple(starts), tuple(limits), tuple(strides)), shape,
+                   x.dtype, linear_in=0)
+
+
+def swapped_dot(term: Term, arg: Term) -> Term | None:
+    """`transpose(dot_general(a, b), perm)` where perm keeps the batch dims and puts b's
+    free dims before a's: `dot_general(b, a)` (exact: each element is the same sum, over the
+    same contracted positions in the same order, of the same products, which commute). None
+    for any other transpose."""
+    if term.op != "transpose" or arg.op != "stablehlo.dot_general":
+        return None
+    (perm,) = term.attrs
+    lhs, rhs = arg.args
+    lb, rb, lc, rc = arg.attrs
+    nb = len(lb)
+    nl = len(lhs.shape) - nb - len(lc)
+    nr = len(rhs.shape) - nb - len(rc)
+    if not nl or not nr:
+        return None
+    want = tuple(range(nb)) + tuple(range(nb + nl, nb + nl + nr)) + tuple(range(nb, nb + nl))
+    if tuple(perm) != want:
+        return None
+    return make_dot(rhs, lhs, (rb, lb, rc, lc), term.shape, term.dtype)
+
+
+def _normal_node(term: Term, args: tuple[Term, ...], memo: dict[int, Term]) -> Term:
     if term.op == "concatenate":
         return make_concat(args, term.attrs[0])
     if term.op == "slice":
@@ -1135,7 +1414,10 @@ def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
             return spanning
         box = slice_of_reshape(args[0], *term.attrs)
         if box is not None:
-            return box
+            return normal_form(box, memo)
+        through = slice_through(args[0], *term.attrs)
+        if through is not None:
+            return normal_form(through, memo)
         reduced = slice_of_reduction(args[0], *term.attrs)
         if reduced is not None:
             return reduced
@@ -1149,6 +1431,15 @@ def _normal_node(term: Term, args: tuple[Term, ...]) -> Term:
         pieces = reshape_of_concat(term, args[0])
         if pieces is not None:
             return pieces
+        squeezed = squeeze(args[0], term.shape)
+        if squeezed is None:
+            squeezed = split_through_reduction(args[0], term.shape)
+        if squeezed is not None:
+            return normal_form(squeezed, memo)
+    if term.op == "transpose":
+        swapped = swapped_dot(term, args[0])
+        if swapped is not None:
+            return swapped
     if term.op == "stablehlo.scatter":
         placed = scatter_at_constants(term, args)
         if placed is None:

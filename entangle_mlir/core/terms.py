@@ -963,6 +963,14 @@ term's shape: `lin` a linear combination (add, subtract, negate, scaling by cons
 a product, `div` a quotient (`core/traits.py` `Traits.term` says which ops become which)."""
 
 
+def typed_product(product: Term, dtype: str) -> Term:
+    """A product rebuilt from factors of other element types than its own (an i1 mask times
+    i32 values) in its own type `dtype`: `make_mul` takes its first factor's."""
+    if product.op == "mul" and product.dtype != dtype:
+        return intern("mul", product.args, (), product.shape, dtype)
+    return product
+
+
 def rebuild_elementwise(term: Term, args: tuple[Term, ...]) -> Term:
     """The same elementwise op on new operands, through the canonical builders (so sorted
     operands stay sorted and scalars are pulled out again)."""
@@ -970,7 +978,7 @@ def rebuild_elementwise(term: Term, args: tuple[Term, ...]) -> Term:
         product = args[0]
         for factor in args[1:]:
             product = make_mul(product, factor)
-        return product
+        return typed_product(product, term.dtype)
     if term.op == "div":
         return make_div(*args)
     return make_elementwise(term.op, args, term.attrs, dtype=term.dtype)
@@ -991,27 +999,35 @@ ELEMENTWISE_STABLEHLO = frozenset(op for op, traits in ELEMENTWISE_OPS.items()
 
 
 def _reshape_broadcast(term: Term, shape: tuple[int, ...]) -> Term | None:
-    """reshape(broadcast(y)) as one broadcast when the reshape only regroups created dims."""
+    """reshape(broadcast(y)) as one broadcast when the reshape only regroups created dims,
+    or splits a dim of y (then the broadcast of y reshaped alike)."""
     (dims,) = term.attrs
     operand = term.args[0]
     groups = reshape_groups(term.shape, shape)
     if groups is None:
         return None
-    new_dims = [0] * len(dims)
+    targets: list[list[int]] = [[0] for _ in dims]
     for src, dst in groups:
         kept = [d for d in src if d in dims]
         if not kept:
             continue
         real_src = [d for d in src if term.shape[d] != 1]
         real_dst = [d for d in dst if shape[d] != 1]
-        if (len(kept) != 1 or len(real_src) > 1 or len(real_dst) != 1
-                or operand.shape[dims.index(kept[0])] != term.shape[kept[0]]):
+        if (len(kept) != 1 or len(real_src) > 1 or not real_dst
+                or operand.shape[dims.index(kept[0])] != term.shape[kept[0]]
+                or (len(real_dst) > 1 and real_src != kept)):
             return None
-        new_dims[dims.index(kept[0])] = real_dst[0]
-    if any(operand.shape[i] != 1 and new_dims[i] == 0 and dims[i] != 0 for i in range(len(dims))):
+        targets[dims.index(kept[0])] = real_dst
+    if any(operand.shape[i] != 1 and targets[i] == [0] and dims[i] != 0
+           for i in range(len(dims))):
         return None
+    new_dims = [d for t in targets for d in t]
     if sorted(new_dims) != new_dims or len(set(new_dims)) != len(new_dims):
         return None
+    if len(new_dims) != len(dims):
+        operand = make_reshape(operand, tuple(
+            n for i, n in enumerate(operand.shape)
+            for n in ([shape[d] for d in targets[i]] if len(targets[i]) > 1 else [n])))
     return make_broadcast(operand, tuple(new_dims), shape)
 
 
@@ -1565,7 +1581,7 @@ def rebuild(term: Term, args: tuple[Term, ...]) -> Term:
         constant, coefs = attrs
         out = make_lin(list(zip(coefs, args)), constant, shape, dtype)
     elif op == "mul":
-        out = functools.reduce(make_mul, args)
+        out = typed_product(functools.reduce(make_mul, args), dtype)
     elif op == "div":
         out = make_div(*args)
     elif op == "broadcast":

@@ -29,10 +29,14 @@ from entangle_mlir.core.terms import (
     make_elementwise,
     make_iota,
     make_lin,
+    make_mul,
     make_op,
     make_reshape,
     make_splat,
     make_transpose,
+    rebuild,
+    rebuild_elementwise,
+    subterms,
 )
 from entangle_mlir.semantics.evaluate import evaluate_term
 from entangle_mlir.semantics.tensor import obj_array
@@ -829,3 +833,169 @@ def test_an_update_slice_in_plain_structure_and_in_normal_form() -> None:
     shifted = update_slice(plain, make_reshape(_stage(slice_term(x, 0, 0, 1), w, b, 0),
                                                (1, 2, 3)), (1, 0, 0), joined=False)
     assert normal_form(shifted) is not joined and not same_values(shifted, whole, env)
+
+
+def _cumsum(x, dim: int):
+    """A cumulative sum along `dim` (reduce_window add, window the dim's length, padding
+    n - 1 below), as jnp.cumsum lowers it."""
+    rank, n = len(x.shape), x.shape[dim]
+    window = tuple(n if d == dim else 1 for d in range(rank))
+    low = tuple(n - 1 if d == dim else 0 for d in range(rank))
+    return intern("reduce_window_sum", (x,), (window, (1,) * rank, (1,) * rank, (1,) * rank,
+                                              low, (0,) * rank), x.shape, x.dtype)
+
+
+def test_unit_dims_squeeze_through_a_batched_dot_and_a_cumsum() -> None:
+    x, w = make_arg(0, (1, 3, 2), "i32"), make_arg(1, (1, 2, 4), "i32")
+    dot = intern("stablehlo.dot_general", (_cumsum(x, 1), w), ((0,), (0,), (2,), (1,)),
+                 (1, 3, 4), "i32")
+    raw = intern("reshape", (dot,), (), (3, 4), "i32")
+    out = normal_form(raw)
+    assert out.op == "stablehlo.dot_general" and out.attrs == ((), (), (1,), (0,))
+    assert proved(raw, out)
+    # must fail: a cumsum along the other dim is not what the squeeze gives
+    other = intern("reshape", (intern("stablehlo.dot_general", (_cumsum(x, 2), w),
+                                      dot.attrs, dot.shape, "i32"),), (), (3, 4), "i32")
+    assert normal_form(other) is not out and not proved(other, out)
+
+
+def test_a_slice_across_a_cumsum_is_the_cumsum_of_the_slice() -> None:
+    x = make_arg(0, (4, 3), "i32")
+    whole = _cumsum(x, 1)
+    raw = raw_slice(whole, 0, 1, 3)
+    out = normal_form(raw)
+    assert out.op == "reduce_window_sum" and proved(raw, out)
+    # must fail: cut along the summed dim, each block restarts with no carry
+    along = raw_slice(whole, 1, 1, 3)
+    restarted = _cumsum(raw_slice(x, 1, 1, 3), 1)
+    assert normal_form(along) is not normal_form(restarted) and refuted(along, restarted)
+    # must fail: an off-by-one window (the last row left out)
+    short = intern("reduce_window_sum", (x,), ((1, 2), (1, 1), (1, 1), (1, 1), (0, 1),
+                                                (0, 0)), x.shape, "i32")
+    assert normal_form(raw_slice(short, 0, 1, 3)) is not out
+    assert refuted(raw_slice(short, 0, 1, 3), out)
+
+
+def _random_values(term, seed: int = 0, ints=(-3, 4)):
+    """`term` evaluated exactly on random small integers for its arguments."""
+    rng = np.random.default_rng(seed)
+    env = {}
+    for t in subterms([term]):
+        if t.op == "arg":
+            env[t.attrs[0]] = np.vectorize(lambda v: Fraction(int(v)), otypes=[object])(
+                rng.integers(*ints, t.shape))
+    return [v for v in np.asarray(evaluate_term(term, env, {})).flat]
+
+
+def _top(x, result: int):
+    k = 2
+    return intern("chlo.top_k", (x,), (k, result), (*x.shape[:-1], k),
+                  "i32" if result else x.dtype)
+
+
+def test_rows_of_a_top_k_are_the_top_k_of_the_rows() -> None:
+    x = make_arg(0, (4, 3, 5), F32)
+    for result in (0, 1):
+        whole = _top(x, result)
+        raw = raw_slice(whole, 0, 1, 3)
+        out = normal_form(raw)
+        assert out.op == "chlo.top_k" and out.args[0].shape == (2, 3, 5)
+        assert all(_random_values(raw, s) == _random_values(out, s) for s in range(5))
+        # a cut along the selected dim stays a slice of the top_k of the rows
+        both = intern("slice", (whole,), ((1, 0, 1), (3, 3, 2), (1, 1, 1)), (2, 3, 1),
+                      whole.dtype)
+        cut = normal_form(both)
+        assert cut.op == "slice" and cut.args[0].op == "chlo.top_k"
+        assert cut.args[0].args[0].shape == (2, 3, 5)
+        assert all(_random_values(both, s) == _random_values(cut, s) for s in range(5))
+        # must fail: the top_k of the rows narrowed to the kept columns (the operand cut
+        # like the result) is another value
+        narrow = _top(raw_slice(raw_slice(x, 0, 1, 3), 2, 0, 2), result)
+        assert normal_form(narrow) is not cut.args[0]
+        assert any(_random_values(raw, s) != _random_values(narrow, s) for s in range(5))
+
+
+def test_a_transpose_swapping_a_dots_free_dims_is_the_swapped_dot() -> None:
+    a, b = make_arg(0, (2, 3, 4), F32), make_arg(1, (2, 4, 3), F32)
+    dot = intern("stablehlo.dot_general", (a, b), ((0,), (0,), (2,), (1,)), (2, 3, 3), F32)
+    raw = intern("transpose", (dot,), ((0, 2, 1),), (2, 3, 3), F32)
+    out = normal_form(raw)
+    assert out.op == "stablehlo.dot_general" and out.args == (b, a)
+    assert out.attrs == ((0,), (0,), (1,), (2,)) and proved(raw, out)
+    # must fail: without the transpose (same shape) it is another value, left apart
+    assert normal_form(dot) is not out and refuted(dot, out)
+    # a transpose that moves the batch dim is left alone
+    moved = intern("transpose", (dot,), ((1, 0, 2),), (3, 2, 3), F32)
+    assert normal_form(moved).op == "transpose"
+
+
+def test_commuting_operands_line_up_when_a_concatenation_lifts() -> None:
+    x = make_arg(0, (6, 4), "i32")
+    m = make_arg(1, (6, 4), "i1")
+    whole = intern("mul", (x, m), (), (6, 4), "i32")
+    pieces = [intern("mul", (slice_term(x, 0, 0, 2), slice_term(m, 0, 0, 2)), (), (2, 4),
+                     "i32"),
+              intern("mul", (slice_term(m, 0, 2, 6), slice_term(x, 0, 2, 6)), (), (4, 4),
+                     "i32")]
+    joined = make_concat(pieces, 0)
+    assert joined.op == "mul" and joined.dtype == "i32" and set(joined.args) == {x, m}
+    assert all(_random_values(raw_concat(pieces, 0), s) == _random_values(whole, s) for s in range(3))
+    # must fail: the pieces swapped do not join into the whole
+    assert make_concat(pieces[::-1], 0) is not normal_form(whole)
+
+
+def test_a_product_rebuilt_keeps_its_own_type() -> None:
+    x = make_arg(0, (1, 4), "i32")
+    m = make_arg(1, (1, 4), "i1")
+    product = intern("mul", tuple(sorted((x, m), key=lambda t: t.serial)), (), (1, 4), "i32")
+    flat = normal_form(intern("reshape", (product,), (), (4,), "i32"))
+    assert flat.op == "mul" and flat.dtype == "i32"
+    y = make_arg(2, (1, 4), "i32")
+    for built in (rebuild(product, (m, y)), rebuild_elementwise(product, (m, y))):
+        assert built.op == "mul" and built.dtype == "i32"
+    # (the builder alone takes its first factor's type, the mask's)
+    assert make_mul(m, y).dtype == "i1"
+
+
+def test_a_split_of_a_reductions_kept_dim_goes_to_its_operand() -> None:
+    ids = make_arg(0, (4, 8), "i32")
+    flat = make_reshape(ids, (32,))
+    vocab = make_broadcast(make_iota((16,), 0, "i32"), (1,), (32, 16))
+    hits = make_elementwise("stablehlo.compare", (make_broadcast(flat, (0,), (32, 16)), vocab),
+                            ("EQ",))
+    counted = make_op("reduce_sum", (make_elementwise("stablehlo.convert", (hits,), (),
+                                                      dtype="i32"),), ((1,),), (32,), "i32",
+                      linear_in=0)
+    raw = intern("reshape", (counted,), (), (4, 8), "i32")
+    whole_hits = make_elementwise("stablehlo.compare", (
+        make_broadcast(ids, (0, 1), (4, 8, 16)),
+        make_broadcast(make_iota((16,), 0, "i32"), (2,), (4, 8, 16))), ("EQ",))
+    whole = make_op("reduce_sum", (make_elementwise("stablehlo.convert", (whole_hits,), (),
+                                                    dtype="i32"),), ((2,),), (4, 8), "i32",
+                    linear_in=0)
+    assert normal_form(raw) is normal_form(whole) and proved(raw, whole)
+    # must fail: the flat rows read as (8, 4) transposed is another order
+    other = make_transpose(intern("reshape", (counted,), (), (8, 4), "i32"), (1, 0))
+    assert normal_form(other) is not normal_form(whole) and refuted(other, whole)
+
+
+def test_a_units_batch_dim_under_a_reduction_is_not_squeezed() -> None:
+    q, k = make_arg(0, (1, 4, 3), F32), make_arg(1, (1, 5, 3), F32)
+    scores = make_dot(q, k, ((0,), (0,), (2,), (2,)), (1, 4, 5), F32)
+    top = make_op("reduce_max", (scores,), ((2,),), (1, 4), F32)
+    raw = intern("reshape", (top,), (), (4,), F32)
+    out = normal_form(raw)
+    # one row of a batch the other rows join along: the reshape stays above the reduction
+    assert out.op == "reshape" and out.args[0].op == "reduce_max" and proved(raw, out)
+    # a unit free dim under a reduction still squeezes
+    x = make_arg(2, (1, 4, 3), F32)
+    w = make_arg(3, (3, 5), F32)
+    logits = make_dot(x, w, ((), (), (2,), (0,)), (1, 4, 5), F32)
+    free = intern("reshape", (make_op("reduce_max", (logits,), ((2,),), (1, 4), F32),), (),
+                  (4,), F32)
+    squeezed = normal_form(free)
+    assert squeezed.op == "reduce_max" and proved(free, squeezed)
+    # must fail: the min in place of the max
+    least = intern("reshape", (make_op("reduce_min", (logits,), ((2,),), (1, 4), F32),), (),
+                   (4,), F32)
+    assert normal_form(least) is not squeezed and refuted(least, free)
