@@ -48,7 +48,7 @@ def unroll_ring_loops(module: ir.Module, ops: list | None = None) -> int:
     trips: 65536 copies, minutes). A loop past the budget stays a loop (read by the walk's
     fixpoint, as any loop that is not unrolled)."""
     count = 0
-    size = len(ops) if ops is not None else _count_ops(module.operation)
+    size = len(ops) if ops is not None else count_ops(module.operation)
     budget = [MAX_TRIPS * size]
     loops = None if ops is None else [op for name, op in ops if name == "stablehlo.while"]
     while any(_unroll(loop, budget) for loop in (_loops(module) if loops is None else loops)):
@@ -57,8 +57,8 @@ def unroll_ring_loops(module: ir.Module, ops: list | None = None) -> int:
     return count
 
 
-def _count_ops(op: ir.Operation) -> int:
-    """The number of ops in `op`, itself and those nested included."""
+def count_ops(op: ir.Operation) -> int:
+    """The number of ops in `op`, itself and those nested in its regions included."""
     count = [0]
 
     def visit(_):
@@ -198,7 +198,7 @@ def _unroll(loop: ir.Operation, budget: list[int]) -> bool:
     trips = _trip_count(loop)
     if trips is None or trips > MAX_TRIPS or not _is_ring(body) or _nested_reads_body(body):
         return False
-    cost = trips * sum(_count_ops(op) for op in body.operations)
+    cost = trips * sum(count_ops(op) for op in body.operations)
     if cost > budget[0]:
         return False
     budget[0] -= cost

@@ -42,6 +42,7 @@ from entangle_mlir.core.terms import (
 )
 from entangle_mlir.mlir.opinfo import OpInfo, describe, op_location, scatter_kind, tensor_type
 from entangle_mlir.mlir.per_device import DeviceTiles, device_tiles
+from entangle_mlir.normalize.unroll import count_ops
 from entangle_mlir.rules import RULES, RuleContext
 from entangle_mlir.rules.control import CASE, branch_pick
 from entangle_mlir.rules.dispatch import REGION_RULE_OPS, TRANSPARENT, apply_rule
@@ -505,7 +506,7 @@ class Expansion(Walker):
         the same trip. Equal trips give equal terms (hash-consed), and `MAX_LOOP_WORK` bounds
         the trips x ops of every loop together."""
         cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
-        cost = _count_ops(op) - 1
+        cost = count_ops(op) - 1
         collectives = _has_collective(op)
         carried = ins
         trips = 0
@@ -707,18 +708,6 @@ def _has_collective(op: ir.Operation) -> bool:
                         or _has_collective(inner):
                     return True
     return False
-
-
-def _count_ops(op: ir.Operation) -> int:
-    """The number of ops in `op`, itself and those nested in its regions included."""
-    count = [0]
-
-    def visit(_):
-        count[0] += 1
-        return ir.WalkResult.ADVANCE
-
-    op.walk(visit)
-    return count[0]
 
 
 def _terminator(block) -> ir.Operation:
