@@ -1227,7 +1227,7 @@ def squeeze(term: Term, shape: tuple[int, ...]) -> Term | None:
     if gone is None:
         return None
     try:
-        out = _squeeze(term, tuple(shape), gone)
+        out = _squeeze(term, tuple(shape), gone, False, {})
     except _KeptApart:
         return None
     return None if out.op == "reshape" and out.args[0] is term else out
@@ -1242,21 +1242,33 @@ def _less(shape: tuple[int, ...], gone) -> tuple[int, ...]:
     return tuple(n for d, n in enumerate(shape) if d not in gone)
 
 
-def _squeeze(term: Term, shape: tuple[int, ...], gone: list[int],
-             reduced: bool = False) -> Term:
-    """`squeeze`'s recursion; `reduced`: a reduction lies above (see `_KeptApart`)."""
+def _squeeze(term: Term, shape: tuple[int, ...], gone: list[int], reduced: bool,
+             memo: dict) -> Term:
+    """`squeeze`'s recursion, once per shared subterm (`memo`: a program's terms are a DAG,
+    and walking it as a tree is exponential in its depth); `reduced`: a reduction lies above
+    (see `_KeptApart`)."""
+    key = (term.serial, shape, tuple(gone), reduced)
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = _squeeze_step(term, shape, gone, reduced, memo)
+    return found
+
+
+def _squeeze_step(term: Term, shape: tuple[int, ...], gone: list[int], reduced: bool,
+                  memo: dict) -> Term:
     op = term.op
     if op == "lin":
         pairs, constant = linear_parts(term)
-        return make_lin([(k, _squeeze(t, shape, gone, reduced)) for k, t in pairs], constant,
-                        shape, term.dtype)
+        return make_lin([(k, _squeeze(t, shape, gone, reduced, memo)) for k, t in pairs],
+                        constant, shape, term.dtype)
     if op in _ELEMENTWISE and all(a.shape == term.shape for a in term.args):
-        return _rebuilt(term, tuple(_squeeze(a, shape, gone, reduced) for a in term.args))
+        return _rebuilt(term, tuple(_squeeze(a, shape, gone, reduced, memo)
+                                    for a in term.args))
     if op == "transpose":
         (perm,) = term.attrs
         inner_gone = sorted(perm[d] for d in gone)
         x = term.args[0]
-        inner = _squeeze(x, _less(x.shape, inner_gone), inner_gone, reduced)
+        inner = _squeeze(x, _less(x.shape, inner_gone), inner_gone, reduced, memo)
         kept = [perm[d] for d in range(len(perm)) if d not in gone]
         return make_transpose(inner, _without(kept, inner_gone))
     if op == "broadcast":
@@ -1264,7 +1276,7 @@ def _squeeze(term: Term, shape: tuple[int, ...], gone: list[int],
         x = term.args[0]
         inner_gone = [i for i, d in enumerate(dims) if d in gone]
         inner = x if not inner_gone else _squeeze(x, _less(x.shape, inner_gone), inner_gone,
-                                                   reduced)
+                                                   reduced, memo)
         new_dims = _without([d for d in dims if d not in gone], gone)
         return make_broadcast(inner, new_dims, shape)
     if op == "stablehlo.dot_general":
@@ -1279,8 +1291,8 @@ def _squeeze(term: Term, shape: tuple[int, ...], gone: list[int],
         lgone = sorted(sources[d][1] for d in gone if sources[d][1] is not None)
         rgone = sorted(sources[d][2] for d in gone if sources[d][2] is not None)
         keep = [k for k in range(len(lb)) if sources[k][1] not in lgone]
-        left = _squeeze(lhs, _less(lhs.shape, lgone), lgone, reduced) if lgone else lhs
-        right = _squeeze(rhs, _less(rhs.shape, rgone), rgone, reduced) if rgone else rhs
+        left = _squeeze(lhs, _less(lhs.shape, lgone), lgone, reduced, memo) if lgone else lhs
+        right = _squeeze(rhs, _less(rhs.shape, rgone), rgone, reduced, memo) if rgone else rhs
         attrs = (_without([lb[k] for k in keep], lgone), _without([rb[k] for k in keep], rgone),
                  _without(lc, lgone), _without(rc, rgone))
         return make_dot(left, right, attrs, shape, term.dtype)
@@ -1288,26 +1300,26 @@ def _squeeze(term: Term, shape: tuple[int, ...], gone: list[int],
         x = term.args[0]
         kept = [d for d in range(len(x.shape)) if d not in term.attrs[0]]
         inner_gone = sorted(kept[d] for d in gone)
-        inner = _squeeze(x, _less(x.shape, inner_gone), inner_gone, True)
+        inner = _squeeze(x, _less(x.shape, inner_gone), inner_gone, True, memo)
         return make_op(op, (inner,), (_without(term.attrs[0], inner_gone),) + term.attrs[1:],
                        shape, term.dtype, linear_in=0 if op == "reduce_sum" else None)
     if op == "reduce_window_sum" and len(term.args) == 1 \
             and all(a[d] == 1 for a in term.attrs[:4] for d in gone) \
             and all(a[d] == 0 for a in term.attrs[4:6] for d in gone):
         x = term.args[0]
-        inner = _squeeze(x, _less(x.shape, gone), gone, reduced)
+        inner = _squeeze(x, _less(x.shape, gone), gone, reduced, memo)
         attrs = tuple(tuple(v for d, v in enumerate(a) if d not in gone) for a in term.attrs)
         return make_op(op, (inner,), attrs, shape, term.dtype, linear_in=0)
     if op == "slice" and any(term.args[0].shape[d] == 1 for d in gone):
         x = term.args[0]
         whole = [d for d in gone if x.shape[d] == 1]
-        inner = _squeeze(x, _less(x.shape, whole), whole, reduced)
+        inner = _squeeze(x, _less(x.shape, whole), whole, reduced, memo)
         cut = _slice(inner, *(tuple(v for d, v in enumerate(a) if d not in whole)
                               for a in term.attrs))
         return make_reshape(cut, shape)
     if op == selection.TOP_K and len(term.shape) - 1 not in gone:
         x = term.args[0]
-        inner = _squeeze(x, _less(x.shape, gone), gone, reduced)
+        inner = _squeeze(x, _less(x.shape, gone), gone, reduced, memo)
         return make_op(op, (inner,), term.attrs, shape, term.dtype)
     return make_reshape(term, shape)
 
