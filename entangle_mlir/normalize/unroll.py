@@ -25,6 +25,7 @@ which the backward reads each step's values directly, as the Python-unrolled rin
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
@@ -111,8 +112,24 @@ def _constant_int(value) -> int | None:
         return None
 
 
-def _trip_count(loop: ir.Operation) -> int | None:
-    """The number of iterations of `for (i = c0; i < c; i += 1)`, else None."""
+@dataclass(frozen=True)
+class Counter:
+    """The counter of a counted loop `for (i = start; i < limit; i += 1)`: carried value
+    `index`, compared (signed or unsigned, at `width` bits) with the constant `limit`."""
+
+    index: int
+    limit: int
+    width: int
+    signed: bool
+
+    def trips(self, start: int) -> int:
+        """The number of iterations from the counter's initial bits `start`."""
+        return max(0, self.limit - _as_compared(start, self.width, self.signed))
+
+
+def loop_counter(loop: ir.Operation) -> Counter | None:
+    """The counter of `loop` when its condition is `i < c` on a carried integer `i` and a
+    constant `c`, and its body adds exactly 1 to `i`; else None."""
     cond, body = loop.regions[0].blocks[0], loop.regions[1].blocks[0]
     ops = list(cond.operations)
     ret = ops[-1]
@@ -131,19 +148,26 @@ def _trip_count(loop: ir.Operation) -> int | None:
     signed = _signed_comparison(compare, counter)
     if signed is None:
         return None
-    limit, start = _constant_int(bound), _constant_int(loop.operands[index])
-    if limit is not None and start is not None:
-        limit, start = _as_compared(limit, width, signed), _as_compared(start, width, signed)
+    limit = _constant_int(bound)
     body_ret = list(body.operations)[-1]
     step = defining_op(body_ret.operands[index])
-    if limit is None or start is None or step is None or step.name != "stablehlo.add":
+    if limit is None or step is None or step.name != "stablehlo.add":
         return None
     a, b = step.operands
     increments = (a == body.arguments[index] and _constant_int(b) == 1) or (
         b == body.arguments[index] and _constant_int(a) == 1)
     if not increments:
         return None
-    return max(0, limit - start)
+    return Counter(index, _as_compared(limit, width, signed), width, signed)
+
+
+def _trip_count(loop: ir.Operation) -> int | None:
+    """The number of iterations of `for (i = c0; i < c; i += 1)`, else None."""
+    counter = loop_counter(loop)
+    if counter is None:
+        return None
+    start = _constant_int(loop.operands[counter.index])
+    return None if start is None else counter.trips(start)
 
 
 def _signed_comparison(compare: ir.Operation, counter) -> bool | None:

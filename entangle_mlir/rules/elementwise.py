@@ -255,6 +255,8 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
     constant_pred = device_blocks.truth(operands[0]) if info.name == "stablehlo.select" else None
     if constant_pred is not None:
         return [operands[1] if constant_pred else operands[2]]
+    if info.name == "stablehlo.select":
+        operands = [_scalar_pred_broadcast(info, operands[0]), *operands[1:]]
     if not all(type(v) is Rel for v in operands):
         if info.name == "stablehlo.compare" and not compare_is_default(info):
             return [Opaque(f"compare ({info.attrs['compare_type']}) of device-dependent values "
@@ -291,6 +293,18 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
     origin = next((rel.partial_origin for rel in rels if rel.partial), None)
     return [Rel(term, tuple(axes for _, axes in joint), partial, kind, frozenset(still_poly),
                 rels[0].scope, partial_origin=origin)]
+
+
+def _scalar_pred_broadcast(info: OpInfo, pred: Value) -> Value:
+    """A select's scalar predicate (StableHLO picks whole operands by it) as that predicate
+    broadcast to the operands' shape, every dim taking the operands' size and layout (exact:
+    the same choice at every element). Other predicates are left as they are."""
+    shape = info.result_types[0].shape
+    if len(info.operand_types[0].shape) or not shape or type(pred) is not Rel \
+            or pred.partial or pred.tiled_axes:
+        return pred
+    term = make_broadcast(pred.term, (), tuple(shape))
+    return Rel(term, ((),) * len(shape), poly=frozenset(range(len(shape))), scope=pred.scope)
 
 
 def _short_name(name: str) -> str:

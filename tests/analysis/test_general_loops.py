@@ -8,7 +8,9 @@ trip; a two-carry loop) compute the reference's numbers and are proven by the ge
 where the layout tier does not prove them; each wrong twin (one trip too few, the slice at
 the counter off by one, the psum of the carried sum on every trip, the carries swapped) computes
 other numbers and is not proven. A loop whose trip count depends on data is refused with
-that reason, and a loop past the work bound says so.
+that reason; a counted loop of MAX_LOOP_WORK trips is solved by its invariant
+(`analysis/general/loops.py`), and the same loop stepping its counter by 2 (not a counted
+loop: run trip by trip) says it is past the work bound.
 """
 
 from __future__ import annotations
@@ -178,21 +180,40 @@ def test_a_trip_count_that_depends_on_data_is_refused() -> None:
     assert "trip count depends on data" in report.stats["general_tier"]["reason"]
 
 
-def test_a_loop_past_the_work_bound_says_so() -> None:
+def _long_loop(stride: int):
+    """MAX_LOOP_WORK trips adding zeros read from the micro-batch at the counter, the counter
+    stepping by `stride` (1: a counted loop, solved by invariant; 2: not one, run trip by
+    trip), then the activations."""
     trips = MAX_LOOP_WORK  # every trip costs more than one op
 
     def body(x, w):
         xs = x.reshape(MICRO, -1, x.shape[-1])
 
-        def step(i, acc):  # adds zeros, read from the micro-batch at the counter
-            return acc + 0.0 * _activations(lax.dynamic_index_in_dim(xs, i, keepdims=False), w)
+        def step(carry):
+            i, acc = carry
+            batch = lax.dynamic_index_in_dim(xs, i // stride, keepdims=False)
+            return i + stride, acc + 0.0 * _activations(batch, w)
 
-        acc = lax.fori_loop(0, trips, step, jnp.zeros((W.shape[1],), jnp.float32))
+        _, acc = lax.while_loop(lambda c: c[0] < stride * trips, step,
+                                (0, jnp.zeros((W.shape[1],), jnp.float32)))
         return lax.psum(acc + _activations(x, w), "d")
-    program = Program("long_loop", reference, body)
-    want, got, (ref_text, sharded_text) = _run(program)
+    return Program(f"long_loop_stride{stride}", reference, body)
+
+
+def test_a_long_counted_loop_is_solved_by_invariant() -> None:
+    want, got, (ref_text, sharded_text) = _run(_long_loop(1))
+    assert _same(got, want)
+    report = check_texts(ref_text, sharded_text)
+    assert report.proven, report.render_text()
+    loops = report.stats["general_tier"]["loops"]
+    assert loops["by_invariant"] == 1 and loops["trips"] == MAX_LOOP_WORK
+
+
+def test_a_loop_past_the_work_bound_says_so() -> None:
+    want, got, (ref_text, sharded_text) = _run(_long_loop(2))
     assert _same(got, want)
     report = check_texts(ref_text, sharded_text)
     assert not report.proven
-    assert f"past the general tier's bound of {MAX_LOOP_WORK}" in \
-        report.stats["general_tier"]["reason"]
+    general = report.stats["general_tier"]
+    assert f"past the general tier's bound of {MAX_LOOP_WORK}" in general["reason"]
+    assert "not a counted loop" in general["loops"]["not_by_invariant"][0]

@@ -11,7 +11,6 @@ devices' blocks, with an obligation per device that must agree with its represen
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -21,19 +20,24 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from entangle_mlir.analysis.general import MAX_DEVICES
+from entangle_mlir.analysis.general.loops import solve_loop
+from entangle_mlir.analysis.general.values import (  # noqa: F401 - concrete_term: tests import it here
+    MAX_CONCRETE,
+    Local,
+    NotExpanded,
+    concrete_term,
+    integral,
+)
 from entangle_mlir.analysis.infer import Walker, per_device_mesh
 from entangle_mlir.core.diagnostics import SourceLoc
 from entangle_mlir.core.mesh import Mesh, axes_str
 from entangle_mlir.core.normal_form import make_concat, slice_term, update_slice
-from entangle_mlir.core.ranges import fits
 from entangle_mlir.core.relations import GLOBAL, Rel
 from entangle_mlir.core.terms import (
     Term,
     make_add,
     make_arg,
-    make_broadcast,
     make_elementwise,
-    make_iota,
     make_lin,
     make_mul,
     make_op,
@@ -46,16 +50,11 @@ from entangle_mlir.normalize.unroll import count_ops
 from entangle_mlir.rules import RULES, RuleContext
 from entangle_mlir.rules.control import CASE, branch_pick
 from entangle_mlir.rules.dispatch import REGION_RULE_OPS, TRANSPARENT, apply_rule
-from entangle_mlir.rules.movement import constant_term
 from entangle_mlir.semantics.collectives import COLLECTIVE_SEMANTICS, replica_groups
-from entangle_mlir.semantics.element import SemanticsError, is_bool_dtype, is_int_dtype
-from entangle_mlir.semantics.evaluate import evaluate_term
+from entangle_mlir.semantics.element import SemanticsError
 from entangle_mlir.semantics.groups import GroupError, permute_pairs
 from entangle_mlir.semantics.ops import OP_SEMANTICS, dimension_numbers
 from entangle_mlir.semantics.tensor import scatter
-
-MAX_CONCRETE = 1 << 14
-"""The most elements of an integer value evaluated concretely on each device."""
 
 COMBINING = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter",
              "stablehlo.all_to_all", "stablehlo.collective_permute")
@@ -74,98 +73,6 @@ _COMBINE = {"add": None, "max": "stablehlo.maximum", "min": "stablehlo.minimum",
             "and": "stablehlo.and", "or": "stablehlo.or", "mul": "mul"}
 """all_reduce reducers the expansion combines: `add` is a `lin` sum, the others n-ary
 elementwise ops (associative and commutative)."""
-
-
-class NotExpanded(Exception):
-    """The program (or an op of it) is outside what the general tier expands: not proven,
-    with the reason and where."""
-
-    def __init__(self, reason: str, loc: SourceLoc | None = None):
-        super().__init__(reason)
-        self.reason = reason
-        self.loc = loc
-
-
-@dataclass(frozen=True)
-class Local:
-    """One device's value: a term over the global inputs at the local shape, or a concrete
-    integer array (device ids and what is computed from them), or both (a small integer
-    constant: its term is the reference's spelling of it)."""
-
-    dtype: str
-    shape: tuple[int, ...]
-    term: Term | None = None
-    values: np.ndarray | None = None
-
-    def key(self) -> tuple:
-        """Equal for equal values: the term's serial, or the concrete values."""
-        if self.term is not None:
-            return ("t", self.term.serial)
-        return ("c", self.dtype, self.shape, tuple(self.values.flat))
-
-    def as_term(self) -> Term:
-        """The value as a term (a concrete value as the constant it is)."""
-        if self.term is not None:
-            return self.term
-        return concrete_term(self.values, self.dtype)
-
-
-def concrete_term(values: np.ndarray, dtype: str) -> Term:
-    """A concrete integer (or boolean) array as a term: a splat, an affine iota along one dim
-    (the form the builders give a window of an iota), else a dense constant keyed as the
-    `stablehlo.constant` rule keys it (equal contents, one term)."""
-    shape = tuple(values.shape)
-    flat = [int(v) for v in values.flat]
-    if not flat or len(set(flat)) == 1:
-        return make_splat(flat[0] if flat else 0, shape, dtype)
-    affine = _affine_iota(values, dtype)
-    if affine is not None:
-        return affine
-    return constant_term(np.array(values.tolist(), dtype=numpy_dtype(dtype)).reshape(shape),
-                         shape, dtype)
-
-
-def _affine_iota(values: np.ndarray, dtype: str) -> Term | None:
-    """`start + step * iota` along one dim (broadcast along the others), when `values` is one."""
-    if is_bool_dtype(dtype):
-        return None
-    ints = np.array([int(v) for v in values.flat], dtype=object).reshape(values.shape)
-    varying = [d for d in range(ints.ndim)
-               if ints.shape[d] > 1 and np.any(np.diff(ints, axis=d) != 0)]
-    if len(varying) != 1:
-        return None
-    (dim,) = varying
-    line = [int(v) for v in np.moveaxis(ints, dim, 0).reshape(ints.shape[dim], -1)[:, 0]]
-    step = line[1] - line[0]
-    n = len(line)
-    if any(b - a != step for a, b in itertools.pairwise(line)) or not fits(
-            Fraction(0), Fraction(n - 1), dtype):
-        return None  # not affine, or the iota itself would wrap around in the dtype
-    iota = make_iota((n,), 0, dtype)
-    affine = make_lin([(Fraction(step), iota)], Fraction(line[0]), (n,), dtype)
-    if ints.ndim > 1:
-        affine = make_broadcast(affine, (dim,), tuple(ints.shape))
-    made = evaluate_term(affine, {})
-    if [int(v) for v in made.flat] != [int(v) for v in ints.flat]:
-        return None
-    return affine
-
-
-_NUMPY_DTYPES = {"i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32,
-                 "i64": np.int64, "ui8": np.uint8, "ui16": np.uint16, "ui32": np.uint32,
-                 "ui64": np.uint64, "si8": np.int8, "si16": np.int16, "si32": np.int32,
-                 "si64": np.int64}
-
-
-def numpy_dtype(dtype: str):
-    """The numpy dtype holding values of an integer (or boolean) element type."""
-    if dtype not in _NUMPY_DTYPES:
-        raise NotExpanded(f"no concrete values of element type {dtype}")
-    return _NUMPY_DTYPES[dtype]
-
-
-def _integral(dtype: str) -> bool:
-    return is_int_dtype(dtype) or is_bool_dtype(dtype)
 
 
 @dataclass
@@ -199,6 +106,8 @@ class ExpansionStats:
     """Loop trips expanded (of every loop, nested ones included)."""
     loop_work: int = 0
     """Ops the loops' trips cost (`MAX_LOOP_WORK` bounds it)."""
+    definitional: int = 0
+    """Instances not checked because they state an op equals itself (`definitional`)."""
 
 
 class Expansion(Walker):
@@ -504,13 +413,26 @@ class Expansion(Walker):
         device runs the body on its own carried values while its condition holds. A device
         whose loop has ended keeps its values; collectives in the body need every device in
         the same trip. Equal trips give equal terms (hash-consed), and `MAX_LOOP_WORK` bounds
-        the trips x ops of every loop together."""
+        the trips x ops of every loop together.
+
+        A counted loop is first tried by invariant (`loops.py`): its body expanded once with
+        the step index and the carried values symbolic; trip by trip where that fails."""
+        solved = solve_loop(self, op, info, ins, env, mesh)
+        if solved is not None:
+            return solved
+        carried, _ = self.expand_trips(op, info, ins, env, mesh)
+        return carried
+
+    def expand_trips(self, op: ir.Operation, info: OpInfo, ins: list[list[Local]], env: dict,
+                     mesh: Mesh, most: int | None = None) -> tuple[list[list[Local]], int]:
+        """`_device_while`'s trips, concretely, from the carried values `ins`: the values after
+        the loop ends or after `most` trips, and the number of trips run."""
         cond, body = op.regions[0].blocks[0], op.regions[1].blocks[0]
         cost = count_ops(op) - 1
         collectives = _has_collective(op)
         carried = ins
         trips = 0
-        while True:
+        while most is None or trips < most:
             (test,) = self._expand_block(cond, env, mesh, info, carried)
             running = []
             for local in test:
@@ -521,7 +443,7 @@ class Expansion(Walker):
                 (value,) = [bool(v) for v in local.values.flat]
                 running.append(value)
             if not any(running):
-                return carried
+                return carried, trips
             if collectives and not all(running):
                 raise NotExpanded("devices run a loop a different number of times while its "
                                   "body runs collectives", info.loc)
@@ -537,6 +459,7 @@ class Expansion(Walker):
                        for new, old in zip(yields, carried)]
             trips += 1
             self.stats.trips += 1
+        return carried, trips
 
     def _operand(self, value, env: dict, mesh: Mesh, info: OpInfo) -> list[Local]:
         """Each device's value of an operand: the body's own, or a global value the body
@@ -555,7 +478,7 @@ class Expansion(Walker):
         name = info.name
         types = info.result_types
         concrete = all(local.values is not None for local in operands)
-        if (concrete and name in OP_SEMANTICS and all(_integral(t.dtype) for t in types)
+        if (concrete and name in OP_SEMANTICS and all(integral(t.dtype) for t in types)
                 and all(math.prod(t.shape) <= MAX_CONCRETE for t in types)
                 and (operands or name in ("stablehlo.constant", "stablehlo.iota"))):
             try:
@@ -599,6 +522,9 @@ class Expansion(Walker):
     def _instance(self, info: OpInfo, inputs: list[Rel], outputs: list[Rel]) -> None:
         key = (id(info.op), tuple(v.term.serial for v in inputs),
                tuple(v.term.serial for v in outputs))
+        if definitional(info, inputs, outputs):
+            self.stats.definitional += 1
+            return
         if key not in self._seen_instances:
             self._seen_instances.add(key)
             self.instances.append(Instance(info, inputs, list(outputs)))
@@ -666,6 +592,27 @@ class Expansion(Walker):
         term = update_slice(base, placed, starts)
         self._placed_instance(info, operands, update_slice(base, placed, starts, joined=False))
         return Local(term.dtype, term.shape, term=term)
+
+
+_OWN_TERMS = {"stablehlo.dynamic_slice": "dynamic_slice",
+              "stablehlo.dynamic_update_slice": "stablehlo.dynamic_update_slice"}
+"""Ops whose term node a term evaluation computes by the op's own array function
+(`semantics/evaluate.py`: `tensor.dynamic_slice`, and dynamic_update_slice by its op table
+entry), which the op's semantics computes too."""
+
+
+def definitional(info: OpInfo, inputs: list[Rel], outputs: list[Rel]) -> bool:
+    """Whether the rule's result is the op's own term node over its operands' terms (a dynamic
+    slice or update at offsets known only as terms: a loop's symbolic step). Its instance
+    would state `op(x) == op(x)`, evaluated by one function on both sides; checking it at a
+    symbolic offset builds a case split over every offset (minutes for a buffer of a hundred
+    micro-batches), so it is not checked."""
+    own = _OWN_TERMS.get(info.name)
+    if own is None or len(outputs) != 1:
+        return False
+    term = outputs[0].term
+    return term.op == own and len(term.args) == len(inputs) and all(
+        a is v.term for a, v in zip(term.args, inputs))
 
 
 def scatter_box(info: OpInfo, shape: tuple[int, ...], indices: np.ndarray,

@@ -1,0 +1,501 @@
+"""Loops by invariant in the general tier (docs/architecture.md, "Loops by invariant").
+
+A counted loop (`for (i = start; i < limit; i += 1)`: what `fori_loop` and `scan` lower to)
+is not expanded trip by trip. Its body is expanded ONCE on every device, with the step index
+`i` and every carried value as fresh symbolic leaves (`L[k, d]`: carry k on device d at step
+i). Each device's yield of each carry is then a term `Y[k, d](i, L)`, built by the same rules
+as every other op (their instances checked by Z3 like any other): the relation of the carries
+at step i + 1 to those at step i, for EVERY step i and every value of the carries, since the
+leaves are free. That relation is the loop's invariant, read per carry (`Kind`): a constant,
+the step index, a sum over the steps before i (`acc + g(i)`), a block rotating around a ring
+of devices (`ppermute`), a buffer written at an index computed from i, or a function of the
+other carries at step i - 1 (a pipeline stage's input: the previous stage's output a step
+earlier).
+
+The carried values at the exit are the invariant read at the trip count: every leaf is
+substituted by the value it stands for and integer parts are folded (`instantiate`; exact:
+a substitution into terms the rules built for all values of their leaves, and integer
+arithmetic evaluated as the ops compute it), step after step from the loop's inputs. No rule
+runs and no collective is combined again: the cost of the rules and their Z3 checks does not
+grow with the trip count, only the size of the terms the exit values are (a sum over 128
+micro-batches has 128 parts; the reference comparison needs each).
+
+The base case is checked against the first trips run concretely (`BASE_TRIPS`, the
+expansion's own trip-by-trip path): every carried value must be the same term. Anything
+outside this (a loop that is not counted, a body the symbolic index does not expand, a
+mismatch at the base) falls back to trip-by-trip expansion within its bound: it costs a
+proof, never makes one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import TYPE_CHECKING
+
+from entangle_mlir.analysis.general.values import (
+    MAX_CONCRETE,
+    Local,
+    NotExpanded,
+    concrete_term,
+    integral,
+)
+from entangle_mlir.core.normal_form import normal_form, update_slice
+from entangle_mlir.core.terms import (
+    DENSE_VALUES,
+    Term,
+    intern,
+    linear_parts,
+    make_arg,
+    make_lin,
+    make_op,
+    make_splat,
+    rebuild,
+    splat_value,
+)
+from entangle_mlir.mlir.opinfo import OpInfo
+from entangle_mlir.normalize.unroll import Counter, loop_counter
+from entangle_mlir.rules.gather_scatter import DUS, make_dynamic_update_slice
+from entangle_mlir.semantics.element import SemanticsError
+from entangle_mlir.semantics.evaluate import evaluate_term
+
+if TYPE_CHECKING:
+    from jaxlib.mlir import ir
+
+    from entangle_mlir.core.mesh import Mesh
+
+LEAF_BASE = 700_000_000
+"""Argument indices of the loop leaves (the step index, the carried values at step i): above
+`terms.HOLE_BASE` (so no valid-index range is read for them), below the instance checker's
+`ABSTRACT_BASE`."""
+
+_leaves = itertools.count(LEAF_BASE)
+
+BASE_TRIPS = 2
+"""Trips run concretely to check the invariant's base case; loops of at most this many trips
+are simply run."""
+
+MAX_TERM_WORK = 4_000_000
+"""The most term nodes the exit values may be rebuilt from, over all loops solved by
+invariant (the leaves' substitution visits each node of the body's yields once a step)."""
+
+
+class NotSolved(Exception):
+    """The loop is outside what the invariant handles (the reason is kept in the stats)."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How one carry on one device relates to the carries a step earlier (`Y[k, d]`).
+
+    `name`: "constant" (it is its own leaf), "index" (the step counter), "sum" (`L[k, src] +
+    g`, g free of carry k: a sum over the steps before i, rotating from device `src` when it
+    differs), "rotate" (`L[k, src]`, src another device), "buffer" (`dynamic_update_slice(L[k,
+    d], u, starts)`), "step" (no leaf of carry k: a function of the other carries `reads` a
+    step earlier) or "recurrence" (anything else: still exact, stepped term by term)."""
+
+    name: str
+    src: int | None = None
+    reads: tuple[int, ...] = ()
+
+
+@dataclass
+class LoopStats:
+    """What the loops solved by invariant cost (merged into the expansion's stats)."""
+
+    solved: int = 0
+    trips: int = 0
+    term_work: int = 0
+    fallbacks: list[str] = field(default_factory=list)
+    invariants: list[str] = field(default_factory=list)
+
+
+def solve_loop(expansion, op: ir.Operation, info: OpInfo, ins: list[list[Local]], env: dict,
+               mesh: Mesh) -> list[list[Local]] | None:
+    """The carried values after `op` on every device, by its invariant; None where the loop
+    is not solved so (then the caller runs it trip by trip). `expansion`: the per-device
+    expansion running the loop (`expand.Expansion`: it expands the body once, and the base
+    trips)."""
+    stats = _stats(expansion)
+    try:
+        solver = LoopSolver(expansion, op, info, ins, env, mesh)
+        results = solver.solve()
+    except NotSolved as why:
+        stats.fallbacks.append(str(why))
+        return None
+    except NotExpanded as why:
+        stats.fallbacks.append(f"the body at a symbolic step: {why.reason}")
+        return None
+    stats.solved += 1
+    stats.trips += solver.trips
+    stats.invariants.append(solver.describe())
+    set_invariant = getattr(expansion, "record_invariant", None)
+    if set_invariant is not None:
+        set_invariant(op, solver.describe())
+    return results
+
+
+def _stats(expansion) -> LoopStats:
+    stats = getattr(expansion, "loop_stats", None)
+    if stats is None:
+        stats = expansion.loop_stats = LoopStats()
+    return stats
+
+
+class LoopSolver:
+    """One counted loop on every device of a per-device expansion, solved by its invariant."""
+
+    def __init__(self, expansion, op: ir.Operation, info: OpInfo, ins: list[list[Local]],
+                 env: dict, mesh: Mesh):
+        self.expansion = expansion
+        self.op = op
+        self.info = info
+        self.ins = ins
+        self.env = env
+        self.mesh = mesh
+        self.n = mesh.num_devices
+        self.trips = 0
+        self.kinds: dict[tuple[int, int], Kind] = {}
+        self.constant: set[int] = set()
+
+    # ----- the loop's shape -----------------------------------------------------------
+
+    def _counter(self) -> tuple[Counter, int]:
+        counter = loop_counter(self.op)
+        if counter is None:
+            raise NotSolved("not a counted loop (i < constant, i += 1)")
+        starts = {tuple(int(v) for v in local.values.flat) if local.values is not None
+                  else None for local in self.ins[counter.index]}
+        if len(starts) != 1 or None in starts:
+            raise NotSolved("the counter does not start at one constant on every device")
+        ((start,),) = starts
+        return counter, start
+
+    def solve(self) -> list[list[Local]]:
+        counter, start = self._counter()
+        self.counter = counter
+        trips = counter.trips(start)
+        self.trips = trips
+        if trips <= BASE_TRIPS:
+            raise NotSolved(f"{trips} trips: run concretely")
+        body = self.op.regions[1].blocks[0]
+        terminator = body.operations[len(body.operations) - 1].operation
+        yielded = list(terminator.operands)
+        if len(yielded) != len(self.ins):
+            raise NotSolved("the body yields other values than the loop carries")
+        self.constant = {k for k, (arg, out) in enumerate(zip(body.arguments, yielded))
+                         if arg == out}
+        k0 = counter.index
+        dtype = self.ins[k0][0].dtype
+        index = make_arg(next(_leaves), (), dtype)
+        floor = index.serial  # every leaf, and every term holding one, is built after it
+        leaves: list[list[Local] | None] = []
+        for k, values in enumerate(self.ins):
+            if k in self.constant:
+                leaves.append(None)
+            elif k == k0:
+                leaves.append([Local(dtype, (), term=index)] * self.n)
+            else:
+                leaves.append([Local(v.dtype, v.shape, term=make_arg(next(_leaves), v.shape,
+                                                                      v.dtype))
+                               for v in values])
+        args = [self.ins[k] if leaves[k] is None else leaves[k] for k in range(len(self.ins))]
+        yields = self.expansion._expand_block(body, self.env, self.mesh, self.info, args)
+        step = make_lin([(Fraction(1), index)], Fraction(1), (), dtype)
+        if any(local.as_term() is not step for local in yields[k0]):
+            raise NotSolved("the counter's yield is not i + 1")
+        self.index, self.floor = index, floor
+        live = [k for k in range(len(self.ins)) if leaves[k] is not None and k != k0]
+        leaf_of = {leaves[k][d].term.serial: (k, d) for k in live for d in range(self.n)}
+        self.yields = {(k, d): yields[k][d].as_term() for k in live for d in range(self.n)}
+        self.leaf_terms = {(k, d): leaves[k][d].term for k in live for d in range(self.n)}
+        self.leaf_of = leaf_of
+        for node, term in self.yields.items():
+            self.kinds[node] = self._kind(node, term)
+        carried = self._run(start, trips, live)
+        self._check_base(start, live)
+        return self._results(carried, live, start + trips)
+
+    # ----- reading the invariant --------------------------------------------------------
+
+    def _reads(self, term: Term) -> set[tuple[int, int]]:
+        """The carries (k, d) whose leaves `term` holds."""
+        found: set[tuple[int, int]] = set()
+        for t in _above(term, self.floor):
+            node = self.leaf_of.get(t.serial)
+            if node is not None:
+                found.add(node)
+        return found
+
+    def _kind(self, node: tuple[int, int], term: Term) -> Kind:
+        k = node[0]
+        reads = self._reads(term)
+        own = {dev for kk, dev in reads if kk == k}
+        others = tuple(sorted({kk for kk, _ in reads if kk != k}))
+        if term is self.leaf_terms[node]:
+            return Kind("constant")
+        if not own:
+            return Kind("step", reads=others)
+        source = self.leaf_of.get(term.serial)
+        if source is not None and source[0] == k:
+            return Kind("rotate", src=source[1])
+        if term.op == "lin":
+            pairs, _ = linear_parts(term)
+            mine = [(c, t) for c, t in pairs if self.leaf_of.get(t.serial, (None,))[0] == k]
+            rest = [t for c, t in pairs if (c, t) not in mine]
+            if len(mine) == 1 and mine[0][0] == 1 and not any(
+                    kk == k for t in rest for kk, _ in self._reads(t)):
+                return Kind("sum", src=self.leaf_of[mine[0][1].serial][1], reads=others)
+        if term.op == DUS and term.args[0] is self.leaf_terms[node]:
+            return Kind("buffer", reads=others)
+        return Kind("recurrence", reads=others)
+
+    def describe(self) -> str:
+        """The invariant in words, carry by carry: what each carry at step i is on every
+        device (devices alike are listed once)."""
+        parts = [f"#{self.counter.index}: step index i, {self.trips} trips"]
+        carries = sorted({k for k, _ in self.kinds})
+        for k in carries:
+            texts = [_kind_text(self.kinds[(k, d)], d) for d in range(self.n)]
+            if len(set(texts)) == 1:
+                parts.append(f"#{k}: {texts[0]} on every device")
+                continue
+            groups: dict[str, list[int]] = {}
+            for d, text in enumerate(texts):
+                groups.setdefault(text, []).append(d)
+            parts.append(f"#{k}: " + "; ".join(
+                f"{text} on {_devices(ds)}" for text, ds in groups.items()))
+        if self.constant:
+            parts.append(f"#{', #'.join(str(k) for k in sorted(self.constant))}: "
+                         "loop-invariant")
+        return "; ".join(parts)
+
+    # ----- the exit values ----------------------------------------------------------------
+
+    def _run(self, start: int, trips: int, live: list[int]) -> dict[tuple[int, int], Term]:
+        """Every live carry's value after `trips` steps from the loop's inputs: the yields
+        instantiated step after step (no rule runs again)."""
+        dtype = self.index.dtype
+        values = {(k, d): self.ins[k][d].as_term() for k in live for d in range(self.n)}
+        self.history = [dict(values)]
+        stats = _stats(self.expansion)
+        changing = [node for node, kind in self.kinds.items() if kind.name != "constant"]
+        for j in range(start, start + trips):
+            subst = {self.index.serial: make_splat(j, (), dtype)}
+            for node, term in values.items():
+                subst[self.leaf_terms[node].serial] = term
+            memo: dict[int, Term] = {}
+            work = [0]
+            new = dict(values)
+            for node in changing:
+                new[node] = instantiate(self.yields[node], subst, self.floor, memo, work)
+            stats.term_work += work[0]
+            if stats.term_work > MAX_TERM_WORK:
+                raise NotSolved(f"exit values past {MAX_TERM_WORK} term nodes")
+            values = new
+            if len(self.history) <= BASE_TRIPS:
+                self.history.append(dict(values))
+        return values
+
+    def _check_base(self, start: int, live: list[int]) -> None:
+        """The first `BASE_TRIPS` steps run concretely (the expansion's own path) must give
+        the same carried values as the invariant."""
+        concrete, ran = self.expansion.expand_trips(self.op, self.info, self.ins, self.env,
+                                                    self.mesh, BASE_TRIPS)
+        if ran != BASE_TRIPS:
+            raise NotSolved("the base trips did not run")
+        expected = self.history[BASE_TRIPS]
+        memo: dict[int, Term] = {}
+        for node, term in expected.items():
+            k, d = node
+            got = concrete[k][d]
+            if got.values is not None and integral(got.dtype):
+                value = _concrete_values(term)
+                if value is None or value != tuple(int(v) for v in got.values.flat):
+                    raise NotSolved(f"carry #{k} on device {d} differs from trip "
+                                    f"{start + BASE_TRIPS} run concretely")
+                continue
+            other = got.as_term()
+            if other is term or normal_form(other, memo) is normal_form(term, memo):
+                continue
+            raise NotSolved(f"carry #{k} on device {d} is not the term trip "
+                            f"{start + BASE_TRIPS} gives when run concretely")
+
+    def _results(self, carried: dict[tuple[int, int], Term], live: list[int],
+                 end: int) -> list[list[Local]]:
+        out: list[list[Local]] = []
+        for k, values in enumerate(self.ins):
+            if k in self.constant:
+                out.append(values)
+                continue
+            if k == self.counter.index:
+                local = values[0]
+                out.append([_local(make_splat(end, (), local.dtype), local)] * self.n)
+                continue
+            out.append([_local(carried[(k, d)], values[d]) for d in range(self.n)])
+        return out
+
+
+def _local(term: Term, like: Local) -> Local:
+    """An exit value as the expansion keeps it: integers with their concrete values."""
+    if integral(like.dtype):
+        values = _concrete_values(term)
+        if values is not None:
+            import numpy as np  # lazy: only integer carries, rare; numpy is loaded anyway
+
+            return Local(like.dtype, like.shape, term=term,
+                         values=np.array(values, dtype=object).reshape(like.shape))
+    return Local(like.dtype, like.shape, term=term)
+
+
+def _concrete_values(term: Term) -> tuple[int, ...] | None:
+    """The elements of an integer term without leaves, else None."""
+    if not _constant(term, {}):
+        return None
+    try:
+        return tuple(int(v) for v in evaluate_term(term, {}).flat)
+    except (SemanticsError, TypeError, ValueError):
+        return None
+
+
+def _kind_text(kind: Kind, d: int) -> str:
+    reads = f" (reads #{', #'.join(str(k) for k in kind.reads)} at i - 1)" if kind.reads \
+        else ""
+    if kind.name == "constant":
+        return "unchanged"
+    if kind.name == "sum":
+        source = "" if kind.src == d else f", rotating from device {kind.src}"
+        return f"sum over the steps before i{source}{reads}"
+    if kind.name == "rotate":
+        return f"device {kind.src}'s at i - 1 (rotates)"
+    if kind.name == "buffer":
+        return f"buffer written at indices computed from i{reads}"
+    if kind.name == "step":
+        return f"a function of i{reads}"
+    return f"a recurrence{reads}"
+
+
+def _devices(ds: list[int]) -> str:
+    if len(ds) > 2 and ds == list(range(ds[0], ds[-1] + 1)):
+        return f"devices {ds[0]}..{ds[-1]}"
+    return ("device " if len(ds) == 1 else "devices ") + ", ".join(str(d) for d in ds)
+
+
+# ----- substitution ----------------------------------------------------------------------------
+
+def _above(term: Term, floor: int) -> Iterator[Term]:
+    """The distinct subterms of `term` built after the leaf `floor` (serial >= floor; only they
+    can hold a leaf made then: a term is built after its arguments)."""
+    seen: set[int] = set()
+    stack = [term]
+    while stack:
+        top = stack.pop()
+        if top.serial < floor or top.serial in seen:
+            continue
+        seen.add(top.serial)
+        yield top
+        stack.extend(top.args)
+
+
+def instantiate(term: Term, subst: dict[int, Term], floor: int, memo: dict[int, Term],
+                work: list[int] | None = None) -> Term:
+    """`term` with every leaf in `subst` (by serial) replaced, rebuilt through the term
+    builders bottom-up; integer parts whose leaves are all constants folded to their values,
+    dynamic slices and updates at constant offsets made static, selects on a constant
+    predicate resolved (`_rebuilt`). Terms built before `floor` hold no leaf and are kept.
+    `memo` (serial -> result) is shared by the calls of one substitution; `work[0]` counts
+    the nodes rebuilt."""
+    if term.serial < floor:
+        return term
+    stack = [term]
+    while stack:
+        top = stack[-1]
+        if top.serial in memo:
+            stack.pop()
+            continue
+        replaced = subst.get(top.serial)
+        if replaced is not None:
+            memo[top.serial] = replaced
+            stack.pop()
+            continue
+        pending = [a for a in top.args if a.serial >= floor and a.serial not in memo]
+        if pending:
+            stack.extend(pending)
+            continue
+        stack.pop()
+        args = tuple(memo.get(a.serial, a) if a.serial >= floor else a for a in top.args)
+        memo[top.serial] = _rebuilt(top, args)
+        if work is not None:
+            work[0] += 1
+    return memo[term.serial]
+
+
+def _rebuilt(term: Term, args: tuple[Term, ...]) -> Term:
+    """`term`'s node over new arguments (exact: each step is the op's own semantics)."""
+    if all(a is b for a, b in zip(args, term.args)):
+        return term
+    op = term.op
+    if op == "dynamic_slice":
+        starts = [_int_constant(a) for a in args[1:]]
+        x = args[0]
+        if all(s is not None for s in starts):
+            (sizes,) = term.attrs
+            clamped = tuple(min(max(s, 0), n - k) for s, n, k in zip(starts, x.shape, sizes))
+            limits = tuple(s + k for s, k in zip(clamped, sizes))
+            return make_op("slice", (x,), (clamped, limits, (1,) * len(sizes)), tuple(sizes),
+                           x.dtype, linear_in=0)
+        return intern(op, args, term.attrs, term.shape, term.dtype)
+    if op == DUS:
+        x, update, *rest = args
+        starts = [_int_constant(a) for a in rest]
+        if all(s is not None for s in starts):
+            clamped = [min(max(s, 0), n - k) for s, n, k in zip(starts, x.shape, update.shape)]
+            return update_slice(x, update, clamped)
+        return make_dynamic_update_slice(x, update, list(rest))
+    if op == "stablehlo.select":
+        pred = splat_value(args[0])
+        if isinstance(pred, Fraction):
+            return args[1] if pred != 0 else args[2]
+    out = rebuild(term, args)
+    if integral(out.dtype) and out.op not in ("splat", "iota", "dense") and \
+            math.prod(out.shape) <= MAX_CONCRETE and _constant(out, {}):
+        try:
+            values = evaluate_term(out, {})
+        except (SemanticsError, TypeError, ValueError):
+            return out
+        import numpy as np  # lazy: numpy is loaded with the expansion anyway
+
+        return concrete_term(np.asarray(values, dtype=object).reshape(out.shape), out.dtype)
+    return out
+
+
+def _int_constant(term: Term) -> int | None:
+    value = splat_value(term)
+    if isinstance(value, Fraction) and value.denominator == 1:
+        return int(value)
+    return None
+
+
+def _constant(term: Term, memo: dict[int, bool]) -> bool:
+    """Whether every leaf of `term` is a value the evaluation knows (a splat, an iota, a
+    dense constant whose values were kept)."""
+    stack = [term]
+    while stack:
+        top = stack.pop()
+        if top.serial in memo:
+            if not memo[top.serial]:
+                return False
+            continue
+        if not top.args:
+            known = top.op in ("splat", "iota") or (top.op == "dense"
+                                                    and top.attrs[0] in DENSE_VALUES)
+            memo[top.serial] = known
+            if not known:
+                return False
+            continue
+        memo[top.serial] = True  # provisionally; a failing leaf returns False at once
+        stack.extend(top.args)
+    return True
