@@ -309,25 +309,43 @@ def _rebuilt(term: Term, args: tuple[Term, ...]) -> Term:
 
 
 def _aligned_parts(first: Term, other: Term) -> list[Term] | None:
-    """`other`'s parts (a `lin` like `first`) paired with `first`'s: for each part of `first`
-    in turn, an unpaired part of `other` with the same coefficient: the same term if it has
-    it, else one with the same op (and attributes) first (the builders order parts by
-    serial, so pieces computed alike can list them in different orders); None when some
-    part has no partner.
+    """`other`'s parts (a `lin` like `first`) paired with `first`'s: each part of `first`
+    with the same term in `other` at the same coefficient, where it has it; then each other
+    part in turn with an unpaired part of the same coefficient, one with the same op first,
+    over the same arguments (a broadcast of one bias at another piece's rows), with the same
+    attributes (the builders order parts by serial, so pieces computed alike can list them
+    in different orders); None when some part has no partner.
     Any pairing with equal coefficients is exact (a sum of concatenations is the
     concatenation of the sums, column by column); this one is the pairing that can meet."""
     (_, mine), (_, theirs) = first.attrs, other.attrs
     free = list(range(len(other.args)))
-    out = []
+    same = {(a.serial, c): j for j, (a, c) in enumerate(zip(other.args, theirs))}
+    taken: set[int] = set()
+    out: list[Term | None] = []
     for coef, part in zip(mine, first.args):
+        j = same.get((part.serial, coef))
+        if j is not None and j not in taken:
+            taken.add(j)
+            out.append(other.args[j])
+        else:
+            out.append(None)
+    free = [j for j in free if j not in taken]
+    for slot, (coef, part) in enumerate(zip(mine, first.args)):
+        if out[slot] is not None:
+            continue
         ranked = sorted((j for j in free if theirs[j] == coef), key=lambda j: (
             other.args[j] is not part, other.args[j].op != part.op,
-            other.args[j].attrs != part.attrs, j))
+            not _same_args(other.args[j], part), other.args[j].attrs != part.attrs, j))
         if not ranked:
             return None
         free.remove(ranked[0])
-        out.append(other.args[ranked[0]])
-    return out
+        out[slot] = other.args[ranked[0]]
+    return out  # type: ignore[return-value]
+
+
+def _same_args(a: Term, b: Term) -> bool:
+    """Whether two terms are nodes over the same arguments."""
+    return len(a.args) == len(b.args) and all(x is y for x, y in zip(a.args, b.args))
 
 
 def _lift_dot(pieces: list[Term], dim: int) -> Term | None:

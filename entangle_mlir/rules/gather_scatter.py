@@ -135,7 +135,13 @@ def make_scatter(operand: Term, indices: Term, updates: Term, dims: dict, kind: 
 
 
 def make_dynamic_update_slice(operand: Term, update: Term, starts: list[Term]) -> Term:
-    """Constant offsets are clamped into range (as the op does)."""
+    """Constant offsets are clamped into range (as the op does). Writing back what a
+    dynamic_slice of the operand at the same offsets read is the operand (both clamp the
+    offsets alike: the window has the update's shape): a masked update's untaken branch,
+    `x.at[i].set(where(p, v, x[i]))` where p is false."""
+    if update.op == "dynamic_slice" and update.args[0] is operand and len(update.args) == \
+            1 + len(starts) and all(a is s for a, s in zip(update.args[1:], starts)):
+        return operand
     canonical = []
     for d, start in enumerate(starts):
         value = splat_value(start)

@@ -64,6 +64,9 @@ DEVICE_IDS = ("stablehlo.partition_id", "stablehlo.replica_id")
 
 WHILE = "stablehlo.while"
 
+INVARIANT_ATTR = "entangle.invariant"
+"""The attribute holding the invariant a loop was solved by."""
+
 MAX_LOOP_WORK = 20_000
 """The most ops the expansion runs in loops, over the whole program: each trip of a loop
 costs the ops of its condition and body (nested regions included). Loops are expanded trip
@@ -211,6 +214,11 @@ class Expansion(Walker):
     def _while(self, op, ctx) -> None:
         raise NotExpanded("the general tier does not expand loops yet",
                           describe(op, self.file).loc)
+
+    def record_invariant(self, op: ir.Operation, text: str) -> None:
+        """Attach a loop's invariant (`loops.LoopSolver.describe`) to the loop as
+        `entangle.invariant`, so that entangle-opt prints it (lit CHECKs it)."""
+        op.attributes[INVARIANT_ATTR] = ir.StringAttr.get(text, op.context)
 
     # ----- a manual computation ----------------------------------------------------------
 
@@ -477,6 +485,9 @@ class Expansion(Walker):
         """One device's results of a local op."""
         name = info.name
         types = info.result_types
+        decided = _absorbed(name, operands, types)
+        if decided is not None:
+            return [decided]
         concrete = all(local.values is not None for local in operands)
         if (concrete and name in OP_SEMANTICS and all(integral(t.dtype) for t in types)
                 and all(math.prod(t.shape) <= MAX_CONCRETE for t in types)
@@ -592,6 +603,27 @@ class Expansion(Walker):
         term = update_slice(base, placed, starts)
         self._placed_instance(info, operands, update_slice(base, placed, starts, joined=False))
         return Local(term.dtype, term.shape, term=term)
+
+
+_ABSORBING = {"stablehlo.and": False, "stablehlo.or": True}
+"""Boolean ops with the value that decides them whatever the other operand is."""
+
+
+def _absorbed(name: str, operands: list[Local], types) -> Local | None:
+    """`false & x` (`true | x`) is that constant, and `true & x` (`false | x`) is x, when one
+    operand is a concrete boolean of one value and the other is not concrete (a mask at a
+    loop's symbolic step: `(stage == n - 1) & (i >= n - 1)`); else None."""
+    absorbing = _ABSORBING.get(name)
+    if absorbing is None or len(operands) != 2 or types[0].dtype != "i1":
+        return None
+    for own, other in (operands, operands[::-1]):
+        if own.values is None or other.values is not None or own.shape != other.shape:
+            continue
+        found = {bool(v) for v in own.values.flat}
+        if len(found) != 1:
+            continue
+        return own if found.pop() == absorbing else other
+    return None
 
 
 _OWN_TERMS = {"stablehlo.dynamic_slice": "dynamic_slice",

@@ -43,7 +43,7 @@ from entangle_mlir.analysis.general.values import (
     concrete_term,
     integral,
 )
-from entangle_mlir.core.normal_form import normal_form, update_slice
+from entangle_mlir.core.normal_form import normal_form, slice_term, update_slice
 from entangle_mlir.core.terms import (
     DENSE_VALUES,
     Term,
@@ -91,15 +91,17 @@ class NotSolved(Exception):
 class Kind:
     """How one carry on one device relates to the carries a step earlier (`Y[k, d]`).
 
-    `name`: "constant" (it is its own leaf), "index" (the step counter), "sum" (`L[k, src] +
-    g`, g free of carry k: a sum over the steps before i, rotating from device `src` when it
-    differs), "rotate" (`L[k, src]`, src another device), "buffer" (`dynamic_update_slice(L[k,
-    d], u, starts)`), "step" (no leaf of carry k: a function of the other carries `reads` a
-    step earlier) or "recurrence" (anything else: still exact, stepped term by term)."""
+    `name`: "constant" (it is its own leaf), "sum" (`L[k, src] + g`, g not reading L[k, src]:
+    a sum over the steps before i, handed on from device `src` when it is another one),
+    "rotate" (`L[k, src]`: the value device src held a step earlier), "buffer"
+    (`dynamic_update_slice(L[k, d], u, starts)`), "step" (not reading L[k, d]: a function of
+    i and the carries `reads` a step earlier, as a pipeline stage's input is the previous
+    stage's output) or "recurrence" (anything else: still exact, stepped term by term).
+    `reads`: the other (carry, device) leaves the yield holds."""
 
     name: str
     src: int | None = None
-    reads: tuple[int, ...] = ()
+    reads: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass
@@ -176,7 +178,7 @@ class LoopSolver:
 
     def solve(self) -> list[list[Local]]:
         counter, start = self._counter()
-        self.counter = counter
+        self.counter, self.start = counter, start
         trips = counter.trips(start)
         self.trips = trips
         if trips <= BASE_TRIPS:
@@ -232,40 +234,41 @@ class LoopSolver:
 
     def _kind(self, node: tuple[int, int], term: Term) -> Kind:
         k = node[0]
-        reads = self._reads(term)
-        own = {dev for kk, dev in reads if kk == k}
-        others = tuple(sorted({kk for kk, _ in reads if kk != k}))
         if term is self.leaf_terms[node]:
             return Kind("constant")
-        if not own:
-            return Kind("step", reads=others)
+        reads = self._reads(term)
         source = self.leaf_of.get(term.serial)
         if source is not None and source[0] == k:
             return Kind("rotate", src=source[1])
         if term.op == "lin":
             pairs, _ = linear_parts(term)
             mine = [(c, t) for c, t in pairs if self.leaf_of.get(t.serial, (None,))[0] == k]
-            rest = [t for c, t in pairs if (c, t) not in mine]
-            if len(mine) == 1 and mine[0][0] == 1 and not any(
-                    kk == k for t in rest for kk, _ in self._reads(t)):
-                return Kind("sum", src=self.leaf_of[mine[0][1].serial][1], reads=others)
+            if len(mine) == 1 and mine[0][0] == 1:
+                src = self.leaf_of[mine[0][1].serial]
+                rest = [t for _, t in pairs if t is not mine[0][1]]
+                if not any(src in self._reads(t) for t in rest):
+                    return Kind("sum", src=src[1], reads=tuple(sorted(reads - {src})))
+        others = tuple(sorted(reads - {node}))
+        if node not in reads:
+            return Kind("step", reads=others)
         if term.op == DUS and term.args[0] is self.leaf_terms[node]:
             return Kind("buffer", reads=others)
         return Kind("recurrence", reads=others)
 
     def describe(self) -> str:
-        """The invariant in words, carry by carry: what each carry at step i is on every
-        device (devices alike are listed once)."""
-        parts = [f"#{self.counter.index}: step index i, {self.trips} trips"]
-        carries = sorted({k for k, _ in self.kinds})
-        for k in carries:
+        """The invariant in words, carry by carry: what each carry at step i + 1 is made of
+        on every device, devices read relative to the device itself (`d-1`); devices alike
+        are listed once."""
+        end = self.start + self.trips
+        parts = [f"#{self.counter.index}: step index i in [{self.start}, {end})"]
+        for k in sorted({k for k, _ in self.kinds}):
             texts = [_kind_text(self.kinds[(k, d)], d) for d in range(self.n)]
-            if len(set(texts)) == 1:
-                parts.append(f"#{k}: {texts[0]} on every device")
-                continue
             groups: dict[str, list[int]] = {}
             for d, text in enumerate(texts):
                 groups.setdefault(text, []).append(d)
+            if len(groups) == 1:
+                parts.append(f"#{k}: {texts[0]}")
+                continue
             parts.append(f"#{k}: " + "; ".join(
                 f"{text} on {_devices(ds)}" for text, ds in groups.items()))
         if self.constant:
@@ -362,20 +365,27 @@ def _concrete_values(term: Term) -> tuple[int, ...] | None:
 
 
 def _kind_text(kind: Kind, d: int) -> str:
-    reads = f" (reads #{', #'.join(str(k) for k in kind.reads)} at i - 1)" if kind.reads \
-        else ""
+    """One carry on device d in words (see `Kind`)."""
+    reads = ", ".join(f"#{k}@{_relative(e, d)}" for k, e in kind.reads)
     if kind.name == "constant":
         return "unchanged"
     if kind.name == "sum":
-        source = "" if kind.src == d else f", rotating from device {kind.src}"
-        return f"sum over the steps before i{source}{reads}"
+        base = "" if kind.src == d else f" (the running sum of device {_relative(kind.src, d)})"
+        return f"sum over the steps before i{base} of a function of i" + (
+            f" and {reads}" if reads else "")
     if kind.name == "rotate":
-        return f"device {kind.src}'s at i - 1 (rotates)"
+        return f"rotates: device {_relative(kind.src, d)}'s a step earlier"
     if kind.name == "buffer":
-        return f"buffer written at indices computed from i{reads}"
+        return "buffer updated at an index computed from i" + (f" from {reads}" if reads
+                                                                  else "")
     if kind.name == "step":
-        return f"a function of i{reads}"
-    return f"a recurrence{reads}"
+        return f"a function of i and {reads}" if reads else "a function of i"
+    return "a recurrence" + (f" reading {reads}" if reads else "")
+
+
+def _relative(e: int, d: int) -> str:
+    """Device e as seen from device d: `d`, `d+1`, `d-3`."""
+    return "d" if e == d else f"d{e - d:+d}"
 
 
 def _devices(ds: list[int]) -> str:
@@ -453,7 +463,7 @@ def _rebuilt(term: Term, args: tuple[Term, ...]) -> Term:
         starts = [_int_constant(a) for a in rest]
         if all(s is not None for s in starts):
             clamped = [min(max(s, 0), n - k) for s, n, k in zip(starts, x.shape, update.shape)]
-            return update_slice(x, update, clamped)
+            return written(x, update, clamped)
         return make_dynamic_update_slice(x, update, list(rest))
     if op == "stablehlo.select":
         pred = splat_value(args[0])
@@ -470,6 +480,39 @@ def _rebuilt(term: Term, args: tuple[Term, ...]) -> Term:
 
         return concrete_term(np.asarray(values, dtype=object).reshape(out.shape), out.dtype)
     return out
+
+
+def written(x: Term, update: Term, starts: list[int]) -> Term:
+    """`dynamic_update_slice(x, update, starts)` at in-range constant starts (exact). A
+    buffer written along one dim (every other dim whole) stays one flat concatenation of
+    its rows' pieces, the pieces the write covers replaced by the update (those it covers
+    in part cut at its edges): writing micro-batch after micro-batch costs the pieces, not
+    a new normal form of the whole buffer every step. Other writes are `update_slice`'s
+    plain slices and concatenations."""
+    cut = [d for d, (s, k, n) in enumerate(zip(starts, update.shape, x.shape)) if (s, k) != (0, n)]
+    if len(cut) != 1:
+        return update_slice(x, update, starts, joined=False)
+    (dim,) = cut
+    lo, hi = starts[dim], starts[dim] + update.shape[dim]
+    pieces = list(x.args) if x.op == "concatenate" and x.attrs == (dim,) else [x]
+    out: list[Term] = []
+    row = 0
+    for piece in pieces:
+        size = piece.shape[dim]
+        end = row + size
+        if end <= lo or row >= hi:
+            out.append(piece)
+        else:
+            if row < lo:
+                out.append(slice_term(piece, dim, 0, lo - row))
+            if row <= lo < end:
+                out.append(update)
+            if end > hi:
+                out.append(slice_term(piece, dim, hi - row, size))
+        row = end
+    if len(out) == 1:
+        return out[0]
+    return intern("concatenate", tuple(out), (dim,), x.shape, x.dtype)
 
 
 def _int_constant(term: Term) -> int | None:

@@ -1,0 +1,155 @@
+"""GPipe pipelines in a `fori_loop`, checked without unrolling (issue 19): the time of a check
+as the number of micro-batches grows, and the program generator the loop tests share.
+
+    python benchmarks/pipeline.py            # 4 / 8 / 16 stages x 8 / 32 / 128 micro-batches
+    python benchmarks/pipeline.py --quick    # 4 / 8 stages x 8 / 32 micro-batches
+    python benchmarks/pipeline.py --width 64 # narrower blocks (GPT-2's 768 by default)
+
+The program (`gpipe`): stage s holds block s of a stack of MLP blocks (`x + gelu(x W1 + b1)
+W2 + b2`, the weights stacked and split over the `stages` axis); at step i stage 0 takes
+micro-batch i, every stage applies its block and hands its activations to the next stage
+(`ppermute`), and the last stage writes micro-batch i - (n - 1) of the outputs, masked during
+the bubble; the outputs are summed out of the last stage. The loop runs M + n - 1 steps. The
+reference applies the blocks to the whole batch.
+
+Each row: the seconds of `entangle check` (both walks, the general tier with every Z3 rule
+instance check), how the loop was read (by invariant: its body expanded once), and for each
+stage count the ratio t(128) / t(8) of the largest to the smallest micro-batch count: at most
+linear (16) is the target, and under 10 s for 16 stages x 128 micro-batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+if __name__ == "__main__":
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=16").strip()
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax import lax  # noqa: E402
+from jax.sharding import AxisType, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from entangle_mlir.driver import check_texts  # noqa: E402
+from entangle_mlir.jax import lower_pair  # noqa: E402
+
+AXIS = "stages"
+
+
+def block(x, w1, b1, w2, b2):
+    """One stage: an MLP block with its residual."""
+    return x + jax.nn.gelu(x @ w1 + b1) @ w2 + b2
+
+
+def reference(w1, b1, w2, b2, xs):
+    """Every block applied to the whole batch (micro-batches stacked on dim 0)."""
+    x = xs
+    for s in range(w1.shape[0]):
+        x = block(x, w1[s], b1[s], w2[s], b2[s])
+    return x
+
+
+def gpipe(direction: int = 1, slot_offset: int = 0, masked: bool = True):
+    """The GPipe forward as a shard_map body over `AXIS`. Near misses: `direction` -1 hands
+    the activations to the previous stage, `slot_offset` writes micro-batch i - (n - 1) +
+    offset at step i, `masked` False writes the outputs at every step (the bubble's too, into
+    slots taken modulo M)."""
+    def body(w1, b1, w2, b2, xs):
+        n = lax.axis_size(AXIS)
+        stage = lax.axis_index(AXIS)
+        m = xs.shape[0]
+
+        def step(i, carry):
+            state, out = carry
+            feed = lax.dynamic_index_in_dim(xs, jnp.minimum(i, m - 1), keepdims=False)
+            state = jnp.where(stage == 0, feed, state)
+            state = block(state, w1[0], b1[0], w2[0], b2[0])
+            done = i - (n - 1) + slot_offset
+            if masked:
+                slot = jnp.clip(done, 0, m - 1)
+                write = (stage == n - 1) & (done >= 0)
+            else:
+                slot = done % m
+                write = stage == n - 1
+            kept = lax.dynamic_index_in_dim(out, slot, keepdims=False)
+            out = lax.dynamic_update_index_in_dim(out, jnp.where(write, state, kept), slot, 0)
+            state = lax.ppermute(state, AXIS, [(k, (k + direction) % n) for k in range(n)])
+            return state, out
+
+        init = (jnp.zeros(xs.shape[1:], xs.dtype), jnp.zeros_like(xs))
+        _, out = lax.fori_loop(0, m + n - 1, step, init)
+        return lax.psum(jnp.where(stage == n - 1, out, 0.0), AXIS)
+    return body
+
+
+SPECS = (P(AXIS), P(AXIS), P(AXIS), P(AXIS), P())
+
+
+def shapes(stages: int, micro: int, width: int, rows: int = 4) -> list[tuple[int, ...]]:
+    """The arguments' shapes: stacked block weights, then the micro-batches."""
+    hidden = 4 * width
+    return [(stages, width, hidden), (stages, hidden), (stages, hidden, width),
+            (stages, width), (micro, rows, width)]
+
+
+def mesh_of(stages: int):
+    return jax.make_mesh((stages,), (AXIS,), axis_types=(AxisType.Explicit,))
+
+
+def sharded(body, stages: int):
+    """The shard_map of `body` over a mesh of `stages` devices, jitted."""
+    return jax.jit(jax.shard_map(body, mesh=mesh_of(stages), in_specs=SPECS, out_specs=P(),
+                                 check_vma=False))
+
+
+def lowered(body, stages: int, micro: int, width: int, rows: int = 4) -> tuple[str, str]:
+    """(reference, sharded) StableHLO of a pipeline (no devices run)."""
+    mesh = mesh_of(stages)
+    avals = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, p))
+             for s, p in zip(shapes(stages, micro, width, rows), SPECS)]
+    return lower_pair(reference, sharded(body, stages), *avals)
+
+
+def _row(stages: int, micro: int, width: int) -> float:
+    ref_text, sharded_text = lowered(gpipe(), stages, micro, width)
+    start = time.perf_counter()
+    report = check_texts(ref_text, sharded_text)
+    seconds = time.perf_counter() - start
+    general = report.stats.get("general_tier", {})
+    loops = general.get("loops", {})
+    checks = general.get("rule_instances", {})
+    print(f"{stages:>6} {micro:>6} {stages + micro - 1:>6} {seconds:>8.2f}  "
+          f"{'proven' if report.proven else 'NOT PROVEN':<10} "
+          f"{loops.get('by_invariant', 0):>4} {checks.get('proved', 0):>6}", flush=True)
+    if not report.proven:
+        print("   ", general.get("reason", report.render_text()[:400]))
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--width", type=int, default=768)
+    args = parser.parse_args()
+    stage_counts = (4, 8) if args.quick else (4, 8, 16)
+    micro_counts = (8, 32) if args.quick else (8, 32, 128)
+    print(f"GPipe forward, MLP blocks of width {args.width} (hidden {4 * args.width})")
+    print("stages  micro  steps  seconds  verdict    loops  Z3 checks")
+    _row(2, 4, args.width)  # warm-up: imports, jax, z3
+    for stages in stage_counts:
+        times = [_row(stages, micro, args.width) for micro in micro_counts]
+        print(f"  {stages} stages: t({micro_counts[-1]}) / t({micro_counts[0]}) = "
+              f"{times[-1] / times[0]:.2f} (micro-batches x{micro_counts[-1] // micro_counts[0]})")
+
+
+if __name__ == "__main__":
+    main()
