@@ -33,14 +33,14 @@ if __name__ == "__main__":
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from jax import lax  # noqa: E402
-from jax.sharding import AxisType, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from entangle_mlir.driver import check_texts  # noqa: E402
-from entangle_mlir.jax import lower_pair  # noqa: E402
+from entangle_mlir.driver import check_texts
+from entangle_mlir.jax import lower_pair
 
 AXIS = "stages"
 

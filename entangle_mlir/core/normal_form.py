@@ -1529,6 +1529,8 @@ def split_like(term: Term, other: Term) -> Term | None:
         key = _contraction_key(core)
         members = counts.get((perms, key)) if key is not None else None
         blocks = _blocks_like(core, members) if members and len(members) > 1 else None
+        if blocks is None and core.op == "reduce_sum":
+            blocks = _rows_like(core, perms, counts)
         if blocks is None:
             out.append((k, t))
             continue
@@ -1574,6 +1576,46 @@ def _blocks_like(core: Term, members: list[Term]) -> list[Term] | None:
     return None
 
 
+def _rows_like(core: Term, perms: tuple, counts: dict) -> list[Term] | None:
+    """`reduce_sum(X)` over dims including d, cut into its rows along d each summed with
+    the dim squeezed out, where the other sum's parts are sums over X's shape without d,
+    one per row (a loss summed micro-batch by micro-batch, each micro-batch read as
+    `x[j]`): `sum_j reduce_sum(squeeze(X[j]))` (exact: a regrouping of the sum; the squeeze
+    is a reshape the builders push to the leaves, as jax's indexing of one row is)."""
+    (dims,) = core.attrs
+    (x,) = core.args
+    for d in dims:
+        rows = x.shape[d]
+        shape = x.shape[:d] + x.shape[d + 1:]
+        kept = tuple(e - (e > d) for e in dims if e != d)
+        members = counts.get((perms, ("reduce_sum", (kept,), core.shape, core.dtype)), [])
+        if rows < 2 or len(members) != rows or any(m.args[0].shape != shape
+                                                    for m in members):
+            continue
+        return [make_op("reduce_sum", (make_reshape(slice_term(x, d, j, j + 1), shape),),
+                        (kept,), core.shape, core.dtype, linear_in=0) for j in range(rows)]
+    return None
+
+
+def _full_sums_meet(a: Term, b: Term, memo: dict[int, Term]) -> bool:
+    """Whether `a` and `b` are the same multiple of a sum over every element of X and of Y,
+    X and Y of one element count read in two shapes (a loss summed over micro-batches whose
+    rows the normal form joined into one (micro-batches x rows) block, and the reference's
+    sum over (micro-batches, rows)), and X read in Y's shape meets Y: a sum over all
+    elements does not depend on the shape they are read in (exact)."""
+    (pa, ca), (pb, cb) = linear_parts(a), linear_parts(b)
+    if len(pa) != 1 or len(pb) != 1 or pa[0][0] != pb[0][0] or ca != cb:
+        return False
+    x, y = pa[0][1], pb[0][1]
+    if x.op != "reduce_sum" or y.op != "reduce_sum" or x.dtype != y.dtype:
+        return False
+    (xs,), (ys,) = x.args, y.args
+    if x.attrs[0] != tuple(range(len(xs.shape))) or y.attrs[0] != tuple(range(len(ys.shape))) \
+            or xs.shape == ys.shape or math.prod(xs.shape) != math.prod(ys.shape):
+        return False
+    return blocks_meet(normal_form(make_reshape(xs, ys.shape), memo), ys, memo)
+
+
 def blocks_meet(a: Term, b: Term, memo: dict[int, Term] | None = None) -> bool:
     """Whether the normal forms `a` and `b` meet once one of them is cut like the other:
     its contractions into the other's blocks (`split_like`), or, where one is a
@@ -1584,6 +1626,8 @@ def blocks_meet(a: Term, b: Term, memo: dict[int, Term] | None = None) -> bool:
         return True
     if a.shape != b.shape:
         return False
+    if _full_sums_meet(a, b, memo):
+        return True
     for x, y in ((a, b), (b, a)):
         cut = split_like(x, y)
         if cut is not None and normal_form(cut, memo) is y:

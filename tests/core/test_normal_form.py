@@ -999,3 +999,47 @@ def test_a_units_batch_dim_under_a_reduction_is_not_squeezed() -> None:
     least = intern("reshape", (make_op("reduce_min", (logits,), ((2,),), (1, 4), F32),), (),
                    (4,), F32)
     assert normal_form(least) is not squeezed and refuted(least, free)
+
+
+def test_a_sum_over_rows_read_one_at_a_time_meets_the_whole_sum() -> None:
+    """`sum_j reduce_sum(x[j])` (each row read as jax indexes one: sliced, its unit dim
+    reshaped away) meets `reduce_sum(x)` cut into its rows (`split_like`, `_rows_like`); the
+    same sum with one row read twice and another not at all does not."""
+    x = make_arg(0, (3, 2, 4), F32)
+    whole = make_op("reduce_sum", (make_mul(x, x),), ((0, 1, 2),), (), F32, linear_in=0)
+
+    def row(j):
+        r = make_reshape(slice_term(x, 0, j, j + 1), (2, 4))
+        return make_op("reduce_sum", (make_mul(r, r),), ((0, 1),), (), F32, linear_in=0)
+
+    def summed(rows):
+        return intern("lin", tuple(row(j) for j in rows),
+                      (Fraction(0), tuple(Fraction(1) for _ in rows)), (), F32)
+
+    # raw sums (the builders' joining is not asked)
+    cut = split_like(whole, summed([0, 1, 2]))
+    assert cut is not None and proved(cut, whole)
+    assert normal_form(cut) is normal_form(summed([0, 1, 2]))
+    assert blocks_meet(normal_form(whole), normal_form(summed([0, 1, 2])))
+    # must fail: row 0 twice, row 2 never
+    cut = split_like(whole, summed([0, 0, 1]))
+    assert cut is None or normal_form(cut) is not normal_form(summed([0, 0, 1]))
+    assert not blocks_meet(normal_form(whole), normal_form(summed([0, 0, 1])))
+    assert refuted(summed([0, 0, 1]), whole)
+
+
+def test_a_sum_over_all_elements_read_in_another_shape_meets() -> None:
+    """A full sum of x read as (3, 2, 4) and of x read as (6, 4) are one sum
+    (`_full_sums_meet`); of x and of another tensor's elements in that shape they are not."""
+    x, y = make_arg(0, (3, 2, 4), F32), make_arg(1, (3, 2, 4), F32)
+
+    def full(t):
+        dims = tuple(range(len(t.shape)))
+        return make_op("reduce_sum", (make_mul(t, t),), (dims,), (), F32, linear_in=0)
+
+    flat = full(make_reshape(x, (6, 4)))
+    assert blocks_meet(normal_form(full(x)), normal_form(flat)) and proved(flat, full(x))
+    # must fail: the other tensor's elements
+    other = full(make_reshape(y, (6, 4)))
+    assert not blocks_meet(normal_form(full(x)), normal_form(other))
+    assert refuted(other, full(x))
