@@ -4,6 +4,7 @@ as the number of micro-batches grows, and the program generator the loop tests s
     python benchmarks/pipeline.py            # 4 / 8 / 16 stages x 8 / 32 / 128 micro-batches
     python benchmarks/pipeline.py --quick    # 4 / 8 stages x 8 / 32 micro-batches
     python benchmarks/pipeline.py --width 64 # narrower blocks (GPT-2's 768 by default)
+    python benchmarks/pipeline.py --write-lit lit_tests/regressions/Inputs
 
 The program (`gpipe`): stage s holds block s of a stack of MLP blocks (`x + gelu(x W1 + b1)
 W2 + b2`, the weights stacked and split over the `stages` axis); at step i stage 0 takes
@@ -28,7 +29,7 @@ from pathlib import Path
 
 if __name__ == "__main__":
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_force_host_platform_device_count=16").strip()
+                               + " --xla_force_host_platform_device_count=32").strip()
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -38,9 +39,11 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
+from jaxlib.mlir import ir
 
 from entangle_mlir.driver import check_texts
 from entangle_mlir.jax import lower_pair
+from entangle_mlir.mlir.ir import context, parse_module
 
 AXIS = "stages"
 
@@ -119,6 +122,81 @@ def lowered(body, stages: int, micro: int, width: int, rows: int = 4) -> tuple[s
     return lower_pair(reference, sharded(body, stages), *avals)
 
 
+# ----- a ring: the all-gather collective matmul, rolled ---------------------------------------
+
+RING = "ring"
+
+
+def matmul_reference(a, w):
+    return a @ w
+
+
+def ring_matmul(to: int = -1):
+    """A[B, D_ring] @ W[D, F] (scaling book, part 10): multiply the local chunk of A by the
+    matching rows of W while A's chunks travel around the ring, one chunk a step (`to` -1:
+    each device passes its chunk to the previous one, so at step i it holds chunk me + i;
+    +1 is the near miss rotating the other way)."""
+    def body(a, w):
+        n, me, chunk = lax.axis_size(RING), lax.axis_index(RING), a.shape[1]
+
+        def step(i, carry):
+            acc, a = carry
+            rows = lax.dynamic_slice_in_dim(w, (me + i) % n * chunk, chunk)
+            a_next = lax.ppermute(a, RING, [(j, (j + to) % n) for j in range(n)])
+            return acc + a @ rows, a_next
+
+        acc, _ = lax.fori_loop(0, n, step, (jnp.zeros((a.shape[0], w.shape[1]), a.dtype), a))
+        return acc
+    return body
+
+
+def ring_lowered(body, devices: int, rows: int = 4, chunk: int = 2, cols: int = 4
+                 ) -> tuple[str, str]:
+    """(reference, sharded) StableHLO of a ring over `devices` devices (no devices run)."""
+    mesh = jax.make_mesh((devices,), (RING,), axis_types=(AxisType.Explicit,))
+    specs = (P(None, RING), P())
+    shard = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P(),
+                                  check_vma=False))
+    avals = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=NamedSharding(mesh, p))
+             for s, p in zip([(rows, chunk * devices), (chunk * devices, cols)], specs)]
+    return lower_pair(matmul_reference, shard, *avals)
+
+
+def combined(ref_text: str, sharded_text: str) -> str:
+    """One module holding both programs, as entangle-opt reads a pair: the sharded module
+    with the reference's `main` moved in as `@ref`, and `entangle.refines = @ref` on the
+    sharded `main` (the reference has no other function)."""
+    with context():
+        ref, sharded_module = parse_module(ref_text), parse_module(sharded_text)
+        (ref_main,) = [op for op in ref.body.operations if op.operation.name == "func.func"]
+        main = next(op for op in sharded_module.body.operations
+                    if op.operation.name == "func.func"
+                    and str(op.operation.attributes["sym_name"]) == '"main"')
+        main.operation.attributes["entangle.refines"] = ir.FlatSymbolRefAttr.get("ref")
+        ref_main.operation.attributes["sym_name"] = ir.StringAttr.get("ref")
+        ref_main.operation.move_before(main.operation)
+        return sharded_module.operation.get_asm(enable_debug_info=True)
+
+
+def write_lit_inputs(folder: Path) -> None:
+    """The lit regressions' inputs (lit_tests/regressions/Inputs): a GPipe forward of 4
+    stages x 16 micro-batches (19 steps, past the unroller's 16) and its twin handing the
+    activations to the previous stage; a ring over 32 devices and its twin rotating the
+    other way. The repository's path is stripped from the locations."""
+    def save(name: str, text: str) -> None:
+        (folder / name).write_text(text.replace(f"{REPO}/", ""))
+
+    ref, sharded_text = lowered(gpipe(), 4, 16, 8, rows=2)
+    save("gpipe_loop.ref.mlir", ref)
+    save("gpipe_loop.sharded.mlir", sharded_text)
+    save("gpipe_loop.combined.mlir", combined(ref, sharded_text))
+    save("gpipe_loop_backwards.sharded.mlir", lowered(gpipe(direction=-1), 4, 16, 8, rows=2)[1])
+    ref, sharded_text = ring_lowered(ring_matmul(), 32)
+    save("ring_loop_32.ref.mlir", ref)
+    save("ring_loop_32.sharded.mlir", sharded_text)
+    save("ring_loop_32_shift_right.sharded.mlir", ring_lowered(ring_matmul(to=+1), 32)[1])
+
+
 def _row(stages: int, micro: int, width: int) -> float:
     ref_text, sharded_text = lowered(gpipe(), stages, micro, width)
     start = time.perf_counter()
@@ -139,7 +217,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--width", type=int, default=768)
+    parser.add_argument("--write-lit", type=Path, default=None, metavar="DIR",
+                        help="write the lit regressions' inputs into DIR and stop")
     args = parser.parse_args()
+    if args.write_lit is not None:
+        write_lit_inputs(args.write_lit)
+        return
     stage_counts = (4, 8) if args.quick else (4, 8, 16)
     micro_counts = (8, 32) if args.quick else (8, 32, 128)
     print(f"GPipe forward, MLP blocks of width {args.width} (hidden {4 * args.width})")

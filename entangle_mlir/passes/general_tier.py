@@ -88,6 +88,8 @@ def apply_result(report: Report, result: GeneralResult) -> None:
     for output in report.outputs:
         output.proven = True
     report.notes.append(TIER_NOTE.format(n=result.devices))
+    for invariant in result.stats.get("loops", {}).get("invariants", []):
+        report.notes.append(f"{invariant} (general tier)")
     for reading in readings:
         # A claim (`CLAIMS`) the proof refutes; any other reading (a wrong rule of the layout
         # walk included) is kept as what the layout tier said.

@@ -91,7 +91,8 @@ class NotSolved(Exception):
 class Kind:
     """How one carry on one device relates to the carries a step earlier (`Y[k, d]`).
 
-    `name`: "constant" (it is its own leaf), "sum" (`L[k, src] + g`, g not reading L[k, src]:
+    `name`: "constant" (it is its own leaf), "count" (`L[k, d] + c`, c a constant: another
+    step counter, `fori_loop`'s own beside the while's), "sum" (`L[k, src] + g`, g not reading L[k, src]:
     a sum over the steps before i, handed on from device `src` when it is another one),
     "rotate" (`L[k, src]`: the value device src held a step earlier), "buffer"
     (`dynamic_update_slice(L[k, d], u, starts)`), "step" (not reading L[k, d]: a function of
@@ -102,6 +103,8 @@ class Kind:
     name: str
     src: int | None = None
     reads: tuple[tuple[int, int], ...] = ()
+    step: object = None
+    """Of a "count": what it adds every step."""
 
 
 @dataclass
@@ -133,10 +136,14 @@ def solve_loop(expansion, op: ir.Operation, info: OpInfo, ins: list[list[Local]]
         return None
     stats.solved += 1
     stats.trips += solver.trips
-    stats.invariants.append(solver.describe())
+    text = solver.describe()
+    where = f"the loop at {info.loc}" if info.loc else "a loop"
+    line = f"{where} is read by its invariant over {solver.trips} trips: {text}"
+    if line not in stats.invariants:
+        stats.invariants.append(line)
     set_invariant = getattr(expansion, "record_invariant", None)
     if set_invariant is not None:
-        set_invariant(op, solver.describe())
+        set_invariant(op, text)
     return results
 
 
@@ -246,6 +253,8 @@ class LoopSolver:
             if len(mine) == 1 and mine[0][0] == 1:
                 src = self.leaf_of[mine[0][1].serial]
                 rest = [t for _, t in pairs if t is not mine[0][1]]
+                if not rest and src == node:
+                    return Kind("count", step=linear_parts(term)[1])
                 if not any(src in self._reads(t) for t in rest):
                     return Kind("sum", src=src[1], reads=tuple(sorted(reads - {src})))
         others = tuple(sorted(reads - {node}))
@@ -262,7 +271,7 @@ class LoopSolver:
         end = self.start + self.trips
         parts = [f"#{self.counter.index}: step index i in [{self.start}, {end})"]
         for k in sorted({k for k, _ in self.kinds}):
-            texts = [_kind_text(self.kinds[(k, d)], d) for d in range(self.n)]
+            texts = [_kind_text(self.kinds[(k, d)], d, self.n) for d in range(self.n)]
             groups: dict[str, list[int]] = {}
             for d, text in enumerate(texts):
                 groups.setdefault(text, []).append(d)
@@ -364,17 +373,20 @@ def _concrete_values(term: Term) -> tuple[int, ...] | None:
         return None
 
 
-def _kind_text(kind: Kind, d: int) -> str:
+def _kind_text(kind: Kind, d: int, n: int) -> str:
     """One carry on device d in words (see `Kind`)."""
-    reads = ", ".join(f"#{k}@{_relative(e, d)}" for k, e in kind.reads)
+    reads = ", ".join(f"#{k}@{_relative(e, d, n)}" for k, e in kind.reads)
     if kind.name == "constant":
         return "unchanged"
+    if kind.name == "count":
+        return f"a counter: {_fmt_step(kind.step)} each step"
     if kind.name == "sum":
-        base = "" if kind.src == d else f" (the running sum of device {_relative(kind.src, d)})"
+        base = "" if kind.src == d else \
+            f" (the running sum of device {_relative(kind.src, d, n)})"
         return f"sum over the steps before i{base} of a function of i" + (
             f" and {reads}" if reads else "")
     if kind.name == "rotate":
-        return f"rotates: device {_relative(kind.src, d)}'s a step earlier"
+        return f"rotates: device {_relative(kind.src, d, n)}'s a step earlier"
     if kind.name == "buffer":
         return "buffer updated at an index computed from i" + (f" from {reads}" if reads
                                                                   else "")
@@ -383,9 +395,18 @@ def _kind_text(kind: Kind, d: int) -> str:
     return "a recurrence" + (f" reading {reads}" if reads else "")
 
 
-def _relative(e: int, d: int) -> str:
-    """Device e as seen from device d: `d`, `d+1`, `d-3`."""
-    return "d" if e == d else f"d{e - d:+d}"
+def _relative(e: int, d: int, n: int) -> str:
+    """Device e as seen from device d, modulo the n devices (a ring's neighbour across the
+    wrap is `d+1` too): `d`, `d+1`, `d-3`."""
+    offset = (e - d) % n
+    if offset > n // 2:
+        offset -= n
+    return "d" if offset == 0 else f"d{offset:+d}"
+
+
+def _fmt_step(step) -> str:
+    value = step if isinstance(step, Fraction) else Fraction(0)
+    return f"+= {value}" if value >= 0 else f"-= {-value}"
 
 
 def _devices(ds: list[int]) -> str:
