@@ -2,7 +2,7 @@
 as the number of micro-batches grows, and the program generator the loop tests share.
 
     python benchmarks/pipeline.py            # 4 / 8 / 16 stages x 8 / 32 / 128 micro-batches
-    python benchmarks/pipeline.py --quick    # 4 / 8 stages x 8 / 32 micro-batches
+    python benchmarks/pipeline.py --quick    # 4 / 8 stages x 8 / 32 micro-batches, depth 1 / 2 / 4
     python benchmarks/pipeline.py --width 64 # narrower blocks (GPT-2's 768 by default)
     python benchmarks/pipeline.py --write-lit lit_tests/regressions/Inputs
 
@@ -16,7 +16,10 @@ reference applies the blocks to the whole batch.
 Each row: the seconds of `entangle check` (both walks, the general tier with every Z3 rule
 instance check), how the loop was read (by invariant: its body expanded once), and for each
 stage count the ratio t(128) / t(8) of the largest to the smallest micro-batch count: at most
-linear (16) is the target, and under 10 s for 16 stages x 128 micro-batches.
+linear (16) is the target, and under 10 s for 16 stages x 128 micro-batches. Then loops
+nested 1 to 6 deep, 3 trips each: the ops expanded grow linearly in the depth (each body
+expanded once at its symbolic step, and again in the outermost loop's base trips), where
+unrolling would copy the innermost body 3^depth times.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import argparse
 import os
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 if __name__ == "__main__":
@@ -162,6 +166,32 @@ def ring_lowered(body, devices: int, rows: int = 4, chunk: int = 2, cols: int = 
     return lower_pair(matmul_reference, shard, *avals)
 
 
+# ----- nested loops ------------------------------------------------------------------------------
+
+def nested_reference(x, *, depth: int, trips: int):
+    return trips ** depth * jnp.tanh(x)
+
+
+def nested_loops(depth: int, trips: int = 3):
+    """`depth` fori_loops nested in one another, `trips` each, the innermost adding tanh(x):
+    unrolled, trips^depth copies of the innermost body; by invariant, each body once."""
+    def body(x):
+        def level(k, acc):
+            if k == depth:
+                return acc + jnp.tanh(x)
+            return lax.fori_loop(0, trips, lambda i, a: level(k + 1, a), acc)
+        return lax.pmean(level(0, jnp.zeros_like(x)), AXIS)
+    return body
+
+
+def nested_lowered(depth: int, trips: int = 3, devices: int = 4) -> tuple[str, str]:
+    mesh = mesh_of(devices)
+    shard = jax.jit(jax.shard_map(nested_loops(depth, trips), mesh=mesh, in_specs=(P(),),
+                                  out_specs=P(), check_vma=False))
+    aval = jax.ShapeDtypeStruct((8, 16), jnp.float32, sharding=NamedSharding(mesh, P()))
+    return lower_pair(partial(nested_reference, depth=depth, trips=trips), shard, aval)
+
+
 def combined(ref_text: str, sharded_text: str) -> str:
     """One module holding both programs, as entangle-opt reads a pair: the sharded module
     with the reference's `main` moved in as `@ref`, and `entangle.refines = @ref` on the
@@ -213,6 +243,18 @@ def _row(stages: int, micro: int, width: int) -> float:
     return seconds
 
 
+def _nested_row(depth: int) -> float:
+    ref_text, sharded_text = nested_lowered(depth)
+    start = time.perf_counter()
+    report = check_texts(ref_text, sharded_text)
+    seconds = time.perf_counter() - start
+    general = report.stats.get("general_tier", {})
+    print(f"{depth:>6} {3 ** depth:>8} {seconds:>8.2f}  "
+          f"{'proven' if report.proven else 'NOT PROVEN':<10} {general.get('ops', 0):>6}",
+          flush=True)
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -232,6 +274,10 @@ def main() -> None:
         times = [_row(stages, micro, args.width) for micro in micro_counts]
         print(f"  {stages} stages: t({micro_counts[-1]}) / t({micro_counts[0]}) = "
               f"{times[-1] / times[0]:.2f} (micro-batches x{micro_counts[-1] // micro_counts[0]})")
+    print("\nNested fori_loops of 3 trips each (the innermost adds tanh(x)), 4 devices")
+    print(" depth  unrolled  seconds  verdict     ops expanded")
+    for depth in (1, 2, 4) if args.quick else (1, 2, 3, 4, 5, 6):
+        _nested_row(depth)
 
 
 if __name__ == "__main__":

@@ -116,6 +116,8 @@ class LoopStats:
     term_work: int = 0
     fallbacks: list[str] = field(default_factory=list)
     invariants: list[str] = field(default_factory=list)
+    solving: int = 0
+    """Loops being solved now (a loop met while another is solved is nested in it)."""
 
 
 def solve_loop(expansion, op: ir.Operation, info: OpInfo, ins: list[list[Local]], env: dict,
@@ -125,8 +127,9 @@ def solve_loop(expansion, op: ir.Operation, info: OpInfo, ins: list[list[Local]]
     expansion running the loop (`expand.Expansion`: it expands the body once, and the base
     trips)."""
     stats = _stats(expansion)
+    stats.solving += 1
     try:
-        solver = LoopSolver(expansion, op, info, ins, env, mesh)
+        solver = LoopSolver(expansion, op, info, ins, env, mesh, nested=stats.solving > 1)
         results = solver.solve()
     except NotSolved as why:
         stats.fallbacks.append(str(why))
@@ -134,6 +137,8 @@ def solve_loop(expansion, op: ir.Operation, info: OpInfo, ins: list[list[Local]]
     except NotExpanded as why:
         stats.fallbacks.append(f"the body at a symbolic step: {why.reason}")
         return None
+    finally:
+        stats.solving -= 1
     stats.solved += 1
     stats.trips += solver.trips
     text = solver.describe()
@@ -158,8 +163,10 @@ class LoopSolver:
     """One counted loop on every device of a per-device expansion, solved by its invariant."""
 
     def __init__(self, expansion, op: ir.Operation, info: OpInfo, ins: list[list[Local]],
-                 env: dict, mesh: Mesh):
+                 env: dict, mesh: Mesh, nested: bool = False):
+        """`nested`: met while another loop is solved (`_check_base`)."""
         self.expansion = expansion
+        self.nested = nested
         self.op = op
         self.info = info
         self.ins = ins
@@ -295,6 +302,8 @@ class LoopSolver:
         self.history = [dict(values)]
         stats = _stats(self.expansion)
         changing = [node for node, kind in self.kinds.items() if kind.name != "constant"]
+        leaves = {self.index.serial} | {leaf.serial for leaf in self.leaf_terms.values()}
+        keep = leafless([self.yields[node] for node in changing], self.floor, leaves)
         for j in range(start, start + trips):
             subst = {self.index.serial: make_splat(j, (), dtype)}
             for node, term in values.items():
@@ -303,7 +312,8 @@ class LoopSolver:
             work = [0]
             new = dict(values)
             for node in changing:
-                new[node] = instantiate(self.yields[node], subst, self.floor, memo, work)
+                new[node] = instantiate(self.yields[node], subst, self.floor, memo, work,
+                                        keep)
             stats.term_work += work[0]
             if stats.term_work > MAX_TERM_WORK:
                 raise NotSolved(f"exit values past {MAX_TERM_WORK} term nodes")
@@ -314,7 +324,12 @@ class LoopSolver:
 
     def _check_base(self, start: int, live: list[int]) -> None:
         """The first `BASE_TRIPS` steps run concretely (the expansion's own path) must give
-        the same carried values as the invariant."""
+        the same carried values as the invariant. Only the outermost loop runs them: a loop
+        nested in it is solved within its symbolic step and again within its base trips,
+        and the outer loop's carried values after those trips hold the nested loop's exit
+        values both ways; base trips at every depth would cost 3^depth bodies."""
+        if self.nested:
+            return
         concrete, ran = self.expansion.expand_trips(self.op, self.info, self.ins, self.env,
                                                     self.mesh, BASE_TRIPS)
         if ran != BASE_TRIPS:
@@ -431,20 +446,46 @@ def _above(term: Term, floor: int) -> Iterator[Term]:
         stack.extend(top.args)
 
 
+def leafless(roots, floor: int, leaves: set[int]) -> set[int]:
+    """The serials of the subterms of `roots` built after `floor` that hold none of `leaves`
+    (terms the body built from loop-invariant values alone: every step keeps them)."""
+    holds: dict[int, bool] = {}
+    for root in roots:
+        stack = [root]
+        while stack:
+            top = stack[-1]
+            if top.serial in holds or top.serial < floor:
+                stack.pop()
+                continue
+            pending = [a for a in top.args if a.serial >= floor and a.serial not in holds]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            holds[top.serial] = top.serial in leaves or any(
+                holds.get(a.serial, False) for a in top.args)
+    return {s for s, held in holds.items() if not held}
+
+
 def instantiate(term: Term, subst: dict[int, Term], floor: int, memo: dict[int, Term],
-                work: list[int] | None = None) -> Term:
+                work: list[int] | None = None, keep: set[int] | frozenset = frozenset()
+                ) -> Term:
     """`term` with every leaf in `subst` (by serial) replaced, rebuilt through the term
     builders bottom-up; integer parts whose leaves are all constants folded to their values,
     dynamic slices and updates at constant offsets made static, selects on a constant
-    predicate resolved (`_rebuilt`). Terms built before `floor` hold no leaf and are kept.
-    `memo` (serial -> result) is shared by the calls of one substitution; `work[0]` counts
-    the nodes rebuilt."""
-    if term.serial < floor:
+    predicate resolved (`_rebuilt`). Terms built before `floor`, and those in `keep`
+    (`leafless`), hold no leaf and are kept. `memo` (serial -> result) is shared by the
+    calls of one substitution; `work[0]` counts the nodes rebuilt."""
+    if term.serial < floor or term.serial in keep:
         return term
     stack = [term]
     while stack:
         top = stack[-1]
         if top.serial in memo:
+            stack.pop()
+            continue
+        if top.serial in keep:
+            memo[top.serial] = top
             stack.pop()
             continue
         replaced = subst.get(top.serial)
