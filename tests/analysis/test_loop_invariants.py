@@ -304,7 +304,7 @@ def test_the_pipeline_invariant_names_each_carry() -> None:
     _, _, report = _check(CORRECT[0])
     (text,) = set(report.stats["general_tier"]["loops"]["invariants"])
     assert f"step index i in [0, {MICRO + STAGES - 1})" in text
-    state = re.search(r"#(\d+): a function of i and #(\d+)@d-1 on devices 0, 2, 3", text)
+    state = re.search(r"#(\d+): a function of i and #(\d+)@stages-1 on devices 0, 2, 3", text)
     assert state is not None and state[1] == state[2], text
     assert "a counter: += 1 each step" in text
     assert f"unchanged on devices 0..{STAGES - 2}; buffer updated" in text

@@ -273,12 +273,12 @@ class LoopSolver:
 
     def describe(self) -> str:
         """The invariant in words, carry by carry: what each carry at step i + 1 is made of
-        on every device, devices read relative to the device itself (`d-1`); devices alike
-        are listed once."""
+        on every device, devices read relative to the device itself (`stages-1`: the previous
+        one along the axis `stages`, modulo its size); devices alike are listed once."""
         end = self.start + self.trips
         parts = [f"#{self.counter.index}: step index i in [{self.start}, {end})"]
         for k in sorted({k for k, _ in self.kinds}):
-            texts = [_kind_text(self.kinds[(k, d)], d, self.n) for d in range(self.n)]
+            texts = [_kind_text(self.kinds[(k, d)], d, self.mesh) for d in range(self.n)]
             groups: dict[str, list[int]] = {}
             for d, text in enumerate(texts):
                 groups.setdefault(text, []).append(d)
@@ -388,20 +388,20 @@ def _concrete_values(term: Term) -> tuple[int, ...] | None:
         return None
 
 
-def _kind_text(kind: Kind, d: int, n: int) -> str:
+def _kind_text(kind: Kind, d: int, mesh: Mesh) -> str:
     """One carry on device d in words (see `Kind`)."""
-    reads = ", ".join(f"#{k}@{_relative(e, d, n)}" for k, e in kind.reads)
+    reads = ", ".join(f"#{k}@{_relative(e, d, mesh)}" for k, e in kind.reads)
     if kind.name == "constant":
         return "unchanged"
     if kind.name == "count":
         return f"a counter: {_fmt_step(kind.step)} each step"
     if kind.name == "sum":
         base = "" if kind.src == d else \
-            f" (the running sum of device {_relative(kind.src, d, n)})"
+            f" (the running sum of device {_relative(kind.src, d, mesh)})"
         return f"sum over the steps before i{base} of a function of i" + (
             f" and {reads}" if reads else "")
     if kind.name == "rotate":
-        return f"rotates: device {_relative(kind.src, d, n)}'s a step earlier"
+        return f"rotates: device {_relative(kind.src, d, mesh)}'s a step earlier"
     if kind.name == "buffer":
         return "buffer updated at an index computed from i" + (f" from {reads}" if reads
                                                                   else "")
@@ -410,13 +410,20 @@ def _kind_text(kind: Kind, d: int, n: int) -> str:
     return "a recurrence" + (f" reading {reads}" if reads else "")
 
 
-def _relative(e: int, d: int, n: int) -> str:
-    """Device e as seen from device d, modulo the n devices (a ring's neighbour across the
-    wrap is `d+1` too): `d`, `d+1`, `d-3`."""
-    offset = (e - d) % n
-    if offset > n // 2:
-        offset -= n
-    return "d" if offset == 0 else f"d{offset:+d}"
+def _relative(e: int, d: int, mesh: Mesh) -> str:
+    """Device e as seen from device d, by mesh axis, each offset modulo the axis (a ring's
+    neighbour across the wrap is `ring+1` too): `d` (the same device), `stages-1`,
+    `dp+1,tp-2`."""
+    mine, theirs = mesh.coords(d), mesh.coords(e)
+    parts = []
+    for axis in mesh.names:
+        size = mesh.size(axis)
+        offset = (theirs[axis] - mine[axis]) % size
+        if offset > size // 2:
+            offset -= size
+        if offset:
+            parts.append(f"{axis}{offset:+d}")
+    return ",".join(parts) or "d"
 
 
 def _fmt_step(step) -> str:
