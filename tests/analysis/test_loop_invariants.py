@@ -5,15 +5,16 @@ would unroll those of at most 16 trips for the layout tier), so the general tier
 
 Every label is grounded by execution on simulated CPU devices. Proven by invariant: a GPipe
 forward of 4 stages x 6 micro-batches, the same writing its outputs at every step (the
-bubble's junk lands in slots written again later: correct), the pipeline's loss accumulated
-over the micro-batches with the bubble masked, gradient accumulation over 8 micro-batches
-(data parallel), an all-gather collective matmul whose left operand rotates around a ring
-of 8 devices, and a loop over micro-batches holding a scan over layers (nested: each body
-expanded once, whatever the trip counts). Not proven, the nearest wrong programs, each
-computing other numbers: the activations handed to the previous stage, the outputs written
-one step late, the bubble's loss not masked, the loss divided by the steps instead of the
-micro-batches, the accumulated gradients summed instead of averaged, the ring rotated the
-other way, the inner scan reading the next layer's weights.
+bubble's junk lands in slots written again later: correct), the same on a dp 2 x stages 4
+mesh (the rows split over dp), the pipeline's loss accumulated over the micro-batches with
+the bubble masked, gradient accumulation over 8 micro-batches (data parallel), an all-gather
+collective matmul whose left operand rotates around a ring of 8 devices, and a loop over
+micro-batches holding a scan over layers (nested: each body expanded once, whatever the trip
+counts). Not proven, the nearest wrong programs, each computing other numbers: the
+activations handed to the previous stage, the outputs written one step late, the bubble's
+loss not masked, the loss divided by the steps instead of the micro-batches, the accumulated
+gradients summed instead of averaged, the ring rotated the other way, the inner scan reading
+the next layer's weights.
 """
 
 from __future__ import annotations
@@ -142,6 +143,11 @@ def _pipe(name: str, body) -> Program:
     return Program(name, PIPE_MESH, pipeline.reference, body, PIPE_ARGS)
 
 
+DP_PP_ARGS = tuple(zip(pipeline.shapes(STAGES, MICRO, WIDTH, 2 * ROWS),
+                       pipeline.SPECS[:-1] + (P(None, "dp"),)))
+"""The micro-batches' rows split over a data-parallel axis too (dp 2 x stages 4)."""
+
+
 def _loss(name: str, body) -> Program:
     return Program(name, PIPE_MESH, pipeline_loss_reference, body, LOSS_ARGS)
 
@@ -263,6 +269,8 @@ def _nested(name: str, body) -> Program:
 CORRECT = [
     _pipe("gpipe_forward", pipeline.gpipe()),
     _pipe("gpipe_forward_writes_every_step", pipeline.gpipe(masked=False)),
+    Program("gpipe_forward_dp2", (("dp", 2),) + PIPE_MESH, pipeline.reference,
+            pipeline.gpipe(), DP_PP_ARGS, P(None, "dp")),
     _loss("gpipe_loss_bubble_masked", pipeline_loss()),
     _accum("grad_accumulation_8_micro_batches", accumulated()),
     _ring("ring_collective_matmul", ring_matmul()),
