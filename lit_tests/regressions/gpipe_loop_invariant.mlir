@@ -14,14 +14,15 @@
 // CHECK: verified: the sharded program refines the reference on mesh stages=4
 // CHECK: note: the loop at {{.*}} is read by its invariant over 19 trips: #6: step index i in [0, 19)
 // CHECK-SAME: #7: a counter: += 1 each step
-// CHECK-SAME: #8: a function of i and #8@stages-1 on devices 0, 2, 3; a function of i and #7@stages-1 on device 1
+// CHECK-SAME: #8: a function of i and #8@stages-1 on devices 0, 2, 3; a function of i and #7@stages-1, reading windows of xs at i on device 1
 // CHECK-SAME: #9: unchanged on devices 0..2; buffer updated at an index computed from i from #7@d, #8@d on device 3
 // CHECK-SAME: #0, #1, #2, #3, #4, #5: loop-invariant
 
 // The invariant is attached to the loop: the state a stage holds is a function of the
-// previous stage's a step earlier (#8@stages-1; stage 1 reads stage 0's micro-batch at its
-// counter, #7@stages-1), the outputs change on the last stage only. (entangle-opt exits 1: it
-// prints the layout tier's diagnostic, which the general tier then does not confirm.)
+// previous stage's a step earlier (#8@stages-1; stage 1 takes the window of the
+// micro-batches xs at stage 0's counter, #7@stages-1), the outputs change on the last stage
+// only. (entangle-opt exits 1: it prints the layout tier's diagnostic, which the general
+// tier then does not confirm.)
 // INVARIANT: stablehlo.while
 // INVARIANT-SAME: entangle.invariant = "#6: step index i in [0, 19); #7: a counter: += 1 each step; #8: a function of i and #8@stages-1 on devices 0, 2, 3
 

@@ -8,7 +8,7 @@
 // every device, the wrap included), the accumulator is a sum over the steps before i.
 
 // CHECK: verified: the sharded program refines the reference on mesh ring=32
-// CHECK: note: the loop at {{.*}} is read by its invariant over 32 trips: #2: step index i in [0, 32); #3: a counter: += 1 each step; #4: sum over the steps before i of a function of i and #3@d, #5@d; #5: rotates: device ring+1's a step earlier; #0, #1: loop-invariant
+// CHECK: note: the loop at {{.*}} is read by its invariant over 32 trips: #2: step index i in [0, 32); #3: a counter: += 1 each step; #4: sum over the steps before i of a function of i and #3@d, #5@d, reading windows of w at i; #5: rotates: device ring+1's a step earlier; #0, #1: loop-invariant
 
 // Must fail: the chunks rotated the other way (device d takes device d-1's chunk and
 // multiplies it by the rows of chunk d + i): the devices' results differ.

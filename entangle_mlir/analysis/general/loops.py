@@ -53,6 +53,7 @@ from entangle_mlir.core.terms import (
     make_lin,
     make_op,
     make_splat,
+    pretty,
     rebuild,
     splat_value,
 )
@@ -231,6 +232,8 @@ class LoopSolver:
         self.leaf_of = leaf_of
         for node, term in self.yields.items():
             self.kinds[node] = self._kind(node, term)
+        leaf_serials = {index.serial} | {leaf.serial for leaf in self.leaf_terms.values()}
+        self.keep = leafless(list(self.yields.values()), floor, leaf_serials)
         carried = self._run(start, trips, live)
         self._check_base(start, live)
         return self._results(carried, live, start + trips)
@@ -278,7 +281,8 @@ class LoopSolver:
         end = self.start + self.trips
         parts = [f"#{self.counter.index}: step index i in [{self.start}, {end})"]
         for k in sorted({k for k, _ in self.kinds}):
-            texts = [_kind_text(self.kinds[(k, d)], d, self.mesh) for d in range(self.n)]
+            texts = [_kind_text(self.kinds[(k, d)], d, self.mesh) + self._windows((k, d))
+                     for d in range(self.n)]
             groups: dict[str, list[int]] = {}
             for d, text in enumerate(texts):
                 groups.setdefault(text, []).append(d)
@@ -292,6 +296,23 @@ class LoopSolver:
                          "loop-invariant")
         return "; ".join(parts)
 
+    def _windows(self, node: tuple[int, int]) -> str:
+        """The loop-invariant values the yield reads a window of at an offset computed from
+        the step (`, reading windows of xs at i`: a shifted micro-batch, a rotating block)."""
+        if self.kinds[node].name == "constant":
+            return ""
+        found: list[str] = []
+        for t in _above(self.yields[node], self.floor):
+            if t.op != "dynamic_slice" or not self._holds_leaf(t) or self._holds_leaf(t.args[0]):
+                continue
+            text = pretty(t.args[0], 2)
+            if text not in found:
+                found.append(text)
+        return f", reading windows of {', '.join(sorted(found))} at i" if found else ""
+
+    def _holds_leaf(self, term: Term) -> bool:
+        return term.serial >= self.floor and term.serial not in self.keep
+
     # ----- the exit values ----------------------------------------------------------------
 
     def _run(self, start: int, trips: int, live: list[int]) -> dict[tuple[int, int], Term]:
@@ -302,8 +323,7 @@ class LoopSolver:
         self.history = [dict(values)]
         stats = _stats(self.expansion)
         changing = [node for node, kind in self.kinds.items() if kind.name != "constant"]
-        leaves = {self.index.serial} | {leaf.serial for leaf in self.leaf_terms.values()}
-        keep = leafless([self.yields[node] for node in changing], self.floor, leaves)
+        keep = self.keep
         for j in range(start, start + trips):
             subst = {self.index.serial: make_splat(j, (), dtype)}
             for node, term in values.items():
