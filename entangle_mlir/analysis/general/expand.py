@@ -20,7 +20,7 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from entangle_mlir.analysis.general import MAX_DEVICES
-from entangle_mlir.analysis.general.loops import solve_loop
+from entangle_mlir.analysis.general.loops import LoopStats, solve_loop
 from entangle_mlir.analysis.general.values import (  # noqa: F401 - concrete_term: tests import it here
     MAX_CONCRETE,
     Local,
@@ -131,6 +131,8 @@ class Expansion(Walker):
         self.stats = ExpansionStats()
         self.mesh: Mesh | None = None
         self._seen_instances: set[tuple] = set()
+        self.loop_stats = LoopStats()
+        """What the loops solved by invariant cost (`loops.py`)."""
         self.blocks: dict[int, str] = {}
         """serial of a device's value of a manual computation's result -> which it is."""
         self._out_of_time = deadline or (lambda: False)

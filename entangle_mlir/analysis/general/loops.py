@@ -7,10 +7,10 @@ i). Each device's yield of each carry is then a term `Y[k, d](i, L)`, built by t
 as every other op (their instances checked by Z3 like any other): the relation of the carries
 at step i + 1 to those at step i, for EVERY step i and every value of the carries, since the
 leaves are free. That relation is the loop's invariant, read per carry (`Kind`): a constant,
-the step index, a sum over the steps before i (`acc + g(i)`), a block rotating around a ring
-of devices (`ppermute`), a buffer written at an index computed from i, or a function of the
+a counter, a sum over the steps before i (`acc + g(i)`), a block rotating around a ring of
+devices (`ppermute`), a buffer written at an index computed from i, or a function of the
 other carries at step i - 1 (a pipeline stage's input: the previous stage's output a step
-earlier).
+earlier). It is printed as `entangle.invariant` on the loop and as a note of the report.
 
 The carried values at the exit are the invariant read at the trip count: every leaf is
 substituted by the value it stands for and integer parts are folded (`instantiate`; exact:
@@ -21,8 +21,8 @@ grow with the trip count, only the size of the terms the exit values are (a sum 
 micro-batches has 128 parts; the reference comparison needs each).
 
 The base case is checked against the first trips run concretely (`BASE_TRIPS`, the
-expansion's own trip-by-trip path): every carried value must be the same term. Anything
-outside this (a loop that is not counted, a body the symbolic index does not expand, a
+expansion's own trip-by-trip path; the outermost loop only, so nesting costs linear time in
+its depth): every carried value must be the same term. Anything outside this (a loop that is not counted, a body the symbolic index does not expand, a
 mismatch at the base) falls back to trip-by-trip expansion within its bound: it costs a
 proof, never makes one.
 """
@@ -35,6 +35,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from entangle_mlir.analysis.general.values import (
     MAX_CONCRETE,
@@ -92,14 +94,14 @@ class NotSolved(Exception):
 class Kind:
     """How one carry on one device relates to the carries a step earlier (`Y[k, d]`).
 
-    `name`: "constant" (it is its own leaf), "count" (`L[k, d] + c`, c a constant: another
-    step counter, `fori_loop`'s own beside the while's), "sum" (`L[k, src] + g`, g not reading L[k, src]:
-    a sum over the steps before i, handed on from device `src` when it is another one),
-    "rotate" (`L[k, src]`: the value device src held a step earlier), "buffer"
-    (`dynamic_update_slice(L[k, d], u, starts)`), "step" (not reading L[k, d]: a function of
-    i and the carries `reads` a step earlier, as a pipeline stage's input is the previous
-    stage's output) or "recurrence" (anything else: still exact, stepped term by term).
-    `reads`: the other (carry, device) leaves the yield holds."""
+    `name`: "constant" (it is its own leaf); "count" (`L[k, d] + c`, c a constant: another
+    step counter, `fori_loop`'s own beside the while's); "sum" (`L[k, src] + g`, g not
+    reading L[k, src]: a sum over the steps before i, handed on from device `src` when it
+    is another one); "rotate" (`L[k, src]`: the value device src held a step earlier);
+    "buffer" (`dynamic_update_slice(L[k, d], u, starts)`); "step" (not reading L[k, d]: a
+    function of i and the carries `reads` a step earlier, as a pipeline stage's input is the
+    previous stage's output); or "recurrence" (anything else: still exact, stepped term by
+    term). `reads`: the other (carry, device) leaves the yield holds."""
 
     name: str
     src: int | None = None
@@ -147,17 +149,13 @@ def solve_loop(expansion, op: ir.Operation, info: OpInfo, ins: list[list[Local]]
     line = f"{where} is read by its invariant over {solver.trips} trips: {text}"
     if line not in stats.invariants:
         stats.invariants.append(line)
-    set_invariant = getattr(expansion, "record_invariant", None)
-    if set_invariant is not None:
-        set_invariant(op, text)
+    expansion.record_invariant(op, text)
     return results
 
 
 def _stats(expansion) -> LoopStats:
-    stats = getattr(expansion, "loop_stats", None)
-    if stats is None:
-        stats = expansion.loop_stats = LoopStats()
-    return stats
+    """The loop statistics the expansion keeps (`Expansion.loop_stats`)."""
+    return expansion.loop_stats
 
 
 class LoopSolver:
@@ -235,7 +233,7 @@ class LoopSolver:
         leaf_serials = {index.serial} | {leaf.serial for leaf in self.leaf_terms.values()}
         self.keep = leafless(list(self.yields.values()), floor, leaf_serials)
         carried = self._run(start, trips, live)
-        self._check_base(start, live)
+        self._check_base(start)
         return self._results(carried, live, start + trips)
 
     # ----- reading the invariant --------------------------------------------------------
@@ -342,7 +340,7 @@ class LoopSolver:
                 self.history.append(dict(values))
         return values
 
-    def _check_base(self, start: int, live: list[int]) -> None:
+    def _check_base(self, start: int) -> None:
         """The first `BASE_TRIPS` steps run concretely (the expansion's own path) must give
         the same carried values as the invariant. Only the outermost loop runs them: a loop
         nested in it is solved within its symbolic step and again within its base trips,
@@ -391,8 +389,6 @@ def _local(term: Term, like: Local) -> Local:
     if integral(like.dtype):
         values = _concrete_values(term)
         if values is not None:
-            import numpy as np  # lazy: only integer carries, rare; numpy is loaded anyway
-
             return Local(like.dtype, like.shape, term=term,
                          values=np.array(values, dtype=object).reshape(like.shape))
     return Local(like.dtype, like.shape, term=term)
@@ -565,8 +561,6 @@ def _rebuilt(term: Term, args: tuple[Term, ...]) -> Term:
             values = evaluate_term(out, {})
         except (SemanticsError, TypeError, ValueError):
             return out
-        import numpy as np  # lazy: numpy is loaded with the expansion anyway
-
         return concrete_term(np.asarray(values, dtype=object).reshape(out.shape), out.dtype)
     return out
 

@@ -248,8 +248,8 @@ def _stats(expansion: Expansion, start: float) -> dict:
     counts = getattr(expansion, "instance_counts", None)
     if counts is not None:
         stats["rule_instances"] = dict(counts)
-    loops = getattr(expansion, "loop_stats", None)
-    if loops is not None:
+    loops = expansion.loop_stats
+    if loops.solved or loops.fallbacks:
         stats["loops"] = {"by_invariant": loops.solved, "trips": loops.trips,
                           "term_work": loops.term_work, "invariants": loops.invariants,
                           "not_by_invariant": loops.fallbacks}
