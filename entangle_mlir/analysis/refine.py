@@ -10,8 +10,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from jaxlib.mlir import ir
-
 from entangle_mlir.analysis.infer import OpRecord, Walk
 from entangle_mlir.analysis.valid_indices import ValidIndices, index_ranges
 from entangle_mlir.core.diagnostics import Diagnostic
@@ -37,6 +35,7 @@ from entangle_mlir.core.terms import (
     structural_diff,
     subterms,
 )
+from entangle_mlir.mlir.program import result_names
 from entangle_mlir.rules import RULES, RuleContext
 from entangle_mlir.rules.elementwise import ELEMENTWISE_RULES
 from entangle_mlir.rules.kinds.reordered import MIXED_ORDERS
@@ -450,14 +449,9 @@ def _result_names(walk: Walk) -> list[str]:
     """The `jax.result_info` of each result of the walked function ('' where absent)."""
     record = walk.return_record
     func = getattr(record.info.op, "parent", None) if record is not None else None
-    if func is None or func.name != "func.func" or "res_attrs" not in func.attributes:
+    if func is None or func.name != "func.func":
         return []
-    names = []
-    for attrs in ir.ArrayAttr(func.attributes["res_attrs"]):
-        info = ir.DictAttr(attrs)
-        names.append(ir.StringAttr(info["jax.result_info"]).value
-                     if "jax.result_info" in info else "")
-    return names
+    return result_names(func)
 
 
 def _primary(value: Opaque) -> OpRecord | None:
