@@ -384,7 +384,7 @@ def test_a_refutation_the_terms_do_not_show_is_not_made(monkeypatch) -> None:
     from entangle_mlir.analysis.general.decide import Decider, Decision
     from entangle_mlir.analysis.instance.term_equality import complete_inputs, shown_inputs
 
-    def wrong(self, want, got, name):
+    def wrong(self, want, got, name, timeout_ms):
         inputs = complete_inputs(None, [want, got], {})
         return Decision("refuted", counterexample=shown_inputs(inputs), inputs=inputs)
 

@@ -115,13 +115,15 @@ class Decider:
         self.timeout_ms = timeout_ms
         self.memo: dict[int, Term] = {}
 
-    def decide(self, want: Term, got: Term, name: str) -> Decision:
+    def decide(self, want: Term, got: Term, name: str, timeout_ms: int | None = None
+               ) -> Decision:
         """Whether `want == got` for every input. A refutation is grounded in the terms as
         built: they are evaluated on the inputs found (on the normal forms, the terms the
         valid-index ranges simplified, or by Z3) and must differ there, so that neither a
         normal-form identity nor a simplification can make one; otherwise it is "unknown".
-        (Terms of different shapes need no inputs.)"""
-        decision = self._decide(want, got, name)
+        (Terms of different shapes need no inputs.) `timeout_ms`: this decision's Z3 budget,
+        when not the decider's."""
+        decision = self._decide(want, got, name, timeout_ms or self.timeout_ms)
         if decision.status != "refuted" or want.shape != got.shape:
             return decision
         from entangle_mlir.analysis.instance.term_equality import (  # lazy: z3 (~40 ms)
@@ -143,7 +145,7 @@ class Decider:
         return {r.arg.attrs[0]: (0, r.size - 1) for s, r in self.ranges.items()
                 if s in serials}
 
-    def _decide(self, want: Term, got: Term, name: str) -> Decision:
+    def _decide(self, want: Term, got: Term, name: str, timeout_ms: int) -> Decision:
         if want is got:
             return Decision("proved", how="identical terms")
         if want.shape != got.shape:
@@ -190,13 +192,13 @@ class Decider:
         if work > MAX_SCATTER_WORK:
             return Decision("unknown", "a scatter at unknown indices too large to evaluate "
                             f"symbolically ({work} update x element comparisons)")
-        plain = check_term_equality(nw, ng, name, self.timeout_ms, typed=True,
+        plain = check_term_equality(nw, ng, name, timeout_ms, typed=True,
                                     known_dense=True, finite_alike=True,
                                     max_work=MAX_QUERY_WORK)
         if plain.proved:
             return Decision("proved", how="Z3")
         if simplified is not None:
-            under = check_term_equality(*simplified, f"{name}.valid_indices", self.timeout_ms,
+            under = check_term_equality(*simplified, f"{name}.valid_indices", timeout_ms,
                                         typed=True, known_dense=True, finite_alike=True,
                                         ranges=bounds, max_work=MAX_QUERY_WORK)
             if under.proved:
