@@ -1966,14 +1966,14 @@ def test_per_micro_batch_mean_is_a_scale_error() -> None:
     """sum(loss * mask) / sum(mask) per micro-batch: reported as a wrong scale (k = N/(m N_i));
     the relation it would need (the micro-batch sum over the whole batch's total) is refuted."""
     tp4 = Mesh((("tp", 4),))
-    loss, mask = rel(arg((16, 3)), "tp"), rel(arg((16, 3)), "tp")
+    loss, mask = rel(arg((16, 1)), "tp"), rel(arg((16, 1)), "tp")
     sums, totals = (Windowed(v, 0, 0, 2, summed=(0, 1)) for v in (loss, mask))
     lemma = Lemma("mean", "stablehlo.divide", [sums, totals], results=[((), "f32")], mesh=tp4)
     (out,) = RULES[lemma.op](lemma.info(), [sums, totals], lemma.context())
     assert isinstance(out, Opaque) and out.category == "scale", out
     assert "k = N/(8*N_i)" in out.reason and "same number of valid tokens" in out.reason
     total = T.make_op("reduce_sum", (mask.term,), ((0, 1),), (), "f32", linear_in=0)
-    whole_mean = T.make_div(loss.term, T.make_broadcast(total, (), (16, 3)))
+    whole_mean = T.make_div(loss.term, T.make_broadcast(total, (), (16, 1)))
     refute("stablehlo.divide", [sums, totals],
            [replace(sums, rel=replace(loss, term=whole_mean))], [((), "f32")], mesh=tp4)
 
