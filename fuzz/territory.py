@@ -258,7 +258,11 @@ def _dynslice_offset(p: dict) -> str:
     else:
         op = "+" if p["sign"] > 0 else "-"
         wrap = f" + {p['K']}" if p["K"] else ""
-        off = f"(({i} {op} {p['k']}{wrap}) % {n}) * {bs}"
+        if p.get("unsigned"):
+            off = (f"(({i} {op} {p['k']}{wrap}).astype(jnp.uint32) % {n}).astype(jnp.int32)"
+                   f" * {bs}")
+        else:
+            off = f"(({i} {op} {p['k']}{wrap}) % {n}) * {bs}"
     return off + (f" + {p['plus']}" if p["plus"] else "")
 
 
@@ -304,6 +308,8 @@ def mutations_dynslice(prog: TProgram) -> list[tuple[str, str, dict]]:
         out.append((f"index wraps: k + 2^31 - {n} (a multiple of n: equivalent)", "value",
                     {"K": NEAR_2_31 - n}))
         out.append(("index wraps: k + 2^31 - 1", "value", {"K": NEAR_2_31 - 1}))
+        out.append(("index taken modulo n as uint32 (n divides 2^32: equivalent)", "value",
+                    {"unsigned": True}))
     out.append(("offset off by one (+1)", "value", {"plus": 1}))
     for other in other_axes(prog.mesh, p["axes"]):
         out.append((f"axis_index over {other} instead of {p['axes']}", "collective",
@@ -416,6 +422,8 @@ def render_mask(p: dict, side: str, prog: TProgram) -> list[str]:
         lines.append(f"mask = (cols + {p['K']}) {p['cmp']} ({rhs} + {p['K']})")
     elif p["Kdiff"]:
         lines.append(f"mask = ((cols + {p['Kdiff']}) - ({rhs} + {p['Kdiff']})) {p['cmp']} 0")
+    elif p.get("unsigned"):
+        lines.append(f"mask = cols.astype(jnp.uint32) {p['cmp']} ({rhs}).astype(jnp.uint32)")
     else:
         lines.append(f"mask = cols {p['cmp']} {rhs}")
     a, b = "x", _FILL[p["fill"]]
@@ -432,6 +440,7 @@ def mutations_mask(prog: TProgram) -> list[tuple[str, str, dict]]:
             {"cmp": _STRICT[p["cmp"]]}),
            (f"compare constant {p['c']} off by one", "value", {"c": p["c"] + 1}),
            ("select branches swapped", "value", {"swap": True}),
+           ("compare as uint32 (negative bounds wrap)", "value", {"unsigned": True}),
            ("device offset off by one (+1)", "value", {"plus": 1}),
            ("compare operands shifted by 2^31 - 1 - 2 (wraps)", "value",
             {"K": NEAR_2_31 - 1 - 2}),
@@ -479,7 +488,7 @@ def render_embed(p: dict, side: str, prog: TProgram) -> list[str]:
     hi = (f"(local + {p['Kmask']}) {p['hi']} ({m} + {p['Kmask']})" if p["Kmask"]
           else f"local {p['hi']} {m}")
     lines.append(f"mask = (local {p['lo']} 0) & ({hi})")
-    idx = f"jnp.clip(local, 0, {p['clip']})"
+    idx = f"jnp.clip(local, {p.get('clip_lo', 0)}, {p['clip']})"
     lines.append(f"rows = jnp.take(a0, {idx}, axis=0)" if p["index"] == "take"
                  else f"rows = a0[{idx}]")
     if p["narrow_rows"]:
@@ -503,6 +512,7 @@ def mutations_embed(prog: TProgram) -> list[tuple[str, str, dict]]:
            ("mask lower bound > instead of >=", "value", {"lo": ">"}),
            ("vocabulary start off by one (+1)", "value", {"start_plus": 1}),
            (f"clip bound {m - 2} instead of {m - 1}", "value", {"clip": m - 2}),
+           ("clip lower bound 1 instead of 0", "value", {"clip_lo": 1}),
            ("select branches swapped" if p["spell"] == "where" else "mask inverted", "value",
             {"swap": True}),
            ("mask bound shifted by 2^31 - 1 - m (wraps)", "value",

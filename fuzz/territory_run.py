@@ -288,7 +288,7 @@ def norm_reason(msg: str) -> str:
     msg = re.sub(r"'[^']*'|\"[^\"]*\"", "'A'", msg)
     msg = re.sub(r"%[\w#]+", "%v", msg)
     msg = re.sub(r"\d+", "N", msg)
-    return msg.strip()[:110]
+    return msg.strip()[:160]
 
 
 def verdict_of(report, kind: str | None, msg: str) -> tuple[str, str, str, str, str]:
@@ -387,6 +387,10 @@ def summarize(results: list[dict]) -> dict:
         "buggy": len(buggy),
         "buggy_bits": sum(1 for r in buggy if r["numbers"] == "bits"),
         "flagged": sum(1 for r in buggy if r["status"] in ("flagged", "rejected")),
+        "buggy_by_kind": {k: (sum(1 for r in buggy if r["mutation_kind"] == k),
+                              sum(1 for r in buggy if r["mutation_kind"] == k
+                                  and r["status"] in ("flagged", "rejected")))
+                          for k in ("value", "collective")},
         "flagged_bug_claim": sum(1 for r in buggy if r["status"] == "flagged"
                                  and r["layout_reason"] in _claims()),
         "false_proofs": status["false_proof"],
@@ -417,6 +421,10 @@ def _kind_row(results: list[dict], kind: str) -> dict:
                            and r["tier"] == "general"),
             "buggy": len(buggy),
             "flagged": sum(1 for r in buggy if r["status"] in ("flagged", "rejected")),
+        "buggy_by_kind": {k: (sum(1 for r in buggy if r["mutation_kind"] == k),
+                              sum(1 for r in buggy if r["mutation_kind"] == k
+                                  and r["status"] in ("flagged", "rejected")))
+                          for k in ("value", "collective")},
             "problems": sum(1 for r in rs if problems(r))}
 
 
@@ -437,6 +445,7 @@ def table(s: dict, header: str = "") -> str:
         ("buggy (numbers differ)", f"{b} ({s['buggy_bits']} only bitwise, on exact inputs)"),
         ("  flagged (not proven)", _pct(s["flagged"], b)),
         ("  of them with a located bug claim (before confirmation)", s["flagged_bug_claim"]),
+        *((f"  {k} mutants flagged", f"{f} of {n}") for k, (n, f) in s["buggy_by_kind"].items()),
         ("FALSE PROOFS", s["false_proofs"]),
         ("FALSE BUG REPORTS (a claim stands on a correct program)", s["false_bug_reports"]),
         ("bug claims on correct programs withdrawn by confirmation", s["claims_withdrawn"]),
