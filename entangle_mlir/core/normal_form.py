@@ -717,8 +717,8 @@ def join_sums(term: Term) -> Term:
                 joined = _join_pair(ti, tj)
                 if joined is not None:
                     pairs = [p for k, p in enumerate(pairs) if k not in (i, j)]
-                    parts, constant = linear_parts(joined)
-                    if joined.op == "lin" and constant == 0:
+                    parts, offset = linear_parts(joined)
+                    if joined.op == "lin" and offset == 0:
                         pairs.extend((ki * k, t) for k, t in parts)  # a factor pulled out
                     else:
                         pairs.append((ki, joined))

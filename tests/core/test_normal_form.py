@@ -165,6 +165,25 @@ def test_contraction_over_split_dim_joins(k) -> None:
     assert normal_form(scaled) is not whole
 
 
+def test_a_constant_added_to_joined_contractions_stays() -> None:
+    """`dot(x_lo, w_lo) + dot(x_hi, w_hi) + c` is `dot(x, w) + c`: joining the contractions
+    keeps the sum's constant (it once dropped it, proving `... + 0.5` equal to `a0 @ a1`)."""
+    x, w = make_arg(0, (2, 4), F32), make_arg(1, (4, 3), F32)
+    attrs = ((), (), (1,), (0,))
+
+    def part(lo, hi):
+        return make_dot(slice_term(x, 1, lo, hi), slice_term(w, 0, lo, hi), attrs, (2, 3), F32)
+
+    whole = make_dot(x, w, attrs, (2, 3), F32)
+    for c in (Fraction(1, 2), Fraction(-3)):
+        summed = make_lin([(Fraction(1), part(0, 2)), (Fraction(1), part(2, 4))], c, (2, 3),
+                          F32)
+        want = make_lin([(Fraction(1), whole)], c, (2, 3), F32)
+        assert normal_form(summed) is want and proved(summed, want)
+        # must fail: the sum without its constant is not the joined contraction
+        assert normal_form(summed) is not whole and refuted(summed, whole)
+
+
 @pytest.mark.parametrize("shape", [(8,), (6, 4)])
 def test_sums_over_split_dim_join(shape) -> None:
     x = make_arg(0, shape, F32)
