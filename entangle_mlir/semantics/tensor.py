@@ -143,6 +143,11 @@ def transpose(x: Array, perm: Sequence[int]) -> Array:
     return np.transpose(x, tuple(perm))
 
 
+def reverse(x: Array, dims: Sequence[int]) -> Array:
+    """`x` with the order of its elements along each of `dims` reversed."""
+    return np.flip(x, tuple(dims)) if len(dims) else x
+
+
 def take(x: Array, index: tuple) -> Array:
     """`x[index]` as an array (a 0-d array indexed by `()` stays an array)."""
     if x.ndim == 0:

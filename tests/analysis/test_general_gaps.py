@@ -9,7 +9,9 @@ proven, its nearest wrong twin (numbers differ) is not.
   constant table: a product by a constant spelled as a `lin` (`2 * x`) overflows where the
   reference's `x * [.., 2, ..]` does, so the overflow claim counts both;
 * the vocab-parallel embedding masked by a product, `rows * mask[:, None].astype(rows.dtype)`:
-  the same as `where(mask, rows, 0)` for integer or finite rows (`idioms._masked_product`).
+  the same as `where(mask, rows, 0)` for integer or finite rows (`idioms._masked_product`);
+* `jnp.flip` (`stablehlo.reverse`) in the reference against blocks read in reverse order, and
+  on both sides along a dim that is not split.
 """
 
 from __future__ import annotations
@@ -86,6 +88,21 @@ def _exp_embedding(w, ids):
     return lax.psum(rows * mask[:, None].astype(rows.dtype), "i")
 
 
+def _flipped_blocks(a0):
+    return jnp.flip(a0.reshape((2, 2)), axis=0).reshape((4,))
+
+
+def _blocks_read(reverse: bool):
+    def body(a0):
+        i = lax.axis_index("i")
+        return lax.dynamic_slice_in_dim(a0, ((1 - i) if reverse else i) * 2, 2, 0)
+    return body
+
+
+def _flip_times_two(axis: int):
+    return lambda a0: jnp.flip(a0, axis=axis) * 2.0
+
+
 def _take(w, ids):
     return jnp.take(w, ids, axis=0)
 
@@ -99,6 +116,10 @@ TABLE = RNG.standard_normal((16, 4)).astype(np.float32)
 INT_TABLE = RNG.integers(-2**31, 2**31 - 1, (16, 4)).astype(np.int32)
 
 CORRECT = [
+    Program("flipped_blocks", _flipped_blocks, _blocks_read(reverse=True), (_ints(4),),
+            (P(),), P("i")),
+    Program("flip_of_an_unsplit_dim", _flip_times_two(1), _flip_times_two(1), (_ints(4, 4),),
+            (P("i", None),), P("i", None), tier="layout"),
     Program("blocks_plus_constant", lambda a0, a1: a0 @ a1 + jnp.float32(0.5),
             _blocks_plus(0.5), MM_ARGS, MM_SPECS, P("i", None)),
     Program("per_device_factor", _factor_reference, _factor(1), (_ints(4, 2),),
@@ -109,6 +130,11 @@ CORRECT = [
             (INT_TABLE, IDS), (P("i", None), P()), P(), tier="layout"),
 ]
 TWINS = [
+    Program("flipped_blocks_read_in_order", _flipped_blocks, _blocks_read(reverse=False),
+            (_ints(4),), (P(),), P("i")),
+    # each device flips its own block of the split dim: not the global flip
+    Program("flip_of_the_split_dim", _flip_times_two(0), _flip_times_two(0), (_ints(4, 4),),
+            (P("i", None),), P("i", None)),
     # the reference without the constant: proven before the normal form kept it
     Program("blocks_plus_constant_not_in_the_reference", lambda a0, a1: a0 @ a1,
             _blocks_plus(0.5), MM_ARGS, MM_SPECS, P("i", None)),
