@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import html
 import io
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from jaxlib.mlir import ir
 
@@ -144,15 +144,15 @@ def page_data(report: Report, walks: dict[str, Walk], program: Program) -> Page:
                               lambda op: (r := sharded_records.get(op), record_kind(r))))
         reference = list(_lines(program.ref_func, program.ref_file, "r",
                                 lambda op: (r := ref_records.get(op), _ref_kind(r, held))))
-        anchors = {line.op: line.anchor for line in sharded + reference}
-        ref_anchors = {line.op: line.anchor for line in reference}
+        anchors = {op: line.anchor for op, line in sharded + reference}
+        ref_anchors = {op: line.anchor for op, line in reference}
         views, pointed, counterparts = [], {}, set()
         for index, diagnostic in enumerate(report.diagnostics):
             focus = report.foci.get((diagnostic.message, str(diagnostic.loc)))
             record = getattr(focus, "sharded", None)
             anchor = anchors.get(getattr(getattr(record, "info", None), "op", None), "")
             if not anchor and diagnostic.loc is not None:
-                anchor = next((line.anchor for line in sharded if line.loc == str(
+                anchor = next((line.anchor for _, line in sharded if line.loc == str(
                     diagnostic.loc)), "")
             twin = getattr(getattr(focus, "reference", None), "info", None)
             if index == 0 and twin is not None and twin.op in ref_anchors:
@@ -164,10 +164,9 @@ def page_data(report: Report, walks: dict[str, Walk], program: Program) -> Page:
         inputs = _input_grids(program, sharded_walk)
         outputs = _output_grids(report, ref_walk, sharded_walk)
 
-    def finish(lines: list[_Line]) -> list[OpLine]:
-        return [OpLine(line.anchor, line.depth, line.text, line.loc, line.kind, line.relation,
-                       tuple(pointed.get(line.anchor, ())), line.anchor in counterparts)
-                for line in lines]
+    def finish(lines: list[tuple[object, OpLine]]) -> list[OpLine]:
+        return [replace(line, diagnostics=tuple(pointed.get(line.anchor, ())),
+                        counterpart=line.anchor in counterparts) for _, line in lines]
 
     if report.proven:
         headline = ("verified: the sharded program refines the reference"
@@ -186,17 +185,6 @@ def page_data(report: Report, walks: dict[str, Walk], program: Program) -> Page:
         results=[(o.label, o.rho, o.partition_spec, o.proven) for o in report.outputs],
         notes=notes, evidence=_evidence(report), assumptions=list(report.assumptions),
         rule_checks=([report.mode] if report.mode else []) + report.render_unchecked())
-
-
-@dataclass
-class _Line:
-    op: object
-    anchor: str
-    depth: int
-    text: str
-    loc: str
-    kind: str
-    relation: str
 
 
 def _records_by_op(walk: Walk | None) -> dict:
@@ -230,7 +218,8 @@ def _ref_kind(record, held: dict[int, str]) -> str:
 
 
 def _lines(func, file: str, prefix: str, classify):
-    """The ops of `func`, nested regions indented, in the order they print."""
+    """The ops of `func` (each with its `OpLine`), nested regions indented, in the order they
+    print."""
     state = ir.AsmState(func)
     count = 0
 
@@ -240,9 +229,9 @@ def _lines(func, file: str, prefix: str, classify):
             op = op.operation
             record, kind = classify(op)
             loc = op_location(op, file)
-            yield _Line(op, f"{prefix}{count}", depth, _op_text(op, state),
-                        str(loc) if loc else "", kind,
-                        record.relation_text() if record is not None else "")
+            yield op, OpLine(f"{prefix}{count}", depth, _op_text(op, state),
+                             str(loc) if loc else "", kind,
+                             record.relation_text() if record is not None else "")
             count += 1
             for region in op.regions:
                 for inner in region.blocks:

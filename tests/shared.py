@@ -128,6 +128,19 @@ def last_json(stdout: str) -> dict:
 
 
 
+def check_unprovable(ref_text: str, sharded_text: str, **options):
+    """The report on a pair that must not be proven (a mutant, a near miss), at the least
+    cost that shows it: first without the rule-instance checks, which can only take a proof
+    away (so "not proven" there is "not proven" with them), and with them only where that
+    run proves the pair."""
+    from entangle_mlir.driver import check_texts
+
+    report = check_texts(ref_text, sharded_text, **{**options, "verify_rules": False})
+    if report.proven and options.get("verify_rules", True):
+        report = check_texts(ref_text, sharded_text, **options)
+    return report
+
+
 def confirmed(report, ref_text, sharded_text):
     """What `entangle check` reports after confirming the claims of a (cached) report by running
     both programs (`entangle_mlir.confirm`), on a copy: the cached report stays as it is."""

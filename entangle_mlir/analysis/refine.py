@@ -37,6 +37,7 @@ from entangle_mlir.core.terms import (
     structural_diff,
     subterms,
 )
+from entangle_mlir.mlir.program import result_names
 from entangle_mlir.rules import RULES, RuleContext
 from entangle_mlir.rules.elementwise import ELEMENTWISE_RULES
 from entangle_mlir.rules.kinds.reordered import MIXED_ORDERS
@@ -450,14 +451,9 @@ def _result_names(walk: Walk) -> list[str]:
     """The `jax.result_info` of each result of the walked function ('' where absent)."""
     record = walk.return_record
     func = getattr(record.info.op, "parent", None) if record is not None else None
-    if func is None or func.name != "func.func" or "res_attrs" not in func.attributes:
+    if func is None or func.name != "func.func":
         return []
-    names = []
-    for attrs in ir.ArrayAttr(func.attributes["res_attrs"]):
-        info = ir.DictAttr(attrs)
-        names.append(ir.StringAttr(info["jax.result_info"]).value
-                     if "jax.result_info" in info else "")
-    return names
+    return result_names(func)
 
 
 def _primary(value: Opaque) -> OpRecord | None:
@@ -807,20 +803,58 @@ def _first_divergence(out: Term, sharded: Walk, reference: _Reference, index: in
 
 
 def _upstream(sharded: Walk, index: int) -> set[int]:
-    """The ids of every op output #`index` depends on (through the ops' sources; inside a
-    shard_map through its body's), empty when the output is unknown."""
+    """The ids of every op output #`index` depends on, empty when the output is unknown.
+
+    Dependencies follow the ops' sources; a shard_map's result follows only the value its body
+    returns for that result (its record's sources are its body's results, one per result), so
+    that one output's cone does not take in the shard_map's other outputs (a loss's pmean is
+    not where a gradient went wrong)."""
     record = sharded.return_record
     if record is None or not 0 <= index < len(record.sources):
         return set()
+    operands = _source_values(record)
+    value = operands[index] if operands is not None else None
     seen: set[int] = set()
-    stack = [record.sources[index]]
+    visited: set[tuple[int, int | None]] = set()
+    stack = [(record.sources[index], _result_number(value))]
     while stack:
-        op = stack.pop()
-        if op is None or id(op) in seen:
+        op, number = stack.pop()
+        if op is None or (id(op), number) in visited:
             continue
+        visited.add((id(op), number))
         seen.add(id(op))
-        stack.extend(op.sources)
+        sources, values = op.sources, _source_values(op)
+        if op.info.name == "sdy.manual_computation" and number is not None \
+                and number < len(sources):
+            sources = [sources[number]]
+            values = [values[number]] if values is not None else None
+        for position, source in enumerate(sources):
+            stack.append((source, _result_number(values[position]) if values else None))
     return seen
+
+
+def _source_values(record: OpRecord) -> list | None:
+    """The MLIR values `record.sources` were read from, position by position (a shard_map's:
+    its body's returned values), None where they do not line up."""
+    op = record.info.op
+    if op is None:
+        return None
+    if record.info.name == "sdy.manual_computation":
+        block = op.regions[0].blocks[0]
+        values = list(block.operations[len(block.operations) - 1].operation.operands)
+    else:
+        values = list(op.operands)
+    return values if len(values) == len(record.sources) else None
+
+
+def _result_number(value) -> int | None:
+    """Which result of its op `value` is (None for a block argument or no value)."""
+    if value is None:
+        return None
+    try:
+        return ir.OpResult(value).result_number
+    except ValueError:  # a block argument
+        return None
 
 
 def _has_misscaled_part(term: Term, reference: _Reference) -> bool:

@@ -735,8 +735,8 @@ def join_sums(term: Term) -> Term:
                 joined = _join_pair(ti, tj)
                 if joined is not None:
                     pairs = [p for k, p in enumerate(pairs) if k not in (i, j)]
-                    parts, constant = linear_parts(joined)
-                    if joined.op == "lin" and constant == 0:
+                    parts, offset = linear_parts(joined)
+                    if joined.op == "lin" and offset == 0:
                         pairs.extend((ki * k, t) for k, t in parts)  # a factor pulled out
                     else:
                         pairs.append((ki, joined))
@@ -1340,6 +1340,54 @@ def _squeeze_step(term: Term, shape: tuple[int, ...], gone: list[int], reduced: 
         inner = _squeeze(x, _less(x.shape, gone), gone, reduced, memo)
         return make_op(op, (inner,), term.attrs, shape, term.dtype)
     return make_reshape(term, shape)
+
+
+def generic_element(terms: list[Term]) -> list[Term] | None:
+    """`terms` (all of one shape) at one generic position, as scalar terms, when every value
+    under them is computed element by element: arguments of that shape (each becomes a
+    scalar argument of its index), splats, broadcasts of scalars, elementwise ops and `lin`.
+    Such a term's element at every position is the same function of the arguments' elements
+    there, so two such terms are equal everywhere exactly when their generic elements are
+    equal for all argument values: an equality of tensors of n elements is one of scalars.
+    None when a value depends on the position (iota, a constant table, a movement, a
+    reduction, a broadcast of a non-scalar) or the terms' shapes differ."""
+    shape = terms[0].shape if terms else ()
+    if not shape or any(t.shape != shape for t in terms):
+        return None
+    memo: dict[int, Term] = {}
+
+    def element(term: Term) -> Term | None:
+        found = memo.get(term.serial)
+        if found is not None:
+            return found
+        if term.shape == ():
+            out = term
+        elif term.shape != shape:
+            return None
+        elif term.op == "arg":
+            out = intern("arg", (), term.attrs, (), term.dtype)
+        elif term.op == "splat":
+            out = make_splat(term.attrs[0], (), term.dtype)
+        elif term.op == "broadcast" and term.args[0].shape == ():
+            out = term.args[0]
+        elif term.op == "lin":
+            pairs, constant = linear_parts(term)
+            parts = [(k, element(t)) for k, t in pairs]
+            if any(t is None for _, t in parts):
+                return None
+            out = make_lin(parts, constant, (), term.dtype)
+        elif term.op in _ELEMENTWISE and all(a.shape == shape for a in term.args):
+            args = [element(a) for a in term.args]
+            if any(a is None for a in args):
+                return None
+            out = _rebuilt(term, tuple(args))
+        else:
+            return None
+        memo[term.serial] = out
+        return out
+
+    out = [element(t) for t in terms]
+    return None if any(t is None for t in out) else out
 
 
 def split_through_reduction(arg: Term, shape: tuple[int, ...]) -> Term | None:

@@ -53,6 +53,19 @@ def argument_names(func: ir.Operation) -> dict[int, str]:
     return names
 
 
+def result_names(func: ir.Operation) -> list[str]:
+    """A function's result names as jax records them (`jax.result_info = "result['grads']"`
+    in the result attributes), by index ('' where absent; [] without result attributes)."""
+    if "res_attrs" not in func.attributes:
+        return []
+    names = []
+    for attrs in ir.ArrayAttr(func.attributes["res_attrs"]):
+        info = ir.DictAttr(attrs)
+        names.append(ir.StringAttr(info["jax.result_info"]).value
+                     if "jax.result_info" in info else "")
+    return names
+
+
 def functions(module: ir.Module) -> list[ir.Operation]:
     return [op.operation for op in module.body.operations if op.operation.name == "func.func"]
 

@@ -119,7 +119,7 @@ def drop_identity_converts(module: ir.Module, ops: list | None = None) -> int:
 
 REWRITES = {
     "stablehlo.reduce": lambda op: _gathered_sum(op) or _gathered_argmax(op),
-    "stablehlo.multiply": lambda op: _rescaled_exp_sum(op),
+    "stablehlo.multiply": lambda op: _rescaled_exp_sum(op) or _masked_product(op),
     "stablehlo.add": lambda op: _shifted_lse(op) or _online_sum(op),
     "stablehlo.maximum": lambda op: _online_max(op),
     "stablehlo.concatenate": lambda op: _sink_concat(op),
@@ -480,6 +480,61 @@ def _rescaled_exp_sum(mul: ir.Operation) -> int:
                 scale.operands[0]) or not _unshifted_exact(reduce, sub, 1, scale.operands[0]):
             continue
         new = _unshifted(reduce, sub, mul)
+        mul.results[0].replace_all_uses_with(new)
+        erase_and_prune(mul)
+        return 1
+    return 0
+
+
+def _converted_mask(value) -> tuple[object, list[ir.Operation]] | None:
+    """(m, views) when `value` is a boolean m converted to a number (0 or 1) and then only
+    broadcast or reshaped (`views`, innermost first); None otherwise."""
+    views = []
+    op = defining_op(value)
+    while op is not None and op.name in ("stablehlo.broadcast_in_dim", "stablehlo.reshape"):
+        views.append(op)
+        op = defining_op(op.operands[0])
+    if op is None or op.name != "stablehlo.convert":
+        return None
+    mask = op.operands[0]
+    element = ir.RankedTensorType(mask.type).element_type
+    if not isinstance(element, ir.IntegerType) or ir.IntegerType(element).width != 1:
+        return None
+    return mask, views[::-1]
+
+
+def _masked_product(mul: ir.Operation) -> int:
+    """`x * convert(m)` (m boolean, the converted 0/1 broadcast or reshaped on the way) is
+    `select(m', x, 0)`, m' the same broadcasts of m (the vocab-parallel embedding spelled
+    `rows * mask[:, None].astype(rows.dtype)`): exact for integers and for finite floats
+    (1 * x = x, 0 * x = 0 up to the sign of a zero, which the verifier's exact semantics does
+    not tell apart, like the comparisons of floats). A float x that may be infinite or NaN
+    (inf * 0 is NaN, where the select gives 0) is left alone."""
+    result_type = ir.RankedTensorType(mul.results[0].type)
+    element = result_type.element_type
+    for m_at, x_at in ((1, 0), (0, 1)):
+        found = _converted_mask(mul.operands[m_at])
+        if found is None:
+            continue
+        x = mul.operands[x_at]
+        is_int = isinstance(element, ir.IntegerType)
+        if not is_int and not judge(lambda memo, x=x: not nonfinite_kinds(x, memo), mul):
+            continue
+        mask, views = found
+        i1 = ir.RankedTensorType(mask.type).element_type
+        with ir.InsertionPoint(mul), mul.location:
+            pred = mask
+            for view in views:
+                shape = ir.RankedTensorType.get(shape_of(view.results[0]), i1)
+                if view.name == "stablehlo.reshape":
+                    pred = stablehlo.ReshapeOp(shape, pred).result
+                else:
+                    pred = stablehlo.BroadcastInDimOp(shape, pred,
+                                                      i64s(view, "broadcast_dimensions")).result
+            zero = ir.IntegerAttr.get(element, 0) if is_int else ir.FloatAttr.get(element, 0.0)
+            zeros = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(result_type, zero)
+                                         ).result
+            new = stablehlo.SelectOp(pred, x, zeros).result
         mul.results[0].replace_all_uses_with(new)
         erase_and_prune(mul)
         return 1

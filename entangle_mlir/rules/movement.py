@@ -1,5 +1,5 @@
-"""Constants, iota and data movement: broadcast_in_dim, reshape, transpose, slice, concatenate,
-pad. Data movement keeps partial sums (it is linear) and moves tilings with the dims."""
+"""Constants, iota and data movement: broadcast_in_dim, reshape, transpose, reverse, slice,
+concatenate, pad. Data movement keeps partial sums (it is linear) and moves tilings with the dims."""
 
 from __future__ import annotations
 
@@ -227,6 +227,33 @@ def transpose(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Val
                     tiling=tuple(x.tiling[p] for p in perm), poly=poly)]
 
 
+def reverse(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
+    """`reverse` (`jnp.flip`) along dims that are not split: each device reverses its whole
+    rows, the same as the global tensor's (a partial sum stays one: reversing is linear). A
+    split dim (device d's block would be device n-1-d's reversed) or a dim a broadcast left
+    polymorphic is not related."""
+    (x,) = operands
+    dims = tuple(info.attrs["dimensions"])
+    if not isinstance(x, Rel):
+        return [Opaque(f"reverse of a {type(x).__name__} value (not supported yet)",
+                       category="unsupported")]
+    for d in dims:
+        if x.tiling[d]:
+            return [Opaque(f"reverse of dim {d}, which is split over {axes_str(x.tiling[d])}: "
+                           "each device reverses its own block (not supported yet)",
+                           category="unsupported")]
+    x = freeze(x) if any(d in x.poly for d in dims) else x
+    return [replace(x, term=make_reverse(x.term, dims))]
+
+
+def make_reverse(x: Term, dims: tuple[int, ...]) -> Term:
+    """The term of `x` reversed along `dims`: a splat, or no dim of size above one, is `x`."""
+    dims = tuple(sorted(d for d in dims if x.shape[d] > 1))
+    if not dims or splat_value(x) is not None:
+        return x
+    return make_op("stablehlo.reverse", (x,), (dims,), x.shape, x.dtype, linear_in=0)
+
+
 def slice_(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     (x,) = operands
     if isinstance(x, DeviceScalar):
@@ -380,6 +407,7 @@ MOVEMENT_RULES = {
     "stablehlo.broadcast_in_dim": broadcast_in_dim,
     "stablehlo.reshape": reshape,
     "stablehlo.transpose": transpose,
+    "stablehlo.reverse": reverse,
     "stablehlo.slice": slice_,
     "stablehlo.concatenate": concatenate,
     "stablehlo.pad": pad,

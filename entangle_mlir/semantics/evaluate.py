@@ -43,6 +43,7 @@ from entangle_mlir.semantics.tensor import (
     reduce_dims,
     reduce_window,
     reshape,
+    reverse,
     slice_,
     sort_ascending,
     top_k,
@@ -184,6 +185,8 @@ def evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
         return reshape(args[0], shape)
     if op == "transpose":
         return transpose(args[0], attrs[0])
+    if op == "stablehlo.reverse":
+        return reverse(args[0], attrs[0])
     if op in ("reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or"):
         return reduce_dims(args[0], attrs[0], op.split("_")[1])
     if op in _WINDOW_TERM_OPS:
@@ -236,7 +239,7 @@ def evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
 
 
 TERM_OPS = ("arg", "splat", "dense", "iota", "lin", "mul", "div", "broadcast", "reshape",
-            "transpose", "reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or", "slice", "concatenate", "pad",
+            "transpose", "stablehlo.reverse", "reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or", "slice", "concatenate", "pad",
             "dynamic_slice", "stablehlo.dot_general", "chlo.top_k", "sort", *ARG_TERM_OPS,
             *_INDEXED_TERM_OPS,
             *_OPAQUE_LEAVES, *_WINDOW_TERM_OPS,

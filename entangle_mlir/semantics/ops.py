@@ -71,6 +71,7 @@ from entangle_mlir.semantics.tensor import (
     reduce_dims,
     reduce_window,
     reshape,
+    reverse,
     scatter,
     slice_,
     sort_ascending,
@@ -307,6 +308,10 @@ def _op_transpose(info: OpInfo, operands: list[Array]) -> list[Array]:
     return [transpose(obj_array(operands[0]), info.attrs["permutation"])]
 
 
+def _op_reverse(info: OpInfo, operands: list[Array]) -> list[Array]:
+    return [reverse(obj_array(operands[0]), info.attrs["dimensions"])]
+
+
 def _op_slice(info: OpInfo, operands: list[Array]) -> list[Array]:
     a = info.attrs
     return [slice_(obj_array(operands[0]), a["start_indices"], a["limit_indices"],
@@ -475,6 +480,7 @@ OP_SEMANTICS: dict[str, LocalFn] = {
     "stablehlo.broadcast_in_dim": _op_broadcast,
     "stablehlo.reshape": _op_reshape,
     "stablehlo.transpose": _op_transpose,
+    "stablehlo.reverse": _op_reverse,
     "stablehlo.slice": _op_slice,
     "stablehlo.concatenate": _op_concatenate,
     "stablehlo.pad": _op_pad,

@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
+from fractions import Fraction
 
 import numpy as np
 import z3
@@ -142,6 +143,11 @@ def transpose(x: Array, perm: Sequence[int]) -> Array:
     return np.transpose(x, tuple(perm))
 
 
+def reverse(x: Array, dims: Sequence[int]) -> Array:
+    """`x` with the order of its elements along each of `dims` reversed."""
+    return np.flip(x, tuple(dims)) if len(dims) else x
+
+
 def take(x: Array, index: tuple) -> Array:
     """`x[index]` as an array (a 0-d array indexed by `()` stays an array)."""
     if x.ndim == 0:
@@ -231,14 +237,24 @@ def dot_general(lhs: Array, rhs: Array, lhs_batch: Sequence[int], rhs_batch: Seq
     n = math.prod(rhs.shape[d] for d in rf)
     left = np.transpose(lhs, lb + tuple(lf) + lc).reshape(batch, m, k)
     right = np.transpose(rhs, rb + rc + tuple(rf)).reshape(batch, k, n)
-    out = np.empty((batch, m, n), dtype=object)
-    for b in range(batch):
-        for i in range(m):
-            for j in range(n):
-                out[b, i, j] = sum_list([mul(left[b, i, t], right[b, t, j]) for t in range(k)])
+    if k and _exact_numbers(left) and _exact_numbers(right):
+        out = np.matmul(left, right)  # the same exact sums of products, without the dispatch
+    else:
+        out = np.empty((batch, m, n), dtype=object)
+        for b in range(batch):
+            for i in range(m):
+                for j in range(n):
+                    out[b, i, j] = sum_list([mul(left[b, i, t], right[b, t, j])
+                                             for t in range(k)])
     shape = (tuple(lhs.shape[d] for d in lb) + tuple(lhs.shape[d] for d in lf)
              + tuple(rhs.shape[d] for d in rf))
     return out.reshape(shape)
+
+
+def _exact_numbers(x: Array) -> bool:
+    """Every element an exact Python number (int or Fraction; no bool, float or Z3 term):
+    arithmetic on them is exact in any order."""
+    return all(type(v) is int or type(v) is Fraction for v in x.flat)
 
 
 def dynamic_slice(x: Array, starts: Sequence[Element], sizes: Sequence[int]) -> Array:

@@ -29,12 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from entangle_mlir.analysis.general.expand import MAX_LOOP_WORK
 from entangle_mlir.driver import check_texts
-from entangle_mlir.jax import lower_pair
+from tests.jax_runs import run_and_lower
 
 N = 4
 TIER_NOTE = f"proven by per-device expansion on {N} devices (general tier)"
@@ -54,17 +53,8 @@ class Program:
 
 def _run(program: Program):
     """(reference output, sharded output, lowered pair): x split over 'd', w replicated."""
-    mesh = jax.make_mesh((N,), ("d",), axis_types=(AxisType.Auto,))
-    specs = (P("d", None), P())
-    sharded = jax.jit(jax.shard_map(program.body, mesh=mesh, in_specs=specs,
-                                    out_specs=program.out_specs, check_vma=False))
-    args = (X, W)
-    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, s))
-             for a, s in zip(args, specs)]
-    placed = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs)]
-    want = jax.tree.map(np.asarray, jax.jit(program.reference)(*args))
-    got = jax.tree.map(np.asarray, sharded(*placed))
-    return want, got, lower_pair(program.reference, sharded, *avals)
+    return run_and_lower(program.reference, program.body, (X, W), (P("d", None), P()),
+                         program.out_specs)
 
 
 def _activations(x, w):

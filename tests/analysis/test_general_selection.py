@@ -25,7 +25,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from entangle_mlir.core.normal_form import make_concat, normal_form, slice_term
@@ -42,8 +41,8 @@ from entangle_mlir.core.terms import (
     term_interval,
 )
 from entangle_mlir.driver import check_texts
-from entangle_mlir.jax import lower_pair
 from entangle_mlir.semantics.evaluate import evaluate_term
+from tests.jax_runs import run_and_lower
 
 ROWS, BLOCK, N = 3, 4, 3
 WIDTH = BLOCK * N
@@ -246,15 +245,11 @@ def _top_k_program(k: int = 4, k_block: int = 4, offset: bool = True):
 
 
 def _run(reference, body):
-    mesh = jax.make_mesh((TP,), ("tp",), axis_types=(AxisType.Auto,))
-    spec = P(None, "tp")
-    sharded = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec,), out_specs=P(),
-                                    check_vma=False))
-    aval = jax.ShapeDtypeStruct(LOGITS.shape, LOGITS.dtype, sharding=NamedSharding(mesh, spec))
-    want = jax.tree.leaves(jax.jit(reference)(LOGITS))
-    got = jax.tree.leaves(sharded(jax.device_put(LOGITS, NamedSharding(mesh, spec))))
-    same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(want, got))
-    return same, lower_pair(reference, sharded, aval)
+    want, got, texts = run_and_lower(reference, body, (LOGITS,), (P(None, "tp"),), P(),
+                                     (("tp", TP),))
+    same = all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(want),
+                                                    jax.tree.leaves(got)))
+    return same, texts
 
 
 def _argmax(x):

@@ -22,22 +22,20 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 
 from dataclasses import dataclass
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from entangle_mlir.driver import check_files, check_texts
-from entangle_mlir.jax import lower_pair
 from examples.heldout import corpus
 from examples.heldout.jax_docs import (
     block_sum_ref,
     ring_reduce_scatter,
     ring_reduce_scatter_off_by_one,
 )
+from tests.jax_runs import run_and_lower
 from tests.shared import EXAMPLES_MLIR
 
 V, D, S, N = 16, 8, 4, 4
@@ -58,18 +56,10 @@ class Program:
 
 def _run(program: Program):
     """(reference output, sharded output, lowered pair) on the program's mesh."""
-    names = tuple(a for a, _ in program.mesh)
-    sizes = tuple(s for _, s in program.mesh)
-    mesh = jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(names))
-    sharded = jax.jit(jax.shard_map(program.body, mesh=mesh, in_specs=program.specs,
-                                    out_specs=program.out_specs, check_vma=program.check_vma))
-    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec))
-             for a, spec in zip(program.args, program.specs)]
-    placed = [jax.device_put(a, NamedSharding(mesh, spec))
-              for a, spec in zip(program.args, program.specs)]
-    want = np.asarray(jax.jit(program.reference)(*program.args))
-    got = np.asarray(sharded(*placed))
-    return want, got, lower_pair(program.reference, sharded, *avals)
+    want, got, texts = run_and_lower(program.reference, program.body, program.args,
+                                     program.specs, program.out_specs, program.mesh,
+                                     program.check_vma)
+    return np.asarray(want), np.asarray(got), texts
 
 
 RNG = np.random.default_rng(0)
@@ -394,7 +384,7 @@ def test_a_refutation_the_terms_do_not_show_is_not_made(monkeypatch) -> None:
     from entangle_mlir.analysis.general.decide import Decider, Decision
     from entangle_mlir.analysis.instance.term_equality import complete_inputs, shown_inputs
 
-    def wrong(self, want, got, name):
+    def wrong(self, want, got, name, timeout_ms):
         inputs = complete_inputs(None, [want, got], {})
         return Decision("refuted", counterexample=shown_inputs(inputs), inputs=inputs)
 

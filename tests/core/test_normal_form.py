@@ -13,6 +13,7 @@ import pytest
 from entangle_mlir.analysis.instance.term_equality import check_term_equality
 from entangle_mlir.core.normal_form import (
     blocks_meet,
+    generic_element,
     make_concat,
     normal_form,
     slice_term,
@@ -22,6 +23,7 @@ from entangle_mlir.core.normal_form import (
 from entangle_mlir.core.terms import (
     DENSE_VALUES,
     intern,
+    make_add,
     make_arg,
     make_broadcast,
     make_dense,
@@ -161,6 +163,25 @@ def test_contraction_over_split_dim_joins(k) -> None:
     scaled = make_lin([(Fraction(1), part(0, half, 0, half)),
                        (Fraction(2), part(half, k, half, k))], Fraction(0), (2, 3), F32)
     assert normal_form(scaled) is not whole
+
+
+def test_a_constant_added_to_joined_contractions_stays() -> None:
+    """`dot(x_lo, w_lo) + dot(x_hi, w_hi) + c` is `dot(x, w) + c`: joining the contractions
+    keeps the sum's constant (it once dropped it, proving `... + 0.5` equal to `a0 @ a1`)."""
+    x, w = make_arg(0, (2, 4), F32), make_arg(1, (4, 3), F32)
+    attrs = ((), (), (1,), (0,))
+
+    def part(lo, hi):
+        return make_dot(slice_term(x, 1, lo, hi), slice_term(w, 0, lo, hi), attrs, (2, 3), F32)
+
+    whole = make_dot(x, w, attrs, (2, 3), F32)
+    for c in (Fraction(1, 2), Fraction(-3)):
+        summed = make_lin([(Fraction(1), part(0, 2)), (Fraction(1), part(2, 4))], c, (2, 3),
+                          F32)
+        want = make_lin([(Fraction(1), whole)], c, (2, 3), F32)
+        assert normal_form(summed) is want and proved(summed, want)
+        # must fail: the sum without its constant is not the joined contraction
+        assert normal_form(summed) is not whole and refuted(summed, whole)
 
 
 @pytest.mark.parametrize("shape", [(8,), (6, 4)])
@@ -1043,3 +1064,53 @@ def test_a_sum_over_all_elements_read_in_another_shape_meets() -> None:
     other = full(make_reshape(y, (6, 4)))
     assert not blocks_meet(normal_form(full(x)), normal_form(other))
     assert refuted(other, full(x))
+
+
+# ----- generic_element: an elementwise equality decided at one element -------------------------
+
+def _clipped(x, op: str, bound: int):
+    """select(compare(x, bound) by `op`, x, 0): x where it passes the bound, else 0."""
+    shape = x.shape
+    passes = make_elementwise("stablehlo.compare", (x, make_splat(bound, shape, x.dtype)),
+                              (op,), dtype="i1")
+    return make_elementwise("stablehlo.select", (passes, x, make_splat(0, shape, x.dtype)), ())
+
+
+def test_elementwise_terms_are_compared_at_one_generic_element() -> None:
+    x = make_arg(0, (8, 16), "i32")
+    pair = generic_element([_clipped(x, "GT", 5), _clipped(x, "GE", 6)])
+    assert pair is not None and all(t.shape == () for t in pair)
+    assert check_term_equality(*pair, typed=True).proved  # x > 5 is x >= 6 on integers
+
+
+@pytest.mark.parametrize("wrong", ["off_by_one", "float"])
+def test_generic_elements_of_terms_that_differ_at_one_value_are_refuted(wrong: str) -> None:
+    """x > 5 and x >= 5 differ only where x = 5 (and, on floats, x > 5 and x >= 6 between):
+    the generic elements are refuted, and the decider's refutation holds on the whole terms
+    (its inputs widened to every element: evaluated, they differ)."""
+    from entangle_mlir.analysis.general.decide import Decider
+
+    dtype = "f32" if wrong == "float" else "i32"
+    x = make_arg(0, (8, 16), dtype)
+    want = _clipped(x, "GT", 5)
+    got = _clipped(x, "GE", 6 if wrong == "float" else 5)
+    pair = generic_element([want, got])
+    assert pair is not None and check_term_equality(*pair, typed=True).status == "refuted"
+    decision = Decider([want]).decide(want, got, "generic")
+    assert decision.status == "refuted", decision
+    assert np.shape(decision.inputs[0]) == (8, 16)
+    env = {0: decision.inputs[0]}
+    assert any(a != b for a, b in zip(evaluate_term(want, env).flat, evaluate_term(got, env).flat))
+
+
+def test_position_dependent_terms_have_no_generic_element() -> None:
+    """An iota, a constant table, a movement or a broadcast of a non-scalar makes an element
+    depend on its position: no reduction (x + iota and x + 3 agree at position 3 only)."""
+    x = make_arg(0, (8,), "i32")
+    iota = make_iota((8,), 0, "i32")
+    assert generic_element([make_add(x, iota), make_add(x, make_splat(3, (8,), "i32"))]) is None
+    row = make_arg(1, (8,), "i32")
+    wide = make_broadcast(row, (1,), (4, 8))
+    assert generic_element([wide, make_broadcast(row, (1,), (4, 8))]) is None
+    assert generic_element([make_transpose(make_arg(2, (8, 8), "i32"), (1, 0)),
+                            make_arg(2, (8, 8), "i32")]) is None

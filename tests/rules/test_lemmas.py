@@ -649,6 +649,12 @@ def movement_lemmas() -> list[Lemma]:
     out.append(Lemma("transpose-partial", "stablehlo.transpose",
                      [rel(arg((2, 3)), partial=("tp",))], results=[((3, 2), "f32")],
                      attrs={"permutation": (1, 0)}))
+    # reverse: unsplit dims only
+    out.append(Lemma("reverse-unsplit", "stablehlo.reverse", [rel(arg((4, 3)), "tp")],
+                     results=[((2, 3), "f32")], attrs={"dimensions": (1,)}))
+    out.append(Lemma("reverse-partial", "stablehlo.reverse",
+                     [rel(arg((2, 3)), partial=("tp",))], results=[((2, 3), "f32")],
+                     attrs={"dimensions": (0, 1)}))
     # slice: unsplit dims only
     out.append(Lemma("slice-unsplit", "stablehlo.slice", [rel(arg((4, 5)), "tp")],
                      results=[((2, 2), "f32")],
@@ -1193,6 +1199,17 @@ def test_refutes_all_gather_of_the_wrong_dim() -> None:
     x = arg((4, 2))
     refute("stablehlo.all_gather", [rel(x, "tp")], [rel(x)], [((2, 4), "f32")],
            {**groups(M1, "tp"), "all_gather_dim": 1})
+
+
+def test_refutes_reverse_of_a_split_dim_as_the_global_reverse() -> None:
+    """Each device reverses its own block: not the global reverse (device d's block of it
+    is device n-1-d's block reversed); nor is a reverse along the other dim."""
+    x = arg((4, 3))
+    reversed_rows = T.make_op("stablehlo.reverse", (x,), ((0,),), (4, 3), "f32", linear_in=0)
+    refute("stablehlo.reverse", [rel(x, "tp")], [rel(reversed_rows, "tp")], [((2, 3), "f32")],
+           {"dimensions": (0,)})
+    refute("stablehlo.reverse", [rel(x, "tp")], [rel(reversed_rows, "tp")], [((2, 3), "f32")],
+           {"dimensions": (1,)})
 
 
 def test_refutes_partial_max_summed() -> None:
@@ -1966,14 +1983,14 @@ def test_per_micro_batch_mean_is_a_scale_error() -> None:
     """sum(loss * mask) / sum(mask) per micro-batch: reported as a wrong scale (k = N/(m N_i));
     the relation it would need (the micro-batch sum over the whole batch's total) is refuted."""
     tp4 = Mesh((("tp", 4),))
-    loss, mask = rel(arg((16, 3)), "tp"), rel(arg((16, 3)), "tp")
+    loss, mask = rel(arg((16, 1)), "tp"), rel(arg((16, 1)), "tp")
     sums, totals = (Windowed(v, 0, 0, 2, summed=(0, 1)) for v in (loss, mask))
     lemma = Lemma("mean", "stablehlo.divide", [sums, totals], results=[((), "f32")], mesh=tp4)
     (out,) = RULES[lemma.op](lemma.info(), [sums, totals], lemma.context())
     assert isinstance(out, Opaque) and out.category == "scale", out
     assert "k = N/(8*N_i)" in out.reason and "same number of valid tokens" in out.reason
     total = T.make_op("reduce_sum", (mask.term,), ((0, 1),), (), "f32", linear_in=0)
-    whole_mean = T.make_div(loss.term, T.make_broadcast(total, (), (16, 3)))
+    whole_mean = T.make_div(loss.term, T.make_broadcast(total, (), (16, 1)))
     refute("stablehlo.divide", [sums, totals],
            [replace(sums, rel=replace(loss, term=whole_mean))], [((), "f32")], mesh=tp4)
 

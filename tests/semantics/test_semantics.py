@@ -287,6 +287,7 @@ MOVEMENT_CASES: list[tuple[str, Callable, tuple]] = [
      (rand(2, 3),)),
     ("stablehlo.reshape", lambda a: a.reshape(3, 2, 4), (rand(4, 6),)),
     ("stablehlo.transpose", lambda a: jnp.transpose(a, (2, 0, 1)), (rand(2, 3, 4),)),
+    ("stablehlo.reverse", lambda a: jnp.flip(a, (0, 2)), (rand(2, 3, 4),)),
     ("stablehlo.slice", lambda a: a[1:4:2, ::3], (rand(5, 7),)),
     ("stablehlo.concatenate", lambda a, b: jnp.concatenate([a, b, a], axis=1),
      (rand(2, 3), rand(2, 1))),

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from entangle_mlir.analysis.valid_indices import IndexRange, Simplifier, index_ranges
-from entangle_mlir.core.normal_form import blocks_meet, normal_form
+from entangle_mlir.core.normal_form import blocks_meet, generic_element, normal_form
 from entangle_mlir.core.precision import integer_exact_below
 from entangle_mlir.core.terms import DENSE_VALUES, Term, subterms
 
@@ -115,13 +115,15 @@ class Decider:
         self.timeout_ms = timeout_ms
         self.memo: dict[int, Term] = {}
 
-    def decide(self, want: Term, got: Term, name: str) -> Decision:
+    def decide(self, want: Term, got: Term, name: str, timeout_ms: int | None = None
+               ) -> Decision:
         """Whether `want == got` for every input. A refutation is grounded in the terms as
         built: they are evaluated on the inputs found (on the normal forms, the terms the
         valid-index ranges simplified, or by Z3) and must differ there, so that neither a
         normal-form identity nor a simplification can make one; otherwise it is "unknown".
-        (Terms of different shapes need no inputs.)"""
-        decision = self._decide(want, got, name)
+        (Terms of different shapes need no inputs.) `timeout_ms`: this decision's Z3 budget,
+        when not the decider's."""
+        decision = self._decide(want, got, name, timeout_ms or self.timeout_ms)
         if decision.status != "refuted" or want.shape != got.shape:
             return decision
         from entangle_mlir.analysis.instance.term_equality import (  # lazy: z3 (~40 ms)
@@ -143,7 +145,7 @@ class Decider:
         return {r.arg.attrs[0]: (0, r.size - 1) for s, r in self.ranges.items()
                 if s in serials}
 
-    def _decide(self, want: Term, got: Term, name: str) -> Decision:
+    def _decide(self, want: Term, got: Term, name: str, timeout_ms: int) -> Decision:
         if want is got:
             return Decision("proved", how="identical terms")
         if want.shape != got.shape:
@@ -180,29 +182,60 @@ class Decider:
             assumed = [r.describe() for r in ranges.values()]
             if simplified[0] is simplified[1]:
                 return Decision("proved", assumptions=assumed, how="valid indices")
+        # Terms computed element by element are compared at one generic element: the
+        # same verdict (`generic_element`), with a query n times smaller.
+        shapes = {t.attrs[0]: t.shape for t in subterms([nw, ng]) if t.op == "arg"}
+        plain_pair = generic_element([nw, ng]) or [nw, ng]
+        under_pair = (generic_element(list(simplified)) or list(simplified)) if simplified \
+            else None
         # Terms that differ on random inputs (valid indices, where the reference has them)
         # differ for every reading of the unknown functions: no Z3 query can prove them.
-        pair = simplified or (nw, ng)
+        pair = under_pair or plain_pair
         found = differing_inputs(*pair, bounds)
         if found is not None:
-            return _failed_at(found, list(pair))
+            return _failed_at(_widened(found, pair, shapes), list(pair))
         work = scatter_work([nw, ng, *pair])
         if work > MAX_SCATTER_WORK:
             return Decision("unknown", "a scatter at unknown indices too large to evaluate "
                             f"symbolically ({work} update x element comparisons)")
-        plain = check_term_equality(nw, ng, name, self.timeout_ms, typed=True,
+        plain = check_term_equality(*plain_pair, name, timeout_ms, typed=True,
                                     known_dense=True, finite_alike=True,
                                     max_work=MAX_QUERY_WORK)
         if plain.proved:
             return Decision("proved", how="Z3")
-        if simplified is not None:
-            under = check_term_equality(*simplified, f"{name}.valid_indices", self.timeout_ms,
+        if under_pair is not None:
+            under = check_term_equality(*under_pair, f"{name}.valid_indices", timeout_ms,
                                         typed=True, known_dense=True, finite_alike=True,
                                         ranges=bounds, max_work=MAX_QUERY_WORK)
             if under.proved:
                 return Decision("proved", assumptions=assumed, how="Z3, valid indices")
-            return _failed(under, list(simplified))
-        return _failed(plain, [nw, ng])
+            return _widened_decision(_failed(under, under_pair), under_pair, shapes)
+        return _widened_decision(_failed(plain, plain_pair), plain_pair, shapes)
+
+
+def _widened(inputs: dict[int, np.ndarray] | None, terms: list[Term],
+             shapes: dict[int, tuple[int, ...]]) -> dict[int, np.ndarray] | None:
+    """Inputs found for generic elements (`generic_element`: scalar arguments) as inputs of
+    the whole terms (`shapes`: each argument's shape there): every element of an argument
+    takes its scalar's value, so the terms differ at every position where the scalars did.
+    Inputs of the right shape are kept."""
+    if inputs is None:
+        return None
+    widened = {}
+    for index, values in inputs.items():
+        target = shapes.get(index, ())
+        if target != () and np.shape(values) == ():
+            widened[index] = np.full(target, np.asarray(values, dtype=object).item(),
+                                     dtype=object)
+        else:
+            widened[index] = values
+    return widened
+
+
+def _widened_decision(decision: Decision, terms: list[Term],
+                      shapes: dict[int, tuple[int, ...]]) -> Decision:
+    decision.inputs = _widened(decision.inputs, terms, shapes)
+    return decision
 
 
 def _failed_at(inputs: dict[int, np.ndarray], terms: list[Term]) -> Decision:

@@ -30,6 +30,9 @@ _SUMMARIES = ("region_result",)
 _NOT_INSTANCES = ("sdy.manual_computation", "func.return", "func.func", "stablehlo.return",
                   "sdy.return")
 """Records of the walk outside manual computations that are no rule instance."""
+PIECE_BUDGET_SHARE = 5
+"""A device's block, decided only to name it where the whole value is not proven, gets this
+share (1/5) of a decision's Z3 budget."""
 
 
 @dataclass
@@ -123,14 +126,17 @@ def general_tier(program: Program, reference: Walk | None = None, *,
         if out_of_time():
             return GeneralResult(False, devices, "out of time", stats=_stats(expansion, start))
         # The whole value at once (one evaluation of the reference's term); where that is
-        # not proven, block by block, to name the device whose block is wrong.
+        # not proven, block by block, to name the device whose block is wrong. A block's
+        # decision only names it (the value stays unproven), so it gets a fifth of the Z3
+        # budget: enough to find a counterexample, not to spend a proof's search on it.
         decision = decider.decide(want, got, f"general.{decided}")
         decided += 1
         if not decision.proved:
             for piece_want, piece_got, piece_what in _pieces(want, got, what, names):
                 if piece_got is got or out_of_time():
                     break  # out of time: the whole value's decision stands
-                piece = decider.decide(piece_want, piece_got, f"general.{decided}")
+                piece = decider.decide(piece_want, piece_got, f"general.{decided}",
+                                       max(1, timeout_ms // PIECE_BUDGET_SHARE))
                 decided += 1
                 if not piece.proved and (piece.status == "refuted"
                                          or decision.status != "refuted"):

@@ -220,12 +220,25 @@ def _in_range(leaves, env) -> list:
     return out
 
 
+def scaled_part(term: Term) -> Fraction | None:
+    """The constant added to `k * t` when `term` is a `lin` of one part with |k| > 1 (a
+    product by a constant, spelled as a sum), else None."""
+    if term.op != "lin" or len(term.args) != 1:
+        return None
+    constant, (coef,) = term.attrs
+    return constant if abs(coef) > 1 and isinstance(constant, Fraction) else None
+
+
 def _finite_conditions(roots: list[Term], memo: dict, skip: set[int]) -> list | None:
     """Every value the terms compute (but sums, moves and `skip`) is below the overflow
-    threshold of its dtype; None when a dtype's range is unknown."""
+    threshold of its dtype; None when a dtype's range is unknown. A `lin` of one part
+    scaled by |k| > 1 is a product by a constant: its product `k * t` is counted, as a
+    multiply by a constant tensor is (`x * 2` and `x * [2, 2]` overflow alike)."""
     out: list = []
     for term in subterms(roots):
-        if term.serial in skip or term.op in OVERFLOW_FREE or term.op in REGROUPED or \
+        offset = scaled_part(term)
+        if term.serial in skip or term.op in OVERFLOW_FREE or \
+                (term.op in REGROUPED and offset is None) or \
                 not is_float(term.dtype) or term.serial not in memo:
             continue
         bound = overflow_threshold(term.dtype)
@@ -237,6 +250,9 @@ def _finite_conditions(roots: list[Term], memo: dict, skip: set[int]) -> list | 
                 out.append(z3.BoolVal(False))  # an inf or NaN constant: out of range
             continue
         for element in np.ravel(memo[term.serial]):
+            if offset:
+                element = to_z3(element) - to_z3(offset) if is_z3(element) else \
+                    element - offset
             if is_z3(element):
                 value, limit = to_z3(element), to_z3(bound)
                 out.append(z3.And(value < limit, value > -limit))
