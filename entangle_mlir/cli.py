@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                              verify_rules=not args.no_verify_rules,
                              reuse_layers=not (args.explain or args.json or args.html),
                              assume_no_overflow=args.assume_no_overflow,
-                             general_tier=not args.no_general_tier)
+                             general_tier=not args.no_general_tier, jobs=args.jobs)
         if not args.no_confirm and not report.proven:
             from entangle_mlir.confirm import confirm_files  # lazy: runs jax, only on a claim
 
@@ -135,6 +135,23 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--explain", action="store_true",
                         help="print, for each output, the chain of relations that builds it "
                              "(every op walked: no layer reuse)")
+    _jobs_option(parser, "worker processes for the Z3 rule-instance checks (default: one per "
+                         "free core; 1: serial); the verdict does not depend on it")
+
+
+def _jobs_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--jobs", "-j", type=_jobs, default=0, metavar="N", help=what)
+
+
+def _jobs(text: str) -> int:
+    """`--jobs`: a positive number (0: automatic, as when not given)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a number of processes, not '{text}'")
+    return value
 
 
 def run_demo(args) -> int:
@@ -151,7 +168,7 @@ def run_demo(args) -> int:
         name = ref.name[: -len(".ref.mlir")]
         sharded = ref.with_name(f"{name}.sharded.mlir")
         report = check_files(str(ref), str(sharded), verify_rules=not args.no_verify_rules,
-                             general_tier=not args.no_general_tier)
+                             general_tier=not args.no_general_tier, jobs=args.jobs)
         if not args.no_confirm and not report.proven:
             from entangle_mlir.confirm import confirm_files  # lazy: runs jax, only on a claim
 
