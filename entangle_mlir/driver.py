@@ -11,7 +11,7 @@ from entangle_mlir.core.diagnostics import InputError
 from entangle_mlir.core.report import Report
 from entangle_mlir.html_report import to_html
 from entangle_mlir.mlir.ir import context, parse_module
-from entangle_mlir.mlir.load import load_file
+from entangle_mlir.mlir.load import load_data, load_file
 from entangle_mlir.mlir.program import Program, from_combined, from_two_modules, has_refines
 from entangle_mlir.passes import PASSES
 from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipeline
@@ -103,6 +103,19 @@ def load_program(ref_path: str, sharded_path: str) -> Program:
             return from_combined(load_file(ref_path), ref_path)
         return from_two_modules(load_file(ref_path), load_file(sharded_path), ref_path,
                                 sharded_path)
+
+
+def load_program_data(ref: tuple[str, bytes], sharded: tuple[str, bytes] | None) -> Program:
+    """The pair from files' (path, bytes), as `load_program` loads it from the files (the
+    bytes travel, for `entangle check-many` on other machines); `sharded` None: `ref` is one
+    combined file."""
+    if sharded is None:
+        module = load_data(ref[1], ref[0])
+        if not has_refines(module):
+            raise InputError("no function carries `entangle.refines = @reference`", file=ref[0])
+        return from_combined(module, ref[0])
+    return from_two_modules(load_data(ref[1], ref[0]), load_data(sharded[1], sharded[0]),
+                            ref[0], sharded[0])
 
 
 def _same_file(a: str, b: str) -> bool:

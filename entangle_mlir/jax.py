@@ -13,6 +13,7 @@ global shapes without shardings. Importing this module imports jax; nothing else
 from __future__ import annotations
 
 import glob
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -82,6 +83,21 @@ def lower_pair(reference_fn: Callable, sharded_fn: Callable, *avals) -> tuple[st
     ref_text = reference.lower(*plain).as_text(debug_info=True)
     sharded_text = sharded.lower(*avals).as_text(debug_info=True)
     return ref_text, sharded_text
+
+
+def lower_entry(entry: Callable, mesh_axes: dict[str, int]) -> tuple[str, str]:
+    """A jax entry point of `entangle check-many` lowered (`lower_pair`): `entry(mesh)`, on a
+    mesh of `mesh_axes` (axis name -> size, major first), gives `(reference_fn, sharded_fn,
+    avals)`. A mesh larger than the devices jax has is an `InputError`."""
+    size = math.prod(mesh_axes.values())
+    if size > len(jax.devices()):
+        raise InputError(f"a mesh of {size} devices, but jax has {len(jax.devices())} (set "
+                         f"XLA_FLAGS=--xla_force_host_platform_device_count={size} before jax "
+                         "is imported)")
+    mesh = jax.make_mesh(tuple(mesh_axes.values()), tuple(mesh_axes),
+                         devices=jax.devices()[:size])
+    reference_fn, sharded_fn, avals = entry(mesh)
+    return lower_pair(reference_fn, sharded_fn, *avals)
 
 
 def check(reference_fn: Callable, sharded_fn: Callable, *avals,

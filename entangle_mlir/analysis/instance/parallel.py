@@ -26,6 +26,7 @@ import gc
 import multiprocessing
 import os
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 
@@ -50,6 +51,8 @@ process) and the first round trip take about 10 to 30 ms; a query takes 2 to 30 
 
 CHUNK_MAX = 8
 """The most queries sent to a worker at once (fewer round trips; small, for balance)."""
+
+_FORK_WARNING = r".*(fork\(\) was called|multi-threaded, use of fork\(\))"
 
 _JOBS: list[Pending] = []
 _DEADLINE: float | None = None
@@ -182,11 +185,16 @@ class _Results:
         self.size = size = max(1, min(CHUNK_MAX, len(jobs) // (workers * 8)))
         gc.freeze()  # the workers' collector leaves the inherited heap alone (no copying)
         try:
-            self.pool = ProcessPoolExecutor(min(workers, len(jobs)),
-                                            mp_context=multiprocessing.get_context("fork"))
-            self.chunks = [(lo, min(lo + size, len(jobs)),
-                            self.pool.submit(_run_chunk, lo, min(lo + size, len(jobs))))
-                           for lo in range(0, len(jobs), size)]
+            with warnings.catch_warnings():
+                # jax (when loaded) and Python 3.12 warn that a multithreaded process forks:
+                # the workers run Python and Z3 only, never XLA's or MLIR's threads' code.
+                warnings.filterwarnings("ignore", _FORK_WARNING, RuntimeWarning)
+                warnings.filterwarnings("ignore", _FORK_WARNING, DeprecationWarning)
+                self.pool = ProcessPoolExecutor(min(workers, len(jobs)),
+                                                mp_context=multiprocessing.get_context("fork"))
+                self.chunks = [(lo, min(lo + size, len(jobs)),
+                                self.pool.submit(_run_chunk, lo, min(lo + size, len(jobs))))
+                               for lo in range(0, len(jobs), size)]
         finally:
             gc.unfreeze()
 
@@ -208,9 +216,13 @@ class _Results:
         return run_pending(pending), [], time.perf_counter() - start
 
     def close(self) -> None:
+        """Stop the pool: its workers are gone when every query was answered; when the
+        caller stopped early, the queries not begun are cancelled (the running ones end on
+        their own)."""
         global _JOBS, _DEADLINE
         if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+            done = all(future.done() for _, _, future in self.chunks)
+            self.pool.shutdown(wait=done, cancel_futures=not done)
         _JOBS, _DEADLINE = [], None
 
 
