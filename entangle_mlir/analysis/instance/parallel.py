@@ -49,8 +49,9 @@ MIN_PARALLEL = 24
 """The fewest pending Z3 queries a pool is started for. Starting two workers (forking this
 process) and the first round trip take about 10 to 30 ms; a query takes 2 to 30 ms."""
 
-CHUNK_MAX = 8
-"""The most queries sent to a worker at once (fewer round trips; small, for balance)."""
+CHUNK_MAX = 4
+"""The most queries sent to a worker at once (fewer round trips; small, for balance: query
+costs vary a hundredfold)."""
 
 _FORK_WARNING = r".*(fork\(\) was called|multi-threaded, use of fork\(\))"
 
@@ -182,7 +183,7 @@ class _Results:
             return
         global _JOBS, _DEADLINE
         _JOBS, _DEADLINE = jobs, deadline
-        self.size = size = max(1, min(CHUNK_MAX, len(jobs) // (workers * 8)))
+        self.size = size = max(1, min(CHUNK_MAX, len(jobs) // (workers * 16)))
         gc.freeze()  # the workers' collector leaves the inherited heap alone (no copying)
         try:
             with warnings.catch_warnings():
