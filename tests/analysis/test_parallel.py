@@ -6,7 +6,9 @@ the default number of workers follows the free cores."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -139,6 +141,27 @@ def test_a_dying_worker_costs_time_not_results(pools, fresh_checker, tmp_path,
     two = _verify("megatron_mlp_tp4", "inject-fault=stablehlo.broadcast_in_dim", 2,
                   tmp_path / "b", monkeypatch)
     assert pools.started == 1 and two == serial
+
+
+def _hung_worker(lo: int, hi: int) -> list:
+    time.sleep(3600)
+    return []
+
+
+def test_a_hung_worker_is_stopped_and_its_queries_proved_here(pools, fresh_checker, tmp_path,
+                                                              monkeypatch) -> None:
+    serial = _verify("rmsnorm_hidden_tp4", "", 1, tmp_path / "a", monkeypatch)
+    monkeypatch.setattr(parallel, "_run_chunk", _hung_worker)
+    monkeypatch.setattr(parallel, "patience", lambda jobs: 0.5)
+    start = time.perf_counter()
+    two = _verify("rmsnorm_hidden_tp4", "", 2, tmp_path / "b", monkeypatch)
+    assert pools.started == 1 and two == serial
+    assert time.perf_counter() - start < 30
+    for _ in range(50):  # the hung workers were stopped
+        if not multiprocessing.active_children():
+            break
+        time.sleep(0.1)
+    assert not multiprocessing.active_children()
 
 
 def test_over_the_deadline_nothing_is_begun(pools, fresh_checker, tmp_path,

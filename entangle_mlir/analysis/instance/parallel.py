@@ -37,7 +37,7 @@ from entangle_mlir.analysis.instance.checker import (
     Planned,
     run_pending,
 )
-from entangle_mlir.analysis.solver import ProofResult, capture_dumps, write_dump
+from entangle_mlir.analysis.solver import WALL_SLACK, ProofResult, capture_dumps, write_dump
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.relations import Value
 from entangle_mlir.mlir.opinfo import OpInfo
@@ -170,7 +170,9 @@ def _parallel(items: Sequence[Item], deadline: float | None, checker: InstanceCh
 
 class _Results:
     """The pool's results by query index. A query asked for again (the duplicate of one
-    whose result is not cached: unknown), or whose worker died, is proved here, in order."""
+    whose result is not cached: unknown) is proved here, in order; so is every query left
+    when the pool cannot start, a worker dies, or one hangs past any query's budget (the
+    workers are then stopped)."""
 
     def __init__(self, jobs: list[Pending], deadline: float | None, workers: int) -> None:
         self.jobs = jobs
@@ -196,6 +198,8 @@ class _Results:
                 self.chunks = [(lo, min(lo + size, len(jobs)),
                                 self.pool.submit(_run_chunk, lo, min(lo + size, len(jobs))))
                                for lo in range(0, len(jobs), size)]
+        except OSError:  # no fork (process limits): everything is proved here
+            self._stop()
         finally:
             gc.unfreeze()
 
@@ -204,10 +208,11 @@ class _Results:
         if job in self.taken or not self.chunks:
             return self._here(pending)
         self.taken.add(job)
-        lo, _, future = self.chunks[job // self.size]
+        lo, hi, future = self.chunks[job // self.size]
         try:
-            return future.result()[job - lo]
-        except Exception:  # noqa: BLE001 - a worker died (or the pool broke): prove it here
+            return future.result(timeout=patience(self.jobs[lo:hi]))[job - lo]
+        except Exception:  # noqa: BLE001 - a worker died or hung, or the pool broke
+            self._stop()
             return self._here(pending)
 
     def _here(self, pending: Pending):
@@ -215,6 +220,15 @@ class _Results:
             return None
         start = time.perf_counter()
         return run_pending(pending), [], time.perf_counter() - start
+
+    def _stop(self) -> None:
+        """Give up on the pool: stop its workers; the rest is proved here."""
+        self.chunks = []
+        if self.pool is not None:
+            for process in list((getattr(self.pool, "_processes", None) or {}).values()):
+                process.terminate()
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool = None
 
     def close(self) -> None:
         """Stop the pool: its workers are gone when every query was answered; when the
@@ -225,6 +239,13 @@ class _Results:
             done = all(future.done() for _, _, future in self.chunks)
             self.pool.shutdown(wait=done, cancel_futures=not done)
         _JOBS, _DEADLINE = [], None
+
+
+def patience(jobs: list[Pending]) -> float:
+    """How long to wait for a worker's answer to `jobs` before taking it for hung: every
+    Z3 call they may make (a claim, its vacuity check, an overflow check) at its wall-clock
+    backstop, plus a minute for building the queries."""
+    return 60.0 + sum(3 * WALL_SLACK * p.timeout_ms / 1000 for p in jobs)
 
 
 def _run_chunk(lo: int, hi: int) -> list:
