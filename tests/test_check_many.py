@@ -6,6 +6,7 @@ no jax run) unless a test says otherwise."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import time
@@ -109,6 +110,12 @@ def test_ray_says_what_the_pool_says(copied, tmp_path, capsys) -> None:
     print(f"Ray: {time.perf_counter() - started:.1f} s")
     assert code == 1 and _verdicts(on_ray) == _verdicts(pooled)
     assert not any(c["cached"] for c in on_ray["checks"])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="Ray is installed")
+def test_without_ray_asking_for_it_is_bad_input(copied, capsys) -> None:
+    assert main(["check-many", str(copied), "--no-cache", "--ray"]) == 2
+    assert "pip install 'entangle-mlir[ray]'" in capsys.readouterr().err
 
 
 def test_jax_entry_points_at_several_meshes(tmp_path, capsys, monkeypatch) -> None:
