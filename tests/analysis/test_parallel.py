@@ -129,7 +129,7 @@ def test_few_queries_start_no_pool(pools, fresh_checker, tmp_path, monkeypatch) 
     assert pools.started == 0 and two == serial
 
 
-def _dying_worker(lo: int, hi: int) -> list:
+def _dying_worker(part: list[int]) -> list:
     os._exit(3)
 
 
@@ -143,7 +143,7 @@ def test_a_dying_worker_costs_time_not_results(pools, fresh_checker, tmp_path,
     assert pools.started == 1 and two == serial
 
 
-def _hung_worker(lo: int, hi: int) -> list:
+def _hung_worker(part: list[int]) -> list:
     time.sleep(3600)
     return []
 

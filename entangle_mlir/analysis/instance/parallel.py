@@ -37,6 +37,7 @@ from entangle_mlir.analysis.instance.checker import (
     Planned,
     run_pending,
 )
+from entangle_mlir.analysis.instance.common import instance_size
 from entangle_mlir.analysis.solver import WALL_SLACK, ProofResult, capture_dumps, write_dump
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.relations import Value
@@ -178,14 +179,22 @@ class _Results:
         self.jobs = jobs
         self.deadline = deadline
         self.taken: set[int] = set()
-        self.chunks: list[tuple[int, int, Future]] = []
-        self.size = 1
+        self.chunks: list[tuple[list[int], Future]] = []
+        self.where: dict[int, tuple[int, int]] = {}  # query -> (its chunk, its place there)
         self.pool: ProcessPoolExecutor | None = None
         if len(jobs) < MIN_PARALLEL:
             return
         global _JOBS, _DEADLINE
         _JOBS, _DEADLINE = jobs, deadline
-        self.size = size = max(1, min(CHUNK_MAX, len(jobs) // (workers * 16)))
+        size = max(1, min(CHUNK_MAX, len(jobs) // (workers * 16)))
+        # the largest first (a query's time grows with its tensors' size): one large query
+        # begun last would keep one worker busy while the other has nothing left
+        order = sorted(range(len(jobs)), key=lambda j: -instance_size(jobs[j].info,
+                                                                      jobs[j].ins,
+                                                                      jobs[j].outs))
+        parts = [order[lo:lo + size] for lo in range(0, len(order), size)]
+        self.where = {job: (k, place) for k, part in enumerate(parts)
+                      for place, job in enumerate(part)}
         gc.freeze()  # the workers' collector leaves the inherited heap alone (no copying)
         try:
             with warnings.catch_warnings():
@@ -195,9 +204,7 @@ class _Results:
                 warnings.filterwarnings("ignore", _FORK_WARNING, DeprecationWarning)
                 self.pool = ProcessPoolExecutor(min(workers, len(jobs)),
                                                 mp_context=multiprocessing.get_context("fork"))
-                self.chunks = [(lo, min(lo + size, len(jobs)),
-                                self.pool.submit(_run_chunk, lo, min(lo + size, len(jobs))))
-                               for lo in range(0, len(jobs), size)]
+                self.chunks = [(part, self.pool.submit(_run_chunk, part)) for part in parts]
         except OSError:  # no fork (process limits): everything is proved here
             self._stop()
         finally:
@@ -208,9 +215,10 @@ class _Results:
         if job in self.taken or not self.chunks:
             return self._here(pending)
         self.taken.add(job)
-        lo, hi, future = self.chunks[job // self.size]
+        k, place = self.where[job]
+        part, future = self.chunks[k]
         try:
-            return future.result(timeout=patience(self.jobs[lo:hi]))[job - lo]
+            return future.result(timeout=patience([self.jobs[j] for j in part]))[place]
         except Exception:  # noqa: BLE001 - a worker died or hung, or the pool broke
             self._stop()
             return self._here(pending)
@@ -236,7 +244,7 @@ class _Results:
         their own)."""
         global _JOBS, _DEADLINE
         if self.pool is not None:
-            done = all(future.done() for _, _, future in self.chunks)
+            done = all(future.done() for _, future in self.chunks)
             self.pool.shutdown(wait=done, cancel_futures=not done)
         _JOBS, _DEADLINE = [], None
 
@@ -248,10 +256,10 @@ def patience(jobs: list[Pending]) -> float:
     return 60.0 + sum(3 * WALL_SLACK * p.timeout_ms / 1000 for p in jobs)
 
 
-def _run_chunk(lo: int, hi: int) -> list:
-    """In a worker: prove queries lo..hi-1 of the batch it was forked with."""
+def _run_chunk(part: list[int]) -> list:
+    """In a worker: prove these queries of the batch it was forked with."""
     out: list = []
-    for job in range(lo, hi):
+    for job in part:
         if _over(_DEADLINE):
             out.append(None)
             continue
