@@ -52,6 +52,7 @@ def pools(monkeypatch) -> _Pools:
     spy = _Pools()
     monkeypatch.setattr(parallel, "ProcessPoolExecutor", spy.start)
     monkeypatch.setattr(parallel, "MIN_PARALLEL", 4)
+    monkeypatch.setattr(parallel, "MIN_PARALLEL_WORK", 16)
     return spy
 
 
@@ -122,11 +123,19 @@ def test_parallel_checks_say_what_serial_ones_say(case, pools, fresh_checker, tm
         assert counts["unknown"] > 0 and serial["verdict"] == "not proven"
 
 
-def test_few_queries_start_no_pool(pools, fresh_checker, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(parallel, "MIN_PARALLEL", 10_000)
+_DEFAULTS = (parallel.MIN_PARALLEL, parallel.MIN_PARALLEL_WORK)
+
+
+def test_little_work_starts_no_pool(pools, fresh_checker, tmp_path, monkeypatch) -> None:
+    """At the default thresholds, a Megatron MLP's 45 queries (0.05 s) are proved here: a
+    pool would cost more than it saves; an attention block's start one."""
+    monkeypatch.setattr(parallel, "MIN_PARALLEL", _DEFAULTS[0])
+    monkeypatch.setattr(parallel, "MIN_PARALLEL_WORK", _DEFAULTS[1])
     serial = _verify("megatron_mlp_tp4", "", 1, tmp_path / "a", monkeypatch)
     two = _verify("megatron_mlp_tp4", "", 2, tmp_path / "b", monkeypatch)
     assert pools.started == 0 and two == serial
+    _verify("attention_tp4", "", 2, tmp_path / "c", monkeypatch)
+    assert pools.started == 1
 
 
 def _dying_worker(part: list[int]) -> list:

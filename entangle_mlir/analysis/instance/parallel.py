@@ -13,9 +13,10 @@ dump; this process records them in instance order (caches, statistics, dump file
 serial run names them).
 
 Identical queries are proved once (the first; the others are the proof cache's hits, as in a
-serial run). The pool starts only for `MIN_PARALLEL` pending queries or more (smaller
-programs never pay a fork), and only where a fork is possible (POSIX) and the checker has no
-budget of its own (its budget caps each query by what earlier ones spent: a serial notion).
+serial run). The pool starts only for enough work (`MIN_PARALLEL_WORK`: smaller programs
+never pay a fork), and only where a fork is possible (POSIX) and the checker has no budget of
+its own (its budget caps each query by what earlier ones spent: a serial notion). The
+largest queries are sent first.
 How many workers: `jobs` (1: serial), or by default the cores this process may use that are
 free (`free_cores`: the CPU affinity less the last minute's load average of other processes).
 """
@@ -47,8 +48,14 @@ Item = tuple[OpInfo, Sequence[Value], Sequence[Value], Mesh | None]
 """One instance: the op, its input values, its output values, the mesh (None: global)."""
 
 MIN_PARALLEL = 24
-"""The fewest pending Z3 queries a pool is started for. Starting two workers (forking this
-process) and the first round trip take about 10 to 30 ms; a query takes 2 to 30 ms."""
+"""The fewest instances a batch is planned for a pool for (fewer are checked one by one)."""
+
+MIN_PARALLEL_WORK = 2048
+"""The least work a pool is started for: the pending queries' instance sizes (elements of
+their largest tensors, `instance_size`) added up. Starting two workers (forking this process)
+and shutting them down take 10 to 60 ms here; the demo's programs, a few hundred instances
+each, break even near 1500 (the layer norms and MLPs, under 800, ran 5-40% slower in a
+pool; the attention block, 2500, 1.36x faster)."""
 
 CHUNK_MAX = 4
 """The most queries sent to a worker at once (fewer round trips; small, for balance: query
@@ -182,16 +189,15 @@ class _Results:
         self.chunks: list[tuple[list[int], Future]] = []
         self.where: dict[int, tuple[int, int]] = {}  # query -> (its chunk, its place there)
         self.pool: ProcessPoolExecutor | None = None
-        if len(jobs) < MIN_PARALLEL:
+        sizes = [instance_size(p.info, p.ins, p.outs) for p in jobs]
+        if sum(sizes) < MIN_PARALLEL_WORK:
             return
         global _JOBS, _DEADLINE
         _JOBS, _DEADLINE = jobs, deadline
         size = max(1, min(CHUNK_MAX, len(jobs) // (workers * 16)))
         # the largest first (a query's time grows with its tensors' size): one large query
         # begun last would keep one worker busy while the other has nothing left
-        order = sorted(range(len(jobs)), key=lambda j: -instance_size(jobs[j].info,
-                                                                      jobs[j].ins,
-                                                                      jobs[j].outs))
+        order = sorted(range(len(jobs)), key=lambda j: -sizes[j])
         parts = [order[lo:lo + size] for lo in range(0, len(order), size)]
         self.where = {job: (k, place) for k, part in enumerate(parts)
                       for place, job in enumerate(part)}
