@@ -6,9 +6,10 @@ planned queries (building the symbolic instance, then Z3: about 95% of the stage
 pool of worker processes. The workers are forked after planning: they inherit the planned
 instances as they are in memory (terms, relations, Z3's context), so nothing is pickled on
 the way in, and each query is built exactly as a serial run builds it: the same terms with the
-same serial numbers, the same Z3 variable names, the same SMT-LIB text, the same verdict under
-the same work limit (Z3 objects do not pickle; terms rebuilt in another process would be
-numbered, and so named and ordered, differently). Back come plain results and the queries to
+same serial numbers, the same Z3 variables and expressions (the SMT-LIB text differs only in
+the names Z3 gives shared subterms, which differ between two serial runs too), the same
+verdict under the same work limit (Z3 objects do not pickle; terms rebuilt in another
+process would be numbered, and so named and ordered, differently). Back come plain results and the queries to
 dump; this process records them in instance order (caches, statistics, dump files named as a
 serial run names them).
 
@@ -16,8 +17,7 @@ Identical queries are proved once (the first; the others are the proof cache's h
 serial run). The pool starts only for enough work (`MIN_PARALLEL_WORK`: smaller programs
 never pay a fork), and only where a fork is possible (POSIX) and the checker has no budget of
 its own (its budget caps each query by what earlier ones spent: a serial notion). The
-largest queries are sent first.
-How many workers: `jobs` (1: serial), or by default the cores this process may use that are
+largest queries are sent first. How many workers: `jobs` (1: serial), or by default the cores this process may use that are
 free (`free_cores`: the CPU affinity less the last minute's load average of other processes).
 """
 
