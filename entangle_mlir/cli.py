@@ -52,17 +52,25 @@ def main(argv: list[str] | None = None) -> int:
                             "a device grid (every op walked: no layer reuse)")
     demo = sub.add_parser("demo", help="check the bundled examples (and one caught bug)")
     _common_options(demo)
+    many = sub.add_parser("check-many", help="check every pair of a manifest (results cached)",
+                          description="Check every pair (and jax entry point x mesh) of a "
+                          "manifest, skipping those whose results are cached; print a summary "
+                          "table; exit with the worst exit code (2 > 1 > 3 > 0). The manifest "
+                          "format: docs/check-many.md.")
+    _many_options(many)
     args, extra = parser.parse_known_args(argv)
     if extra:
-        {"check": check, "demo": demo}[args.command].error(
+        {"check": check, "demo": demo, "check-many": many}[args.command].error(
             f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "evidence", False) or not args.no_confirm:
         # jax's CPU client lists its devices on stderr unless told before jaxlib loads.
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if args.dump_smt:
+    if getattr(args, "dump_smt", None):
         from entangle_mlir.analysis.solver import set_dump_dir  # lazy: z3 takes 40 ms to import
 
         set_dump_dir(args.dump_smt)
+    if args.command == "check-many":
+        return run_check_many(args)
     try:
         if args.command == "demo":
             try:
@@ -76,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                              verify_rules=not args.no_verify_rules,
                              reuse_layers=not (args.explain or args.json or args.html),
                              assume_no_overflow=args.assume_no_overflow,
-                             general_tier=not args.no_general_tier)
+                             general_tier=not args.no_general_tier, jobs=args.jobs)
         if not args.no_confirm and not report.proven:
             from entangle_mlir.confirm import confirm_files  # lazy: runs jax, only on a claim
 
@@ -135,6 +143,95 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--explain", action="store_true",
                         help="print, for each output, the chain of relations that builds it "
                              "(every op walked: no layer reuse)")
+    _jobs_option(parser, "worker processes for the Z3 rule-instance checks (default: one per "
+                         "free core; 1: serial); the verdict does not depend on it")
+
+
+def _jobs_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--jobs", "-j", type=_jobs, default=0, metavar="N", help=what)
+
+
+def _jobs(text: str) -> int:
+    """`--jobs`: a positive number (0: automatic, as when not given)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a number of processes, not '{text}'")
+    return value
+
+
+def _many_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("manifest", help="the manifest (TOML, or JSON with the same structure)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the results as one JSON document (each check's report)")
+    _jobs_option(parser, "checks run at once (local executor; default: one per free core; "
+                         "1: one after the other, in this process)")
+    parser.add_argument("--executor", choices=("local", "ray"), default="local",
+                        help="where checks run: a local process pool (default), or Ray tasks "
+                             "(pip install 'entangle-mlir[ray]')")
+    parser.add_argument("--ray", dest="executor", action="store_const", const="ray",
+                        help="--executor ray")
+    parser.add_argument("--ray-address", metavar="ADDRESS",
+                        help="the Ray cluster to use (default: RAY_ADDRESS, else a local one)")
+    parser.add_argument("--cache-dir", metavar="DIR",
+                        help="the results cache (default: $ENTANGLE_CACHE_DIR, else "
+                             "$XDG_CACHE_HOME/entangle or ~/.cache/entangle)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="check every pair, and store nothing")
+    parser.add_argument("--no-verify-rules", action="store_true",
+                        help="every check: skip the Z3 rule-instance checks")
+    parser.add_argument("--no-general-tier", action="store_true",
+                        help="every check: no per-device expansion (the general tier)")
+    parser.add_argument("--no-confirm", action="store_true",
+                        help="every check: state bug claims without running both programs")
+    parser.add_argument("--assume-no-overflow", action="store_true",
+                        help="every check: take sums and products of finite values as finite")
+
+
+def run_check_many(args) -> int:
+    """`entangle check-many`: the summary table (or JSON) and the worst exit code."""
+    import time  # lazy: only check-many times itself
+
+    from entangle_mlir import many  # lazy: only check-many needs it
+    from entangle_mlir.core.progress import Progress  # lazy: as above
+
+    start = time.perf_counter()
+    overrides = {key: False for key in ("verify_rules", "general_tier", "confirm")
+                 if getattr(args, f"no_{key}")}
+    if args.assume_no_overflow:
+        overrides["assume_no_overflow"] = True
+    try:
+        manifest = many.load_manifest(args.manifest, overrides)
+        cache = None if args.no_cache else many.ResultCache(
+            Path(args.cache_dir) if args.cache_dir else many.default_cache_dir())
+        progress = Progress("checking", len(manifest.names))
+        done = [len(manifest.failed)]
+
+        def count(_outcome) -> None:
+            done[0] += 1
+            progress.update(done[0])
+
+        outcomes = many.check_many(manifest, jobs=args.jobs, cache=cache,
+                                   executor=args.executor, ray_address=args.ray_address,
+                                   progress=count)
+        progress.close()
+    except InputError as err:
+        if args.json:
+            print(json.dumps({"verdict": "bad input", "outcome": "bad input", "exit_code": 2,
+                              "error": err.render()}, indent=2))
+        else:
+            print(err.render(), file=sys.stderr)
+        return 2
+    seconds = time.perf_counter() - start
+    try:
+        print(json.dumps(many.to_json(outcomes, seconds), indent=2) if args.json
+              else many.render_table(outcomes, seconds))
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+    return many.worst(o.exit_code for o in outcomes)
 
 
 def run_demo(args) -> int:
@@ -151,7 +248,7 @@ def run_demo(args) -> int:
         name = ref.name[: -len(".ref.mlir")]
         sharded = ref.with_name(f"{name}.sharded.mlir")
         report = check_files(str(ref), str(sharded), verify_rules=not args.no_verify_rules,
-                             general_tier=not args.no_general_tier)
+                             general_tier=not args.no_general_tier, jobs=args.jobs)
         if not args.no_confirm and not report.proven:
             from entangle_mlir.confirm import confirm_files  # lazy: runs jax, only on a claim
 

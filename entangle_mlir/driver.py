@@ -11,7 +11,7 @@ from entangle_mlir.core.diagnostics import InputError
 from entangle_mlir.core.report import Report
 from entangle_mlir.html_report import to_html
 from entangle_mlir.mlir.ir import context, parse_module
-from entangle_mlir.mlir.load import load_file
+from entangle_mlir.mlir.load import load_data, load_file
 from entangle_mlir.mlir.program import Program, from_combined, from_two_modules, has_refines
 from entangle_mlir.passes import PASSES
 from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipeline
@@ -19,16 +19,19 @@ from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipelin
 
 def check_program(program: Program, *, verify_rules: bool = True,
                   reuse_layers: bool = True, assume_no_overflow: bool = False,
-                  general_tier: bool = True) -> Report:
+                  general_tier: bool = True, jobs: int | None = None) -> Report:
     """Normalize, walk both functions, compare; optionally Z3-check every rule instance.
 
     `reuse_layers` walks repeated layers once (`analysis/layer_reuse.py`); without it every
     op gets its relation, which `--explain`, `--json` and `--html` show. `assume_no_overflow`: sums
     and products of finite values are taken as finite (`normalize/finite.py`; listed among
     the assumptions where a proof relies on it). `general_tier`: where the layout tier does
-    not prove the program, expand it per device (`analysis/general/`)."""
+    not prove the program, expand it per device (`analysis/general/`). `jobs`: worker
+    processes for the Z3 rule-instance checks (None or 0: one per free core, 1: serial;
+    `analysis/instance/parallel.py`): the same verdict either way."""
     start = time.perf_counter()
-    check = ["entangle-check-refinement"] + (["entangle-verify-rules"] if verify_rules else [])
+    verify = f"entangle-verify-rules{{jobs={max(0, jobs or 0)}}}"
+    check = ["entangle-check-refinement"] + ([verify] if verify_rules else [])
     state = PassState(program.sharded_module, program.sharded_file, program=program)
     with context():
         normalize = "{assume-no-overflow=true}" if assume_no_overflow else ""
@@ -38,7 +41,7 @@ def check_program(program: Program, *, verify_rules: bool = True,
                                     PASSES), state)
         reused = dict(state.layers_reused)
         if verify_rules and not recheck_op_by_op(state.report.proven, reused):
-            run_pipeline(parse_pipeline("entangle-verify-rules", PASSES), state)
+            run_pipeline(parse_pipeline(verify, PASSES), state)
         if recheck_op_by_op(state.report.proven, reused):
             state.walks, state.diagnostics = {}, []
             run_pipeline(parse_pipeline(",".join(
@@ -46,7 +49,8 @@ def check_program(program: Program, *, verify_rules: bool = True,
             reused = {}
         if general_tier:
             run_pipeline(parse_pipeline("entangle-general-tier{verify-rules="
-                                        f"{str(verify_rules).lower()}}}", PASSES), state)
+                                        f"{str(verify_rules).lower()} jobs={max(0, jobs or 0)}}}",
+                                        PASSES), state)
     report = state.report
     if report.proven:
         report.stats.setdefault("tier", "layout")
@@ -64,28 +68,30 @@ def check_program(program: Program, *, verify_rules: bool = True,
 def check_texts(ref_text: str, sharded_text: str, *, ref_file: str = "reference.mlir",
                 sharded_file: str = "sharded.mlir", verify_rules: bool = True,
                 reuse_layers: bool = True, assume_no_overflow: bool = False,
-                general_tier: bool = True) -> Report:
+                general_tier: bool = True, jobs: int | None = None) -> Report:
     ref = parse_module(ref_text, ref_file)
     sharded = parse_module(sharded_text, sharded_file)
     return check_program(from_two_modules(ref, sharded, ref_file, sharded_file),
                          verify_rules=verify_rules, reuse_layers=reuse_layers,
-                         assume_no_overflow=assume_no_overflow, general_tier=general_tier)
+                         assume_no_overflow=assume_no_overflow, general_tier=general_tier,
+                         jobs=jobs)
 
 
 def check_files(ref_path: str, sharded_path: str, *, verify_rules: bool = True,
                 reuse_layers: bool = True, assume_no_overflow: bool = False,
-                general_tier: bool = True) -> Report:
+                general_tier: bool = True, jobs: int | None = None) -> Report:
     """`entangle check REF SHARDED`; a single combined file may be given as both."""
     if _same_file(ref_path, sharded_path):
         return check_combined_file(ref_path, verify_rules=verify_rules,
                                    reuse_layers=reuse_layers,
                                    assume_no_overflow=assume_no_overflow,
-                                   general_tier=general_tier)
+                                   general_tier=general_tier, jobs=jobs)
     ref = load_file(ref_path)
     sharded = load_file(sharded_path)
     return check_program(from_two_modules(ref, sharded, ref_path, sharded_path),
                          verify_rules=verify_rules, reuse_layers=reuse_layers,
-                         assume_no_overflow=assume_no_overflow, general_tier=general_tier)
+                         assume_no_overflow=assume_no_overflow, general_tier=general_tier,
+                         jobs=jobs)
 
 
 def load_program(ref_path: str, sharded_path: str) -> Program:
@@ -99,6 +105,19 @@ def load_program(ref_path: str, sharded_path: str) -> Program:
                                 sharded_path)
 
 
+def load_program_data(ref: tuple[str, bytes], sharded: tuple[str, bytes] | None) -> Program:
+    """The pair from files' (path, bytes), as `load_program` loads it from the files (the
+    bytes travel, for `entangle check-many` on other machines); `sharded` None: `ref` is one
+    combined file."""
+    if sharded is None:
+        module = load_data(ref[1], ref[0])
+        if not has_refines(module):
+            raise InputError("no function carries `entangle.refines = @reference`", file=ref[0])
+        return from_combined(module, ref[0])
+    return from_two_modules(load_data(ref[1], ref[0]), load_data(sharded[1], sharded[0]),
+                            ref[0], sharded[0])
+
+
 def _same_file(a: str, b: str) -> bool:
     try:
         return a == b or os.path.samefile(a, b)
@@ -108,13 +127,13 @@ def _same_file(a: str, b: str) -> bool:
 
 def check_combined_file(path: str, *, verify_rules: bool = True,
                         reuse_layers: bool = True, assume_no_overflow: bool = False,
-                        general_tier: bool = True) -> Report:
+                        general_tier: bool = True, jobs: int | None = None) -> Report:
     module = load_file(path)
     if not has_refines(module):
         raise InputError("no function carries `entangle.refines = @reference`", file=path)
     return check_program(from_combined(module, path), verify_rules=verify_rules,
                          reuse_layers=reuse_layers, assume_no_overflow=assume_no_overflow,
-                         general_tier=general_tier)
+                         general_tier=general_tier, jobs=jobs)
 
 
 def check_with_pipeline(path: str, pipeline: str) -> Report:

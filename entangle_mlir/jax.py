@@ -13,6 +13,7 @@ global shapes without shardings. Importing this module imports jax; nothing else
 from __future__ import annotations
 
 import glob
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -84,9 +85,24 @@ def lower_pair(reference_fn: Callable, sharded_fn: Callable, *avals) -> tuple[st
     return ref_text, sharded_text
 
 
+def lower_entry(entry: Callable, mesh_axes: dict[str, int]) -> tuple[str, str]:
+    """A jax entry point of `entangle check-many` lowered (`lower_pair`): `entry(mesh)`, on a
+    mesh of `mesh_axes` (axis name -> size, major first), gives `(reference_fn, sharded_fn,
+    avals)`. A mesh larger than the devices jax has is an `InputError`."""
+    size = math.prod(mesh_axes.values())
+    if size > len(jax.devices()):
+        raise InputError(f"a mesh of {size} devices, but jax has {len(jax.devices())} (set "
+                         f"XLA_FLAGS=--xla_force_host_platform_device_count={size} before jax "
+                         "is imported)")
+    mesh = jax.make_mesh(tuple(mesh_axes.values()), tuple(mesh_axes),
+                         devices=jax.devices()[:size])
+    reference_fn, sharded_fn, avals = entry(mesh)
+    return lower_pair(reference_fn, sharded_fn, *avals)
+
+
 def check(reference_fn: Callable, sharded_fn: Callable, *avals,
           verify_rules: bool = True, evidence: bool = True, confirm: bool = True,
-          assume_no_overflow: bool = False) -> Report:
+          assume_no_overflow: bool = False, jobs: int | None = None) -> Report:
     """Prove that `sharded_fn` refines `reference_fn` on arguments shaped like `avals`.
 
     When not proven, a bug claim of the layout tier is made only if running both programs on
@@ -95,7 +111,9 @@ def check(reference_fn: Callable, sharded_fn: Callable, *avals,
     functions given in the wrong order raise `InputError` saying so (as any input that cannot
     be used: `entangle check` exits 2 on it).
     `assume_no_overflow`: take sums and products of finite values as finite (`entangle check
-    --assume-no-overflow`; listed among the assumptions where a proof relies on it)."""
+    --assume-no-overflow`; listed among the assumptions where a proof relies on it).
+    `jobs`: worker processes for the Z3 rule-instance checks (`entangle check --jobs`; None:
+    one per free core, 1: serial)."""
     try:
         ref_text, sharded_text = lower_pair(reference_fn, sharded_fn, *avals)
     except Exception:
@@ -111,7 +129,7 @@ def check(reference_fn: Callable, sharded_fn: Callable, *avals,
     try:
         report = check_texts(ref_text, sharded_text, ref_file=ref_file,
                              sharded_file=sharded_file, verify_rules=verify_rules,
-                             assume_no_overflow=assume_no_overflow)
+                             assume_no_overflow=assume_no_overflow, jobs=jobs)
     except SwappedPrograms as err:
         raise InputError(_swapped_message(reference_fn, sharded_fn, err.what)) from None
     if not report.proven and confirm:

@@ -326,6 +326,8 @@ def test_version(entangle) -> None:
 @pytest.mark.parametrize("argv,usage", [
     (["check", "ref.mlir", "--bogus"], "usage: entangle check"),
     (["demo", "--bogus"], "usage: entangle demo"),
+    (["check-many", "m.toml", "--bogus"], "usage: entangle check-many"),
+    (["check-many"], "usage: entangle check-many"),
     (["check"], "usage: entangle check"),
 ])
 def test_argument_errors_show_the_subcommands_usage(entangle, argv, usage) -> None:
@@ -359,3 +361,14 @@ def test_one_installed_top_level_package() -> None:
     assert project["project"]["name"] == "entangle-mlir"
     assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["entangle_mlir*"]
     assert "`entangle-mlir`" in (REPO / "README.md").read_text()
+
+
+def test_jobs_option(entangle, trivial_pair) -> None:
+    """`--jobs N` (rule-instance checks in N worker processes; the verdict does not depend on
+    it): a number of processes, 0 automatic; anything else is a usage error (exit 2)."""
+    for jobs in ("1", "2", "0"):
+        run = entangle("check", *trivial_pair, "--jobs", jobs)
+        assert run.code == 0 and "verified" in run.out, run.text
+    for bad in ("-1", "two"):
+        run = entangle("check", *trivial_pair, "--jobs", bad)
+        assert run.code == 2 and "a number of processes" in run.err

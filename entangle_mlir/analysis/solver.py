@@ -6,7 +6,9 @@ A claim is *proved* only when `hypotheses AND NOT claim` is unsatisfiable. A sat
 
 Every query can be written as an SMT-LIB file named after the query, for replay with `z3` or
 another solver: call `set_dump_dir(path)`, or set the environment variable `ENTANGLE_DUMP_SMT`
-(read at each query unless `set_dump_dir` was called).
+(read at each query unless `set_dump_dir` was called). A worker process checking instances in
+parallel captures its queries (`capture_dumps`) and hands them back, and the parent writes them
+(`write_dump`) in the order a serial run would: the same files, the same names.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +41,7 @@ _UNSET = object()
 _dump_dir: object = _UNSET
 _dump_lock = threading.Lock()
 _dump_names: dict[str, int] = {}
+_captured: list[tuple[str, str]] | None = None
 
 
 @dataclass
@@ -117,12 +121,36 @@ def _file_name(name: str) -> str:
 
 
 def _dump(solver: z3.Solver, name: str) -> None:
+    if dump_dir() is None:
+        return
+    text = f"; entangle query: {name}\n; proved iff unsat\n" + solver.to_smt2()
+    if _captured is not None:
+        _captured.append((name, text))
+    else:
+        write_dump(name, text)
+
+
+def write_dump(name: str, text: str) -> None:
+    """Write one query's SMT-LIB text to the dump directory (if any), under its query's name
+    (numbered from the second query of that name on)."""
     directory = dump_dir()
     if directory is None:
         return
     directory.mkdir(parents=True, exist_ok=True)
-    text = f"; entangle query: {name}\n; proved iff unsat\n" + solver.to_smt2()
     (directory / _file_name(name)).write_text(text)
+
+
+@contextmanager
+def capture_dumps() -> Iterator[list[tuple[str, str]]]:
+    """Within the block, the queries that would be dumped are collected as (name, SMT-LIB
+    text) in the list yielded instead of written (a worker process: the parent writes them
+    with `write_dump`, so file names are numbered as in a serial run)."""
+    global _captured
+    outer, _captured = _captured, []
+    try:
+        yield _captured
+    finally:
+        _captured = outer
 
 
 def _as_bool(value) -> z3.BoolRef:

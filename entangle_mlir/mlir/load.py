@@ -22,6 +22,12 @@ MAX_SPECIAL_BYTES = 64 * 1024 * 1024
 
 def load_file(path: str) -> ir.Module:
     """Read and parse a file, reporting unreadable, binary-garbage or oversized input cleanly."""
+    return load_data(read_file(path), path)
+
+
+def read_file(path: str) -> bytes:
+    """A program file's bytes (`load_data` parses them), or an `InputError` saying why not: a
+    directory, a pipe, too large, unreadable."""
     if os.path.isdir(path):
         raise InputError("is a directory, not an MLIR file", file=path)
     try:
@@ -38,6 +44,12 @@ def load_file(path: str) -> ir.Module:
                              f"{MAX_SPECIAL_BYTES} bytes", file=path)
     except OSError as err:
         raise InputError(f"cannot read file: {err.strerror}", file=path) from None
+    return data
+
+
+def load_data(data: bytes, path: str) -> ir.Module:
+    """Parse a program file's bytes (MLIR text or bytecode, an XLA HLO dump); `path` names it
+    in diagnostics (`check-many` sends a file's bytes to where it is checked)."""
     if data.startswith(b"ML\xefR"):
         return parse_module(data, path)
     report = xla.dump_report_kind(data)

@@ -39,6 +39,8 @@ class GeneralTierPass(ModulePass):
     max_devices: int = MAX_DEVICES
     budget_seconds: int = 30
     verify_rules: bool = True
+    jobs: int = 0
+    """Worker processes for the Z3 rule-instance checks (0: one per free core; 1: serial)."""
 
     def apply(self, state: PassState) -> None:
         report = state.report
@@ -54,7 +56,7 @@ class GeneralTierPass(ModulePass):
         result = run_general_tier(state.program, state.walks.get("reference"),
                                   max_devices=self.max_devices,
                                   budget_seconds=self.budget_seconds,
-                                  verify_rules=self.verify_rules)
+                                  verify_rules=self.verify_rules, jobs=self.jobs)
         apply_result(report, result)
 
 

@@ -24,12 +24,14 @@ class VerifyRulesPass(ModulePass):
     budget_seconds: int = 60
     rlimit: int = 0
     inject_fault: str = ""
+    jobs: int = 0
 
     def apply(self, state: PassState) -> None:
         """`rlimit` caps Z3's work per query (deterministic `unknown` past it); `inject_fault`
         (testing only) doubles the inferred term of every op of that name before its check,
         so the "refuted" path can be exercised (`reference:OP` does it in the reference
-        walk; a bare OP in the sharded walk)."""
+        walk; a bare OP in the sharded walk). `jobs`: worker processes for the queries (0:
+        one per free core; 1: serial; `analysis/instance/parallel.py`)."""
         from entangle_mlir.analysis import solver  # lazy: z3 takes 40 ms to import
 
         walks = {key: state.walks[key] for key in ("reference", "sharded")
@@ -40,7 +42,7 @@ class VerifyRulesPass(ModulePass):
         solver.set_resource_limit(self.rlimit)
         try:
             verify_walks(walks, state.report, budget_seconds=self.budget_seconds,
-                         inject_fault=self.inject_fault)
+                         inject_fault=self.inject_fault, jobs=self.jobs)
         finally:
             solver.set_resource_limit(0)
         state.diagnostics.extend(state.report.diagnostics[before:])

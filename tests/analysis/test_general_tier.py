@@ -360,13 +360,13 @@ def test_a_refutation_rests_on_checked_rule_instances(monkeypatch) -> None:
     """A refutation rests on the terms the rules built, as a proof does: every rule instance
     is checked first. Where one is refuted, the terms may not be what the programs compute,
     so nothing is refuted (no diagnostic, no counterexample), and the reason says why."""
-    from entangle_mlir.analysis.instance import checker
+    from entangle_mlir.analysis.instance import parallel
     from entangle_mlir.analysis.solver import ProofResult
 
     want, got, (ref_text, sharded_text) = _run(TWINS[0])
     assert not np.array_equal(got, want)  # grounded: a bug
-    monkeypatch.setattr(checker, "check_instance",
-                        lambda *args, **kwargs: ProofResult("refuted", reason="forced"))
+    monkeypatch.setattr(parallel, "check_batch", lambda items, **kwargs: (
+        ProofResult("refuted", reason="forced") for _ in items))
     report = check_texts(ref_text, sharded_text)
     assert not report.proven and report.counterexample is None
     assert not any(d.message.startswith("general tier (") for d in report.diagnostics)

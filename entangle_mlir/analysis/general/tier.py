@@ -78,11 +78,13 @@ def run_general_tier(program: Program, reference: Walk | None = None, **options
 
 def general_tier(program: Program, reference: Walk | None = None, *,
                      max_devices: int = MAX_DEVICES, budget_seconds: float = 30.0,
-                     timeout_ms: int = 5_000, verify_rules: bool = True) -> GeneralResult:
+                     timeout_ms: int = 5_000, verify_rules: bool = True,
+                     jobs: int | None = None) -> GeneralResult:
     """Expand `program`'s sharded function per device and decide its outputs against the
     reference (`reference`: the reference's walk, re-walked when it summarized layers).
     `verify_rules`: Z3 checks every rule instance the proof rests on, the reference walk's
-    and the expansion's (off only as `--no-verify-rules` turns every check off)."""
+    and the expansion's (off only as `--no-verify-rules` turns every check off); `jobs`:
+    worker processes for those checks (`instance.parallel.check_batch`)."""
     start = time.perf_counter()
 
     def out_of_time() -> bool:
@@ -147,11 +149,12 @@ def general_tier(program: Program, reference: Walk | None = None, *,
             if result.refuted:
                 result.output = output
                 if verify_rules:
-                    _trust_refutation(result, expansion, reference, start, budget_seconds)
+                    _trust_refutation(result, expansion, reference, start, budget_seconds,
+                                      jobs)
             return result
         assumptions.extend(a for a in decision.assumptions if a not in assumptions)
-    problem = _check_instances(expansion, reference, start, budget_seconds) if verify_rules \
-        else ""
+    problem = _check_instances(expansion, reference, start, budget_seconds, jobs) \
+        if verify_rules else ""
     stats = _stats(expansion, start)
     stats["decisions"] = decided
     if problem:
@@ -197,12 +200,12 @@ def _not_proven(decision: Decision, what: str, against: str, loc, devices: int,
 
 
 def _trust_refutation(result: GeneralResult, expansion: Expansion, reference: Walk,
-                      start: float, budget: float) -> None:
+                      start: float, budget: float, jobs: int | None) -> None:
     """A refutation rests on the same terms a proof would: every rule instance they were
     built from is checked (`_check_instances`); where one is refuted or inconclusive, or time
     runs out, the terms may not compute what the programs do, so nothing is refuted (the
     reason says why)."""
-    problem = _check_instances(expansion, reference, start, budget)
+    problem = _check_instances(expansion, reference, start, budget, jobs)
     result.stats = _stats(expansion, start)
     if problem:
         result.refuted, result.counterexample, result.inputs = False, None, None
@@ -210,14 +213,14 @@ def _trust_refutation(result: GeneralResult, expansion: Expansion, reference: Wa
 
 
 def _check_instances(expansion: Expansion, reference: Walk, start: float,
-                     budget: float) -> str:
+                     budget: float, jobs: int | None) -> str:
     """Every rule instance the proof rests on, checked by Z3 (global scope): the reference
     walk's, those of the sharded function outside manual computations, and the expansion's
     (identical ones once: the checker caches them). '' when none is refuted or inconclusive,
     else what went wrong. Those Z3 skips (too large, no Z3 semantics) are kept in
     `expansion.unchecked`: a proof lists them."""
-    from entangle_mlir.analysis.instance.checker import (
-        check_instance,  # lazy: z3 (~40 ms); only when the general tier runs
+    from entangle_mlir.analysis.instance.parallel import (
+        check_batch,  # lazy: z3 (~40 ms); only when the general tier runs
     )
 
     counts = {"proved": 0, "refuted": 0, "unknown": 0, "skipped": 0}
@@ -228,21 +231,26 @@ def _check_instances(expansion: Expansion, reference: Walk, start: float,
               for r in records
               if r.info.name not in _NOT_INSTANCES and r.outputs
               and all(type(v) is Rel for v in r.inputs + r.outputs)]
+    walked += [("general", i) for i in expansion.instances]
     unchecked: list[UncheckedInstance] = []
     expansion.unchecked = unchecked
-    for walk, instance in walked + [("general", i) for i in expansion.instances]:
-        if time.perf_counter() - start > budget:
-            return "out of time checking the rule instances"
-        result = check_instance(instance.info, instance.inputs, instance.outputs, None)
-        status = result.status if result.status in counts else "unknown"
-        counts[status] += 1
-        if status == "skipped":
-            unchecked.append(UncheckedInstance(walk, instance.info.name, instance.info.loc,
-                                               result.reason or "not checked"))
-        if status in ("refuted", "unknown") and not problem:
-            problem = (f"the rule instance for {instance.info.name} "
-                       f"{'was refuted' if status == 'refuted' else 'is inconclusive'}"
-                       f"{': ' + result.reason if result.reason else ''}")
+    results = check_batch([(i.info, i.inputs, i.outputs, None) for _, i in walked], jobs=jobs,
+                          deadline=start + budget)
+    try:
+        for (walk, instance), result in zip(walked, results):
+            if result is None:
+                return "out of time checking the rule instances"
+            status = result.status if result.status in counts else "unknown"
+            counts[status] += 1
+            if status == "skipped":
+                unchecked.append(UncheckedInstance(walk, instance.info.name, instance.info.loc,
+                                                   result.reason or "not checked"))
+            if status in ("refuted", "unknown") and not problem:
+                problem = (f"the rule instance for {instance.info.name} "
+                           f"{'was refuted' if status == 'refuted' else 'is inconclusive'}"
+                           f"{': ' + result.reason if result.reason else ''}")
+    finally:
+        results.close()
     expansion.instance_counts = counts
     return problem
 

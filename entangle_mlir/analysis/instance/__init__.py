@@ -60,5 +60,6 @@ the module that defines it (this package re-exports nothing):
 * `claims`: the claim's conjuncts (`build`);
 * `solve`: the claim proved by Z3, or a concrete counterexample (`run_check`);
 * `fallback`: two reference terms proved equal (`check_term_equality`);
-* `checker`: `check_instance` and `InstanceChecker`: what is checked, caches, time budget.
+* `checker`: `check_instance` and `InstanceChecker`: what is checked, caches, time budget;
+* `parallel`: `check_batch`, many instances at once, the Z3 queries in forked worker processes.
 """

@@ -63,6 +63,55 @@ class OpStats:
     statuses: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass
+class Pending:
+    """A planned Z3 query of one instance (`run_pending` proves it): the form checked
+    (abstract, reduced or real), its query name, timeout and proof-cache key."""
+
+    info: OpInfo
+    ins: list[Value]
+    outs: list[Value]
+    mesh: Mesh | None
+    ctx: RuleContext
+    query: str
+    mode: str
+    timeout_ms: int
+    key: CacheKey | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.query}.{self.mode}"
+
+
+@dataclass
+class Planned:
+    """An instance between `InstanceChecker.plan` and `finish`: its op's statistics, when it
+    was planned and how long that took, and the pending query or the result already known."""
+
+    op: str
+    stats: OpStats
+    start: float
+    plan_seconds: float
+    outcome: ProofResult | Pending
+
+
+def run_pending(pending: Pending) -> ProofResult:
+    """Prove a planned query (no cache): what a worker process runs. Never raises."""
+    try:
+        result = run_check(pending.info, pending.ins, pending.outs, pending.mesh, pending.ctx,
+                           name=pending.name, timeout_ms=pending.timeout_ms)
+    except Exception as err:  # noqa: BLE001 - a checker bug must not crash the run
+        return internal_error(pending.query, err)
+    result.details = {**result.details, "mode": pending.mode}
+    return result
+
+
+def internal_error(name: str, err: Exception) -> ProofResult:
+    """The result of an instance check that raised: unknown, with the error."""
+    return ProofResult("unknown", name=name, reason=f"internal error in the instance check: "
+                                                    f"{type(err).__name__}: {err}")
+
+
 class InstanceChecker:
     """Cache, per-run time budget and per-op statistics for instance checks.
 
@@ -94,6 +143,18 @@ class InstanceChecker:
               mesh: Mesh | None, ctx: RuleContext | None = None) -> ProofResult:
         """A zero-padded window (`rules/kinds/window.py`) is claimed as the padded relation it
         stands for: the same local values on every device."""
+        planned = self.plan(info, in_values, out_values, mesh, ctx)
+        if isinstance(planned.outcome, ProofResult):
+            return self.finish(planned, planned.outcome)
+        cached = self.cached(planned)
+        return self.finish(planned, cached or run_pending(planned.outcome))
+
+    def plan(self, info: OpInfo, in_values: Sequence[Value], out_values: Sequence[Value],
+             mesh: Mesh | None, ctx: RuleContext | None = None) -> Planned:
+        """The first half of `check`: what to check (a `Pending` query, not yet looked up in
+        the proof cache), or the result when nothing is to be proved (skipped, an internal
+        error). `finish` completes it; `check_batch` runs the pending queries of many
+        instances in worker processes in between."""
         out_values = [as_padded_rel(v) for v in out_values]
         start = time.perf_counter()
         stats = self.stats.get(info.name)
@@ -101,22 +162,41 @@ class InstanceChecker:
             stats = self.stats[info.name] = OpStats()
         stats.checks += 1
         try:
-            result = self._check(info, list(in_values), list(out_values), mesh, ctx, stats)
+            outcome = self._prepare(info, list(in_values), list(out_values), mesh, ctx)
         except Exception as err:  # noqa: BLE001 - a checker bug must not crash the run
-            result = ProofResult("unknown", name=query_name(info),
-                                 reason=f"internal error in the instance check: "
-                                        f"{type(err).__name__}: {err}")
-        elapsed = time.perf_counter() - start
+            outcome = internal_error(query_name(info), err)
+        return Planned(info.name, stats, start, time.perf_counter() - start, outcome)
+
+    def cached(self, planned: Planned) -> ProofResult | None:
+        """The proof cache's answer for a planned query (a cache hit, counted), or None."""
+        pending = planned.outcome
+        known = self.cache.get(pending.key) if pending.key is not None else None
+        if known is None:
+            return None
+        planned.stats.cache_hits += 1
+        return ProofResult(known.status, known.counterexample, known.seconds, known.name,
+                           known.reason, True, {**known.details, "mode": pending.mode})
+
+    def finish(self, planned: Planned, result: ProofResult,
+               run_seconds: float | None = None) -> ProofResult:
+        """Record a planned instance's result: the proof cache, the budget, the statistics.
+        `run_seconds`: the query's time where it ran elsewhere (default: the time since it was
+        planned, here)."""
+        pending = planned.outcome
+        if (isinstance(pending, Pending) and not result.cached and pending.key is not None
+                and result.status in ("proved", "refuted")):
+            self.cache[pending.key] = result
+        elapsed = (time.perf_counter() - planned.start if run_seconds is None
+                   else planned.plan_seconds + run_seconds)
         if not result.cached:
             self.spent += elapsed
-        stats.seconds += elapsed
-        stats.statuses[result.status] = stats.statuses.get(result.status, 0) + 1
-        if not result.cached:
             result.seconds = elapsed
+        planned.stats.seconds += elapsed
+        planned.stats.statuses[result.status] = planned.stats.statuses.get(result.status, 0) + 1
         return result
 
-    def _check(self, info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
-               ctx: RuleContext | None, stats: OpStats) -> ProofResult:
+    def _prepare(self, info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
+                 ctx: RuleContext | None) -> ProofResult | Pending:
         remaining = self.remaining()
         if remaining is not None and remaining <= 0:
             return ProofResult("skipped", name=query_name(info),
@@ -143,22 +223,11 @@ class InstanceChecker:
             abstract = plan[4]
             if shape_key is not None and abstract is not None:
                 self.plans[shape_key] = Plan(abstract[0], abstract[1], plan[:4], key)
-        known_result = self.cache.get(key) if key is not None else None
-        if known_result is not None:
-            stats.cache_hits += 1
-            r = known_result
-            return ProofResult(r.status, r.counterexample, r.seconds, r.name, r.reason, True,
-                               {**r.details, "mode": mode})
         timeout = self.timeout_ms
         if remaining is not None:
             timeout = max(1, min(timeout, int(remaining * 1000)))
         ctx = ctx or RuleContext(mesh=mesh, manual_axes=manual)
-        result = run_check(p_info, p_ins, p_outs, mesh, ctx, name=f"{query_name(info)}.{mode}",
-                           timeout_ms=timeout)
-        result.details = {**result.details, "mode": mode}
-        if key is not None and result.status in ("proved", "refuted"):
-            self.cache[key] = result
-        return result
+        return Pending(p_info, p_ins, p_outs, mesh, ctx, query_name(info), mode, timeout, key)
 
     def _plan(self, info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
               ctx: RuleContext):
