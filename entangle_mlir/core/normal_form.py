@@ -92,6 +92,7 @@ from entangle_mlir.core.terms import (
     intern,
     linear_parts,
     make_broadcast,
+    make_dense,
     make_dot,
     make_iota,
     make_lin,
@@ -191,6 +192,8 @@ def _make_concat(pieces: tuple[Term, ...], dim: int) -> Term:
     constant = _joined_constant(joined, dim)
     if constant is not None:
         return constant
+    if all(p is joined[0] for p in joined) and joined[0].shape[dim] == 1:
+        return _copies(joined[0], dim, len(joined))
     lifted = _lift_elementwise(joined, dim)
     if lifted is None:
         lifted = _lift_movement(joined, dim)
@@ -201,6 +204,15 @@ def _make_concat(pieces: tuple[Term, ...], dim: int) -> Term:
     shape = list(joined[0].shape)
     shape[dim] = sum(p.shape[dim] for p in joined)
     return intern("concatenate", tuple(joined), (dim,), tuple(shape), joined[0].dtype)
+
+
+def _copies(piece: Term, dim: int, count: int) -> Term:
+    """`count` copies of `piece`, one row along `dim`, concatenated along it: the broadcast
+    of the row (exact: every row is the piece; a weight row each micro-batch reads)."""
+    kept = tuple(d for d in range(len(piece.shape)) if d != dim)
+    row = make_reshape(piece, tuple(piece.shape[d] for d in kept))
+    shape = tuple(count if d == dim else n for d, n in enumerate(piece.shape))
+    return make_broadcast(row, kept, shape)
 
 
 def _swap_blocks(pieces: list[Term], dim: int) -> Term | None:
@@ -315,12 +327,14 @@ def _weights(term: Term) -> frozenset[int]:
 
 _ARG_KEYS = (lambda t, dim: (t.op, t.dtype, t.attrs), lambda t, dim: (t.op, t.dtype),
              lambda t, dim: (t.op, t.dtype, _broadcast_off(t, dim)),
-             lambda t, dim: (t.op, t.dtype, t.attrs, _weights(t)))
+             lambda t, dim: (t.op, t.dtype, t.attrs, _weights(t)),
+             lambda t, dim: (t.op, t.dtype, t.args[0].serial if t.op == "slice" else t.attrs))
 """What lines commuting operands up across pieces, tried in order: the operand's kind with
 its attributes, then without them (the windows of pieces' slices differ), then with only
 what a broadcast fills besides the concatenation's dim (pieces of one row and of several
 rows, with two broadcasts among their operands), then with the parameters it reads directly
-(a SwiGLU's gate and up projections: two contractions alike but for their weight)."""
+(a SwiGLU's gate and up projections: two contractions alike but for their weight), then a
+slice by the term it slices (a micro-batch's rows times a shared weight row)."""
 
 
 def _aligned(pieces: list[Term], dim: int) -> list[tuple[Term, ...]]:
@@ -910,17 +924,22 @@ def join_sums(term: Term) -> Term:
 
 
 def _peel(term: Term) -> tuple[tuple, Term]:
-    """(the transposes and reshapes around `term`, outermost first, as ("transpose", perm) or
-    ("reshape", shape); the term under them), where a sum dropping unit dims through a
-    reshape is read as a sum over them (`_sum_view`) rather than peeled. Exact for a sum of
-    parts wrapped alike: a transpose or reshape of a sum is the sum of the parts'."""
+    """(the transposes, reshapes and zero pads around `term`, outermost first, as
+    ("transpose", perm), ("reshape", shape) or ("pad", (attrs, shape, zero)); the term under
+    them), where a sum dropping unit dims through a reshape is read as a sum over them
+    (`_sum_view`) rather than peeled. Exact for a sum of parts wrapped alike: a transpose,
+    reshape or zero pad of a sum is the sum of the parts' (a stage's rows of stacked
+    layers' gradients)."""
     wrappers = []
-    while term.op in ("transpose", "reshape"):
+    while term.op in ("transpose", "reshape") or term.op == "pad" and splat_value(
+            term.args[1]) == 0:
         if term.op == "reshape":
             view = _sum_view(term)
             if view is not term:
                 return tuple(wrappers), view
             wrappers.append(("reshape", term.shape))
+        elif term.op == "pad":
+            wrappers.append(("pad", (term.attrs, term.shape, term.args[1])))
         else:
             wrappers.append(("transpose", term.attrs[0]))
         term = term.args[0]
@@ -930,7 +949,13 @@ def _peel(term: Term) -> tuple[tuple, Term]:
 def _wrap(core: Term, wrappers: tuple) -> Term:
     """`core` under `wrappers` (`_peel`'s), innermost first."""
     for kind, attr in reversed(wrappers):
-        core = make_transpose(core, attr) if kind == "transpose" else make_reshape(core, attr)
+        if kind == "transpose":
+            core = make_transpose(core, attr)
+        elif kind == "pad":
+            attrs, shape, zero = attr
+            core = make_op("pad", (core, zero), attrs, shape, core.dtype, linear_in=0)
+        else:
+            core = make_reshape(core, attr)
     return core
 
 
@@ -1319,11 +1344,41 @@ def fold_constant(term: Term) -> Term | None:
     """A square root or float convert of a scalar constant (`jnp.sqrt(8.0)`) as the splat of
     its exact value in its dtype (the correctly rounded root, the rounded conversion), the form
     XLA's constant folding gives the sharded program; None when IEEE 754 does not fix the value
-    (another op, a negative root, a conversion that overflows or is not to a float)."""
+    (another op, a negative root, a conversion that overflows or is not to a float). A slice
+    or reshape of an integer or boolean table whose values are kept: the table it gives
+    (`_table_part`)."""
+    if term.op in ("slice", "reshape") and term.args and term.args[0].op == "dense":
+        return _table_part(term)
     if term.op not in _FOLDED:
         return None
     value = exact_value(term)
     return None if value is None else make_splat(value, term.shape, term.dtype)
+
+
+def _table_part(term: Term) -> Term | None:
+    """A slice or reshape of a constant table whose values are kept (`DENSE_VALUES`: small
+    integer and boolean tables), as the splat of its value where it holds one (a scan's
+    stored step mask read back at a known step), else as the table it is (exact: the same
+    values)."""
+    import hashlib  # lazy: only for a table sliced at known rows
+
+    import numpy as np  # lazy: terms are pure Python; numpy only for a kept table
+
+    table = DENSE_VALUES.get(term.args[0].attrs[0])
+    if table is None:
+        return None
+    values = np.asarray(table).reshape(term.args[0].shape)
+    if term.op == "slice":
+        starts, limits, strides = term.attrs
+        values = values[tuple(slice(a, b, c) for a, b, c in zip(starts, limits, strides))]
+    values = values.reshape(term.shape)
+    if values.size and (values == values.flat[0]).all():
+        first = values.flat[0]
+        return make_splat(bool(first) if values.dtype.kind == "b" else int(first), term.shape,
+                          term.dtype)
+    key = hashlib.sha1(repr((values.dtype.str, values.shape)).encode()
+                       + values.tobytes()).digest()
+    return make_dense(key, term.shape, term.dtype, values)
 
 
 def update_slice(x: Term, update: Term, starts, *, joined: bool = True) -> Term:

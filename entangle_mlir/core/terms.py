@@ -1434,9 +1434,32 @@ def _slice_pad(term: Term, starts, limits, strides, shape) -> Term | None:
         if starts[d] < lo or last >= lo + n:
             inside = False
     if not inside:
-        return None
+        return _slice_across_pad(term, starts, limits, strides, shape)
     return _sliced(inner, [s - lo for s, lo in zip(starts, low)],
                    [lim - lo for lim, lo in zip(limits, low)], strides)
+
+
+def _slice_across_pad(term: Term, starts, limits, strides, shape) -> Term | None:
+    """A unit-stride window of a pad reaching into both its operand and its padding: the pad
+    of the operand's part inside the window, padded to the window (exact: the same
+    elements, the padding value where the window leaves the operand)."""
+    inner, value = term.args
+    low = term.attrs[0]
+    if any(st != 1 for st in strides):
+        return None
+    lows, highs, in_starts, in_limits = [], [], [], []
+    for d, n in enumerate(inner.shape):
+        a, b = max(starts[d] - low[d], 0), min(limits[d] - low[d], n)
+        if a >= b:
+            return None
+        in_starts.append(a)
+        in_limits.append(b)
+        lows.append(max(low[d] - starts[d], 0))
+        highs.append(shape[d] - lows[-1] - (b - a))
+    part = _sliced(inner, in_starts, in_limits, [1] * len(shape))
+    attrs = (tuple(lows), tuple(highs), (0,) * len(shape))
+    linear = 0 if splat_value(value) == 0 else None
+    return make_op("pad", (part, value), attrs, tuple(shape), term.dtype, linear_in=linear)
 
 
 @_built("dot", lambda lhs, rhs, attrs, shape, dtype: (lhs.serial, rhs.serial, attrs,
