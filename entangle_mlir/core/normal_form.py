@@ -92,6 +92,7 @@ from entangle_mlir.core.terms import (
     intern,
     linear_parts,
     make_broadcast,
+    make_dense,
     make_dot,
     make_iota,
     make_lin,
@@ -191,14 +192,46 @@ def _make_concat(pieces: tuple[Term, ...], dim: int) -> Term:
     constant = _joined_constant(joined, dim)
     if constant is not None:
         return constant
+    if all(p is joined[0] for p in joined) and joined[0].shape[dim] == 1:
+        return _copies(joined[0], dim, len(joined))
     lifted = _lift_elementwise(joined, dim)
     if lifted is None:
         lifted = _lift_movement(joined, dim)
+    if lifted is None:
+        lifted = _swap_blocks(joined, dim)
     if lifted is not None:
         return lifted
     shape = list(joined[0].shape)
     shape[dim] = sum(p.shape[dim] for p in joined)
     return intern("concatenate", tuple(joined), (dim,), tuple(shape), joined[0].dtype)
+
+
+def _copies(piece: Term, dim: int, count: int) -> Term:
+    """`count` copies of `piece`, one row along `dim`, concatenated along it: the broadcast
+    of the row (exact: every row is the piece; a weight row each micro-batch reads)."""
+    kept = tuple(d for d in range(len(piece.shape)) if d != dim)
+    row = make_reshape(piece, tuple(piece.shape[d] for d in kept))
+    shape = tuple(count if d == dim else n for d, n in enumerate(piece.shape))
+    return make_broadcast(row, kept, shape)
+
+
+def _swap_blocks(pieces: list[Term], dim: int) -> Term | None:
+    """A concatenation along `dim` of concatenations along another dim `e`, all cut at the
+    same places along `e`, as the concatenation along `e` of the columns concatenated along
+    `dim` (exact: a block matrix read by rows or by columns), when some column meets (the
+    rows of each micro-batch's layers, stacked, meet the batch's layer by layer)."""
+    first = pieces[0]
+    if first.op != "concatenate" or first.attrs == (dim,):
+        return None
+    (e,) = first.attrs
+    cuts = [a.shape[e] for a in first.args]
+    if any(p.op != "concatenate" or p.attrs != (e,) or [a.shape[e] for a in p.args] != cuts
+           for p in pieces):
+        return None
+    columns = [make_concat([p.args[j] for p in pieces], dim) for j in range(len(cuts))]
+    if not any(_joined(c, dim) for c in columns):
+        return None
+    return make_concat(columns, e)
 
 
 def _joined_constant(pieces: list[Term], dim: int) -> Term | None:
@@ -246,7 +279,7 @@ def _lift_elementwise(pieces: list[Term], dim: int) -> Term | None:
         if any(r is None for r in rows):
             return None
         columns = [make_concat([r[k] for r in rows], dim) for k in range(len(first.args))]
-        if not any(c.op != "concatenate" for c in columns):
+        if not any(_joined(c, dim) for c in columns):
             return None
         constant, coefs = first.attrs
         return make_lin(list(zip(coefs, columns)), constant, columns[0].shape, first.dtype)
@@ -256,10 +289,10 @@ def _lift_elementwise(pieces: list[Term], dim: int) -> Term | None:
         return None
     if any(a.shape != p.shape for p in pieces for a in p.args):
         return None
-    operands = _aligned(pieces)
+    operands = _aligned(pieces, dim)
     columns = [make_concat([args[k] for args in operands], dim)
                for k in range(len(first.args))]
-    if not any(c.op != "concatenate" for c in columns):
+    if not any(_joined(c, dim) for c in columns):
         return None
     return _rebuilt(first, tuple(columns))
 
@@ -267,12 +300,44 @@ def _lift_elementwise(pieces: list[Term], dim: int) -> Term | None:
 _COMMUTES = frozenset({"mul"} | {op for op, t in ELEMENTWISE_OPS.items() if t.commutes})
 
 
-_ARG_KEYS = (lambda t: (t.op, t.dtype, t.attrs), lambda t: (t.op, t.dtype))
+def _broadcast_off(term: Term, dim: int) -> tuple | None:
+    """The dims a broadcast fills other than `dim`, numbered as if `dim` were not there
+    (None for other ops): what tells a broadcast of one row along `dim` (which leaves the
+    unit dim out of its operand) and one of several rows apart from another broadcast."""
+    if term.op != "broadcast":
+        return None
+    return _without([d for d in term.attrs[0] if d != dim], [dim])
+
+
+_MOVES = frozenset({"slice", "reshape", "broadcast", "transpose"})
+
+
+def _weights(term: Term) -> frozenset[int]:
+    """The arguments `term`'s operands are, up to slicing, reshaping, broadcasting and
+    transposing (a contraction's weight, a gain): what tells apart two operands computed
+    alike from different parameters."""
+    found = set()
+    for arg in term.args:
+        while arg.op in _MOVES and arg.args:
+            arg = arg.args[0]
+        if arg.op == "arg":
+            found.add(arg.attrs[0])
+    return frozenset(found)
+
+
+_ARG_KEYS = (lambda t, dim: (t.op, t.dtype, t.attrs), lambda t, dim: (t.op, t.dtype),
+             lambda t, dim: (t.op, t.dtype, _broadcast_off(t, dim)),
+             lambda t, dim: (t.op, t.dtype, t.attrs, _weights(t)),
+             lambda t, dim: (t.op, t.dtype, t.args[0].serial if t.op == "slice" else t.attrs))
 """What lines commuting operands up across pieces, tried in order: the operand's kind with
-its attributes, then without them (the windows of pieces' slices differ)."""
+its attributes, then without them (the windows of pieces' slices differ), then with only
+what a broadcast fills besides the concatenation's dim (pieces of one row and of several
+rows, with two broadcasts among their operands), then with the parameters it reads directly
+(a SwiGLU's gate and up projections: two contractions alike but for their weight), then a
+slice by the term it slices (a micro-batch's rows times a shared weight row)."""
 
 
-def _aligned(pieces: list[Term]) -> list[tuple[Term, ...]]:
+def _aligned(pieces: list[Term], dim: int) -> list[tuple[Term, ...]]:
     """The operands of each piece (one op), in the first piece's operand order: for an op
     whose operands commute (so any order is the same value), each piece's reordered so that
     each operand lines up with the first piece's operand of the same kind (`_ARG_KEYS`, the
@@ -282,7 +347,9 @@ def _aligned(pieces: list[Term]) -> list[tuple[Term, ...]]:
     plain = [p.args for p in pieces]
     if pieces[0].op not in _COMMUTES:
         return plain
-    for key in _ARG_KEYS:
+    for by in _ARG_KEYS:
+        def key(t: Term, by=by):
+            return by(t, dim)
         order = [key(a) for a in pieces[0].args]
         if len(set(order)) != len(order):
             continue
@@ -371,7 +438,7 @@ def _lift_dot(pieces: list[Term], dim: int) -> Term | None:
     if any(p.args[other] is not first.args[other] for p in pieces):
         return None
     joined = make_concat([p.args[side] for p in pieces], operand_dim)
-    if joined.op == "concatenate":
+    if not _joined(joined, operand_dim):
         return None
     args = (joined, first.args[other]) if side == 0 else (first.args[other], joined)
     shape = list(first.shape)
@@ -379,9 +446,10 @@ def _lift_dot(pieces: list[Term], dim: int) -> Term | None:
     return make_dot(args[0], args[1], first.attrs, tuple(shape), first.dtype)
 
 
-def _joined(term: Term) -> bool:
-    """Whether a concatenation `make_concat` returned met into something else (progress)."""
-    return term.op != "concatenate"
+def _joined(term: Term, dim: int) -> bool:
+    """Whether what `make_concat` returned for a concatenation along `dim` met into something
+    else (progress): no concatenation, or one along another dim (`_swap_blocks`)."""
+    return term.op != "concatenate" or term.attrs != (dim,)
 
 
 def _same(pieces: list[Term], dim: int) -> bool:
@@ -417,30 +485,34 @@ def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
     * a gather from one operand along a batch dim: `_lift_gather`;
     * a reshape along the major dim of the dims it splits or merges: `_lift_reshape`.
     """
-    first = pieces[0]
     if not _same(pieces, dim):
-        return None
+        alike = _units_alike(pieces, dim)
+        if alike is None or not _same(alike, dim):
+            return None
+        pieces = alike
+    first = pieces[0]
     shape = list(first.shape)
     shape[dim] = sum(p.shape[dim] for p in pieces)
     shape = tuple(shape)
     if first.op == "transpose":
         (perm,) = first.attrs
         inner = make_concat([p.args[0] for p in pieces], perm[dim])
-        return make_transpose(inner, perm) if _joined(inner) else None
+        return make_transpose(inner, perm) if _joined(inner, perm[dim]) else None
     if first.op == "broadcast":
         (dims,) = first.attrs
         operands = [p.args[0] for p in pieces]
         if dim in dims and all(x.shape[dims.index(dim)] == p.shape[dim]
                                for x, p in zip(operands, pieces)):
             inner = make_concat(operands, dims.index(dim))
-            return make_broadcast(inner, dims, shape) if _joined(inner) else None
+            return make_broadcast(inner, dims, shape) if _joined(inner, dims.index(dim)) \
+                else None
         if all(x is operands[0] for x in operands):
             return make_broadcast(operands[0], dims, shape)
         if dim not in dims and all(p.shape[dim] == 1 for p in pieces):
             at = sum(1 for d in dims if d < dim)
             inner = make_concat([make_reshape(x, x.shape[:at] + (1,) + x.shape[at:])
                                  for x in operands], at)
-            if _joined(inner):
+            if _joined(inner, at):
                 return make_broadcast(inner, dims[:at] + (dim,) + dims[at:], shape)
         return None
     if first.op == "stablehlo.dot_general":
@@ -450,34 +522,113 @@ def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
         rfree = [d for d in range(len(first.args[1].shape)) if d not in rb and d not in rc]
         if dim < len(lb):
             left, right = make_concat(lhs, lb[dim]), make_concat(rhs, rb[dim])
-            if not (_joined(left) or _joined(right)):
+            if not (_joined(left, lb[dim]) or _joined(right, rb[dim])):
                 return None
         elif dim < len(lb) + len(lfree):
             if any(r is not rhs[0] for r in rhs):
                 return None
             left, right = make_concat(lhs, lfree[dim - len(lb)]), rhs[0]
-            if not _joined(left):
+            if not _joined(left, lfree[dim - len(lb)]):
                 return None
         else:
             if any(x is not lhs[0] for x in lhs):
                 return None
             left, right = lhs[0], make_concat(rhs, rfree[dim - len(lb) - len(lfree)])
-            if not _joined(right):
+            if not _joined(right, rfree[dim - len(lb) - len(lfree)]):
                 return None
         return make_dot(left, right, first.attrs, shape, first.dtype)
     if first.op == "stablehlo.gather" and len(first.args) == 2:
         return _lift_gather(pieces, dim, shape)
     if first.op == "reshape":
+        reductions = [_reduction_keeping_unit(p, dim) for p in pieces]
+        if all(r is not None for r in reductions) and _same(reductions, dim):
+            lifted = _lift_movement(reductions, dim)
+            if lifted is not None:
+                return lifted
         return _lift_reshape(pieces, dim, shape)
     if first.op in _REDUCTIONS and len(first.args) == 1:
         reduced = first.attrs[0]
         kept = [d for d in range(len(first.args[0].shape)) if d not in reduced]
         inner = make_concat([p.args[0] for p in pieces], kept[dim])
-        if not _joined(inner):
+        if not _joined(inner, kept[dim]):
             return None
         return make_op(first.op, (inner,), first.attrs, shape, first.dtype,
                        linear_in=0 if first.op == "reduce_sum" else None)
     return None
+
+
+def _units_alike(pieces: list[Term], dim: int) -> list[Term] | None:
+    """The pieces with every piece of one row along `dim` written in the form of the first
+    piece of several rows (the model), when they differ only by that unit dim: the builders
+    leave unit dims out (a broadcast drops its operand's unit dims, a reshape adding one
+    stays above a reduction), so one micro-batch's row and two joined rows of the same
+    computation come in different forms. Exact, a unit dim being one index:
+
+    * `broadcast(x, dims less dim)` of one row is `broadcast(x with a unit dim, dims)`;
+    * `reshape(reduce(y, r'))` adding the unit dim is `reduce(y with a unit dim, r)`, where
+      r' is the model's reduced dims `r` without the operand dim `dim` comes from.
+
+    The forms built here are not normal (a broadcast of a unit dim): they serve only to lift
+    the concatenation, whose result the builders make normal again. None when some piece
+    cannot be written in the model's form."""
+    model = next((p for p in pieces if p.shape[dim] != 1), None)
+    if model is None:
+        return None
+    out = []
+    for piece in pieces:
+        if piece.op == model.op and piece.attrs == model.attrs:
+            out.append(piece)
+            continue
+        if piece.shape[dim] != 1 or len(piece.shape) != len(model.shape):
+            return None
+        written = _unit_like(piece, model, dim)
+        if written is None:
+            return None
+        out.append(written)
+    return out
+
+
+def _unit_like(piece: Term, model: Term, dim: int) -> Term | None:
+    """`piece` (one row along `dim`) in the op and attributes of `model`, or None
+    (`_units_alike`)."""
+    if model.op == "broadcast" and piece.op == "broadcast":
+        (dims,) = model.attrs
+        if dim not in dims:
+            return None
+        at = dims.index(dim)
+        if piece.attrs[0] != dims[:at] + dims[at + 1:]:
+            return None
+        x = piece.args[0]
+        operand = make_reshape(x, x.shape[:at] + (1,) + x.shape[at:])
+        return intern("broadcast", (operand,), model.attrs, piece.shape, piece.dtype)
+    if model.op in _REDUCTIONS and len(model.args) == 1:
+        written = _reduction_keeping_unit(piece, dim)
+        if written is None or written.op != model.op or written.attrs != model.attrs:
+            return None
+        return written
+    return None
+
+
+def _reduction_keeping_unit(piece: Term, dim: int) -> Term | None:
+    """`reshape(reduce(y, r))` that only inserts a unit dim at `dim` as `reduce(y', r')`, y'
+    being y with a unit dim before the operand dim the next result dim comes from (after the
+    last one, for a unit dim at the end), r' the reduced dims renumbered (exact: the unit dim
+    is one index; every result element reduces the same elements in the same order). The
+    form the lifts of a concatenation build when they join rows of a reduction, which the
+    builders otherwise leave a reshape above it. None for any other piece."""
+    if piece.op != "reshape" or len(piece.shape) < 1 or piece.shape[dim] != 1:
+        return None
+    inner = piece.args[0]
+    if inner.op not in _REDUCTIONS or len(inner.args) != 1 \
+            or inner.shape != piece.shape[:dim] + piece.shape[dim + 1:]:
+        return None
+    (y,), reduced = inner.args, inner.attrs[0]
+    kept = [d for d in range(len(y.shape)) if d not in reduced]
+    at = kept[dim] if dim < len(kept) else (kept[-1] + 1 if kept else 0)
+    operand = make_reshape(y, y.shape[:at] + (1,) + y.shape[at:])
+    renumbered = tuple(d + (d >= at) for d in reduced)
+    return intern(inner.op, (operand,), (renumbered,) + inner.attrs[1:], piece.shape,
+                  piece.dtype)
 
 
 def _lift_reshape(pieces: list[Term], dim: int, shape: tuple[int, ...]) -> Term | None:
@@ -492,6 +643,9 @@ def _lift_reshape(pieces: list[Term], dim: int, shape: tuple[int, ...]) -> Term 
     groups = reshape_groups(operands[0].shape, pieces[0].shape)
     if groups is None:
         return None
+    runs = _runs_joined(pieces, operands, groups, dim)
+    if runs is not None:
+        return make_concat(runs, dim)
     for src, dst in groups:
         if dim not in dst:
             continue
@@ -499,11 +653,46 @@ def _lift_reshape(pieces: list[Term], dim: int, shape: tuple[int, ...]) -> Term 
             return None
         for c in src:
             inner = make_concat(operands, c)
-            if _joined(inner):
+            if _joined(inner, c):
                 return make_reshape(inner, shape)
             if operands[0].shape[c] != 1:
                 break
     return None
+
+
+def _runs_joined(pieces: list[Term], operands: list[Term], groups, dim: int
+                 ) -> list[Term] | None:
+    """The pieces `reshape(x_i)` (concatenated along `dim`) with each run of consecutive
+    ones whose operands join along the group's one dim of size above 1 (adjacent windows,
+    or computations of adjacent windows that `make_concat` meets) joined into one reshape,
+    where `dim` is the one dim the group makes (exact: the group's other dims are 1, so a
+    run's rows in row-major order are the joined operand's rows; the row blocks of one
+    micro-batch, before the micro-batches join). None when no run joins."""
+    group = next((src for src, dst in groups if dst == [dim]), None)
+    if group is None or len(group) < 2:
+        return None
+    shape = operands[0].shape
+    minor = [d for d in group if shape[d] != 1]
+    if len(minor) != 1:
+        return None
+    (c,) = minor
+    out: list[Term] = []
+    windows: list[Term] = []
+    joined = False
+    for x in operands:
+        merged = make_concat([windows[-1], x], c) if windows else None
+        if merged is not None and _joined(merged, c):
+            windows[-1] = merged
+            joined = True
+        else:
+            windows.append(x)
+    if not joined:
+        return None
+    for w in windows:
+        size = list(pieces[0].shape)
+        size[dim] = math.prod(w.shape[d] for d in group)
+        out.append(make_reshape(w, tuple(size)))
+    return out
 
 
 def _lift_gather(pieces: list[Term], dim: int, shape: tuple[int, ...]) -> Term | None:
@@ -527,7 +716,7 @@ def _lift_gather(pieces: list[Term], dim: int, shape: tuple[int, ...]) -> Term |
     if len(batch) != len(rows):
         return None
     indices = make_concat([p.args[1] for p in pieces], rows[batch.index(dim)])
-    if not _joined(indices):
+    if not _joined(indices, rows[batch.index(dim)]):
         return None
     return make_op("stablehlo.gather", (first.args[0], indices), first.attrs, shape,
                    first.dtype, linear_in=0)
@@ -627,8 +816,10 @@ def slice_of_reshape(arg: Term, starts, limits, strides) -> Term | None:
         for i, (lo, hi) in zip(src, box):
             x_starts[i], x_limits[i] = lo, hi
     shape = tuple(hi - lo for lo, hi in zip(x_starts, x_limits))
-    piece = make_op("slice", (x,), (tuple(x_starts), tuple(x_limits), (1,) * len(shape)),
-                    shape, x.dtype, linear_in=0)
+    window = (tuple(x_starts), tuple(x_limits), (1,) * len(shape))
+    piece = slice_through(x, *window)  # a reduction's rows: the reduction of its rows
+    if piece is None:
+        piece = make_op("slice", (x,), window, shape, x.dtype, linear_in=0)
     out = tuple(hi - lo for lo, hi in zip(starts, limits))
     squeezed = squeeze(piece, out)
     return squeezed if squeezed is not None else make_reshape(piece, out)
@@ -751,17 +942,22 @@ def join_sums(term: Term) -> Term:
 
 
 def _peel(term: Term) -> tuple[tuple, Term]:
-    """(the transposes and reshapes around `term`, outermost first, as ("transpose", perm) or
-    ("reshape", shape); the term under them), where a sum dropping unit dims through a
-    reshape is read as a sum over them (`_sum_view`) rather than peeled. Exact for a sum of
-    parts wrapped alike: a transpose or reshape of a sum is the sum of the parts'."""
+    """(the transposes, reshapes and zero pads around `term`, outermost first, as
+    ("transpose", perm), ("reshape", shape) or ("pad", (attrs, shape, zero)); the term under
+    them), where a sum dropping unit dims through a reshape is read as a sum over them
+    (`_sum_view`) rather than peeled. Exact for a sum of parts wrapped alike: a transpose,
+    reshape or zero pad of a sum is the sum of the parts' (a stage's rows of stacked
+    layers' gradients)."""
     wrappers = []
-    while term.op in ("transpose", "reshape"):
+    while term.op in ("transpose", "reshape") or term.op == "pad" and splat_value(
+            term.args[1]) == 0:
         if term.op == "reshape":
             view = _sum_view(term)
             if view is not term:
                 return tuple(wrappers), view
             wrappers.append(("reshape", term.shape))
+        elif term.op == "pad":
+            wrappers.append(("pad", (term.attrs, term.shape, term.args[1])))
         else:
             wrappers.append(("transpose", term.attrs[0]))
         term = term.args[0]
@@ -771,7 +967,13 @@ def _peel(term: Term) -> tuple[tuple, Term]:
 def _wrap(core: Term, wrappers: tuple) -> Term:
     """`core` under `wrappers` (`_peel`'s), innermost first."""
     for kind, attr in reversed(wrappers):
-        core = make_transpose(core, attr) if kind == "transpose" else make_reshape(core, attr)
+        if kind == "transpose":
+            core = make_transpose(core, attr)
+        elif kind == "pad":
+            attrs, shape, zero = attr
+            core = make_op("pad", (core, zero), attrs, shape, core.dtype, linear_in=0)
+        else:
+            core = make_reshape(core, attr)
     return core
 
 
@@ -855,7 +1057,7 @@ def _join_scatters(cores: list[Term]) -> Term | None:
             continue
         joined_indices = make_concat([c.args[1] for c in ordered], r)
         joined_updates = make_concat([c.args[2] for c in ordered], u)
-        if _joined(joined_indices) or _joined(joined_updates):
+        if _joined(joined_indices, r) or _joined(joined_updates, u):
             return make_op(first.op, (first.args[0], joined_indices, joined_updates),
                            first.attrs, first.shape, first.dtype, linear_in=2)
     return None
@@ -871,7 +1073,7 @@ def _join_group(cores: list[Term]) -> Term | None:
         for order in _orders(cores, dims):
             ordered = [cores[i] for i in order]
             args = [make_concat([c.args[k] for c in ordered], d) for k, d in dims]
-            if not any(_joined(a) for a in args):
+            if not any(_joined(a, d) for a, (_, d) in zip(args, dims)):
                 continue
             if first.op == "reduce_sum":
                 return make_op("reduce_sum", tuple(args), first.attrs, first.shape,
@@ -897,12 +1099,33 @@ def _orders(cores: list[Term], dims: list[tuple[int, int]]) -> list[tuple[int, .
             if order not in found:
                 found.append(order)
     for k, _ in dims:
-        starts = _distinct_slice_starts([c.args[k] for c in cores])
-        if starts is not None:
-            order = tuple(sorted(range(len(cores)), key=lambda i: starts[i]))
-            if order not in found:
-                found.append(order)
+        for starts in (_distinct_slice_starts([c.args[k] for c in cores]),
+                       _unique_window_starts([c.args[k] for c in cores])):
+            if starts is not None:
+                order = tuple(sorted(range(len(cores)), key=lambda i: starts[i]))
+                if order not in found:
+                    found.append(order)
     return found
+
+
+def _unique_window_starts(terms: list[Term]) -> list[tuple] | None:
+    """The starts of the one window of some term that each of `terms` slices exactly once,
+    at a distinct start in each (the micro-batch each of several like computations reads,
+    wherever it stands among their subterms); None when no term is so sliced."""
+    windows: list[dict[int, set]] = []
+    for term in terms:
+        mine: dict[int, set] = {}
+        for t in itertools.islice((u for u in subterms([term]) if u.op == "slice"),
+                                  MAX_SLICES_SEEN):
+            mine.setdefault(t.args[0].serial, set()).add(t.attrs[0])
+        windows.append(mine)
+    common = set(windows[0]).intersection(*windows[1:])
+    for base in sorted(common):
+        if all(len(w[base]) == 1 for w in windows):
+            starts = [next(iter(w[base])) for w in windows]
+            if len(set(starts)) == len(starts):
+                return starts
+    return None
 
 
 MAX_SLICES_SEEN = 64
@@ -1139,11 +1362,41 @@ def fold_constant(term: Term) -> Term | None:
     """A square root or float convert of a scalar constant (`jnp.sqrt(8.0)`) as the splat of
     its exact value in its dtype (the correctly rounded root, the rounded conversion), the form
     XLA's constant folding gives the sharded program; None when IEEE 754 does not fix the value
-    (another op, a negative root, a conversion that overflows or is not to a float)."""
+    (another op, a negative root, a conversion that overflows or is not to a float). A slice
+    or reshape of an integer or boolean table whose values are kept: the table it gives
+    (`_table_part`)."""
+    if term.op in ("slice", "reshape") and term.args and term.args[0].op == "dense":
+        return _table_part(term)
     if term.op not in _FOLDED:
         return None
     value = exact_value(term)
     return None if value is None else make_splat(value, term.shape, term.dtype)
+
+
+def _table_part(term: Term) -> Term | None:
+    """A slice or reshape of a constant table whose values are kept (`DENSE_VALUES`: small
+    integer and boolean tables), as the splat of its value where it holds one (a scan's
+    stored step mask read back at a known step), else as the table it is (exact: the same
+    values)."""
+    import hashlib  # lazy: only for a table sliced at known rows
+
+    import numpy as np  # lazy: terms are pure Python; numpy only for a kept table
+
+    table = DENSE_VALUES.get(term.args[0].attrs[0])
+    if table is None:
+        return None
+    values = np.asarray(table).reshape(term.args[0].shape)
+    if term.op == "slice":
+        starts, limits, strides = term.attrs
+        values = values[tuple(slice(a, b, c) for a, b, c in zip(starts, limits, strides))]
+    values = values.reshape(term.shape)
+    if values.size and (values == values.flat[0]).all():
+        first = values.flat[0]
+        return make_splat(bool(first) if values.dtype.kind == "b" else int(first), term.shape,
+                          term.dtype)
+    key = hashlib.sha1(repr((values.dtype.str, values.shape)).encode()
+                       + values.tobytes()).digest()
+    return make_dense(key, term.shape, term.dtype, values)
 
 
 def update_slice(x: Term, update: Term, starts, *, joined: bool = True) -> Term:
@@ -1415,6 +1668,145 @@ def split_through_reduction(arg: Term, shape: tuple[int, ...]) -> Term | None:
                    arg.dtype, linear_in=0 if arg.op == "reduce_sum" else None)
 
 
+def merge_through_reduction(arg: Term, shape: tuple[int, ...]) -> Term | None:
+    """`reshape(arg, shape)` of a reduction `arg` where the reshape only merges kept dims
+    that are adjacent in its operand (no reduced dim between them): the reduction of its
+    operand with those dims merged alike (exact: each result element reduces the same
+    elements of the same row, in the same order; `split_through_reduction` the other way
+    round, so that a reduction flattened after it was computed meets one computed on the
+    flattened rows). None for any other reshape."""
+    if arg.op not in _REDUCTIONS or len(arg.args) != 1:
+        return None
+    groups = reshape_groups(arg.shape, tuple(shape))
+    if groups is None or any(len(dst) != 1 or not src for src, dst in groups) \
+            or all(sum(arg.shape[d] != 1 for d in src) < 2 for src, _ in groups):
+        return None  # a reshape of unit dims alone stays above the sum (`make_op`'s form)
+    (x,), reduced = arg.args, arg.attrs[0]
+    kept = [d for d in range(len(x.shape)) if d not in reduced]
+    merged = {}
+    for src, dst in groups:
+        dims = [kept[d] for d in src]
+        if dims != list(range(dims[0], dims[0] + len(dims))):
+            return None
+        merged[dims[0]] = (dims[-1], shape[dst[0]])
+    sizes, new_reduced, d = [], [], 0
+    while d < len(x.shape):
+        if d in merged:
+            last, size = merged[d]
+            sizes.append(size)
+            d = last + 1
+            continue
+        if d in reduced:
+            new_reduced.append(len(sizes))
+        sizes.append(x.shape[d])
+        d += 1
+    inner = make_reshape(x, tuple(sizes))
+    return make_op(arg.op, (inner,), (tuple(new_reduced),) + arg.attrs[1:], tuple(shape),
+                   arg.dtype, linear_in=0 if arg.op == "reduce_sum" else None)
+
+
+def merge_summed_dims(term: Term, arg: Term) -> Term | None:
+    """`reduce_sum(arg)` over runs of adjacent dims (none of size 1), some dim kept: the sum
+    over the runs merged into one dim each of `arg` reshaped alike (exact: the same elements
+    summed, a regrouping at most), so that a sum over the micro-batches and rows of a stacked
+    batch meets the sum over the rows of the micro-batches flattened. None when no run has
+    two dims, or nothing is kept (a sum over every element: `_full_sums_meet`)."""
+    if term.op != "reduce_sum" or len(term.args) != 1:
+        return None
+    reduced = sorted(term.attrs[0])
+    if len(reduced) == len(arg.shape) or any(arg.shape[d] == 1 for d in reduced):
+        return None
+    if not any(b == a + 1 for a, b in itertools.pairwise(reduced)):
+        return None
+    sizes: list[int] = []
+    new_reduced: list[int] = []
+    for d, n in enumerate(arg.shape):
+        if d in reduced and d - 1 in reduced:
+            sizes[-1] *= n
+            continue
+        if d in reduced:
+            new_reduced.append(len(sizes))
+        sizes.append(n)
+    inner = make_reshape(arg, tuple(sizes))
+    return make_op("reduce_sum", (inner,), (tuple(new_reduced),), term.shape, term.dtype,
+                   linear_in=0)
+
+
+def merge_contracted_dims(term: Term, args: tuple[Term, ...]) -> Term | None:
+    """A dot_general contracting runs of dims adjacent on both operands, in the same order
+    (none of size 1), as the dot of the operands with each run merged into one dim
+    (`merge_summed_dims` for contractions: the same products summed; a weight gradient over
+    the micro-batches and rows of a stacked batch meets the one over the rows of the
+    micro-batches flattened). None when no run has two dims."""
+    lhs, rhs = args
+    lb, rb, lc, rc = term.attrs
+    pairs = sorted(zip(lc, rc))
+    if any(lhs.shape[a] == 1 for a, _ in pairs):
+        return None
+    runs: list[list[tuple[int, int]]] = []
+    for a, b in pairs:
+        if runs and runs[-1][-1] == (a - 1, b - 1):
+            runs[-1].append((a, b))
+        else:
+            runs.append([(a, b)])
+    if all(len(r) == 1 for r in runs):
+        return None
+    firsts = {r[0]: r for r in runs}
+
+    def merged(x: Term, side: int) -> tuple[Term, dict[int, int]]:
+        heads = {r[0][side]: len(r) for r in runs}
+        sizes, where, d = [], {}, 0
+        while d < len(x.shape):
+            where[d] = len(sizes)
+            n = heads.get(d, 1)
+            sizes.append(math.prod(x.shape[d:d + n]))
+            d += n
+        return make_reshape(x, tuple(sizes)), where
+
+    left, lwhere = merged(lhs, 0)
+    right, rwhere = merged(rhs, 1)
+    heads = list(firsts)
+    attrs = (tuple(lwhere[d] for d in lb), tuple(rwhere[d] for d in rb),
+             tuple(lwhere[a] for a, _ in heads), tuple(rwhere[b] for _, b in heads))
+    return make_dot(left, right, attrs, term.shape, term.dtype)
+
+
+def merge_through_broadcast(arg: Term, shape: tuple[int, ...]) -> Term | None:
+    """`reshape(arg, shape)` of a broadcast `arg` where the reshape merges dims the operand
+    fills (at full size, adjacent in the operand) into one, and otherwise only regroups
+    dims the broadcast creates: the broadcast of the operand with those dims merged alike
+    (exact: no element moves relative to the operand's; the builders push a reshape into a
+    broadcast only where it splits an operand dim or regroups created ones). None for any
+    other reshape."""
+    if arg.op != "broadcast":
+        return None
+    (dims,), y = arg.attrs, arg.args[0]
+    groups = reshape_groups(arg.shape, tuple(shape))
+    if groups is None:
+        return None
+    sizes: list[int] = []
+    new_dims: list[int] = []
+    merged = False
+    at = 0
+    for src, dst in groups:
+        filled = [d for d in src if d in dims]
+        if not filled:
+            continue
+        real_dst = [d for d in dst if shape[d] != 1]
+        operand = [dims.index(d) for d in filled]
+        if len(real_dst) != 1 or any(arg.shape[d] != 1 for d in src if d not in dims) \
+                or operand != list(range(at, at + len(operand))) \
+                or any(y.shape[i] != arg.shape[d] for i, d in zip(operand, filled)):
+            return None
+        at += len(operand)
+        merged = merged or len([d for d in filled if arg.shape[d] != 1]) > 1
+        sizes.append(math.prod(y.shape[i] for i in operand))
+        new_dims.append(real_dst[0])
+    if not merged or at != len(y.shape) or new_dims != sorted(set(new_dims)):
+        return None
+    return make_broadcast(make_reshape(y, tuple(sizes)), tuple(new_dims), tuple(shape))
+
+
 def slice_through(arg: Term, starts, limits, strides) -> Term | None:
     """A slice of `arg` as the op of `arg` applied to slices of its operands, where the
     slice keeps whole every dim the op reads across (each exact: the result's rows along a
@@ -1483,19 +1875,35 @@ def swapped_dot(term: Term, arg: Term) -> Term | None:
     return make_dot(rhs, lhs, (rb, lb, rc, lc), term.shape, term.dtype)
 
 
+def _renormal(rewritten: Term, term: Term, args: tuple[Term, ...],
+              memo: dict[int, Term]) -> Term | None:
+    """The normal form of a node's rewrite, or None where the rewrite gave the node back
+    (a slice of a reshape whose box squeezes back to that slice): normalizing it again
+    would not end."""
+    if rewritten is term or (rewritten.op == term.op and rewritten.args == args
+                             and rewritten.attrs == term.attrs):
+        return None
+    return normal_form(rewritten, memo)
+
+
 def _normal_node(term: Term, args: tuple[Term, ...], memo: dict[int, Term]) -> Term:
+    out = _rewritten(term, args, memo)
+    return out if out is not None else _rebuilt_node(term, args)
+
+
+def _rewritten(term: Term, args: tuple[Term, ...], memo: dict[int, Term]) -> Term | None:
+    """A node rewritten by one of this module's identities (in normal form), or None."""
     if term.op == "concatenate":
         return make_concat(args, term.attrs[0])
     if term.op == "slice":
         spanning = slice_of_concat(args[0], *term.attrs)
         if spanning is not None:
             return spanning
-        box = slice_of_reshape(args[0], *term.attrs)
-        if box is not None:
-            return normal_form(box, memo)
-        through = slice_through(args[0], *term.attrs)
-        if through is not None:
-            return normal_form(through, memo)
+        for rewrite in (slice_of_reshape, slice_through):
+            box = rewrite(args[0], *term.attrs)
+            found = None if box is None else _renormal(box, term, args, memo)
+            if found is not None:
+                return found
         reduced = slice_of_reduction(args[0], *term.attrs)
         if reduced is not None:
             return reduced
@@ -1503,6 +1911,13 @@ def _normal_node(term: Term, args: tuple[Term, ...], memo: dict[int, Term]) -> T
         blocks = sum_of_blocks(term, args[0])
         if blocks is not None:
             return join_sums(blocks)
+        merged = merge_summed_dims(term, args[0])
+        if merged is not None:
+            return _renormal(merged, term, args, memo)
+    if term.op == "stablehlo.dot_general":
+        merged = merge_contracted_dims(term, args)
+        if merged is not None:
+            return _renormal(merged, term, args, memo)
     if term.op == "transpose" and args[0].op == "concatenate":
         return transpose_of_concat(args[0], term.attrs[0])
     if term.op == "reshape":
@@ -1512,8 +1927,12 @@ def _normal_node(term: Term, args: tuple[Term, ...], memo: dict[int, Term]) -> T
         squeezed = squeeze(args[0], term.shape)
         if squeezed is None:
             squeezed = split_through_reduction(args[0], term.shape)
+        if squeezed is None:
+            squeezed = merge_through_reduction(args[0], term.shape)
+        if squeezed is None:
+            squeezed = merge_through_broadcast(args[0], term.shape)
         if squeezed is not None:
-            return normal_form(squeezed, memo)
+            return _renormal(squeezed, term, args, memo)
     if term.op == "transpose":
         swapped = swapped_dot(term, args[0])
         if swapped is not None:
@@ -1524,6 +1943,12 @@ def _normal_node(term: Term, args: tuple[Term, ...], memo: dict[int, Term]) -> T
             placed = scatter_replace_at_constants(term, args)
         if placed is not None:
             return placed
+    return None
+
+
+def _rebuilt_node(term: Term, args: tuple[Term, ...]) -> Term:
+    """A node over its normal arguments, through the builders, constant folding, the joins
+    of sums and the selection identities."""
     out = rebuild(term, args) if args != term.args else term
     folded = fold_constant(out)
     if folded is not None:
@@ -1680,6 +2105,22 @@ def blocks_meet(a: Term, b: Term, memo: dict[int, Term] | None = None) -> bool:
         cut = split_like(x, y)
         if cut is not None and normal_form(cut, memo) is y:
             return True
+    if _full_sums_meet(a, b, memo) or _tiled_sums_meet(a, b, memo) \
+            or _tiled_sums_meet(b, a, memo):
+        return True
+    for x, y in ((a, b), (b, a)):
+        cuts = _spine_cuts(y) if y.op != "concatenate" else None
+        if cuts is not None:
+            dim, sizes = cuts
+            row = 0
+            for size in sizes:
+                rows_x = normal_form(slice_term(x, dim, row, row + size), memo)
+                rows_y = normal_form(slice_term(y, dim, row, row + size), memo)
+                if not blocks_meet(rows_x, rows_y, memo):
+                    break
+                row += size
+            else:
+                return True
     for x, y in ((a, b), (b, a)):
         if y.op == "concatenate" and x.op != "concatenate":
             (dim,) = y.attrs
@@ -1692,3 +2133,130 @@ def blocks_meet(a: Term, b: Term, memo: dict[int, Term] | None = None) -> bool:
                 row += size
             return True
     return False
+
+
+def _full_sum(term: Term) -> tuple[Fraction, object, Term] | None:
+    """(k, c, x) when `term` is `k * reduce_sum(x over every dim) + c`, else None."""
+    k, c = Fraction(1), Fraction(0)
+    if term.op == "lin":
+        pairs, c = linear_parts(term)
+        if len(pairs) != 1:
+            return None
+        k, term = pairs[0]
+    x = _summed_whole(term)
+    return None if x is None else (k, c, x)
+
+
+def _summed_whole(term: Term) -> Term | None:
+    """x when `term` is the sum of every element of x (a reshape dropping the unit dims a
+    sum leaves is read through, `_sum_view`), else None."""
+    if term.op == "reshape":
+        term = _sum_view(term)
+    if term.op != "reduce_sum" or len(term.args) != 1 \
+            or tuple(term.attrs[0]) != tuple(range(len(term.args[0].shape))):
+        return None
+    return term.args[0]
+
+
+def _tiled_sums_meet(a: Term, b: Term, memo: dict[int, Term]) -> bool:
+    """Whether `a` is `k * (sum of every element of x) + c` and `b` is `k * (the sum of
+    every element of each piece y_j) + c`, each y_j reading its own window of one input of
+    x's shape, the windows tiling it, and x's rows in each window meet y_j (exact: a sum
+    over every element is the sum of its tiles' sums, a regrouping; the micro-batches of a
+    pipelined loss on dp-split rows, one tile per micro-batch and row block)."""
+    whole = _full_sum(a)
+    if whole is None or b.op != "lin":
+        return False
+    k, c, x = whole
+    pairs, constant = linear_parts(b)
+    if constant != c or len(pairs) < 2 or any(coef != k for coef, _ in pairs):
+        return False
+    pieces = [_summed_whole(t) for _, t in pairs]
+    if any(y is None for y in pieces) or sum(math.prod(y.shape) for y in pieces) != \
+            math.prod(x.shape):
+        return False
+    windows = _tiles(pieces, x.shape)
+    if windows is None:
+        return False
+    for y, (starts, sizes) in zip(pieces, windows):
+        rows = x
+        for d, (start, size) in enumerate(zip(starts, sizes)):
+            if size != x.shape[d]:
+                rows = slice_term(rows, d, start, start + size)
+        rows = normal_form(rows, memo)
+        if rows.shape != y.shape:
+            rows = normal_form(make_reshape(rows, y.shape), memo)
+        if rows is not y and not blocks_meet(rows, y, memo):
+            return False
+    return True
+
+
+def _tiles(pieces: list[Term], shape: tuple[int, ...]
+           ) -> list[tuple[tuple[int, ...], tuple[int, ...]]] | None:
+    """(starts, sizes) of the one window of some term of `shape` each piece slices, when
+    they are of one size and tile the term (distinct, in bounds, as many as fill it); else
+    None."""
+    found: list[dict[int, set]] = []
+    for piece in pieces:
+        mine: dict[int, set] = {}
+        for t in itertools.islice((u for u in subterms([piece]) if u.op == "slice"),
+                                  MAX_SLICES_SEEN):
+            starts, limits, strides = t.attrs
+            if t.args[0].shape == shape and all(v == 1 for v in strides):
+                mine.setdefault(t.args[0].serial, set()).add(
+                    (starts, tuple(b - a for a, b in zip(starts, limits))))
+        found.append(mine)
+    for base in sorted(set(found[0]).intersection(*found[1:])):
+        if any(len(w[base]) != 1 for w in found):
+            continue
+        windows = [next(iter(w[base])) for w in found]
+        sizes = {size for _, size in windows}
+        if len(sizes) != 1 or len({start for start, _ in windows}) != len(windows):
+            continue
+        (size,) = sizes
+        if len(windows) * math.prod(size) == math.prod(shape) and all(
+                start[d] % size[d] == 0 and start[d] + size[d] <= shape[d]
+                for start, _ in windows for d in range(len(shape))):
+            return windows
+    return None
+
+
+def _full_sums_meet(a: Term, b: Term, memo: dict[int, Term]) -> bool:
+    """Whether `a` and `b` are the same multiple of sums over every element of operands of
+    different shapes (the sum of micro-batch losses over rows flattened per micro-batch, the
+    reference's loss over the stacked batch) whose operands meet once one is reshaped to the
+    other's shape (exact: a sum over every element does not depend on the shape it is read
+    in; the order it adds them in is a regrouping)."""
+    fa, fb = _full_sum(a), _full_sum(b)
+    if fa is None or fb is None or fa[:2] != fb[:2]:
+        return False
+    x, y = fa[2], fb[2]
+    if x.shape == y.shape or x.dtype != y.dtype or math.prod(x.shape) != math.prod(y.shape):
+        return False
+    for p, q in ((x, y), (y, x)):
+        if normal_form(make_reshape(p, q.shape), memo) is q:
+            return True
+    return False
+
+
+MAX_SPINE = 64
+"""How many terms `_spine_cuts` looks at."""
+
+
+def _spine_cuts(term: Term) -> tuple[int, list[int]] | None:
+    """(dim, piece sizes) of the first concatenation of `term`'s shape found among the terms
+    `term` computes element by element from (through `lin` parts and elementwise operands of
+    its shape), e.g. the layers' rows of a sum of gradients each concatenated over the
+    pipeline's stages; None when there is none (within `MAX_SPINE` terms)."""
+    stack, seen = [term], set()
+    while stack and len(seen) < MAX_SPINE:
+        t = stack.pop()
+        if t.serial in seen:
+            continue
+        seen.add(t.serial)
+        if t.op == "concatenate" and t is not term:
+            (dim,) = t.attrs
+            return dim, [p.shape[dim] for p in t.args]
+        if t.op == "lin" or t.op in _ELEMENTWISE:
+            stack.extend(a for a in t.args if a.shape == term.shape)
+    return None

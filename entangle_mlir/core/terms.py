@@ -1149,6 +1149,9 @@ def _make_op(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ..
         dropped = _reduce_sum_of_pad(args[0], attrs[0], shape, dtype)
         if dropped is not None:
             return dropped
+    if op in _ZERO_OF_ZERO and linear_in == 0 and splat_value(args[0]) == 0 and (
+            op != "pad" or splat_value(args[1]) == 0):
+        return make_splat(0, tuple(shape), dtype)
     if linear_in is not None:
         arg = args[linear_in]
         if arg.op == "lin" and _single_term(arg) or arg.op == "splat" and splat_value(arg) != 0:
@@ -1170,6 +1173,12 @@ def _make_op(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ..
                                    shape, dtype, linear_in)
                 return scale(inner_op, k)
     return intern(op, tuple(args), attrs, tuple(shape), dtype)
+
+
+_ZERO_OF_ZERO = frozenset({"reduce_sum", "slice", "reduce_window_sum", "stablehlo.gather",
+                           "pad"})
+"""Ops linear in their first operand that give zeros from zeros (a pad only with a zero
+padding value): their result is the zero splat, exactly."""
 
 
 def make_roll(term: Term, dim: int, shift: int) -> Term:
@@ -1425,15 +1434,43 @@ def _slice_pad(term: Term, starts, limits, strides, shape) -> Term | None:
         if starts[d] < lo or last >= lo + n:
             inside = False
     if not inside:
-        return None
+        return _slice_across_pad(term, starts, limits, strides, shape)
     return _sliced(inner, [s - lo for s, lo in zip(starts, low)],
                    [lim - lo for lim, lo in zip(limits, low)], strides)
+
+
+def _slice_across_pad(term: Term, starts, limits, strides, shape) -> Term | None:
+    """A unit-stride window of a pad reaching into both its operand and its padding: the pad
+    of the operand's part inside the window, padded to the window (exact: the same
+    elements, the padding value where the window leaves the operand)."""
+    inner, value = term.args
+    low = term.attrs[0]
+    if any(st != 1 for st in strides):
+        return None
+    lows, highs, in_starts, in_limits = [], [], [], []
+    for d, n in enumerate(inner.shape):
+        a, b = max(starts[d] - low[d], 0), min(limits[d] - low[d], n)
+        if a >= b:
+            return None
+        in_starts.append(a)
+        in_limits.append(b)
+        lows.append(max(low[d] - starts[d], 0))
+        highs.append(shape[d] - lows[-1] - (b - a))
+    part = _sliced(inner, in_starts, in_limits, [1] * len(shape))
+    attrs = (tuple(lows), tuple(highs), (0,) * len(shape))
+    linear = 0 if splat_value(value) == 0 else None
+    return make_op("pad", (part, value), attrs, tuple(shape), term.dtype, linear_in=linear)
 
 
 @_built("dot", lambda lhs, rhs, attrs, shape, dtype: (lhs.serial, rhs.serial, attrs,
                                                        tuple(shape), dtype))
 def make_dot(lhs: Term, rhs: Term, attrs: tuple, shape: tuple[int, ...], dtype: str) -> Term:
-    """dot_general, bilinear: scalar factors of either side are pulled out."""
+    """dot_general, bilinear: scalar factors of either side are pulled out; a contraction
+    with zeros is zero where the other side is shown finite (`_zero_exact`: a sum of
+    `0 * x`), else kept (NaN where the other side is not finite)."""
+    for zero, other in ((lhs, rhs), (rhs, lhs)):
+        if splat_value(zero) == 0 and _zero_exact(other):
+            return make_splat(0, tuple(shape), dtype)
     kl, tl = factor_content(lhs)
     kr, tr = factor_content(rhs)
     dot = intern("stablehlo.dot_general", (tl, tr), attrs, tuple(shape), dtype)
@@ -1482,6 +1519,65 @@ def term_finite(term: Term) -> bool:
     return -INF < lo and hi < INF
 
 
+_TOTAL_OPS = frozenset({
+    "lin", "mul", "iota", "broadcast", "reshape", "transpose", "slice", "concatenate", "pad",
+    "stablehlo.reverse", "dynamic_slice", "stablehlo.dynamic_update_slice", "stablehlo.gather",
+    "stablehlo.scatter", "stablehlo.select", "stablehlo.compare", "stablehlo.and",
+    "stablehlo.or", "stablehlo.not", "stablehlo.xor", "stablehlo.maximum", "stablehlo.minimum",
+    "stablehlo.clamp", "stablehlo.convert", "reduce_sum", "reduce_window_sum",
+    "stablehlo.dot_general", "stablehlo.exponential", "stablehlo.exponential_minus_one",
+    "stablehlo.tanh", "stablehlo.logistic", "stablehlo.sine", "stablehlo.cosine", "chlo.erf",
+    "stablehlo.sign", "stablehlo.abs", "stablehlo.negate", "chlo.square", "reduce_and",
+    "reduce_or"})
+"""Term ops that give a number for every finite operand unless a sum or product overflows
+(`finite_unless_overflow`)."""
+
+_BELOW = {"div": 1, "stablehlo.rsqrt": 0, "stablehlo.log": 0, "stablehlo.sqrt": 0,
+          "stablehlo.log_plus_one": 0}
+"""Term ops finite only for some finite operands: the operand to test (a divisor, the
+argument of rsqrt, log, sqrt, log1p)."""
+
+_FINITE_UNLESS_OVERFLOW: dict[int, bool] = {}
+"""term serial -> `finite_unless_overflow`."""
+
+
+def finite_unless_overflow(term: Term) -> bool:
+    """Every element of `term` is a finite number wherever no sum or product overflows
+    (what `--assume-no-overflow` takes): built from finite inputs and constants by ops that
+    are total on finite numbers (`_TOTAL_OPS`), and by divisions, square roots and
+    logarithms whose operand `term_interval` keeps inside their domain (a divisor without 0,
+    a logarithm's or rsqrt's operand above 0, a square root's at least 0); a max or min over
+    no element is not finite. Memoized; each shared subterm is visited once."""
+    for top in post_order(term, _FINITE_UNLESS_OVERFLOW):
+        _FINITE_UNLESS_OVERFLOW[top.serial] = all(
+            _FINITE_UNLESS_OVERFLOW[a.serial] for a in top.args) and _total_here(top)
+    return _FINITE_UNLESS_OVERFLOW[term.serial]
+
+
+def _total_here(term: Term) -> bool:
+    """`term`'s own op gives a number for its operands (`finite_unless_overflow`)."""
+    op = term.op
+    if op == "arg":
+        return True
+    if op == "splat":
+        return isinstance(term.attrs[0], Fraction)
+    if op == "dense":
+        lo, hi = term_interval(term)
+        return integer_dtype(term.dtype) or (-INF < lo and hi < INF)
+    if op in ("reduce_max", "reduce_min"):
+        return all(term.args[0].shape[d] for d in term.attrs[0])
+    if op in _BELOW:
+        lo, hi = term_interval(term.args[_BELOW[op]])
+        if op == "div":
+            return lo > 0 or hi < 0
+        if op == "stablehlo.sqrt":
+            return lo >= 0
+        if op == "stablehlo.log_plus_one":
+            return lo > -1
+        return lo > 0
+    return op in _TOTAL_OPS or integer_dtype(term.dtype)
+
+
 def _shifted_by_its_max(term: Term) -> bool:
     """`term` is `x - broadcast(reduce_max(x)) + c` (the softmax shift), so at most `c`: the
     term-level `bounds._dominates` (the broadcast restores exactly the reduced dims)."""
@@ -1527,10 +1623,7 @@ def _term_interval_of(term: Term, args: list[Interval]) -> Interval:
             total = total[0], min(total[1], float(constant))
         return total
     if op == "mul":
-        total = args[0]
-        for arg in args[1:]:
-            total = mul(total, arg)
-        return total
+        return _product_interval(term, args)
     if op == "div":
         return div(args[0], args[1])
     if op in _INTERVAL_SAME:
@@ -1561,6 +1654,29 @@ def _term_interval_of(term: Term, args: list[Interval]) -> Interval:
             return UNBOUNDED
         return compute(args)
     return int_interval(dtype) or UNBOUNDED
+
+
+def _product_interval(term: Term, args: list[Interval]) -> Interval:
+    """A product's range, a factor repeated an even number of times taken as a square (at
+    least 0: `x * x` of one x, which interval arithmetic alone would let be negative)."""
+    counts: dict[int, int] = {}
+    first: dict[int, Interval] = {}
+    for arg, bounds in zip(term.args, args):
+        counts[arg.serial] = counts.get(arg.serial, 0) + 1
+        first.setdefault(arg.serial, bounds)
+    total = (1.0, 1.0)
+    for serial, count in counts.items():
+        bounds = first[serial]
+        if count % 2 == 0:
+            lo, hi = bounds
+            low = 0.0 if lo <= 0 <= hi else min(lo * lo, hi * hi)
+            square = (low, max(lo * lo, hi * hi))
+            for _ in range(count // 2):
+                total = mul(total, square)
+        else:
+            for _ in range(count):
+                total = mul(total, bounds)
+    return total
 
 
 # ----- rebuilding -----------------------------------------------------------------------------

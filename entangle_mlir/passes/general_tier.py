@@ -53,10 +53,13 @@ class GeneralTierPass(ModulePass):
             run_general_tier,  # lazy: z3 and the semantics (~0.2 s); only when not yet proven
         )
 
+        finiteness = state.finiteness
         result = run_general_tier(state.program, state.walks.get("reference"),
                                   max_devices=self.max_devices,
                                   budget_seconds=self.budget_seconds,
-                                  verify_rules=self.verify_rules, jobs=self.jobs)
+                                  verify_rules=self.verify_rules, jobs=self.jobs,
+                                  assume_no_overflow=finiteness is not None
+                                  and finiteness.assume_no_overflow)
         apply_result(report, result)
 
 

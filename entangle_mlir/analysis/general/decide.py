@@ -18,7 +18,20 @@ import numpy as np
 from entangle_mlir.analysis.valid_indices import IndexRange, Simplifier, index_ranges
 from entangle_mlir.core.normal_form import blocks_meet, generic_element, normal_form
 from entangle_mlir.core.precision import integer_exact_below
-from entangle_mlir.core.terms import DENSE_VALUES, Term, subterms
+from entangle_mlir.core.terms import (
+    DENSE_VALUES,
+    Term,
+    finite_unless_overflow,
+    is_zero_multiple,
+    linear_parts,
+    make_lin,
+    make_splat,
+    post_order,
+    pretty,
+    rebuild,
+    splat_value,
+    subterms,
+)
 
 _MOVES = frozenset({"arg", "splat", "dense", "iota", "broadcast", "reshape", "transpose",
                     "slice", "concatenate", "pad", "stablehlo.select", "stablehlo.reverse",
@@ -110,10 +123,13 @@ class Decider:
     """Decides equalities against one reference (its outputs give the valid-index ranges);
     a memo of normal forms is shared by every equality."""
 
-    def __init__(self, reference_outputs: list[Term], timeout_ms: int = 5_000):
+    def __init__(self, reference_outputs: list[Term], timeout_ms: int = 5_000,
+                 assume_no_overflow: bool = False):
         self.ranges: dict[int, IndexRange] = index_ranges(reference_outputs)
         self.timeout_ms = timeout_ms
         self.memo: dict[int, Term] = {}
+        self.assume_no_overflow = assume_no_overflow
+        self.without_zeros: dict[int, Term] = {}
 
     def decide(self, want: Term, got: Term, name: str, timeout_ms: int | None = None
                ) -> Decision:
@@ -139,6 +155,16 @@ class Decider:
                         "the inputs it found" + (f" ({decision.reason})" if decision.reason
                                                  else ""))
 
+    def _without_zeros(self, term: Term) -> Term:
+        """`term` in normal form without droppable products with zero
+        (`without_kept_zeros`), again where the normal form made new ones (at most
+        `MAX_ZERO_ROUNDS` times)."""
+        for _ in range(MAX_ZERO_ROUNDS):
+            term = normal_form(without_kept_zeros(term, self.without_zeros), self.memo)
+            if _kept_zero([term]) is None:
+                break
+        return term
+
     def _bounds(self, terms: list[Term]) -> dict[int, tuple[int, int]]:
         """The valid-index ranges of the arguments under `terms`, as (lo, hi) by index."""
         serials = {t.serial for t in subterms(terms)}
@@ -157,6 +183,19 @@ class Decider:
             return Decision("proved", how="normal form")
         if blocks_meet(nw, ng, self.memo):
             return Decision("proved", how="normal form, block by block")
+        kept = _kept_zero([nw, ng])
+        if kept is not None:
+            zw, zg = self._without_zeros(nw), self._without_zeros(ng)
+            if zw is zg or blocks_meet(zw, zg, self.memo):
+                if self.assume_no_overflow:
+                    return Decision("proved", assumptions=[NO_OVERFLOW], how="normal form, "
+                                    "products with zero of values finite unless overflow")
+                factor = [a for a in kept.args if a.op != "splat"]
+                shown = pretty(factor[0] if len(factor) == 1 else kept, 3)
+                return Decision("unknown", f"equal where nothing overflows, but 0 * {shown} "
+                                "is kept: it is NaN where that value overflows (inf * 0), so "
+                                "it is not 0 unless no sum or product overflows "
+                                "(--assume-no-overflow)")
         inexact = _inexact_iota([nw, ng])
         if inexact is not None:
             return Decision("unknown", f"an iota of {inexact.shape[0]} positions in "
@@ -282,3 +321,57 @@ def _not_shown(result, terms: list[Term]) -> Decision:
                         counterexample=result.counterexample)
     return Decision("refuted", result.reason, counterexample=result.counterexample,
                     inputs=result.witness)
+
+
+MAX_ZERO_ROUNDS = 4
+"""How many times `Decider._without_zeros` drops products with zero and renormalizes."""
+
+NO_OVERFLOW = ("no sum or product overflows (--assume-no-overflow): 0 * t is 0 for every t "
+               "computed from finite inputs without a division by zero or a function outside "
+               "its domain")
+"""The assumption a decision that dropped kept zeros rests on."""
+
+
+def _kept_zero(terms: list[Term]) -> Term | None:
+    """A product with zero (`terms.zero_multiple`: `0 * t` with `t` not shown finite, or a
+    contraction with zeros) among `terms`' subterms whose other factor would be finite
+    unless a sum or product overflows (`finite_unless_overflow`), else None."""
+    for term in subterms(terms):
+        if _droppable(term):
+            return term
+    return None
+
+
+def _droppable(term: Term) -> bool:
+    """`term` is `0 * t` or a contraction of zeros with `t`, `t` finite unless a sum or
+    product overflows."""
+    if not (is_zero_multiple(term) or term.op == "stablehlo.dot_general"
+            and any(splat_value(a) == 0 for a in term.args)):
+        return False
+    return all(finite_unless_overflow(a) for a in term.args)
+
+
+def without_kept_zeros(term: Term, memo: dict[int, Term]) -> Term:
+    """`term` with every product with zero whose other factors are finite unless a sum or
+    product overflows (`finite_unless_overflow`) replaced by zero, rebuilt bottom-up through
+    the builders (which then drop the zero parts of sums and products). Exact where nothing
+    overflows, which is what `--assume-no-overflow` takes: there `0 * t` is 0. Memoized by
+    serial; each shared subterm is rebuilt once."""
+    for top in post_order(term, memo):
+        args = tuple(memo[a.serial] for a in top.args)
+        out = rebuild(top, args) if args != top.args else top
+        memo[top.serial] = _zero_dropped(out)
+    return memo[term.serial]
+
+
+def _zero_dropped(term: Term) -> Term:
+    """`term` itself zero when it is a droppable product with zero; a sum without its
+    droppable products with zero (which rebuilding a sum may create); else `term`."""
+    if _droppable(term):
+        return make_splat(0, term.shape, term.dtype)
+    if term.op == "lin":
+        pairs, constant = linear_parts(term)
+        kept = [(k, t) for k, t in pairs if not _droppable(t)]
+        if len(kept) != len(pairs):
+            return make_lin(kept, constant, term.shape, term.dtype)
+    return term

@@ -79,12 +79,15 @@ def run_general_tier(program: Program, reference: Walk | None = None, **options
 def general_tier(program: Program, reference: Walk | None = None, *,
                      max_devices: int = MAX_DEVICES, budget_seconds: float = 30.0,
                      timeout_ms: int = 5_000, verify_rules: bool = True,
-                     jobs: int | None = None) -> GeneralResult:
+                     jobs: int | None = None, assume_no_overflow: bool = False
+                     ) -> GeneralResult:
     """Expand `program`'s sharded function per device and decide its outputs against the
     reference (`reference`: the reference's walk, re-walked when it summarized layers).
     `verify_rules`: Z3 checks every rule instance the proof rests on, the reference walk's
     and the expansion's (off only as `--no-verify-rules` turns every check off); `jobs`:
-    worker processes for those checks (`instance.parallel.check_batch`)."""
+    worker processes for those checks (`instance.parallel.check_batch`).
+    `assume_no_overflow`: a product with zero of a value finite unless something overflows
+    is zero (`--assume-no-overflow`; listed among the assumptions where a proof uses it)."""
     start = time.perf_counter()
 
     def out_of_time() -> bool:
@@ -116,7 +119,7 @@ def general_tier(program: Program, reference: Walk | None = None, *,
             return GeneralResult(False, devices, f"result #{i}'s blocks make {g.term.shape}, "
                                  f"the reference's is {w.term.shape} (padded or uneven shards "
                                  "are not expanded)", stats=_stats(expansion, start))
-    decider = Decider([w.term for w in wants], timeout_ms)
+    decider = Decider([w.term for w in wants], timeout_ms, assume_no_overflow)
     assumptions: list[str] = []
     checks = [(o.want, o.got, o.what, o.against, o.loc, {}, None)
               for o in expansion.obligations]

@@ -1,0 +1,367 @@
+"""Lemmas of the normal-form identities a pipeline's terms need (issue 19): a pipeline computes
+each micro-batch's rows apart, one row block of one micro-batch at a time, and sums its
+gradients step by step, where the reference computes the stacked batch at once. Each identity
+is checked on small symbolic tensors (Z3 on the term before, written with raw nodes, against
+the normal form after, or exact evaluation on integers), and its nearest wrong variant (rows
+swapped, another reduction, a tile left out, a division that may be by zero) is not met.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+from entangle_mlir.analysis.general.decide import Decider, without_kept_zeros
+from entangle_mlir.analysis.instance.term_equality import check_term_equality
+from entangle_mlir.core.normal_form import blocks_meet, make_concat, normal_form, slice_term
+from entangle_mlir.core.terms import (
+    DENSE_VALUES,
+    finite_unless_overflow,
+    intern,
+    make_arg,
+    make_broadcast,
+    make_dense,
+    make_div,
+    make_dot,
+    make_elementwise,
+    make_lin,
+    make_mul,
+    make_op,
+    make_reshape,
+    make_splat,
+    term_interval,
+)
+
+F32 = "f32"
+
+
+def proved(a, b) -> bool:
+    return check_term_equality(a, b, "pipelines.lemma").status == "proved"
+
+
+def refuted(a, b) -> bool:
+    return check_term_equality(a, b, "pipelines.must_fail").status == "refuted"
+
+
+def raw(op, args, attrs, shape, dtype=F32):
+    return intern(op, tuple(args), attrs, tuple(shape), dtype)
+
+
+def raw_concat(pieces, dim: int):
+    shape = list(pieces[0].shape)
+    shape[dim] = sum(p.shape[dim] for p in pieces)
+    return raw("concatenate", pieces, (dim,), shape, pieces[0].dtype)
+
+
+def rows(x, start: int, stop: int, dim: int = 0):
+    return slice_term(x, dim, start, stop)
+
+
+def total(x, dims):
+    kept = tuple(n for d, n in enumerate(x.shape) if d not in dims)
+    return make_op("reduce_sum", (x,), (tuple(dims),), kept, x.dtype, linear_in=0)
+
+
+def micro(x, i: int):
+    """Micro-batch i of a stacked (m, b, d) batch, as a pipeline stage reads it."""
+    return make_reshape(rows(x, i, i + 1), x.shape[1:])
+
+
+def norm_scale(h):
+    """1 / (1 + sum of squares of each row): a normalization's per-row factor."""
+    squares = total(make_mul(h, h), (len(h.shape) - 1,))
+    return make_div(make_splat(1, squares.shape, F32),
+                    make_lin([(Fraction(1), squares)], Fraction(1), squares.shape, F32))
+
+
+def normed(h):
+    """h times its rows' factor broadcast back (RMSNorm's form)."""
+    scale = norm_scale(h)
+    return make_mul(h, make_broadcast(scale, tuple(range(len(scale.shape))), h.shape))
+
+
+def test_one_micro_batch_and_two_joined_ones_lift_together() -> None:
+    """Micro-batches 0 and 1 joined (a broadcast of a (2, b) factor) next to micro-batches 2
+    and 3 alone (a broadcast of a (b,) factor each, the unit dim left out): one broadcast of
+    the whole batch's factor (`_units_alike`, broadcasts and reductions)."""
+    x = make_arg(0, (4, 2, 3), F32)
+    whole = normal_form(normed(x))
+    pieces = [normal_form(normed(rows(x, 0, 2)))] + [
+        normal_form(make_reshape(normed(micro(x, i)), (1, 2, 3))) for i in (2, 3)]
+    assert make_concat(pieces, 0) is whole
+    assert proved(raw_concat(pieces, 0), whole)
+    # must fail: micro-batches 2 and 3 swapped
+    swapped = [pieces[0], pieces[2], pieces[1]]
+    assert make_concat(swapped, 0) is not whole and refuted(raw_concat(swapped, 0), whole)
+
+
+def test_gate_and_up_projections_line_up_by_their_weights() -> None:
+    """SwiGLU's `silu(h @ gate) * (h @ up)` of two micro-batches: the two contractions are
+    alike but for their weight, and each piece may list them in either order (`_aligned`)."""
+    x = make_arg(0, (2, 2, 3), F32)
+    gate, up = make_arg(1, (3, 4), F32), make_arg(2, (3, 4), F32)
+
+    def swiglu(h, swap: bool):
+        dims = ((), (), (len(h.shape) - 1,), (0,))
+        shape = h.shape[:-1] + (4,)
+        if swap:  # built the other way round: the product lists them in the other order
+            b = make_dot(h, up, dims, shape, F32)
+            a = make_dot(h, gate, dims, shape, F32)
+        else:
+            a, b = make_dot(h, gate, dims, shape, F32), make_dot(h, up, dims, shape, F32)
+        return make_mul(a, b)
+
+    whole = swiglu(x, False)
+    pieces = [make_reshape(swiglu(micro(x, i), bool(i)), (1, 2, 4)) for i in range(2)]
+    assert make_concat(pieces, 0) is normal_form(whole)
+    # must fail: the second micro-batch with its weights exchanged is another product
+    wrong = [pieces[0], make_reshape(
+        make_mul(make_dot(micro(x, 1), gate, ((), (), (1,), (0,)), (2, 4), F32),
+                 make_dot(micro(x, 1), gate, ((), (), (1,), (0,)), (2, 4), F32)), (1, 2, 4))]
+    assert make_concat(wrong, 0) is not normal_form(whole)
+    assert refuted(raw_concat(wrong, 0), whole)
+
+
+def test_a_block_matrix_read_by_rows_is_the_one_read_by_columns() -> None:
+    """Rows of micro-batches, each the concatenation of its layers' columns: the columns,
+    each the micro-batches' rows joined (`_swap_blocks`)."""
+    x, w1, w2 = make_arg(0, (4, 3), F32), make_arg(1, (3, 2), F32), make_arg(2, (3, 2), F32)
+    dims = ((), (), (1,), (0,))
+
+    def layer(h, w):
+        return make_dot(h, w, dims, h.shape[:1] + (2,), F32)
+
+    pieces = [make_concat([layer(rows(x, i, i + 2), w1), layer(rows(x, i, i + 2), w2)], 1)
+              for i in (0, 2)]
+    assert all(p.op == "concatenate" for p in pieces)
+    whole = make_concat([layer(x, w1), layer(x, w2)], 1)
+    assert make_concat(pieces, 0) is whole and proved(raw_concat(pieces, 0), whole)
+    # must fail: the second row block with its columns swapped
+    other = make_concat([layer(rows(x, 2, 4), w2), layer(rows(x, 2, 4), w1)], 1)
+    assert make_concat([pieces[0], other], 0) is not whole
+    assert refuted(raw_concat([pieces[0], other], 0), whole)
+
+
+def test_adjacent_summed_and_contracted_dims_merge() -> None:
+    """A sum over a stacked batch's micro-batches and rows is the sum over the rows
+    flattened; so is a contraction over them (`merge_summed_dims`,
+    `merge_contracted_dims`)."""
+    x, g = make_arg(0, (2, 3, 4), F32), make_arg(1, (2, 3, 5), F32)
+    summed = raw("reduce_sum", (x,), ((0, 1),), (4,))
+    flat = total(make_reshape(x, (6, 4)), (0,))
+    assert normal_form(summed) is normal_form(flat) and proved(summed, flat)
+    grad = raw("stablehlo.dot_general", (x, g), ((), (), (0, 1), (0, 1)), (4, 5))
+    flat_grad = make_dot(make_reshape(x, (6, 4)), make_reshape(g, (6, 5)),
+                         ((), (), (0,), (0,)), (4, 5), F32)
+    assert normal_form(grad) is normal_form(flat_grad) and proved(grad, flat_grad)
+    # must fail: a sum over dims that are not adjacent stays, and is another sum
+    apart = raw("reduce_sum", (x,), ((0, 2),), (3,))
+    assert normal_form(apart).op == "reduce_sum" and normal_form(apart).attrs == ((0, 2),)
+    # must fail: contracting (0, 1) against (1, 0) pairs other elements
+    crossed = raw("stablehlo.dot_general", (x, make_arg(2, (3, 2, 5), F32)),
+                  ((), (), (0, 1), (1, 0)), (4, 5))
+    assert normal_form(crossed) is not normal_form(flat_grad)
+
+
+def test_reshapes_merge_through_reductions_and_broadcasts() -> None:
+    """The rows of a (m, b) reduction flattened are the reduction over the flattened rows
+    (`merge_through_reduction`); a broadcast of an (m, b) factor flattened is the broadcast
+    of the factor flattened (`merge_through_broadcast`)."""
+    x = make_arg(0, (2, 3, 4), F32)
+    sums = total(x, (2,))
+    flat = raw("reshape", (sums,), (), (6,))
+    want = total(make_reshape(x, (6, 4)), (1,))
+    assert normal_form(flat) is normal_form(want) and proved(flat, want)
+    spread = raw("reshape", (make_broadcast(sums, (0, 1), (2, 3, 4)),), (), (6, 4))
+    spread_want = make_broadcast(want, (0,), (6, 4))
+    assert normal_form(spread) is normal_form(spread_want) and proved(spread, spread_want)
+    # must fail: the rows flattened from a sum over the middle dim are another order
+    middle = raw("reshape", (total(x, (1,)),), (), (8,))
+    assert normal_form(middle) is not normal_form(total(make_reshape(x, (2, 12)), (1,)))
+
+
+def test_sums_over_every_element_meet_across_shapes_and_tiles() -> None:
+    """A loss summed over a stacked batch meets the micro-batches' losses flattened
+    (`_full_sums_meet`) and the sum of each micro-batch's and row block's tile
+    (`_tiled_sums_meet`)."""
+    x = make_arg(0, (2, 4, 3), F32)
+    sq = make_mul(x, x)
+    whole = make_lin([(Fraction(1, 24), total(sq, (0, 1, 2)))], Fraction(0), (), F32)
+    flat = make_lin([(Fraction(1, 24), total(make_reshape(sq, (8, 3)), (0, 1)))],
+                    Fraction(0), (), F32)
+    assert blocks_meet(normal_form(whole), normal_form(flat))
+    tiles = [make_mul(t, t) for t in (rows(rows(x, i, i + 1), r, r + 2, 1)
+                                      for i in range(2) for r in (0, 2))]
+    tiled = make_lin([(Fraction(1, 24), total(t, (0, 1, 2))) for t in tiles], Fraction(0),
+                     (), F32)
+    assert blocks_meet(normal_form(whole), normal_form(tiled)) and proved(whole, tiled)
+    # must fail: one tile counted twice, another left out
+    twice = make_lin([(Fraction(1, 24), total(t, (0, 1, 2))) for t in tiles[:3] + tiles[:1]],
+                     Fraction(0), (), F32)
+    assert not blocks_meet(normal_form(whole), normal_form(twice)) and refuted(whole, twice)
+
+
+def test_rows_meet_along_a_concatenation_in_a_sum() -> None:
+    """A sum of per-stage concatenations (a stage's rows of each micro-batch's gradient)
+    meets the sum of padded rows (the reference's gradient of each stacked layer) row block
+    by row block (`_spine_cuts`); zero pads of like rows are summed under the pad (`_peel`)."""
+    g = [make_arg(i, (1, 3), F32) for i in range(4)]
+    w = make_arg(4, (2, 3), F32)
+    zero = make_splat(0, (), F32)
+
+    def pad(r, at: int):
+        return make_op("pad", (r, zero), ((at, 0), (1 - at, 0), (0, 0)), (2, 3), F32,
+                       linear_in=0)
+
+    ref = make_lin([(Fraction(1), w), (Fraction(-1), pad(make_lin(
+        [(Fraction(1), g[0]), (Fraction(1), g[1])], Fraction(0), (1, 3), F32), 0)),
+        (Fraction(-1), pad(make_lin([(Fraction(1), g[2]), (Fraction(1), g[3])], Fraction(0),
+                                    (1, 3), F32), 1))], Fraction(0), (2, 3), F32)
+    stages = make_lin([(Fraction(1), w), (Fraction(-1), make_concat([g[0], g[2]], 0)),
+                       (Fraction(-1), make_concat([g[1], g[3]], 0))], Fraction(0), (2, 3), F32)
+    assert blocks_meet(normal_form(ref), normal_form(stages)) and proved(ref, stages)
+    # must fail: a micro-batch's gradient of the first layer in the second layer's row
+    wrong = make_lin([(Fraction(1), w), (Fraction(-1), make_concat([g[0], g[2]], 0)),
+                      (Fraction(-1), make_concat([g[3], g[1]], 0))], Fraction(0), (2, 3), F32)
+    assert not blocks_meet(normal_form(ref), normal_form(wrong)) and refuted(ref, wrong)
+
+
+def test_row_blocks_of_each_micro_batch_join_before_the_micro_batches() -> None:
+    """Pieces (2, d) of a (m, 4, d) batch, two row blocks per micro-batch, in order: the
+    batch flattened (`_runs_joined`)."""
+    x = make_arg(0, (2, 4, 3), F32)
+    pieces = [make_reshape(rows(rows(x, i, i + 1), r, r + 2, 1), (2, 3))
+              for i in range(2) for r in (0, 2)]
+    whole = make_reshape(x, (8, 3))
+    assert make_concat(pieces, 0) is whole and proved(raw_concat(pieces, 0), whole)
+    # must fail: the row blocks of the second micro-batch in the other order
+    order = pieces[:2] + pieces[:1:-1]
+    assert make_concat(order, 0) is not whole and refuted(raw_concat(order, 0), whole)
+
+
+def test_a_slice_of_a_squeezed_sum_ends() -> None:
+    """A row of a sum over a unit-row block, read through the reshape that drops the unit
+    dim: its normal form ends (it looped: slice of reshape, squeezed back to the slice) and
+    is the sum of that row."""
+    x = make_arg(0, (1, 2, 3), F32)
+    term = raw("slice", (raw("reshape", (total(x, (2,)),), (), (2,)),), ((1,), (2,), (1,)),
+               (1,))
+    out = normal_form(term)
+    assert proved(term, out)
+    # must fail: the other row
+    other = raw("slice", (raw("reshape", (total(x, (2,)),), (), (2,)),), ((0,), (1,), (1,)),
+                (1,))
+    assert normal_form(other) is not out and refuted(term, other)
+
+
+def test_zeros_through_linear_ops_and_contractions() -> None:
+    """A sum, slice or zero pad of zeros is zeros; a contraction with zeros is zero where the
+    other side is finite (an input), and kept where it may not be (`exp(x)` overflows)."""
+    x = make_arg(0, (2, 3), F32)
+    zeros = make_splat(0, (2, 3), F32)
+    assert total(zeros, (1,)).op == "splat"
+    assert make_dot(zeros, make_arg(1, (3, 4), F32), ((), (), (1,), (0,)), (2, 4),
+                    F32).op == "splat"
+    big = make_elementwise("stablehlo.exponential", (make_arg(2, (3, 4), F32),))
+    kept = make_dot(zeros, big, ((), (), (1,), (0,)), (2, 4), F32)
+    assert kept.op == "stablehlo.dot_general"  # must fail: 0 * inf is NaN, not 0
+    assert make_op("pad", (zeros, make_splat(0, (), F32)), ((0, 0), (1, 0), (0, 0)), (2, 4),
+                   F32, linear_in=0).op == "splat"
+    assert x.op == "arg"
+
+
+def test_a_square_is_not_negative() -> None:
+    """`x * x` ranges over [0, max]; `x * y` may be negative (must fail)."""
+    x, y = make_arg(0, (3,), F32), make_arg(1, (3,), F32)
+    assert term_interval(make_mul(x, x))[0] == 0
+    assert term_interval(make_mul(x, y))[0] < 0
+
+
+def test_a_slice_reaching_into_a_pad() -> None:
+    """A window of a pad that holds padding and operand rows: the pad of the operand's part
+    (`_slice_across_pad`)."""
+    x = make_arg(0, (2, 3), F32)
+    zero = make_splat(0, (), F32)
+    padded = make_op("pad", (x, zero), ((1, 0), (2, 0), (0, 0)), (5, 3), F32, linear_in=0)
+    window = rows(padded, 0, 2)
+    assert window.op == "pad" and proved(window, raw("slice", (padded,),
+                                                        ((0, 0), (2, 3), (1, 1)), (2, 3)))
+    # must fail: the window one row further down
+    assert refuted(rows(padded, 1, 3), raw("slice", (padded,), ((0, 0), (2, 3), (1, 1)),
+                                           (2, 3)))
+
+
+def test_a_known_step_of_a_stored_mask_is_a_constant() -> None:
+    """A scan's step mask stored as a table and read at a known step: the splat it holds;
+    two steps with different values stay a table holding them."""
+    table = np.array([False, False, True, True])
+    mask = make_dense(b"pipelines-mask-test", (4,), "i1", table)
+    one = normal_form(make_reshape(raw("slice", (mask,), ((2,), (3,), (1,)), (1,), "i1"), ()))
+    assert one.op == "splat" and one.attrs[0] == 1
+    two = normal_form(raw("slice", (mask,), ((1,), (3,), (1,)), (2,), "i1"))
+    assert two.op == "dense" and list(DENSE_VALUES[two.attrs[0]]) == [False, True]
+
+
+def test_kept_zeros_are_dropped_only_where_nothing_overflows() -> None:
+    """`0 * t + a` against `a`: not proven by default (t may overflow: 0 * inf is NaN), proven
+    under --assume-no-overflow with the assumption listed; `0 * (1 / x)` is not dropped even
+    then (x may be 0), and `t` with a log of a possibly negative value is not finite."""
+    a, x = make_arg(0, (3,), F32), make_arg(1, (3,), F32)
+    t = make_mul(x, x)
+    assert finite_unless_overflow(t) and not finite_unless_overflow(
+        make_elementwise("stablehlo.log", (x,)))
+    kept = make_lin([(Fraction(1), a), (Fraction(0), t)], Fraction(0), (3,), F32)
+    assert kept is not a
+    strict = Decider([a]).decide(a, kept, "kept.strict")
+    assert not strict.proved and "--assume-no-overflow" in strict.reason
+    loose = Decider([a], assume_no_overflow=True).decide(a, kept, "kept.loose")
+    assert loose.proved and any("overflow" in s for s in loose.assumptions)
+    # must fail: 0 * (1 / x) is NaN at x = 0 whatever overflows
+    pole = make_div(make_splat(1, (3,), F32), x)
+    inf_zero = make_lin([(Fraction(1), a), (Fraction(0), pole)], Fraction(0), (3,), F32)
+    assert without_kept_zeros(inf_zero, {}) is inf_zero
+    assert not Decider([a], assume_no_overflow=True).decide(a, inf_zero, "pole").proved
+
+
+def test_micro_batch_losses_join_whatever_order_their_subterms_list() -> None:
+    """The losses of micro-batches computed alike, each reading its own rows of the batch
+    and one shared weight row (built in between, so the pieces list their slices in other
+    orders): one sum over the batch, taken in the order of the rows each reads
+    (`_unique_window_starts`)."""
+    x, w = make_arg(0, (3, 4), F32), make_arg(1, (2, 4), F32)
+    first = rows(x, 0, 1)
+    shared = make_broadcast(make_reshape(rows(w, 1, 2), (4,)), (1,), (1, 4))
+    later = [rows(x, 1, 2), rows(x, 2, 3)]
+    losses = [total(make_mul(r, shared), (0, 1)) for r in [first, *later]]
+    summed = normal_form(make_lin([(Fraction(1), t) for t in losses[::-1]], Fraction(0), (),
+                                  F32))
+    whole = normal_form(total(make_mul(x, make_broadcast(make_reshape(rows(w, 1, 2), (4,)),
+                                                         (1,), (3, 4))), (0, 1)))
+    assert summed is whole and proved(summed, whole)
+    # must fail: a row of the batch read twice, another left out
+    twice = normal_form(make_lin([(Fraction(1), t) for t in losses[:2] + losses[:1]],
+                                 Fraction(0), (), F32))
+    assert twice is not whole and refuted(twice, whole)
+
+
+def test_zero_pads_of_a_sum_join_under_the_pad() -> None:
+    """A stage's row of a stacked layer's gradient, one micro-batch at a time: the sum of
+    the micro-batches' row sums each padded into the stage's rows is the padded row sum of
+    the batch (`_peel` reads through zero pads)."""
+    x = make_arg(0, (8, 3), F32)
+    zero = make_splat(0, (), F32)
+
+    def padded(r):
+        return make_op("pad", (make_reshape(total(r, (0,)), (1, 3)), zero),
+                       ((1, 0), (0, 0), (0, 0)), (2, 3), F32, linear_in=0)
+
+    parts = [padded(rows(x, 2 * i, 2 * i + 2)) for i in range(4)]
+    summed = normal_form(make_lin([(Fraction(1), p) for p in parts], Fraction(0), (2, 3), F32))
+    assert summed is normal_form(padded(x)) and proved(summed, padded(x))
+    # must fail: a micro-batch padded into the other row
+    other = make_op("pad", (make_reshape(total(rows(x, 6, 8), (0,)), (1, 3)), zero),
+                    ((0, 0), (1, 0), (0, 0)), (2, 3), F32, linear_in=0)
+    wrong = normal_form(make_lin([(Fraction(1), p) for p in parts[:3] + [other]], Fraction(0),
+                                 (2, 3), F32))
+    assert wrong is not normal_form(padded(x)) and refuted(wrong, padded(x))
