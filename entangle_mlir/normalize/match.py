@@ -5,6 +5,11 @@ attribute), the root a chain of broadcasts and reshapes reads (`root_of`) and wh
 it each element reads (`index_map`), the reductions and constants the rewrites look for
 (`sum_reduce`, `max_reduce`, `splat_of`), a walk of a value's cone operands first
 (`operands_first`), and erasing an op with the producers it leaves dead (`erase_and_prune`).
+
+The rewrites edit the IR through `replace_uses`, `set_operand`, `set_attribute` and
+`erase_and_prune`, and navigate it through `defining_op` and `uses_of`; within `reading` and
+`editing` those are noted, so that a rewrite driver retries an op only where something it read
+changed (`rewrites.Worklist`).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.mlir.compat import block_argument
-from entangle_mlir.mlir.ir import erase_dead, op_key
+from entangle_mlir.mlir.ir import erase_dead, op_key, producer
 from entangle_mlir.mlir.opinfo import constant_value, reducer_kind
 
 MOVES = ("stablehlo.broadcast_in_dim", "stablehlo.reshape")
@@ -31,11 +36,130 @@ MAX_INDEX = 1 << 22
 
 
 def defining_op(value) -> ir.Operation | None:
-    """The op whose result `value` is; None for a block argument."""
+    """The op whose result `value` is; None for a block argument. Within `reading`, noted as
+    read."""
     owner = value.owner
     if isinstance(owner, ir.Block):
         return None
-    return owner.operation if hasattr(owner, "operation") else owner
+    op = owner.operation if hasattr(owner, "operation") else owner
+    reads = _READS.get()
+    if reads is not None:
+        reads.ops.add(op_key(op))
+    return op
+
+
+def uses_of(value) -> list:
+    """The uses of `value` (`ir.OpOperand`s). Within `reading`, its producer's uses are noted
+    as read."""
+    reads = _READS.get()
+    if reads is not None:
+        op = producer(value)
+        if op is not None:
+            reads.uses.add(op_key(op))
+    return list(value.uses)
+
+
+class Reads:
+    """What one rewrite attempt read (`reading`): the keys (`ir.op_key`) of the ops it reached
+    (their operands, attributes and types), and of the ops whose results' uses it listed."""
+
+    __slots__ = ("ops", "uses")
+
+    def __init__(self) -> None:
+        self.ops: set[int] = set()
+        self.uses: set[int] = set()
+
+
+_READS: contextvars.ContextVar[Reads | None] = contextvars.ContextVar("reads", default=None)
+
+
+@contextlib.contextmanager
+def reading() -> Iterator[Reads]:
+    """Note what `defining_op`, `uses_of` and `operands_first` (with a memo that is not a
+    `Memo`) reach within the block."""
+    reads = Reads()
+    token = _READS.set(reads)
+    try:
+        yield reads
+    finally:
+        _READS.reset(token)
+
+
+class Edits:
+    """What the rewrites changed within `editing`, besides the ops they erased (`erasures`):
+    `changed`, the ops given another operand or attribute; `touched`, the ops whose results
+    gained or lost uses; `installed`, the producers of the values given new uses (a new op
+    among them leads to the others: `rewrites.Worklist` finds the new ops from there). Each
+    by its key (`ir.op_key`, taken while the op is alive)."""
+
+    def __init__(self) -> None:
+        self.changed: dict[int, ir.Operation] = {}
+        self.touched: dict[int, ir.Operation] = {}
+        self.installed: dict[int, ir.Operation] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.changed or self.touched or self.installed)
+
+    def clear(self) -> None:
+        self.changed.clear()
+        self.touched.clear()
+        self.installed.clear()
+
+    def change(self, op) -> None:
+        op = getattr(op, "operation", op)
+        self.changed[op_key(op)] = op
+
+    def touch(self, value, installed: bool = False) -> None:
+        op = producer(value)
+        if op is not None:
+            self.touched[op_key(op)] = op
+            if installed:
+                self.installed[op_key(op)] = op
+
+
+_EDITS: contextvars.ContextVar[Edits | None] = contextvars.ContextVar("edits", default=None)
+
+
+@contextlib.contextmanager
+def editing() -> Iterator[Edits]:
+    """The edits `replace_uses`, `set_operand`, `set_attribute` and `erase_and_prune` make
+    within the block, as an `Edits` the caller may clear as it goes."""
+    edits = Edits()
+    token = _EDITS.set(edits)
+    try:
+        yield edits
+    finally:
+        _EDITS.reset(token)
+
+
+def replace_uses(old, new) -> None:
+    """`old.replace_all_uses_with(new)`, noted within `editing`: the users of `old` get
+    another operand, `old`'s and `new`'s producers other uses."""
+    edits = _EDITS.get()
+    if edits is not None:
+        for use in old.uses:
+            edits.change(use.owner)
+        edits.touch(old)
+        edits.touch(new, installed=True)
+    old.replace_all_uses_with(new)
+
+
+def set_operand(op: ir.Operation, index: int, value) -> None:
+    """`op.operands[index] = value`, noted within `editing`."""
+    edits = _EDITS.get()
+    if edits is not None:
+        edits.change(op)
+        edits.touch(op.operands[index])
+        edits.touch(value, installed=True)
+    op.operands[index] = value
+
+
+def set_attribute(op: ir.Operation, name: str, value: ir.Attribute) -> None:
+    """`op.attributes[name] = value`, noted within `editing`."""
+    edits = _EDITS.get()
+    if edits is not None:
+        edits.change(op)
+    op.attributes[name] = value
 
 
 def shape_of(value) -> tuple[int, ...]:
@@ -73,13 +197,14 @@ def operands_first(value, memo: dict):
     asking for the next (a `Memo` also learns its op). Iterative: the cone of a layer is the
     whole program before it."""
     owners = memo.owners if isinstance(memo, Memo) else None
+    navigate = defining_op if owners is None else producer
     stack = [value]
     while stack:
         top = stack[-1]
         if top in memo:
             stack.pop()
             continue
-        op = defining_op(top)
+        op = navigate(top)
         outer = _outer_operand(top) if op is None else None
         waiting = [v for v in (op.operands if op is not None else [outer] if outer else [])
                    if v not in memo]
@@ -99,6 +224,9 @@ def _outer_operand(value):
     op = owner.owner if isinstance(owner, ir.Block) else None
     if op is None or op.operation.name != "sdy.manual_computation":
         return None
+    reads = _READS.get()
+    if reads is not None:
+        reads.ops.add(op_key(op.operation))
     return op.operation.operands[block_argument(value).arg_number]
 
 
@@ -248,9 +376,11 @@ def same_but(a: tuple[int, ...], b: tuple[int, ...], dim: int) -> bool:
 
 def erase_and_prune(op: ir.Operation) -> None:
     """Erase `op` and then its operands' producers that it left without uses (memory-safe:
-    `ir.erase_dead`); within `erasures`, their keys are collected."""
+    `ir.erase_dead`); within `erasures`, their keys are collected, and within `editing` the
+    producers left alive are noted as touched."""
     erased: set[int] = set()
-    erase_dead(op, _erasable, erased)
+    edits = _EDITS.get()
+    erase_dead(op, _erasable, erased, None if edits is None else edits.touched)
     collected = _ERASED.get()
     if collected is not None:
         collected |= erased
