@@ -94,6 +94,10 @@ class Kinds(Memo):
         super().forget_erased(erased)
         self["bounds"].forget_erased(erased)
 
+    def forget_downstream(self, ops: list[ir.Operation]) -> None:
+        super().forget_downstream(ops)
+        self["bounds"].forget_downstream(ops)
+
 
 @dataclass(frozen=True)
 class Refusal:
@@ -149,15 +153,20 @@ class Finiteness:
         """A rewrite is about to be tried: what its checks relied on is pending."""
         self._pending = []
 
-    def fired(self) -> None:
+    def fired(self, changed: list[ir.Operation] | None = None) -> None:
         """The rewrite tried since `attempt` changed the module: what it relied on is used.
-        Under the assumption the strict memo is dropped: the rewritten values equal the old
-        ones only under the assumption, so the strict kinds of values downstream of the
-        rewrite are recomputed (the strict memo only tells which checks relied on it)."""
+        Under the assumption the strict kinds of values downstream of the rewrite are
+        recomputed (the rewritten values equal the old ones only under the assumption; the
+        strict memo only tells which checks relied on it): those computed from the ops
+        given other operands or attributes (`changed`, when the rewrite driver tracks them:
+        the values of erased ops are forgotten already), else all of them."""
         self.used += [p for p in self._pending if p not in self.used]
         self._pending = []
         if self.assume_no_overflow:
-            self._memos.pop(False, None)
+            if changed is None:
+                self._memos.pop(False, None)
+            elif False in self._memos:
+                self._memos[False].forget_downstream(changed)
 
     def root_refusals(self) -> int:
         """How many root refusals (`Refusal.root`) were recorded so far."""

@@ -84,6 +84,7 @@ from entangle_mlir.normalize.match import (
     replace_uses,
     root_of,
     same_along,
+    same_attribute,
     same_but,
     same_value,
     set_attribute,
@@ -617,8 +618,8 @@ def _running_max(value) -> ir.Operation | None:
 def _same_init(a: ir.Operation, b: ir.Operation) -> bool:
     first, second = defining_op(a.operands[1]), defining_op(b.operands[1])
     return (first is not None and second is not None and first.name == second.name
-            == "stablehlo.constant" and str(first.attributes["value"])
-            == str(second.attributes["value"]))
+            == "stablehlo.constant" and same_attribute(first.attributes["value"],
+                                                       second.attributes["value"]))
 
 
 class _Accumulated:
@@ -702,7 +703,8 @@ class _Accumulated:
             return False
         names = attr_names(self.core)
         if names != attr_names(other.core) or any(
-                str(self.core.attributes[n]) != str(other.core.attributes[n]) for n in names):
+                not same_attribute(self.core.attributes[n], other.core.attributes[n])
+                for n in names):
             return False
         if len(self.views) != len(other.views) or any(
                 a.name != b.name or a.results[0].type != b.results[0].type
@@ -895,7 +897,8 @@ def _sink_concat(concat: ir.Operation) -> int:
     if first is None or any(p is None or p.name != first.name for p in producers):
         return 0
     names = attr_names(first)
-    if any(attr_names(p) != names or any(str(p.attributes[n]) != str(first.attributes[n])
+    if any(attr_names(p) != names or any(not same_attribute(p.attributes[n],
+                                                            first.attributes[n])
                                          for n in names) for p in producers):
         return 0
     operand_dims = _operand_dims(first, dim)

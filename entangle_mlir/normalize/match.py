@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from jaxlib.mlir import ir
@@ -44,7 +44,7 @@ def defining_op(value) -> ir.Operation | None:
     op = owner.operation if hasattr(owner, "operation") else owner
     reads = _READS.get()
     if reads is not None:
-        reads.ops.add(op_key(op))
+        reads.ops.add(op)
     return op
 
 
@@ -55,19 +55,24 @@ def uses_of(value) -> list:
     if reads is not None:
         op = producer(value)
         if op is not None:
-            reads.uses.add(op_key(op))
+            reads.uses.add(op)
     return list(value.uses)
 
 
 class Reads:
-    """What one rewrite attempt read (`reading`): the keys (`ir.op_key`) of the ops it reached
-    (their operands, attributes and types), and of the ops whose results' uses it listed."""
+    """What one rewrite attempt read (`reading`): the ops it reached (their operands,
+    attributes and types), and the ops whose results' uses it listed. (Handles, compared as
+    ops: the IR does not change while an attempt reads it; `keys` names them for later.)"""
 
     __slots__ = ("ops", "uses")
 
     def __init__(self) -> None:
-        self.ops: set[int] = set()
-        self.uses: set[int] = set()
+        self.ops: set[ir.Operation] = set()
+        self.uses: set[ir.Operation] = set()
+
+    def keys(self) -> tuple[set[int], set[int]]:
+        """The keys (`ir.op_key`) of the ops read, and of the ops whose uses were read."""
+        return {op_key(op) for op in self.ops}, {op_key(op) for op in self.uses}
 
 
 _READS: contextvars.ContextVar[Reads | None] = contextvars.ContextVar("reads", default=None)
@@ -96,18 +101,29 @@ class Edits:
         self.changed: dict[int, ir.Operation] = {}
         self.touched: dict[int, ir.Operation] = {}
         self.installed: dict[int, ir.Operation] = {}
+        self.epoch = 0
+        self.changed_at: dict[int, int] = {}
+        self.remembered: dict = {}
 
     def __bool__(self) -> bool:
         return bool(self.changed or self.touched or self.installed)
 
     def clear(self) -> None:
+        """Forget the edits (not when each op last changed: `remembered` needs that)."""
         self.changed.clear()
         self.touched.clear()
         self.installed.clear()
 
     def change(self, op) -> None:
         op = getattr(op, "operation", op)
-        self.changed[op_key(op)] = op
+        key = op_key(op)
+        self.changed[key] = op
+        self.stamp(key)
+
+    def stamp(self, key: int) -> None:
+        """The op of `key` changed (other operands or attributes) or was erased now."""
+        self.epoch += 1
+        self.changed_at[key] = self.epoch
 
     def touch(self, value, installed: bool = False) -> None:
         op = producer(value)
@@ -182,12 +198,38 @@ class Memo(dict):
     def __init__(self) -> None:
         super().__init__()
         self.owners: dict = {}
+        self._owned: dict[int, list] = {}
+
+    def own(self, value, key: int) -> None:
+        """Record that `value` belongs to the op whose key is `key`."""
+        self.owners[value] = key
+        self._owned.setdefault(key, []).append(value)
 
     def forget_erased(self, erased: set[int]) -> None:
         """Drop the values of the ops whose keys (`ir.op_key`) are in `erased`."""
-        for value in [v for v, key in self.owners.items() if key in erased]:
-            self.pop(value, None)
-            del self.owners[value]
+        for key in erased:
+            for value in self._owned.pop(key, ()):
+                if self.owners.get(value) == key:
+                    self.pop(value, None)
+                    del self.owners[value]
+
+    def forget_downstream(self, ops: list[ir.Operation]) -> None:
+        """Drop the values computed from the results of `ops` (given other operands or
+        attributes), and everything computed from those: what a fresh memo would compute
+        anew. The memo holds each value's cone with it (`operands_first`), so the walk along
+        the uses stops at a value it lacks (a shard_map's body arguments are its operands)."""
+        stack = [r for op in ops for r in op.results]
+        while stack:
+            value = stack.pop()
+            if value not in self:
+                continue
+            del self[value]
+            self.owners.pop(value, None)
+            for use in value.uses:
+                user = getattr(use.owner, "operation", use.owner)
+                stack += list(user.results)
+                if user.name == "sdy.manual_computation":
+                    stack += list(user.regions[0].blocks[0].arguments)
 
 
 def operands_first(value, memo: dict):
@@ -213,7 +255,7 @@ def operands_first(value, memo: dict):
             continue
         stack.pop()
         if owners is not None:
-            owners[top] = op_key(op if op is not None else top.owner.owner.operation)
+            memo.own(top, op_key(op if op is not None else top.owner.owner.operation))
         yield top, op, outer
 
 
@@ -226,7 +268,7 @@ def _outer_operand(value):
         return None
     reads = _READS.get()
     if reads is not None:
-        reads.ops.add(op_key(op.operation))
+        reads.ops.add(op.operation)
     return op.operation.operands[block_argument(value).arg_number]
 
 
@@ -363,10 +405,16 @@ def same_value(a, b, depth: int = 6) -> bool:
             or len(first.regions) or len(second.regions)):
         return False
     names = attr_names(first)
-    if names != attr_names(second) or any(str(first.attributes[n]) != str(second.attributes[n])
+    if names != attr_names(second) or any(not same_attribute(first.attributes[n],
+                                                             second.attributes[n])
                                           for n in names):
         return False
     return all(same_value(x, y, depth - 1) for x, y in zip(first.operands, second.operands))
+
+
+def same_attribute(a: ir.Attribute, b: ir.Attribute) -> bool:
+    """`a` and `b` print alike: the same (uniqued) attribute, else compared as printed."""
+    return a == b or str(a) == str(b)
 
 
 def same_but(a: tuple[int, ...], b: tuple[int, ...], dim: int) -> bool:
@@ -384,6 +432,35 @@ def erase_and_prune(op: ir.Operation) -> None:
     collected = _ERASED.get()
     if collected is not None:
         collected |= erased
+    if edits is not None:
+        for key in erased:
+            edits.stamp(key)
+
+
+def remembered(key, compute: Callable[[], object]) -> object:
+    """`compute()`, remembered across rewrite attempts (within `editing` and `reading`) as
+    long as none of the ops it read (`defining_op`) changed or was erased since: for a pure
+    function of the IR it reads (no finiteness memo, no uses), keyed by its arguments (`key`,
+    with the function's name). Its reads join the attempt's either way, so the rewrite
+    driver retries the attempt when they change, as if it had computed it again."""
+    edits, outer = _EDITS.get(), _READS.get()
+    if edits is None or outer is None:
+        return compute()
+    found = edits.remembered.get(key)
+    if found is not None:
+        result, ops, keys, epoch = found
+        changed_at = edits.changed_at
+        if all(changed_at.get(k, 0) <= epoch for k in keys):
+            outer.ops |= ops
+            return result
+    epoch = edits.epoch
+    with reading() as reads:
+        result = compute()
+    outer.ops |= reads.ops
+    outer.uses |= reads.uses
+    ops = frozenset(reads.ops)
+    edits.remembered[key] = (result, ops, [op_key(op) for op in ops], epoch)
+    return result
 
 
 _ERASED: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar(

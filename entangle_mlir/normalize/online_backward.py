@@ -90,6 +90,7 @@ from entangle_mlir.normalize.match import (
     index_map,
     replace_uses,
     root_of,
+    same_attribute,
     same_but,
     same_value,
     set_attribute,
@@ -686,7 +687,7 @@ def _contracted_sum(add: ir.Operation) -> int:
     first, second = dots
     names = attr_names(first)
     if names != attr_names(second) or any(
-            str(first.attributes[n]) != str(second.attributes[n]) for n in names):
+            not same_attribute(first.attributes[n], second.attributes[n]) for n in names):
         return 0
     if first.results[0].type != second.results[0].type:
         return 0
@@ -787,7 +788,7 @@ def _ring_return(add: ir.Operation) -> int:
     first = steps[0].dot
     names = attr_names(first)
     if any(attr_names(s.dot) != names or any(
-            str(s.dot.attributes[n]) != str(first.attributes[n]) for n in names)
+            not same_attribute(s.dot.attributes[n], first.attributes[n]) for n in names)
             or s.dot.results[0].type != first.results[0].type
             or [str(v.name) for v in s.views] != [str(v.name) for v in steps[0].views]
             for s in steps):
@@ -806,7 +807,8 @@ def _ring_return(add: ir.Operation) -> int:
     f = free[varying][0]
     out_dim = _result_dim(f, varying, batch, free)
     if any(a.results[0].type != b.results[0].type or any(
-            str(a.attributes[n]) != str(b.attributes[n]) for n in ("permutation", "dimensions")
+            not same_attribute(a.attributes[n], b.attributes[n])
+            for n in ("permutation", "dimensions")
             if n in attr_names(b)) for s in steps for a, b in zip(s.views, steps[0].views)):
         return 0
     at = add

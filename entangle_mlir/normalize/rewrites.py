@@ -83,12 +83,16 @@ def _cycled(module: ir.Module, states: set[int]) -> bool:
     def visit(op):
         refs = []
         for v in op.operands:
-            argument = block_argument(v)
-            refs.append(index.get(v, ("arg", argument.arg_number) if argument is not None
-                                  else None))
-        for i, r in enumerate(op.results):
-            index[r] = (len(shape), i)
-        shape.append((op.name, tuple(refs), tuple(str(r.type) for r in op.results)))
+            ref = index.get(v)
+            if ref is None:
+                argument = block_argument(v)
+                ref = ("arg", argument.arg_number) if argument is not None else None
+            refs.append(ref)
+        results = op.results
+        at = len(shape)
+        for i, r in enumerate(results):
+            index[r] = (at, i)
+        shape.append((op.name, tuple(refs), tuple(results.types)))  # types are uniqued
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
@@ -107,34 +111,47 @@ def _either(first, second):
 class _Place:
     """An op's place in the module's walk order (post-order: the ops nested in an op's
     regions before the op), for the worklist's heap: its chain of ancestors, each with its
-    block and, below its parent, the index of the region holding it."""
+    block and, below its parent, the index of the region holding it; `index`, its position
+    in the first walk if it was there (ops never move, so two such positions compare as
+    the ops do)."""
 
-    __slots__ = ("chain", "key")
+    __slots__ = ("_chain", "index", "key", "op")
 
-    def __init__(self, op: ir.Operation, key: int) -> None:
+    def __init__(self, op: ir.Operation, key: int, index: int | None = None) -> None:
+        self.op = op
         self.key = key
-        chain = []
-        while op is not None and op.name != "builtin.module":
-            parent = op.parent
-            parent = parent.operation if parent is not None else None
-            block = op.block
-            region = 0
-            if parent is not None and len(parent.regions) > 1:
-                region = next(i for i, r in enumerate(parent.regions)
-                              if any(b == block for b in r.blocks))
-            chain.append((op, block, region))
-            op = parent
-        chain.reverse()
-        self.chain = chain
+        self.index = index
+        self._chain: list | None = None
+
+    def chain(self) -> list:
+        if self._chain is None:
+            chain = []
+            op = self.op
+            while op is not None and op.name != "builtin.module":
+                parent = op.parent
+                parent = parent.operation if parent is not None else None
+                block = op.block
+                region = 0
+                if parent is not None and len(parent.regions) > 1:
+                    region = next(i for i, r in enumerate(parent.regions)
+                                  if any(b == block for b in r.blocks))
+                chain.append((op, block, region))
+                op = parent
+            chain.reverse()
+            self._chain = chain
+        return self._chain
 
     def __lt__(self, other: _Place) -> bool:
-        for (a, block_a, region_a), (b, block_b, region_b) in zip(self.chain, other.chain):
+        if self.index is not None and other.index is not None:
+            return self.index < other.index
+        for (a, block_a, region_a), (b, block_b, region_b) in zip(self.chain(),
+                                                                  other.chain()):
             if a == b:
                 continue
             if block_a != block_b:
                 return region_a < region_b
             return a.is_before_in_block(b)
-        return len(self.chain) > len(other.chain)  # nested in the other: walked first
+        return len(self.chain()) > len(other.chain())  # nested in the other: walked first
 
 
 class Worklist:
@@ -155,9 +172,10 @@ class Worklist:
         self.audit = audit
         self.ops: dict[int, ir.Operation] = {op_key(op): op for _, op in (
             listed if listed is not None else ops_in_order(module))}
+        self._walked = {key: i for i, key in enumerate(self.ops)}
         self.rewrites: dict[str, Callable] = {}
         self.attempts = 0
-        self._reads: dict[int, Reads] = {}
+        self._reads: dict[int, tuple[set[int], set[int]]] = {}
         self._readers: dict[int, set[int]] = {}
         self._use_readers: dict[int, set[int]] = {}
         self._pending: set[int] = set()
@@ -178,7 +196,7 @@ class Worklist:
         for key, op in self.ops.items():
             if op.name in rewrites:
                 self._pending.add(key)
-                self._heap.append(_Place(op, key))
+                self._heap.append(_Place(op, key, self._walked.get(key)))
         heapq.heapify(self._heap)
 
     def rewrite_one(self) -> bool:
@@ -206,10 +224,11 @@ class Worklist:
                                      "module")
             if fired or gone or self.edits:
                 if fired:
-                    finiteness.fired()
+                    finiteness.fired([op for k, op in self.edits.changed.items()
+                                      if k not in gone])
                 self._absorb(key, gone)
-            if not fired:
-                reads.ops.add(key)
+            else:  # (an attempt that edits without firing breaks the rewrites' contract)
+                reads.ops.add(op)
                 self._remember_reads(key, reads)
             if self.audit:
                 self._check_ops()
@@ -218,21 +237,22 @@ class Worklist:
         return False
 
     def _remember_reads(self, key: int, reads: Reads) -> None:
-        self._reads[key] = reads
-        for k in reads.ops:
+        ops, uses = self._reads[key] = reads.keys()
+        for k in ops:
             self._readers.setdefault(k, set()).add(key)
-        for k in reads.uses:
+        for k in uses:
             self._use_readers.setdefault(k, set()).add(key)
 
     def _forget_reads(self, key: int) -> None:
         reads = self._reads.pop(key, None)
         if reads is None:
             return
-        for k in reads.ops:
+        ops, uses = reads
+        for k in ops:
             readers = self._readers.get(k)
             if readers is not None:
                 readers.discard(key)
-        for k in reads.uses:
+        for k in uses:
             readers = self._use_readers.get(k)
             if readers is not None:
                 readers.discard(key)
@@ -245,6 +265,7 @@ class Worklist:
         stale = bool(gone & self._pending)
         for key in gone:
             self.ops.pop(key, None)
+            self._walked.pop(key, None)
             self._forget_reads(key)
             self._pending.discard(key)
             wake |= self._readers.pop(key, set())
@@ -271,7 +292,7 @@ class Worklist:
                 continue
             self._forget_reads(key)
             self._pending.add(key)
-            heapq.heappush(self._heap, _Place(op, key))
+            heapq.heappush(self._heap, _Place(op, key, self._walked.get(key)))
 
     def _discover(self, roots: list[ir.Operation], touched: dict[int, ir.Operation]
                   ) -> dict[int, ir.Operation]:
