@@ -49,6 +49,7 @@ from entangle_mlir.normalize.match import (
     index_map,
     max_reduce,
     operands_first,
+    remembered,
     root_of,
     same_along,
     same_attribute,
@@ -299,8 +300,11 @@ def _covered(a, dims: tuple[int, ...], parts: list) -> bool:
 
 def computed_alike(x, y) -> bool:
     """`x` and `y` are the same value, or computed alike (`_same_value`): equal on every
-    device."""
-    return _same_value(x, y)
+    device. (Remembered across rewrite attempts: the ring's backward asks about the same
+    pairs of blocks after every rewrite.)"""
+    if x == y:
+        return True
+    return remembered(("computed_alike", x, y), lambda: _same_value(x, y))
 
 
 def _same_value(x, y, budget: list[int] | None = None) -> bool:
