@@ -47,6 +47,7 @@ from entangle_mlir.core.rounding import DTYPE_NAMES
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.opinfo import compare_type, constant_value, describe, reducer_kind
 from entangle_mlir.normalize.bounds import interval
+from entangle_mlir.normalize.int_ranges import decided
 from entangle_mlir.normalize.match import (
     MAX_INDEX,
     Memo,
@@ -366,6 +367,10 @@ def _kinds_of(value, op: ir.Operation | None, memo: dict) -> int:
         return 0
     if name == "stablehlo.select" and finite_test(op.operands[0], op.operands[1]):
         return args[2]
+    if name == "stablehlo.select" and args[1] != args[2]:
+        picked = decided(op.operands[0])  # jax's take: a NaN fill no index reaches
+        if picked is not None:
+            return args[1] if picked else args[2]
     if name == "stablehlo.convert" and _may_overflow(op):
         return _union(args) | NEG | POS
     if name == "stablehlo.reduce_precision":

@@ -29,6 +29,11 @@ semantics), so it is sound on any program, and it puts both programs in the same
   cross-entropy, `take_along_axis(logits - m, labels)`): a gather only copies elements, so it
   commutes with the elementwise subtraction, and the broadcast's gathered elements are m's.
 
+* a product by a converted mask: `x * convert(m)` (m boolean, 0 or 1 after the convert) is
+  `select(m, x, 0)` for integer x and for float x that holds no infinity or NaN (the
+  vocab-parallel embedding masked as `rows * mask[:, None].astype(rows.dtype)`); the two
+  differ at most in the sign of a zero, which the verifier's exact semantics does not hold.
+
 * guards that hold on every value they see: `select(is_finite(m), m, c)` is `m` and
   `abs(v)` is `v` where the ranges (`bounds.py`) show m finite and v nonnegative (the max
   guard and the `log(abs(.))` of `jax.nn.logsumexp`).
@@ -516,6 +521,8 @@ def _masked_product(mul: ir.Operation) -> int:
     (inf * 0 is NaN, where the select gives 0) is left alone."""
     result_type = ir.RankedTensorType(mul.results[0].type)
     element = result_type.element_type
+    if not isinstance(element, ir.IntegerType | ir.FloatType):
+        return 0
     for m_at, x_at in ((1, 0), (0, 1)):
         found = _converted_mask(mul.operands[m_at])
         if found is None:
