@@ -155,9 +155,9 @@ def load_manifest(path: str, overrides: dict[str, bool] | None = None) -> Manife
     if unknown:
         raise InputError(f"unknown manifest key(s) {', '.join(sorted(unknown))} (known: "
                          "options, pair, jax)", file=path)
-    base = _options(Options(), _table(data.get("options", {}), "options", path), path,
-                    "options")
-    base = replace(base, **(overrides or {}))
+    table = _table(data.get("options", {}), "options", path)
+    _known(table, set(OPTION_KEYS), "options", path)
+    base = _options(Options(), table, "options", path)
     here = Path(path).parent
     manifest = Manifest()
     for index, entry in enumerate(_entries(data, "pair", path)):
@@ -197,12 +197,9 @@ def _known(entry: dict, keys: set[str], what: str, path: str) -> None:
                          f"{', '.join(sorted(keys))})", file=path)
 
 
-def _options(base: Options, table: dict, path: str, what: str) -> Options:
+def _options(base: Options, table: dict, what: str, path: str) -> Options:
+    """`base` with the options `table` sets (its other keys are not options)."""
     values = {k: v for k, v in table.items() if k in OPTION_KEYS}
-    unknown = set(table) - set(values) if what == "options" else set()
-    if unknown:
-        raise InputError(f"options: unknown key(s) {', '.join(sorted(unknown))} (known: "
-                         f"{', '.join(OPTION_KEYS)})", file=path)
     for key, value in values.items():
         if not isinstance(value, bool):
             raise InputError(f"{what}: `{key}` is true or false, not {value!r}", file=path)
@@ -210,8 +207,9 @@ def _options(base: Options, table: dict, path: str, what: str) -> Options:
 
 
 def _entry_options(base: Options, entry: dict, overrides: dict | None, path: str) -> Options:
+    """An entry's options: the manifest's, then its own, then the command line's."""
     what = f"entry '{entry.get('name') or entry.get('ref') or entry.get('entry')}'"
-    return replace(_options(base, entry, path, what), **(overrides or {}))
+    return replace(_options(base, entry, what, path), **(overrides or {}))
 
 
 def _string(entry: dict, key: str, what: str, path: str, required: bool = True) -> str | None:

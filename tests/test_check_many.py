@@ -150,6 +150,7 @@ def test_the_worst_exit_code_wins(codes, expected) -> None:
     ("[[pairs]]\nref = 'a.mlir'\n", "unknown manifest key(s) pairs"),
     ("[[pair]]\nref = 'a.mlir'\nshard = 'b.mlir'\n", "unknown key(s) shard"),
     ("[options]\nconfirm = 'yes'\n", "`confirm` is true or false"),
+    ("[options]\nconfrim = true\n", "options: unknown key(s) confrim"),
     ("[[pair]]\nsharded = 'b.mlir'\n", "`ref` must be a non-empty string"),
     ("[[jax]]\nentry = 'nomodule'\nmeshes = [{tp = 2}]\n", "is not `module:function`"),
     ("[[jax]]\nentry = 'm:f'\nmeshes = [{tp = 0}]\n", "`meshes` must be a non-empty list"),
