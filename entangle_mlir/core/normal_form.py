@@ -66,7 +66,26 @@ the semantics policy allows; nothing else is assumed):
 * a transpose putting a dot_general's rhs free dims before its lhs free dims is the dot with
   its operands swapped (`swapped_dot`);
 * commuting operands (the builders sort them by serial) are lined up piece by piece before a
-  concatenation lifts through an elementwise op (`_aligned`).
+  concatenation lifts through an elementwise op (`_aligned`);
+
+and for pipelines (issue 19: each micro-batch, and each row block of it, computed apart;
+gradients summed step by step), each exact, at most a regrouping of a sum:
+
+* a piece of one row along the concatenated dim is written in the form of a piece of
+  several rows before a broadcast or reduction lifts (`_units_alike`); copies of one row are
+  its broadcast (`_copies`); a concatenation of concatenations cut alike along another dim
+  is the concatenation of its columns (`_swap_blocks`); runs of a reshape's pieces whose
+  operands join along the one dim the reshape merges are joined first (`_runs_joined`);
+* a sum or contraction over adjacent dims is one over them merged (`merge_summed_dims`,
+  `merge_contracted_dims`); a reshape merging a reduction's adjacent kept dims, or a
+  broadcast operand's dims, goes to the operand (`merge_through_reduction`,
+  `merge_through_broadcast`); a slice or reshape of a kept integer table is the table it
+  gives (`_table_part`);
+* zero pads are read through when sums join (`_peel`); sums of like pieces join in the
+  order of the one window of an input each reads (`_unique_window_starts`);
+* `blocks_meet` also meets sums over every element across shapes and tiles
+  (`_full_sums_meet`, `_tiled_sums_meet`) and terms row block by row block where one is
+  computed element by element from a concatenation (`_spine_cuts`).
 
 Since the builders order sums by serial, pieces computed alike can still come out with
 different signs; `split_like` / `blocks_meet` (used by the general tier's decision) meet
@@ -483,8 +502,12 @@ def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
     * a reduction (sum, max, min, and, or) over dims other than `dim`: the reduction of the
       operands concatenated along the operand dim that `dim` keeps;
     * a gather from one operand along a batch dim: `_lift_gather`;
-    * a reshape along the major dim of the dims it splits or merges: `_lift_reshape`.
-    """
+    * a reshape along the major dim of the dims it splits or merges: `_lift_reshape` (a
+      reshape inserting the unit dim `dim` above a reduction first as the reduction keeping
+      it, `_reduction_keeping_unit`).
+
+    Pieces of one row along `dim` next to pieces of several are first written alike
+    (`_units_alike`)."""
     if not _same(pieces, dim):
         alike = _units_alike(pieces, dim)
         if alike is None or not _same(alike, dim):

@@ -1,11 +1,14 @@
 """Deciding one equality of the general tier exactly: two terms over the global inputs.
 
-In order: the same interned term; the same term after `core/normal_form.py`; Z3 on both terms
-at their real shapes (integers in their dtype's range, kept integer tables at their values),
-first without assumptions, then under the valid-index assumption (`valid_indices.py`: the
-terms simplified under the ranges, and the ranges as hypotheses). There is no tolerance:
-`unknown`, a timeout or a term over the size caps (elements, and the multiply-adds a query
-is built from: Z3's timeout does not bound building it) is "not proven".
+In order: the same interned term; the same term after `core/normal_form.py`; the same once
+products with zero are dropped (`without_kept_zeros`: a proof only under --assume-no-overflow,
+since `0 * t` is NaN where `t` overflows; without it the reason says what was kept); Z3 on
+both terms at their real shapes (integers in their dtype's range, kept integer tables at
+their values), first without assumptions, then under the valid-index assumption
+(`valid_indices.py`: the terms simplified under the ranges, and the ranges as hypotheses).
+There is no tolerance: `unknown`, a timeout or a term over the size caps (elements, and the
+multiply-adds a query is built from: Z3's timeout does not bound building it) is "not
+proven".
 """
 
 from __future__ import annotations
