@@ -2093,7 +2093,7 @@ def _rows_like(core: Term, perms: tuple, counts: dict) -> list[Term] | None:
     return None
 
 
-def _full_sums_meet(a: Term, b: Term, memo: dict[int, Term]) -> bool:
+def _full_sums_meet_by_blocks(a: Term, b: Term, memo: dict[int, Term]) -> bool:
     """Whether `a` and `b` are the same multiple of a sum over every element of X and of Y,
     X and Y of one element count read in two shapes (a loss summed over micro-batches whose
     rows the normal form joined into one (micro-batches x rows) block, and the reference's
@@ -2122,7 +2122,7 @@ def blocks_meet(a: Term, b: Term, memo: dict[int, Term] | None = None) -> bool:
         return True
     if a.shape != b.shape:
         return False
-    if _full_sums_meet(a, b, memo):
+    if _full_sums_meet_by_blocks(a, b, memo):
         return True
     for x, y in ((a, b), (b, a)):
         cut = split_like(x, y)
