@@ -86,14 +86,10 @@ from entangle_mlir.normalize.match import (
     i64s,
     index_map,
     max_reduce,
-    replace_uses,
     root_of,
     same_along,
-    same_attribute,
     same_but,
     same_value,
-    set_attribute,
-    set_operand,
     shape_of,
     splat_of,
     sum_reduce,
@@ -159,7 +155,7 @@ def _nested_select(outer: ir.Operation) -> int:
             joined = logic(pred, inner_pred).result
             args = (joined, kept, fill) if inner_at == 1 else (joined, fill, kept)
             new = stablehlo.SelectOp(*args).result
-        replace_uses(outer.results[0], new)
+        outer.results[0].replace_all_uses_with(new)
         erase_and_prune(outer)
         return 1
     return 0
@@ -177,7 +173,7 @@ def _finite_guard(select: ir.Operation) -> int:
         return 0
     if not judge(lambda memo: not nonfinite_kinds(value, memo) & (NEG | POS), select):
         return 0
-    replace_uses(select.results[0], value)
+    select.results[0].replace_all_uses_with(value)
     erase_and_prune(select)
     return 1
 
@@ -188,7 +184,7 @@ def _nonnegative_abs(op: ir.Operation) -> int:
     value = op.operands[0]
     if value.type != op.results[0].type or not interval(value)[0] >= 0:
         return 0
-    replace_uses(op.results[0], value)
+    op.results[0].replace_all_uses_with(value)
     erase_and_prune(op)
     return 1
 
@@ -220,11 +216,11 @@ def _gather_of_shift(gather: ir.Operation) -> int:
                                            core).result
             shift = stablehlo.BroadcastInDimOp(result_type, core, out_dims).result
             picked = gather.clone(ir.InsertionPoint(gather))
-            set_operand(picked, 0, arith.operands[1 - side])
+            picked.operands[0] = arith.operands[1 - side]
             op = stablehlo.SubtractOp if arith.name == "stablehlo.subtract" else \
                 stablehlo.AddOp
             new = op(picked.results[0], shift).result
-        replace_uses(gather.results[0], new)
+        gather.results[0].replace_all_uses_with(new)
         erase_and_prune(gather)
         return 1
     return 0
@@ -275,7 +271,7 @@ def _row_constant(value, dims: dict, sizes: tuple, indices_shape: tuple, result_
 
 def _copy_attr(src: ir.Operation, dst: ir.Operation, name: str) -> None:
     if name in src.attributes:
-        set_attribute(dst, name, src.attributes[name])
+        dst.attributes[name] = src.attributes[name]
 
 
 def _gathered_sum(reduce: ir.Operation) -> int:
@@ -304,11 +300,11 @@ def _gathered_sum(reduce: ir.Operation) -> int:
                                    summed.results[0]).result
     dims = [d - (d > g) for d in i64s(reduce, "dimensions") if d != g]
     if dims:
-        set_operand(reduce, 0, flat)
-        set_attribute(reduce, "dimensions", ir.DenseI64ArrayAttr.get(dims))
+        reduce.operands[0] = flat
+        reduce.attributes["dimensions"] = ir.DenseI64ArrayAttr.get(dims)
         erase_and_prune(gather)
     else:
-        replace_uses(reduce.results[0], flat)
+        reduce.results[0].replace_all_uses_with(flat)
         erase_and_prune(reduce)
     return 1
 
@@ -366,8 +362,8 @@ def _gathered_argmax(reduce: ir.Operation) -> int:
                 _copy_attr(g_v, gathered.operation, name)
             whole.append(gathered.results[0])
     for k, value in enumerate(whole):
-        set_operand(reduce, k, value)
-    set_attribute(reduce, "dimensions", first.attributes["dimensions"])
+        reduce.operands[k] = value
+    reduce.attributes["dimensions"] = first.attributes["dimensions"]
     for x in gathers:
         erase_and_prune(x)
     return 1
@@ -468,7 +464,7 @@ def _unshifted(reduce: ir.Operation, sub: ir.Operation, at: ir.Operation):
     with ir.InsertionPoint(at), at.location:
         exp = stablehlo.ExpOp(sub.operands[0]).result
         clone = reduce.clone(ir.InsertionPoint(at))
-    set_operand(clone, 0, exp)
+    clone.operands[0] = exp
     return clone.results[0]
 
 
@@ -489,7 +485,7 @@ def _rescaled_exp_sum(mul: ir.Operation) -> int:
                 scale.operands[0]) or not _unshifted_exact(reduce, sub, 1, scale.operands[0]):
             continue
         new = _unshifted(reduce, sub, mul)
-        replace_uses(mul.results[0], new)
+        mul.results[0].replace_all_uses_with(new)
         erase_and_prune(mul)
         return 1
     return 0
@@ -585,11 +581,11 @@ def _shifted_lse(add: ir.Operation) -> int:
         new = _unshifted(reduce, sub, add)
         if collective is not None:
             gathered = collective.clone(ir.InsertionPoint(add))
-            set_operand(gathered, 0, new)
+            gathered.operands[0] = new
             new = gathered.results[0]
         with ir.InsertionPoint(add), add.location:
             new = stablehlo.LogOp(new).result
-        replace_uses(add.results[0], new)
+        add.results[0].replace_all_uses_with(new)
         erase_and_prune(add)
         return 1
     return 0
@@ -636,7 +632,7 @@ def concat_blocks(values: list, dim: int, at: ir.Operation):
             flat.append(value)
     with ir.InsertionPoint(at), at.location:
         joined = stablehlo.ConcatenateOp(flat, dim)
-    set_attribute(joined.operation, BLOCKS_ATTR, ir.UnitAttr.get())
+    joined.operation.attributes[BLOCKS_ATTR] = ir.UnitAttr.get()
     return joined.result
 
 
@@ -657,8 +653,8 @@ def _online_max(maximum: ir.Operation) -> int:
             continue
         joined = concat_blocks([x, s], dims[0], maximum)
         clone = cur.clone(ir.InsertionPoint(maximum))
-        set_operand(clone, 0, joined)
-        replace_uses(maximum.results[0], clone.results[0])
+        clone.operands[0] = joined
+        maximum.results[0].replace_all_uses_with(clone.results[0])
         erase_and_prune(maximum)
         return 1
     return 0
@@ -680,8 +676,8 @@ def _running_max(value) -> ir.Operation | None:
 def _same_init(a: ir.Operation, b: ir.Operation) -> bool:
     first, second = defining_op(a.operands[1]), defining_op(b.operands[1])
     return (first is not None and second is not None and first.name == second.name
-            == "stablehlo.constant" and same_attribute(first.attributes["value"],
-                                                       second.attributes["value"]))
+            == "stablehlo.constant" and str(first.attributes["value"])
+            == str(second.attributes["value"]))
 
 
 class _Accumulated:
@@ -765,8 +761,7 @@ class _Accumulated:
             return False
         names = attr_names(self.core)
         if names != attr_names(other.core) or any(
-                not same_attribute(self.core.attributes[n], other.core.attributes[n])
-                for n in names):
+                str(self.core.attributes[n]) != str(other.core.attributes[n]) for n in names):
             return False
         if len(self.views) != len(other.views) or any(
                 a.name != b.name or a.results[0].type != b.results[0].type
@@ -853,7 +848,7 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumula
     if index is None or index.shape != cur.index.shape or not (index == cur.index).all():
         return 0
     if splat_of(acc_value, 0.0):
-        replace_uses(add.results[0], cur_value)
+        add.results[0].replace_all_uses_with(cur_value)
         erase_and_prune(add)
         return 1
     prev = _Accumulated(acc_value)
@@ -881,9 +876,9 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumula
             ir.RankedTensorType.get(shape_of(joined), element), cur.m, kept).result
         exp_new = stablehlo.ExpOp(stablehlo.SubtractOp(joined, shift).result).result
     core = cur.core.clone(ir.InsertionPoint(add))
-    set_operand(core, cur.side, exp_new)
+    core.operands[cur.side] = exp_new
     if cur.v is not None:
-        set_operand(core, 1 - cur.side, concat_blocks([prev.v, cur.v], cur.dv, core))
+        core.operands[1 - cur.side] = concat_blocks([prev.v, cur.v], cur.dv, core)
     _replace_through_views(add, core.results[0], cur.views)
     return 1
 
@@ -920,9 +915,9 @@ def _replace_through_views(old: ir.Operation, value, views: list[ir.Operation]) 
     as an accumulator's einsum transposes/reshapes were applied), then erase what is dead."""
     for view in reversed(views):
         clone = view.clone(ir.InsertionPoint(old))
-        set_operand(clone, 0, value)
+        clone.operands[0] = value
         value = clone.results[0]
-    replace_uses(old.results[0], value)
+    old.results[0].replace_all_uses_with(value)
     erase_and_prune(old)
 
 
@@ -959,8 +954,7 @@ def _sink_concat(concat: ir.Operation) -> int:
     if first is None or any(p is None or p.name != first.name for p in producers):
         return 0
     names = attr_names(first)
-    if any(attr_names(p) != names or any(not same_attribute(p.attributes[n],
-                                                            first.attributes[n])
+    if any(attr_names(p) != names or any(str(p.attributes[n]) != str(first.attributes[n])
                                          for n in names) for p in producers):
         return 0
     operand_dims = _operand_dims(first, dim)
@@ -980,7 +974,7 @@ def _sink_concat(concat: ir.Operation) -> int:
         new = ir.Operation.create(first.name, results=[result_type], operands=new_operands,
                                   attributes={n: first.attributes[n] for n in names},
                                   loc=first.location)
-    replace_uses(concat.results[0], new.results[0])
+    concat.results[0].replace_all_uses_with(new.results[0])
     erase_and_prune(concat)
     return 1
 
@@ -1074,6 +1068,6 @@ def _normalized_after(divide: ir.Operation) -> int:
             ir.RankedTensorType.get(shape_of(exp_value), element), root, kept).result
         probs = stablehlo.DivOp(exp_value, spread).result
     core = acc.core.clone(ir.InsertionPoint(divide))
-    set_operand(core, acc.side, probs)
+    core.operands[acc.side] = probs
     _replace_through_views(divide, core.results[0], acc.views)
     return 1
