@@ -40,14 +40,7 @@ import jax
 import numpy as np
 
 from fuzz.mlir_mutate import VALUE_KINDS, value_sites
-from fuzz.run import CHECK_TIMEOUT, compare, timed_check
-
-FAST_COMPILE = {
-    "xla_backend_optimization_level": 0,
-    "xla_llvm_disable_expensive_passes": True,
-    "xla_cpu_use_fusion_emitters": False,
-}
-
+from fuzz.run import CHECK_TIMEOUT, FAST_COMPILE, compare, timed_check
 
 # ----- input sets ---------------------------------------------------------------------------------
 

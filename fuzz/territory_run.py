@@ -51,14 +51,16 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from fuzz.gen import RandomChooser
-from fuzz.run import CHECK_TIMEOUT, compare, confirm_claims, jax_mesh, pspec, timed_check
+from fuzz.run import (
+    CHECK_TIMEOUT,
+    FAST_COMPILE,
+    compare,
+    confirm_claims,
+    jax_mesh,
+    pspec,
+    timed_check,
+)
 from fuzz.territory import TArg, TProgram, generate, mutants
-
-FAST_COMPILE = {
-    "xla_backend_optimization_level": 0,
-    "xla_llvm_disable_expensive_passes": True,
-    "xla_cpu_use_fusion_emitters": False,
-}
 
 INPUT_SETS = ("random0", "random1", "exact", "wrap")
 
