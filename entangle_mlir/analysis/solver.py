@@ -210,3 +210,42 @@ def prove(claim, hypotheses: Iterable = (), name: str = "query",
         return ProofResult("refuted", _counterexample(model), seconds, name,
                            witness=witness(model) if witness is not None else None)
     return ProofResult("unknown", None, seconds, name, solver.reason_unknown())
+
+
+def _free_constants(formulas: Iterable[z3.ExprRef]) -> list[z3.ExprRef]:
+    """The uninterpreted constants (free variables) of `formulas`, each shared subterm once."""
+    seen: set[int] = set()
+    found: dict[int, z3.ExprRef] = {}
+    stack = list(formulas)
+    while stack:
+        expr = stack.pop()
+        key = expr.get_id()
+        if key in seen:
+            continue
+        seen.add(key)
+        if z3.is_const(expr) and expr.decl().kind() == z3.Z3_OP_UNINTERPRETED:
+            found[key] = expr
+        elif z3.is_app(expr):
+            stack.extend(expr.children())
+    return list(found.values())
+
+
+def consistent(hypotheses: Iterable, name: str = "query",
+               timeout_ms: int | None = None) -> ProofResult:
+    """Whether `hypotheses` have a model: status "refuted" (of False) when they do, as
+    `prove(False, hypotheses)` answers. A proof under contradictory hypotheses proves nothing,
+    so every proof with hypotheses asks this.
+
+    A model is first looked for with every numeric free variable 1 (then the query is ground
+    and cheap: a rounding function's pairwise monotonicity over 64 elements otherwise keeps Z3
+    busy for minutes); only when that fails is the question asked in full. Sound either way:
+    a model of the hypotheses plus extra equations is a model of the hypotheses."""
+    hyps = [_as_bool(h) for h in hypotheses]
+    pinned = [v == 1 for v in _free_constants(hyps) if v.sort().kind() in (z3.Z3_INT_SORT,
+                                                                             z3.Z3_REAL_SORT)]
+    if pinned:
+        ground = prove(z3.BoolVal(False), hyps + pinned, name=f"{name}.ground",
+                       timeout_ms=timeout_ms)
+        if ground.status == "refuted":
+            return ground
+    return prove(z3.BoolVal(False), hyps, name=name, timeout_ms=timeout_ms)

@@ -79,3 +79,47 @@ def block_argument(value: ir.Value) -> ir.BlockArgument | None:
     if not isinstance(value.owner, ir.Block):
         return None
     return value if isinstance(value, ir.BlockArgument) else ir.BlockArgument(value)
+
+
+_STACK_FRAME_SECTIONS = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+
+def hlo_text_without_stack_frames(text: str) -> str | None:
+    """HLO text with its stack-frame index (the `FileNames` ... `StackFrames` sections newer
+    XLA prints after the `HloModule` line) folded back into each op's metadata as
+    `source_file`/`source_line`, or None when the text has no such index.
+
+    jaxlib 0.8's HLO parser rejects those sections ("expects '{' at the beginning of
+    instruction list"), so dumps written by a newer XLA are read there through this."""
+    lines = text.splitlines()
+    tables: dict[str, dict[int, str]] = {}
+    kept: list[str] = []
+    section = None
+    for line in lines:
+        if line.strip() in _STACK_FRAME_SECTIONS:
+            section = tables.setdefault(line.strip(), {})
+            continue
+        if section is not None:
+            entry = re.match(r"\s*(\d+)\s+(.*)$", line)
+            if entry:
+                section[int(entry.group(1))] = entry.group(2)
+                continue
+            section = None
+        kept.append(line)
+    if not tables:
+        return None
+    files = {k: v.strip('"') for k, v in tables.get("FileNames", {}).items()}
+
+    def field(entry: str, name: str) -> int | None:
+        found = re.search(rf"\b{name}=(\d+)", entry)
+        return int(found.group(1)) if found else None
+
+    def source(match: re.Match) -> str:
+        frame = tables.get("StackFrames", {}).get(int(match.group(1)), "")
+        location = tables.get("FileLocations", {}).get(field(frame, "file_location_id") or 0, "")
+        file_id, line_number = field(location, "file_name_id"), field(location, "line")
+        if file_id not in files or line_number is None:
+            return ""
+        return f'source_file="{files[file_id]}" source_line={line_number}'
+
+    return re.sub(r"\bstack_frame_id=(\d+)", source, "\n".join(kept))

@@ -134,12 +134,13 @@ _BEFORE_PARTITIONING = ("Sharding", "SPMDFullToShardShape", "SPMDShardToFullShap
 """custom_call targets that only a module before SPMD partitioning holds (GSPMD's sharding
 annotations and shard_map boundaries; Shardy's round trip through HLO adds `xla.sdy.*`)."""
 
+_ASYNC = "it holds asynchronous ops (all-reduce-start/-done, copy-start/-done, ...)"
 _AFTER_OPTIMIZATIONS = {
     "mhlo.fusion": "it holds fusions",
-    "stablehlo.async_start": "it holds asynchronous collectives, e.g. all-reduce-start/-done",
-    "stablehlo.async_done": "it holds asynchronous collectives, e.g. all-reduce-start/-done",
-    "mhlo.async_start": "it holds asynchronous ops, e.g. copy-start/-done",
-    "mhlo.async_done": "it holds asynchronous ops, e.g. copy-start/-done",
+    "stablehlo.async_start": _ASYNC,
+    "stablehlo.async_done": _ASYNC,
+    "mhlo.async_start": _ASYNC,
+    "mhlo.async_done": _ASYNC,
 }
 """Ops (as jaxlib converts HLO) that only XLA's optimization passes after partitioning make."""
 

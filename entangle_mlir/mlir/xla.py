@@ -16,7 +16,8 @@ import subprocess
 import sys
 
 from entangle_mlir.core.diagnostics import InputError
-from entangle_mlir.mlir.compat import JAXLIB_VERSION, has_shardy_global_to_local, hlo_bindings
+from entangle_mlir.mlir.compat import (JAXLIB_VERSION, has_shardy_global_to_local, hlo_bindings,
+                                       hlo_text_without_stack_frames)
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.program import functions, inline_calls, public_main
 
@@ -145,11 +146,20 @@ def looks_like_hlo_proto(data: bytes) -> bool:
 
 
 def text_to_module_proto(text: str) -> bytes:
+    """The serialized HloModuleProto of HLO text, by XLA's own parser. A dump whose
+    stack-frame index the installed parser does not know is read with that index folded
+    into the ops' metadata (`compat.hlo_text_without_stack_frames`)."""
     try:
         return hlo_bindings().hlo_module_from_text(text).as_serialized_hlo_module_proto()
     except Exception as err:  # noqa: BLE001 - XLA's parser raises its own error types
-        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise InputError(f"cannot parse HLO text: {message}") from None
+        folded = hlo_text_without_stack_frames(text)
+        if folded is not None:
+            try:
+                return hlo_bindings().hlo_module_from_text(folded).as_serialized_hlo_module_proto()
+            except Exception:  # noqa: BLE001
+                pass
+        detail = " ".join(line.strip() for line in str(err).strip().splitlines()[:2])
+        raise InputError(f"cannot parse HLO text: {detail or type(err).__name__}") from None
 
 
 def module_proto_to_stablehlo(proto: bytes) -> bytes:

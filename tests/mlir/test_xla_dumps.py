@@ -104,3 +104,18 @@ def test_wrong_dump_as_reference(entangle, dump, kind) -> None:
     run = entangle("check", os.path.join(DUMPS, dump),
                    os.path.join(DUMPS, "after_spmd-partitioning.hlo.pb"))
     _one_error(run, "the reference is", kind, "entangle_mlir.jax.reference_text")
+
+
+def test_stack_frame_index_folded_into_metadata() -> None:
+    """A dump with newer XLA's stack-frame index reads on a parser without it (jaxlib 0.8):
+    folded into each op's metadata, the ops keep their source lines."""
+    from entangle_mlir.mlir.compat import hlo_text_without_stack_frames
+    from entangle_mlir.mlir.xla import load_hlo
+
+    with open(os.path.join(DUMPS, "before_optimizations.txt")) as file:
+        text = file.read()
+    folded = hlo_text_without_stack_frames(text)
+    assert folded is not None and "StackFrames" not in folded and "stack_frame_id" not in folded
+    asm = load_hlo(folded).operation.get_asm(enable_debug_info=True)
+    assert 'loc("<string>":9:0)' in asm
+    assert hlo_text_without_stack_frames(folded) is None

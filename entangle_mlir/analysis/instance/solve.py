@@ -11,7 +11,7 @@ import z3
 from entangle_mlir.analysis.instance.claims import build
 from entangle_mlir.analysis.instance.common import DEFAULT_TIMEOUT_MS
 from entangle_mlir.analysis.instance.sources import Concrete, Failure, Symbolic
-from entangle_mlir.analysis.solver import ProofResult, prove
+from entangle_mlir.analysis.solver import ProofResult, consistent, prove
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.relations import Value
 from entangle_mlir.mlir.opinfo import OpInfo
@@ -50,8 +50,8 @@ def run_check(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | No
         return ProofResult("proved", None, time.perf_counter() - start, name)
     result = prove(z3.And(symbolic), source.hypotheses, name=name, timeout_ms=timeout_ms)
     if result.status == "proved" and source.hypotheses:
-        vacuous = prove(z3.BoolVal(False), source.hypotheses, name=f"{name}.vacuity",
-                        timeout_ms=timeout_ms)
+        vacuous = consistent(source.hypotheses, name=f"{name}.vacuity",
+                             timeout_ms=timeout_ms)
         if vacuous.status != "refuted":
             result = ProofResult("unknown", None, 0.0, name,
                                  "the assumptions (nonzero divisors, partial max/min splits) "

@@ -14,7 +14,7 @@ import z3
 
 from entangle_mlir.analysis.instance.common import DEFAULT_TIMEOUT_MS, MAX_TERM_COST, term_cost
 from entangle_mlir.analysis.instance.sources import Symbolic, leaf_args, leaf_name, opaque_resolver
-from entangle_mlir.analysis.solver import ProofResult, prove
+from entangle_mlir.analysis.solver import ProofResult, consistent, prove
 from entangle_mlir.core.precision import FLOAT_FORMATS, is_float
 from entangle_mlir.core.terms import DENSE_VALUES, Term, subterms
 from entangle_mlir.semantics.element import (
@@ -164,8 +164,8 @@ def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
                                    "does not" + (f" ({overflow.reason})" if overflow.reason
                                                  else ""))
     if result.status == "proved" and hypotheses:
-        vacuous = prove(z3.BoolVal(False), hypotheses, name=f"{name}.vacuity",
-                        timeout_ms=timeout_ms)
+        vacuous = consistent(hypotheses, name=f"{name}.vacuity",
+                             timeout_ms=timeout_ms)
         if vacuous.status != "refuted":
             result = ProofResult("unknown", None, 0.0, name,
                                  "the nonzero-divisor assumptions may be contradictory")
