@@ -12,12 +12,17 @@ wrappers (`HloSnapshot` -> `HloProto` -> `HloModuleProto`).
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 
 from entangle_mlir.core.diagnostics import InputError
-from entangle_mlir.mlir.compat import (JAXLIB_VERSION, has_shardy_global_to_local, hlo_bindings,
-                                       hlo_text_without_stack_frames)
+from entangle_mlir.mlir.compat import (
+    JAXLIB_VERSION,
+    has_shardy_global_to_local,
+    hlo_bindings,
+    hlo_text_without_stack_frames,
+)
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.program import functions, inline_calls, public_main
 
@@ -148,18 +153,19 @@ def looks_like_hlo_proto(data: bytes) -> bool:
 def text_to_module_proto(text: str) -> bytes:
     """The serialized HloModuleProto of HLO text, by XLA's own parser. A dump whose
     stack-frame index the installed parser does not know is read with that index folded
-    into the ops' metadata (`compat.hlo_text_without_stack_frames`)."""
+    into the ops' metadata (`compat.hlo_text_without_stack_frames`); the error reported is
+    the one about the text as given."""
+    parse = hlo_bindings().hlo_module_from_text
     try:
-        return hlo_bindings().hlo_module_from_text(text).as_serialized_hlo_module_proto()
+        return parse(text).as_serialized_hlo_module_proto()
     except Exception as err:  # noqa: BLE001 - XLA's parser raises its own error types
-        folded = hlo_text_without_stack_frames(text)
-        if folded is not None:
-            try:
-                return hlo_bindings().hlo_module_from_text(folded).as_serialized_hlo_module_proto()
-            except Exception:  # noqa: BLE001
-                pass
-        detail = " ".join(line.strip() for line in str(err).strip().splitlines()[:2])
-        raise InputError(f"cannot parse HLO text: {detail or type(err).__name__}") from None
+        first_error = err
+    folded = hlo_text_without_stack_frames(text)
+    if folded is not None:
+        with contextlib.suppress(Exception):
+            return parse(folded).as_serialized_hlo_module_proto()
+    detail = " ".join(line.strip() for line in str(first_error).strip().splitlines()[:2])
+    raise InputError(f"cannot parse HLO text: {detail or type(first_error).__name__}")
 
 
 def module_proto_to_stablehlo(proto: bytes) -> bytes:
