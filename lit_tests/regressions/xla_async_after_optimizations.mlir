@@ -4,7 +4,7 @@
 // stablehlo.async_start/async_done around the all_reduce. Bad input naming the dump to pass
 // (exit 2), never "unsupported op stablehlo.async_start" (exit 3).
 
-// CHECK: error: the sharded program is XLA's module after optimizations (it holds asynchronous collectives, e.g. all-reduce-start/-done)
+// CHECK: error: the sharded program is XLA's module after optimizations (it holds asynchronous ops (all-reduce-start/-done, copy-start/-done, ...))
 // CHECK-SAME: --xla_dump_hlo_pass_re=spmd-partitioning
 // CHECK-NOT: unsupported
 
