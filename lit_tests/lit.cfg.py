@@ -44,3 +44,9 @@ config.substitutions.append((word("entangle-opt"), tool("entangle-opt")))
 config.substitutions.append((word("entangle"), tool("entangle")))
 config.substitutions.append((word("filecheck"), tool("filecheck")))
 config.substitutions.append((word("FileCheck"), tool("filecheck")))
+
+# Features of the installed jaxlib (a test that needs one says `REQUIRES: NAME`).
+from entangle_mlir.mlir.compat import has_stablehlo_future_type
+
+if has_stablehlo_future_type():
+    config.available_features.add("stablehlo-future")

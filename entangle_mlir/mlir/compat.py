@@ -14,6 +14,8 @@ import jaxlib
 from jaxlib.mlir import ir
 from jaxlib.mlir._mlir_libs import _jax_mlir_ext
 
+from entangle_mlir.mlir.ir import context
+
 
 def _version_tuple(text: str) -> tuple[int, ...]:
     """`"0.10.2"` -> (0, 10, 2); a suffix such as `.dev20261201` is dropped."""
@@ -123,3 +125,15 @@ def hlo_text_without_stack_frames(text: str) -> str | None:
         return f'source_file="{files[file_id]}" source_line={line_number}'
 
     return re.sub(r"\bstack_frame_id=(\d+)", source, "\n".join(kept))
+
+
+def has_stablehlo_future_type() -> bool:
+    """Whether the bundled StableHLO dialect knows `!stablehlo.future` (the type of
+    `stablehlo.async_start`, XLA's asynchronous collectives as jaxlib converts them): not in
+    jaxlib 0.8, whose parser rejects MLIR text holding it ("unknown stablehlo type: future")."""
+    with context():
+        try:
+            ir.Type.parse("!stablehlo.future<tensor<f32>>")
+        except ir.MLIRError:
+            return False
+    return True

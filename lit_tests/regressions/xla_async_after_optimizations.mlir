@@ -1,4 +1,5 @@
 // RUN: not entangle check %s 2>&1 | filecheck %s
+// REQUIRES: stablehlo-future
 
 // XLA's module after optimizations on a GPU: all-reduce-start/-done, which jaxlib converts to
 // stablehlo.async_start/async_done around the all_reduce. Bad input naming the dump to pass
