@@ -301,7 +301,8 @@ def _paths(name: str) -> tuple[str, str]:
 
 
 def test_readme_quick_start_matches_ci() -> None:
-    """README's quick start is exactly two commands; .ci/run runs the second one verbatim."""
+    """README's quick start is exactly two commands; .ci/run runs the second one verbatim, in
+    a subshell so that its failure fails CI."""
     readme = (REPO / "README.md").read_text()
     block = re.search(r"## Quick start\s+```sh\n(.*?)```", readme, re.DOTALL)
     assert block, "README.md has no ```sh block under '## Quick start'"
@@ -311,8 +312,9 @@ def test_readme_quick_start_matches_ci() -> None:
     assert "venv" in install and "pip install -e '.[test]'" in install
     assert install.endswith("entangle demo")
     assert "pytest" in test and "lit" in test
-    ci = (REPO / ".ci" / "run").read_text().splitlines()
-    assert test in ci, f".ci/run does not run the README test command {test!r}"
+    ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    # In a subshell: under `set -e`, a failure left of `&&` would not stop the script.
+    assert f"({test})" in ci, f".ci/run does not run the README test command ({test!r})"
     assert os.access(REPO / ".ci" / "run", os.X_OK)
 
 
