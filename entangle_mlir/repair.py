@@ -273,7 +273,7 @@ def _index_idioms(func: ir.Operation, stepped: dict) -> set[int]:
         op = op.operation if hasattr(op, "operation") else op
         name = op.name
         if name == "stablehlo.select" and _is_integer(op.results[0].type):
-            p, a, b = (producer(v) for v in op.operands)
+            p, a, _b = (producer(v) for v in op.operands)
             if p is not None and a is not None and p.name == "stablehlo.compare" and \
                     a.name == "stablehlo.add" and p.operands[0] == op.operands[2] and \
                     _scalar_constant(p.operands[1]) == 0 and \
