@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                              verify_rules=not args.no_verify_rules,
                              reuse_layers=not (args.explain or args.json or args.html),
                              assume_no_overflow=args.assume_no_overflow,
-                             general_tier=not args.no_general_tier, jobs=args.jobs)
+                             general_tier=not args.no_general_tier, jobs=args.jobs,
+                             repair_bugs=getattr(args, "repair", False))
         if not args.no_confirm and not report.proven:
             from entangle_mlir.confirm import confirm_files  # lazy: runs jax, only on a claim
 
@@ -139,6 +140,11 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
                         help="state the layout tier's bug claims as they are, without running "
                              "both programs on random inputs to confirm them (by default a "
                              "claim the outputs do not confirm becomes 'cannot relate')")
+    parser.add_argument("--repair", action="store_true",
+                        help="where a bug is claimed and the general tier does not prove the "
+                             "program, name the one op whose nearest alternative (a permute's "
+                             "pairs, an index constant, a select's branches) makes it proven "
+                             "(proof-backed repair; bounded in candidates and time)")
     parser.add_argument("--dump-smt", metavar="DIR", help="write every Z3 query as SMT-LIB")
     parser.add_argument("--explain", action="store_true",
                         help="print, for each output, the chain of relations that builds it "
@@ -248,7 +254,8 @@ def run_demo(args) -> int:
         name = ref.name[: -len(".ref.mlir")]
         sharded = ref.with_name(f"{name}.sharded.mlir")
         report = check_files(str(ref), str(sharded), verify_rules=not args.no_verify_rules,
-                             general_tier=not args.no_general_tier, jobs=args.jobs)
+                             general_tier=not args.no_general_tier, jobs=args.jobs,
+                             repair_bugs=getattr(args, "repair", False))
         if not args.no_confirm and not report.proven:
             from entangle_mlir.confirm import confirm_files  # lazy: runs jax, only on a claim
 

@@ -15,11 +15,13 @@ from entangle_mlir.mlir.load import load_data, load_file
 from entangle_mlir.mlir.program import Program, from_combined, from_two_modules, has_refines
 from entangle_mlir.passes import PASSES
 from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipeline
+from entangle_mlir.repair import repair, snapshot, wants_repair
 
 
 def check_program(program: Program, *, verify_rules: bool = True,
                   reuse_layers: bool = True, assume_no_overflow: bool = False,
-                  general_tier: bool = True, jobs: int | None = None) -> Report:
+                  general_tier: bool = True, jobs: int | None = None,
+                  repair_bugs: bool = False) -> Report:
     """Normalize, walk both functions, compare; optionally Z3-check every rule instance.
 
     `reuse_layers` walks repeated layers once (`analysis/layer_reuse.py`); without it every
@@ -28,8 +30,11 @@ def check_program(program: Program, *, verify_rules: bool = True,
     the assumptions where a proof relies on it). `general_tier`: where the layout tier does
     not prove the program, expand it per device (`analysis/general/`). `jobs`: worker
     processes for the Z3 rule-instance checks (None or 0: one per free core, 1: serial;
-    `analysis/instance/parallel.py`): the same verdict either way."""
+    `analysis/instance/parallel.py`): the same verdict either way. `repair_bugs`: where the
+    report claims a bug the general tier did not prove away, name the one op whose nearest
+    alternative makes the program proven (`repair.py`)."""
     start = time.perf_counter()
+    pristine = snapshot(program) if general_tier and repair_bugs else None
     verify = f"entangle-verify-rules{{jobs={max(0, jobs or 0)}}}"
     check = ["entangle-check-refinement"] + ([verify] if verify_rules else [])
     state = PassState(program.sharded_module, program.sharded_file, program=program)
@@ -54,6 +59,11 @@ def check_program(program: Program, *, verify_rules: bool = True,
     report = state.report
     if report.proven:
         report.stats.setdefault("tier", "layout")
+    if pristine is not None and wants_repair(report):
+        with context():
+            reference = (program.ref_func.get_asm(), state.walks.get("reference"))
+            repair(report, pristine, reference, verify_rules=verify_rules,
+                   assume_no_overflow=assume_no_overflow, jobs=jobs)
     if reused.get("reference"):
         report.stats["layers reused"] = (f"{reused['reference']} reference and "
                                          f"{reused.get('sharded', 0)} sharded regions "
@@ -68,30 +78,33 @@ def check_program(program: Program, *, verify_rules: bool = True,
 def check_texts(ref_text: str, sharded_text: str, *, ref_file: str = "reference.mlir",
                 sharded_file: str = "sharded.mlir", verify_rules: bool = True,
                 reuse_layers: bool = True, assume_no_overflow: bool = False,
-                general_tier: bool = True, jobs: int | None = None) -> Report:
+                general_tier: bool = True, jobs: int | None = None,
+                repair_bugs: bool = False) -> Report:
     ref = parse_module(ref_text, ref_file)
     sharded = parse_module(sharded_text, sharded_file)
     return check_program(from_two_modules(ref, sharded, ref_file, sharded_file),
                          verify_rules=verify_rules, reuse_layers=reuse_layers,
                          assume_no_overflow=assume_no_overflow, general_tier=general_tier,
-                         jobs=jobs)
+                         jobs=jobs, repair_bugs=repair_bugs)
 
 
 def check_files(ref_path: str, sharded_path: str, *, verify_rules: bool = True,
                 reuse_layers: bool = True, assume_no_overflow: bool = False,
-                general_tier: bool = True, jobs: int | None = None) -> Report:
+                general_tier: bool = True, jobs: int | None = None,
+                repair_bugs: bool = False) -> Report:
     """`entangle check REF SHARDED`; a single combined file may be given as both."""
     if _same_file(ref_path, sharded_path):
         return check_combined_file(ref_path, verify_rules=verify_rules,
                                    reuse_layers=reuse_layers,
                                    assume_no_overflow=assume_no_overflow,
-                                   general_tier=general_tier, jobs=jobs)
+                                   general_tier=general_tier, jobs=jobs,
+                                   repair_bugs=repair_bugs)
     ref = load_file(ref_path)
     sharded = load_file(sharded_path)
     return check_program(from_two_modules(ref, sharded, ref_path, sharded_path),
                          verify_rules=verify_rules, reuse_layers=reuse_layers,
                          assume_no_overflow=assume_no_overflow, general_tier=general_tier,
-                         jobs=jobs)
+                         jobs=jobs, repair_bugs=repair_bugs)
 
 
 def load_program(ref_path: str, sharded_path: str) -> Program:
@@ -127,13 +140,14 @@ def _same_file(a: str, b: str) -> bool:
 
 def check_combined_file(path: str, *, verify_rules: bool = True,
                         reuse_layers: bool = True, assume_no_overflow: bool = False,
-                        general_tier: bool = True, jobs: int | None = None) -> Report:
+                        general_tier: bool = True, jobs: int | None = None,
+                        repair_bugs: bool = False) -> Report:
     module = load_file(path)
     if not has_refines(module):
         raise InputError("no function carries `entangle.refines = @reference`", file=path)
     return check_program(from_combined(module, path), verify_rules=verify_rules,
                          reuse_layers=reuse_layers, assume_no_overflow=assume_no_overflow,
-                         general_tier=general_tier, jobs=jobs)
+                         general_tier=general_tier, jobs=jobs, repair_bugs=repair_bugs)
 
 
 def check_with_pipeline(path: str, pipeline: str) -> Report:

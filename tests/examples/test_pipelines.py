@@ -9,7 +9,11 @@ proven only under --assume-no-overflow: its bubble steps multiply values compute
 by zero cotangents, NaN where those overflow, and the reason says so. Every buggy twin
 computes other numbers, is not proven, and its claim is confirmed by running both programs;
 the claim names the first op the layout tier cannot relate (the stage's input feed, a
-`where` on the stage index), not the `# BUG` line.
+`where` on the stage index), not the `# BUG` line. With `repair_bugs=True` (`--repair`,
+`entangle_mlir/repair.py`) the wrong ppermutes (backwards, skipping a stage) and the output
+slot off by one are named at their `# BUG` line on these full-size twins (12-25 s each, too
+slow for this file): tests/test_repair.py shows it, and the outputs taken from the first
+stage, on the same schedule with a one-matmul stage.
 """
 
 from __future__ import annotations

@@ -134,16 +134,17 @@ class Decider:
         self.assume_no_overflow = assume_no_overflow
         self.without_zeros: dict[int, Term] = {}
 
-    def decide(self, want: Term, got: Term, name: str, timeout_ms: int | None = None
-               ) -> Decision:
+    def decide(self, want: Term, got: Term, name: str, timeout_ms: int | None = None,
+               ground: bool = True) -> Decision:
         """Whether `want == got` for every input. A refutation is grounded in the terms as
         built: they are evaluated on the inputs found (on the normal forms, the terms the
         valid-index ranges simplified, or by Z3) and must differ there, so that neither a
         normal-form identity nor a simplification can make one; otherwise it is "unknown".
         (Terms of different shapes need no inputs.) `timeout_ms`: this decision's Z3 budget,
-        when not the decider's."""
+        when not the decider's. `ground` False: a refutation is not grounded (the caller only
+        asks whether the terms are proven equal)."""
         decision = self._decide(want, got, name, timeout_ms or self.timeout_ms)
-        if decision.status != "refuted" or want.shape != got.shape:
+        if decision.status != "refuted" or want.shape != got.shape or not ground:
             return decision
         from entangle_mlir.analysis.instance.term_equality import (  # lazy: z3 (~40 ms)
             complete_inputs,

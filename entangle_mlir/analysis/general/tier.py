@@ -79,15 +79,17 @@ def run_general_tier(program: Program, reference: Walk | None = None, **options
 def general_tier(program: Program, reference: Walk | None = None, *,
                      max_devices: int = MAX_DEVICES, budget_seconds: float = 30.0,
                      timeout_ms: int = 5_000, verify_rules: bool = True,
-                     jobs: int | None = None, assume_no_overflow: bool = False
-                     ) -> GeneralResult:
+                     jobs: int | None = None, assume_no_overflow: bool = False,
+                     prove_only: bool = False) -> GeneralResult:
     """Expand `program`'s sharded function per device and decide its outputs against the
     reference (`reference`: the reference's walk, re-walked when it summarized layers).
     `verify_rules`: Z3 checks every rule instance the proof rests on, the reference walk's
     and the expansion's (off only as `--no-verify-rules` turns every check off); `jobs`:
     worker processes for those checks (`instance.parallel.check_batch`).
     `assume_no_overflow`: a product with zero of a value finite unless something overflows
-    is zero (`--assume-no-overflow`; listed among the assumptions where a proof uses it)."""
+    is zero (`--assume-no-overflow`; listed among the assumptions where a proof uses it).
+    `prove_only`: only whether it is proven matters (`repair.py` tries many edits): a value
+    not proven is neither decided block by block nor its refutation grounded."""
     start = time.perf_counter()
 
     def out_of_time() -> bool:
@@ -134,8 +136,11 @@ def general_tier(program: Program, reference: Walk | None = None, *,
         # not proven, block by block, to name the device whose block is wrong. A block's
         # decision only names it (the value stays unproven), so it gets a fifth of the Z3
         # budget: enough to find a counterexample, not to spend a proof's search on it.
-        decision = decider.decide(want, got, f"general.{decided}")
+        decision = decider.decide(want, got, f"general.{decided}", ground=not prove_only)
         decided += 1
+        if not decision.proved and prove_only:
+            return GeneralResult(False, devices, f"{what} is not proven", loc,
+                                 stats=_stats(expansion, start))
         if not decision.proved:
             for piece_want, piece_got, piece_what in _pieces(want, got, what, names):
                 if piece_got is got or out_of_time():
