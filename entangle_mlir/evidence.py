@@ -617,7 +617,7 @@ def compile_replicas(text: str, n: int, fast: bool = False):
     options.executable_build_options.num_partitions = 1
     options.device_assignment = xla_client.DeviceAssignment.create(np.arange(n).reshape(n, 1))
     if fast:
-        options.env_option_overrides = list(_FAST_COMPILE.items())
+        options.env_option_overrides = list(FAST_COMPILE.items())
     return backend.compile_and_load(text, xla_client.DeviceList(tuple(devices)), options), devices
 
 
@@ -742,10 +742,11 @@ CLAIM_TOLERANCE = 1e-3
 differs: f32 reassociation of a well-conditioned output stays orders of magnitude below (an
 ill-conditioned one is left out, `PERTURBATION`), a bf16 rounding above."""
 
-_FAST_COMPILE = {"xla_backend_optimization_level": 0,
-                 "xla_llvm_disable_expensive_passes": True,
-                 "xla_cpu_use_fusion_emitters": False}
-"""XLA's CPU backend spends seconds optimising programs that run once on small inputs."""
+FAST_COMPILE = {"xla_backend_optimization_level": 0,
+                "xla_llvm_disable_expensive_passes": True,
+                "xla_cpu_use_fusion_emitters": False}
+"""XLA options for programs compiled to run once on small inputs (evidence, grounding, the
+fuzzers): XLA's CPU backend would spend seconds optimising each."""
 
 
 @dataclass
@@ -1073,7 +1074,7 @@ def _compile_partitioned(text: str, n: int):
     build.num_replicas = 1
     build.num_partitions = n
     options.device_assignment = xla_client.DeviceAssignment.create(np.arange(n).reshape(1, n))
-    options.env_option_overrides = list(_FAST_COMPILE.items())
+    options.env_option_overrides = list(FAST_COMPILE.items())
     try:
         executable = backend.compile_and_load(text, xla_client.DeviceList(tuple(devices)),
                                               options)

@@ -39,8 +39,9 @@ from dataclasses import asdict, dataclass
 import jax
 import numpy as np
 
+from entangle_mlir.evidence import FAST_COMPILE
 from fuzz.mlir_mutate import VALUE_KINDS, value_sites
-from fuzz.run import CHECK_TIMEOUT, FAST_COMPILE, compare, timed_check
+from fuzz.run import CHECK_TIMEOUT, compare, timed_check
 
 # ----- input sets ---------------------------------------------------------------------------------
 

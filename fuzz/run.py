@@ -53,14 +53,6 @@ RTOL = 1e-4
 ATOL = 1e-4
 CHECK_TIMEOUT = 60
 
-FAST_COMPILE = {
-    "xla_backend_optimization_level": 0,
-    "xla_llvm_disable_expensive_passes": True,
-    "xla_cpu_use_fusion_emitters": False,
-}
-"""XLA options for compiling the fuzzers' programs quickly (no backend optimization: a
-program run once does not repay it)."""
-
 
 @functools.cache
 def jax_mesh(mesh: MeshSpec):

@@ -50,10 +50,10 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from entangle_mlir.evidence import FAST_COMPILE
 from fuzz.gen import RandomChooser
 from fuzz.run import (
     CHECK_TIMEOUT,
-    FAST_COMPILE,
     compare,
     confirm_claims,
     jax_mesh,

@@ -34,6 +34,8 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from entangle_mlir.evidence import FAST_COMPILE
+
 BUG_MARKER = "# BUG"
 
 SOURCES = {
@@ -252,12 +254,6 @@ def input_sets(ex: Example) -> list[list[np.ndarray]]:
     return sets
 
 
-# XLA's CPU backend spends seconds optimising these small programs; grounding needs none of it.
-FAST_COMPILE = {
-    "xla_backend_optimization_level": 0,
-    "xla_llvm_disable_expensive_passes": True,
-    "xla_cpu_use_fusion_emitters": False,
-}
 
 
 @functools.cache
