@@ -13,7 +13,12 @@ proven, its nearest wrong twin (numbers differ) is not.
   rows looked up by `jnp.take` at a clipped index are finite (its NaN fill is never picked:
   `normalize/int_ranges.py`, sound under wrap-around);
 * `jnp.flip` (`stablehlo.reverse`) in the reference against blocks read in reverse order, and
-  on both sides along a dim that is not split.
+  on both sides along a dim that is not split;
+* the factor folded into a later scale (`x * (axis_index + 7) * 0.1` is `0.7 * x` on device
+  7, the reference's `0.1 * (x * table)` keeps the product): the overflow claim counts a chain
+  of constant factors at its folded product on both sides (`constant_product_part`);
+* int32 products that wrap on 8 devices: 64 independent elements Z3 decides one by one
+  (`solver.prove_all`) and not as one query.
 """
 
 from __future__ import annotations
@@ -76,6 +81,17 @@ def _factor(c: int):
 
 def _factor_reference(a0):
     return a0 * jnp.repeat(jnp.arange(2) + 1, 2).astype(a0.dtype).reshape((4, 1))
+
+
+def _int_factor(c: int):
+    return lambda a0: (a0 * (lax.axis_index(("a", "b")) + c).astype(a0.dtype)) * 5
+
+
+def _int_factor_reference(a0):
+    return a0 * jnp.repeat(jnp.arange(8) + 2, 2).astype(a0.dtype).reshape((1, 16)) * 5
+
+
+AB = (("a", 4), ("b", 2))
 
 
 def _scaled_factor(c: int):
@@ -141,6 +157,7 @@ def _ints(*shape):
 MM_ARGS, MM_SPECS = (_ints(4, 2), _ints(2, 2)), (P(None, "i"), P("i", None))
 TABLE = RNG.standard_normal((16, 4)).astype(np.float32)
 INT_TABLE = RNG.integers(-2**31, 2**31 - 1, (16, 4)).astype(np.int32)
+INT_FACTOR_ARGS = (RNG.integers(-2**31, 2**31 - 1, (4, 16)).astype(np.int32),)
 
 CORRECT = [
     Program("flipped_blocks", _flipped_blocks, _blocks_read(reverse=True), (_ints(4),),
@@ -158,6 +175,10 @@ CORRECT = [
             (_ints(4, 2),), (P("i", None),), P("i", None)),
     Program("per_device_factor_from_zero_then_scaled", _scaled_factor_reference(0),
             _scaled_factor(0), (_ints(4, 2),), (P("i", None),), P("i", None)),
+    # int32 products that wrap, on 8 devices: 64 independent elements, asked one by one
+    # (`solver.prove_all`; as one query Z3 ran out of time)
+    Program("per_device_int32_factor_wrapping", _int_factor_reference, _int_factor(2),
+            INT_FACTOR_ARGS, (P(None, ("a", "b")),), P(None, ("a", "b")), mesh=AB),
     Program("embedding_times_mask", _take, _embedding(), (TABLE, IDS), (P("i", None), P()),
             P(), tier="layout"),
     Program("take_embedding_times_mask", _take, _take_embedding(), (TABLE, IDS),
@@ -176,6 +197,8 @@ TWINS = [
             _blocks_plus(0.5), MM_ARGS, MM_SPECS, P("i", None)),
     Program("per_device_factor_off_by_one", _factor_reference, _factor(2), (_ints(4, 2),),
             (P("i", None),), P("i", None)),
+    Program("per_device_int32_factor_off_by_one", _int_factor_reference, _int_factor(3),
+            INT_FACTOR_ARGS, (P(None, ("a", "b")),), P(None, ("a", "b")), mesh=AB),
     Program("per_device_factor_then_scaled_off_by_one", _scaled_factor_reference(7),
             _scaled_factor(8), (_ints(4, 2),), (P("i", None),), P("i", None)),
     Program("embedding_times_mask_off_by_one", _take, _embedding(bound=9), (TABLE, IDS),

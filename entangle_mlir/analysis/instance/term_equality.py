@@ -14,7 +14,7 @@ import z3
 
 from entangle_mlir.analysis.instance.common import DEFAULT_TIMEOUT_MS, MAX_TERM_COST, term_cost
 from entangle_mlir.analysis.instance.sources import Symbolic, leaf_args, leaf_name, opaque_resolver
-from entangle_mlir.analysis.solver import ProofResult, consistent, prove
+from entangle_mlir.analysis.solver import ProofResult, consistent, prove, prove_all
 from entangle_mlir.core.precision import FLOAT_FORMATS, is_float
 from entangle_mlir.core.terms import DENSE_VALUES, Term, post_order, subterms
 from entangle_mlir.semantics.element import (
@@ -145,8 +145,8 @@ def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
     if not symbolic and not finite_alike:
         return ProofResult("proved", None, time.perf_counter() - start, name)
     leaves = leaf_args([a, b])
-    result = (prove(z3.And(symbolic), hypotheses, name=name, timeout_ms=timeout_ms,
-                    witness=lambda model: model_inputs(model, env, leaves))
+    result = (prove_all(symbolic, hypotheses, name=name, timeout_ms=timeout_ms,
+                        witness=lambda model: model_inputs(model, env, leaves))
               if symbolic else ProofResult("proved", None, 0.0, name))
     if result.status == "proved" and finite_alike:
         inputs = _in_range(leaf_args([a, b]).values(), env)
