@@ -154,10 +154,11 @@ def megatron_lookup(ids, w):
 
 def gpt2_partitioned_embedded(layers: int, tp: int, vocab: int = 50304):
     """`gpt2_partitioned` behind the Megatron-spelled embedding (a shard_map library function
-    inside the jitted model): XLA's per-device program with partition_id arithmetic. Not
-    proven yet (exit 3): the lookup's `select(valid ids, gather, 0)` is not matched with the
-    reference's gather once a GPT-2 block (layer norm) follows, with one sequence or two;
-    behind a residual MLP it is (tests/examples/test_vocab_parallel_programs.py)."""
+    inside the jitted model): XLA's per-device program with partition_id arithmetic. Proven
+    under the valid-index assumption: the lookup's `select(valid ids, gather, 0)` meets the
+    reference's gather only under the ids' range, and XLA's folded attention scale
+    (`x / sqrt(48)` as a constant) meets the reference's only up to its exact constants; the
+    two comparisons compose (`ValidIndices.equal_up_to_rounding`)."""
     from entangle_mlir.jax import lower_partitioned
 
     mesh = _mesh((tp,), ("tp",))

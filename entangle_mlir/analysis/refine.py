@@ -320,6 +320,13 @@ def compare(ref: Walk, sharded: Walk) -> Report:
         if valid_indices is None:
             valid_indices = ValidIndices([w.term for w in ref.outputs if isinstance(w, Rel)])
         assumed = valid_indices.equal(want.term, got.term)
+        if assumed is None:
+            both = valid_indices.equal_up_to_rounding(want.term, got.term)
+            if both is not None:
+                assumed, rounded = both
+                if rounded:
+                    rounded_for.append(i)
+                    rounded_pairs.extend(p for p in rounded if p not in rounded_pairs)
         if assumed is not None:
             outputs.append(OutputResult(i, True, rho, pretty(want.term, 3)))
             for assumption in assumed:

@@ -18,6 +18,7 @@ from fractions import Fraction
 
 from entangle_mlir.core.intrange import value_range
 from entangle_mlir.core.ranges import exact_convert
+from entangle_mlir.core.rounding import Rounded, equal_up_to_rounding
 from entangle_mlir.core.terms import (
     HOLE_BASE,
     LOOP_BODY_TERMS,
@@ -218,6 +219,25 @@ class ValidIndices:
             return None
         used = set(simplifier.used) - before or self._used_by(want, got)
         return [self.ranges[s].describe() for s in sorted(used)]
+
+    def equal_up_to_rounding(self, want: Term, got: Term
+                             ) -> tuple[list[str], list[Rounded]] | None:
+        """`equal` where the simplified terms may also differ in constants that are the
+        reference's rounded to their dtype (`rounding.equal_up_to_rounding`): the two
+        liberties compose (under the ranges each term equals its simplified form, and those
+        are the same computation up to the rounded constants). XLA's per-device program of a
+        model with a vocab-parallel lookup needs both: the lookup's mask decided by the ranges,
+        the attention's `x / sqrt(d)` folded into `x * fl(1 / sqrt(d))`. The assumptions in
+        words and the rounded constants, or None."""
+        if not self.ranges:
+            return None
+        simplifier = self.simplifier
+        before = set(simplifier.used)
+        rounded = equal_up_to_rounding(simplifier.simplify(want), simplifier.simplify(got))
+        if rounded is None:
+            return None
+        used = set(simplifier.used) - before or self._used_by(want, got)
+        return [self.ranges[s].describe() for s in sorted(used)], rounded
 
     def assumed_for(self, term: Term) -> list[str]:
         """The assumptions (in words) the simplifier used on `term`'s integer inputs."""

@@ -13,7 +13,12 @@ proven, its nearest wrong twin (numbers differ) is not.
   rows looked up by `jnp.take` at a clipped index are finite (its NaN fill is never picked:
   `normalize/int_ranges.py`, sound under wrap-around);
 * `jnp.flip` (`stablehlo.reverse`) in the reference against blocks read in reverse order, and
-  on both sides along a dim that is not split.
+  on both sides along a dim that is not split;
+* the factor folded into a later scale (`x * (axis_index + 7) * 0.1` is `0.7 * x` on device
+  7, the reference's `0.1 * (x * table)` keeps the product): the overflow claim counts a chain
+  of constant factors at its folded product on both sides (`constant_product_part`);
+* int32 products that wrap on 8 devices: 64 independent elements Z3 decides one by one
+  (`solver.prove_all`) and not as one query.
 """
 
 from __future__ import annotations
@@ -78,6 +83,28 @@ def _factor_reference(a0):
     return a0 * jnp.repeat(jnp.arange(2) + 1, 2).astype(a0.dtype).reshape((4, 1))
 
 
+def _int_factor(c: int):
+    return lambda a0: (a0 * (lax.axis_index(("a", "b")) + c).astype(a0.dtype)) * 5
+
+
+def _int_factor_reference(a0):
+    return a0 * jnp.repeat(jnp.arange(8) + 2, 2).astype(a0.dtype).reshape((1, 16)) * 5
+
+
+AB = (("a", 4), ("b", 2))
+
+
+def _scaled_factor(c: int):
+    return lambda a0: a0 * (lax.axis_index("i") + c).astype(a0.dtype) * jnp.float32(0.1) + 1
+
+
+def _scaled_factor_reference(c: int):
+    def reference(a0):
+        table = jnp.repeat(jnp.arange(2) + c, 2).astype(a0.dtype).reshape((4, 1))
+        return a0 * table * jnp.float32(0.1) + 1
+    return reference
+
+
 def _embedding(bound: int = 8, mask_first: bool = False):
     def body(w, ids):
         local = ids - lax.axis_index("i") * 8
@@ -130,6 +157,7 @@ def _ints(*shape):
 MM_ARGS, MM_SPECS = (_ints(4, 2), _ints(2, 2)), (P(None, "i"), P("i", None))
 TABLE = RNG.standard_normal((16, 4)).astype(np.float32)
 INT_TABLE = RNG.integers(-2**31, 2**31 - 1, (16, 4)).astype(np.int32)
+INT_FACTOR_ARGS = (RNG.integers(-2**31, 2**31 - 1, (4, 16)).astype(np.int32),)
 
 CORRECT = [
     Program("flipped_blocks", _flipped_blocks, _blocks_read(reverse=True), (_ints(4),),
@@ -140,6 +168,17 @@ CORRECT = [
             _blocks_plus(0.5), MM_ARGS, MM_SPECS, P("i", None)),
     Program("per_device_factor", _factor_reference, _factor(1), (_ints(4, 2),),
             (P("i", None),), P("i", None)),
+    # the factor folded into the scale on one side (`0.7 * x`), kept as a product under it
+    # on the other (`0.1 * (x * [7, 8])`): counted at the folded product on both; from 0,
+    # device 0's product is an exact zero
+    Program("per_device_factor_then_scaled", _scaled_factor_reference(7), _scaled_factor(7),
+            (_ints(4, 2),), (P("i", None),), P("i", None)),
+    Program("per_device_factor_from_zero_then_scaled", _scaled_factor_reference(0),
+            _scaled_factor(0), (_ints(4, 2),), (P("i", None),), P("i", None)),
+    # int32 products that wrap, on 8 devices: 64 independent elements, asked one by one
+    # (`solver.prove_all`; as one query Z3 ran out of time)
+    Program("per_device_int32_factor_wrapping", _int_factor_reference, _int_factor(2),
+            INT_FACTOR_ARGS, (P(None, ("a", "b")),), P(None, ("a", "b")), mesh=AB),
     Program("embedding_times_mask", _take, _embedding(), (TABLE, IDS), (P("i", None), P()),
             P(), tier="layout"),
     Program("take_embedding_times_mask", _take, _take_embedding(), (TABLE, IDS),
@@ -158,6 +197,10 @@ TWINS = [
             _blocks_plus(0.5), MM_ARGS, MM_SPECS, P("i", None)),
     Program("per_device_factor_off_by_one", _factor_reference, _factor(2), (_ints(4, 2),),
             (P("i", None),), P("i", None)),
+    Program("per_device_int32_factor_off_by_one", _int_factor_reference, _int_factor(3),
+            INT_FACTOR_ARGS, (P(None, ("a", "b")),), P(None, ("a", "b")), mesh=AB),
+    Program("per_device_factor_then_scaled_off_by_one", _scaled_factor_reference(7),
+            _scaled_factor(8), (_ints(4, 2),), (P("i", None),), P("i", None)),
     Program("embedding_times_mask_off_by_one", _take, _embedding(bound=9), (TABLE, IDS),
             (P("i", None), P()), P()),
     # an unclipped take fills NaN outside the device's rows: NaN * 0 is NaN
@@ -209,6 +252,29 @@ def test_a_product_by_a_constant_overflows_alike_in_both_spellings() -> None:
     inner = intern("lin", (x,), (Fraction(0), (Fraction(2),)), (2,), "f32")
     halved = intern("lin", (inner,), (Fraction(0), (Fraction(1, 2),)), (2,), "f32")
     found = check_term_equality(halved, x, "gaps.overflow", typed=True, finite_alike=True)
+    assert not found.proved and "overflow" in found.reason
+
+
+def test_a_chain_of_constant_factors_counts_at_its_folded_product() -> None:
+    """`0.1 * (x * [7, 7])` (the factor a constant tensor, kept as a product) against
+    `0.7 * x` (a scalar factor, folded by the normal form): the chain is counted at its
+    folded product on both sides (liberty 1, as the normal form folds scalar factors). A
+    product of two inputs is still counted where it is computed: `0.1 * (x * y)` against
+    `(0.1 * x) * y` is equal in reals only (must fail)."""
+    x = make_arg(0, (2,), "f32")
+    y = make_arg(1, (2,), "f32")
+    sevens = make_dense(b"test_general_gaps.sevens", (2,), "f32", values=np.array([7, 7]))
+    product = intern("mul", (x, sevens), (), (2,), "f32")
+    scaled = intern("lin", (product,), (Fraction(1), (Fraction(1, 10),)), (2,), "f32")
+    folded = make_lin([(Fraction(7, 10), x)], Fraction(1), (2,), "f32")
+    assert check_term_equality(scaled, folded, "gaps.folded", typed=True, known_dense=True,
+                               finite_alike=True).proved
+    inputs = intern("lin", (intern("mul", (x, y), (), (2,), "f32"),),
+                    (Fraction(0), (Fraction(1, 10),)), (2,), "f32")
+    regrouped = intern("mul", (intern("lin", (x,), (Fraction(0), (Fraction(1, 10),)), (2,),
+                                      "f32"), y), (), (2,), "f32")
+    found = check_term_equality(inputs, regrouped, "gaps.inputs", typed=True,
+                                finite_alike=True)
     assert not found.proved and "overflow" in found.reason
 
 

@@ -463,13 +463,81 @@ def test_gpt2_with_the_megatron_spelling_on_512_devices(tmp_path) -> None:
     assert report.mesh == "dp=64 x tp=8", report.mesh
 
 
-@pytest.mark.xfail(strict=True, reason="gap: a vocab-parallel lookup of a unit batch dim")
 def test_gpt2_with_a_batch_of_one_is_proven() -> None:
-    """Known gap (either vocab spelling): with a batch of one sequence (a unit batch dim, e.g.
-    dp 64 ranks of one sequence each) the sharded lookup's `select(valid ids, gather, 0)` is not
-    matched with the reference's `take` under the valid-index assumption once a layer follows
-    (1 layer, tp 8 here); a batch of two is proven. Grounded: the outputs agree."""
+    """A batch of one sequence (a unit batch dim, e.g. dp 64 ranks of one sequence each), 1
+    layer, tp 8: the causal mask is `reshape(broadcast(iota, (1, 1, S, S)))` on one side and
+    `broadcast(iota, (S, S))` on the other; a reshape dropping a broadcast's unit dims is a
+    broadcast (tests/core/test_reshape_broadcast.py), so the two meet. Grounded: the outputs
+    agree."""
     ex = megatron_gpt2(1, 0, 8, batch=1)
     _grounded(ex)
     report = check_texts(*lower_pair(ex), verify_rules=False)
     assert report.proven, report.render_text()
+
+
+# ----- both liberties at once: valid indices and XLA's constant rounding ---------------------------
+
+def _scaled_take(w, t):
+    return jnp.take(w, t, axis=0) / jnp.float32(3)
+
+
+def _scaled_embed(k):
+    inner = embed("and")
+    return lambda w, t: inner(w, t) * k
+
+
+@pytest.mark.parametrize("name,k,proven", [("rounded", np.float32(1 / 3), True),
+                                          ("off", np.float32(0.3334), False)])
+def test_valid_indices_and_rounded_reciprocal_compose(name: str, k, proven: bool) -> None:
+    """`take(w, t) / 3` against the Megatron lookup times float32(1/3): equal only under the
+    valid-index assumption AND XLA's `x / c -> x * fl(1 / c)`; each liberty alone does not
+    reach it, both together do, and the report lists both. A constant that is not the
+    rounding (0.3334) computes other numbers and is not proven."""
+    ex = custom(f"vocab_scaled_{name}", TP4, _scaled_take, _scaled_embed(k), _args(P()), P(),
+                name, check_vma=False)
+    assert _same(*run_pair_on(ex, _inputs(ids=_boundaries(4)))) is proven
+    report = _report(ex)
+    assert report.proven is proven, report.render_text()
+    if proven:
+        assert any("holds valid indices" in a for a in report.assumptions)
+        assert any("rounding" in a for a in report.assumptions), report.assumptions
+
+
+@pytest.mark.parametrize("den,proven", [(8, True), (7, False)])
+def test_xla_partitioned_lookup_then_scaled_scores(den: int, proven: bool) -> None:
+    """XLA's per-device program of a Megatron lookup followed by attention-like scores
+    `softmax(h @ w / sqrt(8))` (GPT-2's stack behind the lookup, reduced): XLA folds the
+    divisor `sqrt(8)` into a constant, the reference divides by its correctly rounded root,
+    and the lookup's mask needs the valid ids; proven with both. `sqrt(7)`: other numbers,
+    not proven."""
+    from jax.sharding import AxisType, NamedSharding
+
+    from entangle_mlir.jax import lower_partitioned
+
+    mesh = jax.make_mesh((4,), ("tp",), axis_types=(AxisType.Auto,))
+    vocab, d, f, b = 32, 8, 16, 8
+    lookup = jax.shard_map(_xla_embed, mesh=mesh, in_specs=(P(), P("tp", None)),
+                           out_specs=P())
+
+    def model(ids, wte, w1):
+        return jax.nn.softmax((lookup(ids, wte) @ w1) / jnp.sqrt(jnp.float32(den)), axis=-1)
+
+    def reference(ids, wte, w1):
+        return jax.nn.softmax((wte[ids] @ w1) / jnp.sqrt(jnp.float32(8)), axis=-1)
+
+    specs = [P(), P("tp", None), P(None, "tp")]
+    shapes = [((b,), jnp.int32), ((vocab, d), jnp.float32), ((d, f), jnp.float32)]
+    avals = [jax.ShapeDtypeStruct(s, t, sharding=NamedSharding(mesh, p))
+             for (s, t), p in zip(shapes, specs)]
+    rng = np.random.default_rng(7)
+    inputs = [rng.integers(0, vocab, (b,)).astype(np.int32)] + [
+        rng.standard_normal(s).astype(np.float32) for s, _ in shapes[1:]]
+    with jax.set_mesh(mesh):
+        got = jax.jit(model)(*inputs)
+        _, sharded = lower_partitioned(model, *avals)
+    want = jax.jit(reference)(*inputs)
+    assert np.allclose(np.asarray(got), np.asarray(want), atol=1e-6) is proven
+    ref_text = jax.jit(reference).lower(
+        *[jax.ShapeDtypeStruct(s, t) for s, t in shapes]).as_text()
+    report = check_texts(ref_text, sharded)
+    assert report.proven is proven, report.render_text()

@@ -11,7 +11,7 @@ import z3
 from entangle_mlir.analysis.instance.claims import build
 from entangle_mlir.analysis.instance.common import DEFAULT_TIMEOUT_MS
 from entangle_mlir.analysis.instance.sources import Concrete, Failure, Symbolic
-from entangle_mlir.analysis.solver import ProofResult, consistent, prove
+from entangle_mlir.analysis.solver import ProofResult, consistent, prove_all
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.relations import Value
 from entangle_mlir.mlir.opinfo import OpInfo
@@ -48,7 +48,7 @@ def run_check(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | No
         symbolic.append(claim)
     if not symbolic:
         return ProofResult("proved", None, time.perf_counter() - start, name)
-    result = prove(z3.And(symbolic), source.hypotheses, name=name, timeout_ms=timeout_ms)
+    result = prove_all(symbolic, source.hypotheses, name=name, timeout_ms=timeout_ms)
     if result.status == "proved" and source.hypotheses:
         vacuous = consistent(source.hypotheses, name=f"{name}.vacuity",
                              timeout_ms=timeout_ms)

@@ -14,9 +14,9 @@ import z3
 
 from entangle_mlir.analysis.instance.common import DEFAULT_TIMEOUT_MS, MAX_TERM_COST, term_cost
 from entangle_mlir.analysis.instance.sources import Symbolic, leaf_args, leaf_name, opaque_resolver
-from entangle_mlir.analysis.solver import ProofResult, consistent, prove
+from entangle_mlir.analysis.solver import ProofResult, consistent, prove, prove_all
 from entangle_mlir.core.precision import FLOAT_FORMATS, is_float
-from entangle_mlir.core.terms import DENSE_VALUES, Term, subterms
+from entangle_mlir.core.terms import DENSE_VALUES, Term, post_order, subterms
 from entangle_mlir.semantics.element import (
     SemanticsError,
     collect_divisors,
@@ -145,8 +145,8 @@ def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
     if not symbolic and not finite_alike:
         return ProofResult("proved", None, time.perf_counter() - start, name)
     leaves = leaf_args([a, b])
-    result = (prove(z3.And(symbolic), hypotheses, name=name, timeout_ms=timeout_ms,
-                    witness=lambda model: model_inputs(model, env, leaves))
+    result = (prove_all(symbolic, hypotheses, name=name, timeout_ms=timeout_ms,
+                        witness=lambda model: model_inputs(model, env, leaves))
               if symbolic else ProofResult("proved", None, 0.0, name))
     if result.status == "proved" and finite_alike:
         inputs = _in_range(leaf_args([a, b]).values(), env)
@@ -229,16 +229,73 @@ def scaled_part(term: Term) -> Fraction | None:
     return constant if abs(coef) > 1 and isinstance(constant, Fraction) else None
 
 
+def constant_product_part(term: Term, constant_terms: dict[int, bool]) -> Fraction | None:
+    """The constant added to `k * (t * c)` when `term` is a `lin` of one part that is a
+    product with a constant factor `c` (no input under it: a splat, an iota, a dense table
+    or arithmetic of them), else None.
+
+    The normal form folds constant factors into each other: `x * 7 * 0.1` is `0.7 * x` when
+    the 7 is a scalar, `0.1 * (x * c)` when it is a tensor (`axis_index + 7` broadcast on one
+    side, `repeat(arange(8) + 7)` on the other). The two are the same float products
+    regrouped, which the semantics policy's liberty (1) allows, and their intermediate `x * c`
+    overflows where `x * (0.1 * c)` may not: as for a regrouped sum, the point where a chain
+    of constant factors overflows depends on the grouping. So the overflow claim counts such
+    a chain once, at its folded product `k * t * c` (the `lin`'s value less its constant),
+    on both sides alike: a product is never taken as finite, it is the regrouped product
+    that is shown finite or shown to overflow exactly where the other side's does. Products
+    of inputs (`x * y`) are still counted where they are computed."""
+    if term.op != "lin" or len(term.args) != 1 or term.args[0].op != "mul":
+        return None
+    constant = term.attrs[0]
+    if not isinstance(constant, Fraction):
+        return None
+    factors = term.args[0].args
+    if not any(_constant_term(f, constant_terms) for f in factors):
+        return None
+    return constant
+
+
+def _constant_term(term: Term, memo: dict[int, bool]) -> bool:
+    """Whether `term` is built from constant leaves only (no input, loop variable or opaque
+    value under it; memoized over the DAG by serial)."""
+    for top in post_order(term, memo):
+        memo[top.serial] = (top.op in _CONSTANT_LEAVES if not top.args else
+                            top.op not in _SUMMARIES and all(memo[a.serial] for a in top.args))
+    return memo[term.serial]
+
+
+_CONSTANT_LEAVES = frozenset({"splat", "iota", "dense"})
+"""Leaves that are constants of the program (any other leaf is an input or unknown)."""
+
+_SUMMARIES = frozenset({"while_result", "region_result"})
+"""Nodes whose value is computed by a summarized region, not from their arguments alone."""
+
+
 def _finite_conditions(roots: list[Term], memo: dict, skip: set[int]) -> list | None:
     """Every value the terms compute (but sums, moves and `skip`) is below the overflow
     threshold of its dtype; None when a dtype's range is unknown. A `lin` of one part
     scaled by |k| > 1 is a product by a constant: its product `k * t` is counted, as a
-    multiply by a constant tensor is (`x * 2` and `x * [2, 2]` overflow alike)."""
+    multiply by a constant tensor is (`x * 2` and `x * [2, 2]` overflow alike). A `lin` of
+    one part that is a product with a constant factor counts that chain of constant factors
+    at its folded product, and the product itself is not counted where it is only ever
+    scaled so (`constant_product_part`: liberty (1), products regrouped)."""
     out: list = []
+    constants: dict[int, bool] = {}
+    folded: dict[int, Fraction] = {}
+    scaled_only: dict[int, bool] = {}
     for term in subterms(roots):
-        offset = scaled_part(term)
+        offset = constant_product_part(term, constants)
+        if offset is not None:
+            folded[term.serial] = offset
+        for arg in term.args:
+            if arg.op == "mul":
+                scaled_only[arg.serial] = scaled_only.get(arg.serial, True) and (
+                    offset is not None)
+    for term in subterms(roots):
+        offset = folded.get(term.serial, scaled_part(term))
         if term.serial in skip or term.op in OVERFLOW_FREE or \
                 (term.op in REGROUPED and offset is None) or \
+                scaled_only.get(term.serial, False) or \
                 not is_float(term.dtype) or term.serial not in memo:
             continue
         bound = overflow_threshold(term.dtype)
@@ -256,8 +313,8 @@ def _finite_conditions(roots: list[Term], memo: dict, skip: set[int]) -> list | 
             if is_z3(element):
                 value, limit = to_z3(element), to_z3(bound)
                 out.append(z3.And(value < limit, value > -limit))
-            elif not (isinstance(element, Fraction) and abs(element) < bound):
-                out.append(z3.BoolVal(False))
+            elif not (isinstance(element, int | Fraction) and abs(element) < bound):
+                out.append(z3.BoolVal(False))  # an exact value out of range, inf or NaN
     return out
 
 
