@@ -53,6 +53,7 @@ same element of the root as the element it is reduced into.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from jaxlib.mlir import ir
@@ -969,13 +970,11 @@ def _sink_concat(concat: ir.Operation) -> int:
     if operand_dims is None or (first.name in _SINK_ELEMENTWISE and _integer(first.results[0])):
         return 0
     result_type = concat.results[0].type
-    new_operands = []
-    for j, d in enumerate(operand_dims):
-        values = [p.operands[j] for p in producers]
-        joined = _join(values, d, concat)
-        if joined is None:
-            return 0
-        new_operands.append(joined)
+    joins = [_join([p.operands[j] for p in producers], d, concat)
+             for j, d in enumerate(operand_dims)]
+    if any(join is None for join in joins):
+        return 0
+    new_operands = [join() for join in joins]
     with ir.InsertionPoint(concat), concat.location:
         new = ir.Operation.create(first.name, results=[result_type], operands=new_operands,
                                   attributes={n: first.attributes[n] for n in names},
@@ -1010,23 +1009,26 @@ def _operand_dims(op: ir.Operation, dim: int) -> list[int | None] | None:
     return None
 
 
-def _join(values: list, dim: int | None, concat: ir.Operation):
-    """The blocks' operands joined along `dim`: one value every block shares when `dim` is
-    None (the op does not map it to the concatenated dim); else the value re-broadcast to the
-    larger shape when every block shares one broadcast along `dim`, or their concatenation."""
+def _join(values: list, dim: int | None, concat: ir.Operation) -> Callable[[], object] | None:
+    """How the blocks' operands join along `dim`, as a function that builds the joined value
+    (before `concat`): one value every block shares when `dim` is None (the op does not map
+    it to the concatenated dim); else the value re-broadcast to the larger shape when every
+    block shares one broadcast along `dim`, or their concatenation. None if they do not join.
+    (`_sink_concat` builds only once every operand joins: an attempt that does not fire
+    leaves the module as it was, which the rewrite driver relies on.)"""
     shared = all(same_value(v, values[0]) for v in values)
     if dim is None:
-        return values[0] if shared else None
+        return (lambda: values[0]) if shared else None
     if shared:
         broadcast = _broadcast_along(values[0], dim, concat)
         if broadcast is not None:
             return broadcast
-    return concat_blocks(values, dim, concat)
+    return lambda: concat_blocks(values, dim, concat)
 
 
-def _broadcast_along(value, dim: int, concat: ir.Operation):
-    """`value` (a broadcast that is constant along `dim`) re-broadcast to the size the
-    concatenation gives `dim`; None for anything else."""
+def _broadcast_along(value, dim: int, concat: ir.Operation) -> Callable[[], object] | None:
+    """A function building `value` (a broadcast that is constant along `dim`) re-broadcast to
+    the size the concatenation gives `dim`; None for anything else."""
     op = defining_op(value)
     total = shape_of(concat.results[0])[ir.IntegerAttr(concat.attributes["dimension"]).value]
     if op is None or op.name != "stablehlo.broadcast_in_dim":
@@ -1037,9 +1039,13 @@ def _broadcast_along(value, dim: int, concat: ir.Operation):
     shape = list(shape_of(value))
     shape[dim] = total
     element = ir.RankedTensorType(value.type).element_type
-    with ir.InsertionPoint(concat), concat.location:
-        return stablehlo.BroadcastInDimOp(ir.RankedTensorType.get(shape, element),
-                                          op.operands[0], dims).result
+
+    def build():
+        with ir.InsertionPoint(concat), concat.location:
+            return stablehlo.BroadcastInDimOp(ir.RankedTensorType.get(shape, element),
+                                              op.operands[0], dims).result
+
+    return build
 
 
 def _normalized_after(divide: ir.Operation) -> int:
