@@ -9,6 +9,14 @@ The rewrites are applied one at a time, always at the first op in walk order tha
 on. A `Worklist` finds that op without retrying every op after every rewrite (which was
 quadratic in the length of a ring): an op whose rewrite did not fire is retried only once
 something its attempt read has changed (`match.reading`, `match.editing`).
+
+Termination, by construction: `Worklist.rewrite_one` returns as soon as an attempt changed
+the module, and only a change makes an op pending again, so one call makes at most as many
+attempts as ops are pending when it starts (each attempt takes one off, none is added); and
+`rewrite_idioms` calls it at most `budget(ops)` times after a change (a number linear in the
+module's size, far above what any ring needs). A rewrite that does not fire must leave the
+module as it was (it decides before it edits); one that breaks this still counts as a change,
+so it cannot keep the worklist busy without spending the budget.
 """
 
 from __future__ import annotations
@@ -36,8 +44,10 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None, audit: bool = Fal
     into the final max the fold produces, so without the fold they lead to no proof (and
     would try every backward op after each rewrite). The finiteness judge's memos
     (`finite.Finiteness`) live through the rewrites, forgetting the values of the ops each
-    one erases. `audit`: after every attempt, compare the worklist's ops with a walk of the
-    module (tests); `stats` (updated): the number of rewrites tried ("attempts")."""
+    one erases. At most `budget(ops)` rewrites: then it stops (soundly, every rewrite being
+    exact; a proof may be lost, never made). `audit`: after every attempt, compare the
+    worklist's ops with a walk of the module, and fail on an attempt that edited without
+    firing (tests); `stats` (updated): the number of rewrites tried ("attempts").""" 
     count = 0
     states: set[int] = set()
     with judging() as finiteness, ir.Location.unknown(), erasures() as erased, \
@@ -45,20 +55,21 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None, audit: bool = Fal
         finiteness.forget()
         roots = finiteness.root_refusals()
         work = Worklist(module, ops, erased, edits, audit)
+        limit = budget(len(work.ops))
         try:
             work.start(idioms.REWRITES)
-            while work.rewrite_one():
+            while count < limit and work.rewrite_one():
                 count += 1
                 if count % _CYCLE_CHECK == 0 and _cycled(module, states):
                     return count
-            if not work.has("stablehlo.collective_permute") or (
+            if count >= limit or not work.has("stablehlo.collective_permute") or (
                     finiteness.root_refusals() > roots):
                 return count
             forward, backward = idioms.REWRITES, online_backward.REWRITES
             both = {name: _either(forward.get(name), backward.get(name))
                     for name in {*forward, *backward}}
             work.start(both)
-            while work.rewrite_one():
+            while count < limit and work.rewrite_one():
                 count += 1
                 if count % _CYCLE_CHECK == 0 and _cycled(module, states):
                     return count
@@ -70,6 +81,13 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None, audit: bool = Fal
 
 _CYCLE_CHECK = 25
 """Every this many rewrites the module's shape is compared with the earlier ones'."""
+
+
+def budget(ops: int) -> int:
+    """The most rewrites `rewrite_idioms` applies to a module of `ops` ops: 4 per op (ring
+    attention's fold takes about 0.3 per op; a rewrite that keeps firing on what it builds
+    is stopped after this many)."""
+    return 4 * ops + 64
 
 
 def _cycled(module: ir.Module, states: set[int]) -> bool:
@@ -201,7 +219,10 @@ class Worklist:
 
     def rewrite_one(self) -> bool:
         """Try the pending ops in walk order until a rewrite fires on one (True) or none is
-        left (False)."""
+        left (False). Also True after an attempt that edited the module without firing
+        (which breaks the rewrites' contract; `audit` fails on it): ops are made pending
+        only here, after a change, so each call makes at most as many attempts as ops were
+        pending when it began."""
         finiteness = active()
         while self._heap:
             place = heapq.heappop(self._heap)
@@ -222,17 +243,17 @@ class Worklist:
             if self.audit and not fired and (gone or self.edits):
                 raise AssertionError(f"a rewrite of {op.name} that did not fire edited the "
                                      "module")
-            if fired or gone or self.edits:
-                if fired:
-                    finiteness.fired([op for k, op in self.edits.changed.items()
-                                      if k not in gone])
+            changed = bool(fired or gone or self.edits)
+            if changed:
+                finiteness.fired([op for k, op in self.edits.changed.items()
+                                  if k not in gone])
                 self._absorb(key, gone)
-            else:  # (an attempt that edits without firing breaks the rewrites' contract)
+            else:
                 reads.ops.add(op)
                 self._remember_reads(key, reads)
             if self.audit:
                 self._check_ops()
-            if fired:
+            if changed:
                 return True
         return False
 

@@ -16,7 +16,7 @@ from entangle_mlir.mlir.ir import context, ops_in_order, parse_module
 from entangle_mlir.normalize import idioms
 from entangle_mlir.normalize.finite import active, judging
 from entangle_mlir.normalize.match import erasures
-from entangle_mlir.normalize.rewrites import rewrite_idioms
+from entangle_mlir.normalize.rewrites import budget, rewrite_idioms
 from tests.judging import assuming_no_overflow
 
 
@@ -132,3 +132,20 @@ def test_blocks_of_other_weights_stay_and_the_module_with_them() -> None:
         assert rewrite_idioms(module, audit=True) == 0
         assert str(module) == before
 
+
+def test_a_rewrite_editing_without_firing_cannot_run_forever(monkeypatch) -> None:
+    """Termination does not rest on every rewrite keeping its contract: one that builds a new
+    marked concatenation each time it is tried, and never fires, is stopped by the budget
+    (`audit` fails on its first attempt)."""
+
+    def breaking(concat: ir.Operation) -> int:
+        idioms.concat_blocks(list(concat.operands), 0, concat)
+        return 0
+
+    monkeypatch.setitem(idioms.REWRITES, "stablehlo.concatenate", breaking)
+    with context():
+        module = parse_module(_blocks_of_dots(same_weights=False))
+        ops = len(ops_in_order(module))
+        assert rewrite_idioms(module) == budget(ops)
+        with pytest.raises(AssertionError, match="did not fire edited"):
+            rewrite_idioms(parse_module(_blocks_of_dots(same_weights=False)), audit=True)
