@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -245,10 +245,12 @@ sys.exit(code)
 ru_maxrss would include the forked copy of this (jax) process before exec."""
 
 
-def run_check(ref_path: Path, sharded_path: Path) -> dict:
-    """Run `entangle check` in a fresh process (the text report, as a user runs it): wall and
-    CPU seconds, peak RSS, verdict (exit code) and rule instances (its "rule checks" line)."""
-    command = [sys.executable, "-c", _LAUNCHER, "check", str(ref_path), str(sharded_path)]
+def run_check(ref_path: Path, sharded_path: Path, options: Sequence[str] = ()) -> dict:
+    """Run `entangle check [OPTIONS]` in a fresh process (the text report, as a user runs it):
+    wall and CPU seconds, peak RSS, verdict (exit code) and rule instances (its "rule checks"
+    line)."""
+    command = [sys.executable, "-c", _LAUNCHER, "check", *options, str(ref_path),
+               str(sharded_path)]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         child = subprocess.Popen(command, stdout=out, stderr=err, env=_child_env())

@@ -12,6 +12,10 @@ device, but some facts are tables over every device (partition_id's values, perm
 the tiles of a per-device program's shardings): a bigger mesh is bad input, not gigabytes."""
 
 
+_COORDS_KEPT = 1 << 16
+"""Devices whose coordinates a mesh keeps (`Mesh.coords`)."""
+
+
 def too_many_devices(count: int) -> str | None:
     """The bad-input message for a mesh of `count` devices, None if it is within the limit."""
     if count <= MAX_DEVICES:
@@ -46,6 +50,7 @@ class Mesh:
         object.__setattr__(self, "_sizes", dict(self.axes))
         object.__setattr__(self, "_names", tuple(name for name, _ in self.axes))
         object.__setattr__(self, "_axes_of_groups", {})  # every collective of every layer
+        object.__setattr__(self, "_coords", {})  # every rule instance's devices
 
     def size(self, axis: str) -> int:
         return self._sizes[axis]
@@ -57,12 +62,17 @@ class Mesh:
         return math.prod(sizes[a] for a in axes)
 
     def coords(self, device: int) -> dict[str, int]:
-        """Coordinates of a device id along each axis."""
-        out = {}
-        for name, size in reversed(self.axes):
-            out[name] = device % size
-            device //= size
-        return out
+        """Coordinates of a device id along each axis (one dict per device, kept: read it,
+        do not change it)."""
+        found = self._coords.get(device)
+        if found is None:
+            found, rest = {}, device
+            for name, size in reversed(self.axes):
+                found[name] = rest % size
+                rest //= size
+            if len(self._coords) < _COORDS_KEPT:
+                self._coords[device] = found
+        return found
 
     def device(self, coords: dict[str, int]) -> int:
         device = 0

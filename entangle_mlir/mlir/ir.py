@@ -5,6 +5,7 @@ Importing this module does not import jax.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import re
 from collections.abc import Callable
@@ -152,9 +153,17 @@ def ops_in_order(module: ir.Module) -> list[tuple[str, ir.Operation]]:
 
 
 def op_key(op: ir.Operation) -> int:
-    """An op's identity while it is alive (its address: equal handles hash alike). Taken
-    before an op may be erased, so that an erased op is recognised without touching it."""
-    return hash(op)
+    """An op's identity while it is alive: its address, the same for every handle of it and
+    through every edit. (`hash(op)` is not: it changes with the op's operands and
+    attributes.) Taken before an op may be erased, so that an erased op is recognised
+    without touching it."""
+    return _capsule_pointer(getattr(op, "operation", op)._CAPIPtr, _OPERATION_CAPSULE)
+
+
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+_OPERATION_CAPSULE = b"jaxlib.mlir.ir.Operation._CAPIPtr"
+"""The name of the capsule holding an `ir.Operation`'s address (`Operation._CAPIPtr`)."""
 
 
 def producer(value) -> ir.Operation | None:
@@ -170,7 +179,8 @@ def _unused(op: ir.Operation) -> bool:
 
 
 def erase_dead(root: ir.Operation, erasable: Callable[[str], bool],
-               erased: set[int] | None = None) -> int:
+               erased: set[int] | None = None,
+               survivors: dict[int, ir.Operation] | None = None) -> int:
     """Erase `root` if nothing uses its results, then in turn every producer of an erased op's
     operands left without uses whose name is `erasable`; the number of ops erased.
 
@@ -180,13 +190,19 @@ def erase_dead(root: ir.Operation, erasable: Callable[[str], bool],
     (updated) holds the keys of every op erased, those nested in an erased op's regions
     included, so a caller holding a list of handles can skip the ones gone. A key never names
     a live op by accident: every op pending was alive together with every op erased here
-    (nothing is created meanwhile), so their addresses differ."""
+    (nothing is created meanwhile), so their addresses differ. `survivors` (updated): the
+    producers of erased ops' operands left alive, by key (they lost uses)."""
     gone = erased if erased is not None else set()
     pending = [(op_key(root), root)]
+    root_key = pending[0][0]
     count = 0
     while pending:
         key, op = pending.pop()
-        if key in gone or not erasable(op.name) or not _unused(op):
+        if key in gone:
+            continue
+        if not erasable(op.name) or not _unused(op):
+            if survivors is not None and key != root_key:
+                survivors[key] = op
             continue
         producers = [p for p in map(producer, op.operands) if p is not None]
         pending += [(op_key(p), p) for p in producers]

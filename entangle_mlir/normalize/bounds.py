@@ -49,8 +49,10 @@ from entangle_mlir.normalize.match import (
     index_map,
     max_reduce,
     operands_first,
+    remembered,
     root_of,
     same_along,
+    same_attribute,
     shape_of,
     splat_of,
 )
@@ -298,8 +300,11 @@ def _covered(a, dims: tuple[int, ...], parts: list) -> bool:
 
 def computed_alike(x, y) -> bool:
     """`x` and `y` are the same value, or computed alike (`_same_value`): equal on every
-    device."""
-    return _same_value(x, y)
+    device. (Remembered across rewrite attempts: the ring's backward asks about the same
+    pairs of blocks after every rewrite.)"""
+    if x == y:
+        return True
+    return remembered(("computed_alike", x, y), lambda: _same_value(x, y))
 
 
 def _same_value(x, y, budget: list[int] | None = None) -> bool:
@@ -316,14 +321,23 @@ def _same_value(x, y, budget: list[int] | None = None) -> bool:
     if len(ox.operands) != len(oy.operands) or len(ox.regions) or len(oy.regions):
         return False
     if ox.name == "stablehlo.constant":
-        return str(ox.attributes["value"]) == str(oy.attributes["value"])
-    if _attributes(ox) != _attributes(oy):
+        return same_attribute(ox.attributes["value"], oy.attributes["value"])
+    if not _same_attributes(ox, oy):
         return False
     if list(ox.results).index(x) != list(oy.results).index(y):
         return False
     return all(_same_value(p, q, budget) for p, q in zip(ox.operands, oy.operands))
 
 
-def _attributes(op: ir.Operation) -> dict[str, str]:
-    attrs = op.attributes
-    return {attrs[i].name: str(attrs[i].attr) for i in range(len(attrs))}
+def _same_attributes(a: ir.Operation, b: ir.Operation) -> bool:
+    """`a` and `b` have the same attributes: the same names, each printing alike."""
+    first, second = a.attributes, b.attributes
+    if len(first) != len(second):
+        return False
+    named = {first[i].name: first[i].attr for i in range(len(first))}
+    for i in range(len(second)):
+        other = second[i]
+        mine = named.get(other.name)
+        if mine is None or not same_attribute(mine, other.attr):
+            return False
+    return True

@@ -95,6 +95,10 @@ class Kinds(Memo):
         super().forget_erased(erased)
         self["bounds"].forget_erased(erased)
 
+    def forget_downstream(self, ops: list[ir.Operation]) -> None:
+        super().forget_downstream(ops)
+        self["bounds"].forget_downstream(ops)
+
 
 @dataclass(frozen=True)
 class Refusal:
@@ -150,15 +154,20 @@ class Finiteness:
         """A rewrite is about to be tried: what its checks relied on is pending."""
         self._pending = []
 
-    def fired(self) -> None:
+    def fired(self, changed: list[ir.Operation] | None = None) -> None:
         """The rewrite tried since `attempt` changed the module: what it relied on is used.
-        Under the assumption the strict memo is dropped: the rewritten values equal the old
-        ones only under the assumption, so the strict kinds of values downstream of the
-        rewrite are recomputed (the strict memo only tells which checks relied on it)."""
+        Under the assumption the strict kinds of values downstream of the rewrite are
+        recomputed (the rewritten values equal the old ones only under the assumption; the
+        strict memo only tells which checks relied on it): those computed from the ops
+        given other operands or attributes (`changed`, when the rewrite driver tracks them:
+        the values of erased ops are forgotten already), else all of them."""
         self.used += [p for p in self._pending if p not in self.used]
         self._pending = []
         if self.assume_no_overflow:
-            self._memos.pop(False, None)
+            if changed is None:
+                self._memos.pop(False, None)
+            elif False in self._memos:
+                self._memos[False].forget_downstream(changed)
 
     def root_refusals(self) -> int:
         """How many root refusals (`Refusal.root`) were recorded so far."""
@@ -624,25 +633,37 @@ def _cone_key(value) -> int | None:
 
 
 def _evaluated_on_devices(value, counts: dict) -> list[np.ndarray] | None:
+    """`value` on every device. The first device's values that read no device id (`varying`
+    lacks them) are every device's: the others start from them (each device's evaluation
+    visits the same values in the same order, so it would compute them alike)."""
     out = []
+    shared: dict | None = None
     for partition in range(counts["mhlo.num_partitions"]):
         for replica in range(counts["mhlo.num_replicas"]):
             ids = _DeviceIds({"stablehlo.partition_id": partition,
                               "stablehlo.replica_id": replica})
-            found = _evaluate(value, ids, {}, 64)
+            memo = {} if shared is None else dict(shared)
+            found = _evaluate(value, ids, memo, 64)
             if found is None:
                 return None
             if not ids.read:
                 return [found] * (counts["mhlo.num_partitions"] * counts["mhlo.num_replicas"])
+            if shared is None:
+                shared = {v: a for v, a in memo.items() if v not in ids.varying}
             out.append(found)
     return out
 
 
 class _DeviceIds(dict):
     """The device ids `_evaluate` may read; `read` says whether it did (a value computed
-    from constants alone is the same on every device)."""
+    from constants alone is the same on every device), `varying` the values it computed
+    from them."""
 
     read = False
+
+    def __init__(self, ids: dict[str, int]) -> None:
+        super().__init__(ids)
+        self.varying: set = set()
 
     def __getitem__(self, name: str) -> int:
         self.read = True
@@ -672,12 +693,15 @@ def _evaluate(value, ids: dict[str, int], memo: dict, depth: int) -> np.ndarray 
     if op is None or dtype is None or depth == 0 or math.prod(shape_of(value)) > MAX_INDEX:
         return None
     args = []
+    varying = getattr(ids, "varying", None)
+    reads_ids = op.name in ids
     if op.name not in ("stablehlo.constant", "stablehlo.iota", *ids):
         for operand in op.operands:
             found = _evaluate(operand, ids, memo, depth - 1)
             if found is None:
                 return None
             args.append(found)
+            reads_ids = reads_ids or (varying is not None and operand in varying)
     shape = shape_of(value)
     with np.errstate(all="ignore"):
         result = _apply(op, args, ids, shape, dtype)
@@ -685,6 +709,8 @@ def _evaluate(value, ids: dict[str, int], memo: dict, depth: int) -> np.ndarray 
         return None
     result = np.asarray(result).astype(dtype).reshape(shape)
     memo[value] = result
+    if reads_ids and varying is not None:
+        varying.add(value)
     return result
 
 

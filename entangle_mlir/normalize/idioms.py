@@ -53,6 +53,7 @@ same element of the root as the element it is reduced into.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from jaxlib.mlir import ir
@@ -86,10 +87,14 @@ from entangle_mlir.normalize.match import (
     i64s,
     index_map,
     max_reduce,
+    replace_uses,
     root_of,
     same_along,
+    same_attribute,
     same_but,
     same_value,
+    set_attribute,
+    set_operand,
     shape_of,
     splat_of,
     sum_reduce,
@@ -155,7 +160,7 @@ def _nested_select(outer: ir.Operation) -> int:
             joined = logic(pred, inner_pred).result
             args = (joined, kept, fill) if inner_at == 1 else (joined, fill, kept)
             new = stablehlo.SelectOp(*args).result
-        outer.results[0].replace_all_uses_with(new)
+        replace_uses(outer.results[0], new)
         erase_and_prune(outer)
         return 1
     return 0
@@ -173,7 +178,7 @@ def _finite_guard(select: ir.Operation) -> int:
         return 0
     if not judge(lambda memo: not nonfinite_kinds(value, memo) & (NEG | POS), select):
         return 0
-    select.results[0].replace_all_uses_with(value)
+    replace_uses(select.results[0], value)
     erase_and_prune(select)
     return 1
 
@@ -184,7 +189,7 @@ def _nonnegative_abs(op: ir.Operation) -> int:
     value = op.operands[0]
     if value.type != op.results[0].type or not interval(value)[0] >= 0:
         return 0
-    op.results[0].replace_all_uses_with(value)
+    replace_uses(op.results[0], value)
     erase_and_prune(op)
     return 1
 
@@ -216,11 +221,11 @@ def _gather_of_shift(gather: ir.Operation) -> int:
                                            core).result
             shift = stablehlo.BroadcastInDimOp(result_type, core, out_dims).result
             picked = gather.clone(ir.InsertionPoint(gather))
-            picked.operands[0] = arith.operands[1 - side]
+            set_operand(picked, 0, arith.operands[1 - side])
             op = stablehlo.SubtractOp if arith.name == "stablehlo.subtract" else \
                 stablehlo.AddOp
             new = op(picked.results[0], shift).result
-        gather.results[0].replace_all_uses_with(new)
+        replace_uses(gather.results[0], new)
         erase_and_prune(gather)
         return 1
     return 0
@@ -271,7 +276,7 @@ def _row_constant(value, dims: dict, sizes: tuple, indices_shape: tuple, result_
 
 def _copy_attr(src: ir.Operation, dst: ir.Operation, name: str) -> None:
     if name in src.attributes:
-        dst.attributes[name] = src.attributes[name]
+        set_attribute(dst, name, src.attributes[name])
 
 
 def _gathered_sum(reduce: ir.Operation) -> int:
@@ -300,11 +305,11 @@ def _gathered_sum(reduce: ir.Operation) -> int:
                                    summed.results[0]).result
     dims = [d - (d > g) for d in i64s(reduce, "dimensions") if d != g]
     if dims:
-        reduce.operands[0] = flat
-        reduce.attributes["dimensions"] = ir.DenseI64ArrayAttr.get(dims)
+        set_operand(reduce, 0, flat)
+        set_attribute(reduce, "dimensions", ir.DenseI64ArrayAttr.get(dims))
         erase_and_prune(gather)
     else:
-        reduce.results[0].replace_all_uses_with(flat)
+        replace_uses(reduce.results[0], flat)
         erase_and_prune(reduce)
     return 1
 
@@ -362,8 +367,8 @@ def _gathered_argmax(reduce: ir.Operation) -> int:
                 _copy_attr(g_v, gathered.operation, name)
             whole.append(gathered.results[0])
     for k, value in enumerate(whole):
-        reduce.operands[k] = value
-    reduce.attributes["dimensions"] = first.attributes["dimensions"]
+        set_operand(reduce, k, value)
+    set_attribute(reduce, "dimensions", first.attributes["dimensions"])
     for x in gathers:
         erase_and_prune(x)
     return 1
@@ -464,7 +469,7 @@ def _unshifted(reduce: ir.Operation, sub: ir.Operation, at: ir.Operation):
     with ir.InsertionPoint(at), at.location:
         exp = stablehlo.ExpOp(sub.operands[0]).result
         clone = reduce.clone(ir.InsertionPoint(at))
-    clone.operands[0] = exp
+    set_operand(clone, 0, exp)
     return clone.results[0]
 
 
@@ -485,7 +490,7 @@ def _rescaled_exp_sum(mul: ir.Operation) -> int:
                 scale.operands[0]) or not _unshifted_exact(reduce, sub, 1, scale.operands[0]):
             continue
         new = _unshifted(reduce, sub, mul)
-        mul.results[0].replace_all_uses_with(new)
+        replace_uses(mul.results[0], new)
         erase_and_prune(mul)
         return 1
     return 0
@@ -581,11 +586,11 @@ def _shifted_lse(add: ir.Operation) -> int:
         new = _unshifted(reduce, sub, add)
         if collective is not None:
             gathered = collective.clone(ir.InsertionPoint(add))
-            gathered.operands[0] = new
+            set_operand(gathered, 0, new)
             new = gathered.results[0]
         with ir.InsertionPoint(add), add.location:
             new = stablehlo.LogOp(new).result
-        add.results[0].replace_all_uses_with(new)
+        replace_uses(add.results[0], new)
         erase_and_prune(add)
         return 1
     return 0
@@ -632,7 +637,7 @@ def concat_blocks(values: list, dim: int, at: ir.Operation):
             flat.append(value)
     with ir.InsertionPoint(at), at.location:
         joined = stablehlo.ConcatenateOp(flat, dim)
-    joined.operation.attributes[BLOCKS_ATTR] = ir.UnitAttr.get()
+    set_attribute(joined.operation, BLOCKS_ATTR, ir.UnitAttr.get())
     return joined.result
 
 
@@ -653,8 +658,8 @@ def _online_max(maximum: ir.Operation) -> int:
             continue
         joined = concat_blocks([x, s], dims[0], maximum)
         clone = cur.clone(ir.InsertionPoint(maximum))
-        clone.operands[0] = joined
-        maximum.results[0].replace_all_uses_with(clone.results[0])
+        set_operand(clone, 0, joined)
+        replace_uses(maximum.results[0], clone.results[0])
         erase_and_prune(maximum)
         return 1
     return 0
@@ -676,8 +681,8 @@ def _running_max(value) -> ir.Operation | None:
 def _same_init(a: ir.Operation, b: ir.Operation) -> bool:
     first, second = defining_op(a.operands[1]), defining_op(b.operands[1])
     return (first is not None and second is not None and first.name == second.name
-            == "stablehlo.constant" and str(first.attributes["value"])
-            == str(second.attributes["value"]))
+            == "stablehlo.constant" and same_attribute(first.attributes["value"],
+                                                       second.attributes["value"]))
 
 
 class _Accumulated:
@@ -761,7 +766,8 @@ class _Accumulated:
             return False
         names = attr_names(self.core)
         if names != attr_names(other.core) or any(
-                str(self.core.attributes[n]) != str(other.core.attributes[n]) for n in names):
+                not same_attribute(self.core.attributes[n], other.core.attributes[n])
+                for n in names):
             return False
         if len(self.views) != len(other.views) or any(
                 a.name != b.name or a.results[0].type != b.results[0].type
@@ -848,7 +854,7 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumula
     if index is None or index.shape != cur.index.shape or not (index == cur.index).all():
         return 0
     if splat_of(acc_value, 0.0):
-        add.results[0].replace_all_uses_with(cur_value)
+        replace_uses(add.results[0], cur_value)
         erase_and_prune(add)
         return 1
     prev = _Accumulated(acc_value)
@@ -876,9 +882,9 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumula
             ir.RankedTensorType.get(shape_of(joined), element), cur.m, kept).result
         exp_new = stablehlo.ExpOp(stablehlo.SubtractOp(joined, shift).result).result
     core = cur.core.clone(ir.InsertionPoint(add))
-    core.operands[cur.side] = exp_new
+    set_operand(core, cur.side, exp_new)
     if cur.v is not None:
-        core.operands[1 - cur.side] = concat_blocks([prev.v, cur.v], cur.dv, core)
+        set_operand(core, 1 - cur.side, concat_blocks([prev.v, cur.v], cur.dv, core))
     _replace_through_views(add, core.results[0], cur.views)
     return 1
 
@@ -915,9 +921,9 @@ def _replace_through_views(old: ir.Operation, value, views: list[ir.Operation]) 
     as an accumulator's einsum transposes/reshapes were applied), then erase what is dead."""
     for view in reversed(views):
         clone = view.clone(ir.InsertionPoint(old))
-        clone.operands[0] = value
+        set_operand(clone, 0, value)
         value = clone.results[0]
-    old.results[0].replace_all_uses_with(value)
+    replace_uses(old.results[0], value)
     erase_and_prune(old)
 
 
@@ -954,7 +960,8 @@ def _sink_concat(concat: ir.Operation) -> int:
     if first is None or any(p is None or p.name != first.name for p in producers):
         return 0
     names = attr_names(first)
-    if any(attr_names(p) != names or any(str(p.attributes[n]) != str(first.attributes[n])
+    if any(attr_names(p) != names or any(not same_attribute(p.attributes[n],
+                                                            first.attributes[n])
                                          for n in names) for p in producers):
         return 0
     operand_dims = _operand_dims(first, dim)
@@ -963,18 +970,16 @@ def _sink_concat(concat: ir.Operation) -> int:
     if operand_dims is None or (first.name in _SINK_ELEMENTWISE and _integer(first.results[0])):
         return 0
     result_type = concat.results[0].type
-    new_operands = []
-    for j, d in enumerate(operand_dims):
-        values = [p.operands[j] for p in producers]
-        joined = _join(values, d, concat)
-        if joined is None:
-            return 0
-        new_operands.append(joined)
+    joins = [_join([p.operands[j] for p in producers], d, concat)
+             for j, d in enumerate(operand_dims)]
+    if any(join is None for join in joins):
+        return 0
+    new_operands = [join() for join in joins]
     with ir.InsertionPoint(concat), concat.location:
         new = ir.Operation.create(first.name, results=[result_type], operands=new_operands,
                                   attributes={n: first.attributes[n] for n in names},
                                   loc=first.location)
-    concat.results[0].replace_all_uses_with(new.results[0])
+    replace_uses(concat.results[0], new.results[0])
     erase_and_prune(concat)
     return 1
 
@@ -1004,23 +1009,26 @@ def _operand_dims(op: ir.Operation, dim: int) -> list[int | None] | None:
     return None
 
 
-def _join(values: list, dim: int | None, concat: ir.Operation):
-    """The blocks' operands joined along `dim`: one value every block shares when `dim` is
-    None (the op does not map it to the concatenated dim); else the value re-broadcast to the
-    larger shape when every block shares one broadcast along `dim`, or their concatenation."""
+def _join(values: list, dim: int | None, concat: ir.Operation) -> Callable[[], object] | None:
+    """How the blocks' operands join along `dim`, as a function that builds the joined value
+    (before `concat`): one value every block shares when `dim` is None (the op does not map
+    it to the concatenated dim); else the value re-broadcast to the larger shape when every
+    block shares one broadcast along `dim`, or their concatenation. None if they do not join.
+    (`_sink_concat` builds only once every operand joins: an attempt that does not fire
+    leaves the module as it was, which the rewrite driver relies on.)"""
     shared = all(same_value(v, values[0]) for v in values)
     if dim is None:
-        return values[0] if shared else None
+        return (lambda: values[0]) if shared else None
     if shared:
         broadcast = _broadcast_along(values[0], dim, concat)
         if broadcast is not None:
             return broadcast
-    return concat_blocks(values, dim, concat)
+    return lambda: concat_blocks(values, dim, concat)
 
 
-def _broadcast_along(value, dim: int, concat: ir.Operation):
-    """`value` (a broadcast that is constant along `dim`) re-broadcast to the size the
-    concatenation gives `dim`; None for anything else."""
+def _broadcast_along(value, dim: int, concat: ir.Operation) -> Callable[[], object] | None:
+    """A function building `value` (a broadcast that is constant along `dim`) re-broadcast to
+    the size the concatenation gives `dim`; None for anything else."""
     op = defining_op(value)
     total = shape_of(concat.results[0])[ir.IntegerAttr(concat.attributes["dimension"]).value]
     if op is None or op.name != "stablehlo.broadcast_in_dim":
@@ -1031,9 +1039,13 @@ def _broadcast_along(value, dim: int, concat: ir.Operation):
     shape = list(shape_of(value))
     shape[dim] = total
     element = ir.RankedTensorType(value.type).element_type
-    with ir.InsertionPoint(concat), concat.location:
-        return stablehlo.BroadcastInDimOp(ir.RankedTensorType.get(shape, element),
-                                          op.operands[0], dims).result
+
+    def build():
+        with ir.InsertionPoint(concat), concat.location:
+            return stablehlo.BroadcastInDimOp(ir.RankedTensorType.get(shape, element),
+                                              op.operands[0], dims).result
+
+    return build
 
 
 def _normalized_after(divide: ir.Operation) -> int:
@@ -1068,6 +1080,6 @@ def _normalized_after(divide: ir.Operation) -> int:
             ir.RankedTensorType.get(shape_of(exp_value), element), root, kept).result
         probs = stablehlo.DivOp(exp_value, spread).result
     core = acc.core.clone(ir.InsertionPoint(divide))
-    core.operands[acc.side] = probs
+    set_operand(core, acc.side, probs)
     _replace_through_views(divide, core.results[0], acc.views)
     return 1

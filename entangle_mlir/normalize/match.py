@@ -5,6 +5,11 @@ attribute), the root a chain of broadcasts and reshapes reads (`root_of`) and wh
 it each element reads (`index_map`), the reductions and constants the rewrites look for
 (`sum_reduce`, `max_reduce`, `splat_of`), a walk of a value's cone operands first
 (`operands_first`), and erasing an op with the producers it leaves dead (`erase_and_prune`).
+
+The rewrites edit the IR through `replace_uses`, `set_operand`, `set_attribute` and
+`erase_and_prune`, and navigate it through `defining_op` and `uses_of`; within `reading` and
+`editing` those are noted, so that a rewrite driver retries an op only where something it read
+changed (`rewrites.Worklist`).
 """
 
 from __future__ import annotations
@@ -12,14 +17,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.mlir.compat import block_argument
-from entangle_mlir.mlir.ir import erase_dead, op_key
+from entangle_mlir.mlir.ir import erase_dead, op_key, producer
 from entangle_mlir.mlir.opinfo import constant_value, reducer_kind
 
 MOVES = ("stablehlo.broadcast_in_dim", "stablehlo.reshape")
@@ -31,11 +36,146 @@ MAX_INDEX = 1 << 22
 
 
 def defining_op(value) -> ir.Operation | None:
-    """The op whose result `value` is; None for a block argument."""
+    """The op whose result `value` is; None for a block argument. Within `reading`, noted as
+    read."""
     owner = value.owner
     if isinstance(owner, ir.Block):
         return None
-    return owner.operation if hasattr(owner, "operation") else owner
+    op = owner.operation if hasattr(owner, "operation") else owner
+    reads = _READS.get()
+    if reads is not None:
+        reads.ops.add(op)
+    return op
+
+
+def uses_of(value) -> list:
+    """The uses of `value` (`ir.OpOperand`s). Within `reading`, its producer's uses are noted
+    as read."""
+    reads = _READS.get()
+    if reads is not None:
+        op = producer(value)
+        if op is not None:
+            reads.uses.add(op)
+    return list(value.uses)
+
+
+class Reads:
+    """What one rewrite attempt read (`reading`): the ops it reached (their operands,
+    attributes and types), and the ops whose results' uses it listed. (Handles, compared as
+    ops: the IR does not change while an attempt reads it; `keys` names them for later.)"""
+
+    __slots__ = ("ops", "uses")
+
+    def __init__(self) -> None:
+        self.ops: set[ir.Operation] = set()
+        self.uses: set[ir.Operation] = set()
+
+    def keys(self) -> tuple[set[int], set[int]]:
+        """The keys (`ir.op_key`) of the ops read, and of the ops whose uses were read."""
+        return {op_key(op) for op in self.ops}, {op_key(op) for op in self.uses}
+
+
+_READS: contextvars.ContextVar[Reads | None] = contextvars.ContextVar("reads", default=None)
+
+
+@contextlib.contextmanager
+def reading() -> Iterator[Reads]:
+    """Note what `defining_op`, `uses_of` and `operands_first` (with a memo that is not a
+    `Memo`) reach within the block."""
+    reads = Reads()
+    token = _READS.set(reads)
+    try:
+        yield reads
+    finally:
+        _READS.reset(token)
+
+
+class Edits:
+    """What the rewrites changed within `editing`, besides the ops they erased (`erasures`):
+    `changed`, the ops given another operand or attribute; `touched`, the ops whose results
+    gained or lost uses; `installed`, the producers of the values given new uses (a new op
+    among them leads to the others: `rewrites.Worklist` finds the new ops from there). Each
+    by its key (`ir.op_key`, taken while the op is alive)."""
+
+    def __init__(self) -> None:
+        self.changed: dict[int, ir.Operation] = {}
+        self.touched: dict[int, ir.Operation] = {}
+        self.installed: dict[int, ir.Operation] = {}
+        self.epoch = 0
+        self.changed_at: dict[int, int] = {}
+        self.remembered: dict = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.changed or self.touched or self.installed)
+
+    def clear(self) -> None:
+        """Forget the edits (not when each op last changed: `remembered` needs that)."""
+        self.changed.clear()
+        self.touched.clear()
+        self.installed.clear()
+
+    def change(self, op) -> None:
+        op = getattr(op, "operation", op)
+        key = op_key(op)
+        self.changed[key] = op
+        self.stamp(key)
+
+    def stamp(self, key: int) -> None:
+        """The op of `key` changed (other operands or attributes) or was erased now."""
+        self.epoch += 1
+        self.changed_at[key] = self.epoch
+
+    def touch(self, value, installed: bool = False) -> None:
+        op = producer(value)
+        if op is not None:
+            self.touched[op_key(op)] = op
+            if installed:
+                self.installed[op_key(op)] = op
+
+
+_EDITS: contextvars.ContextVar[Edits | None] = contextvars.ContextVar("edits", default=None)
+
+
+@contextlib.contextmanager
+def editing() -> Iterator[Edits]:
+    """The edits `replace_uses`, `set_operand`, `set_attribute` and `erase_and_prune` make
+    within the block, as an `Edits` the caller may clear as it goes."""
+    edits = Edits()
+    token = _EDITS.set(edits)
+    try:
+        yield edits
+    finally:
+        _EDITS.reset(token)
+
+
+def replace_uses(old, new) -> None:
+    """`old.replace_all_uses_with(new)`, noted within `editing`: the users of `old` get
+    another operand, `old`'s and `new`'s producers other uses."""
+    edits = _EDITS.get()
+    if edits is not None:
+        for use in old.uses:
+            edits.change(use.owner)
+        edits.touch(old)
+        edits.touch(new, installed=True)
+    old.replace_all_uses_with(new)
+
+
+def set_operand(op: ir.Operation, index: int, value) -> None:
+    """`op.operands[index] = value`, noted within `editing`."""
+    edits = _EDITS.get()
+    if edits is not None:
+        edits.change(op)
+        edits.touch(op.operands[index])
+        edits.touch(value, installed=True)
+    op.operands[index] = value
+
+
+def set_attribute(op: ir.Operation, name: str, value: ir.Attribute) -> None:
+    """`op.attributes[name] = value`, noted within `editing`."""
+    edits = _EDITS.get()
+    if edits is not None:
+        edits.change(op)
+    op.attributes[name] = value
 
 
 def shape_of(value) -> tuple[int, ...]:
@@ -58,12 +198,38 @@ class Memo(dict):
     def __init__(self) -> None:
         super().__init__()
         self.owners: dict = {}
+        self._owned: dict[int, list] = {}
+
+    def own(self, value, key: int) -> None:
+        """Record that `value` belongs to the op whose key is `key`."""
+        self.owners[value] = key
+        self._owned.setdefault(key, []).append(value)
 
     def forget_erased(self, erased: set[int]) -> None:
         """Drop the values of the ops whose keys (`ir.op_key`) are in `erased`."""
-        for value in [v for v, key in self.owners.items() if key in erased]:
-            self.pop(value, None)
-            del self.owners[value]
+        for key in erased:
+            for value in self._owned.pop(key, ()):
+                if self.owners.get(value) == key:
+                    self.pop(value, None)
+                    del self.owners[value]
+
+    def forget_downstream(self, ops: list[ir.Operation]) -> None:
+        """Drop the values computed from the results of `ops` (given other operands or
+        attributes), and everything computed from those: what a fresh memo would compute
+        anew. The memo holds each value's cone with it (`operands_first`), so the walk along
+        the uses stops at a value it lacks (a shard_map's body arguments are its operands)."""
+        stack = [r for op in ops for r in op.results]
+        while stack:
+            value = stack.pop()
+            if value not in self:
+                continue
+            del self[value]
+            self.owners.pop(value, None)
+            for use in value.uses:
+                user = getattr(use.owner, "operation", use.owner)
+                stack += list(user.results)
+                if user.name == "sdy.manual_computation":
+                    stack += list(user.regions[0].blocks[0].arguments)
 
 
 def operands_first(value, memo: dict):
@@ -73,13 +239,14 @@ def operands_first(value, memo: dict):
     asking for the next (a `Memo` also learns its op). Iterative: the cone of a layer is the
     whole program before it."""
     owners = memo.owners if isinstance(memo, Memo) else None
+    navigate = defining_op if owners is None else producer
     stack = [value]
     while stack:
         top = stack[-1]
         if top in memo:
             stack.pop()
             continue
-        op = defining_op(top)
+        op = navigate(top)
         outer = _outer_operand(top) if op is None else None
         waiting = [v for v in (op.operands if op is not None else [outer] if outer else [])
                    if v not in memo]
@@ -88,7 +255,7 @@ def operands_first(value, memo: dict):
             continue
         stack.pop()
         if owners is not None:
-            owners[top] = op_key(op if op is not None else top.owner.owner.operation)
+            memo.own(top, op_key(op if op is not None else top.owner.owner.operation))
         yield top, op, outer
 
 
@@ -99,6 +266,9 @@ def _outer_operand(value):
     op = owner.owner if isinstance(owner, ir.Block) else None
     if op is None or op.operation.name != "sdy.manual_computation":
         return None
+    reads = _READS.get()
+    if reads is not None:
+        reads.ops.add(op.operation)
     return op.operation.operands[block_argument(value).arg_number]
 
 
@@ -235,10 +405,16 @@ def same_value(a, b, depth: int = 6) -> bool:
             or len(first.regions) or len(second.regions)):
         return False
     names = attr_names(first)
-    if names != attr_names(second) or any(str(first.attributes[n]) != str(second.attributes[n])
+    if names != attr_names(second) or any(not same_attribute(first.attributes[n],
+                                                             second.attributes[n])
                                           for n in names):
         return False
     return all(same_value(x, y, depth - 1) for x, y in zip(first.operands, second.operands))
+
+
+def same_attribute(a: ir.Attribute, b: ir.Attribute) -> bool:
+    """`a` and `b` print alike: the same (uniqued) attribute, else compared as printed."""
+    return a == b or str(a) == str(b)
 
 
 def same_but(a: tuple[int, ...], b: tuple[int, ...], dim: int) -> bool:
@@ -248,12 +424,43 @@ def same_but(a: tuple[int, ...], b: tuple[int, ...], dim: int) -> bool:
 
 def erase_and_prune(op: ir.Operation) -> None:
     """Erase `op` and then its operands' producers that it left without uses (memory-safe:
-    `ir.erase_dead`); within `erasures`, their keys are collected."""
+    `ir.erase_dead`); within `erasures`, their keys are collected, and within `editing` the
+    producers left alive are noted as touched."""
     erased: set[int] = set()
-    erase_dead(op, _erasable, erased)
+    edits = _EDITS.get()
+    erase_dead(op, _erasable, erased, None if edits is None else edits.touched)
     collected = _ERASED.get()
     if collected is not None:
         collected |= erased
+    if edits is not None:
+        for key in erased:
+            edits.stamp(key)
+
+
+def remembered(key, compute: Callable[[], object]) -> object:
+    """`compute()`, remembered across rewrite attempts (within `editing` and `reading`) as
+    long as none of the ops it read (`defining_op`) changed or was erased since: for a pure
+    function of the IR it reads (no finiteness memo, no uses), keyed by its arguments (`key`,
+    with the function's name). Its reads join the attempt's either way, so the rewrite
+    driver retries the attempt when they change, as if it had computed it again."""
+    edits, outer = _EDITS.get(), _READS.get()
+    if edits is None or outer is None:
+        return compute()
+    found = edits.remembered.get(key)
+    if found is not None:
+        result, ops, keys, epoch = found
+        changed_at = edits.changed_at
+        if all(changed_at.get(k, 0) <= epoch for k in keys):
+            outer.ops |= ops
+            return result
+    epoch = edits.epoch
+    with reading() as reads:
+        result = compute()
+    outer.ops |= reads.ops
+    outer.uses |= reads.uses
+    ops = frozenset(reads.ops)
+    edits.remembered[key] = (result, ops, [op_key(op) for op in ops], epoch)
+    return result
 
 
 _ERASED: contextvars.ContextVar[set[int] | None] = contextvars.ContextVar(

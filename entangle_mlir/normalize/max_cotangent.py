@@ -36,7 +36,9 @@ from entangle_mlir.normalize.finite import Kinds, judge, judging, nonfinite_kind
 from entangle_mlir.normalize.match import (
     MOVES_AND_TRANSPOSES,
     defining_op,
+    editing,
     i64s,
+    replace_uses,
     root_of,
     sum_reduce,
 )
@@ -174,7 +176,7 @@ def _fold_zeros(zeros: list, kinds: dict) -> None:
                 new = other[0]
             else:
                 continue
-            user.results[0].replace_all_uses_with(new)
+            replace_uses(user.results[0], new)
 
 
 _PURE_PREFIX = "stablehlo."
@@ -227,7 +229,7 @@ def zero_max_cotangents(module: ir.Module, ops: list | None = None) -> int:
     else:
         found = [op for name, op in ops if name in names]
     count = 0
-    with judging() as finiteness, ir.Location.unknown():
+    with judging() as finiteness, ir.Location.unknown(), editing() as edits:
         kinds = Kinds(finiteness.assume_no_overflow)
         for op in found:
             if not any(True for _ in op.results[0].uses):
@@ -240,9 +242,10 @@ def zero_max_cotangents(module: ir.Module, ops: list | None = None) -> int:
                         _cotangent_refusal(op), kinds)):
                 continue
             zero = _zero_like(op.results[0], op)
-            op.results[0].replace_all_uses_with(zero)
+            replace_uses(op.results[0], zero)
             _fold_zeros([zero], kinds)
-            finiteness.fired()
+            finiteness.fired(list(edits.changed.values()))
+            edits.clear()
             count += 1
         if count:
             _sweep(module)

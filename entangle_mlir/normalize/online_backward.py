@@ -88,11 +88,16 @@ from entangle_mlir.normalize.match import (
     erase_and_prune,
     i64s,
     index_map,
+    replace_uses,
     root_of,
+    same_attribute,
     same_but,
     same_value,
+    set_attribute,
+    set_operand,
     shape_of,
     sum_reduce,
+    uses_of,
 )
 from entangle_mlir.normalize.order import at_most
 
@@ -200,7 +205,7 @@ def _mul(x, y, at: ir.Operation):
 
 
 def _replace(op: ir.Operation, value) -> int:
-    op.results[0].replace_all_uses_with(value)
+    replace_uses(op.results[0], value)
     erase_and_prune(op)
     return 1
 
@@ -300,7 +305,7 @@ def _rechained(sub_value, b, at: ir.Operation):
     value = b
     for op in reversed(chain):
         clone = op.clone(ir.InsertionPoint(at))
-        clone.operands[0] = value
+        set_operand(clone, 0, value)
         value = clone.results[0]
     return value
 
@@ -502,7 +507,7 @@ def _result_dim(d: int, side: int, batch, free) -> int:
 def _clone_dot(dot: ir.Operation, operands: list):
     clone = dot.clone(ir.InsertionPoint(dot))
     for i, value in enumerate(operands):
-        clone.operands[i] = value
+        set_operand(clone, i, value)
     return clone.results[0]
 
 
@@ -543,7 +548,7 @@ def _transposed(value, permutation: list[int], at: ir.Operation, depth: int = 6)
         operands = [_transposed(v, permutation, at, depth - 1) for v in op.operands]
         clone = op.clone(ir.InsertionPoint(at))
         for i, v in enumerate(operands):
-            clone.operands[i] = v
+            set_operand(clone, i, v)
         clone.results[0].set_type(out)
         return clone.results[0]
     with ir.InsertionPoint(at), at.location:
@@ -570,7 +575,7 @@ def _exp_out_of_transpose(transpose: ir.Operation) -> int:
     if sub is None or sub.name != "stablehlo.subtract" or any(
             shape_of(v) != shape_of(exp.results[0]) for v in sub.operands):
         return 0
-    uses = list(transpose.results[0].uses)
+    uses = uses_of(transpose.results[0])
     if not uses or any(u.owner.name not in MOVES for u in uses):
         return 0
     return _replace(transpose, _exp_transposed(exp.results[0], i64s(transpose, "permutation"),
@@ -682,7 +687,7 @@ def _contracted_sum(add: ir.Operation) -> int:
     first, second = dots
     names = attr_names(first)
     if names != attr_names(second) or any(
-            str(first.attributes[n]) != str(second.attributes[n]) for n in names):
+            not same_attribute(first.attributes[n], second.attributes[n]) for n in names):
         return 0
     if first.results[0].type != second.results[0].type:
         return 0
@@ -704,7 +709,7 @@ def _contracted_sum(add: ir.Operation) -> int:
                 for s in (0, 1)]
     clone = first.clone(ir.InsertionPoint(add))
     for s in (0, 1):
-        clone.operands[s] = operands[s]
+        set_operand(clone, s, operands[s])
     return _replace(add, clone.results[0])
 
 
@@ -775,7 +780,7 @@ def _ring_return(add: ir.Operation) -> int:
     stays alive; whether the slices, the permutes and the adds give the reference's cotangent
     is the walk's to judge (`rules/kinds/returning.py`). Only at the last level of a chain (the add
     no collective_permute reads), so the whole chain is taken at once."""
-    if any(use.owner.name == "stablehlo.collective_permute" for use in add.results[0].uses):
+    if any(use.owner.name == "stablehlo.collective_permute" for use in uses_of(add.results[0])):
         return 0
     steps = _return_chain(add)
     if steps is None or len(steps) < 2:
@@ -783,7 +788,7 @@ def _ring_return(add: ir.Operation) -> int:
     first = steps[0].dot
     names = attr_names(first)
     if any(attr_names(s.dot) != names or any(
-            str(s.dot.attributes[n]) != str(first.attributes[n]) for n in names)
+            not same_attribute(s.dot.attributes[n], first.attributes[n]) for n in names)
             or s.dot.results[0].type != first.results[0].type
             or [str(v.name) for v in s.views] != [str(v.name) for v in steps[0].views]
             for s in steps):
@@ -802,7 +807,8 @@ def _ring_return(add: ir.Operation) -> int:
     f = free[varying][0]
     out_dim = _result_dim(f, varying, batch, free)
     if any(a.results[0].type != b.results[0].type or any(
-            str(a.attributes[n]) != str(b.attributes[n]) for n in ("permutation", "dimensions")
+            not same_attribute(a.attributes[n], b.attributes[n])
+            for n in ("permutation", "dimensions")
             if n in attr_names(b)) for s in steps for a, b in zip(s.views, steps[0].views)):
         return 0
     at = add
@@ -836,18 +842,18 @@ def _ring_return(add: ir.Operation) -> int:
             value = stablehlo.SliceOp(whole, start, limit, [1] * rank).result
         for view in step.views[moved:]:
             clone = view.clone(ir.InsertionPoint(at))
-            clone.operands[0] = value
+            set_operand(clone, 0, value)
             value = clone.results[0]
         parts.append(value)
     acc = parts[-1]
     for i in range(len(steps) - 2, -1, -1):
         step = steps[i]
         permute = step.permute.clone(ir.InsertionPoint(at))
-        permute.operands[0] = acc
+        set_operand(permute, 0, acc)
         new_add = step.add.clone(ir.InsertionPoint(at))
         which = 0 if step.add.operands[0] == step.permute.results[0] else 1
-        new_add.operands[which] = permute.results[0]
-        new_add.operands[1 - which] = parts[i]
+        set_operand(new_add, which, permute.results[0])
+        set_operand(new_add, 1 - which, parts[i])
         acc = new_add.results[0]
     return _replace(add, acc)
 
@@ -881,7 +887,7 @@ def _whole_view(view: ir.Operation, whole, out_dim: int, count: int, at: ir.Oper
         shape = list(shape_of(view.results[0]))
         shape[landed] *= count
         clone = view.clone(ir.InsertionPoint(at))
-        clone.operands[0] = whole
+        set_operand(clone, 0, whole)
         clone.results[0].set_type(ir.RankedTensorType.get(shape, element))
         return clone.results[0], landed
     return None
@@ -1002,8 +1008,8 @@ def _reassociated(reduce: ir.Operation) -> int:
     with ir.InsertionPoint(reduce), reduce.location:
         product = stablehlo.MulOp(product, e).result
     clone = reduce.clone(ir.InsertionPoint(reduce))
-    clone.operands[0] = product
-    clone.attributes["dimensions"] = ir.DenseI64ArrayAttr.get([contract[e_side][0]])
+    set_operand(clone, 0, product)
+    set_attribute(clone, "dimensions", ir.DenseI64ArrayAttr.get([contract[e_side][0]]))
     kept = [e_of_leaf[i] for i in range(rank) if i != r]
     ranks = sorted(kept)
     clone.results[0].set_type(ir.RankedTensorType.get([e_shape[d] for d in ranks], element))

@@ -45,6 +45,8 @@ from entangle_mlir.normalize.match import (
     dot_operand_dims,
     i64s,
     max_reduce,
+    remembered,
+    same_attribute,
     same_but,
     shape_of,
     splat_of,
@@ -67,7 +69,8 @@ def at_most(x, m, placed: tuple[int, ...] | None = None) -> bool:
         if _vector(x) != _vector(m):
             return False
         placed = _non_unit(shape_of(x))
-    return _at_most(x, m, tuple(placed), [_BUDGET])
+    placed = tuple(placed)
+    return remembered(("at_most", x, m, placed), lambda: _at_most(x, m, placed, [_BUDGET]))
 
 
 def _non_unit(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -128,8 +131,8 @@ def _init_at_most(init, m) -> bool:
 def _same_constant(a, b) -> bool:
     first, second = defining_op(a), defining_op(b)
     return (first is not None and second is not None and first.name == second.name
-            == "stablehlo.constant" and str(first.attributes["value"])
-            == str(second.attributes["value"]))
+            == "stablehlo.constant" and same_attribute(first.attributes["value"],
+                                                       second.attributes["value"]))
 
 
 def _within_rows(x, m, placed: tuple[int, ...], budget: list[int]) -> bool:
@@ -230,7 +233,7 @@ def _operand_dims(ox: ir.Operation, oy: ir.Operation, dim: int) -> list[int | No
     if ox.name != oy.name or len(ox.operands) != len(oy.operands) or ox.regions or oy.regions:
         return None
     names = attr_names(ox)
-    if names != attr_names(oy) or any(str(ox.attributes[n]) != str(oy.attributes[n])
+    if names != attr_names(oy) or any(not same_attribute(ox.attributes[n], oy.attributes[n])
                                       for n in names):
         return None
     out = shape_of(oy.results[0])

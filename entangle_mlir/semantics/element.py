@@ -363,19 +363,46 @@ def remainder(a: Element, b: Element, integer: bool = False) -> Element:
     return a - b * int(quotient)
 
 
+class _FoldMemo:
+    """What `_masked_parts` learned about the nodes of the terms a max or min fold builds
+    (`_folding`): each step's operand holds the earlier steps' terms, so without it a fold
+    over k elements costs k^2. Keyed by Z3 node id, each node kept alive with its entry (an
+    id is reused only once its node is gone)."""
+
+    def __init__(self) -> None:
+        self.leaf: dict = {}
+        self.parts: dict = {}
+        self.nodes: list = []
+
+
+_FOLD_MEMO: contextvars.ContextVar[_FoldMemo | None] = contextvars.ContextVar(
+    "fold_memo", default=None)
+
+
+@contextlib.contextmanager
+def _folding() -> Iterator[None]:
+    token = _FOLD_MEMO.set(_FoldMemo())
+    try:
+        yield
+    finally:
+        _FOLD_MEMO.reset(token)
+
+
 def _masked_parts(x: Element, inf: z3.ExprRef) -> tuple | None:
     """(x is not `inf`, x's value where it is not) for a z3 term of nested `If`s with `inf`
     among its leaves (a value masked to -inf, as in a pmax of `where(mask, rows, -inf)`);
     None when `x` is no such term or a leaf mentions an infinity in arithmetic. Linear in the
-    term's DAG (memoized by node)."""
+    term's DAG (memoized by node; within `_folding`, across the fold's steps)."""
+    shared = _FOLD_MEMO.get()
     if not isinstance(x, z3.ArithRef) or not z3.is_app_of(x, z3.Z3_OP_ITE) or \
-            not _has_leaf(x, inf, {}):
+            not _has_leaf(x, inf, {} if shared is None else shared.leaf, shared):
         return None
-    memo: dict[int, tuple | None] = {}
+    memo: dict = {} if shared is None else shared.parts
     seen: dict[int, bool] = {}
+    sign = inf.get_id()
 
     def parts(e: z3.ExprRef) -> tuple | None:
-        key = e.get_id()
+        key = (sign, e.get_id())
         if key not in memo:
             if z3.eq(e, inf):
                 memo[key] = (z3.BoolVal(False), z3.RealVal(0))
@@ -383,19 +410,25 @@ def _masked_parts(x: Element, inf: z3.ExprRef) -> tuple | None:
                 then, other = parts(e.arg(1)), parts(e.arg(2))
                 memo[key] = None if then is None or other is None else (
                     z3.If(e.arg(0), then[0], other[0]), z3.If(e.arg(0), then[1], other[1]))
-            else:
-                memo[key] = None if _mentions_infinity(e, seen) else (z3.BoolVal(True), e)
+            else:  # (a leaf remembered across the fold is judged on its own)
+                memo[key] = None if _mentions_infinity(e, seen if shared is None else {}) \
+                    else (z3.BoolVal(True), e)
+            if shared is not None:
+                shared.nodes.append(e)
         return memo[key]
 
     return parts(x)
 
 
-def _has_leaf(e: z3.ExprRef, leaf: z3.ExprRef, memo: dict[int, bool]) -> bool:
+def _has_leaf(e: z3.ExprRef, leaf: z3.ExprRef, memo: dict, shared: _FoldMemo | None = None
+              ) -> bool:
     """`leaf` is a leaf of the `If` tree `e` (its branches, not its conditions)."""
-    key = e.get_id()
+    key = (leaf.get_id(), e.get_id())
     if key not in memo:
         memo[key] = z3.eq(e, leaf) or z3.is_app_of(e, z3.Z3_OP_ITE) and (
-            _has_leaf(e.arg(1), leaf, memo) or _has_leaf(e.arg(2), leaf, memo))
+            _has_leaf(e.arg(1), leaf, memo, shared) or _has_leaf(e.arg(2), leaf, memo, shared))
+        if shared is not None:
+            shared.nodes.append(e)
     return memo[key]
 
 
@@ -531,7 +564,18 @@ def equal(a: Element, b: Element) -> Element:
     za, zb = to_z3(a), to_z3(b)
     if isinstance(za, z3.BoolRef) != isinstance(zb, z3.BoolRef):
         za, zb = num(za), num(zb)
-    return za == zb
+    return _eq(za, zb)
+
+
+def _eq(a: z3.ExprRef, b: z3.ExprRef) -> z3.BoolRef:
+    """`a == b`, built directly for two terms of one sort (`==` first checks and merges
+    their sorts: most of a large claim's cost)."""
+    ctx = a.ctx
+    if b.ctx is ctx:
+        ref, x, y = ctx.ref(), a.as_ast(), b.as_ast()
+        if z3.Z3_is_eq_sort(ref, z3.Z3_get_sort(ref, x), z3.Z3_get_sort(ref, y)):
+            return z3.BoolRef(z3.Z3_mk_eq(ref, x, y), ctx)
+    return a == b
 
 
 def logic(name: str) -> Callable[[Element, Element], Element]:
@@ -916,6 +960,8 @@ def combine(kind: str, items: Sequence[Element]) -> Element:
         raise SemanticsError(f"unsupported reducer {kind!r}")
     if kind in ("max", "min"):
         items = sorted(items, key=_order_key)
+        with _folding():
+            return _fold(fns[kind], items)
     return _fold(fns[kind], items)
 
 

@@ -170,7 +170,7 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
         elif isinstance(value, DEVICE_BLOCK_VALUES) and not value.rel.partial and not single:
             for d in checked:
                 junk = source.tensor(f"o{i}.d{d}", want or (), dtype)
-                local[d][i], _ = block_local(value, env, memo, mesh, d, junk)
+                local[d][i], _ = block_local(value, env, memo, mesh, d, junk, regions)
         else:
             for d in checked:
                 local[d][i] = source.tensor(f"o{i}.d{d}", want or (), dtype)
@@ -198,7 +198,7 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
             if value.rel.partial or single:
                 raise Failure("unknown", "a partial device mask cannot be checked")
             for d in checked:
-                expect, defined = block_local(value, env, memo, mesh, d, None)
+                expect, defined = block_local(value, env, memo, mesh, d, None, regions)
                 got = results[d][j]
                 if tuple(got.shape) != tuple(expect.shape):
                     raise Failure("refuted", f"result {j} has local shape {got.shape} on "

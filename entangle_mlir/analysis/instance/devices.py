@@ -325,9 +325,45 @@ def _node_tags(term: Term, args: list[tuple]) -> tuple | None:
         return tuple(t for d, t in enumerate(args[0]) if d not in dims)
     if op == "stablehlo.gather" and len(args) == 2:
         return _gather_tags(term, *args)
+    if op == "slice" and len(args) == 1:
+        return _slice_tags(term, args[0])
+    if op == "concatenate":
+        return _concatenate_tags(term, args)
     if all(t in (_ID, _ANY) for a in args for t in a):
         return (_ID,) * rank
     return None
+
+
+def _slice_tags(term: Term, operand: tuple) -> tuple | None:
+    """A slice keeps the tag of a dim it takes whole; a dim it cuts must be one the
+    renaming leaves alone (ID), or is constant along (ANY)."""
+    starts, limits, strides = term.attrs
+    out = []
+    for d, size in enumerate(term.args[0].shape):
+        if (starts[d], limits[d], strides[d]) == (0, size, 1) or operand[d] in (_ID, _ANY):
+            out.append(operand[d])
+        else:
+            return None
+    return tuple(out)
+
+
+def _concatenate_tags(term: Term, args: list[tuple]) -> tuple | None:
+    """A concatenation moves with the renaming when its operands do alike on every other dim
+    (as an elementwise op) and the renaming leaves the joined dim alone in each (ID: it then
+    holds the operands' positions in order)."""
+    (dim,) = term.attrs
+    out = []
+    for d in range(len(term.shape)):
+        if d == dim:
+            if any(a[d] not in (_ID, _ANY) for a in args):
+                return None
+            out.append(_ID)
+        else:
+            tag = _unify([a[d] for a in args])
+            if tag is None:
+                return None
+            out.append(tag)
+    return tuple(out)
 
 
 def _gather_tags(term: Term, operand: tuple, indices: tuple) -> tuple | None:

@@ -37,7 +37,7 @@ from entangle_mlir.semantics.element import (
     wrap_shift,
 )
 from entangle_mlir.semantics.evaluate import evaluate_node, evaluate_term, wrap_node
-from entangle_mlir.semantics.ops import WRAPPED_OPS
+from entangle_mlir.semantics.ops import WRAPPED_OPS, dimension_numbers
 from entangle_mlir.semantics.tensor import (
     apply,
     broadcast_in_dim,
@@ -70,13 +70,20 @@ def derived_local(global_value: np.ndarray, value: Permuted | Windowed | Shifted
 
 
 def block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
-                junk: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+                junk: np.ndarray | None, regions: dict | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
     """(local value, where it is defined) on `device` of an `InBlock`, `BlockIndex` or
     `Masked` value (core/relations.py gives their exact meaning). A masked value that is unspecified
     outside its predicate takes `junk` there (an input), or is left open (a result: only the
-    defined positions are claimed)."""
+    defined positions are claimed). Each relation's term is evaluated on the device's block
+    only (`region_value`; `regions` its memo): the cost stays flat in the mesh size."""
+    regions = {} if regions is None else regions
+
+    def block(rel: Rel) -> np.ndarray:
+        return region_value(rel.term, block_region(rel, mesh, device), env, memo, regions)
+
     def test(pred: InBlock) -> np.ndarray:
-        x = device_block(evaluate_term(pred.rel.term, env, memo), pred.rel, mesh, device, False)
+        x = block(pred.rel)
         start = mesh.block_index(pred.axes, device) * pred.length
 
         def holds(v):
@@ -92,7 +99,7 @@ def block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
         out = test(value)
         return out, full(out.shape, True)
     if isinstance(value, BlockIndex):
-        x = device_block(evaluate_term(value.rel.term, env, memo), value.rel, mesh, device, False)
+        x = block(value.rel)
         start = mesh.block_index(value.axes, device) * value.length
         dtype = value.rel.term.dtype
         if value.clamp is not None:
@@ -106,14 +113,14 @@ def block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
                     x, inside)
         return out, full(out.shape, True)
     assert isinstance(value, Masked)
-    block = device_block(evaluate_term(value.rel.term, env, memo), value.rel, mesh, device, False)
+    data = block(value.rel)
     pred = test(value.pred)
     if value.zero:
-        out = apply(lambda p, v: select(p, v, 0), pred, block)
+        out = apply(lambda p, v: select(p, v, 0), pred, data)
         return out, full(out.shape, True)
     if junk is not None:
-        return apply(select, pred, block, junk), full(block.shape, True)
-    return block, pred
+        return apply(select, pred, data, junk), full(data.shape, True)
+    return data, pred
 
 
 def _clamped_difference(v, start: int, dtype: str, bounds: tuple, length: int) -> object:
@@ -285,6 +292,8 @@ def region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, mem
         value = dot_general(region_value(lhs, tuple(left), env, memo, regions),
                             region_value(rhs, tuple(right), env, memo, regions),
                             lb, rb, lc, rc)
+    elif op == "stablehlo.gather" and _gather_window(term, region) is not None:
+        value = _gather_region(term, region, env, memo, regions)
     elif op in _REGION_REDUCTIONS and len(args) == 1:
         dims = term.attrs[0]
         kept = iter(region)
@@ -301,3 +310,41 @@ def region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, mem
                       f"{value.shape}, not {tuple(sub)}")
     regions[key] = value
     return value
+
+
+def _gather_window(term: Term, region: tuple[tuple[int, int], ...]
+                   ) -> tuple[list[int], tuple[tuple[int, int], ...]] | None:
+    """For a gather whose result `region` is evaluated from the start indices of its batch
+    positions alone (the operand whole, no operand batching dims): its result batch dims and
+    the region of the start indices; else None."""
+    attrs = dict(term.attrs)
+    dims = dimension_numbers(attrs, "dimension_numbers")
+    if dims.get("operand_batching_dims") or len(term.args) != 2:
+        return None
+    indices = term.args[1].shape
+    ivd = dims.get("index_vector_dim", len(indices))
+    offset = dims.get("offset_dims", ())
+    batch = [d for d in range(len(term.shape)) if d not in offset]
+    if len(batch) != len(indices) - (1 if ivd < len(indices) else 0):
+        return None
+    rows = iter(region[d] for d in batch)
+    return batch, tuple((0, n) if d == ivd else next(rows) for d, n in enumerate(indices))
+
+
+def _gather_region(term: Term, region: tuple[tuple[int, int], ...], env: dict, memo: dict,
+                   regions: dict) -> np.ndarray:
+    """A gather on a region of its result: the gather of the operand (whole) at the start
+    indices of the region's batch positions, cut to the region's window positions. (Each
+    result element reads the start index at its own batch position: the definition, on a
+    window of batch positions.)"""
+    batch, index_region = _gather_window(term, region)
+    operand = evaluate_term(term.args[0], env, memo)
+    indices = region_value(term.args[1], index_region, env, memo, regions)
+    window = Term()
+    window.op, window.args, window.attrs = term.op, term.args, term.attrs
+    window.shape = tuple(hi - lo if d in batch else n
+                         for d, ((lo, hi), n) in enumerate(zip(region, term.shape)))
+    window.dtype, window.serial = term.dtype, -1
+    whole = evaluate_node(window, [operand, indices], env)
+    return take(whole, tuple(slice(None) if d in batch else slice(lo, hi)
+                             for d, (lo, hi) in enumerate(region)))

@@ -151,15 +151,17 @@ def _unit_reshape(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
 
 
 def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
-                 cap: int = REDUCED_LOCAL) -> tuple[OpInfo, list[Value]] | None:
+                 cap: int = REDUCED_LOCAL, blocks: dict | None = None
+                 ) -> tuple[OpInfo, list[Value]] | None:
     """The op and its (abstract) input relations at a reduced shape, or None.
 
     Every local dim of size > 1 becomes min(size, cap) (dims tied by the op's attributes stay
     tied; gathers/scatters keep their factor), and each relation's global dim is the new local
     size times its number of blocks. Only shape-uniform ops are reduced, and only abstract
-    inputs (fresh leaves, splats, iotas, broadcasts of leaves) can be resized.
+    inputs (fresh leaves, splats, iotas, broadcasts of leaves) can be resized. `blocks`:
+    the dims of blocks of reordered and returning values (`shapes.reduced_types`).
     """
-    types = reduced_types(info, cap)
+    types = reduced_types(info, cap, blocks)
     if types is None:
         return None
     new_ops, new_res = types[0], types[1]
@@ -193,7 +195,16 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
             if rel is None or new[value.dim] % len(value.orders[0]):
                 return None
             new_ins.append(replace(value, rel=rel))
-        elif isinstance(value, Permuted | Returning):
+        elif isinstance(value, Returning):
+            if not blocks or mesh is None:
+                return None
+            local = list(new)  # its relation holds every block of its dim
+            local[value.dim] *= mesh.group_size(tuple(value.rel.partial))
+            rel = _resized_rel(value.rel, tuple(local), mesh, leaves)
+            if rel is None:
+                return None
+            new_ins.append(replace(value, rel=rel))
+        elif isinstance(value, Permuted):
             return None
         elif isinstance(value, Shifted):
             rel = _resized_rel(value.rel, new, mesh, leaves)
@@ -318,11 +329,49 @@ def _window_skeleton(term: Term) -> tuple:
                  for lo, hi, inner in zip(*term.attrs))
 
 
+def _blocks(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None
+            ) -> dict[tuple[str, int, int], tuple[int, int]] | None:
+    """The dims of blocks of the instance's reordered and returning values: (block size,
+    the size a block shrinks to, at most `REDUCED_LOCAL`); None when there are none or
+    one is not a whole number of blocks."""
+    found = {}
+    for side, values, types in (("in", ins, info.operand_types),
+                                ("out", outs, info.result_types)):
+        for i, value in enumerate(values):
+            if not isinstance(value, Reordered | Returning) or i >= len(types):
+                continue
+            size = tuple(types[i].shape)[value.dim]
+            if isinstance(value, Reordered):
+                count = len(value.orders[0])
+                if not count or size % count:
+                    return None
+                size //= count
+            elif mesh is None:
+                return None
+            found[(side, i, value.dim)] = (size, capped(size))
+    return found or None
+
+
 def reduced_instance(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
                      ctx: RuleContext) -> tuple[OpInfo, list[Value], list[Value]] | str:
-    """The instance at a reduced shape, or why it cannot be reduced."""
-    blocks = [len(v.orders[0]) for v in list(ins) + list(outs) if isinstance(v, Reordered)]
-    reduced = reduced_info(info, ins, mesh, max([REDUCED_LOCAL, *blocks]))
+    """The instance at a reduced shape, or why it cannot be reduced. An instance with
+    blocks in a device-dependent order (`Reordered`, `Returning`) is first tried with only
+    the blocks' dims keeping their number of blocks (each block and every other dim
+    shrunk), else with every dim capped at the number of blocks."""
+    blocks = _blocks(info, ins, outs, mesh)
+    if blocks is not None:
+        found = _reduced_at(info, ins, outs, mesh, ctx, REDUCED_LOCAL, blocks)
+        if not isinstance(found, str):
+            return found
+    counts = [len(v.orders[0]) for v in list(ins) + list(outs) if isinstance(v, Reordered)]
+    return _reduced_at(info, ins, outs, mesh, ctx, max([REDUCED_LOCAL, *counts]), None)
+
+
+def _reduced_at(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
+                ctx: RuleContext, cap: int, blocks: dict | None
+                ) -> tuple[OpInfo, list[Value], list[Value]] | str:
+    """`reduced_instance` with every dim capped at `cap` but the dims of `blocks`."""
+    reduced = reduced_info(info, ins, mesh, cap, blocks)
     if reduced is None:
         return f"{info.name} or its input terms cannot be shape-reduced"
     r_info, r_ins = reduced
@@ -344,6 +393,9 @@ def reduced_instance(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Me
                 r.dim, r.summed, r.holes, r.starts) and a.offset * r.length == r.offset * a.length
         elif isinstance(a, Reordered) and isinstance(r, Reordered):
             pairs, same_extra = [(a.rel, r.rel)], (a.dim, a.orders) == (r.dim, r.orders)
+        elif isinstance(a, Returning) and isinstance(r, Returning):
+            pairs = [(a.rel, r.rel)]
+            same_extra = (a.dim, a.blocks, a.sources) == (r.dim, r.blocks, r.sources)
         elif isinstance(a, Shifted) and isinstance(r, Shifted):
             pairs, same_extra = [(a.rel, r.rel)], a.offsets == r.offsets
         else:

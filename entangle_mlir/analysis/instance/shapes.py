@@ -22,23 +22,60 @@ def capped(size: int, cap: int = REDUCED_LOCAL) -> int:
 _SAME_SHAPE_COLLECTIVES = ("stablehlo.all_reduce", "stablehlo.collective_permute")
 
 
-def reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
-                                                    list[tuple[int, ...]]] | None:
-    """New local operand and result shapes for a shape-uniform op, else None."""
+Where = tuple[str, int, int]
+"""A dim of an operand ("in", index, dim) or of a result ("out", index, dim)."""
+
+
+class _NotBlocks(Exception):
+    """A dim of blocks whose size is no whole number of blocks."""
+
+
+def reduced_types(info: OpInfo, cap: int, blocks: dict[Where, tuple[int, int]] | None = None
+                  ) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]] | None:
+    """New local operand and result shapes for a shape-uniform op, else None.
+
+    `blocks`: dims holding equal blocks (a `Reordered` or `Returning` value's dim), each with
+    its block size b and the size p a block shrinks to: such a dim of size k*b becomes k*p
+    (and a slice of whole blocks stays one), every other dim is capped at `cap`. Only for
+    the ops whose dims are tied one to one (elementwise, collective_permute and all_reduce,
+    transpose, broadcast_in_dim, dot_general, reduce, slice, concatenate, reshapes that keep
+    the dims of blocks); None for the others."""
+    try:
+        return _reduced_types(info, cap, blocks or {})
+    except _NotBlocks:
+        return None
+
+
+def _reduced_types(info: OpInfo, cap: int, blocks: dict[Where, tuple[int, int]]
+                   ) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]] | None:
     ops = [tuple(t.shape) for t in info.operand_types]
     res = [tuple(t.shape) for t in info.result_types]
     name, a = info.name, info.attrs
-    c = lambda s: capped(s, cap)
+
+    def c(s: int, *where: Where) -> int:
+        for w in where:
+            if w in blocks:
+                size, kept = blocks[w]
+                if s % size:
+                    raise _NotBlocks
+                return s // size * kept
+        return capped(s, cap)
+
     if name in ELEMENTWISE_OPS or name in _SAME_SHAPE_COLLECTIVES:
         if name in ELEMENTWISE_OPS:
-            new_res = [tuple(c(s) for s in res[0])]
             rank = len(res[0])
+            tied = [i for i, o in enumerate(ops) if len(o) == rank]
+            new_res = [tuple(c(s, ("out", 0, d), *(("in", i, d) for i in tied))
+                             for d, s in enumerate(res[0]))]
             new_ops = [new_res[0] if len(o) == rank else o for o in ops]
             if any(len(o) == rank and o != res[0] for o in ops):
                 return None
             return new_ops, new_res
-        new_ops = [tuple(c(s) for s in o) for o in ops]
+        new_ops = [tuple(c(s, ("in", i, d), ("out", i, d)) for d, s in enumerate(o))
+                   for i, o in enumerate(ops)]
         return new_ops, list(new_ops)
+    if blocks and name not in _BLOCK_OPS:
+        return None
     if name == "stablehlo.gather" and len(ops) == 2:
         return _reduced_gather(info, ops, res, c)
     if name == "stablehlo.scatter" and len(ops) == 3:
@@ -68,27 +105,31 @@ def reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
     if name == "stablehlo.iota" or name == "stablehlo.constant" and a.get("splat"):
         return [], [tuple(c(size) for size in res[0])]
     if name == "stablehlo.reshape":
-        pairs = _reduced_reshape(ops[0], res[0], c)
+        pairs = _reduced_reshape(ops[0], res[0], c, blocks)
         return None if pairs is None else ([pairs[0]], [pairs[1]])
     if name == "stablehlo.slice":
-        return _reduced_slice(a, ops[0], res[0], c)
+        return _reduced_slice(a, ops[0], res[0],
+                              lambda size, d: c(size, ("in", 0, d), ("out", 0, d)))
     if name == "stablehlo.pad" and len(ops) == 2:
         return _reduced_pad(a, ops, res, c)
     if name == "stablehlo.concatenate":
         dim = a["dimension"]
-        new_ops = [tuple(c(size) for size in o) for o in ops]
+        new_ops = [tuple(c(size, ("in", i, d), *((("out", 0, d),) if d != dim else ()))
+                         for d, size in enumerate(o)) for i, o in enumerate(ops)]
         if any(len(o) != len(res[0]) for o in ops):
             return None
         out = list(new_ops[0])
         out[dim] = sum(o[dim] for o in new_ops)
         return new_ops, [tuple(out)]
     if name == "stablehlo.transpose":
-        perm = a["permutation"]
-        new_op = tuple(c(s) for s in ops[0])
+        perm = list(a["permutation"])
+        new_op = tuple(c(s, ("in", 0, d), ("out", 0, perm.index(d)))
+                       for d, s in enumerate(ops[0]))
         return [new_op], [tuple(new_op[p] for p in perm)]
     if name == "stablehlo.broadcast_in_dim":
-        dims = a["broadcast_dimensions"]
-        new_res = tuple(c(s) for s in res[0])
+        dims = list(a["broadcast_dimensions"])
+        new_res = tuple(c(s, ("out", 0, d), *((("in", 0, dims.index(d)),) if d in dims else ()))
+                        for d, s in enumerate(res[0]))
         new_op = tuple(new_res[d] if ops[0][i] == res[0][d] else ops[0][i]
                        for i, d in enumerate(dims))
         if any(ops[0][i] not in (1, res[0][d]) for i, d in enumerate(dims)):
@@ -97,19 +138,31 @@ def reduced_types(info: OpInfo, cap: int) -> tuple[list[tuple[int, ...]],
     if name == "stablehlo.dot_general":
         lb, rb, lc, rc = a.get("lhs_batch", ()), a.get("rhs_batch", ()), a["lhs_contract"], \
             a["rhs_contract"]
-        lhs = tuple(c(s) for s in ops[0])
-        rhs = [c(s) for s in ops[1]]
-        for x, y in zip(tuple(lb) + tuple(lc), tuple(rb) + tuple(rc)):
+        lb, rb, lc, rc = list(lb), list(rb), list(lc), list(rc)
+        lf = [d for d in range(len(ops[0])) if d not in lb and d not in lc]
+        rf = [d for d in range(len(ops[1])) if d not in rb and d not in rc]
+
+        def lhs_where(d: int) -> tuple[Where, ...]:
+            if d in lb:
+                return ("in", 0, d), ("in", 1, rb[lb.index(d)]), ("out", 0, lb.index(d))
+            if d in lc:
+                return ("in", 0, d), ("in", 1, rc[lc.index(d)])
+            return ("in", 0, d), ("out", 0, len(lb) + lf.index(d))
+
+        lhs = tuple(c(s, *lhs_where(d)) for d, s in enumerate(ops[0]))
+        rhs = [c(s, ("in", 1, d), ("out", 0, len(lb) + len(lf) + rf.index(d))) if d in rf
+               else 0 for d, s in enumerate(ops[1])]
+        for x, y in zip(lb + lc, rb + rc):
             rhs[y] = lhs[x]
-        lf = [d for d in range(len(lhs)) if d not in lb and d not in lc]
-        rf = [d for d in range(len(rhs)) if d not in rb and d not in rc]
         out = tuple(lhs[d] for d in lb) + tuple(lhs[d] for d in lf) + tuple(rhs[d] for d in rf)
         return [lhs, tuple(rhs)], [out]
     if name == "stablehlo.reduce":
         if len(ops) not in (2, 4) or len(ops) == 4 and ops[0] != ops[1]:
             return None
         dims = a["dimensions"]
-        x = tuple(c(s) for s in ops[0])
+        out = [d for d in range(len(ops[0])) if d not in dims]
+        x = tuple(c(s, ("in", 0, d), *((("out", 0, out.index(d)),) if d in out else ()))
+                  for d, s in enumerate(ops[0]))
         kept = tuple(s for d, s in enumerate(x) if d not in dims)
         if len(ops) == 4:  # argmax / argmin: values and indices alike, scalar inits
             return [x, x, ops[2], ops[3]], [kept, kept]
@@ -152,22 +205,31 @@ def segments(start: int, stop: int, size: int, c) -> tuple[int, int, int]:
     return c(start), c(stop - start), c(size - stop)
 
 
+_BLOCK_OPS = frozenset({"stablehlo.transpose", "stablehlo.broadcast_in_dim",
+                        "stablehlo.dot_general", "stablehlo.reduce", "stablehlo.slice",
+                        "stablehlo.concatenate", "stablehlo.reshape"})
+"""The ops besides elementwise ones and same-shape collectives `reduced_types` reduces with
+dims of blocks."""
+
+
 def _reduced_slice(attrs: dict, operand: tuple[int, ...], result: tuple[int, ...], c):
     """Dims the slice takes whole shrink (their limit with them); a dim it cuts with stride 1
     keeps its three parts (before, inside, after the window), each shrunk, so the reduced
     slice still drops rows on the same sides (a layer of a stacked weight, RoPE's halves).
-    Other dims keep their size and window."""
+    Other dims keep their size and window. `c(size, dim)`: a size of operand dim `dim`
+    reduced."""
     starts, limits = tuple(attrs["start_indices"]), tuple(attrs["limit_indices"])
     strides = tuple(attrs.get("strides") or (1,) * len(starts))
     new_op, new_res, new_starts, new_limits = [], [], [], []
     for d, size in enumerate(operand):
         if (starts[d], limits[d], strides[d]) == (0, size, 1):
-            new_op.append(c(size))
-            new_res.append(c(size))
+            new_op.append(c(size, d))
+            new_res.append(c(size, d))
             new_starts.append(0)
-            new_limits.append(c(size))
+            new_limits.append(c(size, d))
         elif strides[d] == 1 and 0 <= starts[d] <= limits[d] <= size:
-            before, inside, after = segments(starts[d], limits[d], size, c)
+            before, inside, after = segments(starts[d], limits[d], size,
+                                             lambda s, d=d: c(s, d))
             new_op.append(before + inside + after)
             new_res.append(inside)
             new_starts.append(before)
@@ -254,10 +316,11 @@ def _reduced_scatter(info: OpInfo, ops, c):
             [tuple(new_operand)])
 
 
-def _reduced_reshape(src: tuple[int, ...], dst: tuple[int, ...], c
+def _reduced_reshape(src: tuple[int, ...], dst: tuple[int, ...], c, blocks: dict
                      ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """A reshape at a reduced shape when every dim group is a pure merge or a pure split
-    (row-major structure kept: merged dims shrink, the merged dim is their product)."""
+    (row-major structure kept: merged dims shrink, the merged dim is their product). A dim of
+    blocks (`blocks`) only where it is kept (one dim to one dim)."""
     groups = reshape_groups(src, dst)
     if groups is None:
         return None
@@ -266,6 +329,13 @@ def _reduced_reshape(src: tuple[int, ...], dst: tuple[int, ...], c
         big_src = [d for d in src_dims if src[d] != 1]
         big_dst = [d for d in dst_dims if dst[d] != 1]
         if len(big_src) > 1 and len(big_dst) > 1:
+            return None
+        if len(big_src) == 1 and len(big_dst) == 1:
+            tied = (("in", 0, big_src[0]), ("out", 0, big_dst[0]))
+            new_src[big_src[0]] = new_dst[big_dst[0]] = c(src[big_src[0]], *tied)
+            continue
+        if any(("in", 0, d) in blocks for d in src_dims) or any(
+                ("out", 0, d) in blocks for d in dst_dims):
             return None
         if len(big_src) <= 1 and len(big_dst) <= 1:
             for d in big_src:
