@@ -282,7 +282,24 @@ def sum_list(items: Sequence[Element]) -> Element:
         return total
     if total != 0:
         symbolic.append(to_z3(total))
-    return symbolic[0] if len(symbolic) == 1 else z3.Sum(symbolic)
+    return symbolic[0] if len(symbolic) == 1 else _z3_sum(symbolic)
+
+
+_ARITH_SORTS = (z3.Z3_INT_SORT, z3.Z3_REAL_SORT)
+
+
+def _z3_sum(terms: list) -> z3.ExprRef:
+    """`z3.Sum(terms)`: built directly when the terms are all Int or all Real in one context
+    (the same term; `z3.Sum` spends most of a large instance's time coercing its terms'
+    sorts one by one)."""
+    ctx = terms[0].ctx
+    ref = ctx.ref()
+    if all(isinstance(t, z3.ArithRef) and t.ctx is ctx for t in terms):
+        kinds = {z3.Z3_get_sort_kind(ref, z3.Z3_get_sort(ref, t.as_ast())) for t in terms}
+        if len(kinds) == 1 and kinds.pop() in _ARITH_SORTS:
+            args = (z3.Ast * len(terms))(*(t.as_ast() for t in terms))
+            return z3.ArithRef(z3.Z3_mk_add(ref, len(terms), args), ctx)
+    return z3.Sum(terms)
 
 
 def as_int(x: Element) -> Element:
