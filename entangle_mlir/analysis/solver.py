@@ -219,8 +219,8 @@ MAX_CONJUNCTS_SPLIT = 256
 """A conjunctive claim inconclusive as a whole is tried conjunct by conjunct up to this many
 conjuncts (one query each)."""
 
-FIRST_TRY_SHARE = 8
-"""A conjunctive claim's first try as a whole gets 1/8 of its budget."""
+FIRST_TRY_SHARE = 64
+"""A conjunctive claim's first try as a whole gets 1/64 of its budget."""
 
 
 def _query(goal: z3.BoolRef, hyps: list, name: str, timeout: int, work: int,
