@@ -126,7 +126,10 @@ def stage_block(cfg: Config, tp: str | None):
     par = Par(tp=tp, megatron=False)
 
     def block(p, x):
-        return llama.block(dict(zip(LAYER_PARAMS, p, strict=True)), x, cfg, par)
+        """On (..., seq, d): the reference runs every micro-batch at once."""
+        flat = x.reshape(-1, *x.shape[-2:])
+        out = llama.block(dict(zip(LAYER_PARAMS, p, strict=True)), flat, cfg, par)
+        return out.reshape(x.shape)
     return block
 
 
