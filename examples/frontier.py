@@ -120,21 +120,30 @@ def token_losses_with(stack, params: dict, tokens, targets, cfg: Config, par: Pa
 LAYER_PARAMS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
 
 
-def stage_block(cfg: Config, tp: str | None):
-    """One Llama layer on a list of its params (`LAYER_PARAMS` order), Megatron tp over `tp`
-    with plain lax collectives (jax's varying types insert the gradients' psums)."""
+MLP_PARAMS = ("mlp_norm", "w_gate", "w_up", "w_down")
+
+
+def stage_block(cfg: Config, tp: str | None, attention: bool = True):
+    """One Llama layer on a list of its params (`LAYER_PARAMS` order; `MLP_PARAMS` without
+    attention), Megatron tp over `tp` with plain lax collectives (jax's varying types insert
+    the gradients' psums)."""
     par = Par(tp=tp, megatron=False)
 
     def block(p, x):
         """On (..., seq, d): the reference runs every micro-batch at once."""
         flat = x.reshape(-1, *x.shape[-2:])
-        out = llama.block(dict(zip(LAYER_PARAMS, p, strict=True)), flat, cfg, par)
+        if attention:
+            out = llama.block(dict(zip(LAYER_PARAMS, p, strict=True)), flat, cfg, par)
+        else:
+            out = flat + llama.mlp_block(dict(zip(MLP_PARAMS, p, strict=True)), flat, par)
         return out.reshape(x.shape)
     return block
 
 
-def pipeline_step(cfg: Config, dp: int, pp: int, tp: int, micro: int = 4):
-    """1F1B training step of `cfg.n_layers` Llama layers on dp x pp x tp (a corpus Example)."""
+def pipeline_step(cfg: Config, dp: int, pp: int, tp: int, micro: int = 4,
+                  attention: bool = True):
+    """1F1B training step of `cfg.n_layers` Llama layers on dp x pp x tp (a corpus Example);
+    `attention=False`: the layers' SwiGLU MLP blocks only (RMSNorm, residual)."""
     L, D, F = cfg.n_layers, cfg.d_model, cfg.d_ff
     Q, KV = cfg.q_width, cfg.kv_width
     col, row, rep = P("pp", None, "tp"), P("pp", "tp", None), P("pp")
@@ -143,17 +152,20 @@ def pipeline_step(cfg: Config, dp: int, pp: int, tp: int, micro: int = 4):
               f32((L, Q, D), row, "weight"), f32((L, D), rep, "weight"),
               f32((L, D, F), col, "weight"), f32((L, D, F), col, "weight"),
               f32((L, F, D), row, "weight")]
+    if not attention:
+        params = [params[5], *params[6:]]
     rows = cfg.batch
     data = f32((micro, rows, cfg.seq, D), P(None, "dp"))
     mesh = (("dp", dp), ("pp", pp), ("tp", tp))
     specs = [a.spec for a in params]
     return corpus_program(
-        "frontier", "onef1b_train_llama", mesh,
-        pipelines.train_reference_fn(stage_block(cfg, None), True),
-        pipelines.train_fn(pipelines.onef1b_train, stage_block(cfg, "tp"), True,
+        "frontier", "onef1b_train_llama" + ("" if attention else "_mlp"), mesh,
+        pipelines.train_reference_fn(stage_block(cfg, None, attention), True),
+        pipelines.train_fn(pipelines.onef1b_train, stage_block(cfg, "tp", attention), True,
                            axes=("pp", "dp")),
         [*params] * 3 + [data, data], (P(), *(tuple(specs),) * 3),
-        f"1F1B training step of {L} Llama layers on dp x pp x tp, Adam-like update")
+        f"1F1B training step of {L} Llama {'layers' if attention else 'MLP blocks'} on "
+        "dp x pp x tp, Adam-like update")
 
 
 # ----- DeepSeek-V3-like MoE on ep --------------------------------------------------------------
