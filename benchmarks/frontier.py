@@ -39,8 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import benchmarks.scaling as scaling  # noqa: E402  (sets XLA_FLAGS before jax is imported)
-from benchmarks.scaling import Case, run_check  # noqa: E402
+from benchmarks.scaling import Case, run_check
 
 TARGETS = {"70b": (15.0, 1024), "405b": (30.0, 2048), "deepseek": (30.0, None)}
 """Per model: (seconds, MiB) of the issue's targets."""

@@ -16,7 +16,8 @@ at any width (the benchmark lowers them with abstract shapes; the tests run them
   `cfg.n_experts`, dense dispatch: no token dropped) plus one shared expert; every layer is
   MoE (V3's first three dense layers left out).
 
-Widths: `LLAMA_70B`, `LLAMA_405B`, `DEEPSEEK_V3` (+ `DEEPSEEK_V3_MLA`), and `tiny(cfg)`.
+Widths: `LLAMA_70B`, `LLAMA_405B`, `DEEPSEEK_V3` (+ `DEEPSEEK_V3_MLA`), and `tiny(cfg)`
+(tests/examples/test_frontier.py runs them tiny).
 """
 
 from __future__ import annotations
@@ -24,9 +25,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from examples import pipelines
@@ -67,7 +66,8 @@ DEEPSEEK_V3_MLA = MLA()
 def tiny(cfg: Config, layers: int = 2) -> Config:
     """`cfg`'s structure at test widths: heads and kv heads divide by 8, small everything."""
     gqa = min(cfg.n_heads // cfg.n_kv_heads, 2)
-    return replace(cfg, seq=8, d_model=32, n_heads=8 * gqa, n_kv_heads=8, head_dim=4, d_ff=64, vocab=64, n_layers=layers,
+    return replace(cfg, seq=8, d_model=32, n_heads=8 * gqa, n_kv_heads=8, head_dim=4, d_ff=64,
+                   vocab=64, n_layers=layers,
                    n_experts=min(cfg.n_experts, 16))
 
 
@@ -259,5 +259,15 @@ def deepseek_step(cfg: Config, mla: MLA, ep: int) -> Example:
     return replace(ex, name=ex.name.replace("moe_", "deepseek_", 1), model="deepseek")
 
 
-__all__ = ["DEEPSEEK_V3", "DEEPSEEK_V3_MLA", "LLAMA_405B", "LLAMA_70B", "MLA", "TINY_MLA",
-           "deepseek_step", "dense_step", "jax", "lax", "pipeline_step", "tiny"]
+__all__ = [
+    "DEEPSEEK_V3",
+    "DEEPSEEK_V3_MLA",
+    "LLAMA_70B",
+    "LLAMA_405B",
+    "MLA",
+    "TINY_MLA",
+    "deepseek_step",
+    "dense_step",
+    "pipeline_step",
+    "tiny",
+]
