@@ -59,6 +59,7 @@ class _Reference:
         self.terms: dict[int, Term] = {}
         self._scaled: dict[int, list[Term]] | None = None
         self._simplified: set[int] | None = None
+        self._under_valid: dict[int, bool] = {}
         for value in walk.values.values():
             if isinstance(value, Rel):
                 self.terms[value.term.serial] = value.term
@@ -81,7 +82,11 @@ class _Reference:
         if self._simplified is None:
             self._simplified = {valid.simplifier.simplify(t).serial
                                 for t in self.terms.values()}
-        return valid.simplifier.simplify(term).serial in self._simplified
+        known = self._under_valid.get(term.serial)
+        if known is None:
+            known = valid.simplifier.simplify(term).serial in self._simplified
+            self._under_valid[term.serial] = known
+        return known
 
     @property
     def scaled(self) -> dict[int, list[Term]]:
