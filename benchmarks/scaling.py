@@ -272,7 +272,9 @@ def run_check(ref_path: Path, sharded_path: Path, options: Sequence[str] = ()) -
             "rss_mib": int(peak[0]) / 1024 if peak else float("nan"),
             "ops": count_ops(sharded_path), "verdict": verdict,
             "proved": int(proved.group(1)) if proved else 0,
-            "skipped": int(skipped.group(1)) if skipped else 0}
+            "skipped": int(skipped.group(1)) if skipped else 0,
+            "first_error": next((x for x in text.decode().splitlines() if ": error: " in x),
+                                "")}
 
 
 def count_ops(path: Path) -> int:

@@ -42,7 +42,8 @@ def check_program(program: Program, *, verify_rules: bool = True,
         normalize = "{assume-no-overflow=true}" if assume_no_overflow else ""
         run_pipeline(parse_pipeline(f"entangle-normalize{normalize},entangle-import-shardings,"
                                     "entangle-infer-relations{annotate=false reuse-layers="
-                                    f"{str(reuse_layers).lower()}}},entangle-check-refinement",
+                                    f"{str(reuse_layers).lower()}}},entangle-check-refinement"
+                                    "{verdict-only-after-reuse=true}",
                                     PASSES), state)
         reused = dict(state.layers_reused)
         if verify_rules and not recheck_op_by_op(state.report.proven, reused):

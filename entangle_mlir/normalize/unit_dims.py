@@ -56,7 +56,8 @@ def fold_unit_dims(module: ir.Module, ops: list | None = None) -> int:
         for name, op in ops:
             if name in _FOLDED:
                 collect(op)
-    count = sum(_fold_reduce(op) for op in reduces)
+    forwards = {_signature(op) for op in broadcasts}
+    count = sum(_fold_reduce(op, forwards) for op in reduces)
     count += sum(_fold_broadcast(op) for op in broadcasts)
     count += sum(_fold_gather(op) if op.name == "stablehlo.gather" else _fold_scatter(op)
                  for op in gathers)
@@ -86,7 +87,13 @@ def _identity_init(op: ir.Operation, kind: str) -> bool:
     return value.size == 1 and float(value.reshape(-1)[0]) == _IDENTITY[kind]
 
 
-def _fold_reduce(op: ir.Operation) -> int:
+def _signature(op: ir.Operation) -> tuple:
+    """(operand shape, result shape, broadcast dims) of a broadcast_in_dim."""
+    return (_shape(op.operands[0]), _shape(op.results[0]),
+            tuple(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"])))
+
+
+def _fold_reduce(op: ir.Operation, forwards: set[tuple] = frozenset()) -> int:
     if len(op.operands) != 2 or len(op.results) != 1:
         return 0
     kind = reducer_kind(op)
@@ -100,7 +107,8 @@ def _fold_reduce(op: ir.Operation) -> int:
     users = [use.owner for use in result.uses]
     # Only the transpose pattern (the reduced dims are broadcast back): a reduction of a split
     # unit dim that is not re-expanded is a genuine partial sum (a per-device loss term).
-    if not unit or not users or not all(_puts_back(u, shape, dims, unit) for u in users):
+    if not unit or not users or not all(_puts_back(u, shape, dims, unit, forwards)
+                                        for u in users):
         return 0
     with ir.InsertionPoint(op), op.location:
         if len(unit) == len(dims):
@@ -117,10 +125,17 @@ def _fold_reduce(op: ir.Operation) -> int:
     return 1
 
 
-def _puts_back(user, shape: tuple[int, ...], dims: list[int], unit: list[int]) -> bool:
+def _puts_back(user, shape: tuple[int, ...], dims: list[int], unit: list[int],
+               forwards: set[tuple] = frozenset()) -> bool:
     """`user` is a broadcast_in_dim that puts the reduced unit dims back where they were: with
     the genuinely reduced (non-unit) dims taken out of `shape`, every kept dim lands on its own
-    index (jax's transpose of a broadcast re-expands exactly the dims it summed)."""
+    index (jax's transpose of a broadcast re-expands exactly the dims it summed). Or the pair
+    is exactly jax's transpose of a broadcast_in_dim of the module (`forwards`: their
+    signatures), from `user`'s result shape to `shape`: with one sequence a device, the key
+    part `k[:, :, None]` broadcast to every head sums the unit batch dim and the heads and puts
+    both back as unit dims, and the transpose of `k[:, :, None]` drops the inserted dim. (A
+    reduction followed by another op's expand_dims, a norm gain's gradient put back into its
+    layer stack, is not one: its unit dim is the layer slot, not the batch.)"""
     if getattr(user, "name", "") != "stablehlo.broadcast_in_dim":
         return False
     squeezed = [d for d in range(len(shape)) if d not in dims or d in unit]
@@ -128,7 +143,20 @@ def _puts_back(user, shape: tuple[int, ...], dims: list[int], unit: list[int]) -
     kept = [d for d in range(len(shape)) if d not in dims]
     targets = list(ir.DenseI64ArrayAttr(user.attributes["broadcast_dimensions"]))
     result = _shape(user.results[0])
-    return targets == [position[d] for d in kept] and len(result) >= len(kept)
+    if targets == [position[d] for d in kept] and len(result) >= len(kept):
+        return True
+    return any(_transposes(forward, dims, targets)
+               for forward in forwards if forward[0] == result and forward[1] == shape)
+
+
+def _transposes(forward: tuple, dims: list[int], targets: list[int]) -> bool:
+    """Whether reducing over `dims` then broadcasting with `targets` is jax's transpose of
+    the broadcast_in_dim `forward` (operand shape, result shape, dims): the sum over every
+    result dim but those of the operand's non-unit dims, expanded at the operand's unit dims."""
+    operand, _, mapped = forward
+    wide = [i for i, size in enumerate(operand) if size != 1]
+    summed = sorted(set(range(len(forward[1]))) - {mapped[i] for i in wide})
+    return sorted(dims) == summed and targets == wide
 
 
 def _fold_broadcast(op: ir.Operation) -> int:

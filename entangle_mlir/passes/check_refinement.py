@@ -22,6 +22,9 @@ from entangle_mlir.passes.pipeline import ModulePass, PassState
 class CheckRefinementPass(ModulePass):
     name = "entangle-check-refinement"
     summary = "compare sharded outputs with the reference; emit rho or diagnostics"
+    verdict_only_after_reuse: bool = False
+    """Where the walk summarized reference layers, diagnose no failing output (the driver
+    walks a program so checked again op by op when it is not proven, and diagnoses that)."""
 
     def apply(self, state: PassState) -> None:
         if state.program is None:
@@ -30,7 +33,8 @@ class CheckRefinementPass(ModulePass):
         if "sharded" not in state.walks:
             raise InputError("entangle-check-refinement needs entangle-infer-relations first",
                              file=state.file)
-        report = compare(state.walks["reference"], state.walks["sharded"])
+        diagnose = not (self.verdict_only_after_reuse and state.layers_reused.get("reference"))
+        report = compare(state.walks["reference"], state.walks["sharded"], diagnose=diagnose)
         if state.finiteness is not None:
             _judged_finiteness(report, state.finiteness)
         report.stats["ops"] = len(state.walks["sharded"].records)

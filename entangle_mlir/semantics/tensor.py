@@ -390,9 +390,12 @@ def scatter(operand: Array, indices: Array, updates: Array, dims: dict, kind: st
             continue
         if any(z3.is_false(f) for f in fits):
             continue
-        for index in np.ndindex(out.shape):
-            hit = z3.And([num(t) == i if is_z3(t) else z3.BoolVal(int(t) == i)
-                          for t, i in zip(target, index)] + fits)
+        # Only positions whose known coordinates match can be hit (elsewhere `hit` is False
+        # and the element is left as it is), so only they are visited.
+        candidates = [range(n) if is_z3(t) else ([int(t)] if 0 <= int(t) < n else [])
+                      for t, n in zip(target, out.shape)]
+        for index in itertools.product(*candidates):
+            hit = z3.And([num(t) == i for t, i in zip(target, index) if is_z3(t)] + fits)
             if kind == "add":
                 out[index] = add(out[index], select(hit, value, 0))
                 continue

@@ -854,3 +854,23 @@ def test_top_k_on_symbolic_elements_matches_the_concrete_sort() -> None:
         got_i = [z3.simplify(z3.substitute(to_z3(i), *subst)) for i in indices[0]]
         assert [g.as_fraction() for g in got_v] == list(want_v[0])
         assert [g.as_long() for g in got_i] == list(want_i[0])
+
+
+@pytest.mark.parametrize("kind", ["add", "replace"])
+def test_symbolic_scatter_with_batching_dims_agrees_with_concrete(kind: str) -> None:
+    """A top-k gradient's scatter: one row a batch element (a batching dim, known), the
+    column symbolic. Only the row's positions are visited; each substitution of the columns
+    gives the concrete scatter's elements (also a column off the row's end: dropped)."""
+    table = obj_array(np.arange(12).reshape(3, 4) * 3 - 5)
+    dims = {"update_window_dims": (), "inserted_window_dims": (1,),
+            "input_batching_dims": (0,), "scatter_indices_batching_dims": (0,),
+            "scatter_dims_to_operand_dims": (1,), "index_vector_dim": 2}
+    names = [[z3.Int(f"c{r}{k}") for k in range(2)] for r in range(3)]
+    updates = obj_array(np.arange(6).reshape(3, 2) + 100)
+    ids = obj_array(np.array([[[c] for c in row] for row in names], object))
+    scattered = scatter(table, ids, updates, dims, kind)
+    for values in ([[0, 3], [1, 1], [2, 0]], [[3, 2], [0, 4], [1, 2]]):
+        subst = [(names[r][k], z3.IntVal(values[r][k])) for r in range(3) for k in range(2)]
+        expect = scatter(table, obj_array(np.array(values).reshape(3, 2, 1)), updates, dims,
+                         kind)
+        assert (_concretize(scattered, subst) == expect).all()
