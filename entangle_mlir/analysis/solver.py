@@ -183,13 +183,6 @@ def prove(claim, hypotheses: Iterable = (), name: str = "query",
     `set_resource_limit` limit instead where one is set), with `WALL_SLACK` times it in wall
     time as a backstop: the same query gets the same verdict on an idle and a busy machine.
 
-    A claim that is a conjunction of 2 to `MAX_CONJUNCTS_SPLIT` conjuncts is first given
-    1/`FIRST_TRY_SHARE` of the budget as a whole, then proved conjunct by conjunct
-    (`_prove_conjuncts`), and only if that is inconclusive given the whole budget: Z3's
-    nonlinear arithmetic can time out on n independent copies of a claim it settles at once
-    alone (`c / x == c * (1 / x)` over 16 cells took 40 s). Every way proves the same thing:
-    `hyps => a1 and ... and an` holds iff each `hyps => ai` does.
-
     `claim` and each hypothesis are z3 BoolRefs (Python bools are accepted). Never raises on a
     solver failure: that is `unknown` with the reason. `witness`: called on the model of a
     refutation, its value kept as the result's `witness` (the model itself is not kept).
@@ -203,24 +196,7 @@ def prove(claim, hypotheses: Iterable = (), name: str = "query",
     except TypeError as err:
         return ProofResult("unknown", None, time.perf_counter() - start, name,
                            f"solver error: {err}")
-    if not (z3.is_and(goal) and 1 < goal.num_args() <= MAX_CONJUNCTS_SPLIT):
-        return _query(goal, hyps, name, timeout, work, witness, start)
-    first = _query(goal, hyps, name, max(1, timeout // FIRST_TRY_SHARE),
-                   max(1, work // FIRST_TRY_SHARE), witness, start)
-    if first.status != "unknown":
-        return first
-    split = _prove_conjuncts(goal, hyps, name, timeout, work, witness, start)
-    if split is not None:
-        return split
     return _query(goal, hyps, name, timeout, work, witness, start)
-
-
-MAX_CONJUNCTS_SPLIT = 256
-"""A conjunctive claim inconclusive as a whole is tried conjunct by conjunct up to this many
-conjuncts (one query each)."""
-
-FIRST_TRY_SHARE = 64
-"""A conjunctive claim's first try as a whole gets 1/64 of its budget."""
 
 
 def _query(goal: z3.BoolRef, hyps: list, name: str, timeout: int, work: int,
@@ -246,25 +222,6 @@ def _query(goal: z3.BoolRef, hyps: list, name: str, timeout: int, work: int,
         return ProofResult("refuted", _counterexample(model), seconds, name,
                            witness=witness(model) if witness is not None else None)
     return ProofResult("unknown", None, seconds, name, solver.reason_unknown())
-
-
-def _prove_conjuncts(goal: z3.BoolRef, hyps: list, name: str, timeout: int, work: int,
-                     witness: Callable[[z3.ModelRef], object] | None, start: float
-                     ) -> ProofResult | None:
-    """`goal` (a conjunction) proved one conjunct at a time under the same hypotheses, each
-    with an equal share of the budget: proved iff every conjunct is; refuted by the first
-    refuted conjunct (a model of `hyps and not ai` is one of `hyps and not goal`); None
-    (inconclusive) at the first conjunct that is neither."""
-    n = goal.num_args()
-    for i, conjunct in enumerate(goal.children()):
-        part = _query(conjunct, hyps, f"{name}.conjunct{i}", max(1, timeout // n),
-                      max(1, work // n), witness, start)
-        if part.status == "refuted":
-            part.name = name
-            return part
-        if part.status != "proved":
-            return None
-    return ProofResult("proved", None, time.perf_counter() - start, name)
 
 
 def _free_constants(formulas: Iterable[z3.ExprRef]) -> list[z3.ExprRef]:
@@ -326,34 +283,44 @@ def conjunction(claims: list) -> z3.BoolRef:
 def prove_all(claims: list, hypotheses: Iterable = (), name: str = "query",
               timeout_ms: int | None = None,
               witness: Callable[[z3.ModelRef], object] | None = None) -> ProofResult:
-    """Prove every claim of `claims` under `hypotheses`: `prove(And(claims), ...)`, asked part
-    by part when the claims fall into several parts that share no free variable (the elements
-    of an elementwise comparison).
+    """Prove every claim of `claims` under `hypotheses`: `prove(And(claims), ...)`, asked in
+    parts when the whole is inconclusive.
 
-    `H -> c1 and c2` is valid exactly when `H -> c1` and `H -> c2` are, so the split is exact;
-    a part is asked under the hypotheses that share a variable with it (dropping hypotheses
-    only weakens them: a proof under fewer is a proof). Z3 decides 64 independent int32
-    wrap-around products in 60 ms each, and their conjunction not in 40 s. Parts that are the
-    same query up to the names of their variables (`x[0] * 5` and `x[1] * 5`) are asked once.
-    A part refuted is asked again with every hypothesis (its model then satisfies them all:
-    a real counterexample of the conjunction). The conjunction is first asked whole with a
-    `WHOLE_FIRST_SHARE` part of the budget (Z3's work count: the same verdict on any machine):
-    most are decided so, and finding the parts costs a walk of every claim."""
+    `H -> c1 and c2` is valid exactly when `H -> c1` and `H -> c2` are, so any split is exact;
+    Z3 may time out on n independent copies of a claim it settles at once alone (64 int32
+    wrap-around products: 60 ms each, their conjunction not in 40 s; 16 cells of
+    `c / x == c * (1 / x)`: 40 s). So the conjunction is first asked whole with
+    1/`WHOLE_FIRST_SHARE` of the budget (Z3's work count: the same verdict on any machine; most
+    are decided so, and finding parts costs a walk of every claim); then part by part, each
+    with an equal share of the budget: the parts are the groups of claims sharing no free
+    variable, or each claim alone where all share one. A part is asked under the hypotheses
+    that share a variable with it (a proof under fewer hypotheses is a proof); parts that are
+    the same query up to the names of their variables (`x[0] * 5` and `x[1] * 5`) are asked
+    once; a part refuted is asked again under every hypothesis (its model then satisfies them
+    all: a real counterexample of the conjunction). When a part is inconclusive, the whole is
+    asked with the whole budget."""
     claims = [_as_bool(c) for c in claims]
     hyps = [_as_bool(h) for h in hypotheses]
     start = time.perf_counter()
     budget = DEFAULT_TIMEOUT_MS if timeout_ms is None else max(1, int(timeout_ms))
-    if len(claims) > 1:
-        whole = prove(conjunction(claims), hyps, name=name,
-                      timeout_ms=max(1, budget // WHOLE_FIRST_SHARE), witness=witness)
-        if whole.status != "unknown":
-            return whole
-    parts = _independent_parts(claims)
-    if len(parts) <= 1 or len(parts) > MAX_SPLIT_PARTS:
+
+    def whole(share: int) -> ProofResult:
         result = prove(conjunction(claims) if claims else True, hyps, name=name,
-                       timeout_ms=budget, witness=witness)
+                       timeout_ms=max(1, budget // share), witness=witness)
         result.seconds = time.perf_counter() - start
         return result
+
+    if len(claims) <= 1:
+        return whole(1)
+    first = whole(WHOLE_FIRST_SHARE)
+    if first.status != "unknown":
+        return first
+    parts = _independent_parts(claims)
+    if len(parts) == 1:
+        parts = [([c], {v.get_id() for v in _free_constants([c])}) for c in claims]
+    if len(parts) > MAX_SPLIT_PARTS:
+        return whole(1)
+    share = max(1, budget // len(parts))
     hyp_vars = [{v.get_id() for v in _free_constants([h])} for h in hyps]
     asked: dict[str, ProofResult] = {}
     for n, (part, variables) in enumerate(parts):
@@ -362,15 +329,17 @@ def prove_all(claims: list, hypotheses: Iterable = (), name: str = "query",
         result = asked.get(key)
         if result is None:
             result = prove(conjunction(part), relevant, name=f"{name}.part{n}",
-                           timeout_ms=timeout_ms)
+                           timeout_ms=share)
             asked[key] = result
         if result.status == "refuted":
             result = prove(conjunction(part), hyps, name=f"{name}.part{n}.all",
-                           timeout_ms=timeout_ms, witness=witness)
+                           timeout_ms=share, witness=witness)
+            if result.status == "refuted":
+                result.seconds = time.perf_counter() - start
+                result.name = name
+                return result
         if result.status != "proved":
-            result.seconds = time.perf_counter() - start
-            result.name = name
-            return result
+            return whole(1)
     return ProofResult("proved", None, time.perf_counter() - start, name)
 
 
