@@ -265,8 +265,9 @@ def consistent(hypotheses: Iterable, name: str = "query",
 
 MAX_SPLIT_PARTS = 256
 """`prove_all` splits a conjunction into at most this many independent parts (more: one query)."""
-WHOLE_FIRST_SHARE = 4
-"""`prove_all` asks the whole conjunction first with 1/WHOLE_FIRST_SHARE of the budget."""
+WHOLE_FIRST_SHARE = 2
+"""`prove_all` asks the whole conjunction first with 1/WHOLE_FIRST_SHARE of the budget, the
+parts share the rest: never more than the budget in all."""
 
 
 def conjunction(claims: list) -> z3.BoolRef:
@@ -292,13 +293,13 @@ def prove_all(claims: list, hypotheses: Iterable = (), name: str = "query",
     `c / x == c * (1 / x)`: 40 s). So the conjunction is first asked whole with
     1/`WHOLE_FIRST_SHARE` of the budget (Z3's work count: the same verdict on any machine; most
     are decided so, and finding parts costs a walk of every claim); then part by part, each
-    with an equal share of the budget: the parts are the groups of claims sharing no free
+    with an equal share of the rest (the whole budget is never exceeded): the parts are the groups of claims sharing no free
     variable, or each claim alone where all share one. A part is asked under the hypotheses
     that share a variable with it (a proof under fewer hypotheses is a proof); parts that are
     the same query up to the names of their variables (`x[0] * 5` and `x[1] * 5`) are asked
     once; a part refuted is asked again under every hypothesis (its model then satisfies them
-    all: a real counterexample of the conjunction). When a part is inconclusive, the whole is
-    asked with the whole budget."""
+    all: a real counterexample of the conjunction); an inconclusive part makes the answer
+    inconclusive."""
     claims = [_as_bool(c) for c in claims]
     hyps = [_as_bool(h) for h in hypotheses]
     start = time.perf_counter()
@@ -319,8 +320,8 @@ def prove_all(claims: list, hypotheses: Iterable = (), name: str = "query",
     if len(parts) == 1:
         parts = [([c], {v.get_id() for v in _free_constants([c])}) for c in claims]
     if len(parts) > MAX_SPLIT_PARTS:
-        return whole(1)
-    share = max(1, budget // len(parts))
+        return whole(2)
+    share = max(1, (budget - budget // WHOLE_FIRST_SHARE) // len(parts))
     hyp_vars = [{v.get_id() for v in _free_constants([h])} for h in hyps]
     asked: dict[str, ProofResult] = {}
     for n, (part, variables) in enumerate(parts):
@@ -339,7 +340,9 @@ def prove_all(claims: list, hypotheses: Iterable = (), name: str = "query",
                 result.name = name
                 return result
         if result.status != "proved":
-            return whole(1)
+            result.seconds = time.perf_counter() - start
+            result.name = name
+            return result
     return ProofResult("proved", None, time.perf_counter() - start, name)
 
 
