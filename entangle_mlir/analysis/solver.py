@@ -225,10 +225,11 @@ def _query(goal: z3.BoolRef, hyps: list, name: str, timeout: int, work: int,
 
 
 def _free_constants(formulas: Iterable[z3.ExprRef]) -> list[z3.ExprRef]:
-    """The uninterpreted constants (free variables) of `formulas`, each shared subterm once."""
+    """The uninterpreted constants (free variables) of `formulas` in order of first appearance
+    (depth first, left to right), each shared subterm visited once."""
     seen: set[int] = set()
-    found: dict[int, z3.ExprRef] = {}
-    stack = list(formulas)
+    found: list[z3.ExprRef] = []
+    stack = list(reversed(list(formulas)))
     while stack:
         expr = stack.pop()
         key = expr.get_id()
@@ -236,10 +237,10 @@ def _free_constants(formulas: Iterable[z3.ExprRef]) -> list[z3.ExprRef]:
             continue
         seen.add(key)
         if z3.is_const(expr) and expr.decl().kind() == z3.Z3_OP_UNINTERPRETED:
-            found[key] = expr
+            found.append(expr)
         elif z3.is_app(expr):
-            stack.extend(expr.children())
-    return list(found.values())
+            stack.extend(reversed(expr.children()))
+    return found
 
 
 def consistent(hypotheses: Iterable, name: str = "query",
@@ -379,19 +380,7 @@ def _renamed_key(part: list[z3.BoolRef], hypotheses: list[z3.BoolRef]) -> str:
     """The query's text with its free variables renamed in order of first appearance: equal
     for two queries that differ only in which variables they are about."""
     formulas = [*part, *hypotheses]
-    order: list[z3.ExprRef] = []
-    seen: set[int] = set()
-    stack = list(reversed(formulas))
-    while stack:
-        expr = stack.pop()
-        key = expr.get_id()
-        if key in seen:
-            continue
-        seen.add(key)
-        if z3.is_const(expr) and expr.decl().kind() == z3.Z3_OP_UNINTERPRETED:
-            order.append(expr)
-        elif z3.is_app(expr):
-            stack.extend(reversed(expr.children()))
+    order = _free_constants(formulas)
     renaming = [(v, z3.Const(f"_v{i}", v.sort())) for i, v in enumerate(order)]
     renamed = [z3.substitute(f, *renaming) if renaming else f for f in formulas]
     return f"{len(part)}|" + "|".join(f.sexpr() for f in renamed)
