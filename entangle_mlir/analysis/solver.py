@@ -226,20 +226,30 @@ def _query(goal: z3.BoolRef, hyps: list, name: str, timeout: int, work: int,
 
 def _free_constants(formulas: Iterable[z3.ExprRef]) -> list[z3.ExprRef]:
     """The uninterpreted constants (free variables) of `formulas` in order of first appearance
-    (depth first, left to right), each shared subterm visited once."""
+    (depth first, left to right), each shared subterm visited once.
+
+    Walks Z3's C API (no Python wrapper per node: 5x faster on the large claims of a ring)."""
+    formulas = list(formulas)
+    if not formulas:
+        return []
+    ctx = formulas[0].ctx
+    ref = ctx.ref()
     seen: set[int] = set()
     found: list[z3.ExprRef] = []
-    stack = list(reversed(list(formulas)))
+    stack = [f.as_ast() for f in reversed(formulas)]
     while stack:
-        expr = stack.pop()
-        key = expr.get_id()
+        ast = stack.pop()
+        key = z3.Z3_get_ast_id(ref, ast)
         if key in seen:
             continue
         seen.add(key)
-        if z3.is_const(expr) and expr.decl().kind() == z3.Z3_OP_UNINTERPRETED:
-            found.append(expr)
-        elif z3.is_app(expr):
-            stack.extend(reversed(expr.children()))
+        if z3.Z3_get_ast_kind(ref, ast) != z3.Z3_APP_AST:
+            continue
+        count = z3.Z3_get_app_num_args(ref, ast)
+        if count:
+            stack.extend(z3.Z3_get_app_arg(ref, ast, i) for i in range(count - 1, -1, -1))
+        elif z3.Z3_get_decl_kind(ref, z3.Z3_get_app_decl(ref, ast)) == z3.Z3_OP_UNINTERPRETED:
+            found.append(z3.z3._to_expr_ref(ast, ctx))
     return found
 
 
@@ -378,9 +388,19 @@ def _independent_parts(claims: list[z3.BoolRef]) -> list[tuple[list[z3.BoolRef],
 
 def _renamed_key(part: list[z3.BoolRef], hypotheses: list[z3.BoolRef]) -> str:
     """The query's text with its free variables renamed in order of first appearance: equal
-    for two queries that differ only in which variables they are about."""
-    formulas = [*part, *hypotheses]
-    order = _free_constants(formulas)
-    renaming = [(v, z3.Const(f"_v{i}", v.sort())) for i, v in enumerate(order)]
-    renamed = [z3.substitute(f, *renaming) if renaming else f for f in formulas]
-    return f"{len(part)}|" + "|".join(f.sexpr() for f in renamed)
+    for two queries that differ only in which variables they are about.
+
+    The part and its hypotheses are renamed as one term in one C-API call: `z3.substitute`
+    checks and converts its pairs on every call, which cost minutes over hundreds of
+    hypotheses and variables."""
+    query = conjunction([conjunction(part), conjunction(hypotheses) if hypotheses
+                         else z3.BoolVal(True, part[0].ctx)])
+    order = _free_constants([query])
+    if order:
+        ctx = query.ctx
+        renamed = [z3.Const(f"_v{i}", v.sort()) for i, v in enumerate(order)]
+        sources = (z3.Ast * len(order))(*(v.as_ast() for v in order))
+        targets = (z3.Ast * len(order))(*(v.as_ast() for v in renamed))
+        query = z3.BoolRef(z3.Z3_substitute(ctx.ref(), query.as_ast(), len(order), sources,
+                                            targets), ctx)
+    return f"{len(part)}|{query.sexpr()}"
