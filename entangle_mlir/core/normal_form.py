@@ -1138,8 +1138,7 @@ def _unique_window_starts(terms: list[Term]) -> list[tuple] | None:
     windows: list[dict[int, set]] = []
     for term in terms:
         mine: dict[int, set] = {}
-        for t in itertools.islice((u for u in subterms([term]) if u.op == "slice"),
-                                  MAX_SLICES_SEEN):
+        for t in first_slices(term):
             mine.setdefault(t.args[0].serial, set()).add(t.attrs[0])
         windows.append(mine)
     common = set(windows[0]).intersection(*windows[1:])
@@ -1153,14 +1152,26 @@ def _unique_window_starts(terms: list[Term]) -> list[tuple] | None:
 
 MAX_SLICES_SEEN = 64
 """How many slices under each piece `_distinct_slice_starts` compares."""
+_FIRST_SLICES: dict[int, tuple[Term, ...]] = {}
+"""`first_slices` by the term's serial (terms are interned and immutable)."""
+
+
+def first_slices(term: Term) -> tuple[Term, ...]:
+    """The first `MAX_SLICES_SEEN` slices under `term` in `subterms` order, memoized: joining
+    a long sum asks for the same pieces' slices once per pair (a walk of the whole piece each
+    time when it holds fewer slices than that)."""
+    found = _FIRST_SLICES.get(term.serial)
+    if found is None:
+        found = _FIRST_SLICES[term.serial] = tuple(itertools.islice(
+            (u for u in subterms([term]) if u.op == "slice"), MAX_SLICES_SEEN))
+    return found
 
 
 def _distinct_slice_starts(terms: list[Term]) -> list[tuple] | None:
     """The starts of the first slice, in `subterms` order, that is a window of one term at a
     distinct start in every one of `terms` (pieces computed alike from different rows: a
     slice of a weight every piece shares comes first, and is passed over); else None."""
-    lists = [[t for t in itertools.islice((u for u in subterms([term]) if u.op == "slice"),
-                                          MAX_SLICES_SEEN)] for term in terms]
+    lists = [first_slices(term) for term in terms]
     for column in zip(*lists):
         if len({t.args[0].serial for t in column}) != 1:
             continue
