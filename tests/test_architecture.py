@@ -40,7 +40,7 @@ from tests.shared import REPO
 PACKAGE = "entangle_mlir"
 LAYERS = ("core", "mlir", "semantics", "normalize", "rules", "analysis", "passes", "top")
 TOP_MODULES = ("driver", "cli", "opt", "jax", "evidence", "confirm", "progress", "pytest_plugin",
-               "html_report", "many", "repair")
+               "html_report", "many", "repair", "repair_sites")
 JAX_IMPORTERS = (f"{PACKAGE}.jax", f"{PACKAGE}.evidence")
 RULES_MUST_NOT_IMPORT = (f"{PACKAGE}.passes", f"{PACKAGE}.cli", f"{PACKAGE}.driver",
                          f"{PACKAGE}.opt", f"{PACKAGE}.analysis.solver", "z3")
