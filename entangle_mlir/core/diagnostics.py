@@ -65,9 +65,11 @@ def call_stack(text: str, default_file: str = "-") -> list[Frame]:
     tokens = _TOKEN.findall(text)
     frames: list[Frame] = []
     try:
-        _parse_location(tokens, 0, default_file, frames)
-    except (IndexError, ValueError):
+        _, position = _parse_location(tokens, 0, default_file, frames)
+    except (IndexError, ValueError, RecursionError):
         return []
+    if position is not None:
+        frames.append(Frame("", position))
     seen: set[Frame] = set()
     return [f for f in frames if not (f in seen or seen.add(f))]
 
