@@ -2,7 +2,8 @@
 
 1. Layers, lowest first: core < mlir < semantics < normalize < rules (rules/kinds included) <
    analysis < passes < the top-level modules (driver, cli, opt, jax, evidence, confirm, repair,
-   progress and the package's __init__). A module imports only from its own layer or lower ones.
+   repair_sites, progress and the package's __init__). A module imports only from its own layer
+   or lower ones.
 2. No import circles among the package's modules, counting every import: one inside a function
    is still a dependency, only a later one.
 3. Only jax.py and evidence.py import jax (jaxlib, which holds the MLIR bindings, may be imported
@@ -40,7 +41,7 @@ from tests.shared import REPO
 PACKAGE = "entangle_mlir"
 LAYERS = ("core", "mlir", "semantics", "normalize", "rules", "analysis", "passes", "top")
 TOP_MODULES = ("driver", "cli", "opt", "jax", "evidence", "confirm", "progress", "pytest_plugin",
-               "html_report", "many", "repair")
+               "html_report", "many", "repair", "repair_sites")
 JAX_IMPORTERS = (f"{PACKAGE}.jax", f"{PACKAGE}.evidence")
 RULES_MUST_NOT_IMPORT = (f"{PACKAGE}.passes", f"{PACKAGE}.cli", f"{PACKAGE}.driver",
                          f"{PACKAGE}.opt", f"{PACKAGE}.analysis.solver", "z3")

@@ -10,10 +10,12 @@ by zero cotangents, NaN where those overflow, and the reason says so. Every bugg
 computes other numbers, is not proven, and its claim is confirmed by running both programs;
 the claim names the first op the layout tier cannot relate (the stage's input feed, a
 `where` on the stage index), not the `# BUG` line. With `repair_bugs=True` (`--repair`,
-`entangle_mlir/repair.py`) the wrong ppermutes (backwards, skipping a stage) and the output
-slot off by one are named at their `# BUG` line on these full-size twins (12-25 s each, too
-slow for this file): tests/test_repair.py shows it, and the outputs taken from the first
-stage, on the same schedule with a one-matmul stage.
+`entangle_mlir/repair.py`) all eight twins' bugs are named on these full-size twins (5-30 s
+of CPU each, too slow for this file): the changed ops (ppermutes backwards, skipping a stage,
+sending gradients forward, the output slot off by one, the outputs taken from the first
+stage) at their `# BUG` line, the missing ones (a bubble not masked, gradients not
+accumulated, summed where the reference averages) at their caller's line or the loop making
+the sum; tests/test_repair.py shows it on the same schedules with a one-matmul stage.
 """
 
 from __future__ import annotations
