@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import z3
@@ -346,14 +346,8 @@ def prove_all(claims: list, hypotheses: Iterable = (), name: str = "query",
         if result.status == "refuted":
             result = prove(conjunction(part), hyps, name=f"{name}.part{n}.all",
                            timeout_ms=share, witness=witness)
-            if result.status == "refuted":
-                result.seconds = time.perf_counter() - start
-                result.name = name
-                return result
         if result.status != "proved":
-            result.seconds = time.perf_counter() - start
-            result.name = name
-            return result
+            return replace(result, seconds=time.perf_counter() - start, name=name)
     return ProofResult("proved", None, time.perf_counter() - start, name)
 
 
