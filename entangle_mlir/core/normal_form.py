@@ -220,9 +220,34 @@ def _make_concat(pieces: tuple[Term, ...], dim: int) -> Term:
         lifted = _swap_blocks(joined, dim)
     if lifted is not None:
         return lifted
+    runs = _adjacent_runs_joined(joined, dim)
+    if runs is not None:
+        return make_concat(runs, dim)
     shape = list(joined[0].shape)
     shape[dim] = sum(p.shape[dim] for p in joined)
     return intern("concatenate", tuple(joined), (dim,), tuple(shape), joined[0].dtype)
+
+
+def _adjacent_runs_joined(pieces: list[Term], dim: int) -> list[Term] | None:
+    """The pieces (more than two, which did not meet all at once) with each run of adjacent
+    ones that `make_concat` meets into something other than a concatenation along `dim`
+    joined, left to right (exact: a concatenation is associative, so
+    `concat(a, b, c, d) = concat(concat(a, b), concat(c, d))`; the tp column blocks of each
+    layer of a pipeline stage, `[f(x0 @ w0[:, :k]), f(x0 @ w0[:, k:]), f(x1 @ w1[:, :k]),
+    ...]`, join layer by layer where the layers' inputs differ). None when no two adjacent
+    pieces meet."""
+    if len(pieces) <= 2:
+        return None
+    out = [pieces[0]]
+    joined = False
+    for piece in pieces[1:]:
+        merged = make_concat([out[-1], piece], dim)
+        if _joined(merged, dim):
+            out[-1] = merged
+            joined = True
+        else:
+            out.append(piece)
+    return out if joined else None
 
 
 def _copies(piece: Term, dim: int, count: int) -> Term:
@@ -1619,6 +1644,10 @@ def _squeeze_step(term: Term, shape: tuple[int, ...], gone: list[int], reduced: 
         x = term.args[0]
         whole = [d for d in gone if x.shape[d] == 1]
         inner = _squeeze(x, _less(x.shape, whole), whole, reduced, memo)
+        if inner.op == "reshape" and inner.args[0] is x:
+            # Nothing to push the reshape into: `slice_of_reshape` would take the slice
+            # back under it, and the two forms would alternate without end.
+            return make_reshape(term, shape)
         cut = _slice(inner, *(tuple(v for d, v in enumerate(a) if d not in whole)
                               for a in term.attrs))
         return make_reshape(cut, shape)
@@ -1764,6 +1793,30 @@ def merge_summed_dims(term: Term, arg: Term) -> Term | None:
     inner = make_reshape(arg, tuple(sizes))
     return make_op("reduce_sum", (inner,), (tuple(new_reduced),), term.shape, term.dtype,
                    linear_in=0)
+
+
+def unit_kept_reduction(term: Term, arg: Term) -> Term | None:
+    """A reduction keeping unit dims of its operand (every unit dim of the operand kept, some
+    dim of size above 1 kept too) as the reduction of the operand without them, reshaped to
+    add them back (exact: a unit dim is one index, so each result element reduces the same
+    elements in the same order). The builders' form of a reduction whose result has a unit
+    dim is the reshape above it; jax's backward of a stage's stacked layer (one layer a
+    stage) keeps the layer's unit dim through the reduction instead. Only where `squeeze`
+    moves the unit dims into the operand; else None."""
+    if len(term.args) != 1:
+        return None
+    reduced = term.attrs[0]
+    units = [d for d, n in enumerate(arg.shape) if n == 1]
+    if not units or any(d in reduced for d in units) \
+            or all(n == 1 for d, n in enumerate(arg.shape) if d not in reduced):
+        return None
+    inner = squeeze(arg, _less(arg.shape, units))
+    if inner is None:
+        return None
+    shape = tuple(n for n in term.shape if n != 1)
+    summed = make_op(term.op, (inner,), (_without(reduced, units),) + term.attrs[1:], shape,
+                     term.dtype, linear_in=0 if term.op == "reduce_sum" else None)
+    return make_reshape(summed, term.shape)
 
 
 def merge_contracted_dims(term: Term, args: tuple[Term, ...]) -> Term | None:
@@ -1948,6 +2001,10 @@ def _rewritten(term: Term, args: tuple[Term, ...], memo: dict[int, Term]) -> Ter
         merged = merge_summed_dims(term, args[0])
         if merged is not None:
             return _renormal(merged, term, args, memo)
+    if term.op in _REDUCTIONS and len(args) == 1:
+        kept_apart = unit_kept_reduction(term, args[0])
+        if kept_apart is not None:
+            return _renormal(kept_apart, term, args, memo)
     if term.op == "stablehlo.dot_general":
         merged = merge_contracted_dims(term, args)
         if merged is not None:
