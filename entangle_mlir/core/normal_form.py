@@ -533,6 +533,9 @@ def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
 
     Pieces of one row along `dim` next to pieces of several are first written alike
     (`_units_alike`)."""
+    sliced = _lift_slice(pieces, dim)
+    if sliced is not None:
+        return sliced
     if not _same(pieces, dim):
         alike = _units_alike(pieces, dim)
         if alike is None or not _same(alike, dim):
@@ -603,6 +606,35 @@ def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
         return make_op(first.op, (inner,), first.attrs, shape, first.dtype,
                        linear_in=0 if first.op == "reduce_sum" else None)
     return None
+
+
+def _lift_slice(pieces: list[Term], dim: int) -> Term | None:
+    """`slice(concat(x_i along dim))` for a concatenation along `dim` of unit-stride slices
+    `slice(x_i)` that each take their operand whole along `dim` and one window of the other
+    dims, the same for every piece (exact: the concatenation's rows along `dim` are the
+    operands' rows, each cut alike along the others; the rotary halves of a tp shard's
+    heads, `k[..., :d/2]`, joined across the shards before their heads join). None when that
+    concatenation does not meet."""
+    first = pieces[0]
+    if first.op != "slice" or any(p.op != "slice" for p in pieces):
+        return None
+    bases = [p.args[0] for p in pieces]
+    rank = len(first.shape)
+    starts, limits, _ = first.attrs
+    for p, x in zip(pieces, bases):
+        s, lim, st = p.attrs
+        if any(v != 1 for v in st) or s[dim] != 0 or lim[dim] != x.shape[dim] \
+                or len(x.shape) != rank or x.dtype != first.dtype \
+                or any(x.shape[d] != bases[0].shape[d] or s[d] != starts[d]
+                       or lim[d] != limits[d] for d in range(rank) if d != dim):
+            return None
+    inner = make_concat(bases, dim)
+    if not _joined(inner, dim):
+        return None
+    window = (tuple(0 if d == dim else starts[d] for d in range(rank)),
+              tuple(inner.shape[dim] if d == dim else limits[d] for d in range(rank)),
+              (1,) * rank)
+    return _slice(inner, *window)
 
 
 def _units_alike(pieces: list[Term], dim: int) -> list[Term] | None:
@@ -1046,15 +1078,58 @@ def _join_groups(pairs: list) -> list:
     for (k, perms, _), members in groups.items():
         if len(members) < 2 or len(members) > MAX_BLOCKS:
             continue
-        core = _join_group([_peel(pairs[i][1])[1] for i in members])
-        if core is None:
-            continue
-        core = _wrap(core, perms)
-        done.update(members)
-        joined.append((k, core))
+        cores = [_peel(pairs[i][1])[1] for i in members]
+        core = _join_group(cores)
+        parts = [(members, core)] if core is not None else [
+            ([members[i] for i in sub], _join_group([cores[i] for i in sub]))
+            for sub in _subgroups(cores)]
+        for part, core in parts:
+            if core is None:
+                continue
+            done.update(part)
+            joined.append((k, _wrap(core, perms)))
     if not joined:
         return pairs
     return [p for i, p in enumerate(pairs) if i not in done] + joined
+
+
+def _subgroups(cores: list[Term]) -> list[list[int]]:
+    """The positions of `cores` (one contraction or sum, which do not join all together)
+    split by the argument an operand's piece moves (slices, reshapes), else by the term the
+    first slice under it is a window of, for the first summed operand whose pieces are so
+    split into several groups (two of them at least twice):
+    the parts of a tp-partial residual stream, `attn_0 @ wo[:k] + attn_1 @ wo[k:] + h_0 @
+    w_down[:f] + h_1 @ w_down[f:]`, are two sums (one per weight) that each join, not one.
+    Each subgroup is joined on its own (any grouping of a sum is a regrouping); [] when
+    there is no such split."""
+    for pair in _summed_dims(cores[0]):
+        for k, d in enumerate(pair):
+            if d is None:
+                continue
+            for keyed in (_moved_argument, _first_slice_base):
+                keys = [keyed(c.args[k], d) for c in cores]
+                if any(key is None for key in keys):
+                    continue
+                split: dict[int, list[int]] = {}
+                for i, key in enumerate(keys):
+                    split.setdefault(key, []).append(i)
+                if len(split) > 1 and any(len(sub) > 1 for sub in split.values()):
+                    return [sub for sub in split.values() if len(sub) > 1]
+    return []
+
+
+def _moved_argument(term: Term, dim: int) -> int | None:
+    """The serial of the argument `term` is a slice, reshape, broadcast or transpose of
+    (through any chain of them), or None."""
+    while term.op in _MOVES and term.args:
+        term = term.args[0]
+    return term.serial if term.op == "arg" else None
+
+
+def _first_slice_base(term: Term, dim: int) -> int | None:
+    """The serial of the term the first slice under `term` cuts, or None."""
+    start = _first_slice_start(term, dim)
+    return None if start is None else start[0]
 
 
 def _scatter_key(term: Term):
