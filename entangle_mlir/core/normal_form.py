@@ -527,6 +527,8 @@ def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
     * a reduction (sum, max, min, and, or) over dims other than `dim`: the reduction of the
       operands concatenated along the operand dim that `dim` keeps;
     * a gather from one operand along a batch dim: `_lift_gather`;
+    * `pad(x_i, v)` along a dim it does not pad (one padding value v): `pad(concat(x_i))`
+      (the backward of a rotary embedding's halves, per tp shard of heads);
     * a reshape along the major dim of the dims it splits or merges: `_lift_reshape` (a
       reshape inserting the unit dim `dim` above a reduction first as the reduction keeping
       it, `_reduction_keeping_unit`).
@@ -590,6 +592,16 @@ def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
         return make_dot(left, right, first.attrs, shape, first.dtype)
     if first.op == "stablehlo.gather" and len(first.args) == 2:
         return _lift_gather(pieces, dim, shape)
+    if first.op == "pad":
+        low, high, interior = first.attrs
+        if low[dim] or high[dim] or interior[dim] \
+                or any(p.args[1] is not first.args[1] for p in pieces):
+            return None
+        inner = make_concat([p.args[0] for p in pieces], dim)
+        if not _joined(inner, dim):
+            return None
+        return make_op("pad", (inner, first.args[1]), first.attrs, shape, first.dtype,
+                       linear_in=0 if splat_value(first.args[1]) == 0 else None)
     if first.op == "reshape":
         reductions = [_reduction_keeping_unit(p, dim) for p in pieces]
         if all(r is not None for r in reductions) and _same(reductions, dim):
