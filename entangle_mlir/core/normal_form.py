@@ -235,8 +235,15 @@ def _adjacent_runs_joined(pieces: list[Term], dim: int) -> list[Term] | None:
     `concat(a, b, c, d) = concat(concat(a, b), concat(c, d))`; the tp column blocks of each
     layer of a pipeline stage, `[f(x0 @ w0[:, :k]), f(x0 @ w0[:, k:]), f(x1 @ w1[:, :k]),
     ...]`, join layer by layer where the layers' inputs differ). None when no two adjacent
-    pieces meet."""
+    pieces meet, or some piece is one row along `dim` computed from the inputs (rows, such
+    as a stage's layers or a micro-batch's rows, join in the forms the lifts give them all
+    at once: joined in runs, they meet other rows in other forms); rows that are moves of
+    one input (a grid of micro-batch x row slices, flattened) do join in runs."""
     if len(pieces) <= 2:
+        return None
+    if any(p.shape[dim] == 1 for p in pieces) and (
+            _moved_argument(pieces[0], dim) is None
+            or len({_moved_argument(p, dim) for p in pieces}) != 1):
         return None
     out = [pieces[0]]
     joined = False
@@ -1889,7 +1896,8 @@ def unit_kept_reduction(term: Term, arg: Term) -> Term | None:
     elements in the same order). The builders' form of a reduction whose result has a unit
     dim is the reshape above it; jax's backward of a stage's stacked layer (one layer a
     stage) keeps the layer's unit dim through the reduction instead. Only where `squeeze`
-    moves the unit dims into the operand; else None."""
+    moves the unit dims into the operand, and not to a dot's unit batch dim (`_KeptApart`:
+    one row of a batch the other rows join along); else None."""
     if len(term.args) != 1:
         return None
     reduced = term.attrs[0]
@@ -1897,8 +1905,11 @@ def unit_kept_reduction(term: Term, arg: Term) -> Term | None:
     if not units or any(d in reduced for d in units) \
             or all(n == 1 for d, n in enumerate(arg.shape) if d not in reduced):
         return None
-    inner = squeeze(arg, _less(arg.shape, units))
-    if inner is None:
+    try:  # under a reduction: a dot's unit batch dim stays (`_KeptApart`)
+        inner = _squeeze(arg, _less(arg.shape, units), units, True, {})
+    except _KeptApart:
+        return None
+    if inner.op == "reshape" and inner.args[0] is arg:
         return None
     shape = tuple(n for n in term.shape if n != 1)
     summed = make_op(term.op, (inner,), (_without(reduced, units),) + term.attrs[1:], shape,
