@@ -150,10 +150,10 @@ def mlp_without_psum(p: dict, x, par: Par):
 
 
 PIPELINE_TWINS = {
-    "bubble_unmasked": (dict(bubble=pipelines.unmasked), pipelines.unmasked),
-    "gradients_to_a_wrong_stage": (dict(back=pipelines.shift_skipping_a_stage),
+    "bubble_unmasked": ({"bubble": pipelines.unmasked}, pipelines.unmasked),
+    "gradients_to_a_wrong_stage": ({"back": pipelines.shift_skipping_a_stage},
                                    pipelines.shift_skipping_a_stage),
-    "backward_microbatch_off_by_one": (dict(bslot=pipelines.backward_slot_off_by_one),
+    "backward_microbatch_off_by_one": ({"bslot": pipelines.backward_slot_off_by_one},
                                        pipelines.backward_slot_off_by_one),
     "stage_mlp_without_psum": ({}, mlp_without_psum),
 }

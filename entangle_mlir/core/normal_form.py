@@ -83,6 +83,16 @@ gradients summed step by step), each exact, at most a regrouping of a sum:
   gives (`_table_part`);
 * zero pads are read through when sums join (`_peel`); sums of like pieces join in the
   order of the one window of an input each reads (`_unique_window_starts`);
+* for a pipelined training step with tp stages (issue 21, `examples/frontier.py`'s
+  `pipeline_step`): a concatenation whose pieces do not meet all at once joins its runs of
+  adjacent pieces that do (`_adjacent_runs_joined`: each layer's tp column blocks; rows of
+  one row each only where they move one input); a concatenation of slices cut alike is the
+  slice of the concatenation (`_lift_slice`: the rotary halves of each shard's heads), one of
+  pads along a dim they do not pad the pad of the concatenation (the rotary backward); a
+  reduction keeping its operand's unit dims is the reshape of the reduction of the squeezed
+  operand (`unit_kept_reduction`: a one-layer stage's weight gradient); the contractions of
+  a sum that do not join all together join per weight they move (`_subgroups`: a
+  tp-partial residual stream, attention and MLP);
 * `blocks_meet` also meets sums over every element across shapes and tiles
   (`_full_sums_meet`, `_tiled_sums_meet`) and terms row block by row block where one is
   computed element by element from a concatenation (`_spine_cuts`).
