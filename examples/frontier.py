@@ -123,27 +123,49 @@ LAYER_PARAMS = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up
 MLP_PARAMS = ("mlp_norm", "w_gate", "w_up", "w_down")
 
 
-def stage_block(cfg: Config, tp: str | None, attention: bool = True):
+def stage_block(cfg: Config, tp: str | None, attention: bool = True, mlp=None):
     """One Llama layer on a list of its params (`LAYER_PARAMS` order; `MLP_PARAMS` without
     attention), Megatron tp over `tp` with plain lax collectives (jax's varying types insert
-    the gradients' psums)."""
+    the gradients' psums); `mlp`: the MLP block in place of Llama's."""
     par = Par(tp=tp, megatron=False)
+    mlp_block = mlp or llama.mlp_block
 
     def block(p, x):
         """On (..., seq, d): the reference runs every micro-batch at once."""
         flat = x.reshape(-1, *x.shape[-2:])
         if attention:
-            out = llama.block(dict(zip(LAYER_PARAMS, p, strict=True)), flat, cfg, par)
+            layer = dict(zip(LAYER_PARAMS, p, strict=True))
+            flat = flat + llama.attention_block(layer, flat, cfg, par)
+            out = flat + mlp_block(layer, flat, par)
         else:
-            out = flat + llama.mlp_block(dict(zip(MLP_PARAMS, p, strict=True)), flat, par)
+            out = flat + mlp_block(dict(zip(MLP_PARAMS, p, strict=True)), flat, par)
         return out.reshape(x.shape)
     return block
 
 
+def mlp_without_psum(p: dict, x, par: Par):
+    """A SwiGLU MLP whose row-parallel output is not summed over tp."""
+    h = enter_tp(rms_norm(x, p["mlp_norm"]), par)
+    return (silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"]  # BUG
+
+
+PIPELINE_TWINS = {
+    "bubble_unmasked": ({"bubble": pipelines.unmasked}, pipelines.unmasked),
+    "gradients_to_a_wrong_stage": ({"back": pipelines.shift_skipping_a_stage},
+                                   pipelines.shift_skipping_a_stage),
+    "backward_microbatch_off_by_one": ({"bslot": pipelines.backward_slot_off_by_one},
+                                       pipelines.backward_slot_off_by_one),
+    "stage_mlp_without_psum": ({}, mlp_without_psum),
+}
+"""`pipeline_step`'s buggy twins: the schedule's keywords and the function holding the
+`# BUG` line (`stage_mlp_without_psum`: the stage's MLP misses its tp psum)."""
+
+
 def pipeline_step(cfg: Config, dp: int, pp: int, tp: int, micro: int = 4,
-                  attention: bool = True):
+                  attention: bool = True, bug: str | None = None):
     """1F1B training step of `cfg.n_layers` Llama layers on dp x pp x tp (a corpus Example);
-    `attention=False`: the layers' SwiGLU MLP blocks only (RMSNorm, residual)."""
+    `attention=False`: the layers' SwiGLU MLP blocks only (RMSNorm, residual); `bug`: one of
+    `PIPELINE_TWINS`."""
     L, D, F = cfg.n_layers, cfg.d_model, cfg.d_ff
     Q, KV = cfg.q_width, cfg.kv_width
     col, row, rep = P("pp", None, "tp"), P("pp", "tp", None), P("pp")
@@ -158,14 +180,16 @@ def pipeline_step(cfg: Config, dp: int, pp: int, tp: int, micro: int = 4,
     data = f32((micro, rows, cfg.seq, D), P(None, "dp"))
     mesh = (("dp", dp), ("pp", pp), ("tp", tp))
     specs = [a.spec for a in params]
+    schedule, bug_fn = PIPELINE_TWINS[bug] if bug else ({}, None)
+    mlp = mlp_without_psum if bug_fn is mlp_without_psum else None
     return corpus_program(
         "frontier", "onef1b_train_llama" + ("" if attention else "_mlp"), mesh,
         pipelines.train_reference_fn(stage_block(cfg, None, attention), True),
-        pipelines.train_fn(pipelines.onef1b_train, stage_block(cfg, "tp", attention), True,
-                           axes=("pp", "dp")),
+        pipelines.train_fn(pipelines.onef1b_train, stage_block(cfg, "tp", attention, mlp),
+                           True, axes=("pp", "dp"), **schedule),
         [*params] * 3 + [data, data], (P(), *(tuple(specs),) * 3),
         f"1F1B training step of {L} Llama {'layers' if attention else 'MLP blocks'} on "
-        "dp x pp x tp, Adam-like update")
+        "dp x pp x tp, Adam-like update", bug=bug, bug_fn=bug_fn)
 
 
 # ----- DeepSeek-V3-like MoE on ep --------------------------------------------------------------

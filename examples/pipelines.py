@@ -148,6 +148,15 @@ def output_slot_off_by_one(t, n):
     return t - n  # BUG
 
 
+def backward_slot(t, stage, n):
+    """The micro-batch stage `stage` of n runs backward at 1F1B's step t."""
+    return t - 2 * (n - 1) + stage
+
+
+def backward_slot_off_by_one(t, stage, n):
+    return t - 2 * (n - 1) + stage - 1  # BUG
+
+
 def last_stage(stage, n):
     return stage == n - 1
 
@@ -385,7 +394,8 @@ def gpipe_train(block, params, moments, variances, x, y, *, back=shift_prev, bub
 
 
 def onef1b_train(block, params, moments, variances, x, y, *, back=shift_prev, bubble=masked,
-                 acc=accumulate, scale=mean_over_microbatches, axes=("pp",)):
+                 acc=accumulate, scale=mean_over_microbatches, bslot=backward_slot,
+                 axes=("pp",)):
     """1F1B: one loop of m + 2(n - 1) clock steps; at step t stage s runs the forward of
     micro-batch t - s and the backward of micro-batch t - 2(n - 1) + s (the last stage the
     backward of the micro-batch it has just run forward, from d loss / d output), activations
@@ -411,7 +421,7 @@ def onef1b_train(block, params, moments, variances, x, y, *, back=shift_prev, bu
         loss, dout = jax.value_and_grad(mse)(out, y[fk])
         total = total + jnp.where(f_valid & last, loss, 0.0)
         dout = dout / replicas  # d mean loss / d output: the data axes' means
-        b = t - 2 * (n - 1) + stage
+        b = bslot(t, stage, n)
         b_valid, bk = (b >= 0) & (b < m), jnp.clip(b, 0, m - 1)
         cot = jnp.where(last, dout, cot)
         _, vjp = jax.vjp(stage_fn, params, stash[bk])

@@ -83,6 +83,16 @@ gradients summed step by step), each exact, at most a regrouping of a sum:
   gives (`_table_part`);
 * zero pads are read through when sums join (`_peel`); sums of like pieces join in the
   order of the one window of an input each reads (`_unique_window_starts`);
+* for a pipelined training step with tp stages (issue 21, `examples/frontier.py`'s
+  `pipeline_step`): a concatenation whose pieces do not meet all at once joins its runs of
+  adjacent pieces that do (`_adjacent_runs_joined`: each layer's tp column blocks; rows of
+  one row each only where they move one input); a concatenation of slices cut alike is the
+  slice of the concatenation (`_lift_slice`: the rotary halves of each shard's heads), one of
+  pads along a dim they do not pad the pad of the concatenation (the rotary backward); a
+  reduction keeping its operand's unit dims is the reshape of the reduction of the squeezed
+  operand (`unit_kept_reduction`: a one-layer stage's weight gradient); the contractions of
+  a sum that do not join all together join per weight they move (`_subgroups`: a
+  tp-partial residual stream, attention and MLP);
 * `blocks_meet` also meets sums over every element across shapes and tiles
   (`_full_sums_meet`, `_tiled_sums_meet`) and terms row block by row block where one is
   computed element by element from a concatenation (`_spine_cuts`).
@@ -220,9 +230,41 @@ def _make_concat(pieces: tuple[Term, ...], dim: int) -> Term:
         lifted = _swap_blocks(joined, dim)
     if lifted is not None:
         return lifted
+    runs = _adjacent_runs_joined(joined, dim)
+    if runs is not None:
+        return make_concat(runs, dim)
     shape = list(joined[0].shape)
     shape[dim] = sum(p.shape[dim] for p in joined)
     return intern("concatenate", tuple(joined), (dim,), tuple(shape), joined[0].dtype)
+
+
+def _adjacent_runs_joined(pieces: list[Term], dim: int) -> list[Term] | None:
+    """The pieces (more than two, which did not meet all at once) with each run of adjacent
+    ones that `make_concat` meets into something other than a concatenation along `dim`
+    joined, left to right (exact: a concatenation is associative, so
+    `concat(a, b, c, d) = concat(concat(a, b), concat(c, d))`; the tp column blocks of each
+    layer of a pipeline stage, `[f(x0 @ w0[:, :k]), f(x0 @ w0[:, k:]), f(x1 @ w1[:, :k]),
+    ...]`, join layer by layer where the layers' inputs differ). None when no two adjacent
+    pieces meet, or some piece is one row along `dim` computed from the inputs (rows, such
+    as a stage's layers or a micro-batch's rows, join in the forms the lifts give them all
+    at once: joined in runs, they meet other rows in other forms); rows that are moves of
+    one input (a grid of micro-batch x row slices, flattened) do join in runs."""
+    if len(pieces) <= 2:
+        return None
+    if any(p.shape[dim] == 1 for p in pieces) and (
+            _moved_argument(pieces[0], dim) is None
+            or len({_moved_argument(p, dim) for p in pieces}) != 1):
+        return None
+    out = [pieces[0]]
+    joined = False
+    for piece in pieces[1:]:
+        merged = make_concat([out[-1], piece], dim)
+        if _joined(merged, dim):
+            out[-1] = merged
+            joined = True
+        else:
+            out.append(piece)
+    return out if joined else None
 
 
 def _copies(piece: Term, dim: int, count: int) -> Term:
@@ -502,12 +544,17 @@ def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
     * a reduction (sum, max, min, and, or) over dims other than `dim`: the reduction of the
       operands concatenated along the operand dim that `dim` keeps;
     * a gather from one operand along a batch dim: `_lift_gather`;
+    * `pad(x_i, v)` along a dim it does not pad (one padding value v): `pad(concat(x_i))`
+      (the backward of a rotary embedding's halves, per tp shard of heads);
     * a reshape along the major dim of the dims it splits or merges: `_lift_reshape` (a
       reshape inserting the unit dim `dim` above a reduction first as the reduction keeping
       it, `_reduction_keeping_unit`).
 
     Pieces of one row along `dim` next to pieces of several are first written alike
     (`_units_alike`)."""
+    sliced = _lift_slice(pieces, dim)
+    if sliced is not None:
+        return sliced
     if not _same(pieces, dim):
         alike = _units_alike(pieces, dim)
         if alike is None or not _same(alike, dim):
@@ -562,6 +609,16 @@ def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
         return make_dot(left, right, first.attrs, shape, first.dtype)
     if first.op == "stablehlo.gather" and len(first.args) == 2:
         return _lift_gather(pieces, dim, shape)
+    if first.op == "pad":
+        low, high, interior = first.attrs
+        if low[dim] or high[dim] or interior[dim] \
+                or any(p.args[1] is not first.args[1] for p in pieces):
+            return None
+        inner = make_concat([p.args[0] for p in pieces], dim)
+        if not _joined(inner, dim):
+            return None
+        return make_op("pad", (inner, first.args[1]), first.attrs, shape, first.dtype,
+                       linear_in=0 if splat_value(first.args[1]) == 0 else None)
     if first.op == "reshape":
         reductions = [_reduction_keeping_unit(p, dim) for p in pieces]
         if all(r is not None for r in reductions) and _same(reductions, dim):
@@ -578,6 +635,35 @@ def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
         return make_op(first.op, (inner,), first.attrs, shape, first.dtype,
                        linear_in=0 if first.op == "reduce_sum" else None)
     return None
+
+
+def _lift_slice(pieces: list[Term], dim: int) -> Term | None:
+    """`slice(concat(x_i along dim))` for a concatenation along `dim` of unit-stride slices
+    `slice(x_i)` that each take their operand whole along `dim` and one window of the other
+    dims, the same for every piece (exact: the concatenation's rows along `dim` are the
+    operands' rows, each cut alike along the others; the rotary halves of a tp shard's
+    heads, `k[..., :d/2]`, joined across the shards before their heads join). None when that
+    concatenation does not meet."""
+    first = pieces[0]
+    if first.op != "slice" or any(p.op != "slice" for p in pieces):
+        return None
+    bases = [p.args[0] for p in pieces]
+    rank = len(first.shape)
+    starts, limits, _ = first.attrs
+    for p, x in zip(pieces, bases):
+        s, lim, st = p.attrs
+        if any(v != 1 for v in st) or s[dim] != 0 or lim[dim] != x.shape[dim] \
+                or len(x.shape) != rank or x.dtype != first.dtype \
+                or any(x.shape[d] != bases[0].shape[d] or s[d] != starts[d]
+                       or lim[d] != limits[d] for d in range(rank) if d != dim):
+            return None
+    inner = make_concat(bases, dim)
+    if not _joined(inner, dim):
+        return None
+    window = (tuple(0 if d == dim else starts[d] for d in range(rank)),
+              tuple(inner.shape[dim] if d == dim else limits[d] for d in range(rank)),
+              (1,) * rank)
+    return _slice(inner, *window)
 
 
 def _units_alike(pieces: list[Term], dim: int) -> list[Term] | None:
@@ -1021,15 +1107,58 @@ def _join_groups(pairs: list) -> list:
     for (k, perms, _), members in groups.items():
         if len(members) < 2 or len(members) > MAX_BLOCKS:
             continue
-        core = _join_group([_peel(pairs[i][1])[1] for i in members])
-        if core is None:
-            continue
-        core = _wrap(core, perms)
-        done.update(members)
-        joined.append((k, core))
+        cores = [_peel(pairs[i][1])[1] for i in members]
+        core = _join_group(cores)
+        parts = [(members, core)] if core is not None else [
+            ([members[i] for i in sub], _join_group([cores[i] for i in sub]))
+            for sub in _subgroups(cores)]
+        for part, core in parts:
+            if core is None:
+                continue
+            done.update(part)
+            joined.append((k, _wrap(core, perms)))
     if not joined:
         return pairs
     return [p for i, p in enumerate(pairs) if i not in done] + joined
+
+
+def _subgroups(cores: list[Term]) -> list[list[int]]:
+    """The positions of `cores` (one contraction or sum, which do not join all together)
+    split by the argument an operand's piece moves (slices, reshapes), else by the term the
+    first slice under it is a window of, for the first summed operand whose pieces are so
+    split into several groups (two of them at least twice):
+    the parts of a tp-partial residual stream, `attn_0 @ wo[:k] + attn_1 @ wo[k:] + h_0 @
+    w_down[:f] + h_1 @ w_down[f:]`, are two sums (one per weight) that each join, not one.
+    Each subgroup is joined on its own (any grouping of a sum is a regrouping); [] when
+    there is no such split."""
+    for pair in _summed_dims(cores[0]):
+        for k, d in enumerate(pair):
+            if d is None:
+                continue
+            for keyed in (_moved_argument, _first_slice_base):
+                keys = [keyed(c.args[k], d) for c in cores]
+                if any(key is None for key in keys):
+                    continue
+                split: dict[int, list[int]] = {}
+                for i, key in enumerate(keys):
+                    split.setdefault(key, []).append(i)
+                if len(split) > 1 and any(len(sub) > 1 for sub in split.values()):
+                    return [sub for sub in split.values() if len(sub) > 1]
+    return []
+
+
+def _moved_argument(term: Term, dim: int) -> int | None:
+    """The serial of the argument `term` is a slice, reshape, broadcast or transpose of
+    (through any chain of them), or None."""
+    while term.op in _MOVES and term.args:
+        term = term.args[0]
+    return term.serial if term.op == "arg" else None
+
+
+def _first_slice_base(term: Term, dim: int) -> int | None:
+    """The serial of the term the first slice under `term` cuts, or None."""
+    start = _first_slice_start(term, dim)
+    return None if start is None else start[0]
 
 
 def _scatter_key(term: Term):
@@ -1619,6 +1748,10 @@ def _squeeze_step(term: Term, shape: tuple[int, ...], gone: list[int], reduced: 
         x = term.args[0]
         whole = [d for d in gone if x.shape[d] == 1]
         inner = _squeeze(x, _less(x.shape, whole), whole, reduced, memo)
+        if inner.op == "reshape" and inner.args[0] is x:
+            # Nothing to push the reshape into: `slice_of_reshape` would take the slice
+            # back under it, and the two forms would alternate without end.
+            return make_reshape(term, shape)
         cut = _slice(inner, *(tuple(v for d, v in enumerate(a) if d not in whole)
                               for a in term.attrs))
         return make_reshape(cut, shape)
@@ -1764,6 +1897,34 @@ def merge_summed_dims(term: Term, arg: Term) -> Term | None:
     inner = make_reshape(arg, tuple(sizes))
     return make_op("reduce_sum", (inner,), (tuple(new_reduced),), term.shape, term.dtype,
                    linear_in=0)
+
+
+def unit_kept_reduction(term: Term, arg: Term) -> Term | None:
+    """A reduction keeping unit dims of its operand (every unit dim of the operand kept, some
+    dim of size above 1 kept too) as the reduction of the operand without them, reshaped to
+    add them back (exact: a unit dim is one index, so each result element reduces the same
+    elements in the same order). The builders' form of a reduction whose result has a unit
+    dim is the reshape above it; jax's backward of a stage's stacked layer (one layer a
+    stage) keeps the layer's unit dim through the reduction instead. Only where `squeeze`
+    moves the unit dims into the operand, and not to a dot's unit batch dim (`_KeptApart`:
+    one row of a batch the other rows join along); else None."""
+    if len(term.args) != 1:
+        return None
+    reduced = term.attrs[0]
+    units = [d for d, n in enumerate(arg.shape) if n == 1]
+    if not units or any(d in reduced for d in units) \
+            or all(n == 1 for d, n in enumerate(arg.shape) if d not in reduced):
+        return None
+    try:  # under a reduction: a dot's unit batch dim stays (`_KeptApart`)
+        inner = _squeeze(arg, _less(arg.shape, units), units, True, {})
+    except _KeptApart:
+        return None
+    if inner.op == "reshape" and inner.args[0] is arg:
+        return None
+    shape = tuple(n for n in term.shape if n != 1)
+    summed = make_op(term.op, (inner,), (_without(reduced, units),) + term.attrs[1:], shape,
+                     term.dtype, linear_in=0 if term.op == "reduce_sum" else None)
+    return make_reshape(summed, term.shape)
 
 
 def merge_contracted_dims(term: Term, args: tuple[Term, ...]) -> Term | None:
@@ -1948,6 +2109,10 @@ def _rewritten(term: Term, args: tuple[Term, ...], memo: dict[int, Term]) -> Ter
         merged = merge_summed_dims(term, args[0])
         if merged is not None:
             return _renormal(merged, term, args, memo)
+    if term.op in _REDUCTIONS and len(args) == 1:
+        kept_apart = unit_kept_reduction(term, args[0])
+        if kept_apart is not None:
+            return _renormal(kept_apart, term, args, memo)
     if term.op == "stablehlo.dot_general":
         merged = merge_contracted_dims(term, args)
         if merged is not None:

@@ -1,0 +1,177 @@
+"""Lemmas of the `core/normal_form.py` identities a pipelined training step with tp stages
+needs (issues 19 and 21, `examples/frontier.py`'s `pipeline_step`): each is proved by Z3 on
+small symbolic tensors (the raw term before, the normal form after), and its nearest wrong
+variant (pieces out of order, another window, another dim) is refuted and left apart."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from entangle_mlir.analysis.instance.term_equality import check_term_equality
+from entangle_mlir.core.normal_form import make_concat, normal_form, slice_term
+from entangle_mlir.core.terms import (
+    intern,
+    make_arg,
+    make_dot,
+    make_elementwise,
+    make_lin,
+    make_op,
+    make_reshape,
+    make_splat,
+)
+
+F32 = "f32"
+DOT = ((), (), (1,), (0,))
+
+
+def raw(op, args, attrs, shape):
+    return intern(op, tuple(args), attrs, tuple(shape), F32)
+
+
+def raw_slice(term, starts, limits):
+    shape = tuple(b - a for a, b in zip(starts, limits))
+    return raw("slice", (term,), (tuple(starts), tuple(limits), (1,) * len(shape)), shape)
+
+
+def raw_concat(pieces, dim: int):
+    shape = list(pieces[0].shape)
+    shape[dim] = sum(p.shape[dim] for p in pieces)
+    return raw("concatenate", pieces, (dim,), shape)
+
+
+def proved(a, b) -> bool:
+    return check_term_equality(a, b, "normal_form.lemma").status == "proved"
+
+
+def refuted(a, b) -> bool:
+    return check_term_equality(a, b, "normal_form.must_fail").status == "refuted"
+
+
+def test_squeezing_a_slice_with_nothing_to_push_into_ends() -> None:
+    """`reshape(slice(x))` dropping a unit dim x has and one the slice makes: the squeeze
+    once moved the reshape under the slice, `slice_of_reshape` moved it back, without end
+    (the tier's "terms nest too deeply" on every 1F1B step with one row a micro-batch)."""
+    x = make_arg(0, (2, 1, 3, 2), F32)
+    row = raw_slice(x, (1, 0, 0, 0), (2, 1, 3, 2))
+    term = raw("reshape", (row,), (), (3, 2))
+    normal = normal_form(term)
+    assert proved(term, normal)
+    # must fail: the other row
+    other = raw("reshape", (raw_slice(x, (0, 0, 0, 0), (1, 1, 3, 2)),), (), (3, 2))
+    assert normal_form(other) is not normal and refuted(term, normal_form(other))
+
+
+def _column_blocks(x, w, order):
+    """tanh(x @ w[:, block]) for each block of `order`, w's two column blocks of 2."""
+    return [make_elementwise("stablehlo.tanh", (make_dot(x, slice_term(w, 1, lo, lo + 2), DOT,
+                                                        (x.shape[0], 2), F32),))
+            for lo in order]
+
+
+def test_adjacent_runs_of_a_concatenation_join() -> None:
+    """tp's column blocks of two layers, [f(x0 @ w0[:, :k]), f(x0 @ w0[:, k:]), f(x1 @
+    w1[:, :k]), f(x1 @ w1[:, k:])], are [f(x0 @ w0), f(x1 @ w1)]: they do not meet all at
+    once (the layers' inputs differ), but each layer's run does."""
+    x0, x1 = make_arg(0, (3, 4), F32), make_arg(1, (3, 4), F32)
+    w0, w1 = make_arg(2, (4, 4), F32), make_arg(3, (4, 4), F32)
+    pieces = _column_blocks(x0, w0, (0, 2)) + _column_blocks(x1, w1, (0, 2))
+    layers = [make_elementwise("stablehlo.tanh", (make_dot(x, w, DOT, (3, 4), F32),))
+              for x, w in ((x0, w0), (x1, w1))]
+    normal = make_concat(pieces, 1)
+    assert normal.op == "concatenate" and list(normal.args) == layers
+    assert proved(raw_concat(pieces, 1), raw_concat(layers, 1))
+    # must fail: layer 0's blocks swapped
+    swapped = _column_blocks(x0, w0, (2, 0)) + _column_blocks(x1, w1, (0, 2))
+    assert make_concat(swapped, 1) is not normal
+    assert refuted(raw_concat(swapped, 1), raw_concat(layers, 1))
+
+
+def test_a_reduction_keeping_a_unit_dim_is_the_reshaped_reduction() -> None:
+    """A sum keeping its operand's unit dim (jax's backward of a one-layer stage's stacked
+    weight) meets the builders' form: the reshape above the sum of the squeezed operand."""
+    x, g = make_arg(0, (1, 3, 3), F32), make_arg(1, (1, 3, 3), F32)
+    product = raw("mul", (x, g), (), (1, 3, 3))
+
+    def builders(dim: int):
+        flat = make_elementwise("stablehlo.multiply", (make_reshape(x, (3, 3)),
+                                                       make_reshape(g, (3, 3))))
+        return make_reshape(make_op("reduce_sum", (flat,), ((dim,),), (3,), F32,
+                                    linear_in=0), (1, 3))
+
+    kept = raw("reduce_sum", (product,), ((1,),), (1, 3))
+    assert normal_form(kept) is normal_form(builders(0))
+    assert proved(kept, builders(0))
+    # must fail: the sum over the other dim
+    other = raw("reduce_sum", (product,), ((2,),), (1, 3))
+    assert normal_form(other) is normal_form(builders(1))
+    assert normal_form(other) is not normal_form(kept) and refuted(other, builders(0))
+
+
+def _halves(w, lo: int, part: int):
+    """The rotary half `part` (0: first) of the heads in w's columns [lo, lo + 4), two heads
+    of two: `reshape(w[:, lo:lo + 4], (4, 2, 2))[:, :, part]`."""
+    block = slice_term(w, 1, lo, lo + 4)
+    heads = make_reshape(block, (4, 2, 2))
+    return slice_term(heads, 2, part, part + 1)
+
+
+def test_a_concatenation_of_slices_cut_alike_is_the_slice_of_the_concatenation() -> None:
+    """tp shards' rotary halves, `[reshape(w[:, :4])[..., :1], reshape(w[:, 4:])[..., :1]]`
+    along the heads, are the half of all the heads."""
+    w = make_arg(0, (4, 8), F32)
+    pieces = [_halves(w, 0, 0), _halves(w, 4, 0)]
+    whole = slice_term(make_reshape(w, (4, 4, 2)), 2, 0, 1)
+    assert make_concat(pieces, 1) is whole
+    assert proved(raw_concat(pieces, 1), whole)
+    # must fail: the second shard's other half
+    mixed = [_halves(w, 0, 0), _halves(w, 4, 1)]
+    assert make_concat(mixed, 1) is not whole and refuted(raw_concat(mixed, 1), whole)
+
+
+def _part(x, w, lo: int, hi: int):
+    return make_dot(x, slice_term(w, 0, lo, hi), DOT, (2, 3), F32)
+
+
+def test_a_sum_of_contractions_joins_per_weight() -> None:
+    """A tp-partial residual stream, `a0 @ wo[:2] + a1 @ wo[2:] + h0 @ wd[:3] + h1 @
+    wd[3:]`, is `[a0 a1] @ wo + [h0 h1] @ wd`: the four do not join as one sum, the two of
+    each weight do."""
+    a0, a1 = make_arg(0, (2, 2), F32), make_arg(1, (2, 2), F32)
+    h0, h1 = make_arg(2, (2, 3), F32), make_arg(3, (2, 3), F32)
+    wo, wd = make_arg(4, (4, 3), F32), make_arg(5, (6, 3), F32)
+
+    def stream(order):
+        parts = [_part(a0, wo, *order[0]), _part(a1, wo, *order[1]), _part(h0, wd, 0, 3),
+                 _part(h1, wd, 3, 6)]
+        return make_lin([(Fraction(1), p) for p in parts], Fraction(0), (2, 3), F32)
+
+    joined = make_lin([(Fraction(1), make_dot(raw_concat([a0, a1], 1), wo, DOT, (2, 3), F32)),
+                       (Fraction(1), make_dot(raw_concat([h0, h1], 1), wd, DOT, (2, 3), F32))],
+                      Fraction(0), (2, 3), F32)
+    summed = stream(((0, 2), (2, 4)))
+    normal = normal_form(summed)
+    assert normal.op == "lin" and len(normal.args) == 2
+    assert all(p.op == "stablehlo.dot_general" and p.args[1].op == "arg" for p in normal.args)
+    assert proved(summed, normal) and proved(normal, joined)
+    # must fail: a0 paired with wo's second block
+    crossed = stream(((2, 4), (0, 2)))
+    assert normal_form(crossed) is not normal and refuted(crossed, joined)
+
+
+def test_a_concatenation_of_zero_pads_along_an_unpadded_dim_is_the_pad() -> None:
+    """The rotary backward per tp shard of heads, `[pad(g0, high 2), pad(g1, high 2)]` along
+    the heads, is the pad of the heads' rows."""
+    x = make_arg(0, (4, 2), F32)
+    zero = make_splat(0, (), F32)
+
+    def padded(lo, hi, low, high):
+        return make_op("pad", (slice_term(x, 0, lo, hi), zero), ((0, low), (0, high), (0, 0)),
+                       (hi - lo, 2 + low + high), F32, linear_in=0)
+
+    pieces = [padded(0, 2, 0, 2), padded(2, 4, 0, 2)]
+    whole = make_op("pad", (x, zero), ((0, 0), (0, 2), (0, 0)), (4, 4), F32, linear_in=0)
+    assert make_concat(pieces, 0) is whole
+    assert proved(raw_concat(pieces, 0), whole)
+    # must fail: the second shard padded on the other side
+    other = [padded(0, 2, 0, 2), padded(2, 4, 2, 0)]
+    assert make_concat(other, 0) is not whole and refuted(raw_concat(other, 0), whole)
