@@ -398,9 +398,10 @@ def _aligned_parts(first: Term, other: Term) -> list[Term] | None:
     """`other`'s parts (a `lin` like `first`) paired with `first`'s: each part of `first`
     with the same term in `other` at the same coefficient, where it has it; then each other
     part in turn with an unpaired part of the same coefficient, one with the same op first,
-    over the same arguments (a broadcast of one bias at another piece's rows), with the same
-    attributes (the builders order parts by serial, so pieces computed alike can list them
-    in different orders); None when some part has no partner.
+    then with arguments of the same ops (`_arg_ops`), over the same arguments (a broadcast
+    of one bias at another piece's rows), with the same attributes (the builders order
+    parts by serial, so pieces computed alike can list them in different orders); None when
+    some part has no partner.
     Any pairing with equal coefficients is exact (a sum of concatenations is the
     concatenation of the sums, column by column); this one is the pairing that can meet."""
     (_, mine), (_, theirs) = first.attrs, other.attrs
@@ -421,12 +422,19 @@ def _aligned_parts(first: Term, other: Term) -> list[Term] | None:
             continue
         ranked = sorted((j for j in free if theirs[j] == coef), key=lambda j: (
             other.args[j] is not part, other.args[j].op != part.op,
+            _arg_ops(other.args[j]) != _arg_ops(part),
             not _same_args(other.args[j], part), other.args[j].attrs != part.attrs, j))
         if not ranked:
             return None
         free.remove(ranked[0])
         out[slot] = other.args[ranked[0]]
     return out  # type: ignore[return-value]
+
+
+def _arg_ops(term: Term) -> list[str]:
+    """The ops of a term's arguments, sorted: what tells apart two products (of one
+    coefficient in a sum) of different factors, such as `x * tanh(y) * z` and `x * z`."""
+    return sorted(a.op for a in term.args)
 
 
 def _same_args(a: Term, b: Term) -> bool:
@@ -1138,8 +1146,7 @@ def _unique_window_starts(terms: list[Term]) -> list[tuple] | None:
     windows: list[dict[int, set]] = []
     for term in terms:
         mine: dict[int, set] = {}
-        for t in itertools.islice((u for u in subterms([term]) if u.op == "slice"),
-                                  MAX_SLICES_SEEN):
+        for t in _slices_under(term):
             mine.setdefault(t.args[0].serial, set()).add(t.attrs[0])
         windows.append(mine)
     common = set(windows[0]).intersection(*windows[1:])
@@ -1154,13 +1161,26 @@ def _unique_window_starts(terms: list[Term]) -> list[tuple] | None:
 MAX_SLICES_SEEN = 64
 """How many slices under each piece `_distinct_slice_starts` compares."""
 
+_SLICES: dict[int, tuple[Term, ...]] = {}
+"""serial -> `_slices_under`."""
+
+
+def _slices_under(term: Term) -> tuple[Term, ...]:
+    """The first `MAX_SLICES_SEEN` slices among `term`'s subterms (`subterms` order),
+    memoized by serial: the same pieces are asked again and again (each order a sum is
+    joined in, each normal-form pass), and finding them may walk most of a deep model."""
+    found = _SLICES.get(term.serial)
+    if found is None:
+        found = _SLICES[term.serial] = tuple(itertools.islice(
+            (u for u in subterms([term]) if u.op == "slice"), MAX_SLICES_SEEN))
+    return found
+
 
 def _distinct_slice_starts(terms: list[Term]) -> list[tuple] | None:
     """The starts of the first slice, in `subterms` order, that is a window of one term at a
     distinct start in every one of `terms` (pieces computed alike from different rows: a
     slice of a weight every piece shares comes first, and is passed over); else None."""
-    lists = [[t for t in itertools.islice((u for u in subterms([term]) if u.op == "slice"),
-                                          MAX_SLICES_SEEN)] for term in terms]
+    lists = [_slices_under(term) for term in terms]
     for column in zip(*lists):
         if len({t.args[0].serial for t in column}) != 1:
             continue
