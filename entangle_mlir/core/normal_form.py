@@ -440,9 +440,10 @@ def _aligned_parts(first: Term, other: Term) -> list[Term] | None:
     """`other`'s parts (a `lin` like `first`) paired with `first`'s: each part of `first`
     with the same term in `other` at the same coefficient, where it has it; then each other
     part in turn with an unpaired part of the same coefficient, one with the same op first,
-    over the same arguments (a broadcast of one bias at another piece's rows), with the same
-    attributes (the builders order parts by serial, so pieces computed alike can list them
-    in different orders); None when some part has no partner.
+    then with arguments of the same ops (`_arg_ops`), over the same arguments (a broadcast
+    of one bias at another piece's rows), with the same attributes (the builders order
+    parts by serial, so pieces computed alike can list them in different orders); None when
+    some part has no partner.
     Any pairing with equal coefficients is exact (a sum of concatenations is the
     concatenation of the sums, column by column); this one is the pairing that can meet."""
     (_, mine), (_, theirs) = first.attrs, other.attrs
@@ -463,12 +464,19 @@ def _aligned_parts(first: Term, other: Term) -> list[Term] | None:
             continue
         ranked = sorted((j for j in free if theirs[j] == coef), key=lambda j: (
             other.args[j] is not part, other.args[j].op != part.op,
+            _arg_ops(other.args[j]) != _arg_ops(part),
             not _same_args(other.args[j], part), other.args[j].attrs != part.attrs, j))
         if not ranked:
             return None
         free.remove(ranked[0])
         out[slot] = other.args[ranked[0]]
     return out  # type: ignore[return-value]
+
+
+def _arg_ops(term: Term) -> list[str]:
+    """The ops of a term's arguments, sorted: what tells apart two products (of one
+    coefficient in a sum) of different factors, such as `x * tanh(y) * z` and `x * z`."""
+    return sorted(a.op for a in term.args)
 
 
 def _same_args(a: Term, b: Term) -> bool:

@@ -474,11 +474,12 @@ def single_scaled(term: Term) -> tuple[Scalar, Term]:
 
 def factor_content(term: Term) -> tuple[Scalar, Term]:
     """(k, t) with term == k * t where, for a sum, k is the content of its coefficients (the
-    positive rational generating them, gcd of numerators over lcm of denominators, signed like
-    the first coefficient): proportional sums get the same `t`. Products and linear ops are
-    homogeneous, so `(c*a + c*b) * x` and `c * ((a + b) * x)` must meet: a local mean's
-    `1/N_local` and a pmean's `1/n` then multiply out to the reference's `1/N` whichever side
-    of the product (or of a pad, broadcast, reduction) they were applied on."""
+    positive rational generating them, gcd of numerators over lcm of denominators, signed by
+    `content_sign`): proportional sums get the same `t`, whatever order their parts are
+    listed in. Products and linear ops are homogeneous, so `(c*a + c*b) * x` and
+    `c * ((a + b) * x)` must meet: a local mean's `1/N_local` and a pmean's `1/n` then
+    multiply out to the reference's `1/N` whichever side of the product (or of a pad,
+    broadcast, reduction) they were applied on."""
     if term.op != "lin":
         return Fraction(1), term
     found = _CONTENT.get(term.serial)
@@ -503,7 +504,7 @@ def _factor_content(term: Term) -> tuple[Scalar, Term]:
     values = [c for c in (*coefs, constant) if c != 0]
     numerator = math.gcd(*(v.numerator for v in values))
     denominator = math.lcm(*(v.denominator for v in values))
-    sign = -1 if coefs[0] < 0 else 1
+    sign = content_sign(coefs)
     if numerator == 1 and denominator == 1 and sign == 1:
         return Fraction(1), term
     k = Fraction(sign * numerator, denominator)
@@ -514,6 +515,18 @@ def _factor_content(term: Term) -> tuple[Scalar, Term]:
     inner = make_lin([(divided(c), t) for c, t in zip(coefs, term.args)], divided(constant),
                      term.shape, term.dtype)
     return k, inner
+
+
+def content_sign(coefs: tuple[Fraction, ...]) -> int:
+    """The sign of a sum's content: the one that makes its coefficient of greatest magnitude
+    positive, so that it does not depend on the order the parts are listed in (by serial:
+    the same sum built in another order, a pipeline's other micro-batch, pulls the same
+    sign); where a coefficient and its negation are both greatest (`x - y`), the first
+    coefficient's sign."""
+    top, bottom = max(coefs), min(coefs)
+    if top != -bottom:
+        return 1 if top > -bottom else -1
+    return -1 if coefs[0] < 0 else 1
 
 
 def _divided(c: Fraction, sign: int, numerator: int, denominator: int) -> Fraction:
@@ -532,7 +545,7 @@ def _long_content(term: Term) -> tuple[Scalar, Term] | None:
     if parts is None:
         return None
     numerator, denominator = parts
-    sign = -1 if term.attrs[1][0] < 0 else 1
+    sign = content_sign(term.attrs[1])
     if numerator == 1 and denominator == 1 and sign == 1:
         return Fraction(1), term
     return Fraction(sign * numerator, denominator), _scaled(
@@ -1006,7 +1019,7 @@ def _reshape_broadcast(term: Term, shape: tuple[int, ...]) -> Term | None:
     groups = reshape_groups(term.shape, shape)
     if groups is None:
         return None
-    targets: list[list[int]] = [[0] for _ in dims]
+    targets: list[list[int] | None] = [None for _ in dims]
     for src, dst in groups:
         kept = [d for d in src if d in dims]
         if not kept:
@@ -1018,9 +1031,8 @@ def _reshape_broadcast(term: Term, shape: tuple[int, ...]) -> Term | None:
                 or (len(real_dst) > 1 and real_src != kept)):
             return None
         targets[dims.index(kept[0])] = real_dst
-    if any(operand.shape[i] != 1 and targets[i] == [0] and dims[i] != 0
-           for i in range(len(dims))):
-        return None
+    if any(target is None for target in targets):
+        return None  # every kept dim lies in one group; defensive
     new_dims = [d for t in targets for d in t]
     if sorted(new_dims) != new_dims or len(set(new_dims)) != len(new_dims):
         return None

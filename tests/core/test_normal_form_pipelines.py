@@ -365,3 +365,53 @@ def test_zero_pads_of_a_sum_join_under_the_pad() -> None:
     wrong = normal_form(make_lin([(Fraction(1), p) for p in parts[:3] + [other]], Fraction(0),
                                  (2, 3), F32))
     assert wrong is not normal_form(padded(x)) and refuted(wrong, padded(x))
+
+
+def _lin(pairs, shape):
+    return make_lin([(Fraction(c), t) for c, t in pairs], Fraction(0), tuple(shape), F32)
+
+
+def test_micro_batch_sums_listed_in_other_orders_pull_one_sign() -> None:
+    """`(8 * y - x) * w` of two micro-batches whose rows were read in other orders (the sum
+    lists its parts by serial: `-x` first in one piece, `8 * y` first in the other): the
+    content a product pulls out of a sum is signed by its greatest coefficient
+    (`terms.content_sign`), not by whichever part is listed first, so the pieces lift into
+    the whole batch's product (the 1F1B pipeline's norm gradients, issue 18)."""
+    x, y, w = (make_arg(40 + i, (2, 3), F32) for i in range(3))
+    read = [(rows(x, 0, 1), rows(y, 0, 1)), tuple(reversed((rows(y, 1, 2), rows(x, 1, 2))))]
+
+    def piece(i: int, k: int = 8):
+        u, v = read[i]
+        return make_mul(_lin([(-1, u), (k, v)], (1, 3)), rows(w, i, i + 1))
+
+    whole = make_mul(_lin([(-1, x), (8, y)], (2, 3)), w)
+    pieces = [piece(0), piece(1)]
+    assert make_concat(pieces, 0) is normal_form(whole) and proved(raw_concat(pieces, 0), whole)
+    # must fail: the second micro-batch's coefficient off by one
+    wrong = [pieces[0], piece(1, 7)]
+    assert make_concat(wrong, 0) is not normal_form(whole)
+    assert refuted(raw_concat(wrong, 0), whole)
+
+
+def test_products_of_one_coefficient_pair_up_by_their_factors() -> None:
+    """`3 * a * t * u + 3 * a * u` of two micro-batches, each listing its two products in
+    another order: the parts of one coefficient pair up by the ops of their factors
+    (`normal_form._arg_ops`), not by position, and lift into the whole batch's sum."""
+    a, t, u = (make_arg(50 + i, (2, 3), F32) for i in range(3))
+
+    def three(i: int, second=t):
+        return make_mul(make_mul(rows(a, i, i + 1), rows(second, i, i + 1)), rows(u, i, i + 1))
+
+    def two(i: int):
+        return make_mul(rows(a, i, i + 1), rows(u, i, i + 1))
+
+    first = _lin([(3, three(0)), (3, two(0))], (1, 3))
+    listed_first = two(1)
+    second = _lin([(3, listed_first), (3, three(1))], (1, 3))
+    whole = _lin([(3, make_mul(make_mul(a, t), u)), (3, make_mul(a, u))], (2, 3))
+    assert make_concat([first, second], 0) is normal_form(whole)
+    assert proved(raw_concat([first, second], 0), whole)
+    # must fail: the second micro-batch's three-factor product reads `a` for `t`
+    wrong = _lin([(3, listed_first), (3, three(1, a))], (1, 3))
+    assert make_concat([first, wrong], 0) is not normal_form(whole)
+    assert refuted(raw_concat([first, wrong], 0), whole)

@@ -13,6 +13,7 @@ import numpy as np
 import z3
 
 from entangle_mlir.analysis.instance.common import DEFAULT_TIMEOUT_MS, MAX_TERM_COST, term_cost
+from entangle_mlir.analysis.instance.divisors import same_divisors
 from entangle_mlir.analysis.instance.sources import Symbolic, leaf_args, leaf_name, opaque_resolver
 from entangle_mlir.analysis.solver import ProofResult, consistent, prove, prove_all
 from entangle_mlir.core.precision import FLOAT_FORMATS, is_float
@@ -123,7 +124,7 @@ def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
                            f"cannot evaluate: {err}")
     if finite_alike:
         evaluate_term(b, env, memo)  # every node's value, for the overflow claim
-    if finite_alike and not _same_divisors(divisors[:of_a], divisors[of_a:]):
+    if finite_alike and not same_divisors(divisors[:of_a], divisors[of_a:]):
         return ProofResult("unknown", None, time.perf_counter() - start, name,
                            "one of them divides by a value the other does not divide by "
                            "(a division by zero is inf or NaN, which exact reals do not show)")
@@ -332,16 +333,6 @@ def _finite_alike(a: Term, b: Term, memo: dict):
     fa, fb = z3.And(only_a) if only_a else z3.BoolVal(True), \
         z3.And(only_b) if only_b else z3.BoolVal(True)
     return fa == fb
-
-
-def _same_divisors(first: list, second: list) -> bool:
-    """Whether two terms divide by the same values (z3 expressions are hash-consed: equal
-    expressions have one id). Z3 proves equality only where every divisor is nonzero; where
-    one term divides by zero it computes inf or NaN, so the other must divide by it too."""
-    def key(value):
-        return value.get_id() if is_z3(value) else ("c", value)
-
-    return {key(d) for d in first} == {key(d) for d in second}
 
 
 def model_inputs(model: z3.ModelRef, env: dict, leaves: dict[int, Term]
