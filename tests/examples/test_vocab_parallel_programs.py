@@ -463,6 +463,10 @@ def test_gpt2_with_the_megatron_spelling_on_512_devices(tmp_path) -> None:
     assert report.mesh == "dp=64 x tp=8", report.mesh
 
 
+@pytest.mark.xfail(strict=True, reason="gap: reading reshape(broadcast) as a broadcast when a "
+                   "real dim lands on dim 0 (the batch-of-one fix, branch divisors2's 35c0639) "
+                   "makes the dp x pp x tp pipeline with attention (test_frontier_pipeline) not "
+                   "proven: its normal forms no longer meet; withdrawn until understood")
 def test_gpt2_with_a_batch_of_one_is_proven() -> None:
     """A batch of one sequence (a unit batch dim, e.g. dp 64 ranks of one sequence each), 1
     layer, tp 8: the causal mask is `reshape(broadcast(iota, (1, 1, S, S)))` on one side and
