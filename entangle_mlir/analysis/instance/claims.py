@@ -8,7 +8,13 @@ import numpy as np
 import z3
 
 from entangle_mlir.analysis.instance.common import rels_of, value_key
-from entangle_mlir.analysis.instance.devices import block_index, distinct_devices, run_devices
+from entangle_mlir.analysis.instance.devices import (
+    block_index,
+    distinct_devices,
+    needed_devices,
+    one_block,
+    run_devices,
+)
 from entangle_mlir.analysis.instance.local_values import (
     block_local,
     block_region,
@@ -37,11 +43,14 @@ from entangle_mlir.semantics.element import (
     collect_roundings,
     combine,
     equal,
+    is_bool_dtype,
+    is_int_dtype,
     is_z3,
     monotone_hypotheses,
     sum_list,
     sum_periods,
     to_z3,
+    wrap_shift,
 )
 from entangle_mlir.semantics.evaluate import evaluate_term
 from entangle_mlir.semantics.ops import OP_SEMANTICS
@@ -115,7 +124,8 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                   single: bool, devices: int, env: dict, memo: dict, source) -> list:
 
     checked = distinct_devices(info, ins, outs, mesh, single, devices)
-    needed = set(checked)
+    needed = needed_devices(info, checked, mesh, single)
+    first_block = bool(one_block(ins, outs, mesh)) if not single else False
     regions: dict[tuple, np.ndarray] = {}
 
     def block_of(rel: Rel, device: int) -> np.ndarray:
@@ -124,20 +134,41 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
             return evaluate_term(rel.term, env, memo)
         return region_value(rel.term, block_region(rel, mesh, device), env, memo, regions)
 
-    pieces: dict[object, dict[int, np.ndarray]] = {}
+    pieces: dict[object, _Pieces] = {}
 
-    def pieces_of(value: Reordered | Returning, name: str, dtype: str) -> dict[int, np.ndarray]:
+    def pieces_of(value: Reordered | Returning, name: str, dtype: str) -> _Pieces:
         """Every device's piece of the partial value `value.pieces` names (one symbolic split
         per partial value, shared by every operand and result of the instance naming it)."""
         key = _pieces_key(value) if value.pieces is not None else ("fresh", name)
         if key not in pieces:
-            found: dict[int, np.ndarray] = {}
-            for g, group in enumerate(_partial_groups(value.rel, mesh, single)):
-                parts = source.split(value.rel.kind, block_of(value.rel, group[0]), len(group),
-                                     f"{name}.g{g}", dtype)
-                found.update(zip(group, parts))
-            pieces[key] = found
-        return pieces[key]
+            pieces[key] = _Pieces(value, name, dtype, mesh, single, source, regions_of,
+                                  needed, first_block)
+        found = pieces[key]
+        if found.count != _block_count(value, mesh):
+            raise Failure("unknown", "pieces of a partial sum cut into different blocks")
+        return found
+
+    def regions_of(rel: Rel, group: list[int], dim: int, b: int, count: int) -> np.ndarray:
+        """Block `b` of `count` along `dim` of the block of `rel` that `group` holds."""
+        region = list(block_region(rel, mesh, group[0]))
+        lo, hi = region[dim]
+        size = (hi - lo) // count
+        region[dim] = (lo + b * size, lo + (b + 1) * size)
+        return region_value(rel.term, tuple(region), env, memo, regions)
+
+    def derived(value: Permuted | Windowed | Shifted | Reordered, device: int) -> np.ndarray:
+        """Device `device`'s local value of a value derived from a relation: computed from
+        the one block it reads (`derived_local` on the global value for a halo window)."""
+        if isinstance(value, Permuted):
+            return block_of(value.rel, value.sources[device])
+        if isinstance(value, Reordered):
+            whole = block_of(value.rel, device)
+            blocks = np.split(whole, len(value.orders[device]), axis=value.dim)
+            return np.concatenate([blocks[b] for b in value.orders[device]], axis=value.dim)
+        if isinstance(value, Shifted):  # the device adds in its dtype: integers wrap around
+            return apply(lambda x, o=value.offsets[device]: wrap_shift(x, o, value.rel.term.dtype),
+                         block_of(value.rel, device))
+        return derived_local(evaluate_term(value.rel.term, env, memo), value, mesh, device)
 
     local: list[list[np.ndarray]] = [[None] * len(ins) for _ in range(devices)]
     for i, value in enumerate(ins):
@@ -160,21 +191,20 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                                    else value.values[0])
         elif isinstance(value, Reordered | Returning) and value.rel.partial and not single:
             parts = pieces_of(value, f"p{i}", dtype)
-            for d in range(devices):
+            for d in sorted(needed):
                 local[d][i] = _piece_local(value, parts, d, mesh)
         elif isinstance(value, Permuted | Windowed | Shifted | Reordered) and \
                 not value.rel.partial and not single:
-            global_value = evaluate_term(value.rel.term, env, memo)
-            for d in checked:  # run_devices reads the checked devices' operands only
-                local[d][i] = derived_local(global_value, value, mesh, d)
+            for d in sorted(needed):  # run_devices reads these devices' operands only
+                local[d][i] = derived(value, d)
         elif isinstance(value, DEVICE_BLOCK_VALUES) and not value.rel.partial and not single:
-            for d in checked:
+            for d in sorted(needed):
                 junk = source.tensor(f"o{i}.d{d}", want or (), dtype)
                 local[d][i], _ = block_local(value, env, memo, mesh, d, junk, regions)
         else:
-            for d in checked:
+            for d in sorted(needed):
                 local[d][i] = source.tensor(f"o{i}.d{d}", want or (), dtype)
-        for d in checked:
+        for d in sorted(needed):
             if want is not None and tuple(local[d][i].shape) != want:
                 raise Failure("unknown", f"operand {i}'s relation gives local shape "
                               f"{local[d][i].shape}, the op's type is {want}")
@@ -208,7 +238,14 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                                   z3.Or(z3.Not(to_z3(ok)), to_z3(equal(x, y))))
             continue
         if isinstance(value, Reordered) and value.rel.partial and not single:
-            claims.extend(_reordered_partial_claims(value, j, results, block_of, mesh))
+            def expected(group: list[int], value: Reordered = value) -> np.ndarray:
+                if first_block:
+                    return regions_of(value.rel, group, value.dim, 0,
+                                      len(value.orders[group[0]]))
+                return block_of(value.rel, group[0])
+
+            claims.extend(_reordered_partial_claims(value, j, results, mesh, expected,
+                                                    first_block))
             continue
         if isinstance(value, Returning):
             if single:
@@ -223,9 +260,7 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
             if value.rel.partial or single:
                 raise Failure("unknown", f"a {type(value).__name__.lower()} partial value "
                               "cannot be checked")
-            global_value = evaluate_term(value.rel.term, env, memo)
-            claims.extend(_local_claims(results, j, {
-                d: derived_local(global_value, value, mesh, d) for d in checked}))
+            claims.extend(_local_claims(results, j, {d: derived(value, d) for d in checked}))
             continue
         for group in _partial_groups(value, mesh, single):
             if group[0] not in results:
@@ -253,6 +288,8 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                 reduced = results[group[0]][j]
             claims.extend(equal(x, y) for x, y in zip(reduced.reshape(-1),
                                                       block.reshape(-1)))
+    for found in pieces.values():
+        source.hypotheses.extend(found.hypotheses())
     return claims
 
 
@@ -262,40 +299,122 @@ def _pieces_key(value: Reordered | Returning) -> tuple:
     return (id(value.pieces), value_key(value.rel))
 
 
-def _piece_local(value: Reordered | Returning, parts: dict[int, np.ndarray], device: int,
+def _block_count(value: Reordered | Returning, mesh: Mesh | None) -> int:
+    """The number of equal blocks along `dim` a value's pieces are cut into."""
+    if isinstance(value, Reordered):
+        return len(value.orders[0])
+    return mesh.group_size(tuple(value.rel.partial)) if mesh is not None else 1
+
+
+class _Pieces:
+    """The pieces of a partial value (`layout.Reordered.pieces`, `layout.Returning`): one
+    per device of each partial group, adding up (max, min) to the group's block of the
+    value's term, cut along `dim` into `count` blocks.
+
+    A float sum's pieces are made block by block, as they are read: fresh variables for
+    block b of device q's piece, and only where every device of a group reads its block b
+    the hypothesis that they add up to the term's block b. That is every split: blocks are
+    independent, and where a piece's block is not read, any values of the others extend to
+    a split (the unread one takes the difference), so a claim holding for all values of the
+    blocks read holds for every split. (A ring's one generic device reads one block of a
+    few pieces, not every piece of the whole value.) `first_block`: only block 0's sums
+    are assumed (a claim checked on block 0 alone, `devices.one_block`: it is proved under
+    fewer hypotheses, so for every split). Other kinds, integers, concrete trials and
+    instances whose devices read every piece whole split the whole block at once
+    (`source.split`: one piece is the block minus the others)."""
+
+    def __init__(self, value: Reordered | Returning, name: str, dtype: str, mesh: Mesh | None,
+                 single: bool, source, regions_of, needed: set[int],
+                 first_block: bool) -> None:
+        self.rel, self.dim, self.name, self.dtype = value.rel, value.dim, name, dtype
+        self.count = _block_count(value, mesh)
+        self.source, self.regions_of = source, regions_of
+        self.groups = _partial_groups(value.rel, mesh, single)
+        self.group_of = {d: g for g, group in enumerate(self.groups) for d in group}
+        self.first_block = first_block
+        self.lazy = (value.rel.kind == "sum" and not source.concrete
+                     and not is_int_dtype(dtype) and not is_bool_dtype(dtype)
+                     and (first_block or not any(needed >= set(g) for g in self.groups)))
+        shape = [hi - lo for lo, hi in block_region(value.rel, mesh, self.groups[0][0])] \
+            if not single else list(value.rel.term.shape)
+        shape[self.dim] //= self.count
+        self.block_shape = tuple(shape)
+        self.blocks: dict[tuple[int, int], np.ndarray] = {}
+        self.whole: dict[int, list[np.ndarray]] = {}
+
+    def block(self, device: int, b: int) -> np.ndarray:
+        """Block `b` of `device`'s piece."""
+        if device not in self.group_of:
+            raise Failure("unknown", f"device {device} holds no piece of the partial value")
+        if not self.lazy:
+            if device not in self.whole:
+                g = self.group_of[device]
+                group = self.groups[g]
+                whole = self.regions_of(self.rel, group, self.dim, 0, 1)
+                parts = self.source.split(self.rel.kind, whole, len(group), f"{self.name}.g{g}",
+                                          self.dtype)
+                for member, part in zip(group, parts):
+                    self.whole[member] = np.split(part, self.count, axis=self.dim)
+            return self.whole[device][b]
+        found = self.blocks.get((device, b))
+        if found is None:
+            found = self.blocks[(device, b)] = self.source.tensor(
+                f"{self.name}.g{self.group_of[device]}.d{device}.b{b}", self.block_shape,
+                self.dtype)
+        return found
+
+    def hypotheses(self) -> list:
+        """Where every device of a group read its block b: the blocks add up to the term's."""
+        if not self.lazy:
+            return []
+        out = []
+        read = {(d, b) for d, b in self.blocks}
+        for g, group in enumerate(self.groups):
+            for b in range(1 if self.first_block else self.count):
+                if any((d, b) not in read for d in group):
+                    continue
+                total = self.regions_of(self.rel, group, self.dim, b, self.count)
+                parts = [self.blocks[(d, b)] for d in group]
+                for idx in np.ndindex(total.shape):
+                    out.append(to_z3(equal(sum_list([p[idx] for p in parts]), total[idx])))
+        return out
+
+
+def _piece_local(value: Reordered | Returning, parts: _Pieces, device: int,
                  mesh: Mesh) -> np.ndarray:
     """Device `device`'s local value of pieces of a partial sum (`layout.Reordered.pieces`,
     `layout.Returning`): its piece with the blocks in its order, or the sum over its sources
     of the block of their pieces it holds (n blocks, n the partial group's size)."""
     if isinstance(value, Reordered):
-        order = value.orders[device]
-        blocks = np.split(parts[device], len(order), axis=value.dim)
-        return np.concatenate([blocks[b] for b in order], axis=value.dim)
-    count = mesh.group_size(tuple(value.rel.partial))
-    chosen = [np.split(parts[q], count, axis=value.dim)[value.blocks[device]]
-              for q in sorted(value.sources[device])]
+        return np.concatenate([parts.block(device, b) for b in value.orders[device]],
+                              axis=value.dim)
+    chosen = [parts.block(q, value.blocks[device]) for q in sorted(value.sources[device])]
     if not chosen:
         raise Failure("unknown", "pieces of a partial sum from no device")
     return apply(lambda *xs: sum_list(list(xs)), *chosen) if len(chosen) > 1 else chosen[0].copy()
 
 
-def _reordered_partial_claims(value: Reordered, j: int, results: dict, block_of, mesh: Mesh
-                              ) -> list:
-    """Each partial group's un-reordered results add up to the block of the term."""
+def _reordered_partial_claims(value: Reordered, j: int, results: dict, mesh: Mesh,
+                              expected, first_block: bool = False) -> list:
+    """Each partial group's un-reordered results add up to the block of the term
+    (`expected(group)`; on block 0 of `dim` alone where `first_block`: `devices.one_block`)."""
     claims = []
     for group in _partial_groups(value.rel, mesh, False):
         if any(m not in results for m in group):
             raise Failure("unknown", "a partial group is checked in part")
-        block = block_of(value.rel, group[0])
+        block = expected(group)
         natural = []
         for m in group:
             order = value.orders[m]
             got = results[m][j]
-            if tuple(got.shape) != tuple(block.shape):
+            want = list(block.shape)
+            want[value.dim] *= len(order) if first_block else 1
+            if tuple(got.shape) != tuple(want):
                 raise Failure("refuted", f"result {j} has local shape {got.shape} on device "
-                              f"{m}, the relation says {block.shape}")
+                              f"{m}, the relation says {tuple(want)}")
             blocks = np.split(got, len(order), axis=value.dim)
-            natural.append(np.concatenate([blocks[order.index(b)] for b in range(len(order))],
+            wanted = range(1) if first_block else range(len(order))
+            natural.append(np.concatenate([blocks[order.index(b)] for b in wanted],
                                           axis=value.dim))
         reduced = apply(lambda *xs, kind=value.rel.kind: combine(kind, list(xs)), *natural)
         claims.extend(equal(x, y) for x, y in zip(reduced.reshape(-1), block.reshape(-1)))
