@@ -56,11 +56,12 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None, audit: bool = Fal
         roots = finiteness.root_refusals()
         work = Worklist(module, ops, erased, edits, audit)
         limit = budget(len(work.ops))
+        every = cycle_interval(len(work.ops))
         try:
             work.start(idioms.REWRITES)
             while count < limit and work.rewrite_one():
                 count += 1
-                if count % _CYCLE_CHECK == 0 and _cycled(module, states):
+                if count % every == 0 and _cycled(module, states):
                     return count
             if count >= limit or not work.has("stablehlo.collective_permute") or (
                     finiteness.root_refusals() > roots):
@@ -71,7 +72,7 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None, audit: bool = Fal
             work.start(both)
             while count < limit and work.rewrite_one():
                 count += 1
-                if count % _CYCLE_CHECK == 0 and _cycled(module, states):
+                if count % every == 0 and _cycled(module, states):
                     return count
         finally:
             if stats is not None:
@@ -80,7 +81,17 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None, audit: bool = Fal
 
 
 _CYCLE_CHECK = 25
-"""Every this many rewrites the module's shape is compared with the earlier ones'."""
+"""The fewest rewrites between two comparisons of the module's shape with the earlier ones'."""
+
+
+def cycle_interval(ops: int) -> int:
+    """Rewrites between two comparisons of the module's shape (`_cycled`) in a module of
+    `ops` ops: a comparison walks the module, so at most about 16 of them per rewrite per
+    op (a ring takes under 1 rewrite per op: 16 walks in all, where one every 25 rewrites
+    made the checks quadratic in the ring's length). A cycle of period p is still found
+    after p comparisons of it (any two states p rewrites apart are equal), within
+    `budget`'s 4 rewrites per op while p is under 64."""
+    return max(_CYCLE_CHECK, ops // 16)
 
 
 def budget(ops: int) -> int:

@@ -19,7 +19,9 @@ from entangle_mlir.analysis.instance.local_values import (
     block_local,
     block_region,
     derived_local,
+    operand_window_dims,
     region_value,
+    window_info,
 )
 from entangle_mlir.analysis.instance.sources import Failure, LazyLeaves, leaf_args, opaque_resolver
 from entangle_mlir.core.mesh import Mesh
@@ -38,6 +40,7 @@ from entangle_mlir.core.relations import (
 from entangle_mlir.core.terms import DENSE_VALUES, Term
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
+from entangle_mlir.semantics.collectives import run_op
 from entangle_mlir.semantics.element import (
     collect_divisors,
     collect_roundings,
@@ -170,6 +173,14 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                          block_of(value.rel, device))
         return derived_local(evaluate_term(value.rel.term, env, memo), value, mesh, device)
 
+    if first_block:
+        claims = _first_block_claims(info, ins, outs, mesh, checked, block_of, regions_of,
+                                     derived, pieces_of)
+        if claims is not None:
+            for found in pieces.values():
+                source.hypotheses.extend(found.hypotheses())
+            return claims
+
     local: list[list[np.ndarray]] = [[None] * len(ins) for _ in range(devices)]
     for i, value in enumerate(ins):
         want = tuple(info.operand_types[i].shape) if i < len(info.operand_types) else None
@@ -290,6 +301,78 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                                                       block.reshape(-1)))
     for found in pieces.values():
         source.hypotheses.extend(found.hypotheses())
+    return claims
+
+
+def _first_block_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh,
+                        checked: list[int], block_of, regions_of, derived, pieces_of
+                        ) -> list | None:
+    """A sum over the group checked on block 0 of its dim (`devices.one_block`), each device
+    computing only its window of the result that holds block 0: where the op maps the
+    result's dim to its operands' position for position (`local_values.operand_window_dims`)
+    and every operand's window is at hand (one block of a reordered value, a window of a
+    relation's block); None otherwise (the whole op is then run on every device)."""
+    if len(outs) != 1 or not isinstance(outs[0], Reordered) or not info.result_types:
+        return None
+    out = outs[0]
+    dims = operand_window_dims(info, out.dim)
+    count = len(out.orders[0])
+    length = tuple(info.result_types[0].shape)[out.dim]
+    if dims is None or length % count or len(dims) != len(ins):
+        return None
+    size = length // count
+    w_info = window_info(info, dims, out.dim, size)
+
+    def operand(i: int, value: Value, dim: int | None, device: int, at: int):
+        """Operand `i` of `device` (its window at position `at` along `dim`), else None."""
+        if isinstance(value, DeviceScalar) and dim is None:
+            return full(tuple(info.operand_types[i].shape), value.values[device])
+        if isinstance(value, Rel) and not value.partial:
+            if dim is None:
+                return block_of(value, device)
+            lo, hi = block_region(value, mesh, device)[dim]
+            return regions_of(value, [device], dim, at, count) if hi - lo == length else None
+        if not isinstance(value, Reordered):
+            return None
+        dtype = info.operand_types[i].dtype
+        if dim is not None and dim == value.dim:
+            if len(value.orders[device]) != count:
+                return None
+            block = value.orders[device][at]
+            if value.rel.partial:
+                return pieces_of(value, f"p{i}", dtype).block(device, block)
+            return regions_of(value.rel, [device], dim, block, count)
+        whole = (_piece_local(value, pieces_of(value, f"p{i}", dtype), device, mesh)
+                 if value.rel.partial else derived(value, device))
+        if dim is None:
+            return whole
+        return np.take(whole, range(at * size, (at + 1) * size), axis=dim)
+
+    natural: dict[int, np.ndarray] = {}
+    for device in checked:
+        at = out.orders[device].index(0)
+        operands = []
+        for i, (value, dim) in enumerate(zip(ins, dims)):
+            found = operand(i, value, dim, device, at)
+            if found is None:
+                return None
+            if tuple(found.shape) != tuple(w_info.operand_types[i].shape):
+                raise Failure("unknown", f"operand {i}'s window has shape {found.shape}, the "
+                              f"op's {w_info.operand_types[i].shape}")
+            operands.append(found)
+        (natural[device],) = run_op(w_info, [operands], None)[0][:1]
+    claims = []
+    for group in _partial_groups(out.rel, mesh, False):
+        if any(m not in natural for m in group):
+            raise Failure("unknown", "a partial group is checked in part")
+        block = regions_of(out.rel, group, out.dim, 0, count)
+        for m in group:
+            if tuple(natural[m].shape) != tuple(block.shape):
+                raise Failure("refuted", f"the result's window has shape {natural[m].shape} "
+                              f"on device {m}, the relation's block {block.shape}")
+        reduced = apply(lambda *xs, kind=out.rel.kind: combine(kind, list(xs)),
+                        *(natural[m] for m in group))
+        claims.extend(equal(x, y) for x, y in zip(reduced.reshape(-1), block.reshape(-1)))
     return claims
 
 

@@ -4,6 +4,7 @@ states the argument); a collective runs on whole replica groups."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -139,9 +140,10 @@ def _table_action(value: Reordered | Returning | Permuted, axis: str, mesh: Mesh
     return tuple(expected)
 
 
+@functools.lru_cache(maxsize=64)
 def _rotation(mesh: Mesh, axis: str) -> list[int]:
     """rho: each device's neighbour one step further along `axis`, cyclically (the other
-    coordinates the same)."""
+    coordinates the same). (Kept per mesh and axis: every ring instance asks.)"""
     n = mesh.size(axis)
     out = []
     for d in range(mesh.num_devices):
