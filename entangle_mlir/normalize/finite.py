@@ -57,6 +57,7 @@ from entangle_mlir.normalize.match import (
     i64s,
     max_reduce,
     operands_first,
+    remembered,
     root_of,
     shape_of,
 )
@@ -81,7 +82,8 @@ NO_OVERFLOW = ("no intermediate overflow: sums and products of finite values com
 
 class Kinds(Memo):
     """A memo of `nonfinite_kinds` for one mode (values -> kinds; "bounds": the ranges
-    `bounds.interval` computed on the way), kept across rewrites (`Memo`).
+    `bounds.interval` computed on the way; "ranges": `int_ranges.decided`'s), kept across
+    rewrites (`Memo`).
     `assume_no_overflow`: sums and products of finite values are taken as finite. A plain
     dict is a memo of the strict mode."""
 
@@ -89,14 +91,17 @@ class Kinds(Memo):
         super().__init__()
         self.assume_no_overflow = assume_no_overflow
         self["bounds"] = Memo()
+        self["ranges"] = Memo()
 
     def forget_erased(self, erased: set[int]) -> None:
         super().forget_erased(erased)
         self["bounds"].forget_erased(erased)
+        self["ranges"].forget_erased(erased)
 
     def forget_downstream(self, ops: list[ir.Operation]) -> None:
         super().forget_downstream(ops)
         self["bounds"].forget_downstream(ops)
+        self["ranges"].forget_downstream(ops)
 
 
 @dataclass(frozen=True)
@@ -367,7 +372,8 @@ def _kinds_of(value, op: ir.Operation | None, memo: dict) -> int:
     if name == "stablehlo.select" and finite_test(op.operands[0], op.operands[1]):
         return args[2]
     if name == "stablehlo.select" and args[1] != args[2]:
-        picked = decided(op.operands[0])  # jax's take: a NaN fill no index reaches
+        picked = decided(op.operands[0], memo.get("ranges") if isinstance(memo, Kinds)
+                         else None)  # jax's take: a NaN fill no index reaches
         if picked is not None:
             return args[1] if picked else args[2]
     if name == "stablehlo.convert" and _may_overflow(op):
@@ -564,7 +570,13 @@ def _device_groups(op: ir.Operation, devices: int) -> list[list[int]] | None:
 def _on_every_device(value, at: ir.Operation) -> np.ndarray | None:
     """`value` evaluated on every device (the first dim: the partition id, or the replica id
     in a program run as replicas), when it is computed from device ids, iotas and constants
-    alone by the ops `_evaluate` knows; else None."""
+    alone by the ops `_evaluate` knows; else None. (Remembered across rewrite attempts while
+    the ops it read stand: naming the cone walks all of it.)"""
+    return remembered(("on_every_device", value), lambda: _evaluated_value(value, at))
+
+
+def _evaluated_value(value, at: ir.Operation) -> np.ndarray | None:
+    """`_on_every_device`, computed (by the value's cone: `_DEVICE_VALUES`)."""
     module = at.operation
     while module is not None and module.name != "builtin.module":
         module = module.parent

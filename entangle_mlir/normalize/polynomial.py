@@ -166,11 +166,14 @@ class _Builder:
         if height == 0 or op is None or (op.regions and op.name != "stablehlo.reduce"):
             key = ("value", value)
         else:
-            attrs = tuple((n, str(op.attributes[n])) for n in sorted(attr_names(op)))
-            result = next(i for i, r in enumerate(op.results) if r == value)
-            key = (op.name, str(value.type), attrs,
-                   tuple(self.key(v, height - 1) for v in op.operands), result,
-                   reducer_kind(op) if op.name == "stablehlo.reduce" else "")
+            local = self.keys.get(value)  # the op's own part, the same at every height
+            if local is None:
+                attrs = tuple((n, str(op.attributes[n])) for n in sorted(attr_names(op)))
+                result = next(i for i, r in enumerate(op.results) if r == value)
+                local = self.keys[value] = (
+                    op.name, str(value.type), attrs, result,
+                    reducer_kind(op) if op.name == "stablehlo.reduce" else "")
+            key = (local, tuple(self.key(v, height - 1) for v in op.operands))
         number = self.interned.setdefault(key, len(self.interned))
         self.keys[value, height] = number
         return number
