@@ -617,6 +617,7 @@ def _cone_key(value) -> int | None:
         _CONE_KEYS.clear()
         _DEVICE_VALUES.clear()
     keys: dict = {}
+    printed: dict = {}
     stack = [value]
     while stack:
         top = stack[-1]
@@ -632,11 +633,21 @@ def _cone_key(value) -> int | None:
             continue
         stack.pop()
         result = next(i for i, r in enumerate(op.results) if r == top)
-        key = (op.name, str(top.type), result, tuple(keys[v] for v in op.operands),
-               tuple((n, str(op.attributes[n])) for n in sorted(attr_names(op))),
+        key = (op.name, _printed(top.type, printed), result,
+               tuple(keys[v] for v in op.operands),
+               tuple((n, _printed(op.attributes[n], printed)) for n in sorted(attr_names(op))),
                str(op) if op.regions else "")
         keys[top] = _CONE_KEYS.setdefault(key, len(_CONE_KEYS))
     return keys[value]
+
+
+def _printed(thing, printed: dict) -> str:
+    """`str(thing)` of a type or attribute, printed once per cone (`printed`: types and
+    attributes are uniqued, so the same object prints alike; a cone repeats a few)."""
+    found = printed.get(thing)
+    if found is None:
+        found = printed[thing] = str(thing)
+    return found
 
 
 def _evaluated_on_devices(value, counts: dict) -> np.ndarray | None:

@@ -36,7 +36,14 @@ from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.mlir.opinfo import constant_value, reducer_kind
 from entangle_mlir.normalize.finite import active, nonfinite_kinds
-from entangle_mlir.normalize.match import attr_names, defining_op, i64s, shape_of, sum_reduce
+from entangle_mlir.normalize.match import (
+    Memo,
+    attr_names,
+    defining_op,
+    i64s,
+    shape_of,
+    sum_reduce,
+)
 
 _ARITHMETIC = frozenset({
     "stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
@@ -159,23 +166,26 @@ class _Builder:
         """A structural key: the same op applied to the same operands (jax repeats ops) is
         one atom. Ops more than `height` levels down are told apart by identity (equal keys
         always mean equal values; a missed match only costs a cancellation)."""
-        found = self.keys.get((value, height))
+        known = self.keys.get(value)
+        if known is None:
+            known = self.keys[value] = {}
+        found = known.get(height)
         if found is not None:
             return found
         op = defining_op(value)
         if height == 0 or op is None or (op.regions and op.name != "stablehlo.reduce"):
             key = ("value", value)
         else:
-            local = self.keys.get(value)  # the op's own part, the same at every height
+            local = known.get("op")  # the op's own part, the same at every height
             if local is None:
                 attrs = tuple((n, str(op.attributes[n])) for n in sorted(attr_names(op)))
                 result = next(i for i, r in enumerate(op.results) if r == value)
-                local = self.keys[value] = (
+                local = known["op"] = (
                     op.name, str(value.type), attrs, result,
                     reducer_kind(op) if op.name == "stablehlo.reduce" else "")
             key = (local, tuple(self.key(v, height - 1) for v in op.operands))
         number = self.interned.setdefault(key, len(self.interned))
-        self.keys[value, height] = number
+        known[height] = number
         return number
 
     def atom(self, value, power: int) -> list[_Monomial]:
@@ -417,14 +427,33 @@ def _cleared(builder: _Builder, monomials: list[_Monomial]) -> list[_Monomial]:
     raise _TooBig
 
 
-def is_zero(value, atoms_finite: Callable[[list], bool] | None = None) -> bool:
+class Keys:
+    """The structural keys (`_Builder.key`) of one module's values, shared by the questions
+    asked of it (roots near one another read the same values): per value, its key at each
+    height and its op's own part (`memo`, a `match.Memo`), and the keys' numbers
+    (`interned`). A value's key describes the ops within `_KEY_HEIGHT` levels above it, so
+    `forget_downstream` must be told the ops given other operands or attributes since."""
+
+    def __init__(self) -> None:
+        self.memo = Memo()
+        self.interned: dict = {}
+
+    def forget_downstream(self, ops: list) -> None:
+        """Drop the keys of the values computed from `ops` (changed), and of those computed
+        from them."""
+        self.memo.forget_downstream(ops)
+
+
+def is_zero(value, atoms_finite: Callable[[list], bool] | None = None,
+            keys: Keys | None = None) -> bool:
     """`value` is zero in real arithmetic, for any content of the values it reads beyond the
     expanded ones; every atom finite, as `atoms_finite(atoms)` decides (the caller's
     `finite.judge`; by default `nonfinite_kinds` in the active judge's mode, strict outside
-    one). False when undecided."""
+    one). False when undecided. `keys`: structural keys found by earlier questions about
+    the module as it is (`Keys`)."""
     distance = _distances(value)
-    keys: dict = {}
-    interned: dict = {}
+    table = keys if keys is not None else Keys()
+    keys, interned = table.memo, table.interned
     tried: tuple[int, str] | None = None  # the first try: its depth and outcome
     for depth in (_FIRST_DEPTH, *_DEPTHS):
         if tried is not None and depth == tried[0]:
