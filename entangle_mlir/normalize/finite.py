@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from jaxlib.mlir import ir
 from entangle_mlir.core import precision
 from entangle_mlir.core.rounding import DTYPE_NAMES
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
+from entangle_mlir.mlir.ir import op_key
 from entangle_mlir.mlir.opinfo import compare_type, constant_value, describe, reducer_kind
 from entangle_mlir.normalize.bounds import interval
 from entangle_mlir.normalize.int_ranges import decided
@@ -135,6 +137,11 @@ class Finiteness:
         self.refusals: list[Refusal] = []
         self._pending: list[tuple[str, str]] = []
         self._memos: dict[bool, Kinds] = {}
+        self.cones: Memo | None = None
+        """`_cone_key`'s numbers of the values named so far, within `tracked_cones` (a
+        rewrite driver that reports every edit: forgotten downstream of every op a rewrite
+        changed and with the ops it erased); None elsewhere (each question names its cone
+        afresh)."""
 
     def memo(self, assume_no_overflow: bool | None = None) -> Kinds:
         """The shared memo of a mode (by default this normalization's)."""
@@ -147,12 +154,28 @@ class Finiteness:
         """Ops were erased untracked: drop the memos (an erased value's key could be
         reused)."""
         self._memos = {}
+        if self.cones is not None:
+            self.cones = Memo()
+
+    @contextlib.contextmanager
+    def tracked_cones(self) -> Iterator[None]:
+        """Within the block, keep `_cone_key`'s numbers across questions (`cones`): for a
+        rewrite driver that reports every op it changes (`fired`) or erases
+        (`forget_erased`) before it asks again (`rewrites.Worklist`: a rewrite decides before
+        it edits)."""
+        self.cones = Memo()
+        try:
+            yield
+        finally:
+            self.cones = None
 
     def forget_erased(self, erased: set[int]) -> None:
         """Drop what the memos hold of the ops whose keys are in `erased`
         (`match.erasures`)."""
         for memo in self._memos.values():
             memo.forget_erased(erased)
+        if self.cones is not None:
+            self.cones.forget_erased(erased)
 
     def attempt(self) -> None:
         """A rewrite is about to be tried: what its checks relied on is pending."""
@@ -167,6 +190,11 @@ class Finiteness:
         the values of erased ops are forgotten already), else all of them."""
         self.used += [p for p in self._pending if p not in self.used]
         self._pending = []
+        if self.cones is not None:
+            if changed is None:
+                self.cones = Memo()
+            else:
+                self.cones.forget_downstream(changed)
         if self.assume_no_overflow:
             if changed is None:
                 self._memos.pop(False, None)
@@ -612,33 +640,47 @@ def _cone_key(value) -> int | None:
     """A number naming the computation of `value` completely (ops, attributes, types, and
     the same for every operand), so equal numbers mean equal values on every device. None
     when the cone reads a block argument or holds more than `_evaluate`'s depth allows in
-    values: `_evaluate` gives up on those."""
+    values: `_evaluate` gives up on those. The numbers of the values named before are the
+    active judge's (`Finiteness.cones`, kept while the ops above them stand: a ring's masks
+    share most of their cones)."""
     if len(_CONE_KEYS) > 1 << 16:
-        _CONE_KEYS.clear()
+        _CONE_KEYS.clear()  # numbers are never reused (`_CONE_NUMBERS`): old ones stay apart
         _DEVICE_VALUES.clear()
-    keys: dict = {}
+    keys = active().cones
+    if keys is None:
+        keys = Memo()
     printed: dict = {}
     stack = [value]
+    walked = 0
     while stack:
         top = stack[-1]
         if top in keys:
             stack.pop()
             continue
         op = defining_op(top)
-        if op is None or len(keys) > _MAX_CONE:
+        if op is None or walked > _MAX_CONE:
             return None
         waiting = [v for v in op.operands if v not in keys]
         if waiting:
             stack.extend(waiting)
             continue
         stack.pop()
+        walked += 1
         result = next(i for i, r in enumerate(op.results) if r == top)
         key = (op.name, _printed(top.type, printed), result,
                tuple(keys[v] for v in op.operands),
                tuple((n, _printed(op.attributes[n], printed)) for n in sorted(attr_names(op))),
                str(op) if op.regions else "")
-        keys[top] = _CONE_KEYS.setdefault(key, len(_CONE_KEYS))
+        number = _CONE_KEYS.get(key)
+        if number is None:
+            number = _CONE_KEYS[key] = next(_CONE_NUMBERS)
+        keys[top] = number
+        keys.own(top, op_key(op))
     return keys[value]
+
+
+_CONE_NUMBERS = itertools.count()
+"""`_cone_key`'s numbers, never reused (a memo may hold one after `_CONE_KEYS` is cleared)."""
 
 
 def _printed(thing, printed: dict) -> str:

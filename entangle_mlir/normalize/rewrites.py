@@ -51,7 +51,7 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None, audit: bool = Fal
     count = 0
     states: set[int] = set()
     with judging() as finiteness, ir.Location.unknown(), erasures() as erased, \
-            editing() as edits:
+            editing() as edits, finiteness.tracked_cones():
         finiteness.forget()
         roots = finiteness.root_refusals()
         work = Worklist(module, ops, erased, edits, audit)
