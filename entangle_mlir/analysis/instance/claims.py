@@ -173,6 +173,16 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                          block_of(value.rel, device))
         return derived_local(evaluate_term(value.rel.term, env, memo), value, mesh, device)
 
+    if not single:  # what the claim reads of pieces of partial sums (`_Pieces.declare`)
+        for i, value in enumerate(ins):
+            if isinstance(value, Reordered | Returning) and value.rel.partial:
+                dtype = info.operand_types[i].dtype if i < len(info.operand_types) else "f32"
+                _declare(pieces_of(value, f"p{i}", dtype), value, needed)
+        for value in outs:
+            if isinstance(value, Returning) and value.pieces is not None and \
+                    _pieces_key(value) in pieces:
+                _declare(pieces[_pieces_key(value)], value, checked)
+
     if first_block:
         claims = _first_block_claims(info, ins, outs, mesh, checked, block_of, regions_of,
                                      derived, pieces_of)
@@ -382,6 +392,16 @@ def _pieces_key(value: Reordered | Returning) -> tuple:
     return (id(value.pieces), value_key(value.rel))
 
 
+def _declare(parts: _Pieces, value: Reordered | Returning, devices) -> None:
+    """What `devices`' local values of `value` read of its pieces (`_piece_local`)."""
+    for d in devices:
+        if isinstance(value, Reordered):
+            for b in value.orders[d]:
+                parts.declare(frozenset({d}), b)
+        else:
+            parts.declare(value.sources[d], value.blocks[d])
+
+
 def _block_count(value: Reordered | Returning, mesh: Mesh | None) -> int:
     """The number of equal blocks along `dim` a value's pieces are cut into."""
     if isinstance(value, Reordered):
@@ -394,17 +414,23 @@ class _Pieces:
     per device of each partial group, adding up (max, min) to the group's block of the
     value's term, cut along `dim` into `count` blocks.
 
-    A float sum's pieces are made block by block, as they are read: fresh variables for
-    block b of device q's piece, and only where every device of a group reads its block b
-    the hypothesis that they add up to the term's block b. That is every split: blocks are
-    independent, and where a piece's block is not read, any values of the others extend to
-    a split (the unread one takes the difference), so a claim holding for all values of the
-    blocks read holds for every split. (A ring's one generic device reads one block of a
-    few pieces, not every piece of the whole value.) `first_block`: only block 0's sums
-    are assumed (a claim checked on block 0 alone, `devices.one_block`: it is proved under
-    fewer hypotheses, so for every split). Other kinds, integers, concrete trials and
-    instances whose devices read every piece whole split the whole block at once
-    (`source.split`: one piece is the block minus the others)."""
+    A float sum's pieces are made block by block, and only as the instance reads them: the
+    claim reads block b of pieces only summed over sets of devices (a device's own piece, a
+    `Returning` value's sources), declared before (`declare`). Block b's variables are one
+    fresh tensor per part of the finest partition of the devices those sets cover (each set
+    a union of parts: a sum over a set is the sum of its parts' tensors), and, where the
+    sets cover a whole group, the hypothesis that its parts add up to the term's block b.
+    That is every split: blocks are independent; the parts' sums range over every value as
+    the pieces do (one piece of a part takes its sum, the others zero) and add up to the
+    block exactly where all pieces are summed; where some piece's block is not read, any
+    values of the others extend to a split (the unread one takes the difference). So a claim
+    holding for all values of the parts holds for every split. (A ring's one generic device
+    reads a block of a few pieces, summed alike on both sides of a permute: one tensor, not
+    one per device of the ring.) `first_block`: only block 0's sums are assumed (a claim
+    checked on block 0 alone, `devices.one_block`: it is proved under fewer hypotheses, so
+    for every split). Other kinds, integers, concrete trials and instances whose devices
+    read every piece whole split the whole block at once (`source.split`: one piece is the
+    block minus the others)."""
 
     def __init__(self, value: Reordered | Returning, name: str, dtype: str, mesh: Mesh | None,
                  single: bool, source, regions_of, needed: set[int],
@@ -422,44 +448,81 @@ class _Pieces:
             if not single else list(value.rel.term.shape)
         shape[self.dim] //= self.count
         self.block_shape = tuple(shape)
-        self.blocks: dict[tuple[int, int], np.ndarray] = {}
+        self.declared: dict[int, set[frozenset[int]]] = {}
+        self.parts: dict[int, dict[frozenset[int], np.ndarray]] = {}
         self.whole: dict[int, list[np.ndarray]] = {}
+
+    def declare(self, sources: frozenset[int], b: int) -> None:
+        """The claim will read block `b` of the pieces summed over `sources`."""
+        if b in self.parts:
+            raise Failure("unknown", "pieces of a partial sum declared after they were made")
+        self.declared.setdefault(b, set()).add(frozenset(sources))
 
     def block(self, device: int, b: int) -> np.ndarray:
         """Block `b` of `device`'s piece."""
-        if device not in self.group_of:
-            raise Failure("unknown", f"device {device} holds no piece of the partial value")
+        return self.sum_of(frozenset({device}), b)
+
+    def sum_of(self, sources: frozenset[int], b: int) -> np.ndarray:
+        """Block `b` of the pieces of `sources`, summed."""
+        if not sources or any(d not in self.group_of for d in sources):
+            raise Failure("unknown", "pieces of a partial sum from no device or no group")
         if not self.lazy:
-            if device not in self.whole:
-                g = self.group_of[device]
-                group = self.groups[g]
-                whole = self.regions_of(self.rel, group, self.dim, 0, 1)
-                parts = self.source.split(self.rel.kind, whole, len(group), f"{self.name}.g{g}",
-                                          self.dtype)
-                for member, part in zip(group, parts):
-                    self.whole[member] = np.split(part, self.count, axis=self.dim)
-            return self.whole[device][b]
-        found = self.blocks.get((device, b))
+            chosen = [self._whole(q)[b] for q in sorted(sources)]
+            return apply(lambda *xs: sum_list(list(xs)), *chosen) if len(chosen) > 1 \
+                else chosen[0].copy()
+        parts = self._parts(b)
+        chosen = [tensor for part, tensor in parts.items() if part <= sources]
+        if frozenset().union(*(part for part, _ in parts.items() if part <= sources)) \
+                != sources:
+            raise Failure("unknown", "pieces of a partial sum read but not declared")
+        return apply(lambda *xs: sum_list(list(xs)), *chosen) if len(chosen) > 1 \
+            else chosen[0]
+
+    def _whole(self, device: int) -> list[np.ndarray]:
+        if device not in self.whole:
+            g = self.group_of[device]
+            group = self.groups[g]
+            whole = self.regions_of(self.rel, group, self.dim, 0, 1)
+            parts = self.source.split(self.rel.kind, whole, len(group), f"{self.name}.g{g}",
+                                      self.dtype)
+            for member, part in zip(group, parts):
+                self.whole[member] = np.split(part, self.count, axis=self.dim)
+        return self.whole[device]
+
+    def _parts(self, b: int) -> dict[frozenset[int], np.ndarray]:
+        """Block `b`'s parts (the finest partition of the declared sets' devices), each a
+        fresh tensor."""
+        found = self.parts.get(b)
         if found is None:
-            found = self.blocks[(device, b)] = self.source.tensor(
-                f"{self.name}.g{self.group_of[device]}.d{device}.b{b}", self.block_shape,
-                self.dtype)
+            sets = sorted(self.declared.get(b, ()), key=sorted)
+            signature: dict[int, tuple[int, ...]] = {}
+            for q in sorted(frozenset().union(*sets)):
+                signature[q] = tuple(k for k, members in enumerate(sets) if q in members)
+            parts: dict[tuple[int, ...], set[int]] = {}
+            for q, sig in signature.items():
+                parts.setdefault(sig, set()).add(q)
+            found = self.parts[b] = {
+                frozenset(members): self.source.tensor(
+                    f"{self.name}.b{b}.q{'_'.join(map(str, sorted(members)))}",
+                    self.block_shape, self.dtype)
+                for members in parts.values()}
         return found
 
     def hypotheses(self) -> list:
-        """Where every device of a group read its block b: the blocks add up to the term's."""
+        """Where the parts of block b cover a whole group: they add up to the term's block."""
         if not self.lazy:
             return []
         out = []
-        read = {(d, b) for d, b in self.blocks}
-        for g, group in enumerate(self.groups):
-            for b in range(1 if self.first_block else self.count):
-                if any((d, b) not in read for d in group):
+        for b, parts in sorted(self.parts.items()):
+            if self.first_block and b != 0:
+                continue
+            for group in self.groups:
+                members = [tensor for part, tensor in parts.items() if part <= set(group)]
+                if frozenset().union(*(p for p in parts if p <= set(group))) != set(group):
                     continue
                 total = self.regions_of(self.rel, group, self.dim, b, self.count)
-                parts = [self.blocks[(d, b)] for d in group]
                 for idx in np.ndindex(total.shape):
-                    out.append(to_z3(equal(sum_list([p[idx] for p in parts]), total[idx])))
+                    out.append(to_z3(equal(sum_list([m[idx] for m in members]), total[idx])))
         return out
 
 
@@ -471,10 +534,7 @@ def _piece_local(value: Reordered | Returning, parts: _Pieces, device: int,
     if isinstance(value, Reordered):
         return np.concatenate([parts.block(device, b) for b in value.orders[device]],
                               axis=value.dim)
-    chosen = [parts.block(q, value.blocks[device]) for q in sorted(value.sources[device])]
-    if not chosen:
-        raise Failure("unknown", "pieces of a partial sum from no device")
-    return apply(lambda *xs: sum_list(list(xs)), *chosen) if len(chosen) > 1 else chosen[0].copy()
+    return parts.sum_of(value.sources[device], value.blocks[device])
 
 
 def _reordered_partial_claims(value: Reordered, j: int, results: dict, mesh: Mesh,
