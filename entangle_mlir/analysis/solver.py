@@ -226,9 +226,9 @@ def _query(goal: z3.BoolRef, hyps: list, name: str, timeout: int, work: int,
 
 def _free_constants(formulas: Iterable[z3.ExprRef]) -> list[z3.ExprRef]:
     """The uninterpreted constants (free variables) of `formulas` in order of first appearance
-    (depth first, left to right), each shared subterm visited once.
-
-    Walks Z3's C API (no Python wrapper per node: 5x faster on the large claims of a ring)."""
+    (depth first, left to right), each shared subterm visited once. (Walked with z3's C
+    functions on the terms' addresses: the Python wrappers of every subterm cost most of a
+    large query's split.)"""
     formulas = list(formulas)
     if not formulas:
         return []
@@ -237,19 +237,21 @@ def _free_constants(formulas: Iterable[z3.ExprRef]) -> list[z3.ExprRef]:
     seen: set[int] = set()
     found: list[z3.ExprRef] = []
     stack = [f.as_ast() for f in reversed(formulas)]
+    app, uninterpreted = z3.Z3_APP_AST, z3.Z3_OP_UNINTERPRETED
     while stack:
         ast = stack.pop()
         key = z3.Z3_get_ast_id(ref, ast)
         if key in seen:
             continue
         seen.add(key)
-        if z3.Z3_get_ast_kind(ref, ast) != z3.Z3_APP_AST:
+        if z3.Z3_get_ast_kind(ref, ast) != app:
             continue
         count = z3.Z3_get_app_num_args(ref, ast)
-        if count:
-            stack.extend(z3.Z3_get_app_arg(ref, ast, i) for i in range(count - 1, -1, -1))
-        elif z3.Z3_get_decl_kind(ref, z3.Z3_get_app_decl(ref, ast)) == z3.Z3_OP_UNINTERPRETED:
-            found.append(z3.z3._to_expr_ref(ast, ctx))
+        if count == 0:
+            if z3.Z3_get_decl_kind(ref, z3.Z3_get_app_decl(ref, ast)) == uninterpreted:
+                found.append(z3.z3._to_expr_ref(ast, ctx))
+            continue
+        stack.extend(z3.Z3_get_app_arg(ref, ast, i) for i in reversed(range(count)))
     return found
 
 
@@ -334,10 +336,11 @@ def prove_all(claims: list, hypotheses: Iterable = (), name: str = "query",
         return whole(2)
     share = max(1, (budget - budget // WHOLE_FIRST_SHARE) // len(parts))
     hyp_vars = [{v.get_id() for v in _free_constants([h])} for h in hyps]
-    asked: dict[str, ProofResult] = {}
+    asked: dict[tuple, ProofResult] = {}
+    renamed: list = []
     for n, (part, variables) in enumerate(parts):
         relevant = [h for h, vs in zip(hyps, hyp_vars) if not vs or vs & variables]
-        key = _renamed_key(part, relevant)
+        key = _renamed_key(part, relevant, renamed)
         result = asked.get(key)
         if result is None:
             result = prove(conjunction(part), relevant, name=f"{name}.part{n}",
@@ -380,21 +383,30 @@ def _independent_parts(claims: list[z3.BoolRef]) -> list[tuple[list[z3.BoolRef],
     return list(groups.values())
 
 
-def _renamed_key(part: list[z3.BoolRef], hypotheses: list[z3.BoolRef]) -> str:
-    """The query's text with its free variables renamed in order of first appearance: equal
-    for two queries that differ only in which variables they are about.
+def _renamed_key(part: list[z3.BoolRef], hypotheses: list[z3.BoolRef], keep: list) -> tuple:
+    """The query with its free variables renamed in order of first appearance, as the terms
+    it is made of: equal for two queries that differ only in which variables they are about
+    (z3 shares equal terms, so equal terms are one term: their ids). `keep` holds the
+    renamed terms while the keys are compared (an id is reused once its term is freed)."""
+    formulas = [*part, *hypotheses]
+    order = _free_constants(formulas)
+    renamed = _substituted(formulas, [(v, z3.Const(f"_v{i}", v.sort()))
+                                      for i, v in enumerate(order)])
+    keep.append(renamed)
+    return (len(part), *(f.get_id() for f in renamed))
 
-    The part and its hypotheses are renamed as one term in one C-API call: `z3.substitute`
-    checks and converts its pairs on every call, which cost minutes over hundreds of
-    hypotheses and variables."""
-    query = conjunction([conjunction(part), conjunction(hypotheses) if hypotheses
-                         else z3.BoolVal(True, part[0].ctx)])
-    order = _free_constants([query])
-    if order:
-        ctx = query.ctx
-        renamed = [z3.Const(f"_v{i}", v.sort()) for i, v in enumerate(order)]
-        sources = (z3.Ast * len(order))(*(v.as_ast() for v in order))
-        targets = (z3.Ast * len(order))(*(v.as_ast() for v in renamed))
-        query = z3.BoolRef(z3.Z3_substitute(ctx.ref(), query.as_ast(), len(order), sources,
-                                            targets), ctx)
-    return f"{len(part)}|{query.sexpr()}"
+
+def _substituted(formulas: list[z3.ExprRef], pairs: list[tuple[z3.ExprRef, z3.ExprRef]]
+                 ) -> list[z3.ExprRef]:
+    """`z3.substitute(f, *pairs)` of each formula, the pairs' arrays built once (the Python
+    wrapper checks every pair's sorts again for every formula: most of a large query's
+    split; here each pair has one sort by construction)."""
+    if not pairs or not formulas:
+        return list(formulas)
+    ctx = formulas[0].ctx
+    count = len(pairs)
+    sources, targets = (z3.Ast * count)(), (z3.Ast * count)()
+    for i, (source, target) in enumerate(pairs):
+        sources[i], targets[i] = source.as_ast(), target.as_ast()
+    return [z3.z3._to_expr_ref(z3.Z3_substitute(ctx.ref(), f.as_ast(), count, sources, targets),
+                            ctx) for f in formulas]

@@ -51,6 +51,7 @@ class Mesh:
         object.__setattr__(self, "_names", tuple(name for name, _ in self.axes))
         object.__setattr__(self, "_axes_of_groups", {})  # every collective of every layer
         object.__setattr__(self, "_coords", {})  # every rule instance's devices
+        object.__setattr__(self, "_groups", {})  # groups_for, per axes
 
     def size(self, axis: str) -> int:
         return self._sizes[axis]
@@ -89,7 +90,15 @@ class Mesh:
         return index
 
     def groups_for(self, axes: tuple[str, ...]) -> list[list[int]]:
-        """The replica groups a collective over `axes` uses, each group ordered by block index."""
+        """The replica groups a collective over `axes` uses, each group ordered by block index.
+        (Kept per axes: a ring's rules ask for every device's group; each call gets its own
+        lists.)"""
+        found = self._groups.get(tuple(axes))
+        if found is None:
+            found = self._groups[tuple(axes)] = self._groups_for(tuple(axes))
+        return [list(group) for group in found]
+
+    def _groups_for(self, axes: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
         others = [a for a in self.names if a not in axes]
         groups = []
         for fixed in itertools.product(*(range(self.size(a)) for a in others)):
@@ -97,8 +106,8 @@ class Mesh:
             group = []
             for idx in itertools.product(*(range(self.size(a)) for a in axes)):
                 group.append(self.device({**base, **dict(zip(axes, idx))}))
-            groups.append(group)
-        return groups
+            groups.append(tuple(group))
+        return tuple(groups)
 
     def axes_of_groups(self, groups: list[list[int]], ordered: bool = True
                        ) -> tuple[str, ...] | None:

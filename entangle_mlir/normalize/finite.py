@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from jaxlib.mlir import ir
 from entangle_mlir.core import precision
 from entangle_mlir.core.rounding import DTYPE_NAMES
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
+from entangle_mlir.mlir.ir import op_key
 from entangle_mlir.mlir.opinfo import compare_type, constant_value, describe, reducer_kind
 from entangle_mlir.normalize.bounds import interval
 from entangle_mlir.normalize.int_ranges import decided
@@ -55,9 +57,9 @@ from entangle_mlir.normalize.match import (
     defining_op,
     finite_test,
     i64s,
-    index_map_step,
     max_reduce,
     operands_first,
+    remembered,
     root_of,
     shape_of,
 )
@@ -82,7 +84,8 @@ NO_OVERFLOW = ("no intermediate overflow: sums and products of finite values com
 
 class Kinds(Memo):
     """A memo of `nonfinite_kinds` for one mode (values -> kinds; "bounds": the ranges
-    `bounds.interval` computed on the way), kept across rewrites (`Memo`).
+    `bounds.interval` computed on the way; "ranges": `int_ranges.decided`'s), kept across
+    rewrites (`Memo`).
     `assume_no_overflow`: sums and products of finite values are taken as finite. A plain
     dict is a memo of the strict mode."""
 
@@ -90,14 +93,17 @@ class Kinds(Memo):
         super().__init__()
         self.assume_no_overflow = assume_no_overflow
         self["bounds"] = Memo()
+        self["ranges"] = Memo()
 
     def forget_erased(self, erased: set[int]) -> None:
         super().forget_erased(erased)
         self["bounds"].forget_erased(erased)
+        self["ranges"].forget_erased(erased)
 
     def forget_downstream(self, ops: list[ir.Operation]) -> None:
         super().forget_downstream(ops)
         self["bounds"].forget_downstream(ops)
+        self["ranges"].forget_downstream(ops)
 
 
 @dataclass(frozen=True)
@@ -131,6 +137,11 @@ class Finiteness:
         self.refusals: list[Refusal] = []
         self._pending: list[tuple[str, str]] = []
         self._memos: dict[bool, Kinds] = {}
+        self.cones: Memo | None = None
+        """`_cone_key`'s numbers of the values named so far, within `tracked_cones` (a
+        rewrite driver that reports every edit: forgotten downstream of every op a rewrite
+        changed and with the ops it erased); None elsewhere (each question names its cone
+        afresh)."""
 
     def memo(self, assume_no_overflow: bool | None = None) -> Kinds:
         """The shared memo of a mode (by default this normalization's)."""
@@ -143,12 +154,28 @@ class Finiteness:
         """Ops were erased untracked: drop the memos (an erased value's key could be
         reused)."""
         self._memos = {}
+        if self.cones is not None:
+            self.cones = Memo()
+
+    @contextlib.contextmanager
+    def tracked_cones(self) -> Iterator[None]:
+        """Within the block, keep `_cone_key`'s numbers across questions (`cones`): for a
+        rewrite driver that reports every op it changes (`fired`) or erases
+        (`forget_erased`) before it asks again (`rewrites.Worklist`: a rewrite decides before
+        it edits)."""
+        self.cones = Memo()
+        try:
+            yield
+        finally:
+            self.cones = None
 
     def forget_erased(self, erased: set[int]) -> None:
         """Drop what the memos hold of the ops whose keys are in `erased`
         (`match.erasures`)."""
         for memo in self._memos.values():
             memo.forget_erased(erased)
+        if self.cones is not None:
+            self.cones.forget_erased(erased)
 
     def attempt(self) -> None:
         """A rewrite is about to be tried: what its checks relied on is pending."""
@@ -163,6 +190,11 @@ class Finiteness:
         the values of erased ops are forgotten already), else all of them."""
         self.used += [p for p in self._pending if p not in self.used]
         self._pending = []
+        if self.cones is not None:
+            if changed is None:
+                self.cones = Memo()
+            else:
+                self.cones.forget_downstream(changed)
         if self.assume_no_overflow:
             if changed is None:
                 self._memos.pop(False, None)
@@ -368,7 +400,8 @@ def _kinds_of(value, op: ir.Operation | None, memo: dict) -> int:
     if name == "stablehlo.select" and finite_test(op.operands[0], op.operands[1]):
         return args[2]
     if name == "stablehlo.select" and args[1] != args[2]:
-        picked = decided(op.operands[0])  # jax's take: a NaN fill no index reaches
+        picked = decided(op.operands[0], memo.get("ranges") if isinstance(memo, Kinds)
+                         else None)  # jax's take: a NaN fill no index reaches
         if picked is not None:
             return args[1] if picked else args[2]
     if name == "stablehlo.convert" and _may_overflow(op):
@@ -509,7 +542,7 @@ def _row_witnesses(value, dims: tuple[int, ...], memo: dict):
         known = [f for f in found if f is not None]
         if not known:
             return None
-        return [np.logical_or.reduce([f[d] for f in known]) for d in range(len(known[0]))]
+        return np.logical_or.reduce(known)
     if op.name != "stablehlo.select" or shape_of(op.operands[0]) != shape_of(value):
         return None
     kept = [taken for taken, branch in ((True, 1), (False, 2))
@@ -519,11 +552,7 @@ def _row_witnesses(value, dims: tuple[int, ...], memo: dict):
     masks = _on_every_device(op.operands[0], op)
     if masks is None:
         return None
-    rows: dict[int, np.ndarray] = {}
-    for mask in masks:
-        if id(mask) not in rows:
-            rows[id(mask)] = np.any(mask == kept[0], axis=dims)
-    return [rows[id(mask)] for mask in masks]
+    return np.any(masks == kept[0], axis=tuple(d + 1 for d in dims))
 
 
 def _gathered_max_finite(op: ir.Operation, memo: dict) -> bool:
@@ -566,10 +595,16 @@ def _device_groups(op: ir.Operation, devices: int) -> list[list[int]] | None:
         return None
 
 
-def _on_every_device(value, at: ir.Operation) -> list[np.ndarray] | None:
-    """`value` evaluated on every device (indexed by partition id, or by replica id in a
-    program run as replicas), when it is computed from device ids, iotas and constants alone
-    by the ops `_evaluate` knows; else None."""
+def _on_every_device(value, at: ir.Operation) -> np.ndarray | None:
+    """`value` evaluated on every device (the first dim: the partition id, or the replica id
+    in a program run as replicas), when it is computed from device ids, iotas and constants
+    alone by the ops `_evaluate` knows; else None. (Remembered across rewrite attempts while
+    the ops it read stand: naming the cone walks all of it.)"""
+    return remembered(("on_every_device", value), lambda: _evaluated_value(value, at))
+
+
+def _evaluated_value(value, at: ir.Operation) -> np.ndarray | None:
+    """`_on_every_device`, computed (by the value's cone: `_DEVICE_VALUES`)."""
     module = at.operation
     while module is not None and module.name != "builtin.module":
         module = module.parent
@@ -605,69 +640,78 @@ def _cone_key(value) -> int | None:
     """A number naming the computation of `value` completely (ops, attributes, types, and
     the same for every operand), so equal numbers mean equal values on every device. None
     when the cone reads a block argument or holds more than `_evaluate`'s depth allows in
-    values: `_evaluate` gives up on those."""
+    values: `_evaluate` gives up on those. The numbers of the values named before are the
+    active judge's (`Finiteness.cones`, kept while the ops above them stand: a ring's masks
+    share most of their cones)."""
     if len(_CONE_KEYS) > 1 << 16:
-        _CONE_KEYS.clear()
+        _CONE_KEYS.clear()  # numbers are never reused (`_CONE_NUMBERS`): old ones stay apart
         _DEVICE_VALUES.clear()
-    keys: dict = {}
+    keys = active().cones
+    if keys is None:
+        keys = Memo()
+    printed: dict = {}
     stack = [value]
+    walked = 0
     while stack:
         top = stack[-1]
         if top in keys:
             stack.pop()
             continue
         op = defining_op(top)
-        if op is None or len(keys) > _MAX_CONE:
+        if op is None or walked > _MAX_CONE:
             return None
         waiting = [v for v in op.operands if v not in keys]
         if waiting:
             stack.extend(waiting)
             continue
         stack.pop()
+        walked += 1
         result = next(i for i, r in enumerate(op.results) if r == top)
-        key = (op.name, str(top.type), result, tuple(keys[v] for v in op.operands),
-               tuple((n, str(op.attributes[n])) for n in sorted(attr_names(op))),
+        key = (op.name, _printed(top.type, printed), result,
+               tuple(keys[v] for v in op.operands),
+               tuple((n, _printed(op.attributes[n], printed)) for n in sorted(attr_names(op))),
                str(op) if op.regions else "")
-        keys[top] = _CONE_KEYS.setdefault(key, len(_CONE_KEYS))
+        number = _CONE_KEYS.get(key)
+        if number is None:
+            number = _CONE_KEYS[key] = next(_CONE_NUMBERS)
+        keys[top] = number
+        keys.own(top, op_key(op))
     return keys[value]
 
 
-def _evaluated_on_devices(value, counts: dict) -> list[np.ndarray] | None:
-    """`value` on every device. The first device's values that read no device id (`varying`
-    lacks them) are every device's: the others start from them (each device's evaluation
-    visits the same values in the same order, so it would compute them alike)."""
-    out = []
-    shared: dict | None = None
-    for partition in range(counts["mhlo.num_partitions"]):
-        for replica in range(counts["mhlo.num_replicas"]):
-            ids = _DeviceIds({"stablehlo.partition_id": partition,
-                              "stablehlo.replica_id": replica})
-            memo = {} if shared is None else dict(shared)
-            found = _evaluate(value, ids, memo, 64)
-            if found is None:
-                return None
-            if not ids.read:
-                return [found] * (counts["mhlo.num_partitions"] * counts["mhlo.num_replicas"])
-            if shared is None:
-                shared = {v: a for v, a in memo.items() if v not in ids.varying}
-            out.append(found)
-    return out
+_CONE_NUMBERS = itertools.count()
+"""`_cone_key`'s numbers, never reused (a memo may hold one after `_CONE_KEYS` is cleared)."""
 
 
-class _DeviceIds(dict):
-    """The device ids `_evaluate` may read; `read` says whether it did (a value computed
-    from constants alone is the same on every device), `varying` the values it computed
-    from them."""
+def _printed(thing, printed: dict) -> str:
+    """`str(thing)` of a type or attribute, printed once per cone (`printed`: types and
+    attributes are uniqued, so the same object prints alike; a cone repeats a few)."""
+    found = printed.get(thing)
+    if found is None:
+        found = printed[thing] = str(thing)
+    return found
 
-    read = False
 
-    def __init__(self, ids: dict[str, int]) -> None:
-        super().__init__(ids)
-        self.varying: set = set()
-
-    def __getitem__(self, name: str) -> int:
-        self.read = True
-        return super().__getitem__(name)
+def _evaluated_on_devices(value, counts: dict) -> np.ndarray | None:
+    """`value` on every device: an array whose first dim is the device (partition ids, or
+    replica ids in a program run as replicas). Evaluated once for all devices: every
+    intermediate value carries the devices as a leading dim, of size 1 where it reads no
+    device id (the same on every device, broadcast as numpy broadcasts)."""
+    devices = counts["mhlo.num_partitions"] * counts["mhlo.num_replicas"]
+    chunk = max(1, MAX_INDEX // max(1, math.prod(shape_of(value))))  # bounded memory
+    parts = []
+    for start in range(0, devices, chunk):
+        some = np.arange(start, min(devices, start + chunk))
+        none = np.zeros(len(some), dtype=np.int64)
+        ids = {"stablehlo.partition_id": some if counts["mhlo.num_partitions"] > 1 else none,
+               "stablehlo.replica_id": some if counts["mhlo.num_replicas"] > 1 else none}
+        found = _evaluate(value, ids, {}, 64)
+        if found is None:
+            return None
+        if found.shape[0] == 1:  # reads no device id: the same on every device
+            return np.broadcast_to(found, (devices, *found.shape[1:]))
+        parts.append(found)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 _NUMPY_TYPES = {"i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32,
@@ -681,9 +725,11 @@ _BINARY = {"stablehlo.add": np.add, "stablehlo.subtract": np.subtract,
            "stablehlo.or": np.logical_or}
 
 
-def _evaluate(value, ids: dict[str, int], memo: dict, depth: int) -> np.ndarray | None:
-    """The value of a device-id/constant computation on one device (None if it reads
-    anything else or uses an op not modelled here)."""
+def _evaluate(value, ids: dict[str, np.ndarray], memo: dict, depth: int
+              ) -> np.ndarray | None:
+    """The value of a device-id/constant computation on every device at once (None if it
+    reads anything else or uses an op not modelled here): the result's shape with a leading
+    dim of devices (1 where the value does not depend on the device)."""
     found = memo.get(value)
     if found is not None:
         return found
@@ -693,40 +739,40 @@ def _evaluate(value, ids: dict[str, int], memo: dict, depth: int) -> np.ndarray 
     if op is None or dtype is None or depth == 0 or math.prod(shape_of(value)) > MAX_INDEX:
         return None
     args = []
-    varying = getattr(ids, "varying", None)
-    reads_ids = op.name in ids
     if op.name not in ("stablehlo.constant", "stablehlo.iota", *ids):
         for operand in op.operands:
             found = _evaluate(operand, ids, memo, depth - 1)
             if found is None:
                 return None
             args.append(found)
-            reads_ids = reads_ids or (varying is not None and operand in varying)
     shape = shape_of(value)
     with np.errstate(all="ignore"):
         result = _apply(op, args, ids, shape, dtype)
     if result is None:
         return None
-    result = np.asarray(result).astype(dtype).reshape(shape)
+    result = np.asarray(result).astype(dtype)
+    result = result.reshape((result.shape[0], *shape))
     memo[value] = result
-    if reads_ids and varying is not None:
-        varying.add(value)
     return result
 
 
-def _apply(op: ir.Operation, args: list[np.ndarray], ids: dict[str, int],
+def _apply(op: ir.Operation, args: list[np.ndarray], ids: dict[str, np.ndarray],
            shape: tuple[int, ...], dtype) -> np.ndarray | None:
+    """One op on arrays whose first dim is the devices (`_evaluate`)."""
     name = op.name
+    rank = len(shape)
     if name in ids:
-        return np.full(shape, ids[name])
+        devices = ids[name]
+        return np.broadcast_to(devices.reshape((len(devices),) + (1,) * rank),
+                               (len(devices), *shape))
     if name == "stablehlo.constant":
         array, _ = constant_value(op.attributes["value"])
-        return np.broadcast_to(array, shape) if array.dtype.kind in "biuf" else None
+        return np.broadcast_to(array, shape)[None] if array.dtype.kind in "biuf" else None
     if name == "stablehlo.iota":
         dim = ir.IntegerAttr(op.attributes["iota_dimension"]).value
         index = [1] * len(shape)
         index[dim] = shape[dim]
-        return np.broadcast_to(np.arange(shape[dim]).reshape(index), shape)
+        return np.broadcast_to(np.arange(shape[dim]).reshape(index), shape)[None]
     if name in _BINARY:
         return _BINARY[name](*args)
     if name == "stablehlo.divide" and np.issubdtype(dtype, np.integer):
@@ -744,18 +790,30 @@ def _apply(op: ir.Operation, args: list[np.ndarray], ids: dict[str, int],
     if name == "stablehlo.convert":
         return args[0]
     if name == "stablehlo.select":
-        return np.where(*args)
+        pred, on_true, on_false = args
+        if pred.ndim == 1 and rank:  # a scalar predicate picks whole operands
+            pred = pred.reshape((len(pred),) + (1,) * rank)
+        return np.where(pred, on_true, on_false)
     if name == "stablehlo.compare":
         direction = str(op.attributes["comparison_direction"]).split()[-1].rstrip(">")
         if compare_type(op) == "TOTALORDER":
             return None  # numpy compares floats as FLOAT does
         return _COMPARE[direction](*args) if direction in _COMPARE else None
     if name == "stablehlo.broadcast_in_dim":
-        return index_map_step(args[0], op)
+        dims = i64s(op, "broadcast_dimensions")
+        operand = args[0]
+        expanded = [operand.shape[0]] + [1] * rank
+        for i, d in enumerate(dims):
+            expanded[d + 1] = operand.shape[i + 1]
+        order = [0] + [1 + i for i in sorted(range(len(dims)), key=lambda i: dims[i])]
+        return np.broadcast_to(operand.transpose(order).reshape(expanded),
+                               (operand.shape[0], *shape))
     if name == "stablehlo.reshape":
-        return args[0].reshape(shape)
+        return args[0].reshape((args[0].shape[0], *shape))
     if name == "stablehlo.transpose":
-        return args[0].transpose(i64s(op, "permutation"))
+        return args[0].transpose([0] + [1 + p for p in i64s(op, "permutation")])
     if name == "stablehlo.concatenate":
-        return np.concatenate(args, ir.IntegerAttr(op.attributes["dimension"]).value)
+        lead = max(a.shape[0] for a in args)
+        parts = [np.broadcast_to(a, (lead, *a.shape[1:])) for a in args]
+        return np.concatenate(parts, 1 + ir.IntegerAttr(op.attributes["dimension"]).value)
     return None

@@ -19,8 +19,9 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from entangle_mlir.core.ranges import int_limits
+from entangle_mlir.mlir.ir import op_key, producer
 from entangle_mlir.mlir.opinfo import compare_type, constant_value, reducer_kind, tensor_type
-from entangle_mlir.normalize.match import defining_op
+from entangle_mlir.normalize.match import Memo, defining_op
 
 Range = tuple[int, int]
 
@@ -31,10 +32,20 @@ _SAME = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo
                    "stablehlo.slice", "stablehlo.reverse", "stablehlo.concatenate"})
 
 
-def decided(value) -> bool | None:
+def decided(value, shared: Memo | None = None) -> bool | None:
     """True (False) when the boolean `value` is true (false) on every element for every
-    input; None when that is not shown."""
-    found = _Ranges().of(value)
+    input; None when that is not shown. `shared`: ranges found by earlier questions (a walk
+    that stayed within its budget leaves them there; each is then read without walking its
+    cone again: a ring's masks share their positions' arithmetic). Rewrites are exact, so a
+    range found before one still holds after it; the memo forgets erased ops' values."""
+    ranges = _Ranges(shared)
+    found = ranges.of(value)
+    if shared is not None and ranges.budget >= 0:
+        for v, r in ranges.memo.items():
+            op = producer(v)
+            if op is not None and r is not None:
+                shared[v] = r
+                shared.own(v, op_key(op))
     if found is None or found[0] != found[1]:
         return None
     return bool(found[0])
@@ -49,14 +60,17 @@ def _limits(value) -> Range | None:
 
 
 class _Ranges:
-    def __init__(self) -> None:
+    def __init__(self, shared: dict | None = None) -> None:
         self.memo: dict = {}
+        self.shared = shared if shared is not None else {}
         self.budget = MAX_OPS
 
     def of(self, value) -> Range | None:
         """The range of `value` (None: not an integer or boolean, or out of budget)."""
         if value in self.memo:
             return self.memo[value]
+        if value in self.shared:
+            return self.shared[value]
         limits = _limits(value)
         if limits is None:
             return None

@@ -231,6 +231,7 @@ def zero_max_cotangents(module: ir.Module, ops: list | None = None) -> int:
     count = 0
     with judging() as finiteness, ir.Location.unknown(), editing() as edits:
         kinds = Kinds(finiteness.assume_no_overflow)
+        keys = polynomial.Keys()
         for op in found:
             if not any(True for _ in op.results[0].uses):
                 continue
@@ -239,12 +240,14 @@ def zero_max_cotangents(module: ir.Module, ops: list | None = None) -> int:
             if cotangent is None or not polynomial.is_zero(
                     cotangent, lambda atoms, op=op: judge(lambda memo: all(
                         nonfinite_kinds(v, memo) == 0 for v in atoms), op,
-                        _cotangent_refusal(op), kinds)):
+                        _cotangent_refusal(op), kinds), keys):
                 continue
             zero = _zero_like(op.results[0], op)
             replace_uses(op.results[0], zero)
             _fold_zeros([zero], kinds)
-            finiteness.fired(list(edits.changed.values()))
+            changed = list(edits.changed.values())
+            finiteness.fired(changed)
+            keys.forget_downstream(changed)
             edits.clear()
             count += 1
         if count:

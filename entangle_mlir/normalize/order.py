@@ -186,11 +186,13 @@ def _offsets_of(x, y, dim: int, budget: list[int], memo: dict) -> set[int]:
     if _splat(x) is not None and _splat(x) == _splat(y):
         return every
     if ox.name == "stablehlo.concatenate" and _concat_dim(ox) == dim:
-        joint, start = every, 0
-        for operand in ox.operands:
-            joint = joint & {o - start for o in _offsets(operand, y, dim, budget, memo)}
-            start += shape_of(operand)[dim]
-        found |= joint
+        # the offsets of the first block, kept where every other block sits at its place
+        operands, starts = list(ox.operands), [0]
+        for operand in operands[:-1]:
+            starts.append(starts[-1] + shape_of(operand)[dim])
+        found |= {o for o in every & _offsets(operands[0], y, dim, budget, memo)
+                  if all(_holds_at(operand, y, dim, o + start, budget, memo)
+                         for operand, start in zip(operands[1:], starts[1:]))}
     dims = _operand_dims(ox, oy, dim)
     if dims is not None:
         joint = every
@@ -204,6 +206,23 @@ def _offsets_of(x, y, dim: int, budget: list[int], memo: dict) -> set[int]:
                 break
         found |= joint
     return found
+
+
+def _holds_at(x, y, dim: int, offset: int, budget: list[int], memo: dict) -> bool:
+    """`offset in _offsets(x, y, dim)`, looked up in the one block of a concatenation `y`
+    holding the window where it is there (a ring's prefix of blocks against a longer one:
+    one pair per block, where all their offsets pair every block with every other)."""
+    oy = defining_op(y)
+    if oy is not None and oy.name == "stablehlo.concatenate" and _concat_dim(oy) == dim:
+        start, size = 0, shape_of(x)[dim]
+        for operand in oy.operands:
+            stop = start + shape_of(operand)[dim]
+            if start <= offset and offset + size <= stop:
+                if _holds_at(x, operand, dim, offset - start, budget, memo):
+                    return True
+                break
+            start = stop
+    return offset in _offsets(x, y, dim, budget, memo)
 
 
 def _concat_dim(op: ir.Operation) -> int:

@@ -36,7 +36,14 @@ from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.mlir.opinfo import constant_value, reducer_kind
 from entangle_mlir.normalize.finite import active, nonfinite_kinds
-from entangle_mlir.normalize.match import attr_names, defining_op, i64s, shape_of, sum_reduce
+from entangle_mlir.normalize.match import (
+    Memo,
+    attr_names,
+    defining_op,
+    i64s,
+    shape_of,
+    sum_reduce,
+)
 
 _ARITHMETIC = frozenset({
     "stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
@@ -47,6 +54,12 @@ MOVES = frozenset({
 _MAX_MONOMIALS = 4096
 _MAX_BOUND = 6
 _DEPTHS = (2, 4, 6, 8, 12, 16)
+_FIRST_DEPTH = 8
+"""Tried before the growing `_DEPTHS`: where a ring's running max's cotangent cancels (the
+forward's recurrence and the backward's step: every such cotangent of ring attention
+training is zero at depth 8, after failing at 2, 4 and 6). A zero over finite atoms at any
+depth is a proof; where the first try finds none, the depths are tried in order as without
+it (`_FIRST_DEPTH` again only where its zero's atoms were not known finite)."""
 _KEY_HEIGHT = 8
 
 _LIT = ("c", 0)
@@ -153,20 +166,26 @@ class _Builder:
         """A structural key: the same op applied to the same operands (jax repeats ops) is
         one atom. Ops more than `height` levels down are told apart by identity (equal keys
         always mean equal values; a missed match only costs a cancellation)."""
-        found = self.keys.get((value, height))
+        known = self.keys.get(value)
+        if known is None:
+            known = self.keys[value] = {}
+        found = known.get(height)
         if found is not None:
             return found
         op = defining_op(value)
         if height == 0 or op is None or (op.regions and op.name != "stablehlo.reduce"):
             key = ("value", value)
         else:
-            attrs = tuple((n, str(op.attributes[n])) for n in sorted(attr_names(op)))
-            result = next(i for i, r in enumerate(op.results) if r == value)
-            key = (op.name, str(value.type), attrs,
-                   tuple(self.key(v, height - 1) for v in op.operands), result,
-                   reducer_kind(op) if op.name == "stablehlo.reduce" else "")
+            local = known.get("op")  # the op's own part, the same at every height
+            if local is None:
+                attrs = tuple((n, str(op.attributes[n])) for n in sorted(attr_names(op)))
+                result = next(i for i, r in enumerate(op.results) if r == value)
+                local = known["op"] = (
+                    op.name, str(value.type), attrs, result,
+                    reducer_kind(op) if op.name == "stablehlo.reduce" else "")
+            key = (local, tuple(self.key(v, height - 1) for v in op.operands))
         number = self.interned.setdefault(key, len(self.interned))
-        self.keys[value, height] = number
+        known[height] = number
         return number
 
     def atom(self, value, power: int) -> list[_Monomial]:
@@ -355,7 +374,11 @@ def _move_map(op, shape: tuple[int, ...]) -> dict | None:
 
 
 def _distances(root) -> dict:
-    """Each value's least number of arithmetic ops from `root` (moves count nothing)."""
+    """Each value's least number of arithmetic ops from `root` (moves count nothing), up to
+    one more than the deepest expansion (`_DEPTHS`): `is_zero` reads no farther (a value
+    beyond is an atom at every depth, and one at the last distance shows there is more to
+    expand), so the walk stays near the root, not the whole program above it."""
+    limit = _DEPTHS[-1] + 1
     distance = {root: 0}
     frontier = [root]
     while frontier:
@@ -367,7 +390,7 @@ def _distances(root) -> dict:
             step = 1 if op.name in _ARITHMETIC else 0
             for operand in op.operands:
                 d = distance[value] + step
-                if d < distance.get(operand, 1 << 30):
+                if d <= limit and d < distance.get(operand, 1 << 30):
                     distance[operand] = d
                     nxt.append(operand)
         frontier = nxt
@@ -404,28 +427,59 @@ def _cleared(builder: _Builder, monomials: list[_Monomial]) -> list[_Monomial]:
     raise _TooBig
 
 
-def is_zero(value, atoms_finite: Callable[[list], bool] | None = None) -> bool:
+class Keys:
+    """The structural keys (`_Builder.key`) of one module's values, shared by the questions
+    asked of it (roots near one another read the same values): per value, its key at each
+    height and its op's own part (`memo`, a `match.Memo`), and the keys' numbers
+    (`interned`). A value's key describes the ops within `_KEY_HEIGHT` levels above it, so
+    `forget_downstream` must be told the ops given other operands or attributes since."""
+
+    def __init__(self) -> None:
+        self.memo = Memo()
+        self.interned: dict = {}
+
+    def forget_downstream(self, ops: list) -> None:
+        """Drop the keys of the values computed from `ops` (changed), and of those computed
+        from them."""
+        self.memo.forget_downstream(ops)
+
+
+def is_zero(value, atoms_finite: Callable[[list], bool] | None = None,
+            keys: Keys | None = None) -> bool:
     """`value` is zero in real arithmetic, for any content of the values it reads beyond the
     expanded ones; every atom finite, as `atoms_finite(atoms)` decides (the caller's
     `finite.judge`; by default `nonfinite_kinds` in the active judge's mode, strict outside
-    one). False when undecided."""
+    one). False when undecided. `keys`: structural keys found by earlier questions about
+    the module as it is (`Keys`)."""
     distance = _distances(value)
-    keys: dict = {}
-    interned: dict = {}
-    for depth in _DEPTHS:
-        builder = _Builder(depth, distance, keys, interned)
-        try:
-            monomials = _cleared(builder, builder.poly(value))
-        except _TooBig:
+    table = keys if keys is not None else Keys()
+    keys, interned = table.memo, table.interned
+    tried: tuple[int, str] | None = None  # the first try: its depth and outcome
+    for depth in (_FIRST_DEPTH, *_DEPTHS):
+        if tried is not None and depth == tried[0]:
+            outcome = tried[1]  # known by now
+        else:
+            builder = _Builder(depth, distance, keys, interned)
+            try:
+                outcome = "nonzero" if _cleared(builder, builder.poly(value)) else "zero"
+            except _TooBig:
+                outcome = "too big"
+            if outcome == "zero":
+                atoms = list(builder.atom_values.values())
+                if atoms_finite is None:
+                    memo = active().memo()
+                    finite = all(nonfinite_kinds(v, memo) == 0 for v in atoms)
+                else:
+                    finite = atoms_finite(atoms)
+                if finite:
+                    return True
+                outcome = "not finite"
+            if tried is None:
+                tried = (depth, outcome)
+                continue
+        if outcome in ("too big", "not finite"):
             return False
-        if monomials:
-            if all(distance.get(v, depth + 1) <= depth for v in distance
-                   if defining_op(v) is not None and defining_op(v).name in _ARITHMETIC):
-                return False
-            continue
-        atoms = list(builder.atom_values.values())
-        if atoms_finite is None:
-            memo = active().memo()
-            return all(nonfinite_kinds(v, memo) == 0 for v in atoms)
-        return atoms_finite(atoms)
+        if all(distance.get(v, depth + 1) <= depth for v in distance
+               if defining_op(v) is not None and defining_op(v).name in _ARITHMETIC):
+            return False
     return False

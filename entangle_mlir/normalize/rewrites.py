@@ -51,16 +51,17 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None, audit: bool = Fal
     count = 0
     states: set[int] = set()
     with judging() as finiteness, ir.Location.unknown(), erasures() as erased, \
-            editing() as edits:
+            editing() as edits, finiteness.tracked_cones():
         finiteness.forget()
         roots = finiteness.root_refusals()
         work = Worklist(module, ops, erased, edits, audit)
         limit = budget(len(work.ops))
+        every = cycle_interval(len(work.ops))
         try:
             work.start(idioms.REWRITES)
             while count < limit and work.rewrite_one():
                 count += 1
-                if count % _CYCLE_CHECK == 0 and _cycled(module, states):
+                if count % every == 0 and _cycled(module, states):
                     return count
             if count >= limit or not work.has("stablehlo.collective_permute") or (
                     finiteness.root_refusals() > roots):
@@ -71,7 +72,7 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None, audit: bool = Fal
             work.start(both)
             while count < limit and work.rewrite_one():
                 count += 1
-                if count % _CYCLE_CHECK == 0 and _cycled(module, states):
+                if count % every == 0 and _cycled(module, states):
                     return count
         finally:
             if stats is not None:
@@ -80,7 +81,17 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None, audit: bool = Fal
 
 
 _CYCLE_CHECK = 25
-"""Every this many rewrites the module's shape is compared with the earlier ones'."""
+"""The fewest rewrites between two comparisons of the module's shape with the earlier ones'."""
+
+
+def cycle_interval(ops: int) -> int:
+    """Rewrites between two comparisons of the module's shape (`_cycled`) in a module of
+    `ops` ops: a comparison walks the module, so at most about 16 of them per rewrite per
+    op (a ring takes under 1 rewrite per op: 16 walks in all, where one every 25 rewrites
+    made the checks quadratic in the ring's length). A cycle of period p is still found
+    after p comparisons of it (any two states p rewrites apart are equal), within
+    `budget`'s 4 rewrites per op while p is under 64."""
+    return max(_CYCLE_CHECK, ops // 16)
 
 
 def budget(ops: int) -> int:
@@ -130,44 +141,50 @@ def _either(first, second):
 class _Place:
     """An op's place in the module's walk order (post-order: the ops nested in an op's
     regions before the op), for the worklist's heap: its chain of ancestors, each with its
-    block and, below its parent, the index of the region holding it; `index`, its position
-    in the first walk if it was there (ops never move, so two such positions compare as
-    the ops do)."""
+    key (`ir.op_key`), block and, below its parent, the index of the region holding it (kept
+    per op in `chains`: an op is pushed again after each rewrite that wakes it); `index`,
+    its position in the first walk if it was there (ops never move, so two such positions
+    compare as the ops do)."""
 
-    __slots__ = ("_chain", "index", "key", "op")
+    __slots__ = ("_chain", "_chains", "index", "key", "op")
 
-    def __init__(self, op: ir.Operation, key: int, index: int | None = None) -> None:
+    def __init__(self, op: ir.Operation, key: int, index: int | None = None,
+                 chains: dict | None = None) -> None:
         self.op = op
         self.key = key
         self.index = index
+        self._chains = chains if chains is not None else {}
         self._chain: list | None = None
 
     def chain(self) -> list:
         if self._chain is None:
-            chain = []
-            op = self.op
-            while op is not None and op.name != "builtin.module":
-                parent = op.parent
-                parent = parent.operation if parent is not None else None
-                block = op.block
-                region = 0
-                if parent is not None and len(parent.regions) > 1:
-                    region = next(i for i, r in enumerate(parent.regions)
-                                  if any(b == block for b in r.blocks))
-                chain.append((op, block, region))
-                op = parent
-            chain.reverse()
-            self._chain = chain
+            found = self._chains.get(self.key)
+            if found is None:
+                found = []
+                op = self.op
+                while op is not None and op.name != "builtin.module":
+                    parent = op.parent
+                    parent = parent.operation if parent is not None else None
+                    block = op.block
+                    region = 0
+                    if parent is not None and len(parent.regions) > 1:
+                        region = next(i for i, r in enumerate(parent.regions)
+                                      if any(b == block for b in r.blocks))
+                    found.append((op_key(op), op, block, region))
+                    op = parent
+                found.reverse()
+                self._chains[self.key] = found
+            self._chain = found
         return self._chain
 
     def __lt__(self, other: _Place) -> bool:
         if self.index is not None and other.index is not None:
             return self.index < other.index
-        for (a, block_a, region_a), (b, block_b, region_b) in zip(self.chain(),
-                                                                  other.chain()):
-            if a == b:
+        for (ka, a, block_a, region_a), (kb, b, block_b, region_b) in zip(self.chain(),
+                                                                          other.chain()):
+            if ka == kb:
                 continue
-            if block_a != block_b:
+            if region_a != region_b or block_a != block_b:
                 return region_a < region_b
             return a.is_before_in_block(b)
         return len(self.chain()) > len(other.chain())  # nested in the other: walked first
@@ -199,6 +216,7 @@ class Worklist:
         self._use_readers: dict[int, set[int]] = {}
         self._pending: set[int] = set()
         self._heap: list[_Place] = []
+        self._chains: dict[int, list] = {}
 
     def has(self, name: str) -> bool:
         """Some op of the module is named `name`."""
@@ -215,7 +233,7 @@ class Worklist:
         for key, op in self.ops.items():
             if op.name in rewrites:
                 self._pending.add(key)
-                self._heap.append(_Place(op, key, self._walked.get(key)))
+                self._heap.append(_Place(op, key, self._walked.get(key), self._chains))
         heapq.heapify(self._heap)
 
     def rewrite_one(self) -> bool:
@@ -288,6 +306,7 @@ class Worklist:
         for key in gone:
             self.ops.pop(key, None)
             self._walked.pop(key, None)
+            self._chains.pop(key, None)
             self._forget_reads(key)
             self._pending.discard(key)
             wake |= self._readers.pop(key, set())
@@ -314,7 +333,7 @@ class Worklist:
                 continue
             self._forget_reads(key)
             self._pending.add(key)
-            heapq.heappush(self._heap, _Place(op, key, self._walked.get(key)))
+            heapq.heappush(self._heap, _Place(op, key, self._walked.get(key), self._chains))
 
     def _discover(self, roots: list[ir.Operation], touched: dict[int, ir.Operation]
                   ) -> dict[int, ir.Operation]:

@@ -584,12 +584,15 @@ def equal(a: Element, b: Element) -> Element:
     return _eq(za, zb)
 
 
-def _eq(a: z3.ExprRef, b: z3.ExprRef) -> z3.BoolRef:
+def _eq(a: z3.ExprRef, b: z3.ExprRef) -> z3.BoolRef | bool:
     """`a == b`, built directly for two terms of one sort (`==` first checks and merges
-    their sorts: most of a large claim's cost)."""
+    their sorts: most of a large claim's cost); True for one term (z3 shares equal terms:
+    a claim whose two sides were built alike holds for every value, no solver needed)."""
     ctx = a.ctx
     if b.ctx is ctx:
         ref, x, y = ctx.ref(), a.as_ast(), b.as_ast()
+        if z3.Z3_is_eq_ast(ref, x, y):
+            return True
         if z3.Z3_is_eq_sort(ref, z3.Z3_get_sort(ref, x), z3.Z3_get_sort(ref, y)):
             return z3.BoolRef(z3.Z3_mk_eq(ref, x, y), ctx)
     return a == b

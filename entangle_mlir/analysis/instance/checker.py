@@ -4,6 +4,7 @@ the time budget and per-op statistics."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from entangle_mlir.analysis.instance.common import (
     rels_of,
     term_cost,
 )
+from entangle_mlir.analysis.instance.devices import distinct_devices, one_block
 from entangle_mlir.analysis.instance.reduce import reduced_instance, reduced_shifted_scatter
 from entangle_mlir.analysis.instance.solve import run_check
 from entangle_mlir.analysis.solver import ProofResult
@@ -93,6 +95,23 @@ class Planned:
     start: float
     plan_seconds: float
     outcome: ProofResult | Pending
+
+
+def checked_size(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
+                 ctx: RuleContext) -> int:
+    """The local elements of the instance's largest operand or result times the devices
+    whose claims are checked (`devices.distinct_devices`): what the query computes, where
+    `instance_size` counts the global terms' elements (a ring's one generic device holds
+    all the blocks of the keys, not the global scores of every device); a sum over the ring
+    checked on one block (`devices.one_block`) computes one block's window per device."""
+    single = ctx.is_global or mesh is None
+    devices = 1 if single else len(distinct_devices(
+        info, ins, outs, mesh, single, mesh.num_devices))
+    local = max((math.prod(t.shape) for t in info.operand_types + info.result_types),
+                default=1)
+    if not single and one_block(ins, outs, mesh):  # each device computes one block's window
+        local = max(1, local // len(outs[0].orders[0]))
+    return local * devices
 
 
 def run_pending(pending: Pending) -> ProofResult:
@@ -264,7 +283,8 @@ class InstanceChecker:
                 why_not = reduced
             else:
                 r_info, r_ins, r_outs = reduced
-                if instance_size(r_info, r_ins, r_outs) <= self.max_elements:
+                if instance_size(r_info, r_ins, r_outs) <= self.max_elements or (
+                        checked_size(r_info, r_ins, r_outs, mesh, ctx) <= self.max_elements):
                     return r_info, r_ins, r_outs, "reduced", reusable
                 why_not = "still too large at the reduced shape"
         if size > self.max_elements:

@@ -4,6 +4,7 @@ states the argument); a collective runs on whole replica groups."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -17,7 +18,10 @@ from entangle_mlir.core.relations import (
     InBlock,
     Masked,
     Opaque,
+    Permuted,
     Rel,
+    Reordered,
+    Returning,
     Shifted,
     Value,
 )
@@ -26,39 +30,137 @@ from entangle_mlir.core.terms import (
     ELEMENTWISE_STABLEHLO,
     Term,
     reshape_groups,
+    roll_parts,
 )
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.semantics.collectives import COLLECTIVE_SEMANTICS, replica_groups, run_op
 from entangle_mlir.semantics.element import SemanticsError
-from entangle_mlir.semantics.groups import GROUPED
+from entangle_mlir.semantics.groups import GROUPED, GroupError, permute_pairs
+from entangle_mlir.semantics.tensor import full
 
 
-def _rels_and_device_axes(values: Sequence[Value], mesh: Mesh, inputs: bool
-                          ) -> tuple[list[Rel], set[str]] | None:
-    """The relations inside `values` and the mesh axes their device-dependent parts depend
-    on (a device block's axes, the axes a device offset table varies along); None for a
-    value the symmetry argument does not cover. A device mask or local index of blocks over
-    axes A, or a tensor plus offsets that vary only along A, is computed alike on devices
-    that differ in another axis: the argument of `_symmetric_axes` holds for that axis."""
-    rels: list[Rel] = []
-    axes: set[str] = set()
+def _value_tags(values: Sequence[Value], axis: str, mesh: Mesh, side: str
+                ) -> list[tuple[Rel, tuple]] | None:
+    """The relations inside `values`, each with the action the rotation along `axis` has on
+    its global tensor (`_expected_tags`); None for a value the symmetry argument of
+    `_symmetric_axes` does not cover along `axis`. A device mask or local index of blocks
+    over other axes, or a tensor plus offsets that do not vary along `axis`, is computed
+    alike on devices that differ only along `axis`; a value whose blocks are in a
+    device-dependent order (`Reordered`, `Returning`, `Permuted`) is covered where its table
+    moves with the rotation (`_table_action`). `side`: "in" (operands), "out" (results),
+    "sums" (results, a partial sum over the group in a ring's order admitted: `one_block`)."""
+    found: list[tuple[Rel, tuple]] = []
     for v in values:
         if isinstance(v, Rel):
-            rels.append(v)
-        elif isinstance(v, Opaque) and not inputs:
+            if axis in v.partial:
+                return None
+            found.append((v, _expected_tags(v, axis)))
+        elif isinstance(v, Opaque) and side != "in":
             continue
         elif isinstance(v, Shifted):
-            rels.append(v.rel)
-            axes |= {a for a, _ in mesh.axes if _varies_along(v.offsets, a, mesh)}
+            if axis in v.rel.partial or _varies_along(v.offsets, axis, mesh):
+                return None
+            found.append((v.rel, _expected_tags(v.rel, axis)))
         elif isinstance(v, InBlock | BlockIndex):
-            rels.append(v.rel)
-            axes |= set(v.axes)
+            if axis in v.axes or axis in v.rel.partial:
+                return None
+            found.append((v.rel, _expected_tags(v.rel, axis)))
         elif isinstance(v, Masked):
-            rels += [v.rel, v.pred.rel]
-            axes |= set(v.pred.axes)
+            if axis in v.pred.axes or axis in v.rel.partial or axis in v.pred.rel.partial:
+                return None
+            found += [(v.rel, _expected_tags(v.rel, axis)),
+                      (v.pred.rel, _expected_tags(v.pred.rel, axis))]
+        elif isinstance(v, Reordered | Returning | Permuted):
+            tags = _table_action(v, axis, mesh, side)
+            if tags is None:
+                return None
+            found.append((v.rel, tags))
         else:
             return None
-    return rels, axes
+    return found
+
+
+def _table_action(value: Reordered | Returning | Permuted, axis: str, mesh: Mesh,
+                  side: str) -> tuple | None:
+    """The rotation's action on the global tensor of a value whose blocks sit in a
+    device-dependent order, or None when its table does not move with the rotation rho
+    along `axis` (device d to the device one step further, cyclically).
+
+    * `Permuted` (device d holds the block of `sources[d]`): covered when
+      `sources[rho d] = rho sources[d]`; the action is its relation's.
+    * `Reordered` (device d holds the blocks of `dim` in `orders[d]`): covered when the
+      orders do not change along `axis` (`orders[rho d] = orders[d]`; the action is its
+      relation's), or when `dim` has one block per coordinate of `axis` and
+      `orders[rho d][j] = orders[d][j] + 1 (mod n)` (a ring's arrival order): the rotation
+      then moves the blocks of `dim` as it moves a dim split over `axis` alone, and that is
+      its action there. A partial value over `axis` only as an input (its pieces are split
+      over the group, `claims.pieces_of`); as a result its claim is a sum over the whole
+      group, which one device cannot check (`one_block` checks one block of it instead:
+      `side` "sums").
+    * `Returning` (device d holds the sum over q in `sources[d]` of block `blocks[d]` of q's
+      piece): covered when `sources[rho d] = rho sources[d]` and, over its partial axis
+      `axis` (the only one), `blocks[rho d] = blocks[d] + 1 (mod n)`, else
+      `blocks[rho d] = blocks[d]`; the blocks of `dim` then move as for `Reordered`.
+
+    Why the pieces of a partial value may be renamed too: they are every split of the
+    group's block T into one piece p_q per device q; with T commuting with the action sigma
+    (`_dim_tags` checks it), p'_q = sigma p_(rho q) is a split of T(pi L) = sigma T(L), and
+    device d's local value of it is device rho d's of p (the tables moving with rho)."""
+    n = mesh.size(axis)
+    rho = _rotation(mesh, axis)
+    devices = range(mesh.num_devices)
+    rel = value.rel
+    expected = list(_expected_tags(rel, axis))
+    if isinstance(value, Permuted):
+        if axis in rel.partial or any(value.sources[rho[d]] != rho[value.sources[d]]
+                                      for d in devices):
+            return None
+        return tuple(expected)
+    if isinstance(value, Reordered):
+        orders = value.orders
+        if all(orders[rho[d]] == orders[d] for d in devices):
+            return None if axis in rel.partial else tuple(expected)
+        if axis in rel.partial and (side == "out" or rel.partial != (axis,)):
+            return None
+        if any(len(o) != n for o in orders) or any(
+                orders[rho[d]] != tuple((b + 1) % n for b in orders[d]) for d in devices):
+            return None
+        expected[value.dim] = (rel.term.shape[value.dim], (axis,))
+        return tuple(expected)
+    if any(value.sources[rho[d]] != frozenset(rho[q] for q in value.sources[d])
+           for d in devices):
+        return None
+    if axis not in rel.partial:
+        return tuple(expected) if all(value.blocks[rho[d]] == value.blocks[d]
+                                      for d in devices) else None
+    if rel.partial != (axis,) or any(value.blocks[rho[d]] != (value.blocks[d] + 1) % n
+                                     for d in devices):
+        return None
+    expected[value.dim] = (rel.term.shape[value.dim], (axis,))
+    return tuple(expected)
+
+
+@functools.lru_cache(maxsize=64)
+def _rotation(mesh: Mesh, axis: str) -> list[int]:
+    """rho: each device's neighbour one step further along `axis`, cyclically (the other
+    coordinates the same). (Kept per mesh and axis: every ring instance asks.)"""
+    n = mesh.size(axis)
+    out = []
+    for d in range(mesh.num_devices):
+        coords = mesh.coords(d)
+        out.append(mesh.device({**coords, axis: (coords[axis] + 1) % n}))
+    return out
+
+
+def _permute_moves_with(info: OpInfo, axis: str, mesh: Mesh) -> bool:
+    """A collective_permute whose (source, target) pairs the rotation along `axis` maps to
+    pairs: device rho d then receives from rho of d's source (or nothing when d does)."""
+    try:
+        pairs = set(permute_pairs(info.attrs, mesh.replicas, mesh.partitions))
+    except GroupError:
+        return False
+    rho = _rotation(mesh, axis)
+    return all((rho[s], rho[t]) in pairs for s, t in pairs)
 
 
 def _varies_along(table, axis: str, mesh: Mesh) -> bool:
@@ -80,10 +182,14 @@ def distinct_devices(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Me
     if single:
         return everyone
     if info.name in COLLECTIVE_SEMANTICS:
-        grouped = _collective_axes(info, mesh)
-        if grouped is None:
-            return everyone
-        symmetric = [a for a in _symmetric_axes(ins, outs, mesh) if a not in grouped]
+        if info.name == "stablehlo.collective_permute":
+            symmetric = [a for a in _symmetric_axes(ins, outs, mesh)
+                         if _permute_moves_with(info, a, mesh)]
+        else:
+            grouped = _collective_axes(info, mesh)
+            if grouped is None:
+                return everyone
+            symmetric = [a for a in _symmetric_axes(ins, outs, mesh) if a not in grouped]
         return [d for d in everyone if not any(mesh.coords(d)[a] for a in symmetric)]
     symmetric = _symmetric_axes(ins, outs, mesh)
     candidates = [d for d in everyone
@@ -128,6 +234,21 @@ def _collective_axes(info: OpInfo, mesh: Mesh) -> tuple[str, ...] | None:
     return axes
 
 
+def needed_devices(info: OpInfo, checked: list[int], mesh: Mesh | None, single: bool
+                   ) -> set[int]:
+    """The devices whose operands the checked devices' results read: themselves, and for a
+    collective_permute checked on some devices only, their sources."""
+    if single or info.name != "stablehlo.collective_permute" or len(checked) == \
+            mesh.num_devices:
+        return set(checked)
+    try:
+        pairs = permute_pairs(info.attrs, mesh.replicas, mesh.partitions)
+    except GroupError as err:
+        raise Failure("unknown", str(err)) from None
+    source_of = {t: s for s, t in pairs}
+    return set(checked) | {source_of[d] for d in checked if d in source_of}
+
+
 def run_devices(info: OpInfo, local: list[list[np.ndarray]], checked: list[int],
                 mesh: Mesh | None, single: bool) -> dict[int, list[np.ndarray]]:
     """The results of the checked devices. A collective checked on whole replica groups only
@@ -135,6 +256,12 @@ def run_devices(info: OpInfo, local: list[list[np.ndarray]], checked: list[int],
     if single or info.name not in COLLECTIVE_SEMANTICS or len(checked) == mesh.num_devices:
         return dict(zip(checked, run_op(info, [local[d] for d in checked],
                                         None if single else mesh)))
+    if info.name == "stablehlo.collective_permute":
+        read = needed_devices(info, checked, mesh, single)
+        zeros = [full(tuple(t.shape), 0) for t in info.operand_types]
+        results = run_op(info, [local[d] if d in read else zeros
+                                for d in range(mesh.num_devices)], mesh)
+        return {d: results[d] for d in checked}
     index = {d: k for k, d in enumerate(checked)}
     groups = [g for g in replica_groups(info, mesh) if g[0] in index]
     if sum(len(g) for g in groups) != len(checked) or any(m not in index for g in groups
@@ -159,61 +286,66 @@ _ID = "id"
 _REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or")
 
 
-def _symmetric_axes(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh) -> tuple[str, ...]:
+def _symmetric_axes(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh, side: str = "out"
+                    ) -> tuple[str, ...]:
     """The mesh axes the instance's claim is symmetric in: for such an axis `a`, the claim
     of a device at coordinate i along `a` is the claim of the device at coordinate 0 (same
     other coordinates) with the global variables renamed, so proving the latter proves it.
 
-    The argument. Let sigma permute the coordinates of `a` (the transposition (0 i)). It
-    acts on a global tensor dim tiled over axes T containing `a` (and not poly) by moving
-    block b to the block whose `a` coordinate is permuted (a fixed permutation of the dim's
-    positions, determined by its size and T); on other dims it acts as the identity. Choose
-    the renaming pi of the leaf variables as that action on each leaf that is itself an input
-    term or that an input broadcasts (with that input's tiling, `_leaf_tags`), the identity on
-    other leaves (any choice is sound: what follows checks it). If every input and output
-    term t commutes with it, t(pi L) = sigma_T t(L) for its own tiling T, then the block device
-    d_0 (coordinate 0) holds of t(pi L) is the block d_i holds of t(L). The op runs the same
-    local program on every device (no device-dependent values; a collective only when its
-    replica groups are those of mesh axes not containing `a`, `_collective_axes`: sigma then
-    maps d_i's group to d_0's, member k to member k, and the collective computes each device's
-    result from its group's operands and its position in the group), so device
-    d_i's claim `op(blocks of inputs at d_i) == block of output at d_i` over L is exactly
-    d_0's claim over pi L; the claim is proved for all values of the variables (and the
+    The argument. Let sigma be the rotation of the coordinates of `a` by i (c to c + i mod
+    n). It acts on a global tensor dim tiled over axes T containing `a` (and not poly) by
+    moving block b to the block whose `a` coordinate is rotated (a fixed permutation of the
+    dim's positions, determined by its size and T); on other dims it acts as the identity.
+    Choose the renaming pi of the leaf variables as that action on each leaf that is itself
+    an input term or that an input broadcasts (with that input's tiling, `_leaf_tags`), the
+    identity on other leaves (any choice is sound: what follows checks it). If every input
+    and output term t commutes with it, t(pi L) = sigma_T t(L) for its own tiling T, then
+    the block device d_0 (coordinate 0) holds of t(pi L) is the block d_i holds of t(L).
+    The op runs the same local program on every device (no device-dependent values; a
+    collective only when its replica groups are those of mesh axes not containing `a`,
+    `_collective_axes`: sigma then maps d_i's group to d_0's, member k to member k, and the
+    collective computes each device's result from its group's operands and its position in
+    the group; a collective_permute only when sigma maps its pairs to pairs,
+    `_permute_moves_with`: d_i then receives from sigma of d_0's source), so device d_i's
+    claim `op(blocks of inputs at d_i) == block of output at d_i` over L is exactly d_0's
+    claim over pi L; the claim is proved for all values of the variables (and the
     hypotheses it assumes at pi L are those of d_i at L: divisors of d_i's computation and
     the global terms', permuted). Partial values over other axes group devices that differ
     only in those axes, so sigma maps a group to a group and its fresh split variables to
-    theirs; a value partial over `a` makes `a` not symmetric.
+    theirs; a value partial over `a` makes `a` not symmetric, but for the pieces of a ring's
+    partial sums, whose tables move with the rotation (`_table_action`: ring attention's
+    blocks in arrival order and the key and value gradients going back around the ring).
 
     Commuting is established per term node by tags (`_dim_tags`): a dim is ANY (the term is
     constant along it), ID (only the identity is known to commute) or (size, T) (sigma_T
     commutes). Leaves take their input's tags; elementwise ops need equal tags (ANY matches
     anything); broadcast, transpose and reshapes that keep a tagged dim whole carry them; a
     dot_general or reduction over permuted dims is invariant (a sum, max or product over
-    all positions does not depend on their order); iota is ID along its dim (it is the
-    position). Any other node commutes only when its operands are unchanged (every tag ID or
-    ANY); otherwise the axis is not symmetric and every device is checked."""
-    in_rels = _rels_and_device_axes(ins, mesh, inputs=True)
-    out_rels = _rels_and_device_axes(outs, mesh, inputs=False)
-    if in_rels is None or out_rels is None:
-        return ()
-    (in_rels, in_axes), (out_only, out_axes) = in_rels, out_rels
-    rels = in_rels + out_only
+    all positions does not depend on their order); a roll of a dim that sigma rotates as a
+    whole (T's major axis is `a`) commutes with it (two cyclic shifts commute); iota is ID
+    along its dim (it is the position). Any other node commutes only when its operands are
+    unchanged (every tag ID or ANY); otherwise the axis is not symmetric and every device
+    is checked."""
     symmetric = []
     for axis, size in mesh.axes:
-        if size == 1 or any(axis in r.partial for r in rels) or axis in in_axes | out_axes:
+        if size == 1:
+            continue
+        in_rels = _value_tags(ins, axis, mesh, "in")
+        out_rels = _value_tags(outs, axis, mesh, side) if in_rels is not None else None
+        if out_rels is None:
             continue
         leaves: dict[int, tuple] = {}
         consistent = True
-        for rel in in_rels:
-            found = _leaf_tags(rel, axis)
+        for rel, expected in in_rels:
+            found = _leaf_tags(rel, expected)
             if found is not None and leaves.setdefault(*found) != found[1]:
                 consistent = False
         if not consistent:
             continue
         memo: dict[int, tuple | None] = {}
         try:
-            ok = all(_compatible(_dim_tags(r.term, leaves, memo), _expected_tags(r, axis))
-                     for r in rels)
+            ok = all(_compatible(_dim_tags(r.term, leaves, memo, axis), expected)
+                     for r, expected in in_rels + out_rels)
         except RecursionError:
             ok = False
         if ok:
@@ -221,13 +353,40 @@ def _symmetric_axes(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh) -> 
     return tuple(symmetric)
 
 
-def _leaf_tags(rel: Rel, axis: str) -> tuple[int, tuple] | None:
+def one_block(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh | None) -> tuple[str, ...]:
+    """The mesh axes along which a claim that sums over the whole group (a result partial
+    over the axis in a ring's order: `Reordered` with pieces, every device of the group
+    checked) needs checking at one block of its dim only.
+
+    The argument. With `_table_action`'s renaming (pi on the leaves, p'_q = sigma p_(rho q)
+    on the pieces), device d's result at (pi L, p') is device rho d's at (L, p), and
+    un-reordering it by d's order is sigma of un-reordering that by rho d's (the orders
+    move with rho). The sum over the group is then sigma of the sum at (L, p), and the
+    result's term commutes with sigma (checked as for `_symmetric_axes`), so the claim at
+    (pi L, p') restricted to block 0 of the dim is the claim at (L, p) restricted to block
+    rho^i(0) = i. Proving block 0 for every leaf value and every split proves every block.
+    (Proving it under fewer hypotheses, the pieces' sums on block 0 alone, proves more.)"""
+    if mesh is None or not outs or not all(isinstance(v, Reordered) and v.rel.partial
+                                           for v in outs):
+        return ()
+    found = []
+    for axis in _symmetric_axes(ins, outs, mesh, "sums"):
+        if all(v.rel.partial == (axis,) and len(v.orders[0]) == mesh.size(axis) for v in outs):
+            found.append(axis)
+    return tuple(found)
+
+
+def _leaf_tags(rel: Rel, expected: tuple) -> tuple[int, tuple] | None:
     """(leaf serial, tags) choosing the renaming on a leaf an input is, broadcasts (a poly
-    broadcast keeps its operand) or reshapes (a dim it keeps whole): the input's own action on
-    the dims the leaf fills. Only a choice: every term is then checked against its own
-    tiling."""
-    expected = _expected_tags(rel, axis)
+    broadcast keeps its operand) or reshapes (a dim it keeps whole): the input's own action
+    (`expected`) on the dims the leaf fills. Only a choice: every term is then checked
+    against its own action."""
     term = rel.term
+    while term.op == "lin" and len(term.args) == 1 and not term.attrs[0]:
+        term = term.args[0]  # k * x moves as x does
+    rolled = roll_parts(term, term.attrs[0]) if term.op == "concatenate" else None
+    if rolled is not None and rolled[0].op == "arg":  # a ring's block moved: a roll of a leaf
+        return rolled[0].serial, expected
     if term.op == "arg":
         return term.serial, expected
     if term.op == "broadcast" and term.args[0].op == "arg":
@@ -271,7 +430,7 @@ def _unify(tags: Sequence) -> object | None:
     return known.pop() if len(known) == 1 else None
 
 
-def _dim_tags(term: Term, leaves: dict[int, tuple], memo: dict) -> tuple | None:
+def _dim_tags(term: Term, leaves: dict[int, tuple], memo: dict, axis: str) -> tuple | None:
     """Per dim, how the renaming acts on `term`'s value (see `_symmetric_axes`); None when
     the term is not known to commute with it."""
     if term.serial in memo:
@@ -280,17 +439,33 @@ def _dim_tags(term: Term, leaves: dict[int, tuple], memo: dict) -> tuple | None:
     rank = len(term.shape)
     op = term.op
     found: tuple | None
+    rolled = roll_parts(term, term.attrs[0]) if op == "concatenate" else None
     if op == "arg":
         found = leaves.get(term.serial, (_ID,) * rank)
     elif op == "splat":
         found = (_ANY,) * rank
     elif not term.args:
         found = (_ID,) * rank
+    elif rolled is not None:
+        found = _roll_tags(_dim_tags(rolled[0], leaves, memo, axis), term.attrs[0], axis)
     else:
-        args = [_dim_tags(a, leaves, memo) for a in term.args]
+        args = [_dim_tags(a, leaves, memo, axis) for a in term.args]
         found = None if any(a is None for a in args) else _node_tags(term, args)
     memo[term.serial] = found
     return found
+
+
+def _roll_tags(base: tuple | None, dim: int, axis: str) -> tuple | None:
+    """A cyclic roll of `dim` commutes with the rotation where the rotation moves `dim` by
+    a cyclic shift too (two cyclic shifts commute): along a dim it leaves alone (ID, ANY),
+    or one split over axes whose major one is `axis` (rotating the major coordinate shifts
+    every position by the same number of blocks)."""
+    if base is None:
+        return None
+    tag = base[dim]
+    if tag in (_ID, _ANY) or tag[1][:1] == (axis,):
+        return base
+    return None
 
 
 def _node_tags(term: Term, args: list[tuple]) -> tuple | None:

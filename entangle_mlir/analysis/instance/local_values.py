@@ -23,7 +23,14 @@ from entangle_mlir.core.relations import (
     Value,
     Windowed,
 )
-from entangle_mlir.core.terms import ARITHMETIC_TERM_OPS, ELEMENTWISE_STABLEHLO, Term
+from entangle_mlir.core.terms import (
+    ARITHMETIC_TERM_OPS,
+    ELEMENTWISE_STABLEHLO,
+    Term,
+    reshape_groups,
+)
+from entangle_mlir.core.traits import ELEMENTWISE_OPS
+from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.semantics.element import (
     add,
     compare,
@@ -348,3 +355,66 @@ def _gather_region(term: Term, region: tuple[tuple[int, int], ...], env: dict, m
     whole = evaluate_node(window, [operand, indices], env)
     return take(whole, tuple(slice(None) if d in batch else slice(lo, hi)
                              for d, (lo, hi) in enumerate(region)))
+
+
+def operand_window_dims(info: OpInfo, dim: int) -> list[int | None] | None:
+    """For each operand of `info`, the dim whose positions are result dim `dim`'s one for
+    one (None: an operand without such a dim, read whole by every position), when the op
+    computes each position along `dim` from the operands at that position alone: an
+    elementwise op, a transpose, a broadcast_in_dim, a reshape keeping the dim whole, a
+    reduce over other dims, a dot_general along a batch or free dim. Then the op on windows
+    of the operands along those dims is the window of its result (the op's definition
+    restated on a window, as `region_value` restates terms'); None for any other op."""
+    name = info.name
+    ops = [tuple(t.shape) for t in info.operand_types]
+    out = tuple(info.result_types[0].shape) if info.result_types else ()
+    if len(info.result_types) != 1 or not 0 <= dim < len(out):
+        return None
+    if name in ELEMENTWISE_OPS:
+        if any(o and o != out for o in ops):
+            return None
+        return [dim if o else None for o in ops]
+    if name == "stablehlo.transpose":
+        return [tuple(info.attrs["permutation"])[dim]]
+    if name == "stablehlo.broadcast_in_dim":
+        dims = list(info.attrs["broadcast_dimensions"])
+        if dim in dims and ops[0][dims.index(dim)] == out[dim]:
+            return [dims.index(dim)]
+        return [None]
+    if name == "stablehlo.reshape":
+        for src_dims, dst_dims in reshape_groups(ops[0], out) or ():
+            if dim in dst_dims:
+                big_src = [d for d in src_dims if ops[0][d] != 1]
+                big_dst = [d for d in dst_dims if out[d] != 1]
+                if big_dst == [dim] and len(big_src) == 1 and ops[0][big_src[0]] == out[dim]:
+                    return [big_src[0]]
+                return None
+        return None
+    if name == "stablehlo.reduce" and len(ops) == 2:
+        kept = [d for d in range(len(ops[0])) if d not in tuple(info.attrs["dimensions"])]
+        return [kept[dim], None] if dim < len(kept) else None
+    if name == "stablehlo.dot_general" and len(ops) == 2:
+        a = info.attrs
+        lb, rb = list(a.get("lhs_batch", ())), list(a.get("rhs_batch", ()))
+        lc, rc = list(a["lhs_contract"]), list(a["rhs_contract"])
+        lfree = [d for d in range(len(ops[0])) if d not in lb and d not in lc]
+        rfree = [d for d in range(len(ops[1])) if d not in rb and d not in rc]
+        if dim < len(lb):
+            return [lb[dim], rb[dim]]
+        if dim < len(lb) + len(lfree):
+            return [lfree[dim - len(lb)], None]
+        return [None, rfree[dim - len(lb) - len(lfree)]]
+    return None
+
+
+def window_info(info: OpInfo, dims: list[int | None], dim: int, size: int) -> OpInfo:
+    """`info` on windows of `size` positions along `dim` of its result and `dims` of its
+    operands (`operand_window_dims`)."""
+    def narrowed(shape: tuple[int, ...], d: int | None) -> tuple[int, ...]:
+        return shape if d is None else shape[:d] + (size,) + shape[d + 1:]
+
+    return replace(info, op=None,
+                   operand_types=[TensorType(narrowed(tuple(t.shape), d), t.dtype)
+                                  for t, d in zip(info.operand_types, dims)],
+                   result_types=[TensorType(narrowed(tuple(t.shape), dim), t.dtype)
+                                 for t in info.result_types])

@@ -42,8 +42,10 @@ from entangle_mlir.core.terms import (
     make_lin,
     make_mul,
     make_reshape,
+    make_roll,
     make_splat,
     make_transpose,
+    roll_parts,
 )
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.opinfo import OpInfo, TensorType, scatter_kind
@@ -61,6 +63,16 @@ def _resize_term(term: Term, shape: tuple[int, ...], leaves: dict[int, Term]) ->
         leaf = make_arg(term.attrs[0], shape, term.dtype)
         previous = leaves.setdefault(term.attrs[0], leaf)
         return leaf if previous is leaf else None
+    if term.op == "concatenate" and len(shape) == len(term.shape):
+        (dim,) = term.attrs
+        rolled = roll_parts(term, dim)
+        if rolled is not None:  # a ring's block moved by whole blocks: the same share moved
+            base, shift = rolled
+            if (shift * shape[dim]) % term.shape[dim]:
+                return None
+            inner = _resize_term(base, shape, leaves)
+            return None if inner is None else make_roll(
+                inner, dim, shift * shape[dim] // term.shape[dim])
     if term.op == "reshape" and _unit_reshape(term.args[0].shape, term.shape):
         kept = iter(s for s in shape if s != 1) if shape else iter(())
         big = [s for s in term.shape if s != 1]
