@@ -20,9 +20,11 @@ the `fwd` task) with the vocab-parallel embedding and LM head spelled the common
 `Par(vocab=True, vocab_clip=True)` (`local = ids - start; mask = (local >= 0) & (local < n);
 take(w, clip(local, 0, n - 1)); where(mask, ., 0); psum`). The rows keep their names, so the
 targets read the same: `gpt2 L<l> tp<t>` is GPT-2 (widths above, FFN 3072, vocab 50304),
-`gpt2 L8 tp8 xla` the jitted GPT-2 blocks behind that embedding as a shard_map library function
-(XLA partitions the rest), `mesh <n>` GPT-2 4 layers on dp n/8 x tp 8 (one sequence a dp rank),
-and `llama3 L<l> tp<t>` / `llama3 mesh <n>` the same for Llama-3 at 8B widths.
+`mesh <n>` GPT-2 4 layers on dp n/8 x tp 8 (one sequence a dp rank), and `llama3 L<l> tp<t>` /
+`llama3 mesh <n>` the same for Llama-3 at 8B widths. Each row also in XLA's per-device form
+(`... xla`, `--forms`): the same unsharded model jitted with Megatron's weight shardings, the
+embedding that lookup as a shard_map library function, XLA partitioning the rest
+(examples/real/xla_form.py).
 
 Each check runs as its own process, `entangle check REF SHARDED` (what the console script runs,
 plus a read of its own peak RSS at exit), so its wall time includes start-up, parsing, inference
@@ -140,54 +142,17 @@ def real_model(model: str, layers: int, tp: int, dp: int = 0):
     return ref_text, sharded_text, sharded_fn(ex), _avals(ex, True)
 
 
-def megatron_lookup(ids, w):
-    """Megatron's vocab-parallel lookup (the shard_map body): ids minus this block's start,
-    clipped into the block, masked, summed over tp."""
-    from jax import lax
+def real_model_partitioned(model: str, layers: int, tp: int, dp: int = 0):
+    """`real_model` in XLA's per-device form (examples/real/xla_form.py): the unsharded
+    forward jitted with Megatron's weight shardings, the embedding the Megatron-spelled lookup
+    as a shard_map library function; XLA partitions the rest."""
+    from examples.real.models.config import Config
+    from examples.real.xla_form import lower_xla_pair, xla_form
 
-    n = w.shape[0]
-    local = ids - lax.axis_index("tp") * n
-    mask = (local >= 0) & (local < n)
-    rows = jnp.take(w, jnp.clip(local, 0, n - 1), axis=0)
-    return lax.psum(jnp.where(mask[..., None], rows, 0.0), "tp")
-
-
-def gpt2_partitioned_embedded(layers: int, tp: int, vocab: int = 50304):
-    """`gpt2_partitioned` behind the Megatron-spelled embedding (a shard_map library function
-    inside the jitted model): XLA's per-device program with partition_id arithmetic. Proven
-    under the valid-index assumption: the lookup's `select(valid ids, gather, 0)` meets the
-    reference's gather only under the ids' range, and XLA's folded attention scale
-    (`x / sqrt(48)` as a constant) meets the reference's only up to its exact constants; the
-    two comparisons compose (`ValidIndices.equal_up_to_rounding`)."""
-    from entangle_mlir.jax import lower_partitioned
-
-    mesh = _mesh((tp,), ("tp",))
-    count = len(SHAPES)
-    lookup = jax.shard_map(megatron_lookup, mesh=mesh, in_specs=(P(), P("tp", None)),
-                           out_specs=P())
-
-    def blocks(x, params):
-        for i in range(layers):
-            x = block(x, params[i * count:(i + 1) * count], lambda v: v)
-        return x
-
-    def model(ids, wte, *params):
-        return blocks(lookup(ids, wte), params)
-
-    def reference(ids, wte, *params):
-        return blocks(wte[ids], params)
-
-    specs = (P(), P("tp", None)) + tuple(SPECS) * layers
-    shapes = [((BATCH, SEQ), jnp.int32), ((vocab, HIDDEN), jnp.float32)] + [
-        (s, jnp.float32) for s in SHAPES * layers]
-    avals = [jax.ShapeDtypeStruct(s, t, sharding=NamedSharding(mesh, spec))
-             for (s, t), spec in zip(shapes, specs)]
-    with jax.set_mesh(mesh):
-        _, per_device = lower_partitioned(model, *avals)
-    jitted = jax.jit(model)
-    ref_text = jax.jit(reference).lower(
-        *[jax.ShapeDtypeStruct(s, t) for s, t in shapes]).as_text()
-    return ref_text, per_device, jitted, avals
+    widths = GPT2_REAL if model == "gpt2" else {**LLAMA_8B, "seq": SEQ}
+    form = xla_form(model, Config(**{**widths, "batch": max(dp, 1), "n_layers": layers}), dp, tp)
+    ref_text, per_device = lower_xla_pair(form)
+    return ref_text, per_device, form.jitted(), form.avals
 
 
 def trivial(tp: int = 8):
@@ -333,19 +298,21 @@ def megatron_cases(args) -> list[Case]:
     out = [Case("trivial", "trivial", trivial)]
     models = [m for m in ("gpt2", "llama3") if m in args.only or
               (m == "llama3" and "llama" in args.only)]
+    builders = {"shard_map": ("", real_model), "xla": (" xla", real_model_partitioned)}
     for model in models:
-        for layers in args.layers:
-            for tp in args.tp:
-                out.append(Case(f"{model} L{layers} tp{tp}", model,
-                                lambda model=model, layers=layers, tp=tp:
-                                real_model(model, layers, tp)))
-        if model == "gpt2" and 8 in args.layers and 8 in args.tp:
-            out.append(Case("gpt2 L8 tp8 xla", "gpt2", lambda: gpt2_partitioned_embedded(8, 8)))
-        if "mesh" in args.only:
-            for devices in args.meshes:
-                name = f"mesh {devices}" if model == "gpt2" else f"{model} mesh {devices}"
-                out.append(Case(name, "mesh", lambda model=model, devices=devices:
-                                real_model(model, 4, 8, dp=devices // 8)))
+        for form in args.forms:
+            suffix, build = builders[form]
+            for layers in args.layers:
+                for tp in args.tp:
+                    out.append(Case(f"{model} L{layers} tp{tp}{suffix}", model,
+                                    lambda build=build, model=model, layers=layers, tp=tp:
+                                    build(model, layers, tp)))
+            if "mesh" in args.only:
+                for devices in args.meshes:
+                    name = f"mesh {devices}" if model == "gpt2" else f"{model} mesh {devices}"
+                    out.append(Case(name + suffix, "mesh",
+                                    lambda build=build, model=model, devices=devices:
+                                    build(model, 4, 8, dp=devices // 8)))
     return out
 
 
@@ -427,17 +394,20 @@ def targets(rows: dict[str, dict]) -> list[str]:
     below("trivial pair, start to finish", "trivial", 0.5)
     below("GPT-2 8 layers tp 8 (shard_map)", "gpt2 L8 tp8", 2.0)
     below("GPT-2 8 layers tp 8 (XLA per-device)", "gpt2 L8 tp8 xla", 2.0)
-    ratio_line("t(32 layers) / t(8 layers) at tp 8", "gpt2 L32 tp8", "gpt2 L8 tp8", 2.0)
-    for layers in (1, 2, 4, 8, 32):
-        ratio_line(f"t(tp 8) / t(tp 2) at {layers} layers", f"gpt2 L{layers} tp8",
-                   f"gpt2 L{layers} tp2", 1.2)
-    ratio_line("t(512 devices) / t(8 devices)", "mesh 512", "mesh 8", 1.3)
-    ratio_line("Llama-3 t(32 layers) / t(8 layers) at tp 8", "llama3 L32 tp8", "llama3 L8 tp8",
-               2.0)
-    for layers in (1, 2, 4, 8, 32):
-        ratio_line(f"Llama-3 t(tp 8) / t(tp 2) at {layers} layers", f"llama3 L{layers} tp8",
-                   f"llama3 L{layers} tp2", 1.2)
-    ratio_line("Llama-3 t(512 devices) / t(8 devices)", "llama3 mesh 512", "llama3 mesh 8", 1.3)
+    for form, x in (("", ""), (" (XLA per-device)", " xla")):
+        ratio_line(f"t(32 layers) / t(8 layers) at tp 8{form}", f"gpt2 L32 tp8{x}",
+                   f"gpt2 L8 tp8{x}", 2.0)
+        for layers in (1, 2, 4, 8, 32):
+            ratio_line(f"t(tp 8) / t(tp 2) at {layers} layers{form}", f"gpt2 L{layers} tp8{x}",
+                       f"gpt2 L{layers} tp2{x}", 1.2)
+        ratio_line(f"t(512 devices) / t(8 devices){form}", f"mesh 512{x}", f"mesh 8{x}", 1.3)
+        ratio_line(f"Llama-3 t(32 layers) / t(8 layers) at tp 8{form}", f"llama3 L32 tp8{x}",
+                   f"llama3 L8 tp8{x}", 2.0)
+        for layers in (1, 2, 4, 8, 32):
+            ratio_line(f"Llama-3 t(tp 8) / t(tp 2) at {layers} layers{form}",
+                       f"llama3 L{layers} tp8{x}", f"llama3 L{layers} tp2{x}", 1.2)
+        ratio_line(f"Llama-3 t(512 devices) / t(8 devices){form}", f"llama3 mesh 512{x}",
+                   f"llama3 mesh 8{x}", 1.3)
     for task in ("stack_sgd", "adamw"):
         below(f"Llama-3-8B {task} 32 layers", f"llama8b {task}", 20.0)
         memory(f"Llama-3-8B {task} peak RSS", f"llama8b {task}", 1024)
@@ -474,6 +444,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="megatron: whole GPT-2 / Llama-3 models with the vocab-parallel "
                         "embedding spelled Megatron's way (layers 1/8/32, tp 2/8 by default)")
     parser.add_argument("--no-xla", action="store_true", help="do not time XLA's compile")
+    parser.add_argument("--forms", nargs="+", default=["shard_map", "xla"],
+                        choices=["shard_map", "xla"],
+                        help="megatron spelling: the shard_map programs and/or the same models "
+                        "jitted with shardings, XLA's per-device program (rows `... xla`)")
     parser.add_argument("--keep", metavar="DIR", help="keep the lowered programs in DIR")
     parser.add_argument("--repeat", type=int, default=3,
                         help="run each check N times and keep the least time (default 3)")

@@ -94,8 +94,11 @@ gradients summed step by step), each exact, at most a regrouping of a sum:
   a sum that do not join all together join per weight they move (`_subgroups`: a
   tp-partial residual stream, attention and MLP);
 * `blocks_meet` also meets sums over every element across shapes and tiles
-  (`_full_sums_meet`, `_tiled_sums_meet`) and terms row block by row block where one is
-  computed element by element from a concatenation (`_spine_cuts`).
+  (`_full_sums_meet`, `_tiled_sums_meet`), terms row block by row block where one is
+  computed element by element from a concatenation (`_spine_cuts`), and one op over
+  operands that meet position by position, a concatenation of pieces against the whole
+  they are rows of (`congruent`: pieces whose sums came out signed apart stay a
+  concatenation inside a contraction).
 
 Since the builders order sums by serial, pieces computed alike can still come out with
 different signs; `split_like` / `blocks_meet` (used by the general tier's decision) meet
@@ -2330,16 +2333,66 @@ def blocks_meet(a: Term, b: Term, memo: dict[int, Term] | None = None) -> bool:
                 return True
     for x, y in ((a, b), (b, a)):
         if y.op == "concatenate" and x.op != "concatenate":
-            (dim,) = y.attrs
-            row = 0
-            for piece in y.args:
-                size = piece.shape[dim]
-                rows = normal_form(slice_term(x, dim, row, row + size), memo)
-                if not blocks_meet(rows, piece, memo):
-                    return False
-                row += size
-            return True
-    return False
+            return _meet_piecewise(x, y, memo)
+    return congruent(a, b, memo, {})
+
+
+def _meet_piecewise(x: Term, y: Term, memo: dict[int, Term]) -> bool:
+    """Whether `x` meets the concatenation `y` piece by piece (its rows cut at `y`'s pieces,
+    each meets its piece, `blocks_meet`): a concatenation equals a term exactly when every
+    piece equals its rows."""
+    (dim,) = y.attrs
+    row = 0
+    for piece in y.args:
+        size = piece.shape[dim]
+        rows = normal_form(slice_term(x, dim, row, row + size), memo)
+        if not blocks_meet(rows, piece, memo):
+            return False
+        row += size
+    return True
+
+
+MAX_CONGRUENT_PAIRS = 4096
+"""The most term pairs one `congruent` comparison visits (a bound on its walk; past it the
+answer is "not shown", never "equal")."""
+
+
+def congruent(a: Term, b: Term, memo: dict[int, Term], seen: dict[tuple[int, int], bool]
+              ) -> bool:
+    """Whether `a` and `b` are one op (same attributes, shape and element type) over operands
+    that meet position by position: identical, a concatenation against a term whose rows
+    meet its pieces (`_meet_piecewise`), or congruent again. Exact: a term is a function of
+    its op, attributes and operands. Where the normal form cannot rebuild a whole tensor from
+    its pieces (each piece's sums ordered, hence signed, by serial: `x - y` in one piece,
+    `-(y - x)` in the next), the pieces nested inside one contraction or product still meet
+    the reference's whole tensor there, as at the top (a pipeline's gradient through a layer
+    norm, one micro-batch a piece). `seen` memoizes pairs (a DAG is walked once per pair) and
+    bounds the walk (`MAX_CONGRUENT_PAIRS`)."""
+    if a is b:
+        return True
+    key = (a.serial, b.serial)
+    if key in seen:
+        return seen[key]
+    if len(seen) >= MAX_CONGRUENT_PAIRS or not a.args or a.op != b.op or a.attrs != b.attrs \
+            or a.shape != b.shape or a.dtype != b.dtype or len(a.args) != len(b.args):
+        return False
+    seen[key] = False
+    found = True
+    for x, y in zip(a.args, b.args):
+        if x is y:
+            continue
+        if x.shape != y.shape:
+            found = False
+        elif y.op == "concatenate" and x.op != "concatenate":
+            found = _meet_piecewise(x, y, memo)
+        elif x.op == "concatenate" and y.op != "concatenate":
+            found = _meet_piecewise(y, x, memo)
+        else:
+            found = congruent(x, y, memo, seen)
+        if not found:
+            break
+    seen[key] = found
+    return found
 
 
 def _full_sum(term: Term) -> tuple[Fraction, object, Term] | None:

@@ -1019,7 +1019,7 @@ def _reshape_broadcast(term: Term, shape: tuple[int, ...]) -> Term | None:
     groups = reshape_groups(term.shape, shape)
     if groups is None:
         return None
-    targets: list[list[int]] = [[0] for _ in dims]
+    targets: list[list[int] | None] = [None for _ in dims]
     for src, dst in groups:
         kept = [d for d in src if d in dims]
         if not kept:
@@ -1031,9 +1031,8 @@ def _reshape_broadcast(term: Term, shape: tuple[int, ...]) -> Term | None:
                 or (len(real_dst) > 1 and real_src != kept)):
             return None
         targets[dims.index(kept[0])] = real_dst
-    if any(operand.shape[i] != 1 and targets[i] == [0] and dims[i] != 0
-           for i in range(len(dims))):
-        return None
+    if any(target is None for target in targets):
+        return None  # every kept dim lies in one group; defensive
     new_dims = [d for t in targets for d in t]
     if sorted(new_dims) != new_dims or len(set(new_dims)) != len(new_dims):
         return None

@@ -517,3 +517,23 @@ def test_concrete_partial_splits_are_exact_or_refused() -> None:
     inexact[0, 0] = float("-inf")
     with pytest.raises(Failure):
         source.split("sum", inexact, 4, "x", "f32")
+
+
+def test_a_copy_is_checked_as_the_identity_at_a_reduced_shape() -> None:
+    """XLA copies a shard_map body's operands (`mhlo.copy`, read as the identity): the
+    instance is checked on leaves at a reduced shape like any rule's, so a vocab-sized table
+    is no longer skipped as too large. A copy claimed to give another value is not proven:
+    refuted at a small shape, not proven (skipped) at the table's."""
+    checker = InstanceChecker()
+    table = tiled(arg((128256, 64)), "tp")
+    info = info_for("mhlo.copy", [table], [((64128, 64), "f32")], M1)
+    result = checker.check(info, [table], [table], M1)
+    assert result.status == "proved" and result.details["mode"] == "reduced", result.describe()
+    doubled = tiled(T.scale(table.term, 2), "tp")
+    assert checker.check(info, [table], [doubled], M1).status != "proved"
+    small = tiled(arg((8, 4)), "tp")
+    info = info_for("mhlo.copy", [small], [((4, 4), "f32")], M1)
+    assert checker.check(info, [small], [tiled(T.scale(small.term, 2), "tp")],
+                         M1).status == "refuted"
+    other = tiled(arg((8, 4)), "tp")
+    assert checker.check(info, [small], [other], M1).status == "refuted"

@@ -415,3 +415,33 @@ def test_products_of_one_coefficient_pair_up_by_their_factors() -> None:
     wrong = _lin([(3, listed_first), (3, three(1, a))], (1, 3))
     assert make_concat([first, wrong], 0) is not normal_form(whole)
     assert refuted(raw_concat([first, wrong], 0), whole)
+
+
+def test_pieces_signed_apart_meet_the_whole_inside_a_contraction() -> None:
+    """`g * (x - y)` cut in two row blocks, the first block's sum built with y's rows first:
+    the builders sign a sum's content by serial, so that block is `-(g * (y - x))` and the
+    concatenation of the blocks does not rejoin into the whole. Inside a contraction the
+    blocks still meet the reference's whole tensor (congruence: same op and operand, the
+    other operand's rows meet the pieces), as Z3 confirms on the raw terms; the blocks in the
+    other order, or a piece of `g * (y - x)` (the sign really flipped), or another weight do
+    not meet and are refuted."""
+    g, x, y, w, v = (make_arg(930 + i, s, F32) for i, s in enumerate(
+        [(4, 3), (4, 3), (4, 3), (3, 5), (3, 5)]))
+    dot = ((), (), (1,), (0,))
+    whole = make_mul(g, make_elementwise("stablehlo.subtract", (x, y)))
+    rows(y, 0, 2), rows(x, 0, 2)  # y's rows get the lower serial: the first block's sign
+    p0, p1 = (normal_form(rows(whole, a, a + 2), {}) for a in (0, 2))
+    assert make_concat([p0, p1], 0).op == "concatenate"  # the blocks do not rejoin
+    want = normal_form(make_dot(whole, w, dot, (4, 5), F32), {})
+
+    def contraction(pieces, weight=w):
+        return raw("stablehlo.dot_general", (raw_concat(pieces, 0), weight), dot, (4, 5))
+
+    got = contraction([p0, p1])
+    assert normal_form(got, {}) is not want and blocks_meet(want, normal_form(got, {}), {})
+    assert proved(want, got)
+    flipped = normal_form(rows(make_mul(g, make_elementwise("stablehlo.subtract", (y, x))),
+                               0, 2), {})
+    for wrong in (contraction([p1, p0]), contraction([flipped, p1]), contraction([p0, p1], v)):
+        assert not blocks_meet(want, normal_form(wrong, {}), {})
+        assert refuted(want, wrong)

@@ -50,8 +50,6 @@ def test_reshape_of_broadcast_evaluates_as_numpy(operand, dims, shape, target) -
     assert np.array_equal(np.vectorize(int)(got), want), (term, got, want)
 
 
-@pytest.mark.xfail(strict=True, reason="withdrawn with the batch-of-one fix (see "
-                   "test_gpt2_with_a_batch_of_one_is_proven)")
 def test_batch_of_one_mask_meets_the_plain_broadcast() -> None:
     arg, _ = _operand((4,))
     squeezed = T.make_reshape(T.make_broadcast(arg, (2,), (1, 1, 4, 4)), (4, 4))

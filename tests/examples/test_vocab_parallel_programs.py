@@ -463,10 +463,6 @@ def test_gpt2_with_the_megatron_spelling_on_512_devices(tmp_path) -> None:
     assert report.mesh == "dp=64 x tp=8", report.mesh
 
 
-@pytest.mark.xfail(strict=True, reason="gap: reading reshape(broadcast) as a broadcast when a "
-                   "real dim lands on dim 0 (the batch-of-one fix, branch divisors2's 35c0639) "
-                   "makes the dp x pp x tp pipeline with attention (test_frontier_pipeline) not "
-                   "proven: its normal forms no longer meet; withdrawn until understood")
 def test_gpt2_with_a_batch_of_one_is_proven() -> None:
     """A batch of one sequence (a unit batch dim, e.g. dp 64 ranks of one sequence each), 1
     layer, tp 8: the causal mask is `reshape(broadcast(iota, (1, 1, S, S)))` on one side and
@@ -545,3 +541,47 @@ def test_xla_partitioned_lookup_then_scaled_scores(den: int, proven: bool) -> No
         *[jax.ShapeDtypeStruct(s, t) for s, t in shapes]).as_text()
     report = check_texts(ref_text, sharded)
     assert report.proven is proven, report.render_text()
+
+
+# ----- examples/real's models in XLA's per-device form (benchmarks/scaling.py's `xla` rows) ---------
+
+def _lookup_mask_le_n(ids, w):
+    """The Megatron lookup with the mask's upper bound inclusive: the id of the next block's
+    first row also reads this block's last row (clipped), so two devices add a row to it."""
+    n = w.shape[0]
+    local = ids - lax.axis_index("tp") * n
+    mask = (local >= 0) & (local <= n)
+    rows = jnp.take(w, jnp.clip(local, 0, n - 1), axis=0)
+    return lax.psum(jnp.where(mask[..., None], rows, 0.0), "tp")
+
+
+@pytest.mark.parametrize("model,dp,batch,wrong", [("llama3", 0, 1, False),
+                                                   ("llama3", 0, 1, True),
+                                                   ("gpt2", 2, 2, False)],
+                         ids=["llama3_tp2_batch1", "llama3_tp2_batch1_mask_le_n",
+                              "gpt2_dp2xtp2"])
+def test_real_models_in_xla_form(model: str, dp: int, batch: int, wrong: bool) -> None:
+    """examples/real's Llama-3 / GPT-2 forward jitted with Megatron shardings, the embedding
+    the Megatron lookup as a shard_map library function; XLA partitions the rest. One
+    sequence (a batch of one: XLA writes RoPE's `broadcast` adding unit dims as reshapes,
+    which meet the reference's broadcast only as a reshape dropping a broadcast's unit dims,
+    `terms._reshape_broadcast`) and dp x tp. Grounded on simulated devices with ids at every
+    block's first and last row; the inclusive mask computes other numbers and is not
+    proven."""
+    from dataclasses import replace
+
+    from examples.real.catalog import _avals, _compiled, random_inputs
+    from examples.real.models.config import GPT2, LLAMA3
+    from examples.real.xla_form import lower_xla_pair, megatron_lookup, xla_form
+
+    cfg = replace(LLAMA3 if model == "llama3" else GPT2, n_layers=1, batch=batch)
+    form = xla_form(model, cfg, dp, 2, _lookup_mask_le_n if wrong else megatron_lookup)
+    inputs = random_inputs(form.example)
+    n = cfg.vocab // 2
+    inputs[-1] = np.resize(np.array([0, n - 1, n, 2 * n - 1], np.int32), inputs[-1].shape)
+    want = _compiled(jax.jit(form.example.reference), tuple(_avals(form.example, False)))(
+        *inputs)
+    got = form.run(inputs)
+    assert np.allclose(got[0], np.asarray(want), atol=1e-4) is not wrong
+    report = check_texts(*lower_xla_pair(form))
+    assert report.proven is not wrong, report.render_text()

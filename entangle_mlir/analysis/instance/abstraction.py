@@ -40,13 +40,23 @@ from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import ReferenceTerms, RuleContext
+from entangle_mlir.rules.dispatch import TRANSPARENT
 from entangle_mlir.rules.kinds.reordered import with_orders
 from entangle_mlir.rules.kinds.window import completed_sums
 
 
 def _rule_for(name: str):
+    if name in TRANSPARENT:
+        return _identity
     rule = RULES.get(name)
     return None if rule is None else with_orders(rule)
+
+
+def _identity(info: OpInfo, ins: list[Value], ctx: RuleContext) -> list[Value]:
+    """The walk's reading of an op that passes its operands through (`TRANSPARENT`: a copy
+    XLA inserts around a shard_map body); the instance check still proves that the op's
+    semantics is that identity, on leaves and at a reduced shape like any rule's."""
+    return list(ins)
 
 
 def run_rule(info: OpInfo, ins: list[Value], mesh: Mesh | None, ctx: RuleContext,

@@ -8,6 +8,7 @@ import math
 from entangle_mlir.core.terms import reshape_groups
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.opinfo import OpInfo
+from entangle_mlir.rules.dispatch import TRANSPARENT
 from entangle_mlir.semantics.ops import dimension_numbers
 
 REDUCED_LOCAL = 2
@@ -20,6 +21,9 @@ def capped(size: int, cap: int = REDUCED_LOCAL) -> int:
 
 
 _SAME_SHAPE_COLLECTIVES = ("stablehlo.all_reduce", "stablehlo.collective_permute")
+_SAME_SHAPE = (*_SAME_SHAPE_COLLECTIVES, *TRANSPARENT)
+"""Ops whose i-th result has the i-th operand's shape (collectives and the ops that pass
+their operands through, a copy)."""
 
 
 Where = tuple[str, int, int]
@@ -61,7 +65,7 @@ def _reduced_types(info: OpInfo, cap: int, blocks: dict[Where, tuple[int, int]]
                 return s // size * kept
         return capped(s, cap)
 
-    if name in ELEMENTWISE_OPS or name in _SAME_SHAPE_COLLECTIVES:
+    if name in ELEMENTWISE_OPS or name in _SAME_SHAPE:
         if name in ELEMENTWISE_OPS:
             rank = len(res[0])
             tied = [i for i, o in enumerate(ops) if len(o) == rank]
