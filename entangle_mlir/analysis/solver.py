@@ -306,8 +306,8 @@ def prove_all(claims: list, hypotheses: Iterable = (), name: str = "query",
     `c / x == c * (1 / x)`: 40 s). So the conjunction is first asked whole with
     1/`WHOLE_FIRST_SHARE` of the budget (Z3's work count: the same verdict on any machine; most
     are decided so, and finding parts costs a walk of every claim); then part by part, each
-    with an equal share of the rest (the whole budget is never exceeded): the parts are the groups of claims sharing no free
-    variable, or each claim alone where all share one. A part is asked under the hypotheses
+    with an equal share of the rest (the whole budget is never exceeded): the parts are the
+    groups of claims sharing no free variable, or each claim alone where all share one. A part is asked under the hypotheses
     that share a variable with it (a proof under fewer hypotheses is a proof); parts that are
     the same query up to the names of their variables (`x[0] * 5` and `x[1] * 5`) are asked
     once; a part refuted is asked again under every hypothesis (its model then satisfies them
