@@ -444,7 +444,8 @@ def _aligned_parts(first: Term, other: Term) -> list[Term] | None:
     with the same term in `other` at the same coefficient, where it has it; then each other
     part in turn with an unpaired part of the same coefficient, one with the same op first,
     then with arguments of the same ops (`_arg_ops`), over the same arguments (a broadcast
-    of one bias at another piece's rows), with the same attributes (the builders order
+    of one bias at another piece's rows), sharing more arguments (`_shared_args`: RoPE's
+    `cos * x + sin * y`), with the same attributes (the builders order
     parts by serial, so pieces computed alike can list them in different orders); None when
     some part has no partner.
     Any pairing with equal coefficients is exact (a sum of concatenations is the
@@ -468,7 +469,8 @@ def _aligned_parts(first: Term, other: Term) -> list[Term] | None:
         ranked = sorted((j for j in free if theirs[j] == coef), key=lambda j: (
             other.args[j] is not part, other.args[j].op != part.op,
             _arg_ops(other.args[j]) != _arg_ops(part),
-            not _same_args(other.args[j], part), other.args[j].attrs != part.attrs, j))
+            not _same_args(other.args[j], part), -_shared_args(other.args[j], part),
+            other.args[j].attrs != part.attrs, j))
         if not ranked:
             return None
         free.remove(ranked[0])
@@ -480,6 +482,13 @@ def _arg_ops(term: Term) -> list[str]:
     """The ops of a term's arguments, sorted: what tells apart two products (of one
     coefficient in a sum) of different factors, such as `x * tanh(y) * z` and `x * z`."""
     return sorted(a.op for a in term.args)
+
+
+def _shared_args(a: Term, b: Term) -> int:
+    """How many of `a`'s arguments are also `b`'s: what pairs a part `sin * x` with the other
+    piece's `sin * y` rather than with its `cos * y` (a rotary embedding's two products)."""
+    theirs = {t.serial for t in b.args}
+    return sum(t.serial in theirs for t in a.args)
 
 
 def _same_args(a: Term, b: Term) -> bool:

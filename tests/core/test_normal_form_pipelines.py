@@ -445,3 +445,40 @@ def test_pieces_signed_apart_meet_the_whole_inside_a_contraction() -> None:
     for wrong in (contraction([p1, p0]), contraction([flipped, p1]), contraction([p0, p1], v)):
         assert not blocks_meet(want, normal_form(wrong, {}), {})
         assert refuted(want, wrong)
+
+
+def test_products_of_one_coefficient_pair_up_by_a_shared_factor() -> None:
+    """RoPE's `cos * a + sin * b` of two micro-batches of two rows, the second listing its
+    products the other way round (`sin * b` built first): both are products of a broadcast
+    and a slice, alike in their ops, so the parts pair up by the factor they share
+    (`normal_form._shared_args`: the same `cos` broadcast), and the pieces lift into the
+    whole batch's sum. The 1F1B pipeline with
+    attention needs it once a batch-of-one reshape reads as a broadcast
+    (`terms._reshape_broadcast`) and its terms are built in another order."""
+    a, b = (make_arg(60 + i, (4, 3), F32) for i in range(2))
+    angle = make_arg(62, (3,), F32)
+    cos, sin = (make_elementwise(f"stablehlo.{f}", (angle,)) for f in ("cosine", "sine"))
+
+    def wide(t, n: int):
+        return make_broadcast(t, (1,), (n, 3))
+
+    def piece(i: int, first, second):
+        def one():
+            return make_mul(wide(first, 2), rows(a, 2 * i, 2 * i + 2))
+
+        def other():
+            return make_mul(wide(second, 2), rows(b, 2 * i, 2 * i + 2))
+
+        if i == 1:  # the sine product built first: the sum lists it first
+            later = other()
+            return _lin([(1, one()), (1, later)], (2, 3))
+        return _lin([(1, one()), (1, other())], (2, 3))
+
+    whole = _lin([(1, make_mul(wide(cos, 4), a)), (1, make_mul(wide(sin, 4), b))], (4, 3))
+    pieces = [piece(0, cos, sin), piece(1, cos, sin)]
+    assert make_concat(pieces, 0) is normal_form(whole)
+    assert proved(raw_concat(pieces, 0), whole)
+    # must fail: the second micro-batch's cos and sin exchanged
+    wrong = [pieces[0], piece(1, sin, cos)]
+    assert make_concat(wrong, 0) is not normal_form(whole)
+    assert refuted(raw_concat(wrong, 0), whole)
