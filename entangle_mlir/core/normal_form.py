@@ -392,13 +392,24 @@ def _weights(term: Term) -> frozenset[int]:
 _ARG_KEYS = (lambda t, dim: (t.op, t.dtype, t.attrs), lambda t, dim: (t.op, t.dtype),
              lambda t, dim: (t.op, t.dtype, _broadcast_off(t, dim)),
              lambda t, dim: (t.op, t.dtype, t.attrs, _weights(t)),
-             lambda t, dim: (t.op, t.dtype, t.args[0].serial if t.op == "slice" else t.attrs))
+             lambda t, dim: (t.op, t.dtype, t.args[0].serial if t.op == "slice" else t.attrs),
+             lambda t, dim: (_leading(t, dim).op, t.dtype, _broadcast_off(t, dim)))
 """What lines commuting operands up across pieces, tried in order: the operand's kind with
 its attributes, then without them (the windows of pieces' slices differ), then with only
 what a broadcast fills besides the concatenation's dim (pieces of one row and of several
 rows, with two broadcasts among their operands), then with the parameters it reads directly
 (a SwiGLU's gate and up projections: two contractions alike but for their weight), then a
-slice by the term it slices (a micro-batch's rows times a shared weight row)."""
+slice by the term it slices (a micro-batch's rows times a shared weight row), then an
+operand that is itself a concatenation along the dim by its first piece's kind (pieces that
+joined in part before: `concat(d0, d1) * bcast` next to `bcast * d2`)."""
+
+
+def _leading(term: Term, dim: int) -> Term:
+    """`term`'s first piece when it is a concatenation along `dim` (again, while it is one),
+    else `term`."""
+    while term.op == "concatenate" and term.attrs == (dim,):
+        term = term.args[0]
+    return term
 
 
 def _aligned(pieces: list[Term], dim: int) -> list[tuple[Term, ...]]:
@@ -555,8 +566,11 @@ def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
     * `transpose(a_i, perm)` along dim: `transpose(concat(a_i along perm[dim]), perm)`;
     * `broadcast(x_i, dims)` along a dim the operand's dim i fills at full size:
       `broadcast(concat(x_i along i))`; along a dim no operand dim fills (or one of size 1),
-      with one operand x: `broadcast(x)` at the joined shape; along a unit dim no operand
-      dim fills, the broadcast of the operands given that unit dim and concatenated along it;
+      with one operand x: `broadcast(x)` at the joined shape; along a dim no operand dim
+      fills, k rows in every piece, the broadcast of the operands given a unit dim and
+      concatenated along it, that dim followed by the k created rows, the two merged by a
+      reshape (the unsqueeze lift: one kv head a device, its GQA copies of k query heads
+      broadcast without the head dim; k = 1 needs no reshape);
     * `dot_general(l_i, r_i)` along a batch dim: the dot of both operands concatenated along
       that batch dim; along a free dim of the lhs (rhs), with one rhs (lhs): the dot of the
       lhs (rhs) concatenated along that free dim (row-major result dims: batch, lhs free,
@@ -598,12 +612,18 @@ def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
                 else None
         if all(x is operands[0] for x in operands):
             return make_broadcast(operands[0], dims, shape)
-        if dim not in dims and all(p.shape[dim] == 1 for p in pieces):
+        rows = first.shape[dim]
+        if dim not in dims and all(p.shape[dim] == rows for p in pieces):
             at = sum(1 for d in dims if d < dim)
-            inner = make_concat([make_reshape(x, x.shape[:at] + (1,) + x.shape[at:])
-                                 for x in operands], at)
-            if _joined(inner, at):
+            inner = make_concat([unsqueezed(x, at) for x in operands], at)
+            if not _joined(inner, at):
+                return None
+            if rows == 1:
                 return make_broadcast(inner, dims[:at] + (dim,) + dims[at:], shape)
+            split = shape[:dim] + (len(pieces), rows) + shape[dim + 1:]
+            moved = tuple(d + (d > dim) for d in dims)
+            return make_reshape(make_broadcast(inner, moved[:at] + (dim,) + moved[at:],
+                                               split), shape)
         return None
     if first.op == "stablehlo.dot_general":
         lb, rb, lc, rc = first.attrs
@@ -1402,8 +1422,12 @@ def sum_of_blocks(term: Term, arg: Term) -> Term | None:
 
 def reshape_of_concat(term: Term, arg: Term) -> Term | None:
     """`reshape(concat(p_i along c))` where c is the major (first non-unit) dim of the dims
-    the reshape merges into one: the concatenation of the pieces reshaped (row-major order
-    keeps each piece's rows together); else None."""
+    the reshape regroups it with: the concatenation of the pieces reshaped, along the major
+    non-unit dim t of the group the reshape makes (row-major order keeps each piece's
+    elements of the group one run, and a run whose bounds are multiples of what t's
+    rows hold, the product of the group's dims after t, is whole rows of t: the merge of
+    an untiled all_gather, the split of four copies of a (8, 2) table into (4, 8, 2));
+    else None."""
     if term.op != "reshape" or arg.op != "concatenate":
         return None
     (c,) = arg.attrs
@@ -1413,20 +1437,36 @@ def reshape_of_concat(term: Term, arg: Term) -> Term | None:
     for src_dims, dst_dims in groups:
         if c not in src_dims:
             continue
-        before = src_dims[:src_dims.index(c)]
+        at = src_dims.index(c)
         wide = [t for t in dst_dims if term.shape[t] != 1]
-        if any(arg.shape[i] != 1 for i in before) or len(wide) != 1:
+        if any(arg.shape[i] != 1 for i in src_dims[:at]) or not wide:
             return None
-        (t,) = wide
+        t = wide[0]
+        inner = math.prod(arg.shape[i] for i in src_dims[at + 1:])
+        row = math.prod(term.shape[d] for d in dst_dims[dst_dims.index(t) + 1:])
         pieces = []
         for piece in arg.args:
-            shape = list(term.shape)
-            shape[t] = math.prod(piece.shape[i] for i in src_dims)
             if any(piece.shape[i] != arg.shape[i] for i in range(len(arg.shape)) if i != c):
                 return None
+            size = piece.shape[c] * inner
+            if size % row:
+                return None
+            shape = list(term.shape)
+            shape[t] = size // row
             pieces.append(make_reshape(piece, tuple(shape)))
         return make_concat(pieces, t)
     return None
+
+
+def unsqueezed(term: Term, at: int) -> Term:
+    """`term` given a unit dim at `at` (a reshape), a concatenation's pieces each given it
+    (`reshape_of_concat`), so that pieces computed without a dim meet along it."""
+    out = make_reshape(term, term.shape[:at] + (1,) + term.shape[at:])
+    if out.op == "reshape" and term.op == "concatenate":
+        pieces = reshape_of_concat(out, term)
+        if pieces is not None:
+            return pieces
+    return out
 
 
 def transpose_of_concat(concat: Term, perm: tuple[int, ...]) -> Term:
@@ -2172,6 +2212,9 @@ def _rebuilt_node(term: Term, args: tuple[Term, ...]) -> Term:
     folded = fold_constant(out)
     if folded is not None:
         return folded
+    hoisted = broadcast_hoisted(out)
+    if hoisted is not None:
+        return hoisted
     if out.op == "lin":
         out = join_sums(out)
     for _ in range(_MAX_SELECTION_STEPS):
@@ -2180,6 +2223,29 @@ def _rebuilt_node(term: Term, args: tuple[Term, ...]) -> Term:
             break
         out = selected
     return out
+
+
+def broadcast_hoisted(term: Term) -> Term | None:
+    """An elementwise op whose every operand is a broadcast (or splat) that leaves some dims
+    of more than one element unfilled, as the broadcast along those dims of the op on the
+    operands without them (exact: no operand's element depends on its index along them, so
+    neither does the op's). A table computed from copies of one row block (four micro-batches'
+    RoPE angles, reshaped out of copies of one (seq, d) table) meets the reference's table
+    computed once and broadcast. None for other terms."""
+    if term.op not in _ELEMENTWISE or not term.args or any(
+            a.shape != term.shape or a.op not in ("broadcast", "splat") for a in term.args):
+        return None
+    filled = {d for a in term.args if a.op == "broadcast" for d in a.attrs[0]}
+    free = [d for d, n in enumerate(term.shape) if n > 1 and d not in filled]
+    if not free:
+        return None
+    kept = [d for d in range(len(term.shape)) if d not in free]
+    at = {d: i for i, d in enumerate(kept)}
+    shape = tuple(term.shape[d] for d in kept)
+    args = tuple(make_splat(a.attrs[0], shape, a.dtype) if a.op == "splat" else
+                 make_broadcast(a.args[0], tuple(at[d] for d in a.attrs[0]), shape)
+                 for a in term.args)
+    return make_broadcast(_rebuilt_node(term, args), tuple(kept), term.shape)
 
 
 _MAX_SELECTION_STEPS = 4
