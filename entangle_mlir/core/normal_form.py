@@ -93,6 +93,18 @@ gradients summed step by step), each exact, at most a regrouping of a sum:
   operand (`unit_kept_reduction`: a one-layer stage's weight gradient); the contractions of
   a sum that do not join all together join per weight they move (`_subgroups`: a
   tp-partial residual stream, attention and MLP);
+* a unit dim present on one side and absent on the other (issue 21: one kv head a device
+  at tp 8, one batch row a device): pieces broadcast along a dim no operand dim fills, k
+  rows each, are the operands given that unit dim (`unsqueezed`, through a concatenation's
+  pieces) broadcast to (pieces, k) and merged (the unsqueeze lift, `_lift_movement`); a
+  reshape splitting a concatenation at its pieces splits each piece (`reshape_of_concat`);
+  an elementwise op of broadcasts none of which fills a dim is the broadcast of the op
+  without it (`broadcast_hoisted`: a table rebuilt from copies meets the table computed
+  once); heads read at a stride are one strided slice (`_strided_rows`, each piece checked
+  to be the candidate's row); one-column contractions of two layers join layer by layer
+  (`_heads_of_contractions`); commuting operands line up by a concatenation's first piece
+  (`_leading`) and a sum's parts by the factors they share (`_shared_args`: RoPE's
+  `cos * x + sin * y`);
 * `blocks_meet` also meets sums over every element across shapes and tiles
   (`_full_sums_meet`, `_tiled_sums_meet`), terms row block by row block where one is
   computed element by element from a concatenation (`_spine_cuts`), and one op over
@@ -199,8 +211,26 @@ def make_concat(pieces, dim: int) -> Term:
     key = (tuple(p.serial for p in pieces), dim)
     found = _CONCATS.get(key)
     if found is None:
-        found = _CONCATS[key] = _make_concat(pieces, dim)
+        if key in _BUILDING:  # asked again while lifting itself (`_stacked_rows`)
+            return _plain_concat(list(pieces), dim)
+        _BUILDING.add(key)
+        try:
+            found = _CONCATS[key] = _make_concat(pieces, dim)
+        finally:
+            _BUILDING.discard(key)
     return found
+
+
+_BUILDING: set[tuple] = set()
+"""The concatenations `make_concat` is computing (a lift that asks for the same one again
+gets it unlifted: a bound on the recursion)."""
+
+
+def _plain_concat(pieces: list[Term], dim: int) -> Term:
+    """The concatenation node itself, no identity applied."""
+    shape = list(pieces[0].shape)
+    shape[dim] = sum(p.shape[dim] for p in pieces)
+    return intern("concatenate", tuple(pieces), (dim,), tuple(shape), pieces[0].dtype)
 
 
 def _make_concat(pieces: tuple[Term, ...], dim: int) -> Term:
@@ -236,9 +266,27 @@ def _make_concat(pieces: tuple[Term, ...], dim: int) -> Term:
     runs = _adjacent_runs_joined(joined, dim)
     if runs is not None:
         return make_concat(runs, dim)
-    shape = list(joined[0].shape)
-    shape[dim] = sum(p.shape[dim] for p in joined)
-    return intern("concatenate", tuple(joined), (dim,), tuple(shape), joined[0].dtype)
+    stacked = _stacked_rows(joined, dim)
+    if stacked is not None:
+        return stacked
+    return _plain_concat(joined, dim)
+
+
+def _stacked_rows(pieces: list[Term], dim: int) -> Term | None:
+    """Pieces of k > 1 rows each along `dim` (one kv head a device, its head dim left out of
+    its computation and merged with the next) as `reshape(concat_i(p_i given a unit dim at
+    `dim`))`, the unit dim becoming the pieces' dim followed by their k rows, when that
+    stacked concatenation meets (exact: row-major, piece i's k rows are rows i*k .. i*k+k-1
+    of the merged dim either way). None otherwise."""
+    rows = pieces[0].shape[dim]
+    if rows < 2 or any(p.shape[dim] != rows for p in pieces):
+        return None
+    inner = make_concat([unsqueezed(p, dim) for p in pieces], dim)
+    if not _joined(inner, dim):
+        return None
+    shape = list(pieces[0].shape)
+    shape[dim] = rows * len(pieces)
+    return make_reshape(inner, tuple(shape))
 
 
 def _adjacent_runs_joined(pieces: list[Term], dim: int) -> list[Term] | None:
@@ -256,7 +304,8 @@ def _adjacent_runs_joined(pieces: list[Term], dim: int) -> list[Term] | None:
         return None
     if any(p.shape[dim] == 1 for p in pieces) and (
             _moved_argument(pieces[0], dim) is None
-            or len({_moved_argument(p, dim) for p in pieces}) != 1):
+            or len({_moved_argument(p, dim) for p in pieces}) != 1) \
+            and not _heads_of_contractions(pieces, dim):
         return None
     out = [pieces[0]]
     joined = False
@@ -268,6 +317,21 @@ def _adjacent_runs_joined(pieces: list[Term], dim: int) -> list[Term] | None:
         else:
             out.append(piece)
     return out if joined else None
+
+
+def _heads_of_contractions(pieces: list[Term], dim: int) -> bool:
+    """Whether the pieces are contractions cut along a free dim of one operand, the other
+    operand shared within runs (one kv head a device, the devices of two layers side by
+    side): such runs join by `_lift_dot` into one contraction each, whatever the rows
+    around them."""
+    first = pieces[0]
+    if first.op != "stablehlo.dot_general" or any(
+            p.op != first.op or p.attrs != first.attrs for p in pieces):
+        return False
+    lb, _, lc, _ = first.attrs
+    lfree = len(first.args[0].shape) - len(lb) - len(lc)
+    side = 0 if dim < len(lb) + lfree else 1
+    return dim >= len(lb) and len({p.args[1 - side].serial for p in pieces}) < len(pieces)
 
 
 def _copies(piece: Term, dim: int, count: int) -> Term:
@@ -660,11 +724,12 @@ def _lift_movement(pieces: list[Term], dim: int) -> Term | None:
         return make_op("pad", (inner, first.args[1]), first.attrs, shape, first.dtype,
                        linear_in=0 if splat_value(first.args[1]) == 0 else None)
     if first.op == "reshape":
-        reductions = [_reduction_keeping_unit(p, dim) for p in pieces]
-        if all(r is not None for r in reductions) and _same(reductions, dim):
-            lifted = _lift_movement(reductions, dim)
-            if lifted is not None:
-                return lifted
+        for early in (False, True):
+            reductions = [_reduction_keeping_unit(p, dim, early) for p in pieces]
+            if all(r is not None for r in reductions) and _same(reductions, dim):
+                lifted = _lift_movement(reductions, dim)
+                if lifted is not None:
+                    return lifted
         return _lift_reshape(pieces, dim, shape)
     if first.op in _REDUCTIONS and len(first.args) == 1:
         reduced = first.attrs[0]
@@ -758,13 +823,16 @@ def _unit_like(piece: Term, model: Term, dim: int) -> Term | None:
     return None
 
 
-def _reduction_keeping_unit(piece: Term, dim: int) -> Term | None:
+def _reduction_keeping_unit(piece: Term, dim: int, early: bool = False) -> Term | None:
     """`reshape(reduce(y, r))` that only inserts a unit dim at `dim` as `reduce(y', r')`, y'
     being y with a unit dim before the operand dim the next result dim comes from (after the
     last one, for a unit dim at the end), r' the reduced dims renumbered (exact: the unit dim
     is one index; every result element reduces the same elements in the same order). The
     form the lifts of a concatenation build when they join rows of a reduction, which the
-    builders otherwise leave a reshape above it. None for any other piece."""
+    builders otherwise leave a reshape above it. `early`: the unit dim right after the
+    operand dim the previous result dim comes from instead, before the reduced dims between
+    them (a GQA backward's sum over the k query heads of one kv head: kv heads before the
+    copies, as the heads `kv * k + r` are laid out). None for any other piece."""
     if piece.op != "reshape" or len(piece.shape) < 1 or piece.shape[dim] != 1:
         return None
     inner = piece.args[0]
@@ -774,6 +842,8 @@ def _reduction_keeping_unit(piece: Term, dim: int) -> Term | None:
     (y,), reduced = inner.args, inner.attrs[0]
     kept = [d for d in range(len(y.shape)) if d not in reduced]
     at = kept[dim] if dim < len(kept) else (kept[-1] + 1 if kept else 0)
+    if early:
+        at = kept[dim - 1] + 1 if dim > 0 else 0
     operand = make_reshape(y, y.shape[:at] + (1,) + y.shape[at:])
     renumbered = tuple(d + (d >= at) for d in reduced)
     return intern(inner.op, (operand,), (renumbered,) + inner.attrs[1:], piece.shape,
@@ -795,6 +865,9 @@ def _lift_reshape(pieces: list[Term], dim: int, shape: tuple[int, ...]) -> Term 
     runs = _runs_joined(pieces, operands, groups, dim)
     if runs is not None:
         return make_concat(runs, dim)
+    strided = _strided_rows(pieces, operands, groups, dim)
+    if strided is not None:
+        return strided
     for src, dst in groups:
         if dim not in dst:
             continue
@@ -807,6 +880,57 @@ def _lift_reshape(pieces: list[Term], dim: int, shape: tuple[int, ...]) -> Term 
             if operands[0].shape[c] != 1:
                 break
     return None
+
+
+def _strided_rows(pieces: list[Term], operands: list[Term], groups, dim: int) -> Term | None:
+    """Pieces `reshape(slice(T, box_j))` concatenated along the unit dim `dim` of the reshape,
+    the boxes equal but along one dim c of T, where they take w elements at offset r of
+    consecutive blocks of p (`s_j = s_0 + j * p`): the rows of one strided slice,
+    `slice(reshape(U, S), dim: [j_0, j_0 + n), w's dim: [r, r + w))`, U the slice of T whole
+    along c and S the pieces' shape with `dim` counting the blocks and w's dim holding p (one
+    kv head a device at tp 8 reads its head's rotary half out of the projection's columns:
+    the reference reads the same half of every head at once). Exact: each piece must be,
+    as the normal form builds it, that candidate's row j along `dim`, and a concatenation of
+    a term's rows is the term. None otherwise."""
+    if any(x.op != "slice" or x.args[0] is not operands[0].args[0] for x in operands):
+        return None
+    starts, limits, strides = zip(*(x.attrs for x in operands))
+    if any(st != strides[0] or any(k != 1 for k in st) for st in strides):
+        return None
+    varying = [c for c in range(len(starts[0])) if len({s[c] for s in starts}) > 1]
+    if len(varying) != 1:
+        return None
+    (c,) = varying
+    base = operands[0].args[0]
+    width = limits[0][c] - starts[0][c]
+    period = starts[1][c] - starts[0][c]
+    if period <= width or base.shape[c] % period or any(
+            s[c] != starts[0][c] + j * period or lim[c] - s[c] != width
+            for j, (s, lim) in enumerate(zip(starts, limits))):
+        return None
+    group = next((dst for src, dst in groups if c in src), None)
+    wide = [d for d in group or [] if pieces[0].shape[d] != 1]
+    if group is None or dim not in group or wide != [wide[0]] or wide[0] < dim \
+            or pieces[0].shape[wide[0]] != width:
+        return None
+    (w_dim,) = wide
+    whole_box = [0 if d == c else s for d, s in enumerate(starts[0])]
+    whole_limits = [base.shape[c] if d == c else n for d, n in enumerate(limits[0])]
+    shape = [base.shape[c] // period if d == dim else period if d == w_dim else n
+             for d, n in enumerate(pieces[0].shape)]
+    first, offset = divmod(starts[0][c], period)
+    if offset + width > period or first + len(pieces) > shape[dim]:
+        return None
+    whole = make_op("slice", (base,), (tuple(whole_box), tuple(whole_limits), strides[0]),
+                    tuple(b - a for a, b in zip(whole_box, whole_limits)), base.dtype,
+                    linear_in=0)
+    read = slice_term(make_reshape(whole, tuple(shape)), w_dim, offset, offset + width)
+    memo: dict[int, Term] = {}
+    candidate = normal_form(slice_term(read, dim, first, first + len(pieces)), memo)
+    if any(normal_form(slice_term(candidate, dim, j, j + 1), memo) is not p
+           for j, p in enumerate(pieces)):
+        return None
+    return candidate
 
 
 def _runs_joined(pieces: list[Term], operands: list[Term], groups, dim: int

@@ -22,6 +22,7 @@ from entangle_mlir.core.terms import (
     make_dot,
     make_elementwise,
     make_mul,
+    make_op,
     make_reshape,
 )
 
@@ -177,3 +178,51 @@ def test_a_partly_joined_piece_lines_up_by_its_first_piece() -> None:
     wrong = make_mul(g2, dot(x1, slice_term(other, 1, 2, 4)))
     assert make_concat([first, wrong], 1) is not normal_form(whole, {})
     assert refuted(raw_concat([first, wrong], 1), whole)
+
+
+def _strided(j: int, offset: int = 2, stride: int = 4):
+    """Head j's columns [offset, offset + 2) of a (6, 8) layer (two heads of 4 columns), the
+    head dim inserted as a unit dim: what one device reads of a projection at one kv head a
+    device (a rotary half of its head)."""
+    a = make_arg(60, (2, 6, 8), F32)
+    cols = stride * j + offset
+    window = make_op("slice", (a,), ((0, 0, cols), (1, 6, cols + 2), (1, 1, 1)), (1, 6, 2),
+                     F32, linear_in=0)
+    return make_reshape(window, (6, 1, 2))
+
+
+def test_heads_read_at_a_stride_are_one_strided_slice() -> None:
+    """`concat_j reshape(slice(a, head j's columns 2:4))` along the unit head dim: one slice of
+    the layer read as (rows, heads, head dim) (`_strided_rows`: each piece is checked to be
+    the candidate's row). Wrong: the heads in the other order, and the other half's offset
+    in one head, are refuted and not met; windows not at one stride are left alone."""
+    a = make_arg(60, (2, 6, 8), F32)
+    layer = make_op("slice", (a,), ((0, 0, 0), (1, 6, 8), (1, 1, 1)), (1, 6, 8), F32,
+                    linear_in=0)
+    whole = normal_form(slice_term(make_reshape(layer, (6, 2, 4)), 2, 2, 4), {})
+    pieces = [_strided(j) for j in range(2)]
+    assert make_concat(pieces, 1) is whole and proved(raw_concat(pieces, 1), whole)
+    backwards = list(reversed(pieces))
+    assert make_concat(backwards, 1) is not whole and refuted(raw_concat(backwards, 1), whole)
+    shifted = [pieces[0], _strided(1, offset=1)]
+    assert make_concat(shifted, 1) is not whole and refuted(raw_concat(shifted, 1), whole)
+    assert make_concat([_strided(0), _strided(1, stride=3)], 1).op == "concatenate"
+
+
+def test_one_column_pieces_of_two_layers_join_layer_by_layer() -> None:
+    """One-column contractions of two layers side by side (one kv head a device, each stage's
+    heads next to the other's): the runs that share an operand join into one contraction
+    each (`_heads_of_contractions`). Wrong: the layers' inputs exchanged is refuted."""
+    x0, x1 = make_arg(70, (4, 3), F32), make_arg(71, (4, 3), F32)
+    w0, w1 = make_arg(72, (3, 2), F32), make_arg(73, (3, 2), F32)
+    dims = ((), (), (1,), (0,))
+
+    def col(x, w, j):
+        return make_dot(x, slice_term(w, 1, j, j + 1), dims, (4, 1), F32)
+
+    pieces = [col(x0, w0, 0), col(x0, w0, 1), col(x1, w1, 0), col(x1, w1, 1)]
+    whole = make_concat([make_dot(x0, w0, dims, (4, 2), F32),
+                         make_dot(x1, w1, dims, (4, 2), F32)], 1)
+    assert make_concat(pieces, 1) is whole and proved(raw_concat(pieces, 1), whole)
+    wrong = [col(x1, w0, 0), col(x1, w0, 1), col(x0, w1, 0), col(x0, w1, 1)]
+    assert make_concat(wrong, 1) is not whole and refuted(raw_concat(wrong, 1), whole)

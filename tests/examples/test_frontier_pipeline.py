@@ -48,3 +48,25 @@ def test_pipeline_twin_differs_and_is_not_proven(bug: str, attention: bool) -> N
     assert max_error(ex, input_sets(ex)[0]) > 1e-3
     report = check_texts(*lower_pair(ex), verify_rules=False)
     assert not report.proven
+
+
+def _one_kv_head(bug: str | None = None):
+    """One layer on pp 1 x tp 8: Llama-3's 8 kv heads (tiny widths) leave one a device, whose
+    computation has the kv-head dim squeezed out (gap 1 of benchmarks/FRONTIER_RESULTS.md)."""
+    return F.pipeline_step(replace(F.tiny(F.LLAMA_70B, 1), batch=2), 1, 1, 8, micro=2,
+                           attention=True, bug=bug)
+
+
+def test_one_kv_head_a_device_matches_and_is_proven() -> None:
+    """The devices' pieces, each computed without the kv-head dim, meet the reference's heads
+    (the unsqueeze lift, `normal_form._stacked_rows`, `_strided_rows`)."""
+    ex = _one_kv_head()
+    assert max_error(ex, input_sets(ex)[0]) <= 10 * ex.atol
+    report = check_texts(*lower_pair(ex), verify_rules=False)
+    assert report.proven, report.stats.get("general_tier")
+
+
+def test_one_kv_head_a_device_without_the_mlp_psum_is_not_proven() -> None:
+    ex = _one_kv_head("stage_mlp_without_psum")
+    assert max_error(ex, input_sets(ex)[0]) > 1e-3
+    assert not check_texts(*lower_pair(ex), verify_rules=False).proven
