@@ -101,8 +101,11 @@ gradients summed step by step), each exact, at most a regrouping of a sum:
   an elementwise op of broadcasts none of which fills a dim is the broadcast of the op
   without it (`broadcast_hoisted`: a table rebuilt from copies meets the table computed
   once); heads read at a stride are one strided slice (`_strided_rows`, each piece checked
-  to be the candidate's row); one-column contractions of two layers join layer by layer
-  (`_heads_of_contractions`); commuting operands line up by a concatenation's first piece
+  to be the candidate's row); pieces of k rows each that join nowhere else are stacked
+  along a unit dim and merged (`_stacked_rows`: a GQA backward's per-kv-head sums, the
+  reduction then keeping that unit dim before the copies it sums,
+  `_reduction_keeping_unit(early=True)`); one-column contractions of two layers join layer
+  by layer (`_heads_of_contractions`); commuting operands line up by a concatenation's first piece
   (`_leading`) and a sum's parts by the factors they share (`_shared_args`: RoPE's
   `cos * x + sin * y`);
 * `blocks_meet` also meets sums over every element across shapes and tiles

@@ -226,3 +226,24 @@ def test_one_column_pieces_of_two_layers_join_layer_by_layer() -> None:
     assert make_concat(pieces, 1) is whole and proved(raw_concat(pieces, 1), whole)
     wrong = [col(x1, w0, 0), col(x1, w0, 1), col(x0, w1, 0), col(x0, w1, 1)]
     assert make_concat(wrong, 1) is not whole and refuted(raw_concat(wrong, 1), whole)
+
+
+def test_pieces_without_their_head_dim_stack_along_it() -> None:
+    """`concat_i reduce_sum(y_i over the copies)` along the head dim (4, k) each: a GQA
+    backward's sum over one kv head's k query heads, the kv-head dim left out and merged
+    with the head dim. Stacked along a unit head dim (`_stacked_rows`) the pieces are rows
+    of one reduction, the unit dim kept before the copies it sums (`_reduction_keeping_unit`,
+    `early`). Wrong: the kv heads in the other order are refuted and not met."""
+    n, r, k = 2, 2, 2
+    y, z = make_arg(80, (4, n, r, k), F32), make_arg(81, (4, n, r, k), F32)
+
+    def piece(i: int):
+        rows = make_mul(*(make_reshape(slice_term(t, 1, i, i + 1), (4, r, k)) for t in (y, z)))
+        return make_op("reduce_sum", (rows,), ((1,),), (4, k), F32, linear_in=0)
+
+    summed = make_op("reduce_sum", (make_mul(y, z),), ((2,),), (4, n, k), F32, linear_in=0)
+    whole = normal_form(make_reshape(summed, (4, n * k)), {})
+    pieces = [piece(i) for i in range(n)]
+    assert make_concat(pieces, 1) is whole and proved(raw_concat(pieces, 1), whole)
+    backwards = list(reversed(pieces))
+    assert make_concat(backwards, 1) is not whole and refuted(raw_concat(backwards, 1), whole)
