@@ -213,20 +213,33 @@ def make_concat(pieces, dim: int) -> Term:
     pieces = tuple(pieces)
     key = (tuple(p.serial for p in pieces), dim)
     found = _CONCATS.get(key)
-    if found is None:
-        if key in _BUILDING:  # asked again while lifting itself (`_stacked_rows`)
-            return _plain_concat(list(pieces), dim)
-        _BUILDING.add(key)
-        try:
-            found = _CONCATS[key] = _make_concat(pieces, dim)
-        finally:
-            _BUILDING.discard(key)
+    if found is not None:
+        return found
+    if key in _BUILDING:  # asked again while lifting itself (`_stacked_rows`)
+        at = _BUILDING.index(key)
+        for frame in range(at + 1, len(_BUILDING)):
+            _TAINTED.add(_BUILDING[frame])
+        return _plain_concat(list(pieces), dim)
+    _BUILDING.append(key)
+    try:
+        found = _make_concat(pieces, dim)
+    finally:
+        _BUILDING.pop()
+    if key in _TAINTED:
+        _TAINTED.discard(key)
+    else:
+        _CONCATS[key] = found
     return found
 
 
-_BUILDING: set[tuple] = set()
-"""The concatenations `make_concat` is computing (a lift that asks for the same one again
-gets it unlifted: a bound on the recursion)."""
+_BUILDING: list[tuple] = []
+"""The concatenations `make_concat` is computing, outermost first (a lift that asks for one
+of them again gets it unlifted: a bound on the recursion)."""
+
+_TAINTED: set[tuple] = set()
+"""Concatenations computed inside one that was asked for again: their result saw that one
+unlifted, so it is not memoized (the memo holds only forms that do not depend on what was
+being computed around them)."""
 
 
 def _plain_concat(pieces: list[Term], dim: int) -> Term:
