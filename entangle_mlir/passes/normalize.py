@@ -21,6 +21,7 @@ from entangle_mlir.normalize.finite import Finiteness, judging
 from entangle_mlir.normalize.idioms import drop_identity_converts
 from entangle_mlir.normalize.max_cotangent import zero_max_cotangents
 from entangle_mlir.normalize.rewrites import rewrite_idioms
+from entangle_mlir.normalize.ring_fold import fold_ring_loops
 from entangle_mlir.normalize.token_dims import split_token_dims
 from entangle_mlir.normalize.unit_dims import fold_unit_dims
 from entangle_mlir.normalize.unroll import forward_residuals, unroll_ring_loops
@@ -60,6 +61,8 @@ class NormalizePass(ModulePass):
                 # One walk lists the ops; each rewrite filters the list, and a rewrite that
                 # changes the module makes the next one walk afresh.
                 ops = ops_in_order(module)
+                if fold_ring_loops(module, ops):
+                    ops = ops_in_order(module)
                 if unroll_ring_loops(module, ops):
                     forward_residuals(module)
                     ops = ops_in_order(module)
