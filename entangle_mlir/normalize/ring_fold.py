@@ -48,6 +48,7 @@ import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
+from entangle_mlir.core.diagnostics import parse_location
 from entangle_mlir.normalize.finite import active, rows_finite
 from entangle_mlir.normalize.idioms import (
     Accumulated,
@@ -65,17 +66,21 @@ from entangle_mlir.normalize.match import (
     splat_of,
 )
 from entangle_mlir.normalize.unroll import (
-    _as_compared,
-    _constant_int,
-    _integer_width,
-    _is_ring,
-    _nested_reads_body,
+    as_compared,
+    constant_int,
     fold_counters,
+    integer_width,
+    is_ring,
     loop_counter,
+    nested_reads_body,
 )
 
 MIN_TRIPS = 2
 """Shortest loop folded (a loop of one step is its body)."""
+
+MAX_CLONED_OPS = 200_000
+"""The most ops the closed form may clone (trips x the ops computing one step's blocks): a
+loop past it is left to `unroll.py` (which leaves it a loop past 16 trips)."""
 
 
 class _Ring:
@@ -97,6 +102,8 @@ class _Ring:
         self.reduce: ir.Operation | None = None
         self.accs: dict[int, Accumulated] = {}
         self.trips = 0
+        self.start = 0
+        self.counter = -1
 
     # ----- reading the carries ------------------------------------------------------------
 
@@ -105,10 +112,11 @@ class _Ring:
         counter = loop_counter(loop)
         if counter is None or len(self.yields) != len(self.args):
             return False
-        start = _constant_int(loop.operands[counter.index])
+        start = constant_int(loop.operands[counter.index])
         if start is None:
             return False
         self.trips = counter.trips(start)
+        self.start, self.counter = start, counter.index
         if self.trips < MIN_TRIPS:
             return False
         others = []
@@ -138,12 +146,12 @@ class _Ring:
         """`(init, c)` where carry k is `i + c` each step from the constant init."""
         arg, out = self.args[k], self.yields[k]
         op = defining_op(out)
-        if op is None or op.name != "stablehlo.add" or _integer_width(arg) is None or (
+        if op is None or op.name != "stablehlo.add" or integer_width(arg) is None or (
                 ir.RankedTensorType(arg.type).rank != 0):
             return None
         a, b = op.operands
-        step = _constant_int(b) if a == arg else _constant_int(a) if b == arg else None
-        init = _constant_int(self.loop.operands[k])
+        step = constant_int(b) if a == arg else constant_int(a) if b == arg else None
+        init = constant_int(self.loop.operands[k])
         return None if step is None or init is None else (init, step)
 
     def _permute(self, k: int) -> ir.Operation | None:
@@ -225,7 +233,7 @@ class _Ring:
         """The scores, the values and the rotations read only counters, rotating blocks and
         loop-invariant values, and no nested region reads the body (cloning would not remap
         it). Sets `slice`: the body ops computing them, in body order."""
-        if _nested_reads_body(self.body):
+        if nested_reads_body(self.body):
             return False
         allowed = set(self.counts) | set(self.rotating) | self.invariant
         roots = [self.scores] + [acc.v for acc in self.accs.values() if acc.v is not None]
@@ -245,7 +253,30 @@ class _Ring:
             found.add(op)
             stack.extend(op.operands)
         self.slice = [op for op in self.ops if op.operation in found]
-        return True
+        return self.trips * len(self.slice) <= MAX_CLONED_OPS
+
+    def describe(self) -> str:
+        """The invariant in words, carry by carry (numbered as the loop's operands, as
+        `analysis/general/loops.py` numbers them); carries alike are listed together."""
+        texts: dict[int, str] = {}
+        for k, (_, step) in self.counts.items():
+            texts[k] = (f"step index i in [{self.start}, {self.start + self.trips})"
+                        if k == self.counter else
+                        f"a counter: {'+=' if step >= 0 else '-='} {abs(step)} each step")
+        for k in self.rotating:
+            texts[k] = "rotates: collective_permute each step (the block rotated i times)"
+        texts[self.running] = "the running max over the blocks of steps < i"
+        for k, acc in self.accs.items():
+            texts[k] = ("an online-softmax sum over the blocks of steps < i" +
+                        (" against their values" if acc.v is not None else "") +
+                        ", shifted by the running max")
+        for k in self.invariant:
+            texts[k] = "loop-invariant"
+        groups: dict[str, list[int]] = {}
+        for k in sorted(texts):
+            groups.setdefault(texts[k], []).append(k)
+        order = sorted(groups.items(), key=lambda g: (g[0] == "loop-invariant", g[1][0]))
+        return "; ".join(f"{', '.join(f'#{k}' for k in ks)}: {text}" for text, ks in order)
 
     # ----- the closed form ----------------------------------------------------------------
 
@@ -328,13 +359,14 @@ class _Ring:
             return True
         for op in reversed(created):
             op.erase()
+        finiteness.forget()
         return False
 
     def _constant(self, like, value: int, created: list[ir.Operation]):
         """An integer scalar constant of `like`'s type, wrapped at its width."""
         tensor = ir.RankedTensorType(like.type)
         element = ir.IntegerType(tensor.element_type)
-        value = _as_compared(value, element.width, not element.is_unsigned)
+        value = as_compared(value, element.width, not element.is_unsigned)
         with ir.InsertionPoint(self.loop), self.loop.location:
             op = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(
                 tensor, ir.IntegerAttr.get(tensor.element_type, value)))
@@ -378,10 +410,12 @@ def _in_body(op: ir.Operation, body: ir.Block) -> bool:
     return block is not None and block == body
 
 
-def fold_ring_loops(module: ir.Module, ops: list | None = None) -> int:
+def fold_ring_loops(module: ir.Module, ops: list | None = None,
+                    notes: list[str] | None = None, file: str = "-") -> int:
     """Fold every ring loop whose body is one online-softmax step over rotating blocks into
     its closed form (module docstring); the number folded. `ops`: the module's ops as
-    `ir.ops_in_order` lists them now."""
+    `ir.ops_in_order` lists them now; `notes` gets each folded loop's invariant (`file`: the
+    module's, for the loop's location)."""
     if ops is None:
         loops: list[ir.Operation] = []
 
@@ -396,11 +430,18 @@ def fold_ring_loops(module: ir.Module, ops: list | None = None) -> int:
     count = 0
     for loop in loops:
         body = loop.regions[1].blocks[0]
-        if not _is_ring(body):
+        if not is_ring(body):
             continue
         ring = _Ring(loop)
-        if ring.read() and ring.hoistable() and ring.fold():
+        if not (ring.read() and ring.hoistable()):
+            continue
+        text = ring.describe()
+        where = parse_location(str(loop.location), file)
+        if ring.fold():
             count += 1
+            if notes is not None:
+                notes.append(f"the ring loop at {where or file} is folded by its invariant "
+                             f"over {ring.trips} trips: {text}")
     if count:
         fold_counters(module)
     return count

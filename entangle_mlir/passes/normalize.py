@@ -61,7 +61,7 @@ class NormalizePass(ModulePass):
                 # One walk lists the ops; each rewrite filters the list, and a rewrite that
                 # changes the module makes the next one walk afresh.
                 ops = ops_in_order(module)
-                if fold_ring_loops(module, ops):
+                if fold_ring_loops(module, ops, state.notes, file):
                     ops = ops_in_order(module)
                 if unroll_ring_loops(module, ops):
                     forward_residuals(module)
