@@ -66,6 +66,7 @@ from entangle_mlir.normalize.match import (
     splat_of,
 )
 from entangle_mlir.normalize.unroll import (
+    MAX_TRIPS,
     as_compared,
     constant_int,
     fold_counters,
@@ -352,10 +353,13 @@ class _Ring:
 
     def _first_rows_finite(self, scores, created: list[ir.Operation]) -> bool:
         """Every row of the first block holds an element above -inf (then every running max
-        after the first step is finite); else the clones are erased."""
+        after the first step is finite); else the clones are erased and, past the trips
+        `unroll.py` unrolls, the refusal recorded (a possible overflow, strict mode)."""
         finiteness = active()
         finiteness.attempt()
-        if rows_finite(scores, self.dim, self.loop, running_max_refusal(scores)):
+        # Up to MAX_TRIPS the loop is unrolled next and the unrolled fold says why it refuses.
+        refusal = running_max_refusal(scores) if self.trips > MAX_TRIPS else None
+        if rows_finite(scores, self.dim, self.loop, refusal):
             return True
         for op in reversed(created):
             op.erase()
