@@ -85,7 +85,8 @@ loop past it is left to `unroll.py` (which leaves it a loop past 16 trips)."""
 
 
 class _Ring:
-    """A ring loop's carries, read off its body (`read`); None of its fields set on failure."""
+    """A ring loop's carries, read off its body by `read` (False: not a ring loop this
+    folds), and its closed form (`fold`)."""
 
     def __init__(self, loop: ir.Operation) -> None:
         self.loop = loop
@@ -105,6 +106,8 @@ class _Ring:
         self.trips = 0
         self.start = 0
         self.counter = -1
+        self.slice: list[ir.Operation] = []
+        """The body ops computing one step's blocks and rotations, in body order."""
 
     # ----- reading the carries ------------------------------------------------------------
 
@@ -392,26 +395,26 @@ class _Ring:
 
     def hoistable(self) -> bool:
         """The operands the closed form's reductions take from the body besides the blocks
-        are constants (their inits) or values from outside the loop."""
-        ops = [self.reduce] + [acc.core for acc in self.accs.values()]
-        for op in ops:
-            for operand in op.operands:
-                source = defining_op(operand)
-                if operand == self.scores or any((acc.v is not None and operand == acc.v) or is_exp_of_sub(operand)
-                                                 for acc in self.accs.values()):
+        (`_hoisted_clone`'s others: their inits) are constants or values from outside the
+        loop."""
+        given = [(self.reduce, {0})] + [
+            (acc.core, {acc.side} | (set() if acc.v is None else {1 - acc.side}))
+            for acc in self.accs.values()]
+        for op, blocks in given:
+            for i, operand in enumerate(op.operands):
+                if i in blocks:
                     continue
-                if isinstance(operand.owner, ir.Block):
+                source = defining_op(operand)
+                if source is None:
                     return False
-                if source is not None and _in_body(source, self.body) and (
-                        source.name != "stablehlo.constant"):
+                if _in_body(source, self.body) and source.name != "stablehlo.constant":
                     return False
         return True
 
 
 def _in_body(op: ir.Operation, body: ir.Block) -> bool:
     """`op` is directly in `body` (not nested deeper, not outside)."""
-    block = op.operation.block if hasattr(op.operation, "block") else None
-    return block is not None and block == body
+    return op.operation.block == body
 
 
 def fold_ring_loops(module: ir.Module, ops: list | None = None,
