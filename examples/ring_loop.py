@@ -7,7 +7,8 @@ sequence; each step scores the local queries against the K block held (causal ma
 block's positions), updates an online softmax (running max, rescaled denominator and
 accumulator) and passes K and V to the next device. The twins (`BUGS`): the blocks passed the
 other way round, one trip short, the key block index off by one, the accumulators rescaled by
-exp(m_new - m_old), the denominator never rescaled.
+exp(m_new - m_old), the weighted values rescaled by another row's max (a reshape where the
+transpose belongs), the denominator never rescaled.
 
     python -m examples.ring_loop --write-lit lit_tests/regressions/Inputs   # cp 32, a twin
 """
@@ -28,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 S_L, H, D = 2, 2, 2
 SPEC = P(None, "cp")
-BUGS = ("direction", "short", "index", "rescale", "unscaled")
+BUGS = ("direction", "short", "index", "rescale", "rows", "unscaled")
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -60,7 +61,8 @@ def ring(bug: str = ""):
             p = jnp.exp(scores - m_new[..., None])
             corr = jnp.exp(m_new - m) if bug == "rescale" else jnp.exp(m - m_new)
             den = (den if bug == "unscaled" else den * corr) + jnp.sum(p, axis=-1)
-            o = o * jnp.swapaxes(corr, 1, 2)[..., None] + jnp.einsum("bhqk,bkhd->bqhd", p, vb)
+            rows = corr.reshape(b, s_l, h) if bug == "rows" else jnp.swapaxes(corr, 1, 2)
+            o = o * rows[..., None] + jnp.einsum("bhqk,bkhd->bqhd", p, vb)
             return o, m_new, den, lax.ppermute(kb, "cp", perm), lax.ppermute(vb, "cp", perm)
 
         init = (jnp.zeros(q.shape, q.dtype), jnp.full((b, h, s_l), -jnp.inf, q.dtype),

@@ -9,8 +9,9 @@ runs cp 16 / 32 / 64, lit_tests/regressions/ring_attention_loop_32_invariant.mli
 correct loop computes the reference's numbers and is proven, with its invariant in the report;
 each nearest wrong loop computes other numbers (or NaN) and is not proven: the blocks rotated
 the other way, one trip short, the block index off by one, the accumulators rescaled by
-exp(m_new - m_old), the denominator never rescaled. The last two (and the off-by-one, whose first block is masked
-throughout on a device) are not folded at all: their step is not an online-softmax step."""
+exp(m_new - m_old), the weighted values rescaled by another row's max, the denominator never
+rescaled. The last three (and the off-by-one, whose first block is masked throughout on a
+device) are not folded at all: their step is not an online-softmax step."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ N = 4
 SPEC = ring_loop.SPEC
 
 FOLDED = {"": True, "direction": True, "short": True, "index": False, "rescale": False,
-          "unscaled": False}
+          "rows": False, "unscaled": False}
 """Whether the loop is folded: its step is an online-softmax step over rotating blocks (and
 its first block holds an element above -inf in every row)."""
 
