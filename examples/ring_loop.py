@@ -72,35 +72,83 @@ def ring(bug: str = ""):
     return body
 
 
+def matmul_reference(x, w):
+    return x @ w
+
+
+def allgather_matmul(bug: str = ""):
+    """The shard_map body of an all-gather collective matmul in a fori_loop: x's rows split
+    over 'cp', w's columns; each step multiplies the x block held by the local columns of w,
+    writes it at the block's rows of the output and passes the block on (each device ends
+    with x @ w's columns it holds). Twins (`MATMUL_BUGS`): the blocks passed the other way,
+    one trip short, the rows written at the block index off by one."""
+    def body(x, w):
+        n, me, rows = lax.axis_size("cp"), lax.axis_index("cp"), x.shape[0]
+        perm = [(i, (i + (-1 if bug == "direction" else 1)) % n) for i in range(n)]
+
+        def step(i, carry):
+            out, xb = carry
+            src = (me - i + (1 if bug == "index" else 0)) % n
+            out = lax.dynamic_update_slice_in_dim(out, xb @ w, src * rows, axis=0)
+            return out, lax.ppermute(xb, "cp", perm)
+
+        out = jnp.zeros((rows * n, w.shape[1]), x.dtype)
+        out, _ = lax.fori_loop(0, n - 1 if bug == "short" else n, step, (out, x))
+        return out
+    return body
+
+
+MATMUL_BUGS = ("direction", "short", "index")
+MATMUL_SPECS = ((P("cp"), P(None, "cp")), P(None, "cp"))
+"""(in_specs, out_spec) of the collective matmul."""
+
+
 def inputs(n: int, seed: int = 0) -> tuple[np.ndarray, ...]:
     """q, k, v of a ring of n devices."""
     rng = np.random.default_rng(seed)
     return tuple(rng.standard_normal((1, n * S_L, H, D)).astype(np.float32) for _ in range(3))
 
 
-def sharded(n: int, bug: str = ""):
-    """The jitted shard_map program on a mesh ('cp', n) (n host devices needed)."""
+def matmul_inputs(n: int, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """x (2 rows a device, 2 columns) and w (2 columns a device) of a ring of n devices."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((2 * n, 2)).astype(np.float32),
+            rng.standard_normal((2, 2 * n)).astype(np.float32))
+
+
+def sharded(n: int, bug: str = "", matmul: bool = False):
+    """The jitted shard_map program (ring attention, or the collective matmul) on a mesh
+    ('cp', n) (n host devices needed), and its inputs' shardings."""
     mesh = jax.make_mesh((n,), ("cp",), axis_types=(AxisType.Auto,))
-    fn = jax.jit(jax.shard_map(ring(bug), mesh=mesh, in_specs=(SPEC,) * 3, out_specs=SPEC,
+    body, (specs, out) = ((allgather_matmul(bug), MATMUL_SPECS) if matmul
+                          else (ring(bug), ((SPEC,) * 3, SPEC)))
+    fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out,
                                check_vma=False))
-    return fn, NamedSharding(mesh, SPEC)
+    return fn, [NamedSharding(mesh, spec) for spec in specs]
 
 
-def run(n: int, bug: str = "") -> tuple[np.ndarray, np.ndarray]:
+def _pair(matmul: bool):
+    return (matmul_reference, matmul_inputs) if matmul else (reference, inputs)
+
+
+def run(n: int, bug: str = "", matmul: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(reference output, sharded output) on the same random inputs, executed."""
-    fn, sharding = sharded(n, bug)
-    args = inputs(n)
-    return (np.asarray(jax.jit(reference)(*args)),
-            np.asarray(fn(*(jax.device_put(a, sharding) for a in args))))
+    fn, shardings = sharded(n, bug, matmul)
+    ref_fn, make = _pair(matmul)
+    args = make(n)
+    return (np.asarray(jax.jit(ref_fn)(*args)),
+            np.asarray(fn(*(jax.device_put(a, s) for a, s in zip(args, shardings)))))
 
 
-def lower(n: int, bug: str = "") -> tuple[str, str]:
+def lower(n: int, bug: str = "", matmul: bool = False) -> tuple[str, str]:
     """(reference text, sharded text), file names relative to the repo root."""
     from entangle_mlir.jax import lower_pair  # lazy: only the lowering needs it
 
-    fn, sharding = sharded(n, bug)
-    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in inputs(n)]
-    ref, text = lower_pair(reference, fn, *avals)
+    fn, shardings = sharded(n, bug, matmul)
+    ref_fn, make = _pair(matmul)
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+             for a, s in zip(make(n), shardings)]
+    ref, text = lower_pair(ref_fn, fn, *avals)
     root = f"{REPO}{os.sep}"
     return ref.replace(root, ""), text.replace(root, "")
 

@@ -1,6 +1,7 @@
-"""entangle-normalize: programs XLA would reject are bad input (`validate.py`); inline func.calls so every rule sees plain ops; ring loops (a while
-passing blocks by collective_permute, constant trip count) are unrolled and the residuals
-their gradient's loops store and read back forwarded (`unroll.py`);
+"""entangle-normalize: programs XLA would reject are bad input (`validate.py`); inline func.calls so every rule sees plain ops; ring attention loops (a while
+whose body is one online-softmax step over blocks passed by collective_permute) are folded by
+their invariant (`ring_fold.py`), other ring loops (constant trip count) are unrolled and the
+residuals their gradient's loops store and read back forwarded (`unroll.py`);
 converts to their operand's own type are dropped; reductions over unit dims (jax's transposes with one sequence / head per device) become
 reshapes (`unit_dims.py`);
 per-token computations on flattened `(batch, seq)` keep both dims (`token_dims.py`); numerical
