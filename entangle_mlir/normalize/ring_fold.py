@@ -313,10 +313,11 @@ class _Ring:
                 k = permutes.get(op.operation)
                 if k is not None:
                     nxt[k] = clone.results[0]
-            blocks.append(mapping[self.scores])
+            # (a block computed outside the loop is the same at every step)
+            blocks.append(mapping.get(self.scores, self.scores))
             for k, acc in self.accs.items():
                 if acc.v is not None:
-                    values[k].append(mapping[acc.v])
+                    values[k].append(mapping.get(acc.v, acc.v))
             if j == 0 and not self._first_rows_finite(blocks[0], created):
                 return False
             rotated = nxt
