@@ -89,7 +89,7 @@ def defining_op(value) -> ir.Operation | None:
     return owner.operation if hasattr(owner, "operation") else owner
 
 
-def _integer_width(value) -> int | None:
+def integer_width(value) -> int | None:
     """The bit width of `value`'s integer element type (None: not an integer of 2+ bits)."""
     element = ir.RankedTensorType(value.type).element_type
     if not isinstance(element, ir.IntegerType) or ir.IntegerType(element).width < 2:
@@ -97,11 +97,11 @@ def _integer_width(value) -> int | None:
     return ir.IntegerType(element).width
 
 
-def _constant_int(value) -> int | None:
+def constant_int(value) -> int | None:
     """The value of an integer constant holding one element (None for anything else, floats
     included: `int(4.5)` is not the bound a float comparison tests)."""
     op = defining_op(value)
-    if op is None or op.name != "stablehlo.constant" or _integer_width(value) is None:
+    if op is None or op.name != "stablehlo.constant" or integer_width(value) is None:
         return None
     array, _ = constant_value(op.attributes["value"])
     if array.size != 1:
@@ -124,7 +124,7 @@ class Counter:
 
     def trips(self, start: int) -> int:
         """The number of iterations from the counter's initial bits `start`."""
-        return max(0, self.limit - _as_compared(start, self.width, self.signed))
+        return max(0, self.limit - as_compared(start, self.width, self.signed))
 
 
 def loop_counter(loop: ir.Operation) -> Counter | None:
@@ -142,23 +142,23 @@ def loop_counter(loop: ir.Operation) -> Counter | None:
     if counter not in args:
         return None
     index = args.index(counter)
-    width = _integer_width(counter)
+    width = integer_width(counter)
     if width is None:  # a float counter: not a count of steps
         return None
     signed = _signed_comparison(compare, counter)
     if signed is None:
         return None
-    limit = _constant_int(bound)
+    limit = constant_int(bound)
     body_ret = list(body.operations)[-1]
     step = defining_op(body_ret.operands[index])
     if limit is None or step is None or step.name != "stablehlo.add":
         return None
     a, b = step.operands
-    increments = (a == body.arguments[index] and _constant_int(b) == 1) or (
-        b == body.arguments[index] and _constant_int(a) == 1)
+    increments = (a == body.arguments[index] and constant_int(b) == 1) or (
+        b == body.arguments[index] and constant_int(a) == 1)
     if not increments:
         return None
-    return Counter(index, _as_compared(limit, width, signed), width, signed)
+    return Counter(index, as_compared(limit, width, signed), width, signed)
 
 
 def _trip_count(loop: ir.Operation) -> int | None:
@@ -166,7 +166,7 @@ def _trip_count(loop: ir.Operation) -> int | None:
     counter = loop_counter(loop)
     if counter is None:
         return None
-    start = _constant_int(loop.operands[counter.index])
+    start = constant_int(loop.operands[counter.index])
     return None if start is None else counter.trips(start)
 
 
@@ -177,14 +177,15 @@ def _signed_comparison(compare: ir.Operation, counter) -> bool | None:
     return {"SIGNED": True, "UNSIGNED": False}.get(compare_type(compare))
 
 
-def _as_compared(value: int, width: int, signed: bool) -> int:
+def as_compared(value: int, width: int, signed: bool) -> int:
     """The integer a `width`-bit comparison sees for the bits of `value`. (The counter never
     wraps: it is incremented only while below the bound, which is representable.)"""
     value %= 1 << width
     return value - (1 << width) if signed and value >= 1 << (width - 1) else value
 
 
-def _is_ring(body: ir.Block) -> bool:
+def is_ring(body: ir.Block) -> bool:
+    """The loop body `body` holds a collective_permute (at any depth)."""
     found = [False]
 
     def visit(op):
@@ -197,7 +198,7 @@ def _is_ring(body: ir.Block) -> bool:
     return found[0]
 
 
-def _nested_reads_body(body: ir.Block) -> bool:
+def nested_reads_body(body: ir.Block) -> bool:
     """A region inside the body reads a value of the body (cloning would not remap it)."""
     outer = set(body.arguments) | {r for op in body.operations for r in op.results}
     reads = [False]
@@ -220,7 +221,7 @@ def _unroll(loop: ir.Operation, budget: list[int]) -> bool:
     be created; updated)."""
     body = loop.regions[1].blocks[0]
     trips = _trip_count(loop)
-    if trips is None or trips > MAX_TRIPS or not _is_ring(body) or _nested_reads_body(body):
+    if trips is None or trips > MAX_TRIPS or not is_ring(body) or nested_reads_body(body):
         return False
     cost = trips * sum(count_ops(op) for op in body.operations)
     if cost > budget[0]:
@@ -285,14 +286,14 @@ def fold_counters(module: ir.Module) -> int:
             continue
         result = op.results[0]
         tensor = ir.RankedTensorType(result.type)
-        width = _integer_width(result)
+        width = integer_width(result)
         if tensor.rank != 0 or width is None:
             continue
-        a, b = (_constant_int(v) for v in op.operands)
+        a, b = (constant_int(v) for v in op.operands)
         if a is None or b is None:
             continue
         element = ir.IntegerType(tensor.element_type)
-        value = _as_compared(fn(a, b), width, not element.is_unsigned)
+        value = as_compared(fn(a, b), width, not element.is_unsigned)
         with ir.InsertionPoint(op), op.location:
             attr = ir.DenseElementsAttr.get_splat(
                 tensor, ir.IntegerAttr.get(tensor.element_type, value))
@@ -308,11 +309,11 @@ _LOADS = ("stablehlo.dynamic_slice", "stablehlo.slice")
 
 def _index(value) -> int | None:
     """A constant start index as the op reads it (signed unless its type is unsigned)."""
-    raw = _constant_int(value)
+    raw = constant_int(value)
     if raw is None:
         return None
     element = ir.IntegerType(ir.RankedTensorType(value.type).element_type)
-    return _as_compared(raw, ir.IntegerType(element).width, not element.is_unsigned)
+    return as_compared(raw, ir.IntegerType(element).width, not element.is_unsigned)
 
 
 def _clamped(starts: list, dims: tuple[int, ...], sizes: tuple[int, ...]
