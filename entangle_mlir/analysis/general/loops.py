@@ -498,8 +498,8 @@ def leafless(roots, floor: int, leaves: set[int]) -> set[int]:
 
 
 def instantiate(term: Term, subst: dict[int, Term], floor: int, memo: dict[int, Term],
-                work: list[int] | None = None, keep: set[int] | frozenset = frozenset()
-                ) -> Term:
+                work: list[int] | None = None, keep: set[int] | frozenset = frozenset(),
+                in_order: bool = False) -> Term:
     """`term` with every leaf in `subst` (by serial) replaced, rebuilt through the term
     builders bottom-up; integer parts whose leaves are all constants folded to their values,
     dynamic slices and updates at constant offsets made static, selects on a constant
@@ -525,7 +525,7 @@ def instantiate(term: Term, subst: dict[int, Term], floor: int, memo: dict[int, 
             continue
         pending = [a for a in top.args if a.serial >= floor and a.serial not in memo]
         if pending:
-            stack.extend(pending)
+            stack.extend(reversed(pending) if in_order else pending)
             continue
         stack.pop()
         args = tuple(memo.get(a.serial, a) if a.serial >= floor else a for a in top.args)

@@ -116,7 +116,7 @@ class Symmetry:
         if not any(gamma):
             return term
         memo = self._memo(gamma)
-        return instantiate(term, self.subst[gamma], 0, memo)
+        return instantiate(term, self.subst[gamma], 0, memo, in_order=True)
 
     def coherent(self, rep: Local, local: Local, d: int) -> bool:
         """Whether d's value `local` is its representative's `rep` renamed."""
