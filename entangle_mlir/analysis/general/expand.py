@@ -65,10 +65,11 @@ DEVICE_IDS = ("stablehlo.partition_id", "stablehlo.replica_id")
 
 WHILE = "stablehlo.while"
 
-SYMMETRIC = False
-"""Whether a manual computation's devices along its symmetric axes are expanded as their
-representative's renamed (`symmetry.py`). Off: sound, but not faster than the rules yet (the
-term builders dominate, and renamed terms can take other normal forms than the rules')."""
+SYMMETRIC = True
+"""Whether a manual computation's devices along its symmetric axes get their representative's
+terms renamed where the argument covers them (`symmetry.py`): the rules and their Z3-checked
+instances run on the representatives only (dp 2 x pp 4 x tp 8: 11 363 instances instead of
+65 134). The terms are still built on every device (by the builders)."""
 
 INVARIANT_ATTR = "entangle.invariant"
 """The attribute holding the invariant a loop was solved by."""
