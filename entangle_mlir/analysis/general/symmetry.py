@@ -65,8 +65,9 @@ class Symmetry:
             self.gamma.append(tuple(coords[a] for a in axes))
         self.memo: dict[tuple[int, ...], dict[int, Term]] = {}
         self.subst: dict[tuple[int, ...], dict[int, Term]] = {}
-        self.renamed = 0
-        """Device-op results obtained by renaming (no rule run)."""
+        self._moved: dict[tuple[int, ...], list[int]] = {}
+        self._gammas = sorted(set(self.gamma) - {(0,) * len(axes)})
+        """The rotations other than the identity."""
 
     def identity(self, d: int) -> bool:
         return self.rep[d] == d
@@ -80,9 +81,7 @@ class Symmetry:
 
     def permute_argument(self, leaf: Term, tiling) -> None:
         """Define sigma on a global argument tiled by `tiling` (per dim, its mesh axes)."""
-        for gamma in set(self.gamma):
-            if not any(gamma):
-                continue
+        for gamma in self._gammas:
             self._memo(gamma)
             term = leaf
             for dim, axes in enumerate(tiling):
@@ -156,15 +155,20 @@ class Symmetry:
         """Fresh per-device leaves (a loop's carries at its symbolic step): sigma_gamma maps
         device d's leaf to device gamma . d's."""
         n = len(leaves)
-        for gamma in set(self.gamma):
-            if not any(gamma):
-                continue
+        for gamma in self._gammas:
             memo = self._memo(gamma)
             for d in range(n):
                 memo.setdefault(leaves[d].term.serial, leaves[self.moved(d, gamma)].term)
 
     def moved(self, d: int, gamma: tuple[int, ...]) -> int:
         """gamma . d."""
+        table = self._moved.get(gamma)
+        if table is None:
+            table = self._moved[gamma] = [self._move(e, gamma)
+                                          for e in range(self.mesh.num_devices)]
+        return table[d]
+
+    def _move(self, d: int, gamma: tuple[int, ...]) -> int:
         coords = dict(self.mesh.coords(d))
         for axis, g in zip(self.axes, gamma):
             coords[axis] = (coords[axis] + g) % self.mesh.size(axis)
@@ -174,9 +178,7 @@ class Symmetry:
         """Whether every rotation maps each group to a group (member k to member k, or as a
         set)."""
         keys = {tuple(sorted(g)) if as_sets else tuple(g) for g in groups}
-        for gamma in set(self.gamma):
-            if not any(gamma):
-                continue
+        for gamma in self._gammas:
             for group in groups:
                 moved = [self.moved(m, gamma) for m in group]
                 if (tuple(sorted(moved)) if as_sets else tuple(moved)) not in keys:
@@ -186,7 +188,7 @@ class Symmetry:
     def pairs_move(self, pairs: list[tuple[int, int]]) -> bool:
         found = set(pairs)
         return all((self.moved(s, gamma), self.moved(t, gamma)) in found
-                   for gamma in set(self.gamma) if any(gamma) for s, t in pairs)
+                   for gamma in self._gammas for s, t in pairs)
 
 
 def symmetric_axes(body: ir.Block, mesh: Mesh) -> tuple[str, ...]:
