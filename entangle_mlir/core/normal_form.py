@@ -1035,6 +1035,8 @@ def join_sums(term: Term) -> Term:
     if term.op != "lin":
         return term
     pairs, constant = linear_parts(term)
+    pairs = _unjoined(pairs)
+    expanded = len(pairs) != len(term.args)
     changed = True
     while changed:
         changed = False
@@ -1056,7 +1058,7 @@ def join_sums(term: Term) -> Term:
             if changed:
                 break
     pairs = _join_groups(pairs)
-    if len(pairs) == len(term.args):
+    if len(pairs) == len(term.args) and not expanded:
         return term
     return make_lin(pairs, constant, term.shape, term.dtype)
 
@@ -1127,26 +1129,48 @@ def _join_groups(pairs: list) -> list:
             if core is None:
                 continue
             done.update(part)
-            joined.append((k, _wrap(core, perms)))
+            whole = _wrap(core, perms)
+            joined.append((k, whole))
+            _JOINED_PARTS.setdefault(whole.serial, tuple(pairs[i][1] for i in part))
     if not joined:
         return pairs
     return [p for i, p in enumerate(pairs) if i not in done] + joined
 
 
+_JOINED_PARTS: dict[int, tuple[Term, ...]] = {}
+"""The parts each term `_join_groups` made is the sum of, by its serial (terms are interned
+for the whole run): `join_sums` starts from them again."""
+
+
+def _unjoined(pairs: list) -> list:
+    """`pairs` with every part that `_join_groups` made written as the parts it joined
+    (exact: it is their sum), unless that makes more than `MAX_BLOCKS` parts. Joined again
+    all at once, a sum's grouping does not depend on how the sum was assembled: a pipeline
+    stage's sum of its own micro-batch's contributions joins across weights (one lhs), while
+    the whole step's joins per weight; a sum of such sums joins as the flat sum does."""
+    if not any(t.serial in _JOINED_PARTS for _, t in pairs):
+        return pairs
+    out = [(k, p) for k, t in pairs for p in _JOINED_PARTS.get(t.serial, (t,))]
+    return out if len(out) <= MAX_BLOCKS else pairs
+
+
 def _subgroups(cores: list[Term]) -> list[list[int]]:
     """The positions of `cores` (one contraction or sum, which do not join all together)
-    split by the argument an operand's piece moves (slices, reshapes), else by the term the
-    first slice under it is a window of, for the first summed operand whose pieces are so
-    split into several groups (two of them at least twice):
+    split by the argument an operand's piece moves (slices, reshapes), for the first summed
+    operand whose pieces are so split into several groups (two of them at least twice),
+    else likewise by the term the first slice under an operand's piece is a window of:
     the parts of a tp-partial residual stream, `attn_0 @ wo[:k] + attn_1 @ wo[k:] + h_0 @
     w_down[:f] + h_1 @ w_down[f:]`, are two sums (one per weight) that each join, not one.
+    A weight comes first: split by the first slice under the computed lhs, the stream of a
+    pipeline's several micro-batches splits by micro-batch (or stage) instead, which the
+    reference's whole-batch stream never does, so the two forms do not meet.
     Each subgroup is joined on its own (any grouping of a sum is a regrouping); [] when
     there is no such split."""
-    for pair in _summed_dims(cores[0]):
-        for k, d in enumerate(pair):
-            if d is None:
-                continue
-            for keyed in (_moved_argument, _first_slice_base):
+    for keyed in (_moved_argument, _first_slice_base):
+        for pair in _summed_dims(cores[0]):
+            for k, d in enumerate(pair):
+                if d is None:
+                    continue
                 keys = [keyed(c.args[k], d) for c in cores]
                 if any(key is None for key in keys):
                     continue

@@ -175,3 +175,55 @@ def test_a_concatenation_of_zero_pads_along_an_unpadded_dim_is_the_pad() -> None
     # must fail: the second shard padded on the other side
     other = [padded(0, 2, 0, 2), padded(2, 4, 2, 0)]
     assert make_concat(other, 0) is not whole and refuted(raw_concat(other, 0), whole)
+
+
+def _stage_part(base, w, cols: tuple[int, int], rows: tuple[int, int]):
+    """A stage's contribution `tanh(base[:, cols]) @ w[rows]` (a computed lhs: no argument
+    moved, its first slice a window of the stage's own input)."""
+    x = make_elementwise("stablehlo.tanh", (slice_term(base, 1, *cols),))
+    return make_dot(x, slice_term(w, 0, *rows), DOT, (2, 3), F32)
+
+
+def test_a_sum_of_stages_contractions_joins_per_weight_however_assembled() -> None:
+    """Two stages' (micro-batches') tp-partial contributions to one residual stream, `p0 =
+    tanh(P[:, :2]) @ wo[:2]`, `p1 = tanh(Q[:, :2]) @ wo[2:]`, `p2 = tanh(P[:, 2:]) @ wd[:3]`,
+    `p3 = tanh(Q[:, 2:]) @ wd[3:]`, join per weight, `[tanh(P[:, :2]) tanh(Q[:, :2])] @ wo +
+    [...] @ wd`, not per stage, whether summed flat or as the sum of each stage's own sum
+    (which alone joins across weights, one lhs `tanh(P)`): one grouping, however the sum was
+    assembled."""
+    p, q = make_arg(0, (2, 5), F32), make_arg(1, (2, 5), F32)
+    wo, wd = make_arg(2, (4, 3), F32), make_arg(3, (6, 3), F32)
+
+    def parts(wd_rows=((0, 3), (3, 6)), wo_bases=(p, q)):
+        return [_stage_part(wo_bases[0], wo, (0, 2), (0, 2)),
+                _stage_part(wo_bases[1], wo, (0, 2), (2, 4)),
+                _stage_part(p, wd, (2, 5), wd_rows[0]), _stage_part(q, wd, (2, 5), wd_rows[1])]
+
+    def total(terms):
+        return make_lin([(Fraction(1), t) for t in terms], Fraction(0), (2, 3), F32)
+
+    def tanh(base, lo, hi):
+        return make_elementwise("stablehlo.tanh", (raw_slice(base, (0, lo), (2, hi)),))
+
+    reference = total([
+        raw("stablehlo.dot_general", (raw_concat([tanh(p, 0, 2), tanh(q, 0, 2)], 1), wo), DOT,
+            (2, 3)),
+        raw("stablehlo.dot_general", (raw_concat([tanh(p, 2, 5), tanh(q, 2, 5)], 1), wd), DOT,
+            (2, 3))])
+    p0, p1, p2, p3 = parts()
+    flat = total([p0, p1, p2, p3])
+    normal = normal_form(flat)
+    assert normal.op == "lin" and len(normal.args) == 2
+    assert {t.args[1].op for t in normal.args} == {"arg"}  # each weight whole: per weight
+    stage = normal_form(total([p0, p2]))
+    assert stage.op == "stablehlo.dot_general"  # one stage's sum joins across its weights
+    nested = normal_form(total([stage, normal_form(total([p1, p3]))]))
+    assert nested is normal
+    assert proved(flat, normal) and proved(normal, reference)
+    # must fail: another order (Q's rows with wo's first block), a part dropped, another
+    # weight slice (the second stage's wd block read at the first's rows)
+    crossed = total(parts(wo_bases=(q, p)))
+    dropped = total([p0, p1, p2])
+    shifted = total(parts(wd_rows=((0, 3), (0, 3))))
+    for wrong in (crossed, dropped, shifted):
+        assert normal_form(wrong) is not normal and refuted(wrong, reference)
