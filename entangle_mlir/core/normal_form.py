@@ -443,7 +443,8 @@ def _aligned_parts(first: Term, other: Term) -> list[Term] | None:
     """`other`'s parts (a `lin` like `first`) paired with `first`'s: each part of `first`
     with the same term in `other` at the same coefficient, where it has it; then each other
     part in turn with an unpaired part of the same coefficient, one with the same op first,
-    then with arguments of the same ops (`_arg_ops`), over the same arguments (a broadcast
+    then with arguments of the same ops (`_arg_ops`), with the most factors alike
+    (`_factor_keys`), over the same arguments (a broadcast
     of one bias at another piece's rows), with the same attributes (the builders order
     parts by serial, so pieces computed alike can list them in different orders); None when
     some part has no partner.
@@ -468,6 +469,7 @@ def _aligned_parts(first: Term, other: Term) -> list[Term] | None:
         ranked = sorted((j for j in free if theirs[j] == coef), key=lambda j: (
             other.args[j] is not part, other.args[j].op != part.op,
             _arg_ops(other.args[j]) != _arg_ops(part),
+            -len(_factor_keys(other.args[j]) & _factor_keys(part)),
             not _same_args(other.args[j], part), other.args[j].attrs != part.attrs, j))
         if not ranked:
             return None
@@ -480,6 +482,15 @@ def _arg_ops(term: Term) -> list[str]:
     """The ops of a term's arguments, sorted: what tells apart two products (of one
     coefficient in a sum) of different factors, such as `x * tanh(y) * z` and `x * z`."""
     return sorted(a.op for a in term.args)
+
+
+def _factor_keys(term: Term) -> set:
+    """A term's arguments, each broadcast one by what it broadcasts (its operand and dims):
+    what pairs up products of like factors by the factors they share where the pieces'
+    shapes differ (a rotary embedding's `q * cos + rot(q) * sin` on 32 heads and on 16
+    broadcast one cosine table to both)."""
+    return {(a.args[0].serial, a.attrs) if a.op == "broadcast" else a.serial
+            for a in term.args}
 
 
 def _same_args(a: Term, b: Term) -> bool:

@@ -12,9 +12,11 @@ from entangle_mlir.core.normal_form import make_concat, normal_form, slice_term
 from entangle_mlir.core.terms import (
     intern,
     make_arg,
+    make_broadcast,
     make_dot,
     make_elementwise,
     make_lin,
+    make_mul,
     make_op,
     make_reshape,
     make_splat,
@@ -227,3 +229,44 @@ def test_a_sum_of_stages_contractions_joins_per_weight_however_assembled() -> No
     shifted = total(parts(wd_rows=((0, 3), (0, 3))))
     for wrong in (crossed, dropped, shifted):
         assert normal_form(wrong) is not normal and refuted(wrong, reference)
+
+
+def test_rotary_pieces_of_other_head_counts_pair_by_their_tables() -> None:
+    """Rotary embeddings of 2 heads and of 3 heads, `q_i * cos + r_i * sin` (each table
+    broadcast over the piece's heads), concatenated along the heads: the parts pair up by
+    the table they broadcast (not in the order their serials list them), so the concatenation
+    is `[q_0 q_1] * cos + [r_0 r_1] * sin`."""
+    cos, sin = make_arg(0, (2,), F32), make_arg(1, (2,), F32)
+    q0, r0 = make_arg(2, (2, 2), F32), make_arg(3, (2, 2), F32)
+    q1, r1 = make_arg(4, (2, 3), F32), make_arg(5, (2, 3), F32)
+
+    def table(t, heads):
+        return make_broadcast(t, (0,), (2, heads))
+
+    def rotary(q, r, heads, first, second, sin_first=False):
+        parts = [(Fraction(1), make_mul(r, table(second, heads)))] if sin_first else []
+        parts.append((Fraction(1), make_mul(q, table(first, heads))))
+        if not sin_first:
+            parts.append((Fraction(1), make_mul(r, table(second, heads))))
+        return make_lin(parts, Fraction(0), (2, heads), F32)
+
+    def tanh(x):
+        return make_elementwise("stablehlo.tanh", (x,))
+
+    two = rotary(q0, r0, 2, cos, sin)
+    one = rotary(tanh(q1), tanh(r1), 3, cos, sin, sin_first=True)
+    def tables(rotated):
+        return [next(f for f in part.args if f.op == "broadcast").args[0]
+                for part in rotated.args]
+
+    assert tables(two) != tables(one)  # listed in other orders
+    whole = make_concat([two, one], 1)
+    lifted = make_lin([(Fraction(1), make_mul(make_concat([q0, tanh(q1)], 1), table(cos, 5))),
+                       (Fraction(1), make_mul(make_concat([r0, tanh(r1)], 1), table(sin, 5)))],
+                      Fraction(0), (2, 5), F32)
+    assert whole is lifted
+    assert proved(raw_concat([two, one], 1), lifted)
+    # must fail: the 3-head piece with its tables swapped
+    swapped = rotary(tanh(q1), tanh(r1), 3, sin, cos)
+    assert make_concat([two, swapped], 1) is not lifted
+    assert refuted(raw_concat([two, swapped], 1), lifted)
