@@ -444,10 +444,10 @@ def _aligned_parts(first: Term, other: Term) -> list[Term] | None:
     with the same term in `other` at the same coefficient, where it has it; then each other
     part in turn with an unpaired part of the same coefficient, one with the same op first,
     then with arguments of the same ops (`_arg_ops`), with the most factors alike
-    (`_factor_keys`), over the same arguments (a broadcast
-    of one bias at another piece's rows), with the same attributes (the builders order
-    parts by serial, so pieces computed alike can list them in different orders); None when
-    some part has no partner.
+    (`_factor_keys`: a rotary embedding's halves by their tables), over the same arguments
+    (a broadcast of one bias at another piece's rows), with the same attributes (the
+    builders order parts by serial, so pieces computed alike can list them in different
+    orders); None when some part has no partner.
     Any pairing with equal coefficients is exact (a sum of concatenations is the
     concatenation of the sums, column by column); this one is the pairing that can meet."""
     (_, mine), (_, theirs) = first.attrs, other.attrs
@@ -1046,8 +1046,6 @@ def join_sums(term: Term) -> Term:
     if term.op != "lin":
         return term
     pairs, constant = linear_parts(term)
-    pairs = _unjoined(pairs)
-    expanded = len(pairs) != len(term.args)
     changed = True
     while changed:
         changed = False
@@ -1069,7 +1067,7 @@ def join_sums(term: Term) -> Term:
             if changed:
                 break
     pairs = _join_groups(pairs)
-    if len(pairs) == len(term.args) and not expanded:
+    if len(pairs) == len(term.args):
         return term
     return make_lin(pairs, constant, term.shape, term.dtype)
 
@@ -1140,29 +1138,10 @@ def _join_groups(pairs: list) -> list:
             if core is None:
                 continue
             done.update(part)
-            whole = _wrap(core, perms)
-            joined.append((k, whole))
-            _JOINED_PARTS.setdefault(whole.serial, tuple(pairs[i][1] for i in part))
+            joined.append((k, _wrap(core, perms)))
     if not joined:
         return pairs
     return [p for i, p in enumerate(pairs) if i not in done] + joined
-
-
-_JOINED_PARTS: dict[int, tuple[Term, ...]] = {}
-"""The parts each term `_join_groups` made is the sum of, by its serial (terms are interned
-for the whole run): `join_sums` starts from them again."""
-
-
-def _unjoined(pairs: list) -> list:
-    """`pairs` with every part that `_join_groups` made written as the parts it joined
-    (exact: it is their sum), unless that makes more than `MAX_BLOCKS` parts. Joined again
-    all at once, a sum's grouping does not depend on how the sum was assembled: a pipeline
-    stage's sum of its own micro-batch's contributions joins across weights (one lhs), while
-    the whole step's joins per weight; a sum of such sums joins as the flat sum does."""
-    if not any(t.serial in _JOINED_PARTS for _, t in pairs):
-        return pairs
-    out = [(k, p) for k, t in pairs for p in _JOINED_PARTS.get(t.serial, (t,))]
-    return out if len(out) <= MAX_BLOCKS else pairs
 
 
 def _subgroups(cores: list[Term]) -> list[list[int]]:
@@ -1172,9 +1151,10 @@ def _subgroups(cores: list[Term]) -> list[list[int]]:
     else likewise by the term the first slice under an operand's piece is a window of:
     the parts of a tp-partial residual stream, `attn_0 @ wo[:k] + attn_1 @ wo[k:] + h_0 @
     w_down[:f] + h_1 @ w_down[f:]`, are two sums (one per weight) that each join, not one.
-    A weight comes first: split by the first slice under the computed lhs, the stream of a
-    pipeline's several micro-batches splits by micro-batch (or stage) instead, which the
-    reference's whole-batch stream never does, so the two forms do not meet.
+    A weight comes first, whichever operand it is: split by the first slice under a computed
+    lhs, the stream of a pipeline's several micro-batches (stages) splits by micro-batch
+    (stage) instead, which the reference's whole-batch stream never does, and the two
+    forms do not meet (gap 2 of benchmarks/FRONTIER_RESULTS.md: 4 layers, 2 micro-batches).
     Each subgroup is joined on its own (any grouping of a sum is a regrouping); [] when
     there is no such split."""
     for keyed in (_moved_argument, _first_slice_base):
