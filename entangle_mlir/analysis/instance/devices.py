@@ -366,10 +366,12 @@ def _symmetric_axes(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh, sid
     anything); broadcast, transpose and reshapes that keep a tagged dim whole carry them; a
     dot_general or reduction over permuted dims is invariant (a sum, max or product over
     all positions does not depend on their order); a roll of a dim that sigma rotates as a
-    whole (T's major axis is `a`) commutes with it (two cyclic shifts commute); iota is ID
-    along its dim (it is the position). Any other node commutes only when its operands are
-    unchanged (every tag ID or ANY); otherwise the axis is not symmetric and every device
-    is checked."""
+    whole (T's major axis is `a`) commutes with it (two cyclic shifts commute); a top_k
+    works row by row along its last dim, so it moves its rows as its operand's where that
+    last dim is left alone (ID or ANY; its result there is ID: the indices are positions);
+    iota is ID along its dim (it is the position). Any other node commutes only when its
+    operands are unchanged (every tag ID or ANY); otherwise the axis is not symmetric and
+    every device is checked."""
     symmetric = []
     for axis, size in mesh.axes:
         if size == 1:
