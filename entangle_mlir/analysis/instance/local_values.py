@@ -238,10 +238,9 @@ def region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, mem
     a leaf's variables in the region; an elementwise op on its operands' same region; a
     broadcast, transpose, dot_general or reduction on the operand positions those output
     positions read (whole contracted and reduced dims); a top_k on the window's rows (whole
-    along its last dim); a reshape on the smallest box of
-    operand positions holding the window's elements (row-major). Anything else, and a whole
-    region, is evaluated in full and sliced. Each rule restates the op's definition on a
-    window."""
+    along its last dim); a reshape on the smallest box of operand positions holding the
+    window's elements (row-major). Anything else, and a whole region, is evaluated in full
+    and sliced. Each rule restates the op's definition on a window."""
     shape = term.shape
     if all(r == (0, n) for r, n in zip(region, shape)):
         return evaluate_term(term, env, memo)
