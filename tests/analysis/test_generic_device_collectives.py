@@ -16,8 +16,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+import z3
+
 from entangle_mlir.analysis.instance import claims, devices
 from entangle_mlir.analysis.instance.checker import InstanceChecker
+from entangle_mlir.analysis.instance.local_values import region_value
 from entangle_mlir.analysis.instance.solve import run_check
 from entangle_mlir.core import terms as T
 from entangle_mlir.core.mesh import Mesh
@@ -26,6 +30,8 @@ from entangle_mlir.core.selection import make_top_k
 from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import RuleContext
+from entangle_mlir.semantics.element import equal, is_z3
+from entangle_mlir.semantics.evaluate import evaluate_term
 
 EP64 = Mesh((("ep", 64),))
 EP4 = Mesh((("ep", 4),))
@@ -234,3 +240,24 @@ def test_top_k_along_the_wrong_dim_is_not_symmetric_and_refuted() -> None:
     wrong = replace(values, term=column)
     assert devices._symmetric_axes([x], [wrong, indices], EP4) == ()
     assert check(info, [x], [wrong, indices], EP4).status == "refuted"
+
+
+def test_a_top_k_window_is_the_window_of_the_top_k() -> None:
+    """`region_value`'s top_k (the window's rows, whole along the selected dim) against the
+    whole top_k sliced, on values with ties (the lower index first), z3 leaves and the
+    indices result included."""
+    leaf = arg((6, 7))
+    values = np.array([[3, 1, 3, 2, 2, 0, 3], [0, 0, 0, 0, 0, 0, 0], [5, 4, 3, 2, 1, 0, -1],
+                       [1, 2, 3, 4, 5, 6, 7], [2, 7, 2, 7, 1, 1, 7], [4, 4, 9, 4, 4, 9, 4]])
+    symbolic = np.array([[z3.Real(f"x{r}_{c}") for c in range(7)] for r in range(6)])
+    for data in (values, symbolic):
+        for result in (0, 1):
+            term = make_top_k(leaf, 3, result, "f32" if result == 0 else "i32")
+            whole = evaluate_term(term, {leaf.attrs[0]: data})
+            for region in (((1, 4), (0, 3)), ((0, 6), (1, 3)), ((5, 6), (2, 3))):
+                got = region_value(term, region, {leaf.attrs[0]: data}, {}, {})
+                want = whole[tuple(slice(lo, hi) for lo, hi in region)]
+                assert got.shape == want.shape
+                for a, b in zip(got.reshape(-1), want.reshape(-1)):
+                    same = equal(a, b)
+                    assert z3.is_true(z3.simplify(same)) if is_z3(same) else same
