@@ -110,7 +110,7 @@ def _as_op(owner) -> ir.Operation:
 def _residual_buffers(loop: ir.Operation, trips: int) -> list[int]:
     """The carries of `loop` (counter from 0) that are buffers of `trips` rows written one
     row a step at the counter: `dynamic_update_slice(buffer, update, i, 0, ..., 0)`, the
-    update one row deep."""
+    update one row deep. None (an empty list) if a carry is written anywhere else."""
     counter = loop_counter(loop)
     if counter is None or constant_int(loop.operands[counter.index]) != 0:
         return []
@@ -124,9 +124,10 @@ def _residual_buffers(loop: ir.Operation, trips: int) -> list[int]:
             continue
         starts = list(store.operands[2:])
         shape = shape_of(arg)
-        if starts[0] == index and all(constant_int(s) == 0 for s in starts[1:]) and (
-                shape and shape[0] == trips and shape_of(store.operands[1])[0] == 1):
-            found.append(k)
+        if not (starts[0] == index and all(constant_int(s) == 0 for s in starts[1:]) and (
+                shape and shape[0] == trips and shape_of(store.operands[1])[0] == 1)):
+            return []
+        found.append(k)
     return found
 
 
