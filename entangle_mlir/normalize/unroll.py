@@ -110,7 +110,7 @@ def _as_op(owner) -> ir.Operation:
 def _residual_buffers(loop: ir.Operation, trips: int) -> list[int]:
     """The carries of `loop` (counter from 0) that are buffers of `trips` rows written one
     row a step at the counter: `dynamic_update_slice(buffer, update, i, 0, ..., 0)`, the
-    update one row deep. None (an empty list) if a carry is written anywhere else."""
+    update one row deep; none if any carry is written anywhere else."""
     counter = loop_counter(loop)
     if counter is None or constant_int(loop.operands[counter.index]) != 0:
         return []
