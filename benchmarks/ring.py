@@ -18,8 +18,9 @@ written at the block's rows): the general tier reads that loop by its invariant
 the Python-unrolled one: entangle-normalize folds the loop by its invariant (the K/V blocks
 rotate, the online softmax's accumulators are sums over the blocks of the steps before;
 `normalize/ring_fold.py`, issue 19) at any ring length. A differentiated loop (`--task
-stack_sgd`) is not folded: it is unrolled up to 16 steps (`normalize/unroll.py`), not proven
-past that.
+stack_sgd`) is not folded: its forward (residuals stored at each step's row) and backward
+(reading them at n - 1 - i) are unrolled as a pair up to 32 steps (`unroll.residual_pairs`),
+not proven past that.
 
 The programs are `examples/real`'s `llama3_stack_sgd_ring_cp4` (2 layers, hidden 32, 16 q /
 8 kv heads of 4, grouped-query attention) with the sequence long enough for the ring

@@ -20,6 +20,18 @@ buffers (`dynamic_update_slice` at the counter) and the backward reads them back
 constant integer arithmetic; `forward_residuals` folds them (`fold_counters`) and forwards
 every read of a buffer slot to the value stored there (store-to-load forwarding), after
 which the backward reads each step's values directly, as the Python-unrolled ring's does.
+
+Such a differentiated ring (`residual_pairs`: the forward writing every row of its buffers at
+its counter, the backward the one loop reading them, both of the same trip count) is unrolled
+up to `MAX_RESIDUAL_TRIPS`, past `MAX_TRIPS`: `ring_fold.py` folds a forward-only ring by its
+invariant at any trip count, but the differentiated one has no closed form shorter than its
+steps. Its residuals are the running max, denominator and accumulator at each step i (the
+online softmax over the blocks of steps < i: a prefix per step), and the backward's carries
+are chained through them (the output's cotangent multiplied by each step's rescale, dK and dV
+added to and rotated back each step). Their closed form at the trip count is the per-step
+form itself: each step's residuals, read at row n - 1 - i as the buffer invariant says
+(rows < i hold the per-step values), with the backward's carries composed step by step, which
+is what unrolling and `forward_residuals` produce (and `online_backward.py` telescopes).
 """
 
 from __future__ import annotations
@@ -37,6 +49,10 @@ from entangle_mlir.normalize.match import shape_of
 MAX_TRIPS = 16
 """Longest ring loop unrolled (a ring has one step per device of its mesh axis)."""
 
+MAX_RESIDUAL_TRIPS = 32
+"""Longest differentiated ring unrolled (`residual_pairs`: a forward storing its residuals at
+each step's row and the backward reading them; module docstring)."""
+
 
 def unroll_ring_loops(module: ir.Module, ops: list | None = None) -> int:
     """Unroll every ring loop in place, within a budget of `MAX_TRIPS` copies of the module's
@@ -50,12 +66,80 @@ def unroll_ring_loops(module: ir.Module, ops: list | None = None) -> int:
     fixpoint, as any loop that is not unrolled)."""
     count = 0
     size = len(ops) if ops is not None else count_ops(module.operation)
-    budget = [MAX_TRIPS * size]
-    loops = None if ops is None else [op for name, op in ops if name == "stablehlo.while"]
-    while any(_unroll(loop, budget) for loop in (_loops(module) if loops is None else loops)):
-        loops = None
+    loops = _loops(module) if ops is None else [op for name, op in ops
+                                                if name == "stablehlo.while"]
+    pairs = residual_pairs(loops)
+    budget = [max([MAX_TRIPS, *pairs.values()]) * size]
+    while any(_unroll(loop, budget, pairs) for loop in loops):
+        loops = _loops(module)
         count += 1
     return count
+
+
+def residual_pairs(loops: list[ir.Operation]) -> dict[int, int]:
+    """The differentiated ring loops past `MAX_TRIPS` and up to `MAX_RESIDUAL_TRIPS` trips
+    (`op_key` -> trips): a forward ring loop whose counter runs from 0, writing buffers
+    whose rows are its trips, one row a step at the counter (`_residual_buffers`: after the
+    loop every row holds a step's value), and the one ring loop of the same trip count that
+    reads those buffers: only by `dynamic_slice`, carried unchanged."""
+    pairs: dict[int, int] = {}
+    for forward in loops:
+        trips = _trip_count(forward)
+        if trips is None or not MAX_TRIPS < trips <= MAX_RESIDUAL_TRIPS:
+            continue
+        buffers = _residual_buffers(forward, trips)
+        if not buffers or not is_ring(forward.regions[1].blocks[0]):
+            continue
+        uses = [use for k in buffers for use in forward.results[k].uses]
+        owners = {op_key(use.owner): _as_op(use.owner) for use in uses}
+        if len(owners) != 1:
+            continue
+        (backward,) = owners.values()
+        if backward.name != "stablehlo.while" or _trip_count(backward) != trips or not (
+                is_ring(backward.regions[1].blocks[0])):
+            continue
+        if all(_read_only_by_slices(backward, use.operand_number) for use in uses):
+            pairs[op_key(forward)] = pairs[op_key(backward)] = trips
+    return pairs
+
+
+def _as_op(owner) -> ir.Operation:
+    return owner.operation if hasattr(owner, "operation") else owner
+
+
+def _residual_buffers(loop: ir.Operation, trips: int) -> list[int]:
+    """The carries of `loop` (counter from 0) that are buffers of `trips` rows written one
+    row a step at the counter: `dynamic_update_slice(buffer, update, i, 0, ..., 0)`, the
+    update one row deep; none if any carry is written anywhere else."""
+    counter = loop_counter(loop)
+    if counter is None or constant_int(loop.operands[counter.index]) != 0:
+        return []
+    body = loop.regions[1].blocks[0]
+    index = body.arguments[counter.index]
+    found = []
+    for k, (arg, out) in enumerate(zip(body.arguments, list(body.operations)[-1].operands)):
+        store = defining_op(out)
+        if store is None or store.name != "stablehlo.dynamic_update_slice" or (
+                store.operands[0] != arg):
+            continue
+        starts = list(store.operands[2:])
+        shape = shape_of(arg)
+        if not (starts[0] == index and all(constant_int(s) == 0 for s in starts[1:]) and (
+                shape and shape[0] == trips and shape_of(store.operands[1])[0] == 1)):
+            return []
+        found.append(k)
+    return found
+
+
+def _read_only_by_slices(loop: ir.Operation, slot: int) -> bool:
+    """Carry `slot` of `loop` is yielded unchanged and read in the body only by
+    `dynamic_slice` ops (a buffer the loop reads and never writes)."""
+    body = loop.regions[1].blocks[0]
+    arg = body.arguments[slot]
+    if list(body.operations)[-1].operands[slot] != arg:
+        return False
+    return all(_as_op(use.owner).name == "stablehlo.dynamic_slice" and use.operand_number == 0
+               for use in arg.uses if _as_op(use.owner).name != "stablehlo.return")
 
 
 def count_ops(op: ir.Operation) -> int:
@@ -216,17 +300,20 @@ def nested_reads_body(body: ir.Block) -> bool:
     return reads[0]
 
 
-def _unroll(loop: ir.Operation, budget: list[int]) -> bool:
+def _unroll(loop: ir.Operation, budget: list[int], pairs: dict[int, int]) -> bool:
     """Unroll `loop` if it is a ring loop whose copies fit in `budget` (ops still allowed to
-    be created; updated)."""
+    be created; updated), of at most `MAX_TRIPS` trips or one of the differentiated rings
+    `pairs` (`residual_pairs`)."""
     body = loop.regions[1].blocks[0]
     trips = _trip_count(loop)
-    if trips is None or trips > MAX_TRIPS or not is_ring(body) or nested_reads_body(body):
+    if trips is None or (trips > MAX_TRIPS and op_key(loop) not in pairs) or not is_ring(
+            body) or nested_reads_body(body):
         return False
     cost = trips * sum(count_ops(op) for op in body.operations)
     if cost > budget[0]:
         return False
     budget[0] -= cost
+    pairs.pop(op_key(loop), None)  # its address may be reused once it is erased
     current = list(loop.operands)
     ops = list(body.operations)
     for _ in range(trips):
