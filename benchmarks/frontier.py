@@ -17,6 +17,8 @@ no weight is allocated):
 * `70b / 405b dp2 pp4 tp8 1f1b L<l>`: the layer stack (no embedding / loss head) trained by
   the 1F1B pipeline of examples/pipelines.py on dp 2 x pp 4 x tp 8 (64 devices), 4
   micro-batches, Adam-like update; proven by the general tier (per-device expansion).
+  `... 1f1b mlp L<l>`: the same with the layers' MLP blocks only (no attention), the rows the
+  general tier's renaming argument on dp and tp (`analysis/general/symmetry.py`) is measured on.
 * `deepseek ep64 L<l>`: DeepSeek-V3-like MoE stack (hidden 7168, MLA with q rank 1536 / kv rank
   512 / 128 heads, 256 routed experts of FFN 2048 top-8 plus one shared expert, ep 64 with
   all_to_all dispatch), forward + backward + SGD.
@@ -84,6 +86,9 @@ def cases(args) -> list[Case]:
                 cfg = replace(widths[model], n_layers=layers)
                 out.append(Case(f"{model} dp2 pp4 tp8 1f1b L{layers}", "pp",
                                 lambda cfg=cfg: _corpus(F.pipeline_step(cfg, 2, 4, 8))))
+                out.append(Case(f"{model} dp2 pp4 tp8 1f1b mlp L{layers}", "pp",
+                                lambda cfg=cfg: _corpus(F.pipeline_step(cfg, 2, 4, 8,
+                                                                        attention=False))))
     if "deepseek" in args.only:
         cfg = replace(F.DEEPSEEK_V3, n_layers=4 if args.quick else F.DEEPSEEK_V3.n_layers)
         out.append(Case(f"deepseek ep64 L{cfg.n_layers}", "deepseek",

@@ -5,6 +5,22 @@ backward and SGD) at cp 4 / 8 / 16 / 32, one command, the targets from the same 
     python benchmarks/ring.py                   # cp 4 8 16 32, every Z3 rule check
     python benchmarks/ring.py --cp 4 8 --no-z3  # without the Z3 rule checks (normalize + walk)
     python benchmarks/ring.py --profile 8       # cProfile of one check, the 25 costliest calls
+    python benchmarks/ring.py --loop --task stack --cp 16 32 64
+                                                # the ring in a fori_loop, forward only
+    python benchmarks/ring.py --matmul --cp 16 32 64   # collective matmul in a fori_loop
+
+`--matmul` checks the all-gather collective matmul in a fori_loop instead
+(`examples/ring_loop.py`'s `allgather_matmul`: the x block rotates, the output is a buffer
+written at the block's rows): the general tier reads that loop by its invariant
+(`analysis/general/loops.py`) at any ring length.
+
+`--loop` spells the ring as `lax.fori_loop` over the cp steps (`Par(ring="loop")`) instead of
+the Python-unrolled one: entangle-normalize folds the loop by its invariant (the K/V blocks
+rotate, the online softmax's accumulators are sums over the blocks of the steps before;
+`normalize/ring_fold.py`, issue 19) at any ring length. A differentiated loop (`--task
+stack_sgd`) is not folded: its forward (residuals stored at each step's row) and backward
+(reading them at n - 1 - i) are unrolled as a pair up to 32 steps (`unroll.residual_pairs`),
+not proven past that.
 
 The programs are `examples/real`'s `llama3_stack_sgd_ring_cp4` (2 layers, hidden 32, 16 q /
 8 kv heads of 4, grouped-query attention) with the sequence long enough for the ring
@@ -34,18 +50,29 @@ TARGETS = {8: 5.0, 32: 20.0}
 """Issue 21: seconds per check at these ring lengths, every Z3 rule check included."""
 
 
-def lower(cp: int, directory: Path) -> tuple[Path, Path]:
+def lower(cp: int, directory: Path, ring: str = "unrolled", task: str = "stack_sgd"
+          ) -> tuple[Path, Path]:
     """The reference and sharded programs of the ring at `cp` devices, written to
-    `directory`."""
+    `directory`: `ring` "unrolled" (Python) or "loop" (fori_loop), `task` "stack_sgd",
+    "stack" (forward only) or "matmul" (the all-gather collective matmul loop)."""
     from examples.real.catalog import lower_pair, program
     from examples.real.models.config import LLAMA3
     from examples.real.models.par import Par
 
+    if task == "matmul":
+        from examples import ring_loop
+
+        ref, sharded = ring_loop.lower(cp, matmul=True)
+        ref_path = directory / f"matmul_cp{cp}.ref.mlir"
+        sharded_path = directory / f"matmul_cp{cp}.mlir"
+        ref_path.write_text(ref)
+        sharded_path.write_text(sharded)
+        return ref_path, sharded_path
     cfg = replace(LLAMA3, seq=max(16, 2 * cp))
-    ex = program("llama3", "stack_sgd", Par(cp="cp", ring="unrolled"), (("cp", cp),),
-                 "cp ring", cfg=cfg)
+    ex = program("llama3", task, Par(cp="cp", ring=ring), (("cp", cp),), "cp ring", cfg=cfg)
     ref, sharded = lower_pair(ex)
-    ref_path, sharded_path = directory / f"ring_cp{cp}.ref.mlir", directory / f"ring_cp{cp}.mlir"
+    name = f"ring_{task}_{ring}_cp{cp}"
+    ref_path, sharded_path = directory / f"{name}.ref.mlir", directory / f"{name}.mlir"
     ref_path.write_text(ref)
     sharded_path.write_text(sharded)
     return ref_path, sharded_path
@@ -69,23 +96,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-z3", action="store_true", help="--no-verify-rules")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--keep", metavar="DIR", help="keep the lowered programs in DIR")
+    parser.add_argument("--loop", action="store_true",
+                        help="the ring in a fori_loop (folded by its invariant)")
+    parser.add_argument("--task", default="stack_sgd", choices=["stack_sgd", "stack"],
+                        help="training step (default) or forward only")
+    parser.add_argument("--matmul", action="store_true",
+                        help="the all-gather collective matmul in a fori_loop instead")
     parser.add_argument("--profile", type=int, metavar="CP",
                         help="profile the check at this ring length instead")
     args = parser.parse_args(argv)
     directory = Path(args.keep or tempfile.mkdtemp(prefix="entangle-ring-"))
     directory.mkdir(parents=True, exist_ok=True)
     options = ["--assume-no-overflow"] + (["--no-verify-rules"] if args.no_z3 else [])
+    spelling = {"ring": "loop" if args.loop or args.matmul else "unrolled",
+                "task": "matmul" if args.matmul else args.task}
     if args.profile:
-        profile(*lower(args.profile, directory), options)
+        profile(*lower(args.profile, directory, **spelling), options)
         return 0
     print(f"load average before: {os.getloadavg()[0]:.2f} (2 cores); "
           f"{'no Z3 rule checks' if args.no_z3 else 'every Z3 rule check'}; each check run "
-          f"{args.repeat} times, least time kept", flush=True)
+          f"{args.repeat} times, least time kept; "
+          + ("the all-gather collective matmul in a fori_loop" if args.matmul else
+             f"llama3 {args.task}, the ring "
+             f"{'in a fori_loop' if args.loop else 'unrolled in Python'}"), flush=True)
     print(f"{'ring':<8} {'wall s':>7} {'cpu s':>6} {'RSS MiB':>7} {'ops':>6} {'rules':>11} "
           f"verdict", flush=True)
     rows = {}
     for cp in args.cp:
-        ref, sharded = lower(cp, directory)
+        ref, sharded = lower(cp, directory, **spelling)
         runs = [run_check(ref, sharded, options) for _ in range(max(1, args.repeat))]
         row = min(runs, key=lambda r: r["cpu_s"])
         row["wall_s"] = min(r["wall_s"] for r in runs)
@@ -95,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['rss_mib']:7.0f} {row['ops']:>6} {str(row['proved']) + skipped:>11} "
               f"{row['verdict']}", flush=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
-    for cp, limit in TARGETS.items():
+    targets = TARGETS if spelling == {"ring": "unrolled", "task": "stack_sgd"} else {}
+    for cp, limit in targets.items():
         row = rows.get(cp)
         if row is None:
             continue

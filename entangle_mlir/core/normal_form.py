@@ -106,8 +106,7 @@ gradients summed step by step), each exact, at most a regrouping of a sum:
   reduction then keeping that unit dim before the copies it sums,
   `_reduction_keeping_unit(early=True)`); one-column contractions of two layers join layer
   by layer (`_heads_of_contractions`); commuting operands line up by a concatenation's first piece
-  (`_leading`) and a sum's parts by the factors they share (`_shared_args`: RoPE's
-  `cos * x + sin * y`);
+  (`_leading`);
 * `blocks_meet` also meets sums over every element across shapes and tiles
   (`_full_sums_meet`, `_tiled_sums_meet`), terms row block by row block where one is
   computed element by element from a concatenation (`_spine_cuts`), and one op over
@@ -534,11 +533,11 @@ def _aligned_parts(first: Term, other: Term) -> list[Term] | None:
     """`other`'s parts (a `lin` like `first`) paired with `first`'s: each part of `first`
     with the same term in `other` at the same coefficient, where it has it; then each other
     part in turn with an unpaired part of the same coefficient, one with the same op first,
-    then with arguments of the same ops (`_arg_ops`), over the same arguments (a broadcast
-    of one bias at another piece's rows), sharing more arguments (`_shared_args`: RoPE's
-    `cos * x + sin * y`), with the same attributes (the builders order
-    parts by serial, so pieces computed alike can list them in different orders); None when
-    some part has no partner.
+    then with arguments of the same ops (`_arg_ops`), with the most factors alike
+    (`_factor_keys`: a rotary embedding's halves by their tables), over the same arguments
+    (a broadcast of one bias at another piece's rows), with the same attributes (the
+    builders order parts by serial, so pieces computed alike can list them in different
+    orders); None when some part has no partner.
     Any pairing with equal coefficients is exact (a sum of concatenations is the
     concatenation of the sums, column by column); this one is the pairing that can meet."""
     (_, mine), (_, theirs) = first.attrs, other.attrs
@@ -560,8 +559,8 @@ def _aligned_parts(first: Term, other: Term) -> list[Term] | None:
         ranked = sorted((j for j in free if theirs[j] == coef), key=lambda j: (
             other.args[j] is not part, other.args[j].op != part.op,
             _arg_ops(other.args[j]) != _arg_ops(part),
-            not _same_args(other.args[j], part), -_shared_args(other.args[j], part),
-            other.args[j].attrs != part.attrs, j))
+            -len(_factor_keys(other.args[j]) & _factor_keys(part)),
+            not _same_args(other.args[j], part), other.args[j].attrs != part.attrs, j))
         if not ranked:
             return None
         free.remove(ranked[0])
@@ -575,11 +574,13 @@ def _arg_ops(term: Term) -> list[str]:
     return sorted(a.op for a in term.args)
 
 
-def _shared_args(a: Term, b: Term) -> int:
-    """How many of `a`'s arguments are also `b`'s: what pairs a part `sin * x` with the other
-    piece's `sin * y` rather than with its `cos * y` (a rotary embedding's two products)."""
-    theirs = {t.serial for t in b.args}
-    return sum(t.serial in theirs for t in a.args)
+def _factor_keys(term: Term) -> set:
+    """A term's arguments, each broadcast one by what it broadcasts (its operand and dims):
+    what pairs up products of like factors by the factors they share where the pieces'
+    shapes differ (a rotary embedding's `q * cos + rot(q) * sin` on 32 heads and on 16
+    broadcast one cosine table to both)."""
+    return {(a.args[0].serial, a.attrs) if a.op == "broadcast" else a.serial
+            for a in term.args}
 
 
 def _same_args(a: Term, b: Term) -> bool:
@@ -1304,18 +1305,22 @@ def _join_groups(pairs: list) -> list:
 
 def _subgroups(cores: list[Term]) -> list[list[int]]:
     """The positions of `cores` (one contraction or sum, which do not join all together)
-    split by the argument an operand's piece moves (slices, reshapes), else by the term the
-    first slice under it is a window of, for the first summed operand whose pieces are so
-    split into several groups (two of them at least twice):
+    split by the argument an operand's piece moves (slices, reshapes), for the first summed
+    operand whose pieces are so split into several groups (two of them at least twice),
+    else likewise by the term the first slice under an operand's piece is a window of:
     the parts of a tp-partial residual stream, `attn_0 @ wo[:k] + attn_1 @ wo[k:] + h_0 @
     w_down[:f] + h_1 @ w_down[f:]`, are two sums (one per weight) that each join, not one.
+    A weight comes first, whichever operand it is: split by the first slice under a computed
+    lhs, the stream of a pipeline's several micro-batches (stages) splits by micro-batch
+    (stage) instead, which the reference's whole-batch stream never does, and the two
+    forms do not meet (gap 2 of benchmarks/FRONTIER_RESULTS.md: 4 layers, 2 micro-batches).
     Each subgroup is joined on its own (any grouping of a sum is a regrouping); [] when
     there is no such split."""
-    for pair in _summed_dims(cores[0]):
-        for k, d in enumerate(pair):
-            if d is None:
-                continue
-            for keyed in (_moved_argument, _first_slice_base):
+    for keyed in (_moved_argument, _first_slice_base):
+        for pair in _summed_dims(cores[0]):
+            for k, d in enumerate(pair):
+                if d is None:
+                    continue
                 keys = [keyed(c.args[k], d) for c in cores]
                 if any(key is None for key in keys):
                     continue

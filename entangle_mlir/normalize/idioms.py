@@ -685,7 +685,7 @@ def _same_init(a: ir.Operation, b: ir.Operation) -> bool:
                                                        second.attributes["value"]))
 
 
-class _Accumulated:
+class Accumulated:
     """A value `views(F(exp(y - broadcast(m))))` where F sums over one dim `d` of `y`: a
     `reduce_add` over d, or a dot_general contracting d with a value `v` (along `dv`). `index`
     gives, for every element of the value, the flat index of the element of `m` its terms are
@@ -711,7 +711,7 @@ class _Accumulated:
             batch = (list(numbers.lhs_batching_dimensions), list(numbers.rhs_batching_dimensions))
             contract = (list(numbers.lhs_contracting_dimensions),
                         list(numbers.rhs_contracting_dimensions))
-            sides = [s for s in (0, 1) if _is_exp_of_sub(op.operands[s])]
+            sides = [s for s in (0, 1) if is_exp_of_sub(op.operands[s])]
             if len(sides) != 1 or len(contract[0]) != 1:
                 return
             self.side = sides[0]
@@ -721,7 +721,7 @@ class _Accumulated:
         else:
             return
         exp = defining_op(op.operands[self.side])
-        if not _is_exp_of_sub(op.operands[self.side]):
+        if not is_exp_of_sub(op.operands[self.side]):
             return
         self.exp = exp
         self.sub = defining_op(exp.operands[0])
@@ -760,7 +760,7 @@ class _Accumulated:
         index = index.reshape(shape[:at] + [1] * other_free + shape[at:])
         return np.broadcast_to(index, shape_of(op.results[0]))
 
-    def like(self, other: _Accumulated) -> bool:
+    def like(self, other: Accumulated) -> bool:
         """The same reduction and views, over blocks that differ only along d (and dv)."""
         if self.core.name != other.core.name or self.side != other.side or self.d != other.d:
             return False
@@ -782,7 +782,8 @@ class _Accumulated:
         return self.v is None or same_but(shape_of(self.v), shape_of(other.v), self.dv)
 
 
-def _is_exp_of_sub(value) -> bool:
+def is_exp_of_sub(value) -> bool:
+    """`value` is `exp(a - b)` (the shifted exponential an online softmax accumulates)."""
     exp = defining_op(value)
     if exp is None or exp.name != "stablehlo.exponential":
         return False
@@ -815,7 +816,7 @@ def _online_sum(add: ir.Operation) -> int:
       (`rows_finite`), also where the scores overflow: scores `q @ k.T` of unbounded
       inputs may be -inf throughout a row, so the fold of any ring attention over such
       scores is refused (the last check, recorded as the reason the program is not
-      proven: `_running_max_refusal`) unless under `--assume-no-overflow`
+      proven: `running_max_refusal`) unless under `--assume-no-overflow`
       (tests/normalize/test_exact_ring_overflow.py: the corpus's ring attention outputs NaN
       there where the reference is finite).
 
@@ -832,7 +833,7 @@ def _online_sum(add: ir.Operation) -> int:
         mul = defining_op(add.operands[a])
         if mul is None or mul.name != "stablehlo.multiply":
             continue
-        cur = _Accumulated(add.operands[c])
+        cur = Accumulated(add.operands[c])
         if not cur.ok:
             continue
         for x, r in ((0, 1), (1, 0)):
@@ -841,10 +842,10 @@ def _online_sum(add: ir.Operation) -> int:
     return 0
 
 
-def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumulated) -> int:
+def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: Accumulated) -> int:
     root, chain = root_of(rescale, MOVES_AND_TRANSPOSES)
     exp = defining_op(root)
-    if exp is None or not _is_exp_of_sub(root):
+    if exp is None or not is_exp_of_sub(root):
         return 0
     sub = defining_op(exp.operands[0])
     old, new = sub.operands
@@ -857,7 +858,7 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumula
         replace_uses(add.results[0], cur_value)
         erase_and_prune(add)
         return 1
-    prev = _Accumulated(acc_value)
+    prev = Accumulated(acc_value)
     if not prev.ok or prev.m != old or not prev.like(cur) or not (
             prev.index == cur.index).all():
         return 0
@@ -873,7 +874,7 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumula
         return 0
     running = defining_op(prev.m)
     if not rows_finite(prev.y, prev.d, add if running is None else running,
-                       _running_max_refusal(prev.y)):
+                       running_max_refusal(prev.y)):
         return 0
     joined = concat_blocks([prev.y, cur.y], cur.d, add)
     element = ir.RankedTensorType(cur.y.type).element_type
@@ -889,7 +890,7 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: _Accumula
     return 1
 
 
-def _running_max_refusal(scores) -> str:
+def running_max_refusal(scores) -> str:
     """Why the fold of an online softmax is refused when its scores may overflow (the last
     check `_accumulate` makes, so the fold would fire under `--assume-no-overflow`)."""
     return ("the online softmax's running max may be -inf where a whole block of scores "
@@ -898,7 +899,7 @@ def _running_max_refusal(scores) -> str:
             "intermediate overflow")
 
 
-def _row_max_of(acc: _Accumulated) -> bool:
+def _row_max_of(acc: Accumulated) -> bool:
     """The shift of `acc`'s terms is the row max of the very scores it shifts:
     `m = reduce_max(y, d)` (init -inf, possibly as a running max's first step
     `max(-inf, .)`), broadcast along d to the rows it was taken over. Then every term
@@ -1053,11 +1054,11 @@ def _normalized_after(divide: ir.Operation) -> int:
     with values v, the accumulated online softmax divided by its accumulated denominator at
     the end) is `views(F(exp(y - m) / den))`, the softmax's probabilities against v, as a
     plain attention computes it. Exact: den is constant along d, the contracted dim."""
-    acc = _Accumulated(divide.operands[0])
+    acc = Accumulated(divide.operands[0])
     if not acc.ok or acc.v is None:
         return 0
     root, chain = root_of(divide.operands[1], MOVES_AND_TRANSPOSES)
-    den = _Accumulated(root)
+    den = Accumulated(root)
     if not den.ok or den.v is not None or den.m != acc.m or den.d != acc.d:
         return 0
     if not same_value(den.y, acc.y, 12) or shape_of(root) != shape_of(acc.m):

@@ -20,6 +20,18 @@ buffers (`dynamic_update_slice` at the counter) and the backward reads them back
 constant integer arithmetic; `forward_residuals` folds them (`fold_counters`) and forwards
 every read of a buffer slot to the value stored there (store-to-load forwarding), after
 which the backward reads each step's values directly, as the Python-unrolled ring's does.
+
+Such a differentiated ring (`residual_pairs`: the forward writing every row of its buffers at
+its counter, the backward the one loop reading them, both of the same trip count) is unrolled
+up to `MAX_RESIDUAL_TRIPS`, past `MAX_TRIPS`: `ring_fold.py` folds a forward-only ring by its
+invariant at any trip count, but the differentiated one has no closed form shorter than its
+steps. Its residuals are the running max, denominator and accumulator at each step i (the
+online softmax over the blocks of steps < i: a prefix per step), and the backward's carries
+are chained through them (the output's cotangent multiplied by each step's rescale, dK and dV
+added to and rotated back each step). Their closed form at the trip count is the per-step
+form itself: each step's residuals, read at row n - 1 - i as the buffer invariant says
+(rows < i hold the per-step values), with the backward's carries composed step by step, which
+is what unrolling and `forward_residuals` produce (and `online_backward.py` telescopes).
 """
 
 from __future__ import annotations
@@ -37,6 +49,10 @@ from entangle_mlir.normalize.match import shape_of
 MAX_TRIPS = 16
 """Longest ring loop unrolled (a ring has one step per device of its mesh axis)."""
 
+MAX_RESIDUAL_TRIPS = 32
+"""Longest differentiated ring unrolled (`residual_pairs`: a forward storing its residuals at
+each step's row and the backward reading them; module docstring)."""
+
 
 def unroll_ring_loops(module: ir.Module, ops: list | None = None) -> int:
     """Unroll every ring loop in place, within a budget of `MAX_TRIPS` copies of the module's
@@ -50,12 +66,80 @@ def unroll_ring_loops(module: ir.Module, ops: list | None = None) -> int:
     fixpoint, as any loop that is not unrolled)."""
     count = 0
     size = len(ops) if ops is not None else count_ops(module.operation)
-    budget = [MAX_TRIPS * size]
-    loops = None if ops is None else [op for name, op in ops if name == "stablehlo.while"]
-    while any(_unroll(loop, budget) for loop in (_loops(module) if loops is None else loops)):
-        loops = None
+    loops = _loops(module) if ops is None else [op for name, op in ops
+                                                if name == "stablehlo.while"]
+    pairs = residual_pairs(loops)
+    budget = [max([MAX_TRIPS, *pairs.values()]) * size]
+    while any(_unroll(loop, budget, pairs) for loop in loops):
+        loops = _loops(module)
         count += 1
     return count
+
+
+def residual_pairs(loops: list[ir.Operation]) -> dict[int, int]:
+    """The differentiated ring loops past `MAX_TRIPS` and up to `MAX_RESIDUAL_TRIPS` trips
+    (`op_key` -> trips): a forward ring loop whose counter runs from 0, writing buffers
+    whose rows are its trips, one row a step at the counter (`_residual_buffers`: after the
+    loop every row holds a step's value), and the one ring loop of the same trip count that
+    reads those buffers: only by `dynamic_slice`, carried unchanged."""
+    pairs: dict[int, int] = {}
+    for forward in loops:
+        trips = _trip_count(forward)
+        if trips is None or not MAX_TRIPS < trips <= MAX_RESIDUAL_TRIPS:
+            continue
+        buffers = _residual_buffers(forward, trips)
+        if not buffers or not is_ring(forward.regions[1].blocks[0]):
+            continue
+        uses = [use for k in buffers for use in forward.results[k].uses]
+        owners = {op_key(use.owner): _as_op(use.owner) for use in uses}
+        if len(owners) != 1:
+            continue
+        (backward,) = owners.values()
+        if backward.name != "stablehlo.while" or _trip_count(backward) != trips or not (
+                is_ring(backward.regions[1].blocks[0])):
+            continue
+        if all(_read_only_by_slices(backward, use.operand_number) for use in uses):
+            pairs[op_key(forward)] = pairs[op_key(backward)] = trips
+    return pairs
+
+
+def _as_op(owner) -> ir.Operation:
+    return owner.operation if hasattr(owner, "operation") else owner
+
+
+def _residual_buffers(loop: ir.Operation, trips: int) -> list[int]:
+    """The carries of `loop` (counter from 0) that are buffers of `trips` rows written one
+    row a step at the counter: `dynamic_update_slice(buffer, update, i, 0, ..., 0)`, the
+    update one row deep; none if any carry is written anywhere else."""
+    counter = loop_counter(loop)
+    if counter is None or constant_int(loop.operands[counter.index]) != 0:
+        return []
+    body = loop.regions[1].blocks[0]
+    index = body.arguments[counter.index]
+    found = []
+    for k, (arg, out) in enumerate(zip(body.arguments, list(body.operations)[-1].operands)):
+        store = defining_op(out)
+        if store is None or store.name != "stablehlo.dynamic_update_slice" or (
+                store.operands[0] != arg):
+            continue
+        starts = list(store.operands[2:])
+        shape = shape_of(arg)
+        if not (starts[0] == index and all(constant_int(s) == 0 for s in starts[1:]) and (
+                shape and shape[0] == trips and shape_of(store.operands[1])[0] == 1)):
+            return []
+        found.append(k)
+    return found
+
+
+def _read_only_by_slices(loop: ir.Operation, slot: int) -> bool:
+    """Carry `slot` of `loop` is yielded unchanged and read in the body only by
+    `dynamic_slice` ops (a buffer the loop reads and never writes)."""
+    body = loop.regions[1].blocks[0]
+    arg = body.arguments[slot]
+    if list(body.operations)[-1].operands[slot] != arg:
+        return False
+    return all(_as_op(use.owner).name == "stablehlo.dynamic_slice" and use.operand_number == 0
+               for use in arg.uses if _as_op(use.owner).name != "stablehlo.return")
 
 
 def count_ops(op: ir.Operation) -> int:
@@ -89,7 +173,7 @@ def defining_op(value) -> ir.Operation | None:
     return owner.operation if hasattr(owner, "operation") else owner
 
 
-def _integer_width(value) -> int | None:
+def integer_width(value) -> int | None:
     """The bit width of `value`'s integer element type (None: not an integer of 2+ bits)."""
     element = ir.RankedTensorType(value.type).element_type
     if not isinstance(element, ir.IntegerType) or ir.IntegerType(element).width < 2:
@@ -97,11 +181,11 @@ def _integer_width(value) -> int | None:
     return ir.IntegerType(element).width
 
 
-def _constant_int(value) -> int | None:
+def constant_int(value) -> int | None:
     """The value of an integer constant holding one element (None for anything else, floats
     included: `int(4.5)` is not the bound a float comparison tests)."""
     op = defining_op(value)
-    if op is None or op.name != "stablehlo.constant" or _integer_width(value) is None:
+    if op is None or op.name != "stablehlo.constant" or integer_width(value) is None:
         return None
     array, _ = constant_value(op.attributes["value"])
     if array.size != 1:
@@ -124,7 +208,7 @@ class Counter:
 
     def trips(self, start: int) -> int:
         """The number of iterations from the counter's initial bits `start`."""
-        return max(0, self.limit - _as_compared(start, self.width, self.signed))
+        return max(0, self.limit - as_compared(start, self.width, self.signed))
 
 
 def loop_counter(loop: ir.Operation) -> Counter | None:
@@ -142,23 +226,23 @@ def loop_counter(loop: ir.Operation) -> Counter | None:
     if counter not in args:
         return None
     index = args.index(counter)
-    width = _integer_width(counter)
+    width = integer_width(counter)
     if width is None:  # a float counter: not a count of steps
         return None
     signed = _signed_comparison(compare, counter)
     if signed is None:
         return None
-    limit = _constant_int(bound)
+    limit = constant_int(bound)
     body_ret = list(body.operations)[-1]
     step = defining_op(body_ret.operands[index])
     if limit is None or step is None or step.name != "stablehlo.add":
         return None
     a, b = step.operands
-    increments = (a == body.arguments[index] and _constant_int(b) == 1) or (
-        b == body.arguments[index] and _constant_int(a) == 1)
+    increments = (a == body.arguments[index] and constant_int(b) == 1) or (
+        b == body.arguments[index] and constant_int(a) == 1)
     if not increments:
         return None
-    return Counter(index, _as_compared(limit, width, signed), width, signed)
+    return Counter(index, as_compared(limit, width, signed), width, signed)
 
 
 def _trip_count(loop: ir.Operation) -> int | None:
@@ -166,7 +250,7 @@ def _trip_count(loop: ir.Operation) -> int | None:
     counter = loop_counter(loop)
     if counter is None:
         return None
-    start = _constant_int(loop.operands[counter.index])
+    start = constant_int(loop.operands[counter.index])
     return None if start is None else counter.trips(start)
 
 
@@ -177,14 +261,15 @@ def _signed_comparison(compare: ir.Operation, counter) -> bool | None:
     return {"SIGNED": True, "UNSIGNED": False}.get(compare_type(compare))
 
 
-def _as_compared(value: int, width: int, signed: bool) -> int:
+def as_compared(value: int, width: int, signed: bool) -> int:
     """The integer a `width`-bit comparison sees for the bits of `value`. (The counter never
     wraps: it is incremented only while below the bound, which is representable.)"""
     value %= 1 << width
     return value - (1 << width) if signed and value >= 1 << (width - 1) else value
 
 
-def _is_ring(body: ir.Block) -> bool:
+def is_ring(body: ir.Block) -> bool:
+    """The loop body `body` holds a collective_permute (at any depth)."""
     found = [False]
 
     def visit(op):
@@ -197,7 +282,7 @@ def _is_ring(body: ir.Block) -> bool:
     return found[0]
 
 
-def _nested_reads_body(body: ir.Block) -> bool:
+def nested_reads_body(body: ir.Block) -> bool:
     """A region inside the body reads a value of the body (cloning would not remap it)."""
     outer = set(body.arguments) | {r for op in body.operations for r in op.results}
     reads = [False]
@@ -215,17 +300,20 @@ def _nested_reads_body(body: ir.Block) -> bool:
     return reads[0]
 
 
-def _unroll(loop: ir.Operation, budget: list[int]) -> bool:
+def _unroll(loop: ir.Operation, budget: list[int], pairs: dict[int, int]) -> bool:
     """Unroll `loop` if it is a ring loop whose copies fit in `budget` (ops still allowed to
-    be created; updated)."""
+    be created; updated), of at most `MAX_TRIPS` trips or one of the differentiated rings
+    `pairs` (`residual_pairs`)."""
     body = loop.regions[1].blocks[0]
     trips = _trip_count(loop)
-    if trips is None or trips > MAX_TRIPS or not _is_ring(body) or _nested_reads_body(body):
+    if trips is None or (trips > MAX_TRIPS and op_key(loop) not in pairs) or not is_ring(
+            body) or nested_reads_body(body):
         return False
     cost = trips * sum(count_ops(op) for op in body.operations)
     if cost > budget[0]:
         return False
     budget[0] -= cost
+    pairs.pop(op_key(loop), None)  # its address may be reused once it is erased
     current = list(loop.operands)
     ops = list(body.operations)
     for _ in range(trips):
@@ -285,14 +373,14 @@ def fold_counters(module: ir.Module) -> int:
             continue
         result = op.results[0]
         tensor = ir.RankedTensorType(result.type)
-        width = _integer_width(result)
+        width = integer_width(result)
         if tensor.rank != 0 or width is None:
             continue
-        a, b = (_constant_int(v) for v in op.operands)
+        a, b = (constant_int(v) for v in op.operands)
         if a is None or b is None:
             continue
         element = ir.IntegerType(tensor.element_type)
-        value = _as_compared(fn(a, b), width, not element.is_unsigned)
+        value = as_compared(fn(a, b), width, not element.is_unsigned)
         with ir.InsertionPoint(op), op.location:
             attr = ir.DenseElementsAttr.get_splat(
                 tensor, ir.IntegerAttr.get(tensor.element_type, value))
@@ -308,11 +396,11 @@ _LOADS = ("stablehlo.dynamic_slice", "stablehlo.slice")
 
 def _index(value) -> int | None:
     """A constant start index as the op reads it (signed unless its type is unsigned)."""
-    raw = _constant_int(value)
+    raw = constant_int(value)
     if raw is None:
         return None
     element = ir.IntegerType(ir.RankedTensorType(value.type).element_type)
-    return _as_compared(raw, ir.IntegerType(element).width, not element.is_unsigned)
+    return as_compared(raw, ir.IntegerType(element).width, not element.is_unsigned)
 
 
 def _clamped(starts: list, dims: tuple[int, ...], sizes: tuple[int, ...]

@@ -35,6 +35,7 @@ class CheckRefinementPass(ModulePass):
                              file=state.file)
         diagnose = not (self.verdict_only_after_reuse and state.layers_reused.get("reference"))
         report = compare(state.walks["reference"], state.walks["sharded"], diagnose=diagnose)
+        report.notes.extend(note for note in state.notes if note not in report.notes)
         if state.finiteness is not None:
             _judged_finiteness(report, state.finiteness)
         report.stats["ops"] = len(state.walks["sharded"].records)

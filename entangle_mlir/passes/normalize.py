@@ -1,6 +1,7 @@
-"""entangle-normalize: programs XLA would reject are bad input (`validate.py`); inline func.calls so every rule sees plain ops; ring loops (a while
-passing blocks by collective_permute, constant trip count) are unrolled and the residuals
-their gradient's loops store and read back forwarded (`unroll.py`);
+"""entangle-normalize: programs XLA would reject are bad input (`validate.py`); inline func.calls so every rule sees plain ops; ring attention loops (a while
+whose body is one online-softmax step over blocks passed by collective_permute) are folded by
+their invariant (`ring_fold.py`), other ring loops (constant trip count) are unrolled and the
+residuals their gradient's loops store and read back forwarded (`unroll.py`);
 converts to their operand's own type are dropped; reductions over unit dims (jax's transposes with one sequence / head per device) become
 reshapes (`unit_dims.py`);
 per-token computations on flattened `(batch, seq)` keep both dims (`token_dims.py`); numerical
@@ -21,6 +22,7 @@ from entangle_mlir.normalize.finite import Finiteness, judging
 from entangle_mlir.normalize.idioms import drop_identity_converts
 from entangle_mlir.normalize.max_cotangent import zero_max_cotangents
 from entangle_mlir.normalize.rewrites import rewrite_idioms
+from entangle_mlir.normalize.ring_fold import fold_ring_loops
 from entangle_mlir.normalize.token_dims import split_token_dims
 from entangle_mlir.normalize.unit_dims import fold_unit_dims
 from entangle_mlir.normalize.unroll import forward_residuals, unroll_ring_loops
@@ -60,6 +62,8 @@ class NormalizePass(ModulePass):
                 # One walk lists the ops; each rewrite filters the list, and a rewrite that
                 # changes the module makes the next one walk afresh.
                 ops = ops_in_order(module)
+                if fold_ring_loops(module, ops, state.notes, file):
+                    ops = ops_in_order(module)
                 if unroll_ring_loops(module, ops):
                     forward_residuals(module)
                     ops = ops_in_order(module)

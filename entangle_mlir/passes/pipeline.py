@@ -35,6 +35,9 @@ class PassState:
     """Layers each walk summarized instead of walking (`analysis/layer_reuse.py`), by walk
     name."""
     started: float = field(default_factory=time.perf_counter)
+    notes: list[str] = field(default_factory=list)
+    """Notes for the report from the passes before the walk (the ring loops entangle-normalize
+    folded by their invariant)."""
     finiteness: Finiteness | None = None
     """How entangle-normalize judged finiteness, and what that decided: the rewrites refused
     only for a possible overflow, or that relied on `--assume-no-overflow`."""

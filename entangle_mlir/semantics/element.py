@@ -791,6 +791,70 @@ def wrap_shift(x: Element, offset: Element, dtype: str) -> Element:
     return z3.If(total < lo, total + span, total)
 
 
+_WRAPPED: dict[int, tuple[z3.ArithRef, z3.ArithRef, int, int]] = {}
+"""Symbolic wrapped integers by z3 id: (the wrapped expression, its integer preimage, lo,
+span). The entry holds the expression, so its id is not reused while it is listed."""
+
+MAX_WRAPPED = 1 << 17
+"""Entries kept (oldest dropped first): a dropped entry only loses the simplification."""
+
+_RING_OPS = frozenset({z3.Z3_OP_ADD, z3.Z3_OP_SUB, z3.Z3_OP_MUL, z3.Z3_OP_UMINUS})
+
+
+_WRAP_OF: dict[tuple[int, int, int], tuple[z3.ArithRef, z3.ArithRef, int | None]] = {}
+"""The wrapped expression made for an integer expression (by z3 id; simplified), lo and span:
+(the expression, its wrap, the periods that wrap is exact for; None: the modulo, exact for
+every integer). A later wrap of the same expression returns it when it is exact for the
+periods asked, so spellings that reach the same integer meet in one term. The entry holds
+both expressions, so neither id is reused while it is listed."""
+
+
+def _known_wrap(x: z3.ArithRef, lo: int, span: int, periods: int | None) -> z3.ArithRef | None:
+    known = _WRAP_OF.get((x.get_id(), lo, span))
+    if known is None or not known[0].eq(x):
+        return None
+    exact_for = known[2]
+    if exact_for is None or (periods is not None and periods <= exact_for):
+        return known[1]
+    return None
+
+
+def _remember_wrap(wrapped: z3.ArithRef, raw: z3.ArithRef, lo: int, span: int,
+                   periods: int | None) -> z3.ArithRef:
+    for table in (_WRAPPED, _WRAP_OF):
+        if len(table) >= MAX_WRAPPED:
+            del table[next(iter(table))]
+    _WRAPPED[wrapped.get_id()] = (wrapped, raw, lo, span)
+    _WRAP_OF[(raw.get_id(), lo, span)] = (raw, wrapped, periods)
+    return wrapped
+
+
+def _ring_preimage(x: z3.ArithRef, lo: int, span: int,
+                   memo: dict[int, z3.ArithRef] | None = None) -> z3.ArithRef:
+    """`x` with every operand of its sums, differences and products that is a value wrapped
+    modulo the same `span` replaced by the integer it wrapped; `x` itself when none is.
+    Reduction modulo `span` is a ring homomorphism of the integers, so wrapping the result
+    gives the same value either way, and two spellings that wrap at different steps (`5 *
+    wrap(9 * a)` and `wrap(45 * a)`) meet in one expression instead of two modulos z3 must
+    relate. Only integer-sorted +, -, * are looked through (never a division, a comparison or
+    a wrap to another width)."""
+    if not z3.is_app(x) or not x.is_int():
+        return x
+    found = _WRAPPED.get(x.get_id())
+    if found is not None and found[2] == lo and found[3] == span:
+        return found[1]
+    if x.decl().kind() not in _RING_OPS:
+        return x
+    memo = {} if memo is None else memo
+    if x.get_id() in memo:
+        return memo[x.get_id()]
+    children = x.children()
+    raws = [_ring_preimage(child, lo, span, memo) for child in children]
+    out = x if all(r is c for r, c in zip(raws, children)) else x.decl()(*raws)
+    memo[x.get_id()] = out
+    return out
+
+
 MAX_PERIODS = 4
 """The most ranges of its dtype a value may span for `wrap_int` to correct it by If-chains
 (beyond: z3's modulo)."""
@@ -831,10 +895,18 @@ def wrap_int(x: Element, dtype: str, periods: int | None = None) -> Element:
             if not x.is_real():
                 return x
             x = z3.ToInt(x)  # an integer value built with rational constants
+        raw = _ring_preimage(x, lo, span)
+        if raw is not x:
+            x, periods = raw, None  # the preimage's range is not the operands' range
+        x = z3.simplify(x)
         if z3.is_int_value(x):
             return z3.IntVal((x.as_long() - lo) % span + lo)
+        known = _known_wrap(x, lo, span, periods)
+        if known is not None:
+            return known
         if periods is None:
-            return z3.If(z3.And(x >= lo, x <= hi), x, (x - lo) % span + lo)
+            return _remember_wrap(z3.If(z3.And(x >= lo, x <= hi), x, (x - lo) % span + lo),
+                                  x, lo, span, None)
         out = x
         for q in range(1, periods + 1):
             out = z3.If(x > hi + (q - 1) * span, x - q * span, out) if q > 1 else \
@@ -843,7 +915,7 @@ def wrap_int(x: Element, dtype: str, periods: int | None = None) -> Element:
         for q in range(1, periods + 1):
             wrapped = z3.If(x < lo - (q - 1) * span, x + q * span, wrapped) if q > 1 else \
                 z3.If(x < lo, x + span, wrapped)
-        return wrapped
+        return _remember_wrap(wrapped, x, lo, span, periods)
     if isinstance(x, Fraction) and x.denominator == 1:
         x = int(x)
     if isinstance(x, int):

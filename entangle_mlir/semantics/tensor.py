@@ -38,6 +38,7 @@ from entangle_mlir.semantics.element import (
     num,
     select,
     sum_list,
+    to_z3,
     wrap_int,
 )
 
@@ -535,6 +536,34 @@ def _sort_key(x: Element) -> tuple:
 
 # ----- top_k --------------------------------------------------------------------------------------
 
+def _exchange(first: tuple[Element, Element], second: tuple[Element, Element]
+              ) -> tuple[tuple[Element, Element], tuple[Element, Element]]:
+    """One compare-exchange of `top_k`'s stable network on (value, index) pairs: the second
+    pair moves first only when its value is strictly larger. Where both values are z3
+    arithmetic terms of one sort (and so the indices, once symbolic), the same If-terms are
+    built with the C API directly (`z3.If` and `>` cast and merge the sorts first: most of
+    the cost of a symbolic top_k over 256 entries); otherwise by `compare` and `select`."""
+    (a, ia), (b, ib) = first, second
+    if isinstance(a, z3.ArithRef) and isinstance(b, z3.ArithRef) and a.ctx is b.ctx:
+        ctx = a.ctx
+        ref = ctx.ref()
+        za, zb = a.as_ast(), b.as_ast()
+        sort = z3.Z3_get_sort(ref, za)
+        if z3.Z3_is_eq_sort(ref, sort, z3.Z3_get_sort(ref, zb)):
+            ya, yb = (to_z3(i) for i in (ia, ib))
+            if isinstance(ya, z3.ArithRef) and isinstance(yb, z3.ArithRef) and \
+                    ya.ctx is ctx and yb.ctx is ctx and z3.Z3_is_eq_sort(
+                        ref, z3.Z3_get_sort(ref, ya.as_ast()), z3.Z3_get_sort(ref, yb.as_ast())):
+                swap = z3.Z3_mk_gt(ref, zb, za)
+                xa, xb = ya.as_ast(), yb.as_ast()
+                return ((z3.ArithRef(z3.Z3_mk_ite(ref, swap, zb, za), ctx),
+                         z3.ArithRef(z3.Z3_mk_ite(ref, swap, xb, xa), ctx)),
+                        (z3.ArithRef(z3.Z3_mk_ite(ref, swap, za, zb), ctx),
+                         z3.ArithRef(z3.Z3_mk_ite(ref, swap, xa, xb), ctx)))
+    swap = compare(b, a, "GT")
+    return (select(swap, b, a), select(swap, ib, ia)), (select(swap, a, b), select(swap, ia, ib))
+
+
 def top_k(x: Array, k: int) -> tuple[Array, Array]:
     """The k largest elements along the last dim, largest first, and their indices; equal
     values keep their order (the lower index first, as `lax.top_k` documents).
@@ -558,10 +587,7 @@ def top_k(x: Array, k: int) -> tuple[Array, Array]:
             pairs: list[tuple[Element, Element]] = [(v, j) for j, v in enumerate(row)]
             for p in range(k):
                 for j in range(len(pairs) - 1, p, -1):
-                    (a, ia), (b, ib) = pairs[j - 1], pairs[j]
-                    swap = compare(b, a, "GT")
-                    pairs[j - 1] = (select(swap, b, a), select(swap, ib, ia))
-                    pairs[j] = (select(swap, a, b), select(swap, ia, ib))
+                    pairs[j - 1], pairs[j] = _exchange(pairs[j - 1], pairs[j])
             picked = pairs[:k]
         for j, (v, i) in enumerate(picked):
             values[idx + (j,)], indices[idx + (j,)] = v, i

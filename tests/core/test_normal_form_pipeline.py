@@ -12,9 +12,11 @@ from entangle_mlir.core.normal_form import make_concat, normal_form, slice_term
 from entangle_mlir.core.terms import (
     intern,
     make_arg,
+    make_broadcast,
     make_dot,
     make_elementwise,
     make_lin,
+    make_mul,
     make_op,
     make_reshape,
     make_splat,
@@ -175,3 +177,93 @@ def test_a_concatenation_of_zero_pads_along_an_unpadded_dim_is_the_pad() -> None
     # must fail: the second shard padded on the other side
     other = [padded(0, 2, 0, 2), padded(2, 4, 2, 0)]
     assert make_concat(other, 0) is not whole and refuted(raw_concat(other, 0), whole)
+
+
+def _stage_part(base, w, cols: tuple[int, int], rows: tuple[int, int]):
+    """A stage's contribution `tanh(base[:, cols]) @ w[rows]` (a computed lhs: no argument
+    moved, its first slice a window of the stage's own input)."""
+    x = make_elementwise("stablehlo.tanh", (slice_term(base, 1, *cols),))
+    return make_dot(x, slice_term(w, 0, *rows), DOT, (2, 3), F32)
+
+
+def test_a_sum_of_stages_contractions_joins_per_weight_in_any_order() -> None:
+    """Two stages' (micro-batches') tp-partial contributions to one residual stream, `p0 =
+    tanh(P[:, :2]) @ wo[:2]`, `p1 = tanh(Q[:, :2]) @ wo[2:]`, `p2 = tanh(P[:, 2:]) @ wd[:3]`,
+    `p3 = tanh(Q[:, 2:]) @ wd[3:]`, join per weight, `[tanh(P[:, :2]) tanh(Q[:, :2])] @ wo +
+    [...] @ wd`, not per stage (split by the first slice under each computed lhs, `tanh(P) @
+    [wo[:2] wd[:3]] + tanh(Q) @ [...]`, the form no whole-batch reference takes), whichever
+    order the parts are listed in."""
+    p, q = make_arg(0, (2, 5), F32), make_arg(1, (2, 5), F32)
+    wo, wd = make_arg(2, (4, 3), F32), make_arg(3, (6, 3), F32)
+
+    def parts(wd_rows=((0, 3), (3, 6)), wo_bases=(p, q)):
+        return [_stage_part(wo_bases[0], wo, (0, 2), (0, 2)),
+                _stage_part(wo_bases[1], wo, (0, 2), (2, 4)),
+                _stage_part(p, wd, (2, 5), wd_rows[0]), _stage_part(q, wd, (2, 5), wd_rows[1])]
+
+    def total(terms):
+        return make_lin([(Fraction(1), t) for t in terms], Fraction(0), (2, 3), F32)
+
+    def tanh(base, lo, hi):
+        return make_elementwise("stablehlo.tanh", (raw_slice(base, (0, lo), (2, hi)),))
+
+    reference = total([
+        raw("stablehlo.dot_general", (raw_concat([tanh(p, 0, 2), tanh(q, 0, 2)], 1), wo), DOT,
+            (2, 3)),
+        raw("stablehlo.dot_general", (raw_concat([tanh(p, 2, 5), tanh(q, 2, 5)], 1), wd), DOT,
+            (2, 3))])
+    p0, p1, p2, p3 = parts()
+    flat = total([p0, p1, p2, p3])
+    normal = normal_form(flat)
+    assert normal.op == "lin" and len(normal.args) == 2
+    assert {t.args[1].op for t in normal.args} == {"arg"}  # each weight whole: per weight
+    assert normal_form(total([p3, p0, p2, p1])) is normal
+    assert proved(flat, normal) and proved(normal, reference)
+    # must fail: another order (Q's rows with wo's first block), a part dropped, another
+    # weight slice (the second stage's wd block read at the first's rows)
+    crossed = total(parts(wo_bases=(q, p)))
+    dropped = total([p0, p1, p2])
+    shifted = total(parts(wd_rows=((0, 3), (0, 3))))
+    for wrong in (crossed, dropped, shifted):
+        assert normal_form(wrong) is not normal and refuted(wrong, reference)
+
+
+def test_rotary_pieces_of_other_head_counts_pair_by_their_tables() -> None:
+    """Rotary embeddings of 2 heads and of 3 heads, `q_i * cos + r_i * sin` (each table
+    broadcast over the piece's heads), concatenated along the heads: the parts pair up by
+    the table they broadcast (not in the order their serials list them), so the concatenation
+    is `[q_0 q_1] * cos + [r_0 r_1] * sin`."""
+    cos, sin = make_arg(0, (2,), F32), make_arg(1, (2,), F32)
+    q0, r0 = make_arg(2, (2, 2), F32), make_arg(3, (2, 2), F32)
+    q1, r1 = make_arg(4, (2, 3), F32), make_arg(5, (2, 3), F32)
+
+    def table(t, heads):
+        return make_broadcast(t, (0,), (2, heads))
+
+    def rotary(q, r, heads, first, second, sin_first=False):
+        parts = [(Fraction(1), make_mul(r, table(second, heads)))] if sin_first else []
+        parts.append((Fraction(1), make_mul(q, table(first, heads))))
+        if not sin_first:
+            parts.append((Fraction(1), make_mul(r, table(second, heads))))
+        return make_lin(parts, Fraction(0), (2, heads), F32)
+
+    def tanh(x):
+        return make_elementwise("stablehlo.tanh", (x,))
+
+    two = rotary(q0, r0, 2, cos, sin)
+    one = rotary(tanh(q1), tanh(r1), 3, cos, sin, sin_first=True)
+    def tables(rotated):
+        return [next(f for f in part.args if f.op == "broadcast").args[0]
+                for part in rotated.args]
+
+    assert tables(two) != tables(one)  # listed in other orders
+    whole = make_concat([two, one], 1)
+    lifted = make_lin([(Fraction(1), make_mul(make_concat([q0, tanh(q1)], 1), table(cos, 5))),
+                       (Fraction(1), make_mul(make_concat([r0, tanh(r1)], 1), table(sin, 5)))],
+                      Fraction(0), (2, 5), F32)
+    assert whole is lifted
+    assert proved(raw_concat([two, one], 1), lifted)
+    # must fail: the 3-head piece with its tables swapped
+    swapped = rotary(tanh(q1), tanh(r1), 3, sin, cos)
+    assert make_concat([two, swapped], 1) is not lifted
+    assert refuted(raw_concat([two, swapped], 1), lifted)

@@ -451,7 +451,7 @@ def test_products_of_one_coefficient_pair_up_by_a_shared_factor() -> None:
     """RoPE's `cos * a + sin * b` of two micro-batches of two rows, the second listing its
     products the other way round (`sin * b` built first): both are products of a broadcast
     and a slice, alike in their ops, so the parts pair up by the factor they share
-    (`normal_form._shared_args`: the same `cos` broadcast), and the pieces lift into the
+    (`normal_form._factor_keys`: the same `cos` broadcast), and the pieces lift into the
     whole batch's sum. The 1F1B pipeline with
     attention needs it once a batch-of-one reshape reads as a broadcast
     (`terms._reshape_broadcast`) and its terms are built in another order."""

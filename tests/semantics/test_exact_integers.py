@@ -294,6 +294,60 @@ def test_semantics_wrap() -> None:
     assert div(-7, 2, integer=True) == -3 and remainder(-7, 2, integer=True) == -1
 
 
+def _exact_wrap(value, lo: int, hi: int):
+    return (value - lo) % (hi - lo + 1) + lo
+
+
+def test_wraps_at_different_steps_meet_in_one_term() -> None:
+    """Reduction modulo 2^N is a ring homomorphism: `5 * wrap(9 * x)` and `45 * x` wrap to the
+    same int32, and `wrap_int` builds one term for both (no two modulos for z3 to relate);
+    likewise through sums, differences and negation, and whichever encoding came first."""
+    import z3
+
+    x, y = z3.Int("x"), z3.Int("y")
+    late = wrap_int(5 * wrap_int(9 * x, "i32"), "i32")
+    assert late.eq(wrap_int(45 * x, "i32"))
+    mixed = wrap_int(wrap_int(x + y, "i32", 1) - wrap_int(-(3 * y), "i32"), "i32", 1)
+    assert mixed.eq(wrap_int(x + 4 * y, "i32"))
+    solver = z3.Solver()
+    solver.add(x >= -2**31, x <= 2**31 - 1, late != _exact_wrap(45 * x, -2**31, 2**31 - 1))
+    assert solver.check() == z3.unsat
+
+
+def test_wraps_meet_only_where_the_homomorphism_holds() -> None:
+    """Must fail: a wrap to another width, an integer division and a reduction with the wrong
+    factor are not looked through; z3 finds the values where they differ."""
+    import z3
+
+    x = z3.Int("x")
+    lo, hi = -2**31, 2**31 - 1
+    narrow = wrap_int(5 * wrap_int(9 * x, "i8"), "i32")
+    halved = wrap_int(z3.If(x >= 0, wrap_int(9 * x, "i32") / 3, -((-wrap_int(9 * x, "i32")) / 3)),
+                      "i32")
+    for wrong, right in ((narrow, 45 * x), (halved, 3 * x),
+                         (wrap_int(5 * wrap_int(9 * x, "i32"), "i32"), 46 * x)):
+        assert not wrong.eq(wrap_int(right, "i32"))
+        solver = z3.Solver()
+        solver.add(x >= lo, x <= hi, wrong != _exact_wrap(right, lo, hi))
+        assert solver.check() == z3.sat
+
+
+def test_a_known_wrap_is_reused_only_where_it_is_exact() -> None:
+    """A wrap built by few If-corrections (exact for a value within `periods` ranges) is not
+    handed out for a value that may lie further out; the modulo is, for any."""
+    import z3
+
+    x = z3.Int("x")
+    near = wrap_int(x, "i8", 1)
+    far = wrap_int(x, "i8", 3)
+    assert not far.eq(near)
+    solver = z3.Solver()
+    solver.add(x >= -128 * 4, x <= 127 * 4, far != _exact_wrap(x, -128, 127))
+    assert solver.check() == z3.unsat
+    anywhere = wrap_int(x, "i8")
+    assert wrap_int(x, "i8", 2).eq(anywhere)
+
+
 # ----- lemmas: the changed rules, proved on small shapes ----------------------------------------
 
 def _layouts():

@@ -217,6 +217,9 @@ class LoopSolver:
                 leaves.append([Local(v.dtype, v.shape, term=make_arg(next(_leaves), v.shape,
                                                                       v.dtype))
                                for v in values])
+        for k, values in enumerate(leaves):
+            if values is not None and k != k0:
+                self.expansion.pair_leaves(values)
         args = [self.ins[k] if leaves[k] is None else leaves[k] for k in range(len(self.ins))]
         yields = self.expansion._expand_block(body, self.env, self.mesh, self.info, args)
         step = make_lin([(Fraction(1), index)], Fraction(1), (), dtype)
@@ -234,7 +237,11 @@ class LoopSolver:
         self.keep = leafless(list(self.yields.values()), floor, leaf_serials)
         carried = self._run(start, trips, live)
         self._check_base(start)
-        return self._results(carried, live, start + trips)
+        results = self._results(carried, live, start + trips)
+        # The exit values on gamma . r are r's renamed when the inputs and the step's yields
+        # are (induction over the steps; `symmetry.py`).
+        self.expansion.record_coherent(self.ins + [yields[k] for k in live], results)
+        return results
 
     # ----- reading the invariant --------------------------------------------------------
 
@@ -491,8 +498,8 @@ def leafless(roots, floor: int, leaves: set[int]) -> set[int]:
 
 
 def instantiate(term: Term, subst: dict[int, Term], floor: int, memo: dict[int, Term],
-                work: list[int] | None = None, keep: set[int] | frozenset = frozenset()
-                ) -> Term:
+                work: list[int] | None = None, keep: set[int] | frozenset = frozenset(),
+                in_order: bool = False) -> Term:
     """`term` with every leaf in `subst` (by serial) replaced, rebuilt through the term
     builders bottom-up; integer parts whose leaves are all constants folded to their values,
     dynamic slices and updates at constant offsets made static, selects on a constant
@@ -518,7 +525,7 @@ def instantiate(term: Term, subst: dict[int, Term], floor: int, memo: dict[int, 
             continue
         pending = [a for a in top.args if a.serial >= floor and a.serial not in memo]
         if pending:
-            stack.extend(pending)
+            stack.extend(reversed(pending) if in_order else pending)
             continue
         stack.pop()
         args = tuple(memo.get(a.serial, a) if a.serial >= floor else a for a in top.args)

@@ -267,6 +267,9 @@ def _stats(expansion: Expansion, start: float) -> dict:
     stats = {"devices": expansion.stats.devices, "ops": expansion.stats.ops,
              "computed": expansion.stats.computed,
              "seconds": round(time.perf_counter() - start, 4)}
+    if expansion.stats.symmetric:
+        stats["symmetric_axes"] = list(expansion.stats.symmetric)
+        stats["renamed"] = expansion.stats.renamed
     counts = getattr(expansion, "instance_counts", None)
     if counts is not None:
         stats["rule_instances"] = dict(counts)

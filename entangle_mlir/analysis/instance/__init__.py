@@ -17,9 +17,10 @@ satisfying the output relations. The query is built on small symbolic tensors:
    block of the output term (a `DeviceScalar` output equals its table entry).
 
 On big meshes only one device per symmetric mesh axis is simulated (`devices._symmetric_axes`:
-the other devices' claims are the same up to a renaming of the variables), and terms are
-evaluated on those devices' blocks only (`blocks.region_value`), so the cost stays nearly flat
-in mesh size.
+the other devices' claims are the same up to a renaming of the variables; an all_to_all is
+symmetric in its own group axis by a rotation of its chunks, `devices.all_to_all_axes`, and its
+checked device's operands hold only the chunks it receives), and terms are evaluated on those
+devices' blocks only (`blocks.region_value`), so the cost stays nearly flat in mesh size.
 
 **Abstraction and reduced shapes.** Input terms can be whole-network DAGs, and tensors can be
 large. So each input term is replaced by a fresh leaf (splat and iota constants are kept, a

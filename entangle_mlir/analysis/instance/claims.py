@@ -9,7 +9,9 @@ import z3
 
 from entangle_mlir.analysis.instance.common import rels_of, value_key
 from entangle_mlir.analysis.instance.devices import (
+    UNREAD,
     block_index,
+    chunk_reads,
     distinct_devices,
     needed_devices,
     one_block,
@@ -192,10 +194,18 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
             return claims
 
     local: list[list[np.ndarray]] = [[None] * len(ins) for _ in range(devices)]
+    reads = chunk_reads(info, checked, mesh, single)
     for i, value in enumerate(ins):
         want = tuple(info.operand_types[i].shape) if i < len(info.operand_types) else None
         dtype = info.operand_types[i].dtype if i < len(info.operand_types) else "f32"
-        if isinstance(value, Rel):
+        if reads is not None:
+            if not isinstance(value, Rel) or value.partial or value.poly:
+                raise Failure("unknown", "an all_to_all on part of its group reads a "
+                              "partial or device-dependent operand")
+            for d, (positions, count) in reads.items():
+                local[d][i] = _received_chunks(value, d, positions, count, want,
+                                               info.attrs["split_dimension"], regions_of)
+        elif isinstance(value, Rel):
             for g, group in enumerate(_partial_groups(value, mesh, single)):
                 if needed.isdisjoint(group):
                     continue  # no device of this group is checked
@@ -312,6 +322,26 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
     for found in pieces.values():
         source.hypotheses.extend(found.hypotheses())
     return claims
+
+
+def _received_chunks(rel: Rel, device: int, positions: list[int], count: int,
+                     shape: tuple[int, ...] | None, split: int, regions_of) -> np.ndarray:
+    """`device`'s operand of an all_to_all checked on part of its group (`chunk_reads`):
+    of its block of `rel`, the chunks (of `count` along the split dim) at `positions`, the
+    chunks the checked devices receive; UNREAD everywhere else."""
+    if shape is None or shape[split] % count:
+        raise Failure("unknown", "an all_to_all's split dim is not a whole number of chunks")
+    out = full(shape, UNREAD)
+    part = shape[split] // count
+    for p in positions:
+        chunk = regions_of(rel, [device], split, p, count)
+        if tuple(chunk.shape) != tuple(part if d == split else n for d, n in enumerate(shape)):
+            raise Failure("unknown", f"operand chunk of shape {chunk.shape}, the op's type "
+                          f"is {shape}")
+        index = tuple(slice(p * part, (p + 1) * part) if d == split else slice(None)
+                      for d in range(len(shape)))
+        out[index] = chunk
+    return out
 
 
 def _first_block_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh,

@@ -190,6 +190,7 @@ def distinct_devices(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Me
             if grouped is None:
                 return everyone
             symmetric = [a for a in _symmetric_axes(ins, outs, mesh) if a not in grouped]
+            symmetric += all_to_all_axes(info, ins, outs, mesh, grouped)
         return [d for d in everyone if not any(mesh.coords(d)[a] for a in symmetric)]
     symmetric = _symmetric_axes(ins, outs, mesh)
     candidates = [d for d in everyone
@@ -234,10 +235,43 @@ def _collective_axes(info: OpInfo, mesh: Mesh) -> tuple[str, ...] | None:
     return axes
 
 
+UNREAD = type("Unread", (), {"__repr__": lambda self: "UNREAD"})()
+"""What an all_to_all checked on part of its group holds where no checked device reads
+(`chunk_reads`); a checked result containing it read what was not computed."""
+
+
+def chunk_reads(info: OpInfo, checked: list[int], mesh: Mesh | None, single: bool
+                ) -> dict[int, tuple[list[int], int]] | None:
+    """For an all_to_all checked on part of a replica group (`all_to_all_axes`): each group
+    member of a checked device, with the positions in the group of the checked devices
+    (the chunks along the split dim the checked devices receive from it) and the group's
+    size (the number of chunks). None otherwise."""
+    if single or info.name != "stablehlo.all_to_all" or len(checked) == mesh.num_devices:
+        return None
+    try:
+        groups = replica_groups(info, mesh)
+    except SemanticsError as err:
+        raise Failure("unknown", str(err)) from None
+    wanted = set(checked)
+    reads: dict[int, tuple[list[int], int]] = {}
+    partial = False
+    for group in groups:
+        positions = [p for p, d in enumerate(group) if d in wanted]
+        if positions:
+            partial = partial or len(positions) < len(group)
+            for m in group:
+                reads[m] = (positions, len(group))
+    return reads if partial else None
+
+
 def needed_devices(info: OpInfo, checked: list[int], mesh: Mesh | None, single: bool
                    ) -> set[int]:
-    """The devices whose operands the checked devices' results read: themselves, and for a
-    collective_permute checked on some devices only, their sources."""
+    """The devices whose operands the checked devices' results read: themselves, for a
+    collective_permute checked on some devices only, their sources, and for an all_to_all
+    checked on part of a group, the group (`chunk_reads`)."""
+    reads = chunk_reads(info, checked, mesh, single)
+    if reads is not None:
+        return set(reads)
     if single or info.name != "stablehlo.collective_permute" or len(checked) == \
             mesh.num_devices:
         return set(checked)
@@ -256,6 +290,16 @@ def run_devices(info: OpInfo, local: list[list[np.ndarray]], checked: list[int],
     if single or info.name not in COLLECTIVE_SEMANTICS or len(checked) == mesh.num_devices:
         return dict(zip(checked, run_op(info, [local[d] for d in checked],
                                         None if single else mesh)))
+    if chunk_reads(info, checked, mesh, single) is not None:
+        # the chunks the checked devices receive were filled in; every other position, and
+        # every device outside their groups, holds UNREAD (`chunk_reads`)
+        unread = [full(tuple(t.shape), UNREAD) for t in info.operand_types]
+        results = run_op(info, [local[d] if all(x is not None for x in local[d]) else unread
+                                for d in range(mesh.num_devices)], mesh)
+        for d in checked:
+            if any(x is UNREAD for r in results[d] for x in np.asarray(r).reshape(-1)):
+                raise Failure("unknown", "the all_to_all read a chunk the check did not fill")
+        return {d: results[d] for d in checked}
     if info.name == "stablehlo.collective_permute":
         read = needed_devices(info, checked, mesh, single)
         zeros = [full(tuple(t.shape), 0) for t in info.operand_types]
@@ -322,35 +366,90 @@ def _symmetric_axes(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh, sid
     anything); broadcast, transpose and reshapes that keep a tagged dim whole carry them; a
     dot_general or reduction over permuted dims is invariant (a sum, max or product over
     all positions does not depend on their order); a roll of a dim that sigma rotates as a
-    whole (T's major axis is `a`) commutes with it (two cyclic shifts commute); iota is ID
-    along its dim (it is the position). Any other node commutes only when its operands are
-    unchanged (every tag ID or ANY); otherwise the axis is not symmetric and every device
-    is checked."""
+    whole (T's major axis is `a`) commutes with it (two cyclic shifts commute); a top_k
+    works row by row along its last dim, so it moves its rows as its operand's where that
+    last dim is left alone (ID or ANY; its result there is ID: the indices are positions);
+    iota is ID along its dim (it is the position). Any other node commutes only when its
+    operands are unchanged (every tag ID or ANY); otherwise the axis is not symmetric and
+    every device is checked."""
     symmetric = []
     for axis, size in mesh.axes:
         if size == 1:
             continue
         in_rels = _value_tags(ins, axis, mesh, "in")
         out_rels = _value_tags(outs, axis, mesh, side) if in_rels is not None else None
-        if out_rels is None:
-            continue
-        leaves: dict[int, tuple] = {}
-        consistent = True
-        for rel, expected in in_rels:
-            found = _leaf_tags(rel, expected)
-            if found is not None and leaves.setdefault(*found) != found[1]:
-                consistent = False
-        if not consistent:
-            continue
-        memo: dict[int, tuple | None] = {}
-        try:
-            ok = all(_compatible(_dim_tags(r.term, leaves, memo, axis), expected)
-                     for r, expected in in_rels + out_rels)
-        except RecursionError:
-            ok = False
-        if ok:
+        if out_rels is not None and _commutes(in_rels, out_rels, axis):
             symmetric.append(axis)
     return tuple(symmetric)
+
+
+def _commutes(in_rels: list[tuple[Rel, tuple]], out_rels: list[tuple[Rel, tuple]],
+              axis: str) -> bool:
+    """Every input and output term commutes with the action its tags name (the renaming of
+    the leaves chosen from the inputs, `_leaf_tags`): see `_symmetric_axes`."""
+    leaves: dict[int, tuple] = {}
+    for rel, expected in in_rels:
+        found = _leaf_tags(rel, expected)
+        if found is not None and leaves.setdefault(*found) != found[1]:
+            return False
+    memo: dict[int, tuple | None] = {}
+    try:
+        return all(_compatible(_dim_tags(r.term, leaves, memo, axis), expected)
+                   for r, expected in in_rels + out_rels)
+    except RecursionError:
+        return False
+
+
+def all_to_all_axes(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh,
+                    grouped: tuple[str, ...]) -> list[str]:
+    """The group axis of an all_to_all whose claim is symmetric in it: only the device at
+    coordinate 0 along it need be checked (the checked device's operands then hold, of each
+    group member's block, only the chunk it receives: `claims`).
+
+    The argument. The all_to_all's groups are those of one mesh axis `a` (n devices, member
+    p at coordinate p, `_collective_axes`); member p splits its operand along the split dim
+    S into n chunks and receives chunk p of every member m, concatenated along the concat
+    dim in the order of m. Let sigma rotate, along dim S of a global tensor, the n chunks of
+    each block S is split into by its tiling T_in[S] (which must not contain `a`: every
+    member then holds the same range of S) by i: the action a dim tiled over T_in[S] + (a,)
+    gets from the rotation of `a`'s coordinates (tag (N_S, T_in[S] + (a,))), the identity
+    on every other dim (the concat dim, split over `a` in the operand, included). Choose the
+    renaming pi of the leaves from the operands as `_symmetric_axes` does, and require every
+    operand term V to commute with it (V(pi L) = sigma V(L), the tags above) and every
+    result term U with the rotation of `a` as it acts on U's tiling (`_expected_tags`: only
+    dim S tiled over `a`, as T_in[S] + (a,)). Then member m's block of V(pi L) is its block
+    of V(L) with its n chunks along S rotated by i (sigma moves positions within each block
+    of T_in[S] only, and no other dim), so chunk 0 of it is chunk i of the block at L: the
+    result at coordinate 0 over pi L is the result at coordinate i over L. And the block of
+    U(pi L) = sigma U(L) at coordinate 0 is the block of U(L) at coordinate i (along S, the
+    blocks of T_in[S] + (a,) with `a` minor are the chunks). So the claim of the device at
+    coordinate i is that of coordinate 0 with the variables renamed; proving the latter for
+    every value of the variables proves both. Only plain relations (not partial, no poly
+    dims: a partial value's split is per device) and the untupled form (one operand and
+    result per pair) are covered; any other instance keeps every device."""
+    if info.name != "stablehlo.all_to_all" or len(grouped) != 1:
+        return []
+    (axis,) = grouped
+    split, concat = info.attrs.get("split_dimension"), info.attrs.get("concat_dimension")
+    n = mesh.size(axis)
+    if split is None or concat is None or info.attrs.get("split_count", n) != n or \
+            len(ins) != len(outs) or not ins:
+        return []
+    in_rels: list[tuple[Rel, tuple]] = []
+    out_rels: list[tuple[Rel, tuple]] = []
+    for v, u in zip(ins, outs):
+        if not (isinstance(v, Rel) and isinstance(u, Rel)) or v.partial or u.partial or \
+                v.poly or u.poly or len(v.tiling) != len(u.tiling) or split >= len(v.tiling):
+            return []
+        chunked = v.tiling[split] + (axis,)
+        if axis in v.tiling[split] or u.tiling[split] != chunked or \
+                v.term.shape[split] != u.term.shape[split] or \
+                v.term.shape[split] % mesh.group_size(chunked):
+            return []
+        in_rels.append((v, tuple((size, chunked) if d == split else _ID
+                                 for d, size in enumerate(v.term.shape))))
+        out_rels.append((u, _expected_tags(u, axis)))
+    return [axis] if _commutes(in_rels, out_rels, axis) else []
 
 
 def one_block(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh | None) -> tuple[str, ...]:
@@ -495,6 +594,11 @@ def _node_tags(term: Term, args: list[tuple]) -> tuple | None:
         lhs_free = [lhs[d] for d in range(len(lhs)) if d not in lb and d not in lc]
         rhs_free = [rhs[d] for d in range(len(rhs)) if d not in rb and d not in rc]
         return tuple(batch + lhs_free + rhs_free)
+    if op == "chlo.top_k" and len(args) == 1 and rank:
+        # row by row along the last dim: the rows move as the operand's; the selected dim
+        # only where the operand's is left alone (its indices are positions)
+        *rows, last = args[0]
+        return None if last not in (_ID, _ANY) else (*rows, _ID)
     if op in _REDUCTIONS and len(args) == 1:
         dims = term.attrs[0]
         return tuple(t for d, t in enumerate(args[0]) if d not in dims)

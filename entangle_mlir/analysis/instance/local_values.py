@@ -52,6 +52,7 @@ from entangle_mlir.semantics.tensor import (
     full,
     reduce_dims,
     take,
+    top_k,
     transpose,
 )
 
@@ -236,10 +237,10 @@ def region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, mem
     """`evaluate_term(term)[region]`, computed from the regions of the operands it reads:
     a leaf's variables in the region; an elementwise op on its operands' same region; a
     broadcast, transpose, dot_general or reduction on the operand positions those output
-    positions read (whole contracted and reduced dims); a reshape on the smallest box of
-    operand positions holding the window's elements (row-major). Anything else, and a whole
-    region, is evaluated in full and sliced. Each rule restates the op's definition on a
-    window."""
+    positions read (whole contracted and reduced dims); a top_k on the window's rows (whole
+    along its last dim); a reshape on the smallest box of operand positions holding the
+    window's elements (row-major). Anything else, and a whole region, is evaluated in full
+    and sliced. Each rule restates the op's definition on a window."""
     shape = term.shape
     if all(r == (0, n) for r, n in zip(region, shape)):
         return evaluate_term(term, env, memo)
@@ -301,6 +302,11 @@ def region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, mem
                             lb, rb, lc, rc)
     elif op == "stablehlo.gather" and _gather_window(term, region) is not None:
         value = _gather_region(term, region, env, memo, regions)
+    elif op == "chlo.top_k" and len(args) == 1 and shape:
+        k, result = term.attrs  # row by row: the window's rows, whole along the last dim
+        rows = tuple(region[:-1]) + ((0, args[0].shape[-1]),)
+        lo, hi = region[-1]
+        value = top_k(region_value(args[0], rows, env, memo, regions), k)[result][..., lo:hi]
     elif op in _REGION_REDUCTIONS and len(args) == 1:
         dims = term.attrs[0]
         kept = iter(region)

@@ -104,6 +104,9 @@ def _reduced_types(info: OpInfo, cap: int, blocks: dict[Where, tuple[int, int]]
             return None
         return [ops[0]] + [new_res[k % len(res)] for k in range(len(branch))], new_res
     if name in ("chlo.top_k", "mhlo.topk") and len(ops) == 1 and ops[0]:
+        # the rows capped (the claim is per row); the selected dim kept whole: each result
+        # reads the whole row, which k of its N entries are chosen depends on N (k = N
+        # sorts), and the indices are positions in it: a smaller N is another instance
         lead = tuple(c(s) for s in ops[0][:-1])
         return [lead + ops[0][-1:]], [lead + r[-1:] for r in res]
     if name == "stablehlo.iota" or name == "stablehlo.constant" and a.get("splat"):
