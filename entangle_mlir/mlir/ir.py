@@ -152,6 +152,12 @@ def ops_in_order(module: ir.Module) -> list[tuple[str, ir.Operation]]:
     return found
 
 
+def while_loops(module: ir.Module) -> list[ir.Operation]:
+    """Every `stablehlo.while` of `module`, in `walk` order (inner loops before the loops
+    holding them)."""
+    return [op for name, op in ops_in_order(module) if name == "stablehlo.while"]
+
+
 def op_key(op: ir.Operation) -> int:
     """An op's identity while it is alive: its address, the same for every handle of it and
     through every edit. (`hash(op)` is not: it changes with the op's operands and

@@ -49,6 +49,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.core.diagnostics import parse_location
+from entangle_mlir.mlir.ir import while_loops
 from entangle_mlir.normalize.finite import active, rows_finite
 from entangle_mlir.normalize.idioms import (
     Accumulated,
@@ -424,17 +425,8 @@ def fold_ring_loops(module: ir.Module, ops: list | None = None,
     its closed form (module docstring); the number folded. `ops`: the module's ops as
     `ir.ops_in_order` lists them now; `notes` gets each folded loop's invariant (`file`: the
     module's, for the loop's location)."""
-    if ops is None:
-        loops: list[ir.Operation] = []
-
-        def collect(op):
-            if op.name == "stablehlo.while":
-                loops.append(op)
-            return ir.WalkResult.ADVANCE
-
-        module.operation.walk(collect)
-    else:
-        loops = [op for name, op in ops if name == "stablehlo.while"]
+    loops = while_loops(module) if ops is None else [op for name, op in ops
+                                                     if name == "stablehlo.while"]
     count = 0
     for loop in loops:
         body = loop.regions[1].blocks[0]

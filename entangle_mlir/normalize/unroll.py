@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
-from entangle_mlir.mlir.ir import erase_dead, op_key, ops_in_order
+from entangle_mlir.mlir.ir import erase_dead, op_key, ops_in_order, while_loops
 from entangle_mlir.mlir.opinfo import compare_type, constant_value
 from entangle_mlir.normalize.match import shape_of
 
@@ -66,12 +66,12 @@ def unroll_ring_loops(module: ir.Module, ops: list | None = None) -> int:
     fixpoint, as any loop that is not unrolled)."""
     count = 0
     size = len(ops) if ops is not None else count_ops(module.operation)
-    loops = _loops(module) if ops is None else [op for name, op in ops
+    loops = while_loops(module) if ops is None else [op for name, op in ops
                                                 if name == "stablehlo.while"]
     pairs = residual_pairs(loops)
     budget = [max([MAX_TRIPS, *pairs.values()]) * size]
     while any(_unroll(loop, budget, pairs) for loop in loops):
-        loops = _loops(module)
+        loops = while_loops(module)
         count += 1
     return count
 
@@ -152,18 +152,6 @@ def count_ops(op: ir.Operation) -> int:
 
     op.walk(visit)
     return count[0]
-
-
-def _loops(module: ir.Module) -> list[ir.Operation]:
-    loops: list[ir.Operation] = []
-
-    def collect(op):
-        if op.name == "stablehlo.while":
-            loops.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(collect)
-    return loops
 
 
 def defining_op(value) -> ir.Operation | None:

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from entangle_mlir.analysis.instance.term_equality import check_term_equality
 from entangle_mlir.core.normal_form import make_concat, normal_form, slice_term
 from entangle_mlir.core.terms import (
-    intern,
     make_arg,
     make_broadcast,
     make_dot,
@@ -21,32 +19,19 @@ from entangle_mlir.core.terms import (
     make_reshape,
     make_splat,
 )
+from tests.core.raw_terms import F32, proved, raw, raw_concat, raw_slice, refuted
 
-F32 = "f32"
 DOT = ((), (), (1,), (0,))
 
 
-def raw(op, args, attrs, shape):
-    return intern(op, tuple(args), attrs, tuple(shape), F32)
 
 
-def raw_slice(term, starts, limits):
-    shape = tuple(b - a for a, b in zip(starts, limits))
-    return raw("slice", (term,), (tuple(starts), tuple(limits), (1,) * len(shape)), shape)
 
 
-def raw_concat(pieces, dim: int):
-    shape = list(pieces[0].shape)
-    shape[dim] = sum(p.shape[dim] for p in pieces)
-    return raw("concatenate", pieces, (dim,), shape)
 
 
-def proved(a, b) -> bool:
-    return check_term_equality(a, b, "normal_form.lemma").status == "proved"
 
 
-def refuted(a, b) -> bool:
-    return check_term_equality(a, b, "normal_form.must_fail").status == "refuted"
 
 
 def test_squeezing_a_slice_with_nothing_to_push_into_ends() -> None:

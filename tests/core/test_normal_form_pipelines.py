@@ -13,12 +13,10 @@ from fractions import Fraction
 import numpy as np
 
 from entangle_mlir.analysis.general.decide import Decider, without_kept_zeros
-from entangle_mlir.analysis.instance.term_equality import check_term_equality
 from entangle_mlir.core.normal_form import blocks_meet, make_concat, normal_form, slice_term
 from entangle_mlir.core.terms import (
     DENSE_VALUES,
     finite_unless_overflow,
-    intern,
     make_arg,
     make_broadcast,
     make_dense,
@@ -32,26 +30,7 @@ from entangle_mlir.core.terms import (
     make_splat,
     term_interval,
 )
-
-F32 = "f32"
-
-
-def proved(a, b) -> bool:
-    return check_term_equality(a, b, "pipelines.lemma").status == "proved"
-
-
-def refuted(a, b) -> bool:
-    return check_term_equality(a, b, "pipelines.must_fail").status == "refuted"
-
-
-def raw(op, args, attrs, shape, dtype=F32):
-    return intern(op, tuple(args), attrs, tuple(shape), dtype)
-
-
-def raw_concat(pieces, dim: int):
-    shape = list(pieces[0].shape)
-    shape[dim] = sum(p.shape[dim] for p in pieces)
-    return raw("concatenate", pieces, (dim,), shape, pieces[0].dtype)
+from tests.core.raw_terms import F32, proved, raw, raw_concat, refuted
 
 
 def rows(x, start: int, stop: int, dim: int = 0):

@@ -8,7 +8,6 @@ along the other dim) is refuted and not met.
 
 from __future__ import annotations
 
-from entangle_mlir.analysis.instance.term_equality import check_term_equality
 from entangle_mlir.core.normal_form import (
     broadcast_hoisted,
     make_concat,
@@ -16,7 +15,6 @@ from entangle_mlir.core.normal_form import (
     slice_term,
 )
 from entangle_mlir.core.terms import (
-    intern,
     make_arg,
     make_broadcast,
     make_dot,
@@ -25,26 +23,7 @@ from entangle_mlir.core.terms import (
     make_op,
     make_reshape,
 )
-
-F32 = "f32"
-
-
-def proved(a, b) -> bool:
-    return check_term_equality(a, b, "unit_dims.lemma").status == "proved"
-
-
-def refuted(a, b) -> bool:
-    return check_term_equality(a, b, "unit_dims.must_fail").status == "refuted"
-
-
-def raw(op, args, attrs, shape, dtype=F32):
-    return intern(op, tuple(args), attrs, tuple(shape), dtype)
-
-
-def raw_concat(pieces, dim: int):
-    shape = list(pieces[0].shape)
-    shape[dim] = sum(p.shape[dim] for p in pieces)
-    return raw("concatenate", pieces, (dim,), shape, pieces[0].dtype)
+from tests.core.raw_terms import F32, proved, raw, raw_concat, refuted
 
 
 def raw_broadcast(x, dims, shape):

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from entangle_mlir.driver import check_texts
-from entangle_mlir.mlir.ir import context, parse_module
+from entangle_mlir.mlir.ir import context, parse_module, while_loops
 from entangle_mlir.mlir.program import inline_calls
 from entangle_mlir.normalize import unroll
 from examples.real.catalog import lower_pair
@@ -60,7 +60,7 @@ def test_the_pair_unrolls_to_the_module_the_trip_limit_gives(lowered, monkeypatc
         module = parse_module(text)
         inline_calls(module, "ring.mlir")
         with module.context:
-            found = unroll.residual_pairs(unroll._loops(module))
+            found = unroll.residual_pairs(while_loops(module))
         assert sorted(found.values()) == [4, 4]
     assert (count, _unrolled(text)) == (2, (2, within))
 
