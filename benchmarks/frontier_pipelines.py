@@ -32,18 +32,20 @@ ROWS = [
     (2, 2, 2, 2, True), (4, 2, 2, 1, True), (4, 2, 2, 2, True), (4, 2, 2, 4, True),
     (8, 2, 2, 2, True), (4, 2, 2, 2, False), (4, 2, 2, 4, False),
     (8, 4, 2, 2, True), (8, 4, 2, 4, False),
+    (6, 2, 1, 2, False, 2), (8, 4, 1, 2, False, 2),
 ]
 """The rows: gap 2 of benchmarks/FRONTIER_RESULTS.md (several layers a stage and several
-micro-batches, with tp) and its neighbours."""
+micro-batches, with tp) and its neighbours; a sixth field is dp (1 when left out; dp 2 with
+a batch of 2 is one row a device, gap 1)."""
 
 
-def run(layers: int, pp: int, tp: int, micro: int, attention: bool) -> str:
+def run(layers: int, pp: int, tp: int, micro: int, attention: bool, dp: int = 1) -> str:
     from entangle_mlir.driver import check_texts
     from examples import frontier as F
     from examples.heldout.corpus import input_sets, lower_pair, max_error
 
     cfg = replace(F.tiny(F.LLAMA_70B, layers), batch=2)
-    ex = F.pipeline_step(cfg, 1, pp, tp, micro=micro, attention=attention)
+    ex = F.pipeline_step(cfg, dp, pp, tp, micro=micro, attention=attention)
     error = max_error(ex, input_sets(ex)[0])
     texts = lower_pair(ex)
     start = time.process_time()
@@ -52,7 +54,8 @@ def run(layers: int, pp: int, tp: int, micro: int, attention: bool) -> str:
     tier = report.stats.get("general_tier") or {}
     reason = "" if report.proven else f"  {tier.get('reason', '')[:100]}"
     kind = "attention" if attention else "mlp"
-    return (f"L{layers:<2} pp{pp} tp{tp} micro {micro} {kind:<9} {cpu:6.1f} "
+    mesh = f"dp{dp} " if dp > 1 else ""
+    return (f"L{layers:<2} {mesh}pp{pp} tp{tp} micro {micro} {kind:<9} {cpu:6.1f} "
             f"{report.verdict:<12} {error:9.2e}{reason}")
 
 
@@ -60,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the rows of 4 devices")
     args = parser.parse_args(argv)
-    rows = [r for r in ROWS if not args.quick or r[1] * r[2] == 4]
+    rows = [r for r in ROWS if not args.quick or r[1] * r[2] * (r[5:] or (1,))[0] == 4]
     print(f"load average before: {os.getloadavg()[0]:.1f}")
     print(f"{'row':<34} {'CPU s':>6} {'verdict':<12} {'max error':>9}")
     for row in rows:

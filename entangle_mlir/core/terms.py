@@ -504,7 +504,7 @@ def _factor_content(term: Term) -> tuple[Scalar, Term]:
     values = [c for c in (*coefs, constant) if c != 0]
     numerator = math.gcd(*(v.numerator for v in values))
     denominator = math.lcm(*(v.denominator for v in values))
-    sign = content_sign(coefs)
+    sign = content_sign(coefs, term.args)
     if numerator == 1 and denominator == 1 and sign == 1:
         return Fraction(1), term
     k = Fraction(sign * numerator, denominator)
@@ -517,16 +517,58 @@ def _factor_content(term: Term) -> tuple[Scalar, Term]:
     return k, inner
 
 
-def content_sign(coefs: tuple[Fraction, ...]) -> int:
+def content_sign(coefs: tuple[Fraction, ...], parts: tuple[Term, ...] = ()) -> int:
     """The sign of a sum's content: the one that makes its coefficient of greatest magnitude
     positive, so that it does not depend on the order the parts are listed in (by serial:
     the same sum built in another order, a pipeline's other micro-batch, pulls the same
-    sign); where a coefficient and its negation are both greatest (`x - y`), the first
-    coefficient's sign."""
+    sign); for a difference of two parts (`x - y`, a coefficient and its negation), the one
+    that makes positive the part whose `skeleton` is less (listed by serial, `x - y` and
+    `y' - x'` computed alike from other rows would pull opposite signs; each now reads
+    `x - y`); where the skeletons tie, or there are more parts (or `parts` is not given),
+    the first coefficient's sign. Any sign is exact (`k * t`, `t` the sum divided by `k`):
+    only the sign that two sums computed alike pull must agree."""
     top, bottom = max(coefs), min(coefs)
     if top != -bottom:
         return 1 if top > -bottom else -1
+    if len(parts) == len(coefs) == 2:
+        above, below = (skeleton(parts[coefs.index(c)]) for c in (top, bottom))
+        if above != below:
+            return 1 if above < below else -1
     return -1 if coefs[0] < 0 else 1
+
+
+SKELETON_DEPTH = 4
+"""How many levels of a term `skeleton` reads."""
+
+_SKELETONS: dict[tuple[int, int], tuple] = {}
+"""`_skeleton` by (term serial, depth) (terms are interned and immutable)."""
+
+
+def skeleton(term: Term) -> tuple:
+    """What `term` computes, read `SKELETON_DEPTH` levels down, without the inputs, windows
+    shapes or attributes it reads: (op, dtype, the operands' skeletons sorted, with their
+    coefficients for a sum). Terms computed alike from other rows (a pipeline's micro-batches,
+    a device's row, the whole batch) have one skeleton; it holds no serials, so it does not depend on the
+    order terms were built in. Memoized by serial and depth: a DAG's shared subterm is read
+    once per level."""
+    return _skeleton(term, SKELETON_DEPTH)
+
+
+def _skeleton(term: Term, depth: int) -> tuple:
+    key = (term.serial, depth)
+    found = _SKELETONS.get(key)
+    if found is not None:
+        return found
+    head = (term.op, term.dtype)
+    if depth == 0 or not term.args:
+        out = head + ((),)
+    elif term.op == "lin":
+        out = head + (tuple(sorted((c, _skeleton(t, depth - 1))
+                                   for c, t in zip(term.attrs[1], term.args))),)
+    else:
+        out = head + (tuple(sorted(_skeleton(t, depth - 1) for t in term.args)),)
+    _SKELETONS[key] = out
+    return out
 
 
 def _divided(c: Fraction, sign: int, numerator: int, denominator: int) -> Fraction:
@@ -545,7 +587,7 @@ def _long_content(term: Term) -> tuple[Scalar, Term] | None:
     if parts is None:
         return None
     numerator, denominator = parts
-    sign = content_sign(term.attrs[1])
+    sign = content_sign(term.attrs[1], term.args)
     if numerator == 1 and denominator == 1 and sign == 1:
         return Fraction(1), term
     return Fraction(sign * numerator, denominator), _scaled(

@@ -372,6 +372,30 @@ def test_micro_batch_sums_listed_in_other_orders_pull_one_sign() -> None:
     assert refuted(raw_concat(wrong, 0), whole)
 
 
+def test_differences_listed_in_other_orders_pull_one_sign() -> None:
+    """`(x * y - z) * w` of two micro-batches whose rows were read in other orders (`x * y`
+    first in one piece's sum, `-z` first in the other's): a difference `a - b` (the tie of
+    `terms.content_sign`, its two coefficients of one magnitude) is signed by the skeletons
+    of its parts (`terms.skeleton`: a product before a slice, whatever their serials), so
+    both pieces pull the same sign and lift into the whole batch's product (a dp x pp
+    pipeline's weight gradients, one row a device; benchmarks/FRONTIER_RESULTS.md)."""
+    x, y, z, w = (make_arg(60 + i, (2, 3), F32) for i in range(4))
+    first = _lin([(1, make_mul(rows(x, 0, 1), rows(y, 0, 1))), (-1, rows(z, 0, 1))], (1, 3))
+    late = rows(z, 1, 2)  # built before the product: listed first in the second sum
+
+    def second(k: int = -1):
+        return _lin([(k, late), (1, make_mul(rows(x, 1, 2), rows(y, 1, 2)))], (1, 3))
+
+    pieces = [make_mul(first, rows(w, 0, 1)), make_mul(second(), rows(w, 1, 2))]
+    whole = make_mul(_lin([(1, make_mul(x, y)), (-1, z)], (2, 3)), w)
+    assert make_concat(pieces, 0) is normal_form(whole) and proved(raw_concat(pieces, 0), whole)
+    # must fail: the second micro-batch's difference the other way round (z - x * y)
+    flipped = make_mul(_lin([(1, late), (-1, make_mul(rows(x, 1, 2), rows(y, 1, 2)))], (1, 3)),
+                       rows(w, 1, 2))
+    assert make_concat([pieces[0], flipped], 0) is not normal_form(whole)
+    assert refuted(raw_concat([pieces[0], flipped], 0), whole)
+
+
 def test_products_of_one_coefficient_pair_up_by_their_factors() -> None:
     """`3 * a * t * u + 3 * a * u` of two micro-batches, each listing its two products in
     another order: the parts of one coefficient pair up by the ops of their factors
