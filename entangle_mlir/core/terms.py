@@ -545,12 +545,12 @@ _SKELETONS: dict[tuple[int, int], tuple] = {}
 
 
 def skeleton(term: Term) -> tuple:
-    """What `term` computes, read `SKELETON_DEPTH` levels down, without the inputs, windows
+    """What `term` computes, read `SKELETON_DEPTH` levels down, without the inputs, windows,
     shapes or attributes it reads: (op, dtype, the operands' skeletons sorted, with their
-    coefficients for a sum). Terms computed alike from other rows (a pipeline's micro-batches,
-    a device's row, the whole batch) have one skeleton; it holds no serials, so it does not depend on the
-    order terms were built in. Memoized by serial and depth: a DAG's shared subterm is read
-    once per level."""
+    coefficients for a sum). Terms computed alike from other rows (a pipeline's
+    micro-batches, a device's row, the whole batch) have one skeleton; it holds no serials,
+    so it does not depend on the order terms were built in. Memoized by serial and depth: a
+    DAG's shared subterm is read once per level."""
     return _skeleton(term, SKELETON_DEPTH)
 
 
