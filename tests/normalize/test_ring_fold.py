@@ -92,12 +92,11 @@ def _run_text(text: str) -> np.ndarray:
     return np.concatenate([np.asarray(x) for x in out], axis=1)
 
 
+@pytest.mark.parametrize("program", ["", "direction"], indirect=True)
 def test_the_closed_form_computes_the_loops_numbers(program) -> None:
     """Executed by XLA, the folded module gives the loop's outputs (the fold is exact; the
-    wrong twins it folds keep their own wrong numbers)."""
-    bug, _, got, (_, sharded) = program
-    if bug not in ("", "direction"):
-        pytest.skip("the correct loop and one folded twin")
+    wrong twins it folds keep their own wrong numbers): the correct loop and one folded twin."""
+    _, _, got, (_, sharded) = program
     with context():
         module = parse_module(sharded, "ring.mlir")
         inline_calls(module, "ring.mlir")
@@ -118,12 +117,11 @@ def test_the_correct_loop_is_proven_with_its_invariant_and_no_twin_is(program) -
         assert "#6: the running max over the blocks of steps < i" in note
 
 
+@pytest.mark.parametrize("program", [""], indirect=True)
 def test_without_the_no_overflow_assumption_the_loop_is_left_to_unrolling(program) -> None:
     """q . k may overflow to -inf throughout a row of the first block: strict, the fold is
     refused as the unrolled fold refuses it (which says so: `unroll.py` runs next at cp 4)."""
-    bug, _, _, (_, sharded) = program
-    if bug:
-        pytest.skip("the correct loop only")
+    _, _, _, (_, sharded) = program
     with context():
         module = parse_module(sharded, "ring.mlir")
         inline_calls(module, "ring.mlir")
