@@ -1811,6 +1811,10 @@ def pretty(term: Term, depth: int = 6, names: dict[int, str] | None = None) -> s
         return f"while_result#{term.attrs[0]}(...)"
     if term.op == "dense":
         return f"dense<{term.dtype}>"
+    if term.op == "lin" and len(term.args) == 1 and term.attrs[0] == 0:
+        (k,) = term.attrs[1]  # a scaled term: the factor is not a level of the depth
+        inner = pretty(term.args[0], depth, names)
+        return inner if k == 1 else f"({_fmt_scalar(k)}*{inner})"
     if depth <= 0:
         return "..."
     sub = [pretty(a, depth - 1, names) for a in term.args]
