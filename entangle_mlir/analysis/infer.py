@@ -521,7 +521,7 @@ class Walker:
         for i, (value, tiling) in enumerate(zip(terminator.operands, out_tilings)):
             inner_value = self.walk.values[value]
             results.append(self._leave(inner_value, tiling, mesh, record, i))
-            residuals.append(_residual(settle(inner_value), tiling, mesh, manual))
+            residuals.append(_residual(settle(inner_value), results[-1], tiling, mesh, manual))
         record.outputs = results
         record.sources = self._sources(terminator.operands)
         for result in op.results:
@@ -659,11 +659,16 @@ class Walker:
         return Rel(term, ((),) * len(term.shape), scope=GLOBAL)
 
 
-def _residual(value: Value, tiling, mesh: Mesh, manual: tuple[str, ...]) -> Residual | None:
+def _residual(value: Value, left: Value, tiling, mesh: Mesh,
+              manual: tuple[str, ...]) -> Residual | None:
     """How a device-dependent value leaving a manual computation may be read back by a later
     one (None: not such a value). Devices that differ only on axes the out_specs do not split
-    over share one block of the global result, so the value may vary along none of them."""
-    if not isinstance(value, RESIDUAL_VALUES):
+    over share one block of the global result, so the value may vary along none of them.
+    A relation whose global result has no meaning of its own (`left`, what `_leave` made of
+    it, is opaque: jax's gradient stacks the forward's replicated or vocab-split activations
+    along a new device dim) is such a value too."""
+    if not isinstance(value, RESIDUAL_VALUES) and not (
+            isinstance(value, Rel) and isinstance(left, Opaque)):
         return None
     split = {a for axes in tiling for a in axes}
     missing = sorted(varying_axes(value, mesh) - split)
