@@ -24,7 +24,10 @@ from entangle_mlir.core.terms import (
     LOOP_BODY_TERMS,
     Term,
     intern,
+    make_op,
+    make_reshape,
     make_splat,
+    make_transpose,
     post_order,
     rebuild,
     splat_value,
@@ -157,7 +160,33 @@ class Simplifier:
             return intern(op, args, (index, depth, summary), term.shape, term.dtype)
         if op in ("reduce_and", "reduce_or") and splat_value(args[0]) is not None:
             return make_splat(splat_value(args[0]), term.shape, term.dtype)
+        if op == "reduce_sum" and args[0].op == SCATTER:
+            return self._sum_of_scatter(args[0], term.attrs[0], term.shape)
         return None
+
+    def _sum_of_scatter(self, scatter: Term, dims: tuple[int, ...],
+                        shape: tuple[int, ...]) -> Term | None:
+        """A sum over exactly the dims a scatter-add into zeros indexes is the sum of its
+        updates, when every index is in bounds: each update lands at one position of those
+        dims (repeated indices add up there), and no update is dropped. The dims kept are the
+        batching dims and whole windows, taken from the updates' matching dims. This is the
+        one-hot's row sum in the gradient of `log_softmax` picked by `take_along_axis`
+        (`sum(scatter(0, labels, g)) = g`). None: not such a sum, or an index not known in
+        bounds."""
+        layout = scatter_sum_layout(scatter, dims)
+        if layout is None:
+            return None
+        summed, order = layout
+        indexed = dict(scatter.attrs)["scatter_dims_to_operand_dims"]
+        limit = min(scatter.shape[d] for d in indexed) - 1
+        bound = self.bound(scatter.args[1])
+        if bound is None or bound[0] < 0 or bound[1] > limit:
+            return None
+        self.used.update(self._sources(scatter.args[1]))
+        updates = scatter.args[2]
+        kept = tuple(n for d, n in enumerate(updates.shape) if d not in summed)
+        total = make_op("reduce_sum", (updates,), (summed,), kept, scatter.dtype, linear_in=0)
+        return make_reshape(make_transpose(total, order), shape)
 
     def _decide(self, a: Term, b: Term, direction: str) -> bool | None:
         ra, rb = self.bound(a), self.bound(b)
@@ -191,6 +220,39 @@ class Simplifier:
         """[lo, hi] of every element of an integer term, in its dtype's arithmetic (a value
         that may wrap around has its dtype's whole range), or None."""
         return value_range(term, self.assumed, self.bounds)
+
+
+def scatter_sum_layout(scatter: Term, dims: tuple[int, ...]
+                       ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """For `reduce_sum(scatter, dims)` where the scatter adds into zeros and `dims` are
+    exactly the dims it inserts (every indexed dim among them, every window whole): the
+    updates' dims to sum, and the permutation of the updates' remaining dims into the
+    operand's order of its kept dims. None otherwise."""
+    attrs = dict(scatter.attrs)
+    if attrs.get("reducer") != "add" or splat_value(scatter.args[0]) != 0:
+        return None
+    inserted, indexed = attrs["inserted_window_dims"], attrs["scatter_dims_to_operand_dims"]
+    batching = attrs["input_batching_dims"]
+    if set(dims) != set(inserted) or not set(indexed) <= set(inserted):
+        return None
+    indices, updates, windows = scatter.args[1], scatter.args[2], attrs["update_window_dims"]
+    vector = attrs["index_vector_dim"]
+    index_dims = [d for d in range(len(indices.shape)) if d != vector]
+    update_scatter = [d for d in range(len(updates.shape)) if d not in windows]
+    if len(update_scatter) != len(index_dims):
+        return None
+    from_index = dict(zip(index_dims, update_scatter))
+    operand_windows = [d for d in range(len(scatter.shape))
+                       if d not in inserted and d not in batching]
+    source = {b: from_index[i] for b, i in zip(batching, attrs["scatter_indices_batching_dims"])}
+    source.update(zip(operand_windows, windows))
+    if any(updates.shape[source[d]] != scatter.shape[d] for d in operand_windows):
+        return None
+    kept_operand = [d for d in range(len(scatter.shape)) if d not in inserted]
+    kept_updates = [source[d] for d in kept_operand]
+    summed = tuple(d for d in range(len(updates.shape)) if d not in kept_updates)
+    remaining = sorted(kept_updates)
+    return summed, tuple(remaining.index(u) for u in kept_updates)
 
 
 def _truth(term: Term) -> bool | None:
