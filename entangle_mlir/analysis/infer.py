@@ -53,7 +53,7 @@ from entangle_mlir.mlir.per_device import (
 from entangle_mlir.mlir.program import mesh_from_attr, read_meshes
 from entangle_mlir.normalize.validate import grid
 from entangle_mlir.rules import RuleContext
-from entangle_mlir.rules.common import freeze, resize
+from entangle_mlir.rules.common import freeze, resize, uniform_rel
 from entangle_mlir.rules.control import CASE
 from entangle_mlir.rules.dispatch import apply_rule, settle, settle_operands
 from entangle_mlir.rules.kinds.device_blocks import varying_axes
@@ -588,6 +588,10 @@ class Walker:
 
     def _enter(self, value: Value, tiling, mesh: Mesh, record: OpRecord,
                manual: tuple[str, ...]) -> Value:
+        """A manual computation's input as each device sees it under its in_specs. A splat
+        split any way is the same splat on every device, at the local shape with every dim
+        poly, as a constant built inside would be (jax's gradient hands the forward's local
+        divisors to the backward split over 'dp')."""
         if not isinstance(value, Rel):
             return value
         free = [a for axes in tiling for a in axes if a not in manual]
@@ -599,6 +603,10 @@ class Walker:
             if size % mesh.group_size(axes):
                 return Opaque(f"dim of size {size} does not divide over {axes_str(axes)}",
                               origin=(record, None), category="unsupported")
+        if any(tiling) and splat_value(value.term) is not None:
+            local = tuple(n // mesh.group_size(axes) for n, axes in zip(value.term.shape, tiling))
+            return uniform_rel(make_splat(splat_value(value.term), local, value.term.dtype),
+                               RuleContext(mesh, manual))
         return Rel(value.term, tuple(tiling), scope="")
 
     @staticmethod
