@@ -61,9 +61,12 @@ def all_reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Va
 
 def _all_reduce_one(info: OpInfo, x: Value, axes: tuple[str, ...], kind: str,
                     ctx: RuleContext) -> Value:
-    x = _needs_rel(info, x)
-    if isinstance(x, Opaque):
-        return x
+    """One operand's all_reduce. Its poly dims stay poly: each device's value is constant
+    along them (a broadcast built at the local shape), and so is any sum or max of such
+    values (jax's gradient psums a loss's broadcast cotangent over 'tp' when shard_map's
+    check_vma is off)."""
+    if not isinstance(x, Rel):
+        return _needs_rel(info, x)
     verb = {"sum": "sums", "max": "takes the max", "min": "takes the min"}[kind]
     x, consumed = _reduce_unit_blocks(x, axes, kind, ctx)
     axes = tuple(a for a in axes if a not in consumed)

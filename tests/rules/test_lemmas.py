@@ -823,6 +823,14 @@ def collective_lemmas() -> list[Lemma]:
               [rel(arg((2,)), partial=("tp",))],
               attrs={**groups(M2, "dp", "tp"), "reducer": "add"}, mesh=M2),
     ]
+    # A broadcast built at the local shape (poly dim 1) reduced: still constant along dim 1.
+    bcast = T.make_broadcast(arg((2,)), (0,), (2, 3))
+    for name, partial, kind, reducer in (("replicated", (), "", "add"),
+                                         ("partial", ("tp",), "sum", "add"),
+                                         ("max", ("tp",), "max", "max")):
+        out.append(Lemma(f"all_reduce-poly-{name}", "stablehlo.all_reduce",
+                         [rel(bcast, partial=partial, kind=kind, poly=frozenset({1}))],
+                         attrs={**groups(M1, "tp"), "reducer": reducer}))
     for shape, dim in (((4, 2), 0), ((2, 6), 1)):
         tiling = ["tp" if d == dim else () for d in range(2)]
         local = tuple(s // 2 if d == dim else s for d, s in enumerate(shape))
@@ -1186,6 +1194,13 @@ def test_refutes_tanh_of_partial_sum() -> None:
 def test_refutes_psum_of_replicated_as_identity() -> None:
     x = arg((2, 3))
     refute("stablehlo.all_reduce", [rel(x)], [rel(x)], [((2, 3), "f32")],
+           {**groups(M1, "tp"), "reducer": "add"})
+
+
+def test_refutes_psum_of_a_local_broadcast_as_identity() -> None:
+    """The psum over 'tp' of a broadcast built at the local shape is 2x it, poly or not."""
+    bcast = rel(T.make_broadcast(arg((2,)), (0,), (2, 3)), poly=frozenset({1}))
+    refute("stablehlo.all_reduce", [bcast], [bcast], [((2, 3), "f32")],
            {**groups(M1, "tp"), "reducer": "add"})
 
 
