@@ -280,9 +280,12 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
 def _offset_types(info: OpInfo, in_values: Sequence[Value], cap: int):
     """`shapes.reduced_offset_types` for a dynamic_slice or dynamic_update_slice whose start
     operands are each one constant on every device (a splat, or a device scalar whose table
-    holds one value; not a partial sum, whose devices' starts are any that add up to it);
-    None otherwise."""
+    holds one value; not a partial sum, whose devices' starts are any that add up to it) and
+    whose operand (and update) are plain relations (a micro-batch window has its own
+    reduction, `_reduced_window`); None otherwise."""
     first = OFFSET_OPS.index(info.name) + 1
+    if any(type(v) is not Rel for v in in_values[:first]):
+        return None
     starts = []
     for value in in_values[first:]:
         offsets = None if isinstance(value, Rel) and value.partial else device_offsets(value, 1)
