@@ -204,10 +204,13 @@ def test_the_gradient_without_check_vma_is_proven(reduction: str, mesh_axes) -> 
 
 def test_logsumexp_guard_needs_the_overflow_assumption() -> None:
     """Without --assume-no-overflow, `jax.nn.logsumexp`'s `is_finite` guard stays (the max of
-    `h @ w` may overflow): the sharded program has none, so the pair is not proven."""
+    `h @ w` may overflow): the sharded program has none, so the pair is not proven, the guard
+    is named as the reason, and the check under the assumption proves it."""
     close, report = _verdict("logsumexp", "mean", "correct", TP4, False)
     assert close
     assert not report.proven, report.render_text()
+    assert report.diagnostics[0].category == "overflow", report.render_text()
+    assert report.stats["assuming no overflow"] == "proven"
 
 
 TWINS = {
