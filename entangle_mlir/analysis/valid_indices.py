@@ -7,7 +7,8 @@ with each integer input that indexes a table taken to be a valid index of it: an
 gather indices (through reshapes, broadcasts, converts and jax's wrap-around of negative
 indices) into a dim of size V is assumed to lie in [0, V) (a slice of an input, `route[:, k]`:
 only the elements it reads). Under that assumption comparisons
-it decides become constants, and selects on constants their branch. If the terms then agree,
+it decides become constants, selects on constants their branch, and a sum over the dims a
+scatter-add indexes the sum of its updates. If the terms then agree,
 the result is proven *under the assumption*, and the report says which input and which range.
 """
 
