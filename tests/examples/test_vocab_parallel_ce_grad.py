@@ -102,8 +102,14 @@ def body(kind: str, reduction: str, dp: bool):
             shard = lax.axis_size("tp") - 1 - shard
         local = labels - shard * n
         mask = (local >= 0) & ((local <= n) if kind == "mask_le_n" else (local < n))
-        picked = jnp.take_along_axis(shifted, jnp.clip(local, 0, n - 1)[:, None], axis=-1)[:, 0]
-        picked = lax.psum(jnp.where(mask, picked, 0.0), "tp")
+        if kind == "one_hot":
+            picked = jnp.sum(shifted * jax.nn.one_hot(local, n, dtype=shifted.dtype), axis=-1)
+        else:
+            inside = jnp.where(mask, local, 0) if kind == "where_zero" else \
+                jnp.clip(local, 0, n - 1)
+            picked = jnp.take_along_axis(shifted, inside[:, None], axis=-1)[:, 0]
+            picked = jnp.where(mask, picked, 0.0)
+        picked = lax.psum(picked, "tp")
         per_token = lse - picked
         if reduction == "sum":
             total = jnp.sum(per_token)
