@@ -6,8 +6,9 @@ outside the shard_map (w.r.t. `h` and `w`). It is checked against the references
 guard is proven only under --assume-no-overflow: the sharded program has no such guard), and
 optax's `softmax_cross_entropy_with_integer_labels` written out; mean and sum over the
 tokens; on tp=4, and on dp=2 x tp=4 with the tokens split over 'dp' (the loss pmean'd or
-psum'd over 'dp', so jax sums the weight's cotangent over 'dp'). Both programs run on
-simulated CPU devices.
+psum'd over 'dp', so jax sums the weight's cotangent over 'dp'); the sharded side also with
+Megatron's `where(mask, local, 0)` for the clip, and traced without check_vma (psum's
+transpose a psum). Both programs run on simulated CPU devices.
 
 The correct programs compute the reference's numbers and are proven. The nearest wrong twins
 compute other numbers and are not proven: the mask's bound off by one, the local max not
@@ -87,7 +88,9 @@ def reference(spelling: str, reduction: str):
 # ----- the sharded program ------------------------------------------------------------------
 
 def body(kind: str, reduction: str, dp: bool):
-    """Megatron's vocab-parallel cross-entropy on one device, or one mistake."""
+    """Megatron's vocab-parallel cross-entropy on one device, one of its spellings
+    (`where_zero`: the local index zeroed outside the block, as Megatron writes it, not
+    clipped), or one mistake."""
     def loss(h, w, labels):
         logits = h @ w
         n = logits.shape[-1]
@@ -102,14 +105,9 @@ def body(kind: str, reduction: str, dp: bool):
             shard = lax.axis_size("tp") - 1 - shard
         local = labels - shard * n
         mask = (local >= 0) & ((local <= n) if kind == "mask_le_n" else (local < n))
-        if kind == "one_hot":
-            picked = jnp.sum(shifted * jax.nn.one_hot(local, n, dtype=shifted.dtype), axis=-1)
-        else:
-            inside = jnp.where(mask, local, 0) if kind == "where_zero" else \
-                jnp.clip(local, 0, n - 1)
-            picked = jnp.take_along_axis(shifted, inside[:, None], axis=-1)[:, 0]
-            picked = jnp.where(mask, picked, 0.0)
-        picked = lax.psum(picked, "tp")
+        inside = jnp.where(mask, local, 0) if kind == "where_zero" else jnp.clip(local, 0, n - 1)
+        picked = jnp.take_along_axis(shifted, inside[:, None], axis=-1)[:, 0]
+        picked = lax.psum(jnp.where(mask, picked, 0.0), "tp")
         per_token = lse - picked
         if reduction == "sum":
             total = jnp.sum(per_token)
@@ -195,6 +193,15 @@ def test_the_gradient_is_proven(spelling: str, reduction: str, mesh_axes) -> Non
     assert report.proven, report.render_text()
     assert report.stats["tier"] == "layout"
     assert "holds valid indices, 0 <= value < 64" in report.render_text()
+
+
+@pytest.mark.parametrize("mesh_axes", [TP4, DP_TP], ids=["tp4", "dp2xtp4"])
+def test_megatrons_local_index_is_proven(mesh_axes) -> None:
+    """Megatron's own spelling of the local index, `where(mask, local, 0)` (not a clip)."""
+    close, report = _verdict("log_softmax", "mean", "where_zero", mesh_axes, False)
+    assert close
+    assert report.proven, report.render_text()
+    assert report.stats["tier"] == "layout"
 
 
 @pytest.mark.parametrize("mesh_axes", [TP4, DP_TP], ids=["tp4", "dp2xtp4"])
