@@ -399,16 +399,20 @@ class _Ring:
         self.exits = exits
         return True
 
+    def replace_results(self) -> None:
+        """Replace the loop's results but its buffers by `exits` (the loop stays while its
+        buffers are read)."""
+        for k, result in enumerate(self.loop.results):
+            if k not in self.buffers:
+                result.replace_all_uses_with(self.exits[k])
+
     def commit(self) -> None:
         """Replace the loop's results by `exits` and erase it (a buffer's result must be
         unused by then: the pair's backward, its one reader, is folded first)."""
-        loop = self.loop
-        for k, result in enumerate(loop.results):
-            if k in self.buffers:
-                assert not any(True for _ in result.uses), "a residual buffer is still read"
-                continue
-            result.replace_all_uses_with(self.exits[k])
-        loop.erase()
+        self.replace_results()
+        for k in self.buffers:
+            assert not any(True for _ in self.loop.results[k].uses), "a buffer is still read"
+        self.loop.erase()
 
     def _first_rows_finite(self, scores, created: list[ir.Operation]) -> bool:
         """Every row of the first block holds an element above -inf (then every running max

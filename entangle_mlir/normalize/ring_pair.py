@@ -434,8 +434,11 @@ def _views(value, chain: list[ir.Operation], at: ir.InsertionPoint, mapping: dic
 class _Pair:
     """A differentiated ring: the forward `_Ring` (with its buffers) and its `_Backward`."""
 
-    def __init__(self, forward: _Ring, backward: _Backward) -> None:
+    def __init__(self, forward: _Ring, backward: _Backward, bounded: list) -> None:
+        """`bounded`: the P_j the folds so far built, each in [0, 1] (its scores are a block
+        of the concatenation whose row max is its shift, finite): `_finite` knows it."""
         self.forward, self.backward = forward, backward
+        self.bounded = bounded
         self.max_cotangent: int | None = None
         self.dead: set[int] = set()
         self.zeroed = 0
@@ -518,19 +521,17 @@ class _Pair:
     def _base(self, k: int, pairing: dict[int, int]) -> bool:
         """At t = 0 the running max's cotangent (the backward's initial value) is the
         pairing of the forward's results with the initial cotangents."""
-        loop, backward = self.forward.loop, self.backward.loop
+        backward = self.backward.loop
         block = backward.operation.block
         before = {op_key(op) for op in block.operations}
         try:
             with ir.InsertionPoint(backward), ir.Location.unknown():
-                total = self._pairing({a: loop.results[a] for a in pairing},
+                total = self._pairing({a: self.forward.exits[a] for a in pairing},
                                       {a: backward.operands[c] for a, c in pairing.items()})
                 if total is None:
                     return False
                 diff = stablehlo.SubtractOp(backward.operands[k], total).result
-            results = {loop.results[a] for a in pairing}
-            return polynomial.is_zero(diff, lambda atoms: self._finite(
-                [a for a in atoms if a not in results]))
+            return self._is_zero(diff)
         finally:
             for op in reversed([op for op in block.operations if op_key(op) not in before]):
                 op.operation.erase()
@@ -540,9 +541,13 @@ class _Pair:
 
     def _finite(self, atoms: list) -> bool:
         """Every atom finite (`nonfinite_kinds`, sums and products of finite values finite
-        only under `--assume-no-overflow`: the judge's mode decides, and records it)."""
+        only under `--assume-no-overflow`: the judge's mode decides, and records it), the
+        folds' P_j taken as the values in [0, 1] they are."""
+        memo = Kinds(active().assume_no_overflow)
+        for value in self.bounded:
+            memo[value] = 0
         return judge(lambda memo: all(nonfinite_kinds(v, memo) == 0 for v in atoms),
-                     self.backward.loop)
+                     self.backward.loop, memo=memo)
 
     # ----- the closed form ----------------------------------------------------------------
 
@@ -573,24 +578,15 @@ class _Pair:
         for value in self.cone[1]:
             if value not in backward.reads and value not in {backward.args[k] for k in allowed}:
                 return False
-        self.probabilities: dict[int, tuple] = {}
-        blocks = []
+        self.probabilities = {}
         for value in self.cone[1]:
             if value not in backward.reads:
                 continue
             f = backward.buffers[backward.reads[value]]
-            update = defining_op(forward.yields[f]).operands[1]
-            if forward.cone([update]) is not None:
-                blocks.append(update)
-                continue
-            shifted = _shifted_by_new_max(update, forward)
-            if shifted is None:
+            if f in forward.shifted:
+                self.probabilities[f] = forward.shifted[f]
+            elif f not in forward.plain:
                 return False
-            self.probabilities[f] = shifted
-        for s, _ in self.probabilities.values():
-            blocks.append(s)
-        if not forward.widen(blocks):
-            return False
         return self._invariant_holds()
 
     def _invariant_holds(self) -> bool:
@@ -657,6 +653,7 @@ class _Pair:
                     with at:
                         p = stablehlo.ExpOp(stablehlo.SubtractOp(
                             step.get(s, s), shift).result).result
+                self.bounded.append(p)
                 rows[f].append(_rewrap(update, p, at))
         current = {k: loop.operands[k] for k in backward.accs}
         self.folded_zeros = []
@@ -813,52 +810,95 @@ def fold_ring_pairs(module: ir.Module, ops: list | None = None,
                     notes: list[str] | None = None, file: str = "-") -> int:
     """Fold every differentiated ring pair (module docstring) into its closed form; the
     number folded. Where only the running max's cotangent is proven zero, that is zeroed in
-    the backward loop and the pair left to `unroll.py`."""
+    the backward loop and the pair left to `unroll.py`. The loops are tried again while one
+    folds: a layer's backward reads the cotangents the next layer's backward computes, whose
+    values are known once that pair is folded."""
     loops = while_loops(module) if ops is None else [op for name, op in ops
                                                      if name == "stablehlo.while"]
     count = 0
-    erased: set[int] = set()
-    for loop in loops:
-        if op_key(loop) in erased:
-            continue
-        trips = trip_count(loop)
-        if trips is None:
-            continue
-        backward = backward_of(loop, trips)
-        if backward is None:
-            continue
-        forward = _Ring(loop, buffers=True)
-        if not (forward.read() and forward.hoistable() and forward.buffers):
-            continue
-        reader = _Backward(backward, forward)
-        if not reader.read():
-            continue
-        pair = _Pair(forward, reader)
-        with module.context, ir.Location.unknown():
-            if pair.zero_max_cotangent():
-                zeroed = pair.max_cotangent
-                reader = _Backward(backward, forward)
-                if not reader.read():
-                    continue
-                zeros = pair.zeros
-                pair = _Pair(forward, reader)
-                pair.max_cotangent, pair.zeros = zeroed, zeros
-                reader.others.remove(zeroed) if zeroed in reader.others else None
-            if not pair.check():
-                continue
-        text = (f"forward: {forward.describe()}; backward: "
-                f"{reader.describe(pair.dead, pair.max_cotangent)}")
-        where = parse_location(str(loop.location), file)
-        if not forward.build():
-            continue
-        erased |= {op_key(loop), op_key(backward)}
-        pair.fold()
-        count += 1
-        if notes is not None:
-            notes.append(f"the differentiated ring loops at {where or file} are folded by "
-                         f"their invariant over {trips} trips: {text}")
+    forwards: dict[int, _Ring | None] = {}
+    bounded: list = []
+    progress = True
+    while progress:
+        progress = False
+        for loop in loops:
+            if _fold_pair(module, loop, forwards, bounded, notes, file):
+                count += 1
+                progress = True
+                break
+        loops = while_loops(module)
     if count:
         fold_counters(module)
         drop_zero_carries(module)
         _sweep(module)
     return count
+
+
+def _fold_pair(module: ir.Module, loop: ir.Operation, forwards: dict[int, _Ring | None],
+               bounded: list, notes: list[str] | None, file: str) -> bool:
+    """Fold the pair `loop` is the forward of (False: not folded; the loop list is stale
+    after a fold). The forward's closed form is built (once: `forwards`) and its results but the
+    buffers replaced by it first (exact, `ring_fold`'s invariant), so that the checks at
+    t = 0 read the forward's values as straight-line code."""
+    key = op_key(loop)
+    if key not in forwards:
+        forwards[key] = _forward(loop)
+    forward = forwards[key]
+    if forward is None:
+        return False
+    backward = backward_of(loop, forward.trips)
+    if backward is None:
+        return False
+    reader = _Backward(backward, forward)
+    if not reader.read():
+        return False
+    pair = _Pair(forward, reader, bounded)
+    with module.context, ir.Location.unknown():
+        if pair.zero_max_cotangent():
+            zeroed, zeros = pair.max_cotangent, pair.zeros
+            reader = _Backward(backward, forward)
+            if not reader.read():
+                return False
+            pair = _Pair(forward, reader, bounded)
+            pair.max_cotangent, pair.zeros = zeroed, zeros
+            if zeroed in reader.others:
+                reader.others.remove(zeroed)
+        if not pair.check():
+            return False
+        text = (f"forward: {forward.describe()}; backward: "
+                f"{reader.describe(pair.dead, pair.max_cotangent)}")
+        where = parse_location(str(loop.location), file)
+        pair.fold()
+    if notes is not None:
+        notes.append(f"the differentiated ring loops at {where or file} are folded by their "
+                     f"invariant over {forward.trips} trips: {text}")
+    return True
+
+
+def _forward(loop: ir.Operation) -> _Ring | None:
+    """The forward of a differentiated ring, read and its closed form built, its results
+    but the buffers replaced (None: not such a forward, or not folded). Its buffers are
+    `plain` (rows computed from the blocks alone: cloned per step) or `shifted`
+    (`_shifted_by_new_max`: rows P_j in the closed form); their blocks join the slice
+    cloned per step."""
+    trips = trip_count(loop)
+    if trips is None or backward_of(loop, trips) is None:
+        return None
+    forward = _Ring(loop, buffers=True)
+    if not (forward.read() and forward.hoistable() and forward.buffers):
+        return None
+    forward.plain, forward.shifted = set(), {}
+    for f, store in forward.buffers.items():
+        update = store.operands[1]
+        if forward.cone([update]) is not None:
+            forward.plain.add(f)
+        elif (shifted := _shifted_by_new_max(update, forward)) is not None:
+            forward.shifted[f] = shifted
+    blocks = [forward.buffers[f].operands[1] for f in forward.plain]
+    if not forward.widen(blocks + [s for s, _ in forward.shifted.values()]):
+        return None
+    with loop.context, ir.Location.unknown():
+        if not forward.build():
+            return None
+    forward.replace_results()
+    return forward
