@@ -244,21 +244,29 @@ class _Backward:
         element = ir.IntegerType(ir.RankedTensorType(value.type).element_type)
         return as_compared(fn(a, b), width, not element.is_unsigned)
 
-    def describe(self, dead: set[int], max_cotangent: int | None) -> str:
+    def describe(self, dead: set[int], max_cotangent: int | None,
+                 pairing: dict[int, int]) -> str:
+        """The invariant in words, carry by carry (numbered as the loop's operands); j = n -
+        1 - t is the forward step a backward step t undoes, `pairing` the forward
+        accumulators' cotangents (`_Pair.zero_max_cotangent`)."""
         texts: dict[int, str] = {}
         for k in self.counts:
             texts[k] = "a counter" if k != self.counter else (
-                f"step index t in [0, {self.forward.trips})")
+                f"step index t in [0, {self.forward.trips}), undoing forward step j = n - 1 - t")
         for k in self.buffers:
             texts[k] = "a residual buffer read at row n - 1 - t (forward step j's values)"
         for k, (_, permute) in self.accs.items():
-            texts[k] = ("the contributions of steps < t, passed back around the ring each "
-                        "step" if permute is not None else "the contributions of steps < t")
+            texts[k] = ("the contributions of steps < t, each passed back around the ring "
+                        "once a step" if permute is not None else
+                        "the sum of the contributions of steps < t")
+        running = self.forward.running
         for k in self.scaled:
-            texts[k] = "its initial value scaled by exp(m_{j+1} - m_n)"
+            texts[k] = (f"its initial value times exp(m_(j+1) - m_n), m the forward's "
+                        f"running max #{running}")
+        paired = " + ".join(f"<forward #{a} after step j, #{c}>" for a, c in pairing.items())
         for k in dead:
-            texts[k] = ("sum_k <acc_k(j + 1), g_k(t)>: the running max's cotangent (zero "
-                        "where it reaches the scores)" if k == max_cotangent else "unread")
+            texts[k] = (f"the running max's cotangent, {paired} summed onto m's rows (what "
+                        "it sends to the scores is zero)" if k == max_cotangent else "unread")
         for k in self.invariant:
             texts[k] = "loop-invariant"
         groups: dict[str, list[int]] = {}
@@ -441,6 +449,7 @@ class _Pair:
         self.bounded = bounded
         self.max_cotangent: int | None = None
         self.dead: set[int] = set()
+        self.pairing: dict[int, int] = {}
         self.zeroed = 0
         self.zeros: set[int] = set()
         """The zeros `zero_max_cotangent` put in the backward's body: their clones fold
@@ -465,6 +474,7 @@ class _Pair:
                 if len(set(pairing)) == len(pairing) and self._zeroed(k, dict(zip(
                         forward.accs, pairing))):
                     self.max_cotangent = k
+                    self.pairing = dict(zip(forward.accs, pairing))
                     backward.others.remove(k)
                     return True
         return False
@@ -855,18 +865,18 @@ def _fold_pair(module: ir.Module, loop: ir.Operation, forwards: dict[int, _Ring 
     pair = _Pair(forward, reader, bounded)
     with module.context, ir.Location.unknown():
         if pair.zero_max_cotangent():
-            zeroed, zeros = pair.max_cotangent, pair.zeros
+            zeroed, zeros, pairing = pair.max_cotangent, pair.zeros, pair.pairing
             reader = _Backward(backward, forward)
             if not reader.read():
                 return False
             pair = _Pair(forward, reader, bounded)
-            pair.max_cotangent, pair.zeros = zeroed, zeros
+            pair.max_cotangent, pair.zeros, pair.pairing = zeroed, zeros, pairing
             if zeroed in reader.others:
                 reader.others.remove(zeroed)
         if not pair.check():
             return False
         text = (f"forward: {forward.describe()}; backward: "
-                f"{reader.describe(pair.dead, pair.max_cotangent)}")
+                f"{reader.describe(pair.dead, pair.max_cotangent, pair.pairing)}")
         where = parse_location(str(loop.location), file)
         pair.fold()
     if notes is not None:
