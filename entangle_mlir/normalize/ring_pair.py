@@ -61,7 +61,9 @@ at another row, a result of a cotangent or buffer used after the loop) is left t
 from __future__ import annotations
 
 import itertools
+import math
 
+import numpy as np
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import func, stablehlo
 
@@ -74,6 +76,7 @@ from entangle_mlir.normalize.match import (
     MOVES_AND_TRANSPOSES,
     defining_op,
     i64s,
+    index_map,
     root_of,
     shape_of,
 )
@@ -221,6 +224,9 @@ class _Backward:
             for t in range(n):
                 if self._scalar(starts[0], t) != n - 1 - t:
                     return False
+            store = self.forward.buffers[self.buffers[k]]
+            if store.operands[1].type != op.results[0].type:
+                return False  # the row is written in part: a read sees more than the update
             self.reads[op.results[0]] = k
         return all(all(u.name == "stablehlo.dynamic_slice" or u.name == "stablehlo.return"
                        for u in _uses(self.args[k])) for k in self.buffers)
@@ -523,7 +529,7 @@ class _Pair:
             for op in targets:
                 zero = _zero_like(op.results[0], op)
                 op.results[0].replace_all_uses_with(zero)
-                _fold_zeros([zero], Kinds(True))
+                _fold_zeros([zero], Kinds(active().assume_no_overflow))
                 self.zeroed += 1
         self.zeros = {op_key(op) for op in body.operations if op_key(op) not in before}
         return True
@@ -574,8 +580,6 @@ class _Pair:
         for k in list(self.dead) + list(backward.scaled) + list(backward.buffers):
             if any(True for _ in backward.loop.results[k].uses):
                 return False
-        if not _max_read_safely(forward):
-            return False
         self.contributions = {}
         for k, (add, permute) in backward.accs.items():
             held = backward.args[k] if permute is None else permute.results[0]
@@ -745,12 +749,24 @@ def _shifted_by_new_max(update, forward: _Ring):
         return None
     sub = defining_op(defining_op(root).operands[0])
     s = sub.operands[0]
-    shift, _ = root_of(sub.operands[1], MOVES_AND_TRANSPOSES)
-    if unconverted(shift) != forward.yields[forward.running] or forward.cone([s]) is None:
+    shift, chain = root_of(sub.operands[1], MOVES_AND_TRANSPOSES)
+    if unconverted(shift) != forward.yields[forward.running] or s != forward.scores:
         return None
-    if len(_uses(sub.results[0])) != 1:
+    if len(_uses(sub.results[0])) != 1 or not _rows_placed(shift, chain, forward):
         return None
     return s, sub
+
+
+def _rows_placed(m, chain: list[ir.Operation], forward: _Ring) -> bool:
+    """The views `chain` put each row of the running max `m` on the scores' elements it is
+    the max of (so `s - views(m) <= 0`, as `ring_fold._Ring._rescales` asks of a rescale)."""
+    index = index_map(m, chain)
+    y, m_shape = shape_of(forward.scores), shape_of(m)
+    if index is None or index.shape != y or len(m_shape) != len(y) - 1:
+        return False
+    kept = [n if k != forward.dim else 1 for k, n in enumerate(y)]
+    rows = np.broadcast_to(np.arange(math.prod(m_shape)).reshape(kept), y)
+    return bool((rows == index).all())
 
 
 def _is_forward_rescale(root, step: _Step) -> bool:
@@ -895,7 +911,8 @@ def _forward(loop: ir.Operation) -> _Ring | None:
     if trips is None or backward_of(loop, trips) is None:
         return None
     forward = _Ring(loop, buffers=True)
-    if not (forward.read() and forward.hoistable() and forward.buffers):
+    if not (forward.read() and forward.hoistable() and forward.buffers
+            and _max_read_safely(forward)):
         return None
     forward.plain, forward.shifted = set(), {}
     for f, store in forward.buffers.items():
