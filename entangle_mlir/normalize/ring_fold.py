@@ -37,7 +37,11 @@ max, one exponential and one F over their concatenations, marked as blocks so th
 idioms move them down to the K/V blocks (`idioms._sink_concat`), as after unrolling.
 
 Any other carry, another use of the running max or an accumulator inside the blocks, a
-nested region reading the body: the loop is left to `unroll.py`.
+nested region reading the body: the loop is left to `unroll.py`. (Residual buffers, which a
+differentiated ring's forward writes a row a step, are read for `ring_pair.py`, which folds
+that forward with its backward: `_Ring(loop, buffers=True)`, `build` then `commit`.) A
+carry read through a convert to its own type (jax's weakly typed carries) is read as the
+carry.
 """
 
 from __future__ import annotations

@@ -21,17 +21,13 @@ constant integer arithmetic; `forward_residuals` folds them (`fold_counters`) an
 every read of a buffer slot to the value stored there (store-to-load forwarding), after
 which the backward reads each step's values directly, as the Python-unrolled ring's does.
 
-Such a differentiated ring (`residual_pairs`: the forward writing every row of its buffers at
-its counter, the backward the one loop reading them, both of the same trip count) is unrolled
-up to `MAX_RESIDUAL_TRIPS`, past `MAX_TRIPS`: `ring_fold.py` folds a forward-only ring by its
-invariant at any trip count, but the differentiated one has no closed form shorter than its
-steps. Its residuals are the running max, denominator and accumulator at each step i (the
-online softmax over the blocks of steps < i: a prefix per step), and the backward's carries
-are chained through them (the output's cotangent multiplied by each step's rescale, dK and dV
-added to and rotated back each step). Their closed form at the trip count is the per-step
-form itself: each step's residuals, read at row n - 1 - i as the buffer invariant says
-(rows < i hold the per-step values), with the backward's carries composed step by step, which
-is what unrolling and `forward_residuals` produce (and `online_backward.py` telescopes).
+Such a differentiated ring is folded by its invariant at any trip count by `ring_pair.py`
+(first); where that refuses (strict mode, a body it does not read), the pair (`residual_pairs`:
+the forward writing every row of its buffers at its counter, the backward the one loop
+reading them, both of the same trip count) is unrolled up to `MAX_RESIDUAL_TRIPS`, past
+`MAX_TRIPS`: each step's residuals read at row n - 1 - i as the buffer invariant says (rows
+< i hold the per-step values), the backward's carries composed step by step, which
+`forward_residuals` then reads at constant rows (and `online_backward.py` telescopes).
 """
 
 from __future__ import annotations
