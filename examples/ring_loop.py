@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -81,29 +82,12 @@ def rows_reference(q, k, v):
 
 
 def ring_rows(bug: str = ""):
-    """`ring`'s loop on rows of one head (the layout of `examples/real/repro.py`'s
-    `ring_attention_loop`), the running max differentiated: its gradient keeps the max's
-    cotangent."""
-    def body(q, k, v):
-        n, me, rows = lax.axis_size("cp"), lax.axis_index("cp"), q.shape[0]
-        q_pos = me * rows + jnp.arange(rows)
-        perm = [(i, (i + (-1 if bug == "direction" else 1)) % n) for i in range(n)]
+    """The ring's loop on rows of one head, the running max differentiated (its gradient
+    keeps the max's cotangent): `examples/real/repro.py`'s `ring_attention_loop`, K/V passed
+    the other way with `bug` "direction"."""
+    from examples.real.repro import ring_attention_loop
 
-        def step(i, carry):
-            o, m, den, kb, vb = carry
-            k_pos = ((me - i) % n) * rows + jnp.arange(rows)
-            s = jnp.where(q_pos[:, None] >= k_pos[None, :], q @ kb.T, -jnp.inf)
-            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-            p = jnp.exp(s - m_new[:, None])
-            corr = jnp.exp(m - m_new)
-            den = den * corr + jnp.sum(p, axis=-1)
-            o = o * corr[:, None] + p @ vb
-            return o, m_new, den, lax.ppermute(kb, "cp", perm), lax.ppermute(vb, "cp", perm)
-
-        init = (jnp.zeros(q.shape), jnp.full((rows,), -jnp.inf), jnp.zeros((rows,)), k, v)
-        o, _, den, _, _ = lax.fori_loop(0, n, step, init)
-        return o / den[:, None]
-    return body
+    return partial(ring_attention_loop, hop=-1 if bug == "direction" else 1)
 
 
 def grad_reference(q, k, v, w):

@@ -164,16 +164,7 @@ class _Ring:
         return bool(self.accs) and self._blocks_read_no_accumulator()
 
     def _count(self, k: int) -> tuple[int, int] | None:
-        """`(init, c)` where carry k is `i + c` each step from the constant init."""
-        arg, out = self.args[k], self.yields[k]
-        op = defining_op(out)
-        if op is None or op.name != "stablehlo.add" or integer_width(arg) is None or (
-                ir.RankedTensorType(arg.type).rank != 0):
-            return None
-        a, b = op.operands
-        step = constant_int(b) if a == arg else constant_int(a) if b == arg else None
-        init = constant_int(self.loop.operands[k])
-        return None if step is None or init is None else (init, step)
+        return counted(self.loop, k)
 
     def _permute(self, k: int) -> ir.Operation | None:
         op = defining_op(self.yields[k])
@@ -474,6 +465,21 @@ class _Ring:
                 if _in_body(source, self.body) and source.name != "stablehlo.constant":
                     return False
         return True
+
+
+def counted(loop: ir.Operation, k: int) -> tuple[int, int] | None:
+    """`(init, c)` where carry k of `loop` is an integer scalar `i + c` each step from the
+    constant init."""
+    body = loop.regions[1].blocks[0]
+    arg, out = body.arguments[k], list(body.operations)[-1].operands[k]
+    op = defining_op(out)
+    if op is None or op.name != "stablehlo.add" or integer_width(arg) is None or (
+            ir.RankedTensorType(arg.type).rank != 0):
+        return None
+    a, b = op.operands
+    step = constant_int(b) if a == arg else constant_int(a) if b == arg else None
+    init = constant_int(loop.operands[k])
+    return None if step is None or init is None else (init, step)
 
 
 def unconverted(value):

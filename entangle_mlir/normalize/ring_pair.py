@@ -81,7 +81,7 @@ from entangle_mlir.normalize.match import (
     shape_of,
 )
 from entangle_mlir.normalize.max_cotangent import _candidate, _fold_zeros, _sweep, _zero_like
-from entangle_mlir.normalize.ring_fold import _Ring, unconverted
+from entangle_mlir.normalize.ring_fold import _Ring, counted, unconverted
 from entangle_mlir.normalize.unroll import (
     _is_zeros,
     as_compared,
@@ -151,7 +151,7 @@ class _Backward:
                 self.buffers[k] = ir.OpResult(operand).result_number
             elif arg == out:
                 self.invariant.add(k)
-            elif (step := self._count(k)) is not None:
+            elif (step := counted(loop, k)) is not None:
                 self.counts[k] = step
             elif (acc := self._accumulator(k)) is not None:
                 self.accs[k] = acc
@@ -160,16 +160,6 @@ class _Backward:
             else:
                 self.others.append(k)
         return bool(self.accs) and self.counter in self.counts and self._reads_reversed()
-
-    def _count(self, k: int) -> tuple[int, int] | None:
-        op = defining_op(self.yields[k])
-        arg = self.args[k]
-        if op is None or op.name != "stablehlo.add" or integer_width(arg) is None:
-            return None
-        a, b = op.operands
-        step = constant_int(b) if a == arg else constant_int(a) if b == arg else None
-        init = constant_int(self.loop.operands[k])
-        return None if step is None or init is None else (init, step)
 
     def _accumulator(self, k: int):
         """`h(acc) + f`: h the carry itself or its collective_permute, the carry read by

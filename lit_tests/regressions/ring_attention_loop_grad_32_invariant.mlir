@@ -15,7 +15,7 @@
 // are their sums (dK, dV passed back around the ring once a step).
 
 // CHECK: verified: the sharded program refines the reference on mesh cp=32
-// CHECK: note: the differentiated ring loops at examples/ring_loop.py:{{[0-9]+}}:26 are folded by their invariant over 32 trips
+// CHECK: note: the differentiated ring loops at examples/real/repro.py:{{[0-9]+}}:{{[0-9]+}} are folded by their invariant over 32 trips
 // CHECK-SAME: #22, #23, #24, #25, #26, #27, #28, #29, #30, #31, #32, #33: a residual buffer: its rows < i hold the values of steps < i
 // CHECK-SAME: backward: #13: step index t in [0, 32), undoing forward step j = n - 1 - t
 // CHECK-SAME: #14: the sum of the contributions of steps < t
