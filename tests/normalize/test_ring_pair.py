@@ -29,12 +29,13 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 
 import numpy as np
 import pytest
+from jaxlib.mlir import ir
 
 from entangle_mlir.driver import check_texts
 from entangle_mlir.mlir.ir import context, parse_module, while_loops
 from entangle_mlir.mlir.program import inline_calls
 from entangle_mlir.normalize.finite import Finiteness, judging
-from entangle_mlir.normalize.ring_pair import fold_ring_pairs
+from entangle_mlir.normalize.ring_pair import _Backward, _forward, _Pair, fold_ring_pairs
 from examples import ring_loop
 from examples.real.catalog import lower_pair
 from examples.real.repro import reproducers
@@ -79,6 +80,28 @@ def test_the_strict_mode_leaves_the_pair_to_unrolling(lowered) -> None:
     `--assume-no-overflow` (the scores may overflow): by default nothing folds."""
     _, _, text, _ = lowered
     assert _folded(text, assume_no_overflow=False)[0] == 0
+
+
+def test_the_generic_step_refuses_a_wrong_invariant_of_the_max_cotangent(lowered) -> None:
+    """The running max's cotangent (#16) is the output's pairing with its cotangent (#15)
+    plus the denominator's with its own (#17); paired with dq (#14) instead, the scratch
+    step's algebra does not cancel and nothing is zeroed."""
+    _, _, text, _ = lowered
+    with context():
+        module = parse_module(text)
+        inline_calls(module, "ring.mlir")
+        with judging(Finiteness(True)), module.context, ir.Location.unknown():
+            first, second = while_loops(module)[:2]
+            forward = _forward(first)
+            reader = _Backward(second, forward)
+            assert reader.read()
+            assert (sorted(forward.accs), sorted(reader.accs), sorted(reader.scaled),
+                    reader.others) == ([17, 19], [14, 18, 19], [15, 17], [16])
+            pair = _Pair(forward, reader, [])
+            assert not pair._zeroed(16, {17: 14, 19: 17})
+            assert not pair.zeroed
+            assert pair._zeroed(16, {17: 15, 19: 17})
+            assert pair.zeroed == 2
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
