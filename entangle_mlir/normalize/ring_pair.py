@@ -324,7 +324,8 @@ class _Step:
 
     def backward_map(self, substitutes: dict[int, object]) -> dict:
         """A mapping of the backward's body for a clone: its carries the free arguments (or
-        `substitutes`), its reads the forward's stores (`read_value`)."""
+        `substitutes`: carry -> value), its loop-invariant constants cloned (its reads are
+        bound to the forward's stores as it is cloned: `clone_backward`)."""
         mapping = dict(zip(self.backward.args, self.bargs))
         for k in self.backward.invariant:
             self._constant(self.backward.args[k], self.backward.loop.operands[k], mapping)
@@ -426,7 +427,7 @@ def _adjoint(value, chain: list[ir.Operation]):
     return value
 
 
-def _views(value, chain: list[ir.Operation], at: ir.InsertionPoint, mapping: dict | None = None):
+def _views(value, chain: list[ir.Operation], at: ir.InsertionPoint):
     """The views `chain` (outermost first) applied to `value` (clones at `at`)."""
     for op in reversed(chain):
         clone = op.clone(at)
@@ -457,7 +458,7 @@ class _Pair:
     def zero_max_cotangent(self) -> bool:
         """Where the backward carries the running max's cotangent: prove it the pairing of
         the accumulators with their cotangents (module docstring) and zero what it sends to
-        the scores' argmax in the loop. True when the backward has no such carry left."""
+        the scores' argmax in the loop. True when that was proven and done."""
         forward, backward = self.forward, self.backward
         m_type = forward.args[forward.running].type
         cands = [k for k in backward.others if backward.args[k].type == m_type
@@ -541,6 +542,7 @@ class _Pair:
         finally:
             for op in reversed([op for op in block.operations if op_key(op) not in before]):
                 op.operation.erase()
+            active().forget()  # the judge's memos may hold the erased values
 
     def _is_zero(self, value) -> bool:
         return polynomial.is_zero(value, self._finite)
