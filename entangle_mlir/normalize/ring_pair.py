@@ -436,14 +436,50 @@ def _views(value, chain: list[ir.Operation], at: ir.InsertionPoint):
     return value
 
 
+class _Known:
+    """What `nonfinite_kinds` found of the program's values during one `fold_ring_pairs`,
+    per mode (a check at t = 0 walks the cone of a layer's cotangents: the program before
+    it), and the P_j the folds built, each in [0, 1] (its scores a block of the
+    concatenation whose row max is its shift, finite), which it cannot see. The scratch
+    steps' values never enter it (their modules go)."""
+
+    def __init__(self) -> None:
+        self.bounded: list = []
+        self.fresh()
+
+    def fresh(self) -> None:
+        """Forget every value but the P_j (after a fold erased the loops)."""
+        self.memos = {mode: Kinds(mode) for mode in (False, True)}
+        for value in self.bounded:
+            self.bound(value)
+
+    def bound(self, value) -> None:
+        if value not in self.bounded:
+            self.bounded.append(value)
+        for memo in self.memos.values():
+            memo[value] = 0
+
+    def forget_erased(self, keys: set[int]) -> None:
+        for memo in self.memos.values():
+            memo.forget_erased(keys)
+
+    def finite(self, atoms: list, at: ir.Operation, scratch: bool) -> bool:
+        """Every atom finite, judged at `at` in the judge's mode (which records a reliance
+        on `--assume-no-overflow`): with these memos, or fresh ones for a scratch step's."""
+        def test(memo) -> bool:
+            mode = getattr(memo, "assume_no_overflow", False)
+            mine = Kinds(mode) if scratch else self.memos[mode]
+            return all(nonfinite_kinds(v, mine) == 0 for v in atoms)
+
+        return judge(test, at)
+
+
 class _Pair:
     """A differentiated ring: the forward `_Ring` (with its buffers) and its `_Backward`."""
 
-    def __init__(self, forward: _Ring, backward: _Backward, bounded: list) -> None:
-        """`bounded`: the P_j the folds so far built, each in [0, 1] (its scores are a block
-        of the concatenation whose row max is its shift, finite): `_finite` knows it."""
+    def __init__(self, forward: _Ring, backward: _Backward, known: _Known) -> None:
         self.forward, self.backward = forward, backward
-        self.bounded = bounded
+        self.known = known
         self.max_cotangent: int | None = None
         self.dead: set[int] = set()
         self.pairing: dict[int, int] = {}
@@ -538,24 +574,19 @@ class _Pair:
                 if total is None:
                     return False
                 diff = stablehlo.SubtractOp(backward.operands[k], total).result
-            return self._is_zero(diff)
+            return polynomial.is_zero(diff, lambda atoms: self.known.finite(
+                atoms, backward, scratch=False))
         finally:
-            for op in reversed([op for op in block.operations if op_key(op) not in before]):
+            built = [op for op in block.operations if op_key(op) not in before]
+            keys = {op_key(op) for op in built}
+            for op in reversed(built):
                 op.operation.erase()
-            active().forget()  # the judge's memos may hold the erased values
+            self.known.forget_erased(keys)
 
     def _is_zero(self, value) -> bool:
-        return polynomial.is_zero(value, self._finite)
-
-    def _finite(self, atoms: list) -> bool:
-        """Every atom finite (`nonfinite_kinds`, sums and products of finite values finite
-        only under `--assume-no-overflow`: the judge's mode decides, and records it), the
-        folds' P_j taken as the values in [0, 1] they are."""
-        memo = Kinds(active().assume_no_overflow)
-        for value in self.bounded:
-            memo[value] = 0
-        return judge(lambda memo: all(nonfinite_kinds(v, memo) == 0 for v in atoms),
-                     self.backward.loop, memo=memo)
+        """`value` of a scratch step is zero in real arithmetic, its atoms finite."""
+        return polynomial.is_zero(value, lambda atoms: self.known.finite(
+            atoms, self.backward.loop, scratch=True))
 
     # ----- the closed form ----------------------------------------------------------------
 
@@ -659,7 +690,7 @@ class _Pair:
                     with at:
                         p = stablehlo.ExpOp(stablehlo.SubtractOp(
                             step.get(s, s), shift).result).result
-                self.bounded.append(p)
+                self.known.bound(p)
                 rows[f].append(_rewrap(update, p, at))
         current = {k: loop.operands[k] for k in backward.accs}
         self.folded_zeros = []
@@ -835,12 +866,13 @@ def fold_ring_pairs(module: ir.Module, ops: list | None = None,
                                                      if name == "stablehlo.while"]
     count = 0
     forwards: dict[int, _Ring | None] = {}
-    bounded: list = []
+    known = _Known()
     progress = True
     while progress:
         progress = False
         for loop in loops:
-            if _fold_pair(module, loop, forwards, bounded, notes, file):
+            if _fold_pair(module, loop, forwards, known, notes, file):
+                known.fresh()
                 count += 1
                 progress = True
                 break
@@ -853,7 +885,7 @@ def fold_ring_pairs(module: ir.Module, ops: list | None = None,
 
 
 def _fold_pair(module: ir.Module, loop: ir.Operation, forwards: dict[int, _Ring | None],
-               bounded: list, notes: list[str] | None, file: str) -> bool:
+               known: _Known, notes: list[str] | None, file: str) -> bool:
     """Fold the pair `loop` is the forward of (False: not folded; the loop list is stale
     after a fold). The forward's closed form is built (once: `forwards`) and its results but the
     buffers replaced by it first (exact, `ring_fold`'s invariant), so that the checks at
@@ -861,6 +893,8 @@ def _fold_pair(module: ir.Module, loop: ir.Operation, forwards: dict[int, _Ring 
     key = op_key(loop)
     if key not in forwards:
         forwards[key] = _forward(loop)
+        if forwards[key] is not None:
+            known.fresh()  # the forward's results were replaced: what read them changed
     forward = forwards[key]
     if forward is None:
         return False
@@ -870,14 +904,14 @@ def _fold_pair(module: ir.Module, loop: ir.Operation, forwards: dict[int, _Ring 
     reader = _Backward(backward, forward)
     if not reader.read():
         return False
-    pair = _Pair(forward, reader, bounded)
+    pair = _Pair(forward, reader, known)
     with module.context, ir.Location.unknown():
         if pair.zero_max_cotangent():
             zeroed, zeros, pairing = pair.max_cotangent, pair.zeros, pair.pairing
             reader = _Backward(backward, forward)
             if not reader.read():
                 return False
-            pair = _Pair(forward, reader, bounded)
+            pair = _Pair(forward, reader, known)
             pair.max_cotangent, pair.zeros, pair.pairing = zeroed, zeros, pairing
             if zeroed in reader.others:
                 reader.others.remove(zeroed)

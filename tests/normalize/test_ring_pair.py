@@ -35,7 +35,13 @@ from entangle_mlir.driver import check_texts
 from entangle_mlir.mlir.ir import context, parse_module, while_loops
 from entangle_mlir.mlir.program import inline_calls
 from entangle_mlir.normalize.finite import Finiteness, judging
-from entangle_mlir.normalize.ring_pair import _Backward, _forward, _Pair, fold_ring_pairs
+from entangle_mlir.normalize.ring_pair import (
+    _Backward,
+    _forward,
+    _Known,
+    _Pair,
+    fold_ring_pairs,
+)
 from examples import ring_loop
 from examples.real.catalog import lower_pair
 from examples.real.repro import reproducers
@@ -97,7 +103,7 @@ def test_the_generic_step_refuses_a_wrong_invariant_of_the_max_cotangent(lowered
             assert reader.read()
             assert (sorted(forward.accs), sorted(reader.accs), sorted(reader.scaled),
                     reader.others) == ([17, 19], [14, 18, 19], [15, 17], [16])
-            pair = _Pair(forward, reader, [])
+            pair = _Pair(forward, reader, _Known())
             assert not pair._zeroed(16, {17: 14, 19: 17})
             assert not pair.zeroed
             assert pair._zeroed(16, {17: 15, 19: 17})
