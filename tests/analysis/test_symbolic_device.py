@@ -340,3 +340,39 @@ def test_xla_form_embedding_verdict_matches_execution(kind: str) -> None:
                  if "device mask" in r.details.get("mode", "")]
         assert any(symbolic(r) for r in masks), [r.details for r in masks]
         assert all(r.status == "proved" for r in masks)
+
+
+# ----- the fallback ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("failure", ["raises", "inconclusive"])
+def test_a_symbolic_query_that_fails_falls_back_to_each_device(failure: str,
+                                                               monkeypatch) -> None:
+    """Where the symbolic claim cannot be built, or Z3 cannot decide it, each device's claim
+    is checked as before: the verdict is the per-device one (proved here; a wrong claim
+    refuted)."""
+    from entangle_mlir.analysis.instance import claims as claims_module
+    from entangle_mlir.analysis.instance import solve
+    from entangle_mlir.analysis.solver import ProofResult
+
+    mesh = DP_TP
+    *_, local, ge, _, _, _, shape = xla_chain(mesh)
+    if failure == "raises":
+        def broken(*args, **kwargs):
+            raise TypeError("no symbolic form")
+        monkeypatch.setattr(claims_module, "symbolic_claims", broken)
+    else:
+        prove = solve._prove
+
+        def undecided(*args):
+            if args[-1]:  # the symbolic device's axes
+                return ProofResult("unknown", None, 0.0, "instance", "Z3 timed out")
+            return prove(*args)
+        monkeypatch.setattr(solve, "_prove", undecided)
+    ins = [local, zeros(shape, "i32")]
+    _, verdict = check("stablehlo.compare", ins, mesh, shape, {"comparison_direction": "GE"},
+                       "i1", ge)
+    assert verdict.status == "proved" and not symbolic(verdict), verdict.describe()
+    next_block = Shifted(ge.rel, tuple(-s - LENGTH for s in starts(mesh)))
+    _, verdict = check("stablehlo.compare", [next_block, zeros(shape, "i32")], mesh, shape,
+                       {"comparison_direction": "GE"}, "i1", ge)
+    assert verdict.status == "refuted" and not symbolic(verdict), verdict.describe()
