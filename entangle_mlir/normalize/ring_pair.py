@@ -669,52 +669,16 @@ class _Pair:
             step.erase()
 
     def fold(self) -> None:
-        """Build the closed form (module docstring) and replace both loops by it."""
+        """Build the closed form (module docstring) and replace both loops by it: step t
+        after step t, its contributions applied to the accumulators by their own ops."""
         forward, backward = self.forward, self.backward
-        loop = backward.loop
-        n = forward.trips
-        m_n = forward.exits[forward.running]
+        loop, n = backward.loop, forward.trips
         at = ir.InsertionPoint(loop)
-        rows: dict[int, list] = {}
-        for f in {backward.buffers[k] for k in backward.reads.values()}:
-            update = defining_op(forward.yields[f]).operands[1]
-            if f not in self.probabilities:
-                rows[f] = [step.get(update, update) for step in forward.steps]
-                continue
-            s, sub = self.probabilities[f]
-            _, chain = root_of(sub.operands[1], MOVES_AND_TRANSPOSES)
-            rows[f] = []
-            for step in forward.steps:
-                with loop.location:
-                    shift = _views(m_n, chain, at)
-                    with at:
-                        p = stablehlo.ExpOp(stablehlo.SubtractOp(
-                            step.get(s, s), shift).result).result
-                self.known.bound(p)
-                rows[f].append(_rewrap(update, p, at))
+        rows = self._rows(at)
         current = {k: loop.operands[k] for k in backward.accs}
         self.folded_zeros = []
         for t in range(n):
-            j = n - 1 - t
-            mapping = {backward.args[k]: loop.operands[k]
-                       for k in (*backward.invariant, *backward.scaled)}
-            for k, (init, step_size) in backward.counts.items():
-                mapping[backward.args[k]] = forward._constant(backward.args[k],
-                                                              init + t * step_size, [])
-            for op in backward.ops:
-                if read_through(op, mapping, backward.reads,
-                                lambda k, j=j: rows[backward.buffers[k]][j]):
-                    continue
-                if op.operation not in self.cone[0]:
-                    continue
-                clone = op.clone(at)
-                for i, operand in enumerate(clone.operands):
-                    if operand in mapping:
-                        clone.operands[i] = mapping[operand]
-                for old, new in zip(op.results, clone.results):
-                    mapping[old] = new
-                if op_key(op) in self.zeros:
-                    self.folded_zeros.append(clone.results[0])
+            mapping = self._contributions(t, rows, at)
             for k, (add, permute) in backward.accs.items():
                 held = current[k]
                 if permute is not None:
@@ -739,6 +703,57 @@ class _Pair:
         loop.erase()
         forward.commit()
         _fold_zeros(self.folded_zeros, Kinds(active().assume_no_overflow))
+
+    def _rows(self, at: ir.InsertionPoint) -> dict[int, list]:
+        """Forward buffer -> the row each step j stored, in the closed form: the clone of
+        step j's slice, or for the probabilities P_j = exp(s_j - views(m_n))."""
+        forward, backward = self.forward, self.backward
+        m_n = forward.exits[forward.running]
+        rows: dict[int, list] = {}
+        for f in {backward.buffers[k] for k in backward.reads.values()}:
+            update = defining_op(forward.yields[f]).operands[1]
+            if f not in self.probabilities:
+                rows[f] = [step.get(update, update) for step in forward.steps]
+                continue
+            s, sub = self.probabilities[f]
+            _, chain = root_of(sub.operands[1], MOVES_AND_TRANSPOSES)
+            rows[f] = []
+            for step in forward.steps:
+                with backward.loop.location:
+                    shift = _views(m_n, chain, at)
+                    with at:
+                        p = stablehlo.ExpOp(stablehlo.SubtractOp(
+                            step.get(s, s), shift).result).result
+                self.known.bound(p)
+                rows[f].append(_rewrap(update, p, at))
+        return rows
+
+    def _contributions(self, t: int, rows: dict[int, list], at: ir.InsertionPoint) -> dict:
+        """The contributions' cone of backward step t cloned at `at` (the mapping from the
+        body's values): the scaled cotangents their initial values, the reads forward step
+        n - 1 - t's rows, the counters constant."""
+        forward, backward = self.forward, self.backward
+        loop, j = backward.loop, forward.trips - 1 - t
+        mapping = {backward.args[k]: loop.operands[k]
+                   for k in (*backward.invariant, *backward.scaled)}
+        for k, (init, step_size) in backward.counts.items():
+            mapping[backward.args[k]] = forward._constant(backward.args[k],
+                                                          init + t * step_size, [])
+        for op in backward.ops:
+            if read_through(op, mapping, backward.reads,
+                            lambda k: rows[backward.buffers[k]][j]):
+                continue
+            if op.operation not in self.cone[0]:
+                continue
+            clone = op.clone(at)
+            for i, operand in enumerate(clone.operands):
+                if operand in mapping:
+                    clone.operands[i] = mapping[operand]
+            for old, new in zip(op.results, clone.results):
+                mapping[old] = new
+            if op_key(op) in self.zeros:
+                self.folded_zeros.append(clone.results[0])
+        return mapping
 
 
 def _body_cone(roots: list, backward: _Backward):
