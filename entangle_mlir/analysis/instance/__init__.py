@@ -20,7 +20,10 @@ On big meshes only one device per symmetric mesh axis is simulated (`devices._sy
 the other devices' claims are the same up to a renaming of the variables; an all_to_all is
 symmetric in its own group axis by a rotation of its chunks, `devices.all_to_all_axes`, and its
 checked device's operands hold only the chunks it receives), and terms are evaluated on those
-devices' blocks only (`blocks.region_value`), so the cost stays nearly flat in mesh size.
+devices' blocks only (`blocks.region_value`), so the cost stays nearly flat in mesh size. A
+device mask's claims differ by the device's block offset, so no renaming makes them one; they
+are checked in one query with the device's coordinates along the mask's axes z3 integers
+(`symbolic_device`).
 
 **Abstraction and reduced shapes.** Input terms can be whole-network DAGs, and tensors can be
 large. So each input term is replaced by a fresh leaf (splat and iota constants are kept, a
@@ -63,6 +66,8 @@ the module that defines it (this package re-exports nothing):
 * `sources`: the query's values: z3 variables or random exact rationals, leaves on demand;
 * `blocks`: each device's local value of a value under its relation, a term on one block;
 * `devices`: which devices' claims are checked (symmetric mesh axes), the op run on them;
+* `symbolic_device`: a device-mask instance checked for every device of a class at once, the
+  coordinates along its mask's axes z3 integers (`symbolic_axes`, `symbolic_claims`);
 * `claims`: the claim's conjuncts (`build`);
 * `solve`: the claim proved by Z3, or a concrete counterexample (`run_check`);
 * `fallback`: two reference terms proved equal (`check_term_equality`);
