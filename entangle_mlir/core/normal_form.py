@@ -989,13 +989,13 @@ def _uneven_reshapes_joined(pieces: list[Term], operands: list[Term], dim: int,
     if group is None:
         return None
     src, dst = group
-    major = [d for d in src if first.shape[d] != 1]
-    if not major or any(pieces[0].shape[t] != 1 for t in dst[:dst.index(dim)]):
+    differ = [d for d in range(len(first.shape)) if len({x.shape[d] for x in operands}) > 1]
+    if len(differ) != 1 or differ[0] not in src:
         return None
-    c = major[0]
-    if any(x.shape[d] != first.shape[d] for x in operands for d in range(len(first.shape))
-           if d != c) or any(reshape_groups(x.shape, p.shape) != groups
-                             for x, p in zip(operands, pieces)):
+    (c,) = differ
+    if any(x.shape[d] != 1 for x in operands for d in src[:src.index(c)]) \
+            or any(pieces[0].shape[t] != 1 for t in dst[:dst.index(dim)]) \
+            or any(reshape_groups(x.shape, p.shape) != groups for x, p in zip(operands, pieces)):
         return None
     inner = make_concat(operands, c)
     return make_reshape(inner, shape) if _joined(inner, c) else None
@@ -2576,12 +2576,12 @@ def _blocks_like(core: Term, members: list[Term]) -> list[Term] | None:
                for e in range(len(core.args[k].shape)) if e != d):
             continue
         if len(set(sizes)) > 1:
-            orders = _orders(members, dims)
             cut = _concatenated_sizes(core, dims)
-            if orders:
-                sizes = [sizes[i] for i in orders[0]]
-            elif cut is not None and sorted(cut) == sorted(sizes):
+            orders = _orders(members, dims)
+            if cut is not None and sorted(cut) == sorted(sizes):
                 sizes = cut
+            elif orders:
+                sizes = [sizes[i] for i in orders[0]]
             else:
                 continue
         blocks, row = [], 0
@@ -2599,9 +2599,10 @@ def _blocks_like(core: Term, members: list[Term]) -> list[Term] | None:
 
 def _concatenated_sizes(core: Term, dims: list[tuple[int, int]]) -> list[int] | None:
     """The sizes of the pieces of an operand of `core` that is a concatenation along its
-    summed dim (`dims`: (operand, dim) pairs), the first found; None where none is: where
-    the other side's blocks stand in no order `_orders` finds (each a contraction with
-    another weight, `dq @ wq^T + dk @ wk^T`), the cut at the concatenated weights' pieces."""
+    summed dim (`dims`: (operand, dim) pairs), the first found; None where none is. Where
+    the other side's blocks are of those sizes, the cut there is the one that can meet
+    (`dq @ wq^T + dk @ wk^T` against the contraction over `[wk wq]`), whatever order the
+    other side's parts come in."""
     for k, d in dims:
         operand = core.args[k]
         if operand.op == "concatenate" and operand.attrs == (d,):
