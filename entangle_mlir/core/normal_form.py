@@ -57,9 +57,12 @@ the semantics policy allows; nothing else is assumed):
   top_k (the reference's group of one token block, cut out of its vmapped groups, meets the
   device's unbatched computation); not past a reduction to a dot's unit batch dim, nor to a
   scalar (a device's one batch row, which the other rows join along; `_sum_view`'s form);
-* a reshape splitting a reduction's kept dims goes to its operand (`split_through_reduction`;
-  the blocks of a flattened reduction, joined, meet the unflattened one), and through a
-  broadcast it splits a dim of the broadcast operand alike (`make_reshape`);
+* a reshape of a reduction takes each group of dims it splits, or merges without a reduced
+  dim between them, into the operand, the rest of it staying above the reduction
+  (`reshape_through_reduction`; the blocks of a flattened reduction, joined, meet the
+  unflattened one), and through a broadcast it splits a dim of the broadcast operand alike
+  (`make_reshape`); a reshape of a contraction takes the groups within one operand's free
+  dims into that operand (`reshape_through_dot`);
 * a slice of a reduction, of a reduce_window with a window of 1 on the cut dims (a cumsum
   along another dim) or of a top_k along its other dims is the op of the operand's rows
   (`slice_through`);
@@ -107,12 +110,21 @@ gradients summed step by step), each exact, at most a regrouping of a sum:
   `_reduction_keeping_unit(early=True)`); one-column contractions of two layers join layer
   by layer (`_heads_of_contractions`); commuting operands line up by a concatenation's first piece
   (`_leading`);
+* one batch row a device with attention (gap 1, `pipeline_step` at dp 2 with a batch of 2):
+  pieces of one row each, reshaped to (tokens, features), stack along their unit row dim
+  before their runs join along seq (`_rows_stacked`); reshape pieces whose operands differ
+  along one dim join along it (`_uneven_reshapes_joined`: a stage's two layers of heads next
+  to one); a sum's parts pair up by the pads and transposes over them (`_moved_by`: rotary
+  halves of k and q); contractions of distinct weights join in the order of the weights'
+  arguments (`_orders`);
 * `blocks_meet` also meets sums over every element across shapes and tiles
   (`_full_sums_meet`, `_tiled_sums_meet`), terms row block by row block where one is
   computed element by element from a concatenation (`_spine_cuts`), and one op over
   operands that meet position by position, a concatenation of pieces against the whole
   they are rows of (`congruent`: pieces whose sums came out signed apart stay a
-  concatenation inside a contraction).
+  concatenation inside a contraction; a product's factors and a sum's parts paired by what
+  they are, not by serial; a sum whose contractions joined on one side cut into the other's
+  parts, `split_like`).
 
 Since the builders order sums by serial, pieces computed alike can still come out with
 different signs; `split_like` / `blocks_meet` (used by the general tier's decision) meet
