@@ -987,27 +987,34 @@ def _strided_rows(pieces: list[Term], operands: list[Term], groups, dim: int) ->
 def _uneven_reshapes_joined(pieces: list[Term], operands: list[Term], dim: int,
                             shape: tuple[int, ...]) -> Term | None:
     """`reshape(concat(x_i along c), shape)` for pieces `reshape(x_i)` whose operands differ
-    only along c, the major dim of the group of dims that makes `dim` (the dims of the group
-    before c and before `dim` of size 1, the group's other dims alike in every piece): exact,
-    in row-major order each piece's elements of that group are one run of `dim`'s rows on
-    both sides, in piece order. Pieces of other sizes along the concatenation (one stage's
-    two layers of heads joined already, the next stage's one layer). None when that
-    concatenation does not meet."""
-    first = operands[0]
-    groups = reshape_groups(first.shape, pieces[0].shape)
-    if groups is None or any(len(x.shape) != len(first.shape) for x in operands):
+    only along c, the major dim of the group of dims that makes `dim` (read off the widest
+    piece: the dims of the group before c and before `dim` of size 1; each piece's rows of
+    `dim` hold its rows of c times the group's dims after c): exact, in row-major order each
+    piece's elements of that group are one run of `dim`'s rows on both sides, in piece
+    order. Pieces of other sizes along the concatenation (one stage's two layers of heads
+    joined already, the next stage's one layer; a micro-batch's two rows next to one). None
+    when that concatenation does not meet."""
+    if any(len(x.shape) != len(operands[0].shape) for x in operands):
         return None
-    group = next(((src, dst) for src, dst in groups if dim in dst), None)
-    if group is None:
-        return None
-    src, dst = group
-    differ = [d for d in range(len(first.shape)) if len({x.shape[d] for x in operands}) > 1]
-    if len(differ) != 1 or differ[0] not in src:
+    differ = [d for d in range(len(operands[0].shape))
+              if len({x.shape[d] for x in operands}) > 1]
+    if len(differ) != 1:
         return None
     (c,) = differ
-    if any(x.shape[d] != 1 for x in operands for d in src[:src.index(c)]) \
-            or any(pieces[0].shape[t] != 1 for t in dst[:dst.index(dim)]) \
-            or any(reshape_groups(x.shape, p.shape) != groups for x, p in zip(operands, pieces)):
+    widest = max(range(len(pieces)), key=lambda i: operands[i].shape[c])
+    first, model = operands[widest], pieces[widest]
+    groups = reshape_groups(first.shape, model.shape)
+    group = next(((src, dst) for src, dst in groups or () if dim in dst), None)
+    if group is None or c not in group[0]:
+        return None
+    src, dst = group
+    inside = math.prod(first.shape[d] for d in src[src.index(c) + 1:])
+    rows = math.prod(model.shape[t] for t in dst[dst.index(dim) + 1:])
+    if any(first.shape[d] != 1 for d in src[:src.index(c)]) \
+            or any(model.shape[t] != 1 for t in dst[:dst.index(dim)]) \
+            or any(p.shape[:dim] + p.shape[dim + 1:] != model.shape[:dim] + model.shape[dim + 1:]
+                   or x.shape[c] * inside != p.shape[dim] * rows
+                   for x, p in zip(operands, pieces)):
         return None
     inner = make_concat(operands, c)
     return make_reshape(inner, shape) if _joined(inner, c) else None

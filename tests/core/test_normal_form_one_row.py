@@ -127,6 +127,20 @@ def test_reshapes_of_pieces_of_other_sizes_join_along_their_major_dim() -> None:
     # must fail: the pieces in the other order
     other = [pieces[1], pieces[0]]
     assert make_concat(other, 1) is not whole and refuted(raw_concat(other, 1), whole)
+    # a micro-batch's two rows next to one row (its unit dim grouped with the next by the
+    # reshape): the rows of one tensor
+    y = make_arg(1, (3, 3, 2), F32)
+
+    def rows_of(lo: int, hi: int):
+        return make_reshape(_padded(slice_term(y, 0, lo, hi), 0, 1), (hi - lo, 9))
+
+    rows = [rows_of(0, 2), rows_of(2, 3)]
+    whole_rows = make_reshape(_padded(y, 0, 1), (3, 9))
+    assert make_concat(rows, 0) is whole_rows
+    assert proved(raw_concat(rows, 0), whole_rows)
+    swapped = [rows_of(1, 3), rows_of(0, 1)]
+    assert make_concat(swapped, 0) is not whole_rows
+    assert refuted(raw_concat(swapped, 0), whole_rows)
 
 
 def _padded(x, low: int, high: int):
