@@ -1426,17 +1426,22 @@ def _subgroups(cores: list[Term]) -> list[list[int]]:
 def _moved_argument(term: Term, dim: int) -> int | None:
     """The serial of the argument `term` is a slice, reshape, broadcast or transpose of
     (through any chain of them), or None."""
-    while term.op in _MOVES and term.args:
-        term = term.args[0]
-    return term.serial if term.op == "arg" else None
+    base = _moved_base(term)
+    return base.serial if base.op == "arg" else None
 
 
 def _moved_argument_index(term: Term) -> int | None:
-    """The index of the argument `term` is a slice, reshape, broadcast or transpose of
-    (through any chain of them), or None."""
+    """The index of the argument `term` is a slice, reshape, broadcast or transpose of, or
+    None: one number for one input on both sides of a comparison."""
+    base = _moved_base(term)
+    return base.attrs[0] if base.op == "arg" else None
+
+
+def _moved_base(term: Term) -> Term:
+    """The term under `term`'s chain of slices, reshapes, broadcasts and transposes."""
     while term.op in _MOVES and term.args:
         term = term.args[0]
-    return term.attrs[0] if term.op == "arg" else None
+    return term
 
 
 def _first_slice_base(term: Term, dim: int) -> int | None:
