@@ -81,7 +81,7 @@ gradients summed step by step), each exact, at most a regrouping of a sum:
   operands join along the one dim the reshape merges are joined first (`_runs_joined`);
 * a sum or contraction over adjacent dims is one over them merged (`merge_summed_dims`,
   `merge_contracted_dims`); a reshape merging a reduction's adjacent kept dims, or a
-  broadcast operand's dims, goes to the operand (`merge_through_reduction`,
+  broadcast operand's dims, goes to the operand (`reshape_through_reduction`,
   `merge_through_broadcast`); a slice or reshape of a kept integer table is the table it
   gives (`_table_part`);
 * zero pads are read through when sums join (`_peel`); sums of like pieces join in the
