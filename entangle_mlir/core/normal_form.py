@@ -485,7 +485,8 @@ _ARG_KEYS = (lambda t, dim: (t.op, t.dtype, t.attrs), lambda t, dim: (t.op, t.dt
              lambda t, dim: (t.op, t.dtype, _broadcast_off(t, dim)),
              lambda t, dim: (t.op, t.dtype, t.attrs, _weights(t)),
              lambda t, dim: (t.op, t.dtype, t.args[0].serial if t.op == "slice" else t.attrs),
-             lambda t, dim: (_leading(t, dim).op, t.dtype, _broadcast_off(t, dim)))
+             lambda t, dim: (_leading(t, dim).op, t.dtype, _broadcast_off(t, dim)),
+             lambda t, dim: (t.dtype, _moved_input(_leading(t, dim))))
 """What lines commuting operands up across pieces, tried in order: the operand's kind with
 its attributes, then without them (the windows of pieces' slices differ), then with only
 what a broadcast fills besides the concatenation's dim (pieces of one row and of several
@@ -493,7 +494,10 @@ rows, with two broadcasts among their operands), then with the parameters it rea
 (a SwiGLU's gate and up projections: two contractions alike but for their weight), then a
 slice by the term it slices (a micro-batch's rows times a shared weight row), then an
 operand that is itself a concatenation along the dim by its first piece's kind (pieces that
-joined in part before: `concat(d0, d1) * bcast` next to `bcast * d2`)."""
+joined in part before: `concat(d0, d1) * bcast` next to `bcast * d2`), then by the input
+each moves through its movement ops (and a concatenation's first piece): a norm's `x *
+gain * scale` of a micro-batch's rows, joined in part, next to one row's, whose factors'
+kinds and broadcasts all differ."""
 
 
 def _leading(term: Term, dim: int) -> Term:
@@ -1435,6 +1439,13 @@ def _moved_argument_index(term: Term) -> int | None:
     None: one number for one input on both sides of a comparison."""
     base = _moved_base(term)
     return base.attrs[0] if base.op == "arg" else None
+
+
+def _moved_input(term: Term) -> tuple:
+    """What `term` moves: ("arg", index) for an argument, else (op, None) for the op under
+    its chain of slices, reshapes, broadcasts and transposes (`_moved_base`)."""
+    base = _moved_base(term)
+    return ("arg", base.attrs[0]) if base.op == "arg" else (base.op, None)
 
 
 def _moved_base(term: Term) -> Term:

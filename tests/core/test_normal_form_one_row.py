@@ -236,3 +236,35 @@ def test_a_joined_contraction_meets_its_parts_inside_a_product() -> None:
                         (3, 4)))
     assert not blocks_meet(normal_form(wrong), normal_form(got), {})
     assert refuted(wrong, got)
+
+
+def test_a_norm_s_factors_pair_by_the_input_they_move() -> None:
+    """A norm's `x * gain * scale` on a micro-batch's rows, joined in part (two rows and one:
+    `concat(x rows) * bcast(gain) * concat(scales)`), next to the last row's, its factors
+    listed in another order and broadcast from squeezed operands: no kind of factor lines
+    them up but the input each moves (`_aligned`'s last key, `_moved_input`), so the rows
+    of x join; any pairing of a product's factors is exact, this one meets."""
+    data = make_arg(0, (2, 2, 2, 3), F32)  # (micro-batch, row, seq, feature)
+    gain = make_arg(1, (3,), F32)
+
+    def scale(i: int, rows: int):
+        factor = make_elementwise("stablehlo.rsqrt", (make_arg(2 + i, (rows, 2), F32),))
+        if rows == 1:
+            return make_broadcast(make_reshape(factor, (2,)), (1,), (1, 2, 3))
+        return make_broadcast(factor, (0, 1), (rows, 2, 3))
+
+    def rows_of(m: int, lo: int, hi: int, i: int, table=gain):
+        x = make_reshape(slice_term(slice_term(data, 0, m, m + 1), 1, lo, hi), (hi - lo, 2, 3))
+        return make_mul(make_mul(x, make_broadcast(table, (2,), x.shape)), scale(i, hi - lo))
+
+    first = make_concat([rows_of(0, 0, 2, 0), rows_of(1, 0, 1, 1)], 0)
+    last = rows_of(1, 1, 2, 2)
+    whole = make_mul(make_mul(make_reshape(data, (4, 2, 3)),
+                              make_broadcast(gain, (2,), (4, 2, 3))),
+                     make_concat([scale(0, 2), scale(1, 1), scale(2, 1)], 0))
+    assert make_concat([first, last], 0) is whole
+    assert proved(raw_concat([first, last], 0), whole)
+    # must fail: the last row scaled by another gain
+    other = rows_of(1, 1, 2, 2, make_arg(5, (3,), F32))
+    assert make_concat([first, other], 0) is not whole
+    assert refuted(raw_concat([first, other], 0), whole)
