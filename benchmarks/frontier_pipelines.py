@@ -33,10 +33,12 @@ ROWS = [
     (8, 2, 2, 2, True), (4, 2, 2, 2, False), (4, 2, 2, 4, False),
     (8, 4, 2, 2, True), (8, 4, 2, 4, False),
     (6, 2, 1, 2, False, 2), (8, 4, 1, 2, False, 2),
+    (1, 1, 1, 2, True, 2), (1, 1, 1, 1, True, 2), (2, 2, 2, 2, True, 2),
+    (2, 2, 2, 1, True, 2), (4, 2, 2, 2, True, 2),
 ]
 """The rows: gap 2 of benchmarks/FRONTIER_RESULTS.md (several layers a stage and several
 micro-batches, with tp) and its neighbours; a sixth field is dp (1 when left out; dp 2 with
-a batch of 2 is one row a device, gap 1)."""
+a batch of 2 is one row a device, gap 1: its MLP half, then with attention)."""
 
 
 def run(layers: int, pp: int, tp: int, micro: int, attention: bool, dp: int = 1) -> str:

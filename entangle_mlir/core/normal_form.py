@@ -57,9 +57,12 @@ the semantics policy allows; nothing else is assumed):
   top_k (the reference's group of one token block, cut out of its vmapped groups, meets the
   device's unbatched computation); not past a reduction to a dot's unit batch dim, nor to a
   scalar (a device's one batch row, which the other rows join along; `_sum_view`'s form);
-* a reshape splitting a reduction's kept dims goes to its operand (`split_through_reduction`;
-  the blocks of a flattened reduction, joined, meet the unflattened one), and through a
-  broadcast it splits a dim of the broadcast operand alike (`make_reshape`);
+* a reshape of a reduction takes each group of dims it splits, or merges without a reduced
+  dim between them, into the operand, the rest of it staying above the reduction
+  (`reshape_through_reduction`; the blocks of a flattened reduction, joined, meet the
+  unflattened one), and through a broadcast it splits a dim of the broadcast operand alike
+  (`make_reshape`); a reshape of a contraction takes the groups within one operand's free
+  dims into that operand (`reshape_through_dot`);
 * a slice of a reduction, of a reduce_window with a window of 1 on the cut dims (a cumsum
   along another dim) or of a top_k along its other dims is the op of the operand's rows
   (`slice_through`);
@@ -78,7 +81,7 @@ gradients summed step by step), each exact, at most a regrouping of a sum:
   operands join along the one dim the reshape merges are joined first (`_runs_joined`);
 * a sum or contraction over adjacent dims is one over them merged (`merge_summed_dims`,
   `merge_contracted_dims`); a reshape merging a reduction's adjacent kept dims, or a
-  broadcast operand's dims, goes to the operand (`merge_through_reduction`,
+  broadcast operand's dims, goes to the operand (`reshape_through_reduction`,
   `merge_through_broadcast`); a slice or reshape of a kept integer table is the table it
   gives (`_table_part`);
 * zero pads are read through when sums join (`_peel`); sums of like pieces join in the
@@ -107,12 +110,21 @@ gradients summed step by step), each exact, at most a regrouping of a sum:
   `_reduction_keeping_unit(early=True)`); one-column contractions of two layers join layer
   by layer (`_heads_of_contractions`); commuting operands line up by a concatenation's first piece
   (`_leading`);
+* one batch row a device with attention (gap 1, `pipeline_step` at dp 2 with a batch of 2):
+  pieces of one row each, reshaped to (tokens, features), stack along their unit row dim
+  before their runs join along seq (`_rows_stacked`); reshape pieces whose operands differ
+  along one dim join along it (`_uneven_reshapes_joined`: a stage's two layers of heads next
+  to one); a sum's parts pair up by the pads and transposes over them (`_moved_by`: rotary
+  halves of k and q); contractions of distinct weights join in the order of the weights'
+  arguments (`_orders`);
 * `blocks_meet` also meets sums over every element across shapes and tiles
   (`_full_sums_meet`, `_tiled_sums_meet`), terms row block by row block where one is
   computed element by element from a concatenation (`_spine_cuts`), and one op over
   operands that meet position by position, a concatenation of pieces against the whole
   they are rows of (`congruent`: pieces whose sums came out signed apart stay a
-  concatenation inside a contraction).
+  concatenation inside a contraction; a product's factors and a sum's parts paired by what
+  they are, not by serial; a sum whose contractions joined on one side cut into the other's
+  parts, `split_like`).
 
 Since the builders order sums by serial, pieces computed alike can still come out with
 different signs; `split_like` / `blocks_meet` (used by the general tier's decision) meet
@@ -150,6 +162,7 @@ from entangle_mlir.core.terms import (
     rebuild,
     rebuild_elementwise,
     reshape_groups,
+    skeleton,
     splat_value,
     subterms,
 )
@@ -472,7 +485,8 @@ _ARG_KEYS = (lambda t, dim: (t.op, t.dtype, t.attrs), lambda t, dim: (t.op, t.dt
              lambda t, dim: (t.op, t.dtype, _broadcast_off(t, dim)),
              lambda t, dim: (t.op, t.dtype, t.attrs, _weights(t)),
              lambda t, dim: (t.op, t.dtype, t.args[0].serial if t.op == "slice" else t.attrs),
-             lambda t, dim: (_leading(t, dim).op, t.dtype, _broadcast_off(t, dim)))
+             lambda t, dim: (_leading(t, dim).op, t.dtype, _broadcast_off(t, dim)),
+             lambda t, dim: (t.dtype, _moved_input(_leading(t, dim))))
 """What lines commuting operands up across pieces, tried in order: the operand's kind with
 its attributes, then without them (the windows of pieces' slices differ), then with only
 what a broadcast fills besides the concatenation's dim (pieces of one row and of several
@@ -480,7 +494,10 @@ rows, with two broadcasts among their operands), then with the parameters it rea
 (a SwiGLU's gate and up projections: two contractions alike but for their weight), then a
 slice by the term it slices (a micro-batch's rows times a shared weight row), then an
 operand that is itself a concatenation along the dim by its first piece's kind (pieces that
-joined in part before: `concat(d0, d1) * bcast` next to `bcast * d2`)."""
+joined in part before: `concat(d0, d1) * bcast` next to `bcast * d2`), then by the input
+each moves through its movement ops (and a concatenation's first piece): a norm's `x *
+gain * scale` of a micro-batch's rows, joined in part, next to one row's, whose factors'
+kinds and broadcasts all differ."""
 
 
 def _leading(term: Term, dim: int) -> Term:
@@ -559,6 +576,7 @@ def _aligned_parts(first: Term, other: Term) -> list[Term] | None:
         ranked = sorted((j for j in free if theirs[j] == coef), key=lambda j: (
             other.args[j] is not part, other.args[j].op != part.op,
             _arg_ops(other.args[j]) != _arg_ops(part),
+            _moved_by(other.args[j]) != _moved_by(part),
             -len(_factor_keys(other.args[j]) & _factor_keys(part)),
             not _same_args(other.args[j], part), other.args[j].attrs != part.attrs, j))
         if not ranked:
@@ -572,6 +590,23 @@ def _arg_ops(term: Term) -> list[str]:
     """The ops of a term's arguments, sorted: what tells apart two products (of one
     coefficient in a sum) of different factors, such as `x * tanh(y) * z` and `x * z`."""
     return sorted(a.op for a in term.args)
+
+
+_MOVED_BY = {"pad": lambda t: t.attrs, "transpose": lambda t: t.attrs, "reshape": lambda t: ()}
+"""The movement ops `_moved_by` reads through, each with what of its attributes does not
+depend on the sizes of the dims it moves (a pad's widths, a transpose's permutation)."""
+
+
+def _moved_by(term: Term) -> tuple:
+    """The chain of movement ops over `term`'s first operand down to the first other op, each
+    with its size-free attributes (`_MOVED_BY`): what tells apart a rotary embedding's two
+    halves in pieces of other head counts (`reshape(pad(h, high 2))` and `reshape(pad(h',
+    low 2))`), whose ops and skeletons alike leave them tied."""
+    chain = []
+    while term.op in _MOVED_BY and term.args:
+        chain.append((term.op, _MOVED_BY[term.op](term)))
+        term = term.args[0]
+    return tuple(chain)
 
 
 def _factor_keys(term: Term) -> set:
@@ -875,10 +910,13 @@ def _lift_reshape(pieces: list[Term], dim: int, shape: tuple[int, ...]) -> Term 
     order. None when that concatenation does not meet."""
     operands = [p.args[0] for p in pieces]
     if any(x.shape != operands[0].shape for x in operands):
-        return None
+        return _uneven_reshapes_joined(pieces, operands, dim, shape)
     groups = reshape_groups(operands[0].shape, pieces[0].shape)
     if groups is None:
         return None
+    rows = _rows_stacked(operands, groups, dim, shape)
+    if rows is not None:
+        return rows
     runs = _runs_joined(pieces, operands, groups, dim)
     if runs is not None:
         return make_concat(runs, dim)
@@ -948,6 +986,63 @@ def _strided_rows(pieces: list[Term], operands: list[Term], groups, dim: int) ->
            for j, p in enumerate(pieces)):
         return None
     return candidate
+
+
+def _uneven_reshapes_joined(pieces: list[Term], operands: list[Term], dim: int,
+                            shape: tuple[int, ...]) -> Term | None:
+    """`reshape(concat(x_i along c), shape)` for pieces `reshape(x_i)` whose operands differ
+    only along c, the major dim of the group of dims that makes `dim` (read off the widest
+    piece: the dims of the group before c and before `dim` of size 1; each piece's rows of
+    `dim` hold its rows of c times the group's dims after c): exact, in row-major order each
+    piece's elements of that group are one run of `dim`'s rows on both sides, in piece
+    order. Pieces of other sizes along the concatenation (one stage's two layers of heads
+    joined already, the next stage's one layer; a micro-batch's two rows next to one). None
+    when that concatenation does not meet."""
+    if any(len(x.shape) != len(operands[0].shape) for x in operands):
+        return None
+    differ = [d for d in range(len(operands[0].shape))
+              if len({x.shape[d] for x in operands}) > 1]
+    if len(differ) != 1:
+        return None
+    (c,) = differ
+    widest = max(range(len(pieces)), key=lambda i: operands[i].shape[c])
+    first, model = operands[widest], pieces[widest]
+    groups = reshape_groups(first.shape, model.shape)
+    group = next(((src, dst) for src, dst in groups or () if dim in dst), None)
+    if group is None or c not in group[0]:
+        return None
+    src, dst = group
+    inside = math.prod(first.shape[d] for d in src[src.index(c) + 1:])
+    rows = math.prod(model.shape[t] for t in dst[dst.index(dim) + 1:])
+    if any(first.shape[d] != 1 for d in src[:src.index(c)]) \
+            or any(model.shape[t] != 1 for t in dst[:dst.index(dim)]) \
+            or any(p.shape[:dim] + p.shape[dim + 1:] != model.shape[:dim] + model.shape[dim + 1:]
+                   or x.shape[c] * inside != p.shape[dim] * rows
+                   for x, p in zip(operands, pieces)):
+        return None
+    inner = make_concat(operands, c)
+    return make_reshape(inner, shape) if _joined(inner, c) else None
+
+
+def _rows_stacked(operands: list[Term], groups, dim: int, shape: tuple[int, ...]
+                  ) -> Term | None:
+    """`reshape(concat(x_i along u), shape)` for pieces `reshape(x_i)` concatenated along
+    `dim`, where `dim` is made of the operands' unit dim u followed by their dims of a row
+    (the group of `dim`: u first, u of size 1), the reshape also merges other dims (a
+    flattening of tokens and features for a contraction, not a squeeze alone), and every
+    operand joins along u (`make_concat` meets them: the rows of one computation). Exact:
+    u is the major dim of `dim`'s group, so each piece's elements are one run of `dim`'s
+    rows, in piece order, on both sides. The rows of a batch a device holds one of, stacked
+    as the reference's batch dim, before their runs join along the row's minor dim
+    (`_runs_joined`), which would read each row's tokens as one longer sequence. None
+    otherwise."""
+    group = next((src for src, dst in groups if dst == [dim]), None)
+    if group is None or len(group) < 2 or operands[0].shape[group[0]] != 1:
+        return None
+    if not any(sum(operands[0].shape[d] != 1 for d in src) > 1 for src, _ in groups):
+        return None
+    inner = make_concat(operands, group[0])
+    return make_reshape(inner, shape) if _joined(inner, group[0]) else None
 
 
 def _runs_joined(pieces: list[Term], operands: list[Term], groups, dim: int
@@ -1335,9 +1430,29 @@ def _subgroups(cores: list[Term]) -> list[list[int]]:
 def _moved_argument(term: Term, dim: int) -> int | None:
     """The serial of the argument `term` is a slice, reshape, broadcast or transpose of
     (through any chain of them), or None."""
+    base = _moved_base(term)
+    return base.serial if base.op == "arg" else None
+
+
+def _moved_argument_index(term: Term) -> int | None:
+    """The index of the argument `term` is a slice, reshape, broadcast or transpose of, or
+    None: one number for one input on both sides of a comparison."""
+    base = _moved_base(term)
+    return base.attrs[0] if base.op == "arg" else None
+
+
+def _moved_input(term: Term) -> tuple:
+    """What `term` moves: ("arg", index) for an argument, else (op, None) for the op under
+    its chain of slices, reshapes, broadcasts and transposes (`_moved_base`)."""
+    base = _moved_base(term)
+    return ("arg", base.attrs[0]) if base.op == "arg" else (base.op, None)
+
+
+def _moved_base(term: Term) -> Term:
+    """The term under `term`'s chain of slices, reshapes, broadcasts and transposes."""
     while term.op in _MOVES and term.args:
         term = term.args[0]
-    return term.serial if term.op == "arg" else None
+    return term
 
 
 def _first_slice_base(term: Term, dim: int) -> int | None:
@@ -1421,11 +1536,17 @@ def _join_group(cores: list[Term]) -> Term | None:
 
 def _orders(cores: list[Term], dims: list[tuple[int, int]]) -> list[tuple[int, ...]]:
     """Orders to try the pieces of a sum in (any order is exact; these are the ones in which a
-    concatenation can meet): by the start of each operand piece's window along its summed
+    concatenation can meet): by the argument each piece's operand moves, where each moves
+    another (`q @ wq + k @ wk` over concatenated weights: one order on both sides, whichever
+    order the pieces came in); by the start of each operand piece's window along its summed
     dim, where the pieces are windows of one term; then by the first slice found under each
     operand piece (the same position in pieces computed alike), where those are windows of
     one term at distinct starts."""
     found: list[tuple[int, ...]] = []
+    for k, _ in dims:
+        weights = [_moved_argument_index(c.args[k]) for c in cores]
+        if None not in weights and len(set(weights)) == len(weights):
+            found.append(tuple(sorted(range(len(cores)), key=lambda i: weights[i])))
     for keyed in (_window_start, _first_slice_start):
         for k, d in dims:
             keys = [keyed(c.args[k], d) for c in cores]
@@ -2015,66 +2136,89 @@ def generic_element(terms: list[Term]) -> list[Term] | None:
     return None if any(t is None for t in out) else out
 
 
-def split_through_reduction(arg: Term, shape: tuple[int, ...]) -> Term | None:
-    """`reshape(arg, shape)` of a reduction `arg` where the reshape only splits kept dims
-    into dims of size above 1: the reduction of its operand with those dims split alike
-    (exact: each result element reduces the same elements of the same row, in the same
-    order; what joining the blocks of a flattened reduction gives, met with the unflattened
-    one). None for any other reshape."""
+def reshape_through_reduction(arg: Term, shape: tuple[int, ...]) -> Term | None:
+    """`reshape(arg, shape)` of a reduction `arg` with the groups of dims the reshape
+    regroups that its operand can take pushed into the operand: a kept dim split into dims
+    of size above 1, or kept dims adjacent in the operand (no reduced dim between them),
+    at least two of size above 1, merged into one. The other groups (a merge across a
+    reduced dim, unit dims alone) stay in a reshape above the reduction. Exact: each result
+    element reduces the same elements of the same row, in the same order. One form for a
+    reduction flattened or split after it was computed and one computed on the flattened or
+    split rows, whichever part of the regrouping either side did first (the blocks of a
+    flattened reduction joined; a GQA backward's sum over the copies of each kv head, its
+    (rows, seq) dims merged before or after). None when no group goes in."""
     if arg.op not in _REDUCTIONS or len(arg.args) != 1:
         return None
     groups = reshape_groups(arg.shape, tuple(shape))
-    if groups is None or any(len(src) != 1 or not dst or 1 in [shape[d] for d in dst]
-                             for src, dst in groups):
+    if groups is None:
         return None
     (x,), reduced = arg.args, arg.attrs[0]
     kept = [d for d in range(len(x.shape)) if d not in reduced]
-    split = {kept[src[0]]: [shape[d] for d in dst] for src, dst in groups}
-    sizes, new_reduced = [], []
-    for d, n in enumerate(x.shape):
-        if d in reduced:
-            new_reduced.append(len(sizes))
-        sizes.extend(split.get(d, [n]))
-    inner = make_reshape(x, tuple(sizes))
-    return make_op(arg.op, (inner,), (tuple(new_reduced),) + arg.attrs[1:], tuple(shape),
-                   arg.dtype, linear_in=0 if arg.op == "reduce_sum" else None)
-
-
-def merge_through_reduction(arg: Term, shape: tuple[int, ...]) -> Term | None:
-    """`reshape(arg, shape)` of a reduction `arg` where the reshape only merges kept dims
-    that are adjacent in its operand (no reduced dim between them): the reduction of its
-    operand with those dims merged alike (exact: each result element reduces the same
-    elements of the same row, in the same order; `split_through_reduction` the other way
-    round, so that a reduction flattened after it was computed meets one computed on the
-    flattened rows). None for any other reshape."""
-    if arg.op not in _REDUCTIONS or len(arg.args) != 1:
-        return None
-    groups = reshape_groups(arg.shape, tuple(shape))
-    if groups is None or any(len(dst) != 1 or not src for src, dst in groups) \
-            or all(sum(arg.shape[d] != 1 for d in src) < 2 for src, _ in groups):
-        return None  # a reshape of unit dims alone stays above the sum (`make_op`'s form)
-    (x,), reduced = arg.args, arg.attrs[0]
-    kept = [d for d in range(len(x.shape)) if d not in reduced]
-    merged = {}
+    inner: dict[int, tuple[int, list[int]]] = {}
+    partial: list[int] = []
     for src, dst in groups:
+        sizes = [shape[d] for d in dst]
         dims = [kept[d] for d in src]
-        if dims != list(range(dims[0], dims[0] + len(dims))):
-            return None
-        merged[dims[0]] = (dims[-1], shape[dst[0]])
-    sizes, new_reduced, d = [], [], 0
+        if len(src) == 1 and len(dst) > 1 and 1 not in sizes:
+            inner[dims[0]] = (dims[0], sizes)
+        elif len(dst) == 1 and src and dims == list(range(dims[0], dims[0] + len(dims))) \
+                and sum(arg.shape[d] != 1 for d in src) > 1:
+            inner[dims[0]] = (dims[-1], sizes)
+        else:
+            partial.extend(arg.shape[d] for d in src)
+            continue
+        partial.extend(sizes)
+    if not inner:
+        return None
+    operand_shape, new_reduced, d = [], [], 0
     while d < len(x.shape):
-        if d in merged:
-            last, size = merged[d]
-            sizes.append(size)
+        if d in inner:
+            last, sizes = inner[d]
+            operand_shape.extend(sizes)
             d = last + 1
             continue
         if d in reduced:
-            new_reduced.append(len(sizes))
-        sizes.append(x.shape[d])
+            new_reduced.append(len(operand_shape))
+        operand_shape.append(x.shape[d])
         d += 1
-    inner = make_reshape(x, tuple(sizes))
-    return make_op(arg.op, (inner,), (tuple(new_reduced),) + arg.attrs[1:], tuple(shape),
-                   arg.dtype, linear_in=0 if arg.op == "reduce_sum" else None)
+    operand = make_reshape(x, tuple(operand_shape))
+    out = make_op(arg.op, (operand,), (tuple(new_reduced),) + arg.attrs[1:], tuple(partial),
+                  arg.dtype, linear_in=0 if arg.op == "reduce_sum" else None)
+    return make_reshape(out, tuple(shape))
+
+
+def reshape_through_dot(arg: Term, shape: tuple[int, ...]) -> Term | None:
+    """`reshape(arg, shape)` of a dot_general with the groups of dims the reshape regroups
+    within one operand's free dims pushed into that operand (the builders' `_reshape_dot`,
+    which takes a reshape only when nothing else regroups), the other groups in a reshape
+    above the dot: the lhs's first, then the rhs's. Exact: a free dim's rows are the
+    operand's rows, in row-major order within the operand's free dims. A loss flattened
+    over (micro-batch, row, seq) and (seq, feature) at once meets one whose rows were
+    flattened before the last projection. None when no group goes in."""
+    if arg.op != "stablehlo.dot_general":
+        return None
+    groups = reshape_groups(arg.shape, tuple(shape))
+    if groups is None:
+        return None
+    lhs, _ = arg.args
+    lb, _, lc, _ = arg.attrs
+    n_lf = len(lhs.shape) - len(lb) - len(lc)
+    for section in (range(len(lb), len(lb) + n_lf), range(len(lb) + n_lf, len(arg.shape))):
+        partial: list[int] = []
+        moved = False
+        for src, dst in groups:
+            sizes = [shape[d] for d in dst]
+            if src and all(d in section for d in src) \
+                    and [arg.shape[d] for d in src] != sizes:
+                partial.extend(sizes)
+                moved = True
+            else:
+                partial.extend(arg.shape[d] for d in src)
+        if moved:
+            inner = make_reshape(arg, tuple(partial))
+            if inner.op != "reshape":
+                return make_reshape(inner, tuple(shape))
+    return None
 
 
 def merge_summed_dims(term: Term, arg: Term) -> Term | None:
@@ -2330,11 +2474,11 @@ def _rewritten(term: Term, args: tuple[Term, ...], memo: dict[int, Term]) -> Ter
             return pieces
         squeezed = squeeze(args[0], term.shape)
         if squeezed is None:
-            squeezed = split_through_reduction(args[0], term.shape)
-        if squeezed is None:
-            squeezed = merge_through_reduction(args[0], term.shape)
+            squeezed = reshape_through_reduction(args[0], term.shape)
         if squeezed is None:
             squeezed = merge_through_broadcast(args[0], term.shape)
+        if squeezed is None:
+            squeezed = reshape_through_dot(args[0], term.shape)
         if squeezed is not None:
             return _renormal(squeezed, term, args, memo)
     if term.op == "transpose":
@@ -2417,11 +2561,13 @@ def split_like(term: Term, other: Term) -> Term | None:
     else:
         other_pairs = [(Fraction(1), other)]
     counts: dict[tuple, list[Term]] = {}
-    for _, t in other_pairs:
+    scaled: dict[tuple, list[Term]] = {}
+    for coef, t in other_pairs:
         perms, core = _peel(t)
         key = _contraction_key(core)
         if key is not None:
             counts.setdefault((perms, key), []).append(core)
+            scaled.setdefault((coef, perms, key), []).append(core)
     if term.op == "lin":
         pairs, constant = linear_parts(term)
     else:
@@ -2432,6 +2578,9 @@ def split_like(term: Term, other: Term) -> Term | None:
         key = _contraction_key(core)
         members = counts.get((perms, key)) if key is not None else None
         blocks = _blocks_like(core, members) if members and len(members) > 1 else None
+        alike = scaled.get((k, perms, key), [])
+        if blocks is None and 1 < len(alike) < len(members or ()):
+            blocks = _blocks_like(core, alike)
         if blocks is None and core.op == "reduce_sum":
             blocks = _rows_like(core, perms, counts)
         if blocks is None:
@@ -2462,10 +2611,14 @@ def _blocks_like(core: Term, members: list[Term]) -> list[Term] | None:
                for e in range(len(core.args[k].shape)) if e != d):
             continue
         if len(set(sizes)) > 1:
+            cut = _concatenated_sizes(core, dims)
             orders = _orders(members, dims)
-            if not orders:
+            if cut is not None and sorted(cut) == sorted(sizes):
+                sizes = cut
+            elif orders:
+                sizes = [sizes[i] for i in orders[0]]
+            else:
                 continue
-            sizes = [sizes[i] for i in orders[0]]
         blocks, row = [], 0
         for size in sizes:
             cut = [slice_term(core.args[k], d, row, row + size) for k, d in dims]
@@ -2476,6 +2629,19 @@ def _blocks_like(core: Term, members: list[Term]) -> list[Term] | None:
             else:
                 blocks.append(make_dot(cut[0], cut[1], core.attrs, core.shape, core.dtype))
         return blocks
+    return None
+
+
+def _concatenated_sizes(core: Term, dims: list[tuple[int, int]]) -> list[int] | None:
+    """The sizes of the pieces of an operand of `core` that is a concatenation along its
+    summed dim (`dims`: (operand, dim) pairs), the first found; None where none is. Where
+    the other side's blocks are of those sizes, the cut there is the one that can meet
+    (`dq @ wq^T + dk @ wk^T` against the contraction over `[wk wq]`), whatever order the
+    other side's parts come in."""
+    for k, d in dims:
+        operand = core.args[k]
+        if operand.op == "concatenate" and operand.attrs == (d,):
+            return [p.shape[d] for p in operand.args]
     return None
 
 
@@ -2593,12 +2759,15 @@ def congruent(a: Term, b: Term, memo: dict[int, Term], seen: dict[tuple[int, int
     key = (a.serial, b.serial)
     if key in seen:
         return seen[key]
-    if len(seen) >= MAX_CONGRUENT_PAIRS or not a.args or a.op != b.op or a.attrs != b.attrs \
+    if len(seen) >= MAX_CONGRUENT_PAIRS or not a.args or a.op != b.op \
             or a.shape != b.shape or a.dtype != b.dtype or len(a.args) != len(b.args):
+        return False
+    pairs = _operand_pairs(a, b)
+    if pairs is None:
         return False
     seen[key] = False
     found = True
-    for x, y in zip(a.args, b.args):
+    for x, y in pairs:
         if x is y:
             continue
         if x.shape != y.shape:
@@ -2608,11 +2777,70 @@ def congruent(a: Term, b: Term, memo: dict[int, Term], seen: dict[tuple[int, int
         elif x.op == "concatenate" and y.op != "concatenate":
             found = _meet_piecewise(y, x, memo)
         else:
-            found = congruent(x, y, memo, seen)
+            found = congruent(x, y, memo, seen) or _sums_cut_alike(x, y, memo, seen)
         if not found:
             break
     seen[key] = found
     return found
+
+
+def _operand_pairs(a: Term, b: Term) -> list[tuple[Term, Term]] | None:
+    """The operands of `a` and `b` (one op) paired for `congruent`: position by position,
+    but for a product (or another op whose operands commute) and the parts of a sum, which
+    the builders order by serial: each operand of `a` with the same term in `b` where it has
+    it (a part at the same coefficient), the rest in order among the unpaired ones of one op,
+    shape (and coefficient) each (exact: the same factors, or parts at the same
+    coefficients, in any order are one value). None where no such pairing exists."""
+    if a.op == "lin":
+        (ca, ka), (cb, kb) = a.attrs, b.attrs
+        if ca != cb or sorted(ka) != sorted(kb):
+            return None
+        mine, theirs = list(zip(ka, a.args)), list(zip(kb, b.args))
+    elif a.op in _COMMUTES and a.attrs == b.attrs:
+        mine, theirs = [(0, x) for x in a.args], [(0, y) for y in b.args]
+    else:
+        return list(zip(a.args, b.args)) if a.attrs == b.attrs else None
+    rest = list(theirs)
+    pairs, unpaired = [], []
+    for k, x in mine:
+        same = next((i for i, (c, y) in enumerate(rest) if c == k and y is x), None)
+        if same is None:
+            unpaired.append((k, x))
+        else:
+            pairs.append((x, rest.pop(same)[1]))
+    for k, x in unpaired:
+        like = [i for i, (c, y) in enumerate(rest)
+                if c == k and y.op == x.op and y.shape == x.shape]
+        if not like:
+            return None
+        best = max(like, key=lambda i: _likeness(x, rest[i][1]))
+        pairs.append((x, rest.pop(best)[1]))
+    return pairs
+
+
+def _likeness(x: Term, y: Term) -> tuple:
+    """How alike two terms of one op and shape are, for pairing (more is likelier the same
+    value): operands of the same shapes, operands in common, one skeleton."""
+    return ([a.shape for a in x.args] == [b.shape for b in y.args],
+            sum(1 for a in x.args if any(a is b for b in y.args)), skeleton(x) == skeleton(y))
+
+
+def _sums_cut_alike(x: Term, y: Term, memo: dict[int, Term],
+                    seen: dict[tuple[int, int], bool]) -> bool:
+    """Whether one of two sums, its contractions cut into the other's blocks
+    (`split_like`, exact), has the other's normal form: `blocks_meet`'s cut, for sums
+    nested inside one op (a weight gradient's joined q and k contractions, which the
+    sharded side sums apart)."""
+    if "lin" not in (x.op, y.op):
+        return False
+    for p, q in ((x, y), (y, x)):
+        cut = split_like(p, q)
+        if cut is None:
+            continue
+        cut = normal_form(cut, memo)
+        if cut is q or congruent(cut, q, memo, seen):
+            return True
+    return False
 
 
 def _full_sum(term: Term) -> tuple[Fraction, object, Term] | None:

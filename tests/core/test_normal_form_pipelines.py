@@ -149,7 +149,7 @@ def test_adjacent_summed_and_contracted_dims_merge() -> None:
 
 def test_reshapes_merge_through_reductions_and_broadcasts() -> None:
     """The rows of a (m, b) reduction flattened are the reduction over the flattened rows
-    (`merge_through_reduction`); a broadcast of an (m, b) factor flattened is the broadcast
+    (`reshape_through_reduction`); a broadcast of an (m, b) factor flattened is the broadcast
     of the factor flattened (`merge_through_broadcast`)."""
     x = make_arg(0, (2, 3, 4), F32)
     sums = total(x, (2,))

@@ -74,3 +74,31 @@ def test_one_kv_head_a_device_without_the_mlp_psum_is_not_proven() -> None:
     ex = _one_kv_head("stage_mlp_without_psum")
     assert max_error(ex, input_sets(ex)[0]) > 1e-3
     assert not check_texts(*lower_pair(ex), verify_rules=False).proven
+
+
+def _one_row(layers: int, pp: int, tp: int, bug: str | None = None, micro: int = 2):
+    """dp 2 with a batch of 2: one row of each micro-batch a device (gap 1 of
+    benchmarks/FRONTIER_RESULTS.md, attention half)."""
+    return F.pipeline_step(replace(F.tiny(F.LLAMA_70B, layers), batch=2), 2, pp, tp,
+                           micro=micro, attention=True, bug=bug)
+
+
+@pytest.mark.parametrize("layers, pp, tp, micro", [(1, 1, 1, 2), (1, 1, 1, 1), (2, 2, 2, 2),
+                                                   (4, 2, 2, 2)])
+def test_one_row_a_device_with_attention_matches_and_is_proven(layers: int, pp: int, tp: int,
+                                                               micro: int) -> None:
+    """Each device's row, computed with a unit batch dim, meets the reference's batch: the
+    rows stack along the unit dim, reshapes regroup (rows, seq) inside reductions and
+    contractions group by group, the q and k gradients' contractions meet joined or apart
+    (tests/core/test_normal_form_one_row.py); with one micro-batch, the reference's unit
+    micro-batch dim is merged into the rows inside the last projection."""
+    ex = _one_row(layers, pp, tp, micro=micro)
+    assert max_error(ex, input_sets(ex)[0]) <= 10 * ex.atol
+    report = check_texts(*lower_pair(ex), verify_rules=False)
+    assert report.proven, (report.stats.get("general_tier") or {}).get("reason")
+
+
+def test_one_row_a_device_with_the_backward_off_by_one_is_not_proven() -> None:
+    ex = _one_row(2, 2, 1, "backward_microbatch_off_by_one")
+    assert max_error(ex, input_sets(ex)[0]) > 1e-3
+    assert not check_texts(*lower_pair(ex), verify_rules=False).proven
