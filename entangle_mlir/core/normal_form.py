@@ -1539,9 +1539,31 @@ stopping early only leaves two forms unmet)."""
 
 def _normal_pass(term: Term, memo: dict[int, Term]) -> Term:
     for top in post_order(term, memo):
-        args = tuple(memo[a.serial] for a in top.args)
+        args = tuple(_latest(a, memo) for a in top.args)
         memo[top.serial] = _normal_node(top, args, memo)
-    return memo[term.serial]
+    return _latest(term, memo)
+
+
+MAX_CHAIN = 64
+"""How many memo entries `_latest` follows from one term."""
+
+
+def _latest(term: Term, memo: dict[int, Term]) -> Term:
+    """The last term of `term`'s chain in `memo` (`term` -> its pass's result -> that
+    result's next pass's -> ...), at most MAX_CHAIN steps: a pass records a node's result
+    of that pass only, so a node the builders make again later (a layer's residual stream,
+    rebuilt while the layers above it are joined) would otherwise move one step a pass, and
+    a stack of L layers would take L passes. Each step is an exact identity, so any point
+    of the chain is the same value."""
+    out = memo[term.serial]
+    for _ in range(MAX_CHAIN):
+        following = memo.get(out.serial)
+        if following is None or following is out:
+            break
+        out = following
+    if out is not memo[term.serial]:
+        memo[term.serial] = out
+    return out
 
 
 MAX_BLOCKS = 64
