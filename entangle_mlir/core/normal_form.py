@@ -1286,7 +1286,7 @@ def _join_groups(pairs: list) -> list:
     done: set[int] = set()
     joined = []
     for (k, perms, _), members in groups.items():
-        if len(members) < 2 or len(members) > MAX_BLOCKS:
+        if len(members) < 2 or len(members) > MAX_JOINED:
             continue
         cores = [_peel(pairs[i][1])[1] for i in members]
         core = _join_group(cores)
@@ -1301,6 +1301,12 @@ def _join_groups(pairs: list) -> list:
     if not joined:
         return pairs
     return [p for i, p in enumerate(pairs) if i not in done] + joined
+
+
+MAX_JOINED = 4096
+"""The most parts of a sum `_join_groups` joins into one contraction: a stack's residual
+stream at tp 8 sums layers x 8 of them (80 layers: 640), and the reference's stream joins
+its layers' alike, so a smaller cap would leave one side joined and the other not."""
 
 
 def _subgroups(cores: list[Term]) -> list[list[int]]:
