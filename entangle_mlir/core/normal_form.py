@@ -1205,30 +1205,68 @@ def join_sums(term: Term) -> Term:
     if term.op != "lin":
         return term
     pairs, constant = linear_parts(term)
-    changed = True
-    while changed:
-        changed = False
-        for i in range(len(pairs)):
-            for j in range(i + 1, len(pairs)):
-                (ki, ti), (kj, tj) = pairs[i], pairs[j]
-                if ki != kj:
-                    continue
-                joined = _join_pair(ti, tj)
-                if joined is not None:
-                    pairs = [p for k, p in enumerate(pairs) if k not in (i, j)]
-                    parts, offset = linear_parts(joined)
-                    if joined.op == "lin" and offset == 0:
-                        pairs.extend((ki * k, t) for k, t in parts)  # a factor pulled out
-                    else:
-                        pairs.append((ki, joined))
-                    changed = True
-                    break
-            if changed:
-                break
+    while True:
+        found = _first_joinable(pairs)
+        if found is None:
+            break
+        i, j, joined = found
+        ki = pairs[i][0]
+        pairs = [p for k, p in enumerate(pairs) if k not in (i, j)]
+        parts, offset = linear_parts(joined)
+        if joined.op == "lin" and offset == 0:
+            pairs.extend((ki * k, t) for k, t in parts)  # a factor pulled out
+        else:
+            pairs.append((ki, joined))
     pairs = _join_groups(pairs)
     if len(pairs) == len(term.args):
         return term
     return make_lin(pairs, constant, term.shape, term.dtype)
+
+
+def _first_joinable(pairs: list) -> tuple[int, int, Term] | None:
+    """(i, j, joined) for the first parts i < j of `pairs` (in that order) that `_join_pair`
+    joins with one coefficient, or None. Only candidates are tried: parts keyed alike
+    (`_join_keys`) whose first summed operands are adjacent windows of one term, which every
+    join needs; a residual stream of hundreds of parts would otherwise try every pair."""
+    keys = [_join_keys(k, t) for k, t in pairs]
+    starts: dict[tuple, list[int]] = {}
+    stops: dict[tuple, list[int]] = {}
+    for j, found in enumerate(keys):
+        for key, start, stop in found:
+            starts.setdefault((key, start), []).append(j)
+            stops.setdefault((key, stop), []).append(j)
+    for i, found in enumerate(keys):
+        candidates = sorted({j for key, start, stop in found
+                             for j in (*starts.get((key, stop), ()),
+                                       *stops.get((key, start), ())) if j > i})
+        for j in candidates:
+            joined = _join_pair(pairs[i][1], pairs[j][1])
+            if joined is not None:
+                return i, j, joined
+    return None
+
+
+def _join_keys(coefficient, term: Term) -> list[tuple[tuple, int, int]]:
+    """(key, start, stop) of `term`'s first summed operand's window along each summed dim:
+    key holds the coefficient, the transposes around the contraction, the contraction's
+    kind (`_contraction_key`), the summed dims, the window's base and its other dims' bounds.
+    Two parts `_join_pair` joins share a key, one's stop being the other's start."""
+    perms = []
+    while term.op == "transpose":
+        perms.append(term.attrs[0])
+        term = term.args[0]
+    kind = _contraction_key(term)
+    if kind is None:
+        return []
+    found = []
+    for pair in _summed_dims(term):
+        k, d = next((k, d) for k, d in enumerate(pair) if d is not None)
+        window = _window(term.args[k], d)
+        if window is None:
+            continue
+        base, start, stop, rest = window
+        found.append(((coefficient, tuple(perms), kind, pair, base.serial, rest), start, stop))
+    return found
 
 
 def _peel(term: Term) -> tuple[tuple, Term]:
