@@ -1508,8 +1508,10 @@ def _unique_window_starts(terms: list[Term]) -> list[tuple] | None:
     return None
 
 
-MAX_SLICES_SEEN = 64
-"""How many slices under each piece `_distinct_slice_starts` compares."""
+MAX_SLICES_SEEN = 4096
+"""How many slices under each piece `_distinct_slice_starts` compares: the micro-batch a
+loss piece reads comes after its stage's weights' slices, two or more a layer (32 layers
+passed 64)."""
 _FIRST_SLICES: dict[int, tuple[Term, ...]] = {}
 """`first_slices` by the term's serial (terms are interned and immutable)."""
 
