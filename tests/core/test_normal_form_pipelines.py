@@ -732,3 +732,28 @@ def test_a_sum_of_more_contractions_than_blocks_joins_into_one() -> None:
     # must fail: one block read twice (the last layer's weight rows for the one before)
     doubled = stream([*range(n - 1), n - 2])
     assert normal_form(doubled) is not normal and refuted(doubled, whole)
+
+
+def test_micro_batch_losses_join_behind_many_weight_slices() -> None:
+    """The losses of micro-batches computed alike through a deep stage (70 layers, each a
+    maximum with a row of one weight): the first piece built lists its 70 weight slices before its
+    micro-batch's row, so the pieces' distinct rows are found only past `MAX_SLICES_SEEN`
+    = 64 slices (32 layers of a pipeline stage passed it). One sum over the batch."""
+    n = 70
+    x, w = make_arg(0, (3, 4), F32), make_arg(1, (n, 4), F32)
+
+    def stage(h):
+        for k in range(n):
+            floor = make_broadcast(make_reshape(rows(w, k, k + 1), (4,)), (1,), h.shape)
+            h = make_elementwise("stablehlo.maximum", (h, floor))
+        return h
+
+    batch = [rows(x, i, i + 1) for i in range(3)]
+    losses = [total(stage(r), (0, 1)) for r in batch]
+    summed = make_lin([(Fraction(1), t) for t in losses], Fraction(0), (), F32)
+    whole = normal_form(total(stage(x), (0, 1)))
+    assert normal_form(summed) is whole and proved(summed, whole)
+    # must fail: a row of the batch read twice, another left out
+    twice = make_lin([(Fraction(1), t) for t in losses[:2] + losses[:1]], Fraction(0), (),
+                     F32)
+    assert normal_form(twice) is not whole and refuted(twice, whole)
