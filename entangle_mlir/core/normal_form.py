@@ -1496,7 +1496,7 @@ def _unique_window_starts(terms: list[Term]) -> list[tuple] | None:
     windows: list[dict[int, set]] = []
     for term in terms:
         mine: dict[int, set] = {}
-        for t in first_slices(term):
+        for t in first_slices(term, FIRST_SLICES_SEEN):
             mine.setdefault(t.args[0].serial, set()).add(t.attrs[0])
         windows.append(mine)
     common = set(windows[0]).intersection(*windows[1:])
@@ -1512,32 +1512,41 @@ MAX_SLICES_SEEN = 4096
 """How many slices under each piece `_distinct_slice_starts` compares: the micro-batch a
 loss piece reads comes after its stage's weights' slices, two or more a layer (32 layers
 passed 64)."""
-_FIRST_SLICES: dict[int, tuple[Term, ...]] = {}
-"""`first_slices` by the term's serial (terms are interned and immutable)."""
+FIRST_SLICES_SEEN = 64
+"""How many it compares first (most pieces differ early; the longer walk only where none of
+these did)."""
+_FIRST_SLICES: dict[tuple[int, int], tuple[Term, ...]] = {}
+"""`first_slices` by (the term's serial, the count) (terms are interned and immutable)."""
 
 
-def first_slices(term: Term) -> tuple[Term, ...]:
-    """The first `MAX_SLICES_SEEN` slices under `term` in `subterms` order, memoized: joining
-    a long sum asks for the same pieces' slices once per pair (a walk of the whole piece each
-    time when it holds fewer slices than that)."""
-    found = _FIRST_SLICES.get(term.serial)
+def first_slices(term: Term, count: int = MAX_SLICES_SEEN) -> tuple[Term, ...]:
+    """The first `count` slices under `term` in `subterms` order, memoized: joining a long
+    sum asks for the same pieces' slices once per pair (a walk of the whole piece each time
+    when it holds fewer slices than that)."""
+    key = (term.serial, count)
+    found = _FIRST_SLICES.get(key)
     if found is None:
-        found = _FIRST_SLICES[term.serial] = tuple(itertools.islice(
-            (u for u in subterms([term]) if u.op == "slice"), MAX_SLICES_SEEN))
+        found = _FIRST_SLICES[key] = tuple(itertools.islice(
+            (u for u in subterms([term]) if u.op == "slice"), count))
     return found
 
 
 def _distinct_slice_starts(terms: list[Term]) -> list[tuple] | None:
     """The starts of the first slice, in `subterms` order, that is a window of one term at a
     distinct start in every one of `terms` (pieces computed alike from different rows: a
-    slice of a weight every piece shares comes first, and is passed over); else None."""
-    lists = [first_slices(term) for term in terms]
-    for column in zip(*lists):
-        if len({t.args[0].serial for t in column}) != 1:
-            continue
-        starts = [t.attrs[0] for t in column]
-        if len(set(starts)) == len(starts):
-            return starts
+    slice of a weight every piece shares comes first, and is passed over); else None.
+    The first `FIRST_SLICES_SEEN` slices of each are compared first, then up to
+    `MAX_SLICES_SEEN` where some piece holds more."""
+    for count in (FIRST_SLICES_SEEN, MAX_SLICES_SEEN):
+        lists = [first_slices(term, count) for term in terms]
+        for column in zip(*lists):
+            if len({t.args[0].serial for t in column}) != 1:
+                continue
+            starts = [t.attrs[0] for t in column]
+            if len(set(starts)) == len(starts):
+                return starts
+        if all(len(found) < count for found in lists):
+            return None
     return None
 
 
