@@ -260,8 +260,7 @@ def run_demo(args) -> int:
         sharded = ref.with_name(f"{name}.sharded.mlir")
         report = check_files(str(ref), str(sharded), verify_rules=not args.no_verify_rules,
                              general_tier=not args.no_general_tier, jobs=args.jobs,
-                             repair_bugs=getattr(args, "repair", False),
-                             general_budget=args.general_budget)
+                             repair_bugs=getattr(args, "repair", False))
         if not args.no_confirm and not report.proven:
             from entangle_mlir.confirm import confirm_files  # lazy: runs jax, only on a claim
 
