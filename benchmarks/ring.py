@@ -7,6 +7,7 @@ backward and SGD) at cp 4 / 8 / 16 / 32, one command, the targets from the same 
     python benchmarks/ring.py --profile 8       # cProfile of one check, the 25 costliest calls
     python benchmarks/ring.py --loop --task stack --cp 16 32 64
                                                 # the ring in a fori_loop, forward only
+    python benchmarks/ring.py --loop --cp 8 16 32 64  # its training step (the pair folded)
     python benchmarks/ring.py --matmul --cp 16 32 64   # collective matmul in a fori_loop
 
 `--matmul` checks the all-gather collective matmul in a fori_loop instead
@@ -17,10 +18,10 @@ written at the block's rows): the general tier reads that loop by its invariant
 `--loop` spells the ring as `lax.fori_loop` over the cp steps (`Par(ring="loop")`) instead of
 the Python-unrolled one: entangle-normalize folds the loop by its invariant (the K/V blocks
 rotate, the online softmax's accumulators are sums over the blocks of the steps before;
-`normalize/ring_fold.py`, issue 19) at any ring length. A differentiated loop (`--task
-stack_sgd`) is not folded: its forward (residuals stored at each step's row) and backward
-(reading them at n - 1 - i) are unrolled as a pair up to 32 steps (`unroll.residual_pairs`),
-not proven past that.
+`normalize/ring_fold.py`, issue 19) at any ring length. The differentiated loop (`--task
+stack_sgd`: a forward storing residuals at each step's row, a backward reading them at
+n - 1 - i) is folded as a pair by its invariant (`normalize/ring_pair.py`) at any ring
+length too.
 
 The programs are `examples/real`'s `llama3_stack_sgd_ring_cp4` (2 layers, hidden 32, 16 q /
 8 kv heads of 4, grouped-query attention) with the sequence long enough for the ring

@@ -7,15 +7,17 @@ import time
 from functools import partial
 
 from entangle_mlir.analysis.layer_reuse import recheck_op_by_op
-from entangle_mlir.core.diagnostics import InputError
+from entangle_mlir.analysis.refine import EvidenceFocus
+from entangle_mlir.core.diagnostics import Diagnostic, InputError, parse_location
 from entangle_mlir.core.report import Report
 from entangle_mlir.html_report import to_html
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.load import load_data, load_file
 from entangle_mlir.mlir.program import Program, from_combined, from_two_modules, has_refines
+from entangle_mlir.normalize.finite import Refusal
 from entangle_mlir.passes import PASSES
 from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipeline
-from entangle_mlir.repair import repair, snapshot, wants_repair
+from entangle_mlir.repair import Snapshot, repair, restored, snapshot, wants_repair
 
 
 def check_program(program: Program, *, verify_rules: bool = True,
@@ -36,7 +38,8 @@ def check_program(program: Program, *, verify_rules: bool = True,
     report claims a bug the general tier did not prove away, name the one op whose nearest
     alternative makes the program proven (`repair.py`)."""
     start = time.perf_counter()
-    pristine = snapshot(program) if general_tier and repair_bugs else None
+    pristine = snapshot(program) if (general_tier and repair_bugs) or not assume_no_overflow \
+        else None
     verify = f"entangle-verify-rules{{jobs={max(0, jobs or 0)}}}"
     check = ["entangle-check-refinement"] + ([verify] if verify_rules else [])
     state = PassState(program.sharded_module, program.sharded_file, program=program)
@@ -62,7 +65,12 @@ def check_program(program: Program, *, verify_rules: bool = True,
     report = state.report
     if report.proven:
         report.stats.setdefault("tier", "layout")
-    if pristine is not None and wants_repair(report):
+    guards = [r for r in (state.finiteness.refusals if state.finiteness else []) if r.guard]
+    if pristine is not None and guards and not report.proven:
+        _check_assuming_no_overflow(report, pristine, guards[0], verify_rules=verify_rules,
+                                    reuse_layers=reuse_layers, general_tier=general_tier,
+                                    jobs=jobs)
+    if pristine is not None and general_tier and repair_bugs and wants_repair(report):
         with context():
             reference = (program.ref_func.get_asm(), state.walks.get("reference"))
             repair(report, pristine, reference, verify_rules=verify_rules,
@@ -76,6 +84,25 @@ def check_program(program: Program, *, verify_rules: bool = True,
     report.stats["seconds"] = round(time.perf_counter() - start, 4)
     report.html_page = partial(to_html, report, dict(state.walks), program)
     return report
+
+
+def _check_assuming_no_overflow(report: Report, pristine: Snapshot, guard: Refusal,
+                                **options) -> None:
+    """A pair not proven where the strict mode kept a guard (`finite.Refusal.guard`): check
+    it again under `--assume-no-overflow`; where that proves it, the guard is the reason
+    (first, in place), and the proof under the assumption a note."""
+    with context():
+        assumed = check_program(restored(pristine), assume_no_overflow=True, **options)
+    report.stats["assuming no overflow"] = assumed.verdict
+    if not assumed.proven:
+        return
+    notes = (Diagnostic("note", "checked again assuming no intermediate overflow "
+                        "(--assume-no-overflow): proven", None, category=""),)
+    report.diagnostics.insert(0, Diagnostic(
+        "error", guard.message, parse_location(guard.location, guard.file), notes,
+        category="overflow"))
+    report.focus = EvidenceFocus(unavailable="the programs differ only where a value "
+                                 "overflows: no op diverges on finite values")
 
 
 def check_texts(ref_text: str, sharded_text: str, *, ref_file: str = "reference.mlir",

@@ -83,6 +83,17 @@ def snapshot(program: Program) -> Snapshot:
                     program.ref_file, program.sharded_file)
 
 
+def restored(snap: Snapshot) -> Program:
+    """The pair as it was snapshotted, parsed anew (within a `context()`): for a second check
+    of it (`driver.check_program`'s check under `--assume-no-overflow`)."""
+    ref = parse_module(snap.ref.get_asm(enable_debug_info=True), snap.ref_file)
+    sharded = ref if snap.sharded is None else parse_module(
+        snap.sharded.get_asm(enable_debug_info=True), snap.sharded_file)
+    return Program(ref, sharded, find_function(ref, snap.ref_name),
+                   find_function(sharded, snap.sharded_name), snap.ref_file,
+                   snap.sharded_file)
+
+
 def wants_repair(report: Report) -> bool:
     """Whether the repair may run: not proven, the general tier ran and did not prove it, and
     the report claims the program is wrong (a repair relocates a claim, never makes one)."""

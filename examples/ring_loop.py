@@ -11,6 +11,7 @@ exp(m_new - m_old), the weighted values rescaled by another row's max (a reshape
 transpose belongs), the denominator never rescaled.
 
     python -m examples.ring_loop --write-lit lit_tests/regressions/Inputs   # cp 32, a twin
+    python -m examples.ring_loop --write-lit lit_tests/regressions/Inputs --grad   # training
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -72,6 +74,52 @@ def ring(bug: str = ""):
     return body
 
 
+def rows_reference(q, k, v):
+    """Causal attention over rows (tokens) of q, k, v (one head)."""
+    pos = jnp.arange(q.shape[0])
+    scores = jnp.where(pos[:, None] >= pos[None, :], q @ k.T, -jnp.inf)
+    return jax.nn.softmax(scores, axis=-1) @ v
+
+
+def ring_rows(bug: str = ""):
+    """The ring's loop on rows of one head, the running max differentiated (its gradient
+    keeps the max's cotangent): `examples/real/repro.py`'s `ring_attention_loop`, K/V passed
+    the other way with `bug` "direction"."""
+    from examples.real.repro import ring_attention_loop
+
+    return partial(ring_attention_loop, hop=-1 if bug == "direction" else 1)
+
+
+def grad_reference(q, k, v, w):
+    """The gradients of `sum(rows_reference(q, k, v) * w)` with respect to q, k and v."""
+    return jax.grad(lambda q, k, v: jnp.sum(rows_reference(q, k, v) * w),
+                    argnums=(0, 1, 2))(q, k, v)
+
+
+def ring_grad(bug: str = ""):
+    """The shard_map body of ring attention training: jax's gradient of `ring_rows(bug)`'s
+    loop, a pair of loops (the forward storing each step's residuals at its counter's row,
+    the backward reading them at n - 1 - i and passing dK and dV back around the ring) that
+    `normalize/ring_pair.py` folds by their invariant."""
+    forward = ring_rows(bug)
+
+    def body(q, k, v, w):
+        return jax.grad(lambda q, k, v: jnp.sum(forward(q, k, v) * w), argnums=(0, 1, 2))(
+            q, k, v)
+    return body
+
+
+GRAD_SPEC = P("cp", None)
+"""q, k, v, w and the gradients of `ring_grad`: rows split over 'cp'."""
+
+
+def grad_inputs(n: int, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """q, k, v and the output's weights w of a ring of n devices (`S_L` rows a device,
+    `D` columns)."""
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal((n * S_L, 2 * D)).astype(np.float32) for _ in range(4))
+
+
 def matmul_reference(x, w):
     return x @ w
 
@@ -116,36 +164,42 @@ def matmul_inputs(n: int, seed: int = 0) -> tuple[np.ndarray, ...]:
             rng.standard_normal((2, 2 * n)).astype(np.float32))
 
 
-def sharded(n: int, bug: str = "", matmul: bool = False):
-    """The jitted shard_map program (ring attention, or the collective matmul) on a mesh
-    ('cp', n) (n host devices needed), and its inputs' shardings."""
+def sharded(n: int, bug: str = "", matmul: bool = False, grad: bool = False):
+    """The jitted shard_map program (ring attention, its training step with `grad`, or the
+    collective matmul) on a mesh ('cp', n) (n host devices needed), and its inputs'
+    shardings."""
     mesh = jax.make_mesh((n,), ("cp",), axis_types=(AxisType.Auto,))
     body, (specs, out) = ((allgather_matmul(bug), MATMUL_SPECS) if matmul
+                          else (ring_grad(bug), ((GRAD_SPEC,) * 4, (GRAD_SPEC,) * 3)) if grad
                           else (ring(bug), ((SPEC,) * 3, SPEC)))
     fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out,
                                check_vma=False))
     return fn, [NamedSharding(mesh, spec) for spec in specs]
 
 
-def _pair(matmul: bool):
+def _pair(matmul: bool, grad: bool = False):
+    if grad:
+        return grad_reference, grad_inputs
     return (matmul_reference, matmul_inputs) if matmul else (reference, inputs)
 
 
-def run(n: int, bug: str = "", matmul: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(reference output, sharded output) on the same random inputs, executed."""
-    fn, shardings = sharded(n, bug, matmul)
-    ref_fn, make = _pair(matmul)
+def run(n: int, bug: str = "", matmul: bool = False, grad: bool = False):
+    """(reference output, sharded output) on the same random inputs, executed (tuples of
+    the three gradients with `grad`)."""
+    fn, shardings = sharded(n, bug, matmul, grad)
+    ref_fn, make = _pair(matmul, grad)
     args = make(n)
-    return (np.asarray(jax.jit(ref_fn)(*args)),
-            np.asarray(fn(*(jax.device_put(a, s) for a, s in zip(args, shardings)))))
+    got = fn(*(jax.device_put(a, s) for a, s in zip(args, shardings)))
+    return jax.tree.map(np.asarray, jax.jit(ref_fn)(*args)), jax.tree.map(np.asarray, got)
 
 
-def lower(n: int, bug: str = "", matmul: bool = False) -> tuple[str, str]:
+def lower(n: int, bug: str = "", matmul: bool = False, grad: bool = False
+          ) -> tuple[str, str]:
     """(reference text, sharded text), file names relative to the repo root."""
     from entangle_mlir.jax import lower_pair  # lazy: only the lowering needs it
 
-    fn, shardings = sharded(n, bug, matmul)
-    ref_fn, make = _pair(matmul)
+    fn, shardings = sharded(n, bug, matmul, grad)
+    ref_fn, make = _pair(matmul, grad)
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
              for a, s in zip(make(n), shardings)]
     ref, text = lower_pair(ref_fn, fn, *avals)
@@ -153,25 +207,28 @@ def lower(n: int, bug: str = "", matmul: bool = False) -> tuple[str, str]:
     return ref.replace(root, ""), text.replace(root, "")
 
 
-def write_lit(directory: Path, n: int = 32) -> None:
-    """The lit regression's inputs: the ring of n devices and its wrong-direction twin."""
-    ref, text = lower(n)
-    (directory / f"ring_attention_loop_{n}.ref.mlir").write_text(ref)
-    (directory / f"ring_attention_loop_{n}.sharded.mlir").write_text(text)
-    _, twin = lower(n, "direction")
-    (directory / f"ring_attention_loop_{n}_backwards.sharded.mlir").write_text(twin)
+def write_lit(directory: Path, n: int = 32, grad: bool = False) -> None:
+    """The lit regression's inputs: the ring of n devices (its training step with `grad`)
+    and its wrong-direction twin."""
+    name = f"ring_attention_loop_{'grad_' if grad else ''}{n}"
+    ref, text = lower(n, grad=grad)
+    (directory / f"{name}.ref.mlir").write_text(ref)
+    (directory / f"{name}.sharded.mlir").write_text(text)
+    _, twin = lower(n, "direction", grad=grad)
+    (directory / f"{name}_backwards.sharded.mlir").write_text(twin)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write-lit", metavar="DIR", required=True)
     parser.add_argument("--cp", type=int, default=32)
+    parser.add_argument("--grad", action="store_true", help="the training step's loops")
     args = parser.parse_args(argv)
     if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
         # Read when jax first makes its CPU backend, which has not happened yet.
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    f" --xla_force_host_platform_device_count={args.cp}").strip()
-    write_lit(Path(args.write_lit), args.cp)
+    write_lit(Path(args.write_lit), args.cp, args.grad)
     return 0
 
 

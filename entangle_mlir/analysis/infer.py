@@ -521,7 +521,7 @@ class Walker:
         for i, (value, tiling) in enumerate(zip(terminator.operands, out_tilings)):
             inner_value = self.walk.values[value]
             results.append(self._leave(inner_value, tiling, mesh, record, i))
-            residuals.append(_residual(settle(inner_value), tiling, mesh, manual))
+            residuals.append(_residual(settle(inner_value), tiling, mesh, manual, results[-1]))
         record.outputs = results
         record.sources = self._sources(terminator.operands)
         for result in op.results:
@@ -659,11 +659,24 @@ class Walker:
         return Rel(term, ((),) * len(term.shape), scope=GLOBAL)
 
 
-def _residual(value: Value, tiling, mesh: Mesh, manual: tuple[str, ...]) -> Residual | None:
-    """How a device-dependent value leaving a manual computation may be read back by a later
-    one (None: not such a value). Devices that differ only on axes the out_specs do not split
-    over share one block of the global result, so the value may vary along none of them."""
-    if not isinstance(value, RESIDUAL_VALUES):
+_READ_BACK_LAYOUTS = frozenset({"wrong_layout", "missing_reduction"})
+"""Why a relation leaving a manual computation has no global meaning that a later manual
+computation may still read back as it was (`_residual`)."""
+
+
+def _residual(value: Value, tiling, mesh: Mesh, manual: tuple[str, ...],
+              left: Value) -> Residual | None:
+    """How a device-dependent value leaving a manual computation (as `left`) may be read back
+    by a later one (None: not such a value). That is a `RESIDUAL_VALUES` value, or a relation
+    whose layout the out_specs do not declare (another split dim, a partial sum: jax's
+    gradient of a shard_map returns its residuals split over every manual axis along dim 0):
+    the global result then holds the devices' local values in the out_specs' arrangement,
+    which no reference term describes, but read back with the same specs each device gets
+    its own. Devices that differ only on axes the out_specs do not split over share one block
+    of the global result, so the value may vary along none of them."""
+    if not isinstance(value, RESIDUAL_VALUES) and not (
+            isinstance(value, Rel) and isinstance(left, Opaque)
+            and left.category in _READ_BACK_LAYOUTS):
         return None
     split = {a for axes in tiling for a in axes}
     missing = sorted(varying_axes(value, mesh) - split)

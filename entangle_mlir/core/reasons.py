@@ -76,10 +76,12 @@ REASONS: dict[str, tuple[str, str]] = {
     "overflow": (
         "may overflow",
         ("an exact rewrite the proof needs (an online softmax's fold over its blocks, its "
-        "backward, a running max's zero cotangent) holds only where no sum or product of "
-        "finite values overflows, which their ranges do not show (q . k of finite inputs can "
-        "overflow): not proven; `--assume-no-overflow` assumes it, and a proof that relies on "
-        "it lists the assumption")),
+        "backward, a running max's zero cotangent, dropping jax.nn.logsumexp's is_finite "
+        "guard of its max) holds only where no sum or product of finite values overflows, "
+        "which their ranges do not show (q . k of finite inputs can overflow): not proven; "
+        "`--assume-no-overflow` assumes it, and a proof that relies on it lists the "
+        "assumption. Where the guard is the only difference, the pair is checked again "
+        "under the assumption and the report says so first when that proves it")),
     "cannot_relate": (
         "cannot relate (a bug claim not confirmed)",
         ("the layout tier could not match a value to the reference and read the mismatch as "

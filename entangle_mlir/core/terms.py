@@ -182,8 +182,22 @@ NAN = float("nan")  # one object, so NaN constants intern to one term
 
 # ----- leaves -------------------------------------------------------------------------------
 
-def make_arg(index: int, shape: tuple[int, ...], dtype: str) -> Term:
-    return intern("arg", (), (index,), tuple(shape), dtype)
+UNBOUNDED_LEAF = "unbounded"
+"""The mark of an argument leaf whose elements may be infinite or NaN (`make_arg`)."""
+
+
+def make_arg(index: int, shape: tuple[int, ...], dtype: str, finite: bool = True) -> Term:
+    """Argument `index`. `finite=False`: a leaf standing for a term not shown finite (the
+    instance checker's abstraction of such a term): its interval is unbounded, so the
+    builders keep `0 * leaf` and `leaf - leaf` as they keep them for the term it stands for,
+    where a program input (finite by assumption) gives 0."""
+    attrs = (index,) if finite else (index, UNBOUNDED_LEAF)
+    return intern("arg", (), attrs, tuple(shape), dtype)
+
+
+def arg_finite(term: Term) -> bool:
+    """An argument leaf is finite (`make_arg`'s `finite`)."""
+    return term.attrs[1:] != (UNBOUNDED_LEAF,)
 
 
 def make_splat(value, shape: tuple[int, ...], dtype: str) -> Term:
@@ -1612,7 +1626,7 @@ def _total_here(term: Term) -> bool:
     """`term`'s own op gives a number for its operands (`finite_unless_overflow`)."""
     op = term.op
     if op == "arg":
-        return True
+        return arg_finite(term)
     if op == "splat":
         return isinstance(term.attrs[0], Fraction)
     if op == "dense":
@@ -1651,6 +1665,8 @@ def _shifted_by_its_max(term: Term) -> bool:
 def _term_interval_of(term: Term, args: list[Interval]) -> Interval:
     op, dtype = term.op, term.dtype
     if op == "arg":
+        if not arg_finite(term):
+            return int_interval(dtype) or UNBOUNDED
         return int_interval(dtype) or (-FLOAT_MAX.get(dtype, INF), FLOAT_MAX.get(dtype, INF))
     if op == "splat":
         value = float(term.attrs[0])

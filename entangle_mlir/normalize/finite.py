@@ -112,12 +112,16 @@ class Refusal:
     would fire under `--assume-no-overflow`): `message` says why at the op `location`
     (an MLIR location's text) of the program in `file`. `root`: the refusal the others
     follow from (an online softmax's fold, whose backward and max cotangent are refused for
-    the same scores)."""
+    the same scores). `guard`: a guard kept where it could have been dropped (jax's
+    `select(is_finite(m), m, 0)`): keeping it proves nothing wrong, so it is not reported as
+    the reason on its own; the driver checks the pair again under the assumption and says
+    so only where that proves it (`driver.check_program`)."""
 
     file: str
     location: str
     message: str
     root: bool = False
+    guard: bool = False
 
 
 class Finiteness:
@@ -207,18 +211,18 @@ class Finiteness:
 
     def judge(self, test: Callable[[Kinds], bool], at: ir.Operation,
               refusal: str | None = None, memo: Kinds | None = None,
-              root: bool = False) -> bool:
+              root: bool = False, guard: bool = False) -> bool:
         """`test(memo)` in this mode (`memo`, else the shared one). Under the assumption, a
         test that holds only because of it is pending at `at` (used if the rewrite fires);
         in the strict mode, a test that fails only because of a possible overflow records
         `refusal` at `at` (when given: the callers whose test is the rewrite's last check,
-        so that the rewrite would otherwise fire; `root`: see `Refusal`)."""
+        so that the rewrite would otherwise fire; `root`, `guard`: see `Refusal`)."""
         held = test(memo if memo is not None else self.memo())
         if held and self.assume_no_overflow and not test(self.memo(False)):
             self._pending.append((self.file, str(at.location)))
         elif not held and not self.assume_no_overflow and refusal is not None and test(
                 self.memo(True)):
-            found = Refusal(self.file, str(at.location), refusal, root)
+            found = Refusal(self.file, str(at.location), refusal, root, guard)
             if found not in self.refusals:
                 self.refusals.append(found)
         return held
@@ -249,9 +253,9 @@ def active() -> Finiteness:
 
 
 def judge(test: Callable[[Kinds], bool], at: ir.Operation, refusal: str | None = None,
-          memo: Kinds | None = None, root: bool = False) -> bool:
+          memo: Kinds | None = None, root: bool = False, guard: bool = False) -> bool:
     """`Finiteness.judge` by the active judge."""
-    return active().judge(test, at, refusal, memo, root)
+    return active().judge(test, at, refusal, memo, root, guard)
 
 
 def overflow_words(value) -> str:

@@ -60,7 +60,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
-from entangle_mlir.mlir.opinfo import describe, reducer_kind
+from entangle_mlir.mlir.opinfo import compare_type, describe, reducer_kind
 from entangle_mlir.normalize.bounds import (
     computed_alike,
     group_size,
@@ -69,6 +69,7 @@ from entangle_mlir.normalize.bounds import (
     log_tiny,
 )
 from entangle_mlir.normalize.finite import (
+    NAN,
     NEG,
     POS,
     finite_shift,
@@ -134,7 +135,8 @@ REWRITES = {
     "stablehlo.maximum": lambda op: _online_max(op),
     "stablehlo.concatenate": lambda op: _sink_concat(op),
     "stablehlo.divide": lambda op: _normalized_after(op),
-    "stablehlo.select": lambda op: _nested_select(op) or _finite_guard(op),
+    "stablehlo.select": lambda op: (_nested_select(op) or _finite_guard(op)
+                                    or _decided_select(op)),
     "stablehlo.abs": lambda op: _nonnegative_abs(op),
     "stablehlo.gather": lambda op: _gather_of_shift(op),
 }
@@ -171,14 +173,59 @@ def _finite_guard(select: ir.Operation) -> int:
     guards its max so; the max of finite inputs is finite): the guard of `jax.nn.logsumexp`
     dropped, to meet a shift written without it. Judged like every finiteness check
     (`finite.judge`): the max of a product of inputs may overflow, and then only under
-    `--assume-no-overflow`, which the report lists (no refusal is recorded: the guard is
-    kept, which proves nothing wrong)."""
+    `--assume-no-overflow`, which the report lists (strict: a guard refusal, which the
+    driver reports only where the assumption proves the pair)."""
     pred, value, _ = select.operands
     if not finite_test(pred, value) or value.type != select.results[0].type:
         return 0
-    if not judge(lambda memo: not nonfinite_kinds(value, memo) & (NEG | POS), select):
+    if not judge(lambda memo: not nonfinite_kinds(value, memo) & (NEG | POS), select,
+                 _guard_refusal(value), guard=True):
         return 0
     replace_uses(select.results[0], value)
+    erase_and_prune(select)
+    return 1
+
+
+def _guard_refusal(value) -> str:
+    """Why a pair that differs only in jax's `is_finite` guard of a max is not proven."""
+    return ("a max guarded by `select(is_finite(m), m, 0)` (jax.nn.logsumexp) is met by a "
+            "shift by the unguarded max only where the max is finite, and it may overflow "
+            f"({overflow_words(value)}): where it does, the two shifted values differ "
+            "(x - inf is -inf or NaN, x - 0 is not); the programs are equal assuming no "
+            "intermediate overflow (--assume-no-overflow)")
+
+
+_DECIDED: dict[str, Callable[[tuple[float, float], tuple[float, float]], bool | None]] = {
+    "GE": lambda a, b: True if a[0] >= b[1] else False if a[1] < b[0] else None,
+    "GT": lambda a, b: True if a[0] > b[1] else False if a[1] <= b[0] else None,
+    "LE": lambda a, b: True if a[1] <= b[0] else False if a[0] > b[1] else None,
+    "LT": lambda a, b: True if a[1] < b[0] else False if a[0] >= b[1] else None,
+    "EQ": lambda a, b: False if a[1] < b[0] or b[1] < a[0] else None,
+    "NE": lambda a, b: True if a[1] < b[0] or b[1] < a[0] else None,
+}
+"""A float compare's outcome for every pair of values within the operands' ranges (None:
+not decided by them), by comparison direction."""
+
+
+def _decided_select(select: ir.Operation) -> int:
+    """`select(compare(a, b), x, y)` is x (or y) where the ranges of a and b decide the
+    compare for every value they may hold (`bounds.interval`: the `sum(exp(...)) >= 0` of
+    the jvp of `abs` in `jax.nn.logsumexp`'s gradient) and neither may be NaN (a NaN
+    compares false whatever the direction; judged by `finite.judge`, so under
+    `--assume-no-overflow` where only an overflow could make one). FLOAT compares only
+    (TOTALORDER orders -0 before +0)."""
+    compare = defining_op(select.operands[0])
+    if compare is None or compare.name != "stablehlo.compare" or compare_type(compare) != \
+            "FLOAT" or select.operands[1].type != select.results[0].type:
+        return 0
+    direction = describe(compare).attrs["comparison_direction"]
+    a, b = compare.operands
+    outcome = _DECIDED[direction](interval(a), interval(b)) if direction in _DECIDED else None
+    if outcome is None or not judge(lambda memo: not (nonfinite_kinds(a, memo)
+                                                      | nonfinite_kinds(b, memo)) & NAN,
+                                    select):
+        return 0
+    replace_uses(select.results[0], select.operands[1 if outcome else 2])
     erase_and_prune(select)
     return 1
 

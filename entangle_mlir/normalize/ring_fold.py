@@ -37,7 +37,11 @@ max, one exponential and one F over their concatenations, marked as blocks so th
 idioms move them down to the K/V blocks (`idioms._sink_concat`), as after unrolling.
 
 Any other carry, another use of the running max or an accumulator inside the blocks, a
-nested region reading the body: the loop is left to `unroll.py`.
+nested region reading the body: the loop is left to `unroll.py`. (Residual buffers, which a
+differentiated ring's forward writes a row a step, are read for `ring_pair.py`, which folds
+that forward with its backward: `_Ring(loop, buffers=True)`, `build` then `commit`.) A
+carry read through a convert to its own type (jax's weakly typed carries) is read as the
+carry.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ from entangle_mlir.normalize.unroll import (
     is_ring,
     loop_counter,
     nested_reads_body,
+    residual_buffers,
 )
 
 MIN_TRIPS = 2
@@ -89,7 +94,10 @@ class _Ring:
     """A ring loop's carries, read off its body by `read` (False: not a ring loop this
     folds), and its closed form (`fold`)."""
 
-    def __init__(self, loop: ir.Operation) -> None:
+    def __init__(self, loop: ir.Operation, buffers: bool = False) -> None:
+        """`buffers`: also read residual buffers (`unroll.residual_buffers`: a buffer of a
+        row per step, written at the step's row), as a differentiated ring's forward stores
+        them (`ring_pair.py` folds the pair; a ring folded alone has none)."""
         self.loop = loop
         self.body = loop.regions[1].blocks[0]
         self.args = list(self.body.arguments)
@@ -104,6 +112,11 @@ class _Ring:
         self.running: int | None = None
         self.reduce: ir.Operation | None = None
         self.accs: dict[int, Accumulated] = {}
+        self.rescales: dict[int, object] = {}
+        """accumulator carry -> the rescale `views(exp(m - m'))` multiplying it."""
+        self.buffers: dict[int, ir.Operation] = {}
+        """carry -> the dynamic_update_slice writing the step's row (only with `buffers`)."""
+        self.allow_buffers = buffers
         self.trips = 0
         self.start = 0
         self.counter = -1
@@ -125,8 +138,11 @@ class _Ring:
         if self.trips < MIN_TRIPS:
             return False
         others = []
+        stored = set(residual_buffers(loop, self.trips)) if self.allow_buffers else set()
         for k, (arg, out) in enumerate(zip(self.args, self.yields)):
-            if arg == out:
+            if k in stored:
+                self.buffers[k] = defining_op(out)
+            elif arg == out:
                 self.invariant.add(k)
             elif (step := self._count(k)) is not None:
                 self.counts[k] = step
@@ -148,16 +164,7 @@ class _Ring:
         return bool(self.accs) and self._blocks_read_no_accumulator()
 
     def _count(self, k: int) -> tuple[int, int] | None:
-        """`(init, c)` where carry k is `i + c` each step from the constant init."""
-        arg, out = self.args[k], self.yields[k]
-        op = defining_op(out)
-        if op is None or op.name != "stablehlo.add" or integer_width(arg) is None or (
-                ir.RankedTensorType(arg.type).rank != 0):
-            return None
-        a, b = op.operands
-        step = constant_int(b) if a == arg else constant_int(a) if b == arg else None
-        init = constant_int(self.loop.operands[k])
-        return None if step is None or init is None else (init, step)
+        return counted(self.loop, k)
 
     def _permute(self, k: int) -> ir.Operation | None:
         op = defining_op(self.yields[k])
@@ -173,7 +180,7 @@ class _Ring:
                 self.loop.operands[k], -math.inf):
             return False
         for p, c in ((0, 1), (1, 0)):
-            if op.operands[p] != self.args[k]:
+            if unconverted(op.operands[p]) != self.args[k]:
                 continue
             reduce = defining_op(op.operands[c])
             dims = max_reduce(reduce)
@@ -211,6 +218,7 @@ class _Ring:
             for x, r in ((0, 1), (1, 0)):
                 if mul.operands[x] == self.args[k] and self._rescales(mul.operands[r], cur,
                                                                        old, new):
+                    self.rescales[k] = mul.operands[r]
                     return cur
         return None
 
@@ -222,7 +230,7 @@ class _Ring:
         if not is_exp_of_sub(root) or shape_of(root) != shape_of(cur.m):
             return False
         sub = defining_op(defining_op(root).operands[0])
-        if list(sub.operands) != [old, new]:
+        if [unconverted(v) for v in sub.operands] != [old, new]:
             return False
         index = index_map(root, chain)
         if index is None or index.shape != cur.index.shape or not (index == cur.index).all():
@@ -240,9 +248,18 @@ class _Ring:
         it). Sets `slice`: the body ops computing them, in body order."""
         if nested_reads_body(self.body):
             return False
-        allowed = set(self.counts) | set(self.rotating) | self.invariant
         roots = [self.scores] + [acc.v for acc in self.accs.values() if acc.v is not None]
         roots += [op.results[0] for op in self.rotating.values()]
+        found = self.cone(roots)
+        if found is None:
+            return False
+        self.slice = [op for op in self.ops if op.operation in found]
+        return self.trips * len(self.slice) <= MAX_CLONED_OPS
+
+    def cone(self, roots: list) -> set | None:
+        """The body ops computing `roots`, if they read only counters, rotating blocks and
+        loop-invariant values (None: they read another carry)."""
+        allowed = set(self.counts) | set(self.rotating) | self.invariant
         found: set = set()
         stack = list(roots)
         position = {arg: k for k, arg in enumerate(self.args)}
@@ -250,13 +267,22 @@ class _Ring:
             value = stack.pop()
             if value in position:
                 if position[value] not in allowed:
-                    return False
+                    return None
                 continue
             op = defining_op(value)
             if op is None or not _in_body(op, self.body) or op in found:
                 continue
             found.add(op)
             stack.extend(op.operands)
+        return found
+
+    def widen(self, roots: list) -> bool:
+        """Add the ops computing `roots` to the slice cloned per step (they must read only
+        what the blocks may); False, the slice unchanged, where they read another carry."""
+        found = self.cone(roots)
+        if found is None:
+            return False
+        found |= {op.operation for op in self.slice}
         self.slice = [op for op in self.ops if op.operation in found]
         return self.trips * len(self.slice) <= MAX_CLONED_OPS
 
@@ -275,6 +301,8 @@ class _Ring:
             texts[k] = ("an online-softmax sum over the blocks of steps < i" +
                         (" against their values" if acc.v is not None else "") +
                         ", shifted by the running max")
+        for k in self.buffers:
+            texts[k] = "a residual buffer: its rows < i hold the values of steps < i"
         for k in self.invariant:
             texts[k] = "loop-invariant"
         groups: dict[str, list[int]] = {}
@@ -288,12 +316,23 @@ class _Ring:
     def fold(self) -> bool:
         """Replace the loop by the invariant at its trip count; False (the module unchanged)
         where the first block's rows may be -inf throughout."""
+        if not self.build():
+            return False
+        self.commit()
+        return True
+
+    def build(self) -> bool:
+        """Build the closed form before the loop (`exits`: each carry's value at the trip
+        count; `steps`: each step's mapping of the body's slice to its clones), leaving the
+        loop in place; False (the clones erased) where the first block's rows may be -inf
+        throughout."""
         loop = self.loop
         rotated = {k: loop.operands[k] for k in self.rotating}
         blocks: list = []
         values: dict[int, list] = {k: [] for k in self.accs}
         created: list[ir.Operation] = []
         permutes = {p.operation: k for k, p in self.rotating.items()}
+        self.steps = []
         for j in range(self.trips):
             mapping = {}
             for k in self.invariant:
@@ -314,6 +353,7 @@ class _Ring:
                 k = permutes.get(op.operation)
                 if k is not None:
                     nxt[k] = clone.results[0]
+            self.steps.append(mapping)
             # (a block computed outside the loop is the same at every step)
             blocks.append(mapping.get(self.scores, self.scores))
             for k, acc in self.accs.items():
@@ -351,10 +391,23 @@ class _Ring:
             exits[k] = rotated[k]
         for k in self.invariant:
             exits[k] = loop.operands[k]
-        for k, result in enumerate(loop.results):
-            result.replace_all_uses_with(exits[k])
-        loop.erase()
+        self.exits = exits
         return True
+
+    def replace_results(self) -> None:
+        """Replace the loop's results but its buffers by `exits` (the loop stays while its
+        buffers are read)."""
+        for k, result in enumerate(self.loop.results):
+            if k not in self.buffers:
+                result.replace_all_uses_with(self.exits[k])
+
+    def commit(self) -> None:
+        """Replace the loop's results by `exits` and erase it (a buffer's result must be
+        unused by then: the pair's backward, its one reader, is folded first)."""
+        self.replace_results()
+        for k in self.buffers:
+            assert not any(True for _ in self.loop.results[k].uses), "a buffer is still read"
+        self.loop.erase()
 
     def _first_rows_finite(self, scores, created: list[ir.Operation]) -> bool:
         """Every row of the first block holds an element above -inf (then every running max
@@ -412,6 +465,31 @@ class _Ring:
                 if _in_body(source, self.body) and source.name != "stablehlo.constant":
                     return False
         return True
+
+
+def counted(loop: ir.Operation, k: int) -> tuple[int, int] | None:
+    """`(init, c)` where carry k of `loop` is an integer scalar `i + c` each step from the
+    constant init."""
+    body = loop.regions[1].blocks[0]
+    arg, out = body.arguments[k], list(body.operations)[-1].operands[k]
+    op = defining_op(out)
+    if op is None or op.name != "stablehlo.add" or integer_width(arg) is None or (
+            ir.RankedTensorType(arg.type).rank != 0):
+        return None
+    a, b = op.operands
+    step = constant_int(b) if a == arg else constant_int(a) if b == arg else None
+    init = constant_int(loop.operands[k])
+    return None if step is None or init is None else (init, step)
+
+
+def unconverted(value):
+    """`value` under converts to its own type (jax's weakly typed carries): the same value."""
+    op = defining_op(value)
+    while op is not None and op.name == "stablehlo.convert" and (
+            op.operands[0].type == op.results[0].type):
+        value = op.operands[0]
+        op = defining_op(value)
+    return value
 
 
 def _in_body(op: ir.Operation, body: ir.Block) -> bool:

@@ -21,17 +21,13 @@ constant integer arithmetic; `forward_residuals` folds them (`fold_counters`) an
 every read of a buffer slot to the value stored there (store-to-load forwarding), after
 which the backward reads each step's values directly, as the Python-unrolled ring's does.
 
-Such a differentiated ring (`residual_pairs`: the forward writing every row of its buffers at
-its counter, the backward the one loop reading them, both of the same trip count) is unrolled
-up to `MAX_RESIDUAL_TRIPS`, past `MAX_TRIPS`: `ring_fold.py` folds a forward-only ring by its
-invariant at any trip count, but the differentiated one has no closed form shorter than its
-steps. Its residuals are the running max, denominator and accumulator at each step i (the
-online softmax over the blocks of steps < i: a prefix per step), and the backward's carries
-are chained through them (the output's cotangent multiplied by each step's rescale, dK and dV
-added to and rotated back each step). Their closed form at the trip count is the per-step
-form itself: each step's residuals, read at row n - 1 - i as the buffer invariant says
-(rows < i hold the per-step values), with the backward's carries composed step by step, which
-is what unrolling and `forward_residuals` produce (and `online_backward.py` telescopes).
+Such a differentiated ring is folded by its invariant at any trip count by `ring_pair.py`
+(first); where that refuses (strict mode, a body it does not read), the pair (`residual_pairs`:
+the forward writing every row of its buffers at its counter, the backward the one loop
+reading them, both of the same trip count) is unrolled up to `MAX_RESIDUAL_TRIPS`, past
+`MAX_TRIPS`: each step's residuals read at row n - 1 - i as the buffer invariant says (rows
+< i hold the per-step values), the backward's carries composed step by step, which
+`forward_residuals` then reads at constant rows (and `online_backward.py` telescopes).
 """
 
 from __future__ import annotations
@@ -78,36 +74,45 @@ def unroll_ring_loops(module: ir.Module, ops: list | None = None) -> int:
 
 def residual_pairs(loops: list[ir.Operation]) -> dict[int, int]:
     """The differentiated ring loops past `MAX_TRIPS` and up to `MAX_RESIDUAL_TRIPS` trips
-    (`op_key` -> trips): a forward ring loop whose counter runs from 0, writing buffers
-    whose rows are its trips, one row a step at the counter (`_residual_buffers`: after the
-    loop every row holds a step's value), and the one ring loop of the same trip count that
-    reads those buffers: only by `dynamic_slice`, carried unchanged."""
+    (`op_key` -> trips): the pairs `backward_of` finds."""
     pairs: dict[int, int] = {}
     for forward in loops:
-        trips = _trip_count(forward)
+        trips = trip_count(forward)
         if trips is None or not MAX_TRIPS < trips <= MAX_RESIDUAL_TRIPS:
             continue
-        buffers = _residual_buffers(forward, trips)
-        if not buffers or not is_ring(forward.regions[1].blocks[0]):
-            continue
-        uses = [use for k in buffers for use in forward.results[k].uses]
-        owners = {op_key(use.owner): _as_op(use.owner) for use in uses}
-        if len(owners) != 1:
-            continue
-        (backward,) = owners.values()
-        if backward.name != "stablehlo.while" or _trip_count(backward) != trips or not (
-                is_ring(backward.regions[1].blocks[0])):
-            continue
-        if all(_read_only_by_slices(backward, use.operand_number) for use in uses):
+        backward = backward_of(forward, trips)
+        if backward is not None:
             pairs[op_key(forward)] = pairs[op_key(backward)] = trips
     return pairs
+
+
+def backward_of(forward: ir.Operation, trips: int) -> ir.Operation | None:
+    """The loop reading the residuals `forward` stores, when the two are a differentiated
+    ring: `forward` a ring loop of `trips` trips whose counter runs from 0, writing buffers
+    whose rows are its trips, one row a step at the counter (`residual_buffers`: after the
+    loop every row holds a step's value), and the one ring loop of the same trip count that
+    reads those buffers: only by `dynamic_slice`, carried unchanged. Else None."""
+    buffers = residual_buffers(forward, trips)
+    if not buffers or not is_ring(forward.regions[1].blocks[0]):
+        return None
+    uses = [use for k in buffers for use in forward.results[k].uses]
+    owners = {op_key(use.owner): _as_op(use.owner) for use in uses}
+    if len(owners) != 1:
+        return None
+    (backward,) = owners.values()
+    if backward.name != "stablehlo.while" or trip_count(backward) != trips or not (
+            is_ring(backward.regions[1].blocks[0])):
+        return None
+    if not all(read_only_by_slices(backward, use.operand_number) for use in uses):
+        return None
+    return backward
 
 
 def _as_op(owner) -> ir.Operation:
     return owner.operation if hasattr(owner, "operation") else owner
 
 
-def _residual_buffers(loop: ir.Operation, trips: int) -> list[int]:
+def residual_buffers(loop: ir.Operation, trips: int) -> list[int]:
     """The carries of `loop` (counter from 0) that are buffers of `trips` rows written one
     row a step at the counter: `dynamic_update_slice(buffer, update, i, 0, ..., 0)`, the
     update one row deep; none if any carry is written anywhere else."""
@@ -131,7 +136,7 @@ def _residual_buffers(loop: ir.Operation, trips: int) -> list[int]:
     return found
 
 
-def _read_only_by_slices(loop: ir.Operation, slot: int) -> bool:
+def read_only_by_slices(loop: ir.Operation, slot: int) -> bool:
     """Carry `slot` of `loop` is yielded unchanged and read in the body only by
     `dynamic_slice` ops (a buffer the loop reads and never writes)."""
     body = loop.regions[1].blocks[0]
@@ -233,7 +238,7 @@ def loop_counter(loop: ir.Operation) -> Counter | None:
     return Counter(index, as_compared(limit, width, signed), width, signed)
 
 
-def _trip_count(loop: ir.Operation) -> int | None:
+def trip_count(loop: ir.Operation) -> int | None:
     """The number of iterations of `for (i = c0; i < c; i += 1)`, else None."""
     counter = loop_counter(loop)
     if counter is None:
@@ -293,7 +298,7 @@ def _unroll(loop: ir.Operation, budget: list[int], pairs: dict[int, int]) -> boo
     be created; updated), of at most `MAX_TRIPS` trips or one of the differentiated rings
     `pairs` (`residual_pairs`)."""
     body = loop.regions[1].blocks[0]
-    trips = _trip_count(loop)
+    trips = trip_count(loop)
     if trips is None or (trips > MAX_TRIPS and op_key(loop) not in pairs) or not is_ring(
             body) or nested_reads_body(body):
         return False
@@ -333,7 +338,7 @@ def forward_residuals(module: ir.Module) -> int:
     loads = [op for op in _ops(module) if op.name in _LOADS]
     for load in loads:
         count += _forward(load)
-    count += _drop_zero_carries(module)
+    count += drop_zero_carries(module)
     stores = [(op_key(op), op) for op in _ops(module)
               if op.name == "stablehlo.dynamic_update_slice"]
     erased: set[int] = set()
@@ -456,7 +461,7 @@ def _is_zeros(value) -> bool:
         return False
 
 
-def _drop_zero_carries(module: ir.Module) -> int:
+def drop_zero_carries(module: ir.Module) -> int:
     """A collective_permute of zeros is those zeros (every device receives zeros, sent or
     not), and `0 + x`, `x + 0` are x: the zero cotangents an unrolled backward loop starts
     its carries with. The number dropped."""

@@ -58,7 +58,7 @@ def _judged_finiteness(report: Report, finiteness: Finiteness) -> None:
     relied on `--assume-no-overflow` lists it among its assumptions (and where); a program
     not proven where a rewrite was refused only for a possible overflow says so first (the
     root refusal, the others as its notes; the walk's own diagnostics, downstream of it,
-    follow)."""
+    follow). A guard kept (`Refusal.guard`) is left to the driver."""
     if report.proven and finiteness.used:
         where = list(dict.fromkeys(str(parse_location(loc, file) or file)
                                    for file, loc in finiteness.used))
@@ -66,9 +66,10 @@ def _judged_finiteness(report: Report, finiteness: Finiteness) -> None:
         report.notes.append(f"{ASSUMING}{NO_OVERFLOW}: the rewrites at "
                             f"{', '.join(where[:3])}{more} rely on it")
         report.assume(NO_OVERFLOW)
-    elif not report.proven and finiteness.refusals:
+    elif not report.proven and any(not r.guard for r in finiteness.refusals):
         first: dict[str, Diagnostic] = {}
-        for refusal in sorted(finiteness.refusals, key=lambda r: not r.root):
+        refusals = [r for r in finiteness.refusals if not r.guard]
+        for refusal in sorted(refusals, key=lambda r: not r.root):
             first.setdefault(refusal.message, Diagnostic(
                 "error", refusal.message, parse_location(refusal.location, refusal.file),
                 category="overflow"))

@@ -1,6 +1,7 @@
 """entangle-normalize: programs XLA would reject are bad input (`validate.py`); inline func.calls so every rule sees plain ops; ring attention loops (a while
 whose body is one online-softmax step over blocks passed by collective_permute) are folded by
-their invariant (`ring_fold.py`), other ring loops (constant trip count) are unrolled and the
+their invariant (`ring_fold.py`), and a differentiated ring's pair of loops (the forward
+storing residuals, the backward reading them back) too (`ring_pair.py`), other ring loops (constant trip count) are unrolled and the
 residuals their gradient's loops store and read back forwarded (`unroll.py`);
 converts to their operand's own type are dropped; reductions over unit dims (jax's transposes with one sequence / head per device) become
 reshapes (`unit_dims.py`);
@@ -23,6 +24,7 @@ from entangle_mlir.normalize.idioms import drop_identity_converts
 from entangle_mlir.normalize.max_cotangent import zero_max_cotangents
 from entangle_mlir.normalize.rewrites import rewrite_idioms
 from entangle_mlir.normalize.ring_fold import fold_ring_loops
+from entangle_mlir.normalize.ring_pair import fold_ring_pairs
 from entangle_mlir.normalize.token_dims import split_token_dims
 from entangle_mlir.normalize.unit_dims import fold_unit_dims
 from entangle_mlir.normalize.unroll import forward_residuals, unroll_ring_loops
@@ -62,6 +64,8 @@ class NormalizePass(ModulePass):
                 # One walk lists the ops; each rewrite filters the list, and a rewrite that
                 # changes the module makes the next one walk afresh.
                 ops = ops_in_order(module)
+                if fold_ring_pairs(module, ops, state.notes, file):
+                    ops = ops_in_order(module)
                 if fold_ring_loops(module, ops, state.notes, file):
                     ops = ops_in_order(module)
                 if unroll_ring_loops(module, ops):

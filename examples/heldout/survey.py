@@ -26,8 +26,10 @@ _ROOT = os.path.dirname(os.path.dirname(_HERE))
 # Why a correct program is not proven, from its first diagnostic: (pattern, group, kind). The
 # kind says what the diagnostic claims: "unsupported" (an op or form the verifier does not
 # handle yet, said so), "cannot relate" (it could not express the value in terms of the
-# reference, said so), or "claims a bug" (it states the program is wrong: on a correct program
-# that is a false bug report, issue 18's third point). First match wins.
+# reference, said so), "needs an assumption" (equal under an assumption the semantics policy
+# does not make by default, named with its flag), or "claims a bug" (it states the program is
+# wrong: on a correct program that is a false bug report, issue 18's third point). First match
+# wins.
 REASONS: list[tuple[str, str, str]] = [
     (r"^in the reference: ", "an op of the reference unsupported (argmax, lax.switch, ...)",
      "unsupported"),
@@ -37,6 +39,9 @@ REASONS: list[tuple[str, str, str]] = [
     (r"shard_map returns a device-dependent value",
      "a device-dependent value passed between manual computations (a gradient's residuals)",
      "unsupported"),
+    (r"equal assuming no intermediate overflow", ("equal only where no value overflows "
+     "(jax's is_finite guard of a max against an unguarded shift): proven with "
+     "--assume-no-overflow"), "needs an assumption"),
     (r"all_gather over .* of a partial (max|min)", ("per-device answers (argmax, top-k "
      "candidates) gathered by design called a gather of a partial max"), "claims a bug"),
     (r"the layout tier does not relate per-block answers",

@@ -258,8 +258,8 @@ def ring_attention_grad_stop_max(q, k, v, w):
 # jax's gradient of the loop is two loops, the forward storing every step's residuals into
 # buffers indexed by the counter (dynamic_update_slice), the backward reading them back at the
 # reversed counter (dynamic_slice) and sending the key/value cotangents around the reverse ring.
-def ring_attention_loop(q, k, v):
-    """`ring_attention` (running max differentiated) with the steps in a `lax.fori_loop`."""
+def ring_attention_loop(q, k, v, hop: int = 1):
+    """`ring_attention` (running max differentiated, `hop` as there) in a `lax.fori_loop`."""
     n, me, rows = lax.axis_size(CP), lax.axis_index(CP), q.shape[0]
     q_pos = me * rows + jnp.arange(rows)
 
@@ -272,7 +272,7 @@ def ring_attention_loop(q, k, v):
         corr = jnp.exp(m - m_new)
         denom = denom * corr + jnp.sum(p, axis=-1)
         o = o * corr[:, None] + p @ v
-        k, v = (lax.ppermute(x, CP, [(j, (j + 1) % n) for j in range(n)]) for x in (k, v))
+        k, v = (lax.ppermute(x, CP, [(j, (j + hop) % n) for j in range(n)]) for x in (k, v))
         return o, m_new, denom, k, v
 
     init = (jnp.zeros(q.shape[:1] + v.shape[1:]), jnp.full((rows,), -jnp.inf),

@@ -20,16 +20,24 @@ On big meshes only one device per symmetric mesh axis is simulated (`devices._sy
 the other devices' claims are the same up to a renaming of the variables; an all_to_all is
 symmetric in its own group axis by a rotation of its chunks, `devices.all_to_all_axes`, and its
 checked device's operands hold only the chunks it receives), and terms are evaluated on those
-devices' blocks only (`blocks.region_value`), so the cost stays nearly flat in mesh size.
+devices' blocks only (`blocks.region_value`), so the cost stays nearly flat in mesh size. A
+device mask's claims differ by the device's block offset, so no renaming makes them one; they
+are checked in one query with the device's coordinates along the mask's axes z3 integers
+(`symbolic_device`).
 
 **Abstraction and reduced shapes.** Input terms can be whole-network DAGs, and tensors can be
 large. So each input term is replaced by a fresh leaf (splat and iota constants are kept, a
-poly broadcast keeps its broadcast), the rule is re-run on the abstract inputs, and the real
-output terms must be exactly the abstract outputs with the leaves substituted back (otherwise
-the real terms are used, when small). A large instance of a shape-uniform op (elementwise,
-dot_general, reduce, transpose, broadcast_in_dim, reshapes that only merge or split dims,
-concatenate, iota, splat constants, gather/scatter, collectives, slice and pad along the dims
-they take whole) is then checked at a reduced shape: every local dim becomes min(size, 2) (1
+poly broadcast keeps its broadcast; a term not shown finite becomes an unbounded leaf,
+`terms.make_arg(finite=False)`, so a rule keeps `0 * leaf` where it kept `0 * term`), the
+rule is re-run on the abstract inputs, and the real output terms must be exactly the abstract
+outputs with the leaves substituted back (otherwise the real terms are used, when small). An
+op the general tier states in another exact form than its rule's (`abstraction.STATED_FORMS`:
+an update at concrete starts as slices and a concatenation) is last tried with that form. A
+large instance of a shape-uniform op (elementwise, dot_general, reduce, transpose,
+broadcast_in_dim, reshapes that only merge or split dims, concatenate, iota, splat constants,
+gather/scatter, collectives, slice and pad; dynamic_slice and dynamic_update_slice at
+constant in-range starts, reduced as a slice with the start moved to the shrunk rows before
+the window) is then checked at a reduced shape: every local dim becomes min(size, 2) (1
 stays 1; each global dim stays a multiple of its number of blocks; dims tied by the attributes
 stay tied; a dim a slice cuts or a pad pads keeps its size), the rule is run again there, and
 its outputs must have the same layouts and the same term skeleton as at the real shape. Other
@@ -58,6 +66,8 @@ the module that defines it (this package re-exports nothing):
 * `sources`: the query's values: z3 variables or random exact rationals, leaves on demand;
 * `blocks`: each device's local value of a value under its relation, a term on one block;
 * `devices`: which devices' claims are checked (symmetric mesh axes), the op run on them;
+* `symbolic_device`: a device-mask instance checked for every device of a class at once, the
+  coordinates along its mask's axes z3 integers (`symbolic_axes`, `symbolic_claims`);
 * `claims`: the claim's conjuncts (`build`);
 * `solve`: the claim proved by Z3, or a concrete counterexample (`run_check`);
 * `fallback`: two reference terms proved equal (`check_term_equality`);

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from entangle_mlir.analysis.instance.common import ABSTRACT_BASE, rels_of
 from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.core.normal_form import update_slice
 from entangle_mlir.core.relations import (
     BlockIndex,
     DeviceScalar,
@@ -35,11 +36,13 @@ from entangle_mlir.core.terms import (
     rebuild,
     roll_parts,
     subterms,
+    term_finite,
 )
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.base import ReferenceTerms, RuleContext
+from entangle_mlir.rules.common import device_offsets
 from entangle_mlir.rules.dispatch import TRANSPARENT
 from entangle_mlir.rules.kinds.reordered import with_orders
 from entangle_mlir.rules.kinds.window import completed_sums
@@ -59,12 +62,38 @@ def _identity(info: OpInfo, ins: list[Value], ctx: RuleContext) -> list[Value]:
     return list(ins)
 
 
+def _placed_update(info: OpInfo, ins: list[Value], ctx: RuleContext) -> list[Value]:
+    """A dynamic_update_slice at constant starts outside a manual computation, stated as the
+    general tier states it (`expand._placed_instance`): the operand's rows before and after
+    the update concatenated around it, dim by dim, as plain slice and concatenate nodes
+    (`update_slice(joined=False)`), the starts clamped as the op clamps them."""
+    operand, update, *starts = ins
+    values = [device_offsets(s, 1) for s in starts]
+    if not ctx.is_global or not isinstance(operand, Rel) or not isinstance(update, Rel) or (
+            any(v is None for v in values)) or len(values) != len(operand.term.shape):
+        return [Opaque("an update at constant starts outside a manual computation only")]
+    clamped = [min(max(v[0], 0), n - k)
+               for v, n, k in zip(values, operand.term.shape, update.term.shape)]
+    return [replace(operand, term=update_slice(operand.term, update.term, clamped,
+                                               joined=False))]
+
+
+STATED = "stated"
+"""The abstraction strategy of an instance whose claim is its op's `STATED_FORMS` entry."""
+
+STATED_FORMS = {"stablehlo.dynamic_update_slice": _placed_update}
+"""Ops whose instances the general tier states in another exact form than their rule's
+output, by op name: the form's builder, run on the leaves (and at a reduced shape) as a rule
+is. A claim so stated is proved like a rule's: Z3 proves the form on leaves, and the real
+claim must be the form with the real terms substituted."""
+
+
 def run_rule(info: OpInfo, ins: list[Value], mesh: Mesh | None, ctx: RuleContext,
-             claimed: Sequence[Value] = ()) -> list[Value] | None:
-    """The rule's outputs on `ins`; `claimed` (the outputs the walk claims, possibly at
-    another shape) steer a rule that chooses between equally valid global views of a value
-    (`_layout_hint`)."""
-    rule = _rule_for(info.name)
+             claimed: Sequence[Value] = (), strategy: str = "") -> list[Value] | None:
+    """The rule's outputs on `ins` (with `strategy` `STATED`: the op's stated form's);
+    `claimed` (the outputs the walk claims, possibly at another shape) steer a rule that
+    chooses between equally valid global views of a value (`_layout_hint`)."""
+    rule = STATED_FORMS.get(info.name) if strategy == STATED else _rule_for(info.name)
     if rule is None:
         return None
     reference = _layout_hint(info, claimed, mesh, ctx) if claimed else None
@@ -147,7 +176,9 @@ SKELETON_LIMIT = 64
 
 
 class _Abstractor:
-    """Replaces input terms by fresh leaves, numbered in order of first appearance.
+    """Replaces input terms by fresh leaves, numbered in order of first appearance; a leaf
+    is finite where the term it replaces is shown finite (`terms.make_arg`), so that the rule
+    keeps a zero multiple on the leaf where it keeps it on the term.
 
     Strategy "leaf": each input term (except splat/iota constants) becomes one leaf, a poly
     broadcast keeps its broadcast over a leaf. Strategy "skeleton": poly inputs keep the
@@ -163,7 +194,8 @@ class _Abstractor:
     def leaf(self, term: Term) -> Term:
         found = self.leaf_of.get(term.serial)
         if found is None:
-            found = make_arg(ABSTRACT_BASE + len(self.leaf_of), term.shape, term.dtype)
+            found = make_arg(ABSTRACT_BASE + len(self.leaf_of), term.shape, term.dtype,
+                             finite=term_finite(term))
             self.leaf_of[term.serial] = found
             self.original[found.serial] = term
         return found
@@ -236,19 +268,24 @@ def abstract_instance(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
 def abstract_with_strategy(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
                            mesh: Mesh | None, ctx: RuleContext
                        ) -> tuple[tuple[list[Value], list[Value]] | None, str]:
-    """`abstract_instance` and the name of the strategy that found it ("" if none did)."""
+    """`abstract_instance` and the name of the strategy that found it ("" if none did); an
+    op with a stated form (`STATED_FORMS`) is last tried on leaves with that form."""
     for strategy in ABSTRACTION_STRATEGIES:
         if strategy == "skeleton" and not any(isinstance(v, Rel) and v.poly for v in ins):
             break
         found = _try_abstraction(info, ins, outs, mesh, ctx, _Abstractor(strategy))
         if found is not None:
             return found, strategy
+    if info.name in STATED_FORMS:
+        found = _try_abstraction(info, ins, outs, mesh, ctx, _Abstractor("leaf"), STATED)
+        if found is not None:
+            return found, STATED
     return None, ""
 
 
 def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
-                     mesh: Mesh | None, ctx: RuleContext, abstractor: _Abstractor
-                     ) -> tuple[list[Value], list[Value]] | None:
+                     mesh: Mesh | None, ctx: RuleContext, abstractor: _Abstractor,
+                     form: str = "") -> tuple[list[Value], list[Value]] | None:
     if abstractor.strategy == "leaf" and any(isinstance(v, Reordered) for v in ins) and any(
             isinstance(v, Rel) and v.poly and v.term.op != "broadcast" for v in ins):
         return None  # a leaf would lose the constancy along the poly dim the order rule reads
@@ -269,7 +306,7 @@ def _try_abstraction(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
             abstract_ins.append(a if isinstance(v, Rel) else replace(v, rel=a))
         else:
             abstract_ins.append(v)
-    abstract_outs = run_rule(info, abstract_ins, mesh, ctx, outs)
+    abstract_outs = run_rule(info, abstract_ins, mesh, ctx, outs, form)
     if abstract_outs is None or len(abstract_outs) != len(outs):
         return None
     if not outputs_are_instances(abstract_outs, outs, dict(abstractor.original)):

@@ -9,7 +9,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from entangle_mlir.analysis.instance.abstraction import abstract_with_strategy, as_padded_rel
+from entangle_mlir.analysis.instance.abstraction import (
+    STATED,
+    abstract_with_strategy,
+    as_padded_rel,
+)
 from entangle_mlir.analysis.instance.cache import CacheKey, Plan, plan_key, proof_key
 from entangle_mlir.analysis.instance.common import (
     DEFAULT_TIMEOUT_MS,
@@ -272,13 +276,13 @@ class InstanceChecker:
                                    f"at its real shape ({size} elements)")
             return info, ins, outs, "real", None
         abstract, strategy = abstract_with_strategy(info, ins, outs, mesh, ctx)
-        reusable = abstract if strategy == "leaf" else None
+        reusable = abstract if strategy in ("leaf", STATED) else None
         why_not = "the rule's output is not generic in its input terms"
         reduce_above = self.reduce_above
         if info.name in INDEXED_OPS:
             reduce_above //= INDEXED_REDUCTION
         if abstract is not None and size > reduce_above:
-            reduced = reduced_instance(info, abstract[0], abstract[1], mesh, ctx)
+            reduced = reduced_instance(info, abstract[0], abstract[1], mesh, ctx, strategy)
             if isinstance(reduced, str):
                 why_not = reduced
             else:

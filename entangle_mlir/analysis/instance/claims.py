@@ -5,7 +5,6 @@ compared with the blocks of the output terms (reduced over the output's partial 
 from __future__ import annotations
 
 import numpy as np
-import z3
 
 from entangle_mlir.analysis.instance.common import rels_of, value_key
 from entangle_mlir.analysis.instance.devices import (
@@ -26,6 +25,7 @@ from entangle_mlir.analysis.instance.local_values import (
     window_info,
 )
 from entangle_mlir.analysis.instance.sources import Failure, LazyLeaves, leaf_args, opaque_resolver
+from entangle_mlir.analysis.instance.symbolic_device import defined_claims, symbolic_claims
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.relations import (
     DEVICE_BLOCK_VALUES,
@@ -86,8 +86,10 @@ def _partial_groups(rel: Rel, mesh: Mesh | None, single: bool) -> list[list[int]
 
 
 def build(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
-          ctx: RuleContext, source) -> list:
-    """The claim's conjuncts (z3 BoolRefs or Python bools), hypotheses go to `source`."""
+          ctx: RuleContext, source, symbolic: tuple[str, ...] = ()) -> list:
+    """The claim's conjuncts (z3 BoolRefs or Python bools), hypotheses go to `source`.
+    `symbolic`: the mesh axes along which the devices' coordinates are z3 integers
+    (`symbolic_device.symbolic_axes` gave them), else every checked device on its own."""
     single = ctx.is_global or mesh is None
     devices = 1 if single else mesh.num_devices
     terms = [r.term for v in list(ins) + list(outs) for r in rels_of(v)]
@@ -117,7 +119,9 @@ def build(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
     env["opaque"] = opaque_resolver(source)
     memo: dict[int, np.ndarray] = {}
     with collect_divisors() as divisors, collect_roundings() as roundings:
-        claims = _build_claims(info, ins, outs, mesh, single, devices, env, memo, source)
+        claims = (symbolic_claims(info, ins, outs, mesh, symbolic, env, memo, source)
+                  if symbolic else
+                  _build_claims(info, ins, outs, mesh, single, devices, env, memo, source))
     if any(not is_z3(d) for d in divisors):
         raise Failure("skip-trial", "a division by zero")
     source.hypotheses.extend(to_z3(d) != 0 for d in divisors if is_z3(d))
@@ -264,9 +268,7 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                 if tuple(got.shape) != tuple(expect.shape):
                     raise Failure("refuted", f"result {j} has local shape {got.shape} on "
                                   f"device {d}")
-                for x, y, ok in zip(got.reshape(-1), expect.reshape(-1), defined.reshape(-1)):
-                    claims.append(equal(x, y) if ok is True else
-                                  z3.Or(z3.Not(to_z3(ok)), to_z3(equal(x, y))))
+                claims.extend(defined_claims(got, expect, defined))
             continue
         if isinstance(value, Reordered) and value.rel.partial and not single:
             def expected(group: list[int], value: Reordered = value) -> np.ndarray:

@@ -383,6 +383,12 @@ def _symmetric_axes(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh, sid
     return tuple(symmetric)
 
 
+def symmetric_axes(ins: Sequence[Value], outs: Sequence[Value], mesh: Mesh) -> tuple[str, ...]:
+    """The mesh axes the instance's claim is symmetric in (`_symmetric_axes` states the
+    argument): checking the devices at coordinate 0 along them checks every device."""
+    return _symmetric_axes(ins, outs, mesh)
+
+
 def _commutes(in_rels: list[tuple[Rel, tuple]], out_rels: list[tuple[Rel, tuple]],
               axis: str) -> bool:
     """Every input and output term commutes with the action its tags name (the renaming of

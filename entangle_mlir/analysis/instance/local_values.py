@@ -5,6 +5,7 @@ halo window, a shifted or reordered block, a device mask; and a term evaluated o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -38,9 +39,12 @@ from entangle_mlir.semantics.element import (
     is_z3,
     maximum,
     minimum,
+    mul,
+    range_periods,
     select,
     sub,
     to_z3,
+    wrap_int,
     wrap_shift,
 )
 from entangle_mlir.semantics.evaluate import evaluate_node, evaluate_term, wrap_node
@@ -78,21 +82,29 @@ def derived_local(global_value: np.ndarray, value: Permuted | Windowed | Shifted
 
 
 def block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
-                junk: np.ndarray | None, regions: dict | None = None
+                junk: np.ndarray | None, regions: dict | None = None,
+                index: Callable[[tuple[str, ...]], object] | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
     """(local value, where it is defined) on `device` of an `InBlock`, `BlockIndex` or
     `Masked` value (core/relations.py gives their exact meaning). A masked value that is unspecified
     outside its predicate takes `junk` there (an input), or is left open (a result: only the
     defined positions are claimed). Each relation's term is evaluated on the device's block
-    only (`region_value`; `regions` its memo): the cost stays flat in the mesh size."""
+    only (`region_value`; `regions` its memo): the cost stays flat in the mesh size.
+    `index`: the device's block index along some mesh axes (default `device`'s; a z3 term
+    for every device of a class at once, `symbolic_device`)."""
     regions = {} if regions is None else regions
 
     def block(rel: Rel) -> np.ndarray:
         return region_value(rel.term, block_region(rel, mesh, device), env, memo, regions)
 
+    def start_of(axes: tuple[str, ...], length: int):
+        if index is None:
+            return mesh.block_index(axes, device) * length
+        return mul(index(axes), length)
+
     def test(pred: InBlock) -> np.ndarray:
         x = block(pred.rel)
-        start = mesh.block_index(pred.axes, device) * pred.length
+        start = start_of(pred.axes, pred.length)
 
         def holds(v):
             y = sub(v, start)
@@ -108,11 +120,12 @@ def block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
         return out, full(out.shape, True)
     if isinstance(value, BlockIndex):
         x = block(value.rel)
-        start = mesh.block_index(value.axes, device) * value.length
+        start = start_of(value.axes, value.length)
         dtype = value.rel.term.dtype
         if value.clamp is not None:
+            last = (mesh.group_size(value.axes) - 1) * value.length
             out = apply(lambda v: add(_clamped_difference(v, start, dtype, value.clamp,
-                                                          value.length), value.add), x)
+                                                          value.length, last), value.add), x)
             return out, full(out.shape, True)
         inside = test(InBlock.block(value.rel, value.axes, value.length))
         # inside the block x - start does not wrap (0 <= x - start < length): the exact
@@ -131,19 +144,22 @@ def block_local(value: Value, env: dict, memo: dict, mesh: Mesh, device: int,
     return data, pred
 
 
-def _clamped_difference(v, start: int, dtype: str, bounds: tuple, length: int) -> object:
+def _clamped_difference(v, start, dtype: str, bounds: tuple, length: int,
+                        last: int) -> object:
     """`clamp(x - start, lo, hi)` with the difference computed in `dtype` (wrapping around),
     for `x` a value of the dtype (`BlockIndex.clamp`): the exact difference y, except where
     it leaves the dtype's range (y < min for start > 0, y > max for start < 0), where the
     wrapped value is y +- 2^N, clamped; a constant bound when that range of wrapped values
     lies beyond it. Equal to clamping `wrap_shift(x, -start)`, with fewer cases for Z3; the
     common clip to the block, [0, length - 1], is spelled with the block test the masks
-    use (`block_local`'s `test`: `0 <= y < length`), which Z3 then shares."""
+    use (`block_local`'s `test`: `0 <= y < length`), which Z3 then shares. A symbolic
+    `start` (every device of a class, `symbolic_device`) lies in [0, `last`]."""
     lo, hi = bounds
     limits = int_limits(dtype)
     y = sub(v, start)
+    least, most = (0, last) if is_z3(start) else (start, start)
     if (lo, hi) == (0, length - 1) and limits is not None and is_z3(y) and \
-            start + length <= limits[1] + 1 and start >= 0:
+            most + length <= limits[1] + 1 and least >= 0:
         inside = z3.And(to_z3(compare(y, 0, "GE")), to_z3(compare(y, length, "LT")))
         wrapped = to_z3(y) < limits[0]  # wraps around to a value above the block
         above = z3.Or(to_z3(compare(y, length, "GE")), wrapped)
@@ -156,6 +172,8 @@ def _clamped_difference(v, start: int, dtype: str, bounds: tuple, length: int) -
         y = y if lo is None else maximum(y, lo)
         return y if hi is None else minimum(y, hi)
 
+    if is_z3(start) and limits is not None:  # y lies in [min - last, max]: wrap it exactly
+        return clamp(wrap_int(y, dtype, range_periods(dtype, limits[0] - last, limits[1])))
     if limits is None or not is_z3(y) or start == 0:
         return clamp(wrap_shift(v, -start, dtype))
     low, high = limits

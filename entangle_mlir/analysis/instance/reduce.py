@@ -6,13 +6,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from fractions import Fraction
 from functools import reduce as _fold
 
 import numpy as np
 
 from entangle_mlir.analysis.instance.abstraction import run_rule, same_layout
 from entangle_mlir.analysis.instance.common import ABSTRACT_BASE, rels_of
-from entangle_mlir.analysis.instance.shapes import REDUCED_LOCAL, capped, reduced_types, segments
+from entangle_mlir.analysis.instance.shapes import (
+    OFFSET_OPS,
+    REDUCED_LOCAL,
+    capped,
+    reduced_offset_types,
+    reduced_types,
+    segments,
+)
 from entangle_mlir.core import intervals
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.relations import (
@@ -34,6 +42,7 @@ from entangle_mlir.core.terms import (
     ARITHMETIC_TERM_OPS,
     COMMUTATIVE,
     Term,
+    arg_finite,
     make_arg,
     make_broadcast,
     make_div,
@@ -46,10 +55,12 @@ from entangle_mlir.core.terms import (
     make_splat,
     make_transpose,
     roll_parts,
+    splat_value,
 )
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.opinfo import OpInfo, TensorType, scatter_kind
 from entangle_mlir.rules.base import RuleContext
+from entangle_mlir.rules.common import device_offsets
 from entangle_mlir.semantics.ops import dimension_numbers
 
 
@@ -60,7 +71,7 @@ def _resize_term(term: Term, shape: tuple[int, ...], leaves: dict[int, Term]) ->
     if term.op == "iota":
         return make_iota(shape, term.attrs[0], term.dtype)
     if term.op == "arg" and term.attrs[0] >= ABSTRACT_BASE:
-        leaf = make_arg(term.attrs[0], shape, term.dtype)
+        leaf = make_arg(term.attrs[0], shape, term.dtype, arg_finite(term))
         previous = leaves.setdefault(term.attrs[0], leaf)
         return leaf if previous is leaf else None
     if term.op == "concatenate" and len(shape) == len(term.shape):
@@ -174,6 +185,11 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
     the dims of blocks of reordered and returning values (`shapes.reduced_types`).
     """
     types = reduced_types(info, cap, blocks)
+    starts: list[int] = []
+    if types is None and info.name in OFFSET_OPS and not blocks:
+        found = _offset_types(info, in_values, cap)
+        if found is not None:
+            types, starts = found[:3], found[3]
     if types is None:
         return None
     new_ops, new_res = types[0], types[1]
@@ -241,6 +257,9 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
                 new_ins.append(replace(value, rel=resized[0]))
         else:
             new_ins.append(value)
+    first = len(new_ins) - len(starts)
+    for i, start in enumerate(starts):
+        new_ins[first + i] = _at_start(new_ins[first + i], start)
     attrs = {**info.attrs, **overrides}
     if info.name == "stablehlo.scatter" and not (attrs.get("reducer") or attrs.get("update")):
         # the reduced OpInfo has no MLIR op to read the update region from
@@ -256,6 +275,31 @@ def reduced_info(info: OpInfo, in_values: Sequence[Value], mesh: Mesh | None,
                                      for s, t in zip(new_res, info.result_types)],
                        op=None)
     return new_info, new_ins
+
+
+def _offset_types(info: OpInfo, in_values: Sequence[Value], cap: int):
+    """`shapes.reduced_offset_types` for a dynamic_slice or dynamic_update_slice whose start
+    operands are each one constant on every device (a splat, or a device scalar whose table
+    holds one value; not a partial sum, whose devices' starts are any that add up to it) and
+    whose operand (and update) are plain relations (a micro-batch window has its own
+    reduction, `_reduced_window`); None otherwise."""
+    first = OFFSET_OPS.index(info.name) + 1
+    if any(type(v) is not Rel for v in in_values[:first]):
+        return None
+    starts = []
+    for value in in_values[first:]:
+        offsets = None if isinstance(value, Rel) and value.partial else device_offsets(value, 1)
+        if offsets is None or len(set(offsets)) != 1:
+            return None
+        starts.append(offsets[0])
+    return reduced_offset_types(info, starts, cap)
+
+
+def _at_start(value: Value, start: int) -> Value:
+    """A constant start operand (`_offset_types`) holding `start` instead."""
+    if isinstance(value, DeviceScalar):
+        return replace(value, values=(start,) * len(value.values))
+    return replace(value, term=make_splat(start, value.term.shape, value.term.dtype))
 
 
 def _reduced_window(window: Windowed, local: tuple[int, ...], mesh: Mesh | None,
@@ -313,6 +357,9 @@ def _skeleton(term: Term, memo: dict[int, tuple]) -> tuple:
         elif term.op in ("slice", "pad"):
             found = (term.op, _window_skeleton(term), len(term.shape), term.dtype,
                      tuple(children))
+        elif term.op == "stablehlo.dynamic_update_slice":
+            found = (term.op, len(term.shape), term.dtype, tuple(children[:2]),
+                     _update_skeleton(term, children[2:]))
         elif term.op == "mul" or term.op in COMMUTATIVE:
             found = (term.op, term.attrs, len(term.shape), term.dtype,
                      tuple(sorted(children, key=repr)))
@@ -341,6 +388,23 @@ def _window_skeleton(term: Term) -> tuple:
                  for lo, hi, inner in zip(*term.attrs))
 
 
+def _update_skeleton(term: Term, starts: list[tuple]) -> tuple:
+    """A dynamic_update_slice term's starts as the reduced shapes keep them
+    (`shapes.reduced_offset_types`): per dim, a constant start as the parts of the dim around
+    the update, capped (the whole dim where the update covers it); any other start as is."""
+    operand, update = term.args[0].shape, term.args[1].shape
+    out = []
+    for start, skeleton, size, width in zip(term.args[2:], starts, operand, update):
+        value = splat_value(start)
+        if not (isinstance(value, Fraction) and value.denominator == 1):
+            out.append(skeleton)
+        elif (value, width) == (0, size):
+            out.append("whole")
+        else:
+            out.append(("cut", *segments(int(value), int(value) + width, size, capped)))
+    return tuple(out)
+
+
 def _blocks(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None
             ) -> dict[tuple[str, int, int], tuple[int, int]] | None:
     """The dims of blocks of the instance's reordered and returning values: (block size,
@@ -365,29 +429,32 @@ def _blocks(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None
 
 
 def reduced_instance(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
-                     ctx: RuleContext) -> tuple[OpInfo, list[Value], list[Value]] | str:
+                     ctx: RuleContext, strategy: str = ""
+                     ) -> tuple[OpInfo, list[Value], list[Value]] | str:
     """The instance at a reduced shape, or why it cannot be reduced. An instance with
     blocks in a device-dependent order (`Reordered`, `Returning`) is first tried with only
     the blocks' dims keeping their number of blocks (each block and every other dim
-    shrunk), else with every dim capped at the number of blocks."""
+    shrunk), else with every dim capped at the number of blocks. `strategy`: the
+    abstraction's (`abstraction.STATED`: the rule re-run is the op's stated form)."""
     blocks = _blocks(info, ins, outs, mesh)
     if blocks is not None:
-        found = _reduced_at(info, ins, outs, mesh, ctx, REDUCED_LOCAL, blocks)
+        found = _reduced_at(info, ins, outs, mesh, ctx, REDUCED_LOCAL, blocks, strategy)
         if not isinstance(found, str):
             return found
     counts = [len(v.orders[0]) for v in list(ins) + list(outs) if isinstance(v, Reordered)]
-    return _reduced_at(info, ins, outs, mesh, ctx, max([REDUCED_LOCAL, *counts]), None)
+    return _reduced_at(info, ins, outs, mesh, ctx, max([REDUCED_LOCAL, *counts]), None,
+                       strategy)
 
 
 def _reduced_at(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
-                ctx: RuleContext, cap: int, blocks: dict | None
+                ctx: RuleContext, cap: int, blocks: dict | None, strategy: str = ""
                 ) -> tuple[OpInfo, list[Value], list[Value]] | str:
     """`reduced_instance` with every dim capped at `cap` but the dims of `blocks`."""
     reduced = reduced_info(info, ins, mesh, cap, blocks)
     if reduced is None:
         return f"{info.name} or its input terms cannot be shape-reduced"
     r_info, r_ins = reduced
-    r_outs = run_rule(r_info, r_ins, mesh, ctx, outs)
+    r_outs = run_rule(r_info, r_ins, mesh, ctx, outs, strategy)
     if r_outs is None or len(r_outs) != len(outs):
         return "the rule fails at the reduced shape"
     memo_a: dict[int, tuple] = {}

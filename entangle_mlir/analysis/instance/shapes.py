@@ -4,6 +4,7 @@ tied by the op's attributes stay tied, and a dim a slice cuts or a pad pads keep
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from entangle_mlir.core.terms import reshape_groups
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
@@ -204,6 +205,44 @@ def _reduced_types(info: OpInfo, cap: int, blocks: dict[Where, tuple[int, int]]
             new_res.append(tuple(y))
         return new_ops, new_res
     return None
+
+
+OFFSET_OPS = ("stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice")
+"""Ops reading or writing a window at start indices given as operands (`reduced_offset_types`)."""
+
+
+def reduced_offset_types(info: OpInfo, starts: Sequence[int], cap: int):
+    """A dynamic_slice or dynamic_update_slice at constant starts, at a reduced shape, as
+    `_reduced_slice` reduces a slice: a dim the window takes whole shrinks (window and result
+    with it), a dim it cuts keeps its three parts (before, inside, after the window), each
+    shrunk, and its start becomes the shrunk `before`. (operand shapes, result shapes,
+    attributes, starts); None for a start outside [0, size - window] (the op clamps it: the
+    reduced window would not be the clamped one's image) or an op of another arity."""
+    ops = [tuple(t.shape) for t in info.operand_types]
+    first = OFFSET_OPS.index(info.name) + 1  # the operand index of the first start
+    operand = ops[0]
+    window = tuple(info.attrs["slice_sizes"]) if first == 1 else ops[1]
+    if len(window) != len(operand) or len(starts) != len(operand) or len(ops) != first + len(
+            operand):
+        return None
+    new_operand, new_window, new_starts = [], [], []
+    for size, width, start in zip(operand, window, starts):
+        if not 0 <= start <= size - width:
+            return None
+        if (start, width) == (0, size):
+            new_operand.append(capped(size, cap))
+            new_window.append(capped(size, cap))
+            new_starts.append(0)
+            continue
+        before, inside, after = segments(start, start + width, size, lambda n: capped(n, cap))
+        new_operand.append(before + inside + after)
+        new_window.append(inside)
+        new_starts.append(before)
+    scalars = ops[first:]
+    if first == 1:
+        return ([tuple(new_operand), *scalars], [tuple(new_window)],
+                {"slice_sizes": tuple(new_window)}, new_starts)
+    return [tuple(new_operand), tuple(new_window), *scalars], [tuple(new_operand)], {}, new_starts
 
 
 def segments(start: int, stop: int, size: int, c) -> tuple[int, int, int]:
