@@ -18,7 +18,11 @@ no weight is allocated):
   the 1F1B pipeline of examples/pipelines.py on dp 2 x pp 4 x tp 8 (64 devices), 4
   micro-batches, Adam-like update; proven by the general tier (per-device expansion).
   `... 1f1b mlp L<l>`: the same with the layers' MLP blocks only (no attention), the rows the
-  general tier's renaming argument on dp and tp (`analysis/general/symmetry.py`) is measured on.
+  general tier's renaming argument on dp and tp (`analysis/general/symmetry.py`) is measured on
+  (`--pp-layers 8 16 32 80 --pp-mlp-only`).
+* `70b pp twin layer<k> mlp L<l>` (`--only pptwin`): the MLP pipeline row whose layer k = l // 2
+  (and only it) multiplies by w_gate where w_up belongs (`pipeline_step`'s
+  `middle_layer_up_from_gate`); must not be proven.
 * `deepseek ep64 L<l>`: DeepSeek-V3-like MoE stack (hidden 7168, MLA with q rank 1536 / kv rank
   512 / 128 heads, 256 routed experts of FFN 2048 top-8 plus one shared expert, ep 64 with
   all_to_all dispatch), forward + backward + SGD.
@@ -84,11 +88,18 @@ def cases(args) -> list[Case]:
         for model in ("70b", "405b"):
             for layers in args.pp_layers:
                 cfg = replace(widths[model], n_layers=layers)
-                out.append(Case(f"{model} dp2 pp4 tp8 1f1b L{layers}", "pp",
-                                lambda cfg=cfg: _corpus(F.pipeline_step(cfg, 2, 4, 8))))
+                if not args.pp_mlp_only:
+                    out.append(Case(f"{model} dp2 pp4 tp8 1f1b L{layers}", "pp",
+                                    lambda cfg=cfg: _corpus(F.pipeline_step(cfg, 2, 4, 8))))
                 out.append(Case(f"{model} dp2 pp4 tp8 1f1b mlp L{layers}", "pp",
                                 lambda cfg=cfg: _corpus(F.pipeline_step(cfg, 2, 4, 8,
                                                                         attention=False))))
+    if "pptwin" in args.only:
+        layers = args.pp_layers[-1]
+        cfg = replace(F.LLAMA_70B, n_layers=layers)
+        out.append(Case(f"70b pp twin layer{layers // 2} mlp L{layers}", "pptwin",
+                        lambda cfg=cfg: _corpus(F.pipeline_step(
+                            cfg, 2, 4, 8, attention=False, bug="middle_layer_up_from_gate"))))
     if "deepseek" in args.only:
         cfg = replace(F.DEEPSEEK_V3, n_layers=4 if args.quick else F.DEEPSEEK_V3.n_layers)
         out.append(Case(f"deepseek ep64 L{cfg.n_layers}", "deepseek",
@@ -108,7 +119,7 @@ def format_row(case: Case) -> str:
             f"{r['lower_s']:7.1f}")
 
 
-def measure(case: Case, directory: Path, repeat: int) -> dict:
+def measure(case: Case, directory: Path, repeat: int, budget: int = 30) -> dict:
     start = time.perf_counter()
     ref_text, sharded, _, _ = case.build()
     lower_s = time.perf_counter() - start
@@ -117,7 +128,8 @@ def measure(case: Case, directory: Path, repeat: int) -> dict:
     ref_path.write_text(ref_text)
     sharded_path = directory / f"{stem}.sharded.mlir"
     sharded_path.write_text(sharded)
-    runs = [run_check(ref_path, sharded_path) for _ in range(max(1, repeat))]
+    options = ("--general-budget", str(budget))
+    runs = [run_check(ref_path, sharded_path, options) for _ in range(max(1, repeat))]
     row = min(runs, key=lambda r: r["cpu_s"])
     row["wall_s"] = min(r["wall_s"] for r in runs)
     row["lower_s"] = lower_s
@@ -154,7 +166,10 @@ def targets(rows: dict[str, dict]) -> list[str]:
         lines.append(text)
     line = bug_line()
     for name, row in rows.items():
-        if " twin " in name:
+        if " pp twin " in name:
+            lines.append(f"{name}: {row['verdict']}, not proven: "
+                         f"{'yes' if row['verdict'] != 'proven' else 'NO'}")
+        elif " twin " in name:
             flagged = row["verdict"] != "proven" and line in row["first_error"]
             lines.append(f"{name}: {row['verdict']}, flagged at the changed layer's line "
                          f"({line}): {'yes' if flagged else 'NO'}")
@@ -165,9 +180,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="4 layers (pp rows: 8)")
     parser.add_argument("--only", nargs="+", default=["70b", "405b", "twin", "pp", "deepseek"],
-                        choices=["70b", "405b", "twin", "pp", "deepseek"])
+                        choices=["70b", "405b", "twin", "pp", "pptwin", "deepseek"])
     parser.add_argument("--pp-layers", type=int, nargs="+", default=None,
-                        help="layers of the pipeline rows (default 8; --quick: 8)")
+                        help="layers of the pipeline rows (default 8; --quick: 8); pptwin: "
+                             "the last")
+    parser.add_argument("--pp-mlp-only", action="store_true",
+                        help="only the pipeline rows of MLP blocks")
+    parser.add_argument("--general-budget", type=int, default=30, metavar="SECONDS",
+                        help="each check's general-tier budget (wall; entangle check's "
+                             "--general-budget)")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--keep", metavar="DIR", help="keep the lowered programs in DIR")
     args = parser.parse_args(argv)
@@ -179,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER, flush=True)
     rows: dict[str, dict] = {}
     for case in cases(args):
-        case.row = measure(case, directory, args.repeat)
+        case.row = measure(case, directory, args.repeat, args.general_budget)
         rows[case.name] = case.row
         print(format_row(case), flush=True)
         if case.row["first_error"]:

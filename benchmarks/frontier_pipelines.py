@@ -35,13 +35,17 @@ ROWS = [
     (6, 2, 1, 2, False, 2), (8, 4, 1, 2, False, 2),
     (1, 1, 1, 2, True, 2), (1, 1, 1, 1, True, 2), (2, 2, 2, 2, True, 2),
     (2, 2, 2, 1, True, 2), (4, 2, 2, 2, True, 2),
+    (14, 2, 1, 2, False, 2), (32, 2, 1, 2, False, 2), (16, 2, 2, 2, False, 2),
 ]
 """The rows: gap 2 of benchmarks/FRONTIER_RESULTS.md (several layers a stage and several
 micro-batches, with tp) and its neighbours; a sixth field is dp (1 when left out; dp 2 with
-a batch of 2 is one row a device, gap 1: its MLP half, then with attention)."""
+a batch of 2 is one row a device, gap 1: its MLP half, then with attention). The last three:
+deep stages (7, 16 and 8 layers a stage: the normal form's memo chains, the micro-batch slice
+past 64 weight slices)."""
 
 
-def run(layers: int, pp: int, tp: int, micro: int, attention: bool, dp: int = 1) -> str:
+def run(layers: int, pp: int, tp: int, micro: int, attention: bool, dp: int = 1,
+        budget: int = 30) -> str:
     from entangle_mlir.driver import check_texts
     from examples import frontier as F
     from examples.heldout.corpus import input_sets, lower_pair, max_error
@@ -51,7 +55,7 @@ def run(layers: int, pp: int, tp: int, micro: int, attention: bool, dp: int = 1)
     error = max_error(ex, input_sets(ex)[0])
     texts = lower_pair(ex)
     start = time.process_time()
-    report = check_texts(*texts, verify_rules=False)
+    report = check_texts(*texts, verify_rules=False, general_budget=budget)
     cpu = time.process_time() - start
     tier = report.stats.get("general_tier") or {}
     reason = "" if report.proven else f"  {tier.get('reason', '')[:100]}"
@@ -64,12 +68,14 @@ def run(layers: int, pp: int, tp: int, micro: int, attention: bool, dp: int = 1)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="only the rows of 4 devices")
+    parser.add_argument("--general-budget", type=int, default=30, metavar="SECONDS",
+                        help="each check's general-tier budget (wall)")
     args = parser.parse_args(argv)
     rows = [r for r in ROWS if not args.quick or r[1] * r[2] * (r[5:] or (1,))[0] == 4]
     print(f"load average before: {os.getloadavg()[0]:.1f}")
     print(f"{'row':<34} {'CPU s':>6} {'verdict':<12} {'max error':>9}")
     for row in rows:
-        print(run(*row), flush=True)
+        print(run(*row[:5], *(row[5:] or (1,)), budget=args.general_budget), flush=True)
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
                        help="take sums and products of finite values as finite (real-number "
                             "behaviour: an online softmax's scores never overflow); a proof "
                             "that relies on it lists the assumption")
+    check.add_argument("--general-budget", type=int, default=30, metavar="SECONDS",
+                       help="the general tier's wall-clock budget (default 30): expansion, "
+                            "decisions and its rule-instance checks; out of time is 'not "
+                            "proven'")
     check.add_argument("--html", metavar="REPORT.html",
                        help="also write the report as one self-contained HTML page: both "
                             "programs side by side, each op coloured by its relation, the "
@@ -85,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                              reuse_layers=not (args.explain or args.json or args.html),
                              assume_no_overflow=args.assume_no_overflow,
                              general_tier=not args.no_general_tier, jobs=args.jobs,
-                             repair_bugs=getattr(args, "repair", False))
+                             repair_bugs=getattr(args, "repair", False),
+                             general_budget=args.general_budget)
         if not args.no_confirm and not report.proven:
             from entangle_mlir.confirm import confirm_files  # lazy: runs jax, only on a claim
 

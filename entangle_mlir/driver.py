@@ -23,7 +23,7 @@ from entangle_mlir.repair import Snapshot, repair, restored, snapshot, wants_rep
 def check_program(program: Program, *, verify_rules: bool = True,
                   reuse_layers: bool = True, assume_no_overflow: bool = False,
                   general_tier: bool = True, jobs: int | None = None,
-                  repair_bugs: bool = False) -> Report:
+                  repair_bugs: bool = False, general_budget: int = 30) -> Report:
     """Normalize, walk both functions, compare; optionally Z3-check every rule instance.
 
     `reuse_layers` walks repeated layers once (`analysis/layer_reuse.py`); without it every
@@ -32,7 +32,9 @@ def check_program(program: Program, *, verify_rules: bool = True,
     the assumptions where a proof relies on it). `general_tier`: where the layout tier does
     not prove the program, expand it per device (`analysis/general/`). `jobs`: worker
     processes for the Z3 rule-instance checks (None or 0: one per free core, 1: serial;
-    `analysis/instance/parallel.py`): the same verdict either way. `repair_bugs`: where the
+    `analysis/instance/parallel.py`): the same verdict either way. `general_budget`: the
+    general tier's wall seconds (expansion, decisions and its rule-instance checks; out of
+    time: not proven). `repair_bugs`: where the
     report claims a bug the general tier did not prove away, name the one op whose nearest
     alternative makes the program proven (`repair.py`)."""
     start = time.perf_counter()
@@ -58,8 +60,8 @@ def check_program(program: Program, *, verify_rules: bool = True,
             reused = {}
         if general_tier:
             run_pipeline(parse_pipeline("entangle-general-tier{verify-rules="
-                                        f"{str(verify_rules).lower()} jobs={max(0, jobs or 0)}}}",
-                                        PASSES), state)
+                                        f"{str(verify_rules).lower()} jobs={max(0, jobs or 0)} "
+                                        f"budget-seconds={general_budget}}}", PASSES), state)
     report = state.report
     if report.proven:
         report.stats.setdefault("tier", "layout")
@@ -107,32 +109,32 @@ def check_texts(ref_text: str, sharded_text: str, *, ref_file: str = "reference.
                 sharded_file: str = "sharded.mlir", verify_rules: bool = True,
                 reuse_layers: bool = True, assume_no_overflow: bool = False,
                 general_tier: bool = True, jobs: int | None = None,
-                repair_bugs: bool = False) -> Report:
+                repair_bugs: bool = False, general_budget: int = 30) -> Report:
     ref = parse_module(ref_text, ref_file)
     sharded = parse_module(sharded_text, sharded_file)
     return check_program(from_two_modules(ref, sharded, ref_file, sharded_file),
                          verify_rules=verify_rules, reuse_layers=reuse_layers,
                          assume_no_overflow=assume_no_overflow, general_tier=general_tier,
-                         jobs=jobs, repair_bugs=repair_bugs)
+                         jobs=jobs, repair_bugs=repair_bugs, general_budget=general_budget)
 
 
 def check_files(ref_path: str, sharded_path: str, *, verify_rules: bool = True,
                 reuse_layers: bool = True, assume_no_overflow: bool = False,
                 general_tier: bool = True, jobs: int | None = None,
-                repair_bugs: bool = False) -> Report:
+                repair_bugs: bool = False, general_budget: int = 30) -> Report:
     """`entangle check REF SHARDED`; a single combined file may be given as both."""
     if _same_file(ref_path, sharded_path):
         return check_combined_file(ref_path, verify_rules=verify_rules,
                                    reuse_layers=reuse_layers,
                                    assume_no_overflow=assume_no_overflow,
                                    general_tier=general_tier, jobs=jobs,
-                                   repair_bugs=repair_bugs)
+                                   repair_bugs=repair_bugs, general_budget=general_budget)
     ref = load_file(ref_path)
     sharded = load_file(sharded_path)
     return check_program(from_two_modules(ref, sharded, ref_path, sharded_path),
                          verify_rules=verify_rules, reuse_layers=reuse_layers,
                          assume_no_overflow=assume_no_overflow, general_tier=general_tier,
-                         jobs=jobs, repair_bugs=repair_bugs)
+                         jobs=jobs, repair_bugs=repair_bugs, general_budget=general_budget)
 
 
 def load_program(ref_path: str, sharded_path: str) -> Program:
@@ -169,13 +171,14 @@ def _same_file(a: str, b: str) -> bool:
 def check_combined_file(path: str, *, verify_rules: bool = True,
                         reuse_layers: bool = True, assume_no_overflow: bool = False,
                         general_tier: bool = True, jobs: int | None = None,
-                        repair_bugs: bool = False) -> Report:
+                        repair_bugs: bool = False, general_budget: int = 30) -> Report:
     module = load_file(path)
     if not has_refines(module):
         raise InputError("no function carries `entangle.refines = @reference`", file=path)
     return check_program(from_combined(module, path), verify_rules=verify_rules,
                          reuse_layers=reuse_layers, assume_no_overflow=assume_no_overflow,
-                         general_tier=general_tier, jobs=jobs, repair_bugs=repair_bugs)
+                         general_tier=general_tier, jobs=jobs, repair_bugs=repair_bugs,
+                         general_budget=general_budget)
 
 
 def check_with_pipeline(path: str, pipeline: str) -> Report:

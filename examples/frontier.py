@@ -26,6 +26,7 @@ import functools
 from dataclasses import dataclass, replace
 
 import jax.numpy as jnp
+from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from examples import pipelines
@@ -149,6 +150,16 @@ def mlp_without_psum(p: dict, x, par: Par):
     return (silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"]  # BUG
 
 
+def stage_changing_layer(changed: int, changed_block, block, params, x):
+    """A stage's layers (`pipelines.run_layers`) where global layer `changed` (stage s holds
+    layers s * k ... s * k + k - 1) runs `changed_block` in place of `block`."""
+    stage, per = lax.axis_index("pp"), params[0].shape[0]
+    for i in range(per):
+        p = pipelines.layer(params, i)
+        x = jnp.where(stage * per + i == changed, changed_block(p, x), block(p, x))
+    return x
+
+
 PIPELINE_TWINS = {
     "bubble_unmasked": ({"bubble": pipelines.unmasked}, pipelines.unmasked),
     "gradients_to_a_wrong_stage": ({"back": pipelines.shift_skipping_a_stage},
@@ -156,9 +167,13 @@ PIPELINE_TWINS = {
     "backward_microbatch_off_by_one": ({"bslot": pipelines.backward_slot_off_by_one},
                                        pipelines.backward_slot_off_by_one),
     "stage_mlp_without_psum": ({}, mlp_without_psum),
+    "middle_layer_up_from_gate": ({}, changed_mlp),
 }
 """`pipeline_step`'s buggy twins: the schedule's keywords and the function holding the
-`# BUG` line (`stage_mlp_without_psum`: the stage's MLP misses its tp psum)."""
+`# BUG` line (`stage_mlp_without_psum`: the stage's MLP misses its tp psum;
+`middle_layer_up_from_gate`: layer L // 2 of the stack, and only it, multiplies by w_gate
+where w_up belongs, `stage_changing_layer`: the pipeline analogue of `dense_step`'s
+`changed_layer`)."""
 
 
 def pipeline_step(cfg: Config, dp: int, pp: int, tp: int, micro: int = 4,
@@ -182,6 +197,9 @@ def pipeline_step(cfg: Config, dp: int, pp: int, tp: int, micro: int = 4,
     specs = [a.spec for a in params]
     schedule, bug_fn = PIPELINE_TWINS[bug] if bug else ({}, None)
     mlp = mlp_without_psum if bug_fn is mlp_without_psum else None
+    if bug_fn is changed_mlp:
+        schedule = {"layers": functools.partial(
+            stage_changing_layer, L // 2, stage_block(cfg, "tp", attention, changed_mlp))}
     return corpus_program(
         "frontier", "onef1b_train_llama" + ("" if attention else "_mlp"), mesh,
         pipelines.train_reference_fn(stage_block(cfg, None, attention), True),

@@ -395,18 +395,18 @@ def gpipe_train(block, params, moments, variances, x, y, *, back=shift_prev, bub
 
 def onef1b_train(block, params, moments, variances, x, y, *, back=shift_prev, bubble=masked,
                  acc=accumulate, scale=mean_over_microbatches, bslot=backward_slot,
-                 axes=("pp",)):
+                 layers=run_layers, axes=("pp",)):
     """1F1B: one loop of m + 2(n - 1) clock steps; at step t stage s runs the forward of
     micro-batch t - s and the backward of micro-batch t - 2(n - 1) + s (the last stage the
     backward of the micro-batch it has just run forward, from d loss / d output), activations
     handed to the next stage and gradients to the previous one in the same step; weight
     gradients accumulated over micro-batches (bubble steps masked) and averaged, then SGD or
-    an Adam-like update."""
+    an Adam-like update. `layers(block, params, x)`: how a stage applies its layers."""
     axis = axes[0]
     stage, n = lax.axis_index(axis), lax.axis_size(axis)
     m = x.shape[0]
     last = stage == n - 1
-    stage_fn = functools.partial(run_layers, block)
+    stage_fn = functools.partial(layers, block)
     replicas = 1
     for data in axes[1:]:
         replicas *= lax.axis_size(data)

@@ -1300,30 +1300,68 @@ def join_sums(term: Term) -> Term:
     if term.op != "lin":
         return term
     pairs, constant = linear_parts(term)
-    changed = True
-    while changed:
-        changed = False
-        for i in range(len(pairs)):
-            for j in range(i + 1, len(pairs)):
-                (ki, ti), (kj, tj) = pairs[i], pairs[j]
-                if ki != kj:
-                    continue
-                joined = _join_pair(ti, tj)
-                if joined is not None:
-                    pairs = [p for k, p in enumerate(pairs) if k not in (i, j)]
-                    parts, offset = linear_parts(joined)
-                    if joined.op == "lin" and offset == 0:
-                        pairs.extend((ki * k, t) for k, t in parts)  # a factor pulled out
-                    else:
-                        pairs.append((ki, joined))
-                    changed = True
-                    break
-            if changed:
-                break
+    while True:
+        found = _first_joinable(pairs)
+        if found is None:
+            break
+        i, j, joined = found
+        ki = pairs[i][0]
+        pairs = [p for k, p in enumerate(pairs) if k not in (i, j)]
+        parts, offset = linear_parts(joined)
+        if joined.op == "lin" and offset == 0:
+            pairs.extend((ki * k, t) for k, t in parts)  # a factor pulled out
+        else:
+            pairs.append((ki, joined))
     pairs = _join_groups(pairs)
     if len(pairs) == len(term.args):
         return term
     return make_lin(pairs, constant, term.shape, term.dtype)
+
+
+def _first_joinable(pairs: list) -> tuple[int, int, Term] | None:
+    """(i, j, joined) for the first parts i < j of `pairs` (in that order) that `_join_pair`
+    joins with one coefficient, or None. Only candidates are tried: parts keyed alike
+    (`_join_keys`) whose first summed operands are adjacent windows of one term, which every
+    join needs; a residual stream of hundreds of parts would otherwise try every pair."""
+    keys = [_join_keys(k, t) for k, t in pairs]
+    starts: dict[tuple, list[int]] = {}
+    stops: dict[tuple, list[int]] = {}
+    for j, found in enumerate(keys):
+        for key, start, stop in found:
+            starts.setdefault((key, start), []).append(j)
+            stops.setdefault((key, stop), []).append(j)
+    for i, found in enumerate(keys):
+        candidates = sorted({j for key, start, stop in found
+                             for j in (*starts.get((key, stop), ()),
+                                       *stops.get((key, start), ())) if j > i})
+        for j in candidates:
+            joined = _join_pair(pairs[i][1], pairs[j][1])
+            if joined is not None:
+                return i, j, joined
+    return None
+
+
+def _join_keys(coefficient, term: Term) -> list[tuple[tuple, int, int]]:
+    """(key, start, stop) of `term`'s first summed operand's window along each summed dim:
+    key holds the coefficient, the transposes around the contraction, the contraction's
+    kind (`_contraction_key`), the summed dims, the window's base and its other dims' bounds.
+    Two parts `_join_pair` joins share a key, one's stop being the other's start."""
+    perms = []
+    while term.op == "transpose":
+        perms.append(term.attrs[0])
+        term = term.args[0]
+    kind = _contraction_key(term)
+    if kind is None:
+        return []
+    found = []
+    for pair in _summed_dims(term):
+        k, d = next((k, d) for k, d in enumerate(pair) if d is not None)
+        window = _window(term.args[k], d)
+        if window is None:
+            continue
+        base, start, stop, rest = window
+        found.append(((coefficient, tuple(perms), kind, pair, base.serial, rest), start, stop))
+    return found
 
 
 def _peel(term: Term) -> tuple[tuple, Term]:
@@ -1381,7 +1419,7 @@ def _join_groups(pairs: list) -> list:
     done: set[int] = set()
     joined = []
     for (k, perms, _), members in groups.items():
-        if len(members) < 2 or len(members) > MAX_BLOCKS:
+        if len(members) < 2 or len(members) > MAX_JOINED:
             continue
         cores = [_peel(pairs[i][1])[1] for i in members]
         core = _join_group(cores)
@@ -1396,6 +1434,12 @@ def _join_groups(pairs: list) -> list:
     if not joined:
         return pairs
     return [p for i, p in enumerate(pairs) if i not in done] + joined
+
+
+MAX_JOINED = 4096
+"""The most parts of a sum `_join_groups` joins into one contraction: a stack's residual
+stream at tp 8 sums layers x 8 of them (80 layers: 640), and the reference's stream joins
+its layers' alike, so a smaller cap would leave one side joined and the other not."""
 
 
 def _subgroups(cores: list[Term]) -> list[list[int]]:
@@ -1573,7 +1617,7 @@ def _unique_window_starts(terms: list[Term]) -> list[tuple] | None:
     windows: list[dict[int, set]] = []
     for term in terms:
         mine: dict[int, set] = {}
-        for t in first_slices(term):
+        for t in first_slices(term, FIRST_SLICES_SEEN):
             mine.setdefault(t.args[0].serial, set()).add(t.attrs[0])
         windows.append(mine)
     common = set(windows[0]).intersection(*windows[1:])
@@ -1585,34 +1629,45 @@ def _unique_window_starts(terms: list[Term]) -> list[tuple] | None:
     return None
 
 
-MAX_SLICES_SEEN = 64
-"""How many slices under each piece `_distinct_slice_starts` compares."""
-_FIRST_SLICES: dict[int, tuple[Term, ...]] = {}
-"""`first_slices` by the term's serial (terms are interned and immutable)."""
+MAX_SLICES_SEEN = 4096
+"""How many slices under each piece `_distinct_slice_starts` compares: the micro-batch a
+loss piece reads comes after its stage's weights' slices, two or more a layer (32 layers
+passed 64)."""
+FIRST_SLICES_SEEN = 64
+"""How many it compares first (most pieces differ early; the longer walk only where none of
+these did)."""
+_FIRST_SLICES: dict[tuple[int, int], tuple[Term, ...]] = {}
+"""`first_slices` by (the term's serial, the count) (terms are interned and immutable)."""
 
 
-def first_slices(term: Term) -> tuple[Term, ...]:
-    """The first `MAX_SLICES_SEEN` slices under `term` in `subterms` order, memoized: joining
-    a long sum asks for the same pieces' slices once per pair (a walk of the whole piece each
-    time when it holds fewer slices than that)."""
-    found = _FIRST_SLICES.get(term.serial)
+def first_slices(term: Term, count: int = MAX_SLICES_SEEN) -> tuple[Term, ...]:
+    """The first `count` slices under `term` in `subterms` order, memoized: joining a long
+    sum asks for the same pieces' slices once per pair (a walk of the whole piece each time
+    when it holds fewer slices than that)."""
+    key = (term.serial, count)
+    found = _FIRST_SLICES.get(key)
     if found is None:
-        found = _FIRST_SLICES[term.serial] = tuple(itertools.islice(
-            (u for u in subterms([term]) if u.op == "slice"), MAX_SLICES_SEEN))
+        found = _FIRST_SLICES[key] = tuple(itertools.islice(
+            (u for u in subterms([term]) if u.op == "slice"), count))
     return found
 
 
 def _distinct_slice_starts(terms: list[Term]) -> list[tuple] | None:
     """The starts of the first slice, in `subterms` order, that is a window of one term at a
     distinct start in every one of `terms` (pieces computed alike from different rows: a
-    slice of a weight every piece shares comes first, and is passed over); else None."""
-    lists = [first_slices(term) for term in terms]
-    for column in zip(*lists):
-        if len({t.args[0].serial for t in column}) != 1:
-            continue
-        starts = [t.attrs[0] for t in column]
-        if len(set(starts)) == len(starts):
-            return starts
+    slice of a weight every piece shares comes first, and is passed over); else None.
+    The first `FIRST_SLICES_SEEN` slices of each are compared first, then up to
+    `MAX_SLICES_SEEN` where some piece holds more."""
+    for count in (FIRST_SLICES_SEEN, MAX_SLICES_SEEN):
+        lists = [first_slices(term, count) for term in terms]
+        for column in zip(*lists):
+            if len({t.args[0].serial for t in column}) != 1:
+                continue
+            starts = [t.attrs[0] for t in column]
+            if len(set(starts)) == len(starts):
+                return starts
+        if all(len(found) < count for found in lists):
+            return None
     return None
 
 
@@ -1660,9 +1715,31 @@ stopping early only leaves two forms unmet)."""
 
 def _normal_pass(term: Term, memo: dict[int, Term]) -> Term:
     for top in post_order(term, memo):
-        args = tuple(memo[a.serial] for a in top.args)
+        args = tuple(_latest(a, memo) for a in top.args)
         memo[top.serial] = _normal_node(top, args, memo)
-    return memo[term.serial]
+    return _latest(term, memo)
+
+
+MAX_CHAIN = 64
+"""How many memo entries `_latest` follows from one term."""
+
+
+def _latest(term: Term, memo: dict[int, Term]) -> Term:
+    """The last term of `term`'s chain in `memo` (`term` -> its pass's result -> that
+    result's next pass's -> ...), at most MAX_CHAIN steps: a pass records a node's result
+    of that pass only, so a node the builders make again later (a layer's residual stream,
+    rebuilt while the layers above it are joined) would otherwise move one step a pass, and
+    a stack of L layers would take L passes. Each step is an exact identity, so any point
+    of the chain is the same value."""
+    out = memo[term.serial]
+    for _ in range(MAX_CHAIN):
+        following = memo.get(out.serial)
+        if following is None or following is out:
+            break
+        out = following
+    if out is not memo[term.serial]:
+        memo[term.serial] = out
+    return out
 
 
 MAX_BLOCKS = 64

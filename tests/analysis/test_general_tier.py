@@ -234,6 +234,16 @@ def test_correct_programs_are_proven_by_the_general_tier(program: Program) -> No
     assert report.to_json()["verdict"] == "proven"
 
 
+def test_out_of_its_budget_the_general_tier_proves_nothing() -> None:
+    """`general_budget` (`entangle check --general-budget`) bounds the tier: with none left,
+    a program only it proves is not proven, and the reason says why."""
+    _, _, (ref_text, sharded_text) = _run(CORRECT[0])
+    report = check_texts(ref_text, sharded_text, verify_rules=False, general_budget=0)
+    assert not report.proven
+    assert report.stats["general_tier"]["reason"] == "out of time"
+    assert check_texts(ref_text, sharded_text, verify_rules=False, general_budget=30).proven
+
+
 @pytest.mark.parametrize("program", LAYOUT_TIER_NOW, ids=lambda p: p.name)
 def test_former_general_tier_cases_are_proven_by_the_layout_tier(program: Program) -> None:
     want, got, (ref_text, sharded_text) = _run(program)

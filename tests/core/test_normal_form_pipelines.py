@@ -709,3 +709,51 @@ def test_rotary_pieces_of_other_head_counts_pair_by_their_tables() -> None:
     swapped = rotary(tanh(q1), tanh(r1), 3, sin, cos)
     assert make_concat([two, swapped], 1) is not lifted
     assert refuted(raw_concat([two, swapped], 1), lifted)
+
+
+def test_a_sum_of_more_contractions_than_blocks_joins_into_one() -> None:
+    """A deep stack's tp-partial residual stream sums layers x tp contractions (16 layers at
+    tp 8: 128 > `MAX_BLOCKS`), `sum_i h_i @ w[i]`: one contraction `[h_0 ... h_79] @ w`,
+    as the reference's stream of whole layers joins."""
+    n = 80
+    hs = [make_arg(i, (2, 1), F32) for i in range(n)]
+    w = make_arg(n, (n, 3), F32)
+
+    def stream(blocks):
+        return make_lin([(Fraction(1), make_dot(h, slice_term(w, 0, b, b + 1), DOT, (2, 3),
+                                                F32)) for h, b in zip(hs, blocks)],
+                        Fraction(0), (2, 3), F32)
+
+    whole = make_dot(raw_concat(hs, 1), w, DOT, (2, 3), F32)
+    summed = stream(range(n))
+    normal = normal_form(summed)
+    assert normal.op == "stablehlo.dot_general" and normal.args[1] is w
+    assert proved(summed, normal) and proved(normal, whole)
+    # must fail: one block read twice (the last layer's weight rows for the one before)
+    doubled = stream([*range(n - 1), n - 2])
+    assert normal_form(doubled) is not normal and refuted(doubled, whole)
+
+
+def test_micro_batch_losses_join_behind_many_weight_slices() -> None:
+    """The losses of micro-batches computed alike through a deep stage (70 layers, each a
+    maximum with a row of one weight): the first piece built lists its 70 weight slices before its
+    micro-batch's row, so the pieces' distinct rows are found only past `MAX_SLICES_SEEN`
+    = 64 slices (32 layers of a pipeline stage passed it). One sum over the batch."""
+    n = 70
+    x, w = make_arg(0, (3, 4), F32), make_arg(1, (n, 4), F32)
+
+    def stage(h):
+        for k in range(n):
+            floor = make_broadcast(make_reshape(rows(w, k, k + 1), (4,)), (1,), h.shape)
+            h = make_elementwise("stablehlo.maximum", (h, floor))
+        return h
+
+    batch = [rows(x, i, i + 1) for i in range(3)]
+    losses = [total(stage(r), (0, 1)) for r in batch]
+    summed = make_lin([(Fraction(1), t) for t in losses], Fraction(0), (), F32)
+    whole = normal_form(total(stage(x), (0, 1)))
+    assert normal_form(summed) is whole and proved(summed, whole)
+    # must fail: a row of the batch read twice, another left out
+    twice = make_lin([(Fraction(1), t) for t in losses[:2] + losses[:1]], Fraction(0), (),
+                     F32)
+    assert normal_form(twice) is not whole and refuted(twice, whole)

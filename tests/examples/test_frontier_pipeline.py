@@ -3,7 +3,8 @@ layers with grouped-query attention and SwiGLU, Megatron tp inside each 1F1B sta
 update) at test widths, grounded by execution on simulated CPU devices: the correct program
 computes its reference's numbers and the general tier proves it; each nearest wrong program
 (a bubble step not masked, gradients sent to a wrong stage, the backward's micro-batch off by
-one, a stage's MLP without its tp psum) computes other numbers and is not proven.
+one, a stage's MLP without its tp psum, one layer in the middle of the stack multiplying by
+the wrong weight) computes other numbers and is not proven.
 
 The twins run with MLP-only stages (what they get wrong is the schedule or the tp sum, not
 the attention; small, for CI's budget), the correct program with attention."""
@@ -46,12 +47,35 @@ def test_pipeline_with_attention_matches_and_is_proven(layers: int) -> None:
 
 @pytest.mark.parametrize("bug, attention", [
     ("bubble_unmasked", False), ("gradients_to_a_wrong_stage", False),
-    ("backward_microbatch_off_by_one", False), ("stage_mlp_without_psum", False)])
+    ("backward_microbatch_off_by_one", False), ("stage_mlp_without_psum", False),
+    ("middle_layer_up_from_gate", False)])
 def test_pipeline_twin_differs_and_is_not_proven(bug: str, attention: bool) -> None:
     ex = _step(bug, attention)
     assert max_error(ex, input_sets(ex)[0]) > 1e-3
     report = check_texts(*lower_pair(ex), verify_rules=False)
     assert not report.proven
+
+
+DEEP = replace(F.tiny(F.LLAMA_70B, 14), batch=2)
+"""Fourteen layers, seven a stage, on dp 2 x pp 2 (one row a device): each pass of the normal
+form used to move the layers' residual stream one layer (`normal_form._latest`), and 14
+layers ran out of its passes."""
+
+
+@pytest.mark.parametrize("bug", [None, "middle_layer_up_from_gate"])
+def test_deep_stages_on_dp_and_pp(bug: str | None) -> None:
+    """The correct program computes the reference's numbers and is proven; its twin whose
+    layer 7 of 14 (the second stage's first) multiplies by w_gate where w_up belongs
+    computes others and is not proven."""
+    ex = F.pipeline_step(DEEP, 2, 2, 1, micro=2, attention=False, bug=bug)
+    error = max_error(ex, input_sets(ex)[0])
+    report = check_texts(*lower_pair(ex), verify_rules=False)
+    if bug is None:
+        assert error <= 10 * ex.atol
+        assert report.proven, report.stats.get("general_tier")
+    else:
+        assert error > 1e-3
+        assert not report.proven
 
 
 def _one_kv_head(bug: str | None = None):
