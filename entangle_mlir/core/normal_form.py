@@ -1699,9 +1699,9 @@ def normal_form(term: Term, memo: dict[int, Term] | None = None) -> Term:
     (at most MAX_PASSES times) where a rewrite built new terms the builders left outside the
     normal form (a slice the builders pushed under a reshape)."""
     memo = {} if memo is None else memo
-    result = _normal_pass(term, memo)
-    for _ in range(MAX_PASSES - 1):
-        again = _normal_pass(result, memo)
+    result = _normal_pass(term, memo, chains=False)
+    for count in range(1, MAX_PASSES):
+        again = _normal_pass(result, memo, chains=count >= PASSES_BEFORE_CHAINS)
         if again is result:
             break
         memo[term.serial] = result = again
@@ -1709,15 +1709,22 @@ def normal_form(term: Term, memo: dict[int, Term] | None = None) -> Term:
 
 
 MAX_PASSES = 12
+PASSES_BEFORE_CHAINS = 4
+"""Passes made before a pass reads each operand at the end of its memo chain (`_latest`):
+a term still moving after that many is a deep stack, which the chains normalize in a few
+passes more; before it each pass reads its operands' results of the last pass only (the
+forms two programs' pieces meet in, which an earlier chain end recorded for the other
+program's terms can move apart)."""
 """How many bottom-up passes `normal_form` makes at most (each identity is exact, so
 stopping early only leaves two forms unmet)."""
 
 
-def _normal_pass(term: Term, memo: dict[int, Term]) -> Term:
+def _normal_pass(term: Term, memo: dict[int, Term], chains: bool) -> Term:
+    read = _latest if chains else (lambda a, memo: memo[a.serial])
     for top in post_order(term, memo):
-        args = tuple(_latest(a, memo) for a in top.args)
+        args = tuple(read(a, memo) for a in top.args)
         memo[top.serial] = _normal_node(top, args, memo)
-    return _latest(term, memo)
+    return read(term, memo)
 
 
 MAX_CHAIN = 64
