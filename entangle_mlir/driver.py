@@ -69,7 +69,7 @@ def check_program(program: Program, *, verify_rules: bool = True,
     if pristine is not None and guards and not report.proven:
         _check_assuming_no_overflow(report, pristine, guards[0], verify_rules=verify_rules,
                                     reuse_layers=reuse_layers, general_tier=general_tier,
-                                    jobs=jobs)
+                                    jobs=jobs, general_budget=general_budget)
     if pristine is not None and general_tier and repair_bugs and wants_repair(report):
         with context():
             reference = (program.ref_func.get_asm(), state.walks.get("reference"))

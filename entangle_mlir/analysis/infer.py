@@ -603,9 +603,10 @@ class Walker:
             if size % mesh.group_size(axes):
                 return Opaque(f"dim of size {size} does not divide over {axes_str(axes)}",
                               origin=(record, None), category="unsupported")
-        if any(tiling) and splat_value(value.term) is not None:
+        constant = splat_value(value.term) if any(tiling) else None
+        if constant is not None:
             local = tuple(n // mesh.group_size(axes) for n, axes in zip(value.term.shape, tiling))
-            return uniform_rel(make_splat(splat_value(value.term), local, value.term.dtype),
+            return uniform_rel(make_splat(constant, local, value.term.dtype),
                                RuleContext(mesh, manual))
         return Rel(value.term, tuple(tiling), scope="")
 

@@ -211,7 +211,7 @@ def _decided_select(select: ir.Operation) -> int:
     """`select(compare(a, b), x, y)` is x (or y) where the ranges of a and b decide the
     compare for every value they may hold (`bounds.interval`: the `sum(exp(...)) >= 0` of
     the jvp of `abs` in `jax.nn.logsumexp`'s gradient) and neither may be NaN (a NaN
-    compares false whatever the direction; judged by `finite.judge`, so under
+    compares false in every direction but NE; judged by `finite.judge`, so under
     `--assume-no-overflow` where only an overflow could make one). FLOAT compares only
     (TOTALORDER orders -0 before +0)."""
     compare = defining_op(select.operands[0])

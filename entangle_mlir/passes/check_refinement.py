@@ -66,9 +66,10 @@ def _judged_finiteness(report: Report, finiteness: Finiteness) -> None:
         report.notes.append(f"{ASSUMING}{NO_OVERFLOW}: the rewrites at "
                             f"{', '.join(where[:3])}{more} rely on it")
         report.assume(NO_OVERFLOW)
-    elif not report.proven and any(not r.guard for r in finiteness.refusals):
+        return
+    refusals = [r for r in finiteness.refusals if not r.guard]
+    if not report.proven and refusals:
         first: dict[str, Diagnostic] = {}
-        refusals = [r for r in finiteness.refusals if not r.guard]
         for refusal in sorted(refusals, key=lambda r: not r.root):
             first.setdefault(refusal.message, Diagnostic(
                 "error", refusal.message, parse_location(refusal.location, refusal.file),
