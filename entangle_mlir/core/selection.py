@@ -1,6 +1,6 @@
 """Normal-form identities for selections over blocks: what the general tier needs to meet a
 program that picks per block and combines the candidates (a vocab-sharded argmax or top_k)
-with the reference's one selection over the whole dim. Used by `core/normal_form.py`.
+with the reference's one selection over the whole dim. Used by `core/normal_form/`.
 
 Every identity is exact on the values it is applied to (no NaN there: the blocks are shown
 finite by `term_interval`, so jax's comparators are total orders on (value, index)):
@@ -395,7 +395,7 @@ def take_top_k_indices(term: Term, concat: Concat) -> Term | None:
 def rewrite(term: Term, concat: Concat) -> Term | None:
     """The first of this module's identities that applies to `term` (its operands already in
     normal form), or None. `concat` builds a concatenation in normal form (the caller's
-    `make_concat`: passed in, as `normal_form.py` imports this module)."""
+    `make_concat`: passed in, as `core/normal_form/` imports this module)."""
     out = decided(term)
     for step in (pick_first_best, combine_blocks, top_k_of_blocks, take_top_k_indices):
         if out is not None:

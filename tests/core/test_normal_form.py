@@ -1,4 +1,4 @@
-"""Lemmas of `core/normal_form.py`: every identity it applies is proved by Z3 on small
+"""Lemmas of `core/normal_form/`: every identity it applies is proved by Z3 on small
 symbolic tensors of several shapes (the term before, written out with raw nodes the builders
 do not touch, against the normal form after), and a wrong variant of each (pieces swapped,
 rows off by one, contractions paired out of order) is refuted and left alone."""

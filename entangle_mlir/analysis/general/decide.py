@@ -1,6 +1,6 @@
 """Deciding one equality of the general tier exactly: two terms over the global inputs.
 
-In order: the same interned term; the same term after `core/normal_form.py`; the same once
+In order: the same interned term; the same term after `core/normal_form/`; the same once
 products with zero are dropped (`without_kept_zeros`: a proof only under --assume-no-overflow,
 since `0 * t` is NaN where `t` overflows; without it the reason says what was kept); Z3 on
 both terms at their real shapes (integers in their dtype's range, kept integer tables at

@@ -652,7 +652,7 @@ class Expansion(Walker):
     def _placed_instance(self, info: OpInfo, operands: list[Local], placed: Term) -> None:
         """The instance of an update at concrete offsets, stated with its plain structure
         (`update_slice(joined=False)`): the result's normal form equals it by
-        `core/normal_form.py`'s identities, which the decision trusts alike, while Z3 would
+        `core/normal_form/`'s identities, which the decision trusts alike, while Z3 would
         have to re-derive them (pipeline micro-batches met into one batch computation)."""
         inputs = [Rel(local.as_term(), ((),) * len(local.shape), scope=GLOBAL)
                   for local in operands]
