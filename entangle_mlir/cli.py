@@ -46,9 +46,10 @@ def main(argv: list[str] | None = None) -> int:
                             "behaviour: an online softmax's scores never overflow); a proof "
                             "that relies on it lists the assumption")
     check.add_argument("--general-budget", type=int, default=30, metavar="SECONDS",
-                       help="the general tier's wall-clock budget (default 30): expansion, "
-                            "decisions and its rule-instance checks; out of time is 'not "
-                            "proven'")
+                       help="the general tier's budget in CPU seconds (default 30): "
+                            "expansion, decisions and its rule-instance checks; out of time "
+                            "is 'not proven' (CPU time, so the verdict does not depend on "
+                            "the machine's load)")
     check.add_argument("--html", metavar="REPORT.html",
                        help="also write the report as one self-contained HTML page: both "
                             "programs side by side, each op coloured by its relation, the "

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+from entangle_mlir.analysis.budget import Budget
 from entangle_mlir.analysis.infer import Walk
 from entangle_mlir.core.diagnostics import Diagnostic
 from entangle_mlir.core.progress import Progress
@@ -54,7 +55,7 @@ def verify_walks(walks: dict[str, Walk], report: Report, budget_seconds: float =
     items = [(record.info, record.inputs, _outputs(record, name, inject_fault),
               walks[name].mesh if record.manual_axes else None) for name, record in checked]
     progress, position = None, 0
-    results = check_batch(items, jobs=jobs, deadline=start + budget_seconds)
+    results = check_batch(items, jobs=jobs, budget=Budget(budget_seconds))
     try:
         for (name, record), result in zip(checked, results):
             if progress is None or progress.label != _label(name):
@@ -113,7 +114,7 @@ def _record(report: Report, name: str, record, result, budget_seconds: float) ->
     if result is None:
         report.unchecked.append(UncheckedInstance(
             name, record.info.name, record.loc,
-            f"over the time budget of the rule checks ({budget_seconds:g} s)"))
+            f"over the time budget of the rule checks ({budget_seconds:g} CPU s)"))
         return "skipped"
     status = result.status if result.status in _STATUSES else "unknown"
     if status == "skipped":

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from entangle_mlir.analysis import solver
+from entangle_mlir.analysis.budget import Budget
 from entangle_mlir.analysis.instance import parallel
 from entangle_mlir.analysis.instance.checker import DEFAULT_CHECKER
 from entangle_mlir.driver import load_program
@@ -173,8 +174,8 @@ def test_a_hung_worker_is_stopped_and_its_queries_proved_here(pools, fresh_check
     assert not multiprocessing.active_children()
 
 
-def test_over_the_deadline_nothing_is_begun(pools, fresh_checker, tmp_path,
-                                            monkeypatch) -> None:
+def test_over_the_budget_nothing_is_begun(pools, fresh_checker, tmp_path,
+                                          monkeypatch) -> None:
     ref = EXAMPLES_MLIR / "megatron_mlp_tp4.ref.mlir"
     program = load_program(str(ref), str(ref.with_name("megatron_mlp_tp4.sharded.mlir")))
     state = PassState(program.sharded_module, program.sharded_file, program=program)
@@ -184,9 +185,40 @@ def test_over_the_deadline_nothing_is_begun(pools, fresh_checker, tmp_path,
               else None) for r in state.walks["sharded"].records if r.outputs]
     for jobs in (1, 2):
         DEFAULT_CHECKER.clear()
-        assert list(parallel.check_batch(items, jobs=jobs, deadline=0.0)) == [None] * len(items)
+        assert list(parallel.check_batch(items, jobs=jobs, budget=Budget(-1.0))) == [None] * len(items)
         assert not DEFAULT_CHECKER.stats or all(s.checks == 0
                                                 for s in DEFAULT_CHECKER.stats.values())
+
+
+def test_the_workers_cpu_time_is_counted_in_the_budget(pools, fresh_checker) -> None:
+    """A budget counts the CPU seconds the workers report for the queries taken (in order), so
+    where it runs out does not depend on `jobs`: serially every query's time is this process's
+    own, in a pool the workers' reports stand for it."""
+    ref = EXAMPLES_MLIR / "megatron_mlp_tp4.ref.mlir"
+    program = load_program(str(ref), str(ref.with_name("megatron_mlp_tp4.sharded.mlir")))
+    state = PassState(program.sharded_module, program.sharded_file, program=program)
+    with context():
+        run_pipeline(parse_pipeline(_WALK, PASSES), state)
+    items = [(r.info, r.inputs, r.outputs, state.walks["sharded"].mesh if r.manual_axes
+              else None) for r in state.walks["sharded"].records if r.outputs]
+    DEFAULT_CHECKER.clear()
+    budget = Budget(3600.0)
+    results = list(parallel.check_batch(items, jobs=2, budget=budget))
+    assert pools.started and all(r is not None for r in results)
+    assert budget.spent_elsewhere > 0.0
+
+
+def test_a_budget_counts_cpu_time_not_waiting() -> None:
+    """Sleeping spends no CPU time; working does; time spent elsewhere is added."""
+    budget = Budget(0.05)
+    time.sleep(0.2)
+    assert not budget.over()
+    budget.spend(0.04)
+    assert not budget.over()
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:
+        pass
+    assert budget.over() and budget.spent() >= 0.09
 
 
 @pytest.mark.parametrize("cores,load,jobs", [

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from entangle_mlir.analysis.budget import Budget
 from entangle_mlir.analysis.general import MAX_DEVICES
 from entangle_mlir.analysis.general.decide import Decider, Decision
 from entangle_mlir.analysis.general.expand import Expansion, Instance, NotExpanded
@@ -91,10 +92,8 @@ def general_tier(program: Program, reference: Walk | None = None, *,
     `prove_only`: only whether it is proven matters (`repair.py` tries many edits): a value
     not proven is neither decided block by block nor its refutation grounded."""
     start = time.perf_counter()
-
-    def out_of_time() -> bool:
-        return time.perf_counter() - start > budget_seconds
-
+    budget = Budget(budget_seconds)
+    out_of_time = budget.over
     if reference is None or not _plain(reference):
         reference = Walker(program.ref_func, program.ref_module, program.ref_file).run()
     wants = reference.outputs
@@ -157,12 +156,10 @@ def general_tier(program: Program, reference: Walk | None = None, *,
             if result.refuted:
                 result.output = output
                 if verify_rules:
-                    _trust_refutation(result, expansion, reference, start, budget_seconds,
-                                      jobs)
+                    _trust_refutation(result, expansion, reference, start, budget, jobs)
             return result
         assumptions.extend(a for a in decision.assumptions if a not in assumptions)
-    problem = _check_instances(expansion, reference, start, budget_seconds, jobs) \
-        if verify_rules else ""
+    problem = _check_instances(expansion, reference, budget, jobs) if verify_rules else ""
     stats = _stats(expansion, start)
     stats["decisions"] = decided
     if problem:
@@ -208,20 +205,20 @@ def _not_proven(decision: Decision, what: str, against: str, loc, devices: int,
 
 
 def _trust_refutation(result: GeneralResult, expansion: Expansion, reference: Walk,
-                      start: float, budget: float, jobs: int | None) -> None:
+                      start: float, budget: Budget, jobs: int | None) -> None:
     """A refutation rests on the same terms a proof would: every rule instance they were
     built from is checked (`_check_instances`); where one is refuted or inconclusive, or time
     runs out, the terms may not compute what the programs do, so nothing is refuted (the
     reason says why)."""
-    problem = _check_instances(expansion, reference, start, budget, jobs)
+    problem = _check_instances(expansion, reference, budget, jobs)
     result.stats = _stats(expansion, start)
     if problem:
         result.refuted, result.counterexample, result.inputs = False, None, None
         result.reason += f"; not claimed: {problem}"
 
 
-def _check_instances(expansion: Expansion, reference: Walk, start: float,
-                     budget: float, jobs: int | None) -> str:
+def _check_instances(expansion: Expansion, reference: Walk, budget: Budget,
+                     jobs: int | None) -> str:
     """Every rule instance the proof rests on, checked by Z3 (global scope): the reference
     walk's, those of the sharded function outside manual computations, and the expansion's
     (identical ones once: the checker caches them). '' when none is refuted or inconclusive,
@@ -243,7 +240,7 @@ def _check_instances(expansion: Expansion, reference: Walk, start: float,
     unchecked: list[UncheckedInstance] = []
     expansion.unchecked = unchecked
     results = check_batch([(i.info, i.inputs, i.outputs, None) for _, i in walked], jobs=jobs,
-                          deadline=start + budget)
+                          budget=budget)
     try:
         for (walk, instance), result in zip(walked, results):
             if result is None:

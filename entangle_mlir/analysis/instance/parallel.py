@@ -31,6 +31,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 
+from entangle_mlir.analysis.budget import Budget
 from entangle_mlir.analysis.instance.checker import (
     DEFAULT_CHECKER,
     InstanceChecker,
@@ -64,8 +65,7 @@ costs vary a hundredfold)."""
 _FORK_WARNING = r".*(fork\(\) was called|multi-threaded, use of fork\(\))"
 
 _JOBS: list[Pending] = []
-_DEADLINE: float | None = None
-"""What forked workers read: the pending queries of the current batch and its deadline."""
+"""What forked workers read: the pending queries of the current batch."""
 
 
 def available_cores() -> int:
@@ -98,32 +98,33 @@ def can_fork() -> bool:
 
 
 def check_batch(items: Sequence[Item], *, jobs: int | None = None,
-                deadline: float | None = None,
+                budget: Budget | None = None,
                 checker: InstanceChecker | None = None) -> Iterator[ProofResult | None]:
     """The result of each instance, in order, as `checker.check` gives it (default: the
-    module-wide checker); None for an instance not begun by `deadline` (a `perf_counter`
-    time): over the caller's time budget. `jobs`: worker processes (None or 0: `free_cores`;
-    1: serial, in this process)."""
+    module-wide checker); None for an instance not checked within `budget` (CPU seconds:
+    this process's and those the workers report for the queries taken so far, in order, so
+    where the budget ends does not depend on the machine's load nor on `jobs`).
+    `jobs`: worker processes (None or 0: `free_cores`; 1: serial, in this process)."""
     checker = checker or DEFAULT_CHECKER
     workers = resolve_jobs(jobs)
     if workers <= 1 or checker.budget_s is not None or len(items) < MIN_PARALLEL \
             or not can_fork():
-        yield from _serial(items, deadline, checker)
+        yield from _serial(items, budget, checker)
         return
-    yield from _parallel(items, deadline, checker, workers)
+    yield from _parallel(items, budget, checker, workers)
 
 
-def _over(deadline: float | None) -> bool:
-    return deadline is not None and time.perf_counter() > deadline
+def _over(budget: Budget | None) -> bool:
+    return budget is not None and budget.over()
 
 
-def _serial(items: Sequence[Item], deadline: float | None, checker: InstanceChecker
+def _serial(items: Sequence[Item], budget: Budget | None, checker: InstanceChecker
             ) -> Iterator[ProofResult | None]:
     for info, ins, outs, mesh in items:
-        yield None if _over(deadline) else checker.check(info, ins, outs, mesh)
+        yield None if _over(budget) else checker.check(info, ins, outs, mesh)
 
 
-def _parallel(items: Sequence[Item], deadline: float | None, checker: InstanceChecker,
+def _parallel(items: Sequence[Item], budget: Budget | None, checker: InstanceChecker,
               workers: int) -> Iterator[ProofResult | None]:
     """Plan every instance here, prove the distinct pending queries in a pool, finish in
     order (see the module's docstring)."""
@@ -133,7 +134,7 @@ def _parallel(items: Sequence[Item], deadline: float | None, checker: InstanceCh
     first: dict = {}  # proof-cache key -> its query's index (later ones are duplicates)
     jobs: list[Pending] = []
     for info, ins, outs, mesh in items:
-        if _over(deadline):
+        if _over(budget):
             break
         p = checker.plan(info, ins, outs, mesh)
         planned.append(p)
@@ -149,7 +150,7 @@ def _parallel(items: Sequence[Item], deadline: float | None, checker: InstanceCh
                 if key is not None:
                     first[key] = job
         job_of.append(job)
-    results = _Results(jobs, deadline, workers)
+    results = _Results(jobs, budget, workers)
     try:
         for index, p in enumerate(planned):
             if isinstance(p.outcome, ProofResult) or known[index] is not None:
@@ -161,12 +162,14 @@ def _parallel(items: Sequence[Item], deadline: float | None, checker: InstanceCh
                 if hit is not None:
                     yield checker.finish(p, hit)
                     continue
-            outcome = results.get(job, p.outcome)
+            outcome = None if _over(budget) else results.get(job, p.outcome)
             if outcome is None:
-                p.stats.checks -= 1  # never begun: not a check
+                p.stats.checks -= 1  # not taken within the budget: not a check
                 yield None
                 continue
-            result, dumps, seconds = outcome
+            result, dumps, seconds, cpu = outcome
+            if budget is not None:
+                budget.spend(cpu)
             for name, text in dumps:
                 write_dump(name, text)
             yield checker.finish(p, result, seconds)
@@ -182,9 +185,9 @@ class _Results:
     when the pool cannot start, a worker dies, or one hangs past any query's budget (the
     workers are then stopped)."""
 
-    def __init__(self, jobs: list[Pending], deadline: float | None, workers: int) -> None:
+    def __init__(self, jobs: list[Pending], budget: Budget | None, workers: int) -> None:
         self.jobs = jobs
-        self.deadline = deadline
+        self.budget = budget
         self.taken: set[int] = set()
         self.chunks: list[tuple[list[int], Future]] = []
         self.where: dict[int, tuple[int, int]] = {}  # query -> (its chunk, its place there)
@@ -192,8 +195,8 @@ class _Results:
         sizes = [instance_size(p.info, p.ins, p.outs) for p in jobs]
         if sum(sizes) < MIN_PARALLEL_WORK:
             return
-        global _JOBS, _DEADLINE
-        _JOBS, _DEADLINE = jobs, deadline
+        global _JOBS
+        _JOBS = jobs
         size = max(1, min(CHUNK_MAX, len(jobs) // (workers * 16)))
         # the largest first (a query's time grows with its tensors' size): one large query
         # begun last would keep one worker busy while the other has nothing left
@@ -217,7 +220,8 @@ class _Results:
             gc.unfreeze()
 
     def get(self, job: int, pending: Pending):
-        """(result, dumps, seconds) of query `job`, or None if not begun by the deadline."""
+        """(result, dumps, seconds, worker CPU seconds) of query `job`, or None when the
+        budget ran out before it could be proved here."""
         if job in self.taken or not self.chunks:
             return self._here(pending)
         self.taken.add(job)
@@ -230,10 +234,10 @@ class _Results:
             return self._here(pending)
 
     def _here(self, pending: Pending):
-        if _over(self.deadline):
+        if _over(self.budget):
             return None
         start = time.perf_counter()
-        return run_pending(pending), [], time.perf_counter() - start
+        return run_pending(pending), [], time.perf_counter() - start, 0.0
 
     def _stop(self) -> None:
         """Give up on the pool: stop its workers; the rest is proved here."""
@@ -248,11 +252,11 @@ class _Results:
         """Stop the pool: its workers are gone when every query was answered; when the
         caller stopped early, the queries not begun are cancelled (the running ones end on
         their own)."""
-        global _JOBS, _DEADLINE
+        global _JOBS
         if self.pool is not None:
             done = all(future.done() for _, future in self.chunks)
             self.pool.shutdown(wait=done, cancel_futures=not done)
-        _JOBS, _DEADLINE = [], None
+        _JOBS = []
 
 
 def patience(jobs: list[Pending]) -> float:
@@ -263,14 +267,12 @@ def patience(jobs: list[Pending]) -> float:
 
 
 def _run_chunk(part: list[int]) -> list:
-    """In a worker: prove these queries of the batch it was forked with."""
+    """In a worker: prove these queries of the batch it was forked with (each with its wall
+    and CPU seconds; the budget is kept by the process that reads them, in order)."""
     out: list = []
     for job in part:
-        if _over(_DEADLINE):
-            out.append(None)
-            continue
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         with capture_dumps() as dumps:
             result = run_pending(_JOBS[job])
-        out.append((result, dumps, time.perf_counter() - start))
+        out.append((result, dumps, time.perf_counter() - start, time.process_time() - cpu))
     return out
