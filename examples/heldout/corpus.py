@@ -45,6 +45,11 @@ SOURCES = {
     "flax_guide": "Flax's sharding guides (flax.readthedocs.io/en/latest/guides/flax_gspmd.html)",
     "maxtext_style": "MaxText / Levanter / Megatron-style layers written in JAX",
     "xla_partitioned": "jit with shardings: XLA's per-device program (check_partitioned's path)",
+    "training_steps": ("ZeRO-1/2/3 Adam, optax global-norm clipping, Megatron sequence-parallel "
+                       "norm grads, DP x TP SGD"),
+    "parallel_layers": ("MaxText GQA, tensor-parallel norms and softmax, flash-decoding, sorted "
+                        "MoE, Megatron MLP/LM head, rings, halos, prefix sums, lax docs' "
+                        "collectives"),
 }
 """The module of each source and what it follows (the README table's rows)."""
 
@@ -127,11 +132,12 @@ def examples() -> tuple[Example, ...]:
 
 @functools.cache
 def _examples() -> tuple[Example, ...]:
-    from . import flax_guide, jax_docs, jax_tests, maxtext_style, scaling_book, xla_partitioned
+    from . import (flax_guide, jax_docs, jax_tests, maxtext_style, parallel_layers,
+                   scaling_book, training_steps, xla_partitioned)
 
     out: list[Example] = []
     for module in (jax_docs, jax_tests, scaling_book, flax_guide, maxtext_style,
-                   xla_partitioned):
+                   xla_partitioned, training_steps, parallel_layers):
         found = module.programs()
         assert all(e.source == module.__name__.rsplit(".", 1)[-1] for e in found), module
         out += found
