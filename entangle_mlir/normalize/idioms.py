@@ -38,6 +38,11 @@ semantics), so it is sound on any program, and it puts both programs in the same
   `abs(v)` is `v` where the ranges (`bounds.py`) show m finite and v nonnegative (the max
   guard and the `log(abs(.))` of `jax.nn.logsumexp`).
 
+* a shard's softmax accumulator moved to a common shift (flash-decoding's combine over a KV
+  cache split between devices): `F(exp(y - m)) * exp(m - M)`, m the row max of y (F a sum or
+  a contraction over one dim of y), is `F(exp(y - M))`, whatever M is (the pmax of every
+  shard's m): then the shards' psums add up terms of one shift, as the softmax's.
+
 * online softmax (flash and ring attention): a running max `max(m, reduce_max(s_i))` and
   accumulators rescaled by `exp(m_old - m_new)` as blocks of scores s_i arrive are the max,
   the exp-sum and the weighted sum over the blocks' concatenation (`concatenate(s_0, ...)`,
@@ -130,7 +135,8 @@ def drop_identity_converts(module: ir.Module, ops: list | None = None) -> int:
 
 REWRITES = {
     "stablehlo.reduce": lambda op: _gathered_sum(op) or _gathered_argmax(op),
-    "stablehlo.multiply": lambda op: _rescaled_exp_sum(op) or _masked_product(op),
+    "stablehlo.multiply": lambda op: (_rescaled_exp_sum(op) or _masked_product(op)
+                                      or _shift_moved(op)),
     "stablehlo.add": lambda op: _shifted_lse(op) or _online_sum(op),
     "stablehlo.maximum": lambda op: _online_max(op),
     "stablehlo.concatenate": lambda op: _sink_concat(op),
@@ -935,6 +941,51 @@ def _accumulate(add: ir.Operation, acc_value, rescale, cur_value, cur: Accumulat
         set_operand(core, 1 - cur.side, concat_blocks([prev.v, cur.v], cur.dv, core))
     _replace_through_views(add, core.results[0], cur.views)
     return 1
+
+
+def _shift_moved(mul: ir.Operation) -> int:
+    """`F(exp(y - m)) * views(exp(m - M))` is `F(exp(y - M))` (F a sum over d, possibly
+    against values v: an `Accumulated`), M any value of m's shape: the rescale moves the
+    shift of every term from m to M. Flash-decoding spells its combine so, each device's
+    accumulators over its block of the KV cache rescaled to the pmax of the devices' maxima
+    before the psum. The index maps must say that every element is rescaled by the difference
+    of the very shift its terms carry.
+
+    Exact in real arithmetic (`exp(a - m) exp(m - M) = exp(a - M)`, F linear). In floating
+    point, under the conditions `_online_sum` states for its first step (the same product):
+    m is the row max of y itself (`_row_max_of`: every term exp(y - m) is in [0, 1] and
+    each row holds a 1, so exp(m - M) is the largest rewritten term, and over- or underflows
+    only where they all do) and every row of y holds an element above -inf (`rows_finite`:
+    else m = -inf and the program is NaN where the softmax is finite; scores of unbounded
+    inputs may overflow to -inf, so this is refused unless under --assume-no-overflow)."""
+    for x, r in ((0, 1), (1, 0)):
+        root, chain = root_of(mul.operands[r], MOVES_AND_TRANSPOSES)
+        if not is_exp_of_sub(root):
+            continue
+        old, new = defining_op(defining_op(root).operands[0]).operands
+        acc = Accumulated(mul.operands[x])
+        if not acc.ok or acc.m != old or shape_of(root) != shape_of(acc.m):
+            continue
+        index = index_map(root, chain)
+        if index is None or index.shape != acc.index.shape or not (index == acc.index).all():
+            continue
+        kept = [k for k in range(len(shape_of(acc.y))) if k != acc.d]
+        if len(shape_of(acc.m)) != len(kept) or not _row_max_of(acc):
+            continue
+        running = defining_op(acc.m)
+        if not rows_finite(acc.y, acc.d, mul if running is None else running,
+                           running_max_refusal(acc.y)):
+            continue
+        element = ir.RankedTensorType(acc.y.type).element_type
+        with ir.InsertionPoint(mul), mul.location:
+            shift = stablehlo.BroadcastInDimOp(
+                ir.RankedTensorType.get(shape_of(acc.y), element), new, kept).result
+            exp_new = stablehlo.ExpOp(stablehlo.SubtractOp(acc.y, shift).result).result
+        core = acc.core.clone(ir.InsertionPoint(mul))
+        set_operand(core, acc.side, exp_new)
+        _replace_through_views(mul, core.results[0], acc.views)
+        return 1
+    return 0
 
 
 def running_max_refusal(scores) -> str:

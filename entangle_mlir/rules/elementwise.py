@@ -63,6 +63,7 @@ _SCALAR_OPS = {
     "stablehlo.minimum": min,
     "stablehlo.negate": lambda a: -a,
     "stablehlo.abs": abs,
+    "stablehlo.sign": lambda a: (a > 0) - (a < 0),
     "stablehlo.and": lambda a, b: a & b,
     "stablehlo.or": lambda a, b: a | b,
     "stablehlo.xor": lambda a, b: a ^ b,
