@@ -140,7 +140,7 @@ REWRITES = {
     "stablehlo.add": lambda op: _shifted_lse(op) or _online_sum(op),
     "stablehlo.maximum": lambda op: _online_max(op),
     "stablehlo.concatenate": lambda op: _sink_concat(op),
-    "stablehlo.divide": lambda op: _normalized_after(op),
+    "stablehlo.divide": lambda op: _normalized_after(op) or _division_under_sum(op),
     "stablehlo.select": lambda op: (_nested_select(op) or _finite_guard(op)
                                     or _decided_select(op)),
     "stablehlo.abs": lambda op: _nonnegative_abs(op),
@@ -957,7 +957,12 @@ def _shift_moved(mul: ir.Operation) -> int:
     each row holds a 1, so exp(m - M) is the largest rewritten term, and over- or underflows
     only where they all do) and every row of y holds an element above -inf (`rows_finite`:
     else m = -inf and the program is NaN where the softmax is finite; scores of unbounded
-    inputs may overflow to -inf, so this is refused unless under --assume-no-overflow)."""
+    inputs may overflow to -inf, so this is refused unless under --assume-no-overflow).
+
+    A rescaled accumulator added to the next block's (an online softmax's step) is left to
+    `_online_sum`, which folds the step whole."""
+    if any(use.owner.name == "stablehlo.add" for use in mul.results[0].uses):
+        return 0
     for x, r in ((0, 1), (1, 0)):
         root, chain = root_of(mul.operands[r], MOVES_AND_TRANSPOSES)
         if not is_exp_of_sub(root):
@@ -1151,12 +1156,14 @@ def _normalized_after(divide: ir.Operation) -> int:
     """`views(F(exp(y - m))) / den` with `den = reduce_add(exp(y - m), d)` (F contracting d
     with values v, the accumulated online softmax divided by its accumulated denominator at
     the end) is `views(F(exp(y - m) / den))`, the softmax's probabilities against v, as a
-    plain attention computes it. Exact: den is constant along d, the contracted dim."""
+    plain attention computes it. Exact: den is constant along d, the contracted dim. The
+    denominator may be summed over devices (`all_reduce` add: flash-decoding's combine,
+    after `_division_under_sum`): still constant along d."""
     acc = Accumulated(divide.operands[0])
     if not acc.ok or acc.v is None:
         return 0
     root, chain = root_of(divide.operands[1], MOVES_AND_TRANSPOSES)
-    den = Accumulated(root)
+    den = Accumulated(_summed_over_devices(root))
     if not den.ok or den.v is not None or den.m != acc.m or den.d != acc.d:
         return 0
     if not same_value(den.y, acc.y, 12) or shape_of(root) != shape_of(acc.m):
@@ -1181,4 +1188,38 @@ def _normalized_after(divide: ir.Operation) -> int:
     core = acc.core.clone(ir.InsertionPoint(divide))
     set_operand(core, acc.side, probs)
     _replace_through_views(divide, core.results[0], acc.views)
+    return 1
+
+
+def _summed_over_devices(value):
+    """The operand of `value`'s producer when that is a one-operand all_reduce sum; else
+    `value`."""
+    op = defining_op(value)
+    if op is not None and op.name == "stablehlo.all_reduce" and len(op.operands) == 1 and (
+            reducer_kind(op) == "add"):
+        return op.operands[0]
+    return value
+
+
+def _division_under_sum(divide: ir.Operation) -> int:
+    """`all_reduce_add(x) / d` is `all_reduce_add(x / d)` where d holds the same value on
+    every device the all_reduce sums over (`_same_on_group`: read off an all_reduce over the
+    same replica groups, as flash-decoding divides its psum'd output by its psum'd
+    denominator). Exact in real arithmetic (a sum of quotients by one divisor); in floating
+    point the regrouping of a product over a sum every proof assumes, at a division the
+    verifier takes where it is defined (d nonzero)."""
+    collective = defining_op(divide.operands[0])
+    if collective is None or collective.name != "stablehlo.all_reduce" or len(
+            collective.operands) != 1 or reducer_kind(collective) != "add":
+        return 0
+    if len(list(collective.results[0].uses)) != 1:
+        return 0
+    if not _same_on_group(divide.operands[1], collective):
+        return 0
+    with ir.InsertionPoint(divide), divide.location:
+        local = stablehlo.DivOp(collective.operands[0], divide.operands[1]).result
+    summed = collective.clone(ir.InsertionPoint(divide))
+    set_operand(summed, 0, local)
+    replace_uses(divide.results[0], summed.results[0])
+    erase_and_prune(divide)
     return 1

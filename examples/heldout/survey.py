@@ -42,6 +42,9 @@ REASONS: list[tuple[str, str, str]] = [
     (r"equal assuming no intermediate overflow", ("equal only where no value overflows "
      "(jax's is_finite guard of a max against an unguarded shift): proven with "
      "--assume-no-overflow"), "needs an assumption"),
+    (r"pass --assume-no-overflow", ("a rewrite refused where a value may overflow (an online "
+     "softmax's shift -inf on a whole block of overflowing scores): proven with "
+     "--assume-no-overflow"), "needs an assumption"),
     (r"all_gather over .* of a partial (max|min)", ("per-device answers (argmax, top-k "
      "candidates) gathered by design called a gather of a partial max"), "claims a bug"),
     (r"the layout tier does not relate per-block answers",
