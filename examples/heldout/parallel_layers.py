@@ -24,7 +24,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from .corpus import Example, f32, ids, program
+from .corpus import Arg, Example, f32, ids, program
 
 TP4 = (("tp", 4),)
 SP4 = (("sp", 4),)
@@ -371,6 +371,119 @@ def all_to_all_untiled_reversed(x):
     return lax.all_to_all(x[::-1], "i", split_axis=0, concat_axis=0, tiled=False)  # BUG
 
 
+# ----- one-hot embedding over vocab shards (MaxText's TPU lookup), int8 TP matmul --------------
+
+def one_hot_embed(token_ids, table):
+    n = table.shape[0]
+    local = token_ids - lax.axis_index("tp") * n
+    return lax.psum(jax.nn.one_hot(local, n, dtype=table.dtype) @ table, "tp")
+
+
+def one_hot_embed_global_ids(token_ids, table):
+    n = table.shape[0]
+    return lax.psum(jax.nn.one_hot(token_ids, n, dtype=table.dtype) @ table, "tp")  # BUG
+
+
+def embed_ref(token_ids, table):
+    return table[token_ids]
+
+
+def int8_matmul_ref(x, w):
+    return x.astype(jnp.int32) @ w.astype(jnp.int32)
+
+
+def int8_matmul_tp(x, w):
+    """AQT-style int8 row-parallel matmul: int32 accumulation, psum in int32."""
+    return lax.psum(jnp.matmul(x, w, preferred_element_type=jnp.int32), "tp")
+
+
+def int8_matmul_tp_int8_psum(x, w):
+    partial = jnp.matmul(x, w, preferred_element_type=jnp.int32)
+    return lax.psum(partial.astype(jnp.int8), "tp").astype(jnp.int32)  # BUG
+
+
+# ----- sequence-parallel cross-entropy with ignored labels (-100) --------------------------------
+
+def masked_ce_ref(logits, labels):
+    valid = labels >= 0
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    picked = jnp.take_along_axis(logp, jnp.maximum(labels, 0)[..., None], axis=-1)[..., 0]
+    return -jnp.sum(jnp.where(valid, picked, 0.0)) / jnp.sum(valid)
+
+
+def _masked_ce_sp(logits, labels, *, global_count: bool):
+    valid = labels >= 0
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    picked = jnp.take_along_axis(logp, jnp.maximum(labels, 0)[..., None], axis=-1)[..., 0]
+    total = -jnp.sum(jnp.where(valid, picked, 0.0))
+    if global_count:
+        return lax.psum(total, "sp") / lax.psum(jnp.sum(valid), "sp")
+    return lax.pmean(total / jnp.sum(valid), "sp")
+
+
+def masked_ce_sp(logits, labels):
+    return _masked_ce_sp(logits, labels, global_count=True)
+
+
+def masked_ce_sp_mean_of_means(logits, labels):
+    return _masked_ce_sp(logits, labels, global_count=False)  # BUG
+
+
+def _ignored_labels():
+    """Labels with a different number of ignored (-100) tokens on each sequence shard."""
+    rng = np.random.default_rng(11)
+    logits = rng.standard_normal((2, 16, 32)).astype(np.float32)
+    labels = rng.integers(0, 32, (2, 16)).astype(np.int32)
+    labels[:, :3] = -100
+    labels[0, 8:10] = -100
+    logits[:, 3, :] = 0.0
+    logits[np.arange(2), 3, labels[:, 3]] = -20.0  # the few kept tokens of shard 0: large losses
+    return [[logits, labels]]
+
+
+def _labels(shape, spec, high):
+    return ids(shape, spec, high)
+
+
+# ----- sliding-window causal attention under context parallelism ------------------------------
+
+WINDOW = 6
+
+
+def _windowed(q, k, v, q_pos, k_pos):
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.float32(np.sqrt(q.shape[-1]))
+    ok = (q_pos[:, None] >= k_pos[None, :]) & (q_pos[:, None] - k_pos[None, :] < WINDOW)
+    scores = jnp.where(ok, scores, -1e9)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+
+
+def window_attention_ref(q, k, v):
+    pos = jnp.arange(q.shape[1])
+    return _windowed(q, k, v, pos, pos)
+
+
+def _window_cp(q, k, v, *, strict: bool):
+    s = q.shape[1]
+    k = lax.all_gather(k, "sp", axis=1, tiled=True)
+    v = lax.all_gather(v, "sp", axis=1, tiled=True)
+    q_pos = lax.axis_index("sp") * s + jnp.arange(s)
+    k_pos = jnp.arange(k.shape[1])
+    if strict:
+        return _windowed(q, k, v, q_pos, k_pos)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / np.float32(np.sqrt(q.shape[-1]))
+    ok = (q_pos[:, None] >= k_pos[None, :]) & (q_pos[:, None] - k_pos[None, :] <= WINDOW)  # BUG
+    scores = jnp.where(ok, scores, -1e9)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
+
+
+def window_attention_cp(q, k, v):
+    return _window_cp(q, k, v, strict=True)
+
+
+def window_attention_cp_window_off_by_one(q, k, v):
+    return _window_cp(q, k, v, strict=False)
+
+
 # ----- the corpus -----------------------------------------------------------------------------
 
 def _inputs_far_apart():
@@ -418,7 +531,37 @@ def programs() -> list[Example]:
     halo = "halo exchange for a 3-point stencil: non-cyclic ppermute (edges receive zeros)"
     cs = ("exclusive prefix sum across devices (token offsets): local cumsum + sum of the "
           "earlier devices' totals from an all_gather")
-    return [
+    emb = (ids((4, 8), P(), 64), f32((64, 16), P("tp", None)))
+    i8 = (Arg((8, 32), P(None, "tp"), "int8", "ids", 100), Arg((32, 16), P("tp", None), "int8",
+                                                                "ids", 100))
+    ce = (f32((2, 16, 32), P(None, "sp", None)), _labels((2, 16), P(None, "sp"), 32))
+    qkv = tuple(f32((2, 16, 4, 8), P(None, "sp", None, None)) for _ in range(3))
+    oh = ("MaxText's one-hot embedding lookup over vocab shards: one_hot(ids - start) @ table, "
+          "psum (out-of-shard ids give zero rows)")
+    q8 = ("AQT-style int8 row-parallel matmul: int32 accumulation "
+          "(preferred_element_type), psum in int32")
+    mc = ("sequence-parallel cross-entropy with ignored labels (-100): psum of the loss sum "
+          "over psum of the valid-token count")
+    wa = ("sliding-window causal attention under context parallelism (all-gathered K/V, "
+          "window mask at global positions)")
+    extra = [
+        _p("one_hot_embed", TP4, embed_ref, one_hot_embed, emb, P(), oh),
+        _p("one_hot_embed", TP4, embed_ref, one_hot_embed_global_ids, emb, P(), oh,
+           bug="ids_not_shifted_to_shard"),
+        _p("int8_matmul_tp", TP4, int8_matmul_ref, int8_matmul_tp, i8, P(), q8),
+        _p("int8_matmul_tp", TP4, int8_matmul_ref, int8_matmul_tp_int8_psum, i8, P(), q8,
+           bug="partials_narrowed_to_int8"),
+        _p("masked_ce_sp", SP4, masked_ce_ref, masked_ce_sp, ce, P(), mc,
+           chosen=_ignored_labels),
+        _p("masked_ce_sp", SP4, masked_ce_ref, masked_ce_sp_mean_of_means, ce, P(), mc,
+           bug="mean_of_shard_means", chosen=_ignored_labels),
+        _p("window_attention_cp", SP4, window_attention_ref, window_attention_cp, qkv,
+           P(None, "sp", None, None), wa),
+        _p("window_attention_cp", SP4, window_attention_ref,
+           window_attention_cp_window_off_by_one, qkv, P(None, "sp", None, None), wa,
+           bug="window_off_by_one"),
+    ]
+    return extra + [
         _p("gqa_tp", DP_TP, gqa_ref, gqa_tp, gqa, P("dp", None, None), g),
         _p("gqa_tp", DP_TP, gqa_ref, gqa_tp_kv_tiled, gqa, P("dp", None, None), g,
            bug="kv_heads_tiled_not_repeated"),

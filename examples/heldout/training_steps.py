@@ -229,6 +229,33 @@ def dp_tp_sgd_psum_not_pmean(w1, w2, x, y):
     return _dp_tp_sgd(w1, w2, x, y, reduce=lax.psum)  # BUG
 
 
+# ----- FSDP over scanned layers (MaxText scan_layers): gather each layer inside the scan --------
+
+def _stack_loss(ws, x, y, gather):
+    def layer(h, w):
+        return jnp.tanh(h @ gather(w)), None
+
+    h, _ = lax.scan(layer, x, ws)
+    return jnp.sum((h - y) ** 2) / x.shape[0]
+
+
+def scanned_grads_ref(ws, x, y):
+    return jax.grad(_stack_loss)(ws, x, y, lambda w: w)
+
+
+def _scanned_fsdp_grads(ws, x, y, reduce):
+    gather = lambda w: lax.all_gather(w, "fsdp", axis=0, tiled=True)  # noqa: E731
+    return jax.grad(lambda p: reduce(_stack_loss(p, x, y, gather), "fsdp"))(ws)
+
+
+def scanned_fsdp_grads(ws, x, y):
+    return _scanned_fsdp_grads(ws, x, y, lax.pmean)
+
+
+def scanned_fsdp_grads_loss_psummed(ws, x, y):
+    return _scanned_fsdp_grads(ws, x, y, lax.psum)  # BUG
+
+
 # ----- the corpus -----------------------------------------------------------------------------
 
 def programs() -> list[Example]:
@@ -258,7 +285,15 @@ def programs() -> list[Example]:
     s = ("Megatron-LM sequence parallelism: RMSNorm on sequence shards, norm-weight and "
          "projection gradients all-reduced over tp (Megatron-LM issue #443)")
     d = "data x tensor parallel SGD step: Megatron MLP (psum over model) under jax.grad, pmean over data"
+    scan = (f32((3, 16, 16), P(None, "fsdp", None), "weight"), f32((32, 16), P("fsdp")),
+            f32((32, 16), P("fsdp")))
+    sc = ("FSDP over scanned layers (MaxText scan_layers): jax.grad of the pmean'd loss, each "
+          "layer's weight all_gather'd inside lax.scan")
     return [
+        _p("scanned_fsdp_grads", FSDP4, scanned_grads_ref, scanned_fsdp_grads, scan,
+           P(None, "fsdp", None), sc),
+        _p("scanned_fsdp_grads", FSDP4, scanned_grads_ref, scanned_fsdp_grads_loss_psummed,
+           scan, P(None, "fsdp", None), sc, bug="loss_psummed_not_pmeaned", check_vma=True),
         _p("zero_adam", DATA4, adam_step_ref, zero_adam, zero, zero_out, z, check_vma=False),
         _p("zero_adam", DATA4, adam_step_ref, zero_adam_summed, zero, zero_out, z,
            bug="grads_summed_not_averaged"),
