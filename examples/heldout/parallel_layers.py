@@ -481,7 +481,7 @@ def window_attention_cp(q, k, v):
 
 
 def window_attention_cp_window_off_by_one(q, k, v):
-    return _window_cp(q, k, v, strict=False)
+    return _window_cp(q, k, v, strict=False)  # the bug is in _window_cp
 
 
 # ----- the corpus -----------------------------------------------------------------------------
@@ -559,7 +559,7 @@ def programs() -> list[Example]:
            P(None, "sp", None, None), wa),
         _p("window_attention_cp", SP4, window_attention_ref,
            window_attention_cp_window_off_by_one, qkv, P(None, "sp", None, None), wa,
-           bug="window_off_by_one"),
+           bug="window_off_by_one", bug_fn=_window_cp),
     ]
     return extra + [
         _p("gqa_tp", DP_TP, gqa_ref, gqa_tp, gqa, P("dp", None, None), g),
