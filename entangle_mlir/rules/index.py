@@ -117,7 +117,8 @@ def dynamic_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list
             continue
         axes, closest = _match_axes(ctx.mesh, offsets, size, free, x.term.shape[d])
         if axes is None:
-            return [_wrong_offset(d, offsets, size, closest, ctx)]
+            return [_pending_reduction(d, offsets, size, x, ctx)
+                    or _wrong_offset(d, offsets, size, closest, ctx)]
         free = [a for a in free if a not in axes]
         tiling[d] = axes
         lo[d], hi[d] = 0, size * ctx.mesh.group_size(axes)
@@ -163,6 +164,22 @@ def _symbolic_dynamic_slice(info: OpInfo, x: Rel, starts: list[Value],
                   for d, (axes, size) in enumerate(zip(x.tiling, sizes)))
     term = intern("dynamic_slice", (x.term, *offsets), (shape,), shape, x.term.dtype)
     return replace(x, term=term)
+
+
+def _pending_reduction(dim: int, offsets, size: int, x: Rel, ctx: RuleContext
+                       ) -> Opaque | None:
+    """Offsets that are the blocks of the axes `x` is still a partial sum over: each device
+    picks its block of a value the reduction never finished (ZeRO's shard of a gradient that
+    was not psum_scatter'd). None where the offsets are no such blocks."""
+    if not x.partial:
+        return None
+    axes, _ = _match_axes(ctx.mesh, offsets, size, list(x.partial), x.term.shape[dim])
+    if axes is None:
+        return None
+    return Opaque(f"dynamic_slice picks each device's block along dim {dim} (offset = {size} "
+                  f"* axis_index({axes_str(axes)})) of a value that is still a partial "
+                  f"{x.kind} over {axes_str(x.partial)}: missing psum_scatter/psum before it",
+                  category="missing_reduction")
 
 
 def _wrong_offset(dim: int, offsets, size: int, closest, ctx: RuleContext) -> Opaque:

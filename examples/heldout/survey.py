@@ -75,8 +75,8 @@ REASONS: list[tuple[str, str, str]] = [
      "called a gather along the wrong dim"), "claims a bug"),
     (r"reshape regroups dim .* mixes blocks", ("reshape of a split dim (jax's transposes in "
      "gradients, ravel of blocks) called mixing blocks"), "claims a bug"),
-    (r"each device slices its own block|each device's windows stop|each device picks",
-     "per-device slice/cumsum/top_k by design called local-only", "claims a bug"),
+    (r"each device (slices|sorts) its own block|each device's windows stop|each device picks",
+     "per-device slice/sort/cumsum/top_k by design called local-only", "claims a bug"),
     (r"collective_permute moves blocks", ("ppermute over a tuple of axes called a wrong "
      "permutation"), "claims a bug"),
     (r"not consecutive in the global tensor", ("per-shard roll called halo windows out of "
