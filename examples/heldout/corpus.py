@@ -132,8 +132,16 @@ def examples() -> tuple[Example, ...]:
 
 @functools.cache
 def _examples() -> tuple[Example, ...]:
-    from . import (flax_guide, jax_docs, jax_tests, maxtext_style, parallel_layers,
-                   scaling_book, training_steps, xla_partitioned)
+    from . import (
+        flax_guide,
+        jax_docs,
+        jax_tests,
+        maxtext_style,
+        parallel_layers,
+        scaling_book,
+        training_steps,
+        xla_partitioned,
+    )
 
     out: list[Example] = []
     for module in (jax_docs, jax_tests, scaling_book, flax_guide, maxtext_style,

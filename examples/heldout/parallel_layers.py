@@ -508,7 +508,7 @@ def programs() -> list[Example]:
     ln = norm + (f32((16,), P("tp")),)
     kv = (f32((2, 4, 8)), f32((2, 32, 4, 8), P(None, "sp", None, None)),
           f32((2, 32, 4, 8), P(None, "sp", None, None)))
-    moe = (f32((32, 8), P("data")), f32((8, 4), P(), "weight"), f32((4, 8, 8), P(), "weight"))
+    moe = (f32((16, 4), P("data")), f32((4, 4), P(), "weight"), f32((4, 4, 4), P(), "weight"))
     mlp = (f32((8, 16)), f32((16, 32), P(None, "tp"), "weight"), f32((32,)),
            f32((32, 16), P("tp", None), "weight"), f32((16,)))
     head = (f32((8, 16)), f32((16, 64), P(None, "tp"), "weight"))

@@ -205,7 +205,7 @@ def _mlp(w1, w2, x):
 
 
 def dp_tp_sgd_ref(w1, w2, x, y):
-    loss = lambda a, b: jnp.mean((_mlp(a, b, x) - y) ** 2)  # noqa: E731
+    loss = lambda a, b: jnp.mean((_mlp(a, b, x) - y) ** 2)
     g1, g2 = jax.grad(loss, argnums=(0, 1))(w1, w2)
     return w1 - 0.1 * g1, w2 - 0.1 * g2
 
@@ -244,7 +244,7 @@ def scanned_grads_ref(ws, x, y):
 
 
 def _scanned_fsdp_grads(ws, x, y, reduce):
-    gather = lambda w: lax.all_gather(w, "fsdp", axis=0, tiled=True)  # noqa: E731
+    gather = lambda w: lax.all_gather(w, "fsdp", axis=0, tiled=True)
     return jax.grad(lambda p: reduce(_stack_loss(p, x, y, gather), "fsdp"))(ws)
 
 

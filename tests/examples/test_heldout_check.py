@@ -17,7 +17,7 @@ import pytest
 from entangle_mlir.confirm import is_claim
 from entangle_mlir.driver import check_texts
 from examples.heldout.corpus import Example, bug_line, examples, lower_pair
-from examples.heldout.expected import NOT_PROVEN, UNSOUND
+from examples.heldout.expected import NOT_PROVEN, UNCONFIRMED, UNSOUND
 from tests.shared import confirmed, confirmed_claim
 
 EXAMPLES = examples()
@@ -66,11 +66,13 @@ def test_correct_program_gets_no_bug_claim(name: str) -> None:
     assert report.exit_code == 3 and report.outcome == "inconclusive"   # no bug claimed
 
 
-@pytest.mark.parametrize("ex", BUGGY, ids=[e.name for e in BUGGY])
+@pytest.mark.parametrize("ex", _params(BUGGY, UNCONFIRMED))
 def test_buggy_claim_is_confirmed(ex: Example) -> None:
     """A buggy program whose diagnostic claims a bug keeps a located claim, confirmed by
     running both programs; one flagged at its `# BUG` line stays there. (Its first claim may
-    change when running shows the first one wrong and another right.)"""
+    change when running shows the first one wrong and another right.) A strict xfail where
+    `expected.py` lists the claim as unconfirmed (confirmation's random inputs do not reach
+    the bug: small integers never wrap int8, valid labels are never ignored)."""
     raw = _report(ex, False)
     if not is_claim(raw.diagnostics[0]):
         pytest.skip(f"no claim: {raw.diagnostics[0].message[:80]}")
@@ -88,3 +90,4 @@ def test_no_buggy_program_is_proven_by_expectation() -> None:
 
 def test_expectations_name_correct_programs() -> None:
     assert set(NOT_PROVEN) <= {e.name for e in CORRECT}, set(NOT_PROVEN) - {e.name for e in CORRECT}
+    assert set(UNCONFIRMED) <= {e.name for e in BUGGY}, set(UNCONFIRMED) - {e.name for e in BUGGY}
