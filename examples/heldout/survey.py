@@ -171,9 +171,11 @@ def write_expected(records: list[dict], path: str) -> None:
     lines += [f"    {k!r}:\n        {v!r}," for k, v in not_proven.items()]
     lines += ["}", "", "# Buggy programs the verifier PROVES (false proofs; must stay empty).",
               f"UNSOUND: list[str] = {unsound!r}", "",
-              "# Buggy programs whose bug claim running both programs did not confirm (flagged, "
-              "but", "# inconclusive: confirmation's random inputs do not reach the bug) -> the "
-              "first diagnostic.", "UNCONFIRMED: dict[str, str] = {"]
+              ("# Buggy programs whose bug claim running both programs did not confirm "
+               "(flagged, but"),
+              ("# inconclusive: confirmation's random inputs do not reach the bug) -> the "
+               "first diagnostic."),
+              "UNCONFIRMED: dict[str, str] = {"]
     lines += [f"    {k!r}:\n        {v!r}," for k, v in unconfirmed.items()]
     lines += ["}", ""]
     with open(path, "w") as handle:
