@@ -356,7 +356,10 @@ def prove_all(claims: list, hypotheses: Iterable = (), name: str = "query",
 
 def _independent_parts(claims: list[z3.BoolRef]) -> list[tuple[list[z3.BoolRef], set[int]]]:
     """The claims grouped into parts that share no free variable (union-find over variable
-    ids), each with its variables' ids, in the claims' order."""
+    ids), each with its variables' ids, in the claims' order. One walk over the claims'
+    shared DAG: each subterm is visited once and stands for one variable of its group (the
+    claims of a block share most of their subterms: walking each claim's DAG apart was
+    quadratic in their number)."""
     parent: dict[int, int] = {}
 
     def find(x: int) -> int:
@@ -367,20 +370,70 @@ def _independent_parts(claims: list[z3.BoolRef]) -> list[tuple[list[z3.BoolRef],
             parent[x], x = root, parent[x]
         return root
 
-    owners: list[tuple[int, set[int]]] = []
-    for index, claim in enumerate(claims):
-        variables = {v.get_id() for v in _free_constants([claim])}
-        node = -1 - index
+    def union(a: int | None, b: int) -> int:
+        if a is None:
+            return b
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[ra] = rb
+        return rb
+
+    variables = _group_variables(claims, union) if claims else {}
+    nodes = [-1 - index for index in range(len(claims))]
+    for index, node in enumerate(nodes):
         find(node)
-        for v in variables:
-            parent[find(v)] = find(node)
-        owners.append((node, variables))
+        if variables.get(index) is not None:
+            union(variables[index], node)
+    members: dict[int, set[int]] = {}
+    for v in {v for v in parent if v >= 0}:
+        members.setdefault(find(v), set()).add(v)
     groups: dict[int, tuple[list[z3.BoolRef], set[int]]] = {}
-    for claim, (node, variables) in zip(claims, owners):
-        part = groups.setdefault(find(node), ([], set()))
+    for claim, node in zip(claims, nodes):
+        root = find(node)
+        part = groups.setdefault(root, ([], members.get(root, set())))
         part[0].append(claim)
-        part[1].update(variables)
     return list(groups.values())
+
+
+def _group_variables(claims: list[z3.BoolRef], union: Callable[[int | None, int], int]
+                     ) -> dict[int, int | None]:
+    """Claim index -> one free variable's id of that claim (None: it has none), every free
+    variable of a subterm joined (`union`) with the others of that subterm. Walked once, post
+    order, with z3's C functions on the terms' addresses (as `_free_constants`)."""
+    ctx = claims[0].ctx
+    ref = ctx.ref()
+    app, uninterpreted = z3.Z3_APP_AST, z3.Z3_OP_UNINTERPRETED
+    rep: dict[int, int | None] = {}
+    out: dict[int, int | None] = {}
+    for index, claim in enumerate(claims):
+        stack = [(claim.as_ast(), False)]
+        while stack:
+            ast, expanded = stack.pop()
+            key = z3.Z3_get_ast_id(ref, ast)
+            if key in rep and not expanded:
+                continue
+            if z3.Z3_get_ast_kind(ref, ast) != app:
+                rep[key] = None
+                continue
+            count = z3.Z3_get_app_num_args(ref, ast)
+            if count == 0:
+                uninterpreted_const = z3.Z3_get_decl_kind(
+                    ref, z3.Z3_get_app_decl(ref, ast)) == uninterpreted
+                rep[key] = union(None, key) if uninterpreted_const else None
+                continue
+            if not expanded:
+                rep[key] = None  # visited: a DAG has no cycles, only shared subterms
+                stack.append((ast, True))
+                stack.extend((z3.Z3_get_app_arg(ref, ast, i), False) for i in range(count))
+                continue
+            joined = None
+            for i in range(count):
+                child = rep[z3.Z3_get_ast_id(ref, z3.Z3_get_app_arg(ref, ast, i))]
+                if child is not None:
+                    joined = union(joined, child)
+            rep[key] = joined
+        out[index] = rep[z3.Z3_get_ast_id(ref, claim.as_ast())]
+    return out
 
 
 def _renamed_key(part: list[z3.BoolRef], hypotheses: list[z3.BoolRef], keep: list) -> tuple:

@@ -58,3 +58,34 @@ def test_claims_sharing_a_variable_stay_one_query() -> None:
     assert prove_all(claims + [z * 0 == 0], name="split.shared").status == "proved"
     wrong = prove_all(claims + [z * 1 == 0], name="split.shared_wrong")
     assert wrong.status == prove(z3.And(claims + [z * 1 == 0])).status == "refuted"
+
+
+def _parts_claim_by_claim(claims):
+    """The grouping `_independent_parts` must give, computed the plain way: each claim's free
+    variables on their own, claims joined while they share one."""
+    from entangle_mlir.analysis.solver import _free_constants
+
+    groups: list[tuple[list, set[int]]] = []
+    for claim in claims:
+        variables = {v.get_id() for v in _free_constants([claim])}
+        joined = [g for g in groups if g[1] & variables]
+        merged = ([c for g in joined for c in g[0]] + [claim],
+                  set().union(variables, *(g[1] for g in joined)))
+        groups = [g for g in groups if not g[1] & variables] + [merged]
+    return sorted((sorted(c.get_id() for c in cs), sorted(vs)) for cs, vs in groups)
+
+
+def test_parts_are_those_of_each_claims_own_variables() -> None:
+    """One walk over the shared DAG groups the claims as walking each claim apart does:
+    shared subterms with and without variables, a claim with none, a variable under a
+    shared subterm only, chains joining groups late."""
+    x, y, z, w, u = (z3.Int(n) for n in "xyzwu")
+    shared = x * y + 3
+    constant = z3.IntVal(2) * 7
+    claims = [shared > 0, z > constant, shared < z + 100, w == w, z3.BoolVal(True) == (
+        constant > 1), u * u >= 0, (u + z) != 5]
+    for count in range(1, len(claims) + 1):
+        got = sorted((sorted(c.get_id() for c in cs), sorted(vs))
+                     for cs, vs in _independent_parts(claims[:count]))
+        assert got == _parts_claim_by_claim(claims[:count])
+    assert len(_independent_parts(claims)) == 2 + 1  # {x, y, z, u}, {w}, the constant claim
