@@ -46,7 +46,16 @@ from jaxlib.mlir import ir
 from entangle_mlir.analysis.valid_indices import ValidIndices
 from entangle_mlir.core.relations import Rel, Value
 from entangle_mlir.core.rounding import ASSUMPTION, describe_rounded, equal_up_to_rounding
-from entangle_mlir.core.terms import HOLE_BASE, REGION_TERMS, Term, intern, make_arg, subterms
+from entangle_mlir.core.terms import (
+    HOLE_BASE,
+    REGION_TERMS,
+    Term,
+    intern,
+    make_arg,
+    make_reshape,
+    make_transpose,
+    subterms,
+)
 from entangle_mlir.rules.base import RuleContext
 
 MIN_PERIOD = 8
@@ -300,9 +309,7 @@ def find_runs(facts: OpFacts) -> list[Run]:
         last[h] = i
     covered = [False] * n
     runs = []
-    for period, count in distances.most_common(4):
-        if count < MIN_PERIOD:
-            break
+    for period in _ranked_periods(hashes, distances):
         i = 0
         while i < n - period:
             if covered[i] or hashes[i] != hashes[i + period]:
@@ -318,6 +325,22 @@ def find_runs(facts: OpFacts) -> list[Run]:
                     covered[k] = True
             i = j + 1
     return sorted(runs, key=lambda run: run.start)
+
+
+CANDIDATE_PERIODS = 16
+"""Distances between repeats considered as periods (the most frequent ones)."""
+
+
+def _ranked_periods(hashes: list[int], distances: Counter) -> list[int]:
+    """The four periods, best first, among the most frequent distances between repeats of a
+    fingerprint: ranked by how many ops equal the op one period on. Counting distances to the
+    last repeat alone favours a short repeat inside each layer (XLA's per-device layers
+    repeat 10 ops within their 148) over the layer itself."""
+    candidates = [p for p, count in distances.most_common(CANDIDATE_PERIODS)
+                  if count >= MIN_PERIOD]
+    matches = {p: sum(1 for i in range(len(hashes) - p) if hashes[i] == hashes[i + p])
+               for p in candidates}
+    return sorted(candidates, key=lambda p: (-matches[p], p))[:4]
 
 
 @dataclass
@@ -364,10 +387,15 @@ class LayerIndex:
     rounded: dict[int, list] = field(default_factory=dict)
     """term serial -> the constant pairs in which it differs from the hole argument it was
     taken for (reported as a note, as the comparison of outputs does)."""
+    assumed: dict[int, list[str]] = field(default_factory=dict)
+    """term serial -> the valid-index assumptions (in words) under which it equals the hole
+    argument it was taken for up to rounding (`_rounded_valid_argument`)."""
     _valid_indices: object = None
     _simplified: dict | None = None
     _by_shape: dict | None = None
+    _by_base: dict | None = None
     _rounding_memo: dict = field(default_factory=dict)
+    _combined_memo: dict = field(default_factory=dict)
 
     @property
     def valid_indices(self):
@@ -396,13 +424,65 @@ class LayerIndex:
                 for arguments in summary.arguments[1:]:
                     for argument in arguments:
                         self._simplified.setdefault(simplify(argument).serial, argument)
-        return self._simplified.get(simplify(term).serial)
+        found = self._simplified.get(simplify(term).serial)
+        if found is None and self.rounding:
+            found = self._rounded_valid_argument(term)
+        return found
+
+    def _rounded_valid_argument(self, term: Term) -> Term | None:
+        """The hole argument `term` equals under both liberties at once: the valid-index
+        assumption and constants rounded to their dtype (`ValidIndices.equal_up_to_rounding`,
+        what the comparison of outputs decides with; memoized). XLA's per-device program of a
+        model with a vocab-parallel lookup reaches a later layer with the lookup's mask and
+        the attention's `x * fl(1 / sqrt(d))` in its residual stream."""
+        if term.serial in self._combined_memo:
+            return self._combined_memo[term.serial]
+        found = None
+        for argument in self._same_shape(term):
+            both = self.valid_indices.equal_up_to_rounding(argument, term)
+            if both is not None:
+                found = argument
+                self.assumed[term.serial], self.rounded[term.serial] = both
+                break
+        self._combined_memo[term.serial] = found
+        return found
+
+    def view_argument(self, term: Term) -> tuple[Term, View] | None:
+        """(hole argument a, view V) with `V(a)` exactly `term`, V reshapes and transposes:
+        XLA reshapes a layer's slice of a stacked parameter where the reference reads the slice
+        itself (the bias (768,) as (1, 1, 768)). A template walked with `V(hole)` for the input
+        computes layer k's values from `V(a_k)`, which is layer k's input when the same V
+        over `a_k` gives it (`_fits`)."""
+        if self._by_base is None:
+            self._by_base = {}
+            for summary in self.summaries:
+                for arguments in summary.arguments[1:]:
+                    for argument in arguments:
+                        same = self._by_base.setdefault(_view_base(argument).serial, [])
+                        if argument not in same:
+                            same.append(argument)
+        for argument in self._by_base.get(_view_base(term).serial, []):
+            view = view_over(term, argument)
+            if view is not None:
+                return argument, view
+        return None
 
     def _rounded_argument(self, term: Term) -> Term | None:
         """The hole argument `term` equals but for constants that are the argument's rounded to
         their dtype (`equal_up_to_rounding`, memoized)."""
         if term.serial in self._rounding_memo:
             return self._rounding_memo[term.serial]
+        found = None
+        for argument in self._same_shape(term):
+            pairs = equal_up_to_rounding(argument, term)
+            if pairs is not None:
+                found, self.rounded[term.serial] = argument, pairs
+                break
+        self._rounding_memo[term.serial] = found
+        return found
+
+    def _same_shape(self, term: Term) -> list[Term]:
+        """The hole arguments (from the second layer on) of `term`'s shape and type."""
         if self._by_shape is None:
             self._by_shape = {}
             for summary in self.summaries:
@@ -411,14 +491,7 @@ class LayerIndex:
                         same = self._by_shape.setdefault((argument.shape, argument.dtype), [])
                         if argument not in same:
                             same.append(argument)
-        found = None
-        for argument in self._by_shape.get((term.shape, term.dtype), []):
-            pairs = equal_up_to_rounding(argument, term)
-            if pairs is not None:
-                found, self.rounded[term.serial] = argument, pairs
-                break
-        self._rounding_memo[term.serial] = found
-        return found
+        return self._by_shape.get((term.shape, term.dtype), [])
 
     def first_unused(self) -> tuple | None:
         """The first summary the sharded walk has not used, if any."""
@@ -433,6 +506,45 @@ class LayerIndex:
             for h, term in enumerate(terms):
                 self.by_term.setdefault(term.serial, []).append((number, k, h))
         return number
+
+
+View = tuple[tuple[str, tuple], ...]
+"""Reshapes and transposes, innermost first: ("reshape", shape) or ("transpose", perm)."""
+
+_VIEW_MAKERS = {"reshape": make_reshape, "transpose": make_transpose}
+
+
+def apply_view(term: Term, view: View) -> Term:
+    """`term` under the view's reshapes and transposes, in normal form."""
+    for op, attr in view:
+        term = _VIEW_MAKERS[op](term, attr)
+    return term
+
+
+def _view_base(term: Term) -> Term:
+    """`term` without its outer reshapes and transposes."""
+    while term.op in _VIEW_MAKERS:
+        term = term.args[0]
+    return term
+
+
+def view_over(term: Term, argument: Term) -> View | None:
+    """A view V with `apply_view(argument, V)` exactly `term` (checked), or None: peels the
+    reshapes and transposes of `term` down to one that `argument` under them gives."""
+    steps: list[tuple[str, tuple]] = []
+    at = term
+    while True:
+        if at is argument:
+            break
+        if at.op == "reshape" and make_reshape(argument, at.shape) is at:
+            steps.append(("reshape", at.shape))
+            break
+        if at.op not in _VIEW_MAKERS:
+            return None
+        steps.append(("reshape", at.shape) if at.op == "reshape" else ("transpose", at.attrs[0]))
+        at = at.args[0]
+    view = tuple(reversed(steps))
+    return view if apply_view(argument, view) is term else None
 
 
 @dataclass
@@ -632,20 +744,22 @@ class LayerReuse:
         facts, period, values, index = plan.facts, run.period, self.values, self.index
         if start not in facts.prelude and not any(
                 type(values.get(v)) is Rel and index.argument_term(values[v].term) is not None
+                for v in facts.external_inputs(start, period)) and not any(
+                type(values.get(v)) is Rel and index.view_argument(values[v].term) is not None
                 for v in facts.external_inputs(start, period)):
             return None
         self._walk_preludes(plan, start, period, ctx)
         found = self._summary_inputs(facts, start, period)
         if found is None:
             return None
-        number, k, holes_of = found
+        number, k, holes_of, views = found
         summary = index.summaries[number]
         signature = facts.signature(start, period)
         external = facts.external_inputs(start, period)
         inputs = [values[v] for v in external]
-        template_inputs = [v if h is None else replace(v, term=summary.holes[h],
-                                                        partial_origin=None)
-                           for v, h in zip(inputs, holes_of)]
+        template_inputs = [v if h is None else replace(
+            v, term=apply_view(summary.holes[h], view), partial_origin=None)
+            for v, h, view in zip(inputs, holes_of, views)]
         mark = len(self.records)
         template = self._walk_template(facts, start, period, template_inputs, ctx)
         given, at = 0, start
@@ -656,11 +770,11 @@ class LayerReuse:
                 actual = [values.get(v) for v in ext]
                 args = summary.arguments[k + given]
                 if facts.signature(at, period) != signature or len(actual) != len(inputs) \
-                        or not all(_fits(v, t, h, args, index) for v, t, h in
-                                   zip(actual, template_inputs, holes_of)):
+                        or not all(_fits(v, t, h, view, args, index) for v, t, h, view in
+                                   zip(actual, template_inputs, holes_of, views)):
                     break
-                for v, h in zip(actual, holes_of):
-                    if h is not None and v.term is not args[h]:
+                for v, h, view in zip(actual, holes_of, views):
+                    if h is not None and v.term is not apply_view(args[h], view):
                         self._note_substitute(v.term)
             if not self._give_summary_terms(facts, at, period, template,
                                             summary.arguments[k + given], summary):
@@ -674,8 +788,9 @@ class LayerReuse:
         return at
 
     def _summary_inputs(self, facts: OpFacts, start: int, period: int):
-        """(summary, layer, hole per input or None) when the layer's inputs are a reference
-        layer's hole arguments, or plain relations the next layer reads too."""
+        """(summary, layer, hole per input or None, view per input) when the layer's inputs
+        are a reference layer's hole arguments (or views of them, `LayerIndex.view_argument`),
+        or plain relations the next layer reads too."""
         values, index = self.values, self.index
         external = facts.external_inputs(start, period)
         inputs = [values.get(v) for v in external]
@@ -684,7 +799,13 @@ class LayerReuse:
         following = facts.external_inputs(start + period, period) \
             if start + 2 * period <= len(facts.ops) else external
         candidates = None
-        terms = [index.argument_term(v.term) for v in inputs]
+        terms, views = [], []
+        for v in inputs:
+            term, view = index.argument_term(v.term), ()
+            if term is None:
+                term, view = index.view_argument(v.term) or (None, ())
+            terms.append(term)
+            views.append(view)
         for term in terms:
             if term is not None:
                 layers = {(n, k) for n, k, _ in index.by_term[term.serial]}
@@ -699,10 +820,10 @@ class LayerReuse:
         if len(following) != len(external) or any(
                 h is None and v != w for v, w, h in zip(external, following, holes_of)):
             return None
-        for v, term, h in zip(inputs, terms, holes_of):
-            if h is not None and term is not v.term:
+        for v, term, h, view in zip(inputs, terms, holes_of, views):
+            if h is not None and apply_view(term, view) is not v.term:
                 self._note_substitute(v.term)
-        return number, k, holes_of
+        return number, k, holes_of, views
 
     def _note_substitute(self, term: Term) -> None:
         """Say under what a sharded value was taken for a hole's argument it is not."""
@@ -713,21 +834,26 @@ class LayerReuse:
                 self.notes.append(
                     f"proven assuming {ASSUMPTION} (a summarized layer reads the sharded value "
                     f"as the reference's: {describe_rounded(pairs)})")
-            return
-        for assumption in index.valid_indices.assumed_for(term) or ["valid indices"]:
+            if term.serial not in index.assumed:
+                return
+        for assumption in index.assumed.get(term.serial) or \
+                index.valid_indices.assumed_for(term) or ["valid indices"]:
             self.notes.append(f"proven assuming {assumption} (a summarized "
                               "layer reads the sharded value as the reference's)")
 
 
-def _fits(value: Value, template: Rel, hole: int | None, arguments: tuple[Term, ...],
-          index: LayerIndex) -> bool:
+def _fits(value: Value, template: Rel, hole: int | None, view: View,
+          arguments: tuple[Term, ...], index: LayerIndex) -> bool:
     """A later layer's input is the template's: the same value, or the hole's argument there
-    (up to float32 rounding of constants in XLA's per-device programs) with the template's
-    layout."""
+    under the template's view (up to float32 rounding of constants in XLA's per-device
+    programs) with the template's layout."""
     if type(value) is not Rel:
         return False
     if hole is None:
         return value == template
+    if view:
+        return value.term is apply_view(arguments[hole], view) and \
+            replace(value, term=template.term) == template
     same = value.term is arguments[hole] or index.rounding and index.argument_term(
         value.term) is arguments[hole]
     return same and replace(value, term=template.term) == template
