@@ -4,6 +4,8 @@ compared with the blocks of the output terms (reduced over the output's partial 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from entangle_mlir.analysis.instance.common import rels_of, value_key
@@ -75,11 +77,16 @@ def _local_claims(results: dict, j: int, expected: dict) -> list:
     return claims
 
 
-def _partial_groups(rel: Rel, mesh: Mesh | None, single: bool) -> list[list[int]]:
+def _partial_groups(rel: Rel, mesh: Mesh | None, single: bool,
+                    devices: Iterable[int] | None = None) -> list[list[int]]:
+    """The groups of devices whose pieces of `rel` add up to its block (one device each when
+    it is not partial: of `devices` alone when given, the ones the claim reads or checks, so
+    a claim on a few devices of a large mesh does not enumerate the rest)."""
     if single:
         return [[0]]
     if not rel.partial:
-        return [[d] for d in range(mesh.num_devices)]
+        return [[d] for d in (sorted(devices) if devices is not None
+                              else range(mesh.num_devices))]
     if set(rel.partial) & set(rel.tiled_axes):
         raise Failure("unknown", "a relation is both split and partial over the same axis")
     return mesh.groups_for(tuple(rel.partial))
@@ -210,7 +217,7 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                 local[d][i] = _received_chunks(value, d, positions, count, want,
                                                info.attrs["split_dimension"], regions_of)
         elif isinstance(value, Rel):
-            for g, group in enumerate(_partial_groups(value, mesh, single)):
+            for g, group in enumerate(_partial_groups(value, mesh, single, needed)):
                 if needed.isdisjoint(group):
                     continue  # no device of this group is checked
                 block = block_of(value, group[0])
@@ -221,7 +228,7 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                 else:
                     local[group[0]][i] = block
         elif isinstance(value, DeviceScalar):
-            for d in range(devices):
+            for d in sorted(needed):
                 local[d][i] = full(tuple(value.shape), value.values[d] if not single
                                    else value.values[0])
         elif isinstance(value, Reordered | Returning) and value.rel.partial and not single:
@@ -295,7 +302,7 @@ def _build_claims(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh 
                               "cannot be checked")
             claims.extend(_local_claims(results, j, {d: derived(value, d) for d in checked}))
             continue
-        for group in _partial_groups(value, mesh, single):
+        for group in _partial_groups(value, mesh, single, results):
             if group[0] not in results:
                 if any(m in results for m in group):
                     raise Failure("unknown", "a partial group is checked in part")

@@ -5,6 +5,7 @@ states the argument); a collective runs on whole replica groups."""
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -58,7 +59,7 @@ def _value_tags(values: Sequence[Value], axis: str, mesh: Mesh, side: str
         elif isinstance(v, Opaque) and side != "in":
             continue
         elif isinstance(v, Shifted):
-            if axis in v.rel.partial or _varies_along(v.offsets, axis, mesh):
+            if axis in v.rel.partial or varies_along(v.offsets, axis, mesh):
                 return None
             found.append((v.rel, _expected_tags(v.rel, axis)))
         elif isinstance(v, InBlock | BlockIndex):
@@ -163,10 +164,23 @@ def _permute_moves_with(info: OpInfo, axis: str, mesh: Mesh) -> bool:
     return all((rho[s], rho[t]) in pairs for s, t in pairs)
 
 
-def _varies_along(table, axis: str, mesh: Mesh) -> bool:
+def varies_along(table, axis: str, mesh: Mesh) -> bool:
     """A per-device table differs between two devices that differ only along `axis`."""
-    return any(table[d] != table[mesh.device({**mesh.coords(d), axis: 0})]
-               for d in range(mesh.num_devices))
+    if len(table) != mesh.num_devices:
+        return any(table[d] != table[mesh.device({**mesh.coords(d), axis: 0})]
+                   for d in range(mesh.num_devices))
+    return axis in _varying_axes(tuple(table), tuple(mesh.axes))
+
+
+@functools.lru_cache(maxsize=1024)
+def _varying_axes(table: tuple, axes: tuple[tuple[str, int], ...]) -> frozenset[str]:
+    """The axes along which a table with one entry per device changes: the table laid out
+    on the mesh (device ids are row-major over the axes, the first major: `Mesh.device`),
+    compared with its slice at coordinate 0 along each axis. Cached: an instance's tables
+    are asked about once per axis and per rule, the same tables on every instance."""
+    grid = np.array(table, dtype=object).reshape(tuple(size for _, size in axes))
+    return frozenset(a for i, (a, _) in enumerate(axes)
+                     if bool((grid != np.take(grid, [0], axis=i)).any()))
 
 
 def distinct_devices(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Mesh | None,
@@ -192,9 +206,10 @@ def distinct_devices(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Me
             symmetric = [a for a in _symmetric_axes(ins, outs, mesh) if a not in grouped]
             symmetric += all_to_all_axes(info, ins, outs, mesh, grouped)
         return [d for d in everyone if not any(mesh.coords(d)[a] for a in symmetric)]
-    symmetric = _symmetric_axes(ins, outs, mesh)
-    candidates = [d for d in everyone
-                  if not any(mesh.coords(d)[a] for a in symmetric)] if symmetric else everyone
+    symmetric = set(_symmetric_axes(ins, outs, mesh))
+    keyed = _keyed_axes(ins, outs, mesh)
+    inert = {a for a, _ in mesh.axes} - keyed if keyed is not None else set()
+    candidates = coordinate_zero(mesh, symmetric | inert)
     first: dict[tuple, int] = {}
     for d in candidates:
         key = []
@@ -209,6 +224,35 @@ def distinct_devices(info: OpInfo, ins: list[Value], outs: list[Value], mesh: Me
                 return candidates
         first.setdefault(tuple(key), d)
     return sorted(first.values())
+
+
+def _keyed_axes(ins: list[Value], outs: list[Value], mesh: Mesh) -> set[str] | None:
+    """The mesh axes along which some value's part of `distinct_devices`' key (a block index,
+    a table entry) can change, or None when a value has no such key (the key is then the
+    device itself). Two devices differing only along other axes have equal keys, so those
+    axes need checking at coordinate 0 alone: the claims are the same, not enumerated."""
+    found: set[str] = set()
+    for value in list(ins) + list(outs):
+        if isinstance(value, Shifted) and not value.rel.partial:
+            found |= {a for axes in value.rel.tiling for a in axes}
+            found |= {a for a, _ in mesh.axes if varies_along(value.offsets, a, mesh)}
+        elif isinstance(value, Rel) and not value.partial:
+            found |= {a for axes in value.tiling for a in axes}
+        elif isinstance(value, DeviceScalar):
+            found |= {a for a, _ in mesh.axes if varies_along(value.values, a, mesh)}
+        else:
+            return None
+    return found
+
+
+def coordinate_zero(mesh: Mesh, fixed: set[str]) -> list[int]:
+    """The devices at coordinate 0 along the axes `fixed`, in increasing order (enumerated
+    over the other axes only)."""
+    free = [(a, size) for a, size in mesh.axes if a not in fixed]
+    points = itertools.product(*(range(size) for _, size in free))
+    return sorted(mesh.device({**{a: 0 for a, _ in mesh.axes},
+                               **{a: c for (a, _), c in zip(free, point)}})
+                  for point in points)
 
 
 _GROUP_COLLECTIVES = ("stablehlo.all_reduce", "stablehlo.all_gather",

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 import numpy as np
 import z3
 
-from entangle_mlir.analysis.instance.devices import symmetric_axes
+from entangle_mlir.analysis.instance.devices import symmetric_axes, varies_along
 from entangle_mlir.analysis.instance.local_values import block_local, block_region, region_value
 from entangle_mlir.analysis.instance.sources import Failure
 from entangle_mlir.core.mesh import Mesh
@@ -82,16 +82,11 @@ def symbolic_axes(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
             along |= set(v.axes)
         elif isinstance(v, Shifted | DeviceScalar):
             table = v.offsets if isinstance(v, Shifted) else v.values
-            along |= {a for a, _ in mesh.axes if _varies_along(table, a, mesh)}
+            along |= {a for a, _ in mesh.axes if varies_along(table, a, mesh)}
     axes = tuple(a for a, size in mesh.axes if a in along and size > 1)
     if not axes or not all(_covered(v, axes, mesh) for v in values):
         return ()
     return axes
-
-
-def _varies_along(table: Sequence, axis: str, mesh: Mesh) -> bool:
-    return any(table[d] != table[mesh.device({**mesh.coords(d), axis: 0})]
-               for d in range(mesh.num_devices))
 
 
 def _covered(value: Value, axes: tuple[str, ...], mesh: Mesh) -> bool:
