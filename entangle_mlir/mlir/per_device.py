@@ -315,8 +315,23 @@ def device_tiles(text: str | None, rank: int, num_devices: int
     return DeviceTiles(tuple(dims[:tiled_dims]), tuple(index_of)), ""
 
 
+_LAYOUTS: dict[tuple, DeviceLayout] = {}
+"""`layout_of`'s answers: a program's values share a few sharding strings, and reading one
+costs a pass over every device."""
+
+
 def layout_of(text: str | None, rank: int, mesh: Mesh) -> DeviceLayout:
     """The tiling a sharding string describes, or a reason it cannot be used."""
+    key = (text, rank, mesh.axes, mesh.replicas)
+    found = _LAYOUTS.get(key)
+    if found is None:
+        if len(_LAYOUTS) > 4096:
+            _LAYOUTS.clear()
+        found = _LAYOUTS[key] = _layout_of(text, rank, mesh)
+    return found
+
+
+def _layout_of(text: str | None, rank: int, mesh: Mesh) -> DeviceLayout:
     tiles, reason = device_tiles(text, rank, mesh.num_devices)
     if tiles is None:
         return DeviceLayout(None, reason)

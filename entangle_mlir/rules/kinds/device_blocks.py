@@ -76,8 +76,11 @@ def block_offsets(offsets, mesh: Mesh, rel: Rel, modulus: int | None = None
     A. A must be axes `rel` is not split over."""
     free = [a for a in mesh.names if a not in rel.tiled_axes and mesh.size(a) > 1]
     values = [-int(o) for o in offsets]
+    units = _unit_devices(mesh)
     for count in range(1, len(free) + 1):
         for axes in itertools.permutations(free, count):
+            if not _fits_units(axes, values, units, mesh, modulus):
+                continue
             blocks = [mesh.block_index(axes, d) for d in range(mesh.num_devices)]
             k = values[blocks.index(0)]
             length = values[blocks.index(1)] - k
@@ -90,6 +93,32 @@ def block_offsets(offsets, mesh: Mesh, rel: Rel, modulus: int | None = None
                                   for v, b in zip(values, blocks)):
                 return axes, length, k
     return None
+
+
+def _unit_devices(mesh: Mesh) -> dict[str, int]:
+    """Per axis of more than one device, the device at coordinate 1 along it, 0 elsewhere."""
+    zero = {a: 0 for a in mesh.names}
+    return {a: mesh.device({**zero, a: 1}) for a in mesh.names if mesh.size(a) > 1}
+
+
+def _fits_units(axes: tuple[str, ...], values: list[int], units: dict[str, int], mesh: Mesh,
+                modulus: int | None) -> bool:
+    """`block_offsets`' condition at device 0 and the unit devices alone (a necessary one, a
+    few devices instead of every device: the permutations it rules out need no full check;
+    the ones it passes get it). Device 0 holds block 0 along any axes, the unit device of
+    `axes`' last axis block 1 (the first device that does), a unit device of another axis of
+    `axes` its stride, of an axis outside `axes` block 0."""
+    k = values[0]
+    length = values[units[axes[-1]]] - k
+    stride, strides = 1, {}
+    for a in reversed(axes):
+        strides[a] = stride
+        stride *= mesh.size(a)
+    for a, d in units.items():
+        want = strides.get(a, 0) * length + k
+        if (values[d] - want if modulus is None else (values[d] - want) % modulus) != 0:
+            return False
+    return True
 
 
 def _integral(value) -> int | None:
