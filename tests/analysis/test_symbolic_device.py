@@ -376,3 +376,54 @@ def test_a_symbolic_query_that_fails_falls_back_to_each_device(failure: str,
     _, verdict = check("stablehlo.compare", [next_block, zeros(shape, "i32")], mesh, shape,
                        {"comparison_direction": "GE"}, "i1", ge)
     assert verdict.status == "refuted" and not symbolic(verdict), verdict.describe()
+
+
+# ----- per-device tables alone: a partition id's arithmetic on a large mesh ------------------
+
+XLA512 = Mesh(tuple((f"d{i}", 2) for i in range(9)))
+"""XLA's per-device form of dp 64 x tp 8: nine axes of two devices."""
+
+
+def table_check(op: str, table: tuple[int, ...], by: int, mesh: Mesh, claim=None):
+    """`op(pid-like table, by)` in ui32: the rule's output (or `claim`) and Z3's verdict."""
+    from entangle_mlir.core.relations import DeviceScalar
+    from entangle_mlir.mlir.opinfo import OpInfo, TensorType
+    from entangle_mlir.rules import RULES
+    from entangle_mlir.rules.base import RuleContext
+
+    info = OpInfo(op, {}, [TensorType((), "ui32")] * 2, [TensorType((), "ui32")])
+    ctx = RuleContext(mesh=mesh, manual_axes=mesh.names)
+    ins = [DeviceScalar(table), zeros((), "ui32", by)]
+    outs = RULES[op](info, ins, ctx)
+    verdict = _checker().check(info, ins, [claim] if claim is not None else outs, mesh, ctx)
+    return outs[0], verdict
+
+
+@pytest.mark.parametrize("op,by", [("stablehlo.remainder", 8), ("stablehlo.divide", 8),
+                                   ("stablehlo.divide", 1)])
+def test_partition_id_arithmetic_is_one_query_on_512_devices(op: str, by: int) -> None:
+    pid = tuple(range(XLA512.num_devices))
+    out, verdict = table_check(op, pid, by, XLA512)
+    want = [p % by if op == "stablehlo.remainder" else p // by for p in pid]
+    assert list(out.values) == want
+    assert verdict.status == "proved" and symbolic(verdict), verdict.describe()
+
+
+def test_partition_id_arithmetic_on_few_devices_keeps_the_per_device_check() -> None:
+    pid = tuple(range(XLA8.num_devices))
+    _, verdict = table_check("stablehlo.remainder", pid, 4, XLA8)
+    assert verdict.status == "proved" and not symbolic(verdict), verdict.describe()
+
+
+def test_a_wrong_remainder_table_is_refuted() -> None:
+    """`pid % 8` claimed as `pid % 16` (affine in the coordinates: one symbolic query finds a
+    device it fails on) and as `pid % 8` but one device off (not affine: device by device)."""
+    from entangle_mlir.core.relations import DeviceScalar
+
+    pid = tuple(range(XLA512.num_devices))
+    wide = DeviceScalar(tuple(p % 16 for p in pid))
+    _, verdict = table_check("stablehlo.remainder", pid, 8, XLA512, wide)
+    assert verdict.status == "refuted" and symbolic(verdict), verdict.describe()
+    off = DeviceScalar(tuple((p % 8) + (p == 300) for p in pid))
+    _, verdict = table_check("stablehlo.remainder", pid, 8, XLA512, off)
+    assert verdict.status == "refuted" and not symbolic(verdict), verdict.describe()

@@ -63,16 +63,24 @@ from entangle_mlir.semantics.element import (
 )
 from entangle_mlir.semantics.tensor import apply, full
 
+TABLE_DEVICES = 16
+"""Devices along which per-device tables vary from which an instance of tables alone (no
+mask or local index) is checked with symbolic coordinates (`symbolic_axes`)."""
+
 
 def symbolic_axes(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
                   mesh: Mesh | None) -> tuple[str, ...]:
     """The mesh axes A whose coordinates the instance's claim is checked for symbolically
     (see the module's docstring), in mesh order; () when the per-device check is kept: no
-    mask or local index, a collective, or a value the argument does not cover."""
+    mask or local index, a collective, or a value the argument does not cover. Per-device
+    tables alone (a partition id's arithmetic: `pid / n`, `pid % n`) are checked so where
+    they vary along `TABLE_DEVICES` devices or more: a few concrete claims cost less than a
+    query, a claim per device of a large mesh more."""
     if mesh is None or info.name in COLLECTIVE_SEMANTICS:
         return ()
     values = list(ins) + list(outs)
-    if not any(isinstance(v, DEVICE_BLOCK_VALUES) for v in values):
+    masks = any(isinstance(v, DEVICE_BLOCK_VALUES) for v in values)
+    if not masks and not any(isinstance(v, Shifted | DeviceScalar) for v in values):
         return ()
     along: set[str] = set()
     for v in values:
@@ -84,7 +92,9 @@ def symbolic_axes(info: OpInfo, ins: Sequence[Value], outs: Sequence[Value],
             table = v.offsets if isinstance(v, Shifted) else v.values
             along |= {a for a, _ in mesh.axes if varies_along(table, a, mesh)}
     axes = tuple(a for a, size in mesh.axes if a in along and size > 1)
-    if not axes or not all(_covered(v, axes, mesh) for v in values):
+    if not axes or not masks and mesh.group_size(axes) < TABLE_DEVICES:
+        return ()
+    if not all(_covered(v, axes, mesh) for v in values):
         return ()
     return axes
 
