@@ -1,12 +1,10 @@
-"""Whole-layer reuse on XLA's per-device form (issue 21).
+"""Whole-layer reuse on XLA's per-device form (issue 21); the grounded whole-model rows are
+tests/examples/test_vocab_parallel_programs.py's `test_real_models_in_xla_form` (4 layers).
 
-examples/real's GPT-2 jitted with Megatron's shardings and partitioned by XLA: each layer's
-148-ish ops repeat a short run inside them (found first before periods were ranked by ops
-equal one period on), the layer's bias slices are read through reshapes to (1, 1, d) where
-the reference reads the slices, and the residual stream reaches the second layer equal to
-the reference's only under the valid-index assumption and constant rounding at once. The
-sharded walk follows the reference's summary: grounded on simulated devices; a lookup that
-adds a row twice computes other numbers and is not proven.
+A layer input that is a reshape of a hole's argument (XLA reads a bias slice as (1, 1, d))
+is walked as that view over the hole (`view_over` finds it, exactly), and a layer changed in
+XLA's program (its GELU tanh turned into a logistic) is still found: the numbers differ and
+the check, rechecked op by op, is not proven.
 """
 
 from __future__ import annotations
@@ -20,51 +18,11 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 
 from dataclasses import replace
 
-import jax
-import numpy as np
-import pytest
-from jax import lax
-from jax import numpy as jnp
-
 from entangle_mlir.analysis.layer_reuse import apply_view, view_over
 from entangle_mlir.core.terms import make_arg, make_reshape, make_transpose
 from entangle_mlir.driver import check_texts
 
 LAYERS = 4
-
-
-def _lookup_mask_le_n(ids, w):
-    """The Megatron lookup with an inclusive upper bound: the next block's first id also reads
-    this block's last row, so two devices add a row for it."""
-    n = w.shape[0]
-    local = ids - lax.axis_index("tp") * n
-    mask = (local >= 0) & (local <= n)
-    rows = jnp.take(w, jnp.clip(local, 0, n - 1), axis=0)
-    return lax.psum(jnp.where(mask[..., None], rows, 0.0), "tp")
-
-
-@pytest.mark.parametrize("wrong", [False, True], ids=["megatron_lookup", "mask_le_n"])
-def test_xla_form_follows_the_reference_summary(wrong: bool) -> None:
-    from examples.real.catalog import _avals, _compiled, random_inputs
-    from examples.real.models.config import GPT2
-    from examples.real.xla_form import lower_xla_pair, megatron_lookup, xla_form
-
-    cfg = replace(GPT2, n_layers=LAYERS, batch=1)
-    form = xla_form("gpt2", cfg, 0, 2, _lookup_mask_le_n if wrong else megatron_lookup)
-    inputs = random_inputs(form.example)
-    n = cfg.vocab // 2
-    inputs[-1] = np.resize(np.array([0, n - 1, n, 2 * n - 1], np.int32), inputs[-1].shape)
-    want = _compiled(jax.jit(form.example.reference), tuple(_avals(form.example, False)))(
-        *inputs)
-    got = form.run(inputs)
-    assert np.allclose(got[0], np.asarray(want), atol=1e-4) is not wrong
-    report = check_texts(*lower_xla_pair(form))
-    assert report.proven is not wrong, report.render_text()
-    if not wrong:
-        reused = report.stats.get("layers reused", "")
-        assert "0 sharded" not in reused and "sharded" in reused, report.stats
-        assert any("valid indices" in note and "summarized layer" in note
-                   for note in report.notes), report.notes
 
 
 def test_view_over_a_hole_argument() -> None:
