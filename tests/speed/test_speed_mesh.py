@@ -133,7 +133,14 @@ def _window_cases():
     rotated = T.make_elementwise("stablehlo.negate", (T.make_transpose(b, (1, 2, 0)),))
     merged = T.make_reshape(T.make_elementwise("stablehlo.tanh", (b,)), (8, 3))
     split = T.make_reshape(x, (2, 2, 3, 2))
-    return [dot, batched, mixed, exp, summed, flipped, peak, sliced, rotated, merged, split]
+    strided = T.make_op("slice", (x,), ((0, 1), (4, 6), (2, 2)), (2, 3), "f32", linear_in=0)
+    joined = T.intern("concatenate", (x, T.make_elementwise("stablehlo.tanh", (x,)), x),
+                      (1,), (4, 18), "f32")
+    halves = T.intern("concatenate", (b, b), (0,), (4, 4, 3), "f32")
+    cut = T.make_op("slice", (joined,), ((1, 4), (4, 16), (1, 3)), (3, 4), "f32",
+                    linear_in=0)
+    return [dot, batched, mixed, exp, summed, flipped, peak, sliced, rotated, merged, split,
+            strided, joined, halves, cut]
 
 
 def test_block_values_are_the_blocks_of_the_full_values() -> None:

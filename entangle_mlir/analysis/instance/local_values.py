@@ -52,6 +52,7 @@ from entangle_mlir.semantics.ops import WRAPPED_OPS, dimension_numbers
 from entangle_mlir.semantics.tensor import (
     apply,
     broadcast_in_dim,
+    concatenate,
     dot_general,
     full,
     reduce_dims,
@@ -250,6 +251,23 @@ _REGION_REDUCTIONS = {"reduce_sum": "sum", "reduce_max": "max", "reduce_min": "m
                       "reduce_and": "and", "reduce_or": "or"}
 
 
+def _concatenate_region(term: Term, region: tuple[tuple[int, int], ...], env: dict,
+                        memo: dict, regions: dict) -> np.ndarray:
+    """A concatenation's window: along its dim, each operand's part the window overlaps (at
+    the operand's own positions), in order; the other dims' window in every operand."""
+    (dim,) = term.attrs
+    lo, hi = region[dim]
+    pieces, offset = [], 0
+    for operand in term.args:
+        n = operand.shape[dim]
+        first, last = max(lo, offset), min(hi, offset + n)
+        if first < last:
+            inner = region[:dim] + ((first - offset, last - offset),) + region[dim + 1:]
+            pieces.append(region_value(operand, inner, env, memo, regions))
+        offset += n
+    return concatenate(pieces, dim)
+
+
 def region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, memo: dict,
                  regions: dict) -> np.ndarray:
     """`evaluate_term(term)[region]`, computed from the regions of the operands it reads:
@@ -257,8 +275,10 @@ def region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, mem
     broadcast, transpose, dot_general or reduction on the operand positions those output
     positions read (whole contracted and reduced dims); a top_k on the window's rows (whole
     along its last dim); a reshape on the smallest box of operand positions holding the
-    window's elements (row-major). Anything else, and a whole region, is evaluated in full
-    and sliced. Each rule restates the op's definition on a window."""
+    window's elements (row-major); a slice on the operand positions its window's elements
+    come from (strided), a concatenation on the part of each operand the window overlaps.
+    Anything else, and a whole region, is evaluated in full and sliced. Each rule restates
+    the op's definition on a window."""
     shape = term.shape
     if all(r == (0, n) for r, n in zip(region, shape)):
         return evaluate_term(term, env, memo)
@@ -318,6 +338,15 @@ def region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, mem
         value = dot_general(region_value(lhs, tuple(left), env, memo, regions),
                             region_value(rhs, tuple(right), env, memo, regions),
                             lb, rb, lc, rc)
+    elif op == "slice" and all(sub):
+        starts, _, strides = term.attrs
+        steps = tuple(strides) if strides else (1,) * len(shape)
+        inner = tuple((s + lo * st, s + (hi - 1) * st + 1)
+                      for (lo, hi), s, st in zip(region, starts, steps))
+        part = region_value(args[0], inner, env, memo, regions)
+        value = take(part, tuple(slice(0, None, st) for st in steps))
+    elif op == "concatenate" and all(sub):
+        value = _concatenate_region(term, region, env, memo, regions)
     elif op == "stablehlo.gather" and _gather_window(term, region) is not None:
         value = _gather_region(term, region, env, memo, regions)
     elif op == "chlo.top_k" and len(args) == 1 and shape:
