@@ -2,7 +2,8 @@
 
 A transformer stacked by a Python loop is one flat block in which the ops of every layer
 repeat with a fixed period. `find_runs` finds such runs of layers from op fingerprints alone
-(op name, attributes, result types, region bodies), before anything is walked;
+(op name, attributes, result types, region bodies), before anything is walked, the period
+being the one with the most ops equal to the op one period on;
 `OpFacts.signature` then pins a layer down exactly: the same ops, wired the same way inside
 it, reading its external inputs (distinct values, in order of first use) in the same pattern.
 A slice of a block argument (a layer's part of a stacked parameter, at an offset that differs
@@ -20,7 +21,13 @@ uses this in both programs:
 * the sharded walk, when a repeated layer's inputs are exactly a reference layer's inputs,
   walks it once with those holes, so every rule instance it uses is proved by Z3 for all input
   values, and gives each later layer the same `region_result` terms, with the template's
-  layouts, as long as the inputs keep the template's layouts.
+  layouts, as long as the inputs keep the template's layouts. An input may also be a fixed
+  view V (reshapes, transposes) of a hole's argument (XLA reads a bias slice as (1, 1, d)):
+  the template then reads V(hole), and a later layer must read exactly V of its argument
+  (`view_over` checks V(a) is the input term), so its values are the template's at the hole
+  := its argument. An input that is not a hole's argument by identity is taken for it when
+  the comparison of outputs would take it (under the valid-index assumption, up to constant
+  rounding, or both at once: `LayerIndex.argument_term`), and the report says so.
 
 Soundness rests on equal signatures (same function) and on every template rule instance
 holding for all values of the holes (never taken for program inputs: the valid-index
