@@ -48,6 +48,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 from jaxlib.mlir import ir
 
 from entangle_mlir.analysis.valid_indices import ValidIndices
@@ -345,8 +346,8 @@ def _ranked_periods(hashes: list[int], distances: Counter) -> list[int]:
     repeat 10 ops within their 148) over the layer itself."""
     candidates = [p for p, count in distances.most_common(CANDIDATE_PERIODS)
                   if count >= MIN_PERIOD]
-    matches = {p: sum(1 for i in range(len(hashes) - p) if hashes[i] == hashes[i + p])
-               for p in candidates}
+    codes = np.array(hashes, dtype=np.int64)
+    matches = {p: int(np.count_nonzero(codes[:-p] == codes[p:])) for p in candidates}
     return sorted(candidates, key=lambda p: (-matches[p], p))[:4]
 
 
