@@ -82,7 +82,7 @@ def test_parts_are_those_of_each_claims_own_variables() -> None:
     x, y, z, w, u = (z3.Int(n) for n in "xyzwu")
     shared = x * y + 3
     constant = z3.IntVal(2) * 7
-    claims = [shared > 0, z > constant, shared < z + 100, w == w, z3.BoolVal(True) == (
+    claims = [shared > 0, z > constant, shared < z + 100, w * 2 == w + w, z3.BoolVal(True) == (
         constant > 1), u * u >= 0, (u + z) != 5]
     for count in range(1, len(claims) + 1):
         got = sorted((sorted(c.get_id() for c in cs), sorted(vs))
