@@ -19,6 +19,7 @@ from entangle_mlir.core.normal_form.pieces import (
     _joined,
     _joins,
     _moved_argument,
+    _moved_base,
     _moved_input,
     _rebuilt,
     _same,
@@ -260,7 +261,7 @@ def _lift_elementwise(pieces: list[Term], dim: int) -> Term | None:
     first = pieces[0]
     if first.op == "lin" and all(p.op == "lin" and p.attrs[0] == first.attrs[0]
                                  and len(p.args) == len(first.args) for p in pieces):
-        rows = [_aligned_parts(first, p) for p in pieces]
+        rows = [_aligned_parts(first, p, dim) for p in pieces]
         if any(r is None for r in rows):
             return None
         columns = [make_concat([r[k] for r in rows], dim) for k in range(len(first.args))]
@@ -309,7 +310,8 @@ _ARG_KEYS = (lambda t, dim: (t.op, t.dtype, t.attrs), lambda t, dim: (t.op, t.dt
              lambda t, dim: (t.op, t.dtype, t.attrs, _weights(t)),
              lambda t, dim: (t.op, t.dtype, t.args[0].serial if t.op == "slice" else t.attrs),
              lambda t, dim: (_leading(t, dim).op, t.dtype, _broadcast_off(t, dim)),
-             lambda t, dim: (t.dtype, _moved_input(_leading(t, dim))))
+             lambda t, dim: (t.dtype, _moved_input(_leading(t, dim))),
+             lambda t, dim: (t.dtype, _near_inputs(t)))
 """What lines commuting operands up across pieces, tried in order: the operand's kind with
 its attributes, then without them (the windows of pieces' slices differ), then with only
 what a broadcast fills besides the concatenation's dim (pieces of one row and of several
@@ -320,7 +322,45 @@ operand that is itself a concatenation along the dim by its first piece's kind (
 joined in part before: `concat(d0, d1) * bcast` next to `bcast * d2`), then by the input
 each moves through its movement ops (and a concatenation's first piece): a norm's `x *
 gain * scale` of a micro-batch's rows, joined in part, next to one row's, whose factors'
-kinds and broadcasts all differ."""
+kinds and broadcasts all differ; last, by the inputs each reads a few levels down
+(`_near_inputs`: a SwiGLU's `up * gate * sigmoid(gate)`, its gate and up projections of a
+stage's layers joined in part, which no key above tells apart)."""
+
+
+NEAR_INPUTS_DEPTH = 4
+"""How many levels down `_near_inputs` reads (as `terms.SKELETON_DEPTH`)."""
+
+_NEAR_INPUTS: dict[tuple[int, int], frozenset[int]] = {}
+"""`_near_inputs`'s answers by (serial, depth) (interned terms: a serial is never reused)."""
+
+MAX_NEAR_INPUTS = 1 << 20
+"""The most answers `_NEAR_INPUTS` keeps before it starts over."""
+
+
+def _near_inputs(term: Term, depth: int = NEAR_INPUTS_DEPTH) -> frozenset[int]:
+    """The indices of the arguments `term` reads within `depth` levels, a chain of slices,
+    reshapes, broadcasts and transposes counting as none (`_moved_input`), and so a
+    concatenation (its pieces read at its own level): which weights a contraction reads,
+    where every layer's activations read all of them further down, alike in pieces of
+    other row counts."""
+    key = (term.serial, depth)
+    found = _NEAR_INPUTS.get(key)
+    if found is not None:
+        return found
+    if len(_NEAR_INPUTS) > MAX_NEAR_INPUTS:
+        _NEAR_INPUTS.clear()
+    kind, index = _moved_input(term)
+    base = _moved_base(term)
+    if kind == "arg":
+        out = frozenset((index,))
+    elif base.op == "concatenate":
+        out = frozenset().union(*(_near_inputs(a, depth) for a in base.args))
+    elif depth == 0:
+        out = frozenset()
+    else:
+        out = frozenset().union(*(_near_inputs(a, depth - 1) for a in base.args))
+    _NEAR_INPUTS[key] = out
+    return out
 
 
 def _leading(term: Term, dim: int) -> Term:
@@ -358,11 +398,13 @@ def _aligned(pieces: list[Term], dim: int) -> list[tuple[Term, ...]]:
     return plain
 
 
-def _aligned_parts(first: Term, other: Term) -> list[Term] | None:
+def _aligned_parts(first: Term, other: Term, dim: int) -> list[Term] | None:
     """`other`'s parts (a `lin` like `first`) paired with `first`'s: each part of `first`
     with the same term in `other` at the same coefficient, where it has it; then each other
     part in turn with an unpaired part of the same coefficient, one with the same op first,
-    then with arguments of the same ops (`_arg_ops`), with the most factors alike
+    then of the same op once a concatenation along `dim` is read by its first piece
+    (`_leading`: a residual stream's input rows, joined in part, next to one row's, each
+    beside the attention's contraction), then with arguments of the same ops (`_arg_ops`), with the most factors alike
     (`_factor_keys`: a rotary embedding's halves by their tables), over the same arguments
     (a broadcast of one bias at another piece's rows), with the same attributes (the
     builders order parts by serial, so pieces computed alike can list them in different
@@ -387,6 +429,7 @@ def _aligned_parts(first: Term, other: Term) -> list[Term] | None:
             continue
         ranked = sorted((j for j in free if theirs[j] == coef), key=lambda j: (
             other.args[j] is not part, other.args[j].op != part.op,
+            _leading(other.args[j], dim).op != _leading(part, dim).op,
             _arg_ops(other.args[j]) != _arg_ops(part),
             _moved_by(other.args[j]) != _moved_by(part),
             -len(_factor_keys(other.args[j]) & _factor_keys(part)),

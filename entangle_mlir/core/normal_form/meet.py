@@ -21,6 +21,7 @@ from entangle_mlir.core.normal_form.pieces import (
     _summed_dims,
     slice_term,
 )
+from entangle_mlir.core.normal_form.concat import _near_inputs
 from entangle_mlir.core.normal_form.rewrite import normal_form
 from entangle_mlir.core.normal_form.sums import _orders, _peel, _wrap
 from entangle_mlir.core.terms import (
@@ -363,9 +364,14 @@ def _operand_pairs(a: Term, b: Term) -> list[tuple[Term, Term]] | None:
 
 def _likeness(x: Term, y: Term) -> tuple:
     """How alike two terms of one op and shape are, for pairing (more is likelier the same
-    value): operands of the same shapes, operands in common, one skeleton."""
+    value): operands of the same shapes, operands in common, the same inputs read (a SwiGLU's
+    `gate` and `up` contractions, whose skeletons tie, read different weights), one
+    skeleton."""
     return ([a.shape for a in x.args] == [b.shape for b in y.args],
-            sum(1 for a in x.args if any(a is b for b in y.args)), skeleton(x) == skeleton(y))
+            sum(1 for a in x.args if any(a is b for b in y.args)),
+            _near_inputs(x) == _near_inputs(y), skeleton(x) == skeleton(y))
+
+
 
 
 def _sums_cut_alike(x: Term, y: Term, memo: dict[int, Term],
