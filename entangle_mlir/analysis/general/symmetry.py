@@ -38,6 +38,7 @@ argument saves is the rules and their instances on all devices but the represent
 
 from __future__ import annotations
 
+import numpy as np
 from jaxlib.mlir import ir
 
 from entangle_mlir.analysis.general.loops import instantiate
@@ -124,7 +125,7 @@ class Symmetry:
         if rep.values is not None or local.values is not None:
             return (rep.values is not None and local.values is not None
                     and rep.shape == local.shape and rep.dtype == local.dtype
-                    and all(a == b for a, b in zip(rep.values.flat, local.values.flat)))
+                    and np.array_equal(rep.values.ravel(), local.values.ravel()))
         gamma = self.gamma[d]
         if not any(gamma):
             return rep.term is local.term

@@ -11,6 +11,7 @@ import itertools
 import math
 from fractions import Fraction
 
+from entangle_mlir.core.normal_form.concat import _near_inputs
 from entangle_mlir.core.normal_form.pieces import (
     _COMMUTES,
     _ELEMENTWISE,
@@ -21,7 +22,6 @@ from entangle_mlir.core.normal_form.pieces import (
     _summed_dims,
     slice_term,
 )
-from entangle_mlir.core.normal_form.concat import _near_inputs
 from entangle_mlir.core.normal_form.rewrite import normal_form
 from entangle_mlir.core.normal_form.sums import _orders, _peel, _wrap
 from entangle_mlir.core.terms import (
