@@ -36,12 +36,13 @@ ROWS = [
     (1, 1, 1, 2, True, 2), (1, 1, 1, 1, True, 2), (2, 2, 2, 2, True, 2),
     (2, 2, 2, 1, True, 2), (4, 2, 2, 2, True, 2),
     (14, 2, 1, 2, False, 2), (32, 2, 1, 2, False, 2), (16, 2, 2, 2, False, 2),
+    (4, 4, 1, 2, True, 2),
 ]
 """The rows: gap 2 of benchmarks/FRONTIER_RESULTS.md (several layers a stage and several
 micro-batches, with tp) and its neighbours; a sixth field is dp (1 when left out; dp 2 with
 a batch of 2 is one row a device, gap 1: its MLP half, then with attention). The last three:
 deep stages (7, 16 and 8 layers a stage: the normal form's memo chains, the micro-batch slice
-past 64 weight slices)."""
+past 64 weight slices). Last: dp 2 x pp 4 with attention (one row a device on 4 stages)."""
 
 
 def run(layers: int, pp: int, tp: int, micro: int, attention: bool, dp: int = 1,

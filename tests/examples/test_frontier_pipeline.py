@@ -108,11 +108,13 @@ def _one_row(layers: int, pp: int, tp: int, bug: str | None = None, micro: int =
 
 
 @pytest.mark.parametrize("layers, pp, tp, micro", [(1, 1, 1, 2), (1, 1, 1, 1), (2, 2, 2, 2),
-                                                   (4, 2, 2, 2)])
+                                                   (4, 2, 2, 2), (4, 4, 1, 2)])
 def test_one_row_a_device_with_attention_matches_and_is_proven(layers: int, pp: int, tp: int,
                                                                micro: int) -> None:
-    """Each device's row, computed with a unit batch dim, meets the reference's batch: the
-    rows stack along the unit dim, reshapes regroup (rows, seq) inside reductions and
+    """Each device's row, computed with a unit batch dim, meets the reference's batch (on pp 4
+    too: a stage's rows joined in part next to one row, their factors and parts paired by
+    the weights they read and a concatenation's first piece, tests/core/test_normal_form_pp4.py):
+    the rows stack along the unit dim, reshapes regroup (rows, seq) inside reductions and
     contractions group by group, the q and k gradients' contractions meet joined or apart
     (tests/core/test_normal_form_one_row.py); with one micro-batch, the reference's unit
     micro-batch dim is merged into the rows inside the last projection."""
@@ -122,7 +124,9 @@ def test_one_row_a_device_with_attention_matches_and_is_proven(layers: int, pp: 
     assert report.proven, (report.stats.get("general_tier") or {}).get("reason")
 
 
-def test_one_row_a_device_with_the_backward_off_by_one_is_not_proven() -> None:
-    ex = _one_row(2, 2, 1, "backward_microbatch_off_by_one")
+@pytest.mark.parametrize("layers, pp", [(2, 2), (4, 4)])
+def test_one_row_a_device_with_the_backward_off_by_one_is_not_proven(layers: int,
+                                                                     pp: int) -> None:
+    ex = _one_row(layers, pp, 1, "backward_microbatch_off_by_one")
     assert max_error(ex, input_sets(ex)[0]) > 1e-3
     assert not check_texts(*lower_pair(ex), verify_rules=False).proven
