@@ -29,6 +29,7 @@ from contextvars import ContextVar
 from fractions import Fraction
 from types import MappingProxyType
 
+from entangle_mlir.core import precision
 from entangle_mlir.core.ranges import (
     ELEMENTWISE_BOUNDS,
     FLOAT_MAX,
@@ -44,6 +45,9 @@ from entangle_mlir.core.ranges import (
     integer_dtype,
     mul,
     times,
+)
+from entangle_mlir.core.ranges import (
+    exact_convert as exact_int_convert,
 )
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 
@@ -758,9 +762,103 @@ def make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple = (),
     return _make_elementwise(op, tuple(args), attrs, dtype)
 
 
+BOOLEAN_MEANING = MappingProxyType({
+    "stablehlo.add": "stablehlo.or",
+    "stablehlo.multiply": "stablehlo.and",
+    "stablehlo.maximum": "stablehlo.or",
+    "stablehlo.minimum": "stablehlo.and",
+})
+"""What an arithmetic op computes on booleans (i1), as StableHLO defines it: add is logical
+or, multiply logical and, and maximum and minimum are or and and in the order false < true.
+A term of dtype i1 is built with the logical op, never as a number (`m + m` on i1 is `m`;
+converted to f32 first it is `2m`)."""
+
+BOOLEAN_UNDEFINED = frozenset({
+    "stablehlo.subtract", "stablehlo.negate", "stablehlo.divide", "stablehlo.remainder",
+    "stablehlo.abs", "stablehlo.sign", "stablehlo.power", "chlo.square"})
+"""Arithmetic ops StableHLO does not define on booleans: no i1 term is built with them."""
+
+
+def exact_conversion(source: str, target: str) -> bool:
+    """Converting `source` to `target` keeps every value: `precision.exact_convert` (floats
+    into wider floats, small integers into floats, booleans into anything) or an integer type
+    into one whose range holds it. Narrowing integers wrap; floats to integers truncate; wider
+    floats to narrower ones round."""
+    if precision.exact_convert(source, target):
+        return True
+    return integer_dtype(source) and integer_dtype(target) and exact_int_convert(source, target)
+
+
+def exact_origin(term: Term) -> Term:
+    """The value under `term`'s exact converts (`make_convert`): `x` for `convert(x)` when
+    every value of x's dtype is one of the convert's. A later convert to any dtype that holds
+    every value of `x`'s is exact on it, whatever it does to other values (bf16 -> f32 ->
+    bf16 rounds nothing; i8 -> f32 -> i32 truncates nothing)."""
+    while True:
+        if term.op == "stablehlo.convert" and len(term.args) == 1 and not term.attrs and \
+                exact_conversion(term.args[0].dtype, term.dtype):
+            term = term.args[0]
+        elif is_indicator(term):
+            return term.args[0]
+        else:
+            return term
+
+
+def indicator(pred: Term, dtype: str) -> Term:
+    """The boolean `pred` as the numbers 1 and 0 of `dtype` (a convert of a boolean, jax's
+    `mask.astype(f32)`): `select(pred, 1, 0)`, one node for every spelling of it."""
+    one, zero = make_splat(1, pred.shape, dtype), make_splat(0, pred.shape, dtype)
+    return make_elementwise("stablehlo.select", (pred, one, zero), (), dtype)
+
+
+def is_indicator(term: Term) -> bool:
+    """`term` is `indicator(p, dtype)` for a boolean p."""
+    return (term.op == "stablehlo.select" and term.args[0].dtype == "i1"
+            and term.dtype != "i1" and splat_value(term.args[1]) == 1
+            and splat_value(term.args[2]) == 0)
+
+
+def make_convert(term: Term, dtype: str) -> Term:
+    """`term` converted to `dtype` by a convert that keeps every value (`exact_conversion`:
+    the caller's to decide). The values are the same but the term carries `dtype`, so the
+    arithmetic over it is `dtype`'s (a boolean converted to f32 is the number 0 or 1 and adds
+    as a number; converted to i8 it wraps as an i8). Canonical: a constant becomes the same
+    constant in `dtype` (false and true as 0 and 1), a boolean its `indicator`, a chain of
+    exact converts is one convert, a select of constants selects the converted constants, and
+    the convert sinks below broadcasts and transposes (they move elements, it maps each), so
+    the programs meet wherever they place it (a reshape moves inward itself,
+    `make_reshape`)."""
+    if term.dtype == dtype:
+        return term
+    if term.op == "splat":
+        value = term.attrs[0]
+        if term.dtype == "i1":
+            value = Fraction(int(bool(value)))
+        return make_splat(value, term.shape, dtype)
+    origin = exact_origin(term)
+    if origin is not term:
+        return make_convert(origin, dtype)
+    if term.op == "broadcast":
+        return make_broadcast(make_convert(term.args[0], dtype), term.attrs[0], term.shape)
+    if term.op == "transpose":
+        return make_transpose(make_convert(term.args[0], dtype), term.attrs[0])
+    if term.dtype == "i1":
+        return indicator(term, dtype)
+    if term.op == "stablehlo.select" and all(a.op == "splat" for a in term.args[1:]):
+        branches = (make_convert(a, dtype) for a in term.args[1:])
+        return make_elementwise("stablehlo.select", (term.args[0], *branches), (), dtype)
+    return intern("stablehlo.convert", (term,), (), term.shape, dtype)
+
+
 @_built("elementwise", lambda op, args, attrs, dtype: (op, tuple(a.serial for a in args), attrs,
                                                       dtype))
 def _make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple, dtype: str | None) -> Term:
+    if (dtype or args[0].dtype) == "i1" and op in BOOLEAN_MEANING:
+        op = BOOLEAN_MEANING[op]
+    if op == "stablehlo.convert" and dtype is not None:
+        origin = exact_origin(args[0])
+        if exact_conversion(origin.dtype, dtype) and (origin is not args[0] or not attrs):
+            return make_convert(origin, dtype)
     if op == "stablehlo.add":
         return make_add(*args)
     if op == "stablehlo.subtract":
@@ -781,6 +879,9 @@ def _make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple, dtype: str 
         pulled = _select_content(*args, dtype or args[1].dtype)
         if pulled is not None:
             return pulled
+        spread = _select_constants(*args, dtype or args[1].dtype)
+        if spread is not None:
+            return spread
     if op in COMMUTATIVE:
         flat = []
         for arg in args:
@@ -911,6 +1012,17 @@ def _select_content(pred: Term, a: Term, b: Term, dtype: str) -> Term | None:
     tb = make_splat(vb / k, b.shape, b.dtype) if vb is not None else tb
     inner = intern("stablehlo.select", (pred, ta, tb), (), a.shape, dtype)
     return scale(inner, k)
+
+
+def _select_constants(pred: Term, a: Term, b: Term, dtype: str) -> Term | None:
+    """`select(p, c1, c0)` of two finite float constants as `c0 + (c1 - c0) * indicator(p)`:
+    exact (it is c1 where p holds, c0 elsewhere), and the form a scaled converted mask takes
+    (`k * mask.astype(f32)`, a one-hot's cotangent), so the two spellings meet."""
+    va, vb = splat_value(a), splat_value(b)
+    if not (_is_float(dtype) and pred.dtype == "i1" and isinstance(va, Fraction)
+            and isinstance(vb, Fraction)) or (va, vb) == (1, 0) or va == vb:
+        return None
+    return make_lin([(va - vb, indicator(pred, dtype))], vb, a.shape, dtype)
 
 
 def _is_float(dtype: str) -> bool:

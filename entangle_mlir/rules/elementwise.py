@@ -12,7 +12,7 @@ from fractions import Fraction
 
 from entangle_mlir.core import precision
 from entangle_mlir.core.mesh import axes_str
-from entangle_mlir.core.ranges import exact_convert, fits, wrap_integer
+from entangle_mlir.core.ranges import fits, wrap_integer
 from entangle_mlir.core.relations import (
     DEVICE_BLOCK_VALUES,
     DeviceScalar,
@@ -23,8 +23,13 @@ from entangle_mlir.core.relations import (
     Windowed,
 )
 from entangle_mlir.core.terms import (
+    BOOLEAN_MEANING,
+    BOOLEAN_UNDEFINED,
     Term,
+    exact_conversion,
+    exact_origin,
     make_broadcast,
+    make_convert,
     make_elementwise,
     make_iota,
     make_reshape,
@@ -81,6 +86,10 @@ def _integer_fn(info: OpInfo):
         return None if compare is None else lambda a, b: int(compare(a, b))
     if info.name == "stablehlo.not" and info.operand_types[0].dtype != "i1":
         return lambda a: ~a
+    if info.result_types[0].dtype == "i1":
+        if info.name in BOOLEAN_UNDEFINED:
+            return None
+        return _SCALAR_OPS.get(BOOLEAN_MEANING.get(info.name, info.name))
     return _SCALAR_OPS.get(info.name)
 
 
@@ -253,6 +262,8 @@ def _term_attrs(info: OpInfo) -> tuple:
 
 def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     """Shared layout in, shared layout out; see `_partial_result` for partial sums."""
+    if info.name in BOOLEAN_UNDEFINED and info.result_types[0].dtype == "i1":
+        return [Opaque(f"{info.name} on booleans (i1) is not defined", category="unsupported")]
     constant_pred = device_blocks.truth(operands[0]) if info.name == "stablehlo.select" else None
     if constant_pred is not None:
         return [operands[1] if constant_pred else operands[2]]
@@ -370,13 +381,11 @@ def _reduce_precision_term(info: OpInfo, term: Term, ctx: RuleContext) -> Term:
 
 
 def _exact_convert(info: OpInfo) -> bool:
-    """Converts that are the identity on values: every value of the source type is one of
-    the target's (`precision.exact_convert`: bf16 -> f32, i16 -> f32, booleans), or an integer
-    type whose range the target integer type holds (a narrowing integer convert wraps).
-    Float -> int truncates (a nonlinear op); f32 -> bf16 and i32 -> f32 round."""
-    source, target = info.operand_types[0], info.result_types[0]
-    return (precision.exact_convert(source.dtype, target.dtype)
-            or (source.is_int and target.is_int and exact_convert(source.dtype, target.dtype)))
+    """Converts that keep every value (`terms.exact_conversion`: bf16 -> f32, i16 -> f32,
+    booleans, an integer type into one whose range holds it); their term is the operand's in
+    the result dtype (`terms.make_convert`). Float -> int truncates (a nonlinear op); f32 ->
+    bf16 and i32 -> f32 round; a narrowing integer convert wraps."""
+    return exact_conversion(info.operand_types[0].dtype, info.result_types[0].dtype)
 
 
 def _convert_keeps_partial(info: OpInfo, kind: str) -> bool:
@@ -419,6 +428,9 @@ def _build_term(info: OpInfo, terms: list[Term], ctx: RuleContext) -> Term:
         return _reduce_precision_term(info, terms[0], ctx)
     if info.name == "stablehlo.convert":
         source = info.operand_types[0].dtype
+        origin = exact_origin(terms[0])
+        if origin is not terms[0] and exact_conversion(origin.dtype, rtype.dtype):
+            return make_convert(origin, rtype.dtype)  # a round trip: nothing rounds
         if _exact_convert(info):
             if precision.lower_precision(source, rtype.dtype) and _computed(terms[0]):
                 # the boundary where bf16 arithmetic enters f32: exact, but kept in the term
@@ -426,12 +438,8 @@ def _build_term(info: OpInfo, terms: list[Term], ctx: RuleContext) -> Term:
                          f"{source} -> {rtype.dtype} after it) where the reference computes it "
                          f"in {rtype.dtype}", "precision_lost")
                 return make_elementwise(info.name, (terms[0],), (source,), dtype=rtype.dtype)
-            retyped = _retyped(terms[0], rtype.dtype, source)
-            if retyped is None and info.operand_types[0].is_int and source != rtype.dtype:
-                # an integer term keeps its dtype's arithmetic (wrap-around): an explicit
-                # convert, so no linear form flattens across it into the wider type
-                return make_elementwise(info.name, (terms[0],), (), dtype=rtype.dtype)
-            return retyped or terms[0]
+            return _retyped(terms[0], rtype.dtype, source) or make_convert(terms[0],
+                                                                            rtype.dtype)
         if precision.rounds(source, rtype.dtype):
             constant = _retyped(terms[0], rtype.dtype, source)
             if constant is not None:

@@ -16,7 +16,7 @@ import numpy as np
 
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.mlir.opinfo import OpInfo
-from entangle_mlir.semantics.element import SemanticsError, combine
+from entangle_mlir.semantics.element import SemanticsError, combine, dtype_kind
 from entangle_mlir.semantics.groups import GroupError, permute_pairs, process_groups
 from entangle_mlir.semantics.ops import OP_SEMANTICS, WRAPPED_OPS, result_shape
 from entangle_mlir.semantics.tensor import Array, concatenate, full, obj_array, wrap_array
@@ -42,7 +42,7 @@ def _group_of(groups: list[list[int]]) -> dict[int, list[int]]:
 def _all_reduce(info: OpInfo, mesh: Mesh, operands: list[list[Array]]) -> list[list[Array]]:
     n = mesh.num_devices
     groups = _group_of(replica_groups(info, mesh))
-    kind = info.attrs.get("reducer", "add")
+    kind = dtype_kind(info.attrs.get("reducer", "add"), info.result_types[0].dtype)
     results: list[list[Array]] = []
     for d in range(n):
         members = groups[d]

@@ -1035,6 +1035,23 @@ def arg_combine(kind: str, v: Element, i: Element, w: Element, j: Element
 
 _KIND_ALIASES = {"add": "sum", "maximum": "max", "minimum": "min", "multiply": "mul"}
 
+_BOOLEAN_KINDS = {"add": "or", "sum": "or", "max": "or", "maximum": "or", "or": "or",
+                  "mul": "and", "multiply": "and", "min": "and", "minimum": "and",
+                  "and": "and", "xor": "xor"}
+"""A reduction of booleans (i1) as StableHLO defines it: add is logical or, multiply logical
+and, max and min are or and and in the order false < true (`terms.BOOLEAN_MEANING` for the
+elementwise ops)."""
+
+
+def dtype_kind(kind: str, dtype: str) -> str:
+    """The reduction `kind` (a reducer's name) computes on elements of `dtype`: on booleans
+    its logical meaning (`_BOOLEAN_KINDS`), else `kind` itself."""
+    if not is_bool_dtype(dtype):
+        return kind
+    if kind not in _BOOLEAN_KINDS:
+        raise SemanticsError(f"a '{kind}' reduction of booleans is not defined")
+    return _BOOLEAN_KINDS[kind]
+
 
 def combine(kind: str, items: Sequence[Element]) -> Element:
     """Fold items with a reduction kind (the identity element when empty)."""

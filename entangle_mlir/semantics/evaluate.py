@@ -20,6 +20,7 @@ from entangle_mlir.semantics.element import (
     add,
     as_int,
     div,
+    dtype_kind,
     int_limits,
     is_bool_dtype,
     is_int_dtype,
@@ -165,6 +166,9 @@ def evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
     if op == "dynamic_slice":
         (sizes,) = attrs
         return dynamic_slice(args[0], [obj_array(a).reshape(-1)[0] for a in args[1:]], sizes)
+    if op in ("lin", "mul", "div") and is_bool_dtype(term.dtype):
+        raise SemanticsError(f"a {op} term of booleans (i1): arithmetic on i1 is logical "
+                             "(`terms.BOOLEAN_MEANING`), no term should carry it")
     if op == "lin":
         constant, coefs = attrs
         if is_int_dtype(term.dtype):  # integer coefficients stay in z3's Int sort
@@ -188,11 +192,11 @@ def evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
     if op == "stablehlo.reverse":
         return reverse(args[0], attrs[0])
     if op in ("reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or"):
-        return reduce_dims(args[0], attrs[0], op.split("_")[1])
+        return reduce_dims(args[0], attrs[0], dtype_kind(op.split("_")[1], term.dtype))
     if op in _WINDOW_TERM_OPS:
         window, strides, base, dilation, low, high = attrs
-        kind = _WINDOW_TERM_OPS[op]
-        identity = {"sum": 0, "max": -math.inf, "min": math.inf}[kind]
+        kind = dtype_kind(_WINDOW_TERM_OPS[op], term.dtype)
+        identity = {"sum": 0, "max": -math.inf, "min": math.inf, "or": False, "and": True}[kind]
         return reduce_window(args[0], kind, identity, window, strides, base, dilation, low,
                              high)
     if op == "slice":

@@ -29,6 +29,7 @@ from entangle_mlir.semantics.element import (
     compare,
     convert,
     div,
+    dtype_kind,
     floor,
     int_limits,
     is_bool_dtype,
@@ -201,10 +202,18 @@ def _is_finite(a: Element) -> Element:
     return not isinstance(a, float) or math.isfinite(a)
 
 
+def _arithmetic(fn: Callable[[Element, Element], Element], boolean: str) -> ElementwiseFn:
+    """`fn` on numbers; on booleans (result i1) the logical op StableHLO defines it as
+    (`terms.BOOLEAN_MEANING`: add is or, multiply is and)."""
+    logical = logic(boolean)
+    return lambda args, attrs, dtype, src: apply(logical if is_bool_dtype(dtype) else fn,
+                                                 args[0], args[1])
+
+
 ELEMENTWISE: dict[str, ElementwiseFn] = {
-    "stablehlo.add": _binary(add),
+    "stablehlo.add": _arithmetic(add, "or"),
     "stablehlo.subtract": _binary(sub),
-    "stablehlo.multiply": _binary(mul),
+    "stablehlo.multiply": _arithmetic(mul, "and"),
     "stablehlo.divide": _divide,
     "stablehlo.remainder": _remainder,
     "stablehlo.maximum": _binary(maximum),
@@ -352,6 +361,7 @@ def _op_reduce(info: OpInfo, operands: list[Array]) -> list[Array]:
     reducer = info.attrs.get("reducer", "other")
     if reducer not in ("add", "max", "min", "mul", "and", "or"):
         raise SemanticsError(f"reduce with a '{reducer}' reducer")
+    reducer = dtype_kind(reducer, info.result_types[0].dtype)
     return [reduce_dims(x, info.attrs["dimensions"], reducer, init)]
 
 
@@ -366,6 +376,7 @@ def _op_reduce_window(info: OpInfo, operands: list[Array]) -> list[Array]:
     ones = (1,) * len(window)
     padding = a.get("padding") or [[0, 0]] * len(window)
     init = obj_array(operands[1]).reshape(-1)[0]
+    reducer = dtype_kind(reducer, info.result_types[0].dtype)
     return [reduce_window(obj_array(operands[0]), reducer, init, window,
                           a.get("window_strides") or ones, a.get("base_dilations") or ones,
                           a.get("window_dilations") or ones, [p[0] for p in padding],
