@@ -9,7 +9,7 @@ from functools import partial
 from entangle_mlir.analysis.layer_reuse import recheck_op_by_op
 from entangle_mlir.analysis.refine import EvidenceFocus
 from entangle_mlir.core.diagnostics import Diagnostic, InputError, parse_location
-from entangle_mlir.core.report import Report
+from entangle_mlir.core.report import NOT_PROVEN, Report
 from entangle_mlir.html_report import to_html
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.load import load_data, load_file
@@ -20,10 +20,24 @@ from entangle_mlir.passes.pipeline import PassState, parse_pipeline, run_pipelin
 from entangle_mlir.repair import Snapshot, repair, restored, snapshot, wants_repair
 
 
-def check_program(program: Program, *, verify_rules: bool = True,
-                  reuse_layers: bool = True, assume_no_overflow: bool = False,
-                  general_tier: bool = True, jobs: int | None = None,
-                  repair_bugs: bool = False, general_budget: int = 30) -> Report:
+def check_program(program: Program, **options) -> Report:
+    """`_check_program` (its options), where a defect of the checker itself (an exception
+    that is neither bad input nor input nesting too deeply) is "not proven", inconclusive,
+    with the error named, never a traceback: the check decided nothing."""
+    try:
+        return _check_program(program, **options)
+    except (InputError, RecursionError):
+        raise
+    except Exception as err:  # noqa: BLE001 - a defect of the checker is "not proven"
+        return Report(NOT_PROVEN, diagnostics=[Diagnostic(
+            "error", f"internal error of the checker ({type(err).__name__}: {err}): the check "
+            "could not decide; please report this", category="internal")])
+
+
+def _check_program(program: Program, *, verify_rules: bool = True,
+                   reuse_layers: bool = True, assume_no_overflow: bool = False,
+                   general_tier: bool = True, jobs: int | None = None,
+                   repair_bugs: bool = False, general_budget: int = 30) -> Report:
     """Normalize, walk both functions, compare; optionally Z3-check every rule instance.
 
     `reuse_layers` walks repeated layers once (`analysis/layer_reuse.py`); without it every

@@ -181,11 +181,15 @@ def _vector(root) -> tuple[int, ...]:
 
 
 def _placed(vector_value, dims: tuple[int, ...], shape: tuple[int, ...], at: ir.Operation):
-    """`vector_value` (its non-unit dims in order) broadcast onto `dims` of `shape`."""
+    """`vector_value` broadcast onto `dims` of `shape`: its non-unit dims in order, or every
+    dim of it where `dims` places each (a factor read without a broadcast chain is placed on
+    all its dims, unit ones included: `_placement`)."""
     element = ir.RankedTensorType(vector_value.type).element_type
     with ir.InsertionPoint(at), at.location:
         value = vector_value
         sizes = _vector(vector_value)
+        if len(dims) == len(shape_of(value)):
+            sizes = shape_of(value)
         if shape_of(value) != sizes:
             value = stablehlo.ReshapeOp(ir.RankedTensorType.get(sizes, element), value).result
         if sizes == shape and tuple(dims) == tuple(range(len(shape))):

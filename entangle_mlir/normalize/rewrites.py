@@ -77,7 +77,25 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None, audit: bool = Fal
         finally:
             if stats is not None:
                 stats["attempts"] = stats.get("attempts", 0) + work.attempts
+            if count:
+                valid(module)
     return count
+
+
+class InvalidRewrite(RuntimeError):
+    """A rewrite built an op StableHLO's verifier rejects: a defect of the rewrite, never read
+    further (the walk would give the malformed op some meaning)."""
+
+
+def valid(module: ir.Module) -> None:
+    """Raise `InvalidRewrite` unless the rewritten module verifies."""
+    try:
+        ok = module.operation.verify()
+    except ir.MLIRError as err:
+        first = next((d.message for d in err.error_diagnostics), str(err))
+        raise InvalidRewrite(f"a rewrite built an invalid module: {first}") from None
+    if not ok:
+        raise InvalidRewrite("a rewrite built an invalid module")
 
 
 _CYCLE_CHECK = 25
