@@ -603,9 +603,11 @@ def _transpose_out(transpose: ir.Operation) -> int:
     permutation = i64s(transpose, "permutation")
     landing = [permutation.index(d) for d in dims]
     order = sorted(range(len(landing)), key=lambda j: landing[j])
-    if order != list(range(len(order))) and shape_of(root) != _vector(root):
-        return 0
     at = transpose
+    if order != list(range(len(order))) and shape_of(root) != _vector(root):
+        if len(dims) != len(_vector(root)):
+            return 0
+        root = _unit_dims_dropped(root, scaled is not None, at)
     if scaled is not None:
         vector = (root if order == list(range(len(order)))
                   else _exp_transposed(root, order, at))
@@ -618,6 +620,22 @@ def _transpose_out(transpose: ir.Operation) -> int:
         return _replace(transpose, _mul(moved, spread, at))
     with ir.InsertionPoint(at), at.location:
         return _replace(transpose, stablehlo.DivOp(moved, spread).result)
+
+
+def _unit_dims_dropped(root, exponential: bool, at: ir.Operation):
+    """`root` reshaped to its non-unit dims (`_vector`), the dims a factor places (one
+    sequence, b = 1, leaves a unit dim in every row vector): bit-exact, a reshape keeps the
+    elements in order. An exponential `exp(a - b)` as `exp(reshape(a) - reshape(b))`, so it
+    stays a factor's form."""
+    element = ir.RankedTensorType(root.type).element_type
+    vector = ir.RankedTensorType.get(_vector(root), element)
+    if not exponential:
+        with ir.InsertionPoint(at), at.location:
+            return stablehlo.ReshapeOp(vector, root).result
+    sub = defining_op(defining_op(root).operands[0])
+    with ir.InsertionPoint(at), at.location:
+        a, b = (stablehlo.ReshapeOp(vector, v).result for v in sub.operands)
+    return _exp_diff(a, b, at)
 
 
 def _transposed_sum(add: ir.Operation) -> int:
