@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from entangle_mlir.analysis.general.tier import GeneralResult
 
 TIER_NOTE = "proven by per-device expansion on {n} devices (general tier)"
+STOPPED_NOTE = ("the general tier (per-device expansion) stopped before deciding: {reason}; "
+                "the verdict is the layout tier's alone")
+"""The note of a general tier stopped by its own limit or defect (`GeneralResult.internal`):
+never silent, since the verdict then rests on the layout tier alone."""
 MESSAGE_PREFIX = "general tier ("
 """How the general tier's diagnostic (its refutation) begins."""
 
@@ -69,6 +73,8 @@ def apply_result(report: Report, result: GeneralResult) -> None:
     if not result.proven:
         summary["reason"] = result.reason
         report.stats["general_tier"] = summary
+        if result.internal:
+            report.notes.append(STOPPED_NOTE.format(reason=result.reason))
         if result.refuted:
             report.counterexample = result.inputs
         if result.refuted and report.diagnostics and all(

@@ -244,6 +244,28 @@ def test_out_of_its_budget_the_general_tier_proves_nothing() -> None:
     assert check_texts(ref_text, sharded_text, verify_rules=False, general_budget=30).proven
 
 
+@pytest.mark.parametrize("error", [RecursionError(), ValueError("a defect")])
+def test_a_general_tier_stopped_by_its_own_error_says_so(monkeypatch, error) -> None:
+    """A general tier stopped by Python's recursion limit or a defect of its own proves
+    nothing and decides nothing: the program it would prove is not proven, and the report
+    says in a note that the tier stopped and why (not only in its stats), so the layout
+    tier's verdict is not mistaken for a decision."""
+    from entangle_mlir.analysis.general import tier
+    from entangle_mlir.passes.general_tier import STOPPED_NOTE
+
+    def stopped(*args, **kwargs):
+        raise error
+
+    _, _, (ref_text, sharded_text) = _run(CORRECT[0])
+    monkeypatch.setattr(tier, "general_tier", stopped)
+    report = check_texts(ref_text, sharded_text, verify_rules=False)
+    assert not report.proven
+    reason = report.stats["general_tier"]["reason"]
+    assert ("nest too deeply" if isinstance(error, RecursionError) else "a defect") in reason
+    assert STOPPED_NOTE.format(reason=reason) in report.notes
+    assert f"note: {STOPPED_NOTE.format(reason=reason)}" in report.render_text()
+
+
 @pytest.mark.parametrize("program", LAYOUT_TIER_NOW, ids=lambda p: p.name)
 def test_former_general_tier_cases_are_proven_by_the_layout_tier(program: Program) -> None:
     want, got, (ref_text, sharded_text) = _run(program)

@@ -62,6 +62,10 @@ class GeneralResult:
     manual computation's result, which may reach any)."""
     unchecked: list[UncheckedInstance] = field(default_factory=list)
     """The rule instances of a proof that Z3 did not check (too large, no Z3 semantics)."""
+    internal: bool = False
+    """Whether the tier stopped on a limit or defect of its own (Python's recursion limit, an
+    exception), not on anything it decided about the program: the report says so in a note
+    (`passes/general_tier.apply_result`), since the verdict then says nothing the tier found."""
 
 
 def run_general_tier(program: Program, reference: Walk | None = None, **options
@@ -72,9 +76,11 @@ def run_general_tier(program: Program, reference: Walk | None = None, **options
     try:
         return general_tier(program, reference, **options)
     except RecursionError:
-        return GeneralResult(False, reason="the terms nest too deeply for the general tier")
+        return GeneralResult(False, reason="the terms nest too deeply for the general tier",
+                             internal=True)
     except Exception as err:  # noqa: BLE001 - a defect of the tier is "not proven", not a crash
-        return GeneralResult(False, reason=f"internal error of the general tier: {err!r}")
+        return GeneralResult(False, reason=f"internal error of the general tier: {err!r}",
+                             internal=True)
 
 
 def general_tier(program: Program, reference: Walk | None = None, *,

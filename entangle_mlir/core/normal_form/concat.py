@@ -424,21 +424,35 @@ def _aligned_parts(first: Term, other: Term, dim: int) -> list[Term] | None:
         else:
             out.append(None)
     free = [j for j in free if j not in taken]
+    features = {j: _pairing_features(other.args[j], dim) for j in free}
     for slot, (coef, part) in enumerate(zip(mine, first.args)):
         if out[slot] is not None:
             continue
-        ranked = sorted((j for j in free if theirs[j] == coef), key=lambda j: (
-            other.args[j] is not part, other.args[j].op != part.op,
-            _leading(other.args[j], dim).op != _leading(part, dim).op,
-            _arg_ops(other.args[j]) != _arg_ops(part),
-            _moved_by(other.args[j]) != _moved_by(part),
-            -len(_factor_keys(other.args[j]) & _factor_keys(part)),
-            not _same_args(other.args[j], part), other.args[j].attrs != part.attrs, j))
-        if not ranked:
+        mine_of = _pairing_features(part, dim)
+        best = min((j for j in free if theirs[j] == coef), default=None,
+                   key=lambda j: (*_pairing_rank(features[j], mine_of), j))
+        if best is None:
             return None
-        free.remove(ranked[0])
-        out[slot] = other.args[ranked[0]]
+        free.remove(best)
+        out[slot] = other.args[best]
     return out  # type: ignore[return-value]
+
+
+def _pairing_features(term: Term, dim: int) -> tuple:
+    """What `_aligned_parts` ranks a partner by, computed once per part: the term, its op,
+    its leading piece's op along `dim`, its arguments' ops, its movement chain, its factor
+    keys, its arguments and attributes."""
+    return (term, term.op, _leading(term, dim).op, _arg_ops(term), _moved_by(term),
+            _factor_keys(term), tuple(a.serial for a in term.args), term.attrs)
+
+
+def _pairing_rank(theirs: tuple, mine: tuple) -> tuple:
+    """How well a part (`_pairing_features`) pairs with one of the first piece's, least
+    best: the same term, the same op, arguments of the same ops, the same movements, the
+    most factors alike, the same arguments, the same attributes."""
+    term, op, leading, arg_ops, moved, factors, args, attrs = theirs
+    return (term is not mine[0], op != mine[1], leading != mine[2], arg_ops != mine[3],
+            moved != mine[4], -len(factors & mine[5]), args != mine[6], attrs != mine[7])
 
 
 def _arg_ops(term: Term) -> list[str]:
@@ -471,11 +485,6 @@ def _factor_keys(term: Term) -> set:
     broadcast one cosine table to both)."""
     return {(a.args[0].serial, a.attrs) if a.op == "broadcast" else a.serial
             for a in term.args}
-
-
-def _same_args(a: Term, b: Term) -> bool:
-    """Whether two terms are nodes over the same arguments."""
-    return len(a.args) == len(b.args) and all(x is y for x, y in zip(a.args, b.args))
 
 
 def _lift_dot(pieces: list[Term], dim: int) -> Term | None:

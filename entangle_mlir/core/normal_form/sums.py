@@ -6,6 +6,7 @@ Part of `entangle_mlir.core.normal_form` (the package docstring lists every iden
 
 from __future__ import annotations
 
+from entangle_mlir.core.normal_form import concat
 from entangle_mlir.core.normal_form.concat import make_concat
 from entangle_mlir.core.normal_form.pieces import (
     _PROMISES,
@@ -293,7 +294,24 @@ def _join_scatters(cores: list[Term]) -> Term | None:
 
 
 def _join_group(cores: list[Term]) -> Term | None:
-    """One contraction (sum) for the sum of `cores` (see `_join_groups`), or None."""
+    """One contraction (sum) for the sum of `cores` (see `_join_groups`), or None; memoized
+    (`_GROUPS`) outside `make_concat`'s lifts, whose unlifted inner concatenations would make
+    the answer depend on what is being built around it."""
+    if concat._BUILDING:
+        return _joined_group(cores)
+    key = tuple(c.serial for c in cores)
+    if key not in _GROUPS:
+        _GROUPS[key] = _joined_group(cores)
+    return _GROUPS[key]
+
+
+_GROUPS: dict[tuple[int, ...], Term | None] = {}
+"""`_join_group` by its parts' serials (terms are interned for the whole run): every pass of
+the normal form rebuilds each sum, and a stack's residual stream asks again to join the
+layers' contractions that did not join before."""
+
+
+def _joined_group(cores: list[Term]) -> Term | None:
     first = cores[0]
     if first.op == "stablehlo.scatter":
         return _join_scatters(cores)
