@@ -130,3 +130,47 @@ def test_one_row_a_device_with_the_backward_off_by_one_is_not_proven(layers: int
     ex = _one_row(layers, pp, 1, "backward_microbatch_off_by_one")
     assert max_error(ex, input_sets(ex)[0]) > 1e-3
     assert not check_texts(*lower_pair(ex), verify_rules=False).proven
+
+
+
+@pytest.mark.parametrize("bug", [None, "middle_layer_up_from_gate"])
+def test_deep_stages_under_a_low_recursion_limit(bug: str | None) -> None:
+    """The normal form nests a rewrite's normal form in its node's (5 frames a level, about
+    1.5 levels a layer: 128 layers passed Python's default limit of 1000, the 405B row).
+    Under a limit just above what the layout tier needs, the 14-layer stack's general tier
+    would stop at it (`tier.RECURSION_LIMIT` lifted to 0: not proven, "nest too deeply"; the
+    twin fails its per-device agreement before); the tier raises the limit while it runs,
+    and the stack is proven, its twin not."""
+    import inspect
+    import sys
+
+    from entangle_mlir.analysis.general import tier
+
+    ex = F.pipeline_step(DEEP, 2, 2, 1, micro=2, attention=False, bug=bug)
+    texts = lower_pair(ex)
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + LOW_LIMIT)
+    try:
+        report = check_texts(*texts, verify_rules=False, general_budget=UNBOUNDED)
+        raised, tier.RECURSION_LIMIT = tier.RECURSION_LIMIT, 0
+        try:
+            stopped = check_texts(*texts, verify_rules=False, general_budget=UNBOUNDED)
+        finally:
+            tier.RECURSION_LIMIT = raised
+    finally:
+        sys.setrecursionlimit(before)
+    assert not stopped.proven
+    if bug is None:
+        assert "nest too deeply" in stopped.stats["general_tier"]["reason"]
+        assert max_error(ex, input_sets(ex)[0]) <= 10 * ex.atol
+        assert report.proven, report.stats.get("general_tier")
+    else:
+        assert max_error(ex, input_sets(ex)[0]) > 1e-3
+        assert not report.proven
+
+
+LOW_LIMIT = 150
+"""Frames above the test's own that the recursion limit is set to."""
+UNBOUNDED = 3600
+"""The general tier's wall budget here: what is tested is the recursion limit, not the
+machine's load (the default 30 s runs out on a loaded machine)."""

@@ -10,7 +10,10 @@ naming the device).
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -74,13 +77,37 @@ def run_general_tier(program: Program, reference: Walk | None = None, **options
     term builders, or an error of the tier itself, is "not proven" (with the reason) rather
     than bad input or a crash: the layout tier's verdict stands."""
     try:
-        return general_tier(program, reference, **options)
+        with _recursion_limit(RECURSION_LIMIT):
+            return general_tier(program, reference, **options)
     except RecursionError:
         return GeneralResult(False, reason="the terms nest too deeply for the general tier",
                              internal=True)
     except Exception as err:  # noqa: BLE001 - a defect of the tier is "not proven", not a crash
         return GeneralResult(False, reason=f"internal error of the general tier: {err!r}",
                              internal=True)
+
+
+RECURSION_LIMIT = 8_000
+"""Python's recursion limit while the tier runs (1000 by default). The normal form
+normalizes a rewrite at once (`normal_form._renormal`), and a rewrite's new terms can hold
+the next layer's (a reshape pushed through a stack's sums a layer at a time): 5 frames a
+level, 1.5 levels a layer, so the default stops at ~130 layers (the 405B 128-layer
+pipeline). Normalizing such rewrites later instead (in the fixpoint's next pass, past 48
+nested) builds the terms in another order, which the normal form depends on, and was slow:
+128 layers at test widths did not finish in 7 CPU minutes (90 s to the recursion error
+before). The frames of that recursion are Python calls, which CPython 3.11 runs without
+growing the C stack."""
+
+
+@contextmanager
+def _recursion_limit(limit: int) -> Iterator[None]:
+    """Python's recursion limit raised to at least `limit` inside the block."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(before, limit))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(before)
 
 
 def general_tier(program: Program, reference: Walk | None = None, *,

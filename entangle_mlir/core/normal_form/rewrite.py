@@ -94,31 +94,13 @@ def _latest(term: Term, memo: dict[int, Term]) -> Term:
 
 def _renormal(rewritten: Term, term: Term, args: tuple[Term, ...],
               memo: dict[int, Term]) -> Term | None:
-    """The normal form of a node's rewrite (past `MAX_NESTING` nested ones, the rewrite
-    itself, normalized by the next pass), or None where the rewrite gave the node back (a
-    slice of a reshape whose box squeezes back to that slice): normalizing it again would
-    not end."""
-    global _nesting
+    """The normal form of a node's rewrite, or None where the rewrite gave the node back
+    (a slice of a reshape whose box squeezes back to that slice): normalizing it again
+    would not end."""
     if rewritten is term or (rewritten.op == term.op and rewritten.args == args
                              and rewritten.attrs == term.attrs):
         return None
-    if _nesting >= MAX_NESTING:
-        return rewritten
-    _nesting += 1
-    try:
-        return normal_form(rewritten, memo)
-    finally:
-        _nesting -= 1
-
-
-MAX_NESTING = 48
-"""How many rewrites `_renormal` normalizes inside one another; a rewrite past them is
-returned as it is and waits for the next pass of the fixpoint (each identity is exact, so
-the memo may hold it). A rewrite's new terms can hold the next layer's rewrite (a reshape
-pushed through a stack's sums one layer at a time): normalized at once, 128 layers nested
-past Python's recursion limit (the 405B 128-layer pipeline)."""
-
-_nesting = 0
+    return normal_form(rewritten, memo)
 
 
 def _normal_node(term: Term, args: tuple[Term, ...], memo: dict[int, Term]) -> Term:
