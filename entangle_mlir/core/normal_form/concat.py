@@ -448,8 +448,9 @@ def _pairing_features(term: Term, dim: int) -> tuple:
 
 def _pairing_rank(theirs: tuple, mine: tuple) -> tuple:
     """How well a part (`_pairing_features`) pairs with one of the first piece's, least
-    best: the same term, the same op, arguments of the same ops, the same movements, the
-    most factors alike, the same arguments, the same attributes."""
+    best: the same term, the same op, the same leading piece's op, arguments of the same
+    ops, the same movements, the most factors alike, the same arguments, the same
+    attributes."""
     term, op, leading, arg_ops, moved, factors, args, attrs = theirs
     return (term is not mine[0], op != mine[1], leading != mine[2], arg_ops != mine[3],
             moved != mine[4], -len(factors & mine[5]), args != mine[6], attrs != mine[7])
