@@ -174,8 +174,9 @@ def test_a_hung_worker_is_stopped_and_its_queries_proved_here(pools, fresh_check
     assert not multiprocessing.active_children()
 
 
-def test_over_the_budget_nothing_is_begun(pools, fresh_checker, tmp_path,
-                                          monkeypatch) -> None:
+def _mlp_instances() -> list:
+    """The rule instances of the Megatron MLP example's sharded walk, as `check_batch` takes
+    them."""
     ref = EXAMPLES_MLIR / "megatron_mlp_tp4.ref.mlir"
     program = load_program(str(ref), str(ref.with_name("megatron_mlp_tp4.sharded.mlir")))
     state = PassState(program.sharded_module, program.sharded_file, program=program)
@@ -183,6 +184,12 @@ def test_over_the_budget_nothing_is_begun(pools, fresh_checker, tmp_path,
         run_pipeline(parse_pipeline(_WALK, PASSES), state)
     items = [(r.info, r.inputs, r.outputs, state.walks["sharded"].mesh if r.manual_axes
               else None) for r in state.walks["sharded"].records if r.outputs]
+    return items
+
+
+def test_over_the_budget_nothing_is_begun(pools, fresh_checker, tmp_path,
+                                          monkeypatch) -> None:
+    items = _mlp_instances()
     for jobs in (1, 2):
         DEFAULT_CHECKER.clear()
         assert list(parallel.check_batch(items, jobs=jobs, budget=Budget(-1.0))) == [None] * len(items)
@@ -194,13 +201,7 @@ def test_the_workers_cpu_time_is_counted_in_the_budget(pools, fresh_checker) -> 
     """A budget counts the CPU seconds the workers report for the queries taken (in order), so
     where it runs out does not depend on `jobs`: serially every query's time is this process's
     own, in a pool the workers' reports stand for it."""
-    ref = EXAMPLES_MLIR / "megatron_mlp_tp4.ref.mlir"
-    program = load_program(str(ref), str(ref.with_name("megatron_mlp_tp4.sharded.mlir")))
-    state = PassState(program.sharded_module, program.sharded_file, program=program)
-    with context():
-        run_pipeline(parse_pipeline(_WALK, PASSES), state)
-    items = [(r.info, r.inputs, r.outputs, state.walks["sharded"].mesh if r.manual_axes
-              else None) for r in state.walks["sharded"].records if r.outputs]
+    items = _mlp_instances()
     DEFAULT_CHECKER.clear()
     budget = Budget(3600.0)
     results = list(parallel.check_batch(items, jobs=2, budget=budget))
