@@ -377,7 +377,7 @@ def test_rule_checks_over_budget_are_listed() -> None:
         "entangle-check-refinement,entangle-verify-rules{budget_seconds=0}")
     counts = report.stats["rule_instances"]
     assert counts["skipped"] == len(report.unchecked) > 0 and counts["proved"] == 0, counts
-    assert all(u.reason == "over the time budget of the rule checks (0 s)"
+    assert all(u.reason == "over the time budget of the rule checks (0 CPU s)"
                for u in report.unchecked)
     assert {u.walk for u in report.unchecked} == {"reference", "sharded"}
     assert_valid(report.to_json())

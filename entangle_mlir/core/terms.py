@@ -853,6 +853,8 @@ def make_convert(term: Term, dtype: str) -> Term:
 @_built("elementwise", lambda op, args, attrs, dtype: (op, tuple(a.serial for a in args), attrs,
                                                       dtype))
 def _make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple, dtype: str | None) -> Term:
+    if dtype is None and op == "stablehlo.select":
+        dtype = args[1].dtype  # a select's values are its branches', not its predicate's
     if (dtype or args[0].dtype) == "i1" and op in BOOLEAN_MEANING:
         op = BOOLEAN_MEANING[op]
     if op == "stablehlo.convert" and dtype is not None:
