@@ -47,10 +47,10 @@ def _check_program(program: Program, *, verify_rules: bool = True,
     not prove the program, expand it per device (`analysis/general/`). `jobs`: worker
     processes for the Z3 rule-instance checks (None or 0: one per free core, 1: serial;
     `analysis/instance/parallel.py`): the same verdict either way. `general_budget`: the
-    general tier's CPU seconds (`analysis/budget.py`; expansion, decisions and its rule-instance checks; out of
-    time: not proven). `repair_bugs`: where the
-    report claims a bug the general tier did not prove away, name the one op whose nearest
-    alternative makes the program proven (`repair.py`)."""
+    general tier's CPU seconds (`analysis/budget.py`; expansion, decisions and its
+    rule-instance checks; out of time: not proven). `repair_bugs`: where the report claims a
+    bug the general tier did not prove away, name the one op whose nearest alternative makes
+    the program proven (`repair.py`)."""
     start = time.perf_counter()
     pristine = snapshot(program) if (general_tier and repair_bugs) or not assume_no_overflow \
         else None

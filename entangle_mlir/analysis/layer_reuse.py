@@ -428,10 +428,8 @@ class LayerIndex:
         simplify = self.valid_indices.simplifier.simplify
         if self._simplified is None:
             self._simplified = {}
-            for summary in self.summaries:
-                for arguments in summary.arguments[1:]:
-                    for argument in arguments:
-                        self._simplified.setdefault(simplify(argument).serial, argument)
+            for argument in self._later_arguments():
+                self._simplified.setdefault(simplify(argument).serial, argument)
         found = self._simplified.get(simplify(term).serial)
         if found is None and self.rounding:
             found = self._rounded_valid_argument(term)
@@ -455,6 +453,18 @@ class LayerIndex:
         self._combined_memo[term.serial] = found
         return found
 
+    def _later_arguments(self) -> list[Term]:
+        """Every summary's hole arguments from the second layer on (the first layer's are
+        the holes themselves)."""
+        return [argument for summary in self.summaries for arguments in summary.arguments[1:]
+                for argument in arguments]
+
+    def hole_argument(self, term: Term) -> tuple[Term, View] | None:
+        """(hole argument, view) `term` is taken for: the argument itself (`argument_term`,
+        the empty view), else a view of one (`view_argument`)."""
+        found = self.argument_term(term)
+        return (found, ()) if found is not None else self.view_argument(term)
+
     def view_argument(self, term: Term) -> tuple[Term, View] | None:
         """(hole argument a, view V) with `V(a)` exactly `term`, V reshapes and transposes:
         XLA reshapes a layer's slice of a stacked parameter where the reference reads the slice
@@ -463,12 +473,10 @@ class LayerIndex:
         over `a_k` gives it (`_fits`)."""
         if self._by_base is None:
             self._by_base = {}
-            for summary in self.summaries:
-                for arguments in summary.arguments[1:]:
-                    for argument in arguments:
-                        same = self._by_base.setdefault(_view_base(argument).serial, [])
-                        if argument not in same:
-                            same.append(argument)
+            for argument in self._later_arguments():
+                same = self._by_base.setdefault(_view_base(argument).serial, [])
+                if argument not in same:
+                    same.append(argument)
         for argument in self._by_base.get(_view_base(term).serial, []):
             view = view_over(term, argument)
             if view is not None:
@@ -493,12 +501,10 @@ class LayerIndex:
         """The hole arguments (from the second layer on) of `term`'s shape and type."""
         if self._by_shape is None:
             self._by_shape = {}
-            for summary in self.summaries:
-                for arguments in summary.arguments[1:]:
-                    for argument in arguments:
-                        same = self._by_shape.setdefault((argument.shape, argument.dtype), [])
-                        if argument not in same:
-                            same.append(argument)
+            for argument in self._later_arguments():
+                same = self._by_shape.setdefault((argument.shape, argument.dtype), [])
+                if argument not in same:
+                    same.append(argument)
         return self._by_shape.get((term.shape, term.dtype), [])
 
     def first_unused(self) -> tuple | None:
@@ -751,9 +757,7 @@ class LayerReuse:
         inputs of the reference's layers k, k+1, ..."""
         facts, period, values, index = plan.facts, run.period, self.values, self.index
         if start not in facts.prelude and not any(
-                type(values.get(v)) is Rel and index.argument_term(values[v].term) is not None
-                for v in facts.external_inputs(start, period)) and not any(
-                type(values.get(v)) is Rel and index.view_argument(values[v].term) is not None
+                type(values.get(v)) is Rel and index.hole_argument(values[v].term) is not None
                 for v in facts.external_inputs(start, period)):
             return None
         self._walk_preludes(plan, start, period, ctx)
@@ -809,9 +813,7 @@ class LayerReuse:
         candidates = None
         terms, views = [], []
         for v in inputs:
-            term, view = index.argument_term(v.term), ()
-            if term is None:
-                term, view = index.view_argument(v.term) or (None, ())
+            term, view = index.hole_argument(v.term) or (None, ())
             terms.append(term)
             views.append(view)
         for term in terms:
