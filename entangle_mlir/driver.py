@@ -21,17 +21,25 @@ from entangle_mlir.repair import Snapshot, repair, restored, snapshot, wants_rep
 
 
 def check_program(program: Program, **options) -> Report:
-    """`_check_program` (its options), where a defect of the checker itself (an exception
-    that is neither bad input nor input nesting too deeply) is "not proven", inconclusive,
-    with the error named, never a traceback: the check decided nothing."""
+    """`_check_program` (its options), where a defect or limit of the checker itself (an
+    exception that is not bad input) is "not proven", inconclusive, with the error named,
+    never a traceback: the check decided nothing. Python's recursion limit is such a limit:
+    the parser refuses text nesting deeper than `mlir.ir.MAX_NESTING`, so terms nesting too
+    deeply for a recursive walk are the checker's limit, not bad input."""
     try:
         return _check_program(program, **options)
-    except (InputError, RecursionError):
+    except InputError:
         raise
+    except RecursionError:
+        return _internal("the terms nest too deeply for the checker's recursive walks")
     except Exception as err:  # noqa: BLE001 - a defect of the checker is "not proven"
-        return Report(NOT_PROVEN, diagnostics=[Diagnostic(
-            "error", f"internal error of the checker ({type(err).__name__}: {err}): the check "
-            "could not decide; please report this", category="internal")])
+        return _internal(f"internal error of the checker ({type(err).__name__}: {err})")
+
+
+def _internal(what: str) -> Report:
+    return Report(NOT_PROVEN, diagnostics=[Diagnostic(
+        "error", f"{what}: the check could not decide; please report this",
+        category="internal")])
 
 
 def _check_program(program: Program, *, verify_rules: bool = True,

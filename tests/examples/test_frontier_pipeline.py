@@ -138,9 +138,10 @@ def test_deep_stages_under_a_low_recursion_limit(bug: str | None) -> None:
     """The normal form nests a rewrite's normal form in its node's (5 frames a level, about
     1.5 levels a layer: 128 layers passed Python's default limit of 1000, the 405B row).
     Under a limit just above what the layout tier needs, the 14-layer stack's general tier
-    would stop at it (`tier.RECURSION_LIMIT` lifted to 0: not proven, "nest too deeply"; the
-    twin fails its per-device agreement before); the tier raises the limit while it runs,
-    and the stack is proven, its twin not."""
+    would stop at it (`tier.RECURSION_LIMIT` lifted to 0 and the tier on this thread, where
+    the limit counts the test's frames too: not proven, "nest too deeply"; the twin fails its
+    per-device agreement before); the tier raises the limit while it runs, and the stack is
+    proven, its twin not."""
     import inspect
     import sys
 
@@ -152,11 +153,11 @@ def test_deep_stages_under_a_low_recursion_limit(bug: str | None) -> None:
     sys.setrecursionlimit(len(inspect.stack()) + LOW_LIMIT)
     try:
         report = check_texts(*texts, verify_rules=False, general_budget=UNBOUNDED)
-        raised, tier.RECURSION_LIMIT = tier.RECURSION_LIMIT, 0
+        raised, tier.RECURSION_LIMIT, tier.IN_THREAD = tier.RECURSION_LIMIT, 0, False
         try:
             stopped = check_texts(*texts, verify_rules=False, general_budget=UNBOUNDED)
         finally:
-            tier.RECURSION_LIMIT = raised
+            tier.RECURSION_LIMIT, tier.IN_THREAD = raised, True
     finally:
         sys.setrecursionlimit(before)
     assert not stopped.proven

@@ -11,10 +11,12 @@ naming the device).
 from __future__ import annotations
 
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -30,6 +32,7 @@ from entangle_mlir.core.report import UncheckedInstance
 from entangle_mlir.core.terms import HOLE_BASE, Term, subterms
 from entangle_mlir.mlir.program import Program
 
+T = TypeVar("T")
 _SUMMARIES = ("region_result",)
 _NOT_INSTANCES = ("sdy.manual_computation", "func.return", "func.func", "stablehlo.return",
                   "sdy.return")
@@ -78,7 +81,7 @@ def run_general_tier(program: Program, reference: Walk | None = None, **options
     than bad input or a crash: the layout tier's verdict stands."""
     try:
         with _recursion_limit(RECURSION_LIMIT):
-            return general_tier(program, reference, **options)
+            return _on_deep_stack(lambda: general_tier(program, reference, **options))
     except RecursionError:
         return GeneralResult(False, reason="the terms nest too deeply for the general tier",
                              internal=True)
@@ -95,8 +98,47 @@ level, 1.5 levels a layer, so the default stops at ~130 layers (the 405B 128-lay
 pipeline). Normalizing such rewrites later instead (in the fixpoint's next pass, past 48
 nested) builds the terms in another order, which the normal form depends on, and was slow:
 128 layers at test widths did not finish in 7 CPU minutes (90 s to the recursion error
-before). The frames of that recursion are Python calls, which CPython 3.11 runs without
-growing the C stack."""
+before). Most frames of that recursion are Python calls, which CPython 3.11 runs without
+growing the C stack; where a C function sits in the chain (`sorted`'s key, a C cache
+wrapper) each level takes C stack too, and 8000 of them overflow the main thread's 8 MiB (a
+segfault, not a RecursionError): the tier runs on a thread with `STACK_BYTES` of stack."""
+
+STACK_BYTES = 256 * 2**20
+"""The general tier's thread's stack: room for `RECURSION_LIMIT` frames each entering C
+(~1.3 KiB each in CPython 3.11: 8 MiB overflowed below 2000 levels of three), so the limit
+is met as a RecursionError. Address space only: untouched pages take no memory."""
+
+IN_THREAD = True
+"""Whether the tier runs on its own thread (`STACK_BYTES`); a profiler hooking the calling
+thread only (cProfile) needs it False."""
+
+
+def _on_deep_stack(call: Callable[[], T]) -> T:
+    """`call()` on a thread with a `STACK_BYTES` stack (in this thread where `IN_THREAD` is
+    off or no such thread can start), its result or its exception."""
+    if not IN_THREAD:
+        return call()
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as err:  # noqa: BLE001 - re-raised in the calling thread
+            outcome["error"] = err
+
+    previous = threading.stack_size()
+    try:
+        threading.stack_size(STACK_BYTES)
+        worker = threading.Thread(target=run, name="entangle-general-tier", daemon=True)
+        worker.start()
+    except (RuntimeError, ValueError, MemoryError):
+        return call()
+    finally:
+        threading.stack_size(previous)
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["value"]  # type: ignore[return-value]
 
 
 @contextmanager
