@@ -141,6 +141,17 @@ def check_unprovable(ref_text: str, sharded_text: str, **options):
     return report
 
 
+def per_example(items, xfails: dict[str, str] | None = None, marks=lambda ex: ()) -> list:
+    """One pytest param an example (`.name`: its id), in the xdist group of its name: under
+    `--dist loadgroup` (pyproject's addopts) every test of one example runs on one worker, so
+    what the modules cache of it (the lowering, the runs, the check) is computed once.
+    `xfails`: example name -> strict xfail reason; `marks`: more marks an example."""
+    return [pytest.param(ex, id=ex.name, marks=(
+        pytest.mark.xdist_group(ex.name), *marks(ex),
+        *((pytest.mark.xfail(strict=True, reason=xfails[ex.name]),)
+          if xfails and ex.name in xfails else ()))) for ex in items]
+
+
 def confirmed(report, ref_text, sharded_text):
     """What `entangle check` reports after confirming the claims of a (cached) report by running
     both programs (`entangle_mlir.confirm`), on a copy: the cached report stays as it is."""

@@ -33,7 +33,7 @@ def _products(n: int, wrong: int | None = None):
 def test_independent_wrapping_products_are_proved_part_by_part() -> None:
     _, claims, hyps = _products(16)
     assert len(_independent_parts(claims)) == 16
-    result = prove_all(claims, hyps, name="split.ok", timeout_ms=1_000)
+    result = prove_all(claims, hyps, name="split.ok", timeout_ms=10_000)
     assert result.status == "proved", result
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from entangle_mlir.driver import check_texts
 from examples.catalog import EXAMPLES, Example, bug_line, lower_pair
-from tests.shared import confirmed, confirmed_claim
+from tests.shared import confirmed, confirmed_claim, per_example
 
 
 @functools.cache
@@ -23,14 +23,14 @@ CORRECT = [e for e in EXAMPLES if e.bug is None]
 BUGGY = [e for e in EXAMPLES if e.bug is not None]
 
 
-@pytest.mark.parametrize("ex", CORRECT, ids=lambda e: e.name)
+@pytest.mark.parametrize("ex", per_example(CORRECT))
 def test_correct_example_is_proven(ex: Example) -> None:
     report = _report(ex.name)
     assert report.proven, report.render_text()
     assert all(o.rho for o in report.outputs)
 
 
-@pytest.mark.parametrize("ex", BUGGY, ids=lambda e: e.name)
+@pytest.mark.parametrize("ex", per_example(BUGGY))
 def test_buggy_example_is_flagged_at_its_line(ex: Example) -> None:
     report = _report(ex.name)
     assert not report.proven
@@ -42,7 +42,7 @@ def test_buggy_example_is_flagged_at_its_line(ex: Example) -> None:
     assert first.loc.line == line, report.render_text()
 
 
-@pytest.mark.parametrize("ex", BUGGY, ids=lambda e: e.name)
+@pytest.mark.parametrize("ex", per_example(BUGGY))
 def test_buggy_example_claim_is_confirmed(ex: Example) -> None:
     """`entangle check` runs both programs before claiming a bug: every buggy twin's claim is
     confirmed and keeps its wording and its line."""
@@ -64,7 +64,7 @@ _REASONS = {
 }
 
 
-@pytest.mark.parametrize("ex", BUGGY, ids=lambda e: e.name)
+@pytest.mark.parametrize("ex", per_example(BUGGY))
 def test_buggy_example_reason_names_the_axis(ex: Example) -> None:
     message = _report(ex.name).diagnostics[0].message
     for fragment in _REASONS[ex.bug]:

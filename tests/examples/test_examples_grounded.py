@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from examples.catalog import EXAMPLES, Example, bug_line, by_name, lower_pair, run_pair
-from tests.shared import EXAMPLES_MLIR
+from tests.shared import EXAMPLES_MLIR, per_example
 
 IDS = [e.name for e in EXAMPLES]
 CORRECT = [e for e in EXAMPLES if e.bug is None]
@@ -23,14 +23,14 @@ def _max_abs_diff(ex: Example) -> float:
     return max(float(np.max(np.abs(r - s))) for r, s in zip(ref, shd, strict=True))
 
 
-@pytest.mark.parametrize("ex", CORRECT, ids=[e.name for e in CORRECT])
+@pytest.mark.parametrize("ex", per_example(CORRECT))
 def test_correct_matches_reference(ex: Example) -> None:
     ref, shd = run_pair(ex)
     for r, s in zip(ref, shd, strict=True):
         np.testing.assert_allclose(s, r, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("ex", BUGGY, ids=[e.name for e in BUGGY])
+@pytest.mark.parametrize("ex", per_example(BUGGY))
 def test_buggy_differs_from_reference(ex: Example) -> None:
     assert _max_abs_diff(ex) > 1e-3
 
@@ -43,7 +43,7 @@ def test_lower_pair(ex: Example) -> None:
     assert "loc(" in ref and "loc(" in shd
 
 
-@pytest.mark.parametrize("ex", BUGGY, ids=[e.name for e in BUGGY])
+@pytest.mark.parametrize("ex", per_example(BUGGY))
 def test_bug_line(ex: Example) -> None:
     path, line = bug_line(ex)
     assert linecache.getline(path, line).rstrip().endswith("# BUG")

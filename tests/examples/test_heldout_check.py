@@ -18,7 +18,7 @@ from entangle_mlir.confirm import is_claim
 from entangle_mlir.driver import check_texts
 from examples.heldout.corpus import Example, bug_line, examples, lower_pair
 from examples.heldout.expected import NOT_PROVEN, UNCONFIRMED, UNSOUND
-from tests.shared import confirmed, confirmed_claim
+from tests.shared import confirmed, confirmed_claim, per_example
 
 EXAMPLES = examples()
 CORRECT = [e for e in EXAMPLES if e.bug is None]
@@ -30,13 +30,7 @@ def _report(ex: Example, verify_rules: bool):
     return check_texts(*lower_pair(ex), verify_rules=verify_rules)
 
 
-def _params(items: list[Example], xfails: dict[str, str]) -> list:
-    return [pytest.param(ex, id=ex.name, marks=(
-        (pytest.mark.xfail(strict=True, reason=xfails[ex.name]),) if ex.name in xfails else ()))
-        for ex in items]
-
-
-@pytest.mark.parametrize("ex", _params(CORRECT, NOT_PROVEN))
+@pytest.mark.parametrize("ex", per_example(CORRECT, NOT_PROVEN))
 def test_correct_is_proven(ex: Example) -> None:
     report = _report(ex, True)
     assert report.proven, report.render_text()
@@ -45,7 +39,7 @@ def test_correct_is_proven(ex: Example) -> None:
     assert counts.get("refuted", 0) == 0 and counts.get("unknown", 0) == 0, report.mode
 
 
-@pytest.mark.parametrize("ex", BUGGY, ids=[e.name for e in BUGGY])
+@pytest.mark.parametrize("ex", per_example(BUGGY))
 def test_buggy_is_never_proven(ex: Example) -> None:
     """Soundness: no xfail here, ever. Without the Z3 rule checks, which can only withdraw a
     proof, so this is the stronger test."""
@@ -66,7 +60,7 @@ def test_correct_program_gets_no_bug_claim(name: str) -> None:
     assert report.exit_code == 3 and report.outcome == "inconclusive"   # no bug claimed
 
 
-@pytest.mark.parametrize("ex", _params(BUGGY, UNCONFIRMED))
+@pytest.mark.parametrize("ex", per_example(BUGGY, UNCONFIRMED))
 def test_buggy_claim_is_confirmed(ex: Example) -> None:
     """A buggy program whose diagnostic claims a bug keeps a located claim, confirmed by
     running both programs; one flagged at its `# BUG` line stays there. (Its first claim may

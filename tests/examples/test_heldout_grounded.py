@@ -10,25 +10,26 @@ import linecache
 import pytest
 
 from examples.heldout.corpus import SOURCES, Example, bug_line, examples, grounded_correct
+from tests.shared import per_example
 
 EXAMPLES = examples()
 CORRECT = [e for e in EXAMPLES if e.bug is None]
 BUGGY = [e for e in EXAMPLES if e.bug is not None]
 
 
-@pytest.mark.parametrize("ex", CORRECT, ids=[e.name for e in CORRECT])
+@pytest.mark.parametrize("ex", per_example(CORRECT))
 def test_correct_matches_reference(ex: Example) -> None:
     same, errors = grounded_correct(ex)
     assert same, f"{ex.name}: relative errors per input set {errors}"
 
 
-@pytest.mark.parametrize("ex", BUGGY, ids=[e.name for e in BUGGY])
+@pytest.mark.parametrize("ex", per_example(BUGGY))
 def test_buggy_differs_from_reference(ex: Example) -> None:
     _, errors = grounded_correct(ex)
     assert max(errors) > 1e-2, f"{ex.name}: relative errors per input set {errors}"
 
 
-@pytest.mark.parametrize("ex", BUGGY, ids=[e.name for e in BUGGY])
+@pytest.mark.parametrize("ex", per_example(BUGGY))
 def test_bug_line_is_marked(ex: Example) -> None:
     path, line = bug_line(ex)
     assert linecache.getline(path, line).rstrip().endswith("# BUG")

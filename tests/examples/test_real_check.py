@@ -19,7 +19,7 @@ from examples.real.catalog import Example, bug_line, examples, lower_pair
 from examples.real.expected import MISLOCATED, NOT_PROVEN, UNSOUND
 from examples.real.repro import FIXED, NO_OVERFLOW_ASSUMED, Repro, reproducers
 from examples.real.survey import CAUSES
-from tests.shared import confirmed, confirmed_claim
+from tests.shared import confirmed, confirmed_claim, per_example
 
 EXAMPLES = examples()
 CORRECT = [e for e in EXAMPLES if e.bug is None]
@@ -32,24 +32,14 @@ def _report(ex: Example, assume_no_overflow: bool = False):
     return check_texts(ref, sharded, verify_rules=False, assume_no_overflow=assume_no_overflow)
 
 
-def _params(items: list[Example], xfails: dict[str, str]) -> list:
-    out = []
-    for ex in items:
-        marks = ()
-        if ex.name in xfails:
-            marks = (pytest.mark.xfail(strict=True, reason=xfails[ex.name]),)
-        out.append(pytest.param(ex, id=ex.name, marks=marks))
-    return out
-
-
-@pytest.mark.parametrize("ex", _params(CORRECT, NOT_PROVEN))
+@pytest.mark.parametrize("ex", per_example(CORRECT, NOT_PROVEN))
 def test_correct_is_proven(ex: Example) -> None:
     report = _report(ex)
     assert report.proven, report.render_text()
     assert all(o.rho for o in report.outputs)
 
 
-@pytest.mark.parametrize("ex", BUGGY, ids=[e.name for e in BUGGY])
+@pytest.mark.parametrize("ex", per_example(BUGGY))
 def test_buggy_is_never_proven(ex: Example) -> None:
     """Soundness: no xfail here, ever."""
     report = _report(ex)
@@ -57,7 +47,7 @@ def test_buggy_is_never_proven(ex: Example) -> None:
     assert report.exit_code in (1, 3) and report.diagnostics
 
 
-@pytest.mark.parametrize("ex", _params(BUGGY, MISLOCATED))
+@pytest.mark.parametrize("ex", per_example(BUGGY, MISLOCATED))
 def test_buggy_flagged_at_bug_line(ex: Example) -> None:
     report = _report(ex)
     path, line = bug_line(ex)
@@ -66,7 +56,7 @@ def test_buggy_flagged_at_bug_line(ex: Example) -> None:
     assert (first.loc.file, first.loc.line) == (path, line), report.render_text()
 
 
-@pytest.mark.parametrize("ex", BUGGY, ids=[e.name for e in BUGGY])
+@pytest.mark.parametrize("ex", per_example(BUGGY))
 def test_buggy_claim_is_confirmed(ex: Example) -> None:
     """`entangle check` runs both programs before claiming a bug: every buggy program's claim
     is confirmed and keeps its wording and its location (under `--assume-no-overflow` where

@@ -10,6 +10,7 @@ import pytest
 
 from examples.real.bugs import OMISSIONS
 from examples.real.catalog import Example, bug_line, examples, lower_pair, run_pair
+from tests.shared import per_example
 
 EXAMPLES = examples()
 CORRECT = [e for e in EXAMPLES if e.bug is None]
@@ -33,14 +34,14 @@ def _max_abs_diff(ex: Example) -> float:
     return max(float(np.max(np.abs(r - s))) for r, s in zip(ref, shd, strict=True))
 
 
-@pytest.mark.parametrize("ex", CORRECT, ids=[e.name for e in CORRECT])
+@pytest.mark.parametrize("ex", per_example(CORRECT))
 def test_correct_matches_reference(ex: Example) -> None:
     ref, shd = run_pair(ex)
     for r, s in zip(ref, shd, strict=True):
         np.testing.assert_allclose(s, r, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("ex", BUGGY, ids=[e.name for e in BUGGY])
+@pytest.mark.parametrize("ex", per_example(BUGGY))
 def test_buggy_differs_from_reference(ex: Example) -> None:
     assert _max_abs_diff(ex) > 1e-3
 
@@ -52,8 +53,7 @@ def _omission_marks(ex: Example):
     return ()
 
 
-@pytest.mark.parametrize("ex", [pytest.param(e, id=e.name, marks=_omission_marks(e))
-                                for e in BUGGY])
+@pytest.mark.parametrize("ex", per_example(BUGGY, marks=_omission_marks))
 def test_bug_line_in_sharded_locations(ex: Example) -> None:
     path, line = bug_line(ex)
     assert linecache.getline(path, line).rstrip().endswith("# BUG")
