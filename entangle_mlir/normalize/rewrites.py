@@ -28,7 +28,7 @@ from jaxlib.mlir import ir
 
 from entangle_mlir.mlir.compat import block_argument
 from entangle_mlir.mlir.ir import op_key, ops_in_order, producer
-from entangle_mlir.normalize import idioms, online_backward
+from entangle_mlir.normalize import idioms, one_hot, online_backward
 from entangle_mlir.normalize.finite import active, judging
 from entangle_mlir.normalize.match import Edits, Reads, editing, erasures, reading
 
@@ -58,7 +58,7 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None, audit: bool = Fal
         limit = budget(len(work.ops))
         every = cycle_interval(len(work.ops))
         try:
-            work.start(idioms.REWRITES)
+            work.start(FORWARD)
             while count < limit and work.rewrite_one():
                 count += 1
                 if count % every == 0 and _cycled(module, states):
@@ -66,7 +66,7 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None, audit: bool = Fal
             if count >= limit or not work.has("stablehlo.collective_permute") or (
                     finiteness.root_refusals() > roots):
                 return count
-            forward, backward = idioms.REWRITES, online_backward.REWRITES
+            forward, backward = FORWARD, online_backward.REWRITES
             both = {name: _either(forward.get(name), backward.get(name))
                     for name in {*forward, *backward}}
             work.start(both)
@@ -154,6 +154,19 @@ def _cycled(module: ir.Module, states: set[int]) -> bool:
 def _either(first, second):
     """Try `first`, then `second` (either may be None)."""
     return lambda op: bool(first and first(op)) or bool(second and second(op))
+
+
+def _joined(*tables: dict) -> dict:
+    """The rewrites of several tables by op name, each op's tried in the tables' order."""
+    joined: dict = {}
+    for table in tables:
+        for name, rewrite in table.items():
+            joined[name] = _either(joined.get(name), rewrite)
+    return joined
+
+
+FORWARD = _joined(idioms.REWRITES, one_hot.REWRITES)
+"""The forward's rewrites: the numerical idioms, then the one-hot's gathers and scatters."""
 
 
 class _Place:
