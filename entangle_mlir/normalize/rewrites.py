@@ -28,7 +28,7 @@ from jaxlib.mlir import ir
 
 from entangle_mlir.mlir.compat import block_argument
 from entangle_mlir.mlir.ir import op_key, ops_in_order, producer
-from entangle_mlir.normalize import idioms, one_hot, online_backward
+from entangle_mlir.normalize import idioms, one_hot, online_backward, permutation
 from entangle_mlir.normalize.finite import active, judging
 from entangle_mlir.normalize.match import Edits, Reads, editing, erasures, reading
 
@@ -165,8 +165,9 @@ def _joined(*tables: dict) -> dict:
     return joined
 
 
-FORWARD = _joined(idioms.REWRITES, one_hot.REWRITES)
-"""The forward's rewrites: the numerical idioms, then the one-hot's gathers and scatters."""
+FORWARD = _joined(idioms.REWRITES, one_hot.REWRITES, permutation.REWRITES)
+"""The forward's rewrites: the numerical idioms, the one-hot's gathers and scatters, rows
+permuted and put back."""
 
 
 class _Place:
