@@ -53,13 +53,15 @@ from entangle_mlir.normalize.match import (
 @dataclass(frozen=True)
 class OneHot:
     """`ids == iota` along `dim` of a tensor of shape `shape`: `ids` is a value of that shape
-    without `dim` (built on demand by `ids_value`), read from `source` broadcast by
-    `broadcast` (a broadcast_in_dim creating `dim`); `signed`: the compare's type."""
+    without `dim` (built on demand by `ids_value`), read from the operand of `broadcast` (a
+    broadcast_in_dim creating the class dim) and transposed by `perm` (a transpose of the
+    one-hot: result dim k is dim perm[k] of the broadcast); `signed`: the compare's type."""
 
     broadcast: ir.Operation
     dim: int
     shape: tuple[int, ...]
     signed: bool
+    perm: tuple[int, ...] | None = None
 
     @property
     def classes(self) -> int:
@@ -69,21 +71,35 @@ class OneHot:
     def ids_shape(self) -> tuple[int, ...]:
         return tuple(n for d, n in enumerate(self.shape) if d != self.dim)
 
+    def transposed(self, perm: list[int]) -> OneHot:
+        """This one-hot transposed by `perm`."""
+        inner = self.perm or tuple(range(len(self.shape)))
+        return OneHot(self.broadcast, perm.index(self.dim), tuple(self.shape[p] for p in perm),
+                      self.signed, tuple(inner[p] for p in perm))
+
     def ids_value(self):
         """The ids at `ids_shape` (built at the current insertion point)."""
         source = self.broadcast.operands[0]
         dims = i64s(self.broadcast, "broadcast_dimensions")
-        kept = [i for i, d in enumerate(dims) if d != self.dim]
+        dim = self.dim if self.perm is None else self.perm[self.dim]
+        kept = [i for i, d in enumerate(dims) if d != dim]
         element = ir.RankedTensorType(source.type).element_type
         if len(kept) != len(dims):
             squeezed = [shape_of(source)[i] for i in kept]
             source = stablehlo.ReshapeOp(ir.RankedTensorType.get(squeezed, element),
                                          source).result
-        target = [d - (d > self.dim) for d in (dims[i] for i in kept)]
-        if tuple(shape_of(source)) == self.ids_shape and target == list(range(len(target))):
+        target = [d - (d > dim) for d in (dims[i] for i in kept)]
+        inner = shape_of(self.broadcast.results[0])
+        inner_ids = [n for d, n in enumerate(inner) if d != dim]
+        if tuple(shape_of(source)) != tuple(inner_ids) or target != list(range(len(target))):
+            source = stablehlo.BroadcastInDimOp(ir.RankedTensorType.get(inner_ids, element),
+                                                source, target).result
+        if self.perm is None:
             return source
-        return stablehlo.BroadcastInDimOp(ir.RankedTensorType.get(self.ids_shape, element),
-                                          source, target).result
+        order = [p - (p > dim) for p in self.perm if p != dim]
+        if order == sorted(order):
+            return source
+        return stablehlo.TransposeOp(source, order).result
 
 
 def _iota_dim(value) -> int | None:
@@ -141,6 +157,9 @@ def numeric_one_hot(value) -> OneHot | None:
     op = defining_op(value)
     if op is None:
         return None
+    if op.name == "stablehlo.transpose":
+        inner = numeric_one_hot(op.operands[0])
+        return None if inner is None else inner.transposed(i64s(op, "permutation"))
     if op.name == "stablehlo.convert" and \
             ir.RankedTensorType(op.operands[0].type).element_type == ir.IntegerType.get_signless(1):
         return predicate_one_hot(op.operands[0])
@@ -367,16 +386,31 @@ def _one_hot_pick(reduce: ir.Operation) -> int:
 
 
 def _one_hot_spread(select: ir.Operation) -> int:
-    """`where(one_hot(ids), g, 0)` with g constant along the class dim (the pick's gradient,
-    `g[..., None] * one_hot`, after `idioms._masked_product`) is the scatter-add of g into
-    zeros at ids along the class dim, batched over the other dims (take_along_axis's
+    """`where(one_hot(ids), g, 0)` with g constant along the class dim is the scatter-add of
+    g into zeros at ids along the class dim, batched over the other dims (take_along_axis's
     gradient as jax lowers it; an id out of range is dropped, as the one-hot's zero row)."""
     if not splat_of(select.operands[2], 0.0):
         return 0
     hot = predicate_one_hot(select.operands[0])
     if hot is None:
         return 0
-    broadcast = _constant_along(select.operands[1], hot.dim)
+    return _spread(select, hot, select.operands[1])
+
+
+def _one_hot_spread_product(mul: ir.Operation) -> int:
+    """`g * one_hot(ids)` (either order), g finite and constant along the class dim (the
+    pick's gradient `g[..., None] * one_hot`): `_one_hot_spread`'s scatter."""
+    for hot_at in (0, 1):
+        hot = numeric_one_hot(mul.operands[hot_at])
+        if hot is not None and hot.perm is None and _finite(mul.operands[1 - hot_at], mul):
+            return _spread(mul, hot, mul.operands[1 - hot_at])
+    return 0
+
+
+def _spread(select: ir.Operation, hot: OneHot, value) -> int:
+    """`value` (constant along the class dim) scattered into zeros at the one-hot's ids in
+    place of `select`'s result."""
+    broadcast = _constant_along(value, hot.dim)
     if broadcast is None:
         return 0
     rank = len(hot.shape)
@@ -400,8 +434,10 @@ def _one_hot_spread(select: ir.Operation) -> int:
 
 
 REWRITES = {
+    "stablehlo.multiply": _one_hot_spread_product,
     "stablehlo.dot_general": _one_hot_matmul,
     "stablehlo.reduce": _one_hot_pick,
     "stablehlo.select": _one_hot_spread,
 }
-"""The one-hot rewrites by op name (joined with `idioms.REWRITES` by `rewrites.py`)."""
+"""The one-hot rewrites by op name (joined before `idioms.REWRITES` by `rewrites.py`: a
+product by a one-hot is spread here before `idioms._masked_product` makes it a select)."""

@@ -165,9 +165,9 @@ def _joined(*tables: dict) -> dict:
     return joined
 
 
-FORWARD = _joined(idioms.REWRITES, one_hot.REWRITES, permutation.REWRITES)
-"""The forward's rewrites: the numerical idioms, the one-hot's gathers and scatters, rows
-permuted and put back."""
+FORWARD = _joined(one_hot.REWRITES, idioms.REWRITES, permutation.REWRITES)
+"""The forward's rewrites: the one-hot's gathers and scatters, the numerical idioms, rows
+permuted and put back (each op's tried in that order)."""
 
 
 class _Place:
