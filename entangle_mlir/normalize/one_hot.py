@@ -26,7 +26,9 @@ jax's `take_along_axis` fills NaN), which only the valid-index assumption
 out.
 
 A one-hot is recognised as a compare EQ (integer) of a value broadcast along the class dim
-(the ids) with an iota along it, either order, through broadcast_in_dim.
+(the ids) with an iota along it, either order, through broadcast_in_dim and unit reshapes, the
+iota possibly shifted by scalars (XLA's per-device `iota + 16 * partition`: a one-hot of the
+ids less the shift), and through a transpose of the converted one-hot.
 """
 
 from __future__ import annotations
@@ -55,13 +57,16 @@ class OneHot:
     """`ids == iota` along `dim` of a tensor of shape `shape`: `ids` is a value of that shape
     without `dim` (built on demand by `ids_value`), read from the operand of `broadcast` (a
     broadcast_in_dim creating the class dim) and transposed by `perm` (a transpose of the
-    one-hot: result dim k is dim perm[k] of the broadcast); `signed`: the compare's type."""
+    one-hot: result dim k is dim perm[k] of the broadcast), less the scalars `offsets` the
+    iota was shifted by (`ids == iota + o` is `ids - o == iota`, both in wrapping integer
+    arithmetic); `signed`: the compare's type."""
 
     broadcast: ir.Operation
     dim: int
     shape: tuple[int, ...]
     signed: bool
     perm: tuple[int, ...] | None = None
+    offsets: tuple = ()
 
     @property
     def classes(self) -> int:
@@ -75,7 +80,7 @@ class OneHot:
         """This one-hot transposed by `perm`."""
         inner = self.perm or tuple(range(len(self.shape)))
         return OneHot(self.broadcast, perm.index(self.dim), tuple(self.shape[p] for p in perm),
-                      self.signed, tuple(inner[p] for p in perm))
+                      self.signed, tuple(inner[p] for p in perm), self.offsets)
 
     def ids_value(self):
         """The ids at `ids_shape` (built at the current insertion point)."""
@@ -94,6 +99,10 @@ class OneHot:
         if tuple(shape_of(source)) != tuple(inner_ids) or target != list(range(len(target))):
             source = stablehlo.BroadcastInDimOp(ir.RankedTensorType.get(inner_ids, element),
                                                 source, target).result
+        for offset in self.offsets:
+            spread = stablehlo.BroadcastInDimOp(ir.RankedTensorType.get(inner_ids, element),
+                                                offset, []).result
+            source = stablehlo.SubtractOp(source, spread).result
         if self.perm is None:
             return source
         order = [p - (p > dim) for p in self.perm if p != dim]
@@ -102,23 +111,39 @@ class OneHot:
         return stablehlo.TransposeOp(source, order).result
 
 
-def _iota_dim(value) -> int | None:
-    """The dim along which `value` holds its position (an iota through broadcast_in_dim that
-    does not stretch the iota's dim), else None."""
+def _positions(value) -> tuple[int, tuple] | None:
+    """(d, offsets) when `value` holds at each element its index along dim d plus the sum of
+    the scalars `offsets` (an iota, plus broadcast scalars, through broadcast_in_dim and
+    reshapes that add or drop unit dims, never stretching d: XLA's per-device
+    `iota + 16 * partition`), else None."""
     op = defining_op(value)
-    chain = []
-    while op is not None and op.name == "stablehlo.broadcast_in_dim":
-        chain.append(op)
-        op = defining_op(op.operands[0])
-    if op is None or op.name != "stablehlo.iota":
+    if op is None:
         return None
-    dim = ir.IntegerAttr(op.attributes["iota_dimension"]).value
-    size = shape_of(op.results[0])[dim]
-    for view in reversed(chain):
-        dim = i64s(view, "broadcast_dimensions")[dim]
-        if shape_of(view.results[0])[dim] != size:
-            return None
-    return dim
+    if op.name == "stablehlo.iota":
+        return ir.IntegerAttr(op.attributes["iota_dimension"]).value, ()
+    if op.name == "stablehlo.add":
+        for at in (0, 1):
+            scalar = defining_op(op.operands[1 - at])
+            if scalar is not None and scalar.name == "stablehlo.broadcast_in_dim" and \
+                    not shape_of(scalar.operands[0]):
+                inner = _positions(op.operands[at])
+                if inner is not None:
+                    return inner[0], (*inner[1], scalar.operands[0])
+        return None
+    if op.name not in ("stablehlo.broadcast_in_dim", "stablehlo.reshape"):
+        return None
+    inner = _positions(op.operands[0])
+    if inner is None:
+        return None
+    dim, offsets = inner
+    source, result = shape_of(op.operands[0]), shape_of(op.results[0])
+    if op.name == "stablehlo.broadcast_in_dim":
+        target = i64s(op, "broadcast_dimensions")[dim]
+        return (target, offsets) if result[target] == source[dim] else None
+    if source[dim] < 2 or [n for n in source if n != 1] != [n for n in result if n != 1]:
+        return None
+    rank = [d for d, n in enumerate(source) if n != 1].index(dim)
+    return [d for d, n in enumerate(result) if n != 1][rank], offsets
 
 
 def _constant_along(value, dim: int) -> ir.Operation | None:
@@ -143,12 +168,13 @@ def predicate_one_hot(pred) -> OneHot | None:
     if kind not in ("SIGNED", "UNSIGNED"):
         return None
     for ids_at in (0, 1):
-        dim = _iota_dim(op.operands[1 - ids_at])
-        if dim is None:
+        found = _positions(op.operands[1 - ids_at])
+        if found is None:
             continue
+        dim, offsets = found
         broadcast = _constant_along(op.operands[ids_at], dim)
         if broadcast is not None:
-            return OneHot(broadcast, dim, shape_of(pred), kind == "SIGNED")
+            return OneHot(broadcast, dim, shape_of(pred), kind == "SIGNED", offsets=offsets)
     return None
 
 
@@ -255,13 +281,11 @@ def _one_hot_matmul(dot: ir.Operation) -> int:
             continue
         hot_contract, table_contract = (lhs_contract, rhs_contract) if hot_at == 0 else (
             rhs_contract, lhs_contract)
-        if hot_contract == [hot.dim]:
-            if _finite(table, dot):
-                return _replace_by_gather(dot, hot, hot_at, table, table_contract[0])
-        elif sorted(hot_contract) == [d for d in range(len(hot.shape)) if d != hot.dim]:
-            if _finite(table, dot):
-                return _replace_by_scatter(dot, hot, hot_at, table, hot_contract,
-                                           table_contract)
+        tokens = [d for d in range(len(hot.shape)) if d != hot.dim]
+        if hot_contract == [hot.dim] and _finite(table, dot):
+            return _replace_by_gather(dot, hot, hot_at, table, table_contract[0])
+        if sorted(hot_contract) == tokens and _finite(table, dot):
+            return _replace_by_scatter(dot, hot, hot_at, table, hot_contract, table_contract)
     return 0
 
 

@@ -75,7 +75,7 @@ def _unwrapped(value):
     op = defining_op(value)
     if op is None or op.name != "stablehlo.select":
         return value
-    pred, wrapped, plain = (defining_op(v) for v in op.operands)
+    pred, wrapped = defining_op(op.operands[0]), defining_op(op.operands[1])
     if pred is None or pred.name != "stablehlo.compare" or wrapped is None or \
             wrapped.name != "stablehlo.add" or op.operands[2] not in list(wrapped.operands) or \
             describe(pred).attrs.get("comparison_direction") != "LT" or \
