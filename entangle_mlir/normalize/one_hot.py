@@ -167,11 +167,14 @@ def predicate_one_hot(pred) -> OneHot | None:
     kind = compare_type(op)
     if kind not in ("SIGNED", "UNSIGNED"):
         return None
+    element = ir.IntegerType(ir.RankedTensorType(op.operands[0].type).element_type)
     for ids_at in (0, 1):
         found = _positions(op.operands[1 - ids_at])
         if found is None:
             continue
         dim, offsets = found
+        if shape_of(pred)[dim] >= 1 << (element.width - 1):
+            continue  # the iota's positions wrap around in its type
         broadcast = _constant_along(op.operands[ids_at], dim)
         if broadcast is not None:
             return OneHot(broadcast, dim, shape_of(pred), kind == "SIGNED", offsets=offsets)

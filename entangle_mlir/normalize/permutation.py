@@ -244,7 +244,7 @@ def _operand_dims(op: ir.Operation, dim: int) -> list[int | None] | None:
     operand has none, it is the same for every row); None where `op` does not compute row i
     from rows i alone."""
     name = op.name
-    if len(op.results) != 1:
+    if len(op.results) != 1 or not len(op.operands):
         return None
     if name in ELEMENTWISE_OPS or name in ("stablehlo.convert", "stablehlo.select"):
         if any(shape_of(v) != shape_of(op.results[0]) for v in op.operands):

@@ -77,12 +77,12 @@ def _avals(tokens: int, width: int, experts: int = 2):
             jax.ShapeDtypeStruct((tokens,), i32))
 
 
-SHAPES = ((2, 2), (3, 1), (4, 1))
+SHAPES = ((2, 2), (3, 1))
 """(tokens, width): the symbolic sort of n keys is n^2 compare-exchanges and each gather at a
 symbolic index a chain over the rows (a tanh and an einsum per row took Z3 minutes)."""
 
 RIGHT = [(fn, shape) for fn in (by_argsort, by_scatter_set, by_scatter_add,
-                                by_inverse_scatter) for shape in SHAPES]
+                                by_inverse_scatter) for shape in SHAPES] + [(by_argsort, (4, 1))]
 
 
 @pytest.mark.parametrize("fn,shape", RIGHT, ids=[f"{f.__name__}-{n}x{w}" for f, (n, w) in RIGHT])
