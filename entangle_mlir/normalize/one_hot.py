@@ -8,11 +8,13 @@ predicate itself in a `where`) holds at position k of its class dim `c` the trut
   where `0 <= ids < n`, zeros elsewhere: `where(0 <= ids < n, T[clip(ids, 0, n - 1)], 0)`;
 * multiplied with X and summed over the class dim (`sum(X * one_hot(labels), -1)`, the
   cross-entropy pick): `where(0 <= ids < n, take_along_axis(X, clip(ids)), 0)`;
-* multiplied with a value constant along the class dim (`g[..., None] * one_hot(labels)`, the
-  pick's gradient), or contracted with G over every dim but the classes (`one_hot(ids).T @ G`,
-  the embedding's gradient): the scatter-add of g (G's rows) into zeros at ids, which drops an
-  update whose index is out of range (XLA's and the verifier's scatter semantics), as the
-  one-hot gives it no row.
+* multiplied with per-row values g constant along the class dim (`g[..., None] *
+  one_hot(labels)`, the pick's gradient), or contracted with G over every dim but the classes
+  (`one_hot(ids).T @ G`, the embedding's gradient): the scatter-add of g (G's rows) into
+  zeros at ids, which drops an update whose index is out of range (XLA's and the verifier's
+  scatter semantics), as the one-hot gives it no row. A one-hot times one value everywhere
+  (`one_hot * c`, a mean loss's cotangent) is a scaled one-hot, kept elementwise: a scatter
+  of it would only cost the general tier a symbolic scatter where both programs spell it so.
 
 Each is exact for every id: the bounds test and the clip spell what the one-hot does with an
 id outside [0, n). A product `0 * x` is 0 only for finite x, so the float value the one-hot
@@ -28,7 +30,9 @@ out.
 A one-hot is recognised as a compare EQ (integer) of a value broadcast along the class dim
 (the ids) with an iota along it, either order, through broadcast_in_dim and unit reshapes, the
 iota possibly shifted by scalars (XLA's per-device `iota + 16 * partition`: a one-hot of the
-ids less the shift), and through a transpose of the converted one-hot.
+ids less the shift), and through a transpose of the converted one-hot. Ids that are positions
+themselves (`iota == iota'`, a diagonal mask) are left alone: they index nothing, and the
+walk reads such masks as they are.
 """
 
 from __future__ import annotations
@@ -176,7 +180,7 @@ def predicate_one_hot(pred) -> OneHot | None:
         if shape_of(pred)[dim] >= 1 << (element.width - 1):
             continue  # the iota's positions wrap around in its type
         broadcast = _constant_along(op.operands[ids_at], dim)
-        if broadcast is not None:
+        if broadcast is not None and _positions(op.operands[ids_at]) is None:
             return OneHot(broadcast, dim, shape_of(pred), kind == "SIGNED", offsets=offsets)
     return None
 
@@ -438,16 +442,18 @@ def _spread(select: ir.Operation, hot: OneHot, value) -> int:
     """`value` (constant along the class dim) scattered into zeros at the one-hot's ids in
     place of `select`'s result."""
     broadcast = _constant_along(value, hot.dim)
-    if broadcast is None:
-        return 0
+    if broadcast is None or all(n == 1 for n in shape_of(broadcast.operands[0])):
+        return 0  # the same value everywhere: a scaled one-hot, no row to scatter
     rank = len(hot.shape)
     others = [d for d in range(rank) if d != hot.dim]
     along = _along_shape(hot)
     result_type = ir.RankedTensorType(select.results[0].type)
     with ir.InsertionPoint(select), select.location:
-        spread = OneHot(broadcast, hot.dim, hot.shape, hot.signed).ids_value()
-        updates = stablehlo.ReshapeOp(ir.RankedTensorType.get(along, result_type.element_type),
-                                      spread).result
+        # Broadcast straight to the updates' shape: the dims the broadcast creates stay
+        # visibly created (a splat cotangent built at a device's local shape).
+        updates = stablehlo.BroadcastInDimOp(
+            ir.RankedTensorType.get(along, result_type.element_type), broadcast.operands[0],
+            i64s(broadcast, "broadcast_dimensions")).result
         start = _with_vector_dim(hot.ids_value(), [*along, 1])
         numbers = stablehlo.ScatterDimensionNumbers.get(
             update_window_dims=[], inserted_window_dims=[hot.dim], input_batching_dims=others,
