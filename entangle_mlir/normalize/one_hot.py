@@ -42,10 +42,12 @@ from dataclasses import dataclass
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import stablehlo
 
+from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.opinfo import compare_type, describe
 from entangle_mlir.normalize.finite import judge, nonfinite_kinds
 from entangle_mlir.normalize.int_ranges import decided
 from entangle_mlir.normalize.match import (
+    MOVES,
     defining_op,
     erase_and_prune,
     i64s,
@@ -438,12 +440,27 @@ def _one_hot_spread_product(mul: ir.Operation) -> int:
     return 0
 
 
+def _same_everywhere(value, depth: int = 8) -> bool:
+    """`value` is one number everywhere: a scalar or a splat, broadcast, reshaped, converted
+    or combined elementwise with others such (a mean loss's cotangent `-1/n`)."""
+    if all(n == 1 for n in shape_of(value)) or splat_of(value, 0.0) or splat_of(value, 1.0):
+        return True
+    op = defining_op(value)
+    if op is None or depth == 0:
+        return False
+    if op.name == "stablehlo.constant":
+        return bool(ir.DenseElementsAttr(op.attributes["value"]).is_splat)
+    if op.name in (*MOVES, "stablehlo.convert") or op.name in ELEMENTWISE_OPS:
+        return all(_same_everywhere(v, depth - 1) for v in op.operands)
+    return False
+
+
 def _spread(select: ir.Operation, hot: OneHot, value) -> int:
     """`value` (constant along the class dim) scattered into zeros at the one-hot's ids in
     place of `select`'s result."""
     broadcast = _constant_along(value, hot.dim)
-    if broadcast is None or all(n == 1 for n in shape_of(broadcast.operands[0])):
-        return 0  # the same value everywhere: a scaled one-hot, no row to scatter
+    if broadcast is None or _same_everywhere(value):
+        return 0  # a scaled one-hot: no row to scatter
     rank = len(hot.shape)
     others = [d for d in range(rank) if d != hot.dim]
     along = _along_shape(hot)
