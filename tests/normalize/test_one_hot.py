@@ -6,8 +6,10 @@ the pick's gradient, the embedding's gradient either side) is rewritten, and the
 after equals the program before for every id, in range or not. Against jax's gather spelling
 (`T[ids]`, `take_along_axis`, their gradients) the one-hot spelling is equal only where the
 ids are valid: Z3 proves it under that hypothesis and refutes it without, and refutes the
-near misses (an id off by one, on either side). The programs are grounded in
-tests/normalize/test_gather_identities_programs.py."""
+near misses (an id off by one, on either side). The programs are grounded in the
+held-out corpus (examples/heldout: one_hot_embed, one_hot_ce, one_hot_ce_grad, one_hot_lookup,
+one_hot_pick and their buggy twins; tests/examples/test_heldout_grounded.py runs both programs,
+test_heldout_check.py checks the verdicts)."""
 
 from __future__ import annotations
 

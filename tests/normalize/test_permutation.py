@@ -7,8 +7,10 @@ integers (ties included: the sort is stable, and an argsort is a permutation wha
 keys): the rewrite fires, and the program after equals the program before; the wrong
 variants (unsorted by the permutation itself, a descending argsort as the inverse, the argsort
 of a non-permutation, a scatter to another permutation) are not rewritten, and Z3 refutes
-them against the unpermuted computation. Programs are grounded in
-tests/normalize/test_gather_identities_programs.py."""
+them against the unpermuted computation. Programs are grounded in the held-out
+corpus (examples/heldout: sorted_moe, sorted_moe_scattered and their buggy twins;
+tests/examples/test_heldout_grounded.py runs both programs, test_heldout_check.py checks the
+verdicts)."""
 
 from __future__ import annotations
 
