@@ -157,3 +157,18 @@ def test_infinite_table_keeps_the_one_hot() -> None:
     an input, which overflows) is not read as a gather."""
     _, after, _ = rewritten(lambda ids, t: matmul(ids, jnp.exp(t)), *EMBED)
     assert "stablehlo.gather" not in op_names(after)
+
+
+def test_scaled_one_hot_and_diagonal_stay_elementwise() -> None:
+    """A one-hot times one number everywhere (a mean loss's cotangent) is a scaled one-hot,
+    and `iota == iota'` a diagonal mask: neither indexes anything, both stay elementwise (and
+    the rewrite that did not fire leaves the program as it was)."""
+    scaled = (_aval((3,), i32),)
+    before, after, _ = rewritten(lambda ids: jax.nn.one_hot(ids, 5) * -0.25, *scaled)
+    assert "stablehlo.scatter" not in op_names(after)
+    assert compare(before, after, scaled) == "proved"
+    square = (_aval((4, 4)),)
+    _, after, _ = rewritten(
+        lambda x: jnp.where(jnp.arange(4)[:, None] == jnp.arange(4)[None, :], x, 0.0).sum(-1),
+        *square)
+    assert "stablehlo.gather" not in op_names(after)
