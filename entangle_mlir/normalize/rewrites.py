@@ -1,7 +1,9 @@
 """The exact rewrites of numerical idioms, applied until none applies (`rewrite_idioms`).
 
-Two sets of rewrites by op name: the forward's (`idioms.REWRITES`: psum as all_gather + sum,
-log-sum-exp shifts, the online softmax), and the online softmax's backward
+Two sets of rewrites by op name: the forward's (`forward_rewrites`: `one_hot.REWRITES`, a
+one-hot contracted, picked or spread as a gather or scatter; `idioms.REWRITES`, psum as
+all_gather + sum, log-sum-exp shifts, the online softmax; `permutation.REWRITES`, rows
+permuted and put back), and the online softmax's backward
 (`online_backward.REWRITES`), which joins in once the forward's are done, in a module that
 passes blocks around a ring (a collective_permute).
 
@@ -28,7 +30,7 @@ from jaxlib.mlir import ir
 
 from entangle_mlir.mlir.compat import block_argument
 from entangle_mlir.mlir.ir import op_key, ops_in_order, producer
-from entangle_mlir.normalize import idioms, online_backward
+from entangle_mlir.normalize import idioms, one_hot, online_backward, permutation
 from entangle_mlir.normalize.finite import active, judging
 from entangle_mlir.normalize.match import Edits, Reads, editing, erasures, reading
 
@@ -58,7 +60,8 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None, audit: bool = Fal
         limit = budget(len(work.ops))
         every = cycle_interval(len(work.ops))
         try:
-            work.start(idioms.REWRITES)
+            forward = forward_rewrites()
+            work.start(forward)
             while count < limit and work.rewrite_one():
                 count += 1
                 if count % every == 0 and _cycled(module, states):
@@ -66,7 +69,7 @@ def rewrite_idioms(module: ir.Module, ops: list | None = None, audit: bool = Fal
             if count >= limit or not work.has("stablehlo.collective_permute") or (
                     finiteness.root_refusals() > roots):
                 return count
-            forward, backward = idioms.REWRITES, online_backward.REWRITES
+            backward = online_backward.REWRITES
             both = {name: _either(forward.get(name), backward.get(name))
                     for name in {*forward, *backward}}
             work.start(both)
@@ -154,6 +157,22 @@ def _cycled(module: ir.Module, states: set[int]) -> bool:
 def _either(first, second):
     """Try `first`, then `second` (either may be None)."""
     return lambda op: bool(first and first(op)) or bool(second and second(op))
+
+
+def _joined(*tables: dict) -> dict:
+    """The rewrites of several tables by op name, each op's tried in the tables' order."""
+    joined: dict = {}
+    for table in tables:
+        for name, rewrite in table.items():
+            joined[name] = _either(joined.get(name), rewrite)
+    return joined
+
+
+def forward_rewrites() -> dict:
+    """The forward's rewrites: the one-hot's gathers and scatters, the numerical idioms, rows
+    permuted and put back (each op's tried in that order). Joined at each call, so a table
+    patched by a test is the one used."""
+    return _joined(one_hot.REWRITES, idioms.REWRITES, permutation.REWRITES)
 
 
 class _Place:

@@ -210,6 +210,26 @@ def sorted_moe_unsorted_by_order(x, wr, we):
     return _sorted_moe(x, wr, we, inverse=False)  # BUG
 
 
+def _sorted_moe_scattered(x, wr, we, *, to_order: bool):
+    """The unsort spelled as a scatter: row t of the sorted output written back to row
+    order[t] (`zeros.at[order].set(ys)`)."""
+    logits = x @ wr
+    expert = jnp.argmax(logits, axis=-1)
+    gate = jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
+    order = jnp.argsort(expert)
+    ys = jnp.einsum("td,tdf->tf", x[order], we[expert[order]])
+    rows = order if to_order else jnp.argsort(order)
+    return jnp.zeros_like(ys).at[rows].set(ys) * gate[:, None]
+
+
+def sorted_moe_scattered(x, wr, we):
+    return _sorted_moe_scattered(x, wr, we, to_order=True)
+
+
+def sorted_moe_scattered_to_inverse(x, wr, we):
+    return _sorted_moe_scattered(x, wr, we, to_order=False)  # BUG
+
+
 # ----- Megatron-LM column -> row parallel MLP, LM head ------------------------------------------
 
 def megatron_mlp_ref(x, w1, b1, w2, b2):
@@ -388,6 +408,51 @@ def embed_ref(token_ids, table):
     return table[token_ids]
 
 
+# ----- vocab-parallel cross-entropy with a one-hot pick (Megatron-LM's masked target) ----------
+
+def target_ce_ref(logits, labels):
+    picked = jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+    return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
+
+
+def _one_hot_ce(logits, labels, *, modulo: bool):
+    """The target logit of a vocab shard as `sum(logits * one_hot(local))`, the labels outside
+    the shard masked to 0 and their pick zeroed, psum'd. `modulo` (the bug): the local label
+    taken as `labels % n`, so every shard picks its column labels % n."""
+    n = logits.shape[-1]
+    local = labels - lax.axis_index("tp") * n
+    if modulo:
+        local = labels % n  # BUG
+    outside = (local < 0) | (local >= n)
+    picked = jnp.sum(logits * jax.nn.one_hot(jnp.where(outside, 0, local), n), axis=-1)
+    picked = lax.psum(jnp.where(outside, 0.0, picked), "tp")
+    m = lax.pmax(lax.stop_gradient(jnp.max(logits, axis=-1)), "tp")
+    sum_exp = lax.psum(jnp.sum(jnp.exp(logits - m[:, None]), axis=-1), "tp")
+    return jnp.mean(jnp.log(sum_exp) + m - picked)
+
+
+def one_hot_ce(logits, labels):
+    return _one_hot_ce(logits, labels, modulo=False)
+
+
+def one_hot_ce_label_modulo(logits, labels):
+    return _one_hot_ce(logits, labels, modulo=True)  # the bug is in _one_hot_ce
+
+
+def _grad_logits(f):
+    return jax.grad(f, argnums=0)
+
+
+def one_hot_ce_grad(logits, labels):
+    """The gradient w.r.t. the logits shard taken inside the shard_map (jax transposes the
+    one-hot pick into `g * one_hot(local)`)."""
+    return jax.grad(one_hot_ce)(logits, labels)
+
+
+def one_hot_ce_label_modulo_grad(logits, labels):
+    return jax.grad(one_hot_ce_label_modulo)(logits, labels)
+
+
 def int8_matmul_ref(x, w):
     return x.astype(jnp.int32) @ w.astype(jnp.int32)
 
@@ -538,6 +603,9 @@ def programs() -> list[Example]:
     qkv = tuple(f32((2, 16, 4, 8), P(None, "sp", None, None)) for _ in range(3))
     oh = ("MaxText's one-hot embedding lookup over vocab shards: one_hot(ids - start) @ table, "
           "psum (out-of-shard ids give zero rows)")
+    vce = (f32((8, 32), P(None, "tp")), ids((8,), P(), 32))
+    ohc = ("vocab-parallel cross-entropy, the target logit picked by a one-hot of the "
+           "shard-local label (masked to 0 outside the shard, its pick zeroed), psum")
     q8 = ("AQT-style int8 row-parallel matmul: int32 accumulation "
           "(preferred_element_type), psum in int32")
     mc = ("sequence-parallel cross-entropy with ignored labels (-100): psum of the loss sum "
@@ -548,6 +616,15 @@ def programs() -> list[Example]:
         _p("one_hot_embed", TP4, embed_ref, one_hot_embed, emb, P(), oh),
         _p("one_hot_embed", TP4, embed_ref, one_hot_embed_global_ids, emb, P(), oh,
            bug="ids_not_shifted_to_shard"),
+        _p("one_hot_ce", TP4, target_ce_ref, one_hot_ce, vce, P(), ohc),
+        _p("one_hot_ce", TP4, target_ce_ref, one_hot_ce_label_modulo, vce, P(), ohc,
+           bug="label_modulo_shard_width", bug_fn=_one_hot_ce),
+        _p("one_hot_ce_grad", TP4, _grad_logits(target_ce_ref), one_hot_ce_grad, vce,
+           P(None, "tp"), ohc + ": gradient w.r.t. the logits shard, taken in the shard_map "
+           "(the one-hot spread, against take_along_axis's scatter)"),
+        _p("one_hot_ce_grad", TP4, _grad_logits(target_ce_ref), one_hot_ce_label_modulo_grad,
+           vce, P(None, "tp"), ohc + ": gradient w.r.t. the logits shard",
+           bug="label_modulo_shard_width", bug_fn=_one_hot_ce),
         _p("int8_matmul_tp", TP4, int8_matmul_ref, int8_matmul_tp, i8, P(), q8),
         _p("int8_matmul_tp", TP4, int8_matmul_ref, int8_matmul_tp_int8_psum, i8, P(), q8,
            bug="partials_narrowed_to_int8"),
@@ -586,6 +663,10 @@ def programs() -> list[Example]:
         _p("sorted_moe", DATA4, sorted_moe_ref, sorted_moe, moe, P("data"), mo),
         _p("sorted_moe", DATA4, sorted_moe_ref, sorted_moe_unsorted_by_order, moe, P("data"),
            mo, bug="unsorted_by_order_not_inverse"),
+        _p("sorted_moe_scattered", DATA4, sorted_moe_ref, sorted_moe_scattered, moe, P("data"),
+           mo + " (the unsort spelled as a scatter to the order)"),
+        _p("sorted_moe_scattered", DATA4, sorted_moe_ref, sorted_moe_scattered_to_inverse, moe,
+           P("data"), mo, bug="scattered_to_inverse_not_order"),
         _p("megatron_mlp", TP4, megatron_mlp_ref, megatron_mlp, mlp, P(), mm),
         _p("megatron_mlp", TP4, megatron_mlp_ref, megatron_mlp_bias_chunk_of_rank0, mlp, P(),
            mm, bug="bias_chunk_of_rank0"),

@@ -129,6 +129,25 @@ def _embed_mlp(embed):
     return build
 
 
+def one_hot_lookup(token_ids, table, constrain=_no_constraint):
+    """MaxText's one-hot embedding in a jitted model: the table split over the vocabulary,
+    XLA partitions the one-hot's contraction."""
+    return constrain(jax.nn.one_hot(token_ids, table.shape[0], dtype=table.dtype) @ table)
+
+
+def one_hot_lookup_off_by_one(token_ids, table, constrain=_no_constraint):
+    return constrain(jax.nn.one_hot(token_ids - 1, table.shape[0], dtype=table.dtype) @ table)  # BUG
+
+
+def one_hot_pick(logits, labels, constrain=_no_constraint):
+    """The cross-entropy's target logit as a one-hot pick, logits split over the vocabulary."""
+    return constrain(jnp.sum(logits * jax.nn.one_hot(labels, logits.shape[-1]), axis=-1))
+
+
+def take_pick(logits, labels):
+    return jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+
+
 # ----- MaxText-style layers written with sharding constraints -----------------------------------
 
 def moe_constrained(x, wg, w1, w2, constrain=_no_constraint):
@@ -213,6 +232,18 @@ def programs() -> list[Example]:
             mx.vocab_parallel_embed_upper_bound), emb, P(),
            "vocab-parallel embedding inside jit", bug="mask_upper_bound_inclusive",
            bug_fn=mx.vocab_parallel_embed_upper_bound, chosen=_embed_mlp_block_starts),
+        _p("one_hot_lookup", (("tp", 4),), mx.embed_ref, _jit_form(one_hot_lookup),
+           [ids((4, 8), P(), V), f32((V, D), P("tp", None))], None,
+           "MaxText's one-hot embedding under jit, the table split over the vocabulary "
+           "(XLA's partitioning of the one-hot contraction)"),
+        _p("one_hot_lookup", (("tp", 4),), mx.embed_ref, _jit_form(one_hot_lookup_off_by_one),
+           [ids((4, 8), P(), V), f32((V, D), P("tp", None))], None,
+           "MaxText's one-hot embedding under jit", bug="ids_off_by_one",
+           bug_fn=one_hot_lookup_off_by_one),
+        _p("one_hot_pick", (("tp", 4),), take_pick, _jit_form(one_hot_pick),
+           [f32((8, V), P(None, "tp")), ids((8,), P(), V)], None,
+           "the cross-entropy's target logit as a one-hot pick under jit, logits split over "
+           "the vocabulary"),
         _p("moe_top2_constrained", (("ep", 4),), moe_constrained, _jit_form(moe_constrained),
            moe, P("ep", None), "MaxText-style top-2 MoE with capacity, experts constrained "
            "to 'ep' (XLA chooses the collectives)"),
