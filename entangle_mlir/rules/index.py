@@ -75,6 +75,39 @@ def _match_axes(mesh: Mesh, offsets: tuple[int, ...], size: int, free: list[str]
     return None, (best, best_bad)
 
 
+def _match_coarse(mesh: Mesh, offsets: tuple[int, ...], size: int, free: list[str],
+                  global_size: int) -> tuple[tuple[str, ...], int] | None:
+    """(axes A, r) with offsets[d] == (block_index(A, d) // r) * size, r > 1 dividing A's
+    group size: device d reads block d // r of the dim split into |A| / r blocks (a coarser
+    split than A's, MaxText's K/V heads replicated over groups of r devices)."""
+    for axes in _candidate_axes(mesh, free, offsets):
+        group = mesh.group_size(axes)
+        for repeat in range(2, group + 1):
+            if group % repeat or (group // repeat) * size > global_size:
+                continue
+            if all(offsets[d] == mesh.block_index(axes, d) // repeat * size
+                   for d in range(mesh.num_devices)):
+                return axes, repeat
+    return None
+
+
+def repeat_blocks(term, dim: int, size: int, blocks: int, repeat: int):
+    """`term`'s first `blocks` blocks of `size` along `dim`, each repeated `repeat` times in
+    place: block b of the result is block b // repeat of `term`."""
+    from entangle_mlir.core.terms import make_broadcast, make_reshape
+    shape = term.shape
+    if blocks * size != shape[dim]:
+        starts = (0,) * len(shape)
+        limits = shape[:dim] + (blocks * size,) + shape[dim + 1:]
+        term = make_op("slice", (term,), (starts, limits, (1,) * len(shape)), limits,
+                       term.dtype, linear_in=0)
+    split = shape[:dim] + (blocks, size) + shape[dim + 1:]
+    wide = shape[:dim] + (blocks, repeat, size) + shape[dim + 1:]
+    dims = tuple(i if i <= dim else i + 1 for i in range(len(split)))
+    wide_term = make_broadcast(make_reshape(term, split), dims, wide)
+    return make_reshape(wide_term, shape[:dim] + (blocks * repeat * size,) + shape[dim + 1:])
+
+
 def dynamic_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     x, *starts = operands
     if isinstance(x, Windowed) and ctx.mesh is not None:
@@ -116,6 +149,15 @@ def dynamic_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list
             tiling[d] = x.tiling[d] + axes
             continue
         axes, closest = _match_axes(ctx.mesh, offsets, size, free, x.term.shape[d])
+        if axes is None:
+            coarse = _match_coarse(ctx.mesh, offsets, size, free, x.term.shape[d])
+            if coarse is not None:
+                axes, repeat = coarse
+                term = repeat_blocks(x.term, d, size, ctx.mesh.group_size(axes) // repeat,
+                                     repeat)
+                x = replace(x, term=term)
+                lo, hi, shape = lo[:], hi[:], list(shape)
+                hi[d] = shape[d] = term.shape[d]
         if axes is None:
             return [_pending_reduction(d, offsets, size, x, ctx)
                     or _wrong_offset(d, offsets, size, closest, ctx)]
