@@ -131,7 +131,7 @@ def confirm(report: Report, load, *, draws=INPUT_DRAWS, at_op: bool = True) -> R
         _enough_devices(report)
         with context():
             program = load()
-            edges = input_edges(program.ref_func)
+            edges = input_edges(program.ref_func, report.index_ranges)
         if edges:
             draws = (*draws, EDGE_DRAW)
         comparisons = compare_programs(program, draws, report.index_ranges, given=given,
@@ -339,16 +339,22 @@ argument that meets only these (up to a convert to a float type) is data, such a
 int8 weights, whose sums may wrap."""
 
 
-def input_edges(func: ir.Operation) -> dict[int, tuple[int, ...]]:
+def input_edges(func: ir.Operation, index_ranges: dict[int, int] | None = None
+                ) -> dict[int, tuple[int, ...]]:
     """Integer values worth drawing for the integer arguments of `func` (the reference) beside
     random ones, by argument index: for an argument compared with a constant c (through
     moves and converts, `labels >= 0` against an ignore index), c - 1, c and c + 1; for one
     that is only data (`_DATA_OPS`: int8 matmul operands), the extremes of its type, where a
-    narrower sum wraps. Values outside the argument's type are left out. An argument used
-    otherwise (an index, compared with a computed value) gets no extremes: out-of-range ids
-    are inputs no proof admits, not bugs."""
+    narrower sum wraps. Values outside the argument's type are left out, and so are values
+    outside `index_ranges` (argument -> n: the proof assumes it indexes a dim of n, in
+    [0, n); jax's negative-index wrap compares such ids with 0). An argument used otherwise
+    (an index, compared with a computed value) gets no extremes: out-of-range ids are inputs
+    no proof admits, not bugs."""
     block = func.regions[0].blocks[0]
     bounds = {i: _int_bounds(a.type) for i, a in enumerate(block.arguments)}
+    for i, size in (index_ranges or {}).items():
+        if bounds.get(i) is not None:
+            bounds[i] = (max(bounds[i][0], 0), min(bounds[i][1], size - 1))
     edges: dict[int, set[int]] = {i: set() for i, b in bounds.items() if b is not None}
     for op in block.operations:
         if op.operation.name != "stablehlo.compare":
