@@ -123,3 +123,16 @@ def test_plans_reproduce_the_index_map() -> None:
     assert plan_of((2, 4), sliced[:1]) is not None
     assert plan_of((2, 4), sliced) is not None
     assert plan_of((3,), (("broadcast", ((1,), (2, 3))), ("transpose", (1, 0)))) is not None
+
+
+def test_a_repeated_left_operand_moves_out_before_the_right_free_dims() -> None:
+    x, w = T.make_arg(8, (2, 3, 4), F32), T.make_arg(9, (2, 4, 5), F32)
+    attrs = ((0,), (0,), (2,), (1,))
+    repeated = built_repeat(x, 1, 2)
+    pulled = T.make_dot(repeated, w, attrs, (2, 6, 5), F32)
+    raw = T.intern("stablehlo.dot_general", (raw_repeat(x, 1, 2), w), attrs, (2, 6, 5), F32)
+    assert pulled is built_repeat(T.make_dot(x, w, attrs, (2, 3, 5), F32), 1, 2)
+    assert proved(raw, pulled)
+    tiled = T.intern("stablehlo.dot_general", (raw_repeat(x, 1, 2, tile=True), w), attrs,
+                     (2, 6, 5), F32)
+    assert refuted(tiled, pulled)
