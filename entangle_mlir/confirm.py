@@ -372,8 +372,11 @@ def input_edges(func: ir.Operation, index_ranges: dict[int, int] | None = None
 
 
 def _int_bounds(tensor_type) -> tuple[int, int] | None:
-    """(min, max) of an integer tensor type's elements (None for floats and booleans)."""
-    element = ir.RankedTensorType(tensor_type).element_type
+    """(min, max) of an integer tensor type's elements (None for floats, booleans and
+    anything but a ranked tensor)."""
+    if not isinstance(tensor_type, ir.RankedTensorType):
+        return None
+    element = tensor_type.element_type
     if not isinstance(element, ir.IntegerType):
         return None
     integer = ir.IntegerType(element)
