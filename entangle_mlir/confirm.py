@@ -45,6 +45,8 @@ import sys
 import time
 from dataclasses import replace
 
+from jaxlib.mlir import ir
+
 from entangle_mlir.core.diagnostics import Diagnostic, InputError
 from entangle_mlir.core.reasons import CLAIMS
 from entangle_mlir.core.report import Report
@@ -57,11 +59,17 @@ from entangle_mlir.evidence import (
     compare_programs,
     op_evidence,
 )
-from entangle_mlir.mlir.ir import context, parse_module
+from entangle_mlir.mlir.compat import block_argument
+from entangle_mlir.mlir.ir import context, op_key, parse_module
+from entangle_mlir.mlir.opinfo import constant_value
 from entangle_mlir.mlir.program import from_two_modules
 from entangle_mlir.passes.general_tier import MESSAGE_PREFIX as GENERAL_PREFIX
 
 _EXACT_NOTE = re.compile(r"^result #\d+ is .+ x the reference$")
+
+EDGE_DRAW = (4, "edges")
+"""The draw added to the random ones where the reference has integer arguments with edge
+values (`input_edges`): (seed, kind) for `evidence.random_input`."""
 
 SHOWN_PREFIXES = ("in the reference: ",)
 """Diagnostics that need no confirmation: about the reference alone (no claim on the sharded
@@ -123,7 +131,11 @@ def confirm(report: Report, load, *, draws=INPUT_DRAWS, at_op: bool = True) -> R
         _enough_devices(report)
         with context():
             program = load()
-        comparisons = compare_programs(program, draws, report.index_ranges, given=given)
+            edges = input_edges(program.ref_func, report.index_ranges)
+        if edges:
+            draws = (*draws, EDGE_DRAW)
+        comparisons = compare_programs(program, draws, report.index_ranges, given=given,
+                                       edges=edges)
     except ImportError as err:
         why = f"jax is not available ({err})"
     except (Unavailable, InputError) as err:
@@ -311,3 +323,110 @@ def _summary(comparisons, why: str, draws: int, confirmed: bool, seconds: float,
 def _first_line(err: Exception) -> str:
     text = str(err).strip()
     return text.splitlines()[0][:200] if text else type(err).__name__
+
+
+# ----- edge values of integer inputs (the "edges" draw) ----------------------------------------
+
+_MOVES = frozenset({"stablehlo.convert", "stablehlo.broadcast_in_dim", "stablehlo.reshape",
+                    "stablehlo.transpose", "stablehlo.slice"})
+"""Ops through which a compared value is still an argument, or a compared constant a constant."""
+
+_DATA_OPS = frozenset({*_MOVES, "stablehlo.concatenate", "stablehlo.dot_general",
+                       "stablehlo.add", "stablehlo.subtract", "stablehlo.multiply",
+                       "stablehlo.negate", "stablehlo.reduce", "func.return"})
+"""Integer ops that only compute with their operands' values (no index, no comparison): an
+argument that meets only these (up to a convert to a float type) is data, such as quantized
+int8 weights, whose sums may wrap."""
+
+
+def input_edges(func: ir.Operation, index_ranges: dict[int, int] | None = None
+                ) -> dict[int, tuple[int, ...]]:
+    """Integer values worth drawing for the integer arguments of `func` (the reference) beside
+    random ones, by argument index: for an argument compared with a constant c (through
+    moves and converts, `labels >= 0` against an ignore index), c - 1, c and c + 1; for one
+    that is only data (`_DATA_OPS`: int8 matmul operands), the extremes of its type, where a
+    narrower sum wraps. Values outside the argument's type are left out, and so are values
+    outside `index_ranges` (argument -> n: the proof assumes it indexes a dim of n, in
+    [0, n); jax's negative-index wrap compares such ids with 0). An argument used otherwise
+    (an index, compared with a computed value) gets no extremes: out-of-range ids are inputs
+    no proof admits, not bugs."""
+    block = func.regions[0].blocks[0]
+    bounds = {i: _int_bounds(a.type) for i, a in enumerate(block.arguments)}
+    for i, size in (index_ranges or {}).items():
+        if bounds.get(i) is not None:
+            bounds[i] = (max(bounds[i][0], 0), min(bounds[i][1], size - 1))
+    edges: dict[int, set[int]] = {i: set() for i, b in bounds.items() if b is not None}
+    for op in block.operations:
+        if op.operation.name != "stablehlo.compare":
+            continue
+        for value, other in (op.operands[0], op.operands[1]), (op.operands[1], op.operands[0]):
+            index, constant = _argument_of(value, block), _constant_of(other)
+            if index in edges and constant is not None:
+                edges[index] |= {constant - 1, constant, constant + 1}
+    for index in edges:
+        if _only_data(block.arguments[index]):
+            lo, hi = bounds[index]
+            edges[index] |= {lo, lo + 1, hi - 1, hi}
+    return {i: tuple(sorted(v for v in values if bounds[i][0] <= v <= bounds[i][1]))
+            for i, values in edges.items() if values}
+
+
+def _int_bounds(tensor_type) -> tuple[int, int] | None:
+    """(min, max) of an integer tensor type's elements (None for floats, booleans and
+    anything but a ranked tensor)."""
+    if not isinstance(tensor_type, ir.RankedTensorType):
+        return None
+    element = tensor_type.element_type
+    if not isinstance(element, ir.IntegerType):
+        return None
+    integer = ir.IntegerType(element)
+    width = integer.width
+    if width == 1:
+        return None
+    if integer.is_unsigned:
+        return 0, (1 << width) - 1
+    return -(1 << (width - 1)), (1 << (width - 1)) - 1
+
+
+def _argument_of(value, block) -> int | None:
+    """The index of the argument of `block` that `value` is, through `_MOVES`."""
+    while not isinstance(value.owner, ir.Block):
+        op = value.owner.operation
+        if op.name not in _MOVES:
+            return None
+        value = op.operands[0]
+    argument = block_argument(value)
+    return argument.arg_number if argument.owner == block else None
+
+
+def _constant_of(value) -> int | None:
+    """The integer a splat constant holds, through `_MOVES` (None for anything else)."""
+    while not isinstance(value.owner, ir.Block):
+        op = value.owner.operation
+        if op.name == "stablehlo.constant":
+            values, splat = constant_value(op.attributes["value"])
+            if splat and values.size and float(values.flat[0]).is_integer():
+                return int(values.flat[0])
+            return None
+        if op.name not in _MOVES:
+            return None
+        value = op.operands[0]
+    return None
+
+
+def _only_data(argument) -> bool:
+    """Whether every op `argument` reaches is a `_DATA_OPS` op, stopping at converts to floats."""
+    seen, todo = set(), [argument]
+    while todo:
+        for use in todo.pop().uses:
+            op = use.owner.operation if hasattr(use.owner, "operation") else use.owner
+            if op.name not in _DATA_OPS:
+                return False
+            if op_key(op) in seen or op.name == "func.return":
+                continue
+            seen.add(op_key(op))
+            floats = op.name == "stablehlo.convert" and not isinstance(
+                ir.RankedTensorType(op.results[0].type).element_type, ir.IntegerType)
+            if not floats:
+                todo.extend(op.results)
+    return True

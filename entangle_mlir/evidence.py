@@ -77,14 +77,20 @@ class Unavailable(Exception):
 
 
 def random_input(shape, dtype, rng: np.random.Generator, kind: str = "normal",
-                 index_range: int = 0) -> np.ndarray:
+                 index_range: int = 0, edges: tuple[int, ...] = ()) -> np.ndarray:
     """One argument: standard normal floats (`kind` "positive": |normal| + 0.5, inputs of log
     and sqrt; "small": normal / 10, values that stay small through products; "large": 100 x
     normal, where an exp that is not shifted by the max overflows in float32); small
     non-negative integers (valid indices of any dim), or uniform in [0, `index_range`) for an
     input known to index a dim of that size; random booleans. The same draw for the outputs'
-    and the op's evidence."""
+    and the op's evidence. `kind` "edges" with `edges` given: an integer input drawn as
+    "normal", about half its elements replaced by values picked from `edges` (the extremes
+    of its type, the constants the program compares it with: `confirm.input_edges`)."""
     dtype = np.dtype(dtype)
+    if kind == "edges" and edges and np.issubdtype(dtype, np.integer):
+        plain = random_input(shape, dtype, rng, "normal", index_range)
+        picked = rng.choice(np.asarray(edges, dtype=np.int64), tuple(shape)).astype(dtype)
+        return np.where(rng.random(tuple(shape)) < 0.5, picked, plain)
     if index_range and np.issubdtype(dtype, np.integer):
         return rng.integers(0, index_range, tuple(shape)).astype(dtype)
     values = rng.standard_normal(tuple(shape))
@@ -779,7 +785,9 @@ GIVEN_SEED = -1
 
 def compare_programs(program, draws=INPUT_DRAWS, index_ranges: dict[int, int] | None = None,
                      given: dict[int, np.ndarray] | None = None,
-                     collect: list | None = None) -> list[OutputComparison]:
+                     collect: list | None = None,
+                     edges: dict[int, tuple[int, ...]] | None = None
+                     ) -> list[OutputComparison]:
     """Run both functions of `program` (a `mlir.program.Program` of modules that have not been
     normalized) on the random input `draws` and compare each output, every device's block of
     it. The reference runs on one CPU device; a shard_map program through XLA's SPMD
@@ -790,6 +798,9 @@ def compare_programs(program, draws=INPUT_DRAWS, index_ranges: dict[int, int] | 
     `given`: one more input (argument index -> values, exact ones rounded to the argument's
     dtype; an argument it lacks drawn as the first draw draws it), compared on its own: each
     comparison's `given` is the comparison on it (a decision procedure's counterexample).
+
+    `edges`: argument index -> integer values an "edges" draw mixes into it
+    (`random_input`).
 
     `collect`: a list that receives, per draw and output, `(seed, index, reference value,
     [(the reference's block of device d, device d's block) for every device])`, ill-conditioned
@@ -832,11 +843,11 @@ def compare_programs(program, draws=INPUT_DRAWS, index_ranges: dict[int, int] | 
         out_locals = None
     if len(shardings) != len(arg_types):
         raise Unavailable("the sharded program takes other arguments than the reference")
-    ranges = index_ranges or {}
+    ranges, special = index_ranges or {}, edges or {}
 
     def drawn(seed: int, kind: str) -> list[np.ndarray]:
         rng = np.random.default_rng(seed)
-        return [random_input(shape, dtype, rng, kind, ranges.get(i, 0))
+        return [random_input(shape, dtype, rng, kind, ranges.get(i, 0), special.get(i, ()))
                 for i, (shape, dtype) in enumerate(arg_types)]
 
     def compare(args: list[np.ndarray], seed: int, comparisons: list[OutputComparison]

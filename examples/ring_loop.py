@@ -43,9 +43,10 @@ def reference(q, k, v):
     return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
 
 
-def ring(bug: str = ""):
+def ring(bug: str = "", unroll: bool = False):
     """The shard_map body: causal ring attention over 'cp' in a fori_loop (examples/real's
-    `ring_attention` with `Par(ring="loop")`), or its twin with `bug`."""
+    `ring_attention` with `Par(ring="loop")`), or its twin with `bug`; `unroll`: the ring a
+    Python loop over the same steps (no `while`)."""
     def body(q, k, v):
         n, me = lax.axis_size("cp"), lax.axis_index("cp")
         s_l = k.shape[1]
@@ -69,7 +70,14 @@ def ring(bug: str = ""):
 
         init = (jnp.zeros(q.shape, q.dtype), jnp.full((b, h, s_l), -jnp.inf, q.dtype),
                 jnp.zeros((b, h, s_l), q.dtype), k, v)
-        o, _, den, _, _ = lax.fori_loop(0, n - 1 if bug == "short" else n, step, init)
+        trips = n - 1 if bug == "short" else n
+        if unroll:
+            carry = init
+            for i in range(trips):
+                carry = step(i, carry)
+            o, _, den, _, _ = carry
+        else:
+            o, _, den, _, _ = lax.fori_loop(0, trips, step, init)
         return o / jnp.swapaxes(den, 1, 2)[..., None]
     return body
 

@@ -49,6 +49,7 @@ from entangle_mlir.core.ranges import (
 from entangle_mlir.core.ranges import (
     exact_convert as exact_int_convert,
 )
+from entangle_mlir.core.repeats import Plan, plan_of
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 
 Scalar = Fraction | float
@@ -1087,7 +1088,7 @@ def make_reshape(term: Term, shape: tuple[int, ...]) -> Term:
         return rebuild_elementwise(term, tuple(make_reshape(a, shape) for a in term.args))
     pushed = None
     if term.op == "broadcast":
-        pushed = _reshape_broadcast(term, shape)
+        pushed = _reshape_broadcast(term, shape) or _repeat_of_repeat(term, shape)
     elif term.op == "stablehlo.dot_general":
         pushed = _reshape_dot(term, shape)
     if pushed is not None:
@@ -1211,6 +1212,39 @@ def _reshape_broadcast(term: Term, shape: tuple[int, ...]) -> Term | None:
             n for i, n in enumerate(operand.shape)
             for n in ([shape[d] for d in targets[i]] if len(targets[i]) > 1 else [n])))
     return make_broadcast(operand, tuple(new_dims), shape)
+
+
+def _movement_chain(term: Term) -> tuple[Term, list[tuple[str, tuple]]]:
+    """(base, steps): `term` as reshapes, transposes and broadcasts (first to last) of the
+    first term down its chain that is none of them."""
+    steps: list[tuple[str, tuple]] = []
+    while term.op in ("reshape", "transpose", "broadcast"):
+        steps.append(("reshape", term.shape) if term.op == "reshape" else
+                     (term.op, term.attrs[0]) if term.op == "transpose" else
+                     ("broadcast", (term.attrs[0], term.shape)))
+        term = term.args[0]
+    steps.reverse()
+    return term, steps
+
+
+def _spell(base: Term, plan: Plan) -> Term:
+    """`plan` over `base`: reshape to the moving digits, transpose, broadcast the repeats in,
+    reshape to the result (`repeats.Plan`)."""
+    moved = make_transpose(make_reshape(base, plan.split), plan.perm)
+    return make_reshape(make_broadcast(moved, plan.dims, plan.wide), plan.out)
+
+
+def _repeat_of_repeat(term: Term, shape: tuple[int, ...]) -> Term | None:
+    """reshape(broadcast(...)) over a chain holding another broadcast (a repeat of a repeat:
+    a coarse block of K/V heads repeated locally, `jnp.repeat` of a repeat) in the one
+    spelling of its index map (`repeats.plan_of`), as the single repeat is spelled."""
+    base, steps = _movement_chain(term)
+    if sum(kind == "broadcast" for kind, _ in steps) < 2:
+        return None
+    plan = plan_of(base.shape, (*steps, ("reshape", tuple(shape))))
+    if plan is None or len(plan.dims) == len(plan.wide):
+        return None
+    return _spell(base, plan)
 
 
 def _reshape_dot(term: Term, shape: tuple[int, ...]) -> Term | None:
@@ -1653,10 +1687,63 @@ def make_dot(lhs: Term, rhs: Term, attrs: tuple, shape: tuple[int, ...], dtype: 
     for zero, other in ((lhs, rhs), (rhs, lhs)):
         if splat_value(zero) == 0 and _zero_exact(other):
             return make_splat(0, tuple(shape), dtype)
+    pulled = _dot_of_repeat(lhs, rhs, attrs, tuple(shape), dtype)
+    if pulled is not None:
+        return pulled
     kl, tl = factor_content(lhs)
     kr, tr = factor_content(rhs)
     dot = intern("stablehlo.dot_general", (tl, tr), attrs, tuple(shape), dtype)
     return scale(dot, kl * kr) if kl * kr != 1 else dot
+
+
+def _dot_of_repeat(lhs: Term, rhs: Term, attrs: tuple, shape: tuple[int, ...],
+                   dtype: str) -> Term | None:
+    """dot_general of an operand that repeats elements along its free dims only (a
+    reshape(broadcast(w)), read by `repeats.plan_of`) as the same repeat of the dot of `w`:
+    each output element is the dot of the rows the repeat copies, so the repeat moves out
+    (the reference repeats K/V heads after projecting them; a device holding one head of a
+    coarser split projects the repeated weight block)."""
+    lb, rb, lc, rc = attrs
+    for side, operand, batch, contract in ((0, lhs, lb, lc), (1, rhs, rb, rc)):
+        if operand.op != "reshape" or operand.args[0].op != "broadcast":
+            continue
+        base, steps = _movement_chain(operand)
+        plan = plan_of(base.shape, tuple(steps))
+        if (plan is None or len(plan.dims) == len(plan.wide)
+                or plan.perm != tuple(range(len(plan.perm)))):
+            continue
+        starts = [sum(plan.counts[:k]) for k in range(len(plan.counts))]
+        kept = list(batch) + list(contract)
+        if any(plan.counts[k] != 1 or starts[k] not in plan.dims for k in kept):
+            continue
+        new_dim = {k: plan.dims.index(starts[k]) for k in kept}
+        inner = make_reshape(base, plan.split)
+        free = [k for k in range(len(operand.shape)) if k not in kept]
+        digits = [i for k in free for i in range(starts[k], starts[k] + plan.counts[k])]
+        other = rhs if side == 0 else lhs
+        other_free = [other.shape[k] for k in range(len(other.shape))
+                      if k not in (rb if side == 0 else lb) and k not in (rc if side == 0 else lc)]
+        batch_sizes = [operand.shape[k] for k in batch]
+        moving_free = [plan.wide[i] for i in digits if i in plan.dims]
+        mapped = (tuple(new_dim[k] for k in batch), tuple(new_dim[k] for k in contract))
+        if side == 0:
+            new_attrs = (mapped[0], rb, mapped[1], rc)
+            dot_shape = tuple(batch_sizes + moving_free + other_free)
+            wide = batch_sizes + [plan.wide[i] for i in digits] + other_free
+            moving = [len(batch_sizes) + j for j, i in enumerate(digits) if i in plan.dims]
+            dims = list(range(len(batch_sizes))) + moving + [
+                len(wide) - len(other_free) + j for j in range(len(other_free))]
+            dot = make_dot(inner, rhs, new_attrs, dot_shape, dtype)
+        else:
+            new_attrs = (lb, mapped[0], lc, mapped[1])
+            dot_shape = tuple(batch_sizes + other_free + moving_free)
+            wide = batch_sizes + other_free + [plan.wide[i] for i in digits]
+            head = len(batch_sizes) + len(other_free)
+            moving = [head + j for j, i in enumerate(digits) if i in plan.dims]
+            dims = list(range(head)) + moving
+            dot = make_dot(lhs, inner, new_attrs, dot_shape, dtype)
+        return make_reshape(make_broadcast(dot, tuple(dims), tuple(wide)), shape)
+    return None
 
 
 # ----- value facts: the range of a term's elements ------------------------------------------

@@ -218,6 +218,55 @@ def _same(x, y) -> bool:
     return same_value(x, y, 12)
 
 
+def _view(value) -> tuple[object, np.ndarray] | None:
+    """(root, flat index map): `value` as the elements of `root` it reads in row-major order,
+    through reshapes, transposes and broadcasts (`match.index_map`); None when too large."""
+    root, chain = root_of(value, MOVES_AND_TRANSPOSES)
+    index = index_map(root, chain)
+    return None if index is None else (root, index.reshape(-1))
+
+
+def _same_view(x, y) -> tuple[object, object] | None:
+    """(root of x, root of y) when `x` and `y` read the elements of roots of one shape at the
+    same positions in the same order (unit dims aside: a reshape of one sequence or b = 1
+    that `_unit_dims_dropped` made, a transpose `_exp_transposed` moved); else None."""
+    vx, vy = _view(x), _view(y)
+    if vx is None or vy is None or shape_of(vx[0]) != shape_of(vy[0]):
+        return None
+    return (vx[0], vy[0]) if np.array_equal(vx[1], vy[1]) else None
+
+
+def _same_shift(x, y) -> bool:
+    """`x` and `y` hold the same vector of shifts, unit dims aside: the same value, or the
+    same elements of one value (`_same_view`)."""
+    if _vector(x) != _vector(y):
+        return False
+    if _same(x, y):
+        return True
+    roots = _same_view(x, y)
+    return roots is not None and _same(*roots)
+
+
+def _below(x, m) -> bool:
+    """`x <= m` elementwise, unit dims aside (`order.at_most`), also where both read the same
+    positions of roots one of which is at most the other."""
+    if at_most(x, m):
+        return True
+    roots = _same_view(x, m) if _vector(x) == _vector(m) else None
+    return roots is not None and at_most(*roots)
+
+
+def _exp_between(a, b, at: ir.Operation):
+    """`exp(a - b)` of two vectors of shifts, unit dims aside: at their common shape, else
+    both reshaped to their non-unit dims (bit-exact)."""
+    if shape_of(a) != shape_of(b):
+        element = ir.RankedTensorType(a.type).element_type
+        vector = ir.RankedTensorType.get(_vector(a), element)
+        with ir.InsertionPoint(at), at.location:
+            a, b = (stablehlo.ReshapeOp(vector, v).result for v in (a, b))
+    return _exp_diff(a, b, at)
+
+
 # ---------------------------------------------------------------------------------------------
 # Telescoping
 # ---------------------------------------------------------------------------------------------
@@ -237,13 +286,14 @@ def _telescope(mul: ir.Operation) -> int:
                     outer.root):
                 continue
             for first, second in ((inner, outer), (outer, inner)):
-                if not _same(first.b, second.a) or shape_of(first.a) != shape_of(second.b):
+                if not _same_shift(first.b, second.a) or _vector(first.a) != _vector(
+                        second.b):
                     continue
-                if not (at_most(first.a, first.b) and at_most(second.a, second.b)):
+                if not (_below(first.a, first.b) and _below(second.a, second.b)):
                     continue
                 if not _finite(mul, first.a, first.b, second.b):
                     continue
-                joined = _exp_diff(first.a, second.b, mul)
+                joined = _exp_between(first.a, second.b, mul)
                 factor = _placed(joined, outer.dims, shape_of(mul.results[0]), mul)
                 return _replace(mul, _mul(inner_mul.operands[j], factor, mul))
     return 0
@@ -283,23 +333,39 @@ def _absorb(mul: ir.Operation) -> int:
                 continue
             for j, k in ((0, 1), (1, 0)):
                 factor = _factor(other.operands[k])
-                if factor is not None and factor.dims == dims and _same(factor.a, a):
+                if factor is not None and factor.dims == dims and _same_shift(factor.a, a):
                     rest = other.operands[j]
                     break
             else:
                 continue
-        if factor.dims != dims or not _same(factor.a, a) or _vector(factor.b) != _vector(a):
+        if factor.dims != dims or not _same_shift(factor.a, a) or _vector(
+                factor.b) != _vector(a):
             continue
-        if not (at_most(s, a, dims) and at_most(a, factor.b)):
+        if not (at_most(s, a, dims) and _below(a, factor.b)):
             continue
         if not _finite(mul, a, factor.b, score=s):
             continue
-        spread = _rechained(defining_op(mul.operands[e]).operands[0], factor.b, mul) if shape_of(
-            factor.b) == shape_of(a) else _placed(factor.b, dims, shape_of(s), mul)
+        spread = _rechained(defining_op(mul.operands[e]).operands[0],
+                            _in_shape(factor.b, shape_of(a), mul), mul)
         with ir.InsertionPoint(mul), mul.location:
             new = stablehlo.ExpOp(stablehlo.SubtractOp(s, spread).result).result
         return _replace(mul, new if rest is None else _mul(rest, new, mul))
     return 0
+
+
+def _in_shape(value, shape: tuple[int, ...], at: ir.Operation):
+    """`value` (a vector of shifts) at `shape`, the same non-unit sizes: the value under its
+    unit-dim reshapes that has that shape (the spelling the forward's steps read), else a
+    reshape of it (bit-exact)."""
+    found, op = value, defining_op(value)
+    while shape_of(found) != shape and op is not None and op.name == "stablehlo.reshape" \
+            and _vector(op.operands[0]) == _vector(found):
+        found, op = op.operands[0], defining_op(op.operands[0])
+    if shape_of(found) == shape:
+        return found
+    element = ir.RankedTensorType(value.type).element_type
+    with ir.InsertionPoint(at), at.location:
+        return stablehlo.ReshapeOp(ir.RankedTensorType.get(shape, element), value).result
 
 
 def _rechained(sub_value, b, at: ir.Operation):
@@ -355,12 +421,15 @@ def _broadcast_out(broadcast: ir.Operation) -> int:
 
 def _add_out(add: ir.Operation) -> int:
     """`x * F(e) + y * F(e)` is `(x + y) * F(e)`: a product distributed over a sum, taken as
-    the regrouping every proof assumes (module docstring); the shifts must be finite."""
+    the regrouping every proof assumes (module docstring); the shifts must be finite. The two
+    factors place one vector exp(a - b) alike (spelled alike, or with the same shifts read
+    through unit-dim reshapes and transposes: `_same_shift`)."""
     left, right = _scaled(add.operands[0]), _scaled(add.operands[1])
     if left is None or right is None:
         return 0
     (x, f), (y, g) = left, right
-    if f.dims != g.dims or not _same(f.root, g.root) or not _finite(add, f.a, f.b):
+    if f.dims != g.dims or not (_same(f.root, g.root) or (
+            _same_shift(f.a, g.a) and _same_shift(f.b, g.b))) or not _finite(add, f.a, f.b):
         return 0
     with ir.InsertionPoint(add), add.location:
         summed = stablehlo.AddOp(x, y).result
@@ -497,8 +566,8 @@ def _absorbs(other, factor: _Factor, partner: tuple[int, ...], at: ir.Operation)
     if shifted is None or list(partner) != sorted(partner):
         return False
     s, a, dims = shifted
-    return (dims == partner and _same(factor.a, a) and _vector(factor.b) == _vector(a)
-            and at_most(s, a, dims) and at_most(a, factor.b)
+    return (dims == partner and _same_shift(factor.a, a) and _vector(factor.b) == _vector(a)
+            and at_most(s, a, dims) and _below(a, factor.b)
             and _finite(at, a, factor.b, score=s))
 
 
@@ -528,7 +597,8 @@ def _transposed(value, permutation: list[int], at: ir.Operation, depth: int = 6)
     """`transpose(value, permutation)` built before `at`, moved down to the leaves (bit-exact:
     a transpose moves elements): composed with a transpose `value` is (none when the
     composition is the identity), into a broadcast_in_dim (its operand transposed so its dims
-    stay in order) and through ops acting on each element alike (`depth` of them). A row
+    stay in order), under a reshape that only drops or inserts unit dims (`_lifted`: one
+    sequence or b = 1) and through ops acting on each element alike (`depth` of them). A row
     vector transposed back to its own layout is then the vector itself, spelled as the
     reference and the telescoping and absorbing rewrites read it."""
     permutation = list(permutation)
@@ -547,6 +617,12 @@ def _transposed(value, permutation: list[int], at: ir.Operation, depth: int = 6)
         source = _transposed(op.operands[0], order, at, depth)
         with ir.InsertionPoint(at), at.location:
             return stablehlo.BroadcastInDimOp(out, source, sorted(landing)).result
+    if op is not None and op.name == "stablehlo.reshape" and _vector(op.operands[0]) == \
+            _vector(value):
+        moved = _transposed(op.operands[0], _lifted(permutation, shape,
+                                                    shape_of(op.operands[0])), at, depth)
+        with ir.InsertionPoint(at), at.location:
+            return stablehlo.ReshapeOp(out, moved).result
     if depth > 0 and op is not None and op.name in _ELEMENTWISE and all(
             shape_of(v) == shape for v in op.operands):
         operands = [_transposed(v, permutation, at, depth - 1) for v in op.operands]
@@ -557,6 +633,18 @@ def _transposed(value, permutation: list[int], at: ir.Operation, depth: int = 6)
         return clone.results[0]
     with ir.InsertionPoint(at), at.location:
         return stablehlo.TransposeOp(value, permutation).result
+
+
+def _lifted(permutation: list[int], shape: tuple[int, ...], source: tuple[int, ...]
+            ) -> list[int]:
+    """A permutation of `source`'s dims that orders its non-unit dims as `permutation`
+    orders those of `shape` (the same non-unit sizes: a reshape that drops or inserts unit
+    dims), its unit dims first: transpose(reshape(v), permutation) is
+    reshape(transpose(v, lifted)), element for element."""
+    kept = [d for d, n in enumerate(shape) if n != 1]
+    inner = [d for d, n in enumerate(source) if n != 1]
+    order = [kept.index(p) for p in permutation if shape[p] != 1]
+    return [d for d, n in enumerate(source) if n == 1] + [inner[k] for k in order]
 
 
 def _exp_transposed(exp_value, permutation: list[int], at: ir.Operation):

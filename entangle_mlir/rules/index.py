@@ -2,7 +2,10 @@
 
 `partition_id` starts a per-device integer table; jax's `axis_index` arithmetic is evaluated
 exactly on it (see elementwise.py). A `dynamic_slice` whose offsets are such tables is a tiling
-when offset(d) == block_index(axes, d) * size for some mesh axes.
+when offset(d) == block_index(axes, d) * size for some mesh axes, and also when
+offset(d) == (block_index(axes, d) // r) * size (a coarser split: groups of r devices read one
+block, K/V heads fewer than tp): then each device holds its block of the tensor whose blocks
+are repeated r times in place (`repeat_blocks`).
 """
 
 from __future__ import annotations
@@ -12,7 +15,15 @@ from dataclasses import replace
 
 from entangle_mlir.core.mesh import Mesh, axes_str
 from entangle_mlir.core.relations import DeviceScalar, Opaque, Rel, Value, Windowed
-from entangle_mlir.core.terms import DENSE_VALUES, intern, make_op, make_splat
+from entangle_mlir.core.terms import (
+    DENSE_VALUES,
+    Term,
+    intern,
+    make_broadcast,
+    make_op,
+    make_reshape,
+    make_splat,
+)
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import device_offsets, freeze
@@ -75,6 +86,38 @@ def _match_axes(mesh: Mesh, offsets: tuple[int, ...], size: int, free: list[str]
     return None, (best, best_bad)
 
 
+def _match_coarse(mesh: Mesh, offsets: tuple[int, ...], size: int, free: list[str],
+                  global_size: int) -> tuple[tuple[str, ...], int] | None:
+    """(axes A, r) with offsets[d] == (block_index(A, d) // r) * size, r > 1 dividing A's
+    group size: device d reads block d // r of the dim split into |A| / r blocks (a coarser
+    split than A's, MaxText's K/V heads replicated over groups of r devices)."""
+    for axes in _candidate_axes(mesh, free, offsets):
+        group = mesh.group_size(axes)
+        for repeat in range(2, group + 1):
+            if group % repeat or (group // repeat) * size > global_size:
+                continue
+            if all(offsets[d] == mesh.block_index(axes, d) // repeat * size
+                   for d in range(mesh.num_devices)):
+                return axes, repeat
+    return None
+
+
+def repeat_blocks(term: Term, dim: int, size: int, blocks: int, repeat: int) -> Term:
+    """`term`'s first `blocks` blocks of `size` along `dim`, each repeated `repeat` times in
+    place: block b of the result is block b // repeat of `term`."""
+    shape = term.shape
+    if blocks * size != shape[dim]:
+        starts = (0,) * len(shape)
+        limits = shape[:dim] + (blocks * size,) + shape[dim + 1:]
+        term = make_op("slice", (term,), (starts, limits, (1,) * len(shape)), limits,
+                       term.dtype, linear_in=0)
+    split = shape[:dim] + (blocks, size) + shape[dim + 1:]
+    wide = shape[:dim] + (blocks, repeat, size) + shape[dim + 1:]
+    dims = tuple(i if i <= dim else i + 1 for i in range(len(split)))
+    wide_term = make_broadcast(make_reshape(term, split), dims, wide)
+    return make_reshape(wide_term, shape[:dim] + (blocks * repeat * size,) + shape[dim + 1:])
+
+
 def dynamic_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     x, *starts = operands
     if isinstance(x, Windowed) and ctx.mesh is not None:
@@ -116,9 +159,15 @@ def dynamic_slice(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list
             tiling[d] = x.tiling[d] + axes
             continue
         axes, closest = _match_axes(ctx.mesh, offsets, size, free, x.term.shape[d])
-        if axes is None:
+        coarse = None if axes else _match_coarse(ctx.mesh, offsets, size, free,
+                                                 x.term.shape[d])
+        if axes is None and coarse is None:
             return [_pending_reduction(d, offsets, size, x, ctx)
                     or _wrong_offset(d, offsets, size, closest, ctx)]
+        if coarse is not None:
+            axes, repeat = coarse
+            blocks = ctx.mesh.group_size(axes) // repeat
+            x = replace(x, term=repeat_blocks(x.term, d, size, blocks, repeat))
         free = [a for a in free if a not in axes]
         tiling[d] = axes
         lo[d], hi[d] = 0, size * ctx.mesh.group_size(axes)

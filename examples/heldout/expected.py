@@ -13,8 +13,6 @@ NOT_PROVEN: dict[str, str] = {
         'a max guarded by `select(is_finite(m), m, 0)` (jax.nn.logsumexp) is met by a shift by the unguarded max only where the max is finite, and it may overflow (a sum or pro...',
     'scanned_fsdp_grads_fsdp4':
         'cannot relate the value of while to the reference (the layout tier\'s reading "while computes while_result#1(...), which the reference never computes" was not confirmed...',
-    'gqa_kv_replicated_tp4':
-        'cannot relate the value of dynamic_slice to the reference (the layout tier\'s reading "dynamic_slice offsets [0, 0, 1, 1] along dim 1 are no block offsets of any mesh a...',
     'flash_decode_sp4':
         "the online softmax's running max may be -inf where a whole block of scores overflows (a sum or product of finite inputs, such as q . k, can overflow float32): the prog...",
 }
@@ -25,8 +23,4 @@ UNSOUND: list[str] = []
 # Buggy programs whose bug claim running both programs did not confirm (flagged, but
 # inconclusive: confirmation's random inputs do not reach the bug) -> the first diagnostic.
 UNCONFIRMED: dict[str, str] = {
-    'int8_matmul_tp_partials_narrowed_to_int8_tp4':
-        'cannot relate the value of dot_general to the reference (the layout tier\'s reading "nonlinear op convert applied to a partial sum over \'tp\': missing all_reduce/psum be...',
-    'masked_ce_sp_mean_of_shard_means_sp4':
-        'cannot relate the value of convert to the reference (the layout tier\'s reading "precision lost: convert i32 -> f32 rounds each device\'s partial sum over \'sp\' to f32, s...',
 }
