@@ -164,6 +164,21 @@ def twins() -> list[Twin]:
     def ring_sum(x):
         return jnp.tile(jnp.sum(x.reshape(4, 2, 16), axis=0), (4, 1))
 
+    def iota_slice(dtype):
+        def body(x):
+            mine = lax.dynamic_slice_in_dim(jnp.arange(512, dtype=dtype),
+                                            lax.axis_index("tp") * 128, 128)
+            return jnp.where(mine[None, :] < dtype(100), x, 0.0)
+        return body
+
+    def columns(modulo):
+        def body(x):
+            cols = lax.axis_index("tp") * 128 + jnp.arange(128)
+            cols = cols % modulo if modulo else cols
+            return x * cols[None, :].astype(jnp.float32)
+        return body
+
+    wide = arg("x", (4, 512), "float32", P(None, "tp"))
     next1 = [(j, (j + 1) % 4) for j in range(4)]
     next2 = [(j, (j + 2) % 4) for j in range(4)]
 
@@ -243,6 +258,15 @@ def twins() -> list[Twin]:
               "swapped_pairs": ring([(0, 1), (1, 0), (2, 3), (3, 2)])},
              (arg("x", (8, 16), "float32", rows),), rows,
              what="ring all-reduce: ppermute carried over a fori_loop"),
+        Twin("tw_narrow_iota", lambda x: jnp.where(jnp.arange(512)[None, :] < 100, x, 0.0),
+             iota_slice(jnp.int16),
+             {"int8_iota": iota_slice(jnp.int8), "uint8_iota": iota_slice(jnp.uint8)},
+             (wide,), P(None, "tp"), what="a device's slice of an iota of 512 in int8 / uint8 "
+             "wraps"),
+        Twin("tw_uint8_iota_reference",
+             lambda x: x * jnp.arange(512, dtype=jnp.uint8)[None, :].astype(jnp.float32),
+             columns(256), {"unwrapped": columns(0), "modulo_255": columns(255)},
+             (wide,), P(None, "tp"), what="the reference's uint8 iota of 512 restarts at 256"),
         Twin("tw_narrow_count", count_ref, local_count(jnp.int32),
              {"int8_local": local_count(jnp.int8)},
              (arg("x", (4, 1024), "float32", P(None, "tp")),), P(),
