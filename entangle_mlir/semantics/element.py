@@ -969,11 +969,9 @@ def _saturated(a: Element, dtype: str) -> Element:
     value = pynum(a)
     if isinstance(value, float) and math.isnan(value):
         return 0
-    if limits is None:
-        return value if isinstance(value, float) and math.isinf(value) else int(value)
     if isinstance(value, float) and math.isinf(value):
-        return int(limits[0] if value < 0 else limits[1])
-    return int(min(max(Fraction(int(value)), limits[0]), limits[1]))
+        return value if limits is None else int(limits[0] if value < 0 else limits[1])
+    return ranges.saturate_integer(int(value), dtype)
 
 
 def round_to(a: Element, dtype: str) -> Element:

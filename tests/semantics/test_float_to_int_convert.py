@@ -91,3 +91,23 @@ def test_a_float_round_trip_to_integers_is_judged(name: str) -> None:
     assert report.proven == correct, report.render_text()
     if correct:
         assert " 0 refuted, 0 inconclusive" in report.mode, report.mode
+
+
+@pytest.mark.parametrize(("added", "correct"),
+                         [(2 ** 31 - 1, True), (3_000_000_000 - 2 ** 32, False)],
+                         ids=["saturated", "wrapped"])
+def test_a_converted_float_constant_saturates(added: int, correct: bool) -> None:
+    """`x + full(3e9, f32).astype(i32)`: the layout tier folds the converted constant
+    (`rules/elementwise._folded`) to INT_MAX, as XLA computes it, not to 3e9 wrapped into
+    int32 (which was proven without the Z3 rule checks)."""
+    x = np.arange(-64, 64, dtype=np.int32).reshape(8, 16)
+
+    def body(x):
+        return x + jnp.full(x.shape, 3e9, jnp.float32).astype(jnp.int32)
+
+    want, got, texts = run_and_lower(lambda x: x + jnp.int32(added), body, [x],
+                                     (P("d", None),), P("d", None))
+    assert np.array_equal(want, got) == correct
+    for rules in (False, True):
+        report = check_texts(*texts, verify_rules=rules)
+        assert report.proven == correct, report.render_text()
