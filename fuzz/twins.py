@@ -267,6 +267,11 @@ def twins() -> list[Twin]:
              lambda x: x * jnp.arange(512, dtype=jnp.uint8)[None, :].astype(jnp.float32),
              columns(256), {"unwrapped": columns(0), "modulo_255": columns(255)},
              (wide,), P(None, "tp"), what="the reference's uint8 iota of 512 restarts at 256"),
+        Twin("tw_float_constant_to_int",
+             lambda x: x + jnp.full(x.shape, 3e9, jnp.float32).astype(jnp.int32),
+             lambda x: x + jnp.int32(2 ** 31 - 1),
+             {"wrapped": lambda x: x + jnp.int32(3_000_000_000 - 2 ** 32)},
+             (xi_rows,), rows, what="a float constant beyond int32 converts to INT_MAX"),
         Twin("tw_narrow_count", count_ref, local_count(jnp.int32),
              {"int8_local": local_count(jnp.int8)},
              (arg("x", (4, 1024), "float32", P(None, "tp")),), P(),
@@ -274,10 +279,18 @@ def twins() -> list[Twin]:
     ]
 
 
+UNMUTATED = frozenset({"tw_ring_loop"})
+"""Twins whose correct program is not a mutation subject: a loop whose trip count is a
+constant, which a constant mutant sets to 2^31 - 1 (executing that mutant never ends, and the
+attacker runs mutants without a time limit)."""
+
+
 def subjects(only: str = "") -> list:
     """(source, name, factory) of the correct twins as subjects of the mutation attacker."""
     out = []
     for t in twins():
+        if t.name in UNMUTATED:
+            continue
         ex = example(t, "correct")
         out.append(("twins", ex.name, lambda ex=ex: real_subject(ex)))
     return [s for s in out if only in s[1]]
