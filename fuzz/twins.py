@@ -178,6 +178,12 @@ def twins() -> list[Twin]:
             return x * cols[None, :].astype(jnp.float32)
         return body
 
+    def columns_of(table):
+        def body(x):
+            mine = lax.dynamic_slice_in_dim(table(), lax.axis_index("tp") * 128, 128)
+            return x * mine[None, :].astype(jnp.float32)
+        return body
+
     wide = arg("x", (4, 512), "float32", P(None, "tp"))
     next1 = [(j, (j + 1) % 4) for j in range(4)]
     next2 = [(j, (j + 2) % 4) for j in range(4)]
@@ -267,6 +273,13 @@ def twins() -> list[Twin]:
              lambda x: x * jnp.arange(512, dtype=jnp.uint8)[None, :].astype(jnp.float32),
              columns(256), {"unwrapped": columns(0), "modulo_255": columns(255)},
              (wide,), P(None, "tp"), what="the reference's uint8 iota of 512 restarts at 256"),
+        Twin("tw_bf16_iota_reference",
+             lambda x: x * jnp.arange(512, dtype=jnp.bfloat16)[None, :].astype(jnp.float32),
+             columns_of(lambda: jnp.arange(512).astype(jnp.bfloat16)),
+             {"exact_positions": columns_of(lambda: jnp.arange(512, dtype=jnp.float32)),
+              "int8_positions": columns_of(lambda: jnp.arange(512).astype(jnp.int8))},
+             (wide,), P(None, "tp"), what="a bf16 iota of 512 rounds its odd positions "
+             "above 256"),
         Twin("tw_float_constant_to_int",
              lambda x: x + jnp.full(x.shape, 3e9, jnp.float32).astype(jnp.int32),
              lambda x: x + jnp.int32(2 ** 31 - 1),
