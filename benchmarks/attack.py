@@ -1,7 +1,8 @@
 """The semantic attacker at scale: value mutants of every correct program, grounded and checked.
 
-    python benchmarks/attack.py [--only NAME_SUBSTRING] [--sources attack,catalog,partitioned,real]
+    python benchmarks/attack.py [--only NAME_SUBSTRING] [--sources attack,twins,catalog,partitioned,real]
         [--kinds dtype,constant,...] [--per-kind K] [--limit N] [--jobs 2] [--json out.json]
+    python benchmarks/attack.py --twins [--only NAME_SUBSTRING] [--json out.json]
 
 Each subject (the integer / compare programs of `fuzz.attack.attack_programs`, the
 catalogue's correct examples, XLA-partitioned programs of examples/partitioned.py, the real-model
@@ -12,6 +13,12 @@ bodies, collectives computed in bf16/f16) is compiled and executed on 8 simulate
 random and chosen inputs (ties, +-0, large, near 2^24, near 2^31) and checked. A mutant whose
 numbers differ (exactly for integers; beyond 1e-4, or bitwise against both the reference and the
 unmutated program for floats: `ulp`) must never be proven.
+
+`--twins` runs the hand-written wrong twins of `fuzz.twins` instead: each correct program with
+its nearest wrong variants (a conversion, signed vs unsigned, floor vs truncating division, a
+device offset, a ppermute pair, a boolean op), every one executed on the same input sets; a
+wrong twin must compute other numbers and must not be proven. Their correct programs are the
+`twins` source of the mutation run.
 
 Prints a table per mutation kind and per source (mutants, invalid, differing (of which ulp),
 caught, FALSE proofs (of which ulp), equivalent proven / not proven, crashes+timeouts) and lists
@@ -29,12 +36,21 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-SOURCES = ("attack", "catalog", "partitioned", "real")
+SOURCES = ("attack", "twins", "catalog", "partitioned", "real")
+
+
+def subjects(sources, only: str = "") -> list:
+    """(source, name, factory) of the mutation subjects: `fuzz.attack`'s sources and the
+    correct programs of `fuzz.twins` (source `twins`)."""
+    from fuzz import attack, twins
+
+    out = attack.subjects(tuple(s for s in sources if s != "twins"), only)
+    return out + (twins.subjects(only) if "twins" in sources else [])
 
 
 def _work(task):
     source, name, per_kind, kinds, limit, timeout, match, sides = task
-    from fuzz.attack import attack, subjects
+    from fuzz.attack import attack
 
     start = time.perf_counter()
     try:
@@ -97,11 +113,15 @@ def main(argv=None) -> int:
                          "sharded,reference")
     ap.add_argument("--match", default="", help="only mutants whose description contains this")
     ap.add_argument("--merge", nargs="+", help="print the tables of these --json files (no run)")
+    ap.add_argument("--twins", action="store_true",
+                    help="judge the hand-written wrong twins of fuzz.twins (no mutants)")
     args = ap.parse_args(argv)
     if args.merge:
         return merge(args.merge)
+    if args.twins:
+        return run_twins(args.only, args.timeout, args.json)
 
-    from fuzz.attack import STATUSES, score, subjects
+    from fuzz.attack import STATUSES, score
 
     sources = tuple(s for s in args.sources.split(",") if s)
     kinds = tuple(k for k in args.kinds.split(",") if k) or None
@@ -160,6 +180,41 @@ def main(argv=None) -> int:
         _dump(args.json, done, total)
     assert set(STATUSES) >= {r["status"] for r in everything}
     return 0 if total["false_proofs"] == 0 and total["crashes"] == 0 else 1
+
+
+TWIN_STATUSES = ("proven", "incomplete", "caught", "false_proof", "ungrounded",
+                 "wrong_reference", "crash", "timeout")
+
+
+def run_twins(only: str, timeout: int, path: str | None) -> int:
+    """Judge every twin of `fuzz.twins` (whose name contains `only`); print one line per
+    program and the counts. Exit 1 on a false proof, a crash, an ungrounded wrong twin or a
+    correct twin that does not compute its reference's numbers."""
+    from fuzz.twins import judge_twin, twins
+
+    start = time.perf_counter()
+    outcomes = []
+    for t in twins():
+        if only not in t.name:
+            continue
+        for o in judge_twin(t, timeout):
+            outcomes.append(o)
+            print(f"{o.twin:<28} {o.variant:<22} {o.status:<12} {o.numbers:<6} "
+                  f"{o.seconds:6.1f}s  {o.message[:90]}", flush=True)
+    counts = {s: sum(o.status == s for o in outcomes) for s in TWIN_STATUSES}
+    wrong = [o for o in outcomes if o.variant != "correct"]
+    print(f"\n{len(outcomes) - len(wrong)} correct programs ({counts['proven']} proven, "
+          f"{counts['incomplete']} not proven, {counts['wrong_reference']} not computing the "
+          f"reference), {len(wrong)} wrong twins ({counts['caught']} caught, "
+          f"{counts['false_proof']} FALSE PROOFS, {counts['ungrounded']} ungrounded); "
+          f"crashes/timeouts {counts['crash'] + counts['timeout']}; "
+          f"{time.perf_counter() - start:.0f}s")
+    if path:
+        with open(path, "w") as f:
+            json.dump({"summary": counts, "twins": [o.to_json() for o in outcomes]}, f,
+                      indent=1)
+    bad = ("false_proof", "ungrounded", "wrong_reference", "crash", "timeout")
+    return 1 if any(counts[s] for s in bad) else 0
 
 
 def merge(paths: list[str]) -> int:

@@ -49,6 +49,15 @@ def wrap_integer(value: int, dtype: str) -> int:
     return (value - lo) % (hi - lo + 1) + lo
 
 
+def saturate_integer(value: int, dtype: str) -> int:
+    """An integer-valued float converted to integer `dtype` as XLA converts it: clamped to the
+    dtype's range (saturation, not wrap-around); other dtypes keep the value."""
+    limits = int_limits(dtype)
+    if limits is None:
+        return value
+    return min(max(value, int(limits[0])), int(limits[1]))
+
+
 def int_limits(dtype: str) -> Range | None:
     """[min, max] of an integer dtype, None for other dtypes."""
     bits = INT_BITS.get(dtype)

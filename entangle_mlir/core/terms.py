@@ -227,10 +227,21 @@ def make_loopvar(depth: int, index: int, shape: tuple[int, ...], dtype: str) -> 
     return intern("loopvar", (), (depth, index), tuple(shape), dtype)
 
 
+IOTA_POSITIONS = "i64"
+"""The dtype an iota's positions are counted in where its own dtype does not hold them."""
+
+
 def make_iota(shape: tuple[int, ...], dim: int, dtype: str) -> Term:
     """An iota; a multi-dim one is the broadcast of the 1-D iota (one normal form for
-    `broadcasted_iota` and `arange(...)[None, :]`)."""
+    `broadcasted_iota` and `arange(...)[None, :]`). An iota term is its positions exactly, so
+    an iota whose dtype does not hold every position (an i8 iota of 256 wraps to -128 at 128,
+    a bf16 one of 512 rounds 257) is the convert of the positions' `IOTA_POSITIONS` iota to
+    that dtype: a narrowing integer convert (wraps) or a rounding float one."""
     shape = tuple(shape)
+    if not fits(Fraction(0), Fraction(max(shape[dim] - 1, 0)), dtype):
+        positions = make_iota(shape, dim, IOTA_POSITIONS)
+        rounding = (IOTA_POSITIONS,) if _is_float(dtype) else ()
+        return make_elementwise("stablehlo.convert", (positions,), rounding, dtype)
     if len(shape) == 1:
         return intern("iota", (), (0,), shape, dtype)
     return make_broadcast(make_iota((shape[dim],), 0, dtype), (dim,), shape)

@@ -12,7 +12,7 @@ from fractions import Fraction
 
 from entangle_mlir.core import precision
 from entangle_mlir.core.mesh import axes_str
-from entangle_mlir.core.ranges import fits, wrap_integer
+from entangle_mlir.core.ranges import fits, saturate_integer, wrap_integer
 from entangle_mlir.core.relations import (
     DEVICE_BLOCK_VALUES,
     DeviceScalar,
@@ -86,6 +86,8 @@ def _integer_fn(info: OpInfo):
         return None if compare is None else lambda a, b: int(compare(a, b))
     if info.name == "stablehlo.not" and info.operand_types[0].dtype != "i1":
         return lambda a: ~a
+    if info.name == "stablehlo.convert" and info.operand_types[0].is_float:
+        return lambda a: saturate_integer(a, info.result_types[0].dtype)  # (not a wrap)
     if info.result_types[0].dtype == "i1":
         if info.name in BOOLEAN_UNDEFINED:
             return None

@@ -926,7 +926,10 @@ def wrap_int(x: Element, dtype: str, periods: int | None = None) -> Element:
 # ----- convert --------------------------------------------------------------------------------
 
 def convert(a: Element, src: str, dst: str) -> Element:
-    """Exact conversion: bool <-> 0/1, float -> int truncates, everything else is identity."""
+    """Exact conversion: bool <-> 0/1, float -> int truncates toward zero and saturates at
+    the integer type's limits (XLA's convert: f16(-5) -> ui8 is 0, 1e10 -> i32 is INT_MAX;
+    never the wrap-around of an integer convert), everything else is identity (an integer
+    result of another integer wraps afterwards, `wrap_int`)."""
     a = exact(a)
     if is_bool_dtype(dst):
         if is_bool(a):
@@ -939,6 +942,8 @@ def convert(a: Element, src: str, dst: str) -> Element:
             return z3.If(a, one, zero)
         return int(a)
     if is_int_dtype(dst):
+        if is_float_dtype(src):
+            return _saturated(a, dst)
         if is_z3(a):
             return _z3_trunc(a)
         if isinstance(a, float) and not math.isfinite(a):
@@ -949,6 +954,24 @@ def convert(a: Element, src: str, dst: str) -> Element:
     if precision.rounds(src, dst):
         return round_to(a, dst)
     return a
+
+
+def _saturated(a: Element, dtype: str) -> Element:
+    """A float truncated toward zero and clamped to integer `dtype`'s range (a float -> int
+    convert, as XLA computes it)."""
+    limits = ranges.int_limits(dtype)
+    if is_z3(a):
+        t = _z3_trunc(num(a))
+        if limits is None:
+            return t
+        lo, hi = (z3.IntVal(int(v)) for v in limits)
+        return z3.If(t < lo, lo, z3.If(t > hi, hi, t))
+    value = pynum(a)
+    if isinstance(value, float) and math.isnan(value):
+        return 0
+    if isinstance(value, float) and math.isinf(value):
+        return value if limits is None else int(limits[0] if value < 0 else limits[1])
+    return ranges.saturate_integer(int(value), dtype)
 
 
 def round_to(a: Element, dtype: str) -> Element:

@@ -19,6 +19,7 @@ from fractions import Fraction
 import numpy as np
 import z3
 
+from entangle_mlir.core.terms import IOTA_POSITIONS
 from entangle_mlir.mlir.opinfo import OpInfo, conv_attrs, scatter_kind
 from entangle_mlir.semantics.element import (
     Element,
@@ -301,7 +302,12 @@ def _op_constant(info: OpInfo, operands: list[Array]) -> list[Array]:
 
 
 def _op_iota(info: OpInfo, operands: list[Array]) -> list[Array]:
-    return [iota(result_shape(info), info.attrs["iota_dimension"])]
+    """The positions along the iota dimension as values of the result dtype: an integer
+    dtype that does not hold them wraps them, a float one rounds them (`terms.make_iota`)."""
+    positions = iota(result_shape(info), info.attrs["iota_dimension"])
+    dtype = info.result_types[0].dtype
+    values = apply(lambda a: convert(a, IOTA_POSITIONS, dtype), positions)
+    return [wrap_array(values, dtype) if int_limits(dtype) is not None else values]
 
 
 def _op_broadcast(info: OpInfo, operands: list[Array]) -> list[Array]:
