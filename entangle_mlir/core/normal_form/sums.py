@@ -6,6 +6,8 @@ Part of `entangle_mlir.core.normal_form` (the package docstring lists every iden
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from entangle_mlir.core.normal_form import concat
 from entangle_mlir.core.normal_form.concat import make_concat
 from entangle_mlir.core.normal_form.pieces import (
@@ -112,7 +114,26 @@ def _join_keys(coefficient, term: Term) -> list[tuple[tuple, int, int]]:
     """(key, start, stop) of `term`'s first summed operand's window along each summed dim:
     key holds the coefficient, the transposes around the contraction, the contraction's
     kind (`_contraction_key`), the summed dims, the window's base and its other dims' bounds.
-    Two parts `_join_pair` joins share a key, one's stop being the other's start."""
+    Two parts `_join_pair` joins share a key, one's stop being the other's start. Memoized
+    (`_JOIN_KEYS`): a stack's residual stream of layer l holds the parts of every layer
+    below, each asked again at every layer above."""
+    key = (coefficient, term.serial)
+    found = _JOIN_KEYS.get(key)
+    if found is None:
+        if len(_JOIN_KEYS) > MAX_JOIN_KEYS:
+            _JOIN_KEYS.clear()
+        found = _JOIN_KEYS[key] = _computed_join_keys(coefficient, term)
+    return found
+
+
+_JOIN_KEYS: dict[tuple, list[tuple[tuple, int, int]]] = {}
+"""`_join_keys` by (coefficient, serial) (interned terms: a serial is never reused)."""
+
+MAX_JOIN_KEYS = 1 << 20
+"""The most answers `_JOIN_KEYS` keeps before it starts over."""
+
+
+def _computed_join_keys(coefficient, term: Term) -> list[tuple[tuple, int, int]]:
     perms = []
     while term.op == "transpose":
         perms.append(term.attrs[0])
@@ -329,19 +350,22 @@ def _joined_group(cores: list[Term]) -> Term | None:
     return None
 
 
-def _orders(cores: list[Term], dims: list[tuple[int, int]]) -> list[tuple[int, ...]]:
+def _orders(cores: list[Term], dims: list[tuple[int, int]]) -> Iterator[tuple[int, ...]]:
     """Orders to try the pieces of a sum in (any order is exact; these are the ones in which a
     concatenation can meet): by the argument each piece's operand moves, where each moves
     another (`q @ wq + k @ wk` over concatenated weights: one order on both sides, whichever
     order the pieces came in); by the start of each operand piece's window along its summed
     dim, where the pieces are windows of one term; then by the first slice found under each
     operand piece (the same position in pieces computed alike), where those are windows of
-    one term at distinct starts."""
+    one term at distinct starts. Yielded one at a time, each key computed only once the
+    orders before it did not join: the later keys walk each piece's subterms
+    (`_distinct_slice_starts`), whose terms hold every layer below in a deep stack."""
     found: list[tuple[int, ...]] = []
     for k, _ in dims:
         weights = [_moved_argument_index(c.args[k]) for c in cores]
         if None not in weights and len(set(weights)) == len(weights):
             found.append(tuple(sorted(range(len(cores)), key=lambda i: weights[i])))
+            yield found[-1]
     for keyed in (_window_start, _first_slice_start):
         for k, d in dims:
             keys = [keyed(c.args[k], d) for c in cores]
@@ -351,11 +375,12 @@ def _orders(cores: list[Term], dims: list[tuple[int, int]]) -> list[tuple[int, .
             order = tuple(sorted(range(len(cores)), key=lambda i: keys[i][1]))
             if order not in found:
                 found.append(order)
+                yield order
     for k, _ in dims:
-        for starts in (_distinct_slice_starts([c.args[k] for c in cores]),
-                       _unique_window_starts([c.args[k] for c in cores])):
+        for starts_of in (_distinct_slice_starts, _unique_window_starts):
+            starts = starts_of([c.args[k] for c in cores])
             if starts is not None:
                 order = tuple(sorted(range(len(cores)), key=lambda i: starts[i]))
                 if order not in found:
                     found.append(order)
-    return found
+                    yield order
