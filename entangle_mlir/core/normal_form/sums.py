@@ -338,7 +338,7 @@ def _joined_group(cores: list[Term]) -> Term | None:
         return _join_scatters(cores)
     for pair in _summed_dims(first):
         dims = [(k, d) for k, d in enumerate(pair) if d is not None]
-        for order in _orders(cores, dims):
+        for order in _candidate_orders(cores, dims):
             ordered = [cores[i] for i in order]
             args = [make_concat([c.args[k] for c in ordered], d) for k, d in dims]
             if not any(_joined(a, d) for a, (_, d) in zip(args, dims)):
@@ -350,7 +350,13 @@ def _joined_group(cores: list[Term]) -> Term | None:
     return None
 
 
-def _orders(cores: list[Term], dims: list[tuple[int, int]]) -> Iterator[tuple[int, ...]]:
+def _orders(cores: list[Term], dims: list[tuple[int, int]]) -> list[tuple[int, ...]]:
+    """Every order `_candidate_orders` yields, in its order."""
+    return list(_candidate_orders(cores, dims))
+
+
+def _candidate_orders(cores: list[Term], dims: list[tuple[int, int]]
+                      ) -> Iterator[tuple[int, ...]]:
     """Orders to try the pieces of a sum in (any order is exact; these are the ones in which a
     concatenation can meet): by the argument each piece's operand moves, where each moves
     another (`q @ wq + k @ wk` over concatenated weights: one order on both sides, whichever
