@@ -322,8 +322,26 @@ def _join_group(cores: list[Term]) -> Term | None:
         return _joined_group(cores)
     key = tuple(c.serial for c in cores)
     if key not in _GROUPS:
-        _GROUPS[key] = _joined_group(cores)
+        _GROUPS[key] = _after_prefix(key, cores) or _joined_group(cores)
     return _GROUPS[key]
+
+
+def _after_prefix(key: tuple[int, ...], cores: list[Term]) -> Term | None:
+    """The sum of `cores` joined as the sum of a prefix of them already joined (`_GROUPS`,
+    one contraction of the same kind) and the parts after it, or None when no prefix of
+    the last `PREFIX_REACH` lengths joined. Exact as `_join_groups` is (a regrouping of the
+    sum); a stack's residual stream of layer l holds layer l - 1's parts and its own, so
+    each layer joins its own parts onto the layers below instead of all l layers' again."""
+    for m in range(len(cores) - 1, max(1, len(cores) - PREFIX_REACH), -1):
+        before = _GROUPS.get(key[:m])
+        if before is not None and _contraction_key(before) == _contraction_key(cores[0]):
+            return _joined_group([before, *cores[m:]])
+    return None
+
+
+PREFIX_REACH = 16
+"""How many parts after a joined prefix `_after_prefix` looks for it across (one layer's
+tp-partial contractions, several micro-batches')."""
 
 
 _GROUPS: dict[tuple[int, ...], Term | None] = {}
