@@ -408,11 +408,11 @@ def _aligned_parts(first: Term, other: Term, dim: int) -> list[Term] | None:
     (`_factor_keys`: a rotary embedding's halves by their tables), over the same arguments
     (a broadcast of one bias at another piece's rows), with the same attributes (the
     builders order parts by serial, so pieces computed alike can list them in different
-    orders); None when some part has no partner.
+    orders); None when some part has no partner. Candidates are kept by coefficient, so
+    that a sum of hundreds of parts (a residual stream) is not scanned once per part.
     Any pairing with equal coefficients is exact (a sum of concatenations is the
     concatenation of the sums, column by column); this one is the pairing that can meet."""
     (_, mine), (_, theirs) = first.attrs, other.attrs
-    free = list(range(len(other.args)))
     same = {(a.serial, c): j for j, (a, c) in enumerate(zip(other.args, theirs))}
     taken: set[int] = set()
     out: list[Term | None] = []
@@ -423,16 +423,20 @@ def _aligned_parts(first: Term, other: Term, dim: int) -> list[Term] | None:
             out.append(other.args[j])
         else:
             out.append(None)
-    free = [j for j in free if j not in taken]
-    features = {j: _pairing_features(other.args[j], dim) for j in free}
+    by_coef: dict = {}
+    for j in range(len(other.args)):
+        if j not in taken:
+            by_coef.setdefault(theirs[j], []).append(j)
+    features = {j: _pairing_features(other.args[j], dim)
+                for free in by_coef.values() for j in free}
     for slot, (coef, part) in enumerate(zip(mine, first.args)):
         if out[slot] is not None:
             continue
-        mine_of = _pairing_features(part, dim)
-        best = min((j for j in free if theirs[j] == coef), default=None,
-                   key=lambda j: (*_pairing_rank(features[j], mine_of), j))
-        if best is None:
+        free = by_coef.get(coef)
+        if not free:
             return None
+        mine_of = _pairing_features(part, dim)
+        best = min(free, key=lambda j: (*_pairing_rank(features[j], mine_of), j))
         free.remove(best)
         out[slot] = other.args[best]
     return out  # type: ignore[return-value]

@@ -6,6 +6,8 @@ Part of `entangle_mlir.core.normal_form` (the package docstring lists every iden
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from entangle_mlir.core.normal_form import concat
 from entangle_mlir.core.normal_form.concat import make_concat
 from entangle_mlir.core.normal_form.pieces import (
@@ -112,7 +114,26 @@ def _join_keys(coefficient, term: Term) -> list[tuple[tuple, int, int]]:
     """(key, start, stop) of `term`'s first summed operand's window along each summed dim:
     key holds the coefficient, the transposes around the contraction, the contraction's
     kind (`_contraction_key`), the summed dims, the window's base and its other dims' bounds.
-    Two parts `_join_pair` joins share a key, one's stop being the other's start."""
+    Two parts `_join_pair` joins share a key, one's stop being the other's start. Memoized
+    (`_JOIN_KEYS`): a stack's residual stream of layer l holds the parts of every layer
+    below, each asked again at every layer above."""
+    key = (coefficient, term.serial)
+    found = _JOIN_KEYS.get(key)
+    if found is None:
+        if len(_JOIN_KEYS) > MAX_JOIN_KEYS:
+            _JOIN_KEYS.clear()
+        found = _JOIN_KEYS[key] = _computed_join_keys(coefficient, term)
+    return found
+
+
+_JOIN_KEYS: dict[tuple, list[tuple[tuple, int, int]]] = {}
+"""`_join_keys` by (coefficient, serial) (interned terms: a serial is never reused)."""
+
+MAX_JOIN_KEYS = 1 << 20
+"""The most answers `_JOIN_KEYS` keeps before it starts over."""
+
+
+def _computed_join_keys(coefficient, term: Term) -> list[tuple[tuple, int, int]]:
     perms = []
     while term.op == "transpose":
         perms.append(term.attrs[0])
@@ -301,8 +322,26 @@ def _join_group(cores: list[Term]) -> Term | None:
         return _joined_group(cores)
     key = tuple(c.serial for c in cores)
     if key not in _GROUPS:
-        _GROUPS[key] = _joined_group(cores)
+        _GROUPS[key] = _after_prefix(key, cores) or _joined_group(cores)
     return _GROUPS[key]
+
+
+def _after_prefix(key: tuple[int, ...], cores: list[Term]) -> Term | None:
+    """The sum of `cores` joined as the sum of a prefix of them already joined (`_GROUPS`,
+    one contraction of the same kind) and the parts after it, or None when no prefix of
+    the last `PREFIX_REACH` lengths joined. Exact as `_join_groups` is (a regrouping of the
+    sum); a stack's residual stream of layer l holds layer l - 1's parts and its own, so
+    each layer joins its own parts onto the layers below instead of all l layers' again."""
+    for m in range(len(cores) - 1, max(1, len(cores) - PREFIX_REACH), -1):
+        before = _GROUPS.get(key[:m])
+        if before is not None and _contraction_key(before) == _contraction_key(cores[0]):
+            return _joined_group([before, *cores[m:]])
+    return None
+
+
+PREFIX_REACH = 16
+"""How many parts after a joined prefix `_after_prefix` looks for it across (one layer's
+tp-partial contractions, several micro-batches')."""
 
 
 _GROUPS: dict[tuple[int, ...], Term | None] = {}
@@ -317,7 +356,7 @@ def _joined_group(cores: list[Term]) -> Term | None:
         return _join_scatters(cores)
     for pair in _summed_dims(first):
         dims = [(k, d) for k, d in enumerate(pair) if d is not None]
-        for order in _orders(cores, dims):
+        for order in _candidate_orders(cores, dims):
             ordered = [cores[i] for i in order]
             args = [make_concat([c.args[k] for c in ordered], d) for k, d in dims]
             if not any(_joined(a, d) for a, (_, d) in zip(args, dims)):
@@ -330,18 +369,27 @@ def _joined_group(cores: list[Term]) -> Term | None:
 
 
 def _orders(cores: list[Term], dims: list[tuple[int, int]]) -> list[tuple[int, ...]]:
+    """Every order `_candidate_orders` yields, in its order."""
+    return list(_candidate_orders(cores, dims))
+
+
+def _candidate_orders(cores: list[Term], dims: list[tuple[int, int]]
+                      ) -> Iterator[tuple[int, ...]]:
     """Orders to try the pieces of a sum in (any order is exact; these are the ones in which a
     concatenation can meet): by the argument each piece's operand moves, where each moves
     another (`q @ wq + k @ wk` over concatenated weights: one order on both sides, whichever
     order the pieces came in); by the start of each operand piece's window along its summed
     dim, where the pieces are windows of one term; then by the first slice found under each
     operand piece (the same position in pieces computed alike), where those are windows of
-    one term at distinct starts."""
+    one term at distinct starts. Yielded one at a time, each key computed only once the
+    orders before it did not join: the later keys walk each piece's subterms
+    (`_distinct_slice_starts`), whose terms hold every layer below in a deep stack."""
     found: list[tuple[int, ...]] = []
     for k, _ in dims:
         weights = [_moved_argument_index(c.args[k]) for c in cores]
         if None not in weights and len(set(weights)) == len(weights):
             found.append(tuple(sorted(range(len(cores)), key=lambda i: weights[i])))
+            yield found[-1]
     for keyed in (_window_start, _first_slice_start):
         for k, d in dims:
             keys = [keyed(c.args[k], d) for c in cores]
@@ -351,11 +399,12 @@ def _orders(cores: list[Term], dims: list[tuple[int, int]]) -> list[tuple[int, .
             order = tuple(sorted(range(len(cores)), key=lambda i: keys[i][1]))
             if order not in found:
                 found.append(order)
+                yield order
     for k, _ in dims:
-        for starts in (_distinct_slice_starts([c.args[k] for c in cores]),
-                       _unique_window_starts([c.args[k] for c in cores])):
+        for starts_of in (_distinct_slice_starts, _unique_window_starts):
+            starts = starts_of([c.args[k] for c in cores])
             if starts is not None:
                 order = tuple(sorted(range(len(cores)), key=lambda i: starts[i]))
                 if order not in found:
                     found.append(order)
-    return found
+                    yield order
