@@ -42,7 +42,7 @@ import numpy as np
 from jaxlib.mlir import ir
 
 from entangle_mlir.analysis.general.loops import instantiate
-from entangle_mlir.analysis.general.values import Local
+from entangle_mlir.analysis.general.values import Local, Renaming
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.normal_form import make_concat, slice_term
 from entangle_mlir.core.terms import Term
@@ -129,6 +129,8 @@ class Symmetry:
         gamma = self.gamma[d]
         if not any(gamma):
             return rep.term is local.term
+        if local.renamed_from(rep.term, gamma):
+            return True
         found = self._memo(gamma).get(rep.term.serial)
         if found is not None:
             return found is local.term
@@ -139,18 +141,28 @@ class Symmetry:
                    for d in range(len(values)) if self.rep[d] != d)
 
     def renamed_local(self, rep: Local, d: int) -> Local:
-        """d's value when it is coherent with `rep` (the representative's)."""
+        """d's value when it is coherent with `rep` (the representative's); its term is
+        built when first read (`values.Local`)."""
         if rep.term is None:
             return rep
-        term = self.rename(rep.term, self.gamma[d])
-        return Local(rep.dtype, rep.shape, term=term, values=rep.values)
+        gamma = self.gamma[d]
+        if not any(gamma):
+            return rep
+        return Local(rep.dtype, rep.shape, values=rep.values,
+                     renaming=Renaming(rep.term, gamma, self))
 
     def record(self, rep: Local, local: Local, d: int) -> None:
-        """Record the fact local = rep[sigma_gamma_d] (the caller has established it)."""
+        """Record the fact local = rep[sigma_gamma_d] (the caller has established it); on
+        `local` itself while its term is not built (`Local.also_renamed`)."""
         gamma = self.gamma[d]
-        if rep.term is None or local.term is None or not any(gamma):
+        if rep.term is None or not any(gamma) or local.also_renamed(rep.term, gamma):
             return
-        self._memo(gamma).setdefault(rep.term.serial, local.term)
+        if local.term is not None:
+            self.remember(rep.term, local.term, gamma)
+
+    def remember(self, rep: Term, term: Term, gamma: tuple[int, ...]) -> None:
+        """Record the fact term = rep[sigma_gamma] (a fact recorded first stays)."""
+        self._memo(gamma).setdefault(rep.serial, term)
 
     def pair_leaves(self, leaves: list[Local]) -> None:
         """Fresh per-device leaves (a loop's carries at its symbolic step): sigma_gamma maps

@@ -5,7 +5,6 @@ or a concrete integer array), `concrete_term` (such an array as a term), and `No
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
@@ -31,28 +30,87 @@ class NotExpanded(Exception):
         self.loc = loc
 
 
-@dataclass(frozen=True)
 class Local:
     """One device's value: a term over the global inputs at the local shape, or a concrete
     integer array (device ids and what is computed from them), or both (a small integer
-    constant: its term is the reference's spelling of it)."""
+    constant: its term is the reference's spelling of it).
 
-    dtype: str
-    shape: tuple[int, ...]
-    term: Term | None = None
-    values: np.ndarray | None = None
+    A value the symmetry argument gives as its representative's renamed (`symmetry.py`) is
+    kept as that renaming (`renaming`: a function building the term) until its term is
+    first read: most such terms (partial sums a flattening `lin` absorbs, intermediates no
+    output holds) are never read. Whenever it is built, the term is the renaming, a true
+    fact (`Symmetry.rename` reads only true facts)."""
+
+    __slots__ = ("_renaming", "_term", "dtype", "shape", "values")
+
+    def __init__(self, dtype: str, shape: tuple[int, ...], term: Term | None = None,
+                 values: np.ndarray | None = None,
+                 renaming: Renaming | None = None):
+        self.dtype = dtype
+        self.shape = shape
+        self.values = values
+        self._term = term
+        self._renaming = renaming
+
+    @property
+    def term(self) -> Term | None:
+        if self._renaming is not None:
+            self._term = self._renaming.build()
+            self._renaming = None
+        return self._term
+
+    def renamed_from(self, rep: Term, gamma: tuple[int, ...]) -> bool:
+        """Whether this value is `rep` renamed by the rotation `gamma`, its term not built."""
+        renaming = self._renaming
+        return renaming is not None and renaming.rep is rep and gamma in renaming.gammas
+
+    def also_renamed(self, rep: Term, gamma: tuple[int, ...]) -> bool:
+        """Note that this value, `rep` renamed and its term not built, is also `rep` renamed
+        by `gamma` (the caller has established it); False (nothing noted) when it is not
+        such a value."""
+        renaming = self._renaming
+        if renaming is None or renaming.rep is not rep:
+            return False
+        if gamma not in renaming.gammas:
+            renaming.gammas.append(gamma)
+        return True
 
     def key(self) -> tuple:
-        """Equal for equal values: the term's serial, or the concrete values."""
-        if self.term is not None:
-            return ("t", self.term.serial)
+        """Equal for equal values: the term's serial, the renaming not yet built (the
+        representative's term and the rotation), or the concrete values."""
+        if self._renaming is not None:
+            return ("r", self._renaming.rep.serial, self._renaming.gammas[0])
+        if self._term is not None:
+            return ("t", self._term.serial)
         return ("c", self.dtype, self.shape, tuple(self.values.flat))
 
     def as_term(self) -> Term:
         """The value as a term (a concrete value as the constant it is)."""
-        if self.term is not None:
-            return self.term
+        term = self.term
+        if term is not None:
+            return term
         return concrete_term(self.values, self.dtype)
+
+    def __repr__(self) -> str:
+        return f"Local({self.dtype}, {self.shape}, term={self.term!r}, values={self.values!r})"
+
+
+class Renaming:
+    """`rep` renamed by each rotation of `gammas` (one term: the facts were established),
+    built by the first (`Symmetry.rename`), the others recorded then (`Symmetry.remember`)."""
+
+    __slots__ = ("gammas", "rep", "symmetry")
+
+    def __init__(self, rep: Term, gamma: tuple[int, ...], symmetry):
+        self.rep = rep
+        self.gammas = [gamma]
+        self.symmetry = symmetry
+
+    def build(self) -> Term:
+        term = self.symmetry.rename(self.rep, self.gammas[0])
+        for gamma in self.gammas[1:]:
+            self.symmetry.remember(self.rep, term, gamma)
+        return term
 
 
 def concrete_term(values: np.ndarray, dtype: str) -> Term:

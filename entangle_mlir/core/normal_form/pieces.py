@@ -5,9 +5,7 @@ Part of `entangle_mlir.core.normal_form` (the package docstring lists every iden
 
 from __future__ import annotations
 
-import itertools
-
-from entangle_mlir.core.terms import Term, intern, make_op, rebuild_elementwise, subterms
+from entangle_mlir.core.terms import Term, intern, make_op, rebuild_elementwise
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 
 _ELEMENTWISE = frozenset(ELEMENTWISE_OPS) | {"mul", "div"}
@@ -198,20 +196,53 @@ passed 64)."""
 FIRST_SLICES_SEEN = 64
 """How many it compares first (most pieces differ early; the longer walk only where none of
 these did)."""
-_FIRST_SLICES: dict[tuple[int, int], tuple[Term, ...]] = {}
-"""`first_slices` by (the term's serial, the count) (terms are interned and immutable)."""
+_SLICES: dict[int, tuple[tuple[Term, ...], bool]] = {}
+"""serial -> (the first slices under the term in `subterms` order, whether they are all of
+them): `first_slices` for the largest count asked (terms are interned and immutable)."""
 
 
 def first_slices(term: Term, count: int = MAX_SLICES_SEEN) -> tuple[Term, ...]:
     """The first `count` slices under `term` in `subterms` order, memoized: joining a long
-    sum asks for the same pieces' slices once per pair (a walk of the whole piece each time
-    when it holds fewer slices than that)."""
-    key = (term.serial, count)
-    found = _FIRST_SLICES.get(key)
-    if found is None:
-        found = _FIRST_SLICES[key] = tuple(itertools.islice(
-            (u for u in subterms([term]) if u.op == "slice"), count))
-    return found
+    sum asks for the same pieces' slices once per pair, and for pieces built around pieces
+    asked before (`_walk_slices`)."""
+    found = _SLICES.get(term.serial)
+    if found is None or not (found[1] or len(found[0]) >= count):
+        slices = _walk_slices(term, count)
+        found = _SLICES[term.serial] = (slices, len(slices) < count)
+    return found[0][:count]
+
+
+def _walk_slices(term: Term, count: int) -> tuple[Term, ...]:
+    """`subterms([term])`'s first `count` slices, a subterm whose slices are known
+    (`_SLICES`: all of them, or `count` at least) read from there instead of walked.
+
+    Exact: `subterms` is a depth-first pre-order (a popped term's arguments are walked before
+    anything pushed earlier), so when it first pops a subterm u, the terms it has seen under
+    u are whole walked sub-DAGs; it then yields u's own walk less those, whose slices are
+    u's first slices less the slices yielded so far. Terms under u are not marked seen here:
+    met again, they yield only slices already yielded (they lie under u)."""
+    out: list[Term] = []
+    yielded: set[Term] = set()
+    seen: set[Term] = set()
+    stack = [term]
+    while stack and len(out) < count:
+        top = stack.pop()
+        if top in seen:
+            continue
+        seen.add(top)
+        known = _SLICES.get(top.serial) if top is not term else None
+        if known is not None and (known[1] or len(known[0]) >= count):
+            if not yielded.issuperset(known[0]):
+                for u in known[0]:
+                    if u not in yielded:
+                        yielded.add(u)
+                        out.append(u)
+            continue
+        if top.op == "slice" and top not in yielded:
+            yielded.add(top)
+            out.append(top)
+        stack.extend(top.args)
+    return tuple(out[:count])
 
 
 def _distinct_slice_starts(terms: list[Term]) -> list[tuple] | None:
@@ -242,18 +273,11 @@ def _window_start(term: Term, dim: int) -> tuple | None:
     return (base.serial, rest), start
 
 
-_FIRST_SLICE: dict[int, tuple | None] = {}
-"""serial -> `_first_slice_start` (by term, whatever the dim)."""
-
-
 def _first_slice_start(term: Term, dim: int) -> tuple | None:
     """(base serial, starts) of the first slice among `term`'s subterms (depth first, in
     `subterms` order), or None."""
-    if term.serial not in _FIRST_SLICE:
-        first = next((t for t in subterms([term]) if t.op == "slice"), None)
-        _FIRST_SLICE[term.serial] = None if first is None else (
-            first.args[0].serial, first.attrs[0])
-    return _FIRST_SLICE[term.serial]
+    found = first_slices(term, 1)
+    return (found[0].args[0].serial, found[0].attrs[0]) if found else None
 
 
 class _KeptApart(Exception):
