@@ -73,3 +73,19 @@ def write(tmp_path):
 def trivial_pair(write):
     """(ref path, sharded path) of a correct x + y pair."""
     return write("ref.mlir", REF_ADD), write("sharded.mlir", SHARDED_ADD)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under `-n` with `--dist loadgroup` (pyproject's addopts): a test using a module-scoped
+    fixture of its own module joins that module's xdist group, so the fixture (a lowering, a
+    200-program fuzz sample) is computed on one worker, not on each that draws one of its
+    tests. Tests already in a group (`tests.shared.per_example`) keep theirs."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        module = item.nodeid.split("::")[0]
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info else ()
+        if any(d and d[-1].scope == "module" and d[-1].baseid == module for d in defs):
+            item.add_marker(pytest.mark.xdist_group(module))
