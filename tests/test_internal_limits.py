@@ -58,3 +58,42 @@ def test_the_general_tier_has_room_for_its_recursion_limit(monkeypatch) -> None:
     _deep_through_c.cache_clear()
     stopped = tier.run_general_tier(None)
     assert not stopped.proven and stopped.internal and "too deeply" in stopped.reason
+
+
+def test_a_callers_time_limit_stops_the_tier_too(monkeypatch) -> None:
+    """A caller's alarm (fuzz's timed checks) raises while the tier runs on its thread: the
+    tier is stopped by the same exception before it reaches the caller, so no tier keeps
+    running beside the caller's next check (it shared caches with it: the next tests of a
+    worker failed)."""
+    import signal
+    import threading
+    import time
+
+    from entangle_mlir.analysis.general import tier
+
+    class Alarm(Exception):
+        pass
+
+    stopped = threading.Event()
+
+    def endless(*args, **kwargs):
+        try:
+            while True:
+                time.sleep(0.01)
+        finally:
+            stopped.set()
+
+    def ring(*args):
+        raise Alarm
+
+    monkeypatch.setattr(tier, "general_tier", endless)
+    before = signal.signal(signal.SIGALRM, ring)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        result = tier.run_general_tier(None)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+    assert stopped.is_set()
+    assert not result.proven and result.internal and "Alarm" in result.reason
+    assert not any(t.name == "entangle-general-tier" for t in threading.enumerate())

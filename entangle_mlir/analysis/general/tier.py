@@ -10,6 +10,7 @@ naming the device).
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import threading
 import time
@@ -120,11 +121,15 @@ def _on_deep_stack(call: Callable[[], T]) -> T:
         return call()
     outcome: dict[str, object] = {}
 
+    done = threading.Event()
+
     def run() -> None:
         try:
             outcome["value"] = call()
         except BaseException as err:  # noqa: BLE001 - re-raised in the calling thread
             outcome["error"] = err
+        finally:
+            done.set()
 
     previous = threading.stack_size()
     try:
@@ -135,10 +140,30 @@ def _on_deep_stack(call: Callable[[], T]) -> T:
         return call()
     finally:
         threading.stack_size(previous)
-    worker.join()
+    interrupted = _joined(worker, done)
+    if interrupted is not None:
+        raise interrupted
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
     return outcome["value"]  # type: ignore[return-value]
+
+
+def _joined(worker: threading.Thread, done: threading.Event) -> BaseException | None:
+    """Wait for `worker` (`done`: set as it ends). An exception a signal handler raises here
+    meanwhile (a caller's time limit, Ctrl-C) is raised in `worker` too, where the tier runs,
+    and waited for, so that no tier is left running beside the caller's next work; it is
+    returned (the last, if several) for the caller to raise, as it would have been without
+    the thread. (`done`, not `join`: an interrupted `join` may take the thread for ended.)"""
+    interrupted = None
+    while not done.is_set():
+        try:
+            done.wait()
+        except BaseException as err:  # noqa: BLE001 - passed on to the tier, then re-raised
+            interrupted = err
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(worker.ident),
+                                                       ctypes.py_object(type(err)))
+    worker.join()
+    return interrupted
 
 
 @contextmanager
