@@ -120,7 +120,6 @@ def _on_deep_stack(call: Callable[[], T]) -> T:
     if not IN_THREAD:
         return call()
     outcome: dict[str, object] = {}
-
     done = threading.Event()
 
     def run() -> None:

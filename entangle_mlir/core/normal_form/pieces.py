@@ -200,6 +200,10 @@ _SLICES: dict[int, tuple[tuple[Term, ...], bool]] = {}
 """serial -> (the first slices under the term in `subterms` order, whether they are all of
 them): `first_slices` for the largest count asked (terms are interned and immutable)."""
 
+MAX_SLICES_KEPT = 1 << 20
+"""The most answers `_SLICES` keeps before it starts over (as `sums._JOIN_KEYS` and
+`concat._NEAR_INPUTS` do: a long-lived process checks many programs)."""
+
 
 def first_slices(term: Term, count: int = MAX_SLICES_SEEN) -> tuple[Term, ...]:
     """The first `count` slices under `term` in `subterms` order, memoized: joining a long
@@ -208,6 +212,8 @@ def first_slices(term: Term, count: int = MAX_SLICES_SEEN) -> tuple[Term, ...]:
     found = _SLICES.get(term.serial)
     if found is None or not (found[1] or len(found[0]) >= count):
         slices = _walk_slices(term, count)
+        if len(_SLICES) > MAX_SLICES_KEPT:
+            _SLICES.clear()
         found = _SLICES[term.serial] = (slices, len(slices) < count)
     return found[0][:count]
 
