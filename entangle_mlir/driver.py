@@ -10,6 +10,7 @@ from entangle_mlir.analysis.layer_reuse import recheck_op_by_op
 from entangle_mlir.analysis.refine import EvidenceFocus
 from entangle_mlir.core.diagnostics import Diagnostic, InputError, parse_location
 from entangle_mlir.core.report import NOT_PROVEN, Report
+from entangle_mlir.core.terms import start_over
 from entangle_mlir.html_report import to_html
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.load import load_data, load_file
@@ -25,7 +26,15 @@ def check_program(program: Program, **options) -> Report:
     exception that is not bad input) is "not proven", inconclusive, with the error named,
     never a traceback: the check decided nothing. Python's recursion limit is such a limit:
     the parser refuses text nesting deeper than `mlir.ir.MAX_NESTING`, so terms nesting too
-    deeply for a recursive walk are the checker's limit, not bad input."""
+    deeply for a recursive walk are the checker's limit, not bad input.
+
+    A check starts over with fresh terms (`terms.start_over`), so its verdict does not depend
+    on what the process checked before; a check inside a check (`_check_assuming_no_overflow`)
+    shares its caller's terms, which the caller's repair still compares with."""
+    global _DEPTH
+    if _DEPTH == 0:
+        start_over()
+    _DEPTH += 1
     try:
         return _check_program(program, **options)
     except InputError:
@@ -34,6 +43,12 @@ def check_program(program: Program, **options) -> Report:
         return _internal("the terms nest too deeply for the checker's recursive walks")
     except Exception as err:  # noqa: BLE001 - a defect of the checker is "not proven"
         return _internal(f"internal error of the checker ({type(err).__name__}: {err})")
+    finally:
+        _DEPTH -= 1
+
+
+_DEPTH = 0
+"""How many `check_program` calls are running (one inside another)."""
 
 
 def _internal(what: str) -> Report:

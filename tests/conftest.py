@@ -37,6 +37,16 @@ def _run(main, argv: list[str], capsys) -> Run:
     return Run(code, captured.out, captured.err)
 
 
+@pytest.fixture(autouse=True)
+def fresh_terms():
+    """Every test builds its terms from scratch (`terms.start_over`), as `check_program` does
+    for each check: a normal form can depend on the order terms were first built, so a test
+    must not see what the tests before it in the same worker built."""
+    from entangle_mlir.core.terms import start_over
+
+    start_over()
+
+
 @pytest.fixture
 def entangle(capsys):
     """`entangle(*argv)` runs `entangle_mlir.cli.main` and returns a `Run`."""
@@ -77,7 +87,7 @@ def trivial_pair(write):
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under `-n` with `--dist loadgroup` (pyproject's addopts): a test using a module-scoped
+    """Under `-n` with `--dist loadgroup` (README's test command): a test using a module-scoped
     fixture of its own module joins that module's xdist group, so the fixture (a lowering, a
     200-program fuzz sample) is computed on one worker, not on each that draws one of its
     tests. Tests already in a group (`tests.shared.per_example`) keep theirs."""

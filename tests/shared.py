@@ -143,7 +143,7 @@ def check_unprovable(ref_text: str, sharded_text: str, **options):
 
 def per_example(items, xfails: dict[str, str] | None = None, marks=lambda ex: ()) -> list:
     """One pytest param an example (`.name`: its id), in the xdist group of its name: under
-    `--dist loadgroup` (pyproject's addopts) every test of one example runs on one worker, so
+    `--dist loadgroup` (README's test command) every test of one example runs on one worker, so
     what the modules cache of it (the lowering, the runs, the check) is computed once.
     `xfails`: example name -> strict xfail reason; `marks`: more marks an example."""
     return [pytest.param(ex, id=ex.name, marks=(

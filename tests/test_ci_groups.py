@@ -1,8 +1,8 @@
-"""CI's time relies on xdist's test groups (pyproject's `--dist loadgroup`): every test of one
-corpus example (`tests.shared.per_example`), and every test using a module-scoped fixture of
-its module (tests/conftest.py), on one worker, so what is cached per process is computed once.
-pytest 9.2 made xdist 3.8 drop the groups without a word (pytest-xdist#1386): this shows they
-hold with the installed pair."""
+"""CI's time relies on xdist's test groups (`--dist loadgroup`, README's test command): every
+test of one corpus example (`tests.shared.per_example`), and every test using a module-scoped
+fixture of its module (tests/conftest.py), on one worker, so what is cached per process is
+computed once. pytest 9.2 made xdist 3.8 drop the groups without a word (pytest-xdist#1386):
+this shows they hold with the installed pair."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def test_groups_run_on_one_worker(tmp_path) -> None:
     module = tmp_path / "test_groups_probe.py"
     module.write_text(TESTS)
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "-v", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v",
+         "-p", "no:cacheprovider",
          "--rootdir", str(ROOT), "-c", str(ROOT / "pyproject.toml"),
          "--confcutdir", str(ROOT / "tests"), "-p", "tests.conftest", str(module)],
         check=False, cwd=ROOT, capture_output=True, text=True, timeout=300)

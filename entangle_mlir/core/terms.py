@@ -92,6 +92,18 @@ def intern(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...]
     return term
 
 
+def start_over() -> None:
+    """Intern new terms from scratch: what is built next is equal to no term built before (the
+    serials go on counting, so every memo keyed by serial keeps holding only true facts about
+    the terms it names, old or new). Commuting operands and a sum's parts are ordered by
+    serial, i.e. by when a term was first built, and the normal forms are not the same under
+    every order; so a check that starts over reaches the same forms whatever was checked
+    before in the process, as if it were the first. Terms built before stay valid values (a
+    report's walks keep theirs), just never identical to new ones."""
+    _TABLE.clear()
+    _BUILT.clear()
+
+
 _BUILT: dict[tuple, Term] = {}
 """Results of the canonicalizing constructors by their arguments (terms by serial). Each
 constructor is a pure function of interned terms and plain values, so a repeat is a lookup:

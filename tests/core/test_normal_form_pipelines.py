@@ -711,6 +711,36 @@ def test_rotary_pieces_of_other_head_counts_pair_by_their_tables() -> None:
     assert refuted(raw_concat([two, swapped], 1), lifted)
 
 
+def test_rotary_pieces_pair_whatever_order_their_factors_were_built_in() -> None:
+    """As above, with the tables broadcast before the arguments exist (another check in the
+    process built them first): the 2-head piece lists `bcast(sin) * r_0`, the 3-head one
+    `tanh(r_1) * bcast(sin)`. The broadcasts line up by kind and the other factors by
+    elimination (no one key tells `r_0` and `tanh(r_1)` apart), so the form is the same."""
+    cos, sin = make_arg(0, (2,), F32), make_arg(1, (2,), F32)
+    early = [make_broadcast(t, (0,), (2, 2)) for t in (cos, sin)]
+    q0, r0 = make_arg(2, (2, 2), F32), make_arg(3, (2, 2), F32)
+    q1, r1 = make_arg(4, (2, 3), F32), make_arg(5, (2, 3), F32)
+    tanh_q1, tanh_r1 = (make_elementwise("stablehlo.tanh", (x,)) for x in (q1, r1))
+    late = [make_broadcast(t, (0,), (2, 3)) for t in (cos, sin)]
+    two = make_lin([(Fraction(1), make_mul(q0, early[0])), (Fraction(1), make_mul(r0, early[1]))],
+                   Fraction(0), (2, 2), F32)
+    one = make_lin([(Fraction(1), make_mul(tanh_q1, late[0])),
+                    (Fraction(1), make_mul(tanh_r1, late[1]))], Fraction(0), (2, 3), F32)
+    assert make_mul(r0, early[1]).args[0] is early[1]
+    assert make_mul(tanh_r1, late[1]).args[0] is tanh_r1
+    both = [make_broadcast(t, (0,), (2, 5)) for t in (cos, sin)]
+    lifted = make_lin([(Fraction(1), make_mul(make_concat([q0, tanh_q1], 1), both[0])),
+                       (Fraction(1), make_mul(make_concat([r0, tanh_r1], 1), both[1]))],
+                      Fraction(0), (2, 5), F32)
+    assert make_concat([two, one], 1) is lifted
+    assert proved(raw_concat([two, one], 1), lifted)
+    # must fail: the 3-head piece's factors crossed (q_1 with sin, r_1 with cos)
+    crossed = make_lin([(Fraction(1), make_mul(tanh_q1, late[1])),
+                        (Fraction(1), make_mul(tanh_r1, late[0]))], Fraction(0), (2, 3), F32)
+    assert make_concat([two, crossed], 1) is not lifted
+    assert refuted(raw_concat([two, crossed], 1), lifted)
+
+
 def test_a_sum_of_more_contractions_than_blocks_joins_into_one() -> None:
     """A deep stack's tp-partial residual stream sums layers x tp contractions (16 layers at
     tp 8: 128 > `MAX_BLOCKS`), `sum_i h_i @ w[i]`: one contraction `[h_0 ... h_79] @ w`,

@@ -395,7 +395,45 @@ def _aligned(pieces: list[Term], dim: int) -> list[tuple[Term, ...]]:
             out.append(tuple(mine[k] for k in order))
         else:
             return out
-    return plain
+    return _aligned_in_part(pieces, dim) or plain
+
+
+def _aligned_in_part(pieces: list[Term], dim: int) -> list[tuple[Term, ...]] | None:
+    """The pieces' commuting operands lined up where no one key tells them all apart: under
+    each key in turn, an operand of the first piece whose kind is unique among its operands not
+    yet lined up, with the one operand of that kind in every other piece; the last one left by
+    elimination (`x * bcast(sin)` of one piece and `bcast(sin) * tanh(y)` of another: the
+    broadcasts line up, then `x` with `tanh(y)`). None when some operand stays alone."""
+    count = len(pieces[0].args)
+    if any(len(p.args) != count for p in pieces):
+        return None
+    partners: list[dict[int, int]] = [{} for _ in pieces]
+    for by in _ARG_KEYS:
+        for k in range(count):
+            if k in partners[0]:
+                continue
+            mine = by(pieces[0].args[k], dim)
+            if [by(pieces[0].args[o], dim) for o in range(count)
+                    if o not in partners[0]].count(mine) != 1:
+                continue
+            found = []
+            for p, taken in zip(pieces, partners):
+                alike = [j for j, a in enumerate(p.args)
+                         if j not in taken.values() and by(a, dim) == mine]
+                if len(alike) != 1:
+                    break
+                found.append(alike[0])
+            else:
+                for taken, j in zip(partners, found):
+                    taken[k] = j
+        left = [k for k in range(count) if k not in partners[0]]
+        if len(left) == 1:
+            for p, taken in zip(pieces, partners):
+                taken[left[0]] = next(j for j in range(count) if j not in taken.values())
+        if len(partners[0]) == count:
+            return [tuple(p.args[taken[k]] for k in range(count))
+                    for p, taken in zip(pieces, partners)]
+    return None
 
 
 def _aligned_parts(first: Term, other: Term, dim: int) -> list[Term] | None:
