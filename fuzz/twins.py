@@ -285,6 +285,13 @@ def twins() -> list[Twin]:
              lambda x: x + jnp.int32(2 ** 31 - 1),
              {"wrapped": lambda x: x + jnp.int32(3_000_000_000 - 2 ** 32)},
              (xi_rows,), rows, what="a float constant beyond int32 converts to INT_MAX"),
+        Twin("tw_compare_rounded", lambda x: jnp.where(x + 1.0 > x, x, 0.0),
+             lambda x: jnp.where(x < 1.0 + x, x, 0.0),
+             {"decided_over_reals": lambda x: x,
+              "ge_for_gt": lambda x: jnp.where(x + 1.0 >= x, x, 0.0)},
+             (xf_rows,), rows, what="x + 1 > x is false in f32 for |x| >= 2^24",
+             extra=lambda: [[np.float32(2.0 ** 24) * np.arange(-64, 64, dtype=np.float32)
+                             .reshape(8, 16)]]),
         Twin("tw_narrow_count", count_ref, local_count(jnp.int32),
              {"int8_local": local_count(jnp.int8)},
              (arg("x", (4, 1024), "float32", P(None, "tp")),), P(),

@@ -564,6 +564,78 @@ def compare(a: Element, b: Element, direction: str, total: bool = False) -> Elem
     return bool(op(pynum(a), pynum(b)))
 
 
+def compared_value(a: Element, dtype: str) -> Element:
+    """The value a float compare of `dtype` reads for the operand `a`: `a` rounded to `dtype`.
+    The semantics computes float arithmetic exactly (sums regrouped: liberty 1), but a
+    comparison turns a rounding into a different boolean: `x + 1.0 > x` is true of the reals
+    and false in f32 for |x| >= 2^24. So an operand that float arithmetic computed is
+    compared rounded: exactly on numbers, as `round_<dtype>` (uninterpreted, monotone:
+    `collect_roundings`) on z3 terms. Values no arithmetic computed (inputs, a function's
+    result, a pick among such values) are values of the dtype, compared as they are; equal
+    sums stay equal once rounded, so operands computed alike (regrouped) still compare
+    alike."""
+    if not is_float_dtype(dtype) or dtype not in precision.FLOAT_FORMATS:
+        return a
+    if not is_z3(a):
+        value = pynum(a)
+        if isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value)):
+            return a
+        return precision.round_to(value, dtype)
+    z = num(a)
+    if z.is_int() or _held_exactly(z, dtype):
+        return a
+    result = uninterpreted(f"round_{dtype}")(z)
+    _note_rounding(f"round_{dtype}", z, result)
+    return result
+
+
+def compared_values(a: Element, b: Element, dtypes: Sequence[str]) -> tuple[Element, Element]:
+    """`compared_value` of both operands of a compare. Where one is rounded and the other is
+    a value of the dtype, that value is noted as rounding to itself, so that monotonicity
+    (`monotone_hypotheses`) relates the two: `x + 1.0 >= x` holds in f32 (round(x + 1) >=
+    round(x) = x), `x + 1.0 > x` does not."""
+    ra, rb = compared_value(a, dtypes[0]), compared_value(b, dtypes[-1])
+    wrapped_a, wrapped_b = (is_z3(r) and r is not x for r, x in ((ra, a), (rb, b)))
+    if wrapped_a != wrapped_b:
+        rounded, fixed = (ra, num(to_z3(rb))) if wrapped_a else (rb, num(to_z3(ra)))
+        if not fixed.is_int():
+            _note_rounding(rounded.decl().name(), fixed, fixed)
+    return ra, rb
+
+
+_PICKS = frozenset({z3.Z3_OP_ITE, z3.Z3_OP_UMINUS, z3.Z3_OP_TO_REAL})
+"""z3 operations whose result is one of their numeric operands' values, up to sign: a value
+of the dtype when those are."""
+
+
+def _held_exactly(z: z3.ArithRef, dtype: str) -> bool:
+    """Whether `z` is a value of `dtype` without rounding: a variable (an input, an unknown
+    constant), a numeral of the dtype, an uninterpreted function's result (a transcendental
+    function or a rounding: the value the op computes), or a pick among such values (select,
+    max, min, negate)."""
+    stack, seen = [z], set()
+    while stack:
+        top = stack.pop()
+        key = top.get_id()
+        if key in seen:
+            continue
+        seen.add(key)
+        if z3.is_rational_value(top) or z3.is_int_value(top):
+            value = Fraction(top.numerator_as_long(), top.denominator_as_long()) \
+                if z3.is_rational_value(top) else Fraction(top.as_long())
+            if precision.round_to(value, dtype) != value:
+                return False
+            continue
+        kind = top.decl().kind()
+        if kind == z3.Z3_OP_UNINTERPRETED:
+            continue
+        if kind not in _PICKS:
+            return False
+        children = top.children()
+        stack.extend(children[1:] if kind == z3.Z3_OP_ITE else children)
+    return True
+
+
 def _total_key(x: float) -> int:
     """The position of a float in IEEE-754 totalOrder (the bits, sign-magnitude to two's
     complement): -NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN."""

@@ -28,6 +28,8 @@ from entangle_mlir.semantics.element import (
     add,
     ceil,
     compare,
+    compared_value,
+    compared_values,
     convert,
     div,
     dtype_kind,
@@ -157,6 +159,13 @@ def _binary(fn: Callable[[Element, Element], Element]) -> ElementwiseFn:
     return lambda args, attrs, dtype, src: apply(fn, args[0], args[1])
 
 
+def _discrete(fn: Callable[[Element], Element]) -> ElementwiseFn:
+    """A unary op that jumps (floor, sign, ...): it reads its operand rounded to the operand's
+    dtype (`compared_value`), as a compare does."""
+    return lambda args, attrs, dtype, src: apply(
+        lambda a: fn(compared_value(a, src[0] if src else dtype)), args[0])
+
+
 def _transcendental(name: str) -> ElementwiseFn:
     return lambda args, attrs, dtype, src: apply(lambda *xs: transcendental(name, *xs), *args)
 
@@ -168,13 +177,16 @@ def _divide(args, attrs, dtype, src) -> Array:
 
 def _remainder(args, attrs, dtype, src) -> Array:
     integer = is_int_dtype(dtype)
-    return apply(lambda a, b: remainder(a, b, integer), args[0], args[1])
+    return apply(lambda a, b: remainder(*compared_values(a, b, src or [dtype]), integer),
+                 args[0], args[1])
 
 
 def _compare(args, attrs, dtype, src) -> Array:
     direction = attrs.get("comparison_direction")
     total = attrs.get("compare_type") == "TOTALORDER"
-    return apply(lambda a, b: compare(a, b, direction, total), args[0], args[1])
+    kinds = (src or [dtype, dtype])[:2]
+    return apply(lambda a, b: compare(*compared_values(a, b, kinds), direction, total),
+                 args[0], args[1])
 
 
 def _clamp(args, attrs, dtype, src) -> Array:
@@ -184,6 +196,8 @@ def _clamp(args, attrs, dtype, src) -> Array:
 
 def _convert(args, attrs, dtype, src) -> Array:
     source = src[0] if src else dtype
+    if is_int_dtype(dtype) or is_bool_dtype(dtype):
+        return apply(lambda a: convert(compared_value(a, source), source, dtype), args[0])
     return apply(lambda a: convert(a, source, dtype), args[0])
 
 
@@ -223,11 +237,11 @@ ELEMENTWISE: dict[str, ElementwiseFn] = {
     "stablehlo.atan2": _transcendental("atan2"),
     "stablehlo.negate": _unary(neg),
     "stablehlo.abs": _unary(absolute),
-    "stablehlo.sign": _unary(sign),
-    "stablehlo.floor": _unary(floor),
-    "stablehlo.ceil": _unary(ceil),
-    "stablehlo.round_nearest_afz": _unary(round_afz),
-    "stablehlo.round_nearest_even": _unary(round_even),
+    "stablehlo.sign": _discrete(sign),
+    "stablehlo.floor": _discrete(floor),
+    "stablehlo.ceil": _discrete(ceil),
+    "stablehlo.round_nearest_afz": _discrete(round_afz),
+    "stablehlo.round_nearest_even": _discrete(round_even),
     "stablehlo.is_finite": _unary(_is_finite),
     "stablehlo.exponential": _transcendental("exponential"),
     "stablehlo.exponential_minus_one": _transcendental("exponential_minus_one"),

@@ -21,10 +21,12 @@ from entangle_mlir.core.terms import DENSE_VALUES, Term, post_order, subterms
 from entangle_mlir.semantics.element import (
     SemanticsError,
     collect_divisors,
+    collect_roundings,
     equal,
     int_limits,
     is_bool_dtype,
     is_z3,
+    monotone_hypotheses,
     random_functions,
     to_z3,
 )
@@ -114,7 +116,7 @@ def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
     env["opaque"] = opaque_resolver(source)
     memo: dict[int, np.ndarray] = {}
     try:
-        with collect_divisors() as divisors:
+        with collect_divisors() as divisors, collect_roundings() as roundings:
             left = evaluate_term(a, env, memo)
             of_a = len(divisors)
             # apart, so that each term's divisors are all collected (shared ones twice)
@@ -131,7 +133,7 @@ def check_term_equality(a: Term, b: Term, name: str = "terms.equal",
     if any(not is_z3(d) for d in divisors):
         return ProofResult("unknown", None, time.perf_counter() - start, name,
                            "a division by zero")
-    hypotheses = [to_z3(d) != 0 for d in divisors]
+    hypotheses = [to_z3(d) != 0 for d in divisors] + monotone_hypotheses(roundings)
     if typed:
         hypotheses.extend(source.hypotheses)
     for index, (lo, hi) in (ranges or {}).items():

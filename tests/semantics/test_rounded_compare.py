@@ -1,0 +1,78 @@
+"""A float compare, and every op that jumps (floor, sign, a convert to an integer), reads an
+operand computed by float arithmetic rounded to its dtype (`element.compared_value`).
+
+Found by the attacker (benchmarks/ATTACK_RESULTS.md, session 9; fixed in session 10): `x + 1.0
+> x` was proven equal to `true` over the exact reals; in f32 it is false for |x| >= 2^24. Here
+by Z3 on terms (`check_term_equality`): the decision over the reals is refused, what holds in
+f32 for every finite x (`>=`, the same compare of a regrouped sum) is proven, and the concrete
+rounding is XLA's. The program pair is grounded by execution in tests/fuzz/test_twins.py
+(`tw_compare_rounded`)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from entangle_mlir.analysis.instance.term_equality import check_term_equality
+from entangle_mlir.core.terms import make_arg, make_elementwise, make_lin, make_splat
+from entangle_mlir.semantics.element import compare, compared_value
+
+F32 = "f32"
+
+
+def _plus(x, c: float):
+    return make_lin([(Fraction(1), x)], Fraction(c), x.shape, x.dtype)
+
+
+def _compare(a, b, direction: str):
+    return make_elementwise("stablehlo.compare", (a, b), (direction,), "i1")
+
+
+def _true(shape):
+    return make_splat(True, shape, "i1")
+
+
+@pytest.mark.parametrize("shape", [(), (3,), (2, 2)])
+def test_x_plus_one_is_not_greater_than_x_in_every_f32(shape) -> None:
+    """`x + 1 > x` is not `true` (refused: Z3 may round x + 1 down to x); `x + 1 >= x` is
+    (rounding is monotone and keeps x)."""
+    x = make_arg(0, shape, F32)
+    greater = check_term_equality(_compare(_plus(x, 1), x, "GT"), _true(shape))
+    assert greater.status != "proved", greater
+    at_least = check_term_equality(_compare(_plus(x, 1), x, "GE"), _true(shape))
+    assert at_least.status == "proved", at_least
+
+
+@pytest.mark.parametrize("shape", [(), (4,)])
+def test_a_regrouped_sum_compares_alike(shape) -> None:
+    """`(a + b) + c > d` and `a + (b + c) > d`, summed in other orders: equal sums, equal
+    roundings."""
+    a, b, c, d = (make_arg(k, shape, F32) for k in range(4))
+    left = make_elementwise("stablehlo.add", (make_elementwise("stablehlo.add", (a, b), (), F32),
+                                               c), (), F32)
+    right = make_elementwise("stablehlo.add", (a, make_elementwise("stablehlo.add", (b, c), (),
+                                                                   F32)), (), F32)
+    proof = check_term_equality(_compare(left, d, "GT"), _compare(right, d, "GT"))
+    assert proof.status == "proved", proof
+    # must fail: another sum compared
+    other = make_elementwise("stablehlo.add", (a, b), (), F32)
+    assert check_term_equality(_compare(left, d, "GT"),
+                               _compare(other, d, "GT")).status == "refuted"
+
+
+def test_a_compare_of_inputs_is_decided_exactly() -> None:
+    """Inputs are values of their dtype: `x > y` and `y < x` are one compare."""
+    x, y = make_arg(0, (3,), F32), make_arg(1, (3,), F32)
+    assert check_term_equality(_compare(x, y, "GT"), _compare(y, x, "LT")).status == "proved"
+
+
+def test_concrete_operands_round_as_f32_does() -> None:
+    """On numbers the operand is rounded exactly: 2^24 + 1 is 2^24 in f32, so it is not
+    greater than 2^24, as XLA computes `x + 1 > x` at x = 2^24."""
+    big = Fraction(2 ** 24)
+    assert compared_value(big + 1, F32) == big
+    assert compare(compared_value(big + 1, F32), big, "GT") is False
+    assert bool(np.float32(2 ** 24) + np.float32(1) > np.float32(2 ** 24)) is False
+    assert compared_value(Fraction(1, 3), "i32") == Fraction(1, 3)
