@@ -613,27 +613,40 @@ def _held_exactly(z: z3.ArithRef, dtype: str) -> bool:
     constant), a numeral of the dtype, an uninterpreted function's result (a transcendental
     function or a rounding: the value the op computes), or a pick among such values (select,
     max, min, negate)."""
-    stack, seen = [z], set()
+    for top in _distinct_nodes(z, _picked):
+        if z3.is_rational_value(top) or z3.is_int_value(top):
+            value = Fraction(top.numerator_as_long(), top.denominator_as_long()) \
+                if z3.is_rational_value(top) else Fraction(top.as_long())
+            if precision.round_to(value, dtype) != value:
+                return False
+        elif z3.is_app(top) and top.num_args() and \
+                top.decl().kind() not in _PICKS | {z3.Z3_OP_UNINTERPRETED}:
+            return False
+    return True
+
+
+def _picked(node: z3.ExprRef) -> list[z3.ExprRef]:
+    """The operands whose values `node` may take (an if's branches, a negation's operand);
+    none for an uninterpreted function's result."""
+    kind = node.decl().kind()
+    if kind == z3.Z3_OP_UNINTERPRETED:
+        return []
+    children = node.children()
+    return children[1:] if kind == z3.Z3_OP_ITE else children
+
+
+def _distinct_nodes(expr: z3.ExprRef, children=lambda node: node.children()
+                    ) -> Iterator[z3.ExprRef]:
+    """`expr` and the nodes `children` reaches from it, each once."""
+    stack, seen = [expr], set()
     while stack:
         top = stack.pop()
         key = top.get_id()
         if key in seen:
             continue
         seen.add(key)
-        if z3.is_rational_value(top) or z3.is_int_value(top):
-            value = Fraction(top.numerator_as_long(), top.denominator_as_long()) \
-                if z3.is_rational_value(top) else Fraction(top.as_long())
-            if precision.round_to(value, dtype) != value:
-                return False
-            continue
-        kind = top.decl().kind()
-        if kind == z3.Z3_OP_UNINTERPRETED:
-            continue
-        if kind not in _PICKS:
-            return False
-        children = top.children()
-        stack.extend(children[1:] if kind == z3.Z3_OP_ITE else children)
-    return True
+        yield top
+        stack.extend(children(top))
 
 
 def _total_key(x: float) -> int:
@@ -1095,16 +1108,9 @@ def reduce_precision(a: Element, dtype: str, exponent_bits: int, mantissa_bits: 
 def _may_mention_infinity(expr: z3.ExprRef, budget: int = 2000) -> bool:
     """`expr` (a z3 term) may be one of the infinity constants: it mentions `+oo` or `-oo`
     (or is too large to tell within `budget` nodes)."""
-    stack, seen = [expr], set()
-    while stack:
-        top = stack.pop()
-        key = top.get_id()
-        if key in seen:
-            continue
-        seen.add(key)
-        if len(seen) > budget or z3.eq(top, _NEG_INF) or z3.eq(top, _POS_INF):
+    for count, top in enumerate(_distinct_nodes(expr), 1):
+        if count > budget or z3.eq(top, _NEG_INF) or z3.eq(top, _POS_INF):
             return True
-        stack.extend(top.children())
     return False
 
 
