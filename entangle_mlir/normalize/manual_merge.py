@@ -27,7 +27,7 @@ from __future__ import annotations
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 
-from entangle_mlir.mlir.ir import ops_in_order
+from entangle_mlir.mlir.ir import op_key, ops_in_order
 from entangle_mlir.mlir.program import read_meshes
 from entangle_mlir.normalize.match import defining_op
 
@@ -83,10 +83,29 @@ def _passed(producer: ir.Operation, consumer: ir.Operation, meshes) -> dict[int,
                     _returned(producer)[index], outs[index], manual, meshes):
                 return None
             passed[k] = index
-        elif owner is not None and _after(owner, producer) and (
-                len(owner.operands) or len(owner.regions)):
-            return None  # computed after the producer: the merged op could not read it
-    return passed or None
+    extras = [v for k, v in enumerate(consumer.operands) if k not in passed]
+    if not passed or _hoisted(extras, producer) is None:
+        return None
+    return passed
+
+
+def _hoisted(values: list, producer: ir.Operation) -> list[ir.Operation] | None:
+    """The ops after `producer` in its block that compute `values` (a constant broadcast to
+    the cotangent's shape, between the two computations), in block order, to move before it;
+    None when one of them reads the producer's results (the values then cannot be the merged
+    computation's operands)."""
+    found: dict[int, ir.Operation] = {}
+    stack = list(values)
+    while stack:
+        op = defining_op(stack.pop())
+        if op is None or op_key(op) in found or not _after(op, producer):
+            continue
+        if op == producer:
+            return None
+        found[op_key(op)] = op
+        stack.extend(op.operands)
+    order = {op_key(op): k for k, op in enumerate(producer.block.operations)}
+    return sorted(found.values(), key=lambda op: order[op_key(op)])
 
 
 def _after(op: ir.Operation, anchor: ir.Operation) -> bool:
@@ -159,10 +178,8 @@ def _merge(producer: ir.Operation, consumer: ir.Operation, passed: dict[int, int
     """One manual computation in the producer's place: its operands and body, then the
     consumer's; its results those of the producer still used elsewhere, then the consumer's."""
     extras = [k for k in range(len(consumer.operands)) if k not in passed]
-    for k in extras:
-        owner = defining_op(consumer.operands[k])
-        if owner is not None and _after(owner, producer):
-            owner.move_before(producer)  # a constant defined between the two
+    for op in _hoisted([consumer.operands[k] for k in extras], producer) or []:
+        op.move_before(producer)
     kept = [j for j, result in enumerate(producer.results)
             if any(_user(use) != consumer for use in result.uses)]
     ins = _shardings(producer, "in_shardings") + [

@@ -3,11 +3,12 @@
 // jax.grad of a shard_map'd function: the forward returns residuals split over every manual
 // axis (each device's own value) and a psum'd value (the same on every device); the backward
 // reads them back with the same specs. The two manual computations are one
-// (normalize/manual_merge.py); the constant between them moves up.
+// (normalize/manual_merge.py); the cotangent between them (a constant, broadcast) moves up.
 
 // CHECK-LABEL: func.func @merged
 // CHECK: stablehlo.constant dense<1.000000e+00>
-// CHECK: sdy.manual_computation(%arg0, %{{.*}}) in_shardings=[<@mesh, [{"tp"}]>, <@mesh, []>] out_shardings=[<@mesh, [{"tp"}]>]
+// CHECK: stablehlo.broadcast_in_dim
+// CHECK: sdy.manual_computation(%arg0, %{{.*}}) in_shardings=[<@mesh, [{"tp"}]>, <@mesh, [{}]>] out_shardings=[<@mesh, [{"tp"}]>]
 // CHECK: stablehlo.exponential
 // CHECK: stablehlo.all_reduce
 // CHECK: stablehlo.multiply
@@ -26,12 +27,12 @@ module {
       sdy.return %e, %s : tensor<4xf32>, tensor<4xf32>
     } : (tensor<16xf32>) -> (tensor<16xf32>, tensor<4xf32>)
     %c = stablehlo.constant dense<1.0> : tensor<f32>
-    %1 = sdy.manual_computation(%c, %0#0, %0#1) in_shardings=[<@mesh, []>, <@mesh, [{"tp"}]>, <@mesh, [{}]>] out_shardings=[<@mesh, [{"tp"}]>] manual_axes={"tp"} (%g: tensor<f32>, %r: tensor<4xf32>, %q: tensor<4xf32>) {
-      %gb = stablehlo.broadcast_in_dim %g, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %cb = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<f32>) -> tensor<4xf32>
+    %1 = sdy.manual_computation(%cb, %0#0, %0#1) in_shardings=[<@mesh, [{}]>, <@mesh, [{"tp"}]>, <@mesh, [{}]>] out_shardings=[<@mesh, [{"tp"}]>] manual_axes={"tp"} (%gb: tensor<4xf32>, %r: tensor<4xf32>, %q: tensor<4xf32>) {
       %m = stablehlo.multiply %gb, %r : tensor<4xf32>
       %n = stablehlo.multiply %m, %q : tensor<4xf32>
       sdy.return %n : tensor<4xf32>
-    } : (tensor<f32>, tensor<16xf32>, tensor<4xf32>) -> tensor<16xf32>
+    } : (tensor<4xf32>, tensor<16xf32>, tensor<4xf32>) -> tensor<16xf32>
     return %1 : tensor<16xf32>
   }
 }
@@ -80,5 +81,30 @@ module {
       sdy.return %n : tensor<8x2xf32>
     } : (tensor<8x8xf32>) -> tensor<8x8xf32>
     return %1 : tensor<8x8xf32>
+  }
+}
+
+// -----
+
+// Must stay apart: another operand of the second computation is computed from the first's
+// result outside both (it cannot be an operand of the merged computation).
+
+// CHECK-LABEL: func.func @operand_from_the_result
+// CHECK: sdy.manual_computation
+// CHECK: stablehlo.negate
+// CHECK: sdy.manual_computation
+module {
+  sdy.mesh @mesh = <["tp"=4]>
+  func.func @operand_from_the_result(%arg0: tensor<16xf32>) -> tensor<16xf32> {
+    %0 = sdy.manual_computation(%arg0) in_shardings=[<@mesh, [{"tp"}]>] out_shardings=[<@mesh, [{"tp"}]>] manual_axes={"tp"} (%a: tensor<4xf32>) {
+      %e = stablehlo.exponential %a : tensor<4xf32>
+      sdy.return %e : tensor<4xf32>
+    } : (tensor<16xf32>) -> tensor<16xf32>
+    %g = stablehlo.negate %0 : tensor<16xf32>
+    %1 = sdy.manual_computation(%0, %g) in_shardings=[<@mesh, [{"tp"}]>, <@mesh, [{"tp"}]>] out_shardings=[<@mesh, [{"tp"}]>] manual_axes={"tp"} (%r: tensor<4xf32>, %s: tensor<4xf32>) {
+      %n = stablehlo.add %r, %s : tensor<4xf32>
+      sdy.return %n : tensor<4xf32>
+    } : (tensor<16xf32>, tensor<16xf32>) -> tensor<16xf32>
+    return %1 : tensor<16xf32>
   }
 }
