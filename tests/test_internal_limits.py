@@ -97,3 +97,19 @@ def test_a_callers_time_limit_stops_the_tier_too(monkeypatch) -> None:
     assert stopped.is_set()
     assert not result.proven and result.internal and "Alarm" in result.reason
     assert not any(t.name == "entangle-general-tier" for t in threading.enumerate())
+
+
+def test_the_tier_thread_sees_the_callers_context() -> None:
+    """The general tier's thread runs in a copy of the caller's context: the inputs' names
+    (`terms.ARG_NAMES`) the caller set are the ones its notes print (a new thread starts with
+    every context variable at its default: loop notes said `%arg4` for jax's `xs`)."""
+    from types import MappingProxyType
+
+    from entangle_mlir.analysis.general import tier
+    from entangle_mlir.core.terms import ARG_NAMES
+
+    token = ARG_NAMES.set(MappingProxyType({4: "xs"}))
+    try:
+        assert tier._on_deep_stack(lambda: dict(ARG_NAMES.get())) == {4: "xs"}
+    finally:
+        ARG_NAMES.reset(token)

@@ -10,6 +10,7 @@ naming the device).
 
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import sys
 import threading
@@ -116,15 +117,18 @@ thread only (cProfile) needs it False."""
 
 def _on_deep_stack(call: Callable[[], T]) -> T:
     """`call()` on a thread with a `STACK_BYTES` stack (in this thread where `IN_THREAD` is
-    off or no such thread can start), its result or its exception."""
+    off or no such thread can start), its result or its exception. It runs in a copy of the
+    caller's context: a new thread starts with every context variable at its default, and the
+    tier reads the caller's (the inputs' names, `terms.ARG_NAMES`; the normalizing judge)."""
     if not IN_THREAD:
         return call()
     outcome: dict[str, object] = {}
     done = threading.Event()
+    context = contextvars.copy_context()
 
     def run() -> None:
         try:
-            outcome["value"] = call()
+            outcome["value"] = context.run(call)
         except BaseException as err:  # noqa: BLE001 - re-raised in the calling thread
             outcome["error"] = err
         finally:
