@@ -138,6 +138,24 @@ def fit(bounds: Interval, dtype: str) -> Interval:
     return clamp(bounds, FLOAT_MAX[dtype])
 
 
+def rounded(bounds: Interval, dtype: str) -> Interval:
+    """The range of a float `dtype` value whose exact result lies in `bounds`: each end
+    rounded to nearest in the dtype (`precision.round_to`). Rounding is monotone, so the
+    value the op computes lies between the rounded ends, and not always between the exact
+    ones: `2^24 + 1.0` is 2^24 in f32, so its range is not above 2^24 (a compare decided on
+    the exact range was a false proof). Other dtypes, and infinite or NaN ends, as they are."""
+    if dtype not in precision.FLOAT_FORMATS or dtype == "f64":
+        return bounds
+    lo, hi = bounds
+    return _rounded_end(lo, dtype), _rounded_end(hi, dtype)
+
+
+def _rounded_end(end: float, dtype: str) -> float:
+    if not math.isfinite(end):
+        return end
+    return float(precision.round_to(end, dtype))
+
+
 def clamp(bounds: Interval, top: float) -> Interval:
     """Endpoints past the dtype's finite range (`top`, its largest finite value) become the
     infinity they overflow to."""
