@@ -433,18 +433,10 @@ def rounding_twins() -> list[Twin]:
     ]
 
 
-UNMUTATED = frozenset({"tw_ring_loop"})
-"""Twins whose correct program is not a mutation subject: a loop whose trip count is a
-constant, which a constant mutant sets to 2^31 - 1 (executing that mutant never ends, and the
-attacker runs mutants without a time limit)."""
-
-
 def subjects(only: str = "") -> list:
     """(source, name, factory) of the correct twins as subjects of the mutation attacker."""
     out = []
     for t in twins():
-        if t.name in UNMUTATED:
-            continue
         ex = example(t, "correct")
         out.append(("twins", ex.name, lambda ex=ex: real_subject(ex)))
     return [s for s in out if only in s[1]]
