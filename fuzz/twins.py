@@ -424,6 +424,13 @@ def rounding_twins() -> list[Twin]:
               * 0.0 + lax.round(jnp.abs(x), lax.RoundingMethod.AWAY_FROM_ZERO)},
              (xf_rows,), rows, what="floor(|x| + 0.5) is 1 at the f32 just below 0.5",
              extra=_ulps_below(0.5)),
+        Twin("tw_exp_approximate",
+             lambda x: jnp.where(jnp.exp(x * 0.0 + jnp.float32(-9.998800277709961))
+                                 > jnp.float32(4.5454427890945226e-05), x, 0.0),
+             lambda x: jnp.where(x != x, x, 0.0),  # noqa: PLR0124
+             {"exact_exp": lambda x: x},
+             (xf_rows,), rows, what="XLA's exp is not correctly rounded: exp(-9.9988003) in f32 "
+             "is 4.5454428e-05 on CPU, below the exact value (and its correct rounding)"),
         Twin("tw_int_plus_one", lambda x: (x + 1 > x).astype(jnp.int32),
              lambda x: (1 + x > x).astype(jnp.int32),
              {"decided": lambda x: x - x + 1,

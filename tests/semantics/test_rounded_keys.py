@@ -124,3 +124,23 @@ def test_a_narrowing_convert_rounds_what_its_source_holds() -> None:
     assert Fraction(float(ml_dtypes.bfloat16(xla))) == got[0] == Fraction(65, 64)
     # must fail: the single rounding of the exact value
     assert round_to(value, "bf16") == Fraction(129, 128) != got[0]
+
+
+def test_approximated_functions_have_widened_ranges() -> None:
+    """XLA's exp is not correctly rounded: exp(-9.9988003) is 4.5454428e-05 in f32 on CPU,
+    below the exact 4.54544298e-05 (tw_exp_approximate). The range of exp of that point holds
+    XLA's value, so `exp(c) > 4.5454428e-05` is not decided; exact ends (exp(0) = 1) are
+    kept."""
+    from entangle_mlir.core.ranges import ELEMENTWISE_BOUNDS
+
+    point, xla = -9.998800277709961, 4.5454427890945226e-05
+    exp = ELEMENTWISE_BOUNDS["stablehlo.exponential"][0]
+    lo, hi = rounded(exp([(point, point)]), F32)
+    assert lo <= xla <= hi
+    assert rounded(exp([(-float("inf"), 0.0)]), F32) == (0.0, 1.0)
+    tanh = ELEMENTWISE_BOUNDS["stablehlo.tanh"][0]
+    assert tanh([(9.0109, 9.0109)])[1] == 1.0  # XLA's tanh(9.0109) is 1.0 in f32
+    # must fail: the exact value, and its correct rounding, are above XLA's
+    import math
+
+    assert math.exp(point) > xla and float(np.float32(math.exp(point))) > xla
