@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 TIER_NOTE = "proven by per-device expansion on {n} devices (general tier)"
 STOPPED_NOTE = ("the general tier (per-device expansion) stopped before deciding: {reason}; "
                 "the verdict is the layout tier's alone")
-"""The note of a general tier stopped by its own limit or defect (`GeneralResult.internal`):
-never silent, since the verdict then rests on the layout tier alone."""
+"""The note of a general tier stopped by its own limit or defect (`GeneralResult.internal`) or
+out of its time budget: never silent, since the verdict then rests on the layout tier
+alone."""
 MESSAGE_PREFIX = "general tier ("
 """How the general tier's diagnostic (its refutation) begins."""
 
@@ -75,6 +76,9 @@ def apply_result(report: Report, result: GeneralResult) -> None:
         report.stats["general_tier"] = summary
         if result.internal:
             report.notes.append(STOPPED_NOTE.format(reason=result.reason))
+        elif result.reason.startswith("out of time"):
+            report.notes.append(STOPPED_NOTE.format(
+                reason=f"{result.reason} (its budget of CPU seconds ran out: --general-budget)"))
         if result.refuted:
             report.counterexample = result.inputs
         if result.refuted and report.diagnostics and all(

@@ -1,4 +1,4 @@
-"""entangle-normalize: programs XLA would reject are bad input (`validate.py`); inline func.calls so every rule sees plain ops; ring attention loops (a while
+"""entangle-normalize: programs XLA would reject are bad input (`validate.py`); inline func.calls so every rule sees plain ops; shard_maps that pass device-local values to one another merged (`manual_merge.py`: jax.grad of a shard_map'd function); ring attention loops (a while
 whose body is one online-softmax step over blocks passed by collective_permute) are folded by
 their invariant (`ring_fold.py`), and a differentiated ring's pair of loops (the forward
 storing residuals, the backward reading them back) too (`ring_pair.py`), other ring loops (constant trip count) are unrolled and the
@@ -21,6 +21,7 @@ from entangle_mlir.mlir.ir import ops_in_order
 from entangle_mlir.mlir.program import inline_calls
 from entangle_mlir.normalize.finite import Finiteness, judging
 from entangle_mlir.normalize.idioms import drop_identity_converts
+from entangle_mlir.normalize.manual_merge import merge_manual_computations
 from entangle_mlir.normalize.max_cotangent import zero_max_cotangents
 from entangle_mlir.normalize.rewrites import rewrite_idioms
 from entangle_mlir.normalize.ring_fold import fold_ring_loops
@@ -61,6 +62,7 @@ class NormalizePass(ModulePass):
             inline_calls(module, file)
             state.finiteness.file = file
             with module.context:
+                merge_manual_computations(module)
                 # One walk lists the ops; each rewrite filters the list, and a rewrite that
                 # changes the module makes the next one walk afresh.
                 ops = ops_in_order(module)

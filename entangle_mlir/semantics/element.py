@@ -621,9 +621,48 @@ def _held_exactly(z: z3.ArithRef, dtype: str) -> bool:
                 return False
         elif z3.is_app(top) and top.num_args() and \
                 top.decl().kind() not in _PICKS | {z3.Z3_OP_UNINTERPRETED} and \
-                not _negation(top):
+                not _small_integer(top, dtype) and not _negation(top):
             return False
     return True
+
+
+_INTEGER_ARITHMETIC = {z3.Z3_OP_ADD: sum, z3.Z3_OP_SUB: sum, z3.Z3_OP_MUL: math.prod}
+"""Integer arithmetic whose result is bounded by its operands' bounds: the sum of them (add,
+subtract) or their product (multiply)."""
+
+
+def _small_integer(node: z3.ExprRef, dtype: str) -> bool:
+    """Whether `node` is an integer that `dtype` holds exactly for every value of its
+    variables: integer arithmetic over integer numerals and ifs among them (`3 * indicator`,
+    a count of booleans), bounded by 2^p for p significand bits."""
+    bound = _integer_bound(node, 2 ** precision.FLOAT_FORMATS[dtype][0])
+    return bound is not None
+
+
+def _integer_bound(node: z3.ExprRef, limit: int) -> int | None:
+    """A bound on |node| when `node` is integer-valued and that bound is at most `limit`."""
+    if z3.is_int_value(node) or (z3.is_rational_value(node)
+                                 and node.denominator_as_long() == 1):
+        value = abs(node.numerator_as_long() if z3.is_rational_value(node) else node.as_long())
+        return value if value <= limit else None
+    if not z3.is_app(node) or not node.num_args():
+        return None
+    kind = node.decl().kind()
+    children = node.children()
+    if kind == z3.Z3_OP_ITE:
+        children = children[1:]
+    elif kind in (z3.Z3_OP_UMINUS, z3.Z3_OP_TO_REAL):
+        pass
+    elif kind not in _INTEGER_ARITHMETIC:
+        return None
+    bounds = []
+    for child in children:
+        bound = _integer_bound(child, limit)
+        if bound is None:
+            return None
+        bounds.append(bound)
+    total = _INTEGER_ARITHMETIC[kind](bounds) if kind in _INTEGER_ARITHMETIC else max(bounds)
+    return total if total <= limit else None
 
 
 def _negation(node: z3.ExprRef) -> bool:
@@ -634,10 +673,15 @@ def _negation(node: z3.ExprRef) -> bool:
 
 
 def _picked(node: z3.ExprRef) -> list[z3.ExprRef]:
-    """The operands whose values `node` may take (an if's branches, a negation's operand);
-    none for an uninterpreted function's result."""
+    """The operands whose values `node` may take (an if's branches, a negation's operand,
+    `-1 * v`'s); none for an uninterpreted function's result or an exact integer
+    (`_small_integer`)."""
     kind = node.decl().kind()
     if kind == z3.Z3_OP_UNINTERPRETED:
+        return []
+    if _negation(node):
+        return node.children()
+    if kind not in _PICKS:
         return []
     children = node.children()
     return children[1:] if kind == z3.Z3_OP_ITE else children

@@ -625,6 +625,12 @@ def programs() -> list[Example]:
         _p("one_hot_ce_grad", TP4, _grad_logits(target_ce_ref), one_hot_ce_label_modulo_grad,
            vce, P(None, "tp"), ohc + ": gradient w.r.t. the logits shard",
            bug="label_modulo_shard_width", bug_fn=_one_hot_ce),
+        _p("one_hot_ce_wholegrad", TP4, _grad_logits(target_ce_ref), one_hot_ce, vce, P(),
+           ohc + ": jax.grad of the shard_map'd loss (the one-hot a residual the backward "
+           "shard_map reads back)", wrap=_grad_logits),
+        _p("one_hot_ce_wholegrad", TP4, _grad_logits(target_ce_ref), one_hot_ce_label_modulo,
+           vce, P(), ohc + ": jax.grad of the shard_map'd loss", bug="label_modulo_shard_width",
+           bug_fn=_one_hot_ce, wrap=_grad_logits),
         _p("int8_matmul_tp", TP4, int8_matmul_ref, int8_matmul_tp, i8, P(), q8),
         _p("int8_matmul_tp", TP4, int8_matmul_ref, int8_matmul_tp_int8_psum, i8, P(), q8,
            bug="partials_narrowed_to_int8"),

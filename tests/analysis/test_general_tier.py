@@ -241,6 +241,8 @@ def test_out_of_its_budget_the_general_tier_proves_nothing() -> None:
     report = check_texts(ref_text, sharded_text, verify_rules=False, general_budget=0)
     assert not report.proven
     assert report.stats["general_tier"]["reason"] == "out of time"
+    assert any("stopped before deciding: out of time" in n and "--general-budget" in n
+               for n in report.notes), report.notes
     assert check_texts(ref_text, sharded_text, verify_rules=False, general_budget=30).proven
 
 

@@ -222,6 +222,34 @@ def test_a_budget_counts_cpu_time_not_waiting() -> None:
     assert budget.over() and budget.spent() >= 0.09
 
 
+def test_other_threads_do_not_spend_a_budget() -> None:
+    """A budget counts the CPU time of the thread that made it: another thread of the process
+    working (a test runner's, a cluster client's) spends none of it, and a budget read from
+    another thread still counts its maker's work (the general tier runs on its own thread)."""
+    import threading
+
+    budget = Budget(0.05)
+
+    def spin() -> None:
+        deadline = time.thread_time() + 0.2
+        while time.thread_time() < deadline:
+            pass
+
+    worker = threading.Thread(target=spin)
+    worker.start()
+    worker.join()
+    assert budget.spent() < 0.05, budget.spent()
+    mine = Budget(0.05)
+    read = []
+    deadline = time.thread_time() + 0.1
+    while time.thread_time() < deadline:
+        pass
+    reader = threading.Thread(target=lambda: read.append(mine.spent()))
+    reader.start()
+    reader.join()
+    assert read[0] >= 0.09
+
+
 @pytest.mark.parametrize("cores,load,jobs", [
     (2, 0.1, 2),   # idle: both cores (this process itself not counted)
     (2, 1.3, 2),   # this process and a little more

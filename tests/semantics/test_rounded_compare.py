@@ -76,3 +76,21 @@ def test_concrete_operands_round_as_f32_does() -> None:
     assert compare(compared_value(big + 1, F32), big, "GT") is False
     assert bool(np.float32(2 ** 24) + np.float32(1) > np.float32(2 ** 24)) is False
     assert compared_value(Fraction(1, 3), "i32") == Fraction(1, 3)
+
+
+def test_small_integers_computed_in_float_are_exact() -> None:
+    """`3 * indicator(x > 0)` is 0 or 3, which f32 holds: compared as it is (its compare with
+    2 is the indicator), while the same count scaled past 2^24 is rounded."""
+    x = make_arg(0, (3,), F32)
+    indicator = make_elementwise("stablehlo.select", (
+        _compare(x, make_splat(Fraction(0), (3,), F32), "GT"), make_splat(Fraction(1), (3,), F32),
+        make_splat(Fraction(0), (3,), F32)), (), F32)
+    three = make_lin([(Fraction(3), indicator)], Fraction(0), (3,), F32)
+    two = make_splat(Fraction(2), (3,), F32)
+    zero = make_splat(Fraction(0), (3,), F32)
+    proof = check_term_equality(_compare(three, two, "GT"), _compare(x, zero, "GT"))
+    assert proof.status == "proved", proof
+    huge = make_lin([(Fraction(2 ** 25 + 1), indicator)], Fraction(0), (3,), F32)
+    wide = make_splat(Fraction(2 ** 25), (3,), F32)
+    assert check_term_equality(_compare(huge, wide, "GT"),
+                               _compare(x, zero, "GT")).status != "proved"
