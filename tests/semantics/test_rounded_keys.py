@@ -144,3 +144,23 @@ def test_approximated_functions_have_widened_ranges() -> None:
     import math
 
     assert math.exp(point) > xla and float(np.float32(math.exp(point))) > xla
+
+
+def test_a_negated_sum_is_read_rounded() -> None:
+    """`-1 * v` is a negation (exact) whose operand must be a value of the dtype too:
+    `-max(x + 1, x)` is a computed sum picked and negated, read rounded, so `-max(x + 1, x) <
+    -x` is not `true` in every f32 (it is false for |x| >= 2^24), while `<=` is."""
+    from entangle_mlir.core.terms import make_elementwise
+
+    x = make_arg(0, (3,), F32)
+    picked = make_elementwise("stablehlo.maximum", (_plus(x, 1), x), (), F32)
+    negated_pick = make_lin([(Fraction(-1), picked)], Fraction(0), x.shape, F32)
+    negated = make_lin([(Fraction(-1), x)], Fraction(0), x.shape, F32)
+    true = make_splat(True, x.shape, "i1")
+
+    def compare(direction):
+        return make_elementwise("stablehlo.compare", (negated_pick, negated), (direction,),
+                                "i1")
+
+    assert check_term_equality(compare("LT"), true).status != "proved"
+    assert check_term_equality(compare("LE"), true).status == "proved"
