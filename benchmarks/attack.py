@@ -20,6 +20,9 @@ device offset, a ppermute pair, a boolean op), every one executed on the same in
 wrong twin must compute other numbers and must not be proven. Their correct programs are the
 `twins` source of the mutation run.
 
+Each mutant is compiled and executed in a child process under `--run-timeout` seconds (a
+mutant looping for hours is `skipped`, counted with the invalid ones).
+
 Prints a table per mutation kind and per source (mutants, invalid, differing (of which ulp),
 caught, FALSE proofs (of which ulp), equivalent proven / not proven, crashes+timeouts) and lists
 every false proof and crash. Exit 1 if any false proof or crash.
@@ -33,6 +36,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -49,7 +53,7 @@ def subjects(sources, only: str = "") -> list:
 
 
 def _work(task):
-    source, name, per_kind, kinds, limit, timeout, match, sides = task
+    source, name, per_kind, kinds, limit, timeout, match, sides, run_timeout = task
     from fuzz.attack import attack
 
     start = time.perf_counter()
@@ -57,7 +61,7 @@ def _work(task):
         make = next(m for s, n, m in subjects((source,)) if n == name)
         g, res = attack(make(), per_kind=per_kind, kinds=kinds, timeout=timeout,
                         select=(lambda site: match in site.desc) if match else None,
-                        sides=sides)
+                        sides=sides, recipe=(source, name), run_timeout=run_timeout)
     except Exception as err:  # noqa: BLE001 - a subject that cannot be lowered or grounded
         return source, name, [], time.perf_counter() - start, f"{type(err).__name__}: {err}"[:300]
     if limit is not None:
@@ -101,6 +105,9 @@ def main(argv=None) -> int:
     ap.add_argument("--per-kind", type=int, default=6, help="mutants per kind per subject")
     ap.add_argument("--limit", type=int, default=None, help="mutants per subject")
     ap.add_argument("--timeout", type=int, default=60, help="seconds per check")
+    ap.add_argument("--run-timeout", type=float, default=120,
+                    help="seconds a mutant's compilation and execution may take (in a child "
+                         "process); past it the mutant is skipped")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--json", help="write every outcome to this JSON file")
     ap.add_argument("--shuffle", action="store_true",
@@ -126,8 +133,8 @@ def main(argv=None) -> int:
     sources = tuple(s for s in args.sources.split(",") if s)
     kinds = tuple(k for k in args.kinds.split(",") if k) or None
     sides = tuple(args.sides.split(","))
-    tasks = [(src, name, args.per_kind, kinds, args.limit, args.timeout, args.match, sides)
-             for src, name, _ in subjects(sources, args.only)]
+    tasks = [(src, name, args.per_kind, kinds, args.limit, args.timeout, args.match, sides,
+              args.run_timeout) for src, name, _ in subjects(sources, args.only)]
     if args.skip:
         with open(args.skip) as f:
             seen = {s["name"] for s in json.load(f)["subjects"]}
@@ -154,10 +161,11 @@ def main(argv=None) -> int:
     if args.jobs <= 1:
         for t in tasks:
             record(_work(t))
-    else:
-        with mp.get_context("spawn").Pool(args.jobs, maxtasksperchild=8) as pool:
-            for item in pool.imap_unordered(_work, tasks):
-                record(item)
+    else:  # (not a multiprocessing Pool: its daemonic workers may not start executors)
+        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"),
+                                 max_tasks_per_child=8) as pool:
+            for item in as_completed([pool.submit(_work, t) for t in tasks]):
+                record(item.result())
     everything = [dict(r, source=src) for src, _, res, _, _ in done for r in res]
     for line in table(everything, "kind") + [""] + table(everything, "source"):
         print(line)
@@ -165,7 +173,8 @@ def main(argv=None) -> int:
     print(f"\n{len(done)} subjects, {total['mutants']} mutants in "
           f"{time.perf_counter() - start:.0f}s; differing {total['differing']} (ulp-only "
           f"{total['differing_ulp']}); FALSE PROOFS {total['false_proofs']} (ulp-only "
-          f"{total['false_proofs_ulp']}); crashes/timeouts {total['crashes']}")
+          f"{total['false_proofs_ulp']}); crashes/timeouts {total['crashes']}; skipped "
+          f"(execution timed out, counted as invalid) {total['skipped']}")
     print("(differ: numbers differ, `ulp` of them only bitwise; caught: not proven, incl. "
           "rejected and those only the Z3 rule check refuses; eq.prv / eq.np: same numbers, "
           "proven / not proven)")

@@ -452,6 +452,21 @@ def subject_by_name(name: str):
     raise KeyError(name)
 
 
+def subject_of(source: str, name: str):
+    """The subject `name` of `source` (`subjects`' sources, or `twins`: `fuzz.twins`), built:
+    how a child process rebuilds the subject whose mutants it executes (`Executor`)."""
+    if source == "twins":
+        from fuzz import twins  # (imports this module)
+
+        found = twins.subjects(name)
+    else:
+        found = subjects((source,), name)
+    for _, n, make in found:
+        if n == name:
+            return make()
+    raise KeyError(f"{source}:{name}")
+
+
 # ----- grounding and checking one mutant ----------------------------------------------------------
 
 @dataclass
@@ -519,10 +534,88 @@ def _usable(ref: list, got: list) -> bool:
     return True
 
 
-class Grounded:
-    """A subject with its usable input sets, reference and unmutated outputs."""
+RUN_TIMEOUT = 120
+"""Seconds a mutant's compilation and execution on every input set may take (`Executor`); a
+mutant past it is `skipped` (a constant mutant of a loop's trip count, 3 -> 2^31 - 1, runs
+for hours)."""
 
-    def __init__(self, subject, labels=INPUT_SETS):
+
+def _executor_main(conn, recipe: tuple[str, str], sets: list) -> None:
+    """A child process's loop (`Executor`): rebuild the subject, then answer each (text,
+    side) with `Grounded.numbers` of that mutant on `sets`, until None comes."""
+    g = Grounded.__new__(Grounded)
+    g.subject, g.sets, g.executor = subject_of(*recipe), sets, None
+    conn.send("ready")
+    while True:
+        request = conn.recv()
+        if request is None:
+            return
+        conn.send(g.numbers(*request))
+
+
+class Executor:
+    """Compiles and executes a subject's mutants in a child process with a time limit (a
+    mutant may loop for hours; a call into XLA cannot be interrupted in this process). The
+    child (spawned: jax's threads do not survive a fork) rebuilds the subject from `recipe`
+    (`subject_of`) and takes the grounded input sets from this process; a mutant that does
+    not finish within `timeout` seconds, or kills the child, is `skipped` and the child is
+    killed (it is this object's own process) and started again for the next mutant."""
+
+    def __init__(self, recipe: tuple[str, str], sets: list, timeout: float = RUN_TIMEOUT):
+        self.recipe, self.sets, self.timeout = recipe, sets, timeout
+        self.process = self.conn = None
+
+    def _start(self) -> None:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_executor_main,
+                                       args=(child, self.recipe, self.sets), daemon=True)
+        self.process.start()
+        child.close()
+        if not self.conn.poll(self.timeout * 4) or self.conn.recv() != "ready":
+            self.close()
+            raise RuntimeError(f"the executor of {self.recipe} did not start")
+
+    def numbers(self, text: str, side: str) -> tuple[str, str, str]:
+        """`Grounded.numbers` of a mutant, run in the child; ("skipped", "", why) when it
+        times out or the child dies."""
+        if self.process is None:
+            self._start()
+        try:
+            self.conn.send((text, side))
+            if self.conn.poll(self.timeout):
+                return self.conn.recv()
+            why = f"execution timed out ({self.timeout:g} s)"
+        except (EOFError, OSError) as err:
+            why = f"the executing process died ({type(err).__name__})"
+        self.close()
+        return "skipped", "", why
+
+    def close(self) -> None:
+        """Stop the child: asked to end, killed if it does not."""
+        if self.process is None:
+            return
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self.process.join(2)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
+        self.process = self.conn = None
+
+
+class Grounded:
+    """A subject with its usable input sets, reference and unmutated outputs. With a `recipe`
+    ((source, name): `subject_of`), mutants are compiled and executed by an `Executor` in a
+    child process under `run_timeout` seconds; without, in this process, unlimited."""
+
+    def __init__(self, subject, labels=INPUT_SETS, recipe: tuple[str, str] | None = None,
+                 run_timeout: float = RUN_TIMEOUT):
         self.subject = subject
         base = subject.compile(subject.text)
         self.sets = []
@@ -533,6 +626,7 @@ class Grounded:
                 self.sets.append((label, inputs, ref, got))
         self.baseline, _, self.baseline_msg = timed_check(subject.ref_text, subject.text,
                                                           verify_rules=False)
+        self.executor = None if recipe is None else Executor(recipe, self.sets, run_timeout)
 
     @property
     def proven(self) -> bool:
@@ -540,7 +634,10 @@ class Grounded:
 
     def numbers(self, text: str, side: str = "sharded") -> tuple[str, str, str]:
         """(differ / ulp / same / invalid, the input sets that show it, error message) of a
-        mutated sharded program, or (`side="reference"`) of a mutated reference."""
+        mutated sharded program, or (`side="reference"`) of a mutated reference; `skipped`
+        when its `Executor` ran out of time."""
+        if self.executor is not None:
+            return self.executor.numbers(text, side)
         compile_, run = ((self.subject.compile, self.subject.run) if side == "sharded" else
                          (self.subject.compile_ref, self.subject.run_ref))
         try:
@@ -571,8 +668,8 @@ def judge(g: Grounded, kind: str, desc: str, text: str, timeout: int = CHECK_TIM
     ref_text, shd_text = ((g.subject.ref_text, text) if side == "sharded" else
                           (text, g.subject.text))
     out.numbers, out.inputs, msg = g.numbers(text, side)
-    if out.numbers == "invalid":
-        out.status, out.message = "invalid", msg
+    if out.numbers in ("invalid", "skipped"):
+        out.status, out.message = out.numbers, msg
         out.seconds = time.perf_counter() - start
         return out
     differing = out.numbers in ("differ", "ulp")
@@ -629,25 +726,32 @@ def sample_sites(text: str, per_kind: int | None, seed: int = 0, kinds=None, sel
 
 def attack(subject, per_kind: int | None = None, kinds=None, timeout: int = CHECK_TIMEOUT,
            seed: int = 0, labels=INPUT_SETS, keep_text: bool = False,
-           select=None, sides=("sharded",)) -> tuple[Grounded, list[AttackOutcome]]:
+           select=None, sides=("sharded",), recipe: tuple[str, str] | None = None,
+           run_timeout: float = RUN_TIMEOUT) -> tuple[Grounded, list[AttackOutcome]]:
     """Ground a subject and judge (a sample of) its value mutants: of the sharded program,
-    and with `"reference" in sides` of the reference (kinds `ref:<kind>`; shard_map subjects)."""
-    g = Grounded(subject, labels)
+    and with `"reference" in sides` of the reference (kinds `ref:<kind>`; shard_map subjects).
+    With a `recipe` (the subject's (source, name)) each mutant runs under `run_timeout`
+    seconds in a child process (`Executor`)."""
+    g = Grounded(subject, labels, recipe, run_timeout)
     results = []
-    for side in sides:
-        if side == "reference" and not hasattr(subject, "compile_ref"):
-            continue
-        text0 = subject.text if side == "sharded" else subject.ref_text
-        prefix = "" if side == "sharded" else "ref:"
-        for site in sample_sites(text0, per_kind, seed, kinds, select):
-            text = site.text()
-            if text is not None:
-                results.append(judge(g, prefix + site.kind, site.desc, text, timeout,
-                                     keep_text, side))
+    try:
+        for side in sides:
+            if side == "reference" and not hasattr(subject, "compile_ref"):
+                continue
+            text0 = subject.text if side == "sharded" else subject.ref_text
+            prefix = "" if side == "sharded" else "ref:"
+            for site in sample_sites(text0, per_kind, seed, kinds, select):
+                text = site.text()
+                if text is not None:
+                    results.append(judge(g, prefix + site.kind, site.desc, text, timeout,
+                                         keep_text, side))
+    finally:
+        if g.executor is not None:
+            g.executor.close()
     return g, results
 
 
-STATUSES = ("invalid", "caught", "rejected", "caught_by_z3", "false_proof", "false_proof_ulp",
+STATUSES = ("invalid", "skipped", "caught", "rejected", "caught_by_z3", "false_proof", "false_proof_ulp",
             "proven", "incomplete", "input_error", "crash", "timeout")
 
 
@@ -658,7 +762,8 @@ def score(outcomes) -> dict:
                       for o in outcomes)
     return {
         "mutants": sum(c.values()),
-        "invalid": c["invalid"],
+        "invalid": c["invalid"] + c["skipped"],
+        "skipped": c["skipped"],
         "differing": numbers["differ"] + numbers["ulp"],
         "differing_ulp": numbers["ulp"],
         "caught": c["caught"] + c["rejected"] + c["caught_by_z3"],

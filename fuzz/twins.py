@@ -296,21 +296,154 @@ def twins() -> list[Twin]:
              {"int8_local": local_count(jnp.int8)},
              (arg("x", (4, 1024), "float32", P(None, "tp")),), P(),
              what="a local count over 256 columns in int8 wraps"),
+        *rounding_twins(),
     ]
 
 
-UNMUTATED = frozenset({"tw_ring_loop"})
-"""Twins whose correct program is not a mutation subject: a loop whose trip count is a
-constant, which a constant mutant sets to 2^31 - 1 (executing that mutant never ends, and the
-attacker runs mutants without a time limit)."""
+def _near_2_24(low: float, high: float):
+    """Chosen inputs: rows (8, 16) starting with `low`, `high` (then zeros): values just below
+    2^24 that `+ 2.0` rounds to one f32 value."""
+    def make():
+        row = np.array([low, high] + [0.0] * 14, np.float32)
+        return [[np.tile(row, (8, 1))]]
+    return make
+
+
+def _ulps_below(value: float):
+    """Chosen inputs: the 128 f32 values just below `value`."""
+    def make():
+        out = np.empty(128, np.float32)
+        below = np.float32(value)
+        for k in range(128):
+            below = np.nextafter(below, np.float32(-np.inf))
+            out[k] = below
+        return [[out.reshape(8, 16)]]
+    return make
+
+
+def rounding_twins() -> list[Twin]:
+    """Session 10: decisions on values float arithmetic computed, which the exact reals decide
+    otherwise (benchmarks/ATTACK_RESULTS.md, tenth session): argmax / top_k / sort of `x + 2`
+    (ties made by rounding), compares and converts of folded float constants, a double
+    rounding f32 -> bf16, float positions past 2^24, and the neighbours of `x + 1 > x` the
+    fix covers (is_finite, !=, bf16, floor, astype)."""
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    from examples.real.programs import ArgDef
+
+    rows, cols = P("tp", None), P(None, "tp")
+    xf_rows = ArgDef("x", (8, 16), "float32", "data", rows, 0)
+    xf_cols = ArgDef("x", (8, 16), "float32", "data", cols, 0)
+    xi_rows = ArgDef("x", (8, 16), "int32", "data", rows, 0)
+    ties = _near_2_24(2.0 ** 24 - 2, 2.0 ** 24 - 1)
+    reversed_ties = _near_2_24(2.0 ** 24 - 1, 2.0 ** 24 - 2)
+
+    def full(x, value):
+        return jnp.full(x.shape, value, jnp.float32)
+
+    def summed(x):  # 2^24 + 1.0 in f32: 2^24, folded exactly: 2^24 + 1
+        return full(x, 2.0 ** 24) + full(x, 1.0)
+
+    def twice_rounded(x):  # 1.01171875 - 2^-25: 1.01171875 in f32, a bf16 tie
+        return full(x, 1 + 2 ** -7 + 2 ** -8) + full(x, -2.0 ** -25)
+
+    def positions(offset: float, bound: float):
+        def body(x):
+            pos = (lax.axis_index("tp") * 4 + jnp.arange(4)).astype(jnp.float32) + offset
+            return jnp.where(pos[None, :] < jnp.float32(bound), x, 0.0)
+        return body
+
+    def prefix(n: int):
+        return lambda x: jnp.where((lax.axis_index("tp") * 4 + jnp.arange(4))[None, :] < n,
+                                   x, 0.0)
+
+    return [
+        Twin("tw_argmax_rounded", lambda x: jnp.argmax(x + 2.0, axis=1).astype(jnp.int32),
+             lambda x: jnp.argmax(2.0 + x, axis=1).astype(jnp.int32),
+             {"unshifted": lambda x: jnp.argmax(x, axis=1).astype(jnp.int32),
+              "argmin_negated": lambda x: jnp.argmin(-x, axis=1).astype(jnp.int32)},
+             (xf_rows,), P("tp"), what="argmax(x + 2): 2^24-2 and 2^24-1 tie in f32",
+             extra=ties),
+        Twin("tw_top_k_rounded", lambda x: lax.top_k(x + 2.0, 2)[1],
+             lambda x: lax.top_k(2.0 + x, 2)[1],
+             {"unshifted": lambda x: lax.top_k(x, 2)[1]},
+             (xf_rows,), rows, what="top_k(x + 2).indices: ties made by rounding", extra=ties),
+        Twin("tw_argsort_rounded",
+             lambda x: jnp.argsort(x + 2.0, axis=1, stable=True).astype(jnp.int32),
+             lambda x: jnp.argsort(2.0 + x, axis=1, stable=True).astype(jnp.int32),
+             {"unshifted": lambda x: jnp.argsort(x, axis=1, stable=True).astype(jnp.int32)},
+             (xf_rows,), rows, what="a stable argsort of x + 2: rounded ties keep their order",
+             extra=reversed_ties),
+        Twin("tw_constant_compare",
+             lambda x: jnp.where(summed(x) > full(x, 2.0 ** 24), x, 0.0),
+             lambda x: jnp.where(summed(x) >= full(x, 2.0 ** 25), x, 0.0),
+             {"decided_over_reals": lambda x: x},
+             (xf_rows,), rows, what="f32 constants 2^24 + 1.0 fold to 2^24, not above it"),
+        Twin("tw_constant_indicator",
+             lambda x: x + (summed(x) > full(x, 2.0 ** 24)).astype(jnp.float32),
+             lambda x: x + (summed(x) == full(x, 2.0 ** 25)).astype(jnp.float32),
+             {"decided_over_reals": lambda x: x + 1.0},
+             (xf_rows,), rows, what="a compare of folded f32 constants as a number"),
+        Twin("tw_constant_to_int", lambda x: x + summed(x).astype(jnp.int32),
+             lambda x: x + jnp.int32(2 ** 24),
+             {"exact_sum": lambda x: x + jnp.int32(2 ** 24 + 1)},
+             (xi_rows,), rows, what="(2^24 + 1.0).astype(int32) of f32 constants is 2^24"),
+        Twin("tw_double_rounding",
+             lambda x: x + twice_rounded(x).astype(jnp.bfloat16).astype(jnp.float32),
+             lambda x: x + jnp.float32(1 + 2 ** -6),
+             {"single_rounding": lambda x: x + jnp.float32(1 + 2 ** -7),
+              "reduce_precision": lambda x: x + lax.reduce_precision(
+                  full(x, 1 + 2 ** -7 + 2 ** -8) - 2.0 ** -25, exponent_bits=8,
+                  mantissa_bits=7) * 0.0 + jnp.float32(1 + 2 ** -7)},
+             (xf_rows,), rows, what="f32 then bf16 rounds twice: 1.015625, not 1.0078125"),
+        Twin("tw_float_positions", lambda x: jnp.where(
+                 jnp.arange(16).astype(jnp.float32)[None, :] + 2.0 ** 24
+                 < jnp.float32(2.0 ** 24 + 9), x, 0.0),
+             prefix(7), {"exact_positions": prefix(9),
+                         "float_positions": positions(2.0 ** 24, 2.0 ** 24 + 10)},
+             (xf_cols,), cols, what="float positions past 2^24 round: a mask of 7, not 9"),
+        Twin("tw_float_positions_exact", lambda x: jnp.where(jnp.arange(16)[None, :] < 9, x, 0.0),
+             positions(0.5, 9.0), {"off_by_one": positions(0.5, 8.0)},
+             (xf_cols,), cols, what="a causal-style mask on float positions (exact: proven)"),
+        Twin("tw_compare_neighbours", lambda x: (x + 1.0 != x).astype(jnp.float32),
+             lambda x: (1.0 + x != x).astype(jnp.float32),
+             {"decided_over_reals": lambda x: x - x + 1.0,
+              "bf16_sum": lambda x: (x.astype(jnp.bfloat16) + jnp.bfloat16(1)
+                                     != x.astype(jnp.bfloat16)).astype(jnp.float32),
+              "is_finite": lambda x: jnp.isfinite(x * 3e38).astype(jnp.float32)},
+             (xf_rows,), rows, what="x + 1 != x is false in f32 for |x| >= 2^24",
+             extra=lambda: [[np.float32(2.0 ** 24) * np.arange(-64, 64, dtype=np.float32)
+                             .reshape(8, 16)]]),
+        Twin("tw_floor_rounded", lambda x: jnp.floor(jnp.abs(x) + 0.5),
+             lambda x: jnp.floor(0.5 + jnp.abs(x)),
+             {"round_half_away": lambda x: lax.round(jnp.abs(x),
+                                                     lax.RoundingMethod.AWAY_FROM_ZERO),
+              "astype": lambda x: (jnp.abs(x) + 0.5).astype(jnp.int32).astype(jnp.float32)
+              * 0.0 + lax.round(jnp.abs(x), lax.RoundingMethod.AWAY_FROM_ZERO)},
+             (xf_rows,), rows, what="floor(|x| + 0.5) is 1 at the f32 just below 0.5",
+             extra=_ulps_below(0.5)),
+        Twin("tw_exp_approximate",
+             lambda x: jnp.where(jnp.exp(x * 0.0 + jnp.float32(-9.998800277709961))
+                                 > jnp.float32(4.5454427890945226e-05), x, 0.0),
+             lambda x: jnp.where(x != x, x, 0.0),  # noqa: PLR0124
+             {"exact_exp": lambda x: x},
+             (xf_rows,), rows, what="XLA's exp is not correctly rounded: exp(-9.9988003) in f32 "
+             "is 4.5454428e-05 on CPU, below the exact value (and its correct rounding)"),
+        Twin("tw_int_plus_one", lambda x: (x + 1 > x).astype(jnp.int32),
+             lambda x: (1 + x > x).astype(jnp.int32),
+             {"decided": lambda x: x - x + 1,
+              "unsigned": lambda x: (x.astype(jnp.uint32) + 1
+                                     > x.astype(jnp.uint32)).astype(jnp.int32)},
+             (xi_rows,), rows, what="x + 1 > x wraps at INT_MAX"),
+    ]
 
 
 def subjects(only: str = "") -> list:
     """(source, name, factory) of the correct twins as subjects of the mutation attacker."""
     out = []
     for t in twins():
-        if t.name in UNMUTATED:
-            continue
         ex = example(t, "correct")
         out.append(("twins", ex.name, lambda ex=ex: real_subject(ex)))
     return [s for s in out if only in s[1]]

@@ -138,6 +138,24 @@ def fit(bounds: Interval, dtype: str) -> Interval:
     return clamp(bounds, FLOAT_MAX[dtype])
 
 
+def rounded(bounds: Interval, dtype: str) -> Interval:
+    """The range of a float `dtype` value whose exact result lies in `bounds`: each end
+    rounded to nearest in the dtype (`precision.round_to`). Rounding is monotone, so the
+    value the op computes lies between the rounded ends, and not always between the exact
+    ones: `2^24 + 1.0` is 2^24 in f32, so its range is not above 2^24 (a compare decided on
+    the exact range was a false proof). Other dtypes, and infinite or NaN ends, as they are."""
+    if dtype not in precision.FLOAT_FORMATS or dtype == "f64":
+        return bounds
+    lo, hi = bounds
+    return _rounded_end(lo, dtype), _rounded_end(hi, dtype)
+
+
+def _rounded_end(end: float, dtype: str) -> float:
+    if not math.isfinite(end):
+        return end
+    return float(precision.round_to(end, dtype))
+
+
 def clamp(bounds: Interval, top: float) -> Interval:
     """Endpoints past the dtype's finite range (`top`, its largest finite value) become the
     infinity they overflow to."""
@@ -233,6 +251,43 @@ def _clamp_op(args: list[Interval]) -> Interval:
     return min(max(x[0], low[0]), high[0]), min(max(x[1], low[1]), high[1])
 
 
+APPROXIMATE = 2.0 ** -12
+"""How far (relative) XLA's exp, log, tanh, expm1, log1p, rsqrt and power may be from the
+exact function: they are not correctly rounded (exp(-9.9999) in f32 is 4.5404478e-05 on CPU,
+the correct rounding 4.5404475e-05; tanh(9.0109) is 1.0, not 0.99999994), so a range of one
+of them is its exact range widened by this much (`_approximate`). A compare decided on the
+exact range was a false proof (`exp(x * 0 - 9.9999) > 4.5404475e-05`)."""
+
+
+def _approximate(bounds: Interval, floor: float | None = None) -> Interval:
+    """`bounds` of an approximated function widened by `APPROXIMATE` of each end and by the
+    smallest normal f32 (an absolute error near zero), never below `floor` (a bound the
+    implementation keeps: exp >= 0, tanh >= -1). An end that is a value of f32 is kept: the
+    function is exact there (exp(0) = 1, log(1) = 0, tanh(0) = 0: these functions take no
+    other rational value at a rational point)."""
+    lo, hi = bounds
+    if _inexact(lo):
+        lo = lo - abs(lo) * APPROXIMATE - FLOAT_TINY["f32"]
+    if _inexact(hi):
+        hi = hi + abs(hi) * APPROXIMATE + FLOAT_TINY["f32"]
+    return (lo if floor is None else max(lo, floor)), hi
+
+
+def _inexact(end: float) -> bool:
+    """A finite range end that f32 does not hold (an implementation rounds it, perhaps not
+    to nearest)."""
+    return math.isfinite(end) and precision.round_to(end, "f32") != end
+
+
+def _bounded(fn, floor: float | None = None, ceiling: float | None = None):
+    """The range of an approximated function: `fn`'s exact range, `_approximate`d, within
+    [floor, ceiling] (the bounds every implementation keeps)."""
+    def bounds(a: list[Interval]) -> Interval:
+        lo, hi = _approximate(fn(a), floor)
+        return lo, (hi if ceiling is None else min(hi, ceiling))
+    return bounds
+
+
 ELEMENTWISE_BOUNDS: dict[str, tuple[object, float | None]] = {
     "stablehlo.negate": (lambda a: (-a[0][1], -a[0][0]), None),
     "stablehlo.abs": (lambda a: _abs(a[0]), None),
@@ -245,12 +300,12 @@ ELEMENTWISE_BOUNDS: dict[str, tuple[object, float | None]] = {
     "stablehlo.clamp": (_clamp_op, None),
     "stablehlo.select": (lambda a: hull(a[1:]), None),
     "stablehlo.convert": (lambda a: a[0], None),
-    "stablehlo.exponential": (lambda a: (_exp(a[0][0]), _exp(a[0][1])), None),
-    "stablehlo.exponential_minus_one": (lambda a: (_exp(a[0][0]) - 1, _exp(a[0][1]) - 1),
-                                        None),
-    "stablehlo.log": (lambda a: _log(a[0]), 0.0),
-    "stablehlo.tanh": (lambda a: (max(-1.0, math.tanh(a[0][0])), min(1.0, math.tanh(a[0][1]))),
-                       None),
+    "stablehlo.exponential": (_bounded(lambda a: (_exp(a[0][0]), _exp(a[0][1])), 0.0), None),
+    "stablehlo.exponential_minus_one": (
+        _bounded(lambda a: (_exp(a[0][0]) - 1, _exp(a[0][1]) - 1), -1.0), None),
+    "stablehlo.log": (_bounded(lambda a: _log(a[0])), 0.0),
+    "stablehlo.tanh": (_bounded(lambda a: (math.tanh(a[0][0]), math.tanh(a[0][1])), -1.0,
+                                1.0), None),
     "stablehlo.logistic": (lambda a: (0.0, 1.0), None),
     "stablehlo.sine": (lambda a: (-1.0, 1.0), None),
     "stablehlo.cosine": (lambda a: (-1.0, 1.0), None),
@@ -258,8 +313,8 @@ ELEMENTWISE_BOUNDS: dict[str, tuple[object, float | None]] = {
     "stablehlo.sign": (lambda a: (-1.0, 1.0), None),
     "stablehlo.sqrt": (lambda a: (math.sqrt(max(a[0][0], 0.0)), math.sqrt(max(a[0][1], 0.0))),
                        0.0),
-    "stablehlo.rsqrt": (lambda a: _rsqrt(a[0]), 0.0),
-    "stablehlo.power": (lambda a: _power(a[0], a[1]), None),
+    "stablehlo.rsqrt": (_bounded(lambda a: _rsqrt(a[0]), 0.0), 0.0),
+    "stablehlo.power": (_bounded(lambda a: _power(a[0], a[1])), None),
     "chlo.square": (lambda a: mul(a[0], a[0]), None),
 }
 """Elementwise op -> (its range from its operands' ranges, the least first operand for which

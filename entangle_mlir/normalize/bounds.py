@@ -39,6 +39,7 @@ from entangle_mlir.core.ranges import (
     clamp,
     hull,
     mul,
+    rounded,
     times,
 )
 from entangle_mlir.mlir.opinfo import constant_value, reducer_kind
@@ -106,7 +107,8 @@ def interval(value, memo: dict | None = None) -> Interval:
                 found = _interval_of(top, op, memo)
             except (ValueError, TypeError, OverflowError, KeyError, IndexError):
                 found = UNBOUNDED
-            memo[top] = clamp(found, largest(top)) if dtype_name(top) != "int" else found
+            kind = dtype_name(top)
+            memo[top] = clamp(rounded(found, kind), largest(top)) if kind != "int" else found
     return memo[value]
 
 

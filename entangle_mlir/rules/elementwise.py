@@ -334,11 +334,13 @@ _SHORT_NAMES: dict[str, str] = {}
 
 def _folded(info: OpInfo, rels: list[Rel]) -> Term | None:
     """An integer or boolean op on integer constants is a constant (jax's `%` on a device
-    index guards its divisor with `where(n == 0, 1, n)`)."""
+    index guards its divisor with `where(n == 0, 1, n)`). A float operand (a compare, a
+    convert to an integer) is read as its dtype holds it (`_held`): a folded sum of f32
+    constants 2^24 + 1 is 2^24 in f32, so it is not greater than 2^24."""
     rtype = info.result_types[0]
     if rtype.is_float or any(r.partial for r in rels):
         return None
-    values = [splat_value(r.term) for r in rels]
+    values = [_held(splat_value(r.term), r.term.dtype) for r in rels]
     if not all(isinstance(v, Fraction) and v.denominator == 1 for v in values):
         return None
     fn = _integer_fn(info)
@@ -375,7 +377,7 @@ def _reduce_precision_term(info: OpInfo, term: Term, ctx: RuleContext) -> Term:
     dtype = info.result_types[0].dtype
     value = splat_value(term)
     if value is not None and precision.is_float(dtype) and dtype in precision.FORMAT_BITS:
-        rounded = precision.reduce_precision(value, dtype, e, m)
+        rounded = precision.reduce_precision(_held(value, dtype), dtype, e, m)
         return make_splat(rounded, term.shape, dtype)
     ctx.hint(f"precision lost: {_format(info)} rounds where the reference does not",
              "precision_lost")
@@ -452,6 +454,18 @@ def _build_term(info: OpInfo, terms: list[Term], ctx: RuleContext) -> Term:
     return make_elementwise(info.name, tuple(terms), _term_attrs(info), dtype=rtype.dtype)
 
 
+def _held(value, dtype: str):
+    """The value a float constant of `dtype` holds: a splat's value rounded to its dtype
+    (`precision.round_to`). Constants are folded exactly (a sum of f32 constants is its exact
+    sum: liberty 1 for values), but an op that jumps or rounds again reads the value the
+    program computed: `(2^24 + 1.0).astype(i32)` is 2^24, and `1.01171875 - 2^-25` in f32 is
+    1.01171875 before it rounds to bf16 (1.015625, not the single rounding's 1.0078125).
+    Other values (integers, infinities, non-float dtypes) as they are."""
+    if not isinstance(value, Fraction) or dtype not in precision.FLOAT_FORMATS:
+        return value
+    return precision.round_to(value, dtype)
+
+
 def _retyped(term: Term, dtype: str, source: str) -> Term | None:
     """A converted constant position (iota, splat, and their broadcasts and reshapes) in the
     new dtype, when the convert keeps its values or rounds them to known constants:
@@ -470,7 +484,7 @@ def _retyped(term: Term, dtype: str, source: str) -> Term | None:
     if term.op == "splat":
         value = splat_value(term)
         if precision.rounds(source, dtype):
-            value = precision.round_to(value, dtype)
+            value = precision.round_to(_held(value, source), dtype)
         elif not (isinstance(value, Fraction) and fits(value, value, dtype)) and \
                 not precision.is_float(dtype):
             return None  # an integer constant the narrower type wraps

@@ -612,7 +612,7 @@ def _held_exactly(z: z3.ArithRef, dtype: str) -> bool:
     """Whether `z` is a value of `dtype` without rounding: a variable (an input, an unknown
     constant), a numeral of the dtype, an uninterpreted function's result (a transcendental
     function or a rounding: the value the op computes), or a pick among such values (select,
-    max, min, negate)."""
+    max, min, negate, `-1 * v`)."""
     for top in _distinct_nodes(z, _picked):
         if z3.is_rational_value(top) or z3.is_int_value(top):
             value = Fraction(top.numerator_as_long(), top.denominator_as_long()) \
@@ -621,7 +621,7 @@ def _held_exactly(z: z3.ArithRef, dtype: str) -> bool:
                 return False
         elif z3.is_app(top) and top.num_args() and \
                 top.decl().kind() not in _PICKS | {z3.Z3_OP_UNINTERPRETED} and \
-                not _small_integer(top, dtype):
+                not _small_integer(top, dtype) and not _negation(top):
             return False
     return True
 
@@ -665,11 +665,23 @@ def _integer_bound(node: z3.ExprRef, limit: int) -> int | None:
     return total if total <= limit else None
 
 
+def _negation(node: z3.ExprRef) -> bool:
+    """`node` is `-1 * v` (a `lin` scaled by -1): a negation, exact."""
+    children = node.children()
+    return node.decl().kind() == z3.Z3_OP_MUL and len(children) == 2 and any(
+        z3.is_rational_value(c) and c.as_fraction() == -1 for c in children)
+
+
 def _picked(node: z3.ExprRef) -> list[z3.ExprRef]:
-    """The operands whose values `node` may take (an if's branches, a negation's operand);
-    none for an uninterpreted function's result or an exact integer (`_small_integer`)."""
+    """The operands whose values `node` may take (an if's branches, a negation's operand,
+    `-1 * v`'s); none for an uninterpreted function's result or an exact integer
+    (`_small_integer`)."""
     kind = node.decl().kind()
-    if kind == z3.Z3_OP_UNINTERPRETED or kind not in _PICKS:
+    if kind == z3.Z3_OP_UNINTERPRETED:
+        return []
+    if _negation(node):
+        return node.children()
+    if kind not in _PICKS:
         return []
     children = node.children()
     return children[1:] if kind == z3.Z3_OP_ITE else children

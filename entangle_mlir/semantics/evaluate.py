@@ -213,14 +213,15 @@ def evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
         return dot_general(args[0], args[1], lb, rb, lc, rc)
     if op == "chlo.top_k":
         k, result = attrs
-        return top_k(args[0], k)[result]
+        return top_k(args[0], k, term.args[0].dtype)[result]
     if op == "sort":
         dim, result = attrs
-        return sort_ascending(args, dim)[result]
+        return sort_ascending(args, dim, term.args[0].dtype)[result]
     if op in ARG_TERM_OPS:
         dims, result = attrs
         return arg_reduce(args[0], args[1], obj_array(args[2]).reshape(-1)[0],
-                          obj_array(args[3]).reshape(-1)[0], dims, op)[result]
+                          obj_array(args[3]).reshape(-1)[0], dims, op,
+                          term.args[0].dtype)[result]
     if op in _INDEXED_TERM_OPS:
         # attrs: the op's normalized attributes as sorted (name, value) pairs.
         info = OpInfo(op, dict(attrs), [TensorType(a.shape, a.dtype) for a in term.args],

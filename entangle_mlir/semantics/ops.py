@@ -19,6 +19,7 @@ from fractions import Fraction
 import numpy as np
 import z3
 
+from entangle_mlir.core import precision
 from entangle_mlir.core.terms import IOTA_POSITIONS
 from entangle_mlir.mlir.opinfo import OpInfo, conv_attrs, scatter_kind
 from entangle_mlir.semantics.element import (
@@ -36,6 +37,7 @@ from entangle_mlir.semantics.element import (
     floor,
     int_limits,
     is_bool_dtype,
+    is_float_dtype,
     is_int_dtype,
     is_z3,
     logic,
@@ -195,15 +197,25 @@ def _clamp(args, attrs, dtype, src) -> Array:
 
 
 def _convert(args, attrs, dtype, src) -> Array:
+    """A convert to an integer reads its operand rounded (`compared_value`), as a compare
+    does. So does a float convert that rounds, on numbers: it rounds the value its source
+    dtype holds (`1.01171875 - 2^-25` is 1.01171875 in f32 and 1.015625 in bf16, not the
+    single rounding's 1.0078125). On z3 terms `round_<dtype>` of the exact value is kept:
+    rounding twice is monotone and keeps the values of the target dtype, all that is stated
+    of `round_<dtype>`."""
     source = src[0] if src else dtype
     if is_int_dtype(dtype) or is_bool_dtype(dtype):
         return apply(lambda a: convert(compared_value(a, source), source, dtype), args[0])
+    if is_float_dtype(source) and precision.rounds(source, dtype):
+        return apply(lambda a: convert(a if is_z3(a) else compared_value(a, source), source,
+                                       dtype), args[0])
     return apply(lambda a: convert(a, source, dtype), args[0])
 
 
 def _reduce_precision(args, attrs, dtype, src) -> Array:
     e, m = int(attrs["exponent_bits"]), int(attrs["mantissa_bits"])
-    return apply(lambda a: reduce_precision(a, dtype, e, m), args[0])
+    return apply(lambda a: reduce_precision(a if is_z3(a) else compared_value(a, dtype), dtype,
+                                            e, m), args[0])  # (numbers: as `_convert`)
 
 
 def _not(args, attrs, dtype, src) -> Array:
@@ -374,7 +386,8 @@ def _op_reduce(info: OpInfo, operands: list[Array]) -> list[Array]:
     if half == 2 and reducer in ("argmax", "argmin"):
         values, indices, init_value, init_index = (obj_array(x) for x in operands)
         return list(arg_reduce(values, indices, init_value.reshape(-1)[0],
-                               init_index.reshape(-1)[0], info.attrs["dimensions"], reducer))
+                               init_index.reshape(-1)[0], info.attrs["dimensions"], reducer,
+                               info.operand_types[0].dtype))
     if half != 1:
         raise SemanticsError("variadic reduce has no semantics here but argmax / argmin")
     x, init = obj_array(operands[0]), obj_array(operands[1]).reshape(-1)[0]
@@ -471,13 +484,14 @@ def _op_sort(info: OpInfo, operands: list[Array]) -> list[Array]:
         raise SemanticsError("sort with a comparator other than jax's ascending order")
     if not info.attrs.get("is_stable"):
         raise SemanticsError("an unstable sort (ties in an unspecified order)")
-    return sort_ascending([obj_array(x) for x in operands], int(info.attrs["dimension"]))
+    return sort_ascending([obj_array(x) for x in operands], int(info.attrs["dimension"]),
+                          info.operand_types[0].dtype)
 
 
 def _op_top_k(info: OpInfo, operands: list[Array]) -> list[Array]:
     if not info.attrs.get("largest", True):
         raise SemanticsError(f"{info.name} of the k smallest values has no semantics here")
-    return list(top_k(obj_array(operands[0]), int(info.attrs["k"])))
+    return list(top_k(obj_array(operands[0]), int(info.attrs["k"]), info.operand_types[0].dtype))
 
 
 def _op_case(info: OpInfo, operands: list[Array]) -> list[Array]:

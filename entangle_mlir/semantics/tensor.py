@@ -31,6 +31,7 @@ from entangle_mlir.semantics.element import (
     arg_combine,
     combine,
     compare,
+    compared_value,
     exact,
     int_limits,
     is_z3,
@@ -471,12 +472,22 @@ def _dilated_padded(x: Array, dilation, padding) -> Array:
 
 # ----- argmax / argmin ----------------------------------------------------------------------------
 
+def compared_keys(keys: Array, dtype: str) -> Array:
+    """The keys an op that orders elements reads (argmax / argmin, sort, top_k): each
+    `element.compared_value` of `dtype`, rounded where float arithmetic computed it, as a
+    compare reads its operands. Over the reals `argmax(x + 2.0)` is `argmax(x)`; in f32
+    `x + 2.0` rounds 2^24 - 2 and 2^24 - 1 to one value and the first index wins. The picked
+    values are these keys: the values the op orders and returns."""
+    return apply(lambda a: compared_value(a, dtype), obj_array(keys))
+
+
 def arg_reduce(values: Array, indices: Array, init_value: Element, init_index: Element,
-               dims: Sequence[int], kind: str) -> tuple[Array, Array]:
+               dims: Sequence[int], kind: str, dtype: str) -> tuple[Array, Array]:
     """A reduce over (values, indices) with jax's argmax / argmin comparator (`kind`): the
     pair folded from (init_value, init_index) over the reduced dims' elements in row-major
-    order (`arg_combine`; the comparator selects, so any order gives the same pair)."""
-    values, indices = obj_array(values), obj_array(indices)
+    order (`arg_combine`; the comparator selects, so any order gives the same pair). The
+    values are read as `compared_keys` of `dtype`."""
+    values, indices = compared_keys(values, dtype), obj_array(indices)
     if values.shape != indices.shape:
         raise SemanticsError(f"{kind}: values {values.shape} and indices {indices.shape}")
     dims = tuple(sorted({int(d) for d in dims}))
@@ -496,14 +507,16 @@ def arg_reduce(values: Array, indices: Array, init_value: Element, init_index: E
 
 # ----- sort ---------------------------------------------------------------------------------------
 
-def sort_ascending(operands: Sequence[Array], dim: int) -> list[Array]:
-    """A stable sort along `dim` by the first operand in ascending order (jax's comparator:
-    -0 and +0 equal, NaNs last and equal), every operand permuted alike.
+def sort_ascending(operands: Sequence[Array], dim: int, dtype: str) -> list[Array]:
+    """A stable sort along `dim` by the first operand (its `compared_keys` of `dtype`) in
+    ascending order (jax's comparator: -0 and +0 equal, NaNs last and equal), every operand
+    permuted alike.
 
     Concrete rows are sorted directly; rows with symbolic keys go through a stable bubble
     network (compare-exchange of adjacent positions, swapping only when the later key is
     strictly smaller), so every element is an If-term."""
-    arrays = [np.moveaxis(obj_array(x), dim, -1) for x in operands]
+    keyed = [compared_keys(operands[0], dtype), *operands[1:]]
+    arrays = [np.moveaxis(obj_array(x), dim, -1) for x in keyed]
     if any(a.shape != arrays[0].shape for a in arrays) or not arrays[0].ndim:
         raise SemanticsError("sort: operands of different shapes")
     outs = [np.empty(a.shape, dtype=object) for a in arrays]
@@ -564,15 +577,16 @@ def _exchange(first: tuple[Element, Element], second: tuple[Element, Element]
     return (select(swap, b, a), select(swap, ib, ia)), (select(swap, a, b), select(swap, ia, ib))
 
 
-def top_k(x: Array, k: int) -> tuple[Array, Array]:
-    """The k largest elements along the last dim, largest first, and their indices; equal
-    values keep their order (the lower index first, as `lax.top_k` documents).
+def top_k(x: Array, k: int, dtype: str) -> tuple[Array, Array]:
+    """The k largest elements (`compared_keys` of `dtype`) along the last dim, largest first,
+    and their indices; equal values keep their order (the lower index first, as `lax.top_k`
+    documents).
 
     Concrete rows are sorted directly; rows with symbolic elements go through k passes of a
     stable bubble network (compare-exchange of adjacent (value, index) pairs, swapping only when
     the later value is strictly larger), so the result is an If-term per element.
     """
-    x = obj_array(x)
+    x = compared_keys(x, dtype)
     if not x.ndim or k > x.shape[-1] or k < 0:
         raise SemanticsError(f"top_k: k={k} does not fit a dim of size "
                              f"{x.shape[-1] if x.ndim else 0}")

@@ -176,3 +176,27 @@ def test_negative_zero_on_both_sides_is_proven() -> None:
     ref, shd = run_pair(ex)
     assert np.array_equal(np.signbit(ref[0]), np.signbit(shd[0])) and np.signbit(ref[0]).any()
     assert_judged(ex, correct=True)
+
+
+def test_a_mutant_that_runs_for_hours_is_skipped() -> None:
+    """A constant mutant of a ring loop's trip count (3 -> 2^31 - 1) executes for hours: run
+    by an `Executor` (a child process) it is `skipped` after the time limit, the child is
+    killed, and the next mutant runs in a new child and is judged as usual."""
+    from fuzz.attack import subject_of
+
+    recipe = ("twins", "tw_ring_loop_tp4")
+    g = Grounded(subject_of(*recipe), labels=("random0",), recipe=recipe, run_timeout=10)
+    try:
+        sites = {s.desc.split(": ", 1)[1]: s for s in sample_sites(g.subject.text, None,
+                                                                   kinds=("constant",))}
+        endless = judge(g, "constant", "trip count", sites["constant 3 -> 2^31-1 -> "
+                                                          "2147483647 (i32)"].text(), timeout=60)
+        assert endless.status == "skipped" and "timed out" in endless.message, endless
+        assert g.executor.process is None
+        # must fail if the child were not started again: a trip less is judged
+        fewer = judge(g, "constant", "trip count", sites["constant 3 -1 -> 2 (i32)"].text(),
+                      timeout=60)
+        assert (fewer.status, fewer.numbers) == ("caught", "differ"), fewer
+    finally:
+        g.executor.close()
+    assert g.executor.process is None

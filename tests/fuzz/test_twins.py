@@ -3,7 +3,8 @@ each correct program computes its reference's numbers on the attacker's input se
 proven; each wrong twin computes other numbers and is not proven. The twins here are those of
 the false proofs found in session 9 (a float -> int convert read as wrapping, an iota read as
 its positions where its dtype wraps them), session 10's (a float compare decided over the
-reals: `x + 1 > x`) and one per other family."""
+reals: `x + 1 > x`; an argmax of `x + 2` whose ties rounding makes; a compare of folded f32
+constants; f32 -> bf16 rounding twice) and one per other family."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ if len(jax.devices()) < 8:
 from fuzz.twins import judge_twin, twins
 
 CHOSEN = ("tw_int8_through_float", "tw_uint8_through_float", "tw_narrow_iota",
-          "tw_uint8_iota_reference", "tw_bool_count", "tw_device_offset", "tw_compare_rounded")
+          "tw_uint8_iota_reference", "tw_bool_count", "tw_device_offset", "tw_compare_rounded",
+          "tw_argmax_rounded", "tw_constant_compare", "tw_double_rounding")
 
 
 @pytest.mark.parametrize("name", CHOSEN)

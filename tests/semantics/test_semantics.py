@@ -811,9 +811,9 @@ def test_sort_on_symbolic_keys_matches_the_concrete_sort() -> None:
     rows = [[1, 2, 2, 0, 2], [3, 3, 1, 3, 0], [4, 3, 2, 1, 0], [1, 1, 1, 1, 1]]
     xs = [z3.Real(f"x{j}") for j in range(5)]
     tags = np.array([list(range(5))], dtype=object)
-    keys, moved = sort_ascending([np.array([xs], dtype=object), tags], 1)
+    keys, moved = sort_ascending([np.array([xs], dtype=object), tags], 1, "f32")
     for row in rows:
-        want_k, want_m = sort_ascending([np.array([row], dtype=object), tags], 1)
+        want_k, want_m = sort_ascending([np.array([row], dtype=object), tags], 1, "f32")
         subst = [(x, z3.RealVal(v)) for x, v in zip(xs, row)]
         got_k = [z3.simplify(z3.substitute(to_z3(v), *subst)).as_fraction() for v in keys[0]]
         got_m = [z3.simplify(z3.substitute(to_z3(v), *subst)).as_long() for v in moved[0]]
@@ -830,9 +830,11 @@ def test_argmax_on_symbolic_elements_matches_the_concrete_fold() -> None:
     xs = [z3.Real(f"x{j}") for j in range(5)]
     idx = np.array([list(range(5))], dtype=object)
     for kind, init in (("argmax", -math.inf), ("argmin", math.inf)):
-        values, indices = arg_reduce(np.array([xs], dtype=object), idx, init, 0, (1,), kind)
+        values, indices = arg_reduce(np.array([xs], dtype=object), idx, init, 0, (1,), kind,
+                                     "f32")
         for row in rows:
-            want_v, want_i = arg_reduce(np.array([row], dtype=object), idx, init, 0, (1,), kind)
+            want_v, want_i = arg_reduce(np.array([row], dtype=object), idx, init, 0, (1,),
+                                        kind, "f32")
             subst = [(x, z3.RealVal(v)) for x, v in zip(xs, row)]
             got_v = z3.simplify(z3.substitute(to_z3(values[0]), *subst))
             got_i = z3.simplify(z3.substitute(to_z3(indices[0]), *subst))
@@ -846,9 +848,9 @@ def test_top_k_on_symbolic_elements_matches_the_concrete_sort() -> None:
     included (lower index first)."""
     rows = [[1, 2, 2, 0, 2], [3, 3, 1, 3, 0], [0, 1, 2, 3, 4]]
     xs = [z3.Real(f"x{j}") for j in range(5)]
-    values, indices = top_k(np.array([xs], dtype=object), 3)
+    values, indices = top_k(np.array([xs], dtype=object), 3, "f32")
     for row in rows:
-        want_v, want_i = top_k(np.array([row], dtype=object), 3)
+        want_v, want_i = top_k(np.array([row], dtype=object), 3, "f32")
         subst = [(x, z3.RealVal(v)) for x, v in zip(xs, row)]
         got_v = [z3.simplify(z3.substitute(to_z3(v), *subst)) for v in values[0]]
         got_i = [z3.simplify(z3.substitute(to_z3(i), *subst)) for i in indices[0]]

@@ -353,7 +353,8 @@ def region_value(term: Term, region: tuple[tuple[int, int], ...], env: dict, mem
         k, result = term.attrs  # row by row: the window's rows, whole along the last dim
         rows = tuple(region[:-1]) + ((0, args[0].shape[-1]),)
         lo, hi = region[-1]
-        value = top_k(region_value(args[0], rows, env, memo, regions), k)[result][..., lo:hi]
+        value = top_k(region_value(args[0], rows, env, memo, regions), k,
+                      args[0].dtype)[result][..., lo:hi]
     elif op in _REGION_REDUCTIONS and len(args) == 1:
         dims = term.attrs[0]
         kept = iter(region)
