@@ -27,6 +27,13 @@ leaves' pairs (the definition of sigma on them) and the collectives' results (be
   computed from the members gamma . m of gamma . G(r) at the same positions, whose values are
   v_m[sigma_gamma] (coherence of m and of gamma . m and the group law), so it is
   result_r[sigma_gamma]; that fact is recorded.
+* A term t = u[sigma_delta] (a renaming's result, or a recorded fact) renamed by gamma is
+  u[sigma_(gamma + delta)] (the group law), taken from memo[gamma + delta] when u's renaming
+  by the sum is known, u itself when the sum is the identity (`Symmetry._composed`): a tp
+  all_reduce's total holds its members' renamed partials, and renaming the total by a dp
+  rotation would otherwise rebuild each of them. The term taken computes what the walk
+  builds; it may spell it more simply (the walk rebuilds rotated blocks as slices of
+  concatenations), never as another function of the leaves.
 * Anything else (a device id that differs along S reaching a term op, a value read from
   outside the body that the renaming changes, a collective moving data along S in a rotated
   order) leaves d's value to the rules as before: a device that is not coherent costs its
