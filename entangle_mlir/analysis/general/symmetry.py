@@ -163,7 +163,8 @@ class Symmetry:
         if rep.values is not None or local.values is not None:
             return (rep.values is not None and local.values is not None
                     and rep.shape == local.shape and rep.dtype == local.dtype
-                    and np.array_equal(rep.values.ravel(), local.values.ravel()))
+                    and (rep.values is local.values
+                         or np.array_equal(rep.values.ravel(), local.values.ravel())))
         gamma = self.gamma[d]
         if not any(gamma):
             return rep.term is local.term
