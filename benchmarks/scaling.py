@@ -199,15 +199,16 @@ def _child_env() -> dict:
 
 _LAUNCHER = """
 import sys
-from entangle_mlir.cli import main
+from entangle_mlir.cli import exit_now, main
 code = main(sys.argv[1:])
 with open("/proc/self/status") as status:
     peak = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
 sys.stderr.write(f"\\nentangle-peak-rss-kib {peak}\\n")
-sys.exit(code)
+exit_now(code)
 """
-"""`entangle check` (what the console script runs), then its own peak RSS from VmHWM: wait4's
-ru_maxrss would include the forked copy of this (jax) process before exec."""
+"""`entangle check` (what the console script runs, its exit included: `cli.entry`), then its
+own peak RSS from VmHWM: wait4's ru_maxrss would include the forked copy of this (jax)
+process before exec."""
 
 
 def run_check(ref_path: Path, sharded_path: Path, options: Sequence[str] = ()) -> dict:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TYPE_CHECKING
@@ -499,13 +499,17 @@ def leafless(roots, floor: int, leaves: set[int]) -> set[int]:
 
 def instantiate(term: Term, subst: dict[int, Term], floor: int, memo: dict[int, Term],
                 work: list[int] | None = None, keep: set[int] | frozenset = frozenset(),
-                in_order: bool = False) -> Term:
+                in_order: bool = False,
+                known: Callable[[Term], Term | None] | None = None,
+                built: list[tuple[Term, Term]] | None = None) -> Term:
     """`term` with every leaf in `subst` (by serial) replaced, rebuilt through the term
     builders bottom-up; integer parts whose leaves are all constants folded to their values,
     dynamic slices and updates at constant offsets made static, selects on a constant
     predicate resolved (`_rebuilt`). Terms built before `floor`, and those in `keep`
     (`leafless`), hold no leaf and are kept. `memo` (serial -> result) is shared by the
-    calls of one substitution; `work[0]` counts the nodes rebuilt."""
+    calls of one substitution; `work[0]` counts the nodes rebuilt. `known(t)`: a result the
+    caller already holds for a node (a true fact), taken without walking the node; `built`
+    collects (node, result) for every node rebuilt."""
     if term.serial < floor or term.serial in keep:
         return term
     stack = [term]
@@ -519,6 +523,8 @@ def instantiate(term: Term, subst: dict[int, Term], floor: int, memo: dict[int, 
             stack.pop()
             continue
         replaced = subst.get(top.serial)
+        if replaced is None and known is not None:
+            replaced = known(top)
         if replaced is not None:
             memo[top.serial] = replaced
             stack.pop()
@@ -529,9 +535,11 @@ def instantiate(term: Term, subst: dict[int, Term], floor: int, memo: dict[int, 
             continue
         stack.pop()
         args = tuple(memo.get(a.serial, a) if a.serial >= floor else a for a in top.args)
-        memo[top.serial] = _rebuilt(top, args)
+        out = memo[top.serial] = _rebuilt(top, args)
         if work is not None:
             work[0] += 1
+        if built is not None:
+            built.append((top, out))
     return memo[term.serial]
 
 

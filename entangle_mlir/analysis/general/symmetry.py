@@ -27,6 +27,13 @@ leaves' pairs (the definition of sigma on them) and the collectives' results (be
   computed from the members gamma . m of gamma . G(r) at the same positions, whose values are
   v_m[sigma_gamma] (coherence of m and of gamma . m and the group law), so it is
   result_r[sigma_gamma]; that fact is recorded.
+* A term t = u[sigma_delta] (a renaming's result, or a recorded fact) renamed by gamma is
+  u[sigma_(gamma + delta)] (the group law), taken from memo[gamma + delta] when u's renaming
+  by the sum is known, u itself when the sum is the identity (`Symmetry._composed`): a tp
+  all_reduce's total holds its members' renamed partials, and renaming the total by a dp
+  rotation would otherwise rebuild each of them. The term taken computes what the walk
+  builds; it may spell it more simply (the walk rebuilds rotated blocks as slices of
+  concatenations), never as another function of the leaves.
 * Anything else (a device id that differs along S reaching a term op, a value read from
   outside the body that the renaming changes, a collective moving data along S in a rotated
   order) leaves d's value to the rules as before: a device that is not coherent costs its
@@ -66,6 +73,9 @@ class Symmetry:
             self.gamma.append(tuple(coords[a] for a in axes))
         self.memo: dict[tuple[int, ...], dict[int, Term]] = {}
         self.subst: dict[tuple[int, ...], dict[int, Term]] = {}
+        self.origin: dict[int, tuple[Term, tuple[int, ...]]] = {}
+        """serial of a term t -> (u, delta) with t = u[sigma_delta] (a renaming's result, a
+        recorded fact): t renamed by gamma is u renamed by gamma + delta (`_composed`)."""
         self._moved: dict[tuple[int, ...], list[int]] = {}
         self._gammas = sorted(set(self.gamma) - {(0,) * len(axes)})
         """The rotations other than the identity."""
@@ -112,11 +122,39 @@ class Symmetry:
         return index
 
     def rename(self, term: Term, gamma: tuple[int, ...]) -> Term:
-        """term[sigma_gamma]."""
+        """term[sigma_gamma]: the leaves substituted and the term rebuilt, except where a
+        subterm is itself a renaming whose renaming by the sum is known (`_composed`)."""
         if not any(gamma):
             return term
         memo = self._memo(gamma)
-        return instantiate(term, self.subst[gamma], 0, memo, in_order=True)
+        built: list[tuple[Term, Term]] = []
+        out = instantiate(term, self.subst[gamma], 0, memo, in_order=True,
+                          known=lambda t: self._composed(t, gamma), built=built)
+        for source, result in built:
+            self._note(source, result, gamma)
+        return out
+
+    def _composed(self, term: Term, gamma: tuple[int, ...]) -> Term | None:
+        """term[sigma_gamma] when `term` is u[sigma_delta] and u[sigma_(gamma + delta)] is
+        known (the group law: sigma_gamma . sigma_delta = sigma_(gamma + delta)); u itself
+        when gamma + delta is the identity. None otherwise (the caller walks the term)."""
+        origin = self.origin.get(term.serial)
+        if origin is None:
+            return None
+        source, delta = origin
+        total = self._sum(gamma, delta)
+        if not any(total):
+            return source
+        memo = self.memo.get(total)
+        return None if memo is None else memo.get(source.serial)
+
+    def _sum(self, gamma: tuple[int, ...], delta: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple((g + e) % self.mesh.size(a) for g, e, a in zip(gamma, delta, self.axes))
+
+    def _note(self, source: Term, term: Term, gamma: tuple[int, ...]) -> None:
+        """Note term = source[sigma_gamma] for `_composed` (the first fact noted stays)."""
+        if term is not source:
+            self.origin.setdefault(term.serial, (source, gamma))
 
     def coherent(self, rep: Local, local: Local, d: int) -> bool:
         """Whether d's value `local` is its representative's `rep` renamed."""
@@ -125,7 +163,8 @@ class Symmetry:
         if rep.values is not None or local.values is not None:
             return (rep.values is not None and local.values is not None
                     and rep.shape == local.shape and rep.dtype == local.dtype
-                    and np.array_equal(rep.values.ravel(), local.values.ravel()))
+                    and (rep.values is local.values
+                         or np.array_equal(rep.values.ravel(), local.values.ravel())))
         gamma = self.gamma[d]
         if not any(gamma):
             return rep.term is local.term
@@ -163,6 +202,7 @@ class Symmetry:
     def remember(self, rep: Term, term: Term, gamma: tuple[int, ...]) -> None:
         """Record the fact term = rep[sigma_gamma] (a fact recorded first stays)."""
         self._memo(gamma).setdefault(rep.serial, term)
+        self._note(rep, term, gamma)
 
     def pair_leaves(self, leaves: list[Local]) -> None:
         """Fresh per-device leaves (a loop's carries at its symbolic step): sigma_gamma maps
