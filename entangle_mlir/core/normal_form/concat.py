@@ -46,8 +46,20 @@ from entangle_mlir.core.terms import (
 )
 
 _CONCATS: dict[tuple, Term] = {}
-"""make_concat by (piece serials, dim): terms are interned for the whole run, and lifting a
-concatenation through a chain of ops asks for the same inner concatenations again."""
+"""make_concat by (piece serials, dim), also by the serials of the pieces once flattened and
+their adjacent slices joined (what the rest of `make_concat` reads): terms are interned for
+the whole run, lifting a concatenation through a chain of ops asks for the same inner
+concatenations again, and a concatenation built flattened (a stack's layers, one appended at
+a time) is asked for again by its own pieces when its node is normalized."""
+
+_UNMET: set[tuple] = set()
+"""Keys of `_CONCATS` (pieces flattened and joined, dim) whose concatenation is those pieces
+as they are and in which no two adjacent pieces meet (`_unmet_tail`): what a concatenation
+with pieces appended to them reads instead of lifting all of its pieces again."""
+
+APPEND_REACH = 16
+"""How many pieces after a concatenation known not to meet (`_UNMET`) `_unmet_tail` looks
+for it across (one layer's tp column blocks; several micro-batches')."""
 
 
 def make_concat(pieces, dim: int) -> Term:
@@ -62,15 +74,23 @@ def make_concat(pieces, dim: int) -> Term:
         for frame in range(at + 1, len(_BUILDING)):
             _TAINTED.add(_BUILDING[frame])
         return _plain_concat(list(pieces), dim)
+    joined = _flat_joined(pieces, dim)
+    inner = (tuple(p.serial for p in joined), dim)
+    found = _CONCATS.get(inner)
+    if found is not None:
+        _CONCATS[key] = found
+        return found
     _BUILDING.append(key)
     try:
-        found = _make_concat(pieces, dim)
+        found, unmet = _make_concat(joined, dim)
     finally:
         _BUILDING.pop()
     if key in _TAINTED:
         _TAINTED.discard(key)
     else:
-        _CONCATS[key] = found
+        _CONCATS[key] = _CONCATS[inner] = found
+        if unmet:
+            _UNMET.add(inner)
     return found
 
 
@@ -91,7 +111,9 @@ def _plain_concat(pieces: list[Term], dim: int) -> Term:
     return intern("concatenate", tuple(pieces), (dim,), tuple(shape), pieces[0].dtype)
 
 
-def _make_concat(pieces: tuple[Term, ...], dim: int) -> Term:
+def _flat_joined(pieces: tuple[Term, ...], dim: int) -> list[Term]:
+    """The pieces with concatenations along `dim` read as their pieces, empty ones left out
+    and adjacent slices of one term joined into one (exact: a concatenation is associative)."""
     flat: list[Term] = []
     for piece in pieces:
         if piece.op == "concatenate" and piece.attrs == (dim,):
@@ -107,27 +129,70 @@ def _make_concat(pieces: tuple[Term, ...], dim: int) -> Term:
             joined[-1] = merged
         else:
             joined.append(piece)
+    return joined
+
+
+def _make_concat(joined: list[Term], dim: int) -> tuple[Term, bool]:
+    """The normal form of the concatenation of `joined` (`_flat_joined`'s pieces), and
+    whether it is those pieces as they are with no two adjacent ones meeting (`_UNMET`)."""
     if len(joined) == 1:
-        return joined[0]
+        return joined[0], False
     constant = _joined_constant(joined, dim)
     if constant is not None:
-        return constant
+        return constant, False
     if all(p is joined[0] for p in joined) and joined[0].shape[dim] == 1:
-        return _copies(joined[0], dim, len(joined))
+        return _copies(joined[0], dim, len(joined)), False
+    runs_allowed = _runs_may_join(joined, dim)
+    tail = _unmet_tail(joined, dim) if runs_allowed else None
+    if tail is not None:
+        start, out = tail
+        if len(out) == len(joined) - start:
+            return _plain_concat(joined, dim), True
+        return make_concat(joined[:start] + out, dim), False
     lifted = _lift_elementwise(joined, dim)
     if lifted is None:
         lifted = _lift_movement(joined, dim)
     if lifted is None:
         lifted = _swap_blocks(joined, dim)
     if lifted is not None:
-        return lifted
-    runs = _adjacent_runs_joined(joined, dim)
-    if runs is not None:
-        return make_concat(runs, dim)
+        return lifted, False
+    if runs_allowed:
+        runs = _adjacent_runs_joined(joined, dim)
+        if runs is not None:
+            return make_concat(runs, dim), False
     stacked = _stacked_rows(joined, dim)
     if stacked is not None:
-        return stacked
-    return _plain_concat(joined, dim)
+        return stacked, False
+    return _plain_concat(joined, dim), len(joined) == 2 or runs_allowed
+
+
+def _unmet_tail(pieces: list[Term], dim: int) -> tuple[int, list[Term]] | None:
+    """(m, the pieces from m - 1 on with runs of adjacent ones joined, left to right) where
+    the first m pieces are a concatenation known not to meet (`_UNMET`, m the longest such
+    within `APPEND_REACH` of the end); None when there is none. A concatenation that did not
+    meet does not meet with pieces appended but where they meet the last of its pieces or
+    one another (every lift needs some column of all the pieces to meet, and a column of
+    pieces that do not meet gains only its last pieces' joins); so the pieces of a stack's
+    layers, appended one layer at a time, join only the new layer's runs (exact whatever it
+    finds: a concatenation is associative)."""
+    serials = tuple(p.serial for p in pieces)
+    for m in range(len(pieces) - 1, max(1, len(pieces) - 1 - APPEND_REACH), -1):
+        if (serials[:m], dim) in _UNMET:
+            return m - 1, _runs_of(pieces[m - 1:], dim)
+    return None
+
+
+def _runs_of(pieces: list[Term], dim: int) -> list[Term]:
+    """The pieces with each run of adjacent ones that `make_concat` meets into something
+    other than a concatenation along `dim` joined, left to right."""
+    out = [pieces[0]]
+    for piece in pieces[1:]:
+        merged = make_concat([out[-1], piece], dim)
+        if _joined(merged, dim):
+            out[-1] = merged
+        else:
+            out.append(piece)
+    return out
 
 
 def _stacked_rows(pieces: list[Term], dim: int) -> Term | None:
@@ -153,28 +218,25 @@ def _adjacent_runs_joined(pieces: list[Term], dim: int) -> list[Term] | None:
     joined, left to right (exact: a concatenation is associative, so
     `concat(a, b, c, d) = concat(concat(a, b), concat(c, d))`; the tp column blocks of each
     layer of a pipeline stage, `[f(x0 @ w0[:, :k]), f(x0 @ w0[:, k:]), f(x1 @ w1[:, :k]),
-    ...]`, join layer by layer where the layers' inputs differ). None when no two adjacent
-    pieces meet, or some piece is one row along `dim` computed from the inputs (rows, such
-    as a stage's layers or a micro-batch's rows, join in the forms the lifts give them all
-    at once: joined in runs, they meet other rows in other forms); rows that are moves of
-    one input (a grid of micro-batch x row slices, flattened) do join in runs."""
+    ...]`, join layer by layer where the layers' inputs differ); None when no two adjacent
+    pieces meet. Only where `_runs_may_join`."""
     if len(pieces) <= 2:
         return None
-    if any(p.shape[dim] == 1 for p in pieces) and (
-            _moved_argument(pieces[0], dim) is None
-            or len({_moved_argument(p, dim) for p in pieces}) != 1) \
-            and not _heads_of_contractions(pieces, dim):
-        return None
-    out = [pieces[0]]
-    joined = False
-    for piece in pieces[1:]:
-        merged = make_concat([out[-1], piece], dim)
-        if _joined(merged, dim):
-            out[-1] = merged
-            joined = True
-        else:
-            out.append(piece)
-    return out if joined else None
+    out = _runs_of(pieces, dim)
+    return out if len(out) < len(pieces) else None
+
+
+def _runs_may_join(pieces: list[Term], dim: int) -> bool:
+    """Whether `_adjacent_runs_joined` may join runs of `pieces`: not where some piece is one
+    row along `dim` computed from the inputs (rows, such as a stage's layers or a
+    micro-batch's rows, join in the forms the lifts give them all at once: joined in runs,
+    they meet other rows in other forms); rows that are moves of one input (a grid of
+    micro-batch x row slices, flattened) do join in runs, and so do one-column
+    contractions (`_heads_of_contractions`)."""
+    return not any(p.shape[dim] == 1 for p in pieces) or (
+        _moved_argument(pieces[0], dim) is not None
+        and len({_moved_argument(p, dim) for p in pieces}) == 1) \
+        or _heads_of_contractions(pieces, dim)
 
 
 def _heads_of_contractions(pieces: list[Term], dim: int) -> bool:
