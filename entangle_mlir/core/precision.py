@@ -9,6 +9,7 @@ the Z3 encoding treat it as the rounding op it is.
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 
@@ -100,27 +101,33 @@ def round_to(value: Fraction | float, dtype: str) -> Fraction | float:
         return Fraction(0)
     sign = -1 if x < 0 else 1
     rounded = _round_significand(abs(x), precision, emin)
-    largest = (2 - Fraction(2) ** (1 - precision)) * Fraction(2) ** emax
-    if dtype == "f8E4M3FN":
-        largest = Fraction(448)
-    if rounded > largest:
+    if rounded > _largest(dtype, precision, emax):
         return sign * math.inf
     return sign * rounded
 
 
+@functools.cache
+def _largest(dtype: str, precision: int, emax: int) -> Fraction:
+    """The largest finite value of `dtype`."""
+    if dtype == "f8E4M3FN":
+        return Fraction(448)
+    return (2 - Fraction(2) ** (1 - precision)) * Fraction(2) ** emax
+
+
 def _round_significand(x: Fraction, precision: int, emin: int) -> Fraction:
     """Positive `x` rounded to `precision` significant bits (ties to even), at the quantum of
-    exponent `emin` below it (subnormals); no upper limit."""
-    exponent = x.numerator.bit_length() - x.denominator.bit_length()
-    if Fraction(2) ** exponent > x:
+    exponent `emin` below it (subnormals); no upper limit. In integers: `x = n / d` and the
+    quantum 2^q, so x / 2^q is `n * 2^-q / d`, divided with its remainder."""
+    n, d = x.numerator, x.denominator
+    exponent = n.bit_length() - d.bit_length()
+    if (n << max(0, -exponent)) < (d << max(0, exponent)):  # 2^exponent > x
         exponent -= 1
-    quantum = Fraction(2) ** (max(exponent, emin) - precision + 1)
-    steps = x / quantum
-    whole = math.floor(steps)
-    rest = steps - whole
-    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and whole % 2 == 1):
+    q = max(exponent, emin) - precision + 1
+    num, den = (n, d << q) if q >= 0 else (n << -q, d)
+    whole, rest = divmod(num, den)
+    if 2 * rest > den or (2 * rest == den and whole % 2 == 1):
         whole += 1
-    return whole * quantum
+    return Fraction(whole) * Fraction(2) ** q if q >= 0 else Fraction(whole, 1 << -q)
 
 
 def reduce_precision_is_identity(dtype: str, exponent_bits: int, mantissa_bits: int) -> bool:

@@ -580,6 +580,8 @@ def compared_value(a: Element, dtype: str) -> Element:
         value = pynum(a)
         if isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value)):
             return a
+        if type(value) is int and abs(value) <= 1 << precision.FLOAT_FORMATS[dtype][0]:
+            return a  # an integer the dtype holds (a position, a count): no rounding to do
         return precision.round_to(value, dtype)
     z = num(a)
     if z.is_int() or _held_exactly(z, dtype):

@@ -187,6 +187,8 @@ def _compare(args, attrs, dtype, src) -> Array:
     direction = attrs.get("comparison_direction")
     total = attrs.get("compare_type") == "TOTALORDER"
     kinds = (src or [dtype, dtype])[:2]
+    if not any(is_float_dtype(k) for k in kinds):  # integers and booleans: nothing rounds
+        return apply(lambda a, b: compare(a, b, direction, total), args[0], args[1])
     return apply(lambda a, b: compare(*compared_values(a, b, kinds), direction, total),
                  args[0], args[1])
 
