@@ -136,7 +136,8 @@ def test_reproducer_is_proven(repro: Repro) -> None:
     """One small correct program per failure cause (FAILURES.md): proven once it is fixed
     (under `--assume-no-overflow` for the causes that need it, `repro.NO_OVERFLOW_ASSUMED`)."""
     report = _report(repro.example, repro.cause in NO_OVERFLOW_ASSUMED)
-    assert report.proven, report.render_text()
+    assert report.proven, (report.render_text()
+                           + f"\ngeneral tier: {report.stats.get('general_tier')}")
 
 
 def test_no_buggy_program_is_proven_by_expectation() -> None:
