@@ -42,9 +42,9 @@ from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.opinfo import describe
 from entangle_mlir.mlir.per_device import (
     adopt_shardy_local,
-    device_count,
     is_per_device,
     parameter_shardings,
+    program_device_count,
     result_shardings,
 )
 from entangle_mlir.mlir.program import read_meshes
@@ -515,7 +515,7 @@ def _expose_per_device(text: str, result: int):
         module = ir.Module.parse(text)
         target, main = _marked_entry(module, _EVIDENCE_MARK, "the op")
         shardings = parameter_shardings(module, main)
-        n = device_count(module, shardings)
+        n = program_device_count(module, main)
         block = main.regions[0].blocks[0]
         local_shapes = [tuple(a.type.shape) for a in block.arguments]
         value = target.results[result]
@@ -817,7 +817,7 @@ def compare_programs(program, draws=INPUT_DRAWS, index_ranges: dict[int, int] | 
         ref_text = as_replicas(reference, 1)
         if per_device:
             shardings = parameter_shardings(sharded, sharded_main)
-            n = device_count(sharded, shardings)
+            n = program_device_count(sharded, sharded_main)
             locals_ = [tuple(a.type.shape) for a in sharded_main.regions[0].blocks[0].arguments]
             results = ir.FunctionType(ir.TypeAttr(
                 sharded_main.attributes["function_type"]).value).results

@@ -43,8 +43,8 @@ from entangle_mlir.mlir.compat import plain_replica_groups_options
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.per_device import (
     axis_names,
-    device_count,
     parameter_shardings,
+    program_device_count,
     result_shardings,
 )
 from entangle_mlir.mlir.program import (
@@ -322,7 +322,7 @@ def run_per_device(module, *global_args):
         module = parse_module(str(module))   # a copy: the caller's module stays as it is
         main = public_main(module, "-")
         shardings = parameter_shardings(module, main)
-        n = device_count(module, shardings)
+        n = program_device_count(module, main)
         arg_types = [a.type for a in main.regions[0].blocks[0].arguments]
         text = as_replicas(module, n)
     per_device_args: list[list] = [[] for _ in range(n)]
@@ -345,7 +345,7 @@ def expected_per_device(module, reference_outputs):
         module = parse_module(module)
     with context():
         main = public_main(module, "-")
-        n = device_count(module, parameter_shardings(module, main))
+        n = program_device_count(module, main)
         types = ir_result_types(main)
         texts = result_shardings(module, main, len(types))
     out = []

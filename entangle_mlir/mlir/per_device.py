@@ -203,6 +203,17 @@ def axis_names(mesh: Mesh, shape: tuple[int, ...], names: tuple[str, ...]) -> di
     return out if position == len(axes) else None
 
 
+def program_device_count(module: ir.Module, func: ir.Operation) -> int:
+    """The device count of a per-device program `func`: what `mhlo.num_partitions` says, or
+    what its parameters' or its results' shardings tile. A program whose parameters are all
+    replicated still states its devices through its results (a shard_map manual over some
+    axes, fed replicated inputs and returning a split value)."""
+    result_count = len(ir.FunctionType(
+        ir.TypeAttr(func.attributes["function_type"]).value).results)
+    return device_count(module, parameter_shardings(module, func)
+                        + result_shardings(module, func, result_count))
+
+
 def device_count(module: ir.Module, shardings: list[str | None]) -> int:
     count = _device_count(module, shardings)
     if count is not None:

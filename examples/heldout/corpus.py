@@ -50,6 +50,11 @@ SOURCES = {
     "parallel_layers": ("MaxText GQA, tensor-parallel norms and softmax, flash-decoding, sorted "
                         "MoE, Megatron MLP/LM head, rings, halos, prefix sums, lax docs' "
                         "collectives"),
+    "newer_sources": ("JAX's newer sharding docs (shard_map 201, Distributed arrays), newer "
+                      "cases of tests/shard_map_test.py (axis_index_groups, pbroadcast, "
+                      "partial auto), the scaling book's parts 5 and 7 (FSDP+TP backward, "
+                      "KV cache over batch and heads, 2D weight-stationary), MaxText's "
+                      "ring-of-experts, interleaved rotary and Gemma RMSNorm"),
 }
 """The module of each source and what it follows (the README table's rows)."""
 
@@ -137,6 +142,7 @@ def _examples() -> tuple[Example, ...]:
         jax_docs,
         jax_tests,
         maxtext_style,
+        newer_sources,
         parallel_layers,
         scaling_book,
         training_steps,
@@ -145,7 +151,7 @@ def _examples() -> tuple[Example, ...]:
 
     out: list[Example] = []
     for module in (jax_docs, jax_tests, scaling_book, flax_guide, maxtext_style,
-                   xla_partitioned, training_steps, parallel_layers):
+                   xla_partitioned, training_steps, parallel_layers, newer_sources):
         found = module.programs()
         assert all(e.source == module.__name__.rsplit(".", 1)[-1] for e in found), module
         out += found
@@ -298,7 +304,7 @@ def _per_device_program(ex: Example):
     program run as replicas (`entangle_mlir.jax.run_per_device`, compiled once per program)."""
     from entangle_mlir.evidence import as_replicas, compile_replicas
     from entangle_mlir.mlir.ir import context, parse_module
-    from entangle_mlir.mlir.per_device import device_count, parameter_shardings
+    from entangle_mlir.mlir.per_device import parameter_shardings, program_device_count
     from entangle_mlir.mlir.program import public_main
 
     _, program = lower_pair(ex)
@@ -306,7 +312,7 @@ def _per_device_program(ex: Example):
     with context():
         main = public_main(module, "-")
         shardings = parameter_shardings(module, main)
-        n = device_count(module, shardings)
+        n = program_device_count(module, main)
         local = [tuple(a.type.shape) for a in main.regions[0].blocks[0].arguments]
         text = as_replicas(module, n)
     executable, devices = compile_replicas(text, n)
