@@ -151,13 +151,14 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
         if not split:
             continue
         major = [d for d in src_dims if local_in[d] != 1 or x.tiling[d]]
-        if len(split) > 1 or not major or split[0] != major[0] or not dst_dims:
+        axes = _merged_tiling(src_dims, split, local_in, x.tiling)
+        if axes is None or not major or split[0] != major[0] or not dst_dims:
             return [Opaque(f"reshape regroups dim {split[0]}, which is split over "
                            f"{axes_str(x.tiling[split[0]])}, in a way that mixes blocks",
                            category="layout_mismatch")]
         non_unit = [d for d in dst_dims if local_out[d] != 1]
         targets = [dst_dims[0], *(non_unit[:1] if non_unit else dst_dims[1:])]
-        choices.append((x.tiling[split[0]], list(dict.fromkeys(targets))))
+        choices.append((axes, list(dict.fromkeys(targets))))
     placements = itertools.islice(itertools.product(*(targets for _, targets in choices)),
                                   _RESHAPE_CANDIDATES)
     candidates = [_reshape_result(x, local_out, list(zip((axes for axes, _ in choices), placed)),
@@ -175,6 +176,24 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
             if [d for d in candidate.term.shape if d != 1] == squeezed:
                 return [candidate]
     return [candidates[0]]
+
+
+def _merged_tiling(src_dims, split, local_in, tiling) -> tuple[str, ...] | None:
+    """The tiling of a reshape group's source dims read as one merged dim (row-major), or None
+    where the devices' blocks are not blocks of it.
+
+    One split dim: its axes. Several: every dim before the last split one must hold one element
+    per device (local size 1), so the merged dim's global index is, major first, each split
+    dim's block index times the minor dims' global size plus the last split dim's local
+    offset: a contiguous block of the merged dim, tiled over the split dims' axes in order
+    ((K split over Y, local 1) x (M split over Z) merged is split over (Y, Z)). A split dim of
+    local size > 1 before another split dim interleaves blocks (None)."""
+    if len(split) == 1:
+        return tiling[split[0]]
+    last = src_dims.index(split[-1])
+    if any(local_in[d] != 1 for d in src_dims[:last]):
+        return None
+    return tuple(a for d in split for a in tiling[d])
 
 
 def _peel_unit_dims(groups, local_in, local_out, tiling):

@@ -177,55 +177,59 @@ def roll2_ref(x):
     return jnp.roll(x, 2)
 
 
-def _partial_auto_ppermute(step: int):
-    def build(mesh):
-        def g(x):
-            x = lax.with_sharding_constraint(x, NamedSharding(mesh, P("j")))
-            return lax.ppermute(x, "i", [(k, (k + step) % 4) for k in range(4)])
+def _partial_auto_ppermute(mesh, step: int):
+    def g(x):
+        x = lax.with_sharding_constraint(x, NamedSharding(mesh, P("j")))
+        return lax.ppermute(x, "i", [(k, (k + step) % 4) for k in range(4)])
 
-        return jax.shard_map(g, mesh=mesh, in_specs=P("i"), out_specs=P("i"),
-                             check_vma=False, axis_names=frozenset({"i"}))
-    return build
+    return jax.shard_map(g, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False,
+                         axis_names=frozenset({"i"}))
 
 
-partial_auto_ppermute = _partial_auto_ppermute(1)
-partial_auto_ppermute_back = _partial_auto_ppermute(-1)  # BUG
+def partial_auto_ppermute(mesh):
+    return _partial_auto_ppermute(mesh, 1)
 
 
-def _nested_matmul(psum: bool):
-    def build(mesh):
-        def inner(x, w):
-            y = x @ w
-            return lax.psum(y, "j") if psum else y
-
-        def outer(x, w):
-            return jax.shard_map(inner, in_specs=(P(None, "j"), P("j", None)),
-                                 out_specs=P(), check_vma=psum)(x, w)
-
-        return jax.shard_map(outer, mesh=mesh, in_specs=(P("i", None), P()),
-                             out_specs=P("i", None), check_vma=False,
-                             axis_names=frozenset({"i"}))
-    return build
+def partial_auto_ppermute_back(mesh):
+    return _partial_auto_ppermute(mesh, -1)  # BUG
 
 
-nested_matmul = _nested_matmul(True)
-nested_matmul_no_psum = _nested_matmul(False)  # BUG
+def _nested_matmul(mesh, psum: bool):
+    def inner(x, w):
+        y = x @ w
+        return lax.psum(y, "j") if psum else y
+
+    def outer(x, w):
+        return jax.shard_map(inner, in_specs=(P(None, "j"), P("j", None)), out_specs=P(),
+                             check_vma=psum)(x, w)
+
+    return jax.shard_map(outer, mesh=mesh, in_specs=(P("i", None), P()),
+                         out_specs=P("i", None), check_vma=False, axis_names=frozenset({"i"}))
+
+
+def nested_matmul(mesh):
+    return _nested_matmul(mesh, True)
+
+
+def nested_matmul_no_psum(mesh):
+    return _nested_matmul(mesh, False)  # BUG
 
 
 def row_block_sums_ref(a):
     return a.reshape(2, 4, 2).sum(axis=1)
 
 
-def _vmap_psum(reduce):
-    def build(mesh):
-        f = jax.shard_map(lambda x: reduce(x, "y"), mesh=mesh, in_specs=P("y"),
-                          out_specs=P(None))
-        return jax.vmap(f)
-    return build
+def _vmap_reduce(mesh, reduce):
+    return jax.vmap(jax.shard_map(lambda x: reduce(x, "y"), mesh=mesh, in_specs=P("y"),
+                                  out_specs=P(None)))
 
 
-vmap_psum = _vmap_psum(lax.psum)
-vmap_pmean = _vmap_psum(lax.pmean)  # BUG
+def vmap_psum(mesh):
+    return _vmap_reduce(mesh, lax.psum)
+
+
+def vmap_pmean(mesh):
+    return _vmap_reduce(mesh, lax.pmean)  # BUG
 
 
 # ----- scaling book part 7: KV cache over batch (Z) and KV heads (Y), two AllToAlls -------------
@@ -344,11 +348,23 @@ def cache_write_ref(cache, new, pos):
 
 def _cache_write(cache, new, pos, *, guarded: bool):
     chunk = cache.shape[1]
+    total = chunk * lax.axis_size("sp")
+    pos = jnp.clip(jnp.where(pos < 0, pos + total, pos), 0, total - 1)   # as jax reads `pos`
     local = pos - lax.axis_index("sp") * chunk
     written = lax.dynamic_update_slice(cache, new, (0, jnp.clip(local, 0, chunk - 1), 0))
     if not guarded:
         return written  # BUG
     return jnp.where((local >= 0) & (local < chunk), written, cache)
+
+
+def _cache_positions():
+    """A negative position (jax reads it from the end), the last, and one past the end."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    cache = rng.standard_normal((2, 16, 4)).astype(np.float32)
+    new = rng.standard_normal((2, 1, 4)).astype(np.float32)
+    return [[cache, new, np.int32(p)] for p in (-5, 15, 40)]
 
 
 def cache_write(cache, new, pos):
@@ -587,10 +603,11 @@ def programs() -> list[Example]:
            f"{part5}: Tensor parallelism under jax.grad", bug="loss_not_summed",
            wrap=_grad2),
         _p("kv_cache_write", SP4, cache_write_ref, cache_write, kv, P(None, "sp", None),
-           f"{part7}: sequence-sharded KV cache: the shard holding `pos` writes the new K"),
+           f"{part7}: sequence-sharded KV cache: the shard holding `pos` writes the new K",
+           chosen=_cache_positions),
         _p("kv_cache_write", SP4, cache_write_ref, cache_write_unguarded, kv,
            P(None, "sp", None), f"{part7}: sequence-sharded KV cache write",
-           bug="every_shard_writes", bug_fn=_cache_write),
+           bug="every_shard_writes", bug_fn=_cache_write, chosen=_cache_positions),
     ]
     moe = [f32((16, 8), P("ep")), ids((16, 2), P("ep"), N_EXPERTS), f32((16, 2), P("ep")),
            f32((N_EXPERTS, 8, 16), P("ep"), "weight"), f32((N_EXPERTS, 8, 16), P("ep"), "weight"),

@@ -640,6 +640,15 @@ def movement_lemmas() -> list[Lemma]:
                      [rel(arg((2, 4)), partial=("tp",))], results=[((8,), "f32")]))
     out.append(Lemma("reshape-2d", "stablehlo.reshape", [rel(arg((4, 4, 2)), "dp", "tp")],
                      results=[((2, 4), "f32")], mesh=M2))
+    # reshape merging split dims: every dim before the last split one holds one element per
+    # device, so the merged dim is split over their axes in order (major first).
+    out.append(Lemma("reshape-merge-two-splits", "stablehlo.reshape",
+                     [rel(arg((2, 4, 3)), "dp", "tp")], results=[((6,), "f32")], mesh=M2))
+    out.append(Lemma("reshape-merge-two-splits-kept-major", "stablehlo.reshape",
+                     [rel(arg((3, 2, 4)), (), "dp", "tp")], results=[((3, 2), "f32")],
+                     mesh=M2))
+    out.append(Lemma("reshape-merge-two-splits-then-split", "stablehlo.reshape",
+                     [rel(arg((2, 4, 2)), "dp", "tp")], results=[((2, 2), "f32")], mesh=M2))
     # transpose
     out.append(Lemma("transpose-2d", "stablehlo.transpose", [rel(arg((4, 6)), "tp")],
                      results=[((6, 2), "f32")], attrs={"permutation": (1, 0)}))
@@ -1189,6 +1198,27 @@ def test_refutes_tanh_of_partial_sum() -> None:
     x = arg((2, 2))
     wrong = rel(T.make_elementwise("stablehlo.tanh", (x,)), partial=("tp",))
     refute("stablehlo.tanh", [rel(x, partial=("tp",))], [wrong], [((2, 2), "f32")])
+
+
+def test_refutes_merged_split_dims_in_the_wrong_axis_order() -> None:
+    """(2 over dp, local 1) x (4 over tp) merged is split over (dp, tp), never (tp, dp)."""
+    x = arg((2, 4, 3))
+    merged = T.make_reshape(x, (24,))
+    refute("stablehlo.reshape", [rel(x, "dp", "tp")], [rel(merged, ("tp", "dp"))],
+           [((6,), "f32")], mesh=M2)
+
+
+def test_refutes_merged_split_dims_with_a_wide_major_block() -> None:
+    """A major split dim holding two elements per device interleaves the merged blocks: no
+    (dp, tp) tiling of the merged dim, and the rule does not claim one."""
+    x = arg((4, 4))
+    merged = T.make_reshape(x, (16,))
+    refute("stablehlo.reshape", [rel(x, "dp", "tp")], [rel(merged, ("dp", "tp"))],
+           [((4,), "f32")], mesh=M2)
+    lemma = Lemma("wide-major", "stablehlo.reshape", [rel(x, "dp", "tp")],
+                  results=[((4,), "f32")], mesh=M2)
+    (out,) = RULES[lemma.op](lemma.info(), list(lemma.ins), lemma.context())
+    assert isinstance(out, Opaque), out
 
 
 def test_refutes_psum_of_replicated_as_identity() -> None:
