@@ -232,6 +232,43 @@ def vmap_pmean(mesh):
     return _vmap_reduce(mesh, lax.pmean)  # BUG
 
 
+def quadrants_ref(a):
+    return jnp.concatenate([a[:2], a[2:]], axis=1)
+
+
+def quadrants(a):
+    return lax.all_to_all(a, "x", 1, 0, axis_index_groups=((0, 1), (2, 3)), tiled=True)
+
+
+def quadrants_strided(a):
+    return lax.all_to_all(a, "x", 1, 0, axis_index_groups=((0, 2), (1, 3)), tiled=True)  # BUG
+
+
+def rotated_sums_ref(x, y, z):
+    return z, jnp.full((4,), x.sum()), jnp.repeat(y.reshape(2, 2).sum(axis=1), 2)
+
+
+def _rotated_sums(x, y, z, steps: int):
+    x, y, z = x.sum(), y.sum(), z.sum()
+
+    def body(carry):
+        i, first, *rest = carry
+        return (i + 1, *rest, first)
+
+    x = lax.pcast(x, ("x", "y"), to="varying")
+    y = lax.pcast(y, "y", to="varying")
+    _, *out = lax.while_loop(lambda c: c[0] < steps, body, (0, x, y, z))
+    return tuple(jnp.expand_dims(a, 0) for a in out)
+
+
+def rotated_sums(x, y, z):
+    return _rotated_sums(x, y, z, 5)
+
+
+def rotated_sums_four_steps(x, y, z):
+    return _rotated_sums(x, y, z, 4)  # BUG
+
+
 # ----- scaling book part 7: KV cache over batch (Z) and KV heads (Y), two AllToAlls -------------
 
 N_HEADS, KV_HEADS, HEAD = 8, 2, 4
@@ -313,6 +350,29 @@ def fsdp_tp(x, w_in, w_out, d_out):
 
 def fsdp_tp_d_in_scattered_over_x(x, w_in, w_out, d_out):
     return _fsdp_tp(x, w_in, w_out, d_out, d_x_over="X")  # BUG
+
+
+def dp_backward_ref(x, w_in, w_out, d_out):
+    out, vjp = jax.vjp(lambda a, b, c: a @ b @ c, x, w_in, w_out)
+    d_x, d_in, d_w_out = vjp(d_out)
+    return out, d_in, d_w_out, d_x
+
+
+def _dp_backward(x, w_in, w_out, d_out, reduce):
+    tmp = x @ w_in
+    out = tmp @ w_out
+    d_w_out = lax.psum(tmp.T @ d_out, "X")
+    d_tmp = d_out @ w_out.T
+    d_w_in = reduce(x.T @ d_tmp, "X")
+    return out, d_w_in, d_w_out, d_tmp @ w_in.T
+
+
+def dp_backward(x, w_in, w_out, d_out):
+    return _dp_backward(x, w_in, w_out, d_out, lax.psum)
+
+
+def dp_backward_d_w_in_averaged(x, w_in, w_out, d_out):
+    return _dp_backward(x, w_in, w_out, d_out, lax.pmean)  # BUG
 
 
 # ----- scaling book part 5: Megatron TP MLP (AllGather In, ReduceScatter Out) under jax.grad ----
@@ -486,6 +546,22 @@ def gemma_rms_over_data(x, scale):
     return _gemma_rms(x, scale, "data")  # BUG
 
 
+# ----- Flax NNX-style tied embedding: nnx.Embed's lookup and attend, the table vocab-sharded ----
+
+def tied_embed_ref(tokens, table):
+    return jnp.tanh(table[tokens]) @ table.T
+
+
+def tied_embed(mesh):
+    return tied_embed_ref
+
+
+def tied_embed_ids_shifted(mesh):
+    def f(tokens, table):
+        return jnp.tanh(table[(tokens + 1) % table.shape[0]]) @ table.T  # BUG
+    return f
+
+
 # ----- the corpus -------------------------------------------------------------------------------
 
 def _mlp_params(w_spec, b_spec, sizes=(16, 32, 32, 8)):
@@ -568,6 +644,29 @@ def programs() -> list[Example]:
              [f32((2, 8), P("x", "y"))], P("x", None), f"{tests}: test_vmap_shmap_psum",
              bug="pmean_not_psum"),
     ]
+    out += [
+        _p("all_to_all_index_groups", (("x", 4),), quadrants_ref, quadrants,
+           [f32((4, 4), P("x", None))], P(None, "x"),
+           f"{tests}: test_all_to_all_with_axis_index_groups (each device gets a quadrant)"),
+        _p("all_to_all_index_groups", (("x", 4),), quadrants_ref, quadrants_strided,
+           [f32((4, 4), P("x", None))], P(None, "x"),
+           f"{tests}: all_to_all with axis_index_groups", bug="strided_groups"),
+        _p("while_rotates_carries", (("x", 2), ("y", 2)), rotated_sums_ref, rotated_sums,
+           [f32((4,), P(None)), f32((4,), P("x")), f32((4,), P(("x", "y")))],
+           (P(("x", "y")),) * 3, f"{tests}: test_while_rep_rule (a while loop rotating "
+           "carries of different variance)"),
+        _p("while_rotates_carries", (("x", 2), ("y", 2)), rotated_sums_ref,
+           rotated_sums_four_steps,
+           [f32((4,), P(None)), f32((4,), P("x")), f32((4,), P(("x", "y")))],
+           (P(("x", "y")),) * 3, f"{tests}: test_while_rep_rule", bug="four_steps"),
+        _xla("tied_embed_attend", TP4, tied_embed_ref, tied_embed,
+             [ids((8,), P(), 64), f32((64, 16), P("tp", None))], P(None, "tp"),
+             "Flax NNX's Embed: lookup and attend with the vocab-sharded table, under jit"),
+        _xla("tied_embed_attend", TP4, tied_embed_ref, tied_embed_ids_shifted,
+             [ids((8,), P(), 64), f32((64, 16), P("tp", None))], P(None, "tp"),
+             "Flax NNX's Embed: lookup and attend", bug="ids_shifted",
+             bug_fn=tied_embed_ids_shifted),
+    ]
     esta = [f32((4, 16), P()), f32((16, N_HEADS, HEAD), P(None, ("Y", "Z"), None), "weight"),
             f32((4, 8, KV_HEADS, HEAD), P("Z", None, "Y", None)),
             f32((4, 8, KV_HEADS, HEAD), P("Z", None, "Y", None)),
@@ -580,6 +679,8 @@ def programs() -> list[Example]:
     tp = [f32((16, 32), P(None, "Y"), "weight"), f32((32, 16), P("Y", None), "weight"),
           f32((8, 16), P(None, "Y"))]
     y4 = (("Y", 4),)
+    dp_fb = [f32((8, 8), P("X")), f32((8, 16), P(), "weight"), f32((16, 8), P(), "weight"),
+             f32((8, 8), P("X"))]
     kv = [f32((2, 16, 4), P(None, "sp", None)), f32((2, 1, 4), P()), ids((), P(), 16)]
     out += [
         _p("esta_kv_decode", YZ, gqa_decode_ref, esta_decode, esta, P(),
@@ -596,6 +697,12 @@ def programs() -> list[Example]:
            f"{part5}: Mixed FSDP and tensor parallelism, forward and backward as written"),
         _p("fsdp_tp_forward_backward", BOOK_XY, fsdp_tp_ref, fsdp_tp_d_in_scattered_over_x,
            ft, ft_out, f"{part5}: Mixed FSDP and TP", bug="d_in_scattered_over_x"),
+        _p("dp_forward_backward", (("X", 4),), dp_backward_ref, dp_backward, dp_fb,
+           (P("X"), P(), P(), P("X")),
+           f"{part5}: Pure data parallelism, forward and backward as written (AllReduce dW)"),
+        _p("dp_forward_backward", (("X", 4),), dp_backward_ref, dp_backward_d_w_in_averaged,
+           dp_fb, (P("X"), P(), P(), P("X")), f"{part5}: Pure data parallelism",
+           bug="d_w_in_averaged"),
         _p("grad_tp_mlp", y4, _grad2(tp_loss_ref), tp_loss, tp, P(),
            f"{part5}: Tensor parallelism (AllGather In, ReduceScatter Out) under jax.grad",
            wrap=_grad2),
