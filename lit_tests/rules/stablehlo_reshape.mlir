@@ -72,3 +72,36 @@ func.func @partial(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> tensor<64xf32>
   } : (tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<64xf32>
   return %0 : tensor<64xf32>
 }
+
+// -----
+
+sdy.mesh @mesh = <["y"=2, "z"=2]>
+
+// Merging split dims (the scaling book's decode attention: O[B, K_Y, M_Z, H] -> O[B, N_YZ, H]):
+// the KV-head dim holds one element per device, so each device's (k, m) rows are one block of
+// the merged heads, split over (y, z), y major.
+// CHECK-LABEL: func.func @merge_split_dims
+func.func @merge_split_dims(%x: tensor<4x2x4x8xf32>) -> tensor<4x8x8xf32> {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{}, {"y"}, {"z"}, {}]>] out_shardings=[<@mesh, [{}, {"y", "z"}, {}]>] manual_axes={"y", "z"} (%a: tensor<4x1x2x8xf32>) {
+    // CHECK: stablehlo.reshape %{{.*}}entangle.relation = "tile [{}, {y, z}, {}] : reshape(%arg0)"
+    %1 = stablehlo.reshape %a : (tensor<4x1x2x8xf32>) -> tensor<4x2x8xf32>
+    sdy.return %1 : tensor<4x2x8xf32>
+  } : (tensor<4x2x4x8xf32>) -> tensor<4x8x8xf32>
+  return %0 : tensor<4x8x8xf32>
+}
+
+// -----
+
+sdy.mesh @mesh = <["y"=2, "z"=2]>
+
+// The major split dim holds two elements per device: each device's rows interleave with the
+// other devices' in the merged dim: refused.
+// CHECK-LABEL: func.func @merge_wide_major
+func.func @merge_wide_major(%x: tensor<4x4x8xf32>) -> tensor<4x4x8xf32> {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{"y"}, {"z"}, {}]>] out_shardings=[<@mesh, [{"y"}, {"z"}, {}]>] manual_axes={"y", "z"} (%a: tensor<2x2x8xf32>) {
+    // CHECK: stablehlo.reshape %{{.*}}entangle.relation = "opaque: reshape regroups dim 0, which is split over 'y', in a way that mixes blocks"
+    %r = stablehlo.reshape %a : (tensor<2x2x8xf32>) -> tensor<4x8xf32>
+    sdy.return %a : tensor<2x2x8xf32>
+  } : (tensor<4x4x8xf32>) -> tensor<4x4x8xf32>
+  return %0 : tensor<4x4x8xf32>
+}
