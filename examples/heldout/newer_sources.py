@@ -562,6 +562,38 @@ def tied_embed_ids_shifted(mesh):
     return f
 
 
+# ----- EasyDeL / MaxText-style ring attention: K and V travel the ring, online softmax ----------
+
+def attention_ref(q, k, v):
+    s = jnp.einsum("bqh,bkh->bqk", q, k) / jnp.sqrt(jnp.float32(q.shape[-1]))
+    return jnp.einsum("bqk,bkh->bqh", jax.nn.softmax(s, axis=-1), v)
+
+
+def _ring_attention(q, k, v, *, rescale: bool):
+    n = lax.axis_size("sp")
+    m = jnp.full(q.shape[:2], -jnp.inf, q.dtype)
+    denom = jnp.zeros(q.shape[:2], q.dtype)
+    out = jnp.zeros_like(q)
+    for _ in range(n):
+        s = jnp.einsum("bqh,bkh->bqk", q, k) / jnp.sqrt(jnp.float32(q.shape[-1]))
+        m_new = jnp.maximum(m, s.max(axis=-1))
+        p = jnp.exp(s - m_new[..., None])
+        scale = jnp.exp(m - m_new) if rescale else jnp.ones_like(m)
+        denom = denom * scale + p.sum(axis=-1)
+        out = out * scale[..., None] + jnp.einsum("bqk,bkh->bqh", p, v)
+        m = m_new
+        k, v = (lax.ppermute(t, "sp", [(j, (j + 1) % n) for j in range(n)]) for t in (k, v))
+    return out / denom[..., None]
+
+
+def ring_attention(q, k, v):
+    return _ring_attention(q, k, v, rescale=True)
+
+
+def ring_attention_no_rescale(q, k, v):
+    return _ring_attention(q, k, v, rescale=False)  # BUG
+
+
 # ----- the corpus -------------------------------------------------------------------------------
 
 def _mlp_params(w_spec, b_spec, sizes=(16, 32, 32, 8)):
@@ -666,6 +698,13 @@ def programs() -> list[Example]:
              [ids((8,), P(), 64), f32((64, 16), P("tp", None))], P(None, "tp"),
              "Flax NNX's Embed: lookup and attend", bug="ids_shifted",
              bug_fn=tied_embed_ids_shifted),
+    ]
+    qkv = [f32((2, 16, 8), P(None, "sp", None)) for _ in range(3)]
+    out += [
+        _p("ring_attention", SP4, attention_ref, ring_attention, qkv, P(None, "sp", None),
+           "EasyDeL / MaxText-style ring attention: K and V pass around 'sp', online softmax"),
+        _p("ring_attention", SP4, attention_ref, ring_attention_no_rescale, qkv,
+           P(None, "sp", None), "ring attention", bug="accumulator_not_rescaled"),
     ]
     esta = [f32((4, 16), P()), f32((16, N_HEADS, HEAD), P(None, ("Y", "Z"), None), "weight"),
             f32((4, 8, KV_HEADS, HEAD), P("Z", None, "Y", None)),
