@@ -309,6 +309,18 @@ def _near_2_24(low: float, high: float):
     return make
 
 
+def _near_smallest_normal():
+    """Chosen inputs: rows (8, 16) whose left half is just above its right half, both near
+    f32's smallest normal (1.2e-38): their difference is subnormal, which XLA's CPU flushes to
+    zero."""
+    def make():
+        left = np.float32(1.17549435e-38) * np.float32(1.25)
+        right = np.nextafter(np.float32(1.17549435e-38), np.float32(1))
+        row = np.array([left] * 8 + [right] * 8, np.float32)
+        return [[np.tile(row, (8, 1))]]
+    return make
+
+
 def _ulps_below(value: float):
     """Chosen inputs: the 128 f32 values just below `value`."""
     def make():
@@ -431,6 +443,13 @@ def rounding_twins() -> list[Twin]:
              {"exact_exp": lambda x: x},
              (xf_rows,), rows, what="XLA's exp is not correctly rounded: exp(-9.9988003) in f32 "
              "is 4.5454428e-05 on CPU, below the exact value (and its correct rounding)"),
+        Twin("tw_flushed_difference",
+             lambda x: (x[:, :8] > x[:, 8:]).astype(jnp.float32),
+             lambda x: (x[:, 8:] < x[:, :8]).astype(jnp.float32),
+             {"difference_sign": lambda x: (x[:, :8] - x[:, 8:] > 0).astype(jnp.float32),
+              "sign_of_difference": lambda x: jnp.maximum(jnp.sign(x[:, :8] - x[:, 8:]), 0.0)},
+             (xf_rows,), rows, what="x - y > 0 is not x > y: XLA's CPU flushes a subnormal "
+             "difference to zero", extra=_near_smallest_normal()),
         Twin("tw_int_plus_one", lambda x: (x + 1 > x).astype(jnp.int32),
              lambda x: (1 + x > x).astype(jnp.int32),
              {"decided": lambda x: x - x + 1,

@@ -35,7 +35,12 @@ of one idle core's work."""
 
 WALL_SLACK = 8
 """A query also stops after this many times its budget in wall time (a machine so loaded,
-or a query so unlike the calibration, that the work limit would take too long)."""
+or a query so unlike the calibration, that the work limit would take too long), and never
+before `WALL_FLOOR_MS`."""
+
+WALL_FLOOR_MS = 2_000
+"""The least wall time a query gets: a small budget's `WALL_SLACK` multiple (120 ms for 15 ms)
+is met by a loaded machine's scheduling alone, which made a verdict depend on the load."""
 
 _UNSET = object()
 _dump_dir: object = _UNSET
@@ -205,7 +210,7 @@ def _query(goal: z3.BoolRef, hyps: list, name: str, timeout: int, work: int,
     `timeout` ms of wall time); `start`: when the whole proof began (for `seconds`)."""
     try:
         solver = z3.Solver()
-        solver.set("timeout", timeout * WALL_SLACK)
+        solver.set("timeout", max(WALL_FLOOR_MS, timeout * WALL_SLACK))
         solver.set("rlimit", work)
         solver.add(*hyps)
         solver.add(z3.Not(goal))
@@ -309,9 +314,11 @@ def prove_all(claims: list, hypotheses: Iterable = (), name: str = "query",
     `c / x == c * (1 / x)`: 40 s). So the conjunction is first asked whole with
     1/`WHOLE_FIRST_SHARE` of the budget (Z3's work count: the same verdict on any machine; most
     are decided so, and finding parts costs a walk of every claim); then part by part, each
-    with an equal share of the rest (the whole budget is never exceeded): the parts are the
-    groups of claims sharing no free variable, or each claim alone where all share one. A part is asked under the hypotheses
-    that share a variable with it (a proof under fewer hypotheses is a proof); parts that are
+    distinct query with an equal share of the rest (the whole budget is never exceeded; 32
+    parts asked as one query get all of it, not 1/32 each: a share too thin for one query
+    makes its verdict hang on Z3's search order, which differs with the process's history):
+    the parts are the groups of claims sharing no free variable, or each claim alone where
+    all share one. A part is asked under the hypotheses that share a variable with it (a proof under fewer hypotheses is a proof); parts that are
     the same query up to the names of their variables (`x[0] * 5` and `x[1] * 5`) are asked
     once; a part refuted is asked again under every hypothesis (its model then satisfies them
     all: a real counterexample of the conjunction); an inconclusive part makes the answer
@@ -337,13 +344,15 @@ def prove_all(claims: list, hypotheses: Iterable = (), name: str = "query",
         parts = [([c], {v.get_id() for v in _free_constants([c])}) for c in claims]
     if len(parts) > MAX_SPLIT_PARTS:
         return whole(2)
-    share = max(1, (budget - budget // WHOLE_FIRST_SHARE) // len(parts))
     hyp_vars = [{v.get_id() for v in _free_constants([h])} for h in hyps]
-    asked: dict[tuple, ProofResult] = {}
     renamed: list = []
-    for n, (part, variables) in enumerate(parts):
+    queries = []
+    for part, variables in parts:
         relevant = [h for h, vs in zip(hyps, hyp_vars) if not vs or vs & variables]
-        key = _renamed_key(part, relevant, renamed)
+        queries.append((part, relevant, _renamed_key(part, relevant, renamed)))
+    share = max(1, (budget - budget // WHOLE_FIRST_SHARE) // len({q[2] for q in queries}))
+    asked: dict[tuple, ProofResult] = {}
+    for n, (part, relevant, key) in enumerate(queries):
         result = asked.get(key)
         if result is None:
             result = prove(conjunction(part), relevant, name=f"{name}.part{n}",
