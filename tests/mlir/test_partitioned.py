@@ -553,6 +553,29 @@ module attributes {mhlo.num_partitions = 4 : i32} {
     assert report.proven and report.outputs[0].rho == "replicated on every device"
 
 
+def test_devices_counted_from_the_result_sharding() -> None:
+    """XLA's program for a shard_map manual over some axes, fed a replicated input, states its
+    devices only through its result's sharding (no mhlo.num_partitions): it runs on 4 devices,
+    each returning its block of the reference (jax's test_partial_auto_ppermute shape)."""
+    sharded = """
+module attributes {mhlo.spmd_output_sharding = "{devices=[4]<=[4]}"} {
+  func.func @main(%x: tensor<8xf32> {mhlo.sharding = "{replicated}"}) -> tensor<2xf32> {
+    %c = stablehlo.constant dense<2> : tensor<ui32>
+    %p = stablehlo.partition_id : tensor<ui32>
+    %o = stablehlo.multiply %p, %c : tensor<ui32>
+    %0 = stablehlo.dynamic_slice %x, %o, sizes = [2] : (tensor<8xf32>, tensor<ui32>) -> tensor<2xf32>
+    return %0 : tensor<2xf32>
+  }
+}"""
+    x = np.arange(8, dtype=np.float32)
+    got = run_per_device(sharded, x)
+    want = expected_per_device(sharded, [x])
+    assert len(got) == len(want) == 4
+    for device, (g, w) in enumerate(zip(got, want, strict=True)):
+        np.testing.assert_array_equal(g[0], x[2 * device:2 * device + 2])
+        np.testing.assert_array_equal(w[0], g[0])
+
+
 @pytest.mark.parametrize("groups, proven", [
     (TP_GROUPS, True),
     ("[[3, 2, 1, 0], [7, 6, 5, 4]]", True),    # same groups, other order: same sum
