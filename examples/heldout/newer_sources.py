@@ -692,10 +692,10 @@ def programs() -> list[Example]:
            [f32((4,), P(None)), f32((4,), P("x")), f32((4,), P(("x", "y")))],
            (P(("x", "y")),) * 3, f"{tests}: test_while_rep_rule", bug="four_steps"),
         _xla("tied_embed_attend", TP4, tied_embed_ref, tied_embed,
-             [ids((8,), P(), 64), f32((64, 16), P("tp", None))], P(None, "tp"),
+             [ids((8,), P(), 32), f32((32, 8), P("tp", None))], P(None, "tp"),
              "Flax NNX's Embed: lookup and attend with the vocab-sharded table, under jit"),
         _xla("tied_embed_attend", TP4, tied_embed_ref, tied_embed_ids_shifted,
-             [ids((8,), P(), 64), f32((64, 16), P("tp", None))], P(None, "tp"),
+             [ids((8,), P(), 32), f32((32, 8), P("tp", None))], P(None, "tp"),
              "Flax NNX's Embed: lookup and attend", bug="ids_shifted",
              bug_fn=tied_embed_ids_shifted),
     ]
