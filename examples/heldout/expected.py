@@ -21,6 +21,8 @@ NOT_PROVEN: dict[str, str] = {
         'device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'ring_of_experts_loop_ep4':
         'device-dependent offset tensor used by stablehlo.compare (not supported yet)',
+    'gathered_experts_ep4':
+        'cannot relate the value of compare to the reference (the layout tier\'s reading "the mask is not the device\'s block: it tests ids x with 0 <= x - 2*axis_index(ep) < 1 (...',
 }
 
 # Buggy programs the verifier PROVES (false proofs; must stay empty).

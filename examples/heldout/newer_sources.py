@@ -497,6 +497,26 @@ def ring_moe_loop_no_shard_offset(x, idx, weights, wi0, wi1, wo):
     return _ring_moe_loop(x, idx, weights, wi0, wi1, wo, offset=False)  # BUG
 
 
+def _gathered_experts(x, idx, weights, wi0, wi1, wo, *, stride):
+    """The dense expert-parallel spelling: every device gathers all tokens, applies its own
+    experts (ids compared with `shard offset + i`), and reduce-scatters the outputs back."""
+    xs, ids_, ws = (lax.all_gather(t, "ep", tiled=True) for t in (x, idx, weights))
+    first = lax.axis_index("ep") * stride
+    out = jnp.zeros_like(xs)
+    for i in range(wi0.shape[0]):
+        chosen = jnp.sum(ws * (ids_ == first + i), axis=-1)
+        out = out + chosen[:, None] * _swiglu(xs, wi0[i], wi1[i], wo[i])
+    return lax.psum_scatter(out, "ep", tiled=True)
+
+
+def gathered_experts(x, idx, weights, wi0, wi1, wo):
+    return _gathered_experts(x, idx, weights, wi0, wi1, wo, stride=wi0.shape[0])
+
+
+def gathered_experts_stride_1(x, idx, weights, wi0, wi1, wo):
+    return _gathered_experts(x, idx, weights, wi0, wi1, wo, stride=1)  # BUG
+
+
 # ----- MaxText: interleaved rotary embedding, sequence sharded ----------------------------------
 
 def _rope_interleaved(x, pos):
@@ -771,6 +791,11 @@ def programs() -> list[Example]:
            f"{maxtext} ring_of_experts.py: the ring as a fori_loop, as written there"),
         _p("ring_of_experts_loop", EP4, ring_moe_ref, ring_moe_loop_no_shard_offset, moe,
            P("ep"), f"{maxtext} ring-of-experts loop", bug="no_shard_offset"),
+        _p("gathered_experts", EP4, ring_moe_ref, gathered_experts, moe, P("ep"),
+           f"{maxtext}-style dense expert parallelism: all-gather the tokens, each shard "
+           "applies its experts (ids == shard offset + i), psum_scatter back"),
+        _p("gathered_experts", EP4, ring_moe_ref, gathered_experts_stride_1, moe, P("ep"),
+           f"{maxtext}-style dense expert parallelism", bug="shard_offset_stride_1"),
         _p("rope_interleaved_sp", SP4, rope_interleaved_ref, rope_interleaved_sp, rope,
            P(None, "sp", None), f"{maxtext}: rotary embedding on interleaved pairs, the "
            "sequence sharded (positions from the block start)"),
