@@ -450,6 +450,20 @@ def rounding_twins() -> list[Twin]:
               "sign_of_difference": lambda x: jnp.maximum(jnp.sign(x[:, :8] - x[:, 8:]), 0.0)},
              (xf_rows,), rows, what="x - y > 0 is not x > y: XLA's CPU flushes a subnormal "
              "difference to zero", extra=_near_smallest_normal()),
+        Twin("tw_flushed_product",
+             lambda x: jnp.where(jnp.clip(x, 1.0, 2.0) * jnp.float32(1e-39) > 0, x + 1.0, 0.0),
+             lambda x: jnp.where(0 < jnp.float32(1e-39) * jnp.clip(x, 1.0, 2.0), x + 1.0, 0.0),
+             {"decided_over_reals": lambda x: x + 1.0,
+              "sign_over_reals": lambda x: jnp.where(
+                  jnp.sign(jnp.clip(x, 1.0, 2.0)) > 0, x + 1.0, 0.0)},
+             (xf_rows,), rows, what="a positive product with a subnormal constant is 0 on "
+             "XLA's CPU (it reads the constant as zero)"),
+        Twin("tw_flushed_square",
+             lambda x: jnp.where(jnp.square(jnp.clip(x, 1e-20, 2e-20)) > 0, x + 1.0, 0.0),
+             lambda x: jnp.where(0 < jnp.square(jnp.clip(x, 1e-20, 2e-20)), x + 1.0, 0.0),
+             {"decided_over_reals": lambda x: x + 1.0},
+             (xf_rows,), rows, what="a square of 1e-20 is subnormal: XLA's CPU flushes it "
+             "to 0"),
         Twin("tw_int_plus_one", lambda x: (x + 1 > x).astype(jnp.int32),
              lambda x: (1 + x > x).astype(jnp.int32),
              {"decided": lambda x: x - x + 1,

@@ -86,6 +86,24 @@ def integer_exact_below(dtype: str) -> int | None:
     return None if fmt is None else 1 << fmt[0]
 
 
+FLUSHED = frozenset({"f64", "f32", "tf32", "bf16"})
+"""Float dtypes whose subnormal values XLA may flush to zero (`subnormal`)."""
+
+
+def subnormal(value: Fraction | float, dtype: str) -> bool:
+    """Whether `value` is a nonzero finite value below float `dtype`'s smallest normal
+    (2^emin). XLA may flush such a value to zero, and does so in some places only: its CPU
+    flushes subnormal results of f32 / bf16 arithmetic and reads subnormal operands as zero
+    (`1e-20 * 1e-20` is 0, `x * 1e-39 > 0` false), while a compare it folds at compile time
+    reads the constant as it is (`full(1e-39) > 0` is true). No decision may rest on one.
+    f16 and the f8 formats are computed in f32, where their subnormals are normal: XLA keeps
+    them (`f16(1e-5) * x > 0` is true), so they are not flushed (`FLUSHED`)."""
+    fmt = FLOAT_FORMATS.get(dtype)
+    if dtype not in FLUSHED or (isinstance(value, float) and not math.isfinite(value)):
+        return False
+    return 0 < abs(Fraction(value)) < Fraction(2) ** fmt[1]
+
+
 def round_to(value: Fraction | float, dtype: str) -> Fraction | float:
     """`value` rounded to float `dtype`, to nearest with ties to even, exactly (no double
     rounding through float64); beyond the largest finite value, +-inf. Infinities and NaN

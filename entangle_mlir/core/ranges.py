@@ -143,11 +143,22 @@ def rounded(bounds: Interval, dtype: str) -> Interval:
     rounded to nearest in the dtype (`precision.round_to`). Rounding is monotone, so the
     value the op computes lies between the rounded ends, and not always between the exact
     ones: `2^24 + 1.0` is 2^24 in f32, so its range is not above 2^24 (a compare decided on
-    the exact range was a false proof). Other dtypes, and infinite or NaN ends, as they are."""
-    if dtype not in precision.FLOAT_FORMATS or dtype == "f64":
+    the exact range was a false proof); a subnormal end takes zero in (`_flushed_end`).
+    Other dtypes, and infinite or NaN ends, as they are."""
+    if dtype not in precision.FLOAT_FORMATS:
         return bounds
-    lo, hi = bounds
-    return _rounded_end(lo, dtype), _rounded_end(hi, dtype)
+    lo, hi = bounds if dtype == "f64" else (_rounded_end(bounds[0], dtype),
+                                            _rounded_end(bounds[1], dtype))
+    return _flushed_end(lo, dtype, low=True), _flushed_end(hi, dtype, low=False)
+
+
+def _flushed_end(end: float, dtype: str, low: bool) -> float:
+    """A subnormal range end widened to take zero in (`precision.subnormal`: XLA's CPU
+    flushes subnormal results to zero; a positive product of 1e-20 and 1e-20 is 0 there, and
+    a compare decided on its range `> 0` was a false proof)."""
+    if not precision.subnormal(end, dtype):
+        return end
+    return min(end, 0.0) if low else max(end, 0.0)
 
 
 def _rounded_end(end: float, dtype: str) -> float:
@@ -245,6 +256,14 @@ def _rsqrt(a: Interval) -> Interval:
     return (1 / math.sqrt(hi) if 0 < hi < INF else 0.0), (1 / math.sqrt(lo) if lo > 0 else INF)
 
 
+def _erf(end: float) -> float:
+    """erf at a range end; at an infinite end its limit +-1 made inexact (XLA's erf exceeds
+    it: `_approximate` then widens it as every other end)."""
+    if math.isfinite(end):
+        return math.erf(end)
+    return math.copysign(1.0 + 2.0 ** -40, end)
+
+
 def _clamp_op(args: list[Interval]) -> Interval:
     """`clamp(min, x, max) = min(max(x, min), max)`, endpoint by endpoint (monotonic)."""
     low, x, high = args
@@ -252,11 +271,12 @@ def _clamp_op(args: list[Interval]) -> Interval:
 
 
 APPROXIMATE = 2.0 ** -12
-"""How far (relative) XLA's exp, log, tanh, expm1, log1p, rsqrt and power may be from the
-exact function: they are not correctly rounded (exp(-9.9999) in f32 is 4.5404478e-05 on CPU,
-the correct rounding 4.5404475e-05; tanh(9.0109) is 1.0, not 0.99999994), so a range of one
-of them is its exact range widened by this much (`_approximate`). A compare decided on the
-exact range was a false proof (`exp(x * 0 - 9.9999) > 4.5404475e-05`)."""
+"""How far (relative) XLA's exp, log, tanh, expm1, log1p, rsqrt, power and erf may be from
+the exact function: they are not correctly rounded (exp(-9.9999) in f32 is 4.5404478e-05 on
+CPU, the correct rounding 4.5404475e-05; tanh(9.0109) is 1.0, not 0.99999994; erf(3.7) is
+1.0000001 on CPU, beyond the exact function's bound), so a range of one of them is its exact
+range widened by this much (`_approximate`). A compare decided on the exact range was a
+false proof (`exp(x * 0 - 9.9999) > 4.5404475e-05`)."""
 
 
 def _approximate(bounds: Interval, floor: float | None = None) -> Interval:
@@ -309,7 +329,7 @@ ELEMENTWISE_BOUNDS: dict[str, tuple[object, float | None]] = {
     "stablehlo.logistic": (lambda a: (0.0, 1.0), None),
     "stablehlo.sine": (lambda a: (-1.0, 1.0), None),
     "stablehlo.cosine": (lambda a: (-1.0, 1.0), None),
-    "chlo.erf": (lambda a: (-1.0, 1.0), None),
+    "chlo.erf": (_bounded(lambda a: (_erf(a[0][0]), _erf(a[0][1]))), None),
     "stablehlo.sign": (lambda a: (-1.0, 1.0), None),
     "stablehlo.sqrt": (lambda a: (math.sqrt(max(a[0][0], 0.0)), math.sqrt(max(a[0][1], 0.0))),
                        0.0),

@@ -485,6 +485,8 @@ def _retyped(term: Term, dtype: str, source: str) -> Term | None:
         value = splat_value(term)
         if precision.rounds(source, dtype):
             value = precision.round_to(_held(value, source), dtype)
+            if precision.subnormal(value, dtype):
+                return None  # XLA may flush it to zero, or fold it as it is
         elif not (isinstance(value, Fraction) and fits(value, value, dtype)) and \
                 not precision.is_float(dtype):
             return None  # an integer constant the narrower type wraps

@@ -582,12 +582,25 @@ def compared_value(a: Element, dtype: str) -> Element:
             return a
         if type(value) is int and abs(value) <= 1 << precision.FLOAT_FORMATS[dtype][0]:
             return a  # an integer the dtype holds (a position, a count): no rounding to do
-        return precision.round_to(value, dtype)
+        return _rounded_number(value, dtype)
     z = num(a)
     if z.is_int() or _held_exactly(z, dtype):
         return a
     result = uninterpreted(f"round_{dtype}")(z)
     _note_rounding(f"round_{dtype}", z, result)
+    return result
+
+
+def _rounded_number(value, dtype: str) -> Element:
+    """A number rounded to float `dtype`: exactly, except a subnormal result, which XLA may
+    flush to zero or keep (`precision.subnormal`): that is `round_<dtype>` of it, an unknown
+    that only monotonicity relates to other values."""
+    rounded = precision.round_to(value, dtype)
+    if not precision.subnormal(rounded, dtype):
+        return rounded
+    argument = z3.RealVal(str(Fraction(value)))
+    result = uninterpreted(f"round_{dtype}")(argument)
+    _note_rounding(f"round_{dtype}", argument, result)
     return result
 
 
@@ -619,7 +632,7 @@ def _held_exactly(z: z3.ArithRef, dtype: str) -> bool:
         if z3.is_rational_value(top) or z3.is_int_value(top):
             value = Fraction(top.numerator_as_long(), top.denominator_as_long()) \
                 if z3.is_rational_value(top) else Fraction(top.as_long())
-            if precision.round_to(value, dtype) != value:
+            if precision.round_to(value, dtype) != value or precision.subnormal(value, dtype):
                 return False
         elif z3.is_app(top) and top.num_args() and \
                 top.decl().kind() not in _PICKS | {z3.Z3_OP_UNINTERPRETED} and \
@@ -1126,8 +1139,8 @@ def round_to(a: Element, dtype: str) -> Element:
     value = pynum(a)
     if isinstance(value, float) and not math.isfinite(value):
         return value
-    rounded = precision.round_to(value, dtype)
-    return rounded if isinstance(rounded, float) else (
+    rounded = _rounded_number(value, dtype)
+    return rounded if isinstance(rounded, float) or is_z3(rounded) else (
         float(rounded) if isinstance(value, float) else rounded)
 
 

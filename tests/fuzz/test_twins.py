@@ -23,7 +23,8 @@ from fuzz.twins import judge_twin, twins
 
 CHOSEN = ("tw_int8_through_float", "tw_uint8_through_float", "tw_narrow_iota",
           "tw_uint8_iota_reference", "tw_bool_count", "tw_device_offset", "tw_compare_rounded",
-          "tw_argmax_rounded", "tw_constant_compare", "tw_double_rounding", "tw_flushed_difference")
+          "tw_argmax_rounded", "tw_constant_compare", "tw_double_rounding", "tw_flushed_difference",
+          "tw_flushed_product", "tw_flushed_square")
 
 
 @pytest.mark.parametrize("name", CHOSEN)

@@ -94,3 +94,33 @@ def test_small_integers_computed_in_float_are_exact() -> None:
     wide = make_splat(Fraction(2 ** 25), (3,), F32)
     assert check_term_equality(_compare(huge, wide, "GT"),
                                _compare(x, zero, "GT")).status != "proved"
+
+
+def test_a_subnormal_operand_decides_nothing() -> None:
+    """XLA's CPU flushes subnormal f32 results to zero and reads subnormal operands as zero,
+    while a compare it folds reads the constant as it is (`precision.subnormal`): a compare
+    of a subnormal number is left undecided, on numbers and by Z3 (`x * 1e-39 > 0` for
+    x >= 1: a square of 1e-20 and the like are grounded in tests/fuzz/test_twins.py,
+    `tw_flushed_product`, `tw_flushed_square`). f16 is computed in f32: its subnormals stay."""
+    tiny = Fraction(np.float32(1e-39).item())
+    assert not isinstance(compared_value(Fraction(1e-39), F32), (Fraction, float, int))
+    assert compared_value(Fraction(1e-30), F32) == Fraction(np.float32(1e-30).item())
+    assert compared_value(Fraction(1, 10 ** 5), "f16") == Fraction(np.float16(1e-5).item())
+    x = make_arg(0, (3,), F32)
+    one, zero = (make_splat(Fraction(v), (3,), F32) for v in (1, 0))
+    at_least_one = make_elementwise("stablehlo.maximum", (x, one), (), F32)
+    product = make_lin([(tiny, at_least_one)], Fraction(0), (3,), F32)
+    assert check_term_equality(_compare(product, zero, "GT"), _true((3,))).status != "proved"
+    normal = make_lin([(Fraction(2 ** -100), at_least_one)], Fraction(0), (3,), F32)
+    assert check_term_equality(_compare(normal, zero, "GE"), _true((3,))).status == "proved"
+
+
+def test_a_subnormal_range_end_takes_zero_in() -> None:
+    """A range whose ends are subnormal in f32 / bf16 holds zero (the device may flush), in
+    f16 it does not, and normal ends are kept."""
+    from entangle_mlir.core.ranges import rounded
+
+    assert rounded((1e-40, 4e-40), F32)[0] == 0.0
+    assert rounded((-4e-40, -1e-40), "bf16")[1] == 0.0
+    assert rounded((1e-6, 2e-6), "f16")[0] > 0
+    assert rounded((1e-30, 2e-30), F32)[0] > 0

@@ -164,3 +164,17 @@ def test_a_negated_sum_is_read_rounded() -> None:
 
     assert check_term_equality(compare("LT"), true).status != "proved"
     assert check_term_equality(compare("LE"), true).status == "proved"
+
+
+def test_erf_ranges_hold_xlas_values_beyond_one() -> None:
+    """XLA's erf is not bounded by 1: erf(3.6962414) is 1.0000001 in f32 on CPU (jax 0.8.0
+    and the newest; 1.0000002 elsewhere near 3.83). Its range holds that, on any operand
+    range, so `erf(x) <= 1` is not decided by a range."""
+    from entangle_mlir.core.ranges import ELEMENTWISE_BOUNDS
+
+    erf = ELEMENTWISE_BOUNDS["chlo.erf"][0]
+    xla = float(np.float32(1.0000002))
+    assert rounded(erf([(-float("inf"), float("inf"))]), F32)[1] >= xla
+    assert rounded(erf([(3.0, 4.0)]), F32)[1] >= xla
+    assert rounded(erf([(-float("inf"), -3.0)]), F32)[0] <= -xla
+    assert erf([(0.0, 0.0)]) == (0.0, 0.0)
