@@ -424,6 +424,9 @@ def _not_the_block(pred: InBlock) -> Opaque:
     (or the outside of one) whose ends lie near the block is called an off-by-one bound;
     anything else (a one-sided test of a difference that wraps around near the dtype's
     limits, a union of ranges) is only not related."""
+    column = _one_hot_column(pred)
+    if column is not None:
+        return column
     diff = f"x - {pred.length}*axis_index({', '.join(pred.axes)})"
     hole = intervals.complement(pred.ranges)
     near = all(end is None or -pred.length <= end <= 2 * pred.length
@@ -441,6 +444,28 @@ def _not_the_block(pred: InBlock) -> Opaque:
                   f"{intervals.describe(pred.ranges, diff)} (exactly, where the difference "
                   f"computed in {pred.rel.term.dtype} wraps around), and each device's block "
                   f"is [0, {pred.length}): not related", category="unrelated")
+
+
+def _one_hot_column(pred: InBlock) -> Opaque | None:
+    """A test of one value j inside the device's block, `x == start + j` (0 <= j < L): entry
+    j of each device's block of `one_hot(x)` over all the blocks (dense expert parallelism's
+    mask of a device's local expert j, `ids == axis_index * E_local + j`). That is exact, but
+    the layout tier relates whole blocks (`x[..., None] == start + arange(L)`, `_one_hot_rows`),
+    not one entry of every device's block: not supported yet. With L = 2 the same test is also
+    a block bound off by one, which the message says. None: not such a test."""
+    if len(pred.ranges) != 1 or pred.length < 2:
+        return None
+    lo, hi = pred.ranges[0]
+    if lo is None or hi != lo + 1 or not 0 <= lo < pred.length:
+        return None
+    axes = ", ".join(pred.axes)
+    also = (f" (or the block [0, {pred.length}) with a bound off by one)"
+            if pred.length == 2 else "")
+    return Opaque(f"the mask tests x == {pred.length}*axis_index({axes}) + {lo}: entry {lo} of "
+                  f"each device's block of one_hot(x) split over {axes}{also}, one step of a "
+                  "loop over the block's entries by a scalar index; relating one entry of "
+                  "every device's block (rather than the whole block, `x[..., None] == start "
+                  "+ arange(L)`) is not supported yet", category="unsupported")
 
 
 def _same_pred(p: InBlock, q: InBlock) -> bool:
