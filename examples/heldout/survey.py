@@ -33,6 +33,9 @@ _ROOT = os.path.dirname(os.path.dirname(_HERE))
 REASONS: list[tuple[str, str, str]] = [
     (r"^in the reference: ", "an op of the reference unsupported (argmax, lax.switch, ...)",
      "unsupported"),
+    (r"entry \d+ of each device's block of one_hot",
+     ("one entry of each device's block by a scalar index (dense expert parallelism's loop "
+      "over its local experts, `ids == shard offset + i`)"), "unsupported"),
     (r"unsupported op|not supported yet",
      ("unsupported op or device-dependent tensor (ApproxTopK custom calls, axis_index as "
      "data)"), "unsupported"),
