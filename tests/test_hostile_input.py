@@ -17,6 +17,8 @@ import contextlib
 import io
 import os
 import random
+import resource
+import signal
 import subprocess
 import sys
 import time
@@ -33,18 +35,31 @@ from tests.shared import (
 )
 
 MEMORY_LIMIT = 3 << 30     # bytes of address space for one CLI run
-TIMEOUT = 60               # seconds for one CLI run
+TIMEOUT = 60               # CPU seconds for one CLI run
+WALL_FACTOR = 10           # its wall time, in CPU budgets: a loaded machine is no hang
 
-# The memory limit is set inside the child (no preexec_fn: forking a process that runs jax's
-# threads can deadlock; without preexec_fn Python spawns the child without forking).
+# The limits are set inside the child (no preexec_fn: forking a process that runs jax's
+# threads can deadlock; without preexec_fn Python spawns the child without forking). A run that
+# spins is stopped by its CPU limit (SIGXCPU), one that blocks by its wall time: a wall limit
+# alone called a run a hang on a CI machine at load 9 (6x slower than alone).
 _LIMIT = ("import resource, sys; "
           f"resource.setrlimit(resource.RLIMIT_AS, ({MEMORY_LIMIT}, {MEMORY_LIMIT})); ")
-_CLI = _LIMIT + "from entangle_mlir.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _limited(code: str, cpu_seconds: float) -> str:
+    limit = max(1, int(cpu_seconds))
+    return (_LIMIT + f"resource.setrlimit(resource.RLIMIT_CPU, ({limit}, {limit + 5})); "
+            + code)
+
+
+_MAIN = "from entangle_mlir.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 class Run:
-    def __init__(self, code: int | None, out: str, err: str, seconds: float):
+    def __init__(self, code: int | None, out: str, err: str, seconds: float,
+                 cpu_seconds: float = 0.0):
         self.code, self.out, self.err, self.seconds = code, out, err, seconds
+        self.cpu_seconds = cpu_seconds
 
     @property
     def text(self) -> str:
@@ -52,20 +67,24 @@ class Run:
 
     @property
     def finished(self) -> bool:
-        return self.code is not None
+        return self.code is not None and self.code != -signal.SIGXCPU
 
 
-def cli(*args: str, timeout: float = TIMEOUT) -> Run:
-    """`entangle *args` in a subprocess, bounded in time and memory (code None: killed)."""
+def cli(*args: str, timeout: float = TIMEOUT, code: str = _MAIN) -> Run:
+    """`entangle *args` (or `code`) in a subprocess bounded in memory, in `timeout` CPU
+    seconds and `WALL_FACTOR` times that of wall time (not finished: killed)."""
     start = time.perf_counter()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
-        p = subprocess.run([sys.executable, "-c", _CLI, *map(str, args)], capture_output=True,
-                           text=True, timeout=timeout, cwd=REPO, stdin=subprocess.DEVNULL,
-                           check=False)
+        p = subprocess.run([sys.executable, "-c", _limited(code, timeout), *map(str, args)],
+                           capture_output=True, text=True, timeout=timeout * WALL_FACTOR,
+                           cwd=REPO, stdin=subprocess.DEVNULL, check=False)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         return Run(None, out, "", time.perf_counter() - start)
-    return Run(p.returncode, p.stdout, p.stderr, time.perf_counter() - start)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return Run(p.returncode, p.stdout, p.stderr, time.perf_counter() - start, cpu)
 
 
 def check(*files: str, verify: bool = False, timeout: float = TIMEOUT) -> Run:
@@ -74,7 +93,8 @@ def check(*files: str, verify: bool = False, timeout: float = TIMEOUT) -> Run:
 
 
 def _sane(run: Run, *codes: int) -> None:
-    assert run.finished, f"no result after {run.seconds:.0f}s (hang)"
+    assert run.finished, (f"no result after {run.seconds:.0f} s of wall time (a hang; exit "
+                          f"{run.code}: -{int(signal.SIGXCPU)} is its CPU limit)")
     assert "Traceback" not in run.text, run.text[-3000:]
     assert run.code in codes, f"exit {run.code}:\n{run.text[-3000:]}"
     if run.code != 0:
@@ -402,7 +422,7 @@ def test_huge_dense_constant(write) -> None:
     path = write("bigconst.mlir", text)
     run = check(path)
     _sane(run, 0, 2)
-    assert run.seconds < TIMEOUT
+    assert run.cpu_seconds < TIMEOUT
 
 
 def test_huge_integer_offsets(write) -> None:
@@ -439,14 +459,13 @@ def test_combined_without_refines_json(write) -> None:
 
 def test_combined_without_refines_in_entangle_opt(write) -> None:
     path = write("c.mlir", COMBINED_ADD.replace(" attributes {entangle.refines = @ref}", ""))
-    code = _LIMIT + "from entangle_mlir.opt import main; sys.exit(main(sys.argv[1:]))"
     pipeline = ("--pass-pipeline=builtin.module(entangle-normalize,entangle-import-shardings,"
                 "entangle-infer-relations,entangle-check-refinement)")
-    p = subprocess.run([sys.executable, "-c", code, path, pipeline],
-                       capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO, check=False)
-    assert "Traceback" not in p.stdout + p.stderr
-    assert p.returncode == 2, p.stdout + p.stderr
-    assert "entangle.refines" in p.stdout + p.stderr
+    run = cli(path, pipeline,
+              code="from entangle_mlir.opt import main; sys.exit(main(sys.argv[1:]))")
+    assert "Traceback" not in run.text
+    assert run.code == 2, run.text
+    assert "entangle.refines" in run.text
 
 
 def _two_sharded(bug_first: bool) -> str:
