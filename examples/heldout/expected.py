@@ -22,7 +22,7 @@ NOT_PROVEN: dict[str, str] = {
     'ring_of_experts_loop_ep4':
         'device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'gathered_experts_ep4':
-        'cannot relate the value of compare to the reference (the layout tier\'s reading "the mask is not the device\'s block: it tests ids x with 0 <= x - 2*axis_index(ep) < 1 (...',
+        "the mask tests x == 2*axis_index(ep) + 0: entry 0 of each device's block of one_hot(x) split over ep (or the block [0, 2) with a bound off by one), one step of a loop ...",
 }
 
 # Buggy programs the verifier PROVES (false proofs; must stay empty).
