@@ -11,11 +11,12 @@ terms they built): a term met again after its entry is forgotten is computed afr
 those records, is only known less (read as no loop body, no template, no roll: less is
 proven, nothing false). `PER_CHECK` is the one list of what is forgotten.
 
-Not in it, because their keys are content a later program may ask for again: the interning
-itself (`terms._TABLE`, `_BUILT`: `terms.start_over`), `terms.DENSE_VALUES` (raw bytes),
-`repeats._plan_of` and `terms._moves_no_element` (shapes), `mlir.opinfo`'s attribute memos
-(one shared MLIR context), `normalize.finite`'s cone memos (printed ops) and
-`semantics.element`'s z3 memos (kept while their expressions are); each is capped or small.
+The intern table and the builders' memo (`terms._TABLE`, `_BUILT`) are cleared by
+`terms.start_over` itself. Not in the list, because their keys are content a later program may
+ask for again: `terms.DENSE_VALUES` (raw bytes), `terms._SHAPES`, `repeats._plan_of` and
+`terms._moves_no_element` (shapes), `mlir.opinfo`'s attribute memos (one shared MLIR context),
+`normalize.finite`'s cone memos (printed ops) and `semantics.element`'s z3 memos (kept while
+their expressions are); each is capped or small.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ PER_CHECK: tuple[tuple[str, dict | set], ...] = (
     ("terms._LIN_KEYS", terms._LIN_KEYS),
     ("terms._DERIVED", terms._DERIVED),
     ("terms._CONTENT", terms._CONTENT),
-    ("terms._SKELETONS", terms._SKELETONS),
+    *((f"terms._SKELETONS[{depth}]", memo) for depth, memo in enumerate(terms._SKELETONS)),
+    ("terms._ONE_SKELETON", terms._ONE_SKELETON),
     ("terms._PARTS", terms._PARTS),
     ("terms._ROLLS", terms._ROLLS),
     ("terms._SLICE_MEMO", terms._SLICE_MEMO),
