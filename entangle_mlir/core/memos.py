@@ -5,7 +5,10 @@ A check interns its terms from scratch (`terms.start_over`) and serials are neve
 once the next check starts no key of these memos can be asked for again: their entries only
 hold memory, and their values hold the old check's terms alive (a long-lived process, a
 `check-many` worker or a pytest worker kept every check's terms, the intern table cleared or
-not). Each memo belongs to the module that fills it and is a pure function of interned terms
+not). With them go the tables that give a check's terms one object for equal shapes,
+attributes and skeletons (`terms._SHAPES`, `_KEYED_ATTRS`, `_ONE_SKELETON`): their keys may
+come again, but forgetting them only unshares objects, and they would grow with every program.
+Each memo belongs to the module that fills it and is a pure function of interned terms
 (or, for `LOOP_BODY_TERMS`, `REGION_TERMS` and `_ROLLS`, what the builders recorded about the
 terms they built): a term met again after its entry is forgotten is computed afresh, or, for
 those records, is only known less (read as no loop body, no template, no roll: less is
@@ -13,7 +16,7 @@ proven, nothing false). `PER_CHECK` is the one list of what is forgotten.
 
 The intern table and the builders' memo (`terms._TABLE`, `_BUILT`) are cleared by
 `terms.start_over` itself. Not in the list, because their keys are content a later program may
-ask for again: `terms.DENSE_VALUES` (raw bytes), `terms._SHAPES`, `repeats._plan_of` and
+ask for again: `terms.DENSE_VALUES` (raw bytes), `repeats._plan_of` and
 `terms._moves_no_element` (shapes), `mlir.opinfo`'s attribute memos (one shared MLIR context),
 `normalize.finite`'s cone memos (printed ops) and `semantics.element`'s z3 memos (kept while
 their expressions are); each is capped or small.
@@ -34,6 +37,8 @@ PER_CHECK: tuple[tuple[str, dict | set], ...] = (
     ("terms._ONE_SKELETON", terms._ONE_SKELETON),
     ("terms._PARTS", terms._PARTS),
     ("terms._ROLLS", terms._ROLLS),
+    ("terms._SHAPES", terms._SHAPES),
+    ("terms._KEYED_ATTRS", terms._KEYED_ATTRS),
     ("terms._SLICE_MEMO", terms._SLICE_MEMO),
     ("terms._INTERVALS", terms._INTERVALS),
     ("terms._FINITE_UNLESS_OVERFLOW", terms._FINITE_UNLESS_OVERFLOW),
@@ -44,7 +49,7 @@ PER_CHECK: tuple[tuple[str, dict | set], ...] = (
     ("sums._GROUPS", sums._GROUPS),
     ("pieces._SLICES", pieces._SLICES),
 )
-"""(name, memo) of every memo keyed by term serials. The memos are cleared in place, never
+"""(name, memo) of every memo keyed by term serials, and of the sharing tables. The memos are cleared in place, never
 rebound, so these are the objects their modules read."""
 
 

@@ -61,6 +61,11 @@ _SHAPES: dict[tuple[int, ...], tuple[int, ...]] = {}
 """Each shape -> the one tuple every term of that shape holds (a check's million terms have
 a few thousand shapes; built one tuple each, they were ~20 MiB)."""
 
+_KEYED_ATTRS: dict[tuple, tuple[tuple, tuple]] = {}
+"""(op, key_attrs) -> the one (key_attrs, attrs) every term interned with equal `key_attrs`
+holds (`intern`'s contract: equal key_attrs stand for equal attrs): a check's 0.2 M sums
+have ~2 000 distinct coefficient lists, ~55 MiB held once a sum."""
+
 
 class Term:
     """An interned term. Compare with `is`; `serial` orders operands of commutative ops."""
@@ -92,7 +97,9 @@ def intern(op: str, args: tuple[Term, ...], attrs: tuple, shape: tuple[int, ...]
     term = _TABLE.get(key)
     if term is None:
         shape = _SHAPES.setdefault(shape, shape)
-        key = (*key[:2], shape, *key[3:])
+        if key_attrs is not None:
+            key_attrs, attrs = _KEYED_ATTRS.setdefault((op, key_attrs), (key_attrs, attrs))
+        key = (op, attrs if key_attrs is None else key_attrs, shape, dtype, *key[4:])
         term = Term()
         term.op, term.args, term.attrs, term.shape, term.dtype = op, args, attrs, shape, dtype
         term.serial = next(_counter)
