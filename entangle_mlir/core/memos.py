@@ -5,9 +5,9 @@ A check interns its terms from scratch (`terms.start_over`) and serials are neve
 once the next check starts no key of these memos can be asked for again: their entries only
 hold memory, and their values hold the old check's terms alive (a long-lived process, a
 `check-many` worker or a pytest worker kept every check's terms, the intern table cleared or
-not). With them go the tables that give a check's terms one object for equal shapes,
-attributes and skeletons (`terms._SHAPES`, `_KEYED_ATTRS`, `_ONE_SKELETON`): their keys may
-come again, but forgetting them only unshares objects, and they would grow with every program.
+not). With them go the tables that give a check's terms one object for equal shapes and
+attributes (`terms._SHAPES`, `_KEYED_ATTRS`, `_INDEX_ATTRS`): their keys may come again, but
+forgetting them only unshares objects, and they would grow with every program.
 Each memo belongs to the module that fills it and is a pure function of interned terms
 (or, for `LOOP_BODY_TERMS`, `REGION_TERMS` and `_ROLLS`, what the builders recorded about the
 terms they built): a term met again after its entry is forgotten is computed afresh, or, for
@@ -34,11 +34,11 @@ PER_CHECK: tuple[tuple[str, dict | set], ...] = (
     ("terms._DERIVED", terms._DERIVED),
     ("terms._CONTENT", terms._CONTENT),
     *((f"terms._SKELETONS[{depth}]", memo) for depth, memo in enumerate(terms._SKELETONS)),
-    ("terms._ONE_SKELETON", terms._ONE_SKELETON),
     ("terms._PARTS", terms._PARTS),
     ("terms._ROLLS", terms._ROLLS),
     ("terms._SHAPES", terms._SHAPES),
     ("terms._KEYED_ATTRS", terms._KEYED_ATTRS),
+    ("terms._INDEX_ATTRS", terms._INDEX_ATTRS),
     ("terms._SLICE_MEMO", terms._SLICE_MEMO),
     ("terms._INTERVALS", terms._INTERVALS),
     ("terms._FINITE_UNLESS_OVERFLOW", terms._FINITE_UNLESS_OVERFLOW),
