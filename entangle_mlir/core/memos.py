@@ -49,8 +49,8 @@ PER_CHECK: tuple[tuple[str, dict | set], ...] = (
     ("sums._GROUPS", sums._GROUPS),
     ("pieces._SLICES", pieces._SLICES),
 )
-"""(name, memo) of every memo keyed by term serials, and of the sharing tables. The memos are cleared in place, never
-rebound, so these are the objects their modules read."""
+"""(name, memo) of every memo keyed by term serials, and of the sharing tables. The memos are
+cleared in place, never rebound, so these are the objects their modules read."""
 
 
 def start_over() -> None:
