@@ -9,8 +9,8 @@ from functools import partial
 from entangle_mlir.analysis.layer_reuse import recheck_op_by_op
 from entangle_mlir.analysis.refine import EvidenceFocus
 from entangle_mlir.core.diagnostics import Diagnostic, InputError, parse_location
+from entangle_mlir.core.memos import start_over
 from entangle_mlir.core.report import NOT_PROVEN, Report
-from entangle_mlir.core.terms import start_over
 from entangle_mlir.html_report import to_html
 from entangle_mlir.mlir.ir import context, parse_module
 from entangle_mlir.mlir.load import load_data, load_file
@@ -28,9 +28,11 @@ def check_program(program: Program, **options) -> Report:
     the parser refuses text nesting deeper than `mlir.ir.MAX_NESTING`, so terms nesting too
     deeply for a recursive walk are the checker's limit, not bad input.
 
-    A check starts over with fresh terms (`terms.start_over`), so its verdict does not depend
-    on what the process checked before; a check inside a check (`_check_assuming_no_overflow`)
-    shares its caller's terms, which the caller's repair still compares with."""
+    A check starts over with fresh terms and forgets the memos the check before owned
+    (`memos.start_over`), so its verdict does not depend on what the process checked before
+    and a long-lived process does not keep every check's terms; a check inside a check
+    (`_check_assuming_no_overflow`) shares its caller's terms and memos, which the caller's
+    repair still compares with."""
     global _DEPTH
     if _DEPTH == 0:
         start_over()

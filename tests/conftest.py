@@ -39,10 +39,11 @@ def _run(main, argv: list[str], capsys) -> Run:
 
 @pytest.fixture(autouse=True)
 def fresh_terms():
-    """Every test builds its terms from scratch (`terms.start_over`), as `check_program` does
-    for each check: a normal form can depend on the order terms were first built, so a test
-    must not see what the tests before it in the same worker built."""
-    from entangle_mlir.core.terms import start_over
+    """Every test builds its terms from scratch and forgets the memos of the tests before it
+    (`memos.start_over`), as `check_program` does for each check: a normal form can depend on
+    the order terms were first built, so a test must not see what the tests before it in the
+    same worker built (nor keep their terms alive)."""
+    from entangle_mlir.core.memos import start_over
 
     start_over()
 

@@ -93,8 +93,24 @@ def _digits(line) -> list[tuple[int, int]] | None:
 
 def plan_of(base_shape: tuple[int, ...], steps: tuple[Step, ...]) -> Plan | None:
     """The canonical spelling of the chain `steps` over a base of `base_shape`, or None when
-    its map is no such chain (a slice, an offset) or is too large to evaluate."""
+    its map is no such chain (a slice, an offset) or is too large to evaluate (decided from
+    the shapes alone, before any array is made)."""
+    if result_size(base_shape, steps) > MAX_ELEMENTS:
+        return None
     return _plan_of(tuple(base_shape), tuple(steps))
+
+
+def result_size(base_shape: tuple[int, ...], steps: tuple[Step, ...]) -> int:
+    """The number of elements of the chain's result: its last reshape's or broadcast's shape
+    (a transpose keeps the size), else the base's. No step shrinks a tensor, so no array
+    `index_map` makes on the way is larger than this."""
+    size = math.prod(base_shape)
+    for kind, attr in steps:
+        if kind == "reshape":
+            size = math.prod(attr)
+        elif kind == "broadcast":
+            size = math.prod(attr[1])
+    return size
 
 
 @functools.lru_cache(maxsize=4096)

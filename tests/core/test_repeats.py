@@ -13,8 +13,9 @@ from __future__ import annotations
 import pytest
 
 from entangle_mlir.analysis.instance.term_equality import check_term_equality
+from entangle_mlir.core import repeats
 from entangle_mlir.core import terms as T
-from entangle_mlir.core.repeats import plan_of
+from entangle_mlir.core.repeats import index_map, plan_of, result_size
 
 F32 = "f32"
 
@@ -123,6 +124,30 @@ def test_plans_reproduce_the_index_map() -> None:
     assert plan_of((2, 4), sliced[:1]) is not None
     assert plan_of((2, 4), sliced) is not None
     assert plan_of((3,), (("broadcast", ((1,), (2, 3))), ("transpose", (1, 0)))) is not None
+
+
+CHAINS = [((2, 4), (("broadcast", ((0, 2), (2, 3, 4))), ("reshape", (6, 4)))),
+          ((3,), (("broadcast", ((1,), (2, 3))), ("transpose", (1, 0)))),
+          ((2, 3), (("transpose", (1, 0)), ("reshape", (6,)))),
+          ((4,), ())]
+
+
+@pytest.mark.parametrize("base,steps", CHAINS)
+def test_result_size_is_the_index_maps(base, steps) -> None:
+    assert result_size(base, steps) == index_map(base, steps).size
+
+
+def test_a_chain_too_large_is_refused_before_its_map_is_made(monkeypatch) -> None:
+    """A real-width repeat (a 70B row's K/V heads: 8 Mi elements broadcast, then reshaped, a
+    copy of the broadcast) made arrays of hundreds of MiB only to be refused for its size."""
+    wide = (128, 8, 8, 8192)
+    steps = (("broadcast", ((0, 1, 3), wide)), ("reshape", (128, 64, 8192)))
+    made: list[tuple] = []
+    repeats._plan_of.cache_clear()
+    monkeypatch.setattr(repeats, "index_map", lambda *args: made.append(args) or index_map(*args))
+    assert plan_of((128, 8, 8192), steps) is None and not made
+    small = ((2, 1, 4), (("broadcast", ((0, 1, 3), (2, 1, 2, 4))), ("reshape", (2, 2, 4))))
+    assert plan_of(*small) is not None and made
 
 
 def test_a_repeated_left_operand_moves_out_before_the_right_free_dims() -> None:
