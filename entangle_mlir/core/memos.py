@@ -25,7 +25,7 @@ their expressions are); each is capped or small.
 from __future__ import annotations
 
 from entangle_mlir.core import terms
-from entangle_mlir.core.normal_form import concat, pieces, sums
+from entangle_mlir.core.normal_form import concat, pieces, rewrite, squeeze, sums
 
 PER_CHECK: tuple[tuple[str, dict | set], ...] = (
     ("terms.LOOP_BODY_TERMS", terms.LOOP_BODY_TERMS),
@@ -48,6 +48,8 @@ PER_CHECK: tuple[tuple[str, dict | set], ...] = (
     ("sums._JOIN_KEYS", sums._JOIN_KEYS),
     ("sums._GROUPS", sums._GROUPS),
     ("pieces._SLICES", pieces._SLICES),
+    ("rewrite._SUM_PREFIXES", rewrite._SUM_PREFIXES),
+    ("squeeze._SQUEEZED", squeeze._SQUEEZED),
 )
 """(name, memo) of every memo keyed by term serials, and of the sharing tables. The memos are
 cleared in place, never rebound, so these are the objects their modules read."""
