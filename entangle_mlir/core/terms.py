@@ -369,7 +369,7 @@ def _extend_lin(pairs, base_at: int, constant, shape: tuple[int, ...],
     term the general loop builds (the same sum, exact arithmetic, the same canonical form);
     None when a term not shown finite cancels (the general loop keeps its zero multiple)."""
     base = pairs[base_at][1]
-    known = _lin_keys(base)
+    known = lin_keys(base)
     serials, coef_keys = list(known[0]), list(known[1])
     base_const, base_coefs = base.attrs
     coefs, args = list(base_coefs), list(base.args)
@@ -668,7 +668,7 @@ def _content_parts(term: Term) -> tuple[int, int] | None:
 def _parts_of(term: Term) -> tuple[int, int] | None:
     """`_content_parts` from the lin's distinct coefficients."""
     constant, coefs = term.attrs
-    values = [c for c in dict(zip(_lin_keys(term)[1], coefs)).values() if c != 0]
+    values = [c for c in dict(zip(lin_keys(term)[1], coefs)).values() if c != 0]
     if constant != 0:
         values.append(constant)
     if not all(type(v) is Fraction for v in values):
@@ -682,7 +682,7 @@ def _scaled(term: Term, factor: Fraction) -> Term:
     coefficients times the factor, interned directly (the arguments, sorted and nonzero, do
     not change, so this is the canonical form)."""
     constant, coefs = term.attrs
-    serials, keys = _lin_keys(term)
+    serials, keys = lin_keys(term)
     distinct = dict(zip(keys, coefs))
     if type(constant) is not Fraction or not all(type(c) is Fraction for c in distinct.values()):
         return make_lin([(factor, term)], _ZERO, term.shape, term.dtype)
@@ -697,7 +697,7 @@ def _scaled(term: Term, factor: Fraction) -> Term:
     return scaled
 
 
-def _lin_keys(term: Term) -> tuple[tuple[int, ...], tuple]:
+def lin_keys(term: Term) -> tuple[tuple[int, ...], tuple]:
     """(argument serials, coefficient keys) of a lin, remembered for long ones."""
     known = _LIN_KEYS.get(term.serial)
     if known is None:

@@ -5,6 +5,8 @@ Part of `entangle_mlir.core.normal_form` (the package docstring lists every iden
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from entangle_mlir.core import selection
 from entangle_mlir.core.normal_form.concat import (
     make_concat,
@@ -34,7 +36,16 @@ from entangle_mlir.core.normal_form.slices import (
 )
 from entangle_mlir.core.normal_form.squeeze import squeeze, unit_kept_reduction
 from entangle_mlir.core.normal_form.sums import join_sums
-from entangle_mlir.core.terms import Term, make_broadcast, make_splat, post_order, rebuild
+from entangle_mlir.core.terms import (
+    LONG_LIN,
+    Term,
+    lin_keys,
+    make_broadcast,
+    make_lin,
+    make_splat,
+    post_order,
+    rebuild,
+)
 
 
 def normal_form(term: Term, memo: dict[int, Term] | None = None) -> Term:
@@ -65,9 +76,70 @@ stopping early only leaves two forms unmet)."""
 def _normal_pass(term: Term, memo: dict[int, Term], chains: bool) -> Term:
     read = _latest if chains else (lambda a, memo: memo[a.serial])
     for top in post_order(term, memo):
+        if top.op == "lin" and len(top.args) >= LONG_LIN:
+            memo[top.serial] = _normal_long_sum(top, memo, read)
+            continue
         args = tuple(read(a, memo) for a in top.args)
         memo[top.serial] = _normal_node(top, args, memo)
     return read(term, memo)
+
+
+def _normal_long_sum(term: Term, memo: dict[int, Term], read) -> Term:
+    """The normal form of a `lin` of at least `LONG_LIN` parts; when its first parts (all
+    but the last `PREFIX_REACH` at most) are, with the same coefficients, the parts of a
+    long `lin` normalized before (`_SUM_PREFIXES`, its form in `memo`) and the two
+    constants are the same rational, that form plus the remaining parts' forms, rebuilt and
+    joined as any sum (`_finished`). Exact: `sum_i k_i t_i + c` is `(sum_{i<m} k_i t_i + c)
+    + sum_{i>=m} k_i t_i`, a regrouping of the sum. A stack's residual stream of l layers is
+    one flat `lin` holding every layer's parts (l x tp of them), each layer's the layer
+    below's plus its own: this way a layer's stream touches only its own parts, not the
+    parts of every layer below again (which made the normal form quadratic in the layers)."""
+    serials, coef_keys = lin_keys(term)
+    found = _normal_prefix(term, serials, coef_keys, memo)
+    if found is None:
+        out = _normal_node(term, tuple(read(a, memo) for a in term.args), memo)
+    else:
+        base, m = found
+        coefs = term.attrs[1]
+        pairs = [(_ONE, read(base, memo))]
+        pairs.extend((coefs[i], read(term.args[i], memo)) for i in range(m, len(coefs)))
+        out = _finished(make_lin(pairs, _ZERO, term.shape, term.dtype))
+    if len(_SUM_PREFIXES) >= MAX_SUM_PREFIXES:
+        _SUM_PREFIXES.clear()
+    _SUM_PREFIXES[serials] = term
+    return out
+
+
+def _normal_prefix(term: Term, serials: tuple[int, ...], coef_keys: tuple,
+                   memo: dict[int, Term]) -> tuple[Term, int] | None:
+    """(base, m) for the longest long `lin` `base` normalized in `memo` whose parts are
+    `term`'s first m parts with the same coefficients (m at least `len - PREFIX_REACH`)
+    and whose constant is `term`'s, a rational; else None."""
+    constant = term.attrs[0]
+    if type(constant) is not Fraction:
+        return None
+    for m in range(len(serials) - 1, max(LONG_LIN, len(serials) - PREFIX_REACH) - 1, -1):
+        base = _SUM_PREFIXES.get(serials[:m])
+        if base is None or base.serial not in memo or type(base.attrs[0]) is not Fraction \
+                or base.attrs[0] != constant or lin_keys(base)[1] != coef_keys[:m]:
+            continue
+        return base, m
+    return None
+
+
+PREFIX_REACH = 16
+"""How many parts after a normalized prefix `_normal_prefix` looks for it across (one
+layer's tp-partial contributions, several micro-batches')."""
+
+_SUM_PREFIXES: dict[tuple[int, ...], Term] = {}
+"""Long `lin`s normalized, by their parts' serials (`terms.lin_keys`; interned terms: a
+serial is never reused), for `_normal_prefix`."""
+
+MAX_SUM_PREFIXES = 1 << 16
+"""The most sums `_SUM_PREFIXES` keeps before it starts over."""
+
+_ONE = Fraction(1)
+_ZERO = Fraction(0)
 
 
 MAX_CHAIN = 64
@@ -170,7 +242,12 @@ def _rewritten(term: Term, args: tuple[Term, ...], memo: dict[int, Term]) -> Ter
 def _rebuilt_node(term: Term, args: tuple[Term, ...]) -> Term:
     """A node over its normal arguments, through the builders, constant folding, the joins
     of sums and the selection identities."""
-    out = rebuild(term, args) if args != term.args else term
+    return _finished(rebuild(term, args) if args != term.args else term)
+
+
+def _finished(out: Term) -> Term:
+    """A node rebuilt over its normal arguments taken through constant folding, the joins
+    of sums and the selection identities."""
     folded = fold_constant(out)
     if folded is not None:
         return folded

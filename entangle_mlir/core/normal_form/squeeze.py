@@ -39,7 +39,7 @@ def squeeze(term: Term, shape: tuple[int, ...]) -> Term | None:
     if gone is None:
         return None
     try:
-        out = _squeeze(term, tuple(shape), gone, False, {})
+        out = _squeeze(term, tuple(shape), gone, False, _squeezed())
     except _KeptApart:
         return None
     return None if out.op == "reshape" and out.args[0] is term else out
@@ -54,12 +54,41 @@ def _squeeze(term: Term, shape: tuple[int, ...], gone: list[int], reduced: bool,
              memo: dict) -> Term:
     """`squeeze`'s recursion, once per shared subterm (`memo`: a program's terms are a DAG,
     and walking it as a tree is exponential in its depth); `reduced`: a reduction lies above
-    (see `_KeptApart`)."""
+    (see `_KeptApart`). A walk that raised `_KeptApart` is remembered as such (it depends on
+    the key only)."""
     key = (term.serial, shape, tuple(gone), reduced)
     found = memo.get(key)
     if found is None:
-        found = memo[key] = _squeeze_step(term, shape, gone, reduced, memo)
+        try:
+            found = _squeeze_step(term, shape, gone, reduced, memo)
+        except _KeptApart:
+            memo[key] = _KEPT_APART
+            raise
+        memo[key] = found
+    elif found is _KEPT_APART:
+        raise _KeptApart()
     return found
+
+
+def _squeezed() -> dict:
+    """The memo every `squeeze` walk shares (`_SQUEEZED`), emptied first when full."""
+    if len(_SQUEEZED) >= MAX_SQUEEZED:
+        _SQUEEZED.clear()
+    return _SQUEEZED
+
+
+_SQUEEZED: dict[tuple, object] = {}
+"""`_squeeze`'s answers by (serial, shape, dims left out, under a reduction), kept across
+walks (interned terms: a serial is never reused; each answer is the same builders' term of
+the same arguments a new walk would build, or `_KEPT_APART`): a stack's backward reduces
+each layer's terms keeping a unit batch row (`unit_kept_reduction`), and a walk of its own
+for each would walk every layer below again (quadratic in the layers)."""
+
+MAX_SQUEEZED = 1 << 18
+"""The most answers `_SQUEEZED` keeps before it starts over."""
+
+_KEPT_APART = object()
+"""`_SQUEEZED`'s mark of a walk that raised `_KeptApart`."""
 
 
 def _squeeze_step(term: Term, shape: tuple[int, ...], gone: list[int], reduced: bool,
@@ -153,7 +182,7 @@ def unit_kept_reduction(term: Term, arg: Term) -> Term | None:
             or all(n == 1 for d, n in enumerate(arg.shape) if d not in reduced):
         return None
     try:  # under a reduction: a dot's unit batch dim stays (`_KeptApart`)
-        inner = _squeeze(arg, _less(arg.shape, units), units, True, {})
+        inner = _squeeze(arg, _less(arg.shape, units), units, True, _squeezed())
     except _KeptApart:
         return None
     if inner.op == "reshape" and inner.args[0] is arg:
