@@ -395,8 +395,17 @@ class Walker:
                     return [Opaque(problem, origin=(record, None), category="unsupported")
                             ] * count
                 changed, probing = probing, False
+                rotation = None
                 for k, (layout, out) in enumerate(zip(layouts, yields)):
                     if _same_layout(layout, out):
+                        continue
+                    moved = _moved_from(body, body_yields[k], k)
+                    if moved is not None:
+                        rotation = rotation or Opaque(
+                            f"the loop moves carried value #{moved} into #{k} unchanged, and "
+                            f"they enter with other layouts ({inits[moved].layout_str()}, "
+                            f"{layout.layout_str()}): carries that rotate are not supported "
+                            "by the layout tier", origin=(record, None), category="unsupported")
                         continue
                     if out.partial and not layout.partial and splat_value(inits[k].term) != 0:
                         origin = out.partial_origin if isinstance(out.partial_origin,
@@ -414,6 +423,8 @@ class Walker:
                     layouts[k] = replace(layout, term=out.term, tiling=out.tiling,
                                          partial=out.partial, kind=out.kind, poly=frozenset())
                     changed = True
+                if rotation is not None:
+                    return [rotation] * count
                 if not changed:
                     passed = {k for k in range(count) if k not in invariant
                               and yields[k].term is loopvars[k].term}
@@ -699,6 +710,16 @@ def _residual(value: Value, tiling, mesh: Mesh, manual: tuple[str, ...],
                    f"{axes_str(missing)}, which its out_specs {partition_spec_text(tiling)} do "
                    "not split over: the global result holds only some devices' values")
     return Residual(value, tuple(tiling), mesh, tuple(manual), problem)
+
+
+def _moved_from(body, value, slot: int) -> int | None:
+    """The carried value a loop body yields unchanged into `slot` from another slot (its
+    block argument), if any: a rotation of carries, whose layouts differ by where each value
+    started, not by anything the body computes (no missing psum to claim)."""
+    for k, argument in enumerate(body.arguments):
+        if argument == value:
+            return None if k == slot else k
+    return None
 
 
 def _same_layout(a: Rel, b: Value) -> bool:
