@@ -15,18 +15,21 @@ drops a carry the result depends on.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from jaxlib.mlir import ir
 
 from entangle_mlir.core.terms import (
     Term,
     make_loopvar,
+    make_op,
     post_order,
     rebuild,
     splat_value,
     subterms,
 )
-from entangle_mlir.rules.gather_scatter import DUS
+from entangle_mlir.rules.gather_scatter import DUS, SCATTER
 from entangle_mlir.semantics.element import SemanticsError
 from entangle_mlir.semantics.evaluate import evaluate_term
 
@@ -111,31 +114,71 @@ MAX_FILL_TRIPS = 1 << 16
 
 def filled(k: int, depth: int, cond: Term, yields: list[Term], inits: list[Term]
            ) -> Term | None:
-    """`x` when carry `k` of a two-carry loop slice (`yields`, `inits` in slice order, loop
-    variables numbered within it) is a buffer every trip overwrites with the window of a
-    loop-invariant `x` at the same place, and the trips together cover the whole buffer:
-    `b = dynamic_update_slice(b, dynamic_slice(x, s(i)), s(i))` for the other carry, a counter
-    `i`: e.g. the residual jax's scan stacks of per-layer weights, which is the stacked weights
-    again. Whatever `b` held before is overwritten; where trips overlap they write the same
-    values of `x`. The counter is run concretely from its constant init while the condition
-    holds (at most `MAX_FILL_TRIPS`), the start indices evaluated (clamped as the ops clamp
-    them) at each trip. None: not such a loop, or a trip not matched."""
-    if len(yields) != 2:
-        return None
-    c = 1 - k
+    """`x` when carry `k` of a loop slice (`yields`, `inits` in slice order, loop variables
+    numbered within it) is a buffer every trip overwrites with the window of a loop-invariant
+    `x` at the same place, and the trips together cover the whole buffer:
+    `b = dynamic_update_slice(b, dynamic_slice(x, s(i)), s(i))` (or a scatter of that window
+    at `s(i)`, `b.at[i].set(x[i])`) where the other carries are integer counters: e.g. the
+    residual jax's scan stacks of per-layer weights, which is the stacked weights again.
+    Whatever `b` held before is overwritten; where trips overlap they write the same values of
+    `x`. The counters are run concretely from their constant inits while the condition holds
+    (at most `MAX_FILL_TRIPS` trips), the windows' starts evaluated at each trip as the ops
+    take them (dynamic slices clamp, a scatter drops a window out of bounds). None: not such
+    a loop, or a trip not matched."""
     buffer = yields[k]
-    if buffer.op != DUS or buffer.args[0] is not make_loopvar(
-            depth, k, buffer.shape, buffer.dtype):
+    if buffer.args[:1] != (make_loopvar(depth, k, buffer.shape, buffer.dtype),):
         return None
-    window, *writes = buffer.args[1:]
-    if window.op != "dynamic_slice" or window.args[0].shape != buffer.shape:
+    write = _write(buffer)
+    if write is None:
+        return None
+    writes, sizes, window = write
+    if window.op == "reshape":
+        window = window.args[0]
+    if window.op != "dynamic_slice" or window.shape != sizes or \
+            window.args[0].shape != buffer.shape:
         return None
     x, *reads = window.args
-    if not _invariant(x, depth):
+    counters = [j for j in range(len(yields)) if j != k]
+    if not _invariant(x, depth) or any(
+            inits[j].shape != () or splat_value(inits[j]) is None for j in counters):
         return None
-    boxes = _trip_boxes(inits[c], depth, c, cond, yields[c], reads, writes,
-                        x.shape, window.shape)
-    return x if boxes is not None and _covers(boxes, x.shape, window.shape) else None
+    boxes = _trip_boxes({j: splat_value(inits[j]) for j in counters},
+                        {j: yields[j] for j in counters}, depth, cond, reads, writes, sizes,
+                        buffer.shape)
+    return x if boxes is not None and _covers(boxes, x.shape, sizes) else None
+
+
+def _write(buffer: Term) -> tuple[tuple[Term | None, ...], tuple[int, ...], Term] | None:
+    """(start of each dim, window sizes, the window written) of a buffer's one write: a
+    dynamic_update_slice, or a replacing scatter of one window at one index vector (None
+    starts: the dims the scatter does not index, from 0)."""
+    if buffer.op == DUS:
+        return tuple(buffer.args[2:]), buffer.args[1].shape, buffer.args[1]
+    if buffer.op != SCATTER:
+        return None
+    attrs = dict(buffer.attrs)
+    indices, update = buffer.args[1], buffer.args[2]
+    indexed = tuple(attrs["scatter_dims_to_operand_dims"])
+    if attrs["reducer"] != "replace" or attrs["input_batching_dims"] or \
+            indices.shape != (len(indexed),) or attrs["index_vector_dim"] != 0 or \
+            tuple(attrs["inserted_window_dims"]) != indexed or \
+            tuple(attrs["update_window_dims"]) != tuple(range(len(update.shape))) or \
+            len(update.shape) + len(indexed) != len(buffer.shape):
+        return None
+    sizes = tuple(1 if d in indexed else n for d, n in zip(
+        range(len(buffer.shape)), _spread(update.shape, indexed, len(buffer.shape))))
+    if math.prod(sizes) != math.prod(update.shape):
+        return None
+    starts = tuple(make_op("slice", (indices,), ((indexed.index(d),), (indexed.index(d) + 1,),
+                                                 (1,)), (1,), indices.dtype, linear_in=0)
+                   if d in indexed else None for d in range(len(buffer.shape)))
+    return starts, sizes, update
+
+
+def _spread(shape: tuple[int, ...], inserted: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    """`shape` with a unit dim at each of `inserted` (a window's sizes in the operand)."""
+    dims = iter(shape)
+    return tuple(1 if d in inserted else next(dims, 0) for d in range(rank))
 
 
 def _invariant(x: Term, depth: int) -> bool:
@@ -147,35 +190,46 @@ def _invariant(x: Term, depth: int) -> bool:
     return True
 
 
-def _trip_boxes(start: Term, depth: int, pos: int, cond: Term, step: Term, reads: list[Term],
-                writes: list[Term], shape: tuple[int, ...], sizes: tuple[int, ...]
-                ) -> list[tuple[int, ...]] | None:
-    """The clamped start of the window each trip reads and writes, or None when they differ
-    on some trip, a start or the counter is not computed from the counter alone, or the loop
-    runs past `MAX_FILL_TRIPS`."""
-    counter = splat_value(start)
-    if counter is None or start.shape != ():
-        return None
-    key = ("loopvar", depth, pos)
+def _trip_boxes(counters: dict[int, object], steps: dict[int, Term], depth: int, cond: Term,
+                reads: list[Term], writes: tuple[Term | None, ...], sizes: tuple[int, ...],
+                shape: tuple[int, ...]) -> list[tuple[int, ...]] | None:
+    """The start of the window each trip writes (a dropped write none), or None when a trip
+    writes elsewhere than it reads, a start or the condition reads more than the counters, or
+    the loop runs past `MAX_FILL_TRIPS`."""
     boxes = []
     try:
         for _trip in range(MAX_FILL_TRIPS + 1):
-            env = {key: np.array(counter, dtype=object)}
+            env = {("loopvar", depth, j): np.array(v, dtype=object) for j, v in counters.items()}
             if not bool(evaluate_term(cond, env)):
                 return boxes
             at = [_clamped(evaluate_term(t, env), n, s) for t, n, s in zip(reads, shape, sizes)]
-            if at != [_clamped(evaluate_term(t, env), n, s)
-                      for t, n, s in zip(writes, shape, sizes)]:
+            put = _put(writes, env, shape, sizes)
+            if put is not None and put != at:
                 return None
-            boxes.append(tuple(at))
-            counter = int(evaluate_term(step, env))
+            if put is not None:
+                boxes.append(tuple(at))
+            counters = {j: _scalar(evaluate_term(t, env)) for j, t in steps.items()}
     except (SemanticsError, KeyError, TypeError, ValueError):
         return None
     return None
 
 
+def _put(writes: tuple[Term | None, ...], env: dict, shape: tuple[int, ...],
+         sizes: tuple[int, ...]) -> list[int] | None:
+    """Where a write's window lands: a dynamic_update_slice clamps its starts (all given); a
+    scatter (its unindexed dims None, from 0) drops a window that does not fit (None)."""
+    if all(t is not None for t in writes):
+        return [_clamped(evaluate_term(t, env), n, s) for t, n, s in zip(writes, shape, sizes)]
+    at = [0 if t is None else _scalar(evaluate_term(t, env)) for t in writes]
+    return at if all(0 <= a <= n - s for a, n, s in zip(at, shape, sizes)) else None
+
+
+def _scalar(value) -> int:
+    return int(np.asarray(value).reshape(-1)[0])
+
+
 def _clamped(value, n: int, size: int) -> int:
-    return min(max(int(value), 0), n - size)
+    return min(max(_scalar(value), 0), n - size)
 
 
 def _covers(boxes: list[tuple[int, ...]], shape: tuple[int, ...],
