@@ -1,4 +1,4 @@
-"""Write the MLIR inputs of lit_tests/regressions/loop_fill.mlir (`python -m examples.loop_fill_lit`).
+"""Write the inputs of lit_tests/regressions/loop_fill.mlir: `python -m examples.loop_fill_lit`.
 
 A loop that stacks, layer by layer, the all_gather'd shards of stacked FSDP weights rebuilds
 the stacked weights: what jax's scan saves as a residual for the backward pass of FSDP over
@@ -17,7 +17,7 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from examples.generate_lit import REPO, relative_paths
-from examples.heldout.corpus import f32, lower_pair, program
+from examples.heldout.corpus import by_name, f32, lower_pair, program
 from examples.heldout.training_steps import FSDP4
 
 INPUTS = REPO / "lit_tests" / "regressions" / "Inputs"
@@ -40,7 +40,7 @@ def scanned(ws):
 def _fori(trips: int, slot):
     def body(ws):
         full = (LAYERS, ws.shape[1] * 4, ws.shape[2])
-        put = lambda i, b: b.at[slot(i)].set(_gather(ws[slot(i)]))  # noqa: E731
+        put = lambda i, b: b.at[slot(i)].set(_gather(ws[slot(i)]))
         return lax.fori_loop(0, trips, put, jnp.zeros(full, ws.dtype)) * 2
     return body
 
@@ -48,7 +48,7 @@ def _fori(trips: int, slot):
 def _reading(slot_read, slot_write):
     def body(ws):
         full = (LAYERS, ws.shape[1] * 4, ws.shape[2])
-        put = lambda i, b: b.at[slot_write(i)].set(_gather(ws[slot_read(i)]))  # noqa: E731
+        put = lambda i, b: b.at[slot_write(i)].set(_gather(ws[slot_read(i)]))
         return lax.fori_loop(0, LAYERS, put, jnp.zeros(full, ws.dtype)) * 2
     return body
 
@@ -62,6 +62,11 @@ PROGRAMS = {
 }
 """Input name -> the sharded program (the first three correct, the last two wrong)."""
 
+HELD_OUT = {"scanned_fsdp_grads_fsdp4": "scanned_fsdp_grads",
+            "scanned_fsdp_grads_loss_psummed_not_pmeaned_fsdp4":
+            "scanned_fsdp_grads_loss_psummed"}
+"""The held-out pair the fill was missing for (examples/heldout/training_steps.py) -> input."""
+
 
 def main() -> None:
     with jax.default_device(jax.devices("cpu")[0]):
@@ -72,6 +77,10 @@ def main() -> None:
             ref, sharded = lower_pair(ex)
             (INPUTS / "loop_fill.ref.mlir").write_text(relative_paths(ref))
             (INPUTS / f"loop_fill_{name}.sharded.mlir").write_text(relative_paths(sharded))
+        for example, sharded_name in HELD_OUT.items():
+            ref, sharded = lower_pair(by_name(example))
+            (INPUTS / "scanned_fsdp_grads.ref.mlir").write_text(relative_paths(ref))
+            (INPUTS / f"{sharded_name}.sharded.mlir").write_text(relative_paths(sharded))
 
 
 if __name__ == "__main__":
