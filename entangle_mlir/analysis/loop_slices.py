@@ -123,8 +123,8 @@ def filled(k: int, depth: int, cond: Term, yields: list[Term], inits: list[Term]
     Whatever `b` held before is overwritten; where trips overlap they write the same values of
     `x`. The counters are run concretely from their constant inits while the condition holds
     (at most `MAX_FILL_TRIPS` trips), the windows' starts evaluated at each trip as the ops
-    take them (dynamic slices clamp, a scatter drops a window out of bounds). None: not such
-    a loop, or a trip not matched."""
+    take them (dynamic slices clamp; a scatter's window must fit). None: not such a loop, or
+    a trip not matched."""
     buffer = yields[k]
     if buffer.args[:1] != (make_loopvar(depth, k, buffer.shape, buffer.dtype),):
         return None
@@ -193,9 +193,9 @@ def _invariant(x: Term, depth: int) -> bool:
 def _trip_boxes(counters: dict[int, object], steps: dict[int, Term], depth: int, cond: Term,
                 reads: list[Term], writes: tuple[Term | None, ...], sizes: tuple[int, ...],
                 shape: tuple[int, ...]) -> list[tuple[int, ...]] | None:
-    """The start of the window each trip writes (a dropped write none), or None when a trip
-    writes elsewhere than it reads, a start or the condition reads more than the counters, or
-    the loop runs past `MAX_FILL_TRIPS`."""
+    """The start of the window each trip writes, or None when a trip writes elsewhere than it
+    reads or a scatter's window out of bounds, a start or the condition reads more than the
+    counters, or the loop runs past `MAX_FILL_TRIPS`."""
     boxes = []
     try:
         for _trip in range(MAX_FILL_TRIPS + 1):
@@ -203,11 +203,9 @@ def _trip_boxes(counters: dict[int, object], steps: dict[int, Term], depth: int,
             if not bool(evaluate_term(cond, env)):
                 return boxes
             at = [_clamped(evaluate_term(t, env), n, s) for t, n, s in zip(reads, shape, sizes)]
-            put = _put(writes, env, shape, sizes)
-            if put is not None and put != at:
+            if _put(writes, env, shape, sizes) != at:
                 return None
-            if put is not None:
-                boxes.append(tuple(at))
+            boxes.append(tuple(at))
             counters = {j: _scalar(evaluate_term(t, env)) for j, t in steps.items()}
     except (SemanticsError, KeyError, TypeError, ValueError):
         return None
@@ -215,13 +213,16 @@ def _trip_boxes(counters: dict[int, object], steps: dict[int, Term], depth: int,
 
 
 def _put(writes: tuple[Term | None, ...], env: dict, shape: tuple[int, ...],
-         sizes: tuple[int, ...]) -> list[int] | None:
+         sizes: tuple[int, ...]) -> list[int]:
     """Where a write's window lands: a dynamic_update_slice clamps its starts (all given); a
-    scatter (its unindexed dims None, from 0) drops a window that does not fit (None)."""
+    scatter's (its unindexed dims None, from 0) must fit, since StableHLO leaves a window out
+    of bounds to the implementation (ValueError)."""
     if all(t is not None for t in writes):
         return [_clamped(evaluate_term(t, env), n, s) for t, n, s in zip(writes, shape, sizes)]
     at = [0 if t is None else _scalar(evaluate_term(t, env)) for t in writes]
-    return at if all(0 <= a <= n - s for a, n, s in zip(at, shape, sizes)) else None
+    if not all(0 <= a <= n - s for a, n, s in zip(at, shape, sizes)):
+        raise ValueError("a scatter window out of bounds")
+    return at
 
 
 def _scalar(value) -> int:

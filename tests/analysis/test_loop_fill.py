@@ -14,7 +14,7 @@ import pytest
 from entangle_mlir.analysis.instance.term_equality import check_term_equality
 from entangle_mlir.analysis.loop_slices import closure, filled
 from entangle_mlir.core import terms as T
-from entangle_mlir.rules.gather_scatter import make_dynamic_update_slice
+from entangle_mlir.rules.gather_scatter import make_dynamic_update_slice, make_scatter
 
 DEPTH = 1
 
@@ -96,3 +96,35 @@ def test_closure_keeps_the_condition_and_what_yields_read():
     assert closure(2, frozenset({0}), reads, live) == [0, 2, 3]
     assert closure(4, frozenset({0}), reads, live) == [0, 1, 4]
     assert closure(3, frozenset(), reads, [0, 1, 2, 4]) == []
+
+
+ROW = {"update_window_dims": (0,), "inserted_window_dims": (0,),
+       "scatter_dims_to_operand_dims": (0,), "input_batching_dims": (),
+       "scatter_indices_batching_dims": (), "index_vector_dim": 0}
+"""`b.at[i].set(row)` on a 2-D buffer: one window (a row) at one index vector."""
+
+
+def _set_row(buffer: T.Term, x: T.Term, i: T.Term) -> T.Term:
+    row = T.make_reshape(_window(x, i), x.shape[1:])
+    return make_scatter(buffer, T.make_reshape(i, (1,)), row, ROW, "replace")
+
+
+@pytest.mark.parametrize("rows", [2, 3])
+def test_scatter_fill_is_x_exactly_when_z3_proves_the_unrolled_loop(rows):
+    """fori_loop's `b.at[i].set(x[i])`: a replacing scatter of one row per trip."""
+    T.start_over()
+    x = T.make_arg(0, (rows, 2), "f32")
+    start = T.make_arg(1, (rows, 2), "f32")
+    i = T.make_loopvar(DEPTH, 0, (), "i32")
+    b = T.make_loopvar(DEPTH, 1, x.shape, x.dtype)
+    for trips, holds in ((rows, True), (rows - 1, False)):
+        cond = T.make_elementwise("stablehlo.compare", (i, T.make_splat(trips, (), "i32")),
+                                  ("LT",), "i1")
+        yields = [_index(1, 1, i), _set_row(b, x, i)]
+        inits = [T.make_splat(0, (), "i32"), T.make_splat(0, x.shape, x.dtype)]
+        unrolled = start
+        for step in range(trips):
+            unrolled = _set_row(unrolled, x, T.make_splat(step, (), "i32"))
+        proof = check_term_equality(unrolled, x)
+        assert proof.status == ("proved" if holds else "refuted"), (trips, proof.describe())
+        assert (filled(1, DEPTH, cond, yields, inits) is x) is holds, trips
