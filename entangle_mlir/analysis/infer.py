@@ -715,9 +715,10 @@ def _loop_result(k: int, live: list[int], sliced: list[int], depth: int, cond: T
     """Carry `k`'s value at the loop's exit: `while_result` of the inits, condition and
     yields of the carries it depends on (`loop_slices`), the loop variables numbered within
     that slice; the whole loop where the slice cannot be renumbered."""
-    body = renumbered([cond] + [yields[j] for j in sliced], depth,
-                      {live.index(j): i for i, j in enumerate(sliced)})
-    if body is None or sliced == live:
+    body = None if sliced == live else renumbered(
+        [cond] + [yields[j] for j in sliced], depth,
+        {live.index(j): i for i, j in enumerate(sliced)})
+    if body is None:
         sliced, body = live, [cond] + [yields[j] for j in live]
     x = filled(sliced.index(k), depth, body[0], body[1:], [init_terms[j] for j in sliced])
     if x is not None:
