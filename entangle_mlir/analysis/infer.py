@@ -13,6 +13,7 @@ from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import sdy
 
 from entangle_mlir.analysis.layer_reuse import LayerIndex, LayerReuse
+from entangle_mlir.analysis.loop_slices import carry_reads, closure, filled, renumbered
 from entangle_mlir.core.diagnostics import InputError, SourceLoc
 from entangle_mlir.core.mesh import Mesh, axes_str, too_many_devices
 from entangle_mlir.core.progress import Progress
@@ -439,20 +440,17 @@ class Walker:
         finally:
             self.loop_depth = depth - 1
         live = [k for k in range(count) if k not in invariant]
-        summary = (cond[0].term.serial, tuple(yields[k].term.serial for k in live))
-        for body_term in [cond[0].term] + [yields[k].term for k in live]:
-            LOOP_BODY_TERMS[body_term.serial] = body_term
         init_terms = tuple(
             make_splat(splat_value(v.term), layout.term.shape, v.term.dtype)
             if v.term.op == "splat" else v.term for v, layout in zip(inits, layouts))
-        live_inits = tuple(init_terms[k] for k in live)
+        reads_cond, reads = carry_reads(op.regions[0].blocks[0], body)
         results = []
-        for k, (layout, out) in enumerate(zip(layouts, yields)):
+        for k, layout in enumerate(layouts):
             if k in invariant:
                 results.append(inits[k])
                 continue
-            term = intern("while_result", live_inits, (live.index(k), depth, summary),
-                          layout.term.shape, layout.term.dtype)
+            term = _loop_result(k, live, closure(k, reads_cond, reads, live), depth,
+                                cond[0].term, [y.term for y in yields], init_terms, layout)
             results.append(replace(layout, term=term, partial_origin=record
                                    if layout.partial else None))
         return results
@@ -710,6 +708,26 @@ def _residual(value: Value, tiling, mesh: Mesh, manual: tuple[str, ...],
                    f"{axes_str(missing)}, which its out_specs {partition_spec_text(tiling)} do "
                    "not split over: the global result holds only some devices' values")
     return Residual(value, tuple(tiling), mesh, tuple(manual), problem)
+
+
+def _loop_result(k: int, live: list[int], sliced: list[int], depth: int, cond: Term,
+                 yields: list[Term], init_terms: tuple[Term, ...], layout: Rel) -> Term:
+    """Carry `k`'s value at the loop's exit: `while_result` of the inits, condition and
+    yields of the carries it depends on (`loop_slices`), the loop variables numbered within
+    that slice; the whole loop where the slice cannot be renumbered."""
+    body = None if sliced == live else renumbered(
+        [cond] + [yields[j] for j in sliced], depth,
+        {live.index(j): i for i, j in enumerate(sliced)})
+    if body is None:
+        sliced, body = live, [cond] + [yields[j] for j in live]
+    x = filled(sliced.index(k), depth, body[0], body[1:], [init_terms[j] for j in sliced])
+    if x is not None:
+        return x
+    summary = (body[0].serial, tuple(t.serial for t in body[1:]))
+    for body_term in body:
+        LOOP_BODY_TERMS[body_term.serial] = body_term
+    return intern("while_result", tuple(init_terms[j] for j in sliced),
+                  (sliced.index(k), depth, summary), layout.term.shape, layout.term.dtype)
 
 
 def _moved_from(body, value, slot: int) -> int | None:

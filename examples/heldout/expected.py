@@ -11,8 +11,6 @@ NOT_PROVEN: dict[str, str] = {
         'a max guarded by `select(is_finite(m), m, 0)` (jax.nn.logsumexp) is met by a shift by the unguarded max only where the max is finite, and it may overflow (a sum or pro...',
     'grad_head_vocab_parallel_ce_tp4':
         'a max guarded by `select(is_finite(m), m, 0)` (jax.nn.logsumexp) is met by a shift by the unguarded max only where the max is finite, and it may overflow (a sum or pro...',
-    'scanned_fsdp_grads_fsdp4':
-        'cannot relate the value of while to the reference (the layout tier\'s reading "while computes while_result#1(...), which the reference never computes" was not confirmed...',
     'flash_decode_sp4':
         "the online softmax's running max may be -inf where a whole block of scores overflows (a sum or product of finite inputs, such as q . k, can overflow float32): the prog...",
     'ring_attention_sp4':
