@@ -79,9 +79,12 @@ def compare(first, second, avals, hypotheses: Callable[[list], list] = lambda xs
     a, b = outputs(first, inputs), outputs(second, inputs)
     claims = [to_z3(x) == to_z3(y) for out_a, out_b in zip(a, b, strict=True)
               for x, y in zip(np.ravel(out_a), np.ravel(out_b), strict=True)]
-    solver = z3.Solver()
+    # A fresh context: Z3's search order follows its terms' ids, which depend on what the
+    # process asked before (an argsort of 4 rows, 0.7 s here, ran past 60 s in a CI worker).
+    context = z3.Context()
+    solver = z3.Solver(ctx=context)
     solver.set("timeout", 60_000)
-    solver.add(*facts, *hypotheses(inputs))
-    solver.add(z3.Not(z3.And(claims)))
+    for fact in (*facts, *hypotheses(inputs), z3.Not(z3.And(claims))):
+        solver.add(fact.translate(context))
     answer = solver.check()
     return "proved" if answer == z3.unsat else "refuted" if answer == z3.sat else "unknown"
