@@ -318,9 +318,9 @@ def prove_all(claims: list, hypotheses: Iterable = (), name: str = "query",
     parts asked as one query get all of it, not 1/32 each: a share too thin for one query
     makes its verdict hang on Z3's search order, which differs with the process's history):
     the parts are the groups of claims sharing no free variable, or each claim alone where
-    all share one. A part is asked under the hypotheses that share a variable with it (a proof under fewer hypotheses is a proof); parts that are
-    the same query up to the names of their variables (`x[0] * 5` and `x[1] * 5`) are asked
-    once; a part refuted is asked again under every hypothesis (its model then satisfies them
+    all share one. A part is asked under the hypotheses that share a variable with it (a
+    proof under fewer hypotheses is a proof); parts that are the same query up to the names
+    of their variables (`x[0] * 5` and `x[1] * 5`) are asked once; a part refuted is asked again under every hypothesis (its model then satisfies them
     all: a real counterexample of the conjunction); an inconclusive part makes the answer
     inconclusive."""
     claims = [_as_bool(c) for c in claims]

@@ -586,9 +586,7 @@ def compared_value(a: Element, dtype: str) -> Element:
     z = num(a)
     if z.is_int() or _held_exactly(z, dtype):
         return a
-    result = uninterpreted(f"round_{dtype}")(z)
-    _note_rounding(f"round_{dtype}", z, result)
-    return result
+    return _unknown_rounding(z, dtype)
 
 
 def _rounded_number(value, dtype: str) -> Element:
@@ -598,7 +596,12 @@ def _rounded_number(value, dtype: str) -> Element:
     rounded = precision.round_to(value, dtype)
     if not precision.subnormal(rounded, dtype):
         return rounded
-    argument = z3.RealVal(str(Fraction(value)))
+    return _unknown_rounding(z3.RealVal(str(Fraction(value))), dtype)
+
+
+def _unknown_rounding(argument: z3.ArithRef, dtype: str) -> z3.ArithRef:
+    """`round_<dtype>(argument)`, uninterpreted, noted for the monotone hypotheses
+    (`collect_roundings`)."""
     result = uninterpreted(f"round_{dtype}")(argument)
     _note_rounding(f"round_{dtype}", argument, result)
     return result
@@ -1127,15 +1130,12 @@ def _saturated(a: Element, dtype: str) -> Element:
 
 
 def round_to(a: Element, dtype: str) -> Element:
-    """`a` rounded to float `dtype` (a narrowing convert): exactly on numbers, an
-    uninterpreted function `round_<dtype>` on z3 terms, so no proof takes it for the
-    identity."""
+    """`a` rounded to float `dtype` (a narrowing convert): exactly on numbers (a subnormal
+    result: unknown, `_rounded_number`), an uninterpreted function `round_<dtype>` on z3
+    terms, so no proof takes it for the identity."""
     if is_z3(a):
         z = num(a)
-        argument = z3.ToReal(z) if z.is_int() else z
-        result = uninterpreted(f"round_{dtype}")(argument)
-        _note_rounding(f"round_{dtype}", argument, result)
-        return result
+        return _unknown_rounding(z3.ToReal(z) if z.is_int() else z, dtype)
     value = pynum(a)
     if isinstance(value, float) and not math.isfinite(value):
         return value
