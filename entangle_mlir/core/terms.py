@@ -1357,6 +1357,10 @@ def make_transpose(term: Term, perm: tuple[int, ...]) -> Term:
     if term.op == "transpose":
         inner = term.attrs[0]
         return make_transpose(term.args[0], tuple(inner[p] for p in perm))
+    if term.op == "stablehlo.dot_general":
+        swapped = _transposed_dot(term, perm)
+        if swapped is not None:
+            return swapped
     collapsed = _collapse_movement(term, perm, shape)
     if collapsed is not None:
         return collapsed
@@ -1740,10 +1744,89 @@ def make_dot(lhs: Term, rhs: Term, attrs: tuple, shape: tuple[int, ...], dtype: 
     pulled = _dot_of_repeat(lhs, rhs, attrs, tuple(shape), dtype)
     if pulled is not None:
         return pulled
+    absorbed = _dot_of_transposed(lhs, rhs, attrs)
+    if absorbed is not None:
+        return make_dot(*absorbed, tuple(shape), dtype)
     kl, tl = factor_content(lhs)
     kr, tr = factor_content(rhs)
     dot = intern("stablehlo.dot_general", (tl, tr), attrs, tuple(shape), dtype)
     return scale(dot, kl * kr) if kl * kr != 1 else dot
+
+
+def _dot_of_transposed(lhs: Term, rhs: Term, attrs: tuple
+                       ) -> tuple[Term, Term, tuple] | None:
+    """dot_general of a transposed operand as the dot_general of the operand itself, its
+    contracting dims read through the permutation: the same products summed in the same order
+    (`A.T @ B` is a contraction of A's dim 0 with B's), where the permutation keeps the
+    operand's free dims in order (the result's dims are the same). Not for dots with batch
+    dims: absorbing reorders them (`(2, 0)`), and the general tier's joins of attention's
+    per-head contractions then no longer meet."""
+    lb, rb, lc, rc = attrs
+    if lb or rb:
+        return None
+    operands = [lhs, rhs]
+    dims = [[tuple(lb), tuple(lc)], [tuple(rb), tuple(rc)]]
+    changed = False
+    for side in (0, 1):
+        operand = _oriented(operands[side])
+        if operand.op != "transpose":
+            continue
+        (perm,) = operand.attrs
+        batch, contract = dims[side]
+        free = [d for d in range(len(perm)) if d not in batch and d not in contract]
+        if [perm[d] for d in free] != sorted(perm[d] for d in free):
+            continue
+        operands[side] = operand.args[0]
+        dims[side] = [tuple(perm[d] for d in batch), tuple(perm[d] for d in contract)]
+        changed = True
+    if not changed:
+        return None
+    (nlb, nlc), (nrb, nrc) = dims
+    return operands[0], operands[1], (nlb, nrb, nlc, nrc)
+
+
+def _oriented(operand: Term) -> Term:
+    """An operand of a dot_general that is itself a dot_general of two operands with free
+    dims, in the orientation whose first operand was built first: `dot(B, A)` read as
+    `transpose(dot(A, B))` (the same values), so that a dot of `(A @ B).T` (its transpose
+    swapped away by `make_transpose`) and of the transpose of `A @ B` meet."""
+    if operand.op != "stablehlo.dot_general" or \
+            operand.args[0].serial <= operand.args[1].serial:
+        return operand
+    lb, rb, lc, rc = operand.attrs
+    lhs, rhs = operand.args
+    batch = len(lb)
+    lhs_free = len(lhs.shape) - batch - len(lc)
+    rhs_free = len(rhs.shape) - batch - len(rc)
+    if lhs_free == 0 or rhs_free == 0:
+        return operand
+    flipped_shape = (operand.shape[:batch] + operand.shape[batch + lhs_free:]
+                     + operand.shape[batch:batch + lhs_free])
+    flipped = intern("stablehlo.dot_general", (rhs, lhs), (rb, lb, rc, lc),
+                     tuple(flipped_shape), operand.dtype)
+    perm = (tuple(range(batch)) + tuple(range(batch + rhs_free, batch + rhs_free + lhs_free))
+            + tuple(range(batch, batch + rhs_free)))
+    return intern("transpose", (flipped,), (perm,), operand.shape, operand.dtype)
+
+
+def _transposed_dot(term: Term, perm: tuple[int, ...]) -> Term | None:
+    """A transpose of a dot_general that swaps its lhs-free and rhs-free dims (batch dims in
+    place, each side's free dims in order) as the dot_general with its operands swapped: the
+    same products (`(A @ B).T` is `B.T @ A.T`, contracted as `dot_general(B, A)`). Not for
+    dots with batch dims (as `_dot_of_transposed`)."""
+    lb, rb, lc, rc = term.attrs
+    if lb or rb:
+        return None
+    lhs, rhs = term.args
+    batch = len(lb)
+    lhs_free = len(lhs.shape) - batch - len(lc)
+    rhs_free = len(rhs.shape) - batch - len(rc)
+    swapped = (tuple(range(batch)) + tuple(range(batch + lhs_free, batch + lhs_free + rhs_free))
+               + tuple(range(batch, batch + lhs_free)))
+    if perm != swapped or lhs_free == 0 or rhs_free == 0:
+        return None
+    shape = tuple(term.shape[p] for p in perm)
+    return make_dot(rhs, lhs, (rb, lb, rc, lc), shape, term.dtype)
 
 
 def _dot_of_repeat(lhs: Term, rhs: Term, attrs: tuple, shape: tuple[int, ...],
