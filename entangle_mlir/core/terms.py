@@ -1774,7 +1774,7 @@ def _dot_of_transposed(lhs: Term, rhs: Term, attrs: tuple
         (perm,) = operand.attrs
         batch, contract = dims[side]
         free = [d for d in range(len(perm)) if d not in batch and d not in contract]
-        if [perm[d] for d in free] != sorted(perm[d] for d in free):
+        if not _read_in_blocks(perm, free, contract, dims[1 - side][1]):
             continue
         operands[side] = operand.args[0]
         dims[side] = [tuple(perm[d] for d in batch), tuple(perm[d] for d in contract)]
@@ -1785,13 +1785,35 @@ def _dot_of_transposed(lhs: Term, rhs: Term, attrs: tuple
     return operands[0], operands[1], (nlb, nrb, nlc, nrc)
 
 
+def _read_in_blocks(perm: tuple[int, ...], free: list[int], contract: tuple[int, ...],
+                    other: tuple[int, ...]) -> bool:
+    """Whether a transposed operand read through `perm` keeps the blocks the normal form
+    reads a contraction's operand in: its free dims one run, in order (the result's dims are
+    the same), and each run of contracted dims adjacent, in order, on both operands
+    (`contract` against the other operand's `other`) still one run in order
+    (`normal_form.regroup.merge_contracted_dims` merges it into one dim). Otherwise a
+    device's block, whose batch dim of one row the normal form takes out and puts back
+    next to its other free dims (`normal_form.squeeze`), is read in a layout the whole
+    batch is not (the FSDP attention of `cookbook_loss_and_grads`: `transpose(out)` puts
+    batch and query rows side by side, heads last, where `out` has them apart)."""
+    placed = [perm[d] for d in free]
+    if placed != list(range(placed[0], placed[0] + len(placed))) if placed else False:
+        return False
+    pairs = sorted(zip(contract, other))
+    return all(perm[b[0]] == perm[a[0]] + 1 for a, b in zip(pairs, pairs[1:])
+               if b == (a[0] + 1, a[1] + 1))
+
+
 def _oriented(operand: Term) -> Term:
     """An operand of a dot_general that is itself a dot_general of two operands with free
-    dims, in the orientation whose first operand was built first: `dot(B, A)` read as
-    `transpose(dot(A, B))` (the same values), so that a dot of `(A @ B).T` (its transpose
-    swapped away by `make_transpose`) and of the transpose of `A @ B` meet."""
+    dims, in the orientation whose first operand has the lesser `orientation_key`: `dot(B,
+    A)` read as `transpose(dot(A, B))` (the same values), so that a dot of `(A @ B).T` (its
+    transpose swapped away by `make_transpose`) and of the transpose of `A @ B` meet. The key
+    is read off what the operands compute, never the order they were built in (a per-device
+    program builds its values in another order than the reference); where it ties, the dot
+    is read as built."""
     if operand.op != "stablehlo.dot_general" or \
-            operand.args[0].serial <= operand.args[1].serial:
+            orientation_key(operand.args[0]) <= orientation_key(operand.args[1]):
         return operand
     lb, rb, lc, rc = operand.attrs
     lhs, rhs = operand.args
@@ -1807,6 +1829,45 @@ def _oriented(operand: Term) -> Term:
     perm = (tuple(range(batch)) + tuple(range(batch + rhs_free, batch + rhs_free + lhs_free))
             + tuple(range(batch, batch + rhs_free)))
     return intern("transpose", (flipped,), (perm,), operand.shape, operand.dtype)
+
+
+_ORIENTATION_KEYS: tuple[dict[int, tuple], ...] = tuple({} for _ in range(SKELETON_DEPTH + 1))
+"""`_orientation_key` by depth, then by term serial."""
+
+_KEY_MOVES = frozenset({"slice", "reshape", "transpose", "broadcast", "concatenate"})
+"""Ops `orientation_key` reads through (a concatenation through its first piece): they move
+or pick elements, and a device's rows of a value are the value's under them."""
+
+
+def orientation_key(term: Term) -> tuple:
+    """A key ordering a contraction's two operands by what they compute, alike in every
+    program that computes them and in a device's rows of them: like `skeleton` (op, dtype,
+    the operands' keys sorted, with their coefficients for a sum, `SKELETON_DEPTH` levels
+    down), through movements (`_KEY_MOVES`), with each argument's index (`x @ w`: x is
+    argument 0). Holds no serials and no shapes, so it does not depend on the order terms
+    were built in."""
+    return _orientation_key(term, SKELETON_DEPTH)
+
+
+def _orientation_key(term: Term, depth: int) -> tuple:
+    while term.op in _KEY_MOVES and term.args:
+        term = term.args[0]
+    memo = _ORIENTATION_KEYS[depth]
+    found = memo.get(term.serial)
+    if found is not None:
+        return found
+    head = (term.op, term.dtype)
+    if term.op == "arg":
+        out = head + (term.attrs[:1],)
+    elif depth == 0 or not term.args:
+        out = head + ((),)
+    elif term.op == "lin":
+        out = head + (tuple(sorted((c, _orientation_key(t, depth - 1))
+                                   for c, t in zip(term.attrs[1], term.args))),)
+    else:
+        out = head + (tuple(sorted(_orientation_key(t, depth - 1) for t in term.args)),)
+    memo[term.serial] = out
+    return out
 
 
 def _transposed_dot(term: Term, perm: tuple[int, ...]) -> Term | None:
