@@ -1757,10 +1757,10 @@ def _dot_of_transposed(lhs: Term, rhs: Term, attrs: tuple
                        ) -> tuple[Term, Term, tuple] | None:
     """dot_general of a transposed operand as the dot_general of the operand itself, its
     contracting dims read through the permutation: the same products summed in the same order
-    (`A.T @ B` is a contraction of A's dim 0 with B's), where the permutation keeps the
-    operand's free dims in order (the result's dims are the same). Not for dots with batch
-    dims: absorbing reorders them (`(2, 0)`), and the general tier's joins of attention's
-    per-head contractions then no longer meet."""
+    (`A.T @ B` is a contraction of A's dim 0 with B's), where the operand keeps the blocks
+    the normal form reads it in (`_read_in_blocks`; the result's dims are the same). Not for
+    dots with batch dims: absorbing reorders them (`(2, 0)`), and the general tier's joins of
+    attention's per-head contractions then no longer meet."""
     lb, rb, lc, rc = attrs
     if lb or rb:
         return None
@@ -1797,10 +1797,10 @@ def _read_in_blocks(perm: tuple[int, ...], free: list[int], contract: tuple[int,
     batch is not (the FSDP attention of `cookbook_loss_and_grads`: `transpose(out)` puts
     batch and query rows side by side, heads last, where `out` has them apart)."""
     placed = [perm[d] for d in free]
-    if placed != list(range(placed[0], placed[0] + len(placed))) if placed else False:
+    if placed and placed != list(range(placed[0], placed[0] + len(placed))):
         return False
     pairs = sorted(zip(contract, other))
-    return all(perm[b[0]] == perm[a[0]] + 1 for a, b in zip(pairs, pairs[1:])
+    return all(perm[b[0]] == perm[a[0]] + 1 for a, b in itertools.pairwise(pairs)
                if b == (a[0] + 1, a[1] + 1))
 
 
