@@ -1758,12 +1758,8 @@ def _dot_of_transposed(lhs: Term, rhs: Term, attrs: tuple
     """dot_general of a transposed operand as the dot_general of the operand itself, its
     contracting dims read through the permutation: the same products summed in the same order
     (`A.T @ B` is a contraction of A's dim 0 with B's), where the operand keeps the blocks
-    the normal form reads it in (`_read_in_blocks`; the result's dims are the same). Not for
-    dots with batch dims: absorbing reorders them (`(2, 0)`), and the general tier's joins of
-    attention's per-head contractions then no longer meet."""
+    the normal form reads it in (`_read_in_blocks`; the result's dims are the same)."""
     lb, rb, lc, rc = attrs
-    if lb or rb:
-        return None
     operands = [lhs, rhs]
     dims = [[tuple(lb), tuple(lc)], [tuple(rb), tuple(rc)]]
     changed = False
@@ -1774,7 +1770,7 @@ def _dot_of_transposed(lhs: Term, rhs: Term, attrs: tuple
         (perm,) = operand.attrs
         batch, contract = dims[side]
         free = [d for d in range(len(perm)) if d not in batch and d not in contract]
-        if not _read_in_blocks(perm, free, contract, dims[1 - side][1]):
+        if not _read_in_blocks(perm, free, batch, contract, dims[1 - side][1]):
             continue
         operands[side] = operand.args[0]
         dims[side] = [tuple(perm[d] for d in batch), tuple(perm[d] for d in contract)]
@@ -1785,11 +1781,13 @@ def _dot_of_transposed(lhs: Term, rhs: Term, attrs: tuple
     return operands[0], operands[1], (nlb, nrb, nlc, nrc)
 
 
-def _read_in_blocks(perm: tuple[int, ...], free: list[int], contract: tuple[int, ...],
-                    other: tuple[int, ...]) -> bool:
+def _read_in_blocks(perm: tuple[int, ...], free: list[int], batch: tuple[int, ...],
+                    contract: tuple[int, ...], other: tuple[int, ...]) -> bool:
     """Whether a transposed operand read through `perm` keeps the blocks the normal form
-    reads a contraction's operand in: its free dims one run, in order (the result's dims are
-    the same), and each run of contracted dims adjacent, in order, on both operands
+    reads a contraction's operand in: its batch dims where they are (moved, the general
+    tier's joins of attention's per-head contractions no longer meet: test_frontier_pipeline),
+    its free dims one run, in order (the result's dims are the same), and each run of
+    contracted dims adjacent, in order, on both operands
     (`contract` against the other operand's `other`) still one run in order
     (`normal_form.regroup.merge_contracted_dims` merges it into one dim). Otherwise a
     device's block, whose batch dim of one row the normal form takes out and puts back
@@ -1798,6 +1796,8 @@ def _read_in_blocks(perm: tuple[int, ...], free: list[int], contract: tuple[int,
     batch and query rows side by side, heads last, where `out` has them apart)."""
     placed = [perm[d] for d in free]
     if placed and placed != list(range(placed[0], placed[0] + len(placed))):
+        return False
+    if any(perm[d] != d for d in batch):
         return False
     pairs = sorted(zip(contract, other))
     return all(perm[b[0]] == perm[a[0]] + 1 for a, b in itertools.pairwise(pairs)
@@ -1873,11 +1873,8 @@ def _orientation_key(term: Term, depth: int) -> tuple:
 def _transposed_dot(term: Term, perm: tuple[int, ...]) -> Term | None:
     """A transpose of a dot_general that swaps its lhs-free and rhs-free dims (batch dims in
     place, each side's free dims in order) as the dot_general with its operands swapped: the
-    same products (`(A @ B).T` is `B.T @ A.T`, contracted as `dot_general(B, A)`). Not for
-    dots with batch dims (as `_dot_of_transposed`)."""
+    same products (`(A @ B).T` is `B.T @ A.T`, contracted as `dot_general(B, A)`)."""
     lb, rb, lc, rc = term.attrs
-    if lb or rb:
-        return None
     lhs, rhs = term.args
     batch = len(lb)
     lhs_free = len(lhs.shape) - batch - len(lc)

@@ -48,16 +48,41 @@ def test_a_transposed_dot_is_the_dot_of_the_operands_swapped(m, k, n) -> None:
     assert proved(before, after)
 
 
-def test_batched_dots_keep_their_transposes() -> None:
-    """A dot with batch dims is left as built: absorbing a transpose reorders its batch dims
-    (`(2, 0)`), which the general tier's joins of attention's per-head contractions do not
-    meet (tests/examples/test_frontier_pipeline.py failed with it)."""
-    a, b = make_arg(0, (2, 3, 4), "f32"), make_arg(1, (2, 4, 5), "f32")
+@pytest.mark.parametrize("b, m, k, n", [(2, 3, 2, 2), (1, 2, 3, 2), (3, 2, 2, 1)])
+def test_a_batched_dot_reads_a_transpose_keeping_its_batch_dims(b, m, k, n) -> None:
+    """`transpose(A, (0, 2, 1))` contracted per batch row is A contracted in place, and a
+    transpose swapping a batched dot's free dims is the dot of the operands swapped (Z3)."""
+    a, c = make_arg(0, (b, k, m), "f32"), make_arg(1, (b, k, n), "f32")
     attrs = ((0,), (0,), (2,), (1,))
-    dot = make_dot(a, b, attrs, (2, 3, 5), "f32")
-    assert make_transpose(dot, (0, 2, 1)).op == "transpose"
-    t = make_transpose(a, (0, 2, 1))
-    assert make_dot(t, b, ((0,), (0,), (1,), (1,)), (2, 3, 5), "f32").args[0] is t
+    before = _raw_dot(_raw_transpose(a, (0, 2, 1)), c, attrs, (b, m, n))
+    after = make_dot(make_transpose(a, (0, 2, 1)), c, attrs, (b, m, n), "f32")
+    assert after.args == (a, c) and after.attrs == ((0,), (0,), (1,), (1,))
+    assert proved(before, after)
+    x, y = make_arg(2, (b, m, k), "f32"), make_arg(3, (b, k, n), "f32")
+    dot_attrs = ((0,), (0,), (2,), (1,))
+    raw_swap = _raw_transpose(_raw_dot(x, y, dot_attrs, (b, m, n)), (0, 2, 1))
+    swapped = make_transpose(make_dot(x, y, dot_attrs, (b, m, n), "f32"), (0, 2, 1))
+    assert swapped.op == "stablehlo.dot_general" and swapped.args == (y, x)
+    assert proved(raw_swap, swapped)
+
+
+def test_a_batched_swap_without_its_transpose_is_refuted() -> None:
+    """The nearest wrong reading of a batched `(A @ B).T`: the operands swapped, each batch
+    row's result left untransposed (square blocks, so the shapes agree)."""
+    x, y = make_arg(0, (2, 3, 3), "f32"), make_arg(1, (2, 3, 3), "f32")
+    attrs = ((0,), (0,), (2,), (1,))
+    dot = make_dot(x, y, attrs, (2, 3, 3), "f32")
+    assert refuted(make_transpose(dot, (0, 2, 1)), dot)
+    assert refuted(make_transpose(dot, (0, 2, 1)), _raw_dot(y, x, attrs, (2, 3, 3)))
+
+
+def test_a_transpose_moving_batch_dims_is_kept() -> None:
+    """Read in place, `transpose(A, (1, 0, 2))` would contract per row of A's dim 1: its
+    batch dims move, which the general tier's joins of attention's per-head contractions do
+    not meet (tests/examples/test_frontier_pipeline.py failed with it); it is kept."""
+    a, c = make_arg(0, (3, 2, 4), "f32"), make_arg(1, (2, 4, 5), "f32")
+    t = make_transpose(a, (1, 0, 2))
+    assert make_dot(t, c, ((0,), (0,), (2,), (1,)), (2, 3, 5), "f32").args[0] is t
 
 
 def test_a_weight_gradient_meets_in_both_spellings() -> None:
