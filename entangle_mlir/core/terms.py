@@ -623,19 +623,27 @@ def skeleton(term: Term) -> tuple:
     return _skeleton(term, SKELETON_DEPTH)
 
 
-def _skeleton(term: Term, depth: int) -> tuple:
-    memo = _SKELETONS[depth]
+def _skeleton(term: Term, depth: int, memos: tuple[dict[int, tuple], ...] = _SKELETONS,
+              through: frozenset[str] = frozenset()) -> tuple:
+    """`skeleton` with its memos (by depth); `through`: ops read through to their first
+    operand, and then arguments keep their index (`orientation_key`)."""
+    while term.op in through and term.args:
+        term = term.args[0]
+    memo = memos[depth]
     found = memo.get(term.serial)
     if found is not None:
         return found
     head = (term.op, term.dtype)
-    if depth == 0 or not term.args:
+    if through and term.op == "arg":
+        out = head + (term.attrs[:1],)
+    elif depth == 0 or not term.args:
         out = head + ((),)
     elif term.op == "lin":
-        out = head + (tuple(sorted((c, _skeleton(t, depth - 1))
+        out = head + (tuple(sorted((c, _skeleton(t, depth - 1, memos, through))
                                    for c, t in zip(term.attrs[1], term.args))),)
     else:
-        out = head + (tuple(sorted(_skeleton(t, depth - 1) for t in term.args)),)
+        out = head + (tuple(sorted(_skeleton(t, depth - 1, memos, through)
+                                   for t in term.args)),)
     memo[term.serial] = out
     return out
 
@@ -1832,7 +1840,7 @@ def _oriented(operand: Term) -> Term:
 
 
 _ORIENTATION_KEYS: tuple[dict[int, tuple], ...] = tuple({} for _ in range(SKELETON_DEPTH + 1))
-"""`_orientation_key` by depth, then by term serial."""
+"""`orientation_key` by depth, then by term serial."""
 
 _KEY_MOVES = frozenset({"slice", "reshape", "transpose", "broadcast", "concatenate"})
 """Ops `orientation_key` reads through (a concatenation through its first piece): they move
@@ -1846,28 +1854,7 @@ def orientation_key(term: Term) -> tuple:
     down), through movements (`_KEY_MOVES`), with each argument's index (`x @ w`: x is
     argument 0). Holds no serials and no shapes, so it does not depend on the order terms
     were built in."""
-    return _orientation_key(term, SKELETON_DEPTH)
-
-
-def _orientation_key(term: Term, depth: int) -> tuple:
-    while term.op in _KEY_MOVES and term.args:
-        term = term.args[0]
-    memo = _ORIENTATION_KEYS[depth]
-    found = memo.get(term.serial)
-    if found is not None:
-        return found
-    head = (term.op, term.dtype)
-    if term.op == "arg":
-        out = head + (term.attrs[:1],)
-    elif depth == 0 or not term.args:
-        out = head + ((),)
-    elif term.op == "lin":
-        out = head + (tuple(sorted((c, _orientation_key(t, depth - 1))
-                                   for c, t in zip(term.attrs[1], term.args))),)
-    else:
-        out = head + (tuple(sorted(_orientation_key(t, depth - 1) for t in term.args)),)
-    memo[term.serial] = out
-    return out
+    return _skeleton(term, SKELETON_DEPTH, _ORIENTATION_KEYS, _KEY_MOVES)
 
 
 def _transposed_dot(term: Term, perm: tuple[int, ...]) -> Term | None:
