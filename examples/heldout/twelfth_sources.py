@@ -515,6 +515,233 @@ def attention_heads_softmax_over_queries(mesh):
     return f
 
 
+# ----- expert capacity: counts summed in float32, or in bfloat16 (the other dtype) --------------
+
+CAPACITY_EXPERTS, CAPACITY = 4, 240.0
+
+
+def overflow_ref(idx):
+    counts = jnp.sum(jax.nn.one_hot(idx, CAPACITY_EXPERTS, dtype=jnp.float32), axis=0)
+    return jnp.maximum(counts - CAPACITY, 0.0)
+
+
+def _overflow(idx, dtype):
+    local = jnp.sum(jax.nn.one_hot(idx, CAPACITY_EXPERTS, dtype=jnp.float32), axis=0)
+    counts = lax.psum(local.astype(dtype), "dp").astype(jnp.float32)
+    return jnp.maximum(counts - CAPACITY, 0.0)
+
+
+def overflow(idx):
+    return _overflow(idx, jnp.float32)
+
+
+def overflow_bf16_psum(idx):
+    return _overflow(idx, jnp.bfloat16)  # BUG
+
+
+def int_counts_ref(idx):
+    return jnp.sum(jax.nn.one_hot(idx, CAPACITY_EXPERTS, dtype=jnp.int32), axis=0)
+
+
+def _int_counts(idx, dtype):
+    local = jnp.sum(jax.nn.one_hot(idx, CAPACITY_EXPERTS, dtype=jnp.int32), axis=0)
+    return lax.psum(local.astype(dtype), "dp").astype(jnp.int32)
+
+
+def int_counts(idx):
+    return _int_counts(idx, jnp.int32)
+
+
+def int_counts_int8(idx):
+    return _int_counts(idx, jnp.int8)  # BUG
+
+
+def _capacity_ids():
+    """Counts near the capacity, not all even (bfloat16 spaces 256..512 by 2)."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    return [[rng.permutation(np.repeat(np.arange(4), [259, 257, 255, 253])).astype(np.int32)]]
+
+
+# ----- a similarity over a sharded embed dim, scaled by the global width -----------------------
+
+def similarity_ref(q, k):
+    return jax.nn.softmax(q @ k.T / jnp.sqrt(jnp.float32(q.shape[-1])), axis=-1)
+
+
+def _similarity(q, k, width):
+    s = lax.psum(q @ k.T, "tp")
+    return jax.nn.softmax(s / jnp.sqrt(jnp.float32(width(q))), axis=-1)
+
+
+def similarity(q, k):
+    return _similarity(q, k, lambda q: q.shape[-1] * lax.axis_size("tp"))
+
+
+def similarity_local_width(q, k):
+    return _similarity(q, k, lambda q: q.shape[-1])  # BUG
+
+
+# ----- psum_scatter untiled: each device keeps one row of the summed product ---------------------
+
+def flat_matmul_ref(x, w):
+    return (x @ w).reshape(-1)
+
+
+def flat_scatter(x, w):
+    return lax.psum_scatter(x @ w, "i", scatter_dimension=0, tiled=False)
+
+
+def flat_scatter_rows_reversed(x, w):
+    return lax.psum_scatter((x @ w)[::-1], "i", scatter_dimension=0, tiled=False)  # BUG
+
+
+# ----- microbatches in a scan with an int32 counter, data parallel ------------------------------
+
+def _mb_loss(w, x, t):
+    return jnp.mean((jnp.tanh(x @ w) - t) ** 2)
+
+
+mb_ref = jax.grad(_mb_loss)
+
+
+def _microbatched(w, x, t, start: int):
+    def step(carry, batch):
+        total, count = carry
+        return (total + jax.grad(_mb_loss)(w, *batch), count + 1), None
+
+    xs = x.reshape(2, -1, x.shape[-1])
+    ts = t.reshape(2, -1, t.shape[-1])
+    (total, count), _ = lax.scan(step, (jnp.zeros_like(w), jnp.int32(start)), (xs, ts))
+    return lax.psum(total, "dp") / lax.psum(count, "dp").astype(jnp.float32)
+
+
+def microbatched(w, x, t):
+    return _microbatched(w, x, t, 0)
+
+
+def microbatched_count_from_one(w, x, t):
+    return _microbatched(w, x, t, 1)  # BUG
+
+
+# ----- a gather spelled as dynamic_update_slice into zeros, then psum ----------------------------
+
+def identity_ref(x):
+    return x
+
+
+def _dus_gather(x, extra: int):
+    chunk = x.shape[0]
+    buf = jnp.zeros((chunk * lax.axis_size("i"),), x.dtype)
+    buf = lax.dynamic_update_slice(buf, x, (lax.axis_index("i") * chunk + extra,))
+    return lax.psum(buf, "i")
+
+
+def dus_gather(x):
+    return _dus_gather(x, 0)
+
+
+def dus_gather_off_by_one(x):
+    return _dus_gather(x, 1)  # BUG
+
+
+# ----- cumsum as a local associative_scan plus the gathered exclusive prefix ---------------------
+
+def cumsum1_ref(x):
+    return jnp.cumsum(x)
+
+
+def _assoc_cumsum(x, before):
+    local = lax.associative_scan(jnp.add, x)
+    totals = lax.all_gather(local[-1], "i")
+    mine = lax.axis_index("i")
+    return local + jnp.sum(jnp.where(before(jnp.arange(totals.shape[0]), mine), totals, 0.0))
+
+
+def assoc_cumsum(x):
+    return _assoc_cumsum(x, lambda k, mine: k < mine)
+
+
+def assoc_cumsum_inclusive(x):
+    return _assoc_cumsum(x, lambda k, mine: k <= mine)  # BUG
+
+
+# ----- segment_sum over batch-sharded rows ------------------------------------------------------
+
+def segment_ref(data, seg):
+    return jax.ops.segment_sum(data, seg, num_segments=4)
+
+
+def _segment(data, seg, axes):
+    return lax.psum(jax.ops.segment_sum(data, seg, num_segments=4), axes)
+
+
+def segment(data, seg):
+    return _segment(data, seg, "dp")
+
+
+def segment_over_dp_tp(data, seg):
+    return _segment(data, seg, ("dp", "tp"))  # BUG
+
+
+# ----- more jit with in/out shardings: cross entropy, argmax, top_k, reverse cumsum ------------
+
+def ce_ref(logits, labels):
+    picked = jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+    return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
+
+
+def ce(mesh):
+    return ce_ref
+
+
+def ce_labels_shifted(mesh):
+    def f(logits, labels):
+        labels = (labels + 1) % logits.shape[-1]  # BUG
+        return ce_ref(logits, labels)
+    return f
+
+
+def argmax_rows_ref(x):
+    return jnp.argmax(x, axis=-1)
+
+
+def argmax_rows(mesh):
+    return argmax_rows_ref
+
+
+def argmax_rows_argmin(mesh):
+    return lambda x: jnp.argmin(x, axis=-1)  # BUG
+
+
+def top2_ref(x):
+    return tuple(lax.top_k(x, 2))
+
+
+def top2(mesh):
+    return top2_ref
+
+
+def top2_reversed(mesh):
+    def f(x):
+        values, where = lax.top_k(x, 2)
+        return values[:, ::-1], where[:, ::-1]  # BUG
+    return f
+
+
+def rcumsum_ref(x):
+    return lax.cumsum(x, axis=0, reverse=True)
+
+
+def rcumsum(mesh):
+    return rcumsum_ref
+
+
+def rcumsum_forward(mesh):
+    return lambda x: lax.cumsum(x, axis=0, reverse=False)  # BUG
+
+
 # ----- the corpus -------------------------------------------------------------------------------
 
 def _pair(name, mesh, ref, good, bad, bug, args, out, what, **kw) -> list[Example]:
@@ -624,4 +851,45 @@ def programs() -> list[Example]:
                  attention_heads_softmax_over_queries, "softmax_over_queries", qkv,
                  P("dp", None, "tp", None), f"{jit_}: t5x logical axes (batch -> data, "
                  "heads -> model)", xla=True)
+    dp4 = "MaxText MoE capacity (tokens per expert)"
+    cap = [ids((1024,), P("dp"), CAPACITY_EXPERTS)]
+    out += _pair("capacity_overflow", DP4, overflow_ref, overflow, overflow_bf16_psum,
+                 "bf16_psum", cap, P(), f"{dp4}: float32 counts psum'd, tokens over capacity",
+                 chosen=_capacity_ids)
+    out += _pair("int_counts", DP4, int_counts_ref, int_counts, int_counts_int8, "int8", cap,
+                 P(), f"{dp4}: int32 one-hot counts psum'd", chosen=_capacity_ids)
+    qk = [f32((8, 16), P(None, "tp")), f32((8, 16), P(None, "tp"))]
+    out += _pair("similarity", TP4, similarity_ref, similarity, similarity_local_width,
+                 "local_width", qk, P(), "dot-product scores over a TP-sharded embed dim, "
+                 "scaled by 1/sqrt(global width)")
+    fl = [f32((4, 16), P(None, "i")), f32((16, 6), P("i", None), "weight")]
+    out += _pair("flat_scatter", I4, flat_matmul_ref, flat_scatter, flat_scatter_rows_reversed,
+                 "rows_reversed", fl, P("i"), "psum_scatter(tiled=False): each device keeps "
+                 "one row of the summed product")
+    mb = [f32((8, 4), P(), "weight"), f32((16, 8), P("dp", None)), f32((16, 4), P("dp", None))]
+    out += _pair("microbatch_counter", DP4, mb_ref, microbatched, microbatched_count_from_one,
+                 "count_from_one", mb, P(), "gradient accumulation over microbatches in a "
+                 "scan with an int32 counter, averaged by the psum'd count", check_vma=False)
+    out += _pair("dus_gather", I4, identity_ref, dus_gather, dus_gather_off_by_one,
+                 "off_by_one", [f32((16,), P("i"))], P(), "an all_gather spelled as "
+                 "dynamic_update_slice at axis_index * chunk into zeros, then psum")
+    out += _pair("assoc_scan_cumsum", I4, cumsum1_ref, assoc_cumsum, assoc_cumsum_inclusive,
+                 "inclusive", [f32((16,), P("i"))], P("i"), "cumsum as a local "
+                 "lax.associative_scan plus the gathered exclusive prefix", check_vma=False)
+    out += _pair("segment_sum", DP2_TP2, segment_ref, segment, segment_over_dp_tp, "over_dp_tp",
+                 [f32((16, 4), P("dp", None)), ids((16,), P("dp"), 4)], P(),
+                 "jax.ops.segment_sum over batch-sharded rows, psum over data")
+    out += _pair("xla_cross_entropy", TP4, ce_ref, ce, ce_labels_shifted, "labels_shifted",
+                 [f32((8, 32), P(None, "tp")), ids((8,), P(), 32)], P(),
+                 f"{jit_}: cross entropy with take_along_axis over vocab-sharded logits",
+                 xla=True, bug_fn=ce_labels_shifted)
+    out += _pair("xla_argmax", TP4, argmax_rows_ref, argmax_rows, argmax_rows_argmin, "argmin",
+                 [f32((8, 16), P(None, "tp"))], P(), f"{jit_}: argmax over a sharded axis",
+                 xla=True)
+    out += _pair("xla_top2", TP4, top2_ref, top2, top2_reversed, "reversed",
+                 [f32((8, 16), P(None, "tp"))], (P(), P()),
+                 f"{jit_}: lax.top_k over a sharded axis", xla=True)
+    out += _pair("xla_reverse_cumsum", I4, rcumsum_ref, rcumsum, rcumsum_forward, "forward",
+                 [f32((8, 4), P("i", None))], P("i", None),
+                 f"{jit_}: lax.cumsum(reverse=True) along a sharded axis", xla=True)
     return out
