@@ -742,6 +742,106 @@ def rcumsum_forward(mesh):
     return lambda x: lax.cumsum(x, axis=0, reverse=False)  # BUG
 
 
+# ----- vocab-parallel lookup with one unsigned compare for both bounds -------------------------
+
+def lookup_ref(tokens, table):
+    return table[tokens]
+
+
+def _lookup_unsigned(tokens, table, unsigned: bool):
+    chunk = table.shape[0]
+    local = tokens - lax.axis_index("tp") * chunk
+    if unsigned:
+        inside = local.astype(jnp.uint32) < chunk
+    else:
+        inside = local < chunk  # BUG
+    rows = jnp.take(table, jnp.clip(local, 0, chunk - 1), axis=0)
+    return lax.psum(jnp.where(inside[:, None], rows, 0.0), "tp")
+
+
+def lookup_unsigned(tokens, table):
+    return _lookup_unsigned(tokens, table, True)
+
+
+def lookup_unsigned_signed_compare(tokens, table):
+    return _lookup_unsigned(tokens, table, False)
+
+
+# ----- a max over a sharded axis started from -inf, or from 0 (not the identity) ---------------
+
+def neg_max_ref(x):
+    return jnp.max(-x, axis=-1)
+
+
+def _neg_max(x, start: float):
+    return lax.pmax(jnp.max(-x, axis=-1, initial=start), "tp")
+
+
+def neg_max(x):
+    return _neg_max(x, -jnp.inf)
+
+
+def neg_max_initial_zero(x):
+    return _neg_max(x, 0.0)  # BUG
+
+
+# ----- int8 quantization with a scale from the global absmax (round, then convert) ------------
+
+def quant_ref(x):
+    scale = jnp.max(jnp.abs(x)) / 127.0
+    return jnp.round(x / scale).astype(jnp.int8)
+
+
+def _quant(x, rounded: bool):
+    scaled = x / (lax.pmax(jnp.max(jnp.abs(x)), "i") / 127.0)
+    if rounded:
+        return jnp.round(scaled).astype(jnp.int8)
+    return scaled.astype(jnp.int8)  # BUG
+
+
+def quant(x):
+    return _quant(x, True)
+
+
+def quant_truncated(x):
+    return _quant(x, False)
+
+
+def quant_scale_folded(x):
+    amax = lax.pmax(jnp.max(jnp.abs(x)), "i")
+    return jnp.round(127.0 * (x / amax)).astype(jnp.int8)  # BUG
+
+
+def _quant_witness():
+    """Where `x / (m / 127)` and `127 * (x / m)` round to different int8 values (float32)."""
+    import numpy as np
+
+    x = np.full((16, 4), 0.1, np.float32)
+    x[3, 1], x[9, 2] = -1.6156265, 2.2424543
+    return [[x]]
+
+
+# ----- positions bucketed by floor division of a shifted index ----------------------------------
+
+def bucket_ref(pos):
+    return (pos - 8) // 4
+
+
+def _bucket(pos, floor: bool):
+    shifted = pos - 8
+    if floor:
+        return shifted // 4
+    return lax.div(shifted, jnp.int32(4))  # BUG
+
+
+def bucket(pos):
+    return _bucket(pos, True)
+
+
+def bucket_truncated(pos):
+    return _bucket(pos, False)
+
+
 # ----- the corpus -------------------------------------------------------------------------------
 
 def _pair(name, mesh, ref, good, bad, bug, args, out, what, **kw) -> list[Example]:
@@ -892,4 +992,22 @@ def programs() -> list[Example]:
     out += _pair("xla_reverse_cumsum", I4, rcumsum_ref, rcumsum, rcumsum_forward, "forward",
                  [f32((8, 4), P("i", None))], P("i", None),
                  f"{jit_}: lax.cumsum(reverse=True) along a sharded axis", xla=True)
+    out += _pair("lookup_unsigned_bounds", TP4, lookup_ref, lookup_unsigned,
+                 lookup_unsigned_signed_compare, "signed_compare",
+                 [ids((8,), P(), 32), f32((32, 8), P("tp", None))], P(),
+                 "Megatron-style vocab-parallel lookup, both bounds in one uint32 compare",
+                 bug_fn=_lookup_unsigned)
+    out += _pair("neg_max", TP4, neg_max_ref, neg_max, neg_max_initial_zero, "initial_zero",
+                 [f32((8, 16), P(None, "tp"), "positive")], P(),
+                 "a max over a sharded axis with jnp.max(initial=...), then pmax")
+    q8 = [f32((16, 4), P("i", None))]
+    q8_what = "int8 quantization (AQT-style): global absmax by pmax, round, convert"
+    out += _pair("int8_quant", I4, quant_ref, quant, quant_truncated, "truncated", q8,
+                 P("i", None), q8_what, bug_fn=_quant, chosen=_quant_witness)
+    out += [_p("int8_quant", I4, quant_ref, quant_scale_folded, q8, P("i", None), q8_what,
+               bug="scale_folded", bug_fn=quant_scale_folded, chosen=_quant_witness)]
+    out += _pair("floor_bucket", I4, bucket_ref, bucket, bucket_truncated, "truncated",
+                 [ids((16,), P("i"), 16)], P("i"),
+                 "relative positions bucketed by floor division (negative offsets)",
+                 bug_fn=_bucket)
     return out
