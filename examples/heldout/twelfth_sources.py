@@ -842,6 +842,76 @@ def bucket_truncated(pos):
     return _bucket(pos, False)
 
 
+# ----- a flip of a sharded axis: each device flips its block, the blocks change places --------
+
+def flip_ref(x):
+    return jnp.flip(x, axis=0)
+
+
+def _flip(x, moved: bool):
+    n = lax.axis_size("i")
+    local = jnp.flip(x, axis=0)
+    if not moved:
+        return local  # BUG
+    return lax.ppermute(local, "i", [(k, n - 1 - k) for k in range(n)])
+
+
+def flip_blocks(x):
+    return _flip(x, True)
+
+
+def flip_blocks_not_moved(x):
+    return _flip(x, False)
+
+
+# ----- a reverse cumsum over a sharded axis: local suffix sums plus the later blocks' totals ----
+
+def rcumsum1_ref(x):
+    return lax.cumsum(x, axis=0, reverse=True)
+
+
+def _suffix(x, after):
+    local = lax.cumsum(x, axis=0, reverse=True)
+    totals = lax.all_gather(local[0], "i")
+    mine = lax.axis_index("i")
+    return local + jnp.sum(jnp.where(after(jnp.arange(totals.shape[0]), mine), totals, 0.0))
+
+
+def suffix_sums(x):
+    return _suffix(x, lambda k, mine: k > mine)
+
+
+def suffix_sums_own_block_twice(x):
+    return _suffix(x, lambda k, mine: k >= mine)  # BUG
+
+
+# ----- top-2 with ties over a vocab-sharded axis: candidates gathered in device order ----------
+
+def top2_ties_ref(x):
+    values, where = lax.top_k(x.astype(jnp.float32), 2)
+    return values, where.astype(jnp.int32)
+
+
+def _top2_ties(x, order):
+    xf = x.astype(jnp.float32)
+    chunk = xf.shape[-1]
+    values, where = lax.top_k(xf, 2)
+    where = where.astype(jnp.int32) + lax.axis_index("tp") * chunk
+    all_values = lax.all_gather(values, "tp", axis=1, tiled=True)
+    all_where = lax.all_gather(where, "tp", axis=1, tiled=True)
+    all_values, all_where = order(all_values), order(all_where)
+    best, pick = lax.top_k(all_values, 2)
+    return best, jnp.take_along_axis(all_where, pick, axis=1)
+
+
+def top2_ties(x):
+    return _top2_ties(x, lambda a: a)
+
+
+def top2_ties_devices_reversed(x):
+    return _top2_ties(x, lambda a: a.reshape(a.shape[0], 4, 2)[:, ::-1].reshape(a.shape))  # BUG
+
+
 # ----- the corpus -------------------------------------------------------------------------------
 
 def _pair(name, mesh, ref, good, bad, bug, args, out, what, **kw) -> list[Example]:
@@ -1010,4 +1080,16 @@ def programs() -> list[Example]:
                  [ids((16,), P("i"), 16)], P("i"),
                  "relative positions bucketed by floor division (negative offsets)",
                  bug_fn=_bucket)
+    out += _pair("flip_sharded", I4, flip_ref, flip_blocks, flip_blocks_not_moved,
+                 "not_moved", [f32((16, 2), P("i", None))], P("i", None),
+                 "jnp.flip of a sharded axis: local flip, blocks swapped by ppermute",
+                 bug_fn=_flip)
+    out += _pair("suffix_sums", I4, rcumsum1_ref, suffix_sums, suffix_sums_own_block_twice,
+                 "own_block_twice", [f32((16,), P("i"))], P("i"), "lax.cumsum(reverse=True) "
+                 "over a sharded axis: local suffix sums plus the later blocks' totals",
+                 check_vma=False)
+    out += _pair("top2_ties", TP4, top2_ties_ref, top2_ties, top2_ties_devices_reversed,
+                 "devices_reversed", [ids((8, 16), P(None, "tp"), 3)], (P(), P()),
+                 "MaxText/vLLM-style sharded top-k: local top_k, candidates gathered in device "
+                 "order, top_k again (ties go to the lowest index)", check_vma=False)
     return out
