@@ -912,6 +912,40 @@ def top2_ties_devices_reversed(x):
     return _top2_ties(x, lambda a: a.reshape(a.shape[0], 4, 2)[:, ::-1].reshape(a.shape))  # BUG
 
 
+# ----- a row-parallel bias added once: by one device before the psum (cond / where) ------------
+
+def row_bias_ref(x, w, b):
+    return x @ w + b
+
+
+def _bias_by_cond(x, w, b, holders):
+    partial = x @ w
+    mine = lax.axis_index("tp")
+    partial = lax.cond(holders(mine), lambda p: p + b, lambda p: p, partial)
+    return lax.psum(partial, "tp")
+
+
+def bias_by_cond(x, w, b):
+    return _bias_by_cond(x, w, b, lambda mine: mine == 0)
+
+
+def bias_by_cond_two_holders(x, w, b):
+    return _bias_by_cond(x, w, b, lambda mine: mine < 2)  # BUG
+
+
+def _bias_by_where(x, w, b, holder: int):
+    partial = x @ w + jnp.where(lax.axis_index("tp") == holder, b, jnp.zeros_like(b))
+    return lax.psum(partial, "tp")
+
+
+def bias_by_where(x, w, b):
+    return _bias_by_where(x, w, b, 3)
+
+
+def bias_by_where_no_holder(x, w, b):
+    return _bias_by_where(x, w, b, 4)  # BUG
+
+
 # ----- the corpus -------------------------------------------------------------------------------
 
 def _pair(name, mesh, ref, good, bad, bug, args, out, what, **kw) -> list[Example]:
@@ -1092,4 +1126,11 @@ def programs() -> list[Example]:
                  "devices_reversed", [ids((8, 16), P(None, "tp"), 3)], (P(), P()),
                  "MaxText/vLLM-style sharded top-k: local top_k, candidates gathered in device "
                  "order, top_k again (ties go to the lowest index)", check_vma=False)
+    rb = [f32((4, 16), P(None, "tp")), f32((16, 8), P("tp", None), "weight"), f32((8,), P())]
+    out += _pair("bias_once_cond", TP4, row_bias_ref, bias_by_cond, bias_by_cond_two_holders,
+                 "two_holders", rb, P(), "Megatron row-parallel bias added once: "
+                 "lax.cond(axis_index == 0) before the psum", check_vma=False)
+    out += _pair("bias_once_where", TP4, row_bias_ref, bias_by_where, bias_by_where_no_holder,
+                 "no_holder", rb, P(), "Megatron row-parallel bias added once: "
+                 "where(axis_index == last) before the psum", check_vma=False)
     return out
