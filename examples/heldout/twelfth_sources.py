@@ -946,6 +946,79 @@ def bias_by_where_no_holder(x, w, b):
     return _bias_by_where(x, w, b, 4)  # BUG
 
 
+# ----- jax.experimental.custom_partitioning: a row norm whose partition keeps rows whole -------
+
+def rownorm_ref(x):
+    return x / jnp.sqrt(jnp.sum(x * x, axis=-1, keepdims=True) + 1e-6)
+
+
+@functools.cache
+def _custom_rownorm(axis: int):
+    """A row norm with a custom partitioning rule: rows split over the mesh's first axis, the
+    normalized dim whole (XLA reshards the operand to that), and each device runs `lower` on
+    its rows; `axis` is the dim the per-device lowering normalizes over."""
+    from jax.experimental.custom_partitioning import custom_partitioning
+    from jax.sharding import NamedSharding
+
+    @custom_partitioning
+    def rownorm(x):
+        return rownorm_ref(x)
+
+    def rows(mesh, arg_shapes):
+        return NamedSharding(mesh, P(mesh.axis_names[0], None))
+
+    def partition(mesh, arg_shapes, result_shape):
+        def lower(x):
+            return x / jnp.sqrt(jnp.sum(x * x, axis=axis, keepdims=True) + 1e-6)
+        return mesh, lower, rows(mesh, arg_shapes), (rows(mesh, arg_shapes),)
+
+    rownorm.def_partition(partition=partition,
+                          infer_sharding_from_operands=lambda mesh, args, out: rows(mesh, args),
+                          sharding_rule="i j -> i j")
+    return rownorm
+
+
+def custom_rownorm(mesh):
+    return _custom_rownorm(-1)
+
+
+def custom_rownorm_over_rows(mesh):
+    return _custom_rownorm(0)  # BUG
+
+
+# ----- EasyLM's cross entropy with accuracy over valid tokens, batch sharded --------------------
+
+def ce_accuracy_ref(logits, labels, valid):
+    valid = valid.astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(logp, labels[:, None], axis=-1)[:, 0]
+    hit = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    count = jnp.maximum(jnp.sum(valid), 1.0)
+    return jnp.sum(nll * valid) / count, jnp.sum(hit * valid) / count
+
+
+def _ce_accuracy(logits, labels, valid, *, pooled: bool):
+    valid = valid.astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(logp, labels[:, None], axis=-1)[:, 0]
+    hit = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    if not pooled:
+        count = jnp.maximum(jnp.sum(valid), 1.0)
+        return (lax.pmean(jnp.sum(nll * valid) / count, "dp"),  # BUG
+                lax.pmean(jnp.sum(hit * valid) / count, "dp"))
+    count = jnp.maximum(lax.psum(jnp.sum(valid), "dp"), 1.0)
+    return (lax.psum(jnp.sum(nll * valid), "dp") / count,
+            lax.psum(jnp.sum(hit * valid), "dp") / count)
+
+
+def ce_accuracy(logits, labels, valid):
+    return _ce_accuracy(logits, labels, valid, pooled=True)
+
+
+def ce_accuracy_mean_of_shard_means(logits, labels, valid):
+    return _ce_accuracy(logits, labels, valid, pooled=False)
+
+
 # ----- the corpus -------------------------------------------------------------------------------
 
 def _pair(name, mesh, ref, good, bad, bug, args, out, what, **kw) -> list[Example]:
@@ -1133,4 +1206,14 @@ def programs() -> list[Example]:
     out += _pair("bias_once_where", TP4, row_bias_ref, bias_by_where, bias_by_where_no_holder,
                  "no_holder", rb, P(), "Megatron row-parallel bias added once: "
                  "where(axis_index == last) before the psum", check_vma=False)
+    out += _pair("custom_partitioning_rownorm", I4, rownorm_ref, custom_rownorm,
+                 custom_rownorm_over_rows, "over_rows", [f32((8, 8), P(None, "i"))],
+                 P("i", None), "jax.experimental.custom_partitioning docs: a row norm whose "
+                 "partition rule wants rows split (XLA reshards the column-split operand) and "
+                 "runs the lowering per device", xla=True)
+    acc = [f32((16, 8), P("dp", None)), ids((16,), P("dp"), 8), ids((16,), P("dp"), 2)]
+    out += _pair("easylm_ce_accuracy", DP4, ce_accuracy_ref, ce_accuracy,
+                 ce_accuracy_mean_of_shard_means, "mean_of_shard_means", acc, (P(), P()),
+                 "EasyLM cross_entropy_loss_and_accuracy: valid-token mean of the loss and of "
+                 "argmax hits, batch sharded", bug_fn=_ce_accuracy)
     return out
