@@ -60,8 +60,9 @@ SOURCES = {
                         "transposes, reduce-scatter + all-gather, bf16 FSDP with f32 "
                         "accumulation, Megatron's f/g as custom_vjp, remat policies, scan "
                         "over TP layers, vmap in shard_map, int32 expert counters and the "
-                        "load-balancing loss, jit with shardings of logsumexp, cumsum, sort, "
-                        "mean and t5x-style attention"),
+                        "load-balancing loss, int8 quantization, EasyLM's loss and accuracy, "
+                        "custom_partitioning, jit with shardings of logsumexp, cumsum, sort, "
+                        "argmax, top_k, cross entropy and t5x-style attention"),
 }
 """The module of each source and what it follows (the README table's rows)."""
 

@@ -1,18 +1,25 @@
 """A twelfth-session batch, from sources and spellings the earlier batches did not use:
 Levanter/Haliax's logsumexp over a vocab-sharded axis (a logsumexp of the blocks'
 logsumexps), Flax's BatchNorm with `axis_name` (pmean of the mean and of the mean square),
-cumulative products and maxima over a sharded axis (a gathered exclusive prefix, a
-Hillis-Steele scan with ppermute), argmax with ties over a sharded axis (int32 data cast to
-float in the middle), a sort redistributed by `dynamic_slice` at the device's offset, a
-transpose by all_to_all (split and concat axes swapped), the reduce-scatter + all-gather
-spelling of an all-reduce, FSDP with bfloat16 weights and float32 accumulation, Megatron's
-conjugate f/g operators written as `jax.custom_vjp`, a rematerialized TP MLP under
-`jax.checkpoint` with a policy, a scan over stacked TP layers, a vmap inside a shard_map
-body, a positional-embedding table sliced by `axis_index`, int32 expert counters and the
-Switch/MaxText load-balancing loss, and jit with in/out shardings (XLA's per-device
-program) of logsumexp, cumsum, sort, mean and a t5x-style attention with logical axes.
-Each program is ours, written with the algorithm, collectives and specs the source
-describes; small shapes; each correct program has one wrong twin nearest to it.
+cumulative products, maxima and reverse sums over a sharded axis (a gathered exclusive prefix,
+a Hillis-Steele scan with ppermute, suffix totals, a local associative_scan), a flip of a
+sharded axis, argmax and top-2 with ties over a sharded axis (int32 data cast to float in the
+middle), a sort redistributed by `dynamic_slice` at the device's offset, a transpose by
+all_to_all (split and concat axes swapped), the reduce-scatter + all-gather spelling of an
+all-reduce, psum_scatter untiled, FSDP with bfloat16 weights and float32 accumulation,
+Megatron's conjugate f/g operators written as `jax.custom_vjp` and its row-parallel bias added
+once (cond / where on axis_index), a rematerialized TP MLP under `jax.checkpoint` with a
+policy, a scan over stacked TP layers, microbatches in a scan with an int32 counter, a vmap
+inside a shard_map body, a positional-embedding table sliced by `axis_index`, a gather spelled
+as dynamic_update_slice + psum, int32 / float32 expert counters (and their bfloat16 / int8
+twins), segment_sum, the Switch/MaxText load-balancing loss, EasyLM's valid-token loss and
+accuracy, a vocab-parallel lookup with one unsigned compare, int8 (AQT-style) quantization,
+floor division of shifted positions, jax.experimental.custom_partitioning, and jit with
+in/out shardings (XLA's per-device program) of logsumexp, cumsum (forward and reverse), sort,
+mean, argmax, top_k, cross entropy and a t5x-style attention with logical axes. Each program
+is ours, written with the algorithm, collectives and specs the source describes; small
+shapes; each correct program has a wrong twin nearest to it (a psum for a pmean, a wrong
+axis, an offset off by one, the other dtype, a scale by the wrong size, a folded constant).
 """
 
 from __future__ import annotations
