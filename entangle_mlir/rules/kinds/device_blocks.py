@@ -50,6 +50,7 @@ from entangle_mlir.core.terms import (
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import COMPARISONS, freeze, iota_dim, resize, unify_dims
+from entangle_mlir.rules.kinds import entries
 
 
 def _accepted(direction: str, bound: int) -> intervals.Ranges | None:
@@ -255,9 +256,20 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) ->
             return [moved]
     if name == "stablehlo.compare" and len(operands) == 2:
         return [_compare_index(info, operands, ctx)]
-    if name == "stablehlo.select" and isinstance(operands[0], InBlock):
+    if name == "stablehlo.select" and isinstance(operands[0], InBlock) and (
+            operands[0].is_block or _entry_lifted(operands, ctx) is None):
         return [select(info, operands, ctx, plain)]
-    return [unsupported(name)]
+    lifted = _entry_lifted(operands, ctx)
+    entry = None if lifted is None else entries.elementwise(info, lifted, ctx, plain)
+    return [entry if entry is not None else unsupported(name)]
+
+
+def _entry_lifted(operands: list[Value], ctx: RuleContext) -> list[Value] | None:
+    """The operands with one-value tests inside the block as one-hot entries
+    (`entries.lift_masks`), when some operand is such a test."""
+    if not any(isinstance(v, InBlock) for v in operands):
+        return None
+    return entries.lift_masks(operands, ctx)
 
 
 CLIPS = ("stablehlo.maximum", "stablehlo.minimum", "stablehlo.clamp")
