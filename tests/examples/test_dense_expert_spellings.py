@@ -19,11 +19,10 @@ import functools
 from dataclasses import replace
 
 import jax
-import pytest
 import jax.numpy as jnp
+import pytest
 from jax import lax
 
-from entangle_mlir.confirm import is_claim
 from entangle_mlir.driver import check_texts
 from examples.heldout import newer_sources as ns
 from examples.heldout.corpus import Example, by_name, grounded_correct, lower_pair
