@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from entangle_mlir.core.relations import InBlock, Rel, Value, Windowed
+from entangle_mlir.core.relations import InBlock, Opaque, Rel, Value, Windowed
 from entangle_mlir.core.terms import (
     make_broadcast,
     make_elementwise,
@@ -95,7 +95,8 @@ def squeezed(info: OpInfo, window: Windowed) -> Windowed | None:
     dim = window.dim
     if tuple(local_in[:dim]) + tuple(local_in[dim + 1:]) != tuple(local_out):
         return None
-    return make_entry(window.rel, dim, window.offset)
+    entry = make_entry(window.rel, dim, window.offset)
+    return replace(entry, reason=window.reason or entry.reason, origin=window.origin)
 
 
 def _geometry(window: Windowed) -> tuple:
@@ -205,10 +206,15 @@ def dot_general(info: OpInfo, operands: list[Value], ctx: RuleContext, plain
     """A dot_general of entries at one index: with one entry, its dim is a free dim of the
     dot_general of its tensor; with two, their dims are the dot_general's first batch dim
     (`A[e] . B[e]` is entry e of the dot batched over e). The entries' dims may be neither
-    contracted nor batch dims of the local dot. None: not of this form."""
+    contracted nor batch dims of the local dot. None: no entry; an entry in another form is
+    refused with the reason it stands for."""
+    entries = [v for v in operands if is_entry(v)]
+    if not entries:
+        return None
+    refused = [Opaque(entries[0].reason, origin=entries[0].origin, category="layout_mismatch")]
     windows = _entries(operands)
     if windows is None or ctx.mesh is None or ctx.is_global:
-        return None
+        return refused
     first = windows[0]
     a = info.attrs
     batch = [list(a["lhs_batch"]), list(a["rhs_batch"])]
@@ -235,4 +241,4 @@ def dot_general(info: OpInfo, operands: list[Value], ctx: RuleContext, plain
     inner = [v.rel if isinstance(v, Windowed) else v for v in operands]
     (out,) = plain(widened, inner, ctx)
     done = _completed(out, out_dim, first)
-    return None if done is None else [done]
+    return refused if done is None else [done]
