@@ -229,3 +229,35 @@ func.func @sharded(%g: tensor<6x2xf32>, %t: tensor<6x2xi32>, %w: tensor<8xf32>) 
   } : (tensor<6x2xf32>, tensor<6x2xi32>, tensor<8xf32>) -> tensor<6xf32>
   return %0 : tensor<6xf32>
 }
+
+// -----
+
+// Around a ring of token blocks (MaxText's ring_of_experts): the token ids are split over ep
+// too, so `ids == 4*axis_index + 1` tests each device's own tokens against its own expert 1,
+// a block on the diagonal of (tokens, experts), both split over ep. Named as such, not
+// claimed to be a wrong offset.
+
+sdy.mesh @mesh = <["ep"=2]>
+
+func.func @ref(%x: tensor<6xf32>, %t: tensor<6xi32>) -> tensor<6xf32> {
+  return %x : tensor<6xf32>
+}
+
+// FULL: func.func @sharded{{.*}}entangle.verdict = "not proven"
+func.func @sharded(%x: tensor<6xf32>, %t: tensor<6xi32>) -> tensor<6xf32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x, %t) in_shardings=[<@mesh, [{"ep"}]>, <@mesh, [{"ep"}]>] out_shardings=[<@mesh, [{"ep"}]>] manual_axes={"ep"} (%a: tensor<3xf32>, %ids: tensor<3xi32>) {
+    %pid = stablehlo.partition_id : tensor<ui32>
+    %i = stablehlo.convert %pid : (tensor<ui32>) -> tensor<i32>
+    %four = stablehlo.constant dense<4> : tensor<i32>
+    %start = stablehlo.multiply %i, %four : tensor<i32>
+    %one = stablehlo.constant dense<1> : tensor<i32>
+    %expert = stablehlo.add %start, %one : tensor<i32>
+    %eb = stablehlo.broadcast_in_dim %expert, dims = [] : (tensor<i32>) -> tensor<3xi32>
+    // expected-error @+1 {{the mask tests x == 4*axis_index(ep) + 1 where x is split over 'ep' along dim 0: entry 1 of each device's block of one_hot(x) on the device's own block of x, a block on the diagonal of two dims split over one axis}}
+    %mask = stablehlo.compare EQ, %ids, %eb, SIGNED : (tensor<3xi32>, tensor<3xi32>) -> tensor<3xi1>
+    %zf = stablehlo.constant dense<0.0> : tensor<3xf32>
+    %kept = stablehlo.select %mask, %a, %zf : tensor<3xi1>, tensor<3xf32>
+    sdy.return %kept : tensor<3xf32>
+  } : (tensor<6xf32>, tensor<6xi32>) -> tensor<6xf32>
+  return %0 : tensor<6xf32>
+}
