@@ -19,8 +19,6 @@ NOT_PROVEN: dict[str, str] = {
         'device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'ring_of_experts_loop_ep4':
         'device-dependent offset tensor used by stablehlo.compare (not supported yet)',
-    'gathered_experts_ep4':
-        "the mask tests x == 2*axis_index(ep) + 0: entry 0 of each device's block of one_hot(x) split over ep (or the block [0, 2) with a bound off by one), one step of a loop ...",
 }
 
 # Buggy programs the verifier PROVES (false proofs; must stay empty).
