@@ -101,7 +101,8 @@ def test_select_on_a_one_value_mask(mesh: Mesh, length: int) -> None:
 def test_elementwise_of_entries(mesh: Mesh, length: int) -> None:
     """Entries of one index at different dims of their tensors, and a value that does not
     depend on the index: the entry of the op on the aligned tensors. Two entries of different
-    indices are not combined."""
+    indices are not combined, nor an entry with a value split over the entry's axes (each
+    device's own block of it: a block on the diagonal)."""
     n = length * mesh.size("tp")
     a, b = _entry((3, n, 2), 1, 1 % length), _entry((n, 3, 2), 0, 1 % length)
     (out,) = _proved("stablehlo.multiply", [a, b], mesh, [((3, 2), "f32")])
@@ -111,6 +112,9 @@ def test_elementwise_of_entries(mesh: Mesh, length: int) -> None:
     _proved("stablehlo.tanh", [a], mesh, [((3, 2), "f32")])
     _, outs = _run("stablehlo.multiply", [a, _other_entry(b, 0 if length > 1 else 1)], mesh,
                    [((3, 2), "f32")])
+    assert isinstance(outs[0], Opaque), outs
+    split = rel(arg((3 * mesh.size("tp"), 2)), "tp")
+    _, outs = _run("stablehlo.multiply", [a, split], mesh, [((3, 2), "f32")])
     assert isinstance(outs[0], Opaque), outs
 
 

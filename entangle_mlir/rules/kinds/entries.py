@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from entangle_mlir.core.relations import InBlock, Opaque, Rel, Value, Windowed
+from entangle_mlir.core.relations import InBlock, Opaque, Rel, Value, Windowed, is_padded
 from entangle_mlir.core.terms import (
     make_broadcast,
     make_elementwise,
@@ -89,7 +89,7 @@ def squeezed(info: OpInfo, window: Windowed) -> Windowed | None:
     """A reshape that drops the one-row dim of a window of one row (`w[i]`: a slice of the
     local block, then the reshape): entry `offset` of the block. None: another reshape."""
     if info.name != "stablehlo.reshape" or window.length != 1 or window.summed or \
-            window.holes or window.starts or window.rel.partial:
+            window.holes or window.starts or window.rel.partial or is_padded(window):
         return None
     local_in, local_out = info.operand_types[0].shape, info.result_types[0].shape
     dim = window.dim
@@ -106,13 +106,17 @@ def _geometry(window: Windowed) -> tuple:
 
 def _entries(operands: list[Value]) -> list[Windowed] | None:
     """The entries among `operands`, when every window is an entry at one index of blocks of
-    one size over the same axes and every other operand a plain relation; else None."""
+    one size over the same axes and every other operand a plain relation not split over those
+    axes (it is broadcast along the entries' dim, which they split); else None."""
     windows = [v for v in operands if isinstance(v, Windowed)]
     if not windows or not all(is_entry(w) for w in windows) or any(
             not isinstance(v, Rel | Windowed) or isinstance(v, Rel) and v.partial
             for v in operands):
         return None
     if len({_geometry(w) for w in windows}) != 1:
+        return None
+    axes = set(windows[0].rel.tiling[windows[0].dim])
+    if any(set(v.tiled_axes) & axes for v in operands if isinstance(v, Rel)):
         return None
     return windows
 
