@@ -26,7 +26,7 @@ func.func @sharded(%x: tensor<6xf32>, %t: tensor<6xi32>) -> tensor<6xf32> attrib
     // CHECK: stablehlo.compare{{.*}}entangle.relation = "(1 <= x - 4*axis_index(ep) < 2) for x = replicated : %arg1"
     %mask = stablehlo.compare EQ, %ids, %eb, SIGNED : (tensor<6xi32>, tensor<6xi32>) -> tensor<6xi1>
     %zf = stablehlo.constant dense<0.0> : tensor<6xf32>
-    // CHECK: stablehlo.select{{.*}}entangle.relation = "tile [{}, {ep}] : sum over dims [1] of select(compare(broadcast(%arg1), iota(dim 1)), broadcast(%arg0), 0) rows [b*B + 1, b*B + 2) of dim 1"
+    // CHECK: stablehlo.select{{.*}}entangle.relation = "tile [{}, {ep}] : entry b*B + 1 of dim 1 of select(compare(broadcast(%arg1), iota(dim 1)), broadcast(%arg0), 0)"
     // expected-error @+1 {{entry 1 of each device's block of dim 1 (split over ep) alone: one step of a loop over the block's entries, whose other steps are never added}}
     %kept = stablehlo.select %mask, %a, %zf : tensor<6xi1>, tensor<6xf32>
     sdy.return %kept : tensor<6xf32>
@@ -110,10 +110,10 @@ func.func @sharded(%g: tensor<6x2xf32>, %t: tensor<6x2xi32>, %w: tensor<8xf32>) 
     %mf1 = stablehlo.convert %m1 : (tensor<6x2xi1>) -> tensor<6x2xf32>
     %gm1 = stablehlo.multiply %gl, %mf1 : tensor<6x2xf32>
     %z1 = stablehlo.constant dense<0.0> : tensor<f32>
-    // CHECK: stablehlo.reduce{{.*}}entangle.relation = "tile [{}, {ep}] : sum over dims [1] of dot_general(%arg0, select(compare(broadcast(%arg1), iota(dim 2)), 1, 0)) rows [b*B + 1, b*B + 2) of dim 1"
+    // CHECK: stablehlo.reduce{{.*}}entangle.relation = "tile [{}, {ep}] : entry b*B + 1 of dim 1 of dot_general(%arg0, select(compare(broadcast(%arg1), iota(dim 2)), 1, 0))"
     %cs1 = stablehlo.reduce(%gm1 init: %z1) applies stablehlo.add across dimensions = [1] : (tensor<6x2xf32>, tensor<f32>) -> tensor<6xf32>
     %ws1 = stablehlo.slice %wl [1:2] : (tensor<4xf32>) -> tensor<1xf32>
-    // CHECK: stablehlo.reshape %{{.*}}entangle.relation = "tile [{ep}] : sum over dims [0] of %arg2 rows [b*B + 1, b*B + 2) of dim 0"
+    // CHECK: stablehlo.reshape %{{.*}}entangle.relation = "tile [{ep}] : entry b*B + 1 of dim 0 of %arg2"
     %wr1 = stablehlo.reshape %ws1 : (tensor<1xf32>) -> tensor<f32>
     %wb1 = stablehlo.broadcast_in_dim %wr1, dims = [] : (tensor<f32>) -> tensor<6xf32>
     %p1 = stablehlo.multiply %cs1, %wb1 : tensor<6xf32>
