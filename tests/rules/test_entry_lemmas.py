@@ -13,7 +13,7 @@ import pytest
 from entangle_mlir.core import intervals
 from entangle_mlir.core import terms as T
 from entangle_mlir.core.mesh import Mesh
-from entangle_mlir.core.relations import InBlock, Opaque, Rel, Value, Windowed
+from entangle_mlir.core.relations import InBlock, Masked, Opaque, Rel, Value, Windowed
 from entangle_mlir.mlir.opinfo import OpInfo, TensorType
 from entangle_mlir.rules import RULES
 from entangle_mlir.rules.kinds.entries import make_entry
@@ -205,3 +205,25 @@ def test_products_sum_to_the_dot_only_in_the_reference_form() -> None:
     hot = T.indicator(masked.args[0], "f32")
     masked_dot = T.make_dot(a, hot, ((0,), (0,), (1,), (1,)), (3,), "f32")
     assert sum_out(masked, (1,), "f32", frozenset({masked_dot.serial})) is masked_dot
+
+
+@pytest.mark.parametrize(("mesh", "length"), [(Mesh((("tp", 4),)), 1), *SHAPES],
+                         ids=["tp4-L1", *IDS])
+def test_sum_of_a_value_masked_by_one_entry(mesh: Mesh, length: int) -> None:
+    """`sum(where(ids == L*b + i, v, 0), -1)` (with L = 1 the test is the device's whole
+    block, a `Masked` value): entry i of the sum of `where(one_hot(ids), v, 0)`; the entry
+    one off is refuted."""
+    ids = Rel(arg((3, 2), "i32"), ((), ()))
+    pred = InBlock(ids, ("tp",), length, intervals.interval(length - 1, length))
+    masked = Masked(rel(arg((3, 2))), pred, zero=True)
+    attrs = {"dimensions": (1,), "reducer": "add"}
+    ins = [masked, splat(0, (), "f32")]
+    info = OpInfo("stablehlo.reduce", attrs, [TensorType((3, 2), "f32"), TensorType((), "f32")],
+                  [TensorType((3,), "f32")])
+    ctx = Lemma("entry", "stablehlo.reduce", [], mesh=mesh).context()
+    (out,) = RULES["stablehlo.reduce"](info, ins, ctx)
+    assert is_entry(out) and out.offset == length - 1, out
+    assert _checker().check(info, ins, [out], mesh, ctx).status == "proved"
+    if length > 1:
+        wrong = _other_entry(out, 0)
+        assert _checker().check(info, ins, [wrong], mesh, ctx).status == "refuted"

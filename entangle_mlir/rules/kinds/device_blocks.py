@@ -37,7 +37,16 @@ from entangle_mlir.core import intervals
 from entangle_mlir.core.intrange import value_range
 from entangle_mlir.core.mesh import Mesh, axes_str
 from entangle_mlir.core.ranges import fits, int_limits
-from entangle_mlir.core.relations import BlockIndex, InBlock, Masked, Opaque, Rel, Shifted, Value
+from entangle_mlir.core.relations import (
+    BlockIndex,
+    InBlock,
+    Masked,
+    Opaque,
+    Rel,
+    Shifted,
+    Value,
+    Windowed,
+)
 from entangle_mlir.core.terms import (
     FLIPPED,
     make_broadcast,
@@ -265,9 +274,9 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) ->
 
 
 def _entry_lifted(operands: list[Value], ctx: RuleContext) -> list[Value] | None:
-    """The operands with one-value tests inside the block as one-hot entries
-    (`entries.lift_masks`), when some operand is such a test."""
-    if not any(isinstance(v, InBlock) for v in operands):
+    """The operands with one-value tests inside the block, and values zeroed outside one, as
+    one-hot entries (`entries.lift_masks`), when some operand is such a test or value."""
+    if not any(isinstance(v, InBlock) or isinstance(v, Masked) and v.zero for v in operands):
         return None
     return entries.lift_masks(operands, ctx)
 
@@ -552,6 +561,8 @@ def carried(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> Val
     reduces, and moves it onto the result's dims. Exact inside the mask for any values
     outside it."""
     masks = [v for v in operands if isinstance(v, Masked)]
+    if any(m.zero for m in masks) and all(isinstance(v, Rel | Masked) for v in operands):
+        return _masked_entries(info, operands, ctx, plain) or unsupported(info.name)
     if any(m.zero for m in masks) or not all(isinstance(v, Rel | Masked) for v in operands):
         return unsupported(info.name)
     rels = [v.rel if isinstance(v, Masked) else v for v in operands]
@@ -572,6 +583,24 @@ def carried(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> Val
     if any(not _same_pred(p, preds[0]) for p in preds[1:]):
         return unsupported(info.name)
     return Masked(out, preds[0], origin=masks[0].origin)
+
+
+def _masked_entries(info: OpInfo, operands: list[Value], ctx: RuleContext, plain
+                    ) -> Value | None:
+    """A reduce or dot_general of values zeroed outside a one-value test (`where(x == b*L + i,
+    v, 0)`): the op on their one-hot entries (`entries.masked_entry`). None: not of this
+    form."""
+    lifted = entries.lift_masks(operands, ctx)
+    if lifted is None:
+        return None
+    if info.name == "stablehlo.reduce" and isinstance(lifted[0], Windowed) and \
+            isinstance(lifted[1], Rel):
+        return entries.reduce(info, lifted[0], lifted[1], info.attrs.get("reducer", "other"),
+                              ctx, plain)
+    if info.name == "stablehlo.dot_general":
+        found = entries.dot_general(info, lifted, ctx, plain)
+        return found[0] if found else None
+    return None
 
 
 def _result_dims(info: OpInfo, position: int, rank: int) -> list[int | None] | None:

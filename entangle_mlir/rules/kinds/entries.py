@@ -25,11 +25,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from entangle_mlir.core.relations import InBlock, Opaque, Rel, Value, Windowed, is_padded
+from entangle_mlir.core.relations import (
+    InBlock,
+    Masked,
+    Opaque,
+    Rel,
+    Value,
+    Windowed,
+    is_padded,
+)
 from entangle_mlir.core.terms import (
     make_broadcast,
     make_elementwise,
     make_iota,
+    make_splat,
     make_transpose,
 )
 from entangle_mlir.mlir.opinfo import OpInfo
@@ -72,13 +81,35 @@ def mask_entry(pred: InBlock, ctx: RuleContext) -> Windowed | None:
     return make_entry(Rel(term, (*x.tiling, pred.axes), (), "", frozenset(), x.scope), rank, lo)
 
 
+def masked_entry(value: Masked, ctx: RuleContext) -> Windowed | None:
+    """`where(x == b*L + i, v, 0)` (a `Masked` value, zeros outside a one-value test; with L
+    = 1 the test is the device's whole block): entry i of each device's block of
+    `where(one_hot(x), v, 0)`, v broadcast along the classes. None: not such a value."""
+    hot = mask_entry(value.pred, ctx) if value.zero else None
+    v = freeze(value.rel)
+    if hot is None or v.partial or set(v.tiled_axes) & set(value.pred.axes) or \
+            v.term.shape != value.pred.rel.term.shape:
+        return None
+    at, size, axes = hot.dim, hot.rel.term.shape[hot.dim], value.pred.axes
+    spread = _spread(v, at, size, axes)
+    if spread.tiling != hot.rel.tiling:
+        return None
+    zero = make_splat(0, spread.term.shape, v.term.dtype)
+    term = make_elementwise("stablehlo.select", (hot.rel.term, spread.term, zero), (),
+                            v.term.dtype)
+    return make_entry(replace(spread, term=term, poly=frozenset()), at, hot.offset)
+
+
 def lift_masks(operands: list[Value], ctx: RuleContext) -> list[Value] | None:
-    """The operands with every one-value block test as its one-hot entry (`mask_entry`), when
-    that leaves only entries and plain relations; else None."""
+    """The operands with every one-value block test as its one-hot entry (`mask_entry`) and
+    every value masked by one (`masked_entry`), when that leaves only entries and plain
+    relations; else None."""
     out = []
     for v in operands:
         if isinstance(v, InBlock):
             v = mask_entry(v, ctx)
+        elif isinstance(v, Masked):
+            v = masked_entry(v, ctx)
         if not isinstance(v, Rel | Windowed):
             return None
         out.append(v)
