@@ -74,6 +74,9 @@ REASONS: list[tuple[str, str, str]] = [
     (r"(sums|takes the (max|min)) over .* of a value split over|reduce_scatter sums over",
      ("block sums/maxima by design (psum/pmax/psum_scatter of a tiled value) called a "
      "reduction of different blocks"), "claims a bug"),
+    (r"combines a partial max over .* with a value split over",
+     ("a block's own max shift (a local logsumexp, combined later) called a missing pmax"),
+     "claims a bug"),
     (r"still a partial sum .* leaves shard_map|applied to a partial sum",
      "per-device results by design called a missing psum", "claims a bug"),
     (r"out_specs declares", "tiled or gathered outputs by design called a wrong out_specs",
