@@ -33,6 +33,10 @@ _ROOT = os.path.dirname(os.path.dirname(_HERE))
 REASONS: list[tuple[str, str, str]] = [
     (r"^in the reference: ", "an op of the reference unsupported (argmax, lax.switch, ...)",
      "unsupported"),
+    (r"a block on the diagonal of two dims split over one axis",
+     ("a block on the diagonal of two dims split over one axis (dense expert parallelism "
+      "around a ring of token blocks: each device's tokens against its own experts)"),
+     "unsupported"),
     (r"entry \d+ of each device's block of one_hot",
      ("one entry of each device's block by a scalar index (dense expert parallelism's loop "
       "over its local experts, `ids == shard offset + i`)"), "unsupported"),
