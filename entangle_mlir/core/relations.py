@@ -172,6 +172,10 @@ class Windowed:
             shown = ", ".join(str(s) for s in self.starts[:16])
             rows = (f"rows [s, s + {self.length}) of dim {self.dim} from s = [{shown}] per "
                     f"device{zeros}")
+        if self.summed == (self.dim,) and self.length == 1 and not self.holes and \
+                not self.starts:
+            return (f"{self.rel.layout_str()} : entry b*B + {self.offset} of dim {self.dim} "
+                    f"of {pretty(self.rel.term)}")
         if self.summed:
             return (f"{self.rel.layout_str()} : sum over dims {list(self.summed)} of "
                     f"{pretty(self.rel.term)} {rows}")

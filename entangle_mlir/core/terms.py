@@ -811,8 +811,22 @@ def make_div(a: Term, b: Term) -> Term:
         return scale(make_div(make_splat(1, a.shape, a.dtype), b), numerator)
     ka, ta = factor_content(a)
     kb, tb = factor_content(b)
+    if not _power_of_two(kb):
+        kb, tb = Fraction(1), b
     quotient = intern("div", (ta, tb), (), a.shape, a.dtype)
     return scale(quotient, ka / kb) if ka / kb != 1 else quotient
+
+
+def _power_of_two(k) -> bool:
+    """`k` is +-2^e: a float divisor scaled by it divides exactly as by the unscaled divisor
+    scaled after, `x / (2^e * m) == 2^-e * (x / m)` (both round the one exact quotient). For
+    any other k the divisor `k * m` is rounded before the division and `x / (k * m)` is not
+    `(x / m) / k` (`x / (m / 127)` and `127 * (x / m)` differ in the last bit): the factor
+    stays in the divisor. A numerator's factor moves out as a product's does (liberty 1)."""
+    if not isinstance(k, Fraction) or k == 0:
+        return False
+    n, d = abs(k.numerator), k.denominator
+    return n & (n - 1) == 0 and d & (d - 1) == 0
 
 
 def make_elementwise(op: str, args: tuple[Term, ...], attrs: tuple = (),

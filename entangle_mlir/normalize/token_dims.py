@@ -284,6 +284,13 @@ def _scatter_numbers(op):
     return stablehlo.ScatterDimensionNumbers(op.attributes["scatter_dimension_numbers"])
 
 
+SCATTER_DIM = "the token dim is a scatter dim of the indices and updates (not a batching dim)"
+"""Why a region reaching a scatter through its indices' scatter dims is refused: splitting
+that dim would need the index vector dim and the updates' scatter dims renumbered too, which
+`_rewrite_scatter` does not do (jnp.bincount of a raveled id block: the indices came out
+(16, 2, 1) against updates (32,))."""
+
+
 def _complete_scatter(op, ins, outs):
     """A single-operand scatter whose token dim is a batching dim of operand and indices."""
     if len(op.operands) != 3 or len(op.results) != 1:
@@ -303,8 +310,11 @@ def _complete_scatter(op, ins, outs):
         p = ib[sb.index(i)]
     if p is None and u is not None and u in update_scatter:
         k = index_dims[update_scatter.index(u)]
-        if k in sb:
-            p = ib[sb.index(k)]
+        if k not in sb:
+            raise _Refuse(SCATTER_DIM)
+        p = ib[sb.index(k)]
+    if p is None and i is not None and i not in sb:
+        raise _Refuse(SCATTER_DIM)
     if p is None:
         return ins, outs
     if p not in ib:

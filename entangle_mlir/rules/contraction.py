@@ -9,14 +9,15 @@ from entangle_mlir.core.terms import Term, intern, make_dot, make_reshape, make_
 from entangle_mlir.mlir.opinfo import OpInfo, conv_attrs
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import freeze, unify_dims
-from entangle_mlir.rules.kinds import device_blocks
+from entangle_mlir.rules.kinds import device_blocks, entries
 from entangle_mlir.rules.kinds.window import window_rowwise
 
 
 def dot_general(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]:
     lhs, rhs = operands
     if isinstance(lhs, Windowed) or isinstance(rhs, Windowed):
-        return window_rowwise(info, operands, ctx, dot_general)
+        return (entries.dot_general(info, operands, ctx, dot_general)
+                or window_rowwise(info, operands, ctx, dot_general))
     if isinstance(lhs, Masked) or isinstance(rhs, Masked):
         return [device_blocks.carried(info, operands, ctx, dot_general)]
     if not isinstance(lhs, Rel) or not isinstance(rhs, Rel):

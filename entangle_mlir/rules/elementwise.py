@@ -41,7 +41,7 @@ from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.opinfo import OpInfo, compare_is_default
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import COMPARISONS, is_zero, splat_rel, unify_dims
-from entangle_mlir.rules.kinds import device_blocks
+from entangle_mlir.rules.kinds import device_blocks, entries
 from entangle_mlir.rules.kinds.shifted import elementwise_shifted
 from entangle_mlir.rules.kinds.window import window_elementwise
 
@@ -278,7 +278,9 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[V
         if any(isinstance(v, DEVICE_BLOCK_VALUES) for v in operands):
             return device_blocks.elementwise(info, operands, ctx, elementwise)
         if any(isinstance(v, Windowed) for v in operands):
-            return [window_elementwise(info, operands, ctx, elementwise)]
+            entry = entries.elementwise(info, operands, ctx, elementwise)
+            return [entry if entry is not None else
+                    window_elementwise(info, operands, ctx, elementwise)]
         if any(isinstance(v, Shifted) for v in operands):
             return elementwise_shifted(info, operands, ctx, elementwise)
         if any(isinstance(v, DeviceScalar) for v in operands):

@@ -38,7 +38,7 @@ from entangle_mlir.core.terms import (
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import freeze, replicated, splat_rel, uniform_rel, unify_dims
-from entangle_mlir.rules.kinds import device_blocks, shifted
+from entangle_mlir.rules.kinds import device_blocks, entries, shifted
 from entangle_mlir.rules.kinds.window import (
     concat_windows,
     pad_window,
@@ -131,7 +131,8 @@ def reshape(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value
     if isinstance(x, DEVICE_BLOCK_VALUES):
         return device_blocks.moved(info, x, reshape, ctx)
     if isinstance(x, Windowed):
-        return window_rowwise(info, operands, ctx, reshape)
+        entry = entries.squeezed(info, x)
+        return [entry] if entry is not None else window_rowwise(info, operands, ctx, reshape)
     local_in = info.operand_types[0].shape
     local_out = info.result_types[0].shape
     if ctx.is_global or not x.tiled_axes:

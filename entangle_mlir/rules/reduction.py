@@ -20,7 +20,7 @@ from entangle_mlir.core.terms import (
 from entangle_mlir.mlir.opinfo import OpInfo, region_problem
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import freeze, local_iota, sum_term, unify_dims
-from entangle_mlir.rules.kinds import device_blocks
+from entangle_mlir.rules.kinds import device_blocks, entries
 from entangle_mlir.rules.kinds.window import reduce_window_of_window, window_reduce
 
 _IDENTITY = {"add": Fraction(0), "max": float("-inf"), "min": float("inf")}
@@ -110,7 +110,9 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
         return [Opaque(unsupported_reducer(info),
                        category="unsupported")]
     if isinstance(x, Windowed) and isinstance(init, Rel) and ctx.mesh is not None:
-        return [window_reduce(info, x, init, reducer, ctx, reduce)]
+        entry = entries.reduce(info, x, init, reducer, ctx, reduce)
+        return [entry if entry is not None else window_reduce(info, x, init, reducer, ctx,
+                                                              reduce)]
     if not isinstance(x, Rel) or not isinstance(init, Rel):
         return [Opaque("reduce of a device-dependent scalar", category="unsupported")]
     x = freeze(x)

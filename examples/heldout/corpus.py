@@ -55,6 +55,14 @@ SOURCES = {
                       "partial auto), the scaling book's parts 5 and 7 (FSDP+TP backward, "
                       "KV cache over batch and heads, 2D weight-stationary), MaxText's "
                       "ring-of-experts, interleaved rotary and Gemma RMSNorm"),
+    "twelfth_sources": ("Levanter/Haliax's sharded logsumexp, Flax BatchNorm(axis_name), "
+                        "cumprod/cummax/sort/argmax-with-ties over sharded axes, all_to_all "
+                        "transposes, reduce-scatter + all-gather, bf16 FSDP with f32 "
+                        "accumulation, Megatron's f/g as custom_vjp, remat policies, scan "
+                        "over TP layers, vmap in shard_map, int32 expert counters and the "
+                        "load-balancing loss, int8 quantization, EasyLM's loss and accuracy, "
+                        "custom_partitioning, jit with shardings of logsumexp, cumsum, sort, "
+                        "argmax, top_k, cross entropy and t5x-style attention"),
 }
 """The module of each source and what it follows (the README table's rows)."""
 
@@ -146,12 +154,14 @@ def _examples() -> tuple[Example, ...]:
         parallel_layers,
         scaling_book,
         training_steps,
+        twelfth_sources,
         xla_partitioned,
     )
 
     out: list[Example] = []
     for module in (jax_docs, jax_tests, scaling_book, flax_guide, maxtext_style,
-                   xla_partitioned, training_steps, parallel_layers, newer_sources):
+                   xla_partitioned, training_steps, parallel_layers, newer_sources,
+                   twelfth_sources):
         found = module.programs()
         assert all(e.source == module.__name__.rsplit(".", 1)[-1] for e in found), module
         out += found

@@ -497,13 +497,13 @@ def ring_moe_loop_no_shard_offset(x, idx, weights, wi0, wi1, wo):
     return _ring_moe_loop(x, idx, weights, wi0, wi1, wo, offset=False)  # BUG
 
 
-def _gathered_experts(x, idx, weights, wi0, wi1, wo, *, stride):
+def _gathered_experts(x, idx, weights, wi0, wi1, wo, *, stride, count=None):
     """The dense expert-parallel spelling: every device gathers all tokens, applies its own
     experts (ids compared with `shard offset + i`), and reduce-scatters the outputs back."""
     xs, ids_, ws = (lax.all_gather(t, "ep", tiled=True) for t in (x, idx, weights))
     first = lax.axis_index("ep") * stride
     out = jnp.zeros_like(xs)
-    for i in range(wi0.shape[0]):
+    for i in range(wi0.shape[0] if count is None else count):
         chosen = jnp.sum(ws * (ids_ == first + i), axis=-1)
         out = out + chosen[:, None] * _swiglu(xs, wi0[i], wi1[i], wo[i])
     return lax.psum_scatter(out, "ep", tiled=True)
@@ -515,6 +515,12 @@ def gathered_experts(x, idx, weights, wi0, wi1, wo):
 
 def gathered_experts_stride_1(x, idx, weights, wi0, wi1, wo):
     return _gathered_experts(x, idx, weights, wi0, wi1, wo, stride=1)  # BUG
+
+
+def gathered_experts_last_expert_skipped(x, idx, weights, wi0, wi1, wo):
+    local = wi0.shape[0]
+    return _gathered_experts(x, idx, weights, wi0, wi1, wo, stride=local,
+                             count=local - 1)  # BUG
 
 
 # ----- MaxText: interleaved rotary embedding, sequence sharded ----------------------------------
@@ -796,6 +802,8 @@ def programs() -> list[Example]:
            "applies its experts (ids == shard offset + i), psum_scatter back"),
         _p("gathered_experts", EP4, ring_moe_ref, gathered_experts_stride_1, moe, P("ep"),
            f"{maxtext}-style dense expert parallelism", bug="shard_offset_stride_1"),
+        _p("gathered_experts", EP4, ring_moe_ref, gathered_experts_last_expert_skipped, moe,
+           P("ep"), f"{maxtext}-style dense expert parallelism", bug="last_expert_skipped"),
         _p("rope_interleaved_sp", SP4, rope_interleaved_ref, rope_interleaved_sp, rope,
            P(None, "sp", None), f"{maxtext}: rotary embedding on interleaved pairs, the "
            "sequence sharded (positions from the block start)"),

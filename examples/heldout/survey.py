@@ -33,6 +33,10 @@ _ROOT = os.path.dirname(os.path.dirname(_HERE))
 REASONS: list[tuple[str, str, str]] = [
     (r"^in the reference: ", "an op of the reference unsupported (argmax, lax.switch, ...)",
      "unsupported"),
+    (r"a block on the diagonal of two dims split over one axis",
+     ("a block on the diagonal of two dims split over one axis (dense expert parallelism "
+      "around a ring of token blocks: each device's tokens against its own experts)"),
+     "unsupported"),
     (r"entry \d+ of each device's block of one_hot",
      ("one entry of each device's block by a scalar index (dense expert parallelism's loop "
       "over its local experts, `ids == shard offset + i`)"), "unsupported"),
@@ -70,6 +74,9 @@ REASONS: list[tuple[str, str, str]] = [
     (r"(sums|takes the (max|min)) over .* of a value split over|reduce_scatter sums over",
      ("block sums/maxima by design (psum/pmax/psum_scatter of a tiled value) called a "
      "reduction of different blocks"), "claims a bug"),
+    (r"combines a partial max over .* with a value split over",
+     ("a block's own max shift (a local logsumexp, combined later) called a missing pmax"),
+     "claims a bug"),
     (r"still a partial sum .* leaves shard_map|applied to a partial sum",
      "per-device results by design called a missing psum", "claims a bug"),
     (r"out_specs declares", "tiled or gathered outputs by design called a wrong out_specs",

@@ -127,3 +127,36 @@ def test_rewritten_moe_program_computes_the_same_when_executed() -> None:
     before = execute_replicas(ref_text, [args])[0]
     after = execute_replicas(rewritten, [args])[0]
     assert all(np.array_equal(b, a) for b, a in zip(before, after, strict=True))
+
+
+# jnp.bincount of a raveled id block: the token dim reaches the scatter as a scatter dim of
+# its indices (not a batching dim), which the rewrite cannot renumber.
+COUNTS = """
+func.func @main(%ids: tensor<2x3xi32>) -> tensor<4xi32> {
+  %0 = stablehlo.reshape %ids : (tensor<2x3xi32>) -> tensor<6xi32>
+  %1 = stablehlo.broadcast_in_dim %0, dims = [0] : (tensor<6xi32>) -> tensor<6x1xi32>
+  %c0 = stablehlo.constant dense<0> : tensor<i32>
+  %zeros = stablehlo.broadcast_in_dim %c0, dims = [] : (tensor<i32>) -> tensor<4xi32>
+  %c1 = stablehlo.constant dense<1> : tensor<i32>
+  %ones = stablehlo.broadcast_in_dim %c1, dims = [] : (tensor<i32>) -> tensor<6xi32>
+  %2 = "stablehlo.scatter"(%zeros, %1, %ones) <{indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false}> ({
+  ^bb0(%a: tensor<i32>, %b: tensor<i32>):
+    %s = stablehlo.add %a, %b : tensor<i32>
+    stablehlo.return %s : tensor<i32>
+  }) : (tensor<4xi32>, tensor<6x1xi32>, tensor<6xi32>) -> tensor<4xi32>
+  return %2 : tensor<4xi32>
+}
+"""
+
+
+def test_token_dim_as_a_scatter_dim_is_left_alone() -> None:
+    """The indices alone would have been split (6x1 -> 2x3x1) against updates of 6: refused,
+    the program stays as it was and computes the counts."""
+    ref, sharded = _pair(COUNTS)
+    with context():
+        assert split_token_dims([ref, sharded]) == 0
+        assert sharded.operation.verify()
+    assert "tensor<6x1xi32>" in str(sharded)
+    ids = np.array([[0, 1, 1], [3, 3, 3]])
+    (got,) = _run(sharded, [ids])
+    assert list(got) == [1, 2, 0, 3]

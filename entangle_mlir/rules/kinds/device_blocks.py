@@ -37,7 +37,16 @@ from entangle_mlir.core import intervals
 from entangle_mlir.core.intrange import value_range
 from entangle_mlir.core.mesh import Mesh, axes_str
 from entangle_mlir.core.ranges import fits, int_limits
-from entangle_mlir.core.relations import BlockIndex, InBlock, Masked, Opaque, Rel, Shifted, Value
+from entangle_mlir.core.relations import (
+    BlockIndex,
+    InBlock,
+    Masked,
+    Opaque,
+    Rel,
+    Shifted,
+    Value,
+    Windowed,
+)
 from entangle_mlir.core.terms import (
     FLIPPED,
     make_broadcast,
@@ -50,6 +59,7 @@ from entangle_mlir.core.terms import (
 from entangle_mlir.mlir.opinfo import OpInfo
 from entangle_mlir.rules.base import RuleContext
 from entangle_mlir.rules.common import COMPARISONS, freeze, iota_dim, resize, unify_dims
+from entangle_mlir.rules.kinds import entries
 
 
 def _accepted(direction: str, bound: int) -> intervals.Ranges | None:
@@ -255,9 +265,20 @@ def elementwise(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) ->
             return [moved]
     if name == "stablehlo.compare" and len(operands) == 2:
         return [_compare_index(info, operands, ctx)]
-    if name == "stablehlo.select" and isinstance(operands[0], InBlock):
+    if name == "stablehlo.select" and isinstance(operands[0], InBlock) and (
+            operands[0].is_block or _entry_lifted(operands, ctx) is None):
         return [select(info, operands, ctx, plain)]
-    return [unsupported(name)]
+    lifted = _entry_lifted(operands, ctx)
+    entry = None if lifted is None else entries.elementwise(info, lifted, ctx, plain)
+    return [entry if entry is not None else unsupported(name)]
+
+
+def _entry_lifted(operands: list[Value], ctx: RuleContext) -> list[Value] | None:
+    """The operands with one-value tests inside the block, and values zeroed outside one, as
+    one-hot entries (`entries.lift_masks`), when some operand is such a test or value."""
+    if not any(isinstance(v, InBlock) or isinstance(v, Masked) and v.zero for v in operands):
+        return None
+    return entries.lift_masks(operands, ctx)
 
 
 CLIPS = ("stablehlo.maximum", "stablehlo.minimum", "stablehlo.clamp")
@@ -540,6 +561,8 @@ def carried(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> Val
     reduces, and moves it onto the result's dims. Exact inside the mask for any values
     outside it."""
     masks = [v for v in operands if isinstance(v, Masked)]
+    if any(m.zero for m in masks) and all(isinstance(v, Rel | Masked) for v in operands):
+        return _masked_entries(info, operands, ctx, plain) or unsupported(info.name)
     if any(m.zero for m in masks) or not all(isinstance(v, Rel | Masked) for v in operands):
         return unsupported(info.name)
     rels = [v.rel if isinstance(v, Masked) else v for v in operands]
@@ -560,6 +583,24 @@ def carried(info: OpInfo, operands: list[Value], ctx: RuleContext, plain) -> Val
     if any(not _same_pred(p, preds[0]) for p in preds[1:]):
         return unsupported(info.name)
     return Masked(out, preds[0], origin=masks[0].origin)
+
+
+def _masked_entries(info: OpInfo, operands: list[Value], ctx: RuleContext, plain
+                    ) -> Value | None:
+    """A reduce or dot_general of values zeroed outside a one-value test (`where(x == b*L + i,
+    v, 0)`): the op on their one-hot entries (`entries.masked_entry`). None: not of this
+    form."""
+    lifted = entries.lift_masks(operands, ctx)
+    if lifted is None:
+        return None
+    if info.name == "stablehlo.reduce" and isinstance(lifted[0], Windowed) and \
+            isinstance(lifted[1], Rel):
+        return entries.reduce(info, lifted[0], lifted[1], info.attrs.get("reducer", "other"),
+                              ctx, plain)
+    if info.name == "stablehlo.dot_general":
+        found = entries.dot_general(info, lifted, ctx, plain)
+        return found[0] if found else None
+    return None
 
 
 def _result_dims(info: OpInfo, position: int, rank: int) -> list[int | None] | None:

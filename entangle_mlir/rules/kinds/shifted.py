@@ -142,7 +142,8 @@ def elementwise_shifted(info: OpInfo, operands: list[Value], ctx: RuleContext,
             moved_x, other = (pair[0], pair[1]) if first else (pair[1], pair[0])
             test = device_blocks.compare_shifted(info, moved_x, other, first, ctx) if isinstance(
                 other, Rel) else None
-            return [test or _ring_step_compare(name, shifted, ctx) or unsupported[0]]
+            return [test or _ring_step_compare(name, shifted, ctx)
+                    or _diagonal_entry(info, moved_x, other, ctx) or unsupported[0]]
         return plain(info, pair, ctx)
     return unsupported
 
@@ -258,6 +259,37 @@ def _ring_step_compare(name: str, value: Shifted, ctx: RuleContext) -> Opaque | 
                   "another way: one ring step's block of the mask, not folded into the online "
                   "softmax over all the keys (read step by step, as by the ring's backward); "
                   "not supported yet", category="unsupported")
+
+
+def _diagonal_entry(info: OpInfo, moved: Value, other: Value, ctx: RuleContext
+                    ) -> Opaque | None:
+    """The reason `x == L*b + i` is not related when x is itself split over the axes of b
+    (dense expert parallelism around a ring of token blocks: each device tests its own token
+    block against its own experts): entry i of each device's block of one_hot(x) on the
+    device's own block of x, a block on the diagonal of two dims split over one axis, which
+    no layout holds. None: not such a test."""
+    if info.attrs.get("comparison_direction") != "EQ" or not isinstance(moved, Shifted) or \
+            not isinstance(other, Rel) or ctx.mesh is None:
+        return None
+    x = moved.rel
+    value = splat_value(other.term)
+    k = int(value) if isinstance(value, Fraction) and value.denominator == 1 else None
+    unsplit = replace(x, tiling=((),) * len(x.tiling))
+    found = device_blocks.block_offsets(moved.offsets, ctx.mesh, unsplit)
+    if k is None or found is None or not set(found[0]) <= set(x.tiled_axes):
+        return None
+    axes, length, start = found
+    entry = start + k
+    if not 0 <= entry < length:
+        return None
+    dims = [d for d, t in enumerate(x.tiling) if set(t) & set(axes)]
+    names = ", ".join(axes)
+    return Opaque(f"the mask tests x == {length}*axis_index({names}) + {entry} where x is "
+                  f"split over {axes_str(axes)} along dim {dims[0]}: entry {entry} of each "
+                  f"device's block of one_hot(x) on the device's own block of x, a block on "
+                  "the diagonal of two dims split over one axis (dense expert parallelism "
+                  "around a ring of token blocks); relating such blocks is not supported yet",
+                  category="unsupported")
 
 
 def _converted_offsets(info: OpInfo, x: Shifted) -> tuple | None:

@@ -46,6 +46,7 @@ from entangle_mlir.core.relations import (
 )
 from entangle_mlir.core.terms import (
     Term,
+    indicator,
     intern,
     make_add,
     make_broadcast,
@@ -62,6 +63,7 @@ from entangle_mlir.core.terms import (
     scale,
     single_scaled,
     splat_value,
+    term_finite,
 )
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.rules.base import Rule, RuleContext
@@ -71,6 +73,18 @@ WINDOW_OPS = frozenset({"stablehlo.slice", "stablehlo.concatenate",
                         "stablehlo.collective_permute", "stablehlo.dynamic_slice",
                         "stablehlo.pad", "stablehlo.reduce_window"})
 PERMUTED_OPS = frozenset({"stablehlo.collective_permute"})
+
+
+ENTRY_OPS = frozenset({"stablehlo.dot_general"})
+"""Ops besides `SUMMED_OPS` and elementwise ones that accept an entry (`is_entry`)."""
+
+
+def is_entry(value: Value) -> bool:
+    """One entry of each device's block (a window of one row summed over that row alone: the
+    row, its dim dropped; rules/kinds/entries.py)."""
+    return (isinstance(value, Windowed) and value.length == 1 and value.summed == (value.dim,)
+            and not value.holes and not value.starts and not value.rel.partial
+            and not is_padded(value))
 
 
 def settle(value: Value, op_name: str = "") -> Value:
@@ -83,7 +97,7 @@ def settle(value: Value, op_name: str = "") -> Value:
     if isinstance(value, Windowed) and is_padded(value) and op_name != "stablehlo.dynamic_slice":
         return padded_rel(value)
     if isinstance(value, Windowed) and value.summed and op_name not in SUMMED_OPS and (
-            op_name not in ELEMENTWISE_OPS):
+            op_name not in ELEMENTWISE_OPS) and not (is_entry(value) and op_name in ENTRY_OPS):
         return Opaque(value.reason, origin=value.origin, category="layout_mismatch")
     if isinstance(value, Windowed) and op_name not in WINDOW_OPS | ROWWISE_OPS and not (
             op_name == "stablehlo.reduce" or op_name in ELEMENTWISE_OPS):
@@ -1113,9 +1127,74 @@ def sum_out(term: Term, dims: tuple[int, ...], dtype: str,
                                                                     for d in f.attrs[0]), shape))
     elif base.op == "stablehlo.dot_general":
         out = _contract_batch(base, dims, shape, dtype)
+    if out is None and reference is not None:
+        out = _product_dot(base, dims, shape, dtype, reference)
     if out is None:
         out = sum_term(base, dims, shape, dtype)
     return out if k == 1 else scale(out, k)
+
+
+def _view(term: Term) -> tuple[Term, tuple[int, ...]] | None:
+    """(source, where): `term` is `source` moved by broadcasts and transposes, source dim i at
+    dim where[i] of `term` (the same size there). None: a broadcast widens a source dim."""
+    if term.op == "transpose":
+        inner = _view(term.args[0])
+        if inner is None:
+            return None
+        (perm,) = term.attrs
+        return inner[0], tuple(perm.index(p) for p in inner[1])
+    if term.op == "broadcast":
+        inner = _view(term.args[0])
+        if inner is None:
+            return None
+        (dims,) = term.attrs
+        source, where = inner[0], tuple(dims[p] for p in inner[1])
+        if any(source.shape[i] != term.shape[d] for i, d in enumerate(where)):
+            return None
+        return source, where
+    return term, tuple(range(len(term.shape)))
+
+
+def _two_factors(term: Term) -> tuple[Term, Term] | None:
+    """`a * b` as (a, b); `select(p, a, 0)` of a finite `a` as (a, indicator(p)): a finite
+    number times 1 or 0 is itself or 0 (`jnp.sum(w * mask)` normalized to a select)."""
+    if term.op == "mul" and len(term.args) == 2:
+        return term.args[0], term.args[1]
+    if term.op == "stablehlo.select" and splat_value(term.args[2]) == 0 and splat_value(
+            term.args[1]) is None and term.args[0].dtype == "i1" and term_finite(term.args[1]):
+        return term.args[1], indicator(term.args[0], term.dtype)
+    return None
+
+
+def _product_dot(term: Term, dims: tuple[int, ...], shape: tuple[int, ...], dtype: str,
+                 reference: frozenset[int] | set[int]) -> Term | None:
+    """`reduce_sum(a * b, dims)` of two factors (`_two_factors`) that both vary along `dims` as the
+    dot_general contracting them (dims both vary along and are kept: batch dims), in the
+    operand order the reference computes (a dense expert loop's `sum(w * mask_i)` summed over
+    the experts meets the reference's einsum). None: not such a sum, or a dot_general the
+    reference does not compute."""
+    factors = _two_factors(term)
+    if factors is None:
+        return None
+    views = [_view(f) for f in factors]
+    if None in views:
+        return None
+    kept = [d for d in range(len(term.shape)) if d not in dims]
+    for (f, fw), (g, gw) in (views, views[::-1]):
+        if not set(dims) <= set(fw) & set(gw) or not set(kept) <= set(fw) | set(gw):
+            continue
+        batch = [d for d in kept if d in fw and d in gw]
+        free_f = [i for i, d in enumerate(fw) if d not in batch and d not in dims]
+        free_g = [i for i, d in enumerate(gw) if d not in batch and d not in dims]
+        attrs = (tuple(fw.index(d) for d in batch), tuple(gw.index(d) for d in batch),
+                 tuple(fw.index(d) for d in dims), tuple(gw.index(d) for d in dims))
+        order = [*batch, *(fw[i] for i in free_f), *(gw[i] for i in free_g)]
+        out_shape = tuple(term.shape[d] for d in order)
+        dot = make_dot(f, g, attrs, out_shape, dtype)
+        out = make_transpose(dot, tuple(order.index(d) for d in kept))
+        if out.shape == shape and single_scaled(out)[1].serial in reference:
+            return out
+    return None
 
 
 def _product(factors: list[Term]) -> Term:
