@@ -35,6 +35,8 @@ PER_CHECK: tuple[tuple[str, dict | set], ...] = (
     ("terms._CONTENT", terms._CONTENT),
     *((f"terms._SKELETONS[{depth}]", memo) for depth, memo in enumerate(terms._SKELETONS)),
     ("terms._PARTS", terms._PARTS),
+    *((f"terms._ORIENTATION_KEYS[{depth}]", memo)
+      for depth, memo in enumerate(terms._ORIENTATION_KEYS)),
     ("terms._ROLLS", terms._ROLLS),
     ("terms._SHAPES", terms._SHAPES),
     ("terms._KEYED_ATTRS", terms._KEYED_ATTRS),

@@ -623,19 +623,27 @@ def skeleton(term: Term) -> tuple:
     return _skeleton(term, SKELETON_DEPTH)
 
 
-def _skeleton(term: Term, depth: int) -> tuple:
-    memo = _SKELETONS[depth]
+def _skeleton(term: Term, depth: int, memos: tuple[dict[int, tuple], ...] = _SKELETONS,
+              through: frozenset[str] = frozenset()) -> tuple:
+    """`skeleton` with its memos (by depth); `through`: ops read through to their first
+    operand, and then arguments keep their index (`orientation_key`)."""
+    while term.op in through and term.args:
+        term = term.args[0]
+    memo = memos[depth]
     found = memo.get(term.serial)
     if found is not None:
         return found
     head = (term.op, term.dtype)
-    if depth == 0 or not term.args:
+    if through and term.op == "arg":
+        out = head + (term.attrs[:1],)
+    elif depth == 0 or not term.args:
         out = head + ((),)
     elif term.op == "lin":
-        out = head + (tuple(sorted((c, _skeleton(t, depth - 1))
+        out = head + (tuple(sorted((c, _skeleton(t, depth - 1, memos, through))
                                    for c, t in zip(term.attrs[1], term.args))),)
     else:
-        out = head + (tuple(sorted(_skeleton(t, depth - 1) for t in term.args)),)
+        out = head + (tuple(sorted(_skeleton(t, depth - 1, memos, through)
+                                   for t in term.args)),)
     memo[term.serial] = out
     return out
 
@@ -1371,6 +1379,10 @@ def make_transpose(term: Term, perm: tuple[int, ...]) -> Term:
     if term.op == "transpose":
         inner = term.attrs[0]
         return make_transpose(term.args[0], tuple(inner[p] for p in perm))
+    if term.op == "stablehlo.dot_general":
+        swapped = _transposed_dot(term, perm)
+        if swapped is not None:
+            return swapped
     collapsed = _collapse_movement(term, perm, shape)
     if collapsed is not None:
         return collapsed
@@ -1754,10 +1766,126 @@ def make_dot(lhs: Term, rhs: Term, attrs: tuple, shape: tuple[int, ...], dtype: 
     pulled = _dot_of_repeat(lhs, rhs, attrs, tuple(shape), dtype)
     if pulled is not None:
         return pulled
+    absorbed = _dot_of_transposed(lhs, rhs, attrs)
+    if absorbed is not None:
+        return make_dot(*absorbed, tuple(shape), dtype)
     kl, tl = factor_content(lhs)
     kr, tr = factor_content(rhs)
     dot = intern("stablehlo.dot_general", (tl, tr), attrs, tuple(shape), dtype)
     return scale(dot, kl * kr) if kl * kr != 1 else dot
+
+
+def _dot_of_transposed(lhs: Term, rhs: Term, attrs: tuple
+                       ) -> tuple[Term, Term, tuple] | None:
+    """dot_general of a transposed operand as the dot_general of the operand itself, its
+    contracting dims read through the permutation: the same products summed in the same order
+    (`A.T @ B` is a contraction of A's dim 0 with B's), where the operand keeps the blocks
+    the normal form reads it in (`_read_in_blocks`; the result's dims are the same)."""
+    lb, rb, lc, rc = attrs
+    operands = [lhs, rhs]
+    dims = [[tuple(lb), tuple(lc)], [tuple(rb), tuple(rc)]]
+    changed = False
+    for side in (0, 1):
+        operand = _oriented(operands[side])
+        if operand.op != "transpose":
+            continue
+        (perm,) = operand.attrs
+        batch, contract = dims[side]
+        free = [d for d in range(len(perm)) if d not in batch and d not in contract]
+        if not _read_in_blocks(perm, free, batch, contract, dims[1 - side][1]):
+            continue
+        operands[side] = operand.args[0]
+        dims[side] = [tuple(perm[d] for d in batch), tuple(perm[d] for d in contract)]
+        changed = True
+    if not changed:
+        return None
+    (nlb, nlc), (nrb, nrc) = dims
+    return operands[0], operands[1], (nlb, nrb, nlc, nrc)
+
+
+def _read_in_blocks(perm: tuple[int, ...], free: list[int], batch: tuple[int, ...],
+                    contract: tuple[int, ...], other: tuple[int, ...]) -> bool:
+    """Whether a transposed operand read through `perm` keeps the blocks the normal form
+    reads a contraction's operand in: its batch dims where they are (moved, the general
+    tier's joins of attention's per-head contractions no longer meet: test_frontier_pipeline),
+    its free dims one run, in order (the result's dims are the same), and each run of
+    contracted dims adjacent, in order, on both operands
+    (`contract` against the other operand's `other`) still one run in order
+    (`normal_form.regroup.merge_contracted_dims` merges it into one dim). Otherwise a
+    device's block, whose batch dim of one row the normal form takes out and puts back
+    next to its other free dims (`normal_form.squeeze`), is read in a layout the whole
+    batch is not (the FSDP attention of `cookbook_loss_and_grads`: `transpose(out)` puts
+    batch and query rows side by side, heads last, where `out` has them apart)."""
+    placed = [perm[d] for d in free]
+    if placed and placed != list(range(placed[0], placed[0] + len(placed))):
+        return False
+    if any(perm[d] != d for d in batch):
+        return False
+    pairs = sorted(zip(contract, other))
+    return all(perm[b[0]] == perm[a[0]] + 1 for a, b in itertools.pairwise(pairs)
+               if b == (a[0] + 1, a[1] + 1))
+
+
+def _oriented(operand: Term) -> Term:
+    """An operand of a dot_general that is itself a dot_general of two operands with free
+    dims, in the orientation whose first operand has the lesser `orientation_key`: `dot(B,
+    A)` read as `transpose(dot(A, B))` (the same values), so that a dot of `(A @ B).T` (its
+    transpose swapped away by `make_transpose`) and of the transpose of `A @ B` meet. The key
+    is read off what the operands compute, never the order they were built in (a per-device
+    program builds its values in another order than the reference); where it ties, the dot
+    is read as built."""
+    if operand.op != "stablehlo.dot_general" or \
+            orientation_key(operand.args[0]) <= orientation_key(operand.args[1]):
+        return operand
+    lb, rb, lc, rc = operand.attrs
+    lhs, rhs = operand.args
+    batch = len(lb)
+    lhs_free = len(lhs.shape) - batch - len(lc)
+    rhs_free = len(rhs.shape) - batch - len(rc)
+    if lhs_free == 0 or rhs_free == 0:
+        return operand
+    flipped_shape = (operand.shape[:batch] + operand.shape[batch + lhs_free:]
+                     + operand.shape[batch:batch + lhs_free])
+    flipped = intern("stablehlo.dot_general", (rhs, lhs), (rb, lb, rc, lc),
+                     tuple(flipped_shape), operand.dtype)
+    perm = (tuple(range(batch)) + tuple(range(batch + rhs_free, batch + rhs_free + lhs_free))
+            + tuple(range(batch, batch + rhs_free)))
+    return intern("transpose", (flipped,), (perm,), operand.shape, operand.dtype)
+
+
+_ORIENTATION_KEYS: tuple[dict[int, tuple], ...] = tuple({} for _ in range(SKELETON_DEPTH + 1))
+"""`orientation_key` by depth, then by term serial."""
+
+_KEY_MOVES = frozenset({"slice", "reshape", "transpose", "broadcast", "concatenate"})
+"""Ops `orientation_key` reads through (a concatenation through its first piece): they move
+or pick elements, and a device's rows of a value are the value's under them."""
+
+
+def orientation_key(term: Term) -> tuple:
+    """A key ordering a contraction's two operands by what they compute, alike in every
+    program that computes them and in a device's rows of them: like `skeleton` (op, dtype,
+    the operands' keys sorted, with their coefficients for a sum, `SKELETON_DEPTH` levels
+    down), through movements (`_KEY_MOVES`), with each argument's index (`x @ w`: x is
+    argument 0). Holds no serials and no shapes, so it does not depend on the order terms
+    were built in."""
+    return _skeleton(term, SKELETON_DEPTH, _ORIENTATION_KEYS, _KEY_MOVES)
+
+
+def _transposed_dot(term: Term, perm: tuple[int, ...]) -> Term | None:
+    """A transpose of a dot_general that swaps its lhs-free and rhs-free dims (batch dims in
+    place, each side's free dims in order) as the dot_general with its operands swapped: the
+    same products (`(A @ B).T` is `B.T @ A.T`, contracted as `dot_general(B, A)`)."""
+    lb, rb, lc, rc = term.attrs
+    lhs, rhs = term.args
+    batch = len(lb)
+    lhs_free = len(lhs.shape) - batch - len(lc)
+    rhs_free = len(rhs.shape) - batch - len(rc)
+    swapped = (tuple(range(batch)) + tuple(range(batch + lhs_free, batch + lhs_free + rhs_free))
+               + tuple(range(batch, batch + lhs_free)))
+    if perm != swapped or lhs_free == 0 or rhs_free == 0:
+        return None
+    shape = tuple(term.shape[p] for p in perm)
+    return make_dot(rhs, lhs, (rb, lb, rc, lc), shape, term.dtype)
 
 
 def _dot_of_repeat(lhs: Term, rhs: Term, attrs: tuple, shape: tuple[int, ...],

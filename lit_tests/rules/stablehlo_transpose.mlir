@@ -27,12 +27,12 @@ sdy.mesh @mesh = <["dp"=2, "tp"=4]>
 func.func @poly_and_partial(%x: tensor<8x16xf32>, %w: tensor<16x8xf32>) -> tensor<8x8xf32> {
   %0 = sdy.manual_computation(%x, %w) in_shardings=[<@mesh, [{"dp"}, {"tp"}]>, <@mesh, [{"tp"}, {}]>] out_shardings=[<@mesh, [{}, {"dp"}]>] manual_axes={"dp", "tp"} (%a: tensor<4x4xf32>, %b: tensor<4x8xf32>) {
     %p = stablehlo.dot_general %a, %b, contracting_dims = [1] x [0] : (tensor<4x4xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
-    // CHECK: stablehlo.transpose %{{.*}}entangle.relation = "tile [{}, {dp}] partial sum {tp} : transpose(dot_general(%arg0, %arg1))"
+    // CHECK: stablehlo.transpose %{{.*}}entangle.relation = "tile [{}, {dp}] partial sum {tp} : dot_general(%arg1, %arg0)"
     %t = stablehlo.transpose %p, dims = [1, 0] : (tensor<4x8xf32>) -> tensor<8x4xf32>
     %c = stablehlo.constant dense<3.0> : tensor<4x8xf32>
     // CHECK: stablehlo.transpose %{{.*}}entangle.relation = "replicated : 3"
     %ct = stablehlo.transpose %c, dims = [1, 0] : (tensor<4x8xf32>) -> tensor<8x4xf32>
-    // CHECK: stablehlo.multiply %{{.*}}entangle.relation = "tile [{}, {dp}] partial sum {tp} : (3*transpose(dot_general(%arg0, %arg1)))"
+    // CHECK: stablehlo.multiply %{{.*}}entangle.relation = "tile [{}, {dp}] partial sum {tp} : (3*dot_general(%arg1, %arg0))"
     %1 = stablehlo.multiply %t, %ct : tensor<8x4xf32>
     sdy.return %1 : tensor<8x4xf32>
   } : (tensor<8x16xf32>, tensor<16x8xf32>) -> tensor<8x8xf32>
