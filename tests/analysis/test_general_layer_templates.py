@@ -20,6 +20,8 @@ import jax.numpy as jnp
 import pytest
 
 from entangle_mlir.analysis.general import layer_templates as LT
+from entangle_mlir.analysis.general import tier
+from entangle_mlir.driver import check_texts
 from entangle_mlir.mlir.ir import parse_module
 from entangle_mlir.mlir.program import Program, from_two_modules, functions
 from examples import frontier as F
@@ -139,3 +141,42 @@ def test_one_changed_layer_is_no_repeat_of_the_template() -> None:
                      for r in LT.repeated_layers(f)]
     reference = LT.repeated_layers(program.ref_func)[0]
     assert all(r.signature != reference.signature for r in stage_regions)
+
+
+@pytest.mark.parametrize("layers, pp, tp, dp", [(6, 2, 2, 1), (8, 2, 4, 2)])
+def test_pipeline_is_proven_through_the_template(layers: int, pp: int, tp: int,
+                                                 dp: int) -> None:
+    """The general tier proves the pipeline with every layer of both programs abstracted by
+    the template (the reference's stream outputs named by leaves, the devices' by their row
+    blocks): the try is proven, no fallback."""
+    ex = _step(layers, pp, tp, dp)
+    assert max_error(ex, input_sets(ex)[0]) <= 10 * ex.atol
+    report = check_texts(*lower_pair(ex), verify_rules=False)
+    assert report.proven
+    note = report.stats["general_tier"]["layer_template"]
+    assert "not_proven" not in note and "error" not in note, note
+    assert note["reference_layers"] == layers
+    assert note["sharded_layers"] >= layers
+
+
+@pytest.mark.parametrize("bug", ["middle_layer_up_from_gate", "stage_mlp_without_psum",
+                                 "backward_microbatch_off_by_one"])
+def test_twin_verdict_does_not_come_from_the_template(bug: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong pipeline is not proven, and the general tier's reason and blamed op are the
+    ones of the check with every layer expanded (`LAYER_TEMPLATES` off): a try through the
+    template that is not proven leaves the verdict to the full expansion."""
+    ex = _step(6, 2, 2, bug=bug)
+    assert max_error(ex, input_sets(ex)[0]) > 1e-3
+    texts = lower_pair(ex)
+    with_template = check_texts(*texts, verify_rules=False)
+    monkeypatch.setattr(tier, "LAYER_TEMPLATES", False)
+    without = check_texts(*texts, verify_rules=False)
+    assert not with_template.proven and not without.proven
+    assert with_template.verdict == without.verdict
+    ours, theirs = (dict(r.stats["general_tier"]) for r in (with_template, without))
+    ours.pop("layer_template", None)
+    for key in ("reason", "refuted", "loc"):
+        assert ours.get(key) == theirs.get(key), key
+    assert [(d.message, str(d.loc)) for d in with_template.diagnostics] == \
+        [(d.message, str(d.loc)) for d in without.diagnostics]

@@ -640,7 +640,12 @@ class TemplateExpansion(Expansion):
     """The sharded function's expansion, each layer of the template's signature giving every
     device whose inputs are what the template was proven for its stream output as a row
     block of a reference layer's leaf (`device_stream`); other devices keep the expanded
-    term."""
+    term. The new values are not recorded as renamings of their representative's
+    (`symmetry.py`): a renaming substitutes program inputs and leaves a leaf alone, so
+    "block b of the leaf renamed is block b' of it" is no fact of substitution, and later
+    renamings composed with it would build other devices' terms wrongly (tried: the loss no
+    longer met). Devices after a layer are therefore computed, not renamed, along the dp
+    axis (the expansion's cost, not its terms)."""
 
     def __init__(self, program: Program, apps: Applications, wholes: list[Term], *args,
                  **kwargs):
