@@ -143,7 +143,7 @@ def test_one_changed_layer_is_no_repeat_of_the_template() -> None:
     assert all(r.signature != reference.signature for r in stage_regions)
 
 
-@pytest.mark.parametrize("layers, pp, tp, dp", [(6, 2, 2, 1), (8, 2, 4, 2)])
+@pytest.mark.parametrize("layers, pp, tp, dp", [(6, 2, 2, 1), (8, 2, 2, 2)])
 def test_pipeline_is_proven_through_the_template(layers: int, pp: int, tp: int,
                                                  dp: int) -> None:
     """The general tier proves the pipeline with every layer of both programs abstracted by
