@@ -19,16 +19,25 @@ that the two layers compute the same function, once, for every value of their in
   the stream, decided by the general tier's `Decider` (normal form, then Z3), for all values
   of the holes (no valid-index assumption: holes are not program inputs).
 
-`prove_layer_template(program)` returns the proven `LayerTemplate` (the term `T` over its
-holes, how each input slot is tiled, the layers' signatures) or why there is none. A proven
-template is what a later step may abstract by: every layer whose region signature equals a
-proven one computes `T` of its actual inputs, so its stream output may be named by one opaque
-application (`layer_reuse.region_result` of `T`) in both programs, keeping the general tier's
-terms linear in depth. Soundness rests on (1) equal signatures: the same ops, attributes,
-types and wiring, reading the inputs in the same pattern (`OpFacts.signature`), and (2) the
-decided equality, which holds for every hole value. A layer differing in one op, constant or
-input index has another signature; a sharded layer whose collectives do not rebuild the
-reference's layer (a missing psum) has no proof.
+`prove_layer_template(program)` returns the proven `LayerTemplate` or why there is none.
+A layer is its stream output's cone of ops (`cone`: what the output depends on, so jax's
+residuals for the backward fall out), its views of the stream at either end trimmed.
+
+Using it (`tier.general_tier` tries it first, `LAYER_TEMPLATES`): a value is a site of the
+template when the template's ops, matched back from it op by op (`match`: fingerprint, wiring
+and input types), reach every op of the template: it is the template's function of the
+matched inputs. In the reference (`TemplateWalker`) a site's stream output becomes a fresh
+leaf naming `R(inputs)` (`Applications`: one leaf per distinct normal forms of the inputs);
+on a device (`TemplateExpansion`) it becomes row block b of that leaf where the device's
+stream input is row block b of the site's stream input and its weights are its blocks of
+the reference's (`device_stream`), so the terms stay linear in depth (the next layer reads
+one leaf, not a sum over every layer below). A decision proven with the leaves free holds
+for the values they name; nothing is refuted with them: where the try is not proven, the
+tier runs again with every layer expanded. Soundness rests on (1) the match (the same ops,
+attributes, types and wiring from the matched inputs), (2) the decided template equality,
+which holds for every hole value, and (3) the device checks (group, blocks, stream). A layer
+differing in one op, constant or input index is no site; a sharded layer whose collectives
+do not rebuild the reference's layer (a missing psum) has no proof.
 """
 
 from __future__ import annotations
