@@ -92,21 +92,24 @@ class LayerRegion:
         return [self.facts.ops[i] for i in self.indices]
 
 
-def repeated_layers(func) -> list[LayerRegion]:
+def repeated_layers(func, phases: bool = False) -> list[LayerRegion]:
     """The layers of `func`'s blocks that repeat (at least twice, so the stream slot and
     output are read off the next layer): the first layer of each run, at its layer
-    boundary, its ends' views of the stream trimmed."""
-    found = []
+    boundary (`phases`: at every phase of the run's period, later ones after), its ends'
+    views of the stream trimmed."""
+    found, later = [], []
     for block in [func.regions[0].blocks[0], *all_blocks_below(func)]:
         facts = read_ops(block)
         for run in find_runs(facts):
-            start = facts.layer_start(run)
-            if start + 2 * run.period > run.end:
-                continue
-            region = _region(facts, start, run.period)
-            if region is not None:
-                found.append(region)
-    return found
+            first = facts.layer_start(run)
+            starts = range(first, first + run.period) if phases else (first,)
+            for start in starts:
+                if start + 2 * run.period > run.end:
+                    continue
+                region = _region(facts, start, run.period)
+                if region is not None:
+                    (found if start == first else later).append(region)
+    return found + later
 
 
 def all_blocks_below(func) -> list:
@@ -386,21 +389,38 @@ def prove_template(program: Program, reference: LayerRegion, sharded: LayerRegio
 
 def prove_layer_template(program: Program, timeout_ms: int = 5_000) -> TemplateProof:
     """The first pair (reference layer, sharded layer) of `program`'s repeated layers whose
-    template equality is proven, or why none is (each pair tried, in `tried`)."""
-    references = repeated_layers(program.ref_func)
+    template equality is proven, or why none is (each pair tried, in `tried`). The
+    reference's layers are tried at every phase of its runs whose inputs fit the sharded
+    layer's slot by slot (the two programs may cut their layers at other ops: jax's
+    residuals move the reference's boundary)."""
+    references = repeated_layers(program.ref_func, phases=True)
     if not references:
         return TemplateProof(None, "the reference repeats no layer")
     tried: list[str] = []
     for func in functions(program.sharded_module):
         for sharded in repeated_layers(func):
             for reference in references:
+                if not _slots_fit(reference, sharded):
+                    continue
                 proof = prove_template(program, reference, sharded, timeout_ms)
                 if proof.proven:
                     proof.tried = tried
                     return proof
                 tried.append(proof.reason)
-    return TemplateProof(None, tried[0] if tried else "the sharded program repeats no layer",
-                         tried)
+    return TemplateProof(None, tried[0] if tried else "no repeated layer of the two programs "
+                         "reads its inputs alike", tried)
+
+
+def _slots_fit(reference: LayerRegion, sharded: LayerRegion) -> bool:
+    """Whether each input of the sharded layer is, slot by slot, the reference's or a block
+    of it along one dim, of the same element type, with the stream in the same slot."""
+    if len(reference.inputs) != len(sharded.inputs) or reference.stream != sharded.stream:
+        return False
+    for r, s in zip(reference.inputs, sharded.inputs):
+        rt, st = describe_type(r.type), describe_type(s.type)
+        if rt.dtype != st.dtype or _tiling(tuple(rt.shape), tuple(st.shape)) is False:
+            return False
+    return True
 
 
 # ----- using a proven template: the stream output of every layer of its signature ----------

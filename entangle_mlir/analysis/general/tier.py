@@ -180,13 +180,17 @@ def _recursion_limit(limit: int) -> Iterator[None]:
         sys.setrecursionlimit(before)
 
 
-LAYER_TEMPLATES = True
+LAYER_TEMPLATES = False
 """Whether the tier first tries a proven layer template (`layer_templates.py`): each layer
 of its signature, in both programs, gives its stream output as the template applied to its
 inputs (a leaf naming that application: `layer_templates.Applications`), so the terms stay
 linear in depth. That try only asks whether everything is proven (`prove_only`: it stops at
 the first value not proven); a check not proven that way runs again with every layer expanded,
-so the verdict and diagnostics of a program not proven never come from the abstraction."""
+so the verdict and diagnostics of a program not proven never come from the abstraction.
+Off by default: a try that is not proven costs its time again (the attention pipeline at
+L8: 118 s before the fallback), and the fallback then runs on the terms and memos the try
+left, on which the normal form (which depends on the order terms are built) did not prove
+that row (benchmarks/FRONTIER_RESULTS.md, twelfth session)."""
 
 
 def general_tier(program: Program, reference: Walk | None = None, **options) -> GeneralResult:
