@@ -177,10 +177,11 @@ where w_up belongs, `stage_changing_layer`: the pipeline analogue of `dense_step
 
 
 def pipeline_step(cfg: Config, dp: int, pp: int, tp: int, micro: int = 4,
-                  attention: bool = True, bug: str | None = None):
+                  attention: bool = True, bug: str | None = None, stage_mlp=None):
     """1F1B training step of `cfg.n_layers` Llama layers on dp x pp x tp (a corpus Example);
     `attention=False`: the layers' SwiGLU MLP blocks only (RMSNorm, residual); `bug`: one of
-    `PIPELINE_TWINS`."""
+    `PIPELINE_TWINS`; `stage_mlp`: the stages' MLP block (`mlp_block(p, x, par)`) in place of
+    Llama's in every layer (the reference keeps Llama's)."""
     L, D, F = cfg.n_layers, cfg.d_model, cfg.d_ff
     Q, KV = cfg.q_width, cfg.kv_width
     col, row, rep = P("pp", None, "tp"), P("pp", "tp", None), P("pp")
@@ -196,7 +197,7 @@ def pipeline_step(cfg: Config, dp: int, pp: int, tp: int, micro: int = 4,
     mesh = (("dp", dp), ("pp", pp), ("tp", tp))
     specs = [a.spec for a in params]
     schedule, bug_fn = PIPELINE_TWINS[bug] if bug else ({}, None)
-    mlp = mlp_without_psum if bug_fn is mlp_without_psum else None
+    mlp = mlp_without_psum if bug_fn is mlp_without_psum else stage_mlp
     if bug_fn is changed_mlp:
         schedule = {"layers": functools.partial(
             stage_changing_layer, L // 2, stage_block(cfg, "tp", attention, changed_mlp))}

@@ -82,6 +82,28 @@ def test_a_reshape_splitting_a_concatenation_at_its_pieces_splits_each_piece() -
     assert normal_form(uneven, {}).op == "reshape"
 
 
+def test_pieces_smaller_than_a_row_of_the_split_join_into_rows() -> None:
+    """`reshape(concat(x_0 .. x_7 along 0), (4, 2, 3, 2))` of (1, 3, 2) pieces (one batch row
+    a device, two rows a micro-batch): consecutive pairs make the rows of the split dim, each
+    the concatenation along the next dim of its pieces given unit dims
+    (`reshape_of_concat`); the normal form is the one the pieces placed by hand have. Wrong:
+    the pieces of each pair swapped (refuted, another form); pieces that do not fill a row
+    one by one (1 + 2 + 1 of rows of 2: a run of two rows) are left alone."""
+    xs = [make_arg(40 + i, (1, 3, 2), F32) for i in range(8)]
+    before = raw_reshape(raw_concat(xs, 0), (4, 2, 3, 2))
+    after = normal_form(before, {})
+    placed = make_concat([make_concat([make_reshape(xs[2 * i + j], (1, 1, 3, 2))
+                                       for j in range(2)], 1) for i in range(4)], 0)
+    assert after is normal_form(placed, {})
+    assert proved(before, after)
+    swapped = make_concat([make_concat([make_reshape(xs[2 * i + 1 - j], (1, 1, 3, 2))
+                                        for j in range(2)], 1) for i in range(4)], 0)
+    assert normal_form(swapped, {}) is not after and refuted(before, swapped)
+    ys = [make_arg(50, (1, 3, 2), F32), make_arg(51, (2, 3, 2), F32),
+          make_arg(52, (1, 3, 2), F32)]
+    assert normal_form(raw_reshape(raw_concat(ys, 0), (2, 2, 3, 2)), {}).op == "reshape"
+
+
 def _kv_heads(n: int, k: int):
     """Per device i, one kv head of `x @ w` (w's columns i*d .. (i+1)*d, the head dim left
     out) broadcast to its k query heads, and the whole: all heads computed at once and each

@@ -180,11 +180,62 @@ def _recursion_limit(limit: int) -> Iterator[None]:
         sys.setrecursionlimit(before)
 
 
-def general_tier(program: Program, reference: Walk | None = None, *,
-                     max_devices: int = MAX_DEVICES, budget_seconds: float = 30.0,
-                     timeout_ms: int = 5_000, verify_rules: bool = True,
-                     jobs: int | None = None, assume_no_overflow: bool = False,
-                     prove_only: bool = False) -> GeneralResult:
+LAYER_TEMPLATES = False
+"""Whether the tier first tries a proven layer template (`layer_templates.py`): each layer
+of its signature, in both programs, gives its stream output as the template applied to its
+inputs (a leaf naming that application: `layer_templates.Applications`), so the terms stay
+linear in depth. That try only asks whether everything is proven (`prove_only`: it stops at
+the first value not proven); a check not proven that way runs again with every layer expanded,
+so the verdict and diagnostics of a program not proven never come from the abstraction.
+Off by default: a try that is not proven costs its time again (the attention pipeline at
+L8: 118 s before the fallback), and the fallback then runs on the terms and memos the try
+left, on which the normal form (which depends on the order terms are built) did not prove
+that row (benchmarks/FRONTIER_RESULTS.md, twelfth session)."""
+
+
+def general_tier(program: Program, reference: Walk | None = None, **options) -> GeneralResult:
+    """`expanded_tier` with a proven layer template first (`LAYER_TEMPLATES`), then without
+    where that is not proven."""
+    note = _with_template(program, options) if LAYER_TEMPLATES else None
+    if isinstance(note, GeneralResult):
+        return note
+    result = expanded_tier(program, reference, **options)
+    if note is not None:
+        result.stats["layer_template"] = note
+    return result
+
+
+def _with_template(program: Program, options: dict) -> GeneralResult | dict | None:
+    """The tier's try with a proven layer template: its result where proven, else what the
+    try did (a note for the stats; None where no template is proven). An error of the try
+    is a note too: the tier then runs as without it."""
+    from entangle_mlir.analysis.general.layer_templates import prove_layer_template
+
+    start = time.perf_counter()
+    try:
+        proof = prove_layer_template(program)
+        if not proof.proven:
+            return None
+        result = expanded_tier(program, None, template=proof.template,
+                               **{**options, "prove_only": True})
+    except Exception as err:  # noqa: BLE001 - the try is an optimization; the tier runs as before
+        return {"error": repr(err), "seconds": round(time.perf_counter() - start, 4)}
+    note = {"proof": proof.template.decision,
+            "reference_layers": result.stats.pop("reference_layers", 0),
+            "sharded_layers": result.stats.pop("sharded_layers", 0),
+            "seconds": round(time.perf_counter() - start, 4)}
+    if result.proven:
+        result.stats["layer_template"] = note
+        return result
+    note["not_proven"] = result.reason
+    return note
+
+
+def expanded_tier(program: Program, reference: Walk | None = None, *,
+                  max_devices: int = MAX_DEVICES, budget_seconds: float = 30.0,
+                  timeout_ms: int = 5_000, verify_rules: bool = True,
+                  jobs: int | None = None, assume_no_overflow: bool = False,
+                  prove_only: bool = False, template=None) -> GeneralResult:
     """Expand `program`'s sharded function per device and decide its outputs against the
     reference (`reference`: the reference's walk, re-walked when it summarized layers).
     `verify_rules`: Z3 checks every rule instance the proof rests on, the reference walk's
@@ -193,19 +244,35 @@ def general_tier(program: Program, reference: Walk | None = None, *,
     `assume_no_overflow`: a product with zero of a value finite unless something overflows
     is zero (`--assume-no-overflow`; listed among the assumptions where a proof uses it).
     `prove_only`: only whether it is proven matters (`repair.py` tries many edits): a value
-    not proven is neither decided block by block nor its refutation grounded."""
+    not proven is neither decided block by block nor its refutation grounded.
+    `template`: a proven `layer_templates.LayerTemplate` both programs' layers of its
+    signature are abstracted by (`TemplateWalker`, `TemplateExpansion`)."""
     start = time.perf_counter()
     budget = Budget(budget_seconds)
     out_of_time = budget.over
-    if reference is None or not _plain(reference):
+    if template is not None:
+        from entangle_mlir.analysis.general.layer_templates import (
+            Applications,
+            TemplateExpansion,
+            TemplateWalker,
+        )
+
+        apps = Applications(template)
+        walker = TemplateWalker(program, apps)
+        reference = walker.run()
+    elif reference is None or not _plain(reference):
         reference = Walker(program.ref_func, program.ref_module, program.ref_file).run()
     wants = reference.outputs
     if any(not isinstance(w, Rel) for w in wants):
         return GeneralResult(False, reason="the reference itself is not analysed")
     reference_args = [(tuple(t.shape), t.dtype) for t in (
         describe_type(a.type) for a in program.ref_func.regions[0].blocks[0].arguments)]
-    expansion = Expansion(program.sharded_func, program.sharded_module, program.sharded_file,
-                          max_devices, out_of_time, reference_args)
+    if template is not None:
+        expansion = TemplateExpansion(program, apps, walker.wholes, max_devices,
+                                      out_of_time, reference_args)
+    else:
+        expansion = Expansion(program.sharded_func, program.sharded_module,
+                              program.sharded_file, max_devices, out_of_time, reference_args)
     try:
         walk = expansion.run()
     except NotExpanded as refusal:
@@ -225,11 +292,15 @@ def general_tier(program: Program, reference: Walk | None = None, *,
                                  "are not expanded)", stats=_stats(expansion, start))
     decider = Decider([w.term for w in wants], timeout_ms, assume_no_overflow)
     assumptions: list[str] = []
-    checks = [(o.want, o.got, o.what, o.against, o.loc, {}, None)
-              for o in expansion.obligations]
-    checks += [(w.term, g.term, f"result #{i}", "the reference", walk.return_record.loc
+    agreements = [(o.want, o.got, o.what, o.against, o.loc, {}, None)
+                  for o in expansion.obligations]
+    results = [(w.term, g.term, f"result #{i}", "the reference", walk.return_record.loc
                 if walk.return_record else None, expansion.blocks, i)
                for i, (w, g) in enumerate(zip(wants, gots))]
+    # With a template the results go first: the normal form's memo depends on what it met
+    # before, and the results' forms (a weight gradient summed over micro-batches) join
+    # where they are normalized before the devices' agreements (the 32-layer pipeline).
+    checks = results + agreements if template is not None else agreements + results
     decided = 0
     for want, got, what, against, loc, names, output in checks:
         if out_of_time():
@@ -240,6 +311,8 @@ def general_tier(program: Program, reference: Walk | None = None, *,
         # budget: enough to find a counterexample, not to spend a proof's search on it.
         decision = decider.decide(want, got, f"general.{decided}", ground=not prove_only)
         decided += 1
+        if not decision.proved and template is not None:
+            decision = _by_rows(decider, want, got, f"general.{decided}") or decision
         if not decision.proved and prove_only:
             return GeneralResult(False, devices, f"{what} is not proven", loc,
                                  stats=_stats(expansion, start))
@@ -265,10 +338,35 @@ def general_tier(program: Program, reference: Walk | None = None, *,
     problem = _check_instances(expansion, reference, budget, jobs) if verify_rules else ""
     stats = _stats(expansion, start)
     stats["decisions"] = decided
+    if template is not None:
+        stats["reference_layers"] = walker.abstracted
+        stats["sharded_layers"] = expansion.abstracted
     if problem:
         return GeneralResult(False, devices, problem, stats=stats)
     return GeneralResult(True, devices, assumptions=assumptions, stats=stats,
                          unchecked=getattr(expansion, "unchecked", []))
+
+
+MAX_ROWS = 1024
+"""The most rows of dim 0 `_by_rows` decides one by one."""
+
+
+def _by_rows(decider: Decider, want: Term, got: Term, name: str) -> Decision | None:
+    """`want == got` decided row by row along dim 0 (exact: two tensors are equal exactly
+    when each row is), proven where every row is (a stack of layers' weights whose rows meet
+    in normal form one by one where the whole did not: the normal form's joins depend on
+    what it met before); None otherwise."""
+    if not want.shape or not 1 < want.shape[0] <= MAX_ROWS or want.shape != got.shape:
+        return None
+    assumptions: list[str] = []
+    for row in range(want.shape[0]):
+        decision = decider.decide(slice_term(want, 0, row, row + 1),
+                                  slice_term(got, 0, row, row + 1), f"{name}.row{row}",
+                                  ground=False)
+        if not decision.proved:
+            return None
+        assumptions.extend(a for a in decision.assumptions if a not in assumptions)
+    return Decision("proved", assumptions=assumptions, how="row by row")
 
 
 def _plain(walk: Walk) -> bool:

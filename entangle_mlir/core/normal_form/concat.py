@@ -1097,7 +1097,9 @@ def reshape_of_concat(term: Term, arg: Term) -> Term | None:
     elements of the group one run, and a run whose bounds are multiples of what t's
     rows hold, the product of the group's dims after t, is whole rows of t: the merge of
     an untiled all_gather, the split of four copies of a (8, 2) table into (4, 8, 2));
-    else None."""
+    pieces dividing a row of t are joined, consecutive ones, into runs of one row each (the
+    reshape of each run's concatenation, whose split then falls on the next dim: one row a
+    device, two rows a micro-batch); else None."""
     if term.op != "reshape" or arg.op != "concatenate":
         return None
     (c,) = arg.attrs
@@ -1114,17 +1116,25 @@ def reshape_of_concat(term: Term, arg: Term) -> Term | None:
         t = wide[0]
         inner = math.prod(arg.shape[i] for i in src_dims[at + 1:])
         row = math.prod(term.shape[d] for d in dst_dims[dst_dims.index(t) + 1:])
-        pieces = []
+        pieces, run, size = [], [], 0
         for piece in arg.args:
             if any(piece.shape[i] != arg.shape[i] for i in range(len(arg.shape)) if i != c):
                 return None
-            size = piece.shape[c] * inner
+            own = piece.shape[c] * inner
+            if own % row and row % own:
+                return None
+            run.append(piece)
+            size += own
             if size % row:
+                continue
+            if len(run) > 1 and size != row:
                 return None
             shape = list(term.shape)
             shape[t] = size // row
-            pieces.append(make_reshape(piece, tuple(shape)))
-        return make_concat(pieces, t)
+            joined = run[0] if len(run) == 1 else make_concat(run, c)
+            pieces.append(make_reshape(joined, tuple(shape)))
+            run, size = [], 0
+        return make_concat(pieces, t) if not run else None
     return None
 
 

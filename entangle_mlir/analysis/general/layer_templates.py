@@ -1,0 +1,707 @@
+"""One layer's function proven once for the general tier (issue 21: the pipeline rows).
+
+A layer stack lowered from a Python loop repeats one layer's ops with a fixed period in the
+reference's function and in the sharded stage's body (`layer_reuse.find_runs`, the same
+fingerprints and signature the layout tier's whole-layer reuse reads). This module proves
+that the two layers compute the same function, once, for every value of their inputs:
+
+* the reference's layer is walked with fresh leaves ("holes") for its external inputs:
+  `R(x, w_1 .. w_k)`, `x` its residual stream (the one input the next layer reads from this
+  layer: `LayerRegion.stream`), the `w_i` its weights (and any other per-layer input);
+* the sharded layer is expanded on every device of the mesh (`Expansion._device_op`, its
+  collectives combined over their groups) with its own inputs made from the same holes: the
+  stream input a hole `x_b` of the sharded block's shape, given to every device; a weight
+  whose device block is smaller than the reference's along one dim the block of the
+  reference's hole at the device's position in the layer's collective group (Megatron tp);
+  one of the reference's shape the hole itself. Every device's stream output must be one
+  term `T(x_b, w_1 .. w_k)`;
+* the template equality: `R(x, w) == concat_b T(slice_b(x), w)` over the row blocks `b` of
+  the stream, decided by the general tier's `Decider` (normal form, then Z3), for all values
+  of the holes (no valid-index assumption: holes are not program inputs).
+
+`prove_layer_template(program)` returns the proven `LayerTemplate` or why there is none.
+A layer is its stream output's cone of ops (`cone`: what the output depends on, so jax's
+residuals for the backward fall out), its views of the stream at either end trimmed.
+
+Using it (`tier.general_tier` tries it first, `LAYER_TEMPLATES`): a value is a site of the
+template when the template's ops, matched back from it op by op (`match`: fingerprint, wiring
+and input types), reach every op of the template: it is the template's function of the
+matched inputs. In the reference (`TemplateWalker`) a site's stream output becomes a fresh
+leaf naming `R(inputs)` (`Applications`: one leaf per distinct normal forms of the inputs);
+on a device (`TemplateExpansion`) it becomes row block b of that leaf where the device's
+stream input is row block b of the site's stream input and its weights are its blocks of
+the reference's (`device_stream`), so the terms stay linear in depth (the next layer reads
+one leaf, not a sum over every layer below). A decision proven with the leaves free holds
+for the values they name; nothing is refuted with them: where the try is not proven, the
+tier runs again with every layer expanded. Soundness rests on (1) the match (the same ops,
+attributes, types and wiring from the matched inputs), (2) the decided template equality,
+which holds for every hole value, and (3) the device checks (group, blocks, stream). A layer
+differing in one op, constant or input index is no site; a sharded layer whose collectives
+do not rebuild the reference's layer (a missing psum) has no proof.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from entangle_mlir.analysis.general.decide import Decider
+from entangle_mlir.analysis.general.expand import Expansion
+from entangle_mlir.analysis.general.values import Local, NotExpanded
+from entangle_mlir.analysis.infer import Walker, describe_type
+from entangle_mlir.analysis.instance.abstraction import substitute
+from entangle_mlir.analysis.layer_reuse import (
+    OpFacts,
+    find_runs,
+    fresh_hole,
+    read_ops,
+)
+from entangle_mlir.core.mesh import Mesh
+from entangle_mlir.core.normal_form import make_concat, normal_form, slice_term
+from entangle_mlir.core.relations import GLOBAL, Rel
+from entangle_mlir.core.terms import Term
+from entangle_mlir.mlir.opinfo import describe
+from entangle_mlir.mlir.program import Program, functions
+from entangle_mlir.rules import RuleContext
+from entangle_mlir.semantics.collectives import replica_groups
+from entangle_mlir.semantics.element import SemanticsError
+
+GROUPED = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter")
+"""Collectives whose replica groups give a weight block's position (the tp group)."""
+
+
+VIEWS = ("stablehlo.reshape", "stablehlo.transpose")
+"""Ops that only rearrange the stream between two layers (jax's `x.reshape` at a block's
+ends): trimmed off a layer's ends, so that the first layer (reading the program's input
+through a view) and the last (whose output no view follows) have the others' signature."""
+
+
+@dataclass
+class LayerRegion:
+    """One layer of a block (`facts`): its own ops (`indices`, no prelude op), its external
+    inputs in first-use order, the slot of its residual stream among them and the value
+    holding its stream output (what the next layer reads, up to views)."""
+
+    facts: OpFacts
+    indices: list[int]
+    inputs: list
+    stream: int
+    stream_out: object
+    signature: tuple
+
+    def ops(self) -> list:
+        return [self.facts.ops[i] for i in self.indices]
+
+
+def repeated_layers(func, phases: bool = False) -> list[LayerRegion]:
+    """The layers of `func`'s blocks that repeat (at least twice, so the stream slot and
+    output are read off the next layer): the first layer of each run, at its layer
+    boundary (`phases`: at every phase of the run's period, later ones after), its ends'
+    views of the stream trimmed."""
+    found, later = [], []
+    for block in [func.regions[0].blocks[0], *all_blocks_below(func)]:
+        facts = read_ops(block)
+        for run in find_runs(facts):
+            first = facts.layer_start(run)
+            starts = range(first, first + run.period) if phases else (first,)
+            for start in starts:
+                if start + 2 * run.period > run.end:
+                    continue
+                region = _region(facts, start, run.period)
+                if region is not None:
+                    (found if start == first else later).append(region)
+    return found + later
+
+
+def all_blocks_below(func) -> list:
+    """The blocks nested in the ops of `func`'s top block (a manual computation's body, a
+    loop's)."""
+    found = []
+    for inner in func.regions[0].blocks[0].operations:
+        found.extend(all_blocks(inner.operation))
+    return found
+
+
+def _own_ops(facts: OpFacts, start: int, period: int) -> list[int]:
+    return [i for i in range(start, start + period) if i not in facts.prelude]
+
+
+def _region(facts: OpFacts, start: int, period: int) -> LayerRegion | None:
+    """The layer at `start` with its stream: the one input slot the next layer fills with a
+    value this layer computes; views of the stream at its ends trimmed off."""
+    indices = _own_ops(facts, start, period)
+    here = compact_signature(facts, indices)
+    after = compact_signature(facts, _own_ops(facts, start + period, period))
+    if here[0] != after[0]:
+        return None
+    mine = set(indices)
+    computed = [k for k, v in enumerate(after[1]) if v in facts.position
+                and facts.position[v][0] in mine]
+    if len(computed) != 1:
+        return None
+    (stream,) = computed
+    x, out = here[1][stream], after[1][stream]
+    while len(indices) > 1 and facts.ops[indices[0]].name in VIEWS \
+            and list(facts.operands[indices[0]]) == [x]:
+        x = facts.ops[indices[0]].results[0]
+        indices = indices[1:]
+    while len(indices) > 1 and facts.position[out][0] == indices[-1] \
+            and facts.ops[indices[-1]].name in VIEWS:
+        out = facts.operands[indices[-1]][0]
+        indices = indices[:-1]
+    if out not in facts.position or facts.position[out][0] not in indices:
+        return None
+    indices = cone(facts, out, set(indices))
+    signature, inputs = compact_signature(facts, indices)
+    if x not in inputs:
+        return None
+    return LayerRegion(facts, indices, inputs, inputs.index(x), out, signature)
+
+
+def cone(facts: OpFacts, out, among: set[int]) -> list[int]:
+    """The ops of `among` that `out` depends on through ops of `among` (in block order): the
+    layer's forward function alone, without what it computes for others (jax's residuals
+    for the backward differ between the first layer and the rest)."""
+    found: set[int] = set()
+    stack = [facts.position[out][0]]
+    while stack:
+        i = stack.pop()
+        if i in found:
+            continue
+        found.add(i)
+        for v in facts.operands[i]:
+            where = facts.position.get(v)
+            if where is not None and where[0] in among:
+                stack.append(where[0])
+    return sorted(found)
+
+
+@dataclass
+class LayerTemplate:
+    """A proven layer: `term` is `T(holes)` (the sharded layer's stream output, equal to the
+    reference layer's row block by row block); `tiling[k]`: how slot k's sharded input is
+    made from the reference's (None: the hole itself; (dim, count): the device's block of
+    `count` along `dim`; "stream": the row block)."""
+
+    term: Term
+    holes: list[Term]
+    tiling: list
+    reference_signature: tuple
+    sharded_signature: tuple
+    blocks: int
+    decision: str = ""
+    groups: list[list[int]] = field(default_factory=list)
+    """The sharded layer's collective groups (device ids, in position order)."""
+    reference_key: tuple = ()
+    sharded_key: tuple = ()
+    """`region_key` of each program's layer: what a layer must match to be abstracted."""
+    reference_term: Term | None = None
+    reference_holes: list[Term] = field(default_factory=list)
+    """`R(holes)`: the reference layer's stream output on the reference's holes (the stream
+    whole), equal to the concatenation of `term` on its row blocks."""
+
+
+@dataclass
+class TemplateProof:
+    template: LayerTemplate | None
+    reason: str = ""
+    tried: list[str] = field(default_factory=list)
+
+    @property
+    def proven(self) -> bool:
+        return self.template is not None
+
+
+class _Quiet:
+    """A walker's progress display that shows nothing (a template walk is a few ops)."""
+
+    def update(self, _index: int) -> None:
+        pass
+
+
+def reference_layer(program: Program, region: LayerRegion) -> tuple[list[Term], Term]:
+    """The reference layer walked once on holes: (the holes by slot, its stream output)."""
+    walker = Walker(program.ref_func, program.ref_module, program.ref_file)
+    walker.progress = _Quiet()
+    holes = []
+    for value in region.inputs:
+        t = describe_type(value.type)
+        hole = fresh_hole(tuple(t.shape), t.dtype)
+        holes.append(hole)
+        walker.walk.values[value] = Rel(hole, ((),) * len(t.shape), scope=GLOBAL)
+    for op in region.ops():
+        walker._op(op, RuleContext())
+    out = walker.walk.values[region.stream_out]
+    if type(out) is not Rel:
+        raise NotExpanded("the reference layer's stream output has no term")
+    return holes, out.term
+
+
+def _manual_mesh(program: Program, expansion: Expansion) -> Mesh:
+    """The mesh of the sharded function's manual computation."""
+    block = program.sharded_func.regions[0].blocks[0]
+    for op in block.operations:
+        op = op.operation
+        if op.name == "sdy.manual_computation":
+            mesh, *_ = expansion._manual_shardings(op, describe(op, program.sharded_file))
+            return mesh
+    raise NotExpanded("no manual computation")
+
+
+def _groups(region: LayerRegion, mesh: Mesh) -> list[list[int]] | None:
+    """The replica groups every grouped collective of the layer uses (one partition of the
+    devices), or None when they differ or there is none."""
+    found = None
+    for op in region.ops():
+        if op.name not in GROUPED:
+            continue
+        try:
+            groups = [list(g) for g in replica_groups(describe(op, ""), mesh)]
+        except SemanticsError:
+            return None
+        if found is not None and groups != found:
+            return None
+        found = groups
+    return found
+
+
+def _tiling(ref_shape: tuple[int, ...], local: tuple[int, ...]):
+    """(dim, count) when `local` is `ref_shape` cut `count` ways along one dim; None when
+    they are equal; False otherwise."""
+    if ref_shape == local:
+        return None
+    if len(ref_shape) != len(local):
+        return False
+    differ = [d for d, (a, b) in enumerate(zip(ref_shape, local)) if a != b]
+    if len(differ) != 1 or ref_shape[differ[0]] % local[differ[0]]:
+        return False
+    dim = differ[0]
+    return dim, ref_shape[dim] // local[dim]
+
+
+def device_block(hole: Term, dim: int, position: int, size: int) -> Term:
+    """The block of `hole` a device at `position` in its collective group holds."""
+    return slice_term(hole, dim, position * size, (position + 1) * size)
+
+
+def sharded_layer(program: Program, region: LayerRegion, holes: list[Term],
+                  stream_slot: int) -> tuple[Term, list, Term, list[Term], list[list[int]]]:
+    """The sharded layer expanded on every device on inputs made from `holes` (the
+    reference's, by slot): (the stream's block hole, the tiling by slot, device 0's stream
+    output, every device's, the collective groups)."""
+    expansion = Expansion(program.sharded_func, program.sharded_module, program.sharded_file)
+    mesh = _manual_mesh(program, expansion)
+    n = mesh.num_devices
+    groups = _groups(region, mesh)
+    position = {d: (p, len(g)) for g in groups or [] for p, d in enumerate(g)}
+    env: dict = {}
+    tiling: list = []
+    block_hole = None
+    for k, (value, hole) in enumerate(zip(region.inputs, holes)):
+        t = describe_type(value.type)
+        local = tuple(t.shape)
+        cut = _tiling(hole.shape, local)
+        if cut is False or t.dtype != hole.dtype:
+            raise NotExpanded(f"input {k} of the sharded layer ({local}) is no block of the "
+                              f"reference's ({hole.shape})")
+        if k == stream_slot:
+            block_hole = fresh_hole(local, t.dtype)
+            tiling.append("stream")
+            env[value] = [Local(t.dtype, local, term=block_hole)] * n
+            continue
+        tiling.append(cut)
+        if cut is None:
+            env[value] = [Local(t.dtype, local, term=hole)] * n
+            continue
+        dim, count = cut
+        if len(position) != n or any(size != count for _, size in position.values()):
+            raise NotExpanded(f"input {k} is cut {count} ways, not over the layer's "
+                              "collective groups")
+        env[value] = [Local(t.dtype, local, term=device_block(hole, dim, position[d][0],
+                                                               local[dim]))
+                      for d in range(n)]
+    expansion.mesh = mesh
+    for op in region.ops():
+        expansion._device_op(op, env, mesh)
+    outs = [local.as_term() for local in env[region.stream_out]]
+    return block_hole, tiling, outs[0], outs, groups or []
+
+
+@dataclass
+class TemplateEquality:
+    """The equality a template rests on: `want` (the reference layer on holes) `== got` (the
+    sharded layer's term on each row block of the stream hole, concatenated); `outs`: every
+    device's term, each to equal `term` (the sharded layer on the block hole)."""
+
+    want: Term
+    got: Term
+    term: Term
+    outs: list[Term]
+    holes: list[Term]
+    tiling: list
+    blocks: int
+    groups: list[list[int]]
+    reference_holes: list[Term]
+
+
+def template_equality(program: Program, reference: LayerRegion,
+                      sharded: LayerRegion) -> TemplateEquality:
+    """The terms of the template equality of `reference` and `sharded` (NotExpanded where the
+    sharded layer's inputs are no blocks of the reference's)."""
+    if len(reference.inputs) != len(sharded.inputs) or reference.stream != sharded.stream:
+        raise NotExpanded("the layers read different input lists")
+    holes, want = reference_layer(program, reference)
+    block, tiling, term, outs, groups = sharded_layer(program, sharded, holes,
+                                                      reference.stream)
+    stream_hole = holes[reference.stream]
+    dim, blocks = _tiling(stream_hole.shape, block.shape) or (0, 1)
+    size = block.shape[dim]
+    pieces = [substitute(term, {block.serial: slice_term(stream_hole, dim, b * size,
+                                                          (b + 1) * size)})
+              for b in range(blocks)]
+    got = make_concat(pieces, dim) if blocks > 1 else pieces[0]
+    sharded_holes = [block if k == reference.stream else h for k, h in enumerate(holes)]
+    return TemplateEquality(want, got, term, outs, sharded_holes, tiling, blocks, groups,
+                            holes)
+
+
+def prove_template(program: Program, reference: LayerRegion, sharded: LayerRegion,
+                   timeout_ms: int = 5_000) -> TemplateProof:
+    """Whether the sharded layer `sharded` computes the reference layer `reference` row block
+    by row block, for every value of their inputs (the module docstring)."""
+    try:
+        eq = template_equality(program, reference, sharded)
+    except NotExpanded as err:
+        return TemplateProof(None, err.reason)
+    decider = Decider([eq.want], timeout_ms)
+    for d, other in enumerate(eq.outs):
+        if other is not eq.term and not decider.decide(eq.term, other, f"template.device{d}",
+                                                       ground=False).proved:
+            return TemplateProof(None, f"device {d}'s layer output is not device 0's")
+    decision = decider.decide(eq.want, eq.got, "template", ground=False)
+    if not decision.proved:
+        return TemplateProof(None, "the sharded layer is not shown to compute the reference "
+                             f"layer: {decision.status} {decision.reason}".rstrip())
+    return TemplateProof(LayerTemplate(
+        eq.term, eq.holes, eq.tiling, reference.signature, sharded.signature, eq.blocks,
+        decision.how, eq.groups, region_key(reference), region_key(sharded), eq.want,
+        eq.reference_holes))
+
+
+def prove_layer_template(program: Program, timeout_ms: int = 5_000) -> TemplateProof:
+    """The first pair (reference layer, sharded layer) of `program`'s repeated layers whose
+    template equality is proven, or why none is (each pair tried, in `tried`). The
+    reference's layers are tried at every phase of its runs whose inputs fit the sharded
+    layer's slot by slot (the two programs may cut their layers at other ops: jax's
+    residuals move the reference's boundary)."""
+    references = repeated_layers(program.ref_func, phases=True)
+    if not references:
+        return TemplateProof(None, "the reference repeats no layer")
+    tried: list[str] = []
+    for func in functions(program.sharded_module):
+        for sharded in repeated_layers(func):
+            for reference in references:
+                if not _slots_fit(reference, sharded):
+                    continue
+                proof = prove_template(program, reference, sharded, timeout_ms)
+                if proof.proven:
+                    proof.tried = tried
+                    return proof
+                tried.append(proof.reason)
+    return TemplateProof(None, tried[0] if tried else "no repeated layer of the two programs "
+                         "reads its inputs alike", tried)
+
+
+def _slots_fit(reference: LayerRegion, sharded: LayerRegion) -> bool:
+    """Whether each input of the sharded layer is, slot by slot, the reference's or a block
+    of it along one dim, of the same element type, with the stream in the same slot."""
+    if len(reference.inputs) != len(sharded.inputs) or reference.stream != sharded.stream:
+        return False
+    for r, s in zip(reference.inputs, sharded.inputs):
+        rt, st = describe_type(r.type), describe_type(s.type)
+        if rt.dtype != st.dtype or _tiling(tuple(rt.shape), tuple(st.shape)) is False:
+            return False
+    return True
+
+
+# ----- using a proven template: the stream output of every layer of its signature ----------
+
+def compact_signature(facts: OpFacts, indices: list[int]) -> tuple[tuple, list]:
+    """(signature, external inputs in first-use order) of the ops `indices` of `facts` (a
+    layer's own ops; weight slices may sit anywhere around them): each op's fingerprint with
+    its operands' wiring, ("in", k, type) for the k-th external input (a value none of these
+    ops made) and (op number among them, result) for the others. Equal signatures: the same
+    function of the input lists."""
+    number = {i: k for k, i in enumerate(indices)}
+    inputs: dict = {}
+    out = []
+    for i in indices:
+        wiring = []
+        for v in facts.operands[i]:
+            where = facts.position.get(v)
+            if where is not None and where[0] in number:
+                wiring.append((number[where[0]], where[1]))
+            else:
+                k = inputs.setdefault(v, len(inputs))
+                wiring.append(("in", k, str(v.type)))
+        out.append((facts.fingerprints[i], tuple(wiring)))
+    return tuple(out), list(inputs)
+
+
+def _window(facts: OpFacts, start: int, count: int) -> list[int] | None:
+    """The first `count` ops from `start` on that are no prelude op, or None."""
+    indices = []
+    i = start
+    while len(indices) < count and i < len(facts.ops):
+        if i not in facts.prelude:
+            indices.append(i)
+        i += 1
+    return indices if len(indices) == count else None
+
+
+@dataclass
+class LayerSite:
+    """A layer whose compact signature is a proven template's: its external inputs (in the
+    template's slot order) and the value holding its stream output."""
+
+    inputs: list
+    out: object
+
+
+def all_blocks(op) -> list:
+    """Every block of `op`'s regions, nested ones included, outermost first."""
+    found = []
+    for region in op.regions:
+        for block in region.blocks:
+            found.append(block)
+            for inner in block.operations:
+                found.extend(all_blocks(inner.operation))
+    return found
+
+
+def region_key(region: LayerRegion) -> tuple[tuple, int, int]:
+    """(signature, op number of the stream output among the layer's ops, its result
+    number): what another layer must match to be the template's."""
+    op, result = region.facts.position[region.stream_out]
+    return region.signature, region.indices.index(op), result
+
+
+def layer_sites(func, key: tuple[tuple, int, int]) -> dict:
+    """{stream output value: LayerSite} for every value of `func`'s blocks computed by the
+    template's ops from some inputs (`match`), the inputs in the template's slot order."""
+    signature, out_op, out_result = key
+    last = signature[out_op][0]
+    sites: dict = {}
+    for block in all_blocks(func):
+        facts = read_ops(block)
+        for i, fingerprint in enumerate(facts.fingerprints):
+            if fingerprint != last or out_result >= len(facts.ops[i].results):
+                continue
+            inputs = match(facts, i, signature, out_op)
+            if inputs is not None:
+                value = facts.ops[i].results[out_result]
+                sites[value] = LayerSite(inputs, value)
+    return sites
+
+
+def match(facts: OpFacts, at: int, signature: tuple, out_op: int) -> list | None:
+    """The template's inputs (by slot) when op `at` of `facts` is the template's op `out_op`
+    computed by the template's ops, wired as in `signature` (`compact_signature`), from
+    them: each template op's operand is matched to the candidate op's, back from `at` (a
+    template op reads only ops before it). None where an op, a wiring or an input's type
+    differs, or an op of the template is not reached."""
+    ops: dict[int, int] = {out_op: at}
+    inputs: dict[int, object] = {}
+    for j in range(out_op, -1, -1):
+        i = ops.get(j)
+        if i is None:
+            return None
+        fingerprint, wiring = signature[j]
+        operands = facts.operands[i]
+        if facts.fingerprints[i] != fingerprint or len(operands) != len(wiring):
+            return None
+        for v, wire in zip(operands, wiring):
+            if wire[0] == "in":
+                _, k, type_text = wire
+                if inputs.setdefault(k, v) != v or str(v.type) != type_text:
+                    return None
+                continue
+            jj, r = wire
+            where = facts.position.get(v)
+            if where is None or where[1] != r or ops.setdefault(jj, where[0]) != where[0]:
+                return None
+    if len(ops) != len(signature) or sorted(inputs) != list(range(len(inputs))):
+        return None
+    return [inputs[k] for k in range(len(inputs))]
+
+
+class Applications:
+    """The template's applications to actual inputs, each named by one fresh leaf (a cut
+    point): `R(inputs)` for a reference layer's inputs, shared by every layer (of either
+    program) whose inputs have the same normal forms (`memo`). A decision proven with such
+    leaves holds for every value of them, so also for the value `R(inputs)` they stand for;
+    nothing is refuted with them (the tier decides again without the template where a
+    decision is not proven)."""
+
+    def __init__(self, template: LayerTemplate):
+        self.template = template
+        self.memo: dict[int, Term] = {}
+        self.leaves: dict[tuple[int, ...], Term] = {}
+
+    def whole(self, inputs: list[Term]) -> Term | None:
+        """The leaf naming `R(inputs)` (the reference layer on these inputs, by slot); None
+        where an input's shape or type is not the template's."""
+        holes = self.template.reference_holes
+        if any(t.shape != h.shape or t.dtype != h.dtype for t, h in zip(inputs, holes)):
+            return None
+        key = tuple(normal_form(t, self.memo).serial for t in inputs)
+        leaf = self.leaves.get(key)
+        if leaf is None:
+            out = self.template.reference_term
+            leaf = self.leaves[key] = fresh_hole(out.shape, out.dtype)
+        return leaf
+
+
+def stream_blocks(template: LayerTemplate, wholes: list[Term], memo: dict[int, Term]
+                  ) -> dict[int, tuple[Term, int]]:
+    """{serial of the normal form of row block b of X: (X, b)} for each stream whole X (the
+    reference layers' stream inputs), so a device's stream input is read as a block of a
+    whole (`memo`: the normal form's)."""
+    stream = template.tiling.index("stream")
+    block = template.holes[stream]
+    found: dict[int, tuple[Term, int]] = {}
+    for whole in wholes:
+        cut = _tiling(whole.shape, block.shape)
+        if not cut or cut[1] != template.blocks:
+            continue
+        dim, _ = cut
+        size = block.shape[dim]
+        for b in range(template.blocks):
+            block_term = slice_term(whole, dim, b * size, (b + 1) * size)
+            found.setdefault(normal_form(block_term, memo).serial, (whole, b))
+    return found
+
+
+def device_stream(apps: Applications, inputs: list[list[Term]], d: int,
+                  blocks: dict[int, tuple[Term, int]]) -> Term | None:
+    """Device `d`'s stream output of a sharded layer from every device's input terms (by
+    slot, then device): where d's stream input is row block b of a stream whole X
+    (`blocks`), block b of the leaf naming `R` applied to X and the weights (the template
+    equality: R(X) is the concatenation of T on X's blocks, and d computes T on block b),
+    the weights being, for each one cut over the collective group, the concatenation of the
+    group's blocks in position order, where each member's block is its position's block of
+    that concatenation (the same normal form) and every member's stream input is d's (what
+    the template was proven for); else None (d keeps its expanded term)."""
+    template, memo = apps.template, apps.memo
+    group = next((g for g in template.groups if d in g), None)
+    stream = template.tiling.index("stream")
+    x = inputs[stream][d]
+    if x.shape != template.holes[stream].shape:
+        return None
+    args = []
+    for k, cut in enumerate(template.tiling):
+        own = inputs[k][d]
+        if cut == "stream":
+            if group is not None and any(inputs[k][m] is not x for m in group):
+                return None
+            args.append(x)
+        elif cut is None:
+            args.append(own)
+        else:
+            if group is None:
+                return None
+            dim, count = cut
+            members = [inputs[k][m] for m in group]
+            whole = make_concat(members, dim)
+            size = own.shape[dim]
+            if len(members) != count or any(
+                    normal_form(device_block(whole, dim, p, size), memo)
+                    is not normal_form(m, memo) for p, m in enumerate(members)):
+                return None
+            args.append(whole)
+    if any(a.shape != h.shape or a.dtype != h.dtype for a, h in zip(args, template.holes)):
+        return None
+    found = blocks.get(normal_form(x, memo).serial)
+    if found is None:
+        return None
+    whole, b = found
+    out = apps.whole([whole if k == stream else a for k, a in enumerate(args)])
+    if out is None:
+        return None
+    dim, _ = _tiling(whole.shape, x.shape)
+    size = x.shape[dim]
+    return slice_term(out, dim, b * size, (b + 1) * size)
+
+
+class TemplateWalker(Walker):
+    """The reference's walk, each layer of the template's signature giving its stream output
+    as the leaf naming the template applied to its inputs (`Applications.whole`) in place of
+    the term its ops built (the ops are walked as usual: their rule instances and the other
+    results stay)."""
+
+    def __init__(self, program: Program, apps: Applications):
+        super().__init__(program.ref_func, program.ref_module, program.ref_file)
+        self.apps = apps
+        self.sites = layer_sites(program.ref_func, apps.template.reference_key)
+        self.abstracted = 0
+        self.wholes: list[Term] = []
+        """The stream inputs of the layers abstracted (what a device's stream input may be a
+        row block of)."""
+
+    def _op(self, op, ctx: RuleContext) -> None:
+        super()._op(op, ctx)
+        for result in op.results:
+            site = self.sites.get(result)
+            if site is None:
+                continue
+            values = [self.walk.values.get(v) for v in site.inputs]
+            out = self.walk.values[result]
+            if type(out) is not Rel or any(type(v) is not Rel or v.partial for v in values):
+                continue
+            terms = [v.term for v in values]
+            term = self.apps.whole(terms)
+            if term is not None and term.shape == out.term.shape:
+                self.wholes.append(terms[self.apps.template.tiling.index("stream")])
+                self.walk.values[result] = replace(out, term=term)
+                self.abstracted += 1
+
+
+class TemplateExpansion(Expansion):
+    """The sharded function's expansion, each layer of the template's signature giving every
+    device whose inputs are what the template was proven for its stream output as a row
+    block of a reference layer's leaf (`device_stream`); other devices keep the expanded
+    term. The new values are not recorded as renamings of their representative's
+    (`symmetry.py`): a renaming substitutes program inputs and leaves a leaf alone, so
+    "block b of the leaf renamed is block b' of it" is no fact of substitution, and later
+    renamings composed with it would build other devices' terms wrongly (tried: the loss no
+    longer met). Devices after a layer are therefore computed, not renamed, along the dp
+    axis (the expansion's cost, not its terms)."""
+
+    def __init__(self, program: Program, apps: Applications, wholes: list[Term], *args,
+                 **kwargs):
+        super().__init__(program.sharded_func, program.sharded_module, program.sharded_file,
+                         *args, **kwargs)
+        self.apps = apps
+        self.blocks = stream_blocks(apps.template, wholes, apps.memo)
+        self.sites = layer_sites(program.sharded_func, apps.template.sharded_key)
+        self.abstracted = 0
+
+    def _device_op(self, op, env: dict, mesh: Mesh) -> None:
+        super()._device_op(op, env, mesh)
+        for result in op.results:
+            site = self.sites.get(result)
+            if site is None:
+                continue
+            locals_ = [env.get(v) for v in site.inputs]
+            if any(values is None or any(local.term is None for local in values)
+                   for values in locals_):
+                continue
+            inputs = [[local.term for local in values] for values in locals_]
+            outs = env[result]
+            new = list(outs)
+            for d in range(mesh.num_devices):
+                term = device_stream(self.apps, inputs, d, self.blocks)
+                if term is not None and term.shape == outs[d].shape:
+                    new[d] = Local(term.dtype, term.shape, term=term)
+            if any(a is not b for a, b in zip(new, outs)):
+                env[result] = new
+                self.abstracted += 1

@@ -1,0 +1,184 @@
+"""The general tier's layer template (`analysis/general/layer_templates.py`): the reference's
+repeated layer and the 1F1B stage's repeated Megatron-tp layer compute the same function of
+their inputs, proven once on holes, for the frontier pipeline (examples/frontier.py's
+`pipeline_step`, MLP stages) at test widths; and its nearest wrong neighbours (a stage layer
+differing from the reference's in one weight index, one constant, one op, or missing its tp
+psum) compute other numbers and get no template. Every program is run on simulated CPU
+devices: the correct one matches its reference, each neighbour does not."""
+
+from __future__ import annotations
+
+import os
+
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=8").strip()
+
+from dataclasses import replace
+
+import jax.numpy as jnp
+import pytest
+
+from entangle_mlir.analysis.general import layer_templates as LT
+from entangle_mlir.analysis.general import tier
+from entangle_mlir.driver import check_texts
+from entangle_mlir.mlir.ir import parse_module
+from entangle_mlir.mlir.program import Program, from_two_modules, functions
+from examples import frontier as F
+from examples.heldout.corpus import input_sets, lower_pair, max_error
+from examples.real.models.layers import rms_norm, silu
+from examples.real.models.par import enter_tp, exit_tp
+
+
+def _program(ex) -> Program:
+    ref, sharded = lower_pair(ex)
+    return from_two_modules(parse_module(ref, "ref.mlir"), parse_module(sharded, "sh.mlir"),
+                            "ref.mlir", "sh.mlir")
+
+
+def _step(layers: int, pp: int, tp: int, dp: int = 1, **kw):
+    cfg = replace(F.tiny(F.LLAMA_70B, layers), batch=2)
+    return F.pipeline_step(cfg, dp, pp, tp, micro=2, attention=False, **kw)
+
+
+@pytest.mark.parametrize("layers, pp, tp, dp", [(6, 2, 2, 1), (8, 2, 4, 1), (6, 2, 2, 2)])
+def test_stage_layer_template_is_proven(layers: int, pp: int, tp: int, dp: int) -> None:
+    """Three and four layers a stage, tp 2 and 4, one and two dp rows a device: the template
+    equality holds (normal form), the tp weights are the blocks of the reference's by the
+    layer's psum group, the stream is cut into its row blocks."""
+    ex = _step(layers, pp, tp, dp)
+    assert max_error(ex, input_sets(ex)[0]) <= 10 * ex.atol
+    proof = LT.prove_layer_template(_program(ex))
+    assert proof.proven, proof.reason
+    template = proof.template
+    assert template.tiling == ["stream", None, (1, tp), (1, tp), (0, tp)]
+    assert template.blocks == 2 * dp  # micro-batches x (rows / a device's rows)
+    assert template.term.shape == template.holes[0].shape
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_template_equality_by_z3(changed: bool) -> None:
+    """The same equality asked of Z3 alone (no normal form) at the smallest widths: proven;
+    with the stage's MLP output scaled by 1.0625, not proven."""
+    from entangle_mlir.analysis.instance.term_equality import check_term_equality
+
+    cfg = replace(F.tiny(F.LLAMA_70B, 6), batch=2, seq=2, d_model=4, d_ff=4)
+    ex = F.pipeline_step(cfg, 1, 2, 2, micro=2, attention=False,
+                         stage_mlp=scaled_residual if changed else None)
+    program = _program(ex)
+    reference, sharded = LT.repeated_layers(program.ref_func)[0], _stage_layer(program)
+    eq = LT.template_equality(program, reference, sharded)
+    result = check_term_equality(eq.want, eq.got, "template.z3", 60_000, typed=True)
+    assert result.proved != changed, result.reason
+
+
+def test_template_rests_on_the_block_positions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The down projection's rows given to the devices in the reverse of their group order
+    (the gate's and up's columns kept): the equality is not proven, so the blocks' positions
+    are part of what is proven. (Reversing every weight's blocks at once is a correct
+    neighbour, the same psum in another order: proven.)"""
+    program = _program(_step(6, 2, 2))
+    real = LT.device_block
+
+    def reversed_rows(hole, dim, position, size):
+        count = hole.shape[dim] // size
+        return real(hole, dim, count - 1 - position if dim == 0 else position, size)
+
+    monkeypatch.setattr(LT, "device_block", reversed_rows)
+    proof = LT.prove_layer_template(program)
+    assert not proof.proven
+    assert "not shown to compute the reference layer" in proof.reason
+    monkeypatch.setattr(LT, "device_block", lambda hole, dim, position, size: real(
+        hole, dim, hole.shape[dim] // size - 1 - position, size))
+    assert LT.prove_layer_template(program).proven
+
+
+def _stage_layer(program: Program) -> LT.LayerRegion:
+    return next(r for f in functions(program.sharded_module) for r in LT.repeated_layers(f))
+
+
+def up_from_gate(p: dict, x, par):
+    return F.changed_mlp(p, x, par)
+
+
+def scaled_residual(p: dict, x, par):
+    """One constant differs: the MLP's output scaled by 1.0625."""
+    h = enter_tp(rms_norm(x, p["mlp_norm"]), par)
+    return exit_tp((silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"], par) * 1.0625
+
+
+def tanh_gate(p: dict, x, par):
+    """One op differs: tanh where SiLU belongs."""
+    h = enter_tp(rms_norm(x, p["mlp_norm"]), par)
+    return exit_tp((jnp.tanh(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"], par)
+
+
+@pytest.mark.parametrize("kw", [
+    {"stage_mlp": up_from_gate}, {"stage_mlp": scaled_residual}, {"stage_mlp": tanh_gate},
+    {"bug": "stage_mlp_without_psum"}],
+    ids=["weight_index", "constant", "op", "no_psum"])
+def test_changed_stage_layer_gets_no_template(kw: dict) -> None:
+    """Every layer of every stage changed (so the stage's layers still repeat): the numbers
+    differ and no template is proven; the reason says what failed."""
+    ex = _step(6, 2, 2, **kw)
+    assert max_error(ex, input_sets(ex)[0]) > 1e-3
+    proof = LT.prove_layer_template(_program(ex))
+    assert not proof.proven
+    assert proof.reason  # a pair tried and refused, or no pair whose inputs fit
+
+
+def test_one_changed_layer_is_no_repeat_of_the_template() -> None:
+    """`middle_layer_up_from_gate`: layer L // 2 alone differs; the stage computes both blocks
+    and picks per layer, so its layers are not the template's repeats: no template, and the
+    changed layer is left to the full expansion (tests/examples/test_frontier_pipeline.py
+    names it)."""
+    ex = _step(6, 2, 2, bug="middle_layer_up_from_gate")
+    assert max_error(ex, input_sets(ex)[0]) > 1e-3
+    program = _program(ex)
+    proof = LT.prove_layer_template(program)
+    assert not proof.proven
+    stage_regions = [r for f in functions(program.sharded_module)
+                     for r in LT.repeated_layers(f)]
+    reference = LT.repeated_layers(program.ref_func)[0]
+    assert all(r.signature != reference.signature for r in stage_regions)
+
+
+@pytest.mark.parametrize("layers, pp, tp, dp", [(6, 2, 2, 1), (8, 2, 2, 2)])
+def test_pipeline_is_proven_through_the_template(layers: int, pp: int, tp: int, dp: int,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The general tier proves the pipeline with every layer of both programs abstracted by
+    the template (the reference's stream outputs named by leaves, the devices' by their row
+    blocks): the try is proven, no fallback."""
+    ex = _step(layers, pp, tp, dp)
+    assert max_error(ex, input_sets(ex)[0]) <= 10 * ex.atol
+    monkeypatch.setattr(tier, "LAYER_TEMPLATES", True)
+    report = check_texts(*lower_pair(ex), verify_rules=False)
+    assert report.proven
+    note = report.stats["general_tier"]["layer_template"]
+    assert "not_proven" not in note and "error" not in note, note
+    assert note["reference_layers"] == layers
+    assert note["sharded_layers"] >= layers
+
+
+@pytest.mark.parametrize("bug", ["middle_layer_up_from_gate", "stage_mlp_without_psum",
+                                 "backward_microbatch_off_by_one"])
+def test_twin_verdict_does_not_come_from_the_template(bug: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong pipeline is not proven, and the general tier's reason and blamed op are the
+    ones of the check with every layer expanded (`LAYER_TEMPLATES` off): a try through the
+    template that is not proven leaves the verdict to the full expansion."""
+    ex = _step(6, 2, 2, bug=bug)
+    assert max_error(ex, input_sets(ex)[0]) > 1e-3
+    texts = lower_pair(ex)
+    monkeypatch.setattr(tier, "LAYER_TEMPLATES", True)
+    with_template = check_texts(*texts, verify_rules=False)
+    monkeypatch.setattr(tier, "LAYER_TEMPLATES", False)
+    without = check_texts(*texts, verify_rules=False)
+    assert not with_template.proven and not without.proven
+    assert with_template.verdict == without.verdict
+    ours, theirs = (dict(r.stats["general_tier"]) for r in (with_template, without))
+    ours.pop("layer_template", None)
+    for key in ("reason", "refuted", "loc"):
+        assert ours.get(key) == theirs.get(key), key
+    assert [(d.message, str(d.loc)) for d in with_template.diagnostics] == \
+        [(d.message, str(d.loc)) for d in without.diagnostics]
