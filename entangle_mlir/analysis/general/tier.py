@@ -26,6 +26,12 @@ from entangle_mlir.analysis.budget import Budget
 from entangle_mlir.analysis.general import MAX_DEVICES
 from entangle_mlir.analysis.general.decide import Decider, Decision
 from entangle_mlir.analysis.general.expand import Expansion, Instance, NotExpanded
+from entangle_mlir.analysis.general.layer_templates import (
+    Applications,
+    TemplateExpansion,
+    TemplateWalker,
+    prove_layer_template,
+)
 from entangle_mlir.analysis.infer import Walk, Walker, describe_type
 from entangle_mlir.core.diagnostics import SourceLoc
 from entangle_mlir.core.normal_form import slice_term
@@ -209,8 +215,6 @@ def _with_template(program: Program, options: dict) -> GeneralResult | dict | No
     """The tier's try with a proven layer template: its result where proven, else what the
     try did (a note for the stats; None where no template is proven). An error of the try
     is a note too: the tier then runs as without it."""
-    from entangle_mlir.analysis.general.layer_templates import prove_layer_template
-
     start = time.perf_counter()
     try:
         proof = prove_layer_template(program)
@@ -251,12 +255,6 @@ def expanded_tier(program: Program, reference: Walk | None = None, *,
     budget = Budget(budget_seconds)
     out_of_time = budget.over
     if template is not None:
-        from entangle_mlir.analysis.general.layer_templates import (
-            Applications,
-            TemplateExpansion,
-            TemplateWalker,
-        )
-
         apps = Applications(template)
         walker = TemplateWalker(program, apps)
         reference = walker.run()
