@@ -198,10 +198,15 @@ def general_tier(program: Program, reference: Walk | None = None, **options) -> 
     """`expanded_tier` with a proven layer template first (`LAYER_TEMPLATES`), then without
     where that is not proven: on the terms and memos as they were before the try
     (`memos.restore`), since the normal form depends on the order terms are built in and on
-    what its memos met, so the fallback reaches the forms of a check that never tried."""
+    what its memos met, so the fallback reaches the forms of a check that never tried. The
+    try itself starts from an empty intern table (`memos.start_over`; it walks the reference
+    again itself), so it does not depend on what the passes before it built (the MLP
+    pipeline at L80 is proven through the template from an empty table, not after the
+    layout tier's terms)."""
     note = None
     if LAYER_TEMPLATES:
         before = memos.saved()
+        memos.start_over()
         note = _with_template(program, options)
         if isinstance(note, GeneralResult):
             return note
