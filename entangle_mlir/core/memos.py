@@ -65,6 +65,32 @@ def start_over() -> None:
         memo.clear()
 
 
+Saved = tuple[dict, dict, tuple[dict | set, ...]]
+"""What `saved` copies: the intern table, the builders' memo, and each memo of `PER_CHECK`."""
+
+
+def saved() -> Saved:
+    """A copy of the intern table, the builders' memo and every memo of `PER_CHECK`, for
+    `restore`: a try whose terms must not decide what is built after it (the general tier's
+    layer-template try, `tier.general_tier`). Shallow copies, insertion order kept."""
+    return (dict(terms._TABLE), dict(terms._BUILT), tuple(memo.copy() for _, memo in PER_CHECK))
+
+
+def restore(state: Saved) -> None:
+    """Every table `saved` copied put back as it was (in place: the modules keep reading the
+    same objects): what is built next meets only the terms and memo entries that existed when
+    `state` was taken, as if nothing had been built since. Sound as any memo is: each entry
+    kept is a fact about terms that still exist, and the serials go on counting, so a term
+    built since is equal to no term built after (`terms.start_over`). The order of serials
+    among the terms built next is the order they are built in, as without the try, so the
+    normal forms are those of a check that never made it."""
+    table, built, memos = state
+    for live, copy in ((terms._TABLE, table), (terms._BUILT, built),
+                       *zip((memo for _, memo in PER_CHECK), memos)):
+        live.clear()
+        live.update(copy)
+
+
 def sizes() -> dict[str, int]:
     """Entries of each memo of `PER_CHECK`, and of the intern table (`terms._TABLE`)."""
     return {"terms._TABLE": len(terms._TABLE), **{name: len(memo) for name, memo in PER_CHECK}}

@@ -182,3 +182,39 @@ def test_twin_verdict_does_not_come_from_the_template(bug: str,
         assert ours.get(key) == theirs.get(key), key
     assert [(d.message, str(d.loc)) for d in with_template.diagnostics] == \
         [(d.message, str(d.loc)) for d in without.diagnostics]
+
+
+def test_fallback_after_a_failed_try_is_the_check_without_templates(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A templated try that builds all its terms and is then not proven (forced here: the
+    try's result replaced by "not proven") leaves the fallback the intern table and memos as
+    they were before it (`memos.restore`): the fallback starts from the same tables as the
+    check with templates off, and its verdict and counts are that check's."""
+    from entangle_mlir.core import memos
+
+    ex = _step(6, 2, 2)
+    assert max_error(ex, input_sets(ex)[0]) <= 10 * ex.atol
+    texts = lower_pair(ex)
+    real = tier.expanded_tier
+    starts: list[dict[str, int]] = []
+
+    def failing_try(program, reference=None, **options):
+        if options.get("template") is None:
+            starts.append(memos.sizes())
+            return real(program, reference, **options)
+        tried = real(program, reference, **options)
+        assert tried.proven  # the try itself went through: its terms were all built
+        return tier.GeneralResult(False, tried.devices, "forced: the try is not proven")
+
+    monkeypatch.setattr(tier, "expanded_tier", failing_try)
+    monkeypatch.setattr(tier, "LAYER_TEMPLATES", True)
+    with_try = check_texts(*texts, verify_rules=False)
+    monkeypatch.setattr(tier, "LAYER_TEMPLATES", False)
+    without = check_texts(*texts, verify_rules=False)
+    assert with_try.proven and without.proven
+    note = with_try.stats["general_tier"]["layer_template"]
+    assert note["not_proven"] == "forced: the try is not proven"
+    assert len(starts) == 2 and starts[0] == starts[1]
+    ours, theirs = (dict(r.stats["general_tier"]) for r in (with_try, without))
+    for key in ("decisions", "computed", "ops", "renamed"):
+        assert ours.get(key) == theirs.get(key), key

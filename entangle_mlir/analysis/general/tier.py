@@ -33,6 +33,7 @@ from entangle_mlir.analysis.general.layer_templates import (
     prove_layer_template,
 )
 from entangle_mlir.analysis.infer import Walk, Walker, describe_type
+from entangle_mlir.core import memos
 from entangle_mlir.core.diagnostics import SourceLoc
 from entangle_mlir.core.normal_form import slice_term
 from entangle_mlir.core.relations import Rel
@@ -194,17 +195,28 @@ linear in depth. That try only asks whether everything is proven (`prove_only`: 
 the first value not proven); a check not proven that way runs again with every layer expanded,
 so the verdict and diagnostics of a program not proven never come from the abstraction.
 Off by default: a try that is not proven costs its time again (the attention pipeline at
-L8: 118 s before the fallback), and the fallback then runs on the terms and memos the try
-left, on which the normal form (which depends on the order terms are built) did not prove
-that row (benchmarks/FRONTIER_RESULTS.md, twelfth session)."""
+L8: 118 s before the fallback). (The fallback runs on the terms and memos as they were before
+the try, `memos.restore`; before that it ran on what the try left, on which the normal form,
+which depends on the order terms are built, did not prove that row: FRONTIER_RESULTS.md.)"""
 
 
 def general_tier(program: Program, reference: Walk | None = None, **options) -> GeneralResult:
     """`expanded_tier` with a proven layer template first (`LAYER_TEMPLATES`), then without
-    where that is not proven."""
-    note = _with_template(program, options) if LAYER_TEMPLATES else None
-    if isinstance(note, GeneralResult):
-        return note
+    where that is not proven: on the terms and memos as they were before the try
+    (`memos.restore`), since the normal form depends on the order terms are built in and on
+    what its memos met, so the fallback reaches the forms of a check that never tried. The
+    try itself starts from an empty intern table (`memos.start_over`; it walks the reference
+    again itself), so it does not depend on what the passes before it built (the MLP
+    pipeline at L80 is proven through the template from an empty table, not after the
+    layout tier's terms)."""
+    note = None
+    if LAYER_TEMPLATES:
+        before = memos.saved()
+        memos.start_over()
+        note = _with_template(program, options)
+        if isinstance(note, GeneralResult):
+            return note
+        memos.restore(before)
     result = expanded_tier(program, reference, **options)
     if note is not None:
         result.stats["layer_template"] = note

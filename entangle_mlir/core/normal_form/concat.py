@@ -143,6 +143,9 @@ def _make_concat(joined: list[Term], dim: int) -> tuple[Term, bool]:
         return constant, False
     if all(p is joined[0] for p in joined) and joined[0].shape[dim] == 1:
         return _copies(joined[0], dim, len(joined)), False
+    scaled = _common_scale(joined, dim)
+    if scaled is not None:
+        return scaled, False
     runs_allowed = _runs_may_join(joined, dim)
     tail = _unmet_tail(joined, dim) if runs_allowed else None
     if tail is not None:
@@ -157,10 +160,9 @@ def _make_concat(joined: list[Term], dim: int) -> tuple[Term, bool]:
         lifted = _swap_blocks(joined, dim)
     if lifted is not None:
         return lifted, False
-    if runs_allowed:
-        runs = _adjacent_runs_joined(joined, dim)
-        if runs is not None:
-            return make_concat(runs, dim), False
+    runs = _adjacent_runs_joined(joined, dim) if runs_allowed else _even_runs_joined(joined, dim)
+    if runs is not None:
+        return make_concat(runs, dim), False
     stacked = _stacked_rows(joined, dim)
     if stacked is not None:
         return stacked, False
@@ -225,6 +227,29 @@ def _adjacent_runs_joined(pieces: list[Term], dim: int) -> list[Term] | None:
         return None
     out = _runs_of(pieces, dim)
     return out if len(out) < len(pieces) else None
+
+
+def _even_runs_joined(pieces: list[Term], dim: int) -> list[Term] | None:
+    """The pieces (some one row along `dim`, so `_runs_may_join` keeps them from joining in
+    runs, and not all of one size along it) with each maximal run of adjacent pieces of one
+    size concatenated all at once, where some run of several meets into something other than
+    a concatenation along `dim`; None otherwise. Rows of one size still join all at once, in
+    the form the lifts give them together; a piece of another size (two rows a device, a
+    run joined before) no longer keeps them from it: six one-row blocks and a two-row block
+    of `f(x)` meet as `f(x[:6])` and `f(x[6:])`, which then meet as `f(x)` (exact: a
+    concatenation is associative)."""
+    groups: list[list[Term]] = []
+    for piece in pieces:
+        if groups and groups[-1][-1].shape[dim] == piece.shape[dim]:
+            groups[-1].append(piece)
+        else:
+            groups.append([piece])
+    if len(groups) in (1, len(pieces)):
+        return None
+    out = [make_concat(g, dim) if len(g) > 1 else g[0] for g in groups]
+    if not any(len(g) > 1 and _joined(o, dim) for g, o in zip(groups, out)):
+        return None
+    return out
 
 
 def _runs_may_join(pieces: list[Term], dim: int) -> bool:
@@ -315,6 +340,21 @@ def _iota_start(term: Term) -> Fraction | None:
             and isinstance(constant, Fraction) and constant.denominator == 1:
         return constant
     return None
+
+
+def _common_scale(pieces: list[Term], dim: int) -> Term | None:
+    """`c * concat(t_i)` when every piece is `c * t_i` (a `lin` of one part, no constant) with
+    one coefficient `c`: exact (each element is scaled by c either way), and one form for a
+    scaled concatenation whichever side negated its blocks (a RoPE backward's rotated half,
+    `-sin * ct`, negated per tp block on the devices, as a whole in the reference). None
+    otherwise."""
+    first = pieces[0]
+    if first.op != "lin" or len(first.args) != 1 or first.attrs[0] != 0:
+        return None
+    if any(p.op != "lin" or len(p.args) != 1 or p.attrs != first.attrs for p in pieces):
+        return None
+    inner = make_concat([p.args[0] for p in pieces], dim)
+    return make_lin([(first.attrs[1][0], inner)], first.attrs[0], inner.shape, first.dtype)
 
 
 def _lift_elementwise(pieces: list[Term], dim: int) -> Term | None:
