@@ -43,6 +43,7 @@ do not rebuild the reference's layer (a missing psum) has no proof.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 
 from entangle_mlir.analysis.general.decide import Decider
 from entangle_mlir.analysis.general.expand import Expansion
@@ -58,7 +59,7 @@ from entangle_mlir.analysis.layer_reuse import (
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.normal_form import make_concat, normal_form, slice_term
 from entangle_mlir.core.relations import GLOBAL, Rel
-from entangle_mlir.core.terms import Term
+from entangle_mlir.core.terms import Term, factor_content, scale
 from entangle_mlir.mlir.opinfo import describe
 from entangle_mlir.mlir.program import Program, functions
 from entangle_mlir.rules import RuleContext
@@ -87,9 +88,15 @@ class LayerRegion:
     stream: int
     stream_out: object
     signature: tuple
+    streams: tuple[int, ...] = ()
+    """Every slot cut into the stream's row blocks (`stream` alone where empty; a backward
+    layer's: its forward input and its incoming cotangent)."""
 
     def ops(self) -> list:
         return [self.facts.ops[i] for i in self.indices]
+
+    def stream_slots(self) -> tuple[int, ...]:
+        return self.streams or (self.stream,)
 
 
 def repeated_layers(func, phases: bool = False) -> list[LayerRegion]:
@@ -198,6 +205,9 @@ class LayerTemplate:
     reference_holes: list[Term] = field(default_factory=list)
     """`R(holes)`: the reference layer's stream output on the reference's holes (the stream
     whole), equal to the concatenation of `term` on its row blocks."""
+    linear: int | None = None
+    """The slot `term` is linear in (a backward layer's incoming cotangent): a device's
+    input there may be k times a block (`device_stream`); None: no such slot."""
 
 
 @dataclass
@@ -284,10 +294,11 @@ def device_block(hole: Term, dim: int, position: int, size: int) -> Term:
 
 
 def sharded_layer(program: Program, region: LayerRegion, holes: list[Term],
-                  stream_slot: int) -> tuple[Term, list, Term, list[Term], list[list[int]]]:
+                  stream_slots: tuple[int, ...]
+                  ) -> tuple[dict[int, Term], list, Term, list[Term], list[list[int]]]:
     """The sharded layer expanded on every device on inputs made from `holes` (the
-    reference's, by slot): (the stream's block hole, the tiling by slot, device 0's stream
-    output, every device's, the collective groups)."""
+    reference's, by slot): (the block hole of each stream slot, the tiling by slot, device
+    0's output, every device's, the collective groups)."""
     expansion = Expansion(program.sharded_func, program.sharded_module, program.sharded_file)
     mesh = _manual_mesh(program, expansion)
     n = mesh.num_devices
@@ -295,7 +306,7 @@ def sharded_layer(program: Program, region: LayerRegion, holes: list[Term],
     position = {d: (p, len(g)) for g in groups or [] for p, d in enumerate(g)}
     env: dict = {}
     tiling: list = []
-    block_hole = None
+    block_holes: dict[int, Term] = {}
     for k, (value, hole) in enumerate(zip(region.inputs, holes)):
         t = describe_type(value.type)
         local = tuple(t.shape)
@@ -303,10 +314,10 @@ def sharded_layer(program: Program, region: LayerRegion, holes: list[Term],
         if cut is False or t.dtype != hole.dtype:
             raise NotExpanded(f"input {k} of the sharded layer ({local}) is no block of the "
                               f"reference's ({hole.shape})")
-        if k == stream_slot:
-            block_hole = fresh_hole(local, t.dtype)
+        if k in stream_slots:
+            block_holes[k] = fresh_hole(local, t.dtype)
             tiling.append("stream")
-            env[value] = [Local(t.dtype, local, term=block_hole)] * n
+            env[value] = [Local(t.dtype, local, term=block_holes[k])] * n
             continue
         tiling.append(cut)
         if cut is None:
@@ -323,7 +334,7 @@ def sharded_layer(program: Program, region: LayerRegion, holes: list[Term],
     for op in region.ops():
         expansion._device_op(op, env, mesh)
     outs = [local.as_term() for local in env[region.stream_out]]
-    return block_hole, tiling, outs[0], outs, groups or []
+    return block_holes, tiling, outs[0], outs, groups or []
 
 
 @dataclass
@@ -347,19 +358,22 @@ def template_equality(program: Program, reference: LayerRegion,
                       sharded: LayerRegion) -> TemplateEquality:
     """The terms of the template equality of `reference` and `sharded` (NotExpanded where the
     sharded layer's inputs are no blocks of the reference's)."""
-    if len(reference.inputs) != len(sharded.inputs) or reference.stream != sharded.stream:
+    streams = reference.stream_slots()
+    if len(reference.inputs) != len(sharded.inputs) or streams != sharded.stream_slots():
         raise NotExpanded("the layers read different input lists")
     holes, want = reference_layer(program, reference)
-    block, tiling, term, outs, groups = sharded_layer(program, sharded, holes,
-                                                      reference.stream)
-    stream_hole = holes[reference.stream]
-    dim, blocks = _tiling(stream_hole.shape, block.shape) or (0, 1)
-    size = block.shape[dim]
-    pieces = [substitute(term, {block.serial: slice_term(stream_hole, dim, b * size,
-                                                          (b + 1) * size)})
+    block_holes, tiling, term, outs, groups = sharded_layer(program, sharded, holes, streams)
+    cuts = {_tiling(holes[k].shape, block_holes[k].shape) or (0, 1) for k in streams}
+    if len(cuts) != 1:
+        raise NotExpanded("the stream slots are cut into different row blocks")
+    ((dim, blocks),) = cuts
+    size = block_holes[streams[0]].shape[dim]
+    pieces = [substitute(term, {block_holes[k].serial: slice_term(holes[k], dim, b * size,
+                                                                   (b + 1) * size)
+                                for k in streams})
               for b in range(blocks)]
     got = make_concat(pieces, dim) if blocks > 1 else pieces[0]
-    sharded_holes = [block if k == reference.stream else h for k, h in enumerate(holes)]
+    sharded_holes = [block_holes.get(k, h) for k, h in enumerate(holes)]
     return TemplateEquality(want, got, term, outs, sharded_holes, tiling, blocks, groups,
                             holes)
 
@@ -414,7 +428,8 @@ def prove_layer_template(program: Program, timeout_ms: int = 5_000) -> TemplateP
 def _slots_fit(reference: LayerRegion, sharded: LayerRegion) -> bool:
     """Whether each input of the sharded layer is, slot by slot, the reference's or a block
     of it along one dim, of the same element type, with the stream in the same slot."""
-    if len(reference.inputs) != len(sharded.inputs) or reference.stream != sharded.stream:
+    if len(reference.inputs) != len(sharded.inputs) \
+            or reference.stream_slots() != sharded.stream_slots():
         return False
     for r, s in zip(reference.inputs, sharded.inputs):
         rt, st = describe_type(r.type), describe_type(s.type)
@@ -509,6 +524,13 @@ def match(facts: OpFacts, at: int, signature: tuple, out_op: int) -> list | None
     them: each template op's operand is matched to the candidate op's, back from `at` (a
     template op reads only ops before it). None where an op, a wiring or an input's type
     differs, or an op of the template is not reached."""
+    found = matched(facts, at, signature, out_op)
+    return None if found is None else found[0]
+
+
+def matched(facts: OpFacts, at: int, signature: tuple, out_op: int
+            ) -> tuple[list, dict[int, int]] | None:
+    """`match`'s inputs and the op of `facts` each template op was matched to."""
     ops: dict[int, int] = {out_op: at}
     inputs: dict[int, object] = {}
     for j in range(out_op, -1, -1):
@@ -531,7 +553,7 @@ def match(facts: OpFacts, at: int, signature: tuple, out_op: int) -> list | None
                 return None
     if len(ops) != len(signature) or sorted(inputs) != list(range(len(inputs))):
         return None
-    return [inputs[k] for k in range(len(inputs))]
+    return [inputs[k] for k in range(len(inputs))], ops
 
 
 class Applications:
@@ -542,10 +564,13 @@ class Applications:
     nothing is refuted with them (the tier decides again without the template where a
     decision is not proven)."""
 
-    def __init__(self, template: LayerTemplate):
+    def __init__(self, template: LayerTemplate, memo: dict[int, Term] | None = None):
         self.template = template
-        self.memo: dict[int, Term] = {}
+        self.memo: dict[int, Term] = {} if memo is None else memo
         self.leaves: dict[tuple[int, ...], Term] = {}
+        self.scales: dict[Fraction, bool] = {}
+        """Scale k -> whether `T(.., k * c, ..) == k * T(.., c, ..)` is proven for the
+        template's `linear` slot (`linear_at`)."""
 
     def whole(self, inputs: list[Term]) -> Term | None:
         """The leaf naming `R(inputs)` (the reference layer on these inputs, by slot); None
@@ -560,15 +585,29 @@ class Applications:
             leaf = self.leaves[key] = fresh_hole(out.shape, out.dtype)
         return leaf
 
+    def linear_at(self, k: Fraction) -> bool:
+        """Whether the sharded layer scales its output by k when its `linear` slot's input is
+        scaled by k (a layer's backward is linear in its incoming cotangent), decided once
+        per k on the holes (exact; normal form, then Z3)."""
+        found = self.scales.get(k)
+        if found is None:
+            template = self.template
+            hole = template.holes[template.linear]
+            scaled = substitute(template.term, {hole.serial: scale(hole, k)})
+            found = self.scales[k] = Decider([template.term], 5_000).decide(
+                scale(template.term, k), scaled, "template.linear", ground=False).proved
+        return found
+
 
 def stream_blocks(template: LayerTemplate, wholes: list[Term], memo: dict[int, Term]
-                  ) -> dict[int, tuple[Term, int]]:
-    """{serial of the normal form of row block b of X: (X, b)} for each stream whole X (the
-    reference layers' stream inputs), so a device's stream input is read as a block of a
+                  ) -> dict[int, tuple[Term, int, Fraction]]:
+    """{serial of t: (X, b, k)} where the normal form of row block b of X is k * t (k the
+    content of its coefficients, `factor_content`), for each stream whole X (the reference
+    layers' stream inputs), so a device's stream input is read as a (scaled) block of a
     whole (`memo`: the normal form's)."""
-    stream = template.tiling.index("stream")
-    block = template.holes[stream]
-    found: dict[int, tuple[Term, int]] = {}
+    streams = [k for k, cut in enumerate(template.tiling) if cut == "stream"]
+    block = template.holes[streams[0]]
+    found: dict[int, tuple[Term, int, Fraction]] = {}
     for whole in wholes:
         cut = _tiling(whole.shape, block.shape)
         if not cut or cut[1] != template.blocks:
@@ -577,33 +616,33 @@ def stream_blocks(template: LayerTemplate, wholes: list[Term], memo: dict[int, T
         size = block.shape[dim]
         for b in range(template.blocks):
             block_term = slice_term(whole, dim, b * size, (b + 1) * size)
-            found.setdefault(normal_form(block_term, memo).serial, (whole, b))
+            k, t = factor_content(normal_form(block_term, memo))
+            if isinstance(k, Fraction):
+                found.setdefault(t.serial, (whole, b, k))
     return found
 
 
 def device_stream(apps: Applications, inputs: list[list[Term]], d: int,
-                  blocks: dict[int, tuple[Term, int]]) -> Term | None:
-    """Device `d`'s stream output of a sharded layer from every device's input terms (by
-    slot, then device): where d's stream input is row block b of a stream whole X
-    (`blocks`), block b of the leaf naming `R` applied to X and the weights (the template
-    equality: R(X) is the concatenation of T on X's blocks, and d computes T on block b),
-    the weights being, for each one cut over the collective group, the concatenation of the
-    group's blocks in position order, where each member's block is its position's block of
-    that concatenation (the same normal form) and every member's stream input is d's (what
-    the template was proven for); else None (d keeps its expanded term)."""
+                  blocks: dict[int, tuple[Term, int, Fraction]]) -> Term | None:
+    """Device `d`'s output of a sharded layer from every device's input terms (by slot, then
+    device): where each of d's stream inputs is row block b (one b for all) of a stream
+    whole X (`blocks`), block b of the leaf naming `R` applied to the wholes and the weights
+    (the template equality: R(X) is the concatenation of T on X's blocks, and d computes T
+    on block b), the weights being, for each one cut over the collective group, the
+    concatenation of the group's blocks in position order, where each member's block is its
+    position's block of that concatenation (the same normal form) and every member's stream
+    inputs are d's (what the template was proven for); else None (d keeps its expanded
+    term). The template's `linear` slot may hold k times a block: the output is then k times
+    the block, where `T` is proven linear at k (`Applications.linear_at`)."""
     template, memo = apps.template, apps.memo
     group = next((g for g in template.groups if d in g), None)
-    stream = template.tiling.index("stream")
-    x = inputs[stream][d]
-    if x.shape != template.holes[stream].shape:
-        return None
     args = []
     for k, cut in enumerate(template.tiling):
         own = inputs[k][d]
         if cut == "stream":
-            if group is not None and any(inputs[k][m] is not x for m in group):
+            if group is not None and any(inputs[k][m] is not own for m in group):
                 return None
-            args.append(x)
+            args.append(own)
         elif cut is None:
             args.append(own)
         else:
@@ -620,29 +659,57 @@ def device_stream(apps: Applications, inputs: list[list[Term]], d: int,
             args.append(whole)
     if any(a.shape != h.shape or a.dtype != h.dtype for a, h in zip(args, template.holes)):
         return None
-    found = blocks.get(normal_form(x, memo).serial)
-    if found is None:
+    wholes: dict[int, Term] = {}
+    position, factor = None, Fraction(1)
+    for k, cut in enumerate(template.tiling):
+        if cut != "stream":
+            continue
+        own, t = factor_content(normal_form(args[k], memo))
+        found = blocks.get(t.serial)
+        if found is None or not isinstance(own, Fraction):
+            return None
+        whole, b, theirs = found
+        if position not in (None, b):
+            return None
+        position, wholes[k] = b, whole
+        if own != theirs:
+            if k != template.linear or factor != 1:
+                return None
+            factor = own / theirs
+    if factor != 1 and not apps.linear_at(factor):
         return None
-    whole, b = found
-    out = apps.whole([whole if k == stream else a for k, a in enumerate(args)])
+    out = apps.whole([wholes.get(k, a) for k, a in enumerate(args)])
     if out is None:
         return None
-    dim, _ = _tiling(whole.shape, x.shape)
+    x = args[template.tiling.index("stream")]
+    dim, _ = _tiling(wholes[template.tiling.index("stream")].shape, x.shape)
     size = x.shape[dim]
-    return slice_term(out, dim, b * size, (b + 1) * size)
+    piece = slice_term(out, dim, position * size, (position + 1) * size)
+    return piece if factor == 1 else scale(piece, factor)
+
+
+def _sites(func, apps: list[Applications], sharded: bool) -> dict:
+    """{output value: (Applications, LayerSite)} for every template's sites in `func`."""
+    found: dict = {}
+    for app in apps:
+        key = app.template.sharded_key if sharded else app.template.reference_key
+        for value, site in layer_sites(func, key).items():
+            found.setdefault(value, (app, site))
+    return found
 
 
 class TemplateWalker(Walker):
-    """The reference's walk, each layer of the template's signature giving its stream output
-    as the leaf naming the template applied to its inputs (`Applications.whole`) in place of
-    the term its ops built (the ops are walked as usual: their rule instances and the other
+    """The reference's walk, each layer of a template's signature giving its output as the
+    leaf naming the template applied to its inputs (`Applications.whole`) in place of the
+    term its ops built (the ops are walked as usual: their rule instances and the other
     results stay)."""
 
-    def __init__(self, program: Program, apps: Applications):
+    def __init__(self, program: Program, apps: list[Applications]):
         super().__init__(program.ref_func, program.ref_module, program.ref_file)
         self.apps = apps
-        self.sites = layer_sites(program.ref_func, apps.template.reference_key)
+        self.sites = _sites(program.ref_func, apps, sharded=False)
         self.abstracted = 0
+        self.by_template = [0] * len(apps)
         self.wholes: list[Term] = []
         """The stream inputs of the layers abstracted (what a device's stream input may be a
         row block of)."""
@@ -650,47 +717,52 @@ class TemplateWalker(Walker):
     def _op(self, op, ctx: RuleContext) -> None:
         super()._op(op, ctx)
         for result in op.results:
-            site = self.sites.get(result)
-            if site is None:
+            found = self.sites.get(result)
+            if found is None:
                 continue
+            app, site = found
             values = [self.walk.values.get(v) for v in site.inputs]
             out = self.walk.values[result]
             if type(out) is not Rel or any(type(v) is not Rel or v.partial for v in values):
                 continue
             terms = [v.term for v in values]
-            term = self.apps.whole(terms)
+            term = app.whole(terms)
             if term is not None and term.shape == out.term.shape:
-                self.wholes.append(terms[self.apps.template.tiling.index("stream")])
+                self.wholes.extend(terms[k] for k, cut in enumerate(app.template.tiling)
+                                   if cut == "stream")
                 self.walk.values[result] = replace(out, term=term)
                 self.abstracted += 1
+                self.by_template[self.apps.index(app)] += 1
 
 
 class TemplateExpansion(Expansion):
-    """The sharded function's expansion, each layer of the template's signature giving every
-    device whose inputs are what the template was proven for its stream output as a row
-    block of a reference layer's leaf (`device_stream`); other devices keep the expanded
-    term. The new values are not recorded as renamings of their representative's
-    (`symmetry.py`): a renaming substitutes program inputs and leaves a leaf alone, so
-    "block b of the leaf renamed is block b' of it" is no fact of substitution, and later
-    renamings composed with it would build other devices' terms wrongly (tried: the loss no
-    longer met). Devices after a layer are therefore computed, not renamed, along the dp
-    axis (the expansion's cost, not its terms)."""
+    """The sharded function's expansion, each layer of a template's signature giving every
+    device whose inputs are what the template was proven for its output as a row block of a
+    reference layer's leaf (`device_stream`); other devices keep the expanded term. The new
+    values are not recorded as renamings of their representative's (`symmetry.py`): a
+    renaming substitutes program inputs and leaves a leaf alone, so "block b of the leaf
+    renamed is block b' of it" is no fact of substitution, and later renamings composed with
+    it would build other devices' terms wrongly (tried: the loss no longer met). Devices
+    after a layer are therefore computed, not renamed, along the dp axis (the expansion's
+    cost, not its terms)."""
 
-    def __init__(self, program: Program, apps: Applications, wholes: list[Term], *args,
+    def __init__(self, program: Program, apps: list[Applications], wholes: list[Term], *args,
                  **kwargs):
         super().__init__(program.sharded_func, program.sharded_module, program.sharded_file,
                          *args, **kwargs)
         self.apps = apps
-        self.blocks = stream_blocks(apps.template, wholes, apps.memo)
-        self.sites = layer_sites(program.sharded_func, apps.template.sharded_key)
+        self.blocks = {id(app): stream_blocks(app.template, wholes, app.memo) for app in apps}
+        self.sites = _sites(program.sharded_func, apps, sharded=True)
         self.abstracted = 0
+        self.by_template = [0] * len(apps)
 
     def _device_op(self, op, env: dict, mesh: Mesh) -> None:
         super()._device_op(op, env, mesh)
         for result in op.results:
-            site = self.sites.get(result)
-            if site is None:
+            found = self.sites.get(result)
+            if found is None:
                 continue
+            app, site = found
             locals_ = [env.get(v) for v in site.inputs]
             if any(values is None or any(local.term is None for local in values)
                    for values in locals_):
@@ -699,9 +771,10 @@ class TemplateExpansion(Expansion):
             outs = env[result]
             new = list(outs)
             for d in range(mesh.num_devices):
-                term = device_stream(self.apps, inputs, d, self.blocks)
+                term = device_stream(app, inputs, d, self.blocks[id(app)])
                 if term is not None and term.shape == outs[d].shape:
                     new[d] = Local(term.dtype, term.shape, term=term)
             if any(a is not b for a, b in zip(new, outs)):
                 env[result] = new
                 self.abstracted += 1
+                self.by_template[self.apps.index(app)] += 1
