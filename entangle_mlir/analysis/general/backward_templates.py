@@ -66,7 +66,10 @@ from entangle_mlir.analysis.general.layer_templates import (
 from entangle_mlir.analysis.layer_reuse import OpFacts, read_ops
 from entangle_mlir.mlir.program import Program, functions
 
-PRIMAL, FREE = "primal", "free"
+HAND_OFFS = (*VIEWS, "stablehlo.collective_permute")
+"""Single-operand ops that only hand a layer's outgoing cotangent on (jax's reshape back to
+the stream's shape, the pipeline's shift to the previous stage): trimmed off a backward
+layer's end."""
 
 
 def forward_sites(facts: OpFacts, key: tuple) -> list[tuple[list, int]]:
@@ -203,12 +206,11 @@ def _region(facts: OpFacts, sites: list, s: int, primal: dict, chunk_of_op: dict
 
 
 def _trimmed(facts: OpFacts, value, mine: set[int]):
-    """`value` with the views of the chunk at its end taken off (jax's reshape of a layer's
-    cotangent back to the stream's shape)."""
+    """`value` with the chunk's hand-offs at its end taken off (`HAND_OFFS`)."""
     while True:
         i = facts.position[value][0]
         operands = facts.operands[i]
-        if facts.ops[i].name not in VIEWS or len(operands) != 1:
+        if facts.ops[i].name not in HAND_OFFS or len(operands) != 1:
             return value
         source = operands[0]
         where = facts.position.get(source)

@@ -69,6 +69,13 @@ from entangle_mlir.semantics.element import SemanticsError
 GROUPED = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter")
 """Collectives whose replica groups give a weight block's position (the tp group)."""
 
+MOVING = ("stablehlo.collective_permute", "stablehlo.all_to_all",
+          "stablehlo.collective_broadcast")
+"""Collectives that move data between devices outside a group whose members are checked to
+read the same stream (`device_stream`): a sharded layer holding one has no template (the
+template equality is proven with every device reading the same holes, so it says nothing
+of a device whose output another device's inputs make)."""
+
 
 VIEWS = ("stablehlo.reshape", "stablehlo.transpose")
 """Ops that only rearrange the stream between two layers (jax's `x.reshape` at a block's
@@ -299,6 +306,9 @@ def sharded_layer(program: Program, region: LayerRegion, holes: list[Term],
     """The sharded layer expanded on every device on inputs made from `holes` (the
     reference's, by slot): (the block hole of each stream slot, the tiling by slot, device
     0's output, every device's, the collective groups)."""
+    moving = next((op.name for op in region.ops() if op.name in MOVING), None)
+    if moving is not None:
+        raise NotExpanded(f"the sharded layer moves data between devices ({moving})")
     expansion = Expansion(program.sharded_func, program.sharded_module, program.sharded_file)
     mesh = _manual_mesh(program, expansion)
     n = mesh.num_devices
