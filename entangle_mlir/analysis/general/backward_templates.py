@@ -201,8 +201,10 @@ def _region(facts: OpFacts, sites: list, s: int, primal: dict, chunk_of_op: dict
     if len(others) != 1 or str(region_inputs[others[0]].type) != x_type:
         return None
     slots = tuple(sorted((region_inputs.index(x), others[0])))
+    roles = tuple("cotangent" if k == others[0] else inputs.index(v)
+                  for k, v in enumerate(region_inputs))
     return LayerRegion(facts, indices, region_inputs, region_inputs.index(x), out, signature,
-                       slots)
+                       slots, roles)
 
 
 def _trimmed(facts: OpFacts, value, mine: set[int]):

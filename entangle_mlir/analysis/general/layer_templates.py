@@ -98,6 +98,9 @@ class LayerRegion:
     streams: tuple[int, ...] = ()
     """Every slot cut into the stream's row blocks (`stream` alone where empty; a backward
     layer's: its forward input and its incoming cotangent)."""
+    roles: tuple = ()
+    """What each input is to the layer it belongs to (a backward layer's: the slot of its
+    forward layer's inputs it is, or "cotangent"); two layers pair only with equal roles."""
 
     def ops(self) -> list:
         return [self.facts.ops[i] for i in self.indices]
@@ -439,7 +442,8 @@ def _slots_fit(reference: LayerRegion, sharded: LayerRegion) -> bool:
     """Whether each input of the sharded layer is, slot by slot, the reference's or a block
     of it along one dim, of the same element type, with the stream in the same slot."""
     if len(reference.inputs) != len(sharded.inputs) \
-            or reference.stream_slots() != sharded.stream_slots():
+            or reference.stream_slots() != sharded.stream_slots() \
+            or reference.roles != sharded.roles:
         return False
     for r, s in zip(reference.inputs, sharded.inputs):
         rt, st = describe_type(r.type), describe_type(s.type)
