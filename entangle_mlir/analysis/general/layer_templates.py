@@ -749,6 +749,12 @@ class TemplateWalker(Walker):
                 self.by_template[self.apps.index(app)] += 1
 
 
+KEEP_RENAMING = True
+"""Whether the templates' leaves are given to the symmetric axes' renaming
+(`TemplateExpansion._permute_leaves`), so devices along the data axes stay renamed after a
+templated layer instead of computed."""
+
+
 class TemplateExpansion(Expansion):
     """The sharded function's expansion, each layer of a template's signature giving every
     device whose inputs are what the template was proven for its output as a row block of a
@@ -769,8 +775,11 @@ class TemplateExpansion(Expansion):
         self.sites = _sites(program.sharded_func, apps, sharded=True)
         self.abstracted = 0
         self.by_template = [0] * len(apps)
+        self._permuted: tuple[object, set[int]] = (None, set())
 
     def _device_op(self, op, env: dict, mesh: Mesh) -> None:
+        if KEEP_RENAMING and self.symmetry is not None:
+            self._permute_leaves()
         super()._device_op(op, env, mesh)
         for result in op.results:
             found = self.sites.get(result)
@@ -792,3 +801,27 @@ class TemplateExpansion(Expansion):
                 env[result] = new
                 self.abstracted += 1
                 self.by_template[self.apps.index(app)] += 1
+
+    def _permute_leaves(self) -> None:
+        """Give the symmetry every template leaf not yet given (`Symmetry.permute_rows`): its
+        rows in the stream's row blocks, each micro-batch's split over the symmetric axes
+        that are not the templates' collective groups' (the data axes)."""
+        sym = self.symmetry
+        owner, done = self._permuted
+        if owner is not sym:
+            done = set()
+            self._permuted = (sym, done)
+        for app in self.apps:
+            template = app.template
+            grouped = {a for g in template.groups for m in g for a in sym.mesh.names
+                       if sym.mesh.coords(m)[a] != sym.mesh.coords(g[0])[a]}
+            axes = tuple(a for a in sym.axes if a not in grouped)
+            if not axes:
+                continue
+            stream = template.tiling.index("stream")
+            dim, _ = _tiling(template.reference_holes[stream].shape,
+                             template.holes[stream].shape) or (0, 1)
+            for leaf in app.leaves.values():
+                if leaf.serial not in done:
+                    done.add(leaf.serial)
+                    sym.permute_rows(leaf, dim, template.blocks, axes)
