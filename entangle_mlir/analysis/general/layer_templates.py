@@ -582,6 +582,9 @@ class Applications:
         self.template = template
         self.memo: dict[int, Term] = {} if memo is None else memo
         self.leaves: dict[tuple[int, ...], Term] = {}
+        self.groups: dict[tuple[int, ...], Term | None] = {}
+        """Serials of a group's blocks of one weight -> their concatenation, where each
+        member's block is its position's block of it (`device_stream`), else None."""
         self.scales: dict[Fraction, bool] = {}
         """Scale k -> whether `T(.., k * c, ..) == k * T(.., c, ..)` is proven for the
         template's `linear` slot (`linear_at`)."""
@@ -662,13 +665,8 @@ def device_stream(apps: Applications, inputs: list[list[Term]], d: int,
         else:
             if group is None:
                 return None
-            dim, count = cut
-            members = [inputs[k][m] for m in group]
-            whole = make_concat(members, dim)
-            size = own.shape[dim]
-            if len(members) != count or any(
-                    normal_form(device_block(whole, dim, p, size), memo)
-                    is not normal_form(m, memo) for p, m in enumerate(members)):
+            whole = _group_whole(apps, [inputs[k][m] for m in group], cut)
+            if whole is None:
                 return None
             args.append(whole)
     if any(a.shape != h.shape or a.dtype != h.dtype for a, h in zip(args, template.holes)):
@@ -700,6 +698,25 @@ def device_stream(apps: Applications, inputs: list[list[Term]], d: int,
     size = x.shape[dim]
     piece = slice_term(out, dim, position * size, (position + 1) * size)
     return piece if factor == 1 else scale(piece, factor)
+
+
+def _group_whole(apps: Applications, members: list[Term], cut: tuple[int, int]
+                 ) -> Term | None:
+    """The concatenation of a collective group's blocks of one weight (in position order)
+    where each member's block is its position's block of it (the same normal form), else
+    None; memoized by the members' terms (every clock step reads the same weights)."""
+    key = tuple(m.serial for m in members)
+    if key in apps.groups:
+        return apps.groups[key]
+    dim, count = cut
+    whole = make_concat(members, dim)
+    size = members[0].shape[dim]
+    if len(members) != count or any(
+            normal_form(device_block(whole, dim, p, size), apps.memo)
+            is not normal_form(m, apps.memo) for p, m in enumerate(members)):
+        whole = None
+    apps.groups[key] = whole
+    return whole
 
 
 def _sites(func, apps: list[Applications], sharded: bool) -> dict:
@@ -775,7 +792,7 @@ class TemplateExpansion(Expansion):
         self.sites = _sites(program.sharded_func, apps, sharded=True)
         self.abstracted = 0
         self.by_template = [0] * len(apps)
-        self._permuted: tuple[object, set[int]] = (None, set())
+        self._permuted: tuple[object, dict] = (None, {})
 
     def _device_op(self, op, env: dict, mesh: Mesh) -> None:
         if KEEP_RENAMING and self.symmetry is not None:
@@ -807,21 +824,26 @@ class TemplateExpansion(Expansion):
         rows in the stream's row blocks, each micro-batch's split over the symmetric axes
         that are not the templates' collective groups' (the data axes)."""
         sym = self.symmetry
-        owner, done = self._permuted
+        owner, given = self._permuted
         if owner is not sym:
-            done = set()
-            self._permuted = (sym, done)
+            given = {id(app): (_data_axes(app.template, sym), 0) for app in self.apps}
+            self._permuted = (sym, given)
         for app in self.apps:
-            template = app.template
-            grouped = {a for g in template.groups for m in g for a in sym.mesh.names
-                       if sym.mesh.coords(m)[a] != sym.mesh.coords(g[0])[a]}
-            axes = tuple(a for a in sym.axes if a not in grouped)
-            if not axes:
-                continue
-            stream = template.tiling.index("stream")
-            dim, _ = _tiling(template.reference_holes[stream].shape,
-                             template.holes[stream].shape) or (0, 1)
-            for leaf in app.leaves.values():
-                if leaf.serial not in done:
-                    done.add(leaf.serial)
-                    sym.permute_rows(leaf, dim, template.blocks, axes)
+            (dim, axes), done = given[id(app)]
+            leaves = list(app.leaves.values())
+            if axes and len(leaves) > done:
+                for leaf in leaves[done:]:
+                    sym.permute_rows(leaf, dim, app.template.blocks, axes)
+            given[id(app)] = ((dim, axes), len(leaves))
+
+
+def _data_axes(template: LayerTemplate, sym) -> tuple[int, tuple[str, ...]]:
+    """(the dim of a template leaf cut into the stream's row blocks, the symmetric axes that
+    are not the template's collective groups' axes: those its rows are split over)."""
+    mesh = sym.mesh
+    grouped = {a for g in template.groups for m in g for a in mesh.names
+               if mesh.coords(m)[a] != mesh.coords(g[0])[a]}
+    stream = template.tiling.index("stream")
+    dim, _ = _tiling(template.reference_holes[stream].shape,
+                     template.holes[stream].shape) or (0, 1)
+    return dim, tuple(a for a in sym.axes if a not in grouped)
