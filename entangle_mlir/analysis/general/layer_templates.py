@@ -37,7 +37,13 @@ tier runs again with every layer expanded. Soundness rests on (1) the match (the
 attributes, types and wiring from the matched inputs), (2) the decided template equality,
 which holds for every hole value, and (3) the device checks (group, blocks, stream). A layer
 differing in one op, constant or input index is no site; a sharded layer whose collectives
-do not rebuild the reference's layer (a missing psum) has no proof.
+do not rebuild the reference's layer (a missing psum) has no proof, nor one that moves data
+between devices outside its group (`MOVING`: the equality is proven with every device
+reading the same holes).
+
+The same machinery serves several templates at once (a list of `Applications`): the
+backward layer's (`backward_templates.py`) has two row-blocked slots (the forward input and
+the incoming cotangent) and is linear in the cotangent (`LayerTemplate.linear`).
 """
 
 from __future__ import annotations
@@ -775,13 +781,18 @@ templated layer instead of computed."""
 class TemplateExpansion(Expansion):
     """The sharded function's expansion, each layer of a template's signature giving every
     device whose inputs are what the template was proven for its output as a row block of a
-    reference layer's leaf (`device_stream`); other devices keep the expanded term. The new
-    values are not recorded as renamings of their representative's (`symmetry.py`): a
-    renaming substitutes program inputs and leaves a leaf alone, so "block b of the leaf
-    renamed is block b' of it" is no fact of substitution, and later renamings composed with
-    it would build other devices' terms wrongly (tried: the loss no longer met). Devices
-    after a layer are therefore computed, not renamed, along the dp axis (the expansion's
-    cost, not its terms)."""
+    reference layer's leaf (`device_stream`); other devices keep the expanded term.
+
+    The leaves are given to the symmetric axes' renaming (`symmetry.py`) as arguments are
+    (`KEEP_RENAMING`, `Symmetry.permute_rows`): sigma along the data axes rotates a leaf's
+    row blocks within each micro-batch, so "block b of V renamed is block b' of V" is a
+    fact of substitution, and a device's block of a leaf is its representative's renamed.
+    That needs nothing of what V names: the renaming is exact for any substitution that is
+    a group action (coherence is checked op by op, by identity of terms, and every device's
+    template output is still computed by `device_stream` with its own checks); the
+    substitution chosen only makes the devices along dp coherent again after a templated
+    layer, so they are renamed instead of computed (session 12 left them computed: a leaf
+    the renaming kept whole made no device along dp coherent)."""
 
     def __init__(self, program: Program, apps: list[Applications], wholes: list[Term], *args,
                  **kwargs):
