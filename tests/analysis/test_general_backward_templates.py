@@ -16,7 +16,6 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + " --xla_force_host_platform_device_count=8").strip()
 
-from dataclasses import replace
 from fractions import Fraction
 
 import jax
@@ -31,23 +30,11 @@ from entangle_mlir.analysis.general.decide import Decider
 from entangle_mlir.analysis.instance.abstraction import substitute
 from entangle_mlir.core.terms import scale
 from entangle_mlir.driver import check_texts
-from entangle_mlir.mlir.ir import parse_module
-from entangle_mlir.mlir.program import Program, from_two_modules
-from examples import frontier as F
+from entangle_mlir.mlir.program import Program
 from examples.heldout.corpus import input_sets, lower_pair, max_error
 from examples.real.models import llama
 from examples.real.models.layers import rms_norm, silu
-
-
-def _program(ex) -> Program:
-    ref, sharded = lower_pair(ex)
-    return from_two_modules(parse_module(ref, "ref.mlir"), parse_module(sharded, "sh.mlir"),
-                            "ref.mlir", "sh.mlir")
-
-
-def _step(layers: int, pp: int, tp: int, dp: int = 1, **kw):
-    cfg = replace(F.tiny(F.LLAMA_70B, layers), batch=2)
-    return F.pipeline_step(cfg, dp, pp, tp, micro=2, attention=False, **kw)
+from tests.analysis.test_general_layer_templates import _program, _step
 
 
 def _templates(program: Program) -> tuple[LT.TemplateProof, LT.TemplateProof]:

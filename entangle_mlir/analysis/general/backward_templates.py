@@ -60,6 +60,7 @@ from entangle_mlir.analysis.general.layer_templates import (
     _slots_fit,
     all_blocks,
     compact_signature,
+    cone,
     matched,
     prove_template,
 )
@@ -192,7 +193,7 @@ def _region(facts: OpFacts, sites: list, s: int, primal: dict, chunk_of_op: dict
     (out,) = outs
     allowed = mine | free_ops | {facts.position[v][0] for v, owner in primal.items()
                                  if owner == s and v != x and v in facts.position}
-    indices = _cone(facts, out, allowed)
+    indices = cone(facts, out, allowed, constants=True)
     signature, region_inputs = compact_signature(facts, indices)
     if x not in region_inputs:
         return None
@@ -219,25 +220,6 @@ def _trimmed(facts: OpFacts, value, mine: set[int]):
         if where is None or where[0] not in mine:
             return value
         value = source
-
-
-def _cone(facts: OpFacts, out, allowed: set[int]) -> list[int]:
-    """The ops of `allowed` and the constants (no operands) `out` depends on through them."""
-    found: set[int] = set()
-    stack = [facts.position[out][0]]
-    while stack:
-        i = stack.pop()
-        if i in found:
-            continue
-        found.add(i)
-        for v in facts.operands[i]:
-            where = facts.position.get(v)
-            if where is None or where[0] in facts.prelude:
-                continue
-            j = where[0]
-            if j in allowed or not facts.operands[j]:
-                stack.append(j)
-    return sorted(found)
 
 
 def prove_backward_template(program: Program, forward: LayerTemplate,

@@ -180,10 +180,11 @@ def _region(facts: OpFacts, start: int, period: int) -> LayerRegion | None:
     return LayerRegion(facts, indices, inputs, inputs.index(x), out, signature)
 
 
-def cone(facts: OpFacts, out, among: set[int]) -> list[int]:
+def cone(facts: OpFacts, out, among: set[int], constants: bool = False) -> list[int]:
     """The ops of `among` that `out` depends on through ops of `among` (in block order): the
     layer's forward function alone, without what it computes for others (jax's residuals
-    for the backward differ between the first layer and the rest)."""
+    for the backward differ between the first layer and the rest). `constants`: constants
+    (ops without operands) it reads count as of `among`."""
     found: set[int] = set()
     stack = [facts.position[out][0]]
     while stack:
@@ -193,7 +194,9 @@ def cone(facts: OpFacts, out, among: set[int]) -> list[int]:
         found.add(i)
         for v in facts.operands[i]:
             where = facts.position.get(v)
-            if where is not None and where[0] in among:
+            if where is not None and (where[0] in among or constants and
+                                      not facts.operands[where[0]]
+                                      and where[0] not in facts.prelude):
                 stack.append(where[0])
     return sorted(found)
 
