@@ -25,7 +25,6 @@ from jax import lax
 
 from entangle_mlir.analysis.general import backward_templates as BT
 from entangle_mlir.analysis.general import layer_templates as LT
-from entangle_mlir.analysis.general import tier
 from entangle_mlir.analysis.general.decide import Decider
 from entangle_mlir.analysis.instance.abstraction import substitute
 from entangle_mlir.core.terms import scale
@@ -159,15 +158,14 @@ def test_cotangent_one_ulp_off_gets_no_backward_template() -> None:
 
 
 @pytest.mark.parametrize("layers, pp, tp, dp", [(8, 4, 2, 1), (8, 2, 2, 2)])
-def test_pipeline_is_proven_through_both_templates(layers: int, pp: int, tp: int, dp: int,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pipeline_is_proven_through_both_templates(layers: int, pp: int, tp: int,
+                                                   dp: int) -> None:
     """With the templates on, the pipeline is proven by the try with the forward and the
     backward templates (every reference layer but the first gives its cotangent as a
     leaf), no fallback."""
     ex = _step(layers, pp, tp, dp)
     assert max_error(ex, input_sets(ex)[0]) <= 10 * ex.atol
-    monkeypatch.setattr(tier, "LAYER_TEMPLATES", True)
-    report = check_texts(*lower_pair(ex), verify_rules=False)
+    report = check_texts(*lower_pair(ex), verify_rules=False, layer_templates=True)
     assert report.proven
     note = report.stats["general_tier"]["layer_template"]
     assert "not_proven" not in note and "error" not in note, note
@@ -201,18 +199,15 @@ def mlp_backward_without_tp_sum(p: dict, x, par):
     return lax.psum((silu(h @ p["w_gate"]) * (h @ p["w_up"])) @ p["w_down"], "tp")
 
 
-def test_backward_twin_verdict_does_not_come_from_the_templates(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_backward_twin_verdict_does_not_come_from_the_templates() -> None:
     """A stage whose backward misses a tp sum (its forward the reference's): the numbers
     differ, the backward template is not proven, and the pipeline is not proven, with the
     reason, blamed op and diagnostics of the check with every layer expanded."""
     ex = _step(4, 2, 2, stage_mlp=mlp_backward_without_tp_sum)
     assert max_error(ex, input_sets(ex)[0]) > 1e-3
     texts = lower_pair(ex)
-    monkeypatch.setattr(tier, "LAYER_TEMPLATES", True)
-    with_templates = check_texts(*texts, verify_rules=False)
-    monkeypatch.setattr(tier, "LAYER_TEMPLATES", False)
-    without = check_texts(*texts, verify_rules=False)
+    with_templates = check_texts(*texts, verify_rules=False, layer_templates=True)
+    without = check_texts(*texts, verify_rules=False, layer_templates=False)
     assert not with_templates.proven and not without.proven
     assert with_templates.verdict == without.verdict
     ours, theirs = (dict(r.stats["general_tier"]) for r in (with_templates, without))
@@ -265,11 +260,10 @@ def test_devices_along_dp_stay_renamed_after_templated_layers(
     leaves kept whole, and still proven."""
     ex = _step(4, 2, 2, 2)
     texts = lower_pair(ex)
-    monkeypatch.setattr(tier, "LAYER_TEMPLATES", True)
     computed = {}
     for keep in (True, False):
         monkeypatch.setattr(LT, "KEEP_RENAMING", keep)
-        report = check_texts(*texts, verify_rules=False)
+        report = check_texts(*texts, verify_rules=False, layer_templates=True)
         assert report.proven
         assert "not_proven" not in report.stats["general_tier"]["layer_template"]
         computed[keep] = report.stats["general_tier"]["computed"]
