@@ -33,7 +33,11 @@ from entangle_mlir.mlir.program import Program
 from examples.heldout.corpus import input_sets, lower_pair, max_error
 from examples.real.models import llama
 from examples.real.models.layers import rms_norm, silu
-from tests.analysis.test_general_layer_templates import _program, _step
+from tests.analysis.test_general_layer_templates import (
+    _program,
+    _step,
+    same_verdict_with_and_without_templates,
+)
 
 
 def _templates(program: Program) -> tuple[LT.TemplateProof, LT.TemplateProof]:
@@ -157,23 +161,6 @@ def test_cotangent_one_ulp_off_gets_no_backward_template() -> None:
     assert not backward.proven
 
 
-@pytest.mark.parametrize("layers, pp, tp, dp", [(8, 4, 2, 1), (8, 2, 2, 2)])
-def test_pipeline_is_proven_through_both_templates(layers: int, pp: int, tp: int,
-                                                   dp: int) -> None:
-    """With the templates on, the pipeline is proven by the try with the forward and the
-    backward templates (every reference layer but the first gives its cotangent as a
-    leaf), no fallback."""
-    ex = _step(layers, pp, tp, dp)
-    assert max_error(ex, input_sets(ex)[0]) <= 10 * ex.atol
-    report = check_texts(*lower_pair(ex), verify_rules=False, layer_templates=True)
-    assert report.proven
-    note = report.stats["general_tier"]["layer_template"]
-    assert "not_proven" not in note and "error" not in note, note
-    assert note["backward"] == "normal form"
-    reference, sharded = note["backward_layers"]
-    assert reference == layers - 1 and sharded >= layers - 1
-
-
 @jax.custom_vjp
 def enter_tp_without_sum(h):
     """Megatron's `f` (identity, tp-replicated to tp-varying) whose backward takes tp rank
@@ -205,18 +192,8 @@ def test_backward_twin_verdict_does_not_come_from_the_templates() -> None:
     reason, blamed op and diagnostics of the check with every layer expanded."""
     ex = _step(4, 2, 2, stage_mlp=mlp_backward_without_tp_sum)
     assert max_error(ex, input_sets(ex)[0]) > 1e-3
-    texts = lower_pair(ex)
-    with_templates = check_texts(*texts, verify_rules=False, layer_templates=True)
-    without = check_texts(*texts, verify_rules=False, layer_templates=False)
-    assert not with_templates.proven and not without.proven
-    assert with_templates.verdict == without.verdict
-    ours, theirs = (dict(r.stats["general_tier"]) for r in (with_templates, without))
-    note = ours.pop("layer_template")
+    note = same_verdict_with_and_without_templates(ex)
     assert "not_proven" in note and note["backward"] != "normal form", note
-    for key in ("reason", "refuted", "loc"):
-        assert ours.get(key) == theirs.get(key), key
-    assert [(d.message, str(d.loc)) for d in with_templates.diagnostics] == \
-        [(d.message, str(d.loc)) for d in without.diagnostics]
 
 
 def test_leaf_rows_renaming_is_a_group_action() -> None:
