@@ -7,8 +7,10 @@ nearest wrong programs (each must not be proven) and the correct neighbours besi
   weight's index apart, E_local = 1, and masks that wrap in int32 (ids doubled, ids times 2^30);
   correct neighbours: the loop reversed, a wrapped offset added to both sides;
 * a divisor's constant factor (`terms.make_div`): `x / (4 * s)` against `(x / 4) / s`
-  (exact), a factor one ulp off a power of two, a negative power, bf16 and f16, integer
-  division;
+  (exact), a factor one ulp off a power of two, a negative power, f16, integer division; a
+  quotient against the product with a reciprocal (`x * (1 / d)`, `3 * (1 / d)`) under a
+  compare: both were proven (false proofs, fixed: `terms.make_div` keeps a constant numerator
+  other than +-2^e, `element.compared_value` rounds the quotients inside a compared value);
 * transposed dot operands read in place (`terms._read_in_blocks`): transposes that reorder free
   dims, a batched dot whose batch dims are permuted, contracting dims permuted;
 * value-level: a psum of a bf16 operand, a tolerance hidden in a compare, a select returning
@@ -198,6 +200,8 @@ def moe_programs() -> list[Example]:
 K4_ULP = float(np.nextafter(np.float32(4), np.float32(5)))     # 4 * (1 + 2^-23)
 T_ULP = 0.18727885                       # x/(s*K) is just below it at _fill(1.3823367, 1.845292)
 T_ULP_BELOW = 0.18727884                 # and (x/s)/K just above it
+T_RECIP = -1.9618235                     # x/(1+|s|) at (-5.2974358, -1.7002612); x*(1/..) below
+T_RECIP3 = 5.939441                      # 3*(1/s) at s = 0.50509804; 3/s is 5.9394407
 
 
 def _fill(*values):
@@ -259,6 +263,36 @@ def f16_scaled(e: int):
 
 
 
+def _recip_ref(x, s):
+    return _at_least(T_RECIP)(x / (1.0 + jnp.abs(s)))
+
+
+def recip(x, s):
+    return _at_least(T_RECIP)(x / (1.0 + jnp.abs(s)))
+
+
+def recip_reciprocal_first(x, s):
+    return _at_least(T_RECIP)(x * (1.0 / (1.0 + jnp.abs(s))))  # BUG
+
+
+def _recip3_ref(x, s):
+    return _at_least(T_RECIP3)(jnp.float32(3.0) / s) + 0.0 * x
+
+
+def recip3(x, s):
+    return _at_least(T_RECIP3)(jnp.float32(3.0) / s) + 0.0 * x
+
+
+def recip3_reciprocal_first(x, s):
+    return _at_least(T_RECIP3)(jnp.float32(3.0) * (1.0 / s)) + 0.0 * x  # BUG
+
+
+def _fill_full(x: float, s: float):
+    def make():
+        return [[np.full((8, 16), x, np.float32), np.full((8, 16), s, np.float32)]]
+    return make
+
+
 def _int_div_ref(x, s):
     return x // (s * 4)
 
@@ -302,6 +336,13 @@ def div_programs() -> list[Example]:
             _p("div_neg_ulp", TP4, _div_ref(-K4_ULP, -T_ULP_BELOW), div_neg_ulp_moved, xs, rows,
                what, bug="moved", chosen=ulp)]
     out += [_p("div_f16", TP4, _f16_ref(4), f16_scaled(4), xs, rows, what)]
+    full = [f32((8, 16), rows), f32((8, 16), rows)]
+    out += [_p("recip", TP4, _recip_ref, recip, full, rows, what),
+            _p("recip", TP4, _recip_ref, recip_reciprocal_first, full, rows, what,
+               bug="reciprocal_first", chosen=_fill_full(-5.2974358, -1.7002612)),
+            _p("recip3", TP4, _recip3_ref, recip3, full, rows, what),
+            _p("recip3", TP4, _recip3_ref, recip3_reciprocal_first, full, rows, what,
+               bug="reciprocal_first", chosen=_fill_full(1.0, 0.50509804))]
     out += [_p("int_div", TP4, _int_div_ref, int_div, xi, rows, what),
             _p("int_div", TP4, _int_div_ref, int_div_nested, xi, rows, what, bug="nested",
                chosen=_int_edges())]
