@@ -27,8 +27,6 @@ NOT_PROVEN: dict[str, str] = {
         "in the reference: reduce_window with a 'mul' reducer is not supported",
     'experts_wrapped_offset_ep4':
         'device-dependent offset tensor used by stablehlo.compare (not supported yet)',
-    'experts1_ep4':
-        'cannot relate the value of dot_general to the reference (the layout tier\'s reading "dot_general: operands are laid out differently along dim 0 (not split vs split over...',
     'row_max_tp4':
         "not a supported reduction: reduce's region holds 2 ops before its return, not one reduction op",
 }
@@ -47,8 +45,6 @@ UNCONFIRMED: dict[str, str] = {
         'cannot relate the value of convert to the reference (the layout tier\'s reading "convert computes convert(idx), which the reference never computes" was not confirmed: r...',
     'experts_ids_modulo_ep4':
         'cannot relate the value of remainder to the reference (the layout tier\'s reading "remainder computes remainder(idx, 8), which the reference never computes" was not con...',
-    'experts1_ids_doubled_ep4':
-        'cannot relate the value of dot_general to the reference (the layout tier\'s reading "dot_general: operands are laid out differently along dim 0 (not split vs split over...',
     'div_ulp_moved_tp4':
         'cannot relate the value of broadcast_in_dim to the reference (the layout tier\'s reading "value is ~0.24999997 x what the reference computes here ((4*reshape(s)))" was ...',
     'div_ulp_inverted_tp4':
