@@ -119,7 +119,8 @@ def format_row(case: Case) -> str:
             f"{r['lower_s']:7.1f}")
 
 
-def measure(case: Case, directory: Path, repeat: int, budget: int = 30) -> dict:
+def measure(case: Case, directory: Path, repeat: int, budget: int = 30,
+            layer_templates: bool = True) -> dict:
     start = time.perf_counter()
     ref_text, sharded, _, _ = case.build()
     lower_s = time.perf_counter() - start
@@ -128,7 +129,8 @@ def measure(case: Case, directory: Path, repeat: int, budget: int = 30) -> dict:
     ref_path.write_text(ref_text)
     sharded_path = directory / f"{stem}.sharded.mlir"
     sharded_path.write_text(sharded)
-    options = ("--general-budget", str(budget))
+    options = ("--general-budget", str(budget)) + (
+        () if layer_templates else ("--no-layer-templates",))
     runs = [run_check(ref_path, sharded_path, options) for _ in range(max(1, repeat))]
     row = min(runs, key=lambda r: r["cpu_s"])
     row["wall_s"] = min(r["wall_s"] for r in runs)
@@ -189,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--general-budget", type=int, default=30, metavar="SECONDS",
                         help="each check's general-tier budget (wall; entangle check's "
                              "--general-budget)")
+    parser.add_argument("--no-layer-templates", action="store_true",
+                        help="each check: entangle check's --no-layer-templates")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--keep", metavar="DIR", help="keep the lowered programs in DIR")
     args = parser.parse_args(argv)
@@ -200,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER, flush=True)
     rows: dict[str, dict] = {}
     for case in cases(args):
-        case.row = measure(case, directory, args.repeat, args.general_budget)
+        case.row = measure(case, directory, args.repeat, args.general_budget,
+                           not args.no_layer_templates)
         rows[case.name] = case.row
         print(format_row(case), flush=True)
         if case.row["first_error"]:

@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                              assume_no_overflow=args.assume_no_overflow,
                              general_tier=not args.no_general_tier, jobs=args.jobs,
                              repair_bugs=getattr(args, "repair", False),
-                             general_budget=args.general_budget)
+                             general_budget=args.general_budget,
+                             layer_templates=not args.no_layer_templates)
         if not args.no_confirm and not report.proven:
             from entangle_mlir.confirm import confirm_files  # lazy: runs jax, only on a claim
 
@@ -165,6 +166,10 @@ def _common_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-general-tier", action="store_true",
                         help="where the layout tier does not prove the program, do not expand "
                              "it per device (the general tier)")
+    parser.add_argument("--no-layer-templates", action="store_true",
+                        help="in the general tier, expand every layer instead of first trying "
+                             "one layer's proof reused for every repeated layer (the verdict "
+                             "is the same; only the time differs)")
     parser.add_argument("--no-confirm", action="store_true",
                         help="state the layout tier's bug claims as they are, without running "
                              "both programs on random inputs to confirm them (by default a "
@@ -284,7 +289,8 @@ def run_demo(args) -> int:
         sharded = ref.with_name(f"{name}.sharded.mlir")
         report = check_files(str(ref), str(sharded), verify_rules=not args.no_verify_rules,
                              general_tier=not args.no_general_tier, jobs=args.jobs,
-                             repair_bugs=getattr(args, "repair", False))
+                             repair_bugs=getattr(args, "repair", False),
+                             layer_templates=not args.no_layer_templates)
         if not args.no_confirm and not report.proven:
             from entangle_mlir.confirm import confirm_files  # lazy: runs jax, only on a claim
 

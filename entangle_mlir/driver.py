@@ -62,7 +62,8 @@ def _internal(what: str) -> Report:
 def _check_program(program: Program, *, verify_rules: bool = True,
                    reuse_layers: bool = True, assume_no_overflow: bool = False,
                    general_tier: bool = True, jobs: int | None = None,
-                   repair_bugs: bool = False, general_budget: int = 30) -> Report:
+                   repair_bugs: bool = False, general_budget: int = 30,
+                   layer_templates: bool = True) -> Report:
     """Normalize, walk both functions, compare; optionally Z3-check every rule instance.
 
     `reuse_layers` walks repeated layers once (`analysis/layer_reuse.py`); without it every
@@ -75,7 +76,9 @@ def _check_program(program: Program, *, verify_rules: bool = True,
     general tier's CPU seconds (`analysis/budget.py`; expansion, decisions and its
     rule-instance checks; out of time: not proven). `repair_bugs`: where the report claims a
     bug the general tier did not prove away, name the one op whose nearest alternative makes
-    the program proven (`repair.py`)."""
+    the program proven (`repair.py`). `layer_templates`: the general tier first tries one
+    layer's proof reused for every layer (`analysis/general/layer_templates.py`); where that
+    is not proven it expands every layer, so the verdict never rests on the try."""
     start = time.perf_counter()
     pristine = snapshot(program) if (general_tier and repair_bugs) or not assume_no_overflow \
         else None
@@ -100,7 +103,8 @@ def _check_program(program: Program, *, verify_rules: bool = True,
         if general_tier:
             run_pipeline(parse_pipeline("entangle-general-tier{verify-rules="
                                         f"{str(verify_rules).lower()} jobs={max(0, jobs or 0)} "
-                                        f"budget-seconds={general_budget}}}", PASSES), state)
+                                        f"budget-seconds={general_budget} layer-templates="
+                                        f"{str(layer_templates).lower()}}}", PASSES), state)
     report = state.report
     if report.proven:
         report.stats.setdefault("tier", "layout")
@@ -108,7 +112,8 @@ def _check_program(program: Program, *, verify_rules: bool = True,
     if pristine is not None and guards and not report.proven:
         _check_assuming_no_overflow(report, pristine, guards[0], verify_rules=verify_rules,
                                     reuse_layers=reuse_layers, general_tier=general_tier,
-                                    jobs=jobs, general_budget=general_budget)
+                                    jobs=jobs, general_budget=general_budget,
+                                    layer_templates=layer_templates)
     if pristine is not None and general_tier and repair_bugs and wants_repair(report):
         with context():
             reference = (program.ref_func.get_asm(), state.walks.get("reference"))
@@ -145,35 +150,21 @@ def _check_assuming_no_overflow(report: Report, pristine: Snapshot, guard: Refus
 
 
 def check_texts(ref_text: str, sharded_text: str, *, ref_file: str = "reference.mlir",
-                sharded_file: str = "sharded.mlir", verify_rules: bool = True,
-                reuse_layers: bool = True, assume_no_overflow: bool = False,
-                general_tier: bool = True, jobs: int | None = None,
-                repair_bugs: bool = False, general_budget: int = 30) -> Report:
+                sharded_file: str = "sharded.mlir", **options) -> Report:
+    """The pair given as texts; `options`: `_check_program`'s."""
     ref = parse_module(ref_text, ref_file)
     sharded = parse_module(sharded_text, sharded_file)
-    return check_program(from_two_modules(ref, sharded, ref_file, sharded_file),
-                         verify_rules=verify_rules, reuse_layers=reuse_layers,
-                         assume_no_overflow=assume_no_overflow, general_tier=general_tier,
-                         jobs=jobs, repair_bugs=repair_bugs, general_budget=general_budget)
+    return check_program(from_two_modules(ref, sharded, ref_file, sharded_file), **options)
 
 
-def check_files(ref_path: str, sharded_path: str, *, verify_rules: bool = True,
-                reuse_layers: bool = True, assume_no_overflow: bool = False,
-                general_tier: bool = True, jobs: int | None = None,
-                repair_bugs: bool = False, general_budget: int = 30) -> Report:
-    """`entangle check REF SHARDED`; a single combined file may be given as both."""
+def check_files(ref_path: str, sharded_path: str, **options) -> Report:
+    """`entangle check REF SHARDED`; a single combined file may be given as both.
+    `options`: `_check_program`'s."""
     if _same_file(ref_path, sharded_path):
-        return check_combined_file(ref_path, verify_rules=verify_rules,
-                                   reuse_layers=reuse_layers,
-                                   assume_no_overflow=assume_no_overflow,
-                                   general_tier=general_tier, jobs=jobs,
-                                   repair_bugs=repair_bugs, general_budget=general_budget)
+        return check_combined_file(ref_path, **options)
     ref = load_file(ref_path)
     sharded = load_file(sharded_path)
-    return check_program(from_two_modules(ref, sharded, ref_path, sharded_path),
-                         verify_rules=verify_rules, reuse_layers=reuse_layers,
-                         assume_no_overflow=assume_no_overflow, general_tier=general_tier,
-                         jobs=jobs, repair_bugs=repair_bugs, general_budget=general_budget)
+    return check_program(from_two_modules(ref, sharded, ref_path, sharded_path), **options)
 
 
 def load_program(ref_path: str, sharded_path: str) -> Program:
@@ -207,17 +198,12 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def check_combined_file(path: str, *, verify_rules: bool = True,
-                        reuse_layers: bool = True, assume_no_overflow: bool = False,
-                        general_tier: bool = True, jobs: int | None = None,
-                        repair_bugs: bool = False, general_budget: int = 30) -> Report:
+def check_combined_file(path: str, **options) -> Report:
+    """One file holding both functions; `options`: `_check_program`'s."""
     module = load_file(path)
     if not has_refines(module):
         raise InputError("no function carries `entangle.refines = @reference`", file=path)
-    return check_program(from_combined(module, path), verify_rules=verify_rules,
-                         reuse_layers=reuse_layers, assume_no_overflow=assume_no_overflow,
-                         general_tier=general_tier, jobs=jobs, repair_bugs=repair_bugs,
-                         general_budget=general_budget)
+    return check_program(from_combined(module, path), **options)
 
 
 def check_with_pipeline(path: str, pipeline: str) -> Report:

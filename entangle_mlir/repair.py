@@ -216,5 +216,5 @@ def _decide(snap: Snapshot, base: str, ref_text: str | None,
         result = run_general_tier(program, walk, budget_seconds=CANDIDATE_WALL_SECONDS,
                                   timeout_ms=work_ms, verify_rules=verify, jobs=jobs,
                                   assume_no_overflow=assume_no_overflow,
-                                  prove_only=not verify)
+                                  prove_only=not verify, layer_templates=False)
     return result.proven, result.reason

@@ -46,6 +46,8 @@ class GeneralTierPass(ModulePass):
     verify_rules: bool = True
     jobs: int = 0
     """Worker processes for the Z3 rule-instance checks (0: one per free core; 1: serial)."""
+    layer_templates: bool = True
+    """Try a proven layer template first (`analysis/general/layer_templates.py`)."""
 
     def apply(self, state: PassState) -> None:
         report = state.report
@@ -63,6 +65,7 @@ class GeneralTierPass(ModulePass):
                                   max_devices=self.max_devices,
                                   budget_seconds=self.budget_seconds,
                                   verify_rules=self.verify_rules, jobs=self.jobs,
+                                  layer_templates=self.layer_templates,
                                   assume_no_overflow=finiteness is not None
                                   and finiteness.assume_no_overflow)
         apply_result(report, result)

@@ -23,12 +23,12 @@ that the two layers compute the same function, once, for every value of their in
 A layer is its stream output's cone of ops (`cone`: what the output depends on, so jax's
 residuals for the backward fall out), its views of the stream at either end trimmed.
 
-Using it (`tier.general_tier` tries it first, `LAYER_TEMPLATES`): a value is a site of the
-template when the template's ops, matched back from it op by op (`match`: fingerprint, wiring
-and input types), reach every op of the template: it is the template's function of the
-matched inputs. In the reference (`TemplateWalker`) a site's stream output becomes a fresh
-leaf naming `R(inputs)` (`Applications`: one leaf per distinct normal forms of the inputs);
-on a device (`TemplateExpansion`) it becomes row block b of that leaf where the device's
+Using it (`tier.general_tier` tries it first, unless `--no-layer-templates`): a value is a
+site of the template when the template's ops, matched back from it op by op (`match`:
+fingerprint, wiring and input types), reach every op of the template: it is the template's
+function of the matched inputs. In the reference (`TemplateWalker`) a site's stream output
+becomes a fresh leaf naming `R(inputs)` (`Applications`: one leaf per distinct normal forms
+of the inputs); on a device (`TemplateExpansion`) it becomes row block b of that leaf where the device's
 stream input is row block b of the site's stream input and its weights are its blocks of
 the reference's (`device_stream`), so the terms stay linear in depth (the next layer reads
 one leaf, not a sum over every layer below). A decision proven with the leaves free holds

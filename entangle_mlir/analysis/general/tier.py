@@ -187,30 +187,23 @@ def _recursion_limit(limit: int) -> Iterator[None]:
         sys.setrecursionlimit(before)
 
 
-LAYER_TEMPLATES = False
-"""Whether the tier first tries a proven layer template (`layer_templates.py`): each layer
-of its signature, in both programs, gives its stream output as the template applied to its
-inputs (a leaf naming that application: `layer_templates.Applications`), so the terms stay
-linear in depth. That try only asks whether everything is proven (`prove_only`: it stops at
-the first value not proven); a check not proven that way runs again with every layer expanded,
-so the verdict and diagnostics of a program not proven never come from the abstraction.
-Off by default: a try that is not proven costs its time again (the attention pipeline at
-L8: 118 s before the fallback). (The fallback runs on the terms and memos as they were before
-the try, `memos.restore`; before that it ran on what the try left, on which the normal form,
-which depends on the order terms are built, did not prove that row: FRONTIER_RESULTS.md.)"""
-
-
-def general_tier(program: Program, reference: Walk | None = None, **options) -> GeneralResult:
-    """`expanded_tier` with a proven layer template first (`LAYER_TEMPLATES`), then without
-    where that is not proven: on the terms and memos as they were before the try
-    (`memos.restore`), since the normal form depends on the order terms are built in and on
-    what its memos met, so the fallback reaches the forms of a check that never tried. The
-    try itself starts from an empty intern table (`memos.start_over`; it walks the reference
-    again itself), so it does not depend on what the passes before it built (the MLP
-    pipeline at L80 is proven through the template from an empty table, not after the
-    layout tier's terms)."""
+def general_tier(program: Program, reference: Walk | None = None, *,
+                 layer_templates: bool = True, **options) -> GeneralResult:
+    """`expanded_tier`, with a proven layer template first where `layer_templates`
+    (`layer_templates.py`): each layer of its signature, in both programs, gives its stream
+    output as the template applied to its inputs (a leaf naming that application), so the
+    terms stay linear in depth. That try only asks whether everything is proven
+    (`prove_only`: it stops at the first value not proven); where it is not, the tier runs
+    again with every layer expanded, so the verdict and diagnostics of a program not proven
+    never come from the abstraction. The fallback runs on the terms and memos as they were
+    before the try (`memos.restore`), since the normal form depends on the order terms are
+    built in and on what its memos met, so it reaches the forms of a check that never
+    tried. The try itself starts from an empty intern table (`memos.start_over`; it walks
+    the reference again itself), so it does not depend on what the passes before it built
+    (the MLP pipeline at L80 is proven through the template from an empty table, not after
+    the layout tier's terms)."""
     note = None
-    if LAYER_TEMPLATES:
+    if layer_templates:
         before = memos.saved()
         memos.start_over()
         note = _with_template(program, options)
