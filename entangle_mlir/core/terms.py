@@ -819,7 +819,9 @@ def make_div(a: Term, b: Term) -> Term:
 
 def _power_of_two(k) -> bool:
     """`k` is +-2^e: a float divisor scaled by it divides exactly as by the unscaled divisor
-    scaled after, `x / (2^e * m) == 2^-e * (x / m)` (both round the one exact quotient). For
+    scaled after, `x / (2^e * m) == 2^-e * (x / m)` (both round the one exact quotient, away
+    from the ends of the range; that the regrouping may move an overflow or an underflow is
+    liberty 1's, as a psum's order is: README, "What a proof assumes"). For
     any other k the divisor `k * m` is rounded before the division and `x / (k * m)` is not
     `(x / m) / k` (`x / (m / 127)` and `127 * (x / m)` differ in the last bit): the factor
     stays in the divisor. A numerator's factor moves out as a product's does (liberty 1),
