@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 import jax
 import numpy as np
 
+from entangle_mlir.evidence import FAST_COMPILE
 from fuzz.mlir_mutate import mutants
 from fuzz.run import CHECK_TIMEOUT, compare, confirm_claims, timed_check
 
@@ -80,7 +81,7 @@ class _Executor:
             with jmlir.make_ir_context():
                 comp._hlo = ir.Module.parse(text)
             comp._executable = None
-            return self.lowered.compile()
+            return self.lowered.compile(compiler_options=FAST_COMPILE)
         finally:
             comp._hlo = saved
             comp._executable = None

@@ -47,6 +47,7 @@ from jax.sharding import PartitionSpec as P
 from entangle_mlir.confirm import confirm_texts, is_claim, is_confirmed
 from entangle_mlir.core.diagnostics import InputError
 from entangle_mlir.driver import check_texts
+from entangle_mlir.evidence import FAST_COMPILE
 from fuzz.gen import GenOptions, MeshSpec, Program, RandomChooser, generate, mutate
 
 RTOL = 1e-4
@@ -96,16 +97,28 @@ def sharded_avals(prog: Program):
             for a, s in zip(prog.args, prog.in_specs("shard"))]
 
 
+def reference_avals(prog: Program):
+    return [jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in prog.args]
+
+
 def lower_reference(ref_fn, prog: Program) -> str:
-    avals = [jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in prog.args]
-    return jax.jit(ref_fn).lower(*avals).as_text(debug_info=True)
+    return jax.jit(ref_fn).lower(*reference_avals(prog)).as_text(debug_info=True)
 
 
-def run_sharded(sharded, prog: Program, args) -> np.ndarray:
+def fast_compiled(jitted, avals):
+    """`jitted` compiled for `avals` without XLA's backend optimisations (`FAST_COMPILE`: the
+    programs run a few times on small inputs; XLA's optimising takes most of a run's time)."""
+    return jitted.lower(*avals).compile(compiler_options=FAST_COMPILE)
+
+
+def run_sharded(sharded, prog: Program, args, compiled=None) -> np.ndarray:
+    """The sharded program's result on `args` (`compiled`: its `fast_compiled` form, if made)."""
     mesh = jax_mesh(prog.mesh)
     placed = [jax.device_put(x, NamedSharding(mesh, pspec(s)))
               for x, s in zip(args, prog.in_specs("shard"))]
-    return np.asarray(sharded(*placed))
+    if compiled is None:
+        compiled = fast_compiled(sharded, sharded_avals(prog))
+    return np.asarray(compiled(*placed))
 
 
 def compare(ref: np.ndarray, shd: np.ndarray) -> tuple[bool, float]:
@@ -211,12 +224,15 @@ class _Base:
     ref_fn: object
     ref_text: str
     ref_outs: list = field(default_factory=list)   # per input seed
+    compiled: object = None                         # the reference, `fast_compiled`
 
 
 def _ref_out(base: _Base, k: int) -> np.ndarray:
     while len(base.ref_outs) <= k:
         args = inputs(base.prog, len(base.ref_outs))
-        base.ref_outs.append(np.asarray(jax.jit(base.ref_fn)(*args)))
+        if base.compiled is None:
+            base.compiled = fast_compiled(jax.jit(base.ref_fn), reference_avals(base.prog))
+        base.ref_outs.append(np.asarray(base.compiled(*args)))
     return base.ref_outs[k]
 
 
@@ -237,7 +253,8 @@ def run_program(prog: Program, base: _Base | None = None, verify_rules_sample: b
             raise ValueError(f"mutant changes the result shape to {lowered.out_info.shape}")
         shd_text = lowered.as_text(debug_info=True)
         ref = _ref_out(base, 0)
-        shd = run_sharded(sharded, prog, inputs(prog, 0))
+        compiled = lowered.compile(compiler_options=FAST_COMPILE)
+        shd = run_sharded(sharded, prog, inputs(prog, 0), compiled)
     except Exception as err:  # noqa: BLE001 - jax rejects the program: not a checker problem
         out.status = "invalid" if not prog.correct else "gen_error"
         out.message = f"{type(err).__name__}: {str(err)[:500]}"
@@ -276,7 +293,8 @@ def run_program(prog: Program, base: _Base | None = None, verify_rules_sample: b
     elif proven and not match:
         # A float tie (a comparison or max on a reordered sum) can flip one element: look again
         # on two other inputs before calling it a false proof; keep it visible either way.
-        again = [compare(_ref_out(base, k), run_sharded(sharded, prog, inputs(prog, k)))[0]
+        again = [compare(_ref_out(base, k),
+                         run_sharded(sharded, prog, inputs(prog, k), compiled))[0]
                  for k in (1, 2)]
         out.status = "flaky" if all(again) else "false_proof"
     elif proven:

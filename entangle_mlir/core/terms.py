@@ -807,7 +807,7 @@ def make_div(a: Term, b: Term) -> Term:
     if isinstance(value, Fraction) and value != 0:
         return scale(a, 1 / value)
     numerator = splat_value(a)
-    if isinstance(numerator, Fraction) and numerator not in (0, 1):
+    if isinstance(numerator, Fraction) and numerator not in (0, 1) and _power_of_two(numerator):
         return scale(make_div(make_splat(1, a.shape, a.dtype), b), numerator)
     ka, ta = factor_content(a)
     kb, tb = factor_content(b)
@@ -819,10 +819,15 @@ def make_div(a: Term, b: Term) -> Term:
 
 def _power_of_two(k) -> bool:
     """`k` is +-2^e: a float divisor scaled by it divides exactly as by the unscaled divisor
-    scaled after, `x / (2^e * m) == 2^-e * (x / m)` (both round the one exact quotient). For
+    scaled after, `x / (2^e * m) == 2^-e * (x / m)` (both round the one exact quotient, away
+    from the ends of the range; that the regrouping may move an overflow or an underflow is
+    liberty 1's, as a psum's order is: README, "What a proof assumes"). For
     any other k the divisor `k * m` is rounded before the division and `x / (k * m)` is not
     `(x / m) / k` (`x / (m / 127)` and `127 * (x / m)` differ in the last bit): the factor
-    stays in the divisor. A numerator's factor moves out as a product's does (liberty 1)."""
+    stays in the divisor. A numerator's factor moves out as a product's does (liberty 1),
+    but a constant numerator `k` is the whole product: `k / m` rounds once, `k * (1 / m)`
+    rounds the reciprocal first (`3 / m` and `3 * (1 / m)` differ in the last bit, as `x / m`
+    and `x * (1 / m)` do), so k leaves it only as +-2^e."""
     if not isinstance(k, Fraction) or k == 0:
         return False
     n, d = abs(k.numerator), k.denominator

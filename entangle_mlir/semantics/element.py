@@ -584,9 +584,48 @@ def compared_value(a: Element, dtype: str) -> Element:
             return a  # an integer the dtype holds (a position, a count): no rounding to do
         return _rounded_number(value, dtype)
     z = num(a)
+    rounded = _quotients_rounded(z, dtype)
+    if rounded is not z:
+        a = z = rounded
     if z.is_int() or _held_exactly(z, dtype):
         return a
     return _unknown_rounding(z, dtype)
+
+
+def _quotients_rounded(z: z3.ArithRef, dtype: str) -> z3.ArithRef:
+    """`z` with every quotient by a divisor that is no numeral rounded (`quotient_<dtype>`
+    of the exact quotient: uninterpreted, monotone): a float division rounds its quotient,
+    so `x / d` and `x * (1 / d)` (the reciprocal rounded first) and `3 / d` and `3 * (1 / d)`
+    are different numbers, which exact reals equate (a compare of them was proven and
+    differs in float32). The rounding is a function of the exact quotient, so regrouped sums
+    inside a quotient still meet; a numeral divisor is the normal form's scale
+    (`terms.make_div`). Its own function, not the compared value's `round_<dtype>` (the
+    quotient may be of another dtype than the compare, a convert between them): the exact
+    quotient is one of its interpretations, so this proves nothing the exact reals did
+    not. `z` itself where it holds no such quotient."""
+    quotients = [node for node in _distinct_nodes(z) if z3.is_app(node)
+                 and node.decl().kind() == z3.Z3_OP_DIV
+                 and not z3.is_rational_value(node.arg(1)) and not z3.is_int_value(node.arg(1))]
+    if not quotients:
+        return z
+    pairs: list[tuple[z3.ExprRef, z3.ExprRef]] = []
+    name = f"quotient_{dtype}"
+    for node in sorted(quotients, key=_depth):
+        inner = z3.substitute(node, *pairs) if pairs else node
+        rounded = uninterpreted(name)(inner)
+        _note_rounding(name, inner, rounded)
+        pairs.append((node, rounded))
+    return z3.substitute(z, *pairs)
+
+
+def _depth(node: z3.ExprRef) -> int:
+    """The height of `node`'s tree (inner quotients are rounded before the ones around them)."""
+    heights: dict[int, int] = {}
+    order = list(_distinct_nodes(node))
+    for top in reversed(order):
+        heights[top.get_id()] = 1 + max((heights.get(c.get_id(), 0) for c in top.children()),
+                                        default=0)
+    return heights[node.get_id()]
 
 
 def _rounded_number(value, dtype: str) -> Element:

@@ -63,6 +63,10 @@ SOURCES = {
                         "load-balancing loss, int8 quantization, EasyLM's loss and accuracy, "
                         "custom_partitioning, jit with shardings of logsumexp, cumsum, sort, "
                         "argmax, top_k, cross entropy and t5x-style attention"),
+    "attacks13": ("session 13's attacks on its newest proofs: one entry of each device's block "
+                  "(dense expert masks off by one, skipped, doubled, wrapping), a divisor's "
+                  "power-of-two factor, transposed dot operands read in place, bf16 psums, "
+                  "hidden tolerances, swapped branches, wrapping positions"),
 }
 """The module of each source and what it follows (the README table's rows)."""
 
@@ -146,6 +150,7 @@ def examples() -> tuple[Example, ...]:
 @functools.cache
 def _examples() -> tuple[Example, ...]:
     from . import (
+        attacks13,
         flax_guide,
         jax_docs,
         jax_tests,
@@ -161,7 +166,7 @@ def _examples() -> tuple[Example, ...]:
     out: list[Example] = []
     for module in (jax_docs, jax_tests, scaling_book, flax_guide, maxtext_style,
                    xla_partitioned, training_steps, parallel_layers, newer_sources,
-                   twelfth_sources):
+                   twelfth_sources, attacks13):
         found = module.programs()
         assert all(e.source == module.__name__.rsplit(".", 1)[-1] for e in found), module
         out += found

@@ -58,18 +58,20 @@ def test_stage_layer_template_is_proven(layers: int, pp: int, tp: int, dp: int) 
 
 @pytest.mark.parametrize("changed", [False, True])
 def test_template_equality_by_z3(changed: bool) -> None:
-    """The same equality asked of Z3 alone (no normal form) at the smallest widths: proven;
-    with the stage's MLP output scaled by 1.0625, not proven."""
+    """The same equality asked of Z3 alone (no normal form) at the smallest widths (one
+    token, d_model 2, d_ff 2: one gate/up column and one down row a tp device, still summed by
+    the layer's psum): proven; with the stage's MLP output scaled by 1.0625, refuted (at
+    d_model 4 Z3 runs out of time on the refutation)."""
     from entangle_mlir.analysis.instance.term_equality import check_term_equality
 
-    cfg = replace(F.tiny(F.LLAMA_70B, 6), batch=2, seq=2, d_model=4, d_ff=4)
+    cfg = replace(F.tiny(F.LLAMA_70B, 6), batch=2, seq=1, d_model=2, d_ff=2)
     ex = F.pipeline_step(cfg, 1, 2, 2, micro=2, attention=False,
                          stage_mlp=scaled_residual if changed else None)
     program = _program(ex)
     reference, sharded = LT.repeated_layers(program.ref_func)[0], _stage_layer(program)
     eq = LT.template_equality(program, reference, sharded)
     result = check_term_equality(eq.want, eq.got, "template.z3", 60_000, typed=True)
-    assert result.proved != changed, result.reason
+    assert result.status == ("refuted" if changed else "proved"), result.reason
 
 
 def test_template_rests_on_the_block_positions(monkeypatch: pytest.MonkeyPatch) -> None:

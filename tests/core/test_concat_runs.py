@@ -8,6 +8,11 @@ nearest wrong variant, which must not meet and which Z3 refutes."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
+import ml_dtypes
+import numpy as np
+
 from entangle_mlir.core.normal_form import make_concat, normal_form, slice_term
 from entangle_mlir.core.terms import (
     make_arg,
@@ -80,5 +85,22 @@ def test_blocks_scaled_by_one_constant_are_the_scaled_concatenation() -> None:
     # must fail: one block negated, the other not; two different scales
     whole = _scaled(-1, make_concat([a, b], 0))
     for pieces in ([_scaled(-1, a), b], [_scaled(-1, a), _scaled(3, b)]):
+        assert make_concat(pieces, 0) is not normal_form(whole)
+        assert refuted(raw_concat(pieces, 0), whole)
+
+
+def test_blocks_scaled_by_nearly_one_constant_stay_apart() -> None:
+    """Session 13's attacks on `_common_scale`: blocks scaled by f32 0.1 and the next f32 up,
+    by bf16 0.1 and f32 0.1, or by one coefficient with a constant added to one block only,
+    are not a scaled concatenation (other forms; Z3 refutes each against the one scale)."""
+    a, b = make_arg(0, (2, 3), F32), make_arg(1, (1, 3), F32)
+    tenth = Fraction(float(np.float32(0.1)))
+    up = Fraction(float(np.nextafter(np.float32(0.1), np.float32(1))))
+    bf16 = Fraction(float(ml_dtypes.bfloat16(0.1)))
+    assert len({tenth, up, bf16}) == 3
+    whole = _scaled(tenth, make_concat([a, b], 0))
+    offset = make_lin([(tenth, b)], 1, b.shape, F32)
+    for pieces in ([_scaled(tenth, a), _scaled(up, b)], [_scaled(bf16, a), _scaled(tenth, b)],
+                   [_scaled(tenth, a), offset]):
         assert make_concat(pieces, 0) is not normal_form(whole)
         assert refuted(raw_concat(pieces, 0), whole)

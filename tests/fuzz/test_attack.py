@@ -185,7 +185,7 @@ def test_a_mutant_that_runs_for_hours_is_skipped() -> None:
     from fuzz.attack import subject_of
 
     recipe = ("twins", "tw_ring_loop_tp4")
-    g = Grounded(subject_of(*recipe), labels=("random0",), recipe=recipe, run_timeout=10)
+    g = Grounded(subject_of(*recipe), labels=("random0",), recipe=recipe, run_timeout=4)
     try:
         sites = {s.desc.split(": ", 1)[1]: s for s in sample_sites(g.subject.text, None,
                                                                    kinds=("constant",))}
