@@ -145,12 +145,15 @@ def test_one_changed_layer_is_no_repeat_of_the_template() -> None:
     assert all(r.signature != reference.signature for r in stage_regions)
 
 
-@pytest.mark.parametrize("layers, pp, tp, dp", [(6, 2, 2, 1), (8, 2, 2, 2)])
+@pytest.mark.parametrize("layers, pp, tp, dp", [(6, 2, 2, 1), (8, 2, 2, 2), (8, 4, 2, 1)])
 def test_pipeline_is_proven_through_the_template(layers: int, pp: int, tp: int,
                                                  dp: int) -> None:
     """The general tier proves the pipeline with every layer of both programs abstracted by
     the template (the reference's stream outputs named by leaves, the devices' by their row
-    blocks): the try is proven, no fallback."""
+    blocks) and by the backward template (every reference layer's outgoing cotangent but
+    the first's, which has none: `backward_templates.py`; pp 4: two layers a stage, the
+    cotangent's shift to the previous stage trimmed off the layer): the try is proven, no
+    fallback."""
     ex = _step(layers, pp, tp, dp)
     assert max_error(ex, input_sets(ex)[0]) <= 10 * ex.atol
     report = check_texts(*lower_pair(ex), verify_rules=False, layer_templates=True)
@@ -159,6 +162,9 @@ def test_pipeline_is_proven_through_the_template(layers: int, pp: int, tp: int,
     assert "not_proven" not in note and "error" not in note, note
     assert note["reference_layers"] == layers
     assert note["sharded_layers"] >= layers
+    assert note["backward"] == "normal form"
+    reference, sharded = note["backward_layers"]
+    assert reference == layers - 1 and sharded >= layers - 1
 
 
 @pytest.mark.parametrize("bug", ["middle_layer_up_from_gate", "stage_mlp_without_psum",
@@ -169,17 +175,24 @@ def test_twin_verdict_does_not_come_from_the_template(bug: str) -> None:
     template that is not proven leaves the verdict to the full expansion."""
     ex = _step(6, 2, 2, bug=bug)
     assert max_error(ex, input_sets(ex)[0]) > 1e-3
+    same_verdict_with_and_without_templates(ex)
+
+
+def same_verdict_with_and_without_templates(ex) -> dict | None:
+    """Check `ex` with the layer templates and without: neither proven, the same verdict,
+    general tier reason, refutation, blamed op and diagnostics; the try's note."""
     texts = lower_pair(ex)
     with_template = check_texts(*texts, verify_rules=False, layer_templates=True)
     without = check_texts(*texts, verify_rules=False, layer_templates=False)
     assert not with_template.proven and not without.proven
     assert with_template.verdict == without.verdict
     ours, theirs = (dict(r.stats["general_tier"]) for r in (with_template, without))
-    ours.pop("layer_template", None)
+    note = ours.pop("layer_template", None)
     for key in ("reason", "refuted", "loc"):
         assert ours.get(key) == theirs.get(key), key
     assert [(d.message, str(d.loc)) for d in with_template.diagnostics] == \
         [(d.message, str(d.loc)) for d in without.diagnostics]
+    return note
 
 
 def test_fallback_after_a_failed_try_is_the_check_without_templates(

@@ -37,12 +37,19 @@ tier runs again with every layer expanded. Soundness rests on (1) the match (the
 attributes, types and wiring from the matched inputs), (2) the decided template equality,
 which holds for every hole value, and (3) the device checks (group, blocks, stream). A layer
 differing in one op, constant or input index is no site; a sharded layer whose collectives
-do not rebuild the reference's layer (a missing psum) has no proof.
+do not rebuild the reference's layer (a missing psum) has no proof, nor one that moves data
+between devices outside its group (`MOVING`: the equality is proven with every device
+reading the same holes).
+
+The same machinery serves several templates at once (a list of `Applications`): the
+backward layer's (`backward_templates.py`) has two row-blocked slots (the forward input and
+the incoming cotangent) and is linear in the cotangent (`LayerTemplate.linear`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 
 from entangle_mlir.analysis.general.decide import Decider
 from entangle_mlir.analysis.general.expand import Expansion
@@ -58,7 +65,7 @@ from entangle_mlir.analysis.layer_reuse import (
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.normal_form import make_concat, normal_form, slice_term
 from entangle_mlir.core.relations import GLOBAL, Rel
-from entangle_mlir.core.terms import Term
+from entangle_mlir.core.terms import Term, factor_content, scale
 from entangle_mlir.mlir.opinfo import describe
 from entangle_mlir.mlir.program import Program, functions
 from entangle_mlir.rules import RuleContext
@@ -67,6 +74,13 @@ from entangle_mlir.semantics.element import SemanticsError
 
 GROUPED = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter")
 """Collectives whose replica groups give a weight block's position (the tp group)."""
+
+MOVING = ("stablehlo.collective_permute", "stablehlo.all_to_all",
+          "stablehlo.collective_broadcast")
+"""Collectives that move data between devices outside a group whose members are checked to
+read the same stream (`device_stream`): a sharded layer holding one has no template (the
+template equality is proven with every device reading the same holes, so it says nothing
+of a device whose output another device's inputs make)."""
 
 
 VIEWS = ("stablehlo.reshape", "stablehlo.transpose")
@@ -87,9 +101,18 @@ class LayerRegion:
     stream: int
     stream_out: object
     signature: tuple
+    streams: tuple[int, ...] = ()
+    """Every slot cut into the stream's row blocks (`stream` alone where empty; a backward
+    layer's: its forward input and its incoming cotangent)."""
+    roles: tuple = ()
+    """What each input is to the layer it belongs to (a backward layer's: the slot of its
+    forward layer's inputs it is, or "cotangent"); two layers pair only with equal roles."""
 
     def ops(self) -> list:
         return [self.facts.ops[i] for i in self.indices]
+
+    def stream_slots(self) -> tuple[int, ...]:
+        return self.streams or (self.stream,)
 
 
 def repeated_layers(func, phases: bool = False) -> list[LayerRegion]:
@@ -157,10 +180,11 @@ def _region(facts: OpFacts, start: int, period: int) -> LayerRegion | None:
     return LayerRegion(facts, indices, inputs, inputs.index(x), out, signature)
 
 
-def cone(facts: OpFacts, out, among: set[int]) -> list[int]:
+def cone(facts: OpFacts, out, among: set[int], constants: bool = False) -> list[int]:
     """The ops of `among` that `out` depends on through ops of `among` (in block order): the
     layer's forward function alone, without what it computes for others (jax's residuals
-    for the backward differ between the first layer and the rest)."""
+    for the backward differ between the first layer and the rest). `constants`: constants
+    (ops without operands) it reads count as of `among`."""
     found: set[int] = set()
     stack = [facts.position[out][0]]
     while stack:
@@ -170,7 +194,9 @@ def cone(facts: OpFacts, out, among: set[int]) -> list[int]:
         found.add(i)
         for v in facts.operands[i]:
             where = facts.position.get(v)
-            if where is not None and where[0] in among:
+            if where is not None and (where[0] in among or constants and
+                                      not facts.operands[where[0]]
+                                      and where[0] not in facts.prelude):
                 stack.append(where[0])
     return sorted(found)
 
@@ -198,6 +224,9 @@ class LayerTemplate:
     reference_holes: list[Term] = field(default_factory=list)
     """`R(holes)`: the reference layer's stream output on the reference's holes (the stream
     whole), equal to the concatenation of `term` on its row blocks."""
+    linear: int | None = None
+    """The slot `term` is linear in (a backward layer's incoming cotangent): a device's
+    input there may be k times a block (`device_stream`); None: no such slot."""
 
 
 @dataclass
@@ -284,10 +313,14 @@ def device_block(hole: Term, dim: int, position: int, size: int) -> Term:
 
 
 def sharded_layer(program: Program, region: LayerRegion, holes: list[Term],
-                  stream_slot: int) -> tuple[Term, list, Term, list[Term], list[list[int]]]:
+                  stream_slots: tuple[int, ...]
+                  ) -> tuple[dict[int, Term], list, Term, list[Term], list[list[int]]]:
     """The sharded layer expanded on every device on inputs made from `holes` (the
-    reference's, by slot): (the stream's block hole, the tiling by slot, device 0's stream
-    output, every device's, the collective groups)."""
+    reference's, by slot): (the block hole of each stream slot, the tiling by slot, device
+    0's output, every device's, the collective groups)."""
+    moving = next((op.name for op in region.ops() if op.name in MOVING), None)
+    if moving is not None:
+        raise NotExpanded(f"the sharded layer moves data between devices ({moving})")
     expansion = Expansion(program.sharded_func, program.sharded_module, program.sharded_file)
     mesh = _manual_mesh(program, expansion)
     n = mesh.num_devices
@@ -295,7 +328,7 @@ def sharded_layer(program: Program, region: LayerRegion, holes: list[Term],
     position = {d: (p, len(g)) for g in groups or [] for p, d in enumerate(g)}
     env: dict = {}
     tiling: list = []
-    block_hole = None
+    block_holes: dict[int, Term] = {}
     for k, (value, hole) in enumerate(zip(region.inputs, holes)):
         t = describe_type(value.type)
         local = tuple(t.shape)
@@ -303,10 +336,10 @@ def sharded_layer(program: Program, region: LayerRegion, holes: list[Term],
         if cut is False or t.dtype != hole.dtype:
             raise NotExpanded(f"input {k} of the sharded layer ({local}) is no block of the "
                               f"reference's ({hole.shape})")
-        if k == stream_slot:
-            block_hole = fresh_hole(local, t.dtype)
+        if k in stream_slots:
+            block_holes[k] = fresh_hole(local, t.dtype)
             tiling.append("stream")
-            env[value] = [Local(t.dtype, local, term=block_hole)] * n
+            env[value] = [Local(t.dtype, local, term=block_holes[k])] * n
             continue
         tiling.append(cut)
         if cut is None:
@@ -323,7 +356,7 @@ def sharded_layer(program: Program, region: LayerRegion, holes: list[Term],
     for op in region.ops():
         expansion._device_op(op, env, mesh)
     outs = [local.as_term() for local in env[region.stream_out]]
-    return block_hole, tiling, outs[0], outs, groups or []
+    return block_holes, tiling, outs[0], outs, groups or []
 
 
 @dataclass
@@ -347,19 +380,22 @@ def template_equality(program: Program, reference: LayerRegion,
                       sharded: LayerRegion) -> TemplateEquality:
     """The terms of the template equality of `reference` and `sharded` (NotExpanded where the
     sharded layer's inputs are no blocks of the reference's)."""
-    if len(reference.inputs) != len(sharded.inputs) or reference.stream != sharded.stream:
+    streams = reference.stream_slots()
+    if len(reference.inputs) != len(sharded.inputs) or streams != sharded.stream_slots():
         raise NotExpanded("the layers read different input lists")
     holes, want = reference_layer(program, reference)
-    block, tiling, term, outs, groups = sharded_layer(program, sharded, holes,
-                                                      reference.stream)
-    stream_hole = holes[reference.stream]
-    dim, blocks = _tiling(stream_hole.shape, block.shape) or (0, 1)
-    size = block.shape[dim]
-    pieces = [substitute(term, {block.serial: slice_term(stream_hole, dim, b * size,
-                                                          (b + 1) * size)})
+    block_holes, tiling, term, outs, groups = sharded_layer(program, sharded, holes, streams)
+    cuts = {_tiling(holes[k].shape, block_holes[k].shape) or (0, 1) for k in streams}
+    if len(cuts) != 1:
+        raise NotExpanded("the stream slots are cut into different row blocks")
+    ((dim, blocks),) = cuts
+    size = block_holes[streams[0]].shape[dim]
+    pieces = [substitute(term, {block_holes[k].serial: slice_term(holes[k], dim, b * size,
+                                                                   (b + 1) * size)
+                                for k in streams})
               for b in range(blocks)]
     got = make_concat(pieces, dim) if blocks > 1 else pieces[0]
-    sharded_holes = [block if k == reference.stream else h for k, h in enumerate(holes)]
+    sharded_holes = [block_holes.get(k, h) for k, h in enumerate(holes)]
     return TemplateEquality(want, got, term, outs, sharded_holes, tiling, blocks, groups,
                             holes)
 
@@ -414,7 +450,9 @@ def prove_layer_template(program: Program, timeout_ms: int = 5_000) -> TemplateP
 def _slots_fit(reference: LayerRegion, sharded: LayerRegion) -> bool:
     """Whether each input of the sharded layer is, slot by slot, the reference's or a block
     of it along one dim, of the same element type, with the stream in the same slot."""
-    if len(reference.inputs) != len(sharded.inputs) or reference.stream != sharded.stream:
+    if len(reference.inputs) != len(sharded.inputs) \
+            or reference.stream_slots() != sharded.stream_slots() \
+            or reference.roles != sharded.roles:
         return False
     for r, s in zip(reference.inputs, sharded.inputs):
         rt, st = describe_type(r.type), describe_type(s.type)
@@ -509,6 +547,13 @@ def match(facts: OpFacts, at: int, signature: tuple, out_op: int) -> list | None
     them: each template op's operand is matched to the candidate op's, back from `at` (a
     template op reads only ops before it). None where an op, a wiring or an input's type
     differs, or an op of the template is not reached."""
+    found = matched(facts, at, signature, out_op)
+    return None if found is None else found[0]
+
+
+def matched(facts: OpFacts, at: int, signature: tuple, out_op: int
+            ) -> tuple[list, dict[int, int]] | None:
+    """`match`'s inputs and the op of `facts` each template op was matched to."""
     ops: dict[int, int] = {out_op: at}
     inputs: dict[int, object] = {}
     for j in range(out_op, -1, -1):
@@ -531,7 +576,7 @@ def match(facts: OpFacts, at: int, signature: tuple, out_op: int) -> list | None
                 return None
     if len(ops) != len(signature) or sorted(inputs) != list(range(len(inputs))):
         return None
-    return [inputs[k] for k in range(len(inputs))]
+    return [inputs[k] for k in range(len(inputs))], ops
 
 
 class Applications:
@@ -542,10 +587,16 @@ class Applications:
     nothing is refuted with them (the tier decides again without the template where a
     decision is not proven)."""
 
-    def __init__(self, template: LayerTemplate):
+    def __init__(self, template: LayerTemplate, memo: dict[int, Term] | None = None):
         self.template = template
-        self.memo: dict[int, Term] = {}
+        self.memo: dict[int, Term] = {} if memo is None else memo
         self.leaves: dict[tuple[int, ...], Term] = {}
+        self.groups: dict[tuple[int, ...], Term | None] = {}
+        """Serials of a group's blocks of one weight -> their concatenation, where each
+        member's block is its position's block of it (`device_stream`), else None."""
+        self.scales: dict[Fraction, bool] = {}
+        """Scale k -> whether `T(.., k * c, ..) == k * T(.., c, ..)` is proven for the
+        template's `linear` slot (`linear_at`)."""
 
     def whole(self, inputs: list[Term]) -> Term | None:
         """The leaf naming `R(inputs)` (the reference layer on these inputs, by slot); None
@@ -560,15 +611,29 @@ class Applications:
             leaf = self.leaves[key] = fresh_hole(out.shape, out.dtype)
         return leaf
 
+    def linear_at(self, k: Fraction) -> bool:
+        """Whether the sharded layer scales its output by k when its `linear` slot's input is
+        scaled by k (a layer's backward is linear in its incoming cotangent), decided once
+        per k on the holes (exact; normal form, then Z3)."""
+        found = self.scales.get(k)
+        if found is None:
+            template = self.template
+            hole = template.holes[template.linear]
+            scaled = substitute(template.term, {hole.serial: scale(hole, k)})
+            found = self.scales[k] = Decider([template.term], 5_000).decide(
+                scale(template.term, k), scaled, "template.linear", ground=False).proved
+        return found
+
 
 def stream_blocks(template: LayerTemplate, wholes: list[Term], memo: dict[int, Term]
-                  ) -> dict[int, tuple[Term, int]]:
-    """{serial of the normal form of row block b of X: (X, b)} for each stream whole X (the
-    reference layers' stream inputs), so a device's stream input is read as a block of a
+                  ) -> dict[int, tuple[Term, int, Fraction]]:
+    """{serial of t: (X, b, k)} where the normal form of row block b of X is k * t (k the
+    content of its coefficients, `factor_content`), for each stream whole X (the reference
+    layers' stream inputs), so a device's stream input is read as a (scaled) block of a
     whole (`memo`: the normal form's)."""
-    stream = template.tiling.index("stream")
-    block = template.holes[stream]
-    found: dict[int, tuple[Term, int]] = {}
+    streams = [k for k, cut in enumerate(template.tiling) if cut == "stream"]
+    block = template.holes[streams[0]]
+    found: dict[int, tuple[Term, int, Fraction]] = {}
     for whole in wholes:
         cut = _tiling(whole.shape, block.shape)
         if not cut or cut[1] != template.blocks:
@@ -577,72 +642,114 @@ def stream_blocks(template: LayerTemplate, wholes: list[Term], memo: dict[int, T
         size = block.shape[dim]
         for b in range(template.blocks):
             block_term = slice_term(whole, dim, b * size, (b + 1) * size)
-            found.setdefault(normal_form(block_term, memo).serial, (whole, b))
+            k, t = factor_content(normal_form(block_term, memo))
+            if isinstance(k, Fraction):
+                found.setdefault(t.serial, (whole, b, k))
     return found
 
 
 def device_stream(apps: Applications, inputs: list[list[Term]], d: int,
-                  blocks: dict[int, tuple[Term, int]]) -> Term | None:
-    """Device `d`'s stream output of a sharded layer from every device's input terms (by
-    slot, then device): where d's stream input is row block b of a stream whole X
-    (`blocks`), block b of the leaf naming `R` applied to X and the weights (the template
-    equality: R(X) is the concatenation of T on X's blocks, and d computes T on block b),
-    the weights being, for each one cut over the collective group, the concatenation of the
-    group's blocks in position order, where each member's block is its position's block of
-    that concatenation (the same normal form) and every member's stream input is d's (what
-    the template was proven for); else None (d keeps its expanded term)."""
+                  blocks: dict[int, tuple[Term, int, Fraction]]) -> Term | None:
+    """Device `d`'s output of a sharded layer from every device's input terms (by slot, then
+    device): where each of d's stream inputs is row block b (one b for all) of a stream
+    whole X (`blocks`), block b of the leaf naming `R` applied to the wholes and the weights
+    (the template equality: R(X) is the concatenation of T on X's blocks, and d computes T
+    on block b), the weights being, for each one cut over the collective group, the
+    concatenation of the group's blocks in position order, where each member's block is its
+    position's block of that concatenation (the same normal form) and every member's stream
+    inputs are d's (what the template was proven for); else None (d keeps its expanded
+    term). The template's `linear` slot may hold k times a block: the output is then k times
+    the block, where `T` is proven linear at k (`Applications.linear_at`)."""
     template, memo = apps.template, apps.memo
     group = next((g for g in template.groups if d in g), None)
-    stream = template.tiling.index("stream")
-    x = inputs[stream][d]
-    if x.shape != template.holes[stream].shape:
-        return None
     args = []
     for k, cut in enumerate(template.tiling):
         own = inputs[k][d]
         if cut == "stream":
-            if group is not None and any(inputs[k][m] is not x for m in group):
+            if group is not None and any(inputs[k][m] is not own for m in group):
                 return None
-            args.append(x)
+            args.append(own)
         elif cut is None:
             args.append(own)
         else:
             if group is None:
                 return None
-            dim, count = cut
-            members = [inputs[k][m] for m in group]
-            whole = make_concat(members, dim)
-            size = own.shape[dim]
-            if len(members) != count or any(
-                    normal_form(device_block(whole, dim, p, size), memo)
-                    is not normal_form(m, memo) for p, m in enumerate(members)):
+            whole = _group_whole(apps, [inputs[k][m] for m in group], cut)
+            if whole is None:
                 return None
             args.append(whole)
     if any(a.shape != h.shape or a.dtype != h.dtype for a, h in zip(args, template.holes)):
         return None
-    found = blocks.get(normal_form(x, memo).serial)
-    if found is None:
+    wholes: dict[int, Term] = {}
+    position, factor = None, Fraction(1)
+    for k, cut in enumerate(template.tiling):
+        if cut != "stream":
+            continue
+        own, t = factor_content(normal_form(args[k], memo))
+        found = blocks.get(t.serial)
+        if found is None or not isinstance(own, Fraction):
+            return None
+        whole, b, theirs = found
+        if position not in (None, b):
+            return None
+        position, wholes[k] = b, whole
+        if own != theirs:
+            if k != template.linear or factor != 1:
+                return None
+            factor = own / theirs
+    if factor != 1 and not apps.linear_at(factor):
         return None
-    whole, b = found
-    out = apps.whole([whole if k == stream else a for k, a in enumerate(args)])
+    out = apps.whole([wholes.get(k, a) for k, a in enumerate(args)])
     if out is None:
         return None
-    dim, _ = _tiling(whole.shape, x.shape)
+    x = args[template.tiling.index("stream")]
+    dim, _ = _tiling(wholes[template.tiling.index("stream")].shape, x.shape)
     size = x.shape[dim]
-    return slice_term(out, dim, b * size, (b + 1) * size)
+    piece = slice_term(out, dim, position * size, (position + 1) * size)
+    return piece if factor == 1 else scale(piece, factor)
+
+
+def _group_whole(apps: Applications, members: list[Term], cut: tuple[int, int]
+                 ) -> Term | None:
+    """The concatenation of a collective group's blocks of one weight (in position order)
+    where each member's block is its position's block of it (the same normal form), else
+    None; memoized by the members' terms (every clock step reads the same weights)."""
+    key = tuple(m.serial for m in members)
+    if key in apps.groups:
+        return apps.groups[key]
+    dim, count = cut
+    whole = make_concat(members, dim)
+    size = members[0].shape[dim]
+    if len(members) != count or any(
+            normal_form(device_block(whole, dim, p, size), apps.memo)
+            is not normal_form(m, apps.memo) for p, m in enumerate(members)):
+        whole = None
+    apps.groups[key] = whole
+    return whole
+
+
+def _sites(func, apps: list[Applications], sharded: bool) -> dict:
+    """{output value: (Applications, LayerSite)} for every template's sites in `func`."""
+    found: dict = {}
+    for app in apps:
+        key = app.template.sharded_key if sharded else app.template.reference_key
+        for value, site in layer_sites(func, key).items():
+            found.setdefault(value, (app, site))
+    return found
 
 
 class TemplateWalker(Walker):
-    """The reference's walk, each layer of the template's signature giving its stream output
-    as the leaf naming the template applied to its inputs (`Applications.whole`) in place of
-    the term its ops built (the ops are walked as usual: their rule instances and the other
+    """The reference's walk, each layer of a template's signature giving its output as the
+    leaf naming the template applied to its inputs (`Applications.whole`) in place of the
+    term its ops built (the ops are walked as usual: their rule instances and the other
     results stay)."""
 
-    def __init__(self, program: Program, apps: Applications):
+    def __init__(self, program: Program, apps: list[Applications]):
         super().__init__(program.ref_func, program.ref_module, program.ref_file)
         self.apps = apps
-        self.sites = layer_sites(program.ref_func, apps.template.reference_key)
+        self.sites = _sites(program.ref_func, apps, sharded=False)
         self.abstracted = 0
+        self.by_template = [0] * len(apps)
         self.wholes: list[Term] = []
         """The stream inputs of the layers abstracted (what a device's stream input may be a
         row block of)."""
@@ -650,47 +757,66 @@ class TemplateWalker(Walker):
     def _op(self, op, ctx: RuleContext) -> None:
         super()._op(op, ctx)
         for result in op.results:
-            site = self.sites.get(result)
-            if site is None:
+            found = self.sites.get(result)
+            if found is None:
                 continue
+            app, site = found
             values = [self.walk.values.get(v) for v in site.inputs]
             out = self.walk.values[result]
             if type(out) is not Rel or any(type(v) is not Rel or v.partial for v in values):
                 continue
             terms = [v.term for v in values]
-            term = self.apps.whole(terms)
+            term = app.whole(terms)
             if term is not None and term.shape == out.term.shape:
-                self.wholes.append(terms[self.apps.template.tiling.index("stream")])
+                self.wholes.extend(terms[k] for k, cut in enumerate(app.template.tiling)
+                                   if cut == "stream")
                 self.walk.values[result] = replace(out, term=term)
                 self.abstracted += 1
+                self.by_template[self.apps.index(app)] += 1
+
+
+KEEP_RENAMING = True
+"""Whether the templates' leaves are given to the symmetric axes' renaming
+(`TemplateExpansion._permute_leaves`), so devices along the data axes stay renamed after a
+templated layer instead of computed."""
 
 
 class TemplateExpansion(Expansion):
-    """The sharded function's expansion, each layer of the template's signature giving every
-    device whose inputs are what the template was proven for its stream output as a row
-    block of a reference layer's leaf (`device_stream`); other devices keep the expanded
-    term. The new values are not recorded as renamings of their representative's
-    (`symmetry.py`): a renaming substitutes program inputs and leaves a leaf alone, so
-    "block b of the leaf renamed is block b' of it" is no fact of substitution, and later
-    renamings composed with it would build other devices' terms wrongly (tried: the loss no
-    longer met). Devices after a layer are therefore computed, not renamed, along the dp
-    axis (the expansion's cost, not its terms)."""
+    """The sharded function's expansion, each layer of a template's signature giving every
+    device whose inputs are what the template was proven for its output as a row block of a
+    reference layer's leaf (`device_stream`); other devices keep the expanded term.
 
-    def __init__(self, program: Program, apps: Applications, wholes: list[Term], *args,
+    The leaves are given to the symmetric axes' renaming (`symmetry.py`) as arguments are
+    (`KEEP_RENAMING`, `Symmetry.permute_rows`): sigma along the data axes rotates a leaf's
+    row blocks within each micro-batch, so "block b of V renamed is block b' of V" is a
+    fact of substitution, and a device's block of a leaf is its representative's renamed.
+    That needs nothing of what V names: the renaming is exact for any substitution that is
+    a group action (coherence is checked op by op, by identity of terms, and every device's
+    template output is still computed by `device_stream` with its own checks); the
+    substitution chosen only makes the devices along dp coherent again after a templated
+    layer, so they are renamed instead of computed (session 12 left them computed: a leaf
+    the renaming kept whole made no device along dp coherent)."""
+
+    def __init__(self, program: Program, apps: list[Applications], wholes: list[Term], *args,
                  **kwargs):
         super().__init__(program.sharded_func, program.sharded_module, program.sharded_file,
                          *args, **kwargs)
         self.apps = apps
-        self.blocks = stream_blocks(apps.template, wholes, apps.memo)
-        self.sites = layer_sites(program.sharded_func, apps.template.sharded_key)
+        self.blocks = {id(app): stream_blocks(app.template, wholes, app.memo) for app in apps}
+        self.sites = _sites(program.sharded_func, apps, sharded=True)
         self.abstracted = 0
+        self.by_template = [0] * len(apps)
+        self._permuted: tuple[object, dict] = (None, {})
 
     def _device_op(self, op, env: dict, mesh: Mesh) -> None:
+        if KEEP_RENAMING and self.symmetry is not None:
+            self._permute_leaves()
         super()._device_op(op, env, mesh)
         for result in op.results:
-            site = self.sites.get(result)
-            if site is None:
+            found = self.sites.get(result)
+            if found is None:
                 continue
+            app, site = found
             locals_ = [env.get(v) for v in site.inputs]
             if any(values is None or any(local.term is None for local in values)
                    for values in locals_):
@@ -699,9 +825,39 @@ class TemplateExpansion(Expansion):
             outs = env[result]
             new = list(outs)
             for d in range(mesh.num_devices):
-                term = device_stream(self.apps, inputs, d, self.blocks)
+                term = device_stream(app, inputs, d, self.blocks[id(app)])
                 if term is not None and term.shape == outs[d].shape:
                     new[d] = Local(term.dtype, term.shape, term=term)
             if any(a is not b for a, b in zip(new, outs)):
                 env[result] = new
                 self.abstracted += 1
+                self.by_template[self.apps.index(app)] += 1
+
+    def _permute_leaves(self) -> None:
+        """Give the symmetry every template leaf not yet given (`Symmetry.permute_rows`): its
+        rows in the stream's row blocks, each micro-batch's split over the symmetric axes
+        that are not the templates' collective groups' (the data axes)."""
+        sym = self.symmetry
+        owner, given = self._permuted
+        if owner is not sym:
+            given = {id(app): (_data_axes(app.template, sym), 0) for app in self.apps}
+            self._permuted = (sym, given)
+        for app in self.apps:
+            (dim, axes), done = given[id(app)]
+            leaves = list(app.leaves.values())
+            if axes and len(leaves) > done:
+                for leaf in leaves[done:]:
+                    sym.permute_rows(leaf, dim, app.template.blocks, axes)
+            given[id(app)] = ((dim, axes), len(leaves))
+
+
+def _data_axes(template: LayerTemplate, sym) -> tuple[int, tuple[str, ...]]:
+    """(the dim of a template leaf cut into the stream's row blocks, the symmetric axes that
+    are not the template's collective groups' axes: those its rows are split over)."""
+    mesh = sym.mesh
+    grouped = {a for g in template.groups for m in g for a in mesh.names
+               if mesh.coords(m)[a] != mesh.coords(g[0])[a]}
+    stream = template.tiling.index("stream")
+    dim, _ = _tiling(template.reference_holes[stream].shape,
+                     template.holes[stream].shape) or (0, 1)
+    return dim, tuple(a for a in sym.axes if a not in grouped)

@@ -107,6 +107,27 @@ class Symmetry:
                 term = make_concat(pieces, dim)
             self.subst[gamma][leaf.serial] = term
 
+    def permute_rows(self, leaf: Term, dim: int, blocks: int, axes: tuple[str, ...]) -> None:
+        """Define sigma on a leaf whose dim `dim` is cut into `blocks` blocks in runs, one
+        block per coordinate of `axes` in each run (a layer template's leaf: the stream's
+        rows, micro-batch by micro-batch, each split over the data axes): a rotation permutes
+        the blocks of every run alike, as `permute_argument` permutes an argument's, so
+        sigma_gamma . sigma_delta = sigma_(gamma + delta). (Any substitution keeps the
+        renaming exact, coherence being checked op by op; this one makes a device's block of
+        the leaf its representative's renamed.)"""
+        count = self.mesh.group_size(axes)
+        if count < 2 or blocks % count or leaf.shape[dim] % blocks:
+            return
+        size = leaf.shape[dim] // blocks
+        for gamma in self._gammas:
+            self._memo(gamma)
+            pieces = []
+            for b in range(blocks):
+                run = b - b % count
+                source = run + self._rotated_block(axes, b % count, gamma)
+                pieces.append(slice_term(leaf, dim, source * size, (source + 1) * size))
+            self.subst[gamma][leaf.serial] = make_concat(pieces, dim)
+
     def _rotated_block(self, axes: tuple[str, ...], b: int, gamma: tuple[int, ...]) -> int:
         """The block index along `axes` of block b's coordinates rotated by gamma."""
         coords, rest = {}, b

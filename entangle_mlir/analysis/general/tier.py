@@ -24,6 +24,7 @@ import numpy as np
 
 from entangle_mlir.analysis.budget import Budget
 from entangle_mlir.analysis.general import MAX_DEVICES
+from entangle_mlir.analysis.general.backward_templates import prove_backward_template
 from entangle_mlir.analysis.general.decide import Decider, Decision
 from entangle_mlir.analysis.general.expand import Expansion, Instance, NotExpanded
 from entangle_mlir.analysis.general.layer_templates import (
@@ -187,6 +188,12 @@ def _recursion_limit(limit: int) -> Iterator[None]:
         sys.setrecursionlimit(before)
 
 
+BACKWARD_TEMPLATES = True
+"""Whether the try with a layer template also proves and uses the backward layer's template
+(`backward_templates.py`: each layer's outgoing cotangent named by a leaf, so the cotangent
+stream stays linear in depth too); only where the layer templates are on."""
+
+
 def general_tier(program: Program, reference: Walk | None = None, *,
                  layer_templates: bool = True, **options) -> GeneralResult:
     """`expanded_tier`, with a proven layer template first where `layer_templates`
@@ -225,7 +232,12 @@ def _with_template(program: Program, options: dict) -> GeneralResult | dict | No
         proof = prove_layer_template(program)
         if not proof.proven:
             return None
-        result = expanded_tier(program, None, template=proof.template,
+        templates = [proof.template]
+        backward = prove_backward_template(program, proof.template) if BACKWARD_TEMPLATES \
+            else None
+        if backward is not None and backward.proven:
+            templates.append(backward.template)
+        result = expanded_tier(program, None, template=templates,
                                **{**options, "prove_only": True})
     except Exception as err:  # noqa: BLE001 - the try is an optimization; the tier runs as before
         return {"error": repr(err), "seconds": round(time.perf_counter() - start, 4)}
@@ -233,6 +245,9 @@ def _with_template(program: Program, options: dict) -> GeneralResult | dict | No
             "reference_layers": result.stats.pop("reference_layers", 0),
             "sharded_layers": result.stats.pop("sharded_layers", 0),
             "seconds": round(time.perf_counter() - start, 4)}
+    if backward is not None:
+        note["backward"] = backward.template.decision if backward.proven else backward.reason
+        note["backward_layers"] = result.stats.pop("backward_layers", [0, 0])
     if result.proven:
         result.stats["layer_template"] = note
         return result
@@ -254,13 +269,15 @@ def expanded_tier(program: Program, reference: Walk | None = None, *,
     is zero (`--assume-no-overflow`; listed among the assumptions where a proof uses it).
     `prove_only`: only whether it is proven matters (`repair.py` tries many edits): a value
     not proven is neither decided block by block nor its refutation grounded.
-    `template`: a proven `layer_templates.LayerTemplate` both programs' layers of its
-    signature are abstracted by (`TemplateWalker`, `TemplateExpansion`)."""
+    `template`: proven `layer_templates.LayerTemplate`s (a list, or one) both programs'
+    layers of their signatures are abstracted by (`TemplateWalker`, `TemplateExpansion`)."""
     start = time.perf_counter()
     budget = Budget(budget_seconds)
     out_of_time = budget.over
     if template is not None:
-        apps = Applications(template)
+        memo: dict = {}
+        apps = [Applications(t, memo) for t in (template if isinstance(template, list)
+                                                 else [template])]
         walker = TemplateWalker(program, apps)
         reference = walker.run()
     elif reference is None or not _plain(reference):
@@ -342,8 +359,10 @@ def expanded_tier(program: Program, reference: Walk | None = None, *,
     stats = _stats(expansion, start)
     stats["decisions"] = decided
     if template is not None:
-        stats["reference_layers"] = walker.abstracted
-        stats["sharded_layers"] = expansion.abstracted
+        stats["reference_layers"] = walker.by_template[0]
+        stats["sharded_layers"] = expansion.by_template[0]
+        if len(apps) > 1:
+            stats["backward_layers"] = [walker.by_template[1], expansion.by_template[1]]
     if problem:
         return GeneralResult(False, devices, problem, stats=stats)
     return GeneralResult(True, devices, assumptions=assumptions, stats=stats,
