@@ -96,6 +96,25 @@ def set_resource_limit(limit: int) -> None:
     _resource_limit = max(0, int(limit))
 
 
+_fresh = threading.local()
+
+
+@contextmanager
+def fresh_contexts() -> Iterator[None]:
+    """Ask every query inside the block in a new Z3 context (its formulas translated there).
+    Z3's search order follows its terms' ids, which depend on everything the process built
+    before: a general-tier decision that takes 2 s in a fresh process ran out of its budget
+    (40 s of wall) in a test worker that had checked other programs first. For the few large
+    queries a verdict rests on (the general tier's decisions): translating costs ~5 ms a
+    query, too much for the many small rule instances (+30% on a ring at cp 8)."""
+    before = getattr(_fresh, "on", False)
+    _fresh.on = True
+    try:
+        yield
+    finally:
+        _fresh.on = before
+
+
 def set_dump_dir(path: str | os.PathLike | None) -> None:
     """Write every later query to `path/<name>.smt2` (None: stop dumping, ignore the env var)."""
     global _dump_dir
@@ -208,10 +227,14 @@ def _query(goal: z3.BoolRef, hyps: list, name: str, timeout: int, work: int,
            witness: Callable[[z3.ModelRef], object] | None, start: float) -> ProofResult:
     """One Z3 check of `hyps and not goal` with `work` rlimit units (and `WALL_SLACK` times
     `timeout` ms of wall time); `start`: when the whole proof began (for `seconds`)."""
+    home = goal.ctx
+    context = z3.Context() if getattr(_fresh, "on", False) else None
     try:
-        solver = z3.Solver()
+        solver = z3.Solver(ctx=context)
         solver.set("timeout", max(WALL_FLOOR_MS, timeout * WALL_SLACK))
         solver.set("rlimit", work)
+        if context is not None:
+            goal, hyps = goal.translate(context), [h.translate(context) for h in hyps]
         solver.add(*hyps)
         solver.add(z3.Not(goal))
         _dump(solver, name)
@@ -223,7 +246,7 @@ def _query(goal: z3.BoolRef, hyps: list, name: str, timeout: int, work: int,
     if answer == z3.unsat:
         return ProofResult("proved", None, seconds, name)
     if answer == z3.sat:
-        model = solver.model()
+        model = solver.model() if context is None else solver.model().translate(home)
         return ProofResult("refuted", _counterexample(model), seconds, name,
                            witness=witness(model) if witness is not None else None)
     return ProofResult("unknown", None, seconds, name, solver.reason_unknown())

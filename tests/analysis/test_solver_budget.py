@@ -41,3 +41,22 @@ def test_budgets_are_per_query() -> None:
     for _ in range(30):
         solver.prove(_hard_claim(), name="budget", timeout_ms=2)
     assert solver.prove(_hard_claim(), name="budget", timeout_ms=2_000).status == "refuted"
+
+
+def test_a_fresh_context_answers_as_the_shared_one() -> None:
+    """Inside `fresh_contexts` a query is asked in a new Z3 context (the general tier's
+    decisions: their search order then does not depend on what the process asked before):
+    the same statuses, and a refutation's model is read back in the formulas' own context,
+    so a witness evaluating the caller's terms still works."""
+    x, y = z3.Ints("x y")
+    queries = [(x + y == y + x, []), (x * x >= 0, []), (x < y, [x >= y - 1]),
+               (x + 1 > x + 2, [])]
+    shared = [solver.prove(c, h, name="shared") for c, h in queries]
+    with solver.fresh_contexts():
+        fresh = [solver.prove(c, h, name="fresh",
+                              witness=lambda model: model.eval(x - y, model_completion=True))
+                 for c, h in queries]
+    assert [r.status for r in shared] == ["proved", "proved", "refuted", "refuted"]
+    assert [r.status for r in fresh] == [r.status for r in shared]
+    assert fresh[2].witness.as_long() >= 0  # a model of x >= y - 1 and not x < y
+    assert fresh[2].witness.ctx is x.ctx and fresh[3].witness is not None

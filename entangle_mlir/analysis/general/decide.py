@@ -214,6 +214,7 @@ class Decider:
             check_term_equality,
             differing_inputs,
         )
+        from entangle_mlir.analysis.solver import fresh_contexts  # lazy: z3
 
         ranges = {r.arg.attrs[0]: r for s, r in self.ranges.items()
                   if any(t.serial == s for t in subterms([nw, ng]))}
@@ -241,15 +242,18 @@ class Decider:
         if work > MAX_SCATTER_WORK:
             return Decision("unknown", "a scatter at unknown indices too large to evaluate "
                             f"symbolically ({work} update x element comparisons)")
-        plain = check_term_equality(*plain_pair, name, timeout_ms, typed=True,
-                                    known_dense=True, finite_alike=True,
-                                    max_work=MAX_QUERY_WORK)
+        with fresh_contexts():  # the verdict rests on it: not on what the process asked before
+            plain = check_term_equality(*plain_pair, name, timeout_ms, typed=True,
+                                        known_dense=True, finite_alike=True,
+                                        max_work=MAX_QUERY_WORK)
         if plain.proved:
             return Decision("proved", how="Z3")
         if under_pair is not None:
-            under = check_term_equality(*under_pair, f"{name}.valid_indices", timeout_ms,
-                                        typed=True, known_dense=True, finite_alike=True,
-                                        ranges=bounds, max_work=MAX_QUERY_WORK)
+            with fresh_contexts():
+                under = check_term_equality(*under_pair, f"{name}.valid_indices",
+                                            timeout_ms, typed=True, known_dense=True,
+                                            finite_alike=True, ranges=bounds,
+                                            max_work=MAX_QUERY_WORK)
             if under.proved:
                 return Decision("proved", assumptions=assumed, how="Z3, valid indices")
             return _widened_decision(_failed(under, under_pair), under_pair, shapes)
