@@ -610,7 +610,8 @@ def _quotients_rounded(z: z3.ArithRef, dtype: str) -> z3.ArithRef:
         return z
     pairs: list[tuple[z3.ExprRef, z3.ExprRef]] = []
     name = f"quotient_{dtype}"
-    for node in sorted(quotients, key=_depth):
+    heights = _heights(z)
+    for node in sorted(quotients, key=lambda q: heights[q.get_id()]):
         inner = z3.substitute(node, *pairs) if pairs else node
         rounded = uninterpreted(name)(inner)
         _note_rounding(name, inner, rounded)
@@ -618,14 +619,23 @@ def _quotients_rounded(z: z3.ArithRef, dtype: str) -> z3.ArithRef:
     return z3.substitute(z, *pairs)
 
 
-def _depth(node: z3.ExprRef) -> int:
-    """The height of `node`'s tree (inner quotients are rounded before the ones around them)."""
+def _heights(z: z3.ExprRef) -> dict[int, int]:
+    """The height of each node of `z` by id (leaves 1), every node's children done before it
+    (a node shared by two parents counts below both), so inner quotients are rounded before
+    the ones around them."""
     heights: dict[int, int] = {}
-    order = list(_distinct_nodes(node))
-    for top in reversed(order):
-        heights[top.get_id()] = 1 + max((heights.get(c.get_id(), 0) for c in top.children()),
-                                        default=0)
-    return heights[node.get_id()]
+    stack: list[tuple[z3.ExprRef, bool]] = [(z, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = node.get_id()
+        if key in heights:
+            continue
+        if children_done:
+            heights[key] = 1 + max((heights[c.get_id()] for c in node.children()), default=0)
+        else:
+            stack.append((node, True))
+            stack.extend((c, False) for c in node.children() if c.get_id() not in heights)
+    return heights
 
 
 def _rounded_number(value, dtype: str) -> Element:

@@ -58,3 +58,27 @@ def test_float32_witness() -> None:
     assert x / d != x * (np.float32(1) / d)
     assert np.float32(3) / np.float32(0.50509804) != \
         np.float32(3) * (np.float32(1) / np.float32(0.50509804))
+
+
+def test_a_quotient_shared_inside_another_is_rounded_there_too() -> None:
+    """No exact quotient by a non-numeral is left, also where an inner quotient is shared by
+    the outer one and by the sum around it (`element._heights`: the inner one counts below
+    both parents, so it is rounded before the outer one is)."""
+    import z3
+
+    from entangle_mlir.semantics import element
+
+    x, y, w = z3.Reals("x y w")
+    inner = y / w
+    z = x / (1 + inner) + inner
+    rounded = element._quotients_rounded(z, F32)
+
+    def exact_quotient(n) -> bool:
+        return z3.is_app(n) and n.decl().kind() == z3.Z3_OP_DIV
+
+    nodes = list(element._distinct_nodes(rounded))
+    assert sum(exact_quotient(n) for n in nodes) == 2
+    # an exact quotient only as the argument of its rounding
+    assert all(n.decl().name() == "quotient_f32" for n in nodes if z3.is_app(n)
+               and any(exact_quotient(c) for c in n.children()))
+    assert str(rounded).count("quotient_f32") == 3  # the outer one, the inner one twice
