@@ -748,7 +748,6 @@ class TemplateWalker(Walker):
         super().__init__(program.ref_func, program.ref_module, program.ref_file)
         self.apps = apps
         self.sites = _sites(program.ref_func, apps, sharded=False)
-        self.abstracted = 0
         self.by_template = [0] * len(apps)
         self.wholes: list[Term] = []
         """The stream inputs of the layers abstracted (what a device's stream input may be a
@@ -771,7 +770,6 @@ class TemplateWalker(Walker):
                 self.wholes.extend(terms[k] for k, cut in enumerate(app.template.tiling)
                                    if cut == "stream")
                 self.walk.values[result] = replace(out, term=term)
-                self.abstracted += 1
                 self.by_template[self.apps.index(app)] += 1
 
 
@@ -804,7 +802,6 @@ class TemplateExpansion(Expansion):
         self.apps = apps
         self.blocks = {id(app): stream_blocks(app.template, wholes, app.memo) for app in apps}
         self.sites = _sites(program.sharded_func, apps, sharded=True)
-        self.abstracted = 0
         self.by_template = [0] * len(apps)
         self._permuted: tuple[object, dict] = (None, {})
 
@@ -830,7 +827,6 @@ class TemplateExpansion(Expansion):
                     new[d] = Local(term.dtype, term.shape, term=term)
             if any(a is not b for a, b in zip(new, outs)):
                 env[result] = new
-                self.abstracted += 1
                 self.by_template[self.apps.index(app)] += 1
 
     def _permute_leaves(self) -> None:
