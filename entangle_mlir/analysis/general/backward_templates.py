@@ -163,9 +163,17 @@ def backward_regions(func, key: tuple, stream: int) -> list[LayerRegion]:
         for i, operands in enumerate(facts.operands):
             for v in operands:
                 readers.setdefault(v, set()).add(i)
+        members: dict[int, set[int]] = {}
+        for i, c in chunk_of_op.items():
+            members.setdefault(c, set()).add(i)
+        primal_ops: dict[int, set[int]] = {}
+        for v, owner in primal.items():
+            if v in facts.position and v != sites[owner][0][stream]:
+                primal_ops.setdefault(owner, set()).add(facts.position[v][0])
         regions = []
-        for s in sorted(set(chunk_of_op.values())):
-            region = _region(facts, sites, s, primal, chunk_of_op, free_ops, readers, stream)
+        for s in sorted(members):
+            region = _region(facts, sites, s, members[s], primal_ops.get(s, set()), free_ops,
+                             readers, stream)
             if region is not None:
                 regions.append(region)
         middle = len(regions) // 2
@@ -173,14 +181,15 @@ def backward_regions(func, key: tuple, stream: int) -> list[LayerRegion]:
     return found
 
 
-def _region(facts: OpFacts, sites: list, s: int, primal: dict, chunk_of_op: dict[int, int],
+def _region(facts: OpFacts, sites: list, s: int, mine: set[int], primal_ops: set[int],
             free_ops: set[int], readers: dict, stream: int) -> LayerRegion | None:
-    """Chunk s's backward layer: the cone of its outgoing cotangent (None where there is not
-    exactly one, or the cone reads anything but x, weights and one cotangent)."""
+    """Chunk s's backward layer (`mine`: its ops; `primal_ops`: the ops computing site s's
+    primal values, its stream input x's aside): the cone of its outgoing cotangent (None
+    where there is not exactly one, or the cone reads anything but x, weights and one
+    cotangent)."""
     inputs, _ = sites[s]
     x = inputs[stream]
     x_type = str(x.type)
-    mine = {i for i, c in chunk_of_op.items() if c == s}
     outs = set()
     for i in mine:
         for r in facts.ops[i].results:
@@ -191,8 +200,7 @@ def _region(facts: OpFacts, sites: list, s: int, primal: dict, chunk_of_op: dict
     if len(outs) != 1:
         return None
     (out,) = outs
-    allowed = mine | free_ops | {facts.position[v][0] for v, owner in primal.items()
-                                 if owner == s and v != x and v in facts.position}
+    allowed = mine | free_ops | primal_ops
     indices = cone(facts, out, allowed, constants=True)
     signature, region_inputs = compact_signature(facts, indices)
     if x not in region_inputs:
