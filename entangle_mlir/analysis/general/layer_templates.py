@@ -709,6 +709,26 @@ def device_stream(apps: Applications, inputs: list[list[Term]], d: int,
     return piece if factor == 1 else scale(piece, factor)
 
 
+def device_streams(apps: Applications, inputs: list[list[Term]], count: int,
+                   blocks: dict[int, tuple[Term, int, Fraction]]) -> list[Term | None]:
+    """`device_stream` of devices 0 .. count-1. Two devices of one collective group (or
+    of none) whose own inputs of the slots not cut over the group are the same terms get
+    the same output (a function of those, of the group's blocks and of nothing else), so it
+    is computed once for them (the tp members of a Megatron layer)."""
+    template = apps.template
+    own = [k for k, cut in enumerate(template.tiling) if cut in ("stream", None)]
+    found: dict[tuple, Term | None] = {}
+    out = []
+    for d in range(count):
+        group = next((g for g in template.groups if d in g), None)
+        key = (None if group is None else group[0],
+               *(inputs[k][d].serial for k in own))
+        if key not in found:
+            found[key] = device_stream(apps, inputs, d, blocks)
+        out.append(found[key])
+    return out
+
+
 def _group_whole(apps: Applications, members: list[Term], cut: tuple[int, int]
                  ) -> Term | None:
     """The concatenation of a collective group's blocks of one weight (in position order)
@@ -821,8 +841,8 @@ class TemplateExpansion(Expansion):
             inputs = [[local.term for local in values] for values in locals_]
             outs = env[result]
             new = list(outs)
-            for d in range(mesh.num_devices):
-                term = device_stream(app, inputs, d, self.blocks[id(app)])
+            streams = device_streams(app, inputs, mesh.num_devices, self.blocks[id(app)])
+            for d, term in enumerate(streams):
                 if term is not None and term.shape == outs[d].shape:
                     new[d] = Local(term.dtype, term.shape, term=term)
             if any(a is not b for a, b in zip(new, outs)):
