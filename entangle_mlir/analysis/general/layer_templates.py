@@ -83,6 +83,15 @@ template equality is proven with every device reading the same holes, so it says
 of a device whose output another device's inputs make)."""
 
 
+STREAM_NODES = 1024
+"""A device's stream input of more distinct subterms than this is not normalized to be
+read as a block of a stream whole (`device_stream`): the device keeps its expanded term.
+A block's stream input is a few nodes (a leaf's row block, an argument's reshaped slice, a
+scaled loss gradient); the larger ones were a pipeline's bubble steps (a layer's backward
+on another step's garbage, growing by ~300 nodes a step at 70B attention widths), whose
+normal forms took 5 of the 28 CPU seconds of the 8-layer row and never were a block. Only
+speed depends on it: a stream input not read as a block keeps its true expanded term."""
+
 VIEWS = ("stablehlo.reshape", "stablehlo.transpose")
 """Ops that only rearrange the stream between two layers (jax's `x.reshape` at a block's
 ends): trimmed off a layer's ends, so that the first layer (reading the program's input
@@ -680,6 +689,9 @@ def device_stream(apps: Applications, inputs: list[list[Term]], d: int,
             args.append(whole)
     if any(a.shape != h.shape or a.dtype != h.dtype for a, h in zip(args, template.holes)):
         return None
+    if any(cut == "stream" and more_nodes_than(args[k], STREAM_NODES)
+           for k, cut in enumerate(template.tiling)):
+        return None
     wholes: dict[int, Term] = {}
     position, factor = None, Fraction(1)
     for k, cut in enumerate(template.tiling):
@@ -727,6 +739,21 @@ def device_streams(apps: Applications, inputs: list[list[Term]], count: int,
             found[key] = device_stream(apps, inputs, d, blocks)
         out.append(found[key])
     return out
+
+
+def more_nodes_than(term: Term, count: int) -> bool:
+    """Whether `term` has more than `count` distinct subterms (counted up to count + 1)."""
+    seen: set[int] = set()
+    stack = [term]
+    while stack:
+        t = stack.pop()
+        if t.serial in seen:
+            continue
+        seen.add(t.serial)
+        if len(seen) > count:
+            return True
+        stack.extend(a for a in t.args if isinstance(a, Term))
+    return False
 
 
 def _group_whole(apps: Applications, members: list[Term], cut: tuple[int, int]
