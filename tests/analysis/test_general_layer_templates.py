@@ -227,3 +227,46 @@ def test_fallback_after_a_failed_try_is_the_check_without_templates(
     ours, theirs = (dict(r.stats["general_tier"]) for r in (with_try, without))
     for key in ("decisions", "computed", "ops", "renamed"):
         assert ours.get(key) == theirs.get(key), key
+
+
+def test_large_stream_inputs_are_not_normalized(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`device_stream` does not normalize a stream input of more than `STREAM_NODES`
+    distinct subterms (a pipeline's bubble steps): with the bound at 16 nodes, far below the
+    default, the 1F1B pipeline (pp 4, bubbles on every stage) is proven through the
+    templates at the same sites (a block's stream input is a few nodes), and stream inputs
+    were refused by the bound."""
+    ex = _step(8, 4, 2)
+    texts = lower_pair(ex)
+    default = check_texts(*texts, verify_rules=False, layer_templates=True)
+    refused = []
+    count = LT.more_nodes_than
+
+    def counting(term, bound):
+        found = count(term, bound)
+        refused.append(found)
+        return found
+
+    monkeypatch.setattr(LT, "STREAM_NODES", 16)
+    monkeypatch.setattr(LT, "more_nodes_than", counting)
+    bounded = check_texts(*texts, verify_rules=False, layer_templates=True)
+    assert default.proven and bounded.proven
+    ours, theirs = (r.stats["general_tier"]["layer_template"] for r in (bounded, default))
+    assert "not_proven" not in ours
+    for key in ("reference_layers", "sharded_layers", "backward_layers"):
+        assert ours[key] == theirs[key], key
+    assert any(refused) and not all(refused)
+
+
+def test_more_nodes_than_counts_shared_subterms_once() -> None:
+    """A chain of 10 exponentials over x read by two ops under one: 14 distinct subterms
+    (a tree walk would count 25)."""
+    from entangle_mlir.core.terms import make_arg, make_elementwise
+
+    chain = make_arg(0, (2,), "f32")
+    for _ in range(10):
+        chain = make_elementwise("stablehlo.exponential", (chain,), (), "f32")
+    left = make_elementwise("stablehlo.exponential", (chain,), (), "f32")
+    right = make_elementwise("stablehlo.log", (chain,), (), "f32")
+    term = make_elementwise("stablehlo.atan2", (left, right), (), "f32")
+    assert not LT.more_nodes_than(term, 14)
+    assert LT.more_nodes_than(term, 13)
