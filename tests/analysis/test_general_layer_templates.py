@@ -234,7 +234,9 @@ def test_large_stream_inputs_are_not_normalized(monkeypatch: pytest.MonkeyPatch)
     distinct subterms (a pipeline's bubble steps): with the bound at 16 nodes, far below the
     default, the 1F1B pipeline (pp 4, bubbles on every stage) is proven through the
     templates at the same sites (a block's stream input is a few nodes), and stream inputs
-    were refused by the bound."""
+    were refused by the bound. With every device's value computed (`LAZY` off: with it on,
+    the bubble steps' streams are never read)."""
+    monkeypatch.setattr(LT, "LAZY", False)
     ex = _step(8, 4, 2)
     texts = lower_pair(ex)
     default = check_texts(*texts, verify_rules=False, layer_templates=True)
@@ -255,6 +257,29 @@ def test_large_stream_inputs_are_not_normalized(monkeypatch: pytest.MonkeyPatch)
     for key in ("reference_layers", "sharded_layers", "backward_layers"):
         assert ours[key] == theirs[key], key
     assert any(refused) and not all(refused)
+
+
+def test_lazy_expansion_computes_only_what_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the templates, a device's value is computed only where read (`LAZY`): the
+    1F1B pipeline (pp 4, bubble steps masked on every stage) is proven at the same sites
+    computing far fewer device values and rule instances than with every value computed,
+    and its wrong twin (one layer's up projection from w_gate) is still not proven."""
+    ex = _step(8, 4, 2)
+    texts = lower_pair(ex)
+    stats = {}
+    for lazy in (True, False):
+        monkeypatch.setattr(LT, "LAZY", lazy)
+        report = check_texts(*texts, verify_rules=False, layer_templates=True)
+        assert report.proven
+        stats[lazy] = report.stats["general_tier"]
+        assert "not_proven" not in stats[lazy]["layer_template"]
+    assert stats[True]["computed"] < 0.7 * stats[False]["computed"]
+    assert stats[True]["layer_template"]["reference_layers"] == \
+        stats[False]["layer_template"]["reference_layers"]
+    monkeypatch.setattr(LT, "LAZY", True)
+    twin = _step(8, 4, 2, bug="middle_layer_up_from_gate")
+    assert max_error(twin, input_sets(twin)[0]) > 1e-3
+    assert not check_texts(*lower_pair(twin), verify_rules=False, layer_templates=True).proven
 
 
 def test_more_nodes_than_counts_shared_subterms_once() -> None:

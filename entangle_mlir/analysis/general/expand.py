@@ -24,6 +24,8 @@ from entangle_mlir.analysis.general.loops import LoopStats, solve_loop
 from entangle_mlir.analysis.general.symmetry import Symmetry, symmetric_axes
 from entangle_mlir.analysis.general.values import (  # noqa: F401 - concrete_term: tests import it here
     MAX_CONCRETE,
+    Later,
+    LaterOp,
     Local,
     NotExpanded,
     concrete_term,
@@ -149,6 +151,12 @@ class Expansion(Walker):
         self._out_of_time = deadline or (lambda: False)
         self.symmetry: Symmetry | None = None
         """The renaming argument of the manual computation being expanded, if any."""
+        self.lazy = False
+        """Whether ops with float results (no region but a reducer's) are computed on a
+        device only when its value there is first read (`Later`): by an output, an op with
+        integer results, a region's op, a layer template's site. Values no output depends
+        on (a pipeline's masked bubble steps, the inside of a templated layer) are then
+        never built, nor their rule instances used."""
 
     # ----- XLA's per-device program ------------------------------------------------------
 
@@ -363,6 +371,8 @@ class Expansion(Walker):
             outs = self._device_case(op, info, ins, env, mesh)
         elif name == WHILE:
             outs = self._device_while(op, info, ins, env, mesh)
+        elif name in COMBINING and self._deferrable(info, ins):
+            outs = LaterCollective(info, ins, mesh).results()
         elif name in COMBINING:
             outs = collective(info, ins, mesh)
             if self.symmetry is not None:
@@ -371,6 +381,8 @@ class Expansion(Walker):
             raise NotExpanded(f"{name} is not expanded yet", info.loc)
         elif op.regions and name not in REGION_RULE_OPS:
             raise NotExpanded(f"{name} (with regions) is not expanded yet", info.loc)
+        elif self._deferrable(info, ins):
+            outs = LaterLocal(self, info, ins, self.symmetry, n).results()
         else:
             outs = [[] for _ in results]
             cache: dict[tuple, list[Local]] = {}
@@ -396,6 +408,14 @@ class Expansion(Walker):
                     outs[k].append(local)
         for result, values in zip(results, outs):
             env[result] = values
+
+    def _deferrable(self, info: OpInfo, ins: list[list[Local]]) -> bool:
+        """Whether the op's results are computed only where read (`lazy`): floats (never
+        concrete: decisions read those at once), no region but a reducer's."""
+        return self.lazy and all(not integral(t.dtype) for t in info.result_types) and (
+            info.op is None or not info.op.regions or info.name in REGION_RULE_OPS) and not (
+            info.name in COMBINING and all(local.values is not None
+                                           for values in ins for local in values))
 
     def _record_collective(self, info: OpInfo, ins: list[list[Local]],
                            outs: list[list[Local]], mesh: Mesh) -> None:
@@ -688,6 +708,81 @@ _ABSORBING = {"stablehlo.and": False, "stablehlo.or": True}
 """Boolean ops with the value that decides them whatever the other operand is."""
 
 
+class LaterLocal(LaterOp):
+    """A local op computed on each device where read (`Expansion.lazy`), as `_device_op`'s
+    loop computes it: renamed from the representative's where every operand is coherent,
+    else computed (once per distinct operands). A select whose predicate is one concrete
+    boolean on a device is its chosen operand there, the other not read (a pipeline's
+    masked bubble steps)."""
+
+    def __init__(self, expansion: Expansion, info: OpInfo, ins: list[list[Local]],
+                 sym: Symmetry | None, n: int):
+        self.expansion = expansion
+        self.info = info
+        self.ins = ins
+        self.sym = sym
+        self.cache: dict[tuple, list[Local]] = {}
+        types = result_types(info)
+        self.by_device: list[list[Local]] = []
+        for d in range(n):
+            chosen = _chosen(info, [values[d] for values in ins])
+            self.by_device.append([chosen] if chosen is not None
+                                  else Later(self, d).locals_(types))
+
+    def results(self) -> list[list[Local]]:
+        return [list(values) for values in zip(*self.by_device)]
+
+    def reads(self, d: int) -> list[Local]:
+        own = [values[d] for values in self.ins]
+        sym = self.sym
+        if sym is None or sym.rep[d] == d:
+            return own
+        rep = sym.rep[d]
+        return [*own, *(values[rep] for values in self.ins), *self.by_device[rep]]
+
+    def compute(self, d: int) -> list[Local]:
+        expansion = self.expansion
+        if expansion._out_of_time():
+            raise NotExpanded("out of time")
+        ins, sym = self.ins, self.sym
+        operands = [values[d] for values in ins]
+        key = tuple(local.key() for local in operands)
+        found = self.cache.get(key)
+        if sym is not None and sym.rep[d] != d and all(
+                sym.coherent(values[sym.rep[d]], values[d], d) for values in ins):
+            rep = self.by_device[sym.rep[d]]
+            if found is None:
+                found = self.cache[key] = [sym.renamed_local(local, d) for local in rep]
+                expansion.stats.renamed += 1
+            else:
+                for mine, theirs in zip(found, rep):
+                    sym.record(theirs, mine, d)
+        if found is None:
+            found = self.cache[key] = expansion._local_op(self.info, operands)
+            expansion.stats.computed += 1
+        return found
+
+
+def _chosen(info: OpInfo, operands: list[Local]) -> Local | None:
+    """A select's chosen operand where its predicate is a concrete boolean of one value (on
+    this device), of the result's type; else None."""
+    if info.name != "stablehlo.select" or len(operands) != 3 or operands[0].values is None:
+        return None
+    found = {bool(v) for v in operands[0].values.flat}
+    if len(found) != 1:
+        return None
+    chosen = operands[1] if found.pop() else operands[2]
+    result = info.result_types[0]
+    if chosen.dtype != result.dtype or tuple(chosen.shape) != tuple(result.shape):
+        return None
+    return chosen
+
+
+def result_types(info: OpInfo) -> list[tuple[str, tuple[int, ...]]]:
+    """(dtype, shape) of each result of the op."""
+    return [(t.dtype, tuple(t.shape)) for t in info.result_types]
+
+
 def _absorbed(name: str, operands: list[Local], types) -> Local | None:
     """`false & x` (`true | x`) is that constant, and `true & x` (`false | x`) is x, when one
     operand is a concrete boolean of one value and the other is not concrete (a mask at a
@@ -800,6 +895,58 @@ def _custom_device_order(module) -> bool:
 
 
 # ----- collectives -------------------------------------------------------------------
+
+class LaterCollective(LaterOp):
+    """`collective`'s term results, each device's computed where read (`Expansion.lazy`)
+    from its sources' values only: a permute's from its source's, a grouped collective's
+    from its group's."""
+
+    def __init__(self, info: OpInfo, ins: list[list[Local]], mesh: Mesh):
+        n = mesh.num_devices
+        name = info.name
+        self.info = info
+        self.ins = ins
+        if name == "stablehlo.collective_permute":
+            try:
+                pairs = permute_pairs(info.attrs, mesh.replicas, mesh.partitions)
+            except GroupError as err:
+                raise NotExpanded(f"{name}: {err}", info.loc) from None
+            source = {t: s for s, t in pairs}
+            self.sources = [[source[d]] if d in source else [] for d in range(n)]
+        else:
+            try:
+                groups = replica_groups(info, mesh)
+            except SemanticsError as err:
+                raise NotExpanded(f"{name}: {err}", info.loc) from None
+            member_of = {d: list(g) for g in groups for d in g}
+            if len(member_of) != n:
+                raise NotExpanded(f"{name}: a device in no group", info.loc)
+            self.sources = [member_of[d] for d in range(n)]
+        types = result_types(info)
+        self.by_device = [Later(self, d).locals_(types) for d in range(n)]
+
+    def results(self) -> list[list[Local]]:
+        return [list(values) for values in zip(*self.by_device)]
+
+    def reads(self, d: int) -> list[Local]:
+        return [values[m] for values in self.ins for m in self.sources[d]]
+
+    def compute(self, d: int) -> list[Local]:
+        info, group = self.info, self.sources[d]
+        out = []
+        for k, t in enumerate(info.result_types):
+            if info.name == "stablehlo.collective_permute":
+                term = (self.ins[k][group[0]].as_term() if group
+                        else make_splat(0, t.shape, t.dtype))
+            else:
+                members = [self.ins[k][m].as_term() for m in group]
+                term = _combine(info, members, group.index(d), len(group), t.dtype)
+            if tuple(term.shape) != tuple(t.shape):
+                raise NotExpanded(f"internal: {info.name} result shape differs from its type",
+                                  info.loc)
+            out.append(Local(t.dtype, term.shape, term=term))
+        return out
+
 
 def collective(info: OpInfo, ins: list[list[Local]], mesh: Mesh) -> list[list[Local]]:
     """Results per result per device of a collective from its operands' values on every

@@ -53,7 +53,7 @@ from fractions import Fraction
 
 from entangle_mlir.analysis.general.decide import Decider
 from entangle_mlir.analysis.general.expand import Expansion
-from entangle_mlir.analysis.general.values import Local, NotExpanded
+from entangle_mlir.analysis.general.values import Later, LaterOp, Local, NotExpanded
 from entangle_mlir.analysis.infer import Walker, describe_type
 from entangle_mlir.analysis.instance.abstraction import substitute
 from entangle_mlir.analysis.layer_reuse import (
@@ -91,6 +91,11 @@ scaled loss gradient); the larger ones were a pipeline's bubble steps (a layer's
 on another step's garbage, growing by ~300 nodes a step at 70B attention widths), whose
 normal forms took 5 of the 28 CPU seconds of the 8-layer row and never were a block. Only
 speed depends on it: a stream input not read as a block keeps its true expanded term."""
+
+LAZY = True
+"""Whether the expansion through templates computes a value on a device only where it is
+read (`Expansion.lazy`): a site's inner ops, which nothing reads once its output is a
+leaf's block, and a pipeline's masked bubble steps are then not computed."""
 
 VIEWS = ("stablehlo.reshape", "stablehlo.transpose")
 """Ops that only rearrange the stream between two layers (jax's `x.reshape` at a block's
@@ -851,6 +856,7 @@ class TemplateExpansion(Expansion):
         self.sites = _sites(program.sharded_func, apps, sharded=True)
         self.by_template = [0] * len(apps)
         self._permuted: tuple[object, dict] = (None, {})
+        self.lazy = LAZY
 
     def _device_op(self, op, env: dict, mesh: Mesh) -> None:
         if KEEP_RENAMING and self.symmetry is not None:
@@ -862,8 +868,13 @@ class TemplateExpansion(Expansion):
                 continue
             app, site = found
             locals_ = [env.get(v) for v in site.inputs]
-            if any(values is None or any(local.term is None for local in values)
-                   for values in locals_):
+            if any(values is None for values in locals_):
+                continue
+            if self.lazy:
+                env[result] = SiteStreams(self, app, locals_, env[result], self.symmetry,
+                                          mesh.num_devices).results()
+                continue
+            if any(local.term is None for values in locals_ for local in values):
                 continue
             inputs = [[local.term for local in values] for values in locals_]
             outs = env[result]
@@ -876,11 +887,12 @@ class TemplateExpansion(Expansion):
                 env[result] = new
                 self.by_template[self.apps.index(app)] += 1
 
-    def _permute_leaves(self) -> None:
-        """Give the symmetry every template leaf not yet given (`Symmetry.permute_rows`): its
-        rows in the stream's row blocks, each micro-batch's split over the symmetric axes
-        that are not the templates' collective groups' (the data axes)."""
-        sym = self.symmetry
+    def _permute_leaves(self, sym=None) -> None:
+        """Give the symmetry (`sym`, else the current one) every template leaf not yet given
+        (`Symmetry.permute_rows`): its rows in the stream's row blocks, each micro-batch's
+        split over the symmetric axes that are not the templates' collective groups' (the
+        data axes)."""
+        sym = sym or self.symmetry
         owner, given = self._permuted
         if owner is not sym:
             given = {id(app): (_data_axes(app.template, sym), 0) for app in self.apps}
@@ -892,6 +904,69 @@ class TemplateExpansion(Expansion):
                 for leaf in leaves[done:]:
                     sym.permute_rows(leaf, dim, app.template.blocks, axes)
             given[id(app)] = ((dim, axes), len(leaves))
+
+
+class _Terms:
+    """One slot's values on every device, read as terms by device (`device_stream`)."""
+
+    def __init__(self, values: list[Local]):
+        self.values = values
+
+    def __getitem__(self, d: int) -> Term | None:
+        return self.values[d].term
+
+
+class SiteStreams(LaterOp):
+    """A site's output on each device computed where read (`Expansion.lazy`): the
+    template's (`device_stream`) where it applies, else the op's own result there (`outs`),
+    so a device whose output is the template's never computes the layer's inner ops, and
+    one whose output nothing reads (a masked bubble step) computes nothing."""
+
+    def __init__(self, expansion: TemplateExpansion, app: Applications,
+                 inputs: list[list[Local]], outs: list[Local], sym, n: int):
+        self.expansion = expansion
+        self.app = app
+        self.inputs = inputs
+        self.outs = outs
+        self.sym = sym
+        template = app.template
+        self.own = [k for k, cut in enumerate(template.tiling) if cut in ("stream", None)]
+        self.groups = [next((g for g in template.groups if d in g), None) for d in range(n)]
+        self.found: dict[tuple, Term | None] = {}
+        self.counted = False
+        self.by_device = [Later(self, d).locals_([(o.dtype, tuple(o.shape))])
+                          for d, o in enumerate(outs)]
+
+    def results(self) -> list[Local]:
+        return [values[0] for values in self.by_device]
+
+    def reads(self, d: int) -> list[Local]:
+        members = self.groups[d] or [d]
+        return [values[m] for values in self.inputs for m in {d, *members}]
+
+    def compute(self, d: int) -> list[Local]:
+        group = self.groups[d]
+        key = (None if group is None else group[0],
+               *(self.inputs[k][d].term.serial if self.inputs[k][d].term is not None
+                 else None for k in self.own))
+        if key not in self.found:
+            term = None
+            if all(self.inputs[k][m].term is not None for k in range(len(self.inputs))
+                   for m in {d, *(group or [])}):
+                expansion = self.expansion
+                term = device_stream(self.app, [_Terms(v) for v in self.inputs], d,
+                                     expansion.blocks[id(self.app)])
+                if KEEP_RENAMING and self.sym is not None:
+                    expansion._permute_leaves(self.sym)
+            self.found[key] = term
+        term = self.found[key]
+        own = self.outs[d]
+        if term is None or term.shape != own.shape or term.dtype != own.dtype:
+            return [own]
+        if not self.counted:
+            self.counted = True
+            self.expansion.by_template[self.expansion.apps.index(self.app)] += 1
+        return [Local(term.dtype, term.shape, term=term)]
 
 
 def _data_axes(template: LayerTemplate, sym) -> tuple[int, tuple[str, ...]]:

@@ -39,28 +39,52 @@ class Local:
     kept as that renaming (`renaming`: a function building the term) until its term is
     first read: most such terms (partial sums a flattening `lin` absorbs, intermediates no
     output holds) are never read. Whenever it is built, the term is the renaming, a true
-    fact (`Symmetry.rename` reads only true facts)."""
+    fact (`Symmetry.rename` reads only true facts).
+
+    A float result of an op an expansion computes only where read (`Later`) is computed
+    when first read; it has no concrete values (only integers have them)."""
 
     __slots__ = ("_renaming", "_term", "dtype", "shape", "values")
 
     def __init__(self, dtype: str, shape: tuple[int, ...], term: Term | None = None,
                  values: np.ndarray | None = None,
-                 renaming: Renaming | None = None):
+                 renaming: Renaming | Later | LaterResult | None = None):
         self.dtype = dtype
         self.shape = shape
         self.values = values
         self._term = term
         self._renaming = renaming
 
+    def _resolve(self) -> None:
+        """Take a later op's computed value as this value's own (a renaming stays unbuilt)."""
+        pending = self._renaming
+        while pending is not None and type(pending) is not Renaming:
+            local = pending.local()
+            self._term, self._renaming, self.values = local._term, local._renaming, local.values
+            pending = self._renaming
+
+    @property
+    def later(self) -> Later | None:
+        """The op whose computation this value waits for, if any."""
+        pending = self._renaming
+        if pending is None or type(pending) is Renaming:
+            return None
+        found = pending if type(pending) is Later else pending.later
+        return found if found.results is None else None
+
     @property
     def term(self) -> Term | None:
         if self._renaming is not None:
-            self._term = self._renaming.build()
-            self._renaming = None
+            if type(self._renaming) is not Renaming:
+                self._resolve()
+            if self._renaming is not None:
+                self._term = self._renaming.build()
+                self._renaming = None
         return self._term
 
     def renamed_from(self, rep: Term, gamma: tuple[int, ...]) -> bool:
         """Whether this value is `rep` renamed by the rotation `gamma`, its term not built."""
+        self._resolve()
         renaming = self._renaming
         return renaming is not None and renaming.rep is rep and gamma in renaming.gammas
 
@@ -68,6 +92,7 @@ class Local:
         """Note that this value, `rep` renamed and its term not built, is also `rep` renamed
         by `gamma` (the caller has established it); False (nothing noted) when it is not
         such a value."""
+        self._resolve()
         renaming = self._renaming
         if renaming is None or renaming.rep is not rep:
             return False
@@ -78,6 +103,7 @@ class Local:
     def key(self) -> tuple:
         """Equal for equal values: the term's serial, the renaming not yet built (the
         representative's term and the rotation), or the concrete values."""
+        self._resolve()
         if self._renaming is not None:
             return ("r", self._renaming.rep.serial, self._renaming.gammas[0])
         if self._term is not None:
@@ -111,6 +137,74 @@ class Renaming:
         for gamma in self.gammas[1:]:
             self.symmetry.remember(self.rep, term, gamma)
         return term
+
+
+class LaterOp:
+    """An op of an expansion that computes only what is read (`Expansion.lazy`): what each
+    device's results read (`reads`) and how they are computed (`compute`)."""
+
+    def reads(self, d: int) -> list[Local]:
+        raise NotImplementedError
+
+    def compute(self, d: int) -> list[Local]:
+        raise NotImplementedError
+
+
+class Later:
+    """Device `device`'s results of `op` (a `LaterOp`), computed when first read. Computing
+    them first computes every later result they read that is not yet computed, oldest
+    first, so no chain of reads recurses (a stack's values are read a step after they are
+    made)."""
+
+    __slots__ = ("device", "op", "results", "serial")
+    _serials = itertools.count()
+
+    def __init__(self, op: LaterOp, device: int):
+        self.op = op
+        self.device = device
+        self.results: list[Local] | None = None
+        self.serial = next(Later._serials)
+
+    def get(self) -> list[Local]:
+        if self.results is None:
+            pending, stack, seen = [], [self], set()
+            while stack:
+                later = stack.pop()
+                if later.results is not None or later.serial in seen:
+                    continue
+                seen.add(later.serial)
+                pending.append(later)
+                for local in later.op.reads(later.device):
+                    found = local.later
+                    if found is not None:
+                        stack.append(found)
+            for later in sorted(pending, key=lambda x: x.serial):
+                if later.results is None:
+                    later.results = later.op.compute(later.device)
+        return self.results
+
+    def local(self) -> Local:
+        return self.get()[0]
+
+    def locals_(self, types: list[tuple[str, tuple[int, ...]]]) -> list[Local]:
+        """A value for each result (of `types`: (dtype, shape))."""
+        if len(types) == 1:
+            return [Local(types[0][0], types[0][1], renaming=self)]
+        return [Local(dtype, shape, renaming=LaterResult(self, k))
+                for k, (dtype, shape) in enumerate(types)]
+
+
+class LaterResult:
+    """Result `index` (of several) of a `Later`."""
+
+    __slots__ = ("index", "later")
+
+    def __init__(self, later: Later, index: int):
+        self.later = later
+        self.index = index
+
+    def local(self) -> Local:
+        return self.later.get()[self.index]
 
 
 def concrete_term(values: np.ndarray, dtype: str) -> Term:
