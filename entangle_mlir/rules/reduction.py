@@ -90,7 +90,8 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     """A reduce over unsplit dims keeps the other dims' layout; over split dims (or of a
     partial value of the same kind) it leaves a partial reduction over their axes: a sum, a
     max or a min (booleans: `or` is max, `and` min), the init the reduction's identity (every
-    device adds it once)."""
+    device adds it once). A product (jnp.prod) is related over unsplit dims only
+    (`reduce_product`)."""
     half = len(operands) // 2
     if half == 2 and info.attrs.get("reducer") in ARG_REDUCERS:
         return arg_reduce(info, operands, ctx)
@@ -251,7 +252,11 @@ def reduce_window(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list
     through a sum (max) window: windowing is linear (monotone) when the init value is the
     reducer's identity, which it must be (padding is filled with it). A window along the dim
     of a zero-extended halo window (XLA's cumsum of a split dim) is a block of the reference's
-    windows when its rows are the right ones (window.reduce_window_of_window)."""
+    windows when its rows are the right ones (window.reduce_window_of_window). A product
+    window (jnp.cumprod, init 1) is related only whole, along dims that are not split and of
+    a value that is no partial reduction: a product of partial sums is not the sum of the
+    products, and a cumprod of a split dim is the general tier's (each device's running
+    product times the products of the blocks before it)."""
     if len(operands) != 2:
         return [Opaque("variadic reduce_window is not supported", category="unsupported")
                 ] * len(info.result_types)
