@@ -55,6 +55,14 @@ def _reverse(x):
     return local * jnp.prod(jnp.where(later, totals, 1.0))
 
 
+def _columns(x):
+    """jnp.cumprod along dim 1, split over 'i': the exclusive prefix of column blocks."""
+    local = jnp.cumprod(x, axis=1)
+    totals = lax.all_gather(local[:, -1], "i", axis=1)
+    earlier = jnp.arange(totals.shape[1]) < lax.axis_index("i")
+    return local * jnp.prod(jnp.where(earlier[None, :], totals, 1.0), axis=1, keepdims=True)
+
+
 def _cumprod_as_cumsum(x):
     local = jnp.cumsum(x)
     totals = lax.all_gather(local[-1], "i")
@@ -73,6 +81,8 @@ CASES = {
                      P("i", None), True),
     "reverse": (lambda x: lax.cumprod(x, axis=0, reverse=True), _reverse, POSITIVE, P("i"),
                 True),
+    "split_columns": (lambda x: jnp.cumprod(x, axis=1), _columns, SIGNED.T.copy(),
+                      P(None, "i"), True),
     "other_axis": (lambda x: jnp.cumprod(x, axis=1), lambda x: jnp.cumprod(x, axis=1),
                    SIGNED, P("i", None), True),
     "i32_wrapping": (jnp.cumprod, _prefix(_exclusive), NEAR_WRAP, P("i"), True),
