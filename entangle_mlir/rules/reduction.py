@@ -25,6 +25,9 @@ from entangle_mlir.rules.kinds.window import reduce_window_of_window, window_red
 
 _IDENTITY = {"add": Fraction(0), "max": float("-inf"), "min": float("inf")}
 _KIND = {"add": "sum", "max": "max", "min": "min"}
+_WINDOW_IDENTITY = {**_IDENTITY, "mul": Fraction(1)}
+"""The init values a reduce_window is related with: its reducer's identity (a product window,
+jnp.cumprod, starts from 1; padding is filled with it)."""
 _COMBINE = {"max": "stablehlo.maximum", "min": "stablehlo.minimum"}
 _BOOLEAN_KIND = {"or": "max", "max": "max", "and": "min", "min": "min"}
 """Reducers of booleans as the order false < true sees them: `or` is max, `and` is min
@@ -87,7 +90,8 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     """A reduce over unsplit dims keeps the other dims' layout; over split dims (or of a
     partial value of the same kind) it leaves a partial reduction over their axes: a sum, a
     max or a min (booleans: `or` is max, `and` min), the init the reduction's identity (every
-    device adds it once)."""
+    device adds it once). A product (jnp.prod) is related over unsplit dims only
+    (`reduce_product`)."""
     half = len(operands) // 2
     if half == 2 and info.attrs.get("reducer") in ARG_REDUCERS:
         return arg_reduce(info, operands, ctx)
@@ -106,6 +110,8 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
         return [device_blocks.carried(info, operands, ctx, reduce)]
     dtype = info.result_types[0].dtype
     kind = reduction_kind(reducer, dtype)
+    if kind is None and reducer == "mul":
+        return [reduce_product(info, x, init)]
     if kind is None:
         return [Opaque(unsupported_reducer(info),
                        category="unsupported")]
@@ -146,6 +152,29 @@ def reduce(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list[Value]
     origin = x.partial_origin if x.partial else (info if new_axes else None)
     return [Rel(term, tiling, partial, kind if partial else "", frozenset(), x.scope,
                 partial_origin=origin)]
+
+
+def reduce_product(info: OpInfo, x: Value, init: Value) -> Value:
+    """A product (jnp.prod) over dims that are not split, of a value that is no partial
+    reduction: every device multiplies whole rows of its block, so the layout is kept. A
+    product over a split dim would leave a partial product, which no collective here
+    completes, and a product of a partial value is not the product of the reference's: both
+    are refused. The init value is multiplied in once (a `mul` node) unless it is 1."""
+    if not isinstance(x, Rel) or not isinstance(init, Rel):
+        return Opaque(unsupported_reducer(info), category="unsupported")
+    x = freeze(x)
+    init_value = splat_value(init.term)
+    dims = tuple(info.attrs["dimensions"])
+    if init_value is None or x.partial or any(x.tiling[d] for d in dims):
+        return Opaque(unsupported_reducer(info), category="unsupported")
+    dtype = info.result_types[0].dtype
+    shape = tuple(s for d, s in enumerate(x.term.shape) if d not in dims)
+    tiling = tuple(t for d, t in enumerate(x.tiling) if d not in dims)
+    term = intern("reduce_mul", (x.term,), (dims,), shape, dtype)
+    if init_value != 1:
+        term = make_elementwise("stablehlo.multiply", (term, make_splat(init_value, shape,
+                                                                        dtype)))
+    return Rel(term, tiling, (), "", frozenset(), x.scope)
 
 
 ARG_REDUCERS = ("argmax", "argmin")
@@ -223,27 +252,31 @@ def reduce_window(info: OpInfo, operands: list[Value], ctx: RuleContext) -> list
     through a sum (max) window: windowing is linear (monotone) when the init value is the
     reducer's identity, which it must be (padding is filled with it). A window along the dim
     of a zero-extended halo window (XLA's cumsum of a split dim) is a block of the reference's
-    windows when its rows are the right ones (window.reduce_window_of_window)."""
+    windows when its rows are the right ones (window.reduce_window_of_window). A product
+    window (jnp.cumprod, init 1) is related only whole, along dims that are not split and of
+    a value that is no partial reduction: a product of partial sums is not the sum of the
+    products, and a cumprod of a split dim is the general tier's (each device's running
+    product times the products of the blocks before it)."""
     if len(operands) != 2:
         return [Opaque("variadic reduce_window is not supported", category="unsupported")
                 ] * len(info.result_types)
     x, init = operands
     reducer = info.attrs.get("reducer", "other")
-    if reducer not in _KIND:
+    if reducer not in _KIND and reducer != "mul":
         return [Opaque(unsupported_reducer(info),
                        category="unsupported")]
     if not isinstance(x, Rel | Windowed) or not isinstance(init, Rel):
         return [Opaque("reduce_window of a device-dependent value", category="unsupported")]
     init_value = splat_value(init.term)
-    if init_value != _IDENTITY[reducer]:
+    if init_value != _WINDOW_IDENTITY[reducer]:
         return [Opaque(f"reduce_window with init value {init_value} (not the identity of "
                        f"{reducer}) is not supported", category="unsupported")]
     if isinstance(x, Windowed):
-        if ctx.mesh is None:
+        if ctx.mesh is None or reducer == "mul":
             return [Opaque(x.reason, category="layout_mismatch")]
         return [reduce_window_of_window(info, x, init, reducer, window_attrs(info), ctx.mesh)]
     x = freeze(x)
-    kind = _KIND[reducer]
+    kind = _KIND.get(reducer, "prod")
     if x.partial and x.kind != kind:
         return [Opaque(f"reduce_window ({reducer}) of a partial {x.kind}: missing all_reduce "
                        "before it", category="nonlinear_partial")]

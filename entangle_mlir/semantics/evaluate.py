@@ -69,7 +69,7 @@ ARG_TERM_OPS = ("argmax", "argmin")
 init index) with jax's argmax / argmin comparator; attrs (dims, result)."""
 
 _WINDOW_TERM_OPS = {"reduce_window_sum": "sum", "reduce_window_max": "max",
-                    "reduce_window_min": "min"}
+                    "reduce_window_min": "min", "reduce_window_mul": "mul"}
 """reduce_window terms (init value: the reducer's identity); attrs as `rules/reduction`
 builds them: (window, strides, base dilations, window dilations, padding low, high)."""
 
@@ -191,12 +191,13 @@ def evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
         return transpose(args[0], attrs[0])
     if op == "stablehlo.reverse":
         return reverse(args[0], attrs[0])
-    if op in ("reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or"):
+    if op in ("reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or", "reduce_mul"):
         return reduce_dims(args[0], attrs[0], dtype_kind(op.split("_")[1], term.dtype))
     if op in _WINDOW_TERM_OPS:
         window, strides, base, dilation, low, high = attrs
         kind = dtype_kind(_WINDOW_TERM_OPS[op], term.dtype)
-        identity = {"sum": 0, "max": -math.inf, "min": math.inf, "or": False, "and": True}[kind]
+        identity = {"sum": 0, "mul": 1, "max": -math.inf, "min": math.inf, "or": False,
+                    "and": True}[kind]
         return reduce_window(args[0], kind, identity, window, strides, base, dilation, low,
                              high)
     if op == "slice":
@@ -244,7 +245,7 @@ def evaluate_node(term: Term, args: list[Array], env: TermEnv) -> Array:
 
 
 TERM_OPS = ("arg", "splat", "dense", "iota", "lin", "mul", "div", "broadcast", "reshape",
-            "transpose", "stablehlo.reverse", "reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or", "slice", "concatenate", "pad",
+            "transpose", "stablehlo.reverse", "reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_or", "reduce_mul", "slice", "concatenate", "pad",
             "dynamic_slice", "stablehlo.dot_general", "chlo.top_k", "sort", *ARG_TERM_OPS,
             *_INDEXED_TERM_OPS,
             *_OPAQUE_LEAVES, *_WINDOW_TERM_OPS,

@@ -96,7 +96,8 @@ WRAPPED_OPS = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply",
                 "stablehlo.dot_general", "stablehlo.convolution", "stablehlo.reduce",
                 "stablehlo.reduce_window",
                 "stablehlo.scatter", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
-                "lin", "mul", "div", "reduce_sum", "reduce_window_sum")
+                "lin", "mul", "div", "reduce_sum", "reduce_window_sum", "reduce_window_mul",
+               "reduce_mul")
 """Ops whose integer results are computed modulo 2^N (sums, products, quotients, converts);
 `_wrapped_local` and `collectives._wrapped_collective` reduce their results into the
 dtype's range."""

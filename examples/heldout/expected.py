@@ -23,8 +23,6 @@ NOT_PROVEN: dict[str, str] = {
         'cannot relate the value of reduce to the reference (the layout tier\'s reading "subtract combines a partial max over \'tp\' (missing all_reduce/psum) with a value split o...',
     'lse_gathered_tp4':
         'cannot relate the value of reduce to the reference (the layout tier\'s reading "subtract combines a partial max over \'tp\' (missing all_reduce/psum) with a value split o...',
-    'cumprod_sharded_i4':
-        "in the reference: reduce_window with a 'mul' reducer is not supported",
     'experts_wrapped_offset_ep4':
         'device-dependent offset tensor used by stablehlo.compare (not supported yet)',
     'row_max_tp4':

@@ -462,3 +462,26 @@ func.func @last_index_on_ties(%x: tensor<16x8xf32>) -> tensor<16xi32> attributes
   } : (tensor<16x8xf32>) -> tensor<16xi32>
   return %0 : tensor<16xi32>
 }
+
+// -----
+
+sdy.mesh @mesh = <["tp"=4]>
+
+func.func @ref(%x: tensor<16x8xf32>) -> tensor<16xf32> {
+  %two = stablehlo.constant dense<2.0> : tensor<f32>
+  %0 = stablehlo.reduce(%x init: %two) applies stablehlo.multiply across dimensions = [1] : (tensor<16x8xf32>, tensor<f32>) -> tensor<16xf32>
+  return %0 : tensor<16xf32>
+}
+
+// A product (jnp.prod, here from 2) over the replicated dim: purely local.
+// CHECK-LABEL: func.func @prod_replicated_dim
+// FULL: func.func @prod_replicated_dim{{.*}}entangle.rho = ["result#0 = concat over 'tp' along dim 0"], entangle.verdict = "proven"
+func.func @prod_replicated_dim(%x: tensor<16x8xf32>) -> tensor<16xf32> attributes {entangle.refines = @ref} {
+  %0 = sdy.manual_computation(%x) in_shardings=[<@mesh, [{"tp"}, {}]>] out_shardings=[<@mesh, [{"tp"}]>] manual_axes={"tp"} (%a: tensor<4x8xf32>) {
+    %two = stablehlo.constant dense<2.0> : tensor<f32>
+    // CHECK: stablehlo.reduce(%{{.*}}entangle.relation = "tile [{tp}] : (2*reduce_mul(%arg0))"
+    %1 = stablehlo.reduce(%a init: %two) applies stablehlo.multiply across dimensions = [1] : (tensor<4x8xf32>, tensor<f32>) -> tensor<4xf32>
+    sdy.return %1 : tensor<4xf32>
+  } : (tensor<16x8xf32>) -> tensor<16xf32>
+  return %0 : tensor<16xf32>
+}

@@ -478,6 +478,40 @@ def reduce_lemmas() -> list[Lemma]:
                      results=[((2, 2), "f32")],
                      attrs={"window_dimensions": (2, 1), "window_strides": (1, 1),
                             "padding": [[0, 1], [0, 0]], "reducer": "max"}, mesh=M3))
+    out += product_lemmas()
+    return out
+
+
+CUMPROD = {"window_dimensions": (1, 3), "padding": [[0, 0], [2, 0]]}
+"""jnp.cumprod along dim 1 of a (., 3) operand (reverse=True pads high instead)."""
+
+
+def product_lemmas() -> list[Lemma]:
+    """reduce_window and reduce with a mul reducer (jnp.cumprod, jnp.prod) over dims that are
+    not split: forward and reverse, along either dim, floats and wrapping integers, an init
+    that is not 1 for the reduce."""
+    out = []
+    for dtype in ("f32", "i32", "ui8"):
+        out.append(Lemma(f"reduce_window-mul-cum-{dtype}", "stablehlo.reduce_window",
+                         [rel(arg((4, 3), dtype), "tp"), splat(1, (), dtype)],
+                         results=[((2, 3), dtype)], attrs={**CUMPROD, "reducer": "mul"}))
+    out.append(Lemma("reduce_window-mul-cum-reverse", "stablehlo.reduce_window",
+                     [rel(arg((4, 3)), "tp"), splat(1, ())], results=[((2, 3), "f32")],
+                     attrs={"window_dimensions": (1, 3), "padding": [[0, 0], [0, 2]],
+                            "reducer": "mul"}))
+    out.append(Lemma("reduce_window-mul-cum-dim0", "stablehlo.reduce_window",
+                     [rel(arg((3, 4)), (), "tp"), splat(1, ())], results=[((3, 2), "f32")],
+                     attrs={"window_dimensions": (3, 1), "padding": [[2, 0], [0, 0]],
+                            "reducer": "mul"}))
+    out.append(Lemma("reduce_window-mul-cum-2d-mesh", "stablehlo.reduce_window",
+                     [rel(arg((4, 4, 3)), "dp", "tp"), splat(1, ())],
+                     results=[((2, 2, 3), "f32")],
+                     attrs={"window_dimensions": (1, 1, 3), "padding": [[0, 0], [0, 0], [2, 0]],
+                            "reducer": "mul"}, mesh=M2))
+    for dtype, init in (("f32", 1), ("f32", 2), ("i32", 1), ("i32", 3)):
+        out.append(Lemma(f"reduce-mul-{dtype}-init{init}", "stablehlo.reduce",
+                         [rel(arg((4, 3), dtype), "tp"), splat(init, (), dtype)],
+                         results=[((2,), dtype)], attrs={"dimensions": (1,), "reducer": "mul"}))
     return out
 
 
@@ -2093,3 +2127,64 @@ def test_sum_out_keeps_a_sum_the_reference_computes() -> None:
     plain = _sum(dot, (0,))
     assert sum_out(dot, (0,), "f32") is not plain
     assert sum_out(dot, (0,), "f32", frozenset({plain.serial})) is plain
+
+
+# ----- products (jnp.cumprod, jnp.prod) --------------------------------------------------------
+
+def _cumprod_term(x: T.Term, padding, window=(1, 3)) -> T.Term:
+    attrs = (window, (1, 1), (1, 1), (1, 1), tuple(p[0] for p in padding),
+             tuple(p[1] for p in padding))
+    return T.intern("reduce_window_mul", (x,), attrs, x.shape, x.dtype)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "i32"])
+def test_refutes_an_exclusive_cumprod_as_the_inclusive_one(dtype: str) -> None:
+    """The window of jnp.cumprod (3 wide, 2 before) is not the one that stops before its own
+    element (2 wide, 1 before), nor the reverse one (2 after), nor a window off by one (1
+    before, 1 after). (A 4-wide window with 3 before is jnp.cumprod again: its extra element
+    is always padding, the identity; Z3 proves that one.)"""
+    x = arg((4, 3), dtype)
+    attrs = {**CUMPROD, "reducer": "mul"}
+    for wrong in (_cumprod_term(x, [[0, 0], [1, 0]], (1, 2)),
+                  _cumprod_term(x, [[0, 0], [0, 2]]),
+                  _cumprod_term(x, [[0, 0], [1, 1]])):
+        refute("stablehlo.reduce_window", [rel(x, "tp"), splat(1, (), dtype)],
+               [rel(wrong, "tp")], [((2, 3), dtype)], attrs)
+
+
+def test_refutes_a_cumsum_as_the_cumprod() -> None:
+    """A product window is not the sum window of the same shape."""
+    x = arg((4, 3))
+    attrs = (CUMPROD["window_dimensions"], (1, 1), (1, 1), (1, 1), (0, 2), (0, 0))
+    cumsum = T.make_op("reduce_window_sum", (x,), attrs, x.shape, "f32", linear_in=0)
+    refute("stablehlo.reduce_window", [rel(x, "tp"), splat(1, ())], [rel(cumsum, "tp")],
+           [((2, 3), "f32")], {**CUMPROD, "reducer": "mul"})
+
+
+def test_refutes_a_product_without_its_init() -> None:
+    """reduce (mul) from 3 is three times the product, not the product."""
+    x = arg((4, 3), "i32")
+    prod = T.intern("reduce_mul", (x,), ((1,),), (4,), "i32")
+    refute("stablehlo.reduce", [rel(x, "tp"), splat(3, (), "i32")], [rel(prod, "tp")],
+           [((2,), "i32")], {"dimensions": (1,), "reducer": "mul"})
+
+
+@pytest.mark.parametrize("op,attrs,ins,results", [
+    ("stablehlo.reduce_window", {**CUMPROD, "reducer": "mul"},
+     lambda x: [rel(x, (), "tp"), splat(1, ())], [((4, 3), "f32")]),
+    ("stablehlo.reduce_window", {**CUMPROD, "reducer": "mul"},
+     lambda x: [rel(x, partial=("tp",)), splat(1, ())], [((4, 6), "f32")]),
+    ("stablehlo.reduce_window", {**CUMPROD, "reducer": "mul"},
+     lambda x: [rel(x, "tp"), splat(2, ())], [((2, 6), "f32")]),
+    ("stablehlo.reduce", {"dimensions": (1,), "reducer": "mul"},
+     lambda x: [rel(x, (), "tp"), splat(1, ())], [((4,), "f32")]),
+    ("stablehlo.reduce", {"dimensions": (1,), "reducer": "mul"},
+     lambda x: [rel(x, partial=("tp",)), splat(1, ())], [((4,), "f32")]),
+])
+def test_products_the_layout_tier_cannot_relate_are_refused(op, attrs, ins, results) -> None:
+    """A product window or reduction along a split dim (each device multiplies its own
+    block), of a partial sum (a product of sums is not the sum of products) or from an init
+    that is not 1 in a window (padding is filled with it) is opaque, never related."""
+    lemma = Lemma("refused", op, ins(arg((4, 6))), results=results, attrs=attrs)
+    outs = RULES[op](lemma.info(), list(lemma.ins), lemma.context())
+    assert all(isinstance(v, Opaque) for v in outs), outs

@@ -308,6 +308,14 @@ MOVEMENT_CASES: list[tuple[str, Callable, tuple]] = [
     ("stablehlo.reduce", lambda a: lax.reduce(a, np.float32(1.5), lax.add, (1,)), (rand(2, 3),)),
     ("stablehlo.reduce_window", lambda a: jnp.cumsum(a, axis=1), (rand(2, 5),)),
     ("stablehlo.reduce_window", lambda a: lax.cummax(a, axis=0), (rand(4, 3),)),
+    ("stablehlo.reduce_window", lambda a: jnp.cumprod(a, axis=1), (rand(2, 5),)),
+    ("stablehlo.reduce_window", lambda a: lax.cumprod(a, axis=0, reverse=True), (rand(4, 3),)),
+    ("stablehlo.reduce_window", lambda a: jnp.cumprod(a, axis=1),  # wraps modulo 2^32
+     (np.array([[65536, 65536, 3, -7], [46341, 46341, 2, 2], [-1, 2**31 - 1, 2, 3]],
+               np.int32),)),
+    ("stablehlo.reduce", lambda a: jnp.prod(a, axis=1), (rand(3, 4),)),
+    ("stablehlo.reduce", lambda a: lax.reduce(a, np.int32(3), lax.mul, (0,)),
+     (np.array([[65536, 7], [65536, -46341], [5, 46341]], np.int32),)),
     ("stablehlo.reduce_window",
      lambda a: lax.reduce_window(a, np.float32(0.5), lax.add, (2, 2), (2, 1), ((1, 0), (0, 1)),
                                  (1, 2), (2, 1)), (rand(4, 3),)),
@@ -661,6 +669,11 @@ def test_evaluate_term_covers_canonical_forms() -> None:
                                dtype="i1"), a, T.make_splat(-1, (2, 3), "f32"))),
          np.where(fa > 0, fa, -1)),
         (T.make_iota((2, 3), 1, "f32"), np.broadcast_to(np.arange(3.0), (2, 3))),
+        (T.intern("reduce_mul", (a,), ((1,),), (2,), "f32"), fa.prod(1)),
+        (T.intern("reduce_window_mul", (a,), ((1, 3), (1, 1), (1, 1), (1, 1), (0, 2), (0, 0)),
+                  (2, 3), "f32"), np.cumprod(fa, axis=1)),
+        (T.intern("reduce_window_mul", (a,), ((2, 1), (1, 1), (1, 1), (1, 1), (0, 0), (1, 0)),
+                  (2, 3), "f32"), np.cumprod(fa[::-1], axis=0)[::-1]),
     ]
     for term, expect in cases:
         got = evaluate_term(term, env)

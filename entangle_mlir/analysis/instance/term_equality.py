@@ -198,6 +198,19 @@ REGROUPED = frozenset({"lin", "reduce_sum", "reduce_window_sum", "stablehlo.dot_
 """Sums: a sum regrouped (over devices, blocks) may overflow differently from the reference's
 (liberty 1 of the semantics policy), so their values are not compared for overflow."""
 
+REGROUPED_PRODUCTS = frozenset({"reduce_mul", "reduce_window_mul"})
+"""Product reductions (jnp.prod, jnp.cumprod): a product regrouped over blocks (a block's
+product times the products of the blocks before it) may overflow where the reference's
+running product does not, and the reverse (liberty 1: float products may be regrouped, which
+moves where they overflow), so their values, and those of a `mul` taking one as a factor
+(the regrouped product's last step), are not compared for overflow, as a regrouped sum's."""
+
+
+def _regrouped_product(term: Term) -> bool:
+    """A product reduction, or a product with one as a factor (`REGROUPED_PRODUCTS`)."""
+    return term.op in REGROUPED_PRODUCTS or term.op == "mul" and any(
+        a.op in REGROUPED_PRODUCTS for a in term.args)
+
 
 def overflow_threshold(dtype: str) -> Fraction | None:
     """The least magnitude that rounds to infinity in float `dtype` (round to nearest even):
@@ -297,7 +310,7 @@ def _finite_conditions(roots: list[Term], memo: dict, skip: set[int]) -> list | 
     for term in subterms(roots):
         offset = folded.get(term.serial, scaled_part(term))
         if term.serial in skip or term.op in OVERFLOW_FREE or \
-                (term.op in REGROUPED and offset is None) or \
+                (term.op in REGROUPED and offset is None) or _regrouped_product(term) or \
                 scaled_only.get(term.serial, False) or \
                 not is_float(term.dtype) or term.serial not in memo:
             continue
