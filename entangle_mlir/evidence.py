@@ -253,8 +253,8 @@ def output_evidence(reference_fn, sharded_fn, avals, seed: int = 0,
         values = [random_input(aval.shape, aval.dtype, rng) for aval in leaves]
         placed = [jax.device_put(value, aval.sharding) if getattr(aval, "sharding", None)
                   is not None else value for value, aval in zip(values, leaves)]
-        want = jax.tree.leaves(jax.jit(reference_fn)(*jax.tree.unflatten(tree, values)))
-        got = jax.tree.leaves(sharded_fn(*jax.tree.unflatten(tree, placed)))
+        want = jax.tree.leaves(_run_once(jax.jit(reference_fn), jax.tree.unflatten(tree, values)))
+        got = jax.tree.leaves(_run_once(jax.jit(sharded_fn), jax.tree.unflatten(tree, placed)))
     except Exception as err:  # noqa: BLE001 - evidence is best effort, never a failure
         return {"summary": f"not available ({type(err).__name__}: {err})"}
     results = [compare_values(w, g, tolerance(np.asarray(w).dtype, precision))
@@ -263,6 +263,12 @@ def output_evidence(reference_fn, sharded_fn, avals, seed: int = 0,
         results.append({"max_abs_diff": None, "max_abs_reference": 0.0, "rtol": 0.0,
                         "differs": True})
     return outputs_summary(results, seed)
+
+
+def _run_once(jitted, args: list):
+    """`jitted` on `args`, compiled without XLA's backend optimisations (`FAST_COMPILE`: it
+    runs once, on one small input)."""
+    return jitted.lower(*args).compile(compiler_options=FAST_COMPILE)(*args)
 
 
 def _max_diff(want, got) -> float:
@@ -331,9 +337,10 @@ def _op_evidence(focus, seed: int) -> dict:
     ref_main_types = _main_arg_types(ref_text)
     args = [random_input(shape, dtype, rng) for shape, dtype in ref_main_types]
     reference_program = _expose_reference(ref_text, focus.ref_result)
-    want = execute_replicas(reference_program, [args])[0][0]
+    want = execute_replicas(reference_program, [args], fast=True)[0][0]
     per_device_program, per_device_args, mesh = _sharded_program(sharded_text, focus, args)
-    got_local = [outs[0] for outs in execute_replicas(per_device_program, per_device_args)]
+    got_local = [outs[0] for outs in execute_replicas(per_device_program, per_device_args,
+                                                      fast=True)]
     got = reassemble(got_local, focus.relation, mesh)
     if got.shape != want.shape:
         raise Unavailable(f"the sharded value reassembles to shape {list(got.shape)}, the "
@@ -627,14 +634,15 @@ def compile_replicas(text: str, n: int, fast: bool = False):
     return backend.compile_and_load(text, xla_client.DeviceList(tuple(devices)), options), devices
 
 
-def execute_replicas(text: str, per_device_args: list[list[np.ndarray]]
+def execute_replicas(text: str, per_device_args: list[list[np.ndarray]], fast: bool = False
                      ) -> list[list[np.ndarray]]:
     """Run a StableHLO module as one replica per entry of `per_device_args` (device d gets
-    `per_device_args[d]`) on jax's CPU devices; `outputs[device][result]` as numpy arrays."""
+    `per_device_args[d]`) on jax's CPU devices; `outputs[device][result]` as numpy arrays
+    (`fast`: compiled without XLA's backend optimisations, `compile_replicas`)."""
     import jax  # lazy: 1 s to import; and check_evidence sets XLA_FLAGS before it loads
 
     n = len(per_device_args)
-    executable, devices = compile_replicas(text, n)
+    executable, devices = compile_replicas(text, n, fast=fast)
     replicated = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices), ("replicas",)),
                                             jax.sharding.PartitionSpec())
     arrays = []

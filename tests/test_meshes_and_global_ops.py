@@ -16,6 +16,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from entangle_mlir.jax import check
+from tests.jax_runs import run_once
 
 MESH = jax.make_mesh((2, 4), ("dp", "tp"), axis_types=(AxisType.Auto,) * 2)
 
@@ -29,7 +30,7 @@ def _run(fn, avals, seed=0):
     rng = np.random.default_rng(seed)
     args = [jax.device_put(rng.standard_normal(a.shape).astype(np.float32), a.sharding)
             for a in avals]
-    return np.asarray(jax.jit(fn)(*args))
+    return np.asarray(run_once(fn, *args))
 
 
 def _grounded(ref, sharded, avals) -> float:
@@ -174,8 +175,8 @@ def test_scan_over_layers_is_a_loop_fixpoint(body, correct) -> None:
     rng = np.random.default_rng(0)
     args = [jax.device_put((rng.standard_normal(a.shape) * s).astype(np.float32), a.sharding)
             for a, s in zip(avals, scale)]
-    diff = float(np.max(np.abs(np.asarray(jax.jit(_scan_ref)(*args))
-                               - np.asarray(sharded(*args)))))
+    diff = float(np.max(np.abs(np.asarray(run_once(_scan_ref, *args))
+                               - np.asarray(run_once(sharded, *args)))))
     assert (diff < 1e-4) == correct
     report = check(_scan_ref, sharded, *avals, verify_rules=False)
     assert report.proven == correct, report.render_text()
@@ -198,7 +199,7 @@ def test_take_with_bounds_check_and_nan_fill_is_proven() -> None:
     rng = np.random.default_rng(0)
     w = jax.device_put(rng.standard_normal((16, 8)).astype(np.float32), avals[0].sharding)
     t = jax.device_put(rng.integers(0, 16, 8).astype(np.int32), avals[1].sharding)
-    assert np.allclose(np.asarray(jax.jit(_take_ref)(w, t)), np.asarray(sharded(w, t)))
+    assert np.allclose(np.asarray(run_once(_take_ref, w, t)), np.asarray(run_once(sharded, w, t)))
     report = check(_take_ref, sharded, *avals)
     assert report.proven, report.render_text()
     assert "0 refuted, 0 inconclusive" in report.mode
@@ -258,7 +259,8 @@ def test_device_offset_tensors(ref, body, correct, specs, out, shapes) -> None:
                            avals[0].sharding)]
     if len(avals) > 1:
         args.append(jax.device_put(rng.integers(0, 16, 8).astype(np.int32), avals[1].sharding))
-    diff = float(np.max(np.abs(np.asarray(jax.jit(ref)(*args)) - np.asarray(sharded(*args)))))
+    diff = float(np.max(np.abs(np.asarray(run_once(ref, *args))
+                               - np.asarray(run_once(sharded, *args)))))
     assert (diff < 1e-4) == correct
     report = check(ref, sharded, *avals, verify_rules=False)
     assert report.proven == correct, report.render_text()

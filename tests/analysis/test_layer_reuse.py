@@ -17,6 +17,7 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
 
+import functools
 from dataclasses import replace
 
 import jax
@@ -91,11 +92,10 @@ def _programs(bug_layer: int | None, stale_weights: bool = False, stale_input: b
     return ref, sharded, avals, _execute(mesh, bug_layer, stale_weights, stale_input)
 
 
-def _execute(mesh, bug_layer: int | None, stale_weights: bool = False,
-             stale_input: bool = False) -> float:
-    """Max |reference - sharded| on random inputs, both run on simulated CPU devices. Each
-    layer is run as its own jitted program (the unrolled 32-layer programs compute the same
-    thing but take XLA about a minute to compile here)."""
+@functools.cache
+def _layer_programs(mesh):
+    """The jitted reference layer and the sharded layer by whether it has the bug: one pair a
+    mesh, so that the four groundings of a worker compile each once."""
     ref_layer = jax.jit(lambda x, *p: _layer(x, p, lambda v: v))
 
     def sharded_layer(bug: bool):
@@ -103,7 +103,15 @@ def _execute(mesh, bug_layer: int | None, stale_weights: bool = False,
         return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(),) + tuple(SPECS),
                                      out_specs=P()))
 
-    sharded_layers = {False: sharded_layer(False), True: sharded_layer(True)}
+    return ref_layer, {False: sharded_layer(False), True: sharded_layer(True)}
+
+
+def _execute(mesh, bug_layer: int | None, stale_weights: bool = False,
+             stale_input: bool = False) -> float:
+    """Max |reference - sharded| on random inputs, both run on simulated CPU devices. Each
+    layer is run as its own jitted program (the unrolled 32-layer programs compute the same
+    thing but take XLA about a minute to compile here)."""
+    ref_layer, sharded_layers = _layer_programs(mesh)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((B, S, D), dtype=np.float32)
     ref_x, sharded_x = x, x

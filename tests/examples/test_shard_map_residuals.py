@@ -30,6 +30,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from entangle_mlir.driver import check_texts
+from tests.jax_runs import run_once
 
 V, D = 64, 8
 TP4 = (("tp", 4),)
@@ -77,7 +78,7 @@ def _inputs(shape=(2, 8), seed: int = 5):
 def _run(fn, mesh_axes, specs, inputs):
     mesh = _mesh(mesh_axes)
     placed = [jax.device_put(x, NamedSharding(mesh, s)) for x, s in zip(inputs, specs)]
-    return np.asarray(jax.jit(fn)(*placed))
+    return np.asarray(run_once(fn, *placed))
 
 
 def _lower(fn, mesh_axes, specs, inputs) -> tuple[str, str]:
@@ -106,7 +107,7 @@ def test_gradient_of_the_vocab_parallel_embedding(kind: str, mesh_axes) -> None:
     specs = (P("dp") if "dp" in dict(mesh_axes) else P(), P("tp", None))
     program = _grad_program(kind, mesh_axes)
     got = _run(program, mesh_axes, specs, inputs)
-    want = np.asarray(jax.jit(reference)(*inputs))
+    want = np.asarray(run_once(reference, *inputs))
     assert np.allclose(got, want, atol=1e-4) is (kind == "correct")
     report = check_texts(*_lower(program, mesh_axes, specs, inputs))
     assert report.proven is (kind == "correct"), report.render_text()
@@ -183,7 +184,7 @@ def test_residuals_read_back_by_another_shard_map(kind: str) -> None:
     inputs = _inputs()
     specs = (P(), P(("a", "b"), None))
     got = _run(_by_hand(kind), AB, specs, inputs)
-    want = np.asarray(jax.jit(reference)(*inputs))
+    want = np.asarray(run_once(reference, *inputs))
     if kind != "not_split_over_b":
         assert np.allclose(got, want, atol=1e-4) is kind.endswith("same")
     report = check_texts(*_lower(_by_hand(kind), AB, specs, inputs))
@@ -226,8 +227,8 @@ def test_gradient_keeps_column_parallel_activations_as_residuals() -> None:
     inputs, specs = _head_inputs(), (P(), P(None, "tp"))
     mesh = _mesh(TP4)
     placed = [jax.device_put(x, NamedSharding(mesh, s)) for x, s in zip(inputs, specs)]
-    got = jax.jit(program)(*placed)
-    want = jax.jit(head_loss_reference)(*inputs)
+    got = run_once(program, *placed)
+    want = run_once(head_loss_reference, *inputs)
     assert all(np.allclose(g, w, atol=1e-4) for g, w in zip(got, want))
     plain = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs]
     shaped = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s))
@@ -264,7 +265,7 @@ def test_tiled_activations_read_back_by_another_shard_map(read_back: str) -> Non
 
     inputs, specs = _head_inputs(), (P(), w_spec)
     got = _run(program, AB, specs, inputs)
-    want = np.asarray(jax.jit(activations_back_reference)(*inputs))
+    want = np.asarray(run_once(activations_back_reference, *inputs))
     assert np.allclose(got, want, atol=1e-4) is (read_back == "same")
     plain = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs]
     shaped = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, s))

@@ -35,6 +35,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from entangle_mlir.driver import check_texts
+from entangle_mlir.evidence import FAST_COMPILE
 
 N, D, V = 16, 8, 64
 TP4 = (("tp", 4),)
@@ -151,7 +152,14 @@ def _inputs(seed: int = 3):
 def _run(fn, mesh_axes, specs, inputs):
     mesh = _mesh(mesh_axes)
     placed = [jax.device_put(x, NamedSharding(mesh, s)) for x, s in zip(inputs, specs)]
-    return [np.asarray(g) for g in jax.jit(fn)(*placed)]
+    return _run_once(fn, placed)
+
+
+def _run_once(fn, args) -> list[np.ndarray]:
+    """`fn`'s outputs on `args`, compiled without XLA's backend optimisations (`FAST_COMPILE`:
+    run once, compared within a tolerance)."""
+    return [np.asarray(g) for g in
+            jax.jit(fn).lower(*args).compile(compiler_options=FAST_COMPILE)(*args)]
 
 
 def _lower(ref, fn, mesh_axes, specs, inputs) -> tuple[str, str]:
@@ -170,7 +178,7 @@ def _verdict(spelling: str, reduction: str, kind: str, mesh_axes, assume_no_over
     ref = reference(spelling, reduction)
     fn, specs = sharded(kind, reduction, mesh_axes, check_vma)
     got = _run(fn, mesh_axes, specs, inputs)
-    want = [np.asarray(g) for g in jax.jit(ref)(*inputs)]
+    want = _run_once(ref, inputs)
     close = all(np.allclose(g, w, atol=1e-5) for g, w in zip(got, want))
     report = check_texts(*_lower(ref, fn, mesh_axes, specs, inputs),
                          assume_no_overflow=assume_no_overflow)

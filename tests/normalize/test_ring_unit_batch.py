@@ -45,6 +45,7 @@ from entangle_mlir.driver import check_texts
 from entangle_mlir.jax import lower_pair
 from entangle_mlir.normalize import idioms, online_backward
 from examples import ring_loop
+from tests.jax_runs import run_once
 
 S_L, H, D = 2, 2, 2
 
@@ -96,8 +97,8 @@ def _program(n: int, batch: int) -> tuple[bool, str, str]:
     shardings = [NamedSharding(mesh, spec)] * 4
     rng = np.random.default_rng(0)
     args = [rng.standard_normal((batch, n * S_L, H, D)).astype(np.float32) for _ in range(4)]
-    want = jax.jit(_grad(reference))(*args)
-    got = fn(*(jax.device_put(a, s) for a, s in zip(args, shardings)))
+    want = run_once(_grad(reference), *args)
+    got = run_once(fn, *(jax.device_put(a, s) for a, s in zip(args, shardings)))
     close = all(np.allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
                 for a, b in zip(want, got))
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) for a, s in zip(args, shardings)]
@@ -139,8 +140,8 @@ def _fori_program(n: int, bug: str = "", unroll: bool = False) -> tuple[bool, st
     rng = np.random.default_rng(0)
     shape = (1, n * ring_loop.S_L, ring_loop.H, ring_loop.D)
     args = [rng.standard_normal(shape).astype(np.float32) for _ in range(4)]
-    want = jax.jit(_grad(ring_loop.reference))(*args)
-    got = fn(*(jax.device_put(a, s) for a, s in zip(args, shardings)))
+    want = run_once(_grad(ring_loop.reference), *args)
+    got = run_once(fn, *(jax.device_put(a, s) for a, s in zip(args, shardings)))
     close = all(np.allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
                 for a, b in zip(want, got))
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s) for a, s in zip(args, shardings)]
