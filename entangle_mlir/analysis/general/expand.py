@@ -902,28 +902,11 @@ class LaterCollective(LaterOp):
     from its group's."""
 
     def __init__(self, info: OpInfo, ins: list[list[Local]], mesh: Mesh):
-        n = mesh.num_devices
-        name = info.name
         self.info = info
         self.ins = ins
-        if name == "stablehlo.collective_permute":
-            try:
-                pairs = permute_pairs(info.attrs, mesh.replicas, mesh.partitions)
-            except GroupError as err:
-                raise NotExpanded(f"{name}: {err}", info.loc) from None
-            source = {t: s for s, t in pairs}
-            self.sources = [[source[d]] if d in source else [] for d in range(n)]
-        else:
-            try:
-                groups = replica_groups(info, mesh)
-            except SemanticsError as err:
-                raise NotExpanded(f"{name}: {err}", info.loc) from None
-            member_of = {d: list(g) for g in groups for d in g}
-            if len(member_of) != n:
-                raise NotExpanded(f"{name}: a device in no group", info.loc)
-            self.sources = [member_of[d] for d in range(n)]
+        self.sources = device_sources(info, mesh)
         types = result_types(info)
-        self.by_device = [Later(self, d).locals_(types) for d in range(n)]
+        self.by_device = [Later(self, d).locals_(types) for d in range(mesh.num_devices)]
 
     def results(self) -> list[list[Local]]:
         return [list(values) for values in zip(*self.by_device)]
@@ -932,20 +915,10 @@ class LaterCollective(LaterOp):
         return [values[m] for values in self.ins for m in self.sources[d]]
 
     def compute(self, d: int) -> list[Local]:
-        info, group = self.info, self.sources[d]
-        out = []
-        for k, t in enumerate(info.result_types):
-            if info.name == "stablehlo.collective_permute":
-                term = (self.ins[k][group[0]].as_term() if group
-                        else make_splat(0, t.shape, t.dtype))
-            else:
-                members = [self.ins[k][m].as_term() for m in group]
-                term = _combine(info, members, group.index(d), len(group), t.dtype)
-            if tuple(term.shape) != tuple(t.shape):
-                raise NotExpanded(f"internal: {info.name} result shape differs from its type",
-                                  info.loc)
-            out.append(Local(t.dtype, term.shape, term=term))
-        return out
+        sources = self.sources[d]
+        return [member_result(self.info, t, [self.ins[k][m].as_term() for m in sources],
+                              sources, d)
+                for k, t in enumerate(self.info.result_types)]
 
 
 def collective(info: OpInfo, ins: list[list[Local]], mesh: Mesh) -> list[list[Local]]:
@@ -964,36 +937,48 @@ def collective(info: OpInfo, ins: list[list[Local]], mesh: Mesh) -> list[list[Lo
                        .reshape(t.shape)) for d in range(n)]
                 for k, t in enumerate(info.result_types)]
     terms = [[local.as_term() for local in values] for values in ins]
+    sources = device_sources(info, mesh)
+    return [[member_result(info, t, [terms[k][m] for m in sources[d]], sources[d], d)
+             for d in range(n)]
+            for k, t in enumerate(info.result_types)]
+
+
+def device_sources(info: OpInfo, mesh: Mesh) -> list[list[int]]:
+    """Per device, the devices whose operands its result of the collective reads: a
+    permute's source (none where no pair targets it), a grouped collective's group (in
+    group order)."""
+    n = mesh.num_devices
+    name = info.name
     if name == "stablehlo.collective_permute":
         try:
             pairs = permute_pairs(info.attrs, mesh.replicas, mesh.partitions)
         except GroupError as err:
             raise NotExpanded(f"{name}: {err}", info.loc) from None
         source = {t: s for s, t in pairs}
-        out = []
-        for k, t in enumerate(info.result_types):
-            zero = make_splat(0, t.shape, t.dtype)
-            out.append([Local(t.dtype, t.shape, term=terms[k][source[d]] if d in source
-                              else zero) for d in range(n)])
-        return out
+        return [[source[d]] if d in source else [] for d in range(n)]
     try:
         groups = replica_groups(info, mesh)
     except SemanticsError as err:
         raise NotExpanded(f"{name}: {err}", info.loc) from None
-    out = [[None] * n for _ in info.result_types]
-    for group in groups:
-        for k, t in enumerate(info.result_types):
-            members = [terms[k][m] for m in group]
-            for position, d in enumerate(group):
-                term = _combine(info, members, position, len(group), t.dtype)
-                out[k][d] = Local(t.dtype, term.shape, term=term)
-    if any(local is None for values in out for local in values):
+    member_of = {d: list(g) for g in groups for d in g}
+    if len(member_of) != n or set(member_of) != set(range(n)):
         raise NotExpanded(f"{name}: a device in no group", info.loc)
-    for k, t in enumerate(info.result_types):
-        if any(local.shape != t.shape for local in out[k]):
-            raise NotExpanded(f"internal: {name} result shape differs from its type",
-                              info.loc)
-    return out
+    return [member_of[d] for d in range(n)]
+
+
+def member_result(info: OpInfo, result, members: list[Term], sources: list[int], d: int
+                  ) -> Local:
+    """Device d's value of one result (`result`: its type) of a collective from its
+    sources' operand terms (`device_sources`): a permute's source's (zero where none), a
+    grouped collective's combination at d's position."""
+    if info.name == "stablehlo.collective_permute":
+        term = members[0] if members else make_splat(0, result.shape, result.dtype)
+    else:
+        term = _combine(info, members, sources.index(d), len(sources), result.dtype)
+    if tuple(term.shape) != tuple(result.shape):
+        raise NotExpanded(f"internal: {info.name} result shape differs from its type",
+                          info.loc)
+    return Local(result.dtype, term.shape, term=term)
 
 
 def _combine(info: OpInfo, members: list[Term], position: int, count: int,
