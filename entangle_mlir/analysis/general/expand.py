@@ -371,7 +371,7 @@ class Expansion(Walker):
             outs = self._device_case(op, info, ins, env, mesh)
         elif name == WHILE:
             outs = self._device_while(op, info, ins, env, mesh)
-        elif name in COMBINING and self._deferrable(info, ins):
+        elif name in COMBINING and self._deferrable(info):
             outs = LaterCollective(info, ins, mesh).results()
         elif name in COMBINING:
             outs = collective(info, ins, mesh)
@@ -381,7 +381,7 @@ class Expansion(Walker):
             raise NotExpanded(f"{name} is not expanded yet", info.loc)
         elif op.regions and name not in REGION_RULE_OPS:
             raise NotExpanded(f"{name} (with regions) is not expanded yet", info.loc)
-        elif self._deferrable(info, ins):
+        elif self._deferrable(info):
             outs = LaterLocal(self, info, ins, self.symmetry, n).results()
         else:
             outs = [[] for _ in results]
@@ -409,13 +409,11 @@ class Expansion(Walker):
         for result, values in zip(results, outs):
             env[result] = values
 
-    def _deferrable(self, info: OpInfo, ins: list[list[Local]]) -> bool:
+    def _deferrable(self, info: OpInfo) -> bool:
         """Whether the op's results are computed only where read (`lazy`): floats (never
-        concrete: decisions read those at once), no region but a reducer's."""
+        concrete: decisions read integers at once), no region but a reducer's."""
         return self.lazy and all(not integral(t.dtype) for t in info.result_types) and (
-            info.op is None or not info.op.regions or info.name in REGION_RULE_OPS) and not (
-            info.name in COMBINING and all(local.values is not None
-                                           for values in ins for local in values))
+            info.op is None or not info.op.regions or info.name in REGION_RULE_OPS)
 
     def _record_collective(self, info: OpInfo, ins: list[list[Local]],
                            outs: list[list[Local]], mesh: Mesh) -> None:

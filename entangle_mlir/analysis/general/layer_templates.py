@@ -242,6 +242,10 @@ class LayerTemplate:
     """The slot `term` is linear in (a backward layer's incoming cotangent): a device's
     input there may be k times a block (`device_stream`); None: no such slot."""
 
+    def group_of(self, d: int) -> list[int] | None:
+        """Device d's collective group (None: in none)."""
+        return next((g for g in self.groups if d in g), None)
+
 
 @dataclass
 class TemplateProof:
@@ -675,7 +679,7 @@ def device_stream(apps: Applications, inputs: list[list[Term]], d: int,
     term). The template's `linear` slot may hold k times a block: the output is then k times
     the block, where `T` is proven linear at k (`Applications.linear_at`)."""
     template, memo = apps.template, apps.memo
-    group = next((g for g in template.groups if d in g), None)
+    group = template.group_of(d)
     args = []
     for k, cut in enumerate(template.tiling):
         own = inputs[k][d]
@@ -732,18 +736,23 @@ def device_streams(apps: Applications, inputs: list[list[Term]], count: int,
     of none) whose own inputs of the slots not cut over the group are the same terms get
     the same output (a function of those, of the group's blocks and of nothing else), so it
     is computed once for them (the tp members of a Megatron layer)."""
-    template = apps.template
-    own = [k for k, cut in enumerate(template.tiling) if cut in ("stream", None)]
     found: dict[tuple, Term | None] = {}
     out = []
     for d in range(count):
-        group = next((g for g in template.groups if d in g), None)
-        key = (None if group is None else group[0],
-               *(inputs[k][d].serial for k in own))
+        key = stream_key(apps.template, d, [values[d] for values in inputs])
         if key not in found:
             found[key] = device_stream(apps, inputs, d, blocks)
         out.append(found[key])
     return out
+
+
+def stream_key(template: LayerTemplate, d: int, own: list[Term | None]) -> tuple:
+    """What device d's `device_stream` is a function of: its collective group (by its first
+    member) and its own terms (`own`, by slot) of the slots not cut over the group."""
+    group = template.group_of(d)
+    return (None if group is None else group[0],
+            *(getattr(own[k], "serial", None) for k, cut in enumerate(template.tiling)
+              if cut in ("stream", None)))
 
 
 def more_nodes_than(term: Term, count: int) -> bool:
@@ -929,9 +938,7 @@ class SiteStreams(LaterOp):
         self.inputs = inputs
         self.outs = outs
         self.sym = sym
-        template = app.template
-        self.own = [k for k, cut in enumerate(template.tiling) if cut in ("stream", None)]
-        self.groups = [next((g for g in template.groups if d in g), None) for d in range(n)]
+        self.groups = [app.template.group_of(d) for d in range(n)]
         self.found: dict[tuple, Term | None] = {}
         self.counted = False
         self.by_device = [Later(self, d).locals_([(o.dtype, tuple(o.shape))])
@@ -946,9 +953,7 @@ class SiteStreams(LaterOp):
 
     def compute(self, d: int) -> list[Local]:
         group = self.groups[d]
-        key = (None if group is None else group[0],
-               *(self.inputs[k][d].term.serial if self.inputs[k][d].term is not None
-                 else None for k in self.own))
+        key = stream_key(self.app.template, d, [values[d].term for values in self.inputs])
         if key not in self.found:
             term = None
             if all(self.inputs[k][m].term is not None for k in range(len(self.inputs))
