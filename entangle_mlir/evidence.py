@@ -768,7 +768,10 @@ float: numpy does not count ml_dtypes' bfloat16 as floating, so any difference c
 
 
 def float_epsilon(dtype) -> float | None:
-    """The epsilon of a float type (numpy's or ml_dtypes': bf16, fp8), None for others."""
+    """The epsilon of a real float type (numpy's or ml_dtypes': bf16, fp8), None for others
+    (integers, booleans, complex)."""
+    if np.issubdtype(dtype, np.complexfloating):
+        return None
     try:
         return float(ml_dtypes.finfo(dtype).eps)
     except (ValueError, TypeError):
