@@ -28,7 +28,6 @@ from entangle_mlir.analysis.general import layer_templates as LT
 from entangle_mlir.analysis.general.decide import Decider
 from entangle_mlir.analysis.instance.abstraction import substitute
 from entangle_mlir.core.terms import scale
-from entangle_mlir.driver import check_texts
 from entangle_mlir.mlir.program import Program
 from examples.heldout.corpus import input_sets, lower_pair, max_error
 from examples.real.models import llama
@@ -37,6 +36,7 @@ from tests.analysis.test_general_layer_templates import (
     _program,
     _step,
     same_verdict_with_and_without_templates,
+    stats_with_switch,
 )
 
 
@@ -235,13 +235,6 @@ def test_devices_along_dp_stay_renamed_after_templated_layers(
     """With the templates' leaves given to the renaming, the devices along dp are renamed
     after a templated layer as they are without templates: fewer computed than with the
     leaves kept whole, and still proven."""
-    ex = _step(4, 2, 2, 2)
-    texts = lower_pair(ex)
-    computed = {}
-    for keep in (True, False):
-        monkeypatch.setattr(LT, "KEEP_RENAMING", keep)
-        report = check_texts(*texts, verify_rules=False, layer_templates=True)
-        assert report.proven
-        assert "not_proven" not in report.stats["general_tier"]["layer_template"]
-        computed[keep] = report.stats["general_tier"]["computed"]
-    assert computed[True] < computed[False]
+    stats = stats_with_switch(lower_pair(_step(4, 2, 2, 2)), monkeypatch, "KEEP_RENAMING",
+                              (True, False))
+    assert stats[True]["computed"] < stats[False]["computed"]
