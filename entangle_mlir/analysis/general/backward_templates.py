@@ -50,7 +50,7 @@ from the abstraction.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from entangle_mlir.analysis.general.layer_templates import (
     VIEWS,
@@ -148,9 +148,29 @@ def chunks(facts: OpFacts, sites: list[tuple[list, int]], stream: int
     return primal, chunk_of_op, free_ops
 
 
-def backward_regions(func, key: tuple, stream: int) -> list[LayerRegion]:
-    """The backward layers of `func`'s blocks (the module docstring), the middle chunk of each
-    block first."""
+@dataclass
+class Chunk:
+    """One forward site's backward chunk in a block (`chunks`): its ops (`mine`), the ops
+    computing the site's primal values (its stream input's aside), the block's ops computing
+    from weights and constants alone, and each value's readers."""
+
+    facts: OpFacts
+    sites: list
+    site: int
+    mine: set[int]
+    primal_ops: set[int]
+    free_ops: set[int]
+    readers: dict
+
+    @property
+    def allowed(self) -> set[int]:
+        """The ops a backward layer's cone may hold."""
+        return self.mine | self.free_ops | self.primal_ops
+
+
+def block_chunks(func, key: tuple, stream: int) -> list[list[Chunk]]:
+    """The backward chunks of each of `func`'s blocks holding at least two forward sites of
+    the template `key`, in site order."""
     found = []
     for block in [func.regions[0].blocks[0], *(b for op in func.regions[0].blocks[0].operations
                                                 for b in all_blocks(op.operation))]:
@@ -170,24 +190,33 @@ def backward_regions(func, key: tuple, stream: int) -> list[LayerRegion]:
         for v, owner in primal.items():
             if v in facts.position and v != sites[owner][0][stream]:
                 primal_ops.setdefault(owner, set()).add(facts.position[v][0])
-        regions = []
-        for s in sorted(members):
-            region = _region(facts, sites, s, members[s], primal_ops.get(s, set()), free_ops,
-                             readers, stream)
-            if region is not None:
-                regions.append(region)
-        middle = len(regions) // 2
-        found.extend(regions[middle:] + regions[:middle])
+        found.append([Chunk(facts, sites, s, members[s], primal_ops.get(s, set()), free_ops,
+                            readers) for s in sorted(members)])
     return found
 
 
-def _region(facts: OpFacts, sites: list, s: int, mine: set[int], primal_ops: set[int],
-            free_ops: set[int], readers: dict, stream: int) -> LayerRegion | None:
-    """Chunk s's backward layer (`mine`: its ops; `primal_ops`: the ops computing site s's
-    primal values, its stream input x's aside): the cone of its outgoing cotangent (None
-    where there is not exactly one, or the cone reads anything but x, weights and one
-    cotangent)."""
-    inputs, _ = sites[s]
+def middle_first(items: list) -> list:
+    """`items` from the middle one on, then the ones before it (a block's middle layer is
+    the likeliest to be like the others: no stage boundary next to it)."""
+    middle = len(items) // 2
+    return items[middle:] + items[:middle]
+
+
+def backward_regions(func, key: tuple, stream: int) -> list[LayerRegion]:
+    """The backward layers of `func`'s blocks (the module docstring), the middle chunk of each
+    block first."""
+    found = []
+    for chunks_ in block_chunks(func, key, stream):
+        regions = [r for r in (_region(c, stream) for c in chunks_) if r is not None]
+        found.extend(middle_first(regions))
+    return found
+
+
+def _region(chunk: Chunk, stream: int) -> LayerRegion | None:
+    """The chunk's backward layer: the cone of its outgoing cotangent (None where there is
+    not exactly one, or the cone reads anything but x, weights and one cotangent)."""
+    facts, mine, readers = chunk.facts, chunk.mine, chunk.readers
+    inputs, _ = chunk.sites[chunk.site]
     x = inputs[stream]
     x_type = str(x.type)
     outs = set()
@@ -200,8 +229,18 @@ def _region(facts: OpFacts, sites: list, s: int, mine: set[int], primal_ops: set
     if len(outs) != 1:
         return None
     (out,) = outs
-    allowed = mine | free_ops | primal_ops
-    indices = cone(facts, out, allowed, constants=True)
+    return chunk_region(chunk, out, stream)
+
+
+def chunk_region(chunk: Chunk, out, stream: int) -> LayerRegion | None:
+    """The region computing `out` in `chunk`: its cone there (the chunk's ops, the site's
+    primal ops, constants), where that reads the site's stream input x, some of its weights
+    and one more value of x's type (the incoming cotangent) and nothing else; else None."""
+    facts = chunk.facts
+    inputs, _ = chunk.sites[chunk.site]
+    x = inputs[stream]
+    x_type = str(x.type)
+    indices = cone(facts, out, chunk.allowed, constants=True)
     signature, region_inputs = compact_signature(facts, indices)
     if x not in region_inputs:
         return None

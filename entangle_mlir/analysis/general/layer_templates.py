@@ -65,7 +65,7 @@ from entangle_mlir.analysis.layer_reuse import (
 from entangle_mlir.core.mesh import Mesh
 from entangle_mlir.core.normal_form import make_concat, normal_form, slice_term
 from entangle_mlir.core.relations import GLOBAL, Rel
-from entangle_mlir.core.terms import Term, factor_content, scale
+from entangle_mlir.core.terms import Term, factor_content, make_lin, make_reshape, scale
 from entangle_mlir.mlir.opinfo import describe
 from entangle_mlir.mlir.program import Program, functions
 from entangle_mlir.rules import RuleContext
@@ -241,6 +241,13 @@ class LayerTemplate:
     linear: int | None = None
     """The slot `term` is linear in (a backward layer's incoming cotangent): a device's
     input there may be k times a block (`device_stream`); None: no such slot."""
+    summed: bool = False
+    """`reference_term` is the sum of `term` over the stream's row blocks (a weight
+    gradient's: `gradient_templates.py`; reshaped to its shape where a device's gradient
+    keeps unit dims the reference's drops), not their concatenation."""
+    output_cut: tuple[int, int] | None = None
+    """Of a summed template: (dim, count) where a device's output is its group position's
+    block of `term` along dim; None: all of it."""
 
     def group_of(self, d: int) -> list[int] | None:
         """Device d's collective group (None: in none)."""
@@ -331,18 +338,23 @@ def device_block(hole: Term, dim: int, position: int, size: int) -> Term:
 
 
 def sharded_layer(program: Program, region: LayerRegion, holes: list[Term],
-                  stream_slots: tuple[int, ...]
+                  stream_slots: tuple[int, ...], groups: list[list[int]] | None = None
                   ) -> tuple[dict[int, Term], list, Term, list[Term], list[list[int]]]:
     """The sharded layer expanded on every device on inputs made from `holes` (the
     reference's, by slot): (the block hole of each stream slot, the tiling by slot, device
-    0's output, every device's, the collective groups)."""
+    0's output, every device's, the collective groups). `groups`: the groups its weights
+    are cut over where its own ops hold no grouped collective (a weight gradient's, local
+    to a device: its layer's groups); else they must be its collectives'."""
     moving = next((op.name for op in region.ops() if op.name in MOVING), None)
     if moving is not None:
         raise NotExpanded(f"the sharded layer moves data between devices ({moving})")
     expansion = Expansion(program.sharded_func, program.sharded_module, program.sharded_file)
     mesh = _manual_mesh(program, expansion)
     n = mesh.num_devices
-    groups = _groups(region, mesh)
+    own = _groups(region, mesh)
+    if groups is not None and own is not None and own != groups:
+        raise NotExpanded("the layer's collectives use other groups than its weights' cut")
+    groups = own if groups is None else groups
     position = {d: (p, len(g)) for g in groups or [] for p, d in enumerate(g)}
     env: dict = {}
     tiling: list = []
@@ -619,14 +631,42 @@ class Applications:
     def whole(self, inputs: list[Term]) -> Term | None:
         """The leaf naming `R(inputs)` (the reference layer on these inputs, by slot); None
         where an input's shape or type is not the template's."""
-        holes = self.template.reference_holes
-        if any(t.shape != h.shape or t.dtype != h.dtype for t, h in zip(inputs, holes)):
+        if not self._fits(inputs):
             return None
+        return self._leaf(inputs, self.template.reference_term)
+
+    def reference_value(self, inputs: list[Term]) -> Term | None:
+        """A reference layer's output on these inputs: the leaf naming `R(inputs)`, or for a
+        summed template the sum over the stream's row blocks of the leaves naming the
+        template on each block (`block_leaf`)."""
+        template = self.template
+        if not template.summed:
+            return self.whole(inputs)
+        if not self._fits(inputs):
+            return None
+        leaves = [self.block_leaf(block_inputs(template, inputs, b))
+                  for b in range(template.blocks)]
+        term = template.term
+        total = make_lin([(Fraction(1), leaf) for leaf in leaves], Fraction(0), term.shape,
+                         term.dtype)
+        return make_reshape(total, template.reference_term.shape)
+
+    def block_leaf(self, inputs: list[Term]) -> Term:
+        """The leaf naming a summed template's `term` on these inputs (a row block's, by
+        slot; the weights whole)."""
+        return self._leaf(inputs, self.template.term)
+
+    def _fits(self, inputs: list[Term]) -> bool:
+        """Whether every input has its reference hole's shape and type."""
+        return all(t.shape == h.shape and t.dtype == h.dtype
+                   for t, h in zip(inputs, self.template.reference_holes))
+
+    def _leaf(self, inputs: list[Term], like: Term) -> Term:
+        """The one leaf (of `like`'s shape and type) for these inputs' normal forms."""
         key = tuple(normal_form(t, self.memo).serial for t in inputs)
         leaf = self.leaves.get(key)
         if leaf is None:
-            out = self.template.reference_term
-            leaf = self.leaves[key] = fresh_hole(out.shape, out.dtype)
+            leaf = self.leaves[key] = fresh_hole(like.shape, like.dtype)
         return leaf
 
     def linear_at(self, k: Fraction) -> bool:
@@ -641,6 +681,18 @@ class Applications:
             found = self.scales[k] = Decider([template.term], 5_000).decide(
                 scale(template.term, k), scaled, "template.linear", ground=False).proved
         return found
+
+
+def block_inputs(template: LayerTemplate, inputs: list[Term], b: int) -> list[Term]:
+    """`inputs` (a reference layer's, by slot) with each stream slot cut to its row block b."""
+    streams = template.tiling.index("stream")
+    dim, _ = _tiling(template.reference_holes[streams].shape, template.holes[streams].shape) \
+        or (0, 1)
+    out = []
+    for k, (t, cut) in enumerate(zip(inputs, template.tiling)):
+        size = template.holes[k].shape[dim]
+        out.append(slice_term(t, dim, b * size, (b + 1) * size) if cut == "stream" else t)
+    return out
 
 
 def stream_blocks(template: LayerTemplate, wholes: list[Term], memo: dict[int, Term]
@@ -675,19 +727,20 @@ def device_stream(apps: Applications, inputs: list[list[Term]], d: int,
     on block b), the weights being, for each one cut over the collective group, the
     concatenation of the group's blocks in position order, where each member's block is its
     position's block of that concatenation (the same normal form) and every member's stream
-    inputs are d's (what the template was proven for); else None (d keeps its expanded
-    term). The template's `linear` slot may hold k times a block: the output is then k times
-    the block, where `T` is proven linear at k (`Applications.linear_at`)."""
+    inputs and uncut weights are d's (what the template was proven for: every device read
+    the same holes there); else None (d keeps its expanded term). The template's `linear`
+    slot may hold k times a block: the output is then k times the block, where `T` is proven
+    linear at k (`Applications.linear_at`). A summed template's output (a weight gradient:
+    `gradient_templates.py`) is d's group position's block of the leaf naming `T` on the
+    inputs' row blocks b (`Applications.block_leaf`)."""
     template, memo = apps.template, apps.memo
     group = template.group_of(d)
     args = []
     for k, cut in enumerate(template.tiling):
         own = inputs[k][d]
-        if cut == "stream":
+        if cut in ("stream", None):
             if group is not None and any(inputs[k][m] is not own for m in group):
                 return None
-            args.append(own)
-        elif cut is None:
             args.append(own)
         else:
             if group is None:
@@ -720,6 +773,16 @@ def device_stream(apps: Applications, inputs: list[list[Term]], d: int,
             factor = own / theirs
     if factor != 1 and not apps.linear_at(factor):
         return None
+    if template.summed:
+        whole_inputs = [wholes.get(k, a) for k, a in enumerate(args)]
+        leaf = apps.block_leaf(block_inputs(template, whole_inputs, position))
+        if template.output_cut is not None:
+            if group is None:
+                return None
+            dim, _ = template.output_cut
+            size = template.term.shape[dim] // template.output_cut[1]
+            leaf = device_block(leaf, dim, group.index(d), size)
+        return leaf if factor == 1 else scale(leaf, factor)
     out = apps.whole([wholes.get(k, a) for k, a in enumerate(args)])
     if out is None:
         return None
@@ -748,9 +811,12 @@ def device_streams(apps: Applications, inputs: list[list[Term]], count: int,
 
 def stream_key(template: LayerTemplate, d: int, own: list[Term | None]) -> tuple:
     """What device d's `device_stream` is a function of: its collective group (by its first
-    member) and its own terms (`own`, by slot) of the slots not cut over the group."""
+    member), its position there where its output is a block of the template's
+    (`LayerTemplate.output_cut`), and its own terms (`own`, by slot) of the slots not cut
+    over the group."""
     group = template.group_of(d)
     return (None if group is None else group[0],
+            group.index(d) if group is not None and template.output_cut is not None else None,
             *(getattr(own[k], "serial", None) for k, cut in enumerate(template.tiling)
               if cut in ("stream", None)))
 
@@ -826,7 +892,7 @@ class TemplateWalker(Walker):
             if type(out) is not Rel or any(type(v) is not Rel or v.partial for v in values):
                 continue
             terms = [v.term for v in values]
-            term = app.whole(terms)
+            term = app.reference_value(terms)
             if term is not None and term.shape == out.term.shape:
                 self.wholes.extend(terms[k] for k, cut in enumerate(app.template.tiling)
                                    if cut == "stream")
@@ -907,6 +973,8 @@ class TemplateExpansion(Expansion):
             given = {id(app): (_data_axes(app.template, sym), 0) for app in self.apps}
             self._permuted = (sym, given)
         for app in self.apps:
+            if app.template.summed:
+                continue
             (dim, axes), done = given[id(app)]
             leaves = list(app.leaves.values())
             if axes and len(leaves) > done:

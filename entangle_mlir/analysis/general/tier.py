@@ -27,6 +27,7 @@ from entangle_mlir.analysis.general import MAX_DEVICES
 from entangle_mlir.analysis.general.backward_templates import prove_backward_template
 from entangle_mlir.analysis.general.decide import Decider, Decision
 from entangle_mlir.analysis.general.expand import Expansion, Instance, NotExpanded
+from entangle_mlir.analysis.general.gradient_templates import prove_gradient_templates
 from entangle_mlir.analysis.general.layer_templates import (
     Applications,
     TemplateExpansion,
@@ -193,6 +194,11 @@ BACKWARD_TEMPLATES = True
 (`backward_templates.py`: each layer's outgoing cotangent named by a leaf, so the cotangent
 stream stays linear in depth too); only where the layer templates are on."""
 
+GRADIENT_TEMPLATES = True
+"""Whether the try with the backward template also proves and uses the weight gradients'
+templates (`gradient_templates.py`: each layer's weight gradient on a row block named by a
+leaf, the reference's the sum of its blocks' leaves); only where the backward's is proven."""
+
 
 def general_tier(program: Program, reference: Walk | None = None, *,
                  layer_templates: bool = True, **options) -> GeneralResult:
@@ -235,8 +241,12 @@ def _with_template(program: Program, options: dict) -> GeneralResult | dict | No
         templates = [proof.template]
         backward = prove_backward_template(program, proof.template) if BACKWARD_TEMPLATES \
             else None
+        gradients = []
         if backward is not None and backward.proven:
             templates.append(backward.template)
+            if GRADIENT_TEMPLATES:
+                gradients = prove_gradient_templates(program, proof.template)
+                templates.extend(gradients)
         result = expanded_tier(program, None, template=templates,
                                **{**options, "prove_only": True})
     except Exception as err:  # noqa: BLE001 - the try is an optimization; the tier runs as before
@@ -248,6 +258,9 @@ def _with_template(program: Program, options: dict) -> GeneralResult | dict | No
     if backward is not None:
         note["backward"] = backward.template.decision if backward.proven else backward.reason
         note["backward_layers"] = result.stats.pop("backward_layers", [0, 0])
+    if gradients:
+        note["gradients"] = len(gradients)
+        note["gradient_sites"] = result.stats.pop("gradient_sites", [0, 0])
     if result.proven:
         result.stats["layer_template"] = note
         return result
@@ -363,6 +376,9 @@ def expanded_tier(program: Program, reference: Walk | None = None, *,
         stats["sharded_layers"] = expansion.by_template[0]
         if len(apps) > 1:
             stats["backward_layers"] = [walker.by_template[1], expansion.by_template[1]]
+        if len(apps) > 2:
+            stats["gradient_sites"] = [sum(walker.by_template[2:]),
+                                       sum(expansion.by_template[2:])]
     if problem:
         return GeneralResult(False, devices, problem, stats=stats)
     return GeneralResult(True, devices, assumptions=assumptions, stats=stats,
