@@ -189,9 +189,30 @@ def _compare(args, attrs, dtype, src) -> Array:
     total = attrs.get("compare_type") == "TOTALORDER"
     kinds = (src or [dtype, dtype])[:2]
     if not any(is_float_dtype(k) for k in kinds):  # integers and booleans: nothing rounds
+        at_once = integer_compare(args[0], args[1], direction)
+        if at_once is not None:
+            return at_once
         return apply(lambda a, b: compare(a, b, direction, total), args[0], args[1])
     return apply(lambda a, b: compare(*compared_values(a, b, kinds), direction, total),
                  args[0], args[1])
+
+
+_ARRAY_COMPARE = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
+                  "GT": np.greater, "GE": np.greater_equal}
+
+
+def integer_compare(a: Array, b: Array, direction: str) -> Array | None:
+    """`compare` of two arrays of Python integers and booleans, all elements at once (numpy
+    loops over Python's own comparisons of the elements: exact at any size, `compare`'s
+    result element by element); None where an element is anything else (a Z3 term)."""
+    compared = _ARRAY_COMPARE.get(direction)
+    if compared is None or not (_plain_integers(a) and _plain_integers(b)):
+        return None
+    return np.asarray(compared(a, b), dtype=bool).astype(object)
+
+
+def _plain_integers(x: Array) -> bool:
+    return all(type(v) is int or type(v) is bool for v in x.flat)
 
 
 def _clamp(args, attrs, dtype, src) -> Array:

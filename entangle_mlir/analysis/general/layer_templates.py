@@ -553,21 +553,25 @@ def region_key(region: LayerRegion) -> tuple[tuple, int, int]:
     return region.signature, region.indices.index(op), result
 
 
-def layer_sites(func, key: tuple[tuple, int, int]) -> dict:
-    """{stream output value: LayerSite} for every value of `func`'s blocks computed by the
-    template's ops from some inputs (`match`), the inputs in the template's slot order."""
-    signature, out_op, out_result = key
-    last = signature[out_op][0]
+def sites_of(func, keys: list[tuple[tuple, int, int]]) -> dict:
+    """{output value: (k, LayerSite)} for every value of `func`'s blocks computed by the ops
+    of template `keys[k]` from some inputs (`match`), the inputs in the template's slot order
+    (a value two templates compute is the first's); each block read once for all of them."""
+    wanted: dict[int, list[int]] = {}
+    for k, (signature, out_op, _) in enumerate(keys):
+        wanted.setdefault(signature[out_op][0], []).append(k)
     sites: dict = {}
     for block in all_blocks(func):
         facts = read_ops(block)
         for i, fingerprint in enumerate(facts.fingerprints):
-            if fingerprint != last or out_result >= len(facts.ops[i].results):
-                continue
-            inputs = match(facts, i, signature, out_op)
-            if inputs is not None:
-                value = facts.ops[i].results[out_result]
-                sites[value] = LayerSite(inputs, value)
+            for k in wanted.get(fingerprint, ()):
+                signature, out_op, out_result = keys[k]
+                if out_result >= len(facts.ops[i].results):
+                    continue
+                inputs = match(facts, i, signature, out_op)
+                if inputs is not None:
+                    value = facts.ops[i].results[out_result]
+                    sites.setdefault(value, (k, LayerSite(inputs, value)))
     return sites
 
 
@@ -857,12 +861,9 @@ def _group_whole(apps: Applications, members: list[Term], cut: tuple[int, int]
 
 def _sites(func, apps: list[Applications], sharded: bool) -> dict:
     """{output value: (Applications, LayerSite)} for every template's sites in `func`."""
-    found: dict = {}
-    for app in apps:
-        key = app.template.sharded_key if sharded else app.template.reference_key
-        for value, site in layer_sites(func, key).items():
-            found.setdefault(value, (app, site))
-    return found
+    keys = [app.template.sharded_key if sharded else app.template.reference_key
+            for app in apps]
+    return {value: (apps[k], site) for value, (k, site) in sites_of(func, keys).items()}
 
 
 class TemplateWalker(Walker):
