@@ -32,6 +32,7 @@ group reading the same x and c). The try through the templates only answers "pro
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 from entangle_mlir.analysis.general.backward_templates import (
@@ -153,19 +154,33 @@ def _trimmed(chunk: Chunk, value, fits: set[int]):
         value = source
 
 
+@dataclass
+class SharedHoles:
+    """What the gradients of one pair of chunks are proven on: one hole per input value of
+    either program, one decider (its normal forms' memo), so the layer's recomputed forward
+    and backward, which every gradient reads, are the same terms, normalized once."""
+
+    decider: Decider = field(default_factory=lambda: Decider([]))
+    reference: dict = field(default_factory=dict)
+    sharded: dict = field(default_factory=dict)
+
+
 def prove_gradient(program: Program, reference: LayerRegion, sharded: LayerRegion,
-                   groups: list[list[int]], timeout_ms: int = 5_000) -> TemplateProof:
+                   groups: list[list[int]], shared: SharedHoles | None = None
+                   ) -> TemplateProof:
     """Whether the reference's weight gradient `reference` is the sum over the stream's row
     blocks of the sharded one `sharded` combined over its collective groups (`groups`: the
     forward layer's, where the gradient's own ops hold no grouped collective), for every
-    value of their inputs (the module docstring)."""
+    value of their inputs (the module docstring). No valid-index assumption: holes are no
+    program inputs."""
+    shared = shared or SharedHoles()
     streams = reference.stream_slots()
     try:
         if len(reference.inputs) != len(sharded.inputs) or streams != sharded.stream_slots():
             raise NotExpanded("the gradients read different input lists")
-        holes, want = reference_layer(program, reference)
+        holes, want = reference_layer(program, reference, shared.reference)
         block_holes, tiling, _, outs, groups = sharded_layer(program, sharded, holes, streams,
-                                                             groups)
+                                                             groups, shared.sharded)
         cuts = {_tiling(holes[k].shape, block_holes[k].shape) or (0, 1) for k in streams}
         if len(cuts) != 1:
             raise NotExpanded("the stream slots are cut into different row blocks")
@@ -176,7 +191,7 @@ def prove_gradient(program: Program, reference: LayerRegion, sharded: LayerRegio
         output_cut = _tiling(want.shape, outs[0].shape) or None
     except NotExpanded as err:
         return TemplateProof(None, err.reason)
-    decider = Decider([want], timeout_ms)
+    decider = shared.decider
     term = _combined(outs, output_cut, groups, decider)
     if term is None:
         return TemplateProof(None, "the devices' gradients are not one function's blocks")
@@ -221,8 +236,8 @@ def _combined(outs: list[Term], output_cut, groups: list[list[int]], decider: De
     return first
 
 
-def prove_gradient_templates(program: Program, forward: LayerTemplate,
-                             timeout_ms: int = 5_000) -> list[LayerTemplate]:
+def prove_gradient_templates(program: Program, forward: LayerTemplate
+                             ) -> list[LayerTemplate]:
     """A proven gradient template for each weight gradient of the reference's middle backward
     chunk that has one: each paired with the sharded chunks' gradients of a fitting type,
     in their order (`prove_gradient`)."""
@@ -234,12 +249,13 @@ def prove_gradient_templates(program: Program, forward: LayerTemplate,
                   for chunk in gradient_regions(func, forward.sharded_key, stream)[:1]
                   for region in chunk]
     proven = []
+    shared = SharedHoles()
     for reference in references[0]:
         for sharded in candidates:
             if not _slots_fit(reference, sharded) or not _output_fits(
                     _shape(reference.stream_out), _shape(sharded.stream_out)):
                 continue
-            proof = prove_gradient(program, reference, sharded, forward.groups, timeout_ms)
+            proof = prove_gradient(program, reference, sharded, forward.groups, shared)
             if proof.proven:
                 proven.append(proof.template)
                 candidates.remove(sharded)

@@ -272,14 +272,20 @@ class _Quiet:
         pass
 
 
-def reference_layer(program: Program, region: LayerRegion) -> tuple[list[Term], Term]:
-    """The reference layer walked once on holes: (the holes by slot, its stream output)."""
+def reference_layer(program: Program, region: LayerRegion, shared: dict | None = None
+                    ) -> tuple[list[Term], Term]:
+    """The reference layer walked once on holes: (the holes by slot, its stream output).
+    `shared`: the hole of each input value already given one (several layers over the same
+    inputs, so their common parts are the same terms), updated."""
     walker = Walker(program.ref_func, program.ref_module, program.ref_file)
     walker.progress = _Quiet()
     holes = []
+    shared = {} if shared is None else shared
     for value in region.inputs:
         t = describe_type(value.type)
-        hole = fresh_hole(tuple(t.shape), t.dtype)
+        hole = shared.get(value)
+        if hole is None:
+            hole = shared[value] = fresh_hole(tuple(t.shape), t.dtype)
         holes.append(hole)
         walker.walk.values[value] = Rel(hole, ((),) * len(t.shape), scope=GLOBAL)
     for op in region.ops():
@@ -338,13 +344,15 @@ def device_block(hole: Term, dim: int, position: int, size: int) -> Term:
 
 
 def sharded_layer(program: Program, region: LayerRegion, holes: list[Term],
-                  stream_slots: tuple[int, ...], groups: list[list[int]] | None = None
+                  stream_slots: tuple[int, ...], groups: list[list[int]] | None = None,
+                  shared: dict | None = None
                   ) -> tuple[dict[int, Term], list, Term, list[Term], list[list[int]]]:
     """The sharded layer expanded on every device on inputs made from `holes` (the
     reference's, by slot): (the block hole of each stream slot, the tiling by slot, device
     0's output, every device's, the collective groups). `groups`: the groups its weights
     are cut over where its own ops hold no grouped collective (a weight gradient's, local
-    to a device: its layer's groups); else they must be its collectives'."""
+    to a device: its layer's groups); else they must be its collectives'. `shared`: the
+    block hole of each stream input value already given one, updated."""
     moving = next((op.name for op in region.ops() if op.name in MOVING), None)
     if moving is not None:
         raise NotExpanded(f"the sharded layer moves data between devices ({moving})")
@@ -367,7 +375,12 @@ def sharded_layer(program: Program, region: LayerRegion, holes: list[Term],
             raise NotExpanded(f"input {k} of the sharded layer ({local}) is no block of the "
                               f"reference's ({hole.shape})")
         if k in stream_slots:
-            block_holes[k] = fresh_hole(local, t.dtype)
+            block = None if shared is None else shared.get(value)
+            if block is None or block.shape != local or block.dtype != t.dtype:
+                block = fresh_hole(local, t.dtype)
+                if shared is not None:
+                    shared[value] = block
+            block_holes[k] = block
             tiling.append("stream")
             env[value] = [Local(t.dtype, local, term=block_holes[k])] * n
             continue
