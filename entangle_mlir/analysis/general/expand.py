@@ -11,6 +11,7 @@ devices' blocks, with an obligation per device that must agree with its represen
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -24,6 +25,7 @@ from entangle_mlir.analysis.general.loops import LoopStats, solve_loop
 from entangle_mlir.analysis.general.symmetry import Symmetry, symmetric_axes
 from entangle_mlir.analysis.general.values import (  # noqa: F401 - concrete_term: tests import it here
     MAX_CONCRETE,
+    DeviceValues,
     Later,
     LaterOp,
     Local,
@@ -720,15 +722,25 @@ class LaterLocal(LaterOp):
         self.ins = ins
         self.sym = sym
         self.cache: dict[tuple, list[Local]] = {}
-        types = result_types(info)
-        self.by_device: list[list[Local]] = []
-        for d in range(n):
-            chosen = _chosen(info, [values[d] for values in ins])
-            self.by_device.append([chosen] if chosen is not None
-                                  else Later(self, d).locals_(types))
+        self.types = result_types(info)
+        self.made: list[list[Local] | None] = [None] * n
 
-    def results(self) -> list[list[Local]]:
-        return [list(values) for values in zip(*self.by_device)]
+    def device(self, d: int) -> list[Local]:
+        """Device d's results (made when first asked for: `DeviceValues`)."""
+        found = self.made[d]
+        if found is None:
+            chosen = _chosen(self.info, [values[d] for values in self.ins]) \
+                if self.info.name == "stablehlo.select" else None
+            found = self.made[d] = [chosen] if chosen is not None \
+                else Later(self, d).locals_(self.types)
+        return found
+
+    def results(self) -> list[DeviceValues]:
+        return [DeviceValues(len(self.made), functools.partial(self._result, k))
+                for k in range(len(self.types))]
+
+    def _result(self, k: int, d: int) -> Local:
+        return self.device(d)[k]
 
     def reads(self, d: int) -> list[Local]:
         own = [values[d] for values in self.ins]
@@ -736,7 +748,7 @@ class LaterLocal(LaterOp):
         if sym is None or sym.rep[d] == d:
             return own
         rep = sym.rep[d]
-        return [*own, *(values[rep] for values in self.ins), *self.by_device[rep]]
+        return [*own, *(values[rep] for values in self.ins), *self.device(rep)]
 
     def compute(self, d: int) -> list[Local]:
         expansion = self.expansion
@@ -748,7 +760,7 @@ class LaterLocal(LaterOp):
         found = self.cache.get(key)
         if sym is not None and sym.rep[d] != d and all(
                 sym.coherent(values[sym.rep[d]], values[d], d) for values in ins):
-            rep = self.by_device[sym.rep[d]]
+            rep = self.device(sym.rep[d])
             if found is None:
                 found = self.cache[key] = [sym.renamed_local(local, d) for local in rep]
                 expansion.stats.renamed += 1

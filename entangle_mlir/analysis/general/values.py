@@ -5,6 +5,7 @@ or a concrete integer array), `concrete_term` (such an array as a term), and `No
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
 
 import numpy as np
@@ -192,6 +193,34 @@ class Later:
             return [Local(types[0][0], types[0][1], renaming=self)]
         return [Local(dtype, shape, renaming=LaterResult(self, k))
                 for k, (dtype, shape) in enumerate(types)]
+
+
+class DeviceValues(Sequence):
+    """One result's values on every device, each made (`make(d)`) when first indexed: most
+    devices' values of an op computed where read are never read (a pipeline's 64 devices
+    of which a few are read through the templates), so their objects are never made."""
+
+    __slots__ = ("_made", "_make")
+
+    def __init__(self, count: int, make: Callable[[int], Local]):
+        self._made: list[Local | None] = [None] * count
+        self._make = make
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    def __getitem__(self, d):
+        if isinstance(d, slice):
+            return [self[i] for i in range(*d.indices(len(self._made)))]
+        if d < 0:
+            d += len(self._made)
+        local = self._made[d]
+        if local is None:
+            local = self._made[d] = self._make(d)
+        return local
+
+    def __iter__(self) -> Iterator[Local]:
+        return (self[d] for d in range(len(self._made)))
 
 
 class LaterResult:
