@@ -32,6 +32,13 @@ STOPPED_NOTE = ("the general tier (per-device expansion) stopped before deciding
 """The note of a general tier stopped by its own limit or defect (`GeneralResult.internal`) or
 out of its time budget: never silent, since the verdict then rests on the layout tier
 alone."""
+UNDECIDED_NOTE = "the general tier (per-device expansion) did not decide: {reason}"
+"""The note of a general tier that decided nothing for a reason a user can act on
+(`FLOAT_TYPES`)."""
+
+FLOAT_TYPES = "float arithmetic in several types"
+"""`decide.several_float_types`' reason: the programs round in different float types."""
+
 MESSAGE_PREFIX = "general tier ("
 """How the general tier's diagnostic (its refutation) begins."""
 
@@ -82,6 +89,8 @@ def apply_result(report: Report, result: GeneralResult) -> None:
         elif result.reason.startswith("out of time"):
             report.notes.append(STOPPED_NOTE.format(
                 reason=f"{result.reason} (its budget of CPU seconds ran out: --general-budget)"))
+        elif FLOAT_TYPES in result.reason:
+            report.notes.append(UNDECIDED_NOTE.format(reason=result.reason))
         if result.refuted:
             report.counterexample = result.inputs
         if result.refuted and report.diagnostics and all(

@@ -430,3 +430,23 @@ def test_a_refutation_the_terms_do_not_show_is_not_made(monkeypatch) -> None:
     assert not any(d.message.startswith("general tier (") for d in report.diagnostics)
     assert "the decision found the terms different, but they agree on the inputs it found" in \
         report.stats["general_tier"]["reason"]
+
+
+def test_several_float_types_are_named_per_side() -> None:
+    """Two terms computed in bf16 and f32 are not decided (exact reals would meet where the
+    roundings do not); the reason names each side's types where they differ, and only the
+    types where both sides compute alike."""
+    from entangle_mlir.analysis.general.decide import Decider, several_float_types
+    from entangle_mlir.core.terms import make_arg, make_convert, make_elementwise
+
+    x = make_arg(0, (4,), "bf16")
+    in_bf16 = make_elementwise("stablehlo.multiply", (x, x), (), "bf16")
+    wide = make_convert(x, "f32")
+    in_f32 = make_convert(make_elementwise("stablehlo.multiply", (wide, wide), (), "f32"),
+                          "bf16")
+    decision = Decider([in_bf16]).decide(in_bf16, in_f32, "types", ground=False)
+    assert decision.status == "unknown"
+    assert "the reference computes in bf16, the sharded program in f32" in decision.reason
+    mixed = make_elementwise("stablehlo.add", (in_bf16, in_f32), (), "bf16")
+    alike = several_float_types(mixed, mixed, {"bf16", "f32"})
+    assert alike.startswith("float arithmetic in several types (bf16, f32): the general")

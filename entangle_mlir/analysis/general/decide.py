@@ -85,6 +85,21 @@ def computed_float_dtypes(terms: list[Term]) -> set[str]:
     return found
 
 
+def several_float_types(want: Term, got: Term, floats: set[str]) -> str:
+    """Why terms computed in several float types are not decided, naming the types each side
+    computes in where they differ (a sharded program's `jnp.prod` or `jnp.sum` of bf16
+    values computes in f32, the reference's `jnp.cumprod` in bf16: they round differently)."""
+    ours, theirs = computed_float_dtypes([want]), computed_float_dtypes([got])
+    where = ""
+    if ours != theirs:
+        where = (f": the reference computes in {', '.join(sorted(ours)) or 'no float type'}, "
+                 f"the sharded program in {', '.join(sorted(theirs)) or 'no float type'}"
+                 " (jax's sums and products of low-precision values compute in f32), so they "
+                 "round differently")
+    return (f"float arithmetic in several types ({', '.join(sorted(floats))}){where}: the "
+            "general tier compares exact real values, so it does not tell the roundings apart")
+
+
 MAX_SCATTER_WORK = 20_000
 """Z3's evaluation of a scatter at symbolic indices compares every update with every element
 of its operand, each comparison a new expression over the ones before: past this many
@@ -206,9 +221,7 @@ class Decider:
                             f"{inexact.dtype}, which does not hold them all exactly")
         floats = computed_float_dtypes([nw, ng])
         if len(floats) > 1:
-            return Decision("unknown", "float arithmetic in several types "
-                            f"({', '.join(sorted(floats))}): the general tier compares exact "
-                            "real values, so it does not tell them apart")
+            return Decision("unknown", several_float_types(nw, ng, floats))
         from entangle_mlir.analysis.instance.term_equality import (  # lazy: z3 (~40 ms)
             MAX_QUERY_WORK,
             check_term_equality,
