@@ -93,9 +93,8 @@ def several_float_types(want: Term, got: Term, floats: set[str]) -> str:
     where = ""
     if ours != theirs:
         where = (f": the reference computes in {', '.join(sorted(ours)) or 'no float type'}, "
-                 f"the sharded program in {', '.join(sorted(theirs)) or 'no float type'}"
-                 " (jax's sums and products of low-precision values compute in f32), so they "
-                 "round differently")
+                 f"the sharded program in {', '.join(sorted(theirs)) or 'no float type'}, "
+                 "so they round differently")
     return (f"float arithmetic in several types ({', '.join(sorted(floats))}){where}: the "
             "general tier compares exact real values, so it does not tell the roundings apart")
 
