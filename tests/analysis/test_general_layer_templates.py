@@ -57,13 +57,22 @@ def test_stage_layer_template_is_proven(layers: int, pp: int, tp: int, dp: int) 
 
 
 @pytest.mark.parametrize("changed", [False, True])
-def test_template_equality_by_z3(changed: bool) -> None:
+def test_template_equality_by_z3(changed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same equality asked of Z3 alone (no normal form) at the smallest widths (one
     token, d_model 2, d_ff 2: one gate/up column and one down row a tp device, still summed by
     the layer's psum): proven; with the stage's MLP output scaled by 1.0625, refuted (at
-    d_model 4 Z3 runs out of time on the refutation)."""
+    d_model 4 Z3 runs out of time on the refutation). The query is built as in a fresh
+    process (terms interned from scratch, holes numbered from the start): Z3's search on
+    this nonlinear query follows its terms' order and names, which otherwise depend on what
+    the worker checked before (it answered "unknown" after other tests)."""
+    from entangle_mlir.analysis import layer_reuse
     from entangle_mlir.analysis.instance.term_equality import check_term_equality
     from entangle_mlir.analysis.solver import fresh_contexts
+    from entangle_mlir.core import memos
+
+    before = memos.saved()
+    memos.start_over()
+    monkeypatch.setattr(layer_reuse, "_holes", 0)
 
     cfg = replace(F.tiny(F.LLAMA_70B, 6), batch=2, seq=1, d_model=2, d_ff=2)
     ex = F.pipeline_step(cfg, 1, 2, 2, micro=2, attention=False,
@@ -71,8 +80,9 @@ def test_template_equality_by_z3(changed: bool) -> None:
     program = _program(ex)
     reference, sharded = LT.repeated_layers(program.ref_func)[0], _stage_layer(program)
     eq = LT.template_equality(program, reference, sharded)
-    with fresh_contexts():  # its search does not follow what the worker asked before
+    with fresh_contexts():
         result = check_term_equality(eq.want, eq.got, "template.z3", 60_000, typed=True)
+    memos.restore(before)
     assert result.status == ("refuted" if changed else "proved"), result.reason
 
 

@@ -717,6 +717,7 @@ class LaterLocal(LaterOp):
 
     def __init__(self, expansion: Expansion, info: OpInfo, ins: list[list[Local]],
                  sym: Symmetry | None, n: int):
+        super().__init__()
         self.expansion = expansion
         self.info = info
         self.ins = ins
@@ -912,6 +913,7 @@ class LaterCollective(LaterOp):
     from its group's."""
 
     def __init__(self, info: OpInfo, ins: list[list[Local]], mesh: Mesh):
+        super().__init__()
         self.info = info
         self.ins = ins
         self.sources = device_sources(info, mesh)

@@ -1015,6 +1015,7 @@ class SiteStreams(LaterOp):
 
     def __init__(self, expansion: TemplateExpansion, app: Applications,
                  inputs: list[list[Local]], outs: list[Local], sym, n: int):
+        super().__init__()
         self.expansion = expansion
         self.app = app
         self.inputs = inputs

@@ -142,13 +142,24 @@ class Renaming:
 
 class LaterOp:
     """An op of an expansion that computes only what is read (`Expansion.lazy`): what each
-    device's results read (`reads`) and how they are computed (`compute`)."""
+    device's results read (`reads`) and how they are computed (`compute`). `order`: when it
+    was made, so its devices' results are older than those of every op made after it, even
+    when they are made later (`DeviceValues`)."""
+
+    _orders = itertools.count()
+
+    def __init__(self) -> None:
+        self.order = next(LaterOp._orders)
 
     def reads(self, d: int) -> list[Local]:
         raise NotImplementedError
 
     def compute(self, d: int) -> list[Local]:
         raise NotImplementedError
+
+
+DEVICE_SPAN = 1 << 24
+"""More than any mesh's devices: `Later.serial` orders by op, then device."""
 
 
 class Later:
@@ -158,13 +169,12 @@ class Later:
     made)."""
 
     __slots__ = ("device", "op", "results", "serial")
-    _serials = itertools.count()
 
     def __init__(self, op: LaterOp, device: int):
         self.op = op
         self.device = device
         self.results: list[Local] | None = None
-        self.serial = next(Later._serials)
+        self.serial = op.order * DEVICE_SPAN + device
 
     def get(self) -> list[Local]:
         if self.results is None:
