@@ -163,9 +163,20 @@ class Chunk:
     readers: dict
 
     @property
-    def allowed(self) -> set[int]:
-        """The ops a backward layer's cone may hold."""
-        return self.mine | self.free_ops | self.primal_ops
+    def allowed(self) -> AnyOf:
+        """The ops a backward layer's cone may hold (the block's free ops are many: not
+        copied per chunk)."""
+        return AnyOf(self.mine, self.primal_ops, self.free_ops)
+
+
+class AnyOf:
+    """Membership in any of several sets, none of them copied."""
+
+    def __init__(self, *sets: set[int]):
+        self.sets = sets
+
+    def __contains__(self, item: int) -> bool:
+        return any(item in s for s in self.sets)
 
 
 def block_chunks(func, key: tuple, stream: int) -> list[list[Chunk]]:

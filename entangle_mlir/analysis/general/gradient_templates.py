@@ -7,10 +7,13 @@ over micro-batches and the data axes, and every decision normalized those sums l
 layer (a third of the 70B attention row's time). This module names them by leaves too:
 
 * *Where a weight gradient is.* In a layer's backward chunk (`backward_templates.chunks`),
-  the gradient of weight slot k is the last value of that weight's type computed from the
-  layer's stream input x, its weights and one incoming cotangent c of x's type (its cone
-  within the chunk, the site's primal ops and constants: `gradient_regions`).
-* *The template equality*, proven once on holes for each slot k:
+  a weight gradient is a value computed from the layer's stream input x, its weights and
+  one incoming cotangent c of x's type alone (its cone within the chunk, the site's primal
+  ops, the block's weight-only ops and constants) that an op reading more reads (the
+  accumulation over micro-batches, the bubble mask), its hand-offs trimmed
+  (`chunk_gradients`). Reference and sharded gradients are paired by proof: each
+  reference gradient with the first sharded one of a fitting shape whose equality holds.
+* *The template equality*, proven once on holes for each gradient:
   `G(X, W, C) == sum_b F(slice_b X, W, slice_b C)`, `G` the reference's gradient on the
   whole batch, `F(x, W, c)` the sharded one on a row block combined over the layer's
   collective group: the concatenation of the members' outputs in position order along the
@@ -26,7 +29,10 @@ forms of (slice_b X, W, slice_b C) is the same leaf, wherever it occurs; the tem
 equality and the linearity hold for every hole value; a device's value is its block of the
 leaf only where `layer_templates.device_stream`'s checks hold (its x and c the same row
 block b of wholes X and C, its weights its group position's blocks, every member of its
-group reading the same x and c). The try through the templates only answers "proven".
+group reading the same x, c and uncut weights). Templates are functions, not wirings: a
+stage returning gate's gradient for up and up's for gate keeps both templates, and the
+decisions, which see which accumulator each leaf is added to, do not prove it. The try
+through the templates only answers "proven".
 """
 
 from __future__ import annotations
@@ -72,14 +78,16 @@ RESHAPING = ("stablehlo.broadcast_in_dim", "stablehlo.reduce")
 """Trimmed off a gradient's end where their result has as many elements as their operand."""
 
 
-def gradient_regions(func, key: tuple, stream: int) -> list[list[LayerRegion]]:
-    """The weight gradients of each backward chunk of `func`'s blocks (`chunk_gradients`),
-    the middle chunk of each block first; chunks without any left out."""
-    found = []
+def first_gradients(func, key: tuple, stream: int) -> list[LayerRegion]:
+    """The weight gradients (`chunk_gradients`) of the first backward chunk of `func`'s
+    blocks that has any, each block's middle chunk first (the one likeliest to be like the
+    others: no stage boundary next to it)."""
     for chunks in block_chunks(func, key, stream):
-        found.extend(middle_first([g for g in map(chunk_gradients, chunks,
-                                                  [stream] * len(chunks)) if g]))
-    return found
+        for chunk in middle_first(chunks):
+            found = chunk_gradients(chunk, stream)
+            if found:
+                return found
+    return []
 
 
 def chunk_gradients(chunk: Chunk, stream: int) -> list[LayerRegion]:
@@ -109,27 +117,27 @@ def chunk_gradients(chunk: Chunk, stream: int) -> list[LayerRegion]:
 
 
 def _fitting_ops(chunk: Chunk, stream: int) -> set[int]:
-    """The ops of the chunk's cones (`Chunk.allowed`) computing from x, the weights, constants
-    and one more value of x's type alone, reading that value (an upper bound of what
-    `chunk_region` accepts: it checks each gradient's cone again)."""
+    """The chunk's own and primal ops computing from x, the weights, constants, the block's
+    free ops and one more value of x's type alone, reading that value (an upper bound of
+    what `chunk_region` accepts: it checks each gradient's cone again)."""
     facts = chunk.facts
     inputs, _ = chunk.sites[chunk.site]
     x_type = str(inputs[stream].type)
     known = set(inputs)
-    allowed = chunk.allowed
+    own = chunk.mine | chunk.primal_ops
     others: dict[int, frozenset | None] = {}
-    for i in sorted(allowed):
+    for i in sorted(own):
         found: set = set()
         for v in facts.operands[i]:
             where = facts.position.get(v)
-            if where is not None and where[0] in allowed:
+            if where is not None and where[0] in own:
                 theirs = others.get(where[0])
                 if theirs is None:
                     found = None
                     break
                 found |= theirs
-            elif where is not None and not facts.operands[where[0]] \
-                    and where[0] not in facts.prelude:
+            elif where is not None and (where[0] in chunk.free_ops or not facts.operands[
+                    where[0]] and where[0] not in facts.prelude):
                 continue
             elif v not in known:
                 found.add(v)
@@ -242,15 +250,12 @@ def prove_gradient_templates(program: Program, forward: LayerTemplate
     chunk that has one: each paired with the sharded chunks' gradients of a fitting type,
     in their order (`prove_gradient`)."""
     stream = forward.tiling.index("stream")
-    references = gradient_regions(program.ref_func, forward.reference_key, stream)
-    if not references:
-        return []
+    references = first_gradients(program.ref_func, forward.reference_key, stream)
     candidates = [region for func in functions(program.sharded_module)
-                  for chunk in gradient_regions(func, forward.sharded_key, stream)[:1]
-                  for region in chunk]
+                  for region in first_gradients(func, forward.sharded_key, stream)]
     proven = []
     shared = SharedHoles()
-    for reference in references[0]:
+    for reference in references:
         for sharded in candidates:
             if not _slots_fit(reference, sharded) or not _output_fits(
                     _shape(reference.stream_out), _shape(sharded.stream_out)):
