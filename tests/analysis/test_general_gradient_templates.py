@@ -32,7 +32,7 @@ from entangle_mlir.core.terms import scale
 from entangle_mlir.driver import check_texts
 from entangle_mlir.mlir.program import Program
 from examples.heldout.corpus import input_sets, lower_pair, max_error
-from tests.analysis.test_general_backward_templates import custom_backward
+from tests.analysis.test_general_backward_templates import custom_backward, exact
 from tests.analysis.test_general_layer_templates import (
     _program,
     _step,
@@ -78,6 +78,21 @@ def test_gradient_is_linear_in_its_cotangent() -> None:
         at_four = substitute(template.term, {hole.serial: scale(hole, Fraction(4))})
         assert not Decider([template.term], 5_000).decide(
             scale(template.term, Fraction(5)), at_four, "linear.wrong", ground=False).proved
+
+
+def test_hand_written_backward_gets_every_gradient_template() -> None:
+    """Another spelling of the same stage, the positive control of the neighbours below: a
+    custom vjp computing jax's own backward (its residuals saved by hand, the forward run
+    again by `jax.vjp` in the backward): every weight gradient has a template and the
+    pipeline (its numbers matching) is proven through them."""
+    ex = _step(4, 2, 2, stage_mlp=custom_backward(exact))
+    assert max_error(ex, input_sets(ex)[0]) <= 10 * ex.atol
+    forward, gradients = _gradients(_program(ex))
+    assert sorted(str(t.output_cut) for t in gradients) == _weight_cuts(forward)
+    report = check_texts(*lower_pair(ex), verify_rules=False, layer_templates=True)
+    assert report.proven
+    note = report.stats["general_tier"]["layer_template"]
+    assert note["gradients"] == 4 and note["gradient_sites"][0] == 4 * 4, note
 
 
 def _changed(dp: dict, **new) -> dict:
