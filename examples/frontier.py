@@ -173,7 +173,10 @@ PIPELINE_TWINS = {
 `# BUG` line (`stage_mlp_without_psum`: the stage's MLP misses its tp psum;
 `middle_layer_up_from_gate`: layer L // 2 of the stack, and only it, multiplies by w_gate
 where w_up belongs, `stage_changing_layer`: the pipeline analogue of `dense_step`'s
-`changed_layer`)."""
+`changed_layer`). Each is lowered with shard_map's vma check, as the correct step is
+(without it jax's transpose does not sum the replicated weights' gradients, so the step
+differs from the reference before any bug), but `stage_mlp_without_psum`, whose missing
+psum is what the check rejects."""
 
 
 def pipeline_step(cfg: Config, dp: int, pp: int, tp: int, micro: int = 4,
@@ -208,7 +211,8 @@ def pipeline_step(cfg: Config, dp: int, pp: int, tp: int, micro: int = 4,
                            True, axes=("pp", "dp"), **schedule),
         [*params] * 3 + [data, data], (P(), *(tuple(specs),) * 3),
         f"1F1B training step of {L} Llama {'layers' if attention else 'MLP blocks'} on "
-        "dp x pp x tp, Adam-like update", bug=bug, bug_fn=bug_fn)
+        "dp x pp x tp, Adam-like update", bug=bug, bug_fn=bug_fn,
+        check_vma=bug_fn is not mlp_without_psum)
 
 
 # ----- DeepSeek-V3-like MoE on ep --------------------------------------------------------------
