@@ -410,6 +410,12 @@ def allowed_compare_types(dtype: str) -> tuple[str, ...]:
     return ("FLOAT", "TOTALORDER") if default == "FLOAT" else (default,)
 
 
+ARRAY_COMPARISONS = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
+                     "GT": np.greater, "GE": np.greater_equal}
+"""A `stablehlo.compare` direction as numpy's function of whole arrays (element by element:
+of Python integers, their own comparisons)."""
+
+
 def compare_type(op) -> str:
     """A `stablehlo.compare`'s compare type: the attribute, or the default of its operands'
     element type when absent (what XLA uses then). It is part of what the op computes:

@@ -47,7 +47,13 @@ from entangle_mlir.core import precision
 from entangle_mlir.core.rounding import DTYPE_NAMES
 from entangle_mlir.core.traits import ELEMENTWISE_OPS
 from entangle_mlir.mlir.ir import op_key
-from entangle_mlir.mlir.opinfo import compare_type, constant_value, describe, reducer_kind
+from entangle_mlir.mlir.opinfo import (
+    ARRAY_COMPARISONS,
+    compare_type,
+    constant_value,
+    describe,
+    reducer_kind,
+)
 from entangle_mlir.normalize.bounds import interval
 from entangle_mlir.normalize.int_ranges import decided
 from entangle_mlir.normalize.match import (
@@ -721,8 +727,6 @@ def _evaluated_on_devices(value, counts: dict) -> np.ndarray | None:
 _NUMPY_TYPES = {"i1": np.bool_, "i8": np.int8, "i16": np.int16, "i32": np.int32,
                 "i64": np.int64, "ui8": np.uint8, "ui16": np.uint16, "ui32": np.uint32,
                 "ui64": np.uint64, "f32": np.float32, "f64": np.float64}
-_COMPARE = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
-            "GT": np.greater, "GE": np.greater_equal}
 _BINARY = {"stablehlo.add": np.add, "stablehlo.subtract": np.subtract,
            "stablehlo.multiply": np.multiply, "stablehlo.maximum": np.maximum,
            "stablehlo.minimum": np.minimum, "stablehlo.and": np.logical_and,
@@ -802,7 +806,8 @@ def _apply(op: ir.Operation, args: list[np.ndarray], ids: dict[str, np.ndarray],
         direction = str(op.attributes["comparison_direction"]).split()[-1].rstrip(">")
         if compare_type(op) == "TOTALORDER":
             return None  # numpy compares floats as FLOAT does
-        return _COMPARE[direction](*args) if direction in _COMPARE else None
+        compared = ARRAY_COMPARISONS.get(direction)
+        return None if compared is None else compared(*args)
     if name == "stablehlo.broadcast_in_dim":
         dims = i64s(op, "broadcast_dimensions")
         operand = args[0]

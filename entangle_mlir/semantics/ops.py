@@ -21,7 +21,7 @@ import z3
 
 from entangle_mlir.core import precision
 from entangle_mlir.core.terms import IOTA_POSITIONS
-from entangle_mlir.mlir.opinfo import OpInfo, conv_attrs, scatter_kind
+from entangle_mlir.mlir.opinfo import ARRAY_COMPARISONS, OpInfo, conv_attrs, scatter_kind
 from entangle_mlir.semantics.element import (
     Element,
     SemanticsError,
@@ -97,7 +97,7 @@ WRAPPED_OPS = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply",
                 "stablehlo.reduce_window",
                 "stablehlo.scatter", "stablehlo.all_reduce", "stablehlo.reduce_scatter",
                 "lin", "mul", "div", "reduce_sum", "reduce_window_sum", "reduce_window_mul",
-               "reduce_mul")
+                "reduce_mul")
 """Ops whose integer results are computed modulo 2^N (sums, products, quotients, converts);
 `_wrapped_local` and `collectives._wrapped_collective` reduce their results into the
 dtype's range."""
@@ -197,15 +197,11 @@ def _compare(args, attrs, dtype, src) -> Array:
                  args[0], args[1])
 
 
-_ARRAY_COMPARE = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
-                  "GT": np.greater, "GE": np.greater_equal}
-
-
 def integer_compare(a: Array, b: Array, direction: str) -> Array | None:
     """`compare` of two arrays of Python integers and booleans, all elements at once (numpy
     loops over Python's own comparisons of the elements: exact at any size, `compare`'s
     result element by element); None where an element is anything else (a Z3 term)."""
-    compared = _ARRAY_COMPARE.get(direction)
+    compared = ARRAY_COMPARISONS.get(direction)
     if compared is None or not (_plain_integers(a) and _plain_integers(b)):
         return None
     return np.asarray(compared(a, b), dtype=bool).astype(object)
