@@ -388,28 +388,37 @@ class Expansion(Walker):
         else:
             outs = [[] for _ in results]
             cache: dict[tuple, list[Local]] = {}
-            sym = self.symmetry
             for d in range(n):
-                operands = [values[d] for values in ins]
-                key = tuple(local.key() for local in operands)
-                found = cache.get(key)
-                if sym is not None and sym.rep[d] != d and all(
-                        sym.coherent(values[sym.rep[d]], values[d], d) for values in ins):
-                    rep = sym.rep[d]
-                    if found is None:
-                        found = cache[key] = [sym.renamed_local(values[rep], d)
-                                              for values in outs]
-                        self.stats.renamed += 1
-                    else:
-                        for values, local in zip(outs, found):
-                            sym.record(values[rep], local, d)
-                if found is None:
-                    found = cache[key] = self._local_op(info, operands)
-                    self.stats.computed += 1
+                found = self._on_device(info, ins, d, self.symmetry, cache,
+                                        lambda rep: [values[rep] for values in outs])
                 for k, local in enumerate(found):
                     outs[k].append(local)
         for result, values in zip(results, outs):
             env[result] = values
+
+    def _on_device(self, info: OpInfo, ins: list[list[Local]], d: int, sym: Symmetry | None,
+                   cache: dict[tuple, list[Local]],
+                   rep_results: Callable[[int], list[Local]]) -> list[Local]:
+        """A local op's results on device d: its representative's renamed under `sym`
+        (`rep_results`) where every operand there is coherent with the representative's,
+        else computed by the rules; once per distinct operands (`cache`), a repeat recorded
+        as renamed."""
+        operands = [values[d] for values in ins]
+        key = tuple(local.key() for local in operands)
+        found = cache.get(key)
+        if sym is not None and sym.rep[d] != d and all(
+                sym.coherent(values[sym.rep[d]], values[d], d) for values in ins):
+            rep = rep_results(sym.rep[d])
+            if found is None:
+                found = cache[key] = [sym.renamed_local(local, d) for local in rep]
+                self.stats.renamed += 1
+            else:
+                for mine, theirs in zip(found, rep):
+                    sym.record(theirs, mine, d)
+        if found is None:
+            found = cache[key] = self._local_op(info, operands)
+            self.stats.computed += 1
+        return found
 
     def _deferrable(self, info: OpInfo) -> bool:
         """Whether the op's results are computed only where read (`lazy`): floats (never
@@ -710,8 +719,8 @@ _ABSORBING = {"stablehlo.and": False, "stablehlo.or": True}
 
 class LaterLocal(LaterOp):
     """A local op computed on each device where read (`Expansion.lazy`), as `_device_op`'s
-    loop computes it: renamed from the representative's where every operand is coherent,
-    else computed (once per distinct operands). A select whose predicate is one concrete
+    loop computes it (`Expansion._on_device`): renamed from the representative's where every
+    operand is coherent, else computed (once per distinct operands). A select whose predicate is one concrete
     boolean on a device is its chosen operand there, the other not read (a pipeline's
     masked bubble steps)."""
 
@@ -730,8 +739,7 @@ class LaterLocal(LaterOp):
         """Device d's results (made when first asked for: `DeviceValues`)."""
         found = self.made[d]
         if found is None:
-            chosen = _chosen(self.info, [values[d] for values in self.ins]) \
-                if self.info.name == "stablehlo.select" else None
+            chosen = _chosen(self.info, self.ins, d)
             found = self.made[d] = [chosen] if chosen is not None \
                 else Later(self, d).locals_(self.types)
         return found
@@ -755,29 +763,17 @@ class LaterLocal(LaterOp):
         expansion = self.expansion
         if expansion._out_of_time():
             raise NotExpanded("out of time")
-        ins, sym = self.ins, self.sym
-        operands = [values[d] for values in ins]
-        key = tuple(local.key() for local in operands)
-        found = self.cache.get(key)
-        if sym is not None and sym.rep[d] != d and all(
-                sym.coherent(values[sym.rep[d]], values[d], d) for values in ins):
-            rep = self.device(sym.rep[d])
-            if found is None:
-                found = self.cache[key] = [sym.renamed_local(local, d) for local in rep]
-                expansion.stats.renamed += 1
-            else:
-                for mine, theirs in zip(found, rep):
-                    sym.record(theirs, mine, d)
-        if found is None:
-            found = self.cache[key] = expansion._local_op(self.info, operands)
-            expansion.stats.computed += 1
-        return found
+        return expansion._on_device(self.info, self.ins, d, self.sym, self.cache,
+                                    self.device)
 
 
-def _chosen(info: OpInfo, operands: list[Local]) -> Local | None:
-    """A select's chosen operand where its predicate is a concrete boolean of one value (on
-    this device), of the result's type; else None."""
-    if info.name != "stablehlo.select" or len(operands) != 3 or operands[0].values is None:
+def _chosen(info: OpInfo, ins: list[list[Local]], d: int) -> Local | None:
+    """A select's chosen operand on device d where its predicate is a concrete boolean of
+    one value there, of the result's type; else None."""
+    if info.name != "stablehlo.select" or len(ins) != 3:
+        return None
+    operands = [values[d] for values in ins]
+    if operands[0].values is None:
         return None
     found = {bool(v) for v in operands[0].values.flat}
     if len(found) != 1:
