@@ -34,10 +34,7 @@ out of its time budget: never silent, since the verdict then rests on the layout
 alone."""
 UNDECIDED_NOTE = "the general tier (per-device expansion) did not decide: {reason}"
 """The note of a general tier that decided nothing for a reason a user can act on
-(`FLOAT_TYPES`)."""
-
-FLOAT_TYPES = "float arithmetic in several types"
-"""`decide.several_float_types`' reason: the programs round in different float types."""
+(`decide.FLOAT_TYPES`: the programs round in different float types)."""
 
 MESSAGE_PREFIX = "general tier ("
 """How the general tier's diagnostic (its refutation) begins."""
@@ -80,6 +77,8 @@ class GeneralTierPass(ModulePass):
 
 def apply_result(report: Report, result: GeneralResult) -> None:
     """Fold the general tier's result into the layout tier's report."""
+    from entangle_mlir.analysis.general.decide import FLOAT_TYPES  # lazy: as the tier is
+
     summary = {"proven": result.proven, **result.stats}
     if not result.proven:
         summary["reason"] = result.reason

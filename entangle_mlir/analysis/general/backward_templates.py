@@ -58,7 +58,7 @@ from entangle_mlir.analysis.general.layer_templates import (
     LayerTemplate,
     TemplateProof,
     _slots_fit,
-    all_blocks,
+    all_blocks_below,
     compact_signature,
     cone,
     matched,
@@ -183,8 +183,7 @@ def block_chunks(func, key: tuple, stream: int) -> list[list[Chunk]]:
     """The backward chunks of each of `func`'s blocks holding at least two forward sites of
     the template `key`, in site order."""
     found = []
-    for block in [func.regions[0].blocks[0], *(b for op in func.regions[0].blocks[0].operations
-                                                for b in all_blocks(op.operation))]:
+    for block in [func.regions[0].blocks[0], *all_blocks_below(func)]:
         facts = read_ops(block)
         sites = forward_sites(facts, key)
         if len(sites) < 2:

@@ -85,6 +85,10 @@ def computed_float_dtypes(terms: list[Term]) -> set[str]:
     return found
 
 
+FLOAT_TYPES = "float arithmetic in several types"
+"""How `several_float_types`' reason begins (`passes/general_tier.py` shows it as a note)."""
+
+
 def several_float_types(want: Term, got: Term, floats: set[str]) -> str:
     """Why terms computed in several float types are not decided, naming the types each side
     computes in where they differ (a sharded program's `jnp.prod` or `jnp.sum` of bf16
@@ -95,7 +99,7 @@ def several_float_types(want: Term, got: Term, floats: set[str]) -> str:
         where = (f": the reference computes in {', '.join(sorted(ours)) or 'no float type'}, "
                  f"the sharded program in {', '.join(sorted(theirs)) or 'no float type'}, "
                  "so they round differently")
-    return (f"float arithmetic in several types ({', '.join(sorted(floats))}){where}: the "
+    return (f"{FLOAT_TYPES} ({', '.join(sorted(floats))}){where}: the "
             "general tier compares exact real values, so it does not tell the roundings apart")
 
 

@@ -54,6 +54,7 @@ from entangle_mlir.analysis.general.layer_templates import (
     TemplateProof,
     _slots_fit,
     _tiling,
+    is_constant,
     reference_layer,
     region_key,
     sharded_layer,
@@ -136,8 +137,8 @@ def _fitting_ops(chunk: Chunk, stream: int) -> set[int]:
                     found = None
                     break
                 found |= theirs
-            elif where is not None and (where[0] in chunk.free_ops or not facts.operands[
-                    where[0]] and where[0] not in facts.prelude):
+            elif where is not None and (where[0] in chunk.free_ops
+                                        or is_constant(facts, where[0])):
                 continue
             elif v not in known:
                 found.add(v)

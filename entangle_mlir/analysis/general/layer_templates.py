@@ -209,10 +209,14 @@ def cone(facts: OpFacts, out, among: set[int], constants: bool = False) -> list[
         for v in facts.operands[i]:
             where = facts.position.get(v)
             if where is not None and (where[0] in among or constants and
-                                      not facts.operands[where[0]]
-                                      and where[0] not in facts.prelude):
+                                      is_constant(facts, where[0])):
                 stack.append(where[0])
     return sorted(found)
+
+
+def is_constant(facts: OpFacts, i: int) -> bool:
+    """Op i of `facts` reads nothing and is no prelude op (a constant, an iota)."""
+    return not facts.operands[i] and i not in facts.prelude
 
 
 @dataclass
@@ -280,12 +284,9 @@ def reference_layer(program: Program, region: LayerRegion, shared: dict | None =
     walker = Walker(program.ref_func, program.ref_module, program.ref_file)
     walker.progress = _Quiet()
     holes = []
-    shared = {} if shared is None else shared
     for value in region.inputs:
         t = describe_type(value.type)
-        hole = shared.get(value)
-        if hole is None:
-            hole = shared[value] = fresh_hole(tuple(t.shape), t.dtype)
+        hole = _shared_hole(shared, value, tuple(t.shape), t.dtype)
         holes.append(hole)
         walker.walk.values[value] = Rel(hole, ((),) * len(t.shape), scope=GLOBAL)
     for op in region.ops():
@@ -294,6 +295,16 @@ def reference_layer(program: Program, region: LayerRegion, shared: dict | None =
     if type(out) is not Rel:
         raise NotExpanded("the reference layer's stream output has no term")
     return holes, out.term
+
+
+def _shared_hole(shared: dict | None, value, shape: tuple[int, ...], dtype: str) -> Term:
+    """The hole `shared` already gave `value`, else a fresh one (given it there)."""
+    hole = None if shared is None else shared.get(value)
+    if hole is None:
+        hole = fresh_hole(shape, dtype)
+        if shared is not None:
+            shared[value] = hole
+    return hole
 
 
 def _manual_mesh(program: Program, expansion: Expansion) -> Mesh:
@@ -375,12 +386,7 @@ def sharded_layer(program: Program, region: LayerRegion, holes: list[Term],
             raise NotExpanded(f"input {k} of the sharded layer ({local}) is no block of the "
                               f"reference's ({hole.shape})")
         if k in stream_slots:
-            block = None if shared is None else shared.get(value)
-            if block is None or block.shape != local or block.dtype != t.dtype:
-                block = fresh_hole(local, t.dtype)
-                if shared is not None:
-                    shared[value] = block
-            block_holes[k] = block
+            block_holes[k] = _shared_hole(shared, value, local, t.dtype)
             tiling.append("stream")
             env[value] = [Local(t.dtype, local, term=block_holes[k])] * n
             continue
@@ -796,9 +802,8 @@ def device_stream(apps: Applications, inputs: list[list[Term]], d: int,
         if template.output_cut is not None:
             if group is None:
                 return None
-            dim, _ = template.output_cut
-            size = template.term.shape[dim] // template.output_cut[1]
-            leaf = device_block(leaf, dim, group.index(d), size)
+            dim, count = template.output_cut
+            leaf = device_block(leaf, dim, group.index(d), template.term.shape[dim] // count)
         return leaf if factor == 1 else scale(leaf, factor)
     out = apps.whole([wholes.get(k, a) for k, a in enumerate(args)])
     if out is None:
