@@ -254,8 +254,8 @@ def output_evidence(reference_fn, sharded_fn, avals, seed: int = 0,
         values = [random_input(aval.shape, aval.dtype, rng) for aval in leaves]
         placed = [jax.device_put(value, aval.sharding) if getattr(aval, "sharding", None)
                   is not None else value for value, aval in zip(values, leaves)]
-        want = jax.tree.leaves(_run_once(jax.jit(reference_fn), jax.tree.unflatten(tree, values)))
-        got = jax.tree.leaves(_run_once(jax.jit(sharded_fn), jax.tree.unflatten(tree, placed)))
+        want = jax.tree.leaves(run_once(reference_fn, *jax.tree.unflatten(tree, values)))
+        got = jax.tree.leaves(run_once(sharded_fn, *jax.tree.unflatten(tree, placed)))
     except Exception as err:  # noqa: BLE001 - evidence is best effort, never a failure
         return {"summary": f"not available ({type(err).__name__}: {err})"}
     results = [compare_values(w, g, tolerance(np.asarray(w).dtype, precision))
@@ -266,9 +266,13 @@ def output_evidence(reference_fn, sharded_fn, avals, seed: int = 0,
     return outputs_summary(results, seed)
 
 
-def _run_once(jitted, args: list):
-    """`jitted` on `args`, compiled without XLA's backend optimisations (`FAST_COMPILE`: it
-    runs once, on one small input)."""
+def run_once(fn, *args):
+    """`fn(*args)` (`fn` jitted or not), compiled without XLA's backend optimisations
+    (`FAST_COMPILE`): a program run once on small inputs, its outputs compared within a
+    tolerance, where XLA's optimising would take most of the run's CPU."""
+    import jax  # lazy, as in `output_evidence`
+
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     return jitted.lower(*args).compile(compiler_options=FAST_COMPILE)(*args)
 
 

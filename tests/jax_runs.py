@@ -9,17 +9,8 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, NamedSharding
 
-from entangle_mlir.evidence import FAST_COMPILE
+from entangle_mlir.evidence import run_once  # noqa: F401 - groundings within a tolerance; exact ones jit
 from entangle_mlir.jax import lower_pair
-
-
-def run_once(fn, *args):
-    """`fn(*args)` (a pytree of jax arrays), compiled without XLA's backend optimisations
-    (`FAST_COMPILE`): for a grounding that runs a program once on small inputs and compares
-    its outputs within a tolerance; XLA's optimising would take most of the run's CPU. A test
-    comparing exact numbers (signed zeros, float-to-int conversion) runs `jax.jit` as it is."""
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-    return jitted.lower(*args).compile(compiler_options=FAST_COMPILE)(*args)
 
 
 def run_and_lower(reference, body, args, specs, out_specs, mesh=(("d", 4),),

@@ -35,7 +35,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from entangle_mlir.driver import check_texts
-from entangle_mlir.evidence import FAST_COMPILE
+from entangle_mlir.evidence import run_once
 
 N, D, V = 16, 8, 64
 TP4 = (("tp", 4),)
@@ -156,10 +156,9 @@ def _run(fn, mesh_axes, specs, inputs):
 
 
 def _run_once(fn, args) -> list[np.ndarray]:
-    """`fn`'s outputs on `args`, compiled without XLA's backend optimisations (`FAST_COMPILE`:
-    run once, compared within a tolerance)."""
-    return [np.asarray(g) for g in
-            jax.jit(fn).lower(*args).compile(compiler_options=FAST_COMPILE)(*args)]
+    """`fn`'s outputs on `args`, run once (`evidence.run_once`: compared within a
+    tolerance)."""
+    return [np.asarray(g) for g in run_once(fn, *args)]
 
 
 def _lower(ref, fn, mesh_axes, specs, inputs) -> tuple[str, str]:
