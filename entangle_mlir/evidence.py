@@ -270,7 +270,7 @@ def run_once(fn, *args):
     """`fn(*args)` (`fn` jitted or not), compiled without XLA's backend optimisations
     (`FAST_COMPILE`): a program run once on small inputs, its outputs compared within a
     tolerance, where XLA's optimising would take most of the run's CPU."""
-    import jax  # lazy, as in `output_evidence`
+    import jax  # lazy: 1 s to import; and check_evidence sets XLA_FLAGS before it loads
 
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     return jitted.lower(*args).compile(compiler_options=FAST_COMPILE)(*args)
